@@ -1,0 +1,33 @@
+"""Baseline: MeBP-style per-block gradient checkpointing (Apple, arXiv 2510.03425).
+
+Forward keeps each block's input only; backward recomputes the whole block with autograd
+(`torch.utils.checkpoint`), storing all of that block's activations during its backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from toolchain.baselines.autograd import full_logits_loss, grads_of, leaf_lora
+from toolchain.lora.config import LoraConfig
+from toolchain.lora.weights import LoraWeights
+from toolchain.mesp import StepResult, block_forward, block_params
+from toolchain.mesp.ops import rope_tables
+from toolchain.models.presets import Qwen25Arch
+from toolchain.models.weights import ModelWeights
+
+__all__ = ["mebp_step"]
+
+
+def mebp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+              labels: Tensor) -> StepResult:
+    leaves = leaf_lora(lora)
+    rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    x = weights.embed[input_ids]
+    for i in range(arch.layers):
+        x = checkpoint(block_forward, x, block_params(arch, weights, leaves, cfg, i), rope, use_reentrant=False)
+    loss = full_logits_loss(arch, weights, x, labels)
+    loss.backward()
+    return StepResult(loss.detach(), grads_of(leaves))

@@ -1,0 +1,43 @@
+"""`toolchain` command line. Each command lives in its own module and imports heavy libraries
+(torch, executorch, ...) inside its body, so `toolchain -h` stays fast."""
+
+from __future__ import annotations
+
+import click
+
+from toolchain import __version__
+from toolchain.errors import ToolchainError
+
+__all__ = ["cli", "UserError"]
+
+
+class UserError(click.ClickException):
+    """A ToolchainError at the command boundary: one `Error: ...` line on stderr, exit code 2."""
+
+    exit_code = 2
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ToolchainError as e:
+            raise UserError(str(e)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="toolchain")
+def cli() -> None:
+    """On-phone LoRA fine-tuning of Qwen2.5: exact MeSP training steps, LCSB plans, and programs
+    for ExecuTorch, Core ML and ONNX that phones run to train."""
+
+
+def _register() -> None:
+    from toolchain.cli.demo import demo
+    from toolchain.cli.grads import grads
+
+    for command in (grads, demo):
+        cli.add_command(command)
+
+
+_register()

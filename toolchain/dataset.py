@@ -1,0 +1,103 @@
+"""Training data: JSONL rows (`shared_schemas/data_row.schema.json`) checked against a model, and
+the byte-level tokenizer of the `tiny` preset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from toolchain.errors import BadInput
+from toolchain.models.presets import Qwen25Arch
+from toolchain.schemas import validation_errors
+
+__all__ = ["Example", "read_rows", "load_examples", "ByteTokenizer", "bundled_corpus", "bundled_examples"]
+
+
+class Example(NamedTuple):
+    input_ids: Tensor  # [T] int64
+    labels: Tensor     # [T] int64, -100 where ignored
+
+
+def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:
+    """Read and schema-check JSONL rows (blank lines skipped). `limit` stops after that many rows.
+
+    Raises:
+        BadInput: missing file, invalid JSON, or a row that breaks the schema (line number named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"data file {str(path)!r} does not exist")
+    rows = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadInput(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            errors = validation_errors("data_row", row)
+            if errors:
+                raise BadInput(f"{path}:{lineno}: {errors[0]}")
+            rows.append(row)
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise BadInput(f"data file {str(path)!r} has no rows")
+    return rows
+
+
+def _check_row(row: dict, arch: Qwen25Arch, where: str) -> Example:
+    ids = row["input_ids"]
+    labels = row.get("labels", ids)
+    if len(ids) > arch.max_positions:
+        raise BadInput(f"{where}: row has {len(ids)} tokens, the model takes at most {arch.max_positions} positions")
+    bad = next((t for t in ids if t >= arch.vocab), None)
+    if bad is not None:
+        raise BadInput(f"{where}: token id {bad} is out of range for a vocabulary of {arch.vocab}")
+    if len(labels) != len(ids):
+        raise BadInput(f"{where}: labels has {len(labels)} entries, input_ids has {len(ids)}")
+    bad = next((t for t in labels if t >= arch.vocab or (t < 0 and t != -100)), None)
+    if bad is not None:
+        raise BadInput(f"{where}: label {bad} is neither a token id < {arch.vocab} nor -100")
+    if all(t == -100 for t in labels[1:]):
+        raise BadInput(f"{where}: row has no token to predict (every label after the first is -100)")
+    return Example(torch.tensor(ids, dtype=torch.int64), torch.tensor(labels, dtype=torch.int64))
+
+
+def load_examples(path: Path, arch: Qwen25Arch, *, limit: int | None = None) -> list[Example]:
+    """Rows of `path` as tensors, each checked against the model (ids, length, labels)."""
+    rows = read_rows(path, limit=limit)
+    return [_check_row(r, arch, f"{path}: row {i + 1}") for i, r in enumerate(rows)]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255, plus BOS=256, EOS=257, PAD=258 (vocab 264 with padding)."""
+
+    BOS, EOS, PAD = 256, 257, 258
+    vocab = 264
+
+    def encode(self, text: str, *, bos: bool = True, eos: bool = False) -> list[int]:
+        return ([self.BOS] if bos else []) + list(text.encode()) + ([self.EOS] if eos else [])
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(t for t in ids if t < 256).decode(errors="replace")
+
+
+def bundled_corpus() -> str:
+    """The small English corpus shipped with the package (toolchain/assets/corpus.txt)."""
+    return (Path(__file__).resolve().parent / "assets" / "corpus.txt").read_text()
+
+
+def bundled_examples(tokenizer: ByteTokenizer, *, seq_len: int) -> list[Example]:
+    """The bundled corpus cut into consecutive windows of `seq_len` byte tokens (BOS first)."""
+    ids = tokenizer.encode(bundled_corpus(), bos=False)
+    examples = []
+    for start in range(0, len(ids) - seq_len + 2, seq_len - 1):
+        window = torch.tensor([tokenizer.BOS] + ids[start:start + seq_len - 1], dtype=torch.int64)
+        examples.append(Example(window, window.clone()))
+    return examples

@@ -1,0 +1,29 @@
+"""Errors a user can fix. The CLI turns each into one `Error: ...` line and exit code 2.
+
+Anything that is not a `ToolchainError` is a bug: it surfaces as a traceback and exit code 1.
+Messages are one line naming the problem and the way out.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ToolchainError", "BadInput", "ShapeMismatch", "MissingWeights", "SchemaError"]
+
+
+class ToolchainError(Exception):
+    """Base class of every error caused by the user's input rather than by a bug."""
+
+
+class BadInput(ToolchainError):
+    """A value, file or option the user gave is invalid (unknown preset, bad token id, ...)."""
+
+
+class ShapeMismatch(ToolchainError):
+    """Tensors the user supplied (checkpoint, adapter) do not fit the model's architecture."""
+
+
+class MissingWeights(ToolchainError):
+    """Real weights were asked for but are not on this machine."""
+
+
+class SchemaError(ToolchainError):
+    """A JSON document does not follow its schema in shared_schemas/."""

@@ -1,0 +1,142 @@
+"""Adapters in PEFT's on-disk format: `adapter_config.json` + `adapter_model.safetensors`.
+
+Key names are PEFT's with the adapter name stripped (as `get_peft_model_state_dict` writes them),
+so an adapter saved here loads with `PeftModel.from_pretrained` and vice versa.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from toolchain.atomic import atomic_dir
+from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
+from toolchain.lora.config import LoraConfig
+from toolchain.lora.weights import LoraPair, LoraWeights
+from toolchain.models.presets import Qwen25Arch
+
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "peft_key", "lora_state_dict", "lora_from_state_dict",
+           "save_adapter", "load_adapter", "peft_config_dict"]
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+
+_MODULE_PATH = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def peft_key(layer: int, target: str, which: str) -> str:
+    """PEFT's saved key, e.g. `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`."""
+    return f"base_model.model.model.layers.{layer}.{_MODULE_PATH[target]}.{target}.lora_{which}.weight"
+
+
+def lora_state_dict(lora: LoraWeights) -> dict[str, torch.Tensor]:
+    """Flatten adapter tensors (or gradients with the same structure) to PEFT key names."""
+    out = {}
+    for i, layer in enumerate(lora):
+        for t, pair in layer.items():
+            out[peft_key(i, t, "A")] = pair.a
+            out[peft_key(i, t, "B")] = pair.b
+    return out
+
+
+def lora_from_state_dict(arch: Qwen25Arch, cfg: LoraConfig, sd: dict[str, torch.Tensor], *,
+                         dtype: torch.dtype = torch.float32) -> LoraWeights:
+    """Inverse of `lora_state_dict`, checking that every key is present and every shape fits `arch`."""
+    expected = set()
+    layers = []
+    for i in range(arch.layers):
+        layer = {}
+        for t in cfg.targets:
+            d_out, d_in = arch.linear_shape(t)
+            pair = []
+            for which, shape in (("A", (cfg.rank, d_in)), ("B", (d_out, cfg.rank))):
+                key = peft_key(i, t, which)
+                expected.add(key)
+                if key not in sd:
+                    raise MissingWeights(f"adapter lacks {key!r} (targets {','.join(cfg.targets)}, {arch.layers} layers)")
+                if tuple(sd[key].shape) != shape:
+                    raise ShapeMismatch(f"adapter tensor {key!r} has shape {list(sd[key].shape)}, "
+                                        f"the model and rank imply {list(shape)}")
+                pair.append(sd[key].to(dtype))
+            layer[t] = LoraPair(*pair)
+        layers.append(layer)
+    extra = sorted(set(sd) - expected)
+    if extra:
+        raise ShapeMismatch(f"adapter has {len(extra)} tensor(s) the model has no place for, e.g. {extra[0]!r}")
+    return tuple(layers)
+
+
+def peft_config_dict(cfg: LoraConfig, *, base_model: str | None = None) -> dict:
+    """The `adapter_config.json` contents, built by PEFT itself so every field PEFT expects is there."""
+    import peft
+
+    pc = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.targets), lora_dropout=0.0,
+                         bias="none", task_type="CAUSAL_LM", use_rslora=cfg.use_rslora,
+                         base_model_name_or_path=base_model)
+    d = pc.to_dict()
+    d["target_modules"] = sorted(d["target_modules"])  # a set in PEFT: make the file deterministic
+    d["peft_version"] = peft.__version__
+    return json.loads(json.dumps(d, default=list))
+
+
+def save_adapter(path: Path, cfg: LoraConfig, lora: LoraWeights, *, base_model: str | None = None) -> Path:
+    """Write a PEFT adapter directory atomically. Tensors are saved contiguous, as they are (dtype kept)."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(Path(path)) as tmp:
+        (tmp / CONFIG_NAME).write_text(json.dumps(peft_config_dict(cfg, base_model=base_model), indent=2, sort_keys=True))
+        save_file({k: v.detach().contiguous() for k, v in lora_state_dict(lora).items()}, str(tmp / WEIGHTS_NAME),
+                  metadata={"format": "pt"})
+    return Path(path)
+
+
+def _config_from_peft(d: dict, where: Path) -> LoraConfig:
+    if d.get("peft_type", "LORA") != "LORA":
+        raise BadInput(f"{where} is a {d.get('peft_type')} adapter; only LoRA adapters are supported")
+    unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save")
+                   if d.get(k)]
+    if unsupported:
+        raise BadInput(f"{where} uses PEFT option(s) {', '.join(unsupported)}, which this toolchain does not support")
+    if d.get("bias", "none") != "none":
+        raise BadInput(f"{where} trains biases (bias={d['bias']!r}); only bias='none' is supported")
+    targets = d.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not targets:
+        raise BadInput(f"{where} has no target_modules")
+    return LoraConfig(rank=int(d["r"]), alpha=float(d.get("lora_alpha", 8)), targets=tuple(targets),
+                      use_rslora=bool(d.get("use_rslora", False)))
+
+
+def load_adapter(path: Path, arch: Qwen25Arch, *, dtype: torch.dtype = torch.float32) -> tuple[LoraConfig, LoraWeights]:
+    """Read a PEFT LoRA adapter directory and check it against `arch`.
+
+    Raises:
+        MissingWeights: a file or key is missing.
+        BadInput: unreadable or unsupported adapter config.
+        ShapeMismatch: tensor shapes that do not fit the model.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg_path, w_path = path / CONFIG_NAME, path / WEIGHTS_NAME
+    if not cfg_path.is_file():
+        raise MissingWeights(f"adapter directory {str(path)!r} has no {CONFIG_NAME}")
+    if not w_path.is_file():
+        raise MissingWeights(f"adapter directory {str(path)!r} has no {WEIGHTS_NAME}")
+    try:
+        cfg = _config_from_peft(json.loads(cfg_path.read_text()), cfg_path)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{cfg_path} is not valid JSON ({e.msg})") from None
+    except (KeyError, ValueError, TypeError) as e:
+        raise BadInput(f"{cfg_path} is not a usable LoRA config ({e})") from None
+    try:
+        sd = load_file(str(w_path))
+    except (SafetensorError, OSError) as e:
+        raise BadInput(f"{w_path} is not a readable safetensors file ({e})") from None
+    sd = {k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v for k, v in sd.items()}
+    return cfg, lora_from_state_dict(arch, cfg, sd, dtype=dtype)

@@ -1,0 +1,52 @@
+"""A frozen linear layer with an optional LoRA adapter (PEFT's `lora.Linear`, dropout 0).
+
+Forward:  y = x W^T + bias + s * (x A^T) B^T            x [T, i], W [o, i], A [r, i], B [o, r]
+Backward: h = x A^T (recomputed), dh = s * dy B
+          dx = dy W + dh A,   dA = dh^T x,   dB = s * dy^T h
+Saved: x [T, i] and references to W, A, B. NOT saved: h [T, r] (MeSP: recomputing it costs
+2*T*i*r FLOPs, r << i). The bias is frozen: no gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+from toolchain.lora.weights import LoraPair
+
+__all__ = ["LinearSaved", "LinearGrads", "linear_forward", "linear_backward"]
+
+
+class LinearSaved(NamedTuple):
+    x: Tensor                 # [T, i] input; h = x A^T is NOT saved
+    w: Tensor                 # [o, i] frozen base weight (a reference, not a copy)
+    lora: LoraPair | None     # A [r, i], B [o, r] when this projection is adapted
+    scale: float              # s = alpha / r
+
+
+class LinearGrads(NamedTuple):
+    dx: Tensor                # [T, i]
+    lora: LoraPair | None     # (dA [r, i], dB [o, r]) exactly when the projection is adapted
+
+
+def linear_forward(x: Tensor, w: Tensor, bias: Tensor | None, lora: LoraPair | None,
+                   scale: float) -> tuple[Tensor, LinearSaved]:
+    y = x @ w.T                                                      # [T, o]
+    if bias is not None:
+        y = y + bias
+    if lora is not None:
+        y = y + scale * ((x @ lora.a.T) @ lora.b.T)                  # h = x A^T is a transient
+    return y, LinearSaved(x, w, lora, scale)
+
+
+def linear_backward(dy: Tensor, saved: LinearSaved) -> LinearGrads:
+    """Args: dy [T, o]. Returns dx [T, i] and, when adapted, (dA, dB)."""
+    x, w, lora, s = saved
+    dx = dy @ w                                                      # [T, i]
+    if lora is None:
+        return LinearGrads(dx, None)
+    a, b = lora
+    h = x @ a.T                                                      # [T, r] recomputed
+    dh = s * (dy @ b)                                                # [T, r]
+    return LinearGrads(dx + dh @ a, LoraPair(dh.T @ x, s * (dy.T @ h)))

@@ -1,0 +1,40 @@
+"""RMSNorm with a frozen weight (Qwen2RMSNorm).
+
+Forward:  r = (mean_j x_j^2 + eps)^(-1/2),   y = w * (x * r)
+Backward: with g = dy * w and xhat = x * r,
+          dx = r * (g - xhat * mean_j(g_j * xhat_j))
+Saved: x [T, d] and a reference to w. Recomputed: r [T, 1] (one reduction, d FLOPs per token).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["RmsNormSaved", "rmsnorm_forward", "rmsnorm_backward"]
+
+
+class RmsNormSaved(NamedTuple):
+    x: Tensor     # [T, d] input
+    w: Tensor     # [d] frozen weight (a reference)
+    eps: float
+
+
+def _rstd(x: Tensor, eps: float) -> Tensor:
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [T, 1]
+
+
+def rmsnorm_forward(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, RmsNormSaved]:
+    """y = w * x / rms(x). Args: x [T, d], w [d]. Returns y [T, d] and what backward needs."""
+    return w * (x * _rstd(x, eps)), RmsNormSaved(x, w, eps)
+
+
+def rmsnorm_backward(dy: Tensor, saved: RmsNormSaved) -> Tensor:
+    """dx [T, d] for dy [T, d] (w is frozen: no weight gradient)."""
+    x, w, eps = saved
+    r = _rstd(x, eps)                                   # [T, 1] recomputed
+    xhat = x * r                                        # [T, d]
+    g = dy * w                                          # [T, d]
+    return r * (g - xhat * (g * xhat).mean(-1, keepdim=True))

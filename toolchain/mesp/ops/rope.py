@@ -1,0 +1,53 @@
+"""Rotary position embedding (Qwen2 / Llama "rotate_half" convention).
+
+Forward:  y = x * cos + rot(x) * sin,   rot([x1, x2]) = [-x2, x1]   (halves of the head dim)
+Backward: rot is linear with transpose rot^T([z1, z2]) = [z2, -z1], so
+          dx = dy * cos + rot^T(dy * sin)
+Saved: nothing per layer; the tables cos/sin [T, D] are built once per step from the positions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["RopeTables", "rope_tables", "rope_forward", "rope_backward"]
+
+
+class RopeTables(NamedTuple):
+    cos: Tensor  # [T, D]
+    sin: Tensor  # [T, D]
+
+
+def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> RopeTables:
+    """cos/sin tables for integer `positions` [T].
+
+    Computed in float32 and then cast, exactly as transformers' Qwen2RotaryEmbedding does, so that
+    float64 runs agree with Hugging Face to float64 precision rather than to float32 precision.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]   # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)                             # [T, D]
+    return RopeTables(emb.cos().to(dtype), emb.sin().to(dtype))
+
+
+def _rot(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rot_t(z: Tensor) -> Tensor:
+    half = z.shape[-1] // 2
+    return torch.cat((z[..., half:], -z[..., :half]), dim=-1)
+
+
+def rope_forward(x: Tensor, tables: RopeTables) -> Tensor:
+    """Args: x [H, T, D]. Returns [H, T, D]."""
+    return x * tables.cos + _rot(x) * tables.sin
+
+
+def rope_backward(dy: Tensor, tables: RopeTables) -> Tensor:
+    """dx [H, T, D] for dy [H, T, D]."""
+    return dy * tables.cos + _rot_t(dy * tables.sin)

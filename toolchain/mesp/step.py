@@ -1,0 +1,119 @@
+"""The MeSP training step over the whole model: per-layer checkpoints, chunked loss, block-by-block
+backward, and an optional per-layer callback (where the optimizer updates that layer's LoRA right
+after its backward, so all layers' gradients never coexist).
+
+Forward keeps only each block's input [T, d] (L of them) and the final hidden state; backward walks
+the layers in reverse, recomputing one block at a time (`block_backward`). Layers outside
+`backward_layers` (LCSB) are identity in backward: their gradient passes through the residual
+path untouched, nothing is recomputed for them, and backward stops below the lowest selected layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from toolchain.lora.config import LoraConfig
+from toolchain.lora.weights import LoraPair, LoraWeights
+from toolchain.mesp.block import BlockParams, block_backward, block_forward
+from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, rmsnorm_backward, rmsnorm_forward,
+                                rope_tables, shift_labels)
+from toolchain.models.presets import Qwen25Arch
+from toolchain.models.weights import ModelWeights
+
+__all__ = ["StepOptions", "StepResult", "mesp_step", "model_loss", "block_params"]
+
+LayerGradsHook = Callable[[int, dict[str, LoraPair]], None]
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Static knobs of the step (memory/speed trade-offs; they never change the result).
+
+    Args:
+        loss_chunk: tokens per LM-head/cross-entropy chunk: peak logits are [loss_chunk, V].
+            Default: 32.
+        mlp_chunk: tokens per MLP recompute+backward chunk (None: whole sequence). Default: None.
+    """
+
+    loss_chunk: int = 32
+    mlp_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_chunk < 1:
+            raise ValueError(f"`loss_chunk` must be >= 1, got {self.loss_chunk}")
+        if self.mlp_chunk is not None and self.mlp_chunk < 1:
+            raise ValueError(f"`mlp_chunk` must be >= 1 or None, got {self.mlp_chunk}")
+
+
+class StepResult(NamedTuple):
+    loss: Tensor          # [] mean next-token cross-entropy
+    grads: LoraWeights    # per layer; empty dicts for layers outside `backward_layers`
+
+
+def block_params(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, i: int) -> BlockParams:
+    return BlockParams(weights.layers[i], lora[i], cfg.scale, arch)
+
+
+def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope) -> tuple[list[Tensor], Tensor]:
+    x = weights.embed[input_ids]                                      # [T, d]
+    checkpoints = []
+    for i in range(arch.layers):
+        checkpoints.append(x)
+        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope)
+    return checkpoints, x
+
+
+def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+              labels: Tensor, *, options: StepOptions = StepOptions(), backward_layers: Iterable[int] | None = None,
+              on_layer_grads: LayerGradsHook | None = None) -> StepResult:
+    """Loss and exact LoRA gradients of one sequence, MeSP-style.
+
+    Args:
+        input_ids: [T] token ids.
+        labels: [T] HF-style labels (usually = input_ids; -100 ignored); shifted inside.
+        backward_layers: layers to backpropagate through (LCSB); None means all.
+        on_layer_grads: called as `(layer, grads)` right after each selected layer's backward,
+            in descending layer order (e.g. to apply the optimizer update to that layer at once).
+
+    Returns:
+        The loss and, per layer, its LoRA gradients (the hook may have consumed them already).
+    """
+    t = input_ids.shape[0]
+    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope)
+    hn, s_fn = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
+    del x
+    loss, dhn = ce_chunked_forward_backward(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
+    del hn
+    dx = rmsnorm_backward(dhn, s_fn)
+    del dhn, s_fn
+    selected = set(range(arch.layers)) if backward_layers is None else set(backward_layers)
+    grads: list[dict[str, LoraPair]] = [{} for _ in range(arch.layers)]
+    lowest = min(selected, default=arch.layers)
+    for i in reversed(range(lowest, arch.layers)):
+        x_in = checkpoints[i]
+        checkpoints[i] = None  # the checkpoint is dead after this layer's backward
+        if i not in selected:
+            continue  # identity backward through the residual path (LCSB stop-gradient surrogate)
+        dx, g = block_backward(dx, x_in, block_params(arch, weights, lora, cfg, i), rope, options.mlp_chunk)
+        if on_layer_grads is not None:
+            on_layer_grads(i, g)
+        grads[i] = g
+    return StepResult(loss, tuple(grads))
+
+
+def model_loss(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+               labels: Tensor, *, options: StepOptions = StepOptions()) -> Tensor:
+    """Forward only: the same loss `mesp_step` reports (evaluation, MeZO)."""
+    t = input_ids.shape[0]
+    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    x = weights.embed[input_ids]
+    for i in range(arch.layers):
+        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope)
+    hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
+    return ce_chunked_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
