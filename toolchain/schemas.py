@@ -23,6 +23,12 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "shared_schemas"
 # Document kind -> schema file in SCHEMA_DIR.
 SCHEMA_NAMES: dict[str, str] = {
     "data_row": "data_row.schema.json",
+    "manifest": "manifest.schema.json",
+    "telemetry_event": "telemetry_event.schema.json",
+    "device_profile": "device_profile.schema.json",
+    "run_summary": "run_summary.schema.json",
+    "step_plan": "step_plan.schema.json",
+    "bench_lcsb": "bench_lcsb.schema.json",
 }
 
 

@@ -33,10 +33,15 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from toolchain.cli.bench import bench
     from toolchain.cli.demo import demo
+    from toolchain.cli.export import export
     from toolchain.cli.grads import grads
+    from toolchain.cli.plan import plan
+    from toolchain.cli.telemetry import telemetry
+    from toolchain.cli.train import train
 
-    for command in (grads, demo):
+    for command in (grads, demo, train, plan, bench, export, telemetry):
         cli.add_command(command)
 
 

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
-from toolchain.mesp.ops import (RopeTables, attention_backward, attention_forward, linear_backward, linear_forward,
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, RopeTables, attention_backward, attention_forward,
+                                linear_backward, linear_forward,
                                 rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, swiglu_backward,
                                 swiglu_forward)
 from toolchain.models.presets import Qwen25Arch
@@ -45,6 +46,23 @@ def _unheads(x: Tensor) -> Tensor:
     return x.transpose(0, 1).reshape(t, n * dh)                       # [n, T, D] -> [T, n*D]
 
 
+def _attention_by_group(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, AttentionSaved]:
+    """attention_forward one kv head (and its query heads) at a time: same result, and the
+    [G, T, T] score tensors of one group replace the [H, T, T] ones of all heads."""
+    g = q.shape[0] // k.shape[0]
+    o = torch.cat([attention_forward(q[j * g:(j + 1) * g], k[j:j + 1], v[j:j + 1])[0] for j in range(k.shape[0])])
+    return o, AttentionSaved(q, k, v)                                 # o [H, T, D]
+
+
+def _attention_backward_by_group(do: Tensor, saved: AttentionSaved) -> AttentionGrads:
+    """attention_backward one kv group at a time (groups are independent: exact)."""
+    q, k, v = saved
+    g = q.shape[0] // k.shape[0]
+    parts = [attention_backward(do[j * g:(j + 1) * g], AttentionSaved(q[j * g:(j + 1) * g], k[j:j + 1], v[j:j + 1]))
+             for j in range(k.shape[0])]
+    return AttentionGrads(*(torch.cat(grads) for grads in zip(*parts)))
+
+
 def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables):
     """x -> x1 = x + attn(x), returning the saved bundles the backward needs."""
     w, arch = p.weights, p.arch
@@ -52,8 +70,8 @@ def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables):
     q, s_q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
     k, s_k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
     v, s_v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
-    o, s_att = attention_forward(rope_forward(_heads(q, arch.heads), rope), rope_forward(_heads(k, arch.kv_heads), rope),
-                                 _heads(v, arch.kv_heads))
+    o, s_att = _attention_by_group(rope_forward(_heads(q, arch.heads), rope), rope_forward(_heads(k, arch.kv_heads), rope),
+                                   _heads(v, arch.kv_heads))
     ao, s_o = linear_forward(_unheads(o), w.o_proj, None, p.lora.get("o_proj"), p.scale)
     return x + ao, (s_n1, s_q, s_k, s_v, s_att, s_o)
 
@@ -67,10 +85,15 @@ def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
     return linear_forward(a, w.down_proj, None, p.lora.get("down_proj"), p.scale)[0]
 
 
-def block_forward(x: Tensor, p: BlockParams, rope: RopeTables) -> Tensor:
-    """Args: x [T, d]. Returns the block output [T, d]."""
-    x1, _ = _attention_half(x, p, rope)
-    return x1 + _mlp(x1, p)
+def block_forward(x: Tensor, p: BlockParams, rope: RopeTables, mlp_chunk: int | None = None) -> Tensor:
+    """Args: x [T, d]; mlp_chunk: tokens per MLP chunk (None: all at once; the MLP is per token,
+    so chunking bounds its [C, f] tensors without changing the result). Returns the output [T, d]."""
+    x1 = _attention_half(x, p, rope)[0]                              # the saved bundles are dropped at once
+    t = x1.shape[0]
+    step = t if mlp_chunk is None else mlp_chunk
+    if step >= t:
+        return x1 + _mlp(x1, p)
+    return torch.cat([x1[i:i + step] + _mlp(x1[i:i + step], p) for i in range(0, t, step)])
 
 
 def _add_grad(acc: dict[str, LoraPair], target: str, g: LoraPair | None) -> None:
@@ -122,7 +145,7 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     arch = p.arch
     go = linear_backward(dx1, s_o)
     _add_grad(grads, "o_proj", go.lora)
-    ga = attention_backward(_heads(go.dx, arch.heads), s_att)
+    ga = _attention_backward_by_group(_heads(go.dx, arch.heads), s_att)
     del go, s_att
     gq = linear_backward(_unheads(rope_backward(ga.dq, rope)), s_q)
     gk = linear_backward(_unheads(rope_backward(ga.dk, rope)), s_k)

@@ -37,7 +37,8 @@ class StepOptions:
     Args:
         loss_chunk: tokens per LM-head/cross-entropy chunk: peak logits are [loss_chunk, V].
             Default: 32.
-        mlp_chunk: tokens per MLP recompute+backward chunk (None: whole sequence). Default: None.
+        mlp_chunk: tokens per MLP chunk, in the forward and in the recompute+backward (None:
+            whole sequence): peak MLP tensors are [mlp_chunk, f]. Default: None.
     """
 
     loss_chunk: int = 32
@@ -59,18 +60,18 @@ def block_params(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg
     return BlockParams(weights.layers[i], lora[i], cfg.scale, arch)
 
 
-def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope) -> tuple[list[Tensor], Tensor]:
+def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk) -> tuple[list[Tensor], Tensor]:
     x = weights.embed[input_ids]                                      # [T, d]
     checkpoints = []
     for i in range(arch.layers):
         checkpoints.append(x)
-        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope)
+        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, mlp_chunk)
     return checkpoints, x
 
 
 def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
               labels: Tensor, *, options: StepOptions = StepOptions(), backward_layers: Iterable[int] | None = None,
-              on_layer_grads: LayerGradsHook | None = None) -> StepResult:
+              on_layer_grads: LayerGradsHook | None = None, keep_grads: bool = True) -> StepResult:
     """Loss and exact LoRA gradients of one sequence, MeSP-style.
 
     Args:
@@ -79,13 +80,16 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: L
         backward_layers: layers to backpropagate through (LCSB); None means all.
         on_layer_grads: called as `(layer, grads)` right after each selected layer's backward,
             in descending layer order (e.g. to apply the optimizer update to that layer at once).
+        keep_grads: keep every layer's gradients for the result. False (with `on_layer_grads`
+            consuming them) drops each layer's gradients after its hook call, so only one layer's
+            gradients are ever alive; the result's `grads` are then all empty dicts. Default: True.
 
     Returns:
         The loss and, per layer, its LoRA gradients (the hook may have consumed them already).
     """
     t = input_ids.shape[0]
     rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
-    checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope)
+    checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, options.mlp_chunk)
     hn, s_fn = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
     del x
     loss, dhn = ce_chunked_forward_backward(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
@@ -103,7 +107,9 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: L
         dx, g = block_backward(dx, x_in, block_params(arch, weights, lora, cfg, i), rope, options.mlp_chunk)
         if on_layer_grads is not None:
             on_layer_grads(i, g)
-        grads[i] = g
+        if keep_grads:
+            grads[i] = g
+        del g
     return StepResult(loss, tuple(grads))
 
 
@@ -114,6 +120,7 @@ def model_loss(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: 
     rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
     x = weights.embed[input_ids]
     for i in range(arch.layers):
-        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope)
+        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, options.mlp_chunk)
     hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
+    del x
     return ce_chunked_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)

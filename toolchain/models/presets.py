@@ -87,7 +87,7 @@ PRESETS: dict[str, Qwen25Arch] = {
     "qwen2.5-3b": Qwen25Arch(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008),
     # Demo/test size: byte-level vocab (256 bytes + BOS/EOS/PAD padded to 264), GQA 4:2,
     # 8 layers so LCSB has something to cycle over; trains in milliseconds per step.
-    "tiny": Qwen25Arch(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=176, vocab=264,
+    "tiny": Qwen25Arch(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=192, vocab=264,
                        max_positions=512),
 }
 

@@ -6,6 +6,10 @@ For token chunk c with hidden states h_c [C, d], head E [V, d], targets y_c, N v
 dz depends on the loss only through N, which the labels give up front, so loss and dh are
 computed in ONE pass over the chunks: each chunk's logits [C, V] exist once and are dropped before
 the next chunk (peak C*V floats instead of T*V; no recompute pass is needed at all).
+Within a chunk the [C, V] buffer of z is the only one: with m = max(z) (a constant: d lse / dz is
+softmax(z) for any m), it is overwritten by e = exp(z - m), lse = m + log(sum e), then
+dz = e / sum(e) - onehot(y), scaled by valid / N, all in place. z[y] is read as the dot product
+h_c . E[y] (no gather from z, so autograd through the loss-only path stays valid).
 Targets follow Hugging Face: position t predicts labels[t+1]; -100 is ignored.
 """
 
@@ -32,13 +36,18 @@ def shift_labels(labels: Tensor) -> Tensor:
     return torch.cat((labels[1:], pad))
 
 
-def _chunk_terms(h: Tensor, head: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    z = h @ head.T                                                   # [C, V] transient
-    lse = torch.logsumexp(z, dim=-1)                                 # [C]
+def _chunk_terms(h: Tensor, head: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """e = exp(z - m) [C, V] (in z's buffer), its row sums s [C, 1], lse, valid, tgt, picked = z[y]."""
     valid = targets != IGNORE_INDEX                                  # [C]
     tgt = torch.where(valid, targets, torch.zeros_like(targets))    # [C] safe gather index
-    picked = z.gather(1, tgt[:, None]).squeeze(1)                    # [C]
-    return z, lse, valid, tgt, picked
+    picked = (h * head[tgt]).sum(-1)                                 # [C] z[y] = h . E[y]
+    z = h @ head.T                                                   # [C, V] the chunk's only [C, V] buffer
+    m = z.detach().amax(dim=-1, keepdim=True)                        # [C, 1]
+    # e = exp(z - m), in place: z is not needed afterwards
+    e = z.sub_(m).exp_()                                             # [C, V]
+    s = e.sum(dim=-1, keepdim=True)                                  # [C, 1]
+    lse = (m + s.log()).squeeze(1)                                   # [C] logsumexp(z)
+    return e, s, lse, valid, tgt, picked
 
 
 def _n_valid(targets: Tensor, dtype: torch.dtype) -> Tensor:
@@ -58,14 +67,15 @@ def ce_chunked_forward_backward(h: Tensor, head: Tensor, targets: Tensor, chunk:
     n = _n_valid(targets, h.dtype)
     losses, dhs = [], []
     for start in range(0, h.shape[0], chunk):
-        z, lse, valid, tgt, picked = _chunk_terms(h[start:start + chunk], head, targets[start:start + chunk])
+        e, s, lse, valid, tgt, picked = _chunk_terms(h[start:start + chunk], head, targets[start:start + chunk])
         w = valid.to(h.dtype) / n                                    # [C]
         losses.append(((lse - picked) * w).sum())
-        dz = torch.exp(z - lse[:, None])                             # softmax, [C, V]
-        del z
-        dz = dz.scatter_add(1, tgt[:, None], -torch.ones_like(picked)[:, None])  # - onehot(y)
-        dhs.append((dz * w[:, None]) @ head)                         # [C, d]
-        del dz
+        # dz = (softmax(z) - onehot(y)) * w[:, None], in e's buffer
+        dz = e.div_(s)                                               # softmax, [C, V]
+        dz.scatter_add_(1, tgt[:, None], -torch.ones_like(picked)[:, None])
+        dz.mul_(w[:, None])
+        dhs.append(dz @ head)                                        # [C, d]
+        del e, dz
     return CeResult(torch.stack(losses).sum(), torch.cat(dhs))
 
 
@@ -74,6 +84,6 @@ def ce_chunked_loss(h: Tensor, head: Tensor, targets: Tensor, chunk: int) -> Ten
     n = _n_valid(targets, h.dtype)
     total = h.new_zeros(())
     for start in range(0, h.shape[0], chunk):
-        _, lse, valid, _, picked = _chunk_terms(h[start:start + chunk], head, targets[start:start + chunk])
+        _, _, lse, valid, _, picked = _chunk_terms(h[start:start + chunk], head, targets[start:start + chunk])
         total = total + ((lse - picked) * valid.to(h.dtype)).sum()
     return total / n

@@ -4,7 +4,8 @@ Forward:  y = x W^T + bias + s * (x A^T) B^T            x [T, i], W [o, i], A [r
 Backward: h = x A^T (recomputed), dh = s * dy B
           dx = dy W + dh A,   dA = dh^T x,   dB = s * dy^T h
 Saved: x [T, i] and references to W, A, B. NOT saved: h [T, r] (MeSP: recomputing it costs
-2*T*i*r FLOPs, r << i). The bias is frozen: no gradient.
+2*T*i*r FLOPs, r << i). The bias is frozen: no gradient. A quantized W (`QuantWeight`) is dequantized
+where it is used, in forward and again in backward: the dense matrix is a transient, never saved.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from typing import NamedTuple
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
+from toolchain.mesp.ops.quant import QuantWeight, matmul_dyw, matmul_xwt
 
 __all__ = ["LinearSaved", "LinearGrads", "linear_forward", "linear_backward"]
 
 
 class LinearSaved(NamedTuple):
     x: Tensor                 # [T, i] input; h = x A^T is NOT saved
-    w: Tensor                 # [o, i] frozen base weight (a reference, not a copy)
+    w: Tensor | QuantWeight   # [o, i] frozen base weight (a reference; quantized: dequantized on use)
     lora: LoraPair | None     # A [r, i], B [o, r] when this projection is adapted
     scale: float              # s = alpha / r
 
@@ -30,9 +32,9 @@ class LinearGrads(NamedTuple):
     lora: LoraPair | None     # (dA [r, i], dB [o, r]) exactly when the projection is adapted
 
 
-def linear_forward(x: Tensor, w: Tensor, bias: Tensor | None, lora: LoraPair | None,
+def linear_forward(x: Tensor, w: Tensor | QuantWeight, bias: Tensor | None, lora: LoraPair | None,
                    scale: float) -> tuple[Tensor, LinearSaved]:
-    y = x @ w.T                                                      # [T, o]
+    y = matmul_xwt(x, w)                                             # [T, o]
     if bias is not None:
         y = y + bias
     if lora is not None:
@@ -43,7 +45,7 @@ def linear_forward(x: Tensor, w: Tensor, bias: Tensor | None, lora: LoraPair | N
 def linear_backward(dy: Tensor, saved: LinearSaved) -> LinearGrads:
     """Args: dy [T, o]. Returns dx [T, i] and, when adapted, (dA, dB)."""
     x, w, lora, s = saved
-    dx = dy @ w                                                      # [T, i]
+    dx = matmul_dyw(dy, w)                                           # [T, i] (dequantized again)
     if lora is None:
         return LinearGrads(dx, None)
     a, b = lora

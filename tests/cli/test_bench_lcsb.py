@@ -1,0 +1,48 @@
+"""`toolchain bench lcsb` on the tiny preset: the report's keys, that both arms saw the same data from
+the same start, and bad input -> exit 2 without a file. (The default configuration's numbers are in
+docs/lcsb.md; this test does not time anything.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from toolchain.cli import cli
+from toolchain.schemas import validation_errors
+
+ARGS = ["bench", "lcsb", "--model", "tiny", "--steps", "10", "--seq-len", "24", "--k", "2", "--lr", "1e-2"]
+
+
+def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, [*ARGS, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert validation_errors("bench_lcsb", report) == []
+    assert report["speedup"] > 0 and isinstance(report["loss_gap"], float)
+    full, lcsb = report["losses_full"], report["losses_lcsb"]
+    assert len(full) == len(lcsb) == 10
+    assert full[0] == lcsb[0] == report["initial_loss"]  # same start, same first example
+    assert full[1:] != lcsb[1:]                           # ... then the arms differ
+    tail = report["tail_steps"]
+    gap = sum((b - a) / a for a, b in zip(full[-tail:], lcsb[-tail:])) / tail
+    assert report["loss_gap"] == pytest.approx(gap)
+    cfg = report["config"]
+    assert (cfg["model"], cfg["steps"], cfg["seq_len"], cfg["k"], cfg["lr"]) == ("tiny", 10, 24, 2, 1e-2)
+    assert cfg["plan"]["phases"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert "speedup" in result.stdout and "loss_gap" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "qwen9"], "unknown bench model"),
+    (["--model", "tiny", "--k", "9"], "outside 1..8"),
+    (["--steps", "5"], "--steps"),
+])
+def test_bench_lcsb_bad_input_exits_2_without_a_file(tmp_path, args, message):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench", "lcsb", *args, "--json", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and message in result.stderr, result.stderr
+    assert not out.exists()

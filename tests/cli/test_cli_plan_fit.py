@@ -1,0 +1,47 @@
+"""`toolchain plan fit`: the answer in words and in JSON, and bad inputs -> `Error:`, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from toolchain.cli import cli
+from toolchain.memory.estimate import StepShape, estimate_peak
+from toolchain.memory.profiles import load_profile
+from toolchain.models import PRESETS
+
+
+def run(*args):
+    return CliRunner().invoke(cli, ["plan", "fit", *map(str, args)])
+
+
+def test_fits_in_words():
+    r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--rank", 8, "--device", "android-8gb")
+    assert r.exit_code == 0, r.output
+    peak = estimate_peak(StepShape(PRESETS["qwen2.5-0.5b"], 256, 8)).peak_mb
+    assert f"predicted peak {peak:.1f} MB (analytic" in r.output and "-> FITS" in r.output
+    assert "largest seq len that fits at this rank: " in r.output and "mlp_working_set" in r.output
+
+
+def test_does_not_fit_as_json():
+    r = run("--model", "qwen2.5-3b", "--seq-len", 16384, "--rank", 64, "--lcsb-k", 4, "--optimizer", "adamw",
+            "--device", "ios-6gb", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["fits"] is False and doc["budget_mb"] == load_profile("ios-6gb").budget_mb
+    assert doc["lcsb_k"] == 4 and doc["largest_seq_len"] < 16384 and doc["source"] == "analytic"
+    assert doc["predicted_peak_mb"] > doc["budget_mb"] and "optimizer_state" in doc["parts_mb"]
+
+
+def test_program_without_manifest_and_bad_inputs(tmp_path):
+    r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--device", "android-8gb", "--program", tmp_path)
+    assert r.exit_code == 2 and "Error: " in r.output and "manifest.json does not exist" in r.output
+    r = run("--model", "qwen9", "--seq-len", 256, "--device", "android-8gb")
+    assert r.exit_code == 2 and "unknown preset 'qwen9'" in r.output
+    r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--device", "pager")
+    assert r.exit_code == 2 and "unknown device profile 'pager'" in r.output
+    r = run("--model", "qwen2.5-0.5b", "--seq-len", 0, "--device", "android-8gb")
+    assert r.exit_code == 2 and "seq-len" in r.output
+    r = run("--model", "tiny", "--seq-len", 16, "--lcsb-k", 99, "--device", "android-8gb")
+    assert r.exit_code == 2 and "lcsb_k" in r.output

@@ -1,0 +1,165 @@
+"""The exported ExecuTorch program, run on the real runtime, against the eager step and against
+Hugging Face + PEFT (float64). Exports are small (2 layers, T=16) and shared per module."""
+
+from __future__ import annotations
+
+import math
+
+import peft
+import pytest
+import torch
+import torch.nn.functional as F
+
+from toolchain.export.build import ExportSpec, export_program
+from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram
+from toolchain.lcsb.plan import make_plan
+from toolchain.lora import LoraConfig, init_lora, lora_state_dict
+from toolchain.models import Qwen25Arch, random_weights
+from toolchain.runtime import ProgramDir, TrainRun, run_program
+from toolchain.runtime.executorch_runner import ExecutorchRunner
+from toolchain.dataset import Example
+
+ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
+T = 16
+CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+
+
+def _examples(n: int, seed: int) -> list[Example]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        t = T - (i % 3)  # some rows shorter than T: exercises padding
+        ids = torch.randint(0, ARCH.vocab, (t,), generator=g)
+        out.append(Example(ids, ids.clone()))
+    return out
+
+
+def _export(tmp_path_factory, name: str, *, quant="none", optimizer=OptimizerSpec(), plan=None):
+    weights = random_weights(ARCH, seed=3)
+    lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
+    out = tmp_path_factory.mktemp(name) / "prog"
+    spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec(quant, 16), optimizer=optimizer,
+                      plan=plan, pad_token_id=0)
+    export_program(ARCH, weights, CFG, lora, spec, out)
+    return out, weights, lora
+
+
+@pytest.fixture(scope="module")
+def fp32_sgd(tmp_path_factory):
+    return _export(tmp_path_factory, "fp32")
+
+
+@pytest.fixture(scope="module")
+def int4_adamw_lcsb(tmp_path_factory):
+    plan = make_plan(ARCH.layers, 1, "cyclic")
+    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerSpec("adamw", weight_decay=0.01),
+                   plan=plan)
+
+
+def _run(prog_dir, examples, steps, lr, **kw):
+    pdir = ProgramDir(prog_dir)
+    names = [m["name"] for m in pdir.manifest["methods"]]
+    runner = ExecutorchRunner(pdir.program_file("executorch"), names)
+    return pdir, run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
+
+
+def _hf_peft_sgd(weights, lora, examples, steps, lr):
+    """Reference: Hugging Face Qwen2 + PEFT in float64, torch.optim.SGD, batch 1, same row order."""
+    from transformers import Qwen2ForCausalLM
+
+    from toolchain.models import state_dict_from_weights
+
+    hf = Qwen2ForCausalLM._from_config(ARCH.to_hf_config(), attn_implementation="eager")
+    hf.load_state_dict({k: v.double() for k, v in state_dict_from_weights(weights).items()}, strict=False)
+    hf = hf.double()
+    if ARCH.tie_embeddings:
+        hf.tie_weights()
+    model = peft.get_peft_model(hf, peft.LoraConfig(r=CFG.rank, lora_alpha=CFG.alpha, target_modules=list(CFG.targets),
+                                                    lora_dropout=0.0))
+    peft.set_peft_model_state_dict(model, {k: v.double() for k, v in lora_state_dict(lora).items()})
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=lr)
+    losses = []
+    for s in range(steps):
+        ex = examples[s % len(examples)]
+        logits = model(input_ids=ex.input_ids[None]).logits[0]
+        loss = F.cross_entropy(logits[:-1], ex.labels[1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    sd = {n.replace(".default", ""): p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    return losses, sd
+
+
+def _max_rel(a: dict, b: dict) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max()) for k in b)
+
+
+def test_fp32_program_trains_like_eager_and_hf_peft(fp32_sgd):
+    prog, weights, lora = fp32_sgd
+    examples, steps, lr = _examples(3, seed=5), 5, 0.05
+    pdir, res = _run(prog, examples, steps, lr)
+    trained = lora_state_dict(pdir.lora_from_state(res.state))
+    # eager: the same StepProgram module, run by PyTorch
+    eager = StepProgram(ARCH, weights, CFG, lora)
+    eager_losses = []
+    with torch.no_grad():
+        for s in range(steps):
+            from toolchain.runtime.trainer import pad_example
+            ids, labels = pad_example(examples[s % 3], T, 0, "row")
+            eager_losses.append(float(eager.train_step(ids, labels, torch.tensor([lr]), None)[0]))
+    eager_sd = lora_state_dict(pdir.lora_from_state(eager.get_state()))
+    hf_losses, hf_sd = _hf_peft_sgd(weights, lora, examples, steps, lr)
+    print("runtime vs eager", _max_rel(trained, eager_sd), "runtime vs HF+PEFT", _max_rel(trained, hf_sd))
+    assert _max_rel(trained, eager_sd) <= 1e-4
+    assert _max_rel(trained, hf_sd) <= 1e-4
+    assert set(trained) == set(hf_sd)
+    for a, b, c in zip(res.losses, eager_losses, hf_losses):
+        assert math.isclose(a, b, rel_tol=1e-5) and math.isclose(a, c, rel_tol=1e-5)
+    # the adapter really moved
+    assert _max_rel(trained, lora_state_dict(lora)) > 1e-3
+
+
+def test_int4_adamw_lcsb_phases_match_eager(int4_adamw_lcsb):
+    prog, weights, lora = int4_adamw_lcsb
+    examples, steps, lr = _examples(2, seed=6), 4, 1e-2
+    pdir, res = _run(prog, examples, steps, lr)
+    assert pdir.train_methods() == ["train_step_p0", "train_step_p1"]
+    eager = StepProgram(ARCH, weights, CFG, lora, optimizer=OptimizerSpec("adamw", weight_decay=0.01),
+                        quant=QuantSpec("int4", 16))
+    from toolchain.runtime.trainer import pad_example
+    with torch.no_grad():
+        for s in range(steps):
+            ids, labels = pad_example(examples[s % 2], T, 0, "row")
+            phase = tuple(pdir.manifest["lcsb"]["phases"][pdir.manifest["lcsb"]["schedule"][s % 2]])
+            loss = float(eager.train_step(ids, labels, torch.tensor([lr]), phase)[0])
+            assert math.isclose(loss, res.losses[s], rel_tol=1e-5), (s, loss, res.losses[s])
+    diff = (res.state - eager.get_state()).abs().max() / eager.get_state().abs().max()
+    print("state rel diff", float(diff))
+    assert diff <= 1e-4
+
+
+def test_get_set_state_round_trip(fp32_sgd):
+    prog, _, _ = fp32_sgd
+    pdir = ProgramDir(prog)
+    runner = ExecutorchRunner(pdir.program_file("executorch"), [m["name"] for m in pdir.manifest["methods"]])
+    s0 = runner.get_state()
+    new = torch.linspace(-1, 1, s0.numel())
+    runner.set_state(new)
+    assert torch.equal(runner.get_state(), new)
+
+
+def test_manifest_checksums_are_verified(fp32_sgd, tmp_path):
+    import shutil
+
+    from toolchain.errors import BadInput
+
+    prog, _, _ = fp32_sgd
+    copy = tmp_path / "prog"
+    shutil.copytree(prog, copy)
+    with open(copy / "model.pte", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(BadInput, match="checksum"):
+        ProgramDir(copy)

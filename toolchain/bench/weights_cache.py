@@ -1,0 +1,90 @@
+"""Frozen weights for benchmarks: written once as float32 safetensors shards, then memory-mapped.
+
+Phones map their frozen weights from flash and the OS does not charge the app for those clean
+pages; every benchmark mode must get the same treatment, eager PyTorch included. So the weights
+are saved once (random init or a converted checkpoint) and each benchmark process maps them with
+safetensors (`safe_open(...).get_tensor` returns tensors over a private file mapping: their
+pages show up in RssFile, not RssAnon). One shard per layer keeps the writer's transient copy to
+one layer (safetensors serializes a whole file in memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from toolchain.atomic import atomic_dir
+from toolchain.models import PRESETS, ModelWeights, Qwen25Arch, load_model, state_dict_from_weights
+from toolchain.models import weights_from_state_dict
+
+__all__ = ["default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
+           "load_mmap_weights"]
+
+ARCH_FILE = "arch.json"  # written last: its presence marks a complete cache entry
+
+
+def default_cache_dir() -> Path:
+    """$TOOLCHAIN_CACHE_DIR, else $XDG_CACHE_HOME/toolchain, else ~/.cache/toolchain."""
+    if os.environ.get("TOOLCHAIN_CACHE_DIR"):
+        return Path(os.environ["TOOLCHAIN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toolchain"
+
+
+def weights_cache_dir(cache_dir: Path, model: str, init: str, seed: int) -> Path:
+    """Where the float32 shards of (model, init, seed) live; checkpoint paths are keyed by a hash."""
+    if model in PRESETS:
+        name = model
+    else:
+        name = "ckpt-" + hashlib.sha256(str(Path(model).resolve()).encode()).hexdigest()[:12]
+    suffix = f"-seed{seed}" if init == "random" else ""
+    return Path(cache_dir) / "bench-weights" / f"{name}-{init}{suffix}-float32"
+
+
+def _shards(arch: Qwen25Arch, sd: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    shards: dict[str, dict[str, torch.Tensor]] = {f"layer-{i:03d}.safetensors": {} for i in range(arch.layers)}
+    shards["globals.safetensors"] = {}
+    for key, t in sd.items():
+        parts = key.split(".")
+        name = f"layer-{int(parts[2]):03d}.safetensors" if parts[:2] == ["model", "layers"] else "globals.safetensors"
+        shards[name][key] = t.contiguous()
+    return shards
+
+
+def write_weights_cache(path: Path, arch: Qwen25Arch, weights: ModelWeights) -> Path:
+    """Write `weights` (float32) as per-layer safetensors shards plus arch.json, atomically."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(Path(path)) as tmp:
+        for name, tensors in _shards(arch, state_dict_from_weights(weights.to(torch.float32))).items():
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+        (tmp / ARCH_FILE).write_text(json.dumps(dataclasses.asdict(arch), indent=2, sort_keys=True))
+    return Path(path)
+
+
+def ensure_weights_cache(cache_dir: Path, model: str, init: str, seed: int) -> Path:
+    """The cache entry of (model, init, seed), built now if absent (needs the weights in RAM once)."""
+    path = weights_cache_dir(cache_dir, model, init, seed)
+    if (path / ARCH_FILE).is_file():
+        return path
+    arch, weights = load_model(model, init=init, seed=seed, dtype=torch.float32)
+    write_weights_cache(path, arch, weights)
+    return path
+
+
+def load_mmap_weights(path: Path) -> tuple[Qwen25Arch, ModelWeights]:
+    """Map a cache entry: tensors are views of private file mappings (no anonymous copy)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    arch = Qwen25Arch(**json.loads((path / ARCH_FILE).read_text()))
+    sd: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():
+                sd[key] = f.get_tensor(key)
+    return arch, weights_from_state_dict(arch, sd, dtype=torch.float32)

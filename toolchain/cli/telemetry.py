@@ -1,0 +1,95 @@
+"""`toolchain telemetry serve|import|runs|report`: collect the phones' telemetry and report on a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+DEFAULT_DB = Path("telemetry.sqlite3")
+_db_option = click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_DB,
+                          show_default=True, help="SQLite file of the event store.")
+
+
+def _existing_db(ctx, param, value: Path) -> Path:
+    if not value.is_file():
+        raise click.BadParameter(f"{value} does not exist; start `toolchain telemetry serve` or "
+                                 f"`toolchain telemetry import` with this --db first")
+    return value
+
+
+@click.group()
+def telemetry() -> None:
+    """Receive training telemetry from phones (or the host runner) and report on a run."""
+
+
+@telemetry.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; 0.0.0.0 to accept phones on the LAN (adb reverse needs only loopback).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@_db_option
+@click.option("--token", envvar="TOOLCHAIN_TELEMETRY_TOKEN", required=True,
+              help="Shared secret clients send as 'Authorization: Bearer TOKEN' [env: TOOLCHAIN_TELEMETRY_TOKEN].")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+              help="Largest accepted request body.")
+def serve(host: str, port: int, db: Path, token: str, max_body_bytes: int) -> None:
+    """Serve POST /v1/events, GET /v1/runs and GET /v1/runs/RUN_ID/events until Ctrl-C."""
+    from toolchain.telemetry.server import is_loopback
+    from toolchain.telemetry.server import serve as run_server
+    from toolchain.telemetry.store import EventStore
+
+    with EventStore(db) as store:
+        if not is_loopback(host):
+            click.echo(f"warning: listening on {host}: plain HTTP, the token is the only protection", err=True)
+        click.echo(f"telemetry server on http://{host}:{port}/v1/events (db {db}); Ctrl-C stops", err=True)
+        run_server(store, token, host=host, port=port, max_body_bytes=max_body_bytes)
+
+
+@telemetry.command("import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_db_option
+def import_(files: tuple[Path, ...], db: Path) -> None:
+    """Store the events of JSONL files pulled from a phone (re-importing stores nothing twice)."""
+    from toolchain.telemetry.events import read_jsonl
+    from toolchain.telemetry.store import EventStore
+
+    batches = [(path, read_jsonl(path)) for path in files]   # validate every file before storing any
+    with EventStore(db) as store:
+        for path, events in batches:
+            result = store.add(events)
+            runs = sorted({e["run_id"] for e in events})
+            click.echo(f"{path}: {result.stored} new, {result.duplicates} already stored; run {', '.join(runs)}")
+
+
+@telemetry.command()
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_DB, show_default=True,
+              callback=_existing_db, help="SQLite file of the event store.")
+def runs(db: Path) -> None:
+    """List the stored runs with their event counts."""
+    from toolchain.telemetry.store import EventStore
+
+    with EventStore(db) as store:
+        for r in store.runs():
+            click.echo(f"{r.run_id}  {r.events} events  {r.model or '?'} on {r.device_model or '?'}  "
+                       f"{r.status or 'incomplete'}")
+
+
+@telemetry.command()
+@click.argument("run_id")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_DB, show_default=True,
+              callback=_existing_db, help="SQLite file of the event store.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Output directory (replaced): index.html, memory.png, loss.png, step_time.png, summary.json.")
+def report(run_id: str, db: Path, out: Path) -> None:
+    """Plot a run's memory (against its budget and the published MeSP/MeBP peaks), loss and step time."""
+    from toolchain.errors import BadInput
+    from toolchain.telemetry.report import write_report
+    from toolchain.telemetry.store import EventStore
+
+    with EventStore(db) as store:
+        events = store.events(run_id)
+        known = [r.run_id for r in store.runs()]
+    if not events:
+        raise BadInput(f"no events for run {run_id!r} in {db}; stored runs: {', '.join(known) or 'none'}")
+    files = write_report(run_id, events, out)
+    click.echo(f"{len(events)} events -> {files.html}")

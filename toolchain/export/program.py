@@ -1,0 +1,218 @@
+"""The target-neutral training program: the explicit MeSP step as an `nn.Module` whose LoRA state
+(and optimizer moments) are buffers updated in place, plus the methods an app calls.
+
+Methods (the app-facing contract, recorded in manifest.json):
+  train_step[_p{k}](input_ids [T] int64, labels [T] int64, lr [1] float32) -> (loss [1],)
+      One forward + MeSP backward + optimizer update applied layer by layer right after that layer's
+      backward (so all layers' gradients never coexist). One method per LCSB phase `k` (only the
+      phase's layers are backpropagated); a single `train_step` when LCSB is off.
+  get_state() -> (state [N] float32,)    every LoRA (and optimizer) buffer, flattened, manifest order
+  set_state(state [N] float32) -> (n [1],) overwrite them (resume from a checkpoint)
+Rows shorter than T are padded by the app: input_ids with `pad_token_id`, labels with -100 (causal
+attention: trailing padding changes nothing before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from toolchain.errors import BadInput
+from toolchain.lcsb.update_rules import adamw_tensor_update, sgd_tensor_update
+from toolchain.lora.config import LoraConfig
+from toolchain.lora.peft_io import peft_key
+from toolchain.lora.weights import LoraPair, LoraWeights
+from toolchain.mesp import StepOptions, mesp_step
+from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
+from toolchain.models.presets import Qwen25Arch
+from toolchain.models.weights import LayerWeights, ModelWeights
+
+__all__ = ["OptimizerSpec", "QuantSpec", "StepProgram", "StateEntry", "state_layout", "method_name"]
+
+# The projection matrices; embeddings/LM head stay float (a quantized LM head would need the whole
+# [V, d] matrix dequantized per loss chunk), as do norms and biases.
+QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """Frozen projection weights: float32 (`none`), or group-wise int8 / int4 (see mesp/ops/quant.py)."""
+
+    kind: Literal["none", "int8", "int4"] = "none"
+    group: int = 64
+    chunk_elems: int = 1 << 20  # dequantize at most this many weights at once (4 MB as float32)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "int8", "int4"):
+            raise BadInput(f"unknown quantization {self.kind!r}; choose none, int8 or int4")
+        if self.group < 2 or self.group % 2:
+            raise BadInput(f"quantization group must be an even number >= 2, got {self.group}")
+
+    def check(self, arch: Qwen25Arch) -> None:
+        if self.kind != "none":
+            for width in (arch.hidden, arch.intermediate):
+                if width % self.group:
+                    raise BadInput(f"quantization group {self.group} does not divide the model width {width}; "
+                                   f"pick a group that divides {arch.hidden} and {arch.intermediate}")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The in-program optimizer. AdamW follows torch.optim.AdamW (bias correction, decoupled decay).
+
+    LCSB: parameters of layers outside a phase get a zero gradient and still move by momentum and
+    weight decay (the paper's semantics).
+    """
+
+    kind: Literal["sgd", "adamw"] = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    frozen_unselected: bool = False  # True: LCSB-unselected parameters do not move at all (comparison)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("sgd", "adamw"):
+            raise BadInput(f"unknown optimizer {self.kind!r}; choose sgd or adamw")
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One tensor of the flat state vector."""
+
+    name: str            # buffer name inside the program
+    key: str             # PEFT key of the parameter it belongs to (moments too)
+    role: Literal["param", "exp_avg", "exp_avg_sq", "step"]
+    shape: tuple[int, ...]
+    offset: int          # in elements
+    numel: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = 1
+        for s in self.shape:
+            n *= s
+        object.__setattr__(self, "numel", n)
+
+
+def method_name(phase: int | None) -> str:
+    return "train_step" if phase is None else f"train_step_p{phase}"
+
+
+def _buf(prefix: str, layer: int, target: str, which: str) -> str:
+    return f"{prefix}_{layer}_{target}_{which}"
+
+
+def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec) -> list[StateEntry]:
+    """Order and offsets of the flat state: per layer, per target, A then B; then AdamW moments in the
+    same order (exp_avg, then exp_avg_sq), then the AdamW step counter."""
+    entries: list[StateEntry] = []
+    roles = [("lora", "param")] + ([("adam_m", "exp_avg"), ("adam_v", "exp_avg_sq")] if optimizer.kind == "adamw" else [])
+    offset = 0
+    for prefix, role in roles:
+        for i in range(arch.layers):
+            for t in cfg.targets:
+                d_out, d_in = arch.linear_shape(t)
+                for which, shape in (("a", (cfg.rank, d_in)), ("b", (d_out, cfg.rank))):
+                    e = StateEntry(_buf(prefix, i, t, which), peft_key(i, t, which.upper()), role, shape, offset)
+                    entries.append(e)
+                    offset += e.numel
+    if optimizer.kind == "adamw":
+        entries.append(StateEntry("adam_step", "", "step", (1,), offset))
+    return entries
+
+
+class StepProgram(nn.Module):
+    """Frozen weights as constant buffers, LoRA/optimizer state as mutable buffers, and the methods."""
+
+    def __init__(self, arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, *,
+                 optimizer: OptimizerSpec = OptimizerSpec(), options: StepOptions = StepOptions(),
+                 quant: QuantSpec = QuantSpec()) -> None:
+        super().__init__()
+        quant.check(arch)
+        self.arch, self.cfg, self.optimizer, self.options, self.quant = arch, cfg, optimizer, options, quant
+        self.layout = state_layout(arch, cfg, optimizer)
+        self.register_buffer("embed", weights.embed)
+        self.register_buffer("final_norm", weights.final_norm)
+        if not weights.tied:
+            self.register_buffer("lm_head", weights.lm_head)
+        for i, lw in enumerate(weights.layers):
+            for name, t in lw._asdict().items():
+                if quant.kind != "none" and name in QUANTIZED_FIELDS:
+                    qw = quantize(t.float(), quant.kind, quant.group)
+                    self.register_buffer(f"w_{i}_{name}_q", qw.q)
+                    self.register_buffer(f"w_{i}_{name}_scale", qw.scale)
+                else:
+                    self.register_buffer(f"w_{i}_{name}", t)
+        init = {e.name: None for e in self.layout}
+        for i, layer in enumerate(lora):
+            for t, pair in layer.items():
+                init[_buf("lora", i, t, "a")], init[_buf("lora", i, t, "b")] = pair.a, pair.b
+        for e in self.layout:
+            value = init[e.name]
+            self.register_buffer(e.name, value.detach().clone().float() if value is not None
+                                 else torch.zeros(e.shape, dtype=torch.float32))
+
+    # -- views of the buffers as the step's bundles ------------------------------------------------
+    def model_weights(self) -> ModelWeights:
+        layers = tuple(LayerWeights(**{f: self._frozen(i, f) for f in LayerWeights._fields})
+                       for i in range(self.arch.layers))
+        head = self.embed if self.arch.tie_embeddings else self.lm_head
+        return ModelWeights(self.embed, layers, self.final_norm, head)
+
+    def _frozen(self, layer: int, field_: str) -> Tensor | QuantWeight:
+        if self.quant.kind != "none" and field_ in QUANTIZED_FIELDS:
+            bits = 8 if self.quant.kind == "int8" else 4
+            qw = QuantWeight(getattr(self, f"w_{layer}_{field_}_q"), getattr(self, f"w_{layer}_{field_}_scale"), bits)
+            return with_chunk_rows(qw, self.quant.chunk_elems)
+        return getattr(self, f"w_{layer}_{field_}")
+
+    def lora_weights(self) -> LoraWeights:
+        return tuple({t: LoraPair(getattr(self, _buf("lora", i, t, "a")), getattr(self, _buf("lora", i, t, "b")))
+                      for t in self.cfg.targets} for i in range(self.arch.layers))
+
+    # -- methods ------------------------------------------------------------------------------------
+    def train_step(self, input_ids: Tensor, labels: Tensor, lr: Tensor, phase_layers: tuple[int, ...] | None) -> Tensor:
+        selected = set(range(self.arch.layers)) if phase_layers is None else set(phase_layers)
+        if self.optimizer.kind == "adamw":
+            step = getattr(self, "adam_step")
+            step.add_(1.0)
+
+        def update(layer: int, grads: dict[str, LoraPair]) -> None:
+            for t, g in grads.items():
+                self._update(f"{layer}_{t}_a", g.a, lr)
+                self._update(f"{layer}_{t}_b", g.b, lr)
+
+        res = mesp_step(self.arch, self.model_weights(), self.lora_weights(), self.cfg, input_ids, labels,
+                        options=self.options, backward_layers=selected, on_layer_grads=update)
+        o = self.optimizer
+        if not o.frozen_unselected and (o.kind == "adamw" or o.weight_decay):
+            # LCSB: unselected layers get a zero gradient and still move by momentum and weight decay.
+            for i in sorted(set(range(self.arch.layers)) - selected):
+                for t in self.cfg.targets:
+                    for which in ("a", "b"):
+                        suffix = f"{i}_{t}_{which}"
+                        self._update(suffix, torch.zeros_like(getattr(self, "lora_" + suffix)), lr)
+        return res.loss.reshape(1)
+
+    def _update(self, suffix: str, grad: Tensor, lr: Tensor) -> None:
+        p = getattr(self, "lora_" + suffix)
+        o = self.optimizer
+        if o.kind == "sgd":
+            p.copy_(sgd_tensor_update(p, grad, lr, weight_decay=o.weight_decay))
+            return
+        m, v = getattr(self, "adam_m_" + suffix), getattr(self, "adam_v_" + suffix)
+        new_p, new_m, new_v = adamw_tensor_update(p, grad, m, v, getattr(self, "adam_step"), lr, betas=o.betas,
+                                                  eps=o.eps, weight_decay=o.weight_decay)
+        p.copy_(new_p)
+        m.copy_(new_m)
+        v.copy_(new_v)
+
+    def get_state(self) -> Tensor:
+        return torch.cat([getattr(self, e.name).reshape(-1) for e in self.layout])
+
+    def set_state(self, state: Tensor) -> Tensor:
+        for e in self.layout:
+            getattr(self, e.name).copy_(state[e.offset:e.offset + e.numel].reshape(e.shape))
+        return state.new_full((1,), float(len(self.layout)))

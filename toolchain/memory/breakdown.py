@@ -1,0 +1,73 @@
+"""Where a training step's memory goes, computed from the shapes (no measurement).
+
+`bench memory` prints this next to the measured peak so that the peak can be read: what part is
+the adapter and its training state, what part the per-layer checkpoints, what the single largest
+transient tensor is. The rest of a measured peak is the working set of one block (recompute and
+backward), the allocator's slack and the runtime's arenas.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from toolchain.lora.config import LoraConfig
+from toolchain.lora.weights import lora_num_params
+from toolchain.memory.measure import MIB
+from toolchain.models.presets import Qwen25Arch
+
+__all__ = ["BreakdownMode", "Breakdown", "step_breakdown"]
+
+BreakdownMode = Literal["autograd", "mebp", "mesp", "mezo"]
+
+
+class Breakdown(NamedTuple):
+    """Bytes of each kind of state during one SGD training step (None: not itemized)."""
+
+    lora_params: int          # the adapter itself
+    grads: int                # gradients alive at once
+    optimizer_state: int      # SGD has none (AdamW: 2 x lora_params, whatever the method)
+    checkpoints: int | None   # per-layer block inputs kept between forward and backward
+    largest_transient: int    # the single largest temporary tensor
+    largest_transient_what: str
+
+    def as_mb(self) -> dict[str, float | str | None]:
+        out: dict[str, float | str | None] = {}
+        for name, value in self._asdict().items():
+            out[name if isinstance(value, str) else f"{name}_mb"] = (
+                round(value / MIB, 2) if isinstance(value, int) else value)
+        return out
+
+
+def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_len: int, *, loss_chunk: int,
+                   mlp_chunk: int | None, bytes_per_value: int = 4) -> Breakdown:
+    """Analytic breakdown of one training step of `mode` (batch 1, SGD).
+
+    Args:
+        mode: autograd (stores every activation, full logits), mebp (per-block checkpoints, full
+            logits), mesp (checkpoints, chunked loss, layer-by-layer update), mezo (two forwards).
+        loss_chunk: tokens per LM-head chunk (mesp, mezo).
+        mlp_chunk: tokens per MLP backward chunk (mesp; None: the whole sequence).
+        bytes_per_value: 4 for float32.
+    """
+    t, v, f, d = seq_len, arch.vocab, arch.intermediate, arch.hidden
+    params = lora_num_params(arch, cfg) * bytes_per_value
+    probs = ("attention probabilities [H, T, T]", arch.heads * t * t)
+    if mode in ("autograd", "mebp"):
+        transient = ("full logits [T, V]", t * v)
+        grads = params
+        checkpoints = None if mode == "autograd" else arch.layers * t * d * bytes_per_value
+    elif mode == "mesp":
+        c = min(loss_chunk, t)
+        m = t if mlp_chunk is None else min(mlp_chunk, t)
+        transient = max((f"loss chunk logits [{c}, V]", c * v), (f"MLP tensor [{m}, f]", m * f), probs,
+                        key=lambda item: item[1])
+        grads = params // arch.layers  # one layer's gradients: the update runs right after its backward
+        checkpoints = arch.layers * t * d * bytes_per_value
+    elif mode == "mezo":
+        c = min(loss_chunk, t)
+        transient = max((f"loss chunk logits [{c}, V]", c * v), ("MLP tensor [T, f]", t * f), probs,
+                        key=lambda item: item[1])
+        grads, checkpoints = 0, 0
+    else:
+        raise ValueError(f"no breakdown for mode {mode!r}")
+    return Breakdown(params, grads, 0, checkpoints, transient[1] * bytes_per_value, transient[0])

@@ -1,0 +1,96 @@
+"""Group-wise quantized frozen weights, dequantized inside the step right where they are used.
+
+int8: q = round(w / s) in [-127, 127], one scale s = max|w| / 127 per group of G input columns.
+int4: q = round(w / s) in [-8, 7],     s = max|w| / 7, stored as (q + 8) nibbles, two per uint8
+      (low nibble = even column). Unpacking uses `& 15` and floor division by 16: `>>` is not
+      core ATen and fails ExecuTorch's `to_edge` (see DESIGN.md).
+Dequantization: w = q * s (broadcast over each group). A dequantized matrix is a transient of the
+matmul that needs it, in forward and again in backward; it is never saved. Matmuls dequantize
+`chunk_rows` output rows at a time, so the transient is [chunk_rows, i] instead of [o, i]:
+  x W^T = [x W_1^T, ..., x W_n^T]        dy W = sum_j dy[:, rows_j] W_j
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows"]
+
+QuantKind = Literal["int8", "int4"]
+
+
+class QuantWeight(NamedTuple):
+    q: Tensor        # int8 [o, i] (int8) or uint8 [o, i/2] (int4, packed)
+    scale: Tensor    # [o, i/G] float
+    bits: int        # 8 or 4 (static)
+    chunk_rows: int = 0  # rows dequantized at once by the matmuls (0: all)
+
+
+def quantize(w: Tensor, kind: QuantKind, group: int) -> QuantWeight:
+    """Host-side quantization of a [o, i] weight (i must be a multiple of `group`)."""
+    o, i = w.shape
+    if i % group:
+        raise ValueError(f"input dim {i} is not a multiple of the quantization group {group}")
+    qmax = 127 if kind == "int8" else 7
+    wg = w.reshape(o, i // group, group)
+    scale = (wg.abs().amax(-1) / qmax).clamp(min=torch.finfo(w.dtype).tiny)        # [o, i/G]
+    q = torch.round(wg / scale[..., None]).clamp(-qmax - (kind == "int4"), qmax).reshape(o, i)
+    if kind == "int8":
+        return QuantWeight(q.to(torch.int8), scale, 8)
+    u = (q + 8).to(torch.uint8)
+    return QuantWeight(u[:, 0::2] + 16 * u[:, 1::2], scale, 4)
+
+
+def with_chunk_rows(qw: QuantWeight, max_elems: int) -> QuantWeight:
+    """Choose chunk_rows so that one dequantized chunk has at most `max_elems` elements."""
+    o, i = qw.scale.shape[0], qw.q.shape[1] * (2 if qw.bits == 4 else 1)
+    return qw._replace(chunk_rows=max(1, min(o, max_elems // i)))
+
+
+def _rows(qw: QuantWeight, start: int, stop: int) -> QuantWeight:
+    return QuantWeight(qw.q[start:stop], qw.scale[start:stop], qw.bits)
+
+
+def _chunks(qw: QuantWeight) -> list[tuple[int, int]]:
+    o = qw.scale.shape[0]
+    step = qw.chunk_rows or o
+    return [(r, min(r + step, o)) for r in range(0, o, step)]
+
+
+def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
+    """x W^T for x [T, i], W [o, i] (dense, or quantized and dequantized chunk by chunk)."""
+    if not isinstance(w, QuantWeight):
+        return x @ w.T
+    return torch.cat([x @ dequantize(_rows(w, a, b)).T for a, b in _chunks(w)], dim=-1)   # [T, o]
+
+
+def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight) -> Tensor:
+    """dy W for dy [T, o], W [o, i]."""
+    if not isinstance(w, QuantWeight):
+        return dy @ w
+    out = None
+    for a, b in _chunks(w):
+        part = dy[:, a:b] @ dequantize(_rows(w, a, b))                                  # [T, i]
+        out = part if out is None else out + part
+    return out
+
+
+def dequantize(qw: QuantWeight) -> Tensor:
+    """[o, i] float weight (dtype of the scales)."""
+    q, scale, bits = qw.q, qw.scale, qw.bits
+    if bits == 8:
+        vals = q.to(scale.dtype)
+    else:
+        lo = torch.bitwise_and(q, 15).to(scale.dtype) - 8                         # [o, i/2] even columns
+        hi = torch.div(q, 16, rounding_mode="floor").to(scale.dtype) - 8          # [o, i/2] odd columns
+        vals = torch.stack((lo, hi), dim=-1).reshape(q.shape[0], -1)              # [o, i]
+    o, i = vals.shape
+    g = scale.shape[1]
+    return (vals.reshape(o, g, i // g) * scale[..., None]).reshape(o, i)
+
+
+def dense(w: Tensor | QuantWeight) -> Tensor:
+    return dequantize(w) if isinstance(w, QuantWeight) else w

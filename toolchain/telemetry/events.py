@@ -1,0 +1,195 @@
+"""Telemetry events: parse and validate what phones send, and write events the way phones do.
+
+An event is a flat JSON object (`shared_schemas/telemetry_event.schema.json`): common fields
+`schema_version, type, run_id, seq, timestamp` plus the fields of its `type`. A batch is one event
+or a JSON array of events. A batch is accepted whole or refused whole: every event is validated
+before anything is stored, and the refusal names each bad event by its index.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from toolchain.errors import BadInput, SchemaError
+from toolchain.schemas import validation_errors
+
+__all__ = ["SCHEMA_VERSION", "EVENT_TYPES", "PROBES", "MAX_ERRORS_REPORTED", "InvalidBatch", "parse_batch",
+           "check_events", "canonical", "read_jsonl", "TelemetryWriter", "new_run_id"]
+
+SCHEMA_VERSION = 1
+EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error")
+PROBES = ("android_proc_status", "android_debug_meminfo", "android_dumpsys", "android_activity_manager",
+          "ios_phys_footprint", "ios_os_proc_available", "linux_proc_status")
+MAX_ERRORS_REPORTED = 20   # a refusal lists at most this many bad events (a 10,000-event batch stays readable)
+_MAX_MESSAGE = 300
+
+
+class InvalidBatch(SchemaError):
+    """A batch with at least one invalid event. `errors` maps event index -> its violations."""
+
+    def __init__(self, message: str, errors: dict[int, list[str]]):
+        super().__init__(message)
+        self.errors = errors
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON (write a non-finite loss as null)")
+
+
+def _loads(text: str | bytes) -> Any:
+    """json.loads that refuses NaN/Infinity, which Python would otherwise accept as numbers."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= _MAX_MESSAGE else message[:_MAX_MESSAGE] + "..."
+
+
+_MEASUREMENTS = ("anon_bytes", "rss_bytes", "pss_bytes", "peak_bytes", "available_bytes")
+
+
+def _explain(problems: list[str]) -> list[str]:
+    """Most useful message first: a field's own error before the root-level consequences (a type's
+    fields count as 'unevaluated' once that type's branch fails), the memory anyOf in words."""
+    out = []
+    for p in problems:
+        if p.startswith("<root>: ") and p.endswith("is not valid under any of the given schemas"):
+            p = f"<root>: a memory event needs at least one of {', '.join(_MEASUREMENTS)}"
+        out.append(_short(p))
+    return sorted(out, key=lambda p: p.startswith("<root>: Unevaluated properties"))
+
+
+def check_events(events: list[Any]) -> None:
+    """Validate every event of a batch against the schema.
+
+    Raises:
+        InvalidBatch: naming the first bad event and how many are bad; `.errors` has the details.
+    """
+    errors: dict[int, list[str]] = {}
+    for i, event in enumerate(events):
+        problems = validation_errors("telemetry_event", event)
+        if problems:
+            errors[i] = _explain(problems)
+            if len(errors) >= MAX_ERRORS_REPORTED:
+                break
+    if errors:
+        first = min(errors)
+        more = f" ({len(errors)}{'+' if len(errors) >= MAX_ERRORS_REPORTED else ''} invalid events)" \
+            if len(errors) > 1 else ""
+        raise InvalidBatch(f"event {first} is not a valid telemetry event: {errors[first][0]}{more}", errors)
+
+
+def parse_batch(body: bytes | str) -> list[dict]:
+    """Decode and validate a request body: one event or a non-empty array of events.
+
+    Raises:
+        BadInput: the body is not JSON, or neither an object nor an array, or an empty array.
+        InvalidBatch: some event violates the schema (nothing of the batch may be stored).
+    """
+    try:
+        doc = _loads(body)
+    except RecursionError:
+        raise BadInput("invalid JSON: nested too deeply") from None
+    except json.JSONDecodeError as e:
+        raise BadInput(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # NaN/Infinity constants, undecodable bytes
+        raise BadInput(f"invalid JSON: {e}") from None
+    if isinstance(doc, dict):
+        events = [doc]
+    elif isinstance(doc, list):
+        events = doc
+    else:
+        raise BadInput(f"expected an event object or an array of events, got {type(doc).__name__}")
+    if not events:
+        raise BadInput("empty batch: send at least one event")
+    check_events(events)
+    return events
+
+
+def canonical(event: dict) -> str:
+    """The stored form of an event: compact JSON with sorted keys (equal events, equal strings)."""
+    return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a JSONL telemetry file (one event per line; blank lines allowed) and validate every event.
+
+    Raises:
+        BadInput: the file is missing or a line is not JSON (the line number is named).
+        SchemaError: a line is not a valid event (the line number is named).
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise BadInput(f"{path} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path} is not UTF-8 text ({e.reason})") from None
+    events, line_of = [], []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(_loads(line))
+        except (json.JSONDecodeError, ValueError, RecursionError) as e:
+            raise BadInput(f"{path}:{lineno}: invalid JSON ({e})") from None
+        line_of.append(lineno)
+    if not events:
+        raise BadInput(f"{path} has no events")
+    try:
+        check_events(events)
+    except InvalidBatch as e:
+        first = min(e.errors)
+        raise SchemaError(f"{path}:{line_of[first]}: not a valid telemetry event: {e.errors[first][0]}"
+                          f"{f' ({len(e.errors)} invalid lines)' if len(e.errors) > 1 else ''}") from None
+    return events
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+class TelemetryWriter:
+    """Append events to a JSONL file the way the apps queue them: numbered, validated, one per line.
+
+    Args:
+        path: the JSONL file (appended to; created with its directory).
+        run_id: the run's id (default: a new random one).
+        start_seq: first sequence number (a resumed run continues its numbering). Default: 0.
+        clock: wall-clock source in seconds (tests pass a fake). Default: time.time.
+    """
+
+    def __init__(self, path: Path, run_id: str | None = None, *, start_seq: int = 0, clock=time.time):
+        self.path = Path(path)
+        self.run_id = run_id or new_run_id()
+        self.seq = start_seq
+        self._clock = clock
+        self._t0 = time.monotonic()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def elapsed_s(self) -> float:
+        """Monotonic seconds since the writer was created (the events' `elapsed_s`)."""
+        return time.monotonic() - self._t0
+
+    def emit(self, type: str, **fields: Any) -> dict:
+        """Validate and append one event; returns it. Raises InvalidBatch when the fields are wrong."""
+        clash = sorted(fields.keys() & {"schema_version", "type", "run_id", "seq"})
+        if clash:
+            raise BadInput(f"{', '.join(clash)} are set by the writer, not by the caller")
+        event = {"schema_version": SCHEMA_VERSION, "type": type, "run_id": self.run_id, "seq": self.seq,
+                 "timestamp": round(self._clock(), 6), "elapsed_s": round(self.elapsed_s, 6), **fields}
+        check_events([event])
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(canonical(event) + "\n")
+        self.seq += 1
+        return event
+
+    def emit_all(self, events: Iterable[tuple[str, dict]]) -> None:
+        for type_, fields in events:
+            self.emit(type_, **fields)

@@ -1,0 +1,172 @@
+"""HTTP ingest of telemetry events (FastAPI on uvicorn) over an `EventStore`.
+
+  POST /v1/events                 one event or an array; Bearer token; all-or-nothing
+  GET  /v1/runs                   runs with their `events` count
+  GET  /v1/runs/{run_id}/events   a run's events in seq order (?after_seq=N&limit=M)
+  GET  /v1/health                 liveness, no token
+
+Answers: 200 `{"received", "stored", "duplicates"}`; 401 missing/wrong token; 400 invalid JSON or
+not an event/array; 413 body over the limit; 422 schema violations (`errors`: index -> messages);
+409 an event reuses a stored (run_id, seq) with other content; 503 the database failed. Every
+refusal is `{"error": reason}` and stores nothing. Handlers never let an exception escape as a
+crash: the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import secrets
+import socket
+import sqlite3
+import threading
+import time
+from typing import NamedTuple
+
+# Imported at module level (not in create_app): FastAPI resolves the handlers' annotations
+# (`request: Request`) from this module's globals. Only `toolchain telemetry serve` imports this module.
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from toolchain.errors import BadInput
+from toolchain.telemetry.events import InvalidBatch, parse_batch
+from toolchain.telemetry.store import ConflictingEvents, EventStore
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve", "RunningServer", "start_in_thread", "is_loopback"]
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20   # 1 MiB: ~3,000 typical events; phones send smaller batches
+_log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse(status: int, reason: str, **extra) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": reason, **extra}, status_code=status, headers=headers)
+
+
+async def _read_body(request: Request, max_body_bytes: int) -> bytes | None:
+    """The body, or None when it exceeds the limit (declared in Content-Length, or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    """The ASGI app. `token` is the shared secret clients send as `Authorization: Bearer <token>`."""
+    if not token:
+        raise BadInput("the telemetry token must not be empty; pass --token")
+    expected = f"Bearer {token}".encode()
+    app = FastAPI(title="toolchain telemetry", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorized(request: Request) -> bool:
+        return secrets.compare_digest(request.headers.get("authorization", "").encode(), expected)
+
+    def ingest(body: bytes) -> dict:
+        return store.add(parse_batch(body))._asdict()
+
+    @app.post("/v1/events")
+    async def post_events(request: Request):
+        if not authorized(request):
+            return _refuse(401, "missing or wrong bearer token")
+        body = await _read_body(request, max_body_bytes)
+        if body is None:
+            return _refuse(413, f"body larger than {max_body_bytes} bytes; send smaller batches")
+        try:
+            return await run_in_threadpool(ingest, body)
+        except InvalidBatch as e:
+            return _refuse(422, str(e), errors={str(i): msgs for i, msgs in e.errors.items()})
+        except ConflictingEvents as e:
+            return _refuse(409, str(e))
+        except BadInput as e:
+            return _refuse(400, str(e))
+        except sqlite3.Error as e:
+            _log.exception("telemetry store failed")
+            return _refuse(503, f"storage failed ({e}); retry later")
+
+    @app.get("/v1/runs")
+    async def get_runs(request: Request):
+        if not authorized(request):
+            return _refuse(401, "missing or wrong bearer token")
+        runs = await run_in_threadpool(store.runs)
+        return {"runs": [r._asdict() for r in runs]}
+
+    @app.get("/v1/runs/{run_id}/events")
+    async def get_run_events(request: Request, run_id: str, after_seq: int = Query(-1, ge=-1),
+                             limit: int = Query(10_000, ge=1, le=100_000)):
+        if not authorized(request):
+            return _refuse(401, "missing or wrong bearer token")
+        events = await run_in_threadpool(store.events, run_id, after_seq=after_seq, limit=limit)
+        if not events and after_seq < 0:
+            return _refuse(404, f"no events for run {run_id!r}")
+        return {"run_id": run_id, "events": events}
+
+    @app.get("/v1/health")
+    async def health():
+        return {"ok": True}
+
+    return app
+
+
+def _config(app, host: str, port: int):
+    import uvicorn
+
+    # h11 (pure Python) and asyncio: no optional C extensions, same behaviour everywhere.
+    return uvicorn.Config(app, host=host, port=port, http="h11", loop="asyncio", lifespan="off",
+                          log_level="warning", access_log=False, timeout_keep_alive=30)
+
+
+def serve(store: EventStore, token: str, *, host: str = "127.0.0.1", port: int = 8765,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Serve until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    uvicorn.Server(_config(create_app(store, token, max_body_bytes=max_body_bytes), host, port)).run()
+
+
+class RunningServer(NamedTuple):
+    url: str                      # e.g. http://127.0.0.1:41234
+    port: int
+    server: object                # the uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+
+def start_in_thread(app, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 10.0) -> RunningServer:
+    """Run `app` on a real uvicorn server in a daemon thread (port 0: a free port). For tests and
+    for host-side tools that post to themselves."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(_config(app, host, port))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="telemetry-server")
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError("telemetry server did not start")
+        time.sleep(0.01)
+    shown = f"[{host}]" if ":" in host else host
+    return RunningServer(f"http://{shown}:{port}", port, server, thread)
