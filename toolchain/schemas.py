@@ -29,6 +29,9 @@ SCHEMA_NAMES: dict[str, str] = {
     "run_summary": "run_summary.schema.json",
     "step_plan": "step_plan.schema.json",
     "bench_lcsb": "bench_lcsb.schema.json",
+    "bench_memory": "bench_memory.schema.json",
+    "bench_tables": "bench_tables.schema.json",
+    "bench_mezo": "bench_mezo.schema.json",
 }
 
 

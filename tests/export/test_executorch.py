@@ -163,3 +163,71 @@ def test_manifest_checksums_are_verified(fp32_sgd, tmp_path):
         f.write(b"\x00\x01\x02")
     with pytest.raises(BadInput, match="checksum"):
         ProgramDir(copy)
+
+
+def _write_jsonl(path, examples):
+    import json
+
+    path.write_text("".join(json.dumps({"input_ids": ex.input_ids.tolist()}) + "\n" for ex in examples))
+    return path
+
+
+def _adapter_tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def test_resume_after_kill_equals_uninterrupted_run(fp32_sgd, tmp_path):
+    """A run SIGKILLed mid-way and resumed from its checkpoint ends with the very adapter of a run
+    that was never interrupted (the CLI, in subprocesses, as a user runs it)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    prog, _, _ = fp32_sgd
+    data = _write_jsonl(tmp_path / "data.jsonl", _examples(5, seed=8))
+    steps = 300
+    base = [sys.executable, "-m", "toolchain", "train", "--program", str(prog), "--data", str(data),
+            "--steps", str(steps), "--lr", "0.01", "--checkpoint-every", "1"]
+    subprocess.run(base + ["--adapter-out", str(tmp_path / "whole")], check=True, capture_output=True)
+
+    telemetry = tmp_path / "killed.jsonl"
+    cmd = base + ["--adapter-out", str(tmp_path / "killed"), "--telemetry-out", str(telemetry)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        lines = telemetry.read_text().splitlines() if telemetry.exists() else []
+        if sum('"type":"step"' in line for line in lines) >= 20:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (tmp_path / "killed").exists()
+    subprocess.run(cmd + ["--resume"], check=True, capture_output=True)
+    whole, resumed = _adapter_tensors(tmp_path / "whole"), _adapter_tensors(tmp_path / "killed")
+    assert whole.keys() == resumed.keys()
+    for k in whole:
+        torch.testing.assert_close(resumed[k], whole[k], rtol=0, atol=0)
+    events = [json.loads(line) for line in telemetry.read_text().splitlines()]
+    steps_seen = sorted({e["step"] for e in events if e["type"] == "step"})
+    assert steps_seen == list(range(steps))   # the resumed run continued where the checkpoint was
+    assert events[-1]["type"] == "run_end"
+
+
+def test_int8_program_matches_eager(tmp_path_factory):
+    prog, weights, lora = _export(tmp_path_factory, "int8", quant="int8")
+    examples, steps, lr = _examples(2, seed=9), 3, 0.05
+    pdir, res = _run(prog, examples, steps, lr)
+    eager = StepProgram(ARCH, weights, CFG, lora, quant=QuantSpec("int8", 16))
+    from toolchain.runtime.trainer import pad_example
+    with torch.no_grad():
+        for s in range(steps):
+            ids, labels = pad_example(examples[s % 2], T, 0, "row")
+            loss = float(eager.train_step(ids, labels, torch.tensor([lr]), None)[0])
+            assert math.isclose(loss, res.losses[s], rel_tol=1e-5)
+    assert float((res.state - eager.get_state()).abs().max() / eager.get_state().abs().max()) <= 1e-4

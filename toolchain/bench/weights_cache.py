@@ -22,7 +22,7 @@ from toolchain.atomic import atomic_dir
 from toolchain.models import PRESETS, ModelWeights, Qwen25Arch, load_model, state_dict_from_weights
 from toolchain.models import weights_from_state_dict
 
-__all__ = ["default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
+__all__ = ["ARCH_FILE", "default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
            "load_mmap_weights"]
 
 ARCH_FILE = "arch.json"  # written last: its presence marks a complete cache entry

@@ -1,33 +1,66 @@
-"""One benchmark mode in a fresh process: `python -m toolchain.bench.worker run SPEC.json OUT.json`.
+"""Benchmark processes: `python -m toolchain.bench.worker prepare|memory|timing SPEC.json [OUT.json]`.
 
-A fresh process per mode, so that no mode inherits another's heap. The order of events:
-  1. import torch, set the thread count, trim malloc, read RssAnon: the baseline;
+- `memory`: one mode in a fresh process, so that no mode inherits another's heap:
+  1. import torch (and trigger its lazy imports), set the thread count, trim malloc, read
+     RssAnon: the baseline;
   2. map the frozen weights (file-backed: not counted), build the adapter and the batch;
   3. one warm-up step (touches every weight page, fills the allocator's caches);
-  4. `repeat` measured steps, each with a fresh high-water mark (`memory.measure_peak`);
-  5. the gradient check: the adapter re-initialized from its seed, one step whose hook copies the
-     gradients to a safetensors file the parent compares across modes (exact modes only).
-`python -m toolchain.bench.worker prepare SPEC.json` builds the weights cache (memory-hungry,
-so it runs in its own process too). Exit code 2 with one stderr line on a ToolchainError.
+  4. `repeat` measured steps, each with a fresh high-water mark (`memory.measure_peak`).
+- `timing`: every mode in ONE process, steps interleaved round by round (the order reversed every
+  other round), so that a noisy machine slows all modes alike; the minimum per mode is reported.
+  The same process computes each exact mode's gradients at the initial adapter and compares them.
+- `prepare`: builds the weights cache (memory-hungry, so in its own process too).
+Exit code 2 with one stderr line on a ToolchainError.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from toolchain.errors import BadInput, ToolchainError
 
-__all__ = ["main", "run_mode"]
+__all__ = ["main", "run_memory", "run_timing"]
 
 
-def _lora_cfg(spec: dict):
+class _Setup(NamedTuple):
+    arch: Any
+    weights: Any
+    cfg: Any
+    options: Any
+    input_ids: Any
+    labels: Any
+
+
+def _import_runtime() -> None:
+    """Trigger torch's lazy imports before the baseline, the same for every mode: the first
+    non-reentrant `checkpoint` imports torch._dynamo and friends (about 70 MB of Python modules),
+    which is runtime, not the step's memory."""
+    import safetensors  # noqa: F401
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    x = torch.ones(3, requires_grad=True)
+    checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
+
+
+def _setup(spec: dict) -> _Setup:
+    import torch
+
+    from toolchain.bench.weights_cache import load_mmap_weights
     from toolchain.lora import LoraConfig
+    from toolchain.mesp import StepOptions
 
-    return LoraConfig(rank=spec["rank"], alpha=spec["alpha"], targets=tuple(spec["targets"]))
+    arch, weights = load_mmap_weights(Path(spec["weights_dir"]))
+    cfg = LoraConfig(rank=spec["rank"], alpha=spec["alpha"], targets=tuple(spec["targets"]))
+    options = StepOptions(loss_chunk=spec["loss_chunk"], vocab_chunk=spec["vocab_chunk"], mlp_chunk=spec["mlp_chunk"])
+    gen = torch.Generator().manual_seed(spec["seed"])
+    input_ids = torch.randint(0, arch.vocab, (spec["seq_len"],), generator=gen)
+    return _Setup(arch, weights, cfg, options, input_ids, input_ids.clone())
 
 
 def _executorch_runner(spec: dict):
@@ -39,84 +72,86 @@ def _executorch_runner(spec: dict):
     return runner(Path(spec["program_dir"]))
 
 
-def _save_grads(path: Path, grads) -> None:
-    from safetensors.torch import save_file
-
-    from toolchain.lora import lora_state_dict
-
-    save_file({k: v.contiguous() for k, v in lora_state_dict(tuple(grads)).items()}, str(path))
-
-
-def _import_runtime() -> None:
-    """Trigger torch's lazy imports before the baseline, the same for every mode: the first
-    non-reentrant `checkpoint` imports torch._dynamo and friends (about 70 MB of Python modules),
-    which is runtime, not the step's memory."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    x = torch.ones(3, requires_grad=True)
-    checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
-
-
-def _measured_step(step, k: int, baseline_anon: int) -> dict:
-    from toolchain.memory.measure import MIB, measure_peak
-
-    with measure_peak() as m:
-        t0, c0 = time.perf_counter(), time.process_time()
-        loss = step(k)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"peak_mb": round((m.peak_anon_bytes - baseline_anon) / MIB, 2), "step_s": round(wall, 4),
-            "step_cpu_s": round(cpu, 4), "before_mb": round((m.anon_before_bytes - baseline_anon) / MIB, 2),
-            "file_drift_mb": round(m.file_drift_bytes / MIB, 2), "loss": loss}
-
-
-def run_mode(spec: dict) -> dict:
-    """Measure one mode as described in the module docstring; returns the result row (MiB, s)."""
-    import safetensors  # noqa: F401  (imported before the baseline: its import is not the step's memory)
-    import torch
-
-    from toolchain.bench.steps import EXACT_MODES, collect_hook, prepare_lora, sgd_hook, train_step
-    from toolchain.bench.weights_cache import load_mmap_weights
+def _step_fn(spec: dict, s: _Setup, mode: str) -> Callable[[int], float]:
+    """One SGD training step of `mode` on its own adapter; the argument is the step index."""
+    from toolchain.bench.steps import prepare_lora, sgd_hook, train_step
     from toolchain.lora import init_lora
-    from toolchain.memory.measure import MIB, read_status, release_free_memory
-    from toolchain.mesp import StepOptions
+
+    if mode == "executorch":
+        et_step = _executorch_runner(spec)
+        return lambda k: float(et_step(s.input_ids, s.labels))
+    lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
+    hook = sgd_hook(lora, spec["lr"])
+    return lambda k: train_step(mode, s.arch, s.weights, lora, s.cfg, s.input_ids, s.labels, hook, options=s.options,
+                                seed=spec["seed"] + 1 + k, lr=spec["lr"])
+
+
+def run_memory(spec: dict) -> dict:
+    """Peak anonymous memory of `spec["mode"]` as described in the module docstring (MiB)."""
+    import torch
+
+    from toolchain.memory.measure import MIB, measure_peak, read_status, release_free_memory
 
     torch.set_num_threads(spec["threads"])
-    mode, seed, lr = spec["mode"], spec["seed"], spec["lr"]
     _import_runtime()
     release_free_memory()
     baseline = read_status()
-    arch, weights = load_mmap_weights(Path(spec["weights_dir"]))
-    cfg = _lora_cfg(spec)
-    options = StepOptions(loss_chunk=spec["loss_chunk"], mlp_chunk=spec["mlp_chunk"])
-    gen = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, arch.vocab, (spec["seq_len"],), generator=gen)
-    labels = input_ids.clone()
-    if mode == "executorch":
-        et_step = _executorch_runner(spec)
-        step = lambda k: float(et_step(input_ids, labels))  # noqa: E731
-    else:
-        lora = prepare_lora(mode, init_lora(arch, cfg, seed=seed, zero_b=False))
-        hook = sgd_hook(lora, lr)
-        step = lambda k: train_step(mode, arch, weights, lora, cfg, input_ids, labels, hook,  # noqa: E731
-                                    options=options, seed=seed + 1 + k, lr=lr)
-    loss = step(0)  # warm-up
-    runs = [_measured_step(step, k, baseline.rss_anon) for k in range(1, spec["repeat"] + 1)]
-    end = read_status()
-    row = {
-        "mode": mode, "peak_mb": max(m["peak_mb"] for m in runs), "peak_mb_runs": [m["peak_mb"] for m in runs],
-        "step_s": round(statistics.median(m["step_s"] for m in runs), 4), "step_s_runs": [m["step_s"] for m in runs],
-        "step_cpu_s": round(statistics.median(m["step_cpu_s"] for m in runs), 4),
-        "resident_before_step_mb": min(m["before_mb"] for m in runs), "loss": runs[-1]["loss"],
-        "baseline_anon_mb": round(baseline.rss_anon / MIB, 2), "mapped_file_mb": round(end.rss_file / MIB, 2),
-        "file_drift_mb": max((m["file_drift_mb"] for m in runs), key=abs), "threads": spec["threads"],
-    }
-    if spec.get("grads_out") and mode in EXACT_MODES:
-        lora0 = prepare_lora(mode, init_lora(arch, cfg, seed=seed, zero_b=False))
-        store: list = [{} for _ in range(arch.layers)]
-        train_step(mode, arch, weights, lora0, cfg, input_ids, labels, collect_hook(store), options=options)
-        _save_grads(Path(spec["grads_out"]), store)
-    return row
+    s = _setup(spec)
+    step = _step_fn(spec, s, spec["mode"])
+    step(0)  # warm-up
+    peaks, before, drift = [], [], []
+    for k in range(1, spec["repeat"] + 1):
+        with measure_peak() as m:
+            loss = step(k)
+        peaks.append(round((m.peak_anon_bytes - baseline.rss_anon) / MIB, 2))
+        before.append(round((m.anon_before_bytes - baseline.rss_anon) / MIB, 2))
+        drift.append(round(m.file_drift_bytes / MIB, 2))
+    return {"mode": spec["mode"], "peak_mb": max(peaks), "peak_mb_runs": peaks,
+            "resident_before_step_mb": min(before), "loss": loss, "baseline_anon_mb": round(baseline.rss_anon / MIB, 2),
+            "mapped_file_mb": round(read_status().rss_file / MIB, 2), "file_drift_mb": max(drift, key=abs)}
+
+
+def _grad_diffs(spec: dict, s: _Setup, modes: list[str]) -> dict[str, float]:
+    """Each exact mode's max relative gradient difference (max over tensors of max|g - ref| / max|ref|)
+    to the reference: the first of autograd, mebp, mesp that runs."""
+    from toolchain.bench.steps import EXACT_MODES, collect_hook, prepare_lora, train_step
+    from toolchain.lora import init_lora, lora_state_dict
+
+    grads = {}
+    for mode in (m for m in EXACT_MODES if m in modes):
+        store: list = [{} for _ in range(s.arch.layers)]
+        lora0 = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
+        train_step(mode, s.arch, s.weights, lora0, s.cfg, s.input_ids, s.labels, collect_hook(store), options=s.options)
+        grads[mode] = lora_state_dict(tuple(store))
+    if not grads:
+        return {}
+    ref = next(iter(grads.values()))
+    return {mode: max(float((g[k].double() - r.double()).abs().max() / (r.double().abs().max() or 1.0))
+                      for k, r in ref.items()) for mode, g in grads.items()}
+
+
+def run_timing(spec: dict) -> dict:
+    """Step times of every mode in `spec["modes"]`, interleaved, plus the gradient check."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    s = _setup(spec)
+    modes = spec["modes"]
+    steps = {mode: _step_fn(spec, s, mode) for mode in modes}
+    for step in steps.values():
+        step(0)  # warm-up
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    for k in range(1, spec["repeat"] + 1):
+        for mode in (modes if k % 2 else modes[::-1]):
+            t0, c0 = time.perf_counter(), time.process_time()
+            steps[mode](k)
+            wall[mode].append(round(time.perf_counter() - t0, 4))
+            cpu[mode].append(round(time.process_time() - c0, 4))
+    diffs = _grad_diffs(spec, s, modes) if spec.get("check_grads") else {}
+    return {"reference_mode": next(iter(diffs), None),
+            "modes": {mode: {"step_s": min(wall[mode]), "step_s_runs": wall[mode], "step_cpu_s": min(cpu[mode]),
+                             "grad_max_rel_diff": diffs.get(mode)} for mode in modes}}
 
 
 def _prepare(spec: dict) -> None:
@@ -126,14 +161,16 @@ def _prepare(spec: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
+    commands = {"memory": run_memory, "timing": run_timing}
     try:
         if len(argv) == 2 and argv[0] == "prepare":
             _prepare(json.loads(Path(argv[1]).read_text()))
-        elif len(argv) == 3 and argv[0] == "run":
-            row = run_mode(json.loads(Path(argv[1]).read_text()))
-            Path(argv[2]).write_text(json.dumps(row))
+        elif len(argv) == 3 and argv[0] in commands:
+            result = commands[argv[0]](json.loads(Path(argv[1]).read_text()))
+            Path(argv[2]).write_text(json.dumps(result))
         else:
-            print("usage: python -m toolchain.bench.worker prepare SPEC.json | run SPEC.json OUT.json", file=sys.stderr)
+            print("usage: python -m toolchain.bench.worker prepare SPEC.json | memory|timing SPEC.json OUT.json",
+                  file=sys.stderr)
             return 64
     except ToolchainError as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)

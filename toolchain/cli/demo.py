@@ -1,42 +1,63 @@
-"""`toolchain demo`: the quick-start job on the embedded tiny preset (no downloads)."""
+"""`toolchain demo`: the quick-start job on the embedded tiny preset (random weights, no downloads):
+export the training program, train it on the real ExecuTorch runtime with LCSB, print the loss
+curve and the peak memory."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
 
 @click.command()
-@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True, help="Training steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=40, show_default=True, help="Training steps.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True,
-              help="SGD learning rate.")
-def demo(steps: int, lr: float) -> None:
-    """Train the tiny preset (random init) with MeSP + SGD on the bundled corpus; print the loss."""
-    import torch
+              help="AdamW learning rate.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/demo-tiny"),
+              show_default=True, help="Where the exported program goes (re-used if already exported).")
+def demo(steps: int, lr: float, out: Path) -> None:
+    """Export the tiny preset (LCSB k=4, AdamW, int4 weights), train it on the ExecuTorch runtime
+    with the bundled corpus, and print the loss curve and peak memory."""
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from toolchain.dataset import ByteTokenizer, bundled_examples
-    from toolchain.lora import LoraConfig, LoraPair, init_lora
-    from toolchain.mesp import mesp_step
+    from toolchain.export.build import ExportSpec, export_program
+    from toolchain.export.program import OptimizerSpec, QuantSpec
+    from toolchain.lcsb.plan import make_plan
+    from toolchain.lora import LoraConfig, init_lora
+    from toolchain.memory.measure import MIB, measure_peak, read_status
     from toolchain.models import get_preset, random_weights
+    from toolchain.runtime import ProgramDir, TrainRun, run_program
+    from toolchain.runtime.executorch_runner import ExecutorchRunner
 
-    arch = get_preset("tiny")
-    weights = random_weights(arch, seed=0)
-    cfg = LoraConfig(rank=8, alpha=16)
-    lora = [dict(layer) for layer in init_lora(arch, cfg, seed=0)]
-    examples = bundled_examples(ByteTokenizer(), seq_len=128)
-    losses = []
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("MeSP steps (tiny)", total=steps)
-        for i in range(steps):
-            ex = examples[i % len(examples)]
-
-            def sgd(layer: int, g: dict) -> None:  # update this layer as soon as its grads exist
-                lora[layer] = {t: LoraPair(p.a - lr * g[t].a, p.b - lr * g[t].b) for t, p in lora[layer].items()}
-
-            with torch.no_grad():
-                res = mesp_step(arch, weights, tuple(lora), cfg, ex.input_ids, ex.labels, on_layer_grads=sgd)
-            losses.append(float(res.loss))
-            progress.update(task, advance=1, description=f"MeSP steps (tiny) loss {losses[-1]:.3f}")
-    for i, loss in enumerate(losses):
-        click.echo(f"step {i + 1:3d}  loss {loss:.4f}")
+    seq_len = 64
+    console = Console(stderr=True)
+    if not (out / "manifest.json").is_file():
+        arch = get_preset("tiny")
+        cfg = LoraConfig(rank=8, alpha=16)
+        spec = ExportSpec(source="tiny", init="random", seed=0, seq_len=seq_len, quant=QuantSpec("int4", 64),
+                          optimizer=OptimizerSpec("adamw", weight_decay=0.01), plan=make_plan(arch.layers, 4, "cyclic"),
+                          default_lr=lr, tokenizer_kind="byte", pad_token_id=ByteTokenizer.PAD)
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
+            task = progress.add_task("export", total=None)
+            export_program(arch, random_weights(arch, seed=0), cfg, init_lora(arch, cfg, seed=0), spec, out,
+                           on_stage=lambda s: progress.update(task, description=f"export tiny: {s}"))
+    pdir = ProgramDir(out)
+    examples = bundled_examples(ByteTokenizer(), seq_len=seq_len)
+    runner = ExecutorchRunner(pdir.program_file("executorch"), [m["name"] for m in pdir.manifest["methods"]])
+    base = read_status()
+    telemetry = out.parent / f"{out.name}.telemetry.jsonl"
+    with Progress(console=console, transient=True) as progress, measure_peak() as peak:
+        task = progress.add_task("train (executorch, LCSB)", total=steps)
+        result = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, telemetry=telemetry),
+                             on_step=lambda s, loss: progress.update(task, completed=s + 1))
+    for i, loss in enumerate(result.losses):
+        bar = "#" * max(1, int(loss * 8))
+        click.echo(f"step {i:3d}  {pdir.method_for_step(i)[0]:14s} loss {loss:.4f}  {bar}")
+    mp = pdir.manifest["memory_plan"]
+    click.echo(f"peak anonymous memory during training: {(peak.peak_anon_bytes - base.rss_anon) / MIB:.1f} MiB above "
+               f"the loaded runtime (planned arena {max(mp['planned_arena_bytes'].values()) / MIB:.2f} MiB, "
+               f"LoRA+AdamW state {mp['lora_state_bytes'] / MIB:.2f} MiB)")
+    click.echo(f"program: {out}   telemetry: {telemetry}  (toolchain telemetry import/report)")

@@ -34,11 +34,15 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--xnnpack/--no-xnnpack", default=False, show_default=True,
               help="Delegate attention matmuls to XNNPACK (frozen-weight matmuls stay on portable kernels so the "
                    "weights stay memory-mapped).")
-@click.option("--loss-chunk", type=click.IntRange(min=1), default=32, show_default=True, help="Tokens per LM-head chunk.")
-@click.option("--mlp-chunk", type=click.IntRange(min=1), default=None, help="Tokens per MLP backward chunk (default: all).")
+@click.option("--loss-chunk", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Tokens per LM-head chunk.")
+@click.option("--vocab-chunk", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Vocabulary rows per LM-head chunk (online softmax): bounds the logits and head-slice transients.")
+@click.option("--mlp-chunk", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Tokens per MLP chunk (forward and backward).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, lcsb_k, lcsb_policy, plan_path,
-           optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, mlp_chunk, out) -> None:
+           optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, out) -> None:
     """Export the explicit MeSP training step (forward, per-layer recompute, hand-derived backward,
     in-program optimizer) as an ExecuTorch program with its manifest, written atomically to --out."""
     import time
@@ -60,7 +64,8 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     tokenizer_kind, pad = ("byte", 258) if model == "tiny" else ("none", QWEN_PAD_ID if arch.vocab > QWEN_PAD_ID else 0)
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=QuantSpec(quant, quant_group),
                       optimizer=OptimizerSpec(optimizer, weight_decay=weight_decay), plan=plan, targets=spec_targets,
-                      xnnpack=xnnpack, default_lr=lr, options=StepOptions(loss_chunk=loss_chunk, mlp_chunk=mlp_chunk),
+                      xnnpack=xnnpack, default_lr=lr, 
+                      options=StepOptions(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),
                       tokenizer_kind=tokenizer_kind, pad_token_id=pad)
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

@@ -11,14 +11,15 @@ __all__ = ["model_options", "lora_options", "data_option", "lora_config_from", "
 TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or 'all'"
 
 
-def model_options(default_model: str | None = "tiny"):
+def model_options(default_model: str | None = "tiny", *, required: bool | None = None):
     def deco(f):
         f = click.option("--seed", type=int, default=0, show_default=True,
                          help="Seed of random weights and of the LoRA init.")(f)
         f = click.option("--init", "init", type=click.Choice(["pretrained", "random"]), default="pretrained",
                          show_default=True,
                          help="'random' builds the preset with seeded random weights (no download).")(f)
-        f = click.option("--model", "model", default=default_model, required=default_model is None,
+        f = click.option("--model", "model", default=default_model,
+                         required=(default_model is None) if required is None else required,
                          show_default=default_model is not None,
                          help="Preset (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b) or a Hugging Face "
                               "Qwen2 checkpoint directory.")(f)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from toolchain.cli.options import data_option, load_model_and_adapter, lora_options, model_options
+from toolchain.cli.train_program import program_options, train_with_program
 
 
 def plan_options(f):
@@ -68,12 +69,12 @@ def _run_eager(arch, weights, cfg, lora, examples, config, description: str):
 
 
 @click.command()
-@model_options(default_model=None)
+@model_options(default_model=None, required=False)
 @lora_options
 @data_option
 @click.option("--steps", type=click.IntRange(min=1), default=100, show_default=True, help="Training steps (batch 1).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True,
-              help="Learning rate.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Learning rate.  [default: 1e-4; --program: the manifest's default_lr]")
 @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=None,
               help="AdamW: decoupled decay; SGD: L2 added to the gradient.  [default: 0.01 adamw, 0 sgd]")
@@ -88,9 +89,23 @@ def _run_eager(arch, weights, cfg, lora, examples, config, description: str):
 @click.option("--adapter-out", type=click.Path(file_okay=False, writable=True, path_type=Path), default=None,
               help="Write the trained adapter here (PEFT format).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@program_options
 def train(model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay, momentum,
-          plan_path, lcsb_k, lcsb_policy, lcsb_seed, frozen_unselected, shuffle_seed, adapter_out, as_json) -> None:
-    """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k)."""
+          plan_path, lcsb_k, lcsb_policy, lcsb_seed, frozen_unselected, shuffle_seed, adapter_out, as_json,
+          program, telemetry_out, resume, checkpoint_every) -> None:
+    """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k);
+    or, with --program DIR, run an exported program on its runtime exactly as the apps do (model,
+    LoRA config, LCSB plan and optimizer then come from the program's manifest)."""
+    if program is not None:
+        if model is not None or adapter is not None or plan_path is not None or lcsb_k is not None:
+            raise click.UsageError("--program takes its model, adapter and LCSB plan from its manifest; "
+                                   "drop --model/--adapter/--plan/--lcsb-k")
+        train_with_program(program, data, steps, lr, shuffle_seed, adapter_out, telemetry_out, resume,
+                           checkpoint_every, as_json)
+        return
+    if model is None:
+        raise click.UsageError("give --model (eager training) or --program (an exported program)")
+    lr = 1e-4 if lr is None else lr
     from toolchain.dataset import load_examples
     from toolchain.lora import save_adapter
     from toolchain.schemas import dumps

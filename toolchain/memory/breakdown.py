@@ -13,6 +13,7 @@ from typing import Literal, NamedTuple
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import lora_num_params
 from toolchain.memory.measure import MIB
+from toolchain.mesp.step import StepOptions
 from toolchain.models.presets import Qwen25Arch
 
 __all__ = ["BreakdownMode", "Breakdown", "step_breakdown"]
@@ -38,35 +39,39 @@ class Breakdown(NamedTuple):
         return out
 
 
-def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_len: int, *, loss_chunk: int,
-                   mlp_chunk: int | None, bytes_per_value: int = 4) -> Breakdown:
+def _loss_block(options: StepOptions, t: int, v: int) -> tuple[str, int]:
+    c = min(options.loss_chunk, t)
+    if options.vocab_chunk is None:
+        return f"loss chunk logits [{c}, V]", c * v
+    vc = min(options.vocab_chunk, v)
+    return f"loss logits block [{c}, {vc}]", c * vc
+
+
+def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_len: int,
+                   options: StepOptions = StepOptions(), *, bytes_per_value: int = 4) -> Breakdown:
     """Analytic breakdown of one training step of `mode` (batch 1, SGD).
 
     Args:
         mode: autograd (stores every activation, full logits), mebp (per-block checkpoints, full
             logits), mesp (checkpoints, chunked loss, layer-by-layer update), mezo (two forwards).
-        loss_chunk: tokens per LM-head chunk (mesp, mezo).
-        mlp_chunk: tokens per MLP backward chunk (mesp; None: the whole sequence).
+        options: the MeSP/MeZO chunking (loss and MLP chunks).
         bytes_per_value: 4 for float32.
     """
     t, v, f, d = seq_len, arch.vocab, arch.intermediate, arch.hidden
     params = lora_num_params(arch, cfg) * bytes_per_value
-    probs = ("attention probabilities [H, T, T]", arch.heads * t * t)
+    m = t if options.mlp_chunk is None else min(options.mlp_chunk, t)
+    group_probs = ("attention scores of one kv group [H/Hk, T, T]", arch.heads // arch.kv_heads * t * t)
+    chunked = (_loss_block(options, t, v), (f"MLP tensor [{m}, f]", m * f), group_probs)
     if mode in ("autograd", "mebp"):
         transient = ("full logits [T, V]", t * v)
         grads = params
         checkpoints = None if mode == "autograd" else arch.layers * t * d * bytes_per_value
     elif mode == "mesp":
-        c = min(loss_chunk, t)
-        m = t if mlp_chunk is None else min(mlp_chunk, t)
-        transient = max((f"loss chunk logits [{c}, V]", c * v), (f"MLP tensor [{m}, f]", m * f), probs,
-                        key=lambda item: item[1])
+        transient = max(chunked, key=lambda item: item[1])
         grads = params // arch.layers  # one layer's gradients: the update runs right after its backward
         checkpoints = arch.layers * t * d * bytes_per_value
     elif mode == "mezo":
-        c = min(loss_chunk, t)
-        transient = max((f"loss chunk logits [{c}, V]", c * v), ("MLP tensor [T, f]", t * f), probs,
-                        key=lambda item: item[1])
+        transient = max(chunked, key=lambda item: item[1])
         grads, checkpoints = 0, 0
     else:
         raise ValueError(f"no breakdown for mode {mode!r}")

@@ -20,8 +20,8 @@ from torch import Tensor
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp.block import BlockParams, block_backward, block_forward
-from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, rmsnorm_backward, rmsnorm_forward,
-                                rope_tables, shift_labels)
+from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, ce_online_forward_backward,
+                                ce_online_loss, rmsnorm_backward, rmsnorm_forward, rope_tables, shift_labels)
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 
@@ -35,18 +35,28 @@ class StepOptions:
     """Static knobs of the step (memory/speed trade-offs; they never change the result).
 
     Args:
-        loss_chunk: tokens per LM-head/cross-entropy chunk: peak logits are [loss_chunk, V].
-            Default: 32.
+        loss_chunk: tokens per LM-head/cross-entropy chunk. Default: 256.
+        vocab_chunk: vocabulary entries per LM-head chunk (`ce_online`: online softmax over
+            vocabulary chunks; peak logits [loss_chunk, vocab_chunk]); None: whole vocabulary
+            rows (`ce_chunked`; peak logits [loss_chunk, V]). Default: 4096.
         mlp_chunk: tokens per MLP chunk, in the forward and in the recompute+backward (None:
-            whole sequence): peak MLP tensors are [mlp_chunk, f]. Default: None.
+            whole sequence): peak MLP tensors are [mlp_chunk, f]. Default: 64.
+
+    The defaults were measured on Qwen2.5-0.5B, seq 256 (`toolchain bench memory`, see
+    docs/benchmarks.md): [256, 4096] head chunks run both head matmuls as fast as full logits
+    (token chunks of 32 were ~60% slower); 64-token MLP chunks cost ~3% block time over none
+    and cut the block's working set about 4x.
     """
 
-    loss_chunk: int = 32
-    mlp_chunk: int | None = None
+    loss_chunk: int = 256
+    vocab_chunk: int | None = 4096
+    mlp_chunk: int | None = 64
 
     def __post_init__(self) -> None:
         if self.loss_chunk < 1:
             raise ValueError(f"`loss_chunk` must be >= 1, got {self.loss_chunk}")
+        if self.vocab_chunk is not None and self.vocab_chunk < 1:
+            raise ValueError(f"`vocab_chunk` must be >= 1 or None, got {self.vocab_chunk}")
         if self.mlp_chunk is not None and self.mlp_chunk < 1:
             raise ValueError(f"`mlp_chunk` must be >= 1 or None, got {self.mlp_chunk}")
 
@@ -67,6 +77,12 @@ def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk) -
         checkpoints.append(x)
         x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, mlp_chunk)
     return checkpoints, x
+
+
+def _loss_and_dh(hn: Tensor, head: Tensor, targets: Tensor, options: StepOptions):
+    if options.vocab_chunk is None:
+        return ce_chunked_forward_backward(hn, head, targets, options.loss_chunk)
+    return ce_online_forward_backward(hn, head, targets, options.loss_chunk, options.vocab_chunk)
 
 
 def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
@@ -92,7 +108,7 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: L
     checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, options.mlp_chunk)
     hn, s_fn = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
     del x
-    loss, dhn = ce_chunked_forward_backward(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
+    loss, dhn = _loss_and_dh(hn, weights.lm_head, shift_labels(labels), options)
     del hn
     dx = rmsnorm_backward(dhn, s_fn)
     del dhn, s_fn
@@ -123,4 +139,6 @@ def model_loss(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: 
         x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, options.mlp_chunk)
     hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
     del x
-    return ce_chunked_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
+    if options.vocab_chunk is None:
+        return ce_chunked_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
+    return ce_online_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk, options.vocab_chunk)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ExecutorchRunner"]
+__all__ = ["ExecutorchRunner", "run_executorch_step"]
 
 
 class ExecutorchRunner:
@@ -32,3 +32,21 @@ class ExecutorchRunner:
 
     def set_state(self, state: torch.Tensor) -> None:
         self.methods["set_state"].execute([state.to(torch.float32).contiguous()])
+
+
+def run_executorch_step(program_dir: Path):
+    """For `toolchain bench memory --modes executorch`: a callable(input_ids, labels) -> loss that
+    runs one training step of the exported program (its first train method, manifest default lr),
+    with every method loaded up front as an app does."""
+    from toolchain.runtime.program_dir import ProgramDir
+
+    pdir = ProgramDir(Path(program_dir))
+    runner = ExecutorchRunner(pdir.program_file("executorch"), [m["name"] for m in pdir.manifest["methods"]])
+    method = pdir.train_methods()[0]
+    lr = pdir.manifest["optimizer"].get("default_lr", 1e-4)
+
+    def step(input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+        return runner.train_step(method, input_ids, labels, lr)
+
+    step.program = pdir  # the bench reads seq_len / arch from it
+    return step

@@ -4,6 +4,7 @@
 from toolchain.mesp.ops.attention import AttentionGrads, AttentionSaved, attention_backward, attention_forward
 from toolchain.mesp.ops.ce_chunked import (IGNORE_INDEX, CeResult, ce_chunked_forward_backward, ce_chunked_loss,
                                            shift_labels)
+from toolchain.mesp.ops.ce_online import ce_online_forward_backward, ce_online_loss
 from toolchain.mesp.ops.lora_linear import LinearGrads, LinearSaved, linear_backward, linear_forward
 from toolchain.mesp.ops.rmsnorm import RmsNormSaved, rmsnorm_backward, rmsnorm_forward
 from toolchain.mesp.ops.rope import RopeTables, rope_backward, rope_forward, rope_tables
@@ -12,6 +13,7 @@ from toolchain.mesp.ops.swiglu import SwigluGrads, SwigluSaved, swiglu_backward,
 __all__ = [
     "AttentionGrads", "AttentionSaved", "attention_backward", "attention_forward",
     "IGNORE_INDEX", "CeResult", "ce_chunked_forward_backward", "ce_chunked_loss", "shift_labels",
+    "ce_online_forward_backward", "ce_online_loss",
     "LinearGrads", "LinearSaved", "linear_backward", "linear_forward",
     "RmsNormSaved", "rmsnorm_backward", "rmsnorm_forward",
     "RopeTables", "rope_backward", "rope_forward", "rope_tables",

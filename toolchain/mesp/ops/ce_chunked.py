@@ -41,7 +41,8 @@ def _chunk_terms(h: Tensor, head: Tensor, targets: Tensor) -> tuple[Tensor, Tens
     valid = targets != IGNORE_INDEX                                  # [C]
     tgt = torch.where(valid, targets, torch.zeros_like(targets))    # [C] safe gather index
     picked = (h * head[tgt]).sum(-1)                                 # [C] z[y] = h . E[y]
-    z = h @ head.T                                                   # [C, V] the chunk's only [C, V] buffer
+    z = (head @ h.T).T                                               # [C, V]; (E h^T)^T: never transpose E
+
     m = z.detach().amax(dim=-1, keepdim=True)                        # [C, 1]
     # e = exp(z - m), in place: z is not needed afterwards
     e = z.sub_(m).exp_()                                             # [C, V]

@@ -61,10 +61,17 @@ def _chunks(qw: QuantWeight) -> list[tuple[int, int]]:
 
 
 def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
-    """x W^T for x [T, i], W [o, i] (dense, or quantized and dequantized chunk by chunk)."""
+    """x W^T for x [T, i], W [o, i] (dense, or quantized and dequantized chunk by chunk).
+
+    Computed as (W x^T)^T: ExecuTorch tensors have no strides, so a transposed operand is
+    materialized (`permute_copy`); transposing the activations [T, i] and [o, T] instead of W keeps
+    frozen weights untouched in their memory-mapped constants (W^T of a [4864, 896] matrix would be
+    a 17 MB copy; of the LM head, 545 MB).
+    """
     if not isinstance(w, QuantWeight):
-        return x @ w.T
-    return torch.cat([x @ dequantize(_rows(w, a, b)).T for a, b in _chunks(w)], dim=-1)   # [T, o]
+        return (w @ x.T).T                                                             # [T, o]
+    xt = x.T                                                                           # [i, T]
+    return torch.cat([dequantize(_rows(w, a, b)) @ xt for a, b in _chunks(w)], dim=0).T  # [T, o]
 
 
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight) -> Tensor:

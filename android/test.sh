@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Host build + tests of the Android side, without Gradle or Maven (neither is reachable here):
+#   1. install what it needs into a cache: the Kotlin compiler (npm `kotlin-compiler`), JUnit 5's console
+#      launcher (Debian `junit5`) and a compile-only android.jar, API 23 (Debian 11 `libandroid-23-java`),
+#      fetched with a private apt configuration that leaves the system's sources untouched;
+#   2. compile trainer-core + its tests for the JVM and run the tests (JUnit 5);
+#   3. compile trainer-core + the app glue against android.jar alone (no JDK: the core may use only Java
+#      APIs Android has) + host-stubs/ (ExecuTorch API stubs with the real signatures, and the few
+#      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed.
+# Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
+# Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+CACHE="${TOOLCHAIN_ANDROID_CACHE:-$HOME/.cache/toolchain-android}"
+KOTLIN_VERSION=2.4.20
+BUILD="$HERE/build/host"
+mkdir -p "$CACHE"
+
+log() { echo "[android/test.sh] $*" >&2; }
+die() { log "error: $*"; exit 2; }
+
+command -v java >/dev/null || die "java not found; install a JDK 17 (apt-get install -y openjdk-17-jdk-headless)"
+
+# --- 1. tools --------------------------------------------------------------------------------------
+KOTLINC_HOME="$CACHE/kotlinc-$KOTLIN_VERSION"
+if [ ! -f "$KOTLINC_HOME/lib/kotlin-compiler.jar" ]; then
+    command -v npm >/dev/null || die "npm not found; it fetches the Kotlin compiler (apt-get install -y npm)"
+    log "fetching kotlin-compiler@$KOTLIN_VERSION from npm"
+    tmp="$(mktemp -d "$CACHE/npm.XXXXXX")"
+    (cd "$tmp" && npm pack "kotlin-compiler@$KOTLIN_VERSION" --silent >/dev/null && tar xzf kotlin-compiler-*.tgz)
+    rm -rf "$KOTLINC_HOME"
+    mv "$tmp/package" "$KOTLINC_HOME"
+    rm -rf "$tmp"
+    chmod +x "$KOTLINC_HOME"/bin/*
+fi
+KLIB="$KOTLINC_HOME/lib"
+
+# Debian packages, via apt-get download with lists kept in the cache (no change to /etc/apt).
+APT_DIR="$CACHE/apt"
+DEBS="$CACHE/debs"
+apt_opts() {
+    echo "-o Dir::Etc::SourceList=$APT_DIR/sources.list -o Dir::Etc::SourceParts=$APT_DIR/none" \
+         "-o Dir::State::Lists=$APT_DIR/lists -o Dir::Cache=$APT_DIR/cache -o Debug::NoLocking=1" \
+         "-o APT::Sandbox::User=$(id -un)"
+}
+fetch_deb() {  # fetch_deb PACKAGE FILE-INSIDE -> prints the extracted path
+    local pkg="$1" inside="$2" out="$DEBS/$1"
+    if [ ! -f "$out/$inside" ]; then
+        command -v apt-get >/dev/null || die "apt-get not found: this script needs a Debian-based machine"
+        mkdir -p "$APT_DIR/lists/partial" "$APT_DIR/cache/archives/partial" "$APT_DIR/none" "$DEBS"
+        printf 'deb http://deb.debian.org/debian bookworm main\ndeb http://deb.debian.org/debian bullseye main\n' \
+            > "$APT_DIR/sources.list"
+        # shellcheck disable=SC2046
+        if ! (cd "$DEBS" && apt-get $(apt_opts) -qq download "$pkg" >/dev/null 2>&1); then
+            log "apt-get update (private lists in $APT_DIR)"
+            # shellcheck disable=SC2046
+            apt-get $(apt_opts) -qq update >/dev/null || die "apt-get update failed (is deb.debian.org reachable?)"
+            # shellcheck disable=SC2046
+            (cd "$DEBS" && apt-get $(apt_opts) -qq download "$pkg" >/dev/null) || die "apt-get download $pkg failed"
+        fi
+        rm -rf "$out"
+        dpkg-deb -x "$(ls -t "$DEBS/${pkg}"_*.deb | head -1)" "$out"
+        [ -f "$out/$inside" ] || die "$pkg has no $inside"
+    fi
+    echo "$out/$inside"
+}
+JUNIT="$(fetch_deb junit5 usr/share/java/junit-platform-console-standalone.jar)"
+ANDROID_JAR="$(fetch_deb libandroid-23-java usr/share/java/com.android.android-23.jar)"
+
+# --- 2..4. compile and test ------------------------------------------------------------------------
+rm -rf "$BUILD"
+mkdir -p "$BUILD"
+kotlinc() { "$KOTLINC_HOME/bin/kotlinc" -nowarn "$@"; }
+sources() { find "$@" -name '*.kt' -o -name '*.java' | sort; }
+
+checks_passed=0
+checks_failed=0
+check() {  # check NAME COMMAND... : a compile step counted as one check
+    local name="$1"; shift
+    log "$name"
+    if "$@" >"$BUILD/$name.log" 2>&1; then
+        checks_passed=$((checks_passed + 1))
+    else
+        checks_failed=$((checks_failed + 1))
+        log "FAILED: $name"; cat "$BUILD/$name.log" >&2
+        return 1
+    fi
+}
+
+CORE="$HERE/trainer-core/src"
+# JVM: trainer-core and its tests in one compiler run (each kotlinc start costs ~20 s).
+jvm_ok=1
+check jvm-compile kotlinc -jvm-target 17 -cp "$JUNIT" -d "$BUILD/core-tests.jar" $(sources "$CORE/main" "$CORE/test") || jvm_ok=0
+# Android: stubs (javac), then trainer-core + app glue against android.jar alone (-no-jdk): the core may
+# use only Java APIs Android has, the glue only the Android and ExecuTorch APIs it declares.
+check stubs-compile sh -c "mkdir -p '$BUILD/stubs' && javac -nowarn --release 8 -cp '$ANDROID_JAR' -d '$BUILD/stubs' \
+    \$(find '$HERE/host-stubs' -name '*.java' | sort)" \
+ && check android-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$BUILD/stubs:$ANDROID_JAR" -d "$BUILD/app.jar" \
+        $(sources "$CORE/main" "$HERE/app/src/main/kotlin") || true
+check android-xml python3 -c 'import sys, xml.dom.minidom as m; [m.parse(f) for f in sys.argv[1:]]' \
+    $(find "$HERE/app/src/main" -name '*.xml') || true
+
+tests_passed=0
+tests_failed=0
+tests_skipped=0
+if [ $jvm_ok = 1 ]; then
+    log "running trainer-core tests (JUnit $(basename "$JUNIT"))"
+    set +e
+    java -Drepo.root="$REPO" -jar "$JUNIT" --disable-banner --details=tree --disable-ansi-colors \
+        -cp "$BUILD/core-tests.jar:$KLIB/kotlin-stdlib.jar" \
+        --scan-class-path "$BUILD/core-tests.jar" 2>&1 | tee "$BUILD/junit.log"
+    set -e
+    tests_passed=$(sed -n 's/^\[ *\([0-9]*\) tests successful.*/\1/p' "$BUILD/junit.log" | tail -1)
+    tests_failed=$(sed -n 's/^\[ *\([0-9]*\) tests failed.*/\1/p' "$BUILD/junit.log" | tail -1)
+    tests_skipped=$(sed -n 's/^\[ *\([0-9]*\) tests aborted.*/\1/p' "$BUILD/junit.log" | tail -1)
+    tests_skipped=${tests_skipped:-0}
+    tests_passed=${tests_passed:-0}
+    tests_failed=${tests_failed:-1}
+    [ "$tests_passed" -gt 0 ] || { log "no JUnit test ran"; tests_failed=$((tests_failed + 1)); }
+fi
+
+[ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$BUILD"
+log "JUnit: $tests_passed passed, $tests_failed failed, $tests_skipped skipped (assumptions); compile checks: $checks_passed passed, $checks_failed failed"
+passed=$((tests_passed + checks_passed))
+failed=$((tests_failed + checks_failed))
+if [ "$tests_skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $tests_skipped skipped"; else echo "$passed passed, $failed failed"; fi
+[ "$failed" = 0 ]

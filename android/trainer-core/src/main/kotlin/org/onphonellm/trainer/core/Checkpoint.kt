@@ -1,0 +1,39 @@
+package org.onphonellm.trainer.core
+
+import java.io.File
+
+/**
+ * Where a run stands: the program's flat state (get_state) plus the position in the run.
+ * Same file as the host runner's (toolchain/runtime/trainer.py): safetensors with one F32 tensor
+ * "state" [N] and `__metadata__.meta` = JSON {"step", "run_id", "seq", "losses"}, so either side can
+ * resume the other's run.
+ */
+data class Checkpoint(val state: FloatArray, val step: Long, val runId: String, val seq: Long, val losses: List<Double?>)
+
+class CheckpointStore(val file: File) {
+    fun exists(): Boolean = file.isFile
+
+    /** Written atomically: after a kill the file is the previous checkpoint or this one, never a mix. */
+    fun save(c: Checkpoint) {
+        val meta = Json.of(mapOf("step" to c.step, "run_id" to c.runId, "seq" to c.seq, "losses" to c.losses.map { l -> l?.takeIf { it.isFinite() } }))
+        AtomicFiles.write(file) { out ->
+            Safetensors.write(out, listOf(Safetensors.Slice("state", listOf(c.state.size), c.state, 0)), mapOf("meta" to JsonWriter.write(meta)))
+        }
+    }
+
+    /** The checkpoint, checked against the program's state size; a damaged file is an error, not a fresh start. */
+    fun load(expectedNumel: Int): Checkpoint {
+        val parsed = try {
+            Safetensors.readHeader(file)
+        } catch (e: ContractError) {
+            throw ContractError("checkpoint ${file.path} is unreadable (${e.message}); delete it to start the run over")
+        }
+        val state = Safetensors.readFloats(file, parsed, "state")
+        if (state.size != expectedNumel) {
+            throw ContractError("checkpoint ${file.path} has ${state.size} state values, the program $expectedNumel; it belongs to another program")
+        }
+        val meta = Fields.of(Json.parse(parsed.metadata["meta"] ?: throw ContractError("checkpoint ${file.path} has no run metadata")), "checkpoint meta")
+        val losses = meta.arr("losses").map { (it as? Json.Num)?.asDouble }
+        return Checkpoint(state, meta.long("step"), meta.string("run_id"), meta.long("seq"), losses)
+    }
+}

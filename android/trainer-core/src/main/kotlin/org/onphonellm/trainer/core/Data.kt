@@ -1,0 +1,96 @@
+package org.onphonellm.trainer.core
+
+import java.io.BufferedReader
+import java.io.File
+
+/**
+ * Tokenized training rows (shared_schemas/data_row.schema.json, one JSON object per JSONL line).
+ * Labels follow Hugging Face: aligned with input_ids (the step shifts them), -100 = no target;
+ * without `labels` the row trains on every token.
+ */
+class DataRow(val inputIds: IntArray, val labels: IntArray) {
+    /** Positions that carry a target (labels != -100): the tokens a step trains on. */
+    val tokens: Int get() = labels.count { it != IGNORE }
+
+    companion object {
+        const val IGNORE = -100
+        private val KEYS = setOf("schema_version", "input_ids", "labels", "text")
+
+        /** One row, checked against its schema and against the program (token ids < vocab, length <= seqLen). */
+        fun parse(line: String, where: String, vocab: Int, seqLen: Int): DataRow {
+            val f = Fields.of(Json.parse(line), where)
+            (f.obj.fields.keys - KEYS).firstOrNull()?.let { throw ContractError("$where: unknown field '$it'") }
+            if (f.has("schema_version") && f.int("schema_version") != 1) throw ContractError("$where: schema_version must be 1")
+            val ids = f.ints("input_ids").toIntArray()
+            if (ids.size < 2) throw ContractError("$where: input_ids needs at least 2 tokens")
+            ids.forEach { if (it !in 0 until vocab) throw ContractError("$where: token id $it is outside the vocabulary of $vocab") }
+            if (ids.size > seqLen) {
+                throw ContractError("$where has ${ids.size} tokens; this program was exported for seq_len $seqLen " +
+                    "(re-export with a longer --seq-len or shorten the rows)")
+            }
+            val labels = if (f.has("labels")) f.ints("labels").toIntArray() else ids.copyOf()
+            if (labels.size != ids.size) throw ContractError("$where: labels has ${labels.size} entries, input_ids ${ids.size}")
+            labels.forEach { if (it != IGNORE && it !in 0 until vocab) throw ContractError("$where: label $it is neither -100 nor a token id < $vocab") }
+            return DataRow(ids, labels)
+        }
+    }
+
+    /** input_ids padded with [padId] and labels with -100 to [seqLen], as the program's int64[T] inputs. */
+    fun padded(seqLen: Int, padId: Int): Pair<LongArray, LongArray> {
+        require(inputIds.size <= seqLen) { "row of ${inputIds.size} tokens does not fit seq_len $seqLen" }
+        val ids = LongArray(seqLen) { if (it < inputIds.size) inputIds[it].toLong() else padId.toLong() }
+        val lab = LongArray(seqLen) { if (it < labels.size) labels[it].toLong() else IGNORE.toLong() }
+        return ids to lab
+    }
+}
+
+/** All rows of a JSONL file, every line checked before training starts (blank lines are skipped). */
+fun readDataset(file: File, vocab: Int, seqLen: Int): List<DataRow> = file.bufferedReader().use { readDataset(it, file.name, vocab, seqLen) }
+
+fun readDataset(reader: BufferedReader, name: String, vocab: Int, seqLen: Int): List<DataRow> {
+    val rows = ArrayList<DataRow>()
+    reader.lineSequence().forEachIndexed { i, line ->
+        if (line.isNotBlank()) rows.add(DataRow.parse(line, "$name line ${i + 1}", vocab, seqLen))
+    }
+    if (rows.isEmpty()) throw ContractError("$name has no rows")
+    return rows
+}
+
+/**
+ * Row index of each step: file order, cycling; with a seed, a fresh permutation per epoch
+ * (Fisher-Yates over SplitMix64 seeded with seed + epoch). A function of the step, so a resumed run
+ * sees the same rows as an uninterrupted one. The host runner shuffles with torch.randperm: the two
+ * orders differ, file order (no seed) is the same on both.
+ */
+class DataOrder(private val nRows: Int, private val seed: Long?) {
+    private var epoch = -1L
+    private var perm = IntArray(0)
+
+    init { require(nRows > 0) { "no rows" } }
+
+    fun rowForStep(step: Long): Int {
+        val e = step / nRows
+        val i = (step % nRows).toInt()
+        if (seed == null) return i
+        if (e != epoch) {
+            perm = permutation(seed + e)
+            epoch = e
+        }
+        return perm[i]
+    }
+
+    private fun permutation(s: Long): IntArray {
+        val p = IntArray(nRows) { it }
+        var x = s
+        for (i in nRows - 1 downTo 1) {
+            x += -0x61c8864680b583ebL // SplitMix64 (Steele et al. 2014)
+            var z = x
+            z = (z xor (z ushr 30)) * -0x40a7b892e31b1a47L
+            z = (z xor (z ushr 27)) * -0x6b2fb644ecceee15L
+            z = z xor (z ushr 31)
+            val j = ((z ushr 1) % (i + 1)).toInt()
+            val t = p[i]; p[i] = p[j]; p[j] = t
+        }
+        return p
+    }
+}

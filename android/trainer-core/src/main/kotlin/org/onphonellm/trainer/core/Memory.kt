@@ -1,0 +1,126 @@
+package org.onphonellm.trainer.core
+
+/**
+ * One memory sample, in the units and meaning of a telemetry `memory` event: bytes, and [probe]
+ * says what the numbers are (telemetry_event.schema.json, `memory.probe`).
+ */
+data class MemorySample(
+    val probe: String,
+    val anonBytes: Long? = null,
+    val rssBytes: Long? = null,
+    val pssBytes: Long? = null,
+    val peakBytes: Long? = null,
+    val swapBytes: Long? = null,
+    val availableBytes: Long? = null,
+    val lowMemory: Boolean? = null,
+    val trimLevel: Int? = null,
+) {
+    /** The telemetry event's type-specific fields (nulls left out). */
+    fun eventFields(step: Long?): Map<String, Any?> = linkedMapOf<String, Any?>(
+        "probe" to probe, "step" to step, "anon_bytes" to anonBytes, "rss_bytes" to rssBytes, "pss_bytes" to pssBytes,
+        "peak_bytes" to peakBytes, "swap_bytes" to swapBytes, "available_bytes" to availableBytes,
+        "low_memory" to lowMemory, "trim_level" to trimLevel,
+    ).filterValues { it != null }
+}
+
+/** Samples memory now; the app combines /proc/self/status, Debug and ActivityManager (see the glue). */
+fun interface MemoryProbe {
+    /** Current samples; the first one carrying anon_bytes is the primary probe (run_end.peak_bytes). */
+    fun sample(): List<MemorySample>
+}
+
+/**
+ * `/proc/<pid>/status` (kernel format "Key:\t  value kB"). RssAnon is the app's dirty anonymous
+ * memory, what Android's low-memory killer weighs; VmHWM is the peak of the whole RSS (file pages
+ * included), so it is an upper bound, not an anon peak.
+ */
+object ProcStatus {
+    /** kB fields by name (VmHWM, VmRSS, RssAnon, RssFile, RssShmem, VmSwap, ...). */
+    fun parseKb(text: String): Map<String, Long> {
+        val out = LinkedHashMap<String, Long>()
+        for (line in text.lineSequence()) {
+            val colon = line.indexOf(':')
+            if (colon <= 0) continue
+            val parts = line.substring(colon + 1).trim().split(Regex("\\s+"))
+            if (parts.size == 2 && parts[1] == "kB") parts[0].toLongOrNull()?.let { out[line.substring(0, colon)] = it }
+        }
+        return out
+    }
+
+    fun sample(text: String): MemorySample {
+        val kb = parseKb(text)
+        fun bytes(key: String) = kb[key]?.let { it * 1024 }
+        if (kb["RssAnon"] == null && kb["VmRSS"] == null) throw ContractError("no RssAnon or VmRSS in /proc status text")
+        return MemorySample("android_proc_status", anonBytes = bytes("RssAnon"), rssBytes = bytes("VmRSS"),
+            peakBytes = bytes("VmHWM"), swapBytes = bytes("VmSwap"))
+    }
+}
+
+/** What the guard tells the trainer to do next. */
+sealed class GuardDecision {
+    object Continue : GuardDecision()
+    /** The OS signals pressure: checkpoint and wait for it to clear. */
+    data class Pause(val code: String, val message: String) : GuardDecision()
+    /** Going on would break the budget: checkpoint and stop the run. */
+    data class Stop(val code: String, val message: String) : GuardDecision()
+}
+
+/**
+ * Keeps a run inside its memory budget.
+ *
+ * - Before the first step: resident anon after loading + the program's predicted step bytes
+ *   ([Manifest.predictedStepBytes]) must fit the budget, else the run does not start.
+ * - After each step: anon must be under the budget, and so must anon + the largest growth one step
+ *   has shown so far (the next step may grow as much), else stop cleanly (checkpointed, resumable).
+ * - OS pressure (ActivityManager lowMemory, onTrimMemory RUNNING_CRITICAL or COMPLETE): pause.
+ */
+class MemoryGuard(val budgetBytes: Long, private val predictedStepBytes: Long) {
+    private var lastAnon: Long? = null
+    private var maxGrowth = 0L
+    var peakAnon = 0L
+        private set
+
+    companion object {
+        const val TRIM_MEMORY_RUNNING_CRITICAL = 15 // ComponentCallbacks2 levels
+        const val TRIM_MEMORY_COMPLETE = 80
+        val PRESSURE_TRIM_LEVELS = setOf(TRIM_MEMORY_RUNNING_CRITICAL, TRIM_MEMORY_COMPLETE)
+        private fun mb(b: Long) = "%.1f MB".format(b / 1048576.0)
+
+        fun anonOf(samples: List<MemorySample>): Long? = samples.firstOrNull { it.anonBytes != null }?.anonBytes
+    }
+
+    fun preflight(samples: List<MemorySample>): GuardDecision {
+        val anon = anonOf(samples) ?: 0L
+        lastAnon = anon
+        peakAnon = maxOf(peakAnon, anon)
+        val predicted = anon + predictedStepBytes
+        return if (predicted > budgetBytes) {
+            GuardDecision.Stop("budget_exceeded", "predicted peak ${mb(predicted)} (${mb(anon)} resident + ${mb(predictedStepBytes)} " +
+                "for a step) exceeds the ${mb(budgetBytes)} budget; export with a shorter --seq-len, lower rank or int4")
+        } else pressure(samples)
+    }
+
+    fun afterStep(samples: List<MemorySample>): GuardDecision {
+        val anon = anonOf(samples)
+        if (anon != null) {
+            lastAnon?.let { maxGrowth = maxOf(maxGrowth, anon - it) }
+            lastAnon = anon
+            peakAnon = maxOf(peakAnon, anon)
+            if (anon > budgetBytes) return GuardDecision.Stop("budget_exceeded", "anonymous memory ${mb(anon)} exceeds the ${mb(budgetBytes)} budget")
+            if (anon + maxGrowth > budgetBytes) {
+                return GuardDecision.Stop("budget_exceeded", "anonymous memory ${mb(anon)} grew by up to ${mb(maxGrowth)} a step; " +
+                    "the next step would exceed the ${mb(budgetBytes)} budget")
+            }
+        }
+        return pressure(samples)
+    }
+
+    /** Pause on the OS's signals, Continue when none is raised. */
+    fun pressure(samples: List<MemorySample>): GuardDecision {
+        if (samples.any { it.lowMemory == true }) return GuardDecision.Pause("memory_pressure", "the system reports low memory")
+        samples.firstOrNull { it.trimLevel in PRESSURE_TRIM_LEVELS }?.let {
+            return GuardDecision.Pause("memory_pressure", "onTrimMemory level ${it.trimLevel}")
+        }
+        return GuardDecision.Continue
+    }
+}

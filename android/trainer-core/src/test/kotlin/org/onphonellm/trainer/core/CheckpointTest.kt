@@ -1,0 +1,68 @@
+package org.onphonellm.trainer.core
+
+import org.junit.jupiter.api.Assertions.assertArrayEquals
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import java.io.File
+import java.io.RandomAccessFile
+import java.nio.ByteBuffer
+import java.nio.ByteOrder
+
+class CheckpointTest {
+    @Test
+    fun `checkpoint round-trips in the host runner's format and a damaged file is an error`() {
+        val f = File(Fixtures.tempDir(), "ckpt.safetensors")
+        val store = CheckpointStore(f)
+        val state = FloatArray(37) { it * 0.25f - 3f }
+        store.save(Checkpoint(state, 12, "run-7", 40, listOf(2.5, null, 1.25)))
+        val c = store.load(37)
+        assertArrayEquals(state, c.state)
+        assertEquals(Triple(12L, "run-7", 40L), Triple(c.step, c.runId, c.seq))
+        assertEquals(listOf(2.5, null, 1.25), c.losses)
+        // Header as toolchain/runtime/trainer.py reads it: {"state": F32 [N]} + __metadata__.meta JSON.
+        val n = ByteBuffer.wrap(f.readBytes(), 0, 8).order(ByteOrder.LITTLE_ENDIAN).long
+        val header = Fields.of(Json.parse(String(f.readBytes(), 8, n.toInt()).trim()), "h")
+        assertEquals(0L, (8 + n) % 8)
+        assertEquals(listOf(37), header.obj("state").ints("shape"))
+        assertEquals(12L, Fields.of(Json.parse(header.obj("__metadata__").string("meta")), "m").long("step"))
+        assertEquals(listOf<File>(), f.parentFile.listFiles()!!.filter { it.name.endsWith(".tmp") }) // no temp file left
+        assertThrows<ContractError> { store.load(36) }
+        RandomAccessFile(f, "rw").use { it.setLength(it.length() - 4) } // torn copy
+        val e = assertThrows<ContractError> { store.load(37) }
+        assertTrue(e.message!!.contains("delete it"), e.message)
+    }
+
+    @Test
+    fun `adapter is the params of the state under their PEFT keys, in safetensors, with the manifest's config`() {
+        val m = Fixtures.manifest(layers = 2)
+        val state = FloatArray(m.stateNumel) { it.toFloat() }
+        val dir = File(Fixtures.tempDir(), "adapter")
+        writeAdapter(dir, m, state)
+        writeAdapter(dir, m, state) // replacing an existing adapter works
+        assertEquals(setOf("adapter_model.safetensors", "adapter_config.json"), dir.list()!!.toSet())
+        val file = File(dir, "adapter_model.safetensors")
+        val parsed = Safetensors.readHeader(file)
+        val params = m.stateEntries.filter { it.role == "param" }
+        assertEquals(params.map { it.key }.toSet(), parsed.entries.keys)
+        for (e in params) {
+            assertEquals(e.shape, parsed.entries[e.key]!!.shape)
+            assertArrayEquals(FloatArray(e.numel) { (e.offset + it).toFloat() }, Safetensors.readFloats(file, parsed, e.key), e.key)
+        }
+        assertEquals("pt", parsed.metadata["format"])
+        assertEquals(m.adapterConfig, Json.parse(File(dir, "adapter_config.json").readText()))
+        assertThrows<ContractError> { writeAdapter(dir, m, FloatArray(3)) }
+    }
+
+    @Test
+    fun `safetensors writer matches the format byte for byte on a hand-computed file`() {
+        val out = java.io.ByteArrayOutputStream()
+        Safetensors.write(out, listOf(Safetensors.Slice("w", listOf(1, 2), floatArrayOf(9f, 1f, -2f), 1)))
+        val bytes = out.toByteArray()
+        val header = """{"w":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]}}"""
+        val padded = header + " ".repeat((8 - header.length % 8) % 8)
+        val expected = ByteBuffer.allocate(8 + padded.length + 8).order(ByteOrder.LITTLE_ENDIAN)
+            .putLong(padded.length.toLong()).put(padded.toByteArray()).putFloat(1f).putFloat(-2f).array()
+        assertArrayEquals(expected, bytes)
+    }
+}

@@ -1,0 +1,116 @@
+package org.onphonellm.trainer.core
+
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertNull
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Assumptions.assumeTrue
+import org.junit.jupiter.api.Test
+
+/** The JSON files of shared_schemas/ as the app reads them: examples accepted, invalid/ refused. */
+class ContractTest {
+    @Test
+    fun `json parser is strict and round-trips`() {
+        val text = """{"a":[1,-2.5e-3,true,null,"q\"\\\n\u00e9"],"b":{"c":12345678901234567890}}"""
+        assertEquals(text.replace("\\u00e9", "\u00e9"), JsonWriter.write(Json.parse(text)))
+        for (bad in listOf("""{"a":NaN}""", "[1,]", """{"a":1,"a":2}""", "[Infinity]", "01", "{\"a\":1} x", "[" .repeat(70))) {
+            assertThrows<ContractError>(bad) { Json.parse(bad) }
+        }
+        assertEquals(1L, (Json.parse("1.0") as Json.Num).asLongOrNull) // JSON Schema counts 1.0 as an integer
+        assertNull((Json.parse("1.5") as Json.Num).asLongOrNull)
+        assertThrows<IllegalArgumentException> { Json.of(Double.NaN) }
+    }
+
+    @Test
+    fun `manifest example drives the schedule, state layout and memory prediction`() {
+        assumeTrue(Fixtures.manifestExample.isFile, "shared_schemas/examples/manifest_tiny.json not generated yet")
+        val m = Manifest.load(Fixtures.manifestExample)
+        assertTrue(m.methodNames.containsAll(listOf("get_state", "set_state")))
+        val sched = Schedule.fromManifest(m)
+        val l = m.lcsb
+        for (s in 0L until 10L) {
+            val (name, phase) = sched.methodForStep(s)
+            if (l == null) assertEquals("train_step" to null, name to phase)
+            else assertEquals(l.schedule[(s % l.schedule.size).toInt()], phase)
+            assertTrue(name in m.methodNames, name)
+        }
+        // params tile a prefix of the state; every entry lies inside it
+        val params = m.stateEntries.filter { it.role == "param" }
+        assertEquals(params.sumOf { it.numel }, params.maxOf { it.offset + it.numel })
+        assertTrue(m.stateEntries.all { it.offset + it.numel <= m.stateNumel })
+        assertTrue(m.predictedStepBytes() >= 8L * m.stateNumel)
+        assertTrue(m.padTokenId in 0 until m.vocab)
+    }
+
+    @Test
+    fun `manifest inconsistencies are refused with the reason`() {
+        val good = Fixtures.manifestJson()
+        Manifest.parse(good)
+        val cases = mapOf(
+            "no method 'train_step_p1'" to good.replace("\"train_step_p1\"", "\"train_step_x\""),
+            "no 'get_state' method" to good.replace("\"name\":\"get_state\"", "\"name\":\"state_get\""),
+            "schema_version 2" to good.replace("\"schema_version\":1", "\"schema_version\":2"),
+            "past state.numel" to good.replace(Regex("\"numel\":(\\d+)")) { "\"numel\":${it.groupValues[1].toInt() - 1}" },
+            "missing required field 'seq_len'" to good.replace("\"seq_len\":8,", ""),
+        )
+        for ((why, text) in cases) {
+            val e = assertThrows<ContractError>(why) { Manifest.parse(text) }
+            assertTrue(e.message!!.contains(why), "expected '$why' in: ${e.message}")
+        }
+    }
+
+    @Test
+    fun `step plan examples parse and invalid plans are refused`() {
+        val plans = Fixtures.examples("step_plan_")
+        assertTrue(plans.size >= 4)
+        for (f in plans) {
+            val p = StepPlan.parse(f.readText(), f.name)
+            assertTrue(p.schedule.all { it in p.phases.indices }, f.name)
+        }
+        val bad = Fixtures.invalid("step_plan_")
+        assertTrue(bad.size >= 5)
+        for (f in bad) assertThrows<ContractError>(f.name) { StepPlan.parse(f.readText(), f.name) }
+    }
+
+    @Test
+    fun `a step plan maps onto the program's methods or is refused`() {
+        val m = Fixtures.manifest(layers = 4)
+        val reversed = StepPlan(4, "cyclic", 2, null, listOf(listOf(2, 3), listOf(0, 1)), listOf(0, 1, 1))
+        val s = Schedule.fromPlan(m, reversed)
+        assertEquals(listOf("train_step_p1", "train_step_p0", "train_step_p0", "train_step_p1"), (0L until 4L).map { s.methodForStep(it).first })
+        assertEquals(1, s.methodForStep(0).second)
+        val strided = StepPlan(4, "strided", 2, null, listOf(listOf(0, 2), listOf(1, 3)), listOf(0, 1))
+        val e = assertThrows<ContractError> { Schedule.fromPlan(m, strided) }
+        assertTrue(e.message!!.contains("has no method"), e.message)
+        val full = Schedule.fromManifest(Fixtures.manifest(lcsb = false))
+        assertEquals("train_step" to null, full.methodForStep(7))
+    }
+
+    @Test
+    fun `data rows follow the data_row schema and pad as the contract says`() {
+        val ex = Fixtures.examples("data_row")
+        assertTrue(ex.isNotEmpty())
+        for (f in ex) DataRow.parse(f.readText().trim(), f.name, vocab = 264, seqLen = 8)
+        for (f in Fixtures.invalid("data_row_")) assertThrows<ContractError>(f.name) { DataRow.parse(f.readText().trim(), f.name, 264, 8) }
+        val row = DataRow.parse("""{"input_ids":[72,101,108],"labels":[-100,101,108]}""", "row", 264, 5)
+        val (ids, labels) = row.padded(5, 258)
+        assertEquals(listOf(72L, 101L, 108L, 258L, 258L), ids.toList())
+        assertEquals(listOf(-100L, 101L, 108L, -100L, -100L), labels.toList())
+        assertEquals(2, row.tokens)
+        val e = assertThrows<ContractError> { DataRow.parse("""{"input_ids":[1,2,3,4,5,6]}""", "line 3", 264, 5) }
+        assertTrue(e.message!!.contains("--seq-len"), e.message)
+        assertThrows<ContractError> { DataRow.parse("""{"input_ids":[1,300]}""", "row", 264, 5) }
+        assertThrows<ContractError> { DataRow.parse("""{"input_ids":[1,2],"labels":[1]}""", "row", 264, 5) }
+    }
+
+    @Test
+    fun `data order cycles the file, or a seeded permutation per epoch, as a function of the step`() {
+        assertEquals(listOf(0, 1, 2, 0, 1, 2, 0), (0L until 7L).map { DataOrder(3, null).rowForStep(it) })
+        val a = DataOrder(10, 5L)
+        val epochs = (0 until 3).map { e -> (0 until 10).map { a.rowForStep(e * 10L + it) } }
+        epochs.forEach { assertEquals((0 until 10).toList(), it.sorted()) }
+        assertTrue(epochs[0] != epochs[1] && epochs[0] != (0 until 10).toList())
+        // random access (a resumed run) sees the same rows as a sequential pass
+        assertEquals(epochs[2][4], DataOrder(10, 5L).rowForStep(24))
+        assertTrue(DataOrder(10, 6L).let { b -> (0 until 10).map { b.rowForStep(it.toLong()) } } != epochs[0])
+    }
+}

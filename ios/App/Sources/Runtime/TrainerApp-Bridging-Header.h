@@ -1,0 +1,2 @@
+// Objective-C(++) code the Swift sources use.
+#import "TCSharedArenaModule.h"

@@ -1,0 +1,45 @@
+import Foundation
+
+/// Where the app keeps its files, under its Documents directory. `scripts/ios/push_program.sh` and
+/// `pull_telemetry.sh` copy to and from these same relative paths with `xcrun devicectl`.
+public struct AppPaths: Equatable {
+    public static let programsDir = "Programs"
+    public static let dataDir = "Data"
+    public static let telemetryLog = "Telemetry/events.jsonl"
+    public static let telemetryQueueDir = "Telemetry/queue"
+    public static let checkpointsDir = "Checkpoints"
+    public static let adaptersDir = "Adapters"
+
+    public let documents: URL
+
+    public init(documents: URL) { self.documents = documents }
+
+    /// Documents/Programs: one exported program directory per subdirectory (manifest.json inside).
+    public var programs: URL { documents.appendingPathComponent(Self.programsDir) }
+    /// Documents/Data: JSONL training files.
+    public var data: URL { documents.appendingPathComponent(Self.dataDir) }
+    /// Documents/Telemetry/events.jsonl: every event of every run, append-only.
+    public var telemetryLog: URL { documents.appendingPathComponent(Self.telemetryLog) }
+    public var telemetryQueue: URL { documents.appendingPathComponent(Self.telemetryQueueDir) }
+    /// One checkpoint per program: a new run of the same program resumes it until it is deleted.
+    public func checkpoint(program: String) -> URL {
+        documents.appendingPathComponent(Self.checkpointsDir).appendingPathComponent("\(program).safetensors")
+    }
+    public func adapter(runId: String) -> URL {
+        documents.appendingPathComponent(Self.adaptersDir).appendingPathComponent(runId)
+    }
+
+    /// Names of the program directories (those holding a manifest.json), sorted.
+    public func programNames() -> [String] {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: programs.path)) ?? []
+        return names.filter {
+            FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(ProgramManifest.fileName).path)
+        }.sorted()
+    }
+
+    /// JSONL files in Documents/Data, sorted.
+    public func dataFiles() -> [String] {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: data.path)) ?? []
+        return names.filter { $0.hasSuffix(".jsonl") }.sorted()
+    }
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Start a training run on the phone (foreground service). Prints the run id.
+#   scripts/android/start.sh --program NAME --data FILE [--steps N] [--lr LR] [--run-id ID] [--budget-mb MB]
+#       [--plan FILE] [--checkpoint-every N] [--shuffle-seed S] [--telemetry-url URL] [--token T]
+#       [--device-profile NAME] [--no-verify] [--via service|activity]
+# NAME and FILE are what deploy.sh pushed. Restarting with the same --run-id resumes from its checkpoint.
+# --via activity starts it through the app's Activity, for phones that refuse a foreground-service start
+# from the shell.
+source "$(dirname "$0")/common.sh"
+
+run_id=""; via=service; extras=()
+add() { safe "$1" "$2"; extras+=(--es "$1" "$2"); }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --program) add program "$2"; shift 2 ;;
+        --data) add data "$2"; shift 2 ;;
+        --plan) add plan "$2"; shift 2 ;;
+        --steps) add steps "$2"; shift 2 ;;
+        --lr) add lr "$2"; shift 2 ;;
+        --run-id) run_id="$2"; shift 2 ;;
+        --budget-mb) add budget_mb "$2"; shift 2 ;;
+        --checkpoint-every) add checkpoint_every "$2"; shift 2 ;;
+        --shuffle-seed) add shuffle_seed "$2"; shift 2 ;;
+        --telemetry-url) add telemetry_url "$2"; shift 2 ;;
+        --token) add telemetry_token "$2"; shift 2 ;;
+        --device-profile) add device_profile "$2"; shift 2 ;;
+        --no-verify) add verify false; shift ;;
+        --via) via="$2"; shift 2 ;;
+        *) die "unknown option $1" ;;
+    esac
+done
+printf '%s\n' "${extras[@]}" | grep -qx program || die "--program is required"
+printf '%s\n' "${extras[@]}" | grep -qx data || die "--data is required"
+[ -n "$run_id" ] || run_id="adb-$(date -u +%Y%m%dT%H%M%SZ)-$$"
+[[ "$run_id" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ ]] || die "--run-id '$run_id' must be letters, digits, '.', '_', '-' (at most 128)"
+extras+=(--es run_id "$run_id")
+need_device
+case "$via" in
+    service) adb_ shell am start-foreground-service -n "$SERVICE" -a "$ACTION_START" "${extras[@]}" >&2 ;;
+    activity) adb_ shell am start -n "$ACTIVITY" -a "$ACTION_START" "${extras[@]}" >&2 ;;
+    *) die "--via must be service or activity" ;;
+esac
+note "started run $run_id"
+echo "$run_id"

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Tests of scripts/ios/*.sh against a fake `xcrun` (tests/fake-xcrun) on PATH: argument handling,
+# the devicectl commands they issue, where files land in the app container, and the errors.
+# Ends with `scripts: N passed, N failed`.
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SCRIPTS="$(cd "$HERE/.." && pwd)"
+WORK="$(mktemp -d -t ios-scripts.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/bin"
+cp "$HERE/fake-xcrun" "$WORK/bin/xcrun"
+export PATH="$WORK/bin:$PATH"
+export FAKE_XCRUN_LOG="$WORK/xcrun.log"
+export FAKE_DEVICE_ROOT="$WORK/device"
+export FAKE_DEVICES_JSON="$WORK/devices.json"
+unset IOS_DEVICE IOS_BUNDLE_ID
+
+passed=0
+failed=0
+check() {   # check NAME COMMAND...: run a test function, count it
+    local name="$1"
+    shift
+    rm -rf "$FAKE_DEVICE_ROOT" "$FAKE_XCRUN_LOG" "$WORK/out" "$WORK/program"
+    one_device
+    # Not inside `if`: there bash would ignore `set -e` and only the last command would count.
+    ( set -e; "$@" ) >"$WORK/test.log" 2>&1
+    if [ $? = 0 ]; then
+        passed=$((passed + 1))
+        echo "ok   $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name"
+        sed 's/^/    /' "$WORK/test.log"
+    fi
+}
+
+not() {   # `! cmd` never fails a `set -e` script; this does
+    if "$@"; then return 1; fi
+}
+
+one_device() {
+    cat >"$FAKE_DEVICES_JSON" <<'JSON'
+{"info": {"outcome": "success"}, "result": {"devices": [
+  {"identifier": "00008120-AAAA", "hardwareProperties": {"platform": "iOS", "marketingName": "iPhone 15"},
+   "connectionProperties": {"tunnelState": "connected"}}]}}
+JSON
+}
+
+make_program() {   # a program directory as `toolchain export` writes it (contents are placeholders)
+    mkdir -p "$WORK/program/adapter_init"
+    printf 'PTE' >"$WORK/program/model.pte"
+    printf '{}' >"$WORK/program/adapter_init/adapter_config.json"
+    printf 'ST' >"$WORK/program/adapter_init/adapter_model.safetensors"
+    cat >"$WORK/program/manifest.json" <<'JSON'
+{"schema_version": 1, "programs": [{"target": "executorch", "file": "model.pte"}],
+ "files": {"model.pte": "0000000000000000000000000000000000000000000000000000000000000000",
+           "adapter_init/adapter_model.safetensors": "0000000000000000000000000000000000000000000000000000000000000000"}}
+JSON
+}
+
+expect_fail() {    # expect_fail NEEDLE COMMAND...: the command exits 2 and says NEEDLE on stderr
+    local needle="$1"
+    shift
+    local rc=0
+    "$@" 2>"$WORK/stderr" >/dev/null || rc=$?
+    [ "$rc" = 2 ] || { echo "exit $rc, wanted 2"; cat "$WORK/stderr"; return 1; }
+    grep -q -- "$needle" "$WORK/stderr" || { echo "stderr lacks '$needle':"; cat "$WORK/stderr"; return 1; }
+}
+
+test_push_copies_every_file_into_documents_programs() {
+    make_program
+    printf '{"input_ids": [1, 2]}\n' >"$WORK/rows.jsonl"
+    "$SCRIPTS/push_program.sh" "$WORK/program" --name tiny --data "$WORK/rows.jsonl" >"$WORK/out.txt"
+    local c="$FAKE_DEVICE_ROOT/org.onphonellm.trainer/Documents"
+    cmp "$WORK/program/model.pte" "$c/Programs/tiny/model.pte"
+    cmp "$WORK/program/manifest.json" "$c/Programs/tiny/manifest.json"
+    cmp "$WORK/program/adapter_init/adapter_model.safetensors" "$c/Programs/tiny/adapter_init/adapter_model.safetensors"
+    cmp "$WORK/rows.jsonl" "$c/Data/rows.jsonl"
+    grep -q "copied 4 file(s) of tiny to org.onphonellm.trainer on 00008120-AAAA, and rows.jsonl" "$WORK/out.txt"
+    # The exact devicectl call: picked device, app data container, relative destination.
+    grep -q "^devicectl list devices --json-output " "$FAKE_XCRUN_LOG"
+    grep -qx "devicectl device copy to --device 00008120-AAAA --domain-type appDataContainer --domain-identifier org.onphonellm.trainer --source $WORK/program/model.pte --destination Documents/Programs/tiny/model.pte" "$FAKE_XCRUN_LOG"
+}
+
+test_push_uses_given_device_and_bundle_without_listing() {
+    make_program
+    "$SCRIPTS/push_program.sh" "$WORK/program" --device DEV-1 --bundle-id com.example.t >/dev/null
+    [ -f "$FAKE_DEVICE_ROOT/com.example.t/Documents/Programs/program/model.pte" ]
+    not grep -q "list devices" "$FAKE_XCRUN_LOG"
+    grep -q -- "--device DEV-1 " "$FAKE_XCRUN_LOG"
+}
+
+test_push_dry_run_prints_commands_and_copies_nothing() {
+    make_program
+    "$SCRIPTS/push_program.sh" "$WORK/program" --device DEV-1 --dry-run >"$WORK/out.txt"
+    [ "$(grep -c '^xcrun devicectl device copy to' "$WORK/out.txt")" = 4 ]
+    [ ! -e "$FAKE_XCRUN_LOG" ]
+}
+
+test_push_refuses_a_directory_without_manifest() {
+    mkdir -p "$WORK/program"
+    expect_fail "no manifest.json" "$SCRIPTS/push_program.sh" "$WORK/program"
+    [ ! -e "$FAKE_XCRUN_LOG" ]
+}
+
+test_push_refuses_a_program_missing_a_listed_file() {
+    make_program
+    rm "$WORK/program/model.pte"
+    expect_fail "lacks model.pte" "$SCRIPTS/push_program.sh" "$WORK/program"
+    [ ! -e "$FAKE_XCRUN_LOG" ]
+}
+
+test_push_refuses_bad_arguments() {
+    make_program
+    expect_fail "unknown option --frobnicate" "$SCRIPTS/push_program.sh" "$WORK/program" --frobnicate
+    expect_fail "does not exist" "$SCRIPTS/push_program.sh" "$WORK/program" --data "$WORK/nope.jsonl"
+    expect_fail "plain directory name" "$SCRIPTS/push_program.sh" "$WORK/program" --name ../x
+}
+
+test_device_picking_needs_exactly_one_phone() {
+    make_program
+    echo '{"result": {"devices": []}}' >"$FAKE_DEVICES_JSON"
+    expect_fail "no connected iPhone" "$SCRIPTS/push_program.sh" "$WORK/program"
+    cat >"$FAKE_DEVICES_JSON" <<'JSON'
+{"result": {"devices": [{"identifier": "A", "hardwareProperties": {"platform": "iOS"}, "connectionProperties": {"tunnelState": "connected"}},
+                        {"identifier": "B", "hardwareProperties": {"platform": "iOS"}, "connectionProperties": {"tunnelState": "disconnected"}}]}}
+JSON
+    expect_fail "2 devices connected" "$SCRIPTS/push_program.sh" "$WORK/program"
+}
+
+test_pull_copies_events_and_adapters() {
+    local c="$FAKE_DEVICE_ROOT/org.onphonellm.trainer/Documents"
+    mkdir -p "$c/Telemetry" "$c/Adapters/ios-run-1"
+    printf '{"seq": 0}\n{"seq": 1}\n' >"$c/Telemetry/events.jsonl"
+    printf 'ST' >"$c/Adapters/ios-run-1/adapter_model.safetensors"
+    "$SCRIPTS/pull_telemetry.sh" --out "$WORK/out" --adapters >"$WORK/out.txt"
+    cmp "$c/Telemetry/events.jsonl" "$WORK/out/events.jsonl"
+    [ -f "$WORK/out/adapters/ios-run-1/adapter_model.safetensors" ]
+    grep -q "pulled 2 event(s)" "$WORK/out.txt"
+    grep -q "toolchain telemetry import $WORK/out/events.jsonl" "$WORK/out.txt"
+    grep -qx "devicectl device copy from --device 00008120-AAAA --domain-type appDataContainer --domain-identifier org.onphonellm.trainer --source Documents/Telemetry/events.jsonl --destination $WORK/out/.events.jsonl.partial" "$FAKE_XCRUN_LOG"
+}
+
+test_pull_without_telemetry_fails_and_keeps_no_partial_file() {
+    mkdir -p "$FAKE_DEVICE_ROOT/org.onphonellm.trainer/Documents"
+    expect_fail "no telemetry on the device yet" "$SCRIPTS/pull_telemetry.sh" --out "$WORK/out"
+    [ -z "$(ls -A "$WORK/out")" ]
+}
+
+test_pull_imports_with_toolchain_when_asked() {
+    local c="$FAKE_DEVICE_ROOT/org.onphonellm.trainer/Documents"
+    mkdir -p "$c/Telemetry"
+    printf '{"seq": 0}\n' >"$c/Telemetry/events.jsonl"
+    printf '#!/bin/sh\necho "toolchain $*" >"%s/toolchain.args"\n' "$WORK" >"$WORK/bin/toolchain"
+    chmod +x "$WORK/bin/toolchain"
+    "$SCRIPTS/pull_telemetry.sh" --out "$WORK/out" --db "$WORK/runs.sqlite3" >/dev/null
+    rm -f "$WORK/bin/toolchain"
+    grep -qx "toolchain telemetry import $WORK/out/events.jsonl --db $WORK/runs.sqlite3" "$WORK/toolchain.args"
+}
+
+test_scripts_use_the_app_paths() {
+    # The relative paths must match ios/TrainerCore/Sources/TrainerCore/AppPaths.swift.
+    local paths="$SCRIPTS/../../ios/TrainerCore/Sources/TrainerCore/AppPaths.swift"
+    grep -q 'programsDir = "Programs"' "$paths"
+    grep -q 'dataDir = "Data"' "$paths"
+    grep -q 'telemetryLog = "Telemetry/events.jsonl"' "$paths"
+    grep -q 'adaptersDir = "Adapters"' "$paths"
+    grep -q 'IOS_BUNDLE_ID_DEFAULT="org.onphonellm.trainer"' "$SCRIPTS/common.sh"
+    grep -q 'PRODUCT_BUNDLE_IDENTIFIER: org.onphonellm.trainer$' "$SCRIPTS/../../ios/App/project.yml"
+}
+
+for t in $(declare -F | awk '{print $3}' | grep '^test_'); do
+    check "$t" "$t"
+done
+echo "scripts: $passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,237 @@
+"""scripts/android/: the `dumpsys meminfo` parser on real device output, and every script run against
+a fake `adb` on PATH (tests/scripts/fake_adb.py plays the phone and the app)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolchain.telemetry.events import check_events
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts" / "android"
+SAMPLES = (REPO / ".." / "shared" / "android-samples").resolve()
+PKG = "org.onphonellm.trainer"
+FILES = f"sdcard/Android/data/{PKG}/files"
+
+needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"{SAMPLES} is absent: the real dumpsys outputs live "
+                                   "outside the repository (../shared/android-samples)")
+
+_spec = importlib.util.spec_from_file_location("meminfo_to_telemetry", SCRIPTS / "meminfo_to_telemetry.py")
+meminfo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(meminfo)
+
+# (file, pid, process or None, TOTAL PSS, Private Dirty or None, TOTAL RSS, TOTAL SWAP) in kB, from the
+# key values in ../shared/android-samples/README.md (None: the README states no value for it).
+CASES = [
+    ("dumpsys-meminfo-android4.3-droidmonitor-sample43.txt", 29607, "com.sample.package", 28929, 25960, None, None),
+    ("dumpsys-meminfo-android4.4-droidmonitor-sample44.txt", 30125, None, 44563, 36396, None, 0),
+    ("dumpsys-meminfo-d-android5-aosp-docs-maps-nexus5.txt", 18227, None, 216524, 208232, None, 0),
+    ("dumpsys-meminfo-android6-droidmonitor-sample60.txt", 22861, None, 145991, 101701, None, 22236),
+    ("dumpsys-meminfo-androidUnknown-flutter-gallery.txt", 16141, "io.flutter.demo.gallery", 95085, None, None, 62),
+    ("dumpsys-meminfo-androidUnknown-gracker-oppo-launcher.txt", 10396, "com.oppo.launcher", 148046, None, None, 0),
+    ("dumpsys-meminfo-androidUnknown-yvr-yframework.txt", 4821, None, 253123, None, None, 0),
+    ("dumpsys-meminfo-android11-unity-pixel2.txt", 14978, "com.DefaultCompany.MemoryTests", 688561, None, 746132, 15),
+    ("dumpsys-meminfo-a-d-android11-gracker-launcher3.txt", 21936, None, 105529, None, 187052, 0),
+    ("dumpsys-meminfo-android12-gracker-systemui-pixel3.txt", 2084, "com.android.systemui", 96932, None, 182691, 0),
+    ("dumpsys-meminfo-android12or13-rk3588-yolodemo.txt", 1941, "com.rockchip.gpadc.yolodemo", 572115, None, 655516, 0),
+    ("dumpsys-meminfo-android12or13-miui-systemui.txt", 4485, None, 257285, None, 385320, 34832),
+    ("dumpsys-meminfo-android14plus-pixel7a-footos.txt", 27172, "app.footos", 431653, None, 585360, 132),
+    ("dumpsys-meminfo-android14plus-ming-test-native.txt", 19540, "org.ming.test_native", 59376, None, 163640, 286),
+    ("dumpsys-meminfo-android14plus-mixelmeza-emulator.txt", 3794, "com.example.app_movil", 353574, None, 508256, 0),
+    ("dumpsys-meminfo-d-android14plus-gracker-memorylab.txt", 20602, "com.androidperformance.memorylab", 337790, None, 421296, 162),
+    ("dumpsys-meminfo-android16-pixel10pro-douyin.txt", 24989, "com.ss.android.ugc.aweme", 1144795, None, 1363052, 0),
+    ("dumpsys-meminfo-checkin-v3-adt-profilerapp.txt", 2820, None, 11850, 6308, None, None),
+    ("dumpsys-meminfo-checkin-v4-adt-profilerapp.txt", 2737, "com.android.profilerapp", 13568, 7640, None, 0),
+    ("dumpsys-meminfo-checkin-v4-systemui-unknownrepo.txt", 2110, None, 63828, 42916, None, 0),
+    ("dumpsys-meminfo-checkin-v4-aosp-tradefed-system_server-EDITED.txt", 938, "system_server", 218228, None, None, 0),
+]
+
+
+@needs_samples
+@pytest.mark.parametrize("case", CASES, ids=[c[0][16:60] for c in CASES])
+def test_meminfo_totals_of_real_samples(case):
+    name, pid, process, pss, dirty, rss, swap = case
+    [t] = meminfo.parse_meminfo((SAMPLES / name).read_text(errors="replace"))
+    assert t.pid == pid and t.pss_kb == pss and t.rss_kb == rss and t.swap_kb == swap
+    assert process is None or t.process == process
+    if dirty is not None:
+        assert t.private_dirty_kb == dirty
+    assert 0 < t.private_dirty_kb <= t.pss_kb + (t.swap_kb or 0)
+
+
+@needs_samples
+def test_meminfo_multiprocess_and_non_app_outputs():
+    blocks = meminfo.parse_meminfo((SAMPLES / "dumpsys-meminfo-package-android14plus-crossbench-chrome-multiprocess-EDITED.txt").read_text())
+    assert [(b.pid, b.pss_kb, b.rss_kb, b.swap_kb) for b in blocks] == [
+        (14449, 29036, 207800, 0), (14438, 27937, 180556, 0), (14487, 44527, 205104, 0), (14356, 168450, 413536, 500)]
+    assert meminfo.parse_meminfo((SAMPLES / "dumpsys-meminfo-c-systemwide-fragment-aosp-loganalysis.txt").read_text()) == []
+    assert meminfo.parse_meminfo("No process found for: org.onphonellm.trainer\n") == []
+    # the CLI reports the package's main process (no ':suffix'), as a schema-valid event in bytes
+    out = subprocess.run([sys.executable, str(SCRIPTS / "meminfo_to_telemetry.py"), "--run-id", "r1", "--seq", "7", "--step", "3",
+                          str(SAMPLES / "dumpsys-meminfo-package-android14plus-crossbench-chrome-multiprocess-EDITED.txt")],
+                         capture_output=True, text=True, check=True)
+    event = json.loads(out.stdout)
+    check_events([event])
+    assert (event["pss_bytes"], event["rss_bytes"], event["swap_bytes"], event["step"]) == (168450 * 1024, 413536 * 1024, 500 * 1024, 3)
+    assert event["anon_bytes"] == blocks[3].private_dirty_kb * 1024
+
+
+# --- the scripts, against the fake adb --------------------------------------------------------------
+
+@pytest.fixture
+def phone(tmp_path, monkeypatch):
+    """PATH with a fake `adb`; returns a helper to run scripts and read what adb was asked."""
+    bin_dir, root = tmp_path / "bin", tmp_path / "device"
+    bin_dir.mkdir()
+    (root / FILES).mkdir(parents=True)
+    adb = bin_dir / "adb"
+    adb.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{Path(__file__).with_name('fake_adb.py')}' \"$@\"\n")
+    adb.chmod(adb.stat().st_mode | stat.S_IEXEC)
+    meminfo_file = tmp_path / "meminfo.txt"
+    sample = SAMPLES / "dumpsys-meminfo-android14plus-pixel7a-footos.txt"
+    meminfo_file.write_text(sample.read_text() if sample.is_file() else (
+        f"** MEMINFO in pid 4242 [{PKG}] **\n                   Pss  Private  Private\n"
+        "                 Total    Dirty    Clean\n                ------   ------   ------\n"
+        "        TOTAL   200000   150000     1000\n"))
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_ADB_ROOT": str(root),
+           "FAKE_ADB_LOG": str(tmp_path / "adb.log"), "FAKE_ADB_MEMINFO": str(meminfo_file),
+           "TOOLCHAIN": str(Path(sys.executable).with_name("toolchain")), "PYTHON": sys.executable}
+    env.pop("ADB", None)
+
+    class Phone:
+        files = root / FILES
+
+        def run(self, script: str, *args: str, ok: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
+            r = subprocess.run(["bash", str(SCRIPTS / script), *map(str, args)], capture_output=True, text=True,
+                               env={**env, **extra_env}, cwd=tmp_path, timeout=120)
+            assert (r.returncode == 0) == ok, f"{script} exit {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+            return r
+
+        def calls(self) -> list[list[str]]:
+            log = tmp_path / "adb.log"
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return Phone()
+
+
+@pytest.fixture
+def program(tmp_path):
+    d = tmp_path / "tiny-prog"
+    d.mkdir()
+    (d / "manifest.json").write_text((REPO / "shared_schemas" / "examples" / "manifest_tiny.json").read_text()
+                                     if (REPO / "shared_schemas/examples/manifest_tiny.json").is_file() else "{}")
+    (d / "model.pte").write_bytes(b"PTE" * 100)
+    (d / "adapter_init").mkdir()
+    (d / "adapter_init" / "adapter_config.json").write_text("{}")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"input_ids": [72, 101, 108, 108, 111]}\n')
+    return d, data
+
+
+def test_deploy_pushes_program_data_and_apk(phone, program, tmp_path):
+    prog, data = program
+    apk = tmp_path / "app.apk"
+    apk.write_bytes(b"APK")
+    r = phone.run("deploy.sh", prog, data, "--apk", apk)
+    assert r.stdout.strip() == "tiny-prog"
+    assert (phone.files / "programs/tiny-prog/model.pte").read_bytes() == b"PTE" * 100
+    assert (phone.files / "programs/tiny-prog/adapter_init/adapter_config.json").is_file()
+    assert (phone.files / "data/train.jsonl").read_text() == data.read_text()
+    assert ["install", "-r", str(apk)] in phone.calls()
+
+
+def test_deploy_refuses_bad_input_before_touching_the_phone(phone, program, tmp_path):
+    prog, data = program
+    r = phone.run("deploy.sh", tmp_path, data, ok=False)
+    assert "no manifest.json" in r.stderr and phone.calls() == []
+    r = phone.run("deploy.sh", prog, data, ok=False, FAKE_ADB_OFFLINE="1")
+    assert "no device attached" in r.stderr
+    assert not (phone.files / "programs").exists()
+
+
+def test_start_stop_and_reverse_send_the_right_commands(phone):
+    r = phone.run("start.sh", "--program", "tiny-prog", "--data", "train.jsonl", "--steps", "5", "--lr", "1e-4",
+                  "--budget-mb", "1500", "--run-id", "run-1", "--telemetry-url", "http://127.0.0.1:8765/v1/events", "--token", "T0k")
+    assert r.stdout.strip() == "run-1"
+    am = next(c for c in phone.calls() if c[:2] == ["shell", "am"])
+    assert am[2:7] == ["start-foreground-service", "-n", f"{PKG}/org.onphonellm.trainer.app.TrainingService", "-a",
+                       "org.onphonellm.trainer.action.START"]
+    extras = {am[i + 1]: am[i + 2] for i in range(len(am)) if am[i] == "--es"}
+    assert extras == {"program": "tiny-prog", "data": "train.jsonl", "steps": "5", "lr": "1e-4", "budget_mb": "1500",
+                      "telemetry_url": "http://127.0.0.1:8765/v1/events", "telemetry_token": "T0k", "run_id": "run-1"}
+    phone.run("start.sh", "--program", "p", "--data", "d.jsonl", "--run-id", "run-2", "--via", "activity")
+    assert phone.calls()[-1][2:5] == ["start", "-n", f"{PKG}/org.onphonellm.trainer.app.MainActivity"]
+    # values that the device shell would interpret are refused
+    r = phone.run("start.sh", "--program", "p;rm -rf /", "--data", "d", ok=False)
+    assert "characters the device shell would interpret" in r.stderr
+    r = phone.run("start.sh", "--program", "p", "--data", "d", "--run-id", "../x", ok=False)
+    assert "--run-id" in r.stderr
+    phone.run("stop.sh")
+    assert phone.calls()[-1] == ["shell", "am", "broadcast", "-a", "org.onphonellm.trainer.action.STOP", "-p", PKG]
+    assert phone.run("reverse.sh", "9000").stdout.strip() == "http://127.0.0.1:9000/v1/events"
+    assert phone.calls()[-1] == ["reverse", "tcp:9000", "tcp:9000"]
+    phone.run("reverse.sh", "--remove", "9000")
+    assert phone.calls()[-1] == ["reverse", "--remove", "tcp:9000"]
+
+
+def test_sample_meminfo_appends_numbered_valid_events(phone, tmp_path):
+    out = tmp_path / "dumpsys.jsonl"
+    phone.run("sample_meminfo.sh", "--run-id", "run-1", "--out", out, "--count", "2", "--interval", "0")
+    phone.run("sample_meminfo.sh", "--run-id", "run-1", "--out", out, "--count", "1", "--interval", "0")
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    check_events(events)
+    base = meminfo.HOST_SEQ_BASE
+    assert [e["seq"] for e in events] == [base, base + 1, base + 2]  # continues after the file's last seq
+    assert {e["probe"] for e in events} == {"android_dumpsys"} and all(e["run_id"] == "run-1" for e in events)
+    assert all(e["anon_bytes"] > 0 and e["pss_bytes"] >= e["anon_bytes"] // 2 for e in events)
+
+
+def test_pull_fetches_telemetry_and_adapter(phone, tmp_path):
+    phone.run("start.sh", "--program", "p", "--data", "d.jsonl", "--run-id", "run-9", "--steps", "2")
+    out = tmp_path / "pulled"
+    phone.run("pull.sh", "--run-id", "run-9", "--out", out)
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    events = [json.loads(line) for line in (out / "telemetry.jsonl").read_text().splitlines()]
+    assert events[-1]["type"] == "run_end"
+    r = phone.run("pull.sh", "--run-id", "missing", "--out", out, ok=False)
+    assert "no telemetry for run missing" in r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("server", [False, True], ids=["offline", "with-server"])
+def test_profile_runs_deploy_to_report(phone, program, tmp_path, server):
+    prog, data = program
+    out = tmp_path / "profile"
+    port = _free_port()
+    args = [prog, data, "--steps", "3", "--run-id", "prof-1", "--out", out, "--interval", "0", "--timeout", "60"]
+    r = phone.run("profile.sh", *args, *(["--port", str(port)] if server else ["--no-server"]))
+    assert r.stdout.strip() == str(out)
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    assert (summary["run_id"], summary["status"], summary["steps"]) == ("prof-1", "completed", 3)
+    assert (out / "report" / "index.html").is_file() and (out / "adapter" / "adapter_model.safetensors").is_file()
+    dumpsys = [json.loads(line) for line in (out / "dumpsys.jsonl").read_text().splitlines()]
+    assert dumpsys and all(e["run_id"] == "prof-1" for e in dumpsys)
+    calls = phone.calls()
+    start = next(c for c in calls if c[:3] == ["shell", "am", "start-foreground-service"])
+    if server:
+        assert ["reverse", f"tcp:{port}", f"tcp:{port}"] in calls
+        assert "telemetry_token" in start
+        assert "telemetry server on http://127.0.0.1" in (out / "server.log").read_text()
+        with socket.socket() as s:  # the server was stopped: its port is free again
+            s.bind(("127.0.0.1", port))
+    else:
+        assert not any(c[0] == "reverse" for c in calls) and "telemetry_token" not in start

@@ -1,0 +1,90 @@
+"""LM head + mean next-token cross-entropy over vocabulary chunks, with an online softmax.
+
+The token-chunked form (`ce_chunked`) keeps [C, V] logits and, to keep them small, multiplies few
+rows at a time by the whole head, which makes the two head matmuls slow (the head is re-read for
+every token chunk). Here the rows stay together and the vocabulary is cut instead: for token rows
+h [C, d], head chunks E_j [Vc, d] (j over V / Vc chunks), targets y, weights w = valid / N:
+  z_j = h E_j^T                                      [C, Vc]   (the only [C, Vc] buffer)
+  m'  = max(m, rowmax z_j);  a = exp(m - m')         [C, 1]    (m starts at -inf)
+  S  <- a S + rowsum exp(z_j - m')                   [C, 1]    running sum of exp(z - m)
+  A  <- a A + exp(z_j - m') E_j                      [C, d]    running sum of exp(z - m) E
+  lse = m + log S,   z[y] = h . E[y],   loss = sum_rows w (lse - z[y])
+  dh  = w (A / S - E[y])      since  softmax(z) E = A / S  and  onehot(y) E = E[y]
+One pass, two matmuls per chunk: the FLOPs of full-logits forward + backward, no [C, V] tensor.
+Rescaling by `a` is flash-attention's online softmax; the result equals `ce_chunked`'s up to float
+rounding. Targets follow Hugging Face (`shift_labels`); IGNORE_INDEX rows give 0 loss and 0 dh.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
+
+__all__ = ["ce_online_forward_backward", "ce_online_loss"]
+
+
+def _rows(h: Tensor, head: Tensor, targets: Tensor, vocab_chunk: int,
+          with_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """For rows h [C, d]: (lse [C], z[y] [C], A / S - E[y] [C, d] or None)."""
+    valid = targets != IGNORE_INDEX                                  # [C]
+    tgt = torch.where(valid, targets, torch.zeros_like(targets))    # [C] safe gather index
+    e_y = head[tgt]                                                  # [C, d] E[y]
+    picked = (h * e_y).sum(-1)                                       # [C] z[y]
+    m = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype, device=h.device)
+    s = torch.zeros_like(m)                                          # [C, 1]
+    acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
+    for start in range(0, head.shape[0], vocab_chunk):
+        e_j = head[start:start + vocab_chunk]                        # [Vc, d] a view
+        z = (e_j @ h.T).T                                            # [C, Vc]; (E_j h^T)^T: never transpose E
+        m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
+        a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
+        p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer
+        s = a * s + p.sum(dim=-1, keepdim=True)
+        if acc is not None:
+            # A <- a A + p E_j, in place
+            acc.mul_(a).addmm_(p, e_j)
+        m = m_new
+        del z, p
+    lse = (m + s.log()).squeeze(1)                                   # [C]
+    dh = None if acc is None else acc / s - e_y
+    return lse, picked, dh
+
+
+def _n_valid(targets: Tensor, dtype: torch.dtype) -> Tensor:
+    # A row with no target gives loss 0 and zero gradients instead of HF's 0/0 = nan.
+    return (targets != IGNORE_INDEX).sum().clamp(min=1).to(dtype)
+
+
+def ce_online_forward_backward(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int,
+                               vocab_chunk: int) -> CeResult:
+    """Loss and dh in one pass over token chunks x vocabulary chunks.
+
+    Args:
+        h: [T, d] final-normed hidden states.
+        head: [V, d] LM head (the embedding matrix when tied); frozen.
+        targets: [T] already shifted (see `shift_labels`), IGNORE_INDEX where there is none.
+        token_chunk: rows per chunk (static).
+        vocab_chunk: vocabulary entries per chunk (static): peak transient [token_chunk, vocab_chunk].
+    """
+    n = _n_valid(targets, h.dtype)
+    losses, dhs = [], []
+    for start in range(0, h.shape[0], token_chunk):
+        rows = slice(start, start + token_chunk)
+        lse, picked, dh = _rows(h[rows], head, targets[rows], vocab_chunk, with_grad=True)
+        w = (targets[rows] != IGNORE_INDEX).to(h.dtype) / n          # [C]
+        losses.append(((lse - picked) * w).sum())
+        dhs.append(dh * w[:, None])                                  # [C, d]
+    return CeResult(torch.stack(losses).sum(), torch.cat(dhs))
+
+
+def ce_online_loss(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int, vocab_chunk: int) -> Tensor:
+    """The loss alone (evaluation, MeZO), same chunking; one matmul per chunk."""
+    n = _n_valid(targets, h.dtype)
+    total = h.new_zeros(())
+    for start in range(0, h.shape[0], token_chunk):
+        rows = slice(start, start + token_chunk)
+        lse, picked, _ = _rows(h[rows], head, targets[rows], vocab_chunk, with_grad=False)
+        total = total + ((lse - picked) * (targets[rows] != IGNORE_INDEX).to(h.dtype)).sum()
+    return total / n
