@@ -22,12 +22,18 @@ mkdir -p "$CACHE"
 log() { echo "[android/test.sh] $*" >&2; }
 die() { log "error: $*"; exit 2; }
 
-command -v java >/dev/null || die "java not found; install a JDK 17 (apt-get install -y openjdk-17-jdk-headless)"
+# A fresh machine may lack the JDK or npm: install them from Debian when we are root (CI is).
+apt_install() {
+    [ "$(id -u)" = 0 ] || die "$1 not found; install it (apt-get install -y $2)"
+    log "installing $2 (apt-get)"
+    apt-get -qq update >/dev/null && apt-get install -y -qq "$2" >/dev/null || die "apt-get install $2 failed"
+}
+command -v javac >/dev/null || apt_install javac openjdk-17-jdk-headless
 
 # --- 1. tools --------------------------------------------------------------------------------------
 KOTLINC_HOME="$CACHE/kotlinc-$KOTLIN_VERSION"
 if [ ! -f "$KOTLINC_HOME/lib/kotlin-compiler.jar" ]; then
-    command -v npm >/dev/null || die "npm not found; it fetches the Kotlin compiler (apt-get install -y npm)"
+    command -v npm >/dev/null || apt_install npm npm
     log "fetching kotlin-compiler@$KOTLIN_VERSION from npm"
     tmp="$(mktemp -d "$CACHE/npm.XXXXXX")"
     (cd "$tmp" && npm pack "kotlin-compiler@$KOTLIN_VERSION" --silent >/dev/null && tar xzf kotlin-compiler-*.tgz)
@@ -109,7 +115,8 @@ tests_skipped=0
 if [ $jvm_ok = 1 ]; then
     log "running trainer-core tests (JUnit $(basename "$JUNIT"))"
     set +e
-    java -Drepo.root="$REPO" -jar "$JUNIT" --disable-banner --details=tree --disable-ansi-colors \
+    mkdir -p "$BUILD/interop"
+    java -Drepo.root="$REPO" -Dinterop.dir="$BUILD/interop" -jar "$JUNIT" --disable-banner --details=tree --disable-ansi-colors \
         -cp "$BUILD/core-tests.jar:$KLIB/kotlin-stdlib.jar" \
         --scan-class-path "$BUILD/core-tests.jar" 2>&1 | tee "$BUILD/junit.log"
     set -e
@@ -120,6 +127,14 @@ if [ $jvm_ok = 1 ]; then
     tests_passed=${tests_passed:-0}
     tests_failed=${tests_failed:-1}
     [ "$tests_passed" -gt 0 ] || { log "no JUnit test ran"; tests_failed=$((tests_failed + 1)); }
+fi
+
+# The host reads the checkpoint and adapter Kotlin wrote (needs the repository's venv: `make` creates it).
+MANIFEST_EXAMPLE="$REPO/shared_schemas/examples/manifest_tiny.json"
+if [ -f "$BUILD/interop/checkpoint.safetensors" ] && [ -x "$REPO/.venv/bin/python" ] && [ -f "$MANIFEST_EXAMPLE" ]; then
+    check host-interop "$REPO/.venv/bin/python" "$HERE/interop_check.py" "$BUILD/interop" "$MANIFEST_EXAMPLE" || true
+else
+    log "host-interop skipped (needs the JUnit run, $REPO/.venv and $MANIFEST_EXAMPLE)"
 fi
 
 [ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$BUILD"

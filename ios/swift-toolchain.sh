@@ -14,7 +14,8 @@ SWIFT_CHROOT="${SWIFT_CHROOT:-/var/cache/toolchain-swift/trixie}"
 SWIFT_MIRROR="${SWIFT_MIRROR:-http://deb.debian.org/debian}"
 
 swift_chroot_ensure() {
-    if [ -f "$SWIFT_CHROOT/.toolchain-ready" ] && [ -x "$SWIFT_CHROOT/usr/bin/swift" ]; then
+    # (/usr/bin/swift is an absolute symlink: test the real file, which resolves from outside too)
+    if [ -f "$SWIFT_CHROOT/.toolchain-ready" ] && [ -x "$SWIFT_CHROOT/usr/libexec/swift/bin/swift-frontend" ]; then
         return 0
     fi
     if [ "$(id -u)" != 0 ]; then

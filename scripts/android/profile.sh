@@ -62,11 +62,14 @@ fi
 "$HERE/start.sh" --program "$name" --data "$(basename "$data")" --run-id "$run_id" "${start_opts[@]}" >/dev/null
 note "profiling run $run_id (dumpsys every ${interval}s, timeout ${timeout}s)"
 remote_log="$REMOTE/runs/$run_id/telemetry.jsonl"
-deadline=$(( $(date +%s) + timeout ))
+started=$(date +%s); deadline=$(( started + timeout ))
 while :; do
-    "$HERE/sample_meminfo.sh" --run-id "$run_id" --out "$out/dumpsys.jsonl" --count 1 --interval 0 2>/dev/null || true
+    "$HERE/sample_meminfo.sh" --run-id "$run_id" --out "$out/dumpsys.jsonl" --count 1 --tries 1 --interval 0 2>/dev/null || true
     last="$(adb_ shell tail -n 1 "$remote_log" 2>/dev/null || true)"
     case "$last" in *'"type":"run_end"'*) break ;; esac
+    if [ -z "$last" ] && [ $(( $(date +%s) - started )) -gt 60 ]; then
+        die "the app wrote no telemetry for run $run_id in 60 s; see 'adb logcat -s Trainer'"
+    fi
     [ "$(date +%s)" -lt "$deadline" ] || { note "timeout: the run has not ended; stopping it"; "$HERE/stop.sh" || true; sleep "$interval"; break; }
     sleep "$interval"
 done

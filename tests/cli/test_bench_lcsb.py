@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from toolchain.cli import cli
 from toolchain.schemas import validation_errors
 
-ARGS = ["bench", "lcsb", "--model", "tiny", "--steps", "10", "--seq-len", "24", "--k", "2", "--lr", "1e-2"]
+ARGS = ["bench", "lcsb", "--model", "tiny", "--steps", "10", "--seq-len", "64", "--k", "2", "--lr", "1e-2",
+        "--pretrain-steps", "4"]
 
 
 def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
@@ -30,8 +31,9 @@ def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
     gap = sum((b - a) / a for a, b in zip(full[-tail:], lcsb[-tail:])) / tail
     assert report["loss_gap"] == pytest.approx(gap)
     cfg = report["config"]
-    assert (cfg["model"], cfg["steps"], cfg["seq_len"], cfg["k"], cfg["lr"]) == ("tiny", 10, 24, 2, 1e-2)
+    assert (cfg["model"], cfg["steps"], cfg["seq_len"], cfg["k"], cfg["lr"]) == ("tiny", 10, 64, 2, 1e-2)
     assert cfg["plan"]["phases"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert cfg["pretrain"]["steps"] == 4 and cfg["pretrain_steps"] == 4
     assert "speedup" in result.stdout and "loss_gap" in result.stdout
 
 
@@ -39,6 +41,7 @@ def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
     (["--model", "qwen9"], "unknown bench model"),
     (["--model", "tiny", "--k", "9"], "outside 1..8"),
     (["--steps", "5"], "--steps"),
+    (["--model", "tiny", "--pretrain-steps", "-1"], "--pretrain-steps"),
 ])
 def test_bench_lcsb_bad_input_exits_2_without_a_file(tmp_path, args, message):
     out = tmp_path / "bench.json"

@@ -231,3 +231,22 @@ def test_int8_program_matches_eager(tmp_path_factory):
             loss = float(eager.train_step(ids, labels, torch.tensor([lr]), None)[0])
             assert math.isclose(loss, res.losses[s], rel_tol=1e-5)
     assert float((res.state - eager.get_state()).abs().max() / eager.get_state().abs().max()) <= 1e-4
+
+
+def test_loading_a_method_reinitializes_shared_state(fp32_sgd):
+    """Why apps load every method before the first step: loading one later resets the LoRA state."""
+    from executorch.runtime import Runtime
+
+    prog, _, lora = fp32_sgd
+    pdir = ProgramDir(prog)
+    program = Runtime.get().load_program(pdir.program_file("executorch"))
+    train = program.load_method("train_step")
+    ids = _examples(1, seed=10)[0].input_ids[:T]
+    from toolchain.runtime.trainer import pad_example
+    x, y = pad_example(Example(ids, ids.clone()), T, 0, "row")
+    for _ in range(2):
+        train.execute([x, y, torch.tensor([0.1])])
+    late = program.load_method("get_state").execute([])[0]
+    initial = lora_state_dict(lora)
+    loaded = lora_state_dict(pdir.lora_from_state(late))
+    assert all(torch.equal(loaded[k], initial[k].float()) for k in initial)

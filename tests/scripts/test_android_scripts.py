@@ -27,6 +27,7 @@ needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"{SAMPLES} is a
 
 _spec = importlib.util.spec_from_file_location("meminfo_to_telemetry", SCRIPTS / "meminfo_to_telemetry.py")
 meminfo = importlib.util.module_from_spec(_spec)
+sys.modules["meminfo_to_telemetry"] = meminfo  # dataclasses look the module up while the class is built
 _spec.loader.exec_module(meminfo)
 
 # (file, pid, process or None, TOTAL PSS, Private Dirty or None, TOTAL RSS, TOTAL SWAP) in kB, from the
@@ -193,6 +194,12 @@ def test_sample_meminfo_appends_numbered_valid_events(phone, tmp_path):
     assert [e["seq"] for e in events] == [base, base + 1, base + 2]  # continues after the file's last seq
     assert {e["probe"] for e in events} == {"android_dumpsys"} and all(e["run_id"] == "run-1" for e in events)
     assert all(e["anon_bytes"] > 0 and e["pss_bytes"] >= e["anon_bytes"] // 2 for e in events)
+    # the app not running: bounded tries, no event, no error
+    gone = tmp_path / "gone.txt"
+    gone.write_text(f"No process found for: {PKG}\n")
+    r = phone.run("sample_meminfo.sh", "--run-id", "run-1", "--out", tmp_path / "none.jsonl", "--count", "1", "--tries", "2",
+                  "--interval", "0", FAKE_ADB_MEMINFO=str(gone))
+    assert "0 dumpsys samples" in r.stderr and not (tmp_path / "none.jsonl").exists()
 
 
 def test_pull_fetches_telemetry_and_adapter(phone, tmp_path):
@@ -231,7 +238,8 @@ def test_profile_runs_deploy_to_report(phone, program, tmp_path, server):
         assert ["reverse", f"tcp:{port}", f"tcp:{port}"] in calls
         assert "telemetry_token" in start
         assert "telemetry server on http://127.0.0.1" in (out / "server.log").read_text()
-        with socket.socket() as s:  # the server was stopped: its port is free again
+        with socket.socket() as s:  # the server was stopped: nothing listens on its port (TIME_WAIT allowed)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
     else:
         assert not any(c[0] == "reverse" for c in calls) and "telemetry_token" not in start

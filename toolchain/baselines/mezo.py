@@ -22,11 +22,11 @@ from torch import Tensor
 
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
-from toolchain.mesp import StepOptions, StepResult, model_loss
+from toolchain.mesp import StepOptions, model_loss
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 
-__all__ = ["DEFAULT_EPS", "MezoResult", "perturbation", "perturb_", "mezo_grad_estimate", "mezo_step"]
+__all__ = ["DEFAULT_EPS", "MezoResult", "MezoEstimate", "perturbation", "perturb_", "mezo_grad_estimate", "mezo_step"]
 
 DEFAULT_EPS = 1e-3  # MeZO's default perturbation scale
 
@@ -34,6 +34,14 @@ DEFAULT_EPS = 1e-3  # MeZO's default perturbation scale
 class MezoResult(NamedTuple):
     loss: Tensor        # [] (L+ + L-) / 2, the loss at theta up to O(eps^2)
     projected: Tensor   # [] g_proj = (L+ - L-) / (2 eps)
+
+
+class MezoEstimate(NamedTuple):
+    """Like `StepResult` (loss, grads), plus the scalar the estimate is made of."""
+
+    loss: Tensor          # [] (L+ + L-) / 2
+    grads: LoraWeights    # g_proj * z, per layer and target
+    projected: Tensor     # [] g_proj
 
 
 def _tensors(lora: LoraWeights) -> Iterator[Tensor]:
@@ -70,7 +78,7 @@ def _spsa(arch, weights, lora, cfg, input_ids, labels, seed, eps, options) -> Me
 
 def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig,
                        input_ids: Tensor, labels: Tensor, *, seed: int = 0, eps: float = DEFAULT_EPS,
-                       options: StepOptions = StepOptions()) -> StepResult:
+                       options: StepOptions = StepOptions()) -> MezoEstimate:
     """One SPSA estimate g_hat = g_proj * z of the LoRA gradient, in the structure `mesp_step` returns.
 
     The caller's `lora` is left untouched (the estimate perturbs a copy); materializing g_hat is for
@@ -81,7 +89,7 @@ def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeight
         eps: perturbation scale. Default: 1e-3.
 
     Returns:
-        StepResult with loss (L+ + L-) / 2 and the estimate per layer and target.
+        loss (L+ + L-) / 2, the estimate per layer and target, and g_proj.
     """
     work = tuple({t: LoraPair(p.a.detach().clone(), p.b.detach().clone()) for t, p in layer.items()} for layer in lora)
     res = _spsa(arch, weights, work, cfg, input_ids, labels, seed, eps, options)
@@ -90,7 +98,7 @@ def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeight
                   for layer in lora)
     # Re-key in the caller's target order (the same keys; dict order follows the config).
     grads = tuple({t: g[t] for t in layer} for g, layer in zip(grads, lora))
-    return StepResult(res.loss, grads)
+    return MezoEstimate(res.loss, grads, res.projected)
 
 
 def mezo_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,

@@ -26,7 +26,8 @@ from toolchain.memory.measure import PHONE_LIKE_MALLOC_ENV
 from toolchain.mesp import StepOptions
 from toolchain.models import PRESETS, Qwen25Arch
 
-__all__ = ["BENCH_MODES", "COUNTED", "MemoryBenchConfig", "run_memory_bench", "format_table"]
+__all__ = ["BENCH_MODES", "COUNTED", "MemoryBenchConfig", "run_memory_bench", "format_table", "call_worker",
+           "check_config", "host_info"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch")
 
@@ -129,7 +130,8 @@ def _worker(args: list[str], threads: int, extra_env: dict[str, str] | None = No
         raise RuntimeError(f"benchmark worker {args[0]} exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
 
 
-def _call(tmp: Path, command: str, spec: dict, threads: int, env: dict[str, str] | None = None) -> Any:
+def call_worker(tmp: Path, command: str, spec: dict, threads: int, env: dict[str, str] | None = None) -> Any:
+    """Run `python -m toolchain.bench.worker COMMAND` on `spec` (files in `tmp`); returns its output."""
     tag = f"{command}-{spec.get('mode', 'all')}"
     spec_path, out_path = tmp / f"spec-{tag}.json", tmp / f"out-{tag}.json"
     spec_path.write_text(json.dumps(spec))
@@ -137,7 +139,8 @@ def _call(tmp: Path, command: str, spec: dict, threads: int, env: dict[str, str]
     return None if command == "prepare" else json.loads(out_path.read_text())
 
 
-def _check(config: MemoryBenchConfig) -> Qwen25Arch | None:
+def check_config(config: MemoryBenchConfig) -> Qwen25Arch | None:
+    """Validate what needs the model before anything runs; returns the preset's arch (None: checkpoint)."""
     arch = PRESETS.get(config.model)
     if arch is None and config.init == "random":
         raise BadInput(f"unknown preset {config.model!r}; --init random needs one of {', '.join(PRESETS)}")
@@ -146,9 +149,10 @@ def _check(config: MemoryBenchConfig) -> Qwen25Arch | None:
     if "executorch" in config.modes:
         import importlib
 
-        if getattr(importlib.import_module("toolchain.runtime"), "run_executorch_step", None) is None \
-                or config.program_dir is None:
+        if getattr(importlib.import_module("toolchain.runtime"), "run_executorch_step", None) is None:
             raise BadInput("executorch mode needs an exported program: not available yet")
+        if config.program_dir is None:
+            raise BadInput("--modes executorch needs --program DIR, a program directory written by `toolchain export`")
     return arch
 
 
@@ -171,21 +175,22 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
         BadInput: invalid configuration, or the executorch mode without its runtime hook.
     """
     notify = on_mode or (lambda stage: None)
-    arch = _check(config)
+    arch = check_config(config)
     weights_dir = weights_cache_dir(config.cache_dir, config.model, config.init, config.seed)
     spec = _spec(config, weights_dir)
     env = PHONE_LIKE_MALLOC_ENV if config.allocator == "phone-like" else None
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp_name:
         tmp = Path(tmp_name)
         notify("weights")
-        _call(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
-                               "seed": config.seed}, config.threads)
+        if not (weights_dir / ARCH_FILE).is_file():
+            call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
+                                         "init": config.init, "seed": config.seed}, config.threads)
         rows = []
         for mode in config.modes:
             notify(mode)
-            rows.append(_call(tmp, "memory", dict(spec, mode=mode), config.threads, env))
+            rows.append(call_worker(tmp, "memory", dict(spec, mode=mode), config.threads, env))
         notify("timing")
-        timing = _call(tmp, "timing", dict(spec, modes=list(config.modes)), config.threads)
+        timing = call_worker(tmp, "timing", dict(spec, modes=list(config.modes)), config.threads)
     arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
@@ -194,10 +199,10 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
                                               config.step_options()).as_mb()
     return {"schema_version": 1, "config": config.as_json(), "results": rows,
             "counted": COUNTED + _ALLOCATOR_NOTE[config.allocator], "reference_mode": timing["reference_mode"],
-            "host": _host()}
+            "host": host_info()}
 
 
-def _host() -> dict[str, Any]:
+def host_info() -> dict[str, Any]:
     import platform
 
     import torch

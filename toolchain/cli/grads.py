@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -13,8 +14,9 @@ from toolchain.cli.options import data_option, load_model_and_adapter, lora_opti
 @model_options(default_model=None)
 @lora_options
 @data_option
-@click.option("--mode", type=click.Choice(["mesp", "mebp", "autograd"]), default="mesp", show_default=True,
-              help="How to compute the gradients (all exact; they differ in memory and time).")
+@click.option("--mode", type=click.Choice(["mesp", "mebp", "autograd", "mezo"]), default="mesp", show_default=True,
+              help="How to compute the gradients (mesp, mebp, autograd: exact, they differ in memory and time; "
+                   "mezo: one SPSA estimate from two forwards, perturbation seed --seed).")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path), required=True,
               help="Output .safetensors; keys as in the adapter's adapter_model.safetensors.")
 def grads(model, init, seed, adapter, rank, alpha, targets, data, mode, out) -> None:
@@ -22,14 +24,15 @@ def grads(model, init, seed, adapter, rank, alpha, targets, data, mode, out) -> 
     from safetensors.torch import save as save_bytes
 
     from toolchain.atomic import atomic_write_bytes
-    from toolchain.baselines import autograd_step, mebp_step
+    from toolchain.baselines import autograd_step, mebp_step, mezo_grad_estimate
     from toolchain.dataset import load_examples
     from toolchain.lora import lora_state_dict
     from toolchain.mesp import mesp_step
 
     arch, weights, cfg, lora = load_model_and_adapter(model, init, seed, adapter, rank, alpha, targets)
     example = load_examples(data, arch, limit=1)[0]
-    step = {"mesp": mesp_step, "mebp": mebp_step, "autograd": autograd_step}[mode]
+    step = {"mesp": mesp_step, "mebp": mebp_step, "autograd": autograd_step,
+            "mezo": functools.partial(mezo_grad_estimate, seed=seed)}[mode]
     result = step(arch, weights, lora, cfg, example.input_ids, example.labels)
     tensors = {k: v.detach().contiguous() for k, v in lora_state_dict(result.grads).items()}
     atomic_write_bytes(out, save_bytes(tensors, metadata={"loss": f"{float(result.loss):.9g}", "mode": mode}))

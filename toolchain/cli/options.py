@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-__all__ = ["model_options", "lora_options", "data_option", "lora_config_from", "load_model_and_adapter"]
+__all__ = ["model_options", "lora_options", "lora_shape_options", "data_option", "lora_config_from", "load_model_and_adapter"]
 
 TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or 'all'"
 
@@ -27,11 +27,17 @@ def model_options(default_model: str | None = "tiny", *, required: bool | None =
     return deco
 
 
-def lora_options(f):
+def lora_shape_options(f):
+    """--rank, --alpha, --targets: a fresh adapter's shape (commands that take no --adapter)."""
     f = click.option("--targets", default="all", show_default=True, help=TARGETS_HELP)(f)
     f = click.option("--alpha", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="LoRA alpha; scale = alpha / rank.  [default: 2 x rank]")(f)
     f = click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True, help="LoRA rank.")(f)
+    return f
+
+
+def lora_options(f):
+    f = lora_shape_options(f)
     f = click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
                      help="Start from this PEFT adapter directory (its config overrides --rank/--alpha/--targets).")(f)
     return f

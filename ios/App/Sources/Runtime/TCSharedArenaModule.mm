@@ -4,13 +4,9 @@
 #include <string>
 #include <vector>
 
-#include <executorch/extension/module/module.h>
-#include <executorch/extension/tensor/tensor.h>
+#include "SharedArenaCore.hpp"
 
-using executorch::extension::Module;
-using executorch::extension::make_tensor_ptr;
 using executorch::runtime::Error;
-using executorch::runtime::EValue;
 
 static NSString *const TCErrorDomain = @"org.onphonellm.trainer.executorch";
 
@@ -24,19 +20,14 @@ static BOOL TCFail(NSError **error, NSString *what, Error code) {
 }
 
 @implementation TCSharedArenaModule {
-  std::unique_ptr<Module> _module;
+  std::unique_ptr<tc::SharedArenaCore> _core;
 }
 
 - (nullable instancetype)initWithPath:(NSString *)path error:(NSError **)error {
   self = [super init];
   if (self) {
-    _module = std::make_unique<Module>(std::string(path.UTF8String),
-                                       Module::LoadMode::Mmap,
-                                       /*event_tracer=*/nullptr,
-                                       /*memory_allocator=*/nullptr,
-                                       /*temp_allocator=*/nullptr,
-                                       /*share_memory_arenas=*/true);
-    const Error status = _module->load();
+    _core = std::make_unique<tc::SharedArenaCore>(std::string(path.UTF8String));
+    const Error status = _core->load();
     if (status != Error::Ok) {
       TCFail(error, [NSString stringWithFormat:@"cannot load %@", path], status);
       return nil;
@@ -46,11 +37,8 @@ static BOOL TCFail(NSError **error, NSString *what, Error code) {
 }
 
 - (BOOL)loadMethod:(NSString *)name error:(NSError **)error {
-  const Error status = _module->load_method(std::string(name.UTF8String));
-  if (status != Error::Ok) {
-    return TCFail(error, [NSString stringWithFormat:@"cannot load method %@", name], status);
-  }
-  return YES;
+  const Error status = _core->load_method(std::string(name.UTF8String));
+  return status == Error::Ok ? YES : TCFail(error, [NSString stringWithFormat:@"cannot load method %@", name], status);
 }
 
 - (nullable NSNumber *)trainStep:(NSString *)method
@@ -58,50 +46,35 @@ static BOOL TCFail(NSError **error, NSString *what, Error code) {
                           labels:(NSData *)labels
                               lr:(float)lr
                            error:(NSError **)error {
-  const auto *ids = static_cast<const int64_t *>(inputIds.bytes);
-  const auto *lab = static_cast<const int64_t *>(labels.bytes);
-  const auto count = static_cast<executorch::aten::SizesType>(inputIds.length / sizeof(int64_t));
-  auto idsTensor = make_tensor_ptr({count}, std::vector<int64_t>(ids, ids + count));
-  auto labelsTensor = make_tensor_ptr({count}, std::vector<int64_t>(lab, lab + count));
-  auto lrTensor = make_tensor_ptr({1}, std::vector<float>{lr});
-  const auto result = _module->execute(std::string(method.UTF8String),
-                                       std::vector<EValue>{EValue(*idsTensor), EValue(*labelsTensor), EValue(*lrTensor)});
-  if (!result.ok()) {
-    TCFail(error, [NSString stringWithFormat:@"%@ failed", method], result.error());
+  if (inputIds.length != labels.length || inputIds.length % sizeof(int64_t) != 0) {
+    TCFail(error, @"input_ids and labels must be int64 arrays of one length", Error::InvalidArgument);
     return nil;
   }
-  const auto &outputs = result.get();
-  if (outputs.empty() || !outputs[0].isTensor()) {
-    TCFail(error, [NSString stringWithFormat:@"%@ returned no loss tensor", method], Error::InvalidProgram);
+  float loss = 0;
+  const Error status = _core->train_step(std::string(method.UTF8String),
+                                         static_cast<const int64_t *>(inputIds.bytes),
+                                         static_cast<const int64_t *>(labels.bytes),
+                                         inputIds.length / sizeof(int64_t), lr, &loss);
+  if (status != Error::Ok) {
+    TCFail(error, [NSString stringWithFormat:@"%@ failed", method], status);
     return nil;
   }
-  return @(outputs[0].toTensor().const_data_ptr<float>()[0]);
+  return @(loss);
 }
 
 - (nullable NSData *)getState:(NSError **)error {
-  const auto result = _module->execute("get_state");
-  if (!result.ok()) {
-    TCFail(error, @"get_state failed", result.error());
+  std::vector<float> state;
+  const Error status = _core->get_state(&state);
+  if (status != Error::Ok) {
+    TCFail(error, @"get_state failed", status);
     return nil;
   }
-  const auto &outputs = result.get();
-  if (outputs.empty() || !outputs[0].isTensor()) {
-    TCFail(error, @"get_state returned no tensor", Error::InvalidProgram);
-    return nil;
-  }
-  const auto &state = outputs[0].toTensor();
-  return [NSData dataWithBytes:state.const_data_ptr<float>() length:state.numel() * sizeof(float)];
+  return [NSData dataWithBytes:state.data() length:state.size() * sizeof(float)];
 }
 
 - (BOOL)setState:(NSData *)state error:(NSError **)error {
-  const auto *values = static_cast<const float *>(state.bytes);
-  const auto count = static_cast<executorch::aten::SizesType>(state.length / sizeof(float));
-  auto tensor = make_tensor_ptr({count}, std::vector<float>(values, values + count));
-  const auto result = _module->execute("set_state", std::vector<EValue>{EValue(*tensor)});
-  if (!result.ok()) {
-    return TCFail(error, @"set_state failed", result.error());
-  }
-  return YES;
+  const Error status = _core->set_state(static_cast<const float *>(state.bytes), state.length / sizeof(float));
+  return status == Error::Ok ? YES : TCFail(error, @"set_state failed", status);
 }
 
 @end

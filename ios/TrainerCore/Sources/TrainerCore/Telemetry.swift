@@ -85,6 +85,20 @@ public final class TelemetryLog: TelemetrySink {
     public func append(_ event: TelemetryEvent) throws {
         try appendLine(try event.jsonLine(), to: url)
     }
+
+    /// The first seq of `runId` not used in the log: resuming after a kill continues after the
+    /// last event written, even when the checkpoint is older. Streams the file line by line.
+    public func nextSeq(runId: String) -> Int {
+        guard let data = try? Data(contentsOf: url, options: .alwaysMapped) else { return 0 }
+        // Lines are compact JSON with sorted keys, so a run's lines contain `"run_id":"<id>",`.
+        let quoted = (try? JSONValue.string(runId).jsonData()).map { String(decoding: $0, as: UTF8.self) } ?? "\"\(runId)\""
+        let needle = Data("\"run_id\":\(quoted),".utf8)
+        var next = 0
+        for line in data.split(separator: UInt8(ascii: "\n")) where line.range(of: needle) != nil {
+            if let seq = (try? TelemetryEvent.parse(line: Data(line)))?.seq { next = max(next, seq + 1) }
+        }
+        return next
+    }
 }
 
 func appendLine(_ line: Data, to url: URL) throws {
@@ -103,12 +117,20 @@ func appendLine(_ line: Data, to url: URL) throws {
     }
 }
 
+/// An event waiting for upload: its identity and its exact JSON line (what is sent, byte for byte).
+public struct QueuedEvent: Equatable {
+    public let runId: String
+    public let seq: Int
+    public let line: Data
+}
+
 /// Events waiting for upload, kept on disk (`pending.jsonl`) so they survive a kill; events the
 /// server refused for good go to `rejected.jsonl`. `sent.json` remembers the next seq per run after
-/// what was uploaded, so a resumed run never reuses a seq the server already holds.
+/// what was uploaded, so a resumed run never reuses a seq the server already holds. Holds the JSON
+/// lines, not parsed events, to stay small in a memory-budgeted app.
 public final class TelemetryQueue: TelemetrySink {
     public let directory: URL
-    private var pendingEvents: [TelemetryEvent] = []
+    private var queued: [QueuedEvent] = []
     private var sentNextSeq: [String: Int] = [:]
     /// Lines of pending.jsonl that could not be read back (a write cut by a crash).
     public private(set) var unreadableLines = 0
@@ -122,7 +144,11 @@ public final class TelemetryQueue: TelemetrySink {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         if let data = try? Data(contentsOf: pendingURL) {
             for line in data.split(separator: UInt8(ascii: "\n")) where !line.isEmpty {
-                if let e = try? TelemetryEvent.parse(line: Data(line)) { pendingEvents.append(e) } else { unreadableLines += 1 }
+                if let e = try? TelemetryEvent.parse(line: Data(line)) {
+                    queued.append(QueuedEvent(runId: e.runId, seq: e.seq, line: try e.jsonLine()))
+                } else {
+                    unreadableLines += 1
+                }
             }
         }
         if let data = try? Data(contentsOf: sentURL), let map = try? JSONDecoder().decode([String: Int].self, from: data) {
@@ -130,16 +156,17 @@ public final class TelemetryQueue: TelemetrySink {
         }
     }
 
-    public var pending: [TelemetryEvent] { pendingEvents }
+    public var pending: [QueuedEvent] { queued }
 
     public func append(_ event: TelemetryEvent) throws {
-        try appendLine(try event.jsonLine(), to: pendingURL)
-        pendingEvents.append(event)
+        let line = try event.jsonLine()
+        try appendLine(line, to: pendingURL)
+        queued.append(QueuedEvent(runId: event.runId, seq: event.seq, line: line))
     }
 
     /// The first seq of `runId` not yet used by any event this queue has seen.
     public func nextSeq(runId: String) -> Int {
-        let pendingMax = pendingEvents.filter { $0.runId == runId }.map(\.seq).max().map { $0 + 1 } ?? 0
+        let pendingMax = queued.filter { $0.runId == runId }.map(\.seq).max().map { $0 + 1 } ?? 0
         return max(pendingMax, sentNextSeq[runId] ?? 0)
     }
 
@@ -154,15 +181,15 @@ public final class TelemetryQueue: TelemetrySink {
     }
 
     private func drop(_ count: Int, rejected: Bool) throws {
-        let batch = Array(pendingEvents.prefix(count))
+        let batch = Array(queued.prefix(count))
         for e in batch { sentNextSeq[e.runId] = max(sentNextSeq[e.runId] ?? 0, e.seq + 1) }
-        if rejected { for e in batch { try appendLine(try e.jsonLine(), to: rejectedURL) } }
+        if rejected { for e in batch { try appendLine(e.line, to: rejectedURL) } }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         try AtomicFiles.write(try encoder.encode(sentNextSeq), to: sentURL)
-        pendingEvents.removeFirst(batch.count)
+        queued.removeFirst(batch.count)
         var rest = Data()
-        for e in pendingEvents { rest += try e.jsonLine() + Data([UInt8(ascii: "\n")]) }
+        for e in queued { rest += e.line + Data([UInt8(ascii: "\n")]) }
         try AtomicFiles.write(rest, to: pendingURL)
     }
 }

@@ -75,7 +75,7 @@ public final class TelemetryUploader {
             var body = Data("[".utf8)
             for (i, e) in batch.enumerated() {
                 if i > 0 { body += Data(",".utf8) }
-                body += try e.jsonLine()
+                body += e.line
             }
             body += Data("]".utf8)
             let request = TelemetryRequest(url: endpoint, body: body, headers: [

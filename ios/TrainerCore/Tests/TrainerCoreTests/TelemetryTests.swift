@@ -37,6 +37,24 @@ final class TelemetrySchemaTests: XCTestCase {
     }
 }
 
+final class TelemetryLogTests: XCTestCase {
+    /// Without an upload queue, the JSONL log is what tells a resumed run its next seq.
+    func testLogRemembersTheNextSeqPerRun() throws {
+        let dir = try tempDir()
+        let log = TelemetryLog(url: dir.appendingPathComponent("Telemetry/events.jsonl"))
+        XCTAssertEqual(log.nextSeq(runId: "ios-a"), 0)
+        let a = try TelemetryRecorder(runId: "ios-a", sinks: [log])
+        let b = try TelemetryRecorder(runId: "ios-a-2", startSeq: 40, sinks: [log])
+        for _ in 0..<3 { try a.emit("thermal", ["state": .string("nominal")]) }
+        try b.emit("thermal", ["state": .string("fair")])
+        XCTAssertEqual(log.nextSeq(runId: "ios-a"), 3, "ios-a-2 must not count for ios-a")
+        XCTAssertEqual(log.nextSeq(runId: "ios-a-2"), 41)
+        let lines = try String(contentsOf: log.url, encoding: .utf8).split(separator: "\n")
+        XCTAssertEqual(lines.count, 4)
+        XCTAssertTrue(lines.allSatisfy { TelemetrySchema.errors(inDocument: Data($0.utf8)).isEmpty })
+    }
+}
+
 final class UploaderTests: XCTestCase {
     private func queue(_ dir: URL, events n: Int, runId: String = "ios-up-1") throws -> TelemetryQueue {
         let q = try TelemetryQueue(directory: dir)

@@ -78,6 +78,29 @@ final class TrainerTests: XCTestCase {
         XCTAssertEqual(sink.events.last?.fields["status"], .string("completed"))
     }
 
+    /// The exported tiny program's manifest (shared_schemas/examples/manifest_tiny.json), the example
+    /// data row, the fake runtime: a whole session, then the adapter written the PEFT way.
+    func testTrainsTheExampleProgramEndToEnd() throws {
+        let m = try ProgramManifest.decode(try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json")))
+        let rows = try DataRow.parseJSONL(try Repo.data(Repo.examples.appendingPathComponent("data_row.json")))
+        let rt = FakeRuntime(manifest: m)
+        let sink = MemorySink()
+        let dir = try tempDir()
+        let t = try Trainer(manifest: m, programName: "tiny", runtime: rt, examples: try Batcher(manifest: m).padAll(rows),
+                            config: RunConfig(steps: 4, lr: Float(m.optimizer.defaultLr ?? 1e-4)), device: testDevice,
+                            checkpoint: CheckpointStore(url: dir.appendingPathComponent("c.safetensors")), telemetry: [sink])
+        try t.start(runId: "ios-example")
+        XCTAssertEqual(try t.run(), .completed)
+        XCTAssertEqual(rt.calls.filter { $0.hasPrefix("train_step") }, ["train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1"])
+        for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
+        XCTAssertEqual(sink.events[0].fields["quant"], .string(m.quant.kind))
+        try t.exportAdapter(to: dir.appendingPathComponent("adapter"))
+        let st = try Safetensors.decode(try Data(contentsOf: dir.appendingPathComponent("adapter/adapter_model.safetensors")))
+        XCTAssertEqual(Set(st.tensors.keys), Set(m.state.entries.filter { $0.role == "param" }.map(\.key)))
+        XCTAssertEqual(try JSONValue.parse(try Data(contentsOf: dir.appendingPathComponent("adapter/adapter_config.json"))),
+                       m.adapter.config)
+    }
+
     /// A step through phase k only moves the LoRA parameters of phase k's layers.
     func testAStepMovesOnlyItsPhaseLayers() throws {
         let m = try TinyManifest.manifest(layers: 4, lcsb: true)

@@ -86,17 +86,19 @@ class TrainingService : Service() {
             val config = RunConfig(req.runId, req.steps, req.lr ?: manifest.defaultLr ?: 1e-4, budget, runInfo(req, total),
                 checkpointEvery = req.checkpointEvery, shuffleSeed = req.shuffleSeed)
             TrainingStatus.begin(req.runId, req.steps, budget)
-            ExecuTorchRuntime(File(req.programDir, manifest.programFile)).use { runtime ->
+            val queue = ExecuTorchRuntime(File(req.programDir, manifest.programFile)).use { runtime ->
                 val trainer = Trainer(manifest, schedule, rows, runtime, probe, config, runDir, Clock.System,
                     RunControl { TrainingStatus.stopRequested() }, Progress())
                 val queue = uploadQueue(req, runDir)
                 uploader = queue?.let { q -> Thread({ uploadLoop(q) }, "telemetry-upload").also { it.start() } }
                 val outcome = trainer.run()
                 TrainingStatus.message = "${outcome.status}: ${outcome.message}"
-                uploader?.interrupt()
-                uploader?.join(2000)
-                queue?.drain(Clock.System, System.currentTimeMillis() + 30_000)
+                queue
             }
+            // The program is unloaded; send what is left (the pulled log has it all in any case).
+            uploader?.interrupt()
+            uploader?.join(2000)
+            queue?.drain(Clock.System, System.currentTimeMillis() + 30_000)
         } catch (e: Exception) {
             Log.e(TAG, "training failed", e)
             TrainingStatus.message = "failed: ${e.message}"

@@ -59,6 +59,19 @@ class ContractTest {
     }
 
     @Test
+    fun `program files are checked against the manifest's sha256 (a partial adb push is caught)`() {
+        val dir = Fixtures.tempDir()
+        val pte = java.io.File(dir, "model.pte").apply { writeBytes(ByteArray(100_000) { (it % 251).toByte() }) }
+        val sha = java.security.MessageDigest.getInstance("SHA-256").digest(pte.readBytes()).joinToString("") { "%02x".format(it) }
+        val m = Manifest.parse(Fixtures.manifestJson().replace("0".repeat(64), sha))
+        m.verifyFiles(dir)
+        pte.writeBytes(pte.readBytes().copyOf(50_000)) // truncated push
+        assertTrue(assertThrows<ContractError> { m.verifyFiles(dir) }.message!!.contains("does not match its sha256"))
+        pte.delete()
+        assertTrue(assertThrows<ContractError> { m.verifyFiles(dir) }.message!!.contains("model.pte is missing"))
+    }
+
+    @Test
     fun `step plan examples parse and invalid plans are refused`() {
         val plans = Fixtures.examples("step_plan_")
         assertTrue(plans.size >= 4)

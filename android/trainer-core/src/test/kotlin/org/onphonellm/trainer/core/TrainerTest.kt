@@ -117,6 +117,28 @@ class TrainerTest {
     }
 
     @Test
+    fun `a runtime failure mid-run ends the run as failed with the error logged and the last checkpoint kept`() {
+        val m = Fixtures.manifest()
+        val base = FakeRuntime(m)
+        val rt = object : TrainingRuntime by base {
+            override fun trainStep(method: String, inputIds: LongArray, labels: LongArray, lr: Float): Float {
+                if (base.calls.size == 3) throw IllegalStateException("Execution of method train_step_p1 failed with status 0x12")
+                return base.trainStep(method, inputIds, labels, lr)
+            }
+        }
+        val dir = Fixtures.tempDir()
+        val out = trainer(m, rt, dir, config(steps = 8, every = 2)).run()
+        assertEquals("failed", out.status)
+        assertEquals(3L, out.stepsCompleted)
+        assertEquals(2L, CheckpointStore(RunDir(dir).checkpoint).load(m.stateNumel).step)
+        val err = events(dir).first { it["type"] == Json.Str("error") }
+        assertEquals(Json.Str("runtime_error"), err["code"])
+        assertTrue((err["message"] as Json.Str).value.contains("status 0x12"))
+        assertEquals(Json.Str("failed"), events(dir).last()["status"])
+        assertValidTelemetry(dir)
+    }
+
+    @Test
     fun `over budget before the first step, the run does not start`() {
         val m = Fixtures.manifest(arenaBytes = 900L shl 20)
         val rt = FakeRuntime(m)

@@ -1,0 +1,74 @@
+"""`toolchain bench memory` end to end on the tiny preset (real worker processes; nothing is timed
+here): the JSON report follows its schema, the exact modes' gradients agree, the weights were
+memory-mapped (not counted), and bad input exits 2 without writing a report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from toolchain.cli import cli
+from toolchain.schemas import validation_errors
+
+BASE = ["bench", "memory", "--model", "tiny", "--init", "random", "--seq-len", "32"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    out = tmp / "report.json"
+    result = CliRunner().invoke(cli, [*BASE, "--modes", "mebp,mesp,mezo", "--cache-dir", str(tmp / "cache"),
+                                      "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())
+
+
+def test_report_follows_the_schema_and_names_what_it_counted(report):
+    _, doc = report
+    assert validation_errors("bench_memory", doc) == []
+    assert [r["mode"] for r in doc["results"]] == ["mebp", "mesp", "mezo"]
+    assert "memory-mapped" in doc["counted"] and "VmHWM - RssFile - RssShmem" in doc["counted"]
+    assert (doc["config"]["seq_len"], doc["config"]["rank"], doc["config"]["lr"]) == (32, 8, 1e-4)
+
+
+def test_exact_modes_agree_and_mezo_has_no_exact_gradient(report):
+    _, doc = report
+    rows = {r["mode"]: r for r in doc["results"]}
+    assert doc["reference_mode"] == "mebp"
+    assert rows["mebp"]["grad_max_rel_diff"] == 0.0
+    assert 0 < rows["mesp"]["grad_max_rel_diff"] < 1e-4      # float32, different summation order
+    assert rows["mezo"]["grad_max_rel_diff"] is None
+    assert rows["mesp"]["loss"] == pytest.approx(rows["mebp"]["loss"], rel=1e-4)
+
+
+def test_weights_are_mapped_not_counted(report):
+    _, doc = report
+    for r in doc["results"]:
+        assert r["mapped_file_mb"] > 0 and r["file_drift_mb"] == 0
+        assert 0 < r["peak_mb"] < 64            # tiny's whole step; its weights alone are 1 MB, the runtime ~200 MB
+        assert r["resident_before_step_mb"] <= r["peak_mb"]
+        assert set(r["breakdown"]) >= {"lora_params_mb", "grads_mb", "checkpoints_mb", "largest_transient_mb"}
+
+
+def test_table_is_printed(report):
+    result, _ = report
+    lines = result.stdout.splitlines()
+    assert lines[1].split()[:3] == ["mode", "peak", "MB"]
+    assert [line.split()[0] for line in lines[3:6]] == ["mebp", "mesp", "mezo"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modes", "mebp,sgd"], "unknown mode(s) sgd"),
+    (["--modes", "mesp,mesp"], "lists a mode twice"),
+    (["--modes", "mesp,executorch"], "needs --program"),
+    (["--seq-len", "4096"], "exceeds tiny's 512 positions"),
+    (["--targets", "qq_proj"], "unknown LoRA target"),
+])
+def test_bad_input_exits_2_without_a_report(tmp_path, args, message):
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, [*BASE, *args, "--cache-dir", str(tmp_path / "cache"), "--json", str(out)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not out.exists()
