@@ -137,7 +137,7 @@ else
     log "host-interop skipped (needs the JUnit run, $REPO/.venv and $MANIFEST_EXAMPLE)"
 fi
 
-[ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$BUILD"
+[ "${KEEP_BUILD:-0}" = 1 ] || { rm -rf "$BUILD"; rmdir "$HERE/build" 2>/dev/null || true; }
 log "JUnit: $tests_passed passed, $tests_failed failed, $tests_skipped skipped (assumptions); compile checks: $checks_passed passed, $checks_failed failed"
 passed=$((tests_passed + checks_passed))
 failed=$((tests_failed + checks_failed))

@@ -27,8 +27,13 @@ swift_chroot_ensure() {
         DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >&2
     fi
-    # A half-made chroot (killed install) is removed and made again.
+    # A half-made chroot (killed install) is removed and made again, but never while anything is
+    # mounted inside it (a bind-mounted repository or /dev would be deleted with it).
     swift_chroot_unmount
+    if grep -q " $SWIFT_CHROOT/" /proc/mounts 2>/dev/null; then
+        echo "Error: something is still mounted under $SWIFT_CHROOT (see /proc/mounts); unmount it first" >&2
+        return 2
+    fi
     rm -rf "$SWIFT_CHROOT"
     mkdir -p "$(dirname "$SWIFT_CHROOT")"
     local keyring=/usr/share/keyrings/debian-archive-keyring.gpg

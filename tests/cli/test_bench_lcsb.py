@@ -34,6 +34,9 @@ def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
     assert (cfg["model"], cfg["steps"], cfg["seq_len"], cfg["k"], cfg["lr"]) == ("tiny", 10, 64, 2, 1e-2)
     assert cfg["plan"]["phases"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert cfg["pretrain"]["steps"] == 4 and cfg["pretrain_steps"] == 4
+    cos = report["surrogate_cosine"]
+    assert len(cos) == 8 and cos[6:] == pytest.approx([1.0, 1.0], abs=1e-9)  # nothing above them skipped
+    assert cos[0] < 0.999                                                     # a surrogate, not the gradient
     assert "speedup" in result.stdout and "loss_gap" in result.stdout
 
 

@@ -19,6 +19,8 @@ Reported (top-level keys of the bench_lcsb document):
   loss_gap                    mean over the last 10% of steps of (loss_lcsb - loss_full) / loss_full,
                               both losses of the same example at the same step (before its update)
   val_loss_*                  loss of the final adapters on the held-out tail of the corpus
+  surrogate_cosine            per layer, cosine between its LCSB and its exact gradient (final LCSB
+                              adapter, first held-out example): how far the stop-gradient surrogate is
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ import torch
 from toolchain.dataset import ByteTokenizer, Example, bundled_examples
 from toolchain.errors import BadInput
 from toolchain.lcsb import AdamW, make_plan
-from toolchain.lcsb.plan import Policy
-from toolchain.lora import LoraConfig, LoraWeights, init_lora
+from toolchain.lcsb.plan import Policy, StepPlan
+from toolchain.lora import LoraConfig, LoraWeights, init_lora, lora_state_dict
+from toolchain.mesp import mesp_step
 from toolchain.models import PRESETS, LayerWeights, ModelWeights, Qwen25Arch, random_weights
 from toolchain.train import TrainConfig, evaluate, start_run, train, train_step
 
-__all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora"]
+__all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine"]
 
 # A Qwen2.5-shaped model small enough for a 2-core host: head dim 64, GQA, MLP width 5.5 x hidden
 # (as the 0.5B), byte-level vocabulary so that the LM head does not dwarf the blocks.
@@ -191,12 +194,30 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
     compare_s = time.perf_counter() - t_start
     val = {arm: evaluate(arch, weights, cfg, states[arm].lora, val_rows) for arm in plans}
     report = _report(config, losses, times, val0, val)
+    with torch.no_grad():
+        report["surrogate_cosine"] = surrogate_cosine(arch, weights, cfg, states["lcsb"].lora, plans["lcsb"],
+                                                      val_rows[0])
     report["config"] = {**asdict(config), "arch": asdict(arch), "plan": plans["lcsb"].to_dict(), "optimizer": "adamw",
                         "betas": [0.9, 0.999], "eps": 1e-8, "targets": list(cfg.targets), "batch": 1,
                         "train_examples": len(train_rows), "val_examples": len(val_rows), "pretrain": pretrain}
     report["host"] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
                       "compare_s": compare_s, "pretrain_s": pretrain["seconds"] if pretrain else 0.0}
     return report
+
+
+def surrogate_cosine(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, plan: StepPlan,
+                     example: Example) -> list[float]:
+    """Per layer: cosine between its LCSB gradient (mean over the phases that select it) and its exact
+    gradient, on one example. 1.0 means exact (every layer above it selected too)."""
+    exact = mesp_step(arch, weights, lora, cfg, example.input_ids, example.labels).grads
+    cosines: list[list[float]] = [[] for _ in range(arch.layers)]
+    for phase in plan.phases:
+        grads = mesp_step(arch, weights, lora, cfg, example.input_ids, example.labels, backward_layers=phase).grads
+        for i in phase:
+            a, b = (torch.cat([t.flatten().double() for t in lora_state_dict((g[i],)).values()])
+                    for g in (grads, exact))
+            cosines[i].append(float(a @ b / (a.norm() * b.norm())))
+    return [statistics.fmean(c) for c in cosines]
 
 
 def _report(config, losses, times, val0, val) -> dict[str, Any]:

@@ -17,7 +17,8 @@ def bench() -> None:
 @bench.command("lcsb")
 @click.option("--model", default="mid", show_default=True,
               help="'mid' (a 12-layer Qwen2.5-shaped model with a byte vocabulary) or a preset; random weights.")
-@click.option("--steps", type=click.IntRange(min=10), default=None, help="Fine-tuning steps of each arm.  [default: 300]")
+@click.option("--steps", type=click.IntRange(min=10), default=None,
+              help="Fine-tuning steps of each arm.  [default: 300]")
 @click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Tokens per example.  [default: 128]")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None, help="LCSB layers per step.  [default: 4]")
 @click.option("--policy", type=click.Choice(["cyclic", "strided", "last", "random"]), default=None,
@@ -67,6 +68,8 @@ def _lcsb_table(report: dict) -> list[str]:
     lines.append(f"speedup {report['speedup']:.3f} (medians: {report['speedup_median']:.3f})  "
                  f"loss_gap {report['loss_gap']:+.4f}  val_loss_gap {report['val_loss_gap']:+.4f}  "
                  f"(val loss before fine-tuning {report['val_loss_initial']:.4f})")
+    lines.append("cosine(LCSB gradient, exact gradient) by layer: "
+                 + " ".join(f"{c:.2f}" for c in report["surrogate_cosine"]))
     return lines
 
 

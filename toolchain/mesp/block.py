@@ -6,7 +6,9 @@ Forward (x [T, d]):
   n2 = rmsnorm(x1); a = silu(lin_gate(n2)) * lin_up(n2);  out = x1 + lin_down(a)
 Backward chains the primitives' backwards in reverse. Nothing of the forward is kept between the
 forward pass and the backward pass but x (the per-layer checkpoint); the MLP (per token) is
-recomputed and differentiated in token chunks so its [C, f] tensors replace [T, f] ones.
+recomputed and differentiated in token chunks so its [C, f] tensors replace [T, f] ones, and its
+down projection is not recomputed at all (its backward needs its input, not its output: 1/3 of
+the MLP's recompute FLOPs). Attention runs one kv group at a time ([H/Hk, T, T] scores).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import torch
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
-from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, RopeTables, attention_backward, attention_forward,
-                                linear_backward, linear_forward,
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RopeTables, attention_backward,
+                                attention_forward, linear_backward, linear_forward,
                                 rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, swiglu_backward,
                                 swiglu_forward)
 from toolchain.models.presets import Qwen25Arch
@@ -110,7 +112,9 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, grads: dict[str, Lor
     u, s_u = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), p.scale)
     a, s_sw = swiglu_forward(g, u)
     del g, u
-    _, s_d = linear_forward(a, w.down_proj, None, p.lora.get("down_proj"), p.scale)
+    # The down projection's output is not needed, only its input: save without recomputing the
+    # [C, f] x [f, d] product (what linear_forward would save for these arguments).
+    s_d = LinearSaved(a, w.down_proj, p.lora.get("down_proj"), p.scale)
     del a                                    # s_d holds `a` until the down projection's backward
     gd = linear_backward(dout, s_d)
     del s_d

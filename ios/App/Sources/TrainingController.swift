@@ -116,15 +116,27 @@ final class TrainingController: ObservableObject {
         return s
     }
 
-    /// The whole session, on `work`. Returns true when the run completed.
-    private nonisolated static func train(_ s: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
-                                          background: Bool, controller: TrainingController?) throws -> Bool {
+    /// What one session needs: the trainer and where its telemetry goes.
+    private struct Session {
+        let trainer: Trainer
+        let footprint: FootprintProbe
+        let queue: TelemetryQueue?
+        let endpoint: URL?
+    }
+
+    private nonisolated static func makeSession(_ s: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
+                                                background: Bool) throws -> Session {
         let dir = paths.programs.appendingPathComponent(s.program)
         let manifest = try ProgramManifest.load(directory: dir)
         let rows = try DataRow.parseJSONL(try Data(contentsOf: paths.data.appendingPathComponent(s.dataFile)), source: s.dataFile)
         let examples = try Batcher(manifest: manifest).padAll(rows, source: s.dataFile)
         let runtime = try makeRuntime(backend: s.backend, directory: dir, manifest: manifest)
-        let queue = try TelemetryQueue(directory: paths.telemetryQueue)
+        // Every event goes to the log; the upload queue only exists with a server to drain it.
+        let log = TelemetryLog(url: paths.telemetryLog)
+        let endpoint = s.telemetryURL.isEmpty ? nil : URL(string: s.telemetryURL)
+        let queue = try endpoint.map { _ in try TelemetryQueue(directory: paths.telemetryQueue) }
+        var sinks: [TelemetrySink] = [log]
+        if let queue { sinks.append(queue) }
         let budget = UInt64(s.budgetMB) << 20
         let footprint = FootprintProbe()
         let trainer = try Trainer(
@@ -132,13 +144,22 @@ final class TrainingController: ObservableObject {
             config: RunConfig(steps: s.steps, lr: Float(s.lr), checkpointEvery: s.checkpointEvery),
             device: DeviceFacts.info(budgetBytes: budget, background: background),
             checkpoint: CheckpointStore(url: paths.checkpoint(program: s.program)),
-            telemetry: [TelemetryLog(url: paths.telemetryLog), queue], usedSeq: queue.nextSeq,
+            telemetry: sinks,
+            usedSeq: { runId in max(log.nextSeq(runId: runId), queue?.nextSeq(runId: runId) ?? 0) },
             probes: MemoryProbes(footprint: footprint, available: AvailableProbe(monitor: monitor), pressure: { monitor.level }),
             budget: BudgetGuard(budgetBytes: budget, plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + manifest.plannedPeakBytes))
-        let uploader = URL(string: s.telemetryURL).flatMap { url -> TelemetryUploader? in
-            guard !s.telemetryURL.isEmpty else { return nil }
-            return TelemetryUploader(queue: queue, endpoint: url, token: s.telemetryToken, transport: URLSessionTransport(),
-                                     maxAttempts: 1, backoff: Backoff(jitter: { $0 * Double.random(in: 0.5...1.5) }))
+        return Session(trainer: trainer, footprint: footprint, queue: queue, endpoint: endpoint)
+    }
+
+    /// The whole session, on `work`. Returns true when the run completed.
+    private nonisolated static func train(_ s: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
+                                          background: Bool, controller: TrainingController?) throws -> Bool {
+        let session = try makeSession(s, paths: paths, monitor: monitor, background: background)
+        let trainer = session.trainer
+        // During the run: one try per flush, so a missing server never stalls training.
+        let uploader = session.queue.flatMap { queue in
+            session.endpoint.map { TelemetryUploader(queue: queue, endpoint: $0, token: s.telemetryToken,
+                                                     transport: URLSessionTransport(), maxAttempts: 1) }
         }
         try trainer.start()
         var thermal = ""
@@ -161,16 +182,7 @@ final class TrainingController: ObservableObject {
             case .trained(let step, let loss):
                 if step % 10 == 0, let battery = DeviceFacts.batteryFields() { try trainer.recorder?.emit("battery", battery) }
                 if step % 10 == 9 { _ = try? uploader?.flush() }
-                let sample = footprint.sample()
-                let available = os_proc_available_memory_mb()
-                Task { @MainActor in
-                    controller?.step = step + 1
-                    controller?.losses.append(loss)
-                    controller?.footprintMB = sample.map { Double($0.anonBytes ?? 0) / 1_048_576 }
-                    controller?.availableMB = available
-                    controller?.pressure = monitor.level
-                    controller?.status = "Step \(step + 1)/\(s.steps), loss \(String(format: "%.4f", loss))"
-                }
+                publish(step: step, loss: loss, of: s.steps, footprint: session.footprint, monitor: monitor, to: controller)
             case .finished: break loop
             case .paused(let why): status = .paused; message = why; break loop
             case .stopped(let why): status = .failed; message = why; break loop
@@ -182,8 +194,9 @@ final class TrainingController: ObservableObject {
             adapter = paths.adapter(runId: runId)
             try trainer.exportAdapter(to: adapter!)
         }
-        if let uploader {
-            let flush = TelemetryUploader(queue: queue, endpoint: uploader.endpoint, token: uploader.token,
+        if let endpoint = session.endpoint, let queue = session.queue {
+            // End of session: retry with backoff (1, 2, 4, 8 s) before leaving events for next time.
+            let flush = TelemetryUploader(queue: queue, endpoint: endpoint, token: s.telemetryToken,
                                           transport: URLSessionTransport(), maxAttempts: 5)
             _ = try? flush.flush()
         }
@@ -194,6 +207,21 @@ final class TrainingController: ObservableObject {
             controller?.lastAdapter = adapter
         }
         return status == .completed
+    }
+
+    private nonisolated static func publish(step: Int, loss: Float, of steps: Int, footprint: FootprintProbe,
+                                            monitor: MemoryPressureMonitor, to controller: TrainingController?) {
+        let sample = footprint.sample()
+        let available = os_proc_available_memory_mb()
+        let pressure = monitor.level
+        Task { @MainActor in
+            controller?.step = step + 1
+            controller?.losses.append(loss)
+            controller?.footprintMB = sample.map { Double($0.anonBytes ?? 0) / 1_048_576 }
+            controller?.availableMB = available
+            controller?.pressure = pressure
+            controller?.status = "Step \(step + 1)/\(steps), loss \(String(format: "%.4f", loss))"
+        }
     }
 
     private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: ProgramManifest) throws -> TrainingRuntime {

@@ -83,12 +83,20 @@ public struct CheckpointMeta: Codable, Equatable {
     public var seq: Int
     /// Loss of every completed step (null when not finite), as the host runner keeps them.
     public var losses: [Float?]
-    /// Size of the state and name of the program it belongs to (absent in host checkpoints).
+    /// Size of the state, name of the program and sha256 of its program file (manifest `files`), so
+    /// a re-export with the same state size is not resumed by mistake (absent in host checkpoints).
     public var stateNumel: Int?
     public var program: String?
+    public var programSha256: String?
+
+    public init(step: Int, runId: String, seq: Int, losses: [Float?], stateNumel: Int? = nil, program: String? = nil,
+                programSha256: String? = nil) {
+        (self.step, self.runId, self.seq, self.losses) = (step, runId, seq, losses)
+        (self.stateNumel, self.program, self.programSha256) = (stateNumel, program, programSha256)
+    }
 
     enum CodingKeys: String, CodingKey {
-        case step, runId = "run_id", seq, losses, stateNumel = "state_numel", program
+        case step, runId = "run_id", seq, losses, stateNumel = "state_numel", program, programSha256 = "program_sha256"
     }
 }
 
@@ -111,8 +119,9 @@ public struct CheckpointStore {
         try AtomicFiles.write(data, to: url)
     }
 
-    /// The saved state and meta, checked against the program (numel).
-    public func load(expectedNumel: Int) throws -> (state: [Float], meta: CheckpointMeta) {
+    /// The saved state and meta, checked against the program (numel, and the program file's sha256
+    /// when both sides know it).
+    public func load(expectedNumel: Int, programSha256: String? = nil) throws -> (state: [Float], meta: CheckpointMeta) {
         AtomicFiles.removeLeftovers(in: url.deletingLastPathComponent())
         let data = try readFile(url, what: "checkpoint")
         func fail(_ why: String) -> TrainerError { .badInput("checkpoint \(url.path) is unreadable (\(why)); delete it to start over") }
@@ -125,6 +134,9 @@ public struct CheckpointStore {
         }
         guard state.count == expectedNumel, meta.stateNumel ?? expectedNumel == expectedNumel else {
             throw TrainerError.badInput("checkpoint \(url.path) has \(state.count) state values, the program \(expectedNumel); it belongs to another program (delete it to start over)")
+        }
+        if let want = programSha256, let got = meta.programSha256, want != got {
+            throw TrainerError.badInput("checkpoint \(url.path) was saved by another export of this program (sha256 \(got.prefix(12))..., now \(want.prefix(12))...); delete it to start over")
         }
         return (state, meta)
     }

@@ -118,7 +118,7 @@ public final class Trainer {
         var seq = 0
         var resumed = false
         if let checkpoint, checkpoint.exists {
-            let (state, meta) = try checkpoint.load(expectedNumel: manifest.state.numel)
+            let (state, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
             try runtime.setState(state)
             (nextStep, runId, seq, losses) = (meta.step, meta.runId, meta.seq, meta.losses)
             resumed = true
@@ -128,6 +128,12 @@ public final class Trainer {
         started = true
         if !resumed { try emit("run_start", runStartFields()) }
         return resumed
+    }
+
+    /// sha256 of the program file this runtime runs (manifest `files`), identifying the export.
+    private var programSha256: String? {
+        let target = runtime.backendName
+        return manifest.program(target: target).flatMap { manifest.files[$0.file] }
     }
 
     private func runStartFields() -> [String: JSONValue] {
@@ -213,7 +219,7 @@ public final class Trainer {
     public func saveCheckpoint() throws {
         guard let checkpoint, let recorder else { return }
         let meta = CheckpointMeta(step: nextStep, runId: recorder.runId, seq: recorder.nextSeq, losses: losses,
-                                  stateNumel: manifest.state.numel, program: programName)
+                                  stateNumel: manifest.state.numel, program: programName, programSha256: programSha256)
         try checkpoint.save(state: try runtime.getState(), meta: meta)
     }
 

@@ -175,6 +175,13 @@ final class TrainerTests: XCTestCase {
         let ours = CheckpointStore(url: dir.appendingPathComponent("d.safetensors"))
         try ours.save(state: [1, 2], meta: CheckpointMeta(step: 1, runId: "r", seq: 3, losses: [nil], stateNumel: 2, program: "p"))
         XCTAssertEqual(try ours.load(expectedNumel: 2).meta.losses, [nil])
+        // A re-export (other program file) with the same state size must not be resumed.
+        try ours.save(state: [1, 2], meta: CheckpointMeta(step: 1, runId: "r", seq: 3, losses: [1], stateNumel: 2,
+                                                          program: "p", programSha256: "aa11"))
+        XCTAssertNoThrow(try ours.load(expectedNumel: 2, programSha256: "aa11"))
+        XCTAssertThrowsError(try ours.load(expectedNumel: 2, programSha256: "bb22")) {
+            XCTAssertTrue("\($0)".contains("another export"), "\($0)")
+        }
     }
 
     func testRuntimeFailureEndsTheRunAsFailedWithAFatalError() throws {
