@@ -28,14 +28,14 @@ def test_merged_adapter_gives_the_same_model_as_base_plus_adapter():
 
 
 def test_pretraining_changes_the_base_and_both_arms_start_together():
-    config = LcsbBenchConfig(model="tiny", steps=10, seq_len=64, k=4, lr=1e-2, pretrain_steps=3)
+    config = LcsbBenchConfig(model="tiny", steps=10, seq_len=128, k=4, lr=1e-2, pretrain_steps=3)
     seen = []
     report = run_lcsb_bench(config, on_step=lambda phase, step, losses: seen.append((phase, step, sorted(losses))))
     assert seen[:3] == [("pretrain", s, ["full"]) for s in (1, 2, 3)]
     assert seen[3:] == [("compare", s, ["full", "lcsb"]) for s in range(1, 11)]
     assert report["losses_full"][0] == report["losses_lcsb"][0]
     # Fresh adapter (B = 0) on the merged base: the first fine-tuning loss is the pretrained model's.
-    no_pretrain = run_lcsb_bench(LcsbBenchConfig(model="tiny", steps=10, seq_len=64, k=4, lr=1e-2, pretrain_steps=0))
+    no_pretrain = run_lcsb_bench(LcsbBenchConfig(model="tiny", steps=10, seq_len=128, k=4, lr=1e-2, pretrain_steps=0))
     assert report["losses_full"][0] != no_pretrain["losses_full"][0]
     assert no_pretrain["config"]["pretrain"] is None
     assert torch.get_num_threads() >= 1

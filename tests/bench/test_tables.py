@@ -69,7 +69,8 @@ def test_markdown_puts_ours_next_to_the_paper():
 
 def test_generated_section_replaces_itself():
     text = replace_section("# Benchmarks\n\nintro\n", "table one\n")
-    assert text.count(SECTION_START) == 1 and "table one" in text and text.startswith("# Benchmarks\n\nintro\n")
+    assert text.count(SECTION_START) == text.count(SECTION_END) == 1 and "table one" in text
+    assert text.startswith("# Benchmarks\n\nintro\n")
     again = replace_section(text + "\nafter\n", "table two\n")
     assert "table one" not in again and "table two" in again and again.rstrip().endswith("after")
 
@@ -82,5 +83,11 @@ def test_tables_command_writes_doc_plot_and_cells(tmp_path, stub):
     assert result.exit_code == 0, result.output
     assert len(stub) == 2 and paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| 128 | 228.0 | 18.0 |" in paths["doc"].read_text()
-    bad = CliRunner().invoke(cli, ["bench", "tables", "--only", "qwen2.5-7b/seq256/r8", "--doc", str(tmp_path / "x.md")])
+    paths["doc"].write_text("# Mine\n\nkept\n")
+    again = CliRunner().invoke(cli, [*args, "--render-only"])
+    assert again.exit_code == 0 and len(stub) == 2                  # nothing measured
+    text = paths["doc"].read_text()
+    assert text.startswith("# Mine\n\nkept\n") and "| 128 | 228.0 | 18.0 |" in text
+    bad = CliRunner().invoke(cli, ["bench", "tables", "--only", "qwen2.5-7b/seq256/r8",
+                                   "--doc", str(tmp_path / "x.md")])
     assert bad.exit_code == 2 and "unknown cell" in bad.output and not (tmp_path / "x.md").exists()

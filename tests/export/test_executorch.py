@@ -216,6 +216,8 @@ def test_resume_after_kill_equals_uninterrupted_run(fp32_sgd, tmp_path):
     events = [json.loads(line) for line in telemetry.read_text().splitlines()]
     steps_seen = sorted({e["step"] for e in events if e["type"] == "step"})
     assert steps_seen == list(range(steps))   # the resumed run continued where the checkpoint was
+    seqs = [e["seq"] for e in events]
+    assert len(seqs) == len(set(seqs))         # no (run_id, seq) reused after the resume
     assert events[-1]["type"] == "run_end"
 
 

@@ -50,4 +50,5 @@ def test_largest_transient_is_the_largest_tensor_of_the_step(what, arch, options
     largest, shapes, _ = max_op_output_numel(mesp_step, arch, weights, lora, cfg, ids, ids, options=options)
     b = step_breakdown("mesp", arch, cfg, t, options)
     assert what in b.largest_transient_what
-    assert b.largest_transient == largest * 4, (b, sorted({s for _, s in shapes}, key=lambda s: -torch.Size(s).numel())[:3])
+    biggest = sorted({s for _, s in shapes}, key=lambda s: -torch.Size(s).numel())[:3]
+    assert b.largest_transient == largest * 4, (b, biggest)

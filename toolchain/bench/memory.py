@@ -88,7 +88,8 @@ class MemoryBenchConfig:
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in BENCH_MODES]
         if unknown or not self.modes:
-            raise BadInput(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; choose from {','.join(BENCH_MODES)}")
+            raise BadInput(f"unknown mode(s) {', '.join(unknown) or '(none given)'}; "
+                           f"choose from {','.join(BENCH_MODES)}")
         if len(set(self.modes)) != len(self.modes):
             raise BadInput(f"`modes` lists a mode twice: {','.join(self.modes)}")
         for name, low in (("seq_len", 2), ("repeat", 1), ("threads", 1), ("rank", 1)):

@@ -85,7 +85,8 @@ def _load(config: MezoCosineConfig):
 
     check_config(config.memory_config())
     with tempfile.TemporaryDirectory(prefix="bench-mezo-") as tmp:
-        call_worker(Path(tmp), "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
+        call_worker(Path(tmp), "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
+                                           "init": config.init,
                                      "seed": config.seed}, config.threads)
     return load_mmap_weights(weights_cache_dir(config.cache_dir, config.model, config.init, config.seed))
 

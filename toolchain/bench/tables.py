@@ -108,7 +108,8 @@ def _line(label: str, doc: dict[str, Any] | None, paper: dict[str, float], times
     diff = mesp and mesp.get("grad_max_rel_diff")
     p_ratio = paper["mesp"] / paper["mebp"] if "mebp" in paper and "mesp" in paper else None
     return (f"| {label} | {_fmt(ours[0])} | {_fmt(ours[1])} | {_fmt(ratio, '.3f')} | "
-            f"{_fmt(mebp and mebp['step_s'], '.2f')} | {_fmt(mesp and mesp['step_s'], '.2f')} | {_fmt(t_ratio, '.2f')} | "
+            f"{_fmt(mebp and mebp['step_s'], '.2f')} | {_fmt(mesp and mesp['step_s'], '.2f')} | "
+            f"{_fmt(t_ratio, '.2f')} | "
             f"{_fmt(diff, '.1e')} | {_fmt(paper.get('mebp'))} | {_fmt(paper.get('mesp'))} | {_fmt(p_ratio, '.3f')} | "
             f"{_fmt(times.get('mebp'), '.2f')} | {_fmt(times.get('mesp'), '.2f')} |")
 
@@ -133,7 +134,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                   [(m, Cell(m, 256, 8)) for m in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")])
     lines += table("Qwen2.5-0.5B by sequence length (rank 8)", "seq len",
                    [(str(t), Cell(_SMALL, t, 8)) for t in (128, 256, 512, 1024)])
-    lines += table("Qwen2.5-0.5B by LoRA rank (seq 256)", "rank", [(str(r), Cell(_SMALL, 256, r)) for r in (4, 8, 16, 32)])
+    lines += table("Qwen2.5-0.5B by LoRA rank (seq 256)", "rank",
+                   [(str(r), Cell(_SMALL, 256, r)) for r in (4, 8, 16, 32)])
     done = sum(cell_key(c) in cells for c in GRID)
     lines.append(f"{done} of {len(GRID)} cells measured. Our numbers: float32 LoRA and activations, float32 frozen "
                  "weights memory-mapped (not counted), one Linux host process per mode; the paper's: 4-bit base, "
@@ -152,7 +154,8 @@ def plot_tables(doc: dict[str, Any], path: Path) -> Path:
 
     axes_spec = [("model (seq 256, r8)", [Cell(m, 256, 8) for m in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")],
                   ["0.5B", "1.5B", "3B"]),
-                 ("0.5B: seq len (r8)", [Cell(_SMALL, t, 8) for t in (128, 256, 512, 1024)], ["128", "256", "512", "1024"]),
+                 ("0.5B: seq len (r8)", [Cell(_SMALL, t, 8) for t in (128, 256, 512, 1024)],
+                  ["128", "256", "512", "1024"]),
                  ("0.5B: rank (seq 256)", [Cell(_SMALL, 256, r) for r in (4, 8, 16, 32)], ["4", "8", "16", "32"])]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (title, cells, labels) in zip(axes, axes_spec):

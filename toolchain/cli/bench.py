@@ -141,9 +141,11 @@ def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr,
     from toolchain.schemas import write_json
 
     config = MemoryBenchConfig(model=model, init=init, seed=seed, seq_len=seq_len, rank=rank, alpha=alpha,
-                               targets=parse_targets(targets), modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+                               targets=parse_targets(targets),
+                               modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
                                lr=lr, program_dir=program, check_grads=not no_grad_check,
-                               **_run_settings(repeat, threads, cache_dir, loss_chunk, vocab_chunk, mlp_chunk, allocator))
+                               **_run_settings(repeat, threads, cache_dir, loss_chunk, vocab_chunk, mlp_chunk,
+                                               allocator))
     with _progress() as progress:
         task = progress.add_task("bench memory", total=len(config.modes) + 1)
 
@@ -167,9 +169,10 @@ def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr,
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=Path("docs/benchmarks.png"),
               show_default=True, help="PNG plot of the grid.")
 @click.option("--only", multiple=True, help="Run only these cells (e.g. qwen2.5-0.5b/seq256/r8); repeatable.")
+@click.option("--render-only", is_flag=True, help="Measure nothing: write --doc and --plot from the cached cells.")
 @_step_chunk_options
 @_bench_run_options
-def tables(cells_path, doc, plot, only, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads,
+def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads,
            cache_dir) -> None:
     """The MeSP paper's grid (0.5B/1.5B/3B; seq 128-1024; rank 4-32) for MeBP and MeSP, resumable;
     writes the tables into --doc and a plot to --plot, next to the paper's numbers."""
@@ -181,7 +184,7 @@ def tables(cells_path, doc, plot, only, loss_chunk, vocab_chunk, mlp_chunk, allo
     unknown = sorted(set(only) - {cell_key(c) for c in GRID})
     if unknown:
         raise BadInput(f"unknown cell(s) {', '.join(unknown)}; choose from {', '.join(cell_key(c) for c in GRID)}")
-    cells = tuple(c for c in GRID if not only or cell_key(c) in only)
+    cells = () if render_only else tuple(c for c in GRID if not only or cell_key(c) in only)
     base = MemoryBenchConfig(**_run_settings(repeat, threads, cache_dir, loss_chunk, vocab_chunk, mlp_chunk, allocator))
     with _progress() as progress:
         task = progress.add_task("bench tables", total=len(cells))
@@ -237,6 +240,7 @@ def mezo_cosine(model, init, seed, rank, alpha, targets, seq_len, seeds, eps, no
     click.echo(f"{model} ({init}), seq {seq_len}, {report['n_params']} LoRA parameters, eps {eps:g}")
     click.echo("cosine(MeZO estimate, exact gradient) per seed: " + " ".join(f"{c:.5f}" for c in report["cosines"]))
     click.echo(f"mean |cosine| {report['cosine_abs_mean']:.5f}  (expected sqrt(2/(pi n)) = "
-               f"{report['expected_abs_cosine']:.5f});  cosine of the {seeds}-seed mean {report['cosine_of_mean_estimate']:.5f}")
+               f"{report['expected_abs_cosine']:.5f});  "
+               f"cosine of the {seeds}-seed mean {report['cosine_of_mean_estimate']:.5f}")
     if report["memory"] is not None:
         click.echo(format_table(report["memory"]))

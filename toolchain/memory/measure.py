@@ -84,7 +84,8 @@ def reset_peak() -> None:
     try:
         CLEAR_REFS_PATH.write_text("5")
     except OSError as e:
-        raise BadInput(f"cannot reset the peak RSS through {CLEAR_REFS_PATH} ({e.strerror}); needs Linux /proc") from None
+        raise BadInput(f"cannot reset the peak RSS through {CLEAR_REFS_PATH} ({e.strerror}); "
+                       "needs Linux /proc") from None
 
 
 @functools.cache

@@ -72,8 +72,8 @@ def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables):
     q, s_q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
     k, s_k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
     v, s_v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
-    o, s_att = _attention_by_group(rope_forward(_heads(q, arch.heads), rope), rope_forward(_heads(k, arch.kv_heads), rope),
-                                   _heads(v, arch.kv_heads))
+    o, s_att = _attention_by_group(rope_forward(_heads(q, arch.heads), rope),
+                                   rope_forward(_heads(k, arch.kv_heads), rope), _heads(v, arch.kv_heads))
     ao, s_o = linear_forward(_unheads(o), w.o_proj, None, p.lora.get("o_proj"), p.scale)
     return x + ao, (s_n1, s_q, s_k, s_v, s_att, s_o)
 

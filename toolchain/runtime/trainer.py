@@ -90,6 +90,19 @@ def _load_checkpoint(path: Path) -> tuple[torch.Tensor, dict]:
     return tensors["state"], meta
 
 
+def _last_seq(path: Path, run_id: str) -> int:
+    last = -1
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+            if event.get("run_id") == run_id:
+                last = max(last, int(event.get("seq", -1)))
+    return last
+
+
 def _anon_bytes() -> int | None:
     try:
         return read_status().rss_anon
@@ -129,6 +142,10 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
             raise BadInput(f"checkpoint {run.checkpoint} has {state.numel()} state values, the program {pdir.state_numel}")
         runner.set_state(state)
         start, run_id, seq, losses = meta["step"], meta["run_id"], meta["seq"], meta["losses"]
+    if run.telemetry and run_id is not None:
+        # Events written after the checkpoint (before the kill) keep their numbers: continue after the
+        # highest seq already in the log, so no (run_id, seq) is reused with different content.
+        seq = max(seq, _last_seq(run.telemetry, run_id) + 1)
     writer = TelemetryWriter(run.telemetry, run_id, start_seq=seq) if run.telemetry else None
     run_id = writer.run_id if writer else (run_id or "local")
     if writer and start == 0:
