@@ -187,5 +187,6 @@ def replace_section(text: str, section: str) -> str:
     block = f"{SECTION_START}\n{section}{SECTION_END}\n"
     if SECTION_START in text and SECTION_END in text:
         head, rest = text.split(SECTION_START, 1)
-        return head + block + rest.split(SECTION_END, 1)[1].lstrip("\n")
+        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
+        return head + block + ("\n" + tail if tail else "")
     return text + ("\n" if text and not text.endswith("\n") else "") + block
