@@ -28,7 +28,7 @@ from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 from toolchain.schemas import write_json
 
-__all__ = ["ExportSpec", "export_program", "MANIFEST_NAME", "PTE_NAME", "ADAPTER_INIT_DIR", "TARGETS"]
+__all__ = ["ExportSpec", "export_program", "sha256_file", "MANIFEST_NAME", "PTE_NAME", "ADAPTER_INIT_DIR", "TARGETS"]
 
 MANIFEST_NAME = "manifest.json"
 PTE_NAME = "model.pte"
@@ -80,7 +80,7 @@ class ExportSpec:
         self.quant.check(arch)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -168,7 +168,7 @@ def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lor
                                                         xnnpack=spec.xnnpack, on_stage=note)
         note("write adapter + manifest")
         save_adapter(tmp / ADAPTER_INIT_DIR, cfg, lora, base_model=spec.source)
-        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = _manifest(spec, arch, cfg, program, artifacts, files)
         write_json(tmp / MANIFEST_NAME, "manifest", manifest)
     return manifest

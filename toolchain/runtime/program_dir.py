@@ -3,12 +3,12 @@ Everything an app does with the manifest, done once for the host runners."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 
 from toolchain.errors import BadInput
+from toolchain.export.build import MANIFEST_NAME, sha256_file
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import lora_from_state_dict
 from toolchain.lora.weights import LoraWeights
@@ -16,8 +16,6 @@ from toolchain.models.presets import Qwen25Arch
 from toolchain.schemas import read_json
 
 __all__ = ["ProgramDir", "MANIFEST_NAME"]
-
-MANIFEST_NAME = "manifest.json"
 
 
 class ProgramDir:
@@ -42,11 +40,7 @@ class ProgramDir:
             f = self.path / rel
             if not f.is_file():
                 raise BadInput(f"{self.path}: {rel} is missing (listed in the manifest); re-export the program")
-            h = hashlib.sha256()
-            with f.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            if h.hexdigest() != digest:
+            if sha256_file(f) != digest:
                 raise BadInput(f"{self.path}: {rel} does not match its checksum in the manifest; re-export the program")
 
     def program_file(self, target: str) -> Path:
