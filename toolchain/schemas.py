@@ -69,7 +69,8 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def read_json(path: Path, kind: str) -> Any:
+def read_json(path: Path, kind: str | None = None) -> Any:
+    """Parse a JSON file; validate it against schema `kind` unless None. One-line BadInput on failure."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -77,7 +78,8 @@ def read_json(path: Path, kind: str) -> Any:
         raise BadInput(f"{path} does not exist") from None
     except json.JSONDecodeError as e:
         raise BadInput(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
-    validate(kind, doc, where=str(path))
+    if kind is not None:
+        validate(kind, doc, where=str(path))
     return doc
 
 

@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram
+from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram, flat_state
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.models import Qwen25Arch, random_weights
 from toolchain.runtime import ProgramDir, TrainRun, run_program
 from toolchain.runtime.executorch_runner import ExecutorchRunner
+from toolchain.runtime.trainer import pad_example
 from toolchain.dataset import Example
 
 ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -58,9 +59,20 @@ def int4_adamw_lcsb(tmp_path_factory):
 
 def _run(prog_dir, examples, steps, lr, **kw):
     pdir = ProgramDir(prog_dir)
-    names = [m["name"] for m in pdir.manifest["methods"]]
-    runner = ExecutorchRunner(pdir.program_file("executorch"), names)
+    runner = ExecutorchRunner(pdir.program_file("executorch"), pdir.train_methods())
     return pdir, run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
+
+
+def _eager(pdir, program: StepProgram, lora, examples, steps, lr):
+    """The same StepProgram run by PyTorch, driven like the runtime (phase schedule, padding)."""
+    state = flat_state(program.layout, lora)
+    losses = []
+    for s in range(steps):
+        ids, labels = pad_example(examples[s % len(examples)], T, 0, "row")
+        _, phase = pdir.method_for_step(s)
+        layers = None if phase is None else tuple(pdir.manifest["lcsb"]["phases"][phase])
+        losses.append(program.eager_step(ids, labels, lr, state, layers))
+    return losses, state
 
 
 def _hf_peft_sgd(weights, lora, examples, steps, lr):
@@ -101,15 +113,8 @@ def test_fp32_program_trains_like_eager_and_hf_peft(fp32_sgd):
     examples, steps, lr = _examples(3, seed=5), 5, 0.05
     pdir, res = _run(prog, examples, steps, lr)
     trained = lora_state_dict(pdir.lora_from_state(res.state))
-    # eager: the same StepProgram module, run by PyTorch
-    eager = StepProgram(ARCH, weights, CFG, lora)
-    eager_losses = []
-    with torch.no_grad():
-        for s in range(steps):
-            from toolchain.runtime.trainer import pad_example
-            ids, labels = pad_example(examples[s % 3], T, 0, "row")
-            eager_losses.append(float(eager.train_step(ids, labels, torch.tensor([lr]), None)[0]))
-    eager_sd = lora_state_dict(pdir.lora_from_state(eager.get_state()))
+    eager_losses, eager_state = _eager(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
+    eager_sd = lora_state_dict(pdir.lora_from_state(eager_state))
     hf_losses, hf_sd = _hf_peft_sgd(weights, lora, examples, steps, lr)
     print("runtime vs eager", _max_rel(trained, eager_sd), "runtime vs HF+PEFT", _max_rel(trained, hf_sd))
     assert _max_rel(trained, eager_sd) <= 1e-4
@@ -126,28 +131,44 @@ def test_int4_adamw_lcsb_phases_match_eager(int4_adamw_lcsb):
     examples, steps, lr = _examples(2, seed=6), 4, 1e-2
     pdir, res = _run(prog, examples, steps, lr)
     assert pdir.train_methods() == ["train_step_p0", "train_step_p1"]
-    eager = StepProgram(ARCH, weights, CFG, lora, optimizer=OptimizerSpec("adamw", weight_decay=0.01),
+    eager = StepProgram(ARCH, weights, CFG, optimizer=OptimizerSpec("adamw", weight_decay=0.01),
                         quant=QuantSpec("int4", 16))
-    from toolchain.runtime.trainer import pad_example
-    with torch.no_grad():
-        for s in range(steps):
-            ids, labels = pad_example(examples[s % 2], T, 0, "row")
-            phase = tuple(pdir.manifest["lcsb"]["phases"][pdir.manifest["lcsb"]["schedule"][s % 2]])
-            loss = float(eager.train_step(ids, labels, torch.tensor([lr]), phase)[0])
-            assert math.isclose(loss, res.losses[s], rel_tol=1e-5), (s, loss, res.losses[s])
-    diff = (res.state - eager.get_state()).abs().max() / eager.get_state().abs().max()
+    eager_losses, eager_state = _eager(pdir, eager, lora, examples, steps, lr)
+    for s, (a, b) in enumerate(zip(res.losses, eager_losses)):
+        assert math.isclose(a, b, rel_tol=1e-5), (s, a, b)
+    diff = (res.state - eager_state).abs().max() / eager_state.abs().max()
     print("state rel diff", float(diff))
     assert diff <= 1e-4
+    # the moments and the step counter moved too (AdamW state really goes through the outputs)
+    entries = {e["name"]: e for e in pdir.manifest["state"]["entries"]}
+    step = entries["adam_step"]
+    assert float(res.state[step["offset"]]) == steps
 
 
-def test_get_set_state_round_trip(fp32_sgd):
+def test_methods_are_pure_functions_of_their_inputs(fp32_sgd):
+    """No hidden state: the same inputs give the same outputs on a long-lived method, on a second call,
+    and on a freshly loaded program (what makes the stock per-method-arena `Module` correct), and the
+    outputs are exactly the manifest's."""
+    from executorch.runtime import Runtime
+
     prog, _, _ = fp32_sgd
     pdir = ProgramDir(prog)
-    runner = ExecutorchRunner(pdir.program_file("executorch"), [m["name"] for m in pdir.manifest["methods"]])
-    s0 = runner.get_state()
-    new = torch.linspace(-1, 1, s0.numel())
-    runner.set_state(new)
-    assert torch.equal(runner.get_state(), new)
+    runner = ExecutorchRunner(pdir.program_file("executorch"), pdir.train_methods())
+    x, y = pad_example(_examples(1, seed=10)[0], T, 0, "row")
+    state = pdir.state_init()
+    inputs = [x, y, torch.tensor([0.1]), *pdir.state_views(state).values()]
+    first = [t.clone() for t in runner.execute("train_step", inputs)]
+    second = [t.clone() for t in runner.execute("train_step", inputs)]
+    fresh = Runtime.get().load_program(pdir.program_file("executorch")).load_method("train_step").execute(inputs)
+    spec = pdir.method("train_step")["outputs"]
+    assert [list(t.shape) for t in first] == [o["shape"] for o in spec]
+    for a, b, c in zip(first, second, fresh):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert torch.equal(state, pdir.state_init())  # inputs are not written in place
+    # and the step changed every LoRA parameter it returns
+    views = pdir.state_views(state)
+    assert all(not torch.equal(out.reshape(views[o["name"]].shape), views[o["name"]])
+               for o, out in zip(spec[1:], first[1:]))
 
 
 def test_manifest_checksums_are_verified(fp32_sgd, tmp_path):
@@ -225,30 +246,8 @@ def test_int8_program_matches_eager(tmp_path_factory):
     prog, weights, lora = _export(tmp_path_factory, "int8", quant="int8")
     examples, steps, lr = _examples(2, seed=9), 3, 0.05
     pdir, res = _run(prog, examples, steps, lr)
-    eager = StepProgram(ARCH, weights, CFG, lora, quant=QuantSpec("int8", 16))
-    from toolchain.runtime.trainer import pad_example
-    with torch.no_grad():
-        for s in range(steps):
-            ids, labels = pad_example(examples[s % 2], T, 0, "row")
-            loss = float(eager.train_step(ids, labels, torch.tensor([lr]), None)[0])
-            assert math.isclose(loss, res.losses[s], rel_tol=1e-5)
-    assert float((res.state - eager.get_state()).abs().max() / eager.get_state().abs().max()) <= 1e-4
-
-
-def test_loading_a_method_reinitializes_shared_state(fp32_sgd):
-    """Why apps load every method before the first step: loading one later resets the LoRA state."""
-    from executorch.runtime import Runtime
-
-    prog, _, lora = fp32_sgd
-    pdir = ProgramDir(prog)
-    program = Runtime.get().load_program(pdir.program_file("executorch"))
-    train = program.load_method("train_step")
-    ids = _examples(1, seed=10)[0].input_ids[:T]
-    from toolchain.runtime.trainer import pad_example
-    x, y = pad_example(Example(ids, ids.clone()), T, 0, "row")
-    for _ in range(2):
-        train.execute([x, y, torch.tensor([0.1])])
-    late = program.load_method("get_state").execute([])[0]
-    initial = lora_state_dict(lora)
-    loaded = lora_state_dict(pdir.lora_from_state(late))
-    assert all(torch.equal(loaded[k], initial[k].float()) for k in initial)
+    eager_losses, eager_state = _eager(pdir, StepProgram(ARCH, weights, CFG, quant=QuantSpec("int8", 16)), lora,
+                                       examples, steps, lr)
+    for a, b in zip(res.losses, eager_losses):
+        assert math.isclose(a, b, rel_tol=1e-5)
+    assert float((res.state - eager_state).abs().max() / eager_state.abs().max()) <= 1e-4

@@ -26,14 +26,14 @@ def demo(steps: int, lr: float, out: Path) -> None:
     from toolchain.export.program import OptimizerSpec, QuantSpec
     from toolchain.lcsb.plan import make_plan
     from toolchain.lora import LoraConfig, init_lora
-    from toolchain.memory.measure import MIB, measure_peak, read_status
+    from toolchain.memory.measure import MIB, measure_peak
     from toolchain.models import get_preset, random_weights
     from toolchain.runtime import ProgramDir, TrainRun, run_program
-    from toolchain.runtime.executorch_runner import ExecutorchRunner
+    from toolchain.runtime.runners import open_runner
 
     seq_len = 64
     console = Console(stderr=True)
-    if not (out / "manifest.json").is_file():
+    if not _current_program(out):
         arch = get_preset("tiny")
         cfg = LoraConfig(rank=8, alpha=16)
         spec = ExportSpec(source="tiny", init="random", seed=0, seq_len=seq_len, quant=QuantSpec("int4", 64),
@@ -46,8 +46,7 @@ def demo(steps: int, lr: float, out: Path) -> None:
                            on_stage=lambda s: progress.update(task, description=f"export tiny: {s}"))
     pdir = ProgramDir(out)
     examples = bundled_examples(ByteTokenizer(), seq_len=seq_len)
-    runner = ExecutorchRunner(pdir.program_file("executorch"), [m["name"] for m in pdir.manifest["methods"]])
-    base = read_status()
+    runner = open_runner(pdir)
     telemetry = out.parent / f"{out.name}.telemetry.jsonl"
     with Progress(console=console, transient=True) as progress, measure_peak() as peak:
         task = progress.add_task("train (executorch, LCSB)", total=steps)
@@ -57,7 +56,19 @@ def demo(steps: int, lr: float, out: Path) -> None:
         bar = "#" * max(1, int(loss * 8))
         click.echo(f"step {i:3d}  {pdir.method_for_step(i)[0]:14s} loss {loss:.4f}  {bar}")
     mp = pdir.manifest["memory_plan"]
-    click.echo(f"peak anonymous memory during training: {(peak.peak_anon_bytes - base.rss_anon) / MIB:.1f} MiB above "
+    click.echo(f"peak anonymous memory during training: {(peak.peak_anon_bytes - peak.anon_before_bytes) / MIB:.1f} MiB above "
                f"the loaded runtime (planned arena {max(mp['planned_arena_bytes'].values()) / MIB:.2f} MiB, "
                f"LoRA+AdamW state {mp['lora_state_bytes'] / MIB:.2f} MiB)")
     click.echo(f"program: {out}   telemetry: {telemetry}  (toolchain telemetry import/report)")
+
+
+def _current_program(out: Path) -> bool:
+    """An export from an earlier run, in this toolchain's manifest format (else export again)."""
+    import json
+
+    from toolchain.export.build import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
+
+    try:
+        return json.loads((out / MANIFEST_NAME).read_text()).get("schema_version") == MANIFEST_SCHEMA_VERSION
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -31,7 +31,7 @@ def train_with_program(program: Path, data: Path, steps: int, lr: float | None, 
     from toolchain.lora import save_adapter
     from toolchain.memory.measure import read_status
     from toolchain.runtime import ProgramDir, TrainRun, run_program
-    from toolchain.runtime.executorch_runner import ExecutorchRunner
+    from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
 
     pdir = ProgramDir(program)
@@ -40,14 +40,14 @@ def train_with_program(program: Path, data: Path, steps: int, lr: float | None, 
     checkpoint = Path(str(adapter_out or program).rstrip("/") + ".train-checkpoint.safetensors")
     if resume and not checkpoint.exists():
         raise click.UsageError(f"--resume: no checkpoint at {checkpoint}")
-    runner = ExecutorchRunner(pdir.program_file("executorch"), [m["name"] for m in pdir.manifest["methods"]])
+    runner = open_runner(pdir)
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry_out)
     with Progress(console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("train (executorch)", total=steps)
+        task = progress.add_task(f"train ({runner.backend})", total=steps)
 
         def on_step(step: int, loss: float) -> None:
-            progress.update(task, completed=step + 1, description=f"train (executorch) loss {loss:.4f}")
+            progress.update(task, completed=step + 1, description=f"train ({runner.backend}) loss {loss:.4f}")
 
         result = run_program(pdir, runner, examples, run, on_step=on_step)
     peak_mb = read_status().vm_hwm / 2**20

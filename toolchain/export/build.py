@@ -2,9 +2,10 @@
 
 1. resolve the model (preset/checkpoint, random or real weights) and the starting adapter;
 2. build the `StepProgram` (explicit MeSP step + in-program optimizer, quantized frozen weights);
-3. per target, export every method (one per LCSB phase, get_state, set_state) and lower it;
-4. write the initial adapter (PEFT), `manifest.json` (schema-validated, with checksums) — all into a
-   temporary directory renamed into place only when everything succeeded.
+3. per target, export every method (one per LCSB phase) and lower it;
+4. write the initial state (`state_init.bin`), the initial adapter (PEFT), `manifest.json`
+   (schema-validated, with checksums) — all into a temporary directory renamed into place only when
+   everything succeeded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Literal
 from toolchain import __version__
 from toolchain.atomic import atomic_dir
 from toolchain.errors import BadInput
-from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram, method_name
+from toolchain.export.artifact import TargetArtifact, tree_bytes
+from toolchain.export.executorch import PTE_NAME
+from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram, flat_state, method_name
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_config_dict, save_adapter
@@ -28,12 +31,14 @@ from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 from toolchain.schemas import write_json
 
-__all__ = ["ExportSpec", "export_program", "sha256_file", "MANIFEST_NAME", "PTE_NAME", "ADAPTER_INIT_DIR", "TARGETS"]
+__all__ = ["ExportSpec", "export_program", "sha256_file", "MANIFEST_NAME", "PTE_NAME", "ADAPTER_INIT_DIR", "TARGETS",
+           "STATE_INIT_NAME", "MANIFEST_SCHEMA_VERSION"]
 
 MANIFEST_NAME = "manifest.json"
-PTE_NAME = "model.pte"
+MANIFEST_SCHEMA_VERSION = 2  # 2: functional state (inputs/outputs); 1 had mutable buffers + get/set_state
 ADAPTER_INIT_DIR = "adapter_init"
-TARGETS = ("executorch",)
+STATE_INIT_NAME = "state_init.bin"  # the initial flat state, raw little-endian float32
+TARGETS = ("executorch", "onnx", "coreml")
 
 
 @dataclass(frozen=True)
@@ -88,31 +93,39 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _methods(spec: ExportSpec, arch: Qwen25Arch, state_numel: int) -> list[dict]:
+def _methods(spec: ExportSpec, arch: Qwen25Arch, program: StepProgram) -> list[dict]:
     t = spec.seq_len
-    train_io = {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": [t]},
-                           {"name": "labels", "dtype": "int64", "shape": [t], "description": "-100 = no target"},
-                           {"name": "lr", "dtype": "float32", "shape": [1]}],
-                "outputs": [{"name": "loss", "dtype": "float32", "shape": [1]}]}
+    state_io = [{"name": e.name, "dtype": "float32", "shape": list(e.shape)} for e in program.layout]
     phases = [None] if spec.plan is None else list(range(len(spec.plan.phases)))
     methods = []
     for k in phases:
-        layers = list(range(arch.layers)) if k is None else list(spec.plan.phases[k])
-        methods.append({"name": method_name(k), "kind": "train_step", "phase": k, "backward_layers": layers, **train_io})
-    state = {"name": "state", "dtype": "float32", "shape": [state_numel]}
-    methods.append({"name": "get_state", "kind": "get_state", "inputs": [], "outputs": [state]})
-    methods.append({"name": "set_state", "kind": "set_state", "inputs": [state],
-                    "outputs": [{"name": "entries", "dtype": "float32", "shape": [1]}]})
+        layers = tuple(range(arch.layers)) if k is None else tuple(spec.plan.phases[k])
+        updated = {e.name for e in program.updated_entries(None if k is None else layers)}
+        methods.append({
+            "name": method_name(k), "kind": "train_step", "phase": k, "backward_layers": list(layers),
+            "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [t]},
+                       {"name": "labels", "dtype": "int64", "shape": [t], "description": "-100 = no target"},
+                       {"name": "lr", "dtype": "float32", "shape": [1]}] + state_io,
+            "outputs": [{"name": "loss", "dtype": "float32", "shape": [1]}]
+                       + [io for io in state_io if io["name"] in updated],
+        })
     return methods
 
 
-def _manifest(spec: ExportSpec, arch: Qwen25Arch, cfg: LoraConfig, program: StepProgram, artifacts: dict,
-              files: dict[str, str]) -> dict:
+def _program_entry(root: Path, a: TargetArtifact) -> dict:
+    entry = {"target": a.target, "file": a.file, "delegate": a.delegate, "bytes": tree_bytes(root / a.file), **a.details}
+    if a.methods is not None:
+        entry["methods"] = dict(a.methods)
+    return entry
+
+
+def _manifest(spec: ExportSpec, arch: Qwen25Arch, cfg: LoraConfig, program: StepProgram,
+              artifacts: list[TargetArtifact], root: Path, files: dict[str, str]) -> dict:
     numel = sum(e.numel for e in program.layout)
-    et = artifacts.get("executorch")
+    planned = next((a.planned_arena_bytes for a in artifacts if a.planned_arena_bytes), {})
     opt = spec.optimizer
     return {
-        "schema_version": 1,
+        "schema_version": MANIFEST_SCHEMA_VERSION,
         "toolchain_version": __version__,
         "model": {"source": spec.source, "init": spec.init, "seed": spec.seed, "arch": asdict(arch)},
         "lora": {"rank": cfg.rank, "alpha": cfg.alpha, "scale": cfg.scale, "targets": list(cfg.targets),
@@ -124,16 +137,18 @@ def _manifest(spec: ExportSpec, arch: Qwen25Arch, cfg: LoraConfig, program: Step
         "lcsb": None if spec.plan is None else {"policy": spec.plan.policy, "k": spec.plan.k,
                                                  "phases": [list(p) for p in spec.plan.phases],
                                                  "schedule": list(spec.plan.schedule)},
-        "programs": [{"target": "executorch", "file": PTE_NAME, "delegate": "xnnpack" if et.delegated else None,
-                      "bytes": et.path.stat().st_size}] if et else [],
-        "methods": _methods(spec, arch, numel),
-        "state": {"dtype": "float32", "numel": numel,
+        "programs": [_program_entry(root, a) for a in artifacts],
+        "methods": _methods(spec, arch, program),
+        "state": {"dtype": "float32", "numel": numel, "init_file": STATE_INIT_NAME,
                   "entries": [{"name": e.name, "key": e.key, "role": e.role, "shape": list(e.shape), "offset": e.offset}
                               for e in program.layout]},
         "memory_plan": {
-            "planned_arena_bytes": {k: v["planned_arena_bytes"] for k, v in et.methods.items()} if et else {},
+            "planned_arena_bytes": planned,
             "constant_bytes": program_constant_bytes(program),
             "lora_state_bytes": 4 * numel,
+            # The stock Android/iOS `Module` gives every loaded method its own arena: an app with all
+            # phase methods loaded holds their sum, plus its state array.
+            **({"peak_estimate_bytes": sum(planned.values()) + 4 * numel} if planned else {}),
         },
         "tokenizer": {"kind": spec.tokenizer_kind, "vocab": arch.vocab, "pad_token_id": spec.pad_token_id},
         "adapter": {"init_dir": ADAPTER_INIT_DIR, "config": peft_config_dict(cfg, base_model=spec.source)},
@@ -143,8 +158,7 @@ def _manifest(spec: ExportSpec, arch: Qwen25Arch, cfg: LoraConfig, program: Step
 
 def program_constant_bytes(program: StepProgram) -> int:
     """Bytes of frozen tensors (serialized once, memory-mapped by the runtime)."""
-    state = {e.name for e in program.layout}
-    return sum(b.numel() * b.element_size() for n, b in program.named_buffers() if n not in state)
+    return sum(b.numel() * b.element_size() for b in program.buffers())
 
 
 def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
@@ -157,18 +171,33 @@ def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lor
     spec.check(arch)
     note = on_stage or (lambda _s: None)
     note("build step program")
-    program = StepProgram(arch, weights, cfg, lora, optimizer=spec.optimizer, options=spec.options, quant=spec.quant)
+    program = StepProgram(arch, weights, cfg, optimizer=spec.optimizer, options=spec.options, quant=spec.quant)
     phases = None if spec.plan is None else [tuple(p) for p in spec.plan.phases]
     with atomic_dir(Path(out)) as tmp:
-        artifacts = {}
-        if "executorch" in spec.targets:
-            from toolchain.export.executorch import export_executorch
-
-            artifacts["executorch"] = export_executorch(program, phases, spec.seq_len, tmp / PTE_NAME,
-                                                        xnnpack=spec.xnnpack, on_stage=note)
+        artifacts = []
+        for target in spec.targets:
+            artifacts.append(_export_target(target, program, phases, spec, tmp, note))
         note("write adapter + manifest")
+        (tmp / STATE_INIT_NAME).write_bytes(flat_state(program.layout, lora).numpy().astype("<f4").tobytes())
         save_adapter(tmp / ADAPTER_INIT_DIR, cfg, lora, base_model=spec.source)
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        manifest = _manifest(spec, arch, cfg, program, artifacts, files)
+        manifest = _manifest(spec, arch, cfg, program, artifacts, tmp, files)
         write_json(tmp / MANIFEST_NAME, "manifest", manifest)
     return manifest
+
+
+def _export_target(target: str, program: StepProgram, phases, spec: ExportSpec, out_dir: Path, note) -> TargetArtifact:
+    """Dispatch to the target's adapter (imported lazily: each pulls in its own heavy library)."""
+    if target == "executorch":
+        from toolchain.export.executorch import export_executorch
+
+        return export_executorch(program, phases, spec.seq_len, out_dir, xnnpack=spec.xnnpack, on_stage=note)
+    if target == "onnx":
+        from toolchain.export.onnx import export_onnx
+
+        return export_onnx(program, phases, spec.seq_len, out_dir, on_stage=note)
+    if target == "coreml":
+        from toolchain.export.coreml import export_coreml
+
+        return export_coreml(program, phases, spec.seq_len, out_dir, quant=spec.quant, on_stage=note)
+    raise BadInput(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")

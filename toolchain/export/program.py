@@ -1,13 +1,20 @@
-"""The target-neutral training program: the explicit MeSP step as an `nn.Module` whose LoRA state
-(and optimizer moments) are buffers updated in place, plus the methods an app calls.
+"""The target-neutral training program: the explicit MeSP step as an `nn.Module` that holds the
+frozen weights as constant buffers and takes the LoRA state (and optimizer moments) as inputs.
 
 Methods (the app-facing contract, recorded in manifest.json):
-  train_step[_p{k}](input_ids [T] int64, labels [T] int64, lr [1] float32) -> (loss [1],)
+  train_step[_p{k}](input_ids [T] int64, labels [T] int64, lr [1] float32, *state) -> (loss [1], *updated)
       One forward + MeSP backward + optimizer update applied layer by layer right after that layer's
-      backward (so all layers' gradients never coexist). One method per LCSB phase `k` (only the
-      phase's layers are backpropagated); a single `train_step` when LCSB is off.
-  get_state() -> (state [N] float32,)    every LoRA (and optimizer) buffer, flattened, manifest order
-  set_state(state [N] float32) -> (n [1],) overwrite them (resume from a checkpoint)
+      backward (so all layers' gradients never coexist). `state` is every entry of `state_layout`
+      (LoRA A/B, then AdamW moments and step), one tensor each; `updated` is the new value of each
+      entry the method changes (`updated_entries`), in layout order. One method per LCSB phase `k`
+      (only the phase's layers are backpropagated); a single `train_step` when LCSB is off.
+
+Why state in / state out (functional) rather than mutable buffers: the stock ExecuTorch `Module`
+of the Android and iOS runtimes gives every method its own memory arenas, so mutable buffers are not
+shared between LCSB phase methods; ONNX has no mutable state at all, and Core ML states are fp16
+only (unsound for AdamW moments). Functional state is the one contract all three runtimes run
+unchanged: the app owns one flat float32 array (checkpointing is writing it), passes its slices as
+inputs, and copies each output back into its slice.
 Rows shorter than T are padded by the app: input_ids with `pad_token_id`, labels with -100 (causal
 attention: trailing padding changes nothing before it).
 """
@@ -30,7 +37,8 @@ from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights, ModelWeights
 
-__all__ = ["OptimizerSpec", "QuantSpec", "StepProgram", "StateEntry", "state_layout", "method_name"]
+__all__ = ["OptimizerSpec", "QuantSpec", "StepProgram", "StateEntry", "state_layout", "method_name", "flat_state",
+           "unflatten_state", "TrainMethod", "example_inputs"]
 
 # The projection matrices; embeddings/LM head stay float (a quantized LM head would need the whole
 # [V, d] matrix dequantized per loss chunk), as do norms and biases.
@@ -87,6 +95,7 @@ class StateEntry:
     role: Literal["param", "exp_avg", "exp_avg_sq", "step"]
     shape: tuple[int, ...]
     offset: int          # in elements
+    layer: int | None = None  # the decoder layer it belongs to (None: the AdamW step counter)
     numel: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +124,7 @@ def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec) ->
             for t in cfg.targets:
                 d_out, d_in = arch.linear_shape(t)
                 for which, shape in (("a", (cfg.rank, d_in)), ("b", (d_out, cfg.rank))):
-                    e = StateEntry(_buf(prefix, i, t, which), peft_key(i, t, which.upper()), role, shape, offset)
+                    e = StateEntry(_buf(prefix, i, t, which), peft_key(i, t, which.upper()), role, shape, offset, i)
                     entries.append(e)
                     offset += e.numel
     if optimizer.kind == "adamw":
@@ -123,10 +132,25 @@ def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec) ->
     return entries
 
 
-class StepProgram(nn.Module):
-    """Frozen weights as constant buffers, LoRA/optimizer state as mutable buffers, and the methods."""
+def flat_state(layout: list[StateEntry], lora: LoraWeights) -> Tensor:
+    """The initial flat state: the adapter's A/B in layout order, optimizer moments and step zero."""
+    values = {}
+    for i, layer in enumerate(lora):
+        for t, pair in layer.items():
+            values[_buf("lora", i, t, "a")], values[_buf("lora", i, t, "b")] = pair.a, pair.b
+    return torch.cat([values[e.name].detach().reshape(-1).float() if e.name in values
+                      else torch.zeros(e.numel, dtype=torch.float32) for e in layout])
 
-    def __init__(self, arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, *,
+
+def unflatten_state(layout: list[StateEntry], flat: Tensor) -> dict[str, Tensor]:
+    """Views of `flat` as the named state tensors (writing a view writes `flat`)."""
+    return {e.name: flat[e.offset:e.offset + e.numel].view(e.shape) for e in layout}
+
+
+class StepProgram(nn.Module):
+    """Frozen weights as constant buffers; the LoRA/optimizer state goes in and out of `train_step`."""
+
+    def __init__(self, arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, *,
                  optimizer: OptimizerSpec = OptimizerSpec(), options: StepOptions = StepOptions(),
                  quant: QuantSpec = QuantSpec()) -> None:
         super().__init__()
@@ -145,14 +169,6 @@ class StepProgram(nn.Module):
                     self.register_buffer(f"w_{i}_{name}_scale", qw.scale)
                 else:
                     self.register_buffer(f"w_{i}_{name}", t)
-        init = {e.name: None for e in self.layout}
-        for i, layer in enumerate(lora):
-            for t, pair in layer.items():
-                init[_buf("lora", i, t, "a")], init[_buf("lora", i, t, "b")] = pair.a, pair.b
-        for e in self.layout:
-            value = init[e.name]
-            self.register_buffer(e.name, value.detach().clone().float() if value is not None
-                                 else torch.zeros(e.shape, dtype=torch.float32))
 
     # -- views of the buffers as the step's bundles ------------------------------------------------
     def model_weights(self) -> ModelWeights:
@@ -168,24 +184,40 @@ class StepProgram(nn.Module):
             return with_chunk_rows(qw, self.quant.chunk_elems)
         return getattr(self, f"w_{layer}_{field_}")
 
-    def lora_weights(self) -> LoraWeights:
-        return tuple({t: LoraPair(getattr(self, _buf("lora", i, t, "a")), getattr(self, _buf("lora", i, t, "b")))
+    def _lora(self, state: dict[str, Tensor]) -> LoraWeights:
+        return tuple({t: LoraPair(state[_buf("lora", i, t, "a")], state[_buf("lora", i, t, "b")])
                       for t in self.cfg.targets} for i in range(self.arch.layers))
 
-    # -- methods ------------------------------------------------------------------------------------
-    def train_step(self, input_ids: Tensor, labels: Tensor, lr: Tensor, phase_layers: tuple[int, ...] | None) -> Tensor:
+    # -- the contract ---------------------------------------------------------------------------------
+    def updated_entries(self, phase_layers: tuple[int, ...] | None) -> list[StateEntry]:
+        """The state entries a method returns: those it changes. SGD without weight decay leaves the
+        LCSB-unselected layers untouched; AdamW (and weight decay) move every parameter."""
         selected = set(range(self.arch.layers)) if phase_layers is None else set(phase_layers)
-        if self.optimizer.kind == "adamw":
-            step = getattr(self, "adam_step")
-            step.add_(1.0)
+        o = self.optimizer
+        moves_unselected = not o.frozen_unselected and (o.kind == "adamw" or o.weight_decay)
+        out = []
+        for e in self.layout:
+            if e.layer is None or e.layer in selected or moves_unselected:
+                out.append(e)
+        return out
+
+    def train_step(self, input_ids: Tensor, labels: Tensor, lr: Tensor, state: dict[str, Tensor],
+                   phase_layers: tuple[int, ...] | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """One step; returns (loss [1], new value of every `updated_entries` tensor). `state` is not
+        modified."""
+        selected = set(range(self.arch.layers)) if phase_layers is None else set(phase_layers)
+        new: dict[str, Tensor] = {}
+        step = state["adam_step"] + 1.0 if self.optimizer.kind == "adamw" else None
+        if step is not None:
+            new["adam_step"] = step
 
         def update(layer: int, grads: dict[str, LoraPair]) -> None:
             for t, g in grads.items():
-                self._update(f"{layer}_{t}_a", g.a, lr)
-                self._update(f"{layer}_{t}_b", g.b, lr)
+                self._update(state, new, f"{layer}_{t}_a", g.a, lr, step)
+                self._update(state, new, f"{layer}_{t}_b", g.b, lr, step)
 
-        res = mesp_step(self.arch, self.model_weights(), self.lora_weights(), self.cfg, input_ids, labels,
-                        options=self.options, backward_layers=selected, on_layer_grads=update)
+        res = mesp_step(self.arch, self.model_weights(), self._lora(state), self.cfg, input_ids, labels,
+                        options=self.options, backward_layers=selected, on_layer_grads=update, keep_grads=False)
         o = self.optimizer
         if not o.frozen_unselected and (o.kind == "adamw" or o.weight_decay):
             # LCSB: unselected layers get a zero gradient and still move by momentum and weight decay.
@@ -193,26 +225,47 @@ class StepProgram(nn.Module):
                 for t in self.cfg.targets:
                     for which in ("a", "b"):
                         suffix = f"{i}_{t}_{which}"
-                        self._update(suffix, torch.zeros_like(getattr(self, "lora_" + suffix)), lr)
-        return res.loss.reshape(1)
+                        self._update(state, new, suffix, torch.zeros_like(state["lora_" + suffix]), lr, step)
+        return res.loss.reshape(1), {e.name: new[e.name] for e in self.updated_entries(phase_layers)}
 
-    def _update(self, suffix: str, grad: Tensor, lr: Tensor) -> None:
-        p = getattr(self, "lora_" + suffix)
+    def _update(self, state: dict[str, Tensor], new: dict[str, Tensor], suffix: str, grad: Tensor, lr: Tensor,
+                step: Tensor | None) -> None:
+        p = state["lora_" + suffix]
         o = self.optimizer
         if o.kind == "sgd":
-            p.copy_(sgd_tensor_update(p, grad, lr, weight_decay=o.weight_decay))
+            new["lora_" + suffix] = sgd_tensor_update(p, grad, lr, weight_decay=o.weight_decay)
             return
-        m, v = getattr(self, "adam_m_" + suffix), getattr(self, "adam_v_" + suffix)
-        new_p, new_m, new_v = adamw_tensor_update(p, grad, m, v, getattr(self, "adam_step"), lr, betas=o.betas,
-                                                  eps=o.eps, weight_decay=o.weight_decay)
-        p.copy_(new_p)
-        m.copy_(new_m)
-        v.copy_(new_v)
+        new["lora_" + suffix], new["adam_m_" + suffix], new["adam_v_" + suffix] = adamw_tensor_update(
+            p, grad, state["adam_m_" + suffix], state["adam_v_" + suffix], step, lr, betas=o.betas, eps=o.eps,
+            weight_decay=o.weight_decay)
 
-    def get_state(self) -> Tensor:
-        return torch.cat([getattr(self, e.name).reshape(-1) for e in self.layout])
+    def eager_step(self, input_ids: Tensor, labels: Tensor, lr: float, flat: Tensor,
+                   phase_layers: tuple[int, ...] | None) -> float:
+        """The reference for the runtimes: one step in PyTorch, updating `flat` in place as an app does."""
+        views = unflatten_state(self.layout, flat)
+        with torch.no_grad():
+            loss, new = self.train_step(input_ids, labels, torch.tensor([lr], dtype=torch.float32), views, phase_layers)
+            for name, value in new.items():
+                views[name].copy_(value)
+        return float(loss[0])
 
-    def set_state(self, state: Tensor) -> Tensor:
-        for e in self.layout:
-            getattr(self, e.name).copy_(state[e.offset:e.offset + e.numel].reshape(e.shape))
-        return state.new_full((1,), float(len(self.layout)))
+
+class TrainMethod(nn.Module):
+    """One method of the contract as a plain `forward`: (input_ids, labels, lr, *state) -> (loss, *updated),
+    for exporters (ExecuTorch, ONNX, Core ML) that trace a module's forward."""
+
+    def __init__(self, program: StepProgram, phase_layers: tuple[int, ...] | None) -> None:
+        super().__init__()
+        self.program, self.phase_layers = program, phase_layers
+        self.names = [e.name for e in program.layout]
+
+    def forward(self, input_ids, labels, lr, *state):
+        loss, new = self.program.train_step(input_ids, labels, lr, dict(zip(self.names, state)), self.phase_layers)
+        return (loss, *new.values())
+
+
+def example_inputs(program: StepProgram, seq_len: int) -> tuple:
+    """Tracing inputs of a train method: ids/labels [T], lr [1], then every state tensor."""
+    ids = torch.zeros(seq_len, dtype=torch.int64)
+    lr = torch.full((1,), 1e-4, dtype=torch.float32)
+    return (ids, ids.clone(), lr, *(torch.zeros(e.shape, dtype=torch.float32) for e in program.layout))

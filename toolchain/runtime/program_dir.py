@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from toolchain.errors import BadInput
-from toolchain.export.build import MANIFEST_NAME, sha256_file
+from toolchain.export.build import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION, sha256_file
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import lora_from_state_dict
 from toolchain.lora.weights import LoraWeights
@@ -25,6 +25,10 @@ class ProgramDir:
         self.path = Path(path)
         if not (self.path / MANIFEST_NAME).is_file():
             raise BadInput(f"{self.path} is not an exported program (no {MANIFEST_NAME}); run `toolchain export` first")
+        raw = read_json(self.path / MANIFEST_NAME)
+        if not isinstance(raw, dict) or raw.get("schema_version") != MANIFEST_SCHEMA_VERSION:
+            raise BadInput(f"{self.path} was exported with manifest schema_version {raw.get('schema_version') if isinstance(raw, dict) else None}; this "
+                           f"toolchain runs version {MANIFEST_SCHEMA_VERSION}: re-export the program")
         self.manifest = read_json(self.path / MANIFEST_NAME, "manifest")
         if verify:
             self._verify()
@@ -64,13 +68,50 @@ class ProgramDir:
     def train_methods(self) -> list[str]:
         return [m["name"] for m in self.manifest["methods"] if m["kind"] == "train_step"]
 
+    def method(self, name: str) -> dict:
+        for m in self.manifest["methods"]:
+            if m["name"] == name:
+                return m
+        raise BadInput(f"{self.path}: no method {name!r} in the manifest")
+
+    def state_init(self) -> torch.Tensor:
+        """The initial flat state (state.init_file, raw little-endian float32)."""
+        import numpy as np
+
+        f = self.path / self.manifest["state"]["init_file"]
+        values = np.fromfile(f, dtype="<f4")
+        if values.size != self.state_numel:
+            raise BadInput(f"{f} holds {values.size} values, the manifest says {self.state_numel}; re-export the program")
+        return torch.from_numpy(values.astype(np.float32))
+
+    def state_views(self, state: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each state entry as a view of the flat state (entry order)."""
+        return {e["name"]: state[e["offset"]:e["offset"] + _numel(e["shape"])].view(e["shape"])
+                for e in self.manifest["state"]["entries"]}
+
+    def call_train_method(self, execute, method: str, input_ids: torch.Tensor, labels: torch.Tensor, lr: float,
+                          state: torch.Tensor) -> float:
+        """One step as an app makes it: inputs (ids, labels, lr, every state slice), then each output after
+        the loss copied into its state slice. `execute(method, inputs) -> outputs` is the runtime."""
+        views = self.state_views(state)
+        inputs = [input_ids, labels, torch.tensor([lr], dtype=torch.float32), *views.values()]
+        outputs = execute(method, inputs)
+        spec = self.method(method)["outputs"]
+        if len(outputs) != len(spec):
+            raise BadInput(f"{method} returned {len(outputs)} outputs, the manifest lists {len(spec)}; re-export the program")
+        for io, value in zip(spec[1:], outputs[1:]):
+            views[io["name"]].copy_(value.reshape(views[io["name"]].shape))
+        return float(outputs[0].reshape(-1)[0])
+
     def lora_from_state(self, state: torch.Tensor) -> LoraWeights:
         """The adapter tensors (role 'param') sliced out of a flat state vector."""
-        sd = {}
-        for e in self.manifest["state"]["entries"]:
-            if e["role"] == "param":
-                n = 1
-                for s in e["shape"]:
-                    n *= s
-                sd[e["key"]] = state[e["offset"]:e["offset"] + n].reshape(e["shape"]).clone()
+        sd = {e["key"]: state[e["offset"]:e["offset"] + _numel(e["shape"])].reshape(e["shape"]).clone()
+              for e in self.manifest["state"]["entries"] if e["role"] == "param"}
         return lora_from_state_dict(self.arch, self.lora_config, sd)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,9 +1,10 @@
 """Train with an exported program the way the phone apps do (host plays the phone).
 
-Per step: pick the method of the LCSB phase from the manifest's schedule, pad the row to seq_len
-(ids with pad_token_id, labels with -100), call it with the learning rate, record the loss. Every
-`checkpoint_every` steps the flat state (get_state) and the position in the run are written
-atomically, so a killed run resumes (set_state) with the same result as an uninterrupted one.
+The run owns the flat state (from the program's state_init.bin). Per step: pick the method of the
+LCSB phase from the manifest's schedule, pad the row to seq_len (ids with pad_token_id, labels with
+-100), call it with the learning rate and the state slices, copy the returned entries back, record
+the loss. Every `checkpoint_every` steps the state and the position in the run are written
+atomically, so a killed run resumes with the same result as an uninterrupted one.
 Telemetry events (shared_schemas/telemetry_event.schema.json) go to a JSONL file, numbered per run.
 """
 
@@ -128,7 +129,7 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
 
 def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun, *,
                 on_step: Callable[[int, float], None] | None = None, run_info: dict | None = None) -> TrainResult:
-    """Drive `runner` (ExecutorchRunner or any object with train_step/get_state/set_state) for a run."""
+    """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
     from toolchain.telemetry.events import TelemetryWriter
 
     m = pdir.manifest
@@ -136,11 +137,12 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
     rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
     order = data_order(len(rows), run.steps, run.shuffle_seed)
     start, run_id, seq, losses, step_s = 0, None, 0, [], []
+    state = pdir.state_init()
     if run.resume and run.checkpoint is not None and run.checkpoint.exists():
         state, meta = _load_checkpoint(run.checkpoint)
         if state.numel() != pdir.state_numel:
             raise BadInput(f"checkpoint {run.checkpoint} has {state.numel()} state values, the program {pdir.state_numel}")
-        runner.set_state(state)
+        state = state.clone()
         start, run_id, seq, losses = meta["step"], meta["run_id"], meta["seq"], meta["losses"]
     if run.telemetry and run_id is not None:
         # Events written after the checkpoint (before the kill) keep their numbers: continue after the
@@ -149,14 +151,14 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
     writer = TelemetryWriter(run.telemetry, run_id, start_seq=seq) if run.telemetry else None
     run_id = writer.run_id if writer else (run_id or "local")
     if writer and start == 0:
-        writer.emit("run_start", **(run_info or host_run_info(pdir, "executorch", run.lr)), steps_planned=run.steps,
+        writer.emit("run_start", **(run_info or host_run_info(pdir, getattr(runner, "backend", "executorch"), run.lr)), steps_planned=run.steps,
                     lr=run.lr)
     t_run = time.perf_counter()
     for step in range(start, run.steps):
         method, phase = pdir.method_for_step(step)
         ids, labels = rows[order[step]]
         t0 = time.perf_counter()
-        loss = runner.train_step(method, ids, labels, run.lr)
+        loss = pdir.call_train_method(runner.execute, method, ids, labels, run.lr, state)
         dt = time.perf_counter() - t0
         losses.append(loss)
         step_s.append(dt)
@@ -171,9 +173,8 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
         if on_step:
             on_step(step, loss)
         if run.checkpoint is not None and ((step + 1) % run.checkpoint_every == 0 or step + 1 == run.steps):
-            _save_checkpoint(run.checkpoint, runner.get_state(),
+            _save_checkpoint(run.checkpoint, state,
                              {"step": step + 1, "run_id": run_id, "seq": writer.seq if writer else 0, "losses": losses})
-    state = runner.get_state()
     if writer:
         writer.emit("run_end", status="completed", steps_completed=run.steps,
                     duration_s=round(time.perf_counter() - t_run, 6), final_loss=losses[-1] if losses else None)
