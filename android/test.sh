@@ -8,7 +8,8 @@
 #      APIs Android has) + host-stubs/ (ExecuTorch API stubs with the real signatures, and the few
 #      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
-# Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host.
+# Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host,
+# ANDROID_TEST_PROGRAM=DIR adds a check: the Trainer replays the host's run of that exported program.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -135,6 +136,18 @@ if [ -f "$BUILD/interop/checkpoint.safetensors" ] && [ -x "$REPO/.venv/bin/pytho
     check host-interop "$REPO/.venv/bin/python" "$HERE/interop_check.py" "$BUILD/interop" "$MANIFEST_EXAMPLE" || true
 else
     log "host-interop skipped (needs the JUnit run, $REPO/.venv and $MANIFEST_EXAMPLE)"
+fi
+
+# Optional: the Trainer replays a real exported program's steps as the host ran them (android/replay_record.py,
+# trainer-core's ReplayCheck): ANDROID_TEST_PROGRAM=DIR, a `toolchain export --target executorch` output.
+if [ -n "${ANDROID_TEST_PROGRAM:-}" ]; then
+    if [ $jvm_ok = 1 ] && [ -x "$REPO/.venv/bin/python" ]; then
+        check host-replay sh -c "'$REPO/.venv/bin/python' '$HERE/replay_record.py' '$ANDROID_TEST_PROGRAM' '$BUILD/replay' \
+            && java -cp '$BUILD/core-tests.jar:$KLIB/kotlin-stdlib.jar' org.onphonellm.trainer.core.ReplayCheck '$ANDROID_TEST_PROGRAM' '$BUILD/replay'" || true
+        tail -1 "$BUILD/host-replay.log" >&2
+    else
+        log "host-replay skipped (needs the JUnit build and $REPO/.venv)"
+    fi
 fi
 
 [ "${KEEP_BUILD:-0}" = 1 ] || { rm -rf "$BUILD"; rmdir "$HERE/build" 2>/dev/null || true; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # iOS checks that run on Linux (CI and developers' machines):
 #   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot);
-#   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`;
+#   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, and the
+#      app's ExecuTorch and Core ML runtimes type-checked against stand-ins of those frameworks;
 #   3. the scripts/ios tests (a fake xcrun on PATH).
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
 # failure. Needs root the first time (debootstrap + mount + chroot; ~3 minutes, 3.2 GB under
@@ -60,6 +61,26 @@ fi
 echo "Swift syntax: $syntax_passed passed, $syntax_failed failed (swiftc -parse, ${#swift_files[@]} files)"
 passed=$((passed + syntax_passed))
 failed=$((failed + syntax_failed))
+
+# --- 2b. Type-check the app's two runtimes against TrainerCore (just built) and stand-ins with the
+# declarations of the ExecuTorch Swift API and of Core ML (ios/typecheck/; the real frameworks need
+# Apple's SDKs). One check per runtime file.
+TC_OUT=/tmp/ios-typecheck
+swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
+    MODS=\$(dirname \$(find $SCRATCH -path '*/debug/Modules/TrainerCore.swiftmodule' | head -1))
+    for m in ExecuTorch CoreML; do
+        swiftc -parse-as-library -emit-module -module-name \$m -emit-module-path $TC_OUT/\$m.swiftmodule ios/typecheck/\$m.swift
+    done
+    for f in ExecuTorchRuntime CoreMLRuntime; do
+        if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
+        else echo \"TYPECHECK-FAIL \$f\"; echo \"\$out\" | head -30; fi
+    done" >"$LOG_DIR/typecheck.log" 2>&1
+tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
+tc_failed=$((2 - tc_passed))
+[ "$tc_failed" != 0 ] && grep -v "^TYPECHECK-OK " "$LOG_DIR/typecheck.log" | head -40
+echo "Runtime type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
+passed=$((passed + tc_passed))
+failed=$((failed + tc_failed))
 
 # --- 3. scripts/ios with a fake xcrun.
 bash "$REPO/scripts/ios/tests/run_tests.sh" >"$LOG_DIR/scripts.log" 2>&1

@@ -2,7 +2,9 @@
 # Push an exported program directory, a JSONL data file and (optionally) a step plan and the APK.
 #   scripts/android/deploy.sh PROGRAM_DIR DATA.jsonl [--plan PLAN.json] [--apk app.apk]
 # Files land in /sdcard/Android/data/<package>/files/{programs/<dir name>,data,plans}/ (the app's own
-# external directory); the app checks the program's sha256s against its manifest before training.
+# external directory): the whole program directory, so model.pte, state_init.bin (the initial state the
+# app trains from) and adapter_init/; the app checks their sha256s against the manifest before training.
+# Refuses, before touching the phone, a manifest other than schema_version 2 or a listed file missing.
 source "$(dirname "$0")/common.sh"
 
 [ $# -ge 2 ] || die "usage: deploy.sh PROGRAM_DIR DATA.jsonl [--plan PLAN.json] [--apk APP.apk]"
@@ -16,6 +18,25 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -f "$program/manifest.json" ] || die "$program is not an exported program (no manifest.json); run 'toolchain export' first"
+# The app runs manifest schema_version 2 (functional state: the app owns the state, initialized from
+# state.init_file); every file the manifest lists (state_init.bin included) must be here, or the run
+# would only fail on the phone, after the push.
+"$PYTHON" - "$program" <<'PY' || exit 2
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+try:
+    m = json.loads((d / "manifest.json").read_text())
+except ValueError as e:
+    sys.exit(f"Error: {d}/manifest.json is not valid JSON ({e}); export the program again")
+v = m.get("schema_version") if isinstance(m, dict) else None
+if v != 2:
+    sys.exit(f"Error: {d} was exported with manifest schema_version {v}; the app runs version 2 (functional state): "
+             "re-export the program with the current toolchain")
+listed = set(m.get("files") or {}) | {(m.get("state") or {}).get("init_file") or "state_init.bin"}
+missing = sorted(f for f in listed if not (d / f).is_file())
+if missing:
+    sys.exit(f"Error: {d} lacks {', '.join(missing)} (listed in manifest.json); export the program again")
+PY
 [ -f "$data" ] || die "$data does not exist"
 [ -z "$plan" ] || [ -f "$plan" ] || die "$plan does not exist"
 name="$(basename "$program")"; safe "program name" "$name"; safe "data file name" "$(basename "$data")"

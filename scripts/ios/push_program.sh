@@ -3,8 +3,8 @@
 #
 #   scripts/ios/push_program.sh PROGRAM_DIR [--name NAME] [--data FILE.jsonl] [--device ID] [--bundle-id ID]
 #
-# PROGRAM_DIR is what `toolchain export` wrote (manifest.json, model.pte and/or the .mlpackage,
-# adapter_init/). It lands in Documents/Programs/NAME (default: the directory's name), each file
+# PROGRAM_DIR is what `toolchain export` wrote (manifest.json with schema_version 2, state_init.bin,
+# model.pte and/or one .mlpackage per method, adapter_init/). It lands in Documents/Programs/NAME (default: the directory's name), each file
 # copied with `xcrun devicectl device copy to`. The data file lands in Documents/Data/.
 # --dry-run prints the commands instead of running them.
 set -euo pipefail
@@ -39,7 +39,8 @@ name="${name:-$(basename "$program")}"
 case "$name" in */*|.*|"") die "program name '$name' must be a plain directory name" ;; esac
 [ -z "$data" ] || [ -f "$data" ] || die "data file $data does not exist"
 
-# Every program file and every checksummed file the manifest lists must be there before copying.
+# The app runs manifest schema_version 2 only; every program file, per-method file, the initial
+# state and every checksummed file the manifest lists must be there before copying.
 python3 - "$program/manifest.json" <<'PY' || exit 2
 import json, os, sys
 path = sys.argv[1]
@@ -48,8 +49,14 @@ try:
     m = json.load(open(path))
 except ValueError as e:
     sys.exit(f"Error: {path} is not JSON ({e}); re-export the program")
-missing = [p["file"] for p in m.get("programs", []) if not os.path.exists(os.path.join(root, p["file"]))]
-missing += [f for f in m.get("files", {}) if not os.path.exists(os.path.join(root, f))]
+if m.get("schema_version") != 2:
+    sys.exit(f"Error: {path} has schema_version {m.get('schema_version')}; the app runs version 2 (state passed in "
+             "and out of each method): re-export the program with the current toolchain")
+listed = [p["file"] for p in m.get("programs", [])]
+listed += [f for p in m.get("programs", []) for f in (p.get("methods") or {}).values()]
+listed += [m["state"]["init_file"]] if isinstance(m.get("state"), dict) and "init_file" in m["state"] else []
+listed += list(m.get("files", {}))
+missing = [f for f in listed if not os.path.exists(os.path.join(root, f))]
 if missing:
     sys.exit(f"Error: {root} lacks {', '.join(sorted(set(missing)))} (listed in manifest.json); re-export the program")
 PY

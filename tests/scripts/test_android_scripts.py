@@ -126,13 +126,17 @@ def phone(tmp_path, monkeypatch):
 
 @pytest.fixture
 def program(tmp_path):
+    """A program directory shaped like `toolchain export` writes it: the example manifest (schema_version 2)
+    and every file it lists, state_init.bin holding state.numel float32 values."""
     d = tmp_path / "tiny-prog"
     d.mkdir()
-    (d / "manifest.json").write_text((REPO / "shared_schemas" / "examples" / "manifest_tiny.json").read_text()
-                                     if (REPO / "shared_schemas/examples/manifest_tiny.json").is_file() else "{}")
-    (d / "model.pte").write_bytes(b"PTE" * 100)
-    (d / "adapter_init").mkdir()
-    (d / "adapter_init" / "adapter_config.json").write_text("{}")
+    manifest = json.loads((REPO / "shared_schemas" / "examples" / "manifest_tiny.json").read_text())
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    for rel in manifest["files"]:
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(b"PTE" * 100 if rel == "model.pte" else b"{}")
+    numel = manifest["state"]["numel"]
+    (d / manifest["state"]["init_file"]).write_bytes((bytes(range(256)) * (numel // 64 + 1))[:4 * numel])
     data = tmp_path / "train.jsonl"
     data.write_text('{"input_ids": [72, 101, 108, 108, 111]}\n')
     return d, data
@@ -145,6 +149,7 @@ def test_deploy_pushes_program_data_and_apk(phone, program, tmp_path):
     r = phone.run("deploy.sh", prog, data, "--apk", apk)
     assert r.stdout.strip() == "tiny-prog"
     assert (phone.files / "programs/tiny-prog/model.pte").read_bytes() == b"PTE" * 100
+    assert (phone.files / "programs/tiny-prog/state_init.bin").read_bytes() == (prog / "state_init.bin").read_bytes()
     assert (phone.files / "programs/tiny-prog/adapter_init/adapter_config.json").is_file()
     assert (phone.files / "data/train.jsonl").read_text() == data.read_text()
     assert ["install", "-r", str(apk)] in phone.calls()
@@ -156,6 +161,19 @@ def test_deploy_refuses_bad_input_before_touching_the_phone(phone, program, tmp_
     assert "no manifest.json" in r.stderr and phone.calls() == []
     r = phone.run("deploy.sh", prog, data, ok=False, FAKE_ADB_OFFLINE="1")
     assert "no device attached" in r.stderr
+    assert not (phone.files / "programs").exists()
+    # the initial state missing: refused before the push (the app could not start from it)
+    n = len(phone.calls())
+    (prog / "state_init.bin").rename(prog / "kept.bin")
+    r = phone.run("deploy.sh", prog, data, ok=False)
+    assert "lacks state_init.bin" in r.stderr and r.returncode == 2
+    (prog / "kept.bin").rename(prog / "state_init.bin")
+    # a program of the retired contract (version 1: get_state/set_state) must be re-exported
+    manifest = json.loads((prog / "manifest.json").read_text())
+    (prog / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 1}))
+    r = phone.run("deploy.sh", prog, data, ok=False)
+    assert "schema_version 1" in r.stderr and "re-export" in r.stderr
+    assert len(phone.calls()) == n  # adb was not called
     assert not (phone.files / "programs").exists()
 
 

@@ -140,7 +140,7 @@ final class TrainingController: ObservableObject {
         let budget = UInt64(s.budgetMB) << 20
         let footprint = FootprintProbe()
         let trainer = try Trainer(
-            manifest: manifest, programName: s.program, runtime: runtime, examples: examples,
+            manifest: manifest, programName: s.program, programDirectory: dir, runtime: runtime, examples: examples,
             config: RunConfig(steps: s.steps, lr: Float(s.lr), checkpointEvery: s.checkpointEvery),
             device: DeviceFacts.info(budgetBytes: budget, background: background),
             checkpoint: CheckpointStore(url: paths.checkpoint(program: s.program)),
@@ -227,7 +227,6 @@ final class TrainingController: ObservableObject {
     private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: ProgramManifest) throws -> TrainingRuntime {
         switch backend {
         case "coreml":
-            guard #available(iOS 18.0, *) else { throw TrainerError.runtime("the Core ML backend needs iOS 18 (MLState)") }
             let done = DispatchSemaphore(value: 0)
             let box = ResultBox()
             Task.detached {
@@ -242,7 +241,7 @@ final class TrainingController: ObservableObject {
             guard let program = manifest.program(target: "executorch") else {
                 throw TrainerError.badInput("this program has no ExecuTorch export; export it with --target executorch")
             }
-            return try ExecuTorchRuntime(programFile: directory.appendingPathComponent(program.file))
+            return try ExecuTorchRuntime(programFile: directory.appendingPathComponent(program.file), manifest: manifest)
         }
     }
 

@@ -1,118 +1,81 @@
+import ExecuTorch
 import Foundation
 import TrainerCore
-#if canImport(ExecuTorch)
-import ExecuTorch
-#endif
 
-/// The calls the ExecuTorch backend needs, so the two ways of reaching the runtime share one backend.
-protocol ExecuTorchEngine: AnyObject {
-    func load(method: String) throws
-    func trainStep(method: String, inputIds: [Int64], labels: [Int64], lr: Float) throws -> Float
-    func getState() throws -> [Float]
-    func setState(_ state: [Float]) throws
-}
-
-/// Runs `model.pte` with ExecuTorch (executorch 1.5.1, the exporter's version), memory-mapped.
+/// Runs `model.pte` with the stock ExecuTorch Swift `Module` (executorch 1.5.x, the exporter's
+/// version): `Module(filePath:loadMode: .mmap)`, `load(_:)` per method, `execute(_:_:)`.
+///
+/// The program is functional (manifest schema_version 2): every call gets the state slices as
+/// inputs and returns the changed entries, so it does not matter that this `Module` gives each
+/// method its own memory arenas. Inputs are not memory-planned by the exporter
+/// (`alloc_graph_input=False`): ExecuTorch reads the tensors built here in place. Outputs live in
+/// the method's planned arena, which its next call overwrites, so they are copied out at once.
 final class ExecuTorchRuntime: TrainingRuntime {
     let backendName = "executorch"
-    private let engine: ExecuTorchEngine
-
-    enum Engine: String, CaseIterable, Identifiable {
-        /// C++ Module with shared memory arenas (TCSharedArenaModule.mm): what multi-method training needs.
-        case sharedArena
-        /// The package's Swift `Module`: no shared arenas in 1.5.1, so `Trainer.start` refuses it for a
-        /// multi-method program (kept for programs and future runtimes where it works).
-        case swiftModule
-        var id: String { rawValue }
-    }
-
-    init(programFile: URL, engine: Engine = .sharedArena) throws {
-        switch engine {
-        case .sharedArena:
-            self.engine = try SharedArenaEngine(path: programFile.path)
-        case .swiftModule:
-            #if canImport(ExecuTorch)
-            self.engine = try SwiftModuleEngine(path: programFile.path)
-            #else
-            throw TrainerError.runtime("this build has no ExecuTorch Swift package")
-            #endif
-        }
-    }
-
-    func load(methods: [String]) throws {
-        for m in methods { try engine.load(method: m) }
-    }
-
-    func trainStep(method: String, inputIds: [Int64], labels: [Int64], lr: Float) throws -> Float {
-        try engine.trainStep(method: method, inputIds: inputIds, labels: labels, lr: lr)
-    }
-
-    func getState() throws -> [Float] { try engine.getState() }
-
-    func setState(_ state: [Float]) throws { try engine.setState(state) }
-}
-
-/// Through the Objective-C++ shim (shared memory arenas).
-final class SharedArenaEngine: ExecuTorchEngine {
-    private let module: SharedArenaModule
-
-    init(path: String) throws {
-        module = try SharedArenaModule(path: path)
-    }
-
-    func load(method: String) throws { try module.load(method: method) }
-
-    func trainStep(method: String, inputIds: [Int64], labels: [Int64], lr: Float) throws -> Float {
-        let ids = inputIds.withUnsafeBufferPointer { Data(buffer: $0) }
-        let lab = labels.withUnsafeBufferPointer { Data(buffer: $0) }
-        return try module.trainStep(method: method, inputIds: ids, labels: lab, lr: lr).floatValue
-    }
-
-    func getState() throws -> [Float] {
-        let data = try module.getState()
-        return data.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
-    }
-
-    func setState(_ state: [Float]) throws {
-        try module.setState(state.withUnsafeBufferPointer { Data(buffer: $0) })
-    }
-}
-
-#if canImport(ExecuTorch)
-/// Through the ExecuTorch Swift API: `Module(filePath:loadMode:)`, `load(_:)`, `execute(_:_:)`.
-final class SwiftModuleEngine: ExecuTorchEngine {
     private let module: Module
+    private let manifest: ProgramManifest
+    private let fileName: String
 
-    init(path: String) throws {
-        module = Module(filePath: path, loadMode: .mmap)
-        try module.load()
-    }
-
-    func load(method: String) throws { try module.load(method) }
-
-    func trainStep(method: String, inputIds: [Int64], labels: [Int64], lr: Float) throws -> Float {
-        let inputs: [ValueConvertible] = [
-            Tensor<Int64>(inputIds, shape: [inputIds.count]),
-            Tensor<Int64>(labels, shape: [labels.count]),
-            Tensor<Float>([lr], shape: [1]),
-        ]
-        let outputs: [Value] = try module.execute(method, inputs)
-        guard let loss: Tensor<Float> = outputs.first?.tensor() else {
-            throw TrainerError.runtime("\(method) returned no float32 loss")
+    init(programFile: URL, manifest: ProgramManifest) throws {
+        guard FileManager.default.fileExists(atPath: programFile.path) else {
+            throw TrainerError.io("\(programFile.path) is missing; copy the whole program directory to the phone")
         }
-        return loss.scalars()[0]
-    }
-
-    func getState() throws -> [Float] {
-        let outputs: [Value] = try module.execute("get_state", [ValueConvertible]())
-        guard let state: Tensor<Float> = outputs.first?.tensor() else {
-            throw TrainerError.runtime("get_state returned no float32 tensor")
+        module = Module(filePath: programFile.path, loadMode: .mmap)
+        self.manifest = manifest
+        fileName = programFile.lastPathComponent
+        do {
+            try module.load()
+        } catch {
+            throw TrainerError.runtime("ExecuTorch cannot load \(fileName) (\(error)); re-export it with the app's executorch version")
         }
-        return state.scalars()     // a copy: the next call may reuse the output's memory
     }
 
-    func setState(_ state: [Float]) throws {
-        let _: [Value] = try module.execute("set_state", [Tensor<Float>(state, shape: [state.count])])
+    /// Load each method (planning its arena), and check that its signature is the manifest's: a
+    /// model.pte from another export fails here, not in the middle of a step.
+    func load(methods: [String]) throws {
+        for name in methods {
+            guard let spec = manifest.method(named: name) else { throw TrainerError.runtime("method \(name) is not in the manifest") }
+            let meta: MethodMetadata
+            do {
+                try module.load(name)
+                meta = try module.methodMetadata(name)
+            } catch {
+                throw TrainerError.runtime("ExecuTorch cannot load method \(name) of \(fileName) (\(error)); re-export the program")
+            }
+            guard meta.inputValueTags.count == spec.inputs.count, meta.outputValueTags.count == spec.outputs.count else {
+                throw TrainerError.runtime("\(fileName) method \(name) takes \(meta.inputValueTags.count) inputs and returns " +
+                                           "\(meta.outputValueTags.count) outputs, the manifest says \(spec.inputs.count) and " +
+                                           "\(spec.outputs.count); the program and its manifest come from different exports")
+            }
+        }
+    }
+
+    func execute(method: String, inputs: [TensorValue]) throws -> [TensorValue] {
+        guard let spec = manifest.method(named: method) else { throw TrainerError.runtime("method \(method) is not in the manifest") }
+        let values: [ValueConvertible] = inputs.map(Self.tensor)
+        let outputs: [Value]
+        do {
+            outputs = try module.execute(method, values)
+        } catch {
+            throw TrainerError.runtime("ExecuTorch failed in \(method): \(error)")
+        }
+        let copies: [[Float]] = try outputs.enumerated().map { i, value in
+            guard let t: Tensor<Float> = value.tensor() else {
+                throw TrainerError.runtime("\(method) output \(i) is not a float32 tensor; re-export the program")
+            }
+            return t.scalars()
+        }
+        return try spec.namedOutputs(copies)
+    }
+
+    /// An ExecuTorch tensor holding a copy of the value (a state slice is copied once per step; the
+    /// copy lives until `execute` returns).
+    static func tensor(_ v: TensorValue) -> ValueConvertible {
+        switch v.storage {
+        case .int64(let values):
+            return Tensor<Int64>(values, shape: v.shape)
+        case .float32(let values):
+            return values.withUnsafeBufferPointer { Tensor<Float>(bytes: UnsafeRawPointer($0.baseAddress!), shape: v.shape) }
+        }
     }
 }
-#endif

@@ -28,7 +28,7 @@ struct ContentView: View {
                     }
                     Picker("Runtime", selection: $backend) {
                         Text("ExecuTorch").tag("executorch")
-                        Text("Core ML (iOS 18)").tag("coreml")
+                        Text("Core ML").tag("coreml")
                     }
                     .pickerStyle(.segmented)
                 }

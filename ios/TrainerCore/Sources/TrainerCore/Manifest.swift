@@ -75,16 +75,21 @@ public struct ProgramManifest: Codable, Equatable {
         public var schedule: [Int]
     }
 
-    /// One runnable file. Core ML entries also list the package's `inputs`, `outputs` and `states`
-    /// (the manifest allows extra keys here); absent for ExecuTorch.
+    /// One runnable export. ExecuTorch: one `model.pte` holding every method; ONNX and Core ML: one
+    /// file (or `.mlpackage`) per method in `methods` (method name -> path relative to the program
+    /// directory). Extra keys of the entry (opset, ops, ...) are ignored.
     public struct Program: Codable, Equatable {
         public var target: String
         public var file: String
         public var delegate: String?
         public var bytes: Int?
-        public var inputs: [TensorSpec]?
-        public var outputs: [TensorSpec]?
-        public var states: [TensorSpec]?
+        public var methods: [String: String]?
+
+        /// The file that runs `method`: its own file when the target has one per method, else `file`.
+        public func file(forMethod method: String) -> String? {
+            guard let methods else { return file }
+            return methods[method]
+        }
     }
 
     public struct TensorSpec: Codable, Equatable {
@@ -106,14 +111,22 @@ public struct ProgramManifest: Codable, Equatable {
         }
     }
 
+    /// The app's flat float32 state: `numel` values, initially the raw little-endian float32 file
+    /// `initFile` (relative to the program directory), split into `entries`.
     public struct State: Codable, Equatable {
         public var dtype: String
         public var numel: Int
+        public var initFile: String
         public var entries: [StateEntry]
+        enum CodingKeys: String, CodingKey { case dtype, numel, initFile = "init_file", entries }
+
+        /// The entry called `name`, if any.
+        public func entry(named name: String) -> StateEntry? { entries.first { $0.name == name } }
     }
 
     /// A slice `[offset, offset + count)` of the flat float32 state; `key` is the PEFT key of a
-    /// parameter (role "param") or of the parameter an optimizer moment belongs to.
+    /// parameter (role "param") or of the parameter an optimizer moment belongs to ("" for the AdamW
+    /// step counter, role "step").
     public struct StateEntry: Codable, Equatable {
         public var name: String
         public var key: String
@@ -150,8 +163,22 @@ public struct ProgramManifest: Codable, Equatable {
 }
 
 extension ProgramManifest {
-    /// Decode and check a manifest (see `validate()`).
+    /// The manifest version this app drives: functional state (the app owns the state array and
+    /// passes it in and out of each train method). Version 1 (state inside the program, get_state /
+    /// set_state methods) is retired.
+    public static let supportedSchemaVersion = 2
+
+    private struct VersionOnly: Decodable {
+        let schemaVersion: Int?
+        enum CodingKeys: String, CodingKey { case schemaVersion = "schema_version" }
+    }
+
+    /// Decode and check a manifest (see `validate()`). The version is checked first, so an old
+    /// manifest gets a message about its version rather than about a key it lacks.
     public static func decode(_ data: Data, source: String = "manifest.json") throws -> ProgramManifest {
+        if let version = (try? JSONDecoder().decode(VersionOnly.self, from: data))?.schemaVersion {
+            try checkVersion(version, source: source)
+        }
         let m: ProgramManifest
         do {
             m = try JSONDecoder().decode(ProgramManifest.self, from: data)
@@ -162,32 +189,39 @@ extension ProgramManifest {
         return m
     }
 
+    static func checkVersion(_ version: Int, source: String) throws {
+        if version == 1 {
+            throw TrainerError.badInput("\(source) has schema_version 1 (state inside the program, get_state/set_state), " +
+                                        "which this app no longer runs; re-export the program with the current toolchain (schema_version 2)")
+        }
+        guard version == supportedSchemaVersion else {
+            throw TrainerError.badInput("\(source): schema_version \(version) is not supported (this app reads " +
+                                        "\(supportedSchemaVersion)); re-export the program or update the app")
+        }
+    }
+
     public static func load(directory: URL) throws -> ProgramManifest {
         let url = directory.appendingPathComponent(fileName)
         return try decode(try readFile(url, what: "manifest"), source: url.path)
     }
 
-    /// The checks an app needs before it runs anything: every method the schedule uses exists with
-    /// the step signature, get_state/set_state exist, and the state entries fit the flat state.
+    /// The checks an app needs before it runs anything: the state entries tile part of the flat
+    /// state without overlapping, every method the schedule uses exists, takes (input_ids, labels,
+    /// lr, every state entry in order) and returns (loss, a subset of the entries in order).
     public func validate(source: String = "manifest.json") throws {
         func fail(_ why: String) -> TrainerError { .badInput("\(source): \(why); re-export the program") }
-        guard schemaVersion == 1 else { throw fail("schema_version \(schemaVersion) is not supported (this app reads 1)") }
+        try Self.checkVersion(schemaVersion, source: source)
         guard seqLen >= 2 else { throw fail("seq_len \(seqLen) is below 2") }
         guard state.dtype == "float32", state.numel > 0 else { throw fail("state must be float32 with numel > 0") }
+        guard !state.initFile.isEmpty else { throw fail("state.init_file is empty") }
         guard tokenizer.padTokenId >= 0, tokenizer.padTokenId < max(tokenizer.vocab, model.arch.vocab) else {
             throw fail("pad_token_id \(tokenizer.padTokenId) is outside the vocabulary")
         }
-        for e in state.entries where e.offset < 0 || e.offset + e.count > state.numel {
-            throw fail("state entry \(e.name) [\(e.offset), \(e.offset + e.count)) lies outside the state of \(state.numel)")
-        }
+        try checkEntries(fail: fail)
         let names = Set(methods.map(\.name))
         guard names.count == methods.count else { throw fail("a method name is listed twice") }
-        for kind in ["get_state", "set_state"] where methods.filter({ $0.kind == kind }).count != 1 {
-            throw fail("exactly one \(kind) method is required")
-        }
-        if let getState = methods.first(where: { $0.kind == "get_state" }),
-           getState.outputs.first?.count != state.numel {
-            throw fail("get_state must return float32[\(state.numel)]")
+        if let other = methods.first(where: { $0.kind != "train_step" }) {
+            throw fail("method \(other.name) has kind \(other.kind); only train_step methods exist in schema_version 2")
         }
         if let lcsb {
             guard !lcsb.schedule.isEmpty, !lcsb.phases.isEmpty else { throw fail("lcsb needs phases and a schedule") }
@@ -196,21 +230,55 @@ extension ProgramManifest {
             }
         }
         for name in trainMethodNames {
-            guard let m = methods.first(where: { $0.name == name }), m.kind == "train_step" else {
-                throw fail("method \(name) (needed by the schedule) is missing")
-            }
+            guard let m = method(named: name) else { throw fail("method \(name) (needed by the schedule) is missing") }
             try checkStepSignature(m, fail: fail)
+        }
+        for p in programs where p.methods != nil {
+            if let missing = trainMethodNames.first(where: { p.file(forMethod: $0) == nil }) {
+                throw fail("the \(p.target) program lists no file for method \(missing)")
+            }
+        }
+    }
+
+    private func checkEntries(fail: (String) -> TrainerError) throws {
+        guard !state.entries.isEmpty else { throw fail("state.entries is empty") }
+        guard Set(state.entries.map(\.name)).count == state.entries.count else { throw fail("a state entry name is listed twice") }
+        for e in state.entries where e.shape.isEmpty || e.shape.contains(where: { $0 < 1 }) {
+            throw fail("state entry \(e.name) has the shape \(e.shape)")
+        }
+        var end = 0
+        for e in state.entries.sorted(by: { $0.offset < $1.offset }) {
+            guard e.offset >= 0, e.offset + e.count <= state.numel else {
+                throw fail("state entry \(e.name) [\(e.offset), \(e.offset + e.count)) lies outside the state of \(state.numel)")
+            }
+            guard e.offset >= end else { throw fail("state entry \(e.name) overlaps the entry before it") }
+            end = e.offset + e.count
         }
     }
 
     private func checkStepSignature(_ m: Method, fail: (String) -> TrainerError) throws {
-        let want = [("int64", [seqLen]), ("int64", [seqLen]), ("float32", [1])]
-        let got = m.inputs.map { ($0.dtype, $0.shape) }
-        guard got.count == 3, zip(got, want).allSatisfy({ $0.0 == $1.0 && $0.1 == $1.1 }) else {
-            throw fail("\(m.name) must take (int64[\(seqLen)], int64[\(seqLen)], float32[1]), not \(got)")
+        let want = [("input_ids", "int64", [seqLen]), ("labels", "int64", [seqLen]), ("lr", "float32", [1])]
+            + state.entries.map { ($0.name, "float32", $0.shape) }
+        let got = m.inputs.map { ($0.name, $0.dtype, $0.shape) }
+        guard got.count == want.count else {
+            throw fail("\(m.name) takes \(got.count) inputs; it must take input_ids, labels, lr and the \(state.entries.count) state entries")
         }
-        guard let out = m.outputs.first, out.dtype == "float32", out.count == 1 else {
-            throw fail("\(m.name) must return the loss as float32[1]")
+        for (g, w) in zip(got, want) where g.0 != w.0 || g.1 != w.1 || g.2 != w.2 {
+            throw fail("\(m.name) input \(g.0) \(g.1)\(g.2) is not \(w.0) \(w.1)\(w.2) (inputs: input_ids, labels, lr, then the state entries in order)")
+        }
+        guard let loss = m.outputs.first, loss.name == "loss", loss.dtype == "float32", loss.count == 1 else {
+            throw fail("\(m.name) must return the loss as float32[1] first")
+        }
+        var previous = -1
+        for out in m.outputs.dropFirst() {
+            guard let i = state.entries.firstIndex(where: { $0.name == out.name }) else {
+                throw fail("\(m.name) returns \(out.name), which is not a state entry")
+            }
+            guard out.dtype == "float32", out.shape == state.entries[i].shape else {
+                throw fail("\(m.name) returns \(out.name) as \(out.dtype)\(out.shape), the entry is float32\(state.entries[i].shape)")
+            }
+            guard i > previous else { throw fail("\(m.name) returns its state entries out of state.entries order") }
+            previous = i
         }
     }
 
@@ -223,13 +291,25 @@ extension ProgramManifest {
     /// Every method an app loads up front (before the first call), in manifest order.
     public var methodNames: [String] { methods.map(\.name) }
 
+    public func method(named name: String) -> Method? { methods.first { $0.name == name } }
+
     public func program(target: String) -> Program? { programs.first { $0.target == target } }
 
-    /// Dirty memory a step is planned to peak at: the manifest's peak estimate, else the largest
-    /// planned arena plus the LoRA state (frozen weights are clean, memory-mapped pages: not counted).
+    /// What identifies this export in a checkpoint: the sha256 (manifest `files`) of the ExecuTorch
+    /// program if there is one, else of the initial state. Backend-neutral: the state is the same
+    /// array for every runtime, so a checkpoint made with one backend resumes on another.
+    public var exportSha256: String? {
+        if let pte = program(target: "executorch"), let sha = files[pte.file] { return sha }
+        return files[state.initFile]
+    }
+
+    /// Dirty memory a step is planned to peak at: the manifest's peak estimate, else the planned
+    /// arenas of all methods (the stock ExecuTorch `Module` gives each loaded method its own arena,
+    /// and the app loads them all), plus the app's state array and one transient copy of it (the
+    /// runtime's input tensors). Frozen weights are clean, memory-mapped pages: not counted.
     public var plannedPeakBytes: UInt64 {
         if let p = memoryPlan.peakEstimateBytes { return UInt64(p) }
-        return UInt64((memoryPlan.plannedArenaBytes.values.max() ?? 0) + memoryPlan.loraStateBytes)
+        return UInt64(memoryPlan.plannedArenaBytes.values.reduce(0, +) + 2 * memoryPlan.loraStateBytes)
     }
 }
 

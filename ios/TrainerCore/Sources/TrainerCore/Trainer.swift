@@ -58,10 +58,12 @@ public struct MemoryProbes {
     }
 }
 
-/// Drives an exported training program the way the manifest says, one step at a time: load every
-/// method, resume from the checkpoint (set_state) or start a run, then per step pick the LCSB
-/// method, pad the row, call it with lr, record the loss; checkpoints, budget guard, telemetry.
-/// Mirrors the host runner (`toolchain/runtime/trainer.py`), which plays the phone on Linux.
+/// Drives an exported training program the way the manifest (schema_version 2) says, one step at a
+/// time. The trainer owns the flat float32 state: from the checkpoint when there is one, else from
+/// `state.init_file`. Per step: pick the LCSB method, pad the row, call it with (ids, labels, lr,
+/// every state entry's slice), copy each returned entry into its slice, record the loss;
+/// checkpoints (the state array, atomically), budget guard, telemetry. Mirrors the host runner
+/// (`toolchain/runtime/trainer.py` with `ProgramDir.call_train_method`), which plays the phone on Linux.
 public final class Trainer {
     public let manifest: ProgramManifest
     public let programName: String
@@ -70,8 +72,12 @@ public final class Trainer {
     public private(set) var losses: [Float?] = []
     public private(set) var recorder: TelemetryRecorder?
     public private(set) var started = false
+    /// The LoRA parameters and optimizer state (`manifest.state`), empty until `start()`.
+    public private(set) var state: [Float] = []
 
     private let runtime: TrainingRuntime
+    private let programDirectory: URL
+    private let entryIndex: [String: Int]
     private let examples: [PaddedExample]
     private let order: DataOrder
     private let schedule: MethodSchedule
@@ -86,10 +92,11 @@ public final class Trainer {
     private var sessionStart = 0.0
 
     /// - Parameters:
+    ///   - programDirectory: the exported program directory (holds `state.init_file`).
     ///   - usedSeq: the first seq of a run id not yet used by any queued or sent event (the
     ///     telemetry queue's `nextSeq(runId:)`), so a resumed run never reuses a seq.
-    public init(manifest: ProgramManifest, programName: String, runtime: TrainingRuntime, examples: [PaddedExample],
-                config: RunConfig, device: DeviceInfo, checkpoint: CheckpointStore? = nil,
+    public init(manifest: ProgramManifest, programName: String, programDirectory: URL, runtime: TrainingRuntime,
+                examples: [PaddedExample], config: RunConfig, device: DeviceInfo, checkpoint: CheckpointStore? = nil,
                 telemetry sinks: [TelemetrySink] = [], usedSeq: ((String) -> Int)? = nil,
                 probes: MemoryProbes = MemoryProbes(), budget: BudgetGuard? = nil,
                 clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
@@ -99,30 +106,33 @@ public final class Trainer {
             throw TrainerError.badInput("steps must be >= 1 and lr a finite number >= 0")
         }
         (self.manifest, self.programName, self.runtime, self.examples, self.config) = (manifest, programName, runtime, examples, config)
+        self.programDirectory = programDirectory
+        entryIndex = Dictionary(uniqueKeysWithValues: manifest.state.entries.enumerated().map { ($1.name, $0) })
         (self.device, self.checkpoint, self.sinks, self.usedSeq) = (device, checkpoint, sinks, usedSeq)
         (self.probes, self.budget, self.clock, self.monotonic) = (probes, budget, clock, monotonic)
         order = DataOrder(rowCount: examples.count, seed: config.shuffleSeed)
         schedule = MethodSchedule(manifest: manifest)
     }
 
-    /// Load every method (before any call: loading re-initializes the shared state), check that the
-    /// methods share the state, then resume from the checkpoint if there is one, else start a new
-    /// run (`run_start`). Returns true when it resumed.
+    /// Take the state from the checkpoint if there is one (resuming its run: step, run id, seq,
+    /// losses), else from `state.init_file` (a new run: `run_start`); then load every train method.
+    /// Returns true when it resumed.
     @discardableResult
     public func start(runId newRunId: String? = nil) throws -> Bool {
         precondition(!started, "start() runs once per Trainer")
         sessionStart = monotonic()
-        try runtime.load(methods: manifest.methodNames)
-        try runtime.verifySharedState(numel: manifest.state.numel)
         var runId = newRunId ?? TelemetryRecorder.newRunId(platform: device.platform)
         var seq = 0
         var resumed = false
         if let checkpoint, checkpoint.exists {
-            let (state, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
-            try runtime.setState(state)
+            let (saved, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
+            state = saved
             (nextStep, runId, seq, losses) = (meta.step, meta.runId, meta.seq, meta.losses)
             resumed = true
+        } else {
+            state = try StateFile.loadInitial(manifest: manifest, programDirectory: programDirectory)
         }
+        try runtime.load(methods: manifest.trainMethodNames)
         seq = max(seq, usedSeq?(runId) ?? 0)
         recorder = try TelemetryRecorder(runId: runId, startSeq: seq, sinks: sinks, clock: clock, monotonic: monotonic)
         started = true
@@ -130,11 +140,8 @@ public final class Trainer {
         return resumed
     }
 
-    /// sha256 of the program file this runtime runs (manifest `files`), identifying the export.
-    private var programSha256: String? {
-        let target = runtime.backendName
-        return manifest.program(target: target).flatMap { manifest.files[$0.file] }
-    }
+    /// Identifies the export in checkpoints (`ProgramManifest.exportSha256`).
+    private var programSha256: String? { manifest.exportSha256 }
 
     private func runStartFields() -> [String: JSONValue] {
         let m = manifest
@@ -187,7 +194,8 @@ public final class Trainer {
         let t0 = monotonic()
         let loss: Float
         do {
-            loss = try runtime.trainStep(method: method, inputIds: example.inputIds, labels: example.labels, lr: config.lr)
+            let outputs = try call(method, example)
+            loss = try apply(outputs, of: method)
         } catch {
             try? emit("error", ["message": .string("\(method) failed at step \(step): \(error)"), "fatal": .bool(true),
                                 "code": .string("runtime_error"), "step": .int(Int64(step))])
@@ -211,6 +219,43 @@ public final class Trainer {
         return .trained(step: step, loss: loss)
     }
 
+    /// One call of `method`: inputs in the manifest's order (ids, labels, lr, every state entry as a
+    /// slice of the state array, not copied). The inputs go out of scope on return, so the state is
+    /// not shared (copied on write) when `apply` writes into it.
+    private func call(_ method: String, _ example: PaddedExample) throws -> [TensorValue] {
+        var inputs: [TensorValue] = [.int64("input_ids", example.inputIds), .int64("labels", example.labels),
+                                     .float32("lr", [config.lr], shape: [1])]
+        inputs.reserveCapacity(3 + manifest.state.entries.count)
+        for e in manifest.state.entries {
+            inputs.append(.float32(e.name, state[e.offset..<(e.offset + e.count)], shape: e.shape))
+        }
+        return try runtime.execute(method: method, inputs: inputs)
+    }
+
+    /// Check every output first (loss float32[1] first, then known entries of the right size, each
+    /// once), then copy each entry into its slice: a bad output leaves the state untouched.
+    /// Returns the loss.
+    private func apply(_ outputs: [TensorValue], of method: String) throws -> Float {
+        func fail(_ why: String) -> TrainerError { .runtime("\(method) \(why); re-export the program or update the app") }
+        guard let first = outputs.first, first.name == "loss", let lossValues = first.floats, lossValues.count == 1 else {
+            throw fail("did not return the loss (float32[1]) as its first output")
+        }
+        var seen = Set<String>()
+        var updates: [(ProgramManifest.StateEntry, ArraySlice<Float>)] = []
+        for out in outputs.dropFirst() {
+            guard let i = entryIndex[out.name] else { throw fail("returned '\(out.name)', which is not a state entry") }
+            let e = manifest.state.entries[i]
+            guard let values = out.floats else { throw fail("returned \(out.name) as \(out.dtype), not float32") }
+            guard values.count == e.count else {
+                throw fail("returned \(values.count) values for \(out.name), the entry holds \(e.count)")
+            }
+            guard seen.insert(out.name).inserted else { throw fail("returned \(out.name) twice") }
+            updates.append((e, values))
+        }
+        for (e, values) in updates { state.replaceSubrange(e.offset..<(e.offset + e.count), with: values) }
+        return lossValues.first!
+    }
+
     private func emitMemory(_ samples: [MemorySample], step: Int?) throws {
         for s in samples { try emit("memory", s.eventFields(step: step)) }
     }
@@ -220,7 +265,7 @@ public final class Trainer {
         guard let checkpoint, let recorder else { return }
         let meta = CheckpointMeta(step: nextStep, runId: recorder.runId, seq: recorder.nextSeq, losses: losses,
                                   stateNumel: manifest.state.numel, program: programName, programSha256: programSha256)
-        try checkpoint.save(state: try runtime.getState(), meta: meta)
+        try checkpoint.save(state: state, meta: meta)
     }
 
     /// End this session: checkpoint (unless failed before any state exists) and `run_end`.
@@ -269,6 +314,7 @@ public final class Trainer {
 
     /// Write the trained adapter (PEFT layout) from the current state.
     public func exportAdapter(to directory: URL) throws {
-        try AdapterExporter.write(state: try runtime.getState(), manifest: manifest, to: directory)
+        precondition(started, "call start() first")
+        try AdapterExporter.write(state: state, manifest: manifest, to: directory)
     }
 }

@@ -33,15 +33,27 @@ enum Repo {
     static func data(_ url: URL) throws -> Data { try Data(contentsOf: url) }
 }
 
-/// A manifest shaped like `toolchain export` writes it (toolchain/export/build.py, program.py):
-/// `layers` layers, LoRA rank 2 on q_proj (8 -> 8) and v_proj (8 -> 4), state per layer, per target,
-/// A then B, then AdamW moments and the step counter when `adamw`.
+/// A manifest shaped like `toolchain export` writes it (toolchain/export/build.py `_methods`,
+/// `_manifest`; program.py `state_layout`, `updated_entries`): `layers` layers, LoRA rank 2 on q_proj
+/// (8 -> 8) and v_proj (8 -> 4), state per layer, per target, A then B, then AdamW moments and the
+/// step counter when `adamw`. Each method takes ids, labels, lr and every entry, and returns the loss
+/// and the entries it changes: SGD, only its phase's layers; AdamW, everything.
 enum TinyManifest {
-    static func json(layers: Int = 4, lcsb: Bool = true, seqLen: Int = 8, adamw: Bool = false,
-                     peakEstimate: Int? = nil) -> JSONValue {
+    static let initFile = "state_init.bin"
+
+    struct Entry {
+        let name: String, key: String, role: String, shape: [Int], offset: Int, layer: Int?
+        var json: JSONValue {
+            .object(["name": .string(name), "key": .string(key), "role": .string(role), "shape": ints(shape),
+                     "offset": .int(Int64(offset))])
+        }
+        var io: JSONValue { tensor(name, "float32", shape) }
+    }
+
+    static func entries(layers: Int, adamw: Bool) -> [Entry] {
         let rank = 2
         let shapes: [(String, Int, Int)] = [("q_proj", 8, 8), ("v_proj", 4, 8)]   // (target, d_out, d_in)
-        var entries: [JSONValue] = []
+        var out: [Entry] = []
         var offset = 0
         let roles: [(String, String)] = adamw ? [("lora", "param"), ("adam_m", "exp_avg"), ("adam_v", "exp_avg_sq")]
                                               : [("lora", "param")]
@@ -49,48 +61,45 @@ enum TinyManifest {
             for i in 0..<layers {
                 for (t, dOut, dIn) in shapes {
                     for (which, shape) in [("a", [rank, dIn]), ("b", [dOut, rank])] {
-                        entries.append(.object([
-                            "name": .string("\(prefix)_\(i)_\(t)_\(which)"),
-                            "key": .string("base_model.model.model.layers.\(i).self_attn.\(t).lora_\(which.uppercased()).weight"),
-                            "role": .string(role), "shape": ints(shape), "offset": .int(Int64(offset)),
-                        ]))
+                        out.append(Entry(name: "\(prefix)_\(i)_\(t)_\(which)",
+                                         key: "base_model.model.model.layers.\(i).self_attn.\(t).lora_\(which.uppercased()).weight",
+                                         role: role, shape: shape, offset: offset, layer: i))
                         offset += shape[0] * shape[1]
                     }
                 }
             }
         }
-        if adamw {
-            entries.append(.object(["name": .string("adam_step"), "key": .string(""), "role": .string("step"),
-                                    "shape": ints([1]), "offset": .int(Int64(offset))]))
-            offset += 1
-        }
+        if adamw { out.append(Entry(name: "adam_step", key: "", role: "step", shape: [1], offset: offset, layer: nil)) }
+        return out
+    }
+
+    static func json(layers: Int = 4, lcsb: Bool = true, seqLen: Int = 8, adamw: Bool = false,
+                     peakEstimate: Int? = nil) -> JSONValue {
+        let entries = entries(layers: layers, adamw: adamw)
+        let numel = entries.last.map { $0.offset + $0.shape.reduce(1, *) } ?? 0
         let phases: [[Int]]? = lcsb ? stride(from: 0, to: layers, by: 2).map { Array($0..<min($0 + 2, layers)) } : nil
-        let io: [String: JSONValue] = [
-            "inputs": .array([tensor("input_ids", "int64", [seqLen]), tensor("labels", "int64", [seqLen]),
-                              tensor("lr", "float32", [1])]),
-            "outputs": .array([tensor("loss", "float32", [1])]),
-        ]
         var methods: [JSONValue] = []
         var arenas: [String: JSONValue] = [:]
         for k in phases.map({ Array($0.indices) }) ?? [-1] {
             let name = k < 0 ? "train_step" : "train_step_p\(k)"
-            var m = io
+            let selected = Set(k < 0 ? Array(0..<layers) : phases![k])
+            let updated = entries.filter { e in e.layer.map { selected.contains($0) || adamw } ?? true }
+            var m: [String: JSONValue] = [:]
             m["name"] = .string(name)
             m["kind"] = .string("train_step")
             m["phase"] = k < 0 ? .null : .int(Int64(k))
-            m["backward_layers"] = ints(k < 0 ? Array(0..<layers) : phases![k])
+            m["backward_layers"] = ints(selected.sorted())
+            m["inputs"] = .array([tensor("input_ids", "int64", [seqLen]), tensor("labels", "int64", [seqLen]),
+                                  tensor("lr", "float32", [1])] + entries.map(\.io))
+            m["outputs"] = .array([tensor("loss", "float32", [1])] + updated.map(\.io))
             methods.append(.object(m))
             arenas[name] = .int(1 << 20)
         }
-        methods.append(.object(["name": .string("get_state"), "kind": .string("get_state"), "inputs": .array([]),
-                                "outputs": .array([tensor("state", "float32", [offset])])]))
-        methods.append(.object(["name": .string("set_state"), "kind": .string("set_state"),
-                                "inputs": .array([tensor("state", "float32", [offset])]),
-                                "outputs": .array([tensor("entries", "float32", [1])])]))
         var plan: [String: JSONValue] = ["planned_arena_bytes": .object(arenas), "constant_bytes": .int(4096),
-                                         "lora_state_bytes": .int(Int64(4 * offset))]
+                                         "lora_state_bytes": .int(Int64(4 * numel))]
         if let peakEstimate { plan["peak_estimate_bytes"] = .int(Int64(peakEstimate)) }
-        var optimizer: [String: JSONValue] = ["kind": .string(adamw ? "adamw" : "sgd"), "weight_decay": .double(adamw ? 0.01 : 0)]
+        var optimizer: [String: JSONValue] = ["kind": .string(adamw ? "adamw" : "sgd"), "weight_decay": .double(adamw ? 0.01 : 0),
+                                              "frozen_unselected": .bool(false)]
         if adamw { optimizer["betas"] = .array([.double(0.9), .double(0.999)]) }
         let arch: [String: JSONValue] = [
             "hidden": .int(8), "layers": .int(Int64(layers)), "heads": .int(2), "kv_heads": .int(1),
@@ -109,14 +118,15 @@ enum TinyManifest {
         }
         let program: [String: JSONValue] = ["target": .string("executorch"), "file": .string("model.pte"),
                                             "delegate": .null, "bytes": .int(1000)]
-        let state: [String: JSONValue] = ["dtype": .string("float32"), "numel": .int(Int64(offset)), "entries": .array(entries)]
+        let state: [String: JSONValue] = ["dtype": .string("float32"), "numel": .int(Int64(numel)),
+                                          "init_file": .string(initFile), "entries": .array(entries.map(\.json))]
         let tokenizer: [String: JSONValue] = ["kind": .string("byte"), "vocab": .int(264), "pad_token_id": .int(258)]
         let peft: [String: JSONValue] = ["peft_type": .string("LORA"), "r": .int(2), "lora_alpha": .double(4),
                                          "target_modules": .array([.string("q_proj"), .string("v_proj")]),
                                          "base_model_name_or_path": .string("tiny")]
         let adapter: [String: JSONValue] = ["init_dir": .string("adapter_init"), "config": .object(peft)]
         var top: [String: JSONValue] = [:]
-        top["schema_version"] = .int(1)
+        top["schema_version"] = .int(2)
         top["toolchain_version"] = .string("0.1.0")
         top["model"] = .object(model)
         top["lora"] = .object(lora)
@@ -130,7 +140,8 @@ enum TinyManifest {
         top["memory_plan"] = .object(plan)
         top["tokenizer"] = .object(tokenizer)
         top["adapter"] = .object(adapter)
-        top["files"] = .object(["model.pte": .string(String(repeating: "0", count: 64))])
+        top["files"] = .object(["model.pte": .string(String(repeating: "0", count: 64)),
+                                initFile: .string(String(repeating: "1", count: 64))])
         return .object(top)
     }
 
@@ -138,6 +149,25 @@ enum TinyManifest {
                          peakEstimate: Int? = nil) throws -> ProgramManifest {
         try ProgramManifest.decode(try json(layers: layers, lcsb: lcsb, seqLen: seqLen, adamw: adamw,
                                             peakEstimate: peakEstimate).jsonData())
+    }
+
+    /// The initial state an export would write: LoRA params in [-1, 1) from a fixed seed, moments
+    /// and the step counter zero.
+    static func initialState(_ m: ProgramManifest, seed: UInt64 = 1) -> [Float] {
+        var rng = SplitMix64(state: seed)
+        var s = [Float](repeating: 0, count: m.state.numel)
+        for e in m.state.entries where e.role == "param" {
+            for j in e.offset..<(e.offset + e.count) { s[j] = Float(Double(rng.next() % 2000) / 1000.0 - 1.0) }
+        }
+        return s
+    }
+
+    /// A program directory holding only `state_init.bin` (all the trainer reads from it; the
+    /// manifest object is passed in directly).
+    static func programDirectory(_ m: ProgramManifest, state: [Float]? = nil) throws -> URL {
+        let dir = try tempDir("program")
+        try StateFile.encode(state ?? initialState(m)).write(to: dir.appendingPathComponent(m.state.initFile))
+        return dir
     }
 
     static func ints(_ xs: [Int]) -> JSONValue { .array(xs.map { .int(Int64($0)) }) }

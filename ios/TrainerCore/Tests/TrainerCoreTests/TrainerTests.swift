@@ -34,16 +34,35 @@ final class BudgetGuardTests: XCTestCase {
     }
 }
 
+/// A runtime that records the inputs of every call and answers from a script (outputs built from
+/// the inputs), to test what the trainer sends and how it applies what comes back.
+final class ScriptedRuntime: TrainingRuntime {
+    let backendName = "executorch"
+    var inputs: [[TensorValue]] = []
+    var answer: (String, [TensorValue]) throws -> [TensorValue]
+    init(answer: @escaping (String, [TensorValue]) throws -> [TensorValue]) { self.answer = answer }
+    func load(methods: [String]) throws {}
+    func execute(method: String, inputs: [TensorValue]) throws -> [TensorValue] {
+        self.inputs.append(inputs)
+        return try answer(method, inputs)
+    }
+}
+
 final class TrainerTests: XCTestCase {
     private func makeTrainer(_ m: ProgramManifest, runtime: TrainingRuntime, dir: URL?, steps: Int = 6,
-                             sinks: [TelemetrySink] = [], usedSeq: ((String) -> Int)? = nil,
+                             program: URL? = nil, sinks: [TelemetrySink] = [], usedSeq: ((String) -> Int)? = nil,
                              probes: MemoryProbes = MemoryProbes(), budget: BudgetGuard? = nil) throws -> Trainer {
         let examples = try Batcher(manifest: m).padAll(tinyRows())
         let clock = TickClock()
-        return try Trainer(manifest: m, programName: "tiny", runtime: runtime, examples: examples,
+        return try Trainer(manifest: m, programName: "tiny", programDirectory: try program ?? TinyManifest.programDirectory(m),
+                           runtime: runtime, examples: examples,
                            config: RunConfig(steps: steps, lr: 0.05, checkpointEvery: 2, shuffleSeed: 3), device: testDevice,
                            checkpoint: dir.map { CheckpointStore(url: $0.appendingPathComponent("checkpoint.safetensors")) },
                            telemetry: sinks, usedSeq: usedSeq, probes: probes, budget: budget, clock: clock.read, monotonic: clock.read)
+    }
+
+    private func slice(_ state: [Float], _ e: ProgramManifest.StateEntry) -> [Float] {
+        Array(state[e.offset..<(e.offset + e.count)])
     }
 
     func testLoadsEveryMethodFirstAndReportsAValidRun() throws {
@@ -56,13 +75,14 @@ final class TrainerTests: XCTestCase {
                                 probes: MemoryProbes(footprint: fp, available: av),
                                 budget: BudgetGuard(budgetBytes: 2 << 30, plannedPeakBytes: m.plannedPeakBytes))
         XCTAssertFalse(try t.start(runId: "ios-run-1"))
-        XCTAssertEqual(rt.loaded, m.methodNames, "every method is loaded before the first call")
+        XCTAssertEqual(rt.loaded, ["train_step_p0", "train_step_p1"], "every train method is loaded before the first call")
+        XCTAssertEqual(rt.calls, [])
+        XCTAssertEqual(t.state, TinyManifest.initialState(m), "a new run starts from state.init_file")
         var losses: [Float] = []
         XCTAssertEqual(try t.run(onStep: { _, loss in losses.append(loss) }), .completed)
         XCTAssertEqual(losses.count, 6)
         XCTAssertLessThan(losses[5], losses[0], "the fake's quadratic loss must fall")
-        XCTAssertEqual(Array(rt.calls.filter { $0.hasPrefix("train_step") }),
-                       ["train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1"])
+        XCTAssertEqual(rt.calls, ["train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1"])
         let types = sink.events.map(\.type)
         XCTAssertEqual(types.first, "run_start")
         XCTAssertEqual(types.last, "run_end")
@@ -78,6 +98,79 @@ final class TrainerTests: XCTestCase {
         XCTAssertEqual(sink.events.last?.fields["status"], .string("completed"))
     }
 
+    /// The inputs are (ids, labels, lr, every entry's current slice in entries order); the outputs
+    /// are copied by name into their entries' slices (here returned in reverse order and for a
+    /// subset), everything else is left as it was.
+    func testInputsAreTheStateSlicesAndOutputsLandInTheirSlices() throws {
+        let m = try TinyManifest.manifest(layers: 4, lcsb: false)
+        let chosen = [m.state.entries[5], m.state.entries[0], m.state.entries[9]]
+        let rt = ScriptedRuntime { _, _ in
+            [TensorValue.float32("loss", [2.5], shape: [1])] + chosen.map { e in
+                TensorValue.float32(e.name, (0..<e.count).map { Float(1000 * e.offset + $0) }, shape: e.shape)
+            }
+        }
+        let t = try makeTrainer(m, runtime: rt, dir: nil, steps: 2)
+        try t.start(runId: "ios-slices")
+        let before = t.state
+        XCTAssertEqual(try t.step(), .trained(step: 0, loss: 2.5))
+        let first = rt.inputs[0]
+        XCTAssertEqual(first.map(\.name), ["input_ids", "labels", "lr"] + m.state.entries.map(\.name))
+        XCTAssertEqual(first[0].shape, [m.seqLen])
+        XCTAssertEqual(first[2].floats.map(Array.init), [0.05])
+        for (v, e) in zip(first.dropFirst(3), m.state.entries) {
+            XCTAssertEqual(v.shape, e.shape)
+            XCTAssertEqual(v.floats.map(Array.init), slice(before, e), "\(e.name) must be its slice of the state")
+        }
+        for e in m.state.entries {
+            let want = chosen.contains { $0.name == e.name } ? (0..<e.count).map { Float(1000 * e.offset + $0) } : slice(before, e)
+            XCTAssertEqual(slice(t.state, e), want, e.name)
+        }
+        _ = try t.step()                                          // the next call sees the new values
+        XCTAssertEqual(rt.inputs[1][3 + 5].floats.map(Array.init), slice(t.state, chosen[0]))
+    }
+
+    /// SGD + LCSB: a phase method returns only its phase's LoRA params; the others keep their values.
+    func testAPhaseReturnsASubsetAndOnlyThatSubsetMoves() throws {
+        let m = try TinyManifest.manifest(layers: 4, lcsb: true)
+        let p0 = m.method(named: "train_step_p0")!
+        XCTAssertEqual(Set(p0.outputs.dropFirst().map(\.name)),
+                       Set(m.state.entries.filter { FakeRuntime.layer(ofKey: $0.key)! < 2 }.map(\.name)))
+        let t = try makeTrainer(m, runtime: FakeRuntime(manifest: m), dir: nil, steps: 2)
+        try t.start(runId: "ios-phase")
+        for (step, phaseLayers) in [(0, 0..<2), (1, 2..<4)] {
+            let before = t.state
+            guard case .trained(step, _) = try t.step() else { return XCTFail("step \(step) did not train") }
+            for e in m.state.entries {
+                let changed = slice(before, e) != slice(t.state, e)
+                XCTAssertEqual(changed, phaseLayers.contains(FakeRuntime.layer(ofKey: e.key)!), "step \(step): \(e.name) changed=\(changed)")
+            }
+        }
+    }
+
+    /// An output the state has no place for (unknown name, wrong size, twice, no loss first) stops
+    /// the step with a message, and the state is left exactly as it was.
+    func testBadOutputsAreRefusedAndLeaveTheStateUntouched() throws {
+        let m = try TinyManifest.manifest(layers: 2, lcsb: false)
+        let e0 = m.state.entries[0], e1 = m.state.entries[1]
+        let good: [TensorValue] = [.float32("loss", [1], shape: [1]), .float32(e1.name, [Float](repeating: 7, count: e1.count))]
+        let cases: [(String, [TensorValue])] = [
+            ("'lora_9_q_proj_a', which is not a state entry", good + [.float32("lora_9_q_proj_a", [Float](repeating: 0, count: e0.count))]),
+            ("returned \(e0.count + 1) values for \(e0.name), the entry holds \(e0.count)",
+             good + [.float32(e0.name, [Float](repeating: 0, count: e0.count + 1))]),
+            ("returned \(e1.name) twice", good + [good[1]]),
+            ("loss", Array(good.dropFirst())),
+            ("as int64", good + [.int64(e0.name, [Int64](repeating: 0, count: e0.count))]),
+        ]
+        for (needle, outputs) in cases {
+            let t = try makeTrainer(m, runtime: ScriptedRuntime { _, _ in outputs }, dir: try tempDir(), steps: 3)
+            try t.start(runId: "ios-bad")
+            let before = t.state
+            XCTAssertThrowsError(try t.step()) { XCTAssertTrue("\($0)".contains(needle), "expected '\(needle)' in: \($0)") }
+            XCTAssertEqual(t.state, before, "a refused output must not change the state (\(needle))")
+            XCTAssertEqual(t.nextStep, 0)
+        }
+    }
+
     /// The exported tiny program's manifest (shared_schemas/examples/manifest_tiny.json), the example
     /// data row, the fake runtime: a whole session, then the adapter written the PEFT way.
     func testTrainsTheExampleProgramEndToEnd() throws {
@@ -86,76 +179,126 @@ final class TrainerTests: XCTestCase {
         let rt = FakeRuntime(manifest: m)
         let sink = MemorySink()
         let dir = try tempDir()
-        let t = try Trainer(manifest: m, programName: "tiny", runtime: rt, examples: try Batcher(manifest: m).padAll(rows),
+        let initial = TinyManifest.initialState(m)
+        let t = try Trainer(manifest: m, programName: "tiny", programDirectory: try TinyManifest.programDirectory(m, state: initial),
+                            runtime: rt, examples: try Batcher(manifest: m).padAll(rows),
                             config: RunConfig(steps: 4, lr: Float(m.optimizer.defaultLr ?? 1e-4)), device: testDevice,
                             checkpoint: CheckpointStore(url: dir.appendingPathComponent("c.safetensors")), telemetry: [sink])
         try t.start(runId: "ios-example")
         XCTAssertEqual(try t.run(), .completed)
-        XCTAssertEqual(rt.calls.filter { $0.hasPrefix("train_step") }, ["train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1"])
+        let expected = (0..<4).map { MethodSchedule(manifest: m).method(forStep: $0).name }
+        XCTAssertEqual(rt.calls, expected)
+        XCTAssertNotEqual(t.state, initial, "training must move the state")
         for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
         XCTAssertEqual(sink.events[0].fields["quant"], .string(m.quant.kind))
         try t.exportAdapter(to: dir.appendingPathComponent("adapter"))
         let st = try Safetensors.decode(try Data(contentsOf: dir.appendingPathComponent("adapter/adapter_model.safetensors")))
-        XCTAssertEqual(Set(st.tensors.keys), Set(m.state.entries.filter { $0.role == "param" }.map(\.key)))
+        let params = m.state.entries.filter { $0.role == "param" }
+        XCTAssertEqual(Set(st.tensors.keys), Set(params.map(\.key)))
+        for e in params { XCTAssertEqual(st.tensors[e.key]?.values, slice(t.state, e), e.key) }
         XCTAssertEqual(try JSONValue.parse(try Data(contentsOf: dir.appendingPathComponent("adapter/adapter_config.json"))),
                        m.adapter.config)
+        // The checkpoint is the state array.
+        XCTAssertEqual(try CheckpointStore(url: dir.appendingPathComponent("c.safetensors"))
+            .load(expectedNumel: m.state.numel, programSha256: m.exportSha256).state, t.state)
     }
 
-    /// A step through phase k only moves the LoRA parameters of phase k's layers.
-    func testAStepMovesOnlyItsPhaseLayers() throws {
-        let m = try TinyManifest.manifest(layers: 4, lcsb: true)
-        let rt = FakeRuntime(manifest: m)
-        let t = try makeTrainer(m, runtime: rt, dir: nil, steps: 1)
-        try t.start(runId: "ios-phase")
-        let before = try rt.getState()
-        _ = try t.step()                                          // step 0: train_step_p0 = layers 0, 1
-        let after = try rt.getState()
-        for e in m.state.entries {
-            let changed = before[e.offset..<(e.offset + e.count)] != after[e.offset..<(e.offset + e.count)]
-            let layer = FakeRuntime.layer(ofKey: e.key)!
-            XCTAssertEqual(changed, layer < 2, "\(e.name) changed=\(changed)")
-        }
-    }
-
-    /// The ExecuTorch failure this guards against: methods with private copies of the state.
-    func testRefusesARuntimeWhoseMethodsDoNotShareState() throws {
+    /// A state_init.bin of the wrong size (another export's, or cut short by a copy) is refused
+    /// before anything runs.
+    func testInitFileOfTheWrongSizeIsRefused() throws {
         let m = try TinyManifest.manifest()
-        let t = try makeTrainer(m, runtime: FakeRuntime(manifest: m, sharedState: false), dir: nil)
-        XCTAssertThrowsError(try t.start(runId: "ios-unshared")) { XCTAssertTrue("\($0)".contains("do not share"), "\($0)") }
+        for bad in [Data(StateFile.encode(TinyManifest.initialState(m)).dropLast(4)),
+                    StateFile.encode(TinyManifest.initialState(m)) + Data([0]), Data()] {
+            let program = try TinyManifest.programDirectory(m)
+            try bad.write(to: program.appendingPathComponent(m.state.initFile))
+            let rt = FakeRuntime(manifest: m)
+            let t = try makeTrainer(m, runtime: rt, dir: nil, program: program)
+            XCTAssertThrowsError(try t.start(runId: "ios-bad-init")) {
+                XCTAssertTrue("\($0)".contains("holds \(bad.count) bytes") && "\($0)".contains("\(m.state.numel) float32"), "\($0)")
+            }
+            XCTAssertEqual(rt.loaded, [], "nothing is loaded for a bad initial state")
+        }
+        let missing = try makeTrainer(m, runtime: FakeRuntime(manifest: m), dir: nil, program: try tempDir())
+        XCTAssertThrowsError(try missing.start()) { XCTAssertTrue("\($0)".contains("state_init.bin"), "\($0)") }
+    }
+
+    func testStateFileIsRawLittleEndianFloat32() throws {
+        XCTAssertEqual([UInt8](StateFile.encode([1, -2, 0.5])), [0, 0, 0x80, 0x3F, 0, 0, 0, 0xC0, 0, 0, 0, 0x3F])
+        let values: [Float] = [0, -0, 1e-30, .greatestFiniteMagnitude, 3.25]
+        let back = try StateFile.decode(StateFile.encode(values), numel: 5, source: "s")
+        XCTAssertEqual(back.map(\.bitPattern), values.map(\.bitPattern))
     }
 
     /// Kill the app after step 3 (checkpoint at step 2, a half-written checkpoint left behind), relaunch
     /// with a fresh runtime: the run ends bit-identical to an uninterrupted one, and no seq is reused.
     func testKillAndResumeMatchesAnUninterruptedRun() throws {
         let m = try TinyManifest.manifest(layers: 4, lcsb: true, adamw: true)
-        let reference = FakeRuntime(manifest: m)
-        let r = try makeTrainer(m, runtime: reference, dir: try tempDir())
+        let program = try TinyManifest.programDirectory(m)
+        let r = try makeTrainer(m, runtime: FakeRuntime(manifest: m), dir: try tempDir(), program: program)
         try r.start(runId: "ios-ref")
         XCTAssertEqual(try r.run(), .completed)
 
         let dir = try tempDir()
         let queue = try TelemetryQueue(directory: dir.appendingPathComponent("telemetry"))
-        let first = try makeTrainer(m, runtime: FakeRuntime(manifest: m), dir: dir, sinks: [queue], usedSeq: queue.nextSeq)
+        let first = try makeTrainer(m, runtime: FakeRuntime(manifest: m), dir: dir, program: program, sinks: [queue],
+                                    usedSeq: queue.nextSeq)
         try first.start(runId: "ios-killed")
         for _ in 0..<3 { _ = try first.step() }                 // checkpoint after step 2; step 3 is lost
         let seqBeforeKill = first.recorder!.nextSeq
         try Data("partial".utf8).write(to: dir.appendingPathComponent(".checkpoint.safetensors.tmp-dead"))
 
         let relaunched = try TelemetryQueue(directory: dir.appendingPathComponent("telemetry"))
-        let second = FakeRuntime(manifest: m)
-        let resumed = try makeTrainer(m, runtime: second, dir: dir, sinks: [relaunched], usedSeq: relaunched.nextSeq)
+        // The relaunch may use another backend: the state is the same array for every runtime.
+        let second = FakeRuntime(manifest: m, backendName: "coreml")
+        let resumed = try makeTrainer(m, runtime: second, dir: dir, program: program, sinks: [relaunched], usedSeq: relaunched.nextSeq)
         XCTAssertTrue(try resumed.start())
         XCTAssertEqual(resumed.nextStep, 2)
         XCTAssertEqual(resumed.recorder?.runId, "ios-killed")
         XCTAssertEqual(resumed.recorder?.nextSeq, seqBeforeKill, "continue after the last queued seq, not the checkpoint's")
-        XCTAssertEqual(second.loaded, m.methodNames, "load everything, then set_state")
+        XCTAssertEqual(second.loaded, m.trainMethodNames)
         XCTAssertEqual(try resumed.run(), .completed)
-        XCTAssertEqual(try second.getState(), try reference.getState(), "resumed state must equal the uninterrupted run's")
+        XCTAssertEqual(second.calls, ["train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1"], "steps 2..5 only")
+        XCTAssertEqual(resumed.state.map(\.bitPattern), r.state.map(\.bitPattern), "resumed state must equal the uninterrupted run's")
+        XCTAssertNotEqual(r.state, TinyManifest.initialState(m))
+        XCTAssertEqual(resumed.state.last, 6, "AdamW's step counter counts all 6 steps across the kill")
         XCTAssertEqual(resumed.losses, r.losses)
         let seqs = relaunched.pending.map(\.seq)
         XCTAssertEqual(seqs, Array(0..<seqs.count), "no seq reused or skipped across the kill")
         let leftovers = try FileManager.default.contentsOfDirectory(atPath: dir.path).filter { $0.contains(".tmp-") }
         XCTAssertEqual(leftovers, [], "temp files of a killed write are cleaned up")
+    }
+
+    /// The fake follows the contract: a pure function of its inputs, returning exactly the outputs
+    /// the manifest lists (AdamW: every param, both moments, the step counter).
+    func testFakeRuntimeIsAPureFunctionOfItsInputs() throws {
+        let m = try TinyManifest.manifest(layers: 4, lcsb: true, adamw: true)
+        let rt = FakeRuntime(manifest: m)
+        try rt.load(methods: m.trainMethodNames)
+        let state = TinyManifest.initialState(m)
+        let inputs: [TensorValue] = [.int64("input_ids", Array(repeating: 65, count: 8)), .int64("labels", Array(repeating: 66, count: 8)),
+                                     .float32("lr", [0.1])] + m.state.entries.map { .float32($0.name, state[$0.offset..<($0.offset + $0.count)], shape: $0.shape) }
+        let a = try rt.execute(method: "train_step_p1", inputs: inputs)
+        let b = try rt.execute(method: "train_step_p1", inputs: inputs)
+        XCTAssertEqual(a, b)
+        XCTAssertEqual(a.map(\.name), m.method(named: "train_step_p1")!.outputs.map(\.name))
+        XCTAssertEqual(a.map(\.name), ["loss"] + m.state.entries.map(\.name))
+        XCTAssertEqual(a.last?.floats.map(Array.init), [1])                     // adam_step 0 -> 1
+        XCTAssertThrowsError(try rt.execute(method: "train_step_p1", inputs: Array(inputs.dropLast())))
+        XCTAssertThrowsError(try FakeRuntime(manifest: m).execute(method: "train_step_p0", inputs: inputs)) {
+            XCTAssertTrue("\($0)".contains("before it was loaded"), "\($0)")
+        }
+    }
+
+    func testPositionalOutputsAreNamedAfterTheManifest() throws {
+        let m = try TinyManifest.manifest(layers: 2, lcsb: true)
+        let spec = m.method(named: "train_step_p0")!
+        let values = spec.outputs.map { [Float](repeating: 1, count: $0.count) }
+        XCTAssertEqual(try spec.namedOutputs(values).map(\.name), spec.outputs.map(\.name))
+        XCTAssertEqual(try spec.namedOutputs(values).map(\.shape), spec.outputs.map(\.shape))
+        XCTAssertThrowsError(try spec.namedOutputs(Array(values.dropLast()))) { XCTAssertTrue("\($0)".contains("outputs"), "\($0)") }
+        var wrong = values
+        wrong[1].append(0)
+        XCTAssertThrowsError(try spec.namedOutputs(wrong)) { XCTAssertTrue("\($0)".contains(spec.outputs[1].name), "\($0)") }
     }
 
     func testCheckpointInteropAndRefusals() throws {
@@ -187,9 +330,10 @@ final class TrainerTests: XCTestCase {
     func testRuntimeFailureEndsTheRunAsFailedWithAFatalError() throws {
         let m = try TinyManifest.manifest()
         let rt = FakeRuntime(manifest: m)
-        rt.failAtStep = 3
+        rt.failAtCall = 3
         let sink = MemorySink()
-        let t = try makeTrainer(m, runtime: rt, dir: try tempDir(), sinks: [sink])
+        let dir = try tempDir()
+        let t = try makeTrainer(m, runtime: rt, dir: dir, sinks: [sink])
         try t.start(runId: "ios-fail")
         XCTAssertThrowsError(try t.run())
         let error = sink.events.first { $0.type == "error" }
@@ -197,6 +341,10 @@ final class TrainerTests: XCTestCase {
         XCTAssertEqual(error?.fields["fatal"], .bool(true))
         XCTAssertEqual(sink.events.last?.fields["status"], .string("failed"))
         XCTAssertEqual(sink.events.last?.fields["steps_completed"], .int(3))
+        // The failed run's checkpoint holds the state after the 3 good steps.
+        let saved = try CheckpointStore(url: dir.appendingPathComponent("checkpoint.safetensors")).load(expectedNumel: m.state.numel)
+        XCTAssertEqual(saved.meta.step, 3)
+        XCTAssertEqual(saved.state, t.state)
     }
 
     /// Critical pressure pauses the run with a checkpoint; the next session resumes it.
@@ -217,6 +365,7 @@ final class TrainerTests: XCTestCase {
         let later = try makeTrainer(m, runtime: FakeRuntime(manifest: m), dir: dir, sinks: [sink], usedSeq: { _ in sink.events.count })
         XCTAssertTrue(try later.start())
         XCTAssertEqual(later.nextStep, 1)
+        XCTAssertEqual(later.state, t.state, "the pause's checkpoint is the state after step 0")
         XCTAssertEqual(try later.run(), .completed)
         XCTAssertEqual(later.nextStep, 6)
         XCTAssertEqual(sink.events.map(\.seq), Array(0..<sink.events.count))

@@ -1,6 +1,11 @@
 package org.pytorch.executorch;
 
-/** Compile-only stub of org.pytorch.executorch.Module (executorch-android 1.5.1). */
+/**
+ * Compile-only stub of org.pytorch.executorch.Module (executorch-android 1.5.x, Module.kt): `load` is
+ * a @JvmStatic @JvmOverloads companion function (modelPath, loadMode = LOAD_MODE_FILE, numThreads = 0),
+ * hence the three overloads; `execute` takes a vararg. The backend-options `load` overload of main is
+ * left out (the app does not use it).
+ */
 public class Module implements java.io.Closeable {
     public static final int LOAD_MODE_FILE = 0;
     public static final int LOAD_MODE_MMAP = 1;
@@ -18,6 +23,10 @@ public class Module implements java.io.Closeable {
     public void loadMethod(String methodName) { throw new UnsupportedOperationException("stub"); }
     public String[] getMethods() { throw new UnsupportedOperationException("stub"); }
     public String[] readLogBuffer() { throw new UnsupportedOperationException("stub"); }
+    public boolean etdump() { throw new UnsupportedOperationException("stub"); }
+    public boolean etdump(String outputPath) { throw new UnsupportedOperationException("stub"); }
     public void destroy() { throw new UnsupportedOperationException("stub"); }
     @Override public void close() { throw new UnsupportedOperationException("stub"); }
+
+    public static String[] readLogBufferStatic() { throw new UnsupportedOperationException("stub"); }
 }

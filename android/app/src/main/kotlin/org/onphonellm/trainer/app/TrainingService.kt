@@ -87,7 +87,7 @@ class TrainingService : Service() {
                 checkpointEvery = req.checkpointEvery, shuffleSeed = req.shuffleSeed)
             TrainingStatus.begin(req.runId, req.steps, budget)
             val queue = ExecuTorchRuntime(File(req.programDir, manifest.programFile)).use { runtime ->
-                val trainer = Trainer(manifest, schedule, rows, runtime, probe, config, runDir, Clock.System,
+                val trainer = Trainer(manifest, req.programDir, schedule, rows, runtime, probe, config, runDir, Clock.System,
                     RunControl { TrainingStatus.stopRequested() }, Progress())
                 val queue = uploadQueue(req, runDir)
                 uploader = queue?.let { q -> Thread({ uploadLoop(q) }, "telemetry-upload").also { it.start() } }

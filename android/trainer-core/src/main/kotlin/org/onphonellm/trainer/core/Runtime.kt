@@ -5,47 +5,69 @@ import java.io.FileOutputStream
 import java.io.IOException
 import java.io.OutputStream
 
-/**
- * The exported program as the trainer sees it. The app implements it with ExecuTorch
- * (`Module.load(path, LOAD_MODE_MMAP)`, `loadMethod`, `execute`); tests with a fake.
- *
- * Contract (manifest.schema.json): load every method before the first call — on ExecuTorch loading a
- * method re-initializes the shared LoRA state, so `setState` must come after all loads.
- * The optimizer runs inside the program: the app never updates weights itself.
- */
-interface TrainingRuntime : AutoCloseable {
-    fun loadMethod(name: String)
+/** Element type of a [TensorValue]: the two the contract uses. */
+enum class DType(val manifestName: String) {
+    INT64("int64"), FLOAT32("float32");
 
-    /** One step: input_ids int64[T], labels int64[T], lr float32[1] -> loss float32[1]. */
-    fun trainStep(method: String, inputIds: LongArray, labels: LongArray, lr: Float): Float
-
-    /** `get_state()` -> float32[N]: LoRA params and optimizer state, manifest order. */
-    fun getState(): FloatArray
-
-    /** `set_state(float32[N])`: overwrite them (resume). */
-    fun setState(state: FloatArray)
+    companion object {
+        fun of(name: String, where: String): DType =
+            values().firstOrNull { it.manifestName == name } ?: throw ContractError("$where: dtype '$name' is not int64 or float32")
+    }
 }
 
 /**
- * Check that the runtime's methods share the program's state, as the contract assumes: set_state then
- * get_state must round-trip. They do on the host (Python `Runtime.load_program` allocates one set of
- * memory arenas per program); they do not on a runtime that gives each method its own planned memory
- * (ExecuTorch's `extension::Module` without `share_memory_arenas`, which the prebuilt Android AAR
- * uses): there each method would train, save and restore its own copy of the LoRA state.
- * Leaves the state as it found it.
+ * A tensor crossing the app/runtime boundary, row-major. Inputs are windows of the app's arrays
+ * (a state entry is `numel` values of the one state array from its offset: nothing is copied to
+ * build the inputs); outputs may be windows of the runtime's memory, valid until its next call, so
+ * they are read by copying ([copyInto]).
  */
-fun checkSharedState(runtime: TrainingRuntime, numel: Int) {
-    val before = runtime.getState()
-    if (before.size != numel) throw ContractError("get_state returned ${before.size} values, the manifest says $numel; re-export or re-push the program")
-    val marked = before.copyOf()
-    marked[0] = if (marked[0] == 1.0f) 2.0f else 1.0f
-    runtime.setState(marked)
-    val after = runtime.getState()
-    runtime.setState(before)
-    if (!after.contentEquals(marked)) {
-        throw ContractError("the runtime does not share state between methods (set_state is not seen by get_state): its methods have " +
-            "separate memory arenas; use an ExecuTorch build whose Module shares memory arenas (docs/android.md)")
+abstract class TensorValue(val name: String, val shape: List<Int>) {
+    val numel: Int = shape.fold(1) { a, b -> a * b }
+    abstract val dtype: DType
+
+    /** Copy the float32 values into dst[offset, offset + numel). */
+    open fun copyInto(dst: FloatArray, offset: Int): Unit = throw ContractError("tensor '$name' is $dtype, not float32")
+
+    /** The int64 values (a copy or the backing array: do not modify). */
+    open fun longs(): LongArray = throw ContractError("tensor '$name' is $dtype, not int64")
+
+    fun floats(): FloatArray = FloatArray(numel).also { copyInto(it, 0) }
+
+    override fun toString(): String = "$name $dtype$shape"
+
+    class Longs(name: String, shape: List<Int>, val data: LongArray) : TensorValue(name, shape) {
+        init { require(data.size == numel) { "$name: ${data.size} values for shape $shape" } }
+        override val dtype get() = DType.INT64
+        override fun longs(): LongArray = data
     }
+
+    /** float32 values data[offset, offset + numel). */
+    class Floats(name: String, shape: List<Int>, val data: FloatArray, val offset: Int = 0) : TensorValue(name, shape) {
+        init { require(offset >= 0 && offset + numel <= data.size) { "$name: [$offset, ${offset + numel}) lies outside ${data.size} values" } }
+        override val dtype get() = DType.FLOAT32
+        override fun copyInto(dst: FloatArray, offset: Int) = System.arraycopy(data, this.offset, dst, offset, numel)
+    }
+}
+
+/**
+ * The exported program as the trainer sees it (contract version 2, functional state): a set of
+ * named methods, each a function of its inputs. The app implements it with ExecuTorch
+ * (`Module.load(path, LOAD_MODE_MMAP)`, `loadMethod`, `execute`); tests with a fake.
+ *
+ * The runtime keeps no training state between calls: the trainer owns the flat state array and
+ * passes every entry in; the method returns the loss and the new values of the entries it changed.
+ * The optimizer runs inside the program: the app only copies outputs into place.
+ */
+interface TrainingRuntime : AutoCloseable {
+    /** Prepare a method (the trainer loads every method before the first call, so failures and memory show early). */
+    fun loadMethod(name: String)
+
+    /**
+     * Run [method] on [inputs] (the manifest's order); returns its outputs in the manifest's order.
+     * Names of the returned tensors may be empty (positional runtimes such as ExecuTorch); a
+     * non-empty name must be the manifest's. Outputs may be read only until the next call.
+     */
+    fun execute(method: String, inputs: List<TensorValue>): List<TensorValue>
 }
 
 /** Time as the trainer needs it, injectable so tests run without waiting. */

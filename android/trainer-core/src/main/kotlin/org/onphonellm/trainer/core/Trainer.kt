@@ -45,13 +45,17 @@ interface ProgressListener {
 
 /**
  * The training loop an app runs (the host runner, toolchain/runtime/trainer.py, does the same):
- * load every method, resume from the checkpoint if there is one, check the memory budget, then per
- * step pick the LCSB phase's method, pad the row, call it with lr, record loss and memory, checkpoint
- * every [RunConfig.checkpointEvery] steps; at the end write the adapter. Every outcome ends with a
- * run_end event, except a kill, after which the next run() resumes from the last checkpoint.
+ * load every method; take the state from the checkpoint if there is one, else from the program's
+ * `state.init_file`; check the memory budget; then per step pick the LCSB phase's method, pad the
+ * row, call it with lr and every state entry, copy the entries it returns into the state, record loss
+ * and memory, checkpoint (= write the state array) every [RunConfig.checkpointEvery] steps; at the end
+ * write the adapter. Every outcome ends with a run_end event, except a kill, after which the next
+ * run() resumes from the last checkpoint.
  */
 class Trainer(
     private val manifest: Manifest,
+    /** The exported program's directory: `state.init_file` is read from it when there is no checkpoint. */
+    private val programDir: File,
     private val schedule: Schedule,
     private val rows: List<DataRow>,
     private val runtime: TrainingRuntime,
@@ -68,22 +72,24 @@ class Trainer(
     private val guard = MemoryGuard(config.budgetBytes, manifest.predictedStepBytes())
     private val losses = ArrayList<Double?>()
     private lateinit var rec: TelemetryRecorder
+    private lateinit var state: ProgramState
     private var sessionStart = 0L
     private var completed = 0L
 
     fun run(): RunOutcome {
         sessionStart = clock.monoNanos()
-        manifest.methodNames.forEach { runtime.loadMethod(it) } // before set_state: loading resets the state
-        checkSharedState(runtime, manifest.stateNumel)
+        manifest.methodNames.forEach { runtime.loadMethod(it) } // all of them first: a missing method fails before any step
         var start = 0L
         var seq = 0L
         if (store.exists()) {
             val c = store.load(manifest.stateNumel)
             if (c.runId != config.runId) throw ContractError("${store.file} belongs to run ${c.runId}, not ${config.runId}; use another run directory")
-            runtime.setState(c.state)
+            state = ProgramState(manifest, c.state)
             start = c.step
             seq = c.seq
             losses.addAll(c.losses)
+        } else {
+            state = ProgramState.readInit(programDir, manifest)
         }
         val last = log.lastEvent()
         last?.let { seq = maxOf(seq, Fields(it, "telemetry log").long("seq") + 1) } // events logged after the checkpoint keep their seq
@@ -115,10 +121,13 @@ class Trainer(
             val (method, phase) = schedule.methodForStep(step)
             val row = rows[order.rowForStep(step)]
             val (ids, labels) = row.padded(manifest.seqLen, manifest.padTokenId)
+            val spec = manifest.method(method)
             val t0 = clock.monoNanos()
-            val loss = runtime.trainStep(method, ids, labels, config.lr.toFloat()).toDouble()
-            val dt = (clock.monoNanos() - t0) / 1e9
+            val outputs = runtime.execute(method, state.inputs(ids, labels, config.lr.toFloat()))
+            val loss = state.checkOutputs(spec, outputs).toDouble()
             val finite = loss.isFinite()
+            if (finite) state.copyOutputs(spec, outputs) // a non-finite step leaves the state as it was
+            val dt = (clock.monoNanos() - t0) / 1e9
             losses.add(if (finite) loss else null)
             rec.emit("step", mapOf("step" to step, "loss" to (if (finite) loss else Json.Null), "step_time_s" to dt,
                 "tokens_per_s" to if (dt > 0) row.tokens / dt else 0.0, "tokens" to row.tokens, "lcsb_phase" to phase, "lr" to config.lr))
@@ -173,11 +182,11 @@ class Trainer(
     }
 
     private fun checkpoint(done: Long) {
-        store.save(Checkpoint(runtime.getState(), done, config.runId, rec.nextSeq, losses.toList()))
+        store.save(Checkpoint(state.values, done, config.runId, rec.nextSeq, losses.toList()))
     }
 
     private fun finish(done: Long, status: String, message: String, writeAdapter: Boolean): RunOutcome {
-        if (writeAdapter) writeAdapter(runDir.adapter, manifest, runtime.getState())
+        if (writeAdapter) writeAdapter(runDir.adapter, manifest, state.values)
         return end(done, status, message)
     }
 

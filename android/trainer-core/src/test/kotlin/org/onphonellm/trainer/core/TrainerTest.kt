@@ -16,8 +16,13 @@ class TrainerTest {
         RunConfig("run-a", steps, lr = 0.05, budgetBytes = budget, runInfo = info, checkpointEvery = every, pausePollMs = 1000, maxPauseMs = 5000)
 
     private fun trainer(m: Manifest, rt: TrainingRuntime, dir: File, cfg: RunConfig = config(), probe: MemoryProbe = ScriptedProbe(listOf(100L shl 20)),
-                        clock: FakeClock = FakeClock(), control: RunControl = RunControl { false }) =
-        Trainer(m, Schedule.fromManifest(m), Fixtures.rows(), rt, probe, cfg, RunDir(dir), clock, control)
+                        clock: FakeClock = FakeClock(), control: RunControl = RunControl { false }, program: File = Fixtures.programDir(m)) =
+        Trainer(m, program, Schedule.fromManifest(m), Fixtures.rows(), rt, probe, cfg, RunDir(dir), clock, control)
+
+    /** The state a run left: its last checkpoint (written at the end of every completed run). */
+    private fun finalState(m: Manifest, dir: File) = CheckpointStore(RunDir(dir).checkpoint).load(m.stateNumel).state
+
+    private fun slice(m: Manifest, state: FloatArray, name: String) = m.entry(name)!!.let { state.copyOfRange(it.offset, it.offset + it.numel) }
 
     private fun events(dir: File) = EventLog(RunDir(dir).telemetry).events()
     private fun types(dir: File) = events(dir).map { (it["type"] as Json.Str).value }
@@ -43,42 +48,161 @@ class TrainerTest {
         assertEquals(8, types(dir).count { it == "step" })
         assertEquals(listOf(0L, 1L, 0L, 1L), ev.filter { it["type"] == Json.Str("step") }.take(4).map { (it["lcsb_phase"] as Json.Num).asLongOrNull })
         assertValidTelemetry(dir)
-        val parsed = Safetensors.readHeader(File(RunDir(dir).adapter, "adapter_model.safetensors"))
-        val e = m.stateEntries.first()
-        assertArrayEquals(rt.current.copyOfRange(e.offset, e.offset + e.numel), Safetensors.readFloats(File(RunDir(dir).adapter, "adapter_model.safetensors"), parsed, e.key))
-        // only the scheduled phases' layers moved: with LCSB off, every layer moves every step
+        val state = finalState(m, dir)
+        val adapterFile = File(RunDir(dir).adapter, "adapter_model.safetensors")
+        val parsed = Safetensors.readHeader(adapterFile)
+        for (e in m.stateEntries) assertArrayEquals(slice(m, state, e.name), Safetensors.readFloats(adapterFile, parsed, e.key), e.key)
+        assertFalse(state.contentEquals(Fixtures.initState(m))) // it trained
+        // with LCSB off every layer moves every step: another end state
         val full = Fixtures.manifest(layers = 4, lcsb = false)
         val rtFull = FakeRuntime(full)
-        trainer(full, rtFull, Fixtures.tempDir()).run()
+        val fullDir = Fixtures.tempDir()
+        trainer(full, rtFull, fullDir).run()
         assertEquals(List(8) { "train_step" }, rtFull.calls)
-        assertFalse(rtFull.current.contentEquals(rt.current))
+        assertFalse(finalState(full, fullDir).contentEquals(state))
+    }
+
+    @Test
+    fun `each output is copied into its entry's slice and nothing else changes`() {
+        val m = Fixtures.manifest(layers = 4)
+        val init = Fixtures.initState(m)
+        val state = ProgramState(m, init.copyOf())
+        val p1 = m.method("train_step_p1")
+        // outputs as a positional runtime returns them: unnamed, distinctive values per entry
+        val outputs = listOf<TensorValue>(TensorValue.Floats("", listOf(1), floatArrayOf(2.5f))) + p1.outputs.drop(1).mapIndexed { k, o ->
+            TensorValue.Floats("", o.shape, FloatArray(m.entry(o.name)!!.numel) { j -> 1000f * (k + 1) + j })
+        }
+        assertEquals(2.5f, state.checkOutputs(p1, outputs))
+        state.copyOutputs(p1, outputs)
+        p1.outputs.drop(1).forEachIndexed { k, o -> assertArrayEquals(FloatArray(m.entry(o.name)!!.numel) { j -> 1000f * (k + 1) + j }, state.slice(o.name), o.name) }
+        for (e in m.stateEntries.filter { it.name !in p1.updatedEntries }) assertArrayEquals(slice(m, init, e.name), state.slice(e.name), e.name)
+        assertEquals(m.stateEntries.filter { "layers.2." in it.key || "layers.3." in it.key }.map { it.name }, p1.updatedEntries)
+        // the inputs are windows of the state array, in entries order, after input_ids, labels, lr
+        val inputs = state.inputs(LongArray(8), LongArray(8), 0.5f)
+        assertEquals(listOf("input_ids", "labels", "lr") + m.stateEntries.map { it.name }, inputs.map { it.name })
+        inputs.drop(3).forEach { assertTrue((it as TensorValue.Floats).data === state.values) }
+    }
+
+    @Test
+    fun `bad outputs fail the run clearly and leave the state untouched`() {
+        val m = Fixtures.manifest(layers = 4)
+        val cases = mapOf<String, (List<TensorValue>) -> List<TensorValue>>(
+            "returned 2 outputs, the manifest lists 9" to { out -> out.take(2) },
+            "is named 'lora_0_v_proj_a', the manifest says 'lora_0_q_proj_a'" to { out ->
+                listOf(out[0], TensorValue.Floats("lora_0_v_proj_a", out[1].shape, out[1].floats())) + out.drop(2) },
+            "output 'lora_0_q_proj_b' of method train_step_p0 has 3 values, its state entry 16" to { out ->
+                listOf(out[0], out[1], TensorValue.Floats("", listOf(3), FloatArray(3))) + out.drop(3) },
+            "is INT64, not float32" to { out -> listOf<TensorValue>(TensorValue.Longs("", listOf(1), LongArray(1))) + out.drop(1) },
+        )
+        for ((why, mangle) in cases) {
+            val base = FakeRuntime(m)
+            val rt = object : TrainingRuntime by base {
+                override fun execute(method: String, inputs: List<TensorValue>) = base.execute(method, inputs).let { if (base.calls.size == 3) mangle(it) else it }
+            }
+            val dir = Fixtures.tempDir()
+            val out = trainer(m, rt, dir, config(steps = 6, every = 2)).run()
+            assertEquals("failed", out.status, why)
+            assertTrue(out.message.contains(why), "expected '$why' in: ${out.message}")
+            assertTrue(out.message.contains("push the program directory again or re-export"), out.message)
+            assertEquals(2L, out.stepsCompleted, why)
+            assertEquals(2L, CheckpointStore(RunDir(dir).checkpoint).load(m.stateNumel).step)
+        }
+        // a name the manifest does not have as an entry cannot reach a slice
+        val state = ProgramState(m, Fixtures.initState(m))
+        val bogus = m.method("train_step_p0").let { it.copy(outputs = it.outputs.take(1) + Manifest.TensorSpec("lora_9_q_proj_a", "float32", listOf(2, 8))) }
+        val e = assertThrows<ContractError> { state.copyOutputs(bogus, listOf(TensorValue.Floats("", listOf(1), FloatArray(1)), TensorValue.Floats("", listOf(2, 8), FloatArray(16)))) }
+        assertTrue(e.message!!.contains("'lora_9_q_proj_a' of method train_step_p0 is not a state entry"), e.message)
+        assertArrayEquals(Fixtures.initState(m), state.values)
+    }
+
+    @Test
+    fun `a phase method returns only the entries it changes - SGD its layers' params, AdamW everything`() {
+        val sgd = Fixtures.manifest(layers = 4)
+        val rt = FakeRuntime(sgd)
+        val dir = Fixtures.tempDir()
+        trainer(sgd, rt, dir, config(steps = 2)).run()
+        val layerNames = { layers: List<Int> -> sgd.stateEntries.filter { e -> layers.any { "layers.$it." in e.key } }.map { it.name } }
+        assertEquals(listOf(layerNames(listOf(0, 1)), layerNames(listOf(2, 3))), rt.returned)
+        assertEquals(rt.returned, listOf("train_step_p0", "train_step_p1").map { sgd.method(it).updatedEntries })
+        // after one p0 step only layers 0 and 1 moved
+        val one = Fixtures.tempDir()
+        trainer(sgd, FakeRuntime(sgd), one, config(steps = 1)).run()
+        val after = finalState(sgd, one)
+        val init = Fixtures.initState(sgd)
+        for (e in sgd.stateEntries) assertEquals(e.name in layerNames(listOf(0, 1)), !slice(sgd, after, e.name).contentEquals(slice(sgd, init, e.name)), e.name)
+
+        val adam = Fixtures.manifest(layers = 4, optimizer = "adamw")
+        val rtA = FakeRuntime(adam, namedOutputs = false)
+        val dirA = Fixtures.tempDir()
+        assertEquals("completed", trainer(adam, rtA, dirA, config(steps = 3)).run().status)
+        rtA.returned.forEach { assertEquals(adam.stateEntries.map { it.name }, it) }
+        val s = finalState(adam, dirA)
+        assertArrayEquals(floatArrayOf(3f), slice(adam, s, "adam_step")) // the step counter went through the app's array
+        assertTrue(adam.stateEntries.filter { it.role == "exp_avg_sq" }.all { e -> slice(adam, s, e.name).any { it > 0f } })
+    }
+
+    @Test
+    fun `the initial state comes from state_init_bin - raw little-endian float32 of exactly numel values`() {
+        val m = Fixtures.manifest(layers = 2)
+        // hand-computed bytes: 1.0f = 00 00 80 3f, -2.0f = 00 00 00 c0 (little-endian)
+        val init = FloatArray(m.stateNumel) { if (it % 2 == 0) 1f else -2f }
+        val bytes = ByteArray(4 * m.stateNumel) { i -> listOf(listOf(0, 0, 0x80, 0x3f), listOf(0, 0, 0, 0xc0))[(i / 4) % 2][i % 4].toByte() }
+        val program = Fixtures.tempDir().also { File(it, "state_init.bin").writeBytes(bytes) }
+        assertArrayEquals(init, ProgramState.readInit(program, m).values)
+        // a run starts from it: the first call sees those values as its state inputs
+        val seen = ArrayList<FloatArray>()
+        val base = FakeRuntime(m)
+        val rt = object : TrainingRuntime by base {
+            override fun execute(method: String, inputs: List<TensorValue>): List<TensorValue> {
+                if (seen.isEmpty()) seen.add(FloatArray(m.stateNumel).also { s -> inputs.drop(3).forEach { t -> t.copyInto(s, m.entry(t.name)!!.offset) } })
+                return base.execute(method, inputs)
+            }
+        }
+        trainer(m, rt, Fixtures.tempDir(), config(steps = 1), program = program).run()
+        assertArrayEquals(init, seen.single())
+        // one value short, or missing: refused before any step
+        for ((why, prog) in listOf(
+            "holds ${4 * m.stateNumel - 4} bytes, the manifest's ${m.stateNumel} float32 values need ${4 * m.stateNumel}" to
+                Fixtures.tempDir().also { File(it, "state_init.bin").writeBytes(bytes.copyOf(bytes.size - 4)) },
+            "state_init.bin is missing" to Fixtures.tempDir())) {
+            val rt2 = FakeRuntime(m)
+            val e = assertThrows<ContractError>(why) { trainer(m, rt2, Fixtures.tempDir(), program = prog).run() }
+            assertTrue(e.message!!.contains(why), "expected '$why' in: ${e.message}")
+            assertEquals(0, rt2.calls.size)
+        }
     }
 
     @Test
     fun `killed mid-run, the next run resumes from the checkpoint and ends where an uninterrupted run ends`() {
-        val m = Fixtures.manifest(layers = 4)
-        val reference = FakeRuntime(m).also { trainer(m, it, Fixtures.tempDir(), config(steps = 9, every = 2)).run() }
+        for (opt in listOf("adamw", "sgd")) killAndResume(opt)
+    }
+
+    private fun killAndResume(optimizer: String) {
+        val m = Fixtures.manifest(layers = 4, optimizer = optimizer)
+        val program = Fixtures.programDir(m)
+        val refDir = Fixtures.tempDir()
+        trainer(m, FakeRuntime(m), refDir, config(steps = 9, every = 2), program = program).run()
+        val reference = finalState(m, refDir)
         val dir = Fixtures.tempDir()
         val first = FakeRuntime(m, killAtCall = 6) // dies inside step 5; checkpoints hold steps 0..3
-        assertThrows<SimulatedKill> { trainer(m, first, dir, config(steps = 9, every = 2)).run() }
+        assertThrows<SimulatedKill> { trainer(m, first, dir, config(steps = 9, every = 2), program = program).run() }
         assertEquals(4L, CheckpointStore(RunDir(dir).checkpoint).load(m.stateNumel).step)
+        // the resumed run starts from the checkpoint, not from state_init.bin (gone: reading it would fail)
+        File(program, m.stateInitFile).delete()
         val second = FakeRuntime(m)
-        val out = trainer(m, second, dir, config(steps = 9, every = 2)).run()
-        assertEquals("completed", out.status)
-        // set_state came after every method was loaded (loading resets the state on ExecuTorch)
-        assertEquals(m.methodNames.map { "load:$it" }, second.events.take(m.methodNames.size))
-        val firstStep = second.events.indexOfFirst { it.startsWith("step:") }
-        assertEquals("set_state", second.events[firstStep - 1])
-        assertTrue(second.events.indexOfLast { it.startsWith("load:") } < second.events.indexOf("set_state"))
+        val out = trainer(m, second, dir, config(steps = 9, every = 2), program = program).run()
+        assertEquals("completed", out.status, optimizer)
+        assertEquals(m.methodNames.map { "load:$it" }, second.events.take(m.methodNames.size)) // every method loaded before the first call
         assertEquals(listOf("train_step_p0", "train_step_p1", "train_step_p0", "train_step_p1", "train_step_p0"), second.calls)
-        assertArrayEquals(reference.current, second.current)
+        assertArrayEquals(reference, finalState(m, dir), optimizer)
+        assertFalse(reference.contentEquals(Fixtures.initState(m)))
         assertEquals(listOf("run_start"), types(dir).filter { it == "run_start" })
         assertEquals("resumed_after_kill", events(dir).first { it["type"] == Json.Str("error") }["code"].let { (it as Json.Str).value })
         assertValidTelemetry(dir) // step 4 ran twice: two step events, distinct seqs, nothing for the server to refuse
         assertEquals(9 + 1, types(dir).count { it == "step" })
         // run again after completion: nothing to do, nothing logged
         val n = events(dir).size
-        assertEquals("already complete", trainer(m, FakeRuntime(m), dir, config(steps = 9, every = 2)).run().message)
+        assertEquals("already complete", trainer(m, FakeRuntime(m), dir, config(steps = 9, every = 2), program = program).run().message)
         assertEquals(n, events(dir).size)
     }
 
@@ -88,32 +212,10 @@ class TrainerTest {
         val dir = Fixtures.tempDir()
         trainer(m, FakeRuntime(m), dir, config(steps = 2)).run()
         val other = config(steps = 4).copy(runId = "run-b")
-        val e = assertThrows<ContractError> { Trainer(m, Schedule.fromManifest(m), Fixtures.rows(), FakeRuntime(m), ScriptedProbe(listOf(1L)), other, RunDir(dir)).run() }
+        val e = assertThrows<ContractError> { Trainer(m, Fixtures.programDir(m), Schedule.fromManifest(m), Fixtures.rows(), FakeRuntime(m), ScriptedProbe(listOf(1L)), other, RunDir(dir)).run() }
         assertTrue(e.message!!.contains("belongs to run run-a"), e.message)
         val m6 = Fixtures.manifest(layers = 6)
         assertThrows<ContractError> { trainer(m6, FakeRuntime(m6), dir, config(steps = 4)).run() }
-    }
-
-    @Test
-    fun `a runtime whose methods keep separate state (prebuilt Android Module) is refused before training`() {
-        val m = Fixtures.manifest()
-        // Each method with its own arena, as extension::Module does without share_memory_arenas.
-        val perMethod = object : TrainingRuntime {
-            val states = HashMap<String, FloatArray>()
-            var steps = 0
-            override fun loadMethod(name: String) { states[name] = FloatArray(m.stateNumel) }
-            override fun trainStep(method: String, inputIds: LongArray, labels: LongArray, lr: Float): Float { steps++; return 1f }
-            override fun getState() = states.getValue("get_state").copyOf()
-            override fun setState(state: FloatArray) { states["set_state"] = state.copyOf() }
-            override fun close() {}
-        }
-        val e = assertThrows<ContractError> { trainer(m, perMethod, Fixtures.tempDir()).run() }
-        assertTrue(e.message!!.contains("does not share state"), e.message)
-        assertEquals(0, perMethod.steps)
-        // the shared-state fake passes the same check and is left as it was
-        val shared = FakeRuntime(m).also { rt -> m.methodNames.forEach { rt.loadMethod(it) } }
-        checkSharedState(shared, m.stateNumel)
-        assertArrayEquals(shared.init, shared.current)
     }
 
     @Test
@@ -121,9 +223,9 @@ class TrainerTest {
         val m = Fixtures.manifest()
         val base = FakeRuntime(m)
         val rt = object : TrainingRuntime by base {
-            override fun trainStep(method: String, inputIds: LongArray, labels: LongArray, lr: Float): Float {
+            override fun execute(method: String, inputs: List<TensorValue>): List<TensorValue> {
                 if (base.calls.size == 3) throw IllegalStateException("Execution of method train_step_p1 failed with status 0x12")
-                return base.trainStep(method, inputIds, labels, lr)
+                return base.execute(method, inputs)
             }
         }
         val dir = Fixtures.tempDir()
@@ -176,11 +278,12 @@ class TrainerTest {
         val probe = ScriptedProbe(listOf(100L shl 20))
         val clock = FakeClock()
         var stepsSeen = 0
-        val rt = object : TrainingRuntime by FakeRuntime(m) {
-            override fun trainStep(method: String, inputIds: LongArray, labels: LongArray, lr: Float): Float {
+        val base = FakeRuntime(m, lossAt = { 1f })
+        val rt = object : TrainingRuntime by base {
+            override fun execute(method: String, inputs: List<TensorValue>): List<TensorValue> {
                 stepsSeen++
                 if (stepsSeen == 2) probe.trimLevel = MemoryGuard.TRIM_MEMORY_RUNNING_CRITICAL // pressure after step 1
-                return 1f
+                return base.execute(method, inputs)
             }
         }
         val dir = Fixtures.tempDir()
@@ -199,8 +302,9 @@ class TrainerTest {
         assertEquals(Json.Bool(false), pause["fatal"])
         // pressure that never clears: the run ends as 'paused' after maxPauseMs, checkpointed
         val stuck = ScriptedProbe(listOf(100L shl 20), lowMemory = false)
-        val rt2 = object : TrainingRuntime by FakeRuntime(m) {
-            override fun trainStep(method: String, inputIds: LongArray, labels: LongArray, lr: Float): Float { stuck.lowMemory = true; return 1f }
+        val base2 = FakeRuntime(m, lossAt = { 1f })
+        val rt2 = object : TrainingRuntime by base2 {
+            override fun execute(method: String, inputs: List<TensorValue>): List<TensorValue> { stuck.lowMemory = true; return base2.execute(method, inputs) }
         }
         val dir2 = Fixtures.tempDir()
         val out2 = trainer(m, rt2, dir2, config(steps = 4), stuck, FakeClock()).run()
@@ -243,10 +347,12 @@ class TrainerTest {
         val dir = Fixtures.tempDir()
         val rows = Fixtures.rows().map { r -> DataRow(r.inputIds.map { it % m.vocab }.toIntArray().copyOf(minOf(r.inputIds.size, m.seqLen)),
             r.labels.copyOf(minOf(r.labels.size, m.seqLen))) }
-        val out = Trainer(m, Schedule.fromManifest(m), rows, rt, ScriptedProbe(listOf(1L shl 20)), config(steps = 6), RunDir(dir), FakeClock()).run()
+        val out = Trainer(m, Fixtures.programDir(m), Schedule.fromManifest(m), rows, rt, ScriptedProbe(listOf(1L shl 20)), config(steps = 6), RunDir(dir), FakeClock()).run()
         assertEquals("completed", out.status)
         val sched = Schedule.fromManifest(m)
         assertEquals((0L until 6L).map { sched.methodForStep(it).first }, rt.calls)
+        // what the fake program returned is what the exporter's manifest says each method returns
+        rt.calls.zip(rt.returned).forEach { (name, entries) -> assertEquals(m.method(name).updatedEntries, entries, name) }
         assertValidTelemetry(dir)
         val parsed = Safetensors.readHeader(File(RunDir(dir).adapter, "adapter_model.safetensors"))
         assertEquals(m.stateEntries.filter { it.role == "param" }.map { it.key }.toSet(), parsed.entries.keys)

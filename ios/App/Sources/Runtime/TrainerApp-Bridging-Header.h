@@ -1,2 +1,0 @@
-// Objective-C(++) code the Swift sources use.
-#import "TCSharedArenaModule.h"
