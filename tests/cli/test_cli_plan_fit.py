@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from toolchain.cli import cli
 from toolchain.memory.estimate import StepShape, estimate_peak
+from toolchain.memory.fit import HOST_OVERHEAD_MB
 from toolchain.memory.profiles import load_profile
 from toolchain.models import PRESETS
 
@@ -19,9 +21,23 @@ def run(*args):
 def test_fits_in_words():
     r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--rank", 8, "--device", "android-8gb")
     assert r.exit_code == 0, r.output
-    peak = estimate_peak(StepShape(PRESETS["qwen2.5-0.5b"], 256, 8)).peak_mb
+    peak = estimate_peak(StepShape(PRESETS["qwen2.5-0.5b"], 256, 8), overhead_mb=HOST_OVERHEAD_MB).peak_mb
     assert f"predicted peak {peak:.1f} MB (analytic" in r.output and "-> FITS" in r.output
     assert "largest seq len that fits at this rank: " in r.output and "mlp_working_set" in r.output
+    assert "runtime_overhead" in r.output and "calibrated" in r.output
+
+
+def test_method_and_chunk_options_reach_the_model():
+    r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--method", "mebp", "--device", "android-8gb", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    mebp = StepShape(PRESETS["qwen2.5-0.5b"], 256, 8, method="mebp")
+    assert doc["method"] == "mebp" and doc["phase"] == "loss"
+    assert doc["predicted_peak_mb"] == estimate_peak(mebp, overhead_mb=HOST_OVERHEAD_MB).peak_mb
+    r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--vocab-chunk", 0, "--mlp-chunk", 0, "--loss-chunk", 32,
+            "--overhead-mb", 0, "--device", "android-8gb", "--json")
+    rows = StepShape(PRESETS["qwen2.5-0.5b"], 256, 8, loss_chunk=32, vocab_chunk=None, mlp_chunk=None)
+    assert json.loads(r.output)["predicted_peak_mb"] == estimate_peak(rows).peak_mb
 
 
 def test_does_not_fit_as_json():
@@ -45,3 +61,18 @@ def test_program_without_manifest_and_bad_inputs(tmp_path):
     assert r.exit_code == 2 and "seq-len" in r.output
     r = run("--model", "tiny", "--seq-len", 16, "--lcsb-k", 99, "--device", "android-8gb")
     assert r.exit_code == 2 and "lcsb_k" in r.output
+
+
+def test_program_in_json_and_a_mismatched_program(tmp_path):
+    from toolchain.memory.fit import EXECUTORCH_OVERHEAD_MB
+    from toolchain.schemas import SCHEMA_DIR
+
+    (tmp_path / "manifest.json").write_text((SCHEMA_DIR / "examples" / "manifest_tiny.json").read_text())
+    r = run("--model", "tiny", "--seq-len", 64, "--rank", 8, "--device", "ios-6gb", "--program", tmp_path, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    plan = json.loads((tmp_path / "manifest.json").read_text())["memory_plan"]
+    assert doc["source"] == "program" and doc["overhead_mb"] == EXECUTORCH_OVERHEAD_MB
+    assert doc["predicted_peak_mb"] == pytest.approx(plan["peak_estimate_bytes"] / 2**20 + EXECUTORCH_OVERHEAD_MB)
+    r = run("--model", "tiny", "--seq-len", 128, "--device", "ios-6gb", "--program", tmp_path)
+    assert r.exit_code == 2 and "Error: " in r.output and "exported with seq_len 64 (not 128)" in r.output

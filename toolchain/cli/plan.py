@@ -41,15 +41,20 @@ def _fit_text(preamble: str, r) -> list[str]:
               help="Device profile: android-6gb, android-8gb, android-12gb, ios-6gb, ios-8gb, ios-12gb or a JSON file.")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Exported program directory: use its manifest's memory plan instead of the analytic model.")
+@click.option("--method", type=click.Choice(["mesp", "mebp", "autograd"]), default="mesp", show_default=True,
+              help="Training step to model (mebp/autograd: the baselines as `bench memory` runs them).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
-@click.option("--loss-chunk", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Tokens per LM-head/cross-entropy chunk.")
-@click.option("--mlp-chunk", type=click.IntRange(min=1), default=None, help="Tokens per MLP backward chunk [default: all].")
-@click.option("--overhead-mb", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Runtime and allocator memory added to the tensors (calibrate with `toolchain bench memory`).")
+@click.option("--loss-chunk", type=click.IntRange(min=1), default=None,
+              help="Tokens per LM-head chunk.  [default: StepOptions]")
+@click.option("--vocab-chunk", type=click.IntRange(min=0), default=None,
+              help="Vocabulary entries per LM-head chunk (0: whole rows).  [default: StepOptions]")
+@click.option("--mlp-chunk", type=click.IntRange(min=0), default=None,
+              help="Tokens per MLP chunk (0: none).  [default: StepOptions]")
+@click.option("--overhead-mb", type=click.FloatRange(min=0), default=None,
+              help="Runtime memory added to the tensors.  [default: calibrated with `toolchain bench memory`]")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
-def fit(model, seq_len, rank, targets, lcsb_k, device, program, optimizer, loss_chunk, mlp_chunk, overhead_mb,
-        as_json) -> None:
+def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimizer, loss_chunk, vocab_chunk, mlp_chunk,
+        overhead_mb, as_json) -> None:
     """Predict the peak memory of a training step and say whether it fits the device's budget."""
     import json
 
@@ -62,15 +67,18 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, optimizer, loss_
     arch = get_preset(model)
     cfg = LoraConfig(rank=rank, alpha=2.0 * rank, targets=parse_targets(targets))
     profile = load_profile(device)
-    shape = StepShape(arch, seq_len, rank, targets=cfg.targets, loss_chunk=loss_chunk, mlp_chunk=mlp_chunk,
-                      lcsb_k=lcsb_k, optimizer=optimizer)
+    given = {"loss_chunk": loss_chunk, "vocab_chunk": vocab_chunk, "mlp_chunk": mlp_chunk}
+    chunks = {k: v or None for k, v in given.items() if v is not None}     # unset: StepOptions'; 0: no chunks
+    shape = StepShape(arch, seq_len, rank, targets=cfg.targets, method=method, lcsb_k=lcsb_k, optimizer=optimizer,
+                      **chunks)
     report = plan_fit(shape, profile, program_dir=program, overhead_mb=overhead_mb)
     if as_json:
-        click.echo(json.dumps({"model": model, "seq_len": seq_len, "rank": rank, "lcsb_k": lcsb_k,
+        click.echo(json.dumps({"model": model, "seq_len": seq_len, "rank": rank, "lcsb_k": lcsb_k, "method": method,
                                **report.as_dict()}, indent=2, sort_keys=True))
         return
     lcsb = f"LCSB k={lcsb_k}" if lcsb_k else "LCSB off"
-    preamble = f"{model}, seq {seq_len}, rank {rank}, {lcsb}, {optimizer} on {profile.name} ({profile.platform})"
+    preamble = (f"{model}, seq {seq_len}, rank {rank}, {method}, {lcsb}, {optimizer} on {profile.name} "
+                f"({profile.platform})")
     click.echo("\n".join(_fit_text(preamble, report)))
 
 

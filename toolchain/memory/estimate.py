@@ -1,23 +1,28 @@
-"""Analytic peak memory of one MeSP training step (`toolchain.mesp.step.mesp_step`), by named parts.
+"""Analytic peak memory of one training step, by named parts: MeSP (`toolchain.mesp.step.mesp_step`),
+and the MeBP / autograd baselines (`estimate_autograd.py`).
 
 The model counts the tensors the step's code keeps alive at each candidate peak, then takes the
 largest. Notation: T seq_len, d hidden, kv = kv_heads * head_dim, G query heads per kv head,
-f intermediate, V vocab, L layers, C a token chunk (mlp_chunk or T; loss_chunk), r rank.
+f intermediate, V vocab, L layers, C a token chunk (mlp_chunk or T; loss_chunk), Vc vocab_chunk, r rank.
+MeSP candidates:
 
   forward, layer i   checkpoints x_0..x_i; attention one kv group at a time (n1, q, q_rope: 3 T*d;
                      k, k_rope, v: 3 T*kv; the last group's scores and softmax [G,T,T] x2 and the
                      [T,T] mask; the other groups' outputs), or the o projection (o, o regrouped, its
                      output + LoRA term + sum); then the MLP per chunk: x1, the chunk outputs done,
                      n2 and max(4 [C,f], 3 [C,f] + the down projection's outputs).
-  loss               L checkpoints, x and hn, the dh chunks done, ONE [C,V] buffer (logits turned into
-                     dz in place) and the chunk's [C] vectors; or the final torch.cat of dh.
+  loss (ce_online)   L checkpoints, x and hn, the scaled dh chunks done and the previous chunk's unscaled
+                     dh, then per token chunk either the vocabulary loop (E[y], the running sum A: 2 [C,d];
+                     ONE [C,Vc] logits block; seven [C,1] running vectors) or its end (A, E[y], A / S,
+                     dh: 4 [C,d]); or the final torch.cat of dh.
+  loss (ce_chunked)  (vocab_chunk None) as above with ONE [C,V] buffer per token chunk.
   final norm         L checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
   backward, layer i  checkpoints x_0..x_i, dout, the recomputed attention half (n1, q_rope, k_rope,
                      v, o, x1), and the largest of: the MLP chunk at swiglu_backward's dg (8 [C,f]:
-                     g, u, da, sigmoid, du, two products, dg; 2 [C,d]; the dx chunks done);
-                     attention_backward of the last kv group at ds (4 [G,T,T]: p, dp, dp - rowsum,
-                     ds; the other groups' dq/dk/dv; dout, dx1, d_o); the q/k/v tail (11 [T,d]).
-  end                every selected layer's gradients, when the step returns them.
+                     g, u, the down projection's dx, sigmoid, du, two products, dg; n2 [C,d]; the dx
+                     chunks done); attention_backward of the last kv group at ds (4 [G,T,T]: p, dp,
+                     dp - rowsum, ds; the other groups' dq/dk/dv; dout, dx1, d_o); the q/k/v tail (11 [T,d]).
+  end                every selected layer's gradients, when the step returns them (grads="all").
   everywhere         LoRA params, their grads (all selected layers' kept until the step returns, or
                      one layer's when the update is applied right after each layer), optimizer state
                      (AdamW: 2 moments), rope tables 2 [T, head_dim].
@@ -26,9 +31,9 @@ tests/memory/test_memory_estimate.py checks these counts against the live tensor
 (overall and per phase, to 0.2%): when the step changes, that test says which count to update.
 Not modelled: the few [T, r] LoRA transients, dequantization transients of int8/int4 weights
 (`--program` memory plans include them), allocator slack and the runtime itself: the caller passes
-`overhead_mb` (calibrated against `toolchain bench memory`), reported as its own part. Frozen
-weights are not counted (memory-mapped clean pages, which the phones' footprint does not count).
-MB = 2^20 bytes.
+`overhead_mb` (calibrated against `toolchain bench memory`, see docs/planner.md), reported as its own
+part. Frozen weights are not counted (memory-mapped clean pages, which the phones' footprint does not
+count). MB = 2^20 bytes.
 """
 
 from __future__ import annotations
@@ -39,28 +44,40 @@ from typing import Literal
 
 from toolchain.errors import BadInput
 from toolchain.lora.config import ALL_TARGETS
+from toolchain.mesp.step import StepOptions
 from toolchain.models.presets import Qwen25Arch
 
-__all__ = ["BYTES_PER_MB", "StepShape", "MemoryEstimate", "estimate_peak", "largest_fitting"]
+__all__ = ["BYTES_PER_MB", "METHODS", "StepShape", "MemoryEstimate", "estimate_peak", "largest_fitting"]
 
 BYTES_PER_MB = 1 << 20
+METHODS = ("mesp", "mebp", "autograd")
+Method = Literal["mesp", "mebp", "autograd"]
+Parts = dict[str, float]
 _MLP = ("gate_proj", "up_proj", "down_proj")
+_OPTIONS = StepOptions()
 
 
 @dataclass(frozen=True)
 class StepShape:
-    """What the peak of a MeSP step depends on.
+    """What the peak of a training step depends on.
 
     Args:
         seq_len: tokens per step, T.
         rank: LoRA rank.
         targets: adapted projections. Default: all seven.
-        loss_chunk: tokens per LM-head chunk (StepOptions.loss_chunk). Default: 32.
-        mlp_chunk: tokens per MLP backward chunk (StepOptions.mlp_chunk); None = T. Default: None.
-        lcsb_k: layers backpropagated per step; the worst selection (the top k) is assumed.
+        method: "mesp" (`mesp_step`), "mebp" (per-block checkpointing + autograd, full logits) or
+            "autograd" (everything stored, full logits), as `toolchain bench memory` runs them.
+            Default: "mesp".
+        loss_chunk: tokens per LM-head chunk (StepOptions.loss_chunk; MeSP only). Default: StepOptions'.
+        vocab_chunk: vocabulary entries per LM-head chunk (StepOptions.vocab_chunk: the online-softmax
+            loss); None = whole rows (`ce_chunked`). Default: StepOptions'.
+        mlp_chunk: tokens per MLP chunk in forward and backward (StepOptions.mlp_chunk); None = T.
+            Default: StepOptions'.
+        lcsb_k: layers backpropagated per step; the worst selection (the top k) is assumed (MeSP only).
         backward_layers: the exact selection (overrides lcsb_k).
-        grads: "all" keeps every selected layer's gradients until the step returns (eager
-            `mesp_step`); "layer" drops them after each layer's update. Default: "all".
+        grads: "layer" drops each layer's gradients after its update (the exported program, `bench
+            memory`); "all" keeps every selected layer's gradients until the step returns (eager
+            `mesp_step` with keep_grads=True). MeBP and autograd always hold all. Default: "layer".
         optimizer: "adamw" adds two moments per LoRA parameter. Default: "sgd".
         dtype_bytes: bytes per activation and LoRA element. Default: 4 (fp32).
     """
@@ -69,11 +86,13 @@ class StepShape:
     seq_len: int
     rank: int
     targets: tuple[str, ...] = ALL_TARGETS
-    loss_chunk: int = 32
-    mlp_chunk: int | None = None
+    method: Method = "mesp"
+    loss_chunk: int = _OPTIONS.loss_chunk
+    vocab_chunk: int | None = _OPTIONS.vocab_chunk
+    mlp_chunk: int | None = _OPTIONS.mlp_chunk
     lcsb_k: int | None = None
     backward_layers: tuple[int, ...] | None = None
-    grads: Literal["all", "layer"] = "all"
+    grads: Literal["all", "layer"] = "layer"
     optimizer: Literal["sgd", "adamw"] = "sgd"
     dtype_bytes: int = 4
 
@@ -81,12 +100,17 @@ class StepShape:
         for name in ("seq_len", "rank", "loss_chunk", "dtype_bytes"):
             if getattr(self, name) < 1:
                 raise BadInput(f"`{name}` must be >= 1, got {getattr(self, name)}")
-        if self.mlp_chunk is not None and self.mlp_chunk < 1:
-            raise BadInput(f"`mlp_chunk` must be >= 1 or None, got {self.mlp_chunk}")
+        for name in ("mlp_chunk", "vocab_chunk"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise BadInput(f"`{name}` must be >= 1 or None, got {getattr(self, name)}")
+        if self.method not in METHODS:
+            raise BadInput(f"unknown method {self.method!r}; choose {', '.join(METHODS)}")
         if self.lcsb_k is not None and not 1 <= self.lcsb_k <= self.arch.layers:
             raise BadInput(f"`lcsb_k` must be in 1..{self.arch.layers} (the layer count), got {self.lcsb_k}")
         if self.backward_layers is not None and not set(self.backward_layers) <= set(range(self.arch.layers)):
             raise BadInput(f"`backward_layers` must be within 0..{self.arch.layers - 1}")
+        if self.method != "mesp" and (self.lcsb_k is not None or self.backward_layers is not None):
+            raise BadInput(f"LCSB (`lcsb_k`, `backward_layers`) is modelled for mesp only, not {self.method}")
         unknown = [t for t in self.targets if t not in ALL_TARGETS]
         if unknown:
             raise BadInput(f"unknown LoRA target(s) {', '.join(unknown)}; choose from {','.join(ALL_TARGETS)}")
@@ -102,7 +126,7 @@ class StepShape:
 @dataclass(frozen=True)
 class MemoryEstimate:
     peak_mb: float                 # sum of parts_mb
-    phase: str                     # where the peak is: "forward", "loss" or "backward"
+    phase: str                     # where the peak is: "forward", "loss", "backward", ...
     layer: int | None              # the layer of a forward/backward peak
     parts_mb: dict[str, float]     # named parts of the peak (MB each)
     phases_mb: dict[str, float] = field(default_factory=dict)   # each phase's own peak
@@ -112,7 +136,7 @@ class MemoryEstimate:
                 "phases_mb": dict(self.phases_mb)}
 
 
-def _chunk_starts(t: int, chunk: int) -> list[int]:
+def chunk_starts(t: int, chunk: int) -> list[int]:
     """Starts of the chunks that can hold a phase's peak: the held part grows with the start and
     the working set is equal for all full chunks, so the last full chunk and the last chunk."""
     last = (t - 1) // chunk * chunk
@@ -120,23 +144,24 @@ def _chunk_starts(t: int, chunk: int) -> list[int]:
     return sorted({s for s in (last_full, last) if s >= 0})
 
 
-def _lora_elems(s: StepShape, targets) -> int:
+def lora_elems(s: StepShape, targets) -> int:
+    """LoRA parameters of one layer on `targets` (those of them that are adapted)."""
     return sum(s.rank * sum(s.arch.linear_shape(t)) for t in targets if t in s.targets)
 
 
-def _state(s: StepShape, grads_elems: int) -> dict[str, float]:
+def state_parts(s: StepShape, grads_elems: float) -> Parts:
     """Held through the whole step (elements)."""
     a = s.arch
-    n = _lora_elems(s, ALL_TARGETS) * a.layers
+    n = lora_elems(s, ALL_TARGETS) * a.layers
     return {"lora_params": n, "lora_grads": grads_elems, "optimizer_state": 2 * n if s.optimizer == "adamw" else 0,
             "rope_tables": 2 * s.seq_len * a.head_dim}
 
 
-def _forward_parts(s: StepShape, i: int) -> list[dict[str, float]]:
+def _forward_parts(s: StepShape, i: int) -> list[Parts]:
     a, t = s.arch, s.seq_len
     d, kv, f, dh = a.hidden, a.kv_dim, a.intermediate, a.head_dim
     g = a.heads // a.kv_heads                                        # query heads per kv head
-    base = {**_state(s, 0), "checkpoints": (i + 1) * t * d}
+    base = {**state_parts(s, 0), "checkpoints": (i + 1) * t * d}
     mask = t * t / s.dtype_bytes                                     # bool [T, T]
     # attention one kv group at a time: the last group's scores + softmax [G,T,T] x2, the outputs of the others;
     # then the o projection: n1, q, q_rope, o, o regrouped [T, d], its output (+ LoRA term + sum)
@@ -146,7 +171,7 @@ def _forward_parts(s: StepShape, i: int) -> list[dict[str, float]]:
            {**base, "attention_saved": 3 * t * d + 3 * t * kv, "attention_outputs": (2 + o_out) * t * d}]
     step = t if s.mlp_chunk is None else s.mlp_chunk
     down = 3 if "down_proj" in s.targets else 1                      # y (+ LoRA term + sum) of the down projection
-    for start in (_chunk_starts(t, step) if step < t else [0]):
+    for start in (chunk_starts(t, step) if step < t else [0]):
         c = min(step, t - start)
         held = 2 * t * d if step >= t else t * d + start * d + c * d  # x1 (+ outputs of the chunks done) + n2
         # up's LoRA sum or swiglu (g, u and two [C, f] more) vs. the down projection (g, u, a and its outputs)
@@ -154,70 +179,109 @@ def _forward_parts(s: StepShape, i: int) -> list[dict[str, float]]:
     return out
 
 
-def _loss_parts(s: StepShape) -> list[dict[str, float]]:
+def _loss_base(s: StepShape) -> Parts:
+    """Held through the loss: the checkpoints, x and hn, the shifted int64 [T] targets and N."""
+    a, t = s.arch, s.seq_len
+    return {**state_parts(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 2 * t * a.hidden,
+            "loss_vectors": 8 * t / s.dtype_bytes + 1}
+
+
+def _loss_chunked_parts(s: StepShape) -> list[Parts]:
+    """`ce_chunked` (vocab_chunk None): one [C, V] buffer per token chunk."""
     a, t, e = s.arch, s.seq_len, s.dtype_bytes
     n_chunks = -(-t // s.loss_chunk)
-    labels = 8 * t / e                                               # shifted targets, int64 [T]
-    base = {**_state(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 2 * t * a.hidden}
+    base = _loss_base(s)
     out = []
-    for start in _chunk_starts(t, s.loss_chunk):
+    for start in chunk_starts(t, s.loss_chunk):
         c = min(s.loss_chunk, t - start)
         # per chunk: valid (bool), tgt (int64), picked, max, sum, lse, weights [C]; the losses so far
-        vectors = labels + c * (1 + 8) / e + 5 * c + start // s.loss_chunk + 2
+        vectors = base["loss_vectors"] + c * (1 + 8) / e + 5 * c + start // s.loss_chunk + 1
         # the chunk's one [C, V] buffer (z, exp'd and turned into dz in place) while dz @ E is written
-        out.append({**base, "hidden_grads": (start + c) * a.hidden, "loss_logits": c * a.vocab, "loss_vectors": vectors})
+        out.append({**base, "hidden_grads": (start + c) * a.hidden, "loss_logits": c * a.vocab,
+                    "loss_vectors": vectors})
     # torch.cat of the dh chunks (after the losses are stacked)
-    out.append({**base, "hidden_grads": 2 * t * a.hidden, "loss_vectors": labels + n_chunks + 3})
+    out.append({**base, "hidden_grads": 2 * t * a.hidden, "loss_vectors": base["loss_vectors"] + n_chunks + 2})
     return out
 
 
-def _final_norm_parts(s: StepShape) -> list[dict[str, float]]:
+def _loss_online_parts(s: StepShape) -> list[Parts]:
+    """`ce_online`: token chunks of loss_chunk rows, each looping over [C, Vc] vocabulary blocks."""
+    a, t, e, lc = s.arch, s.seq_len, s.dtype_bytes, s.loss_chunk
+    d, vc = a.hidden, min(s.vocab_chunk, a.vocab)
+    base = _loss_base(s)
+    out = []
+    for start in chunk_starts(t, lc):
+        c, prev = min(lc, t - start), (lc if start else 0)
+        # held: scaled dh of the chunks done, the previous chunk's dh, lse, z[y] and weights, the losses so far
+        done = {"hidden_grads": start * d + prev * d}
+        held = base["loss_vectors"] + 3 * prev + start // lc + c * (1 + 8) / e + c   # + valid, tgt, z[y] [C]
+        # the vocabulary loop: E[y], A [C, d], the [C, Vc] block, m, S, m', a, a*S, rowsum, S' [C, 1]
+        out.append({**base, **done, "loss_rows": 2 * c * d, "loss_logits": c * vc, "loss_vectors": held + 7 * c})
+        # its end: A, E[y], A / S and dh [C, d]; m, S, a, lse [C, 1]
+        out.append({**base, **done, "loss_rows": 4 * c * d, "loss_vectors": held + 4 * c})
+    # torch.cat of the dh chunks; the last chunk's dh, lse, z[y] and weights are still bound; the losses and their sum
+    last = t - chunk_starts(t, lc)[-1]
+    out.append({**base, "hidden_grads": 2 * t * d + last * d,
+                "loss_vectors": base["loss_vectors"] + 3 * last + -(-t // lc) + 1})
+    return out
+
+
+def _final_norm_parts(s: StepShape) -> list[Parts]:
     """The final RMSNorm's backward: x, dh, and its [T, d] temporaries (xhat, g, two more)."""
     a, t = s.arch, s.seq_len
-    return [{**_state(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
+    return [{**state_parts(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
 
 
-def _backward_parts(s: StepShape, i: int, grads_above: float) -> list[dict[str, float]]:
+def _backward_parts(s: StepShape, i: int, grads_above: float) -> list[Parts]:
     a, t = s.arch, s.seq_len
     d, kv, f, dh = a.hidden, a.kv_dim, a.intermediate, a.head_dim
     g = a.heads // a.kv_heads
-    mlp_grads = _lora_elems(s, _MLP)
-    down_grads = _lora_elems(s, ("down_proj",))
+    mlp_grads = lora_elems(s, _MLP)
+    down_grads = lora_elems(s, ("down_proj",))
     base = {"checkpoints": (i + 1) * t * d, "attention_saved": 4 * t * d + 2 * t * kv}
     out = []
     step = t if s.mlp_chunk is None else s.mlp_chunk
-    for start in _chunk_starts(t, step):
+    for start in chunk_starts(t, step):
         c = min(step, t - start)
         partial = down_grads if start == 0 else mlp_grads + down_grads  # this layer's MLP grads so far
-        out.append({**_state(s, grads_above + partial), **base, "hidden_grads": t * d + start * d,
-                    "mlp_working_set": 8 * c * f + 2 * c * d})
+        out.append({**state_parts(s, grads_above + partial), **base, "hidden_grads": t * d + start * d,
+                    "mlp_working_set": 8 * c * f + c * d})
     # attention backward of the last kv group: its [G,T,T] p, dp, dp - rowsum, ds; the other groups' dq, dk, dv
-    partial = mlp_grads + _lora_elems(s, ("o_proj",))
+    partial = mlp_grads + lora_elems(s, ("o_proj",))
     others = (a.kv_heads - 1) * (g * t * dh + 2 * t * dh)
-    out.append({**_state(s, grads_above + partial), **base, "attention_saved": 3 * t * d + 2 * t * kv,
+    out.append({**state_parts(s, grads_above + partial), **base, "attention_saved": 3 * t * d + 2 * t * kv,
                 "hidden_grads": 3 * t * d + t * dh + others, "attention_scores": 4 * g * t * t})
     # the q/k/v tail, in the input norm's backward: n1 and o still held; dout, dx1, dq/dk/dv (one [T, d] +
     # two [T, kv]), the three projections' dx, their sum and rmsnorm_backward's four [T, d] temporaries
-    out.append({**_state(s, grads_above + _lora_elems(s, ALL_TARGETS)), "checkpoints": (i + 1) * t * d,
+    out.append({**state_parts(s, grads_above + lora_elems(s, ALL_TARGETS)), "checkpoints": (i + 1) * t * d,
                 "attention_saved": 2 * t * d, "hidden_grads": 11 * t * d + 2 * t * kv + t})
     return out
 
 
-def _candidates(s: StepShape) -> list[tuple[str, int | None, dict[str, float]]]:
+def _mesp_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
     out = [("forward", i, p) for i in range(s.arch.layers) for p in _forward_parts(s, i)]
-    out += [("loss", None, p) for p in _loss_parts(s)]
+    loss = _loss_chunked_parts(s) if s.vocab_chunk is None else _loss_online_parts(s)
+    out += [("loss", None, p) for p in loss]
     out += [("final_norm", None, p) for p in _final_norm_parts(s)]
-    per_layer = _lora_elems(s, ALL_TARGETS)
+    per_layer = lora_elems(s, ALL_TARGETS)
     for n_done, i in enumerate(s.selected()):
         grads_above = n_done * per_layer if s.grads == "all" else 0
         out += [("backward", i, p) for p in _backward_parts(s, i, grads_above)]
     if s.grads == "all":   # the step returns every selected layer's gradients
-        out.append(("end", None, {**_state(s, len(s.selected()) * per_layer), "checkpoints": 0}))
+        out.append(("end", None, {**state_parts(s, len(s.selected()) * per_layer), "checkpoints": 0}))
     return out
 
 
+def _candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
+    if s.method == "mesp":
+        return _mesp_candidates(s)
+    from toolchain.memory.estimate_autograd import autograd_candidates  # imports this module: not at the top
+
+    return autograd_candidates(s)
+
+
 def estimate_peak(shape: StepShape, *, overhead_mb: float = 0.0) -> MemoryEstimate:
-    """Peak memory of one MeSP step, with its breakdown.
+    """Peak memory of one training step of `shape.method`, with its breakdown.
 
     Args:
         overhead_mb: runtime and allocator memory on top of the live tensors (a calibration

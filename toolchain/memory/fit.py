@@ -1,9 +1,14 @@
 """"Will it fit": predicted peak memory of a training config against a device profile's budget.
 
-The prediction comes from the exported program's memory plan when one is given (its manifest's
-`memory_plan`), else from the analytic model (`estimate.py`) plus a calibrated runtime overhead.
-Either way the answer names its source, the parts of the peak, and the largest sequence length
-and LoRA rank that would fit (from the analytic model: a program has its shapes fixed).
+Two sources, each with its calibrated runtime overhead (see docs/planner.md, "Calibration"):
+- program (`--program DIR`, manifest schema_version 2): what the phone holds while it trains, as the
+  apps run the program: the planned arena of every train method (the apps load all of them up front,
+  and the stock ExecuTorch `Module` gives each loaded method its own arena; the arena includes the
+  method's outputs), plus the app's state array (`memory_plan.lora_state_bytes`), plus the runtime's
+  fixed overhead. Frozen weights (`constant_bytes`) are memory-mapped clean pages: not counted.
+- analytic (`estimate.py`): the step's live tensors plus the host overhead measured by `bench memory`.
+Either way the answer names its source, the parts of the peak, and the largest sequence length and
+LoRA rank that would fit (from the analytic model: a program has its shapes fixed).
 """
 
 from __future__ import annotations
@@ -15,11 +20,18 @@ from pathlib import Path
 from toolchain.errors import BadInput
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.memory.profiles import DeviceProfile
-from toolchain.schemas import SCHEMA_NAMES, validate
+from toolchain.schemas import validate
 
-__all__ = ["FitReport", "plan_fit", "program_peak"]
+__all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "FitReport", "ProgramPeak", "plan_fit", "program_peak"]
 
 MANIFEST_NAME = "manifest.json"
+# Anonymous memory a process holds besides the step's tensors, measured by `toolchain bench memory`
+# (reports in tests/memory/data/bench_memory/; tests/memory/test_calibration.py recomputes both).
+# Host, eager PyTorch: the median over the reports of (resident before the step - LoRA state).
+HOST_OVERHEAD_MB = 4.3
+# ExecuTorch runtime on the host (Python bindings, portable kernels): the largest measured
+# (peak - planned arenas - state array): program and method metadata, the bindings' output copies.
+EXECUTORCH_OVERHEAD_MB = 7.2
 
 
 @dataclass(frozen=True)
@@ -43,43 +55,70 @@ class FitReport:
         return asdict(self)
 
 
-def _plan_value(plan: dict, key: str, where: str):
-    if key not in plan:
-        raise BadInput(f"{where} has no memory_plan.{key}; re-export the program with a toolchain that writes "
-                       f"its memory plan, or drop --program to use the analytic model")
-    return plan[key]
+@dataclass(frozen=True)
+class ProgramPeak:
+    peak_mb: float
+    parts_mb: dict[str, float]
+    notes: list[str]
+    manifest: dict
 
 
-def program_peak(program_dir: Path) -> tuple[float, dict[str, float], list[str]]:
-    """Peak MB of an exported program from DIR/manifest.json's memory plan: the largest method's
-    planned arena plus the LoRA state. Constants (frozen weights) are memory-mapped and not counted.
-
-    Raises:
-        BadInput: no manifest, not JSON, or no memory plan in it.
-    """
-    path = Path(program_dir) / MANIFEST_NAME
+def _read_manifest(path: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise BadInput(f"{path} does not exist; --program must be a directory written by `toolchain export`") from None
     except json.JSONDecodeError as e:
         raise BadInput(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
-    if "manifest" in SCHEMA_NAMES:
-        validate("manifest", manifest, where=str(path))
-    plan = manifest.get("memory_plan") if isinstance(manifest, dict) else None
-    if not isinstance(plan, dict):
-        raise BadInput(f"{path} has no memory_plan; re-export the program with a toolchain that writes its "
-                       f"memory plan, or drop --program to use the analytic model")
-    arenas = _plan_value(plan, "planned_arena_bytes", str(path))
-    if not isinstance(arenas, dict) or not arenas:
-        raise BadInput(f"{path}: memory_plan.planned_arena_bytes must map each method to its arena bytes")
-    method = max(arenas, key=arenas.get)
-    lora = _plan_value(plan, "lora_state_bytes", str(path))
-    constants = plan.get("constant_bytes", 0)
-    parts = {f"planned_arena ({method})": arenas[method] / BYTES_PER_MB, "lora_state": lora / BYTES_PER_MB}
-    notes = [f"program constants {constants / BYTES_PER_MB:.1f} MB not counted (memory-mapped weights are clean "
-             f"pages the phone's footprint excludes)"]
-    return sum(parts.values()), parts, notes
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if version != 2:
+        raise BadInput(f"{path} has manifest schema_version {version!r}; the planner reads version 2 (functional "
+                       f"state): re-export the program with this toolchain, or drop --program")
+    validate("manifest", manifest, where=str(path))
+    return manifest
+
+
+def program_peak(program_dir: Path, *, overhead_mb: float = EXECUTORCH_OVERHEAD_MB) -> ProgramPeak:
+    """Peak MB of an exported program as the apps run it (see the module docstring).
+
+    Raises:
+        BadInput: no manifest, not JSON, not schema_version 2, or no ExecuTorch memory plan for a train method.
+        SchemaError: the manifest violates its schema.
+    """
+    path = Path(program_dir) / MANIFEST_NAME
+    manifest = _read_manifest(path)
+    plan = manifest["memory_plan"]
+    arenas = plan["planned_arena_bytes"]
+    loaded = [m["name"] for m in manifest["methods"] if m["kind"] == "train_step"]
+    missing = [name for name in loaded if name not in arenas]
+    if missing:
+        raise BadInput(f"{path}: memory_plan.planned_arena_bytes has no arena for {', '.join(missing)} (only an "
+                       f"ExecuTorch export plans one); export with --target executorch, or drop --program")
+    total = sum(arenas[name] for name in loaded)
+    what = f"planned_arena ({loaded[0]})" if len(loaded) == 1 else f"planned_arenas ({len(loaded)} methods)"
+    parts = {what: total / BYTES_PER_MB, "lora_state": plan["lora_state_bytes"] / BYTES_PER_MB}
+    if overhead_mb:
+        parts["runtime_overhead"] = overhead_mb
+    notes = [f"program constants {plan['constant_bytes'] / BYTES_PER_MB:.1f} MB not counted (memory-mapped weights "
+             f"are clean pages the phone's footprint excludes)"]
+    if len(loaded) > 1:
+        largest = max(loaded, key=lambda name: arenas[name])
+        notes.append(f"the apps load all {len(loaded)} train methods up front and each loaded method has its own "
+                     f"arena; loaded one at a time (or with shared arenas) the largest alone is "
+                     f"{arenas[largest] / BYTES_PER_MB:.1f} MB ({largest})")
+    return ProgramPeak(sum(parts.values()), parts, notes, manifest)
+
+
+def _check_program_shape(manifest: dict, shape: StepShape, where: Path) -> None:
+    arch = {k: manifest["model"]["arch"].get(k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
+                                                          "vocab")}
+    want = {k: getattr(shape.arch, k) for k in arch}
+    got = {"seq_len": manifest["seq_len"], "rank": manifest["lora"]["rank"], **arch}
+    bad = [f"{k} {got[k]} (not {v})" for k, v in {"seq_len": shape.seq_len, "rank": shape.rank, **want}.items()
+           if got[k] != v]
+    if bad:
+        raise BadInput(f"{where} was exported with {', '.join(bad)}; pass the program's model, --seq-len and "
+                       f"--rank, or drop --program")
 
 
 def _max_rank(shape: StepShape) -> int:
@@ -87,30 +126,34 @@ def _max_rank(shape: StepShape) -> int:
 
 
 def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | None = None,
-             overhead_mb: float = 0.0) -> FitReport:
+             overhead_mb: float | None = None) -> FitReport:
     """Does `shape` fit `device`? See the module docstring.
 
     Args:
-        overhead_mb: runtime/allocator memory on top of the model's tensors (calibration constant).
+        overhead_mb: runtime memory on top of the tensors; None: the calibrated constant of the source
+            (HOST_OVERHEAD_MB for the analytic model, EXECUTORCH_OVERHEAD_MB for a program).
     """
-    analytic = estimate_peak(shape, overhead_mb=overhead_mb)
+    host = HOST_OVERHEAD_MB if overhead_mb is None else overhead_mb
+    analytic = estimate_peak(shape, overhead_mb=host)
     notes = []
     if program_dir is not None:
-        peak, parts, notes = program_peak(program_dir)
-        if overhead_mb:
-            parts["runtime_overhead"] = overhead_mb
-            peak += overhead_mb
-        source, phase = "program", None
+        prog = program_peak(program_dir, overhead_mb=EXECUTORCH_OVERHEAD_MB if overhead_mb is None else overhead_mb)
+        _check_program_shape(prog.manifest, shape, Path(program_dir))
+        peak, parts, notes, source, phase = prog.peak_mb, prog.parts_mb, list(prog.notes), "program", None
+        used = parts.get("runtime_overhead", 0.0)
         notes.append("largest seq len / rank below come from the analytic model")
     else:
-        peak, parts, source, phase = analytic.peak_mb, analytic.parts_mb, "analytic", analytic.phase
-    if overhead_mb == 0:
-        notes.append("runtime overhead not included (0 MB): pass --overhead-mb once `bench memory` calibrated it")
+        peak, parts, source, phase, used = analytic.peak_mb, analytic.parts_mb, "analytic", analytic.phase, host
+        if phase == "backward (saved only)":
+            notes.append(f"{shape.method}: the peak is in a block's backward, whose autograd transients are not "
+                         f"modelled: this is a lower bound (the LM head dominates for every Qwen2.5 preset)")
+    if overhead_mb is None:
+        notes.append(f"runtime overhead {used:.1f} MB: calibrated with `toolchain bench memory` (docs/planner.md)")
     budget = device.budget_mb
     max_rank = _max_rank(shape)
     return FitReport(
         device=device.name, budget_mb=budget, predicted_peak_mb=peak, source=source, fits=peak <= budget,
         margin_mb=budget - peak, parts_mb=parts, phase=phase, analytic_peak_mb=analytic.peak_mb,
-        largest_seq_len=largest_fitting(shape, budget, "seq_len", shape.arch.max_positions, overhead_mb=overhead_mb),
-        largest_rank=largest_fitting(replace(shape), budget, "rank", max_rank, overhead_mb=overhead_mb),
-        max_rank=max_rank, overhead_mb=overhead_mb, notes=notes)
+        largest_seq_len=largest_fitting(shape, budget, "seq_len", shape.arch.max_positions, overhead_mb=host),
+        largest_rank=largest_fitting(replace(shape), budget, "rank", max_rank, overhead_mb=host),
+        max_rank=max_rank, overhead_mb=used, notes=notes)
