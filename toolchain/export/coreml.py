@@ -3,18 +3,18 @@
 Per method:
 1. float twin: with `--quant int8|int4` the frozen projection weights are dequantized on the host
    (`mesp.ops.quant.dense`: exactly the values the in-graph dequantization computes);
-2. `torch.export` of `TrainMethod(twin, phase_layers)` with `example_inputs`;
-3. the coremltools PyTorch frontend only (no graph passes) -> MIL;
-4. `_untranspose_weights`: the frontend turns `dy @ W` (W constant) into `linear(dy, transpose(W))`,
-   which constant folding would serialize as a second, transposed copy of every backpropagated
-   weight; it is rewritten back to `matmul(dy, W)` on the one constant;
-5. coremltools' default passes, with constant folding limited to results of at most
-   `FOLD_MAX_ELEMS` elements (a slice of the LM head per vocabulary chunk would otherwise be
-   folded into a second copy of the head); float32 compute (see docs/coreml.md for why);
-6. `--quant`: `coremltools.optimize.coreml.linear_quantize_weights`, symmetric, per block of
-   `[1, group]` (scale = max|w| / 7 or / 127 per group of input columns, as ours): re-quantizing the
-   dequantized grid gives back our q and scales, so the compressed weights decompress to the same
-   values (to the last bit of the scale) and are stored as 4/8-bit constexpr weights.
+2. `torch.export` of `TrainMethod(twin, phase_layers)` with `example_inputs`, then
+   `_exact_reciprocal` (coremltools converts `reciprocal` to `1 / (x + 1e-4)`);
+3. coremltools' PyTorch frontend alone (no graph passes) -> MIL, then `_untranspose_weights` (the
+   frontend turns `dy @ W`, W constant, into `linear(dy, transpose(W))`, which constant folding would
+   store as a second, transposed copy of every backpropagated weight);
+4. coremltools' default passes with float32 compute (docs/coreml.md says why), constant folding
+   limited to results of at most `FOLD_MAX_ELEMS` elements (each vocabulary chunk of the LM head would
+   otherwise become a constant: a second copy of the head), and with `--quant` first
+   `compression::linear_quantize_weights` on the projection weights: symmetric, per block of
+   `[1, group]` (scale = max|w| / 7 or / 127 per group of input columns, as ours). Re-quantizing our
+   dequantized grid gives back our q and scales, so the weights are stored as 4/8-bit constexprs that
+   decompress to the very values the other targets use.
 
 The LoRA/optimizer state is float32 inputs/outputs like every target (no Core ML states: those are
 float16). Core ML refuses a feature name used as both input and output, so the output of state entry
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from toolchain.errors import BadInput
 from toolchain.export.artifact import TargetArtifact
 from toolchain.export.program import (QUANTIZED_FIELDS, QuantSpec, StepProgram, TrainMethod, example_inputs,
                                       method_name)
@@ -45,15 +46,15 @@ OUTPUT_SUFFIX = "_out"        # Core ML feature names are unique across inputs a
 DEPLOYMENT_TARGET = "iOS18"   # per-block int4/int8 weights (constexpr_blockwise_shift_scale) need iOS 18
 FOLD_MAX_ELEMS = 1024         # constant folding keeps results up to 4 KB; larger ones stay ops
 
-# Every MIL op the step converts to (tiny..0.5B, SGD/AdamW, LCSB, none/int8/int4). Core ML supports
-# all of them on CPU and GPU; docs/coreml.md lists the ones of note (int32 index math, the float32
-# compute that keeps the Neural Engine out). A new op here is a decision, not a formality.
+# Every MIL op the step converts to (the test model; tiny, T=64; Qwen2.5-0.5B int4, T=256), checked by
+# tests/export/test_coreml.py. All are ops of the iOS 15-18 MIL opsets (none custom); where each runs is
+# Core ML's choice (docs/coreml.md: int32 index math, float32 compute keeps the Neural Engine out). `cos`/`sin` appear
+# when the RoPE tables exceed FOLD_MAX_ELEMS. A new op here is a decision, not a formality.
 EXPECTED_OPS = frozenset({
-    "add", "band_part", "cast", "clip", "concat", "const", "constexpr_blockwise_shift_scale", "cos", "exp",
-    "expand_dims", "fill", "gather", "greater_equal", "less", "linear", "log", "logical_and", "matmul",
-    "maximum", "mul", "not_equal", "pow", "range_1d", "real_div", "reduce_max", "reduce_mean", "reduce_sum",
-    "reshape", "rsqrt", "select", "sigmoid", "silu", "sin", "slice_by_index", "softmax", "squeeze", "stack",
-    "sub", "tile", "transpose",
+    "add", "cast", "clip", "concat", "const", "constexpr_blockwise_shift_scale", "cos", "exp", "expand_dims",
+    "gather", "greater_equal", "log", "matmul", "maximum", "mul", "not_equal", "pow", "real_div", "reduce_max",
+    "reduce_mean", "reduce_sum", "reshape", "rsqrt", "select", "sigmoid", "silu", "sin", "slice_by_index",
+    "softmax", "sqrt", "squeeze", "stack", "sub", "transpose",
 })
 
 
@@ -74,6 +75,9 @@ def export_coreml(program: StepProgram, phases: list[tuple[int, ...]] | None, se
     """
     import coremltools as ct
 
+    if quant != program.quant:
+        raise BadInput(f"Core ML export asked for {quant.kind} weights of a {program.quant.kind} program; "
+                       "pass the program's own QuantSpec")
     note = on_stage or (lambda _s: None)
     twin = _float_twin(program)
     (Path(out_dir) / COREML_DIR).mkdir(parents=True, exist_ok=True)
@@ -84,6 +88,9 @@ def export_coreml(program: StepProgram, phases: list[tuple[int, ...]] | None, se
         model = _convert(twin, layers, seq_len, quant)
         rel = f"{COREML_DIR}/{name}.mlpackage"
         model.save(str(Path(out_dir) / rel))
+        # coremltools also writes an ExecuTorch debug-handle map beside the model (40% of a tiny
+        # package); it is not an item of the package (Manifest.json) and no runtime reads it
+        (Path(out_dir) / rel / "executorch_debug_handle_mapping.json").unlink(missing_ok=True)
         methods[name] = rel
         ops[name] = mil_op_histogram(model._mil_program)
         outputs[name] = [e.name for e in twin.updated_entries(layers)]
@@ -121,6 +128,7 @@ def _convert(program: StepProgram, layers: tuple[int, ...] | None, seq_len: int,
     args = example_inputs(program, seq_len)
     with torch.no_grad():
         ep = torch.export.export(TrainMethod(program, layers), args, strict=False).run_decompositions({})
+    _exact_reciprocal(ep)
     names = ["input_ids", "labels", "lr"] + [e.name for e in program.layout]
     inputs = [ct.TensorType(name=n, shape=tuple(a.shape), dtype=np.int32 if a.dtype == torch.int64 else np.float32)
               for n, a in zip(names, args)]
@@ -179,24 +187,56 @@ def _untranspose_weights(prog) -> int:
     """
     import numpy as np
     from coremltools.converters.mil import Builder as mb
-    from coremltools.converters.mil.mil.scope import ScopeInfo
 
     count = 0
-    for func in prog.functions.values():
-        with func:
-            for op in list(func.operations):
-                if op.op_type != "linear" or op.weight.op is None or op.weight.op.op_type != "transpose":
-                    continue
-                t = op.weight.op
-                if list(t.perm.val) != [1, 0] or (op.bias is not None and np.any(op.bias.val != 0)):
-                    continue
-                # the new ops inherit the linear's scopes (torch.export provenance coremltools requires)
-                with mb.scope(*[ScopeInfo(source=s, data=d) for s, d in op.scopes.items()]):
-                    new = mb.matmul(x=op.x, y=t.x, before_op=op, name=op.name + "_matmul")
-                func.replace_uses_of_var_after_op(anchor_op=op, old_var=op.outputs[0], new_var=new)
-                func.remove_ops([op])
-                count += 1
+    for op in list(_operations(prog)):
+        if op.op_type != "linear" or op.weight.op is None or op.weight.op.op_type != "transpose":
+            continue
+        t = op.weight.op
+        if list(t.perm.val) != [1, 0] or (op.bias is not None and np.any(op.bias.val != 0)):
+            continue
+        _replace(op, lambda: mb.matmul(x=op.x, y=t.x, before_op=op, name=op.name + "_matmul"))
+        count += 1
     return count
+
+
+def _exact_reciprocal(ep) -> int:
+    """Rewrite `aten.reciprocal(x)` into `aten.div(full_like(x, 1), x)` in the exported graph; returns
+    the count.
+
+    coremltools converts `reciprocal` to MIL `inverse`, which computes 1 / (x + epsilon) with epsilon
+    = 1e-4 by default: RoPE's inverse frequencies 1 / theta^(2i/d) came out 1e-4 too small, the cos/sin
+    tables off by up to 1.4e-3 and the step's results by ~1e-5 relative. (Rewriting the MIL `inverse`
+    instead is too late: the frontend has already folded the values downstream of it.)
+    """
+    aten = torch.ops.aten
+    graph = ep.graph_module.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == aten.reciprocal.default:
+            with graph.inserting_before(node):
+                ones = graph.call_function(aten.full_like.default, (node.args[0], 1.0))
+                div = graph.call_function(aten.div.Tensor, (ones, node.args[0]))
+            ones.meta, div.meta = dict(node.meta), dict(node.meta)
+            node.replace_all_uses_with(div)
+            graph.erase_node(node)
+            count += 1
+    ep.graph_module.recompile()
+    return count
+
+
+def _replace(op, build) -> None:
+    """Replace `op`'s single output by the var `build()` makes, right before it, then remove `op`."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil.scope import ScopeInfo
+
+    block = op.enclosing_block
+    with block:
+        # the new ops inherit the old op's scopes (the torch.export provenance coremltools requires)
+        with mb.scope(*[ScopeInfo(source=s, data=d) for s, d in op.scopes.items()]):
+            new = build()
+        block.replace_uses_of_var_after_op(anchor_op=op, old_var=op.outputs[0], new_var=new)
+        block.remove_ops([op])
 
 
 def _operations(prog):
