@@ -30,7 +30,7 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True,
               help="Default learning rate recorded in the manifest (apps pass lr every step).")
 @click.option("--target", "export_targets", default="executorch", show_default=True,
-              help="Comma-separated runtimes: executorch.")
+              help="Comma-separated runtimes: executorch, onnx, coreml (one manifest describes all).")
 @click.option("--xnnpack/--no-xnnpack", default=False, show_default=True,
               help="Delegate attention matmuls to XNNPACK (frozen-weight matmuls stay on portable kernels so the "
                    "weights stay memory-mapped).")

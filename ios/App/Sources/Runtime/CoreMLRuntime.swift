@@ -80,7 +80,7 @@ final class CoreMLRuntime: TrainingRuntime {
             if let missing = spec.inputs.first(where: { desc.inputDescriptionsByName[$0.name]?.multiArrayConstraint == nil }) {
                 throw TrainerError.runtime("the Core ML model of \(name) has no array input \(missing.name); re-export the program")
             }
-            if let missing = spec.outputs.first(where: { desc.outputDescriptionsByName[$0.name] == nil }) {
+            if let missing = spec.outputs.first(where: { Self.featureName(of: $0.name, in: desc.outputDescriptionsByName) == nil }) {
                 throw TrainerError.runtime("the Core ML model of \(name) has no output \(missing.name); re-export the program")
             }
             models[name] = model
@@ -100,7 +100,8 @@ final class CoreMLRuntime: TrainingRuntime {
         }
         let out = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: features))
         return try spec.outputs.map { (o) throws -> TensorValue in
-            guard let array = out.featureValue(for: o.name)?.multiArrayValue else {
+            guard let feature = Self.featureName(of: o.name, in: model.modelDescription.outputDescriptionsByName),
+                  let array = out.featureValue(for: feature)?.multiArrayValue else {
                 throw TrainerError.runtime("\(method) returned no \(o.name)")
             }
             let values = try Self.floats(array, name: o.name)
@@ -109,6 +110,13 @@ final class CoreMLRuntime: TrainingRuntime {
             }
             return .float32(o.name, values, shape: o.shape)
         }
+    }
+
+    /// Core ML refuses a feature name used as both input and output, so the exporter names the
+    /// output of state entry `x` `x_out` (toolchain/export/coreml.py OUTPUT_SUFFIX); `loss` keeps its name.
+    static func featureName(of name: String, in outputs: [String: MLFeatureDescription]) -> String? {
+        if outputs[name] != nil { return name }
+        return outputs[name + "_out"] != nil ? name + "_out" : nil
     }
 
     /// A fresh (contiguous) MLMultiArray of the model's input type holding the value: int32 or
