@@ -29,7 +29,7 @@ from toolchain.models import PRESETS, Qwen25Arch
 __all__ = ["BENCH_MODES", "COUNTED", "MemoryBenchConfig", "run_memory_bench", "format_table", "call_worker",
            "check_config", "host_info"]
 
-BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch")
+BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch", "onnx")
 
 COUNTED = ("peak_mb = max over the measured steps of (VmHWM - RssFile - RssShmem) from /proc/self/status, "
            "the high-water mark reset right before the step (clear_refs 5, after a warm-up step and malloc_trim), "
@@ -63,7 +63,7 @@ class MemoryBenchConfig:
         check_grads: compare the exact modes' gradients at the initial adapter. Default: True.
         allocator: "phone-like" (see `memory.measure.PHONE_LIKE_MALLOC_ENV`) or "glibc" for the
             memory workers. Default: "phone-like".
-        program_dir: exported program for the executorch mode.
+        program_dir: exported program for the executorch and onnx modes.
     """
 
     model: str = "tiny"
@@ -154,6 +154,8 @@ def check_config(config: MemoryBenchConfig) -> Qwen25Arch | None:
             raise BadInput("executorch mode needs an exported program: not available yet")
         if config.program_dir is None:
             raise BadInput("--modes executorch needs --program DIR, a program directory written by `toolchain export`")
+    if "onnx" in config.modes and config.program_dir is None:
+        raise BadInput("--modes onnx needs --program DIR, a program directory written by `toolchain export --target onnx`")
     return arch
 
 
@@ -195,7 +197,7 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
-        if row["mode"] != "executorch":
+        if row["mode"] not in ("executorch", "onnx"):
             row["breakdown"] = step_breakdown(row["mode"], arch, config.lora_config(), config.seq_len,
                                               config.step_options()).as_mb()
     return {"schema_version": 1, "config": config.as_json(), "results": rows,

@@ -80,6 +80,13 @@ def _step_fn(spec: dict, s: _Setup, mode: str) -> Callable[[int], float]:
     if mode == "executorch":
         et_step = _executorch_runner(spec)
         return lambda k: float(et_step(s.input_ids, s.labels))
+    if mode == "onnx":
+        from toolchain.runtime.onnx_runner import run_onnx_step
+
+        if not spec.get("program_dir"):
+            raise BadInput("onnx mode needs --program DIR, a program directory exported with --target onnx")
+        onnx_step = run_onnx_step(Path(spec["program_dir"]), threads=spec["threads"])
+        return lambda k: float(onnx_step(s.input_ids, s.labels))
     lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     hook = sgd_hook(lora, spec["lr"])
     return lambda k: train_step(mode, s.arch, s.weights, lora, s.cfg, s.input_ids, s.labels, hook, options=s.options,
@@ -101,6 +108,9 @@ def run_memory(spec: dict) -> dict:
         from executorch.runtime import Runtime
 
         Runtime.get()
+    if spec["mode"] == "onnx":
+        # Likewise the onnxruntime Python module (its sessions, arenas and state are counted).
+        import onnxruntime  # noqa: F401
     release_free_memory()
     baseline = read_status()
     s = _setup(spec)

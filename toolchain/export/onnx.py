@@ -3,8 +3,9 @@
 Pipeline per method (each LCSB phase is one method):
   1. `torch.export.export(TrainMethod(program, phase_layers), example_inputs, strict=False)`, the same
      graph capture as the ExecuTorch target;
-  2. `torch.onnx.export(..., dynamo=True, opset_version=OPSET)`: ATen -> ONNX (onnxscript's
-     translation and its graph optimizer: constant folding of small constants, dead code removal);
+  2. `torch.onnx.export(..., dynamo=True, opset_version=OPSET, optimize=False)`: ATen -> ONNX
+     (onnxscript's translation), then constant folding that never touches a frozen weight, and dead
+     code removal (see `_optimize` for what of onnxscript's optimizer is left out, and why);
   3. frozen weights (initializers) moved to external data in ONE file shared by every method, written
      once per distinct tensor (identified by content), each large tensor at a 64 KiB-aligned offset;
   4. `<method>.onnx` saved (graph only, a few hundred KB) and checked with `onnx.checker` (full check,
@@ -40,7 +41,7 @@ __all__ = ["export_onnx", "ONNX_DIR", "WEIGHTS_NAME", "OPSET", "OUTPUT_SUFFIX", 
 ONNX_DIR = "onnx"
 WEIGHTS_NAME = "weights.bin"
 OPSET = 20
-OUTPUT_SUFFIX = "_new"
+OUTPUT_SUFFIX = "_out"  # the same suffix as the Core ML target (export/coreml.py)
 _INLINE_BYTES = 1024          # initializers smaller than this stay inside the .onnx file
 _ALIGN = 1 << 16              # offset alignment of large tensors (the largest common page/mapping granularity)
 _ALIGN_FROM_BYTES = 1 << 16   # tensors at least this large are aligned (smaller ones packed at 64 bytes)
@@ -118,9 +119,25 @@ def _to_onnx(program: StepProgram, phase_layers: tuple[int, ...] | None, args: t
         return False if any(v is not None and v.name in frozen for v in node.inputs) else None
 
     _optimize(model, should_fold)
+    _drop_identity_transposes(model)
     for node in model.graph:
         node.metadata_props.clear()  # the exporter's stack traces (host paths): most of the file's size
     return model
+
+
+def _drop_identity_transposes(model) -> None:
+    """Remove `Transpose` nodes whose perm is the identity. The exporter's translation of advanced
+    indexing (`head[labels]`, the embedding lookup) emits one on the whole indexed tensor, and ONNX
+    Runtime copies it: a 519 MiB transient per use with Qwen2.5-0.5B's [151936, 896] embedding."""
+    outputs = {id(v) for v in model.graph.outputs}
+    dead = []
+    for node in model.graph:
+        perm = node.attributes.get("perm")
+        if (node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and perm is not None
+                and list(perm.as_ints()) == list(range(len(perm.as_ints()))) and id(node.outputs[0]) not in outputs):
+            node.outputs[0].replace_all_uses_with(node.inputs[0])
+            dead.append(node)
+    model.graph.remove(dead, safe=True)
 
 
 def _optimize(model, should_fold) -> None:
@@ -128,7 +145,9 @@ def _optimize(model, should_fold) -> None:
     without its pattern rewrites. Those include `x + 0 -> x` matched with math.isclose(c, 0,
     abs_tol=1e-8), which deletes AdamW's `+ eps` (eps = 1e-8): the denominator of a parameter with a
     zero gradient and zero moments becomes 0 / 0 = NaN (onnxscript 0.7.2; what torch.onnx.export's
-    `optimize=True` runs). ONNX Runtime fuses what it can itself at session creation."""
+    `optimize=True` runs). Nor its common-subexpression elimination: MeSP's recompute in backward is
+    the same expression as the forward, and merging them would store the forward's activations.
+    ONNX Runtime fuses what it can itself at session creation."""
     import onnx_ir.passes.common as common
     from onnx_ir.passes import Sequential
     from onnxscript.optimizer import fold_constants_ir
@@ -136,8 +155,7 @@ def _optimize(model, should_fold) -> None:
     for _ in range(2):
         if not fold_constants_ir(model, onnx_shape_inference=True, should_fold=should_fold).modified:
             break
-    Sequential(common.RemoveUnusedNodesPass(), common.DeduplicateInitializersPass(),
-               common.CommonSubexpressionEliminationPass(), common.RemoveUnusedNodesPass())(model)
+    Sequential(common.RemoveUnusedNodesPass(), common.DeduplicateInitializersPass())(model)
 
 
 def export_onnx(program: StepProgram, phases: list[tuple[int, ...]] | None, seq_len: int, out_dir: Path, *,
