@@ -124,9 +124,9 @@ def _progress():
 @lora_shape_options
 @click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens per step.")
 @click.option("--modes", default="autograd,mebp,mesp", show_default=True,
-              help="Comma-separated among autograd,mebp,mesp,mezo,executorch (one process each for memory).")
+              help="Comma-separated among autograd,mebp,mesp,mezo,executorch,onnx (one process each for memory).")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Exported program directory (for --modes executorch).")
+              help="Exported program directory (for --modes executorch or onnx).")
 @click.option("--lr", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
 @click.option("--no-grad-check", is_flag=True, help="Skip the comparison of the exact modes' gradients.")
 @_step_chunk_options

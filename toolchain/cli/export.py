@@ -44,7 +44,8 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, lcsb_k, lcsb_policy, plan_path,
            optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, out) -> None:
     """Export the explicit MeSP training step (forward, per-layer recompute, hand-derived backward,
-    in-program optimizer) as an ExecuTorch program with its manifest, written atomically to --out."""
+    in-program optimizer) for each --target (ExecuTorch .pte, ONNX, Core ML) with one manifest, written
+    atomically to --out."""
     import time
 
     from rich.console import Console
@@ -64,7 +65,7 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     tokenizer_kind, pad = ("byte", 258) if model == "tiny" else ("none", QWEN_PAD_ID if arch.vocab > QWEN_PAD_ID else 0)
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=QuantSpec(quant, quant_group),
                       optimizer=OptimizerSpec(optimizer, weight_decay=weight_decay), plan=plan, targets=spec_targets,
-                      xnnpack=xnnpack, default_lr=lr, 
+                      xnnpack=xnnpack, default_lr=lr,
                       options=StepOptions(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),
                       tokenizer_kind=tokenizer_kind, pad_token_id=pad)
     t0 = time.perf_counter()
@@ -77,7 +78,8 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     arena = max(mp["planned_arena_bytes"].values(), default=0)
     size = sum(p["bytes"] for p in manifest["programs"])
     click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest['methods'])} methods) -> {out}")
-    click.echo(f"  program {size / 1e6:.1f} MB, planned arena {arena / 1e6:.1f} MB, LoRA state "
-               f"{mp['lora_state_bytes'] / 1e6:.2f} MB, frozen weights {mp['constant_bytes'] / 1e6:.1f} MB (mmap), "
-               f"{time.perf_counter() - t0:.1f} s")
+    planned = f"planned arena {arena / 1e6:.1f} MB" if mp["planned_arena_bytes"] else "no planned arena (runtime-managed)"
+    click.echo(f"  programs {size / 1e6:.1f} MB ({', '.join(p['target'] for p in manifest['programs'])}), {planned}, "
+               f"LoRA state {mp['lora_state_bytes'] / 1e6:.2f} MB, frozen weights {mp['constant_bytes'] / 1e6:.1f} MB "
+               f"(mmap), {time.perf_counter() - t0:.1f} s")
 

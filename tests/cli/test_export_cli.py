@@ -1,0 +1,30 @@
+"""`toolchain export`: bad input is refused before any work — one `Error:` line, exit 2, no output
+directory (the exports themselves are tested in tests/export/)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from toolchain.cli import cli
+from toolchain.lcsb import make_plan, write_plan
+
+BASE = ["export", "--model", "tiny", "--init", "random", "--seq-len", "16", "--rank", "2"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--target", "tflite"], "unknown target"),
+    (["--seq-len", "100000"], "--seq-len"),
+    (["--quant", "int4", "--quant-group", "48"], "does not divide"),
+    (["--lcsb-k", "2", "--plan", "plan.json"], "either --plan or --lcsb-k"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, extra, message):
+    monkeypatch.chdir(tmp_path)
+    write_plan(tmp_path / "plan.json", make_plan(8, 2, "cyclic"))
+    out = tmp_path / "prog"
+    result = CliRunner().invoke(cli, BASE + extra + ["--out", str(out)])  # a repeated option: the last wins
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert result.output.count("Error:") == 1
+    assert not out.exists()
+    assert not any(p.name.startswith(".prog.") for p in tmp_path.iterdir())
