@@ -26,9 +26,10 @@ class ProgramDir:
         if not (self.path / MANIFEST_NAME).is_file():
             raise BadInput(f"{self.path} is not an exported program (no {MANIFEST_NAME}); run `toolchain export` first")
         raw = read_json(self.path / MANIFEST_NAME)
-        if not isinstance(raw, dict) or raw.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-            raise BadInput(f"{self.path} was exported with manifest schema_version {raw.get('schema_version') if isinstance(raw, dict) else None}; this "
-                           f"toolchain runs version {MANIFEST_SCHEMA_VERSION}: re-export the program")
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if version != MANIFEST_SCHEMA_VERSION:
+            raise BadInput(f"{self.path} was exported with manifest schema_version {version}; this toolchain runs "
+                           f"version {MANIFEST_SCHEMA_VERSION}: re-export the program")
         self.manifest = read_json(self.path / MANIFEST_NAME, "manifest")
         if verify:
             self._verify()
@@ -100,7 +101,11 @@ class ProgramDir:
         if len(outputs) != len(spec):
             raise BadInput(f"{method} returned {len(outputs)} outputs, the manifest lists {len(spec)}; re-export the program")
         for io, value in zip(spec[1:], outputs[1:]):
-            views[io["name"]].copy_(value.reshape(views[io["name"]].shape))
+            target = views[io["name"]]
+            if value.numel() != target.numel():
+                raise BadInput(f"{method} returned {value.numel()} values for {io['name']}, the manifest says "
+                               f"{list(target.shape)}; re-export the program")
+            target.copy_(value.reshape(target.shape))
         return float(outputs[0].reshape(-1)[0])
 
     def lora_from_state(self, state: torch.Tensor) -> LoraWeights:

@@ -151,8 +151,8 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
     writer = TelemetryWriter(run.telemetry, run_id, start_seq=seq) if run.telemetry else None
     run_id = writer.run_id if writer else (run_id or "local")
     if writer and start == 0:
-        writer.emit("run_start", **(run_info or host_run_info(pdir, getattr(runner, "backend", "executorch"), run.lr)), steps_planned=run.steps,
-                    lr=run.lr)
+        info = run_info or host_run_info(pdir, getattr(runner, "backend", "executorch"), run.lr)
+        writer.emit("run_start", **info, steps_planned=run.steps, lr=run.lr)
     t_run = time.perf_counter()
     for step in range(start, run.steps):
         method, phase = pdir.method_for_step(step)
