@@ -28,3 +28,25 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, extra, mess
     assert result.output.count("Error:") == 1
     assert not out.exists()
     assert not any(p.name.startswith(".prog.") for p in tmp_path.iterdir())
+
+
+def test_sigterm_mid_export_leaves_nothing(tmp_path):
+    """A terminated export (Ctrl-C's cousin, what a CI timeout or `kill` sends) removes its temporary
+    directory: neither the output nor a hidden half-written sibling is left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "prog"
+    proc = subprocess.Popen([sys.executable, "-m", "toolchain", *BASE, "--target", "onnx", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.name.startswith(".prog.") for p in tmp_path.iterdir()):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the export ended before its temporary directory was seen"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []

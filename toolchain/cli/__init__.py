@@ -17,8 +17,19 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+def _exit_on_sigterm(signum, _frame) -> None:
+    # Python's default SIGTERM ends the process at once; raising instead unwinds `with` blocks, so an
+    # export or checkpoint being written atomically removes its temporary files (`toolchain.atomic`).
+    raise SystemExit(128 + signum)
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             return super().invoke(ctx)
         except ToolchainError as e:
