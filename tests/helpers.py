@@ -366,3 +366,27 @@ def lora_for(arch: Qwen25Arch, cfg: LoraConfig, seed: int, dtype: torch.dtype = 
     cast), so float32 and float64 runs start from the same values."""
     lora = init_lora(arch, cfg, seed=seed, dtype=torch.float32, zero_b=False)
     return tuple({t: LoraPair(p.a.to(dtype), p.b.to(dtype)) for t, p in layer.items()} for layer in lora)
+
+
+def eager_program_run(pdir, program, lora: LoraWeights, examples, steps: int, lr: float) -> tuple[list[float], Tensor]:
+    """The exported program's reference: the same `StepProgram` run by PyTorch, driven as the host runner
+    drives a runtime (phase schedule from the manifest, rows padded to seq_len, the flat state held as
+    the app holds it). Returns (losses, final flat state)."""
+    from toolchain.export.program import flat_state
+    from toolchain.runtime import pad_example
+
+    flat = flat_state(program.layout, lora)
+    pad_id = pdir.manifest["tokenizer"]["pad_token_id"]
+    losses = []
+    for s in range(steps):
+        ids, labels = pad_example(examples[s % len(examples)], pdir.seq_len, pad_id, "row")
+        _, phase = pdir.method_for_step(s)
+        layers = None if phase is None else tuple(pdir.manifest["lcsb"]["phases"][phase])
+        losses.append(program.eager_step(ids, labels, lr, flat, layers))
+    return losses, flat
+
+
+def max_rel_diff(a: dict, b: dict) -> float:
+    """max over keys of max|a - b| / max|b| (float64), the keys being the same."""
+    assert set(a) == set(b)
+    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max()) for k in b)

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram, flat_state
+from helpers import eager_program_run, max_rel_diff
+
+from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.models import Qwen25Arch, random_weights
@@ -63,16 +65,6 @@ def _run(prog_dir, examples, steps, lr, **kw):
     return pdir, run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
 
 
-def _eager(pdir, program: StepProgram, lora, examples, steps, lr):
-    """The same StepProgram run by PyTorch, driven like the runtime (phase schedule, padding)."""
-    state = flat_state(program.layout, lora)
-    losses = []
-    for s in range(steps):
-        ids, labels = pad_example(examples[s % len(examples)], T, 0, "row")
-        _, phase = pdir.method_for_step(s)
-        layers = None if phase is None else tuple(pdir.manifest["lcsb"]["phases"][phase])
-        losses.append(program.eager_step(ids, labels, lr, state, layers))
-    return losses, state
 
 
 def _hf_peft_sgd(weights, lora, examples, steps, lr):
@@ -104,8 +96,6 @@ def _hf_peft_sgd(weights, lora, examples, steps, lr):
     return losses, sd
 
 
-def _max_rel(a: dict, b: dict) -> float:
-    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max()) for k in b)
 
 
 def test_fp32_program_trains_like_eager_and_hf_peft(fp32_sgd):
@@ -113,17 +103,17 @@ def test_fp32_program_trains_like_eager_and_hf_peft(fp32_sgd):
     examples, steps, lr = _examples(3, seed=5), 5, 0.05
     pdir, res = _run(prog, examples, steps, lr)
     trained = lora_state_dict(pdir.lora_from_state(res.state))
-    eager_losses, eager_state = _eager(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
+    eager_losses, eager_state = eager_program_run(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
     eager_sd = lora_state_dict(pdir.lora_from_state(eager_state))
     hf_losses, hf_sd = _hf_peft_sgd(weights, lora, examples, steps, lr)
-    print("runtime vs eager", _max_rel(trained, eager_sd), "runtime vs HF+PEFT", _max_rel(trained, hf_sd))
-    assert _max_rel(trained, eager_sd) <= 1e-4
-    assert _max_rel(trained, hf_sd) <= 1e-4
+    print("runtime vs eager", max_rel_diff(trained, eager_sd), "runtime vs HF+PEFT", max_rel_diff(trained, hf_sd))
+    assert max_rel_diff(trained, eager_sd) <= 1e-4
+    assert max_rel_diff(trained, hf_sd) <= 1e-4
     assert set(trained) == set(hf_sd)
     for a, b, c in zip(res.losses, eager_losses, hf_losses):
         assert math.isclose(a, b, rel_tol=1e-5) and math.isclose(a, c, rel_tol=1e-5)
     # the adapter really moved
-    assert _max_rel(trained, lora_state_dict(lora)) > 1e-3
+    assert max_rel_diff(trained, lora_state_dict(lora)) > 1e-3
 
 
 def test_int4_adamw_lcsb_phases_match_eager(int4_adamw_lcsb):
@@ -133,7 +123,7 @@ def test_int4_adamw_lcsb_phases_match_eager(int4_adamw_lcsb):
     assert pdir.train_methods() == ["train_step_p0", "train_step_p1"]
     eager = StepProgram(ARCH, weights, CFG, optimizer=OptimizerSpec("adamw", weight_decay=0.01),
                         quant=QuantSpec("int4", 16))
-    eager_losses, eager_state = _eager(pdir, eager, lora, examples, steps, lr)
+    eager_losses, eager_state = eager_program_run(pdir, eager, lora, examples, steps, lr)
     for s, (a, b) in enumerate(zip(res.losses, eager_losses)):
         assert math.isclose(a, b, rel_tol=1e-5), (s, a, b)
     diff = (res.state - eager_state).abs().max() / eager_state.abs().max()
@@ -246,8 +236,8 @@ def test_int8_program_matches_eager(tmp_path_factory):
     prog, weights, lora = _export(tmp_path_factory, "int8", quant="int8")
     examples, steps, lr = _examples(2, seed=9), 3, 0.05
     pdir, res = _run(prog, examples, steps, lr)
-    eager_losses, eager_state = _eager(pdir, StepProgram(ARCH, weights, CFG, quant=QuantSpec("int8", 16)), lora,
-                                       examples, steps, lr)
+    program = StepProgram(ARCH, weights, CFG, quant=QuantSpec("int8", 16))
+    eager_losses, eager_state = eager_program_run(pdir, program, lora, examples, steps, lr)
     for a, b in zip(res.losses, eager_losses):
         assert math.isclose(a, b, rel_tol=1e-5)
     assert float((res.state - eager_state).abs().max() / eager_state.abs().max()) <= 1e-4

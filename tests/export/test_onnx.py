@@ -11,17 +11,18 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import float64_faithful_hf, hf_loss, lora_for, our_weights, peft_wrap, random_hf_model
+from helpers import (eager_program_run, float64_faithful_hf, hf_loss, lora_for, max_rel_diff, our_weights, peft_wrap,
+                     random_hf_model)
 
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import MANIFEST_NAME, ExportSpec, export_program
 from toolchain.export.onnx import OPSET, OUTPUT_SUFFIX, WEIGHTS_NAME
-from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram, flat_state
+from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
 from toolchain.models import Qwen25Arch
-from toolchain.runtime import ProgramDir, TrainRun, pad_example, run_program
+from toolchain.runtime import ProgramDir, TrainRun, run_program
 from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner
 
@@ -71,16 +72,6 @@ def _run(prog, examples, steps, lr):
     return pdir, run_program(pdir, OnnxRunner(pdir, threads=1), examples, TrainRun(steps=steps, lr=lr))
 
 
-def _eager(pdir: ProgramDir, program: StepProgram, lora, examples, steps: int, lr: float):
-    """The same StepProgram run by PyTorch, state held as the app holds it; returns (losses, flat state)."""
-    flat = flat_state(program.layout, lora)
-    losses = []
-    for s in range(steps):
-        ids, labels = pad_example(examples[s % len(examples)], T, 0, "row")
-        lcsb = pdir.manifest["lcsb"]
-        phase = None if lcsb is None else tuple(lcsb["phases"][lcsb["schedule"][s % len(lcsb["schedule"])]])
-        losses.append(program.eager_step(ids, labels, lr, flat, phase))
-    return losses, flat
 
 
 def _hf_peft_sgd(hf, lora, examples, steps: int, lr: float):
@@ -102,9 +93,6 @@ def _hf_peft_sgd(hf, lora, examples, steps: int, lr: float):
     return losses, sd
 
 
-def _max_rel(a: dict, b: dict) -> float:
-    assert set(a) == set(b)
-    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max()) for k in b)
 
 
 def test_fp32_sgd_on_onnxruntime_trains_like_eager_and_hf_peft_float64(fp32_sgd):
@@ -112,15 +100,15 @@ def test_fp32_sgd_on_onnxruntime_trains_like_eager_and_hf_peft_float64(fp32_sgd)
     examples, steps, lr = _examples(3, seed=5), 5, 0.05
     pdir, res = _run(prog, examples, steps, lr)
     trained = lora_state_dict(pdir.lora_from_state(res.state))
-    eager_losses, eager_flat = _eager(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
+    eager_losses, eager_flat = eager_program_run(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
     eager = lora_state_dict(pdir.lora_from_state(eager_flat))
     hf_losses, hf_sd = _hf_peft_sgd(hf, lora, examples, steps, lr)
-    print("onnx vs eager", _max_rel(trained, eager), "onnx vs HF+PEFT float64", _max_rel(trained, hf_sd))
-    assert _max_rel(trained, eager) <= 1e-4
-    assert _max_rel(trained, hf_sd) <= 1e-4
+    print("onnx vs eager", max_rel_diff(trained, eager), "onnx vs HF+PEFT float64", max_rel_diff(trained, hf_sd))
+    assert max_rel_diff(trained, eager) <= 1e-4
+    assert max_rel_diff(trained, hf_sd) <= 1e-4
     for a, b, c in zip(res.losses, eager_losses, hf_losses):
         assert math.isclose(a, b, rel_tol=1e-5) and math.isclose(a, c, rel_tol=1e-5), (a, b, c)
-    assert _max_rel(trained, lora_state_dict(lora)) > 1e-3  # the adapter really moved
+    assert max_rel_diff(trained, lora_state_dict(lora)) > 1e-3  # the adapter really moved
 
 
 def test_int4_adamw_lcsb_phase_methods_match_eager(int4_adamw_lcsb):
@@ -130,7 +118,7 @@ def test_int4_adamw_lcsb_phase_methods_match_eager(int4_adamw_lcsb):
     assert pdir.train_methods() == ["train_step_p0", "train_step_p1"]
     program = StepProgram(ARCH, weights, CFG, optimizer=OptimizerSpec("adamw", weight_decay=0.01),
                           quant=QuantSpec("int4", 16))
-    eager_losses, eager_flat = _eager(pdir, program, lora, examples, steps, lr)
+    eager_losses, eager_flat = eager_program_run(pdir, program, lora, examples, steps, lr)
     for s, (a, b) in enumerate(zip(res.losses, eager_losses)):
         assert math.isclose(a, b, rel_tol=1e-5), (s, a, b)
     assert torch.isfinite(res.state).all()
@@ -147,7 +135,7 @@ def test_int8_program_matches_eager(tmp_path_factory):
     pdir, res = _run(prog, examples, steps, lr)
     program = StepProgram(ARCH1, weights, CFG, optimizer=OptimizerSpec("sgd", weight_decay=0.1),
                           quant=QuantSpec("int8", 16))
-    eager_losses, eager_flat = _eager(pdir, program, lora, examples, steps, lr)
+    eager_losses, eager_flat = eager_program_run(pdir, program, lora, examples, steps, lr)
     for a, b in zip(res.losses, eager_losses):
         assert math.isclose(a, b, rel_tol=1e-5)
     assert float((res.state - eager_flat).abs().max() / eager_flat.abs().max()) <= 1e-4
