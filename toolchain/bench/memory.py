@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from toolchain.memory.measure import PHONE_LIKE_MALLOC_ENV
 from toolchain.mesp import StepOptions
 from toolchain.models import PRESETS, Qwen25Arch
 
-__all__ = ["BENCH_MODES", "COUNTED", "MemoryBenchConfig", "run_memory_bench", "format_table", "call_worker",
+__all__ = ["BENCH_MODES", "COUNTED", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench", "format_table", "call_worker",
            "check_config", "host_info"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch", "onnx")
@@ -48,22 +48,21 @@ _ALLOCATOR_NOTE = {
 
 
 @dataclass(frozen=True)
-class MemoryBenchConfig:
-    """One `bench memory` run.
+class BenchWorkload:
+    """What every benchmark trains on: the model, the batch and the LoRA config, and how the
+    benchmark processes run. `MemoryBenchConfig` and `bench.mezo.MezoCosineConfig` extend it.
 
     Args:
         model: preset or checkpoint directory. Default: "tiny".
         init: "random" (seeded) or "pretrained". Default: "random".
-        modes: any of BENCH_MODES, in this order.
+        seed: seeds the weights, the adapter and the batch. Default: 0.
         alpha: LoRA alpha; None means 2 x rank.
         repeat: measured steps per memory worker, and timed steps per mode. Default: 1.
         threads: torch intra-op threads in every process (the same for every mode). Default: 1
             (reproducible on a shared machine; ratios are what the bench compares).
-        lr: SGD learning rate of the steps. Default: 1e-4 (the MeSP paper's).
-        check_grads: compare the exact modes' gradients at the initial adapter. Default: True.
+        cache_dir: where the float32 frozen weights are cached for memory-mapping.
         allocator: "phone-like" (see `memory.measure.PHONE_LIKE_MALLOC_ENV`) or "glibc" for the
             memory workers. Default: "phone-like".
-        program_dir: exported program for the executorch and onnx modes.
     """
 
     model: str = "tiny"
@@ -73,17 +72,47 @@ class MemoryBenchConfig:
     rank: int = 8
     alpha: float | None = None
     targets: tuple[str, ...] = ALL_TARGETS
-    modes: tuple[str, ...] = ("autograd", "mebp", "mesp")
     repeat: int = 1
     threads: int = 1
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    allocator: str = "phone-like"
+
+    def __post_init__(self) -> None:
+        for name, low in (("seq_len", 2), ("repeat", 1), ("threads", 1), ("rank", 1)):
+            if getattr(self, name) < low:
+                raise BadInput(f"`{name}` must be >= {low}, got {getattr(self, name)}")
+        if self.allocator not in _ALLOCATOR_NOTE:
+            raise BadInput(f"`allocator` must be phone-like or glibc, got {self.allocator!r}")
+        self.lora_config()
+
+    def lora_config(self) -> LoraConfig:
+        return LoraConfig(rank=self.rank, alpha=self.alpha if self.alpha is not None else 2.0 * self.rank,
+                          targets=self.targets)
+
+    def workload(self) -> dict[str, Any]:
+        """The `BenchWorkload` fields of this config, as keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(BenchWorkload)}
+
+
+@dataclass(frozen=True)
+class MemoryBenchConfig(BenchWorkload):
+    """One `bench memory` run: a `BenchWorkload` and
+
+    Args:
+        modes: any of BENCH_MODES, in this order.
+        lr: SGD learning rate of the steps. Default: 1e-4 (the MeSP paper's).
+        loss_chunk, vocab_chunk, mlp_chunk: MeSP's `StepOptions`.
+        program_dir: exported program for the executorch and onnx modes.
+        check_grads: compare the exact modes' gradients at the initial adapter. Default: True.
+    """
+
+    modes: tuple[str, ...] = ("autograd", "mebp", "mesp")
     lr: float = 1e-4
     loss_chunk: int = StepOptions().loss_chunk
     vocab_chunk: int | None = StepOptions().vocab_chunk
     mlp_chunk: int | None = StepOptions().mlp_chunk
-    cache_dir: Path = field(default_factory=default_cache_dir)
     program_dir: Path | None = None
     check_grads: bool = True
-    allocator: str = "phone-like"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in BENCH_MODES]
@@ -92,23 +121,14 @@ class MemoryBenchConfig:
                            f"choose from {','.join(BENCH_MODES)}")
         if len(set(self.modes)) != len(self.modes):
             raise BadInput(f"`modes` lists a mode twice: {','.join(self.modes)}")
-        for name, low in (("seq_len", 2), ("repeat", 1), ("threads", 1), ("rank", 1)):
-            if getattr(self, name) < low:
-                raise BadInput(f"`{name}` must be >= {low}, got {getattr(self, name)}")
-        if self.allocator not in _ALLOCATOR_NOTE:
-            raise BadInput(f"`allocator` must be phone-like or glibc, got {self.allocator!r}")
+        super().__post_init__()
         self.step_options()
-        self.lora_config()
 
     def step_options(self) -> StepOptions:
         try:
             return StepOptions(loss_chunk=self.loss_chunk, vocab_chunk=self.vocab_chunk, mlp_chunk=self.mlp_chunk)
         except ValueError as e:
             raise BadInput(str(e)) from None
-
-    def lora_config(self) -> LoraConfig:
-        return LoraConfig(rank=self.rank, alpha=self.alpha if self.alpha is not None else 2.0 * self.rank,
-                          targets=self.targets)
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -14,58 +14,44 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from toolchain.baselines.mezo import DEFAULT_EPS, mezo_grad_estimate
-from toolchain.bench.memory import MemoryBenchConfig, call_worker, check_config, host_info, run_memory_bench
-from toolchain.bench.weights_cache import default_cache_dir
+from toolchain.bench.memory import BenchWorkload, MemoryBenchConfig, call_worker, check_config, host_info, run_memory_bench
 from toolchain.errors import BadInput
-from toolchain.lora import ALL_TARGETS, LoraConfig, LoraWeights, init_lora, lora_state_dict
+from toolchain.lora import LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 
 __all__ = ["MezoCosineConfig", "run_mezo_cosine", "flat", "cosine"]
 
 
 @dataclass(frozen=True)
-class MezoCosineConfig:
-    """Args:
+class MezoCosineConfig(BenchWorkload):
+    """A `BenchWorkload` (see `bench.memory`) and
+
+    Args:
         seeds: number of MeZO estimates (perturbation seeds 0..seeds-1). Default: 8.
         eps: SPSA perturbation scale. Default: 1e-3 (MeZO's).
         memory: also run `bench memory` for mesp and mezo. Default: True.
-        Others as in `MemoryBenchConfig`.
     """
 
-    model: str = "tiny"
-    init: str = "random"
-    seed: int = 0
-    seq_len: int = 256
-    rank: int = 8
-    alpha: float | None = None
-    targets: tuple[str, ...] = ALL_TARGETS
     seeds: int = 8
     eps: float = DEFAULT_EPS
     memory: bool = True
-    repeat: int = 1
-    threads: int = 1
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    allocator: str = "phone-like"
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
             raise BadInput(f"`seeds` must be >= 1, got {self.seeds}")
         if not self.eps > 0:
             raise BadInput(f"`eps` must be > 0, got {self.eps}")
-        self.memory_config()  # validates the shared fields
+        super().__post_init__()
 
     def memory_config(self) -> MemoryBenchConfig:
-        return MemoryBenchConfig(model=self.model, init=self.init, seed=self.seed, seq_len=self.seq_len,
-                                 rank=self.rank, alpha=self.alpha, targets=self.targets, modes=("mesp", "mezo"),
-                                 repeat=self.repeat, threads=self.threads, cache_dir=self.cache_dir, check_grads=False,
-                                 allocator=self.allocator)
+        return MemoryBenchConfig(**self.workload(), modes=("mesp", "mezo"), check_grads=False)
 
 
 def flat(grads: LoraWeights) -> torch.Tensor:
@@ -96,8 +82,7 @@ def run_mezo_cosine(config: MezoCosineConfig, *, on_seed: Callable[[int], None] 
     """Returns the `bench_mezo` document (see the module docstring)."""
     torch.set_num_threads(config.threads)
     arch, weights = _load(config)
-    cfg = LoraConfig(rank=config.rank, alpha=config.alpha if config.alpha is not None else 2.0 * config.rank,
-                     targets=config.targets)
+    cfg = config.lora_config()
     lora = init_lora(arch, cfg, seed=config.seed, zero_b=False)
     gen = torch.Generator().manual_seed(config.seed)
     input_ids = torch.randint(0, arch.vocab, (config.seq_len,), generator=gen)
