@@ -91,3 +91,49 @@ def test_tables_command_writes_doc_plot_and_cells(tmp_path, stub):
     bad = CliRunner().invoke(cli, ["bench", "tables", "--only", "qwen2.5-7b/seq256/r8",
                                    "--doc", str(tmp_path / "x.md")])
     assert bad.exit_code == 2 and "unknown cell" in bad.output and not (tmp_path / "x.md").exists()
+
+
+def test_a_cell_measured_under_memory_pressure_is_not_recorded(tmp_path, monkeypatch):
+    """Mapped weight pages that move during the step make the peak unreliable (the 1.5B cell once read
+    461.5 MB with a file drift of -152 MB, 109.3 MB on a quiet machine): such a cell is reported, not
+    cached, and measured again by the next run."""
+    from toolchain.bench.memory import mark_file_drift
+
+    drifts = {"qwen2.5-0.5b": -152.0, "qwen2.5-1.5b": 0.0}
+
+    def fake(config, on_mode=None):
+        doc = _fake_doc(config)
+        doc["results"][1]["file_drift_mb"] = drifts[config.model]
+        for row in doc["results"]:
+            mark_file_drift(row)
+        return doc
+
+    monkeypatch.setattr(tables, "run_memory_bench", fake)
+    cells = (Cell("qwen2.5-0.5b", 256, 8), Cell("qwen2.5-1.5b", 256, 8))
+    told = []
+    doc = tables.run_tables(tmp_path / "cells.json", MemoryBenchConfig(cache_dir=tmp_path), cells=cells,
+                            on_unreliable=lambda cell, reasons: told.append((cell, reasons)))
+    assert list(doc["cells"]) == ["qwen2.5-1.5b/seq256/r8"]
+    assert list(read_json(tmp_path / "cells.json", "bench_tables")["cells"]) == ["qwen2.5-1.5b/seq256/r8"]
+    assert [c for c, _ in told] == [cells[0]] and told[0][1][0].startswith("mesp: file-backed pages changed by -152.0 MB")
+
+    paths = [tmp_path / "b.md", tmp_path / "b.png"]
+    result = CliRunner().invoke(cli, ["bench", "tables", "--only", "qwen2.5-0.5b/seq256/r8", "--cells",
+                                      str(tmp_path / "cells.json"), "--doc", str(paths[0]), "--plot", str(paths[1]),
+                                      "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "not recorded" in result.output and "qwen2.5-0.5b/seq256/r8" in result.output
+    assert paths[0].is_file()            # the cells that are recorded are still rendered
+
+
+@pytest.mark.parametrize("drift, flagged", [(0.0, False), (3.9, False), (-4.1, True), (101.8, True)])
+def test_file_drift_beyond_the_limit_marks_a_row(drift, flagged):
+    from toolchain.bench.memory import FILE_DRIFT_LIMIT_MB, format_table, mark_file_drift
+
+    assert FILE_DRIFT_LIMIT_MB == 4.0
+    doc = _fake_doc(MemoryBenchConfig())
+    doc["results"][0]["file_drift_mb"] = drift
+    for row in doc["results"]:
+        mark_file_drift(row)
+    assert ("unreliable" in doc["results"][0]) == flagged and "unreliable" not in doc["results"][1]
+    assert ("! mebp: unreliable peak" in format_table(doc)) == flagged
+    assert validation_errors("bench_memory", doc) == []

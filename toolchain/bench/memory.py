@@ -26,8 +26,8 @@ from toolchain.memory.measure import PHONE_LIKE_MALLOC_ENV
 from toolchain.mesp import StepOptions
 from toolchain.models import PRESETS, Qwen25Arch
 
-__all__ = ["BENCH_MODES", "COUNTED", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench", "format_table", "call_worker",
-           "check_config", "host_info"]
+__all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
+           "mark_file_drift", "unreliable_rows", "format_table", "call_worker", "check_config", "host_info"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch", "onnx")
 
@@ -39,6 +39,13 @@ COUNTED = ("peak_mb = max over the measured steps of (VmHWM - RssFile - RssShmem
            "from safetensors: clean file-backed pages, as on phones), the Python/torch runtime. "
            "MB = MiB (2**20 bytes). step_s / step_cpu_s = min over the timed steps (wall / process CPU time), "
            "all modes interleaved in one separate process with glibc's default allocator.")
+# |file_drift_mb| above this marks a peak unreliable. On a machine with free memory the mapped
+# weights stay resident after the warm-up step and the drift is exactly 0; under memory pressure the
+# kernel evicts and re-reads weight pages during the step, and VmHWM - RssFile (RssFile read at the
+# end) is then off by the pages that moved: a Qwen2.5-1.5B MeSP step measured 461.5 MB with a drift
+# of -152 MB, and 109.3 MB (drift 0) on a quiet machine.
+FILE_DRIFT_LIMIT_MB = 4.0
+
 _ALLOCATOR_NOTE = {
     "phone-like": (" Memory workers run with MALLOC_MMAP_THRESHOLD_=131072: glibc maps every block >= 128 KiB "
                    "on its own and unmaps it on free, as phone allocators do with large blocks (glibc's default "
@@ -217,12 +224,26 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
+        mark_file_drift(row)
         if row["mode"] not in ("executorch", "onnx"):
             row["breakdown"] = step_breakdown(row["mode"], arch, config.lora_config(), config.seq_len,
                                               config.step_options()).as_mb()
     return {"schema_version": 1, "config": config.as_json(), "results": rows,
             "counted": COUNTED + _ALLOCATOR_NOTE[config.allocator], "reference_mode": timing["reference_mode"],
             "host": host_info()}
+
+
+def mark_file_drift(row: dict[str, Any]) -> None:
+    """Add `unreliable` to a result row whose file pages moved during the step (see FILE_DRIFT_LIMIT_MB)."""
+    if abs(row["file_drift_mb"]) > FILE_DRIFT_LIMIT_MB:
+        row["unreliable"] = (f"file-backed pages changed by {row['file_drift_mb']:+.1f} MB during the measured step "
+                             "(memory pressure evicted mapped weights): the peak is off by about that much or "
+                             "more; re-run with more free memory")
+
+
+def unreliable_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results of a `bench_memory` document whose peak was not measured on stable file pages."""
+    return [r for r in doc["results"] if r.get("unreliable")]
 
 
 def host_info() -> dict[str, Any]:
@@ -249,4 +270,5 @@ def format_table(doc: dict[str, Any]) -> str:
         what = f"{b['largest_transient_what']} {b['largest_transient_mb']:.1f} MB" if b else "-"
         lines.append(f"{r['mode']:<11}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
                      f"{time_ratio:>11}{diff:>15}  {what}")
+    lines += [f"! {r['mode']}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from toolchain.bench.memory import MemoryBenchConfig, run_memory_bench
+from toolchain.bench.memory import MemoryBenchConfig, run_memory_bench, unreliable_rows
 from toolchain.memory.paper import PAPER_PEAK_MB
 
 __all__ = ["Cell", "GRID", "PAPER_STEP_S", "cell_key", "run_tables", "render_markdown", "plot_tables",
@@ -58,8 +58,12 @@ def _settings(config: MemoryBenchConfig) -> dict[str, Any]:
 
 def run_tables(cache_path: Path, base: MemoryBenchConfig, *, cells: tuple[Cell, ...] = GRID,
                on_cell: Callable[[int, Cell, bool], None] | None = None,
-               on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+               on_stage: Callable[[str], None] | None = None,
+               on_unreliable: Callable[[Cell, list[str]], None] | None = None) -> dict[str, Any]:
     """Run (or reuse) every cell; returns the `bench_tables` document, also saved after each cell.
+
+    A cell with an unreliable peak (see `bench.memory.FILE_DRIFT_LIMIT_MB`) is not recorded, so a
+    later run measures it again; `on_unreliable(cell, reasons)` is told.
 
     Args:
         base: settings shared by the cells (repeat, threads, chunks, cache_dir, ...); model,
@@ -79,7 +83,13 @@ def run_tables(cache_path: Path, base: MemoryBenchConfig, *, cells: tuple[Cell, 
             on_cell(i, cell, reuse)
         if reuse:
             continue
-        doc["cells"][cell_key(cell)] = run_memory_bench(config, on_mode=on_stage)
+        measured = run_memory_bench(config, on_mode=on_stage)
+        bad = unreliable_rows(measured)
+        if bad:
+            if on_unreliable:
+                on_unreliable(cell, [f"{r['mode']}: {r['unreliable']}" for r in bad])
+            continue
+        doc["cells"][cell_key(cell)] = measured
         write_json(cache_path, "bench_tables", doc)
     return doc
 

@@ -198,13 +198,24 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
         def on_stage(stage: str) -> None:
             progress.update(task, description=f"{current[0]} [{stage}]")
 
-        result = run_tables(cells_path, base, cells=cells, on_cell=on_cell, on_stage=on_stage)
+        unreliable: list[str] = []
+
+        def on_unreliable(cell, reasons: list[str]) -> None:
+            unreliable.append(cell_key(cell))
+            for reason in reasons:
+                progress.console.print(f"[yellow]{cell_key(cell)} not recorded[/]: {reason}", highlight=False)
+
+        result = run_tables(cells_path, base, cells=cells, on_cell=on_cell, on_stage=on_stage,
+                            on_unreliable=on_unreliable)
     section = render_markdown(result)
     old = doc.read_text() if doc.is_file() else "# Benchmarks\n"
     atomic_write_text(doc, replace_section(old, section))
     plot_tables(result, plot)
     click.echo(section)
     click.echo(f"-> {doc}, {plot}, {cells_path}")
+    if unreliable:
+        raise click.ClickException(f"{len(unreliable)} cell(s) not recorded, their peaks unreliable (memory "
+                                   f"pressure): {', '.join(unreliable)}; run them again with more free memory")
 
 
 @bench.command("mezo-cosine")
