@@ -19,6 +19,9 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default="int4", show_default=True,
               help="Frozen projection weights: float32 or group-wise int8/int4, dequantized inside the step.")
 @click.option("--quant-group", type=click.IntRange(min=2), default=64, show_default=True, help="Quantization group size.")
+@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=16.0, show_default=True,
+              help="Quantized weights are dequantized inside the step at most this many MiB (float32) at a time: "
+                   "smaller lowers the transient, larger makes fewer graph nodes (a faster export).")
 @click.option("--lcsb-k", type=click.IntRange(min=1), default=None, help="LCSB: layers backpropagated per step (off if unset).")
 @click.option("--lcsb-policy", type=click.Choice(["cyclic", "strided", "last", "random", "full"]), default="cyclic",
               show_default=True, help="LCSB policy (with --lcsb-k).")
@@ -41,7 +44,7 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--mlp-chunk", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens per MLP chunk (forward and backward).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
-def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, lcsb_k, lcsb_policy, plan_path,
+def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k, lcsb_policy, plan_path,
            optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, out) -> None:
     """Export the explicit MeSP training step (forward, per-layer recompute, hand-derived backward,
     in-program optimizer) for each --target (ExecuTorch .pte, ONNX, Core ML) with one manifest, written
@@ -63,7 +66,7 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     arch, weights, cfg, lora = load_model_and_adapter(model, init, seed, adapter, rank, alpha, targets)
     plan = read_plan(plan_path) if plan_path else (make_plan(arch.layers, lcsb_k, lcsb_policy) if lcsb_k else None)
     tokenizer_kind, pad = ("byte", 258) if model == "tiny" else ("none", QWEN_PAD_ID if arch.vocab > QWEN_PAD_ID else 0)
-    spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=QuantSpec(quant, quant_group),
+    spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4)),
                       optimizer=OptimizerSpec(optimizer, weight_decay=weight_decay), plan=plan, targets=spec_targets,
                       xnnpack=xnnpack, default_lr=lr,
                       options=StepOptions(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),

@@ -1,9 +1,13 @@
 """Group-wise quantized frozen weights, dequantized inside the step right where they are used.
 
 int8: q = round(w / s) in [-127, 127], one scale s = max|w| / 127 per group of G input columns.
-int4: q = round(w / s) in [-8, 7],     s = max|w| / 7, stored as (q + 8) nibbles, two per uint8
-      (low nibble = even column). Unpacking uses `& 15` and floor division by 16: `>>` is not
-      core ATen and fails ExecuTorch's `to_edge` (see DESIGN.md).
+int4: q = round(w / s) in [-8, 7],     s = max|w| / 7, stored as (q + 8) nibbles, two per uint8,
+      planar: byte j of a row holds column j (low nibble) and column j + i/2 (high nibble), so
+      unpacking is one `cat` of `& 15` and floor division by 16 (`>>` is not core ATen and fails
+      ExecuTorch's `to_edge`, see DESIGN.md). Planar rather than interleaved (even/odd columns):
+      no stack + reshape, one cast and one subtraction per chunk instead of two; every node counts,
+      as ExecuTorch's edge passes cost milliseconds per node and a quantized step has tens of
+      thousands.
 Dequantization: w = q * s (broadcast over each group). A dequantized matrix is a transient of the
 matmul that needs it, in forward and again in backward; it is never saved. Matmuls dequantize
 `chunk_rows` output rows at a time, so the transient is [chunk_rows, i] instead of [o, i]:
@@ -40,14 +44,19 @@ def quantize(w: Tensor, kind: QuantKind, group: int) -> QuantWeight:
     q = torch.round(wg / scale[..., None]).clamp(-qmax - (kind == "int4"), qmax).reshape(o, i)
     if kind == "int8":
         return QuantWeight(q.to(torch.int8), scale, 8)
+    if i % 2:
+        raise ValueError(f"int4 needs an even input dim, got {i}")
     u = (q + 8).to(torch.uint8)
-    return QuantWeight(u[:, 0::2] + 16 * u[:, 1::2], scale, 4)
+    return QuantWeight(u[:, :i // 2] + 16 * u[:, i // 2:], scale, 4)
 
 
 def with_chunk_rows(qw: QuantWeight, max_elems: int) -> QuantWeight:
-    """Choose chunk_rows so that one dequantized chunk has at most `max_elems` elements."""
+    """Choose chunk_rows: the fewest chunks of at most `max_elems` dequantized elements (at least one
+    row), of equal size (but the last), so that no chunk is a small remainder."""
     o, i = qw.scale.shape[0], qw.q.shape[1] * (2 if qw.bits == 4 else 1)
-    return qw._replace(chunk_rows=max(1, min(o, max_elems // i)))
+    per_chunk = max(1, min(o, max_elems // i))
+    n = -(-o // per_chunk)
+    return qw._replace(chunk_rows=-(-o // n))
 
 
 def _rows(qw: QuantWeight, start: int, stop: int) -> QuantWeight:
@@ -91,9 +100,8 @@ def dequantize(qw: QuantWeight) -> Tensor:
     if bits == 8:
         vals = q.to(scale.dtype)
     else:
-        lo = torch.bitwise_and(q, 15).to(scale.dtype) - 8                         # [o, i/2] even columns
-        hi = torch.div(q, 16, rounding_mode="floor").to(scale.dtype) - 8          # [o, i/2] odd columns
-        vals = torch.stack((lo, hi), dim=-1).reshape(q.shape[0], -1)              # [o, i]
+        nibbles = torch.cat((torch.bitwise_and(q, 15), torch.div(q, 16, rounding_mode="floor")), dim=1)  # [o, i]
+        vals = nibbles.to(scale.dtype) - 8
     o, i = vals.shape
     g = scale.shape[1]
     return (vals.reshape(o, g, i // g) * scale[..., None]).reshape(o, i)
