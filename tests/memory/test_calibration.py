@@ -95,3 +95,22 @@ def test_reports_are_what_bench_memory_wrote():
         assert doc["config"]["allocator"] == "phone-like" and doc["config"]["optimizer"] == "SGD", path.name
         for result in doc["results"]:
             assert max(result["peak_mb_runs"]) == result["peak_mb"], path.name
+
+
+# Held out: measured after the constants were fixed (the 1.5B and 3B cells of `bench tables`, docs/planner.md);
+# not used to compute HOST_OVERHEAD_MB, only predicted.
+HELD_OUT = sorted((Path(__file__).parent / "data" / "bench_memory_held_out").glob("*.json"))
+HELD_OUT_ROWS = [(p, doc["config"], row) for p in HELD_OUT for doc in [read_json(p, "bench_memory")]
+                 for row in doc["results"]]
+
+
+def test_held_out_reports_cover_the_larger_models():
+    assert {c["model"] for _, c, _ in HELD_OUT_ROWS} >= {"qwen2.5-1.5b", "qwen2.5-3b"}
+    assert all(not r.get("unreliable") and r["file_drift_mb"] == 0.0 for _, _, r in HELD_OUT_ROWS)
+
+
+@pytest.mark.parametrize("row", HELD_OUT_ROWS, ids=_id)
+def test_held_out_prediction_is_within_15_percent(row):
+    _, config, result = row
+    predicted = estimate_peak(_shape(config, result["mode"]), overhead_mb=HOST_OVERHEAD_MB).peak_mb
+    assert predicted == pytest.approx(result["peak_mb"], rel=0.15)
