@@ -16,6 +16,7 @@ BASE = ["export", "--model", "tiny", "--init", "random", "--seq-len", "16", "--r
     (["--target", "tflite"], "unknown target"),
     (["--seq-len", "100000"], "--seq-len"),
     (["--quant", "int4", "--quant-group", "48"], "does not divide"),
+    (["--quant", "int4", "--dequant-chunk-mb", "0"], "--dequant-chunk-mb"),
     (["--lcsb-k", "2", "--plan", "plan.json"], "either --plan or --lcsb-k"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, extra, message):
