@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from toolchain import __version__
@@ -18,9 +20,21 @@ class UserError(click.ClickException):
 
 
 def _exit_on_sigterm(signum, _frame) -> None:
-    # Python's default SIGTERM ends the process at once; raising instead unwinds `with` blocks, so an
-    # export or checkpoint being written atomically removes its temporary files (`toolchain.atomic`).
-    raise SystemExit(128 + signum)
+    # Python's default SIGTERM ends the process at once and leaves the temporary outputs of an export
+    # or a checkpoint behind. Delete them (`toolchain.atomic`), then exit at once: not by raising,
+    # which unwinds through whatever library code is running (torch.export once swallowed it and
+    # finished the export, once segfaulted in interpreter shutdown). Stopping is as safe as a kill:
+    # a training run resumes from its last checkpoint.
+    import os
+    import sys
+
+    from toolchain.atomic import discard_pending
+
+    discard_pending()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)
 
 
 class _Group(click.Group):

@@ -1,0 +1,89 @@
+"""Atomic outputs: nothing half-written on failure, the old output kept until the new one is
+complete, and temporaries in flight deletable by a stopping process (`discard_pending`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from toolchain import atomic
+from toolchain.atomic import atomic_dir, atomic_write_bytes, discard_pending
+
+
+def test_a_failed_block_leaves_the_old_directory_and_no_temporary(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out) as tmp:
+        (tmp / "a").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(out) as tmp:
+        (tmp / "a").write_text("new")
+        raise RuntimeError("boom")
+    assert (out / "a").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not atomic._PENDING
+
+
+def test_a_finished_block_replaces_the_old_directory(tmp_path):
+    out = tmp_path / "out"
+    for text in ("old", "new"):
+        with atomic_dir(out) as tmp:
+            (tmp / "a").write_text(text)
+    assert (out / "a").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not atomic._PENDING
+
+
+def test_discard_pending_deletes_what_is_in_flight(tmp_path):
+    with pytest.raises(KeyboardInterrupt), atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "half").write_text("x")
+        assert tmp in atomic._PENDING
+        discard_pending()
+        assert not tmp.exists() and not atomic._PENDING
+        raise KeyboardInterrupt                    # what a stopping process does instead of finishing
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_files_are_replaced_whole(tmp_path):
+    path = tmp_path / "f.bin"
+    atomic_write_bytes(path, b"one")
+    atomic_write_bytes(path, b"two")
+    assert path.read_bytes() == b"two" and sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+    assert not atomic._PENDING
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_sigterm_during_the_rename_waits_for_it(tmp_path):
+    """A SIGTERM that arrives while the output is being swapped in is delivered after the swap:
+    the process stops with the new output complete, the old one gone, no temporaries."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from toolchain import atomic
+        from toolchain.atomic import atomic_dir, discard_pending
+
+        def stop(signum, frame):
+            discard_pending()
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        out = Path({str(tmp_path / "out")!r})
+        with atomic_dir(out) as tmp:
+            (tmp / "a").write_text("old")
+        real_replace = os.replace
+
+        def replace_then_signal(src, dst):
+            real_replace(src, dst)
+            os.kill(os.getpid(), signal.SIGTERM)   # arrives in the middle of the swap
+
+        atomic.os.replace = replace_then_signal
+        with atomic_dir(out) as tmp:
+            (tmp / "a").write_text("new")
+        sys.exit(3)                                # not reached: the pending SIGTERM stops the process
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert (tmp_path / "out" / "a").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert os.listdir(tmp_path / "out") == ["a"]
