@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_dir", "discard_pending"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_dir", "discard_pending", "discarded_on_stop"]
 
 _PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place
 
@@ -35,6 +35,18 @@ def discard_pending() -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         _PENDING.discard(tmp)
+
+
+@contextlib.contextmanager
+def discarded_on_stop(path: Path) -> Iterator[Path]:
+    """Register a scratch file or directory (its owner deletes it normally) so that a stopped
+    process deletes it too (`discard_pending`)."""
+    path = Path(path)
+    _PENDING.add(path)
+    try:
+        yield path
+    finally:
+        _PENDING.discard(path)
 
 
 @contextlib.contextmanager

@@ -72,3 +72,53 @@ def test_bad_input_exits_2_without_a_report(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not out.exists()
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a live process from /proc, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def test_a_stopped_bench_leaves_no_worker_and_no_scratch(tmp_path):
+    """SIGTERM to `bench memory` while a worker runs: the bench exits 143, its worker follows it
+    (PR_SET_PDEATHSIG, Linux), and its scratch directory is deleted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG and /proc are Linux-only")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.Popen([sys.executable, "-m", "toolchain", *BASE, "--modes", "mebp,mesp", "--repeat", "50",
+                             "--cache-dir", str(tmp_path / "cache")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def workers() -> list[int]:
+        pids = (int(p) for p in os.listdir("/proc") if p.isdigit())
+        return [pid for pid in pids if (st := _stat(pid)) is not None and st[1] == proc.pid]
+
+    def alive(pid: int) -> bool:
+        st = _stat(pid)
+        return st is not None and st[0] != "Z"
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (workers() and any(scratch.iterdir())):
+        time.sleep(0.05)
+    children = workers()
+    assert children and proc.poll() is None, "no worker was seen running"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(alive(pid) for pid in children):
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in children), "a worker outlived the bench"
+    assert list(scratch.iterdir()) == []

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from toolchain.atomic import discarded_on_stop
 from toolchain.bench.weights_cache import ARCH_FILE, default_cache_dir, weights_cache_dir
 from toolchain.errors import BadInput
 from toolchain.lora import ALL_TARGETS, LoraConfig
@@ -148,7 +149,7 @@ class MemoryBenchConfig(BenchWorkload):
 
 def _worker(args: list[str], threads: int, extra_env: dict[str, str] | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env.update(OMP_NUM_THREADS=str(threads), **(extra_env or {}))
+    env.update(OMP_NUM_THREADS=str(threads), TOOLCHAIN_BENCH_PARENT=str(os.getpid()), **(extra_env or {}))
     proc = subprocess.run([sys.executable, "-m", "toolchain.bench.worker", *args], capture_output=True, text=True,
                           env=env)
     if proc.returncode == 2:
@@ -209,8 +210,7 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     weights_dir = weights_cache_dir(config.cache_dir, config.model, config.init, config.seed)
     spec = _spec(config, weights_dir)
     env = PHONE_LIKE_MALLOC_ENV if config.allocator == "phone-like" else None
-    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp_name:
-        tmp = Path(tmp_name)
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp_name, discarded_on_stop(Path(tmp_name)) as tmp:
         notify("weights")
         if not (weights_dir / ARCH_FILE).is_file():
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,

@@ -70,8 +70,10 @@ def _load(config: MezoCosineConfig):
     from toolchain.bench.weights_cache import load_mmap_weights, weights_cache_dir
 
     check_config(config.memory_config())
-    with tempfile.TemporaryDirectory(prefix="bench-mezo-") as tmp:
-        call_worker(Path(tmp), "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
+    from toolchain.atomic import discarded_on_stop
+
+    with tempfile.TemporaryDirectory(prefix="bench-mezo-") as tmp_name, discarded_on_stop(Path(tmp_name)) as tmp:
+        call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
                                            "init": config.init,
                                      "seed": config.seed}, config.threads)
     return load_mmap_weights(weights_cache_dir(config.cache_dir, config.model, config.init, config.seed))

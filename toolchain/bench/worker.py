@@ -177,7 +177,27 @@ def _prepare(spec: dict) -> None:
     ensure_weights_cache(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
 
 
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the bench process that started this worker dies, so a stopped or killed
+    bench leaves no worker running on (PR_SET_PDEATHSIG; then check the parent did not die first)."""
+    import ctypes
+    import ctypes.util
+    import os
+    import signal
+
+    parent = os.environ.get("TOOLCHAIN_BENCH_PARENT")
+    if sys.platform != "linux" or not parent:
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):
+        sys.exit(143)
+
+
 def main(argv: list[str]) -> int:
+    _die_with_parent()
     commands = {"memory": run_memory, "timing": run_timing}
     try:
         if len(argv) == 2 and argv[0] == "prepare":
