@@ -108,6 +108,7 @@ def test_program_with_lcsb_phases_holds_every_arena(tmp_path):
     assert r.predicted_peak_mb == pytest.approx(195 + 17 + EXECUTORCH_OVERHEAD_MB)
     assert r.overhead_mb == EXECUTORCH_OVERHEAD_MB
     assert any("500.0 MB not counted" in n for n in r.notes)
+    assert any(n.startswith("a lower bound for large programs") for n in r.notes)
     assert any("largest alone is 70.0 MB (train_step_p1)" in n for n in r.notes)
     assert r.analytic_peak_mb == pytest.approx(estimate_peak(SMALL, overhead_mb=HOST_OVERHEAD_MB).peak_mb)
 
