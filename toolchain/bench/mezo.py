@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from toolchain.baselines.mezo import DEFAULT_EPS, mezo_grad_estimate
-from toolchain.bench.memory import BenchWorkload, MemoryBenchConfig, call_worker, check_config, host_info, run_memory_bench
+from toolchain.bench.memory import (BenchWorkload, MemoryBenchConfig, call_worker, check_config, host_info,
+                                    run_memory_bench)
 from toolchain.errors import BadInput
 from toolchain.lora import LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
@@ -73,8 +74,7 @@ def _load(config: MezoCosineConfig):
     from toolchain.atomic import discarded_on_stop
 
     with tempfile.TemporaryDirectory(prefix="bench-mezo-") as tmp_name, discarded_on_stop(Path(tmp_name)) as tmp:
-        call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
-                                           "init": config.init,
+        call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
                                      "seed": config.seed}, config.threads)
     return load_mmap_weights(weights_cache_dir(config.cache_dir, config.model, config.init, config.seed))
 

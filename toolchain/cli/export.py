@@ -44,8 +44,9 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--mlp-chunk", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens per MLP chunk (forward and backward).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
-def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k, lcsb_policy, plan_path,
-           optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, out) -> None:
+def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k,
+           lcsb_policy, plan_path, optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk,
+           mlp_chunk, out) -> None:
     """Export the explicit MeSP training step (forward, per-layer recompute, hand-derived backward,
     in-program optimizer) for each --target (ExecuTorch .pte, ONNX, Core ML) with one manifest, written
     atomically to --out."""
@@ -66,7 +67,8 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     arch, weights, cfg, lora = load_model_and_adapter(model, init, seed, adapter, rank, alpha, targets)
     plan = read_plan(plan_path) if plan_path else (make_plan(arch.layers, lcsb_k, lcsb_policy) if lcsb_k else None)
     tokenizer_kind, pad = ("byte", 258) if model == "tiny" else ("none", QWEN_PAD_ID if arch.vocab > QWEN_PAD_ID else 0)
-    spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4)),
+    quant_spec = QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4))  # float32
+    spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec,
                       optimizer=OptimizerSpec(optimizer, weight_decay=weight_decay), plan=plan, targets=spec_targets,
                       xnnpack=xnnpack, default_lr=lr,
                       options=StepOptions(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),

@@ -53,8 +53,9 @@ class QuantSpec:
     group: int = 64
     # Dequantize at most this many weights at once: 16 MiB as float32. Each chunk is ~13 graph nodes,
     # repeated in every MLP token chunk, forward, recompute and backward; ExecuTorch's edge passes
-    # cost ~20 ms per node. 4 MiB chunks made the Qwen2.5-0.5B int4 step 3.2k nodes per layer
-    # (export > 50 CPU-min), 16 MiB 1.9k (Qwen2.5-0.5B gate/up: 2 chunks of 8.3 MiB instead of 5 of 3.3).
+    # cost ~20 ms per node. The Qwen2.5-0.5B int4 step: 4 MiB chunks with interleaved nibbles, 3.9k
+    # nodes per layer (export > 50 CPU-min); planar nibbles, 3.2k; 16 MiB chunks, 1.9k (27 CPU-min;
+    # gate/up: 2 chunks of 8.3 MiB instead of 5 of 3.3).
     chunk_elems: int = 1 << 22
 
     def __post_init__(self) -> None:
