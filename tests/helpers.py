@@ -33,7 +33,7 @@ from toolchain.models import ModelWeights, Qwen25Arch, weights_from_state_dict
 
 __all__ = [
     "CASE_SEEDS", "Case", "CaseData", "Checkpoint", "HfReference", "assert_grads_close", "assert_rel_close",
-    "build_case", "flat_grads", "float64_faithful_hf", "hf_loss", "hf_reference", "lora_for", "max_op_output_numel",
+    "build_case", "flat_grads", "float64_faithful_hf", "hf_loss", "hf_peft_sgd", "hf_reference", "lora_for", "max_op_output_numel",
     "our_weights", "peft_config", "peft_wrap", "random_arch", "random_case", "random_hf_model", "random_labels",
     "randomize_hf_params", "rel_error", "save_checkpoint", "saved_activation_nbytes", "small_arch",
 ]
@@ -384,6 +384,25 @@ def eager_program_run(pdir, program, lora: LoraWeights, examples, steps: int, lr
         layers = None if phase is None else tuple(pdir.manifest["lcsb"]["phases"][phase])
         losses.append(program.eager_step(ids, labels, lr, flat, layers))
     return losses, flat
+
+
+def hf_peft_sgd(hf_model, cfg: LoraConfig, lora: LoraWeights, examples, steps: int, lr: float):
+    """Reference for a training run: the float64 HF model + PEFT (float64-faithful RMSNorm/attention)
+    trained with torch.optim.SGD, batch 1, row s % len(examples) at step s, unpadded (causal: trailing
+    padding changes nothing). Returns (losses, the trained adapter as a PEFT-keyed state dict)."""
+    model = peft_wrap(hf_model, cfg, tuple({t: p._replace(a=p.a.double(), b=p.b.double()) for t, p in layer.items()}
+                                           for layer in lora))  # the float32 adapter, exactly, in float64
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for s in range(steps):
+        ex = examples[s % len(examples)]
+        with float64_faithful_hf():
+            loss = hf_loss(model, ex.input_ids, ex.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, {n.replace(".default", ""): p.detach() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def max_rel_diff(a: dict, b: dict) -> float:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import math
 
-import peft
 import pytest
 import torch
-import torch.nn.functional as F
 
 from toolchain.export.build import ExportSpec, export_program
-from helpers import eager_program_run, max_rel_diff
+from helpers import eager_program_run, hf_peft_sgd, max_rel_diff
 
 from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram
 from toolchain.lcsb.plan import make_plan
@@ -67,35 +65,18 @@ def _run(prog_dir, examples, steps, lr, **kw):
 
 
 
-def _hf_peft_sgd(weights, lora, examples, steps, lr):
-    """Reference: Hugging Face Qwen2 + PEFT in float64, torch.optim.SGD, batch 1, same row order."""
+def _hf_model(weights):
+    """Hugging Face Qwen2 in float64 holding the program's frozen weights."""
     from transformers import Qwen2ForCausalLM
 
     from toolchain.models import state_dict_from_weights
 
     hf = Qwen2ForCausalLM._from_config(ARCH.to_hf_config(), attn_implementation="eager")
     hf.load_state_dict({k: v.double() for k, v in state_dict_from_weights(weights).items()}, strict=False)
-    hf = hf.double()
+    hf = hf.double().eval()
     if ARCH.tie_embeddings:
         hf.tie_weights()
-    model = peft.get_peft_model(hf, peft.LoraConfig(r=CFG.rank, lora_alpha=CFG.alpha, target_modules=list(CFG.targets),
-                                                    lora_dropout=0.0))
-    peft.set_peft_model_state_dict(model, {k: v.double() for k, v in lora_state_dict(lora).items()})
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=lr)
-    losses = []
-    for s in range(steps):
-        ex = examples[s % len(examples)]
-        logits = model(input_ids=ex.input_ids[None]).logits[0]
-        loss = F.cross_entropy(logits[:-1], ex.labels[1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    sd = {n.replace(".default", ""): p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    return losses, sd
-
-
+    return hf
 
 
 def test_fp32_program_trains_like_eager_and_hf_peft(fp32_sgd):
@@ -105,7 +86,7 @@ def test_fp32_program_trains_like_eager_and_hf_peft(fp32_sgd):
     trained = lora_state_dict(pdir.lora_from_state(res.state))
     eager_losses, eager_state = eager_program_run(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
     eager_sd = lora_state_dict(pdir.lora_from_state(eager_state))
-    hf_losses, hf_sd = _hf_peft_sgd(weights, lora, examples, steps, lr)
+    hf_losses, hf_sd = hf_peft_sgd(_hf_model(weights), CFG, lora, examples, steps, lr)
     print("runtime vs eager", max_rel_diff(trained, eager_sd), "runtime vs HF+PEFT", max_rel_diff(trained, hf_sd))
     assert max_rel_diff(trained, eager_sd) <= 1e-4
     assert max_rel_diff(trained, hf_sd) <= 1e-4

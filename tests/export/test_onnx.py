@@ -11,8 +11,7 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import (eager_program_run, float64_faithful_hf, hf_loss, lora_for, max_rel_diff, our_weights, peft_wrap,
-                     random_hf_model)
+from helpers import eager_program_run, hf_peft_sgd, lora_for, max_rel_diff, our_weights, random_hf_model
 
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
@@ -74,27 +73,6 @@ def _run(prog, examples, steps, lr):
 
 
 
-def _hf_peft_sgd(hf, lora, examples, steps: int, lr: float):
-    """Reference: Hugging Face Qwen2 + PEFT in float64 (float64-faithful RMSNorm/attention), torch.optim.SGD,
-    batch 1, the same rows unpadded (causal: trailing padding changes nothing)."""
-    model = peft_wrap(hf, CFG, tuple({t: p._replace(a=p.a.double(), b=p.b.double()) for t, p in layer.items()}
-                                     for layer in lora))  # the float32 adapter, exactly, in float64
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-    losses = []
-    for s in range(steps):
-        ex = examples[s % len(examples)]
-        with float64_faithful_hf():
-            loss = hf_loss(model, ex.input_ids, ex.labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    sd = {n.replace(".default", ""): p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    return losses, sd
-
-
-
-
 def test_fp32_sgd_on_onnxruntime_trains_like_eager_and_hf_peft_float64(fp32_sgd):
     prog, hf, weights, lora = fp32_sgd
     examples, steps, lr = _examples(3, seed=5), 5, 0.05
@@ -102,7 +80,7 @@ def test_fp32_sgd_on_onnxruntime_trains_like_eager_and_hf_peft_float64(fp32_sgd)
     trained = lora_state_dict(pdir.lora_from_state(res.state))
     eager_losses, eager_flat = eager_program_run(pdir, StepProgram(ARCH, weights, CFG), lora, examples, steps, lr)
     eager = lora_state_dict(pdir.lora_from_state(eager_flat))
-    hf_losses, hf_sd = _hf_peft_sgd(hf, lora, examples, steps, lr)
+    hf_losses, hf_sd = hf_peft_sgd(hf, CFG, lora, examples, steps, lr)
     print("onnx vs eager", max_rel_diff(trained, eager), "onnx vs HF+PEFT float64", max_rel_diff(trained, hf_sd))
     assert max_rel_diff(trained, eager) <= 1e-4
     assert max_rel_diff(trained, hf_sd) <= 1e-4
