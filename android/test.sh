@@ -131,7 +131,7 @@ if [ $jvm_ok = 1 ]; then
 fi
 
 # The host reads the checkpoint and adapter Kotlin wrote (needs the repository's venv: `make` creates it).
-MANIFEST_EXAMPLE="$REPO/shared_schemas/examples/manifest_tiny.json"
+MANIFEST_EXAMPLE="$REPO/shared_schemas/examples/manifest_v2_tiny.json"
 if [ -f "$BUILD/interop/checkpoint.safetensors" ] && [ -x "$REPO/.venv/bin/python" ] && [ -f "$MANIFEST_EXAMPLE" ]; then
     check host-interop "$REPO/.venv/bin/python" "$HERE/interop_check.py" "$BUILD/interop" "$MANIFEST_EXAMPLE" || true
 else

@@ -130,7 +130,7 @@ def program(tmp_path):
     and every file it lists, state_init.bin holding state.numel float32 values."""
     d = tmp_path / "tiny-prog"
     d.mkdir()
-    manifest = json.loads((REPO / "shared_schemas" / "examples" / "manifest_tiny.json").read_text())
+    manifest = json.loads((REPO / "shared_schemas" / "examples" / "manifest_v2_tiny.json").read_text())
     (d / "manifest.json").write_text(json.dumps(manifest))
     for rel in manifest["files"]:
         (d / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -1,26 +1,37 @@
-"""The target-neutral training program: the explicit MeSP step as an `nn.Module` that holds the
-frozen weights as constant buffers and takes the LoRA state (and optimizer moments) as inputs.
+"""Contract v3, target-neutral: the MeSP training step as small layer-generic methods the app chains.
 
-Methods (the app-facing contract, recorded in manifest.json):
-  train_step[_p{k}](input_ids [T] int64, labels [T] int64, lr [1] float32, *state) -> (loss [1], *updated)
-      One forward + MeSP backward + optimizer update applied layer by layer right after that layer's
-      backward (so all layers' gradients never coexist). `state` is every entry of `state_layout`
-      (LoRA A/B, then AdamW moments and step), one tensor each; `updated` is the new value of each
-      entry the method changes (`updated_entries`), in layout order. One method per LCSB phase `k`
-      (only the phase's layers are backpropagated); a single `train_step` when LCSB is off.
+The app (or the host runner, which plays it) drives the layer loop; every method is exported once,
+whatever the layer count, and no method holds a weight:
 
-Why state in / state out (functional) rather than mutable buffers: the stock ExecuTorch `Module`
-of the Android and iOS runtimes gives every method its own memory arenas, so mutable buffers are not
-shared between LCSB phase methods; ONNX has no mutable state at all, and Core ML states are fp16
-only (unsound for AdamW moments). Functional state is the one contract all three runtimes run
-unchanged: the app owns one flat float32 array (checkpointing is writing it), passes its slices as
-inputs, and copies each output back into its slice.
-Rows shorter than T are padded by the app: input_ids with `pad_token_id`, labels with -100 (causal
-attention: trailing padding changes nothing before it).
+  embed(input_ids [T], embed [V, d]) -> x [T, d]
+  block_forward(x [T, d], <layer weights>, <layer LoRA A/B>) -> x_out [T, d]
+  head_loss(x [T, d], labels [T], final_norm [d], head [V, d]) -> loss [1], dx [T, d]
+      final RMSNorm, LM head, chunked online cross-entropy, and the gradient back to the last block output
+  block_backward(dout [T, d], x [T, d], lr [1], [step [1]], <layer weights>, <layer state>)
+      -> dx [T, d], <new layer state>
+      recompute the block from its checkpoint x, MeSP backward, then the optimizer update of that
+      layer's LoRA slices (so no two layers' gradients ever coexist)
+  block_skip_update(lr [1], step [1], <layer state>) -> <new layer state>
+      only when unselected LoRA weights move (AdamW or weight decay): the update with a zero gradient
+
+One step, as the app runs it (the manifest's `loop`):
+  x = embed(ids);  for i in 0..L-1: keep x as checkpoint i if i is selected; x = block_forward(x, layer i)
+  loss, d = head_loss(x, labels)
+  for i in L-1..lowest selected: if selected: d, state_i = block_backward(d, checkpoint i, layer i)
+                                 elif moves_unselected: state_i = block_skip_update(layer i)
+  moves_unselected layers below the lowest selected one get block_skip_update too.
+Layers outside the selection are identity in backward (LCSB); with all layers selected the step is
+exactly `mesp.mesp_step` followed by the optimizer update.
+
+<layer weights> are one decoder layer's tensors from the weights file (export/weights_file.py),
+passed by the app without copying; <layer state> is the layer's slice of the app's flat float32 state
+(LoRA A/B, then AdamW moments), see `state_layout`. Rows shorter than T are padded by the app:
+input_ids with `pad_token_id`, labels with -100 (causal attention: trailing padding changes nothing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,17 +43,23 @@ from toolchain.lcsb.update_rules import adamw_tensor_update, sgd_tensor_update
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraPair, LoraWeights
-from toolchain.mesp import StepOptions, mesp_step
-from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
+from toolchain.mesp import StepOptions
+from toolchain.mesp.block import BlockParams, block_backward, block_forward
+from toolchain.mesp.ops import rope_tables
+from toolchain.mesp.ops.quant import QuantWeight, with_chunk_rows
+from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.presets import Qwen25Arch
-from toolchain.models.weights import LayerWeights, ModelWeights
+from toolchain.models.weights import LayerWeights
 
-__all__ = ["OptimizerSpec", "QuantSpec", "StepProgram", "StateEntry", "state_layout", "method_name", "flat_state",
-           "unflatten_state", "TrainMethod", "example_inputs"]
+__all__ = ["OptimizerSpec", "QuantSpec", "ProgramSpec", "StateEntry", "IoSpec", "MethodSpec", "state_layout",
+           "flat_state", "unflatten_state", "method_specs", "method_module", "example_inputs", "QUANTIZED_FIELDS",
+           "layer_weight_inputs", "LAYER", "METHOD_ROLES"]
 
 # The projection matrices; embeddings/LM head stay float (a quantized LM head would need the whole
 # [V, d] matrix dequantized per loss chunk), as do norms and biases.
 QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LAYER = "{layer}"  # placeholder in the manifest's per-layer names, replaced by the layer index
+METHOD_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
 
 
 @dataclass(frozen=True)
@@ -51,12 +68,9 @@ class QuantSpec:
 
     kind: Literal["none", "int8", "int4"] = "none"
     group: int = 64
-    # Dequantize at most this many weights at once: 16 MiB as float32. Each chunk is ~13 graph nodes,
-    # repeated in every MLP token chunk, forward, recompute and backward; ExecuTorch's edge passes
-    # cost ~20 ms per node. The Qwen2.5-0.5B int4 step: 4 MiB chunks with interleaved nibbles, 3.9k
-    # nodes per layer (export > 50 CPU-min); planar nibbles, 3.2k; 16 MiB chunks, 1.9k (27 CPU-min;
-    # gate/up: 2 chunks of 8.3 MiB instead of 5 of 3.3).
-    chunk_elems: int = 1 << 22
+    # Dequantize at most this many weights at once (float32 elements). One block's graph is exported
+    # once, so small chunks cost little export time; they bound the dequantized transient.
+    chunk_elems: int = 1 << 19
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "int8", "int4"):
@@ -65,6 +79,10 @@ class QuantSpec:
             raise BadInput(f"quantization group must be an even number >= 2, got {self.group}")
         if self.chunk_elems < 1:
             raise BadInput(f"dequantization chunk must hold at least one weight, got {self.chunk_elems}")
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.kind == "int8" else 4
 
     def check(self, arch: Qwen25Arch) -> None:
         if self.kind != "none":
@@ -78,8 +96,8 @@ class QuantSpec:
 class OptimizerSpec:
     """The in-program optimizer. AdamW follows torch.optim.AdamW (bias correction, decoupled decay).
 
-    LCSB: parameters of layers outside a phase get a zero gradient and still move by momentum and
-    weight decay (the paper's semantics).
+    LCSB: parameters of layers outside a step's selection get a zero gradient and still move by
+    momentum and weight decay (the paper's semantics), unless `frozen_unselected`.
     """
 
     kind: Literal["sgd", "adamw"] = "sgd"
@@ -92,12 +110,34 @@ class OptimizerSpec:
         if self.kind not in ("sgd", "adamw"):
             raise BadInput(f"unknown optimizer {self.kind!r}; choose sgd or adamw")
 
+    @property
+    def moves_unselected(self) -> bool:
+        """Whether a layer outside the LCSB selection still changes (by momentum or weight decay)."""
+        return not self.frozen_unselected and (self.kind == "adamw" or self.weight_decay != 0)
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """Everything that fixes the methods' graphs (the manifest records it; the host rebuilds from it)."""
+
+    arch: Qwen25Arch
+    lora: LoraConfig
+    seq_len: int
+    quant: QuantSpec = QuantSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    options: StepOptions = StepOptions()
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
+            raise BadInput(f"--seq-len must be in 2..{self.arch.max_positions} for this model, got {self.seq_len}")
+        self.quant.check(self.arch)
+
 
 @dataclass(frozen=True)
 class StateEntry:
     """One tensor of the flat state vector."""
 
-    name: str            # buffer name inside the program
+    name: str            # e.g. lora_3_q_proj_a
     key: str             # PEFT key of the parameter it belongs to (moments too)
     role: Literal["param", "exp_avg", "exp_avg_sq", "step"]
     shape: tuple[int, ...]
@@ -112,26 +152,28 @@ class StateEntry:
         object.__setattr__(self, "numel", n)
 
 
-def method_name(phase: int | None) -> str:
-    return "train_step" if phase is None else f"train_step_p{phase}"
+_ROLE_PREFIX = {"param": "lora", "exp_avg": "adam_m", "exp_avg_sq": "adam_v"}
 
 
-def _buf(prefix: str, layer: int, target: str, which: str) -> str:
-    return f"{prefix}_{layer}_{target}_{which}"
+def _state_name(role: str, layer: int | str, target: str, which: str) -> str:
+    return f"{_ROLE_PREFIX[role]}_{layer}_{target}_{which}"
+
+
+def _roles(optimizer: OptimizerSpec) -> list[str]:
+    return ["param"] + (["exp_avg", "exp_avg_sq"] if optimizer.kind == "adamw" else [])
 
 
 def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec) -> list[StateEntry]:
     """Order and offsets of the flat state: per layer, per target, A then B; then AdamW moments in the
     same order (exp_avg, then exp_avg_sq), then the AdamW step counter."""
     entries: list[StateEntry] = []
-    roles = [("lora", "param")] + ([("adam_m", "exp_avg"), ("adam_v", "exp_avg_sq")] if optimizer.kind == "adamw" else [])
     offset = 0
-    for prefix, role in roles:
+    for role in _roles(optimizer):
         for i in range(arch.layers):
             for t in cfg.targets:
                 d_out, d_in = arch.linear_shape(t)
                 for which, shape in (("a", (cfg.rank, d_in)), ("b", (d_out, cfg.rank))):
-                    e = StateEntry(_buf(prefix, i, t, which), peft_key(i, t, which.upper()), role, shape, offset, i)
+                    e = StateEntry(_state_name(role, i, t, which), peft_key(i, t, which.upper()), role, shape, offset, i)
                     entries.append(e)
                     offset += e.numel
     if optimizer.kind == "adamw":
@@ -144,7 +186,7 @@ def flat_state(layout: list[StateEntry], lora: LoraWeights) -> Tensor:
     values = {}
     for i, layer in enumerate(lora):
         for t, pair in layer.items():
-            values[_buf("lora", i, t, "a")], values[_buf("lora", i, t, "b")] = pair.a, pair.b
+            values[_state_name("param", i, t, "a")], values[_state_name("param", i, t, "b")] = pair.a, pair.b
     return torch.cat([values[e.name].detach().reshape(-1).float() if e.name in values
                       else torch.zeros(e.numel, dtype=torch.float32) for e in layout])
 
@@ -154,125 +196,214 @@ def unflatten_state(layout: list[StateEntry], flat: Tensor) -> dict[str, Tensor]
     return {e.name: flat[e.offset:e.offset + e.numel].view(e.shape) for e in layout}
 
 
-class StepProgram(nn.Module):
-    """Frozen weights as constant buffers; the LoRA/optimizer state goes in and out of `train_step`."""
+# -- method signatures ------------------------------------------------------------------------------
 
-    def __init__(self, arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, *,
-                 optimizer: OptimizerSpec = OptimizerSpec(), options: StepOptions = StepOptions(),
-                 quant: QuantSpec = QuantSpec()) -> None:
+@dataclass(frozen=True)
+class IoSpec:
+    """One input or output of a method, and where the app gets (or puts) it.
+
+    `bind` kinds: "input" (input_ids, labels, lr: from the app's step), "result" (the loss), "activation" (a [T, d] tensor the
+    app passes from one method to the next: x, the per-layer checkpoints, the gradient d), "weight" (a
+    tensor of the weights file; `key` may contain {layer}), "state" (a slice of the flat state; `entry`
+    may contain {layer})."""
+
+    name: str
+    dtype: Literal["float32", "int64", "int8", "uint8"]
+    shape: tuple[int, ...]
+    bind: Literal["input", "result", "activation", "weight", "state"]
+    ref: str   # the input/activation name, weight key or state entry name it binds to
+    rows: tuple[int, int] | None = None  # weight only: rows [start, stop) of the tensor (a view, no copy)
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "bind": self.bind, "ref": self.ref}
+        if self.rows is not None:
+            d["rows"] = list(self.rows)
+        return d
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    role: str
+    inputs: tuple[IoSpec, ...]
+    outputs: tuple[IoSpec, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "role": self.role, "inputs": [i.to_json() for i in self.inputs],
+                "outputs": [o.to_json() for o in self.outputs]}
+
+
+def layer_weight_inputs(arch: Qwen25Arch, quant: QuantSpec) -> list[IoSpec]:
+    """A layer's frozen tensors as method inputs, in LayerWeights order (quantized: q then scales)."""
+    d, kv, f = arch.hidden, arch.kv_dim, arch.intermediate
+    shapes = {"input_norm": (d,), "q_bias": (d,), "k_bias": (kv,), "v_bias": (kv,), "post_norm": (d,)}
+    out = []
+    for name in LayerWeights._fields:
+        key = f"layers.{LAYER}.{name}"
+        if name in QUANTIZED_FIELDS:
+            o, i = arch.linear_shape(name)
+            if quant.kind != "none":
+                packed = i // 2 if quant.kind == "int4" else i
+                qdtype = "uint8" if quant.kind == "int4" else "int8"
+                out.append(IoSpec(f"w_{name}_q", qdtype, (o, packed), "weight", key + ".qweight"))
+                out.append(IoSpec(f"w_{name}_scale", "float32", (o, i // quant.group), "weight", key + ".scales"))
+                continue
+            shapes[name] = (o, i)
+        out.append(IoSpec(f"w_{name}", "float32", shapes[name], "weight", key))
+    return out
+
+
+def _layer_state(spec: ProgramSpec, roles: list[str]) -> list[IoSpec]:
+    arch, cfg = spec.arch, spec.lora
+    out = []
+    for role in roles:
+        for t in cfg.targets:
+            d_out, d_in = arch.linear_shape(t)
+            for which, shape in (("a", (cfg.rank, d_in)), ("b", (d_out, cfg.rank))):
+                out.append(IoSpec(f"{_ROLE_PREFIX[role]}_{t}_{which}", "float32", shape, "state",
+                                  _state_name(role, LAYER, t, which)))
+    return out
+
+
+def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
+    """The methods of a program with `spec`, by name (= role)."""
+    arch, t, d = spec.arch, spec.seq_len, spec.arch.hidden
+    act = lambda name, ref=None: IoSpec(name, "float32", (t, d), "activation", ref or name)  # noqa: E731
+    ids = IoSpec("input_ids", "int64", (t,), "input", "input_ids")
+    labels = IoSpec("labels", "int64", (t,), "input", "labels")
+    lr = IoSpec("lr", "float32", (1,), "input", "lr")
+    step = [IoSpec("step", "float32", (1,), "state", "adam_step")] if spec.optimizer.kind == "adamw" else []
+    head_key = "embed" if arch.tie_embeddings else "lm_head"
+    vc = spec.options.vocab_chunk or arch.vocab
+    chunks = tuple(IoSpec(f"head_{j}", "float32", (min(arch.vocab, s + vc) - s, d), "weight", head_key,
+                          (s, min(arch.vocab, s + vc))) for j, s in enumerate(range(0, arch.vocab, vc)))
+    weights = tuple(layer_weight_inputs(arch, spec.quant))
+    lora = tuple(_layer_state(spec, ["param"]))
+    state = tuple(_layer_state(spec, _roles(spec.optimizer)))
+    new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
+    methods = [
+        MethodSpec("embed", "embed", (ids, IoSpec("embed", "float32", (arch.vocab, d), "weight", "embed")),
+                   (act("x"),)),
+        MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),)),
+        MethodSpec("head_loss", "head_loss",
+                   (act("x"), labels, IoSpec("final_norm", "float32", (d,), "weight", "final_norm"),
+                    IoSpec("head", "float32", (arch.vocab, d), "weight", head_key)) + chunks,
+                   (IoSpec("loss", "float32", (1,), "result", "loss"), act("dx", "d"))),
+        MethodSpec("block_backward", "block_backward",
+                   (act("dout", "d"), act("x", "checkpoint")) + (lr,) + tuple(step) + weights + state,
+                   (act("dx", "d"),) + new_state),
+    ]
+    if spec.optimizer.moves_unselected:
+        methods.append(MethodSpec("block_skip_update", "block_skip_update", (lr,) + tuple(step) + state, new_state))
+    return {m.name: m for m in methods}
+
+
+# -- method bodies ----------------------------------------------------------------------------------
+
+def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor]) -> LayerWeights:
+    quant = spec.quant
+    fields = {}
+    for name in LayerWeights._fields:
+        if name in QUANTIZED_FIELDS and quant.kind != "none":
+            qw = QuantWeight(ins[f"w_{name}_q"], ins[f"w_{name}_scale"], quant.bits)
+            fields[name] = with_chunk_rows(qw, quant.chunk_elems)
+        else:
+            fields[name] = ins[f"w_{name}"]
+    return LayerWeights(**fields)
+
+
+def _layer_lora(spec: ProgramSpec, ins: dict[str, Tensor], prefix: str = "lora") -> dict[str, LoraPair]:
+    return {t: LoraPair(ins[f"{prefix}_{t}_a"], ins[f"{prefix}_{t}_b"]) for t in spec.lora.targets}
+
+
+def _rope(spec: ProgramSpec, dtype: torch.dtype):
+    return rope_tables(torch.arange(spec.seq_len), spec.arch.head_dim, spec.arch.rope_theta, dtype)
+
+
+def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair] | None) -> tuple[Tensor, ...]:
+    """New layer state (in `_layer_state` order) after one optimizer step; grads None = zero gradient."""
+    o, lr = spec.optimizer, ins["lr"]
+    new: dict[str, Tensor] = {}
+    for t in spec.lora.targets:
+        for which in ("a", "b"):
+            p = ins[f"lora_{t}_{which}"]
+            g = torch.zeros_like(p) if grads is None else getattr(grads[t], which)
+            if o.kind == "sgd":
+                new[f"lora_{t}_{which}"] = sgd_tensor_update(p, g, lr, weight_decay=o.weight_decay)
+            else:
+                new[f"lora_{t}_{which}"], new[f"adam_m_{t}_{which}"], new[f"adam_v_{t}_{which}"] = adamw_tensor_update(
+                    p, g, ins[f"adam_m_{t}_{which}"], ins[f"adam_v_{t}_{which}"], ins["step"], lr, betas=o.betas,
+                    eps=o.eps, weight_decay=o.weight_decay)
+    return tuple(new[s.name] for s in _layer_state(spec, _roles(o)))
+
+
+def _embed(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    return (ins["embed"][ins["input_ids"]],)
+
+
+def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x = ins["x"]
+    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    return (block_forward(x, p, _rope(spec, x.dtype), spec.options.mlp_chunk),)
+
+
+def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    chunks = [ins[n] for n in sorted((n for n in ins if n.startswith("head_")), key=lambda n: int(n[5:]))]
+    loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], ins["head"], ins["labels"], spec.arch.rms_eps,
+                                  spec.options, head_chunks=chunks if spec.options.vocab_chunk else None)
+    return loss.reshape(1), dx
+
+
+def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x = ins["x"]
+    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    dx, grads = block_backward(ins["dout"], x, p, _rope(spec, x.dtype), spec.options.mlp_chunk)
+    return (dx,) + _update(spec, ins, grads)
+
+
+def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    return _update(spec, ins, None)
+
+
+_BODIES: dict[str, Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]] = {
+    "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
+    "block_backward": _block_backward, "block_skip_update": _block_skip_update,
+}
+
+
+class _Method(nn.Module):
+    """One method as a plain `forward(*inputs) -> tuple(outputs)`, in its MethodSpec's order, for the
+    exporters (which trace a module's forward) and the eager reference runner."""
+
+    def __init__(self, spec: ProgramSpec, method: MethodSpec) -> None:
         super().__init__()
-        quant.check(arch)
-        self.arch, self.cfg, self.optimizer, self.options, self.quant = arch, cfg, optimizer, options, quant
-        self.layout = state_layout(arch, cfg, optimizer)
-        self.register_buffer("embed", weights.embed)
-        self.register_buffer("final_norm", weights.final_norm)
-        if not weights.tied:
-            self.register_buffer("lm_head", weights.lm_head)
-        for i, lw in enumerate(weights.layers):
-            for name, t in lw._asdict().items():
-                if quant.kind != "none" and name in QUANTIZED_FIELDS:
-                    qw = quantize(t.float(), quant.kind, quant.group)
-                    self.register_buffer(f"w_{i}_{name}_q", qw.q)
-                    self.register_buffer(f"w_{i}_{name}_scale", qw.scale)
-                else:
-                    self.register_buffer(f"w_{i}_{name}", t)
+        self.spec, self.method = spec, method
+        self.names = [i.name for i in method.inputs]
 
-    # -- views of the buffers as the step's bundles ------------------------------------------------
-    def model_weights(self) -> ModelWeights:
-        layers = tuple(LayerWeights(**{f: self._frozen(i, f) for f in LayerWeights._fields})
-                       for i in range(self.arch.layers))
-        head = self.embed if self.arch.tie_embeddings else self.lm_head
-        return ModelWeights(self.embed, layers, self.final_norm, head)
-
-    def _frozen(self, layer: int, field_: str) -> Tensor | QuantWeight:
-        if self.quant.kind != "none" and field_ in QUANTIZED_FIELDS:
-            bits = 8 if self.quant.kind == "int8" else 4
-            qw = QuantWeight(getattr(self, f"w_{layer}_{field_}_q"), getattr(self, f"w_{layer}_{field_}_scale"), bits)
-            return with_chunk_rows(qw, self.quant.chunk_elems)
-        return getattr(self, f"w_{layer}_{field_}")
-
-    def _lora(self, state: dict[str, Tensor]) -> LoraWeights:
-        return tuple({t: LoraPair(state[_buf("lora", i, t, "a")], state[_buf("lora", i, t, "b")])
-                      for t in self.cfg.targets} for i in range(self.arch.layers))
-
-    # -- the contract ---------------------------------------------------------------------------------
-    def updated_entries(self, phase_layers: tuple[int, ...] | None) -> list[StateEntry]:
-        """The state entries a method returns: those it changes. SGD without weight decay leaves the
-        LCSB-unselected layers untouched; AdamW (and weight decay) move every parameter."""
-        selected = set(range(self.arch.layers)) if phase_layers is None else set(phase_layers)
-        o = self.optimizer
-        moves_unselected = not o.frozen_unselected and (o.kind == "adamw" or o.weight_decay)
-        out = []
-        for e in self.layout:
-            if e.layer is None or e.layer in selected or moves_unselected:
-                out.append(e)
-        return out
-
-    def train_step(self, input_ids: Tensor, labels: Tensor, lr: Tensor, state: dict[str, Tensor],
-                   phase_layers: tuple[int, ...] | None) -> tuple[Tensor, dict[str, Tensor]]:
-        """One step; returns (loss [1], new value of every `updated_entries` tensor). `state` is not
-        modified."""
-        selected = set(range(self.arch.layers)) if phase_layers is None else set(phase_layers)
-        new: dict[str, Tensor] = {}
-        step = state["adam_step"] + 1.0 if self.optimizer.kind == "adamw" else None
-        if step is not None:
-            new["adam_step"] = step
-
-        def update(layer: int, grads: dict[str, LoraPair]) -> None:
-            for t, g in grads.items():
-                self._update(state, new, f"{layer}_{t}_a", g.a, lr, step)
-                self._update(state, new, f"{layer}_{t}_b", g.b, lr, step)
-
-        res = mesp_step(self.arch, self.model_weights(), self._lora(state), self.cfg, input_ids, labels,
-                        options=self.options, backward_layers=selected, on_layer_grads=update, keep_grads=False)
-        o = self.optimizer
-        if not o.frozen_unselected and (o.kind == "adamw" or o.weight_decay):
-            # LCSB: unselected layers get a zero gradient and still move by momentum and weight decay.
-            for i in sorted(set(range(self.arch.layers)) - selected):
-                for t in self.cfg.targets:
-                    for which in ("a", "b"):
-                        suffix = f"{i}_{t}_{which}"
-                        self._update(state, new, suffix, torch.zeros_like(state["lora_" + suffix]), lr, step)
-        return res.loss.reshape(1), {e.name: new[e.name] for e in self.updated_entries(phase_layers)}
-
-    def _update(self, state: dict[str, Tensor], new: dict[str, Tensor], suffix: str, grad: Tensor, lr: Tensor,
-                step: Tensor | None) -> None:
-        p = state["lora_" + suffix]
-        o = self.optimizer
-        if o.kind == "sgd":
-            new["lora_" + suffix] = sgd_tensor_update(p, grad, lr, weight_decay=o.weight_decay)
-            return
-        new["lora_" + suffix], new["adam_m_" + suffix], new["adam_v_" + suffix] = adamw_tensor_update(
-            p, grad, state["adam_m_" + suffix], state["adam_v_" + suffix], step, lr, betas=o.betas, eps=o.eps,
-            weight_decay=o.weight_decay)
-
-    def eager_step(self, input_ids: Tensor, labels: Tensor, lr: float, flat: Tensor,
-                   phase_layers: tuple[int, ...] | None) -> float:
-        """The reference for the runtimes: one step in PyTorch, updating `flat` in place as an app does."""
-        views = unflatten_state(self.layout, flat)
-        with torch.no_grad():
-            loss, new = self.train_step(input_ids, labels, torch.tensor([lr], dtype=torch.float32), views, phase_layers)
-            for name, value in new.items():
-                views[name].copy_(value)
-        return float(loss[0])
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        return _BODIES[self.method.role](self.spec, dict(zip(self.names, inputs)))
 
 
-class TrainMethod(nn.Module):
-    """One method of the contract as a plain `forward`: (input_ids, labels, lr, *state) -> (loss, *updated),
-    for exporters (ExecuTorch, ONNX, Core ML) that trace a module's forward."""
-
-    def __init__(self, program: StepProgram, phase_layers: tuple[int, ...] | None) -> None:
-        super().__init__()
-        self.program, self.phase_layers = program, phase_layers
-        self.names = [e.name for e in program.layout]
-
-    def forward(self, input_ids, labels, lr, *state):
-        loss, new = self.program.train_step(input_ids, labels, lr, dict(zip(self.names, state)), self.phase_layers)
-        return (loss, *new.values())
+def method_module(spec: ProgramSpec, name: str) -> nn.Module:
+    methods = method_specs(spec)
+    if name not in methods:
+        raise BadInput(f"no method {name!r} in this program; it has {', '.join(methods)}")
+    return _Method(spec, methods[name])
 
 
-def example_inputs(program: StepProgram, seq_len: int) -> tuple:
-    """Tracing inputs of a train method: ids/labels [T], lr [1], then every state tensor."""
-    ids = torch.zeros(seq_len, dtype=torch.int64)
-    lr = torch.full((1,), 1e-4, dtype=torch.float32)
-    return (ids, ids.clone(), lr, *(torch.zeros(e.shape, dtype=torch.float32) for e in program.layout))
+_DTYPES = {"float32": torch.float32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
+
+
+def example_inputs(method: MethodSpec) -> tuple[Tensor, ...]:
+    """Tracing inputs of a method: zeros of every input's dtype and shape (lr 1e-4, step 1)."""
+    out = []
+    for io in method.inputs:
+        x = torch.zeros(io.shape, dtype=_DTYPES[io.dtype])
+        if io.name == "lr":
+            x.fill_(1e-4)
+        elif io.name == "step":
+            x.fill_(1.0)
+        elif io.name.endswith("_scale") or io.name.endswith("norm"):
+            x.fill_(1.0)
+        out.append(x)
+    return tuple(out)

@@ -25,7 +25,7 @@ from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, ce
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 
-__all__ = ["StepOptions", "StepResult", "mesp_step", "model_loss", "block_params"]
+__all__ = ["StepOptions", "StepResult", "mesp_step", "model_loss", "block_params", "head_loss_and_grad"]
 
 LayerGradsHook = Callable[[int, dict[str, LoraPair]], None]
 
@@ -79,10 +79,27 @@ def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk) -
     return checkpoints, x
 
 
-def _loss_and_dh(hn: Tensor, head: Tensor, targets: Tensor, options: StepOptions):
+def _loss_and_dh(hn: Tensor, head: Tensor, targets: Tensor, options: StepOptions, chunks: list[Tensor] | None):
     if options.vocab_chunk is None:
         return ce_chunked_forward_backward(hn, head, targets, options.loss_chunk)
-    return ce_online_forward_backward(hn, head, targets, options.loss_chunk, options.vocab_chunk)
+    return ce_online_forward_backward(hn, head, targets, options.loss_chunk, options.vocab_chunk, chunks=chunks)
+
+
+def head_loss_and_grad(x: Tensor, final_norm: Tensor, head: Tensor, labels: Tensor, eps: float,
+                       options: StepOptions = StepOptions(), *,
+                       head_chunks: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """Final RMSNorm, LM head and mean next-token cross-entropy, with the gradient back to x.
+
+    Args:
+        x: [T, d] output of the last block; labels: [T] HF-style (shifted inside).
+        head_chunks: the head's vocabulary chunks, when the caller passes them (see ce_online.head_chunks).
+    Returns:
+        loss [] and dx [T, d].
+    """
+    hn, s_fn = rmsnorm_forward(x, final_norm, eps)
+    loss, dhn = _loss_and_dh(hn, head, shift_labels(labels), options, head_chunks)
+    del hn
+    return loss, rmsnorm_backward(dhn, s_fn)
 
 
 def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
@@ -106,12 +123,8 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: L
     t = input_ids.shape[0]
     rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
     checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, options.mlp_chunk)
-    hn, s_fn = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
+    loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, labels, arch.rms_eps, options)
     del x
-    loss, dhn = _loss_and_dh(hn, weights.lm_head, shift_labels(labels), options)
-    del hn
-    dx = rmsnorm_backward(dhn, s_fn)
-    del dhn, s_fn
     selected = set(range(arch.layers)) if backward_layers is None else set(backward_layers)
     grads: list[dict[str, LoraPair]] = [{} for _ in range(arch.layers)]
     lowest = min(selected, default=arch.layers)

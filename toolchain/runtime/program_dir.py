@@ -1,5 +1,5 @@
-"""Reading an exported program directory: manifest, checksums, and the state <-> adapter mapping.
-Everything an app does with the manifest, done once for the host runners."""
+"""Reading an exported v3 program directory: manifest, checksums, the memory-mapped weights, the state
+<-> adapter mapping. Everything an app does with the manifest, done once for the host runners."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from pathlib import Path
 import torch
 
 from toolchain.errors import BadInput
-from toolchain.export.build import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION, sha256_file
-from toolchain.lora.config import LoraConfig
+from toolchain.export.build import sha256_file
+from toolchain.export.manifest import MANIFEST_NAME, ProgramManifest
+from toolchain.export.program import StateEntry
+from toolchain.export.weights_file import map_weights
+from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.peft_io import lora_from_state_dict
 from toolchain.lora.weights import LoraWeights
-from toolchain.models.presets import Qwen25Arch
-from toolchain.schemas import read_json
 
 __all__ = ["ProgramDir", "MANIFEST_NAME"]
 
@@ -25,20 +26,15 @@ class ProgramDir:
         self.path = Path(path)
         if not (self.path / MANIFEST_NAME).is_file():
             raise BadInput(f"{self.path} is not an exported program (no {MANIFEST_NAME}); run `toolchain export` first")
-        raw = read_json(self.path / MANIFEST_NAME)
-        version = raw.get("schema_version") if isinstance(raw, dict) else None
-        if version != MANIFEST_SCHEMA_VERSION:
-            raise BadInput(f"{self.path} was exported with manifest schema_version {version}; this toolchain runs "
-                           f"version {MANIFEST_SCHEMA_VERSION}: re-export the program")
-        self.manifest = read_json(self.path / MANIFEST_NAME, "manifest")
+        self.info = ProgramManifest.read(self.path / MANIFEST_NAME)
+        self.manifest = self.info.doc
         if verify:
             self._verify()
-        m = self.manifest
-        self.arch = Qwen25Arch(**m["model"]["arch"])
-        self.lora_config = LoraConfig(rank=m["lora"]["rank"], alpha=m["lora"]["alpha"], targets=tuple(m["lora"]["targets"]),
-                                      use_rslora=m["lora"].get("use_rslora", False))
-        self.seq_len: int = m["seq_len"]
-        self.state_numel: int = m["state"]["numel"]
+        self.arch = self.info.arch
+        self.lora_config = self.info.lora
+        self.seq_len: int = self.info.seq_len
+        self.state_numel: int = self.info.state_numel
+        self._weights: dict[str, torch.Tensor] | None = None
 
     def _verify(self) -> None:
         for rel, digest in self.manifest["files"].items():
@@ -49,31 +45,26 @@ class ProgramDir:
                 raise BadInput(f"{self.path}: {rel} does not match its checksum in the manifest; re-export the program")
 
     def program_file(self, target: str) -> Path:
-        for p in self.manifest["programs"]:
-            if p["target"] == target:
-                return self.path / p["file"]
-        raise BadInput(f"{self.path} has no {target} program; export it with --target {target}")
+        return self.path / self.info.program(target)["file"]
 
     @property
     def targets(self) -> list[str]:
-        return [p["target"] for p in self.manifest["programs"]]
+        return self.info.targets
 
-    def method_for_step(self, step: int) -> tuple[str, int | None]:
-        """(method name, LCSB phase) of 0-based training step `step`."""
+    def default_plan(self) -> StepPlan | None:
+        """The LCSB plan recorded at export (None: full backprop)."""
         lcsb = self.manifest["lcsb"]
         if lcsb is None:
-            return "train_step", None
-        phase = lcsb["schedule"][step % len(lcsb["schedule"])]
-        return f"train_step_p{phase}", phase
+            return None
+        return StepPlan(layers=self.arch.layers, policy=lcsb["policy"], k=lcsb.get("k"),
+                        phases=tuple(tuple(p) for p in lcsb["phases"]), schedule=tuple(lcsb["schedule"]),
+                        seed=lcsb.get("seed"))
 
-    def train_methods(self) -> list[str]:
-        return [m["name"] for m in self.manifest["methods"] if m["kind"] == "train_step"]
-
-    def method(self, name: str) -> dict:
-        for m in self.manifest["methods"]:
-            if m["name"] == name:
-                return m
-        raise BadInput(f"{self.path}: no method {name!r} in the manifest")
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The weights file, memory-mapped once (read-only views, no copy)."""
+        if self._weights is None:
+            self._weights = map_weights(self.path / self.manifest["weights"]["file"])
+        return self._weights
 
     def state_init(self) -> torch.Tensor:
         """The initial flat state (state.init_file, raw little-endian float32)."""
@@ -85,38 +76,16 @@ class ProgramDir:
             raise BadInput(f"{f} holds {values.size} values, the manifest says {self.state_numel}; re-export the program")
         return torch.from_numpy(values.astype(np.float32))
 
+    @property
+    def state_entries(self) -> list[StateEntry]:
+        return self.info.state_entries
+
     def state_views(self, state: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each state entry as a view of the flat state (entry order)."""
-        return {e["name"]: state[e["offset"]:e["offset"] + _numel(e["shape"])].view(e["shape"])
-                for e in self.manifest["state"]["entries"]}
-
-    def call_train_method(self, execute, method: str, input_ids: torch.Tensor, labels: torch.Tensor, lr: float,
-                          state: torch.Tensor) -> float:
-        """One step as an app makes it: inputs (ids, labels, lr, every state slice), then each output after
-        the loss copied into its state slice. `execute(method, inputs) -> outputs` is the runtime."""
-        views = self.state_views(state)
-        inputs = [input_ids, labels, torch.tensor([lr], dtype=torch.float32), *views.values()]
-        outputs = execute(method, inputs)
-        spec = self.method(method)["outputs"]
-        if len(outputs) != len(spec):
-            raise BadInput(f"{method} returned {len(outputs)} outputs, the manifest lists {len(spec)}; re-export the program")
-        for io, value in zip(spec[1:], outputs[1:]):
-            target = views[io["name"]]
-            if value.numel() != target.numel():
-                raise BadInput(f"{method} returned {value.numel()} values for {io['name']}, the manifest says "
-                               f"{list(target.shape)}; re-export the program")
-            target.copy_(value.reshape(target.shape))
-        return float(outputs[0].reshape(-1)[0])
+        return {e.name: state[e.offset:e.offset + e.numel].view(e.shape) for e in self.state_entries}
 
     def lora_from_state(self, state: torch.Tensor) -> LoraWeights:
         """The adapter tensors (role 'param') sliced out of a flat state vector."""
-        sd = {e["key"]: state[e["offset"]:e["offset"] + _numel(e["shape"])].reshape(e["shape"]).clone()
-              for e in self.manifest["state"]["entries"] if e["role"] == "param"}
+        sd = {e.key: state[e.offset:e.offset + e.numel].reshape(e.shape).clone()
+              for e in self.state_entries if e.role == "param"}
         return lora_from_state_dict(self.arch, self.lora_config, sd)
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -1,9 +1,9 @@
 """Train with an exported program the way the phone apps do (host plays the phone).
 
-The run owns the flat state (from the program's state_init.bin). Per step: pick the method of the
-LCSB phase from the manifest's schedule, pad the row to seq_len (ids with pad_token_id, labels with
--100), call it with the learning rate and the state slices, copy the returned entries back, record
-the loss. Every `checkpoint_every` steps the state and the position in the run are written
+The run owns the flat state (from the program's state_init.bin). Per step: pick the layers to
+backpropagate (the run's LCSB plan, by default the one recorded at export; none: all), pad the row to
+seq_len (ids with pad_token_id, labels with -100), run the v3 layer loop (runtime/loop.py) on the
+state, record the loss. Every `checkpoint_every` steps the state and the position in the run are written
 atomically, so a killed run resumes with the same result as an uninterrupted one.
 Telemetry events (shared_schemas/telemetry_event.schema.json) go to a JSONL file, numbered per run.
 """
@@ -21,7 +21,9 @@ import torch
 from toolchain.atomic import atomic_write_bytes
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
+from toolchain.lcsb.plan import StepPlan
 from toolchain.memory.measure import read_status
+from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
 __all__ = ["TrainRun", "TrainResult", "run_program", "pad_example", "data_order", "host_run_info"]
@@ -36,6 +38,7 @@ class TrainRun:
     checkpoint_every: int = 1
     resume: bool = False
     telemetry: Path | None = None
+    plan: StepPlan | None = None          # LCSB layers per step, chosen at run time; None: full backprop
 
 
 @dataclass
@@ -122,8 +125,6 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
             "rank": m["lora"]["rank"], "targets": m["lora"]["targets"], "optimizer": m["optimizer"]["kind"],
             "quant": m["quant"]["kind"], "platform": "linux", "device_model": platform.machine() or "host",
             "os": platform.platform(), "total_ram_bytes": total, "budget_bytes": total, "program": pdir.path.name}
-    if m["lcsb"] is not None:
-        info["lcsb_k"] = m["lcsb"]["k"]
     return info
 
 
@@ -132,8 +133,7 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
     """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
     from toolchain.telemetry.events import TelemetryWriter
 
-    m = pdir.manifest
-    pad_id = m["tokenizer"]["pad_token_id"]
+    pad_id = pdir.info.pad_token_id
     rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
     order = data_order(len(rows), run.steps, run.shuffle_seed)
     start, run_id, seq, losses, step_s = 0, None, 0, [], []
@@ -150,15 +150,21 @@ def run_program(pdir: ProgramDir, runner, examples: list[Example], run: TrainRun
         seq = max(seq, _last_seq(run.telemetry, run_id) + 1)
     writer = TelemetryWriter(run.telemetry, run_id, start_seq=seq) if run.telemetry else None
     run_id = writer.run_id if writer else (run_id or "local")
+    if run.plan is not None:
+        run.plan.check_layers(pdir.arch.layers, where="LCSB plan")
     if writer and start == 0:
         info = run_info or host_run_info(pdir, getattr(runner, "backend", "executorch"), run.lr)
+        if run.plan is not None:
+            info["lcsb_k"] = run.plan.k
         writer.emit("run_start", **info, steps_planned=run.steps, lr=run.lr)
+    loop = LayerLoop(pdir, runner)
     t_run = time.perf_counter()
     for step in range(start, run.steps):
-        method, phase = pdir.method_for_step(step)
+        phase = None if run.plan is None else run.plan.schedule[step % len(run.plan.schedule)]
+        selected = None if run.plan is None else run.plan.phases[phase]
         ids, labels = rows[order[step]]
         t0 = time.perf_counter()
-        loss = pdir.call_train_method(runner.execute, method, ids, labels, run.lr, state)
+        loss = loop.train_step(ids, labels, run.lr, state, selected)
         dt = time.perf_counter() - t0
         losses.append(loss)
         step_s.append(dt)

@@ -18,14 +18,22 @@ rounding. Targets follow Hugging Face (`shift_labels`); IGNORE_INDEX rows give 0
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
 
-__all__ = ["ce_online_forward_backward", "ce_online_loss"]
+__all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks"]
 
 
-def _rows(h: Tensor, head: Tensor, targets: Tensor, vocab_chunk: int,
+def head_chunks(head: Tensor, vocab_chunk: int) -> list[Tensor]:
+    """The vocabulary chunks E_j [Vc, d] (views; the last may be shorter). Exported programs take them
+    as separate inputs, views of the memory-mapped head, because a slice inside an ExecuTorch program is
+    a copy (`slice_copy`)."""
+    return [head[start:start + vocab_chunk] for start in range(0, head.shape[0], vocab_chunk)]
+
+
+def _rows(h: Tensor, head: Tensor, targets: Tensor, chunks: list[Tensor],
           with_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """For rows h [C, d]: (lse [C], z[y] [C], A / S - E[y] [C, d] or None)."""
     valid = targets != IGNORE_INDEX                                  # [C]
@@ -35,16 +43,16 @@ def _rows(h: Tensor, head: Tensor, targets: Tensor, vocab_chunk: int,
     m = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype, device=h.device)
     s = torch.zeros_like(m)                                          # [C, 1]
     acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
-    for start in range(0, head.shape[0], vocab_chunk):
-        e_j = head[start:start + vocab_chunk]                        # [Vc, d] a view
-        z = (e_j @ h.T).T                                            # [C, Vc]; (E_j h^T)^T: never transpose E
+    for e_j in chunks:                                               # [Vc, d]
+        z = F.linear(h, e_j)                                         # [C, Vc] = h E_j^T; E_j read in place
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
         p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer
         s = a * s + p.sum(dim=-1, keepdim=True)
         if acc is not None:
-            # A <- a A + p E_j, in place
-            acc.mul_(a).addmm_(p, e_j)
+            # A <- a A + p E_j. Not `acc.mul_(a).addmm_(p, e_j)`: ExecuTorch runs addmm with its portable
+            # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
+            acc = acc * a + p @ e_j
         m = m_new
         del z, p
     lse = (m + s.log()).squeeze(1)                                   # [C]
@@ -58,7 +66,7 @@ def _n_valid(targets: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def ce_online_forward_backward(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int,
-                               vocab_chunk: int) -> CeResult:
+                               vocab_chunk: int, *, chunks: list[Tensor] | None = None) -> CeResult:
     """Loss and dh in one pass over token chunks x vocabulary chunks.
 
     Args:
@@ -67,24 +75,28 @@ def ce_online_forward_backward(h: Tensor, head: Tensor, targets: Tensor, token_c
         targets: [T] already shifted (see `shift_labels`), IGNORE_INDEX where there is none.
         token_chunk: rows per chunk (static).
         vocab_chunk: vocabulary entries per chunk (static): peak transient [token_chunk, vocab_chunk].
+        chunks: `head_chunks(head, vocab_chunk)` given by the caller (the same tensors, passed separately).
     """
+    chunks = head_chunks(head, vocab_chunk) if chunks is None else chunks
     n = _n_valid(targets, h.dtype)
     losses, dhs = [], []
     for start in range(0, h.shape[0], token_chunk):
         rows = slice(start, start + token_chunk)
-        lse, picked, dh = _rows(h[rows], head, targets[rows], vocab_chunk, with_grad=True)
+        lse, picked, dh = _rows(h[rows], head, targets[rows], chunks, with_grad=True)
         w = (targets[rows] != IGNORE_INDEX).to(h.dtype) / n          # [C]
         losses.append(((lse - picked) * w).sum())
         dhs.append(dh * w[:, None])                                  # [C, d]
     return CeResult(torch.stack(losses).sum(), torch.cat(dhs))
 
 
-def ce_online_loss(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int, vocab_chunk: int) -> Tensor:
+def ce_online_loss(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int, vocab_chunk: int, *,
+                   chunks: list[Tensor] | None = None) -> Tensor:
     """The loss alone (evaluation, MeZO), same chunking; one matmul per chunk."""
+    chunks = head_chunks(head, vocab_chunk) if chunks is None else chunks
     n = _n_valid(targets, h.dtype)
     total = h.new_zeros(())
     for start in range(0, h.shape[0], token_chunk):
         rows = slice(start, start + token_chunk)
-        lse, picked, _ = _rows(h[rows], head, targets[rows], vocab_chunk, with_grad=False)
+        lse, picked, _ = _rows(h[rows], head, targets[rows], chunks, with_grad=False)
         total = total + ((lse - picked) * (targets[rows] != IGNORE_INDEX).to(h.dtype)).sum()
     return total / n

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
@@ -38,7 +39,7 @@ def linear_forward(x: Tensor, w: Tensor | QuantWeight, bias: Tensor | None, lora
     if bias is not None:
         y = y + bias
     if lora is not None:
-        y = y + scale * ((x @ lora.a.T) @ lora.b.T)                  # h = x A^T is a transient
+        y = y + scale * F.linear(F.linear(x, lora.a), lora.b)        # h = x A^T is a transient
     return y, LinearSaved(x, w, lora, scale)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows"]
@@ -72,15 +73,14 @@ def _chunks(qw: QuantWeight) -> list[tuple[int, int]]:
 def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
     """x W^T for x [T, i], W [o, i] (dense, or quantized and dequantized chunk by chunk).
 
-    Computed as (W x^T)^T: ExecuTorch tensors have no strides, so a transposed operand is
-    materialized (`permute_copy`); transposing the activations [T, i] and [o, T] instead of W keeps
-    frozen weights untouched in their memory-mapped constants (W^T of a [4864, 896] matrix would be
-    a 17 MB copy; of the LM head, 545 MB).
+    Computed as `linear(x, W)`: exporters keep `aten.linear` (ExecuTorch's `to_edge` is told to
+    preserve it), whose optimized kernel reads W [o, i] in place. Any written-out transpose of W
+    would be materialized (`permute_copy`: ExecuTorch tensors have no strides), a copy of the frozen
+    weight (17 MB for a [4864, 896] matrix, 545 MB for the LM head).
     """
     if not isinstance(w, QuantWeight):
-        return (w @ x.T).T                                                             # [T, o]
-    xt = x.T                                                                           # [i, T]
-    return torch.cat([dequantize(_rows(w, a, b)) @ xt for a, b in _chunks(w)], dim=0).T  # [T, o]
+        return F.linear(x, w)                                                          # [T, o]
+    return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight) -> Tensor:

@@ -4,9 +4,9 @@ import XCTest
 
 /// The host <-> phone files: manifest, step plans, data rows (shared_schemas/examples).
 final class ManifestTests: XCTestCase {
-    /// The manifest `toolchain export` wrote for the tiny preset (shared_schemas/examples/manifest_tiny.json).
+    /// The manifest `toolchain export` wrote for the tiny preset (shared_schemas/examples/manifest_v2_tiny.json).
     func testExampleManifestFollowsContractVersion2() throws {
-        let url = Repo.examples.appendingPathComponent("manifest_tiny.json")
+        let url = Repo.examples.appendingPathComponent("manifest_v2_tiny.json")
         let m = try ProgramManifest.decode(try Repo.data(url), source: url.path)
         XCTAssertEqual(m.schemaVersion, 2)
         XCTAssertTrue(m.methods.allSatisfy { $0.kind == "train_step" }, "only train methods in version 2")

@@ -171,10 +171,10 @@ final class TrainerTests: XCTestCase {
         }
     }
 
-    /// The exported tiny program's manifest (shared_schemas/examples/manifest_tiny.json), the example
+    /// The exported tiny program's manifest (shared_schemas/examples/manifest_v2_tiny.json), the example
     /// data row, the fake runtime: a whole session, then the adapter written the PEFT way.
     func testTrainsTheExampleProgramEndToEnd() throws {
-        let m = try ProgramManifest.decode(try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json")))
+        let m = try ProgramManifest.decode(try Repo.data(Repo.examples.appendingPathComponent("manifest_v2_tiny.json")))
         let rows = try DataRow.parseJSONL(try Repo.data(Repo.examples.appendingPathComponent("data_row.json")))
         let rt = FakeRuntime(manifest: m)
         let sink = MemorySink()

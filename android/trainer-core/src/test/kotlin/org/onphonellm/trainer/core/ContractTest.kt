@@ -22,7 +22,7 @@ class ContractTest {
 
     @Test
     fun `manifest example (version 2) drives the schedule, the state layout, the method signatures and memory prediction`() {
-        assumeTrue(Fixtures.manifestExample.isFile, "shared_schemas/examples/manifest_tiny.json not generated yet")
+        assumeTrue(Fixtures.manifestExample.isFile, "shared_schemas/examples/manifest_v2_tiny.json not generated yet")
         val m = Manifest.load(Fixtures.manifestExample)
         assertTrue(m.methods.all { it.kind == "train_step" })
         // every method takes ids, labels, lr and the whole state, and returns the loss and entries in state order

@@ -21,7 +21,7 @@ object Fixtures {
     fun examples(prefix: String): List<File> = examples.listFiles { f -> f.name.startsWith(prefix) && f.name.endsWith(".json") }!!.sortedBy { it.name }
     fun invalid(prefix: String): List<File> = invalid.listFiles { f -> f.name.startsWith(prefix) && f.name.endsWith(".json") }!!.sortedBy { it.name }
 
-    val manifestExample: File get() = File(examples, "manifest_tiny.json")
+    val manifestExample: File get() = File(examples, "manifest_v2_tiny.json")
 
     /**
      * A manifest shaped like `toolchain export` writes (export/build.py, schema_version 2): [layers]

@@ -341,7 +341,7 @@ class TrainerTest {
 
     @Test
     fun `the example manifest runs end to end on the fake runtime`() {
-        assumeTrue(Fixtures.manifestExample.isFile, "shared_schemas/examples/manifest_tiny.json not generated yet")
+        assumeTrue(Fixtures.manifestExample.isFile, "shared_schemas/examples/manifest_v2_tiny.json not generated yet")
         val m = Manifest.load(Fixtures.manifestExample)
         val rt = FakeRuntime(m)
         val dir = Fixtures.tempDir()

@@ -1,0 +1,103 @@
+"""The one frozen-weights file of a v3 program (`weights.safetensors`), shared by every target.
+
+Keys (Hugging Face layouts, `weight` [out, in]):
+  embed [V, d], final_norm [d], lm_head [V, d] (untied models only; tied models use `embed`)
+  layers.{i}.input_norm, .post_norm [d]; .q_bias [d], .k_bias, .v_bias [kv]
+  layers.{i}.<proj> [out, in] float32, or, quantized (<proj> in QUANTIZED_FIELDS):
+      layers.{i}.<proj>.qweight  int8 [out, in] / uint8 [out, in/2] (int4, planar nibbles: mesp/ops/quant.py)
+      layers.{i}.<proj>.scales   float32 [out, in/group]
+Apps memory-map the file and hand each tensor to the methods without copying (clean file-backed
+pages: not counted by the phones' footprint metrics). Every tensor's data starts at a multiple of 64
+bytes from the start of the file (checked at write time), so a direct buffer over the map is aligned
+for its dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from toolchain.errors import BadInput
+from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
+from toolchain.mesp.ops.quant import quantize
+from toolchain.models.weights import ModelWeights
+
+__all__ = ["WEIGHTS_NAME", "weight_tensors", "write_weights", "map_weights", "ALIGN"]
+
+WEIGHTS_NAME = "weights.safetensors"
+ALIGN = 64
+_NP = {"F32": np.float32, "I8": np.int8, "U8": np.uint8, "I64": np.int64}
+
+
+def weight_tensors(weights: ModelWeights, quant: QuantSpec) -> dict[str, Tensor]:
+    """The file's tensors, float32 (quantized projections as qweight + scales)."""
+    out = {"embed": weights.embed.float().contiguous(), "final_norm": weights.final_norm.float().contiguous()}
+    if not weights.tied:
+        out["lm_head"] = weights.lm_head.float().contiguous()
+    for i, lw in enumerate(weights.layers):
+        for name, t in lw._asdict().items():
+            key = f"layers.{i}.{name}"
+            if quant.kind != "none" and name in QUANTIZED_FIELDS:
+                qw = quantize(t.float(), quant.kind, quant.group)
+                out[key + ".qweight"], out[key + ".scales"] = qw.q.contiguous(), qw.scale.float().contiguous()
+            else:
+                out[key] = t.float().contiguous()
+    return out
+
+
+def write_weights(path: Path, tensors: dict[str, Tensor]) -> None:
+    """safetensors with every tensor's data 64-byte aligned in the file.
+
+    safetensors packs tensors back to back; alignment is obtained by writing them in order of
+    decreasing size class and padding each to a multiple of 64 bytes with a 1-D uint8 filler tensor
+    (`__pad_N`), which readers ignore (keys starting with `__`).
+    """
+    header: dict[str, dict] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    dtypes = {torch.float32: "F32", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
+    for n, (key, t) in enumerate(tensors.items()):
+        data = t.detach().cpu().contiguous().numpy().tobytes()
+        header[key] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+        pad = -offset % ALIGN
+        if pad:
+            header[f"__pad_{n}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
+            blobs.append(b"\0" * pad)
+            offset += pad
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % ALIGN)      # data starts 64-aligned in the file
+    with Path(path).open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for b in blobs:
+            f.write(b)
+
+
+def map_weights(path: Path) -> dict[str, Tensor]:
+    """Every tensor of the file as a read-only view of one memory map (no copy: file-backed pages)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path} is not a readable weights file ({e}); re-export the program") from None
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    base = 8 + n
+    out = {}
+    for key, info in header.items():
+        if key.startswith("__"):
+            continue
+        start, stop = info["data_offsets"]
+        arr = mm[base + start:base + stop].view(_NP[info["dtype"]]).reshape(info["shape"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "non-writable tensor": the methods never write weights
+            out[key] = torch.from_numpy(arr)
+    return out

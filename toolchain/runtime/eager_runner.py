@@ -1,0 +1,21 @@
+"""The eager reference runtime: the program's own method modules run in PyTorch (no export), behind
+the same `execute(method, inputs)` as the real runtimes, so `LayerLoop` drives all of them alike."""
+
+from __future__ import annotations
+
+import torch
+
+from toolchain.export.program import ProgramSpec, method_module, method_specs
+
+__all__ = ["EagerRunner"]
+
+
+class EagerRunner:
+    backend = "eager"
+
+    def __init__(self, spec: ProgramSpec) -> None:
+        self.modules = {name: method_module(spec, name) for name in method_specs(spec)}
+
+    def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return list(self.modules[method](*inputs))

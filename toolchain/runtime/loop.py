@@ -1,0 +1,117 @@
+"""The v3 layer loop, exactly as the apps run it (manifest `loop`): the host's reference driver.
+
+`LayerLoop.train_step` binds every method input from the manifest (app inputs, activations, views of
+the memory-mapped weights, views of the flat state), calls the runtime, and copies what the app must
+keep: the state outputs back into their slices, the checkpoints of the selected layers, the running
+hidden state and gradient. Any runtime with `execute(method, inputs) -> outputs` plugs in; outputs
+may live in the runtime's arena (ExecuTorch), so everything kept across calls is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from toolchain.errors import BadInput
+from toolchain.export.program import LAYER, MethodSpec
+from toolchain.runtime.program_dir import ProgramDir
+
+__all__ = ["LayerLoop"]
+
+
+class LayerLoop:
+    """One program directory's methods bound to a runtime, driving full or LCSB steps."""
+
+    def __init__(self, pdir: ProgramDir, runner) -> None:
+        self.pdir, self.runner = pdir, runner
+        self.methods: dict[str, MethodSpec] = pdir.info.methods
+        self.weights = pdir.weights()
+        self.layers = pdir.arch.layers
+        self.moves_unselected = pdir.info.moves_unselected
+        self.step_entry = pdir.info.step_entry
+        missing = {io.ref.replace(LAYER, "0") for m in self.methods.values() for io in m.inputs
+                   if io.bind == "weight"} - set(self.weights)
+        if missing:
+            raise BadInput(f"{pdir.path}: the weights file lacks {', '.join(sorted(missing)[:3])}; re-export the program")
+
+    def _inputs(self, method: MethodSpec, layer: int | None, values: dict[str, Tensor],
+                views: dict[str, Tensor]) -> list[Tensor]:
+        out = []
+        for io in method.inputs:
+            ref = io.ref if layer is None else io.ref.replace(LAYER, str(layer))
+            if io.bind == "weight":
+                t = self.weights[ref]
+                if io.rows is not None:
+                    t = t[io.rows[0]:io.rows[1]]
+            elif io.bind == "state":
+                t = views[ref]
+            else:  # input / activation
+                t = values[ref]
+            if tuple(t.shape) != io.shape:
+                raise BadInput(f"{method.name} input {io.name} ({ref}) has shape {list(t.shape)}, the manifest says "
+                               f"{list(io.shape)}; re-export the program")
+            out.append(t)
+        return out
+
+    def _call(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Run one method; state outputs are copied into their slices, the others returned (copied)."""
+        method = self.methods[name]
+        outputs = self.runner.execute(name, self._inputs(method, layer, values, views))
+        if len(outputs) != len(method.outputs):
+            raise BadInput(f"{name} returned {len(outputs)} outputs, the manifest lists {len(method.outputs)}; "
+                           f"re-export the program")
+        kept = {}
+        for io, value in zip(method.outputs, outputs):
+            if value.numel() != _numel(io.shape):
+                raise BadInput(f"{name} returned {value.numel()} values for {io.name}, the manifest says "
+                               f"{list(io.shape)}; re-export the program")
+            if io.bind == "state":
+                views[io.ref.replace(LAYER, str(layer))].copy_(value.reshape(io.shape))
+            else:
+                kept[io.ref] = value.reshape(io.shape).clone()
+        return kept
+
+    def forward(self, input_ids: Tensor, keep: Iterable[int], views: dict[str, Tensor]) -> tuple[Tensor, dict[int, Tensor]]:
+        """embed + every block_forward; returns the last hidden state and the checkpoints of `keep`."""
+        keep = set(keep)
+        x = self._call("embed", None, {"input_ids": input_ids}, views)["x"]
+        checkpoints = {}
+        for i in range(self.layers):
+            if i in keep:
+                checkpoints[i] = x
+            x = self._call("block_forward", i, {"x": x}, views)["x"]
+        return x, checkpoints
+
+    def train_step(self, input_ids: Tensor, labels: Tensor, lr: float, state: Tensor,
+                   selected: Iterable[int] | None = None) -> float:
+        """One training step on `state` (the flat float32 state, updated in place); returns the loss.
+
+        Args:
+            selected: layers to backpropagate (LCSB); None: all.
+        """
+        selected = set(range(self.layers)) if selected is None else set(selected)
+        if not selected or not selected <= set(range(self.layers)):
+            raise BadInput(f"selected layers must be a non-empty subset of 0..{self.layers - 1}, got {sorted(selected)}")
+        views = self.pdir.state_views(state)
+        if self.step_entry is not None:
+            views[self.step_entry] += 1.0
+        x, checkpoints = self.forward(input_ids, selected, views)
+        out = self._call("head_loss", None, {"x": x, "labels": labels}, views)
+        del x
+        values = {"d": out["d"], "lr": torch.tensor([lr], dtype=torch.float32)}
+        for i in reversed(range(self.layers)):
+            if i in selected:
+                values["checkpoint"] = checkpoints.pop(i)
+                values["d"] = self._call("block_backward", i, values, views)["d"]
+            elif self.moves_unselected:
+                self._call("block_skip_update", i, values, views)
+        return float(out["loss"].reshape(-1)[0])
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
