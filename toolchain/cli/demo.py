@@ -1,6 +1,6 @@
 """`toolchain demo`: the quick-start job on the embedded tiny preset (random weights, no downloads):
-export the training program, train it on the real ExecuTorch runtime with LCSB, print the loss
-curve and the peak memory."""
+export the training program (contract v3), train it on the real ExecuTorch runtime with LCSB chosen
+at run time, print the loss curve and the peak memory."""
 
 from __future__ import annotations
 
@@ -48,17 +48,20 @@ def demo(steps: int, lr: float, out: Path) -> None:
     examples = bundled_examples(ByteTokenizer(), seq_len=seq_len)
     runner = open_runner(pdir)
     telemetry = out.parent / f"{out.name}.telemetry.jsonl"
+    plan = pdir.default_plan()
     with Progress(console=console, transient=True) as progress, measure_peak() as peak:
         task = progress.add_task("train (executorch, LCSB)", total=steps)
-        result = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, telemetry=telemetry),
+        result = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, telemetry=telemetry, plan=plan),
                              on_step=lambda s, loss: progress.update(task, completed=s + 1))
     for i, loss in enumerate(result.losses):
         bar = "#" * max(1, int(loss * 8))
-        click.echo(f"step {i:3d}  {pdir.method_for_step(i)[0]:14s} loss {loss:.4f}  {bar}")
+        layers = ",".join(map(str, plan.layers_at(i)))
+        click.echo(f"step {i:3d}  layers {layers:10s} loss {loss:.4f}  {bar}")
     mp = pdir.manifest["memory_plan"]
+    arenas = mp["planned_arena_bytes"].get("executorch", {})
     click.echo(f"peak anonymous memory during training: {(peak.peak_anon_bytes - peak.anon_before_bytes) / MIB:.1f} MiB above "
-               f"the loaded runtime (planned arena {max(mp['planned_arena_bytes'].values()) / MIB:.2f} MiB, "
-               f"LoRA+AdamW state {mp['lora_state_bytes'] / MIB:.2f} MiB)")
+               f"the loaded runtime (planned arenas {sum(arenas.values()) / MIB:.2f} MiB over {len(arenas)} methods, "
+               f"LoRA+AdamW state {mp['lora_state_bytes'] / MIB:.2f} MiB, checkpoints {mp['checkpoint_bytes'] / MIB:.2f} MiB)")
     click.echo(f"program: {out}   telemetry: {telemetry}  (toolchain telemetry import/report)")
 
 
@@ -66,7 +69,7 @@ def _current_program(out: Path) -> bool:
     """An export from an earlier run, in this toolchain's manifest format (else export again)."""
     import json
 
-    from toolchain.export.build import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
+    from toolchain.export.manifest import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
 
     try:
         return json.loads((out / MANIFEST_NAME).read_text()).get("schema_version") == MANIFEST_SCHEMA_VERSION

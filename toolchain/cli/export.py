@@ -19,14 +19,15 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default="int4", show_default=True,
               help="Frozen projection weights: float32 or group-wise int8/int4, dequantized inside the step.")
 @click.option("--quant-group", type=click.IntRange(min=2), default=64, show_default=True, help="Quantization group size.")
-@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=16.0, show_default=True,
-              help="Quantized weights are dequantized inside the step at most this many MiB (float32) at a time: "
-                   "smaller lowers the transient, larger makes fewer graph nodes (a faster export).")
-@click.option("--lcsb-k", type=click.IntRange(min=1), default=None, help="LCSB: layers backpropagated per step (off if unset).")
+@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="Quantized weights are dequantized inside a method at most this many MiB (float32) at a time: "
+                   "smaller lowers the transient, larger makes fewer graph nodes.")
+@click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
+              help="Default LCSB plan recorded for apps: layers backpropagated per step (apps may choose at run time).")
 @click.option("--lcsb-policy", type=click.Choice(["cyclic", "strided", "last", "random", "full"]), default="cyclic",
               show_default=True, help="LCSB policy (with --lcsb-k).")
 @click.option("--plan", "plan_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="LCSB plan JSON from `toolchain plan lcsb` (instead of --lcsb-k/--lcsb-policy).")
+              help="Default LCSB plan JSON from `toolchain plan lcsb` (instead of --lcsb-k/--lcsb-policy).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True,
               help="Optimizer applied inside the program, layer by layer.")
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
@@ -34,9 +35,6 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
               help="Default learning rate recorded in the manifest (apps pass lr every step).")
 @click.option("--target", "export_targets", default="executorch", show_default=True,
               help="Comma-separated runtimes: executorch, onnx, coreml (one manifest describes all).")
-@click.option("--xnnpack/--no-xnnpack", default=False, show_default=True,
-              help="Delegate attention matmuls to XNNPACK (frozen-weight matmuls stay on portable kernels so the "
-                   "weights stay memory-mapped).")
 @click.option("--loss-chunk", type=click.IntRange(min=1), default=256, show_default=True,
               help="Tokens per LM-head chunk.")
 @click.option("--vocab-chunk", type=click.IntRange(min=1), default=2048, show_default=True,
@@ -45,11 +43,12 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
               help="Tokens per MLP chunk (forward and backward).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k,
-           lcsb_policy, plan_path, optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk,
+           lcsb_policy, plan_path, optimizer, weight_decay, lr, export_targets, loss_chunk, vocab_chunk,
            mlp_chunk, out) -> None:
-    """Export the explicit MeSP training step (forward, per-layer recompute, hand-derived backward,
-    in-program optimizer) for each --target (ExecuTorch .pte, ONNX, Core ML) with one manifest, written
-    atomically to --out."""
+    """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
+    block_backward with the in-program optimizer, block_skip_update) for each --target (ExecuTorch .pte,
+    ONNX, Core ML), the frozen weights once in weights.safetensors (memory-mapped by the apps, passed to
+    the methods without copying), and one manifest, written atomically to --out (contract v3)."""
     import time
 
     from rich.console import Console
@@ -70,7 +69,7 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     quant_spec = QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4))  # float32
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec,
                       optimizer=OptimizerSpec(optimizer, weight_decay=weight_decay), plan=plan, targets=spec_targets,
-                      xnnpack=xnnpack, default_lr=lr,
+                      default_lr=lr,
                       options=StepOptions(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),
                       tokenizer_kind=tokenizer_kind, pad_token_id=pad)
     t0 = time.perf_counter()
@@ -80,11 +79,13 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
         manifest = export_program(arch, weights, cfg, lora, spec, out,
                                   on_stage=lambda s: progress.update(task, description=f"export: {s}"))
     mp = manifest["memory_plan"]
-    arena = max(mp["planned_arena_bytes"].values(), default=0)
-    size = sum(p["bytes"] for p in manifest["programs"])
     click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest['methods'])} methods) -> {out}")
-    planned = f"planned arena {arena / 1e6:.1f} MB" if mp["planned_arena_bytes"] else "no planned arena (runtime-managed)"
-    click.echo(f"  programs {size / 1e6:.1f} MB ({', '.join(p['target'] for p in manifest['programs'])}), {planned}, "
-               f"LoRA state {mp['lora_state_bytes'] / 1e6:.2f} MB, frozen weights {mp['constant_bytes'] / 1e6:.1f} MB "
-               f"(mmap), {time.perf_counter() - t0:.1f} s")
+    for p in manifest["programs"]:
+        arenas = p["planned_arena_bytes"]
+        planned = (f"planned arenas {sum(arenas.values()) / 1e6:.1f} MB (largest {max(arenas.values()) / 1e6:.1f})"
+                   if arenas else "no planned arena (runtime-managed)")
+        click.echo(f"  {p['target']}: {p['bytes'] / 1e6:.1f} MB, {planned}")
+    click.echo(f"  weights {mp['weights_bytes'] / 1e6:.1f} MB (one file, memory-mapped), LoRA state "
+               f"{mp['lora_state_bytes'] / 1e6:.2f} MB, checkpoints {mp['checkpoint_bytes'] / 1e6:.1f} MB, "
+               f"{time.perf_counter() - t0:.1f} s")
 

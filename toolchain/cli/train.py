@@ -95,13 +95,13 @@ def train(model, init, seed, adapter, rank, alpha, targets, data, steps, lr, opt
           program, telemetry_out, resume, checkpoint_every) -> None:
     """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k);
     or, with --program DIR, run an exported program on its runtime exactly as the apps do (model,
-    LoRA config, LCSB plan and optimizer then come from the program's manifest)."""
+    LoRA config and optimizer then come from the program's manifest; the LCSB layers are chosen at run
+    time: --plan/--lcsb-k, else the plan recorded at export, else full backprop)."""
     if program is not None:
-        if model is not None or adapter is not None or plan_path is not None or lcsb_k is not None:
-            raise click.UsageError("--program takes its model, adapter and LCSB plan from its manifest; "
-                                   "drop --model/--adapter/--plan/--lcsb-k")
+        if model is not None or adapter is not None:
+            raise click.UsageError("--program takes its model and adapter from its manifest; drop --model/--adapter")
         train_with_program(program, data, steps, lr, shuffle_seed, adapter_out, telemetry_out, resume,
-                           checkpoint_every, as_json)
+                           checkpoint_every, as_json, plan_args=(plan_path, lcsb_k, lcsb_policy, lcsb_seed))
         return
     if model is None:
         raise click.UsageError("give --model (eager training) or --program (an exported program)")

@@ -23,7 +23,7 @@ def program_options(f):
 
 def train_with_program(program: Path, data: Path, steps: int, lr: float | None, shuffle_seed: int | None,
                        adapter_out: Path | None, telemetry_out: Path | None, resume: bool, checkpoint_every: int,
-                       as_json: bool) -> None:
+                       as_json: bool, *, plan_args: tuple = (None, None, None, None)) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -34,15 +34,24 @@ def train_with_program(program: Path, data: Path, steps: int, lr: float | None, 
     from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
 
+    from toolchain.cli.train import resolve_plan
+
     pdir = ProgramDir(program)
     examples = load_examples(data, pdir.arch)
-    lr = lr if lr is not None else pdir.manifest["optimizer"].get("default_lr", 1e-4)
+    lr = lr if lr is not None else pdir.info.default_lr
+    plan_path, lcsb_k, lcsb_policy, lcsb_seed = plan_args
+    if any(a is not None for a in plan_args):
+        plan = resolve_plan(plan_path, lcsb_k, lcsb_policy, lcsb_seed, pdir.arch.layers)
+    else:
+        plan = pdir.default_plan()
+    if plan is not None and plan.policy == "full":
+        plan = None
     checkpoint = Path(str(adapter_out or program).rstrip("/") + ".train-checkpoint.safetensors")
     if resume and not checkpoint.exists():
         raise click.UsageError(f"--resume: no checkpoint at {checkpoint}")
     runner = open_runner(pdir)
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
-                   checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry_out)
+                   checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry_out, plan=plan)
     with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(f"train ({runner.backend})", total=steps)
 
@@ -60,7 +69,8 @@ def train_with_program(program: Path, data: Path, steps: int, lr: float | None, 
                           "process_peak_rss_mb": round(peak_mb, 1)}), nl=False)
         return
     for i, loss in enumerate(result.losses):
-        click.echo(f"step {i:4d}  loss {loss:.4f}  {pdir.method_for_step(i)[0]}")
+        layers = "all" if plan is None else ",".join(map(str, plan.layers_at(i)))
+        click.echo(f"step {i:4d}  loss {loss:.4f}  layers {layers}")
     click.echo(f"process peak RSS {peak_mb:.1f} MB (includes Python and the runtime; see `toolchain bench memory`)")
     if adapter_out is not None:
         click.echo(f"adapter -> {adapter_out}")
