@@ -122,3 +122,42 @@ def test_a_stopped_bench_leaves_no_worker_and_no_scratch(tmp_path):
         time.sleep(0.1)
     assert not any(alive(pid) for pid in children), "a worker outlived the bench"
     assert list(scratch.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def tiny_int4_program(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prog") / "tiny-int4"
+    result = CliRunner().invoke(cli, ["export", "--model", "tiny", "--init", "random", "--seq-len", "32",
+                                      "--quant", "int4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, tmp_path):
+    """The headline comparison: the exported program on ExecuTorch beside eager MeSP on the program's own
+    int4 weights (taken from the program: no --quant needed), from the same adapter: equal losses."""
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, [*BASE, "--modes", "mesp,executorch", "--program", str(tiny_int4_program),
+                                      "--cache-dir", str(tmp_path / "cache"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert validation_errors("bench_memory", doc) == []
+    rows = {r["mode"]: r for r in doc["results"]}
+    assert doc["config"]["quant"] == "int4"
+    assert rows["executorch"]["loss"] == pytest.approx(rows["mesp"]["loss"], rel=1e-5)
+    assert rows["executorch"]["peak_mb"] > 0 and rows["executorch"]["step_s"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seq-len", "48"], "seq_len 32 (bench: 48)"),
+    (["--quant", "int8"], "quant int4 (bench: int8)"),
+    (["--rank", "4"], "rank 8 (bench: 4)"),
+])
+def test_a_program_of_another_workload_is_refused(tiny_int4_program, tmp_path, args, message):
+    out = tmp_path / "r.json"
+    base = [a for a in BASE if a not in ("--seq-len", "32")] if "--seq-len" in args else BASE
+    result = CliRunner().invoke(cli, [*base, "--modes", "mesp,executorch", "--program", str(tiny_int4_program), *args,
+                                      "--cache-dir", str(tmp_path / "cache"), "--json", str(out)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not out.exists()

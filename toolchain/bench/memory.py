@@ -28,7 +28,8 @@ from toolchain.mesp import StepOptions
 from toolchain.models import PRESETS, Qwen25Arch
 
 __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
-           "mark_file_drift", "unreliable_rows", "format_table", "call_worker", "check_config", "host_info"]
+           "program_settings", "check_program", "mark_file_drift", "unreliable_rows", "format_table", "call_worker",
+           "check_config", "host_info"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch", "onnx")
 
@@ -112,6 +113,9 @@ class MemoryBenchConfig(BenchWorkload):
         loss_chunk, vocab_chunk, mlp_chunk: MeSP's `StepOptions`.
         program_dir: exported program for the executorch and onnx modes.
         check_grads: compare the exact modes' gradients at the initial adapter. Default: True.
+        quant / quant_group / quant_chunk_elems: frozen projection weights of the eager modes: "none"
+            (float32), or the program's int8/int4 format, memory-mapped and dequantized per row chunk
+            where used, as the exported methods do (so program and eager run on equal weights).
     """
 
     modes: tuple[str, ...] = ("autograd", "mebp", "mesp")
@@ -121,6 +125,9 @@ class MemoryBenchConfig(BenchWorkload):
     mlp_chunk: int | None = StepOptions().mlp_chunk
     program_dir: Path | None = None
     check_grads: bool = True
+    quant: str = "none"
+    quant_group: int = 64
+    quant_chunk_elems: int = 1 << 19
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in BENCH_MODES]
@@ -131,6 +138,9 @@ class MemoryBenchConfig(BenchWorkload):
             raise BadInput(f"`modes` lists a mode twice: {','.join(self.modes)}")
         super().__post_init__()
         self.step_options()
+        from toolchain.export.program import QuantSpec
+
+        QuantSpec(self.quant, self.quant_group, self.quant_chunk_elems)
 
     def step_options(self) -> StepOptions:
         try:
@@ -175,16 +185,54 @@ def check_config(config: MemoryBenchConfig) -> Qwen25Arch | None:
         raise BadInput(f"unknown preset {config.model!r}; --init random needs one of {', '.join(PRESETS)}")
     if arch is not None and config.seq_len > arch.max_positions:
         raise BadInput(f"--seq-len {config.seq_len} exceeds {config.model}'s {arch.max_positions} positions")
-    if "executorch" in config.modes:
-        import importlib
-
-        if getattr(importlib.import_module("toolchain.runtime"), "run_executorch_step", None) is None:
-            raise BadInput("executorch mode needs an exported program: not available yet")
-        if config.program_dir is None:
-            raise BadInput("--modes executorch needs --program DIR, a program directory written by `toolchain export`")
-    if "onnx" in config.modes and config.program_dir is None:
-        raise BadInput("--modes onnx needs --program DIR, a program directory written by `toolchain export --target onnx`")
+    for target in ("executorch", "onnx"):
+        if target in config.modes and config.program_dir is None:
+            raise BadInput(f"--modes {target} needs --program DIR, a program directory written by "
+                           f"`toolchain export --target {target}`")
+    if config.program_dir is not None and any(m in config.modes for m in ("executorch", "onnx")):
+        check_program(config, arch)
     return arch
+
+
+def program_settings(program_dir: Path) -> dict[str, Any]:
+    """MemoryBenchConfig fields that make the eager modes run what the program runs: its weight format
+    and its step chunking (the CLI's explicit options override them)."""
+    from toolchain.runtime import ProgramDir
+
+    spec = ProgramDir(program_dir, verify=False).info.spec
+    return {"quant": spec.quant.kind, "quant_group": spec.quant.group, "quant_chunk_elems": spec.quant.chunk_elems,
+            "loss_chunk": spec.options.loss_chunk, "vocab_chunk": spec.options.vocab_chunk,
+            "mlp_chunk": spec.options.mlp_chunk}
+
+
+def check_program(config: MemoryBenchConfig, arch: Qwen25Arch | None) -> None:
+    """The program must be the benchmarked workload: same widths, sequence length, LoRA and weight format."""
+    from toolchain.runtime import ProgramDir
+
+    pdir = ProgramDir(config.program_dir, verify=False)
+    for target in ("executorch", "onnx"):
+        if target in config.modes and target not in pdir.targets:
+            raise BadInput(f"{config.program_dir} has no {target} program (it has {', '.join(pdir.targets)}); "
+                           f"export it with --target {target}")
+    q = pdir.info.spec.quant
+    o = pdir.info.spec.options
+    got = {"seq_len": pdir.seq_len, "rank": pdir.lora_config.rank, "targets": pdir.lora_config.targets,
+           "alpha": pdir.lora_config.alpha, "quant": q.kind, "quant_group": q.group,
+           "quant_chunk_elems": q.chunk_elems, "loss_chunk": o.loss_chunk, "vocab_chunk": o.vocab_chunk,
+           "mlp_chunk": o.mlp_chunk}
+    want = {"seq_len": config.seq_len, "rank": config.rank, "targets": config.lora_config().targets,
+            "alpha": config.lora_config().alpha, "quant": config.quant, "quant_group": config.quant_group,
+            "quant_chunk_elems": config.quant_chunk_elems, "loss_chunk": config.loss_chunk,
+            "vocab_chunk": config.vocab_chunk, "mlp_chunk": config.mlp_chunk}
+    if config.quant == "none":
+        got = {k: v for k, v in got.items() if k not in ("quant_group", "quant_chunk_elems")}
+        want = {k: v for k, v in want.items() if k not in ("quant_group", "quant_chunk_elems")}
+    diff = [f"{k} {got[k]} (bench: {want[k]})" for k in want if got[k] != want[k]]
+    if arch is not None and pdir.arch != arch:
+        diff.append(f"model {pdir.manifest['model']['source']} (bench: {config.model})")
+    if diff:
+        raise BadInput(f"{config.program_dir} was exported with {', '.join(diff)}; pass the same settings "
+                       f"(--seq-len, --rank, --alpha, --targets, --quant, ...) or export a matching program")
 
 
 def _spec(config: MemoryBenchConfig, weights_dir: Path) -> dict:
@@ -192,7 +240,8 @@ def _spec(config: MemoryBenchConfig, weights_dir: Path) -> dict:
     return {"weights_dir": str(weights_dir), "rank": cfg.rank, "alpha": cfg.alpha, "targets": list(cfg.targets),
             "seq_len": config.seq_len, "seed": config.seed, "repeat": config.repeat, "threads": config.threads,
             "lr": config.lr, "loss_chunk": config.loss_chunk, "vocab_chunk": config.vocab_chunk,
-            "mlp_chunk": config.mlp_chunk, "check_grads": config.check_grads,
+            "mlp_chunk": config.mlp_chunk, "check_grads": config.check_grads, "quant": config.quant,
+            "quant_group": config.quant_group, "quant_chunk_elems": config.quant_chunk_elems,
             "program_dir": str(config.program_dir) if config.program_dir else None}
 
 
@@ -214,7 +263,12 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
         notify("weights")
         if not (weights_dir / ARCH_FILE).is_file():
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
-                                         "init": config.init, "seed": config.seed}, config.threads)
+                                         "init": config.init, "seed": config.seed, "quant": config.quant,
+                                         "quant_group": config.quant_group}, config.threads)
+        elif config.quant != "none":
+            call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
+                                         "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group},
+                        config.threads)
         rows = []
         for mode in config.modes:
             notify(mode)

@@ -23,7 +23,7 @@ from toolchain.models import PRESETS, ModelWeights, Qwen25Arch, load_model, stat
 from toolchain.models import weights_from_state_dict
 
 __all__ = ["ARCH_FILE", "default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
-           "load_mmap_weights"]
+           "load_mmap_weights", "quantized_file", "ensure_quantized", "load_quantized"]
 
 ARCH_FILE = "arch.json"  # written last: its presence marks a complete cache entry
 
@@ -88,3 +88,32 @@ def load_mmap_weights(path: Path) -> tuple[Qwen25Arch, ModelWeights]:
             for key in f.keys():
                 sd[key] = f.get_tensor(key)
     return arch, weights_from_state_dict(arch, sd, dtype=torch.float32)
+
+
+def quantized_file(path: Path, kind: str, group: int) -> Path:
+    """The cache entry's weights in a program's weights-file format (export/weights_file.py), quantized."""
+    return Path(path) / f"program-weights-{kind}-g{group}.safetensors"
+
+
+def ensure_quantized(path: Path, kind: str, group: int) -> Path:
+    """Write the quantized weights file of a cache entry once (the same bytes `toolchain export` writes)."""
+    from toolchain.export.program import QuantSpec
+    from toolchain.export.weights_file import weight_tensors, write_weights
+
+    out = quantized_file(path, kind, group)
+    if not out.is_file():
+        _, weights = load_mmap_weights(path)
+        tmp = out.with_suffix(".tmp")
+        write_weights(tmp, weight_tensors(weights, QuantSpec(kind, group)))
+        os.replace(tmp, out)
+    return out
+
+
+def load_quantized(path: Path, kind: str, group: int, chunk_elems: int) -> tuple[Qwen25Arch, ModelWeights]:
+    """Map the quantized weights file (no copy); projections as QuantWeight, dequantized per chunk on use."""
+    from toolchain.export.program import QuantSpec
+    from toolchain.export.weights_file import map_weights, model_weights
+
+    arch = Qwen25Arch(**json.loads((Path(path) / ARCH_FILE).read_text()))
+    tensors = map_weights(ensure_quantized(path, kind, group))
+    return arch, model_weights(tensors, arch, QuantSpec(kind, group, chunk_elems))

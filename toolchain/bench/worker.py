@@ -51,11 +51,16 @@ def _import_runtime() -> None:
 def _setup(spec: dict) -> _Setup:
     import torch
 
-    from toolchain.bench.weights_cache import load_mmap_weights
+    from toolchain.bench.weights_cache import load_mmap_weights, load_quantized
     from toolchain.lora import LoraConfig
     from toolchain.mesp import StepOptions
 
-    arch, weights = load_mmap_weights(Path(spec["weights_dir"]))
+    if spec.get("quant", "none") != "none":
+        # the program's weight format, memory-mapped; projections dequantized per chunk where used
+        arch, weights = load_quantized(Path(spec["weights_dir"]), spec["quant"], spec["quant_group"],
+                                       spec["quant_chunk_elems"])
+    else:
+        arch, weights = load_mmap_weights(Path(spec["weights_dir"]))
     cfg = LoraConfig(rank=spec["rank"], alpha=spec["alpha"], targets=tuple(spec["targets"]))
     options = StepOptions(loss_chunk=spec["loss_chunk"], vocab_chunk=spec["vocab_chunk"], mlp_chunk=spec["mlp_chunk"])
     gen = torch.Generator().manual_seed(spec["seed"])
@@ -63,13 +68,22 @@ def _setup(spec: dict) -> _Setup:
     return _Setup(arch, weights, cfg, options, input_ids, input_ids.clone())
 
 
-def _executorch_runner(spec: dict):
-    import importlib
+def _program_step(spec: dict, s: _Setup, target: str) -> Callable[[int], float]:
+    """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
+    held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
+    loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
+    from toolchain.export.program import flat_state, state_layout
+    from toolchain.lora import init_lora
+    from toolchain.runtime import LayerLoop, ProgramDir
+    from toolchain.runtime.runners import open_runner
 
-    runner = getattr(importlib.import_module("toolchain.runtime"), "run_executorch_step", None)
-    if runner is None or not spec.get("program_dir"):
-        raise BadInput("executorch mode needs an exported program: not available yet")
-    return runner(Path(spec["program_dir"]))
+    if not spec.get("program_dir"):
+        raise BadInput(f"{target} mode needs --program DIR, a program directory exported with --target {target}")
+    pdir = ProgramDir(Path(spec["program_dir"]))
+    loop = LayerLoop(pdir, open_runner(pdir, target, threads=spec["threads"]))
+    layout = state_layout(pdir.arch, pdir.lora_config, pdir.info.optimizer)
+    state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
+    return lambda k: loop.train_step(s.input_ids, s.labels, spec["lr"], state)
 
 
 def _step_fn(spec: dict, s: _Setup, mode: str) -> Callable[[int], float]:
@@ -77,16 +91,8 @@ def _step_fn(spec: dict, s: _Setup, mode: str) -> Callable[[int], float]:
     from toolchain.bench.steps import prepare_lora, sgd_hook, train_step
     from toolchain.lora import init_lora
 
-    if mode == "executorch":
-        et_step = _executorch_runner(spec)
-        return lambda k: float(et_step(s.input_ids, s.labels))
-    if mode == "onnx":
-        from toolchain.runtime.onnx_runner import run_onnx_step
-
-        if not spec.get("program_dir"):
-            raise BadInput("onnx mode needs --program DIR, a program directory exported with --target onnx")
-        onnx_step = run_onnx_step(Path(spec["program_dir"]), threads=spec["threads"])
-        return lambda k: float(onnx_step(s.input_ids, s.labels))
+    if mode in ("executorch", "onnx"):
+        return _program_step(spec, s, mode)
     lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     hook = sgd_hook(lora, spec["lr"])
     return lambda k: train_step(mode, s.arch, s.weights, lora, s.cfg, s.input_ids, s.labels, hook, options=s.options,
@@ -172,9 +178,11 @@ def run_timing(spec: dict) -> dict:
 
 
 def _prepare(spec: dict) -> None:
-    from toolchain.bench.weights_cache import ensure_weights_cache
+    from toolchain.bench.weights_cache import ensure_quantized, ensure_weights_cache
 
-    ensure_weights_cache(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
+    path = ensure_weights_cache(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
+    if spec.get("quant", "none") != "none":
+        ensure_quantized(path, spec["quant"], spec["quant_group"])
 
 
 def _die_with_parent() -> None:

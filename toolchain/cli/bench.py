@@ -129,23 +129,36 @@ def _progress():
               help="Exported program directory (for --modes executorch or onnx).")
 @click.option("--lr", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
 @click.option("--no-grad-check", is_flag=True, help="Skip the comparison of the exact modes' gradients.")
+@click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default=None,
+              help="Frozen projection weights of the eager modes: float32, or the program's int8/int4 format "
+                   "(dequantized per row chunk where used, as the program does).  [default: --program's, else none]")
+@click.option("--quant-group", type=click.IntRange(min=2), default=None,
+              help="Quantization group size.  [default: --program's, else 64]")
+@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="MiB (float32) dequantized at once, as `toolchain export --dequant-chunk-mb`.  "
+                   "[default: --program's, else 2]")
 @_step_chunk_options
 @_bench_run_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the report (bench_memory schema) here.")
-def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr, no_grad_check, loss_chunk,
-           vocab_chunk, mlp_chunk, allocator, repeat, threads, cache_dir, json_out) -> None:
-    """Peak memory (as phones count it) and step time of one training step per mode, side by side."""
-    from toolchain.bench.memory import MemoryBenchConfig, format_table, run_memory_bench
+def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr, no_grad_check, quant, quant_group,
+           dequant_chunk_mb, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads, cache_dir, json_out) -> None:
+    """Peak memory (as phones count it) and step time of one training step per mode, side by side.
+    With --program and --modes executorch/onnx, the exported program runs on its runtime through the
+    host's layer loop, beside the eager modes on the same weights (--quant) and thread count."""
+    from toolchain.bench.memory import MemoryBenchConfig, format_table, program_settings, run_memory_bench
     from toolchain.lora import parse_targets
     from toolchain.schemas import write_json
 
+    given = {"quant": quant, "quant_group": quant_group, "loss_chunk": loss_chunk,
+             "quant_chunk_elems": None if dequant_chunk_mb is None else max(1, int(dequant_chunk_mb * 2**20) // 4)}
+    settings = {**(program_settings(program) if program is not None else {}),
+                **{k: v for k, v in given.items() if v is not None}}
+    settings.update(_run_settings(repeat, threads, cache_dir, None, vocab_chunk, mlp_chunk, allocator))
     config = MemoryBenchConfig(model=model, init=init, seed=seed, seq_len=seq_len, rank=rank, alpha=alpha,
                                targets=parse_targets(targets),
                                modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-                               lr=lr, program_dir=program, check_grads=not no_grad_check,
-                               **_run_settings(repeat, threads, cache_dir, loss_chunk, vocab_chunk, mlp_chunk,
-                                               allocator))
+                               lr=lr, program_dir=program, check_grads=not no_grad_check, **settings)
     with _progress() as progress:
         task = progress.add_task("bench memory", total=len(config.modes) + 1)
 
@@ -156,7 +169,7 @@ def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr,
     if json_out is not None:
         write_json(json_out, "bench_memory", doc)
     click.echo(f"{model} ({init}), seq {seq_len}, LoRA r{config.rank} on {','.join(config.targets)}, "
-               f"{threads} thread(s), SGD; peak = anonymous memory above the process baseline (MiB)")
+               f"{threads} thread(s), SGD, weights {config.quant}; peak = anonymous memory above the process baseline (MiB)")
     click.echo(format_table(doc))
 
 

@@ -24,10 +24,11 @@ from torch import Tensor
 
 from toolchain.errors import BadInput
 from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
-from toolchain.mesp.ops.quant import quantize
-from toolchain.models.weights import ModelWeights
+from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
+from toolchain.models.presets import Qwen25Arch
+from toolchain.models.weights import LayerWeights, ModelWeights
 
-__all__ = ["WEIGHTS_NAME", "weight_tensors", "write_weights", "map_weights", "ALIGN"]
+__all__ = ["WEIGHTS_NAME", "weight_tensors", "write_weights", "map_weights", "model_weights", "ALIGN"]
 
 WEIGHTS_NAME = "weights.safetensors"
 ALIGN = 64
@@ -101,3 +102,24 @@ def map_weights(path: Path) -> dict[str, Tensor]:
             warnings.simplefilter("ignore", UserWarning)  # "non-writable tensor": the methods never write weights
             out[key] = torch.from_numpy(arr)
     return out
+
+
+def model_weights(tensors: dict[str, Tensor], arch: Qwen25Arch, quant: QuantSpec) -> ModelWeights:
+    """The file's tensors as the step's bundles (quantized projections as `QuantWeight`, dequantized in
+    row chunks of at most `quant.chunk_elems` weights, as the methods do): the eager step on exactly the
+    weights an exported program runs on. No tensor is copied."""
+    layers = []
+    for i in range(arch.layers):
+        fields = {}
+        for name in LayerWeights._fields:
+            key = f"layers.{i}.{name}"
+            if quant.kind != "none" and name in QUANTIZED_FIELDS:
+                qw = QuantWeight(tensors[key + ".qweight"], tensors[key + ".scales"], quant.bits)
+                fields[name] = with_chunk_rows(qw, quant.chunk_elems)
+            else:
+                fields[name] = tensors[key]
+        layers.append(LayerWeights(**fields))
+    embed = tensors["embed"]
+    if not arch.tie_embeddings and "lm_head" not in tensors:
+        raise BadInput("the weights file has no lm_head, but the model's embeddings are untied; re-export the program")
+    return ModelWeights(embed, tuple(layers), tensors["final_norm"], tensors.get("lm_head", embed))

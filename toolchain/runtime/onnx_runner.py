@@ -1,45 +1,51 @@
-"""Host runner for ONNX programs: ONNX Runtime's CPU execution provider, one `InferenceSession` per
-method (created once, then called by name), driven exactly as an app drives it
-(ProgramDir.call_train_method does the state I/O).
+"""Host runner for ONNX programs (contract v3): ONNX Runtime's CPU execution provider, one
+`InferenceSession` per method (created once, then called by name), behind the `execute(method, inputs)`
+that runtime/loop.py's `LayerLoop` drives, exactly as an app drives it.
 
-Session settings (the same an app should use; see docs/onnx.md for the measurements behind them):
-- `session.disable_prepacking = 1`: by default the CPU provider repacks every constant right-hand
-  MatMul operand (the `dy @ W` matmuls of the backward, the LM head) into its own heap buffers at
-  session creation: an anonymous copy of the frozen weights. Without prepacking the weights stay in
-  the memory-mapped external-data file (clean file-backed pages, not counted by the phones' metrics).
+Inputs are fed without copying: each tensor's `.numpy()` (a view; tensors are made contiguous
+first, which the loop's already are) goes to `InferenceSession.run`, whose CPU provider wraps a
+contiguous numpy array of the graph's dtype in place. The frozen weights are views of the
+memory-mapped weights.safetensors and stay clean file-backed pages (measured: feeding a
+Qwen2.5-0.5B block's 54 MiB of fp32 weights grows RssAnon by the step's activations only, see
+docs/onnx.md). Outputs are ORT-allocated arrays wrapped by `torch.from_numpy` (no copy).
+
+Session settings (the same an app should use; docs/onnx.md has the measurements behind them):
 - Node order = the exported order: `execution_order = PRIORITY_BASED` (the ready node that comes
-  first in the file runs first) and no graph optimization (`ORT_DISABLE_ALL`). The exported order
-  is the step's memory plan; ORT's default order and any rewrite scatter it. Measured on
-  Qwen2.5-0.5B fp32, seq 256: default order + all optimizations 1354 MB peak, default order with
-  `GatherSliceToSplitFusion` off 1062 MB, priority order with optimizations 924 MB, priority order
-  without them 180 MB (of which 101 MB is the session itself), at the same step time. Optimizers that
-  would be harmful even in order (kept in DISABLED_OPTIMIZERS, should the level be raised):
-  `ConstantFolding` (stores every dequantized weight and LM-head slice as a new float32 tensor),
-  `CommonSubexpressionElimination` (merges MeSP's recompute in backward with the forward, keeping
-  the forward's activations), `GatherSliceToSplitFusion` (one Split materializes all LM-head slices).
+  first in the file runs first) and no graph optimization (`ORT_DISABLE_ALL`). The exported order is
+  the method's memory plan; ORT's default order (a DFS from the outputs) and any rewrite (fused
+  nodes get new, last indices) scatter it. Measured in v2 (the whole step in one graph, Qwen2.5-0.5B
+  fp32, seq 256): default order + all optimizations 1354 MB peak, priority order without
+  optimizations 180 MB. Optimizers that would be harmful even in order (DISABLED_OPTIMIZERS, should
+  the level be raised): `ConstantFolding` (would store a dequantized/sliced constant as a new float32
+  tensor; with weights as inputs there is little left for it to fold), `CommonSubexpressionElimination`
+  (merges MeSP's deliberate recomputes), `GatherSliceToSplitFusion` (one Split materializes every
+  slice at once).
+- `session.disable_prepacking = 1`: prepacking copies *constant* right-hand MatMul operands into the
+  provider's own heap at session creation. In v3 no weight is a constant (they are graph inputs), so
+  it no longer applies to weights; it stays set so that no constant of a graph is ever duplicated.
 - Memory arena (`arena=`): "off" (default): no arena, no memory patterns, plain malloc/free per
-  tensor, so the peak is the step's live tensors and nothing is kept between steps. Qwen2.5-0.5B fp32
-  seq 256: peak 180 MB (session 102 MB + step) vs 248 MB with "shared" (one BFC arena registered
-  once per process and used by every session via `session.use_env_allocators`, memory patterns on;
-  it keeps its 248 MB between steps) and 250 MB with "session" (ORT's default: an arena per session,
-  so per LCSB phase method).
+  tensor, so the peak is the method's live tensors and nothing is kept between calls. "shared": one
+  BFC arena registered once per process and used by every session (`session.use_env_allocators`,
+  memory patterns on; it keeps its high-water mark between calls). "session": ORT's default, an
+  arena per session, i.e. per method. (v2 0.5B fp32 numbers: 180 / 248 / 250 MB peak.)
 - Threads: `intra_op_num_threads` (0 = ORT's default, one per physical core), one inter-op thread,
   sequential execution, no spin-waiting (a phone's cores are shared with the UI).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from toolchain.errors import BadInput
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["OnnxRunner", "run_onnx_step", "session_options", "DISABLED_OPTIMIZERS"]
+__all__ = ["OnnxRunner", "run_onnx_step", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
 
 DISABLED_OPTIMIZERS = ["ConstantFolding", "CommonSubexpressionElimination", "GatherSliceToSplitFusion"]
-
-
 ARENAS = ("off", "shared", "session")
+_ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)", "int8": "tensor(int8)", "uint8": "tensor(uint8)"}
 _shared_arena_registered = False
 
 
@@ -64,10 +70,6 @@ def session_options(threads: int | None = None, *, arena: str = "off"):
     so.intra_op_num_threads = threads or 0
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # The exported node order is the step's memory plan (forward, then per layer: recompute, backward,
-    # update). PRIORITY_BASED runs the ready node that comes first in the file; ORT's default order (a
-    # DFS from the outputs) and any graph rewrite (fused nodes get new, last indices, so the nodes
-    # that are ready early, e.g. the LM head's weight slices, run first) both scatter it.
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.enable_cpu_mem_arena = arena != "off"
@@ -89,54 +91,58 @@ class OnnxRunner:
     def __init__(self, pdir: ProgramDir, *, threads: int | None = None, arena: str = "off") -> None:
         import onnxruntime as ort
 
-        entry = next((p for p in pdir.manifest["programs"] if p["target"] == "onnx"), None)
-        if entry is None:
+        if "onnx" not in pdir.targets:
             raise BadInput(f"{pdir.path} has no onnx program; export it with --target onnx")
-        files = entry.get("methods") or {}
-        missing = [m for m in pdir.train_methods() if m not in files]
+        files = pdir.info.program("onnx").get("methods") or {}
+        missing = [m for m in pdir.info.methods if m not in files]
         if missing:
             raise BadInput(f"{pdir.path}: the onnx program lacks method(s) {', '.join(missing)} listed in the "
                            f"manifest; re-export the program")
         so = session_options(threads, arena=arena)
         self.sessions, self.input_names = {}, {}
-        for name in pdir.train_methods():
+        for name, method in pdir.info.methods.items():
             sess = ort.InferenceSession(str(pdir.path / files[name]), so, providers=["CPUExecutionProvider"],
                                         disabled_optimizers=DISABLED_OPTIMIZERS)
-            _check_io(pdir, name, sess, entry.get("output_suffix", ""))
+            _check_io(pdir, method, sess)
             self.sessions[name] = sess
-            self.input_names[name] = [i.name for i in sess.get_inputs()]
+            self.input_names[name] = [io.name for io in method.inputs]
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Outputs in the manifest's order (loss, then the updated state entries)."""
-        feeds = {n: t.detach().contiguous().numpy() for n, t in zip(self.input_names[method], inputs)}
+        """Outputs in the method's manifest order. Inputs are not copied (contiguous CPU tensors)."""
+        names = self.input_names[method]
+        if len(inputs) != len(names):
+            raise BadInput(f"{method} takes {len(names)} inputs, got {len(inputs)}")
+        feeds = {n: t.detach().contiguous().numpy() for n, t in zip(names, inputs)}
         return [torch.from_numpy(v) for v in self.sessions[method].run(None, feeds)]
 
 
-def _check_io(pdir: ProgramDir, method: str, sess, suffix: str) -> None:
-    """The session's inputs/outputs are the manifest's, in order (outputs: `loss`, then entry + suffix)."""
-    spec = pdir.method(method)
-    want_in = [io["name"] for io in spec["inputs"]]
-    want_out = [spec["outputs"][0]["name"]] + [io["name"] + suffix for io in spec["outputs"][1:]]
-    got_in, got_out = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
-    if got_in != want_in or got_out != want_out:
-        raise BadInput(f"{pdir.path}: the onnx graph of {method} does not have the manifest's inputs/outputs; "
+def _check_io(pdir: ProgramDir, method, sess) -> None:
+    """The session's inputs/outputs are the manifest's method IoSpecs: names in order, dtypes, shapes."""
+    def sig(ios):
+        return [(io.name, _ORT_TYPES[io.dtype], list(io.shape)) for io in ios]
+
+    def got(args):
+        return [(a.name, a.type, list(a.shape)) for a in args]
+
+    if got(sess.get_inputs()) != sig(method.inputs) or got(sess.get_outputs()) != sig(method.outputs):
+        raise BadInput(f"{pdir.path}: the onnx graph of {method.name} does not have the manifest's inputs/outputs; "
                        f"re-export the program")
 
 
 def run_onnx_step(program_dir, threads: int | None = None, arena: str = "off"):
     """For `toolchain bench memory --modes onnx`: a callable(input_ids, labels) -> loss that runs one
-    training step of the exported program (its first train method, manifest default lr), the state held
-    as an app holds it."""
-    from pathlib import Path
+    full-backprop training step of the exported program on the v3 layer loop (manifest default lr),
+    the state held as an app holds it."""
+    from toolchain.runtime.loop import LayerLoop
 
     pdir = ProgramDir(Path(program_dir))
     runner = OnnxRunner(pdir, threads=threads, arena=arena)
-    method = pdir.train_methods()[0]
-    lr = pdir.manifest["optimizer"].get("default_lr", 1e-4)
+    loop = LayerLoop(pdir, runner)
+    lr = pdir.info.default_lr
     state = pdir.state_init()
 
     def step(input_ids: torch.Tensor, labels: torch.Tensor) -> float:
-        return pdir.call_train_method(runner.execute, method, input_ids, labels, lr, state)
+        return loop.train_step(input_ids, labels, lr, state)
 
     step.program = pdir
     step.runner = runner
