@@ -1,83 +1,90 @@
-"""The Core ML export (`--target coreml`).
+"""The Core ML export (`--target coreml`), contract v3.
 
-Every host: each method's `.mlpackage` declares the manifest's inputs/outputs (names, dtypes, shapes)
-and no states; its MIL ops are the expected set; frozen weights are stored once (no folded transposes
-or head slices); compressed weights decompress to exactly our int4/int8 grid; and the converted MIL
-program, evaluated op by op with coremltools' own numpy semantics for each MIL op, matches the eager
-step. macOS only: predictions on the Core ML runtime against the eager step, and the compute plan.
+Every host: each method's `.mlpackage` declares exactly the manifest's inputs and outputs (names, order,
+shapes; Core ML dtypes: int32 ids/labels, int8 for int8/uint8 weights), no states, no stored weight (only
+small constants); its MIL ops are the expected set; and the converted MIL program, evaluated op by op
+with coremltools' own numpy semantics for each MIL op (not the Core ML runtime), equals the method's
+eager module on random inputs, and drives `LayerLoop` through whole training steps like `EagerRunner`.
+macOS only: predictions on the Core ML runtime, and the compute plan.
 Exports are small (2 layers, T=16) and shared per module."""
 
 from __future__ import annotations
 
 import math
-import re
 import sys
+import types
 
 import numpy as np
 import pytest
 import torch
 
-from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.coreml import (EXPECTED_OPS, FOLD_MAX_ELEMS, OUTPUT_SUFFIX, _exact_reciprocal, _passes,
-                                     _untranspose_weights, export_coreml)
-from toolchain.export.program import OptimizerSpec, QuantSpec, StepProgram, flat_state, unflatten_state
-from toolchain.lcsb.plan import make_plan
+from toolchain.export.coreml import (CORE_ML_DTYPES, EXPECTED_OPS, FOLD_MAX_ELEMS, _convert, _exact_reciprocal,
+                                     _mask_as_remainder, deployment_target)
+from toolchain.export.program import (METHOD_ROLES, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec, flat_state,
+                                      method_module, method_specs, state_layout, unflatten_state)
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
-from toolchain.mesp.ops.quant import dequantize, quantize
 from toolchain.models import Qwen25Arch, random_weights
-from toolchain.runtime import ProgramDir
+from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
+from toolchain.runtime.trainer import pad_example
 
 ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
-# two LM-head chunks of 48 x 32 = 1536 elements (> FOLD_MAX_ELEMS: folding them would copy the head),
-# two loss chunks and two MLP chunks, so the chunked paths are converted too
+# two LM-head chunks, two loss chunks and two MLP chunks, so the chunked paths are converted too
 OPTIONS = StepOptions(loss_chunk=8, vocab_chunk=48, mlp_chunk=8)
 on_macos = pytest.mark.skipif(sys.platform != "darwin", reason="Core ML predictions need macOS: coremltools has no "
                                                                "Core ML runtime on Linux (structure is tested there)")
 
 
-def _export(tmp_path_factory, name: str, *, quant: str, optimizer: OptimizerSpec, lcsb: bool):
+def _export(tmp_path_factory, name: str, *, quant: str, optimizer: OptimizerSpec) -> ProgramDir:
     weights = random_weights(ARCH, seed=3)
     lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
-    plan = make_plan(ARCH.layers, 1, "cyclic") if lcsb else None
     spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec(quant, 16), optimizer=optimizer,
-                      plan=plan, targets=("coreml",), options=OPTIONS, pad_token_id=0)
+                      targets=("coreml",), options=OPTIONS, pad_token_id=0)
     out = tmp_path_factory.mktemp(name) / "prog"
     export_program(ARCH, weights, CFG, lora, spec, out)
-    program = StepProgram(ARCH, weights, CFG, optimizer=optimizer, options=OPTIONS, quant=QuantSpec(quant, 16))
-    return ProgramDir(out), program
+    return ProgramDir(out)
 
 
 @pytest.fixture(scope="module")
-def fp32_sgd_lcsb(tmp_path_factory):
-    return _export(tmp_path_factory, "fp32", quant="none", optimizer=OptimizerSpec("sgd"), lcsb=True)
+def fp32_sgd(tmp_path_factory):
+    return _export(tmp_path_factory, "fp32", quant="none", optimizer=OptimizerSpec("sgd"))
 
 
 @pytest.fixture(scope="module")
 def int4_adamw(tmp_path_factory):
-    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerSpec("adamw", weight_decay=0.01), lcsb=False)
+    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerSpec("adamw", weight_decay=0.01))
 
 
-@pytest.fixture(params=["fp32_sgd_lcsb", "int4_adamw"])
+@pytest.fixture(params=["fp32_sgd", "int4_adamw"])
 def exported(request):
     return request.getfixturevalue(request.param)
 
 
 def _entry(pdir: ProgramDir) -> dict:
-    return next(p for p in pdir.manifest["programs"] if p["target"] == "coreml")
+    return pdir.info.program("coreml")
 
 
-def _package(pdir: ProgramDir, method: str):
-    """(spec, MIL program) of a method's saved package, read back from disk."""
+def _load(path):
+    """(spec, MIL program) of a saved package, read back from disk."""
     import coremltools as ct
     from coremltools.converters.mil.frontend.milproto.load import load
 
-    model = ct.models.MLModel(str(pdir.path / _entry(pdir)["methods"][method]), skip_model_load=True)
+    model = ct.models.MLModel(str(path), skip_model_load=True)
     spec = model.get_spec()
     return spec, load(spec, spec.specificationVersion, file_weights_dir=model.weights_dir)
+
+
+_packages: dict = {}
+
+
+def _package(pdir: ProgramDir, method: str):
+    key = (str(pdir.path), method)
+    if key not in _packages:
+        _packages[key] = _load(pdir.path / _entry(pdir)["methods"][method])
+    return _packages[key]
 
 
 def _operations(block):
@@ -92,160 +99,75 @@ def _operations(block):
 def test_packages_declare_the_manifest_io_and_no_states(exported):
     from coremltools.proto import FeatureTypes_pb2 as ft
 
-    pdir, _ = exported
+    pdir = exported
     entry = _entry(pdir)
-    assert entry["deployment_target"] == "iOS18" and entry["compute_precision"] == "float32"
-    assert entry["states"] == [] and entry["bytes"] > 0
-    assert sorted(entry["methods"]) == pdir.train_methods()
-    dtypes = {ft.ArrayFeatureType.INT32: "int32", ft.ArrayFeatureType.FLOAT32: "float32"}
-    for name in pdir.train_methods():
-        method = pdir.method(name)
+    quant = pdir.info.spec.quant.kind
+    assert entry["deployment_target"] == ("iOS18" if quant == "none" else "iOS26")
+    assert entry["compute_precision"] == "float32" and entry["bytes"] > 0
+    assert entry["input_dtypes"] == ({"int64": "int32"} if quant == "none" else {"int64": "int32", "uint8": "int8"})
+    assert entry["methods"] == {m: f"coreml/{m}.mlpackage" for m in pdir.info.methods}
+    dtypes = {ft.ArrayFeatureType.INT32: "int32", ft.ArrayFeatureType.FLOAT32: "float32",
+              ft.ArrayFeatureType.INT8: "int8"}
+    for name, method in pdir.info.methods.items():
         spec, _ = _package(pdir, name)
-        got_in = [(f.name, dtypes.get(f.type.multiArrayType.dataType), list(f.type.multiArrayType.shape))
-                  for f in spec.description.input]
-        want_in = [(io["name"], "int32" if io["dtype"] == "int64" else io["dtype"], io["shape"]) for io in method["inputs"]]
-        assert got_in == want_in
-        assert [(i["name"], i["dtype"], i["shape"]) for i in entry["inputs"]] == want_in
-        got_out = [(f.name, dtypes.get(f.type.multiArrayType.dataType), list(f.type.multiArrayType.shape))
-                   for f in spec.description.output]
-        want_out = [("loss", "float32", [1])] + [(io["name"] + OUTPUT_SUFFIX, "float32", io["shape"])
-                                                 for io in method["outputs"][1:]]
-        assert got_out == want_out
-        assert entry["method_outputs"][name] == [n for n, _, _ in want_out]
+        feature = lambda f: (f.name, dtypes.get(f.type.multiArrayType.dataType), list(f.type.multiArrayType.shape))  # noqa: E731
+        assert [feature(f) for f in spec.description.input] == [
+            (io.name, CORE_ML_DTYPES[io.dtype], list(io.shape)) for io in method.inputs]
+        assert [feature(f) for f in spec.description.output] == [
+            (io.name, "float32", list(io.shape)) for io in method.outputs]
         assert len(spec.description.state) == 0
         pkg = pdir.path / entry["methods"][name]
-        assert sorted(str(f.relative_to(pkg)) for f in pkg.rglob("*") if f.is_file()) == [
-            "Data/com.apple.CoreML/model.mlmodel", "Data/com.apple.CoreML/weights/weight.bin", "Manifest.json"]
-    by_name = {o["name"]: o for o in entry["outputs"]}
-    for io in (io for m in pdir.manifest["methods"] for io in m["outputs"][1:]):
-        assert by_name[io["name"] + OUTPUT_SUFFIX]["entry"] == io["name"]
-
-
-def test_sgd_phase_methods_return_only_their_layers(fp32_sgd_lcsb):
-    pdir, _ = fp32_sgd_lcsb
-    for k, layers in enumerate(pdir.manifest["lcsb"]["phases"]):
-        outs = _entry(pdir)["method_outputs"][f"train_step_p{k}"][1:]
-        assert outs and all(n.startswith(tuple(f"lora_{i}_" for i in layers)) for n in outs)
+        files = sorted(str(f.relative_to(pkg)) for f in pkg.rglob("*") if f.is_file())
+        # the weight blob holds constants only (none at all in embed)
+        assert [f for f in files if f != "Data/com.apple.CoreML/weights/weight.bin"] == [
+            "Data/com.apple.CoreML/model.mlmodel", "Manifest.json"]
+    assert ("block_skip_update" in pdir.info.methods) == pdir.info.moves_unselected
 
 
 def test_mil_ops_are_the_expected_set(exported):
-    pdir, _ = exported
-    entry = _entry(pdir)
-    for name in pdir.train_methods():
+    pdir = exported
+    for name in pdir.info.methods:
         _, prog = _package(pdir, name)
-        ops = {}
+        ops: dict[str, int] = {}
         for op in _operations(prog.functions["main"]):
             ops[op.op_type] = ops.get(op.op_type, 0) + 1
         print(name, ops)
         assert set(ops) <= EXPECTED_OPS, f"unexpected MIL ops {sorted(set(ops) - EXPECTED_OPS)}"
-        assert entry["mil_ops"][name] == dict(sorted(ops.items()))
-        assert "linear" not in ops  # every `linear(x, W^T)` was rewritten to `matmul(x, W)`
-        n_quant = ops.get("constexpr_blockwise_shift_scale", 0)
-        assert n_quant == (7 * ARCH.layers if pdir.manifest["quant"]["kind"] != "none" else 0)
+        assert _entry(pdir)["mil_ops"][name] == dict(sorted(ops.items()))
 
 
-def test_frozen_weights_are_stored_once(exported):
-    """A constant above FOLD_MAX_ELEMS that is not one of the program's buffers would be a folded copy
-    of a weight (W^T for the backward, a slice of the LM head)."""
-    pdir, program = exported
-    buffers = {"b_program_" + n.removesuffix("_q").removesuffix("_scale") for n, _ in program.named_buffers()}
-    for name in pdir.train_methods():
+def test_no_weight_is_stored_in_a_package(exported):
+    """Weights are inputs: every constant is small (RoPE tables, masks, scalars), each package's weight
+    blob is a few KB, and no frozen weight input is transposed (that would be a runtime copy of it)."""
+    pdir = exported
+    weights_bytes = pdir.manifest["weights"]["bytes"]
+    total = 0
+    for name, method in pdir.info.methods.items():
         _, prog = _package(pdir, name)
-        big = [re.sub(r"_quantized_(data|scale)_\d+$", "", op.name) for op in _operations(prog.functions["main"])
-               if op.op_type == "const" and op.outputs[0].val is not None and np.size(op.outputs[0].val) > FOLD_MAX_ELEMS]
-        assert big and set(big) <= buffers, sorted(set(big) - buffers)
-        assert len(big) == len(set(big))
+        func = prog.functions["main"]
+        sizes = [np.size(op.outputs[0].val) for op in _operations(func)
+                 if op.op_type == "const" and op.outputs[0].val is not None]
+        assert max(sizes) <= FOLD_MAX_ELEMS, (name, max(sizes))
+        blob = pdir.path / _entry(pdir)["methods"][name] / "Data/com.apple.CoreML/weights/weight.bin"
+        size = blob.stat().st_size if blob.exists() else 0
+        assert size <= 16 * 1024, (name, size)
+        total += size
+        weight_inputs = {io.name for io in method.inputs if io.bind == "weight"}
+        assert all(func.inputs[n].child_ops for n in weight_inputs), name  # each one is read by the program
+        for op in _operations(func):
+            if op.op_type == "transpose":
+                assert op.x.name not in weight_inputs, (name, op.x.name)
+    print(f"weight blobs of all packages: {total} B; weights file {weights_bytes} B")
+    assert total < weights_bytes / 4
 
 
-def test_quant_must_be_the_programs(tmp_path):
-    program = StepProgram(ARCH, random_weights(ARCH, seed=3), CFG, quant=QuantSpec("int4", 16))
-    with pytest.raises(BadInput, match="int8 weights of a int4 program"):
-        export_coreml(program, None, T, tmp_path, quant=QuantSpec("int8", 16))
-    assert not any(tmp_path.iterdir())
+@pytest.mark.parametrize("kind", ["none", "int8", "int4"])
+def test_deployment_target_follows_the_weight_dtype(kind):
+    spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec(kind, 16))
+    assert deployment_target(spec) == ("iOS18" if kind == "none" else "iOS26")
 
 
-def test_compressed_weights_are_our_int4_grid(int4_adamw):
-    """Re-quantizing our dequantized grid with coremltools' symmetric per-block [1, group] scheme gives
-    back our q and scales: the decompressed weights equal the in-graph dequantization bit for bit."""
-    pdir, program = int4_adamw
-    _, prog = _package(pdir, "train_step")
-    seen = 0
-    for op in _operations(prog.functions["main"]):
-        if op.op_type == "constexpr_blockwise_shift_scale":
-            layer, field = op.name.removeprefix("b_program_w_").removesuffix("_quantized").split("_", 1)
-            ours = dequantize(program._frozen(int(layer), field)).numpy()
-            np.testing.assert_array_equal(op.materialized_val_inference(), ours)
-            assert -7 <= op.data.val.min() and op.data.val.max() <= 7
-            seen += 1
-    assert seen == 7 * ARCH.layers
-
-
-@pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_compression_pass_reproduces_our_grid(kind):
-    """The same pass on a one-matmul MIL program, for both widths (int8 is not exported above)."""
-    import coremltools as ct
-    from coremltools.converters.mil import Builder as mb
-
-    g = torch.Generator().manual_seed(0)
-    w = dequantize(quantize(torch.randn(24, 64, generator=g), kind, 16)).numpy()
-
-    @mb.program(input_specs=[mb.TensorSpec(shape=(4, 64))], opset_version=ct.target.iOS18)
-    def prog(x):
-        return mb.matmul(x=mb.const(val=w, name="w"), y=x, transpose_y=True)
-
-    model = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
-                       compute_precision=ct.precision.FLOAT32, pass_pipeline=_passes(["w"], QuantSpec(kind, 16)),
-                       skip_model_load=True)
-    ops = [op for op in model._mil_program.functions["main"].operations if op.op_type == "constexpr_blockwise_shift_scale"]
-    assert len(ops) == 1
-    np.testing.assert_array_equal(ops[0].materialized_val_inference(), w)
-
-
-def test_untranspose_rewrites_linear_of_a_transposed_weight():
-    """`linear(x, transpose(W))` -> `matmul(x, W)`: same values, and W stays the only constant."""
-    import coremltools as ct
-    from coremltools.converters.mil import Builder as mb
-
-    rng = np.random.default_rng(0)
-    w, x0 = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
-
-    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8))], opset_version=ct.target.iOS18)
-    def prog(x):
-        return mb.linear(x=x, weight=mb.transpose(x=mb.const(val=w, name="w"), perm=[1, 0]))
-
-    assert _untranspose_weights(prog) == 1
-    ops = list(prog.functions["main"].operations)
-    mm = next(op for op in ops if op.op_type == "matmul")
-    assert mm.y.op.name == "w" and not any(op.op_type == "linear" for op in ops)
-    np.testing.assert_allclose(_run_mil(prog.functions["main"], {"x": x0})[mm.outputs[0].name], x0 @ w, rtol=1e-6)
-
-
-class _Reciprocal(torch.nn.Module):
-    def forward(self, x):
-        return 1.0 / x  # exports as aten.reciprocal (RoPE's 1 / theta^(2i/d))
-
-
-def _reciprocal_through_mil(x0: np.ndarray, *, rewrite: bool) -> np.ndarray:
-    import coremltools as ct
-
-    ep = torch.export.export(_Reciprocal(), (torch.from_numpy(x0),), strict=False).run_decompositions({})
-    if rewrite:
-        assert _exact_reciprocal(ep) == 1
-    prog = ct.convert(ep, inputs=[ct.TensorType(name="x", shape=x0.shape, dtype=np.float32)], convert_to="milinternal",
-                      minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT32,
-                      pass_pipeline=ct.PassPipeline.EMPTY)
-    func = prog.functions["main"]
-    return _run_mil(func, {"x": x0})[func.outputs[0].name]
-
-
-def test_exact_reciprocal():
-    """coremltools converts `aten.reciprocal` to MIL `inverse` = 1 / (x + 1e-4); rewritten, it is 1 / x."""
-    x0 = np.array([1.0, 2.0, 1e-3], dtype=np.float32)
-    assert abs(_reciprocal_through_mil(x0, rewrite=False)[2] - 1 / 1.1e-3) < 1  # the converter's epsilon
-    np.testing.assert_array_equal(_reciprocal_through_mil(x0, rewrite=True), np.float32(1) / x0)
-
-
-# -- numerics of the converted graph (every host) ---------------------------------------------------------
+# -- the MIL program, evaluated op by op (every host) ---------------------------------------------------------
 
 # MIL ops whose coremltools value inference is missing: the same formulas in numpy.
 _NUMPY_OPS = {
@@ -262,14 +184,16 @@ def _run_mil(func, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import Function
 
+    from coremltools.converters.mil.mil import types as mil_types
+
+    for name, var in func.inputs.items():  # the feeds are what the package declares
+        assert feeds[name].shape == tuple(var.shape), (name, feeds[name].shape, var.shape)
+        assert feeds[name].dtype == mil_types.nptype_from_builtin(var.dtype), (name, feeds[name].dtype, var.dtype)
     env = dict(feeds)
     with Function({}, opset_version=func.opset_version):
         for op in func.operations:
             if op.op_type == "const":
                 env[op.outputs[0].name] = op.outputs[0].val
-                continue
-            if op.op_type.startswith("constexpr"):
-                env[op.outputs[0].name] = op.materialized_val_inference()
                 continue
             kw = {k: [env.get(x.name, x.val) for x in v] if isinstance(v, (list, tuple)) else env.get(v.name, v.val)
                   for k, v in op.inputs.items()}
@@ -279,81 +203,234 @@ def _run_mil(func, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             res = getattr(mb, op.op_type)(**kw)
             for out, r in zip(op.outputs, res if isinstance(res, (list, tuple)) else [res]):
                 env[out.name] = r.val if r.val is not None else _NUMPY_OPS[op.op_type](**kw)
-    return env
+    return {v.name: env[v.name] for v in func.outputs}
 
 
-def _state_and_row(program: StepProgram, seed: int):
-    """A non-trivial state (B != 0, AdamW moments > 0, step 3) and a row with ignored labels."""
+def _feeds(method: MethodSpec, inputs) -> dict[str, np.ndarray]:
+    """What an app passes to Core ML: int32 ids/labels, the weights' 8-bit bytes as int8, float32."""
+    out = {}
+    for io, x in zip(method.inputs, inputs):
+        x = x.contiguous()
+        if io.dtype == "int64":
+            out[io.name] = x.numpy().astype(np.int32)
+        elif io.dtype == "uint8":
+            out[io.name] = x.view(torch.int8).numpy()   # the same bytes: no copy on a device either
+        else:
+            out[io.name] = x.numpy()
+    return out
+
+
+class MilRunner:
+    """Runs the packages' MIL programs op by op behind `execute(method, inputs)`, for LayerLoop."""
+
+    backend = "coreml-mil"
+
+    def __init__(self, pdir: ProgramDir) -> None:
+        self.pdir = pdir
+        self.calls: list[str] = []
+
+    def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        self.calls.append(method)
+        spec = self.pdir.info.methods[method]
+        got = _run_mil(_package(self.pdir, method)[1].functions["main"], _feeds(spec, inputs))
+        return [torch.from_numpy(np.asarray(got[io.name], dtype=np.float32).copy()) for io in spec.outputs]
+
+
+def _random_input(io: IoSpec, g: torch.Generator) -> torch.Tensor:
+    n = io.name
+    if io.dtype == "int64":
+        x = torch.randint(0, ARCH.vocab, io.shape, generator=g)
+        if n == "labels":
+            x[:3] = -100
+        return x
+    if io.dtype == "uint8":
+        return torch.randint(0, 256, io.shape, generator=g, dtype=torch.uint8)   # bytes >= 128 too
+    if io.dtype == "int8":
+        return torch.randint(-127, 128, io.shape, generator=g, dtype=torch.int8)
+    if n == "lr":
+        return torch.tensor([1e-2])
+    if n == "step":
+        return torch.tensor([3.0])
+    if n.startswith("adam_v"):
+        return torch.rand(io.shape, generator=g) * 1e-5
+    if n.endswith("_scale"):
+        return torch.rand(io.shape, generator=g) * 0.02 + 0.005
+    if n.endswith("norm"):
+        return 1 + 0.1 * torch.randn(io.shape, generator=g)
+    scale = {"adam": 1e-3, "lora": 0.1, "w_": 0.2}
+    return torch.randn(io.shape, generator=g) * next((s for p, s in scale.items() if n.startswith(p)), 1.0)
+
+
+def _head_chunks_consistent(method: MethodSpec, inputs: list[torch.Tensor]) -> None:
+    """head_i are row slices of head (as the app binds them)."""
+    by_name = {io.name: (io, x) for io, x in zip(method.inputs, inputs)}
+    for io, x in list(by_name.values()):
+        if io.rows is not None:
+            x.copy_(by_name["head"][1][io.rows[0]:io.rows[1]])
+
+
+def _check_method(spec: ProgramSpec, name: str, func, seed: int) -> None:
+    method = method_specs(spec)[name]
     g = torch.Generator().manual_seed(seed)
-    flat = flat_state(program.layout, init_lora(ARCH, CFG, seed=seed, zero_b=False))
-    for e in program.layout:
-        part = flat[e.offset:e.offset + e.numel]
+    inputs = [_random_input(io, g) for io in method.inputs]
+    _head_chunks_consistent(method, inputs)
+    with torch.no_grad():
+        want = method_module(spec, name)(*inputs)
+    got = _run_mil(func, _feeds(method, inputs))
+    assert list(got) == [io.name for io in method.outputs]
+    errors = {}
+    for io, w in zip(method.outputs, want):
+        w = w.numpy()
+        errors[io.name] = float(np.abs(got[io.name].reshape(w.shape) - w).max() / max(np.abs(w).max(), 1e-30))
+    worst = max(errors, key=errors.get)
+    print(name, spec.quant.kind, spec.optimizer.kind, "worst rel error", worst, errors[worst])
+    assert errors[worst] <= 1e-5, (name, worst, errors[worst])
+
+
+@pytest.mark.parametrize("method", ["embed", "block_forward", "head_loss", "block_backward", "block_skip_update"])
+def test_mil_program_matches_the_method_module(exported, method):
+    pdir = exported
+    if method not in pdir.info.methods:
+        pytest.skip(f"{method} is not a method of this program (SGD without weight decay)")
+    _check_method(pdir.info.spec, method, _package(pdir, method)[1].functions["main"], seed=METHOD_ROLES.index(method))
+
+
+def test_int8_weights_convert_and_match(tmp_path):
+    """int8 qweights are int8 package inputs (iOS 26); the quantized methods only (the others do not
+    depend on the weight format)."""
+    import coremltools as ct
+
+    spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int8", 16), optimizer=OptimizerSpec("sgd", weight_decay=0.1),
+                       options=OPTIONS)
+    for k, name in enumerate(("block_forward", "block_backward")):
+        model = _convert(spec, method_specs(spec)[name])
+        model.save(str(tmp_path / f"{name}.mlpackage"))
+        mspec, prog = _load(tmp_path / f"{name}.mlpackage")
+        int8 = [f.name for f in mspec.description.input if f.type.multiArrayType.dataType == ct.proto.FeatureTypes_pb2.ArrayFeatureType.INT8]
+        assert int8 == [io.name for io in method_specs(spec)[name].inputs if io.dtype == "int8"] and len(int8) == 7
+        _check_method(spec, name, prog.functions["main"], seed=40 + k)
+
+
+def _state_views_init(pdir: ProgramDir, seed: int) -> torch.Tensor:
+    """A non-trivial state: B != 0 (exported), AdamW moments > 0, step 3."""
+    g = torch.Generator().manual_seed(seed)
+    state = pdir.state_init()
+    for e in pdir.state_entries:
+        part = state[e.offset:e.offset + e.numel]
         if e.role == "exp_avg":
             part.copy_(torch.randn(e.numel, generator=g) * 1e-3)
         elif e.role == "exp_avg_sq":
             part.copy_(torch.rand(e.numel, generator=g) * 1e-5)
         elif e.role == "step":
             part.fill_(3.0)
-    ids = torch.randint(0, ARCH.vocab, (T,), generator=g)
-    labels = ids.clone()
-    labels[:3] = -100
-    return flat, ids, labels
+    return state
 
 
-def test_mil_program_matches_eager_step(exported):
-    pdir, program = exported
-    lcsb = pdir.manifest["lcsb"]
-    for k, name in enumerate(pdir.train_methods()):
-        layers = None if lcsb is None else tuple(lcsb["phases"][k])
-        flat, ids, labels = _state_and_row(program, seed=10 + k)
-        views = unflatten_state(program.layout, flat)
-        lr = torch.tensor([1e-2])
-        with torch.no_grad():
-            loss, new = program.train_step(ids, labels, lr, views, layers)
-        _, prog = _package(pdir, name)
-        feeds = {"input_ids": ids.numpy().astype(np.int32), "labels": labels.numpy().astype(np.int32), "lr": lr.numpy(),
-                 **{n: v.numpy() for n, v in views.items()}}
-        got = _run_mil(prog.functions["main"], feeds)
-        assert math.isclose(float(got["loss"][0]), float(loss[0]), rel_tol=1e-5), (name, got["loss"], loss)
-        assert set(new) == {o.name.removesuffix(OUTPUT_SUFFIX) for o in prog.functions["main"].outputs[1:]}
-        errors = {n: float(np.abs(got[n + OUTPUT_SUFFIX] - v.numpy()).max() / np.abs(v.numpy()).max())
-                  for n, v in new.items()}
-        worst = max(errors, key=errors.get)
-        print(name, "worst rel error", worst, errors[worst])
-        assert errors[worst] <= 1e-5, (worst, errors[worst])
-        # the step really moved what it returns
-        assert any(not torch.equal(v, views[n]) for n, v in new.items())
+@pytest.mark.parametrize("selected", [None, (1,)], ids=["all-layers", "lcsb-layer1"])
+def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
+    """Two whole steps driven by the host LayerLoop (bindings to the weights file's views, chaining,
+    LCSB skip and skip-update) on the MIL programs and on EagerRunner, from the same state."""
+    from toolchain.dataset import Example
+
+    pdir = exported
+    mil_runner = MilRunner(pdir)
+    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRunner(pdir.info.spec))
+    state = _state_views_init(pdir, seed=20)
+    ref = state.clone()
+    g = torch.Generator().manual_seed(21)
+    for step in range(2):
+        ids = torch.randint(0, ARCH.vocab, (T - 2 * step,), generator=g)
+        ids, labels = pad_example(Example(ids, ids.clone()), T, pdir.info.pad_token_id, "row")
+        loss = mil.train_step(ids, labels, 1e-2, state, selected)
+        want = eager.train_step(ids, labels, 1e-2, ref, selected)
+        assert math.isclose(loss, want, rel_tol=1e-5), (step, loss, want)
+    rel = float((state - ref).abs().max() / ref.abs().max())
+    print(pdir.info.spec.quant.kind, pdir.info.spec.optimizer.kind, selected, "MIL vs eager state rel diff", rel)
+    assert rel <= 1e-5
+    assert not torch.equal(state, _state_views_init(pdir, seed=20))  # the step moved the state
+    if selected is not None and pdir.info.moves_unselected:
+        assert "block_skip_update" in mil_runner.calls
+
+
+# -- the conversion fixes, on small programs (every host) -------------------------------------------------------
+
+class _Reciprocal(torch.nn.Module):
+    def forward(self, x):
+        return 1.0 / x  # exports as aten.reciprocal (RoPE's 1 / theta^(2i/d))
+
+
+class _Mask(torch.nn.Module):
+    def forward(self, q):
+        return torch.cat((torch.bitwise_and(q, 15), torch.div(q, 16, rounding_mode="floor")), dim=0).float()
+
+
+def _through_mil(module, x0: np.ndarray, rewrite) -> np.ndarray:
+    import coremltools as ct
+
+    ep = torch.export.export(module, (torch.from_numpy(x0),), strict=False).run_decompositions({})
+    if rewrite is not None:
+        assert rewrite(ep) == 1
+    prog = ct.convert(ep, inputs=[ct.TensorType(name="x", shape=x0.shape, dtype=x0.dtype)], convert_to="milinternal",
+                      minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT32,
+                      pass_pipeline=ct.PassPipeline.EMPTY)
+    func = prog.functions["main"]
+    return _run_mil(func, {"x": x0})[func.outputs[0].name]
+
+
+def test_exact_reciprocal():
+    """coremltools converts `aten.reciprocal` to MIL `inverse` = 1 / (x + 1e-4); rewritten, it is 1 / x."""
+    x0 = np.array([1.0, 2.0, 1e-3], dtype=np.float32)
+    assert abs(_through_mil(_Reciprocal(), x0, None)[2] - 1 / 1.1e-3) < 1  # the converter's epsilon
+    np.testing.assert_array_equal(_through_mil(_Reciprocal(), x0, _exact_reciprocal), np.float32(1) / x0)
+
+
+def test_mask_as_remainder():
+    """coremltools converts `bitwise_and` on booleans only; `x & 15` -> `x mod 16`, also for negative x."""
+    x0 = np.array([0, 15, 16, 200, 255, -1, -128], dtype=np.int32)
+    with pytest.raises(NotImplementedError, match="bitwise_and"):
+        _through_mil(_Mask(), x0, None)
+    want = torch.cat((torch.from_numpy(x0) & 15, torch.from_numpy(x0) // 16)).float().numpy()
+    np.testing.assert_array_equal(_through_mil(_Mask(), x0, _mask_as_remainder), want)
 
 
 # -- the Core ML runtime (macOS) -------------------------------------------------------------------------
 
+class CoreMLRunner:
+    """The packages on the Core ML runtime (CPU, float32) behind `execute(method, inputs)`."""
+
+    backend = "coreml"
+
+    def __init__(self, pdir: ProgramDir) -> None:
+        import coremltools as ct
+
+        self.pdir = pdir
+        self.models = {m: ct.models.MLModel(str(pdir.path / f), compute_units=ct.ComputeUnit.CPU_ONLY)
+                       for m, f in _entry(pdir)["methods"].items()}
+
+    def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        spec = self.pdir.info.methods[method]
+        out = self.models[method].predict(_feeds(spec, inputs))
+        return [torch.from_numpy(np.asarray(out[io.name], dtype=np.float32)) for io in spec.outputs]
+
+
 @pytest.mark.darwin
 @on_macos
 def test_coreml_predictions_train_like_eager(exported):
-    """Three steps as an app makes them (ProgramDir.call_train_method) on Core ML (CPU, float32)."""
-    import coremltools as ct
+    """Three steps through LayerLoop on Core ML against EagerRunner (quantized programs need macOS 26)."""
+    from toolchain.dataset import Example
 
-    pdir, program = exported
-    models = {m: ct.models.MLModel(str(pdir.path / f), compute_units=ct.ComputeUnit.CPU_ONLY)
-              for m, f in _entry(pdir)["methods"].items()}
-
-    def execute(method, inputs):
-        spec = pdir.method(method)
-        feeds = {io["name"]: (x.numpy().astype(np.int32) if io["dtype"] == "int64" else x.numpy())
-                 for io, x in zip(spec["inputs"], inputs)}
-        out = models[method].predict(feeds)
-        return [torch.from_numpy(np.asarray(out["loss"]))] + [
-            torch.from_numpy(np.asarray(out[io["name"] + OUTPUT_SUFFIX])) for io in spec["outputs"][1:]]
-
-    state, ids, labels = _state_and_row(program, seed=20)
-    eager = state.clone()
-    for step in range(3):
-        method, phase = pdir.method_for_step(step)
-        layers = None if phase is None else tuple(pdir.manifest["lcsb"]["phases"][phase])
-        loss = pdir.call_train_method(execute, method, ids, labels, 1e-2, state)
-        want = program.eager_step(ids, labels, 1e-2, eager, layers)
+    pdir = exported
+    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRunner(pdir.info.spec))
+    state = _state_views_init(pdir, seed=30)
+    ref = state.clone()
+    g = torch.Generator().manual_seed(31)
+    for step, selected in enumerate([None, (1,), (0,)]):
+        ids = torch.randint(0, ARCH.vocab, (T,), generator=g)
+        ids, labels = pad_example(Example(ids, ids.clone()), T, 0, "row")
+        loss = loop.train_step(ids, labels, 1e-2, state, selected)
+        want = eager.train_step(ids, labels, 1e-2, ref, selected)
         assert math.isclose(loss, want, rel_tol=1e-4), (step, loss, want)
-    rel = float((state - eager).abs().max() / eager.abs().max())
+    rel = float((state - ref).abs().max() / ref.abs().max())
     print("Core ML vs eager, state rel diff after 3 steps", rel)
     assert rel <= 1e-4
 
@@ -365,7 +442,7 @@ def test_coreml_compute_plan_supports_every_op(exported):
     import coremltools as ct
     from coremltools.models.compute_plan import MLComputePlan
 
-    pdir, _ = exported
+    pdir = exported
     for name, rel in _entry(pdir)["methods"].items():
         compiled = ct.models.utils.compile_model(str(pdir.path / rel))
         plan = MLComputePlan.load_from_path(path=compiled, compute_units=ct.ComputeUnit.ALL)
@@ -381,6 +458,20 @@ def test_coreml_compute_plan_supports_every_op(exported):
 
 # -- why the state is float32 inputs/outputs and the compute float32 (docs/coreml.md) ----------------------
 
+def _eager_loop(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec, weights, dtype: torch.dtype):
+    """LayerLoop over the eager methods of a program that is not exported (weights in memory)."""
+    from toolchain.export.weights_file import weight_tensors
+
+    spec = ProgramSpec(arch, cfg, 64, optimizer=optimizer)
+    layout = state_layout(arch, cfg, optimizer)
+    tensors = {k: v.to(dtype) for k, v in weight_tensors(weights, QuantSpec()).items()}
+    info = types.SimpleNamespace(methods=method_specs(spec), moves_unselected=optimizer.moves_unselected,
+                                 step_entry="adam_step" if optimizer.kind == "adamw" else None)
+    pdir = types.SimpleNamespace(info=info, weights=lambda: tensors, arch=arch, path="(eager)",
+                                 state_views=lambda flat: unflatten_state(layout, flat))
+    return LayerLoop(pdir, EagerRunner(spec)), layout
+
+
 def _fp16_run(optimizer: OptimizerSpec, lr: float, steps: int, mode: str):
     """`steps` eager steps of the tiny preset on the bundled corpus (T=64, r=8 on all projections).
     mode: "fp32"; "state" (the state rounded to float16 after every step: what Core ML fp16 states
@@ -390,17 +481,18 @@ def _fp16_run(optimizer: OptimizerSpec, lr: float, steps: int, mode: str):
 
     arch, cfg = get_preset("tiny"), LoraConfig(rank=8, alpha=16)
     examples = bundled_examples(ByteTokenizer(), seq_len=64)
-    weights = random_weights(arch, seed=0)
-    program = StepProgram(arch, weights.to(torch.float16) if mode == "compute" else weights, cfg, optimizer=optimizer)
-    flat = flat_state(program.layout, init_lora(arch, cfg, seed=1))
-    flat = flat.half() if mode == "compute" else flat.half().float() if mode == "state" else flat
+    loop, layout = _eager_loop(arch, cfg, optimizer, random_weights(arch, seed=0),
+                               torch.float16 if mode == "compute" else torch.float32)
+    init = flat_state(layout, init_lora(arch, cfg, seed=1))
+    flat = init.half() if mode == "compute" else init.half().float() if mode == "state" else init.clone()
     losses = []
     for s in range(steps):
         ex = examples[s % len(examples)]
-        losses.append(program.eager_step(ex.input_ids, ex.labels, lr, flat, None))
+        ids, labels = pad_example(ex, 64, 0, "row")
+        losses.append(loop.train_step(ids, labels, lr, flat, None))
         if mode == "state":
             flat.copy_(flat.half().float())
-    return program, flat.float(), losses
+    return layout, init, flat.float(), losses
 
 
 @pytest.mark.slow
@@ -413,14 +505,13 @@ def test_float16_emulation(optimizer, lr, mode):
     """200 steps in float32 vs float16 (see _fp16_run): SGD's adapter drifts by ~5-13% of its update,
     AdamW's exp_avg_sq underflows float16 and its adapter is garbage (state) or NaN (compute)."""
     steps = 200
-    program, f32, l32 = _fp16_run(optimizer, lr, steps, "fp32")
-    _, f16, l16 = _fp16_run(optimizer, lr, steps, mode)
-    init = flat_state(program.layout, init_lora(program.arch, program.cfg, seed=1))
-    params = [e for e in program.layout if e.role == "param"]
+    layout, init, f32, l32 = _fp16_run(optimizer, lr, steps, "fp32")
+    _, _, f16, l16 = _fp16_run(optimizer, lr, steps, mode)
+    params = [e for e in layout if e.role == "param"]
     sl = lambda f: torch.cat([f[e.offset:e.offset + e.numel] for e in params])  # noqa: E731
     d32, d16 = sl(f32) - sl(init), sl(f16) - sl(init)
     err = float((d16 - d32).norm() / d32.norm())
-    v = [f16[e.offset:e.offset + e.numel] for e in program.layout if e.role == "exp_avg_sq"]
+    v = [f16[e.offset:e.offset + e.numel] for e in layout if e.role == "exp_avg_sq"]
     v_zero = float((torch.cat(v) == 0).float().mean()) if v else 0.0
     last32, last16 = sum(l32[-20:]) / 20, sum(l16[-20:]) / 20
     print(f"{mode} {optimizer.kind} lr={lr:g}: mean loss of the last 20 steps fp32 {last32:.4f} fp16 {last16:.4f}; "

@@ -31,17 +31,38 @@ def exported_methods(spec: ProgramSpec) -> dict:
     return eps
 
 
-def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> TargetArtifact:
-    """Export every method into `out_dir/model.pte` (the caller handles atomicity of the directory)."""
+def xnnpack_partitioner():
+    """XNNPACK for the matmuls only (linear, mm, bmm), one op per delegate, weights taken as runtime
+    tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or in-graph dequantized
+    chunks). XNNPACK then packs each weight per call into one workspace shared by all delegates (about the
+    largest weight's size, anonymous memory) instead of packing constants into its heap at load. Larger
+    partitions fail on training graphs ("Invalid partition, found dependency cycles")."""
+    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import BMMConfig
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner(configs=[LinearConfig, MMConfig, BMMConfig], per_op_mode=True,
+                              force_non_static_weights_for_f32_linear=True)
+
+
+def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpack: bool = True) -> TargetArtifact:
+    """Export every method into `out_dir/model.pte` (the caller handles atomicity of the directory).
+
+    Args:
+        xnnpack: delegate the matmuls to XNNPACK (see `xnnpack_partitioner`); else ExecuTorch's
+            optimized kernels (single-threaded Eigen gemm).
+    """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
     note = on_stage or (lambda _s: None)
     note("torch.export")
     eps = exported_methods(spec)
-    note("to_edge")
+    note("to_edge" + (" + XNNPACK" if xnnpack else ""))
+    partitioner = {name: [xnnpack_partitioner()] for name in eps} if xnnpack else None
     edge = to_edge_transform_and_lower(
-        eps, compile_config=EdgeCompileConfig(_check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default]))
+        eps, partitioner=partitioner,
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default]))
     note("to_executorch")
     et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
     note("write .pte")
@@ -50,4 +71,4 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> Tar
     for plan in et.executorch_program.execution_plan:
         # non_const_buffer_sizes[0] is reserved; [1] is the arena (activations and outputs).
         planned[plan.name] = int(sum(list(plan.non_const_buffer_sizes)[1:]))
-    return TargetArtifact("executorch", PTE_NAME, planned_arena_bytes=planned)
+    return TargetArtifact("executorch", PTE_NAME, planned_arena_bytes=planned, delegate="xnnpack" if xnnpack else None)

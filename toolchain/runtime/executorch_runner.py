@@ -28,5 +28,8 @@ class ExecutorchRunner:
         self.methods = {name: self.program.load_method(name) for name in method_names}
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        # Outputs live in the method's planned arena and are overwritten by its next call: callers copy.
-        return list(self.methods[method].execute(inputs))
+        """Outputs are views of the planned arena, valid until the next call of ANY method: the Python
+        bindings' `Program` shares one arena between its methods (the phones' `Module` does not), and
+        `clone_outputs=False` skips the bindings' own copy. Callers copy what they keep (LayerLoop does),
+        as the apps copy a method's outputs out of its arena."""
+        return list(self.methods[method]._method.call(inputs, clone_outputs=False))
