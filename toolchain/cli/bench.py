@@ -90,7 +90,7 @@ def _step_chunk_options(f):
                      help="malloc of the memory processes: 'phone-like' maps blocks >= 128 KiB one by one (as phone "
                           "allocators do); 'glibc' keeps glibc's defaults (peaks include heap fragmentation).")(f)
     f = click.option("--mlp-chunk", type=click.IntRange(min=0), default=None,
-                     help="MeSP tokens per MLP chunk (0: none).  [default: StepOptions]")(f)
+                     help="MeSP intermediate columns per MLP chunk (0: none).  [default: StepOptions]")(f)
     f = click.option("--vocab-chunk", type=click.IntRange(min=0), default=None,
                      help="MeSP vocabulary entries per LM-head chunk (0: whole rows).  [default: StepOptions]")(f)
     f = click.option("--loss-chunk", type=click.IntRange(min=1), default=None,

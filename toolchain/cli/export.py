@@ -39,8 +39,8 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
               help="Tokens per LM-head chunk.")
 @click.option("--vocab-chunk", type=click.IntRange(min=1), default=2048, show_default=True,
               help="Vocabulary rows per LM-head chunk (online softmax): bounds the logits and head-slice transients.")
-@click.option("--mlp-chunk", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Tokens per MLP chunk (forward and backward).")
+@click.option("--mlp-chunk", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Intermediate columns per MLP chunk (forward and backward): bounds the MLP's [T, C] tensors.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k,
            lcsb_policy, plan_path, optimizer, weight_decay, lr, export_targets, loss_chunk, vocab_chunk,

@@ -5,10 +5,16 @@ Forward (x [T, d]):
   o  = attention(rope(q), rope(k), v);  x1 = x + lin_o(o)
   n2 = rmsnorm(x1); a = silu(lin_gate(n2)) * lin_up(n2);  out = x1 + lin_down(a)
 Backward chains the primitives' backwards in reverse. Nothing of the forward is kept between the
-forward pass and the backward pass but x (the per-layer checkpoint); the MLP (per token) is
-recomputed and differentiated in token chunks so its [C, f] tensors replace [T, f] ones, and its
-down projection is not recomputed at all (its backward needs its input, not its output: 1/3 of
-the MLP's recompute FLOPs). Attention runs one kv group at a time ([H/Hk, T, T] scores).
+forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one kv group at a
+time ([H/Hk, T, T] scores).
+
+The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
+with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
+[T, f] ones, and every MLP weight is read (dequantized, when quantized) once per pass: once in forward,
+once in backward, where the chunk's recompute and its gradient share the dequantized rows. The down
+projection's output is not recomputed in backward at all (its backward needs its input only). LoRA on
+the MLP splits the same way: h = x A^T is computed once per pass; B's rows (gate, up) and A's columns
+(down) are sliced per chunk; the [T, r] sums are accumulated over the chunks.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ import torch
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
-from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RopeTables, attention_backward,
+import torch.nn.functional as F
+
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, RopeTables, SwigluSaved, attention_backward,
                                 attention_forward, linear_backward, linear_forward,
                                 rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, swiglu_backward,
                                 swiglu_forward)
+from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights
 
@@ -78,24 +87,53 @@ def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables):
     return x + ao, (s_n1, s_q, s_k, s_v, s_att, s_o)
 
 
-def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
-    w = p.weights
+def _f_chunks(p: BlockParams, mlp_chunk: int | None) -> list[tuple[int, int]]:
+    """Column chunks [a, b) of the intermediate dimension; with a quantized down projection, chunk
+    boundaries fall on its quantization groups (rounded up to a multiple of the group)."""
+    f = p.arch.intermediate
+    step = f if mlp_chunk is None else min(f, mlp_chunk)
+    wd = p.weights.down_proj
+    if isinstance(wd, QuantWeight):
+        group = f // wd.scale.shape[1]
+        step = -(-step // group) * group
+    return [(a, min(a + step, f)) for a in range(0, f, step)]
+
+
+def _lora_h(x: Tensor, pair) -> Tensor | None:
+    return None if pair is None else F.linear(x, pair.a)             # [T, r] h = x A^T
+
+
+def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
+    """lin_down(silu(lin_gate(n2)) * lin_up(n2)) for n2 = rmsnorm(x1), chunk by chunk over f."""
+    w, s = p.weights, p.scale
+    lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
     n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
-    g, _ = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), p.scale)
-    u, _ = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), p.scale)
-    a, _ = swiglu_forward(g, u)
-    return linear_forward(a, w.down_proj, None, p.lora.get("down_proj"), p.scale)[0]
+    hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
+    out, hd = None, None
+    for a, b in _f_chunks(p, mlp_chunk):
+        g = F.linear(n2, dense_rows(w.gate_proj, a, b))              # [T, C]
+        u = F.linear(n2, dense_rows(w.up_proj, a, b))                # [T, C]
+        if lg is not None:
+            g = g + s * F.linear(hg, lg.b[a:b])
+        if lu is not None:
+            u = u + s * F.linear(hu, lu.b[a:b])
+        act, _ = swiglu_forward(g, u)                                # [T, C]
+        del g, u
+        part = F.linear(act, dense_cols(w.down_proj, a, b))          # [T, d]
+        out = part if out is None else out + part
+        if ld is not None:
+            h_c = F.linear(act, ld.a[:, a:b])                        # [T, r]
+            hd = h_c if hd is None else hd + h_c
+    if ld is not None:
+        out = out + s * F.linear(hd, ld.b)
+    return out
 
 
 def block_forward(x: Tensor, p: BlockParams, rope: RopeTables, mlp_chunk: int | None = None) -> Tensor:
-    """Args: x [T, d]; mlp_chunk: tokens per MLP chunk (None: all at once; the MLP is per token,
-    so chunking bounds its [C, f] tensors without changing the result). Returns the output [T, d]."""
+    """Args: x [T, d]; mlp_chunk: intermediate columns per MLP chunk (None: all at once; the MLP is a
+    sum over them, so chunking bounds its [T, C] tensors without changing the result). Returns [T, d]."""
     x1 = _attention_half(x, p, rope)[0]                              # the saved bundles are dropped at once
-    t = x1.shape[0]
-    step = t if mlp_chunk is None else mlp_chunk
-    if step >= t:
-        return x1 + _mlp(x1, p)
-    return torch.cat([x1[i:i + step] + _mlp(x1[i:i + step], p) for i in range(0, t, step)])
+    return x1 + _mlp(x1, p, mlp_chunk)
 
 
 def _add_grad(acc: dict[str, LoraPair], target: str, g: LoraPair | None) -> None:
@@ -104,28 +142,59 @@ def _add_grad(acc: dict[str, LoraPair], target: str, g: LoraPair | None) -> None
     acc[target] = g if target not in acc else LoraPair(acc[target].a + g.a, acc[target].b + g.b)
 
 
-def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, grads: dict[str, LoraPair]) -> Tensor:
-    """Recompute the MLP on x1 [C, d] and return d(x1 + mlp(x1)) / dx1 applied to dout [C, d]."""
-    w = p.weights
+def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | None,
+                  grads: dict[str, LoraPair]) -> Tensor:
+    """Recompute the MLP on x1 [T, d] chunk by chunk and return d(x1 + mlp(x1)) / dx1 applied to dout
+    [T, d]; adds the MLP's LoRA gradients to `grads`. Per chunk c (linear_backward's formulas, split over f):
+      da_c = dout Wd[:, c] + dhd Ad[:, c]    dhd = s dout Bd       dAd[:, c] = dhd^T a_c
+      hd  += a_c Ad[:, c]^T  (dBd = s dout^T hd after the loop)
+      dg_c, du_c = swiglu_backward(da_c);    dn2 += dg_c Wg[c] + du_c Wu[c]
+      dBg[c] = s dg_c^T hg;  dhg += s dg_c Bg[c]  (dAg = dhg^T n2, dn2 += dhg Ag after the loop); up alike
+    """
+    w, s = p.weights, p.scale
+    lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
     n2, s_n2 = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
-    g, s_g = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), p.scale)
-    u, s_u = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), p.scale)
-    a, s_sw = swiglu_forward(g, u)
-    del g, u
-    # The down projection's output is not needed, only its input: save without recomputing the
-    # [C, f] x [f, d] product (what linear_forward would save for these arguments).
-    s_d = LinearSaved(a, w.down_proj, p.lora.get("down_proj"), p.scale)
-    del a                                    # s_d holds `a` until the down projection's backward
-    gd = linear_backward(dout, s_d)
-    del s_d
-    _add_grad(grads, "down_proj", gd.lora)
-    sw = swiglu_backward(gd.dx, s_sw)
-    del gd, s_sw
-    gg = linear_backward(sw.dg, s_g)
-    gu = linear_backward(sw.du, s_u)
-    _add_grad(grads, "gate_proj", gg.lora)
-    _add_grad(grads, "up_proj", gu.lora)
-    return dout + rmsnorm_backward(gg.dx + gu.dx, s_n2)
+    hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
+    dhd = None if ld is None else s * (dout @ ld.b)                  # [T, r]
+    dn2, hd, dhg, dhu = None, None, None, None
+    dbg, dbu, dad = [], [], []
+    for a, b in _f_chunks(p, mlp_chunk):
+        wg, wu = dense_rows(w.gate_proj, a, b), dense_rows(w.up_proj, a, b)   # [C, d], read once for both uses
+        g, u = F.linear(n2, wg), F.linear(n2, wu)                    # [T, C] recomputed
+        if lg is not None:
+            g = g + s * F.linear(hg, lg.b[a:b])
+        if lu is not None:
+            u = u + s * F.linear(hu, lu.b[a:b])
+        act, _ = swiglu_forward(g, u)
+        da = dout @ dense_cols(w.down_proj, a, b)                    # [T, C]
+        if ld is not None:
+            ad = ld.a[:, a:b]                                        # [r, C]
+            da = da + dhd @ ad
+            dad.append(dhd.T @ act)                                  # [r, C]
+            h_c = F.linear(act, ad)
+            hd = h_c if hd is None else hd + h_c
+        del act
+        sw = swiglu_backward(da, SwigluSaved(g, u))
+        del g, u, da
+        part = sw.dg @ wg + sw.du @ wu                               # [T, d]
+        dn2 = part if dn2 is None else dn2 + part
+        del wg, wu
+        if lg is not None:
+            dbg.append(s * (sw.dg.T @ hg))                           # [C, r]
+            c = s * (sw.dg @ lg.b[a:b])
+            dhg = c if dhg is None else dhg + c
+        if lu is not None:
+            dbu.append(s * (sw.du.T @ hu))
+            c = s * (sw.du @ lu.b[a:b])
+            dhu = c if dhu is None else dhu + c
+        del sw
+    if ld is not None:
+        _add_grad(grads, "down_proj", LoraPair(torch.cat(dad, dim=1), s * (dout.T @ hd)))
+    for name, pair, dh, db in (("gate_proj", lg, dhg, dbg), ("up_proj", lu, dhu, dbu)):
+        if pair is not None:
+            dn2 = dn2 + dh @ pair.a
+            _add_grad(grads, name, LoraPair(dh.T @ n2, torch.cat(db, dim=0)))
+    return dout + rmsnorm_backward(dn2, s_n2)
 
 
 def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
@@ -135,16 +204,14 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     Args:
         dout: [T, d] gradient of the loss with respect to the block output.
         x: [T, d] the block input (the per-layer checkpoint).
-        mlp_chunk: tokens per MLP recompute/backward chunk (None: all tokens at once).
+        mlp_chunk: intermediate columns per MLP recompute/backward chunk (None: all at once).
 
     Returns:
         dx [T, d] and the LoRA gradients of this block, keyed like `p.lora`.
     """
     grads: dict[str, LoraPair] = {}
     x1, (s_n1, s_q, s_k, s_v, s_att, s_o) = _attention_half(x, p, rope)
-    t = x.shape[0]
-    step = t if mlp_chunk is None else mlp_chunk
-    dx1 = torch.cat([_mlp_backward(dout[i:i + step], x1[i:i + step], p, grads) for i in range(0, t, step)])
+    dx1 = _mlp_backward(dout, x1, p, mlp_chunk, grads)
     del x1
     arch = p.arch
     go = linear_backward(dx1, s_o)

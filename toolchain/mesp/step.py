@@ -38,19 +38,21 @@ class StepOptions:
         loss_chunk: tokens per LM-head/cross-entropy chunk. Default: 256.
         vocab_chunk: vocabulary entries per LM-head chunk (`ce_online`: online softmax over
             vocabulary chunks; peak logits [loss_chunk, vocab_chunk]); None: whole vocabulary
-            rows (`ce_chunked`; peak logits [loss_chunk, V]). Default: 4096.
-        mlp_chunk: tokens per MLP chunk, in the forward and in the recompute+backward (None:
-            whole sequence): peak MLP tensors are [mlp_chunk, f]. Default: 64.
+            rows (`ce_chunked`; peak logits [loss_chunk, V]). Default: 2048.
+        mlp_chunk: intermediate columns per MLP chunk, in the forward and in the recompute+backward
+            (None: all f at once): peak MLP tensors are [T, mlp_chunk], and each MLP weight is read
+            (dequantized) once per pass (see mesp/block.py). Default: 512.
 
     The defaults were measured on Qwen2.5-0.5B, seq 256 (`toolchain bench memory`, see
-    docs/benchmarks.md): [256, 4096] head chunks run both head matmuls as fast as full logits
-    (token chunks of 32 were ~60% slower); 64-token MLP chunks cost ~3% block time over none
-    and cut the block's working set about 4x.
+    docs/benchmarks.md): [256, 2048] head chunks run both head matmuls about as fast as full logits
+    (token chunks of 32 were ~60% slower); 512-column MLP chunks keep its tensors at [T, 512] and read
+    each MLP weight once per pass, which is what makes quantized weights cheap (token chunks of 64
+    dequantized every MLP weight 4 times per pass at T = 256).
     """
 
     loss_chunk: int = 256
-    vocab_chunk: int | None = 4096
-    mlp_chunk: int | None = 64
+    vocab_chunk: int | None = 2048
+    mlp_chunk: int | None = 512
 
     def __post_init__(self) -> None:
         if self.loss_chunk < 1:

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows"]
+__all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
+           "dense_rows", "dense_cols"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -109,3 +110,33 @@ def dequantize(qw: QuantWeight) -> Tensor:
 
 def dense(w: Tensor | QuantWeight) -> Tensor:
     return dequantize(w) if isinstance(w, QuantWeight) else w
+
+
+def dense_rows(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor:
+    """Rows [start, stop) of W as a float [stop - start, i] matrix (dequantized if quantized)."""
+    return dequantize(_rows(w, start, stop)) if isinstance(w, QuantWeight) else w[start:stop]
+
+
+def dense_cols(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor:
+    """Columns [start, stop) of W as a float [o, stop - start] matrix. Quantized: start and stop must
+    be multiples of the group; an int4 chunk reads the low nibbles of the bytes of columns < i/2 and
+    the high nibbles of those of columns >= i/2 (planar packing), split in two where it straddles i/2."""
+    if not isinstance(w, QuantWeight):
+        return w[:, start:stop]
+    o, ng = w.scale.shape
+    i = w.q.shape[1] * (2 if w.bits == 4 else 1)
+    g = i // ng
+    if start % g or (stop % g and stop != i):
+        raise ValueError(f"column chunk [{start}, {stop}) does not align with the quantization group {g}")
+    if w.bits == 8:
+        vals = w.q[:, start:stop].to(w.scale.dtype)
+    else:
+        h = i // 2
+        parts = []
+        if start < h:
+            parts.append(torch.bitwise_and(w.q[:, start:min(stop, h)], 15))
+        if stop > h:
+            parts.append(torch.div(w.q[:, max(start, h) - h:stop - h], 16, rounding_mode="floor"))
+        vals = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).to(w.scale.dtype) - 8
+    scale = w.scale[:, start // g:-(-stop // g)]
+    return (vals.reshape(o, -1, g) * scale[..., None]).reshape(o, stop - start)
