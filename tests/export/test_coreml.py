@@ -22,8 +22,8 @@ import torch
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.coreml import (CORE_ML_DTYPES, EXPECTED_OPS, FOLD_MAX_ELEMS, _convert, _exact_reciprocal,
                                      _mask_as_remainder, deployment_target)
-from toolchain.export.program import (METHOD_ROLES, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec, flat_state,
-                                      method_module, method_specs, state_layout, unflatten_state)
+from toolchain.export.program import (METHOD_ROLES, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec,
+                                      flat_state, method_module, method_specs, state_layout, unflatten_state)
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
 from toolchain.models import Qwen25Arch, random_weights
@@ -33,7 +33,7 @@ from toolchain.runtime.trainer import pad_example
 ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
-# two LM-head chunks, two loss chunks and two MLP chunks, so the chunked paths are converted too
+# two LM-head chunks, two loss chunks and eight MLP column chunks, so the chunked paths are converted too
 OPTIONS = StepOptions(loss_chunk=8, vocab_chunk=48, mlp_chunk=8)
 on_macos = pytest.mark.skipif(sys.platform != "darwin", reason="Core ML predictions need macOS: coremltools has no "
                                                                "Core ML runtime on Linux (structure is tested there)")
@@ -111,7 +111,8 @@ def test_packages_declare_the_manifest_io_and_no_states(exported):
               ft.ArrayFeatureType.INT8: "int8"}
     for name, method in pdir.info.methods.items():
         spec, _ = _package(pdir, name)
-        feature = lambda f: (f.name, dtypes.get(f.type.multiArrayType.dataType), list(f.type.multiArrayType.shape))  # noqa: E731
+        feature = lambda f: (f.name, dtypes.get(f.type.multiArrayType.dataType),  # noqa: E731
+                             list(f.type.multiArrayType.shape))
         assert [feature(f) for f in spec.description.input] == [
             (io.name, CORE_ML_DTYPES[io.dtype], list(io.shape)) for io in method.inputs]
         assert [feature(f) for f in spec.description.output] == [
@@ -299,7 +300,7 @@ def test_mil_program_matches_the_method_module(exported, method):
 def test_int8_weights_convert_and_match(tmp_path):
     """int8 qweights are int8 package inputs (iOS 26); the quantized methods only (the others do not
     depend on the weight format)."""
-    import coremltools as ct
+    from coremltools.proto import FeatureTypes_pb2 as ft
 
     spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int8", 16), optimizer=OptimizerSpec("sgd", weight_decay=0.1),
                        options=OPTIONS)
@@ -307,7 +308,7 @@ def test_int8_weights_convert_and_match(tmp_path):
         model = _convert(spec, method_specs(spec)[name])
         model.save(str(tmp_path / f"{name}.mlpackage"))
         mspec, prog = _load(tmp_path / f"{name}.mlpackage")
-        int8 = [f.name for f in mspec.description.input if f.type.multiArrayType.dataType == ct.proto.FeatureTypes_pb2.ArrayFeatureType.INT8]
+        int8 = [f.name for f in mspec.description.input if f.type.multiArrayType.dataType == ft.ArrayFeatureType.INT8]
         assert int8 == [io.name for io in method_specs(spec)[name].inputs if io.dtype == "int8"] and len(int8) == 7
         _check_method(spec, name, prog.functions["main"], seed=40 + k)
 

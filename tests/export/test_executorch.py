@@ -39,12 +39,13 @@ def _examples(n: int, seed: int) -> list[Example]:
     return out
 
 
-def _export(tmp_path_factory, name: str, *, arch=ARCH, quant="none", optimizer=OptimizerSpec(), plan=None):
+def _export(tmp_path_factory, name: str, *, arch=ARCH, quant="none", optimizer=OptimizerSpec(), plan=None,
+            xnnpack=True):
     weights = random_weights(arch, seed=3)
     lora = init_lora(arch, CFG, seed=4, zero_b=False)
     out = tmp_path_factory.mktemp(name) / "prog"
     spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec(quant, 16), optimizer=optimizer,
-                      plan=plan, pad_token_id=0)
+                      plan=plan, pad_token_id=0, xnnpack=xnnpack)
     export_program(arch, weights, CFG, lora, spec, out)
     return out, weights, lora
 
@@ -91,6 +92,7 @@ def test_program_holds_no_weight_and_has_the_layer_generic_methods(fp32_sgd):
     prog, _, _ = fp32_sgd
     pdir = ProgramDir(prog)
     assert list(pdir.info.methods) == ["embed", "block_forward", "head_loss", "block_backward"]  # SGD: no skip update
+    assert pdir.info.program("executorch")["delegate"] == "xnnpack"  # the default
     from executorch.runtime import Runtime
 
     assert set(Runtime.get().load_program(pdir.program_file("executorch")).method_names) == set(pdir.info.methods)
@@ -292,8 +294,9 @@ def test_resume_after_kill_equals_uninterrupted_run(int4_adamw, tmp_path):
     assert events[-1]["type"] == "run_end"
 
 
-def test_int8_program_matches_eager(tmp_path_factory):
-    prog, _, _ = _export(tmp_path_factory, "int8", quant="int8")
+def test_int8_program_without_xnnpack_matches_eager(tmp_path_factory):
+    prog, _, _ = _export(tmp_path_factory, "int8", quant="int8", xnnpack=False)
+    assert "delegate" not in ProgramDir(prog).info.program("executorch")
     _, res, ref = _run_both(prog, _examples(2, seed=9), 3, 0.05)
     for a, b in zip(res.losses, ref.losses):
         assert math.isclose(a, b, rel_tol=1e-5)

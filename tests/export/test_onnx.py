@@ -22,8 +22,8 @@ from toolchain.export.program import METHOD_ROLES, OptimizerSpec, QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
 from toolchain.models import Qwen25Arch
-from toolchain.runtime import EagerRunner, ProgramDir, TrainRun, run_program
-from toolchain.runtime.onnx_runner import OnnxRunner, run_onnx_step
+from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir, TrainRun, run_program
+from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner
 
 ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64,
@@ -174,7 +174,7 @@ def test_the_session_io_check_refuses_a_mismatching_program(fp32_sgd, tmp_path):
     g.graph.output[0].name = "x_new"
     onnx.save(g, str(path))
     _edit_manifest(renamed, lambda m: m["files"].update({f"{ONNX_DIR}/block_forward.onnx": sha256_file(path)}))
-    with pytest.raises(BadInput, match="re-export the program"):
+    with pytest.raises(BadInput, match="block_forward does not have the manifest's inputs/outputs"):
         OnnxRunner(ProgramDir(renamed))
     # a program without an onnx export
     other = _copy(prog, tmp_path / "other")
@@ -183,12 +183,15 @@ def test_the_session_io_check_refuses_a_mismatching_program(fp32_sgd, tmp_path):
         OnnxRunner(ProgramDir(other))
 
 
-def test_open_runner_and_the_bench_step_use_onnx(fp32_sgd):
+def test_open_runner_picks_onnx_and_its_loop_trains_one_state_in_place(fp32_sgd):
+    """What `toolchain train --program` and `bench memory --modes onnx` run: open_runner + LayerLoop."""
     prog = fp32_sgd[0]
     pdir = ProgramDir(prog)
-    assert pdir.targets == ["onnx"] and open_runner(pdir, threads=1).backend == "onnx"
-    step = run_onnx_step(prog, threads=1)
+    runner = open_runner(pdir, threads=1)
+    assert pdir.targets == ["onnx"] and runner.backend == "onnx"
+    loop, state = LayerLoop(pdir, runner), pdir.state_init()
     ex = _examples(1, seed=7)[0]
-    first, second = step(ex.input_ids, ex.labels), step(ex.input_ids, ex.labels)
-    assert math.isfinite(first) and second < first  # one state, trained in place across calls
-    assert step.program.path == prog
+    first = loop.train_step(ex.input_ids, ex.labels, 0.05, state)
+    second = loop.train_step(ex.input_ids, ex.labels, 0.05, state)
+    assert math.isfinite(first) and second < first
+    assert not torch.equal(state, pdir.state_init())

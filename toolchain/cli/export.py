@@ -35,6 +35,9 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
               help="Default learning rate recorded in the manifest (apps pass lr every step).")
 @click.option("--target", "export_targets", default="executorch", show_default=True,
               help="Comma-separated runtimes: executorch, onnx, coreml (one manifest describes all).")
+@click.option("--xnnpack/--no-xnnpack", default=True, show_default=True,
+              help="ExecuTorch: delegate the matmuls to XNNPACK (weights stay memory-mapped inputs; packed per call "
+                   "into one shared workspace). --no-xnnpack: ExecuTorch's own kernels (slower, no workspace).")
 @click.option("--loss-chunk", type=click.IntRange(min=1), default=256, show_default=True,
               help="Tokens per LM-head chunk.")
 @click.option("--vocab-chunk", type=click.IntRange(min=1), default=2048, show_default=True,
@@ -43,7 +46,7 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
               help="Intermediate columns per MLP chunk (forward and backward): bounds the MLP's [T, C] tensors.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k,
-           lcsb_policy, plan_path, optimizer, weight_decay, lr, export_targets, loss_chunk, vocab_chunk,
+           lcsb_policy, plan_path, optimizer, weight_decay, lr, export_targets, xnnpack, loss_chunk, vocab_chunk,
            mlp_chunk, out) -> None:
     """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
     block_backward with the in-program optimizer, block_skip_update) for each --target (ExecuTorch .pte,
@@ -69,7 +72,7 @@ def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, qua
     quant_spec = QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4))  # float32
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec,
                       optimizer=OptimizerSpec(optimizer, weight_decay=weight_decay), plan=plan, targets=spec_targets,
-                      default_lr=lr,
+                      xnnpack=xnnpack, default_lr=lr,
                       options=StepOptions(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),
                       tokenizer_kind=tokenizer_kind, pad_token_id=pad)
     t0 = time.perf_counter()

@@ -46,6 +46,7 @@ class ExportSpec:
         plan: default LCSB plan recorded for apps (the app may choose other layers at run time);
             None: full backprop.
         targets: runtimes to export for.
+        xnnpack: ExecuTorch: delegate the matmuls to XNNPACK (export/executorch.py).
         default_lr: learning rate recorded for apps that do not choose one.
         options: step memory knobs (loss/MLP chunking).
         pad_token_id / tokenizer_kind: what apps pad rows with.
@@ -59,6 +60,7 @@ class ExportSpec:
     optimizer: OptimizerSpec = OptimizerSpec()
     plan: StepPlan | None = None
     targets: tuple[str, ...] = ("executorch",)
+    xnnpack: bool = True
     default_lr: float = 1e-4
     options: StepOptions = StepOptions()
     tokenizer_kind: Literal["byte", "huggingface", "none"] = "none"
@@ -103,7 +105,8 @@ def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lor
         write_weights(tmp / WEIGHTS_NAME, weight_tensors(weights, spec.quant))
         artifacts = []
         for name in spec.targets:
-            artifacts.append(target(name).export(pspec, tmp, on_stage=note))
+            options = {"xnnpack": spec.xnnpack} if name == "executorch" else {}
+            artifacts.append(target(name).export(pspec, tmp, on_stage=note, **options))
         note("write adapter + manifest")
         layout = state_layout(arch, cfg, spec.optimizer)
         (tmp / STATE_INIT_NAME).write_bytes(flat_state(layout, lora).numpy().astype("<f4").tobytes())

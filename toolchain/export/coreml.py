@@ -15,6 +15,10 @@ output; v3 names the state outputs `<name>_out` already). Per method:
    packages keep only small constants: RoPE tables, the causal mask), `skip_model_load` (Core ML
    predicts on Apple platforms only).
 
+One package per method rather than one multifunction package (which coremltools 9.0 also builds on
+Linux): with no weight inside, the functions would share only small constants, and a name -> file map
+lets the app load just the methods it calls (docs/coreml.md).
+
 Dtypes of the package inputs (`CORE_ML_DTYPES`): Core ML has no int64 inputs, so `input_ids` and
 `labels` are int32 (the app passes int32); and no uint8 multi-arrays at all, int8 ones only from
 iOS 26 / macOS 26 (MLMultiArrayDataType.int8; coremltools refuses int8 inputs below `iOS26`). So
@@ -45,10 +49,11 @@ FOLD_MAX_ELEMS = 1024   # constant folding keeps results up to 4 KB; larger ones
 # manifest dtype -> dtype of the Core ML input (outputs are all float32)
 CORE_ML_DTYPES = {"float32": "float32", "int64": "int32", "int8": "int8", "uint8": "int8"}
 
-# Every MIL op the methods convert to (the test model, T=16: none/int8/int4, SGD/AdamW), checked by
-# tests/export/test_coreml.py. All are ops of the iOS 15-18 MIL opsets (none custom); where each runs is
-# Core ML's choice. `cos`/`sin` appear when the RoPE tables exceed FOLD_MAX_ELEMS. A new op here is a
-# decision, not a formality.
+# Every MIL op the methods convert to (the test model, T=16: none/int8/int4, SGD/AdamW; the tiny preset,
+# T=64, int4/AdamW; Qwen2.5-0.5B, T=256, none/AdamW and int4/SGD), checked by tests/export/test_coreml.py.
+# All are ops of the iOS 15-18 MIL opsets (none custom); where each runs is Core ML's choice. `cos`/`sin`
+# appear when the RoPE tables exceed FOLD_MAX_ELEMS, `floor_div` with int4. A new op here is a decision,
+# not a formality.
 EXPECTED_OPS = frozenset({
     "add", "cast", "clip", "concat", "const", "cos", "exp", "expand_dims", "floor_div", "gather", "greater_equal",
     "log", "matmul", "maximum", "mul", "not_equal", "pow", "real_div", "reduce_max", "reduce_mean", "reduce_sum",

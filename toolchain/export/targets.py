@@ -23,9 +23,10 @@ class Target:
     host_runnable: bool    # this (Linux) host can run it: `toolchain train --program`, `bench memory`
     description: str
 
-    def export(self, spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> TargetArtifact:
+    def export(self, spec: ProgramSpec, out_dir: Path, *, on_stage=None, **options) -> TargetArtifact:
+        """`options`: this target's own knobs (executorch: xnnpack)."""
         module, fn = self.exporter.split(":")
-        return getattr(importlib.import_module(module), fn)(spec, out_dir, on_stage=on_stage)
+        return getattr(importlib.import_module(module), fn)(spec, out_dir, on_stage=on_stage, **options)
 
 
 _TABLE = (

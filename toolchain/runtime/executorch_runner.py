@@ -18,9 +18,15 @@ class ExecutorchRunner:
 
     backend = "executorch"
 
-    def __init__(self, pte: Path, method_names: list[str]) -> None:
+    def __init__(self, pte: Path, method_names: list[str], *, threads: int | None = None) -> None:
+        """threads: size of the runtime's thread pool (XNNPACK's threads); None keeps its default, one per
+        core. The optimized (non-delegated) kernels run on one thread either way."""
         from executorch.runtime import Runtime
 
+        if threads is not None:
+            from executorch.extension.pybindings import portable_lib
+
+            portable_lib._unsafe_reset_threadpool(threads)
         self.program = Runtime.get().load_program(Path(pte))
         missing = sorted(set(method_names) - set(self.program.method_names))
         if missing:

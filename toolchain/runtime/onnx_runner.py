@@ -5,9 +5,10 @@ that runtime/loop.py's `LayerLoop` drives, exactly as an app drives it.
 Inputs are fed without copying: each tensor's `.numpy()` (a view; tensors are made contiguous
 first, which the loop's already are) goes to `InferenceSession.run`, whose CPU provider wraps a
 contiguous numpy array of the graph's dtype in place. The frozen weights are views of the
-memory-mapped weights.safetensors and stay clean file-backed pages (measured: feeding a
-Qwen2.5-0.5B block's 54 MiB of fp32 weights grows RssAnon by the step's activations only, see
-docs/onnx.md). Outputs are ORT-allocated arrays wrapped by `torch.from_numpy` (no copy).
+memory-mapped weights.safetensors and stay clean file-backed pages (measured: a Qwen2.5-0.5B
+block's 56.9 MiB of fp32 weights fed to block_forward / block_backward raise the peak RssAnon by
+10 / 25 MiB, activations only; see docs/onnx.md). Outputs are ORT-allocated arrays wrapped by
+`torch.from_numpy` (no copy).
 
 Session settings (the same an app should use; docs/onnx.md has the measurements behind them):
 - Node order = the exported order: `execution_order = PRIORITY_BASED` (the ready node that comes
@@ -34,14 +35,12 @@ Session settings (the same an app should use; docs/onnx.md has the measurements 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from toolchain.errors import BadInput
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["OnnxRunner", "run_onnx_step", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
+__all__ = ["OnnxRunner", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
 
 DISABLED_OPTIMIZERS = ["ConstantFolding", "CommonSubexpressionElimination", "GatherSliceToSplitFusion"]
 ARENAS = ("off", "shared", "session")
@@ -128,22 +127,3 @@ def _check_io(pdir: ProgramDir, method, sess) -> None:
         raise BadInput(f"{pdir.path}: the onnx graph of {method.name} does not have the manifest's inputs/outputs; "
                        f"re-export the program")
 
-
-def run_onnx_step(program_dir, threads: int | None = None, arena: str = "off"):
-    """For `toolchain bench memory --modes onnx`: a callable(input_ids, labels) -> loss that runs one
-    full-backprop training step of the exported program on the v3 layer loop (manifest default lr),
-    the state held as an app holds it."""
-    from toolchain.runtime.loop import LayerLoop
-
-    pdir = ProgramDir(Path(program_dir))
-    runner = OnnxRunner(pdir, threads=threads, arena=arena)
-    loop = LayerLoop(pdir, runner)
-    lr = pdir.info.default_lr
-    state = pdir.state_init()
-
-    def step(input_ids: torch.Tensor, labels: torch.Tensor) -> float:
-        return loop.train_step(input_ids, labels, lr, state)
-
-    step.program = pdir
-    step.runner = runner
-    return step

@@ -14,7 +14,7 @@ __all__ = ["open_runner", "HOST_RUNNABLE"]
 def _executorch(pdir: ProgramDir, threads: int | None):
     from toolchain.runtime.executorch_runner import ExecutorchRunner
 
-    return ExecutorchRunner(pdir.program_file("executorch"), list(pdir.info.methods))
+    return ExecutorchRunner(pdir.program_file("executorch"), list(pdir.info.methods), threads=threads)
 
 
 def _onnx(pdir: ProgramDir, threads: int | None):
