@@ -19,7 +19,7 @@ from live_tensors import LiveTensorPeak
 from toolchain.bench.steps import prepare_lora, sgd_hook, train_step
 from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, init_lora
-from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
+from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting, mlp_backward_peak
 from toolchain.mesp import mesp_step
 from toolchain.mesp.step import StepOptions
 from toolchain.models import PRESETS, Qwen25Arch, random_weights
@@ -152,18 +152,27 @@ def test_parts_add_up_and_overhead_is_its_own_part():
 
 
 def test_known_parts_of_qwen_0_5b():
-    """Hand-computed from DESIGN.md's shapes with StepOptions' defaults (loss chunk 256, vocab chunk 4096,
-    MLP chunk 64): checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections: 4,399,104 parameters;
-    8 [64, 4864] MLP tensors + n2 [64, 896] in backward; one [256, 4096] logits block in the loss;
-    MeBP: 3 [256, 151936] in the loss backward and 25 [256, 896] block inputs/outputs."""
+    """Hand-computed from DESIGN.md's shapes with StepOptions' defaults (loss chunk 256, vocab chunk 2048,
+    MLP chunk 512 intermediate columns): checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections: 4,399,104
+    parameters. The peak is layer 23's attention backward (4 [7, 256, 256] score tensors of one kv group,
+    with the layer's MLP and o gradients); the MLP backward's own peak is 4 [256, 512] chunk tensors (g, u,
+    dg, du) and 5 [256, 896] (dn2, the previous chunk's term, dg Wg[c], du Wu[c] and their sum). Without MLP
+    chunks, 8 [256, 4864] at swiglu's backward win. One [256, 16384] logits block in the loss; MeBP:
+    3 [256, 151936] in the loss backward and 25 [256, 896] block inputs/outputs."""
     arch = PRESETS["qwen2.5-0.5b"]
+    mb = 4 / BYTES_PER_MB
     est = estimate_peak(StepShape(arch, 256, 8))
     assert est.phase == "backward" and est.layer == 23
-    assert est.parts_mb["checkpoints"] == 24 * 256 * 896 * 4 / BYTES_PER_MB
-    assert est.parts_mb["mlp_working_set"] == (8 * 64 * 4864 + 64 * 896) * 4 / BYTES_PER_MB
-    assert est.parts_mb["lora_params"] == 4_399_104 * 4 / BYTES_PER_MB
-    # the last MLP chunk: gate, up and down gradients of the chunks done + this chunk's down gradient
-    assert est.parts_mb["lora_grads"] == 4 * 8 * (4864 + 896) * 4 / BYTES_PER_MB
+    assert est.parts_mb["checkpoints"] == 24 * 256 * 896 * mb
+    assert est.parts_mb["attention_scores"] == 4 * 7 * 256 * 256 * mb
+    assert est.parts_mb["lora_params"] == 4_399_104 * mb
+    # gate, up, down and o gradients of the layer: r (3 (f + d) + 2 d)
+    assert est.parts_mb["lora_grads"] == 8 * (3 * (4864 + 896) + 2 * 896) * mb
+    mlp = mlp_backward_peak(StepShape(arch, 256, 8))
+    assert mlp["mlp_working_set"] == 4 * 256 * 512 and mlp["hidden_grads"] == 5 * 256 * 896
+    whole = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=None))
+    assert whole.phase == "backward" and whole.parts_mb["mlp_working_set"] == 8 * 256 * 4864 * mb
+    assert whole.parts_mb["lora_grads"] == 8 * 4864 * mb     # dAd of the one chunk, [r, f]
     rows = estimate_peak(StepShape(arch, 256, 8, vocab_chunk=None))
     assert rows.phase == "loss" and rows.parts_mb["loss_logits"] == 256 * 151936 * 4 / BYTES_PER_MB
     online = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=8, loss_chunk=512, vocab_chunk=16384))

@@ -38,13 +38,15 @@ import torch
 from toolchain.export.artifact import TargetArtifact
 from toolchain.export.program import MethodSpec, ProgramSpec, example_inputs, method_module, method_specs
 
-__all__ = ["export_onnx", "ONNX_DIR", "OPSET", "MAX_INITIALIZER_BYTES"]
+__all__ = ["export_onnx", "ONNX_DIR", "OPSET", "FOLD_MAX_ELEMS", "MAX_INITIALIZER_BYTES"]
 
 ONNX_DIR = "onnx"
 OPSET = 20
-# Constants left in a graph after folding (RoPE tables, the causal mask, small index tensors) are
-# bounded by the folder's output limit; nothing of a weight's size may ever be an initializer.
-MAX_INITIALIZER_BYTES = 1 << 20
+# Constant folding keeps results of at most FOLD_MAX_ELEMS elements (RoPE tables at T=256, index
+# constants); larger constants (the causal mask, `zeros_like` of a [T, d] activation: 0.9 MB at
+# 0.5B, T=256) stay ops computed per call instead of initializers stored in the file and the session.
+FOLD_MAX_ELEMS = 1 << 14
+MAX_INITIALIZER_BYTES = 1 << 18  # a guard: nothing of a weight's size may ever be an initializer
 
 
 def _to_onnx(spec: ProgramSpec, method: MethodSpec):
@@ -72,7 +74,8 @@ def _to_onnx(spec: ProgramSpec, method: MethodSpec):
     big = [(n, v.const_value.nbytes) for n, v in model.graph.initializers.items()
            if v.const_value is not None and v.const_value.nbytes > MAX_INITIALIZER_BYTES]
     if big:
-        raise RuntimeError(f"ONNX export of {method.name} produced large initializers {big[:3]}; weights must stay inputs")
+        raise RuntimeError(f"ONNX export of {method.name} produced large initializers {big[:3]}; "
+                           f"weights must stay inputs")
     return model
 
 
@@ -117,7 +120,7 @@ def _optimize(model) -> None:
     from onnxscript.optimizer import fold_constants_ir
 
     for _ in range(2):
-        if not fold_constants_ir(model, onnx_shape_inference=True).modified:
+        if not fold_constants_ir(model, onnx_shape_inference=True, output_size_limit=FOLD_MAX_ELEMS).modified:
             break
     Sequential(common.RemoveUnusedNodesPass(), common.DeduplicateInitializersPass())(model)
 

@@ -157,25 +157,283 @@ def state_parts(s: StepShape, grads_elems: float) -> Parts:
             "rope_tables": 2 * s.seq_len * a.head_dim}
 
 
-def _forward_parts(s: StepShape, i: int) -> list[Parts]:
+class _Replay:
+    """The live tensors of one piece of the step, replayed allocation by allocation with CPython's
+    reference semantics (a tensor dies with its last reference; `x = f(x)` frees the old x after the new
+    one exists): `peak_parts` are the parts at the largest live total seen at an allocation."""
+
+    def __init__(self) -> None:
+        self._objs: dict[int, list] = {}          # id -> [part, elements, references]
+        self._names: dict[str, int] = {}
+        self._next = 0
+        self._parts: Parts = {}
+        self._total = 0.0
+        self.peak_total, self.peak_parts = 0.0, {}
+
+    def new(self, part: str, n: float, name: str | None = None) -> int:
+        """Allocate n elements of `part`; bound to `name` if given, else a temporary to `release`."""
+        obj, self._next = self._next, self._next + 1
+        self._objs[obj] = [part, n, 1]
+        self._parts[part] = self._parts.get(part, 0.0) + n
+        self._total += n
+        if self._total > self.peak_total:
+            self.peak_total, self.peak_parts = self._total, dict(self._parts)
+        if name is not None:
+            self._bind(name, obj)
+            self.release(obj)
+        return obj
+
+    def release(self, obj: int) -> None:
+        entry = self._objs[obj]
+        entry[2] -= 1
+        if not entry[2]:
+            del self._objs[obj]
+            self._parts[entry[0]] -= entry[1]
+            self._total -= entry[1]
+
+    def _bind(self, name: str, obj: int) -> None:
+        self._objs[obj][2] += 1
+        old = self._names.get(name)
+        self._names[name] = obj
+        if old is not None:
+            self.release(old)
+
+    def alias(self, name: str, other: str) -> None:
+        """name = other (the same tensor)."""
+        self._bind(name, self._names[other])
+
+    def drop(self, *names: str) -> None:
+        for name in names:
+            self.release(self._names.pop(name))
+
+    def keep_only(self, *names: str) -> None:
+        """A function returns: its locals die, except what it returns."""
+        self.drop(*[n for n in list(self._names) if n not in names])
+
+    def chain(self, part: str, n: float, steps: int, name: str | None = None) -> None:
+        """`steps` elementwise ops in a row, each freeing its temporary input: y = f3(f2(f1(.)))."""
+        prev = self.new(part, n)
+        for _ in range(steps - 1):
+            cur = self.new(part, n)
+            self.release(prev)
+            prev = cur
+        if name is not None:
+            self._bind(name, prev)
+        self.release(prev)
+
+
+def mlp_chunks(s: StepShape) -> list[int]:
+    """Sizes of the MLP's column chunks of the intermediate dimension (block._f_chunks for float weights)."""
+    f = s.arch.intermediate
+    step = f if s.mlp_chunk is None else min(f, s.mlp_chunk)
+    return [step] * (f // step) + ([f % step] if f % step else [])
+
+
+def _replayed(sizes: list[int]) -> list[tuple[int, int, int]]:
+    """(index, size, full chunks skipped before it): chunks 0, 1, 2 and the last two. The chunks after the
+    third differ only by the LoRA gradient slices collected so far (growing) while their size is the same,
+    so the largest of the skipped ones is never above chunk n-2; only the last chunk may be shorter."""
+    n = len(sizes)
+    keep = sorted({k for k in (0, 1, 2, n - 2, n - 1) if 0 <= k < n})
+    out, prev = [], -1
+    for k in keep:
+        out.append((k, sizes[k], k - prev - 1))
+        prev = k
+    return out
+
+
+def _rstd(r: _Replay, t: int, d: int, part: str) -> None:
+    """rmsnorm's r = rsqrt(mean(x^2) + eps): x^2 [T, d], then three [T, 1]; r is bound to "_r"."""
+    sq = r.new(part, t * d)
+    mean = r.new(part, t)
+    r.release(sq)
+    eps = r.new(part, t)
+    r.release(mean)
+    r.new(part, t, "_r")
+    r.release(eps)
+
+
+def _rmsnorm_forward(r: _Replay, t: int, d: int, part: str, name: str) -> None:
+    """rmsnorm_forward: r; x * r [T, d] (r dies); y = w * (x * r)."""
+    _rstd(r, t, d, part)
+    xr = r.new(part, t * d)
+    r.drop("_r")
+    r.new(part, t * d, name)
+    r.release(xr)
+
+
+def _rmsnorm_backward(r: _Replay, t: int, d: int, part: str, name: str) -> None:
+    """rmsnorm_backward: r recomputed; xhat, g = dy * w, g * xhat (and its mean), xhat * mean, g - .., r * ..;
+    then the caller's residual add."""
+    _rstd(r, t, d, part)
+    r.new(part, t * d, "_xhat")
+    r.new(part, t * d, "_g")
+    gx = r.new(part, t * d)
+    m = r.new(part, t)
+    r.release(gx)
+    xm = r.new(part, t * d)
+    r.release(m)
+    diff = r.new(part, t * d)
+    r.release(xm)
+    r.new(part, t * d, "_dx")
+    r.release(diff)
+    r.drop("_r", "_xhat", "_g")
+    r.new(part, t * d, name)            # dout + dx
+    r.drop("_dx")
+
+
+def _lora_update(r: _Replay, part: str, n: float, name: str) -> None:
+    """name = name + s * F.linear(h, B[c]): the product, its scaled copy, the sum."""
+    a = r.new(part, n)
+    b = r.new(part, n)
+    r.release(a)
+    r.new(part, n, name)
+    r.release(b)
+
+
+def mlp_forward_peak(s: StepShape) -> Parts:
+    """block._mlp and the block's residual add, replayed: the parts (elements) at their peak, on top of
+    what the block holds (checkpoints, x1)."""
+    t, d, rank = s.seq_len, s.arch.hidden, s.rank
+    gate, up, down = (name in s.targets for name in _MLP)
+    r = _Replay()
+    _rmsnorm_forward(r, t, d, "block_hidden", "n2")
+    for name, on in (("hg", gate), ("hu", up)):
+        if on:
+            r.new("lora_sums", t * rank, name)                         # h = n2 A^T [T, r]
+    for k, c, _ in _replayed(mlp_chunks(s)):
+        p = t * c
+        r.new("mlp_working_set", p, "g")
+        r.new("mlp_working_set", p, "u")
+        for name, on in (("g", gate), ("u", up)):
+            if on:
+                _lora_update(r, "mlp_working_set", p, name)
+        silu = r.new("mlp_working_set", p)
+        r.new("mlp_working_set", p, "act")
+        r.release(silu)
+        r.alias("_g", "g")                                             # `act, _ = swiglu_forward(g, u)`: _ holds g, u
+        r.alias("_u", "u")
+        r.drop("g", "u")
+        r.new("block_hidden", t * d, "part")
+        if k == 0:
+            r.alias("out", "part")
+        else:
+            r.new("block_hidden", t * d, "out")
+        if down:
+            r.new("lora_sums", t * rank, "h_c")
+            if k == 0:
+                r.alias("hd", "h_c")
+            else:
+                r.new("lora_sums", t * rank, "hd")
+    if down:
+        _lora_update(r, "block_hidden", t * d, "out")
+    r.keep_only("out")
+    r.new("block_hidden", t * d)                                       # x1 + mlp(x1)
+    return r.peak_parts
+
+
+def mlp_backward_peak(s: StepShape) -> Parts:
+    """block._mlp_backward replayed: the parts (elements) at its peak, on top of what block_backward holds
+    (checkpoints, dout, the attention half's saved tensors). Its LoRA gradients: the chunks' slices
+    collected in lists, then concatenated (both alive until it returns)."""
+    t, d, f, rank = s.seq_len, s.arch.hidden, s.arch.intermediate, s.rank
+    gate, up, down = (name in s.targets for name in _MLP)
+    w, h, g_, lr = "mlp_working_set", "hidden_grads", "lora_grads", "lora_sums"
+    r = _Replay()
+    _rmsnorm_forward(r, t, d, "block_hidden", "n2")
+    for name, on in (("hg", gate), ("hu", up)):
+        if on:
+            r.new(lr, t * rank, name)
+    if down:
+        r.chain(lr, t * rank, 2, "dhd")                                # s * (dout @ Bd)
+    full = mlp_chunks(s)[0]
+    for k, c, skipped in _replayed(mlp_chunks(s)):
+        if skipped:                                                    # the skipped chunks' gradient slices
+            r.new(g_, skipped * full * rank * (gate + up + down), f"slices_before_{k}")
+        p = t * c
+        r.new(w, p, "g")
+        r.new(w, p, "u")
+        for name, on in (("g", gate), ("u", up)):
+            if on:
+                _lora_update(r, w, p, name)
+        silu = r.new(w, p)
+        r.new(w, p, "act")
+        r.release(silu)
+        r.alias("_g", "g")
+        r.alias("_u", "u")
+        r.new(w, p, "da")                                              # dout Wd[:, c]
+        if down:
+            r.chain(w, p, 2, "da")                                     # da + dhd Ad[:, c]
+            r.new(g_, rank * c, f"dad{k}")                             # dhd^T a_c [r, C]
+            r.new(lr, t * rank, "h_c")
+            if k == 0:
+                r.alias("hd", "h_c")
+            else:
+                r.new(lr, t * rank, "hd")
+        r.drop("act")
+        # swiglu_backward: sg; du = da * (g sg); dg = da * u * sg * (1 + g * (1 - sg))
+        sg = r.new(w, p)
+        gs = r.new(w, p)
+        r.new(w, p, "du")
+        r.release(gs)
+        r.chain(w, p, 2, "_dus")
+        r.chain(w, p, 3, "_tail")
+        r.new(w, p, "dg")
+        r.drop("_dus", "_tail")
+        r.release(sg)
+        r.drop("g", "u", "da")
+        a, b = r.new(h, t * d), r.new(h, t * d)                        # dg Wg[c] + du Wu[c]
+        r.new(h, t * d, "part")
+        r.release(a)
+        r.release(b)
+        if k == 0:
+            r.alias("dn2", "part")
+        else:
+            r.new(h, t * d, "dn2")
+        for on, lst, acc in ((gate, "dbg", "dhg"), (up, "dbu", "dhu")):
+            if on:
+                r.chain(g_, c * rank, 2, f"{lst}{k}")                  # s * (dg^T hg) [C, r]
+                r.chain(lr, t * rank, 2, "c")                          # s * (dg Bg[c]) [T, r]
+                if k == 0:
+                    r.alias(acc, "c")
+                else:
+                    r.new(lr, t * rank, acc)
+        r.drop("dg", "du")
+    if down:
+        r.new(g_, rank * f, "grad_down_a")                             # torch.cat of the slices
+        r.chain(g_, d * rank, 2, "grad_down_b")                        # s * (dout^T hd)
+    for on, name in ((gate, "gate"), (up, "up")):
+        if on:
+            r.chain(h, t * d, 2, "dn2")                                # dn2 + dh A
+            r.new(g_, rank * d, f"grad_{name}_a")
+            r.new(g_, f * rank, f"grad_{name}_b")
+    _rmsnorm_backward(r, t, d, h, "dx1")
+    return r.peak_parts
+
+
+def _plus(*parts: Parts) -> Parts:
+    out: Parts = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _forward_parts(s: StepShape, i: int, mlp: Parts) -> list[Parts]:
     a, t = s.arch, s.seq_len
-    d, kv, f, dh = a.hidden, a.kv_dim, a.intermediate, a.head_dim
+    d, kv, dh = a.hidden, a.kv_dim, a.head_dim
     g = a.heads // a.kv_heads                                        # query heads per kv head
     base = {**state_parts(s, 0), "checkpoints": (i + 1) * t * d}
     mask = t * t / s.dtype_bytes                                     # bool [T, T]
     # attention one kv group at a time: the last group's scores + softmax [G,T,T] x2, the outputs of the others;
-    # then the o projection: n1, q, q_rope, o, o regrouped [T, d], its output (+ LoRA term + sum)
-    o_out = 3 if "o_proj" in s.targets else 1
+    # then the o projection: n1, q, q_rope, o, o regrouped [T, d], its output and LoRA term and their sum, or
+    # (not adapted) its output and x1 = x + output
+    o_out = 3 if "o_proj" in s.targets else 2
     out = [{**base, "attention_saved": 3 * t * d + 3 * t * kv, "attention_outputs": (a.kv_heads - 1) * g * t * dh,
             "attention_scores": 2 * g * t * t + mask},
            {**base, "attention_saved": 3 * t * d + 3 * t * kv, "attention_outputs": (2 + o_out) * t * d}]
-    step = t if s.mlp_chunk is None else s.mlp_chunk
-    down = 3 if "down_proj" in s.targets else 1                      # y (+ LoRA term + sum) of the down projection
-    for start in (chunk_starts(t, step) if step < t else [0]):
-        c = min(step, t - start)
-        held = 2 * t * d if step >= t else t * d + start * d + c * d  # x1 (+ outputs of the chunks done) + n2
-        # up's LoRA sum or swiglu (g, u and two [C, f] more) vs. the down projection (g, u, a and its outputs)
-        out.append({**base, "block_hidden": held, "mlp_working_set": max(4 * c * f, 3 * c * f + down * c * d)})
+    # the MLP (column chunks, replayed) on top of the checkpoints and x1
+    out.append(_plus(base, {"block_hidden": t * d}, mlp))
     return out
 
 
@@ -215,8 +473,9 @@ def _loss_online_parts(s: StepShape) -> list[Parts]:
         # held: scaled dh of the chunks done, the previous chunk's dh, lse, z[y] and weights, the losses so far
         done = {"hidden_grads": start * d + prev * d}
         held = base["loss_vectors"] + 3 * prev + start // lc + c * (1 + 8) / e + c   # + valid, tgt, z[y] [C]
-        # the vocabulary loop: E[y], A [C, d], the [C, Vc] block, m, S, m', a, a*S, rowsum, S' [C, 1]
-        out.append({**base, **done, "loss_rows": 2 * c * d, "loss_logits": c * vc, "loss_vectors": held + 7 * c})
+        # the vocabulary loop at A <- A a + p E_j: E[y], A, A a, p E_j, the new A [C, d]; the [C, Vc] block;
+        # m, S, m', a [C, 1]
+        out.append({**base, **done, "loss_rows": 5 * c * d, "loss_logits": c * vc, "loss_vectors": held + 4 * c})
         # its end: A, E[y], A / S and dh [C, d]; m, S, a, lse [C, 1]
         out.append({**base, **done, "loss_rows": 4 * c * d, "loss_vectors": held + 4 * c})
     # torch.cat of the dh chunks; the last chunk's dh, lse, z[y] and weights are still bound; the losses and their sum
@@ -232,20 +491,14 @@ def _final_norm_parts(s: StepShape) -> list[Parts]:
     return [{**state_parts(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
 
 
-def _backward_parts(s: StepShape, i: int, grads_above: float) -> list[Parts]:
+def _backward_parts(s: StepShape, i: int, grads_above: float, mlp: Parts) -> list[Parts]:
     a, t = s.arch, s.seq_len
-    d, kv, f, dh = a.hidden, a.kv_dim, a.intermediate, a.head_dim
+    d, kv, dh = a.hidden, a.kv_dim, a.head_dim
     g = a.heads // a.kv_heads
     mlp_grads = lora_elems(s, _MLP)
-    down_grads = lora_elems(s, ("down_proj",))
-    base = {"checkpoints": (i + 1) * t * d, "attention_saved": 4 * t * d + 2 * t * kv}
-    out = []
-    step = t if s.mlp_chunk is None else s.mlp_chunk
-    for start in chunk_starts(t, step):
-        c = min(step, t - start)
-        partial = down_grads if start == 0 else mlp_grads + down_grads  # this layer's MLP grads so far
-        out.append({**state_parts(s, grads_above + partial), **base, "hidden_grads": t * d + start * d,
-                    "mlp_working_set": 8 * c * f + c * d})
+    base = {"checkpoints": (i + 1) * t * d, "attention_saved": 4 * t * d + 2 * t * kv, "loss_vectors": 1}  # + loss []
+    # the MLP's recompute and backward (replayed) on top of dout and the attention half's saved tensors
+    out = [_plus(state_parts(s, grads_above), base, {"hidden_grads": t * d}, mlp)]
     # attention backward of the last kv group: its [G,T,T] p, dp, dp - rowsum, ds; the other groups' dq, dk, dv
     partial = mlp_grads + lora_elems(s, ("o_proj",))
     others = (a.kv_heads - 1) * (g * t * dh + 2 * t * dh)
@@ -254,19 +507,20 @@ def _backward_parts(s: StepShape, i: int, grads_above: float) -> list[Parts]:
     # the q/k/v tail, in the input norm's backward: n1 and o still held; dout, dx1, dq/dk/dv (one [T, d] +
     # two [T, kv]), the three projections' dx, their sum and rmsnorm_backward's four [T, d] temporaries
     out.append({**state_parts(s, grads_above + lora_elems(s, ALL_TARGETS)), "checkpoints": (i + 1) * t * d,
-                "attention_saved": 2 * t * d, "hidden_grads": 11 * t * d + 2 * t * kv + t})
+                "attention_saved": 2 * t * d, "hidden_grads": 11 * t * d + 2 * t * kv + t, "loss_vectors": 1})
     return out
 
 
 def _mesp_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
-    out = [("forward", i, p) for i in range(s.arch.layers) for p in _forward_parts(s, i)]
+    fwd_mlp, bwd_mlp = mlp_forward_peak(s), mlp_backward_peak(s)
+    out = [("forward", i, p) for i in range(s.arch.layers) for p in _forward_parts(s, i, fwd_mlp)]
     loss = _loss_chunked_parts(s) if s.vocab_chunk is None else _loss_online_parts(s)
     out += [("loss", None, p) for p in loss]
     out += [("final_norm", None, p) for p in _final_norm_parts(s)]
     per_layer = lora_elems(s, ALL_TARGETS)
     for n_done, i in enumerate(s.selected()):
         grads_above = n_done * per_layer if s.grads == "all" else 0
-        out += [("backward", i, p) for p in _backward_parts(s, i, grads_above)]
+        out += [("backward", i, p) for p in _backward_parts(s, i, grads_above, bwd_mlp)]
     if s.grads == "all":   # the step returns every selected layer's gradients
         out.append(("end", None, {**state_parts(s, len(s.selected()) * per_layer), "checkpoints": 0}))
     return out

@@ -57,11 +57,13 @@ def attention_backward(do: Tensor, saved: AttentionSaved) -> AttentionGrads:
     qg = q.reshape(hk, h // hk, t, d)                                # [Hk, G, T, D]
     dog = do.reshape(hk, h // hk, t, d)                              # [Hk, G, T, D]
     p = _probs(qg, k)                                                # [Hk, G, T, T] recomputed
-    dv = (p.transpose(-1, -2) @ dog).sum(1)                          # [Hk, T, D]
+    # P^T dO written as (dO^T P)^T (and dS^T Q as (Q^T dS)^T below): only [D, T]-sized operands are
+    # transposed; ExecuTorch materializes every transpose (`permute_copy`), a [T, T] one is T^2 floats.
+    dv = (dog.transpose(-1, -2) @ p).transpose(-1, -2).sum(1)        # [Hk, T, D]
     dp = dog @ v.unsqueeze(1).transpose(-1, -2)                      # [Hk, G, T, T]
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))                   # [Hk, G, T, T]
     del p, dp
     c = d ** -0.5
     dq = (ds @ k.unsqueeze(1)) * c                                   # [Hk, G, T, D]
-    dk = (ds.transpose(-1, -2) @ qg).sum(1) * c                      # [Hk, T, D]
+    dk = (qg.transpose(-1, -2) @ ds).transpose(-1, -2).sum(1) * c    # [Hk, T, D]
     return AttentionGrads(dq.reshape(h, t, d), dk, dv)
