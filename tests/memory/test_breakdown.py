@@ -35,7 +35,7 @@ CASES = [
     ("loss", Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=997, max_positions=64),
      StepOptions(loss_chunk=8, vocab_chunk=None, mlp_chunk=8)),
     ("MLP", Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=400, vocab=11, max_positions=64),
-     StepOptions(loss_chunk=4, vocab_chunk=8, mlp_chunk=12)),
+     StepOptions(loss_chunk=4, vocab_chunk=8, mlp_chunk=120)),          # [40, 120] columns > [40, 40] scores
     ("attention", Qwen25Arch(hidden=16, layers=1, heads=8, kv_heads=2, intermediate=8, vocab=11, max_positions=64),
      StepOptions(loss_chunk=4, vocab_chunk=8, mlp_chunk=4)),
 ]

@@ -1,12 +1,13 @@
 """The analytic peak of a training step equals the exact peak of live tensors of the real step
 (counted by storage with a dispatch mode, see live_tensors.py), overall and per phase (forward, loss,
 backward), on configurations chosen so that different candidates win (online-softmax and token-chunked
-loss, MLP chunks, attention backward, the q/k/v tail, accumulated or per-layer grads, an LCSB selection);
+loss, MLP column chunks (even, uneven, whole f), attention backward, the q/k/v tail, accumulated or per-layer
+grads, an LCSB selection);
 the same for the MeBP and autograd baselines as `bench memory` runs them; plus the API's invariants.
 
 If this fails after a change to toolchain/mesp (or bench/steps.py), the step now keeps different tensors
-alive: update the counts in toolchain/memory/estimate*.py (the failure prints the parts) rather than the
-tolerance."""
+alive: update the block replays or the counts in toolchain/memory/estimate*.py (the failure prints the
+parts) rather than the tolerance."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from live_tensors import LiveTensorPeak
 from toolchain.bench.steps import prepare_lora, sgd_hook, train_step
 from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, init_lora
-from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting, mlp_backward_peak
+from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.mesp import mesp_step
 from toolchain.mesp.step import StepOptions
 from toolchain.models import PRESETS, Qwen25Arch, random_weights
@@ -59,6 +60,8 @@ CASES = [
     Case(WIDE, 128, 8, 16, 32, backward_layers=(2, 1), phase="backward"),   # LCSB selection
     Case(FAT_MLP, 64, 4, None, 8, backward_layers=(0,), phase="backward"),  # unchunked MLP
     Case(FAT_MLP, 64, 4, 8, 8, targets=("q_proj", "k_proj"), backward_layers=(0,)),
+    Case(FAT_MLP, 64, 4, 1500, 8, targets=("down_proj",), backward_layers=(0,)),  # MLP chunks 1500 + 548
+    Case(FAT_MLP, 64, 4, 700, 8, targets=("gate_proj", "o_proj")),   # 700, 700, 648 columns
     Case(BIG_VOCAB, 96, 2, 32, 64, vocab_chunk=None, grads="all", phase="loss"),   # uneven loss chunks
     Case(BIG_VOCAB, 96, 2, 32, 64, vocab_chunk=4096, phase="loss"),   # online softmax, [64, 4096] blocks
     Case(MANY_HEADS, 64, 4, 8, 8, phase="backward"),
@@ -153,23 +156,22 @@ def test_parts_add_up_and_overhead_is_its_own_part():
 
 def test_known_parts_of_qwen_0_5b():
     """Hand-computed from DESIGN.md's shapes with StepOptions' defaults (loss chunk 256, vocab chunk 2048,
-    MLP chunk 512 intermediate columns): checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections: 4,399,104
-    parameters. The peak is layer 23's attention backward (4 [7, 256, 256] score tensors of one kv group,
-    with the layer's MLP and o gradients); the MLP backward's own peak is 4 [256, 512] chunk tensors (g, u,
-    dg, du) and 5 [256, 896] (dn2, the previous chunk's term, dg Wg[c], du Wu[c] and their sum). Without MLP
-    chunks, 8 [256, 4864] at swiglu's backward win. One [256, 16384] logits block in the loss; MeBP:
-    3 [256, 151936] in the loss backward and 25 [256, 896] block inputs/outputs."""
+    MLP chunk 512 intermediate columns: 9 full chunks and one of 256): checkpoints 24 x [256, 896] fp32; LoRA
+    r8 on 7 projections: 4,399,104 parameters. The peak is layer 23's MLP backward in its last full chunk,
+    while dg Wg[c] + du Wu[c] is summed: 4 [256, 512] (g, u, dg, du), 6 [256, 896] (dout, dn2, the previous
+    chunk's term, the two products, their sum), the gradient slices of the 8 chunks done (gate, up, down)
+    and this chunk's down slice. Without MLP chunks, 8 [256, 4864] at swiglu's backward win. One
+    [256, 16384] logits block in the loss; MeBP: 3 [256, 151936] in the loss backward and 25 [256, 896]
+    block inputs/outputs."""
     arch = PRESETS["qwen2.5-0.5b"]
     mb = 4 / BYTES_PER_MB
     est = estimate_peak(StepShape(arch, 256, 8))
     assert est.phase == "backward" and est.layer == 23
     assert est.parts_mb["checkpoints"] == 24 * 256 * 896 * mb
-    assert est.parts_mb["attention_scores"] == 4 * 7 * 256 * 256 * mb
     assert est.parts_mb["lora_params"] == 4_399_104 * mb
-    # gate, up, down and o gradients of the layer: r (3 (f + d) + 2 d)
-    assert est.parts_mb["lora_grads"] == 8 * (3 * (4864 + 896) + 2 * 896) * mb
-    mlp = mlp_backward_peak(StepShape(arch, 256, 8))
-    assert mlp["mlp_working_set"] == 4 * 256 * 512 and mlp["hidden_grads"] == 5 * 256 * 896
+    assert est.parts_mb["mlp_working_set"] == 4 * 256 * 512 * mb
+    assert est.parts_mb["hidden_grads"] == 6 * 256 * 896 * mb
+    assert est.parts_mb["lora_grads"] == 8 * (3 * 8 * 512 + 512) * mb
     whole = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=None))
     assert whole.phase == "backward" and whole.parts_mb["mlp_working_set"] == 8 * 256 * 4864 * mb
     assert whole.parts_mb["lora_grads"] == 8 * 4864 * mb     # dAd of the one chunk, [r, f]

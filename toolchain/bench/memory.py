@@ -127,7 +127,7 @@ class MemoryBenchConfig(BenchWorkload):
     check_grads: bool = True
     quant: str = "none"
     quant_group: int = 64
-    quant_chunk_elems: int = 1 << 19
+    quant_chunk_elems: int = 1 << 18
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in BENCH_MODES]

@@ -68,7 +68,7 @@ def _setup(spec: dict) -> _Setup:
     return _Setup(arch, weights, cfg, options, input_ids, input_ids.clone())
 
 
-def _program_step(spec: dict, s: _Setup, target: str) -> Callable[[int], float]:
+def _program_step(spec: dict, s: _Setup, target: str, pdir=None) -> Callable[[int], float]:
     """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
     held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
     loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
@@ -79,20 +79,21 @@ def _program_step(spec: dict, s: _Setup, target: str) -> Callable[[int], float]:
 
     if not spec.get("program_dir"):
         raise BadInput(f"{target} mode needs --program DIR, a program directory exported with --target {target}")
-    pdir = ProgramDir(Path(spec["program_dir"]))
+    pdir = pdir or ProgramDir(Path(spec["program_dir"]))
     loop = LayerLoop(pdir, open_runner(pdir, target, threads=spec["threads"]))
     layout = state_layout(pdir.arch, pdir.lora_config, pdir.info.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     return lambda k: loop.train_step(s.input_ids, s.labels, spec["lr"], state)
 
 
-def _step_fn(spec: dict, s: _Setup, mode: str) -> Callable[[int], float]:
-    """One SGD training step of `mode` on its own adapter; the argument is the step index."""
+def _step_fn(spec: dict, s: _Setup, mode: str, pdir=None) -> Callable[[int], float]:
+    """One SGD training step of `mode` on its own adapter; the argument is the step index. `pdir`: the
+    program directory of the executorch/onnx modes, when already read."""
     from toolchain.bench.steps import prepare_lora, sgd_hook, train_step
     from toolchain.lora import init_lora
 
     if mode in ("executorch", "onnx"):
-        return _program_step(spec, s, mode)
+        return _program_step(spec, s, mode, pdir)
     lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     hook = sgd_hook(lora, spec["lr"])
     return lambda k: train_step(mode, s.arch, s.weights, lora, s.cfg, s.input_ids, s.labels, hook, options=s.options,
@@ -117,10 +118,17 @@ def run_memory(spec: dict) -> dict:
     if spec["mode"] == "onnx":
         # Likewise the onnxruntime Python module (its sessions, arenas and state are counted).
         import onnxruntime  # noqa: F401
+    pdir = None
+    if spec["mode"] in ("executorch", "onnx") and spec.get("program_dir"):
+        # Likewise the manifest as Python objects and its schema validator (~3 MB; an app's parsed
+        # manifest is a few KB). Everything the program loads and allocates comes after the baseline.
+        from toolchain.runtime import ProgramDir
+
+        pdir = ProgramDir(Path(spec["program_dir"]))
     release_free_memory()
     baseline = read_status()
     s = _setup(spec)
-    step = _step_fn(spec, s, spec["mode"])
+    step = _step_fn(spec, s, spec["mode"], pdir)
     step(0)  # warm-up
     peaks, before, drift = [], [], []
     for k in range(1, spec["repeat"] + 1):

@@ -136,7 +136,7 @@ def _progress():
               help="Quantization group size.  [default: --program's, else 64]")
 @click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="MiB (float32) dequantized at once, as `toolchain export --dequant-chunk-mb`.  "
-                   "[default: --program's, else 2]")
+                   "[default: --program's, else 1]")
 @_step_chunk_options
 @_bench_run_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,

@@ -19,7 +19,7 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 @click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default="int4", show_default=True,
               help="Frozen projection weights: float32 or group-wise int8/int4, dequantized inside the step.")
 @click.option("--quant-group", type=click.IntRange(min=2), default=64, show_default=True, help="Quantization group size.")
-@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Quantized weights are dequantized inside a method at most this many MiB (float32) at a time: "
                    "smaller lowers the transient, larger makes fewer graph nodes.")
 @click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
@@ -40,9 +40,9 @@ QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
                    "into one shared workspace). --no-xnnpack: ExecuTorch's own kernels (slower, no workspace).")
 @click.option("--loss-chunk", type=click.IntRange(min=1), default=256, show_default=True,
               help="Tokens per LM-head chunk.")
-@click.option("--vocab-chunk", type=click.IntRange(min=1), default=2048, show_default=True,
+@click.option("--vocab-chunk", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Vocabulary rows per LM-head chunk (online softmax): bounds the logits and head-slice transients.")
-@click.option("--mlp-chunk", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--mlp-chunk", type=click.IntRange(min=1), default=256, show_default=True,
               help="Intermediate columns per MLP chunk (forward and backward): bounds the MLP's [T, C] tensors.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 def export(model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb, lcsb_k,

@@ -70,7 +70,7 @@ class QuantSpec:
     group: int = 64
     # Dequantize at most this many weights at once (float32 elements). One block's graph is exported
     # once, so small chunks cost little export time; they bound the dequantized transient.
-    chunk_elems: int = 1 << 19
+    chunk_elems: int = 1 << 18
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "int8", "int4"):

@@ -54,14 +54,15 @@ def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_l
     Args:
         mode: autograd (stores every activation, full logits), mebp (per-block checkpoints, full
             logits), mesp (checkpoints, chunked loss, layer-by-layer update), mezo (two forwards).
-        options: the MeSP/MeZO chunking (loss and MLP chunks).
+        options: the MeSP/MeZO chunking (loss chunks; MLP chunks of intermediate columns). With quantized
+            weights the step rounds MLP chunks up to the quantization group: not reflected here.
         bytes_per_value: 4 for float32.
     """
     t, v, f, d = seq_len, arch.vocab, arch.intermediate, arch.hidden
     params = lora_num_params(arch, cfg) * bytes_per_value
-    m = t if options.mlp_chunk is None else min(options.mlp_chunk, t)
-    group_probs = ("attention scores of one kv group [H/Hk, T, T]", arch.heads // arch.kv_heads * t * t)
-    chunked = (_loss_block(options, t, v), (f"MLP tensor [{m}, f]", m * f), group_probs)
+    c = f if options.mlp_chunk is None else min(options.mlp_chunk, f)    # intermediate columns per MLP chunk
+    head_probs = ("attention scores of one head [T, T]", t * t)
+    chunked = (_loss_block(options, t, v), (f"MLP tensor [T, {c}]", t * c), head_probs)
     if mode in ("autograd", "mebp"):
         transient = ("full logits [T, V]", t * v)
         grads = params

@@ -2,35 +2,41 @@
 and the MeBP / autograd baselines (`estimate_autograd.py`).
 
 The model counts the tensors the step's code keeps alive at each candidate peak, then takes the
-largest. Notation: T seq_len, d hidden, kv = kv_heads * head_dim, G query heads per kv head,
-f intermediate, V vocab, L layers, C a token chunk (mlp_chunk or T; loss_chunk), Vc vocab_chunk, r rank.
-MeSP candidates:
+largest. Notation: T seq_len, d hidden, kv = kv_heads * head_dim, f intermediate, V vocab, L layers,
+C a chunk (of the loss: loss_chunk tokens; of the MLP: mlp_chunk intermediate columns), Vc vocab_chunk,
+r rank. MeSP candidates:
 
-  forward, layer i   checkpoints x_0..x_i; attention one kv group at a time (n1, q, q_rope: 3 T*d;
-                     k, k_rope, v: 3 T*kv; the last group's scores and softmax [G,T,T] x2 and the
-                     [T,T] mask; the other groups' outputs), or the o projection (o, o regrouped, its
-                     output + LoRA term + sum); then the MLP per chunk: x1, the chunk outputs done,
-                     n2 and max(4 [C,f], 3 [C,f] + the down projection's outputs).
+  forward, layer i   checkpoints x_0..x_i, plus block_forward REPLAYED tensor by tensor (`_Replay`): the
+                     attention half (n1, q, k, v and their LoRA terms, rope, attention one query head at a
+                     time: [T, T] scores, softmax and bool mask, the heads' outputs, their concatenation and
+                     regrouping, the o projection, x1), then the MLP over column chunks of f ([T, C] g, u,
+                     act and their LoRA terms, [T, d] partial sums, [T, r] LoRA sums), then the block output.
   loss (ce_online)   L checkpoints, x and hn, the scaled dh chunks done and the previous chunk's unscaled
-                     dh, then per token chunk either the vocabulary loop (E[y], the running sum A: 2 [C,d];
-                     ONE [C,Vc] logits block; seven [C,1] running vectors) or its end (A, E[y], A / S,
-                     dh: 4 [C,d]); or the final torch.cat of dh.
+                     dh, then per token chunk either the vocabulary loop at A <- A a + p E_j (E[y], A, A a,
+                     p E_j, the new A: 5 [C,d]; ONE [C,Vc] logits block; four [C,1] running vectors) or its
+                     end (A, E[y], A / S, dh: 4 [C,d]); or the final torch.cat of dh.
   loss (ce_chunked)  (vocab_chunk None) as above with ONE [C,V] buffer per token chunk.
   final norm         L checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
-  backward, layer i  checkpoints x_0..x_i, dout, the recomputed attention half (n1, q_rope, k_rope,
-                     v, o, x1), and the largest of: the MLP chunk at swiglu_backward's dg (8 [C,f]:
-                     g, u, the down projection's dx, sigmoid, du, two products, dg; n2 [C,d]; the dx
-                     chunks done); attention_backward of the last kv group at ds (4 [G,T,T]: p, dp,
-                     dp - rowsum, ds; the other groups' dq/dk/dv; dout, dx1, d_o); the q/k/v tail (11 [T,d]).
+  backward, layer i  checkpoints x_0..x_i, dout, the loss, plus block_backward REPLAYED: the recomputed
+                     attention half (its saved n1, q_rope, k_rope, v, o regrouped, x1 kept), the MLP's
+                     recompute and backward chunk by chunk (swiglu's backward: 8 [T, C]; dg Wg[c] + du Wu[c]:
+                     [T, d] sums; the chunks' LoRA gradient slices, concatenated at the end), the o
+                     projection's backward, attention backward one query head at a time (p, dp, ds [T, T]),
+                     rope and the q/k/v projections' backward, the input norm's backward; the layer's
+                     gradients as they are made.
   end                every selected layer's gradients, when the step returns them (grads="all").
   everywhere         LoRA params, their grads (all selected layers' kept until the step returns, or
                      one layer's when the update is applied right after each layer), optimizer state
                      (AdamW: 2 moments), rope tables 2 [T, head_dim].
 
-tests/memory/test_memory_estimate.py checks these counts against the live tensors of the real step
-(overall and per phase, to 0.2%): when the step changes, that test says which count to update.
-Not modelled: the few [T, r] LoRA transients, dequantization transients of int8/int4 weights
-(`--program` memory plans include them), allocator slack and the runtime itself: the caller passes
+The replays follow the code's Python names (a tensor dies with its last reference, so e.g. `act, _ =
+swiglu_forward(g, u)` keeps g and u alive through `_` until the next chunk rebinds it): where the step's
+code changes, its replay here must change the same way. Only the MLP chunks whose held set differs are
+replayed (the first three and the last two; see `_replayed`), so a replay costs O(1) in the chunk count.
+tests/memory/test_memory_estimate.py checks these against the live tensors of the real step (overall and
+per phase, to 0.2%; in practice exact to the element): when the step changes, that test says so.
+Not modelled: dequantization transients of int8/int4 weights (eager `--quant`; `--program` memory plans
+include them), the loss scalars of ce_chunked, allocator slack and the runtime itself: the caller passes
 `overhead_mb` (calibrated against `toolchain bench memory`, see docs/planner.md), reported as its own
 part. Frozen weights are not counted (memory-mapped clean pages, which the phones' footprint does not
 count). MB = 2^20 bytes.
@@ -71,8 +77,8 @@ class StepShape:
         loss_chunk: tokens per LM-head chunk (StepOptions.loss_chunk; MeSP only). Default: StepOptions'.
         vocab_chunk: vocabulary entries per LM-head chunk (StepOptions.vocab_chunk: the online-softmax
             loss); None = whole rows (`ce_chunked`). Default: StepOptions'.
-        mlp_chunk: tokens per MLP chunk in forward and backward (StepOptions.mlp_chunk); None = T.
-            Default: StepOptions'.
+        mlp_chunk: intermediate columns per MLP chunk in forward and backward (StepOptions.mlp_chunk); None =
+            all f at once. Default: StepOptions'.
         lcsb_k: layers backpropagated per step; the worst selection (the top k) is assumed (MeSP only).
         backward_layers: the exact selection (overrides lcsb_k).
         grads: "layer" drops each layer's gradients after its update (the exported program, `bench
@@ -158,9 +164,10 @@ def state_parts(s: StepShape, grads_elems: float) -> Parts:
 
 
 class _Replay:
-    """The live tensors of one piece of the step, replayed allocation by allocation with CPython's
-    reference semantics (a tensor dies with its last reference; `x = f(x)` frees the old x after the new
-    one exists): `peak_parts` are the parts at the largest live total seen at an allocation."""
+    """The live tensors of a piece of the step, replayed allocation by allocation with CPython's reference
+    semantics (a tensor dies with its last reference; `x = f(x)` frees the old x once the new one exists; a
+    function's locals die when it returns): `peak_parts` are the parts at the largest live total seen at an
+    allocation. Names stand for Python variables; a function's locals share a prefix (`ret` ends them)."""
 
     def __init__(self) -> None:
         self._objs: dict[int, list] = {}          # id -> [part, elements, references]
@@ -171,7 +178,7 @@ class _Replay:
         self.peak_total, self.peak_parts = 0.0, {}
 
     def new(self, part: str, n: float, name: str | None = None) -> int:
-        """Allocate n elements of `part`; bound to `name` if given, else a temporary to `release`."""
+        """Allocate n elements of `part`, bound to `name` if given, else a temporary to `release`."""
         obj, self._next = self._next, self._next + 1
         self._objs[obj] = [part, n, 1]
         self._parts[part] = self._parts.get(part, 0.0) + n
@@ -206,12 +213,14 @@ class _Replay:
         for name in names:
             self.release(self._names.pop(name))
 
-    def keep_only(self, *names: str) -> None:
-        """A function returns: its locals die, except what it returns."""
-        self.drop(*[n for n in list(self._names) if n not in names])
+    def ret(self, prefix: str, keep: dict[str, str] | None = None) -> None:
+        """The function whose locals start with `prefix` returns; `keep`: local -> the caller's name."""
+        for local, outer in (keep or {}).items():
+            self.alias(outer, local)
+        self.drop(*[n for n in self._names if n.startswith(prefix)])
 
     def chain(self, part: str, n: float, steps: int, name: str | None = None) -> None:
-        """`steps` elementwise ops in a row, each freeing its temporary input: y = f3(f2(f1(.)))."""
+        """`steps` ops in a row, each consuming the previous temporary: y = f3(f2(f1(.)))."""
         prev = self.new(part, n)
         for _ in range(steps - 1):
             cur = self.new(part, n)
@@ -231,8 +240,8 @@ def mlp_chunks(s: StepShape) -> list[int]:
 
 def _replayed(sizes: list[int]) -> list[tuple[int, int, int]]:
     """(index, size, full chunks skipped before it): chunks 0, 1, 2 and the last two. The chunks after the
-    third differ only by the LoRA gradient slices collected so far (growing) while their size is the same,
-    so the largest of the skipped ones is never above chunk n-2; only the last chunk may be shorter."""
+    third differ only by the LoRA gradient slices collected so far (growing), at the same size (only the
+    last chunk may be shorter), so none of the skipped ones peaks above chunk n - 2."""
     n = len(sizes)
     keep = sorted({k for k in (0, 1, 2, n - 2, n - 1) if 0 <= k < n})
     out, prev = [], -1
@@ -242,32 +251,32 @@ def _replayed(sizes: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _rstd(r: _Replay, t: int, d: int, part: str) -> None:
-    """rmsnorm's r = rsqrt(mean(x^2) + eps): x^2 [T, d], then three [T, 1]; r is bound to "_r"."""
+def _rstd(r: _Replay, pre: str, t: int, d: int, part: str) -> None:
+    """rmsnorm's r = rsqrt(mean(x^2) + eps): x^2 [T, d], then three [T, 1]; bound to pre + "r"."""
     sq = r.new(part, t * d)
     mean = r.new(part, t)
     r.release(sq)
     eps = r.new(part, t)
     r.release(mean)
-    r.new(part, t, "_r")
+    r.new(part, t, pre + "r")
     r.release(eps)
 
 
-def _rmsnorm_forward(r: _Replay, t: int, d: int, part: str, name: str) -> None:
+def _rmsnorm_forward(r: _Replay, pre: str, t: int, d: int, part: str, name: str) -> None:
     """rmsnorm_forward: r; x * r [T, d] (r dies); y = w * (x * r)."""
-    _rstd(r, t, d, part)
+    _rstd(r, pre, t, d, part)
     xr = r.new(part, t * d)
-    r.drop("_r")
+    r.drop(pre + "r")
     r.new(part, t * d, name)
     r.release(xr)
 
 
-def _rmsnorm_backward(r: _Replay, t: int, d: int, part: str, name: str) -> None:
-    """rmsnorm_backward: r recomputed; xhat, g = dy * w, g * xhat (and its mean), xhat * mean, g - .., r * ..;
-    then the caller's residual add."""
-    _rstd(r, t, d, part)
-    r.new(part, t * d, "_xhat")
-    r.new(part, t * d, "_g")
+def _rmsnorm_backward(r: _Replay, pre: str, t: int, d: int, part: str, name: str) -> None:
+    """rmsnorm_backward: r recomputed; xhat, g = dy * w, g * xhat (and its mean), xhat * mean, g - ..,
+    r * (..) -> name."""
+    _rstd(r, pre, t, d, part)
+    r.new(part, t * d, pre + "xhat")
+    r.new(part, t * d, pre + "g")
     gx = r.new(part, t * d)
     m = r.new(part, t)
     r.release(gx)
@@ -275,15 +284,13 @@ def _rmsnorm_backward(r: _Replay, t: int, d: int, part: str, name: str) -> None:
     r.release(m)
     diff = r.new(part, t * d)
     r.release(xm)
-    r.new(part, t * d, "_dx")
+    r.new(part, t * d, name)
     r.release(diff)
-    r.drop("_r", "_xhat", "_g")
-    r.new(part, t * d, name)            # dout + dx
-    r.drop("_dx")
+    r.drop(pre + "r", pre + "xhat", pre + "g")
 
 
 def _lora_update(r: _Replay, part: str, n: float, name: str) -> None:
-    """name = name + s * F.linear(h, B[c]): the product, its scaled copy, the sum."""
+    """name = name + s * F.linear(h, B): the product, its scaled copy, the sum."""
     a = r.new(part, n)
     b = r.new(part, n)
     r.release(a)
@@ -291,123 +298,303 @@ def _lora_update(r: _Replay, part: str, n: float, name: str) -> None:
     r.release(b)
 
 
-def mlp_forward_peak(s: StepShape) -> Parts:
-    """block._mlp and the block's residual add, replayed: the parts (elements) at their peak, on top of
-    what the block holds (checkpoints, x1)."""
+def _linear_forward(r: _Replay, s: StepShape, target: str, o: int, part: str, name: str, *, bias: bool) -> None:
+    """linear_forward: x W^T, + bias, + s (x A^T) B^T when adapted ([T, r] h dies after the B product)."""
+    t = s.seq_len
+    r.new(part, t * o, name)
+    if bias:
+        r.new(part, t * o, name)
+    if target in s.targets:
+        h = r.new("lora_sums", t * s.rank)
+        hb = r.new(part, t * o)
+        r.release(h)
+        r.new(part, t * o, "_scaled")
+        r.release(hb)
+        r.new(part, t * o, name)
+        r.drop("_scaled")
+
+
+def _linear_backward(r: _Replay, s: StepShape, target: str, i: int, o: int, part: str, name: str) -> None:
+    """linear_backward(dy [T, o]) -> name (dx [T, i]); the LoRA gradients dA [r, i], dB [o, r] (kept in the
+    block's grads as "grad.<target>")."""
+    t, rank = s.seq_len, s.rank
+    r.new(part, t * i, "lb.dx")                                       # dy W
+    if target in s.targets:
+        r.new("lora_sums", t * rank, "lb.h")                          # x A^T
+        r.chain("lora_sums", t * rank, 2, "lb.dh")                    # s * (dy B)
+        r.chain(part, t * i, 2, "lb.dx2")                             # dx + dh A
+        r.new("lora_grads", rank * i, f"grad.{target}.a")             # dh^T x
+        r.chain("lora_grads", o * rank, 2, f"grad.{target}.b")        # s * (dy^T h)
+        r.ret("lb.", {"lb.dx2": name})
+    else:
+        r.ret("lb.", {"lb.dx": name})
+
+
+def _rope_forward(r: _Replay, n: float, part: str, name: str) -> None:
+    """x * cos + rot(x) * sin; rot: -x[.., half:] [n/2] and the cat."""
+    a = r.new(part, n)
+    neg = r.new(part, n / 2)
+    rot = r.new(part, n)
+    r.release(neg)
+    b = r.new(part, n)
+    r.release(rot)
+    r.new(part, n, name)
+    r.release(a)
+    r.release(b)
+
+
+def _rope_backward(r: _Replay, n: float, part: str, name: str) -> None:
+    """dy * cos + rot^T(dy * sin); rot^T: -z[.., :half] [n/2] and the cat."""
+    a = r.new(part, n)
+    b = r.new(part, n)
+    neg = r.new(part, n / 2)
+    c = r.new(part, n)
+    r.release(neg)
+    r.release(b)
+    r.new(part, n, name)
+    r.release(a)
+    r.release(c)
+
+
+def _probs(r: _Replay, s: StepShape, name: str) -> None:
+    """One head's causal softmax [T, T]: q k^T, * c; the bool mask (ones, triu); masked_fill; softmax."""
+    tt, part = s.seq_len ** 2, "attention_scores"
+    qk = r.new(part, tt)
+    scaled = r.new(part, tt)
+    r.release(qk)
+    ones = r.new(part, tt / s.dtype_bytes)
+    mask = r.new(part, tt / s.dtype_bytes)
+    r.release(ones)
+    filled = r.new(part, tt)
+    r.release(scaled)
+    r.new(part, tt, name)
+    r.release(filled)
+    r.release(mask)
+
+
+def _attention_half(r: _Replay, s: StepShape) -> None:
+    """block._attention_half from the block input (a checkpoint) to x1; its locals (a.*) are left for the
+    caller to end (the forward keeps x1 only, the backward the saved bundles too)."""
+    a, t = s.arch, s.seq_len
+    d, kv, dh = a.hidden, a.kv_dim, a.head_dim
+    sv, out = "attention_saved", "attention_outputs"
+    _rmsnorm_forward(r, "a.", t, d, sv, "a.n1")
+    for name, o in (("q", d), ("k", kv), ("v", kv)):
+        _linear_forward(r, s, f"{name}_proj", o, sv, f"a.{name}", bias=True)
+    _rope_forward(r, t * d, sv, "a.q_rope")
+    _rope_forward(r, t * kv, sv, "a.k_rope")
+    for h in range(a.heads):                                          # _attention_by_head
+        _probs(r, s, "a.p")
+        r.new(out, t * dh, f"a.o{h}")                                 # p @ v
+        r.drop("a.p")
+    r.new(out, t * d, "a.o")                                          # torch.cat of the heads
+    r.drop(*[f"a.o{h}" for h in range(a.heads)])
+    r.new(out, t * d, "a.oflat")                                      # _unheads(o): a copy
+    _linear_forward(r, s, "o_proj", d, out, "a.ao", bias=False)
+    r.new("block_hidden", t * d, "x1")                                # x + ao
+
+
+def _mlp_forward(r: _Replay, s: StepShape) -> None:
+    """block._mlp on x1 -> "mlp_out" (names m.*)."""
     t, d, rank = s.seq_len, s.arch.hidden, s.rank
     gate, up, down = (name in s.targets for name in _MLP)
-    r = _Replay()
-    _rmsnorm_forward(r, t, d, "block_hidden", "n2")
-    for name, on in (("hg", gate), ("hu", up)):
+    w, hid = "mlp_working_set", "block_hidden"
+    _rmsnorm_forward(r, "m.", t, d, hid, "m.n2")
+    for name, on in (("m.hg", gate), ("m.hu", up)):
         if on:
-            r.new("lora_sums", t * rank, name)                         # h = n2 A^T [T, r]
+            r.new("lora_sums", t * rank, name)                        # h = n2 A^T [T, r]
     for k, c, _ in _replayed(mlp_chunks(s)):
         p = t * c
-        r.new("mlp_working_set", p, "g")
-        r.new("mlp_working_set", p, "u")
-        for name, on in (("g", gate), ("u", up)):
+        r.new(w, p, "m.g")
+        r.new(w, p, "m.u")
+        for name, on in (("m.g", gate), ("m.u", up)):
             if on:
-                _lora_update(r, "mlp_working_set", p, name)
-        silu = r.new("mlp_working_set", p)
-        r.new("mlp_working_set", p, "act")
+                _lora_update(r, w, p, name)
+        silu = r.new(w, p)
+        r.new(w, p, "m.act")
         r.release(silu)
-        r.alias("_g", "g")                                             # `act, _ = swiglu_forward(g, u)`: _ holds g, u
-        r.alias("_u", "u")
-        r.drop("g", "u")
-        r.new("block_hidden", t * d, "part")
+        r.alias("m._g", "m.g")                                        # `act, _ = swiglu_forward(g, u)`: _ keeps g, u
+        r.alias("m._u", "m.u")
+        r.drop("m.g", "m.u")
+        r.new(hid, t * d, "m.part")
         if k == 0:
-            r.alias("out", "part")
+            r.alias("m.out", "m.part")
         else:
-            r.new("block_hidden", t * d, "out")
+            r.new(hid, t * d, "m.out")
         if down:
-            r.new("lora_sums", t * rank, "h_c")
+            r.new("lora_sums", t * rank, "m.h_c")
             if k == 0:
-                r.alias("hd", "h_c")
+                r.alias("m.hd", "m.h_c")
             else:
-                r.new("lora_sums", t * rank, "hd")
+                r.new("lora_sums", t * rank, "m.hd")
     if down:
-        _lora_update(r, "block_hidden", t * d, "out")
-    r.keep_only("out")
-    r.new("block_hidden", t * d)                                       # x1 + mlp(x1)
+        _lora_update(r, hid, t * d, "m.out")
+    r.ret("m.", {"m.out": "mlp_out"})
+
+
+def _mlp_backward(r: _Replay, s: StepShape) -> None:
+    """block._mlp_backward on x1 and dout -> "dx1" (names mb.*); its LoRA gradients: the chunks' slices
+    collected in lists, then concatenated into the block's grads (the lists die when it returns)."""
+    t, d, f, rank = s.seq_len, s.arch.hidden, s.arch.intermediate, s.rank
+    gate, up, down = (name in s.targets for name in _MLP)
+    w, h, g_, lr = "mlp_working_set", "hidden_grads", "lora_grads", "lora_sums"
+    _rmsnorm_forward(r, "mb.", t, d, "block_hidden", "mb.n2")
+    for name, on in (("mb.hg", gate), ("mb.hu", up)):
+        if on:
+            r.new(lr, t * rank, name)
+    if down:
+        r.chain(lr, t * rank, 2, "mb.dhd")                            # s * (dout @ Bd)
+    full = mlp_chunks(s)[0]
+    for k, c, skipped in _replayed(mlp_chunks(s)):
+        if skipped:                                                   # the skipped chunks' gradient slices
+            r.new(g_, skipped * full * rank * (gate + up + down), f"mb.slices_before_{k}")
+        p = t * c
+        r.new(w, p, "mb.g")
+        r.new(w, p, "mb.u")
+        for name, on in (("mb.g", gate), ("mb.u", up)):
+            if on:
+                _lora_update(r, w, p, name)
+        silu = r.new(w, p)
+        r.new(w, p, "mb.act")
+        r.release(silu)
+        r.alias("mb._g", "mb.g")
+        r.alias("mb._u", "mb.u")
+        r.new(w, p, "mb.da")                                          # dout Wd[:, c]
+        if down:
+            r.chain(w, p, 2, "mb.da")                                 # da + dhd Ad[:, c]
+            r.new(g_, rank * c, f"mb.dad{k}")                         # dhd^T a_c [r, C]
+            r.new(lr, t * rank, "mb.h_c")
+            if k == 0:
+                r.alias("mb.hd", "mb.h_c")
+            else:
+                r.new(lr, t * rank, "mb.hd")
+        r.drop("mb.act")
+        # swiglu_backward: sg; du = da * (g sg); dg = da * u * sg * (1 + g * (1 - sg))
+        sg = r.new(w, p)
+        gs = r.new(w, p)
+        r.new(w, p, "mb.du")
+        r.release(gs)
+        r.chain(w, p, 2, "mb._dus")
+        r.chain(w, p, 3, "mb._tail")
+        r.new(w, p, "mb.dg")
+        r.drop("mb._dus", "mb._tail")
+        r.release(sg)
+        r.drop("mb.g", "mb.u", "mb.da")
+        a, b = r.new(h, t * d), r.new(h, t * d)                       # dg Wg[c] + du Wu[c]
+        r.new(h, t * d, "mb.part")
+        r.release(a)
+        r.release(b)
+        if k == 0:
+            r.alias("mb.dn2", "mb.part")
+        else:
+            r.new(h, t * d, "mb.dn2")
+        for on, lst, acc in ((gate, "mb.dbg", "mb.dhg"), (up, "mb.dbu", "mb.dhu")):
+            if on:
+                r.chain(g_, c * rank, 2, f"{lst}{k}")                 # s * (dg^T hg) [C, r]
+                r.chain(lr, t * rank, 2, "mb.c")                      # s * (dg Bg[c]) [T, r]
+                if k == 0:
+                    r.alias(acc, "mb.c")
+                else:
+                    r.new(lr, t * rank, acc)
+        r.drop("mb.dg", "mb.du")
+    if down:
+        r.new(g_, rank * f, "grad.down_proj.a")                       # torch.cat of the slices
+        r.chain(g_, d * rank, 2, "grad.down_proj.b")                  # s * (dout^T hd)
+    for on, name in ((gate, "gate_proj"), (up, "up_proj")):
+        if on:
+            r.chain(h, t * d, 2, "mb.dn2")                            # dn2 + dh A
+            r.new(g_, rank * d, f"grad.{name}.a")
+            r.new(g_, f * rank, f"grad.{name}.b")
+    _rmsnorm_backward(r, "mb.n_", t, d, h, "mb.dnorm")
+    r.new(h, t * d, "mb.dx1")                                         # dout + rmsnorm_backward(dn2)
+    r.ret("mb.", {"mb.dx1": "dx1"})
+
+
+def _attention_backward(r: _Replay, s: StepShape) -> None:
+    """_attention_backward_by_head(d_o): per query head, attention_backward (p recomputed, dv, dp, ds,
+    dq, dk); the previous head's grads stay bound (`ga`) during the next; the kv heads' dk, dv summed;
+    then the three torch.cat -> "ga.dq", "ga.dk", "ga.dv" (names h.*, ab.*)."""
+    a, t = s.arch, s.seq_len
+    dh, tt, g = a.head_dim, s.seq_len ** 2, a.heads // a.kv_heads
+    hg, sc = "hidden_grads", "attention_scores"
+    for h in range(a.heads):
+        j = h // g
+        _probs(r, s, "ab.p")
+        tmp = r.new(hg, t * dh)                                       # dO^T P [D, T]
+        r.new(hg, t * dh, "ab.dv")                                    # (..)^T.sum(1)
+        r.release(tmp)
+        r.new(sc, tt, "ab.dp")                                        # dO V^T
+        dpp = r.new(sc, tt)                                           # dp * p
+        rs = r.new(sc, t)                                             # its row sums
+        r.release(dpp)
+        diff = r.new(sc, tt)
+        r.release(rs)
+        r.new(sc, tt, "ab.ds")
+        r.release(diff)
+        r.drop("ab.p", "ab.dp")
+        r.chain(hg, t * dh, 2, "ab.dq")                               # (ds K) * c
+        r.chain(hg, t * dh, 3, "ab.dk")                               # ((Q^T ds)^T.sum(1)) * c
+        r.ret("ab.", {"ab.dq": "h.ga_dq", "ab.dk": "h.ga_dk", "ab.dv": "h.ga_dv"})
+        r.alias(f"h.dq{h}", "h.ga_dq")
+        for name in ("dk", "dv"):
+            if h % g == 0:
+                r.alias(f"h.{name}{j}", f"h.ga_{name}")
+            else:
+                r.new(hg, t * dh, f"h.{name}{j}")
+    r.new(hg, t * a.hidden, "h.dq")
+    r.new(hg, t * a.kv_dim, "h.dk")
+    r.new(hg, t * a.kv_dim, "h.dv")
+    r.ret("h.", {"h.dq": "ga.dq", "h.dk": "ga.dk", "h.dv": "ga.dv"})
+
+
+def block_forward_peak(s: StepShape) -> Parts:
+    """block_forward replayed (the attention half, then the MLP; the output): the parts (elements) at its
+    peak, on top of what the step holds (state, checkpoints x_0..x_i)."""
+    r = _Replay()
+    _attention_half(r, s)
+    r.ret("a.")
+    _mlp_forward(r, s)
+    r.new("block_hidden", s.seq_len * s.arch.hidden)                 # x1 + mlp(x1)
     return r.peak_parts
 
 
 def mlp_backward_peak(s: StepShape) -> Parts:
-    """block._mlp_backward replayed: the parts (elements) at its peak, on top of what block_backward holds
-    (checkpoints, dout, the attention half's saved tensors). Its LoRA gradients: the chunks' slices
-    collected in lists, then concatenated (both alive until it returns)."""
-    t, d, f, rank = s.seq_len, s.arch.hidden, s.arch.intermediate, s.rank
-    gate, up, down = (name in s.targets for name in _MLP)
-    w, h, g_, lr = "mlp_working_set", "hidden_grads", "lora_grads", "lora_sums"
+    """_mlp_backward alone, replayed: the parts (elements) at its peak on top of what block_backward holds."""
     r = _Replay()
-    _rmsnorm_forward(r, t, d, "block_hidden", "n2")
-    for name, on in (("hg", gate), ("hu", up)):
-        if on:
-            r.new(lr, t * rank, name)
-    if down:
-        r.chain(lr, t * rank, 2, "dhd")                                # s * (dout @ Bd)
-    full = mlp_chunks(s)[0]
-    for k, c, skipped in _replayed(mlp_chunks(s)):
-        if skipped:                                                    # the skipped chunks' gradient slices
-            r.new(g_, skipped * full * rank * (gate + up + down), f"slices_before_{k}")
-        p = t * c
-        r.new(w, p, "g")
-        r.new(w, p, "u")
-        for name, on in (("g", gate), ("u", up)):
-            if on:
-                _lora_update(r, w, p, name)
-        silu = r.new(w, p)
-        r.new(w, p, "act")
-        r.release(silu)
-        r.alias("_g", "g")
-        r.alias("_u", "u")
-        r.new(w, p, "da")                                              # dout Wd[:, c]
-        if down:
-            r.chain(w, p, 2, "da")                                     # da + dhd Ad[:, c]
-            r.new(g_, rank * c, f"dad{k}")                             # dhd^T a_c [r, C]
-            r.new(lr, t * rank, "h_c")
-            if k == 0:
-                r.alias("hd", "h_c")
-            else:
-                r.new(lr, t * rank, "hd")
-        r.drop("act")
-        # swiglu_backward: sg; du = da * (g sg); dg = da * u * sg * (1 + g * (1 - sg))
-        sg = r.new(w, p)
-        gs = r.new(w, p)
-        r.new(w, p, "du")
-        r.release(gs)
-        r.chain(w, p, 2, "_dus")
-        r.chain(w, p, 3, "_tail")
-        r.new(w, p, "dg")
-        r.drop("_dus", "_tail")
-        r.release(sg)
-        r.drop("g", "u", "da")
-        a, b = r.new(h, t * d), r.new(h, t * d)                        # dg Wg[c] + du Wu[c]
-        r.new(h, t * d, "part")
-        r.release(a)
-        r.release(b)
-        if k == 0:
-            r.alias("dn2", "part")
+    _mlp_backward(r, s)
+    return r.peak_parts
+
+
+def block_backward_peak(s: StepShape) -> Parts:
+    """block_backward replayed: the recomputed attention half (its saved bundles kept: n1, q_rope, k_rope,
+    v, o regrouped, x1), the MLP's recompute and backward, the o projection's backward, attention by
+    head, rope and the q/k/v projections' backward, the input norm's backward and the residual sum; the
+    parts (elements) at its peak, on top of what the step holds (state, checkpoints x_0..x_i, dout)."""
+    a, t = s.arch, s.seq_len
+    d, kv = a.hidden, a.kv_dim
+    hg = "hidden_grads"
+    r = _Replay()
+    _attention_half(r, s)
+    r.ret("a.", {name: f"saved.{name[2:]}" for name in ("a.n1", "a.q_rope", "a.k_rope", "a.v", "a.oflat")})
+    _mlp_backward(r, s)
+    r.drop("x1")
+    _linear_backward(r, s, "o_proj", d, d, hg, "go.dx")
+    _attention_backward(r, s)
+    r.drop("go.dx", "saved.q_rope", "saved.k_rope", "saved.v")        # del go, s_att
+    for target, n, rope in (("q_proj", d, True), ("k_proj", kv, True), ("v_proj", kv, False)):
+        if rope:
+            _rope_backward(r, t * n, hg, "tmp.rope")
+            r.new(hg, t * n, "tmp.dy")                                # _unheads: a copy
+            r.drop("tmp.rope")
         else:
-            r.new(h, t * d, "dn2")
-        for on, lst, acc in ((gate, "dbg", "dhg"), (up, "dbu", "dhu")):
-            if on:
-                r.chain(g_, c * rank, 2, f"{lst}{k}")                  # s * (dg^T hg) [C, r]
-                r.chain(lr, t * rank, 2, "c")                          # s * (dg Bg[c]) [T, r]
-                if k == 0:
-                    r.alias(acc, "c")
-                else:
-                    r.new(lr, t * rank, acc)
-        r.drop("dg", "du")
-    if down:
-        r.new(g_, rank * f, "grad_down_a")                             # torch.cat of the slices
-        r.chain(g_, d * rank, 2, "grad_down_b")                        # s * (dout^T hd)
-    for on, name in ((gate, "gate"), (up, "up")):
-        if on:
-            r.chain(h, t * d, 2, "dn2")                                # dn2 + dh A
-            r.new(g_, rank * d, f"grad_{name}_a")
-            r.new(g_, f * rank, f"grad_{name}_b")
-    _rmsnorm_backward(r, t, d, h, "dx1")
+            r.new(hg, t * n, "tmp.dy")
+        _linear_backward(r, s, target, d, n, hg, f"g{target[0]}.dx")
+        r.drop("tmp.dy")
+    r.new(hg, t * d, "tmp.sum")                                      # gq.dx + gk.dx
+    r.new(hg, t * d, "tmp.sum")                                      # + gv.dx
+    _rmsnorm_backward(r, "n1_", t, d, hg, "tmp.dnorm")
+    r.drop("tmp.sum")
+    r.new(hg, t * d, "dx")                                           # dx1 + ...
     return r.peak_parts
 
 
@@ -419,22 +606,9 @@ def _plus(*parts: Parts) -> Parts:
     return out
 
 
-def _forward_parts(s: StepShape, i: int, mlp: Parts) -> list[Parts]:
-    a, t = s.arch, s.seq_len
-    d, kv, dh = a.hidden, a.kv_dim, a.head_dim
-    g = a.heads // a.kv_heads                                        # query heads per kv head
-    base = {**state_parts(s, 0), "checkpoints": (i + 1) * t * d}
-    mask = t * t / s.dtype_bytes                                     # bool [T, T]
-    # attention one kv group at a time: the last group's scores + softmax [G,T,T] x2, the outputs of the others;
-    # then the o projection: n1, q, q_rope, o, o regrouped [T, d], its output and LoRA term and their sum, or
-    # (not adapted) its output and x1 = x + output
-    o_out = 3 if "o_proj" in s.targets else 2
-    out = [{**base, "attention_saved": 3 * t * d + 3 * t * kv, "attention_outputs": (a.kv_heads - 1) * g * t * dh,
-            "attention_scores": 2 * g * t * t + mask},
-           {**base, "attention_saved": 3 * t * d + 3 * t * kv, "attention_outputs": (2 + o_out) * t * d}]
-    # the MLP (column chunks, replayed) on top of the checkpoints and x1
-    out.append(_plus(base, {"block_hidden": t * d}, mlp))
-    return out
+def _forward_parts(s: StepShape, i: int, block: Parts) -> list[Parts]:
+    """Layer i's forward: the block's replayed peak on top of the state and the checkpoints x_0..x_i."""
+    return [_plus(state_parts(s, 0), {"checkpoints": (i + 1) * s.seq_len * s.arch.hidden}, block)]
 
 
 def _loss_base(s: StepShape) -> Parts:
@@ -491,36 +665,24 @@ def _final_norm_parts(s: StepShape) -> list[Parts]:
     return [{**state_parts(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
 
 
-def _backward_parts(s: StepShape, i: int, grads_above: float, mlp: Parts) -> list[Parts]:
-    a, t = s.arch, s.seq_len
-    d, kv, dh = a.hidden, a.kv_dim, a.head_dim
-    g = a.heads // a.kv_heads
-    mlp_grads = lora_elems(s, _MLP)
-    base = {"checkpoints": (i + 1) * t * d, "attention_saved": 4 * t * d + 2 * t * kv, "loss_vectors": 1}  # + loss []
-    # the MLP's recompute and backward (replayed) on top of dout and the attention half's saved tensors
-    out = [_plus(state_parts(s, grads_above), base, {"hidden_grads": t * d}, mlp)]
-    # attention backward of the last kv group: its [G,T,T] p, dp, dp - rowsum, ds; the other groups' dq, dk, dv
-    partial = mlp_grads + lora_elems(s, ("o_proj",))
-    others = (a.kv_heads - 1) * (g * t * dh + 2 * t * dh)
-    out.append({**state_parts(s, grads_above + partial), **base, "attention_saved": 3 * t * d + 2 * t * kv,
-                "hidden_grads": 3 * t * d + t * dh + others, "attention_scores": 4 * g * t * t})
-    # the q/k/v tail, in the input norm's backward: n1 and o still held; dout, dx1, dq/dk/dv (one [T, d] +
-    # two [T, kv]), the three projections' dx, their sum and rmsnorm_backward's four [T, d] temporaries
-    out.append({**state_parts(s, grads_above + lora_elems(s, ALL_TARGETS)), "checkpoints": (i + 1) * t * d,
-                "attention_saved": 2 * t * d, "hidden_grads": 11 * t * d + 2 * t * kv + t, "loss_vectors": 1})
-    return out
+def _backward_parts(s: StepShape, i: int, grads_above: float, block: Parts) -> list[Parts]:
+    """Layer i's backward: the block's replayed peak (with this layer's gradients) on top of the state, the
+    checkpoints x_0..x_i (x_i is the block's input), dout and the loss []."""
+    t, d = s.seq_len, s.arch.hidden
+    return [_plus(state_parts(s, grads_above), {"checkpoints": (i + 1) * t * d, "hidden_grads": t * d,
+                                                "loss_vectors": 1}, block)]
 
 
 def _mesp_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
-    fwd_mlp, bwd_mlp = mlp_forward_peak(s), mlp_backward_peak(s)
-    out = [("forward", i, p) for i in range(s.arch.layers) for p in _forward_parts(s, i, fwd_mlp)]
+    fwd, bwd = block_forward_peak(s), block_backward_peak(s)
+    out = [("forward", i, p) for i in range(s.arch.layers) for p in _forward_parts(s, i, fwd)]
     loss = _loss_chunked_parts(s) if s.vocab_chunk is None else _loss_online_parts(s)
     out += [("loss", None, p) for p in loss]
     out += [("final_norm", None, p) for p in _final_norm_parts(s)]
     per_layer = lora_elems(s, ALL_TARGETS)
     for n_done, i in enumerate(s.selected()):
         grads_above = n_done * per_layer if s.grads == "all" else 0
-        out += [("backward", i, p) for p in _backward_parts(s, i, grads_above, bwd_mlp)]
+        out += [("backward", i, p) for p in _backward_parts(s, i, grads_above, bwd)]
     if s.grads == "all":   # the step returns every selected layer's gradients
         out.append(("end", None, {**state_parts(s, len(s.selected()) * per_layer), "checkpoints": 0}))
     return out

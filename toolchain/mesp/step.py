@@ -38,21 +38,22 @@ class StepOptions:
         loss_chunk: tokens per LM-head/cross-entropy chunk. Default: 256.
         vocab_chunk: vocabulary entries per LM-head chunk (`ce_online`: online softmax over
             vocabulary chunks; peak logits [loss_chunk, vocab_chunk]); None: whole vocabulary
-            rows (`ce_chunked`; peak logits [loss_chunk, V]). Default: 2048.
+            rows (`ce_chunked`; peak logits [loss_chunk, V]). Default: 1024.
         mlp_chunk: intermediate columns per MLP chunk, in the forward and in the recompute+backward
             (None: all f at once): peak MLP tensors are [T, mlp_chunk], and each MLP weight is read
-            (dequantized) once per pass (see mesp/block.py). Default: 512.
+            (dequantized) once per pass (see mesp/block.py). Default: 256.
 
     The defaults were measured on Qwen2.5-0.5B, seq 256 (`toolchain bench memory`, see
-    docs/benchmarks.md): [256, 2048] head chunks run both head matmuls about as fast as full logits
-    (token chunks of 32 were ~60% slower); 512-column MLP chunks keep its tensors at [T, 512] and read
-    each MLP weight once per pass, which is what makes quantized weights cheap (token chunks of 64
-    dequantized every MLP weight 4 times per pass at T = 256).
+    docs/benchmarks.md): [256, 1024] head chunks run both head matmuls about as fast as full logits
+    (token chunks of 32 were ~60% slower) and bound the logits and XNNPACK's per-call packing of a head
+    chunk to 1 and 3.5 MiB; 256-column MLP chunks keep its tensors at [T, 256] and read each MLP weight
+    once per pass, which is what makes quantized weights cheap (token chunks of 64 dequantized every MLP
+    weight 4 times per pass at T = 256).
     """
 
     loss_chunk: int = 256
-    vocab_chunk: int | None = 2048
-    mlp_chunk: int | None = 512
+    vocab_chunk: int | None = 1024
+    mlp_chunk: int | None = 256
 
     def __post_init__(self) -> None:
         if self.loss_chunk < 1:
