@@ -21,9 +21,9 @@ def run(*args):
 def test_fits_in_words():
     r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--rank", 8, "--device", "android-8gb")
     assert r.exit_code == 0, r.output
-    peak = estimate_peak(StepShape(PRESETS["qwen2.5-0.5b"], 256, 8), overhead_mb=HOST_OVERHEAD_MB).peak_mb
+    peak = estimate_peak(StepShape(PRESETS["qwen2.5-0.5b"], 256, 8), overhead_mb=HOST_OVERHEAD_MB["mesp"]).peak_mb
     assert f"predicted peak {peak:.1f} MB (analytic" in r.output and "-> FITS" in r.output
-    assert "largest seq len that fits at this rank: " in r.output and "mlp_working_set" in r.output
+    assert "largest seq len that fits at this rank: " in r.output and "hidden_grads" in r.output
     assert "runtime_overhead" in r.output and "calibrated" in r.output
 
 
@@ -33,7 +33,7 @@ def test_method_and_chunk_options_reach_the_model():
     doc = json.loads(r.output)
     mebp = StepShape(PRESETS["qwen2.5-0.5b"], 256, 8, method="mebp")
     assert doc["method"] == "mebp" and doc["phase"] == "loss"
-    assert doc["predicted_peak_mb"] == estimate_peak(mebp, overhead_mb=HOST_OVERHEAD_MB).peak_mb
+    assert doc["predicted_peak_mb"] == estimate_peak(mebp, overhead_mb=HOST_OVERHEAD_MB["mebp"]).peak_mb
     r = run("--model", "qwen2.5-0.5b", "--seq-len", 256, "--vocab-chunk", 0, "--mlp-chunk", 0, "--loss-chunk", 32,
             "--overhead-mb", 0, "--device", "android-8gb", "--json")
     rows = StepShape(PRESETS["qwen2.5-0.5b"], 256, 8, loss_chunk=32, vocab_chunk=None, mlp_chunk=None)
@@ -63,16 +63,28 @@ def test_program_without_manifest_and_bad_inputs(tmp_path):
     assert r.exit_code == 2 and "lcsb_k" in r.output
 
 
-def test_program_in_json_and_a_mismatched_program(tmp_path):
-    from toolchain.memory.fit import EXECUTORCH_OVERHEAD_MB
+def test_program_in_words_and_json_and_a_mismatched_program(tmp_path):
+    """The v3 example (a real tiny export): the phone figure is the answer, the host figure beside it."""
+    from toolchain.memory.fit import EXECUTORCH_OVERHEAD_MB, program_peak
     from toolchain.schemas import SCHEMA_DIR
 
     (tmp_path / "manifest.json").write_text((SCHEMA_DIR / "examples" / "manifest_tiny.json").read_text())
-    r = run("--model", "tiny", "--seq-len", 64, "--rank", 8, "--device", "ios-6gb", "--program", tmp_path, "--json")
+    r = run("--model", "tiny", "--seq-len", 64, "--rank", 8, "--lcsb-k", 2, "--device", "ios-6gb", "--program", tmp_path,
+            "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
-    plan = json.loads((tmp_path / "manifest.json").read_text())["memory_plan"]
-    assert doc["source"] == "program" and doc["overhead_mb"] == EXECUTORCH_OVERHEAD_MB
-    assert doc["predicted_peak_mb"] == pytest.approx(plan["peak_estimate_bytes"] / 2**20 + EXECUTORCH_OVERHEAD_MB)
+    expected = program_peak(tmp_path, lcsb_k=2)
+    assert doc["source"] == "program" and doc["overhead_mb"] == EXECUTORCH_OVERHEAD_MB and doc["lcsb_k"] == 2
+    assert doc["predicted_peak_mb"] == pytest.approx(expected.peak_mb)
+    assert doc["host_peak_mb"] == pytest.approx(expected.host_peak_mb)
+    assert doc["host_peak_mb"] < doc["predicted_peak_mb"]
+    assert doc["parts_mb"]["checkpoints"] == pytest.approx(2 * 64 * 64 * 4 / 2**20)
+    r = run("--model", "tiny", "--seq-len", 64, "--rank", 8, "--device", "ios-6gb", "--program", tmp_path)
+    assert r.exit_code == 0, r.output
+    assert "(program) vs budget" in r.output and "planned_arenas" in r.output
+    assert "on this host, one arena shared by the methods" in r.output and "note: phone figure" in r.output
     r = run("--model", "tiny", "--seq-len", 128, "--device", "ios-6gb", "--program", tmp_path)
     assert r.exit_code == 2 and "Error: " in r.output and "exported with seq_len 64 (not 128)" in r.output
+    (tmp_path / "manifest.json").write_text((SCHEMA_DIR / "examples" / "invalid" / "manifest_version_2.json").read_text())
+    r = run("--model", "tiny", "--seq-len", 64, "--device", "ios-6gb", "--program", tmp_path)
+    assert r.exit_code == 2 and "Error: " in r.output and "re-export the program" in r.output

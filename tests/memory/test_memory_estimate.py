@@ -155,23 +155,30 @@ def test_parts_add_up_and_overhead_is_its_own_part():
 
 
 def test_known_parts_of_qwen_0_5b():
-    """Hand-computed from DESIGN.md's shapes with StepOptions' defaults (loss chunk 256, vocab chunk 2048,
-    MLP chunk 512 intermediate columns: 9 full chunks and one of 256): checkpoints 24 x [256, 896] fp32; LoRA
-    r8 on 7 projections: 4,399,104 parameters. The peak is layer 23's MLP backward in its last full chunk,
-    while dg Wg[c] + du Wu[c] is summed: 4 [256, 512] (g, u, dg, du), 6 [256, 896] (dout, dn2, the previous
-    chunk's term, the two products, their sum), the gradient slices of the 8 chunks done (gate, up, down)
-    and this chunk's down slice. Without MLP chunks, 8 [256, 4864] at swiglu's backward win. One
-    [256, 16384] logits block in the loss; MeBP: 3 [256, 151936] in the loss backward and 25 [256, 896]
-    block inputs/outputs."""
+    """Hand-computed from DESIGN.md's shapes: checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections:
+    4,399,104 parameters. With StepOptions' defaults (loss chunk 256, vocab chunk 1024, MLP chunk 256 columns)
+    the peak is layer 23's q/k/v tail, at the input norm's backward: dout, dx1, attention's dq, the three
+    projections' dx, their sum and rmsnorm_backward's four temporaries (11 [256, 896]), dk and dv (2 [256, 128]),
+    r [256, 1]; n1 and o (regrouped) still held; the layer's 7 gradients. With 512-column MLP chunks (9 full and
+    one of 256) the MLP backward wins in its last full chunk, while dg Wg[c] + du Wu[c] is summed: 4 [256, 512]
+    (g, u, dg, du), 6 [256, 896] (dout, dn2, the previous chunk's term, the two products, their sum), the
+    gradient slices of the 8 chunks done (gate, up, down) and this chunk's down slice. Without MLP chunks,
+    8 [256, 4864] at swiglu's backward win. One [256, 16384] logits block in the loss; MeBP: 3 [256, 151936]
+    in the loss backward and 25 [256, 896] block inputs/outputs."""
     arch = PRESETS["qwen2.5-0.5b"]
     mb = 4 / BYTES_PER_MB
     est = estimate_peak(StepShape(arch, 256, 8))
     assert est.phase == "backward" and est.layer == 23
     assert est.parts_mb["checkpoints"] == 24 * 256 * 896 * mb
     assert est.parts_mb["lora_params"] == 4_399_104 * mb
-    assert est.parts_mb["mlp_working_set"] == 4 * 256 * 512 * mb
-    assert est.parts_mb["hidden_grads"] == 6 * 256 * 896 * mb
-    assert est.parts_mb["lora_grads"] == 8 * (3 * 8 * 512 + 512) * mb
+    assert est.parts_mb["hidden_grads"] == (11 * 256 * 896 + 2 * 256 * 128 + 256) * mb
+    assert est.parts_mb["attention_saved"] == est.parts_mb["attention_outputs"] == 256 * 896 * mb
+    assert est.parts_mb["lora_grads"] == 4_399_104 // 24 * mb
+    wide = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=512))
+    assert wide.phase == "backward" and wide.layer == 23
+    assert wide.parts_mb["mlp_working_set"] == 4 * 256 * 512 * mb
+    assert wide.parts_mb["hidden_grads"] == 6 * 256 * 896 * mb
+    assert wide.parts_mb["lora_grads"] == 8 * (3 * 8 * 512 + 512) * mb
     whole = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=None))
     assert whole.phase == "backward" and whole.parts_mb["mlp_working_set"] == 8 * 256 * 4864 * mb
     assert whole.parts_mb["lora_grads"] == 8 * 4864 * mb     # dAd of the one chunk, [r, f]

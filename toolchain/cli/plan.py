@@ -23,7 +23,8 @@ def _fit_text(preamble: str, r) -> list[str]:
              f"-> {verdict} ({spare})"]
     lines += [f"  {name:<28} {mb:9.1f} MB" for name, mb in sorted(r.parts_mb.items(), key=lambda kv: -kv[1])]
     if r.source == "program":
-        lines.append(f"  (analytic model: {r.analytic_peak_mb:.1f} MB)")
+        lines.append(f"  (on this host, one arena shared by the methods: {r.host_peak_mb:.1f} MB; "
+                     f"analytic model of the eager step: {r.analytic_peak_mb:.1f} MB)")
     seq = "none (even 1 token is over budget)" if r.largest_seq_len is None else str(r.largest_seq_len)
     rank = "none" if r.largest_rank is None else f"{r.largest_rank}" + (
         " (the largest meaningful rank)" if r.largest_rank == r.max_rank else "")
@@ -36,11 +37,13 @@ def _fit_text(preamble: str, r) -> list[str]:
 @click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Tokens per training step.")
 @click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True, help="LoRA rank.")
 @click.option("--targets", default="all", show_default=True, help=TARGETS_HELP)
-@click.option("--lcsb-k", type=click.IntRange(min=1), default=None, help="Layers backpropagated per step (LCSB).")
+@click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
+              help="Layers backpropagated per step (LCSB).  [default: all; with --program, its default plan]")
 @click.option("--device", required=True,
               help="Device profile: android-6gb, android-8gb, android-12gb, ios-6gb, ios-8gb, ios-12gb or a JSON file.")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Exported program directory: use its manifest's memory plan instead of the analytic model.")
+              help="Exported program directory (manifest v3): predict from its ExecuTorch memory plan (phone: every "
+                   "method's arena; the host figure is printed too) instead of the analytic model.")
 @click.option("--method", type=click.Choice(["mesp", "mebp", "autograd"]), default="mesp", show_default=True,
               help="Training step to model (mebp/autograd: the baselines as `bench memory` runs them).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
@@ -49,7 +52,7 @@ def _fit_text(preamble: str, r) -> list[str]:
 @click.option("--vocab-chunk", type=click.IntRange(min=0), default=None,
               help="Vocabulary entries per LM-head chunk (0: whole rows).  [default: StepOptions]")
 @click.option("--mlp-chunk", type=click.IntRange(min=0), default=None,
-              help="Tokens per MLP chunk (0: none).  [default: StepOptions]")
+              help="Intermediate columns per MLP chunk (0: all at once).  [default: StepOptions]")
 @click.option("--overhead-mb", type=click.FloatRange(min=0), default=None,
               help="Runtime memory added to the tensors.  [default: calibrated with `toolchain bench memory`]")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")

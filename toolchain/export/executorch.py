@@ -33,18 +33,48 @@ def exported_methods(spec: ProgramSpec) -> dict:
     return eps
 
 
-def xnnpack_partitioner():
-    """XNNPACK for the matmuls only (linear, mm, bmm), one op per delegate, weights taken as runtime
-    tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or in-graph dequantized
-    chunks). XNNPACK then packs each weight per call into one workspace shared by all delegates (about the
-    largest weight's size, anonymous memory) instead of packing constants into its heap at load. Larger
-    partitions fail on training graphs ("Invalid partition, found dependency cycles")."""
+# Matmuls below this many FLOPs stay on ExecuTorch's own kernels: each delegate costs about half a
+# CPU-second to lower, and the small ones (LoRA's [T, r] products, one head's [T, T] attention) gain
+# little from XNNPACK. Measured on the Qwen2.5-0.5B int4 methods (T = 256): see docs/export.md.
+XNNPACK_MIN_FLOPS = 16e6
+
+
+def _matmul_flops(node) -> float:
+    """FLOPs of a linear / mm / bmm node from its argument shapes (0 for anything else)."""
+    name = str(node.target)
+    try:
+        a, b = (arg.meta["val"].shape for arg in node.args[:2])
+    except (AttributeError, KeyError):
+        return 0.0
+    if "linear" in name:                       # x [..., K] @ W [N, K]^T
+        m = 1
+        for d in a[:-1]:
+            m *= d
+        return 2.0 * m * a[-1] * b[0]
+    if "bmm" in name:                          # [B, M, K] @ [B, K, N]
+        return 2.0 * a[0] * a[1] * a[2] * b[2]
+    if "mm" in name:                           # [M, K] @ [K, N]
+        return 2.0 * a[0] * a[1] * b[1]
+    return 0.0
+
+
+def xnnpack_partitioner(min_flops: float = XNNPACK_MIN_FLOPS):
+    """XNNPACK for the large matmuls only (linear, mm, bmm of at least `min_flops`), one op per delegate,
+    weights taken as runtime tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or
+    in-graph dequantized chunks). XNNPACK then packs each weight per call into one workspace shared by all
+    delegates (about the largest packed operand, anonymous memory) instead of packing constants into its
+    heap at load. Larger partitions fail on training graphs ("Invalid partition, found dependency cycles")."""
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.config.generic_node_configs import BMMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    return XnnpackPartitioner(configs=[LinearConfig, MMConfig, BMMConfig], per_op_mode=True,
-                              force_non_static_weights_for_f32_linear=True)
+    class LargeMatmulPartitioner(XnnpackPartitioner):
+        def generate_partitions(self, ep):
+            return [p for p in super().generate_partitions(ep)
+                    if sum(_matmul_flops(n) for n in p.nodes) >= min_flops]
+
+    return LargeMatmulPartitioner(configs=[LinearConfig, MMConfig, BMMConfig], per_op_mode=True,
+                                  force_non_static_weights_for_f32_linear=True)
 
 
 @contextlib.contextmanager

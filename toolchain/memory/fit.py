@@ -1,14 +1,28 @@
 """"Will it fit": predicted peak memory of a training config against a device profile's budget.
 
 Two sources, each with its calibrated runtime overhead (see docs/planner.md, "Calibration"):
-- program (`--program DIR`, manifest schema_version 2): what the phone holds while it trains, as the
-  apps run the program: the planned arena of every train method (the apps load all of them up front,
-  and the stock ExecuTorch `Module` gives each loaded method its own arena; the arena includes the
-  method's outputs), plus the app's state array (`memory_plan.lora_state_bytes`), plus the runtime's
-  fixed overhead. Frozen weights (`constant_bytes`) are memory-mapped clean pages: not counted.
-- analytic (`estimate.py`): the step's live tensors plus the host overhead measured by `bench memory`.
-Either way the answer names its source, the parts of the peak, and the largest sequence length and
-LoRA rank that would fit (from the analytic model: a program has its shapes fixed).
+- program (`--program DIR`, manifest schema_version 3: layer-generic methods run by the app's layer
+  loop, weights in weights.safetensors): the anonymous memory of an app running the loop, from the
+  manifest's `memory_plan`:
+    arenas            the ExecuTorch planned arena of every method (method outputs live in it). On a phone
+                      (the stock Android JNI and iOS `Module` wrappers, `share_memory_arenas=false`) every
+                      loaded method holds its own arena: the SUM. The host's Python bindings
+                      (`Runtime.load_program`) share one arena between a program's methods: the LARGEST.
+    lora_state        the app's flat state array (LoRA params, optimizer moments).
+    checkpoints       the per-layer block inputs of the layers backpropagated this step (T x d float32
+                      each; LCSB keeps only the selected layers').
+    activations       the running hidden state / gradient and the next one, copied out of the arena: 2 [T, d].
+    runtime_overhead  the runtime itself (program and per-method metadata, kernels' scratch), measured with
+                      `toolchain bench memory --modes executorch` on this host.
+  The phone figure (sum of arenas) is the fit answer; the host figure (largest arena) is what
+  `toolchain bench memory --modes executorch --program DIR` measures here. Frozen weights are memory-mapped
+  clean pages (zero-copy inputs): not counted.
+- analytic (`estimate.py`): the eager step's live tensors plus the host overhead of its method measured by
+  `bench memory`.
+Either way the answer names its source, the parts of the peak, and the largest sequence length and LoRA rank
+that would fit (from the analytic model: a program has its shapes fixed).
+
+The manifest is read as JSON and validated with toolchain.schemas (toolchain.export sits above this package).
 """
 
 from __future__ import annotations
@@ -22,16 +36,25 @@ from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, la
 from toolchain.memory.profiles import DeviceProfile
 from toolchain.schemas import validate
 
-__all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "FitReport", "ProgramPeak", "plan_fit", "program_peak"]
+__all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "MANIFEST_VERSION", "FitReport",
+           "ProgramPeak", "plan_fit", "program_peak"]
 
 MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 3
+TARGET = "executorch"
+# [T, d] float32 activations the app holds besides the checkpoints: the running x (or d) and the method's
+# output copied out of the arena (LayerLoop: the embed/block_forward output, head_loss's and block_backward's d).
+ACTIVATION_COPIES = 2
 # Anonymous memory a process holds besides the step's tensors, measured by `toolchain bench memory`
-# (reports in tests/memory/data/bench_memory/; tests/memory/test_calibration.py recomputes both).
-# Host, eager PyTorch: the median over the reports of (resident before the step - LoRA state).
-HOST_OVERHEAD_MB = 4.3
-# ExecuTorch runtime on the host (Python bindings, portable kernels): the largest measured
-# (peak - planned arenas - state array): program and method metadata, the bindings' output copies.
-EXECUTORCH_OVERHEAD_MB = 7.2
+# (reports in tests/memory/data/bench_memory/; tests/memory/test_calibration.py recomputes them).
+# Host, eager PyTorch, per method: the median over its reports of (resident before the step - LoRA state),
+# mostly heap the warm-up step left behind (the baselines' small autograd blocks fragment it: ~14 MB).
+HOST_OVERHEAD_MB: dict[str, float] = {"mesp": 3.2, "mebp": 14.4, "autograd": 12.4}
+# ExecuTorch runtime on the host (Python bindings, XNNPACK), v3 layer loop: the largest measured
+# (peak - host figure without overhead) of the executorch reports (one tiny int4 program): the program
+# and its methods' metadata, the runtime's and XNNPACK's scratch. It grows with the model: the 0.5B int4
+# program (held out) measured 10.9 MB.
+EXECUTORCH_OVERHEAD_MB = 1.5
 
 
 @dataclass(frozen=True)
@@ -49,6 +72,8 @@ class FitReport:
     largest_rank: int | None            # at this seq_len
     max_rank: int                       # the largest meaningful rank for these targets
     overhead_mb: float
+    host_peak_mb: float | None = None   # a program on this host (one shared arena): `bench memory` checks it
+    host_parts_mb: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -57,8 +82,11 @@ class FitReport:
 
 @dataclass(frozen=True)
 class ProgramPeak:
-    peak_mb: float
-    parts_mb: dict[str, float]
+    peak_mb: float                      # phone: every loaded method's own arena (their sum)
+    host_peak_mb: float                 # host Python bindings: one arena shared by the methods (the largest)
+    parts_mb: dict[str, float]          # of peak_mb
+    host_parts_mb: dict[str, float]     # of host_peak_mb
+    lcsb_k: int                         # layers whose checkpoints are counted
     notes: list[str]
     manifest: dict
 
@@ -71,45 +99,79 @@ def _read_manifest(path: Path) -> dict:
     except json.JSONDecodeError as e:
         raise BadInput(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
     version = manifest.get("schema_version") if isinstance(manifest, dict) else None
-    if version != 2:
-        raise BadInput(f"{path} has manifest schema_version {version!r}; the planner reads version 2 (functional "
-                       f"state): re-export the program with this toolchain, or drop --program")
+    if version != MANIFEST_VERSION:
+        raise BadInput(f"{path} has manifest schema_version {version!r}; the planner reads version "
+                       f"{MANIFEST_VERSION} (layer-generic methods, weights outside the program): re-export the "
+                       f"program with this toolchain, or drop --program")
     validate("manifest", manifest, where=str(path))
     return manifest
 
 
-def program_peak(program_dir: Path, *, overhead_mb: float = EXECUTORCH_OVERHEAD_MB) -> ProgramPeak:
-    """Peak MB of an exported program as the apps run it (see the module docstring).
+def _selected_layers(manifest: dict, lcsb_k: int | None) -> tuple[int, str]:
+    layers = manifest["model"]["arch"]["layers"]
+    if lcsb_k is not None:
+        if not 1 <= lcsb_k <= layers:
+            raise BadInput(f"LCSB k {lcsb_k} is not in 1..{layers}, the program's layer count; pass a --lcsb-k in range")
+        return lcsb_k, "--lcsb-k"
+    plan = manifest["lcsb"]
+    if plan is None:
+        return layers, "no LCSB: every layer"
+    return max(len(phase) for phase in plan["phases"]), "the program's default LCSB plan (largest phase)"
+
+
+def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
+                 overhead_mb: float = EXECUTORCH_OVERHEAD_MB) -> ProgramPeak:
+    """Peak MB of an app running an exported program's layer loop (see the module docstring).
+
+    Args:
+        lcsb_k: layers backpropagated per step (their checkpoints are kept); None: the program's default
+            LCSB plan (its largest phase), or every layer when it has none.
+        overhead_mb: the runtime's own memory, added to both figures as `runtime_overhead`.
 
     Raises:
-        BadInput: no manifest, not JSON, not schema_version 2, or no ExecuTorch memory plan for a train method.
+        BadInput: no manifest, not JSON, not schema_version 3, no ExecuTorch memory plan for a method,
+            or lcsb_k out of range.
         SchemaError: the manifest violates its schema.
     """
     path = Path(program_dir) / MANIFEST_NAME
-    manifest = _read_manifest(path)
+    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb)
+
+
+def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: float) -> ProgramPeak:
     plan = manifest["memory_plan"]
-    arenas = plan["planned_arena_bytes"]
-    loaded = [m["name"] for m in manifest["methods"] if m["kind"] == "train_step"]
-    missing = [name for name in loaded if name not in arenas]
+    methods = [m["name"] for m in manifest["methods"]]
+    arenas = plan["planned_arena_bytes"].get(TARGET)
+    if arenas is None:
+        have = ", ".join(sorted(plan["planned_arena_bytes"])) or "none"
+        raise BadInput(f"{path}: memory_plan.planned_arena_bytes has no {TARGET} plan (planned targets: {have}); "
+                       f"export with --target {TARGET}, or drop --program")
+    missing = [name for name in methods if name not in arenas]
     if missing:
-        raise BadInput(f"{path}: memory_plan.planned_arena_bytes has no arena for {', '.join(missing)} (only an "
-                       f"ExecuTorch export plans one); export with --target executorch, or drop --program")
-    total = sum(arenas[name] for name in loaded)
-    what = f"planned_arena ({loaded[0]})" if len(loaded) == 1 else f"planned_arenas ({len(loaded)} methods)"
-    parts = {what: total / BYTES_PER_MB, "lora_state": plan["lora_state_bytes"] / BYTES_PER_MB}
+        raise BadInput(f"{path}: memory_plan.planned_arena_bytes.{TARGET} has no arena for {', '.join(missing)}; "
+                       f"re-export the program with this toolchain, or drop --program")
+    arch = manifest["model"]["arch"]
+    k, why = _selected_layers(manifest, lcsb_k)
+    row = manifest["seq_len"] * arch["hidden"] * 4                    # one [T, d] float32
+    largest = max(methods, key=lambda name: arenas[name])
+    common = {"lora_state": plan["lora_state_bytes"] / BYTES_PER_MB,
+              "checkpoints": plan["checkpoint_bytes"] * k / arch["layers"] / BYTES_PER_MB,
+              "activations": ACTIVATION_COPIES * row / BYTES_PER_MB}
     if overhead_mb:
-        parts["runtime_overhead"] = overhead_mb
-    notes = [f"program constants {plan['constant_bytes'] / BYTES_PER_MB:.1f} MB not counted (memory-mapped weights "
-             f"are clean pages the phone's footprint excludes)",
-             "a lower bound for large programs: the runtime's per-method metadata (grows with the graph) and the "
-             "outputs copied out of the arena are not counted; the Qwen2.5-0.5B int4 program measured 120.4 MB "
-             "against 79.5 MB predicted (docs/export.md)"]
-    if len(loaded) > 1:
-        largest = max(loaded, key=lambda name: arenas[name])
-        notes.append(f"the apps load all {len(loaded)} train methods up front and each loaded method has its own "
-                     f"arena; loaded one at a time (or with shared arenas) the largest alone is "
-                     f"{arenas[largest] / BYTES_PER_MB:.1f} MB ({largest})")
-    return ProgramPeak(sum(parts.values()), parts, notes, manifest)
+        common["runtime_overhead"] = overhead_mb
+    parts = {"planned_arenas": sum(arenas[name] for name in methods) / BYTES_PER_MB, **common}
+    host = {"planned_arena_largest": arenas[largest] / BYTES_PER_MB, **common}
+    notes = [f"phone figure (the fit answer): the apps' ExecuTorch Module gives each of the {len(methods)} loaded "
+             f"methods ({', '.join(methods)}) its own arena: their sum, {parts['planned_arenas']:.1f} MB",
+             f"host figure {sum(host.values()):.1f} MB: the Python bindings share one arena between a program's "
+             f"methods (the largest, {host['planned_arena_largest']:.1f} MB, {largest}); `toolchain bench memory "
+             f"--modes executorch --program DIR` measures this one on the host",
+             f"checkpoints of {k} of {arch['layers']} layers ({why}), activations: {ACTIVATION_COPIES} [T, d] copies",
+             f"weights {plan['weights_bytes'] / BYTES_PER_MB:.1f} MB not counted (weights.safetensors is memory-mapped "
+             f"and passed to the methods without copying: clean pages the phone's footprint excludes)",
+             "the runtime overhead was calibrated on a tiny program and grows with the model: the Qwen2.5-0.5B "
+             "int4 program (seq 256) left 10.9 MB on the host, its host figure 14% under the measured 66.7 MB "
+             "(docs/planner.md)"]
+    return ProgramPeak(sum(parts.values()), sum(host.values()), parts, host, k, notes, manifest)
 
 
 def _check_program_shape(manifest: dict, shape: StepShape, where: Path) -> None:
@@ -119,9 +181,11 @@ def _check_program_shape(manifest: dict, shape: StepShape, where: Path) -> None:
     got = {"seq_len": manifest["seq_len"], "rank": manifest["lora"]["rank"], **arch}
     bad = [f"{k} {got[k]} (not {v})" for k, v in {"seq_len": shape.seq_len, "rank": shape.rank, **want}.items()
            if got[k] != v]
+    if sorted(manifest["lora"]["targets"]) != sorted(shape.targets):
+        bad.append(f"targets {','.join(manifest['lora']['targets'])} (not {','.join(shape.targets)})")
     if bad:
-        raise BadInput(f"{where} was exported with {', '.join(bad)}; pass the program's model, --seq-len and "
-                       f"--rank, or drop --program")
+        raise BadInput(f"{where} was exported with {', '.join(bad)}; pass the program's model, --seq-len, --rank "
+                       f"and --targets, or drop --program")
 
 
 def _max_rank(shape: StepShape) -> int:
@@ -133,16 +197,23 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
     """Does `shape` fit `device`? See the module docstring.
 
     Args:
+        program_dir: an exported program: its phone figure is the answer (`shape.lcsb_k` selects the
+            checkpoints counted; None: the program's default plan).
         overhead_mb: runtime memory on top of the tensors; None: the calibrated constant of the source
-            (HOST_OVERHEAD_MB for the analytic model, EXECUTORCH_OVERHEAD_MB for a program).
+            (HOST_OVERHEAD_MB[shape.method] for the analytic model, EXECUTORCH_OVERHEAD_MB for a program).
     """
-    host = HOST_OVERHEAD_MB if overhead_mb is None else overhead_mb
+    host = HOST_OVERHEAD_MB[shape.method] if overhead_mb is None else overhead_mb
     analytic = estimate_peak(shape, overhead_mb=host)
     notes = []
+    host_peak = host_parts = None
     if program_dir is not None:
-        prog = program_peak(program_dir, overhead_mb=EXECUTORCH_OVERHEAD_MB if overhead_mb is None else overhead_mb)
-        _check_program_shape(prog.manifest, shape, Path(program_dir))
+        path = Path(program_dir) / MANIFEST_NAME
+        manifest = _read_manifest(path)
+        _check_program_shape(manifest, shape, Path(program_dir))
+        prog = _program_peak(manifest, path, shape.lcsb_k,
+                             EXECUTORCH_OVERHEAD_MB if overhead_mb is None else overhead_mb)
         peak, parts, notes, source, phase = prog.peak_mb, prog.parts_mb, list(prog.notes), "program", None
+        host_peak, host_parts = prog.host_peak_mb, prog.host_parts_mb
         used = parts.get("runtime_overhead", 0.0)
         notes.append("largest seq len / rank below come from the analytic model")
     else:
@@ -151,7 +222,10 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
             notes.append(f"{shape.method}: the peak is in a block's backward, whose autograd transients are not "
                          f"modelled: this is a lower bound (the LM head dominates for every Qwen2.5 preset)")
     if overhead_mb is None:
-        notes.append(f"runtime overhead {used:.1f} MB: calibrated with `toolchain bench memory` (docs/planner.md)")
+        where = ("the ExecuTorch Python bindings on the Linux host; an app's runtime must be measured on the phone"
+                 if source == "program" else "eager PyTorch on the Linux host")
+        notes.append(f"runtime overhead {used:.1f} MB: calibrated with `toolchain bench memory` ({where}; "
+                     f"docs/planner.md)")
     budget = device.budget_mb
     max_rank = _max_rank(shape)
     return FitReport(
@@ -159,4 +233,4 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
         margin_mb=budget - peak, parts_mb=parts, phase=phase, analytic_peak_mb=analytic.peak_mb,
         largest_seq_len=largest_fitting(shape, budget, "seq_len", shape.arch.max_positions, overhead_mb=host),
         largest_rank=largest_fitting(replace(shape), budget, "rank", max_rank, overhead_mb=host),
-        max_rank=max_rank, overhead_mb=used, notes=notes)
+        max_rank=max_rank, overhead_mb=used, host_peak_mb=host_peak, host_parts_mb=host_parts, notes=notes)
