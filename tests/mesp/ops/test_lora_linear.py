@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import max_op_output_numel, saved_activation_nbytes
+from helpers import assert_rel_close, max_op_output_numel, saved_activation_nbytes
 
 from toolchain.lora import LoraPair
 from toolchain.mesp.ops import linear_backward, linear_forward
@@ -74,8 +74,16 @@ def test_forward_and_grads_match_peft_lora_linear(t, i, o, r, dtype, use_rslora,
     dy = torch.randn(t, o, generator=gen, dtype=dtype)
     dx, da, db = torch.autograd.grad(expected, (xr, layer.lora_A["default"].weight, layer.lora_B["default"].weight), dy)
     grads = linear_backward(dy, saved)
-    for got, want in ((grads.dx, dx), (grads.lora.a, da), (grads.lora.b, db)):
-        torch.testing.assert_close(got, want)
+    pairs = {"dx": (grads.dx, dx), "da": (grads.lora.a, da), "db": (grads.lora.b, db)}
+    if dtype == torch.float64:
+        for got, want in pairs.values():
+            torch.testing.assert_close(got, want)
+    else:
+        # float32: PEFT computes dh = (s dy) B, we s (dy B), then both sum T products per element of dA. An
+        # element where that sum cancels (seen: 3.37 out of terms ~100, T = 33, on an AVX-512 host) differs
+        # by float32 rounding far above an elementwise rtol of 1.3e-6; the error relative to each tensor's
+        # scale is the meaningful float32 bound (as everywhere else in the suite).
+        assert_rel_close({k: g for k, (g, _) in pairs.items()}, {k: w for k, (_, w) in pairs.items()}, 1e-5)
 
 
 @pytest.mark.parametrize(("t", "i", "o", "r"), SHAPES, ids=IDS)
