@@ -1,9 +1,9 @@
 """What a target exporter hands back to the pipeline (build.py) for the manifest.
 
-Each target is a thin adapter with the signature
-    export_<target>(program: StepProgram, phases, seq_len, out_dir, *, on_stage=None, ...) -> TargetArtifact
-that writes its files under `out_dir` (the program directory being built) and exports one method per
-LCSB phase (names from program.method_name), all with the inputs/outputs of `TrainMethod`.
+Each target is a thin adapter (listed in export/targets.py) with the signature
+    export_<target>(spec: ProgramSpec, out_dir, *, on_stage=None, ...) -> TargetArtifact
+that writes its files under `out_dir` (the program directory being built) and exports every method of
+`program.method_specs(spec)` with exactly those inputs and outputs.
 """
 
 from __future__ import annotations
