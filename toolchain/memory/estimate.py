@@ -394,6 +394,21 @@ def _attention_half(r: _Replay, s: StepShape) -> None:
     r.new("block_hidden", t * d, "x1")                                # x + ao
 
 
+def _gate_up_act(r: _Replay, w: str, p: int, pre: str, gate: bool, up: bool) -> None:
+    """One chunk's g, u (with their LoRA terms) and act = silu(g) * u, as block._mlp and block._mlp_backward
+    both compute them; `act, _ = swiglu_forward(g, u)`: _ keeps g, u."""
+    r.new(w, p, pre + "g")
+    r.new(w, p, pre + "u")
+    for name, on in ((pre + "g", gate), (pre + "u", up)):
+        if on:
+            _lora_update(r, w, p, name)
+    silu = r.new(w, p)
+    r.new(w, p, pre + "act")
+    r.release(silu)
+    r.alias(pre + "_g", pre + "g")
+    r.alias(pre + "_u", pre + "u")
+
+
 def _mlp_forward(r: _Replay, s: StepShape) -> None:
     """block._mlp on x1 -> "mlp_out" (names m.*)."""
     t, d, rank = s.seq_len, s.arch.hidden, s.rank
@@ -405,16 +420,7 @@ def _mlp_forward(r: _Replay, s: StepShape) -> None:
             r.new("lora_sums", t * rank, name)                        # h = n2 A^T [T, r]
     for k, c, _ in _replayed(mlp_chunks(s)):
         p = t * c
-        r.new(w, p, "m.g")
-        r.new(w, p, "m.u")
-        for name, on in (("m.g", gate), ("m.u", up)):
-            if on:
-                _lora_update(r, w, p, name)
-        silu = r.new(w, p)
-        r.new(w, p, "m.act")
-        r.release(silu)
-        r.alias("m._g", "m.g")                                        # `act, _ = swiglu_forward(g, u)`: _ keeps g, u
-        r.alias("m._u", "m.u")
+        _gate_up_act(r, w, p, "m.", gate, up)
         r.drop("m.g", "m.u")
         r.new(hid, t * d, "m.part")
         if k == 0:
@@ -449,16 +455,7 @@ def _mlp_backward(r: _Replay, s: StepShape) -> None:
         if skipped:                                                   # the skipped chunks' gradient slices
             r.new(g_, skipped * full * rank * (gate + up + down), f"mb.slices_before_{k}")
         p = t * c
-        r.new(w, p, "mb.g")
-        r.new(w, p, "mb.u")
-        for name, on in (("mb.g", gate), ("mb.u", up)):
-            if on:
-                _lora_update(r, w, p, name)
-        silu = r.new(w, p)
-        r.new(w, p, "mb.act")
-        r.release(silu)
-        r.alias("mb._g", "mb.g")
-        r.alias("mb._u", "mb.u")
+        _gate_up_act(r, w, p, "mb.", gate, up)
         r.new(w, p, "mb.da")                                          # dout Wd[:, c]
         if down:
             r.chain(w, p, 2, "mb.da")                                 # da + dhd Ad[:, c]
