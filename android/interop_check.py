@@ -16,13 +16,14 @@ from safetensors.torch import load_file
 
 from toolchain.lora.peft_io import load_adapter
 from toolchain.models.presets import Qwen25Arch
-from toolchain.runtime.trainer import _load_checkpoint
+from toolchain.training.checkpoint import read_checkpoint
 
 
 def main(d: Path, manifest_path: Path) -> None:
     m = json.loads(manifest_path.read_text())
     expect = torch.arange(m["state"]["numel"], dtype=torch.float32) / 1024
-    state, meta = _load_checkpoint(d / "checkpoint.safetensors")
+    tensors, meta = read_checkpoint(d / "checkpoint.safetensors")
+    state = tensors["state"]
     assert torch.equal(state, expect), "checkpoint state differs from what Kotlin wrote"
     assert meta == {"step": 3, "run_id": "interop", "seq": 9, "losses": [1.5, None]}, meta
     sd = load_file(d / "adapter" / "adapter_model.safetensors")

@@ -12,14 +12,16 @@ import textwrap
 import pytest
 
 from toolchain import atomic
-from toolchain.atomic import atomic_dir, atomic_write_bytes, discard_pending
+from toolchain.atomic import (atomic_dir, atomic_write_bytes, check_output_dir, check_output_file, discard_pending,
+                              output_scope)
+from toolchain.errors import OutputExists, OutputNotWritable
 
 
 def test_a_failed_block_leaves_the_old_directory_and_no_temporary(tmp_path):
     out = tmp_path / "out"
     with atomic_dir(out) as tmp:
         (tmp / "a").write_text("old")
-    with pytest.raises(RuntimeError), atomic_dir(out) as tmp:
+    with pytest.raises(RuntimeError), atomic_dir(out, replace=True) as tmp:
         (tmp / "a").write_text("new")
         raise RuntimeError("boom")
     assert (out / "a").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -29,10 +31,63 @@ def test_a_failed_block_leaves_the_old_directory_and_no_temporary(tmp_path):
 def test_a_finished_block_replaces_the_old_directory(tmp_path):
     out = tmp_path / "out"
     for text in ("old", "new"):
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, replace=True) as tmp:
             (tmp / "a").write_text(text)
     assert (out / "a").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert not atomic._PENDING
+
+
+def test_a_non_empty_directory_is_not_replaced_without_permission(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("x")
+    ran = []
+    with pytest.raises(OutputExists, match="not empty.*--force"), atomic_dir(out) as tmp:
+        ran.append(tmp)
+    assert not ran and (out / "mine.txt").read_text() == "x" and os.listdir(tmp_path) == ["out"]
+    with pytest.raises(OutputExists, match="not empty"):
+        check_output_dir(out)
+    with output_scope():
+        check_output_dir(out, force=True)         # --force: this command may replace it
+        with atomic_dir(out) as tmp:
+            (tmp / "new").write_text("y")
+    assert os.listdir(out) == ["new"]
+    with pytest.raises(OutputExists):             # the permission ended with the command
+        with atomic_dir(out):
+            pass
+
+
+def test_an_empty_directory_is_replaced_and_a_file_never(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with atomic_dir(tmp_path / "empty") as tmp:
+        (tmp / "a").write_text("a")
+    assert os.listdir(tmp_path / "empty") == ["a"]
+    (tmp_path / "f").write_text("mine")
+    for force in (False, True):
+        with pytest.raises(OutputExists, match="not a directory"):
+            check_output_dir(tmp_path / "f", force=force)
+    with pytest.raises(OutputExists):
+        with atomic_dir(tmp_path / "f", replace=True):
+            pass
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_output_checks_find_unwritable_and_full_locations(tmp_path, monkeypatch):
+    import errno
+
+    with pytest.raises(OutputNotWritable, match="is a file"):
+        (tmp_path / "f").write_text("x")
+        check_output_dir(tmp_path / "f" / "sub" / "out")
+    with pytest.raises(OutputNotWritable, match="needs about"):
+        check_output_dir(tmp_path / "out", expected_bytes=1 << 62)
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", read_only)
+    with pytest.raises(OutputNotWritable, match="Read-only file system"):
+        check_output_file(tmp_path / "x.json")
+    assert sorted(os.listdir(tmp_path)) == ["f"]
 
 
 def test_discard_pending_deletes_what_is_in_flight(tmp_path):
@@ -78,7 +133,7 @@ def test_sigterm_during_the_rename_waits_for_it(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)   # arrives in the middle of the swap
 
         atomic.os.replace = replace_then_signal
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, replace=True) as tmp:
             (tmp / "a").write_text("new")
         sys.exit(3)                                # not reached: the pending SIGTERM stops the process
     """)

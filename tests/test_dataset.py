@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from toolchain.dataset import ByteTokenizer, bundled_corpus, bundled_examples, load_examples, read_rows
+from toolchain.dataset import bundled_corpus, bundled_examples, load_examples, read_rows
+from toolchain.tokenizer import ByteTokenizer
 from toolchain.errors import BadInput
 from toolchain.models import get_preset
 from toolchain.schemas import SCHEMA_DIR, validation_errors
@@ -79,7 +80,7 @@ def test_schema_examples():
 
 def test_byte_tokenizer_round_trip():
     tok = ByteTokenizer()
-    ids = tok.encode("héllo", eos=True)
+    ids = tok.encode("héllo", bos=True, eos=True)
     assert ids[0] == tok.BOS and ids[-1] == tok.EOS and max(ids) < tok.vocab == TINY.vocab
     assert tok.decode(ids) == "héllo"
 

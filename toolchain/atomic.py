@@ -9,6 +9,11 @@ library code was running (an exception raised from a signal handler can be swall
 `except BaseException`, or crash a half-finished native call during interpreter shutdown: both
 were seen with torch.export). The rename into place runs with SIGTERM blocked, so a stop lands
 before it (the old output stays) or after it (the new one is complete).
+
+Nothing of the user's is replaced silently: `atomic_dir` refuses to swap out an existing non-empty
+directory (or a file) unless the caller says `replace=True` or the user allowed it with `--force`
+(`check_output_dir(..., force=True)`, which the commands call before any long work, together with the
+writability and free-space checks of `check_output_dir` / `check_output_file`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,117 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_dir", "discard_pending", "discarded_on_stop"]
+from toolchain.errors import OutputExists, OutputNotWritable
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_dir", "discard_pending", "discarded_on_stop",
+           "check_output_dir", "check_output_file", "permit_replace", "output_scope", "FORCE_HELP"]
 
 _PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place
+_REPLACEABLE: set[Path] = set()  # existing outputs the user allowed to be replaced (--force), resolved
+
+FORCE_HELP = "Replace an existing non-empty output directory (by default it is refused and left untouched)."
+
+
+def _key(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
+def permit_replace(path: Path) -> None:
+    """Allow `atomic_dir(path)` to replace what is at `path` (the user passed --force)."""
+    _REPLACEABLE.add(_key(path))
+
+
+@contextlib.contextmanager
+def output_scope() -> Iterator[None]:
+    """Permissions given by `permit_replace` last until the block exits (one CLI command)."""
+    before = set(_REPLACEABLE)
+    try:
+        yield
+    finally:
+        _REPLACEABLE.intersection_update(before)
+
+
+def _occupied(path: Path) -> str | None:
+    """Why replacing `path` would lose something (None: nothing there, or an empty directory)."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    if not path.is_dir():
+        return "exists and is not a directory"
+    try:
+        with os.scandir(path) as it:
+            names = [e.name for _, e in zip(range(3), it)]
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not names:
+        return None
+    return f"exists and is not empty (holds {', '.join(sorted(names))}{', ...' if len(names) == 3 else ''})"
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = _key(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_writable(path: Path, option: str, expected_bytes: int | None) -> None:
+    """The directory that will receive `path` (or its nearest existing ancestor) takes a new file, and
+    has `expected_bytes` free (with a 10% margin) when that size is known."""
+    where = _nearest_existing(path.parent)
+    if not where.is_dir():
+        raise OutputNotWritable(f"{option} {path}: {where} is a file, so no directory can be created there")
+    try:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".toolchain-probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputNotWritable(f"{option} {path}: cannot write in {where} ({e.strerror}); choose another "
+                                f"location") from None
+    if expected_bytes:
+        free = shutil.disk_usage(where).free
+        if free < expected_bytes * 1.1:
+            raise OutputNotWritable(f"{option} {path}: needs about {_size(expected_bytes)}, only {_size(free)} "
+                                    f"free on {where}; free some space or choose another location")
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"
+
+
+def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
+                     expected_bytes: int | None = None) -> Path:
+    """Check an output directory before any long work: an existing non-empty directory (or a file) is
+    refused unless `force` (then `atomic_dir` may replace it), and its location must be writable with
+    room for `expected_bytes` when known.
+
+    Raises:
+        OutputExists: something is at `path` and `force` is False (or it is a file).
+        OutputNotWritable: the location is read-only, not creatable, or short of space.
+    """
+    path = Path(path)
+    occupied = _occupied(path)
+    if occupied is not None:
+        if not path.is_dir():
+            raise OutputExists(f"{option} {path} {occupied}; choose another path")
+        if not force:
+            raise OutputExists(f"{option} {path} {occupied}; pass --force to replace it, or choose another directory")
+        permit_replace(path)
+    _check_writable(path, option, expected_bytes)
+    return path
+
+
+def check_output_file(path: Path, *, option: str = "--out", expected_bytes: int | None = None) -> Path:
+    """Check an output file before any long work: not a directory, and its directory writable.
+
+    Raises:
+        OutputExists: `path` is a directory.
+        OutputNotWritable: the location is read-only, not creatable, or short of space.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputExists(f"{option} {path} is a directory; give a file path")
+    _check_writable(path, option, expected_bytes)
+    return path
 
 
 def discard_pending() -> None:
@@ -90,10 +203,23 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def _refuse_occupied(path: Path, replace: bool) -> None:
+    occupied = _occupied(path)
+    if occupied is not None and not (replace and path.is_dir()) and _key(path) not in _REPLACEABLE:
+        hint = "pass --force to replace it, or choose another directory" if path.is_dir() else "choose another path"
+        raise OutputExists(f"{path} {occupied}; {hint}")
+
+
 @contextlib.contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a temporary directory; on success it replaces `path` (an existing one is swapped out)."""
+def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory; on success it replaces `path`.
+
+    An existing empty directory is replaced; an existing non-empty one only with `replace=True` or after
+    `check_output_dir(path, force=True)` / `permit_replace(path)`, else OutputExists is raised (before the
+    block runs, and again before the swap), and nothing at `path` is touched.
+    """
     path = Path(path)
+    _refuse_occupied(path, replace)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     _PENDING.add(tmp)
@@ -104,9 +230,15 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         _PENDING.discard(tmp)
         raise
+    try:
+        _refuse_occupied(path, replace)      # filled by someone else while we worked
+    except OutputExists:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _PENDING.discard(tmp)
+        raise
     old = None
     with _sigterm_blocked():
-        if path.exists():
+        if path.exists() or path.is_symlink():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
             os.replace(path, old / "x")
         os.replace(tmp, path)

@@ -1,9 +1,8 @@
-"""Training data: JSONL rows (`shared_schemas/data_row.schema.json`) checked against a model, and
-the byte-level tokenizer of the `tiny` preset."""
+"""Training data: JSONL rows (`shared_schemas/data_row.schema.json`) checked against a model, and the
+bundled corpus as windows of byte tokens (tokenizers live in `toolchain.tokenizer`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,8 +12,10 @@ from torch import Tensor
 from toolchain.errors import BadInput
 from toolchain.models.presets import Qwen25Arch
 from toolchain.schemas import validation_errors
+from toolchain.tokenizer import ByteTokenizer
+from toolchain.validate import decode_utf8, loads
 
-__all__ = ["Example", "read_rows", "load_examples", "ByteTokenizer", "bundled_corpus", "bundled_examples"]
+__all__ = ["Example", "read_rows", "load_examples", "bundled_corpus", "bundled_examples"]
 
 
 class Example(NamedTuple):
@@ -32,14 +33,12 @@ def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise BadInput(f"data file {str(path)!r} does not exist")
     rows = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = decode_utf8(raw, f"{path}:{lineno}")   # UTF-8 or one error naming the line
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInput(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            row = loads(line, f"{path}:{lineno}")     # strict JSON: finite, int64, nesting limit
             errors = validation_errors("data_row", row)
             if errors:
                 raise BadInput(f"{path}:{lineno}: {errors[0]}")
@@ -73,19 +72,6 @@ def load_examples(path: Path, arch: Qwen25Arch, *, limit: int | None = None) -> 
     """Rows of `path` as tensors, each checked against the model (ids, length, labels)."""
     rows = read_rows(path, limit=limit)
     return [_check_row(r, arch, f"{path}: row {i + 1}") for i, r in enumerate(rows)]
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255, plus BOS=256, EOS=257, PAD=258 (vocab 264 with padding)."""
-
-    BOS, EOS, PAD = 256, 257, 258
-    vocab = 264
-
-    def encode(self, text: str, *, bos: bool = True, eos: bool = False) -> list[int]:
-        return ([self.BOS] if bos else []) + list(text.encode()) + ([self.EOS] if eos else [])
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(t for t in ids if t < 256).decode(errors="replace")
 
 
 def bundled_corpus() -> str:

@@ -6,7 +6,8 @@ Messages are one line naming the problem and the way out.
 
 from __future__ import annotations
 
-__all__ = ["ToolchainError", "BadInput", "ShapeMismatch", "MissingWeights", "SchemaError"]
+__all__ = ["ToolchainError", "BadInput", "ShapeMismatch", "MissingWeights", "SchemaError", "OutputExists",
+           "OutputNotWritable"]
 
 
 class ToolchainError(Exception):
@@ -27,3 +28,11 @@ class MissingWeights(ToolchainError):
 
 class SchemaError(ToolchainError):
     """A JSON document does not follow its schema in shared_schemas/."""
+
+
+class OutputExists(BadInput):
+    """An output location already holds the user's files (replaced only with --force)."""
+
+
+class OutputNotWritable(BadInput):
+    """An output location cannot be written (read-only, no permission, not enough free space)."""

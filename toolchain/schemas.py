@@ -1,6 +1,10 @@
 """The host <-> phone contract: JSON Schemas in `shared_schemas/` (draft 2020-12), and helpers to
 validate, read and write the documents they describe.
 
+The schemas ship inside the package as `toolchain/schemas_data/` (package data, read through
+importlib.resources): in the repository that is a symlink to `shared_schemas/`, the one source the
+apps are tested against too; a wheel holds a copy (setuptools follows the link).
+
 File names live here once. JSON we write is deterministic (`indent=2, sort_keys=True`) and is
 validated before writing and after reading.
 """
@@ -9,16 +13,19 @@ from __future__ import annotations
 
 import functools
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from toolchain import validate as _strict
 from toolchain.atomic import atomic_write_text
-from toolchain.errors import BadInput, SchemaError
+from toolchain.errors import SchemaError
 
 __all__ = ["SCHEMA_DIR", "SCHEMA_NAMES", "load_schema", "validate", "validation_errors", "read_json", "write_json",
            "dumps"]
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "shared_schemas"
+# In a source checkout this resolves to shared_schemas/ (examples included); installed, to the packaged copy.
+SCHEMA_DIR = Path(str(resources.files("toolchain").joinpath("schemas_data")))
 
 # Document kind -> schema file in SCHEMA_DIR.
 SCHEMA_NAMES: dict[str, str] = {
@@ -42,7 +49,8 @@ SCHEMA_NAMES: dict[str, str] = {
 def load_schema(kind: str) -> dict:
     if kind not in SCHEMA_NAMES:
         raise KeyError(f"no schema for {kind!r}; known: {', '.join(SCHEMA_NAMES)}")
-    return json.loads((SCHEMA_DIR / SCHEMA_NAMES[kind]).read_text())
+    text = resources.files("toolchain").joinpath("schemas_data", SCHEMA_NAMES[kind]).read_text(encoding="utf-8")
+    return json.loads(text)
 
 
 @functools.cache
@@ -68,19 +76,16 @@ def validate(kind: str, doc: Any, *, where: str = "document") -> None:
         raise SchemaError(f"{where} is not a valid {kind}: {errors[0]}{more}")
 
 
-def dumps(doc: Any) -> str:
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+def dumps(doc: Any, *, where: str = "document") -> str:
+    """Deterministic JSON; never NaN/Infinity (BadInput instead: they are not JSON)."""
+    return _strict.dumps(doc, where=where, indent=2, sort_keys=True) + "\n"
 
 
 def read_json(path: Path, kind: str | None = None) -> Any:
-    """Parse a JSON file; validate it against schema `kind` unless None. One-line BadInput on failure."""
+    """Parse a JSON file strictly (UTF-8, finite numbers, nesting limit: `toolchain.validate`); validate it
+    against schema `kind` unless None. One-line BadInput on failure."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{path} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    doc = _strict.read_json(path)
     if kind is not None:
         validate(kind, doc, where=str(path))
     return doc
@@ -88,4 +93,4 @@ def read_json(path: Path, kind: str | None = None) -> Any:
 
 def write_json(path: Path, kind: str, doc: Any) -> None:
     validate(kind, doc, where=f"{kind} for {path}")
-    atomic_write_text(Path(path), dumps(doc))
+    atomic_write_text(Path(path), dumps(doc, where=str(path)))

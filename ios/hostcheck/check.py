@@ -70,7 +70,7 @@ def main() -> int:
 
     from toolchain.runtime import ProgramDir
     from toolchain.runtime.executorch_runner import ExecutorchRunner
-    from toolchain.runtime.trainer import pad_example
+    from toolchain.training import pad_example
     from toolchain.dataset import Example
 
     pdir = ProgramDir(args.program)

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.dataset import ByteTokenizer
+from toolchain.tokenizer import ByteTokenizer
 from toolchain.lcsb import make_plan, write_plan
 from toolchain.lora import load_adapter
 from toolchain.models import get_preset
@@ -61,7 +61,7 @@ def test_train_json_output_and_plan_file_equals_lcsb_options(tmp_path, data):
     assert [s["loss"] for s in a["steps"]] == [s["loss"] for s in b["steps"]]
     assert [s["layers"] for s in a["steps"]] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert [s["row"] for s in a["steps"]] == [0, 1, 2, 0]
-    assert a["plan"]["policy"] == "strided" and a["optimizer"]["name"] == "adamw"
+    assert a["plan"]["policy"] == "strided" and a["optimizer"]["kind"] == "adamw"
 
 
 def test_train_shuffle_and_sgd(data):
@@ -70,7 +70,8 @@ def test_train_shuffle_and_sgd(data):
     doc = json.loads(result.stdout)
     rows = [s["row"] for s in doc["steps"]]
     assert sorted(rows[:3]) == [0, 1, 2]
-    assert doc["optimizer"] == {"name": "sgd", "lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0}
+    assert doc["optimizer"] == {"kind": "sgd", "lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0, "betas": [0.9, 0.999],
+                                "eps": 1e-8, "frozen_unselected": False}
     assert all(s["layers"] == list(range(8)) for s in doc["steps"])  # no plan: full backprop
 
 
@@ -88,14 +89,15 @@ def _bad_plan_files(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["not_json", "bad_schema", "out_of_range", "other_model", "k_too_big", "both",
-                                  "cyclic_without_k", "momentum_with_adamw"])
+                                  "cyclic_without_k", "momentum_with_adamw", "seed_without_random"])
 def test_bad_input_exits_2_with_no_output(tmp_path, data, case):
     out = tmp_path / "adapter"
     plans = _bad_plan_files(tmp_path)
     args = {"k_too_big": ["--lcsb-k", 9], "both": ["--plan", plans["other_model"][0], "--lcsb-k", 2],
-            "cyclic_without_k": ["--lcsb-policy", "cyclic"], "momentum_with_adamw": ["--momentum", 0.5]}
+            "cyclic_without_k": ["--lcsb-policy", "cyclic"], "momentum_with_adamw": ["--momentum", 0.5],
+            "seed_without_random": ["--lcsb-k", 2, "--lcsb-seed", 4]}
     message = {"k_too_big": "outside 1..8", "both": "exclusive", "cyclic_without_k": "needs k",
-               "momentum_with_adamw": "--momentum"}
+               "momentum_with_adamw": "--momentum", "seed_without_random": "--lcsb-seed applies to"}
     if case in plans:
         args[case], message[case] = ["--plan", plans[case][0]], plans[case][1]
     result = _invoke("--data", data, "--adapter-out", out, *args[case])
@@ -103,3 +105,126 @@ def test_bad_input_exits_2_with_no_output(tmp_path, data, case):
     assert result.stdout == ""
     assert result.stderr.startswith("Error:") and message[case] in result.stderr, result.stderr
     assert not out.exists()
+
+
+# -- options a mode does not use, --resume, --telemetry-out ------------------------------------------
+
+# (options, the spelling the error names): --program takes these from its manifest.
+PROGRAM_REFUSES = [
+    (["--optimizer", "sgd"], "--optimizer"), (["--rank", 4], "--rank"), (["--alpha", 4], "--alpha"),
+    (["--targets", "q_proj"], "--targets"), (["--model", "tiny"], "--model"), (["--init", "random"], "--init"),
+    (["--seed", 3], "--seed"), (["--weight-decay", 0.1], "--weight-decay"), (["--momentum", 0.5], "--momentum"),
+    (["--frozen-unselected"], "--frozen-unselected"), (["--optimizer", "adamw", "--rank", 8], "--rank, --optimizer"),
+]
+
+
+@pytest.mark.parametrize("args, named", PROGRAM_REFUSES, ids=[c[1] for c in PROGRAM_REFUSES])
+def test_program_mode_refuses_the_options_it_would_ignore(tmp_path, data, args, named):
+    program = tmp_path / "prog"
+    program.mkdir()
+    result = CliRunner().invoke(cli, ["train", "--program", str(program), "--data", str(data), *map(str, args)])
+    assert result.exit_code == 2, result.output
+    assert f"drop {named}" in result.stderr and result.stdout == ""
+
+
+def _adapter_tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def _train(data, out, *args):
+    return _invoke("--data", data, "--adapter-out", out, "--lcsb-k", 3, "--shuffle", 1, "--checkpoint-every", 1,
+                   "--json", *args)
+
+
+def test_eager_resume_continues_to_the_adapter_of_an_uninterrupted_run(tmp_path, data):
+    whole = _train(data, tmp_path / "whole", "--steps", 5)
+    part = _train(data, tmp_path / "part", "--steps", 3, "--telemetry-out", tmp_path / "t.jsonl")
+    rest = _train(data, tmp_path / "part", "--steps", 5, "--resume", "--telemetry-out", tmp_path / "t.jsonl")
+    assert whole.exit_code == part.exit_code == rest.exit_code == 0, whole.output + part.output + rest.output
+    assert [s["step"] for s in json.loads(rest.stdout)["steps"]] == [4, 5]
+    assert json.loads(rest.stdout)["losses"] == json.loads(whole.stdout)["losses"]
+    a, b = _adapter_tensors(tmp_path / "whole"), _adapter_tensors(tmp_path / "part")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    events = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["type"] == "step"] == [0, 1, 2, 3, 4]
+    assert events[0]["type"] == "run_start" and events[0]["backend"] == "eager" and events[0]["lcsb_k"] == 3
+    assert [e["seq"] for e in events] == list(range(len(events)))
+
+
+def _other_data(tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"input_ids": ByteTokenizer().encode("Other words entirely.")}) + "\n")
+    return other
+
+
+# (what the resumed run changes, words of the error): the checkpoint is of another run.
+RESUME_MISMATCH = [
+    (lambda tmp: ["--lr", "1e-3"], "optimizer `lr` was 0.01, now 0.001"),
+    (lambda tmp: ["--shuffle", 2], "--shuffle seed was 1, now 2"),
+    (lambda tmp: ["--optimizer", "sgd"], "optimizer `kind` was"),
+    (lambda tmp: ["--weight-decay", 0.5], "optimizer `weight_decay` was 0.01, now 0.5"),
+    (lambda tmp: ["--lcsb-k", 2], "LCSB plan was"),
+    (lambda tmp: ["--rank", 4], "LoRA config `alpha` was 16.0, now 8.0 and `rank` was 8, now 4"),
+    (lambda tmp: ["--seed", 5], "frozen weights (sha256 of a sample) was"),
+    (lambda tmp: ["--data", _other_data(tmp)], "training rows (sha256) was"),
+]
+
+
+@pytest.mark.parametrize("change, message", RESUME_MISMATCH, ids=[str(i) for i in range(len(RESUME_MISMATCH))])
+def test_eager_resume_with_other_settings_is_an_error_naming_the_difference(tmp_path, data, change, message):
+    out = tmp_path / "adapter"
+    assert _train(data, out, "--steps", 2).exit_code == 0
+    before = _adapter_tensors(out)
+    args = change(tmp_path)
+    if "--data" in args:
+        result = _invoke("--data", args[1], "--adapter-out", out, "--lcsb-k", 3, "--shuffle", 1, "--steps", 4,
+                         "--resume")
+    elif "--lcsb-k" in args or "--shuffle" in args:
+        result = _invoke("--data", data, "--adapter-out", out, "--checkpoint-every", 1, "--steps", 4, "--resume",
+                         *(["--lcsb-k", 3] if "--lcsb-k" not in args else []),
+                         *(["--shuffle", 1] if "--shuffle" not in args else []), *args)
+    else:
+        result = _train(data, out, "--steps", 4, "--resume", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and "belongs to another run" in result.stderr and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    after = _adapter_tensors(out)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing written
+
+
+CORRUPT = [
+    ("garbage", lambda p: p.write_bytes(b"\x13garbage" * 50)),
+    ("empty", lambda p: p.write_bytes(b"")),
+    ("truncated", lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])),
+    ("foreign", lambda p: p.write_bytes(__import__("safetensors.torch").torch.save({"state": torch.zeros(3)}, metadata={
+        "meta": json.dumps({"step": 1, "run_id": "app", "seq": 0, "losses": [1.0]})}))),
+]
+
+
+@pytest.mark.parametrize("name, spoil", CORRUPT, ids=[c[0] for c in CORRUPT])
+def test_resume_from_a_corrupt_or_foreign_checkpoint_is_a_one_line_error(tmp_path, data, name, spoil):
+    out = tmp_path / "adapter"
+    assert _train(data, out, "--steps", 2).exit_code == 0
+    ck = tmp_path / "adapter.train-checkpoint.safetensors"
+    spoil(ck)
+    result = _train(data, out, "--steps", 4, "--resume")
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and result.stderr.startswith(f"Error: checkpoint {ck}")
+    assert result.stderr.rstrip().endswith("delete it to start over") and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume"], "--resume needs --adapter-out"),
+    (["--checkpoint-every", 2], "--checkpoint-every needs --adapter-out"),
+])
+def test_eager_checkpoint_options_need_an_adapter_out(data, args, message):
+    result = _invoke("--data", data, *args)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_eager_resume_without_a_checkpoint_is_an_error(tmp_path, data):
+    result = _invoke("--data", data, "--adapter-out", tmp_path / "adapter", "--resume")
+    assert result.exit_code == 2 and "no checkpoint at" in result.stderr, result.output
+    assert not (tmp_path / "adapter").exists()

@@ -28,7 +28,7 @@ from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
 from toolchain.models import Qwen25Arch, random_weights
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
-from toolchain.runtime.trainer import pad_example
+from toolchain.training import pad_example
 
 ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
@@ -479,7 +479,8 @@ def _fp16_run(optimizer: OptimizerSpec, lr: float, steps: int, mode: str):
     """`steps` eager steps of the tiny preset on the bundled corpus (T=64, r=8 on all projections).
     mode: "fp32"; "state" (the state rounded to float16 after every step: what Core ML fp16 states
     would hold); "compute" (weights, activations and state in float16 too)."""
-    from toolchain.dataset import ByteTokenizer, bundled_examples
+    from toolchain.dataset import bundled_examples
+    from toolchain.tokenizer import ByteTokenizer
     from toolchain.models import get_preset
 
     arch, cfg = get_preset("tiny"), LoraConfig(rank=8, alpha=16)

@@ -20,9 +20,9 @@ from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import Qwen25Arch, random_weights
-from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir, TrainRun, run_program
+from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.runtime.executorch_runner import ExecutorchRunner
-from toolchain.runtime.trainer import pad_example
+from toolchain.training import TrainRun, pad_example, run_program
 
 ARCH = Qwen25Arch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
@@ -301,3 +301,35 @@ def test_int8_program_without_xnnpack_matches_eager(tmp_path_factory):
     for a, b in zip(res.losses, ref.losses):
         assert math.isclose(a, b, rel_tol=1e-5)
     assert float((res.state - ref.state).abs().max() / ref.state.abs().max()) <= 1e-5
+
+
+def test_xnnpack_takes_only_weight_matmuls():
+    """The partition rule: every delegated matmul multiplies by a frozen weight (or its dequantized chunk),
+    none is attention's or LoRA's (activation x activation / state), whatever their FLOPs; a weight operand
+    too large to pack (a whole LM head) is never delegated."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    from toolchain.export.executorch import (_matmul_flops, _weight_operand, _weight_placeholders, exported_methods,
+                                             weight_derived, xnnpack_partitioner)
+    from toolchain.export.program import ProgramSpec, method_specs
+
+    spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int4", 16))
+    methods = method_specs(spec)
+    eps = exported_methods(spec)
+    edge = to_edge(eps, compile_config=EdgeCompileConfig(_check_ir_validity=False,
+                                                         preserve_ops=[torch.ops.aten.linear.default]))
+    for name in ("block_forward", "block_backward", "head_loss"):
+        ep = edge.exported_program(name)
+        weights = _weight_placeholders(ep, methods[name])
+        assert weights and all(methods[name].inputs[i].bind == "weight"
+                               for i, n in enumerate(ep.graph_signature.user_inputs) if n in weights)
+        derived = weight_derived(ep.graph, weights, set(ep.graph_signature.user_inputs))
+        mats = [n for n in ep.graph.nodes if _matmul_flops(n) > 0]
+        with_weight = {n for n in mats if _weight_operand(n, derived) is not None}
+        assert with_weight
+        if name.startswith("block"):
+            assert len(with_weight) < len(mats)                   # attention / LoRA matmuls exist and are out
+        taken = {n for p in xnnpack_partitioner(weights, min_flops=0).generate_partitions(ep) for n in p.nodes
+                 if _matmul_flops(n) > 0}
+        assert taken == with_weight, name
+        assert not xnnpack_partitioner(weights, min_flops=0, max_packed_bytes=0).generate_partitions(ep)

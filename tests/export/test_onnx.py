@@ -22,9 +22,10 @@ from toolchain.export.program import METHOD_ROLES, OptimizerSpec, QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
 from toolchain.models import Qwen25Arch
-from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir, TrainRun, run_program
+from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner
+from toolchain.training import TrainRun, run_program
 
 ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64,
                   rope_theta=10_000.0)

@@ -33,6 +33,6 @@ def test_scale():
 
 
 def test_num_params_qwen25_05b_rank8_all_targets():
-    # DESIGN.md: "LoRA r8 on 7 projections = 4.39 M params" for Qwen2.5-0.5B.
+    # docs/benchmarks.md: "LoRA parameters (4.39 M, fp32)" for Qwen2.5-0.5B, r8 on 7 projections.
     # Per layer: 8 * ((896+896) + 2*(896+128) + (896+896) + 2*(896+4864) + (4864+896)) = 183296; x 24 layers.
     assert lora_num_params(get_preset("qwen2.5-0.5b"), LoraConfig(rank=8)) == 24 * 183_296 == 4_399_104

@@ -1,4 +1,4 @@
-"""The analytic breakdown printed by `bench memory`: DESIGN.md's numbers for Qwen2.5-0.5B, and its
+"""The analytic breakdown printed by `bench memory`: docs/benchmarks.md's numbers for Qwen2.5-0.5B, and its
 "largest transient" equals the largest tensor the step really creates (recorded op by op)."""
 
 from __future__ import annotations

@@ -155,30 +155,27 @@ def test_parts_add_up_and_overhead_is_its_own_part():
 
 
 def test_known_parts_of_qwen_0_5b():
-    """Hand-computed from DESIGN.md's shapes: checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections:
-    4,399,104 parameters. With StepOptions' defaults (loss chunk 256, vocab chunk 1024, MLP chunk 256 columns)
-    the peak is layer 23's q/k/v tail, at the input norm's backward: dout, dx1, attention's dq, the three
-    projections' dx, their sum and rmsnorm_backward's four temporaries (11 [256, 896]), dk and dv (2 [256, 128]),
-    r [256, 1]; n1 and o (regrouped) still held; the layer's 7 gradients. With 512-column MLP chunks (9 full and
-    one of 256) the MLP backward wins in its last full chunk, while dg Wg[c] + du Wu[c] is summed: 4 [256, 512]
-    (g, u, dg, du), 6 [256, 896] (dout, dn2, the previous chunk's term, the two products, their sum), the
-    gradient slices of the 8 chunks done (gate, up, down) and this chunk's down slice. Without MLP chunks,
-    8 [256, 4864] at swiglu's backward win. One [256, 16384] logits block in the loss; MeBP: 3 [256, 151936]
-    in the loss backward and 25 [256, 896] block inputs/outputs."""
+    """Hand-computed from the shapes: checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections: 4,399,104
+    parameters. With StepOptions' defaults (loss chunk 256, vocab chunk 1024, MLP chunk 256 columns) the peak
+    is layer 23's q/k/v tail, at the input norm's backward: dout, dx1, the three projections' dx, their sum
+    and rmsnorm_backward's four temporaries (10 [256, 896]), r [256, 1]; n1 (recomputed after the MLP); the
+    layer's 7 gradients. Attention's q, k, v, o and dq, dk, dv are already gone (`del kept`, `del ga`). MLP
+    chunks of 512 columns peak at the same place (their backward holds 4 [256, 512] and 5 [256, 896] besides
+    x1, n2, the attention half's q, k, v, o: less). Without MLP chunks, 8 [256, 4864] at swiglu's backward
+    win. One [256, 16384] logits block in the loss; MeBP: 3 [256, 151936] in the loss backward and 25
+    [256, 896] block inputs/outputs."""
     arch = PRESETS["qwen2.5-0.5b"]
     mb = 4 / BYTES_PER_MB
     est = estimate_peak(StepShape(arch, 256, 8))
     assert est.phase == "backward" and est.layer == 23
     assert est.parts_mb["checkpoints"] == 24 * 256 * 896 * mb
     assert est.parts_mb["lora_params"] == 4_399_104 * mb
-    assert est.parts_mb["hidden_grads"] == (11 * 256 * 896 + 2 * 256 * 128 + 256) * mb
-    assert est.parts_mb["attention_saved"] == est.parts_mb["attention_outputs"] == 256 * 896 * mb
+    assert est.parts_mb["hidden_grads"] == (10 * 256 * 896 + 256) * mb
+    assert est.parts_mb["attention_saved"] == 256 * 896 * mb
+    assert "attention_outputs" not in est.parts_mb and "attention_scores" not in est.parts_mb
     assert est.parts_mb["lora_grads"] == 4_399_104 // 24 * mb
     wide = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=512))
-    assert wide.phase == "backward" and wide.layer == 23
-    assert wide.parts_mb["mlp_working_set"] == 4 * 256 * 512 * mb
-    assert wide.parts_mb["hidden_grads"] == 6 * 256 * 896 * mb
-    assert wide.parts_mb["lora_grads"] == 8 * (3 * 8 * 512 + 512) * mb
+    assert wide.phase == "backward" and wide.layer == 23 and wide.parts_mb == est.parts_mb
     whole = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=None))
     assert whole.phase == "backward" and whole.parts_mb["mlp_working_set"] == 8 * 256 * 4864 * mb
     assert whole.parts_mb["lora_grads"] == 8 * 4864 * mb     # dAd of the one chunk, [r, f]
@@ -240,3 +237,17 @@ def test_bad_shapes_are_refused():
         StepShape(arch, 8, 8, method="mezo")
     with pytest.raises(BadInput, match="mesp only"):
         StepShape(arch, 8, 8, method="mebp", lcsb_k=2)
+
+
+def test_lcsb_holds_k_of_l_checkpoints():
+    """Under LCSB the forward keeps only the selected layers' inputs: at the loss, k of L checkpoints (3B,
+    T = 1024, k = 6 of 36), and never more than that plus the current layer's input anywhere."""
+    arch = PRESETS["qwen2.5-3b"]
+    one = 1024 * arch.hidden * 4 / BYTES_PER_MB
+    est = estimate_peak(StepShape(arch, 1024, 8, lcsb_k=6))
+    full = estimate_peak(StepShape(arch, 1024, 8))
+    phases = {p: e for p, e in est.phases_mb.items()}
+    assert max(v for k, v in est.parts_mb.items() if k == "checkpoints") <= 7 * one
+    assert full.parts_mb["checkpoints"] >= 30 * one
+    assert est.peak_mb < full.peak_mb - 29 * one * 0.99
+    assert phases

@@ -36,7 +36,7 @@ def test_load_checkpoint_keeps_float32_by_default(tmp_checkpoint):
     ("qwen2.5-3b", 2048, 36, 16, 2, 11008, 128),
 ])
 def test_presets_match_design(name, hidden, layers, heads, kv_heads, intermediate, head_dim):
-    """Numbers from DESIGN.md (the model cards' config.json)."""
+    """Numbers from the model cards' config.json (docs/foundation.md)."""
     arch = get_preset(name)
     assert (arch.hidden, arch.layers, arch.heads, arch.kv_heads, arch.intermediate) == (
         hidden, layers, heads, kv_heads, intermediate)
@@ -46,7 +46,7 @@ def test_presets_match_design(name, hidden, layers, heads, kv_heads, intermediat
 
 
 def test_tiny_preset_fits_the_byte_tokenizer():
-    from toolchain.dataset import ByteTokenizer
+    from toolchain.tokenizer import ByteTokenizer
 
     tiny = get_preset("tiny")
     assert tiny.vocab == ByteTokenizer.vocab and tiny.heads % tiny.kv_heads == 0 and tiny.layers >= 2

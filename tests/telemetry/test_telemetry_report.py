@@ -73,3 +73,24 @@ def test_no_events_is_an_error_and_writes_nothing(tmp_path):
     with pytest.raises(BadInput, match="no events"):
         write_report("r", [], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_summary_never_holds_a_non_finite_number(tmp_path):
+    """Finite inputs whose mean or span overflows (1e308 + 1e308) give null, not Infinity (not JSON)."""
+    events = [run_start_event("r"), step_event(1, "r", step_time_s=1e308, tokens_per_s=1e308, timestamp=1e308),
+              step_event(2, "r", step_time_s=1e308, tokens_per_s=1e308, timestamp=0.0)]
+    files = write_report("r", events, tmp_path / "out")
+    text = files.summary.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    summary = read_json(files.summary, "run_summary")
+    assert summary["mean_step_time_s"] in (None, 1e308)
+
+
+def test_an_existing_report_directory_is_not_replaced_without_force(tmp_path):
+    from toolchain.errors import OutputExists
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("x")
+    with pytest.raises(OutputExists, match="not empty"):
+        write_report("r", [run_start_event("r"), step_event(1, "r")], tmp_path / "out")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]

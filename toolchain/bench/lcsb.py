@@ -35,14 +35,16 @@ from typing import Any
 
 import torch
 
-from toolchain.dataset import ByteTokenizer, Example, bundled_examples
+from toolchain.dataset import Example, bundled_examples
 from toolchain.errors import BadInput
-from toolchain.lcsb import AdamW, make_plan
+from toolchain.lcsb import make_plan
 from toolchain.lcsb.plan import Policy, StepPlan
 from toolchain.lora import LoraConfig, LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import PRESETS, LayerWeights, ModelWeights, Qwen25Arch, random_weights
-from toolchain.train import TrainConfig, evaluate, start_run, train, train_step
+from toolchain.optim import OptimizerConfig
+from toolchain.tokenizer import ByteTokenizer
+from toolchain.training import TrainConfig, evaluate, start_run, train, train_step
 
 __all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine"]
 
@@ -110,7 +112,7 @@ class LcsbBenchConfig:
         if self.policy == "full":
             raise BadInput("the LCSB arm needs a selective policy (cyclic, strided, last or random), not full")
         make_plan(self.arch.layers, self.k, self.policy)  # raises BadInput for k outside 1..layers
-        AdamW(lr=self.lr, weight_decay=self.weight_decay)
+        OptimizerConfig("adamw", lr=self.lr, weight_decay=self.weight_decay)
         LoraConfig(rank=self.rank, alpha=self.alpha)
 
     @property
@@ -141,7 +143,7 @@ def _split(config: LcsbBenchConfig) -> tuple[list[Example], list[Example]]:
 def _pretrain(config, arch, weights, rows, on_step) -> tuple[ModelWeights, dict[str, Any]]:
     cfg = LoraConfig(rank=config.pretrain_rank, alpha=2.0 * config.pretrain_rank)
     lora = init_lora(arch, cfg, seed=config.seed + 1)
-    opt = AdamW(lr=config.pretrain_lr, weight_decay=0.0)
+    opt = OptimizerConfig("adamw", lr=config.pretrain_lr, weight_decay=0.0)
     t0 = time.perf_counter()
     result = train(arch, weights, cfg, lora, rows, TrainConfig(steps=config.pretrain_steps, optimizer=opt),
                    on_step=None if on_step is None else (lambda e: on_step("pretrain", e.step, {"full": e.loss})))
@@ -176,7 +178,7 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
     cfg = LoraConfig(rank=config.rank, alpha=config.alpha)
     lora0 = init_lora(arch, cfg, seed=config.seed)
     plans = {"full": make_plan(arch.layers, None, "full"), "lcsb": make_plan(arch.layers, config.k, config.policy)}
-    train_cfg = TrainConfig(steps=config.steps, optimizer=AdamW(lr=config.lr, weight_decay=config.weight_decay))
+    train_cfg = TrainConfig(steps=config.steps, optimizer=OptimizerConfig("adamw", lr=config.lr, weight_decay=config.weight_decay))
     states = {arm: start_run(train_cfg, lora0) for arm in plans}
     losses: dict[str, list[float]] = {arm: [] for arm in plans}
     times: dict[str, list[float]] = {arm: [] for arm in plans}

@@ -20,7 +20,7 @@ from toolchain.memory.paper import PAPER_PEAK_MB
 __all__ = ["Cell", "GRID", "PAPER_STEP_S", "cell_key", "run_tables", "render_markdown", "plot_tables",
            "replace_section", "SECTION_START", "SECTION_END"]
 
-# MeSP paper, seq 256, rank 8: seconds per step on the phone (DESIGN.md reference table).
+# MeSP paper, seq 256, rank 8: seconds per step on the phone (the paper's table, compared in docs/benchmarks.md).
 PAPER_STEP_S: dict[str, dict[str, float]] = {
     "qwen2.5-0.5b": {"mebp": 0.68, "mesp": 0.86},
     "qwen2.5-1.5b": {"mebp": 1.66, "mesp": 2.17},

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from toolchain.cli.options import lora_shape_options, model_options
+from toolchain.validate import SEED, STEPS, FiniteFloat
 
 
 @click.group()
@@ -17,26 +18,29 @@ def bench() -> None:
 @bench.command("lcsb")
 @click.option("--model", default="mid", show_default=True,
               help="'mid' (a 12-layer Qwen2.5-shaped model with a byte vocabulary) or a preset; random weights.")
-@click.option("--steps", type=click.IntRange(min=10), default=None,
+@click.option("--steps", type=click.IntRange(10, STEPS.max), default=None,
               help="Fine-tuning steps of each arm.  [default: 300]")
 @click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Tokens per example.  [default: 128]")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None, help="LCSB layers per step.  [default: 4]")
 @click.option("--policy", type=click.Choice(["cyclic", "strided", "last", "random"]), default=None,
               help="LCSB policy.  [default: cyclic]")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
               help="AdamW learning rate of both arms.  [default: 2e-4]")
 @click.option("--pretrain-steps", type=click.IntRange(min=0), default=None,
               help="Full-backprop steps that turn the random base into a stand-in pretrained one before the "
                    "comparison (0: compare on the random base).  [default: 300]")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.  [default: 1]")
-@click.option("--seed", type=int, default=None, help="Seed of the weights and the LoRA init.  [default: 0]")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="torch threads.  [default: 1]")
+@click.option("--seed", type=SEED, default=None, help="Seed of the weights and the LoRA init.  [default: 0]")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
-              help="Write the full report (bench_lcsb schema) here.")
+              help="Write the full report (bench_lcsb schema) here (an existing file is replaced).")
 def lcsb(model, steps, seq_len, k, policy, lr, pretrain_steps, threads, seed, json_out) -> None:
     """Fine-tune the same model from the same seed with full MeSP backprop and with LCSB, side by
     side; report the step-time speedup and the loss gap (docs/lcsb.md)."""
     from toolchain.bench.lcsb import LcsbBenchConfig, run_lcsb_bench
     from toolchain.schemas import write_json
+
+    if json_out is not None:
+        check_output_file(json_out, option="--json")
 
     given = {"model": model, "steps": steps, "seq_len": seq_len, "k": k, "policy": policy, "lr": lr,
              "pretrain_steps": pretrain_steps, "threads": threads, "seed": seed}
@@ -78,7 +82,7 @@ def _bench_run_options(f):
     f = click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Where the float32 weights are cached for memory-mapping.  "
                           "[default: $TOOLCHAIN_CACHE_DIR or ~/.cache/toolchain]")(f)
-    f = click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+    f = click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True,
                      help="torch threads in every benchmark process (the same for every mode).")(f)
     f = click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Measured steps per memory process, and timed steps per mode (after a warm-up step).")(f)
@@ -112,6 +116,30 @@ def _run_settings(repeat, threads, cache_dir, loss_chunk=None, vocab_chunk=None,
     return settings
 
 
+def check_output_file(path: Path, option: str) -> None:
+    from toolchain.atomic import check_output_file as check
+
+    check(path, option=option)
+
+
+def _program_seq_len(program: Path) -> int:
+    from toolchain.runtime import ProgramDir
+
+    return ProgramDir(program, verify=False).seq_len
+
+
+def _check_preset_shape(model: str, seq_len: int, rank: int, targets: str) -> None:
+    """Bounds from the model, before any process starts: --rank within its projections (presets only; a
+    checkpoint directory is checked when it is loaded; --seq-len is checked by the benchmark's config)."""
+    from toolchain.lora import parse_targets
+    from toolchain.models.presets import PRESETS
+    from toolchain.validate import check_rank
+
+    arch = PRESETS.get(model)
+    if arch is not None:
+        check_rank(rank, arch, parse_targets(targets))
+
+
 def _progress():
     from rich.console import Console
     from rich.progress import Progress
@@ -122,25 +150,26 @@ def _progress():
 @bench.command("memory")
 @model_options(default_model=None)
 @lora_shape_options
-@click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens per step.")
+@click.option("--seq-len", type=click.IntRange(min=2), default=None,
+              help="Tokens per step (with --program: must be the program's).  [default: --program's, else 256]")
 @click.option("--modes", default="autograd,mebp,mesp", show_default=True,
               help="Comma-separated among autograd,mebp,mesp,mezo,executorch,onnx (one process each for memory).")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Exported program directory (for --modes executorch or onnx).")
-@click.option("--lr", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
+@click.option("--lr", type=FiniteFloat(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
 @click.option("--no-grad-check", is_flag=True, help="Skip the comparison of the exact modes' gradients.")
 @click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default=None,
               help="Frozen projection weights of the eager modes: float32, or the program's int8/int4 format "
                    "(dequantized per row chunk where used, as the program does).  [default: --program's, else none]")
 @click.option("--quant-group", type=click.IntRange(min=2), default=None,
               help="Quantization group size.  [default: --program's, else 64]")
-@click.option("--dequant-chunk-mb", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--dequant-chunk-mb", type=FiniteFloat(min=0, min_open=True, max=65536), default=None,
               help="MiB (float32) dequantized at once, as `toolchain export --dequant-chunk-mb`.  "
                    "[default: --program's, else 1]")
 @_step_chunk_options
 @_bench_run_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
-              help="Write the report (bench_memory schema) here.")
+              help="Write the report (bench_memory schema) here (an existing file is replaced).")
 def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr, no_grad_check, quant, quant_group,
            dequant_chunk_mb, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads, cache_dir, json_out) -> None:
     """Peak memory (as phones count it) and step time of one training step per mode, side by side.
@@ -150,6 +179,11 @@ def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr,
     from toolchain.lora import parse_targets
     from toolchain.schemas import write_json
 
+    if json_out is not None:
+        check_output_file(json_out, option="--json")
+    if seq_len is None:
+        seq_len = _program_seq_len(program) if program is not None else 256
+    _check_preset_shape(model, seq_len, rank, targets)
     given = {"quant": quant, "quant_group": quant_group, "loss_chunk": loss_chunk,
              "quant_chunk_elems": None if dequant_chunk_mb is None else max(1, int(dequant_chunk_mb * 2**20) // 4)}
     settings = {**(program_settings(program) if program is not None else {}),
@@ -191,9 +225,12 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
     writes the tables into --doc and a plot to --plot, next to the paper's numbers."""
     from toolchain.atomic import atomic_write_text
     from toolchain.bench.memory import MemoryBenchConfig
+    from toolchain.validate import read_text
     from toolchain.bench.tables import GRID, cell_key, plot_tables, render_markdown, replace_section, run_tables
     from toolchain.errors import BadInput
 
+    for option, path in (("--cells", cells_path), ("--doc", doc), ("--plot", plot)):
+        check_output_file(path, option=option)
     unknown = sorted(set(only) - {cell_key(c) for c in GRID})
     if unknown:
         raise BadInput(f"unknown cell(s) {', '.join(unknown)}; choose from {', '.join(cell_key(c) for c in GRID)}")
@@ -221,7 +258,7 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
         result = run_tables(cells_path, base, cells=cells, on_cell=on_cell, on_stage=on_stage,
                             on_unreliable=on_unreliable)
     section = render_markdown(result)
-    old = doc.read_text() if doc.is_file() else "# Benchmarks\n"
+    old = read_text(doc, what=f"--doc {doc}") if doc.is_file() else "# Benchmarks\n"
     atomic_write_text(doc, replace_section(old, section))
     plot_tables(result, plot)
     click.echo(section)
@@ -237,12 +274,12 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
 @click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens of the batch.")
 @click.option("--seeds", type=click.IntRange(min=1), default=8, show_default=True,
               help="MeZO estimates (perturbation seeds 0..N-1).")
-@click.option("--eps", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
+@click.option("--eps", type=FiniteFloat(min=0, min_open=True, max=1), default=1e-3, show_default=True,
               help="SPSA perturbation scale.")
 @click.option("--no-memory", is_flag=True, help="Skip the memory/time comparison of MeSP and MeZO.")
 @_bench_run_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
-              help="Write the report (bench_mezo schema) here.")
+              help="Write the report (bench_mezo schema) here (an existing file is replaced).")
 def mezo_cosine(model, init, seed, rank, alpha, targets, seq_len, seeds, eps, no_memory, repeat, threads, cache_dir,
                 json_out) -> None:
     """Cosine similarity of MeZO (SPSA) gradient estimates with the exact gradient, and MeZO's peak
@@ -251,6 +288,10 @@ def mezo_cosine(model, init, seed, rank, alpha, targets, seq_len, seeds, eps, no
     from toolchain.bench.mezo import MezoCosineConfig, run_mezo_cosine
     from toolchain.lora import parse_targets
     from toolchain.schemas import write_json
+
+    if json_out is not None:
+        check_output_file(json_out, option="--json")
+    _check_preset_shape(model, seq_len, rank, targets)
 
     config = MezoCosineConfig(model=model, init=init, seed=seed, seq_len=seq_len, rank=rank, alpha=alpha,
                               targets=parse_targets(targets), seeds=seeds, eps=eps, memory=not no_memory,

@@ -18,17 +18,19 @@ from toolchain.cli.options import data_option, load_model_and_adapter, lora_opti
               help="How to compute the gradients (mesp, mebp, autograd: exact, they differ in memory and time; "
                    "mezo: one SPSA estimate from two forwards, perturbation seed --seed).")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path), required=True,
-              help="Output .safetensors; keys as in the adapter's adapter_model.safetensors.")
+              help="Output .safetensors; keys as in the adapter's adapter_model.safetensors (an existing file is "
+                   "replaced atomically; a directory is refused).")
 def grads(model, init, seed, adapter, rank, alpha, targets, data, mode, out) -> None:
     """Compute the LoRA gradients of the first example of --data and write them to --out."""
     from safetensors.torch import save as save_bytes
 
-    from toolchain.atomic import atomic_write_bytes
+    from toolchain.atomic import atomic_write_bytes, check_output_file
     from toolchain.baselines import autograd_step, mebp_step, mezo_grad_estimate
     from toolchain.dataset import load_examples
     from toolchain.lora import lora_state_dict
     from toolchain.mesp import mesp_step
 
+    check_output_file(out)
     arch, weights, cfg, lora = load_model_and_adapter(model, init, seed, adapter, rank, alpha, targets)
     example = load_examples(data, arch, limit=1)[0]
     step = {"mesp": mesp_step, "mebp": mebp_step, "autograd": autograd_step,

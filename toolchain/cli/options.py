@@ -6,14 +6,18 @@ from pathlib import Path
 
 import click
 
-__all__ = ["model_options", "lora_options", "lora_shape_options", "data_option", "lora_config_from", "load_model_and_adapter"]
+from toolchain.atomic import FORCE_HELP
+from toolchain.validate import SEED, FiniteFloat
+
+__all__ = ["model_options", "lora_options", "lora_shape_options", "data_option", "force_option", "lora_config_from",
+           "load_model_and_adapter"]
 
 TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or 'all'"
 
 
 def model_options(default_model: str | None = "tiny", *, required: bool | None = None):
     def deco(f):
-        f = click.option("--seed", type=int, default=0, show_default=True,
+        f = click.option("--seed", type=SEED, default=0, show_default=True,
                          help="Seed of random weights and of the LoRA init.")(f)
         f = click.option("--init", "init", type=click.Choice(["pretrained", "random"]), default="pretrained",
                          show_default=True,
@@ -30,7 +34,7 @@ def model_options(default_model: str | None = "tiny", *, required: bool | None =
 def lora_shape_options(f):
     """--rank, --alpha, --targets: a fresh adapter's shape (commands that take no --adapter)."""
     f = click.option("--targets", default="all", show_default=True, help=TARGETS_HELP)(f)
-    f = click.option("--alpha", type=click.FloatRange(min=0, min_open=True), default=None,
+    f = click.option("--alpha", type=FiniteFloat(min=0, min_open=True), default=None,
                      help="LoRA alpha; scale = alpha / rank.  [default: 2 x rank]")(f)
     f = click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True, help="LoRA rank.")(f)
     return f
@@ -46,6 +50,11 @@ def lora_options(f):
 def data_option(f):
     return click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
                         help="JSONL file, one {\"input_ids\": [...], \"labels\"?: [...]} per line.")(f)
+
+
+def force_option(f):
+    """--force: replace an existing non-empty output directory (refused by default)."""
+    return click.option("--force", is_flag=True, help=FORCE_HELP)(f)
 
 
 def lora_config_from(rank: int, alpha: float | None, targets: str):
@@ -67,6 +76,9 @@ def load_model_and_adapter(model: str, init: str, seed: int, adapter: Path | Non
     if adapter is not None:
         cfg, lora = load_adapter(adapter, arch, dtype=dtype)
     else:
+        from toolchain.validate import check_rank
+
         cfg = lora_config_from(rank, alpha, targets)
+        check_rank(cfg.rank, arch, cfg.targets)
         lora = init_lora(arch, cfg, seed=seed, dtype=dtype, zero_b=zero_b)
     return arch, weights, cfg, lora

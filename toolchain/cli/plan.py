@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from toolchain.cli.options import TARGETS_HELP
+from toolchain.validate import SEED, FiniteFloat
 
 
 @click.group()
@@ -53,7 +54,7 @@ def _fit_text(preamble: str, r) -> list[str]:
               help="Vocabulary entries per LM-head chunk (0: whole rows).  [default: StepOptions]")
 @click.option("--mlp-chunk", type=click.IntRange(min=0), default=None,
               help="Intermediate columns per MLP chunk (0: all at once).  [default: StepOptions]")
-@click.option("--overhead-mb", type=click.FloatRange(min=0), default=None,
+@click.option("--overhead-mb", type=FiniteFloat(min=0), default=None,
               help="Runtime memory added to the tensors.  [default: calibrated with `toolchain bench memory`]")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimizer, loss_chunk, vocab_chunk, mlp_chunk,
@@ -67,8 +68,12 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimize
     from toolchain.memory.profiles import load_profile
     from toolchain.models import get_preset
 
+    from toolchain.validate import check_rank, check_seq_len
+
     arch = get_preset(model)
     cfg = LoraConfig(rank=rank, alpha=2.0 * rank, targets=parse_targets(targets))
+    check_seq_len(seq_len, arch)
+    check_rank(rank, arch, cfg.targets)
     profile = load_profile(device)
     given = {"loss_chunk": loss_chunk, "vocab_chunk": vocab_chunk, "mlp_chunk": mlp_chunk}
     chunks = {k: v or None for k, v in given.items() if v is not None}     # unset: StepOptions'; 0: no chunks
@@ -86,23 +91,26 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimize
 
 
 @plan.command()
-@click.option("--layers", type=click.IntRange(min=1), default=None, help="Decoder layers of the model.")
+@click.option("--layers", type=click.IntRange(1, 4096), default=None, help="Decoder layers of the model.")
 @click.option("--model", default=None, help="Or a preset whose layer count to use (qwen2.5-0.5b: 24, ...).")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None, help="Layers backpropagated per step.")
 @click.option("--policy", type=click.Choice(["cyclic", "strided", "last", "random", "full"]), default="cyclic",
               show_default=True, help="How layers are chosen per step.")
-@click.option("--seed", type=int, default=None, help="Random policy only: the seed.  [default: 0]")
-@click.option("--period", type=click.IntRange(min=1), default=None,
+@click.option("--seed", type=SEED, default=None, help="Random policy only: the seed.  [default: 0]")
+@click.option("--period", type=click.IntRange(1, 100_000), default=None,
               help="Random policy only: steps before the draws repeat.  [default: 4 x ceil(L / k)]")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path), required=True,
-              help="Step plan JSON to write (shared_schemas/step_plan.schema.json).")
+              help="Step plan JSON to write (shared_schemas/step_plan.schema.json; an existing file is replaced "
+                   "atomically).")
 def lcsb(layers, model, k, policy, seed, period, out) -> None:
     """Write an LCSB step plan: which layers each training step backpropagates through."""
+    from toolchain.atomic import check_output_file
     from toolchain.lcsb import make_plan, write_plan
     from toolchain.models import get_preset
 
     if (layers is None) == (model is None):
         raise click.UsageError("give exactly one of --layers and --model")
+    check_output_file(out)
     n_layers = layers if layers is not None else get_preset(model).layers
     step_plan = make_plan(n_layers, k, policy, seed=seed, period=period)
     write_plan(out, step_plan)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from toolchain.atomic import FORCE_HELP
+
 DEFAULT_DB = Path("telemetry.sqlite3")
 _db_option = click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_DB,
                           show_default=True, help="SQLite file of the event store.")
@@ -34,31 +36,33 @@ def telemetry() -> None:
               help="Largest accepted request body.")
 def serve(host: str, port: int, db: Path, token: str, max_body_bytes: int) -> None:
     """Serve POST /v1/events, GET /v1/runs and GET /v1/runs/RUN_ID/events until Ctrl-C."""
-    from toolchain.telemetry.server import is_loopback
+    from toolchain.telemetry.server import bind_socket, is_loopback
     from toolchain.telemetry.server import serve as run_server
     from toolchain.telemetry.store import EventStore
 
+    sock = bind_socket(host, port)        # a taken port is one error line, before the store is opened
     with EventStore(db) as store:
         if not is_loopback(host):
             click.echo(f"warning: listening on {host}: plain HTTP, the token is the only protection", err=True)
         click.echo(f"telemetry server on http://{host}:{port}/v1/events (db {db}); Ctrl-C stops", err=True)
-        run_server(store, token, host=host, port=port, max_body_bytes=max_body_bytes)
+        run_server(store, token, host=host, port=port, max_body_bytes=max_body_bytes, sock=sock)
 
 
 @telemetry.command("import")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_db_option
 def import_(files: tuple[Path, ...], db: Path) -> None:
-    """Store the events of JSONL files pulled from a phone (re-importing stores nothing twice)."""
+    """Store the events of JSONL files pulled from a phone (re-importing stores nothing twice). All or
+    nothing: every file is validated, and all are stored in one transaction (a conflict stores none)."""
     from toolchain.telemetry.events import read_jsonl
     from toolchain.telemetry.store import EventStore
 
     batches = [(path, read_jsonl(path)) for path in files]   # validate every file before storing any
     with EventStore(db) as store:
-        for path, events in batches:
-            result = store.add(events)
-            runs = sorted({e["run_id"] for e in events})
-            click.echo(f"{path}: {result.stored} new, {result.duplicates} already stored; run {', '.join(runs)}")
+        results = store.add_batches([events for _, events in batches])
+    for (path, events), result in zip(batches, results):
+        runs = sorted({e["run_id"] for e in events})
+        click.echo(f"{path}: {result.stored} new, {result.duplicates} already stored; run {', '.join(runs)}")
 
 
 @telemetry.command()
@@ -79,12 +83,17 @@ def runs(db: Path) -> None:
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_DB, show_default=True,
               callback=_existing_db, help="SQLite file of the event store.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Output directory (replaced): index.html, memory.png, loss.png, step_time.png, summary.json.")
-def report(run_id: str, db: Path, out: Path) -> None:
+              help="Output directory: index.html, memory.png, loss.png, step_time.png, summary.json (an existing "
+                   "non-empty one is refused unless --force).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def report(run_id: str, db: Path, out: Path, force: bool) -> None:
     """Plot a run's memory (against its budget and the published MeSP/MeBP peaks), loss and step time."""
+    from toolchain.atomic import check_output_dir
     from toolchain.errors import BadInput
     from toolchain.telemetry.report import write_report
     from toolchain.telemetry.store import EventStore
+
+    check_output_dir(out, force=force)
 
     with EventStore(db) as store:
         events = store.events(run_id)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from toolchain.atomic import atomic_dir
 from toolchain.errors import BadInput
-from toolchain.export.manifest import ADAPTER_INIT_DIR, MANIFEST_NAME, STATE_INIT_NAME, build_manifest
+from toolchain.export.manifest import ADAPTER_INIT_DIR, MANIFEST_NAME, STATE_INIT_NAME, TOKENIZER_FILE, build_manifest
 from toolchain.export.program import OptimizerSpec, ProgramSpec, QuantSpec, flat_state, state_layout
 from toolchain.export.targets import TARGETS, target
 from toolchain.export.weights_file import WEIGHTS_NAME, weight_tensors, write_weights
@@ -50,6 +50,9 @@ class ExportSpec:
         default_lr: learning rate recorded for apps that do not choose one.
         options: step memory knobs (loss/MLP chunking).
         pad_token_id / tokenizer_kind: what apps pad rows with.
+        eos_token_id / tokenizer_json: the tokenizer's eos and its tokenizer.json (written into the program
+            directory as `tokenizer.json`, checksummed in `files`; None: no file).
+        generation: also the generation methods (prefill, KV-cache decode, one-position head).
     """
 
     source: str
@@ -63,8 +66,11 @@ class ExportSpec:
     xnnpack: bool = True
     default_lr: float = 1e-4
     options: StepOptions = StepOptions()
-    tokenizer_kind: Literal["byte", "huggingface", "none"] = "none"
+    tokenizer_kind: Literal["byte", "qwen2.5", "huggingface", "none"] = "none"
     pad_token_id: int = 0
+    eos_token_id: int | None = None
+    tokenizer_json: str | None = field(default=None, repr=False)
+    generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
 
     def check(self, arch: Qwen25Arch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
@@ -79,7 +85,8 @@ class ExportSpec:
         self.quant.check(arch)
 
     def program_spec(self, arch: Qwen25Arch, cfg: LoraConfig) -> ProgramSpec:
-        return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options)
+        return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
+                           generation=self.generation)
 
 
 def sha256_file(path: Path) -> str:
@@ -111,6 +118,8 @@ def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lor
         layout = state_layout(arch, cfg, spec.optimizer)
         (tmp / STATE_INIT_NAME).write_bytes(flat_state(layout, lora).numpy().astype("<f4").tobytes())
         save_adapter(tmp / ADAPTER_INIT_DIR, cfg, lora, base_model=spec.source)
+        if spec.tokenizer_json is not None:
+            (tmp / TOKENIZER_FILE).write_text(spec.tokenizer_json, encoding="utf-8")
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = build_manifest(spec, pspec, artifacts, tmp, files)
         manifest.write(tmp / MANIFEST_NAME)

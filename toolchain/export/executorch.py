@@ -33,18 +33,26 @@ def exported_methods(spec: ProgramSpec) -> dict:
     return eps
 
 
-# Matmuls below this many FLOPs stay on ExecuTorch's own kernels: each delegate costs about half a
-# CPU-second to lower, and the small ones (LoRA's [T, r] products, one head's [T, T] attention) gain
-# little from XNNPACK. Measured on the Qwen2.5-0.5B int4 methods (T = 256): see docs/export.md.
+# XNNPACK takes a matmul only if it multiplies by a frozen weight (a weight input of the method, or a
+# chunk dequantized from one), costs at least this many FLOPs, and its weight operand packs into at most
+# XNNPACK_MAX_PACKED_BYTES. Each delegate costs about half a CPU-second to lower; the LoRA products and
+# attention's per-head [T, T] matmuls (activation x activation) gain little and stay on ExecuTorch's
+# kernels whatever T is (at T = 1024 one head's scores cross any fixed FLOP threshold). XNNPACK packs
+# runtime weights per call into one shared workspace (anonymous memory) the size of the largest packed
+# operand: a whole-vocabulary LM head ([V, d] fp32, 545 MB at 0.5B) must never be packed.
+# Measured on the Qwen2.5-0.5B int4 methods: see docs/export.md.
 XNNPACK_MIN_FLOPS = 16e6
+XNNPACK_MAX_PACKED_BYTES = 16 << 20
 
 
 def _matmul_flops(node) -> float:
     """FLOPs of a linear / mm / bmm node from its argument shapes (0 for anything else)."""
     name = str(node.target)
+    if node.op != "call_function" or not any(k in name for k in ("linear", "mm")):
+        return 0.0
     try:
         a, b = (arg.meta["val"].shape for arg in node.args[:2])
-    except (AttributeError, KeyError):
+    except (AttributeError, KeyError, ValueError):
         return 0.0
     if "linear" in name:                       # x [..., K] @ W [N, K]^T
         m = 1
@@ -58,23 +66,85 @@ def _matmul_flops(node) -> float:
     return 0.0
 
 
-def xnnpack_partitioner(min_flops: float = XNNPACK_MIN_FLOPS):
-    """XNNPACK for the large matmuls only (linear, mm, bmm of at least `min_flops`), one op per delegate,
-    weights taken as runtime tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or
-    in-graph dequantized chunks). XNNPACK then packs each weight per call into one workspace shared by all
-    delegates (about the largest packed operand, anonymous memory) instead of packing constants into its
-    heap at load. Larger partitions fail on training graphs ("Invalid partition, found dependency cycles")."""
+def weight_derived(graph, weight_inputs: set[str], user_inputs: set[str]) -> set:
+    """Nodes computed from frozen weights (and constants) alone: the weight placeholders and every node
+    whose inputs are all weight-derived or constant, at least one weight-derived (views and dequantization
+    chunks of a weight; `- 8` and `// 16` lift their scalars to constant placeholders)."""
+    derived, const = set(), set()
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            if n.name in weight_inputs:
+                derived.add(n)
+            elif n.name not in user_inputs:
+                const.add(n)
+        elif n.op == "get_attr":
+            const.add(n)
+        elif n.op == "call_function" and n.all_input_nodes:
+            ins = n.all_input_nodes
+            if all(a in const for a in ins):
+                const.add(n)
+            elif all(a in derived or a in const for a in ins):
+                derived.add(n)
+    return derived
+
+
+def _weight_operand(node, derived: set):
+    """The frozen-weight operand of a matmul node (None if it has none): linear's W, or either side of mm."""
+    name = str(node.target)
+    if "bmm" in name or not ("linear" in name or "mm" in name):
+        return None
+    args = node.args[1:2] if "linear" in name else node.args[:2]
+    for a in args:
+        if a in derived:
+            return a
+    return None
+
+
+def _packed_bytes(arg) -> int:
+    try:
+        return int(arg.meta["val"].numel()) * 4
+    except (AttributeError, KeyError):
+        return 0
+
+
+def xnnpack_partitioner(weight_inputs: set[str], min_flops: float = XNNPACK_MIN_FLOPS,
+                        max_packed_bytes: int = XNNPACK_MAX_PACKED_BYTES):
+    """XNNPACK for the large weight matmuls only (see XNNPACK_MIN_FLOPS), one op per delegate, weights taken
+    as runtime tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or in-graph
+    dequantized chunks). XNNPACK then packs each weight per call into one workspace shared by all
+    delegates instead of packing constants into its heap at load. Larger partitions fail on training
+    graphs ("Invalid partition, found dependency cycles").
+
+    Args:
+        weight_inputs: names of the method's placeholders that are frozen weights (bind "weight").
+    """
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import BMMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     class LargeMatmulPartitioner(XnnpackPartitioner):
         def generate_partitions(self, ep):
-            return [p for p in super().generate_partitions(ep)
-                    if sum(_matmul_flops(n) for n in p.nodes) >= min_flops]
+            derived = weight_derived(ep.graph, weight_inputs, set(ep.graph_signature.user_inputs))
 
-    return LargeMatmulPartitioner(configs=[LinearConfig, MMConfig, BMMConfig], per_op_mode=True,
+            def wanted(p) -> bool:
+                mats = [n for n in p.nodes if _matmul_flops(n) > 0]
+                if len(mats) != 1:
+                    return False
+                w = _weight_operand(mats[0], derived)
+                return (w is not None and _matmul_flops(mats[0]) >= min_flops
+                        and _packed_bytes(w) <= max_packed_bytes)
+
+            return [p for p in super().generate_partitions(ep) if wanted(p)]
+
+    return LargeMatmulPartitioner(configs=[LinearConfig, MMConfig], per_op_mode=True,
                                   force_non_static_weights_for_f32_linear=True)
+
+
+def _weight_placeholders(ep, method) -> set[str]:
+    """Placeholder names of a method's frozen-weight inputs (user inputs are in the MethodSpec's order)."""
+    names = list(ep.graph_signature.user_inputs)
+    if len(names) != len(method.inputs):
+        raise AssertionError(f"{method.name}: {len(names)} graph inputs for {len(method.inputs)} declared")
+    return {n for n, io in zip(names, method.inputs) if io.bind == "weight"}
 
 
 @contextlib.contextmanager
@@ -171,7 +241,10 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
         note("XNNPACK")
         order = {name: _node_order(edge.exported_program(name).graph) for name in eps}
         with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
-            edge = edge.to_backend({name: xnnpack_partitioner() for name in eps})
+            methods = method_specs(spec)
+            edge = edge.to_backend({name: xnnpack_partitioner(_weight_placeholders(edge.exported_program(name),
+                                                                                   methods[name]))
+                                    for name in eps})
         for name in eps:
             keep_original_order(edge.exported_program(name).graph_module, order[name])
     note("to_executorch")

@@ -15,17 +15,18 @@ from pathlib import Path
 from toolchain import __version__
 from toolchain.errors import BadInput
 from toolchain.export.artifact import TargetArtifact, tree_bytes
-from toolchain.export.program import (LAYER, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec, StateEntry,
-                                      method_specs, state_layout)
+from toolchain.export.program import (GENERATION_ROLES, LAYER, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec,
+                                      StateEntry, method_specs, state_layout)
 from toolchain.export.weights_file import WEIGHTS_NAME
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_config_dict
 from toolchain.mesp import StepOptions
 from toolchain.models.presets import Qwen25Arch
 from toolchain.schemas import read_json, write_json
+from toolchain.tokenizer import TOKENIZER_NAME as TOKENIZER_FILE
 
 __all__ = ["ProgramManifest", "build_manifest", "MANIFEST_NAME", "MANIFEST_SCHEMA_VERSION", "STATE_INIT_NAME",
-           "ADAPTER_INIT_DIR", "WEIGHTS_NAME", "LOOP"]
+           "ADAPTER_INIT_DIR", "TOKENIZER_FILE", "WEIGHTS_NAME", "LOOP", "GENERATE_LOOP"]
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 3  # 3: layer-generic methods, weights as inputs; 2: whole-step methods, weights inside
@@ -40,6 +41,18 @@ LOOP = [
     "loss, d = head_loss(x, labels)",
     "for layer in L-1..0: if selected: d, state[layer] = block_backward(d, checkpoint[layer], layer) "
     "(stop after the lowest selected layer); elif loop.moves_unselected: state[layer] = block_skip_update(layer)",
+]
+
+# Generation with the live adapter (the same state array; runtime/generate.py is the reference driver).
+GENERATE_LOOP = [
+    "cache: per layer k and v float32 [kv_heads, seq_len, head_dim] (bind cache, ref k_{layer} / v_{layer}); "
+    "a prompt of n tokens and N new ones need n + N <= seq_len",
+    "x = embed(prompt padded to seq_len)",
+    "for layer in 0..L-1: cache.k[layer], cache.v[layer] = block_kv(x, layer); x = block_forward(x, layer)",
+    "logits = head_logits(row n-1 of x); pos = n",
+    "until eos or N tokens: token = pick(logits) (greedy: argmax; else sample softmax(logits / temperature)); "
+    "x = embed_token(token); for layer in 0..L-1: x, k_new, v_new = block_decode(x, pos, cache[layer], layer), "
+    "write k_new / v_new at row pos of cache[layer]; logits = head_logits(x); pos += 1",
 ]
 
 
@@ -58,7 +71,8 @@ class ProgramManifest:
                                        frozen_unselected=o["frozen_unselected"])
         q = m["quant"]
         self.spec = ProgramSpec(self.arch, self.lora, m["seq_len"], quant=QuantSpec(q["kind"], q["group"], q["chunk_elems"]),
-                                optimizer=self.optimizer, options=StepOptions(**m["options"]))
+                                optimizer=self.optimizer, options=StepOptions(**m["options"]),
+                                generation=m.get("generate") is not None)
         self.seq_len: int = m["seq_len"]
         self.methods: dict[str, MethodSpec] = {x["name"]: _method(x) for x in m["methods"]}
         self.state_entries = [StateEntry(e["name"], e["key"], e["role"], tuple(e["shape"]), e["offset"], e.get("layer"))
@@ -137,6 +151,10 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
     numel = sum(e.numel for e in layout)
     ckpt_bytes = 4 * arch.layers * pspec.seq_len * arch.hidden
     arenas = {a.target: dict(a.planned_arena_bytes) for a in artifacts if a.planned_arena_bytes}
+    methods = method_specs(pspec)
+    train = [n for n, m in methods.items() if m.role not in GENERATION_ROLES]
+    gen = [n for n, m in methods.items() if m.role in GENERATION_ROLES]
+    cache_bytes = 2 * 4 * arch.layers * arch.kv_heads * pspec.seq_len * arch.head_dim
     doc = {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "toolchain_version": __version__,
@@ -153,8 +171,16 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
                                                  "schedule": list(spec.plan.schedule), "seed": spec.plan.seed},
         "weights": {"file": WEIGHTS_NAME, "bytes": (root / WEIGHTS_NAME).stat().st_size, "layer_placeholder": LAYER},
         "programs": [_program_entry(root, a) for a in artifacts],
-        "methods": [m.to_json() for m in method_specs(pspec).values()],
+        "methods": [m.to_json() for m in methods.values()],
         "loop": {"layers": arch.layers, "moves_unselected": opt.moves_unselected, "steps": LOOP},
+        "generate": None if not gen else {
+            "methods": gen, "max_tokens": pspec.seq_len, "cache_bytes": cache_bytes, "steps": GENERATE_LOOP,
+            # the arenas of what generation loads (embed and block_forward for the prompt, the generation
+            # methods; each its own arena on the stock mobile Module) + the KV cache + the state array
+            "peak_estimate_bytes": {t: sum(a.get(n, 0) for n in gen + ["embed", "block_forward"]) + cache_bytes + 4 * numel
+                                    for t, a in arenas.items()},
+            # targets that export training methods only (their program entry says why)
+            "targets": [a.target for a in artifacts if a.methods is None or all(n in a.methods for n in gen)]},
         "state": {"dtype": "float32", "numel": numel, "init_file": STATE_INIT_NAME,
                   "step_entry": "adam_step" if opt.kind == "adamw" else None,
                   "entries": [{"name": e.name, "key": e.key, "role": e.role, "shape": list(e.shape), "offset": e.offset,
@@ -166,9 +192,13 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
             "checkpoint_bytes": ckpt_bytes,
             # The stock Android/iOS `Module` gives every loaded method its own arena: the app holds their
             # sum, its state array and the per-layer checkpoints (all anonymous memory); weights are mapped.
-            "peak_estimate_bytes": {t: sum(a.values()) + 4 * numel + ckpt_bytes for t, a in arenas.items()},
+            # (training methods only: generation has its own estimate, `generate.peak_estimate_bytes`)
+            "peak_estimate_bytes": {t: sum(a.get(n, 0) for n in train) + 4 * numel + ckpt_bytes
+                                    for t, a in arenas.items()},
         },
-        "tokenizer": {"kind": spec.tokenizer_kind, "vocab": arch.vocab, "pad_token_id": spec.pad_token_id},
+        "tokenizer": {"kind": spec.tokenizer_kind, "vocab": arch.vocab, "pad_token_id": spec.pad_token_id,
+                      "eos_token_id": spec.eos_token_id,
+                      "file": TOKENIZER_FILE if spec.tokenizer_json is not None else None},
         "adapter": {"init_dir": ADAPTER_INIT_DIR, "config": peft_config_dict(cfg, base_model=spec.source)},
         "files": files,
     }

@@ -39,27 +39,35 @@ import torch
 from torch import Tensor, nn
 
 from toolchain.errors import BadInput
-from toolchain.lcsb.update_rules import adamw_tensor_update, sgd_tensor_update
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.mesp.block import BlockParams, block_backward, block_forward
+from toolchain.mesp.decode import block_decode, block_kv, decode_rope, head_logits
 from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.ops.quant import QuantWeight, with_chunk_rows
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights
+from toolchain.optim import OptimizerConfig, update_tensor
 
 __all__ = ["OptimizerSpec", "QuantSpec", "ProgramSpec", "StateEntry", "IoSpec", "MethodSpec", "state_layout",
            "flat_state", "unflatten_state", "method_specs", "method_module", "example_inputs", "QUANTIZED_FIELDS",
-           "layer_weight_inputs", "LAYER", "METHOD_ROLES"]
+           "layer_weight_inputs", "LAYER", "METHOD_ROLES", "TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES"]
 
 # The projection matrices; embeddings/LM head stay float (a quantized LM head would need the whole
 # [V, d] matrix dequantized per loss chunk), as do norms and biases.
 QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LAYER = "{layer}"  # placeholder in the manifest's per-layer names, replaced by the layer index
-METHOD_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
+METHOD_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")  # the training methods
+TRAINING_ROLES = METHOD_ROLES
+# Generation with the live adapter (mesp/decode.py): the prompt goes through `embed`, then per layer `block_kv`
+# (the layer's k, v into the app's KV cache) and the training `block_forward`; each new token through `embed_token`
+# + `block_decode` per layer; `head_logits` gives the next token's logits. The LoRA inputs are the same state
+# slices the training methods take.
+GENERATION_ROLES = ("embed_token", "block_kv", "block_decode", "head_logits")
+ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
 
 
 @dataclass(frozen=True)
@@ -92,28 +100,10 @@ class QuantSpec:
                                    f"pick a group that divides {arch.hidden} and {arch.intermediate}")
 
 
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """The in-program optimizer. AdamW follows torch.optim.AdamW (bias correction, decoupled decay).
-
-    LCSB: parameters of layers outside a step's selection get a zero gradient and still move by
-    momentum and weight decay (the paper's semantics), unless `frozen_unselected`.
-    """
-
-    kind: Literal["sgd", "adamw"] = "sgd"
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    frozen_unselected: bool = False  # True: LCSB-unselected parameters do not move at all (comparison)
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("sgd", "adamw"):
-            raise BadInput(f"unknown optimizer {self.kind!r}; choose sgd or adamw")
-
-    @property
-    def moves_unselected(self) -> bool:
-        """Whether a layer outside the LCSB selection still changes (by momentum or weight decay)."""
-        return not self.frozen_unselected and (self.kind == "adamw" or self.weight_decay != 0)
+# The in-program optimizer is the shared one (toolchain/optim.py: formulas, LCSB's `moves_unselected`).
+# Its `lr` is only a default: every step takes lr as an input (the manifest records `default_lr`).
+# SGD momentum is refused (`ProgramSpec`): the state layout has no momentum buffer.
+OptimizerSpec = OptimizerConfig
 
 
 @dataclass(frozen=True)
@@ -126,11 +116,15 @@ class ProgramSpec:
     quant: QuantSpec = QuantSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
     options: StepOptions = StepOptions()
+    generation: bool = False  # also the generation methods (GENERATION_ROLES); the manifest's `generate` says so
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
             raise BadInput(f"--seq-len must be in 2..{self.arch.max_positions} for this model, got {self.seq_len}")
         self.quant.check(self.arch)
+        if self.optimizer.momentum:
+            raise BadInput(f"exported programs do not implement SGD momentum (their state has no momentum buffer), "
+                           f"got momentum {self.optimizer.momentum}; use momentum 0 or AdamW")
 
 
 @dataclass(frozen=True)
@@ -160,7 +154,7 @@ def _state_name(role: str, layer: int | str, target: str, which: str) -> str:
 
 
 def _roles(optimizer: OptimizerSpec) -> list[str]:
-    return ["param"] + (["exp_avg", "exp_avg_sq"] if optimizer.kind == "adamw" else [])
+    return ["param", *optimizer.slot_roles]
 
 
 def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec) -> list[StateEntry]:
@@ -205,12 +199,13 @@ class IoSpec:
     `bind` kinds: "input" (input_ids, labels, lr: from the app's step), "result" (the loss), "activation" (a [T, d] tensor the
     app passes from one method to the next: x, the per-layer checkpoints, the gradient d), "weight" (a
     tensor of the weights file; `key` may contain {layer}), "state" (a slice of the flat state; `entry`
-    may contain {layer})."""
+    may contain {layer}), "cache" (generation: the app's KV cache of a layer, k or v [Hk, S, D]; an output
+    of S rows fills it, an output of one row is written at row `pos`)."""
 
     name: str
     dtype: Literal["float32", "int64", "int8", "uint8"]
     shape: tuple[int, ...]
-    bind: Literal["input", "result", "activation", "weight", "state"]
+    bind: Literal["input", "result", "activation", "weight", "state", "cache"]
     ref: str   # the input/activation name, weight key or state entry name it binds to
     rows: tuple[int, int] | None = None  # weight only: rows [start, stop) of the tensor (a view, no copy)
 
@@ -295,7 +290,45 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     ]
     if spec.optimizer.moves_unselected:
         methods.append(MethodSpec("block_skip_update", "block_skip_update", (lr,) + tuple(step) + state, new_state))
+    if spec.generation:
+        methods += _generation_specs(spec, weights, lora, head_key)
     return {m.name: m for m in methods}
+
+
+def _generation_specs(spec: ProgramSpec, weights: tuple[IoSpec, ...], lora: tuple[IoSpec, ...],
+                      head_key: str) -> list[MethodSpec]:
+    """embed_token, block_kv, block_decode, head_logits (mesp/decode.py; see GENERATION_ROLES).
+
+    The KV cache is the app's, per layer k and v [Hk, S, D] (S = seq_len), bound as `cache` k_{layer} /
+    v_{layer}: block_kv's [Hk, S, D] outputs fill it (prefill: block_kv, then block_forward, per layer),
+    block_decode reads it as it is and returns the token's row, which the app writes at row `pos`.
+    head_logits takes one position's hidden state [1, d] (after prefill: row n-1 of the last layer's
+    x_out for a prompt of n tokens)."""
+    arch, t, d = spec.arch, spec.seq_len, spec.arch.hidden
+    hk, dh = arch.kv_heads, arch.head_dim
+    vc = spec.options.vocab_chunk or arch.vocab
+    chunks = tuple(IoSpec(f"head_{j}", "float32", (min(arch.vocab, s + vc) - s, d), "weight", head_key,
+                          (s, min(arch.vocab, s + vc))) for j, s in enumerate(range(0, arch.vocab, vc)))
+    x1 = IoSpec("x", "float32", (1, d), "activation", "x")
+    kv_names = ("w_input_norm", "w_k_proj", "w_k_proj_q", "w_k_proj_scale", "w_k_bias", "w_v_proj", "w_v_proj_q",
+                "w_v_proj_scale", "w_v_bias", "lora_k_proj_a", "lora_k_proj_b", "lora_v_proj_a", "lora_v_proj_b")
+    kv_weights = tuple(io for io in weights if io.name in kv_names)
+    kv_lora = tuple(io for io in lora if io.name in kv_names)
+    cache = lambda name, which, rows: IoSpec(name, "float32", (hk, rows, dh), "cache", f"{which}_{LAYER}")  # noqa: E731
+    return [
+        MethodSpec("embed_token", "embed_token", (IoSpec("token", "int64", (1,), "input", "token"),
+                                                  IoSpec("embed", "float32", (arch.vocab, d), "weight", "embed")),
+                   (x1,)),
+        MethodSpec("block_kv", "block_kv", (IoSpec("x", "float32", (t, d), "activation", "x"),) + kv_weights + kv_lora,
+                   (cache("k", "k", t), cache("v", "v", t))),
+        MethodSpec("block_decode", "block_decode",
+                   (x1, IoSpec("pos", "int64", (1,), "input", "pos"), cache("k_cache", "k", t), cache("v_cache", "v", t))
+                   + weights + lora,
+                   (IoSpec("x_out", "float32", (1, d), "activation", "x"), cache("k_new", "k", 1), cache("v_new", "v", 1))),
+        MethodSpec("head_logits", "head_logits",
+                   (x1, IoSpec("final_norm", "float32", (d,), "weight", "final_norm")) + chunks,
+                   (IoSpec("logits", "float32", (arch.vocab,), "result", "logits"),)),
+    ]
 
 
 # -- method bodies ----------------------------------------------------------------------------------
@@ -328,12 +361,9 @@ def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair
         for which in ("a", "b"):
             p = ins[f"lora_{t}_{which}"]
             g = torch.zeros_like(p) if grads is None else getattr(grads[t], which)
-            if o.kind == "sgd":
-                new[f"lora_{t}_{which}"] = sgd_tensor_update(p, g, lr, weight_decay=o.weight_decay)
-            else:
-                new[f"lora_{t}_{which}"], new[f"adam_m_{t}_{which}"], new[f"adam_v_{t}_{which}"] = adamw_tensor_update(
-                    p, g, ins[f"adam_m_{t}_{which}"], ins[f"adam_v_{t}_{which}"], ins["step"], lr, betas=o.betas,
-                    eps=o.eps, weight_decay=o.weight_decay)
+            slots = tuple(ins[f"{_ROLE_PREFIX[r]}_{t}_{which}"] for r in o.slot_roles)
+            new[f"lora_{t}_{which}"], slots = update_tensor(o, p, g, slots, ins.get("step"), lr=lr)
+            new.update((f"{_ROLE_PREFIX[r]}_{t}_{which}", v) for r, v in zip(o.slot_roles, slots))
     return tuple(new[s.name] for s in _layer_state(spec, _roles(o)))
 
 
@@ -365,9 +395,42 @@ def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tenso
     return _update(spec, ins, None)
 
 
+def _embed_token(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    return (ins["embed"][ins["token"]],)
+
+
+def _block_kv(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x, quant = ins["x"], spec.quant
+    fields = dict.fromkeys(LayerWeights._fields)  # only the norm and k/v projections are inputs of block_kv
+    fields["input_norm"], fields["k_bias"], fields["v_bias"] = ins["w_input_norm"], ins["w_k_bias"], ins["w_v_bias"]
+    for name in ("k_proj", "v_proj"):
+        if quant.kind != "none":
+            fields[name] = with_chunk_rows(QuantWeight(ins[f"w_{name}_q"], ins[f"w_{name}_scale"], quant.bits),
+                                           quant.chunk_elems)
+        else:
+            fields[name] = ins[f"w_{name}"]
+    lora = {t: LoraPair(ins[f"lora_{t}_a"], ins[f"lora_{t}_b"]) for t in ("k_proj", "v_proj") if t in spec.lora.targets}
+    p = BlockParams(LayerWeights(**fields), lora, spec.lora.scale, spec.arch)
+    return block_kv(x, p, _rope(spec, x.dtype))
+
+
+def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x, arch = ins["x"], spec.arch
+    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
+    rope = decode_rope(ins["pos"], arch.head_dim, arch.rope_theta, x.dtype)
+    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope, spec.options.mlp_chunk)
+
+
+def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    chunks = [ins[n] for n in sorted((n for n in ins if n.startswith("head_")), key=lambda n: int(n[5:]))]
+    return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps),)
+
+
 _BODIES: dict[str, Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]] = {
     "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
     "block_backward": _block_backward, "block_skip_update": _block_skip_update,
+    "embed_token": _embed_token, "block_kv": _block_kv, "block_decode": _block_decode,
+    "head_logits": _head_logits,
 }
 
 

@@ -6,31 +6,32 @@ largest. Notation: T seq_len, d hidden, kv = kv_heads * head_dim, f intermediate
 C a chunk (of the loss: loss_chunk tokens; of the MLP: mlp_chunk intermediate columns), Vc vocab_chunk,
 r rank. MeSP candidates:
 
-  forward, layer i   checkpoints x_0..x_i, plus block_forward REPLAYED tensor by tensor (`_Replay`): the
-                     attention half (n1, q, k, v and their LoRA terms, rope, attention one query head at a
-                     time: [T, T] scores, softmax and bool mask, the heads' outputs, their concatenation and
-                     regrouping, the o projection, x1), then the MLP over column chunks of f ([T, C] g, u,
-                     act and their LoRA terms, [T, d] partial sums, [T, r] LoRA sums), then the block output.
-  loss (ce_online)   L checkpoints, x and hn, the scaled dh chunks done and the previous chunk's unscaled
-                     dh, then per token chunk either the vocabulary loop at A <- A a + p E_j (E[y], A, A a,
-                     p E_j, the new A: 5 [C,d]; ONE [C,Vc] logits block; four [C,1] running vectors) or its
-                     end (A, E[y], A / S, dh: 4 [C,d]); or the final torch.cat of dh.
+  forward, layer i   the kept checkpoints (the selected layers' inputs below i) and x_i, plus block_forward
+                     REPLAYED tensor by tensor (`_Replay`): the attention half (the block's bool mask, n1,
+                     q, k, v and their LoRA terms, rope, attention one query head at a time: c q, [T, T]
+                     scores and softmax, the heads' outputs, their concatenation and regrouping, the o
+                     projection, x1), then the MLP over column chunks of f ([T, C] g, u, act and their LoRA
+                     terms, [T, d] partial sums, [T, r] LoRA sums), then the block output.
+  loss (ce_online)   the kept checkpoints (L, or k under LCSB), x and hn, the scaled dh chunks done and the
+                     previous chunk's unscaled dh, then per token chunk either the vocabulary loop at
+                     A <- A a + p E_j (E[y], A, A a, p E_j, the new A: 5 [C,d]; ONE [C,Vc] logits block; four
+                     [C,1] running vectors) or its end (A, E[y], A / S, dh: 4 [C,d]); or the final torch.cat.
   loss (ce_chunked)  (vocab_chunk None) as above with ONE [C,V] buffer per token chunk.
-  final norm         L checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
-  backward, layer i  checkpoints x_0..x_i, dout, the loss, plus block_backward REPLAYED: the recomputed
-                     attention half (its saved n1, q_rope, k_rope, v, o regrouped, x1 kept), the MLP's
-                     recompute and backward chunk by chunk (swiglu's backward: 8 [T, C]; dg Wg[c] + du Wu[c]:
-                     [T, d] sums; the chunks' LoRA gradient slices, concatenated at the end), the o
-                     projection's backward, attention backward one query head at a time (p, dp, ds [T, T]),
-                     rope and the q/k/v projections' backward, the input norm's backward; the layer's
-                     gradients as they are made.
+  final norm         the kept checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
+  backward, layer i  the kept checkpoints up to x_i, dout, the loss, plus block_backward REPLAYED: the
+                     recomputed attention half (q_rope, k_rope, v, o regrouped, the mask and x1 kept; n1 is
+                     recomputed after the MLP), the MLP's recompute and backward chunk by chunk (swiglu's
+                     backward: 8 [T, C]; dg Wg[c] + du Wu[c]: [T, d] sums; the chunks' LoRA gradient
+                     slices, concatenated at the end), the o projection's backward, attention backward one
+                     query head at a time (c q, dO * O and its row sums, p, ds [T, T]), rope and the q/k/v
+                     projections' backward, the input norm's backward; the layer's gradients as made.
   end                every selected layer's gradients, when the step returns them (grads="all").
   everywhere         LoRA params, their grads (all selected layers' kept until the step returns, or
                      one layer's when the update is applied right after each layer), optimizer state
                      (AdamW: 2 moments), rope tables 2 [T, head_dim].
 
-The replays follow the code's Python names (a tensor dies with its last reference, so e.g. `act, _ =
-swiglu_forward(g, u)` keeps g and u alive through `_` until the next chunk rebinds it): where the step's
+The replays follow the code's Python names (a tensor dies with its last reference, so e.g. a chunk's
+`part` lives until `del part`, or would until the next chunk rebinds it): where the step's
 code changes, its replay here must change the same way. Only the MLP chunks whose held set differs are
 replayed (the first three and the last two; see `_replayed`), so a replay costs O(1) in the chunk count.
 tests/memory/test_memory_estimate.py checks these against the live tensors of the real step (overall and
@@ -48,85 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from toolchain.errors import BadInput
 from toolchain.lora.config import ALL_TARGETS
-from toolchain.mesp.step import StepOptions
-from toolchain.models.presets import Qwen25Arch
+from toolchain.memory.estimate_autograd import autograd_candidates
+from toolchain.memory.shape import BYTES_PER_MB, METHODS, Parts, StepShape, lora_elems, state_parts
 
 __all__ = ["BYTES_PER_MB", "METHODS", "StepShape", "MemoryEstimate", "estimate_peak", "largest_fitting"]
 
-BYTES_PER_MB = 1 << 20
-METHODS = ("mesp", "mebp", "autograd")
-Method = Literal["mesp", "mebp", "autograd"]
-Parts = dict[str, float]
 _MLP = ("gate_proj", "up_proj", "down_proj")
-_OPTIONS = StepOptions()
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What the peak of a training step depends on.
-
-    Args:
-        seq_len: tokens per step, T.
-        rank: LoRA rank.
-        targets: adapted projections. Default: all seven.
-        method: "mesp" (`mesp_step`), "mebp" (per-block checkpointing + autograd, full logits) or
-            "autograd" (everything stored, full logits), as `toolchain bench memory` runs them.
-            Default: "mesp".
-        loss_chunk: tokens per LM-head chunk (StepOptions.loss_chunk; MeSP only). Default: StepOptions'.
-        vocab_chunk: vocabulary entries per LM-head chunk (StepOptions.vocab_chunk: the online-softmax
-            loss); None = whole rows (`ce_chunked`). Default: StepOptions'.
-        mlp_chunk: intermediate columns per MLP chunk in forward and backward (StepOptions.mlp_chunk); None =
-            all f at once. Default: StepOptions'.
-        lcsb_k: layers backpropagated per step; the worst selection (the top k) is assumed (MeSP only).
-        backward_layers: the exact selection (overrides lcsb_k).
-        grads: "layer" drops each layer's gradients after its update (the exported program, `bench
-            memory`); "all" keeps every selected layer's gradients until the step returns (eager
-            `mesp_step` with keep_grads=True). MeBP and autograd always hold all. Default: "layer".
-        optimizer: "adamw" adds two moments per LoRA parameter. Default: "sgd".
-        dtype_bytes: bytes per activation and LoRA element. Default: 4 (fp32).
-    """
-
-    arch: Qwen25Arch
-    seq_len: int
-    rank: int
-    targets: tuple[str, ...] = ALL_TARGETS
-    method: Method = "mesp"
-    loss_chunk: int = _OPTIONS.loss_chunk
-    vocab_chunk: int | None = _OPTIONS.vocab_chunk
-    mlp_chunk: int | None = _OPTIONS.mlp_chunk
-    lcsb_k: int | None = None
-    backward_layers: tuple[int, ...] | None = None
-    grads: Literal["all", "layer"] = "layer"
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    dtype_bytes: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("seq_len", "rank", "loss_chunk", "dtype_bytes"):
-            if getattr(self, name) < 1:
-                raise BadInput(f"`{name}` must be >= 1, got {getattr(self, name)}")
-        for name in ("mlp_chunk", "vocab_chunk"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise BadInput(f"`{name}` must be >= 1 or None, got {getattr(self, name)}")
-        if self.method not in METHODS:
-            raise BadInput(f"unknown method {self.method!r}; choose {', '.join(METHODS)}")
-        if self.lcsb_k is not None and not 1 <= self.lcsb_k <= self.arch.layers:
-            raise BadInput(f"`lcsb_k` must be in 1..{self.arch.layers} (the layer count), got {self.lcsb_k}")
-        if self.backward_layers is not None and not set(self.backward_layers) <= set(range(self.arch.layers)):
-            raise BadInput(f"`backward_layers` must be within 0..{self.arch.layers - 1}")
-        if self.method != "mesp" and (self.lcsb_k is not None or self.backward_layers is not None):
-            raise BadInput(f"LCSB (`lcsb_k`, `backward_layers`) is modelled for mesp only, not {self.method}")
-        unknown = [t for t in self.targets if t not in ALL_TARGETS]
-        if unknown:
-            raise BadInput(f"unknown LoRA target(s) {', '.join(unknown)}; choose from {','.join(ALL_TARGETS)}")
-
-    def selected(self) -> list[int]:
-        """Layers backpropagated, descending (the order backward visits them)."""
-        if self.backward_layers is not None:
-            return sorted(set(self.backward_layers), reverse=True)
-        k = self.arch.layers if self.lcsb_k is None else self.lcsb_k
-        return list(range(self.arch.layers - 1, self.arch.layers - 1 - k, -1))
 
 
 @dataclass(frozen=True)
@@ -148,19 +77,6 @@ def chunk_starts(t: int, chunk: int) -> list[int]:
     last = (t - 1) // chunk * chunk
     last_full = (t // chunk - 1) * chunk
     return sorted({s for s in (last_full, last) if s >= 0})
-
-
-def lora_elems(s: StepShape, targets) -> int:
-    """LoRA parameters of one layer on `targets` (those of them that are adapted)."""
-    return sum(s.rank * sum(s.arch.linear_shape(t)) for t in targets if t in s.targets)
-
-
-def state_parts(s: StepShape, grads_elems: float) -> Parts:
-    """Held through the whole step (elements)."""
-    a = s.arch
-    n = lora_elems(s, ALL_TARGETS) * a.layers
-    return {"lora_params": n, "lora_grads": grads_elems, "optimizer_state": 2 * n if s.optimizer == "adamw" else 0,
-            "rope_tables": 2 * s.seq_len * a.head_dim}
 
 
 class _Replay:
@@ -356,20 +272,20 @@ def _rope_backward(r: _Replay, n: float, part: str, name: str) -> None:
     r.release(c)
 
 
+def _mask(r: _Replay, s: StepShape, name: str) -> None:
+    """causal_mask(T), once per block: ones [T, T] bool, triu (bool: 1 byte per element)."""
+    tt = s.seq_len ** 2 / s.dtype_bytes
+    ones = r.new("attention_scores", tt)
+    r.new("attention_scores", tt, name)
+    r.release(ones)
+
+
 def _probs(r: _Replay, s: StepShape, name: str) -> None:
-    """One head's causal softmax [T, T]: q k^T, * c; the bool mask (ones, triu); masked_fill; softmax."""
+    """One head's causal softmax [T, T]: (c q) k^T, masked_fill_ in place with the block's mask, softmax."""
     tt, part = s.seq_len ** 2, "attention_scores"
     qk = r.new(part, tt)
-    scaled = r.new(part, tt)
-    r.release(qk)
-    ones = r.new(part, tt / s.dtype_bytes)
-    mask = r.new(part, tt / s.dtype_bytes)
-    r.release(ones)
-    filled = r.new(part, tt)
-    r.release(scaled)
     r.new(part, tt, name)
-    r.release(filled)
-    r.release(mask)
+    r.release(qk)
 
 
 def _attention_half(r: _Replay, s: StepShape) -> None:
@@ -378,25 +294,31 @@ def _attention_half(r: _Replay, s: StepShape) -> None:
     a, t = s.arch, s.seq_len
     d, kv, dh = a.hidden, a.kv_dim, a.head_dim
     sv, out = "attention_saved", "attention_outputs"
+    _mask(r, s, "a.mask")
     _rmsnorm_forward(r, "a.", t, d, sv, "a.n1")
     for name, o in (("q", d), ("k", kv), ("v", kv)):
         _linear_forward(r, s, f"{name}_proj", o, sv, f"a.{name}", bias=True)
+    r.drop("a.n1")                                                    # del n1
     _rope_forward(r, t * d, sv, "a.q_rope")
     _rope_forward(r, t * kv, sv, "a.k_rope")
+    r.drop("a.q", "a.k")                                              # q, k rebound to their rope
     for h in range(a.heads):                                          # _attention_by_head
+        qc = r.new(out, t * dh)                                       # c * q
         _probs(r, s, "a.p")
         r.new(out, t * dh, f"a.o{h}")                                 # p @ v
         r.drop("a.p")
-    r.new(out, t * d, "a.o")                                          # torch.cat of the heads
+        r.release(qc)
+    r.new(out, t * d, "a.ocat")                                       # torch.cat of the heads
     r.drop(*[f"a.o{h}" for h in range(a.heads)])
     r.new(out, t * d, "a.oflat")                                      # _unheads(o): a copy
+    r.drop("a.ocat")
     _linear_forward(r, s, "o_proj", d, out, "a.ao", bias=False)
     r.new("block_hidden", t * d, "x1")                                # x + ao
 
 
 def _gate_up_act(r: _Replay, w: str, p: int, pre: str, gate: bool, up: bool) -> None:
     """One chunk's g, u (with their LoRA terms) and act = silu(g) * u, as block._mlp and block._mlp_backward
-    both compute them; `act, _ = swiglu_forward(g, u)`: _ keeps g, u."""
+    both compute them (`act = swiglu_forward(g, u)[0]`)."""
     r.new(w, p, pre + "g")
     r.new(w, p, pre + "u")
     for name, on in ((pre + "g", gate), (pre + "u", up)):
@@ -405,8 +327,6 @@ def _gate_up_act(r: _Replay, w: str, p: int, pre: str, gate: bool, up: bool) -> 
     silu = r.new(w, p)
     r.new(w, p, pre + "act")
     r.release(silu)
-    r.alias(pre + "_g", pre + "g")
-    r.alias(pre + "_u", pre + "u")
 
 
 def _mlp_forward(r: _Replay, s: StepShape) -> None:
@@ -427,6 +347,7 @@ def _mlp_forward(r: _Replay, s: StepShape) -> None:
             r.alias("m.out", "m.part")
         else:
             r.new(hid, t * d, "m.out")
+        r.drop("m.part")                                              # del part
         if down:
             r.new("lora_sums", t * rank, "m.h_c")
             if k == 0:
@@ -455,10 +376,11 @@ def _mlp_backward(r: _Replay, s: StepShape) -> None:
         if skipped:                                                   # the skipped chunks' gradient slices
             r.new(g_, skipped * full * rank * (gate + up + down), f"mb.slices_before_{k}")
         p = t * c
-        _gate_up_act(r, w, p, "mb.", gate, up)
         r.new(w, p, "mb.da")                                          # dout Wd[:, c]
         if down:
             r.chain(w, p, 2, "mb.da")                                 # da + dhd Ad[:, c]
+        _gate_up_act(r, w, p, "mb.", gate, up)
+        if down:
             r.new(g_, rank * c, f"mb.dad{k}")                         # dhd^T a_c [r, C]
             r.new(lr, t * rank, "mb.h_c")
             if k == 0:
@@ -485,6 +407,7 @@ def _mlp_backward(r: _Replay, s: StepShape) -> None:
             r.alias("mb.dn2", "mb.part")
         else:
             r.new(h, t * d, "mb.dn2")
+        r.drop("mb.part")                                             # del part
         for on, lst, acc in ((gate, "mb.dbg", "mb.dhg"), (up, "mb.dbu", "mb.dhu")):
             if on:
                 r.chain(g_, c * rank, 2, f"{lst}{k}")                 # s * (dg^T hg) [C, r]
@@ -516,21 +439,18 @@ def _attention_backward(r: _Replay, s: StepShape) -> None:
     hg, sc = "hidden_grads", "attention_scores"
     for h in range(a.heads):
         j = h // g
+        r.new(hg, t * dh, "ab.qc")                                    # c * q
+        prod = r.new(hg, t * dh)                                      # dO * O
+        r.new(sc, t, "ab.rows")                                       # its row sums
+        r.release(prod)
         _probs(r, s, "ab.p")
         tmp = r.new(hg, t * dh)                                       # dO^T P [D, T]
         r.new(hg, t * dh, "ab.dv")                                    # (..)^T.sum(1)
         r.release(tmp)
-        r.new(sc, tt, "ab.dp")                                        # dO V^T
-        dpp = r.new(sc, tt)                                           # dp * p
-        rs = r.new(sc, t)                                             # its row sums
-        r.release(dpp)
-        diff = r.new(sc, tt)
-        r.release(rs)
-        r.new(sc, tt, "ab.ds")
-        r.release(diff)
-        r.drop("ab.p", "ab.dp")
+        r.new(sc, tt, "ab.ds")                                        # dO V^T, then - rows, * p in place
+        r.drop("ab.p")
         r.chain(hg, t * dh, 2, "ab.dq")                               # (ds K) * c
-        r.chain(hg, t * dh, 3, "ab.dk")                               # ((Q^T ds)^T.sum(1)) * c
+        r.chain(hg, t * dh, 2, "ab.dk")                               # ((cQ)^T ds)^T.sum(1)
         r.ret("ab.", {"ab.dq": "h.ga_dq", "ab.dk": "h.ga_dk", "ab.dv": "h.ga_dv"})
         r.alias(f"h.dq{h}", "h.ga_dq")
         for name in ("dk", "dv"):
@@ -572,12 +492,13 @@ def block_backward_peak(s: StepShape) -> Parts:
     hg = "hidden_grads"
     r = _Replay()
     _attention_half(r, s)
-    r.ret("a.", {name: f"saved.{name[2:]}" for name in ("a.n1", "a.q_rope", "a.k_rope", "a.v", "a.oflat")})
+    r.ret("a.", {name: f"saved.{name[2:]}" for name in ("a.q_rope", "a.k_rope", "a.v", "a.oflat", "a.mask")})
     _mlp_backward(r, s)
     r.drop("x1")
     _linear_backward(r, s, "o_proj", d, d, hg, "go.dx")
     _attention_backward(r, s)
-    r.drop("go.dx", "saved.q_rope", "saved.k_rope", "saved.v")        # del go, s_att
+    r.drop("go.dx", "saved.q_rope", "saved.k_rope", "saved.v", "saved.oflat", "saved.mask")   # del go, kept
+    _rmsnorm_forward(r, "n1.", t, d, "attention_saved", "saved.n1")  # recomputed after the MLP
     for target, n, rope in (("q_proj", d, True), ("k_proj", kv, True), ("v_proj", kv, False)):
         if rope:
             _rope_backward(r, t * n, hg, "tmp.rope")
@@ -587,6 +508,7 @@ def block_backward_peak(s: StepShape) -> Parts:
             r.new(hg, t * n, "tmp.dy")
         _linear_backward(r, s, target, d, n, hg, f"g{target[0]}.dx")
         r.drop("tmp.dy")
+    r.drop("ga.dq", "ga.dk", "ga.dv")                                 # del ga
     r.new(hg, t * d, "tmp.sum")                                      # gq.dx + gk.dx
     r.new(hg, t * d, "tmp.sum")                                      # + gv.dx
     _rmsnorm_backward(r, "n1_", t, d, hg, "tmp.dnorm")
@@ -603,15 +525,21 @@ def _plus(*parts: Parts) -> Parts:
     return out
 
 
+def _kept_below(s: StepShape, i: int) -> int:
+    """Checkpoints of selected layers below layer i (the forward keeps only the selected layers' inputs)."""
+    return sum(1 for j in s.selected() if j < i)
+
+
 def _forward_parts(s: StepShape, i: int, block: Parts) -> list[Parts]:
-    """Layer i's forward: the block's replayed peak on top of the state and the checkpoints x_0..x_i."""
-    return [_plus(state_parts(s, 0), {"checkpoints": (i + 1) * s.seq_len * s.arch.hidden}, block)]
+    """Layer i's forward: the block's replayed peak on top of the state, the kept checkpoints of the
+    selected layers below i and x_i (the block's input)."""
+    return [_plus(state_parts(s, 0), {"checkpoints": (_kept_below(s, i) + 1) * s.seq_len * s.arch.hidden}, block)]
 
 
 def _loss_base(s: StepShape) -> Parts:
     """Held through the loss: the checkpoints, x and hn, the shifted int64 [T] targets and N."""
     a, t = s.arch, s.seq_len
-    return {**state_parts(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 2 * t * a.hidden,
+    return {**state_parts(s, 0), "checkpoints": len(s.selected()) * t * a.hidden, "final_hidden": 2 * t * a.hidden,
             "loss_vectors": 8 * t / s.dtype_bytes + 1}
 
 
@@ -659,14 +587,14 @@ def _loss_online_parts(s: StepShape) -> list[Parts]:
 def _final_norm_parts(s: StepShape) -> list[Parts]:
     """The final RMSNorm's backward: x, dh, and its [T, d] temporaries (xhat, g, two more)."""
     a, t = s.arch, s.seq_len
-    return [{**state_parts(s, 0), "checkpoints": a.layers * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
+    return [{**state_parts(s, 0), "checkpoints": len(s.selected()) * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
 
 
 def _backward_parts(s: StepShape, i: int, grads_above: float, block: Parts) -> list[Parts]:
     """Layer i's backward: the block's replayed peak (with this layer's gradients) on top of the state, the
-    checkpoints x_0..x_i (x_i is the block's input), dout and the loss []."""
+    kept checkpoints of the selected layers below i and x_i (the block's input), dout and the loss []."""
     t, d = s.seq_len, s.arch.hidden
-    return [_plus(state_parts(s, grads_above), {"checkpoints": (i + 1) * t * d, "hidden_grads": t * d,
+    return [_plus(state_parts(s, grads_above), {"checkpoints": (_kept_below(s, i) + 1) * t * d, "hidden_grads": t * d,
                                                 "loss_vectors": 1}, block)]
 
 
@@ -688,8 +616,6 @@ def _mesp_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
 def _candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
     if s.method == "mesp":
         return _mesp_candidates(s)
-    from toolchain.memory.estimate_autograd import autograd_candidates  # imports this module: not at the top
-
     return autograd_candidates(s)
 
 

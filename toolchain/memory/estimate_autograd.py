@@ -8,7 +8,8 @@ input requires grad:
            gate/up adapted), the block output (saved by the next norm);
   [T, kv]  k_rope, v;
   [T, f]   g, u, silu(g), a (if down adapted);
-  [T,T]    the softmax P of every head (attention runs one query head at a time) and its bool mask;
+  [T,T]    the softmax P of every head (attention runs one query head at a time); the block's one bool
+           causal mask (shared by its heads);
   [T, r]   h = x A^T of each adapted projection;  [T, 1]  the two norms' 1/rms.
 Block 0's input (the embedding rows) does not require grad: its input norm saves no 1/rms.
   autograd  keeps every block's saved set; mebp keeps only the L + 1 block inputs/outputs
@@ -23,7 +24,7 @@ Block 0's input (the embedding rows) does not require grad: its input norm saves
 from __future__ import annotations
 
 from toolchain.lora.config import ALL_TARGETS
-from toolchain.memory.estimate import Parts, StepShape, lora_elems, state_parts
+from toolchain.memory.shape import Parts, StepShape, lora_elems, state_parts
 
 __all__ = ["block_saved_elems", "autograd_candidates"]
 
@@ -42,7 +43,7 @@ def block_saved_elems(s: StepShape, *, first: bool) -> float:
     hidden = bool(qkv) + q_rope + ("o_proj" in adapted) + 2 + bool(adapted & {"gate_proj", "up_proj"})
     mlp = 3 + ("down_proj" in adapted)                               # g, u, silu(g) (+ a)
     return (hidden * t * d + (k_rope + v) * t * kv + mlp * t * f + scores * a.heads * t * t
-            + masks * a.heads * t * t / e + len(adapted) * t * s.rank + (1 if first else 2) * t)
+            + masks * t * t / e + len(adapted) * t * s.rank + (1 if first else 2) * t)
 
 
 def autograd_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:

@@ -139,7 +139,10 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
 
 def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: float) -> ProgramPeak:
     plan = manifest["memory_plan"]
-    methods = [m["name"] for m in manifest["methods"]]
+    # the training methods: the generation ones (export/program.py GENERATION_ROLES) are loaded only to
+    # generate; their own figure is the manifest's generate.peak_estimate_bytes
+    methods = [m["name"] for m in manifest["methods"]
+               if m["role"] not in ("embed_token", "block_kv", "block_decode", "head_logits")]
     arenas = plan["planned_arena_bytes"].get(TARGET)
     if arenas is None:
         have = ", ".join(sorted(plan["planned_arena_bytes"])) or "none"

@@ -1,4 +1,4 @@
-"""Published peak memory of MeSP and MeBP (MeSP paper, arXiv 2602.13069; copied in DESIGN.md).
+"""Published peak memory of MeSP and MeBP (MeSP paper, arXiv 2602.13069; compared in docs/benchmarks.md).
 
 Setting: Qwen2.5, batch 1, LoRA on q,k,v,o,gate,up,down, 4-bit base (group 64), bf16 LoRA, SGD;
 memory = iOS phys_footprint peak (memory-mapped weights not counted). The paper's MB unit is not

@@ -4,7 +4,8 @@ Forward (x [T, d]):
   n1 = rmsnorm(x);  q, k, v = lin_q(n1), lin_k(n1), lin_v(n1)   (biases, optional LoRA)
   o  = attention(rope(q), rope(k), v);  x1 = x + lin_o(o)
   n2 = rmsnorm(x1); a = silu(lin_gate(n2)) * lin_up(n2);  out = x1 + lin_down(a)
-Backward chains the primitives' backwards in reverse. Nothing of the forward is kept between the
+Backward chains the primitives' backwards in reverse (the MLP first, then the attention half, whose input
+norm is recomputed after the MLP rather than held through it). Nothing of the forward is kept between the
 forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one query head at a
 time ([T, T] scores).
 
@@ -27,8 +28,8 @@ from torch import Tensor
 from toolchain.lora.weights import LoraPair
 import torch.nn.functional as F
 
-from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, RopeTables, SwigluSaved, attention_backward,
-                                attention_forward, linear_backward, linear_forward,
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RopeTables, SwigluSaved,
+                                attention_backward, attention_forward, causal_mask, linear_backward, linear_forward,
                                 rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, swiglu_backward,
                                 swiglu_forward)
 from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
@@ -57,42 +58,56 @@ def _unheads(x: Tensor) -> Tensor:
     return x.transpose(0, 1).reshape(t, n * dh)                       # [n, T, D] -> [T, n*D]
 
 
-def _attention_by_head(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, AttentionSaved]:
+def _attention_by_head(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """attention_forward one query head (with its kv head) at a time: the same result, and the [T, T]
     scores of one head replace the [H/Hk, T, T] ones of a kv group (at T = 1024 and 7 heads per group:
-    4 MB instead of 29 MB per score-sized tensor)."""
+    4 MB instead of 29 MB per score-sized tensor). Returns o [H, T, D]."""
     g = q.shape[0] // k.shape[0]
-    o = torch.cat([attention_forward(q[h:h + 1], k[h // g:h // g + 1], v[h // g:h // g + 1])[0]
-                   for h in range(q.shape[0])])
-    return o, AttentionSaved(q, k, v)                                 # o [H, T, D]
+    return torch.cat([attention_forward(q[h:h + 1], k[h // g:h // g + 1], v[h // g:h // g + 1], mask)[0]
+                      for h in range(q.shape[0])])
 
 
-def _attention_backward_by_head(do: Tensor, saved: AttentionSaved) -> AttentionGrads:
+def _attention_backward_by_head(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
+                                mask: Tensor) -> AttentionGrads:
     """attention_backward one query head at a time (heads are independent given q, k, v: exact); the
-    gradients of a shared kv head are summed over its query heads."""
-    q, k, v = saved
-    g = q.shape[0] // k.shape[0]
+    gradients of a shared kv head are summed over its query heads. o: the attention output [T, H*D] (the
+    o projection's input, held anyway): head h is its columns [h*D, (h+1)*D)."""
+    g, dh = q.shape[0] // k.shape[0], q.shape[2]
     dq, dk, dv = [], [None] * k.shape[0], [None] * k.shape[0]
     for h in range(q.shape[0]):
         j = h // g
-        ga = attention_backward(do[h:h + 1], AttentionSaved(q[h:h + 1], k[j:j + 1], v[j:j + 1]))
+        saved = AttentionSaved(q[h:h + 1], k[j:j + 1], v[j:j + 1], o[:, h * dh:(h + 1) * dh].unsqueeze(0))
+        ga = attention_backward(do[h:h + 1], saved, mask)
         dq.append(ga.dq)
         dk[j] = ga.dk if dk[j] is None else dk[j] + ga.dk
         dv[j] = ga.dv if dv[j] is None else dv[j] + ga.dv
     return AttentionGrads(torch.cat(dq), torch.cat(dk), torch.cat(dv))
 
 
-def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables):
-    """x -> x1 = x + attn(x), returning the saved bundles the backward needs."""
+class _AttentionKept(NamedTuple):
+    """What the attention half's backward needs besides n1 (which it recomputes from x: the MLP's backward
+    runs in between, without it): q, k post-rope [H | Hk, T, D], v [Hk, T, D], o [T, H*D], the mask."""
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    mask: Tensor
+
+
+def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor, _AttentionKept]:
+    """x -> x1 = x + attn(x), and what its backward needs."""
     w, arch = p.weights, p.arch
-    n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
-    q, s_q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
-    k, s_k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
-    v, s_v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
-    o, s_att = _attention_by_head(rope_forward(_heads(q, arch.heads), rope),
-                                   rope_forward(_heads(k, arch.kv_heads), rope), _heads(v, arch.kv_heads))
-    ao, s_o = linear_forward(_unheads(o), w.o_proj, None, p.lora.get("o_proj"), p.scale)
-    return x + ao, (s_n1, s_q, s_k, s_v, s_att, s_o)
+    mask = causal_mask(x.shape[0], x.device)
+    n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
+    q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)[0]
+    k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)[0]
+    v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)[0]
+    del n1
+    q, k, v = (rope_forward(_heads(q, arch.heads), rope), rope_forward(_heads(k, arch.kv_heads), rope),
+               _heads(v, arch.kv_heads))
+    o = _unheads(_attention_by_head(q, k, v, mask))
+    ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)[0]
+    return x + ao, _AttentionKept(q, k, v, o, mask)
 
 
 def _f_chunks(p: BlockParams, mlp_chunk: int | None) -> list[tuple[int, int]]:
@@ -125,10 +140,11 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
-        act, _ = swiglu_forward(g, u)                                # [T, C]
+        act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
         del g, u
         part = F.linear(act, dense_cols(w.down_proj, a, b))          # [T, d]
         out = part if out is None else out + part
+        del part
         if ld is not None:
             h_c = F.linear(act, ld.a[:, a:b])                        # [T, r]
             hd = h_c if hd is None else hd + h_c
@@ -167,17 +183,18 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     dn2, hd, dhg, dhu = None, None, None, None
     dbg, dbu, dad = [], [], []
     for a, b in _f_chunks(p, mlp_chunk):
+        da = dout @ dense_cols(w.down_proj, a, b)                    # [T, C]: Wd's chunk dies before Wg's, Wu's
+        if ld is not None:
+            ad = ld.a[:, a:b]                                        # [r, C]
+            da = da + dhd @ ad
         wg, wu = dense_rows(w.gate_proj, a, b), dense_rows(w.up_proj, a, b)   # [C, d], read once for both uses
         g, u = F.linear(n2, wg), F.linear(n2, wu)                    # [T, C] recomputed
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
-        act, _ = swiglu_forward(g, u)
-        da = dout @ dense_cols(w.down_proj, a, b)                    # [T, C]
+        act = swiglu_forward(g, u)[0]
         if ld is not None:
-            ad = ld.a[:, a:b]                                        # [r, C]
-            da = da + dhd @ ad
             dad.append(dhd.T @ act)                                  # [r, C]
             h_c = F.linear(act, ad)
             hd = h_c if hd is None else hd + h_c
@@ -186,6 +203,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         del g, u, da
         part = sw.dg @ wg + sw.du @ wu                               # [T, d]
         dn2 = part if dn2 is None else dn2 + part
+        del part
         del wg, wu
         if lg is not None:
             dbg.append(s * (sw.dg.T @ hg))                           # [C, r]
@@ -218,17 +236,19 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
         dx [T, d] and the LoRA gradients of this block, keyed like `p.lora`.
     """
     grads: dict[str, LoraPair] = {}
-    x1, (s_n1, s_q, s_k, s_v, s_att, s_o) = _attention_half(x, p, rope)
+    w, arch = p.weights, p.arch
+    x1, kept = _attention_half(x, p, rope)
     dx1 = _mlp_backward(dout, x1, p, mlp_chunk, grads)
     del x1
-    arch = p.arch
-    go = linear_backward(dx1, s_o)
+    go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale))
     _add_grad(grads, "o_proj", go.lora)
-    ga = _attention_backward_by_head(_heads(go.dx, arch.heads), s_att)
-    del go, s_att
-    gq = linear_backward(_unheads(rope_backward(ga.dq, rope)), s_q)
-    gk = linear_backward(_unheads(rope_backward(ga.dk, rope)), s_k)
-    gv = linear_backward(_unheads(ga.dv), s_v)
+    ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
+    del go, kept
+    n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)       # recomputed: not held through the MLP
+    gq = linear_backward(_unheads(rope_backward(ga.dq, rope)), LinearSaved(n1, w.q_proj, p.lora.get("q_proj"), p.scale))
+    gk = linear_backward(_unheads(rope_backward(ga.dk, rope)), LinearSaved(n1, w.k_proj, p.lora.get("k_proj"), p.scale))
+    gv = linear_backward(_unheads(ga.dv), LinearSaved(n1, w.v_proj, p.lora.get("v_proj"), p.scale))
+    del ga
     for name, g in (("q_proj", gq), ("k_proj", gk), ("v_proj", gv)):
         _add_grad(grads, name, g.lora)
     dx = dx1 + rmsnorm_backward(gq.dx + gk.dx + gv.dx, s_n1)

@@ -73,11 +73,14 @@ def block_params(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg
     return BlockParams(weights.layers[i], lora[i], cfg.scale, arch)
 
 
-def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk) -> tuple[list[Tensor], Tensor]:
+def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk,
+                         keep: set[int]) -> tuple[list[Tensor | None], Tensor]:
+    """The forward, keeping the input of every layer in `keep` (the layers the backward will recompute;
+    the others' inputs die as the forward moves on: under LCSB k of L checkpoints are held)."""
     x = weights.embed[input_ids]                                      # [T, d]
-    checkpoints = []
+    checkpoints: list[Tensor | None] = []
     for i in range(arch.layers):
-        checkpoints.append(x)
+        checkpoints.append(x if i in keep else None)
         x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, mlp_chunk)
     return checkpoints, x
 
@@ -125,10 +128,10 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: L
     """
     t = input_ids.shape[0]
     rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
-    checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, options.mlp_chunk)
+    selected = set(range(arch.layers)) if backward_layers is None else set(backward_layers)
+    checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, options.mlp_chunk, selected)
     loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, labels, arch.rms_eps, options)
     del x
-    selected = set(range(arch.layers)) if backward_layers is None else set(backward_layers)
     grads: list[dict[str, LoraPair]] = [{} for _ in range(arch.layers)]
     lowest = min(selected, default=arch.layers)
     for i in reversed(range(lowest, arch.layers)):

@@ -1,5 +1,5 @@
 """Qwen2.5 architectures as frozen dataclasses, one preset per size (numbers from the model cards'
-config.json; see DESIGN.md), plus `tiny` for the demo and tests."""
+config.json; see docs/foundation.md), plus `tiny` for the demo and tests."""
 
 from __future__ import annotations
 

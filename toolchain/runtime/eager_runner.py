@@ -13,8 +13,8 @@ __all__ = ["EagerRunner"]
 class EagerRunner:
     backend = "eager"
 
-    def __init__(self, spec: ProgramSpec) -> None:
-        self.modules = {name: method_module(spec, name) for name in method_specs(spec)}
+    def __init__(self, spec: ProgramSpec, methods: list[str] | None = None) -> None:
+        self.modules = {name: method_module(spec, name) for name in (method_specs(spec) if methods is None else methods)}
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with torch.no_grad():

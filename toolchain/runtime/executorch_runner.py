@@ -1,16 +1,27 @@
 """Host runner for the ExecuTorch program: the same C++ runtime the apps link, through its Python
 bindings. Inputs are passed as they are (the program does not plan them): weights are views of the
-memory-mapped weights file, state inputs views of the app's state array; nothing is copied in."""
+memory-mapped weights file, state inputs views of the app's state array; nothing is copied in.
+
+The runtime's native log lines (its cpuinfo probe prints five when the thread pool starts) are written by
+C++ straight to file descriptor 2: the pool is started here with fd 2 pointed at /dev/null (or at
+$TOOLCHAIN_NATIVE_LOG), unless TOOLCHAIN_VERBOSE=1 (`toolchain --verbose`). A .pte is checked for the
+flatbuffer identifier and sizes of an ExecuTorch program before the runtime sees it: the bindings abort
+the process (SIGABRT) on some garbage instead of raising."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import struct
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from toolchain.errors import BadInput
 
-__all__ = ["ExecutorchRunner"]
+__all__ = ["ExecutorchRunner", "check_pte", "native_log_redirected"]
 
 
 class ExecutorchRunner:
@@ -21,17 +32,28 @@ class ExecutorchRunner:
     def __init__(self, pte: Path, method_names: list[str], *, threads: int | None = None) -> None:
         """threads: size of the runtime's thread pool (XNNPACK's threads); None keeps its default, one per
         core. The optimized (non-delegated) kernels run on one thread either way."""
+        from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
-        if threads is not None:
-            from executorch.extension.pybindings import portable_lib
-
-            portable_lib._unsafe_reset_threadpool(threads)
-        self.program = Runtime.get().load_program(Path(pte))
+        check_pte(Path(pte))
+        with native_log_redirected():
+            portable_lib._threadpool_get_thread_count()      # starts the pool: its cpuinfo lines go to the log
+            if threads is not None:
+                portable_lib._unsafe_reset_threadpool(threads)
+        try:
+            with native_log_redirected():       # a refusal's native detail lines go to the log too
+                self.program = Runtime.get().load_program(Path(pte))
+        except (RuntimeError, ValueError) as e:
+            raise BadInput(f"{pte} cannot be loaded by the ExecuTorch runtime ({e}); re-export the program") from None
         missing = sorted(set(method_names) - set(self.program.method_names))
         if missing:
             raise BadInput(f"{pte} lacks method(s) {', '.join(missing)} listed in its manifest; re-export the program")
-        self.methods = {name: self.program.load_method(name) for name in method_names}
+        try:
+            with native_log_redirected():
+                self.methods = {name: self.program.load_method(name) for name in method_names}
+        except (RuntimeError, ValueError) as e:
+            raise BadInput(f"{pte}: a method cannot be loaded by the ExecuTorch runtime ({e}); re-export the "
+                           f"program") from None
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Outputs are views of the planned arena, valid until the next call of ANY method: the Python
@@ -39,3 +61,56 @@ class ExecutorchRunner:
         `clone_outputs=False` skips the bindings' own copy. Callers copy what they keep (LayerLoop does),
         as the apps copy a method's outputs out of its arena."""
         return list(self.methods[method]._method.call(inputs, clone_outputs=False))
+
+
+def check_pte(pte: Path) -> None:
+    """The file starts like an ExecuTorch program: flatbuffer root offset, file identifier `ETnn`, and (when
+    present) an extended header `eh00` whose program and segment sizes fit in the file.
+
+    Raises:
+        BadInput: it does not (naming what is wrong).
+    """
+    try:
+        size = pte.stat().st_size
+        with pte.open("rb") as f:
+            head = f.read(32)
+    except OSError as e:
+        raise BadInput(f"{pte} cannot be read ({e.strerror}); re-export the program") from None
+    if len(head) < 8 or head[4:6] != b"ET" or not head[6:8].isdigit():
+        raise BadInput(f"{pte} is not an ExecuTorch program (no ExecuTorch flatbuffer identifier at byte 4); "
+                       f"re-export the program")
+    root = struct.unpack_from("<I", head, 0)[0]
+    if not 8 <= root < size:
+        raise BadInput(f"{pte} is not a valid ExecuTorch program (flatbuffer root offset {root} outside the "
+                       f"{size}-byte file); re-export the program")
+    if len(head) >= 32 and head[8:12] == b"eh00":
+        program_size, segment_base = struct.unpack_from("<QQ", head, 16)
+        if program_size > size or segment_base > size:
+            raise BadInput(f"{pte} is truncated or corrupt (its header declares {max(program_size, segment_base)} "
+                           f"bytes, the file has {size}); re-export the program")
+
+
+@contextlib.contextmanager
+def native_log_redirected() -> Iterator[None]:
+    """Point file descriptor 2 at $TOOLCHAIN_NATIVE_LOG (appended) or /dev/null for the block, unless
+    TOOLCHAIN_VERBOSE=1: native libraries write their log lines there directly."""
+    if os.environ.get("TOOLCHAIN_VERBOSE", "") not in ("", "0"):
+        yield
+        return
+    target = os.environ.get("TOOLCHAIN_NATIVE_LOG") or os.devnull
+    try:
+        log = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        log = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(log, 2)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)

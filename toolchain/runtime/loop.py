@@ -37,7 +37,7 @@ class LayerLoop:
             raise BadInput(f"{pdir.path}: the weights file lacks {', '.join(sorted(missing)[:3])}; re-export the program")
 
     def _inputs(self, method: MethodSpec, layer: int | None, values: dict[str, Tensor],
-                views: dict[str, Tensor]) -> list[Tensor]:
+                views: dict[str, Tensor], cache: dict[str, Tensor] | None = None) -> list[Tensor]:
         out = []
         for io in method.inputs:
             ref = io.ref if layer is None else io.ref.replace(LAYER, str(layer))
@@ -47,6 +47,8 @@ class LayerLoop:
                     t = t[io.rows[0]:io.rows[1]]
             elif io.bind == "state":
                 t = views[ref]
+            elif io.bind == "cache":
+                t = cache[ref]
             else:  # input / activation
                 t = values[ref]
             if tuple(t.shape) != io.shape:
@@ -55,10 +57,13 @@ class LayerLoop:
             out.append(t)
         return out
 
-    def _call(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Run one method; state outputs are copied into their slices, the others returned (copied)."""
+    def _call(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
+              cache: dict[str, Tensor] | None = None, pos: int | None = None) -> dict[str, Tensor]:
+        """Run one method; state outputs are copied into their slices, cache outputs into the layer's
+        cache (all its rows, or one row at `pos`), the others returned (copied). Also the binding of
+        runtime/evaluate.py and runtime/generate.py."""
         method = self.methods[name]
-        outputs = self.runner.execute(name, self._inputs(method, layer, values, views))
+        outputs = self.runner.execute(name, self._inputs(method, layer, values, views, cache))
         if len(outputs) != len(method.outputs):
             raise BadInput(f"{name} returned {len(outputs)} outputs, the manifest lists {len(method.outputs)}; "
                            f"re-export the program")
@@ -69,6 +74,12 @@ class LayerLoop:
                                f"{list(io.shape)}; re-export the program")
             if io.bind == "state":
                 views[io.ref.replace(LAYER, str(layer))].copy_(value.reshape(io.shape))
+            elif io.bind == "cache":
+                target = cache[io.ref.replace(LAYER, str(layer))]
+                if io.shape[1] == target.shape[1]:
+                    target.copy_(value.reshape(io.shape))
+                else:  # the token's row
+                    target[:, pos:pos + io.shape[1]].copy_(value.reshape(io.shape))
             else:
                 kept[io.ref] = value.reshape(io.shape).clone()
         return kept

@@ -87,19 +87,23 @@ class OnnxRunner:
 
     backend = "onnx"
 
-    def __init__(self, pdir: ProgramDir, *, threads: int | None = None, arena: str = "off") -> None:
+    def __init__(self, pdir: ProgramDir, *, threads: int | None = None, arena: str = "off",
+                 methods: list[str] | None = None) -> None:
+        """methods: the methods to create sessions for (None: every method of the manifest)."""
         import onnxruntime as ort
 
         if "onnx" not in pdir.targets:
             raise BadInput(f"{pdir.path} has no onnx program; export it with --target onnx")
         files = pdir.info.program("onnx").get("methods") or {}
-        missing = [m for m in pdir.info.methods if m not in files]
+        names = list(pdir.info.methods) if methods is None else list(methods)
+        missing = [m for m in names if m not in files]
         if missing:
             raise BadInput(f"{pdir.path}: the onnx program lacks method(s) {', '.join(missing)} listed in the "
                            f"manifest; re-export the program")
         so = session_options(threads, arena=arena)
         self.sessions, self.input_names = {}, {}
-        for name, method in pdir.info.methods.items():
+        for name in names:
+            method = pdir.info.methods[name]
             sess = ort.InferenceSession(str(pdir.path / files[name]), so, providers=["CPUExecutionProvider"],
                                         disabled_optimizers=DISABLED_OPTIMIZERS)
             _check_io(pdir, method, sess)

@@ -10,7 +10,7 @@ import torch
 from toolchain.errors import BadInput
 from toolchain.export.build import sha256_file
 from toolchain.export.manifest import MANIFEST_NAME, ProgramManifest
-from toolchain.export.program import StateEntry
+from toolchain.export.program import StateEntry, state_layout
 from toolchain.export.weights_file import map_weights
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.peft_io import lora_from_state_dict
@@ -26,8 +26,13 @@ class ProgramDir:
         self.path = Path(path)
         if not (self.path / MANIFEST_NAME).is_file():
             raise BadInput(f"{self.path} is not an exported program (no {MANIFEST_NAME}); run `toolchain export` first")
-        self.info = ProgramManifest.read(self.path / MANIFEST_NAME)
+        try:
+            self.info = ProgramManifest.read(self.path / MANIFEST_NAME)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:   # schema-valid, but not a usable config
+            raise BadInput(f"{self.path / MANIFEST_NAME} describes an impossible program ({type(e).__name__}: {e}); "
+                           f"re-export the program") from None
         self.manifest = self.info.doc
+        self._cross_check()
         if verify:
             self._verify()
         self.arch = self.info.arch
@@ -35,6 +40,52 @@ class ProgramDir:
         self.seq_len: int = self.info.seq_len
         self.state_numel: int = self.info.state_numel
         self._weights: dict[str, torch.Tensor] | None = None
+
+    def _inside(self, rel: str, what: str) -> Path:
+        """A path the manifest names, which must stay inside the program directory."""
+        f = (self.path / rel).resolve()
+        if Path(rel).is_absolute() or not f.is_relative_to(self.path.resolve()):
+            raise BadInput(f"{self.path}: the manifest's {what} {rel!r} points outside the program directory; "
+                           f"re-export the program")
+        return f
+
+    def _cross_check(self) -> None:
+        """Manifest fields the checksums do not cover (the manifest is not checksummed): what they say must
+        agree with each other and with the model/LoRA/optimizer config."""
+        m, where = self.manifest, f"{self.path / MANIFEST_NAME}"
+        files = m["files"]
+
+        def listed(rel: str, what: str) -> None:
+            f = self._inside(rel, what)
+            covered = rel in files or (f.is_dir() and any(k.startswith(rel.rstrip("/") + "/") for k in files))
+            if not covered:
+                raise BadInput(f"{where}: the {what} {rel!r} has no checksum in 'files'; re-export the program")
+
+        for rel in files:
+            self._inside(rel, "file")
+        listed(m["weights"]["file"], "weights file")
+        listed(m["state"]["init_file"], "state init file")
+        for p in m["programs"]:
+            listed(p["file"], f"{p['target']} program")
+        arch = self.info.arch
+        tok = m["tokenizer"]
+        if tok["vocab"] != arch.vocab or not 0 <= tok["pad_token_id"] < arch.vocab:
+            raise BadInput(f"{where}: tokenizer vocab {tok['vocab']} / pad_token_id {tok['pad_token_id']} do not fit "
+                           f"the model's vocabulary of {arch.vocab}; re-export the program")
+        expected = state_layout(arch, self.info.lora, self.info.optimizer)
+        got = self.info.state_entries
+        if [(e.name, e.key, e.role, e.shape, e.offset, e.layer) for e in expected] != \
+                [(e.name, e.key, e.role, e.shape, e.offset, e.layer) for e in got] \
+                or self.info.state_numel != sum(e.numel for e in expected):
+            raise BadInput(f"{where}: the state layout (entries, offsets, numel) does not match the program's LoRA and "
+                           f"optimizer config; re-export the program")
+        if m["loop"]["layers"] != arch.layers:
+            raise BadInput(f"{where}: loop.layers {m['loop']['layers']} is not the model's {arch.layers} layers; "
+                           f"re-export the program")
+        weights = self.path / m["weights"]["file"]
+        if weights.is_file() and weights.stat().st_size != m["weights"]["bytes"]:
+            raise BadInput(f"{where}: weights.bytes {m['weights']['bytes']} is not the size of {weights.name} "
+                           f"({weights.stat().st_size}); re-export the program")
 
     def _verify(self) -> None:
         for rel, digest in self.manifest["files"].items():

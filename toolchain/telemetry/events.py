@@ -4,6 +4,10 @@ An event is a flat JSON object (`shared_schemas/telemetry_event.schema.json`): c
 `schema_version, type, run_id, seq, timestamp` plus the fields of its `type`. A batch is one event
 or a JSON array of events. A batch is accepted whole or refused whole: every event is validated
 before anything is stored, and the refusal names each bad event by its index.
+
+Bodies and files go through `toolchain.validate` first (strict JSON: no NaN/Infinity, no 1e400, no
+integer outside int64, no lone surrogate, nesting limit), so nothing non-finite or unstorable reaches
+the store.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ from typing import Any
 
 from toolchain.errors import BadInput, SchemaError
 from toolchain.schemas import validation_errors
+from toolchain.validate import InvalidJson, check_json, decode_utf8, loads
 
 __all__ = ["SCHEMA_VERSION", "EVENT_TYPES", "PROBES", "MAX_ERRORS_REPORTED", "InvalidBatch", "parse_batch",
            "check_events", "canonical", "read_jsonl", "TelemetryWriter", "new_run_id"]
 
 SCHEMA_VERSION = 1
-EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error")
+EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error", "eval")
 PROBES = ("android_proc_status", "android_debug_meminfo", "android_dumpsys", "android_activity_manager",
           "ios_phys_footprint", "ios_os_proc_available", "linux_proc_status")
 MAX_ERRORS_REPORTED = 20   # a refusal lists at most this many bad events (a 10,000-event batch stays readable)
@@ -35,15 +40,6 @@ class InvalidBatch(SchemaError):
     def __init__(self, message: str, errors: dict[int, list[str]]):
         super().__init__(message)
         self.errors = errors
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON (write a non-finite loss as null)")
-
-
-def _loads(text: str | bytes) -> Any:
-    """json.loads that refuses NaN/Infinity, which Python would otherwise accept as numbers."""
-    return json.loads(text, parse_constant=_reject_constant)
 
 
 def _short(message: str) -> str:
@@ -72,7 +68,11 @@ def check_events(events: list[Any]) -> None:
     """
     errors: dict[int, list[str]] = {}
     for i, event in enumerate(events):
-        problems = validation_errors("telemetry_event", event)
+        try:
+            check_json(event, "event")        # finite numbers, int64, UTF-8 strings (events built in Python)
+            problems = validation_errors("telemetry_event", event)
+        except BadInput as e:
+            problems = [str(e)]
         if problems:
             errors[i] = _explain(problems)
             if len(errors) >= MAX_ERRORS_REPORTED:
@@ -92,13 +92,9 @@ def parse_batch(body: bytes | str) -> list[dict]:
         InvalidBatch: some event violates the schema (nothing of the batch may be stored).
     """
     try:
-        doc = _loads(body)
-    except RecursionError:
-        raise BadInput("invalid JSON: nested too deeply") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except ValueError as e:  # NaN/Infinity constants, undecodable bytes
-        raise BadInput(f"invalid JSON: {e}") from None
+        doc = loads(body, "body")
+    except InvalidJson as e:
+        raise BadInput(f"invalid JSON: {e.reason}") from None
     if isinstance(doc, dict):
         events = [doc]
     elif isinstance(doc, list):
@@ -113,7 +109,7 @@ def parse_batch(body: bytes | str) -> list[dict]:
 
 def canonical(event: dict) -> str:
     """The stored form of an event: compact JSON with sorted keys (equal events, equal strings)."""
-    return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -125,19 +121,20 @@ def read_jsonl(path: Path) -> list[dict]:
     """
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise BadInput(f"{path} does not exist") from None
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{path} is not UTF-8 text ({e.reason})") from None
+    except OSError as e:
+        raise BadInput(f"{path} cannot be read ({e.strerror})") from None
     events, line_of = [], []
-    for lineno, line in enumerate(lines, start=1):
+    for lineno, raw in enumerate(data.splitlines(), start=1):
+        line = decode_utf8(raw, f"{path}:{lineno}")
         if not line.strip():
             continue
         try:
-            events.append(_loads(line))
-        except (json.JSONDecodeError, ValueError, RecursionError) as e:
-            raise BadInput(f"{path}:{lineno}: invalid JSON ({e})") from None
+            events.append(loads(line, f"{path}:{lineno}"))
+        except InvalidJson as e:
+            raise BadInput(f"{path}:{lineno}: invalid JSON ({e.reason})") from None
         line_of.append(lineno)
     if not events:
         raise BadInput(f"{path} has no events")

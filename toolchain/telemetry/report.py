@@ -4,7 +4,8 @@
                  dashed = the probe's peak), the run's budget, the MeSP/MeBP peaks published for
                  this model and sequence length, and our planner's estimate; low-memory signals
                  as red marks on the time axis.
-  loss.png       loss per step (coloured by LCSB phase when there is one).
+  loss.png       loss per step (coloured by LCSB phase when there is one) and, beside it, the held-out
+                 loss of `eval` events (at x = steps completed: the adapter the next step starts from).
   step_time.png  seconds per step.
   index.html     the plots, the summary and the run's configuration (run_start) in one page.
   summary.json   `shared_schemas/run_summary.schema.json`.
@@ -15,12 +16,13 @@ Plots use matplotlib's object API with the Agg canvas (no pyplot, no global back
 from __future__ import annotations
 
 import html
+import math
 import statistics
 from pathlib import Path
 from typing import NamedTuple
 
 from toolchain.atomic import atomic_dir
-from toolchain.errors import BadInput
+from toolchain.errors import BadInput, SchemaError
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak
 from toolchain.memory.paper import paper_reference
 from toolchain.models.presets import PRESETS
@@ -63,6 +65,21 @@ def _peak_sample(memory: list[dict]) -> tuple[int | None, str | None]:
     return best, probe
 
 
+def _finite(x: float | None) -> float | None:
+    """Sums of finite values can overflow (1e308 + 1e308): a summary never holds a non-finite number."""
+    return x if x is None or math.isfinite(x) else None
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    if not values:
+        return None
+    try:
+        return _finite(statistics.fmean(values))
+    except (OverflowError, ValueError):
+        return None
+
+
 def _low_memory(e: dict) -> bool:
     return e.get("low_memory") is True or e.get("pressure") in ("warning", "critical")
 
@@ -83,11 +100,11 @@ def summarize(run_id: str, events: list[dict]) -> dict:
                                      "lcsb_k", "total_ram_bytes", "budget_bytes")},
         "steps": len(steps),
         "final_loss": steps[-1]["loss"] if steps else None,
-        "mean_step_time_s": statistics.fmean(s["step_time_s"] for s in steps) if steps else None,
-        "mean_tokens_per_s": statistics.fmean(s["tokens_per_s"] for s in steps) if steps else None,
+        "mean_step_time_s": _mean(s["step_time_s"] for s in steps),
+        "mean_tokens_per_s": _mean(s["tokens_per_s"] for s in steps),
         "peak_anon_bytes": peak, "peak_probe": probe,
         "within_budget": None if peak is None or budget is None else peak <= budget,
-        "duration_s": max(times.values()) - min(times.values()) if times else None,
+        "duration_s": _finite(max(times.values()) - min(times.values())) if times else None,
         "errors": len(_of(events, "error")),
         "low_memory_signals": sum(_low_memory(e) for e in memory),
         "reference_mb": paper_reference(start.get("model"), start.get("seq_len"), start.get("rank")),
@@ -159,9 +176,12 @@ def loss_figure(events: list[dict]):
     for phase in phases:
         pts = [(s["step"], s["loss"]) for s in steps if s.get("lcsb_phase") == phase]
         ax.plot(*zip(*pts), "o", markersize=3, label=f"LCSB phase {phase}")
-    if not steps:
+    evals = sorted((e["step"], e["loss"]) for e in _of(events, "eval") if e.get("loss") is not None)
+    if evals:
+        ax.plot(*zip(*evals), "s-", color="tab:red", markersize=4, label="held-out loss (eval)")
+    if not steps and not evals:
         _no_data(ax, "no finite loss")
-    elif phases:
+    elif phases or evals:
         ax.legend(fontsize=8)
     return fig
 
@@ -171,7 +191,7 @@ def step_time_figure(events: list[dict]):
     fig, ax = _figure("Step time", "step", "seconds per step")
     if steps:
         ax.plot([s["step"] for s in steps], [s["step_time_s"] for s in steps], "-", marker=".")
-        ax.set_title(f"Step time (mean {statistics.fmean(s['tokens_per_s'] for s in steps):.1f} tokens/s)")
+        ax.set_title(f"Step time (mean {_mean(s['tokens_per_s'] for s in steps) or float('nan'):.1f} tokens/s)")
         ax.set_ylim(bottom=0)
     else:
         _no_data(ax, "no steps")
@@ -221,6 +241,21 @@ def _html(summary: dict, events: list[dict], plots: list[str]) -> str:
     return "\n".join(parts)
 
 
+def _check_stored(run_id: str, events: list[dict]) -> None:
+    """Events as read back from a store must still be valid events: a store written by an older version
+    may hold non-finite numbers (read back as null), which no plot or summary can use."""
+    from toolchain.telemetry.events import InvalidBatch, check_events
+
+    try:
+        check_events(events)
+    except InvalidBatch as e:
+        first = min(e.errors)
+        seq = events[first].get("seq", first) if isinstance(events[first], dict) else first
+        raise SchemaError(f"run {run_id!r}: stored event seq {seq} is not a valid event ({e.errors[first][0]}); "
+                          f"it was stored by an older version (non-finite numbers): delete the run's events or "
+                          f"re-import the run from its JSONL file") from None
+
+
 def write_report(run_id: str, events: list[dict], out_dir: Path) -> ReportFiles:
     """Write plots, index.html and summary.json for one run into `out_dir` (atomically: a failure
     leaves no partial directory).
@@ -230,6 +265,7 @@ def write_report(run_id: str, events: list[dict], out_dir: Path) -> ReportFiles:
     """
     if not events:
         raise BadInput(f"run {run_id!r} has no events; list runs with `toolchain telemetry runs`")
+    _check_stored(run_id, events)
     events = sorted(events, key=lambda e: e["seq"])
     summary = summarize(run_id, events)
     figures = {"memory.png": memory_figure(events), "loss.png": loss_figure(events),

@@ -14,8 +14,10 @@ crash: the server keeps serving.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import re
 import secrets
 import socket
 import sqlite3
@@ -33,9 +35,12 @@ from toolchain.errors import BadInput
 from toolchain.telemetry.events import InvalidBatch, parse_batch
 from toolchain.telemetry.store import ConflictingEvents, EventStore
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve", "RunningServer", "start_in_thread", "is_loopback"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve", "bind_socket", "RunningServer", "start_in_thread",
+           "is_loopback"]
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20   # 1 MiB: ~3,000 typical events; phones send smaller batches
+_MAX_SEQ = 2**63 - 1                # SQLite integers are int64: a larger after_seq is a 422, not a 500
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # telemetry_event.schema.json's run_id
 _log = logging.getLogger(__name__)
 
 
@@ -107,10 +112,12 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
         return {"runs": [r._asdict() for r in runs]}
 
     @app.get("/v1/runs/{run_id}/events")
-    async def get_run_events(request: Request, run_id: str, after_seq: int = Query(-1, ge=-1),
+    async def get_run_events(request: Request, run_id: str, after_seq: int = Query(-1, ge=-1, le=_MAX_SEQ),
                              limit: int = Query(10_000, ge=1, le=100_000)):
         if not authorized(request):
             return _refuse(401, "missing or wrong bearer token")
+        if not _RUN_ID.fullmatch(run_id):     # no stored run has another id (and it may not even be UTF-8)
+            return _refuse(404, f"no events for run {run_id.encode('utf-8', 'replace').decode()!r}")
         events = await run_in_threadpool(store.events, run_id, after_seq=after_seq, limit=limit)
         if not events and after_seq < 0:
             return _refuse(404, f"no events for run {run_id!r}")
@@ -131,12 +138,38 @@ def _config(app, host: str, port: int):
                           log_level="warning", access_log=False, timeout_keep_alive=30)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket bound to (host, port), so that a taken port is found before serving.
+
+    Raises:
+        BadInput: the port is taken, or the address is not one of this machine's.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise BadInput(f"cannot listen on {host}: {e.strerror}; pass --host with an address of this machine") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does (TIME_WAIT is not "taken")
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise BadInput(f"port {port} on {host} is already in use; stop the other server or pass another "
+                           f"--port") from None
+        raise BadInput(f"cannot listen on {host}:{port} ({e.strerror}); pass another --host/--port") from None
+    return sock
+
+
 def serve(store: EventStore, token: str, *, host: str = "127.0.0.1", port: int = 8765,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-    """Serve until interrupted (Ctrl-C)."""
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted (Ctrl-C). `sock`: already bound by `bind_socket` (else bound here)."""
     import uvicorn
 
-    uvicorn.Server(_config(create_app(store, token, max_body_bytes=max_body_bytes), host, port)).run()
+    sock = sock or bind_socket(host, port)
+    server = uvicorn.Server(_config(create_app(store, token, max_body_bytes=max_body_bytes), host, port))
+    server.run(sockets=[sock])
 
 
 class RunningServer(NamedTuple):

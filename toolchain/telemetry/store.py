@@ -5,11 +5,16 @@ A retried batch stores nothing new (its events are counted as duplicates). An ev
 already stored with a *different* body is a conflict (a client reused a sequence number): the
 whole batch is refused, so the stored run never mixes two histories. WAL mode lets a report read
 while the server writes; `synchronous=NORMAL` survives a crash of the server (not a power cut).
+
+Reads are sanitized: a store written by an older version may hold `Infinity`/`NaN` (in a body or a
+timestamp); they are read back as null, so listing runs and events keeps working (a report then
+refuses such an event by name, since it is no longer a valid event).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -52,11 +57,32 @@ class AddResult(NamedTuple):
 class RunInfo(NamedTuple):
     run_id: str
     events: int
-    first_timestamp: float
-    last_timestamp: float
+    first_timestamp: float | None   # None: not a finite number (a store written by an older version)
+    last_timestamp: float | None
     model: str | None        # from run_start, when received
     device_model: str | None
     status: str | None       # from run_end, when received
+
+
+_MAX_SQLITE_INT = 2**63 - 1
+
+
+def _finite_or_none(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _text(doc, key: str) -> str | None:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _decode(body: str):
+    """A stored body; NaN/Infinity (stored by older versions) read as null, unreadable bodies as {}."""
+    try:
+        return json.loads(body, parse_constant=lambda _name: None,
+                          parse_float=lambda s: _finite_or_none(float(s)))
+    except (ValueError, RecursionError):
+        return {}
 
 
 class EventStore:
@@ -95,24 +121,46 @@ class EventStore:
         Raises:
             ConflictingEvents: a (run_id, seq) is repeated with different content; nothing stored.
         """
-        batch: dict[tuple[str, int], tuple[dict, str]] = {}
+        return self.add_batches([events])[0]
+
+    def add_batches(self, batches: list[list[dict]]) -> list[AddResult]:
+        """Store several validated batches in one transaction (all or nothing); one result per batch
+        (an event repeated in a later batch counts as a duplicate there).
+
+        Raises:
+            ConflictingEvents: a (run_id, seq) is repeated with different content; nothing stored.
+        """
+        seen: dict[tuple[str, int], str] = {}
         conflicts: list[tuple[str, int]] = []
-        for event in events:
-            key, body = (event["run_id"], event["seq"]), canonical(event)
-            if key in batch and batch[key][1] != body:
-                conflicts.append(key)
-            batch.setdefault(key, (event, body))
+        plan: list[tuple[int, list[tuple]]] = []   # per batch: (events, rows new to this call)
+        for events in batches:
+            fresh = []
+            for event in events:
+                key, body = (event["run_id"], event["seq"]), canonical(event)
+                if key in seen:
+                    if seen[key] != body:
+                        conflicts.append(key)
+                    continue
+                seen[key] = body
+                fresh.append((key, event, body))
+            plan.append((len(events), fresh))
         now = time.time()
+        results: list[AddResult] = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 new = []
-                for key, (event, body) in batch.items():
-                    row = self._db.execute("SELECT body FROM events WHERE run_id = ? AND seq = ?", key).fetchone()
-                    if row is None:
-                        new.append((*key, event["type"], float(event["timestamp"]), body, now))
-                    elif row[0] != body:
-                        conflicts.append(key)
+                for n_events, fresh in plan:
+                    stored = 0
+                    for key, event, body in fresh:
+                        row = self._db.execute("SELECT body FROM events WHERE run_id = ? AND seq = ?",
+                                               key).fetchone()
+                        if row is None:
+                            new.append((*key, event["type"], float(event["timestamp"]), body, now))
+                            stored += 1
+                        elif row[0] != body:
+                            conflicts.append(key)
+                    results.append(AddResult(n_events, stored, n_events - stored))
                 if conflicts:
                     self._db.execute("ROLLBACK")
                     shown = ", ".join(f"{r}#{s}" for r, s in conflicts[:5])
@@ -124,7 +172,7 @@ class EventStore:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
-        return AddResult(len(events), len(new), len(events) - len(new))
+        return results
 
     def runs(self) -> list[RunInfo]:
         """Every run with its event count, oldest first."""
@@ -137,21 +185,23 @@ class EventStore:
             rows = self._db.execute(query).fetchall()
         out = []
         for run_id, n, first, last, start, end in rows:
-            start = json.loads(start) if start else {}
-            end = json.loads(end) if end else {}
-            out.append(RunInfo(run_id, n, first, last, start.get("model"), start.get("device_model"), end.get("status")))
+            start = _decode(start) if start else {}
+            end = _decode(end) if end else {}
+            out.append(RunInfo(run_id, n, _finite_or_none(first), _finite_or_none(last), _text(start, "model"),
+                               _text(start, "device_model"), _text(end, "status")))
         return out
 
     def events(self, run_id: str, *, after_seq: int = -1, limit: int | None = None) -> list[dict]:
         """A run's events in seq order (those with seq > after_seq, at most `limit`)."""
         query = "SELECT body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+        after_seq = max(-1, min(int(after_seq), _MAX_SQLITE_INT))   # SQLite integers are int64
         args: tuple = (run_id, after_seq)
         if limit is not None:
             query += " LIMIT ?"
-            args += (limit,)
+            args += (max(0, min(int(limit), _MAX_SQLITE_INT)),)
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
-        return [json.loads(body) for (body,) in rows]
+        return [_decode(body) for (body,) in rows]
 
     def count(self, run_id: str | None = None) -> int:
         with self._lock:

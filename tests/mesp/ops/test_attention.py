@@ -52,11 +52,12 @@ def test_forward_matches_hf_eager_attention(h, hk, t, d, dtype, gen):
 
 @pytest.mark.parametrize(("h", "hk", "t", "d"), SHAPES, ids=IDS)
 def test_saved_is_qkv_never_probabilities(h, hk, t, d, gen):
-    """Docstring: saved q [H, T, D], k, v [Hk, T, D]; P [H, T, T] is recomputed in backward."""
+    """Docstring: saved q [H, T, D], k, v [Hk, T, D] and the output o [H, T, D]; P [H, T, T] is recomputed
+    in backward."""
     q, k, v = _qkv(h, hk, t, d, gen, torch.float32)
-    _, saved = attention_forward(q, k, v)
-    assert saved.q is q and saved.k is k and saved.v is v
-    assert saved_activation_nbytes(saved, []) == (h + 2 * hk) * t * d * 4
+    o, saved = attention_forward(q, k, v)
+    assert saved.q is q and saved.k is k and saved.v is v and saved.o is o
+    assert saved_activation_nbytes(saved, [o]) == (h + 2 * hk) * t * d * 4
     assert all(x.shape[-1] == d for x in saved)  # nothing [.., T, T]
 
 

@@ -1,7 +1,8 @@
 """Backward primitives: one file each, `xxx_forward(...) -> (out, XxxSaved)`,
 `xxx_backward(grad, saved) -> grads`. Pure functions of tensors; no autograd."""
 
-from toolchain.mesp.ops.attention import AttentionGrads, AttentionSaved, attention_backward, attention_forward
+from toolchain.mesp.ops.attention import (AttentionGrads, AttentionSaved, attention_backward, attention_forward,
+                                          causal_mask)
 from toolchain.mesp.ops.ce_chunked import (IGNORE_INDEX, CeResult, ce_chunked_forward_backward, ce_chunked_loss,
                                            shift_labels)
 from toolchain.mesp.ops.ce_online import ce_online_forward_backward, ce_online_loss
@@ -11,7 +12,7 @@ from toolchain.mesp.ops.rope import RopeTables, rope_backward, rope_forward, rop
 from toolchain.mesp.ops.swiglu import SwigluGrads, SwigluSaved, swiglu_backward, swiglu_forward
 
 __all__ = [
-    "AttentionGrads", "AttentionSaved", "attention_backward", "attention_forward",
+    "AttentionGrads", "AttentionSaved", "attention_backward", "attention_forward", "causal_mask",
     "IGNORE_INDEX", "CeResult", "ce_chunked_forward_backward", "ce_chunked_loss", "shift_labels",
     "ce_online_forward_backward", "ce_online_loss",
     "LinearGrads", "LinearSaved", "linear_backward", "linear_forward",

@@ -3,9 +3,9 @@
 Forward, per kv head with its G = H / Hk query heads, c = 1/sqrt(D):
   S = c * Q K^T + M (M = -inf above the diagonal),  P = softmax(S),  O = P V
 Backward:
-  dV = sum_G P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
+  dV = sum_G P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dO * O)),
   dQ = c * dS K,       dK = c * sum_G dS^T Q
-Saved: q [H, T, D], k, v [Hk, T, D] (post-rope). P [H, T, T] is NOT saved: backward recomputes it
+Saved: q [H, T, D], k, v [Hk, T, D] (post-rope), o [H, T, D]. P [H, T, T] is NOT saved: backward recomputes it
 (one [T, D] x [D, T] matmul and a softmax per head, 2*H*T^2*D FLOPs), saving H*T^2 floats.
 """
 
@@ -16,13 +16,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionSaved", "AttentionGrads", "attention_forward", "attention_backward"]
+__all__ = ["AttentionSaved", "AttentionGrads", "attention_forward", "attention_backward", "causal_mask"]
 
 
 class AttentionSaved(NamedTuple):
     q: Tensor  # [H, T, D]
     k: Tensor  # [Hk, T, D]
     v: Tensor  # [Hk, T, D]
+    o: Tensor  # [H, T, D] the output: rowsum(dP * P) = rowsum(dO * O) in backward
 
 
 class AttentionGrads(NamedTuple):
@@ -31,39 +32,46 @@ class AttentionGrads(NamedTuple):
     dv: Tensor  # [Hk, T, D]
 
 
-def _probs(q: Tensor, k: Tensor) -> Tensor:
-    """Causal softmax probabilities [Hk, G, T, T] for q [Hk, G, T, D], k [Hk, T, D]."""
-    t, d = q.shape[-2], q.shape[-1]
-    s = (q @ k.unsqueeze(1).transpose(-1, -2)) * (d ** -0.5)        # [Hk, G, T, T]
-    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    s = s.masked_fill(future, float("-inf"))
+def causal_mask(t: int, device=None) -> Tensor:
+    """[T, T] bool, True above the diagonal (the future). Built once per block and shared by its heads."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+
+
+def _probs(qc: Tensor, k: Tensor, mask: Tensor) -> Tensor:
+    """Causal softmax probabilities [Hk, G, T, T] for qc = c * q [Hk, G, T, D] (scaled first: [T, D] work
+    instead of [T, T]), k [Hk, T, D]."""
+    s = qc @ k.unsqueeze(1).transpose(-1, -2)                        # [Hk, G, T, T]
+    s.masked_fill_(mask, float("-inf"))
     return torch.softmax(s, dim=-1)
 
 
-def attention_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, AttentionSaved]:
-    """Args: q [H, T, D], k and v [Hk, T, D]. Returns o [H, T, D]."""
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, AttentionSaved]:
+    """Args: q [H, T, D], k and v [Hk, T, D]; mask: `causal_mask(T)` (built here if None). Returns o [H, T, D]."""
     h, t, d = q.shape
     hk = k.shape[0]
-    qg = q.reshape(hk, h // hk, t, d)                                # [Hk, G, T, D]
-    o = _probs(qg, k) @ v.unsqueeze(1)                               # [Hk, G, T, D]
-    return o.reshape(h, t, d), AttentionSaved(q, k, v)
+    mask = causal_mask(t, q.device) if mask is None else mask
+    qc = (q * d ** -0.5).reshape(hk, h // hk, t, d)                 # [Hk, G, T, D]
+    o = (_probs(qc, k, mask) @ v.unsqueeze(1)).reshape(h, t, d)      # [H, T, D]
+    return o, AttentionSaved(q, k, v, o)
 
 
-def attention_backward(do: Tensor, saved: AttentionSaved) -> AttentionGrads:
-    """Gradients of q, k, v for do [H, T, D]."""
-    q, k, v = saved
+def attention_backward(do: Tensor, saved: AttentionSaved, mask: Tensor | None = None) -> AttentionGrads:
+    """Gradients of q, k, v for do [H, T, D]. rowsum(dP * P) is taken as rowsum(dO * O) ([T, D] work, one
+    [T, T] buffer fewer): sum_j (dO_i . V_j) P_ij = dO_i . sum_j P_ij V_j = dO_i . O_i."""
+    q, k, v, o = saved
     h, t, d = q.shape
     hk = k.shape[0]
-    qg = q.reshape(hk, h // hk, t, d)                                # [Hk, G, T, D]
+    mask = causal_mask(t, q.device) if mask is None else mask
+    c = d ** -0.5
+    qc = (q * c).reshape(hk, h // hk, t, d)                          # [Hk, G, T, D]
     dog = do.reshape(hk, h // hk, t, d)                              # [Hk, G, T, D]
-    p = _probs(qg, k)                                                # [Hk, G, T, T] recomputed
+    rows = (do * o).sum(-1, keepdim=True).reshape(hk, h // hk, t, 1)  # [Hk, G, T, 1]
+    p = _probs(qc, k, mask)                                          # [Hk, G, T, T] recomputed
     # P^T dO written as (dO^T P)^T (and dS^T Q as (Q^T dS)^T below): only [D, T]-sized operands are
     # transposed; ExecuTorch materializes every transpose (`permute_copy`), a [T, T] one is T^2 floats.
     dv = (dog.transpose(-1, -2) @ p).transpose(-1, -2).sum(1)        # [Hk, T, D]
-    dp = dog @ v.unsqueeze(1).transpose(-1, -2)                      # [Hk, G, T, T]
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True))                   # [Hk, G, T, T]
-    del p, dp
-    c = d ** -0.5
+    ds = (dog @ v.unsqueeze(1).transpose(-1, -2)).sub_(rows).mul_(p)  # dS = P * (dP - rowsum) [Hk, G, T, T]
+    del p
     dq = (ds @ k.unsqueeze(1)) * c                                   # [Hk, G, T, D]
-    dk = (qg.transpose(-1, -2) @ ds).transpose(-1, -2).sum(1) * c    # [Hk, T, D]
+    dk = (qc.transpose(-1, -2) @ ds).transpose(-1, -2).sum(1)        # [Hk, T, D]: c dS^T Q = dS^T (c Q)
     return AttentionGrads(dq.reshape(h, t, d), dk, dv)

@@ -4,7 +4,7 @@ int8: q = round(w / s) in [-127, 127], one scale s = max|w| / 127 per group of G
 int4: q = round(w / s) in [-8, 7],     s = max|w| / 7, stored as (q + 8) nibbles, two per uint8,
       planar: byte j of a row holds column j (low nibble) and column j + i/2 (high nibble), so
       unpacking is one `cat` of `& 15` and floor division by 16 (`>>` is not core ATen and fails
-      ExecuTorch's `to_edge`, see DESIGN.md). Planar rather than interleaved (even/odd columns):
+      ExecuTorch's `to_edge`, docs/export.md). Planar rather than interleaved (even/odd columns):
       no stack + reshape, one cast and one subtraction per chunk instead of two; every node counts,
       as ExecuTorch's edge passes cost milliseconds per node and a quantized step has tens of
       thousands.

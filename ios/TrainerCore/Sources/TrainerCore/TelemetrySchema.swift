@@ -70,6 +70,10 @@ public enum TelemetrySchema {
             "message": .string(minLength: 1, maxLength: 4096), "fatal": .bool, "code": .pattern("code"),
             "step": .integer(min: 0),
         ]),
+        "eval": (["step", "loss", "rows", "tokens"], [
+            "step": .integer(min: 0), "loss": .numberOrNull, "rows": .integer(min: 1), "tokens": .integer(min: 1),
+            "eval_time_s": .number(min: 0, max: nil),
+        ]),
     ]
 
     /// Problems with one event (empty: valid).

@@ -77,6 +77,11 @@ object EventSchema {
             listOf("message", "fatal"),
             mapOf("message" to Field.Str(1, 4096), "fatal" to Field.Bool, "code" to Field.Str(pattern = Regex("^[a-z][a-z0-9_]*$")), "step" to COUNT),
         ),
+        "eval" to Type(
+            listOf("step", "loss", "rows", "tokens"),
+            mapOf("step" to COUNT, "loss" to Field.Num(nullable = true), "rows" to Field.Int(1), "tokens" to Field.Int(1),
+                "eval_time_s" to NONNEG),
+        ),
     )
 
     /** Violations of the schema (empty: valid). */

@@ -1,10 +1,12 @@
-"""The eager training loop: MeSP + LCSB plan + layer-by-layer optimizer, against autograd oracles.
+"""The eager trainer: MeSP + LCSB plan + layer-by-layer optimizer, against autograd oracles.
 
 Oracles: `torch.optim.AdamW` on gradients from plain autograd (full backprop), and autograd through the
 LCSB surrogate h + detach(block(h) - h) for the non-selected blocks (LCSB steps).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,12 +16,13 @@ from torch.utils._pytree import tree_leaves
 from toolchain.baselines.autograd import full_logits_loss, grads_of, leaf_lora
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
-from toolchain.lcsb import SGD, AdamW, init_state, make_plan, update_all
+from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair
 from toolchain.mesp import block_forward, block_params, mesp_step
 from toolchain.mesp.ops import rope_tables
 from toolchain.models import Qwen25Arch
-from toolchain.train import RunState, TrainConfig, data_order, start_run, train, train_step
+from toolchain.optim import OptimizerConfig, init_state, update_all
+from toolchain.training import RunState, TrainConfig, start_run, train, train_step
 
 ARCH = Qwen25Arch(hidden=16, layers=5, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=64)
 CFG = LoraConfig(rank=3, alpha=5.0, targets=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj"))
@@ -57,7 +60,7 @@ def surrogate_grads(weights, lora, example: Example, selected: set[int]):
 
 def test_lcsb_with_k_equal_to_all_layers_equals_the_mesp_step_exactly(setup):
     weights, lora, examples = setup
-    config = TrainConfig(steps=3, optimizer=AdamW(lr=1e-2, weight_decay=0.1))
+    config = TrainConfig(steps=3, optimizer=OptimizerConfig("adamw", lr=1e-2, weight_decay=0.1))
     plan = make_plan(ARCH.layers, ARCH.layers, "cyclic")
     assert plan.phases == (tuple(range(ARCH.layers)),)
     state = start_run(config, lora)
@@ -73,10 +76,10 @@ def test_lcsb_with_k_equal_to_all_layers_equals_the_mesp_step_exactly(setup):
 
 def test_adamw_matches_torch_adamw_step_for_step_on_full_backprop(setup):
     weights, lora, examples = setup
-    opt = AdamW(lr=2e-2, weight_decay=0.1)
+    opt = OptimizerConfig("adamw", lr=2e-2, weight_decay=0.1)
     result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=5, optimizer=opt))
     params = [p.clone().requires_grad_() for p in _flat(lora)]
-    torch_opt = torch.optim.AdamW(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+    torch_opt = torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                   weight_decay=opt.weight_decay)
     structure = [(i, t) for i, layer in enumerate(lora) for t in sorted(layer)]
     for s in range(5):
@@ -120,7 +123,8 @@ def test_lcsb_surrogate_is_not_the_exact_gradient_below_skipped_layers(setup):
     assert all(torch.equal(a, b) for a, b in zip(_flat((top_exact,)), _flat((top_lcsb,))))  # nothing above: exact
 
 
-@pytest.mark.parametrize("opt", [AdamW(lr=1e-2, weight_decay=0.05), SGD(lr=1e-2, momentum=0.9)],
+@pytest.mark.parametrize("opt", [OptimizerConfig("adamw", lr=1e-2, weight_decay=0.05),
+                                 OptimizerConfig("sgd", lr=1e-2, momentum=0.9)],
                          ids=["adamw", "sgd-momentum"])
 def test_lcsb_training_matches_torch_optim_with_zero_grads_for_unselected_layers(setup, opt):
     """Two cyclic groups of 5 layers: {0, 1, 2}, {3, 4}; torch.optim gets the surrogate gradient for the
@@ -129,7 +133,7 @@ def test_lcsb_training_matches_torch_optim_with_zero_grads_for_unselected_layers
     plan = make_plan(ARCH.layers, 3, "cyclic")
     result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=4, optimizer=opt, plan=plan))
     params = [p.clone().requires_grad_() for p in _flat(lora)]
-    if isinstance(opt, AdamW):
+    if opt.kind == "adamw":
         torch_opt = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
     else:
         torch_opt = torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum)
@@ -159,13 +163,13 @@ def _unflatten(like, flat):
 def test_frozen_unselected_layers_stay_put_and_default_ones_move(setup):
     weights, lora, examples = setup
     plan = make_plan(ARCH.layers, 2, "last")  # layers 3, 4 every step
-    opt = AdamW(lr=1e-2, weight_decay=0.0)
+    opt = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.0)
     # One full step first so that every layer has momentum, then LCSB steps.
     state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
     config = TrainConfig(steps=1, optimizer=opt)
     state, _ = train_step(ARCH, weights, CFG, state, examples[0], None, config)
     frozen, _ = train_step(ARCH, weights, CFG, state, examples[1], plan.layers_at(0),
-                           TrainConfig(steps=1, optimizer=opt, frozen_unselected=True))
+                           TrainConfig(steps=1, optimizer=replace(opt, frozen_unselected=True)))
     moving, _ = train_step(ARCH, weights, CFG, state, examples[1], plan.layers_at(0), config)
     for i in range(3):
         assert all(torch.equal(a, b) for a, b in zip(_flat((frozen.lora[i],)), _flat((state.lora[i],))))
@@ -176,18 +180,10 @@ def test_frozen_unselected_layers_stay_put_and_default_ones_move(setup):
         assert all(torch.equal(a, b) for a, b in zip(_flat((frozen.lora[i],)), _flat((moving.lora[i],))))
 
 
-def test_data_order_file_order_cycles_and_shuffle_is_seeded_per_pass():
-    assert data_order(3, 7) == [0, 1, 2, 0, 1, 2, 0]
-    a = data_order(5, 12, shuffle_seed=4)
-    assert a == data_order(5, 12, shuffle_seed=4)
-    assert sorted(a[:5]) == sorted(a[5:10]) == list(range(5))
-    assert a != data_order(5, 12, shuffle_seed=5)
-
-
 def test_train_reports_each_step_and_refuses_a_plan_for_another_model(setup):
     weights, lora, examples = setup
     seen = []
-    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=4, optimizer=SGD(lr=1e-2),
+    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=4, optimizer=OptimizerConfig("sgd", lr=1e-2),
                    plan=make_plan(ARCH.layers, 2, "strided")), on_step=seen.append)
     assert [e.step for e in seen] == [1, 2, 3, 4] and [e.row for e in seen] == [0, 1, 2, 0]
     assert [e.layers for e in seen] == [(0, 3), (1, 4), (2,), (0, 3)]
@@ -199,6 +195,6 @@ def test_train_reports_each_step_and_refuses_a_plan_for_another_model(setup):
 def test_train_does_not_modify_the_starting_adapter(setup):
     weights, lora, examples = setup
     before = [p.clone() for p in _flat(lora)]
-    train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=2, optimizer=AdamW(lr=0.1)))
+    train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=2, optimizer=OptimizerConfig("adamw", lr=0.1)))
     assert all(torch.equal(a, b) for a, b in zip(before, _flat(lora)))
     assert isinstance(start_run(TrainConfig(steps=1), lora), RunState)

@@ -1,0 +1,266 @@
+"""Held-out eval and generation with the live adapter on exported v3 programs: the ExecuTorch runtime,
+ONNX Runtime and the eager methods against Hugging Face `Qwen2ForCausalLM` + PEFT (float64 reference,
+the program in float32): eval loss <= 1e-4 relative, greedy output ids equal to HF's
+`generate(do_sample=False)`. One export (ExecuTorch + ONNX, with the generation methods) per config and
+module; the untied int4 config is marked slow."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from helpers import float64_faithful_hf, lora_for, peft_wrap, random_hf_model
+
+from toolchain.cli import cli
+from toolchain.dataset import Example
+from toolchain.errors import BadInput
+from toolchain.export.build import ExportSpec, export_program
+from toolchain.export.program import GENERATION_ROLES, QuantSpec
+from toolchain.lora import LoraConfig, save_adapter
+from toolchain.mesp.ops.quant import QuantWeight, dequantize
+from toolchain.models import Qwen25Arch
+from toolchain.models.load import state_dict_from_weights
+from toolchain.runtime import LayerLoop, ProgramDir
+from toolchain.runtime.evaluate import evaluate_program, state_from_adapter
+from toolchain.runtime.generate import generate
+from toolchain.runtime.runners import open_runner
+from helpers import our_weights
+
+T = 24
+CFG = LoraConfig(rank=4, alpha=8.0)  # all seven projections
+# GQA 4:2, q/k/v biases, tied head; MQA 3:1, untied head, int4 weights
+TIED = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, vocab=80, max_positions=64)
+UNTIED = Qwen25Arch(hidden=36, layers=2, heads=3, kv_heads=1, intermediate=40, vocab=70, max_positions=64,
+                    tie_embeddings=False)
+RUNTIMES = ("executorch", "onnx", "eager")
+
+
+class Case:
+    def __init__(self, tmp_path_factory, name: str, arch: Qwen25Arch, quant: str, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.arch, self.hf = arch, random_hf_model(arch, gen)               # float64, float32-exact values
+        self.weights = our_weights(arch, self.hf, torch.float32)
+        self.lora = lora_for(arch, CFG, seed, torch.float32)
+        self.prog = tmp_path_factory.mktemp(name) / "prog"
+        spec = ExportSpec(source="test", init="random", seed=seed, seq_len=T, quant=QuantSpec(quant, 4),
+                          targets=("executorch", "onnx"), generation=True, pad_token_id=0,
+                          options=__import__("toolchain.mesp", fromlist=["StepOptions"]).StepOptions(
+                              vocab_chunk=32, mlp_chunk=16))
+        export_program(arch, self.weights, CFG, self.lora, spec, self.prog)
+        self.pdir = ProgramDir(self.prog)
+        if quant != "none":  # the reference holds the program's own (dequantized) weights
+            sd = self.hf.state_dict()
+            w = self.pdir.weights()
+            for key in [k for k in w if k.endswith(".qweight")]:
+                base = key[:-len(".qweight")]
+                deq = dequantize(QuantWeight(w[key], w[base + ".scales"], 4 if quant == "int4" else 8))
+                i, name = base.split(".")[1], base.split(".")[2]
+                mod = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+                sd[f"model.layers.{i}.{mod}.{name}.weight"] = deq.double()
+            self.hf.load_state_dict(sd)
+        self.runners = {}
+
+    def runner(self, target: str, use: str):
+        if (target, use) not in self.runners:
+            self.runners[target, use] = open_runner(self.pdir, target, threads=1, use=use)
+        return self.runners[target, use]
+
+    def hf_peft(self, lora):
+        import copy
+
+        model = copy.deepcopy(self.hf)
+        return peft_wrap(model, CFG, tuple({t: p._replace(a=p.a.double(), b=p.b.double()) for t, p in layer.items()}
+                                           for layer in lora))
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    return Case(tmp_path_factory, "tied", TIED, "none", seed=14)
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    return Case(tmp_path_factory, "untied", UNTIED, "int4", seed=17)
+
+
+def _rows(arch, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in (T, T - 5, 9, 4):
+        ids = torch.randint(0, arch.vocab, (n,), generator=g)
+        labels = ids.clone()
+        labels[: n // 3] = -100                                           # a prompt without loss
+        rows.append(Example(ids, labels))
+    rows.append(Example(torch.tensor([1, 2, 3]), torch.tensor([-100, -100, -100])))  # no target: skipped
+    return rows
+
+
+def _hf_eval(model, rows) -> tuple[float, int]:
+    total, n = 0.0, 0
+    with torch.no_grad(), float64_faithful_hf():
+        for ex in rows:
+            logits = model(input_ids=ex.input_ids[None]).logits[0, :-1]
+            tgt = ex.labels[1:]
+            valid = tgt != -100
+            if valid.any():
+                total += float(torch.nn.functional.cross_entropy(logits[valid], tgt[valid], reduction="sum"))
+                n += int(valid.sum())
+    return total / n, n
+
+
+def _hf_greedy(model, prompt, n_new, eos=None) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad(), float64_faithful_hf():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                             do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _check_case(case: Case, runtimes=RUNTIMES) -> None:
+    pdir = case.pdir
+    assert set(GENERATION_ROLES) <= set(pdir.info.methods)
+    assert pdir.manifest["generate"]["methods"] == list(GENERATION_ROLES)
+    state = pdir.state_init()
+    hf = case.hf_peft(case.lora)
+    rows = _rows(case.arch, 3)
+    ref_loss, ref_tokens = _hf_eval(hf, rows)
+    prompt = [5, 17, 3, 42, 8, 1, 9]
+    ref_ids = _hf_greedy(hf, prompt, T - len(prompt))
+    assert len(set(ref_ids)) > 3, ref_ids                                  # not a degenerate repetition
+    for target in runtimes:
+        ev = evaluate_program(pdir, case.runner(target, "eval"), state, rows)
+        assert (ev["rows"], ev["tokens"], ev["skipped_rows"]) == (4, ref_tokens, 1)
+        assert math.isclose(ev["loss"], ref_loss, rel_tol=1e-4), (target, ev["loss"], ref_loss)
+        got = generate(pdir, case.runner(target, "generate"), state, prompt, T - len(prompt))
+        assert got.output_ids == ref_ids, (target, got.output_ids, ref_ids)
+    assert torch.equal(state, pdir.state_init())                          # eval and generate only read the state
+
+
+def test_tied_gqa_eval_and_greedy_equal_hf_peft_on_executorch_onnx_eager(tied):
+    _check_case(tied)
+
+
+@pytest.mark.slow
+def test_untied_mqa_int4_eval_and_greedy_equal_hf_peft_on_executorch_onnx_eager(untied):
+    _check_case(untied)
+
+
+def test_generation_mid_training_uses_the_live_state_and_stops_at_eos(tied):
+    """Train two steps on the ExecuTorch runtime, then generate with the very same state array."""
+    pdir, case = tied.pdir, tied
+    state = pdir.state_init()
+    loop = LayerLoop(pdir, case.runner("executorch", "train"))
+    for ex in _rows(case.arch, 4)[:2]:
+        ids = torch.zeros(T, dtype=torch.int64)
+        labels = torch.full((T,), -100, dtype=torch.int64)
+        ids[:len(ex.input_ids)], labels[:len(ex.labels)] = ex.input_ids, ex.labels
+        loop.train_step(ids, labels, 0.5, state)
+    trained = pdir.lora_from_state(state)
+    assert not torch.equal(state, pdir.state_init())
+    hf = case.hf_peft(trained)
+    prompt = [7, 7, 30, 2]
+    free = _hf_greedy(hf, prompt, 12)
+    eos = free[5]
+    expected = _hf_greedy(hf, prompt, 12, eos=eos)
+    assert expected == free[:free.index(eos) + 1]
+    for target in ("executorch", "onnx"):
+        got = generate(pdir, case.runner(target, "generate"), state, prompt, 12, stop_ids=[eos])
+        assert got.output_ids == expected and got.stopped == "eos"
+        assert got.output_ids == generate(pdir, case.runner(target, "generate"), state, prompt, 12).output_ids[:len(expected)]
+
+
+def test_sampling_is_seeded_and_in_vocabulary(tied):
+    pdir, state = tied.pdir, tied.pdir.state_init()
+    r = tied.runner("executorch", "generate")
+    a = generate(pdir, r, state, [1, 2], 10, temperature=1.0, seed=3).output_ids
+    b = generate(pdir, r, state, [1, 2], 10, temperature=1.0, seed=3).output_ids
+    c = generate(pdir, r, state, [1, 2], 10, temperature=1.0, seed=4).output_ids
+    assert a == b and a != c and all(0 <= t < tied.arch.vocab for t in a)
+    e = generate(pdir, tied.runner("eager", "generate"), state, [1, 2], 10, temperature=1.0, seed=3).output_ids
+    assert e == a  # same logits (to float rounding), same draws
+
+
+def test_limits_are_clear_errors(tied):
+    pdir, state = tied.pdir, tied.pdir.state_init()
+    r = tied.runner("eager", "generate")
+    with pytest.raises(BadInput, match="exceeds the program's seq_len 24"):
+        generate(pdir, r, state, list(range(20)), 5)
+    with pytest.raises(BadInput, match="outside the vocabulary"):
+        generate(pdir, r, state, [1, 999], 2)
+    with pytest.raises(BadInput, match="empty"):
+        generate(pdir, r, state, [], 2)
+
+
+def test_cli_eval_and_generate_with_an_adapter(tied, tmp_path):
+    """`toolchain eval` / `toolchain generate` with --adapter PEFT_DIR: equal to HF + PEFT with that adapter."""
+    other = lora_for(tied.arch, CFG, 99, torch.float32)
+    adapter = save_adapter(tmp_path / "adapter", CFG, other)
+    hf = tied.hf_peft(other)
+    rows = _rows(tied.arch, 5)[:4]  # the JSONL loader refuses a row without a target
+    data = tmp_path / "held.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": ex.input_ids.tolist(), "labels": ex.labels.tolist()}) + "\n"
+                            for ex in rows))
+    res = CliRunner().invoke(cli, ["eval", "--program", str(tied.prog), "--data", str(data), "--adapter", str(adapter),
+                                   "--json", str(tmp_path / "ev.json")])
+    assert res.exit_code == 0, res.output
+    ev = json.loads((tmp_path / "ev.json").read_text())
+    ref_loss, ref_tokens = _hf_eval(hf, rows)
+    assert ev["tokens"] == ref_tokens and math.isclose(ev["loss"], ref_loss, rel_tol=1e-4)
+    assert ev["backend"] == "executorch"
+    prompt = [3, 1, 4, 1, 5]
+    res = CliRunner().invoke(cli, ["generate", "--program", str(tied.prog), "--adapter", str(adapter), "--prompt-ids",
+                                   ",".join(map(str, prompt)), "--max-new-tokens", "9", "--target", "onnx",
+                                   "--json", str(tmp_path / "g.json")])
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert out["prompt_ids"] == prompt and out["output_ids"] == _hf_greedy(hf, prompt, 9)
+    assert " ".join(map(str, out["output_ids"])) in res.output                  # streamed as ids (no tokenizer)
+    assert torch.equal(state_from_adapter(tied.pdir, adapter)[:10], torch.cat(
+        [other[0]["q_proj"].a.reshape(-1)])[:10])                               # q_proj A of layer 0 comes first
+    res = CliRunner().invoke(cli, ["generate", "--program", str(tied.prog), "--prompt-ids", "1,2",
+                                   "--max-new-tokens", "30"])
+    assert res.exit_code == 2 and "exceeds the program's seq_len" in res.output
+
+
+def test_training_runner_does_not_load_the_generation_methods(tied):
+    r = open_runner(tied.pdir, "executorch", use="train")
+    assert set(r.methods) == {"embed", "block_forward", "head_loss", "block_backward"}
+    plan = tied.pdir.manifest["memory_plan"]
+    arenas = plan["planned_arena_bytes"]["executorch"]
+    assert set(GENERATION_ROLES) <= set(arenas)
+    gen = tied.pdir.manifest["generate"]
+    assert gen["cache_bytes"] == 2 * 4 * TIED.layers * TIED.kv_heads * T * TIED.head_dim
+    assert gen["targets"] == ["executorch", "onnx"]
+
+
+def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):
+    """`toolchain train --program --eval-data --eval-every`: `eval` telemetry events (valid, before the first
+    step, every N steps and after the last; the first equals `toolchain eval` on the initial state), plotted
+    in the report beside the training loss."""
+    from toolchain.schemas import validate
+    from toolchain.telemetry.report import loss_figure
+
+    rows = _rows(tied.arch, 6)[:4]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": ex.input_ids.tolist(), "labels": ex.labels.tolist()}) + "\n"
+                            for ex in rows))
+    tele = tmp_path / "t.jsonl"
+    res = CliRunner().invoke(cli, ["train", "--program", str(tied.prog), "--data", str(data), "--steps", "5",
+                                   "--lr", "0.5", "--eval-data", str(data), "--eval-every", "2", "--telemetry-out",
+                                   str(tele), "--adapter-out", str(tmp_path / "ad"), "--json"])
+    assert res.exit_code == 0, res.output
+    events = [json.loads(line) for line in tele.read_text().splitlines()]
+    for e in events:
+        validate("telemetry_event", e)
+    evals = [e for e in events if e["type"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2, 4, 5]
+    before = evaluate_program(tied.pdir, tied.runner("eager", "eval"), tied.pdir.state_init(), rows)
+    assert math.isclose(evals[0]["loss"], before["loss"], rel_tol=1e-5) and evals[0]["tokens"] == before["tokens"]
+    assert evals[-1]["loss"] < evals[0]["loss"]                                  # training on the same rows
+    out = json.loads(res.output[res.output.index("{"):])
+    assert [e["step"] for e in out["evals"]] == [0, 2, 4, 5]
+    fig = loss_figure(events)
+    assert any(line.get_label() == "held-out loss (eval)" for line in fig.axes[0].get_lines())

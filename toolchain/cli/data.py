@@ -1,0 +1,47 @@
+"""`toolchain data`: the user's own text (plain or chat) as training rows for a program."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+_OUT = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("data")
+@click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Exported program directory: its tokenizer and seq_len.")
+@click.option("--text", type=_FILE, default=None, help="Plain UTF-8 text, cut into seq_len windows.")
+@click.option("--chat", type=_FILE, default=None,
+              help='JSONL, one {"messages": [{"role", "content"}, ...]} per line; loss on assistant tokens only.')
+@click.option("--out", type=_OUT, required=True, help="Training rows (JSONL).")
+@click.option("--held-out", "held_out", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Fraction of the rows set aside for evaluation (needs --held-out-out).")
+@click.option("--held-out-out", "held_out_out", type=_OUT, default=None, help="Held-out rows (JSONL).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out choice.")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+def data(program, text, chat, out, held_out, held_out_out, seed, force) -> None:
+    """Tokenize --text or --chat with the program's tokenizer into rows of at most seq_len tokens
+    (schema data_row), optionally holding out a seeded fraction; outputs are written atomically."""
+    from toolchain.errors import BadInput
+    from toolchain.text_data import make_rows, program_text, split_held_out, write_rows
+
+    if (held_out is None) != (held_out_out is None):
+        raise BadInput("--held-out and --held-out-out go together")
+    outputs = [p for p in (out, held_out_out) if p is not None]
+    if len({p.resolve() for p in outputs}) != len(outputs):
+        raise BadInput("--out and --held-out-out must be different files")
+    existing = [str(p) for p in outputs if p.exists()]
+    if existing and not force:
+        raise BadInput(f"{', '.join(existing)} already exists; pass --force to overwrite")
+    prog = program_text(program)
+    rows = make_rows(prog, text=text, chat=chat)
+    train, held = split_held_out(rows, held_out, seed) if held_out is not None else (rows, [])
+    write_rows(out, train)
+    if held_out_out is not None:
+        write_rows(held_out_out, held)
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    click.echo(f"{len(rows)} rows ({tokens} tokens, seq_len {prog.seq_len}, {prog.tokenizer.kind}): "
+               f"{len(train)} -> {out}" + (f", {len(held)} -> {held_out_out}" if held_out_out else ""))

@@ -1,0 +1,120 @@
+"""`toolchain generate --program DIR`: text from the program's generation methods, with an adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolchain.cli.eval import adapter_options, program_state, target_option
+
+__all__ = ["generate_command"]
+
+
+def _parse_ids(text: str) -> list[int]:
+    from toolchain.errors import BadInput
+
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise BadInput(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise BadInput("--prompt-ids is empty")
+    return ids
+
+
+@click.command("generate")
+@click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="An exported program directory with the generation methods (`toolchain export`, the default).")
+@adapter_options
+@click.option("--prompt", default=None, help="Prompt text (tokenized with the program's tokenizer).")
+@click.option("--prompt-ids", "prompt_ids", default=None, help="Prompt as comma-separated token ids (no tokenizer).")
+@click.option("--chat", is_flag=True,
+              help="--prompt is a user turn: wrap it in the Qwen chat template and add the assistant header; "
+                   "stop at <|im_end|>.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), required=True, help="New tokens at most.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0: greedy (argmax); > 0: sample softmax(logits / T).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
+@target_option
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Runtime threads (default: its own).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help='Also write {"prompt_ids", "output_ids", "text", ...} here (atomically).')
+def generate_command(program, adapter, resume_from, prompt, prompt_ids, chat, max_new_tokens, temperature, seed, target,
+                     threads, json_out) -> None:
+    """Generate with the program's generation methods (prefill, then one block_decode per layer and token,
+    KV cache on the host) on its runtime, the adapter's LoRA slices passed as inputs. Streams the text
+    (or, without a tokenizer, the ids) to stdout as tokens come; stops at eos or --max-new-tokens."""
+    import sys
+    import time
+
+    from toolchain.atomic import atomic_write_text
+    from toolchain.errors import BadInput
+    from toolchain.runtime import ProgramDir
+    from toolchain.runtime.generate import generate
+    from toolchain.runtime.runners import open_runner
+    from toolchain.schemas import dumps
+
+    if (prompt is None) == (prompt_ids is None):
+        raise BadInput("give exactly one of --prompt and --prompt-ids")
+    if chat and prompt is None:
+        raise BadInput("--chat needs --prompt (text)")
+    pdir = ProgramDir(program)
+    tok = None
+    if prompt is not None or pdir.manifest["tokenizer"].get("kind", "none") != "none":
+        from toolchain.tokenizer import load_tokenizer
+
+        try:
+            tok = load_tokenizer(program)
+        except BadInput:
+            if prompt is not None:
+                raise
+    stop: list[int] = []
+    if prompt is not None:
+        if chat:
+            from toolchain.tokenizer import apply_chat_template
+
+            ids, _ = apply_chat_template(tok, [{"role": "user", "content": prompt}])
+            ids += tok.encode("<|im_start|>assistant\n", allow_special=True)
+            stop += tok.encode("<|im_end|>", allow_special=True)
+        else:
+            ids = tok.encode(prompt, allow_special=True)
+    else:
+        ids = _parse_ids(prompt_ids)
+    if tok is not None and tok.eos_id is not None:
+        stop.append(tok.eos_id)
+    state = program_state(pdir, adapter, resume_from)
+    runner = open_runner(pdir, target, threads=threads, use="generate")
+    printed = [""]
+    out_ids: list[int] = []
+
+    def on_token(token: int) -> None:
+        out_ids.append(token)
+        if tok is None:
+            sys.stdout.write(("" if len(out_ids) == 1 else " ") + str(token))
+        else:
+            text = tok.decode(out_ids)
+            if text.endswith("\ufffd"):
+                return  # an incomplete UTF-8 sequence: wait for its next byte
+            sys.stdout.write(text[len(printed[0]):] if text.startswith(printed[0]) else text)
+            printed[0] = text
+        sys.stdout.flush()
+
+    t0 = time.perf_counter()
+    res = generate(pdir, runner, state, ids, max_new_tokens, temperature=temperature, seed=seed, stop_ids=stop,
+                   on_token=on_token)
+    seconds = time.perf_counter() - t0
+    text = tok.decode(res.output_ids) if tok is not None else None
+    if tok is not None and text != printed[0]:
+        sys.stdout.write(text[len(printed[0]):] if text.startswith(printed[0]) else "")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    decode_tps = len(res.decode_s) / sum(res.decode_s) if res.decode_s else None
+    click.echo(f"{len(res.output_ids)} tokens ({res.stopped}), prefill {res.prefill_s:.2f} s, decode "
+               + (f"{decode_tps:.2f} tokens/s" if decode_tps else "-") + f" ({runner.backend})", err=True)
+    if json_out is not None:
+        atomic_write_text(json_out, dumps({
+            "prompt_ids": res.prompt_ids, "output_ids": res.output_ids, "text": text, "stopped": res.stopped,
+            "backend": runner.backend, "temperature": temperature, "seed": seed if temperature > 0 else None,
+            "prefill_s": round(res.prefill_s, 4), "decode_tokens_per_s": None if decode_tps is None else round(decode_tps, 3),
+            "seconds": round(seconds, 3)}))

@@ -1,0 +1,116 @@
+"""Generation with the live adapter on an exported program's generation methods, through any runner
+(ExecuTorch, ONNX Runtime, eager): the reference driver of the manifest's `generate.steps`.
+
+The LoRA inputs are slices of the flat state the caller passes: the trainer's own array mid-run (no
+re-export, no adapter file), a checkpoint's, or an adapter's (`evaluate.state_from_adapter`). The KV
+cache (per layer k, v [Hk, S, D] float32, S = seq_len) is allocated here, once per call.
+
+  prompt of n tokens, padded to S -> embed -> per layer block_kv (fills the cache) + block_forward
+  logits = head_logits(row n-1);  then per new token t at position pos = n, n+1, ...:
+  t = pick(logits) -> embed_token(t) -> block_decode(pos) per layer (writes cache row pos) -> head_logits
+Greedy (argmax, the first of equal maxima, as torch and HF) unless `temperature` > 0: then a sample of
+softmax(logits / temperature) drawn with a generator seeded by `seed`. Stops after a token of `stop_ids`
+(eos; included in the output, as HF's generate does) or `max_new_tokens`; prompt + new tokens must fit
+in S.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from toolchain.errors import BadInput
+from toolchain.runtime.loop import LayerLoop
+from toolchain.runtime.program_dir import ProgramDir
+
+__all__ = ["GenerateResult", "generate", "new_cache"]
+
+
+@dataclass
+class GenerateResult:
+    prompt_ids: list[int]
+    output_ids: list[int]                 # the new tokens only
+    stopped: str                          # "eos" or "max_new_tokens"
+    prefill_s: float = 0.0                # prompt: prefill + the first head_logits
+    decode_s: list[float] = field(default_factory=list)  # per decoded token (embed_token, blocks, head)
+
+
+def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
+    """The app's KV cache: k_{layer}, v_{layer} zeros [Hk, S, D] (rows >= pos are never read)."""
+    arch = pdir.arch
+    shape = (arch.kv_heads, pdir.seq_len, arch.head_dim)
+    return {f"{w}_{i}": torch.zeros(shape, dtype=torch.float32) for i in range(arch.layers) for w in ("k", "v")}
+
+
+def _pick(logits: Tensor, temperature: float, gen: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
+             temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
+             on_token: Callable[[int], None] | None = None, loop: LayerLoop | None = None) -> GenerateResult:
+    """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
+
+    `runner` needs embed and the generation methods (`open_runner(pdir, use="generate")`); `on_token` is
+    called with each new token as soon as it is chosen (streaming)."""
+    prompt = [int(t) for t in prompt_ids]
+    n, s, vocab = len(prompt), pdir.seq_len, pdir.arch.vocab
+    if "block_decode" not in pdir.info.methods:
+        raise BadInput(f"{pdir.path} was exported without the generation methods; re-export it (without --no-generate)")
+    if n == 0:
+        raise BadInput("the prompt is empty; give at least one token")
+    if max_new_tokens < 1:
+        raise BadInput(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if n + max_new_tokens > s:
+        raise BadInput(f"prompt ({n} tokens) + --max-new-tokens {max_new_tokens} = {n + max_new_tokens} exceeds the "
+                       f"program's seq_len {s}; shorten the prompt, ask for fewer tokens, or re-export with a longer "
+                       f"--seq-len")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise BadInput(f"prompt token id {bad[0]} is outside the vocabulary of {vocab}")
+    if temperature < 0 or temperature != temperature:
+        raise BadInput(f"--temperature must be >= 0, got {temperature}")
+    stop = {int(t) for t in stop_ids}
+    gen = torch.Generator().manual_seed(seed if seed is not None else 0) if temperature > 0 else None
+    loop = loop or LayerLoop(pdir, runner)
+    views = pdir.state_views(state)
+    cache = new_cache(pdir)
+    out: list[int] = []
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        ids = torch.full((s,), pdir.info.pad_token_id, dtype=torch.int64)
+        ids[:n] = torch.tensor(prompt, dtype=torch.int64)
+        x = loop._call("embed", None, {"input_ids": ids}, views)["x"]
+        for i in range(pdir.arch.layers):
+            loop._call("block_kv", i, {"x": x}, views, cache)
+            x = loop._call("block_forward", i, {"x": x}, views)["x"]
+        logits = loop._call("head_logits", None, {"x": x[n - 1:n]}, views)["logits"]
+        del x
+        result = GenerateResult(prompt, out, "max_new_tokens", prefill_s=time.perf_counter() - t0)
+        pos = n
+        while True:
+            token = _pick(logits, temperature, gen)
+            out.append(token)
+            if on_token is not None:
+                on_token(token)
+            if token in stop:
+                result.stopped = "eos"
+                break
+            if len(out) == max_new_tokens:
+                break
+            t0 = time.perf_counter()
+            x = loop._call("embed_token", None, {"token": torch.tensor([token], dtype=torch.int64)}, views)["x"]
+            p = torch.tensor([pos], dtype=torch.int64)
+            for i in range(pdir.arch.layers):
+                x = loop._call("block_decode", i, {"x": x, "pos": p}, views, cache, pos)["x"]
+            logits = loop._call("head_logits", None, {"x": x}, views)["logits"]
+            result.decode_s.append(time.perf_counter() - t0)
+            pos += 1
+    return result

@@ -1,0 +1,167 @@
+"""The user's own text as training rows (`shared_schemas/data_row.schema.json`), for a program.
+
+Plain text (`text_rows`): the file is one document, tokenized as `[BOS] + ids + [EOS]` (BOS only
+for tokenizers that have one: byte yes, Qwen no; EOS `<|endoftext|>` for Qwen, as between
+pre-training documents). The stream is cut into windows of `seq_len` tokens with a stride of
+`seq_len - 1`: consecutive windows share one token, the last of one being the first of the next,
+so every token after the first is a target exactly once (a window's first token is never a target).
+The last window is shorter when the stream runs out (the apps pad it); a remainder of a single
+token is already a target of the previous window and is dropped.
+
+Chat (`chat_rows`): one conversation `{"messages": [{"role", "content"}, ...]}` per JSONL line
+through the Qwen chat template (`toolchain.tokenizer.apply_chat_template`); labels are the ids on
+the assistant's tokens (each assistant content and its `<|im_end|>`) and -100 elsewhere. A
+conversation longer than `seq_len` is an error naming its line (truncating would silently drop the
+targets at its end).
+
+Held-out split (`split_held_out`): round(fraction * rows) rows chosen by a seeded
+`random.Random(seed).sample`, both parts kept in file order; the same rows, seed and fraction
+always give the same split.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolchain import validate
+from toolchain.atomic import atomic_write_text
+from toolchain.errors import BadInput
+from toolchain.schemas import validation_errors
+from toolchain.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
+
+__all__ = ["ProgramText", "read_text", "text_rows", "chat_rows", "split_held_out", "write_rows", "program_text",
+           "make_rows", "windows"]
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class ProgramText:
+    """What `data` needs from a program: its tokenizer, T and the model's vocabulary."""
+
+    tokenizer: Tokenizer
+    seq_len: int
+    vocab: int
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file, a leading BOM dropped.
+
+    Raises:
+        BadInput: missing, or not UTF-8 (line and byte of the first bad byte named).
+    """
+    text = validate.read_text(path)
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def program_text(program: Path) -> ProgramText:
+    """The tokenizer, seq_len and vocabulary of an exported program directory (no torch import).
+
+    Raises:
+        BadInput: not a program directory, or one exported without a tokenizer.
+    """
+    program = Path(program)
+    path = program / "manifest.json"
+    if not path.is_file():
+        raise BadInput(f"{program} is not a program directory (no manifest.json); export one with toolchain export")
+    try:
+        manifest = validate.loads(read_text(path), str(path))
+        seq_len, vocab = int(manifest["seq_len"]), int(manifest["model"]["arch"]["vocab"])
+    except (KeyError, TypeError, ValueError):
+        raise BadInput(f"{path} is not a readable program manifest; re-export the program") from None
+    return ProgramText(load_tokenizer(program), seq_len, vocab)
+
+
+def windows(ids: list[int], seq_len: int) -> list[list[int]]:
+    """`ids` cut into windows of at most `seq_len`, stride `seq_len - 1` (see the module docstring)."""
+    if seq_len < 2:
+        raise BadInput(f"seq_len must be at least 2, got {seq_len}")
+    return [ids[start:start + seq_len] for start in range(0, max(len(ids) - 1, 0), seq_len - 1)]
+
+
+def text_rows(text: str, tokenizer: Tokenizer, seq_len: int) -> list[dict]:
+    """Rows of plain `text` (labels = input_ids, so no labels field)."""
+    ids = tokenizer.encode(text, allow_special=False)
+    stream = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids + [tokenizer.eos_id]
+    rows = [{"schema_version": 1, "input_ids": w} for w in windows(stream, seq_len)]
+    if not rows:
+        raise BadInput("the text has no token to train on")
+    return rows
+
+
+def chat_rows(path: Path, tokenizer: Tokenizer, seq_len: int) -> list[dict]:
+    """Rows of a JSONL file of conversations, one per non-blank line.
+
+    Raises:
+        BadInput: a line that is not JSON, not `{"messages": [...]}`, has no assistant token, or is
+            longer than `seq_len` (line number named).
+    """
+    rows = []
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        doc = validate.loads(line, where)
+        if not isinstance(doc, dict) or set(doc) != {"messages"}:
+            raise BadInput(f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+        try:
+            ids, mask = apply_chat_template(tokenizer, doc["messages"])
+        except BadInput as e:
+            raise BadInput(f"{where}: {e}") from None
+        if not any(mask):
+            raise BadInput(f"{where}: the conversation has no assistant message with a token to learn")
+        if len(ids) > seq_len:
+            raise BadInput(f"{where}: the conversation is {len(ids)} tokens, longer than the program's seq_len "
+                           f"{seq_len}; shorten or split it, or export with a larger --seq-len")
+        rows.append({"schema_version": 1, "input_ids": ids,
+                     "labels": [t if m else IGNORE for t, m in zip(ids, mask)]})
+    if not rows:
+        raise BadInput(f"{path} has no conversation")
+    return rows
+
+
+def split_held_out(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out): round(fraction * len(rows)) rows held out, chosen by `seed`, file order kept.
+
+    Raises:
+        BadInput: a fraction that holds out no row or every row.
+    """
+    if not 0 < fraction < 1:
+        raise BadInput(f"--held-out must be a fraction strictly between 0 and 1, got {fraction}")
+    n_held = round(fraction * len(rows))
+    if n_held < 1 or n_held >= len(rows):
+        raise BadInput(f"--held-out {fraction} of {len(rows)} rows holds out {n_held}; need at least one row on "
+                       f"each side (more text, or another fraction)")
+    held = set(random.Random(seed).sample(range(len(rows)), n_held))
+    return ([r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held])
+
+
+def check_rows(rows: list[dict], vocab: int, where: str) -> None:
+    """Each row against the data_row schema and the model's vocabulary (before anything is written)."""
+    for i, row in enumerate(rows, 1):
+        errors = validation_errors("data_row", row)
+        if errors:
+            raise BadInput(f"{where}: row {i}: {errors[0]}")
+        bad = next((t for t in row["input_ids"] if t >= vocab), None)
+        if bad is not None:
+            raise BadInput(f"{where}: row {i}: token id {bad} is outside the model's vocabulary of {vocab}")
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """JSONL, one compact row per line, written atomically."""
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows))
+
+
+def make_rows(program: ProgramText, *, text: Path | None = None, chat: Path | None = None) -> list[dict]:
+    """Rows of a text file or a chat JSONL for `program`, checked (schema, vocabulary)."""
+    if (text is None) == (chat is None):
+        raise BadInput("give exactly one of --text FILE or --chat FILE.jsonl")
+    if text is not None:
+        rows = text_rows(read_text(text), program.tokenizer, program.seq_len)
+    else:
+        rows = chat_rows(chat, program.tokenizer, program.seq_len)
+    check_rows(rows, program.vocab, str(text or chat))
+    return rows

@@ -1,0 +1,214 @@
+"""The eager trainer: MeSP steps in PyTorch, an LCSB step plan, a layer-by-layer optimizer update.
+
+Each step takes one example (batch 1), backpropagates through the plan's layers for that step, and
+updates every selected layer's LoRA right after its backward (`mesp_step`'s `on_layer_grads`), so
+gradients of different layers never coexist. After the backward, layers that were not selected get
+the optimizer's zero-gradient update when `optimizer.moves_unselected` (toolchain/optim.py). The
+update of a layer never affects the step that produced its gradient: the forward and every backward
+of the step read the adapter as it was when the step began.
+
+Rows, checkpoints, resume and telemetry are the shared loop's (loop.py), as for the program trainer.
+This module never prints; callers observe progress through `on_step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from toolchain.dataset import Example
+from toolchain.errors import BadInput
+from toolchain.lcsb.plan import StepPlan
+from toolchain.lora.config import LoraConfig
+from toolchain.lora.weights import LoraPair, LoraWeights
+from toolchain.mesp import StepOptions, mesp_step, model_loss
+from toolchain.models.presets import Qwen25Arch
+from toolchain.models.weights import ModelWeights
+from toolchain.optim import OptimizerConfig, OptState, init_state, update_layer
+from toolchain.training.checkpoint import rows_sha256, tensors_sha256
+from toolchain.training.loop import OnStep, Trainer, host_info
+from toolchain.training.result import TrainResult
+
+__all__ = ["TrainConfig", "RunState", "EagerTrainer", "start_run", "train_step", "train", "evaluate"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (the model, adapter and data are arguments of `train`).
+
+    Args:
+        steps: optimizer steps, one example each.
+        optimizer: the optimizer (with `frozen_unselected` for LCSB). Default: AdamW, lr 1e-4, weight
+            decay 0.01 (the LCSB paper).
+        plan: the LCSB step plan; None means full backprop every step.
+        shuffle_seed: visit the rows in a seeded random order, reshuffled every pass (order.py); None
+            keeps file order. Default: None.
+        options: static step options (loss/MLP chunking).
+        checkpoint: file the resumable state is written to every `checkpoint_every` steps and at the
+            end; None: no checkpoints.
+        resume: continue from `checkpoint` if it exists (it must belong to this run: checkpoint.py).
+        telemetry: JSONL file the run's telemetry events are appended to; None: none.
+    """
+
+    steps: int
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adamw", weight_decay=0.01))
+    plan: StepPlan | None = None
+    shuffle_seed: int | None = None
+    options: StepOptions = field(default_factory=StepOptions)
+    checkpoint: Path | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    telemetry: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise BadInput(f"`steps` must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 1:
+            raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
+
+
+class RunState(NamedTuple):
+    lora: LoraWeights
+    opt: OptState
+
+
+def start_run(config: TrainConfig, lora: LoraWeights) -> RunState:
+    return RunState(lora, init_state(config.optimizer, lora))
+
+
+def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example,
+               layers: Sequence[int] | None, config: TrainConfig) -> tuple[RunState, float]:
+    """One step: MeSP forward/backward through `layers` (None: all), updating each layer as it goes.
+
+    Returns:
+        The new state and the loss of `example` before the update.
+    """
+    opt = config.optimizer
+    step = state.opt.step + 1
+    lora: list[dict[str, LoraPair]] = list(state.lora)
+    slots = list(state.opt.slots)
+    selected = set(range(arch.layers)) if layers is None else set(layers)
+
+    def update(i: int, grads: dict[str, LoraPair]) -> None:  # right after layer i's backward
+        lora[i], slots[i] = update_layer(opt, lora[i], grads, slots[i], step)
+
+    with torch.no_grad():
+        result = mesp_step(arch, weights, state.lora, cfg, example.input_ids, example.labels,
+                           options=config.options, backward_layers=selected, on_layer_grads=update, keep_grads=False)
+        for i in sorted(set(range(arch.layers)) - selected):
+            lora[i], slots[i] = update_layer(opt, lora[i], None, slots[i], step)  # unchanged unless it moves
+    return RunState(tuple(lora), OptState(step, tuple(slots))), float(result.loss)
+
+
+def _state_tensors(state: RunState, opt: OptimizerConfig) -> dict[str, Tensor]:
+    out = {}
+    for i, layer in enumerate(state.lora):
+        for t, pair in layer.items():
+            out[f"lora.{i}.{t}.a"], out[f"lora.{i}.{t}.b"] = pair.a, pair.b
+            for role, slot in zip(opt.slot_roles, state.opt.slots[i][t]):
+                out[f"{role}.{i}.{t}.a"], out[f"{role}.{i}.{t}.b"] = slot.a, slot.b
+    return out
+
+
+class EagerTrainer(Trainer):
+    """`train` as an object: `EagerTrainer(...).run(on_step=...)`; `state` is the `RunState` so far."""
+
+    backend = "eager"
+
+    def __init__(self, arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
+                 examples: Sequence[Example], config: TrainConfig, *, model_name: str = "custom") -> None:
+        self.arch, self.weights, self.cfg, self.examples = arch, weights, cfg, examples
+        self.run_options = self.config = config
+        self.layers, self.rows, self.model_name = arch.layers, len(examples), model_name
+        self._start_adapter = tensors_sha256(p for layer in lora for t in sorted(layer) for p in layer[t])
+        self._state = start_run(config, lora)
+        self._settings: dict[str, Any] | None = None
+
+    @property
+    def state(self) -> RunState:
+        return self._state
+
+    @property
+    def lora(self) -> LoraWeights:
+        return self._state.lora
+
+    def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
+        ex = self.examples[row]
+        self._state, loss = train_step(self.arch, self.weights, self.cfg, self._state, ex, layers, self.config)
+        return loss, int((ex.labels != -100).sum())
+
+    def tensors(self) -> dict[str, Tensor]:
+        return _state_tensors(self._state, self.config.optimizer)
+
+    def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
+        like = self.tensors()
+        bad = sorted(set(like) ^ set(tensors)) or [k for k in like if tensors[k].shape != like[k].shape
+                                                   or tensors[k].dtype != like[k].dtype]
+        if bad:
+            raise BadInput(f"checkpoint {where} does not fit this adapter and optimizer ({bad[0]}); "
+                           f"delete it to start over")
+        opt = self.config.optimizer
+        lora = tuple({t: LoraPair(tensors[f"lora.{i}.{t}.a"], tensors[f"lora.{i}.{t}.b"]) for t in layer}
+                     for i, layer in enumerate(self._state.lora))
+        slots = tuple({t: tuple(LoraPair(tensors[f"{r}.{i}.{t}.a"], tensors[f"{r}.{i}.{t}.b"]) for r in opt.slot_roles)
+                       for t in layer} for i, layer in enumerate(self._state.lora))
+        self._state = RunState(lora, OptState(step, slots))
+
+    def settings(self) -> dict[str, Any]:
+        if self._settings is None:  # hashing the rows once per run
+            w = self.weights
+            plan = self.config.plan
+            self._settings = {
+                "trainer": "eager", "model": self.model_name, "arch": asdict(self.arch),
+                "weights": tensors_sha256([w.embed[:4], w.final_norm, w.lm_head[-4:]]),
+                "lora": {"rank": self.cfg.rank, "alpha": self.cfg.alpha, "targets": list(self.cfg.targets),
+                         "use_rslora": self.cfg.use_rslora},
+                "start_adapter": self._start_adapter, "data": rows_sha256(self.examples),
+                "optimizer": self.config.optimizer.to_dict(), "shuffle_seed": self.config.shuffle_seed,
+                "plan": None if plan is None else plan.to_dict(), "options": asdict(self.config.options)}
+        return self._settings
+
+    def run_info(self) -> dict[str, Any]:
+        plan, opt = self.config.plan, self.config.optimizer
+        info = {"model": self.model_name, "method": "mesp", "backend": "eager",
+                "seq_len": max(int(ex.input_ids.shape[0]) for ex in self.examples), "rank": self.cfg.rank,
+                "targets": list(self.cfg.targets), "optimizer": opt.kind, "lr": opt.lr, "quant": "none", **host_info()}
+        if plan is not None and plan.policy != "full":
+            info["lcsb_k"] = plan.k
+        return info
+
+
+def train(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
+          config: TrainConfig, *, on_step: OnStep | None = None, model_name: str = "custom") -> TrainResult:
+    """Train the adapter for `config.steps` steps.
+
+    Args:
+        lora: the starting adapter (not modified).
+        examples: training rows, already checked against `arch`.
+        on_step: called after every step with its log entry (progress bars).
+        model_name: what telemetry and the checkpoint's settings call the model.
+
+    Raises:
+        BadInput: the plan was made for a different number of layers, there are no examples, or the
+            checkpoint to resume from is not this run's.
+    """
+    return EagerTrainer(arch, weights, cfg, lora, examples, config, model_name=model_name).run(on_step=on_step)
+
+
+def evaluate(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
+             examples: Sequence[Example], *, options: StepOptions = StepOptions()) -> float:
+    """Mean loss over `examples` (forward only), each weighted by its number of predicted tokens."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for ex in examples:
+            n = int((ex.labels[1:] != -100).sum())
+            total += float(model_loss(arch, weights, lora, cfg, ex.input_ids, ex.labels, options=options)) * n
+            tokens += n
+    if tokens == 0:
+        raise BadInput("evaluation data has no token to predict")
+    return total / tokens

@@ -1,0 +1,221 @@
+"""The run loop both trainers share: row order, LCSB plan, resume from a verified checkpoint,
+telemetry, periodic checkpoints, progress callback.
+
+A trainer (`EagerTrainer`, `ProgramTrainer`) supplies one step on its state and the state's tensors;
+`Trainer.run` does the rest the same way for both, so `train --shuffle S` and `train --program ...
+--shuffle S` visit the same rows, checkpoint alike and resume alike.
+
+Telemetry (shared_schemas/telemetry_event.schema.json) goes to a JSONL file, numbered per run. After a
+resume, events continue after the highest `seq` already in the file for the run, and steps whose event
+is already there (written after the last checkpoint, before the kill) are not logged again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from torch import Tensor
+
+from toolchain.errors import BadInput
+from toolchain.lcsb.plan import StepPlan
+from toolchain.lora.weights import LoraWeights
+from toolchain.training.checkpoint import check_settings, finite_or_none, load_checkpoint, save_checkpoint
+from toolchain.training.order import DataOrder
+from toolchain.training.result import StepLog, TrainResult
+
+__all__ = ["RunOptions", "Trainer", "OnStep", "host_info"]
+
+OnStep = Callable[[StepLog], None]
+
+
+class RunOptions(Protocol):
+    """The fields of `TrainConfig` (eager) and `TrainRun` (program) the loop reads."""
+
+    steps: int
+    shuffle_seed: int | None
+    plan: StepPlan | None
+    checkpoint: Path | None
+    checkpoint_every: int
+    resume: bool
+    telemetry: Path | None
+
+
+class _Logged(NamedTuple):
+    last_seq: int          # -1: none
+    steps: frozenset[int]  # 0-based steps with a `step` event
+    ended: frozenset[int]  # steps_completed of its run_end events (a run extended by --steps ends again)
+
+
+def _logged(path: Path | None, run_id: str | None) -> _Logged:
+    if path is None or run_id is None or not path.exists():
+        return _Logged(-1, frozenset(), frozenset())
+    last, steps, ended = -1, set(), set()
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill
+        if not isinstance(event, dict) or event.get("run_id") != run_id:
+            continue
+        if isinstance(event.get("seq"), int):
+            last = max(last, event["seq"])
+        if event.get("type") == "step" and isinstance(event.get("step"), int):
+            steps.add(event["step"])
+        if event.get("type") == "run_end" and isinstance(event.get("steps_completed"), int):
+            ended.add(event["steps_completed"])
+    return _Logged(last, frozenset(steps), frozenset(ended))
+
+
+def host_info() -> dict[str, Any]:
+    """The run_start fields describing this host (platform linux, budget = physical RAM)."""
+    import os
+    import platform
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"platform": "linux", "device_model": platform.machine() or "host", "os": platform.platform(),
+            "total_ram_bytes": total, "budget_bytes": total}
+
+
+def _anon_bytes() -> int | None:
+    from toolchain.memory.measure import read_status
+
+    try:
+        return read_status().rss_anon
+    except (OSError, BadInput):
+        return None
+
+
+class Trainer:
+    """Base of the two trainers. Subclasses set `run_options`, `layers`, `rows` (row count) and implement
+    the hooks below; `run` drives the steps.
+
+    Inside `on_step`, the trainer is the place to reach the run: `trainer.lora` (the adapter now),
+    `trainer.emit(type, **fields)` (a telemetry event in this run's numbering; a no-op without
+    telemetry). An evaluation hook plugs in there.
+    """
+
+    run_options: RunOptions
+    layers: int
+    rows: int
+    backend: str = "eager"
+    _writer = None
+    _lr: float | None = None
+    _start: int | None = None  # set by `start`, consumed by `run`
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
+        """Train one step (0-based `step`) on row `row` through `layers` (None: all); (loss, tokens)."""
+        raise NotImplementedError
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The state a checkpoint holds."""
+        raise NotImplementedError
+
+    def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
+        """Continue from a checkpoint's tensors taken after `step` steps; BadInput when they do not fit."""
+        raise NotImplementedError
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed run must share with the checkpointed one (checkpoint.py)."""
+        raise NotImplementedError
+
+    def run_info(self) -> dict[str, Any]:
+        """The run_start event's fields."""
+        raise NotImplementedError
+
+    @property
+    def lora(self) -> LoraWeights:
+        raise NotImplementedError
+
+    @property
+    def state(self) -> Any:
+        raise NotImplementedError
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def emit(self, type: str, **fields: Any) -> dict | None:
+        return None if self._writer is None else self._writer.emit(type, **fields)
+
+    def start(self) -> None:
+        """Everything before the first step: check the plan, resume from the verified checkpoint, open
+        the telemetry. `run` calls it unless it was called already (callers that show progress call it
+        first, so that an error is reported before any progress bar).
+
+        Raises:
+            BadInput: no rows, a plan for another model, a checkpoint that is unreadable, for another
+                run (the message names the difference) or past `steps`.
+        """
+        from toolchain.telemetry.events import TelemetryWriter
+
+        run = self.run_options
+        self._order = DataOrder(self.rows, run.shuffle_seed)
+        if run.plan is not None:
+            run.plan.check_layers(self.layers, where="LCSB plan")
+        start, run_id, seq, losses = 0, None, 0, []
+        if run.resume and run.checkpoint is not None and run.checkpoint.exists():
+            ck = load_checkpoint(run.checkpoint)
+            check_settings(run.checkpoint, ck.settings, self.settings())
+            if ck.step > run.steps:
+                raise BadInput(f"checkpoint {run.checkpoint} is at step {ck.step}, past --steps {run.steps}; give "
+                               f"--steps {ck.step} or more, or delete it to start over")
+            self.restore(ck.tensors, ck.step, str(run.checkpoint))
+            start, run_id, seq, losses = ck.step, ck.run_id, ck.seq, list(ck.losses)
+        self._logged = _logged(run.telemetry, run_id)
+        self._writer = None
+        if run.telemetry is not None:
+            self._writer = TelemetryWriter(run.telemetry, run_id, start_seq=max(seq, self._logged.last_seq + 1))
+            run_id = self._writer.run_id
+        self._start, self._run_id, self._losses = start, run_id or "local", losses
+        info = self.run_info()
+        self._lr = info.get("lr")
+        if start == 0:
+            self.emit("run_start", **info, steps_planned=run.steps)
+
+    def run(self, *, on_step: OnStep | None = None) -> TrainResult:
+        """Train for `run_options.steps` steps (from the checkpoint's step with `resume`); see `start`."""
+        if self._start is None:
+            self.start()
+        run, order, logged, losses, run_id = self.run_options, self._order, self._logged, self._losses, self._run_id
+        start, self._start = self._start, None
+        log: list[StepLog] = []
+        t_run = time.perf_counter()
+        for s in range(start, run.steps):
+            layers = None if run.plan is None else run.plan.layers_at(s)
+            row = order[s]
+            t0 = time.perf_counter()
+            loss, tokens = self.step(s, row, layers)
+            dt = time.perf_counter() - t0
+            losses.append(loss)
+            entry = StepLog(s + 1, loss, row, tuple(range(self.layers)) if layers is None else layers, dt)
+            log.append(entry)
+            if s not in logged.steps:
+                self._emit_step(s, entry, tokens)
+            if on_step is not None:
+                on_step(entry)
+            if run.checkpoint is not None and ((s + 1) % run.checkpoint_every == 0 or s + 1 == run.steps):
+                save_checkpoint(run.checkpoint, self.tensors(), step=s + 1, run_id=run_id,
+                                seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+        if run.steps not in logged.ended:
+            final = losses[-1] if losses else None
+            self.emit("run_end", status="completed", steps_completed=run.steps,
+                      duration_s=round(time.perf_counter() - t_run, 6),
+                      final_loss=None if final is None else finite_or_none(final))
+        return TrainResult(self.lora, tuple(log), tuple(losses), run_id, self.state)
+
+    def _emit_step(self, s: int, entry: StepLog, tokens: int) -> None:
+        if self._writer is None:
+            return
+        run = self.run_options
+        phase = {} if run.plan is None else {"lcsb_phase": run.plan.schedule[s % run.plan.period]}
+        dt = entry.step_s
+        lr = self._lr
+        self.emit("step", step=s, loss=finite_or_none(entry.loss),
+                  step_time_s=round(dt, 6), tokens=tokens, tokens_per_s=round(tokens / dt, 3) if dt > 0 else 0.0,
+                  **({"lr": lr} if lr is not None else {}), **phase)
+        anon = _anon_bytes()
+        if anon is not None:
+            self.emit("memory", probe="linux_proc_status", step=s, anon_bytes=anon)
+

@@ -1,0 +1,145 @@
+"""The program trainer: train with an exported program the way the phone apps do (host plays the phone).
+
+The trainer owns the flat state (from the program's state_init.bin). Per step: the layers to
+backpropagate (the run's LCSB plan, else full backprop), the row padded to seq_len (ids with
+pad_token_id, labels with -100), the v3 layer loop (runtime/loop.py) on the state. Rows, checkpoints,
+resume and telemetry are the shared loop's (loop.py), as for the eager trainer, so a killed run
+resumes with the same result as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from toolchain.dataset import Example
+from toolchain.errors import BadInput
+from toolchain.export.manifest import MANIFEST_NAME
+from toolchain.lcsb.plan import StepPlan
+from toolchain.lora.weights import LoraWeights
+from toolchain.runtime.loop import LayerLoop
+from toolchain.runtime.program_dir import ProgramDir
+from toolchain.training.checkpoint import rows_sha256
+from toolchain.training.loop import OnStep, Trainer, host_info
+from toolchain.training.result import TrainResult
+
+__all__ = ["TrainRun", "ProgramTrainer", "run_program", "pad_example", "host_run_info"]
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """How to run a program (the model, LoRA config and optimizer are the program's).
+
+    Args:
+        steps: training steps, one row each.
+        lr: learning rate passed to every step.
+        shuffle_seed, plan, checkpoint, checkpoint_every, resume, telemetry: as in the eager
+            `TrainConfig` (plan: the LCSB layers per step, chosen at run time; None: full backprop).
+    """
+
+    steps: int
+    lr: float
+    shuffle_seed: int | None = None
+    checkpoint: Path | None = None
+    checkpoint_every: int = 1
+    resume: bool = False
+    telemetry: Path | None = None
+    plan: StepPlan | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise BadInput(f"`steps` must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 1:
+            raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
+
+
+def pad_example(ex: Example, seq_len: int, pad_id: int, where: str) -> tuple[Tensor, Tensor]:
+    t = ex.input_ids.shape[0]
+    if t > seq_len:
+        raise BadInput(f"{where} has {t} tokens; this program was exported for --seq-len {seq_len} "
+                       f"(re-export with a longer --seq-len or shorten the rows)")
+    ids = torch.full((seq_len,), pad_id, dtype=torch.int64)
+    labels = torch.full((seq_len,), -100, dtype=torch.int64)
+    ids[:t], labels[:t] = ex.input_ids, ex.labels
+    return ids, labels
+
+
+def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
+    """The run_start fields for a run of `pdir` on this host."""
+    m = pdir.manifest
+    return {"model": m["model"]["source"], "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
+            "rank": m["lora"]["rank"], "targets": m["lora"]["targets"], "optimizer": m["optimizer"]["kind"],
+            "lr": lr, "quant": m["quant"]["kind"], **host_info(), "program": pdir.path.name}
+
+
+class ProgramTrainer(Trainer):
+    """`run_program` as an object; `state` is the flat state, `loop` the layer loop on the runtime."""
+
+    def __init__(self, pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
+                 run_info: dict | None = None) -> None:
+        self.pdir, self.run_options, self.examples = pdir, run, examples
+        self.layers, self.rows = pdir.arch.layers, len(examples)
+        self.backend = getattr(runner, "backend", "executorch")
+        pad_id = pdir.info.pad_token_id
+        self._rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
+        self._state = pdir.state_init()
+        self.loop = LayerLoop(pdir, runner)
+        self._run_info = run_info
+        self._settings: dict[str, Any] | None = None
+
+    @property
+    def state(self) -> Tensor:
+        return self._state
+
+    @property
+    def lora(self) -> LoraWeights:
+        return self.pdir.lora_from_state(self._state)
+
+    def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
+        ids, labels = self._rows[row]
+        loss = self.loop.train_step(ids, labels, self.run_options.lr, self._state, layers)
+        return loss, int((labels != -100).sum())
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"state": self._state}
+
+    def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
+        state = tensors.get("state")
+        if state is None or state.dtype != torch.float32 or state.dim() != 1 or set(tensors) != {"state"}:
+            raise BadInput(f"checkpoint {where} holds no flat float32 `state`; delete it to start over")
+        if state.numel() != self.pdir.state_numel:
+            raise BadInput(f"checkpoint {where} has {state.numel()} state values, the program {self.pdir.state_numel}; "
+                           f"delete it to start over")
+        self._state = state.clone()
+
+    def settings(self) -> dict[str, Any]:
+        if self._settings is None:
+            run = self.run_options
+            optimizer = dataclasses.replace(self.pdir.info.optimizer, lr=run.lr)
+            self._settings = {
+                "trainer": "program",
+                "program": hashlib.sha256((self.pdir.path / MANIFEST_NAME).read_bytes()).hexdigest(),
+                "data": rows_sha256(self.examples), "optimizer": optimizer.to_dict(),
+                "shuffle_seed": run.shuffle_seed, "plan": None if run.plan is None else run.plan.to_dict()}
+        return self._settings
+
+    def run_info(self) -> dict[str, Any]:
+        info = dict(self._run_info) if self._run_info is not None else host_run_info(self.pdir, self.backend,
+                                                                                     self.run_options.lr)
+        if self.run_options.plan is not None:
+            info["lcsb_k"] = self.run_options.plan.k
+        info["lr"] = self.run_options.lr
+        return info
+
+
+def run_program(pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
+                on_step: OnStep | None = None, run_info: dict | None = None) -> TrainResult:
+    """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
+    return ProgramTrainer(pdir, runner, examples, run, run_info=run_info).run(on_step=on_step)
