@@ -352,14 +352,14 @@ def _program_tokenizer(folder: Path) -> Tokenizer:
 
 
 def tokenizer_for_export(model: str, vocab: int) -> Tokenizer | None:
-    """The tokenizer an export of `model` ships: `tiny` -> byte; a checkpoint directory with its own
+    """The tokenizer an export of `model` ships: `tiny`, `demo` -> byte; a checkpoint directory with its own
     tokenizer.json -> that file (kind huggingface); any other model embedding every Qwen id
     (vocab >= 151665) -> Qwen2.5; else None.
 
     Raises:
         BadInput: the tokenizer produces ids the model does not embed.
     """
-    if model == "tiny":
+    if model in ("tiny", "demo"):  # the byte-vocabulary presets
         tok: Tokenizer | None = ByteTokenizer()
     elif Path(model).is_dir() and (Path(model) / TOKENIZER_NAME).is_file():
         tok = HFTokenizer.from_file(Path(model) / TOKENIZER_NAME, kind="huggingface")

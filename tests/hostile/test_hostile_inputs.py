@@ -7,12 +7,7 @@ from pathlib import Path
 
 import pytest
 from cases import CASES, Case
-from harness import export_tiny_program, run_case
-
-
-@pytest.fixture(scope="session")
-def tiny_program(tmp_path_factory) -> Path:
-    return export_tiny_program(tmp_path_factory.mktemp("hostile") / "tiny-program")
+from harness import run_case
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -1,6 +1,6 @@
-"""`toolchain demo`: the quick-start job on the embedded tiny preset (random weights, no downloads):
-export the training program (contract v3), train it on the real ExecuTorch runtime with LCSB chosen
-at run time, print the loss curve and the peak memory."""
+"""`toolchain demo`: the quick-start job (toolchain/demo.py): export the bundled pretrained `demo` model,
+show its held-out loss and a greedy generation, personalize it on the bundled user text, and show the
+loss curve, the held-out loss and the generation after, all on the ExecuTorch runtime."""
 
 from __future__ import annotations
 
@@ -12,77 +12,90 @@ from toolchain.validate import STEPS, FiniteFloat
 
 
 @click.command()
-@click.option("--steps", type=STEPS, default=40, show_default=True, help="Training steps.")
+@click.option("--steps", type=STEPS, default=120, show_default=True, help="Personalization steps (one row each).")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=3e-3, show_default=True,
               help="AdamW learning rate.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/demo-tiny"),
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=80, show_default=True,
+              help="Length of the greedy generation before and after.")
+@click.option("--eval-every", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Held-out loss of the live adapter every N steps (0: only before and after).")
+@click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
+              help="Backprop through K layers per step, cycling (default: every layer).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Runtime threads (default: its own).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/demo"),
               show_default=True, help="Where the exported program goes (re-used if already exported; an older "
                                       "export is replaced; any other non-empty directory is refused unless --force).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out that is not an export.")
-def demo(steps: int, lr: float, out: Path, force: bool) -> None:
-    """Export the tiny preset (LCSB k=4, AdamW, int4 weights), train it on the ExecuTorch runtime
-    with the bundled corpus, and print the loss curve and peak memory."""
+def demo(steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k: int | None, threads: int | None,
+         out: Path, force: bool) -> None:
+    """Personalize the bundled pretrained model on the bundled user text, on the ExecuTorch runtime:
+    held-out loss and a greedy generation before and after, and the loss curve."""
+    import time
+
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from toolchain.dataset import bundled_examples
-    from toolchain.tokenizer import ByteTokenizer
-    from toolchain.export.build import ExportSpec, export_program
-    from toolchain.export.program import OptimizerSpec, QuantSpec
-    from toolchain.lcsb.plan import make_plan
-    from toolchain.lora import LoraConfig, init_lora
-    from toolchain.memory.measure import MIB, measure_peak
-    from toolchain.models import get_preset, random_weights
-    from toolchain.runtime import ProgramDir
-    from toolchain.runtime.runners import open_runner
-    from toolchain.training import TrainRun, run_program
-
     from toolchain.atomic import check_output_dir, check_output_file
+    from toolchain.demo import DemoConfig, current_program, export_demo, run_demo, sparkline
 
-    seq_len = 64
+    cfg = DemoConfig(steps=steps, lr=lr, max_new_tokens=max_new_tokens, eval_every=eval_every, lcsb_k=lcsb_k,
+                     threads=threads)
     console = Console(stderr=True)
-    check_output_file(out.parent / f"{out.name}.telemetry.jsonl", option="telemetry file")
-    if not _current_program(out):
-        # our own older export (a manifest.json of another version) is replaced; anything else needs --force
+    t_start = time.perf_counter()
+    for suffix in ("telemetry.jsonl", "rows.jsonl", "held-out.jsonl"):  # written beside --out
+        check_output_file(out.parent / f"{out.name}.{suffix}", option="demo file")
+    exported = False
+    if not current_program(out, cfg.model, cfg.seq_len) or _plan_differs(out, lcsb_k):
+        # our own older export (a manifest.json) is replaced; anything else needs --force
         check_output_dir(out, force=force or (out / "manifest.json").is_file())
-        arch = get_preset("tiny")
-        cfg = LoraConfig(rank=8, alpha=16)
-        spec = ExportSpec(source="tiny", init="random", seed=0, seq_len=seq_len, quant=QuantSpec("int4", 64),
-                          optimizer=OptimizerSpec("adamw", weight_decay=0.01), plan=make_plan(arch.layers, 4, "cyclic"),
-                          default_lr=lr, tokenizer_kind="byte", pad_token_id=ByteTokenizer.PAD)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True) as progress:
             task = progress.add_task("export", total=None)
-            export_program(arch, random_weights(arch, seed=0), cfg, init_lora(arch, cfg, seed=0), spec, out,
-                           on_stage=lambda s: progress.update(task, description=f"export tiny: {s}"))
-    pdir = ProgramDir(out)
-    examples = bundled_examples(ByteTokenizer(), seq_len=seq_len)
-    runner = open_runner(pdir)
-    telemetry = out.parent / f"{out.name}.telemetry.jsonl"
-    plan = pdir.default_plan()
-    with Progress(console=console, transient=True) as progress, measure_peak() as peak:
-        task = progress.add_task("train (executorch, LCSB)", total=steps)
-        result = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, telemetry=telemetry, plan=plan),
-                             on_step=lambda entry: progress.update(task, completed=entry.step))
-    for i, loss in enumerate(result.losses):
-        bar = "#" * max(1, int(loss * 8))
-        layers = ",".join(map(str, plan.layers_at(i)))
-        click.echo(f"step {i:3d}  layers {layers:10s} loss {loss:.4f}  {bar}")
-    mp = pdir.manifest["memory_plan"]
-    arenas = mp["planned_arena_bytes"].get("executorch", {})
-    click.echo(f"peak anonymous memory during training: {(peak.peak_anon_bytes - peak.anon_before_bytes) / MIB:.1f} MiB above "
-               f"the loaded runtime (planned arenas {sum(arenas.values()) / MIB:.2f} MiB over {len(arenas)} methods, "
-               f"LoRA+AdamW state {mp['lora_state_bytes'] / MIB:.2f} MiB, checkpoints {mp['checkpoint_bytes'] / MIB:.2f} MiB)")
-    click.echo(f"program: {out}   telemetry: {telemetry}  (toolchain telemetry import/report)")
+            export_demo(cfg, out, on_stage=lambda s: progress.update(task, description=f"export demo: {s}"))
+        exported = True
+    t_export = time.perf_counter() - t_start
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("load", total=steps)
+        result = run_demo(cfg, out, on_phase=lambda s: progress.update(task, description=s),
+                          on_step=lambda step, loss: progress.update(
+                              task, completed=step, description=f"personalize: step {step}/{steps} loss {loss:.3f}"))
+
+    prompt = cfg.prompt.replace("\n", " ")
+    click.echo(f"model: the bundled `demo` preset (toolchain/assets/demo_model, pretrained on public-domain books), "
+               f"program {out} ({result.backend}, {'exported' if exported else 're-used'} in {t_export:.0f} s)")
+    click.echo(f"user text: {result.rows} rows of {cfg.seq_len} byte tokens; held out: {result.held_out_rows} rows")
+    click.echo("")
+    click.echo(f"BEFORE  held-out loss {result.before_loss:.4f}")
+    click.echo(f"BEFORE  {prompt!r} ->")
+    click.echo(_indent(cfg.prompt + result.before_text))
+    click.echo("")
+    finite = [x for x in result.losses if x == x]
+    click.echo(f"personalize: {steps} steps, lr {lr:g}, LoRA r={cfg.rank} on every projection"
+               + (f", LCSB k={lcsb_k}" if lcsb_k else ", every layer") + f" ({result.seconds['train']:.0f} s)")
+    click.echo(f"  training loss  {finite[0]:.3f} {sparkline(result.losses)} {finite[-1]:.3f}")
+    click.echo("  held-out loss  " + "  ".join(f"step {s}: {v:.3f}" for s, v in result.eval_curve))
+    click.echo("")
+    click.echo(f"AFTER   held-out loss {result.after_loss:.4f}  ({result.after_loss - result.before_loss:+.4f})")
+    click.echo(f"AFTER   {prompt!r} ->")
+    click.echo(_indent(cfg.prompt + result.after_text))
+    click.echo("")
+    if result.peak_anon_mib is not None:
+        click.echo(f"peak anonymous memory during training: {result.peak_anon_mib:.1f} MiB above the loaded runtime")
+    click.echo(f"total {time.perf_counter() - t_start:.0f} s.  program: {out}   telemetry: "
+               f"{out.parent / (out.name + '.telemetry.jsonl')}  (toolchain telemetry import/report)")
 
 
-def _current_program(out: Path) -> bool:
-    """An export from an earlier run, in this toolchain's manifest format (else export again)."""
+def _indent(text: str) -> str:
+    return "\n".join("    | " + line for line in text.split("\n"))
+
+
+def _plan_differs(out: Path, lcsb_k: int | None) -> bool:
     import json
 
-    from toolchain.export.manifest import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
-
     try:
-        return json.loads((out / MANIFEST_NAME).read_text()).get("schema_version") == MANIFEST_SCHEMA_VERSION
-    except (OSError, ValueError, AttributeError):
-        return False
+        lcsb = json.loads((out / "manifest.json").read_text()).get("lcsb")
+    except (OSError, ValueError):
+        return True
+    return (lcsb or {}).get("k") != lcsb_k

@@ -60,15 +60,13 @@ def _fit_text(preamble: str, r) -> list[str]:
 def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimizer, loss_chunk, vocab_chunk, mlp_chunk,
         overhead_mb, as_json) -> None:
     """Predict the peak memory of a training step and say whether it fits the device's budget."""
-    import json
-
     from toolchain.lora import LoraConfig, parse_targets
     from toolchain.memory.estimate import StepShape
     from toolchain.memory.fit import plan_fit
     from toolchain.memory.profiles import load_profile
     from toolchain.models import get_preset
 
-    from toolchain.validate import check_rank, check_seq_len
+    from toolchain.validate import check_rank, check_seq_len, dumps
 
     arch = get_preset(model)
     cfg = LoraConfig(rank=rank, alpha=2.0 * rank, targets=parse_targets(targets))
@@ -81,8 +79,8 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimize
                       **chunks)
     report = plan_fit(shape, profile, program_dir=program, overhead_mb=overhead_mb)
     if as_json:
-        click.echo(json.dumps({"model": model, "seq_len": seq_len, "rank": rank, "lcsb_k": lcsb_k, "method": method,
-                               **report.as_dict()}, indent=2, sort_keys=True))
+        click.echo(dumps({"model": model, "seq_len": seq_len, "rank": rank, "lcsb_k": lcsb_k, "method": method,
+                          **report.as_dict()}, where="the --json answer", indent=2, sort_keys=True))
         return
     lcsb = f"LCSB k={lcsb_k}" if lcsb_k else "LCSB off"
     preamble = (f"{model}, seq {seq_len}, rank {rank}, {method}, {lcsb}, {optimizer} on {profile.name} "

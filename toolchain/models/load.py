@@ -1,5 +1,6 @@
 """Build `ModelWeights`: from a Hugging Face Qwen2 checkpoint directory, from the local HF cache
-for a preset, or random weights for any preset (no download ever happens)."""
+for a preset (`demo`: the package's own toolchain/assets/demo_model/), or random weights for any
+preset (no download ever happens)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,13 @@ def load_model(spec: str, *, init: Init = "pretrained", seed: int = 0,
     return load_checkpoint(_cached_checkpoint(spec), dtype=dtype)
 
 
+# Presets whose pretrained weights ship inside the package (a Hugging Face checkpoint directory).
+BUNDLED_CHECKPOINTS: dict[str, Path] = {"demo": Path(__file__).resolve().parents[1] / "assets" / "demo_model"}
+
+
 def _cached_checkpoint(preset: str) -> Path:
+    if preset in BUNDLED_CHECKPOINTS:
+        return BUNDLED_CHECKPOINTS[preset]
     repo_id = HF_REPO_IDS.get(preset)
     hint = "use --init random for random weights, or --model PATH for a downloaded checkpoint"
     if repo_id is None:

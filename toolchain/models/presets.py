@@ -1,5 +1,6 @@
 """Qwen2.5 architectures as frozen dataclasses, one preset per size (numbers from the model cards'
-config.json; see docs/foundation.md), plus `tiny` for the demo and tests."""
+config.json; see docs/foundation.md), plus `tiny` for tests and `demo`
+(bundled pretrained weights) for the quick start."""
 
 from __future__ import annotations
 
@@ -88,6 +89,10 @@ PRESETS: dict[str, Qwen25Arch] = {
     # Demo/test size: byte-level vocab (256 bytes + BOS/EOS/PAD padded to 264), GQA 4:2,
     # 8 layers so LCSB has something to cycle over; trains in milliseconds per step.
     "tiny": Qwen25Arch(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=192, vocab=264,
+                       max_positions=512),
+    # The quick-start demo's model: byte-level vocab as `tiny`, pretrained on the bundled public-domain
+    # corpus by scripts/pretrain_demo_model.py; its weights ship in toolchain/assets/demo_model/ (12 MB).
+    "demo": Qwen25Arch(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=704, vocab=264,
                        max_positions=512),
 }
 

@@ -1,0 +1,220 @@
+"""The quick-start demo: personalization a person can see, on the ExecuTorch runtime.
+
+1. Export the `demo` preset (toolchain/assets/demo_model/: a 3 M-parameter Qwen2 decoder with the byte
+   tokenizer, pretrained on public-domain books by scripts/pretrain_demo_model.py) as a training program
+   with the generation methods (contract v3).
+2. BEFORE: the held-out loss of the bundled user text's held-out part (`evaluate_program`) and a greedy
+   generation for a fixed prompt (`generate`), with the program's initial adapter (LoRA B = 0: the
+   pretrained model itself).
+3. Personalize: the user text (toolchain/assets/user_text.txt, a keeper's log of an invented
+   lighthouse) as rows through `toolchain.text_data` (what `toolchain data` writes), trained on the
+   program's methods by the program trainer (`ProgramTrainer`, what `toolchain train --program` runs);
+   every `eval_every` steps the held-out loss of the live state, the array the trainer is updating.
+4. AFTER: the held-out loss and the same greedy generation with the trained state.
+
+Everything runs on one runner (ExecuTorch unless `target` says otherwise); nothing is re-exported and
+no adapter file is written between training, eval and generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolchain.errors import BadInput
+
+__all__ = ["DemoConfig", "DemoResult", "ASSETS", "USER_TEXT", "USER_HELD_OUT", "export_demo", "run_demo",
+           "sparkline", "current_program"]
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+USER_TEXT = ASSETS / "user_text.txt"
+USER_HELD_OUT = ASSETS / "user_text_held_out.txt"
+PROMPT = "Thursday. Wind from the"
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Args:
+        model: what to export (`demo`: the bundled pretrained model; a checkpoint directory works too).
+        steps: training steps (one row of `seq_len` tokens each).
+        lr: AdamW learning rate.
+        rank / alpha: LoRA (all seven projections of every layer).
+        seq_len: the program's T (rows and generation: prompt + new tokens <= T).
+        lcsb_k: backprop through k layers per step (cycling); None: every layer.
+        prompt / max_new_tokens: the fixed greedy generation before and after.
+        eval_every: held-out loss of the live state every this many steps (0: only before and after).
+        target / threads: runtime (default: the program's first host-runnable target, ExecuTorch) and its threads.
+        user_text / held_out: the text to personalize on and its held-out part.
+    """
+
+    model: str = "demo"
+    steps: int = 120
+    lr: float = 3e-3
+    rank: int = 8
+    alpha: int = 16
+    seq_len: int = 128
+    lcsb_k: int | None = None
+    prompt: str = PROMPT
+    max_new_tokens: int = 80
+    eval_every: int = 20
+    target: str | None = None
+    threads: int | None = None
+    user_text: Path = USER_TEXT
+    held_out: Path = USER_HELD_OUT
+    seed: int = 0
+
+
+@dataclass
+class DemoResult:
+    program: Path
+    backend: str
+    rows: int
+    held_out_rows: int
+    before_loss: float
+    after_loss: float
+    before_text: str
+    after_text: str
+    losses: list[float]
+    eval_curve: list[tuple[int, float]] = field(default_factory=list)   # (step, held-out loss of the live state)
+    seconds: dict[str, float] = field(default_factory=dict)
+    peak_anon_mib: float | None = None
+
+
+def current_program(out: Path, model: str, seq_len: int) -> bool:
+    """An export from an earlier demo run of this model and seq_len, in this toolchain's manifest format."""
+    import json
+
+    from toolchain.export.manifest import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
+
+    try:
+        m = json.loads((out / MANIFEST_NAME).read_text())
+        return (m.get("schema_version") == MANIFEST_SCHEMA_VERSION and m["model"]["source"] == model
+                and m["seq_len"] == seq_len and "block_decode" in json.dumps(m.get("methods", {})))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return False
+
+
+def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] | None = None) -> dict:
+    """Export `cfg.model` with the byte tokenizer, fp32 weights, AdamW and the generation methods."""
+    from toolchain.export.build import ExportSpec, export_program
+    from toolchain.export.program import OptimizerSpec, QuantSpec
+    from toolchain.lcsb.plan import make_plan
+    from toolchain.lora import LoraConfig, init_lora
+    from toolchain.models import load_model
+    from toolchain.tokenizer import ByteTokenizer
+
+    arch, weights = load_model(cfg.model)
+    tok = ByteTokenizer()
+    if arch.vocab != tok.vocab:
+        raise BadInput(f"the demo runs byte-tokenizer models (vocab {tok.vocab}); {cfg.model} has vocab {arch.vocab}")
+    lora_cfg = LoraConfig(rank=cfg.rank, alpha=cfg.alpha)
+    plan = None if cfg.lcsb_k is None else make_plan(arch.layers, cfg.lcsb_k, "cyclic")
+    spec = ExportSpec(source=cfg.model, init="pretrained", seed=cfg.seed, seq_len=cfg.seq_len, quant=QuantSpec("none"),
+                      optimizer=OptimizerSpec("adamw", weight_decay=0.0), plan=plan, default_lr=cfg.lr,
+                      tokenizer_kind="byte", pad_token_id=tok.PAD, eos_token_id=tok.EOS, tokenizer_json=tok.to_json(),
+                      generation=True)
+    return export_program(arch, weights, lora_cfg, init_lora(arch, lora_cfg, seed=cfg.seed), spec, out,
+                          on_stage=on_stage)
+
+
+def _examples(rows: list[dict], arch, path: Path):
+    """Rows written as JSONL (what `toolchain data` writes) and read back through the data file checks."""
+    from toolchain.dataset import load_examples
+    from toolchain.text_data import write_rows
+
+    write_rows(path, rows)
+    return load_examples(path, arch)
+
+
+def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None] | None = None,
+             on_phase: Callable[[str], None] | None = None) -> DemoResult:
+    """Run the demo on the program in `out` (export it first with `export_demo`). Writes the rows, the held-out
+    rows and the telemetry beside it (`{out}.rows.jsonl`, `{out}.held-out.jsonl`, `{out}.telemetry.jsonl`)."""
+    import torch
+
+    from toolchain.memory.measure import MIB, measure_peak
+    from toolchain.runtime import ProgramDir
+    from toolchain.runtime.evaluate import evaluate_program
+    from toolchain.runtime.generate import generate
+    from toolchain.runtime.runners import open_runner
+    from toolchain.text_data import make_rows, program_text
+    from toolchain.training.program import ProgramTrainer, TrainRun
+
+    phase = on_phase or (lambda _s: None)
+    seconds: dict[str, float] = {}
+    pdir = ProgramDir(out)
+    ptext = program_text(out)                 # the program's own tokenizer (tokenizer.json), T, vocabulary
+    tok = ptext.tokenizer
+    side = lambda suffix: out.parent / f"{out.name}.{suffix}"  # noqa: E731
+    train = _examples(make_rows(ptext, text=cfg.user_text), pdir.arch, side("rows.jsonl"))
+    held = _examples(make_rows(ptext, text=cfg.held_out), pdir.arch, side("held-out.jsonl"))
+    prompt_ids = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(cfg.prompt, allow_special=False)
+    if len(prompt_ids) + cfg.max_new_tokens > pdir.seq_len:
+        raise BadInput(f"the prompt ({len(prompt_ids)} tokens) + {cfg.max_new_tokens} new tokens do not fit in "
+                       f"seq_len {pdir.seq_len}")
+
+    t0 = time.perf_counter()
+    runner = open_runner(pdir, cfg.target, threads=cfg.threads, use="all")
+    seconds["load"] = time.perf_counter() - t0
+
+    def held_loss(state) -> float:
+        return float(evaluate_program(pdir, runner, state, held)["loss"])
+
+    def text_of(state) -> str:
+        res = generate(pdir, runner, state, prompt_ids, cfg.max_new_tokens, stop_ids=[tok.eos_id])
+        return tok.decode(res.output_ids)
+
+    state0 = pdir.state_init()
+    phase("before: eval + generate")
+    t0 = time.perf_counter()
+    before_loss, before_text = held_loss(state0), text_of(state0)
+    seconds["before"] = time.perf_counter() - t0
+
+    plan = None if cfg.lcsb_k is None else pdir.default_plan()
+    run = TrainRun(steps=cfg.steps, lr=cfg.lr, shuffle_seed=cfg.seed, telemetry=side("telemetry.jsonl"), plan=plan)
+    trainer = ProgramTrainer(pdir, runner, train, run)
+    curve: list[tuple[int, float]] = [(0, before_loss)]
+
+    def step_done(entry) -> None:
+        if on_step is not None:
+            on_step(entry.step, entry.loss)
+        if cfg.eval_every and entry.step % cfg.eval_every == 0 and entry.step < cfg.steps:
+            curve.append((entry.step, held_loss(trainer.state)))   # the live state, mid-run
+
+    phase("personalize")
+    t0 = time.perf_counter()
+    with measure_peak() as peak:
+        result = trainer.run(on_step=step_done)
+    seconds["train"] = time.perf_counter() - t0
+    state = result.state
+    assert isinstance(state, torch.Tensor)
+    phase("after: eval + generate")
+    t0 = time.perf_counter()
+    after_loss, after_text = held_loss(state), text_of(state)
+    seconds["after"] = time.perf_counter() - t0
+    curve.append((cfg.steps, after_loss))
+    return DemoResult(program=out, backend=runner.backend, rows=len(train), held_out_rows=len(held),
+                      before_loss=before_loss, after_loss=after_loss, before_text=before_text, after_text=after_text,
+                      losses=[float("nan") if x is None else float(x) for x in result.losses], eval_curve=curve,
+                      seconds=seconds, peak_anon_mib=(peak.peak_anon_bytes - peak.anon_before_bytes) / MIB)
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """`values` averaged into at most `width` buckets, one block character each (low to high)."""
+    vals = [v for v in values if v == v]
+    if not vals:
+        return ""
+    n = len(values)
+    buckets = []
+    for i in range(min(width, n)):
+        chunk = [v for v in values[i * n // min(width, n):(i + 1) * n // min(width, n)] if v == v]
+        if chunk:
+            buckets.append(sum(chunk) / len(chunk))
+    lo, hi = min(buckets), max(buckets)
+    span = (hi - lo) or 1.0
+    return "".join(_BARS[min(len(_BARS) - 1, int((b - lo) / span * len(_BARS)))] for b in buckets)
