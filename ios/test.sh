@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # iOS checks that run on Linux (CI and developers' machines):
-#   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot);
+#   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot), including
+#      the replay of the recorded v3 trace (shared_schemas/traces/v3_tiny) through the Swift layer loop
+#      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, and the
 #      app's ExecuTorch and Core ML runtimes type-checked against stand-ins of those frameworks;
-#   3. the scripts/ios tests (a fake xcrun on PATH).
+#   3. the scripts/ios tests (a fake xcrun on PATH);
+#   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the trace.
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
 # failure. Needs root the first time (debootstrap + mount + chroot; ~3 minutes, 3.2 GB under
 # /var/cache/toolchain-swift, override with SWIFT_CHROOT); later runs reuse the chroot and the build
@@ -29,7 +32,20 @@ fi
 exec 9>"$SWIFT_CHROOT.lock"
 flock 9
 
-# --- 1. TrainerCore: build (cached in the chroot), then run the XCTest suite.
+# --- 0. What the tokenizer test compares against, made now rather than committed (4.6 MB): the Qwen2.5
+# tokenizer.json as the toolchain ships it and the Python decodes (ios/hostcheck/tokenizer_reference.py),
+# into the chroot's /tmp/trainercore-qwen. Without the project's .venv the tokenizer tests fail and say so.
+QWEN_REF="$SWIFT_CHROOT/tmp/trainercore-qwen"
+rm -rf "$QWEN_REF"
+if [ -x "$REPO/.venv/bin/python" ]; then
+    (cd "$REPO" && .venv/bin/python ios/hostcheck/tokenizer_reference.py "$QWEN_REF") >"$LOG_DIR/tokenizer-ref.log" 2>&1 \
+        || echo "ios: the tokenizer reference could not be made (log $LOG_DIR/tokenizer-ref.log); the tokenizer tests will fail"
+else
+    echo "ios: no .venv (make test sets it up); the tokenizer tests will fail"
+fi
+
+# --- 1. TrainerCore: build (cached in the chroot), then run the XCTest suite (with the v3 trace replay
+# of shared_schemas/traces/v3_tiny and the tokenizer corpus comparison).
 # The build directory lives in the chroot, keyed by nothing but /repo, so re-runs are incremental.
 SCRATCH=/var/cache/trainercore-build
 swift_chroot_run "$REPO" sh -c "cd ios/TrainerCore && swift build --build-tests -j $JOBS --scratch-path $SCRATCH \
@@ -71,12 +87,12 @@ swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
     for m in ExecuTorch CoreML; do
         swiftc -parse-as-library -emit-module -module-name \$m -emit-module-path $TC_OUT/\$m.swiftmodule ios/typecheck/\$m.swift
     done
-    for f in ExecuTorchRuntime CoreMLRuntime; do
+    for f in ExecuTorchRuntime ExecuTorchLoopRuntime CoreMLRuntime; do
         if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
         else echo \"TYPECHECK-FAIL \$f\"; echo \"\$out\" | head -30; fi
     done" >"$LOG_DIR/typecheck.log" 2>&1
 tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
-tc_failed=$((2 - tc_passed))
+tc_failed=$((3 - tc_passed))
 [ "$tc_failed" != 0 ] && grep -v "^TYPECHECK-OK " "$LOG_DIR/typecheck.log" | head -40
 echo "Runtime type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
 passed=$((passed + tc_passed))
@@ -94,6 +110,19 @@ grep -E "^FAIL" "$LOG_DIR/scripts.log" | head -20
 echo "scripts/ios: $s_passed passed, $s_failed failed (log $LOG_DIR/scripts.log)"
 passed=$((passed + s_passed))
 failed=$((failed + s_failed))
+
+# --- 4. The app's ExecuTorch call pattern (the stock C++ Module, per-method arenas, set_input/execute)
+# as the runtime of the v3 layer loop, against the recorded trace (ios/hostcheck; ~10 s, needs g++ and
+# the .venv's executorch wheel).
+if [ -x "$REPO/.venv/bin/python" ] && command -v g++ >/dev/null 2>&1; then
+    (cd "$REPO" && .venv/bin/python ios/hostcheck/check.py) >"$LOG_DIR/hostcheck.log" 2>&1
+    if grep -q "^hostcheck: ok" "$LOG_DIR/hostcheck.log"; then h_passed=1; h_failed=0; else h_passed=0; h_failed=1; tail -20 "$LOG_DIR/hostcheck.log"; fi
+else
+    echo "ios: hostcheck needs the .venv and g++"; h_passed=0; h_failed=1
+fi
+echo "hostcheck (C++ Module vs trace): $h_passed passed, $h_failed failed (log $LOG_DIR/hostcheck.log)"
+passed=$((passed + h_passed))
+failed=$((failed + h_failed))
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -5,6 +5,7 @@ train_log.json) to toolchain/assets/demo_model/ (what `--model demo` loads).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_demo_model.py            # the committed model
     .venv/bin/python scripts/pretrain_demo_model.py --steps 50 --out /tmp/m      # a quick check
+    .venv/bin/python scripts/pretrain_demo_model.py --make-corpus DIR --steps 0  # only rebuild the corpus
 
 The corpus (toolchain/assets/demo_corpus.txt) is rebuilt from the Canterbury-corpus files that PyPI's
 `brotli` sdist ships with `--make-corpus DIR` (DIR: its tests/testdata); see toolchain/assets/README.md.
@@ -92,6 +93,9 @@ def main() -> None:
 
     if args.make_corpus is not None:
         CORPUS.write_text(make_corpus(args.make_corpus))
+        print(f"wrote {CORPUS}")
+    if args.steps < 1:
+        return  # --steps 0: only (re)build the corpus
     text = CORPUS.read_text()
     train_parts, held_parts = split(text)
     tok = ByteTokenizer()

@@ -1,18 +1,23 @@
-"""Run the iOS app's ExecuTorch path (module_check.cpp: the stock C++ `Module` as the Swift `Module`
-builds and calls it, driven as TrainerCore drives manifest schema_version 2) on this host, and
-compare it with the host runner (ExecutorchRunner + ProgramDir.call_train_method).
+"""Run the iOS app's ExecuTorch path on this host (contract v3) and compare it with the recorded trace.
 
-    .venv/bin/python ios/hostcheck/check.py PROGRAM_DIR [--steps 6]
-    .venv/bin/python ios/hostcheck/check.py --make-program DIR [--steps 6]   # export a small one first
+module_check.cpp is the stock C++ `Module` as the Swift `Module` builds and calls it (LoadMode::Mmap,
+so one arena per loaded method; set_input per index, then execute(method)); this script makes it the
+runtime of the v3 layer loop (toolchain/runtime/loop.py, the loop TrainerCore's LayerLoop replays bit
+for bit in ios/test.sh) and runs what the trace's steps did: the train steps (full and LCSB chosen at
+run time, AdamW with skip updates), the eval pass and greedy generation with the KV cache. Checks: every
+step's loss and state sha256, the final state, the eval loss and the generated ids equal the trace's
+(recorded on the Python bindings' runtime, one shared arena).
 
-Checks: per-step losses equal as float32, final state bit-identical, the state moved, and (LCSB)
-a phase method only changed the entries it returned. Exit 0 when all hold. Needs g++ and the venv.
+    .venv/bin/python ios/hostcheck/check.py [TRACE_DIR]      # default shared_schemas/traces/v3_tiny
+
+Needs g++ and the venv (the executorch wheel's headers and libexecutorch.so). Exit 0 when all hold.
 """
 
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,6 +26,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+DTYPES = {0: np.float32, 1: np.int64, 2: np.uint8, 3: np.int8}
 
 
 def build(binary: Path) -> None:
@@ -35,105 +44,104 @@ def build(binary: Path) -> None:
     subprocess.run(cmd, check=True)
 
 
-def make_program(out: Path) -> None:
-    """A small SGD program with two LCSB phases (one layer each): phase methods return subsets."""
-    from toolchain.export.build import ExportSpec, export_program
-    from toolchain.export.program import QuantSpec
-    from toolchain.lcsb.plan import make_plan
-    from toolchain.lora import LoraConfig, init_lora
-    from toolchain.models import Qwen25Arch, random_weights
+class AppModuleRunner:
+    """`execute(method, inputs) -> outputs` over the module_check process (the app's C++ Module)."""
 
-    arch = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
-    cfg = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
-    spec = ExportSpec(source="hostcheck", init="random", seed=3, seq_len=16, quant=QuantSpec("int4", 16),
-                      plan=make_plan(arch.layers, 1, "cyclic"), pad_token_id=0)
-    export_program(arch, random_weights(arch, seed=3), cfg, init_lora(arch, cfg, seed=4, zero_b=False), spec, out)
+    def __init__(self, binary: Path, pte: Path, methods: list[str]) -> None:
+        self.proc = subprocess.Popen([str(binary), str(pte), *methods], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.calls = 0
+
+    def execute(self, method: str, inputs):
+        import torch
+
+        codes = {torch.float32: 0, torch.int64: 1, torch.uint8: 2, torch.int8: 3}
+        msg = [struct.pack("<I", len(method)), method.encode(), struct.pack("<I", len(inputs))]
+        for t in inputs:
+            b = t.detach().contiguous().numpy().tobytes()
+            msg += [struct.pack("<BI", codes[t.dtype], t.dim()), struct.pack(f"<{t.dim()}i", *t.shape), struct.pack("<Q", len(b)), b]
+        self.proc.stdin.write(b"".join(msg))
+        self.proc.stdin.flush()
+        read = self.proc.stdout.read
+        status, n = struct.unpack("<II", read(8))
+        if status != 0:
+            raise RuntimeError(f"{method}: ExecuTorch error 0x{status:x} in the app's Module")
+        outs = []
+        for _ in range(n):
+            dtype, ndim = struct.unpack("<BI", read(5))
+            shape = struct.unpack(f"<{ndim}i", read(4 * ndim))
+            (nbytes,) = struct.unpack("<Q", read(8))
+            outs.append(torch.from_numpy(np.frombuffer(read(nbytes), dtype=DTYPES[dtype]).copy().reshape(shape)))
+        self.calls += 1
+        return outs
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
 
 
 def main() -> int:
-    raise SystemExit(
-        "ios/hostcheck replays contract v2 programs (whole-step train methods, manifest schema_version 2); the "
-        "toolchain now exports contract v3 (layer-generic methods) and the Swift TrainerCore moves to v3 with the apps "
-        "(issue 16). Until then this check cannot run against a current export.")
-    ap = argparse.ArgumentParser()
-    ap.add_argument("program", type=Path, nargs="?")
-    ap.add_argument("--make-program", type=Path, default=None)
-    ap.add_argument("--steps", type=int, default=6)
-    args = ap.parse_args()
-    if args.make_program:
-        make_program(args.make_program)
-        args.program = args.make_program
-    if args.program is None:
-        ap.error("give PROGRAM_DIR or --make-program DIR")
-
     import torch
 
-    from toolchain.runtime import ProgramDir
-    from toolchain.runtime.executorch_runner import ExecutorchRunner
-    from toolchain.training import pad_example
     from toolchain.dataset import Example
+    from toolchain.runtime import ProgramDir
+    from toolchain.runtime.evaluate import evaluate_program
+    from toolchain.runtime.generate import generate
+    from toolchain.runtime.loop import LayerLoop
 
-    pdir = ProgramDir(args.program)
-    pte = pdir.program_file("executorch")
-    m = pdir.manifest
-    lr = float(m["optimizer"].get("default_lr") or 1e-4) * 100       # large enough to move the state visibly
-    g = torch.Generator().manual_seed(0)
-    vocab = m["model"]["arch"]["vocab"]
-    steps = []
-    for s in range(args.steps):
-        method, _ = pdir.method_for_step(s)
-        t = pdir.seq_len - (s % 3)
-        ids = torch.randint(0, vocab, (t,), generator=g)
-        ids, labels = pad_example(Example(ids, ids.clone()), pdir.seq_len, m["tokenizer"]["pad_token_id"], "row")
-        steps.append((method, ids, labels))
-    entries = m["state"]["entries"]
+    trace_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "shared_schemas/traces/v3_tiny"
+    trace = json.loads((trace_dir / "trace.json").read_text())
+    pdir = ProgramDir(trace_dir / trace["program"])
+    pte = pdir.path / pdir.manifest["programs"][0]["file"]
+    if not pte.exists():
+        print(f"hostcheck: {pte} is not in the trace (large programs ship without it); re-record with the .pte")
+        return 2
+    sha = lambda t: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()  # noqa: E731
+    pad, s = trace["pad_token_id"], trace["seq_len"]
 
+    def padded(row):
+        ids = torch.full((s,), pad, dtype=torch.int64)
+        labels = torch.full((s,), -100, dtype=torch.int64)
+        ids[:len(row["input_ids"])] = torch.tensor(row["input_ids"])
+        labels[:len(row["labels"])] = torch.tensor(row["labels"])
+        return ids, labels
+
+    report: dict = {"trace": str(trace_dir), "steps": []}
+    ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        binary = tmp / "module_check"
+        binary = Path(tmp) / "module_check"
         build(binary)
-        plan = [f"entries {len(entries)}"]
-        plan += [f"{e['name']} {e['offset']} {len(e['shape'])} {' '.join(map(str, e['shape']))}" for e in entries]
-        plan.append(f"methods {len(pdir.train_methods())}")
-        for name in pdir.train_methods():
-            outs = [o["name"] for o in pdir.method(name)["outputs"][1:]]
-            plan.append(f"{name} {len(outs)} {' '.join(outs)}")
-        for method, ids, labels in steps:
-            plan.append(f"{method} {lr!r} {len(ids)} {' '.join(map(str, ids.tolist()))} {' '.join(map(str, labels.tolist()))}")
-        (tmp / "plan.txt").write_text("\n".join(plan) + "\n")
-        initial = pdir.state_init()
-        initial.numpy().astype("<f4").tofile(tmp / "state_in.bin")
-        out = subprocess.run([str(binary), str(pte), str(tmp / "plan.txt"),
-                              str(tmp / "state_in.bin"), str(tmp / "state_out.bin")],
-                             check=True, capture_output=True, text=True).stdout
-        app_losses = [float(line.split()[2]) for line in out.splitlines() if line.startswith("loss ")]
-        app_state = np.fromfile(tmp / "state_out.bin", dtype="<f4")
-
-    runner = ExecutorchRunner(pte, pdir.train_methods())
-    state = pdir.state_init()
-    host_losses, untouched_ok = [], True
-    for method, ids, labels in steps:
-        before = state.clone()
-        host_losses.append(pdir.call_train_method(runner.execute, method, ids, labels, lr, state))
-        returned = {o["name"] for o in pdir.method(method)["outputs"][1:]}
-        for e in entries:
-            sl = slice(e["offset"], e["offset"] + int(np.prod(e["shape"])))
-            if e["name"] not in returned and not torch.equal(before[sl], state[sl]):
-                untouched_ok = False
-    host_state = state.numpy()
-    report = {
-        "program": str(args.program), "optimizer": m["optimizer"]["kind"], "lcsb": m["lcsb"],
-        "methods": {n: len(pdir.method(n)["outputs"]) - 1 for n in pdir.train_methods()},
-        "entries": len(entries), "numel": pdir.state_numel,
-        "app_losses": app_losses, "host_losses": host_losses,
-        # %.9g round-trips float32 exactly: compare as float32.
-        "losses_equal": [np.float32(x) for x in app_losses] == [np.float32(x) for x in host_losses],
-        "max_state_diff": float(np.abs(app_state - host_state).max()),
-        "state_moved": bool(np.abs(app_state - initial.numpy()).max() > 0),
-        "unreturned_entries_untouched": untouched_ok,
-    }
+        runner = AppModuleRunner(binary, pte, list(pdir.info.methods))
+        try:
+            loop = LayerLoop(pdir, runner)
+            state = pdir.state_init()
+            ok &= sha(state) == trace["initial_state_sha256"]
+            lr = float(trace["lr"])
+            for step in trace["steps"]:
+                if step["kind"] == "train":
+                    ids, labels = padded(trace["rows"][step["row"]])
+                    loss = loop.train_step(ids, labels, lr, state, selected=step["selected"])
+                    same = (np.float32(loss) == np.float32(step["loss"]), sha(state) == step["state_sha256"])
+                    report["steps"].append({"train": step["step"], "selected": step["selected"], "loss": loss,
+                                            "loss_equal": bool(same[0]), "state_equal": same[1]})
+                    ok &= all(same)
+                elif step["kind"] == "eval":
+                    rows = [Example(*padded(trace["eval_rows"][i])) for i in step["rows"]]
+                    ev = evaluate_program(pdir, runner, state, rows, loop=loop)
+                    same = abs(ev["loss"] - step["loss"]) <= 1e-12 * abs(step["loss"]) and ev["tokens"] == step["tokens"]
+                    report["steps"].append({"eval": ev["loss"], "equal": same})
+                    ok &= same
+                else:
+                    gen = generate(pdir, runner, state, step["prompt_ids"], step["max_new_tokens"], loop=loop)
+                    same = gen.output_ids == step["output_ids"]
+                    report["steps"].append({"generate": gen.output_ids, "equal": same})
+                    ok &= same
+            final = sha(state) == trace["final_state_sha256"]
+            ok &= final
+            report.update(calls=runner.calls, recorded_calls=len(trace["calls"]), final_state_equal=final)
+            ok &= runner.calls == len(trace["calls"])
+        finally:
+            runner.close()
     print(json.dumps(report, indent=2))
-    ok = report["losses_equal"] and report["max_state_diff"] == 0.0 and report["state_moved"] and untouched_ok
     print("hostcheck:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -1,120 +1,121 @@
-// The iOS app's ExecuTorch path, in C++ on Linux against the executorch wheel's libexecutorch.so:
-// the stock extension `Module`, constructed as the Swift `Module(filePath:loadMode: .mmap)` builds
-// it (ExecuTorchModule.mm: Module(path, data_files = {}, LoadMode::Mmap), so per-method memory
-// arenas), and called as its `execute(_:_:)` calls it (set_input per index, then execute(method)).
-// The state is driven as TrainerCore.Trainer drives it (manifest schema_version 2): inputs = ids,
-// labels, lr, every state entry's slice (copied into a tensor, as `Tensor<Float>(bytes:shape:)`
-// does); each output after the loss copied into its entry's slice by name. check.py writes the
-// plan and compares the result with the host runner.
+// The iOS app's ExecuTorch path (contract v3), in C++ on Linux against the executorch wheel's
+// libexecutorch.so: the stock extension `Module`, constructed as the Swift
+// `Module(filePath:loadMode: .mmap)` builds it (ExecuTorchModule.mm: Module(path, data_files = {},
+// LoadMode::Mmap), so one memory arena per loaded method, as on the phone), every method loaded up
+// front, and each call made as its `execute(_:_:)` makes it: `set_input` per index, then
+// `execute(method)`. Inputs are wrapped without copying (`from_blob`, what `Tensor(bytesNoCopy:)`
+// does): the weights file's bytes, the state's slices, the loop's activations, as TrainerCore's
+// LayerLoop hands them over. check.py drives the v3 layer loop (toolchain/runtime/loop.py) with this
+// process as the runtime and compares with the Python bindings' runtime and the recorded trace.
 //
-//   module_check MODEL.pte PLAN.txt STATE_IN.bin STATE_OUT.bin
-// PLAN.txt: "entries N", N x "name offset ndim dims...", "methods M", M x "name n_out out_names...",
-//           then one line per step: "method lr T ids... labels...".
-// Prints "loss STEP VALUE" per step; writes the final state (raw float32).
-#include <algorithm>
+//   module_check MODEL.pte METHOD...
+// Then, on stdin, any number of requests; each answered on stdout:
+//   request:  u32 name_len, name, u32 n_inputs, n_inputs x tensor
+//   response: u32 status (0 ok, else the ExecuTorch error), u32 n_outputs, n_outputs x tensor
+//   tensor:   u8 dtype (0 float32, 1 int64, 2 uint8, 3 int8), u32 ndim, ndim x i32 sizes, u64 nbytes, bytes
+// All little-endian.
+#include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <map>
 #include <string>
 #include <vector>
 
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
+using executorch::aten::ScalarType;
 using executorch::aten::SizesType;
-using executorch::extension::make_tensor_ptr;
+using executorch::extension::from_blob;
 using executorch::extension::Module;
 using executorch::extension::TensorPtr;
 using executorch::runtime::EValue;
 using executorch::runtime::Error;
 
-struct Entry {
-  size_t offset = 0, numel = 1;
-  std::vector<SizesType> shape;
-};
+static bool read_all(void* p, size_t n) { return n == 0 || std::fread(p, 1, n, stdin) == n; }
+static void write_all(const void* p, size_t n) { if (n) std::fwrite(p, 1, n, stdout); }
+template <typename T> static bool rd(T& v) { return read_all(&v, sizeof v); }
+template <typename T> static void wr(const T& v) { write_all(&v, sizeof v); }
 
-static int fail(const std::string& what, Error e) {
-  std::cerr << what << " (ExecuTorch error 0x" << std::hex << static_cast<unsigned>(e) << ")\n";
-  return 1;
+static ScalarType scalar(uint8_t code) {
+  switch (code) {
+    case 0: return ScalarType::Float;
+    case 1: return ScalarType::Long;
+    case 2: return ScalarType::Byte;
+    default: return ScalarType::Char;
+  }
+}
+
+static uint8_t code(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return 0;
+    case ScalarType::Long: return 1;
+    case ScalarType::Byte: return 2;
+    default: return 3;
+  }
+}
+
+static void answer_error(Error e) {
+  wr(static_cast<uint32_t>(e) == 0 ? uint32_t(1) : static_cast<uint32_t>(e));
+  wr(uint32_t(0));
+  std::fflush(stdout);
 }
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::cerr << "usage: module_check MODEL.pte PLAN.txt STATE_IN.bin STATE_OUT.bin\n";
+  if (argc < 3) {
+    std::cerr << "usage: module_check MODEL.pte METHOD...\n";
     return 2;
   }
-  std::ifstream plan(argv[2]);
-  std::string word;
-  size_t n = 0;
-  plan >> word >> n;
-  std::vector<std::string> order(n);
-  std::map<std::string, Entry> entries;
-  size_t numel = 0;
-  for (auto& name : order) {
-    Entry e;
-    size_t ndim = 0;
-    plan >> name >> e.offset >> ndim;
-    e.shape.resize(ndim);
-    for (auto& d : e.shape) {
-      plan >> d;
-      e.numel *= static_cast<size_t>(d);
-    }
-    numel = std::max(numel, e.offset + e.numel);
-    entries[name] = e;
-  }
-  plan >> word >> n;
-  std::map<std::string, std::vector<std::string>> outputs;
-  for (size_t i = 0; i < n; ++i) {
-    std::string method;
-    size_t k = 0;
-    plan >> method >> k;
-    outputs[method].resize(k);
-    for (auto& o : outputs[method]) plan >> o;
-  }
-  std::vector<float> state(numel);
-  std::ifstream(argv[3], std::ios::binary).read(reinterpret_cast<char*>(state.data()),
-                                                 static_cast<std::streamsize>(numel * sizeof(float)));
-
   Module module(argv[1], std::vector<std::string>{}, Module::LoadMode::Mmap);
-  if (auto e = module.load(); e != Error::Ok) return fail("load", e);
-  for (const auto& [method, _] : outputs) {
-    if (auto e = module.load_method(method); e != Error::Ok) return fail("load_method " + method, e);
+  if (auto e = module.load(); e != Error::Ok) {
+    std::cerr << "load failed: 0x" << std::hex << static_cast<unsigned>(e) << "\n";
+    return 1;
   }
-
-  std::string method;
-  float lr;
-  size_t t;
-  for (int step = 0; plan >> method >> lr >> t; ++step) {
-    std::vector<int64_t> ids(t), labels(t);
-    for (auto& x : ids) plan >> x;
-    for (auto& x : labels) plan >> x;
+  for (int i = 2; i < argc; ++i) {
+    if (auto e = module.load_method(argv[i]); e != Error::Ok) {
+      std::cerr << "load_method " << argv[i] << " failed: 0x" << std::hex << static_cast<unsigned>(e) << "\n";
+      return 1;
+    }
+  }
+  for (;;) {
+    uint32_t len = 0;
+    if (!rd(len)) return 0;  // end of requests
+    std::string method(len, '\0');
+    uint32_t n = 0;
+    if (!read_all(method.data(), len) || !rd(n)) return 1;
+    std::vector<std::vector<uint8_t>> storage(n);
     std::vector<TensorPtr> inputs;
-    inputs.push_back(make_tensor_ptr({static_cast<SizesType>(t)}, ids));
-    inputs.push_back(make_tensor_ptr({static_cast<SizesType>(t)}, labels));
-    inputs.push_back(make_tensor_ptr({1}, std::vector<float>{lr}));
-    for (const auto& name : order) {
-      const auto& e = entries[name];
-      inputs.push_back(make_tensor_ptr(e.shape, std::vector<float>(state.begin() + e.offset,
-                                                                   state.begin() + e.offset + e.numel)));
+    for (uint32_t i = 0; i < n; ++i) {
+      uint8_t dtype = 0;
+      uint32_t ndim = 0;
+      uint64_t nbytes = 0;
+      if (!rd(dtype) || !rd(ndim)) return 1;
+      std::vector<SizesType> sizes(ndim);
+      for (auto& s : sizes) {
+        int32_t v = 0;
+        if (!rd(v)) return 1;
+        s = static_cast<SizesType>(v);
+      }
+      if (!rd(nbytes)) return 1;
+      storage[i].resize(nbytes);
+      if (!read_all(storage[i].data(), nbytes)) return 1;
+      inputs.push_back(from_blob(storage[i].data(), sizes, scalar(dtype)));
     }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (auto e = module.set_input(method, EValue(*inputs[i]), i); e != Error::Ok) return fail("set_input", e);
-    }
+    Error err = Error::Ok;
+    for (size_t i = 0; i < inputs.size() && err == Error::Ok; ++i) err = module.set_input(method, EValue(*inputs[i]), i);
+    if (err != Error::Ok) { answer_error(err); continue; }
     const auto result = module.execute(method);
-    if (!result.ok()) return fail(method, result.error());
+    if (!result.ok()) { answer_error(result.error()); continue; }
     const auto& outs = result.get();
-    const auto& names = outputs[method];
-    if (outs.size() != names.size() + 1) return fail(method + ": output count", Error::InvalidProgram);
-    std::printf("loss %d %.9g\n", step, outs[0].toTensor().const_data_ptr<float>()[0]);
-    for (size_t i = 0; i < names.size(); ++i) {
-      const auto& e = entries.at(names[i]);
-      const auto& out = outs[i + 1].toTensor();
-      if (static_cast<size_t>(out.numel()) != e.numel) return fail(names[i] + ": size", Error::InvalidProgram);
-      std::copy(out.const_data_ptr<float>(), out.const_data_ptr<float>() + e.numel, state.begin() + e.offset);
+    wr(uint32_t(0));
+    wr(static_cast<uint32_t>(outs.size()));
+    for (const auto& v : outs) {
+      const auto& t = v.toTensor();
+      wr(code(t.scalar_type()));
+      wr(static_cast<uint32_t>(t.dim()));
+      for (auto s : t.sizes()) wr(static_cast<int32_t>(s));
+      wr(static_cast<uint64_t>(t.nbytes()));
+      write_all(t.const_data_ptr(), t.nbytes());
     }
+    std::fflush(stdout);
   }
-  std::ofstream(argv[4], std::ios::binary).write(reinterpret_cast<const char*>(state.data()),
-                                                 static_cast<std::streamsize>(state.size() * sizeof(float)));
-  return 0;
 }

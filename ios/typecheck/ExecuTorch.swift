@@ -5,11 +5,14 @@
 // Only for type-checking ios/App/Sources/Runtime/ExecuTorchRuntime.swift on Linux (ios/test.sh); the
 // app links the real package. Bodies are placeholders.
 
-public enum DataType { case float, long }
+public enum DataType { case float, long, byte, char }
 
 public protocol Scalar { static var dataType: DataType { get } }
 extension Float: Scalar { public static var dataType: DataType { .float } }
 extension Int64: Scalar { public static var dataType: DataType { .long } }
+// ExecuTorch+Tensor.swift: `extension UInt8: Scalar` (.byte), `extension Int8: Scalar` (.char)
+extension UInt8: Scalar { public static var dataType: DataType { .byte } }
+extension Int8: Scalar { public static var dataType: DataType { .char } }
 
 public enum ShapeDynamism { case `static`, dynamicBound, dynamicUnbound }
 

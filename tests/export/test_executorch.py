@@ -333,3 +333,24 @@ def test_xnnpack_takes_only_weight_matmuls():
                  if _matmul_flops(n) > 0}
         assert taken == with_weight, name
         assert not xnnpack_partitioner(weights, min_flops=0, max_packed_bytes=0).generate_partitions(ep)
+
+
+@pytest.mark.parametrize("quant", ["none", "int4"])
+def test_program_with_xnnpack_delegates_trains_like_eager(tmp_path_factory, monkeypatch, quant):
+    """The lowering path at full use: with the FLOP threshold at 0 every weight matmul of the tiny methods is
+    an XNNPACK delegate (the 3-layer test programs have none otherwise: all below 16 MFLOP), lowered without
+    ExecuTorch's per-partition re-sort (`_no_relegalizing_single_op_partitions`); two SGD steps on the
+    runtime equal the same methods run eagerly. SGD: AdamW's m / sqrt(v) turns the rounding of near-zero
+    gradients (XNNPACK sums in another order) into sign flips of whole updates, which says nothing about
+    the lowering."""
+    import toolchain.export.executorch as et
+
+    monkeypatch.setattr(et, "XNNPACK_MIN_FLOPS", 0.0)
+    prog, _, _ = _export(tmp_path_factory, f"xnn-{quant}", quant=quant)
+    manifest = json.loads((prog / "manifest.json").read_text())
+    assert manifest["programs"][0]["delegate"] == "xnnpack"
+    # one backend id per delegate in the flatbuffer: projections, MLP chunks and head chunks, fwd and bwd
+    assert (prog / "model.pte").read_bytes().count(b"XnnpackBackend") >= 20
+    pdir, res, ref = _run_both(prog, _examples(4, seed=11), steps=2, lr=1e-2)
+    assert res.losses == pytest.approx(ref.losses, rel=1e-5)
+    assert float((res.state - ref.state).abs().max() / ref.state.abs().max()) <= 1e-5

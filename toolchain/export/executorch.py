@@ -107,7 +107,7 @@ def _packed_bytes(arg) -> int:
         return 0
 
 
-def xnnpack_partitioner(weight_inputs: set[str], min_flops: float = XNNPACK_MIN_FLOPS,
+def xnnpack_partitioner(weight_inputs: set[str], min_flops: float | None = None,
                         max_packed_bytes: int = XNNPACK_MAX_PACKED_BYTES):
     """XNNPACK for the large weight matmuls only (see XNNPACK_MIN_FLOPS), one op per delegate, weights taken
     as runtime tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or in-graph
@@ -117,6 +117,7 @@ def xnnpack_partitioner(weight_inputs: set[str], min_flops: float = XNNPACK_MIN_
 
     Args:
         weight_inputs: names of the method's placeholders that are frozen weights (bind "weight").
+        min_flops: None: XNNPACK_MIN_FLOPS (read at call time).
     """
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -124,13 +125,14 @@ def xnnpack_partitioner(weight_inputs: set[str], min_flops: float = XNNPACK_MIN_
     class LargeMatmulPartitioner(XnnpackPartitioner):
         def generate_partitions(self, ep):
             derived = weight_derived(ep.graph, weight_inputs, set(ep.graph_signature.user_inputs))
+            least = XNNPACK_MIN_FLOPS if min_flops is None else min_flops
 
             def wanted(p) -> bool:
                 mats = [n for n in p.nodes if _matmul_flops(n) > 0]
                 if len(mats) != 1:
                     return False
                 w = _weight_operand(mats[0], derived)
-                return (w is not None and _matmul_flops(mats[0]) >= min_flops
+                return (w is not None and _matmul_flops(mats[0]) >= least
                         and _packed_bytes(w) <= max_packed_bytes)
 
             return [p for p in super().generate_partitions(ep) if wanted(p)]
@@ -158,6 +160,29 @@ def _quiet(logger_name: str):
         yield
     finally:
         log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _no_relegalizing_single_op_partitions():
+    """ExecuTorch re-sorts ("legalizes") the whole graph after fusing each partition into a delegate
+    (exir/lowered_backend_module.py: create_submodule_from_nodes), which copies every node and regenerates
+    the graph's Python code: O(nodes) per delegate, so a method's lowering costs O(nodes x delegates)
+    (a 3B block_backward: ~400 delegates in a graph of thousands of nodes). A one-op partition fused in
+    place leaves the graph topologically ordered (the call takes the op's position; its inputs are
+    before it, its users after), so the pass is skipped for those; `keep_original_order` re-sorts and
+    lints each lowered graph once afterwards. Multi-node partitions still get ExecuTorch's pass."""
+    from executorch.exir.backend import backend_api
+
+    original = backend_api.create_submodule_from_nodes
+
+    def create(gm, node_list, tag, skip_legalize_graph: bool = False):
+        return original(gm, node_list, tag, skip_legalize_graph=skip_legalize_graph or len(node_list) == 1)
+
+    backend_api.create_submodule_from_nodes = create
+    try:
+        yield
+    finally:
+        backend_api.create_submodule_from_nodes = original
 
 
 def _node_order(graph) -> dict[str, int]:
@@ -240,7 +265,8 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
         # from them left a 0.5B-width block_backward arena at 76 MB instead of 20 MB).
         note("XNNPACK")
         order = {name: _node_order(edge.exported_program(name).graph) for name in eps}
-        with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
+        with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"), \
+                _no_relegalizing_single_op_partitions():
             methods = method_specs(spec)
             edge = edge.to_backend({name: xnnpack_partitioner(_weight_placeholders(edge.exported_program(name),
                                                                                    methods[name]))

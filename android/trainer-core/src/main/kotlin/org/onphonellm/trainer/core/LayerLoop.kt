@@ -1,0 +1,209 @@
+package org.onphonellm.trainer.core
+
+import java.nio.ByteBuffer
+
+/**
+ * The runtime of a contract-v3 program: layer-generic methods, each a pure function of its inputs. The app
+ * implements it with ExecuTorch (`Module.load(path, LOAD_MODE_MMAP)`, `Tensor.fromBlob` over the direct
+ * buffers given here, `execute`); tests with a fake that replays a recorded trace. Inputs come in the
+ * manifest's order and are views (the mapped weights, the state array, the app's activations): the
+ * runtime reads them in place. Outputs, in the manifest's order, may live in the runtime's memory until
+ * its next call: the loop copies what it keeps before calling again.
+ */
+interface ProgramRuntime {
+    fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer>
+}
+
+/**
+ * The v3 layer loop, exactly as toolchain/runtime/loop.py `LayerLoop` (and runtime/evaluate.py,
+ * runtime/generate.py) run it: every input bound from the manifest (app inputs, activations, views of the
+ * mapped weights with `{layer}` refs and `rows` slices, views of the one state buffer), outputs bound to
+ * state entries copied into their slices, checkpoints kept only for the selected layers, LCSB layers
+ * chosen per step, `block_skip_update` for unselected layers when the manifest says moves_unselected.
+ */
+class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime: ProgramRuntime,
+                val state: StateBuffer = StateBuffer(program)) {
+    val layers: Int = program.layers
+    private val ioCache = HashMap<String, NdBuffer>()
+
+    init {
+        val missing = program.methods.values.flatMap { m -> m.inputs.filter { it.bind == "weight" }.map { it.refAt(0) } }
+            .filter { it !in weights.tensors }.distinct()
+        if (missing.isNotEmpty()) throw ContractError("${weights.file}: lacks ${missing.take(3).joinToString()}; re-export the program")
+    }
+
+    private fun inputs(method: ProgramV3.Method, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>?): List<NdBuffer> =
+        method.inputs.map { io ->
+            val ref = io.refAt(layer)
+            val t = when (io.bind) {
+                "weight" -> io.rows?.let { (a, b) -> ioCache.getOrPut("$ref[$a:$b]") { weights.rows(ref, a, b) } } ?: weights[ref]
+                "state" -> state.view(ref)
+                "cache" -> cache?.get(ref) ?: throw ContractError("${method.name}: no KV cache '$ref' (generation only)")
+                else -> values[ref] ?: throw ContractError("${method.name}: no value for input ${io.name} ($ref)")
+            }
+            if (t.shape != io.shape || t.dtype != io.dtype)
+                throw ContractError("${method.name} input ${io.name} ($ref) is ${t.dtype}${t.shape}, the manifest says ${io.dtype}${io.shape}; re-export the program")
+            t
+        }
+
+    /**
+     * Run one method. State outputs are copied into their slices, cache outputs into the layer's cache (all
+     * its rows, or one row at [pos]); the others are returned as copies (the app's own buffers).
+     */
+    fun call(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>? = null, pos: Int = 0): Map<String, NdBuffer> {
+        val method = program.method(name)
+        val outputs = runtime.execute(name, inputs(method, layer, values, cache))
+        if (outputs.size != method.outputs.size)
+            throw ContractError("$name returned ${outputs.size} outputs, the manifest lists ${method.outputs.size}; re-export the program")
+        val kept = HashMap<String, NdBuffer>()
+        for ((io, value) in method.outputs.zip(outputs)) {
+            if (value.numel != io.numel || value.dtype != io.dtype)
+                throw ContractError("$name returned ${value.dtype}${value.shape} for ${io.name}, the manifest says ${io.dtype}${io.shape}; re-export the program")
+            when (io.bind) {
+                "state" -> copyBytes(value.data, state.view(io.refAt(layer)).data, 0)
+                "cache" -> {
+                    val target = cache?.get(io.refAt(layer)) ?: throw ContractError("$name: no KV cache '${io.refAt(layer)}'")
+                    val (hk, rows, dh) = Triple(io.shape[0], io.shape[1], io.shape[2])
+                    val s = target.shape[1]
+                    if (rows == s) copyBytes(value.data, target.data, 0)
+                    else for (h in 0 until hk)  // the token's rows, at row pos of each kv head
+                        copyBytes(value.data.window(4 * h * rows * dh, 4 * rows * dh), target.data, 4 * (h * s + pos) * dh)
+                }
+                else -> kept[io.ref] = NdBuffer(io.name, io.dtype, io.shape, ByteBuffer.allocateDirect(io.numel * io.dtype.size)
+                    .also { copyBytes(value.data, it, 0) })
+            }
+        }
+        return kept
+    }
+
+    /** embed + every block_forward; the last hidden state and the checkpoints (block inputs) of [keep]. */
+    fun forward(inputIds: NdBuffer, keep: Set<Int>): Pair<NdBuffer, Map<Int, NdBuffer>> {
+        var x = call("embed", null, mapOf("input_ids" to inputIds)).getValue("x")
+        val checkpoints = HashMap<Int, NdBuffer>()
+        for (i in 0 until layers) {
+            if (i in keep) checkpoints[i] = x  // x is the app's own copy, never written again: kept as is
+            x = call("block_forward", i, mapOf("x" to x)).getValue("x")
+        }
+        return Pair(x, checkpoints)
+    }
+
+    /** Rows padded to seq_len: ids with pad_token_id, labels with -100. */
+    fun pad(ids: List<Long>, labels: List<Long>): Pair<NdBuffer, NdBuffer> {
+        val t = program.seqLen
+        if (ids.size > t || labels.size != ids.size) throw ContractError("a row of ${ids.size} tokens (${labels.size} labels) does not fit seq_len $t")
+        val i = LongArray(t) { if (it < ids.size) ids[it] else program.padTokenId.toLong() }
+        val l = LongArray(t) { if (it < labels.size) labels[it] else -100L }
+        return Pair(NdBuffer.longs("input_ids", listOf(t), i), NdBuffer.longs("labels", listOf(t), l))
+    }
+
+    /**
+     * One training step on [state] (updated in place); returns the loss.
+     * [selected]: the layers to backpropagate (LCSB, chosen by the app at run time); null: all.
+     */
+    fun trainStep(inputIds: NdBuffer, labels: NdBuffer, lr: Float, selected: Set<Int>? = null): Float {
+        val sel = selected ?: (0 until layers).toSet()
+        if (sel.isEmpty() || sel.any { it !in 0 until layers }) throw ContractError("selected layers must be a non-empty subset of 0..${layers - 1}, got ${sel.sorted()}")
+        program.stepEntry?.let { val v = state.view(it); v.data.putFloat(0, v.float(0) + 1.0f) }
+        var (x, checkpoints) = forward(inputIds, sel)
+        val out = call("head_loss", null, mapOf("x" to x, "labels" to labels))
+        val loss = out.getValue("loss").float(0)
+        val values = HashMap<String, NdBuffer>()
+        values["d"] = out.getValue("d")
+        values["lr"] = NdBuffer.floats("lr", listOf(1), floatArrayOf(lr))
+        val kept = HashMap(checkpoints)
+        for (i in layers - 1 downTo 0) {
+            if (i in sel) {
+                values["checkpoint"] = kept.remove(i)!!
+                values["d"] = call("block_backward", i, values).getValue("d")
+            } else if (program.movesUnselected) {
+                call("block_skip_update", i, values)
+            }
+        }
+        return loss
+    }
+
+    class EvalResult(val loss: Double, val rows: Int, val tokens: Int, val rowMeanLoss: Double, val skippedRows: Int)
+
+    /** Held-out loss (runtime/evaluate.py): mean next-token cross-entropy over all target tokens of the rows. */
+    fun evaluate(rows: List<Pair<List<Long>, List<Long>>>): EvalResult {
+        var total = 0.0
+        var tokens = 0
+        var n = 0
+        var skipped = 0
+        var rowSum = 0.0
+        for ((ids, labels) in rows) {
+            val (i, l) = pad(ids, labels)
+            val targets = (1 until program.seqLen).count { l.long(it) != -100L }
+            if (targets == 0) { skipped++; continue }
+            val (x, _) = forward(i, emptySet())
+            val loss = call("head_loss", null, mapOf("x" to x, "labels" to l)).getValue("loss").float(0).toDouble()
+            total += loss * targets
+            tokens += targets
+            n++
+            rowSum += loss
+        }
+        if (n == 0) throw ContractError("no eval row has a target token")
+        return EvalResult(total / tokens, n, tokens, rowSum / n, skipped)
+    }
+
+    /** The KV cache: per layer k_{i}, v_{i} float32 zeros, shaped as block_kv's outputs [kv_heads, seq_len, head_dim]. */
+    fun newCache(): Map<String, NdBuffer> {
+        val kv = program.method("block_kv").outputs
+        val out = HashMap<String, NdBuffer>()
+        for (i in 0 until layers) for (io in kv) {
+            val ref = io.refAt(i)
+            out[ref] = NdBuffer(ref, ElemType.FLOAT32, io.shape, ByteBuffer.allocateDirect(4 * io.numel))
+        }
+        return out
+    }
+
+    /**
+     * Greedy generation with the live state (runtime/generate.py): prefill (embed, per layer block_kv +
+     * block_forward), head_logits of the prompt's last row, then per token embed_token, block_decode per
+     * layer, head_logits. Stops after a token of [stopIds] (included) or [maxNewTokens].
+     */
+    fun generate(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), onToken: ((Int) -> Unit)? = null): List<Int> {
+        val n = prompt.size
+        val s = program.seqLen
+        if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
+        if (n == 0 || maxNewTokens < 1 || n + maxNewTokens > s) throw ContractError("prompt $n + $maxNewTokens new tokens must fit in seq_len $s")
+        val cache = newCache()
+        val ids = LongArray(s) { if (it < n) prompt[it].toLong() else program.padTokenId.toLong() }
+        var x = call("embed", null, mapOf("input_ids" to NdBuffer.longs("input_ids", listOf(s), ids))).getValue("x")
+        for (i in 0 until layers) {
+            call("block_kv", i, mapOf("x" to x), cache)
+            x = call("block_forward", i, mapOf("x" to x)).getValue("x")
+        }
+        val d = x.shape[1]
+        val last = NdBuffer("x", ElemType.FLOAT32, listOf(1, d), x.data.window(4 * (n - 1) * d, 4 * d))
+        var logits = call("head_logits", null, mapOf("x" to last)).getValue("logits")
+        val out = ArrayList<Int>()
+        var pos = n
+        while (true) {
+            val token = argmax(logits)
+            out.add(token)
+            onToken?.invoke(token)
+            if (token in stopIds || out.size == maxNewTokens) break
+            var h = call("embed_token", null, mapOf("token" to NdBuffer.longs("token", listOf(1), longArrayOf(token.toLong())))).getValue("x")
+            val p = NdBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))
+            for (i in 0 until layers) h = call("block_decode", i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
+            logits = call("head_logits", null, mapOf("x" to h)).getValue("logits")
+            pos++
+        }
+        return out
+    }
+
+    companion object {
+        /** The first of equal maxima (torch.argmax); NaN counts as the maximum, as in torch. */
+        fun argmax(t: NdBuffer): Int {
+            var best = 0
+            var bv = t.float(0)
+            for (i in 1 until t.numel) {
+                val v = t.float(i)
+                if (bv.isNaN()) break
+                if (v.isNaN() || v > bv) { best = i; bv = v }
+            }
+            return best
+        }
+    }
+}

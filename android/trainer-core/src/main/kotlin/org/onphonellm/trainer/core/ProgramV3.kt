@@ -1,0 +1,265 @@
+package org.onphonellm.trainer.core
+
+import java.io.File
+import java.io.RandomAccessFile
+import java.nio.ByteBuffer
+import java.nio.ByteOrder
+import java.nio.channels.FileChannel
+import java.security.MessageDigest
+
+/** Element types of contract-v3 tensors (manifest names; safetensors names). */
+enum class ElemType(val manifestName: String, val safetensorsName: String, val size: Int) {
+    FLOAT32("float32", "F32", 4), INT64("int64", "I64", 8), INT32("int32", "I32", 4),
+    UINT8("uint8", "U8", 1), INT8("int8", "I8", 1);
+
+    companion object {
+        fun of(name: String, where: String): ElemType =
+            values().firstOrNull { it.manifestName == name } ?: throw ContractError("$where: dtype '$name' is not one of ${values().map { it.manifestName }}")
+        fun ofSafetensors(name: String, where: String): ElemType =
+            values().firstOrNull { it.safetensorsName == name } ?: throw ContractError("$where: safetensors dtype '$name' is not supported")
+    }
+}
+
+/**
+ * A tensor of contract v3: a window of a little-endian buffer (the mapped weights file, the state array,
+ * an activation the app keeps, or the runtime's output memory), never copied to be passed on. [data] has
+ * position 0 and exactly [nbytes] remaining. A runtime's output may be valid only until its next call.
+ */
+class NdBuffer(val name: String, val dtype: ElemType, val shape: List<Int>, data: ByteBuffer) {
+    val numel: Int = shape.fold(1) { a, b -> a * b }
+    val nbytes: Int = numel * dtype.size
+    val data: ByteBuffer = data.order(ByteOrder.LITTLE_ENDIAN)
+
+    init {
+        if (data.position() != 0 || data.remaining() != nbytes)
+            throw ContractError("$name: ${data.remaining()} bytes from position ${data.position()} for $dtype$shape ($nbytes bytes)")
+    }
+
+    fun float(i: Int): Float = data.getFloat(4 * i)
+    fun long(i: Int): Long = data.getLong(8 * i)
+    fun floats(): FloatArray = FloatArray(numel) { data.getFloat(4 * it) }
+
+    /** sha256 of exactly the tensor's bytes (row-major, little-endian). */
+    fun sha256(): String = sha256Hex(data)
+
+    /** A new direct buffer holding a copy (what the app keeps of a runtime output). */
+    fun copy(name: String = this.name): NdBuffer = NdBuffer(name, dtype, shape, ByteBuffer.allocateDirect(nbytes).also { copyBytes(data, it, 0) })
+
+    override fun toString(): String = "$name $dtype$shape"
+
+    companion object {
+        fun floats(name: String, shape: List<Int>, values: FloatArray): NdBuffer {
+            val b = ByteBuffer.allocateDirect(4 * values.size).order(ByteOrder.LITTLE_ENDIAN)
+            for ((i, v) in values.withIndex()) b.putFloat(4 * i, v)
+            return NdBuffer(name, ElemType.FLOAT32, shape, b)
+        }
+        fun longs(name: String, shape: List<Int>, values: LongArray): NdBuffer {
+            val b = ByteBuffer.allocateDirect(8 * values.size).order(ByteOrder.LITTLE_ENDIAN)
+            for ((i, v) in values.withIndex()) b.putLong(8 * i, v)
+            return NdBuffer(name, ElemType.INT64, shape, b)
+        }
+    }
+}
+
+/** Bytes [from, from + len) of [b] as a little-endian buffer of its own (shares the memory). */
+fun ByteBuffer.window(from: Int, len: Int): ByteBuffer {
+    val d = duplicate()
+    d.limit(from + len)
+    d.position(from)
+    return d.slice().order(ByteOrder.LITTLE_ENDIAN)
+}
+
+/** Copy all of [src] (from its position 0) into [dst] at byte [at]; neither buffer's position changes. */
+fun copyBytes(src: ByteBuffer, dst: ByteBuffer, at: Int) {
+    val s = src.duplicate()
+    s.position(0)
+    val d = dst.duplicate()
+    d.position(at)
+    d.put(s)
+}
+
+fun sha256Hex(b: ByteBuffer): String {
+    val md = MessageDigest.getInstance("SHA-256")
+    val d = b.duplicate()
+    d.position(0)
+    md.update(d)
+    return md.digest().joinToString("") { "%02x".format(it) }
+}
+
+/**
+ * manifest.json of a contract-v3 program (shared_schemas/manifest.schema.json, schema_version 3), reduced
+ * to what an app needs to drive the layer loop (toolchain/runtime/loop.py): the methods with their bound
+ * inputs and outputs, the state layout, the loop's flags, the weights / state / tokenizer files.
+ */
+class ProgramV3(
+    val dir: File,
+    val layers: Int,
+    val seqLen: Int,
+    val vocab: Int,
+    val padTokenId: Int,
+    val eosTokenId: Int?,
+    val defaultLr: Double?,
+    val movesUnselected: Boolean,
+    val stepEntry: String?,
+    val methods: Map<String, Method>,
+    val stateNumel: Int,
+    val stateEntries: List<Entry>,
+    val stateInitFile: String,
+    val weightsFile: String,
+    val tokenizerFile: String?,
+    val optimizer: String,
+    val files: Map<String, String>,
+) {
+    /** One bound input or output: `bind` input | result | activation | weight | state | cache; `rows` [a, b) of a weight. */
+    class Io(val name: String, val dtype: ElemType, val shape: List<Int>, val bind: String, val ref: String, val rows: Pair<Int, Int>?) {
+        val numel: Int = shape.fold(1) { a, b -> a * b }
+        fun refAt(layer: Int?): String = if (layer == null) ref else ref.replace(LAYER, layer.toString())
+    }
+    class Method(val name: String, val role: String, val inputs: List<Io>, val outputs: List<Io>)
+    class Entry(val name: String, val key: String, val role: String, val shape: List<Int>, val offset: Int, val layer: Int?) {
+        val numel: Int = shape.fold(1) { a, b -> a * b }
+    }
+
+    fun method(name: String): Method = methods[name] ?: throw ContractError("the program has no method '$name'; re-export the program")
+    val hasGeneration: Boolean get() = "block_decode" in methods
+
+    companion object {
+        const val LAYER = "{layer}"
+        const val SCHEMA_VERSION = 3
+        private val BINDS = setOf("input", "result", "activation", "weight", "state", "cache")
+
+        fun read(dir: File): ProgramV3 {
+            val f = File(dir, "manifest.json")
+            if (!f.isFile) throw ContractError("$dir is not an exported program (no manifest.json)")
+            return parse(dir, Json.parse(f.readText(Charsets.UTF_8)), f.path)
+        }
+
+        fun parse(dir: File, doc: Json, where: String): ProgramV3 {
+            val m = Fields.of(doc, where)
+            val version = m.int("schema_version")
+            if (version < SCHEMA_VERSION) throw ContractError("$where: schema_version $version; re-export the program with this toolchain")
+            if (version > SCHEMA_VERSION) throw ContractError("$where: schema_version $version is newer than this app ($SCHEMA_VERSION); update the app")
+            val arch = m.obj("model").obj("arch")
+            val layers = arch.int("layers")
+            val loop = m.obj("loop")
+            if (loop.int("layers") != layers) throw ContractError("$where: loop.layers ${loop.int("layers")} is not the model's $layers")
+            val tok = m.obj("tokenizer")
+            val state = m.obj("state")
+            val numel = state.int("numel")
+            val entries = state.arr("entries").mapIndexed { i, e ->
+                val ef = Fields.of(e, "$where.state.entries[$i]")
+                Entry(ef.string("name"), ef.optString("key") ?: "", ef.string("role"), ef.ints("shape"), ef.int("offset"), ef.optInt("layer"))
+            }
+            for (e in entries) if (e.offset < 0 || e.offset + e.numel > numel)
+                throw ContractError("$where: state entry ${e.name} [${e.offset}, ${e.offset + e.numel}) lies outside the $numel state values")
+            val byName = entries.associateBy { it.name }
+            val stepEntry = state.optString("step_entry")
+            if (stepEntry != null && stepEntry !in byName) throw ContractError("$where: state.step_entry '$stepEntry' is not an entry")
+            val methods = LinkedHashMap<String, Method>()
+            m.arr("methods").forEachIndexed { i, mj ->
+                val mf = Fields.of(mj, "$where.methods[$i]")
+                val name = mf.string("name")
+                fun ios(key: String) = mf.arr(key).mapIndexed { j, io ->
+                    val f = Fields.of(io, "$where.methods[$name].$key[$j]")
+                    val bind = f.string("bind")
+                    if (bind !in BINDS) throw ContractError("${f.where}: bind '$bind' is not one of $BINDS")
+                    val rows = if (f.has("rows")) f.ints("rows").let { r ->
+                        if (r.size != 2 || r[0] < 0 || r[1] <= r[0]) throw ContractError("${f.where}: rows $r is not [start, stop)")
+                        Pair(r[0], r[1])
+                    } else null
+                    Io(f.string("name"), ElemType.of(f.string("dtype"), f.where), f.ints("shape"), bind, f.string("ref"), rows)
+                }
+                val method = Method(name, mf.optString("role") ?: name, ios("inputs"), ios("outputs"))
+                for (io in method.inputs + method.outputs) if (io.bind == "state") {
+                    val e = byName[io.refAt(0)] ?: byName[io.ref] ?: throw ContractError("$where: $name ${io.name} refers to no state entry '${io.ref}'")
+                    if (e.numel != io.numel) throw ContractError("$where: $name ${io.name} has shape ${io.shape}, its entry ${e.name} ${e.shape}")
+                }
+                methods[name] = method
+            }
+            for (need in listOf("embed", "block_forward", "head_loss", "block_backward"))
+                if (need !in methods) throw ContractError("$where: no '$need' method; re-export the program")
+            val moves = loop.bool("moves_unselected")
+            if (moves && "block_skip_update" !in methods) throw ContractError("$where: loop.moves_unselected without a block_skip_update method")
+            val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("$where: files.$k is not a string") }
+            val opt = m.obj("optimizer")
+            return ProgramV3(
+                dir = dir, layers = layers, seqLen = m.int("seq_len"), vocab = arch.int("vocab"),
+                padTokenId = tok.int("pad_token_id"), eosTokenId = tok.optInt("eos_token_id"),
+                defaultLr = opt.optDouble("default_lr"), movesUnselected = moves, stepEntry = stepEntry,
+                methods = methods, stateNumel = numel, stateEntries = entries, stateInitFile = state.string("init_file"),
+                weightsFile = m.obj("weights").string("file"), tokenizerFile = tok.optString("file"),
+                optimizer = opt.string("kind"), files = filesObj,
+            )
+        }
+    }
+}
+
+/**
+ * weights.safetensors memory-mapped: each tensor a read-only direct buffer over the file's pages
+ * (`FileChannel.map`, one mapping per tensor so files over 2 GiB work), passed to the runtime as is.
+ */
+class MappedWeights private constructor(val file: File, val tensors: Map<String, NdBuffer>) {
+    operator fun get(key: String): NdBuffer = tensors[key] ?: throw ContractError("$file has no tensor '$key'; re-export the program")
+
+    /** Rows [a, b) of [key] (a view of the mapped rows, no copy). */
+    fun rows(key: String, a: Int, b: Int): NdBuffer {
+        val t = get(key)
+        if (t.shape.isEmpty() || b > t.shape[0]) throw ContractError("$file: rows [$a, $b) of $key ${t.shape}")
+        val rowBytes = t.nbytes / t.shape[0]
+        return NdBuffer(key, t.dtype, listOf(b - a) + t.shape.drop(1), t.data.window(a * rowBytes, (b - a) * rowBytes))
+    }
+
+    companion object {
+        fun map(file: File): MappedWeights = RandomAccessFile(file, "r").use { raf ->
+            val size = raf.length()
+            if (size < 8) throw ContractError("$file is not a safetensors file (${size} bytes)")
+            val head = ByteBuffer.allocate(8).order(ByteOrder.LITTLE_ENDIAN)
+            raf.channel.read(head, 0)
+            val n = head.getLong(0)
+            if (n <= 0 || 8 + n > size || n > 100_000_000) throw ContractError("$file: bad safetensors header length $n")
+            val hb = ByteArray(n.toInt())
+            raf.seek(8)
+            raf.readFully(hb)
+            val header = Fields.of(Json.parse(String(hb, Charsets.UTF_8)), "$file header")
+            val start = 8 + n
+            val out = LinkedHashMap<String, NdBuffer>()
+            for ((key, v) in header.obj.fields) {
+                if (key == "__metadata__" || key.startsWith("__pad_")) continue
+                val f = Fields.of(v, "$file $key")
+                val dtype = ElemType.ofSafetensors(f.string("dtype"), f.where)
+                val off = f.arr("data_offsets").map { (it as Json.Num).asLongOrNull ?: throw ContractError("${f.where}: bad data_offsets") }
+                val begin = start + off[0]
+                val len = off[1] - off[0]
+                if (off[0] < 0 || len < 0 || start + off[1] > size) throw ContractError("${f.where}: data_offsets $off outside the file")
+                val buf = if (len == 0L) ByteBuffer.allocateDirect(0) else raf.channel.map(FileChannel.MapMode.READ_ONLY, begin, len)
+                out[key] = NdBuffer(key, dtype, f.ints("shape"), buf)
+            }
+            MappedWeights(file, out)
+        }
+    }
+}
+
+/** The app's flat float32 state: one direct, little-endian buffer; each entry a view of it. */
+class StateBuffer(val program: ProgramV3) {
+    val buffer: ByteBuffer = ByteBuffer.allocateDirect(4 * program.stateNumel).order(ByteOrder.LITTLE_ENDIAN)
+    private val views: Map<String, NdBuffer> = program.stateEntries.associate { e ->
+        e.name to NdBuffer(e.name, ElemType.FLOAT32, e.shape, buffer.window(4 * e.offset, 4 * e.numel))
+    }
+
+    fun view(name: String): NdBuffer = views[name] ?: throw ContractError("the state has no entry '$name'; re-export the program")
+    fun sha256(): String = sha256Hex(buffer)
+
+    /** Read state.init_file (raw little-endian float32, exactly numel values). */
+    fun loadInit() = load(File(program.dir, program.stateInitFile))
+
+    fun load(file: File) {
+        val bytes = file.readBytes()
+        if (bytes.size != 4 * program.stateNumel)
+            throw ContractError("$file holds ${bytes.size / 4} values, the manifest says ${program.stateNumel}; re-export the program")
+        val d = buffer.duplicate()
+        d.position(0)
+        d.put(bytes)
+    }
+
+    fun toFloatArray(): FloatArray = FloatArray(program.stateNumel) { buffer.getFloat(4 * it) }
+}

@@ -1,0 +1,161 @@
+package org.onphonellm.trainer.core
+
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertThrows
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import java.io.File
+import java.io.RandomAccessFile
+import java.nio.ByteBuffer
+import java.nio.channels.FileChannel
+
+/**
+ * The v3 layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
+ * host ran shared_schemas/traces/v3_tiny/program on ExecuTorch through its own loop
+ * (scripts/record_v3_trace.py) and recorded every call. The Kotlin LayerLoop runs the same steps (full
+ * backprop, LCSB with layers chosen at run time, eval, greedy generation) on that program's manifest,
+ * mapped weights and state_init.bin, against a runtime that checks each call's method and the sha256 of
+ * every input it receives, in order, then answers with the recorded outputs. Every input must be built
+ * bit for bit and the final state must equal the host's.
+ */
+class ReplayV3Test {
+    private val traceDir = File(Fixtures.schemas, "traces/v3_tiny")
+
+    private class Trace(dir: File) {
+        val doc = Fields.of(Json.parse(File(dir, "trace.json").readText()), "trace.json")
+        val calls = doc.arr("calls").map { Fields.of(it, "call") }
+        val blob: ByteBuffer = RandomAccessFile(File(dir, doc.string("outputs_file")), "r").use {
+            it.channel.map(FileChannel.MapMode.READ_ONLY, 0, it.length())
+        }
+        val program = File(dir, doc.string("program"))
+    }
+
+    /** Checks each call against the trace; answers with its recorded outputs (views of outputs.bin). */
+    private class ReplayRuntime(val trace: Trace, val program: ProgramV3) : ProgramRuntime {
+        var next = 0
+        var layerOf: (() -> Int?)? = null
+        override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
+            val k = next++
+            check(k < trace.calls.size) { "call $k ($method): the host made only ${trace.calls.size} calls" }
+            val c = trace.calls[k]
+            assertEquals(c.string("method"), method, "call $k: method")
+            val want = c.arr("inputs").map { Fields.of(it, "input") }
+            assertEquals(want.size, inputs.size, "call $k $method: input count")
+            val spec = program.method(method)
+            for ((j, w) in want.withIndex()) {
+                val got = inputs[j]
+                val what = "call $k $method (layer ${c.optInt("layer")}) input ${w.string("name")}"
+                assertEquals(w.string("name"), spec.inputs[j].name, "$what: manifest order")
+                assertEquals(w.string("dtype"), got.dtype.manifestName, "$what: dtype")
+                assertEquals(w.ints("shape"), got.shape, "$what: shape")
+                assertEquals(w.string("sha256"), got.sha256(), "$what: bytes differ from the host's")
+                if (spec.inputs[j].bind == "weight" || spec.inputs[j].bind == "state")
+                    assertTrue(got.data.isDirect, "$what: a view the runtime can read in place")
+            }
+            return c.arr("outputs").map { o ->
+                val f = Fields.of(o, "output")
+                val dtype = ElemType.of(f.string("dtype"), f.where)
+                NdBuffer(f.string("name"), dtype, f.ints("shape"), trace.blob.window(f.int("offset"), f.int("nbytes")))
+            }
+        }
+    }
+
+    private fun rows(trace: Trace, key: String): List<Pair<List<Long>, List<Long>>> = trace.doc.arr(key).map {
+        val f = Fields.of(it, key)
+        Pair(f.arr("input_ids").map { (it as Json.Num).asLongOrNull!! }, f.arr("labels").map { (it as Json.Num).asLongOrNull!! })
+    }
+
+    private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null) {
+        val trace = Trace(traceDir)
+        val program = ProgramV3.read(trace.program)
+        val weights = MappedWeights.map(File(trace.program, program.weightsFile))
+        val runtime = ReplayRuntime(trace, program)
+        val loop = LayerLoop(program, weights, runtime)
+        loop.state.loadInit()
+        assertEquals(trace.doc.string("initial_state_sha256"), loop.state.sha256(), "state_init.bin")
+        val train = rows(trace, "rows")
+        val lr = lrOverride ?: trace.doc.double("lr").toFloat()
+        val losses = ArrayList<Double>()
+        for (s in trace.doc.arr("steps").map { Fields.of(it, "step") }) {
+            val calls = s.ints("calls")
+            when (s.string("kind")) {
+                "train" -> {
+                    val (ids, labels) = train[s.int("row")]
+                    val (i, l) = loop.pad(ids, labels)
+                    val sel = s.ints("selected")
+                    val loss = loop.trainStep(i, l, lr, selectOverride?.invoke(sel) ?: sel.toSet())
+                    losses.add(loss.toDouble())
+                    assertEquals(s.double("loss"), loss.toDouble(), "step ${s.int("step")} loss")
+                    assertEquals(s.string("state_sha256"), loop.state.sha256(), "state after step ${s.int("step")}")
+                }
+                "eval" -> {
+                    val ev = loop.evaluate(rows(trace, "eval_rows"))
+                    assertEquals(s.double("loss"), ev.loss, "eval loss")
+                    assertEquals(s.int("tokens"), ev.tokens, "eval target tokens")
+                }
+                "generate" -> {
+                    val out = loop.generate(s.ints("prompt_ids"), s.int("max_new_tokens"), s.ints("stop_ids").toSet())
+                    assertEquals(s.ints("output_ids"), out, "generated ids")
+                }
+                else -> error("unknown step kind ${s.string("kind")}")
+            }
+            assertEquals(calls[1], runtime.next, "calls of ${s.string("kind")} step")
+        }
+        assertEquals(trace.calls.size, runtime.next, "every recorded call made")
+        assertEquals(trace.doc.arr("losses").map { (it as Json.Num).asDouble }, losses)
+        assertEquals(trace.doc.string("final_state_sha256"), loop.state.sha256(), "final state")
+    }
+
+    @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() = replay()
+
+    @Test fun `the trace covers full backprop, LCSB with k below L, skip updates, eval and generation`() {
+        val trace = Trace(traceDir)
+        val steps = trace.doc.arr("steps").map { Fields.of(it, "s") }
+        val layers = ProgramV3.read(trace.program).layers
+        assertTrue(steps.any { it.string("kind") == "train" && it.ints("selected").size == layers })
+        assertTrue(steps.any { it.string("kind") == "train" && it.ints("selected").size < layers })
+        val methods = trace.calls.map { it.string("method") }.toSet()
+        assertEquals(setOf("embed", "block_forward", "head_loss", "block_backward", "block_skip_update", "block_kv",
+            "head_logits", "embed_token", "block_decode"), methods)
+    }
+
+    @Test fun `a different lr is caught at the first block_backward`() {
+        val e = assertThrows(Throwable::class.java) { replay(lrOverride = 0.05001f) }
+        assertTrue("block_backward" in e.message!! && "lr" in e.message!!, e.message)
+    }
+
+    @Test fun `a different LCSB selection is caught`() {
+        val e = assertThrows(Throwable::class.java) { replay(selectOverride = { sel -> if (sel == listOf(2)) setOf(1) else sel.toSet() }) }
+        assertTrue("call" in e.message!!, e.message)
+    }
+
+    @Test fun `weights are mapped views, rows slices share the file's pages`() {
+        val trace = Trace(traceDir)
+        val program = ProgramV3.read(trace.program)
+        val w = MappedWeights.map(File(trace.program, program.weightsFile))
+        val embed = w["embed"]
+        assertTrue(embed.data.isDirect)
+        val rows = w.rows("embed", 2, 5)
+        assertEquals(listOf(3, embed.shape[1]), rows.shape)
+        assertEquals(embed.float(2 * embed.shape[1]), rows.float(0))
+        val q = w["layers.0.q_proj.qweight"]
+        assertEquals(ElemType.UINT8, q.dtype)
+    }
+
+    @Test fun `state entries are views of the one state buffer`() {
+        val program = ProgramV3.read(Trace(traceDir).program)
+        val st = StateBuffer(program)
+        val e = program.stateEntries[1]
+        st.view(e.name).data.putFloat(0, 3.5f)
+        assertEquals(3.5f, st.buffer.getFloat(4 * e.offset))
+    }
+
+    @Test fun `a v2 manifest is refused with re-export, a newer one with update the app`() {
+        val v2 = Json.parse(File(Fixtures.examples, "manifest_v2_tiny.json").readText())
+        val e = assertThrows(ContractError::class.java) { ProgramV3.parse(File("."), v2, "v2") }
+        assertTrue("re-export" in e.message!!, e.message)
+        val v3 = File(Fixtures.examples, "manifest_tiny.json").readText().replace("\"schema_version\": 3", "\"schema_version\": 4")
+        val e4 = assertThrows(ContractError::class.java) { ProgramV3.parse(File("."), Json.parse(v3), "v4") }
+        assertTrue("update the app" in e4.message!!, e4.message)
+    }
+}

@@ -1,0 +1,364 @@
+import Foundation
+
+/// Memory the loop owns at a fixed address (64-byte aligned, zeroed), so its bytes can be handed to a
+/// runtime in place (ExecuTorch `Tensor(bytesNoCopy:)`) for the length of a call.
+public final class HostBuffer {
+    public let raw: UnsafeMutableRawBufferPointer
+
+    public init(byteCount: Int) {
+        raw = UnsafeMutableRawBufferPointer.allocate(byteCount: max(byteCount, 1), alignment: 64)
+        raw.initializeMemory(as: UInt8.self, repeating: 0)
+    }
+
+    public convenience init(copying bytes: UnsafeRawBufferPointer) {
+        self.init(byteCount: bytes.count)
+        if bytes.count > 0 { raw.baseAddress!.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+    }
+
+    public convenience init(copying data: Data) {
+        self.init(byteCount: data.count)
+        data.withUnsafeBytes { if $0.count > 0 { raw.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+    }
+
+    public convenience init<T>(values: [T]) {
+        self.init(byteCount: values.count * MemoryLayout<T>.stride)
+        values.withUnsafeBytes { if $0.count > 0 { raw.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+    }
+
+    deinit { raw.deallocate() }
+
+    public var byteCount: Int { raw.count }
+    public var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(raw) }
+    public var floats: UnsafeMutableBufferPointer<Float> { raw.bindMemory(to: Float.self) }
+    public func slice(_ byteOffset: Int, _ count: Int) -> UnsafeRawBufferPointer {
+        UnsafeRawBufferPointer(rebasing: bytes[byteOffset..<byteOffset + count])
+    }
+}
+
+/// The app's flat float32 LoRA/optimizer state (`state.numel` values), owned once: every method gets
+/// its entries as views of it, and state outputs are copied into their slices.
+public final class LoopState {
+    public let manifest: LoopManifest
+    public let buffer: HostBuffer
+    private let index: [String: LoopManifest.Entry]
+
+    public init(manifest: LoopManifest, values: [Float]) throws {
+        guard values.count == manifest.state.numel else {
+            throw TrainerError.badInput("the state holds \(values.count) values, the manifest's \(manifest.state.numel)")
+        }
+        self.manifest = manifest
+        buffer = HostBuffer(values: values.map { $0.bitPattern.littleEndian })
+        index = Dictionary(manifest.state.entries.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
+    }
+
+    /// `state.init_file` (raw little-endian float32) of a program directory.
+    public static func initial(manifest: LoopManifest, programDirectory: URL) throws -> LoopState {
+        let url = programDirectory.appendingPathComponent(manifest.state.initFile)
+        let values = try StateFile.decode(try readFile(url, what: "initial state"), numel: manifest.state.numel, source: url.path)
+        return try LoopState(manifest: manifest, values: values)
+    }
+
+    public var values: [Float] { Array(buffer.floats) }
+
+    public func entry(_ name: String) throws -> LoopManifest.Entry {
+        guard let e = index[name] else { throw TrainerError.badInput("no state entry \(name); re-export the program") }
+        return e
+    }
+
+    /// The entry's slice of the state (a view: no copy).
+    public func view(_ name: String) throws -> UnsafeMutableBufferPointer<Float> {
+        let e = try entry(name)
+        return UnsafeMutableBufferPointer(rebasing: buffer.floats[e.offset..<e.offset + e.count])
+    }
+
+    public var sha256: String { SHA256.hex(buffer.bytes) }
+}
+
+/// One bound input as the runtime receives it: the bytes are a view (of the weights mapping, of the
+/// state, of an activation the loop keeps), valid for the length of the `execute` call only.
+public struct LoopInput {
+    public let name: String
+    public let bind: LoopManifest.IO.Bind
+    public let ref: String
+    public let dtype: String
+    public let shape: [Int]
+    public let bytes: UnsafeRawBufferPointer
+}
+
+/// What the layer loop needs from a runtime (ExecuTorch `Module`, Core ML, the replay fake): run one
+/// method on inputs in the manifest's order, return its outputs in the manifest's order as raw
+/// little-endian bytes. The returned Data may alias the runtime's own memory until its next call
+/// (`Data(bytesNoCopy:...)`): the loop copies what it keeps at once.
+public protocol LoopRuntime: AnyObject {
+    var backendName: String { get }
+    func load(methods: [String]) throws
+    /// `layer`: the index `{layer}` was replaced by (nil for embed, head methods); informational.
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data]
+}
+
+/// The v3 layer loop, exactly as `toolchain/runtime/loop.py` `LayerLoop` runs it: binds every method
+/// input from the manifest (app inputs, activations, views of the memory-mapped weights, views of the
+/// state), calls the runtime, copies state outputs into their slices and keeps the checkpoints of the
+/// selected layers only. Train steps, held-out loss (`runtime/evaluate.py`) and generation with the
+/// KV cache (`runtime/generate.py`).
+public final class LayerLoop {
+    public let manifest: LoopManifest
+    public let weights: MappedWeights
+    public let runtime: LoopRuntime
+    public var layers: Int { manifest.loop.layers }
+    private var methodsByRole: [String: LoopManifest.Method] = [:]
+
+    public init(manifest: LoopManifest, weights: MappedWeights, runtime: LoopRuntime) throws {
+        (self.manifest, self.weights, self.runtime) = (manifest, weights, runtime)
+        for m in manifest.methods where methodsByRole[m.role] == nil { methodsByRole[m.role] = m }
+        // Every weight binding of every layer exists with the manifest's shape and dtype.
+        for m in manifest.methods {
+            let layered = m.role.hasPrefix("block_")
+            for io in m.inputs where io.bind == .weight {
+                for layer in (layered ? (0..<manifest.loop.layers).map { Optional($0) } : [nil]) as [Int?] {
+                    let ref = io.ref(layer: layer, placeholder: manifest.weights.layerPlaceholder)
+                    let v = try weights.view(ref, rows: io.rows)
+                    guard v.shape == io.shape, v.dtype == io.dtype else {
+                        throw TrainerError.badInput("\(m.name) input \(io.name) (\(ref)) is \(v.dtype)\(v.shape) in the weights file, " +
+                                                    "the manifest says \(io.dtype)\(io.shape); re-export the program")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Open a program directory: manifest, memory-mapped weights.
+    public convenience init(programDirectory: URL, runtime: LoopRuntime) throws {
+        let m = try LoopManifest.load(directory: programDirectory)
+        try self.init(manifest: m, weights: try MappedWeights(url: programDirectory.appendingPathComponent(m.weights.file)), runtime: runtime)
+    }
+
+    public func method(role: String) throws -> LoopManifest.Method {
+        guard let m = methodsByRole[role] else { throw TrainerError.badInput("the program has no \(role) method; re-export it") }
+        return m
+    }
+
+    /// Load the training methods (and `block_skip_update` when the loop moves unselected layers).
+    public func loadTraining() throws {
+        var roles = LoopManifest.trainRoles
+        if manifest.loop.movesUnselected { roles.append("block_skip_update") }
+        try runtime.load(methods: try roles.map { try method(role: $0).name })
+    }
+
+    // MARK: binding
+
+    /// Run the method of `role`; state outputs go into their slices, cache outputs into the layer's
+    /// cache (all S rows, or one row at `pos`), the others are returned (copied out of the runtime).
+    @discardableResult
+    func call(_ role: String, layer: Int?, values: [String: HostBuffer], state: LoopState,
+              cache: [String: HostBuffer]? = nil, pos: Int? = nil) throws -> [String: HostBuffer] {
+        let m = try method(role: role)
+        let ph = manifest.weights.layerPlaceholder
+        var inputs: [LoopInput] = []
+        inputs.reserveCapacity(m.inputs.count)
+        for io in m.inputs {
+            let ref = io.ref(layer: layer, placeholder: ph)
+            let bytes: UnsafeRawBufferPointer
+            switch io.bind {
+            case .weight:
+                bytes = try weights.view(ref, rows: io.rows).bytes
+            case .state:
+                bytes = UnsafeRawBufferPointer(try state.view(ref))
+            case .cache:
+                guard let b = cache?[ref] else { throw TrainerError.badInput("\(m.name) input \(io.name): no cache \(ref)") }
+                bytes = b.bytes
+            case .input, .activation, .result:
+                guard let b = values[ref] else { throw TrainerError.badInput("\(m.name) input \(io.name): the loop has no \(ref)") }
+                bytes = b.bytes
+            }
+            guard bytes.count == io.byteCount else {
+                throw TrainerError.badInput("\(m.name) input \(io.name) (\(ref)) has \(bytes.count) bytes, the manifest says " +
+                                            "\(io.dtype)\(io.shape); re-export the program")
+            }
+            inputs.append(LoopInput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: bytes))
+        }
+        let outputs = try runtime.execute(method: m.name, layer: layer, inputs: inputs)
+        guard outputs.count == m.outputs.count else {
+            throw TrainerError.runtime("\(m.name) returned \(outputs.count) outputs, the manifest lists \(m.outputs.count); re-export the program")
+        }
+        for (io, data) in zip(m.outputs, outputs) where data.count != io.byteCount {
+            throw TrainerError.runtime("\(m.name) returned \(data.count) bytes for \(io.name), the manifest says \(io.dtype)\(io.shape); re-export the program")
+        }
+        var kept: [String: HostBuffer] = [:]
+        for (io, data) in zip(m.outputs, outputs) {
+            let ref = io.ref(layer: layer, placeholder: ph)
+            switch io.bind {
+            case .state:
+                let dst = try state.view(ref)
+                data.withUnsafeBytes { src in UnsafeMutableRawBufferPointer(dst).copyMemory(from: src) }
+            case .cache:
+                guard let target = cache?[ref] else { throw TrainerError.runtime("\(m.name) output \(io.name): no cache \(ref)") }
+                try write(cache: target, output: data, shape: io.shape, pos: pos, what: "\(m.name) \(io.name)")
+            default:
+                kept[io.ref] = HostBuffer(copying: data)
+            }
+        }
+        return kept
+    }
+
+    /// A cache [Hk, S, D] output: all S rows, or `n` rows [Hk, n, D] written at rows pos..pos+n-1.
+    private func write(cache target: HostBuffer, output: Data, shape: [Int], pos: Int?, what: String) throws {
+        guard shape.count == 3 else { throw TrainerError.runtime("\(what) has shape \(shape), not [Hk, S, D]") }
+        if output.count == target.byteCount { output.withUnsafeBytes { target.raw.copyMemory(from: $0) }; return }
+        let (hk, n, dim) = (shape[0], shape[1], shape[2])
+        let s = target.byteCount / (4 * hk * dim)
+        guard let pos, pos >= 0, pos + n <= s else { throw TrainerError.runtime("\(what): row \(pos ?? -1) is outside the cache of \(s)") }
+        output.withUnsafeBytes { src in
+            for h in 0..<hk {
+                let from = src.baseAddress! + 4 * h * n * dim
+                let to = target.raw.baseAddress! + 4 * (h * s + pos) * dim
+                to.copyMemory(from: from, byteCount: 4 * n * dim)
+            }
+        }
+    }
+
+    // MARK: training
+
+    /// embed + every block_forward; the last hidden state and the checkpoints (inputs) of `keep`.
+    func forward(inputIds: HostBuffer, keep: Set<Int>, state: LoopState) throws -> (HostBuffer, [Int: HostBuffer]) {
+        guard var x = try call("embed", layer: nil, values: ["input_ids": inputIds], state: state)["x"] else {
+            throw TrainerError.runtime("embed returned no x")
+        }
+        var checkpoints: [Int: HostBuffer] = [:]
+        for i in 0..<layers {
+            if keep.contains(i) { checkpoints[i] = x }      // x is the loop's own copy; never written again
+            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else {
+                throw TrainerError.runtime("block_forward returned no x")
+            }
+            x = next
+        }
+        return (x, checkpoints)
+    }
+
+    func padded(_ ids: [Int64], pad: Int64) throws -> HostBuffer {
+        let t = manifest.seqLen
+        guard ids.count <= t else { throw TrainerError.badInput("a row of \(ids.count) tokens is longer than seq_len \(t)") }
+        return HostBuffer(values: (ids + Array(repeating: pad, count: t - ids.count)).map { $0.littleEndian })
+    }
+
+    /// One training step on `state` (updated in place); returns the loss. `selected`: the layers that
+    /// get `block_backward` this step (LCSB, chosen at run time); nil = all. Rows shorter than seq_len
+    /// are padded: ids with `padTokenId`, labels with -100.
+    public func trainStep(inputIds: [Int64], labels: [Int64], lr: Float, state: LoopState,
+                          selected: Set<Int>? = nil, padTokenId: Int64 = 0) throws -> Float {
+        let sel = selected ?? Set(0..<layers)
+        guard !sel.isEmpty, sel.allSatisfy({ (0..<layers).contains($0) }) else {
+            throw TrainerError.badInput("selected layers must be a non-empty subset of 0..\(layers - 1), got \(sel.sorted())")
+        }
+        guard inputIds.count == labels.count else { throw TrainerError.badInput("input_ids and labels differ in length") }
+        let ids = try padded(inputIds, pad: padTokenId)
+        let lab = try padded(labels, pad: -100)
+        if let step = manifest.state.stepEntry {
+            let v = try state.view(step)
+            v[v.startIndex] += 1      // AdamW step counter (the state is little-endian float32 on every target)
+        }
+        var (x, checkpoints) = try forward(inputIds: ids, keep: sel, state: state)
+        let out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
+        x = HostBuffer(byteCount: 0)
+        guard let lossBuf = out["loss"], var d = out["d"] else { throw TrainerError.runtime("head_loss returned no loss or d") }
+        var values: [String: HostBuffer] = ["d": d, "lr": HostBuffer(values: [lr.bitPattern.littleEndian])]
+        for i in stride(from: layers - 1, through: 0, by: -1) {
+            if sel.contains(i) {
+                values["checkpoint"] = checkpoints.removeValue(forKey: i)
+                guard let next = try call("block_backward", layer: i, values: values, state: state)["d"] else {
+                    throw TrainerError.runtime("block_backward returned no d")
+                }
+                d = next
+                values["d"] = d
+            } else if manifest.loop.movesUnselected {
+                try call("block_skip_update", layer: i, values: values, state: state)
+            }
+        }
+        return lossBuf.floatValue(0)
+    }
+
+    // MARK: held-out loss
+
+    /// The mean next-token cross-entropy over all target tokens of `rows` (rows pooled: each row's
+    /// loss weighted by its targets, labels[1:] != -100); rows without a target are skipped. The
+    /// state is read, never written. Returns (loss, tokens).
+    public func evaluate(rows: [(inputIds: [Int64], labels: [Int64])], state: LoopState, padTokenId: Int64 = 0) throws -> (loss: Double, tokens: Int) {
+        var total = 0.0
+        var tokens = 0
+        for row in rows {
+            let lab = try padded(row.labels, pad: -100)
+            let n = lab.raw.bindMemory(to: Int64.self).dropFirst().filter { $0 != -100 }.count
+            if n == 0 { continue }
+            let (x, _) = try forward(inputIds: try padded(row.inputIds, pad: padTokenId), keep: [], state: state)
+            let out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
+            guard let loss = out["loss"] else { throw TrainerError.runtime("head_loss returned no loss") }
+            total += Double(loss.floatValue(0)) * Double(n)
+            tokens += n
+        }
+        return (tokens > 0 ? total / Double(tokens) : .nan, tokens)
+    }
+
+    // MARK: generation
+
+    /// Greedy generation (argmax, the first of equal maxima) of up to `maxNewTokens` after `prompt`,
+    /// with the KV cache per layer `k_{layer}`, `v_{layer}` [Hk, S, D] owned here; the state is read only.
+    public func generate(prompt: [Int64], maxNewTokens: Int, state: LoopState, padTokenId: Int64 = 0,
+                         stopIds: Set<Int64> = [], onToken: ((Int64) -> Void)? = nil) throws -> [Int64] {
+        let s = manifest.seqLen
+        guard !prompt.isEmpty, maxNewTokens >= 1, prompt.count + maxNewTokens <= s else {
+            throw TrainerError.badInput("prompt (\(prompt.count) tokens) + \(maxNewTokens) new tokens must fit seq_len \(s)")
+        }
+        let kv = try method(role: "block_kv")
+        var cache: [String: HostBuffer] = [:]
+        for io in kv.outputs where io.bind == .cache {
+            for i in 0..<layers { cache[io.ref(layer: i, placeholder: manifest.weights.layerPlaceholder)] = HostBuffer(byteCount: io.byteCount) }
+        }
+        guard var x = try call("embed", layer: nil, values: ["input_ids": try padded(prompt, pad: padTokenId)], state: state)["x"] else {
+            throw TrainerError.runtime("embed returned no x")
+        }
+        for i in 0..<layers {
+            try call("block_kv", layer: i, values: ["x": x], state: state, cache: cache)
+            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else { throw TrainerError.runtime("no x") }
+            x = next
+        }
+        let rowBytes = x.byteCount / s
+        var last = HostBuffer(copying: x.slice((prompt.count - 1) * rowBytes, rowBytes))
+        guard var logits = try call("head_logits", layer: nil, values: ["x": last], state: state)["logits"] else { throw TrainerError.runtime("no logits") }
+        var out: [Int64] = []
+        var pos = prompt.count
+        while true {
+            let f = logits.floats
+            var best = 0
+            for i in 1..<f.count where f[i] > f[best] { best = i }
+            let token = Int64(best)
+            out.append(token)
+            onToken?(token)
+            if stopIds.contains(token) || out.count == maxNewTokens { break }
+            guard var h = try call("embed_token", layer: nil, values: ["token": HostBuffer(values: [token.littleEndian])], state: state)["x"] else {
+                throw TrainerError.runtime("no x")
+            }
+            let p = HostBuffer(values: [Int64(pos).littleEndian])
+            for i in 0..<layers {
+                guard let next = try call("block_decode", layer: i, values: ["x": h, "pos": p], state: state, cache: cache, pos: pos)["x"] else {
+                    throw TrainerError.runtime("no x")
+                }
+                h = next
+            }
+            last = h
+            guard let l = try call("head_logits", layer: nil, values: ["x": last], state: state)["logits"] else { throw TrainerError.runtime("no logits") }
+            logits = l
+            pos += 1
+        }
+        return out
+    }
+}
+
+extension HostBuffer {
+    /// Float `i` (little-endian) of the buffer.
+    func floatValue(_ i: Int) -> Float { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) }
+}
+
+extension StepPlan {
+    /// The layers to backpropagate at `step` as a set (LCSB chosen at run time).
+    public func selected(forStep step: Int) -> Set<Int> { Set(layers(forStep: step)) }
+}

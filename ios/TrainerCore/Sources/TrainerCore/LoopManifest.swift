@@ -1,0 +1,216 @@
+import Foundation
+
+/// `manifest.json` of a contract-v3 program (`shared_schemas/manifest.schema.json`, schema_version 3,
+/// written by `toolchain/export/manifest.py:ProgramManifest`): layer-generic methods whose every input
+/// is bound (`input`, `activation`, `weight` of the weights file, `state` entry), and the loop the app
+/// drives (`toolchain/runtime/loop.py` is the reference). Only what the app needs is decoded; other
+/// keys are ignored.
+public struct LoopManifest: Decodable, Equatable {
+    public static let fileName = "manifest.json"
+    public static let supportedSchemaVersion = 3
+
+    public var schemaVersion: Int
+    public var seqLen: Int
+    public var model: Model
+    public var optimizer: Optimizer
+    public var lcsb: Lcsb?
+    public var methods: [Method]
+    public var loop: Loop
+    public var state: State
+    public var weights: Weights
+    public var files: [String: String]
+    public var programs: [Program]
+
+    enum CodingKeys: String, CodingKey {
+        case schemaVersion = "schema_version", seqLen = "seq_len", model, optimizer, lcsb, methods, loop, state
+        case weights, files, programs
+    }
+
+    public struct Model: Decodable, Equatable {
+        public var arch: Arch
+    }
+
+    public struct Arch: Decodable, Equatable {
+        public var hidden: Int
+        public var layers: Int
+        public var vocab: Int
+    }
+
+    public struct Optimizer: Decodable, Equatable {
+        public var kind: String
+        public var weightDecay: Double
+        public var defaultLr: Double?
+        enum CodingKeys: String, CodingKey { case kind, weightDecay = "weight_decay", defaultLr = "default_lr" }
+    }
+
+    /// The default LCSB plan (apps may choose other layers at run time).
+    public struct Lcsb: Decodable, Equatable {
+        public var policy: String
+        public var k: Int?
+        public var phases: [[Int]]
+        public var schedule: [Int]
+    }
+
+    public struct Program: Decodable, Equatable {
+        public var target: String
+        public var file: String
+        public var methods: [String: String]?
+    }
+
+    /// One method input or output and what it is bound to.
+    public struct IO: Decodable, Equatable {
+        public enum Bind: String, Decodable { case input, activation, weight, state, result, cache }
+        public var name: String
+        public var bind: Bind
+        public var ref: String
+        public var dtype: String
+        public var shape: [Int]
+        /// `weight` only: the row range `[start, end)` of the weight passed (a view).
+        public var rows: [Int]?
+        public var count: Int { shape.reduce(1, *) }
+        public var elementSize: Int { LoopManifest.elementSize(dtype) ?? 0 }
+        public var byteCount: Int { count * elementSize }
+
+        /// `ref` with the layer placeholder replaced (unchanged when `layer` is nil).
+        public func ref(layer: Int?, placeholder: String = "{layer}") -> String {
+            guard let layer else { return ref }
+            return ref.replacingOccurrences(of: placeholder, with: String(layer))
+        }
+    }
+
+    public struct Method: Decodable, Equatable {
+        public var name: String
+        public var role: String
+        public var inputs: [IO]
+        public var outputs: [IO]
+    }
+
+    public struct Loop: Decodable, Equatable {
+        public var layers: Int
+        public var movesUnselected: Bool
+        enum CodingKeys: String, CodingKey { case layers, movesUnselected = "moves_unselected" }
+    }
+
+    public struct State: Decodable, Equatable {
+        public var dtype: String
+        public var numel: Int
+        public var initFile: String
+        public var stepEntry: String?
+        public var entries: [Entry]
+        enum CodingKeys: String, CodingKey { case dtype, numel, initFile = "init_file", stepEntry = "step_entry", entries }
+    }
+
+    public struct Entry: Decodable, Equatable {
+        public var name: String
+        public var key: String
+        public var role: String
+        public var shape: [Int]
+        public var offset: Int
+        public var layer: Int?
+        public var count: Int { shape.reduce(1, *) }
+    }
+
+    public struct Weights: Decodable, Equatable {
+        public var file: String
+        public var bytes: Int?
+        public var layerPlaceholder: String
+        enum CodingKeys: String, CodingKey { case file, bytes, layerPlaceholder = "layer_placeholder" }
+    }
+
+    static func elementSize(_ dtype: String) -> Int? {
+        switch dtype {
+        case "float32", "int32": return 4
+        case "int64": return 8
+        case "uint8", "int8": return 1
+        case "float16", "bfloat16": return 2
+        default: return nil
+        }
+    }
+
+    /// The methods the training loop calls, by role.
+    public static let trainRoles = ["embed", "block_forward", "head_loss", "block_backward"]
+
+    private struct VersionOnly: Decodable {
+        let schemaVersion: Int?
+        enum CodingKeys: String, CodingKey { case schemaVersion = "schema_version" }
+    }
+
+    public static func decode(_ data: Data, source: String = "manifest.json") throws -> LoopManifest {
+        let version = (try? JSONDecoder().decode(VersionOnly.self, from: data))?.schemaVersion
+        guard version == supportedSchemaVersion else {
+            let what = version.map { "schema_version \($0)" } ?? "no schema_version"
+            throw TrainerError.badInput("\(source) has \(what); this app runs contract v3 (schema_version 3) only; re-export the program")
+        }
+        let m: LoopManifest
+        do {
+            m = try JSONDecoder().decode(LoopManifest.self, from: data)
+        } catch {
+            throw TrainerError.badInput("\(source) is not a valid v3 manifest (\(describe(error))); re-export the program")
+        }
+        try m.validate(source: source)
+        return m
+    }
+
+    public static func load(directory: URL) throws -> LoopManifest {
+        let url = directory.appendingPathComponent(fileName)
+        return try decode(try readFile(url, what: "manifest"), source: url.path)
+    }
+
+    public func method(role: String) -> Method? { methods.first { $0.role == role } }
+
+    public func entry(named name: String) -> Entry? { entryIndex[name].map { state.entries[$0] } }
+
+    private var entryIndex: [String: Int] {
+        Dictionary(state.entries.enumerated().map { ($1.name, $0) }, uniquingKeysWith: { a, _ in a })
+    }
+
+    /// Every binding resolvable for every layer: the state refs name entries of the right shape, the
+    /// activations and inputs are the ones the loop provides, the methods the loop needs exist.
+    public func validate(source: String = "manifest.json") throws {
+        func fail(_ why: String) -> TrainerError { .badInput("\(source): \(why); re-export the program") }
+        guard seqLen >= 2 else { throw fail("seq_len \(seqLen) is below 2") }
+        guard loop.layers == model.arch.layers, loop.layers >= 1 else { throw fail("loop.layers \(loop.layers) is not the model's \(model.arch.layers)") }
+        guard state.dtype == "float32", state.numel > 0 else { throw fail("state must be float32 with numel > 0") }
+        let index = entryIndex
+        guard index.count == state.entries.count else { throw fail("a state entry name is listed twice") }
+        var end = 0
+        for e in state.entries.sorted(by: { $0.offset < $1.offset }) {
+            guard e.offset >= end, e.offset + e.count <= state.numel, !e.shape.isEmpty else {
+                throw fail("state entry \(e.name) [\(e.offset), \(e.offset + e.count)) overlaps or lies outside the state of \(state.numel)")
+            }
+            end = e.offset + e.count
+        }
+        if let s = state.stepEntry { guard index[s] != nil else { throw fail("state.step_entry \(s) is not an entry") } }
+        var roles = Self.trainRoles
+        if loop.movesUnselected { roles.append("block_skip_update") }
+        for r in roles where method(role: r) == nil { throw fail("no method has role \(r)") }
+        let activations: Set<String> = ["x", "d", "checkpoint"]
+        let appInputs: Set<String> = ["input_ids", "labels", "lr"]
+        for m in methods where roles.contains(m.role) {
+            let layered = m.role.hasPrefix("block_")
+            for io in m.inputs + m.outputs {
+                guard io.elementSize > 0 else { throw fail("\(m.name) \(io.name) has dtype \(io.dtype)") }
+                switch io.bind {
+                case .state:
+                    for layer in layered ? Array(0..<loop.layers) : [0] {
+                        let ref = io.ref(layer: layered ? layer : nil, placeholder: weights.layerPlaceholder)
+                        guard let i = index[ref] else { throw fail("\(m.name) \(io.name) binds state \(ref), which is not an entry") }
+                        guard state.entries[i].shape == io.shape, io.dtype == "float32" else {
+                            throw fail("\(m.name) \(io.name) is \(io.dtype)\(io.shape), entry \(ref) is float32\(state.entries[i].shape)")
+                        }
+                    }
+                case .activation:
+                    guard activations.contains(io.ref) else { throw fail("\(m.name) \(io.name) binds activation \(io.ref)") }
+                case .input:
+                    guard appInputs.contains(io.ref) else { throw fail("\(m.name) \(io.name) binds input \(io.ref)") }
+                case .weight:
+                    if let rows = io.rows, rows.count != 2 || rows[0] < 0 || rows[1] <= rows[0] || rows[1] - rows[0] != io.shape.first {
+                        throw fail("\(m.name) \(io.name) has rows \(rows) for shape \(io.shape)")
+                    }
+                case .result, .cache:
+                    break
+                }
+            }
+        }
+    }
+}

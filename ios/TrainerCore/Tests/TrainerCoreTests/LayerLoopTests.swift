@@ -1,0 +1,269 @@
+import Foundation
+import XCTest
+@testable import TrainerCore
+
+/// A fake runtime for the loop's unit tests: each output is a deterministic function of the sha256
+/// of all the call's inputs (so a wrong binding changes everything downstream), every call recorded
+/// (method, layer, each input's sha256 and address, each output's bytes).
+final class HashRuntime: LoopRuntime {
+    struct Call { let method: String; let layer: Int?; let inputs: [(name: String, bind: LoopManifest.IO.Bind, ref: String, sha: String, address: UnsafeRawPointer?)]; let outputs: [Data] }
+    let backendName = "hash"
+    let manifest: LoopManifest
+    var calls: [Call] = []
+    var loaded: [String] = []
+    var wrongOutputCount = false
+
+    init(manifest: LoopManifest) { self.manifest = manifest }
+
+    func load(methods: [String]) throws { loaded += methods }
+
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        guard let m = manifest.methods.first(where: { $0.name == method }) else { throw TrainerError.runtime("no \(method)") }
+        for (v, io) in zip(inputs, m.inputs) where v.name != io.name || v.shape != io.shape || v.dtype != io.dtype {
+            throw TrainerError.runtime("\(method) input \(v.name) does not match \(io.name)")
+        }
+        let shas = inputs.map { SHA256.hex($0.bytes) }
+        let seed = SHA256.digest(Data(shas.joined().utf8).withUnsafeBytes { UnsafeRawBufferPointer($0) })
+        var outputs: [Data] = []
+        for (j, io) in m.outputs.enumerated() {
+            let n = io.count
+            var values = [Float](repeating: 0, count: n)
+            for i in 0..<n { values[i] = Float(Int(seed[(i + 7 * j) % 32]) - 128) / 256 + Float(i % 5) / 1000 }
+            outputs.append(values.withUnsafeBytes { Data($0) })
+        }
+        if wrongOutputCount { outputs.removeLast() }
+        calls.append(Call(method: method, layer: layer,
+                          inputs: zip(inputs, shas).map { ($0.name, $0.bind, $0.ref, $1, $0.bytes.baseAddress.map { UnsafeRawPointer($0) }) },
+                          outputs: outputs))
+        return outputs
+    }
+}
+
+/// A weights file for a manifest: every weight key its methods bind (all layers), with the shape
+/// they name, filled with a pattern; 64-byte aligned tensors as `export/weights_file.py` writes them.
+enum SyntheticWeights {
+    static func write(for manifest: LoopManifest, to url: URL) throws {
+        var shapes: [String: (String, [Int])] = [:]
+        for m in manifest.methods {
+            for io in m.inputs where io.bind == .weight {
+                for layer in (m.role.hasPrefix("block_") ? (0..<manifest.loop.layers).map { Optional($0) } : [nil]) as [Int?] {
+                    let key = io.ref(layer: layer, placeholder: manifest.weights.layerPlaceholder)
+                    if io.rows == nil || shapes[key] == nil {
+                        var shape = io.shape
+                        if let rows = io.rows { shape[0] = rows[1] }
+                        if io.rows == nil || shapes[key] == nil { shapes[key] = (io.dtype, shape) }
+                    }
+                }
+            }
+        }
+        let st = ["float32": "F32", "uint8": "U8", "int8": "I8", "int64": "I64"]
+        var header: [String: Any] = [:]
+        var blob = Data()
+        for key in shapes.keys.sorted() {
+            let (dtype, shape) = shapes[key]!
+            let size = shape.reduce(1, *) * (dtype == "float32" ? 4 : dtype == "int64" ? 8 : 1)
+            while blob.count % 64 != 0 { blob.append(0) }
+            let start = blob.count
+            if dtype == "float32" {
+                for i in 0..<(size / 4) { withUnsafeBytes(of: Float(i % 17) / 17 - 0.5) { blob.append(contentsOf: $0) } }
+            } else {
+                for i in 0..<size { blob.append(UInt8(truncatingIfNeeded: i &* 31 &+ key.count)) }
+            }
+            header[key] = ["dtype": st[dtype]!, "shape": shape, "data_offsets": [start, blob.count]]
+        }
+        var json = try JSONSerialization.data(withJSONObject: header, options: [.sortedKeys])
+        while (8 + json.count) % 64 != 0 { json.append(0x20) }
+        var file = Data()
+        withUnsafeBytes(of: UInt64(json.count).littleEndian) { file.append(contentsOf: $0) }
+        file.append(json)
+        file.append(blob)
+        try file.write(to: url)
+    }
+}
+
+final class LayerLoopTests: XCTestCase {
+    var dir: URL!
+
+    override func setUpWithError() throws {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("layerloop-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
+
+    func tinyManifest() throws -> LoopManifest {
+        try LoopManifest.decode(try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json")), source: "manifest_tiny.json")
+    }
+
+    func makeLoop(_ m: LoopManifest) throws -> (LayerLoop, HashRuntime, LoopState) {
+        let url = dir.appendingPathComponent("weights.safetensors")
+        try SyntheticWeights.write(for: m, to: url)
+        let rt = HashRuntime(manifest: m)
+        let loop = try LayerLoop(manifest: m, weights: try MappedWeights(url: url), runtime: rt)
+        try loop.loadTraining()
+        let values = (0..<m.state.numel).map { Float($0 % 13) / 100 }
+        return (loop, rt, try LoopState(manifest: m, values: values))
+    }
+
+    func row(_ m: LoopManifest) -> ([Int64], [Int64]) {
+        let ids = (0..<m.seqLen - 5).map { Int64(($0 * 7) % m.model.arch.vocab) }
+        return (ids, ids.enumerated().map { $0.offset < 3 ? -100 : $0.element })
+    }
+
+    func testTinyManifestDecodes() throws {
+        let m = try tinyManifest()
+        XCTAssertEqual(m.loop.layers, 8)
+        XCTAssertTrue(m.loop.movesUnselected)
+        XCTAssertEqual(m.state.stepEntry, "adam_step")
+        XCTAssertEqual(m.weights.layerPlaceholder, "{layer}")
+        XCTAssertEqual(m.method(role: "head_loss")?.inputs.last?.rows, [0, 264])
+    }
+
+    func testVersion2Refused() throws {
+        var obj = try JSONSerialization.jsonObject(with: try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json"))) as! [String: Any]
+        obj["schema_version"] = 2
+        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+            XCTAssertTrue("\(e)".contains("re-export"), "\(e)")
+        }
+        obj["schema_version"] = 3
+        var methods = obj["methods"] as! [[String: Any]]
+        methods.removeAll { ($0["role"] as? String) == "block_backward" }
+        obj["methods"] = methods
+        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+            XCTAssertTrue("\(e)".contains("block_backward"), "\(e)")
+        }
+    }
+
+    func testFullStepOrderBindingsAndNoCopies() throws {
+        let m = try tinyManifest()
+        let (loop, rt, state) = try makeLoop(m)
+        let before = state.values
+        let (ids, labels) = row(m)
+        let loss = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, padTokenId: 258)
+        let L = m.loop.layers
+        let want = ["embed"] + Array(repeating: "block_forward", count: L) + ["head_loss"] + Array(repeating: "block_backward", count: L)
+        XCTAssertEqual(rt.calls.map(\.method), want)
+        XCTAssertEqual(rt.calls.map(\.layer), [nil] + (0..<L).map { $0 } + [nil] + (0..<L).reversed().map { $0 })
+        // loss = the head's first output
+        XCTAssertEqual(loss, rt.calls[L + 1].outputs[0].withUnsafeBytes { $0.loadUnaligned(as: Float.self) })
+        // ids padded with the pad id, labels with -100
+        let padded = (ids + Array(repeating: 258, count: m.seqLen - ids.count)).map { $0 }
+        XCTAssertEqual(rt.calls[0].inputs[0].sha, SHA256.hex(padded.withUnsafeBytes { Data($0) }))
+        let paddedLabels = labels + Array(repeating: -100, count: m.seqLen - labels.count)
+        XCTAssertEqual(rt.calls[L + 1].inputs.first { $0.name == "labels" }!.sha, SHA256.hex(paddedLabels.withUnsafeBytes { Data($0) }))
+        // chaining: x of block_forward i = output of the previous call; checkpoint of block_backward i = x of block_forward i
+        for i in 0..<L {
+            let fwd = rt.calls[1 + i]
+            XCTAssertEqual(fwd.inputs[0].sha, SHA256.hex(rt.calls[i].outputs[0]))
+            let bwd = rt.calls[L + 2 + (L - 1 - i)]
+            XCTAssertEqual(bwd.inputs.first { $0.ref == "checkpoint" }!.sha, fwd.inputs[0].sha, "checkpoint of layer \(i)")
+            let prev = rt.calls[L + 1 + (L - 1 - i)]
+            let dIndex = prev.method == "head_loss" ? 1 : 0
+            XCTAssertEqual(bwd.inputs.first { $0.ref == "d" }!.sha, SHA256.hex(prev.outputs[dIndex]), "d into layer \(i)")
+            // every state input is the layer's entry and is passed in place (an address inside the state)
+            let lo = UnsafeRawPointer(state.buffer.raw.baseAddress!), hi = lo + state.buffer.byteCount
+            for inp in bwd.inputs where inp.bind == .state {
+                XCTAssertTrue(inp.ref == "adam_step" || inp.ref.contains("_\(i)_"), inp.ref)
+                XCTAssertTrue(inp.address! >= lo && inp.address! < hi, "\(inp.ref) was copied")
+            }
+            // weights are views of the mapping
+            let wlo = loop.weights.base, whi = wlo + loop.weights.fileSize
+            for inp in fwd.inputs where inp.bind == .weight {
+                XCTAssertTrue(inp.ref.hasPrefix("layers.\(i)."), inp.ref)
+                XCTAssertTrue(inp.address! >= wlo && inp.address! < whi, "\(inp.ref) was copied")
+            }
+        }
+        // step counter: +1 before the step, seen by every backward
+        let step = try state.view("adam_step")[0]
+        XCTAssertEqual(step, before[try state.entry("adam_step").offset] + 1)
+        let stepBytes = withUnsafeBytes(of: step) { Data($0) }
+        XCTAssertEqual(rt.calls[L + 2].inputs.first { $0.ref == "adam_step" }!.sha, SHA256.hex(stepBytes))
+        // state outputs landed in their slices
+        let bb = m.method(role: "block_backward")!
+        for (j, io) in bb.outputs.enumerated() where io.bind == .state {
+            for i in 0..<L {
+                let call = rt.calls[L + 2 + (L - 1 - i)]
+                let slice = try state.view(io.ref(layer: i))
+                XCTAssertEqual(SHA256.hex(UnsafeRawBufferPointer(slice)), SHA256.hex(call.outputs[j]), "\(io.ref) layer \(i)")
+            }
+        }
+        // entries no method returns (the LoRA params are returned here too: AdamW) keep their bytes elsewhere
+        let written = Set(bb.outputs.filter { $0.bind == .state }.flatMap { io in (0..<L).map { io.ref(layer: $0) } })
+        for e in m.state.entries where !written.contains(e.name) && e.name != "adam_step" {
+            XCTAssertEqual(Array(try state.view(e.name)), Array(before[e.offset..<e.offset + e.count]), e.name)
+        }
+    }
+
+    func testLcsbChosenAtRunTime() throws {
+        let m = try tinyManifest()
+        let (loop, rt, state) = try makeLoop(m)
+        let (ids, labels) = row(m)
+        _ = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, selected: [2, 5])
+        let L = m.loop.layers
+        let back = rt.calls.dropFirst(L + 2)
+        XCTAssertEqual(back.map(\.method), (0..<L).reversed().map { [2, 5].contains($0) ? "block_backward" : "block_skip_update" })
+        XCTAssertEqual(back.map(\.layer), (0..<L).reversed().map { $0 })
+        // checkpoints: the forward inputs of layers 5 and 2
+        XCTAssertEqual(back.first { $0.layer == 5 }!.inputs.first { $0.ref == "checkpoint" }!.sha, rt.calls[1 + 5].inputs[0].sha)
+        XCTAssertEqual(back.first { $0.layer == 2 }!.inputs.first { $0.ref == "checkpoint" }!.sha, rt.calls[1 + 2].inputs[0].sha)
+        // d of layer 2 = d output of layer 5's backward (skip updates take no d)
+        XCTAssertEqual(back.first { $0.layer == 2 }!.inputs.first { $0.ref == "d" }!.sha,
+                       SHA256.hex(back.first { $0.layer == 5 }!.outputs[0]))
+        // frozen unselected: no skip updates
+        var frozen = m
+        frozen.loop.movesUnselected = false
+        let (loop2, rt2, state2) = try makeLoop(frozen)
+        _ = try loop2.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state2, selected: [6])
+        XCTAssertEqual(rt2.calls.dropFirst(L + 2).map(\.method), ["block_backward"])
+        XCTAssertEqual(rt2.loaded, ["embed", "block_forward", "head_loss", "block_backward"])
+        XCTAssertThrowsError(try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, selected: [8]))
+        XCTAssertThrowsError(try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, selected: []))
+        // a plan's phases are the run-time selection
+        let plan = try StepPlan(layers: L, policy: "cyclic", k: 4, phases: m.lcsb!.phases, schedule: m.lcsb!.schedule)
+        XCTAssertEqual(plan.selected(forStep: 1), Set([4, 5, 6, 7]))
+    }
+
+    func testBadOutputsRefused() throws {
+        let m = try tinyManifest()
+        let (loop, rt, state) = try makeLoop(m)
+        rt.wrongOutputCount = true
+        let (ids, labels) = row(m)
+        XCTAssertThrowsError(try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state)) { e in
+            XCTAssertTrue("\(e)".contains("outputs"), "\(e)")
+        }
+        XCTAssertThrowsError(try loop.trainStep(inputIds: ids + ids + ids, labels: labels + labels + labels, lr: 0.01, state: state))
+    }
+
+    func testWeightViewsAndRows() throws {
+        let m = try tinyManifest()
+        let url = dir.appendingPathComponent("w.safetensors")
+        try SyntheticWeights.write(for: m, to: url)
+        let w = try MappedWeights(url: url)
+        let full = try w.view("embed")
+        XCTAssertEqual(full.shape, [264, 64])
+        XCTAssertEqual(Int(bitPattern: full.bytes.baseAddress!) % 64, 0)
+        let part = try w.view("embed", rows: [10, 20])
+        XCTAssertEqual(part.shape, [10, 64])
+        XCTAssertEqual(part.bytes.baseAddress!, full.bytes.baseAddress! + 10 * 64 * 4)
+        XCTAssertEqual(part.bytes.count, 10 * 64 * 4)
+        XCTAssertEqual(try w.view("layers.3.q_proj.qweight").dtype, "uint8")
+        XCTAssertThrowsError(try w.view("embed", rows: [200, 300]))
+        XCTAssertThrowsError(try w.view("nope"))
+        try Data([1, 2, 3]).write(to: url)
+        XCTAssertThrowsError(try MappedWeights(url: url))
+        // a weights file lacking a key the methods bind is refused before anything runs
+        var m2 = m
+        m2.methods[0].inputs[1].ref = "embed_missing"
+        XCTAssertThrowsError(try LayerLoop(manifest: m2, weights: try MappedWeights(url: { try! SyntheticWeights.write(for: m, to: url); return url }()),
+                                           runtime: HashRuntime(manifest: m2)))
+    }
+
+    func testSHA256() {
+        func h(_ b: [UInt8]) -> String { SHA256.hex(Data(b)) }
+        XCTAssertEqual(h([]), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        XCTAssertEqual(h(Array("abc".utf8)), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        XCTAssertEqual(h(Array(0...255) + Array(0...255) + Array(0...255)), "f3a25aa93aa2fbba28d79260535bbd6a5eb0fc1c24a8b0f04e12b484c1dfe363")
+        XCTAssertEqual(h(Array(0..<55)), "463eb28e72f82e0a96c0a4cc53690c571281131f672aa229e0d45ae59b598b59")
+        XCTAssertEqual(h(Array(0..<56)), "da2ae4d6b36748f2a318f23e7ab1dfdf45acdc9d049bd80e59de82a60895f562")
+    }
+}

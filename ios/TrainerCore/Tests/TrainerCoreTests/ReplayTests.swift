@@ -1,0 +1,149 @@
+import Foundation
+import XCTest
+@testable import TrainerCore
+
+/// A runtime that replays a recorded trace (`shared_schemas/traces/README.md`): call i must be the
+/// recorded method and layer with every input's dtype, shape and sha256 as recorded; it returns the
+/// recorded outputs (bytes of outputs.bin). The first mismatch is thrown and kept.
+final class ReplayRuntime: LoopRuntime {
+    let backendName = "replay"
+    let calls: [[String: Any]]
+    let outputs: Data
+    var next = 0
+    var inputsChecked = 0
+    var mismatch: String?
+
+    init(trace: [String: Any], outputs: Data) {
+        calls = trace["calls"] as! [[String: Any]]
+        self.outputs = outputs
+    }
+
+    func load(methods: [String]) throws {}
+
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        func fail(_ why: String) -> TrainerError {
+            let m = "call \(next) (\(method) layer \(layer.map(String.init) ?? "-")): \(why)"
+            if mismatch == nil { mismatch = m }
+            return .runtime(m)
+        }
+        guard next < calls.count else { throw fail("the trace has only \(calls.count) calls") }
+        let c = calls[next]
+        guard c["method"] as? String == method else { throw fail("the trace has \(c["method"] ?? "?") here") }
+        guard (c["layer"] as? Int) == layer else { throw fail("the trace has layer \(c["layer"] ?? "nil")") }
+        let recorded = c["inputs"] as! [[String: Any]]
+        guard recorded.count == inputs.count else { throw fail("\(inputs.count) inputs, the trace has \(recorded.count)") }
+        for (r, v) in zip(recorded, inputs) {
+            guard r["name"] as? String == v.name, r["dtype"] as? String == v.dtype, r["shape"] as? [Int] == v.shape else {
+                throw fail("input \(v.name) \(v.dtype)\(v.shape) is \(r["name"] ?? "?") \(r["dtype"] ?? "?")\(r["shape"] ?? "?") in the trace")
+            }
+            let sha = SHA256.hex(v.bytes)
+            guard r["sha256"] as? String == sha else { throw fail("input \(v.name) (\(v.ref)) has sha256 \(sha.prefix(12)), the trace \(String(describing: r["sha256"]!).prefix(12))") }
+            inputsChecked += 1
+        }
+        next += 1
+        return (c["outputs"] as! [[String: Any]]).map { o in
+            let off = o["offset"] as! Int, n = o["nbytes"] as! Int
+            return outputs.subdata(in: off..<off + n)
+        }
+    }
+}
+
+final class ReplayTests: XCTestCase {
+    static var traceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny") }
+
+    /// The Swift loop replays the host's recorded v3_tiny trace (real ExecuTorch outputs): every train
+    /// step (full and LCSB chosen at run time, AdamW with skip updates), the eval pass and greedy
+    /// generation with the KV cache; every input bit for bit, the losses, each step's state and the
+    /// final state.
+    func testReplayV3Tiny() throws {
+        let traceURL = Self.traceDir.appendingPathComponent("trace.json")
+        guard FileManager.default.fileExists(atPath: traceURL.path) else {
+            XCTFail("no trace at \(traceURL.path) (scripts/record_v3_trace.py records it)")
+            return
+        }
+        let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceURL)) as! [String: Any]
+        XCTAssertEqual(trace["format"] as? String, "toolchain-v3-trace")
+        XCTAssertEqual(trace["format_version"] as? Int, 1)
+        let program = Self.traceDir.appendingPathComponent(trace["program"] as! String)
+        let outputs = try Data(contentsOf: Self.traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
+        let rt = ReplayRuntime(trace: trace, outputs: outputs)
+        let loop = try LayerLoop(programDirectory: program, runtime: rt)
+        let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
+        XCTAssertEqual(state.sha256, trace["initial_state_sha256"] as? String, "state_init.bin")
+        let pad = Int64(trace["pad_token_id"] as! Int)
+        let lr = Float(trace["lr"] as! Double)
+        func rows(_ key: String) -> [(inputIds: [Int64], labels: [Int64])] {
+            (trace[key] as! [[String: Any]]).map { r in
+                ((r["input_ids"] as! [Int]).map(Int64.init), (r["labels"] as! [Int]).map(Int64.init))
+            }
+        }
+        let train = rows("rows"), held = rows("eval_rows")
+        var losses: [Float] = []
+        var kinds: [String] = []
+        for step in trace["steps"] as! [[String: Any]] {
+            let kind = step["kind"] as! String
+            kinds.append(kind)
+            let range = step["calls"] as! [Int]
+            XCTAssertEqual(rt.next, range[0], "\(kind) step starts at call \(range[0])")
+            switch kind {
+            case "train":
+                let row = train[step["row"] as! Int]
+                let sel = Set(step["selected"] as! [Int])
+                let loss = try loop.trainStep(inputIds: row.inputIds, labels: row.labels, lr: lr, state: state, selected: sel, padTokenId: pad)
+                XCTAssertEqual(loss, Float(step["loss"] as! Double), "loss of step \(step["step"]!)")
+                XCTAssertEqual(state.sha256, step["state_sha256"] as? String, "state after step \(step["step"]!)")
+                losses.append(loss)
+            case "eval":
+                let idx = step["rows"] as! [Int]
+                let before = state.sha256
+                let (loss, tokens) = try loop.evaluate(rows: idx.map { held[$0] }, state: state, padTokenId: pad)
+                XCTAssertEqual(tokens, step["tokens"] as? Int)
+                XCTAssertEqual(loss, step["loss"] as! Double, accuracy: 1e-9 * abs(loss))
+                XCTAssertEqual(state.sha256, before, "eval wrote the state")
+            case "generate":
+                XCTAssertEqual(step["greedy"] as? Bool, true)
+                let before = state.sha256
+                let ids = try loop.generate(prompt: (step["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: step["max_new_tokens"] as! Int,
+                                            state: state, padTokenId: pad, stopIds: Set((step["stop_ids"] as! [Int]).map(Int64.init)))
+                XCTAssertEqual(ids, (step["output_ids"] as! [Int]).map(Int64.init))
+                XCTAssertEqual(state.sha256, before, "generate wrote the state")
+            default:
+                XCTFail("unknown step kind \(kind)")
+            }
+            XCTAssertEqual(rt.next, range[1], "\(kind) step ends at call \(range[1])")
+        }
+        XCTAssertNil(rt.mismatch)
+        XCTAssertEqual(rt.next, rt.calls.count, "every recorded call was made")
+        XCTAssertEqual(losses, (trace["losses"] as! [Double]).map(Float.init))
+        XCTAssertEqual(state.sha256, trace["final_state_sha256"] as? String, "final state")
+        XCTAssertTrue(kinds.contains("train") && kinds.contains("eval") && kinds.contains("generate"), "\(kinds)")
+        XCTAssertGreaterThan(rt.inputsChecked, 1000)
+        print("replay v3_tiny: \(rt.next) calls, \(rt.inputsChecked) inputs matched, \(losses.count) train steps, final state \(state.sha256.prefix(16))")
+    }
+
+    /// The trace's program exercises what the loop must handle: LCSB steps (k < L) and skip updates.
+    func testTraceCoversLcsbAndSkipUpdates() throws {
+        let traceURL = Self.traceDir.appendingPathComponent("trace.json")
+        guard FileManager.default.fileExists(atPath: traceURL.path) else { XCTFail("no trace"); return }
+        let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceURL)) as! [String: Any]
+        let steps = (trace["steps"] as! [[String: Any]]).filter { $0["kind"] as? String == "train" }
+        let m = try LoopManifest.load(directory: Self.traceDir.appendingPathComponent("program"))
+        XCTAssertTrue(steps.contains { ($0["selected"] as! [Int]).count < m.loop.layers })
+        XCTAssertTrue((trace["calls"] as! [[String: Any]]).contains { $0["method"] as? String == "block_skip_update" })
+        // a replay of a tampered trace input fails at that call
+        var calls = trace["calls"] as! [[String: Any]]
+        var inputs = calls[3]["inputs"] as! [[String: Any]]
+        inputs[0]["sha256"] = String(repeating: "0", count: 64)
+        calls[3]["inputs"] = inputs
+        var bad = trace
+        bad["calls"] = calls
+        let program = Self.traceDir.appendingPathComponent("program")
+        let rt = ReplayRuntime(trace: bad, outputs: try Data(contentsOf: Self.traceDir.appendingPathComponent("outputs.bin")))
+        let loop = try LayerLoop(programDirectory: program, runtime: rt)
+        let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
+        let row = (trace["rows"] as! [[String: Any]])[0]
+        XCTAssertThrowsError(try loop.trainStep(inputIds: (row["input_ids"] as! [Int]).map(Int64.init), labels: (row["labels"] as! [Int]).map(Int64.init),
+                                                lr: Float(trace["lr"] as! Double), state: state, selected: Set(steps[0]["selected"] as! [Int])))
+        XCTAssertEqual(rt.mismatch?.hasPrefix("call 3"), true, rt.mismatch ?? "no mismatch")
+    }
+}

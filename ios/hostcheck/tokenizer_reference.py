@@ -1,0 +1,39 @@
+"""Writes what the Swift tokenizer test compares against (run by ios/test.sh, not committed: 4.6 MB).
+
+OUT/tokenizer.json: the Qwen2.5 tokenizer as `toolchain export` ships it (toolchain/tokenizer.py);
+OUT/decode.json: the Python decode of every corpus case's reference ids and of 400 random id
+sequences (split multi-byte characters, added tokens in the middle), as UTF-8 bytes in hex.
+
+    .venv/bin/python ios/hostcheck/tokenizer_reference.py OUT_DIR
+"""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+from toolchain.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    tk = load_tokenizer("qwen2.5")
+    (out / "tokenizer.json").write_text(tk.to_json(), encoding="utf-8")
+    ref = json.loads((ROOT / "shared_schemas/tokenizer_corpus/qwen2.5_ids.json").read_text())
+    rng = random.Random(0)
+    randoms = []
+    for _ in range(400):
+        ids = [rng.randrange(151665) if rng.random() < 0.3 else rng.randrange(256) for _ in range(rng.randint(1, 8))]
+        randoms.append(ids)
+    doc = {
+        "corpus": [tk.decode(ids).encode("utf-8", "surrogatepass").hex() for ids in ref["ids"]],
+        "random": [{"ids": ids, "text": tk.decode(ids).encode("utf-8", "surrogatepass").hex()} for ids in randoms],
+    }
+    (out / "decode.json").write_text(json.dumps(doc), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

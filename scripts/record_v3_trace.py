@@ -1,0 +1,206 @@
+"""Record a replay trace of a tiny exported v3 program on the real ExecuTorch runtime
+(format: shared_schemas/traces/README.md).
+
+    .venv/bin/python scripts/record_v3_trace.py [OUT_DIR]      # default shared_schemas/traces/v3_tiny
+
+Exports a 3-layer Qwen2.5-shaped program (int4 group 16, AdamW with weight decay, LoRA on a subset of
+targets, the generation methods), then runs the host's own drivers on it: the program trainer
+(`toolchain/training/program.py`, i.e. `runtime/loop.py` LayerLoop) for a full-backprop step and LCSB
+steps whose layers are chosen at run time, an eval pass (`runtime/evaluate.py`) and a greedy generation
+(`runtime/generate.py`). A wrapper around the runner's `execute` records every call: method, layer,
+each input's dtype/shape/sha256, each output's bytes (into outputs.bin). Deterministic: the same script
+gives the same trace.json and outputs.bin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from toolchain.dataset import Example  # noqa: E402
+from toolchain.export.build import ExportSpec, export_program  # noqa: E402
+from toolchain.export.program import OptimizerSpec, QuantSpec  # noqa: E402
+from toolchain.lcsb.plan import StepPlan  # noqa: E402
+from toolchain.lora import LoraConfig, init_lora  # noqa: E402
+from toolchain.models import Qwen25Arch, random_weights  # noqa: E402
+from toolchain.runtime import LayerLoop, ProgramDir  # noqa: E402
+from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
+from toolchain.runtime.generate import generate  # noqa: E402
+from toolchain.runtime.runners import open_runner  # noqa: E402
+from toolchain.training.program import ProgramTrainer, TrainRun  # noqa: E402
+
+ARCH = Qwen25Arch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
+T = 16
+CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+LR = 0.05
+# Step 0: full backprop; then LCSB (k < L) with the layers chosen at run time: a top layer alone (the
+# layers below get block_skip_update), the two outer layers (the middle one skipped), full again.
+SELECTIONS = ((0, 1, 2), (2,), (0, 2), (1,), (0, 1, 2))
+PROMPT = (5, 17, 42)
+NEW_TOKENS = 4
+PTE_LIMIT = 2 * 1024 * 1024
+DTYPES = {torch.float32: "float32", torch.int64: "int64", torch.uint8: "uint8", torch.int8: "int8",
+          torch.int32: "int32"}
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """Row-major little-endian bytes of exactly the tensor's elements (a view: only its elements)."""
+    a = t.detach().contiguous().cpu().numpy()
+    if a.dtype.byteorder == ">":
+        a = a.byteswap().view(a.dtype.newbyteorder("<"))
+    return a.tobytes(order="C")
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+class Recorder:
+    """Wraps a runner: every execute() is recorded; `layer` is set by the loop wrapper before each call."""
+
+    def __init__(self, runner, methods) -> None:
+        self.runner, self.methods = runner, methods
+        self.backend = getattr(runner, "backend", "executorch")
+        self.calls: list[dict] = []
+        self.blob = bytearray()
+        self.layer: int | None = None
+
+    def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        spec = self.methods[method]
+        ins = [{"name": io.name, "dtype": DTYPES[t.dtype], "shape": list(t.shape), "sha256": sha(tensor_bytes(t))}
+               for io, t in zip(spec.inputs, inputs)]
+        outputs = self.runner.execute(method, inputs)
+        outs = []
+        for io, t in zip(spec.outputs, outputs):
+            b = tensor_bytes(t)
+            outs.append({"name": io.name, "dtype": DTYPES[t.dtype], "shape": list(t.shape),
+                         "offset": len(self.blob), "nbytes": len(b), "sha256": sha(b)})
+            self.blob += b
+        self.calls.append({"method": method, "layer": self.layer, "inputs": ins, "outputs": outs})
+        return outputs
+
+
+def _install_layer_hook(rec: Recorder) -> None:
+    """LayerLoop._call knows the layer a call is for; the runner does not: tell the recorder."""
+    original = LayerLoop._call
+
+    def _call(self, name, layer, *args, **kw):
+        rec.layer = layer
+        try:
+            return original(self, name, layer, *args, **kw)
+        finally:
+            rec.layer = None
+
+    LayerLoop._call = _call
+
+
+def _rows(n: int, seed: int) -> list[Example]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        t = T - (i % 3)  # some rows shorter than T: exercises padding
+        ids = torch.randint(0, ARCH.vocab, (t,), generator=g)
+        labels = ids.clone()
+        if i % 2 == 1:
+            labels[:3] = -100  # a prompt part without loss
+        out.append(Example(ids, labels))
+    return out
+
+
+def _row_json(ex: Example) -> dict:
+    return {"input_ids": [int(v) for v in ex.input_ids], "labels": [int(v) for v in ex.labels]}
+
+
+def export(prog: Path) -> None:
+    weights = random_weights(ARCH, seed=3)
+    lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
+    spec = ExportSpec(source="trace", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16),
+                      optimizer=OptimizerSpec("adamw", weight_decay=0.01), plan=None, pad_token_id=0,
+                      eos_token_id=95, default_lr=LR, generation=True)
+    export_program(ARCH, weights, CFG, lora, spec, prog)
+
+
+def record(prog: Path) -> tuple[dict, bytes]:
+    """Run the host drivers on the exported program `prog`; (trace dict without `program`, outputs blob)."""
+    pdir = ProgramDir(prog)
+    runner = open_runner(pdir, "executorch", threads=1, use="all")
+    rec = Recorder(runner, pdir.info.methods)
+    _install_layer_hook(rec)
+    rows, eval_rows = _rows(4, seed=11), _rows(2, seed=12)
+    # The LCSB selections as a plan: the program trainer asks it for each step's layers at run time.
+    phases = tuple(sorted(set(SELECTIONS)))
+    plan = StepPlan(layers=ARCH.layers, policy="cyclic", k=ARCH.layers, phases=phases,
+                    schedule=tuple(phases.index(s) for s in SELECTIONS))
+    steps: list[dict] = []
+
+    class RecordingTrainer(ProgramTrainer):
+        def step(self, step, row, layers):
+            first = len(rec.calls)
+            loss, n = super().step(step, row, layers)
+            sel = list(range(ARCH.layers)) if layers is None else sorted(layers)
+            steps.append({"kind": "train", "step": step, "row": row, "selected": sel, "loss": loss,
+                          "calls": [first, len(rec.calls)], "state_sha256": sha(tensor_bytes(self.state))})
+            return loss, n
+
+    trainer = RecordingTrainer(pdir, rec, rows, TrainRun(steps=len(SELECTIONS), lr=LR, plan=plan))
+    initial = sha(tensor_bytes(trainer.state))
+    result = trainer.run()
+    state = trainer.state
+    final = sha(tensor_bytes(state))
+    assert [s["selected"] for s in steps] == [list(s) for s in SELECTIONS]
+
+    first = len(rec.calls)
+    ev = evaluate_program(pdir, rec, state, eval_rows, loop=trainer.loop)
+    steps.append({"kind": "eval", "rows": list(range(len(eval_rows))), "loss": ev["loss"], "tokens": ev["tokens"],
+                  "calls": [first, len(rec.calls)]})
+    first = len(rec.calls)
+    gen = generate(pdir, rec, state, PROMPT, NEW_TOKENS, loop=trainer.loop)
+    steps.append({"kind": "generate", "prompt_ids": list(PROMPT), "max_new_tokens": NEW_TOKENS, "greedy": True,
+                  "stop_ids": [], "output_ids": gen.output_ids, "calls": [first, len(rec.calls)]})
+    assert sha(tensor_bytes(state)) == final, "eval/generate wrote the state"
+    trace = {
+        "format": "toolchain-v3-trace", "format_version": 1, "program": "program/", "outputs_file": "outputs.bin",
+        "runtime": rec.backend, "seq_len": pdir.seq_len, "pad_token_id": pdir.info.pad_token_id, "lr": LR,
+        "rows": [_row_json(e) for e in rows], "eval_rows": [_row_json(e) for e in eval_rows],
+        "initial_state_sha256": initial, "steps": steps, "losses": [float(v) for v in result.losses],
+        "final_state_sha256": final, "calls": rec.calls,
+    }
+    return trace, bytes(rec.blob)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else REPO / "shared_schemas" / "traces" / "v3_tiny"
+    with tempfile.TemporaryDirectory() as tmp:
+        prog = Path(tmp) / "program"
+        export(prog)
+        trace, blob = record(prog)
+        if init := ProgramDir(prog).manifest["state"]["init_file"]:
+            assert sha((prog / init).read_bytes()) == trace["initial_state_sha256"]
+        staged = Path(tmp) / "trace"
+        shutil.copytree(prog, staged / "program")
+        for pte in (staged / "program").glob("*.pte"):
+            if pte.stat().st_size > PTE_LIMIT:
+                pte.unlink()
+        (staged / "outputs.bin").write_bytes(blob)
+        (staged / "trace.json").write_text(json.dumps(trace, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staged, out)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{out}: {len(trace['calls'])} calls, {len(blob)} output bytes, {size} bytes in all; "
+          f"losses {', '.join(f'{v:.4f}' for v in trace['losses'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
