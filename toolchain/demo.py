@@ -50,7 +50,7 @@ class DemoConfig:
     """
 
     model: str = "demo"
-    steps: int = 120
+    steps: int = 400
     lr: float = 3e-3
     rank: int = 8
     alpha: int = 16
@@ -58,7 +58,7 @@ class DemoConfig:
     lcsb_k: int | None = None
     prompt: str = PROMPT
     max_new_tokens: int = 80
-    eval_every: int = 20
+    eval_every: int = 50
     target: str | None = None
     threads: int | None = None
     user_text: Path = USER_TEXT

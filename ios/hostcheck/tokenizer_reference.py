@@ -2,7 +2,8 @@
 
 OUT/tokenizer.json: the Qwen2.5 tokenizer as `toolchain export` ships it (toolchain/tokenizer.py);
 OUT/decode.json: the Python decode of every corpus case's reference ids and of 400 random id
-sequences (split multi-byte characters, added tokens in the middle), as UTF-8 bytes in hex.
+sequences (split multi-byte characters, added tokens in the middle), as UTF-8 bytes in hex; the
+`toolchain data` rows of a text and of a chat (text_data.text_rows, tokenizer.apply_chat_template).
 
     .venv/bin/python ios/hostcheck/tokenizer_reference.py OUT_DIR
 """
@@ -12,7 +13,8 @@ import random
 import sys
 from pathlib import Path
 
-from toolchain.tokenizer import load_tokenizer
+from toolchain.text_data import text_rows
+from toolchain.tokenizer import apply_chat_template, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +34,14 @@ def main() -> None:
         "corpus": [tk.decode(ids).encode("utf-8", "surrogatepass").hex() for ids in ref["ids"]],
         "random": [{"ids": ids, "text": tk.decode(ids).encode("utf-8", "surrogatepass").hex()} for ids in randoms],
     }
+    cases = [json.loads(line) for line in (ROOT / "shared_schemas/tokenizer_corpus/cases.jsonl").read_text().splitlines()]
+    text = "\n\n".join(cases[:40]) + " <|im_end|> stays text"
+    doc["text_rows"] = {"text": text, "seq_len": 64, "rows": [r["input_ids"] for r in text_rows(text, tk, 64)]}
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Was ist 2+2? <|im_end|>"},
+            {"role": "assistant", "content": "Vier.\n\nFour: 2 + 2 = 4 🙂"}, {"role": "user", "content": "\nDanke"},
+            {"role": "assistant", "content": "Gern geschehen!"}]
+    ids, mask = apply_chat_template(tk, chat)
+    doc["chat"] = {"messages": chat, "input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, mask)]}
     (out / "decode.json").write_text(json.dumps(doc), encoding="utf-8")
 
 

@@ -12,12 +12,12 @@ from toolchain.validate import STEPS, FiniteFloat
 
 
 @click.command()
-@click.option("--steps", type=STEPS, default=120, show_default=True, help="Personalization steps (one row each).")
+@click.option("--steps", type=STEPS, default=400, show_default=True, help="Personalization steps (one row each).")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=3e-3, show_default=True,
               help="AdamW learning rate.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=80, show_default=True,
               help="Length of the greedy generation before and after.")
-@click.option("--eval-every", type=click.IntRange(min=0), default=20, show_default=True,
+@click.option("--eval-every", type=click.IntRange(min=0), default=50, show_default=True,
               help="Held-out loss of the live adapter every N steps (0: only before and after).")
 @click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
               help="Backprop through K layers per step, cycling (default: every layer).")
@@ -72,9 +72,11 @@ def demo(steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k: in
     click.echo(_indent(cfg.prompt + result.before_text))
     click.echo("")
     finite = [x for x in result.losses if x == x]
+    head, tail = finite[:10], finite[-10:]   # the curve's ends: means of the first and last 10 steps
     click.echo(f"personalize: {steps} steps, lr {lr:g}, LoRA r={cfg.rank} on every projection"
                + (f", LCSB k={lcsb_k}" if lcsb_k else ", every layer") + f" ({result.seconds['train']:.0f} s)")
-    click.echo(f"  training loss  {finite[0]:.3f} {sparkline(result.losses)} {finite[-1]:.3f}")
+    click.echo(f"  training loss  {sum(head) / len(head):.3f} {sparkline(result.losses)} {sum(tail) / len(tail):.3f}"
+               f"  (means of the first and last {len(tail)} steps)")
     click.echo("  held-out loss  " + "  ".join(f"step {s}: {v:.3f}" for s, v in result.eval_curve))
     click.echo("")
     click.echo(f"AFTER   held-out loss {result.after_loss:.4f}  ({result.after_loss - result.before_loss:+.4f})")

@@ -289,3 +289,56 @@ public final class BPETokenizer {
         return b.count == token.unicodeScalars.count ? idOf[b] : nil
     }
 }
+
+/// The user's own text as training rows, as `toolchain data` makes them (`toolchain/text_data.py`,
+/// `tokenizer.py:apply_chat_template`).
+public enum TextRows {
+    public static let ignore: Int64 = -100
+
+    /// `ids` in windows of at most `seqLen` tokens, stride `seqLen - 1` (consecutive windows share one
+    /// token, so every token but the first is a target once).
+    public static func windows(_ ids: [Int], seqLen: Int) throws -> [[Int]] {
+        guard seqLen >= 2 else { throw TrainerError.badInput("seq_len must be at least 2, got \(seqLen)") }
+        return stride(from: 0, to: max(ids.count - 1, 0), by: seqLen - 1).map { Array(ids[$0..<min($0 + seqLen, ids.count)]) }
+    }
+
+    /// Rows of plain text (labels = input_ids): the text's ids (added-token text kept as text), then
+    /// `eosId` (`<|endoftext|>` for Qwen, which has no BOS), in windows.
+    public static func textRows(_ text: String, tokenizer: BPETokenizer, seqLen: Int, eosId: Int, bosId: Int? = nil) throws -> [[Int]] {
+        let stream = (bosId.map { [$0] } ?? []) + tokenizer.encode(text, allowSpecial: false) + [eosId]
+        let rows = try windows(stream, seqLen: seqLen)
+        guard !rows.isEmpty else { throw TrainerError.badInput("the text has no token to train on") }
+        return rows
+    }
+
+    /// Qwen's ChatML, each turn `<|im_start|>{role}\n{content}<|im_end|>\n`, the pieces encoded one by
+    /// one (content's special-token text kept as text); labels = the ids on each assistant content and
+    /// its `<|im_end|>`, -100 elsewhere. A conversation longer than `seqLen` or without an assistant
+    /// token is refused.
+    public static func chatRow(_ messages: [(role: String, content: String)], tokenizer: BPETokenizer, seqLen: Int) throws -> (inputIds: [Int], labels: [Int64]) {
+        guard let start = tokenizer.tokenId("<|im_start|>"), let end = tokenizer.tokenId("<|im_end|>") else {
+            throw TrainerError.badInput("the tokenizer has no <|im_start|>/<|im_end|> token, so no chat template; use plain text")
+        }
+        guard !messages.isEmpty else { throw TrainerError.badInput("messages must be a non-empty list") }
+        let newline = tokenizer.encode("\n", allowSpecial: false)
+        var ids: [Int] = [], labels: [Int64] = []
+        for (i, m) in messages.enumerated() {
+            guard ["system", "user", "assistant"].contains(m.role) else {
+                throw TrainerError.badInput("message \(i + 1): role must be one of system, user, assistant, got \(m.role)")
+            }
+            let header = [start] + tokenizer.encode("\(m.role)\n", allowSpecial: false)
+            let body = tokenizer.encode(m.content, allowSpecial: false) + [end]
+            ids += header + body + newline
+            labels += Array(repeating: ignore, count: header.count)
+                + (m.role == "assistant" ? body.map(Int64.init) : Array(repeating: ignore, count: body.count))
+                + Array(repeating: ignore, count: newline.count)
+        }
+        guard labels.contains(where: { $0 != ignore }) else {
+            throw TrainerError.badInput("the conversation has no assistant message with a token to learn")
+        }
+        guard ids.count <= seqLen else {
+            throw TrainerError.badInput("the conversation is \(ids.count) tokens, longer than the program's seq_len \(seqLen); shorten or split it")
+        }
+        return (ids, labels)
+    }
+}

@@ -107,6 +107,27 @@ final class TokenizerTests: XCTestCase {
         XCTAssertEqual(tk.encode("caf\u{65}\u{301}"), tk.encode("caf\u{e9}"))
     }
 
+    /// `toolchain data`'s rows of a text (windows sharing one token, <|endoftext|> last) and of a chat
+    /// (ChatML, labels on the assistant's content and <|im_end|>), equal to the Python ones.
+    func testTextAndChatRowsEqualToolchainData() throws {
+        let tk = try qwen()
+        let doc = try JSONSerialization.jsonObject(with: try Data(contentsOf: Self.referenceDir.appendingPathComponent("decode.json"))) as! [String: Any]
+        let text = doc["text_rows"] as! [String: Any]
+        let rows = try TextRows.textRows(text["text"] as! String, tokenizer: tk, seqLen: text["seq_len"] as! Int, eosId: 151643)
+        XCTAssertEqual(rows, text["rows"] as! [[Int]])
+        XCTAssertEqual(rows.last?.last, 151643)
+        let chat = doc["chat"] as! [String: Any]
+        let messages = (chat["messages"] as! [[String: String]]).map { (role: $0["role"]!, content: $0["content"]!) }
+        let row = try TextRows.chatRow(messages, tokenizer: tk, seqLen: 256)
+        XCTAssertEqual(row.inputIds, chat["input_ids"] as! [Int])
+        XCTAssertEqual(row.labels, (chat["labels"] as! [Int]).map(Int64.init))
+        XCTAssertThrowsError(try TextRows.chatRow(messages, tokenizer: tk, seqLen: 20))
+        XCTAssertThrowsError(try TextRows.chatRow([(role: "user", content: "hi")], tokenizer: tk, seqLen: 64))
+        XCTAssertThrowsError(try TextRows.chatRow([(role: "tool", content: "hi")], tokenizer: tk, seqLen: 64))
+        XCTAssertEqual(try TextRows.windows([1, 2, 3, 4, 5], seqLen: 3), [[1, 2, 3], [3, 4, 5]])
+        XCTAssertEqual(try TextRows.windows([1], seqLen: 3), [])
+    }
+
     func testBadTokenizerJSONRefused() {
         XCTAssertThrowsError(try BPETokenizer(json: Data("{}".utf8)))
         XCTAssertThrowsError(try BPETokenizer(json: Data(#"{"model": {"type": "WordPiece", "vocab": {}}}"#.utf8)))

@@ -193,7 +193,8 @@ class BpeTokenizer private constructor(
                     is Json.Str -> mj.value.split(' ', limit = 2).let { Pair(it[0], it[1]) }
                     else -> throw ContractError("$where: merges[$rank] is neither a pair nor a string")
                 }
-                merges.putIfAbsent(a + SEP + b, rank)
+                val key = a + SEP + b
+                if (key !in merges) merges[key] = rank  // the first merge of a pair wins (Map.putIfAbsent is API 24)
             }
             val added = if (root.has("added_tokens")) root.arr("added_tokens").map {
                 val f = Fields.of(it, "$where.added_tokens")

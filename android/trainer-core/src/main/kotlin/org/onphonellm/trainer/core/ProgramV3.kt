@@ -109,6 +109,9 @@ class ProgramV3(
     val tokenizerFile: String?,
     val optimizer: String,
     val files: Map<String, String>,
+    val adapterConfig: Json.Obj?,
+    /** The manifest's default LCSB plan (apps may choose other layers at run time); null: full backprop. */
+    val defaultPlan: StepPlan?,
 ) {
     /** One bound input or output: `bind` input | result | activation | weight | state | cache; `rows` [a, b) of a weight. */
     class Io(val name: String, val dtype: ElemType, val shape: List<Int>, val bind: String, val ref: String, val rows: Pair<Int, Int>?) {
@@ -189,6 +192,14 @@ class ProgramV3(
                 methods = methods, stateNumel = numel, stateEntries = entries, stateInitFile = state.string("init_file"),
                 weightsFile = m.obj("weights").string("file"), tokenizerFile = tok.optString("file"),
                 optimizer = opt.string("kind"), files = filesObj,
+                adapterConfig = if (m.has("adapter")) m.obj("adapter").let { a -> if (a.has("config")) a.obj("config").obj else null } else null,
+                defaultPlan = if (m.has("lcsb")) m.obj("lcsb").let { l ->
+                    val phases = l.arr("phases").map { p -> (p as? Json.Arr)?.items?.map { (it as Json.Num).asLongOrNull!!.toInt() } ?: throw ContractError("${l.where}: bad phases") }
+                    val schedule = l.ints("schedule")
+                    if (phases.isEmpty() || schedule.any { it !in phases.indices } || phases.any { p -> p.isEmpty() || p.any { it !in 0 until layers } })
+                        throw ContractError("${l.where}: phases/schedule do not fit $layers layers")
+                    StepPlan(layers, l.string("policy"), l.optInt("k") ?: layers, l.optLong("seed"), phases, schedule)
+                } else null,
             )
         }
     }

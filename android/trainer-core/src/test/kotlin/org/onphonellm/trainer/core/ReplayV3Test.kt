@@ -31,8 +31,7 @@ class ReplayV3Test {
     }
 
     /** Checks each call against the trace; answers with its recorded outputs (views of outputs.bin). */
-    private class ReplayRuntime(val trace: Trace, val program: ProgramV3) : ProgramRuntime {
-        var next = 0
+    private class ReplayRuntime(val trace: Trace, val program: ProgramV3, var next: Int = 0) : ProgramRuntime {
         var layerOf: (() -> Int?)? = null
         override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
             val k = next++
@@ -107,6 +106,50 @@ class ReplayV3Test {
     }
 
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() = replay()
+
+    @Test fun `killed after step 2, resumed from its checkpoint, the run ends in the host's state`() {
+        val trace = Trace(traceDir)
+        val program = ProgramV3.read(trace.program)
+        val weights = MappedWeights.map(File(trace.program, program.weightsFile))
+        val train = rows(trace, "rows")
+        val steps = trace.doc.arr("steps").map { Fields.of(it, "step") }.filter { it.string("kind") == "train" }
+        val lr = trace.doc.double("lr").toFloat()
+        val dir = kotlin.io.path.createTempDirectory("v3resume").toFile()
+        try {
+            val store = CheckpointStore(File(dir, "checkpoint.safetensors"))
+            fun run(loop: LayerLoop, from: Int, to: Int) {
+                for (s in steps.subList(from, to)) {
+                    val (ids, labels) = train[s.int("row")]
+                    val (i, l) = loop.pad(ids, labels)
+                    loop.trainStep(i, l, lr, s.ints("selected").toSet())
+                }
+            }
+            val first = LayerLoop(program, weights, ReplayRuntime(trace, program)).also { it.state.loadInit() }
+            run(first, 0, 2)
+            V3Checkpoints.save(store, first.state, step = 2, runId = "r", seq = 7, losses = listOf(1.0, 2.0))
+            // A new process: fresh buffers, no state_init.bin read; the runtime resumes at step 2's first call.
+            val resumed = LayerLoop(program, weights, ReplayRuntime(trace, program, next = steps[2].ints("calls")[0]))
+            val c = V3Checkpoints.restore(store, resumed.state)
+            assertEquals(2L, c.step)
+            assertEquals(steps[1].string("state_sha256"), resumed.state.sha256())
+            run(resumed, 2, steps.size)
+            assertEquals(trace.doc.string("final_state_sha256"), resumed.state.sha256())
+            V3Checkpoints.writeAdapter(File(dir, "adapter"), resumed.state)
+            val header = Safetensors.readHeader(File(dir, "adapter/adapter_model.safetensors"))
+            assertEquals(program.stateEntries.filter { it.role == "param" }.map { it.key }.toSet(), header.entries.keys)
+            assertTrue(File(dir, "adapter/adapter_config.json").readText().contains("lora"))
+        } finally {
+            dir.deleteRecursively()
+        }
+    }
+
+    @Test fun `the plan decides the layers per step`() {
+        val plan = StepPlan(3, "cyclic", 1, null, listOf(listOf(0), listOf(1), listOf(2)), listOf(2, 1, 0))
+        assertEquals(listOf(setOf(2), setOf(1), setOf(0), setOf(2)), (0L..3L).map { plan.layersAt(it) })
+        assertEquals(null, ProgramV3.read(Trace(traceDir).program).defaultPlan)
+        val withPlan = ProgramV3.parse(File("."), Json.parse(File(Fixtures.examples, "manifest_tiny.json").readText()), "example")
+        assertEquals(listOf(listOf(0, 1, 2, 3), listOf(4, 5, 6, 7)), withPlan.defaultPlan!!.phases)
+    }
 
     @Test fun `the trace covers full backprop, LCSB with k below L, skip updates, eval and generation`() {
         val trace = Trace(traceDir)
