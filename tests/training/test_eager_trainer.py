@@ -168,12 +168,14 @@ def test_frozen_unselected_layers_stay_put_and_default_ones_move(setup):
     state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
     config = TrainConfig(steps=1, optimizer=opt)
     state, _ = train_step(ARCH, weights, CFG, state, examples[0], None, config)
-    frozen, _ = train_step(ARCH, weights, CFG, state, examples[1], plan.layers_at(0),
+    # train_step updates in place: each branch starts from its own copy
+    frozen, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], plan.layers_at(0),
                            TrainConfig(steps=1, optimizer=replace(opt, frozen_unselected=True)))
-    moving, _ = train_step(ARCH, weights, CFG, state, examples[1], plan.layers_at(0), config)
+    moving, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], plan.layers_at(0), config)
     for i in range(3):
         assert all(torch.equal(a, b) for a, b in zip(_flat((frozen.lora[i],)), _flat((state.lora[i],))))
-        assert frozen.opt.slots[i] is state.opt.slots[i]
+        assert all(torch.equal(x.a, y.a) and torch.equal(x.b, y.b) for t in state.opt.slots[i]
+                   for x, y in zip(frozen.opt.slots[i][t], state.opt.slots[i][t]))
         assert not any(torch.equal(a, b) for a, b in zip(_flat((moving.lora[i],)), _flat((state.lora[i],))))
     assert frozen.opt.step == moving.opt.step == 2
     for i in (3, 4):
@@ -198,3 +200,17 @@ def test_train_does_not_modify_the_starting_adapter(setup):
     train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=2, optimizer=OptimizerConfig("adamw", lr=0.1)))
     assert all(torch.equal(a, b) for a, b in zip(before, _flat(lora)))
     assert isinstance(start_run(TrainConfig(steps=1), lora), RunState)
+
+
+def test_train_step_updates_in_place_and_start_run_copies(setup):
+    """The update writes into the run's tensors (no second adapter + optimizer state per step); the caller's
+    adapter is never touched (start_run copies it)."""
+    weights, lora, examples = setup
+    before = _flat(lora)
+    opt = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.01)
+    state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
+    a0 = state.lora[0][CFG.targets[0]].a
+    ptr, copy = a0.data_ptr(), a0.clone()
+    new, _ = train_step(ARCH, weights, CFG, state, examples[0], None, TrainConfig(steps=1, optimizer=opt))
+    assert new.lora[0][CFG.targets[0]].a.data_ptr() == ptr and not torch.equal(new.lora[0][CFG.targets[0]].a, copy)
+    assert all(torch.equal(a, b) for a, b in zip(_flat(lora), before))

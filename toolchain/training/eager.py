@@ -1,7 +1,7 @@
 """The eager trainer: MeSP steps in PyTorch, an LCSB step plan, a layer-by-layer optimizer update.
 
 Each step takes one example (batch 1), backpropagates through the plan's layers for that step, and
-updates every selected layer's LoRA right after its backward (`mesp_step`'s `on_layer_grads`), so
+updates every selected layer's LoRA in place right after its backward (`mesp_step`'s `on_layer_grads`), so
 gradients of different layers never coexist. After the backward, layers that were not selected get
 the optimizer's zero-gradient update when `optimizer.moves_unselected` (toolchain/optim.py). The
 update of a layer never affects the step that produced its gradient: the forward and every backward
@@ -73,12 +73,33 @@ class TrainConfig:
 
 
 class RunState(NamedTuple):
+    """The adapter and optimizer state of a run; `train_step` updates their tensors in place."""
+
     lora: LoraWeights
     opt: OptState
 
+    def clone(self) -> RunState:
+        """An independent copy (to branch two runs from one state)."""
+        pair = lambda p: LoraPair(p.a.clone(), p.b.clone())  # noqa: E731
+        return RunState(tuple({t: pair(p) for t, p in layer.items()} for layer in self.lora),
+                        OptState(self.opt.step, tuple({t: tuple(pair(x) for x in s) for t, s in layer.items()}
+                                                      for layer in self.opt.slots)))
+
 
 def start_run(config: TrainConfig, lora: LoraWeights) -> RunState:
-    return RunState(lora, init_state(config.optimizer, lora))
+    """The run's own copy of the adapter (train_step updates it in place; the caller's is left alone)."""
+    own = tuple({t: LoraPair(p.a.clone(), p.b.clone()) for t, p in layer.items()} for layer in lora)
+    return RunState(own, init_state(config.optimizer, own))
+
+
+def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], new_slots) -> None:
+    """Write one layer's updated LoRA pairs and optimizer slots into the run's tensors (in place)."""
+    for t, p in layer.items():
+        p.a.copy_(new_layer[t].a)
+        p.b.copy_(new_layer[t].b)
+        for old, new in zip(slots[t], new_slots[t]):
+            old.a.copy_(new.a)
+            old.b.copy_(new.b)
 
 
 def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example,
@@ -90,19 +111,20 @@ def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: 
     """
     opt = config.optimizer
     step = state.opt.step + 1
-    lora: list[dict[str, LoraPair]] = list(state.lora)
-    slots = list(state.opt.slots)
     selected = set(range(arch.layers)) if layers is None else set(layers)
 
-    def update(i: int, grads: dict[str, LoraPair]) -> None:  # right after layer i's backward
-        lora[i], slots[i] = update_layer(opt, lora[i], grads, slots[i], step)
+    def update(i: int, grads: dict[str, LoraPair] | None) -> None:
+        # In place, right after layer i's backward: nothing of the step reads layer i's LoRA after it (the
+        # backward of layer j < i uses layer j's), so only one layer's new tensors are ever transient,
+        # instead of a second copy of the whole adapter and its optimizer state.
+        _assign(state.lora[i], state.opt.slots[i], *update_layer(opt, state.lora[i], grads, state.opt.slots[i], step))
 
     with torch.no_grad():
         result = mesp_step(arch, weights, state.lora, cfg, example.input_ids, example.labels,
                            options=config.options, backward_layers=selected, on_layer_grads=update, keep_grads=False)
         for i in sorted(set(range(arch.layers)) - selected):
-            lora[i], slots[i] = update_layer(opt, lora[i], None, slots[i], step)  # unchanged unless it moves
-    return RunState(tuple(lora), OptState(step, tuple(slots))), float(result.loss)
+            update(i, None)                                          # unchanged unless unselected layers move
+    return RunState(state.lora, OptState(step, state.opt.slots)), float(result.loss)
 
 
 def _state_tensors(state: RunState, opt: OptimizerConfig) -> dict[str, Tensor]:

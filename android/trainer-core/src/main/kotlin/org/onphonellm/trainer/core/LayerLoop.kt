@@ -25,6 +25,21 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
                 val state: StateBuffer = StateBuffer(program)) {
     val layers: Int = program.layers
     private val ioCache = HashMap<String, NdBuffer>()
+    /** Direct buffers of activations no longer needed, by size: a step allocates nothing once warm. */
+    private val free = HashMap<Int, ArrayList<ByteBuffer>>()
+    private val lrBuf = NdBuffer.floats("lr", listOf(1), floatArrayOf(0f))
+
+    /** Direct buffers allocated for activations so far (constant once the loop is warm). */
+    var allocatedBuffers = 0
+        private set
+
+    private fun take(nbytes: Int): ByteBuffer = free[nbytes]?.let { if (it.isEmpty()) null else it.removeAt(it.size - 1) }
+        ?: ByteBuffer.allocateDirect(nbytes).also { allocatedBuffers++ }
+
+    /** Hand a buffer this loop returned back for reuse; the caller must not read it again. */
+    fun recycle(t: NdBuffer) {
+        if (t.data.isDirect && !t.data.isReadOnly && t.data.capacity() == t.nbytes) free.getOrPut(t.nbytes) { ArrayList() }.add(t.data)
+    }
 
     init {
         val missing = program.methods.values.flatMap { m -> m.inputs.filter { it.bind == "weight" }.map { it.refAt(0) } }
@@ -69,7 +84,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
                     else for (h in 0 until hk)  // the token's rows, at row pos of each kv head
                         copyBytes(value.data.window(4 * h * rows * dh, 4 * rows * dh), target.data, 4 * (h * s + pos) * dh)
                 }
-                else -> kept[io.ref] = NdBuffer(io.name, io.dtype, io.shape, ByteBuffer.allocateDirect(io.numel * io.dtype.size)
+                else -> kept[io.ref] = NdBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size)
                     .also { copyBytes(value.data, it, 0) })
             }
         }
@@ -81,8 +96,10 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         var x = call("embed", null, mapOf("input_ids" to inputIds)).getValue("x")
         val checkpoints = HashMap<Int, NdBuffer>()
         for (i in 0 until layers) {
-            if (i in keep) checkpoints[i] = x  // x is the app's own copy, never written again: kept as is
-            x = call("block_forward", i, mapOf("x" to x)).getValue("x")
+            if (i in keep) checkpoints[i] = x  // x is the loop's own copy, never written while kept
+            val next = call("block_forward", i, mapOf("x" to x)).getValue("x")
+            if (i !in keep) recycle(x)
+            x = next
         }
         return Pair(x, checkpoints)
     }
@@ -104,21 +121,30 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         val sel = selected ?: (0 until layers).toSet()
         if (sel.isEmpty() || sel.any { it !in 0 until layers }) throw ContractError("selected layers must be a non-empty subset of 0..${layers - 1}, got ${sel.sorted()}")
         program.stepEntry?.let { val v = state.view(it); v.data.putFloat(0, v.float(0) + 1.0f) }
-        var (x, checkpoints) = forward(inputIds, sel)
+        val (x, checkpoints) = forward(inputIds, sel)
         val out = call("head_loss", null, mapOf("x" to x, "labels" to labels))
-        val loss = out.getValue("loss").float(0)
+        recycle(x)
+        val lossBuf = out.getValue("loss")
+        val loss = lossBuf.float(0)
+        recycle(lossBuf)
         val values = HashMap<String, NdBuffer>()
         values["d"] = out.getValue("d")
-        values["lr"] = NdBuffer.floats("lr", listOf(1), floatArrayOf(lr))
+        lrBuf.data.putFloat(0, lr)
+        values["lr"] = lrBuf
         val kept = HashMap(checkpoints)
         for (i in layers - 1 downTo 0) {
             if (i in sel) {
-                values["checkpoint"] = kept.remove(i)!!
-                values["d"] = call("block_backward", i, values).getValue("d")
+                val checkpoint = kept.remove(i)!!
+                values["checkpoint"] = checkpoint
+                val d = call("block_backward", i, values).getValue("d")
+                recycle(values.getValue("d"))
+                recycle(checkpoint)
+                values["d"] = d
             } else if (program.movesUnselected) {
                 call("block_skip_update", i, values)
             }
         }
+        recycle(values.getValue("d"))
         return loss
     }
 
@@ -136,7 +162,10 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
             val targets = (1 until program.seqLen).count { l.long(it) != -100L }
             if (targets == 0) { skipped++; continue }
             val (x, _) = forward(i, emptySet())
-            val loss = call("head_loss", null, mapOf("x" to x, "labels" to l)).getValue("loss").float(0).toDouble()
+            val out = call("head_loss", null, mapOf("x" to x, "labels" to l))
+            val loss = out.getValue("loss").float(0).toDouble()
+            recycle(x)
+            out.values.forEach { recycle(it) }
             total += loss * targets
             tokens += targets
             n++

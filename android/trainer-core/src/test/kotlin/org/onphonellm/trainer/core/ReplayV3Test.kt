@@ -75,6 +75,7 @@ class ReplayV3Test {
         val train = rows(trace, "rows")
         val lr = lrOverride ?: trace.doc.double("lr").toFloat()
         val losses = ArrayList<Double>()
+        var warm = -1
         for (s in trace.doc.arr("steps").map { Fields.of(it, "step") }) {
             val calls = s.ints("calls")
             when (s.string("kind")) {
@@ -86,6 +87,9 @@ class ReplayV3Test {
                     losses.add(loss.toDouble())
                     assertEquals(s.double("loss"), loss.toDouble(), "step ${s.int("step")} loss")
                     assertEquals(s.string("state_sha256"), loop.state.sha256(), "state after step ${s.int("step")}")
+                    // Activations come from the loop's pool: after the first (full) step no step allocates.
+                    if (warm < 0) warm = loop.allocatedBuffers
+                    else assertEquals(warm, loop.allocatedBuffers, "buffers allocated by step ${s.int("step")}")
                 }
                 "eval" -> {
                     val ev = loop.evaluate(rows(trace, "eval_rows"))
