@@ -101,7 +101,7 @@ public struct CheckpointMeta: Codable, Equatable {
 }
 
 /// The run's checkpoint: one safetensors file (tensor `state` float32[N], metadata `meta` = JSON),
-/// the layout the host runner (`toolchain/runtime/trainer.py`) writes, so either side can resume the
+/// the layout the host runner (`toolchain/training/checkpoint.py`) writes, so either side can resume the
 /// other's checkpoint; replaced atomically.
 public struct CheckpointStore {
     public let url: URL

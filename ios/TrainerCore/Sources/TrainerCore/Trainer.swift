@@ -63,7 +63,7 @@ public struct MemoryProbes {
 /// `state.init_file`. Per step: pick the LCSB method, pad the row, call it with (ids, labels, lr,
 /// every state entry's slice), copy each returned entry into its slice, record the loss;
 /// checkpoints (the state array, atomically), budget guard, telemetry. Mirrors the host runner
-/// (`toolchain/runtime/trainer.py` with `ProgramDir.call_train_method`), which plays the phone on Linux.
+/// (`toolchain/training/program.py`, contract v2 era), which plays the phone on Linux.
 public final class Trainer {
     public let manifest: ProgramManifest
     public let programName: String

@@ -302,7 +302,7 @@ final class TrainerTests: XCTestCase {
     }
 
     func testCheckpointInteropAndRefusals() throws {
-        // The host runner's checkpoint (toolchain/runtime/trainer.py) reads as ours.
+        // The host runner's checkpoint (toolchain/training/checkpoint.py) reads as ours.
         let host = CheckpointStore(url: Repo.fixtures.appendingPathComponent("host_checkpoint.safetensors"))
         let (state, meta) = try host.load(expectedNumel: 10)
         XCTAssertEqual(state, (0..<10).map { Float($0) / 4 })

@@ -44,7 +44,7 @@ interface ProgressListener {
 }
 
 /**
- * The training loop an app runs (the host runner, toolchain/runtime/trainer.py, does the same):
+ * The training loop an app runs (the host runner, toolchain/training/program.py, does the same):
  * load every method; take the state from the checkpoint if there is one, else from the program's
  * `state.init_file`; check the memory budget; then per step pick the LCSB phase's method, pad the
  * row, call it with lr and every state entry, copy the entries it returns into the state, record loss

@@ -20,7 +20,7 @@ class CheckpointTest {
         assertArrayEquals(state, c.state)
         assertEquals(Triple(12L, "run-7", 40L), Triple(c.step, c.runId, c.seq))
         assertEquals(listOf(2.5, null, 1.25), c.losses)
-        // Header as toolchain/runtime/trainer.py reads it: {"state": F32 [N]} + __metadata__.meta JSON.
+        // Header as toolchain/training/checkpoint.py reads it: {"state": F32 [N]} + __metadata__.meta JSON.
         val n = ByteBuffer.wrap(f.readBytes(), 0, 8).order(ByteOrder.LITTLE_ENDIAN).long
         val header = Fields.of(Json.parse(String(f.readBytes(), 8, n.toInt()).trim()), "h")
         assertEquals(0L, (8 + n) % 8)
