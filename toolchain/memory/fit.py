@@ -52,8 +52,8 @@ ACTIVATION_COPIES = 2
 HOST_OVERHEAD_MB: dict[str, float] = {"mesp": 3.2, "mebp": 14.4, "autograd": 12.6}
 # ExecuTorch runtime on the host (Python bindings, XNNPACK), v3 layer loop: the largest measured
 # (peak - host figure without overhead) of the executorch reports (one tiny int4 program): the program
-# and its methods' metadata, the runtime's and XNNPACK's scratch. It grows with the model: the 0.5B int4
-# program (held out) measured 10.9 MB.
+# and its methods' metadata, the runtime's and XNNPACK's scratch. It grows with the model: the held-out int4
+# programs measured 9.9-10.9 MB (0.5B, seq 256), 11.4 (0.5B, seq 1024), 18.3 (3B): docs/planner.md.
 EXECUTORCH_OVERHEAD_MB = 1.5
 
 
@@ -171,9 +171,9 @@ def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: f
              f"checkpoints of {k} of {arch['layers']} layers ({why}), activations: {ACTIVATION_COPIES} [T, d] copies",
              f"weights {plan['weights_bytes'] / BYTES_PER_MB:.1f} MB not counted (weights.safetensors is memory-mapped "
              f"and passed to the methods without copying: clean pages the phone's footprint excludes)",
-             "the runtime overhead was calibrated on a tiny program and grows with the model: the Qwen2.5-0.5B "
-             "int4 program (seq 256) left 10.9 MB on the host, its host figure 14% under the measured 66.7 MB "
-             "(docs/planner.md)"]
+             "the runtime overhead was calibrated on a tiny program and grows with the model: on the host the "
+             "Qwen2.5-0.5B int4 programs' figures are 14% (seq 256) and 6% (seq 1024) under the measured peaks, "
+             "Qwen2.5-3B's 10% (docs/planner.md)"]
     return ProgramPeak(sum(parts.values()), sum(host.values()), parts, host, k, notes, manifest)
 
 
