@@ -35,7 +35,7 @@ def exported_methods(spec: ProgramSpec) -> dict:
 
 # XNNPACK takes a matmul only if it multiplies by a frozen weight (a weight input of the method, or a
 # chunk dequantized from one), costs at least this many FLOPs, and its weight operand packs into at most
-# XNNPACK_MAX_PACKED_BYTES. Each delegate costs about half a CPU-second to lower; the LoRA products and
+# XNNPACK_MAX_PACKED_BYTES. Every delegate adds lowering time and a per-call packing; the LoRA products and
 # attention's per-head [T, T] matmuls (activation x activation) gain little and stay on ExecuTorch's
 # kernels whatever T is (at T = 1024 one head's scores cross any fixed FLOP threshold). XNNPACK packs
 # runtime weights per call into one shared workspace (anonymous memory) the size of the largest packed

@@ -245,9 +245,12 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
     del go, kept
     n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)       # recomputed: not held through the MLP
-    gq = linear_backward(_unheads(rope_backward(ga.dq, rope)), LinearSaved(n1, w.q_proj, p.lora.get("q_proj"), p.scale))
-    gk = linear_backward(_unheads(rope_backward(ga.dk, rope)), LinearSaved(n1, w.k_proj, p.lora.get("k_proj"), p.scale))
-    gv = linear_backward(_unheads(ga.dv), LinearSaved(n1, w.v_proj, p.lora.get("v_proj"), p.scale))
+    def saved(name: str, weight) -> LinearSaved:
+        return LinearSaved(n1, weight, p.lora.get(name), p.scale)
+
+    gq = linear_backward(_unheads(rope_backward(ga.dq, rope)), saved("q_proj", w.q_proj))
+    gk = linear_backward(_unheads(rope_backward(ga.dk, rope)), saved("k_proj", w.k_proj))
+    gv = linear_backward(_unheads(ga.dv), saved("v_proj", w.v_proj))
     del ga
     for name, g in (("q_proj", gq), ("k_proj", gk), ("v_proj", gv)):
         _add_grad(grads, name, g.lora)
