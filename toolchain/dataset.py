@@ -15,12 +15,28 @@ from toolchain.schemas import validation_errors
 from toolchain.tokenizer import ByteTokenizer
 from toolchain.validate import decode_utf8, loads
 
-__all__ = ["Example", "read_rows", "load_examples", "bundled_corpus", "bundled_examples"]
+__all__ = ["Example", "read_rows", "load_examples", "bundled_corpus", "bundled_examples", "pad_example"]
 
 
 class Example(NamedTuple):
     input_ids: Tensor  # [T] int64
     labels: Tensor     # [T] int64, -100 where ignored
+
+
+def pad_example(ex: Example, seq_len: int, pad_id: int, where: str) -> tuple[Tensor, Tensor]:
+    """ids padded with pad_id, labels with -100, to seq_len (an exported program's static length).
+
+    Raises:
+        BadInput: the row is longer than seq_len (`where` names it).
+    """
+    t = ex.input_ids.shape[0]
+    if t > seq_len:
+        raise BadInput(f"{where} has {t} tokens; this program was exported for --seq-len {seq_len} "
+                       f"(re-export with a longer --seq-len or shorten the rows)")
+    ids = torch.full((seq_len,), pad_id, dtype=torch.int64)
+    labels = torch.full((seq_len,), -100, dtype=torch.int64)
+    ids[:t], labels[:t] = ex.input_ids, ex.labels
+    return ids, labels
 
 
 def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:

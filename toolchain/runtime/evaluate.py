@@ -21,25 +21,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from toolchain.dataset import Example
+from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
 from toolchain.export.program import flat_state
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["evaluate_program", "pad_row", "state_from_adapter", "state_from_checkpoint"]
-
-
-def pad_row(ex: Example, seq_len: int, pad_id: int, where: str) -> tuple[Tensor, Tensor]:
-    """ids padded with pad_id, labels with -100, to seq_len (the methods' static length)."""
-    t = ex.input_ids.shape[0]
-    if t > seq_len:
-        raise BadInput(f"{where} has {t} tokens; this program was exported for --seq-len {seq_len} "
-                       f"(re-export with a longer --seq-len or shorten the rows)")
-    ids = torch.full((seq_len,), pad_id, dtype=torch.int64)
-    labels = torch.full((seq_len,), -100, dtype=torch.int64)
-    ids[:t], labels[:t] = ex.input_ids, ex.labels
-    return ids, labels
+__all__ = ["evaluate_program", "state_from_adapter", "state_from_checkpoint"]
 
 
 def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence[Example], *,
@@ -55,7 +43,7 @@ def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence
     total, tokens, rows, row_losses, skipped = 0.0, 0, 0, [], 0
     with torch.no_grad():
         for i, ex in enumerate(examples):
-            ids, labels = pad_row(ex, pdir.seq_len, pad_id, f"eval row {i + 1}")
+            ids, labels = pad_example(ex, pdir.seq_len, pad_id, f"eval row {i + 1}")
             n = int((labels[1:] != -100).sum())
             if n == 0:
                 skipped += 1

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from toolchain.dataset import Example
+from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
 from toolchain.export.manifest import MANIFEST_NAME
 from toolchain.lcsb.plan import StepPlan
@@ -58,17 +58,6 @@ class TrainRun:
             raise BadInput(f"`steps` must be >= 1, got {self.steps}")
         if self.checkpoint_every < 1:
             raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
-
-
-def pad_example(ex: Example, seq_len: int, pad_id: int, where: str) -> tuple[Tensor, Tensor]:
-    t = ex.input_ids.shape[0]
-    if t > seq_len:
-        raise BadInput(f"{where} has {t} tokens; this program was exported for --seq-len {seq_len} "
-                       f"(re-export with a longer --seq-len or shorten the rows)")
-    ids = torch.full((seq_len,), pad_id, dtype=torch.int64)
-    labels = torch.full((seq_len,), -100, dtype=torch.int64)
-    ids[:t], labels[:t] = ex.input_ids, ex.labels
-    return ids, labels
 
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
