@@ -14,15 +14,16 @@ the assistant's tokens (each assistant content and its `<|im_end|>`) and -100 el
 conversation longer than `seq_len` is an error naming its line (truncating would silently drop the
 targets at its end).
 
-Held-out split (`split_held_out`): round(fraction * rows) rows chosen by a seeded
-`random.Random(seed).sample`, both parts kept in file order; the same rows, seed and fraction
-always give the same split.
+Held-out split (`split_held_out`): n_held = floor(fraction * rows + 0.5) rows, the first n_held
+entries of `toolchain.shuffle.permutation(rows, seed)`, both parts kept in file order; the same
+rows, seed and fraction always give the same split, on the host and in the apps (which implement
+the same permutation; `shared_schemas/data_corpus/`).
 """
 
 from __future__ import annotations
 
 import json
-import random
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from toolchain import validate
 from toolchain.atomic import atomic_write_text
 from toolchain.errors import BadInput
 from toolchain.schemas import validation_errors
+from toolchain.shuffle import permutation
 from toolchain.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
 
 __all__ = ["ProgramText", "read_text", "text_rows", "chat_rows", "split_held_out", "write_rows", "program_text",
@@ -124,18 +126,18 @@ def chat_rows(path: Path, tokenizer: Tokenizer, seq_len: int) -> list[dict]:
 
 
 def split_held_out(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out): round(fraction * len(rows)) rows held out, chosen by `seed`, file order kept.
+    """(train, held-out): floor(fraction * len(rows) + 0.5) rows held out, chosen by `seed`, file order kept.
 
     Raises:
         BadInput: a fraction that holds out no row or every row.
     """
     if not 0 < fraction < 1:
         raise BadInput(f"--held-out must be a fraction strictly between 0 and 1, got {fraction}")
-    n_held = round(fraction * len(rows))
+    n_held = math.floor(fraction * len(rows) + 0.5)
     if n_held < 1 or n_held >= len(rows):
         raise BadInput(f"--held-out {fraction} of {len(rows)} rows holds out {n_held}; need at least one row on "
                        f"each side (more text, or another fraction)")
-    held = set(random.Random(seed).sample(range(len(rows)), n_held))
+    held = set(permutation(len(rows), seed)[:n_held])
     return ([r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held])
 
 

@@ -1,18 +1,17 @@
 """Which data row each training step uses: one rule for the eager and the program trainers.
 
-File order, cycling; with a seed, a fresh permutation per pass over the data ("epoch"), drawn by
-`torch.randperm` from a generator seeded with `seed + epoch`. The row of a step is a function of the
-step alone, so a resumed run sees the rows an uninterrupted one would, `--steps` can be extended on
-resume (the order of the first steps does not depend on the total), and nothing is allocated per step
-in advance. The apps' trainer cores follow the same rule with their own generator (SplitMix64,
-android/trainer-core Data.kt, ios/TrainerCore Data.swift), so their shuffled rows differ from ours.
+File order, cycling; with a seed, a fresh permutation per pass over the data ("epoch"):
+`toolchain.shuffle.permutation(rows, seed + epoch)` (SplitMix64 + Fisher-Yates). The row of a step is
+a function of the step alone, so a resumed run sees the rows an uninterrupted one would, `--steps` can
+be extended on resume (the order of the first steps does not depend on the total), and nothing is
+allocated per step in advance. The apps' trainer cores (android/trainer-core Data.kt, ios/TrainerCore Data.swift)
+compute the same permutations, so a seeded run visits the same rows on the host and on a phone.
 """
 
 from __future__ import annotations
 
-import torch
-
 from toolchain.errors import BadInput
+from toolchain.shuffle import permutation
 
 __all__ = ["DataOrder", "data_order"]
 
@@ -41,8 +40,7 @@ class DataOrder:
             return step % self.rows
         epoch = step // self.rows
         if epoch != self._epoch:  # one permutation alive at a time
-            g = torch.Generator().manual_seed(self.shuffle_seed + epoch)
-            self._epoch, self._perm = epoch, torch.randperm(self.rows, generator=g).tolist()
+            self._epoch, self._perm = epoch, permutation(self.rows, self.shuffle_seed + epoch)
         return self._perm[step % self.rows]
 
 
