@@ -9,9 +9,10 @@
 #      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
-# program (shared_schemas/traces/v3_tiny, ReplayV3Test), and the byte-level BPE against the shared tokenizer
-# corpus (TokenizerTest; the Qwen2.5 tokenizer.json is written into the cache by the repository's .venv,
-# the tests are skipped, and counted as such, without it).
+# program (shared_schemas/traces/v3_tiny, ReplayV3Test), the training session on that program (SessionTest),
+# the byte-level BPE against the shared tokenizer corpus (TokenizerTest) and on-device data preparation
+# against every case of shared_schemas/data_corpus (DataCorpusTest). The Qwen2.5 tokenizer.json is written
+# into the cache by the repository's .venv; the tests needing it are skipped, and counted as such, without it.
 # Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -149,8 +150,9 @@ if [ $jvm_ok = 1 ]; then
     [ "$tests_passed" -gt 0 ] || { log "no JUnit test ran"; tests_failed=$((tests_failed + 1)); }
 fi
 
-# The host reads the checkpoint and adapter Kotlin wrote (needs the repository's venv: `make` creates it).
-MANIFEST_EXAMPLE="$REPO/shared_schemas/examples/manifest_v2_tiny.json"
+# The host reads the checkpoint and adapter Kotlin wrote (SessionTest, for the v3 trace program; needs the
+# repository's venv: `make` creates it).
+MANIFEST_EXAMPLE="$REPO/shared_schemas/traces/v3_tiny/program/manifest.json"
 if [ -f "$BUILD/interop/checkpoint.safetensors" ] && [ -x "$REPO/.venv/bin/python" ] && [ -f "$MANIFEST_EXAMPLE" ]; then
     check host-interop "$REPO/.venv/bin/python" "$HERE/interop_check.py" "$BUILD/interop" "$MANIFEST_EXAMPLE" || true
 else

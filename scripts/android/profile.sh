@@ -2,21 +2,22 @@
 # One profiled run, start to report:
 #   deploy -> telemetry server + adb reverse -> start training -> sample dumpsys meminfo until the run
 #   ends -> pull telemetry and adapter -> toolchain telemetry import -> toolchain telemetry report.
-#   scripts/android/profile.sh PROGRAM_DIR DATA.jsonl [--steps N] [--lr LR] [--budget-mb MB] [--plan FILE]
-#       [--run-id ID] [--apk APP.apk] [--out DIR] [--db FILE] [--port P] [--interval S] [--timeout S]
-#       [--no-server] [--via service|activity]
+#   scripts/android/profile.sh PROGRAM_DIR TEXT_FILE [--steps N] [--lr LR] [--budget-mb MB] [--chat]
+#       [--held-out F] [--lcsb POLICY] [--k K] [--run-id ID] [--apk APP.apk] [--out DIR] [--db FILE]
+#       [--port P] [--interval S] [--timeout S] [--no-server] [--via service|activity]
 # Output: DIR (default android-runs/RUN_ID) with telemetry.jsonl, dumpsys.jsonl, adapter/, report/index.html.
 # --no-server skips the live upload: the pulled log carries the same events.
 source "$(dirname "$0")/common.sh"
 
-[ $# -ge 2 ] || die "usage: profile.sh PROGRAM_DIR DATA.jsonl [options]; see the header of $0"
+[ $# -ge 2 ] || die "usage: profile.sh PROGRAM_DIR TEXT_FILE [options]; see the header of $0"
 program="${1%/}"; data="$2"; shift 2
 run_id="adb-$(date -u +%Y%m%dT%H%M%SZ)-$$"; out=""; db=""; port=8765; interval=2; timeout=3600; server=1
 deploy_opts=(); start_opts=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps|--lr|--budget-mb|--checkpoint-every|--shuffle-seed|--device-profile|--via) start_opts+=("$1" "$2"); shift 2 ;;
-        --plan) deploy_opts+=(--plan "$2"); start_opts+=(--plan "$(basename "$2")"); shift 2 ;;
+        --steps|--lr|--budget-mb|--checkpoint-every|--shuffle-seed|--device-profile|--via|--held-out|--held-out-seed|--lcsb|--k)
+            start_opts+=("$1" "$2"); shift 2 ;;
+        --chat) start_opts+=(--chat); shift ;;
         --apk) deploy_opts+=(--apk "$2"); shift 2 ;;
         --run-id) run_id="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;

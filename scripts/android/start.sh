@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # Start a training run on the phone (foreground service). Prints the run id.
-#   scripts/android/start.sh --program NAME --data FILE [--steps N] [--lr LR] [--run-id ID] [--budget-mb MB]
-#       [--plan FILE] [--checkpoint-every N] [--shuffle-seed S] [--telemetry-url URL] [--token T]
+#   scripts/android/start.sh --program NAME --data FILE [--chat] [--steps N] [--lr LR] [--run-id ID]
+#       [--budget-mb MB] [--held-out F] [--held-out-seed S] [--lcsb full|cyclic|strided|last] [--k K]
+#       [--checkpoint-every N] [--shuffle-seed S] [--telemetry-url URL] [--token T]
 #       [--device-profile NAME] [--no-verify] [--via service|activity]
-# NAME and FILE are what deploy.sh pushed. Restarting with the same --run-id resumes from its checkpoint.
+#   scripts/android/start.sh --resume [--via ...]     # resume the app's latest run (no run id needed)
+# NAME and FILE are what deploy.sh pushed (FILE: plain text, or chat JSONL with --chat); the app makes the
+# rows and the held-out split on the phone. Restarting with the same --run-id resumes from its checkpoint.
 # --via activity starts it through the app's Activity, for phones that refuse a foreground-service start
 # from the shell.
 source "$(dirname "$0")/common.sh"
 
-run_id=""; via=service; extras=()
+run_id=""; via=service; extras=(); resume=0
 add() { safe "$1" "$2"; extras+=(--es "$1" "$2"); }
 while [ $# -gt 0 ]; do
     case "$1" in
         --program) add program "$2"; shift 2 ;;
-        --data) add data "$2"; shift 2 ;;
-        --plan) add plan "$2"; shift 2 ;;
+        --data|--text) add text "$2"; shift 2 ;;
+        --chat) add chat true; shift ;;
+        --held-out) add held_out "$2"; shift 2 ;;
+        --held-out-seed) add held_out_seed "$2"; shift 2 ;;
+        --lcsb) add lcsb "$2"; shift 2 ;;
+        --k) add k "$2"; shift 2 ;;
+        --resume) resume=1; shift ;;
         --steps) add steps "$2"; shift 2 ;;
         --lr) add lr "$2"; shift 2 ;;
         --run-id) run_id="$2"; shift 2 ;;
@@ -29,16 +37,20 @@ while [ $# -gt 0 ]; do
         *) die "unknown option $1" ;;
     esac
 done
-printf '%s\n' "${extras[@]}" | grep -qx program || die "--program is required"
-printf '%s\n' "${extras[@]}" | grep -qx data || die "--data is required"
-[ -n "$run_id" ] || run_id="adb-$(date -u +%Y%m%dT%H%M%SZ)-$$"
-[[ "$run_id" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ ]] || die "--run-id '$run_id' must be letters, digits, '.', '_', '-' (at most 128)"
-extras+=(--es run_id "$run_id")
+if [ $resume = 1 ]; then
+    [ -z "$run_id" ] || extras+=(--es run_id "$run_id")
+else
+    printf '%s\n' "${extras[@]}" | grep -qx program || die "--program is required (or --resume)"
+    printf '%s\n' "${extras[@]}" | grep -qx text || die "--data is required (or --resume)"
+    [ -n "$run_id" ] || run_id="adb-$(date -u +%Y%m%dT%H%M%SZ)-$$"
+    [[ "$run_id" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ ]] || die "--run-id '$run_id' must be letters, digits, '.', '_', '-' (at most 128)"
+    extras+=(--es run_id "$run_id")
+fi
 need_device
 case "$via" in
     service) adb_ shell am start-foreground-service -n "$SERVICE" -a "$ACTION_START" "${extras[@]}" >&2 ;;
     activity) adb_ shell am start -n "$ACTIVITY" -a "$ACTION_START" "${extras[@]}" >&2 ;;
     *) die "--via must be service or activity" ;;
 esac
-note "started run $run_id"
-echo "$run_id"
+note "started run ${run_id:-(latest)}"
+echo "${run_id:-latest}"

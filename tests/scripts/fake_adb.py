@@ -24,10 +24,14 @@ def dev(path: str) -> Path:
 
 
 def play_app(extras: dict[str, str]) -> None:
-    run_id = extras["run_id"]
     pkg_files = next(p for p in ROOT.glob("sdcard/Android/data/*/files") if p.is_dir())
+    latest = pkg_files / "runs" / "latest"
+    run_id = extras.get("run_id") or (latest.read_text().strip() if latest.is_file() else None)
+    if run_id is None:  # resume with no run on the phone: the app shows "no run to start"
+        return
     run = pkg_files / "runs" / run_id
     (run / "adapter").mkdir(parents=True, exist_ok=True)
+    latest.write_text(run_id + "\n")
     steps = int(extras.get("steps", "3"))
     t0 = time.time()
     common = {"schema_version": 1, "run_id": run_id}

@@ -126,19 +126,20 @@ def phone(tmp_path, monkeypatch):
 
 @pytest.fixture
 def program(tmp_path):
-    """A program directory shaped like `toolchain export` writes it: the example manifest (schema_version 2)
-    and every file it lists, state_init.bin holding state.numel float32 values."""
+    """A contract-v3 program directory shaped like `toolchain export` writes it: the v3 trace's manifest
+    (schema_version 3) and every file it lists, state_init.bin holding state.numel float32 values, and a
+    plain-text file for the app to make rows from."""
     d = tmp_path / "tiny-prog"
     d.mkdir()
-    manifest = json.loads((REPO / "shared_schemas" / "examples" / "manifest_v2_tiny.json").read_text())
+    manifest = json.loads((REPO / "shared_schemas" / "traces" / "v3_tiny" / "program" / "manifest.json").read_text())
     (d / "manifest.json").write_text(json.dumps(manifest))
-    for rel in manifest["files"]:
+    for rel in list(manifest["files"]) + [manifest["weights"]["file"]]:
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_bytes(b"PTE" * 100 if rel == "model.pte" else b"{}")
     numel = manifest["state"]["numel"]
     (d / manifest["state"]["init_file"]).write_bytes((bytes(range(256)) * (numel // 64 + 1))[:4 * numel])
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"input_ids": [72, 101, 108, 108, 111]}\n')
+    data = tmp_path / "notes.txt"
+    data.write_text("The lighthouse keeper wrote every evening.\n")
     return d, data
 
 
@@ -151,7 +152,8 @@ def test_deploy_pushes_program_data_and_apk(phone, program, tmp_path):
     assert (phone.files / "programs/tiny-prog/model.pte").read_bytes() == b"PTE" * 100
     assert (phone.files / "programs/tiny-prog/state_init.bin").read_bytes() == (prog / "state_init.bin").read_bytes()
     assert (phone.files / "programs/tiny-prog/adapter_init/adapter_config.json").is_file()
-    assert (phone.files / "data/train.jsonl").read_text() == data.read_text()
+    assert (phone.files / "programs/tiny-prog/weights.safetensors").is_file()
+    assert (phone.files / "data/notes.txt").read_text() == data.read_text()
     assert ["install", "-r", str(apk)] in phone.calls()
 
 
@@ -168,25 +170,38 @@ def test_deploy_refuses_bad_input_before_touching_the_phone(phone, program, tmp_
     r = phone.run("deploy.sh", prog, data, ok=False)
     assert "lacks state_init.bin" in r.stderr and r.returncode == 2
     (prog / "kept.bin").rename(prog / "state_init.bin")
-    # a program of the retired contract (version 1: get_state/set_state) must be re-exported
-    manifest = json.loads((prog / "manifest.json").read_text())
-    (prog / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 1}))
+    # the memory-mapped weights missing: refused too
+    (prog / "weights.safetensors").rename(prog / "kept.bin")
     r = phone.run("deploy.sh", prog, data, ok=False)
-    assert "schema_version 1" in r.stderr and "re-export" in r.stderr
+    assert "lacks weights.safetensors" in r.stderr
+    (prog / "kept.bin").rename(prog / "weights.safetensors")
+    # a program of a retired contract (version 2: whole-model train_step methods) must be re-exported
+    manifest = json.loads((prog / "manifest.json").read_text())
+    (prog / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 2}))
+    r = phone.run("deploy.sh", prog, data, ok=False)
+    assert "schema_version 2" in r.stderr and "re-export" in r.stderr
     assert len(phone.calls()) == n  # adb was not called
     assert not (phone.files / "programs").exists()
 
 
 def test_start_stop_and_reverse_send_the_right_commands(phone):
-    r = phone.run("start.sh", "--program", "tiny-prog", "--data", "train.jsonl", "--steps", "5", "--lr", "1e-4",
-                  "--budget-mb", "1500", "--run-id", "run-1", "--telemetry-url", "http://127.0.0.1:8765/v1/events", "--token", "T0k")
+    r = phone.run("start.sh", "--program", "tiny-prog", "--data", "notes.txt", "--steps", "5", "--lr", "1e-4",
+                  "--budget-mb", "1500", "--run-id", "run-1", "--telemetry-url", "http://127.0.0.1:8765/v1/events", "--token", "T0k",
+                  "--held-out", "0.2", "--lcsb", "cyclic", "--k", "1")
     assert r.stdout.strip() == "run-1"
     am = next(c for c in phone.calls() if c[:2] == ["shell", "am"])
     assert am[2:7] == ["start-foreground-service", "-n", f"{PKG}/org.onphonellm.trainer.app.TrainingService", "-a",
                        "org.onphonellm.trainer.action.START"]
     extras = {am[i + 1]: am[i + 2] for i in range(len(am)) if am[i] == "--es"}
-    assert extras == {"program": "tiny-prog", "data": "train.jsonl", "steps": "5", "lr": "1e-4", "budget_mb": "1500",
-                      "telemetry_url": "http://127.0.0.1:8765/v1/events", "telemetry_token": "T0k", "run_id": "run-1"}
+    assert extras == {"program": "tiny-prog", "text": "notes.txt", "steps": "5", "lr": "1e-4", "budget_mb": "1500",
+                      "telemetry_url": "http://127.0.0.1:8765/v1/events", "telemetry_token": "T0k", "run_id": "run-1",
+                      "held_out": "0.2", "lcsb": "cyclic", "k": "1"}
+    # resume the latest run: no program, no data, no run id
+    n = len(phone.calls())
+    assert phone.run("start.sh", "--resume").stdout.strip() == "latest"
+    am = phone.calls()[n:][-1]
+    assert am[2:7] == ["start-foreground-service", "-n", f"{PKG}/org.onphonellm.trainer.app.TrainingService", "-a",
+                       "org.onphonellm.trainer.action.START"] and "--es" not in am
     phone.run("start.sh", "--program", "p", "--data", "d.jsonl", "--run-id", "run-2", "--via", "activity")
     assert phone.calls()[-1][2:5] == ["start", "-n", f"{PKG}/org.onphonellm.trainer.app.MainActivity"]
     # values that the device shell would interpret are refused

@@ -33,5 +33,11 @@ class AndroidMemoryProbe(context: Context, private val debugEvery: Int = 10) : M
         return out
     }
 
+    /** RssAnon of /proc/self/status (cheap: the watchdog polls it). */
+    fun anonBytes(): Long = ProcStatus.sample(File("/proc/self/status").readText()).anonBytes ?: 0L
+
+    /** ActivityManager.MemoryInfo.lowMemory: the system's own pressure flag (delivered on every API level). */
+    fun lowMemory(): Boolean = ActivityManager.MemoryInfo().also { am.getMemoryInfo(it) }.lowMemory
+
     fun totalRamBytes(): Long = ActivityManager.MemoryInfo().also { am.getMemoryInfo(it) }.totalMem
 }

@@ -1,68 +1,70 @@
 package org.onphonellm.trainer.app
 
-import org.onphonellm.trainer.core.DirectInputs
-import org.onphonellm.trainer.core.TensorValue
-import org.onphonellm.trainer.core.TrainingRuntime
+import org.onphonellm.trainer.core.ElemType
+import org.onphonellm.trainer.core.NdBuffer
+import org.onphonellm.trainer.core.ProgramRuntime
+import org.onphonellm.trainer.core.ProgramV3
 import org.pytorch.executorch.EValue
 import org.pytorch.executorch.Module
 import org.pytorch.executorch.Tensor
 import java.io.File
-import java.nio.FloatBuffer
-import java.nio.LongBuffer
-import org.onphonellm.trainer.core.DType as CoreDType
+import java.nio.ByteBuffer
+import java.nio.ByteOrder
 import org.pytorch.executorch.DType as EtDType
 
 /**
- * The exported program on the stock ExecuTorch Android runtime (`org.pytorch:executorch-android`),
- * contract version 2: every method is a function of its inputs, so the prebuilt AAR's per-method
- * memory arenas are fine (nothing is shared between methods).
+ * A contract-v3 program on the stock ExecuTorch Android runtime (`org.pytorch:executorch-android`), for
+ * trainer-core's [org.onphonellm.trainer.core.LayerLoop] (driven by [org.onphonellm.trainer.core.TrainingSession]
+ * in [TrainingService]); compiled against the API stubs in android/host-stubs, not run here.
  *
- * - The program file is memory-mapped (LOAD_MODE_MMAP): frozen weights stay clean file-backed pages,
- *   which Android's accounting (RssAnon, Private Dirty) does not charge to the app.
- * - Inputs: the JNI passes a tensor's direct-buffer address to the method, so ids, labels, lr and every
- *   state slice are copied into persistent direct buffers ([DirectInputs]) and wrapped with
- *   `Tensor.fromBlob(buffer, shape)` (no allocation per step).
- * - Outputs: the JNI wraps the method's own output memory (its planned arena), valid until the next
- *   call; each is copied straight into the caller's array (`Tensor.copyDataInto(FloatBuffer)` on a
- *   window of the state), with no intermediate array.
+ * - `Module.load(model.pte, LOAD_MODE_MMAP)`: the program file stays clean file-backed pages. The frozen
+ *   weights are not in the .pte: they are weights.safetensors, memory-mapped by trainer-core.
+ * - Inputs are the loop's views, wrapped without copying: `Tensor.fromBlob` over the mapped weights'
+ *   direct buffers, the state buffer's entry windows, the app's activations (the JNI reads a direct
+ *   buffer's address; each window is its own slice, so `capacity()` is exactly the tensor's size).
+ *   Little-endian = the native order of every Android ABI.
+ * - Outputs live in the method's arena until the next call; each is copied once into a direct buffer
+ *   (`copyDataInto`) that the loop copies again into what it keeps (state slice, cache row, activation).
  */
-class ExecuTorchRuntime(program: File) : TrainingRuntime {
-    private val module: Module = Module.load(program.absolutePath, Module.LOAD_MODE_MMAP)
-    private val staged = DirectInputs()
+class ExecuTorchRuntime(pte: File, program: ProgramV3, methods: Collection<String> = program.methods.keys) :
+    ProgramRuntime, AutoCloseable {
+    private val module: Module = Module.load(pte.absolutePath, Module.LOAD_MODE_MMAP)
+    private val specs = program.methods
 
-    override fun loadMethod(name: String) = module.loadMethod(name)
+    init {
+        for (m in methods) module.loadMethod(m)  // every arena allocated up front: failures and memory show early
+    }
 
-    override fun execute(method: String, inputs: List<TensorValue>): List<TensorValue> {
-        val buffers = staged.stage(inputs)
-        val args = Array(inputs.size) { i ->
-            val shape = LongArray(inputs[i].shape.size) { inputs[i].shape[it].toLong() }
-            when (val b = buffers[i]) {
-                is FloatBuffer -> EValue.from(Tensor.fromBlob(b, shape))
-                is LongBuffer -> EValue.from(Tensor.fromBlob(b, shape))
-                else -> error("unexpected buffer $b")
-            }
-        }
-        return module.execute(method, *args).mapIndexed { i, v ->
+    override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
+        val spec = specs[method] ?: throw IllegalStateException("no method $method")
+        val args = Array(inputs.size) { i -> EValue.from(wrap(inputs[i])) }
+        val outs = module.execute(method, *args)
+        if (outs.size != spec.outputs.size) throw IllegalStateException("$method returned ${outs.size} outputs, the manifest lists ${spec.outputs.size}")
+        return outs.mapIndexed { i, v ->
             if (!v.isTensor) throw IllegalStateException("output $i of $method is not a tensor")
-            Output(v.toTensor())
+            val t = v.toTensor()
+            val io = spec.outputs[i]
+            val buf = ByteBuffer.allocateDirect(io.numel * io.dtype.size).order(ByteOrder.nativeOrder())
+            when (t.dtype()) {
+                EtDType.FLOAT -> t.copyDataInto(buf.asFloatBuffer())
+                EtDType.INT64 -> t.copyDataInto(buf.asLongBuffer())
+                else -> throw IllegalStateException("output ${io.name} of $method is ${t.dtype()}")
+            }
+            NdBuffer(io.name, io.dtype, t.shape().map { it.toInt() }, buf)
+        }
+    }
+
+    private fun wrap(x: NdBuffer): Tensor {
+        val shape = LongArray(x.shape.size) { x.shape[it].toLong() }
+        val b = x.data.duplicate().order(ByteOrder.nativeOrder())
+        return when (x.dtype) {
+            ElemType.FLOAT32 -> Tensor.fromBlob(b.asFloatBuffer(), shape)
+            ElemType.INT64 -> Tensor.fromBlob(b.asLongBuffer(), shape)
+            ElemType.INT32 -> Tensor.fromBlob(b.asIntBuffer(), shape)
+            ElemType.UINT8 -> Tensor.fromBlobUnsigned(b, shape)
+            ElemType.INT8 -> Tensor.fromBlob(b, shape)
         }
     }
 
     override fun close() = module.close()
-
-    /** An output tensor, read by copying; unnamed (ExecuTorch outputs are positional). */
-    private class Output(private val t: Tensor) : TensorValue("", t.shape().map { it.toInt() }) {
-        override val dtype: CoreDType = when (t.dtype()) {
-            EtDType.FLOAT -> CoreDType.FLOAT32
-            EtDType.INT64 -> CoreDType.INT64
-            else -> throw IllegalStateException("output of dtype ${t.dtype()}: the contract has only float32 and int64")
-        }
-
-        override fun copyInto(dst: FloatArray, offset: Int) {
-            if (dtype != CoreDType.FLOAT32) super.copyInto(dst, offset)
-            t.copyDataInto(FloatBuffer.wrap(dst, offset, numel))
-        }
-
-        override fun longs(): LongArray = if (dtype == CoreDType.INT64) t.dataAsLongArray else super.longs()
-    }
 }

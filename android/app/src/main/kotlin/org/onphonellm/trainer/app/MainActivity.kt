@@ -2,52 +2,209 @@ package org.onphonellm.trainer.app
 
 import android.app.Activity
 import android.content.Intent
+import android.net.Uri
 import android.os.Build
 import android.os.Bundle
 import android.os.Handler
 import android.os.Looper
+import android.provider.DocumentsContract
+import android.text.InputType
+import android.view.View
+import android.widget.ArrayAdapter
 import android.widget.Button
+import android.widget.EditText
 import android.widget.LinearLayout
 import android.widget.ProgressBar
+import android.widget.ScrollView
+import android.widget.Spinner
 import android.widget.TextView
+import org.onphonellm.trainer.core.EvalPair
+import org.onphonellm.trainer.core.PreparedData
+import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.Runs
+import org.onphonellm.trainer.core.TextTokenizer
+import org.onphonellm.trainer.core.V3Checkpoints
+import java.io.File
 
 /**
- * Progress, loss and memory against the budget, refreshed every second, and a Stop button.
- * `adb shell am start -n org.onphonellm.trainer/org.onphonellm.trainer.app.MainActivity -a
- * org.onphonellm.trainer.action.START --es program ... --es data ...` forwards the request to the
- * service from the foreground (the route that works on every Android version).
+ * The app's one screen, plain android.widget Views: choose a program (pushed to files/programs/), paste
+ * text or pick a file (plain text, or chat JSONL), see its rows and held-out split, start / stop / resume,
+ * a live loss chart, the memory footprint against the budget, the held-out loss before and after, a prompt
+ * generated with the initial and the trained adapter side by side, and the adapter exported (PEFT files)
+ * into a folder chosen with the Storage Access Framework, then offered to the share sheet. All the logic
+ * is trainer-core's; the service runs the session.
+ *
+ * `adb shell am start -n org.onphonellm.trainer/.app.MainActivity -a org.onphonellm.trainer.action.START
+ * --es program NAME --es text FILE ...` forwards the request to the service from the foreground.
  */
 class MainActivity : Activity() {
     private val handler = Handler(Looper.getMainLooper())
+    private val base: File get() = getExternalFilesDir(null) ?: filesDir
+    private lateinit var program: Spinner
+    private lateinit var input: EditText
+    private lateinit var steps: EditText
+    private lateinit var heldOut: EditText
+    private lateinit var lcsbK: EditText
+    private lateinit var dataInfo: TextView
     private lateinit var status: TextView
-    private lateinit var steps: ProgressBar
+    private lateinit var chart: LossChartView
     private lateinit var memory: TextView
     private lateinit var memoryBar: ProgressBar
+    private lateinit var evals: TextView
+    private lateinit var prompt: EditText
+    private lateinit var before: TextView
+    private lateinit var after: TextView
+    private var pickedText: String? = null
+    private var pickedName = "pasted text"
+    private var prepared: PreparedData? = null
 
     override fun onCreate(savedInstanceState: Bundle?) {
         super.onCreate(savedInstanceState)
-        val pad = (16 * resources.displayMetrics.density).toInt()
-        status = TextView(this)
-        steps = ProgressBar(this, null, android.R.attr.progressBarStyleHorizontal)
-        memory = TextView(this)
+        val dp = resources.displayMetrics.density
+        val col = LinearLayout(this).apply { orientation = LinearLayout.VERTICAL; setPadding((16 * dp).toInt(), (16 * dp).toInt(), (16 * dp).toInt(), (16 * dp).toInt()) }
+        fun label(t: String, size: Float = 14f) = TextView(this).apply { text = t; textSize = size }.also { col.addView(it) }
+        fun button(t: String, onClick: () -> Unit) = Button(this).apply { text = t; setOnClickListener { onClick() } }
+        fun row(vararg views: View) = LinearLayout(this).apply {
+            orientation = LinearLayout.HORIZONTAL
+            views.forEach { addView(it, LinearLayout.LayoutParams(0, LinearLayout.LayoutParams.WRAP_CONTENT, 1f)) }
+        }.also { col.addView(it) }
+        fun field(hint: String, type: Int) = EditText(this).apply { this.hint = hint; inputType = type }
+
+        label("On-device LoRA training", 20f)
+        program = Spinner(this)
+        col.addView(program)
+        input = EditText(this).apply { hint = "Paste your text here (or a chat JSONL)"; minLines = 4; gravity = android.view.Gravity.TOP }
+        col.addView(input)
+        steps = field("steps (100)", InputType.TYPE_CLASS_NUMBER)
+        heldOut = field("held-out (0.1)", InputType.TYPE_CLASS_NUMBER or InputType.TYPE_NUMBER_FLAG_DECIMAL)
+        lcsbK = field("LCSB k (all layers)", InputType.TYPE_CLASS_NUMBER)
+        row(steps, heldOut, lcsbK)
+        row(button("Pick file") { pickFile() }, button("Prepare") { prepare() })
+        dataInfo = label("no data yet")
+        row(button("Start") { start() }, button("Stop") { service(RunRequest.ACTION_STOP) }, button("Resume") { service(RunRequest.ACTION_START) })
+        status = label("idle")
+        chart = LossChartView(this)
+        col.addView(chart, LinearLayout.LayoutParams(LinearLayout.LayoutParams.MATCH_PARENT, (180 * dp).toInt()))
+        memory = label("memory: -")
         memoryBar = ProgressBar(this, null, android.R.attr.progressBarStyleHorizontal)
-        val stop = Button(this).apply {
-            text = "Stop (checkpoint and stop)"
-            setOnClickListener { TrainingStatus.requestStop() }
-        }
-        setContentView(LinearLayout(this).apply {
-            orientation = LinearLayout.VERTICAL
-            setPadding(pad, pad, pad, pad)
-            addView(TextView(this@MainActivity).apply { text = "On-device LoRA training"; textSize = 20f })
-            addView(status)
-            addView(steps)
-            addView(memory)
-            addView(memoryBar)
-            addView(stop)
-        })
+        col.addView(memoryBar)
+        evals = label("held-out loss: before -, after -")
+        prompt = EditText(this).apply { hint = "Prompt" }
+        col.addView(prompt)
+        col.addView(button("Generate before / after") { generate() })
+        before = TextView(this)
+        after = TextView(this)
+        row(before, after)
+        col.addView(button("Export adapter (PEFT) ...") { exportAdapter() })
+        setContentView(ScrollView(this).apply { fitsSystemWindows = true; addView(col) })  // targetSdk 35 draws edge to edge
+
+        program.adapter = ArrayAdapter(this, android.R.layout.simple_spinner_dropdown_item, programs())
         if (Build.VERSION.SDK_INT >= 33) requestPermissions(arrayOf("android.permission.POST_NOTIFICATIONS"), 1)
         if (intent?.action == RunRequest.ACTION_START) {
             startService(Intent(this, TrainingService::class.java).setAction(RunRequest.ACTION_START).putExtras(intent))
+        }
+    }
+
+    private fun programs(): List<String> = File(base, "programs").listFiles()?.filter { File(it, "manifest.json").isFile }?.map { it.name }?.sorted()
+        ?: emptyList()
+
+    private fun service(action: String, extras: Bundle? = null) {
+        // From the foreground (this Activity), a started service may call startForeground on every Android version.
+        val i = Intent(this, TrainingService::class.java).setAction(action)
+        extras?.let { i.putExtras(it) }
+        startService(i)
+    }
+
+    private fun pickFile() {
+        val i = Intent(Intent.ACTION_OPEN_DOCUMENT).addCategory(Intent.CATEGORY_OPENABLE).setType("*/*")
+            .putExtra(Intent.EXTRA_MIME_TYPES, arrayOf("text/*", "application/json", "application/x-ndjson", "application/jsonl", "application/octet-stream"))
+        startActivityForResult(i, PICK_TEXT)
+    }
+
+    /** Tokenize on a background thread: rows and held-out split of the pasted or picked text. */
+    private fun prepare(then: ((PreparedData) -> Unit)? = null) {
+        val name = program.selectedItem as? String ?: run { dataInfo.text = "no program in ${File(base, "programs")}: push one (scripts/android/deploy.sh)"; return }
+        val text = pickedText ?: input.text.toString()
+        val fraction = heldOut.text.toString().toDoubleOrNull() ?: 0.1
+        dataInfo.text = "tokenizing ..."
+        Thread {
+            val msg = try {
+                val p = ProgramV3.read(File(File(base, "programs"), name))
+                val d = PreparedData.prepare(text, TextTokenizer.forProgram(p), p.seqLen, p.vocab, fraction, 0, name = pickedName)
+                prepared = d
+                then?.let { f -> runOnUiThread { f(d) } }
+                "${d.rows} rows of ${p.seqLen} tokens (${if (d.chat) "chat" else "text"}): ${d.train.size} to train on, ${d.held.size} held out"
+            } catch (e: Exception) {
+                "cannot use this data: ${e.message}"
+            }
+            runOnUiThread { dataInfo.text = msg }
+        }.start()
+    }
+
+    private fun start() = prepare {
+        val name = program.selectedItem as String
+        val n = RunRequest.NewRun(name, File(pickedName), null, steps.text.toString().toLongOrNull() ?: 100, null, null, 10, 0L,
+            heldOut.text.toString().toDoubleOrNull() ?: 0.1, 0L, lcsbK.text.toString().toIntOrNull()?.let { "cyclic" }, lcsbK.text.toString().toIntOrNull(), null)
+        Thread {
+            try {
+                val probe = AndroidMemoryProbe(this)
+                val (runId, _) = RunRequest.createRun(base, n, pickedText ?: input.text.toString(), probe.totalRamBytes(), runInfo(this, probe.totalRamBytes()))
+                runOnUiThread { service(RunRequest.ACTION_START, Bundle().apply { putString("run_id", runId) }) }
+            } catch (e: Exception) {
+                runOnUiThread { status.text = "cannot start: ${e.message}" }
+            }
+        }.start()
+    }
+
+    private fun generate() {
+        TrainingStatus.generation = null
+        service(RunRequest.ACTION_GENERATE, Bundle().apply { putString(RunRequest.EXTRA_PROMPT, prompt.text.toString()) })
+        before.text = "generating ..."
+        after.text = ""
+    }
+
+    private fun exportAdapter() {
+        val run = Runs(File(base, "runs")).latest()
+        if (run == null || !File(run.adapter, V3Checkpoints.ADAPTER_WEIGHTS).isFile) {
+            status.text = "no adapter yet: it is written when a run completes or is stopped"
+            return
+        }
+        startActivityForResult(Intent(Intent.ACTION_OPEN_DOCUMENT_TREE), EXPORT_TREE)
+    }
+
+    @Deprecated("Activity result API of the platform (no AndroidX here)")
+    override fun onActivityResult(requestCode: Int, resultCode: Int, data: Intent?) {
+        super.onActivityResult(requestCode, resultCode, data)
+        val uri = data?.data ?: return
+        if (resultCode != RESULT_OK) return
+        when (requestCode) {
+            PICK_TEXT -> {
+                pickedText = contentResolver.openInputStream(uri)?.use { String(it.readBytes(), Charsets.UTF_8) }
+                pickedName = uri.lastPathSegment?.substringAfterLast('/') ?: "picked file"
+                input.setText((pickedText ?: "").take(2000))
+                prepare()
+            }
+            EXPORT_TREE -> export(uri)
+        }
+    }
+
+    /** Copy adapter_config.json and adapter_model.safetensors into the chosen folder, then offer them to the share sheet. */
+    private fun export(tree: Uri) {
+        val run = Runs(File(base, "runs")).latest() ?: return
+        try {
+            val parent = DocumentsContract.buildDocumentUriUsingTree(tree, DocumentsContract.getTreeDocumentId(tree))
+            val out = ArrayList<Uri>()
+            for ((name, mime) in listOf(V3Checkpoints.ADAPTER_CONFIG to "application/json", V3Checkpoints.ADAPTER_WEIGHTS to "application/octet-stream")) {
+                val doc = DocumentsContract.createDocument(contentResolver, parent, mime, name) ?: throw IllegalStateException("cannot create $name")
+                contentResolver.openOutputStream(doc)?.use { os -> File(run.adapter, name).inputStream().use { it.copyTo(os) } }
+                out.add(doc)
+            }
+            status.text = "adapter of ${run.runId} exported"
+            val share = Intent(Intent.ACTION_SEND_MULTIPLE).setType("application/octet-stream")
+                .putParcelableArrayListExtra(Intent.EXTRA_STREAM, out).addFlags(Intent.FLAG_GRANT_READ_URI_PERMISSION)
+            startActivity(Intent.createChooser(share, "Share the adapter"))
+        } catch (e: Exception) {
+            status.text = "export failed: ${e.message}"
         }
     }
 
@@ -65,15 +222,25 @@ class MainActivity : Activity() {
         override fun run() {
             val s = TrainingStatus
             val loss = s.loss?.let { "%.4f".format(it) } ?: "-"
-            status.text = "run ${s.runId ?: "-"}: ${s.message}\nstep ${s.step}/${s.steps}  loss $loss"
-            steps.max = maxOf(1, s.steps.toInt())
-            steps.progress = s.step.toInt()
+            val paused = if (!s.running) AppState.paused(this@MainActivity) else null
+            status.text = "run ${s.runId ?: "-"}: ${paused ?: s.message}\nstep ${s.step}/${s.steps}  loss $loss"
+            chart.setData(synchronized(s.losses) { s.losses.toList() })
             val anonMb = (s.anonBytes ?: 0L) shr 20
             val budgetMb = s.budgetBytes shr 20
-            memory.text = "anonymous memory (RssAnon) $anonMb MB of a $budgetMb MB budget"
+            memory.text = "memory (RssAnon) $anonMb MB of a $budgetMb MB budget"
             memoryBar.max = maxOf(1, budgetMb.toInt())
             memoryBar.progress = anonMb.toInt()
+            val e = if (s.running || s.evalBefore != null) EvalPair(s.evalBefore, s.evalAfter, null)
+                else Runs(File(base, "runs")).latest()?.let { EvalPair.read(it.results) } ?: EvalPair(null, null, null)
+            fun f(x: Double?) = x?.let { "%.4f".format(it) } ?: "-"
+            evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}"
+            s.generation?.let { (b, a) -> before.text = "before:\n$b"; after.text = "after:\n$a" }
             handler.postDelayed(this, 1000)
         }
+    }
+
+    companion object {
+        private const val PICK_TEXT = 1
+        private const val EXPORT_TREE = 2
     }
 }

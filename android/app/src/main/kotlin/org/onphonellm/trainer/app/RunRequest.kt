@@ -2,52 +2,81 @@ package org.onphonellm.trainer.app
 
 import android.content.Intent
 import android.os.Bundle
+import org.onphonellm.trainer.core.PreparedData
+import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.RunSpec
+import org.onphonellm.trainer.core.Runs
+import org.onphonellm.trainer.core.TextTokenizer
 import java.io.File
 import java.util.UUID
 
 /**
- * A training request from intent extras (scripts/android/start.sh passes them with `am`).
- * Relative paths are under the app's external files directory, where `adb push` puts them:
- * /sdcard/Android/data/org.onphonellm.trainer/files/{programs,data,plans}/...; runs go to files/runs/RUN_ID/.
+ * What the service is asked to do, from intent extras (the Activity, or scripts/android/start.sh with `am`).
+ * Without `run_id` the service resumes the latest run. With `program` and `text` (a plain-text or chat
+ * JSONL file) it first creates a new run from them, exactly as the Activity does. Relative paths are under
+ * the app's external files directory, where `adb push` puts them: files/programs/NAME, files/data/FILE.
  *
- * Extras (any type `am` can send; numbers may be strings): program, data, plan, run_id, steps, lr,
- * budget_mb, checkpoint_every, shuffle_seed, telemetry_url, telemetry_token, verify (true/false), device_profile.
+ * Extras (numbers may be strings): run_id, program, text, chat (true/false; default: guessed), steps, lr,
+ * budget_mb, checkpoint_every, shuffle_seed, held_out, held_out_seed, lcsb (full|cyclic|strided|last), k,
+ * max_new_tokens, telemetry_url, telemetry_token, verify (true/false), device_profile.
  */
 data class RunRequest(
-    val programDir: File,
-    val dataFile: File,
-    val planFile: File?,
-    val runId: String,
-    val steps: Long,
-    val lr: Double?,
-    val budgetMb: Long?,
-    val checkpointEvery: Int,
-    val shuffleSeed: Long?,
+    val runId: String?,
+    val newRun: NewRun?,
+    val maxNewTokens: Int,
     val telemetryUrl: String?,
     val telemetryToken: String?,
     val verifyFiles: Boolean,
-    val deviceProfile: String?,
+    val generateOnly: Boolean,
 ) {
+    /** A run to create: program directory name, data file, and the run's parameters. */
+    data class NewRun(val program: String, val text: File, val chat: Boolean?, val steps: Long, val lr: Double?, val budgetMb: Long?,
+                      val checkpointEvery: Int, val shuffleSeed: Long?, val heldOut: Double, val heldOutSeed: Long,
+                      val lcsb: String?, val k: Int?, val deviceProfile: String?)
+
     companion object {
         const val ACTION_START = "org.onphonellm.trainer.action.START"
         const val ACTION_STOP = "org.onphonellm.trainer.action.STOP"
+        const val ACTION_GENERATE = "org.onphonellm.trainer.action.GENERATE"
+        const val EXTRA_PROMPT = "prompt"
 
-        fun fromExtras(extras: Bundle?, base: File): RunRequest {
+        fun fromExtras(extras: Bundle?, base: File, action: String?): RunRequest {
             fun str(key: String): String? = extras?.get(key)?.toString()?.takeIf { it.isNotBlank() }
-            fun file(key: String, dir: String): File? = str(key)?.let { if (it.startsWith("/")) File(it) else File(File(base, dir), it) }
-            fun num(key: String): String? = str(key)
-            val program = file("program", "programs") ?: throw IllegalArgumentException("extra 'program' is required (a directory under files/programs)")
-            val data = file("data", "data") ?: throw IllegalArgumentException("extra 'data' is required (a JSONL file under files/data)")
+            val program = str("program")
+            val text = str("text")
+            val newRun = if (program != null && text != null) NewRun(
+                program = program, text = if (text.startsWith("/")) File(text) else File(File(base, "data"), text),
+                chat = str("chat")?.toBoolean(), steps = str("steps")?.toLong() ?: 100, lr = str("lr")?.toDouble(),
+                budgetMb = str("budget_mb")?.toLong(), checkpointEvery = str("checkpoint_every")?.toInt() ?: 10,
+                shuffleSeed = str("shuffle_seed")?.toLong() ?: 0L, heldOut = str("held_out")?.toDouble() ?: 0.1,
+                heldOutSeed = str("held_out_seed")?.toLong() ?: 0L, lcsb = str("lcsb"), k = str("k")?.toInt(),
+                deviceProfile = str("device_profile"),
+            ) else null
             return RunRequest(
-                programDir = program, dataFile = data, planFile = file("plan", "plans"),
-                runId = str("run_id") ?: UUID.randomUUID().toString().replace("-", ""),
-                steps = num("steps")?.toLong() ?: 100, lr = num("lr")?.toDouble(), budgetMb = num("budget_mb")?.toLong(),
-                checkpointEvery = num("checkpoint_every")?.toInt() ?: 10, shuffleSeed = num("shuffle_seed")?.toLong(),
+                runId = str("run_id"), newRun = newRun, maxNewTokens = str("max_new_tokens")?.toInt() ?: 32,
                 telemetryUrl = str("telemetry_url"), telemetryToken = str("telemetry_token"),
-                verifyFiles = str("verify")?.toBoolean() ?: true, deviceProfile = str("device_profile"),
+                verifyFiles = str("verify")?.toBoolean() ?: true, generateOnly = action == ACTION_GENERATE,
             )
         }
 
-        fun fromIntent(intent: Intent, base: File): RunRequest = fromExtras(intent.extras, base)
+        fun fromIntent(intent: Intent, base: File): RunRequest = fromExtras(intent.extras, base, intent.action)
+
+        fun newRunId(): String = "run-" + UUID.randomUUID().toString().replace("-", "").take(12)
+
+        /**
+         * Create a run (rows made on the phone from [text], held-out split) under [base]/runs; what the Activity's
+         * Start and an adb `text` extra both do. [runInfo]: the platform's run_start fields.
+         */
+        fun createRun(base: File, n: NewRun, textContent: String, totalRam: Long, runInfo: Map<String, Any?>, runId: String = newRunId()): Pair<String, PreparedData> {
+            val programDir = File(File(base, "programs"), n.program)
+            val program = ProgramV3.read(programDir)
+            val data = PreparedData.prepare(textContent, TextTokenizer.forProgram(program), program.seqLen, program.vocab, n.heldOut, n.heldOutSeed,
+                chat = n.chat, name = n.text.name)
+            val budget = n.budgetMb?.let { it shl 20 } ?: (totalRam / 4)  // no budget given: a quarter of RAM
+            val spec = RunSpec(runId, n.program, n.steps, n.lr ?: program.defaultLr ?: 1e-4, budget, n.checkpointEvery, n.shuffleSeed,
+                n.lcsb, n.k, n.heldOut, n.heldOutSeed, if (data.chat) "chat" else "text", runInfo + mapOf("device_profile" to n.deviceProfile))
+            Runs(File(base, "runs")).create(spec, data)
+            return Pair(runId, data)
+        }
     }
 }

@@ -12,22 +12,35 @@ object TrainingStatus {
     @Volatile var anonBytes: Long? = null
     @Volatile var budgetBytes = 0L
     @Volatile var message = "idle"
+    @Volatile var evalBefore: Double? = null
+    @Volatile var evalAfter: Double? = null
+    @Volatile var generation: Pair<String, String>? = null
+    @Volatile var generating = false
+    /** Losses of this run so far (the chart), appended by the training thread. */
+    val losses: MutableList<Double> = java.util.Collections.synchronizedList(ArrayList())
 
     private val stop = AtomicBoolean(false)
+    /** Why the watchdog asked to stop (null: the user did), reported when the session ends. */
+    @Volatile var stopReason: String? = null
     @Volatile private var trimLevel = -1
     @Volatile private var trimAtMs = 0L
+    /** A prompt the Activity asked to generate; the training thread takes it between steps. */
+    @Volatile var pendingPrompt: String? = null
 
-    fun requestStop() = stop.set(true)
+    fun requestStop(reason: String? = null) { stopReason = reason; stop.set(true) }
     fun stopRequested(): Boolean = stop.get()
 
-    fun begin(runId: String, steps: Long, budgetBytes: Long) {
+    fun begin(runId: String, steps: Long, budgetBytes: Long, done: Long, losses: List<Double?>) {
         stop.set(false)
+        stopReason = null
         running = true
         this.runId = runId
         this.steps = steps
         this.budgetBytes = budgetBytes
-        step = 0
-        loss = null
+        step = done
+        this.losses.clear()
+        this.losses.addAll(losses.filterNotNull())
+        loss = this.losses.lastOrNull()
         message = "starting"
     }
 

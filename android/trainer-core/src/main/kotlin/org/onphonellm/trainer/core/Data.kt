@@ -57,40 +57,26 @@ fun readDataset(reader: BufferedReader, name: String, vocab: Int, seqLen: Int): 
 }
 
 /**
- * Row index of each step: file order, cycling; with a seed, a fresh permutation per epoch
- * (Fisher-Yates over SplitMix64 seeded with seed + epoch). A function of the step, so a resumed run
- * sees the same rows as an uninterrupted one. The host runner shuffles with torch.randperm: the two
- * orders differ, file order (no seed) is the same on both.
+ * Row index of each step (toolchain/training/order.py): file order, cycling; with a seed, the rows of
+ * epoch e are permutation(rows, seed + e) (SplitMix64 + Fisher-Yates, [permutation]), the host's rule,
+ * so a seeded run visits the same rows on the host and on the phone. A function of the step, so a
+ * resumed run sees the same rows as an uninterrupted one.
  */
 class DataOrder(private val nRows: Int, private val seed: Long?) {
     private var epoch = -1L
     private var perm = IntArray(0)
 
-    init { require(nRows > 0) { "no rows" } }
+    init { if (nRows < 1) throw ContractError("no training rows: the data has no example to train on") }
 
     fun rowForStep(step: Long): Int {
+        require(step >= 0) { "step $step" }
         val e = step / nRows
         val i = (step % nRows).toInt()
         if (seed == null) return i
-        if (e != epoch) {
-            perm = permutation(seed + e)
+        if (e != epoch) {  // one permutation alive at a time
+            perm = permutation(nRows, seed + e)
             epoch = e
         }
         return perm[i]
-    }
-
-    private fun permutation(s: Long): IntArray {
-        val p = IntArray(nRows) { it }
-        var x = s
-        for (i in nRows - 1 downTo 1) {
-            x += -0x61c8864680b583ebL // SplitMix64 (Steele et al. 2014)
-            var z = x
-            z = (z xor (z ushr 30)) * -0x40a7b892e31b1a47L
-            z = (z xor (z ushr 27)) * -0x6b2fb644ecceee15L
-            z = z xor (z ushr 31)
-            val j = ((z ushr 1) % (i + 1)).toInt()
-            val t = p[i]; p[i] = p[j]; p[j] = t
-        }
-        return p
     }
 }

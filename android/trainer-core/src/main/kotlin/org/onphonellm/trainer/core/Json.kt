@@ -272,3 +272,55 @@ class Fields(val obj: Json.Obj, val where: String) {
     fun optDouble(key: String): Double? = if (has(key)) double(key) else null
     fun optString(key: String): String? = if (has(key)) string(key) else null
 }
+
+/**
+ * JSON text as Python's `json.dumps(v, indent=2, sort_keys=True)` writes it (ensure_ascii: non-ASCII as
+ * \uXXXX; empty containers as {} / []): what the host writes to adapter_config.json, so the app's
+ * adapter files are byte-identical to the host's.
+ */
+object PythonJson {
+    fun dumps(v: Json): String = StringBuilder().also { append(it, v, 0) }.toString()
+
+    private fun indent(sb: StringBuilder, level: Int) { sb.append('\n'); repeat(level) { sb.append("  ") } }
+
+    private fun append(sb: StringBuilder, v: Json, level: Int) {
+        when (v) {
+            Json.Null -> sb.append("null")
+            is Json.Bool -> sb.append(if (v.value) "true" else "false")
+            is Json.Num -> sb.append(v.text)
+            is Json.Str -> quote(sb, v.value)
+            is Json.Arr -> if (v.items.isEmpty()) sb.append("[]") else {
+                sb.append('[')
+                v.items.forEachIndexed { k, item -> if (k > 0) sb.append(','); indent(sb, level + 1); append(sb, item, level + 1) }
+                indent(sb, level); sb.append(']')
+            }
+            is Json.Obj -> if (v.fields.isEmpty()) sb.append("{}") else {
+                sb.append('{')
+                // Python sorts str keys by code point; Kotlin's String order is by UTF-16 unit (the same for the BMP).
+                v.fields.keys.sorted().forEachIndexed { k, key ->
+                    if (k > 0) sb.append(',')
+                    indent(sb, level + 1); quote(sb, key); sb.append(": "); append(sb, v.fields.getValue(key), level + 1)
+                }
+                indent(sb, level); sb.append('}')
+            }
+        }
+    }
+
+    private fun quote(sb: StringBuilder, s: String) {
+        sb.append('"')
+        for (c in s) {
+            when {
+                c == '"' -> sb.append("\\\"")
+                c == '\\' -> sb.append("\\\\")
+                c == '\n' -> sb.append("\\n")
+                c == '\r' -> sb.append("\\r")
+                c == '\t' -> sb.append("\\t")
+                c == '\b' -> sb.append("\\b")
+                c == '\u000c' -> sb.append("\\f")
+                c < ' ' || c.code > 127 -> sb.append(String.format("\\u%04x", c.code))
+                else -> sb.append(c)
+            }
+        }
+        sb.append('"')
+    }
+}

@@ -68,11 +68,16 @@ sealed class GuardDecision {
 /**
  * Keeps a run inside its memory budget.
  *
- * - Before the first step: resident anon after loading + the program's predicted step bytes
- *   ([Manifest.predictedStepBytes]) must fit the budget, else the run does not start.
+ * - Before the first step: resident anon after loading + the program's predicted step peak
+ *   ([ProgramV3.predictedPeakBytes], the exporter's memory_plan estimate; conservative, since it also
+ *   counts the state already resident) must fit the budget, else the run does not start.
  * - After each step: anon must be under the budget, and so must anon + the largest growth one step
  *   has shown so far (the next step may grow as much), else stop cleanly (checkpointed, resumable).
- * - OS pressure (ActivityManager lowMemory, onTrimMemory RUNNING_CRITICAL or COMPLETE): pause.
+ * - OS pressure: ActivityManager.MemoryInfo.lowMemory (sampled with every step), or a recent
+ *   onTrimMemory RUNNING_CRITICAL / COMPLETE: pause (checkpointed; the app resumes later). On API 34+
+ *   onTrimMemory delivers only UI_HIDDEN and BACKGROUND, so the levels above never arrive there: the
+ *   budget check on the sampled footprint (after every step, and the app's watchdog between steps) is
+ *   what keeps the run inside its budget, lowMemory what reports system pressure.
  */
 class MemoryGuard(val budgetBytes: Long, private val predictedStepBytes: Long) {
     private var lastAnon: Long? = null

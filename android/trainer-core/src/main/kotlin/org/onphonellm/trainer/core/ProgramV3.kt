@@ -112,6 +112,18 @@ class ProgramV3(
     val adapterConfig: Json.Obj?,
     /** The manifest's default LCSB plan (apps may choose other layers at run time); null: full backprop. */
     val defaultPlan: StepPlan?,
+    /** manifest tokenizer.kind: "byte", "qwen2.5", "huggingface" or "none". */
+    val tokenizerKind: String = "none",
+    /** memory_plan.peak_estimate_bytes.executorch: the exporter's estimate of a step's peak (0: none). */
+    val predictedPeakBytes: Long = 0,
+    /** The PEFT adapter of the initial state (manifest adapter.init_dir), if exported. */
+    val adapterInitDir: String? = null,
+    val rank: Int = 0,
+    val targets: List<String> = emptyList(),
+    val modelSource: String = "unknown",
+    val quant: String = "none",
+    /** The program file for ExecuTorch (programs[target=executorch].file, else model.pte). */
+    val programFile: String = "model.pte",
 ) {
     /** One bound input or output: `bind` input | result | activation | weight | state | cache; `rows` [a, b) of a weight. */
     class Io(val name: String, val dtype: ElemType, val shape: List<Int>, val bind: String, val ref: String, val rows: Pair<Int, Int>?) {
@@ -121,6 +133,19 @@ class ProgramV3(
     class Method(val name: String, val role: String, val inputs: List<Io>, val outputs: List<Io>)
     class Entry(val name: String, val key: String, val role: String, val shape: List<Int>, val offset: Int, val layer: Int?) {
         val numel: Int = shape.fold(1) { a, b -> a * b }
+    }
+
+    /** Check every file the manifest lists against its sha256 (catches a partial `adb push`); [skip]: files not needed. */
+    fun verifyFiles(skip: (String) -> Boolean = { false }) {
+        for ((name, sha) in files) {
+            if (skip(name)) continue
+            val f = File(dir, name)
+            if (!f.isFile) throw ContractError("$f is missing; push the program directory again")
+            val md = MessageDigest.getInstance("SHA-256")
+            f.inputStream().use { ins -> val buf = ByteArray(1 shl 16); while (true) { val n = ins.read(buf); if (n < 0) break; md.update(buf, 0, n) } }
+            val got = md.digest().joinToString("") { "%02x".format(it) }
+            if (got != sha) throw ContractError("$f does not match the manifest's sha256 (a partial copy?); push the program directory again")
+        }
     }
 
     fun method(name: String): Method = methods[name] ?: throw ContractError("the program has no method '$name'; re-export the program")
@@ -200,6 +225,16 @@ class ProgramV3(
                         throw ContractError("${l.where}: phases/schedule do not fit $layers layers")
                     StepPlan(layers, l.string("policy"), l.optInt("k") ?: layers, l.optLong("seed"), phases, schedule)
                 } else null,
+                tokenizerKind = tok.optString("kind") ?: "none",
+                predictedPeakBytes = if (m.has("memory_plan") && m.obj("memory_plan").has("peak_estimate_bytes"))
+                    m.obj("memory_plan").obj("peak_estimate_bytes").optLong("executorch") ?: 0L else 0L,
+                adapterInitDir = if (m.has("adapter")) m.obj("adapter").optString("init_dir") else null,
+                rank = if (m.has("lora")) m.obj("lora").optInt("rank") ?: 0 else 0,
+                targets = if (m.has("lora") && m.obj("lora").has("targets")) m.obj("lora").strings("targets") else emptyList(),
+                modelSource = m.obj("model").optString("source") ?: "unknown",
+                quant = if (m.has("quant")) m.obj("quant").optString("kind") ?: "none" else "none",
+                programFile = if (m.has("programs")) m.arr("programs").map { Fields.of(it, "$where.programs[]") }
+                    .firstOrNull { (it.optString("target") ?: "executorch") == "executorch" }?.optString("file") ?: "model.pte" else "model.pte",
             )
         }
     }

@@ -89,19 +89,3 @@ object Safetensors {
         return FloatArray(fb.remaining()).also { fb.get(it) }
     }
 }
-
-/**
- * The trained adapter: the state's role-"param" slices under their PEFT keys in
- * adapter_model.safetensors, next to adapter_config.json = manifest.adapter.config; both written into
- * a directory that replaces [dir] whole, so a reader never sees half an adapter.
- */
-fun writeAdapter(dir: File, manifest: Manifest, state: FloatArray) {
-    if (state.size != manifest.stateNumel) throw ContractError("state has ${state.size} values, the manifest ${manifest.stateNumel}")
-    val slices = manifest.stateEntries.filter { it.role == "param" }.map { Safetensors.Slice(it.key, it.shape, state, it.offset) }
-    AtomicFiles.replaceDir(dir) { tmp ->
-        File(tmp, "adapter_model.safetensors").outputStream().buffered(1 shl 16).use {
-            Safetensors.write(it, slices, mapOf("format" to "pt"))
-        }
-        File(tmp, "adapter_config.json").writeText(JsonWriter.write(manifest.adapterConfig) + "\n")
-    }
-}

@@ -23,15 +23,40 @@ object V3Checkpoints {
         return c
     }
 
-    /** The trained adapter: the state's `param` slices under their PEFT keys + the manifest's adapter config. */
+    /**
+     * The trained adapter, as the host writes it (toolchain/lora/peft_io.py `save_adapter`): the state's `param`
+     * slices under their PEFT keys in adapter_model.safetensors (keys sorted, as safetensors' writer orders
+     * them; metadata {"format": "pt"}) and adapter_config.json = the manifest's adapter.config as
+     * `json.dumps(indent=2, sort_keys=True)`. Written into a directory that replaces [dir] whole. For the
+     * initial state both files are byte-identical to the program's adapter_init/.
+     */
     fun writeAdapter(dir: File, state: StateBuffer) {
         val p = state.program
         val config = p.adapterConfig ?: throw ContractError("the manifest has no adapter.config; re-export the program")
         val flat = state.toFloatArray()
-        val slices = p.stateEntries.filter { it.role == "param" }.map { Safetensors.Slice(it.key, it.shape, flat, it.offset) }
+        val slices = p.stateEntries.filter { it.role == "param" }.sortedBy { it.key }.map { Safetensors.Slice(it.key, it.shape, flat, it.offset) }
         AtomicFiles.replaceDir(dir) { tmp ->
-            File(tmp, "adapter_model.safetensors").outputStream().buffered(1 shl 16).use { Safetensors.write(it, slices, mapOf("format" to "pt")) }
-            File(tmp, "adapter_config.json").writeText(JsonWriter.write(config) + "\n")
+            File(tmp, ADAPTER_WEIGHTS).outputStream().buffered(1 shl 16).use { Safetensors.write(it, slices, mapOf("format" to "pt")) }
+            File(tmp, ADAPTER_CONFIG).writeText(PythonJson.dumps(config), Charsets.UTF_8)
         }
     }
+
+    const val ADAPTER_CONFIG = "adapter_config.json"
+    const val ADAPTER_WEIGHTS = "adapter_model.safetensors"
+}
+
+/** StepPlan of a policy (toolchain/lcsb/plan.py make_plan; not "random", which draws with torch). */
+fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String): StepPlan {
+    if (layers < 1) throw ContractError("layers must be >= 1, got $layers")
+    val kk = if (policy == "full") layers else k ?: throw ContractError("the $policy policy needs k (layers per step)")
+    if (kk !in 1..layers) throw ContractError("k = $kk is outside 1..$layers (the model's layers); choose k <= $layers")
+    val groups = (layers + kk - 1) / kk
+    val phases = when (policy) {
+        "cyclic" -> (0 until groups).map { i -> (layers * i / groups until layers * (i + 1) / groups).toList() }
+        "strided" -> (0 until groups).map { i -> (i until layers step groups).toList() }
+        "last" -> listOf((layers - kk until layers).toList())
+        "full" -> listOf((0 until layers).toList())
+        else -> throw ContractError("LCSB policy '$policy' is not one of cyclic, strided, last, full")
+    }
+    return StepPlan(layers, policy, kk, null, phases, phases.indices.toList())
 }

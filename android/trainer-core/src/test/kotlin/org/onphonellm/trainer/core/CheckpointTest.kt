@@ -34,27 +34,6 @@ class CheckpointTest {
     }
 
     @Test
-    fun `adapter is the params of the state under their PEFT keys, in safetensors, with the manifest's config`() {
-        val m = Fixtures.manifest(layers = 2)
-        val state = FloatArray(m.stateNumel) { it.toFloat() }
-        val dir = File(Fixtures.tempDir(), "adapter")
-        writeAdapter(dir, m, state)
-        writeAdapter(dir, m, state) // replacing an existing adapter works
-        assertEquals(setOf("adapter_model.safetensors", "adapter_config.json"), dir.list()!!.toSet())
-        val file = File(dir, "adapter_model.safetensors")
-        val parsed = Safetensors.readHeader(file)
-        val params = m.stateEntries.filter { it.role == "param" }
-        assertEquals(params.map { it.key }.toSet(), parsed.entries.keys)
-        for (e in params) {
-            assertEquals(e.shape, parsed.entries[e.key]!!.shape)
-            assertArrayEquals(FloatArray(e.numel) { (e.offset + it).toFloat() }, Safetensors.readFloats(file, parsed, e.key), e.key)
-        }
-        assertEquals("pt", parsed.metadata["format"])
-        assertEquals(m.adapterConfig, Json.parse(File(dir, "adapter_config.json").readText()))
-        assertThrows<ContractError> { writeAdapter(dir, m, FloatArray(3)) }
-    }
-
-    @Test
     fun `safetensors writer matches the format byte for byte on a hand-computed file`() {
         val out = java.io.ByteArrayOutputStream()
         Safetensors.write(out, listOf(Safetensors.Slice("w", listOf(1, 2), floatArrayOf(9f, 1f, -2f), 1)))

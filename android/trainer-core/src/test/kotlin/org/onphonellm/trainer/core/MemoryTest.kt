@@ -31,15 +31,13 @@ class MemoryTest {
 
     @Test
     fun `budget guard refuses to start when resident plus the predicted step exceeds the budget`() {
-        val m = Fixtures.manifest(arenaBytes = 300L shl 20)
-        val predicted = m.predictedStepBytes()
-        assertEquals((300L shl 20) + 4L * m.stateNumel, predicted) // arena + the runtime's direct copy of the state
-        val s = listOf(MemorySample("android_proc_status", anonBytes = 100L shl 20))
-        assertEquals(GuardDecision.Continue, MemoryGuard(500L shl 20, predicted).preflight(s))
-        val stop = MemoryGuard(400L shl 20, predicted).preflight(s)
+        val program = ProgramV3.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
+        val predicted = program.predictedPeakBytes  // memory_plan.peak_estimate_bytes.executorch
+        assertEquals(161732L, predicted)
+        val s = listOf(MemorySample("android_proc_status", anonBytes = 100_000L))
+        assertEquals(GuardDecision.Continue, MemoryGuard(300_000L, predicted).preflight(s))
+        val stop = MemoryGuard(200_000L, predicted).preflight(s)
         assertTrue(stop is GuardDecision.Stop && stop.code == "budget_exceeded", stop.toString())
-        // The exporter's peak estimate, when recorded, replaces the arena term.
-        assertEquals((50L shl 20) + 4L * m.stateNumel, Fixtures.manifest(arenaBytes = 300L shl 20, peakEstimate = 50L shl 20).predictedStepBytes())
     }
 
     @Test

@@ -17,7 +17,7 @@ class TokenizerTest {
     private val corpus = File(Fixtures.schemas, "tokenizer_corpus")
 
     companion object {
-        private val loaded: BpeTokenizer? by lazy {
+        internal val loaded: BpeTokenizer? by lazy {
             System.getProperty("qwen.tokenizer")?.let { File(it) }?.takeIf { it.isFile }?.let { BpeTokenizer.load(it) }
         }
     }

@@ -1,0 +1,353 @@
+package org.onphonellm.trainer.core
+
+import java.io.File
+
+/** One run's files: what it trains on, where it stands, what it reports and produces. */
+class RunDir(val dir: File) {
+    val spec = File(dir, "run.json")
+    val train = File(dir, "train.jsonl")
+    val held = File(dir, "held_out.jsonl")
+    val results = File(dir, "results.json")
+    val checkpoint = File(dir, "checkpoint.safetensors")
+    val telemetry = File(dir, "telemetry.jsonl")
+    val uploadCursor = File(dir, "upload.cursor")
+    val rejected = File(dir, "rejected.jsonl")
+    val adapter = File(dir, "adapter")
+    val runId: String get() = dir.name
+}
+
+/**
+ * What a run is, fixed when it is created and kept in its run.json (so a resume needs nothing but the run
+ * directory). [lcsbPolicy]/[lcsbK]: the layers each step backpropagates, chosen at run time ("full", or
+ * cyclic / strided / last with k layers; null: the manifest's default plan, else full).
+ */
+data class RunSpec(
+    val runId: String,
+    val program: String,
+    val steps: Long,
+    val lr: Double,
+    val budgetBytes: Long,
+    val checkpointEvery: Int = 10,
+    val shuffleSeed: Long? = 0,
+    val lcsbPolicy: String? = null,
+    val lcsbK: Int? = null,
+    val heldOut: Double = 0.0,
+    val heldOutSeed: Long = 0,
+    val source: String = "text",
+    val runInfo: Map<String, Any?> = emptyMap(),
+) {
+    init {
+        require(EventSchema.RUN_ID.matches(runId)) { "run id '$runId' must match ${EventSchema.RUN_ID}" }
+        require(steps >= 0 && checkpointEvery >= 1 && lr > 0 && budgetBytes > 0) { "bad run spec $this" }
+    }
+
+    fun toJson(): Json = Json.of(linkedMapOf(
+        "schema_version" to 1, "run_id" to runId, "program" to program, "steps" to steps, "lr" to lr, "budget_bytes" to budgetBytes,
+        "checkpoint_every" to checkpointEvery, "shuffle_seed" to shuffleSeed, "lcsb_policy" to lcsbPolicy, "lcsb_k" to lcsbK,
+        "held_out" to heldOut, "held_out_seed" to heldOutSeed, "source" to source, "run_info" to runInfo,
+    ))
+
+    /** The layer plan over [layers] (null: full backprop every step). */
+    fun plan(p: ProgramV3): StepPlan? = when (lcsbPolicy) {
+        null -> p.defaultPlan
+        "full" -> null
+        else -> StepPlan.make(p.layers, lcsbK, lcsbPolicy)
+    }
+
+    companion object {
+        fun parse(doc: Json, where: String): RunSpec {
+            val f = Fields.of(doc, where)
+            val info = if (f.has("run_info")) f.obj("run_info").obj.fields.mapValues { (_, v) -> plain(v) } else emptyMap()
+            return RunSpec(f.string("run_id"), f.string("program"), f.long("steps"), f.double("lr"), f.long("budget_bytes"),
+                f.int("checkpoint_every"), f.optLong("shuffle_seed"), f.optString("lcsb_policy"), f.optInt("lcsb_k"),
+                f.double("held_out"), f.long("held_out_seed"), f.optString("source") ?: "text", info)
+        }
+
+        private fun plain(v: Json): Any? = when (v) {
+            Json.Null -> null
+            is Json.Bool -> v.value
+            is Json.Num -> v.asLongOrNull ?: v.asDouble
+            is Json.Str -> v.value
+            is Json.Arr -> v.items.map { plain(it) }
+            is Json.Obj -> v.fields.mapValues { (_, x) -> plain(x) }
+        }
+    }
+}
+
+/** Rows as JSONL (data_row.schema.json), one object per line. */
+object RowFiles {
+    fun write(file: File, rows: List<DataRow>) = AtomicFiles.writeText(file, rows.joinToString("") {
+        JsonWriter.write(Json.of(linkedMapOf("schema_version" to 1, "input_ids" to it.inputIds.toList(), "labels" to it.labels.toList()))) + "\n"
+    })
+
+    fun read(file: File, vocab: Int, seqLen: Int): List<DataRow> = if (!file.isFile || file.length() == 0L) emptyList() else
+        file.readLines(Charsets.UTF_8).withIndex().filter { it.value.isNotBlank() }.map { (i, line) -> DataRow.parse(line, "${file.name} line ${i + 1}", vocab, seqLen) }
+}
+
+/**
+ * The runs of an app, one directory each under [base]; `latest` names the most recent one, so the app
+ * resumes "the run" without being told a run id (after a process kill, from the notification, from adb).
+ */
+class Runs(val base: File) {
+    private val latestFile = File(base, "latest")
+
+    /** Create [spec]'s run directory with its rows, and make it the latest run. */
+    fun create(spec: RunSpec, data: PreparedData): RunDir {
+        val d = RunDir(File(base, spec.runId))
+        if (d.spec.exists()) throw ContractError("run ${spec.runId} exists already; resume it or choose another id")
+        d.dir.mkdirs()
+        RowFiles.write(d.train, data.train)
+        RowFiles.write(d.held, data.held)
+        AtomicFiles.writeText(d.spec, JsonWriter.write(spec.toJson()) + "\n")  // last: a run exists once its spec does
+        AtomicFiles.writeText(latestFile, spec.runId + "\n")
+        return d
+    }
+
+    fun get(runId: String): RunDir? = RunDir(File(base, runId)).takeIf { it.spec.isFile }
+
+    /** The latest run (the `latest` pointer, else the newest run.json), or null. */
+    fun latest(): RunDir? {
+        if (latestFile.isFile) get(latestFile.readText().trim())?.let { return it }
+        return base.listFiles()?.mapNotNull { f -> RunDir(f).takeIf { it.spec.isFile } }?.maxByOrNull { it.spec.lastModified() }
+    }
+}
+
+/** How a session ended (status as in the run_end event). */
+data class RunOutcome(val status: String, val stepsCompleted: Long, val finalLoss: Double?, val message: String)
+
+fun interface RunControl {
+    fun stopRequested(): Boolean
+}
+
+interface SessionListener {
+    fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) {}
+    /** [which]: "before" (initial adapter) or "after" (trained state). */
+    fun onEval(which: String, result: LayerLoop.EvalResult) {}
+    fun onStatus(message: String) {}
+}
+
+/** Held-out loss of the initial state and of the trained one (results.json). */
+class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?) {
+    fun toJson(): Json = Json.of(linkedMapOf("eval_before" to before, "eval_after" to after, "eval_after_step" to afterStep))
+
+    companion object {
+        fun read(file: File): EvalPair {
+            if (!file.isFile) return EvalPair(null, null, null)
+            val f = Fields.of(Json.parse(file.readText()), file.name)
+            return EvalPair(f.optDouble("eval_before"), f.optDouble("eval_after"), f.optLong("eval_after_step"))
+        }
+    }
+}
+
+/**
+ * A contract-v3 training run on the phone, what the app's service drives (the host's program trainer,
+ * toolchain/training/program.py, does the same): the run's rows (made on the phone from the user's text,
+ * [PreparedData]), state from the run's checkpoint or state_init.bin, the held-out loss of the initial
+ * adapter, then per step the row of DataOrder (shuffled per epoch as the host does), the layers of the
+ * run's plan (LCSB chosen at run time), [LayerLoop.trainStep], telemetry (step, memory, eval, error,
+ * run_end), the memory guard, a checkpoint every `checkpoint_every` steps; at the end the held-out loss
+ * of the trained state and the PEFT adapter. A stop request checkpoints and ends the session "paused";
+ * a kill leaves the last checkpoint, and the next session resumes from it.
+ */
+class TrainingSession(
+    val program: ProgramV3,
+    val weights: MappedWeights,
+    private val runtime: ProgramRuntime,
+    val runDir: RunDir,
+    private val probe: MemoryProbe,
+    private val clock: Clock = Clock.System,
+    private val listener: SessionListener = object : SessionListener {},
+) {
+    val spec: RunSpec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
+    val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
+    val held: List<DataRow> = RowFiles.read(runDir.held, program.vocab, program.seqLen)
+    val plan: StepPlan? = spec.plan(program)
+    /** The live state (trained in place). */
+    val loop = LayerLoop(program, weights, runtime)
+    /** The initial adapter (state_init.bin), for "before": made when first needed. */
+    private val initLoop: LayerLoop by lazy { LayerLoop(program, weights, runtime, StateBuffer(program).also { it.loadInit() }) }
+    private val log = EventLog(runDir.telemetry)
+    private val store = CheckpointStore(runDir.checkpoint)
+    private val guard = MemoryGuard(spec.budgetBytes, program.predictedPeakBytes)
+    private val losses = ArrayList<Double?>()
+    private lateinit var rec: TelemetryRecorder
+    private var sessionStart = 0L
+    var completed = 0L
+        private set
+    var evals: EvalPair = EvalPair.read(runDir.results)
+        private set
+
+    init {
+        if (train.isEmpty()) throw ContractError("${runDir.train} has no rows")
+        if (plan != null && plan.layers != program.layers) throw ContractError("the plan is for ${plan.layers} layers, the program has ${program.layers}")
+    }
+
+    /** The state: the checkpoint's (same run) or state_init.bin; returns the step to start at and the next event seq. */
+    private fun restore(): Pair<Long, Long> {
+        if (!store.exists()) { loop.state.loadInit(); return Pair(0L, 0L) }
+        val c = V3Checkpoints.restore(store, loop.state)
+        if (c.runId != spec.runId) throw ContractError("${store.file} belongs to run ${c.runId}, not ${spec.runId}; use another run directory")
+        losses.clear()
+        losses.addAll(c.losses)
+        return Pair(c.step, c.seq)
+    }
+
+    /** Load the run's latest state (checkpoint, else state_init.bin) without training (generate or export when idle); the step it is at. */
+    fun loadState(): Long = restore().first
+
+    /** Train until the planned steps are done, a stop is requested, the budget or the OS stops it. */
+    fun run(control: RunControl = RunControl { false }, betweenSteps: () -> Unit = {}): RunOutcome {
+        sessionStart = clock.monoNanos()
+        var (start, seq) = restore()
+        val last = log.lastEvent()
+        last?.let { seq = maxOf(seq, Fields(it, "telemetry log").long("seq") + 1) }
+        rec = TelemetryRecorder(spec.runId, log, clock, seq)
+        val lastType = (last?.get("type") as? Json.Str)?.value
+        val lastStatus = (last?.get("status") as? Json.Str)?.value
+        when {
+            last == null -> rec.emit("run_start", runStartFields())
+            lastType != "run_end" -> rec.emit("error", mapOf("message" to "resumed from the checkpoint at step $start: the previous session " +
+                "stopped without a run_end (killed?); steps after that checkpoint run again", "fatal" to false, "code" to "resumed_after_kill", "step" to start))
+        }
+        completed = start
+        if (start >= spec.steps && lastType == "run_end" && lastStatus == "completed") return RunOutcome("completed", start, losses.lastOrNull(), "already complete")
+        return try {
+            if (held.isNotEmpty() && evals.before == null) {
+                val ev = evaluate("before", initLoop, 0)
+                saveEvals(EvalPair(ev.loss, evals.after, evals.afterStep))
+            }
+            if (start >= spec.steps) return finish(start)
+            decide(guard.preflight(sampleMemory(null)), start) ?: loop(start, control, betweenSteps)
+        } catch (e: Exception) {  // a runtime or I/O failure: report it, keep the last checkpoint
+            val message = "${e.javaClass.simpleName}: ${e.message}".take(4000)
+            rec.emit("error", mapOf("message" to message, "fatal" to true, "code" to "runtime_error", "step" to completed))
+            end(completed, "failed", message)
+        }
+    }
+
+    private fun loop(start: Long, control: RunControl, betweenSteps: () -> Unit): RunOutcome {
+        val order = DataOrder(train.size, spec.shuffleSeed)
+        val all = (0 until program.layers).toSet()
+        for (step in start until spec.steps) {
+            if (control.stopRequested()) {
+                checkpoint(step)
+                V3Checkpoints.writeAdapter(runDir.adapter, loop.state)  // the adapter so far, for export
+                return end(step, "paused", "stopped at step $step; resume continues from there")
+            }
+            val row = train[order.rowForStep(step)]
+            val selected = plan?.layersAt(step) ?: all
+            val (ids, labels) = loop.pad(row.inputIds.map { it.toLong() }, row.labels.map { it.toLong() })
+            val t0 = clock.monoNanos()
+            val loss = loop.trainStep(ids, labels, spec.lr.toFloat(), selected).toDouble()
+            val dt = (clock.monoNanos() - t0) / 1e9
+            val finite = loss.isFinite()
+            losses.add(if (finite) loss else null)
+            val phase = plan?.let { it.schedule[(step % it.schedule.size).toInt()] }
+            rec.emit("step", mapOf("step" to step, "loss" to (if (finite) loss else Json.Null), "step_time_s" to dt,
+                "tokens_per_s" to if (dt > 0) row.tokens / dt else 0.0, "tokens" to row.tokens, "lcsb_phase" to phase, "lr" to spec.lr))
+            if (!finite) {  // the state moved with a non-finite loss: the last checkpoint is kept, this state is not saved
+                rec.emit("error", mapOf("message" to "loss is not finite at step $step; stopping (the checkpoint of step $completed is kept)",
+                    "fatal" to true, "code" to "non_finite_loss", "step" to step))
+                return end(completed, "failed", "stopped: non-finite loss at step $step")
+            }
+            completed = step + 1
+            val samples = sampleMemory(step)
+            listener.onStep(step, spec.steps, loss, MemoryGuard.anonOf(samples), spec.budgetBytes)
+            val decision = guard.afterStep(samples)
+            val done = step + 1
+            if (done % spec.checkpointEvery == 0L || done == spec.steps || decision != GuardDecision.Continue) checkpoint(done)
+            if (done < spec.steps) decide(decision, done)?.let { return it }
+            betweenSteps()
+        }
+        return finish(spec.steps)
+    }
+
+    /** Act on a guard decision before step [next]; null: go on. */
+    private fun decide(d: GuardDecision, next: Long): RunOutcome? = when (d) {
+        GuardDecision.Continue -> null
+        is GuardDecision.Stop -> {
+            rec.emit("error", mapOf("message" to d.message, "fatal" to true, "code" to d.code, "step" to next))
+            listener.onStatus(d.message)
+            end(next, "failed", "stopped: ${d.message}")
+        }
+        is GuardDecision.Pause -> {
+            // Checkpointed already; the app resumes when the pressure is gone (the next session continues here).
+            rec.emit("error", mapOf("message" to "paused: ${d.message}", "fatal" to false, "code" to d.code, "step" to next))
+            end(next, "paused", "paused: ${d.message}; resume to continue from step $next")
+        }
+    }
+
+    private fun finish(done: Long): RunOutcome {
+        if (held.isNotEmpty()) {
+            val ev = evaluate("after", loop, done)
+            saveEvals(EvalPair(evals.before, ev.loss, done))
+        }
+        V3Checkpoints.writeAdapter(runDir.adapter, loop.state)
+        return end(done, "completed", "completed")
+    }
+
+    /** Held-out loss of [which] state, as an eval event. */
+    private fun evaluate(which: String, l: LayerLoop, step: Long): LayerLoop.EvalResult {
+        val t0 = clock.monoNanos()
+        val ev = l.evaluate(held.map { r -> Pair(r.inputIds.map { it.toLong() }, r.labels.map { it.toLong() }) })
+        rec.emit("eval", mapOf("step" to step, "loss" to (if (ev.loss.isFinite()) ev.loss else Json.Null), "rows" to ev.rows, "tokens" to ev.tokens,
+            "eval_time_s" to (clock.monoNanos() - t0) / 1e9))
+        listener.onEval(which, ev)
+        return ev
+    }
+
+    private fun saveEvals(e: EvalPair) {
+        evals = e
+        AtomicFiles.writeText(runDir.results, JsonWriter.write(e.toJson()) + "\n")
+    }
+
+    private fun checkpoint(done: Long) = V3Checkpoints.save(store, loop.state, done, spec.runId, rec.nextSeq, losses.toList())
+
+    private fun end(done: Long, status: String, message: String): RunOutcome {
+        val finalLoss = losses.lastOrNull()
+        rec.emit("run_end", mapOf("status" to status, "steps_completed" to done, "duration_s" to (clock.monoNanos() - sessionStart) / 1e9,
+            "peak_bytes" to guard.peakAnon.takeIf { it > 0 }, "final_loss" to (finalLoss ?: Json.Null), "message" to message))
+        listener.onStatus("$status: $message")
+        return RunOutcome(status, done, finalLoss, message)
+    }
+
+    private fun sampleMemory(step: Long?): List<MemorySample> {
+        val samples = probe.sample()
+        samples.forEach { rec.emit("memory", it.eventFields(step)) }
+        return samples
+    }
+
+    /** Losses of the steps done so far (null: not finite), for the chart. */
+    fun losses(): List<Double?> = losses.toList()
+
+    private fun runStartFields(): Map<String, Any?> = linkedMapOf<String, Any?>(
+        "model" to program.modelSource, "method" to "mesp", "backend" to "executorch", "seq_len" to program.seqLen,
+        "rank" to program.rank.takeIf { it >= 1 }, "lcsb_k" to (plan?.phases?.maxOf { it.size } ?: program.layers), "targets" to program.targets,
+        "optimizer" to program.optimizer.takeIf { it == "sgd" || it == "adamw" }, "lr" to spec.lr,
+        "quant" to program.quant.takeIf { it in setOf("none", "int8", "int4") }, "steps_planned" to spec.steps, "budget_bytes" to spec.budgetBytes,
+    ) + spec.runInfo
+
+    /** Greedy generation from [promptIds] with the initial adapter and with the live state: (before, after) ids. */
+    fun generateBoth(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>): Pair<List<Int>, List<Int>> {
+        val n = minOf(maxNewTokens, program.seqLen - promptIds.size)
+        if (n < 1) throw ContractError("the prompt (${promptIds.size} tokens) leaves no room in seq_len ${program.seqLen}")
+        return Pair(initLoop.generate(promptIds, n, stopIds), loop.generate(promptIds, n, stopIds))
+    }
+
+    /** The adapter of the live state (PEFT files), e.g. to export a run stopped before the end. */
+    fun writeAdapter(dir: File) = V3Checkpoints.writeAdapter(dir, loop.state)
+}
+
+/** Prompts for generation, as the host builds them (toolchain/demo.py, toolchain/cli/generate.py --chat). */
+object Prompts {
+    /** Plain: [BOS if any] + encode(prompt, no special tokens), stop at EOS. Chat: the user turn + `<|im_start|>assistant\n`, stop at <|im_end|> or EOS. */
+    fun encode(tok: TextTokenizer, prompt: String, chat: Boolean): Pair<List<Int>, Set<Int>> {
+        if (!chat) return Pair((listOfNotNull(tok.bosId) + tok.encode(prompt, allowSpecial = false)), setOf(tok.eosId))
+        val (ids, _) = TextRows.chatTemplate(tok, listOf(ChatMessage("user", prompt)))
+        val imEnd = tok.tokenId(TextRows.IM_END)!!
+        return Pair(ids + tok.encode("<|im_start|>assistant\n", allowSpecial = true), setOf(imEnd, tok.eosId))
+    }
+
+    /** Generated ids as text, without a trailing stop token. */
+    fun decode(tok: TextTokenizer, ids: List<Int>, stop: Set<Int>): String = tok.decode(if (ids.isNotEmpty() && ids.last() in stop) ids.dropLast(1) else ids)
+}

@@ -1,0 +1,187 @@
+package org.onphonellm.trainer.core
+
+import org.junit.jupiter.api.Assertions.assertArrayEquals
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertNotNull
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import java.io.File
+import java.nio.ByteBuffer
+import java.nio.ByteOrder
+import java.security.MessageDigest
+
+/**
+ * The v3 training session (what the app's service runs) on the trace's real program (manifest, mapped
+ * weights, state_init.bin, adapter_init/) with a runtime whose outputs are a pure function of the inputs'
+ * bytes: any change in what the session feeds a method (row, layers, lr, state) changes every later
+ * output, so "a resumed run ends in the same state as an uninterrupted one" is a real check. The loop's
+ * own bit-exactness against ExecuTorch is ReplayV3Test's.
+ */
+class SessionTest {
+    private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
+    private val program = ProgramV3.read(programDir)
+    private val weights = MappedWeights.map(File(programDir, program.weightsFile))
+
+    /** Outputs drawn from SplitMix64 seeded by the sha256 of every input; the loss is in [1, 2). */
+    class HashRuntime(private val program: ProgramV3, private val killAtCall: Int? = null) : ProgramRuntime {
+        var calls = 0
+        override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
+            calls++
+            if (calls == killAtCall) throw SimulatedKill()
+            val md = MessageDigest.getInstance("SHA-256")
+            md.update(method.toByteArray())
+            for (x in inputs) { val d = x.data.duplicate(); d.position(0); md.update(d) }
+            val rng = SplitMix64(ByteBuffer.wrap(md.digest()).long)
+            return program.method(method).outputs.map { io ->
+                val b = ByteBuffer.allocateDirect(io.numel * io.dtype.size).order(ByteOrder.LITTLE_ENDIAN)
+                for (i in 0 until io.numel) when (io.dtype) {
+                    ElemType.FLOAT32 -> b.putFloat(4 * i, (rng.next() ushr 40) / 16777216f * (if (io.name == "loss") 1f else 0.01f) + (if (io.name == "loss") 1f else 0f))
+                    else -> b.putLong(8 * i, 0)
+                }
+                NdBuffer(io.name, io.dtype, io.shape, b)
+            }
+        }
+    }
+
+    private fun rows(n: Int, seed: Int): List<DataRow> = (0 until n).map { i ->
+        val ids = IntArray(10 + (i % 5)) { j -> (seed * 31 + i * 7 + j * 3) % program.vocab }
+        DataRow(ids, ids.copyOf())
+    }
+
+    private fun spec(runId: String, steps: Long = 6, budget: Long = 1L shl 30) = RunSpec(runId, "v3_tiny", steps, 0.05, budget, checkpointEvery = 2,
+        shuffleSeed = 7, lcsbPolicy = "cyclic", lcsbK = 1, heldOut = 0.25, heldOutSeed = 3,
+        runInfo = mapOf("platform" to "android", "device_model" to "test", "os" to "Android 15 (API 35)", "total_ram_bytes" to 8_000_000_000L))
+
+    private fun newRun(base: File, runId: String, steps: Long = 6, budget: Long = 1L shl 30): RunDir {
+        val all = rows(8, 1)
+        val (train, held) = TextRows.splitHeldOut(all, 0.25, 3)
+        return Runs(base).create(spec(runId, steps, budget), PreparedData(train, held, false))
+    }
+
+    private fun session(dir: RunDir, runtime: ProgramRuntime = HashRuntime(program), probe: MemoryProbe = ScriptedProbe(listOf(50_000_000L)),
+                        clock: Clock = FakeClock()) = TrainingSession(program, weights, runtime, dir, probe, clock)
+
+    private fun types(dir: RunDir) = EventLog(dir.telemetry).events().map { (it["type"] as Json.Str).value }
+
+    @Test fun `a run - eval before, LCSB steps chosen at run time, eval after, adapter, valid telemetry`() {
+        val base = Fixtures.tempDir()
+        val dir = newRun(base, "run1")
+        val s = session(dir)
+        assertEquals(6, s.train.size)
+        assertEquals(2, s.held.size)
+        val out = s.run()
+        assertEquals("completed", out.status, out.message)
+        assertEquals(6L, out.stepsCompleted)
+        val events = EventLog(dir.telemetry).events()
+        events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+        val t = types(dir)
+        assertEquals("run_start", t.first())
+        assertEquals("run_end", t.last())
+        assertEquals(6, t.count { it == "step" })
+        val evals = events.filter { (it["type"] as Json.Str).value == "eval" }.map { Fields(it, "eval") }
+        assertEquals(listOf(0L, 6L), evals.map { it.long("step") })
+        assertTrue(t.indexOf("eval") < t.indexOf("step"), "the initial adapter is evaluated before the first step")
+        // The plan (cyclic, k = 1 of 3 layers) drives the phases, step by step.
+        val phases = events.filter { (it["type"] as Json.Str).value == "step" }.map { Fields(it, "step").long("lcsb_phase") }
+        assertEquals(listOf(0L, 1L, 2L, 0L, 1L, 2L), phases)
+        assertEquals((0 until events.size).map { it.toLong() }, events.map { Fields(it, "e").long("seq") })
+        val r = EvalPair.read(dir.results)
+        assertNotNull(r.before)
+        assertNotNull(r.after)
+        assertEquals(6L, r.afterStep)
+        val header = Safetensors.readHeader(File(dir.adapter, V3Checkpoints.ADAPTER_WEIGHTS))
+        assertEquals(program.stateEntries.filter { it.role == "param" }.map { it.key }.sorted(), header.entries.keys.toList())
+        // Run again: nothing to do.
+        assertEquals("already complete", session(dir).run().message)
+    }
+
+    @Test fun `killed mid-step, resumed without a run id, ends in the uninterrupted state`() {
+        val a = newRun(Fixtures.tempDir(), "same")
+        assertEquals("completed", session(a).run().status)
+        val baseB = Fixtures.tempDir()
+        val b = newRun(baseB, "same")
+        // Kill during step 3 (after the checkpoint of step 2): each step makes ~11 calls, eval before ~8.
+        assertThrows<SimulatedKill> { session(b, HashRuntime(program, killAtCall = 45)).run() }
+        assertTrue(b.checkpoint.isFile)
+        val latest = Runs(baseB).latest()!!
+        assertEquals("same", latest.runId)
+        val out = session(latest).run()
+        assertEquals("completed", out.status, out.message)
+        assertArrayEquals(File(a.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        assertEquals(EvalPair.read(a.results).after, EvalPair.read(b.results).after)
+        val events = EventLog(b.telemetry).events()
+        assertTrue(events.any { (it["code"] as? Json.Str)?.value == "resumed_after_kill" })
+        assertEquals(1, types(b).count { it == "run_start" })
+        assertEquals(2, types(b).count { it == "eval" })  // "before" once (kept in results.json), "after" once
+        val seqs = events.map { Fields(it, "e").long("seq") }
+        assertEquals(seqs.sorted().distinct(), seqs)
+    }
+
+    @Test fun `stop pauses at a checkpoint, the next session resumes and completes`() {
+        val base = Fixtures.tempDir()
+        val dir = newRun(base, "stopme")
+        var steps = 0
+        val out = session(dir).run(RunControl { steps >= 3 }) { steps++ }
+        assertEquals("paused", out.status)
+        assertEquals(3L, out.stepsCompleted)
+        assertEquals(3L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step)
+        val again = session(Runs(base).latest()!!).run()
+        assertEquals("completed", again.status)
+        assertEquals(6L, again.stepsCompleted)
+        assertTrue(EventLog(dir.telemetry).events().none { (it["code"] as? Json.Str)?.value == "resumed_after_kill" })
+    }
+
+    @Test fun `the memory budget stops the run, checkpointed, OS low memory pauses it`() {
+        val dir = newRun(Fixtures.tempDir(), "budget", budget = 200_000_000)
+        val out = session(dir, probe = ScriptedProbe(listOf(10_000_000L, 10_000_000L, 150_000_000L, 250_000_000L))).run()
+        assertEquals("failed", out.status)
+        assertTrue("budget" in out.message, out.message)
+        assertTrue(dir.checkpoint.isFile)
+        val low = newRun(Fixtures.tempDir(), "low")
+        val p = session(low, probe = ScriptedProbe(listOf(10_000_000L), lowMemory = true)).run()
+        assertEquals("paused", p.status)
+    }
+
+    @Test fun `generation before uses the initial adapter, after the live state`() {
+        val dir = newRun(Fixtures.tempDir(), "gen")
+        val s = session(dir)
+        assertEquals("completed", s.run().status)
+        val (before, after) = s.generateBoth(listOf(5, 7, 9), 4, emptySet())
+        assertEquals(4, before.size)
+        assertEquals(4, after.size)
+        val fresh = LayerLoop(program, weights, HashRuntime(program)).also { it.state.loadInit() }
+        assertEquals(fresh.generate(listOf(5, 7, 9), 4), before)
+    }
+
+    @Test fun `the adapter of the initial state is byte-identical to the program's adapter_init`() {
+        val st = StateBuffer(program).also { it.loadInit() }
+        val out = File(Fixtures.tempDir(), "adapter")
+        V3Checkpoints.writeAdapter(out, st)
+        val init = File(programDir, program.adapterInitDir!!)
+        assertArrayEquals(File(init, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(out, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), "adapter_model.safetensors")
+        assertEquals(File(init, V3Checkpoints.ADAPTER_CONFIG).readText(), File(out, V3Checkpoints.ADAPTER_CONFIG).readText(), "adapter_config.json")
+    }
+
+    @Test fun `plans of a policy match toolchain make_plan`() {
+        assertEquals(listOf(listOf(0, 1, 2), listOf(3, 4, 5), listOf(6, 7, 8, 9)), StepPlan.make(10, 4, "cyclic").phases)
+        assertEquals(listOf(listOf(0, 3, 6, 9), listOf(1, 4, 7), listOf(2, 5, 8)), StepPlan.make(10, 4, "strided").phases)
+        assertEquals(listOf(listOf(6, 7, 8, 9)), StepPlan.make(10, 4, "last").phases)
+        assertEquals(listOf(listOf(0, 1, 2)), StepPlan.make(3, null, "full").phases)
+    }
+
+    /**
+     * Files for the host to read (android/test.sh -Dinterop.dir, then android/interop_check.py with the v3
+     * trace manifest): a checkpoint (state[i] = i / 1024, exact in float32) and the adapter of that state.
+     */
+    @Test fun `checkpoint and adapter files for the host runner`() {
+        val dir = System.getProperty("interop.dir")?.takeIf { it.isNotBlank() }?.let { File(it) } ?: Fixtures.tempDir()
+        val st = StateBuffer(program)
+        for (i in 0 until program.stateNumel) st.buffer.putFloat(4 * i, i / 1024f)
+        V3Checkpoints.save(CheckpointStore(File(dir, "checkpoint.safetensors")), st, 3, "interop", 9, listOf(1.5, null))
+        V3Checkpoints.writeAdapter(File(dir, "adapter"), st)
+        val back = StateBuffer(program)
+        val c = V3Checkpoints.restore(CheckpointStore(File(dir, "checkpoint.safetensors")), back)
+        assertEquals(st.sha256(), back.sha256())
+        assertEquals(listOf(1.5, null), c.losses)
+    }
+}
