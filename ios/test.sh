@@ -3,8 +3,8 @@
 #   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot), including
 #      the replay of the recorded v3 trace (shared_schemas/traces/v3_tiny) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
-#   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, and the
-#      app's ExecuTorch and Core ML runtimes type-checked against stand-ins of those frameworks;
+#   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
+#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins;
 #   3. the scripts/ios tests (a fake xcrun on PATH);
 #   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the trace.
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
@@ -16,6 +16,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
 JOBS="${SWIFT_JOBS:-2}"
 LOG_DIR="${IOS_TEST_LOG_DIR:-$(mktemp -d -t ios-test.XXXXXX)}"
+mkdir -p "$LOG_DIR"
 # shellcheck source=ios/swift-toolchain.sh
 source "$HERE/swift-toolchain.sh"
 
@@ -78,23 +79,28 @@ echo "Swift syntax: $syntax_passed passed, $syntax_failed failed (swiftc -parse,
 passed=$((passed + syntax_passed))
 failed=$((failed + syntax_failed))
 
-# --- 2b. Type-check the app's two runtimes against TrainerCore (just built) and stand-ins with the
-# declarations of the ExecuTorch Swift API and of Core ML (ios/typecheck/; the real frameworks need
-# Apple's SDKs). One check per runtime file.
+# --- 2b. Type-check the app's two runtimes (v3 loop runtimes) against TrainerCore (just built) and
+# stand-ins with the declarations of the ExecuTorch Swift API and of Core ML (ios/typecheck/; the real
+# frameworks need Apple's SDKs), one check per runtime file; then TrainingController.swift with both
+# runtimes against stand-ins of the SwiftUI / UIKit declarations it uses and of the app's Darwin-only
+# platform files (ios/typecheck/AppPlatform.swift). The views and the platform files stay parse-only.
 TC_OUT=/tmp/ios-typecheck
 swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
     MODS=\$(dirname \$(find $SCRATCH -path '*/debug/Modules/TrainerCore.swiftmodule' | head -1))
-    for m in ExecuTorch CoreML; do
+    for m in ExecuTorch CoreML SwiftUI UIKit; do
         swiftc -parse-as-library -emit-module -module-name \$m -emit-module-path $TC_OUT/\$m.swiftmodule ios/typecheck/\$m.swift
     done
-    for f in ExecuTorchRuntime ExecuTorchLoopRuntime CoreMLRuntime; do
+    for f in ExecuTorchRuntime CoreMLRuntime; do
         if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
         else echo \"TYPECHECK-FAIL \$f\"; echo \"\$out\" | head -30; fi
-    done" >"$LOG_DIR/typecheck.log" 2>&1
+    done
+    if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
+            ios/App/Sources/Runtime/CoreMLRuntime.swift ios/typecheck/AppPlatform.swift 2>&1); then echo \"TYPECHECK-OK TrainingController\"
+    else echo \"TYPECHECK-FAIL TrainingController\"; echo \"\$out\" | head -30; fi" >"$LOG_DIR/typecheck.log" 2>&1
 tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
 tc_failed=$((3 - tc_passed))
 [ "$tc_failed" != 0 ] && grep -v "^TYPECHECK-OK " "$LOG_DIR/typecheck.log" | head -40
-echo "Runtime type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
+echo "App type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
 passed=$((passed + tc_passed))
 failed=$((failed + tc_failed))
 

@@ -3,7 +3,8 @@
 OUT/tokenizer.json: the Qwen2.5 tokenizer as `toolchain export` ships it (toolchain/tokenizer.py);
 OUT/decode.json: the Python decode of every corpus case's reference ids and of 400 random id
 sequences (split multi-byte characters, added tokens in the middle), as UTF-8 bytes in hex; the
-`toolchain data` rows of a text and of a chat (text_data.text_rows, tokenizer.apply_chat_template).
+`toolchain data` rows of a text and of a chat (text_data.text_rows, tokenizer.apply_chat_template);
+OUT/byte_tokenizer.json: the demo model's byte tokenizer as a tokenizer.json (`ByteTokenizer.to_json`).
 
     .venv/bin/python ios/hostcheck/tokenizer_reference.py OUT_DIR
 """
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from toolchain.text_data import text_rows
-from toolchain.tokenizer import apply_chat_template, load_tokenizer
+from toolchain.tokenizer import ByteTokenizer, apply_chat_template, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +44,7 @@ def main() -> None:
     ids, mask = apply_chat_template(tk, chat)
     doc["chat"] = {"messages": chat, "input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, mask)]}
     (out / "decode.json").write_text(json.dumps(doc), encoding="utf-8")
+    (out / "byte_tokenizer.json").write_text(ByteTokenizer().to_json(), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 // them: MLModel, MLModelConfiguration, MLModelDescription, MLFeatureDescription,
 // MLMultiArrayConstraint, MLFeatureValue, MLFeatureProvider, MLDictionaryFeatureProvider,
 // MLMultiArray, MLMultiArrayDataType, MLComputeUnits). Written from Apple's documentation, not
-// from the SDK: only for type-checking ios/App/Sources/Runtime/CoreMLRuntime.swift on Linux
+// from the SDK: only for type-checking ios/App/Sources/Runtime/CoreMLRuntime.swift (contract v3) on Linux
 // (ios/test.sh). Bodies are placeholders.
 import Foundation
 
@@ -34,6 +34,10 @@ public class MLModelDescription {
 
 public class MLMultiArray {
     public init(shape: [NSNumber], dataType: MLMultiArrayDataType) throws {}
+    // init(dataPointer:shape:dataType:strides:deallocator:) (MLMultiArray.h, iOS 11+): wraps memory
+    // without copying; `deallocator` is called when the array is freed (nil: the caller owns it).
+    public init(dataPointer: UnsafeMutableRawPointer, shape: [NSNumber], dataType: MLMultiArrayDataType, strides: [NSNumber],
+                deallocator: ((UnsafeMutableRawPointer) -> Void)? = nil) throws {}
     public var count: Int { 0 }
     public var shape: [NSNumber] { [] }
     public var strides: [NSNumber] { [] }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Copy an exported program directory (and optionally a JSONL data file) into the iOS app.
+# Copy an exported contract-v3 program directory (and optionally a text or chat file) into the iOS app.
 #
-#   scripts/ios/push_program.sh PROGRAM_DIR [--name NAME] [--data FILE.jsonl] [--device ID] [--bundle-id ID]
+#   scripts/ios/push_program.sh PROGRAM_DIR [--name NAME] [--data FILE.txt|FILE.jsonl] [--device ID] [--bundle-id ID]
 #
-# PROGRAM_DIR is what `toolchain export` wrote (manifest.json with schema_version 2, state_init.bin,
-# model.pte and/or one .mlpackage per method, adapter_init/). It lands in Documents/Programs/NAME (default: the directory's name), each file
-# copied with `xcrun devicectl device copy to`. The data file lands in Documents/Data/.
-# --dry-run prints the commands instead of running them.
+# PROGRAM_DIR is what `toolchain export` wrote (manifest.json with schema_version 3, model.pte and/or
+# coreml/<method>.mlpackage, weights.safetensors, state_init.bin, tokenizer.json, adapter_init/). It lands
+# in Documents/Programs/NAME (default: the directory's name), each file copied with `xcrun devicectl
+# device copy to`. The data file (plain text, or a chat .jsonl) lands in Documents/Data/, where the app's
+# file picker finds it. --dry-run prints the commands instead of running them.
 set -euo pipefail
 # shellcheck source=scripts/ios/common.sh
 source "$(dirname "$0")/common.sh"
@@ -39,8 +40,9 @@ name="${name:-$(basename "$program")}"
 case "$name" in */*|.*|"") die "program name '$name' must be a plain directory name" ;; esac
 [ -z "$data" ] || [ -f "$data" ] || die "data file $data does not exist"
 
-# The app runs manifest schema_version 2 only; every program file, per-method file, the initial
-# state and every checksummed file the manifest lists must be there before copying.
+# The app runs contract v3 (manifest schema_version 3) only; the program file(s), the per-method Core ML
+# packages, the weights file, the initial state, the tokenizer, the initial adapter and every
+# checksummed file the manifest lists must be there before copying.
 python3 - "$program/manifest.json" <<'PY' || exit 2
 import json, os, sys
 path = sys.argv[1]
@@ -49,12 +51,21 @@ try:
     m = json.load(open(path))
 except ValueError as e:
     sys.exit(f"Error: {path} is not JSON ({e}); re-export the program")
-if m.get("schema_version") != 2:
-    sys.exit(f"Error: {path} has schema_version {m.get('schema_version')}; the app runs version 2 (state passed in "
-             "and out of each method): re-export the program with the current toolchain")
+if m.get("schema_version") != 3:
+    sys.exit(f"Error: {path} has schema_version {m.get('schema_version')}; the app runs contract v3 (schema_version 3: "
+             "layer-generic methods, weights.safetensors): re-export the program with the current toolchain")
+tok = m.get("tokenizer") or {}
+if tok.get("kind") in (None, "none"):
+    sys.exit(f"Error: {path} has no tokenizer (kind {tok.get('kind')!r}); the app turns your text into rows with the "
+             "program's tokenizer: re-export the program with one")
 listed = [p["file"] for p in m.get("programs", [])]
 listed += [f for p in m.get("programs", []) for f in (p.get("methods") or {}).values()]
-listed += [m["state"]["init_file"]] if isinstance(m.get("state"), dict) and "init_file" in m["state"] else []
+listed += [m["weights"]["file"]] if isinstance(m.get("weights"), dict) and "file" in m["weights"] else ["weights.safetensors"]
+listed += [m["state"]["init_file"]] if isinstance(m.get("state"), dict) and "init_file" in m["state"] else ["state_init.bin"]
+if tok.get("file"):
+    listed.append(tok["file"])
+init_dir = (m.get("adapter") or {}).get("init_dir", "adapter_init")
+listed += [f"{init_dir}/adapter_config.json", f"{init_dir}/adapter_model.safetensors"]
 listed += list(m.get("files", {}))
 missing = [f for f in listed if not os.path.exists(os.path.join(root, f))]
 if missing:

@@ -1,41 +1,62 @@
 import Foundation
 import SwiftUI
 import TrainerCore
+import UIKit
 
 /// Settings of the next run (kept in UserDefaults by the view).
 struct RunSettings: Equatable {
     var program = ""
-    var dataFile = ""
     var backend = "executorch"          // executorch | coreml
     var steps = 100
     var lr = 1e-4
+    var lcsbK = 0                       // 0: every layer every step; else at most k layers per step (LCSB)
+    var lcsbPolicy = "cyclic"           // cyclic | strided | last | random (toolchain plan lcsb's policies)
+    var heldOutPercent = 10             // 0: no held-out loss
+    var splitSeed = 0
+    var shuffleSeed = -1                // < 0: file order; else the host's `--shuffle SEED`
     var budgetMB = 2048
     var checkpointEvery = 10
+    var maxNewTokens = 32
     var telemetryURL = ""               // e.g. http://192.168.1.20:8765/v1/events ; empty: no upload
     var telemetryToken = ""
+
+    var config: SessionConfig {
+        SessionConfig(steps: steps, lr: Float(lr), checkpointEvery: checkpointEvery,
+                      shuffleSeed: shuffleSeed >= 0 ? UInt64(shuffleSeed) : nil,
+                      selection: lcsbK > 0 ? .lcsb(policy: lcsbPolicy, k: lcsbK, seed: lcsbPolicy == "random" ? 0 : nil) : .all)
+    }
 }
 
-/// Runs TrainerCore's `Trainer` on a serial background queue and publishes progress to the UI.
-/// Everything that touches the trainer, the runtime or the telemetry queue happens on `work`.
+/// The screen's controller: turns the user's text into rows (`TrainingData`), runs TrainerCore's
+/// `TrainingSession` (contract v3: the layer loop on `ExecuTorchRuntime` or `CoreMLRuntime`) on a
+/// serial background queue, and republishes `TrainingViewModel`'s state on the main thread. Every
+/// use of the session, the runtime and the telemetry queue happens on `work`, one at a time.
+///
+/// Lifecycle: going to the background (or locking the screen) asks the run to pause at the next
+/// step boundary inside a `beginBackgroundTask`, so the step finishes and the checkpoint is written
+/// before iOS suspends the app; a `BGProcessingTask` is scheduled to continue. After a jetsam kill,
+/// the saved run (`SavedRun` at `AppPaths.latestRun`: settings + rows) and the program's checkpoint
+/// let "Resume" (or the background task) continue from the last checkpoint without asking for anything.
 @MainActor
 final class TrainingController: ObservableObject {
+    @Published private(set) var view = TrainingViewState()
     @Published private(set) var programs: [String] = []
-    @Published private(set) var dataFiles: [String] = []
-    @Published private(set) var running = false
-    @Published private(set) var status = "Idle"
-    @Published private(set) var step = 0
-    @Published private(set) var losses: [Float] = []
-    @Published private(set) var footprintMB: Double?
-    @Published private(set) var availableMB: Double?
-    @Published private(set) var pressure = MemoryPressure.normal
-    @Published private(set) var lastAdapter: URL?
+    @Published private(set) var savedRun: SavedRun?
 
     nonisolated let paths: AppPaths
+    private let model = TrainingViewModel()
     private let work = DispatchQueue(label: "org.onphonellm.trainer.work", qos: .userInitiated)
     private let monitor = MemoryPressureMonitor()
     private let stopLock = NSLock()
     private nonisolated(unsafe) var stopRequest: RunStatus?
-    private var lastSettings: RunSettings?
+    /// The data the user prepared (nil until then, or restored from the saved run).
+    private var data: TrainingData?
+    private var dataSource = ""
+    private var dataSettings: (fraction: Double, seed: UInt64) = (0, 0)
+    /// The last session (owned by `work`): eval, generation and export after a run use it.
+    private nonisolated(unsafe) var current: TrainingSession?
+    private var backgroundTask: UIBackgroundTaskIdentifier = .invalid
+    private var pausedForBackground = false
 
     init() {
         let docs = FileManager.default.urls(for: .documentDirectory, in: .userDomainMask)[0]
@@ -44,15 +65,79 @@ final class TrainingController: ObservableObject {
             try? FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
         }
         monitor.start()
+        model.onChange = { [weak self] state in
+            if Thread.isMainThread {
+                MainActor.assumeIsolated { self?.view = state }
+            } else {
+                DispatchQueue.main.async { self?.view = state }
+            }
+        }
         refresh()
+        restoreSavedRun()
     }
 
     func refresh() {
         programs = paths.programNames()
-        dataFiles = paths.dataFiles()
     }
 
-    /// Stop at the next step boundary: `.cancelled` (user) or `.paused` (background time is up).
+    /// The run the app was doing when it was killed, if unfinished: its rows come back and Resume is offered.
+    private func restoreSavedRun() {
+        guard let run = SavedRun.load(from: paths.latestRun), run.resumable,
+              FileManager.default.fileExists(atPath: paths.checkpoint(program: run.program).path) else { return }
+        savedRun = run
+        data = run.data
+        dataSource = run.source
+        dataSettings = (run.heldOutFraction, run.splitSeed)
+        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20)
+        model.setPhase(.paused, "The last run (\(run.program), \(run.source)) stopped before it finished; Resume continues it")
+    }
+
+    // MARK: data
+
+    /// Rows of pasted text for `program`, with the held-out split.
+    func prepare(text: String, settings: RunSettings) {
+        prepare(.text(text), name: "pasted text", settings: settings)
+    }
+
+    /// Rows of a file the user picked (fileImporter): `.jsonl` is a chat file (one `{"messages": [...]}`
+    /// per line), anything else plain UTF-8 text.
+    func prepare(fileAt url: URL, settings: RunSettings) {
+        let scoped = url.startAccessingSecurityScopedResource()
+        defer { if scoped { url.stopAccessingSecurityScopedResource() } }
+        do {
+            let text = try String(contentsOf: url, encoding: .utf8)
+            let source: TrainingData.Source = url.pathExtension.lowercased() == "jsonl" ? .chat(text, name: url.lastPathComponent) : .text(text)
+            prepare(source, name: url.lastPathComponent, settings: settings)
+        } catch {
+            model.preparationFailed(TrainerError.io("cannot read \(url.lastPathComponent) as UTF-8 text: \(error.localizedDescription)"))
+        }
+    }
+
+    private func prepare(_ source: TrainingData.Source, name: String, settings: RunSettings) {
+        guard !settings.program.isEmpty else { return model.preparationFailed(TrainerError.badInput("choose a program first")) }
+        let dir = paths.programs.appendingPathComponent(settings.program)
+        let fraction = Double(settings.heldOutPercent) / 100, seed = UInt64(max(settings.splitSeed, 0))
+        work.async { [model] in
+            do {
+                let manifest = try LoopManifest.load(directory: dir)
+                let tokenizer = try ProgramTokenizer.load(manifest: manifest, directory: dir)
+                let data = try TrainingData.prepare(source, tokenizer: tokenizer, manifest: manifest, heldOutFraction: fraction, seed: seed)
+                Task { @MainActor in
+                    self.data = data
+                    self.dataSource = name
+                    self.dataSettings = (fraction, seed)
+                    self.current = nil
+                    model.prepared(data, stepsPlanned: settings.steps, budgetBytes: UInt64(settings.budgetMB) << 20)
+                }
+            } catch {
+                Task { @MainActor in model.preparationFailed(error) }
+            }
+        }
+    }
+
+    // MARK: runs
+
+    /// Stop at the next step boundary: `.cancelled` (user) or `.paused` (background, memory, time up).
     nonisolated func requestStop(_ status: RunStatus) {
         stopLock.lock()
         stopRequest = status
@@ -69,162 +154,119 @@ final class TrainingController: ObservableObject {
         return s
     }
 
+    /// A new run on the prepared rows (a checkpoint of the same program is resumed: "Start over" deletes it).
     func start(_ settings: RunSettings, background: Bool = false, completion: ((Bool) -> Void)? = nil) {
-        guard !running else { return }
-        running = true
-        lastSettings = settings
-        status = "Loading \(settings.program)"
-        losses = []
-        let monitor = self.monitor
-        let paths = self.paths
+        guard !view.phase.busy, let data else { completion?(true); return }
+        let run = SavedRun(program: settings.program, backend: settings.backend, config: settings.config, budgetMB: settings.budgetMB,
+                           source: dataSource, heldOutFraction: dataSettings.fraction, splitSeed: dataSettings.seed, data: data)
+        launch(run, settings: settings, background: background, completion: completion)
+    }
+
+    /// Continue the saved run from its checkpoint (after a kill, a pause or a stop).
+    func resume(_ settings: RunSettings, background: Bool = false, completion: ((Bool) -> Void)? = nil) {
+        guard !view.phase.busy, let run = savedRun ?? SavedRun.load(from: paths.latestRun) else { completion?(true); return }
+        launch(run, settings: settings, background: background, completion: completion)
+    }
+
+    /// Resume inside a BGProcessingTask.
+    nonisolated func resumeInBackground(completion: @escaping (Bool) -> Void) {
+        Task { @MainActor in
+            self.resume(Self.savedSettings(), background: true, completion: completion)
+        }
+    }
+
+    private func launch(_ run: SavedRun, settings: RunSettings, background: Bool, completion: ((Bool) -> Void)?) {
+        _ = takeStopRequest()
+        var record = run
+        record.status = nil
+        try? record.save(to: paths.latestRun)
+        savedRun = record
+        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20)
+        model.setPhase(.loading, "Loading \(run.program)")
+        let paths = self.paths, monitor = self.monitor, model = self.model
+        let started = record
         work.async { [weak self] in
-            let finished: Bool
+            var finished = false
             do {
-                finished = try Self.train(settings, paths: paths, monitor: monitor, background: background, controller: self)
+                finished = try Self.train(started, settings: settings, paths: paths, monitor: monitor, model: model,
+                                          background: background, controller: self)
             } catch {
-                finished = false
-                Task { @MainActor in self?.status = "Error: \(error)" }
+                Task { @MainActor in model.setPhase(.failed, "Error: \(error)") }
             }
             Task { @MainActor in
-                self?.running = false
+                self?.savedRun = SavedRun.load(from: paths.latestRun).flatMap { $0.resumable ? $0 : nil }
+                self?.endBackgroundTask()
                 completion?(finished)
             }
         }
     }
 
-    /// Continue the last (or the saved) run from its checkpoint inside a BGProcessingTask.
-    nonisolated func resumeInBackground(completion: @escaping (Bool) -> Void) {
-        Task { @MainActor in
-            guard let settings = self.lastSettings ?? Self.savedSettings() else { return completion(true) }
-            self.start(settings, background: true, completion: completion)
-        }
-    }
-
-    static func savedSettings() -> RunSettings? {
-        let d = UserDefaults.standard
-        guard let program = d.string(forKey: "program"), !program.isEmpty,
-              let data = d.string(forKey: "dataFile"), !data.isEmpty else { return nil }
-        var s = RunSettings()
-        s.program = program
-        s.dataFile = data
-        s.backend = d.string(forKey: "backend") ?? s.backend
-        s.steps = d.object(forKey: "steps") as? Int ?? s.steps
-        s.lr = d.object(forKey: "lr") as? Double ?? s.lr
-        s.budgetMB = d.object(forKey: "budgetMB") as? Int ?? s.budgetMB
-        s.telemetryURL = d.string(forKey: "telemetryURL") ?? ""
-        s.telemetryToken = d.string(forKey: "telemetryToken") ?? ""
-        return s
-    }
-
-    /// What one session needs: the trainer and where its telemetry goes.
-    private struct Session {
-        let trainer: Trainer
-        let footprint: FootprintProbe
-        let queue: TelemetryQueue?
-        let endpoint: URL?
-    }
-
-    private nonisolated static func makeSession(_ s: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
-                                                background: Bool) throws -> Session {
-        let dir = paths.programs.appendingPathComponent(s.program)
-        let manifest = try ProgramManifest.load(directory: dir)
-        let rows = try DataRow.parseJSONL(try Data(contentsOf: paths.data.appendingPathComponent(s.dataFile)), source: s.dataFile)
-        let examples = try Batcher(manifest: manifest).padAll(rows, source: s.dataFile)
-        let runtime = try makeRuntime(backend: s.backend, directory: dir, manifest: manifest)
-        // Every event goes to the log; the upload queue only exists with a server to drain it.
+    /// One session, on `work`. Returns true when the run completed.
+    private nonisolated static func train(_ run: SavedRun, settings: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
+                                          model: TrainingViewModel, background: Bool, controller: TrainingController?) throws -> Bool {
+        let dir = paths.programs.appendingPathComponent(run.program)
+        let manifest = try LoopManifest.load(directory: dir)
+        let runtime = try makeRuntime(backend: run.backend, directory: dir, manifest: manifest)
         let log = TelemetryLog(url: paths.telemetryLog)
-        let endpoint = s.telemetryURL.isEmpty ? nil : URL(string: s.telemetryURL)
+        let endpoint = settings.telemetryURL.isEmpty ? nil : URL(string: settings.telemetryURL)
         let queue = try endpoint.map { _ in try TelemetryQueue(directory: paths.telemetryQueue) }
         var sinks: [TelemetrySink] = [log]
         if let queue { sinks.append(queue) }
-        let budget = UInt64(s.budgetMB) << 20
+        let budget = UInt64(run.budgetMB) << 20
         let footprint = FootprintProbe()
-        let trainer = try Trainer(
-            manifest: manifest, programName: s.program, programDirectory: dir, runtime: runtime, examples: examples,
-            config: RunConfig(steps: s.steps, lr: Float(s.lr), checkpointEvery: s.checkpointEvery),
+        let session = try TrainingSession(
+            programDirectory: dir, programName: run.program, runtime: runtime, data: run.data, config: run.config,
             device: DeviceFacts.info(budgetBytes: budget, background: background),
-            checkpoint: CheckpointStore(url: paths.checkpoint(program: s.program)),
-            telemetry: sinks,
+            checkpoint: CheckpointStore(url: paths.checkpoint(program: run.program)), telemetry: sinks,
             usedSeq: { runId in max(log.nextSeq(runId: runId), queue?.nextSeq(runId: runId) ?? 0) },
             probes: MemoryProbes(footprint: footprint, available: AvailableProbe(monitor: monitor), pressure: { monitor.level }),
-            budget: BudgetGuard(budgetBytes: budget, plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + manifest.plannedPeakBytes))
-        return Session(trainer: trainer, footprint: footprint, queue: queue, endpoint: endpoint)
-    }
-
-    /// The whole session, on `work`. Returns true when the run completed.
-    private nonisolated static func train(_ s: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
-                                          background: Bool, controller: TrainingController?) throws -> Bool {
-        let session = try makeSession(s, paths: paths, monitor: monitor, background: background)
-        let trainer = session.trainer
-        // During the run: one try per flush, so a missing server never stalls training.
-        let uploader = session.queue.flatMap { queue in
-            session.endpoint.map { TelemetryUploader(queue: queue, endpoint: $0, token: s.telemetryToken,
-                                                     transport: URLSessionTransport(), maxAttempts: 1) }
+            budget: BudgetGuard(budgetBytes: budget,
+                                plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + manifest.plannedPeakBytes(target: run.backend)))
+        session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
+        controller?.current = session
+        let uploader = queue.flatMap { q in
+            endpoint.map { TelemetryUploader(queue: q, endpoint: $0, token: settings.telemetryToken, transport: URLSessionTransport(), maxAttempts: 1) }
         }
-        try trainer.start()
+        let resumed = try session.start()
+        if !resumed && !session.data.heldOut.isEmpty {
+            DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss before training") }
+            try session.evaluate(initial: true)
+        }
         var thermal = ""
-        var status: RunStatus = .completed
-        var message: String?
-        loop: while true {
-            if let stop = controller?.takeStopRequest() { status = stop; break }
+        let status = try session.run(interrupt: {
             if DeviceFacts.thermalState != thermal {
                 thermal = DeviceFacts.thermalState
-                try trainer.recorder?.emit("thermal", ["state": .string(thermal)])
+                _ = try? session.recorder?.emit("thermal", ["state": .string(thermal)])
             }
-            let outcome: StepOutcome
-            do {
-                outcome = try trainer.step()
-            } catch {
-                try? trainer.finish(status: .failed, message: "\(error)")
-                throw error
+            if session.step % 10 == 0, let battery = DeviceFacts.batteryFields() { _ = try? session.recorder?.emit("battery", battery) }
+            if session.step % 10 == 9 { _ = try? uploader?.flush() }
+            return controller?.takeStopRequest()
+        })
+        var record = run
+        record.status = status
+        record.runId = session.recorder?.runId
+        if status == .completed {
+            if !session.data.heldOut.isEmpty {
+                DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss after training") }
+                try session.evaluate(initial: false)
             }
-            switch outcome {
-            case .trained(let step, let loss):
-                if step % 10 == 0, let battery = DeviceFacts.batteryFields() { try trainer.recorder?.emit("battery", battery) }
-                if step % 10 == 9 { _ = try? uploader?.flush() }
-                publish(step: step, loss: loss, of: s.steps, footprint: session.footprint, monitor: monitor, to: controller)
-            case .finished: break loop
-            case .paused(let why): status = .paused; message = why; break loop
-            case .stopped(let why): status = .failed; message = why; break loop
+            if let runId = session.recorder?.runId {
+                let adapter = paths.adapter(runId: runId)
+                try session.exportAdapter(to: adapter)
+                DispatchQueue.main.async { model.exported(adapter); model.setPhase(.completed, "Completed; adapter \(runId)") }
             }
         }
-        try trainer.finish(status: status, message: message)
-        var adapter: URL?
-        if status == .completed, let runId = trainer.recorder?.runId {
-            adapter = paths.adapter(runId: runId)
-            try trainer.exportAdapter(to: adapter!)
-        }
-        if let endpoint = session.endpoint, let queue = session.queue {
+        try? record.save(to: paths.latestRun)
+        if let endpoint, let queue {
             // End of session: retry with backoff (1, 2, 4, 8 s) before leaving events for next time.
-            let flush = TelemetryUploader(queue: queue, endpoint: endpoint, token: s.telemetryToken,
-                                          transport: URLSessionTransport(), maxAttempts: 5)
-            _ = try? flush.flush()
+            _ = try? TelemetryUploader(queue: queue, endpoint: endpoint, token: settings.telemetryToken,
+                                       transport: URLSessionTransport(), maxAttempts: 5).flush()
         }
         if status == .paused { BackgroundTraining.schedule() }
-        let final = "\(status.rawValue)" + (message.map { ": \($0)" } ?? "")
-        Task { @MainActor in
-            controller?.status = final.prefix(1).uppercased() + final.dropFirst()
-            controller?.lastAdapter = adapter
-        }
         return status == .completed
     }
 
-    private nonisolated static func publish(step: Int, loss: Float, of steps: Int, footprint: FootprintProbe,
-                                            monitor: MemoryPressureMonitor, to controller: TrainingController?) {
-        let sample = footprint.sample()
-        let available = os_proc_available_memory_mb()
-        let pressure = monitor.level
-        Task { @MainActor in
-            controller?.step = step + 1
-            controller?.losses.append(loss)
-            controller?.footprintMB = sample.map { Double($0.anonBytes ?? 0) / 1_048_576 }
-            controller?.availableMB = available
-            controller?.pressure = pressure
-            controller?.status = "Step \(step + 1)/\(steps), loss \(String(format: "%.4f", loss))"
-        }
-    }
-
-    private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: ProgramManifest) throws -> TrainingRuntime {
+    private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: LoopManifest) throws -> LoopRuntime {
         switch backend {
         case "coreml":
             let done = DispatchSemaphore(value: 0)
@@ -235,8 +277,7 @@ final class TrainingController: ObservableObject {
                 done.signal()
             }
             done.wait()
-            let result = box.result
-            return try result.get()
+            return try box.result.get()
         default:
             guard let program = manifest.program(target: "executorch") else {
                 throw TrainerError.badInput("this program has no ExecuTorch export; export it with --target executorch")
@@ -245,19 +286,112 @@ final class TrainingController: ObservableObject {
         }
     }
 
-    /// Forget the saved checkpoint of a program (the next run starts over).
+    /// Forget the program's checkpoint and the saved run (the next run starts over).
     func resetRun(program: String) {
         try? FileManager.default.removeItem(at: paths.checkpoint(program: program))
-        status = "Checkpoint of \(program) deleted"
+        try? FileManager.default.removeItem(at: paths.latestRun)
+        savedRun = nil
+        current = nil
+        model.setCanResume(false)
+        model.setPhase(data == nil ? .idle : .ready, "Checkpoint of \(program) deleted")
+    }
+
+    // MARK: before / after
+
+    /// Greedy continuations of `prompt` with the initial adapter (state_init.bin) and the trained one,
+    /// side by side (the trained one once a checkpoint exists). Not while a run is going.
+    func generate(prompt: String, settings: RunSettings, chat: Bool) {
+        guard !view.phase.busy, !prompt.isEmpty else { return }
+        let paths = self.paths, model = self.model
+        let run = savedRun ?? SavedRun.load(from: paths.latestRun)
+        let program = run?.program ?? settings.program
+        let data = self.data ?? run?.data
+        let endPhase: TrainingPhase = view.phase == .evaluating ? .ready : view.phase
+        model.setPhase(.evaluating, "Generating")
+        work.async { [weak self] in
+            do {
+                var session = self?.current
+                if session == nil || session?.programName != program {
+                    guard let data, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
+                    let dir = paths.programs.appendingPathComponent(program)
+                    let manifest = try LoopManifest.load(directory: dir)
+                    let s = try TrainingSession(programDirectory: dir, programName: program,
+                                                runtime: try Self.makeRuntime(backend: run?.backend ?? settings.backend, directory: dir, manifest: manifest),
+                                                data: data, config: run?.config ?? settings.config,
+                                                device: DeviceFacts.info(budgetBytes: UInt64(settings.budgetMB) << 20, background: false),
+                                                checkpoint: CheckpointStore(url: paths.checkpoint(program: program)))
+                    s.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
+                    // with a checkpoint the live adapter is the trained one (resuming loads it; no event is sent)
+                    if FileManager.default.fileExists(atPath: paths.checkpoint(program: program).path) { try s.start() }
+                    session = s
+                    self?.current = s
+                }
+                guard let session else { return }
+                _ = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: true, chat: chat)
+                if session.state != nil {
+                    _ = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: false, chat: chat)
+                }
+                DispatchQueue.main.async { model.setPhase(endPhase, "Generated") }
+            } catch {
+                DispatchQueue.main.async { model.setPhase(endPhase, "Generation failed: \(error)") }
+            }
+        }
+    }
+
+    // MARK: lifecycle
+
+    /// Background / screen lock: pause at the next step boundary with a background task, so the step
+    /// finishes and the checkpoint is written before suspension (iOS gives ~30 s; a step of the 0.5B
+    /// program at T=256 takes a few seconds). Back in the foreground: resume what the background paused.
+    func scenePhaseChanged(to phase: ScenePhase, settings: RunSettings) {
+        switch phase {
+        case .background:
+            guard view.phase.busy else { return }
+            pausedForBackground = true
+            backgroundTask = UIApplication.shared.beginBackgroundTask(withName: "finish the training step") { [weak self] in
+                Task { @MainActor in self?.endBackgroundTask() }
+            }
+            model.setPhase(.pausing, "Pausing: the app went to the background")
+            requestStop(.paused)
+        case .active:
+            if pausedForBackground && !view.phase.busy && view.canResume {
+                pausedForBackground = false
+                resume(settings)
+            }
+        default:
+            break
+        }
+    }
+
+    private func endBackgroundTask() {
+        guard backgroundTask != .invalid else { return }
+        UIApplication.shared.endBackgroundTask(backgroundTask)
+        backgroundTask = .invalid
+    }
+
+    func stop() {
+        model.setPhase(.pausing, "Stopping after this step")
+        requestStop(.cancelled)
+    }
+
+    static func savedSettings() -> RunSettings {
+        let d = UserDefaults.standard
+        var s = RunSettings()
+        s.program = d.string(forKey: "program") ?? s.program
+        s.backend = d.string(forKey: "backend") ?? s.backend
+        s.steps = d.object(forKey: "steps") as? Int ?? s.steps
+        s.lr = d.object(forKey: "lr") as? Double ?? s.lr
+        s.lcsbK = d.object(forKey: "lcsbK") as? Int ?? s.lcsbK
+        s.lcsbPolicy = d.string(forKey: "lcsbPolicy") ?? s.lcsbPolicy
+        s.heldOutPercent = d.object(forKey: "heldOutPercent") as? Int ?? s.heldOutPercent
+        s.budgetMB = d.object(forKey: "budgetMB") as? Int ?? s.budgetMB
+        s.telemetryURL = d.string(forKey: "telemetryURL") ?? ""
+        s.telemetryToken = d.string(forKey: "telemetryToken") ?? ""
+        return s
     }
 }
 
 /// Hands a value from an async task to the thread waiting for it (guarded by the semaphore).
 private final class ResultBox: @unchecked Sendable {
-    var result: Result<TrainingRuntime, Error> = .failure(TrainerError.runtime("Core ML did not load"))
-}
-
-private func os_proc_available_memory_mb() -> Double? {
-    let bytes = AvailableProbe.availableBytes()
-    return bytes > 0 ? Double(bytes) / 1_048_576 : nil
+    var result: Result<LoopRuntime, Error> = .failure(TrainerError.runtime("Core ML did not load"))
 }

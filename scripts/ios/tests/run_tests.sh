@@ -46,17 +46,24 @@ one_device() {
 JSON
 }
 
-make_program() {   # a program directory as `toolchain export` writes it (contents are placeholders)
+make_program() {   # a v3 program directory as `toolchain export` writes it (contents are placeholders)
     mkdir -p "$WORK/program/adapter_init"
     printf 'PTE' >"$WORK/program/model.pte"
     printf 'STATE' >"$WORK/program/state_init.bin"
+    printf 'W' >"$WORK/program/weights.safetensors"
+    printf '{}' >"$WORK/program/tokenizer.json"
     printf '{}' >"$WORK/program/adapter_init/adapter_config.json"
     printf 'ST' >"$WORK/program/adapter_init/adapter_model.safetensors"
     cat >"$WORK/program/manifest.json" <<'JSON'
-{"schema_version": 2, "programs": [{"target": "executorch", "file": "model.pte"}],
+{"schema_version": 3, "programs": [{"target": "executorch", "file": "model.pte"}],
+ "weights": {"file": "weights.safetensors", "layer_placeholder": "{layer}"},
  "state": {"init_file": "state_init.bin"},
+ "tokenizer": {"kind": "qwen2.5", "file": "tokenizer.json", "vocab": 151936, "pad_token_id": 151643, "eos_token_id": 151643},
+ "adapter": {"init_dir": "adapter_init", "config": {}},
  "files": {"model.pte": "0000000000000000000000000000000000000000000000000000000000000000",
            "state_init.bin": "0000000000000000000000000000000000000000000000000000000000000000",
+           "weights.safetensors": "0000000000000000000000000000000000000000000000000000000000000000",
+           "tokenizer.json": "0000000000000000000000000000000000000000000000000000000000000000",
            "adapter_init/adapter_model.safetensors": "0000000000000000000000000000000000000000000000000000000000000000"}}
 JSON
 }
@@ -72,14 +79,17 @@ expect_fail() {    # expect_fail NEEDLE COMMAND...: the command exits 2 and says
 
 test_push_copies_every_file_into_documents_programs() {
     make_program
-    printf '{"input_ids": [1, 2]}\n' >"$WORK/rows.jsonl"
+    printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n' >"$WORK/rows.jsonl"
     "$SCRIPTS/push_program.sh" "$WORK/program" --name tiny --data "$WORK/rows.jsonl" >"$WORK/out.txt"
     local c="$FAKE_DEVICE_ROOT/org.onphonellm.trainer/Documents"
     cmp "$WORK/program/model.pte" "$c/Programs/tiny/model.pte"
+    cmp "$WORK/program/weights.safetensors" "$c/Programs/tiny/weights.safetensors"
+    cmp "$WORK/program/tokenizer.json" "$c/Programs/tiny/tokenizer.json"
+    cmp "$WORK/program/state_init.bin" "$c/Programs/tiny/state_init.bin"
     cmp "$WORK/program/manifest.json" "$c/Programs/tiny/manifest.json"
     cmp "$WORK/program/adapter_init/adapter_model.safetensors" "$c/Programs/tiny/adapter_init/adapter_model.safetensors"
     cmp "$WORK/rows.jsonl" "$c/Data/rows.jsonl"
-    grep -q "copied 5 file(s) of tiny to org.onphonellm.trainer on 00008120-AAAA, and rows.jsonl" "$WORK/out.txt"
+    grep -q "copied 7 file(s) of tiny to org.onphonellm.trainer on 00008120-AAAA, and rows.jsonl" "$WORK/out.txt"
     # The exact devicectl call: picked device, app data container, relative destination.
     grep -q "^devicectl list devices --json-output " "$FAKE_XCRUN_LOG"
     grep -qx "devicectl device copy to --device 00008120-AAAA --domain-type appDataContainer --domain-identifier org.onphonellm.trainer --source $WORK/program/model.pte --destination Documents/Programs/tiny/model.pte" "$FAKE_XCRUN_LOG"
@@ -96,7 +106,7 @@ test_push_uses_given_device_and_bundle_without_listing() {
 test_push_dry_run_prints_commands_and_copies_nothing() {
     make_program
     "$SCRIPTS/push_program.sh" "$WORK/program" --device DEV-1 --dry-run >"$WORK/out.txt"
-    [ "$(grep -c '^xcrun devicectl device copy to' "$WORK/out.txt")" = 5 ]
+    [ "$(grep -c '^xcrun devicectl device copy to' "$WORK/out.txt")" = 7 ]
     [ ! -e "$FAKE_XCRUN_LOG" ]
 }
 
@@ -113,30 +123,43 @@ test_push_refuses_a_program_missing_a_listed_file() {
     [ ! -e "$FAKE_XCRUN_LOG" ]
 }
 
-test_push_refuses_a_version_1_manifest() {
+test_push_refuses_a_version_2_manifest() {
     make_program
-    sed -i 's/"schema_version": 2/"schema_version": 1/' "$WORK/program/manifest.json"
-    expect_fail "schema_version 1; the app runs version 2" "$SCRIPTS/push_program.sh" "$WORK/program"
+    sed -i 's/"schema_version": 3/"schema_version": 2/' "$WORK/program/manifest.json"
+    expect_fail "schema_version 2; the app runs contract v3" "$SCRIPTS/push_program.sh" "$WORK/program"
+    [ ! -e "$FAKE_XCRUN_LOG" ]
+}
+
+test_push_refuses_v3_without_weights_tokenizer_or_adapter() {
+    make_program
+    rm "$WORK/program/weights.safetensors"
+    expect_fail "lacks weights.safetensors" "$SCRIPTS/push_program.sh" "$WORK/program"
+    make_program
+    rm "$WORK/program/adapter_init/adapter_config.json"
+    expect_fail "lacks adapter_init/adapter_config.json" "$SCRIPTS/push_program.sh" "$WORK/program"
+    make_program
+    sed -i 's/"kind": "qwen2.5"/"kind": "none"/' "$WORK/program/manifest.json"
+    expect_fail "has no tokenizer" "$SCRIPTS/push_program.sh" "$WORK/program"
     [ ! -e "$FAKE_XCRUN_LOG" ]
 }
 
 test_push_checks_and_copies_per_method_core_ml_packages() {
     make_program
-    mkdir -p "$WORK/program/coreml/train_step_p0.mlpackage/Data"
-    printf 'M' >"$WORK/program/coreml/train_step_p0.mlpackage/Data/model.mlmodel"
+    mkdir -p "$WORK/program/coreml/embed.mlpackage/Data"
+    printf 'M' >"$WORK/program/coreml/embed.mlpackage/Data/model.mlmodel"
     python3 - "$WORK/program/manifest.json" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
 m["programs"].append({"target": "coreml", "file": "coreml", "methods": {
-    "train_step_p0": "coreml/train_step_p0.mlpackage", "train_step_p1": "coreml/train_step_p1.mlpackage"}})
+    "embed": "coreml/embed.mlpackage", "block_forward": "coreml/block_forward.mlpackage"}})
 json.dump(m, open(sys.argv[1], "w"))
 PY
-    expect_fail "lacks coreml/train_step_p1.mlpackage" "$SCRIPTS/push_program.sh" "$WORK/program"
-    mkdir -p "$WORK/program/coreml/train_step_p1.mlpackage/Data"
-    printf 'N' >"$WORK/program/coreml/train_step_p1.mlpackage/Data/model.mlmodel"
+    expect_fail "lacks coreml/block_forward.mlpackage" "$SCRIPTS/push_program.sh" "$WORK/program"
+    mkdir -p "$WORK/program/coreml/block_forward.mlpackage/Data"
+    printf 'N' >"$WORK/program/coreml/block_forward.mlpackage/Data/model.mlmodel"
     "$SCRIPTS/push_program.sh" "$WORK/program" --device DEV-1 >/dev/null
     local c="$FAKE_DEVICE_ROOT/org.onphonellm.trainer/Documents/Programs/program"
-    cmp "$WORK/program/coreml/train_step_p1.mlpackage/Data/model.mlmodel" "$c/coreml/train_step_p1.mlpackage/Data/model.mlmodel"
+    cmp "$WORK/program/coreml/block_forward.mlpackage/Data/model.mlmodel" "$c/coreml/block_forward.mlpackage/Data/model.mlmodel"
     cmp "$WORK/program/state_init.bin" "$c/state_init.bin"
 }
 

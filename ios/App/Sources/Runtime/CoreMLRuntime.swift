@@ -3,36 +3,43 @@ import CoreML
 import Foundation
 import TrainerCore
 
-/// Runs a Core ML export (`programs[].target == "coreml"`): one ML program per train method, listed
-/// in the entry's `methods` (method name -> `.mlpackage`, relative to the program directory).
-/// Stateless, like every target of manifest schema_version 2: the inputs (the manifest's names:
-/// input_ids, labels, lr, every state entry) and outputs (loss, the changed entries) are
-/// MLMultiArrays, float32 for floats; token ids go in as the model declares them (Core ML has no
-/// int64 inputs: int32). No MLState (Core ML states are float16, unsound for AdamW moments).
+/// Runs a contract-v3 Core ML export (`toolchain export --target coreml`, toolchain/export/coreml.py)
+/// for TrainerCore's `LayerLoop`: one ML program per method, `coreml/<method>.mlpackage`, listed in
+/// the `coreml` program entry's `methods`. No package holds a weight: the frozen weights, the LoRA
+/// state and the activations are inputs named as the manifest's method inputs, outputs likewise
+/// (state outputs are `<entry>_out`).
+///
+/// **No weight is stored twice**: float32 and 8-bit inputs are `MLMultiArray(dataPointer:...)` over
+/// the loop's own bytes (the memory-mapped weights file, the state array's slices, the activation
+/// buffers), without a copy and without a deallocator; Core ML only reads its inputs. int4 weights
+/// (uint8 nibbles) and int8 weights go in as int8 arrays over the same mapped bytes (the package reads
+/// them back as unsigned where needed); int64 ids / positions are narrowed into small int32 arrays
+/// (Core ML has no int64 inputs; seq_len values at most). Outputs are read in row-major order
+/// whatever their strides and copied once into a Data. Compute units: `.cpuOnly` by default
+/// (float32 end to end, like the host; the Neural Engine computes in float16). No MLState.
 /// Not run on a device yet: see docs/ios.md.
-final class CoreMLRuntime: TrainingRuntime {
+final class CoreMLRuntime: LoopRuntime {
     let backendName = "coreml"
-    private let manifest: ProgramManifest
+    private let manifest: LoopManifest
     private let compiled: [String: URL]
     private let computeUnits: MLComputeUnits
     private var models: [String: MLModel] = [:]
 
+    /// `MLMultiArrayDataType.int8` (iOS 26 / macOS 26 SDKs; the quantized packages target iOS 26):
+    /// spelled by its raw value, 0x20000 | 8 as int32 is 0x20000 | 32, so the app also builds with
+    /// older SDKs. Not verified against an SDK here (docs/ios.md).
+    static let int8Type = MLMultiArrayDataType(rawValue: 0x20000 | 8)
+
     /// Compile each method's package (once; the compiled model is cached under Library/Caches,
     /// keyed by the package's checksums in the manifest, so a re-export is compiled again).
-    /// - Parameter computeUnits: `.cpuOnly` by default: float32 end to end, as on the host (the
-    ///   Neural Engine computes in float16).
-    static func make(programDirectory: URL, manifest: ProgramManifest,
-                     computeUnits: MLComputeUnits = .cpuOnly) async throws -> CoreMLRuntime {
-        guard let program = manifest.program(target: "coreml") else {
+    static func make(programDirectory: URL, manifest: LoopManifest, computeUnits: MLComputeUnits = .cpuOnly) async throws -> CoreMLRuntime {
+        guard let program = manifest.program(target: "coreml"), let methods = program.methods else {
             throw TrainerError.badInput("this program has no Core ML export; export it with --target coreml")
         }
         let caches = FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask)[0]
             .appendingPathComponent("CompiledModels", isDirectory: true)
         var compiled: [String: URL] = [:]
-        for name in manifest.trainMethodNames {
-            guard let rel = program.file(forMethod: name) else {
-                throw TrainerError.badInput("the Core ML export lists no file for \(name); re-export the program")
-            }
+        for (name, rel) in methods.sorted(by: { $0.key < $1.key }) {
             let source = programDirectory.appendingPathComponent(rel)
             guard FileManager.default.fileExists(atPath: source.path) else {
                 throw TrainerError.io("\(source.path) is missing; copy the whole program directory to the phone")
@@ -53,12 +60,12 @@ final class CoreMLRuntime: TrainingRuntime {
         return CoreMLRuntime(manifest: manifest, compiled: compiled, computeUnits: computeUnits)
     }
 
-    private init(manifest: ProgramManifest, compiled: [String: URL], computeUnits: MLComputeUnits) {
+    private init(manifest: LoopManifest, compiled: [String: URL], computeUnits: MLComputeUnits) {
         (self.manifest, self.compiled, self.computeUnits) = (manifest, compiled, computeUnits)
     }
 
     /// FNV-1a of the sha256 of every file of the package (manifest `files`): a new export, a new key.
-    static func cacheKey(manifest: ProgramManifest, package rel: String) -> String {
+    static func cacheKey(manifest: LoopManifest, package rel: String) -> String {
         let digests = manifest.files.filter { $0.key == rel || $0.key.hasPrefix(rel + "/") }.sorted { $0.key < $1.key }
         var h: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in digests.map({ "\($0.key)=\($0.value);" }).joined().utf8 {
@@ -69,13 +76,16 @@ final class CoreMLRuntime: TrainingRuntime {
 
     /// Load each method's model and check that it has every input and output the manifest names.
     func load(methods: [String]) throws {
-        for name in methods {
-            guard let url = compiled[name], let spec = manifest.method(named: name) else {
-                throw TrainerError.runtime("method \(name) is not in the Core ML export")
+        for name in methods where models[name] == nil {
+            guard let url = compiled[name], let spec = manifest.methods.first(where: { $0.name == name }) else {
+                throw TrainerError.runtime("method \(name) is not in the Core ML export; re-export the program")
             }
             let config = MLModelConfiguration()
             config.computeUnits = computeUnits
-            let model = try MLModel(contentsOf: url, configuration: config)
+            let model: MLModel
+            do { model = try MLModel(contentsOf: url, configuration: config) } catch {
+                throw TrainerError.runtime("Core ML cannot load \(name) (\(error)); re-export the program")
+            }
             let desc = model.modelDescription
             if let missing = spec.inputs.first(where: { desc.inputDescriptionsByName[$0.name]?.multiArrayConstraint == nil }) {
                 throw TrainerError.runtime("the Core ML model of \(name) has no array input \(missing.name); re-export the program")
@@ -87,8 +97,8 @@ final class CoreMLRuntime: TrainingRuntime {
         }
     }
 
-    func execute(method: String, inputs: [TensorValue]) throws -> [TensorValue] {
-        guard let model = models[method], let spec = manifest.method(named: method) else {
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        guard let model = models[method], let spec = manifest.methods.first(where: { $0.name == method }) else {
             throw TrainerError.runtime("\(method) was not loaded")
         }
         var features: [String: MLFeatureValue] = [:]
@@ -98,8 +108,13 @@ final class CoreMLRuntime: TrainingRuntime {
             }
             features[v.name] = MLFeatureValue(multiArray: try Self.multiArray(v, as: want))
         }
-        let out = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: features))
-        return try spec.outputs.map { (o) throws -> TensorValue in
+        let out: MLFeatureProvider
+        do {
+            out = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: features))
+        } catch {
+            throw TrainerError.runtime("Core ML failed in \(method): \(error)")
+        }
+        return try spec.outputs.map { o in
             guard let feature = Self.featureName(of: o.name, in: model.modelDescription.outputDescriptionsByName),
                   let array = out.featureValue(for: feature)?.multiArrayValue else {
                 throw TrainerError.runtime("\(method) returned no \(o.name)")
@@ -108,47 +123,52 @@ final class CoreMLRuntime: TrainingRuntime {
             guard values.count == o.count else {
                 throw TrainerError.runtime("\(method) returned \(values.count) values for \(o.name), the manifest says \(o.shape)")
             }
-            return .float32(o.name, values, shape: o.shape)
+            return values.withUnsafeBytes { Data($0) }
         }
     }
 
-    /// Core ML refuses a feature name used as both input and output, so the exporter names the
-    /// output of state entry `x` `x_out` (toolchain/export/coreml.py OUTPUT_SUFFIX); `loss` keeps its name.
+    /// The exporter names state outputs `<entry>_out`; other outputs keep their names.
     static func featureName(of name: String, in outputs: [String: MLFeatureDescription]) -> String? {
         if outputs[name] != nil { return name }
         return outputs[name + "_out"] != nil ? name + "_out" : nil
     }
 
-    /// A fresh (contiguous) MLMultiArray of the model's input type holding the value: int32 or
-    /// float32 (int64 ids are narrowed; every id is below the vocabulary size).
-    static func multiArray(_ v: TensorValue, as type: MLMultiArrayDataType) throws -> MLMultiArray {
-        let array = try MLMultiArray(shape: v.shape.map { NSNumber(value: $0) }, dataType: type)
-        guard array.count == v.count else {
-            throw TrainerError.runtime("Core ML input \(v.name) takes \(array.count) values, got \(v.count)")
-        }
-        var contiguous = true
-        array.withUnsafeMutableBytes { raw, strides in
-            var expect = 1
-            for (dim, stride) in zip(v.shape, strides).reversed() {
-                if stride != expect { contiguous = false }
-                expect *= dim
-            }
-            guard contiguous else { return }
-            switch (v.storage, type) {
-            case (.int64(let ids), .int32):
+    static func rowMajorStrides(_ shape: [Int]) -> [NSNumber] {
+        var strides = [Int](repeating: 1, count: shape.count)
+        var acc = 1
+        for d in stride(from: shape.count - 1, through: 0, by: -1) { strides[d] = acc; acc *= shape[d] }
+        return strides.map { NSNumber(value: $0) }
+    }
+
+    /// The input as the model's array type: float32 and 8-bit inputs over the loop's bytes without a
+    /// copy (`dataPointer:`, no deallocator: the loop owns the memory and keeps it for the call);
+    /// int64 ids / positions narrowed into a fresh int32 array.
+    static func multiArray(_ v: LoopInput, as type: MLMultiArrayDataType) throws -> MLMultiArray {
+        let shape = v.shape.map { NSNumber(value: $0) }
+        guard let base = v.bytes.baseAddress else { throw TrainerError.runtime("Core ML input \(v.name) is empty") }
+        let pointer = UnsafeMutableRawPointer(mutating: base)
+        switch (v.dtype, type) {
+        case ("float32", .float32):
+            return try MLMultiArray(dataPointer: pointer, shape: shape, dataType: .float32, strides: rowMajorStrides(v.shape), deallocator: nil)
+        case ("uint8", _) where type == int8Type, ("int8", _) where type == int8Type:
+            return try MLMultiArray(dataPointer: pointer, shape: shape, dataType: type, strides: rowMajorStrides(v.shape), deallocator: nil)
+        case ("int64", .int32):
+            let array = try MLMultiArray(shape: shape, dataType: .int32)
+            let n = v.bytes.count / 8
+            guard array.count == n else { throw TrainerError.runtime("Core ML input \(v.name) takes \(array.count) values, got \(n)") }
+            array.withUnsafeMutableBytes { raw, strides in
                 let p = raw.bindMemory(to: Int32.self)
-                for (i, id) in ids.enumerated() { p[i] = Int32(truncatingIfNeeded: id) }
-            case (.float32(let values), .float32):
-                values.withUnsafeBytes { raw.copyMemory(from: $0) }
-            default:
-                contiguous = false
+                let contiguous = strides.last ?? 1
+                for i in 0..<n {
+                    let id = Int64(littleEndian: v.bytes.loadUnaligned(fromByteOffset: 8 * i, as: Int64.self))
+                    p[i * contiguous] = Int32(truncatingIfNeeded: id)
+                }
             }
+            return array
+        default:
+            throw TrainerError.badInput("Core ML input \(v.name) is \(v.dtype) in the manifest and data type \(type.rawValue) in the model; " +
+                                        "re-export the program with this app's toolchain")
         }
-        guard contiguous, v.storage.matches(type) else {
-            throw TrainerError.badInput("Core ML input \(v.name) is \(type.rawValue) (or not contiguous); the app feeds " +
-                                        "int32 token ids and float32 tensors; re-export the program")
-        }
-        return array
     }
 
     /// The values of an output in row-major order, whatever its strides (Core ML may pad them) and
@@ -190,14 +210,5 @@ func halfToFloat(_ h: UInt16) -> Float {
     if exp == 0x1f { return Float(bitPattern: sign | 0x7f80_0000 | (frac << 13)) }           // inf / nan
     if exp == 0 { return (sign != 0 ? -1 : 1) * Float(frac) * 0x1p-24 }                       // zero / subnormal
     return Float(bitPattern: sign | UInt32(exp - 15 + 127) << 23 | (frac << 13))
-}
-
-private extension TensorValue.Storage {
-    func matches(_ type: MLMultiArrayDataType) -> Bool {
-        switch (self, type) {
-        case (.int64, .int32), (.float32, .float32): return true
-        default: return false
-        }
-    }
 }
 #endif

@@ -2,21 +2,23 @@ import ExecuTorch
 import Foundation
 import TrainerCore
 
-/// Runs `model.pte` with the stock ExecuTorch Swift `Module` (executorch 1.5.x, the exporter's
-/// version): `Module(filePath:loadMode: .mmap)`, `load(_:)` per method, `execute(_:_:)`.
+/// Runs the layer-generic methods of a contract-v3 `model.pte` for TrainerCore's `LayerLoop` with the
+/// stock ExecuTorch Swift `Module` (executorch 1.5.x, the exporter's version) (`Module(filePath:loadMode: .mmap)`, `load(_:)` per method,
+/// `execute(_:_:)`; the call pattern ios/hostcheck runs in C++ against the recorded trace).
 ///
-/// The program is functional (manifest schema_version 2): every call gets the state slices as
-/// inputs and returns the changed entries, so it does not matter that this `Module` gives each
-/// method its own memory arenas. Inputs are not memory-planned by the exporter
-/// (`alloc_graph_input=False`): ExecuTorch reads the tensors built here in place. Outputs live in
-/// the method's planned arena, which its next call overwrites, so they are copied out at once.
-final class ExecuTorchRuntime: TrainingRuntime {
+/// Inputs are wrapped **without copying** (`Tensor(bytesNoCopy:shape:)`): the memory-mapped weights
+/// file's pages, the slices of the app's one state array, the loop's activation buffers. They stay
+/// valid for the call (the loop holds them), and the methods never write their inputs (they are pure:
+/// every new value is an output), so the read-only weights mapping is safe to pass. Outputs live in
+/// the method's planned arena, which its next call overwrites: each is copied once into a Data the
+/// loop copies into its state slice / activation at once.
+final class ExecuTorchRuntime: LoopRuntime {
     let backendName = "executorch"
     private let module: Module
-    private let manifest: ProgramManifest
+    private let manifest: LoopManifest
     private let fileName: String
 
-    init(programFile: URL, manifest: ProgramManifest) throws {
+    init(programFile: URL, manifest: LoopManifest) throws {
         guard FileManager.default.fileExists(atPath: programFile.path) else {
             throw TrainerError.io("\(programFile.path) is missing; copy the whole program directory to the phone")
         }
@@ -30,11 +32,12 @@ final class ExecuTorchRuntime: TrainingRuntime {
         }
     }
 
-    /// Load each method (planning its arena), and check that its signature is the manifest's: a
-    /// model.pte from another export fails here, not in the middle of a step.
+    /// Load each method (planning its arena) and check its arity against the manifest.
     func load(methods: [String]) throws {
         for name in methods {
-            guard let spec = manifest.method(named: name) else { throw TrainerError.runtime("method \(name) is not in the manifest") }
+            guard let spec = manifest.methods.first(where: { $0.name == name }) else {
+                throw TrainerError.runtime("method \(name) is not in the manifest")
+            }
             let meta: MethodMetadata
             do {
                 try module.load(name)
@@ -50,32 +53,38 @@ final class ExecuTorchRuntime: TrainingRuntime {
         }
     }
 
-    func execute(method: String, inputs: [TensorValue]) throws -> [TensorValue] {
-        guard let spec = manifest.method(named: method) else { throw TrainerError.runtime("method \(method) is not in the manifest") }
-        let values: [ValueConvertible] = inputs.map(Self.tensor)
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        guard let spec = manifest.methods.first(where: { $0.name == method }) else {
+            throw TrainerError.runtime("method \(method) is not in the manifest")
+        }
+        let values: [ValueConvertible] = try inputs.map(Self.tensor)
         let outputs: [Value]
         do {
             outputs = try module.execute(method, values)
         } catch {
             throw TrainerError.runtime("ExecuTorch failed in \(method): \(error)")
         }
-        let copies: [[Float]] = try outputs.enumerated().map { i, value in
-            guard let t: Tensor<Float> = value.tensor() else {
-                throw TrainerError.runtime("\(method) output \(i) is not a float32 tensor; re-export the program")
-            }
-            return t.scalars()
+        guard outputs.count == spec.outputs.count else {
+            throw TrainerError.runtime("\(method) returned \(outputs.count) outputs, the manifest lists \(spec.outputs.count); re-export the program")
         }
-        return try spec.namedOutputs(copies)
+        return try zip(outputs, spec.outputs).map { value, io in
+            guard io.dtype == "float32", let t: Tensor<Float> = value.tensor() else {
+                throw TrainerError.runtime("\(method) output \(io.name) is not a float32 tensor; re-export the program")
+            }
+            return t.withUnsafeBytes { Data(buffer: $0) }
+        }
     }
 
-    /// An ExecuTorch tensor holding a copy of the value (a state slice is copied once per step; the
-    /// copy lives until `execute` returns).
-    static func tensor(_ v: TensorValue) -> ValueConvertible {
-        switch v.storage {
-        case .int64(let values):
-            return Tensor<Int64>(values, shape: v.shape)
-        case .float32(let values):
-            return values.withUnsafeBufferPointer { Tensor<Float>(bytes: UnsafeRawPointer($0.baseAddress!), shape: v.shape) }
+    /// A tensor over the input's bytes, no copy.
+    static func tensor(_ v: LoopInput) throws -> ValueConvertible {
+        guard let base = v.bytes.baseAddress else { throw TrainerError.runtime("input \(v.name) is empty") }
+        let p = UnsafeMutableRawPointer(mutating: base)
+        switch v.dtype {
+        case "float32": return Tensor<Float>(bytesNoCopy: p, shape: v.shape)
+        case "int64": return Tensor<Int64>(bytesNoCopy: p, shape: v.shape)
+        case "uint8": return Tensor<UInt8>(bytesNoCopy: p, shape: v.shape)
+        case "int8": return Tensor<Int8>(bytesNoCopy: p, shape: v.shape)
+        default: throw TrainerError.runtime("input \(v.name) has dtype \(v.dtype), which this runtime does not pass")
         }
     }
 }

@@ -1,84 +1,194 @@
 import SwiftUI
 import TrainerCore
+import UniformTypeIdentifiers
 
-/// The one screen: choose program, data and backend, set steps, lr and the memory budget, start or
-/// stop, and watch loss and memory.
+/// The one screen: choose a program, paste text or pick a file (text, or a .jsonl chat file), see it
+/// as rows with a held-out split, start / stop / resume, watch the loss and the memory against the
+/// budget, compare held-out loss and generations before and after, export the adapter. Everything it
+/// shows is `TrainingViewState` (TrainerCore): this view only draws it.
 struct ContentView: View {
     @EnvironmentObject private var controller: TrainingController
+    @Environment(\.scenePhase) private var scenePhase
     @AppStorage("program") private var program = ""
-    @AppStorage("dataFile") private var dataFile = ""
     @AppStorage("backend") private var backend = "executorch"
     @AppStorage("steps") private var steps = 100
     @AppStorage("lr") private var lr = 1e-4
+    @AppStorage("lcsbK") private var lcsbK = 0
+    @AppStorage("lcsbPolicy") private var lcsbPolicy = "cyclic"
+    @AppStorage("heldOutPercent") private var heldOutPercent = 10
     @AppStorage("budgetMB") private var budgetMB = 2048
     @AppStorage("telemetryURL") private var telemetryURL = ""
     @AppStorage("telemetryToken") private var telemetryToken = ""
+    @State private var text = ""
+    @State private var importing = false
+    @State private var exporting = false
+    @State private var prompt = ""
+    @State private var chatPrompt = false
+
+    private var state: TrainingViewState { controller.view }
 
     var body: some View {
         NavigationStack {
             Form {
-                Section("Program") {
-                    Picker("Program", selection: $program) {
-                        Text("Choose…").tag("")
-                        ForEach(controller.programs, id: \.self) { Text($0).tag($0) }
-                    }
-                    Picker("Data", selection: $dataFile) {
-                        Text("Choose…").tag("")
-                        ForEach(controller.dataFiles, id: \.self) { Text($0).tag($0) }
-                    }
-                    Picker("Runtime", selection: $backend) {
-                        Text("ExecuTorch").tag("executorch")
-                        Text("Core ML").tag("coreml")
-                    }
-                    .pickerStyle(.segmented)
-                }
-                Section("Run") {
-                    Stepper("Steps: \(steps)", value: $steps, in: 1...100_000, step: 10)
-                    LabeledContent("Learning rate") {
-                        TextField("lr", value: $lr, format: .number).keyboardType(.decimalPad).multilineTextAlignment(.trailing)
-                    }
-                    Stepper("Budget: \(budgetMB) MB", value: $budgetMB, in: 128...16_384, step: 128)
-                }
-                Section("Telemetry") {
-                    TextField("http://laptop:8765/v1/events", text: $telemetryURL)
-                        .textInputAutocapitalization(.never).autocorrectionDisabled().keyboardType(.URL)
-                    SecureField("Token", text: $telemetryToken)
-                }
-                Section("Status") {
-                    Text(controller.status).font(.callout)
-                    MemoryRow(footprintMB: controller.footprintMB, availableMB: controller.availableMB,
-                              budgetMB: Double(budgetMB), pressure: controller.pressure)
-                    if let last = controller.losses.last {
-                        LabeledContent("Loss", value: String(format: "%.4f (step %d)", last, controller.step))
-                    }
-                    if let adapter = controller.lastAdapter {
-                        LabeledContent("Adapter", value: adapter.lastPathComponent)
-                    }
-                }
-                Section {
-                    if controller.running {
-                        Button("Stop", role: .destructive) { controller.requestStop(.cancelled) }
-                    } else {
-                        Button("Train") { controller.start(settings) }
-                            .disabled(program.isEmpty || dataFile.isEmpty)
-                        Button("Start over (delete checkpoint)", role: .destructive) { controller.resetRun(program: program) }
-                            .disabled(program.isEmpty)
-                    }
-                }
+                programSection
+                dataSection
+                runSection
+                progressSection
+                evalSection
+                generateSection
+                adapterSection
+                telemetrySection
             }
             .navigationTitle("LoRA Trainer")
             .refreshable { controller.refresh() }
             .onAppear { controller.refresh() }
+            .onChange(of: scenePhase) { _, phase in controller.scenePhaseChanged(to: phase, settings: settings) }
+            .fileImporter(isPresented: $importing, allowedContentTypes: Self.importTypes) { result in
+                if case .success(let url) = result { controller.prepare(fileAt: url, settings: settings) }
+            }
+            .fileExporter(isPresented: $exporting, document: state.adapterDirectory.map { AdapterFolder(url: $0) },
+                          contentType: .folder, defaultFilename: state.adapterDirectory?.lastPathComponent) { _ in }
+        }
+    }
+
+    static let importTypes: [UTType] = [.plainText, .utf8PlainText, .text, .json, UTType(filenameExtension: "jsonl") ?? .data]
+
+    private var programSection: some View {
+        Section("Program") {
+            Picker("Program", selection: $program) {
+                Text("Choose…").tag("")
+                ForEach(controller.programs, id: \.self) { Text($0).tag($0) }
+            }
+            Picker("Runtime", selection: $backend) {
+                Text("ExecuTorch").tag("executorch")
+                Text("Core ML").tag("coreml")
+            }
+            .pickerStyle(.segmented)
+        }
+    }
+
+    private var dataSection: some View {
+        Section {
+            TextEditor(text: $text)
+                .frame(minHeight: 120)
+                .font(.callout)
+                .overlay(alignment: .topLeading) {
+                    if text.isEmpty { Text("Paste your text here").foregroundStyle(.tertiary).padding(8).allowsHitTesting(false) }
+                }
+            Stepper("Held out: \(heldOutPercent)%", value: $heldOutPercent, in: 0...50, step: 5)
+            HStack {
+                Button("Use this text") { controller.prepare(text: text, settings: settings) }
+                    .disabled(text.isEmpty || program.isEmpty || state.phase.busy)
+                Spacer()
+                Button("Pick a file…") { importing = true }
+                    .disabled(program.isEmpty || state.phase.busy)
+            }
+            if state.trainRows > 0 {
+                LabeledContent("Rows", value: "\(state.trainRows) train, \(state.heldOutRows) held out")
+                LabeledContent("Target tokens", value: "\(state.trainTokens)")
+            }
+        } header: {
+            Text("Your text")
+        } footer: {
+            Text("Plain text is cut into windows of the program's sequence length; a .jsonl file is a chat, one {\"messages\": [...]} per line.")
+        }
+    }
+
+    private var runSection: some View {
+        Section("Run") {
+            Stepper("Steps: \(steps)", value: $steps, in: 1...100_000, step: 10)
+            LabeledContent("Learning rate") {
+                TextField("lr", value: $lr, format: .number).keyboardType(.decimalPad).multilineTextAlignment(.trailing)
+            }
+            Stepper(lcsbK == 0 ? "Layers per step: all" : "Layers per step: \(lcsbK) (LCSB)", value: $lcsbK, in: 0...64)
+            if lcsbK > 0 {
+                Picker("LCSB policy", selection: $lcsbPolicy) {
+                    ForEach(["cyclic", "strided", "last", "random"], id: \.self) { Text($0).tag($0) }
+                }
+            }
+            Stepper("Budget: \(budgetMB) MB", value: $budgetMB, in: 128...16_384, step: 128)
+            if state.phase.busy {
+                Button(state.phase == .pausing ? "Stopping…" : "Stop", role: .destructive) { controller.stop() }
+                    .disabled(state.phase == .pausing)
+            } else {
+                Button("Train") { controller.start(settings) }
+                    .disabled(program.isEmpty || state.trainRows == 0)
+                if state.canResume {
+                    Button("Resume") { controller.resume(settings) }
+                }
+                Button("Start over (delete checkpoint)", role: .destructive) { controller.resetRun(program: program) }
+                    .disabled(program.isEmpty)
+            }
+        }
+    }
+
+    private var progressSection: some View {
+        Section("Progress") {
+            Text(state.message).font(.callout)
+            if state.stepsPlanned > 0 {
+                ProgressView(value: state.progress) { Text("Step \(state.stepsDone) of \(state.stepsPlanned)") }
+            }
+            if !state.losses.isEmpty {
+                LossChart(points: state.lossCurve(), last: state.losses.last!.loss,
+                          range: (state.losses.map(\.loss).min()!, state.losses.map(\.loss).max()!))
+                    .frame(height: 140)
+            }
+            MemoryRow(footprint: state.footprintBytes, available: state.availableBytes, budget: state.budgetBytes, pressure: state.pressure)
+        }
+    }
+
+    private var evalSection: some View {
+        Section("Held-out loss") {
+            LabeledContent("Before", value: state.evalBefore.map { String(format: "%.4f", $0.loss) } ?? "–")
+            LabeledContent("After", value: state.evalAfter.map { String(format: "%.4f", $0.loss) } ?? "–")
+            if let d = state.evalDelta {
+                LabeledContent("Change", value: String(format: "%+.4f", d)).foregroundStyle(d < 0 ? Color.green : Color.red)
+            }
+        }
+    }
+
+    private var generateSection: some View {
+        Section("Try it") {
+            TextField("Prompt", text: $prompt, axis: .vertical)
+            Toggle("As a chat turn", isOn: $chatPrompt)
+            Button("Generate before / after") { controller.generate(prompt: prompt, settings: settings, chat: chatPrompt) }
+                .disabled(prompt.isEmpty || program.isEmpty || state.phase.busy)
+            HStack(alignment: .top, spacing: 12) {
+                GenerationColumn(title: "Before", text: state.generationBefore?.text)
+                Divider()
+                GenerationColumn(title: "After", text: state.generationAfter?.text)
+            }
+        }
+    }
+
+    @ViewBuilder private var adapterSection: some View {
+        if let dir = state.adapterDirectory {
+            Section("Adapter (PEFT)") {
+                LabeledContent("Run", value: dir.lastPathComponent)
+                ShareLink("Share adapter files", items: [dir.appendingPathComponent("adapter_config.json"),
+                                                         dir.appendingPathComponent("adapter_model.safetensors")])
+                Button("Save folder to Files…") { exporting = true }
+            }
+        }
+    }
+
+    private var telemetrySection: some View {
+        Section("Telemetry") {
+            TextField("http://laptop:8765/v1/events", text: $telemetryURL)
+                .textInputAutocapitalization(.never).autocorrectionDisabled().keyboardType(.URL)
+            SecureField("Token", text: $telemetryToken)
         }
     }
 
     private var settings: RunSettings {
         var s = RunSettings()
         s.program = program
-        s.dataFile = dataFile
         s.backend = backend
         s.steps = steps
         s.lr = lr
+        s.lcsbK = lcsbK
+        s.lcsbPolicy = lcsbPolicy
+        s.heldOutPercent = heldOutPercent
         s.budgetMB = budgetMB
         s.telemetryURL = telemetryURL
         s.telemetryToken = telemetryToken
@@ -86,27 +196,84 @@ struct ContentView: View {
     }
 }
 
+/// The loss curve (points in the unit square from `TrainingViewState.lossCurve`) as a Path.
+struct LossChart: View {
+    let points: [(x: Double, y: Double)]
+    let last: Double
+    let range: (Double, Double)
+
+    var body: some View {
+        VStack(alignment: .leading, spacing: 4) {
+            GeometryReader { geo in
+                Path { path in
+                    for (i, p) in points.enumerated() {
+                        let pt = CGPoint(x: p.x * geo.size.width, y: (1 - p.y) * geo.size.height)
+                        if i == 0 { path.move(to: pt) } else { path.addLine(to: pt) }
+                    }
+                }
+                .stroke(Color.accentColor, lineWidth: 2)
+            }
+            HStack {
+                Text(String(format: "min %.3f  max %.3f", range.0, range.1))
+                Spacer()
+                Text(String(format: "last %.4f", last))
+            }
+            .font(.caption).foregroundStyle(.secondary)
+        }
+    }
+}
+
 /// Footprint against the budget, what iOS still allows, and the pressure level.
 struct MemoryRow: View {
-    let footprintMB: Double?
-    let availableMB: Double?
-    let budgetMB: Double
+    let footprint: UInt64?
+    let available: UInt64?
+    let budget: UInt64
     let pressure: MemoryPressure
 
     var body: some View {
         VStack(alignment: .leading, spacing: 4) {
-            if let footprintMB {
-                ProgressView(value: min(footprintMB, budgetMB), total: budgetMB) {
-                    Text(String(format: "Footprint %.0f / %.0f MB", footprintMB, budgetMB))
+            if let footprint, budget > 0 {
+                let used = Double(footprint) / 1_048_576, total = Double(budget) / 1_048_576
+                ProgressView(value: min(used, total), total: total) {
+                    Text(String(format: "Memory %.0f / %.0f MB", used, total))
                 }
-                .tint(footprintMB > 0.9 * budgetMB ? .red : .accentColor)
+                .tint(used > 0.9 * total ? .red : .accentColor)
             }
             HStack {
-                if let availableMB { Text(String(format: "Available %.0f MB", availableMB)) }
+                if let available { Text(String(format: "Available %.0f MB", Double(available) / 1_048_576)) }
                 Spacer()
                 Text("Pressure: \(pressure.rawValue)").foregroundStyle(pressure == .normal ? Color.secondary : Color.red)
             }
             .font(.caption)
         }
+    }
+}
+
+struct GenerationColumn: View {
+    let title: String
+    let text: String?
+
+    var body: some View {
+        VStack(alignment: .leading, spacing: 4) {
+            Text(title).font(.caption).foregroundStyle(.secondary)
+            Text(text ?? "–").font(.callout).textSelection(.enabled)
+        }
+        .frame(maxWidth: .infinity, alignment: .leading)
+    }
+}
+
+/// The exported adapter directory as a document for `fileExporter` (a folder with the two PEFT files).
+struct AdapterFolder: FileDocument {
+    static var readableContentTypes: [UTType] { [.folder] }
+    let url: URL
+
+    init(url: URL) { self.url = url }
+
+    init(configuration: ReadConfiguration) throws {
+        throw CocoaError(.fileReadUnsupportedScheme)
+    }
+
+    func fileWrapper(configuration: WriteConfiguration) throws -> FileWrapper {
+        try FileWrapper(url: url, options: .immediate)
     }
 }

@@ -25,6 +25,8 @@ public struct AppPaths: Equatable {
     public func checkpoint(program: String) -> URL {
         documents.appendingPathComponent(Self.checkpointsDir).appendingPathComponent("\(program).safetensors")
     }
+    /// The run to resume after the app was killed (`SavedRun`: its settings and its rows).
+    public var latestRun: URL { documents.appendingPathComponent(Self.checkpointsDir).appendingPathComponent("latest-run.json") }
     public func adapter(runId: String) -> URL {
         documents.appendingPathComponent(Self.adaptersDir).appendingPathComponent(runId)
     }
@@ -33,7 +35,7 @@ public struct AppPaths: Equatable {
     public func programNames() -> [String] {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: programs.path)) ?? []
         return names.filter {
-            FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(ProgramManifest.fileName).path)
+            FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(LoopManifest.fileName).path)
         }.sorted()
     }
 

@@ -60,7 +60,7 @@ public struct DataRow: Equatable {
     }
 }
 
-/// A row padded to the program's sequence length, ready for `train_step`.
+/// A row padded to the program's sequence length (what `LayerLoop.trainStep` pads to).
 public struct PaddedExample: Equatable {
     public var inputIds: [Int64]   // [seq_len], padded with the tokenizer's pad id
     public var labels: [Int64]     // [seq_len], padded with -100
@@ -76,9 +76,9 @@ public struct Batcher {
     public let padTokenId: Int64
     public let vocab: Int64
 
-    public init(manifest: ProgramManifest) {
+    public init(manifest: LoopManifest) {
         seqLen = manifest.seqLen
-        padTokenId = Int64(manifest.tokenizer.padTokenId)
+        padTokenId = Int64(manifest.tokenizer?.padTokenId ?? 0)
         vocab = Int64(manifest.model.arch.vocab)
     }
 
@@ -113,9 +113,10 @@ public struct Batcher {
     }
 }
 
-/// Which row each step trains on: file order, cycling; with a seed, a fresh permutation per epoch
-/// (SplitMix64 + Fisher-Yates, so a resumed run sees the same order). Not the host's torch order:
-/// the host and the phone agree on rows only without a seed.
+/// Which row each step trains on, as the host (`toolchain/training/order.py`): file order, cycling;
+/// with a seed, the rows of epoch e (pass e over the data) are `Shuffle.permutation(rows, seed + e)`
+/// (mod 2^64), so a seeded run visits the same rows on the host and on the phone, and a resumed run
+/// the rows an uninterrupted one would.
 public struct DataOrder {
     public let rowCount: Int
     public let seed: UInt64?
@@ -125,20 +126,19 @@ public struct DataOrder {
         (self.rowCount, self.seed) = (rowCount, seed)
     }
 
+    /// A signed seed (the host's `--shuffle -1`) taken modulo 2^64.
+    public init(rowCount: Int, signedSeed: Int64?) {
+        self.init(rowCount: rowCount, seed: signedSeed.map { UInt64(bitPattern: $0) })
+    }
+
     public func row(forStep step: Int) -> Int {
         guard seed != nil else { return step % rowCount }
         return permutation(epoch: step / rowCount)[step % rowCount]
     }
 
     public func permutation(epoch: Int) -> [Int] {
-        var perm = Array(0..<rowCount)
-        guard let seed else { return perm }
-        var rng = SplitMix64(state: seed &+ UInt64(epoch) &* 0x9E37_79B9_7F4A_7C15)
-        for i in stride(from: rowCount - 1, to: 0, by: -1) {
-            let j = Int(rng.next() % UInt64(i + 1))
-            perm.swapAt(i, j)
-        }
-        return perm
+        guard let seed else { return Array(0..<rowCount) }
+        return Shuffle.permutation(rowCount, seed: seed &+ UInt64(epoch))
     }
 }
 

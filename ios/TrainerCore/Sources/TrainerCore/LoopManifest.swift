@@ -20,14 +20,74 @@ public struct LoopManifest: Decodable, Equatable {
     public var weights: Weights
     public var files: [String: String]
     public var programs: [Program]
+    public var tokenizer: Tokenizer?
+    public var adapter: Adapter?
+    public var lora: Lora?
+    public var quant: Quant?
+    public var memoryPlan: MemoryPlan?
+    public var generate: Generate?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version", seqLen = "seq_len", model, optimizer, lcsb, methods, loop, state
-        case weights, files, programs
+        case weights, files, programs, tokenizer, adapter, lora, quant, memoryPlan = "memory_plan", generate
     }
 
     public struct Model: Decodable, Equatable {
+        public var source: String?
         public var arch: Arch
+    }
+
+    /// `tokenizer`: kind byte | qwen2.5 | huggingface | none, the program's tokenizer.json (`file`).
+    public struct Tokenizer: Decodable, Equatable {
+        public var kind: String
+        public var vocab: Int
+        public var padTokenId: Int
+        public var eosTokenId: Int?
+        public var bosTokenId: Int?
+        public var file: String?
+        enum CodingKeys: String, CodingKey {
+            case kind, vocab, padTokenId = "pad_token_id", eosTokenId = "eos_token_id", bosTokenId = "bos_token_id", file
+        }
+    }
+
+    /// `adapter`: the PEFT directory the program starts from and the adapter_config.json to write.
+    public struct Adapter: Decodable, Equatable {
+        public var initDir: String
+        public var config: JSONValue
+        enum CodingKeys: String, CodingKey { case initDir = "init_dir", config }
+    }
+
+    public struct Lora: Decodable, Equatable {
+        public var rank: Int
+        public var alpha: Double
+        public var targets: [String]
+    }
+
+    public struct Quant: Decodable, Equatable {
+        public var kind: String
+    }
+
+    /// `memory_plan`: per target the planned arena of each method and the peak estimate.
+    public struct MemoryPlan: Decodable, Equatable {
+        public var plannedArenaBytes: [String: [String: Int]]?
+        public var loraStateBytes: Int?
+        public var checkpointBytes: Int?
+        public var peakEstimateBytes: [String: Int]?
+        enum CodingKeys: String, CodingKey {
+            case plannedArenaBytes = "planned_arena_bytes", loraStateBytes = "lora_state_bytes"
+            case checkpointBytes = "checkpoint_bytes", peakEstimateBytes = "peak_estimate_bytes"
+        }
+    }
+
+    /// `generate` (null when exported without the generation methods).
+    public struct Generate: Decodable, Equatable {
+        public var methods: [String]
+        public var maxTokens: Int?
+        public var cacheBytes: Int?
+        public var peakEstimateBytes: [String: Int]?
+        enum CodingKeys: String, CodingKey {
+            case methods, maxTokens = "max_tokens", cacheBytes = "cache_bytes", peakEstimateBytes = "peak_estimate_bytes"
+        }
     }
 
     public struct Arch: Decodable, Equatable {
@@ -158,6 +218,28 @@ public struct LoopManifest: Decodable, Equatable {
 
     public func method(role: String) -> Method? { methods.first { $0.role == role } }
 
+    public func program(target: String) -> Program? { programs.first { $0.target == target } }
+
+    /// Identifies the export in checkpoints: the sha256 of the ExecuTorch program (else of the
+    /// weights file, else of state_init.bin) from `files`; the state is the same array for every
+    /// runtime, so a checkpoint made on one backend resumes on another.
+    public var exportSha256: String? {
+        if let pte = program(target: "executorch"), let sha = files[pte.file] { return sha }
+        return files[weights.file] ?? files[state.initFile]
+    }
+
+    /// Whether the program has the generation methods (block_kv, block_decode, embed_token, head_logits).
+    public var canGenerate: Bool { ["embed_token", "block_kv", "block_decode", "head_logits"].allSatisfy { method(role: $0) != nil } }
+
+    /// Dirty memory a training step is planned to peak at on `target`: the manifest's estimate, else
+    /// the planned arenas of the training methods (each loaded method keeps its own arena in the stock
+    /// `Module`) + the state array + the checkpoints. The weights are clean mapped pages: not counted.
+    public func plannedPeakBytes(target: String = "executorch") -> UInt64 {
+        if let p = memoryPlan?.peakEstimateBytes?[target] { return UInt64(p) }
+        let arenas = memoryPlan?.plannedArenaBytes?[target]?.values.reduce(0, +) ?? 0
+        return UInt64(arenas + 4 * state.numel + (memoryPlan?.checkpointBytes ?? 0))
+    }
+
     public func entry(named name: String) -> Entry? { entryIndex[name].map { state.entries[$0] } }
 
     private var entryIndex: [String: Int] {
@@ -213,4 +295,22 @@ public struct LoopManifest: Decodable, Equatable {
             }
         }
     }
+}
+
+/// A short description of a decoding error (the path to the bad key and what was wrong).
+func describe(_ error: Error) -> String {
+    switch error {
+    case DecodingError.keyNotFound(let key, let ctx):
+        return "missing key '\(path(ctx.codingPath + [key]))'"
+    case DecodingError.typeMismatch(_, let ctx), DecodingError.valueNotFound(_, let ctx):
+        return "wrong type at '\(path(ctx.codingPath))'"
+    case DecodingError.dataCorrupted(let ctx):
+        return ctx.codingPath.isEmpty ? "not JSON" : "bad value at '\(path(ctx.codingPath))'"
+    default:
+        return "\(error)"
+    }
+}
+
+private func path(_ keys: [CodingKey]) -> String {
+    keys.map { $0.intValue.map(String.init) ?? $0.stringValue }.joined(separator: ".")
 }

@@ -51,7 +51,7 @@ public enum GuardDecision: Equatable {
 
 /// Keeps a run inside its memory budget. Before each step it predicts the step's peak footprint:
 /// until a step has been measured, the larger of the footprint now and the manifest's planned peak
-/// (`ProgramManifest.plannedPeakBytes`); afterwards, the footprint now plus the largest growth one
+/// (`LoopManifest.plannedPeakBytes(target:)`); afterwards, the footprint now plus the largest growth one
 /// step has shown. Then it
 /// - stops when the prediction exceeds the budget (the run does not fit; waiting will not help);
 /// - pauses when the OS reports critical pressure (or warning, if `pauseOnWarning`), or when

@@ -108,13 +108,14 @@ public enum Safetensors {
 }
 
 /// Writes the trained adapter the PEFT way: the state's "param" slices under their PEFT keys in
-/// `adapter_model.safetensors`, and the manifest's `adapter.config` as `adapter_config.json`.
+/// `adapter_model.safetensors`, and the manifest's `adapter.config` as `adapter_config.json` (`toolchain/lora/peft_io.py`: PEFT keys, loadable
+/// with `PeftModel.from_pretrained`).
 public enum AdapterExporter {
     public static let weightsName = "adapter_model.safetensors"
     public static let configName = "adapter_config.json"
 
     /// The adapter tensors of a flat state (role "param" entries only; optimizer moments are dropped).
-    public static func tensors(state: [Float], manifest: ProgramManifest) throws -> [NamedTensor] {
+    public static func tensors(state: [Float], manifest: LoopManifest) throws -> [NamedTensor] {
         guard state.count == manifest.state.numel else {
             throw TrainerError.badInput("state has \(state.count) values, the program \(manifest.state.numel)")
         }
@@ -125,10 +126,11 @@ public enum AdapterExporter {
 
     /// Write the adapter into `directory` (created or replaced as a whole: a crash leaves either the
     /// old directory or the new one).
-    public static func write(state: [Float], manifest: ProgramManifest, to directory: URL) throws {
+    public static func write(state: [Float], manifest: LoopManifest, to directory: URL) throws {
+        guard let adapter = manifest.adapter else { throw TrainerError.badInput("the manifest has no adapter section; re-export the program") }
         let weights = try Safetensors.encode(try tensors(state: state, manifest: manifest),
                                              metadata: ["format": "pt"])
-        let config = try manifest.adapter.config.jsonData(pretty: true)
+        let config = try adapter.config.jsonData(pretty: true)
         try AtomicFiles.replaceDirectory(directory) { tmp in
             try AtomicFiles.write(weights, to: tmp.appendingPathComponent(weightsName))
             try AtomicFiles.write(config, to: tmp.appendingPathComponent(configName))

@@ -74,37 +74,51 @@ public struct StepPlan: Equatable {
     public func layers(forStep step: Int) -> [Int] { phases[phase(forStep: step)] }
 }
 
-/// Which program method each step calls: `train_step` when the manifest has no LCSB, else
-/// `train_step_p{phase}` with phase = `lcsb.schedule[step % len(schedule)]`.
-public struct MethodSchedule: Equatable {
-    public let phases: [[Int]]?
-    public let schedule: [Int]?
-
-    public init(manifest: ProgramManifest) {
-        phases = manifest.lcsb?.phases
-        schedule = manifest.lcsb?.schedule
-    }
-
-    /// The method and phase (nil without LCSB) of 0-based step `step`.
-    public func method(forStep step: Int) -> (name: String, phase: Int?) {
-        guard let schedule else { return ("train_step", nil) }
-        let phase = schedule[step % schedule.count]
-        return ("train_step_p\(phase)", phase)
-    }
-
-    /// Layers that step `step` backpropagates through (nil: all of them).
-    public func backwardLayers(forStep step: Int) -> [Int]? {
-        guard let phases, let phase = method(forStep: step).phase else { return nil }
-        return phases[phase]
-    }
-
-    /// Check that a step plan (e.g. one the user picked) is the one the program was exported with.
-    public func check(plan: StepPlan) throws {
-        guard let phases, let schedule else {
-            throw TrainerError.badInput("this program was exported without LCSB; the step plan cannot apply (re-export with --lcsb)")
+extension StepPlan {
+    /// The plan of an LCSB policy, exactly `toolchain/lcsb/plan.py:make_plan` (tested against the
+    /// `lcsb_plan` cases of shared_schemas/data_corpus), so the phone chooses layers at run time as
+    /// the host does. g = ceil(L / k) groups:
+    /// cyclic: contiguous groups `[L*i/g, L*(i+1)/g)`; strided: `{i, i+g, ...}`; last: the last k;
+    /// full: every layer (k = L); random: step t selects the first k of
+    /// `Shuffle.permutation(L, seed + t)`, sorted, for `period` steps (default 4g), equal draws sharing
+    /// a phase. seed / period only for random (seed default 0).
+    public static func make(layers: Int, k: Int?, policy: String, seed: Int64? = nil, period: Int? = nil) throws -> StepPlan {
+        guard policies.contains(policy) else {
+            throw TrainerError.badInput("unknown LCSB policy \(policy); choose \(policies.joined(separator: ", "))")
         }
-        guard plan.phases == phases, plan.schedule == schedule else {
-            throw TrainerError.badInput("the step plan's phases/schedule differ from the program's; re-export the program with this plan")
+        guard layers >= 1 else { throw TrainerError.badInput("`layers` must be >= 1, got \(layers)") }
+        let kk: Int
+        if policy == "full" { kk = layers } else {
+            guard let k else { throw TrainerError.badInput("the \(policy) policy needs k (layers per step)") }
+            kk = k
         }
+        guard (1...layers).contains(kk) else { throw TrainerError.badInput("k = \(kk) is outside 1..\(layers) (the model's layers)") }
+        if policy != "random" && (seed != nil || period != nil) {
+            throw TrainerError.badInput("seed and period only apply to the random policy, not \(policy)")
+        }
+        let groups = (layers + kk - 1) / kk
+        var phases: [[Int]]
+        switch policy {
+        case "cyclic":
+            let bounds = (0...groups).map { layers * $0 / groups }
+            phases = (0..<groups).map { Array(bounds[$0]..<bounds[$0 + 1]) }
+        case "strided":
+            phases = (0..<groups).map { Array(stride(from: $0, to: layers, by: groups)) }
+        case "last":
+            phases = [Array((layers - kk)..<layers)]
+        case "full":
+            phases = [Array(0..<layers)]
+        default:
+            let s = seed ?? 0, n = period ?? 4 * groups
+            guard n >= 1 else { throw TrainerError.badInput("`period` must be >= 1, got \(n)") }
+            phases = []
+            var schedule: [Int] = []
+            for step in 0..<n {
+                let draw = Shuffle.permutation(layers, seed: UInt64(bitPattern: s) &+ UInt64(step)).prefix(kk).sorted()
+                if let i = phases.firstIndex(of: draw) { schedule.append(i) } else { phases.append(draw); schedule.append(phases.count - 1) }
+            }
+            return try StepPlan(layers: layers, policy: policy, k: kk, seed: s, phases: phases, schedule: schedule)
+        }
+        return try StepPlan(layers: layers, policy: policy, k: kk, phases: phases, schedule: Array(0..<phases.count))
     }
 }

@@ -6,7 +6,7 @@ import XCTest
 /// recorded method and layer with every input's dtype, shape and sha256 as recorded; it returns the
 /// recorded outputs (bytes of outputs.bin). The first mismatch is thrown and kept.
 final class ReplayRuntime: LoopRuntime {
-    let backendName = "replay"
+    let backendName = "executorch"
     let calls: [[String: Any]]
     let outputs: Data
     var next = 0

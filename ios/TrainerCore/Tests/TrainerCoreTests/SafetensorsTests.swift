@@ -30,25 +30,32 @@ final class SafetensorsTests: XCTestCase {
         XCTAssertThrowsError(try Safetensors.decode(Data([255, 0, 0, 0, 0, 0, 0, 0, 123])), "header longer than the file")
     }
 
-    /// The trained adapter holds the "param" slices only, under PEFT keys, next to adapter.config.
-    func testAdapterExportWritesParamSlicesAndTheManifestConfig() throws {
-        let m = try TinyManifest.manifest(layers: 2, lcsb: false, adamw: true)
-        let state = (0..<m.state.numel).map { Float($0) }
+    /// The adapter export of the v3_tiny program's initial state is its `adapter_init/` (what
+    /// `toolchain export` wrote with PEFT's key names, `toolchain/lora/peft_io.py`): same keys, shapes and
+    /// tensor bytes; only "param" entries (no AdamW moments, no step counter); the config is the
+    /// manifest's `adapter.config`.
+    func testAdapterExportOfTheInitialStateIsAdapterInit() throws {
+        let program = Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny/program")
+        let m = try LoopManifest.load(directory: program)
+        let state = try StateFile.loadInitial(manifest: m, programDirectory: program)
         let dir = try tempDir().appendingPathComponent("adapter")
         try AdapterExporter.write(state: state, manifest: m, to: dir)
         try AdapterExporter.write(state: state, manifest: m, to: dir)      // replacing an existing adapter works
-        let files = try FileManager.default.contentsOfDirectory(atPath: dir.path).sorted()
-        XCTAssertEqual(files, ["adapter_config.json", "adapter_model.safetensors"])
-        let decoded = try Safetensors.decode(try Data(contentsOf: dir.appendingPathComponent("adapter_model.safetensors")))
-        let params = m.state.entries.filter { $0.role == "param" }
-        XCTAssertEqual(decoded.tensors.count, params.count)
-        XCTAssertEqual(decoded.metadata, ["format": "pt"])
-        for e in params {
-            XCTAssertEqual(decoded.tensors[e.key]?.shape, e.shape)
-            XCTAssertEqual(decoded.tensors[e.key]?.values, Array(state[e.offset..<(e.offset + e.count)]), e.key)
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: dir.path).sorted(), ["adapter_config.json", "adapter_model.safetensors"])
+        let ours = try Data(contentsOf: dir.appendingPathComponent("adapter_model.safetensors"))
+        let theirs = try Data(contentsOf: program.appendingPathComponent("adapter_init/adapter_model.safetensors"))
+        let a = try Safetensors.decode(ours), b = try Safetensors.decode(theirs)
+        XCTAssertEqual(Set(a.tensors.keys), Set(b.tensors.keys))
+        XCTAssertEqual(a.tensors.count, m.state.entries.filter { $0.role == "param" }.count)
+        for (k, t) in b.tensors {
+            XCTAssertEqual(a.tensors[k]?.shape, t.shape, k)
+            XCTAssertEqual(a.tensors[k]?.values.map(\.bitPattern), t.values.map(\.bitPattern), k)
         }
+        XCTAssertEqual(a.metadata, ["format": "pt"])
+        XCTAssertEqual(ours, theirs, "the file is byte for byte the one the Python safetensors package wrote")
         let config = try JSONValue.parse(try Data(contentsOf: dir.appendingPathComponent("adapter_config.json")))
-        XCTAssertEqual(config, m.adapter.config)
+        XCTAssertEqual(config, m.adapter?.config)
+        XCTAssertEqual(config, try JSONValue.parse(try Data(contentsOf: program.appendingPathComponent("adapter_init/adapter_config.json"))))
         XCTAssertThrowsError(try AdapterExporter.write(state: [1, 2], manifest: m, to: dir))
     }
 }

@@ -1,0 +1,550 @@
+import Foundation
+
+/// Facts about the phone for the `run_start` event (the app fills them in).
+public struct DeviceInfo: Equatable {
+    public var platform: String
+    public var deviceModel: String
+    public var os: String
+    public var totalRamBytes: UInt64
+    public var budgetBytes: UInt64
+    public var deviceProfile: String?
+    public var appVersion: String?
+    /// Free-form `config` of run_start (e.g. background task, power requirement).
+    public var config: [String: JSONValue]
+
+    public init(platform: String = "ios", deviceModel: String, os: String, totalRamBytes: UInt64, budgetBytes: UInt64,
+                deviceProfile: String? = nil, appVersion: String? = nil, config: [String: JSONValue] = [:]) {
+        (self.platform, self.deviceModel, self.os, self.totalRamBytes) = (platform, deviceModel, os, totalRamBytes)
+        (self.budgetBytes, self.deviceProfile, self.appVersion, self.config) = (budgetBytes, deviceProfile, appVersion, config)
+    }
+}
+
+public enum StepOutcome: Equatable {
+    case trained(step: Int, loss: Float)
+    case paused(reason: String)
+    case stopped(reason: String)
+    case finished
+}
+
+/// How a session ended (the telemetry `run_end` status).
+public enum RunStatus: String, Equatable, Codable {
+    case completed, failed, cancelled, paused
+}
+
+/// Memory readings the session takes around each step (any may be nil: probe not available).
+public struct MemoryProbes {
+    public var footprint: MemoryProbe?
+    public var available: MemoryProbe?
+    /// The latest memory-pressure level (the app's dispatch source updates it).
+    public var pressure: () -> MemoryPressure
+
+    public init(footprint: MemoryProbe? = nil, available: MemoryProbe? = nil,
+                pressure: @escaping () -> MemoryPressure = { .normal }) {
+        (self.footprint, self.available, self.pressure) = (footprint, available, pressure)
+    }
+}
+
+/// Which layers get `block_backward` at each step, chosen when the run starts (contract v3: LCSB is a
+/// run-time choice, not an export-time one).
+public enum LayerSelection: Equatable, Codable {
+    /// Every layer every step.
+    case all
+    /// An LCSB policy of `toolchain plan lcsb` (`StepPlan.make`: cyclic, strided, last, random, full)
+    /// with at most `k` layers per step; k >= the model's layers means every layer.
+    case lcsb(policy: String, k: Int, seed: Int64?)
+    /// A plan from `toolchain plan lcsb` (or the manifest's `lcsb`).
+    case plan(StepPlan)
+
+    /// Contiguous groups of at most k layers, visited in ascending order (the host's `cyclic`).
+    public static func cyclic(k: Int) -> LayerSelection { .lcsb(policy: "cyclic", k: k, seed: nil) }
+
+    /// The plan of this selection for a model of `layers` layers (nil: all layers).
+    public func plan(layers: Int) throws -> StepPlan? {
+        switch self {
+        case .all: return nil
+        case .lcsb(let policy, let k, let seed):
+            guard k >= 1 else { throw TrainerError.badInput("LCSB k must be at least 1") }
+            if k >= layers && policy != "random" { return nil }
+            return try StepPlan.make(layers: layers, k: min(k, layers), policy: policy, seed: policy == "random" ? (seed ?? 0) : nil)
+        case .plan(let p):
+            guard p.layers == layers else { throw TrainerError.badInput("the LCSB plan is for \(p.layers) layers, the program has \(layers)") }
+            return p
+        }
+    }
+
+    /// k of run_start (nil: all layers).
+    public func k(layers: Int) -> Int? {
+        switch self {
+        case .all: return nil
+        case .lcsb(_, let k, _): return k < layers ? k : nil
+        case .plan(let p): return p.phases.map(\.count).max()
+        }
+    }
+}
+
+extension StepPlan: Codable {
+    enum CodingKeys: String, CodingKey { case layers, policy, k, seed, phases, schedule }
+    public init(from decoder: Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        try self.init(layers: try c.decode(Int.self, forKey: .layers), policy: try c.decode(String.self, forKey: .policy),
+                      k: try c.decode(Int.self, forKey: .k), seed: try c.decodeIfPresent(Int64.self, forKey: .seed),
+                      phases: try c.decode([[Int]].self, forKey: .phases), schedule: try c.decode([Int].self, forKey: .schedule))
+    }
+    public func encode(to encoder: Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(layers, forKey: .layers); try c.encode(policy, forKey: .policy); try c.encode(k, forKey: .k)
+        try c.encodeIfPresent(seed, forKey: .seed); try c.encode(phases, forKey: .phases); try c.encode(schedule, forKey: .schedule)
+    }
+}
+
+/// How long and how to train.
+public struct SessionConfig: Equatable, Codable {
+    public var steps: Int
+    public var lr: Float
+    /// Save a checkpoint every this many steps (and at the end of every session).
+    public var checkpointEvery: Int
+    /// nil: rows in file order; else `DataOrder`'s seeded permutation per epoch (the host's `--shuffle`).
+    public var shuffleSeed: UInt64?
+    public var selection: LayerSelection
+
+    public init(steps: Int, lr: Float, checkpointEvery: Int = 10, shuffleSeed: UInt64? = nil, selection: LayerSelection = .all) {
+        (self.steps, self.lr, self.checkpointEvery) = (steps, lr, max(1, checkpointEvery))
+        (self.shuffleSeed, self.selection) = (shuffleSeed, selection)
+    }
+}
+
+/// The user's data as rows for a program: text or chat JSONL -> rows (`TextRows`), checked against
+/// the program (`Batcher`), and the seeded held-out split (`TextRows.splitHeldOut`).
+public struct TrainingData: Equatable {
+    public var train: [DataRow]
+    public var heldOut: [DataRow]
+    /// Target tokens (labels after the shift that are not -100) of the training rows.
+    public var trainTokens: Int { train.reduce(0) { $0 + TrainingData.targets($1) } }
+
+    public init(train: [DataRow], heldOut: [DataRow]) { (self.train, self.heldOut) = (train, heldOut) }
+
+    public enum Source: Equatable {
+        case text(String)
+        /// JSONL, one `{"messages": [...]}` per line; `name` is used in error messages.
+        case chat(String, name: String)
+    }
+
+    /// Rows of `source` for the program, `heldOutFraction` of them held out (0: none) with `seed`.
+    public static func prepare(_ source: Source, tokenizer: ProgramTokenizer, manifest: LoopManifest,
+                               heldOutFraction: Double, seed: UInt64) throws -> TrainingData {
+        let rows: [DataRow]
+        switch source {
+        case .text(let t): rows = try TextRows.dataRows(text: t, tokenizer: tokenizer, seqLen: manifest.seqLen)
+        case .chat(let t, let name): rows = try TextRows.chatRows(t, tokenizer: tokenizer.base, seqLen: manifest.seqLen, source: name)
+        }
+        let batcher = Batcher(seqLen: manifest.seqLen, padTokenId: Int64(tokenizer.padId), vocab: Int64(manifest.model.arch.vocab))
+        for (i, r) in rows.enumerated() { _ = try batcher.pad(r, where: "row \(i + 1)") }
+        guard heldOutFraction > 0 else { return TrainingData(train: rows, heldOut: []) }
+        let (train, held) = try TextRows.splitHeldOut(rows, fraction: heldOutFraction, seed: seed)
+        return TrainingData(train: train, heldOut: held)
+    }
+
+    static func targets(_ r: DataRow) -> Int { (r.labels ?? r.inputIds).dropFirst().filter { $0 != DataRow.ignoreIndex }.count }
+}
+
+/// What the UI hears from a session (on the session's thread).
+public enum SessionEvent: Equatable {
+    case started(resumed: Bool, step: Int, losses: [Float?])
+    case step(step: Int, loss: Float, seconds: Double)
+    case memory(footprintBytes: UInt64?, peakBytes: UInt64?, availableBytes: UInt64?, pressure: MemoryPressure)
+    case eval(EvalResult)
+    case generated(Generation)
+    case checkpointed(step: Int)
+    case ended(status: RunStatus, message: String?)
+}
+
+/// Held-out loss of one adapter: `initial` is state_init.bin's (before training), else the live state's.
+public struct EvalResult: Equatable {
+    public var initial: Bool
+    public var step: Int
+    public var loss: Double
+    public var rows: Int
+    public var tokens: Int
+    public var seconds: Double
+}
+
+/// A greedy continuation of a prompt with one adapter.
+public struct Generation: Equatable {
+    public var initial: Bool
+    public var prompt: String
+    public var ids: [Int64]
+    public var text: String
+}
+
+/// A contract-v3 training run as the app runs it: the layer loop (`LayerLoop`) over the program's
+/// memory-mapped weights and the app-owned state, rows in `DataOrder`, LCSB chosen at run time,
+/// the memory budget guard before each step, telemetry (run_start, step, memory, eval, error,
+/// run_end; every event checked against the schema), checkpoints in the host's layout and resume
+/// from them after a kill, held-out loss and greedy generation with the initial adapter
+/// (state_init.bin) or the live one, and the adapter exported as PEFT files.
+public final class TrainingSession {
+    public let manifest: LoopManifest
+    public let loop: LayerLoop
+    public let tokenizer: ProgramTokenizer?
+    public let programName: String
+    public let data: TrainingData
+    public let config: SessionConfig
+    public let plan: StepPlan?
+    public private(set) var state: LoopState?
+    public private(set) var step = 0
+    public private(set) var losses: [Float?] = []
+    public private(set) var recorder: TelemetryRecorder?
+    public var onEvent: ((SessionEvent) -> Void)?
+
+    private let programDirectory: URL
+    private let order: DataOrder
+    private let device: DeviceInfo
+    private let checkpoint: CheckpointStore?
+    private let sinks: [TelemetrySink]
+    private let usedSeq: ((String) -> Int)?
+    private let probes: MemoryProbes
+    private let budget: BudgetGuard?
+    private let monotonic: () -> Double
+    private let clock: () -> Double
+    private var sessionStart = 0.0
+    private var initialState: LoopState?
+    private var generationLoaded = false
+
+    /// - Parameters:
+    ///   - runtime: the program's runtime (ExecuTorch or Core ML; a fake in tests).
+    ///   - usedSeq: the first seq of a run id not yet used by any queued or sent event (the telemetry
+    ///     queue's `nextSeq(runId:)`), so a resumed run never reuses a seq.
+    ///   - budget: nil: no guard. The app builds it with `manifest.plannedPeakBytes(target:)`.
+    public init(programDirectory: URL, programName: String, runtime: LoopRuntime, data: TrainingData, config: SessionConfig,
+                device: DeviceInfo, checkpoint: CheckpointStore? = nil, telemetry sinks: [TelemetrySink] = [],
+                usedSeq: ((String) -> Int)? = nil, probes: MemoryProbes = MemoryProbes(), budget: BudgetGuard? = nil,
+                clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
+                monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime }) throws {
+        guard !data.train.isEmpty else { throw TrainerError.badInput("no training rows; give a longer text or more conversations") }
+        guard config.steps >= 1, config.lr >= 0, config.lr.isFinite else { throw TrainerError.badInput("steps must be >= 1 and lr a finite number >= 0") }
+        let loop = try LayerLoop(programDirectory: programDirectory, runtime: runtime)
+        let m = loop.manifest
+        (self.loop, manifest) = (loop, m)
+        if let t = m.tokenizer, t.kind != "none" {
+            tokenizer = try ProgramTokenizer.load(manifest: m, directory: programDirectory)
+        } else {
+            tokenizer = nil
+        }
+        plan = try config.selection.plan(layers: m.loop.layers)
+        (self.programDirectory, self.programName, self.data, self.config) = (programDirectory, programName, data, config)
+        (self.device, self.checkpoint, self.sinks, self.usedSeq) = (device, checkpoint, sinks, usedSeq)
+        (self.probes, self.budget, self.clock, self.monotonic) = (probes, budget, clock, monotonic)
+        order = DataOrder(rowCount: data.train.count, seed: config.shuffleSeed)
+    }
+
+    public var padTokenId: Int64 { Int64(manifest.tokenizer?.padTokenId ?? 0) }
+    public var programSha256: String? { manifest.exportSha256 }
+    public var isDone: Bool { step >= config.steps }
+
+    /// Take the state from the checkpoint if there is one (resuming its run: step, run id, seq,
+    /// losses), else from `state.init_file` (a new run: `run_start`); load the training methods.
+    /// Returns true when it resumed.
+    @discardableResult
+    public func start(runId newRunId: String? = nil) throws -> Bool {
+        precondition(state == nil, "start() runs once per session")
+        sessionStart = monotonic()
+        var runId = newRunId ?? TelemetryRecorder.newRunId(platform: device.platform)
+        var seq = 0
+        var resumed = false
+        if let checkpoint, checkpoint.exists {
+            let (values, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
+            state = try LoopState(manifest: manifest, values: values)
+            (step, runId, seq, losses) = (meta.step, meta.runId, meta.seq, meta.losses)
+            resumed = true
+        } else {
+            state = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
+        }
+        try loop.loadTraining()
+        seq = max(seq, usedSeq?(runId) ?? 0)
+        recorder = try TelemetryRecorder(runId: runId, startSeq: seq, sinks: sinks, clock: clock, monotonic: monotonic)
+        if !resumed { try emit("run_start", runStartFields()) }
+        onEvent?(.started(resumed: resumed, step: step, losses: losses))
+        return resumed
+    }
+
+    private func runStartFields() -> [String: JSONValue] {
+        let m = manifest
+        var f: [String: JSONValue] = [
+            "model": .string(m.model.source.flatMap { $0.isEmpty ? nil : $0 } ?? programName), "method": .string("mesp"),
+            "backend": .string(loop.runtime.backendName), "seq_len": .int(Int64(m.seqLen)), "rank": .int(Int64(m.lora?.rank ?? 1)),
+            "optimizer": .string(m.optimizer.kind), "lr": .double(Double(config.lr)), "steps_planned": .int(Int64(config.steps)),
+            "platform": .string(device.platform), "device_model": .string(device.deviceModel), "os": .string(device.os),
+            "total_ram_bytes": .int(Int64(device.totalRamBytes)), "budget_bytes": .int(Int64(device.budgetBytes)),
+            "program": .string(programName),
+        ]
+        if let t = m.lora?.targets { f["targets"] = .array(t.map { .string($0) }) }
+        if let q = m.quant?.kind { f["quant"] = .string(q) }
+        if let k = config.selection.k(layers: m.loop.layers) { f["lcsb_k"] = .int(Int64(k)) }
+        if let p = device.deviceProfile { f["device_profile"] = .string(p) }
+        if let v = device.appVersion { f["app_version"] = .string(v) }
+        var cfg = device.config
+        cfg["contract"] = .int(3)
+        cfg["train_rows"] = .int(Int64(data.train.count))
+        cfg["held_out_rows"] = .int(Int64(data.heldOut.count))
+        if let s = config.shuffleSeed { cfg["shuffle_seed"] = .string(String(s)) }
+        if let plan { cfg["lcsb_phases"] = .array(plan.phases.map { .array($0.map { .int(Int64($0)) }) }) }
+        f["config"] = .object(cfg)
+        return f
+    }
+
+    private func emit(_ type: String, _ fields: [String: JSONValue]) throws {
+        guard let recorder else { return }
+        try recorder.emit(type, fields)
+    }
+
+    private func liveState() throws -> LoopState {
+        guard let state else { throw TrainerError.badInput("call start() first") }
+        return state
+    }
+
+    /// Run the next step, unless the run is done or the budget guard says pause or stop.
+    public func trainStep() throws -> StepOutcome {
+        let state = try liveState()
+        guard step < config.steps else { return .finished }
+        let before = [probes.footprint?.sample(), probes.available?.sample()].compactMap { $0 }
+        if let budget {
+            let decision = budget.decide(footprint: before.first { $0.probe == "ios_phys_footprint" }?.anonBytes,
+                                         available: before.first { $0.probe == "ios_os_proc_available" }?.availableBytes,
+                                         pressure: probes.pressure())
+            switch decision {
+            case .proceed: break
+            case .pause(let reason):
+                try emitMemory(before, step: nil)
+                try saveCheckpoint()
+                return .paused(reason: reason)
+            case .stop(let reason):
+                try emit("error", ["message": .string(reason), "fatal": .bool(true), "code": .string("budget_exceeded"),
+                                   "step": .int(Int64(step))])
+                try saveCheckpoint()
+                return .stopped(reason: reason)
+            }
+        }
+        let s = step
+        let row = data.train[order.row(forStep: s)]
+        let labels = row.labels ?? row.inputIds
+        let t0 = monotonic()
+        let loss: Float
+        do {
+            loss = try loop.trainStep(inputIds: row.inputIds, labels: labels, lr: config.lr, state: state,
+                                      selected: plan?.selected(forStep: s), padTokenId: padTokenId)
+        } catch {
+            try? emit("error", ["message": .string("step \(s) failed: \(error)"), "fatal": .bool(true),
+                                "code": .string("runtime_error"), "step": .int(Int64(s))])
+            throw error
+        }
+        let dt = max(0, monotonic() - t0)
+        losses.append(loss.isFinite ? loss : nil)
+        let tokens = TrainingData.targets(row)
+        var fields: [String: JSONValue] = [
+            "step": .int(Int64(s)), "loss": .number(Double(loss)), "step_time_s": .double(dt), "tokens": .int(Int64(tokens)),
+            "tokens_per_s": .double(dt > 0 ? Double(tokens) / dt : 0), "lr": .double(Double(config.lr)),
+        ]
+        if let plan { fields["lcsb_phase"] = .int(Int64(plan.phase(forStep: s))) }
+        try emit("step", fields)
+        let after = [probes.footprint?.sample(), probes.available?.sample()].compactMap { $0 }
+        try emitMemory(after, step: s)
+        let fp = after.first { $0.probe == "ios_phys_footprint" }
+        budget?.observeStep(footprintAfter: fp?.anonBytes, peakAfter: fp?.peakBytes)
+        step += 1
+        onEvent?(.step(step: s, loss: loss, seconds: dt))
+        onEvent?(.memory(footprintBytes: fp?.anonBytes, peakBytes: fp?.peakBytes,
+                         availableBytes: after.first { $0.probe == "ios_os_proc_available" }?.availableBytes, pressure: probes.pressure()))
+        if step % config.checkpointEvery == 0 || step == config.steps { try saveCheckpoint() }
+        return .trained(step: s, loss: loss)
+    }
+
+    private func emitMemory(_ samples: [MemorySample], step: Int?) throws {
+        for s in samples { try emit("memory", s.eventFields(step: step)) }
+    }
+
+    /// Write the state and the run's position (atomically; a kill leaves the previous checkpoint).
+    public func saveCheckpoint() throws {
+        guard let checkpoint, let recorder, let state else { return }
+        let meta = CheckpointMeta(step: step, runId: recorder.runId, seq: recorder.nextSeq, losses: losses,
+                                  stateNumel: manifest.state.numel, program: programName, programSha256: programSha256)
+        try checkpoint.save(state: state.values, meta: meta)
+        onEvent?(.checkpointed(step: step))
+    }
+
+    /// End this session: checkpoint (unless it failed before any step) and `run_end`.
+    public func finish(status: RunStatus, message: String? = nil) throws {
+        guard state != nil else { return }
+        if status != .failed || step > 0 { try saveCheckpoint() }
+        var f: [String: JSONValue] = [
+            "status": .string(status.rawValue), "steps_completed": .int(Int64(step)),
+            "duration_s": .double(max(0, monotonic() - sessionStart)),
+            "final_loss": losses.last.flatMap { $0 }.map { .double(Double($0)) } ?? .null,
+        ]
+        if let peak = budget?.peakFootprintBytes, peak > 0 { f["peak_bytes"] = .int(Int64(peak)) }
+        if let message { f["message"] = .string(String(message.prefix(4096))) }
+        try emit("run_end", f)
+        onEvent?(.ended(status: status, message: message))
+    }
+
+    /// Step until done, paused, stopped, or `interrupt` returns a status (`.paused` when the app goes
+    /// to the background or iOS ends a background task, `.cancelled` when the user stops); checked at
+    /// step boundaries only. Ends the session with `run_end`.
+    public func run(interrupt: () -> RunStatus? = { nil }) throws -> RunStatus {
+        while true {
+            if let status = interrupt() {
+                try finish(status: status)
+                return status
+            }
+            let outcome: StepOutcome
+            do {
+                outcome = try trainStep()
+            } catch {
+                try? finish(status: .failed, message: "\(error)")
+                throw error
+            }
+            switch outcome {
+            case .trained: continue
+            case .finished:
+                try finish(status: .completed)
+                return .completed
+            case .paused(let reason):
+                try finish(status: .paused, message: reason)
+                return .paused
+            case .stopped(let reason):
+                try finish(status: .failed, message: reason)
+                return .failed
+            }
+        }
+    }
+
+    // MARK: before / after
+
+    /// state_init.bin's adapter (what the program starts from), loaded once.
+    public func initialAdapterState() throws -> LoopState {
+        if let initialState { return initialState }
+        let s = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
+        initialState = s
+        return s
+    }
+
+    /// Held-out loss with the initial adapter (`initial`, telemetry step 0) or the live one (step =
+    /// steps done); nil without held-out rows. Emits an `eval` event.
+    @discardableResult
+    public func evaluate(initial: Bool) throws -> EvalResult? {
+        guard !data.heldOut.isEmpty else { return nil }
+        let s = initial ? try initialAdapterState() : try liveState()
+        let t0 = monotonic()
+        let rows = data.heldOut.map { (inputIds: $0.inputIds, labels: $0.labels ?? $0.inputIds) }
+        let (loss, tokens) = try loop.evaluate(rows: rows, state: s, padTokenId: padTokenId)
+        guard tokens > 0 else { return nil }
+        let r = EvalResult(initial: initial, step: initial ? 0 : step, loss: loss, rows: rows.count, tokens: tokens,
+                           seconds: max(0, monotonic() - t0))
+        try emit("eval", ["step": .int(Int64(r.step)), "loss": .number(loss), "rows": .int(Int64(r.rows)),
+                          "tokens": .int(Int64(tokens)), "eval_time_s": .double(r.seconds)])
+        onEvent?(.eval(r))
+        return r
+    }
+
+    /// Greedy generation of up to `maxNewTokens` ids after `prompt` with the initial or the live
+    /// adapter; stops at EOS (and `<|im_end|>`). Loads the generation methods the first time.
+    public func generate(promptIds: [Int64], maxNewTokens: Int, initial: Bool) throws -> [Int64] {
+        guard manifest.canGenerate else { throw TrainerError.badInput("this program was exported without the generation methods; re-export it") }
+        if !generationLoaded {
+            try loop.runtime.load(methods: try ["embed_token", "block_kv", "block_decode", "head_logits"].map { try loop.method(role: $0).name })
+            generationLoaded = true
+        }
+        let s = initial ? try initialAdapterState() : try liveState()
+        var stop: Set<Int64> = []
+        if let t = tokenizer {
+            stop.insert(Int64(t.eosId))
+            if let e = t.base.tokenId("<|im_end|>") { stop.insert(Int64(e)) }
+        }
+        return try loop.generate(prompt: promptIds, maxNewTokens: maxNewTokens, state: s, padTokenId: padTokenId, stopIds: stop)
+    }
+
+    /// The prompt as the program's tokenizer encodes it (BOS first for the byte tokenizer; `chat`: as
+    /// a user turn of Qwen's ChatML followed by the assistant header), cut from the front so that
+    /// `maxNewTokens` fit in seq_len; generated and decoded with the initial or the live adapter.
+    public func generate(prompt: String, maxNewTokens: Int = 32, initial: Bool, chat: Bool = false) throws -> Generation {
+        guard let t = tokenizer else { throw TrainerError.badInput("this program was exported without a tokenizer; re-export it with one") }
+        var ids: [Int] = t.bosId.map { [$0] } ?? []
+        if chat, let start = t.base.tokenId("<|im_start|>"), let end = t.base.tokenId("<|im_end|>") {
+            let nl: [Int] = t.encode("\n")
+            ids.append(start)
+            ids += t.encode("user\n")
+            ids += t.encode(prompt)
+            ids.append(end)
+            ids += nl
+            ids.append(start)
+            ids += t.encode("assistant\n")
+        } else {
+            ids += t.encode(prompt)
+        }
+        let cap = manifest.generate?.maxTokens ?? manifest.seqLen
+        let n = max(1, min(maxNewTokens, cap, manifest.seqLen - 1))
+        if ids.count + n > manifest.seqLen { ids = Array(ids.suffix(manifest.seqLen - n)) }
+        guard !ids.isEmpty else { throw TrainerError.badInput("the prompt is empty") }
+        let out = try generate(promptIds: ids.map(Int64.init), maxNewTokens: n, initial: initial)
+        let visible = out.map(Int.init).filter { $0 != t.eosId && $0 != t.base.tokenId("<|im_end|>") }
+        let g = Generation(initial: initial, prompt: prompt, ids: out, text: (try? t.decode(visible)) ?? "")
+        onEvent?(.generated(g))
+        return g
+    }
+
+    /// The live adapter (the state's param entries under their PEFT keys) as `adapter_config.json` +
+    /// `adapter_model.safetensors` in `directory` (replaced as a whole).
+    public func exportAdapter(to directory: URL) throws {
+        try AdapterExporter.write(state: try liveState().values, manifest: manifest, to: directory)
+    }
+}
+
+/// The run the app resumes after it was killed (jetsam, reboot, swipe): settings and the prepared
+/// rows (the user's text may be gone), in `AppPaths.latestRun`, written atomically when a run starts
+/// and marked finished when it completes; with the program's checkpoint it is all a resume needs.
+public struct SavedRun: Codable, Equatable {
+    public struct Row: Codable, Equatable {
+        public var inputIds: [Int64]
+        public var labels: [Int64]?
+        enum CodingKeys: String, CodingKey { case inputIds = "input_ids", labels }
+    }
+
+    public var program: String
+    public var backend: String
+    public var config: SessionConfig
+    public var budgetMB: Int
+    public var source: String
+    public var heldOutFraction: Double
+    public var splitSeed: UInt64
+    public var train: [Row]
+    public var heldOut: [Row]
+    public var status: RunStatus?
+    public var runId: String?
+
+    public init(program: String, backend: String, config: SessionConfig, budgetMB: Int, source: String,
+                heldOutFraction: Double, splitSeed: UInt64, data: TrainingData) {
+        (self.program, self.backend, self.config, self.budgetMB, self.source) = (program, backend, config, budgetMB, source)
+        (self.heldOutFraction, self.splitSeed) = (heldOutFraction, splitSeed)
+        train = data.train.map { Row(inputIds: $0.inputIds, labels: $0.labels) }
+        heldOut = data.heldOut.map { Row(inputIds: $0.inputIds, labels: $0.labels) }
+    }
+
+    public var data: TrainingData {
+        TrainingData(train: train.map { DataRow(inputIds: $0.inputIds, labels: $0.labels) },
+                     heldOut: heldOut.map { DataRow(inputIds: $0.inputIds, labels: $0.labels) })
+    }
+
+    /// Unfinished: a resume continues it.
+    public var resumable: Bool { status == nil || status == .paused }
+
+    public func save(to url: URL) throws {
+        let e = JSONEncoder()
+        e.outputFormatting = [.sortedKeys]
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try AtomicFiles.write(try e.encode(self), to: url)
+    }
+
+    public static func load(from url: URL) -> SavedRun? {
+        guard let d = try? Data(contentsOf: url) else { return nil }
+        return try? JSONDecoder().decode(SavedRun.self, from: d)
+    }
+}

@@ -1,0 +1,161 @@
+import Foundation
+
+/// Where the screen's run stands.
+public enum TrainingPhase: String, Equatable {
+    case idle            // no data yet
+    case ready           // rows prepared, not started
+    case loading         // opening the program, loading methods
+    case evaluating      // held-out loss / generation before or after
+    case training
+    case pausing         // stop requested; finishing the current step
+    case paused          // checkpointed; resumable
+    case completed
+    case cancelled
+    case failed
+
+    /// A session is running (start / stop buttons).
+    public var busy: Bool { [.loading, .evaluating, .training, .pausing].contains(self) }
+}
+
+/// Everything the screen shows, as plain values (SwiftUI only draws it): the rows, the phase, the
+/// losses for the chart, memory against the budget, held-out loss and generations before and after.
+public struct TrainingViewState: Equatable {
+    public var phase: TrainingPhase = .idle
+    public var message: String = ""
+    public var trainRows = 0
+    public var heldOutRows = 0
+    public var trainTokens = 0
+    public var stepsPlanned = 0
+    public var stepsDone = 0
+    /// (step, loss) of every finished step with a finite loss, resumed runs included.
+    public var losses: [LossPoint] = []
+    public var footprintBytes: UInt64?
+    public var peakBytes: UInt64?
+    public var availableBytes: UInt64?
+    public var budgetBytes: UInt64 = 0
+    public var pressure: MemoryPressure = .normal
+    public var evalBefore: EvalResult?
+    public var evalAfter: EvalResult?
+    public var generationBefore: Generation?
+    public var generationAfter: Generation?
+    public var adapterDirectory: URL?
+    public var canResume = false
+
+    public init() {}
+
+    public struct LossPoint: Equatable {
+        public var step: Int
+        public var loss: Double
+    }
+
+    /// Footprint / budget (nil: no reading yet).
+    public var memoryFraction: Double? {
+        guard let f = footprintBytes, budgetBytes > 0 else { return nil }
+        return Double(f) / Double(budgetBytes)
+    }
+
+    public var progress: Double { stepsPlanned > 0 ? Double(stepsDone) / Double(stepsPlanned) : 0 }
+
+    /// The loss curve in the unit square (x: step over the planned steps, y: 0 at the lowest loss, 1 at
+    /// the highest), at most `maxPoints` points (means of equal runs of steps), for a `Path`.
+    public func lossCurve(maxPoints: Int = 200) -> [(x: Double, y: Double)] {
+        guard !losses.isEmpty else { return [] }
+        let bucket = max(1, (losses.count + maxPoints - 1) / maxPoints)
+        var pts: [(Double, Double)] = []
+        var i = 0
+        while i < losses.count {
+            let chunk = losses[i..<min(i + bucket, losses.count)]
+            pts.append((Double(chunk.map(\.step).reduce(0, +)) / Double(chunk.count), chunk.map(\.loss).reduce(0, +) / Double(chunk.count)))
+            i += bucket
+        }
+        let lo = pts.map(\.1).min()!, hi = pts.map(\.1).max()!
+        let span = hi > lo ? hi - lo : 1
+        let xs = Double(max(stepsPlanned - 1, losses.last!.step, 1))
+        return pts.map { (x: $0.0 / xs, y: ($0.1 - lo) / span) }
+    }
+
+    /// Held-out loss change, after minus before (nil until both exist).
+    public var evalDelta: Double? {
+        guard let b = evalBefore, let a = evalAfter else { return nil }
+        return a.loss - b.loss
+    }
+}
+
+/// Folds a session's events and the controller's actions into `TrainingViewState`. Platform
+/// independent: the app's ObservableObject republishes `state` on the main thread (`onChange`).
+public final class TrainingViewModel {
+    public private(set) var state = TrainingViewState() {
+        didSet { if state != oldValue { onChange?(state) } }
+    }
+    public var onChange: ((TrainingViewState) -> Void)?
+
+    public init() {}
+
+    /// Rows were prepared from the user's text (or restored from a saved run).
+    public func prepared(_ data: TrainingData, stepsPlanned: Int, budgetBytes: UInt64) {
+        var s = state
+        s.trainRows = data.train.count
+        s.heldOutRows = data.heldOut.count
+        s.trainTokens = data.trainTokens
+        s.stepsPlanned = stepsPlanned
+        s.budgetBytes = budgetBytes
+        if !s.phase.busy { s.phase = .ready }
+        s.message = "\(data.train.count) training rows, \(data.heldOut.count) held out (\(data.trainTokens) target tokens)"
+        state = s
+    }
+
+    /// Preparing the rows failed (the message says why: too short, a bad chat line, ...).
+    public func preparationFailed(_ error: Error) {
+        state.phase = .idle
+        state.message = "\(error)"
+    }
+
+    public func setPhase(_ phase: TrainingPhase, _ message: String? = nil) {
+        var s = state
+        s.phase = phase
+        if let message { s.message = message }
+        s.canResume = phase == .paused || phase == .cancelled ? true : (phase == .completed ? false : s.canResume)
+        state = s
+    }
+
+    public func setCanResume(_ on: Bool) { state.canResume = on }
+
+    public func exported(_ dir: URL) { state.adapterDirectory = dir }
+
+    /// A session event (from the session's thread; the app hops to the main thread first).
+    public func handle(_ event: SessionEvent) {
+        var s = state
+        switch event {
+        case .started(let resumed, let step, let losses):
+            s.stepsDone = step
+            s.losses = losses.enumerated().compactMap { i, l in l.map { TrainingViewState.LossPoint(step: i, loss: Double($0)) } }
+            s.phase = .training
+            s.message = resumed ? "Resumed at step \(step)" : "Training"
+        case .step(let step, let loss, let seconds):
+            s.stepsDone = step + 1
+            if loss.isFinite { s.losses.append(.init(step: step, loss: Double(loss))) }
+            if s.phase != .pausing { s.phase = .training }
+            s.message = String(format: "Step %d/%d, loss %.4f (%.1f s)", step + 1, s.stepsPlanned, Double(loss), seconds)
+        case .memory(let footprint, let peak, let available, let pressure):
+            if let footprint { s.footprintBytes = footprint }
+            if let peak { s.peakBytes = max(peak, s.peakBytes ?? 0) }
+            s.availableBytes = available
+            s.pressure = pressure
+        case .eval(let r):
+            if r.initial { s.evalBefore = r } else { s.evalAfter = r }
+        case .generated(let g):
+            if g.initial { s.generationBefore = g } else { s.generationAfter = g }
+        case .checkpointed:
+            break
+        case .ended(let status, let message):
+            switch status {
+            case .completed: s.phase = .completed; s.canResume = false
+            case .paused: s.phase = .paused; s.canResume = true
+            case .cancelled: s.phase = .cancelled; s.canResume = true
+            case .failed: s.phase = .failed
+            }
+            s.message = status.rawValue.prefix(1).uppercased() + status.rawValue.dropFirst() + (message.map { ": \($0)" } ?? "")
+        }
+        state = s
+    }
+}

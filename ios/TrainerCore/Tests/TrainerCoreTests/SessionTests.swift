@@ -1,0 +1,249 @@
+import Foundation
+import XCTest
+@testable import TrainerCore
+
+/// The app's v3 session (`TrainingSession`) and the screen's state (`TrainingViewModel`).
+final class SessionTests: XCTestCase {
+    var dir: URL!
+
+    override func setUpWithError() throws { dir = try tempDir("session") }
+    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
+
+    /// A program directory for `shared_schemas/examples/<example>`: its manifest, a synthetic weights
+    /// file, a state_init.bin (the tiny examples' tokenizer is the byte one: no file needed).
+    func program(_ example: String = "manifest_tiny_generate.json") throws -> (URL, LoopManifest) {
+        let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: Repo.examples.appendingPathComponent(example), to: p.appendingPathComponent("manifest.json"))
+        let m = try LoopManifest.load(directory: p)
+        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
+        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
+        return (p, m)
+    }
+
+    static let text = String(repeating: "The lamp was lit at dusk and the fog came in from the sea. ", count: 12)
+
+    func session(_ p: URL, _ m: LoopManifest, data: TrainingData, steps: Int = 6, selection: LayerSelection = .cyclic(k: 3),
+                 checkpoint: CheckpointStore? = nil, sink: MemorySink = MemorySink(), budget: BudgetGuard? = nil,
+                 probes: MemoryProbes = MemoryProbes(), usedSeq: ((String) -> Int)? = nil) throws -> (TrainingSession, HashRuntime) {
+        let rt = HashRuntime(manifest: m)
+        let clock = TickClock()
+        let s = try TrainingSession(programDirectory: p, programName: "tiny", runtime: rt, data: data,
+                                    config: SessionConfig(steps: steps, lr: 0.01, checkpointEvery: 2, shuffleSeed: 7, selection: selection),
+                                    device: testDevice, checkpoint: checkpoint, telemetry: [sink], usedSeq: usedSeq, probes: probes, budget: budget,
+                                    clock: clock.read, monotonic: clock.read)
+        return (s, rt)
+    }
+
+    /// Text -> rows with the held-out split, eval before (state_init.bin) and after, LCSB chosen at run
+    /// time, seeded row order, generation before and after, PEFT export, a valid telemetry stream, and the
+    /// view model folding it all.
+    func testTextToAdapterWithEvalGenerationAndTelemetry() throws {
+        let (p, m) = try program()
+        let tok = try ProgramTokenizer.load(manifest: m, directory: p)
+        XCTAssertEqual(tok.kind, "byte")
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: tok, manifest: m, heldOutFraction: 0.2, seed: 5)
+        let all = try TextRows.dataRows(text: Self.text, tokenizer: tok, seqLen: m.seqLen)
+        let split = try TextRows.splitHeldOut(count: all.count, fraction: 0.2, seed: 5)
+        XCTAssertEqual(data.heldOut, split.held.map { all[$0] })
+        XCTAssertEqual(data.train, split.train.map { all[$0] })
+        let sink = MemorySink()
+        let (s, rt) = try session(p, m, data: data, sink: sink)
+        let vm = TrainingViewModel()
+        var changes = 0
+        vm.onChange = { _ in changes += 1 }
+        vm.prepared(data, stepsPlanned: 6, budgetBytes: 1 << 30)
+        s.onEvent = vm.handle
+        XCTAssertFalse(try s.start(runId: "ios-session-1"))
+        let before = try XCTUnwrap(try s.evaluate(initial: true))
+        let genBefore = try s.generate(prompt: "The lamp", maxNewTokens: 5, initial: true)
+        XCTAssertEqual(try s.run(), .completed)
+        let after = try XCTUnwrap(try s.evaluate(initial: false))
+        let genAfter = try s.generate(prompt: "The lamp", maxNewTokens: 5, initial: false)
+        XCTAssertEqual(before.step, 0)
+        XCTAssertEqual(after.step, 6)
+        XCTAssertEqual(before.rows, data.heldOut.count)
+        XCTAssertEqual(before.tokens, after.tokens)
+        XCTAssertNotEqual(before.loss, after.loss, "the live state is not the initial one")
+        XCTAssertEqual(genBefore.ids.count, 5)
+        XCTAssertNotEqual(genBefore.ids, genAfter.ids)
+        // LCSB cyclic k=3 of 8 layers chosen at run time (the host's make_plan): [0,1], [2,3,4], [5,6,7], in turn.
+        let bb = rt.calls.filter { $0.method == "block_backward" }.map(\.layer!)
+        XCTAssertEqual(Array(bb.prefix(8)), [1, 0, 4, 3, 2, 7, 6, 5])
+        // Rows in the host's seeded order (permutation(rows, 7 + epoch)).
+        let order = DataOrder(rowCount: data.train.count, seed: 7)
+        let embeds = rt.calls.filter { $0.method == "embed" }.map { $0.inputs[0].sha }
+        let trainEmbeds = embeds[(data.heldOut.count + 1)..<(data.heldOut.count + 7)]
+        let want = (0..<6).map { step -> String in
+            let ids = data.train[order.row(forStep: step)].inputIds
+            let padded: [Int64] = ids + Array(repeating: 258, count: m.seqLen - ids.count)
+            return padded.map { $0.littleEndian }.withUnsafeBytes { SHA256.hex($0) }
+        }
+        XCTAssertEqual(Array(trainEmbeds), want, "rows in DataOrder's seeded order")
+        XCTAssertNotEqual((0..<6).map(order.row(forStep:)), Array(0..<6), "seed 7 shuffles")
+        // Telemetry: run_start, eval (before), 6 x step, eval (after), run_end; all schema-valid.
+        let types = sink.events.map { $0.fields["type"]!.stringValue! }
+        XCTAssertEqual(types.filter { $0 == "step" }.count, 6)
+        XCTAssertEqual(types.first, "run_start")
+        XCTAssertEqual(types.filter { $0 == "eval" }.count, 2)
+        XCTAssertEqual(Array(types.suffix(2)), ["run_end", "eval"])
+        for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
+        XCTAssertEqual(sink.events.map { $0.fields["seq"]!.intValue! }, (0..<Int64(sink.events.count)).map { $0 })
+        let start = sink.events[0].fields
+        XCTAssertEqual(start["lcsb_k"], .int(3))
+        XCTAssertEqual(start["backend"], .string("executorch"))
+        XCTAssertEqual(start["config"]?.objectValue?["held_out_rows"], .int(Int64(data.heldOut.count)))
+        // The view model.
+        let v = vm.state
+        XCTAssertEqual(v.phase, .completed)
+        XCTAssertEqual(v.stepsDone, 6)
+        XCTAssertEqual(v.losses.map(\.step), Array(0..<6))
+        XCTAssertEqual(v.evalBefore, before)
+        XCTAssertEqual(v.evalAfter, after)
+        XCTAssertEqual(v.generationBefore, genBefore)
+        XCTAssertEqual(v.generationAfter, genAfter)
+        XCTAssertEqual(v.trainRows, data.train.count)
+        XCTAssertEqual(v.heldOutRows, data.heldOut.count)
+        XCTAssertNotNil(v.evalDelta)
+        XCTAssertEqual(v.lossCurve().count, 6)
+        XCTAssertTrue(v.lossCurve().allSatisfy { (0...1).contains($0.x) && (0...1).contains($0.y) })
+        XCTAssertGreaterThan(changes, 8)
+        // The adapter: param entries of the live state under PEFT keys.
+        let out = dir.appendingPathComponent("adapter")
+        try s.exportAdapter(to: out)
+        let st = try Safetensors.decode(try Data(contentsOf: out.appendingPathComponent("adapter_model.safetensors")))
+        let state = s.state!.values
+        for e in m.state.entries where e.role == "param" {
+            XCTAssertEqual(st.tensors[e.key]?.values, Array(state[e.offset..<e.offset + e.count]), e.key)
+        }
+        XCTAssertEqual(st.tensors.count, m.state.entries.filter { $0.role == "param" }.count)
+    }
+
+    /// Killed after 3 of 6 steps (the checkpoint of step 2 on disk, plus the saved run): a new session
+    /// from the saved run alone continues and ends bit-identical to an uninterrupted run, no seq reused.
+    func testKillAndResumeFromTheSavedRunIsBitIdentical() throws {
+        let (p, m) = try program("manifest_tiny.json")
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0.25, seed: 1)
+        let full = CheckpointStore(url: dir.appendingPathComponent("full.safetensors"))
+        let (a, _) = try session(p, m, data: data, checkpoint: full)
+        try a.start(runId: "ios-full")
+        XCTAssertEqual(try a.run(), .completed)
+
+        let saved = SavedRun(program: "tiny", backend: "executorch", config: a.config, budgetMB: 1024, source: "pasted text",
+                             heldOutFraction: 0.25, splitSeed: 1, data: data)
+        let runFile = dir.appendingPathComponent("latest-run.json")
+        try saved.save(to: runFile)
+        let cut = CheckpointStore(url: dir.appendingPathComponent("cut.safetensors"))
+        let sinkB = MemorySink()
+        let (b, _) = try session(p, m, data: data, checkpoint: cut, sink: sinkB)
+        try b.start(runId: "ios-cut")
+        for _ in 0..<3 { _ = try b.trainStep() }     // then the app is killed: no run_end, checkpoint of step 2
+        XCTAssertEqual(b.step, 3)
+
+        let restored = try XCTUnwrap(SavedRun.load(from: runFile))
+        XCTAssertEqual(restored, saved)
+        XCTAssertTrue(restored.resumable)
+        let sinkC = MemorySink()
+        // the app's telemetry log knows the seqs B used after its last checkpoint
+        let usedByB = Int(sinkB.events.map { $0.fields["seq"]!.intValue! }.max()!) + 1
+        let (c, _) = try session(p, m, data: restored.data, checkpoint: cut, sink: sinkC, usedSeq: { $0 == "ios-cut" ? usedByB : 0 })
+        XCTAssertTrue(try c.start())
+        XCTAssertEqual(c.step, 2)
+        XCTAssertEqual(c.recorder?.runId, "ios-cut")
+        XCTAssertEqual(try c.run(), .completed)
+        XCTAssertEqual(c.state!.sha256, a.state!.sha256)
+        XCTAssertEqual(c.losses, a.losses)
+        let seqB = sinkB.events.map { $0.fields["seq"]!.intValue! }, seqC = sinkC.events.map { $0.fields["seq"]!.intValue! }
+        XCTAssertEqual(seqC.first!, seqB.last! + 1, "no seq reused")
+        XCTAssertFalse(sinkC.events.contains { $0.fields["type"] == .string("run_start") }, "a resumed run has no second run_start")
+        // Another export's checkpoint is refused.
+        var other = try JSONSerialization.jsonObject(with: try Data(contentsOf: p.appendingPathComponent("manifest.json"))) as! [String: Any]
+        var files = other["files"] as! [String: String]
+        files["model.pte"] = String(repeating: "e", count: 64)
+        other["files"] = files
+        try JSONSerialization.data(withJSONObject: other).write(to: p.appendingPathComponent("manifest.json"))
+        let (d, _) = try session(p, try LoopManifest.load(directory: p), data: data, checkpoint: cut)
+        XCTAssertThrowsError(try d.start()) { XCTAssertTrue("\($0)".contains("another export"), "\($0)") }
+    }
+
+    /// A pause (stop request at a step boundary) checkpoints and ends with run_end paused; the budget
+    /// guard stops a run that cannot fit with budget_exceeded.
+    func testPauseAndBudgetStop() throws {
+        let (p, m) = try program("manifest_tiny.json")
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0, seed: 0)
+        XCTAssertTrue(data.heldOut.isEmpty)
+        let ck = CheckpointStore(url: dir.appendingPathComponent("p.safetensors"))
+        let sink = MemorySink()
+        let (s, _) = try session(p, m, data: data, checkpoint: ck, sink: sink)
+        try s.start(runId: "ios-pause")
+        XCTAssertNil(try s.evaluate(initial: true), "no held-out rows: no eval")
+        var n = 0
+        XCTAssertEqual(try s.run(interrupt: { n += 1; return n > 2 ? .paused : nil }), .paused)
+        XCTAssertEqual(try ck.load(expectedNumel: m.state.numel).meta.step, 2)
+        XCTAssertEqual(sink.events.last?.fields["status"], .string("paused"))
+
+        let fp = ScriptedProbe([MemorySample(probe: "ios_phys_footprint", anonBytes: 900 << 20, peakBytes: 900 << 20)])
+        let sink2 = MemorySink()
+        let (t, _) = try session(p, m, data: data, checkpoint: CheckpointStore(url: dir.appendingPathComponent("b.safetensors")), sink: sink2,
+                                 budget: BudgetGuard(budgetBytes: 512 << 20, plannedPeakBytes: m.plannedPeakBytes()),
+                                 probes: MemoryProbes(footprint: fp))
+        try t.start(runId: "ios-budget")
+        XCTAssertEqual(try t.run(), .failed)
+        XCTAssertTrue(sink2.events.contains { $0.fields["code"] == .string("budget_exceeded") })
+        XCTAssertGreaterThan(m.plannedPeakBytes(), 0)
+    }
+
+    func testLayerSelectionPlans() throws {
+        XCTAssertNil(try LayerSelection.all.plan(layers: 4))
+        XCTAssertNil(try LayerSelection.cyclic(k: 4).plan(layers: 4))
+        let p = try XCTUnwrap(try LayerSelection.cyclic(k: 3).plan(layers: 8))
+        XCTAssertEqual(p.phases, [[0, 1], [2, 3, 4], [5, 6, 7]])
+        XCTAssertEqual((0..<4).map { p.layers(forStep: $0) }, [[0, 1], [2, 3, 4], [5, 6, 7], [0, 1]])
+        let r = try XCTUnwrap(try LayerSelection.lcsb(policy: "random", k: 2, seed: 7).plan(layers: 8))
+        XCTAssertEqual(r, try StepPlan.make(layers: 8, k: 2, policy: "random", seed: 7))
+        XCTAssertThrowsError(try LayerSelection.lcsb(policy: "sideways", k: 2, seed: nil).plan(layers: 8))
+        XCTAssertThrowsError(try LayerSelection.plan(p).plan(layers: 6))
+        let json = try JSONEncoder().encode(SessionConfig(steps: 3, lr: 0.1, selection: .plan(p)))
+        XCTAssertEqual(try JSONDecoder().decode(SessionConfig.self, from: json).selection, .plan(p))
+    }
+
+    /// The session replays the host's v3_tiny trace: its 5 train steps (LCSB chosen per step through a
+    /// plan), the eval pass and the generation are exactly the recorded calls, bit for bit.
+    func testSessionReplaysTheTrace() throws {
+        let traceDir = ReplayTests.traceDir
+        let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceDir.appendingPathComponent("trace.json"))) as! [String: Any]
+        let outputs = try Data(contentsOf: traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
+        let program = traceDir.appendingPathComponent(trace["program"] as! String)
+        func rows(_ key: String) -> [DataRow] {
+            (trace[key] as! [[String: Any]]).map { DataRow(inputIds: ($0["input_ids"] as! [Int]).map(Int64.init), labels: ($0["labels"] as! [Int]).map(Int64.init)) }
+        }
+        let steps = trace["steps"] as! [[String: Any]]
+        let train = steps.filter { $0["kind"] as? String == "train" }
+        let eval = steps.first { $0["kind"] as? String == "eval" }!
+        let gen = steps.first { $0["kind"] as? String == "generate" }!
+        let trainRows = rows("rows")
+        XCTAssertEqual(train.map { $0["row"] as! Int }, (0..<train.count).map { $0 % trainRows.count }, "the trace's rows are in file order")
+        let selected = train.map { $0["selected"] as! [Int] }
+        let plan = try StepPlan(layers: 3, policy: "random", k: 3, phases: selected, schedule: Array(0..<selected.count))
+        let held = rows("eval_rows")
+        let data = TrainingData(train: trainRows, heldOut: (eval["rows"] as! [Int]).map { held[$0] })
+        let rt = ReplayRuntime(trace: trace, outputs: outputs)
+        let sink = MemorySink()
+        let s = try TrainingSession(programDirectory: program, programName: "v3_tiny", runtime: rt, data: data,
+                                    config: SessionConfig(steps: train.count, lr: Float(trace["lr"] as! Double), checkpointEvery: 2, selection: .plan(plan)),
+                                    device: testDevice, checkpoint: CheckpointStore(url: dir.appendingPathComponent("t.safetensors")), telemetry: [sink])
+        XCTAssertNil(s.tokenizer, "v3_tiny has no tokenizer")
+        try s.start(runId: "ios-replay")
+        XCTAssertEqual(try s.run(), .completed)
+        XCTAssertEqual(s.losses.map { $0! }, (trace["losses"] as! [Double]).map(Float.init))
+        XCTAssertEqual(s.state!.sha256, trace["final_state_sha256"] as? String)
+        let r = try XCTUnwrap(try s.evaluate(initial: false))
+        XCTAssertEqual(r.tokens, eval["tokens"] as? Int)
+        XCTAssertEqual(r.loss, eval["loss"] as! Double, accuracy: 1e-9 * abs(r.loss))
+        let ids = try s.generate(promptIds: (gen["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: gen["max_new_tokens"] as! Int, initial: false)
+        XCTAssertEqual(ids, (gen["output_ids"] as! [Int]).map(Int64.init))
+        XCTAssertNil(rt.mismatch)
+        XCTAssertEqual(rt.next, rt.calls.count, "every recorded call, nothing else")
+        for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
+    }
+}
