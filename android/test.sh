@@ -9,7 +9,8 @@
 #      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
-# program (shared_schemas/traces/v3_tiny, ReplayV3Test), the training session on that program (SessionTest),
+# program (shared_schemas/traces/v3_tiny, and v3_tiny_groups with checkpoint groups: ReplayV3Test), the
+# training session on that program (SessionTest),
 # the byte-level BPE against the shared tokenizer corpus (TokenizerTest) and on-device data preparation
 # against every case of shared_schemas/data_corpus (DataCorpusTest). The Qwen2.5 tokenizer.json is written
 # into the cache by the repository's .venv; the tests needing it are skipped, and counted as such, without it.

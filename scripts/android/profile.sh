@@ -3,7 +3,8 @@
 #   deploy -> telemetry server + adb reverse -> start training -> sample dumpsys meminfo until the run
 #   ends -> pull telemetry and adapter -> toolchain telemetry import -> toolchain telemetry report.
 #   scripts/android/profile.sh PROGRAM_DIR TEXT_FILE [--steps N] [--lr LR] [--budget-mb MB] [--chat]
-#       [--held-out F] [--lcsb POLICY] [--k K] [--run-id ID] [--apk APP.apk] [--out DIR] [--db FILE]
+#       [--held-out F] [--lcsb POLICY] [--k K] [--lcsb-seed S] [--lcsb-period N] [--layers-per-checkpoint S|auto]
+#       [--run-id ID] [--apk APP.apk] [--out DIR] [--db FILE]
 #       [--port P] [--interval S] [--timeout S] [--no-server] [--via service|activity]
 # Output: DIR (default android-runs/RUN_ID) with telemetry.jsonl, dumpsys.jsonl, adapter/, report/index.html.
 # --no-server skips the live upload: the pulled log carries the same events.
@@ -15,7 +16,7 @@ run_id="adb-$(date -u +%Y%m%dT%H%M%SZ)-$$"; out=""; db=""; port=8765; interval=2
 deploy_opts=(); start_opts=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps|--lr|--budget-mb|--checkpoint-every|--shuffle-seed|--device-profile|--via|--held-out|--held-out-seed|--lcsb|--k)
+        --steps|--lr|--budget-mb|--checkpoint-every|--shuffle-seed|--device-profile|--via|--held-out|--held-out-seed|--lcsb|--k|--lcsb-seed|--lcsb-period|--layers-per-checkpoint)
             start_opts+=("$1" "$2"); shift 2 ;;
         --chat) start_opts+=(--chat); shift ;;
         --apk) deploy_opts+=(--apk "$2"); shift 2 ;;

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Start a training run on the phone (foreground service). Prints the run id.
 #   scripts/android/start.sh --program NAME --data FILE [--chat] [--steps N] [--lr LR] [--run-id ID]
-#       [--budget-mb MB] [--held-out F] [--held-out-seed S] [--lcsb full|cyclic|strided|last] [--k K]
+#       [--budget-mb MB] [--held-out F] [--held-out-seed S] [--lcsb full|cyclic|strided|last|random] [--k K]
+#       [--lcsb-seed S] [--lcsb-period N] [--layers-per-checkpoint S|auto]
 #       [--checkpoint-every N] [--shuffle-seed S] [--telemetry-url URL] [--token T]
 #       [--device-profile NAME] [--no-verify] [--via service|activity]
 #   scripts/android/start.sh --resume [--via ...]     # resume the app's latest run (no run id needed)
 # NAME and FILE are what deploy.sh pushed (FILE: plain text, or chat JSONL with --chat); the app makes the
 # rows and the held-out split on the phone. Restarting with the same --run-id resumes from its checkpoint.
 # --via activity starts it through the app's Activity, for phones that refuse a foreground-service start
-# from the shell.
+# from the shell. --lcsb-seed/--lcsb-period: the random policy's (default 0 and 4 * ceil(layers / k), as
+# `toolchain plan lcsb`). --layers-per-checkpoint S: keep one layer input per S selected layers and rerun the
+# forward for the others (less memory, more compute, the same result); auto = round(sqrt(layers per step)).
 source "$(dirname "$0")/common.sh"
 
 run_id=""; via=service; extras=(); resume=0
@@ -22,6 +25,11 @@ while [ $# -gt 0 ]; do
         --held-out-seed) add held_out_seed "$2"; shift 2 ;;
         --lcsb) add lcsb "$2"; shift 2 ;;
         --k) add k "$2"; shift 2 ;;
+        --lcsb-seed) add lcsb_seed "$2"; shift 2 ;;
+        --lcsb-period) add lcsb_period "$2"; shift 2 ;;
+        --layers-per-checkpoint)
+            [[ "$2" =~ ^([1-9][0-9]*|auto)$ ]] || die "--layers-per-checkpoint must be a positive integer or auto, got '$2'"
+            add layers_per_checkpoint "$2"; shift 2 ;;
         --resume) resume=1; shift ;;
         --steps) add steps "$2"; shift 2 ;;
         --lr) add lr "$2"; shift 2 ;;

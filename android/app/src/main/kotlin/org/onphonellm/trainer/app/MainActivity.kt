@@ -12,6 +12,7 @@ import android.text.InputType
 import android.view.View
 import android.widget.ArrayAdapter
 import android.widget.Button
+import android.widget.CheckBox
 import android.widget.EditText
 import android.widget.LinearLayout
 import android.widget.ProgressBar
@@ -45,6 +46,8 @@ class MainActivity : Activity() {
     private lateinit var steps: EditText
     private lateinit var heldOut: EditText
     private lateinit var lcsbK: EditText
+    private lateinit var lcsbPolicy: Spinner
+    private lateinit var lessMemory: CheckBox
     private lateinit var dataInfo: TextView
     private lateinit var status: TextView
     private lateinit var chart: LossChartView
@@ -79,6 +82,11 @@ class MainActivity : Activity() {
         heldOut = field("held-out (0.1)", InputType.TYPE_CLASS_NUMBER or InputType.TYPE_NUMBER_FLAG_DECIMAL)
         lcsbK = field("LCSB k (all layers)", InputType.TYPE_CLASS_NUMBER)
         row(steps, heldOut, lcsbK)
+        // With k: which k layers each step trains (toolchain/lcsb/plan.py); "random" draws them with seed 0.
+        lcsbPolicy = Spinner(this).apply { adapter = ArrayAdapter(this@MainActivity, android.R.layout.simple_spinner_dropdown_item, LCSB_POLICIES) }
+        // Checkpoint groups: keep one layer input per round(sqrt(layers per step)) and rerun the forward for the others.
+        lessMemory = CheckBox(this).apply { text = "Recompute more, use less memory" }
+        row(lcsbPolicy, lessMemory)
         row(button("Pick file") { pickFile() }, button("Prepare") { prepare() })
         dataInfo = label("no data yet")
         row(button("Start") { start() }, button("Stop") { service(RunRequest.ACTION_STOP) }, button("Resume") { service(RunRequest.ACTION_START) })
@@ -143,8 +151,10 @@ class MainActivity : Activity() {
 
     private fun start() = prepare {
         val name = program.selectedItem as String
+        val k = lcsbK.text.toString().toIntOrNull()
         val n = RunRequest.NewRun(name, File(pickedName), null, steps.text.toString().toLongOrNull() ?: 100, null, null, 10, 0L,
-            heldOut.text.toString().toDoubleOrNull() ?: 0.1, 0L, lcsbK.text.toString().toIntOrNull()?.let { "cyclic" }, lcsbK.text.toString().toIntOrNull(), null)
+            heldOut.text.toString().toDoubleOrNull() ?: 0.1, 0L, k?.let { lcsbPolicy.selectedItem as? String ?: "cyclic" }, k, null,
+            layersPerCheckpoint = if (lessMemory.isChecked) RunRequest.AUTO_LAYERS_PER_CHECKPOINT else 1)
         Thread {
             try {
                 val probe = AndroidMemoryProbe(this)
@@ -242,5 +252,6 @@ class MainActivity : Activity() {
     companion object {
         private const val PICK_TEXT = 1
         private const val EXPORT_TREE = 2
+        private val LCSB_POLICIES = listOf("cyclic", "strided", "last", "random")
     }
 }

@@ -2,6 +2,7 @@ package org.onphonellm.trainer.app
 
 import android.content.Intent
 import android.os.Bundle
+import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.PreparedData
 import org.onphonellm.trainer.core.ProgramV3
 import org.onphonellm.trainer.core.RunSpec
@@ -17,8 +18,9 @@ import java.util.UUID
  * the app's external files directory, where `adb push` puts them: files/programs/NAME, files/data/FILE.
  *
  * Extras (numbers may be strings): run_id, program, text, chat (true/false; default: guessed), steps, lr,
- * budget_mb, checkpoint_every, shuffle_seed, held_out, held_out_seed, lcsb (full|cyclic|strided|last), k,
- * max_new_tokens, telemetry_url, telemetry_token, verify (true/false), device_profile.
+ * budget_mb, checkpoint_every, shuffle_seed, held_out, held_out_seed, lcsb (full|cyclic|strided|last|random), k,
+ * lcsb_seed, lcsb_period (random only), layers_per_checkpoint (an integer >= 1, or "auto": round(sqrt(layers per
+ * step)); default 1), max_new_tokens, telemetry_url, telemetry_token, verify (true/false), device_profile.
  */
 data class RunRequest(
     val runId: String?,
@@ -32,13 +34,18 @@ data class RunRequest(
     /** A run to create: program directory name, data file, and the run's parameters. */
     data class NewRun(val program: String, val text: File, val chat: Boolean?, val steps: Long, val lr: Double?, val budgetMb: Long?,
                       val checkpointEvery: Int, val shuffleSeed: Long?, val heldOut: Double, val heldOutSeed: Long,
-                      val lcsb: String?, val k: Int?, val deviceProfile: String?)
+                      val lcsb: String?, val k: Int?, val deviceProfile: String?,
+                      val lcsbSeed: Long? = null, val lcsbPeriod: Int? = null,
+                      /** Checkpoint groups of the layer loop; [AUTO_LAYERS_PER_CHECKPOINT]: round(sqrt(most layers per step)). */
+                      val layersPerCheckpoint: Int = 1)
 
     companion object {
         const val ACTION_START = "org.onphonellm.trainer.action.START"
         const val ACTION_STOP = "org.onphonellm.trainer.action.STOP"
         const val ACTION_GENERATE = "org.onphonellm.trainer.action.GENERATE"
         const val EXTRA_PROMPT = "prompt"
+        /** NewRun.layersPerCheckpoint: choose round(sqrt(m)) for the plan's m layers per step ("Recompute more, use less memory"). */
+        const val AUTO_LAYERS_PER_CHECKPOINT = 0
 
         fun fromExtras(extras: Bundle?, base: File, action: String?): RunRequest {
             fun str(key: String): String? = extras?.get(key)?.toString()?.takeIf { it.isNotBlank() }
@@ -50,7 +57,8 @@ data class RunRequest(
                 budgetMb = str("budget_mb")?.toLong(), checkpointEvery = str("checkpoint_every")?.toInt() ?: 10,
                 shuffleSeed = str("shuffle_seed")?.toLong() ?: 0L, heldOut = str("held_out")?.toDouble() ?: 0.1,
                 heldOutSeed = str("held_out_seed")?.toLong() ?: 0L, lcsb = str("lcsb"), k = str("k")?.toInt(),
-                deviceProfile = str("device_profile"),
+                deviceProfile = str("device_profile"), lcsbSeed = str("lcsb_seed")?.toLong(), lcsbPeriod = str("lcsb_period")?.toInt(),
+                layersPerCheckpoint = str("layers_per_checkpoint")?.let { if (it == "auto") AUTO_LAYERS_PER_CHECKPOINT else it.toInt() } ?: 1,
             ) else null
             return RunRequest(
                 runId = str("run_id"), newRun = newRun, maxNewTokens = str("max_new_tokens")?.toInt() ?: 32,
@@ -73,8 +81,13 @@ data class RunRequest(
             val data = PreparedData.prepare(textContent, TextTokenizer.forProgram(program), program.seqLen, program.vocab, n.heldOut, n.heldOutSeed,
                 chat = n.chat, name = n.text.name)
             val budget = n.budgetMb?.let { it shl 20 } ?: (totalRam / 4)  // no budget given: a quarter of RAM
-            val spec = RunSpec(runId, n.program, n.steps, n.lr ?: program.defaultLr ?: 1e-4, budget, n.checkpointEvery, n.shuffleSeed,
-                n.lcsb, n.k, n.heldOut, n.heldOutSeed, if (data.chat) "chat" else "text", runInfo + mapOf("device_profile" to n.deviceProfile))
+            val asked = RunSpec(runId, n.program, n.steps, n.lr ?: program.defaultLr ?: 1e-4, budget, n.checkpointEvery, n.shuffleSeed,
+                n.lcsb, n.k, n.heldOut, n.heldOutSeed, if (data.chat) "chat" else "text", runInfo + mapOf("device_profile" to n.deviceProfile),
+                lcsbSeed = n.lcsbSeed, lcsbPeriod = n.lcsbPeriod)
+            val plan = asked.plan(program)  // a bad policy, k, seed or period is refused before the run exists
+            val perStep = plan?.phases?.maxOf { it.size } ?: program.layers
+            val spec = asked.copy(layersPerCheckpoint = if (n.layersPerCheckpoint == AUTO_LAYERS_PER_CHECKPOINT)
+                LayerLoop.sqrtLayersPerCheckpoint(perStep) else n.layersPerCheckpoint)
             Runs(File(base, "runs")).create(spec, data)
             return Pair(runId, data)
         }

@@ -18,7 +18,8 @@ interface ProgramRuntime {
  * The v3 layer loop, exactly as toolchain/runtime/loop.py `LayerLoop` (and runtime/evaluate.py,
  * runtime/generate.py) run it: every input bound from the manifest (app inputs, activations, views of the
  * mapped weights with `{layer}` refs and `rows` slices, views of the one state buffer), outputs bound to
- * state entries copied into their slices, checkpoints kept only for the selected layers, LCSB layers
+ * state entries copied into their slices, checkpoints kept only for the selected layers (or, with checkpoint
+ * groups, for every s-th of them, the others rebuilt by a rerun), LCSB layers
  * chosen per step, `block_skip_update` for unselected layers when the manifest says moves_unselected.
  */
 class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime: ProgramRuntime,
@@ -114,14 +115,26 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
     }
 
     /**
-     * One training step on [state] (updated in place); returns the loss.
+     * One training step on [state] (updated in place); returns the loss (toolchain/runtime/loop.py
+     * `LayerLoop.train_step`).
      * [selected]: the layers to backpropagate (LCSB, chosen by the app at run time); null: all.
+     * [layersPerCheckpoint] = s: checkpoint groups (toolchain/mesp/step.py): of the selected layers ascending,
+     * groups of s ([checkpointGroups]); the forward keeps only each group's first layer's input, and when the
+     * walk down reaches a group's top layer it reruns `block_forward` from that input through the layers
+     * below the top (unselected ones included) to rebuild the group's other inputs, before any layer of the
+     * group is updated. Same calls as the host, so the same losses and state bit for bit; at most
+     * ceil(m / s) + s - 1 layer inputs are alive instead of m, for one more forward through those layers.
+     * Every layer input that is not kept goes back to the buffer pool at once (no buffer holds it any more).
      */
-    fun trainStep(inputIds: NdBuffer, labels: NdBuffer, lr: Float, selected: Set<Int>? = null): Float {
+    fun trainStep(inputIds: NdBuffer, labels: NdBuffer, lr: Float, selected: Set<Int>? = null, layersPerCheckpoint: Int = 1): Float {
         val sel = selected ?: (0 until layers).toSet()
         if (sel.isEmpty() || sel.any { it !in 0 until layers }) throw ContractError("selected layers must be a non-empty subset of 0..${layers - 1}, got ${sel.sorted()}")
+        val groups = checkpointGroups(sel.sorted(), layersPerCheckpoint)
+        val groupOfTop = groups.associateBy { it.last() }
         program.stepEntry?.let { val v = state.view(it); v.data.putFloat(0, v.float(0) + 1.0f) }
-        val (x, checkpoints) = forward(inputIds, sel)
+        val (x, checkpoints) = forward(inputIds, groups.map { it.first() }.toSet())
+        val kept = HashMap(checkpoints)  // layer -> its input; only the groups' first layers (and one group's rebuilt inputs)
+        peakCheckpoints = kept.size
         val out = call("head_loss", null, mapOf("x" to x, "labels" to labels))
         recycle(x)
         val lossBuf = out.getValue("loss")
@@ -131,8 +144,11 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         values["d"] = out.getValue("d")
         lrBuf.data.putFloat(0, lr)
         values["lr"] = lrBuf
-        val kept = HashMap(checkpoints)
         for (i in layers - 1 downTo 0) {
+            groupOfTop[i]?.let { g ->
+                rerun(g, kept.getValue(g.first()), kept)
+                peakCheckpoints = maxOf(peakCheckpoints, kept.size)
+            }
             if (i in sel) {
                 val checkpoint = kept.remove(i)!!
                 values["checkpoint"] = checkpoint
@@ -146,6 +162,26 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         }
         recycle(values.getValue("d"))
         return loss
+    }
+
+    /** Layer inputs alive at once in the last [trainStep] (the selected layers' with s = 1; fewer with groups). */
+    var peakCheckpoints = 0
+        private set
+
+    /**
+     * The inputs of [group]'s layers, rebuilt into [into] from the first one's input [x0] (the host's
+     * `LayerLoop._rerun`): block_forward through layers group[0] .. group.last() - 1; the outputs that are not
+     * the input of a layer of the group go back to the pool as soon as the next layer has read them.
+     */
+    private fun rerun(group: List<Int>, x0: NdBuffer, into: MutableMap<Int, NdBuffer>) {
+        var x = x0
+        val members = group.toSet()
+        for (j in group.first() until group.last()) {
+            val next = call("block_forward", j, mapOf("x" to x)).getValue("x")
+            if (j !in members) recycle(x)  // an input of no layer of the group (x0 is group[0]'s: kept)
+            if (j + 1 in members) into[j + 1] = next
+            x = next
+        }
     }
 
     class EvalResult(val loss: Double, val rows: Int, val tokens: Int, val rowMeanLoss: Double, val skippedRows: Int)
@@ -223,6 +259,18 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
     }
 
     companion object {
+        /**
+         * The selected layers (ascending) in groups of [every] (toolchain/mesp/step.py `checkpoint_groups`); each
+         * group's first layer is the one whose input the forward keeps.
+         */
+        fun checkpointGroups(selected: List<Int>, every: Int): List<List<Int>> {
+            if (every < 1) throw ContractError("layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got $every")
+            return selected.chunked(every)
+        }
+
+        /** round(sqrt(m)) for m selected layers (`sqrt_layers_per_checkpoint`): about the fewest inputs alive, ceil(m / s) + s - 1. */
+        fun sqrtLayersPerCheckpoint(selected: Int): Int = maxOf(1, Math.round(Math.sqrt(selected.toDouble())).toInt())
+
         /** The first of equal maxima (torch.argmax); NaN counts as the maximum, as in torch. */
         fun argmax(t: NdBuffer): Int {
             var best = 0

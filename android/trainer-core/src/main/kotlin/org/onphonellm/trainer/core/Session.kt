@@ -19,7 +19,10 @@ class RunDir(val dir: File) {
 /**
  * What a run is, fixed when it is created and kept in its run.json (so a resume needs nothing but the run
  * directory). [lcsbPolicy]/[lcsbK]: the layers each step backpropagates, chosen at run time ("full", or
- * cyclic / strided / last with k layers; null: the manifest's default plan, else full).
+ * cyclic / strided / last / random with k layers; null: the manifest's default plan, else full);
+ * [lcsbSeed]/[lcsbPeriod]: the random policy's (null: 0 and 4 * ceil(L / k), as the host's make_plan).
+ * [layersPerCheckpoint]: the loop's checkpoint groups ([LayerLoop.trainStep]; 1: every selected layer's input
+ * kept; more: less memory, one more forward through the layers per step, the same result bit for bit).
  */
 data class RunSpec(
     val runId: String,
@@ -35,23 +38,32 @@ data class RunSpec(
     val heldOutSeed: Long = 0,
     val source: String = "text",
     val runInfo: Map<String, Any?> = emptyMap(),
+    val lcsbSeed: Long? = null,
+    val lcsbPeriod: Int? = null,
+    val layersPerCheckpoint: Int = 1,
 ) {
     init {
         require(EventSchema.RUN_ID.matches(runId)) { "run id '$runId' must match ${EventSchema.RUN_ID}" }
         require(steps >= 0 && checkpointEvery >= 1 && lr > 0 && budgetBytes > 0) { "bad run spec $this" }
+        if (layersPerCheckpoint < 1) throw ContractError("layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got $layersPerCheckpoint")
     }
 
     fun toJson(): Json = Json.of(linkedMapOf(
         "schema_version" to 1, "run_id" to runId, "program" to program, "steps" to steps, "lr" to lr, "budget_bytes" to budgetBytes,
         "checkpoint_every" to checkpointEvery, "shuffle_seed" to shuffleSeed, "lcsb_policy" to lcsbPolicy, "lcsb_k" to lcsbK,
         "held_out" to heldOut, "held_out_seed" to heldOutSeed, "source" to source, "run_info" to runInfo,
+        "lcsb_seed" to lcsbSeed, "lcsb_period" to lcsbPeriod, "layers_per_checkpoint" to layersPerCheckpoint,
     ))
 
     /** The layer plan over [layers] (null: full backprop every step). */
-    fun plan(p: ProgramV3): StepPlan? = when (lcsbPolicy) {
-        null -> p.defaultPlan
-        "full" -> null
-        else -> StepPlan.make(p.layers, lcsbK, lcsbPolicy)
+    fun plan(p: ProgramV3): StepPlan? {
+        if (lcsbPolicy != "random" && (lcsbSeed != null || lcsbPeriod != null))
+            throw ContractError("an LCSB seed and period only apply to the random policy, not ${lcsbPolicy ?: "the default plan"}")
+        return when (lcsbPolicy) {
+            null -> p.defaultPlan
+            "full" -> null
+            else -> StepPlan.make(p.layers, lcsbK, lcsbPolicy, lcsbSeed, lcsbPeriod)
+        }
     }
 
     companion object {
@@ -60,7 +72,8 @@ data class RunSpec(
             val info = if (f.has("run_info")) f.obj("run_info").obj.fields.mapValues { (_, v) -> plain(v) } else emptyMap()
             return RunSpec(f.string("run_id"), f.string("program"), f.long("steps"), f.double("lr"), f.long("budget_bytes"),
                 f.int("checkpoint_every"), f.optLong("shuffle_seed"), f.optString("lcsb_policy"), f.optInt("lcsb_k"),
-                f.double("held_out"), f.long("held_out_seed"), f.optString("source") ?: "text", info)
+                f.double("held_out"), f.long("held_out_seed"), f.optString("source") ?: "text", info,
+                f.optLong("lcsb_seed"), f.optInt("lcsb_period"), f.optInt("layers_per_checkpoint") ?: 1)  // older run.json: none
         }
 
         private fun plain(v: Json): Any? = when (v) {
@@ -238,7 +251,7 @@ class TrainingSession(
             val selected = plan?.layersAt(step) ?: all
             val (ids, labels) = loop.pad(row.inputIds.map { it.toLong() }, row.labels.map { it.toLong() })
             val t0 = clock.monoNanos()
-            val loss = loop.trainStep(ids, labels, spec.lr.toFloat(), selected).toDouble()
+            val loss = loop.trainStep(ids, labels, spec.lr.toFloat(), selected, spec.layersPerCheckpoint).toDouble()
             val dt = (clock.monoNanos() - t0) / 1e9
             val finite = loss.isFinite()
             losses.add(if (finite) loss else null)
@@ -325,6 +338,8 @@ class TrainingSession(
         "rank" to program.rank.takeIf { it >= 1 }, "lcsb_k" to (plan?.phases?.maxOf { it.size } ?: program.layers), "targets" to program.targets,
         "optimizer" to program.optimizer.takeIf { it == "sgd" || it == "adamw" }, "lr" to spec.lr,
         "quant" to program.quant.takeIf { it in setOf("none", "int8", "int4") }, "steps_planned" to spec.steps, "budget_bytes" to spec.budgetBytes,
+        "config" to linkedMapOf("lcsb_policy" to (plan?.policy ?: "full"), "lcsb_seed" to plan?.seed, "lcsb_period" to plan?.schedule?.size,
+            "layers_per_checkpoint" to spec.layersPerCheckpoint),
     ) + spec.runInfo
 
     /** Greedy generation from [promptIds] with the initial adapter and with the live state: (before, after) ids. */

@@ -45,18 +45,37 @@ object V3Checkpoints {
     const val ADAPTER_WEIGHTS = "adapter_model.safetensors"
 }
 
-/** StepPlan of a policy (toolchain/lcsb/plan.py make_plan; not "random", which draws with torch). */
-fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String): StepPlan {
+/**
+ * StepPlan of a policy, as toolchain/lcsb/plan.py `make_plan` builds it: cyclic, strided, last, full, and random
+ * (step t < [period] selects the first k of `permutation(layers, seed + t)`, sorted; equal draws share one phase;
+ * [seed] default 0, [period] default 4 * ceil(layers / k); the seed sum wraps modulo 2^64 as SplitMix64 takes it).
+ */
+fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = null, period: Int? = null): StepPlan {
+    if (policy !in POLICIES) throw ContractError("unknown LCSB policy '$policy'; choose ${POLICIES.joinToString()}")
     if (layers < 1) throw ContractError("layers must be >= 1, got $layers")
     val kk = if (policy == "full") layers else k ?: throw ContractError("the $policy policy needs k (layers per step)")
     if (kk !in 1..layers) throw ContractError("k = $kk is outside 1..$layers (the model's layers); choose k <= $layers")
+    if (policy != "random" && (seed != null || period != null)) throw ContractError("seed and period only apply to the random policy, not '$policy'")
     val groups = (layers + kk - 1) / kk
     val phases = when (policy) {
         "cyclic" -> (0 until groups).map { i -> (layers * i / groups until layers * (i + 1) / groups).toList() }
         "strided" -> (0 until groups).map { i -> (i until layers step groups).toList() }
         "last" -> listOf((layers - kk until layers).toList())
         "full" -> listOf((0 until layers).toList())
-        else -> throw ContractError("LCSB policy '$policy' is not one of cyclic, strided, last, full")
+        else -> return randomPlan(layers, kk, seed ?: 0L, period ?: (4 * groups))
     }
     return StepPlan(layers, policy, kk, null, phases, phases.indices.toList())
+}
+
+private fun randomPlan(layers: Int, k: Int, seed: Long, period: Int): StepPlan {
+    if (period < 1) throw ContractError("period must be >= 1, got $period")
+    val phases = ArrayList<List<Int>>()
+    val schedule = ArrayList<Int>(period)
+    for (step in 0 until period) {
+        val draw = permutation(layers, seed + step).take(k).sorted()
+        var at = phases.indexOf(draw)
+        if (at < 0) { phases.add(draw); at = phases.size - 1 }
+        schedule.add(at)
+    }
+    return StepPlan(layers, "random", k, seed, phases, schedule)
 }

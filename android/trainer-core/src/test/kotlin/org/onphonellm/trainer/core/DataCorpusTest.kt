@@ -10,8 +10,9 @@ import java.math.BigInteger
 /**
  * On-device data preparation against the host: every case of shared_schemas/data_corpus/cases.jsonl
  * (written by scripts/record_data_corpus.py from toolchain/shuffle.py, text_data.py, training/order.py):
- * SplitMix64 outputs, permutations, per-epoch row orders, held-out splits, text -> rows with the byte and
- * Qwen2.5 tokenizers, chat -> rows with the Qwen chat template. The Qwen cases need the test-time Qwen2.5
+ * SplitMix64 outputs, permutations, per-epoch row orders, held-out splits, LCSB plans of every policy
+ * (toolchain/lcsb/plan.py make_plan, the random one included), text -> rows with the byte and Qwen2.5
+ * tokenizers, chat -> rows with the Qwen chat template. The Qwen cases need the test-time Qwen2.5
  * tokenizer.json (android/test.sh writes it, as for TokenizerTest); without it they are skipped, counted.
  */
 class DataCorpusTest {
@@ -37,6 +38,14 @@ class DataCorpusTest {
             "order" -> {
                 val order = DataOrder(c.int("rows"), u64(c.raw("seed")))
                 assertEquals(c.ints("order"), (0 until c.int("steps")).map { order.rowForStep(it.toLong()) }, where)
+            }
+            "lcsb_plan" -> {
+                val seed = if (c.has("seed")) u64(c.raw("seed")) else null
+                val plan = StepPlan.make(c.int("layers"), c.int("k"), c.string("policy"), seed, c.optInt("period"))
+                assertEquals(c.arr("phases").map { ints(it) }, plan.phases, "$where phases")
+                assertEquals(c.ints("schedule"), plan.schedule, "$where schedule")
+                assertEquals(c.string("policy"), plan.policy, where)
+                assertEquals(if (c.string("policy") == "random") seed ?: 0L else null, plan.seed, "$where seed")
             }
             "split" -> assertEquals(c.ints("held"), TextRows.heldOutIndices(c.int("rows"), c.double("fraction"), u64(c.raw("seed"))), where)
             "text" -> {
@@ -68,7 +77,10 @@ class DataCorpusTest {
         val mine = cases.filter { !needsQwen(it) }
         mine.forEach { assertTrue(check(it, null)) }
         // Every kind is there (a corpus that lost a kind would pass silently otherwise).
-        assertEquals(setOf("splitmix", "permutation", "order", "split", "text"), mine.map { it.string("kind") }.toSet())
+        assertEquals(setOf("splitmix", "permutation", "order", "split", "lcsb_plan", "text"), mine.map { it.string("kind") }.toSet())
+        val plans = mine.filter { it.string("kind") == "lcsb_plan" }
+        assertEquals(setOf("cyclic", "strided", "last", "full", "random"), plans.map { it.string("policy") }.toSet())
+        assertTrue(plans.any { it.string("policy") == "random" && !it.has("period") }, "a random case with the default period")
     }
 
     @Test fun `every Qwen25 text and chat case equals the host`() {

@@ -16,10 +16,13 @@ import java.nio.channels.FileChannel
  * backprop, LCSB with layers chosen at run time, eval, greedy generation) on that program's manifest,
  * mapped weights and state_init.bin, against a runtime that checks each call's method and the sha256 of
  * every input it receives, in order, then answers with the recorded outputs. Every input must be built
- * bit for bit and the final state must equal the host's.
+ * bit for bit and the final state must equal the host's. traces/v3_tiny_groups is the same program and steps
+ * with checkpoint groups (`layers_per_checkpoint` 2: the forward keeps fewer layer inputs, the backward
+ * reruns block_forward to rebuild the others), replayed by the same harness.
  */
 class ReplayV3Test {
     private val traceDir = File(Fixtures.schemas, "traces/v3_tiny")
+    private val groupsDir = File(Fixtures.schemas, "traces/v3_tiny_groups")
 
     private class Trace(dir: File) {
         val doc = Fields.of(Json.parse(File(dir, "trace.json").readText()), "trace.json")
@@ -64,8 +67,11 @@ class ReplayV3Test {
         Pair(f.arr("input_ids").map { (it as Json.Num).asLongOrNull!! }, f.arr("labels").map { (it as Json.Num).asLongOrNull!! })
     }
 
-    private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null) {
-        val trace = Trace(traceDir)
+    /** Replays [dir]'s trace with its layers_per_checkpoint (or [groupsOverride]); returns the activation buffers allocated. */
+    private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
+                       groupsOverride: Int? = null): Int {
+        val trace = Trace(dir)
+        val perCheckpoint = groupsOverride ?: trace.doc.optInt("layers_per_checkpoint") ?: 1
         val program = ProgramV3.read(trace.program)
         val weights = MappedWeights.map(File(trace.program, program.weightsFile))
         val runtime = ReplayRuntime(trace, program)
@@ -83,7 +89,10 @@ class ReplayV3Test {
                     val (ids, labels) = train[s.int("row")]
                     val (i, l) = loop.pad(ids, labels)
                     val sel = s.ints("selected")
-                    val loss = loop.trainStep(i, l, lr, selectOverride?.invoke(sel) ?: sel.toSet())
+                    val loss = loop.trainStep(i, l, lr, selectOverride?.invoke(sel) ?: sel.toSet(), perCheckpoint)
+                    val m = sel.size
+                    assertTrue(loop.peakCheckpoints <= (m + perCheckpoint - 1) / perCheckpoint + perCheckpoint - 1 && loop.peakCheckpoints <= m,
+                        "step ${s.int("step")}: ${loop.peakCheckpoints} layer inputs alive, $m selected, groups of $perCheckpoint")
                     losses.add(loss.toDouble())
                     assertEquals(s.double("loss"), loss.toDouble(), "step ${s.int("step")} loss")
                     assertEquals(s.string("state_sha256"), loop.state.sha256(), "state after step ${s.int("step")}")
@@ -107,12 +116,37 @@ class ReplayV3Test {
         assertEquals(trace.calls.size, runtime.next, "every recorded call made")
         assertEquals(trace.doc.arr("losses").map { (it as Json.Num).asDouble }, losses)
         assertEquals(trace.doc.string("final_state_sha256"), loop.state.sha256(), "final state")
+        return loop.allocatedBuffers
     }
 
-    @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() = replay()
+    @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
 
-    @Test fun `killed after step 2, resumed from its checkpoint, the run ends in the host's state`() {
+    @Test fun `replays the host's checkpoint groups bit for bit - reruns, same losses and state, fewer buffers`() {
+        val groups = Trace(groupsDir)
+        assertEquals(2, groups.doc.int("layers_per_checkpoint"))
+        val plain = Trace(traceDir)
+        // The same steps as v3_tiny: the same losses and states, with the reruns' block_forward calls in between.
+        assertEquals(plain.doc.arr("losses").map { (it as Json.Num).asDouble }, groups.doc.arr("losses").map { (it as Json.Num).asDouble })
+        assertEquals(plain.doc.string("final_state_sha256"), groups.doc.string("final_state_sha256"))
+        assertTrue(groups.calls.size > plain.calls.size)
+        val withGroups = replay(dir = groupsDir)
+        val without = replay()
+        // Fewer [T, d] buffers alive at once, so the pool (which only grows to the peak) holds fewer.
+        assertTrue(withGroups < without, "buffers with groups $withGroups, without $without")
+    }
+
+    @Test fun `the groups trace needs the groups - replayed with s = 1 it fails at the first rerun`() {
+        val e = assertThrows(Throwable::class.java) { replay(dir = groupsDir, groupsOverride = 1) }
+        assertTrue("call" in e.message!!, e.message)
+    }
+
+    @Test fun `killed after step 2, resumed from its checkpoint, the run ends in the host's state`() = resume(traceDir)
+
+    @Test fun `killed after step 2 and resumed, with checkpoint groups`() = resume(groupsDir)
+
+    private fun resume(traceDir: File) {
         val trace = Trace(traceDir)
+        val layersPerCheckpoint = trace.doc.optInt("layers_per_checkpoint") ?: 1
         val program = ProgramV3.read(trace.program)
         val weights = MappedWeights.map(File(trace.program, program.weightsFile))
         val train = rows(trace, "rows")
@@ -125,7 +159,7 @@ class ReplayV3Test {
                 for (s in steps.subList(from, to)) {
                     val (ids, labels) = train[s.int("row")]
                     val (i, l) = loop.pad(ids, labels)
-                    loop.trainStep(i, l, lr, s.ints("selected").toSet())
+                    loop.trainStep(i, l, lr, s.ints("selected").toSet(), layersPerCheckpoint)
                 }
             }
             val first = LayerLoop(program, weights, ReplayRuntime(trace, program)).also { it.state.loadInit() }

@@ -52,10 +52,10 @@ class SessionTest {
         shuffleSeed = 7, lcsbPolicy = "cyclic", lcsbK = 1, heldOut = 0.25, heldOutSeed = 3,
         runInfo = mapOf("platform" to "android", "device_model" to "test", "os" to "Android 15 (API 35)", "total_ram_bytes" to 8_000_000_000L))
 
-    private fun newRun(base: File, runId: String, steps: Long = 6, budget: Long = 1L shl 30): RunDir {
+    private fun newRun(base: File, runId: String, steps: Long = 6, budget: Long = 1L shl 30, spec: RunSpec = spec(runId, steps, budget)): RunDir {
         val all = rows(8, 1)
         val (train, held) = TextRows.splitHeldOut(all, 0.25, 3)
-        return Runs(base).create(spec(runId, steps, budget), PreparedData(train, held, false))
+        return Runs(base).create(spec, PreparedData(train, held, false))
     }
 
     private fun session(dir: RunDir, runtime: ProgramRuntime = HashRuntime(program), probe: MemoryProbe = ScriptedProbe(listOf(50_000_000L)),
@@ -167,6 +167,78 @@ class SessionTest {
         assertEquals(listOf(listOf(0, 3, 6, 9), listOf(1, 4, 7), listOf(2, 5, 8)), StepPlan.make(10, 4, "strided").phases)
         assertEquals(listOf(listOf(6, 7, 8, 9)), StepPlan.make(10, 4, "last").phases)
         assertEquals(listOf(listOf(0, 1, 2)), StepPlan.make(3, null, "full").phases)
+        // random (every make_plan case of data_corpus is DataCorpusTest's): step t = first k of permutation(L, seed + t), sorted
+        val r = StepPlan.make(10, 3, "random", seed = 11)
+        assertEquals(16, r.schedule.size)  // default period 4 * ceil(10 / 3)
+        assertEquals(11L, r.seed)
+        for (t in 0 until 16) assertEquals(permutation(10, 11L + t).take(3).sorted().toSet(), r.layersAt(t.toLong()), "step $t")
+        assertEquals(r.phases.size, r.phases.toSet().size)  // equal draws share a phase
+        assertEquals(0L, StepPlan.make(4, 2, "random").seed)
+        // seed + t wraps modulo 2^64, as the host's SplitMix64 takes (seed + t) mod 2^64
+        assertEquals(permutation(4, Long.MIN_VALUE + 1).take(2).sorted().toSet(), StepPlan.make(4, 2, "random", seed = Long.MAX_VALUE, period = 3).layersAt(2))
+        assertThrows<ContractError> { StepPlan.make(4, 2, "random", period = 0) }
+        assertThrows<ContractError> { StepPlan.make(4, 2, "cyclic", seed = 1) }
+        assertThrows<ContractError> { StepPlan.make(4, 5, "random") }
+        assertThrows<ContractError> { StepPlan.make(4, 2, "lisa") }
+    }
+
+    /** The loop with checkpoint groups makes the same update calls on the same inputs (any change would change every later output). */
+    @Test fun `checkpoint groups - the same losses and state as s = 1 for every selection, fewer layer inputs alive`() {
+        val selections = listOf(setOf(0, 1, 2), setOf(0, 2), setOf(1), setOf(2), setOf(0), setOf(1, 2), setOf(0, 1))
+        fun train(s: Int): Triple<List<Float>, String, List<Int>> {
+            val loop = LayerLoop(program, weights, HashRuntime(program)).also { it.state.loadInit() }
+            val peaks = ArrayList<Int>()
+            val losses = selections.mapIndexed { t, sel ->
+                val r = rows(4, t)[t % 4]
+                val (i, l) = loop.pad(r.inputIds.map { it.toLong() }, r.labels.map { it.toLong() })
+                loop.trainStep(i, l, 0.05f, sel, s).also { peaks.add(loop.peakCheckpoints) }
+            }
+            return Triple(losses, loop.state.sha256(), peaks)
+        }
+        val (losses1, state1, peaks1) = train(1)
+        assertEquals(selections.map { it.size }, peaks1)
+        for (s in 2..4) {
+            val (losses, state, peaks) = train(s)
+            assertEquals(losses1, losses, "losses, groups of $s")
+            assertEquals(state1, state, "state, groups of $s")
+            selections.zip(peaks).forEach { (sel, p) -> assertTrue(p <= (sel.size + s - 1) / s + s - 1 && p <= sel.size, "$sel, s = $s: $p alive") }
+        }
+        assertEquals(2, train(2).third[0])  // all 3 layers selected: [0, 1] [2] keeps 2 inputs, not 3
+        assertThrows<ContractError> { train(0) }
+        assertEquals(listOf(listOf(0, 2), listOf(5, 7), listOf(9)), LayerLoop.checkpointGroups(listOf(0, 2, 5, 7, 9), 2))
+        assertEquals(listOf(1, 1, 2, 2, 2, 3, 5), listOf(1, 2, 3, 5, 6, 7, 24).map { LayerLoop.sqrtLayersPerCheckpoint(it) })
+    }
+
+    @Test fun `a session with the random plan and checkpoint groups - the groups change nothing but memory`() {
+        fun runWith(s: Int): RunDir {
+            val id = "rand$s"
+            val dir = newRun(Fixtures.tempDir(), id, spec = spec(id).copy(lcsbPolicy = "random", lcsbK = 2, lcsbSeed = 5, layersPerCheckpoint = s))
+            assertEquals("completed", session(dir).run().status)
+            return dir
+        }
+        val a = runWith(1)
+        val b = runWith(2)
+        assertArrayEquals(File(a.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        val events = EventLog(b.telemetry).events()
+        events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+        val start = Fields(events.first { (it["type"] as Json.Str).value == "run_start" }, "run_start")
+        val config = start.obj("config")
+        assertEquals(2, config.int("layers_per_checkpoint"))
+        assertEquals("random", config.string("lcsb_policy"))
+        assertEquals(5L, config.long("lcsb_seed"))
+        assertEquals(8, config.int("lcsb_period"))  // 4 * ceil(3 / 2)
+        val plan = StepPlan.make(3, 2, "random", 5)
+        val phases = events.filter { (it["type"] as Json.Str).value == "step" }.map { Fields(it, "step").int("lcsb_phase") }
+        assertEquals((0 until 6).map { plan.schedule[it] }, phases)
+        // run.json keeps the options; one written before them reads as s = 1, no seed.
+        val spec = RunSpec.parse(Json.parse(b.spec.readText()), "run.json")
+        assertEquals(Triple(2, 5L, null as Int?), Triple(spec.layersPerCheckpoint, spec.lcsbSeed, spec.lcsbPeriod))
+        val old = Json.Obj((spec("old").toJson() as Json.Obj).fields - setOf("lcsb_seed", "lcsb_period", "layers_per_checkpoint"))
+        val parsed = RunSpec.parse(old, "old run.json")
+        assertEquals(1, parsed.layersPerCheckpoint)
+        assertEquals(null, parsed.lcsbSeed)
+        assertThrows<ContractError> { spec("x").copy(lcsbSeed = 3).plan(program) }  // a seed without the random policy
+        assertThrows<ContractError> { spec("y").copy(layersPerCheckpoint = 0) }
     }
 
     /**
