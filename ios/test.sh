@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # iOS checks that run on Linux (CI and developers' machines):
 #   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot), including
-#      the replay of the recorded v3 trace (shared_schemas/traces/v3_tiny) through the Swift layer loop
+#      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
 #      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins;
 #   3. the scripts/ios tests (a fake xcrun on PATH);
-#   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the trace.
+#   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
+#      (v3_tiny and v3_tiny_groups).
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
 # failure. Needs root the first time (debootstrap + mount + chroot; ~3 minutes, 3.2 GB under
 # /var/cache/toolchain-swift, override with SWIFT_CHROOT); later runs reuse the chroot and the build
@@ -81,7 +82,8 @@ failed=$((failed + syntax_failed))
 
 # --- 2b. Type-check the app's two runtimes (v3 loop runtimes) against TrainerCore (just built) and
 # stand-ins with the declarations of the ExecuTorch Swift API and of Core ML (ios/typecheck/; the real
-# frameworks need Apple's SDKs), one check per runtime file; then TrainingController.swift with both
+# frameworks need Apple's SDKs), one check per runtime file, and CoreMLRuntime once more with -D IOS26_SDK
+# (its iOS 26 SDK branch: `MLMultiArrayDataType.int8`); then TrainingController.swift with both
 # runtimes against stand-ins of the SwiftUI / UIKit declarations it uses and of the app's Darwin-only
 # platform files (ios/typecheck/AppPlatform.swift). The views and the platform files stay parse-only.
 TC_OUT=/tmp/ios-typecheck
@@ -94,11 +96,13 @@ swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
         if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
         else echo \"TYPECHECK-FAIL \$f\"; echo \"\$out\" | head -30; fi
     done
+    if out=\$(swiftc -typecheck -D IOS26_SDK -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/CoreMLRuntime.swift 2>&1); then echo \"TYPECHECK-OK CoreMLRuntime-iOS26-SDK\"
+    else echo \"TYPECHECK-FAIL CoreMLRuntime-iOS26-SDK\"; echo \"\$out\" | head -30; fi
     if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
             ios/App/Sources/Runtime/CoreMLRuntime.swift ios/typecheck/AppPlatform.swift 2>&1); then echo \"TYPECHECK-OK TrainingController\"
     else echo \"TYPECHECK-FAIL TrainingController\"; echo \"\$out\" | head -30; fi" >"$LOG_DIR/typecheck.log" 2>&1
 tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
-tc_failed=$((3 - tc_passed))
+tc_failed=$((4 - tc_passed))
 [ "$tc_failed" != 0 ] && grep -v "^TYPECHECK-OK " "$LOG_DIR/typecheck.log" | head -40
 echo "App type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
 passed=$((passed + tc_passed))
@@ -120,13 +124,19 @@ failed=$((failed + s_failed))
 # --- 4. The app's ExecuTorch call pattern (the stock C++ Module, per-method arenas, set_input/execute)
 # as the runtime of the v3 layer loop, against the recorded trace (ios/hostcheck; ~10 s, needs g++ and
 # the .venv's executorch wheel).
+# Both traces: v3_tiny, and v3_tiny_groups (the same program with checkpoint groups, ~4 s more).
+h_passed=0
+h_failed=0
 if [ -x "$REPO/.venv/bin/python" ] && command -v g++ >/dev/null 2>&1; then
-    (cd "$REPO" && .venv/bin/python ios/hostcheck/check.py) >"$LOG_DIR/hostcheck.log" 2>&1
-    if grep -q "^hostcheck: ok" "$LOG_DIR/hostcheck.log"; then h_passed=1; h_failed=0; else h_passed=0; h_failed=1; tail -20 "$LOG_DIR/hostcheck.log"; fi
+    for t in v3_tiny v3_tiny_groups; do
+        (cd "$REPO" && .venv/bin/python ios/hostcheck/check.py "shared_schemas/traces/$t") >"$LOG_DIR/hostcheck-$t.log" 2>&1
+        if grep -q "^hostcheck: ok" "$LOG_DIR/hostcheck-$t.log"; then h_passed=$((h_passed + 1))
+        else h_failed=$((h_failed + 1)); tail -20 "$LOG_DIR/hostcheck-$t.log"; fi
+    done
 else
-    echo "ios: hostcheck needs the .venv and g++"; h_passed=0; h_failed=1
+    echo "ios: hostcheck needs the .venv and g++"; h_failed=2
 fi
-echo "hostcheck (C++ Module vs trace): $h_passed passed, $h_failed failed (log $LOG_DIR/hostcheck.log)"
+echo "hostcheck (C++ Module vs traces): $h_passed passed, $h_failed failed (logs $LOG_DIR/hostcheck-*.log)"
 passed=$((passed + h_passed))
 failed=$((failed + h_failed))
 

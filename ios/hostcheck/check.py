@@ -9,6 +9,7 @@ step's loss and state sha256, the final state, the eval loss and the generated i
 (recorded on the Python bindings' runtime, one shared arena).
 
     .venv/bin/python ios/hostcheck/check.py [TRACE_DIR]      # default shared_schemas/traces/v3_tiny
+                                                             # (v3_tiny_groups: its layers_per_checkpoint)
 
 Needs g++ and the venv (the executorch wheel's headers and libexecutorch.so). Exit 0 when all hold.
 """
@@ -119,7 +120,8 @@ def main() -> int:
             for step in trace["steps"]:
                 if step["kind"] == "train":
                     ids, labels = padded(trace["rows"][step["row"]])
-                    loss = loop.train_step(ids, labels, lr, state, selected=step["selected"])
+                    loss = loop.train_step(ids, labels, lr, state, selected=step["selected"],
+                                           layers_per_checkpoint=trace.get("layers_per_checkpoint", 1))
                     same = (np.float32(loss) == np.float32(step["loss"]), sha(state) == step["state_sha256"])
                     report["steps"].append({"train": step["step"], "selected": step["selected"], "loss": loss,
                                             "loss_equal": bool(same[0]), "state_equal": same[1]})

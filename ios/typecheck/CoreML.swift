@@ -1,7 +1,7 @@
 // Stand-in for the part of Apple's Core ML API the app uses (iOS 17 SDK declarations as Swift sees
 // them: MLModel, MLModelConfiguration, MLModelDescription, MLFeatureDescription,
 // MLMultiArrayConstraint, MLFeatureValue, MLFeatureProvider, MLDictionaryFeatureProvider,
-// MLMultiArray, MLMultiArrayDataType, MLComputeUnits). Written from Apple's documentation, not
+// MLMultiArray, MLMultiArrayDataType incl. the iOS 26 `int8`, MLComputeUnits). Written from Apple's documentation, not
 // from the SDK: only for type-checking ios/App/Sources/Runtime/CoreMLRuntime.swift (contract v3) on Linux
 // (ios/test.sh). Bodies are placeholders.
 import Foundation
@@ -10,6 +10,8 @@ public enum MLComputeUnits: Int { case cpuOnly = 0, cpuAndGPU = 1, all = 2, cpuA
 
 public enum MLMultiArrayDataType: Int {
     case double = 65600, float32 = 65568, float16 = 65552, int32 = 131104
+    // MLMultiArrayDataTypeInt8 = 0x20000 | 8 (iOS 26 / macOS 26 SDKs)
+    @available(iOS 26, macOS 26, *) case int8 = 131080
 }
 
 public class MLModelConfiguration {

@@ -11,6 +11,7 @@ struct RunSettings: Equatable {
     var lr = 1e-4
     var lcsbK = 0                       // 0: every layer every step; else at most k layers per step (LCSB)
     var lcsbPolicy = "cyclic"           // cyclic | strided | last | random (toolchain plan lcsb's policies)
+    var layersPerCheckpoint = 1         // 1: every selected layer's input kept; s > 1: "use less memory (recompute more)"
     var heldOutPercent = 10             // 0: no held-out loss
     var splitSeed = 0
     var shuffleSeed = -1                // < 0: file order; else the host's `--shuffle SEED`
@@ -23,7 +24,8 @@ struct RunSettings: Equatable {
     var config: SessionConfig {
         SessionConfig(steps: steps, lr: Float(lr), checkpointEvery: checkpointEvery,
                       shuffleSeed: shuffleSeed >= 0 ? UInt64(shuffleSeed) : nil,
-                      selection: lcsbK > 0 ? .lcsb(policy: lcsbPolicy, k: lcsbK, seed: lcsbPolicy == "random" ? 0 : nil) : .all)
+                      selection: lcsbK > 0 ? .lcsb(policy: lcsbPolicy, k: lcsbK, seed: lcsbPolicy == "random" ? 0 : nil) : .all,
+                      layersPerCheckpoint: max(1, layersPerCheckpoint))
     }
 }
 
@@ -88,7 +90,9 @@ final class TrainingController: ObservableObject {
         data = run.data
         dataSource = run.source
         dataSettings = (run.heldOutFraction, run.splitSeed)
-        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20)
+        let layers = (try? LoopManifest.load(directory: paths.programs.appendingPathComponent(run.program)))?.loop.layers
+        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20, layers: layers,
+                       layersPerCheckpoint: run.config.layersPerCheckpoint)
         model.setPhase(.paused, "The last run (\(run.program), \(run.source)) stopped before it finished; Resume continues it")
     }
 
@@ -122,12 +126,14 @@ final class TrainingController: ObservableObject {
                 let manifest = try LoopManifest.load(directory: dir)
                 let tokenizer = try ProgramTokenizer.load(manifest: manifest, directory: dir)
                 let data = try TrainingData.prepare(source, tokenizer: tokenizer, manifest: manifest, heldOutFraction: fraction, seed: seed)
+                let layers = manifest.loop.layers
                 Task { @MainActor in
                     self.data = data
                     self.dataSource = name
                     self.dataSettings = (fraction, seed)
                     self.current = nil
-                    model.prepared(data, stepsPlanned: settings.steps, budgetBytes: UInt64(settings.budgetMB) << 20)
+                    model.prepared(data, stepsPlanned: settings.steps, budgetBytes: UInt64(settings.budgetMB) << 20,
+                                   layers: layers, layersPerCheckpoint: settings.config.layersPerCheckpoint)
                 }
             } catch {
                 Task { @MainActor in model.preparationFailed(error) }
@@ -181,7 +187,9 @@ final class TrainingController: ObservableObject {
         record.status = nil
         try? record.save(to: paths.latestRun)
         savedRun = record
-        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20)
+        // the saved run's settings (a resume keeps its layers per checkpoint, whatever the toggle says now)
+        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20,
+                       layersPerCheckpoint: run.config.layersPerCheckpoint)
         model.setPhase(.loading, "Loading \(run.program)")
         let paths = self.paths, monitor = self.monitor, model = self.model
         let started = record
@@ -220,8 +228,9 @@ final class TrainingController: ObservableObject {
             checkpoint: CheckpointStore(url: paths.checkpoint(program: run.program)), telemetry: sinks,
             usedSeq: { runId in max(log.nextSeq(runId: runId), queue?.nextSeq(runId: runId) ?? 0) },
             probes: MemoryProbes(footprint: footprint, available: AvailableProbe(monitor: monitor), pressure: { monitor.level }),
+            // the planned peak counts the checkpoints this run keeps at once (LCSB k, checkpoint groups)
             budget: BudgetGuard(budgetBytes: budget,
-                                plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + manifest.plannedPeakBytes(target: run.backend)))
+                                plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + run.config.plannedPeakBytes(manifest: manifest, target: run.backend)))
         session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
         controller?.current = session
         let uploader = queue.flatMap { q in
@@ -383,6 +392,7 @@ final class TrainingController: ObservableObject {
         s.lr = d.object(forKey: "lr") as? Double ?? s.lr
         s.lcsbK = d.object(forKey: "lcsbK") as? Int ?? s.lcsbK
         s.lcsbPolicy = d.string(forKey: "lcsbPolicy") ?? s.lcsbPolicy
+        s.layersPerCheckpoint = d.object(forKey: "layersPerCheckpoint") as? Int ?? s.layersPerCheckpoint
         s.heldOutPercent = d.object(forKey: "heldOutPercent") as? Int ?? s.heldOutPercent
         s.budgetMB = d.object(forKey: "budgetMB") as? Int ?? s.budgetMB
         s.telemetryURL = d.string(forKey: "telemetryURL") ?? ""

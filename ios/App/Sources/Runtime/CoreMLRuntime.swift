@@ -25,10 +25,19 @@ final class CoreMLRuntime: LoopRuntime {
     private let computeUnits: MLComputeUnits
     private var models: [String: MLModel] = [:]
 
-    /// `MLMultiArrayDataType.int8` (iOS 26 / macOS 26 SDKs; the quantized packages target iOS 26):
-    /// spelled by its raw value, 0x20000 | 8 as int32 is 0x20000 | 32, so the app also builds with
-    /// older SDKs. Not verified against an SDK here (docs/ios.md).
-    static let int8Type = MLMultiArrayDataType(rawValue: 0x20000 | 8)
+    /// `MLMultiArrayDataType.int8` (Apple documents it for iOS 26 / macOS 26; the quantized packages
+    /// target iOS 26), nil before iOS 26. Built with the iOS 26 SDK (Xcode 26, Swift 6.2) it is the
+    /// SDK's `.int8`; an older SDK (Xcode 16) has no such case, so there it is spelled by its raw value,
+    /// MLMultiArrayDataTypeInt8 = 0x20000 | 8 (as int32 is 0x20000 | 32). `IOS26_SDK`: ios/test.sh
+    /// type-checks this branch on Linux against the stand-in's `case int8 = 131080`.
+    static var int8Type: MLMultiArrayDataType? {
+        #if compiler(>=6.2) || IOS26_SDK
+        if #available(iOS 26, macOS 26, *) { return .int8 }
+        return nil
+        #else
+        return MLMultiArrayDataType(rawValue: 0x20000 | 8)
+        #endif
+    }
 
     /// Compile each method's package (once; the compiled model is cached under Library/Caches,
     /// keyed by the package's checksums in the manifest, so a re-export is compiled again).

@@ -15,6 +15,7 @@ struct ContentView: View {
     @AppStorage("lr") private var lr = 1e-4
     @AppStorage("lcsbK") private var lcsbK = 0
     @AppStorage("lcsbPolicy") private var lcsbPolicy = "cyclic"
+    @AppStorage("layersPerCheckpoint") private var layersPerCheckpoint = 1
     @AppStorage("heldOutPercent") private var heldOutPercent = 10
     @AppStorage("budgetMB") private var budgetMB = 2048
     @AppStorage("telemetryURL") private var telemetryURL = ""
@@ -106,6 +107,7 @@ struct ContentView: View {
                     ForEach(["cyclic", "strided", "last", "random"], id: \.self) { Text($0).tag($0) }
                 }
             }
+            checkpointRows
             Stepper("Budget: \(budgetMB) MB", value: $budgetMB, in: 128...16_384, step: 128)
             if state.phase.busy {
                 Button(state.phase == .pausing ? "Stopping…" : "Stop", role: .destructive) { controller.stop() }
@@ -119,6 +121,27 @@ struct ContentView: View {
                 Button("Start over (delete checkpoint)", role: .destructive) { controller.resetRun(program: program) }
                     .disabled(program.isEmpty)
             }
+        }
+    }
+
+    /// Checkpoint groups: off keeps every selected layer's input ([T, d] each) through the backward;
+    /// on keeps one per `layersPerCheckpoint` selected layers and reruns the forward of each group
+    /// (same results, less memory, a bit more compute). Saved with the run: Resume uses the run's.
+    @ViewBuilder private var checkpointRows: some View {
+        Toggle("Use less memory (recompute more)", isOn: Binding(
+            get: { layersPerCheckpoint > 1 },
+            set: { layersPerCheckpoint = $0 ? state.suggestedLayersPerCheckpoint(lcsbK: lcsbK) : 1 }))
+        if layersPerCheckpoint > 1 {
+            Stepper("Layers per checkpoint: \(layersPerCheckpoint)", value: $layersPerCheckpoint, in: 2...64)
+        }
+        if let plan = state.checkpointPlan(lcsbK: lcsbK, layersPerCheckpoint: layersPerCheckpoint) {
+            Text("Keeps \(plan.kept) of \(plan.selected) layer inputs at once" +
+                 (plan.kept < plan.selected ? "; reruns the forward of each group in the backward" : ""))
+                .font(.caption).foregroundStyle(.secondary)
+        }
+        if state.canResume && state.layersPerCheckpoint != max(1, layersPerCheckpoint) {
+            Text("Resume continues the saved run with \(state.layersPerCheckpoint) layer(s) per checkpoint")
+                .font(.caption).foregroundStyle(.secondary)
         }
     }
 
@@ -188,6 +211,7 @@ struct ContentView: View {
         s.lr = lr
         s.lcsbK = lcsbK
         s.lcsbPolicy = lcsbPolicy
+        s.layersPerCheckpoint = layersPerCheckpoint
         s.heldOutPercent = heldOutPercent
         s.budgetMB = budgetMB
         s.telemetryURL = telemetryURL

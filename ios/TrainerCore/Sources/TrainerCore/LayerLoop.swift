@@ -8,6 +8,7 @@ public final class HostBuffer {
     public init(byteCount: Int) {
         raw = UnsafeMutableRawBufferPointer.allocate(byteCount: max(byteCount, 1), alignment: 64)
         raw.initializeMemory(as: UInt8.self, repeating: 0)
+        HostMemory.allocated(raw.count)
     }
 
     public convenience init(copying bytes: UnsafeRawBufferPointer) {
@@ -25,7 +26,10 @@ public final class HostBuffer {
         values.withUnsafeBytes { if $0.count > 0 { raw.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
     }
 
-    deinit { raw.deallocate() }
+    deinit {
+        HostMemory.freed(raw.count)
+        raw.deallocate()
+    }
 
     public var byteCount: Int { raw.count }
     public var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(raw) }
@@ -33,6 +37,66 @@ public final class HostBuffer {
     public func slice(_ byteOffset: Int, _ count: Int) -> UnsafeRawBufferPointer {
         UnsafeRawBufferPointer(rebasing: bytes[byteOffset..<byteOffset + count])
     }
+}
+
+/// Bytes held by live `HostBuffer`s (the loop's own memory: the state array, activations,
+/// checkpoints, KV caches), and the most held at once since `resetPeak()`; what the tests use to see
+/// that a step really frees what it no longer needs (checkpoint groups).
+public enum HostMemory {
+    private static let lock = NSLock()
+    private static var liveBytes = 0
+    private static var peakBytes = 0
+
+    static func allocated(_ n: Int) {
+        lock.lock()
+        liveBytes += n
+        if liveBytes > peakBytes { peakBytes = liveBytes }
+        lock.unlock()
+    }
+
+    static func freed(_ n: Int) {
+        lock.lock()
+        liveBytes -= n
+        lock.unlock()
+    }
+
+    public static var live: Int { lock.lock(); defer { lock.unlock() }; return liveBytes }
+    public static var peak: Int { lock.lock(); defer { lock.unlock() }; return peakBytes }
+    /// Start a new peak from what is live now.
+    public static func resetPeak() { lock.lock(); peakBytes = liveBytes; lock.unlock() }
+}
+
+/// Checkpoint groups (`toolchain/mesp/step.py` `checkpoint_groups`, `toolchain/runtime/loop.py`
+/// `LayerLoop.train_step(layers_per_checkpoint=)`): the step's selected layers, ascending, in groups
+/// of s; the forward keeps only each group's first layer's input, and when the backward reaches a
+/// group's top layer it reruns `block_forward` from that input to rebuild the group's other inputs.
+public enum CheckpointGroups {
+    /// `selected` (ascending) in groups of `s`.
+    public static func groups(_ selected: [Int], layersPerCheckpoint s: Int) throws -> [[Int]] {
+        guard s >= 1 else {
+            throw TrainerError.badInput("layers per checkpoint must be >= 1 (1 keeps every selected layer's input), got \(s)")
+        }
+        return stride(from: 0, to: selected.count, by: s).map { Array(selected[$0..<min($0 + s, selected.count)]) }
+    }
+
+    /// At most this many layer inputs ([T, d] each) are alive at once when `k` layers are selected:
+    /// min(k, ceil(k / s) + s - 1) (the kept inputs below a group plus the group's own). What the
+    /// budget guard plans with (`LoopManifest.plannedPeakBytes(target:selectedLayers:layersPerCheckpoint:)`).
+    public static func maxAlive(selected k: Int, layersPerCheckpoint s: Int) -> Int {
+        guard k > 0 else { return 0 }
+        let s = max(1, s)
+        return min(k, (k + s - 1) / s + s - 1)
+    }
+
+    /// Exactly how many are alive at most with these groups: the forward keeps one per group; at
+    /// group g's top (0-based), the g kept inputs below it and the group's own.
+    public static func peakAlive(_ groups: [[Int]]) -> Int {
+        max(groups.count, groups.enumerated().map { $0.offset + $0.element.count }.max() ?? 0)
+    }
+
+    /// round(sqrt(k)): about the fewest inputs alive for k selected layers (the host's
+    /// `sqrt_layers_per_checkpoint`).
+    public static func suggested(selected k: Int) -> Int { max(1, Int(Double(max(k, 1)).squareRoot().rounded())) }
 }
 
 /// The app's flat float32 LoRA/optimizer state (`state.numel` values), owned once: every method gets
@@ -99,7 +163,7 @@ public protocol LoopRuntime: AnyObject {
 /// The v3 layer loop, exactly as `toolchain/runtime/loop.py` `LayerLoop` runs it: binds every method
 /// input from the manifest (app inputs, activations, views of the memory-mapped weights, views of the
 /// state), calls the runtime, copies state outputs into their slices and keeps the checkpoints of the
-/// selected layers only. Train steps, held-out loss (`runtime/evaluate.py`) and generation with the
+/// selected layers only (with checkpoint groups, of each group's first layer). Train steps, held-out loss (`runtime/evaluate.py`) and generation with the
 /// KV cache (`runtime/generate.py`).
 public final class LayerLoop {
     public let manifest: LoopManifest
@@ -244,37 +308,77 @@ public final class LayerLoop {
     /// One training step on `state` (updated in place); returns the loss. `selected`: the layers that
     /// get `block_backward` this step (LCSB, chosen at run time); nil = all. Rows shorter than seq_len
     /// are padded: ids with `padTokenId`, labels with -100.
+    ///
+    /// `layersPerCheckpoint` s (the host's `LayerLoop.train_step(layers_per_checkpoint=)`): the
+    /// selected layers, ascending, in groups of s (`CheckpointGroups`); the forward keeps only the
+    /// input of each group's first layer; walking the layers top-down, at a group's top layer (before
+    /// any layer of the group is updated) `block_forward` reruns from the group's kept input through
+    /// the layers below the top (unselected ones included), keeping the inputs of the group's layers;
+    /// then backward / skip update as usual. Same losses and state bit for bit, at most
+    /// min(k, ceil(k/s) + s - 1) layer inputs alive instead of k. Each checkpoint is freed right after
+    /// its layer's backward. Default 1: every selected layer's input kept, no rerun.
     public func trainStep(inputIds: [Int64], labels: [Int64], lr: Float, state: LoopState,
-                          selected: Set<Int>? = nil, padTokenId: Int64 = 0) throws -> Float {
+                          selected: Set<Int>? = nil, padTokenId: Int64 = 0, layersPerCheckpoint: Int = 1) throws -> Float {
         let sel = selected ?? Set(0..<layers)
         guard !sel.isEmpty, sel.allSatisfy({ (0..<layers).contains($0) }) else {
             throw TrainerError.badInput("selected layers must be a non-empty subset of 0..\(layers - 1), got \(sel.sorted())")
         }
         guard inputIds.count == labels.count else { throw TrainerError.badInput("input_ids and labels differ in length") }
+        let groups = try CheckpointGroups.groups(sel.sorted(), layersPerCheckpoint: layersPerCheckpoint)
+        var topOf: [Int: [Int]] = [:]
+        for g in groups { topOf[g[g.count - 1]] = g }
         let ids = try padded(inputIds, pad: padTokenId)
         let lab = try padded(labels, pad: -100)
         if let step = manifest.state.stepEntry {
             let v = try state.view(step)
             v[v.startIndex] += 1      // AdamW step counter (the state is little-endian float32 on every target)
         }
-        var (x, checkpoints) = try forward(inputIds: ids, keep: sel, state: state)
-        let out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
+        var (x, checkpoints) = try forward(inputIds: ids, keep: Set(groups.map { $0[0] }), state: state)
+        var out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
         x = HostBuffer(byteCount: 0)
-        guard let lossBuf = out["loss"], var d = out["d"] else { throw TrainerError.runtime("head_loss returned no loss or d") }
-        var values: [String: HostBuffer] = ["d": d, "lr": HostBuffer(values: [lr.bitPattern.littleEndian])]
+        guard let lossBuf = out["loss"], out["d"] != nil else { throw TrainerError.runtime("head_loss returned no loss or d") }
+        var values: [String: HostBuffer] = ["d": out.removeValue(forKey: "d")!, "lr": HostBuffer(values: [lr.bitPattern.littleEndian])]
+        out.removeAll()
+        var alive = checkpoints.count
         for i in stride(from: layers - 1, through: 0, by: -1) {
+            if let group = topOf[i], group.count > 1 {
+                guard let first = checkpoints.removeValue(forKey: group[0]) else { throw TrainerError.runtime("no checkpoint of layer \(group[0])") }
+                try rerun(group, from: first, state: state, into: &checkpoints)
+                alive = max(alive, checkpoints.count)
+            }
             if sel.contains(i) {
-                values["checkpoint"] = checkpoints.removeValue(forKey: i)
+                guard let checkpoint = checkpoints.removeValue(forKey: i) else { throw TrainerError.runtime("no checkpoint of layer \(i)") }
+                values["checkpoint"] = checkpoint
                 guard let next = try call("block_backward", layer: i, values: values, state: state)["d"] else {
                     throw TrainerError.runtime("block_backward returned no d")
                 }
-                d = next
-                values["d"] = d
+                values["d"] = next
+                values["checkpoint"] = nil      // freed now: no layer needs it again
             } else if manifest.loop.movesUnselected {
                 try call("block_skip_update", layer: i, values: values, state: state)
             }
         }
+        lastStepPeakCheckpoints = alive
         return lossBuf.floatValue(0)
+    }
+
+    /// Layer inputs ([T, d] checkpoints) the last `trainStep` held at most at once.
+    public private(set) var lastStepPeakCheckpoints = 0
+
+    /// The inputs of `group`'s layers into `checkpoints`, rebuilt from the first one's input by
+    /// `block_forward` through layers group[0] ..< group.last (the unselected ones between included;
+    /// an output not kept is freed as soon as the next layer has run).
+    private func rerun(_ group: [Int], from first: HostBuffer, state: LoopState, into checkpoints: inout [Int: HostBuffer]) throws {
+        let wanted = Set(group)
+        checkpoints[group[0]] = first
+        var x = first
+        for j in group[0]..<group[group.count - 1] {
+            guard let next = try call("block_forward", layer: j, values: ["x": x], state: state)["x"] else {
+                throw TrainerError.runtime("block_forward returned no x")
+            }
+            x = next
+            if wanted.contains(j + 1) { checkpoints[j + 1] = x }
+        }
     }
 
     // MARK: held-out loss

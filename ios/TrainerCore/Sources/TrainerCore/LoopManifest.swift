@@ -234,10 +234,24 @@ public struct LoopManifest: Decodable, Equatable {
     /// Dirty memory a training step is planned to peak at on `target`: the manifest's estimate, else
     /// the planned arenas of the training methods (each loaded method keeps its own arena in the stock
     /// `Module`) + the state array + the checkpoints. The weights are clean mapped pages: not counted.
-    public func plannedPeakBytes(target: String = "executorch") -> UInt64 {
-        if let p = memoryPlan?.peakEstimateBytes?[target] { return UInt64(p) }
+    ///
+    /// The manifest counts one [T, d] checkpoint per layer (`checkpoint_bytes`); a step keeps those of
+    /// its `selectedLayers` k only (nil: every layer), and with checkpoint groups of
+    /// `layersPerCheckpoint` s at most `CheckpointGroups.maxAlive` = min(k, ceil(k/s) + s - 1) of them
+    /// at once, so the plan counts checkpoint_bytes x that / layers instead (the host's
+    /// `toolchain plan fit`, toolchain/memory/fit.py). The defaults give the manifest's figure.
+    public func plannedPeakBytes(target: String = "executorch", selectedLayers: Int? = nil, layersPerCheckpoint: Int = 1) -> UInt64 {
+        let all = memoryPlan?.checkpointBytes ?? 0
+        let kept = plannedCheckpoints(selectedLayers: selectedLayers, layersPerCheckpoint: layersPerCheckpoint)
+        let checkpoints = loop.layers > 0 ? all * kept / loop.layers : all
+        if let p = memoryPlan?.peakEstimateBytes?[target] { return UInt64(max(0, p - all + checkpoints)) }
         let arenas = memoryPlan?.plannedArenaBytes?[target]?.values.reduce(0, +) ?? 0
-        return UInt64(arenas + 4 * state.numel + (memoryPlan?.checkpointBytes ?? 0))
+        return UInt64(arenas + 4 * state.numel + checkpoints)
+    }
+
+    /// The layer inputs ([T, d] checkpoints) a step is planned to hold at once (see `plannedPeakBytes`).
+    public func plannedCheckpoints(selectedLayers: Int? = nil, layersPerCheckpoint: Int = 1) -> Int {
+        CheckpointGroups.maxAlive(selected: min(selectedLayers ?? loop.layers, loop.layers), layersPerCheckpoint: layersPerCheckpoint)
     }
 
     public func entry(named name: String) -> Entry? { entryIndex[name].map { state.entries[$0] } }

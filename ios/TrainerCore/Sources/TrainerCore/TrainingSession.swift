@@ -106,10 +106,47 @@ public struct SessionConfig: Equatable, Codable {
     /// nil: rows in file order; else `DataOrder`'s seeded permutation per epoch (the host's `--shuffle`).
     public var shuffleSeed: UInt64?
     public var selection: LayerSelection
+    /// Checkpoint groups of the layer loop (`LayerLoop.trainStep(layersPerCheckpoint:)`): 1 keeps every
+    /// selected layer's input; s > 1 keeps one per s selected layers and reruns the forward of each
+    /// group in the backward ("use less memory, recompute more"). Same losses and state either way.
+    public var layersPerCheckpoint: Int
 
-    public init(steps: Int, lr: Float, checkpointEvery: Int = 10, shuffleSeed: UInt64? = nil, selection: LayerSelection = .all) {
+    public init(steps: Int, lr: Float, checkpointEvery: Int = 10, shuffleSeed: UInt64? = nil, selection: LayerSelection = .all,
+                layersPerCheckpoint: Int = 1) {
         (self.steps, self.lr, self.checkpointEvery) = (steps, lr, max(1, checkpointEvery))
-        (self.shuffleSeed, self.selection) = (shuffleSeed, selection)
+        (self.shuffleSeed, self.selection, self.layersPerCheckpoint) = (shuffleSeed, selection, layersPerCheckpoint)
+    }
+
+    enum CodingKeys: String, CodingKey { case steps, lr, checkpointEvery, shuffleSeed, selection, layersPerCheckpoint }
+
+    /// A saved run written before checkpoint groups has no `layersPerCheckpoint`: 1.
+    public init(from decoder: Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(steps: try c.decode(Int.self, forKey: .steps), lr: try c.decode(Float.self, forKey: .lr),
+                  checkpointEvery: try c.decode(Int.self, forKey: .checkpointEvery),
+                  shuffleSeed: try c.decodeIfPresent(UInt64.self, forKey: .shuffleSeed),
+                  selection: try c.decode(LayerSelection.self, forKey: .selection),
+                  layersPerCheckpoint: try c.decodeIfPresent(Int.self, forKey: .layersPerCheckpoint) ?? 1)
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(steps, forKey: .steps); try c.encode(lr, forKey: .lr); try c.encode(checkpointEvery, forKey: .checkpointEvery)
+        try c.encodeIfPresent(shuffleSeed, forKey: .shuffleSeed); try c.encode(selection, forKey: .selection)
+        try c.encode(layersPerCheckpoint, forKey: .layersPerCheckpoint)
+    }
+
+    /// The largest number of layers one step backpropagates (LCSB k; every layer without a plan).
+    public func selectedLayers(layers: Int) throws -> Int {
+        try selection.plan(layers: layers)?.phases.map(\.count).max() ?? layers
+    }
+
+    /// What the budget guard is planned with before a step was measured: the manifest's estimate with
+    /// the checkpoints this run keeps at once (`LoopManifest.plannedPeakBytes(target:selectedLayers:
+    /// layersPerCheckpoint:)`: min(k, ceil(k/s) + s - 1) of them).
+    public func plannedPeakBytes(manifest: LoopManifest, target: String) throws -> UInt64 {
+        manifest.plannedPeakBytes(target: target, selectedLayers: try selectedLayers(layers: manifest.loop.layers),
+                                  layersPerCheckpoint: layersPerCheckpoint)
     }
 }
 
@@ -214,7 +251,7 @@ public final class TrainingSession {
     ///   - runtime: the program's runtime (ExecuTorch or Core ML; a fake in tests).
     ///   - usedSeq: the first seq of a run id not yet used by any queued or sent event (the telemetry
     ///     queue's `nextSeq(runId:)`), so a resumed run never reuses a seq.
-    ///   - budget: nil: no guard. The app builds it with `manifest.plannedPeakBytes(target:)`.
+    ///   - budget: nil: no guard. The app builds it with `config.plannedPeakBytes(manifest:target:)`.
     public init(programDirectory: URL, programName: String, runtime: LoopRuntime, data: TrainingData, config: SessionConfig,
                 device: DeviceInfo, checkpoint: CheckpointStore? = nil, telemetry sinks: [TelemetrySink] = [],
                 usedSeq: ((String) -> Int)? = nil, probes: MemoryProbes = MemoryProbes(), budget: BudgetGuard? = nil,
@@ -222,6 +259,9 @@ public final class TrainingSession {
                 monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime }) throws {
         guard !data.train.isEmpty else { throw TrainerError.badInput("no training rows; give a longer text or more conversations") }
         guard config.steps >= 1, config.lr >= 0, config.lr.isFinite else { throw TrainerError.badInput("steps must be >= 1 and lr a finite number >= 0") }
+        guard config.layersPerCheckpoint >= 1 else {
+            throw TrainerError.badInput("layers per checkpoint must be >= 1 (1 keeps every selected layer's input), got \(config.layersPerCheckpoint)")
+        }
         let loop = try LayerLoop(programDirectory: programDirectory, runtime: runtime)
         let m = loop.manifest
         (self.loop, manifest) = (loop, m)
@@ -287,6 +327,7 @@ public final class TrainingSession {
         cfg["train_rows"] = .int(Int64(data.train.count))
         cfg["held_out_rows"] = .int(Int64(data.heldOut.count))
         if let s = config.shuffleSeed { cfg["shuffle_seed"] = .string(String(s)) }
+        cfg["layers_per_checkpoint"] = .int(Int64(config.layersPerCheckpoint))
         if let plan { cfg["lcsb_phases"] = .array(plan.phases.map { .array($0.map { .int(Int64($0)) }) }) }
         f["config"] = .object(cfg)
         return f
@@ -331,7 +372,8 @@ public final class TrainingSession {
         let loss: Float
         do {
             loss = try loop.trainStep(inputIds: row.inputIds, labels: labels, lr: config.lr, state: state,
-                                      selected: plan?.selected(forStep: s), padTokenId: padTokenId)
+                                      selected: plan?.selected(forStep: s), padTokenId: padTokenId,
+                                      layersPerCheckpoint: config.layersPerCheckpoint)
         } catch {
             try? emit("error", ["message": .string("step \(s) failed: \(error)"), "fatal": .bool(true),
                                 "code": .string("runtime_error"), "step": .int(Int64(s))])

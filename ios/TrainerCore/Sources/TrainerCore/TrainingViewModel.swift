@@ -40,8 +40,29 @@ public struct TrainingViewState: Equatable {
     public var generationAfter: Generation?
     public var adapterDirectory: URL?
     public var canResume = false
+    /// Layers of the program the rows were prepared for (nil: not known yet).
+    public var programLayers: Int?
+    /// The checkpoint groups of the prepared / running / saved run (`SessionConfig.layersPerCheckpoint`;
+    /// a resume keeps the saved run's).
+    public var layersPerCheckpoint = 1
 
     public init() {}
+
+    /// Layers one step backpropagates with `lcsbK` (0: every layer), and how many of their inputs a
+    /// step keeps at once with `layersPerCheckpoint` (`CheckpointGroups.maxAlive`); nil until the
+    /// program's layer count is known.
+    public func checkpointPlan(lcsbK: Int, layersPerCheckpoint: Int) -> (kept: Int, selected: Int)? {
+        guard let layers = programLayers, layers > 0 else { return nil }
+        let k = lcsbK > 0 ? min(lcsbK, layers) : layers
+        return (CheckpointGroups.maxAlive(selected: k, layersPerCheckpoint: layersPerCheckpoint), k)
+    }
+
+    /// What "use less memory" turns on: round(sqrt(k)) layers per checkpoint, at least 2 (2 while
+    /// the program's layer count is not known).
+    public func suggestedLayersPerCheckpoint(lcsbK: Int) -> Int {
+        guard let plan = checkpointPlan(lcsbK: lcsbK, layersPerCheckpoint: 1) else { return 2 }
+        return max(2, CheckpointGroups.suggested(selected: plan.selected))
+    }
 
     public struct LossPoint: Equatable {
         public var step: Int
@@ -91,9 +112,12 @@ public final class TrainingViewModel {
 
     public init() {}
 
-    /// Rows were prepared from the user's text (or restored from a saved run).
-    public func prepared(_ data: TrainingData, stepsPlanned: Int, budgetBytes: UInt64) {
+    /// Rows were prepared from the user's text (or restored from a saved run). `layers`: the program's
+    /// (nil: unchanged); `layersPerCheckpoint`: the run's checkpoint groups.
+    public func prepared(_ data: TrainingData, stepsPlanned: Int, budgetBytes: UInt64, layers: Int? = nil, layersPerCheckpoint: Int = 1) {
         var s = state
+        if let layers { s.programLayers = layers }
+        s.layersPerCheckpoint = layersPerCheckpoint
         s.trainRows = data.train.count
         s.heldOutRows = data.heldOut.count
         s.trainTokens = data.trainTokens

@@ -223,6 +223,114 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertEqual(plan.selected(forStep: 1), Set([4, 5, 6, 7]))
     }
 
+    /// Checkpoint groups (the host's `LayerLoop.train_step(layers_per_checkpoint=)`): the forward keeps
+    /// each group's first input; at a group's top, before any of its layers is updated, block_forward
+    /// reruns from it (through unselected layers too); the same inputs, losses and state as s = 1.
+    func testCheckpointGroupsRerunAndSameState() throws {
+        let m = try tinyManifest()
+        let L = m.loop.layers
+        let (ids, labels) = row(m)
+        func run(_ selected: Set<Int>?, _ s: Int) throws -> (Float, String, HashRuntime, LayerLoop) {
+            let (loop, rt, state) = try makeLoop(m)
+            let loss = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, selected: selected, layersPerCheckpoint: s)
+            return (loss, state.sha256, rt, loop)
+        }
+        // {1, 4, 6} with s = 2: groups [1, 4], [6]; at layer 4 the forward reruns 1, 2, 3 (2 and 3 unselected)
+        let (l1, sha1, rt1, _) = try run([1, 4, 6], 1)
+        let (l2, sha2, rt2, loop2) = try run([1, 4, 6], 2)
+        XCTAssertEqual(l2, l1)
+        XCTAssertEqual(sha2, sha1, "same state bit for bit")
+        let back = rt2.calls.dropFirst(L + 2).map { "\($0.method)@\($0.layer!)" }
+        XCTAssertEqual(back, ["block_skip_update@7", "block_backward@6", "block_skip_update@5",
+                              "block_forward@1", "block_forward@2", "block_forward@3", "block_backward@4",
+                              "block_skip_update@3", "block_skip_update@2", "block_backward@1", "block_skip_update@0"])
+        for j in 1...3 {
+            XCTAssertEqual(rt2.calls[L + 2 + 2 + j].inputs[0].sha, rt2.calls[1 + j].inputs[0].sha, "rerun input of layer \(j)")
+        }
+        for i in [1, 4, 6] {
+            let ckpt = { (rt: HashRuntime) in rt.calls.first { $0.method == "block_backward" && $0.layer == i }!.inputs.first { $0.ref == "checkpoint" }!.sha }
+            XCTAssertEqual(ckpt(rt2), ckpt(rt1), "checkpoint of layer \(i)")
+            XCTAssertEqual(ckpt(rt2), rt2.calls[1 + i].inputs[0].sha)
+        }
+        XCTAssertEqual(loop2.lastStepPeakCheckpoints, 2)
+        // every layer, s = 1, 2, 3, 8 (one group): same loss and state; the forward count grows by the reruns
+        let (lf, shaf, rtf, loopf) = try run(nil, 1)
+        XCTAssertEqual(loopf.lastStepPeakCheckpoints, L)
+        for s in [2, 3, 8] {
+            let (l, sha, rt, loop) = try run(nil, s)
+            XCTAssertEqual(l, lf, "s = \(s)")
+            XCTAssertEqual(sha, shaf, "s = \(s)")
+            let groups = try CheckpointGroups.groups(Array(0..<L), layersPerCheckpoint: s)
+            let reruns = groups.map { $0.last! - $0.first! }.reduce(0, +)
+            XCTAssertEqual(rt.calls.count, rtf.calls.count + reruns, "s = \(s)")
+            XCTAssertEqual(loop.lastStepPeakCheckpoints, CheckpointGroups.peakAlive(groups), "s = \(s)")
+            XCTAssertLessThanOrEqual(loop.lastStepPeakCheckpoints, CheckpointGroups.maxAlive(selected: L, layersPerCheckpoint: s))
+        }
+        XCTAssertThrowsError(try run(nil, 0))
+    }
+
+    /// The checkpoints a step does not keep are really freed: the loop's peak memory (live HostBuffer
+    /// bytes) during a step is (checkpoints alive at most + 2) [T, d] rows (the rows being passed
+    /// along and the call's output) plus the small inputs, so fewer with larger groups.
+    func testCheckpointGroupsFreeMemory() throws {
+        let m = try tinyManifest()
+        let L = m.loop.layers
+        let rowBytes = 4 * m.seqLen * m.model.arch.hidden
+        let (ids, labels) = row(m)
+        var peaks: [Int: Int] = [:]
+        for s in [1, 2, 3, 8] {
+            let (loop, _, state) = try makeLoop(m)
+            let base = HostMemory.live
+            HostMemory.resetPeak()
+            _ = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, layersPerCheckpoint: s)
+            let grown = HostMemory.peak - base
+            let alive = CheckpointGroups.peakAlive(try CheckpointGroups.groups(Array(0..<L), layersPerCheckpoint: s))
+            XCTAssertEqual(grown / rowBytes, alive + 2, "s = \(s): \(grown) bytes at the peak")
+            XCTAssertLessThanOrEqual(HostMemory.live, base + 64, "s = \(s): the step left buffers alive")
+            peaks[s] = grown
+        }
+        XCTAssertEqual(peaks[1]! - peaks[2]!, (L - 5) * rowBytes, "8 layers in groups of 2: 5 inputs alive instead of 8")
+    }
+
+    /// What the budget guard plans with: the manifest's peak with the checkpoints of min(k, ceil(k/s) + s - 1)
+    /// layers instead of every layer's (toolchain/memory/fit.py).
+    func testPlannedCheckpointsOfTheBudgetGuard() throws {
+        for (k, s, want) in [(1, 1, 1), (8, 1, 8), (8, 2, 5), (8, 3, 5), (8, 8, 8), (24, 5, 9), (24, 1, 24), (3, 2, 3), (2, 5, 2), (9, 3, 5)] {
+            XCTAssertEqual(CheckpointGroups.maxAlive(selected: k, layersPerCheckpoint: s), min(k, (k + s - 1) / s + s - 1), "k \(k) s \(s)")
+            XCTAssertEqual(CheckpointGroups.maxAlive(selected: k, layersPerCheckpoint: s), want, "k \(k) s \(s)")
+        }
+        XCTAssertEqual((1...30).map { CheckpointGroups.suggested(selected: $0) }.prefix(10), [1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
+        XCTAssertEqual(CheckpointGroups.suggested(selected: 24), 5)
+        let m = try tinyManifest()
+        let L = m.loop.layers
+        let all = UInt64(m.memoryPlan!.checkpointBytes!), row = all / UInt64(L)
+        let estimate = UInt64(m.memoryPlan!.peakEstimateBytes!["executorch"]!)
+        XCTAssertEqual(m.plannedPeakBytes(), estimate, "defaults: the manifest's figure")
+        XCTAssertEqual(m.plannedCheckpoints(), L)
+        for (k, s) in [(8, 2), (8, 3), (4, 2), (3, 1), (8, 8), (20, 2)] {
+            let kept = min(min(k, L), (min(k, L) + s - 1) / s + s - 1)
+            XCTAssertEqual(m.plannedCheckpoints(selectedLayers: k, layersPerCheckpoint: s), kept)
+            XCTAssertEqual(m.plannedPeakBytes(selectedLayers: k, layersPerCheckpoint: s), estimate - all + UInt64(kept) * row, "k \(k) s \(s)")
+        }
+        // without the manifest's estimate: arenas + state + the planned checkpoints
+        var bare = m
+        bare.memoryPlan?.peakEstimateBytes = nil
+        let arenas = UInt64(m.memoryPlan!.plannedArenaBytes!["executorch"]!.values.reduce(0, +))
+        XCTAssertEqual(bare.plannedPeakBytes(selectedLayers: 8, layersPerCheckpoint: 2), arenas + UInt64(4 * m.state.numel) + 5 * row)
+        // a session's plan: LCSB cyclic k = 3 of 8 with s = 2 keeps min(3, 2 + 1) = 3; every layer with s = 3: 5
+        let cfg = SessionConfig(steps: 1, lr: 0.1, selection: .cyclic(k: 3), layersPerCheckpoint: 2)
+        XCTAssertEqual(try cfg.selectedLayers(layers: L), 3)
+        XCTAssertEqual(try cfg.plannedPeakBytes(manifest: m, target: "executorch"), estimate - all + 3 * row)
+        let cfg2 = SessionConfig(steps: 1, lr: 0.1, layersPerCheckpoint: 3)
+        XCTAssertEqual(try cfg2.plannedPeakBytes(manifest: m, target: "executorch"), estimate - all + 5 * row)
+        // and the guard stops or lets the step run on that figure
+        let tight = estimate - all + 6 * row
+        XCTAssertEqual(BudgetGuard(budgetBytes: tight, plannedPeakBytes: try cfg2.plannedPeakBytes(manifest: m, target: "executorch"))
+            .decide(footprint: 0, available: nil, pressure: .normal), .proceed)
+        XCTAssertNotEqual(BudgetGuard(budgetBytes: tight, plannedPeakBytes: m.plannedPeakBytes())
+            .decide(footprint: 0, available: nil, pressure: .normal), .proceed)
+    }
+
     func testBadOutputsRefused() throws {
         let m = try tinyManifest()
         let (loop, rt, state) = try makeLoop(m)

@@ -50,22 +50,49 @@ final class ReplayRuntime: LoopRuntime {
 
 final class ReplayTests: XCTestCase {
     static var traceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny") }
+    static var groupsTraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_groups") }
 
     /// The Swift loop replays the host's recorded v3_tiny trace (real ExecuTorch outputs): every train
     /// step (full and LCSB chosen at run time, AdamW with skip updates), the eval pass and greedy
     /// generation with the KV cache; every input bit for bit, the losses, each step's state and the
     /// final state.
     func testReplayV3Tiny() throws {
-        let traceURL = Self.traceDir.appendingPathComponent("trace.json")
+        let (trace, calls) = try replay(Self.traceDir)
+        XCTAssertNil(trace["layers_per_checkpoint"] as? Int)
+        XCTAssertEqual(calls, 73)
+    }
+
+    /// The same program and steps with checkpoint groups (`layers_per_checkpoint: 2`): the forward
+    /// keeps the inputs of l_0, l_2, ... of each step's selected layers and the backward reruns
+    /// block_forward at each group's top; every call (the 4 reruns included) bit for bit, and the same
+    /// losses, per-step states and final state as v3_tiny.
+    func testReplayV3TinyGroups() throws {
+        let (trace, calls) = try replay(Self.groupsTraceDir)
+        XCTAssertEqual(trace["layers_per_checkpoint"] as? Int, 2)
+        XCTAssertEqual(calls, 77)
+        let plain = try JSONSerialization.jsonObject(with: try Data(contentsOf: Self.traceDir.appendingPathComponent("trace.json"))) as! [String: Any]
+        XCTAssertEqual(trace["losses"] as? [Double], plain["losses"] as? [Double])
+        XCTAssertEqual(trace["final_state_sha256"] as? String, plain["final_state_sha256"] as? String)
+        let states = { (t: [String: Any]) in (t["steps"] as! [[String: Any]]).compactMap { $0["state_sha256"] as? String } }
+        XCTAssertEqual(states(trace), states(plain))
+        let forwards = { (t: [String: Any]) in (t["calls"] as! [[String: Any]]).filter { $0["method"] as? String == "block_forward" }.count }
+        XCTAssertEqual(forwards(trace), forwards(plain) + 4, "4 reruns")
+    }
+
+    /// Replays a trace directory through `LayerLoop` (with its `layers_per_checkpoint`, default 1);
+    /// returns the trace and the number of calls made.
+    func replay(_ traceDir: URL) throws -> ([String: Any], Int) {
+        let traceURL = traceDir.appendingPathComponent("trace.json")
         guard FileManager.default.fileExists(atPath: traceURL.path) else {
             XCTFail("no trace at \(traceURL.path) (scripts/record_v3_trace.py records it)")
-            return
+            return ([:], 0)
         }
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceURL)) as! [String: Any]
         XCTAssertEqual(trace["format"] as? String, "toolchain-v3-trace")
         XCTAssertEqual(trace["format_version"] as? Int, 1)
-        let program = Self.traceDir.appendingPathComponent(trace["program"] as! String)
-        let outputs = try Data(contentsOf: Self.traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
+        let groups = trace["layers_per_checkpoint"] as? Int ?? 1
+        let program = traceDir.appendingPathComponent(trace["program"] as! String)
+        let outputs = try Data(contentsOf: traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
         let rt = ReplayRuntime(trace: trace, outputs: outputs)
         let loop = try LayerLoop(programDirectory: program, runtime: rt)
         let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
@@ -89,7 +116,8 @@ final class ReplayTests: XCTestCase {
             case "train":
                 let row = train[step["row"] as! Int]
                 let sel = Set(step["selected"] as! [Int])
-                let loss = try loop.trainStep(inputIds: row.inputIds, labels: row.labels, lr: lr, state: state, selected: sel, padTokenId: pad)
+                let loss = try loop.trainStep(inputIds: row.inputIds, labels: row.labels, lr: lr, state: state, selected: sel, padTokenId: pad,
+                                              layersPerCheckpoint: groups)
                 XCTAssertEqual(loss, Float(step["loss"] as! Double), "loss of step \(step["step"]!)")
                 XCTAssertEqual(state.sha256, step["state_sha256"] as? String, "state after step \(step["step"]!)")
                 losses.append(loss)
@@ -118,7 +146,9 @@ final class ReplayTests: XCTestCase {
         XCTAssertEqual(state.sha256, trace["final_state_sha256"] as? String, "final state")
         XCTAssertTrue(kinds.contains("train") && kinds.contains("eval") && kinds.contains("generate"), "\(kinds)")
         XCTAssertGreaterThan(rt.inputsChecked, 1000)
-        print("replay v3_tiny: \(rt.next) calls, \(rt.inputsChecked) inputs matched, \(losses.count) train steps, final state \(state.sha256.prefix(16))")
+        print("replay \(traceDir.lastPathComponent): \(rt.next) calls, \(rt.inputsChecked) inputs matched, \(losses.count) train steps, " +
+              "layers per checkpoint \(groups), final state \(state.sha256.prefix(16))")
+        return (trace, rt.next)
     }
 
     /// The trace's program exercises what the loop must handle: LCSB steps (k < L) and skip updates.

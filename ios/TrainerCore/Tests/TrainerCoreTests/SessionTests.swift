@@ -205,12 +205,49 @@ final class SessionTests: XCTestCase {
         XCTAssertThrowsError(try LayerSelection.plan(p).plan(layers: 6))
         let json = try JSONEncoder().encode(SessionConfig(steps: 3, lr: 0.1, selection: .plan(p)))
         XCTAssertEqual(try JSONDecoder().decode(SessionConfig.self, from: json).selection, .plan(p))
+        // layers per checkpoint round trips; a config saved before checkpoint groups reads as 1
+        let grouped = SessionConfig(steps: 3, lr: 0.1, shuffleSeed: 4, selection: .cyclic(k: 3), layersPerCheckpoint: 3)
+        XCTAssertEqual(try JSONDecoder().decode(SessionConfig.self, from: try JSONEncoder().encode(grouped)), grouped)
+        var old = try JSONSerialization.jsonObject(with: try JSONEncoder().encode(grouped)) as! [String: Any]
+        old.removeValue(forKey: "layersPerCheckpoint")
+        let decoded = try JSONDecoder().decode(SessionConfig.self, from: try JSONSerialization.data(withJSONObject: old))
+        XCTAssertEqual(decoded.layersPerCheckpoint, 1)
+        XCTAssertEqual(decoded.selection, grouped.selection)
+        let (prog, m) = try program("manifest_tiny.json")
+        let data = TrainingData(train: tinyRows(), heldOut: [])
+        XCTAssertThrowsError(try TrainingSession(programDirectory: prog, programName: "tiny", runtime: HashRuntime(manifest: m), data: data,
+                                                 config: SessionConfig(steps: 1, lr: 0.1, layersPerCheckpoint: 0), device: testDevice))
+    }
+
+    /// The screen's "use less memory (recompute more)": the suggestion (round(sqrt(k)), at least 2) and
+    /// the inputs a step keeps, from the program's layer count; the run's setting as prepared.
+    func testViewModelCheckpointGroups() throws {
+        let vm = TrainingViewModel()
+        XCTAssertNil(vm.state.checkpointPlan(lcsbK: 0, layersPerCheckpoint: 2))
+        XCTAssertEqual(vm.state.suggestedLayersPerCheckpoint(lcsbK: 0), 2)
+        vm.prepared(TrainingData(train: tinyRows(), heldOut: []), stepsPlanned: 4, budgetBytes: 1 << 30, layers: 24, layersPerCheckpoint: 5)
+        XCTAssertEqual(vm.state.programLayers, 24)
+        XCTAssertEqual(vm.state.layersPerCheckpoint, 5)
+        XCTAssertEqual(vm.state.suggestedLayersPerCheckpoint(lcsbK: 0), 5)
+        XCTAssertEqual(vm.state.suggestedLayersPerCheckpoint(lcsbK: 3), 2)
+        XCTAssertEqual(vm.state.checkpointPlan(lcsbK: 0, layersPerCheckpoint: 5)?.kept, 9)
+        XCTAssertEqual(vm.state.checkpointPlan(lcsbK: 0, layersPerCheckpoint: 1)?.kept, 24)
+        XCTAssertEqual(vm.state.checkpointPlan(lcsbK: 8, layersPerCheckpoint: 3)?.kept, 5)
+        XCTAssertEqual(vm.state.checkpointPlan(lcsbK: 99, layersPerCheckpoint: 1)?.selected, 24)
+        vm.prepared(TrainingData(train: tinyRows(), heldOut: []), stepsPlanned: 4, budgetBytes: 1 << 30)
+        XCTAssertEqual(vm.state.programLayers, 24, "kept when not given")
+        XCTAssertEqual(vm.state.layersPerCheckpoint, 1)
     }
 
     /// The session replays the host's v3_tiny trace: its 5 train steps (LCSB chosen per step through a
     /// plan), the eval pass and the generation are exactly the recorded calls, bit for bit.
-    func testSessionReplaysTheTrace() throws {
-        let traceDir = ReplayTests.traceDir
+    func testSessionReplaysTheTrace() throws { try sessionReplay(ReplayTests.traceDir) }
+
+    /// ... and v3_tiny_groups (checkpoint groups, layers per checkpoint 2) with the setting taken from
+    /// the saved run (`SavedRun` written and read back, as a resume does) and sent in run_start.
+    func testSessionReplaysTheGroupsTrace() throws { try sessionReplay(ReplayTests.groupsTraceDir) }
+
+    func sessionReplay(_ traceDir: URL) throws {
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceDir.appendingPathComponent("trace.json"))) as! [String: Any]
         let outputs = try Data(contentsOf: traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
         let program = traceDir.appendingPathComponent(trace["program"] as! String)
@@ -229,8 +266,16 @@ final class SessionTests: XCTestCase {
         let data = TrainingData(train: trainRows, heldOut: (eval["rows"] as! [Int]).map { held[$0] })
         let rt = ReplayRuntime(trace: trace, outputs: outputs)
         let sink = MemorySink()
-        let s = try TrainingSession(programDirectory: program, programName: "v3_tiny", runtime: rt, data: data,
-                                    config: SessionConfig(steps: train.count, lr: Float(trace["lr"] as! Double), checkpointEvery: 2, selection: .plan(plan)),
+        let groups = trace["layers_per_checkpoint"] as? Int ?? 1
+        let saved = SavedRun(program: "v3_tiny", backend: "executorch",
+                             config: SessionConfig(steps: train.count, lr: Float(trace["lr"] as! Double), checkpointEvery: 2, selection: .plan(plan),
+                                                   layersPerCheckpoint: groups),
+                             budgetMB: 64, source: "trace", heldOutFraction: 0, splitSeed: 0, data: data)
+        let runFile = dir.appendingPathComponent("latest-run.json")
+        try saved.save(to: runFile)
+        let config = try XCTUnwrap(SavedRun.load(from: runFile)).config
+        XCTAssertEqual(config.layersPerCheckpoint, groups)
+        let s = try TrainingSession(programDirectory: program, programName: "v3_tiny", runtime: rt, data: data, config: config,
                                     device: testDevice, checkpoint: CheckpointStore(url: dir.appendingPathComponent("t.safetensors")), telemetry: [sink])
         XCTAssertNil(s.tokenizer, "v3_tiny has no tokenizer")
         try s.start(runId: "ios-replay")
@@ -245,5 +290,6 @@ final class SessionTests: XCTestCase {
         XCTAssertNil(rt.mismatch)
         XCTAssertEqual(rt.next, rt.calls.count, "every recorded call, nothing else")
         for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
+        XCTAssertEqual(sink.events.first?.fields["config"]?.objectValue?["layers_per_checkpoint"], .int(Int64(groups)))
     }
 }
