@@ -11,6 +11,7 @@ host functions; the Kotlin and Swift tests must reproduce every case. Kinds (fie
     permutation  n, seed, perm         toolchain.shuffle.permutation(n, seed)
     order     rows, seed, steps, order the rows of the first `steps` steps of `train --shuffle seed`
     split     rows, fraction, seed, held   indices held out by `toolchain data --held-out fraction --seed seed`
+    lcsb_plan layers, k, policy, seed, period, phases, schedule   make_plan (toolchain/lcsb/plan.py), every policy
     text      tokenizer, seq_len, text, rows   text_rows: rows as lists of input_ids
     chat      tokenizer, seq_len, messages, input_ids, labels   one conversation's row
 
@@ -28,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from toolchain.lcsb.plan import make_plan  # noqa: E402
 from toolchain.shuffle import SplitMix64, permutation  # noqa: E402
 from toolchain.text_data import split_held_out, text_rows  # noqa: E402
 from toolchain.tokenizer import apply_chat_template, load_tokenizer  # noqa: E402
@@ -67,6 +69,13 @@ def cases() -> list[dict]:
     for rows, fraction, seed in [(2, 0.5, 0), (10, 0.1, 0), (10, 0.25, 3), (7, 0.5, 1), (40, 0.2, 12345), (3, 0.5, 2)]:
         train, held = split_held_out(list(range(rows)), fraction, seed)
         out.append({"kind": "split", "rows": rows, "fraction": fraction, "seed": seed, "held": held})
+    for layers, k, policy, seed, period in [(8, 2, "random", 7, 6), (24, 6, "random", 0, None), (3, 1, "random", 5, 4),
+                                            (10, 4, "cyclic", None, None), (10, 4, "strided", None, None),
+                                            (24, 5, "cyclic", None, None), (7, 3, "last", None, None),
+                                            (5, 5, "full", None, None)]:
+        plan = make_plan(layers, k, policy, seed=seed, period=period)
+        out.append({"kind": "lcsb_plan", "layers": layers, "k": k, "policy": policy, "seed": seed, "period": period,
+                    "phases": [list(p) for p in plan.phases], "schedule": list(plan.schedule)})
     for name in ("byte", "qwen2.5"):
         tok = load_tokenizer(name)
         for seq_len in (8, 64):

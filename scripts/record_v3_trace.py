@@ -2,6 +2,7 @@
 (format: shared_schemas/traces/README.md).
 
     .venv/bin/python scripts/record_v3_trace.py [OUT_DIR]      # default shared_schemas/traces/v3_tiny
+    .venv/bin/python scripts/record_v3_trace.py --groups [OUT]  # default shared_schemas/traces/v3_tiny_groups
 
 Exports a 3-layer Qwen2.5-shaped program (int4 group 16, AdamW with weight decay, LoRA on a subset of
 targets, the generation methods), then runs the host's own drivers on it: the program trainer
@@ -129,8 +130,10 @@ def export(prog: Path) -> None:
     export_program(ARCH, weights, CFG, lora, spec, prog)
 
 
-def record(prog: Path) -> tuple[dict, bytes]:
-    """Run the host drivers on the exported program `prog`; (trace dict without `program`, outputs blob)."""
+def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
+    """Run the host drivers on the exported program `prog`; (trace dict without `program`, outputs blob).
+    `layers_per_checkpoint` > 1: the train steps use checkpoint groups (`LayerLoop.train_step`), and the
+    trace says so (key `layers_per_checkpoint`)."""
     pdir = ProgramDir(prog)
     runner = open_runner(pdir, "executorch", threads=1, use="all")
     rec = Recorder(runner, pdir.info.methods)
@@ -151,7 +154,8 @@ def record(prog: Path) -> tuple[dict, bytes]:
                           "calls": [first, len(rec.calls)], "state_sha256": sha(tensor_bytes(self.state))})
             return loss, n
 
-    trainer = RecordingTrainer(pdir, rec, rows, TrainRun(steps=len(SELECTIONS), lr=LR, plan=plan))
+    trainer = RecordingTrainer(pdir, rec, rows, TrainRun(steps=len(SELECTIONS), lr=LR, plan=plan,
+                                                         layers_per_checkpoint=layers_per_checkpoint))
     initial = sha(tensor_bytes(trainer.state))
     result = trainer.run()
     state = trainer.state
@@ -174,10 +178,29 @@ def record(prog: Path) -> tuple[dict, bytes]:
         "initial_state_sha256": initial, "steps": steps, "losses": [float(v) for v in result.losses],
         "final_state_sha256": final, "calls": rec.calls,
     }
+    if layers_per_checkpoint > 1:
+        trace = {**dict(list(trace.items())[:4]), "layers_per_checkpoint": layers_per_checkpoint,
+                 **dict(list(trace.items())[4:])}
     return trace, bytes(rec.blob)
 
 
+def record_groups(out: Path, layers_per_checkpoint: int = 2) -> int:
+    """The same runs on the committed v3_tiny program with checkpoint groups: v3_tiny_groups/ holds only
+    trace.json and outputs.bin; its program is ../v3_tiny/program/."""
+    base = REPO / "shared_schemas" / "traces" / "v3_tiny"
+    trace, blob = record(base / "program", layers_per_checkpoint)
+    trace["program"] = "../v3_tiny/program/"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "outputs.bin").write_bytes(blob)
+    (out / "trace.json").write_text(json.dumps(trace, indent=1) + "\n")
+    print(f"{out}: {len(trace['calls'])} calls, {len(blob)} output bytes; losses "
+          f"{', '.join(f'{v:.4f}' for v in trace['losses'])}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--groups"]:
+        return record_groups(Path(argv[1]) if len(argv) > 1 else REPO / "shared_schemas" / "traces" / "v3_tiny_groups")
     out = Path(argv[0]) if argv else REPO / "shared_schemas" / "traces" / "v3_tiny"
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "program"

@@ -226,3 +226,19 @@ def test_programs_refuse_sgd_momentum():
 
     with pytest.raises(BadInput, match="do not implement SGD momentum"):
         ProgramSpec(ARCH, CFG, 8, optimizer=sgd(momentum=0.9))
+
+
+@pytest.mark.parametrize("kind, weight_decay, expected", [("adamw", None, 0.01), ("sgd", None, 0.0),
+                                                          ("adamw", 0.0, 0.0), ("sgd", 0.1, 0.1)])
+def test_optimizer_config_weight_decay_default_follows_the_kind(kind, weight_decay, expected):
+    from toolchain.optim import optimizer_config
+
+    opt = optimizer_config(kind, lr=3e-4, weight_decay=weight_decay)
+    assert (opt.kind, opt.lr, opt.weight_decay) == (kind, 3e-4, expected)
+
+
+def test_optimizer_config_refuses_momentum_with_adamw():
+    from toolchain.optim import optimizer_config
+
+    with pytest.raises(BadInput, match="--momentum applies to --optimizer sgd"):
+        optimizer_config("adamw", momentum=0.9)

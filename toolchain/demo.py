@@ -82,16 +82,18 @@ class DemoResult:
     peak_anon_mib: float | None = None
 
 
-def current_program(out: Path, model: str, seq_len: int) -> bool:
-    """An export from an earlier demo run of this model and seq_len, in this toolchain's manifest format."""
+def current_program(out: Path, cfg: DemoConfig) -> bool:
+    """An export from an earlier demo run of this model, seq_len and LCSB k, in this toolchain's manifest
+    format (anything else is exported again)."""
     import json
 
     from toolchain.export.manifest import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
 
     try:
         m = json.loads((out / MANIFEST_NAME).read_text())
-        return (m.get("schema_version") == MANIFEST_SCHEMA_VERSION and m["model"]["source"] == model
-                and m["seq_len"] == seq_len and "block_decode" in json.dumps(m.get("methods", {})))
+        return (m.get("schema_version") == MANIFEST_SCHEMA_VERSION and m["model"]["source"] == cfg.model
+                and m["seq_len"] == cfg.seq_len and "block_decode" in json.dumps(m.get("methods", {}))
+                and (m.get("lcsb") or {}).get("k") == cfg.lcsb_k)
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return False
 

@@ -31,7 +31,8 @@ from torch import Tensor
 from toolchain.errors import BadInput
 from toolchain.lora.weights import LoraPair, LoraWeights
 
-__all__ = ["OptimizerKind", "OptimizerConfig", "LayerSlots", "OptState", "init_state", "update_tensor", "update_layer",
+__all__ = ["OptimizerKind", "OptimizerConfig", "DEFAULT_WEIGHT_DECAY", "optimizer_config",
+           "LayerSlots", "OptState", "init_state", "update_tensor", "update_layer",
            "update_all", "sgd_tensor_update", "adamw_tensor_update"]
 
 OptimizerKind = Literal["sgd", "adamw"]
@@ -92,6 +93,31 @@ class OptimizerConfig:
         d = asdict(self)
         d["betas"] = list(self.betas)
         return d
+
+
+# Weight decay when none is chosen: torch.optim.AdamW's 0.01, and torch.optim.SGD's 0.
+DEFAULT_WEIGHT_DECAY: dict[str, float] = {"adamw": 0.01, "sgd": 0.0}
+
+
+def optimizer_config(kind: OptimizerKind, *, lr: float = 1e-4, weight_decay: float | None = None,
+                     momentum: float = 0.0, frozen_unselected: bool = False) -> OptimizerConfig:
+    """The optimizer the command-line options ask for (`--optimizer`, `--lr`, `--weight-decay`,
+    `--momentum`, `--frozen-unselected`).
+
+    Args:
+        kind: "sgd" or "adamw".
+        lr: learning rate. Default: 1e-4.
+        weight_decay: Default: None, `DEFAULT_WEIGHT_DECAY[kind]`.
+        momentum: SGD momentum. Default: 0.
+        frozen_unselected: see `OptimizerConfig`. Default: False.
+
+    Raises:
+        BadInput: momentum with AdamW, or a value `OptimizerConfig` refuses.
+    """
+    if kind == "adamw" and momentum:
+        raise BadInput("--momentum applies to --optimizer sgd (AdamW has beta1 = 0.9)")
+    return OptimizerConfig(kind, lr=lr, momentum=momentum, frozen_unselected=frozen_unselected,
+                           weight_decay=DEFAULT_WEIGHT_DECAY.get(kind, 0.0) if weight_decay is None else weight_decay)
 
 
 # Per target: the optimizer's slots for that pair, in `slot_roles` order.

@@ -20,7 +20,7 @@ BASELINES = [pytest.param(autograd_step, id="autograd"), pytest.param(mebp_step,
 def test_baseline_matches_hf_peft_float64(case_data, seed, step):
     d = case_data(seed)
     before = {k: v.clone() for k, v in flat_grads(d.lora).items()}
-    res = step(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels)
+    res = step(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels)
     torch.testing.assert_close(res.loss, d.ref.loss)
     assert_grads_close(res.grads, d.ref.grads)
     assert_grads_close(d.lora, before, rtol=0, atol=0)   # inputs untouched
@@ -32,14 +32,14 @@ def test_baseline_matches_hf_peft_float64(case_data, seed, step):
 def test_baseline_float32_within_1e5_of_float64_reference(case_data, seed, step):
     d = case_data(seed)
     lora32 = tuple({t: LoraPair(p.a.float(), p.b.float()) for t, p in layer.items()} for layer in d.lora)
-    res = step(d.case.arch, d.weights.to(torch.float32), lora32, d.case.lora, d.input_ids, d.labels)
+    res = step(d.case.arch, d.weights.to(torch.float32), d.case.lora, lora32, d.input_ids, d.labels)
     assert abs(float(res.loss) - float(d.ref.loss)) <= 1e-5 * abs(float(d.ref.loss))
     assert_rel_close(res.grads, d.ref.grads, max_rel=1e-5)
 
 
 def test_all_modes_agree_with_each_other(case_data):
     d = case_data(CASE_SEEDS[3])
-    args = (d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels)
+    args = (d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels)
     results = {"mesp": mesp_step(*args), "mebp": mebp_step(*args), "autograd": autograd_step(*args)}
     assert sorted(results) == sorted(STEP_MODES)
     for name in ("mebp", "autograd"):

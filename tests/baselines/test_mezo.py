@@ -40,9 +40,9 @@ def _z(lora, seed) -> torch.Tensor:
 def test_same_seed_same_estimate_and_the_adapter_is_untouched():
     weights, lora, ids = _problem()
     before = {k: v.clone() for k, v in flat_grads(lora).items()}
-    a = mezo_grad_estimate(ARCH, weights, lora, CFG, ids, ids, seed=7)
-    b = mezo_grad_estimate(ARCH, weights, lora, CFG, ids, ids, seed=7)
-    c = mezo_grad_estimate(ARCH, weights, lora, CFG, ids, ids, seed=8)
+    a = mezo_grad_estimate(ARCH, weights, CFG, lora, ids, ids, seed=7)
+    b = mezo_grad_estimate(ARCH, weights, CFG, lora, ids, ids, seed=7)
+    c = mezo_grad_estimate(ARCH, weights, CFG, lora, ids, ids, seed=8)
     assert torch.equal(_vec(a.grads), _vec(b.grads)) and float(a.loss) == float(b.loss)
     assert not torch.equal(_vec(a.grads), _vec(c.grads))
     for k, v in flat_grads(lora).items():
@@ -52,9 +52,9 @@ def test_same_seed_same_estimate_and_the_adapter_is_untouched():
 
 def test_the_estimate_is_g_proj_times_z_and_g_proj_is_the_directional_derivative():
     weights, lora, ids = _problem()
-    exact = _vec(mesp_step(ARCH, weights, lora, CFG, ids, ids).grads)
+    exact = _vec(mesp_step(ARCH, weights, CFG, lora, ids, ids).grads)
     for seed in range(3):
-        est = mezo_grad_estimate(ARCH, weights, lora, CFG, ids, ids, seed=seed, eps=1e-4)
+        est = mezo_grad_estimate(ARCH, weights, CFG, lora, ids, ids, seed=seed, eps=1e-4)
         z = _z(lora, seed)
         torch.testing.assert_close(_vec(est.grads), est.projected * z)
         # Central differences: error O(eps^2) relative to the derivative.
@@ -63,14 +63,14 @@ def test_the_estimate_is_g_proj_times_z_and_g_proj_is_the_directional_derivative
 
 def test_estimates_average_to_the_exact_gradient():
     weights, lora, ids = _problem()
-    exact = _vec(mesp_step(ARCH, weights, lora, CFG, ids, ids).grads)
+    exact = _vec(mesp_step(ARCH, weights, CFG, lora, ids, ids).grads)
     n_estimates = 600
-    mean = sum(_vec(mezo_grad_estimate(ARCH, weights, lora, CFG, ids, ids, seed=s).grads)
+    mean = sum(_vec(mezo_grad_estimate(ARCH, weights, CFG, lora, ids, ids, seed=s).grads)
                for s in range(n_estimates)) / n_estimates
     # E[(g.z) z] = g; with n parameters the mean of N estimates has cos ~ 1/sqrt(1 + (n+1)/N).
     n = exact.numel()
     cos = float(mean @ exact / (mean.norm() * exact.norm()))
-    single = float(_vec(mezo_grad_estimate(ARCH, weights, lora, CFG, ids, ids, seed=0).grads) @ exact)
+    single = float(_vec(mezo_grad_estimate(ARCH, weights, CFG, lora, ids, ids, seed=0).grads) @ exact)
     assert n < 150 and cos > 0.85, (n, cos)
     assert 0.8 < float(mean.norm() / exact.norm()) < 1.3
     assert single > 0  # a single estimate points uphill: (g.z)^2 >= 0
@@ -87,7 +87,7 @@ def test_perturbation_round_trip_restores_the_adapter():
 def test_mezo_step_moves_theta_by_minus_lr_g_proj_z():
     weights, lora, ids = _problem()
     before = _vec(lora).clone()
-    res = mezo_step(ARCH, weights, lora, CFG, ids, ids, seed=11, lr=0.5)
+    res = mezo_step(ARCH, weights, CFG, lora, ids, ids, seed=11, lr=0.5)
     torch.testing.assert_close(_vec(lora) - before, -0.5 * res.projected * _z(lora, 11))
 
 

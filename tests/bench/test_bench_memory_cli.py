@@ -161,3 +161,17 @@ def test_a_program_of_another_workload_is_refused(tiny_int4_program, tmp_path, a
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not out.exists()
+
+
+def test_mesp_groups_runs_beside_mesp_with_the_same_gradients_and_fewer_checkpoints(tmp_path):
+    out = tmp_path / "groups.json"
+    result = CliRunner().invoke(cli, [*BASE, "--modes", "mesp,mesp_groups", "--layers-per-checkpoint", "2",
+                                      "--cache-dir", str(tmp_path / "cache"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert validation_errors("bench_memory", doc) == []
+    rows = {r["mode"]: r for r in doc["results"]}
+    assert doc["reference_mode"] == "mesp" and rows["mesp_groups"]["grad_max_rel_diff"] == 0.0
+    assert rows["mesp_groups"]["loss"] == rows["mesp"]["loss"]
+    assert rows["mesp_groups"]["layers_per_checkpoint"] == 2 and "layers_per_checkpoint" not in rows["mesp"]
+    assert rows["mesp_groups"]["breakdown"]["checkpoints_mb"] < rows["mesp"]["breakdown"]["checkpoints_mb"]

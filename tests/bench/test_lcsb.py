@@ -20,8 +20,8 @@ def test_merged_adapter_gives_the_same_model_as_base_plus_adapter():
     ids = torch.randint(0, arch.vocab, (11,), generator=torch.Generator().manual_seed(1))
     merged = merge_lora(weights, cfg, lora)
     fresh = init_lora(arch, cfg, seed=0, dtype=torch.float64)  # B = 0: the identity adapter
-    torch.testing.assert_close(model_loss(arch, merged, fresh, cfg, ids, ids),
-                               model_loss(arch, weights, lora, cfg, ids, ids))
+    torch.testing.assert_close(model_loss(arch, merged, cfg, fresh, ids, ids),
+                               model_loss(arch, weights, cfg, lora, ids, ids))
     assert merged.lm_head is merged.embed  # tying kept
     assert not torch.equal(merged.layers[0].q_proj, weights.layers[0].q_proj)
     assert torch.equal(merged.layers[0].v_proj, weights.layers[0].v_proj)  # not a target: untouched

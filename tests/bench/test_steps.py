@@ -33,8 +33,9 @@ def _lora(mode):
 def test_hook_receives_the_exact_gradients(mode):
     weights, ids = _setup()
     store = [{} for _ in range(ARCH.layers)]
-    loss = train_step(mode, ARCH, weights, _lora(mode), CFG, ids, ids, collect_hook(store), options=OPTIONS)
-    ref = autograd_step(ARCH, weights, init_lora(ARCH, CFG, seed=1, dtype=torch.float64, zero_b=False), CFG, ids, ids)
+    loss = train_step(ARCH, weights, CFG, _lora(mode), ids, ids, mode=mode, hook=collect_hook(store),
+                      options=OPTIONS)
+    ref = autograd_step(ARCH, weights, CFG, init_lora(ARCH, CFG, seed=1, dtype=torch.float64, zero_b=False), ids, ids)
     assert loss == pytest.approx(float(ref.loss), rel=1e-12)
     assert_grads_close(tuple(store), ref.grads)
 
@@ -45,8 +46,8 @@ def test_sgd_hook_updates_in_place(mode):
     lora = _lora(mode)
     before = {k: v.detach().clone() for k, v in flat_grads(lora).items()}
     ids_of = {k: id(v) for k, v in flat_grads(lora).items()}
-    train_step(mode, ARCH, weights, lora, CFG, ids, ids, sgd_hook(lora, 0.1), options=OPTIONS)
-    ref = autograd_step(ARCH, weights, init_lora(ARCH, CFG, seed=1, dtype=torch.float64, zero_b=False), CFG, ids, ids)
+    train_step(ARCH, weights, CFG, lora, ids, ids, mode=mode, hook=sgd_hook(lora, 0.1), options=OPTIONS)
+    ref = autograd_step(ARCH, weights, CFG, init_lora(ARCH, CFG, seed=1, dtype=torch.float64, zero_b=False), ids, ids)
     after = flat_grads(lora)
     assert {k: id(v) for k, v in after.items()} == ids_of    # the same tensors, updated in place
     for k, g in flat_grads(ref.grads).items():
@@ -63,5 +64,5 @@ def test_mezo_step_changes_the_adapter_without_a_hook():
     def no_hook(layer, grads):
         raise AssertionError("mezo has no exact gradients")
 
-    train_step("mezo", ARCH, weights, lora, CFG, ids, ids, no_hook, options=OPTIONS, seed=3, lr=0.1)
+    train_step(ARCH, weights, CFG, lora, ids, ids, mode="mezo", hook=no_hook, options=OPTIONS, seed=3, lr=0.1)
     assert any(not torch.equal(v, before[k]) for k, v in flat_grads(lora).items())

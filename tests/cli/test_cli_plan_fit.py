@@ -88,3 +88,44 @@ def test_program_in_words_and_json_and_a_mismatched_program(tmp_path):
     (tmp_path / "manifest.json").write_text((SCHEMA_DIR / "examples" / "invalid" / "manifest_version_2.json").read_text())
     r = run("--model", "tiny", "--seq-len", 64, "--device", "ios-6gb", "--program", tmp_path)
     assert r.exit_code == 2 and "Error: " in r.output and "re-export the program" in r.output
+
+
+def test_program_supplies_model_seq_len_rank_and_targets(tmp_path):
+    """`plan fit --program DIR` needs no --model/--seq-len: the manifest has them; given ones must agree."""
+    from toolchain.schemas import SCHEMA_DIR
+
+    (tmp_path / "manifest.json").write_text((SCHEMA_DIR / "examples" / "manifest_tiny.json").read_text())
+    bare = run("--device", "ios-6gb", "--program", tmp_path, "--json")
+    full = run("--model", "tiny", "--seq-len", 64, "--rank", 8, "--device", "ios-6gb", "--program", tmp_path, "--json")
+    assert bare.exit_code == 0 and full.exit_code == 0, bare.output + full.output
+    assert json.loads(bare.output) == json.loads(full.output)
+    doc = json.loads(bare.output)
+    assert (doc["model"], doc["seq_len"], doc["rank"], doc["source"]) == ("tiny", 64, 8, "program")
+    words = run("--device", "ios-6gb", "--program", tmp_path)
+    assert words.exit_code == 0 and words.output.startswith("tiny, seq 64, rank 8, mesp"), words.output
+    for extra, message in ((["--seq-len", 128], "exported with seq_len 64 (not 128)"),
+                           (["--rank", 4], "rank 8 (not 4)"),
+                           (["--model", "qwen2.5-0.5b"], "hidden 64 (not 896)"),
+                           (["--targets", "q_proj"], "targets")):
+        r = run("--device", "ios-6gb", "--program", tmp_path, *extra)
+        assert r.exit_code == 2, r.output
+        assert r.output.count("\n") == 1 and r.output.startswith("Error: ") and message in r.output, r.output
+        assert "drop --model/--seq-len/--rank/--targets" in r.output
+
+
+def test_without_program_model_and_seq_len_are_required():
+    for args in ((), ("--model", "tiny"), ("--seq-len", 16)):
+        r = run(*args, "--device", "android-8gb")
+        assert r.exit_code == 2 and r.output.startswith("Error: ") and "--program" in r.output, r.output
+
+
+def test_layers_per_checkpoint_reaches_the_model():
+    r = run("--model", "qwen2.5-3b", "--seq-len", 1024, "--layers-per-checkpoint", 6, "--overhead-mb", 0,
+            "--device", "android-8gb", "--json")
+    assert r.exit_code == 0, r.output
+    arch = PRESETS["qwen2.5-3b"]
+    groups, plain = (estimate_peak(StepShape(arch, 1024, 8, layers_per_checkpoint=s)).peak_mb for s in (6, 1))
+    assert json.loads(r.output)["predicted_peak_mb"] == groups
+    assert groups < plain - 150   # 11 of 36 [1024, 2048] inputs alive instead of 36
+    bad = run("--model", "qwen2.5-3b", "--seq-len", 1024, "--layers-per-checkpoint", 0, "--device", "android-8gb")
+    assert bad.exit_code == 2 and "--layers-per-checkpoint" in bad.output

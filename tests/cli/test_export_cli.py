@@ -17,7 +17,10 @@ BASE = ["export", "--model", "tiny", "--init", "random", "--seq-len", "16", "--r
     (["--seq-len", "100000"], "--seq-len"),
     (["--quant", "int4", "--quant-group", "48"], "does not divide"),
     (["--quant", "int4", "--dequant-chunk-mb", "0"], "--dequant-chunk-mb"),
-    (["--lcsb-k", "2", "--plan", "plan.json"], "either --plan or --lcsb-k"),
+    (["--lcsb-k", "2", "--plan", "plan.json"], "are exclusive"),
+    (["--lcsb-k", "2", "--lcsb-seed", "3"], "--lcsb-seed applies to"),   # the same plan options as `train`
+    (["--lcsb-policy", "strided"], "needs k"),
+    (["--loss-chunk", "0"], "--loss-chunk"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, extra, message):
     monkeypatch.chdir(tmp_path)

@@ -54,9 +54,9 @@ def test_grads_with_adapter_equal_the_step(tmp_path, data, adapter, mode):
     cfg, lora = load_adapter(adapter, arch)
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     ids, labels = torch.tensor(rows[0]["input_ids"]), torch.tensor(rows[0]["labels"])
-    expected = lora_state_dict(mesp_step(arch, weights, lora, cfg, ids, labels).grads)
+    expected = lora_state_dict(mesp_step(arch, weights, cfg, lora, ids, labels).grads)
     # Same mode: bit-identical. Other modes: the same gradients to float32 accuracy.
-    same_mode = lora_state_dict(STEPS[mode](arch, weights, lora, cfg, ids, labels).grads)
+    same_mode = lora_state_dict(STEPS[mode](arch, weights, cfg, lora, ids, labels).grads)
     assert_grads_close(grads, same_mode, rtol=0, atol=0)
     assert_grads_close(grads, expected)
     assert f"({mode})" in result.stdout and str(out) in result.stdout

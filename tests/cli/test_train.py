@@ -64,6 +64,29 @@ def test_train_json_output_and_plan_file_equals_lcsb_options(tmp_path, data):
     assert a["plan"]["policy"] == "strided" and a["optimizer"]["kind"] == "adamw"
 
 
+def test_layers_per_checkpoint_trains_bit_for_bit_alike(tmp_path, data):
+    """Checkpoint groups recompute instead of store: the same losses and adapter, eager and on a program."""
+    runs = {n: _invoke("--data", data, "--lcsb-k", 5, "--layers-per-checkpoint", n, "--json",
+                       "--adapter-out", tmp_path / f"a{n}") for n in (1, 3)}
+    assert all(r.exit_code == 0 for r in runs.values()), [r.output for r in runs.values()]
+    losses = {n: [s["loss"] for s in json.loads(r.stdout)["steps"]] for n, r in runs.items()}
+    assert losses[1] == losses[3]
+    assert (tmp_path / "a1" / "adapter_model.safetensors").read_bytes() == \
+        (tmp_path / "a3" / "adapter_model.safetensors").read_bytes()
+    program = tmp_path / "prog"
+    exported = CliRunner().invoke(cli, ["export", "--model", "tiny", "--init", "random", "--seq-len", "48",
+                                        "--no-generate", "--out", str(program)])
+    assert exported.exit_code == 0, exported.output
+    prog = {n: CliRunner().invoke(cli, ["train", "--program", str(program), "--data", str(data), "--steps", "2",
+                                        "--lcsb-k", 4, "--layers-per-checkpoint", str(n), "--json",
+                                        "--adapter-out", str(tmp_path / f"p{n}")]) for n in (1, 2)}
+    assert all(r.exit_code == 0 for r in prog.values()), [r.output for r in prog.values()]
+    assert [s["loss"] for s in json.loads(prog[1].stdout)["steps"]] == \
+        [s["loss"] for s in json.loads(prog[2].stdout)["steps"]]
+    assert (tmp_path / "p1" / "adapter_model.safetensors").read_bytes() == \
+        (tmp_path / "p2" / "adapter_model.safetensors").read_bytes()
+
+
 def test_train_shuffle_and_sgd(data):
     result = _invoke("--data", data, "--shuffle", 3, "--optimizer", "sgd", "--momentum", 0.9, "--json")
     assert result.exit_code == 0, result.output

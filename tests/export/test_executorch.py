@@ -127,7 +127,7 @@ def test_eager_layer_loop_is_mesp_step_plus_sgd(fp32_sgd):
     state = pdir.state_init()
     ids, labels = pad_example(_examples(1, seed=11)[0], T, 0, "row")
     loss = LayerLoop(pdir, EagerRunner(pdir.info.spec)).train_step(ids, labels, 0.5, state, {1, 2})
-    ref = mesp_step(ARCH, weights, lora, CFG, ids, labels, backward_layers={1, 2})
+    ref = mesp_step(ARCH, weights, CFG, lora, ids, labels, backward_layers={1, 2})
     assert math.isclose(loss, float(ref.loss), rel_tol=1e-6)
     new = pdir.lora_from_state(state)
     for i in range(ARCH.layers):
@@ -354,3 +354,30 @@ def test_program_with_xnnpack_delegates_trains_like_eager(tmp_path_factory, monk
     pdir, res, ref = _run_both(prog, _examples(4, seed=11), steps=2, lr=1e-2)
     assert res.losses == pytest.approx(ref.losses, rel=1e-5)
     assert float((res.state - ref.state).abs().max() / ref.state.abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("selected", [None, {0, 2}])
+def test_checkpoint_groups_in_the_loop_equal_the_plain_loop_on_the_runtime(int4_adamw, selected):
+    """LayerLoop.train_step(layers_per_checkpoint=2) keeps fewer layer inputs and reruns block_forward
+    before the group's first update (AdamW moves unselected layers too): same loss, same state, bit for bit."""
+    prog, _, _ = int4_adamw
+    pdir, runner = _runtime(prog)
+    loop = LayerLoop(pdir, runner)
+    calls = []
+    execute = runner.execute
+    runner.execute = lambda name, inputs: calls.append(name) or execute(name, inputs)
+    states = []
+    for every in (1, 2):
+        state = pdir.state_init()
+        losses = [loop.train_step(*pad_example(ex, T, 0, "row"), 0.05, state, selected, layers_per_checkpoint=every)
+                  for ex in _examples(2, seed=8)]
+        states.append((losses, state))
+    (plain_losses, plain), (group_losses, grouped) = states
+    assert plain_losses == group_losses
+    assert torch.equal(plain, grouped)
+    # per step: embed, L forwards, head, L backward/skip updates; groups add the reruns (0 -> 1 for [0, 1];
+    # [0, 2] reruns blocks 0 and 1 for layer 2's input)
+    reruns = {None: 1, frozenset({0, 2}): 2}[None if selected is None else frozenset(selected)]
+    per_step = 2 + 2 * ARCH.layers
+    assert calls.count("block_forward") == 2 * (2 * ARCH.layers) + 2 * reruns
+    assert len(calls) == 4 * per_step + 2 * reruns

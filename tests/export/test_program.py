@@ -97,7 +97,7 @@ def test_method_bodies_chain_the_mesp_primitives():
     methods = method_specs(spec)
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(0, ARCH.vocab, (T,), generator=g)
-    ref = mesp_step(ARCH, weights, lora, CFG, ids, ids.clone(), options=spec.options)
+    ref = mesp_step(ARCH, weights, CFG, lora, ids, ids.clone(), options=spec.options)
 
     def bind(name: str, layer: int | None, values: dict) -> list:
         out = []

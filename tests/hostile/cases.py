@@ -296,7 +296,7 @@ def _cases() -> list[Case]:
         c("import-not-utf8", "`telemetry import` of a non-UTF-8 file",
           lambda w: ["telemetry", "import", w.write("e.jsonl", b'{"run_id": "\xff"}\n'), "--db", "t.sqlite3"],
           "not UTF-8"),
-        c("import-1e400-timestamp", "`telemetry import` of an event with timestamp 1e400 (was stored as Infinity)",
+        c("import-1e400-timestamp", "`telemetry import` of an event with timestamp 1e400 (must not be stored as Infinity)",
           lambda w: ["telemetry", "import", w.write("e.jsonl", jsonl([json.dumps(event(0)).replace(
               "1767225600.0", "1e400")])), "--db", "t.sqlite3"], "out of range"),
         c("import-lone-surrogate", "`telemetry import` of an event with a lone surrogate",

@@ -24,7 +24,7 @@ def _our_logits(d) -> torch.Tensor:
     rope = rope_tables(torch.arange(d.case.seq_len), a.head_dim, a.rope_theta, torch.float64)
     x = d.weights.embed[d.input_ids]
     for i in range(a.layers):
-        x = block_forward(x, block_params(a, d.weights, d.lora, d.case.lora, i), rope)
+        x = block_forward(x, block_params(a, d.weights, d.case.lora, d.lora, i), rope)
     return rmsnorm_forward(x, d.weights.final_norm, a.rms_eps)[0] @ d.weights.lm_head.T
 
 

@@ -47,7 +47,7 @@ def test_largest_transient_is_the_largest_tensor_of_the_step(what, arch, options
     t = 40
     weights, lora = random_weights(arch, seed=0), init_lora(arch, cfg, seed=0, zero_b=False)
     ids = torch.randint(0, arch.vocab, (t,), generator=torch.Generator().manual_seed(0))
-    largest, shapes, _ = max_op_output_numel(mesp_step, arch, weights, lora, cfg, ids, ids, options=options)
+    largest, shapes, _ = max_op_output_numel(mesp_step, arch, weights, cfg, lora, ids, ids, options=options)
     b = step_breakdown("mesp", arch, cfg, t, options)
     assert what in b.largest_transient_what
     biggest = sorted({s for _, s in shapes}, key=lambda s: -torch.Size(s).numel())[:3]

@@ -42,7 +42,7 @@ def test_block_forward_matches_qwen2_decoder_layer(case_data, seed):
     assert sorted(captured) == list(range(a.layers))
     rope = rope_tables(torch.arange(d.case.seq_len), a.head_dim, a.rope_theta, torch.float64)
     for i, (x, expected) in captured.items():
-        p = block_params(a, d.weights, d.lora, d.case.lora, i)
+        p = block_params(a, d.weights, d.case.lora, d.lora, i)
         for mlp_chunk in (None, 3):
             torch.testing.assert_close(block_forward(x, p, rope, mlp_chunk), expected)
 
@@ -60,12 +60,12 @@ def test_block_backward_matches_autograd(case_data, seed, mlp_chunk):
     layer = a.layers - 1
     leaves = leaf_lora(d.lora)
     xr = x.clone().requires_grad_()
-    out = block_forward(xr, block_params(a, d.weights, leaves, cfg, layer), rope)
+    out = block_forward(xr, block_params(a, d.weights, cfg, leaves, layer), rope)
     (dx_expected,) = torch.autograd.grad(out, xr, dout, retain_graph=True)
     out.backward(dout)
     expected = grads_of(leaves)[layer]
 
-    dx, grads = block_backward(dout, x, block_params(a, d.weights, d.lora, cfg, layer), rope, mlp_chunk)
+    dx, grads = block_backward(dout, x, block_params(a, d.weights, cfg, d.lora, layer), rope, mlp_chunk)
     torch.testing.assert_close(dx, dx_expected)
     assert list(grads) == list(cfg.targets)
     assert_grads_close({f"{k}.{w}": getattr(g, w) for k, g in grads.items() for w in "ab"},
@@ -95,7 +95,7 @@ def test_block_backward_never_forms_full_mlp_tensors_with_chunks(case_data):
     t = d.case.seq_len
     rope = rope_tables(torch.arange(t), a.head_dim, a.rope_theta, torch.float64)
     x = torch.randn(t, a.hidden, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    p = block_params(a, d.weights, d.lora, d.case.lora, 0)
+    p = block_params(a, d.weights, d.case.lora, d.lora, 0)
     c = 5
     assert c < a.intermediate
     _, shapes, _ = max_op_output_numel(block_backward, torch.ones_like(x), x, p, rope, c)

@@ -37,7 +37,7 @@ def _generate_logits(arch, weights, lora, ids: torch.Tensor, prompt_len: int, ca
         pos_t = torch.tensor([pos])
         rope1 = decode_rope(pos_t, arch.head_dim, arch.rope_theta, dt)
         for p, cache in zip(arch_p, caches):
-            x, k, v = block_decode(x, pos_t, cache[0], cache[1], p, rope1, mlp_chunk)
+            x, k, v = block_decode(x, pos_t, cache[0], cache[1], p, rope1, mlp_chunk=mlp_chunk)
             cache[0][:, pos:pos + 1] = k
             cache[1][:, pos:pos + 1] = v
         out.append(head_logits(x, weights.final_norm, chunks, arch.rms_eps))
@@ -85,8 +85,8 @@ def test_prefill_output_is_block_forward_and_padding_does_not_leak():
     junk_v[:, 6:] = -1e3
     pos = torch.tensor([6])
     r1 = decode_rope(pos, arch.head_dim, arch.rope_theta, torch.float64)
-    a = block_decode(x[6:7], pos, k, v, p, r1, 4)
-    b = block_decode(x[6:7], pos, junk_k, junk_v, p, r1, 4)
+    a = block_decode(x[6:7], pos, k, v, p, r1, mlp_chunk=4)
+    b = block_decode(x[6:7], pos, junk_k, junk_v, p, r1, mlp_chunk=4)
     assert all(torch.equal(s, t) for s, t in zip(a, b))
     # and equals the prefill's row 6 (same math, another order of summation)
     assert torch.allclose(a[0], out[6:7], rtol=0, atol=1e-12)
@@ -116,7 +116,7 @@ def test_decode_with_quantized_weights_matches_dequantized():
     v = torch.randn(arch.kv_heads, 8, arch.head_dim, generator=gen)
     pos = torch.tensor([3])
     r1 = decode_rope(pos, arch.head_dim, arch.rope_theta, torch.float32)
-    a = block_decode(x, pos, k, v, BlockParams(qlw, lora[0], CFG.scale, arch), r1, 4)
-    b = block_decode(x, pos, k, v, BlockParams(dlw, lora[0], CFG.scale, arch), r1, None)
+    a = block_decode(x, pos, k, v, BlockParams(qlw, lora[0], CFG.scale, arch), r1, mlp_chunk=4)
+    b = block_decode(x, pos, k, v, BlockParams(dlw, lora[0], CFG.scale, arch), r1, mlp_chunk=None)
     for s, t in zip(a, b):
         assert torch.allclose(s, t, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ import torch
 from helpers import CASE_SEEDS, assert_grads_close, assert_rel_close, flat_grads, max_op_output_numel, random_case
 
 from toolchain.baselines import autograd_step
+from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import StepOptions, block_forward, block_params, mesp_step, model_loss
 from toolchain.mesp.ops import rope_tables
@@ -24,7 +25,7 @@ OPTIONS = [pytest.param(StepOptions(), id="default"),
 @pytest.mark.parametrize("seed", CASES)
 def test_mesp_step_matches_hf_peft_float64(case_data, seed, options):
     d = case_data(seed)
-    res = mesp_step(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels, options=options)
+    res = mesp_step(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels, options=options)
     torch.testing.assert_close(res.loss, d.ref.loss)
     assert_grads_close(res.grads, d.ref.grads)
 
@@ -35,7 +36,7 @@ def test_mesp_step_float32_within_1e5_of_float64_reference(case_data, seed, opti
     d = case_data(seed)
     w32 = d.weights.to(torch.float32)
     lora32 = tuple({t: LoraPair(p.a.float(), p.b.float()) for t, p in layer.items()} for layer in d.lora)
-    res = mesp_step(d.case.arch, w32, lora32, d.case.lora, d.input_ids, d.labels, options=options)
+    res = mesp_step(d.case.arch, w32, d.case.lora, lora32, d.input_ids, d.labels, options=options)
     assert res.loss.dtype == torch.float32
     assert all(g.dtype == torch.float32 for g in flat_grads(res.grads).values())
     assert abs(float(res.loss) - float(d.ref.loss)) <= 1e-5 * abs(float(d.ref.loss))
@@ -45,7 +46,7 @@ def test_mesp_step_float32_within_1e5_of_float64_reference(case_data, seed, opti
 @pytest.mark.parametrize("seed", CASES)
 def test_model_loss_equals_step_loss(case_data, seed):
     d = case_data(seed)
-    loss = model_loss(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels,
+    loss = model_loss(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels,
                       options=StepOptions(loss_chunk=4))
     torch.testing.assert_close(loss, d.ref.loss)
 
@@ -54,8 +55,8 @@ def test_model_loss_equals_step_loss(case_data, seed):
 def test_backward_layers_all_selected_equals_full_step(case_data, seed):
     d = case_data(seed)
     a = d.case.arch
-    full = mesp_step(a, d.weights, d.lora, d.case.lora, d.input_ids, d.labels)
-    sel = mesp_step(a, d.weights, d.lora, d.case.lora, d.input_ids, d.labels, backward_layers=range(a.layers))
+    full = mesp_step(a, d.weights, d.case.lora, d.lora, d.input_ids, d.labels)
+    sel = mesp_step(a, d.weights, d.case.lora, d.lora, d.input_ids, d.labels, backward_layers=range(a.layers))
     assert_grads_close(sel.grads, full.grads, rtol=0, atol=0)
 
 
@@ -74,7 +75,7 @@ def test_backward_layers_subset(case_data, seed, which):
     d = case_data(seed)
     a, cfg = d.case.arch, d.case.lora
     selected = SELECTIONS[which](a.layers)
-    res = mesp_step(a, d.weights, d.lora, cfg, d.input_ids, d.labels, backward_layers=selected)
+    res = mesp_step(a, d.weights, cfg, d.lora, d.input_ids, d.labels, backward_layers=selected)
     torch.testing.assert_close(res.loss, d.ref.loss)  # the forward is exact whatever is selected
     for i in range(a.layers):
         assert set(res.grads[i]) == (set(cfg.targets) if i in selected else set())
@@ -94,7 +95,7 @@ def _lcsb_surrogate_grads(d, selected):
     rope = rope_tables(torch.arange(d.input_ids.shape[0]), a.head_dim, a.rope_theta, torch.float64)
     x = d.weights.embed[d.input_ids]
     for i in range(a.layers):
-        out = block_forward(x, block_params(a, d.weights, leaves, cfg, i), rope)
+        out = block_forward(x, block_params(a, d.weights, cfg, leaves, i), rope)
         x = out if i in selected else x + (out - x).detach()
     full_logits_loss(a, d.weights, x, d.labels).backward()
     grads = grads_of(leaves)
@@ -103,7 +104,7 @@ def _lcsb_surrogate_grads(d, selected):
 
 def test_backward_layers_empty_gives_loss_only(case_data):
     d = case_data(CASE_SEEDS[0])
-    res = mesp_step(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels, backward_layers=[])
+    res = mesp_step(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels, backward_layers=[])
     torch.testing.assert_close(res.loss, d.ref.loss)
     assert res.grads == ({},) * d.case.arch.layers
 
@@ -111,7 +112,7 @@ def test_backward_layers_empty_gives_loss_only(case_data):
 def test_on_layer_grads_called_in_descending_order_with_the_returned_grads(case_data):
     d = case_data(3)  # three layers
     seen = []
-    res = mesp_step(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels,
+    res = mesp_step(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels,
                     on_layer_grads=lambda i, g: seen.append((i, g)))
     assert [i for i, _ in seen] == list(reversed(range(d.case.arch.layers)))
     for i, g in seen:
@@ -120,9 +121,9 @@ def test_on_layer_grads_called_in_descending_order_with_the_returned_grads(case_
 
 def test_keep_grads_false_hands_every_layer_to_the_hook_only(case_data):
     d = case_data(5)
-    full = mesp_step(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels)
+    full = mesp_step(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels)
     seen = {}
-    res = mesp_step(d.case.arch, d.weights, d.lora, d.case.lora, d.input_ids, d.labels,
+    res = mesp_step(d.case.arch, d.weights, d.case.lora, d.lora, d.input_ids, d.labels,
                     on_layer_grads=lambda i, g: seen.__setitem__(i, g), keep_grads=False)
     assert res.grads == ({},) * d.case.arch.layers
     torch.testing.assert_close(res.loss, full.loss)
@@ -136,11 +137,11 @@ def test_step_never_materializes_full_logits():
     weights, lora = random_weights(arch, seed=1, dtype=torch.float64), init_lora(arch, cfg, seed=1, zero_b=False,
                                                                                dtype=torch.float64)
     ids = torch.randint(0, arch.vocab, (40,), generator=torch.Generator().manual_seed(0))
-    largest, shapes, res = max_op_output_numel(mesp_step, arch, weights, lora, cfg, ids, ids,
+    largest, shapes, res = max_op_output_numel(mesp_step, arch, weights, cfg, lora, ids, ids,
                                                options=StepOptions(loss_chunk=8))
     assert {(8, arch.vocab), (arch.vocab, 8)} & {s for _, s in shapes}  # the chunk logits (either layout)
     assert largest == 8 * arch.vocab < 40 * arch.vocab
-    ref = autograd_step(arch, weights, lora, cfg, ids, ids)
+    ref = autograd_step(arch, weights, cfg, lora, ids, ids)
     assert_grads_close(res.grads, ref.grads)
 
 
@@ -152,13 +153,13 @@ def test_mlp_chunk_bounds_mlp_intermediates():
     weights, lora = random_weights(arch, seed=2, dtype=torch.float64), init_lora(arch, cfg, seed=2, zero_b=False,
                                                                                dtype=torch.float64)
     ids = torch.randint(0, arch.vocab, (30,), generator=torch.Generator().manual_seed(0))
-    _, shapes, res = max_op_output_numel(mesp_step, arch, weights, lora, cfg, ids, ids,
+    _, shapes, res = max_op_output_numel(mesp_step, arch, weights, cfg, lora, ids, ids,
                                          options=StepOptions(mlp_chunk=4))
     f_shapes = {s for _, s in shapes if arch.intermediate in s}
     assert (30, 4) in {s for _, s in shapes}
     assert f_shapes <= {(1, arch.intermediate), (arch.intermediate, 1)}
     assert max(math.prod(s) for _, s in shapes) <= max(arch.intermediate, 30 * arch.vocab)
-    ref = autograd_step(arch, weights, lora, cfg, ids, ids)
+    ref = autograd_step(arch, weights, cfg, lora, ids, ids)
     assert_grads_close(res.grads, ref.grads)
 
 
@@ -171,6 +172,67 @@ def test_no_target_gives_zero_loss_and_zero_grads():
     rows = ((torch.tensor([3]), torch.tensor([3])), (torch.tensor([3, 4, 5]), torch.tensor([3, -100, -100])))
     for ids, labels in rows:
         for step in (mesp_step, autograd_step):
-            res = step(arch, weights, lora, cfg, ids, labels)
+            res = step(arch, weights, cfg, lora, ids, labels)
             assert float(res.loss) == 0.0
             assert all(bool((g == 0).all()) for g in flat_grads(res.grads).values())
+
+
+def _deep_case(seed: int, layers: int):
+    """A random case with `layers` decoder layers, and its HF + PEFT reference (float64)."""
+    from dataclasses import replace
+
+    from helpers import hf_reference, lora_for, our_weights, peft_wrap, random_hf_model, random_labels
+
+    case = random_case(seed)
+    arch = replace(case.arch, layers=layers)
+    gen = torch.Generator().manual_seed(seed)
+    hf_model = random_hf_model(arch, gen)
+    weights = our_weights(arch, hf_model, torch.float64)
+    lora = lora_for(arch, case.lora, seed=seed)
+    ids = torch.randint(0, arch.vocab, (case.seq_len,), generator=gen)
+    labels = random_labels(ids, gen)
+    return arch, case.lora, weights, lora, ids, labels, hf_reference(peft_wrap(hf_model, case.lora, lora), arch,
+                                                                     case.lora, ids, labels)
+
+
+@pytest.mark.parametrize("every", [2, 3, 7])
+@pytest.mark.parametrize("seed", CASE_SEEDS[:4])
+def test_checkpoint_segments_match_hf_peft_and_the_plain_step_bit_for_bit(seed, every):
+    arch, cfg, weights, lora, ids, labels, ref = _deep_case(seed, layers=7)
+    plain = mesp_step(arch, weights, cfg, lora, ids, labels)
+    seg = mesp_step(arch, weights, cfg, lora, ids, labels, layers_per_checkpoint=every)
+    torch.testing.assert_close(seg.loss, ref.loss)
+    assert_grads_close(seg.grads, ref.grads)
+    assert torch.equal(seg.loss, plain.loss)
+    assert_grads_close(seg.grads, plain.grads, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("selected", [[0, 2, 3, 6], [5], [1, 2, 4, 5, 6], []])
+def test_checkpoint_segments_under_lcsb_equal_the_plain_step(selected):
+    arch, cfg, weights, lora, ids, labels, _ = _deep_case(4, layers=7)
+    plain = mesp_step(arch, weights, cfg, lora, ids, labels, backward_layers=selected)
+    for every in (2, 3):
+        seg = mesp_step(arch, weights, cfg, lora, ids, labels, backward_layers=selected, layers_per_checkpoint=every)
+        assert torch.equal(seg.loss, plain.loss)
+        assert_grads_close(seg.grads, plain.grads, rtol=0, atol=0)
+
+
+def test_checkpoint_segments_keep_one_input_per_group_and_rerun_the_rest(monkeypatch):
+    import toolchain.mesp.step as step_module
+
+    arch, cfg, weights, lora, ids, labels, _ = _deep_case(2, layers=7)
+    kept, forwards = [], []
+    real_forward, real_keep = step_module.block_forward, step_module._forward_checkpoints
+
+    def keep(*args, **kwargs):
+        checkpoints, x = real_keep(*args, **kwargs)
+        kept.append([i for i, c in enumerate(checkpoints) if c is not None])
+        return checkpoints, x
+
+    monkeypatch.setattr(step_module, "_forward_checkpoints", keep)
+    monkeypatch.setattr(step_module, "block_forward", lambda x, p, *a: forwards.append(p) or real_forward(x, p, *a))
+    mesp_step(arch, weights, cfg, lora, ids, labels, backward_layers=[1, 2, 3, 5, 6], layers_per_checkpoint=2)
+    assert kept == [[1, 3, 6]]  # groups [1, 2], [3, 5], [6]
+    assert len(forwards) == 7 + (2 - 1) + (5 - 3)  # the reruns: block 1; blocks 3, 4
+    with pytest.raises(BadInput, match="layers_per_checkpoint"):
+        mesp_step(arch, weights, cfg, lora, ids, labels, layers_per_checkpoint=0)

@@ -25,7 +25,7 @@ def test_committed_corpus_equals_a_fresh_recording():
 def test_corpus_covers_every_kind_and_both_tokenizers():
     cases = [json.loads(line) for line in (REPO / "shared_schemas" / "data_corpus" / "cases.jsonl").open()]
     kinds = {c["kind"] for c in cases}
-    assert kinds == {"splitmix", "permutation", "order", "split", "text", "chat"}
+    assert kinds == {"splitmix", "permutation", "order", "split", "lcsb_plan", "text", "chat"}
     assert {c["tokenizer"] for c in cases if c["kind"] == "text"} == {"byte", "qwen2.5"}
     assert any(len(c["rows"]) > 3 for c in cases if c["kind"] == "text")  # windows with the 1-token overlap
     assert all(set(c["held"]) <= set(range(c["rows"])) and c["held"] == sorted(c["held"])

@@ -79,5 +79,31 @@ def test_rerecording_gives_the_same_trace(tmp_path):
             assert f.read_bytes() == (TRACE / "program" / f.relative_to(out / "program")).read_bytes(), f.name
 
 
+GROUPS = REPO / "shared_schemas" / "traces" / "v3_tiny_groups"
+
+
+def test_groups_trace_trains_the_same_with_the_block_forward_reruns(tmp_path):
+    """v3_tiny_groups: the same steps with layers_per_checkpoint 2 reach the same losses and states; the
+    calls are v3_tiny's plus, per step, the block_forward reruns of its groups, placed before the group's
+    first backward. Re-recording gives the same files."""
+    old, _ = _load(TRACE)
+    new, _ = _load(GROUPS)
+    assert new["program"] == "../v3_tiny/program/" and new["layers_per_checkpoint"] == 2
+    assert new["losses"] == old["losses"] and new["final_state_sha256"] == old["final_state_sha256"]
+    train = lambda t: [s for s in t["steps"] if s["kind"] == "train"]  # noqa: E731
+    for a, b in zip(train(new), train(old)):
+        assert (a["selected"], a["state_sha256"]) == (b["selected"], b["state_sha256"])
+        calls_a = [(c["method"], c["layer"]) for c in new["calls"][a["calls"][0]:a["calls"][1]]]
+        calls_b = [(c["method"], c["layer"]) for c in old["calls"][b["calls"][0]:b["calls"][1]]]
+        groups = [a["selected"][i:i + 2] for i in range(0, len(a["selected"]), 2)]
+        reruns = sum(g[-1] - g[0] for g in groups)
+        assert len(calls_a) == len(calls_b) + reruns
+        assert [c for c in calls_a if c[0] != "block_forward"] == [c for c in calls_b if c[0] != "block_forward"]
+    out = tmp_path / "groups"
+    subprocess.run([sys.executable, str(SCRIPT), "--groups", str(out)], check=True, capture_output=True, cwd=REPO,
+                   timeout=900)
+    assert _load(out) == _load(GROUPS)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

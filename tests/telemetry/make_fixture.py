@@ -66,7 +66,7 @@ def main(out: Path) -> None:
 
         t0 = time.perf_counter()
         with torch.no_grad():
-            res = mesp_step(arch, weights, tuple(lora), cfg, ex.input_ids, ex.labels, backward_layers=layers,
+            res = mesp_step(arch, weights, cfg, tuple(lora), ex.input_ids, ex.labels, backward_layers=layers,
                             on_layer_grads=sgd)
         dt = time.perf_counter() - t0
         writer.emit("step", step=step, loss=float(res.loss), step_time_s=dt, tokens_per_s=SEQ_LEN / dt,

@@ -50,7 +50,7 @@ def surrogate_grads(weights, lora, example: Example, selected: set[int]):
     rope = rope_tables(torch.arange(example.input_ids.shape[0]), ARCH.head_dim, ARCH.rope_theta, torch.float64)
     x = weights.embed[example.input_ids]
     for i in range(ARCH.layers):
-        o = block_forward(x, block_params(ARCH, weights, leaves, CFG, i), rope)
+        o = block_forward(x, block_params(ARCH, weights, CFG, leaves, i), rope)
         x = o if i in selected else x + (o - x).detach()
     loss = full_logits_loss(ARCH, weights, x, example.labels)
     loss.backward()
@@ -66,8 +66,8 @@ def test_lcsb_with_k_equal_to_all_layers_equals_the_mesp_step_exactly(setup):
     state = start_run(config, lora)
     ref_lora, ref_opt = lora, init_state(config.optimizer, lora)
     for s, ex in enumerate(examples):
-        state, loss = train_step(ARCH, weights, CFG, state, ex, plan.layers_at(s), config)
-        res = mesp_step(ARCH, weights, ref_lora, CFG, ex.input_ids, ex.labels)
+        state, loss = train_step(ARCH, weights, CFG, state, ex, layers=plan.layers_at(s), config=config)
+        res = mesp_step(ARCH, weights, CFG, ref_lora, ex.input_ids, ex.labels)
         ref_lora, ref_opt = update_all(config.optimizer, ref_lora, res.grads, ref_opt)
         assert loss == float(res.loss)
         assert all(torch.equal(a, b) for a, b in zip(_flat(state.lora), _flat(ref_lora)))
@@ -99,7 +99,7 @@ def test_adamw_matches_torch_adamw_step_for_step_on_full_backprop(setup):
 def test_lcsb_step_gradients_are_autograd_through_the_stop_gradient_surrogate(setup, selected):
     weights, lora, examples = setup
     ex = examples[0]
-    res = mesp_step(ARCH, weights, lora, CFG, ex.input_ids, ex.labels, backward_layers=selected)
+    res = mesp_step(ARCH, weights, CFG, lora, ex.input_ids, ex.labels, backward_layers=selected)
     _, expected = surrogate_grads(weights, lora, ex, selected)
     for i in range(ARCH.layers):
         if i in selected:
@@ -115,11 +115,11 @@ def test_lcsb_surrogate_is_not_the_exact_gradient_below_skipped_layers(setup):
     """Layer 0's gradient with layers 1-4 skipped differs from its exact gradient (docs/lcsb.md)."""
     weights, lora, examples = setup
     ex = examples[0]
-    exact = mesp_step(ARCH, weights, lora, CFG, ex.input_ids, ex.labels).grads[0]
-    lcsb = mesp_step(ARCH, weights, lora, CFG, ex.input_ids, ex.labels, backward_layers={0}).grads[0]
+    exact = mesp_step(ARCH, weights, CFG, lora, ex.input_ids, ex.labels).grads[0]
+    lcsb = mesp_step(ARCH, weights, CFG, lora, ex.input_ids, ex.labels, backward_layers={0}).grads[0]
     assert not torch.allclose(exact["q_proj"].a, lcsb["q_proj"].a)
-    top_exact = mesp_step(ARCH, weights, lora, CFG, ex.input_ids, ex.labels).grads[4]
-    top_lcsb = mesp_step(ARCH, weights, lora, CFG, ex.input_ids, ex.labels, backward_layers={4}).grads[4]
+    top_exact = mesp_step(ARCH, weights, CFG, lora, ex.input_ids, ex.labels).grads[4]
+    top_lcsb = mesp_step(ARCH, weights, CFG, lora, ex.input_ids, ex.labels, backward_layers={4}).grads[4]
     assert all(torch.equal(a, b) for a, b in zip(_flat((top_exact,)), _flat((top_lcsb,))))  # nothing above: exact
 
 
@@ -167,11 +167,11 @@ def test_frozen_unselected_layers_stay_put_and_default_ones_move(setup):
     # One full step first so that every layer has momentum, then LCSB steps.
     state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
     config = TrainConfig(steps=1, optimizer=opt)
-    state, _ = train_step(ARCH, weights, CFG, state, examples[0], None, config)
+    state, _ = train_step(ARCH, weights, CFG, state, examples[0], layers=None, config=config)
     # train_step updates in place: each branch starts from its own copy
-    frozen, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], plan.layers_at(0),
-                           TrainConfig(steps=1, optimizer=replace(opt, frozen_unselected=True)))
-    moving, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], plan.layers_at(0), config)
+    frozen, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], layers=plan.layers_at(0),
+                           config=TrainConfig(steps=1, optimizer=replace(opt, frozen_unselected=True)))
+    moving, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], layers=plan.layers_at(0), config=config)
     for i in range(3):
         assert all(torch.equal(a, b) for a, b in zip(_flat((frozen.lora[i],)), _flat((state.lora[i],))))
         assert all(torch.equal(x.a, y.a) and torch.equal(x.b, y.b) for t in state.opt.slots[i]
@@ -211,6 +211,6 @@ def test_train_step_updates_in_place_and_start_run_copies(setup):
     state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
     a0 = state.lora[0][CFG.targets[0]].a
     ptr, copy = a0.data_ptr(), a0.clone()
-    new, _ = train_step(ARCH, weights, CFG, state, examples[0], None, TrainConfig(steps=1, optimizer=opt))
+    new, _ = train_step(ARCH, weights, CFG, state, examples[0], layers=None, config=TrainConfig(steps=1, optimizer=opt))
     assert new.lora[0][CFG.targets[0]].a.data_ptr() == ptr and not torch.equal(new.lora[0][CFG.targets[0]].a, copy)
     assert all(torch.equal(a, b) for a, b in zip(_flat(lora), before))

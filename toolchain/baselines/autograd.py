@@ -40,13 +40,13 @@ def full_logits_loss(arch: Qwen25Arch, weights: ModelWeights, x: Tensor, labels:
     return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
 
 
-def autograd_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+def autograd_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
                   labels: Tensor) -> StepResult:
     leaves = leaf_lora(lora)
     rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
     x = weights.embed[input_ids]
     for i in range(arch.layers):
-        x = block_forward(x, block_params(arch, weights, leaves, cfg, i), rope)
+        x = block_forward(x, block_params(arch, weights, cfg, leaves, i), rope)
     loss = full_logits_loss(arch, weights, x, labels)
     loss.backward()
     return StepResult(loss.detach(), grads_of(leaves))

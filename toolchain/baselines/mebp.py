@@ -21,13 +21,13 @@ from toolchain.models.weights import ModelWeights
 __all__ = ["mebp_step"]
 
 
-def mebp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+def mebp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor) -> StepResult:
     leaves = leaf_lora(lora)
     rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
     x = weights.embed[input_ids]
     for i in range(arch.layers):
-        x = checkpoint(block_forward, x, block_params(arch, weights, leaves, cfg, i), rope, use_reentrant=False)
+        x = checkpoint(block_forward, x, block_params(arch, weights, cfg, leaves, i), rope, use_reentrant=False)
     loss = full_logits_loss(arch, weights, x, labels)
     loss.backward()
     return StepResult(loss.detach(), grads_of(leaves))

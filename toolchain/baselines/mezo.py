@@ -65,18 +65,18 @@ def perturb_(lora: LoraWeights, seed: int, scale: float) -> None:
             t.add_(z, alpha=scale)
 
 
-def _spsa(arch, weights, lora, cfg, input_ids, labels, seed, eps, options) -> MezoResult:
+def _spsa(arch, weights, cfg, lora, input_ids, labels, *, seed, eps, options) -> MezoResult:
     """Two forwards around theta; `lora` is perturbed in place and restored before returning."""
     with torch.no_grad():
         perturb_(lora, seed, eps)
-        loss_plus = model_loss(arch, weights, lora, cfg, input_ids, labels, options=options)
+        loss_plus = model_loss(arch, weights, cfg, lora, input_ids, labels, options=options)
         perturb_(lora, seed, -2 * eps)
-        loss_minus = model_loss(arch, weights, lora, cfg, input_ids, labels, options=options)
+        loss_minus = model_loss(arch, weights, cfg, lora, input_ids, labels, options=options)
         perturb_(lora, seed, eps)
     return MezoResult((loss_plus + loss_minus) / 2, (loss_plus - loss_minus) / (2 * eps))
 
 
-def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig,
+def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
                        input_ids: Tensor, labels: Tensor, *, seed: int = 0, eps: float = DEFAULT_EPS,
                        options: StepOptions = StepOptions()) -> MezoEstimate:
     """One SPSA estimate g_hat = g_proj * z of the LoRA gradient, in the structure `mesp_step` returns.
@@ -92,7 +92,7 @@ def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeight
         loss (L+ + L-) / 2, the estimate per layer and target, and g_proj.
     """
     work = tuple({t: LoraPair(p.a.detach().clone(), p.b.detach().clone()) for t, p in layer.items()} for layer in lora)
-    res = _spsa(arch, weights, work, cfg, input_ids, labels, seed, eps, options)
+    res = _spsa(arch, weights, cfg, work, input_ids, labels, seed=seed, eps=eps, options=options)
     z = perturbation(lora, seed)
     grads = tuple({t: LoraPair(res.projected * next(z), res.projected * next(z)) for t in sorted(layer)}
                   for layer in lora)
@@ -101,13 +101,13 @@ def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeight
     return MezoEstimate(res.loss, grads, res.projected)
 
 
-def mezo_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+def mezo_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor, *, seed: int, lr: float, eps: float = DEFAULT_EPS,
               options: StepOptions = StepOptions()) -> MezoResult:
     """One MeZO-SGD training step, in place on `lora`: two forwards, then theta -= lr * g_proj * z.
 
     Use a new `seed` every step (the direction must change). Nothing gradient-sized is allocated.
     """
-    res = _spsa(arch, weights, lora, cfg, input_ids, labels, seed, eps, options)
+    res = _spsa(arch, weights, cfg, lora, input_ids, labels, seed=seed, eps=eps, options=options)
     perturb_(lora, seed, -lr * float(res.projected))
     return res

@@ -188,7 +188,8 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
         example = train_rows[(config.pretrain_steps + s) % len(train_rows)]  # the data goes on where it stopped
         for arm, plan in plans.items():
             t0 = time.perf_counter()
-            states[arm], loss = train_step(arch, weights, cfg, states[arm], example, plan.layers_at(s), train_cfg)
+            states[arm], loss = train_step(arch, weights, cfg, states[arm], example, layers=plan.layers_at(s),
+                                           config=train_cfg)
             times[arm].append(time.perf_counter() - t0)
             losses[arm].append(loss)
         if on_step is not None:
@@ -211,10 +212,10 @@ def surrogate_cosine(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, l
                      example: Example) -> list[float]:
     """Per layer: cosine between its LCSB gradient (mean over the phases that select it) and its exact
     gradient, on one example. 1.0 means exact (every layer above it selected too)."""
-    exact = mesp_step(arch, weights, lora, cfg, example.input_ids, example.labels).grads
+    exact = mesp_step(arch, weights, cfg, lora, example.input_ids, example.labels).grads
     cosines: list[list[float]] = [[] for _ in range(arch.layers)]
     for phase in plan.phases:
-        grads = mesp_step(arch, weights, lora, cfg, example.input_ids, example.labels, backward_layers=phase).grads
+        grads = mesp_step(arch, weights, cfg, lora, example.input_ids, example.labels, backward_layers=phase).grads
         for i in phase:
             a, b = (torch.cat([t.flatten().double() for t in lora_state_dict((g[i],)).values()])
                     for g in (grads, exact))

@@ -25,13 +25,15 @@ from toolchain.lora import ALL_TARGETS, LoraConfig
 from toolchain.memory.breakdown import step_breakdown
 from toolchain.memory.measure import PHONE_LIKE_MALLOC_ENV
 from toolchain.mesp import StepOptions
+from toolchain.mesp.step import sqrt_layers_per_checkpoint
 from toolchain.models import PRESETS, Qwen25Arch
+from toolchain.validate import check_rank
 
 __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
            "program_settings", "check_program", "mark_file_drift", "unreliable_rows", "format_table", "call_worker",
            "check_config", "host_info"]
 
-BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo", "executorch", "onnx")
+BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo", "executorch", "onnx")
 
 COUNTED = ("peak_mb = max over the measured steps of (VmHWM - RssFile - RssShmem) from /proc/self/status, "
            "the high-water mark reset right before the step (clear_refs 5, after a warm-up step and malloc_trim), "
@@ -92,6 +94,9 @@ class BenchWorkload:
                 raise BadInput(f"`{name}` must be >= {low}, got {getattr(self, name)}")
         if self.allocator not in _ALLOCATOR_NOTE:
             raise BadInput(f"`allocator` must be phone-like or glibc, got {self.allocator!r}")
+        arch = PRESETS.get(self.model)
+        if arch is not None:   # a checkpoint directory's rank is checked when it is loaded
+            check_rank(self.rank, arch, self.targets)
         self.lora_config()
 
     def lora_config(self) -> LoraConfig:
@@ -116,6 +121,7 @@ class MemoryBenchConfig(BenchWorkload):
         quant / quant_group / quant_chunk_elems: frozen projection weights of the eager modes: "none"
             (float32), or the program's int8/int4 format, memory-mapped and dequantized per row chunk
             where used, as the exported methods do (so program and eager run on equal weights).
+        layers_per_checkpoint: the checkpoint groups of mode mesp_groups (`mesp_step`); None: round(sqrt(L)).
     """
 
     modes: tuple[str, ...] = ("autograd", "mebp", "mesp")
@@ -128,6 +134,7 @@ class MemoryBenchConfig(BenchWorkload):
     quant: str = "none"
     quant_group: int = 64
     quant_chunk_elems: int = 1 << 18
+    layers_per_checkpoint: int | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in BENCH_MODES]
@@ -138,15 +145,14 @@ class MemoryBenchConfig(BenchWorkload):
             raise BadInput(f"`modes` lists a mode twice: {','.join(self.modes)}")
         super().__post_init__()
         self.step_options()
+        if self.layers_per_checkpoint is not None and self.layers_per_checkpoint < 1:
+            raise BadInput(f"--layers-per-checkpoint must be >= 1, got {self.layers_per_checkpoint}")
         from toolchain.export.program import QuantSpec
 
         QuantSpec(self.quant, self.quant_group, self.quant_chunk_elems)
 
     def step_options(self) -> StepOptions:
-        try:
-            return StepOptions(loss_chunk=self.loss_chunk, vocab_chunk=self.vocab_chunk, mlp_chunk=self.mlp_chunk)
-        except ValueError as e:
-            raise BadInput(str(e)) from None
+        return StepOptions(loss_chunk=self.loss_chunk, vocab_chunk=self.vocab_chunk, mlp_chunk=self.mlp_chunk)
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -195,12 +201,12 @@ def check_config(config: MemoryBenchConfig) -> Qwen25Arch | None:
 
 
 def program_settings(program_dir: Path) -> dict[str, Any]:
-    """MemoryBenchConfig fields that make the eager modes run what the program runs: its weight format
-    and its step chunking (the CLI's explicit options override them)."""
+    """MemoryBenchConfig fields that make the eager modes run what the program runs: its sequence length,
+    weight format and step chunking (the CLI's explicit options override them)."""
     from toolchain.runtime import ProgramDir
 
     spec = ProgramDir(program_dir, verify=False).info.spec
-    return {"quant": spec.quant.kind, "quant_group": spec.quant.group, "quant_chunk_elems": spec.quant.chunk_elems,
+    return {"seq_len": spec.seq_len, "quant": spec.quant.kind, "quant_group": spec.quant.group, "quant_chunk_elems": spec.quant.chunk_elems,
             "loss_chunk": spec.options.loss_chunk, "vocab_chunk": spec.options.vocab_chunk,
             "mlp_chunk": spec.options.mlp_chunk}
 
@@ -235,14 +241,20 @@ def check_program(config: MemoryBenchConfig, arch: Qwen25Arch | None) -> None:
                        f"(--seq-len, --rank, --alpha, --targets, --quant, ...) or export a matching program")
 
 
-def _spec(config: MemoryBenchConfig, weights_dir: Path) -> dict:
+def groups_of(config: MemoryBenchConfig, layers: int) -> int:
+    """Layers per checkpoint of the mesp_groups mode."""
+    return config.layers_per_checkpoint or sqrt_layers_per_checkpoint(layers)
+
+
+def _spec(config: MemoryBenchConfig, weights_dir: Path, layers: int) -> dict:
     cfg = config.lora_config()
     return {"weights_dir": str(weights_dir), "rank": cfg.rank, "alpha": cfg.alpha, "targets": list(cfg.targets),
             "seq_len": config.seq_len, "seed": config.seed, "repeat": config.repeat, "threads": config.threads,
             "lr": config.lr, "loss_chunk": config.loss_chunk, "vocab_chunk": config.vocab_chunk,
             "mlp_chunk": config.mlp_chunk, "check_grads": config.check_grads, "quant": config.quant,
             "quant_group": config.quant_group, "quant_chunk_elems": config.quant_chunk_elems,
-            "program_dir": str(config.program_dir) if config.program_dir else None}
+            "program_dir": str(config.program_dir) if config.program_dir else None,
+            "layers_per_checkpoint": groups_of(config, layers)}
 
 
 def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -257,7 +269,6 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     notify = on_mode or (lambda stage: None)
     arch = check_config(config)
     weights_dir = weights_cache_dir(config.cache_dir, config.model, config.init, config.seed)
-    spec = _spec(config, weights_dir)
     env = PHONE_LIKE_MALLOC_ENV if config.allocator == "phone-like" else None
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp_name, discarded_on_stop(Path(tmp_name)) as tmp:
         notify("weights")
@@ -269,19 +280,23 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
                                          "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group},
                         config.threads)
+        arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
+        spec = _spec(config, weights_dir, arch.layers)
         rows = []
         for mode in config.modes:
             notify(mode)
             rows.append(call_worker(tmp, "memory", dict(spec, mode=mode), config.threads, env))
         notify("timing")
         timing = call_worker(tmp, "timing", dict(spec, modes=list(config.modes)), config.threads)
-    arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
         mark_file_drift(row)
+        if row["mode"] == "mesp_groups":
+            row["layers_per_checkpoint"] = spec["layers_per_checkpoint"]
         if row["mode"] not in ("executorch", "onnx"):
             row["breakdown"] = step_breakdown(row["mode"], arch, config.lora_config(), config.seq_len,
-                                              config.step_options()).as_mb()
+                                              config.step_options(),
+                                              layers_per_checkpoint=spec["layers_per_checkpoint"]).as_mb()
     return {"schema_version": 1, "config": config.as_json(), "results": rows,
             "counted": COUNTED + _ALLOCATOR_NOTE[config.allocator], "reference_mode": timing["reference_mode"],
             "host": host_info()}

@@ -89,13 +89,13 @@ def run_mezo_cosine(config: MezoCosineConfig, *, on_seed: Callable[[int], None] 
     gen = torch.Generator().manual_seed(config.seed)
     input_ids = torch.randint(0, arch.vocab, (config.seq_len,), generator=gen)
     with torch.no_grad():
-        exact = mesp_step(arch, weights, lora, cfg, input_ids, input_ids)
+        exact = mesp_step(arch, weights, cfg, lora, input_ids, input_ids)
     g = flat(exact.grads)
     cosines, projected, total = [], [], torch.zeros_like(g)
     for s in range(config.seeds):
         if on_seed:
             on_seed(s)
-        res = mezo_grad_estimate(arch, weights, lora, cfg, input_ids, input_ids, seed=s, eps=config.eps)
+        res = mezo_grad_estimate(arch, weights, cfg, lora, input_ids, input_ids, seed=s, eps=config.eps)
         est = flat(res.grads)
         cosines.append(cosine(est, g))
         projected.append(float(res.projected))

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from toolchain.baselines.autograd import full_logits_loss
 from toolchain.baselines.mezo import mezo_step
+from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, LoraPair, LoraWeights
 from toolchain.mesp import StepOptions, block_forward, block_params, mesp_step
 from toolchain.mesp.ops import rope_tables
@@ -30,8 +31,10 @@ __all__ = ["TrainMode", "TRAIN_MODES", "EXACT_MODES", "GradsHook", "prepare_lora
            "train_step"]
 
 TrainMode = Literal["autograd", "mebp", "mesp", "mezo"]
-TRAIN_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mezo")
-EXACT_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp")  # modes whose gradients must agree
+# mesp_groups: mesp_step with checkpoint groups (`layers_per_checkpoint`, mesp/step.py): fewer kept
+# layer inputs, one more forward through the blocks.
+TRAIN_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo")
+EXACT_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups")  # modes whose gradients must agree
 
 GradsHook = Callable[[int, dict[str, LoraPair]], None]
 
@@ -63,11 +66,11 @@ def collect_hook(store: list[dict[str, LoraPair]]) -> GradsHook:
     return collect
 
 
-def _autograd_step(arch, weights, lora, cfg, input_ids, labels, hook, *, checkpointed: bool) -> Tensor:
+def _autograd_step(arch, weights, cfg, lora, input_ids, labels, *, hook, checkpointed: bool) -> Tensor:
     rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
     x = weights.embed[input_ids]                                      # [T, d]
     for i in range(arch.layers):
-        p = block_params(arch, weights, lora, cfg, i)
+        p = block_params(arch, weights, cfg, lora, i)
         x = checkpoint(block_forward, x, p, rope, use_reentrant=False) if checkpointed else block_forward(x, p, rope)
     loss = full_logits_loss(arch, weights, x, labels)
     del x
@@ -80,18 +83,21 @@ def _autograd_step(arch, weights, lora, cfg, input_ids, labels, hook, *, checkpo
     return loss.detach()
 
 
-def train_step(mode: str, arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig,
-               input_ids: Tensor, labels: Tensor, hook: GradsHook, *, options: StepOptions = StepOptions(),
-               seed: int = 0, lr: float = 0.0) -> float:
+def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+               labels: Tensor, *, mode: str, hook: GradsHook, options: StepOptions = StepOptions(),
+               seed: int = 0, lr: float = 0.0, layers_per_checkpoint: int = 1) -> float:
     """One step of `mode`; `hook(layer, grads)` receives each layer's exact gradients (not for mezo,
-    which updates in place with `lr` and perturbation `seed`). Returns the loss."""
-    if mode == "mesp":
+    which updates in place with `lr` and perturbation `seed`). `layers_per_checkpoint`: the groups of
+    mode mesp_groups. Returns the loss."""
+    if mode in ("mesp", "mesp_groups"):
         with torch.no_grad():
-            res = mesp_step(arch, weights, lora, cfg, input_ids, labels, options=options, on_layer_grads=hook,
-                            keep_grads=False)
+            res = mesp_step(arch, weights, cfg, lora, input_ids, labels, options=options, on_layer_grads=hook,
+                            keep_grads=False,
+                            layers_per_checkpoint=layers_per_checkpoint if mode == "mesp_groups" else 1)
         return float(res.loss)
     if mode in ("autograd", "mebp"):
-        return float(_autograd_step(arch, weights, lora, cfg, input_ids, labels, hook, checkpointed=mode == "mebp"))
+        return float(_autograd_step(arch, weights, cfg, lora, input_ids, labels, hook=hook,
+                                    checkpointed=mode == "mebp"))
     if mode == "mezo":
-        return float(mezo_step(arch, weights, lora, cfg, input_ids, labels, seed=seed, lr=lr, options=options).loss)
-    raise ValueError(f"unknown training mode {mode!r}")
+        return float(mezo_step(arch, weights, cfg, lora, input_ids, labels, seed=seed, lr=lr, options=options).loss)
+    raise BadInput(f"unknown training mode {mode!r}; choose {', '.join(TRAIN_MODES)}")

@@ -96,8 +96,9 @@ def _step_fn(spec: dict, s: _Setup, mode: str, pdir=None) -> Callable[[int], flo
         return _program_step(spec, s, mode, pdir)
     lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     hook = sgd_hook(lora, spec["lr"])
-    return lambda k: train_step(mode, s.arch, s.weights, lora, s.cfg, s.input_ids, s.labels, hook, options=s.options,
-                                seed=spec["seed"] + 1 + k, lr=spec["lr"])
+    return lambda k: train_step(s.arch, s.weights, s.cfg, lora, s.input_ids, s.labels, mode=mode, hook=hook,
+                                options=s.options, seed=spec["seed"] + 1 + k, lr=spec["lr"],
+                                layers_per_checkpoint=spec.get("layers_per_checkpoint", 1))
 
 
 def run_memory(spec: dict) -> dict:
@@ -152,7 +153,8 @@ def _grad_diffs(spec: dict, s: _Setup, modes: list[str]) -> dict[str, float]:
     for mode in (m for m in EXACT_MODES if m in modes):
         store: list = [{} for _ in range(s.arch.layers)]
         lora0 = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
-        train_step(mode, s.arch, s.weights, lora0, s.cfg, s.input_ids, s.labels, collect_hook(store), options=s.options)
+        train_step(s.arch, s.weights, s.cfg, lora0, s.input_ids, s.labels, mode=mode, hook=collect_hook(store),
+                   options=s.options, layers_per_checkpoint=spec.get("layers_per_checkpoint", 1))
         grads[mode] = lora_state_dict(tuple(store))
     if not grads:
         return {}

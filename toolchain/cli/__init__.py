@@ -24,8 +24,8 @@ class UserError(click.ClickException):
 def _exit_on_sigterm(signum, _frame) -> None:
     # Python's default SIGTERM ends the process at once and leaves the temporary outputs of an export
     # or a checkpoint behind. Delete them (`toolchain.atomic`), then exit at once: not by raising,
-    # which unwinds through whatever library code is running (torch.export once swallowed it and
-    # finished the export, once segfaulted in interpreter shutdown). Stopping is as safe as a kill:
+    # which unwinds through whatever library code is running (torch.export can swallow the exception
+    # and finish the export, or crash in interpreter shutdown). Stopping is as safe as a kill:
     # a training run resumes from its last checkpoint.
     import os
     import sys
@@ -125,17 +125,18 @@ def _register() -> None:
     from toolchain.cli.bench import bench
     from toolchain.cli.data import data
     from toolchain.cli.demo import demo
+    from toolchain.cli.eval import eval_command
     from toolchain.cli.export import export
+    from toolchain.cli.generate import generate_command
     from toolchain.cli.grads import grads
     from toolchain.cli.plan import plan
     from toolchain.cli.telemetry import telemetry
     from toolchain.cli.tokenize import tokenize
     from toolchain.cli.train import train
 
-    for command in (grads, demo, train, plan, bench, export, telemetry, tokenize, data):
+    for command in (grads, demo, train, plan, bench, export, telemetry, tokenize, data, eval_command,
+                    generate_command):
         cli.add_command(command)
-    from toolchain.cli.eval import eval_command; from toolchain.cli.generate import generate_command  # noqa: E702, I001
-    cli.add_command(eval_command), cli.add_command(generate_command)
 
 
 _register()

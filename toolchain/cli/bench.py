@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.options import lora_shape_options, model_options
+from toolchain.cli.options import (POLICY_CHOICE, chunk_options, layers_per_checkpoint_option, lora_shape_options,
+                                   model_options)
 from toolchain.validate import SEED, STEPS, FiniteFloat
 
 
@@ -22,7 +23,7 @@ def bench() -> None:
               help="Fine-tuning steps of each arm.  [default: 300]")
 @click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Tokens per example.  [default: 128]")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None, help="LCSB layers per step.  [default: 4]")
-@click.option("--policy", type=click.Choice(["cyclic", "strided", "last", "random"]), default=None,
+@click.option("--policy", type=click.Choice([p for p in POLICY_CHOICE.choices if p != "full"]), default=None,
               help="LCSB policy.  [default: cyclic]")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
               help="AdamW learning rate of both arms.  [default: 2e-4]")
@@ -33,7 +34,7 @@ def bench() -> None:
 @click.option("--seed", type=SEED, default=None, help="Seed of the weights and the LoRA init.  [default: 0]")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the full report (bench_lcsb schema) here (an existing file is replaced).")
-def lcsb(model, steps, seq_len, k, policy, lr, pretrain_steps, threads, seed, json_out) -> None:
+def lcsb(*, model, steps, seq_len, k, policy, lr, pretrain_steps, threads, seed, json_out) -> None:
     """Fine-tune the same model from the same seed with full MeSP backprop and with LCSB, side by
     side; report the step-time speedup and the loss gap (docs/lcsb.md)."""
     from toolchain.bench.lcsb import LcsbBenchConfig, run_lcsb_bench
@@ -90,54 +91,22 @@ def _bench_run_options(f):
 
 
 def _step_chunk_options(f):
+    """MeSP's chunk sizes and the memory workers' allocator."""
     f = click.option("--allocator", type=click.Choice(["phone-like", "glibc"]), default="phone-like", show_default=True,
                      help="malloc of the memory processes: 'phone-like' maps blocks >= 128 KiB one by one (as phone "
                           "allocators do); 'glibc' keeps glibc's defaults (peaks include heap fragmentation).")(f)
-    f = click.option("--mlp-chunk", type=click.IntRange(min=0), default=None,
-                     help="MeSP intermediate columns per MLP chunk (0: none).  [default: StepOptions]")(f)
-    f = click.option("--vocab-chunk", type=click.IntRange(min=0), default=None,
-                     help="MeSP vocabulary entries per LM-head chunk (0: whole rows).  [default: StepOptions]")(f)
-    f = click.option("--loss-chunk", type=click.IntRange(min=1), default=None,
-                     help="MeSP tokens per LM-head chunk.  [default: StepOptions]")(f)
-    return f
+    return chunk_options()(f)
 
 
-def _run_settings(repeat, threads, cache_dir, loss_chunk=None, vocab_chunk=None, mlp_chunk=None,
-                  allocator="phone-like") -> dict:
-    """Keyword arguments of MemoryBenchConfig from the shared options (unset ones keep the defaults)."""
-    settings = {"repeat": repeat, "threads": threads, "allocator": allocator}
-    if cache_dir is not None:
-        settings["cache_dir"] = cache_dir
-    if loss_chunk is not None:
-        settings["loss_chunk"] = loss_chunk
-    for name, value in (("vocab_chunk", vocab_chunk), ("mlp_chunk", mlp_chunk)):
-        if value is not None:
-            settings[name] = value or None  # 0: no chunking
-    return settings
+def _given(**values) -> dict:
+    """The options the user set (None: left to the config's default)."""
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def check_output_file(path: Path, option: str) -> None:
     from toolchain.atomic import check_output_file as check
 
     check(path, option=option)
-
-
-def _program_seq_len(program: Path) -> int:
-    from toolchain.runtime import ProgramDir
-
-    return ProgramDir(program, verify=False).seq_len
-
-
-def _check_preset_shape(model: str, seq_len: int, rank: int, targets: str) -> None:
-    """Bounds from the model, before any process starts: --rank within its projections (presets only; a
-    checkpoint directory is checked when it is loaded; --seq-len is checked by the benchmark's config)."""
-    from toolchain.lora import parse_targets
-    from toolchain.models.presets import PRESETS
-    from toolchain.validate import check_rank
-
-    arch = PRESETS.get(model)
-    if arch is not None:
-        check_rank(rank, arch, parse_targets(targets))
 
 
 def _progress():
@@ -153,7 +122,9 @@ def _progress():
 @click.option("--seq-len", type=click.IntRange(min=2), default=None,
               help="Tokens per step (with --program: must be the program's).  [default: --program's, else 256]")
 @click.option("--modes", default="autograd,mebp,mesp", show_default=True,
-              help="Comma-separated among autograd,mebp,mesp,mezo,executorch,onnx (one process each for memory).")
+              help="Comma-separated among autograd,mebp,mesp,mesp_groups,mezo,executorch,onnx (one process each "
+                   "for memory; mesp_groups: mesp with --layers-per-checkpoint).")
+@layers_per_checkpoint_option(None, default_help="round(sqrt(L)); mode mesp_groups only")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Exported program directory (for --modes executorch or onnx).")
 @click.option("--lr", type=FiniteFloat(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
@@ -170,29 +141,28 @@ def _progress():
 @_bench_run_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the report (bench_memory schema) here (an existing file is replaced).")
-def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr, no_grad_check, quant, quant_group,
-           dequant_chunk_mb, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads, cache_dir, json_out) -> None:
+def memory(*, model, init, seed, rank, alpha, targets, seq_len, modes, layers_per_checkpoint, program, lr,
+           no_grad_check, quant, quant_group, dequant_chunk_mb, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads, cache_dir, json_out) -> None:
     """Peak memory (as phones count it) and step time of one training step per mode, side by side.
     With --program and --modes executorch/onnx, the exported program runs on its runtime through the
     host's layer loop, beside the eager modes on the same weights (--quant) and thread count."""
     from toolchain.bench.memory import MemoryBenchConfig, format_table, program_settings, run_memory_bench
+    from toolchain.export.program import chunk_elems_from_mib
     from toolchain.lora import parse_targets
+    from toolchain.mesp import chunk_overrides
     from toolchain.schemas import write_json
 
     if json_out is not None:
         check_output_file(json_out, option="--json")
-    if seq_len is None:
-        seq_len = _program_seq_len(program) if program is not None else 256
-    _check_preset_shape(model, seq_len, rank, targets)
-    given = {"quant": quant, "quant_group": quant_group, "loss_chunk": loss_chunk,
-             "quant_chunk_elems": None if dequant_chunk_mb is None else max(1, int(dequant_chunk_mb * 2**20) // 4)}
     settings = {**(program_settings(program) if program is not None else {}),
-                **{k: v for k, v in given.items() if v is not None}}
-    settings.update(_run_settings(repeat, threads, cache_dir, None, vocab_chunk, mlp_chunk, allocator))
-    config = MemoryBenchConfig(model=model, init=init, seed=seed, seq_len=seq_len, rank=rank, alpha=alpha,
-                               targets=parse_targets(targets),
+                **_given(seq_len=seq_len, quant=quant, quant_group=quant_group,
+                         quant_chunk_elems=None if dequant_chunk_mb is None else chunk_elems_from_mib(dequant_chunk_mb)),
+                **chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),
+                **_given(repeat=repeat, threads=threads, cache_dir=cache_dir, allocator=allocator)}
+    config = MemoryBenchConfig(model=model, init=init, seed=seed, rank=rank, alpha=alpha, targets=parse_targets(targets),
                                modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-                               lr=lr, program_dir=program, check_grads=not no_grad_check, **settings)
+                               lr=lr, program_dir=program, check_grads=not no_grad_check,
+                               layers_per_checkpoint=layers_per_checkpoint, **settings)
     with _progress() as progress:
         task = progress.add_task("bench memory", total=len(config.modes) + 1)
 
@@ -202,7 +172,7 @@ def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr,
         doc = run_memory_bench(config, on_mode=on_stage)
     if json_out is not None:
         write_json(json_out, "bench_memory", doc)
-    click.echo(f"{model} ({init}), seq {seq_len}, LoRA r{config.rank} on {','.join(config.targets)}, "
+    click.echo(f"{model} ({init}), seq {config.seq_len}, LoRA r{config.rank} on {','.join(config.targets)}, "
                f"{threads} thread(s), SGD, weights {config.quant}; peak = anonymous memory above the process baseline (MiB)")
     click.echo(format_table(doc))
 
@@ -219,7 +189,7 @@ def memory(model, init, seed, rank, alpha, targets, seq_len, modes, program, lr,
 @click.option("--render-only", is_flag=True, help="Measure nothing: write --doc and --plot from the cached cells.")
 @_step_chunk_options
 @_bench_run_options
-def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads,
+def tables(*, cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, mlp_chunk, allocator, repeat, threads,
            cache_dir) -> None:
     """The MeSP paper's grid (0.5B/1.5B/3B; seq 128-1024; rank 4-32) for MeBP and MeSP, resumable;
     writes the tables into --doc and a plot to --plot, next to the paper's numbers."""
@@ -228,6 +198,7 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
     from toolchain.validate import read_text
     from toolchain.bench.tables import GRID, cell_key, plot_tables, render_markdown, replace_section, run_tables
     from toolchain.errors import BadInput
+    from toolchain.mesp import chunk_overrides
 
     for option, path in (("--cells", cells_path), ("--doc", doc), ("--plot", plot)):
         check_output_file(path, option=option)
@@ -235,7 +206,8 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
     if unknown:
         raise BadInput(f"unknown cell(s) {', '.join(unknown)}; choose from {', '.join(cell_key(c) for c in GRID)}")
     cells = () if render_only else tuple(c for c in GRID if not only or cell_key(c) in only)
-    base = MemoryBenchConfig(**_run_settings(repeat, threads, cache_dir, loss_chunk, vocab_chunk, mlp_chunk, allocator))
+    base = MemoryBenchConfig(**chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk, mlp_chunk=mlp_chunk),
+                             **_given(repeat=repeat, threads=threads, cache_dir=cache_dir, allocator=allocator))
     with _progress() as progress:
         task = progress.add_task("bench tables", total=len(cells))
 
@@ -280,7 +252,7 @@ def tables(cells_path, doc, plot, only, render_only, loss_chunk, vocab_chunk, ml
 @_bench_run_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the report (bench_mezo schema) here (an existing file is replaced).")
-def mezo_cosine(model, init, seed, rank, alpha, targets, seq_len, seeds, eps, no_memory, repeat, threads, cache_dir,
+def mezo_cosine(*, model, init, seed, rank, alpha, targets, seq_len, seeds, eps, no_memory, repeat, threads, cache_dir,
                 json_out) -> None:
     """Cosine similarity of MeZO (SPSA) gradient estimates with the exact gradient, and MeZO's peak
     memory and step time next to MeSP's."""
@@ -291,11 +263,9 @@ def mezo_cosine(model, init, seed, rank, alpha, targets, seq_len, seeds, eps, no
 
     if json_out is not None:
         check_output_file(json_out, option="--json")
-    _check_preset_shape(model, seq_len, rank, targets)
-
     config = MezoCosineConfig(model=model, init=init, seed=seed, seq_len=seq_len, rank=rank, alpha=alpha,
                               targets=parse_targets(targets), seeds=seeds, eps=eps, memory=not no_memory,
-                              **_run_settings(repeat, threads, cache_dir))
+                              **_given(repeat=repeat, threads=threads, cache_dir=cache_dir))
     with _progress() as progress:
         task = progress.add_task("bench mezo-cosine", total=seeds)
         report = run_mezo_cosine(config, on_seed=lambda s: progress.update(task, completed=s),

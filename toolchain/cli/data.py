@@ -22,7 +22,7 @@ _OUT = click.Path(dir_okay=False, path_type=Path)
 @click.option("--held-out-out", "held_out_out", type=_OUT, default=None, help="Held-out rows (JSONL).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out choice.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
-def data(program, text, chat, out, held_out, held_out_out, seed, force) -> None:
+def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> None:
     """Tokenize --text or --chat with the program's tokenizer into rows of at most seq_len tokens
     (schema data_row), optionally holding out a seeded fraction; outputs are written atomically."""
     from toolchain.errors import BadInput

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from toolchain.cli.options import lcsb_k_option, threads_option
 from toolchain.validate import STEPS, FiniteFloat
 
 
@@ -19,14 +20,13 @@ from toolchain.validate import STEPS, FiniteFloat
               help="Length of the greedy generation before and after.")
 @click.option("--eval-every", type=click.IntRange(min=0), default=50, show_default=True,
               help="Held-out loss of the live adapter every N steps (0: only before and after).")
-@click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
-              help="Backprop through K layers per step, cycling (default: every layer).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Runtime threads (default: its own).")
+@lcsb_k_option("every layer; the layers cycle")
+@threads_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("out/demo"),
               show_default=True, help="Where the exported program goes (re-used if already exported; an older "
                                       "export is replaced; any other non-empty directory is refused unless --force).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out that is not an export.")
-def demo(steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k: int | None, threads: int | None,
+def demo(*, steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k: int | None, threads: int | None,
          out: Path, force: bool) -> None:
     """Personalize the bundled pretrained model on the bundled user text, on the ExecuTorch runtime:
     held-out loss and a greedy generation before and after, and the loss curve."""
@@ -45,7 +45,7 @@ def demo(steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k: in
     for suffix in ("telemetry.jsonl", "rows.jsonl", "held-out.jsonl"):  # written beside --out
         check_output_file(out.parent / f"{out.name}.{suffix}", option="demo file")
     exported = False
-    if not current_program(out, cfg.model, cfg.seq_len) or _plan_differs(out, lcsb_k):
+    if not current_program(out, cfg):
         # our own older export (a manifest.json) is replaced; anything else needs --force
         check_output_dir(out, force=force or (out / "manifest.json").is_file())
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -92,12 +92,3 @@ def demo(steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k: in
 def _indent(text: str) -> str:
     return "\n".join("    | " + line for line in text.split("\n"))
 
-
-def _plan_differs(out: Path, lcsb_k: int | None) -> bool:
-    import json
-
-    try:
-        lcsb = json.loads((out / "manifest.json").read_text()).get("lcsb")
-    except (OSError, ValueError):
-        return True
-    return (lcsb or {}).get("k") != lcsb_k

@@ -6,37 +6,9 @@ from pathlib import Path
 
 import click
 
-__all__ = ["eval_command", "adapter_options", "program_state"]
+from toolchain.cli.options import program_state_options, runtime_options
 
-
-def adapter_options(f):
-    f = click.option("--resume-from", "resume_from", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     default=None, help="Use the LoRA state of this `toolchain train --program` checkpoint "
-                                        "(*.train-checkpoint.safetensors), e.g. of a run still going.")(f)
-    f = click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-                     help="Use this PEFT adapter directory (its config must match the program's); "
-                          "default: the program's initial adapter.")(f)
-    return f
-
-
-def program_state(pdir, adapter: Path | None, resume_from: Path | None):
-    """The flat state to run with: an adapter's, a checkpoint's, or the program's initial one."""
-    from toolchain.errors import BadInput
-    from toolchain.runtime.evaluate import state_from_adapter, state_from_checkpoint
-
-    if adapter is not None and resume_from is not None:
-        raise BadInput("give either --adapter or --resume-from, not both")
-    if adapter is not None:
-        return state_from_adapter(pdir, adapter)
-    if resume_from is not None:
-        return state_from_checkpoint(pdir, resume_from)
-    return pdir.state_init()
-
-
-def target_option(f):
-    return click.option("--target", "target", type=click.Choice(["executorch", "onnx", "eager"]), default=None,
-                        help="Runtime (default: the program's first host-runnable target; eager: the same methods "
-                             "in PyTorch, the reference).")(f)
+__all__ = ["eval_command"]
 
 
 @click.command("eval")
@@ -44,12 +16,11 @@ def target_option(f):
               help="An exported program directory (`toolchain export`).")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="Held-out rows (JSONL, shared_schemas/data_row.schema.json), e.g. from `toolchain data --held-out`.")
-@adapter_options
-@target_option
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Runtime threads (default: its own).")
+@program_state_options
+@runtime_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help='Also write {"loss", "rows", "tokens", ...} here (atomically).')
-def eval_command(program, data, adapter, resume_from, target, threads, json_out) -> None:
+def eval_command(*, program, data, adapter, resume_from, target, threads, json_out) -> None:
     """Held-out loss: forward only (embed, block_forward per layer, head_loss) on the program's runtime.
 
     The loss is the mean next-token cross-entropy over all target tokens of the file (every row's
@@ -59,13 +30,13 @@ def eval_command(program, data, adapter, resume_from, target, threads, json_out)
     from toolchain.atomic import atomic_write_text
     from toolchain.dataset import load_examples
     from toolchain.runtime import ProgramDir
-    from toolchain.runtime.evaluate import evaluate_program
+    from toolchain.runtime.evaluate import evaluate_program, program_state
     from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
 
     pdir = ProgramDir(program)
     examples = load_examples(data, pdir.arch)
-    state = program_state(pdir, adapter, resume_from)
+    state = program_state(pdir, adapter=adapter, resume_from=resume_from)
     runner = open_runner(pdir, target, threads=threads, use="eval")
     t0 = time.perf_counter()
     result = evaluate_program(pdir, runner, state, examples)

@@ -6,27 +6,15 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.eval import adapter_options, program_state, target_option
+from toolchain.cli.options import program_state_options, runtime_options
 
 __all__ = ["generate_command"]
-
-
-def _parse_ids(text: str) -> list[int]:
-    from toolchain.errors import BadInput
-
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise BadInput(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise BadInput("--prompt-ids is empty")
-    return ids
 
 
 @click.command("generate")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="An exported program directory with the generation methods (`toolchain export`, the default).")
-@adapter_options
+@program_state_options
 @click.option("--prompt", default=None, help="Prompt text (tokenized with the program's tokenizer).")
 @click.option("--prompt-ids", "prompt_ids", default=None, help="Prompt as comma-separated token ids (no tokenizer).")
 @click.option("--chat", is_flag=True,
@@ -36,11 +24,10 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0: greedy (argmax); > 0: sample softmax(logits / T).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
-@target_option
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Runtime threads (default: its own).")
+@runtime_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help='Also write {"prompt_ids", "output_ids", "text", ...} here (atomically).')
-def generate_command(program, adapter, resume_from, prompt, prompt_ids, chat, max_new_tokens, temperature, seed, target,
+def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat, max_new_tokens, temperature, seed, target,
                      threads, json_out) -> None:
     """Generate with the program's generation methods (prefill, then one block_decode per layer and token,
     KV cache on the host) on its runtime, the adapter's LoRA slices passed as inputs. Streams the text
@@ -49,41 +36,15 @@ def generate_command(program, adapter, resume_from, prompt, prompt_ids, chat, ma
     import time
 
     from toolchain.atomic import atomic_write_text
-    from toolchain.errors import BadInput
     from toolchain.runtime import ProgramDir
-    from toolchain.runtime.generate import generate
+    from toolchain.runtime.evaluate import program_state
+    from toolchain.runtime.generate import generate, prompt_for
     from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
 
-    if (prompt is None) == (prompt_ids is None):
-        raise BadInput("give exactly one of --prompt and --prompt-ids")
-    if chat and prompt is None:
-        raise BadInput("--chat needs --prompt (text)")
     pdir = ProgramDir(program)
-    tok = None
-    if prompt is not None or pdir.manifest["tokenizer"].get("kind", "none") != "none":
-        from toolchain.tokenizer import load_tokenizer
-
-        try:
-            tok = load_tokenizer(program)
-        except BadInput:
-            if prompt is not None:
-                raise
-    stop: list[int] = []
-    if prompt is not None:
-        if chat:
-            from toolchain.tokenizer import apply_chat_template
-
-            ids, _ = apply_chat_template(tok, [{"role": "user", "content": prompt}])
-            ids += tok.encode("<|im_start|>assistant\n", allow_special=True)
-            stop += tok.encode("<|im_end|>", allow_special=True)
-        else:
-            ids = tok.encode(prompt, allow_special=True)
-    else:
-        ids = _parse_ids(prompt_ids)
-    if tok is not None and tok.eos_id is not None:
-        stop.append(tok.eos_id)
-    state = program_state(pdir, adapter, resume_from)
+    tok, ids, stop = prompt_for(pdir, text=prompt, ids=prompt_ids, chat=chat)
+    state = program_state(pdir, adapter=adapter, resume_from=resume_from)
     runner = open_runner(pdir, target, threads=threads, use="generate")
     printed = [""]
     out_ids: list[int] = []

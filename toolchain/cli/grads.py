@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import click
 
-from toolchain.cli.options import data_option, load_model_and_adapter, lora_options, model_options
+from toolchain.cli.options import data_option, lora_options, model_options
 
 
 @click.command()
@@ -20,22 +19,21 @@ from toolchain.cli.options import data_option, load_model_and_adapter, lora_opti
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path), required=True,
               help="Output .safetensors; keys as in the adapter's adapter_model.safetensors (an existing file is "
                    "replaced atomically; a directory is refused).")
-def grads(model, init, seed, adapter, rank, alpha, targets, data, mode, out) -> None:
+def grads(*, model, init, seed, adapter, rank, alpha, targets, data, mode, out) -> None:
     """Compute the LoRA gradients of the first example of --data and write them to --out."""
     from safetensors.torch import save as save_bytes
 
     from toolchain.atomic import atomic_write_bytes, check_output_file
-    from toolchain.baselines import autograd_step, mebp_step, mezo_grad_estimate
+    from toolchain.baselines import gradient_step
     from toolchain.dataset import load_examples
     from toolchain.lora import lora_state_dict
-    from toolchain.mesp import mesp_step
+    from toolchain.lora.resolve import load_model_and_adapter
 
     check_output_file(out)
-    arch, weights, cfg, lora = load_model_and_adapter(model, init, seed, adapter, rank, alpha, targets)
+    arch, weights, cfg, lora = load_model_and_adapter(model, init=init, seed=seed, adapter=adapter, rank=rank,
+                                                      alpha=alpha, targets=targets)
     example = load_examples(data, arch, limit=1)[0]
-    step = {"mesp": mesp_step, "mebp": mebp_step, "autograd": autograd_step,
-            "mezo": functools.partial(mezo_grad_estimate, seed=seed)}[mode]
-    result = step(arch, weights, lora, cfg, example.input_ids, example.labels)
+    result = gradient_step(arch, weights, cfg, lora, example.input_ids, example.labels, mode=mode, seed=seed)
     tensors = {k: v.detach().contiguous() for k, v in lora_state_dict(result.grads).items()}
     atomic_write_bytes(out, save_bytes(tensors, metadata={"loss": f"{float(result.loss):.9g}", "mode": mode}))
     click.echo(f"loss {float(result.loss):.6f}  {len(tensors)} gradient tensors ({mode}) -> {out}")

@@ -1,4 +1,7 @@
-"""Options shared by several commands, defined once so they are spelled the same everywhere."""
+"""Options shared by several commands, each family defined once so that it is spelled, typed and
+explained the same everywhere. A family is a decorator composing `click.option`s; what the values
+mean is resolved by the library (`toolchain.lora.resolve`, `toolchain.lcsb.resolve`,
+`toolchain.optim.optimizer_config`, `toolchain.mesp.chunk_overrides`), not here."""
 
 from __future__ import annotations
 
@@ -9,42 +12,69 @@ import click
 from toolchain.atomic import FORCE_HELP
 from toolchain.validate import SEED, FiniteFloat
 
-__all__ = ["model_options", "lora_options", "lora_shape_options", "data_option", "force_option", "lora_config_from",
-           "load_model_and_adapter"]
+__all__ = ["TARGETS_HELP", "POLICY_CHOICE", "model_options", "rank_option", "targets_option", "lora_shape_options",
+           "lora_options", "layers_per_checkpoint_option", "data_option", "force_option", "plan_options", "lcsb_k_option", "chunk_options",
+           "optimizer_option", "optimizer_options", "threads_option", "runtime_options", "program_state_options",
+           "plan_request"]
 
 TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or 'all'"
+POLICY_CHOICE = click.Choice(["cyclic", "strided", "last", "random", "full"])
+# StepOptions' defaults (toolchain/mesp/step.py, which imports torch; tests/cli/test_options.py checks them).
+_CHUNK_DEFAULTS = {"loss_chunk": 256, "vocab_chunk": 1024, "mlp_chunk": 256}
 
 
-def model_options(default_model: str | None = "tiny", *, required: bool | None = None):
+def _compose(*decorators):
+    """One decorator applying `decorators` so that their options list in the order given."""
     def deco(f):
-        f = click.option("--seed", type=SEED, default=0, show_default=True,
-                         help="Seed of random weights and of the LoRA init.")(f)
-        f = click.option("--init", "init", type=click.Choice(["pretrained", "random"]), default="pretrained",
-                         show_default=True,
-                         help="'random' builds the preset with seeded random weights (no download).")(f)
-        f = click.option("--model", "model", default=default_model,
-                         required=(default_model is None) if required is None else required,
-                         show_default=default_model is not None,
-                         help="Preset (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b) or a Hugging Face "
-                              "Qwen2 checkpoint directory.")(f)
+        for d in reversed(decorators):
+            f = d(f)
         return f
     return deco
 
 
+# -- model and adapter ---------------------------------------------------------------------------------
+def model_options(default_model: str | None = "tiny", *, required: bool | None = None):
+    """--model, --init, --seed: the base model (`toolchain.lora.resolve.load_model_and_adapter`)."""
+    return _compose(
+        click.option("--model", "model", default=default_model,
+                     required=(default_model is None) if required is None else required,
+                     show_default=default_model is not None,
+                     help="Preset (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b) or a Hugging Face "
+                          "Qwen2 checkpoint directory."),
+        click.option("--init", "init", type=click.Choice(["pretrained", "random"]), default="pretrained",
+                     show_default=True, help="'random' builds the preset with seeded random weights (no download)."),
+        click.option("--seed", type=SEED, default=0, show_default=True,
+                     help="Seed of random weights and of the LoRA init."))
+
+
+def rank_option(default: int | None = 8, *, default_help: str | None = None):
+    """--rank; `default_help` replaces the shown default (e.g. when None means "the program's")."""
+    shown = f"  [default: {default_help}]" if default_help else ""
+    return click.option("--rank", type=click.IntRange(min=1), default=default, show_default=default_help is None,
+                        help="LoRA rank." + shown)
+
+
+def targets_option(default: str | None = "all", *, default_help: str | None = None):
+    shown = f"  [default: {default_help}]" if default_help else ""
+    return click.option("--targets", default=default, show_default=default_help is None,
+                        help=TARGETS_HELP + "." + shown)
+
+
 def lora_shape_options(f):
     """--rank, --alpha, --targets: a fresh adapter's shape (commands that take no --adapter)."""
-    f = click.option("--targets", default="all", show_default=True, help=TARGETS_HELP)(f)
-    f = click.option("--alpha", type=FiniteFloat(min=0, min_open=True), default=None,
-                     help="LoRA alpha; scale = alpha / rank.  [default: 2 x rank]")(f)
-    f = click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True, help="LoRA rank.")(f)
-    return f
+    return _compose(
+        rank_option(),
+        click.option("--alpha", type=FiniteFloat(min=0, min_open=True), default=None,
+                     help="LoRA alpha; scale = alpha / rank.  [default: 2 x rank]"),
+        targets_option())(f)
 
 
 def lora_options(f):
-    f = lora_shape_options(f)
-    f = click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-                     help="Start from this PEFT adapter directory (its config overrides --rank/--alpha/--targets).")(f)
-    return f
+    """--adapter, or a fresh adapter's --rank/--alpha/--targets."""
+    return _compose(
+        click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+                     help="Start from this PEFT adapter directory (its config overrides --rank/--alpha/--targets)."),
+        lora_shape_options)(f)
 
 
 def data_option(f):
@@ -57,28 +87,103 @@ def force_option(f):
     return click.option("--force", is_flag=True, help=FORCE_HELP)(f)
 
 
-def lora_config_from(rank: int, alpha: float | None, targets: str):
-    from toolchain.lora import LoraConfig, parse_targets
+# -- LCSB plan -----------------------------------------------------------------------------------------
+def lcsb_k_option(default_help: str = "every layer"):
+    """--lcsb-k K; `default_help` says what the command does without it."""
+    return click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
+                        help=f"Backpropagate through K layers per step (LCSB).  [default: {default_help}]")
 
-    return LoraConfig(rank=rank, alpha=alpha if alpha is not None else 2.0 * rank, targets=parse_targets(targets))
+
+def plan_options(default_help: str = "full backprop"):
+    """--plan FILE, or --lcsb-k/--lcsb-policy/--lcsb-seed to build one on the fly (`PlanRequest`)."""
+    return _compose(
+        click.option("--plan", "plan_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     default=None, help=f"LCSB step plan JSON (`toolchain plan lcsb`), instead of --lcsb-k/"
+                                        f"--lcsb-policy/--lcsb-seed.  [default: {default_help}]"),
+        lcsb_k_option(default_help),
+        click.option("--lcsb-policy", type=POLICY_CHOICE, default=None,
+                     help="LCSB policy for --lcsb-k.  [default: cyclic]"),
+        click.option("--lcsb-seed", type=int, default=None, help="Seed of the random LCSB policy.  [default: 0]"))
 
 
-def load_model_and_adapter(model: str, init: str, seed: int, adapter: Path | None, rank: int, alpha: float | None,
-                           targets: str, *, dtype=None, zero_b: bool = True):
-    """Resolve the model and the starting adapter (a PEFT directory, or PEFT's default init)."""
-    import torch
+def plan_request(plan_path: Path | None, lcsb_k: int | None, lcsb_policy: str | None, lcsb_seed: int | None):
+    """`plan_options`' values as a `toolchain.lcsb.PlanRequest`."""
+    from toolchain.lcsb import PlanRequest
 
-    from toolchain.lora import init_lora, load_adapter
-    from toolchain.models import load_model
+    return PlanRequest(path=plan_path, k=lcsb_k, policy=lcsb_policy, seed=lcsb_seed)
 
-    dtype = dtype or torch.float32
-    arch, weights = load_model(model, init=init, seed=seed, dtype=dtype)
-    if adapter is not None:
-        cfg, lora = load_adapter(adapter, arch, dtype=dtype)
-    else:
-        from toolchain.validate import check_rank
 
-        cfg = lora_config_from(rank, alpha, targets)
-        check_rank(cfg.rank, arch, cfg.targets)
-        lora = init_lora(arch, cfg, seed=seed, dtype=dtype, zero_b=zero_b)
-    return arch, weights, cfg, lora
+# -- step memory knobs ---------------------------------------------------------------------------------
+def chunk_options(loss_chunk_default: str = str(_CHUNK_DEFAULTS["loss_chunk"])):
+    """--loss-chunk, --vocab-chunk, --mlp-chunk: MeSP's `StepOptions` (`toolchain.mesp.chunk_overrides`).
+    Memory/speed trade-offs only: they never change the result."""
+    big = 2**31 - 1
+    return _compose(
+        click.option("--loss-chunk", type=click.IntRange(1, big), default=None,
+                     help=f"Tokens per LM-head chunk.  [default: {loss_chunk_default}]"),
+        click.option("--vocab-chunk", type=click.IntRange(0, big), default=None,
+                     help="Vocabulary entries per LM-head chunk (online softmax; 0: whole rows).  "
+                          f"[default: {_CHUNK_DEFAULTS['vocab_chunk']}]"),
+        click.option("--mlp-chunk", type=click.IntRange(0, big), default=None,
+                     help="Intermediate columns per MLP chunk, forward and backward (0: all at once).  "
+                          f"[default: {_CHUNK_DEFAULTS['mlp_chunk']}]"))
+
+
+def layers_per_checkpoint_option(default: int | None = 1, *, default_help: str = "1: every layer's input kept"):
+    """--layers-per-checkpoint N: `mesp_step`'s / `LayerLoop.train_step`'s checkpoint groups."""
+    return click.option("--layers-per-checkpoint", type=click.IntRange(1, 4096), default=default,
+                        help="Keep one layer input per N backpropagated layers and recompute the others from it "
+                             "when the backward reaches them: fewer [T, d] checkpoints (about 2*sqrt(L) instead of "
+                             f"L with N = sqrt(L)), one more forward pass, the same result.  [default: {default_help}]")
+
+
+# -- optimizer -----------------------------------------------------------------------------------------
+def optimizer_option(default: str | None, *, default_help: str | None = None):
+    """--optimizer; `default_help` replaces the shown default (e.g. when None means "the program's")."""
+    shown = f"  [default: {default_help}]" if default_help else ""
+    return click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default=default,
+                        show_default=default_help is None,
+                        help="Optimizer, applied to each layer right after its backward (AdamW keeps two moments "
+                             "per LoRA parameter)." + shown)
+
+
+def optimizer_options(default: str, *, momentum: bool = True):
+    """--optimizer and its knobs (`toolchain.optim.optimizer_config`); `default` is the command's kind.
+    `momentum=False` leaves out --momentum (exported programs have no momentum buffer)."""
+    options = [
+        optimizer_option(default),
+        click.option("--weight-decay", type=FiniteFloat(min=0), default=None,
+                     help="AdamW: decoupled decay; SGD: L2 added to the gradient.  [default: 0.01 adamw, 0 sgd]"),
+        click.option("--momentum", type=FiniteFloat(min=0, max=1, max_open=True), default=0.0, show_default=True,
+                     help="SGD momentum."),
+        click.option("--frozen-unselected", is_flag=True,
+                     help="Leave layers outside a step's selection untouched (default: zero-gradient update, so "
+                          "momentum and weight decay still move them, as in the LCSB paper)."),
+    ]
+    return _compose(*(options if momentum else options[:2] + options[3:]))
+
+
+# -- running an exported program -----------------------------------------------------------------------
+def threads_option(f):
+    return click.option("--threads", type=click.IntRange(min=1), default=None,
+                        help="Runtime threads (default: its own).")(f)
+
+
+def runtime_options(f):
+    """--target and --threads: which runtime runs a program's methods, on how many threads."""
+    return _compose(
+        click.option("--target", "target", type=click.Choice(["executorch", "onnx", "eager"]), default=None,
+                     help="Runtime (default: the program's first host-runnable target; eager: the same methods "
+                          "in PyTorch, the reference)."),
+        threads_option)(f)
+
+
+def program_state_options(f):
+    """--adapter or --resume-from: the LoRA state a program runs with (`runtime.evaluate.program_state`)."""
+    return _compose(
+        click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+                     help="Use this PEFT adapter directory (its config must match the program's); "
+                          "default: the program's initial adapter."),
+        click.option("--resume-from", "resume_from", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     default=None, help="Use the LoRA state of this `toolchain train --program` checkpoint "
+                                        "(*.train-checkpoint.safetensors), e.g. of a run still going."))(f)

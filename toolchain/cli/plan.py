@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.options import TARGETS_HELP
+from toolchain.cli.options import (POLICY_CHOICE, chunk_options, layers_per_checkpoint_option, lcsb_k_option,
+                                   optimizer_option, rank_option, targets_option)
 from toolchain.validate import SEED, FiniteFloat
 
 
@@ -34,57 +35,50 @@ def _fit_text(preamble: str, r) -> list[str]:
 
 
 @plan.command()
-@click.option("--model", required=True, help="Preset: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or tiny.")
-@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Tokens per training step.")
-@click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True, help="LoRA rank.")
-@click.option("--targets", default="all", show_default=True, help=TARGETS_HELP)
-@click.option("--lcsb-k", type=click.IntRange(min=1), default=None,
-              help="Layers backpropagated per step (LCSB).  [default: all; with --program, its default plan]")
+@click.option("--model", default=None,
+              help="Preset: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or tiny.  [default: --program's; else required]")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+              help="Tokens per training step.  [default: --program's; else required]")
+@rank_option(None, default_help="--program's, else 8")
+@targets_option(None, default_help="--program's, else all")
+@lcsb_k_option("every layer; with --program, its default plan")
 @click.option("--device", required=True,
               help="Device profile: android-6gb, android-8gb, android-12gb, ios-6gb, ios-8gb, ios-12gb or a JSON file.")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Exported program directory (manifest v3): predict from its ExecuTorch memory plan (phone: every "
-                   "method's arena; the host figure is printed too) instead of the analytic model.")
+                   "method's arena; the host figure is printed too) instead of the analytic model; the model, "
+                   "--seq-len, --rank, --targets, --optimizer and chunk sizes are then the program's.")
 @click.option("--method", type=click.Choice(["mesp", "mebp", "autograd"]), default="mesp", show_default=True,
               help="Training step to model (mebp/autograd: the baselines as `bench memory` runs them).")
-@click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
-@click.option("--loss-chunk", type=click.IntRange(min=1), default=None,
-              help="Tokens per LM-head chunk.  [default: StepOptions]")
-@click.option("--vocab-chunk", type=click.IntRange(min=0), default=None,
-              help="Vocabulary entries per LM-head chunk (0: whole rows).  [default: StepOptions]")
-@click.option("--mlp-chunk", type=click.IntRange(min=0), default=None,
-              help="Intermediate columns per MLP chunk (0: all at once).  [default: StepOptions]")
+@optimizer_option(None, default_help="--program's, else sgd")
+@chunk_options()
+@layers_per_checkpoint_option()
 @click.option("--overhead-mb", type=FiniteFloat(min=0), default=None,
               help="Runtime memory added to the tensors.  [default: calibrated with `toolchain bench memory`]")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
-def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimizer, loss_chunk, vocab_chunk, mlp_chunk,
-        overhead_mb, as_json) -> None:
+def fit(*, model, seq_len, rank, targets, lcsb_k, device, program, method, optimizer, loss_chunk, vocab_chunk,
+        mlp_chunk, layers_per_checkpoint, overhead_mb, as_json) -> None:
     """Predict the peak memory of a training step and say whether it fits the device's budget."""
-    from toolchain.lora import LoraConfig, parse_targets
-    from toolchain.memory.estimate import StepShape
-    from toolchain.memory.fit import plan_fit
+    from toolchain.memory.fit import fit_shape, plan_fit
     from toolchain.memory.profiles import load_profile
-    from toolchain.models import get_preset
+    from toolchain.mesp import chunk_overrides
+    from toolchain.validate import dumps
 
-    from toolchain.validate import check_rank, check_seq_len, dumps
-
-    arch = get_preset(model)
-    cfg = LoraConfig(rank=rank, alpha=2.0 * rank, targets=parse_targets(targets))
-    check_seq_len(seq_len, arch)
-    check_rank(rank, arch, cfg.targets)
     profile = load_profile(device)
-    given = {"loss_chunk": loss_chunk, "vocab_chunk": vocab_chunk, "mlp_chunk": mlp_chunk}
-    chunks = {k: v or None for k, v in given.items() if v is not None}     # unset: StepOptions'; 0: no chunks
-    shape = StepShape(arch, seq_len, rank, targets=cfg.targets, method=method, lcsb_k=lcsb_k, optimizer=optimizer,
-                      **chunks)
+    fields = {"method": method, "lcsb_k": lcsb_k, "layers_per_checkpoint": layers_per_checkpoint,
+              **chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk,
+                                                                     mlp_chunk=mlp_chunk)}
+    if optimizer is not None:
+        fields["optimizer"] = optimizer
+    model, shape = fit_shape(model=model, seq_len=seq_len, program_dir=program, rank=rank, targets=targets, **fields)
     report = plan_fit(shape, profile, program_dir=program, overhead_mb=overhead_mb)
     if as_json:
-        click.echo(dumps({"model": model, "seq_len": seq_len, "rank": rank, "lcsb_k": lcsb_k, "method": method,
-                          **report.as_dict()}, where="the --json answer", indent=2, sort_keys=True))
+        click.echo(dumps({"model": model, "seq_len": shape.seq_len, "rank": shape.rank, "lcsb_k": lcsb_k,
+                          "method": method, **report.as_dict()}, where="the --json answer", indent=2, sort_keys=True))
         return
     lcsb = f"LCSB k={lcsb_k}" if lcsb_k else "LCSB off"
-    preamble = (f"{model}, seq {seq_len}, rank {rank}, {method}, {lcsb}, {optimizer} on {profile.name} "
-                f"({profile.platform})")
+    preamble = (f"{model}, seq {shape.seq_len}, rank {shape.rank}, {method}, {lcsb}, {shape.optimizer} on "
+                f"{profile.name} ({profile.platform})")
     click.echo("\n".join(_fit_text(preamble, report)))
 
 
@@ -92,7 +86,7 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimize
 @click.option("--layers", type=click.IntRange(1, 4096), default=None, help="Decoder layers of the model.")
 @click.option("--model", default=None, help="Or a preset whose layer count to use (qwen2.5-0.5b: 24, ...).")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None, help="Layers backpropagated per step.")
-@click.option("--policy", type=click.Choice(["cyclic", "strided", "last", "random", "full"]), default="cyclic",
+@click.option("--policy", type=POLICY_CHOICE, default="cyclic",
               show_default=True, help="How layers are chosen per step.")
 @click.option("--seed", type=SEED, default=None, help="Random policy only: the seed.  [default: 0]")
 @click.option("--period", type=click.IntRange(1, 100_000), default=None,
@@ -100,7 +94,7 @@ def fit(model, seq_len, rank, targets, lcsb_k, device, program, method, optimize
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path), required=True,
               help="Step plan JSON to write (shared_schemas/step_plan.schema.json; an existing file is replaced "
                    "atomically).")
-def lcsb(layers, model, k, policy, seed, period, out) -> None:
+def lcsb(*, layers, model, k, policy, seed, period, out) -> None:
     """Write an LCSB step plan: which layers each training step backpropagates through."""
     from toolchain.atomic import check_output_file
     from toolchain.lcsb import make_plan, write_plan

@@ -93,10 +93,12 @@ def check_outputs(adapter_out: Path | None, telemetry_out: Path | None, *, force
         check_output_file(telemetry_out, option="--telemetry-out")
 
 
-def train_with_program(program: Path, data: Path, steps: int, lr: float | None, shuffle_seed: int | None,
-                       adapter_out: Path | None, telemetry_out: Path | None, resume: bool, checkpoint_every: int,
-                       as_json: bool, *, plan_args: tuple = (None, None, None, None), force: bool = False,
-                       eval_data: Path | None = None, eval_every: int | None = None) -> None:
+def train_with_program(program: Path, data: Path, *, plan, lr: float | None, adapter_out: Path | None,
+                       as_json: bool, force: bool, eval_data: Path | None, eval_every: int | None, steps: int,
+                       shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
+                       layers_per_checkpoint: int = 1) -> None:
+    """`toolchain train --program`: `plan` is the `PlanRequest` of the plan options (nothing given: the plan
+    recorded at export)."""
     import dataclasses
 
     from toolchain.dataset import load_examples
@@ -107,24 +109,20 @@ def train_with_program(program: Path, data: Path, steps: int, lr: float | None, 
     from toolchain.runtime.runners import open_runner
     from toolchain.training import ProgramTrainer, TrainRun, checkpoint_path
 
-    from toolchain.cli.train import resolve_plan
-
-    check_outputs(adapter_out, telemetry_out, force=force, resume=resume)
+    check_outputs(adapter_out, telemetry, force=force, resume=resume)
     pdir = ProgramDir(program)
     examples = load_examples(data, pdir.arch)
     lr = lr if lr is not None else pdir.info.default_lr
-    if any(a is not None for a in plan_args):
-        plan = resolve_plan(*plan_args, pdir.arch.layers)
-    else:
-        plan = pdir.default_plan()
-    if plan is not None and plan.policy == "full":
-        plan = None
+    step_plan = plan.resolve_lcsb(pdir.arch.layers) if plan.given else pdir.default_plan()
+    if step_plan is not None and step_plan.policy == "full":
+        step_plan = None
     checkpoint = checkpoint_path(adapter_out or program)
     if resume and not checkpoint.exists():
         raise BadInput(f"--resume: no checkpoint at {checkpoint}")
     runner = open_runner(pdir)
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
-                   checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry_out, plan=plan)
+                   checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry, plan=step_plan,
+                   layers_per_checkpoint=layers_per_checkpoint)
     trainer = ProgramTrainer(pdir, runner, examples, run)
     hooks = {} if eval_data is None else _eval_hooks(pdir, trainer, load_examples(eval_data, pdir.arch), steps,
                                                      eval_every, fresh=not (resume and checkpoint.exists()))
@@ -133,7 +131,7 @@ def train_with_program(program: Path, data: Path, steps: int, lr: float | None, 
     peak_mb = read_status().vm_hwm / 2**20
     if adapter_out is not None:
         save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest["model"]["source"])
-    report(result, as_json, plan=plan, optimizer=dataclasses.replace(pdir.info.optimizer, lr=lr),
+    report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.info.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
            **({} if evals is None else {"evals": evals}))
 

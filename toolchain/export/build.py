@@ -30,8 +30,11 @@ from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
+from toolchain.tokenizer import tokenizer_for_export
 
-__all__ = ["ExportSpec", "export_program", "sha256_file"]
+__all__ = ["ExportSpec", "export_program", "sha256_file", "tokenizer_fields", "QWEN_PAD_ID"]
+
+QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,21 @@ class ExportSpec:
     def program_spec(self, arch: Qwen25Arch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
                            generation=self.generation)
+
+
+def tokenizer_fields(model: str, vocab: int) -> dict:
+    """The tokenizer fields of an `ExportSpec` for `model`: its tokenizer (`tokenizer_for_export`: byte for
+    tiny and demo, a checkpoint's own tokenizer.json, else Qwen2.5's when the model embeds every Qwen id)
+    with its pad and eos ids; without one, kind "none" and pad id Qwen2.5's <|endoftext|> if embedded, else 0.
+
+    Raises:
+        BadInput: the tokenizer produces ids the model does not embed.
+    """
+    tok = tokenizer_for_export(model, vocab)
+    if tok is None:
+        return {"tokenizer_kind": "none", "pad_token_id": QWEN_PAD_ID if vocab > QWEN_PAD_ID else 0}
+    return {"tokenizer_kind": tok.kind, "pad_token_id": tok.pad_id, "eos_token_id": tok.eos_id,
+            "tokenizer_json": tok.to_json()}
 
 
 def sha256_file(path: Path) -> str:

@@ -52,7 +52,8 @@ from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights
 from toolchain.optim import OptimizerConfig, update_tensor
 
-__all__ = ["OptimizerSpec", "QuantSpec", "ProgramSpec", "StateEntry", "IoSpec", "MethodSpec", "state_layout",
+__all__ = ["OptimizerSpec", "QuantSpec", "chunk_elems_from_mib",
+           "ProgramSpec", "StateEntry", "IoSpec", "MethodSpec", "state_layout",
            "flat_state", "unflatten_state", "method_specs", "method_module", "example_inputs", "QUANTIZED_FIELDS",
            "layer_weight_inputs", "LAYER", "METHOD_ROLES", "TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES"]
 
@@ -98,6 +99,11 @@ class QuantSpec:
                 if width % self.group:
                     raise BadInput(f"quantization group {self.group} does not divide the model width {width}; "
                                    f"pick a group that divides {arch.hidden} and {arch.intermediate}")
+
+
+def chunk_elems_from_mib(mib: float) -> int:
+    """`QuantSpec.chunk_elems` for `--dequant-chunk-mb`: float32 weights in `mib` MiB (at least one)."""
+    return max(1, int(mib * 2**20) // 4)
 
 
 # The in-program optimizer is the shared one (toolchain/optim.py: formulas, LCSB's `moves_unselected`).
@@ -418,7 +424,7 @@ def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ..
     x, arch = ins["x"], spec.arch
     p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
     rope = decode_rope(ins["pos"], arch.head_dim, arch.rope_theta, x.dtype)
-    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope, spec.options.mlp_chunk)
+    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope, mlp_chunk=spec.options.mlp_chunk)
 
 
 def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:

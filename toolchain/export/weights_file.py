@@ -14,6 +14,7 @@ for its dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -28,7 +29,8 @@ from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights, ModelWeights
 
-__all__ = ["WEIGHTS_NAME", "weight_tensors", "write_weights", "map_weights", "model_weights", "ALIGN"]
+__all__ = ["WEIGHTS_NAME", "weight_tensors", "weights_nbytes_lower_bound",
+           "write_weights", "map_weights", "model_weights", "ALIGN"]
 
 WEIGHTS_NAME = "weights.safetensors"
 ALIGN = 64
@@ -49,6 +51,33 @@ def weight_tensors(weights: ModelWeights, quant: QuantSpec) -> dict[str, Tensor]
             else:
                 out[key] = t.float().contiguous()
     return out
+
+
+def weights_nbytes_lower_bound(weights: ModelWeights, quant_kind: str) -> int:
+    """A lower bound of the weights file's size, to check the free space before an export: int8 ~1 byte and
+    int4 ~0.5 byte per 2-D weight, the rest float32 (the programs hold no weight)."""
+    total, seen = 0, set()
+    for t in _tensors(weights):
+        if id(t) in seen:        # tied embeddings: one tensor
+            continue
+        seen.add(id(t))
+        per = 4 if quant_kind == "none" or t.dim() != 2 else (1 if quant_kind == "int8" else 0.5)
+        total += int(t.numel() * per)
+    return total
+
+
+def _tensors(obj):
+    if isinstance(obj, Tensor):
+        yield obj
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, f.name))
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)
 
 
 def write_weights(path: Path, tensors: dict[str, Tensor]) -> None:

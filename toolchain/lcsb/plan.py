@@ -10,8 +10,9 @@ Policies (k = most layers selected per step, g = ceil(L / k) groups):
   cyclic   contiguous groups, sizes as equal as possible (L=10, k=4: {0-2}, {3-5}, {6-9}).
   strided  groups {i, i+g, i+2g, ...} for i < g (L=10, k=4: {0,3,6,9}, {1,4,7}, {2,5,8}).
   last     the last k layers at every step (MLX's `--num-layers`).
-  random   k layers drawn uniformly without replacement at every step from a seeded generator (as
-           LISA samples layers); the draws repeat after `period` steps (a phone needs a finite plan).
+  random   k layers drawn uniformly without replacement at every step (as LISA samples layers): step
+           t selects the first k of `toolchain.shuffle.permutation(L, seed + t)`, sorted, which the
+           apps compute the same way; the draws repeat after `period` steps (a finite plan).
   full     every layer at every step (ordinary backprop; k = L).
 The schedule of cyclic and strided visits the groups in ascending order, so over one period each
 layer is selected exactly once.
@@ -26,6 +27,7 @@ from typing import Any, Literal, get_args
 
 from toolchain.errors import BadInput, SchemaError
 from toolchain.schemas import read_json, write_json
+from toolchain.shuffle import permutation
 
 __all__ = ["Policy", "POLICIES", "StepPlan", "make_plan", "read_plan", "write_plan", "plan_from_dict"]
 
@@ -175,15 +177,12 @@ def make_plan(layers: int, k: int | None, policy: Policy, *, seed: int | None = 
 
 
 def _random_plan(layers: int, k: int, seed: int, period: int) -> StepPlan:
-    import torch
-
     if period < 1:
         raise BadInput(f"`period` must be >= 1, got {period}")
-    gen = torch.Generator().manual_seed(seed)
     phases: list[tuple[int, ...]] = []
     schedule = []
-    for _ in range(period):
-        draw = tuple(sorted(torch.randperm(layers, generator=gen)[:k].tolist()))
+    for step in range(period):
+        draw = tuple(sorted(permutation(layers, seed + step)[:k]))
         if draw not in phases:
             phases.append(draw)
         schedule.append(phases.index(draw))

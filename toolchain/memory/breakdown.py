@@ -18,7 +18,7 @@ from toolchain.models.presets import Qwen25Arch
 
 __all__ = ["BreakdownMode", "Breakdown", "step_breakdown"]
 
-BreakdownMode = Literal["autograd", "mebp", "mesp", "mezo"]
+BreakdownMode = Literal["autograd", "mebp", "mesp", "mesp_groups", "mezo"]
 
 
 class Breakdown(NamedTuple):
@@ -48,7 +48,8 @@ def _loss_block(options: StepOptions, t: int, v: int) -> tuple[str, int]:
 
 
 def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_len: int,
-                   options: StepOptions = StepOptions(), *, bytes_per_value: int = 4) -> Breakdown:
+                   options: StepOptions = StepOptions(), *, bytes_per_value: int = 4,
+                   layers_per_checkpoint: int = 1) -> Breakdown:
     """Analytic breakdown of one training step of `mode` (batch 1, SGD).
 
     Args:
@@ -57,6 +58,8 @@ def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_l
         options: the MeSP/MeZO chunking (loss chunks; MLP chunks of intermediate columns). With quantized
             weights the step rounds MLP chunks up to the quantization group: not reflected here.
         bytes_per_value: 4 for float32.
+        layers_per_checkpoint: mesp_groups' checkpoint groups: at most ceil(L / s) + s - 1 layer inputs
+            alive instead of L.
     """
     t, v, f, d = seq_len, arch.vocab, arch.intermediate, arch.hidden
     params = lora_num_params(arch, cfg) * bytes_per_value
@@ -67,10 +70,11 @@ def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_l
         transient = ("full logits [T, V]", t * v)
         grads = params
         checkpoints = None if mode == "autograd" else arch.layers * t * d * bytes_per_value
-    elif mode == "mesp":
+    elif mode in ("mesp", "mesp_groups"):
         transient = max(chunked, key=lambda item: item[1])
         grads = params // arch.layers  # one layer's gradients: the update runs right after its backward
-        checkpoints = arch.layers * t * d * bytes_per_value
+        s = layers_per_checkpoint if mode == "mesp_groups" else 1
+        checkpoints = (-(-arch.layers // s) + s - 1) * t * d * bytes_per_value
     elif mode == "mezo":
         transient = max(chunked, key=lambda item: item[1])
         grads, checkpoints = 0, 0

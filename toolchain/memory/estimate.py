@@ -18,7 +18,11 @@ r rank. MeSP candidates:
                      [C,1] running vectors) or its end (A, E[y], A / S, dh: 4 [C,d]); or the final torch.cat.
   loss (ce_chunked)  (vocab_chunk None) as above with ONE [C,V] buffer per token chunk.
   final norm         the kept checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
-  backward, layer i  the kept checkpoints up to x_i, dout, the loss, plus block_backward REPLAYED: the
+  recompute, layer j (layers_per_checkpoint > 1) the forward rerun of a checkpoint group: the kept checkpoints
+                     below the group, the group's inputs so far and x_j, dout, the loss, the gradients made so
+                     far, plus block_forward REPLAYED as in the forward.
+  backward, layer i  the kept checkpoints up to x_i (under checkpoint groups: those below the group and the
+                     group's inputs below i), dout, the loss, plus block_backward REPLAYED: the
                      recomputed attention half (q_rope, k_rope, v, o regrouped, the mask and x1 kept; n1 is
                      recomputed after the MLP), the MLP's recompute and backward chunk by chunk (swiglu's
                      backward: 8 [T, C]; dg Wg[c] + du Wu[c]: [T, d] sums; the chunks' LoRA gradient
@@ -230,7 +234,7 @@ def _linear_forward(r: _Replay, s: StepShape, target: str, o: int, part: str, na
         r.drop("_scaled")
 
 
-def _linear_backward(r: _Replay, s: StepShape, target: str, i: int, o: int, part: str, name: str) -> None:
+def _linear_backward(r: _Replay, s: StepShape, target: str, i: int, o: int, *, part: str, name: str) -> None:
     """linear_backward(dy [T, o]) -> name (dx [T, i]); the LoRA gradients dA [r, i], dB [o, r] (kept in the
     block's grads as "grad.<target>")."""
     t, rank = s.seq_len, s.rank
@@ -495,7 +499,7 @@ def block_backward_peak(s: StepShape) -> Parts:
     r.ret("a.", {name: f"saved.{name[2:]}" for name in ("a.q_rope", "a.k_rope", "a.v", "a.oflat", "a.mask")})
     _mlp_backward(r, s)
     r.drop("x1")
-    _linear_backward(r, s, "o_proj", d, d, hg, "go.dx")
+    _linear_backward(r, s, "o_proj", d, d, part=hg, name="go.dx")
     _attention_backward(r, s)
     r.drop("go.dx", "saved.q_rope", "saved.k_rope", "saved.v", "saved.oflat", "saved.mask")   # del go, kept
     _rmsnorm_forward(r, "n1.", t, d, "attention_saved", "saved.n1")  # recomputed after the MLP
@@ -506,7 +510,7 @@ def block_backward_peak(s: StepShape) -> Parts:
             r.drop("tmp.rope")
         else:
             r.new(hg, t * n, "tmp.dy")
-        _linear_backward(r, s, target, d, n, hg, f"g{target[0]}.dx")
+        _linear_backward(r, s, target, d, n, part=hg, name=f"g{target[0]}.dx")
         r.drop("tmp.dy")
     r.drop("ga.dq", "ga.dk", "ga.dv")                                 # del ga
     r.new(hg, t * d, "tmp.sum")                                      # gq.dx + gk.dx
@@ -525,21 +529,26 @@ def _plus(*parts: Parts) -> Parts:
     return out
 
 
+def _kept(s: StepShape) -> list[int]:
+    """The layers whose input the forward keeps: each checkpoint group's first (every selected one when
+    layers_per_checkpoint = 1)."""
+    return [g[0] for g in s.groups()]
+
+
 def _kept_below(s: StepShape, i: int) -> int:
-    """Checkpoints of selected layers below layer i (the forward keeps only the selected layers' inputs)."""
-    return sum(1 for j in s.selected() if j < i)
+    return sum(1 for j in _kept(s) if j < i)
 
 
 def _forward_parts(s: StepShape, i: int, block: Parts) -> list[Parts]:
-    """Layer i's forward: the block's replayed peak on top of the state, the kept checkpoints of the
-    selected layers below i and x_i (the block's input)."""
+    """Layer i's forward: the block's replayed peak on top of the state, the kept checkpoints below i
+    and x_i (the block's input)."""
     return [_plus(state_parts(s, 0), {"checkpoints": (_kept_below(s, i) + 1) * s.seq_len * s.arch.hidden}, block)]
 
 
 def _loss_base(s: StepShape) -> Parts:
     """Held through the loss: the checkpoints, x and hn, the shifted int64 [T] targets and N."""
     a, t = s.arch, s.seq_len
-    return {**state_parts(s, 0), "checkpoints": len(s.selected()) * t * a.hidden, "final_hidden": 2 * t * a.hidden,
+    return {**state_parts(s, 0), "checkpoints": len(_kept(s)) * t * a.hidden, "final_hidden": 2 * t * a.hidden,
             "loss_vectors": 8 * t / s.dtype_bytes + 1}
 
 
@@ -587,14 +596,15 @@ def _loss_online_parts(s: StepShape) -> list[Parts]:
 def _final_norm_parts(s: StepShape) -> list[Parts]:
     """The final RMSNorm's backward: x, dh, and its [T, d] temporaries (xhat, g, two more)."""
     a, t = s.arch, s.seq_len
-    return [{**state_parts(s, 0), "checkpoints": len(s.selected()) * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
+    return [{**state_parts(s, 0), "checkpoints": len(_kept(s)) * t * a.hidden, "final_hidden": 6 * t * a.hidden}]
 
 
-def _backward_parts(s: StepShape, i: int, grads_above: float, block: Parts) -> list[Parts]:
-    """Layer i's backward: the block's replayed peak (with this layer's gradients) on top of the state, the
-    kept checkpoints of the selected layers below i and x_i (the block's input), dout and the loss []."""
+def _backward_parts(s: StepShape, held: int, grads_above: float, block: Parts) -> list[Parts]:
+    """A block's forward rerun or backward within a checkpoint group: the block's replayed peak (with the
+    gradients made so far) on top of the state, `held` [T, d] inputs (the kept checkpoints below the
+    group, the group's inputs so far and the block's own input), dout and the loss []."""
     t, d = s.seq_len, s.arch.hidden
-    return [_plus(state_parts(s, grads_above), {"checkpoints": (_kept_below(s, i) + 1) * t * d, "hidden_grads": t * d,
+    return [_plus(state_parts(s, grads_above), {"checkpoints": held * t * d, "hidden_grads": t * d,
                                                 "loss_vectors": 1}, block)]
 
 
@@ -605,9 +615,18 @@ def _mesp_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
     out += [("loss", None, p) for p in loss]
     out += [("final_norm", None, p) for p in _final_norm_parts(s)]
     per_layer = lora_elems(s, ALL_TARGETS)
-    for n_done, i in enumerate(s.selected()):
+    n_done = 0
+    for group in reversed(s.groups()):
+        below = _kept_below(s, group[0])
         grads_above = n_done * per_layer if s.grads == "all" else 0
-        out += [("backward", i, p) for p in _backward_parts(s, i, grads_above, bwd)]
+        for j in range(group[0], group[-1]):   # the forward rerun up to the group's last layer
+            held = below + sum(1 for m in group if m <= j) + (j not in group)
+            out += [("recompute", j, p) for p in _backward_parts(s, held, grads_above, fwd)]
+        for i in reversed(group):
+            grads_above = n_done * per_layer if s.grads == "all" else 0
+            held = below + sum(1 for m in group if m < i) + 1
+            out += [("backward", i, p) for p in _backward_parts(s, held, grads_above, bwd)]
+            n_done += 1
     if s.grads == "all":   # the step returns every selected layer's gradients
         out.append(("end", None, {**state_parts(s, len(s.selected()) * per_layer), "checkpoints": 0}))
     return out

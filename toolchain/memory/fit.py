@@ -34,10 +34,14 @@ from pathlib import Path
 from toolchain.errors import BadInput
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.memory.profiles import DeviceProfile
+from toolchain.lora.config import parse_targets
+from toolchain.models.presets import Qwen25Arch, get_preset
 from toolchain.schemas import validate
+from toolchain.validate import check_rank, check_seq_len
 
 __all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "MANIFEST_VERSION", "FitReport",
-           "ProgramPeak", "plan_fit", "program_peak"]
+           "ProgramPeak", "plan_fit", "program_peak", "program_shape",
+           "fit_shape"]
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 3
@@ -137,7 +141,8 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
     return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb)
 
 
-def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: float) -> ProgramPeak:
+def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: float,
+                  layers_per_checkpoint: int = 1) -> ProgramPeak:
     plan = manifest["memory_plan"]
     # the training methods: the generation ones (export/program.py GENERATION_ROLES) are loaded only to
     # generate; their own figure is the manifest's generate.peak_estimate_bytes
@@ -154,10 +159,14 @@ def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: f
                        f"re-export the program with this toolchain, or drop --program")
     arch = manifest["model"]["arch"]
     k, why = _selected_layers(manifest, lcsb_k)
+    # checkpoint groups (LayerLoop.train_step): the kept inputs below a group plus the group's, at most
+    kept = min(k, -(-k // layers_per_checkpoint) + layers_per_checkpoint - 1)
+    if kept < k:
+        why += f"; {kept} alive at once with --layers-per-checkpoint {layers_per_checkpoint}"
     row = manifest["seq_len"] * arch["hidden"] * 4                    # one [T, d] float32
     largest = max(methods, key=lambda name: arenas[name])
     common = {"lora_state": plan["lora_state_bytes"] / BYTES_PER_MB,
-              "checkpoints": plan["checkpoint_bytes"] * k / arch["layers"] / BYTES_PER_MB,
+              "checkpoints": plan["checkpoint_bytes"] * kept / arch["layers"] / BYTES_PER_MB,
               "activations": ACTIVATION_COPIES * row / BYTES_PER_MB}
     if overhead_mb:
         common["runtime_overhead"] = overhead_mb
@@ -187,8 +196,70 @@ def _check_program_shape(manifest: dict, shape: StepShape, where: Path) -> None:
     if sorted(manifest["lora"]["targets"]) != sorted(shape.targets):
         bad.append(f"targets {','.join(manifest['lora']['targets'])} (not {','.join(shape.targets)})")
     if bad:
-        raise BadInput(f"{where} was exported with {', '.join(bad)}; pass the program's model, --seq-len, --rank "
-                       f"and --targets, or drop --program")
+        raise BadInput(f"{where} was exported with {', '.join(bad)}; drop --model/--seq-len/--rank/--targets "
+                       f"(--program supplies them) or pass the program's")
+
+
+def program_shape(program_dir: Path, *, arch: Qwen25Arch | None = None, seq_len: int | None = None,
+                  rank: int | None = None, targets: tuple[str, ...] | None = None,
+                  **fields) -> tuple[str, StepShape]:
+    """The training step of an exported program, from its manifest: model, seq_len, LoRA rank and targets,
+    and (unless given in `fields`) its optimizer and chunk sizes.
+
+    Args:
+        program_dir: the program directory (manifest schema_version 3).
+        arch / seq_len / rank / targets: values the caller was given; each must agree with the manifest.
+            Default: None (the manifest's).
+        fields: other `StepShape` fields (method, lcsb_k, optimizer, loss_chunk, ...).
+
+    Returns:
+        The model as the manifest names it (`model.source`) and the step's shape.
+
+    Raises:
+        BadInput: no readable v3 manifest, or a given value the program was not exported with.
+        SchemaError: the manifest violates its schema.
+    """
+    where = Path(program_dir)
+    manifest = _read_manifest(where / MANIFEST_NAME)
+    lora = manifest["lora"]
+    defaults = {"optimizer": manifest["optimizer"]["kind"], **manifest["options"]}
+    shape = StepShape(Qwen25Arch(**manifest["model"]["arch"]), manifest["seq_len"], lora["rank"],
+                      targets=tuple(lora["targets"]), **{**defaults, **fields})
+    given = replace(shape, arch=arch or shape.arch, seq_len=seq_len or shape.seq_len, rank=rank or shape.rank,
+                    targets=targets or shape.targets)
+    _check_program_shape(manifest, given, where)
+    return manifest["model"]["source"], shape
+
+
+def fit_shape(*, model: str | None = None, seq_len: int | None = None, program_dir: Path | None = None,
+              rank: int | None = None, targets: str | None = None, **fields) -> tuple[str, StepShape]:
+    """The step `toolchain plan fit` models: a preset at `seq_len`, or an exported program's (`program_shape`).
+
+    Args:
+        model: a preset name; with `program_dir`, optional (it must be the program's).
+        seq_len: tokens per step; with `program_dir`, optional (it must be the program's).
+        program_dir: an exported program whose manifest gives the model, seq_len, rank and targets.
+        rank: LoRA rank. Default: None (the program's, else 8).
+        targets: comma-separated LoRA targets or "all". Default: None (the program's, else all).
+        fields: other `StepShape` fields (method, lcsb_k, optimizer, loss_chunk, ...).
+
+    Returns:
+        The model's name and the step's shape.
+
+    Raises:
+        BadInput: neither a program nor model and seq_len, an unknown preset, a seq_len or rank the model
+            does not allow, or values the program was not exported with.
+    """
+    arch = None if model is None else get_preset(model)
+    names = None if targets is None else parse_targets(targets)
+    if program_dir is not None:
+        return program_shape(program_dir, arch=arch, seq_len=seq_len, rank=rank, targets=names, **fields)
+    if arch is None or seq_len is None:
+        raise BadInput("give --model and --seq-len, or --program (an exported program)")
+    rank, names = rank or 8, names or parse_targets("all")
+    check_seq_len(seq_len, arch)
+    check_rank(rank, arch, names)
+    return model, StepShape(arch, seq_len, rank, targets=names, **fields)
 
 
 def _max_rank(shape: StepShape) -> int:
@@ -214,7 +285,8 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
         manifest = _read_manifest(path)
         _check_program_shape(manifest, shape, Path(program_dir))
         prog = _program_peak(manifest, path, shape.lcsb_k,
-                             EXECUTORCH_OVERHEAD_MB if overhead_mb is None else overhead_mb)
+                             EXECUTORCH_OVERHEAD_MB if overhead_mb is None else overhead_mb,
+                             layers_per_checkpoint=shape.layers_per_checkpoint)
         peak, parts, notes, source, phase = prog.peak_mb, prog.parts_mb, list(prog.notes), "program", None
         host_peak, host_parts = prog.host_peak_mb, prog.host_parts_mb
         used = parts.get("runtime_overhead", 0.0)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from toolchain.errors import BadInput
 from toolchain.lora.config import ALL_TARGETS
-from toolchain.mesp.step import StepOptions
+from toolchain.mesp.step import StepOptions, checkpoint_groups
 from toolchain.models.presets import Qwen25Arch
 
 __all__ = ["BYTES_PER_MB", "METHODS", "Method", "Parts", "StepShape", "lora_elems", "state_parts"]
@@ -43,6 +43,8 @@ class StepShape:
             memory`); "all" keeps every selected layer's gradients until the step returns (eager
             `mesp_step` with keep_grads=True). MeBP and autograd always hold all. Default: "layer".
         optimizer: "adamw" adds two moments per LoRA parameter. Default: "sgd".
+        layers_per_checkpoint: keep every s-th selected layer's input and recompute the rest a group at a
+            time (`mesp_step(layers_per_checkpoint=s)`; MeSP only). Default: 1 (every selected layer's).
         dtype_bytes: bytes per activation and LoRA element. Default: 4 (fp32).
     """
 
@@ -58,10 +60,11 @@ class StepShape:
     backward_layers: tuple[int, ...] | None = None
     grads: Literal["all", "layer"] = "layer"
     optimizer: Literal["sgd", "adamw"] = "sgd"
+    layers_per_checkpoint: int = 1
     dtype_bytes: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "rank", "loss_chunk", "dtype_bytes"):
+        for name in ("seq_len", "rank", "loss_chunk", "dtype_bytes", "layers_per_checkpoint"):
             if getattr(self, name) < 1:
                 raise BadInput(f"`{name}` must be >= 1, got {getattr(self, name)}")
         for name in ("mlp_chunk", "vocab_chunk"):
@@ -75,6 +78,8 @@ class StepShape:
             raise BadInput(f"`backward_layers` must be within 0..{self.arch.layers - 1}")
         if self.method != "mesp" and (self.lcsb_k is not None or self.backward_layers is not None):
             raise BadInput(f"LCSB (`lcsb_k`, `backward_layers`) is modelled for mesp only, not {self.method}")
+        if self.method != "mesp" and self.layers_per_checkpoint != 1:
+            raise BadInput(f"`layers_per_checkpoint` is modelled for mesp only, not {self.method}")
         unknown = [t for t in self.targets if t not in ALL_TARGETS]
         if unknown:
             raise BadInput(f"unknown LoRA target(s) {', '.join(unknown)}; choose from {','.join(ALL_TARGETS)}")
@@ -85,6 +90,10 @@ class StepShape:
             return sorted(set(self.backward_layers), reverse=True)
         k = self.arch.layers if self.lcsb_k is None else self.lcsb_k
         return list(range(self.arch.layers - 1, self.arch.layers - 1 - k, -1))
+
+    def groups(self) -> list[list[int]]:
+        """The selected layers ascending, in the step's checkpoint groups (the first of each is kept)."""
+        return checkpoint_groups(sorted(self.selected()), self.layers_per_checkpoint)
 
 
 def lora_elems(s: StepShape, targets) -> int:

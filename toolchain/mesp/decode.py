@@ -65,7 +65,7 @@ def decode_rope(pos: Tensor, head_dim: int, theta: float, dtype: torch.dtype) ->
     return rope_tables(pos.reshape(1), head_dim, theta, dtype)
 
 
-def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams, rope: RopeTables,
+def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams, rope: RopeTables, *,
                  mlp_chunk: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """One token through the block with its KV cache.
 

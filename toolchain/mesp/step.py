@@ -6,10 +6,20 @@ Forward keeps only each block's input [T, d] (L of them) and the final hidden st
 the layers in reverse, recomputing one block at a time (`block_backward`). Layers outside
 `backward_layers` (LCSB) are identity in backward: their gradient passes through the residual
 path untouched, nothing is recomputed for them, and backward stops below the lowest selected layer.
+
+Segments (`layers_per_checkpoint = s > 1`): of the m selected layers l_0 < ... < l_{m-1}, the forward
+keeps only the inputs of l_0, l_s, l_2s, ... (ceil(m / s) of them). The backward takes the groups
+[l_gs, ..., l_gs+s-1] from the top; for each it reruns the forward from the group's kept input up to
+its last layer, keeping the group's inputs, then backpropagates through the group. The inputs are
+the same tensors the plain forward computes (same ops, same order), so the loss and gradients are
+bit-identical; the price is one more forward through the blocks between l_0 and l_{m-1} (those not
+at a group start), and at most ceil(m / s) + s - 1 inputs are alive instead of m. s ~ sqrt(m) is the
+classic choice (Chen et al. 2016, "Training deep nets with sublinear memory cost").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -17,6 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from toolchain.errors import BadInput
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp.block import BlockParams, block_backward, block_forward
@@ -25,7 +36,8 @@ from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, ce
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 
-__all__ = ["StepOptions", "StepResult", "mesp_step", "model_loss", "block_params", "head_loss_and_grad"]
+__all__ = ["StepOptions", "chunk_overrides", "StepResult", "mesp_step", "checkpoint_groups",
+           "sqrt_layers_per_checkpoint", "model_loss", "block_params", "head_loss_and_grad"]
 
 LayerGradsHook = Callable[[int, dict[str, LoraPair]], None]
 
@@ -57,11 +69,24 @@ class StepOptions:
 
     def __post_init__(self) -> None:
         if self.loss_chunk < 1:
-            raise ValueError(f"`loss_chunk` must be >= 1, got {self.loss_chunk}")
+            raise BadInput(f"`loss_chunk` must be >= 1, got {self.loss_chunk}")
         if self.vocab_chunk is not None and self.vocab_chunk < 1:
-            raise ValueError(f"`vocab_chunk` must be >= 1 or None, got {self.vocab_chunk}")
+            raise BadInput(f"`vocab_chunk` must be >= 1 or None (whole rows), got {self.vocab_chunk}")
         if self.mlp_chunk is not None and self.mlp_chunk < 1:
-            raise ValueError(f"`mlp_chunk` must be >= 1 or None, got {self.mlp_chunk}")
+            raise BadInput(f"`mlp_chunk` must be >= 1 or None (all columns at once), got {self.mlp_chunk}")
+
+
+def chunk_overrides(*, loss_chunk: int | None = None, vocab_chunk: int | None = None,
+                    mlp_chunk: int | None = None) -> dict[str, int | None]:
+    """The `StepOptions` fields that command-line chunk sizes set: None leaves a field out (its
+    default, or a program's value, applies); 0 turns vocabulary or MLP chunking off (the field is None).
+
+    Returns:
+        Keyword arguments for `StepOptions` (or the configs that carry its fields).
+    """
+    given = {"loss_chunk": loss_chunk, "vocab_chunk": vocab_chunk, "mlp_chunk": mlp_chunk}
+    return {name: (value or None if name != "loss_chunk" else value)
+            for name, value in given.items() if value is not None}
 
 
 class StepResult(NamedTuple):
@@ -69,11 +94,11 @@ class StepResult(NamedTuple):
     grads: LoraWeights    # per layer; empty dicts for layers outside `backward_layers`
 
 
-def block_params(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, i: int) -> BlockParams:
+def block_params(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, i: int) -> BlockParams:
     return BlockParams(weights.layers[i], lora[i], cfg.scale, arch)
 
 
-def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk,
+def _forward_checkpoints(arch, weights, cfg, lora, input_ids, *, rope, mlp_chunk,
                          keep: set[int]) -> tuple[list[Tensor | None], Tensor]:
     """The forward, keeping the input of every layer in `keep` (the layers the backward will recompute;
     the others' inputs die as the forward moves on: under LCSB k of L checkpoints are held)."""
@@ -81,7 +106,7 @@ def _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, mlp_chunk,
     checkpoints: list[Tensor | None] = []
     for i in range(arch.layers):
         checkpoints.append(x if i in keep else None)
-        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, mlp_chunk)
+        x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, mlp_chunk)
     return checkpoints, x
 
 
@@ -108,9 +133,10 @@ def head_loss_and_grad(x: Tensor, final_norm: Tensor, head: Tensor, labels: Tens
     return loss, rmsnorm_backward(dhn, s_fn)
 
 
-def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+def mesp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor, *, options: StepOptions = StepOptions(), backward_layers: Iterable[int] | None = None,
-              on_layer_grads: LayerGradsHook | None = None, keep_grads: bool = True) -> StepResult:
+              on_layer_grads: LayerGradsHook | None = None, keep_grads: bool = True,
+              layers_per_checkpoint: int = 1) -> StepResult:
     """Loss and exact LoRA gradients of one sequence, MeSP-style.
 
     Args:
@@ -122,40 +148,67 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: L
         keep_grads: keep every layer's gradients for the result. False (with `on_layer_grads`
             consuming them) drops each layer's gradients after its hook call, so only one layer's
             gradients are ever alive; the result's `grads` are then all empty dicts. Default: True.
+        layers_per_checkpoint: keep the input of every s-th selected layer only and recompute the others
+            a group at a time (module docstring); 1 keeps every selected layer's input. Default: 1.
 
     Returns:
         The loss and, per layer, its LoRA gradients (the hook may have consumed them already).
     """
     t = input_ids.shape[0]
     rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
-    selected = set(range(arch.layers)) if backward_layers is None else set(backward_layers)
-    checkpoints, x = _forward_checkpoints(arch, weights, lora, cfg, input_ids, rope, options.mlp_chunk, selected)
+    selected = sorted(set(range(arch.layers)) if backward_layers is None else set(backward_layers))
+    groups = checkpoint_groups(selected, layers_per_checkpoint)
+    checkpoints, x = _forward_checkpoints(arch, weights, cfg, lora, input_ids, rope=rope,
+                                          mlp_chunk=options.mlp_chunk, keep={g[0] for g in groups})
     loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, labels, arch.rms_eps, options)
     del x
     grads: list[dict[str, LoraPair]] = [{} for _ in range(arch.layers)]
-    lowest = min(selected, default=arch.layers)
-    for i in reversed(range(lowest, arch.layers)):
-        x_in = checkpoints[i]
-        checkpoints[i] = None  # the checkpoint is dead after this layer's backward
-        if i not in selected:
-            continue  # identity backward through the residual path (LCSB stop-gradient surrogate)
-        dx, g = block_backward(dx, x_in, block_params(arch, weights, lora, cfg, i), rope, options.mlp_chunk)
-        if on_layer_grads is not None:
-            on_layer_grads(i, g)
-        if keep_grads:
-            grads[i] = g
-        del g
+    for group in reversed(groups):
+        inputs = {group[0]: checkpoints[group[0]]}
+        checkpoints[group[0]] = None  # the group's inputs are dead after its backward
+        x = inputs[group[0]]
+        for j in range(group[0], group[-1]):  # rerun the forward up to the group's last layer
+            x = block_forward(x, block_params(arch, weights, cfg, lora, j), rope, options.mlp_chunk)
+            if j + 1 in group:
+                inputs[j + 1] = x
+        del x
+        # layers between selected ones are identity in backward (LCSB stop-gradient surrogate)
+        for i in reversed(group):
+            dx, g = block_backward(dx, inputs.pop(i), block_params(arch, weights, cfg, lora, i), rope,
+                                   options.mlp_chunk)
+            if on_layer_grads is not None:
+                on_layer_grads(i, g)
+            if keep_grads:
+                grads[i] = g
+            del g
     return StepResult(loss, tuple(grads))
 
 
-def model_loss(arch: Qwen25Arch, weights: ModelWeights, lora: LoraWeights, cfg: LoraConfig, input_ids: Tensor,
+def sqrt_layers_per_checkpoint(selected: int) -> int:
+    """round(sqrt(m)) for m selected layers: about the fewest inputs alive, ceil(m / s) + s - 1."""
+    return max(1, round(math.sqrt(selected)))
+
+
+def checkpoint_groups(selected: list[int], every: int) -> list[list[int]]:
+    """The selected layers (ascending) in groups of `every`; each group's first layer is the one whose
+    input the forward keeps (see the module docstring).
+
+    Raises:
+        BadInput: `every` < 1.
+    """
+    if every < 1:
+        raise BadInput(f"layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got {every}")
+    return [selected[a:a + every] for a in range(0, len(selected), every)]
+
+
+def model_loss(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
                labels: Tensor, *, options: StepOptions = StepOptions()) -> Tensor:
     """Forward only: the same loss `mesp_step` reports (evaluation, MeZO)."""
     t = input_ids.shape[0]
     rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
     x = weights.embed[input_ids]
     for i in range(arch.layers):
-        x = block_forward(x, block_params(arch, weights, lora, cfg, i), rope, options.mlp_chunk)
+        x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, options.mlp_chunk)
     hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
     del x
     if options.vocab_chunk is None:

@@ -27,7 +27,7 @@ from toolchain.export.program import flat_state
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["evaluate_program", "state_from_adapter", "state_from_checkpoint"]
+__all__ = ["evaluate_program", "program_state", "state_from_adapter", "state_from_checkpoint"]
 
 
 def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence[Example], *,
@@ -95,3 +95,19 @@ def state_from_checkpoint(pdir: ProgramDir, path) -> Tensor:
     if state.numel() != pdir.state_numel:
         raise BadInput(f"{path} has {state.numel()} state values, the program {pdir.state_numel}")
     return state
+
+
+def program_state(pdir: ProgramDir, *, adapter=None, resume_from=None) -> Tensor:
+    """The flat state to run with: an adapter's (`--adapter`), a training checkpoint's (`--resume-from`),
+    or the program's initial one.
+
+    Raises:
+        BadInput: both given, or either does not fit the program.
+    """
+    if adapter is not None and resume_from is not None:
+        raise BadInput("give either --adapter or --resume-from, not both")
+    if adapter is not None:
+        return state_from_adapter(pdir, adapter)
+    if resume_from is not None:
+        return state_from_checkpoint(pdir, resume_from)
+    return pdir.state_init()

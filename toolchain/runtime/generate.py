@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -27,7 +28,7 @@ from toolchain.errors import BadInput
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["GenerateResult", "generate", "new_cache"]
+__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for"]
 
 
 @dataclass
@@ -114,3 +115,54 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
             result.decode_s.append(time.perf_counter() - t0)
             pos += 1
     return result
+
+
+class Prompt(NamedTuple):
+    tokenizer: object | None   # the program's tokenizer (None: it has none and the prompt is ids)
+    ids: list[int]             # the prompt's token ids
+    stop_ids: list[int]        # generation stops at any of them (eos; <|im_end|> for a chat turn)
+
+
+def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = None, chat: bool = False) -> Prompt:
+    """The prompt of `toolchain generate`: `text` tokenized with the program's tokenizer (with `chat`, as a
+    user turn in the Qwen chat template followed by the assistant header), or comma-separated token `ids`.
+
+    Raises:
+        BadInput: neither or both of text and ids, chat without text, bad ids, or text for a program
+            without a tokenizer.
+    """
+    from toolchain.tokenizer import apply_chat_template, load_tokenizer
+
+    if (text is None) == (ids is None):
+        raise BadInput("give exactly one of --prompt and --prompt-ids")
+    if chat and text is None:
+        raise BadInput("--chat needs --prompt (text)")
+    tok = None
+    if text is not None or pdir.manifest["tokenizer"].get("kind", "none") != "none":
+        try:
+            tok = load_tokenizer(pdir.path)
+        except BadInput:
+            if text is not None:
+                raise
+    stop: list[int] = []
+    if text is None:
+        prompt_ids = _parse_ids(ids)
+    elif chat:
+        prompt_ids, _ = apply_chat_template(tok, [{"role": "user", "content": text}])
+        prompt_ids += tok.encode("<|im_start|>assistant\n", allow_special=True)
+        stop += tok.encode("<|im_end|>", allow_special=True)
+    else:
+        prompt_ids = tok.encode(text, allow_special=True)
+    if tok is not None and tok.eos_id is not None:
+        stop.append(tok.eos_id)
+    return Prompt(tok, prompt_ids, stop)
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise BadInput(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise BadInput("--prompt-ids is empty")
+    return ids

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from toolchain.errors import BadInput
 from toolchain.export.program import LAYER, MethodSpec
+from toolchain.mesp.step import checkpoint_groups
 from toolchain.runtime.program_dir import ProgramDir
 
 __all__ = ["LayerLoop"]
@@ -96,29 +97,46 @@ class LayerLoop:
         return x, checkpoints
 
     def train_step(self, input_ids: Tensor, labels: Tensor, lr: float, state: Tensor,
-                   selected: Iterable[int] | None = None) -> float:
+                   selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1) -> float:
         """One training step on `state` (the flat float32 state, updated in place); returns the loss.
 
         Args:
             selected: layers to backpropagate (LCSB); None: all.
+            layers_per_checkpoint: keep the input of every s-th selected layer only; when the backward
+                reaches a group's top layer, rerun `block_forward` from the group's kept input to
+                rebuild the others (`mesp_step`'s checkpoint groups, mesp/step.py). Before any layer
+                of the group is updated, so the rebuilt inputs are the first forward's. Default: 1.
         """
         selected = set(range(self.layers)) if selected is None else set(selected)
         if not selected or not selected <= set(range(self.layers)):
             raise BadInput(f"selected layers must be a non-empty subset of 0..{self.layers - 1}, got {sorted(selected)}")
+        groups = checkpoint_groups(sorted(selected), layers_per_checkpoint)
+        top_of = {g[-1]: g for g in groups}
         views = self.pdir.state_views(state)
         if self.step_entry is not None:
             views[self.step_entry] += 1.0
-        x, checkpoints = self.forward(input_ids, selected, views)
+        x, checkpoints = self.forward(input_ids, [g[0] for g in groups], views)
         out = self._call("head_loss", None, {"x": x, "labels": labels}, views)
         del x
         values = {"d": out["d"], "lr": torch.tensor([lr], dtype=torch.float32)}
         for i in reversed(range(self.layers)):
+            if i in top_of:
+                checkpoints.update(self._rerun(top_of[i], checkpoints.pop(top_of[i][0]), views))
             if i in selected:
                 values["checkpoint"] = checkpoints.pop(i)
                 values["d"] = self._call("block_backward", i, values, views)["d"]
             elif self.moves_unselected:
                 self._call("block_skip_update", i, values, views)
         return float(out["loss"].reshape(-1)[0])
+
+    def _rerun(self, group: list[int], x: Tensor, views: dict[str, Tensor]) -> dict[int, Tensor]:
+        """The inputs of `group`'s layers, rebuilt from the first one's input `x`."""
+        inputs = {group[0]: x}
+        for j in range(group[0], group[-1]):
+            x = self._call("block_forward", j, {"x": x}, views)["x"]
+            if j + 1 in group:
+                inputs[j + 1] = x
+        return inputs
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -22,8 +22,8 @@ Session settings (the same an app should use; docs/onnx.md has the measurements 
   (merges MeSP's deliberate recomputes), `GatherSliceToSplitFusion` (one Split materializes every
   slice at once).
 - `session.disable_prepacking = 1`: prepacking copies *constant* right-hand MatMul operands into the
-  provider's own heap at session creation. In v3 no weight is a constant (they are graph inputs), so
-  it no longer applies to weights; it stays set so that no constant of a graph is ever duplicated.
+  provider's own heap at session creation. No weight is a constant (they are graph inputs), so it does
+  not apply to weights; it is set so that no constant of a graph is ever duplicated.
 - Memory arena (`arena=`): "off" (default): no arena, no memory patterns, plain malloc/free per
   tensor, so the peak is the method's live tensors and nothing is kept between calls. "shared": one
   BFC arena registered once per process and used by every session (`session.use_env_allocators`,

@@ -49,6 +49,9 @@ class TrainConfig:
         shuffle_seed: visit the rows in a seeded random order, reshuffled every pass (order.py); None
             keeps file order. Default: None.
         options: static step options (loss/MLP chunking).
+        layers_per_checkpoint: the step keeps one layer input per this many selected layers and
+            recomputes the rest (`mesp_step`'s checkpoint groups): less memory, one more forward.
+            Default: 1 (every selected layer's input kept).
         checkpoint: file the resumable state is written to every `checkpoint_every` steps and at the
             end; None: no checkpoints.
         resume: continue from `checkpoint` if it exists (it must belong to this run: checkpoint.py).
@@ -60,6 +63,7 @@ class TrainConfig:
     plan: StepPlan | None = None
     shuffle_seed: int | None = None
     options: StepOptions = field(default_factory=StepOptions)
+    layers_per_checkpoint: int = 1
     checkpoint: Path | None = None
     checkpoint_every: int = 10
     resume: bool = False
@@ -70,6 +74,8 @@ class TrainConfig:
             raise BadInput(f"`steps` must be >= 1, got {self.steps}")
         if self.checkpoint_every < 1:
             raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
+        if self.layers_per_checkpoint < 1:
+            raise BadInput(f"`layers_per_checkpoint` must be >= 1, got {self.layers_per_checkpoint}")
 
 
 class RunState(NamedTuple):
@@ -102,7 +108,7 @@ def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], n
             old.b.copy_(new.b)
 
 
-def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example,
+def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example, *,
                layers: Sequence[int] | None, config: TrainConfig) -> tuple[RunState, float]:
     """One step: MeSP forward/backward through `layers` (None: all), updating each layer as it goes.
 
@@ -120,8 +126,9 @@ def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: 
         _assign(state.lora[i], state.opt.slots[i], *update_layer(opt, state.lora[i], grads, state.opt.slots[i], step))
 
     with torch.no_grad():
-        result = mesp_step(arch, weights, state.lora, cfg, example.input_ids, example.labels,
-                           options=config.options, backward_layers=selected, on_layer_grads=update, keep_grads=False)
+        result = mesp_step(arch, weights, cfg, state.lora, example.input_ids, example.labels,
+                           options=config.options, backward_layers=selected, on_layer_grads=update, keep_grads=False,
+                           layers_per_checkpoint=config.layers_per_checkpoint)
         for i in sorted(set(range(arch.layers)) - selected):
             update(i, None)                                          # unchanged unless unselected layers move
     return RunState(state.lora, OptState(step, state.opt.slots)), float(result.loss)
@@ -161,7 +168,8 @@ class EagerTrainer(Trainer):
 
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
         ex = self.examples[row]
-        self._state, loss = train_step(self.arch, self.weights, self.cfg, self._state, ex, layers, self.config)
+        self._state, loss = train_step(self.arch, self.weights, self.cfg, self._state, ex, layers=layers,
+                                       config=self.config)
         return loss, int((ex.labels != -100).sum())
 
     def tensors(self) -> dict[str, Tensor]:
@@ -229,7 +237,7 @@ def evaluate(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: Lor
     with torch.no_grad():
         for ex in examples:
             n = int((ex.labels[1:] != -100).sum())
-            total += float(model_loss(arch, weights, lora, cfg, ex.input_ids, ex.labels, options=options)) * n
+            total += float(model_loss(arch, weights, cfg, lora, ex.input_ids, ex.labels, options=options)) * n
             tokens += n
     if tokens == 0:
         raise BadInput("evaluation data has no token to predict")

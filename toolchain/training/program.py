@@ -42,6 +42,8 @@ class TrainRun:
         lr: learning rate passed to every step.
         shuffle_seed, plan, checkpoint, checkpoint_every, resume, telemetry: as in the eager
             `TrainConfig` (plan: the LCSB layers per step, chosen at run time; None: full backprop).
+        layers_per_checkpoint: the loop keeps one layer input per this many selected layers and reruns
+            `block_forward` for the rest (`LayerLoop.train_step`). Default: 1.
     """
 
     steps: int
@@ -52,12 +54,15 @@ class TrainRun:
     resume: bool = False
     telemetry: Path | None = None
     plan: StepPlan | None = None
+    layers_per_checkpoint: int = 1
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise BadInput(f"`steps` must be >= 1, got {self.steps}")
         if self.checkpoint_every < 1:
             raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
+        if self.layers_per_checkpoint < 1:
+            raise BadInput(f"`layers_per_checkpoint` must be >= 1, got {self.layers_per_checkpoint}")
 
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
@@ -93,7 +98,8 @@ class ProgramTrainer(Trainer):
 
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
         ids, labels = self._rows[row]
-        loss = self.loop.train_step(ids, labels, self.run_options.lr, self._state, layers)
+        loss = self.loop.train_step(ids, labels, self.run_options.lr, self._state, layers,
+                                    layers_per_checkpoint=self.run_options.layers_per_checkpoint)
         return loss, int((labels != -100).sum())
 
     def tensors(self) -> dict[str, Tensor]:
