@@ -137,7 +137,8 @@ def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, t
     """The headline comparison: the exported program on ExecuTorch beside eager MeSP on the program's own
     int4 weights (taken from the program: no --quant needed), from the same adapter: equal losses."""
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(cli, [*BASE, "--modes", "mesp,executorch", "--program", str(tiny_int4_program),
+    result = CliRunner().invoke(cli, [*BASE, "--modes", "mesp,executorch,executorch_groups", "--program",
+                                      str(tiny_int4_program), "--layers-per-checkpoint", "3",
                                       "--cache-dir", str(tmp_path / "cache"), "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
@@ -146,6 +147,9 @@ def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, t
     assert doc["config"]["quant"] == "int4"
     assert rows["executorch"]["loss"] == pytest.approx(rows["mesp"]["loss"], rel=1e-5)
     assert rows["executorch"]["peak_mb"] > 0 and rows["executorch"]["step_s"] > 0
+    # the program's loop with checkpoint groups: the same steps bit for bit
+    assert rows["executorch_groups"]["loss"] == rows["executorch"]["loss"]
+    assert rows["executorch_groups"]["layers_per_checkpoint"] == 3 and "breakdown" not in rows["executorch_groups"]
 
 
 @pytest.mark.parametrize("args, message", [

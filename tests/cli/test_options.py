@@ -23,6 +23,7 @@ FAMILIES = {   # option -> the commands that take it
     "--targets": ["train", "export", "grads", "bench memory", "bench mezo-cosine", "plan fit"],
     "--adapter": ["train", "export", "grads", "eval", "generate"],
     "--threads": ["demo", "eval", "generate"],
+    "--layers-per-checkpoint": ["train", "plan fit", "bench memory"],
 }
 
 

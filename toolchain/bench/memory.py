@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolchain.atomic import discarded_on_stop
+from toolchain.bench.steps import program_target, uses_groups
 from toolchain.bench.weights_cache import ARCH_FILE, default_cache_dir, weights_cache_dir
 from toolchain.errors import BadInput
 from toolchain.lora import ALL_TARGETS, LoraConfig
@@ -33,7 +34,8 @@ __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "Me
            "program_settings", "check_program", "mark_file_drift", "unreliable_rows", "format_table", "call_worker",
            "check_config", "host_info"]
 
-BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo", "executorch", "onnx")
+BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo", "executorch", "executorch_groups",
+                                "onnx", "onnx_groups")
 
 COUNTED = ("peak_mb = max over the measured steps of (VmHWM - RssFile - RssShmem) from /proc/self/status, "
            "the high-water mark reset right before the step (clear_refs 5, after a warm-up step and malloc_trim), "
@@ -191,11 +193,11 @@ def check_config(config: MemoryBenchConfig) -> Qwen25Arch | None:
         raise BadInput(f"unknown preset {config.model!r}; --init random needs one of {', '.join(PRESETS)}")
     if arch is not None and config.seq_len > arch.max_positions:
         raise BadInput(f"--seq-len {config.seq_len} exceeds {config.model}'s {arch.max_positions} positions")
-    for target in ("executorch", "onnx"):
-        if target in config.modes and config.program_dir is None:
-            raise BadInput(f"--modes {target} needs --program DIR, a program directory written by "
-                           f"`toolchain export --target {target}`")
-    if config.program_dir is not None and any(m in config.modes for m in ("executorch", "onnx")):
+    for mode in config.modes:
+        if program_target(mode) and config.program_dir is None:
+            raise BadInput(f"--modes {mode} needs --program DIR, a program directory written by "
+                           f"`toolchain export --target {program_target(mode)}`")
+    if config.program_dir is not None and any(program_target(m) for m in config.modes):
         check_program(config, arch)
     return arch
 
@@ -216,8 +218,8 @@ def check_program(config: MemoryBenchConfig, arch: Qwen25Arch | None) -> None:
     from toolchain.runtime import ProgramDir
 
     pdir = ProgramDir(config.program_dir, verify=False)
-    for target in ("executorch", "onnx"):
-        if target in config.modes and target not in pdir.targets:
+    for target in {program_target(m) for m in config.modes} - {None}:
+        if target not in pdir.targets:
             raise BadInput(f"{config.program_dir} has no {target} program (it has {', '.join(pdir.targets)}); "
                            f"export it with --target {target}")
     q = pdir.info.spec.quant
@@ -291,9 +293,9 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
         mark_file_drift(row)
-        if row["mode"] == "mesp_groups":
+        if uses_groups(row["mode"]):
             row["layers_per_checkpoint"] = spec["layers_per_checkpoint"]
-        if row["mode"] not in ("executorch", "onnx"):
+        if not program_target(row["mode"]):
             row["breakdown"] = step_breakdown(row["mode"], arch, config.lora_config(), config.seq_len,
                                               config.step_options(),
                                               layers_per_checkpoint=spec["layers_per_checkpoint"]).as_mb()
@@ -328,7 +330,7 @@ def format_table(doc: dict[str, Any]) -> str:
     """Plain-text table of a `bench_memory` document (ratios against MeBP when it was run)."""
     rows = doc["results"]
     base = next((r for r in rows if r["mode"] == "mebp"), None)
-    head = (f"{'mode':<11}{'peak MB':>10}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}{'time/MeBP':>11}"
+    head = (f"{'mode':<18}{'peak MB':>10}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}{'time/MeBP':>11}"
             f"{'grad rel diff':>15}  largest transient")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -337,7 +339,7 @@ def format_table(doc: dict[str, Any]) -> str:
         diff = f"{r['grad_max_rel_diff']:.2e}" if r.get("grad_max_rel_diff") is not None else "-"
         b = r.get("breakdown") or {}
         what = f"{b['largest_transient_what']} {b['largest_transient_mb']:.1f} MB" if b else "-"
-        lines.append(f"{r['mode']:<11}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
+        lines.append(f"{r['mode']:<18}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
                      f"{time_ratio:>11}{diff:>15}  {what}")
     lines += [f"! {r['mode']}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
     return "\n".join(lines)

@@ -27,16 +27,28 @@ from toolchain.mesp import StepOptions, block_forward, block_params, mesp_step
 from toolchain.mesp.ops import rope_tables
 from toolchain.models import ModelWeights, Qwen25Arch
 
-__all__ = ["TrainMode", "TRAIN_MODES", "EXACT_MODES", "GradsHook", "prepare_lora", "sgd_hook", "collect_hook",
+__all__ = ["TrainMode", "TRAIN_MODES", "EXACT_MODES", "PROGRAM_MODES", "program_target", "uses_groups", "GradsHook", "prepare_lora", "sgd_hook", "collect_hook",
            "train_step"]
 
 TrainMode = Literal["autograd", "mebp", "mesp", "mezo"]
 # mesp_groups: mesp_step with checkpoint groups (`layers_per_checkpoint`, mesp/step.py): fewer kept
 # layer inputs, one more forward through the blocks.
 TRAIN_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo")
+# An exported program on its runtime through the host's layer loop; *_groups with checkpoint groups.
+PROGRAM_MODES: tuple[str, ...] = ("executorch", "executorch_groups", "onnx", "onnx_groups")
 EXACT_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups")  # modes whose gradients must agree
 
 GradsHook = Callable[[int, dict[str, LoraPair]], None]
+
+
+def program_target(mode: str) -> str | None:
+    """The runtime of a program mode (executorch, onnx); None for the eager modes."""
+    return mode.removesuffix("_groups") if mode in PROGRAM_MODES else None
+
+
+def uses_groups(mode: str) -> bool:
+    """Whether `mode` runs with checkpoint groups (`layers_per_checkpoint` of the bench)."""
+    return mode.endswith("_groups")
 
 
 def prepare_lora(mode: str, lora: LoraWeights) -> LoraWeights:
@@ -93,7 +105,7 @@ def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: L
         with torch.no_grad():
             res = mesp_step(arch, weights, cfg, lora, input_ids, labels, options=options, on_layer_grads=hook,
                             keep_grads=False,
-                            layers_per_checkpoint=layers_per_checkpoint if mode == "mesp_groups" else 1)
+                            layers_per_checkpoint=layers_per_checkpoint if uses_groups(mode) else 1)
         return float(res.loss)
     if mode in ("autograd", "mebp"):
         return float(_autograd_step(arch, weights, cfg, lora, input_ids, labels, hook=hook,

@@ -68,7 +68,7 @@ def _setup(spec: dict) -> _Setup:
     return _Setup(arch, weights, cfg, options, input_ids, input_ids.clone())
 
 
-def _program_step(spec: dict, s: _Setup, target: str, pdir=None) -> Callable[[int], float]:
+def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool = False) -> Callable[[int], float]:
     """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
     held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
     loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
@@ -83,17 +83,18 @@ def _program_step(spec: dict, s: _Setup, target: str, pdir=None) -> Callable[[in
     loop = LayerLoop(pdir, open_runner(pdir, target, threads=spec["threads"]))
     layout = state_layout(pdir.arch, pdir.lora_config, pdir.info.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
-    return lambda k: loop.train_step(s.input_ids, s.labels, spec["lr"], state)
+    per = spec.get("layers_per_checkpoint", 1) if groups else 1
+    return lambda k: loop.train_step(s.input_ids, s.labels, spec["lr"], state, layers_per_checkpoint=per)
 
 
 def _step_fn(spec: dict, s: _Setup, mode: str, pdir=None) -> Callable[[int], float]:
     """One SGD training step of `mode` on its own adapter; the argument is the step index. `pdir`: the
     program directory of the executorch/onnx modes, when already read."""
-    from toolchain.bench.steps import prepare_lora, sgd_hook, train_step
+    from toolchain.bench.steps import prepare_lora, program_target, sgd_hook, train_step, uses_groups
     from toolchain.lora import init_lora
 
-    if mode in ("executorch", "onnx"):
-        return _program_step(spec, s, mode, pdir)
+    if program_target(mode):
+        return _program_step(spec, s, program_target(mode), pdir, groups=uses_groups(mode))
     lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     hook = sgd_hook(lora, spec["lr"])
     return lambda k: train_step(s.arch, s.weights, s.cfg, lora, s.input_ids, s.labels, mode=mode, hook=hook,
@@ -107,20 +108,23 @@ def run_memory(spec: dict) -> dict:
 
     from toolchain.memory.measure import MIB, measure_peak, read_status, release_free_memory
 
+    from toolchain.bench.steps import program_target
+
     torch.set_num_threads(spec["threads"])
     _import_runtime()
-    if spec["mode"] == "executorch":
+    target = program_target(spec["mode"])
+    if target == "executorch":
         # The ExecuTorch Python bindings' import (~130 MB of Python-side module state) is host
         # overhead an app does not have; the program itself (load, arenas, state) is loaded after
         # the baseline and counted.
         from executorch.runtime import Runtime
 
         Runtime.get()
-    if spec["mode"] == "onnx":
+    if target == "onnx":
         # Likewise the onnxruntime Python module (its sessions, arenas and state are counted).
         import onnxruntime  # noqa: F401
     pdir = None
-    if spec["mode"] in ("executorch", "onnx") and spec.get("program_dir"):
+    if target and spec.get("program_dir"):
         # Likewise the manifest as Python objects and its schema validator (~3 MB; an app's parsed
         # manifest is a few KB). Everything the program loads and allocates comes after the baseline.
         from toolchain.runtime import ProgramDir

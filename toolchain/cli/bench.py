@@ -122,9 +122,9 @@ def _progress():
 @click.option("--seq-len", type=click.IntRange(min=2), default=None,
               help="Tokens per step (with --program: must be the program's).  [default: --program's, else 256]")
 @click.option("--modes", default="autograd,mebp,mesp", show_default=True,
-              help="Comma-separated among autograd,mebp,mesp,mesp_groups,mezo,executorch,onnx (one process each "
-                   "for memory; mesp_groups: mesp with --layers-per-checkpoint).")
-@layers_per_checkpoint_option(None, default_help="round(sqrt(L)); mode mesp_groups only")
+              help="Comma-separated among autograd,mebp,mesp,mesp_groups,mezo,executorch,executorch_groups,onnx,"
+                   "onnx_groups (one process each for memory; *_groups: with --layers-per-checkpoint).")
+@layers_per_checkpoint_option(None, default_help="round(sqrt(L)); the *_groups modes only")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Exported program directory (for --modes executorch or onnx).")
 @click.option("--lr", type=FiniteFloat(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
