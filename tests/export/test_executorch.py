@@ -241,6 +241,21 @@ def test_manifest_checksums_and_version_are_verified(fp32_sgd, tmp_path):
         ProgramDir(old)
 
 
+def test_an_int4_program_of_the_planar_packing_is_refused(int4_adamw, tmp_path):
+    """Exports before `quant.int4_packing` stored int4 nibbles planar: their weights would be misread."""
+    import shutil
+
+    prog, _, _ = int4_adamw
+    assert json.loads((prog / "manifest.json").read_text())["quant"]["int4_packing"] == "interleaved"
+    old = tmp_path / "planar"
+    shutil.copytree(prog, old)
+    doc = json.loads((old / "manifest.json").read_text())
+    del doc["quant"]["int4_packing"]
+    (old / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(BadInput, match="older packing.*re-export"):
+        ProgramDir(old)
+
+
 def _write_jsonl(path, examples):
     path.write_text("".join(json.dumps({"input_ids": ex.input_ids.tolist()}) + "\n" for ex in examples))
     return path

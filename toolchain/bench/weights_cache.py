@@ -92,7 +92,8 @@ def load_mmap_weights(path: Path) -> tuple[Qwen25Arch, ModelWeights]:
 
 def quantized_file(path: Path, kind: str, group: int) -> Path:
     """The cache entry's weights in a program's weights-file format (export/weights_file.py), quantized."""
-    return Path(path) / f"program-weights-{kind}-g{group}.safetensors"
+    packing = "-interleaved" if kind == "int4" else ""   # the int4 byte layout (mesp/ops/quant.py)
+    return Path(path) / f"program-weights-{kind}-g{group}{packing}.safetensors"
 
 
 def ensure_quantized(path: Path, kind: str, group: int) -> Path:

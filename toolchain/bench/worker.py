@@ -119,7 +119,10 @@ def run_memory(spec: dict) -> dict:
         # the baseline and counted.
         from executorch.runtime import Runtime
 
+        from toolchain.runtime.executorch_runner import load_quantized_kernels
+
         Runtime.get()
+        load_quantized_kernels()   # the int4 methods' kernel library, as an app links it
     if target == "onnx":
         # Likewise the onnxruntime Python module (its sessions, arenas and state are counted).
         import onnxruntime  # noqa: F401

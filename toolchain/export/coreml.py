@@ -23,7 +23,7 @@ Dtypes of the package inputs (`CORE_ML_DTYPES`): Core ML has no int64 inputs, so
 `labels` are int32 (the app passes int32); and no uint8 multi-arrays at all, int8 ones only from
 iOS 26 / macOS 26 (MLMultiArrayDataType.int8; coremltools refuses int8 inputs below `iOS26`). So
 `--quant none` packages target iOS 18, quantized ones iOS 26: int8 qweights are int8 inputs, int4
-qweights (uint8 planar nibbles) are int8 inputs holding the same bytes (the app passes the mapped
+qweights (uint8 interleaved nibbles) are int8 inputs holding the same bytes (the app passes the mapped
 bytes as `.int8`, no copy); the program reads each byte back as its unsigned value (`_IntInputs`).
 """
 

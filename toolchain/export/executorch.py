@@ -26,8 +26,13 @@ PTE_NAME = "model.pte"
 
 def exported_methods(spec: ProgramSpec) -> dict:
     """`torch.export` of every method (no gradients: the backward is explicit)."""
+    # defines quantized_decomposed::embedding_4bit (int4 dequantization) for tracing
+    import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
+
+    from toolchain.mesp.ops.quant import executorch_kernels
+
     eps = {}
-    with torch.no_grad():
+    with torch.no_grad(), executorch_kernels():
         for name, method in method_specs(spec).items():
             eps[name] = torch.export.export(method_module(spec, name), example_inputs(method), strict=False)
     return eps
@@ -69,7 +74,8 @@ def _matmul_flops(node) -> float:
 def weight_derived(graph, weight_inputs: set[str], user_inputs: set[str]) -> set:
     """Nodes computed from frozen weights (and constants) alone: the weight placeholders and every node
     whose inputs are all weight-derived or constant, at least one weight-derived (views and dequantization
-    chunks of a weight; `- 8` and `// 16` lift their scalars to constant placeholders)."""
+    chunks of a weight; `- 8` and `// 16` lift their scalars to constant placeholders; a node without
+    inputs, such as the `arange` row indices of `embedding_4bit`, is a constant)."""
     derived, const = set(), set()
     for n in graph.nodes:
         if n.op == "placeholder":
@@ -79,7 +85,9 @@ def weight_derived(graph, weight_inputs: set[str], user_inputs: set[str]) -> set
                 const.add(n)
         elif n.op == "get_attr":
             const.add(n)
-        elif n.op == "call_function" and n.all_input_nodes:
+        elif n.op == "call_function" and not n.all_input_nodes:
+            const.add(n)
+        elif n.op == "call_function":
             ins = n.all_input_nodes
             if all(a in const for a in ins):
                 const.add(n)

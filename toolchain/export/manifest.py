@@ -29,6 +29,8 @@ __all__ = ["ProgramManifest", "build_manifest", "MANIFEST_NAME", "MANIFEST_SCHEM
            "ADAPTER_INIT_DIR", "TOKENIZER_FILE", "WEIGHTS_NAME", "LOOP", "GENERATE_LOOP"]
 
 MANIFEST_NAME = "manifest.json"
+# The int4 byte layout of weights.safetensors (mesp/ops/quant.py): column 2j in the high nibble of byte j.
+INT4_PACKING = "interleaved"
 MANIFEST_SCHEMA_VERSION = 3  # 3: layer-generic methods, weights as inputs; 2: whole-step methods, weights inside
 ADAPTER_INIT_DIR = "adapter_init"
 STATE_INIT_NAME = "state_init.bin"  # the initial flat state, raw little-endian float32
@@ -70,6 +72,9 @@ class ProgramManifest:
         self.optimizer = OptimizerSpec(o["kind"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"],
                                        frozen_unselected=o["frozen_unselected"])
         q = m["quant"]
+        if q["kind"] == "int4" and q.get("int4_packing") != INT4_PACKING:
+            raise BadInput("the program's int4 weights use an older packing (planar nibbles, before int4_packing "
+                           f"{INT4_PACKING!r}); re-export the program with this toolchain")
         self.spec = ProgramSpec(self.arch, self.lora, m["seq_len"], quant=QuantSpec(q["kind"], q["group"], q["chunk_elems"]),
                                 optimizer=self.optimizer, options=StepOptions(**m["options"]),
                                 generation=m.get("generate") is not None)
@@ -162,7 +167,8 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
         "lora": {"rank": cfg.rank, "alpha": cfg.alpha, "scale": cfg.scale, "targets": list(cfg.targets),
                  "use_rslora": cfg.use_rslora},
         "seq_len": pspec.seq_len,
-        "quant": {"kind": pspec.quant.kind, "group": pspec.quant.group, "chunk_elems": pspec.quant.chunk_elems},
+        "quant": {"kind": pspec.quant.kind, "group": pspec.quant.group, "chunk_elems": pspec.quant.chunk_elems,
+                  "int4_packing": INT4_PACKING},
         "options": asdict(pspec.options),
         "optimizer": {"kind": opt.kind, "weight_decay": opt.weight_decay, "betas": list(opt.betas), "eps": opt.eps,
                       "frozen_unselected": opt.frozen_unselected, "default_lr": spec.default_lr},

@@ -4,7 +4,7 @@ Keys (Hugging Face layouts, `weight` [out, in]):
   embed [V, d], final_norm [d], lm_head [V, d] (untied models only; tied models use `embed`)
   layers.{i}.input_norm, .post_norm [d]; .q_bias [d], .k_bias, .v_bias [kv]
   layers.{i}.<proj> [out, in] float32, or, quantized (<proj> in QUANTIZED_FIELDS):
-      layers.{i}.<proj>.qweight  int8 [out, in] / uint8 [out, in/2] (int4, planar nibbles: mesp/ops/quant.py)
+      layers.{i}.<proj>.qweight  int8 [out, in] / uint8 [out, in/2] (int4, interleaved nibbles: mesp/ops/quant.py)
       layers.{i}.<proj>.scales   float32 [out, in/group]
 Apps memory-map the file and hand each tensor to the methods without copying (clean file-backed
 pages: not counted by the phones' footprint metrics). Every tensor's data starts at a multiple of 64

@@ -21,7 +21,26 @@ import torch
 
 from toolchain.errors import BadInput
 
-__all__ = ["ExecutorchRunner", "check_pte", "native_log_redirected"]
+__all__ = ["ExecutorchRunner", "check_pte", "native_log_redirected", "load_quantized_kernels"]
+
+
+def load_quantized_kernels() -> None:
+    """Register ExecuTorch's quantized kernels (int4 methods call `quantized_decomposed::embedding_4bit`)
+    with the runtime, as the apps link them (`kernels_quantized`). The library itself, not the
+    `executorch.kernels.quantized` package: that one loads an AOT library which also changes the
+    runtime's `aten::linear` results in the last bits, so the host would no longer compute what the
+    app's C++ `Module` computes (ios/hostcheck checks they agree bit for bit)."""
+    import ctypes
+
+    import executorch
+
+    global _QUANTIZED_KERNELS
+    if _QUANTIZED_KERNELS is None:
+        lib = Path(executorch.__path__[0]) / "lib" / "libexecutorch_kernels_quantized.so"
+        _QUANTIZED_KERNELS = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
+_QUANTIZED_KERNELS = None
 
 
 class ExecutorchRunner:
@@ -35,6 +54,7 @@ class ExecutorchRunner:
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
+        load_quantized_kernels()
         check_pte(Path(pte))
         with native_log_redirected():
             portable_lib._threadpool_get_thread_count()      # starts the pool: its cpuinfo lines go to the log

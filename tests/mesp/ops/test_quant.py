@@ -1,4 +1,4 @@
-"""Group-wise quantized frozen weights (mesp/ops/quant.py): the grid, the planar int4 packing, the
+"""Group-wise quantized frozen weights (mesp/ops/quant.py): the grid, the interleaved int4 packing, the
 chunk choice, and the chunked matmuls and LoRA-linear backward against dense float64 references
 (autograd through the dequantized matrix)."""
 
@@ -29,14 +29,36 @@ def test_dequantized_weights_lie_on_the_grid_within_half_a_step(kind, qmax, o, i
     assert torch.allclose((d.reshape(o, -1, group).abs().amax(-1)), w.reshape(o, -1, group).abs().amax(-1))
 
 
-def test_int4_is_packed_planar():
-    """Byte j of a row: column j in the low nibble, column j + i/2 in the high nibble (biased by 8)."""
+def test_int4_is_packed_interleaved_as_executorch_embedding_4bit_reads_it():
+    """Byte j of a row: column 2j in the high nibble, column 2j + 1 in the low nibble (biased by 8)."""
     w = torch.tensor([[-7.0, -1, 0, 7, 3, -5, 1, 2]], dtype=torch.float64)          # one group, scale 7/7 = 1
     qw = quantize(w, "int4", 8)
     assert qw.scale.tolist() == [[1.0]] and qw.q.dtype == torch.uint8
     biased = [1, 7, 8, 15, 11, 3, 9, 10]
-    assert qw.q.tolist() == [[biased[j] + 16 * biased[j + 4] for j in range(4)]]
+    assert qw.q.tolist() == [[16 * biased[2 * j] + biased[2 * j + 1] for j in range(4)]]
     assert torch.equal(dequantize(qw), w)
+
+
+@pytest.mark.parametrize("o, i, group", [(7, 16, 4), (33, 64, 16), (5, 896, 64), (3, 10, 2)])
+def test_executorch_kernel_dequantizes_to_the_same_bits(o, i, group):
+    """Traced for ExecuTorch, int4 dequantization is quantized_decomposed::embedding_4bit (its reference
+    implementation here, its C++ kernel on the runtime: tests/export); whole matrices and column chunks
+    equal the unpacking the other targets use, bit for bit."""
+    import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
+
+    from toolchain.mesp.ops.quant import dense_cols, executorch_kernels
+
+    w = torch.randn(o, i, generator=torch.Generator().manual_seed(o * i))
+    qw = quantize(w, "int4", group)
+    plain = dequantize(qw)
+    with executorch_kernels():
+        fused = dequantize(qw)
+        cols = dense_cols(qw, group, min(3 * group, i))
+    assert torch.equal(fused, plain)
+    assert torch.equal(cols, plain[:, group:min(3 * group, i)])
+    from toolchain.mesp.ops import quant
+
+    assert quant._EXECUTORCH_KERNELS is False   # the context is left as found
 
 
 def test_odd_widths_are_refused():
