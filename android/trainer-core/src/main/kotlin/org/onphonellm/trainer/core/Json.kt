@@ -224,7 +224,8 @@ object JsonWriter {
         }
     }
 
-    private fun quote(sb: StringBuilder, s: String) {
+    /** A JSON string literal; [python]: as Python's json.dumps writes it (\b, \f; ensure_ascii: non-ASCII as \uXXXX). */
+    internal fun quote(sb: StringBuilder, s: String, python: Boolean = false) {
         sb.append('"')
         for (c in s) {
             when {
@@ -233,7 +234,9 @@ object JsonWriter {
                 c == '\n' -> sb.append("\\n")
                 c == '\r' -> sb.append("\\r")
                 c == '\t' -> sb.append("\\t")
-                c < ' ' -> sb.append(String.format("\\u%04x", c.code))
+                python && c == '\b' -> sb.append("\\b")
+                python && c == '\u000c' -> sb.append("\\f")
+                c < ' ' || (python && c.code > 127) -> sb.append(String.format("\\u%04x", c.code))
                 else -> sb.append(c)
             }
         }
@@ -288,7 +291,7 @@ object PythonJson {
             Json.Null -> sb.append("null")
             is Json.Bool -> sb.append(if (v.value) "true" else "false")
             is Json.Num -> sb.append(v.text)
-            is Json.Str -> quote(sb, v.value)
+            is Json.Str -> JsonWriter.quote(sb, v.value, python = true)
             is Json.Arr -> if (v.items.isEmpty()) sb.append("[]") else {
                 sb.append('[')
                 v.items.forEachIndexed { k, item -> if (k > 0) sb.append(','); indent(sb, level + 1); append(sb, item, level + 1) }
@@ -299,28 +302,10 @@ object PythonJson {
                 // Python sorts str keys by code point; Kotlin's String order is by UTF-16 unit (the same for the BMP).
                 v.fields.keys.sorted().forEachIndexed { k, key ->
                     if (k > 0) sb.append(',')
-                    indent(sb, level + 1); quote(sb, key); sb.append(": "); append(sb, v.fields.getValue(key), level + 1)
+                    indent(sb, level + 1); JsonWriter.quote(sb, key, python = true); sb.append(": "); append(sb, v.fields.getValue(key), level + 1)
                 }
                 indent(sb, level); sb.append('}')
             }
         }
-    }
-
-    private fun quote(sb: StringBuilder, s: String) {
-        sb.append('"')
-        for (c in s) {
-            when {
-                c == '"' -> sb.append("\\\"")
-                c == '\\' -> sb.append("\\\\")
-                c == '\n' -> sb.append("\\n")
-                c == '\r' -> sb.append("\\r")
-                c == '\t' -> sb.append("\\t")
-                c == '\b' -> sb.append("\\b")
-                c == '\u000c' -> sb.append("\\f")
-                c < ' ' || c.code > 127 -> sb.append(String.format("\\u%04x", c.code))
-                else -> sb.append(c)
-            }
-        }
-        sb.append('"')
     }
 }
