@@ -52,3 +52,15 @@ def test_largest_transient_is_the_largest_tensor_of_the_step(what, arch, options
     assert what in b.largest_transient_what
     biggest = sorted({s for _, s in shapes}, key=lambda s: -torch.Size(s).numel())[:3]
     assert b.largest_transient == largest * 4, (b, biggest)
+
+
+def test_mesp_groups_counts_at_most_the_inputs_alive_and_never_more_than_plain_mesp():
+    from toolchain.lora import LoraConfig
+    from toolchain.memory.breakdown import step_breakdown
+    from toolchain.models import PRESETS
+
+    arch, cfg = PRESETS["qwen2.5-0.5b"], LoraConfig(rank=8)
+    plain = step_breakdown("mesp", arch, cfg, 256).checkpoints
+    assert step_breakdown("mesp_groups", arch, cfg, 256, layers_per_checkpoint=5).checkpoints == plain * 9 // 24
+    for s in (1, 24, 100):   # groups as large as the model (or larger) keep every input: no saving, no overcount
+        assert step_breakdown("mesp_groups", arch, cfg, 256, layers_per_checkpoint=s).checkpoints == plain

@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import lora_num_params
 from toolchain.memory.measure import MIB
-from toolchain.mesp.step import StepOptions
+from toolchain.mesp.step import StepOptions, inputs_alive_bound
 from toolchain.models.presets import Qwen25Arch
 
 __all__ = ["BreakdownMode", "Breakdown", "step_breakdown"]
@@ -58,8 +58,8 @@ def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_l
         options: the MeSP/MeZO chunking (loss chunks; MLP chunks of intermediate columns). With quantized
             weights the step rounds MLP chunks up to the quantization group: not reflected here.
         bytes_per_value: 4 for float32.
-        layers_per_checkpoint: mesp_groups' checkpoint groups: at most ceil(L / s) + s - 1 layer inputs
-            alive instead of L.
+        layers_per_checkpoint: mesp_groups' checkpoint groups: at most min(L, ceil(L / s) + s - 1) layer
+            inputs alive instead of L (`inputs_alive_bound`).
     """
     t, v, f, d = seq_len, arch.vocab, arch.intermediate, arch.hidden
     params = lora_num_params(arch, cfg) * bytes_per_value
@@ -74,7 +74,7 @@ def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_l
         transient = max(chunked, key=lambda item: item[1])
         grads = params // arch.layers  # one layer's gradients: the update runs right after its backward
         s = layers_per_checkpoint if mode == "mesp_groups" else 1
-        checkpoints = (-(-arch.layers // s) + s - 1) * t * d * bytes_per_value
+        checkpoints = inputs_alive_bound(arch.layers, s) * t * d * bytes_per_value
     elif mode == "mezo":
         transient = max(chunked, key=lambda item: item[1])
         grads, checkpoints = 0, 0

@@ -34,6 +34,7 @@ from pathlib import Path
 from toolchain.errors import BadInput
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.memory.profiles import DeviceProfile
+from toolchain.mesp.step import inputs_alive_bound
 from toolchain.lora.config import parse_targets
 from toolchain.models.presets import Qwen25Arch, get_preset
 from toolchain.schemas import validate
@@ -160,7 +161,7 @@ def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: f
     arch = manifest["model"]["arch"]
     k, why = _selected_layers(manifest, lcsb_k)
     # checkpoint groups (LayerLoop.train_step): the kept inputs below a group plus the group's, at most
-    kept = min(k, -(-k // layers_per_checkpoint) + layers_per_checkpoint - 1)
+    kept = inputs_alive_bound(k, layers_per_checkpoint)
     if kept < k:
         why += f"; {kept} alive at once with --layers-per-checkpoint {layers_per_checkpoint}"
     row = manifest["seq_len"] * arch["hidden"] * 4                    # one [T, d] float32

@@ -37,7 +37,7 @@ from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["StepOptions", "chunk_overrides", "StepResult", "mesp_step", "checkpoint_groups",
-           "sqrt_layers_per_checkpoint", "model_loss", "block_params", "head_loss_and_grad"]
+           "sqrt_layers_per_checkpoint", "inputs_alive_bound", "model_loss", "block_params", "head_loss_and_grad"]
 
 LayerGradsHook = Callable[[int, dict[str, LoraPair]], None]
 
@@ -187,6 +187,13 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: Lo
 def sqrt_layers_per_checkpoint(selected: int) -> int:
     """round(sqrt(m)) for m selected layers: about the fewest inputs alive, ceil(m / s) + s - 1."""
     return max(1, round(math.sqrt(selected)))
+
+
+def inputs_alive_bound(selected: int, every: int) -> int:
+    """At most this many layer inputs are alive at once with checkpoint groups of `every` over `selected`
+    layers: the kept inputs below a group and the group's own, min(m, ceil(m / s) + s - 1) (the exact
+    count is `toolchain.memory.estimate`'s replay)."""
+    return min(selected, -(-selected // every) + every - 1)
 
 
 def checkpoint_groups(selected: list[int], every: int) -> list[list[int]]:
