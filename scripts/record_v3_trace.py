@@ -126,7 +126,7 @@ def export(prog: Path) -> None:
     lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
     spec = ExportSpec(source="trace", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16),
                       optimizer=OptimizerSpec("adamw", weight_decay=0.01), plan=None, pad_token_id=0,
-                      eos_token_id=95, default_lr=LR, generation=True)
+                      eos_token_id=95, default_lr=LR, generation=True, prefill_chunk=2)  # the prompt: 2 chunks
     export_program(ARCH, weights, CFG, lora, spec, prog)
 
 
@@ -135,7 +135,7 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
     `layers_per_checkpoint` > 1: the train steps use checkpoint groups (`LayerLoop.train_step`), and the
     trace says so (key `layers_per_checkpoint`)."""
     pdir = ProgramDir(prog)
-    runner = open_runner(pdir, "executorch", threads=1, use="all")
+    runner = open_runner(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
     rec = Recorder(runner, pdir.info.methods)
     _install_layer_hook(rec)
     rows, eval_rows = _rows(4, seed=11), _rows(2, seed=12)

@@ -2,7 +2,9 @@
 ONNX Runtime and the eager methods against Hugging Face `Qwen2ForCausalLM` + PEFT (float64 reference,
 the program in float32): eval loss <= 1e-4 relative, greedy output ids equal to HF's
 `generate(do_sample=False)`. One export (ExecuTorch + ONNX, with the generation methods) per config and
-module; the untied int4 config is marked slow."""
+module; the int4 programs (int4 embedding and head too) run the fused generation methods (the native int4
+kernel) on ExecuTorch and the stock ones on ONNX Runtime and eager, all against HF on the program's own
+dequantized weights; the untied int4 config is marked slow."""
 
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ RUNTIMES = ("executorch", "onnx", "eager")
 
 
 class Case:
-    def __init__(self, tmp_path_factory, name: str, arch: Qwen25Arch, quant: str, seed: int) -> None:
+    def __init__(self, tmp_path_factory, name: str, arch: Qwen25Arch, quant: str, seed: int,
+                 prefill_chunk: int = 32) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.arch, self.hf = arch, random_hf_model(arch, gen)               # float64, float32-exact values
         self.weights = our_weights(arch, self.hf, torch.float32)
@@ -49,6 +52,7 @@ class Case:
                           targets=("executorch", "onnx"), generation=True, pad_token_id=0,
                           options=__import__("toolchain.mesp", fromlist=["StepOptions"]).StepOptions(
                               vocab_chunk=32, mlp_chunk=16))
+        spec = __import__("dataclasses").replace(spec, prefill_chunk=prefill_chunk)
         export_program(arch, self.weights, CFG, self.lora, spec, self.prog)
         self.pdir = ProgramDir(self.prog)
         if quant != "none":  # the reference holds the program's own (dequantized) weights
@@ -57,6 +61,11 @@ class Case:
             for key in [k for k in w if k.endswith(".qweight")]:
                 base = key[:-len(".qweight")]
                 deq = dequantize(QuantWeight(w[key], w[base + ".scales"], 4 if quant == "int4" else 8))
+                if base in ("embed", "lm_head"):                          # int4 programs: the head too
+                    for k in ("model.embed_tokens.weight", "lm_head.weight") if base == "embed" and \
+                            arch.tie_embeddings else ({"embed": "model.embed_tokens.weight"}.get(base, "lm_head.weight"),):
+                        sd[k] = deq.double()
+                    continue
                 i, name = base.split(".")[1], base.split(".")[2]
                 mod = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
                 sd[f"model.layers.{i}.{mod}.{name}.weight"] = deq.double()
@@ -84,6 +93,12 @@ def tied(tmp_path_factory):
 @pytest.fixture(scope="module")
 def untied(tmp_path_factory):
     return Case(tmp_path_factory, "untied", UNTIED, "int4", seed=17)
+
+
+@pytest.fixture(scope="module")
+def tied_int4(tmp_path_factory):
+    """int4 layers, embedding and head; prefill in chunks of 5 (the test prompt: one full, one padded)."""
+    return Case(tmp_path_factory, "tied_int4", TIED, "int4", seed=21, prefill_chunk=5)
 
 
 def _rows(arch, seed):
@@ -121,8 +136,11 @@ def _hf_greedy(model, prompt, n_new, eos=None) -> list[int]:
 
 def _check_case(case: Case, runtimes=RUNTIMES) -> None:
     pdir = case.pdir
+    int4 = pdir.manifest["quant"]["kind"] == "int4"
     assert set(GENERATION_ROLES) <= set(pdir.info.methods)
-    assert pdir.manifest["generate"]["methods"] == list(GENERATION_ROLES)
+    fused = ["block_prefill_fused", "block_decode_fused", "head_logits_fused"] if int4 else []
+    assert pdir.manifest["generate"]["methods"] == list(GENERATION_ROLES) + fused
+    assert pdir.manifest["quant"]["head"] == int4 and ("embed.qweight" in pdir.weights()) == int4
     state = pdir.state_init()
     hf = case.hf_peft(case.lora)
     rows = _rows(case.arch, 3)
@@ -136,11 +154,41 @@ def _check_case(case: Case, runtimes=RUNTIMES) -> None:
         assert math.isclose(ev["loss"], ref_loss, rel_tol=1e-4), (target, ev["loss"], ref_loss)
         got = generate(pdir, case.runner(target, "generate"), state, prompt, T - len(prompt))
         assert got.output_ids == ref_ids, (target, got.output_ids, ref_ids)
+        assert got.fused == (int4 and target == "executorch"), target         # the native kernel on ExecuTorch
+        assert got.prefill_chunks == -(-len(prompt) // pdir.info.spec.prefill_chunk)
     assert torch.equal(state, pdir.state_init())                          # eval and generate only read the state
 
 
 def test_tied_gqa_eval_and_greedy_equal_hf_peft_on_executorch_onnx_eager(tied):
     _check_case(tied)
+
+
+def test_tied_int4_eval_and_greedy_equal_hf_peft_on_executorch_fused_onnx_eager(tied_int4):
+    _check_case(tied_int4)
+
+
+def test_fused_and_stock_generation_methods_agree_on_executorch(tied_int4):
+    """The stock int4 methods (embedding_4bit + linear: what a runtime without the kernel runs) and the fused
+    ones give the same logits to float32 rounding and the same greedy ids."""
+    from toolchain.runtime.executorch_runner import ExecutorchRunner
+    from toolchain.runtime.generate import generation_names
+    from toolchain.runtime.runners import role_methods
+
+    pdir, state = tied_int4.pdir, tied_int4.pdir.state_init()
+    stock_names = role_methods(pdir, "generate", fused=False)
+    stock = ExecutorchRunner(pdir.program_file("executorch"), stock_names, threads=1)
+    stock.methods_loaded = tuple(stock_names)
+    assert generation_names(pdir, stock_names)["block_decode"] == "block_decode"
+    fused = tied_int4.runner("executorch", "generate")
+    a = generate(pdir, stock, state, [4, 9, 2, 33, 1, 8], 12)
+    b = generate(pdir, fused, state, [4, 9, 2, 33, 1, 8], 12)
+    assert (a.fused, b.fused) == (False, True) and a.output_ids == b.output_ids
+    loop_a, loop_b = LayerLoop(pdir, stock), LayerLoop(pdir, fused)
+    views = pdir.state_views(state)
+    x = torch.randn(1, TIED.hidden, generator=torch.Generator().manual_seed(1))
+    la = loop_a._call("head_logits", None, {"x": x}, views)["logits"]
+    lb = loop_b._call("head_logits_fused", None, {"x": x}, views)["logits"]
+    torch.testing.assert_close(la, lb)
 
 
 @pytest.mark.slow
@@ -234,6 +282,7 @@ def test_training_runner_does_not_load_the_generation_methods(tied):
     gen = tied.pdir.manifest["generate"]
     assert gen["cache_bytes"] == 2 * 4 * TIED.layers * TIED.kv_heads * T * TIED.head_dim
     assert gen["targets"] == ["executorch", "onnx"]
+    assert gen["fused"] is None and gen["prefill_chunk"] == T   # float32: no kernel; the chunk clamped to seq_len
 
 
 def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):

@@ -34,14 +34,21 @@ from toolchain.validate import FiniteFloat
 @chunk_options(loss_chunk_default="--seq-len, one chunk: the head's graph, hence the export time, does not grow "
                                   "with the sequence length")
 @click.option("--generate/--no-generate", "generation", default=True, show_default=True,
-              help="Also export the generation methods (prefill, KV-cache decode, one-position LM head) that "
-                   "`toolchain generate` and apps run with the live adapter.")
+              help="Also export the generation methods (chunked prefill, KV-cache decode, one-position LM head) "
+                   "that `toolchain generate` and apps run with the live adapter; int4 programs also get their "
+                   "fused variants (the native int4 kernel).")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Prompt tokens per prefill call: a prompt of n tokens costs ceil(n / C) calls (at most --seq-len).")
+@click.option("--float-head", is_flag=True,
+              help="int4 programs: keep the embedding and LM head float32 (default: int4 like the layers; the head "
+                   "is most of the bytes generation reads per token).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Output directory (written atomically; an existing non-empty one is refused unless --force).")
 @force_option
 def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb,
            plan_path, lcsb_k, lcsb_policy, lcsb_seed, optimizer, weight_decay, frozen_unselected, lr,
-           export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, generation, out, force) -> None:
+           export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, generation, prefill_chunk, float_head, out,
+           force) -> None:
     """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
     block_backward with the in-program optimizer, block_skip_update) for each --target (ExecuTorch .pte,
     ONNX, Core ML), the frozen weights once in weights.safetensors (memory-mapped by the apps, passed to
@@ -64,14 +71,20 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     opt = optimizer_config(optimizer, weight_decay=weight_decay, frozen_unselected=frozen_unselected)  # lr: a step input
     options = StepOptions(**{"loss_chunk": seq_len, **chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk,
                                                                       mlp_chunk=mlp_chunk)})
+    if prefill_chunk > seq_len:
+        raise click.BadParameter(f"{prefill_chunk} is longer than --seq-len {seq_len}", param_hint="--prefill-chunk")
+    if float_head and quant != "int4":
+        raise click.BadParameter("applies to --quant int4 only (int8 and none keep a float32 head)",
+                                 param_hint="--float-head")
     check_output_dir(out, force=force)                   # before loading anything
     arch, weights, cfg, lora = load_model_and_adapter(model, init=init, seed=seed, adapter=adapter, rank=rank,
                                                       alpha=alpha, targets=targets)
     check_output_dir(out, force=force, expected_bytes=weights_nbytes_lower_bound(weights, quant))
-    quant_spec = QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4))  # float32
+    quant_spec = QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4),  # float32
+                           head=not float_head)
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec, optimizer=opt,
                       plan=plan.resolve_lcsb(arch.layers), default_lr=lr, options=options, generation=generation,
-                      targets=tuple(t.strip() for t in export_targets.split(",") if t.strip()), xnnpack=xnnpack,
+                      prefill_chunk=prefill_chunk, targets=tuple(t.strip() for t in export_targets.split(",") if t.strip()), xnnpack=xnnpack,
                       **tokenizer_fields(model, arch.vocab))
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

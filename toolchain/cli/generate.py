@@ -26,12 +26,16 @@ __all__ = ["generate_command"]
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
 @runtime_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help='Also write {"prompt_ids", "output_ids", "text", ...} here (atomically).')
+              help='Also write {"prompt_ids", "output_ids", "text", "load_s", "prefill_s", "ttft_s", '
+                   '"decode_tokens_per_s", ...} here (atomically).')
 def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat, max_new_tokens, temperature, seed, target,
                      threads, json_out) -> None:
-    """Generate with the program's generation methods (prefill, then one block_decode per layer and token,
-    KV cache on the host) on its runtime, the adapter's LoRA slices passed as inputs. Streams the text
-    (or, without a tokenizer, the ids) to stdout as tokens come; stops at eos or --max-new-tokens."""
+    """Generate with the program's generation methods (the prompt in prefill chunks, then one block_decode
+    per layer and token, KV cache on the host) on its runtime, the adapter's LoRA slices passed as inputs.
+    int4 programs on ExecuTorch run the fused methods (the native int4 kernel, built on first use with g++)
+    when it builds here, else the stock ones. Streams the text (or, without a tokenizer, the ids) to stdout
+    as tokens come; stops at eos or --max-new-tokens. One line of timings goes to stderr: load (program
+    directory, state, runner), prefill, time to first token, decode tokens/s."""
     import sys
     import time
 
@@ -42,10 +46,15 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
 
+    t_load = time.perf_counter()
     pdir = ProgramDir(program)
     tok, ids, stop = prompt_for(pdir, text=prompt, ids=prompt_ids, chat=chat)
     state = program_state(pdir, adapter=adapter, resume_from=resume_from)
     runner = open_runner(pdir, target, threads=threads, use="generate")
+    load_s = time.perf_counter() - t_load
+    if getattr(runner, "fused_unavailable", None):
+        click.echo(f"note: the int4 generation kernel is unavailable ({runner.fused_unavailable.splitlines()[0]}); "
+                   f"using the stock methods (slower)", err=True)
     printed = [""]
     out_ids: list[int] = []
 
@@ -70,12 +79,13 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
         sys.stdout.write(text[len(printed[0]):] if text.startswith(printed[0]) else "")
     sys.stdout.write("\n")
     sys.stdout.flush()
-    decode_tps = len(res.decode_s) / sum(res.decode_s) if res.decode_s else None
-    click.echo(f"{len(res.output_ids)} tokens ({res.stopped}), prefill {res.prefill_s:.2f} s, decode "
-               + (f"{decode_tps:.2f} tokens/s" if decode_tps else "-") + f" ({runner.backend})", err=True)
+    decode_tps = res.decode_tokens_per_s
+    kernel = ", int4 kernel" if res.fused else ""
+    click.echo(f"{len(res.output_ids)} tokens ({res.stopped}) | load {load_s:.2f} s | prefill {res.prefill_s:.3f} s "
+               f"({len(ids)} tokens) | first token {res.ttft_s:.3f} s | decode "
+               + (f"{decode_tps:.1f} tokens/s" if decode_tps else "-") + f" ({runner.backend}{kernel})", err=True)
     if json_out is not None:
         atomic_write_text(json_out, dumps({
             "prompt_ids": res.prompt_ids, "output_ids": res.output_ids, "text": text, "stopped": res.stopped,
             "backend": runner.backend, "temperature": temperature, "seed": seed if temperature > 0 else None,
-            "prefill_s": round(res.prefill_s, 4), "decode_tokens_per_s": None if decode_tps is None else round(decode_tps, 3),
-            "seconds": round(seconds, 3)}))
+            "load_s": round(load_s, 4), **res.timings(), "seconds": round(seconds, 3)}))

@@ -55,7 +55,8 @@ class ExportSpec:
         pad_token_id / tokenizer_kind: what apps pad rows with.
         eos_token_id / tokenizer_json: the tokenizer's eos and its tokenizer.json (written into the program
             directory as `tokenizer.json`, checksummed in `files`; None: no file).
-        generation: also the generation methods (prefill, KV-cache decode, one-position head).
+        generation: also the generation methods (chunked prefill, KV-cache decode, one-position head).
+        prefill_chunk: tokens per prefill call (at most seq_len).
     """
 
     source: str
@@ -74,6 +75,7 @@ class ExportSpec:
     eos_token_id: int | None = None
     tokenizer_json: str | None = field(default=None, repr=False)
     generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
+    prefill_chunk: int = 32
 
     def check(self, arch: Qwen25Arch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
@@ -89,7 +91,7 @@ class ExportSpec:
 
     def program_spec(self, arch: Qwen25Arch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
-                           generation=self.generation)
+                           generation=self.generation, prefill_chunk=self.prefill_chunk)
 
 
 def tokenizer_fields(model: str, vocab: int) -> dict:

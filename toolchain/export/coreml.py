@@ -80,6 +80,8 @@ def export_coreml(spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> TargetA
     (Path(out_dir) / COREML_DIR).mkdir(parents=True, exist_ok=True)
     methods, ops = {}, {}
     for name, method in method_specs(spec).items():
+        if method.kernels:   # the fused generation methods need the native kernel: ExecuTorch only
+            continue
         note(f"coreml {name}: convert")
         model = _convert(spec, method)
         rel = f"{COREML_DIR}/{name}.mlpackage"

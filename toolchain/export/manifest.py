@@ -15,8 +15,8 @@ from pathlib import Path
 from toolchain import __version__
 from toolchain.errors import BadInput
 from toolchain.export.artifact import TargetArtifact, tree_bytes
-from toolchain.export.program import (GENERATION_ROLES, LAYER, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec,
-                                      StateEntry, method_specs, state_layout)
+from toolchain.export.program import (FUSED_KERNELS, GENERATION_ROLES, LAYER, IoSpec, MethodSpec, OptimizerSpec,
+                                      ProgramSpec, QuantSpec, StateEntry, method_specs, state_layout)
 from toolchain.export.weights_file import WEIGHTS_NAME
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_config_dict
@@ -49,9 +49,12 @@ LOOP = [
 GENERATE_LOOP = [
     "cache: per layer k and v float32 [kv_heads, seq_len, head_dim] (bind cache, ref k_{layer} / v_{layer}); "
     "a prompt of n tokens and N new ones need n + N <= seq_len",
-    "x = embed(prompt padded to seq_len)",
-    "for layer in 0..L-1: cache.k[layer], cache.v[layer] = block_kv(x, layer); x = block_forward(x, layer)",
-    "logits = head_logits(row n-1 of x); pos = n",
+    "methods: if the runtime has generate.fused.kernels registered, call each method of generate.fused.methods "
+    "under its fused name (same inputs and outputs), else the stock one",
+    "prefill: for pos in 0, C, 2C, .. < n (C = prefill_chunk): x = embed_prefill(prompt[pos:pos+C] padded with "
+    "pad_token_id to C); for layer in 0..L-1: x, k_new, v_new = block_prefill(x, pos, cache[layer], layer), "
+    "write rows pos..pos+C-1 (those < seq_len) of cache[layer]",
+    "logits = head_logits(row (n - 1) mod C of the last chunk's x); pos = n",
     "until eos or N tokens: token = pick(logits) (greedy: argmax; else sample softmax(logits / temperature)); "
     "x = embed_token(token); for layer in 0..L-1: x, k_new, v_new = block_decode(x, pos, cache[layer], layer), "
     "write k_new / v_new at row pos of cache[layer]; logits = head_logits(x); pos += 1",
@@ -75,9 +78,12 @@ class ProgramManifest:
         if q["kind"] == "int4" and q.get("int4_packing") != INT4_PACKING:
             raise BadInput("the program's int4 weights use an older packing (planar nibbles, before int4_packing "
                            f"{INT4_PACKING!r}); re-export the program with this toolchain")
-        self.spec = ProgramSpec(self.arch, self.lora, m["seq_len"], quant=QuantSpec(q["kind"], q["group"], q["chunk_elems"]),
+        gen = m.get("generate")
+        self.spec = ProgramSpec(self.arch, self.lora, m["seq_len"],
+                                quant=QuantSpec(q["kind"], q["group"], q["chunk_elems"], head=q.get("head", False)),
                                 optimizer=self.optimizer, options=StepOptions(**m["options"]),
-                                generation=m.get("generate") is not None)
+                                generation=gen is not None,
+                                **({"prefill_chunk": gen["prefill_chunk"]} if gen and "prefill_chunk" in gen else {}))
         self.seq_len: int = m["seq_len"]
         self.methods: dict[str, MethodSpec] = {x["name"]: _method(x) for x in m["methods"]}
         self.state_entries = [StateEntry(e["name"], e["key"], e["role"], tuple(e["shape"]), e["offset"], e.get("layer"))
@@ -92,6 +98,7 @@ class ProgramManifest:
         if version != MANIFEST_SCHEMA_VERSION:
             raise BadInput(f"{path.parent} was exported with manifest schema_version {version}; this toolchain runs "
                            f"version {MANIFEST_SCHEMA_VERSION} (layer-generic methods): re-export the program")
+        _refuse_before_fused_generation(raw, path)
         man = cls(read_json(path, "manifest"))
         expected = method_specs(man.spec)
         if {n: m.to_json() for n, m in expected.items()} != {n: m.to_json() for n, m in man.methods.items()}:
@@ -131,11 +138,43 @@ class ProgramManifest:
         return float(self.doc["optimizer"]["default_lr"])
 
 
+def _refuse_before_fused_generation(raw: dict, path: Path) -> None:
+    """Programs exported before chunked prefill and int4 embedding/head (same schema_version 3): re-export."""
+    gen, quant = raw.get("generate"), raw.get("quant")
+    old_gen = isinstance(gen, dict) and "prefill_chunk" not in gen
+    old_int4 = isinstance(quant, dict) and quant.get("kind") == "int4" and "head" not in quant
+    if old_gen or old_int4:
+        what = "its generation methods prefill the whole seq_len" if old_gen else "its embedding and LM head are float32"
+        raise BadInput(f"{path.parent} was exported before chunked prefill and the int4 embedding/head ({what}); "
+                       f"re-export the program with this toolchain")
+
+
 def _method(d: dict) -> MethodSpec:
     def io(x: dict) -> IoSpec:
         return IoSpec(x["name"], x["dtype"], tuple(x["shape"]), x["bind"], x["ref"],
                       tuple(x["rows"]) if "rows" in x else None)
-    return MethodSpec(d["name"], d["role"], tuple(io(x) for x in d["inputs"]), tuple(io(x) for x in d["outputs"]))
+    return MethodSpec(d["name"], d["role"], tuple(io(x) for x in d["inputs"]), tuple(io(x) for x in d["outputs"]),
+                      tuple(d.get("kernels", ())))
+
+
+def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifacts: list[TargetArtifact],
+                      arenas: dict[str, dict[str, int]], state_bytes: int) -> dict:
+    arch = pspec.arch
+    stock = [n for n, m in methods.items() if m.role in GENERATION_ROLES and not m.kernels]
+    fused = {n.removesuffix("_fused"): n for n, m in methods.items() if m.kernels}
+    cache_bytes = 2 * 4 * arch.layers * arch.kv_heads * pspec.seq_len * arch.head_dim
+    return {
+        "methods": stock + list(fused.values()), "max_tokens": pspec.seq_len, "cache_bytes": cache_bytes,
+        "prefill_chunk": pspec.prefill_chunk, "steps": GENERATE_LOOP,
+        # the native kernel (toolchain/native/int4_linear.cpp) and the methods that call it; null: none needed
+        "fused": None if not fused else {"kernels": list(FUSED_KERNELS), "source": "toolchain/native/int4_linear.cpp",
+                                         "methods": fused},
+        # the arenas of what generation loads (each its own arena on the stock mobile Module; a fused method
+        # counted instead of its stock one when larger) + the KV cache + the state array
+        "peak_estimate_bytes": {t: sum(max(a.get(n, 0), a.get(fused.get(n, n), 0)) for n in stock) + cache_bytes
+                                + state_bytes for t, a in arenas.items()},
+        # targets that export the stock generation methods (their program entry says why not)
+        "targets": [a.target for a in artifacts if a.methods is None or all(n in a.methods for n in stock)]}
 
 
 def _program_entry(root: Path, a: TargetArtifact) -> dict:
@@ -158,8 +197,6 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
     arenas = {a.target: dict(a.planned_arena_bytes) for a in artifacts if a.planned_arena_bytes}
     methods = method_specs(pspec)
     train = [n for n, m in methods.items() if m.role not in GENERATION_ROLES]
-    gen = [n for n, m in methods.items() if m.role in GENERATION_ROLES]
-    cache_bytes = 2 * 4 * arch.layers * arch.kv_heads * pspec.seq_len * arch.head_dim
     doc = {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "toolchain_version": __version__,
@@ -168,7 +205,7 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
                  "use_rslora": cfg.use_rslora},
         "seq_len": pspec.seq_len,
         "quant": {"kind": pspec.quant.kind, "group": pspec.quant.group, "chunk_elems": pspec.quant.chunk_elems,
-                  "int4_packing": INT4_PACKING},
+                  "int4_packing": INT4_PACKING, "head": pspec.quant.head_quantized},
         "options": asdict(pspec.options),
         "optimizer": {"kind": opt.kind, "weight_decay": opt.weight_decay, "betas": list(opt.betas), "eps": opt.eps,
                       "frozen_unselected": opt.frozen_unselected, "default_lr": spec.default_lr},
@@ -179,14 +216,7 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
         "programs": [_program_entry(root, a) for a in artifacts],
         "methods": [m.to_json() for m in methods.values()],
         "loop": {"layers": arch.layers, "moves_unselected": opt.moves_unselected, "steps": LOOP},
-        "generate": None if not gen else {
-            "methods": gen, "max_tokens": pspec.seq_len, "cache_bytes": cache_bytes, "steps": GENERATE_LOOP,
-            # the arenas of what generation loads (embed and block_forward for the prompt, the generation
-            # methods; each its own arena on the stock mobile Module) + the KV cache + the state array
-            "peak_estimate_bytes": {t: sum(a.get(n, 0) for n in gen + ["embed", "block_forward"]) + cache_bytes + 4 * numel
-                                    for t, a in arenas.items()},
-            # targets that export training methods only (their program entry says why)
-            "targets": [a.target for a in artifacts if a.methods is None or all(n in a.methods for n in gen)]},
+        "generate": _generate_section(pspec, methods, artifacts, arenas, 4 * numel) if pspec.generation else None,
         "state": {"dtype": "float32", "numel": numel, "init_file": STATE_INIT_NAME,
                   "step_entry": "adam_step" if opt.kind == "adamw" else None,
                   "entries": [{"name": e.name, "key": e.key, "role": e.role, "shape": list(e.shape), "offset": e.offset,

@@ -135,6 +135,8 @@ def export_onnx(spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> TargetArt
     root.mkdir(parents=True, exist_ok=True)
     methods, nodes = {}, {}
     for name, method in method_specs(spec).items():
+        if method.kernels:   # the fused generation methods need the native kernel: ExecuTorch only
+            continue
         note(f"torch.onnx.export {name}")
         model = _to_onnx(spec, method)
         nodes[name] = sum(1 for _ in model.graph)

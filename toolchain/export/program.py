@@ -44,9 +44,9 @@ from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.mesp.block import BlockParams, block_backward, block_forward
-from toolchain.mesp.decode import block_decode, block_kv, decode_rope, head_logits
+from toolchain.mesp.decode import block_decode, decode_rope, head_logits
 from toolchain.mesp.ops import rope_tables
-from toolchain.mesp.ops.quant import QuantWeight, with_chunk_rows
+from toolchain.mesp.ops.quant import INT4_LINEAR_OP, QuantWeight, embedding_rows, fused_int4, with_chunk_rows
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights
@@ -55,20 +55,30 @@ from toolchain.optim import OptimizerConfig, update_tensor
 __all__ = ["OptimizerSpec", "QuantSpec", "chunk_elems_from_mib",
            "ProgramSpec", "StateEntry", "IoSpec", "MethodSpec", "state_layout",
            "flat_state", "unflatten_state", "method_specs", "method_module", "example_inputs", "QUANTIZED_FIELDS",
-           "layer_weight_inputs", "LAYER", "METHOD_ROLES", "TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES"]
+           "layer_weight_inputs", "LAYER", "METHOD_ROLES", "TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES",
+           "FUSED_KERNELS", "fused_name"]
 
-# The projection matrices; embeddings/LM head stay float (a quantized LM head would need the whole
-# [V, d] matrix dequantized per loss chunk), as do norms and biases.
+# The projection matrices; the embedding and LM head too in int4 programs (`QuantSpec.head`); norms and
+# biases stay float32.
 QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LAYER = "{layer}"  # placeholder in the manifest's per-layer names, replaced by the layer index
 METHOD_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")  # the training methods
 TRAINING_ROLES = METHOD_ROLES
-# Generation with the live adapter (mesp/decode.py): the prompt goes through `embed`, then per layer `block_kv`
-# (the layer's k, v into the app's KV cache) and the training `block_forward`; each new token through `embed_token`
-# + `block_decode` per layer; `head_logits` gives the next token's logits. The LoRA inputs are the same state
-# slices the training methods take.
-GENERATION_ROLES = ("embed_token", "block_kv", "block_decode", "head_logits")
+# Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
+# `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through
+# `embed_token` + `block_decode` per layer; `head_logits` gives the next token's logits. The LoRA inputs are the
+# same state slices the training methods take.
+GENERATION_ROLES = ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
 ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
+# int4 programs also carry fused variants of the generation methods that read int4 weights (same inputs and
+# outputs, name + "_fused"), which call the native kernel toolchain/native/int4_linear.cpp: a runtime that has
+# the kernel registered runs them, any other the stock methods (slower, same results up to float rounding).
+FUSED_KERNELS = (INT4_LINEAR_OP + ".out",)
+FUSED_ROLES = ("block_prefill", "block_decode", "head_logits")
+
+
+def fused_name(name: str) -> str:
+    return name + "_fused"
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,11 @@ class QuantSpec:
     # Dequantize at most this many weights at once (float32 elements). One block's graph is exported
     # once, so small chunks cost little export time; they bound the dequantized transient.
     chunk_elems: int = 1 << 18
+    # int4 programs: the embedding and LM head (one matrix when tied) in int4 too, with the same group. The
+    # head is most of the bytes generation reads per token (float32: 545 MB of 746 at Qwen2.5-0.5B); the
+    # training step's head_loss dequantizes the same stored matrix chunk by chunk, so training and
+    # generation see one model. False keeps them float32 (int8 programs always do).
+    head: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "int8", "int4"):
@@ -92,6 +107,10 @@ class QuantSpec:
     @property
     def bits(self) -> int:
         return 8 if self.kind == "int8" else 4
+
+    @property
+    def head_quantized(self) -> bool:
+        return self.kind == "int4" and self.head
 
     def check(self, arch: Qwen25Arch) -> None:
         if self.kind != "none":
@@ -123,10 +142,16 @@ class ProgramSpec:
     optimizer: OptimizerSpec = OptimizerSpec()
     options: StepOptions = StepOptions()
     generation: bool = False  # also the generation methods (GENERATION_ROLES); the manifest's `generate` says so
+    # tokens per prefill call (block_prefill): a prompt of n tokens costs ceil(n / prefill_chunk) calls per layer
+    prefill_chunk: int = 32
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
             raise BadInput(f"--seq-len must be in 2..{self.arch.max_positions} for this model, got {self.seq_len}")
+        if self.prefill_chunk < 1:
+            raise BadInput(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+        if self.prefill_chunk > self.seq_len:   # a chunk longer than the cache holds nothing more
+            object.__setattr__(self, "prefill_chunk", self.seq_len)
         self.quant.check(self.arch)
         if self.optimizer.momentum:
             raise BadInput(f"exported programs do not implement SGD momentum (their state has no momentum buffer), "
@@ -228,30 +253,66 @@ class MethodSpec:
     role: str
     inputs: tuple[IoSpec, ...]
     outputs: tuple[IoSpec, ...]
+    kernels: tuple[str, ...] = ()   # custom kernels it calls (FUSED_KERNELS), beyond the stock runtime's
 
     def to_json(self) -> dict:
-        return {"name": self.name, "role": self.role, "inputs": [i.to_json() for i in self.inputs],
-                "outputs": [o.to_json() for o in self.outputs]}
+        d = {"name": self.name, "role": self.role, "inputs": [i.to_json() for i in self.inputs],
+             "outputs": [o.to_json() for o in self.outputs]}
+        if self.kernels:
+            d["kernels"] = list(self.kernels)
+        return d
+
+
+def matrix_inputs(name: str, key: str, shape: tuple[int, int], kind: str, group: int,
+                  rows: tuple[int, int] | None = None) -> tuple[IoSpec, ...]:
+    """A frozen [o, i] matrix as method inputs: `name` float32, or (kind int8 / int4) `name`_q (int8 [o, i] /
+    uint8 [o, i/2]) and `name`_scale [o, i/group], keys `key`.qweight / `key`.scales. `rows`: a row range of
+    the stored matrix (the inputs' o is its length)."""
+    o, i = shape if rows is None else (rows[1] - rows[0], shape[1])
+    if kind == "none":
+        return (IoSpec(name, "float32", (o, i), "weight", key, rows),)
+    packed, qdtype = (i // 2, "uint8") if kind == "int4" else (i, "int8")
+    return (IoSpec(f"{name}_q", qdtype, (o, packed), "weight", key + ".qweight", rows),
+            IoSpec(f"{name}_scale", "float32", (o, i // group), "weight", key + ".scales", rows))
+
+
+def _matrix(ins: dict[str, Tensor], name: str, bits: int) -> Tensor | QuantWeight:
+    """The matrix `matrix_inputs(name, ...)` passed: the float tensor, or the quantized pair."""
+    if f"{name}_q" in ins:
+        return QuantWeight(ins[f"{name}_q"], ins[f"{name}_scale"], bits)
+    return ins[name]
 
 
 def layer_weight_inputs(arch: Qwen25Arch, quant: QuantSpec) -> list[IoSpec]:
     """A layer's frozen tensors as method inputs, in LayerWeights order (quantized: q then scales)."""
-    d, kv, f = arch.hidden, arch.kv_dim, arch.intermediate
+    d, kv = arch.hidden, arch.kv_dim
     shapes = {"input_norm": (d,), "q_bias": (d,), "k_bias": (kv,), "v_bias": (kv,), "post_norm": (d,)}
-    out = []
+    out: list[IoSpec] = []
     for name in LayerWeights._fields:
         key = f"layers.{LAYER}.{name}"
         if name in QUANTIZED_FIELDS:
-            o, i = arch.linear_shape(name)
-            if quant.kind != "none":
-                packed = i // 2 if quant.kind == "int4" else i
-                qdtype = "uint8" if quant.kind == "int4" else "int8"
-                out.append(IoSpec(f"w_{name}_q", qdtype, (o, packed), "weight", key + ".qweight"))
-                out.append(IoSpec(f"w_{name}_scale", "float32", (o, i // quant.group), "weight", key + ".scales"))
-                continue
-            shapes[name] = (o, i)
-        out.append(IoSpec(f"w_{name}", "float32", shapes[name], "weight", key))
+            out += matrix_inputs(f"w_{name}", key, arch.linear_shape(name), quant.kind, quant.group)
+        else:
+            out.append(IoSpec(f"w_{name}", "float32", shapes[name], "weight", key))
     return out
+
+
+def _head_inputs(spec: ProgramSpec, head_key: str) -> tuple[tuple[IoSpec, ...], tuple[IoSpec, ...]]:
+    """The LM head as inputs: the whole matrix (`head`) and its vocabulary chunks (`head_{j}`, row views)."""
+    arch, q = spec.arch, spec.quant
+    kind = "int4" if q.head_quantized else "none"
+    shape = (arch.vocab, arch.hidden)
+    whole = matrix_inputs("head", head_key, shape, kind, q.group)
+    vc = spec.options.vocab_chunk or arch.vocab
+    chunks = tuple(io for j, s in enumerate(range(0, arch.vocab, vc))
+                   for io in matrix_inputs(f"head_{j}", head_key, shape, kind, q.group, (s, min(arch.vocab, s + vc))))
+    return whole, chunks
+
+
+def _head_chunks(ins: dict[str, Tensor], bits: int) -> list[Tensor | QuantWeight]:
+    """The `head_{j}` chunks of `_head_inputs`, in vocabulary order."""
+    js = sorted({int(n.split("_")[1]) for n in ins if n.startswith("head_") and n.split("_")[1].isdigit()})
+    return [_matrix(ins, f"head_{j}", bits) for j in js]
 
 
 def _layer_state(spec: ProgramSpec, roles: list[str]) -> list[IoSpec]:
@@ -275,20 +336,17 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     lr = IoSpec("lr", "float32", (1,), "input", "lr")
     step = [IoSpec("step", "float32", (1,), "state", "adam_step")] if spec.optimizer.kind == "adamw" else []
     head_key = "embed" if arch.tie_embeddings else "lm_head"
-    vc = spec.options.vocab_chunk or arch.vocab
-    chunks = tuple(IoSpec(f"head_{j}", "float32", (min(arch.vocab, s + vc) - s, d), "weight", head_key,
-                          (s, min(arch.vocab, s + vc))) for j, s in enumerate(range(0, arch.vocab, vc)))
+    head, chunks = _head_inputs(spec, head_key)
+    embed = _embed_inputs(spec)
     weights = tuple(layer_weight_inputs(arch, spec.quant))
     lora = tuple(_layer_state(spec, ["param"]))
     state = tuple(_layer_state(spec, _roles(spec.optimizer)))
     new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
     methods = [
-        MethodSpec("embed", "embed", (ids, IoSpec("embed", "float32", (arch.vocab, d), "weight", "embed")),
-                   (act("x"),)),
+        MethodSpec("embed", "embed", (ids,) + embed, (act("x"),)),
         MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),)),
         MethodSpec("head_loss", "head_loss",
-                   (act("x"), labels, IoSpec("final_norm", "float32", (d,), "weight", "final_norm"),
-                    IoSpec("head", "float32", (arch.vocab, d), "weight", head_key)) + chunks,
+                   (act("x"), labels, IoSpec("final_norm", "float32", (d,), "weight", "final_norm")) + head + chunks,
                    (IoSpec("loss", "float32", (1,), "result", "loss"), act("dx", "d"))),
         MethodSpec("block_backward", "block_backward",
                    (act("dout", "d"), act("x", "checkpoint")) + (lr,) + tuple(step) + weights + state,
@@ -297,44 +355,53 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     if spec.optimizer.moves_unselected:
         methods.append(MethodSpec("block_skip_update", "block_skip_update", (lr,) + tuple(step) + state, new_state))
     if spec.generation:
-        methods += _generation_specs(spec, weights, lora, head_key)
+        methods += _generation_specs(spec, weights, lora, embed, head, chunks)
     return {m.name: m for m in methods}
 
 
+def _embed_inputs(spec: ProgramSpec) -> tuple[IoSpec, ...]:
+    kind = "int4" if spec.quant.head_quantized else "none"
+    return matrix_inputs("embed", "embed", (spec.arch.vocab, spec.arch.hidden), kind, spec.quant.group)
+
+
 def _generation_specs(spec: ProgramSpec, weights: tuple[IoSpec, ...], lora: tuple[IoSpec, ...],
-                      head_key: str) -> list[MethodSpec]:
-    """embed_token, block_kv, block_decode, head_logits (mesp/decode.py; see GENERATION_ROLES).
+                      embed: tuple[IoSpec, ...], head: tuple[IoSpec, ...], chunks: tuple[IoSpec, ...]
+                      ) -> list[MethodSpec]:
+    """embed_token, embed_prefill, block_prefill, block_decode, head_logits (mesp/decode.py; GENERATION_ROLES),
+    and in int4 programs their `_fused` variants (FUSED_ROLES).
 
     The KV cache is the app's, per layer k and v [Hk, S, D] (S = seq_len), bound as `cache` k_{layer} /
-    v_{layer}: block_kv's [Hk, S, D] outputs fill it (prefill: block_kv, then block_forward, per layer),
-    block_decode reads it as it is and returns the token's row, which the app writes at row `pos`.
-    head_logits takes one position's hidden state [1, d] (after prefill: row n-1 of the last layer's
-    x_out for a prompt of n tokens)."""
-    arch, t, d = spec.arch, spec.seq_len, spec.arch.hidden
-    hk, dh = arch.kv_heads, arch.head_dim
-    vc = spec.options.vocab_chunk or arch.vocab
-    chunks = tuple(IoSpec(f"head_{j}", "float32", (min(arch.vocab, s + vc) - s, d), "weight", head_key,
-                          (s, min(arch.vocab, s + vc))) for j, s in enumerate(range(0, arch.vocab, vc)))
-    x1 = IoSpec("x", "float32", (1, d), "activation", "x")
-    kv_names = ("w_input_norm", "w_k_proj", "w_k_proj_q", "w_k_proj_scale", "w_k_bias", "w_v_proj", "w_v_proj_q",
-                "w_v_proj_scale", "w_v_bias", "lora_k_proj_a", "lora_k_proj_b", "lora_v_proj_a", "lora_v_proj_b")
-    kv_weights = tuple(io for io in weights if io.name in kv_names)
-    kv_lora = tuple(io for io in lora if io.name in kv_names)
-    cache = lambda name, which, rows: IoSpec(name, "float32", (hk, rows, dh), "cache", f"{which}_{LAYER}")  # noqa: E731
-    return [
-        MethodSpec("embed_token", "embed_token", (IoSpec("token", "int64", (1,), "input", "token"),
-                                                  IoSpec("embed", "float32", (arch.vocab, d), "weight", "embed")),
-                   (x1,)),
-        MethodSpec("block_kv", "block_kv", (IoSpec("x", "float32", (t, d), "activation", "x"),) + kv_weights + kv_lora,
-                   (cache("k", "k", t), cache("v", "v", t))),
-        MethodSpec("block_decode", "block_decode",
-                   (x1, IoSpec("pos", "int64", (1,), "input", "pos"), cache("k_cache", "k", t), cache("v_cache", "v", t))
-                   + weights + lora,
-                   (IoSpec("x_out", "float32", (1, d), "activation", "x"), cache("k_new", "k", 1), cache("v_new", "v", 1))),
-        MethodSpec("head_logits", "head_logits",
-                   (x1, IoSpec("final_norm", "float32", (d,), "weight", "final_norm")) + chunks,
-                   (IoSpec("logits", "float32", (arch.vocab,), "result", "logits"),)),
+    v_{layer}: block_prefill and block_decode read it as it is and return the rows of their C tokens
+    ([Hk, C, D]; C = prefill_chunk or 1), which the app writes at rows pos .. pos + C - 1 (those < S).
+    head_logits takes one position's hidden state [1, d]."""
+    arch, d = spec.arch, spec.arch.hidden
+    hk, dh, c = arch.kv_heads, arch.head_dim, spec.prefill_chunk
+    rows = lambda name, n: IoSpec(name, "float32", (n, d), "activation", "x")  # noqa: E731
+    cache = lambda name, which, n: IoSpec(name, "float32", (hk, n, dh), "cache", f"{which}_{LAYER}")  # noqa: E731
+    pos = IoSpec("pos", "int64", (1,), "input", "pos")
+    final_norm = IoSpec("final_norm", "float32", (d,), "weight", "final_norm")
+    logits = (IoSpec("logits", "float32", (arch.vocab,), "result", "logits"),)
+
+    def block(name: str, n: int, kernels: tuple[str, ...] = ()) -> MethodSpec:
+        return MethodSpec(name, name.removesuffix("_fused"),
+                          (rows("x", n), pos, cache("k_cache", "k", spec.seq_len), cache("v_cache", "v", spec.seq_len))
+                          + weights + lora,
+                          (rows("x_out", n), cache("k_new", "k", n), cache("v_new", "v", n)), kernels)
+
+    methods = [
+        MethodSpec("embed_token", "embed_token", (IoSpec("token", "int64", (1,), "input", "token"),) + embed, (rows("x", 1),)),
+        MethodSpec("embed_prefill", "embed_prefill", (IoSpec("tokens", "int64", (c,), "input", "tokens"),) + embed,
+                   (rows("x", c),)),
+        block("block_prefill", c),
+        block("block_decode", 1),
+        MethodSpec("head_logits", "head_logits", (rows("x", 1), final_norm) + chunks, logits),
     ]
+    if spec.quant.kind == "int4":
+        methods += [block(fused_name("block_prefill"), c, FUSED_KERNELS), block(fused_name("block_decode"), 1, FUSED_KERNELS)]
+        if spec.quant.head_quantized:
+            methods.append(MethodSpec(fused_name("head_logits"), "head_logits", (rows("x", 1), final_norm) + head, logits,
+                                      FUSED_KERNELS))
+    return methods
 
 
 # -- method bodies ----------------------------------------------------------------------------------
@@ -343,11 +410,8 @@ def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor]) -> LayerWeights:
     quant = spec.quant
     fields = {}
     for name in LayerWeights._fields:
-        if name in QUANTIZED_FIELDS and quant.kind != "none":
-            qw = QuantWeight(ins[f"w_{name}_q"], ins[f"w_{name}_scale"], quant.bits)
-            fields[name] = with_chunk_rows(qw, quant.chunk_elems)
-        else:
-            fields[name] = ins[f"w_{name}"]
+        w = _matrix(ins, f"w_{name}", quant.bits)
+        fields[name] = with_chunk_rows(w, quant.chunk_elems) if isinstance(w, QuantWeight) else w
     return LayerWeights(**fields)
 
 
@@ -374,7 +438,8 @@ def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair
 
 
 def _embed(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    return (ins["embed"][ins["input_ids"]],)
+    ids = ins.get("input_ids", ins.get("tokens", ins.get("token")))
+    return (embedding_rows(_matrix(ins, "embed", spec.quant.bits), ids),)
 
 
 def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
@@ -384,8 +449,9 @@ def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, .
 
 
 def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    chunks = [ins[n] for n in sorted((n for n in ins if n.startswith("head_")), key=lambda n: int(n[5:]))]
-    loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], ins["head"], ins["labels"], spec.arch.rms_eps,
+    chunks = _head_chunks(ins, spec.quant.bits)
+    head = _matrix(ins, "head", spec.quant.bits)
+    loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], head, ins["labels"], spec.arch.rms_eps,
                                   spec.options, head_chunks=chunks if spec.options.vocab_chunk else None)
     return loss.reshape(1), dx
 
@@ -401,41 +467,29 @@ def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tenso
     return _update(spec, ins, None)
 
 
-def _embed_token(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    return (ins["embed"][ins["token"]],)
-
-
-def _block_kv(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    x, quant = ins["x"], spec.quant
-    fields = dict.fromkeys(LayerWeights._fields)  # only the norm and k/v projections are inputs of block_kv
-    fields["input_norm"], fields["k_bias"], fields["v_bias"] = ins["w_input_norm"], ins["w_k_bias"], ins["w_v_bias"]
-    for name in ("k_proj", "v_proj"):
-        if quant.kind != "none":
-            fields[name] = with_chunk_rows(QuantWeight(ins[f"w_{name}_q"], ins[f"w_{name}_scale"], quant.bits),
-                                           quant.chunk_elems)
-        else:
-            fields[name] = ins[f"w_{name}"]
-    lora = {t: LoraPair(ins[f"lora_{t}_a"], ins[f"lora_{t}_b"]) for t in ("k_proj", "v_proj") if t in spec.lora.targets}
-    p = BlockParams(LayerWeights(**fields), lora, spec.lora.scale, spec.arch)
-    return block_kv(x, p, _rope(spec, x.dtype))
-
-
 def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
     x, arch = ins["x"], spec.arch
     p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
-    rope = decode_rope(ins["pos"], arch.head_dim, arch.rope_theta, x.dtype)
-    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope, mlp_chunk=spec.options.mlp_chunk)
+    rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype)
+    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope)
 
 
 def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    chunks = [ins[n] for n in sorted((n for n in ins if n.startswith("head_")), key=lambda n: int(n[5:]))]
+    chunks = _head_chunks(ins, spec.quant.bits) or [_matrix(ins, "head", spec.quant.bits)]
     return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps),)
+
+
+def _fused(body: Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]):
+    def run(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+        with fused_int4():
+            return body(spec, ins)
+    return run
 
 
 _BODIES: dict[str, Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]] = {
     "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
     "block_backward": _block_backward, "block_skip_update": _block_skip_update,
-    "embed_token": _embed_token, "block_kv": _block_kv, "block_decode": _block_decode,
+    "embed_token": _embed, "embed_prefill": _embed, "block_prefill": _block_decode, "block_decode": _block_decode,
     "head_logits": _head_logits,
 }
 
@@ -450,7 +504,10 @@ class _Method(nn.Module):
         self.names = [i.name for i in method.inputs]
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        return _BODIES[self.method.role](self.spec, dict(zip(self.names, inputs)))
+        body = _BODIES[self.method.role]
+        if self.method.kernels:
+            body = _fused(body)
+        return body(self.spec, dict(zip(self.names, inputs)))
 
 
 def method_module(spec: ProgramSpec, name: str) -> nn.Module:

@@ -1,7 +1,8 @@
 """The one frozen-weights file of a v3 program (`weights.safetensors`), shared by every target.
 
 Keys (Hugging Face layouts, `weight` [out, in]):
-  embed [V, d], final_norm [d], lm_head [V, d] (untied models only; tied models use `embed`)
+  embed [V, d], final_norm [d], lm_head [V, d] (untied models only; tied models use `embed`); in int4
+      programs (`QuantSpec.head_quantized`) embed.qweight / embed.scales (and lm_head.*) instead
   layers.{i}.input_norm, .post_norm [d]; .q_bias [d], .k_bias, .v_bias [kv]
   layers.{i}.<proj> [out, in] float32, or, quantized (<proj> in QUANTIZED_FIELDS):
       layers.{i}.<proj>.qweight  int8 [out, in] / uint8 [out, in/2] (int4, interleaved nibbles: mesp/ops/quant.py)
@@ -39,17 +40,24 @@ _NP = {"F32": np.float32, "I8": np.int8, "U8": np.uint8, "I64": np.int64}
 
 def weight_tensors(weights: ModelWeights, quant: QuantSpec) -> dict[str, Tensor]:
     """The file's tensors, float32 (quantized projections as qweight + scales)."""
-    out = {"embed": weights.embed.float().contiguous(), "final_norm": weights.final_norm.float().contiguous()}
+    out = {}
+
+    def matrix(key: str, t: Tensor, kind: str) -> None:
+        if kind == "none":
+            out[key] = t.float().contiguous()
+        else:
+            qw = quantize(t.float(), kind, quant.group)
+            out[key + ".qweight"], out[key + ".scales"] = qw.q.contiguous(), qw.scale.float().contiguous()
+
+    head_kind = "int4" if quant.head_quantized else "none"
+    matrix("embed", weights.embed, head_kind)
+    out["final_norm"] = weights.final_norm.float().contiguous()
     if not weights.tied:
-        out["lm_head"] = weights.lm_head.float().contiguous()
+        matrix("lm_head", weights.lm_head, head_kind)
     for i, lw in enumerate(weights.layers):
         for name, t in lw._asdict().items():
             key = f"layers.{i}.{name}"
-            if quant.kind != "none" and name in QUANTIZED_FIELDS:
-                qw = quantize(t.float(), quant.kind, quant.group)
-                out[key + ".qweight"], out[key + ".scales"] = qw.q.contiguous(), qw.scale.float().contiguous()
-            else:
-                out[key] = t.float().contiguous()
+            matrix(key, t, quant.kind if name in QUANTIZED_FIELDS else "none")
     return out
 
 
@@ -148,7 +156,15 @@ def model_weights(tensors: dict[str, Tensor], arch: Qwen25Arch, quant: QuantSpec
             else:
                 fields[name] = tensors[key]
         layers.append(LayerWeights(**fields))
-    embed = tensors["embed"]
-    if not arch.tie_embeddings and "lm_head" not in tensors:
+    def matrix(key: str):
+        if key + ".qweight" in tensors:
+            return QuantWeight(tensors[key + ".qweight"], tensors[key + ".scales"], quant.bits)
+        return tensors.get(key)
+
+    embed = matrix("embed")
+    if embed is None:
+        raise BadInput("the weights file has no embed; re-export the program")
+    lm_head = matrix("lm_head")
+    if not arch.tie_embeddings and lm_head is None:
         raise BadInput("the weights file has no lm_head, but the model's embeddings are untied; re-export the program")
-    return ModelWeights(embed, tuple(layers), tensors["final_norm"], tensors.get("lm_head", embed))
+    return ModelWeights(embed, tuple(layers), tensors["final_norm"], embed if lm_head is None else lm_head)

@@ -1,28 +1,30 @@
-"""Generation with the live adapter: prefill, single-token decode with a KV cache, and the LM head on one
-position. Forward only (no gradients), the same frozen weights and LoRA pairs as the training step.
+"""Generation with the live adapter: the block on a chunk of new tokens with a KV cache (prefill chunks and
+single-token decode are the same function), and the LM head on one position. Forward only (no gradients),
+the same frozen weights and LoRA pairs as the training step.
 
 Cache layout (one per layer, owned by the caller): k, v [Hk, S, D] float32, S = the program's seq_len,
 k after RoPE (as attention uses it). Rows >= the current position are ignored (masked), so the caller
 never has to clear them.
 
-  block_kv(x [T, d])                   -> k [Hk, T, D], v [Hk, T, D]
-      the layer's keys (after RoPE) and values of every position of the (padded) prompt, for block
-      input x: the caller copies them into its cache. Prefill is `block_kv` + `block_forward` per layer
-      (`block_prefill`; causal: a padded tail changes no earlier position). Exported programs reuse
-      their training `block_forward` for it, so prefill costs one small method (an RMSNorm and two
-      kv projections, ~2 kv_dim / (3d + 3f) of the block's FLOPs: 1.5% at Qwen2.5-0.5B), not a second
-      block graph to export.
-  block_decode(x [1, d], pos, k, v)    -> out [1, d], k_new [Hk, 1, D], v_new [Hk, 1, D]
-      the block on the one token at position `pos`, attending to cache rows [0, pos) and to itself;
-      the caller writes k_new / v_new into row `pos` of its cache. The cache goes in as it is and only
-      the new rows come out (no [Hk, S, D] copy per token; an in-place cache update would need the
-      cache inside the program, which the contract's runtimes cannot share with the app).
-  head_logits(x [1, d])                -> logits [V]   final RMSNorm + LM head, vocabulary chunk by chunk
+  block_decode(x [C, d], pos, k, v)    -> out [C, d], k_new [Hk, C, D], v_new [Hk, C, D]
+      the block on C tokens at positions pos .. pos + C - 1, each attending to cache rows [0, pos) and
+      causally to the chunk (itself and the chunk's earlier tokens); the caller writes k_new / v_new at
+      rows pos .. pos + C - 1 of its cache (those < S). C = 1 is decode; a prompt of n tokens is
+      ceil(n / C) chunks of C = the program's prefill chunk, the last one padded (causal: padding changes no
+      earlier row, and its cache rows are >= n, overwritten by decode before they are read). So prefill
+      costs the prompt's length rounded up to C, not seq_len. The cache goes in as it is and only the new
+      rows come out (no [Hk, S, D] copy per call: an in-place cache update would need the cache inside the
+      program, which the contract's runtimes cannot share with the app).
+  head_logits(x [1, d])                -> logits [V]   final RMSNorm + LM head (vocabulary chunks, or
+      one fused int4 call)
 
-Decode attention, per kv head (G query heads q [G, D], c = 1/sqrt(D)), without concatenating the cache:
-  s_c = c q K^T [G, S] (rows >= pos masked),  s_n = c q . k_new [G, 1],  m = max(rowmax s_c, s_n)
-  o = (exp(s_c - m) V + exp(s_n - m) v_new) / (rowsum exp(s_c - m) + exp(s_n - m))
-which is softmax attention over positions 0..pos (Qwen2's causal attention at the last position).
+Attention, per kv head (G query heads q [G, C, D], c = 1/sqrt(D)), without concatenating the cache:
+  s_c = c q K^T [G, C, S] (cache rows >= pos masked),  s_n = c q k_new^T [G, C, C] (future tokens masked)
+  m = max(rowmax s_c, rowmax s_n)   (finite: the diagonal of s_n is never masked)
+  o = (exp(s_c - m) V + exp(s_n - m) v_new) / (rowsum exp(s_c - m) + rowsum exp(s_n - m))
+which is Qwen2's causal softmax attention at positions pos .. pos + C - 1. Projections go through
+`linear_forward` whole (no MLP chunks: C rows are small), so within `quant.fused_int4()` each int4
+projection is one `toolchain::int4_linear` call that reads the packed weight once.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from toolchain.mesp.block import BlockParams, _mlp, block_forward
-from toolchain.mesp.ops import RopeTables, linear_forward, rmsnorm_forward, rope_forward, rope_tables
+from toolchain.mesp.block import BlockParams
+from toolchain.mesp.ops import RopeTables, linear_forward, rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
+from toolchain.mesp.ops.quant import QuantWeight, matmul_xwt
 
-__all__ = ["block_kv", "block_prefill", "block_decode", "head_logits", "decode_rope"]
+__all__ = ["block_decode", "head_logits", "decode_rope"]
 
 
 def _heads(x: Tensor, n: int) -> Tensor:
@@ -42,73 +45,67 @@ def _heads(x: Tensor, n: int) -> Tensor:
     return x.reshape(t, n, -1).transpose(0, 1)                        # [T, n*D] -> [n, T, D]
 
 
-def block_kv(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor, Tensor]:
-    """The layer's keys (after RoPE) and values [Hk, T, D] for block input x [T, d]."""
-    w, arch = p.weights, p.arch
-    n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
-    k, _ = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
-    v, _ = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
-    return rope_forward(_heads(k, arch.kv_heads), rope), _heads(v, arch.kv_heads)
+def decode_rope(pos: Tensor, chunk: int, head_dim: int, theta: float, dtype: torch.dtype) -> RopeTables:
+    """cos/sin [C, D] at positions pos .. pos + C - 1 (`pos` [1] int64, a runtime input of the method)."""
+    return rope_tables(pos.reshape(1) + torch.arange(chunk), head_dim, theta, dtype)
 
 
-def block_prefill(x: Tensor, p: BlockParams, rope: RopeTables, mlp_chunk: int | None = None
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-    """`block_forward` over the (padded) prompt, plus the layer's k (after RoPE) and v [Hk, T, D]
-    (`block_kv`: recomputed from x rather than taken out of `block_forward`, which keeps block.py's
-    attention internals its own)."""
-    k, v = block_kv(x, p, rope)
-    return block_forward(x, p, rope, mlp_chunk), k, v
+def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
+    w, s = p.weights, p.scale
+    n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
+    g, _ = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), s)     # [C, f]
+    u, _ = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), s)         # [C, f]
+    down, _ = linear_forward(swiglu_forward(g, u)[0], w.down_proj, None, p.lora.get("down_proj"), s)
+    return down                                                                  # [C, d]
 
 
-def decode_rope(pos: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> RopeTables:
-    """cos/sin [1, D] at the position `pos` ([1] int64, a runtime input of the decode method)."""
-    return rope_tables(pos.reshape(1), head_dim, theta, dtype)
-
-
-def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams, rope: RopeTables, *,
-                 mlp_chunk: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """One token through the block with its KV cache.
+def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams, rope: RopeTables
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    """C tokens through the block with its KV cache.
 
     Args:
-        x: [1, d] the token's hidden state (block input).
-        pos: [1] int64 its position (0-based); cache rows [0, pos) are attended to, the rest ignored.
+        x: [C, d] the tokens' hidden states (block input).
+        pos: [1] int64 the first token's position (0-based); cache rows [0, pos) are attended to.
         k_cache, v_cache: [Hk, S, D] this layer's cache (k after RoPE).
-        rope: the tables at `pos` (`decode_rope`).
+        rope: the tables at pos .. pos + C - 1 (`decode_rope`).
 
     Returns:
-        out [1, d], and the token's k (after RoPE) and v [Hk, 1, D], to be written at row `pos`.
+        out [C, d], and the tokens' k (after RoPE) and v [Hk, C, D], to be written at rows pos .. pos + C - 1.
     """
     w, arch = p.weights, p.arch
     h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
-    g = h // hk
+    g, c, n = h // hk, dh ** -0.5, x.shape[0]
     n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
     q, _ = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
     k, _ = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
     v, _ = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
-    q = rope_forward(_heads(q, h), rope)                              # [H, 1, D]
-    k = rope_forward(_heads(k, hk), rope)                             # [Hk, 1, D]
-    v = _heads(v, hk)                                                 # [Hk, 1, D]
-    c = dh ** -0.5
+    q = rope_forward(_heads(q, h), rope)                              # [H, C, D]
+    k = rope_forward(_heads(k, hk), rope)                             # [Hk, C, D]
+    v = _heads(v, hk)                                                 # [Hk, C, D]
     s = k_cache.shape[1]
-    ignored = torch.arange(s, device=x.device) >= pos.reshape(1)      # [S] rows not yet written
+    ignored = torch.arange(s, device=x.device) >= pos.reshape(1)      # [S] cache rows not yet written
+    idx = torch.arange(n, device=x.device)
+    future = idx[None, :] > idx[:, None]                              # [C, C] later tokens of the chunk
     outs = []
     for j in range(hk):
-        qj = q[j * g:(j + 1) * g, 0]                                  # [G, D]
-        sc = F.linear(qj, k_cache[j]) * c                             # [G, S] (the cache read in place)
+        qj = q[j * g:(j + 1) * g].reshape(g * n, dh)                  # [G*C, D]
+        sc = (F.linear(qj, k_cache[j]) * c).reshape(g, n, s)          # [G, C, S] (the cache read in place)
         sc = sc.masked_fill(ignored, float("-inf"))
-        sn = (qj * k[j]).sum(-1, keepdim=True) * c                    # [G, 1]
-        m = torch.maximum(sc.amax(-1, keepdim=True), sn)              # finite: sn is
-        pc = torch.exp(sc - m)                                        # [G, S]
-        pn = torch.exp(sn - m)                                        # [G, 1]
-        outs.append((pc @ v_cache[j] + pn * v[j]) / (pc.sum(-1, keepdim=True) + pn))  # [G, D]
-    o = torch.cat(outs).reshape(1, h * dh)                            # heads in order: [1, H*D]
+        sn = (F.linear(qj, k[j]) * c).reshape(g, n, n)                # [G, C, C]
+        sn = sn.masked_fill(future, float("-inf"))
+        m = torch.maximum(sc.amax(-1, keepdim=True), sn.amax(-1, keepdim=True))  # [G, C, 1]
+        pc = torch.exp(sc - m)
+        pn = torch.exp(sn - m)
+        o = (pc @ v_cache[j] + pn @ v[j]) / (pc.sum(-1, keepdim=True) + pn.sum(-1, keepdim=True))  # [G, C, D]
+        outs.append(o)
+    o = torch.cat(outs).transpose(0, 1).reshape(n, h * dh)            # heads in order: [C, H*D]
     ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)
     x1 = x + ao
-    return x1 + _mlp(x1, p, mlp_chunk), k, v
+    return x1 + _mlp(x1, p), k, v
 
 
-def head_logits(x: Tensor, final_norm: Tensor, head_chunks: list[Tensor], eps: float) -> Tensor:
+def head_logits(x: Tensor, final_norm: Tensor, head_chunks: list[Tensor | QuantWeight], eps: float) -> Tensor:
     """Logits [V] of one position x [1, d]: final RMSNorm, then the LM head chunk by chunk (each chunk
-    E_j [Vc, d] read in place: `linear`), concatenated."""
+    E_j [Vc, d] read in place: `linear`, or int4 `matmul_xwt`), concatenated."""
     hn, _ = rmsnorm_forward(x, final_norm, eps)
-    return torch.cat([F.linear(hn, e) for e in head_chunks], dim=1).reshape(-1)
+    return torch.cat([matmul_xwt(hn, e) for e in head_chunks], dim=1).reshape(-1)

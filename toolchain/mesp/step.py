@@ -33,6 +33,7 @@ from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp.block import BlockParams, block_backward, block_forward
 from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, ce_online_forward_backward,
                                 ce_online_loss, rmsnorm_backward, rmsnorm_forward, rope_tables, shift_labels)
+from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
 
@@ -102,7 +103,7 @@ def _forward_checkpoints(arch, weights, cfg, lora, input_ids, *, rope, mlp_chunk
                          keep: set[int]) -> tuple[list[Tensor | None], Tensor]:
     """The forward, keeping the input of every layer in `keep` (the layers the backward will recompute;
     the others' inputs die as the forward moves on: under LCSB k of L checkpoints are held)."""
-    x = weights.embed[input_ids]                                      # [T, d]
+    x = embedding_rows(weights.embed, input_ids)                      # [T, d]
     checkpoints: list[Tensor | None] = []
     for i in range(arch.layers):
         checkpoints.append(x if i in keep else None)
@@ -110,9 +111,10 @@ def _forward_checkpoints(arch, weights, cfg, lora, input_ids, *, rope, mlp_chunk
     return checkpoints, x
 
 
-def _loss_and_dh(hn: Tensor, head: Tensor, targets: Tensor, options: StepOptions, chunks: list[Tensor] | None):
+def _loss_and_dh(hn: Tensor, head: Tensor | QuantWeight, targets: Tensor, options: StepOptions,
+                 chunks: list[Tensor | QuantWeight] | None):
     if options.vocab_chunk is None:
-        return ce_chunked_forward_backward(hn, head, targets, options.loss_chunk)
+        return ce_chunked_forward_backward(hn, dense(head), targets, options.loss_chunk)
     return ce_online_forward_backward(hn, head, targets, options.loss_chunk, options.vocab_chunk, chunks=chunks)
 
 
@@ -155,7 +157,7 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: Lo
         The loss and, per layer, its LoRA gradients (the hook may have consumed them already).
     """
     t = input_ids.shape[0]
-    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.final_norm.dtype)
     selected = sorted(set(range(arch.layers)) if backward_layers is None else set(backward_layers))
     groups = checkpoint_groups(selected, layers_per_checkpoint)
     checkpoints, x = _forward_checkpoints(arch, weights, cfg, lora, input_ids, rope=rope,
@@ -212,12 +214,12 @@ def model_loss(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: L
                labels: Tensor, *, options: StepOptions = StepOptions()) -> Tensor:
     """Forward only: the same loss `mesp_step` reports (evaluation, MeZO)."""
     t = input_ids.shape[0]
-    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.embed.dtype)
-    x = weights.embed[input_ids]
+    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.final_norm.dtype)
+    x = embedding_rows(weights.embed, input_ids)
     for i in range(arch.layers):
         x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, options.mlp_chunk)
     hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
     del x
     if options.vocab_chunk is None:
-        return ce_chunked_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk)
+        return ce_chunked_loss(hn, dense(weights.lm_head), shift_labels(labels), options.loss_chunk)
     return ce_online_loss(hn, weights.lm_head, shift_labels(labels), options.loss_chunk, options.vocab_chunk)

@@ -5,13 +5,16 @@ The LoRA inputs are slices of the flat state the caller passes: the trainer's ow
 re-export, no adapter file), a checkpoint's, or an adapter's (`evaluate.state_from_adapter`). The KV
 cache (per layer k, v [Hk, S, D] float32, S = seq_len) is allocated here, once per call.
 
-  prompt of n tokens, padded to S -> embed -> per layer block_kv (fills the cache) + block_forward
-  logits = head_logits(row n-1);  then per new token t at position pos = n, n+1, ...:
+  prompt of n tokens, in chunks of C = prefill_chunk (the last padded): embed_prefill -> block_prefill per
+  layer (each writes its chunk's rows of the layer's cache); logits = head_logits(the prompt's last row)
+  then per new token t at position pos = n, n+1, ...:
   t = pick(logits) -> embed_token(t) -> block_decode(pos) per layer (writes cache row pos) -> head_logits
+Where the runner loaded the fused methods (`generate.fused`: int4 programs on a runtime with the native
+kernel), block_prefill / block_decode / head_logits are called under their fused names.
 Greedy (argmax, the first of equal maxima, as torch and HF) unless `temperature` > 0: then a sample of
 softmax(logits / temperature) drawn with a generator seeded by `seed`. Stops after a token of `stop_ids`
-(eos; included in the output, as HF's generate does) or `max_new_tokens`; prompt + new tokens must fit
-in S.
+(eos; included in the output, as HF's generate does), after `max_new_tokens`, or when `should_stop()`
+says so (checked before each decode step: the apps' cancel); prompt + new tokens must fit in S.
 """
 
 from __future__ import annotations
@@ -28,16 +31,32 @@ from toolchain.errors import BadInput
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for"]
+__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names"]
 
 
 @dataclass
 class GenerateResult:
     prompt_ids: list[int]
     output_ids: list[int]                 # the new tokens only
-    stopped: str                          # "eos" or "max_new_tokens"
-    prefill_s: float = 0.0                # prompt: prefill + the first head_logits
+    stopped: str                          # "eos", "max_new_tokens" or "cancelled"
+    prefill_s: float = 0.0                # the prompt's chunks through every layer + the first head_logits
+    ttft_s: float = 0.0                   # from the call to the first new token chosen (prefill + pick)
+    prefill_chunks: int = 0               # block_prefill calls per layer
     decode_s: list[float] = field(default_factory=list)  # per decoded token (embed_token, blocks, head)
+    fused: bool = False                   # the fused (native int4 kernel) methods ran
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return len(self.decode_s) / sum(self.decode_s) if self.decode_s and sum(self.decode_s) > 0 else None
+
+    def timings(self) -> dict:
+        """The timing fields of `toolchain generate --json` (seconds; rates from the counts beside them)."""
+        rate = self.decode_tokens_per_s
+        return {"prompt_tokens": len(self.prompt_ids), "new_tokens": len(self.output_ids),
+                "prefill_chunks": self.prefill_chunks, "prefill_s": round(self.prefill_s, 4),
+                "ttft_s": round(self.ttft_s, 4), "decode_tokens": len(self.decode_s),
+                "decode_s": round(sum(self.decode_s), 4),
+                "decode_tokens_per_s": None if rate is None else round(rate, 3), "fused": self.fused}
 
 
 def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
@@ -47,6 +66,17 @@ def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
     return {f"{w}_{i}": torch.zeros(shape, dtype=torch.float32) for i in range(arch.layers) for w in ("k", "v")}
 
 
+def generation_names(pdir: ProgramDir, loaded: Sequence[str] | None) -> dict[str, str]:
+    """The method to call for each generation role: the fused one where it is among `loaded`."""
+    fused = (pdir.manifest["generate"] or {}).get("fused") or {}
+    loaded = set(loaded or ())
+    names = {n: n for n in ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")}
+    for stock, f in fused.get("methods", {}).items():
+        if f in loaded:
+            names[stock] = f
+    return names
+
+
 def _pick(logits: Tensor, temperature: float, gen: torch.Generator | None) -> int:
     if temperature <= 0:
         return int(torch.argmax(logits))
@@ -54,14 +84,7 @@ def _pick(logits: Tensor, temperature: float, gen: torch.Generator | None) -> in
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
-             temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
-             on_token: Callable[[int], None] | None = None, loop: LayerLoop | None = None) -> GenerateResult:
-    """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
-
-    `runner` needs embed and the generation methods (`open_runner(pdir, use="generate")`); `on_token` is
-    called with each new token as soon as it is chosen (streaming)."""
-    prompt = [int(t) for t in prompt_ids]
+def _check(pdir: ProgramDir, prompt: list[int], max_new_tokens: int, temperature: float) -> None:
     n, s, vocab = len(prompt), pdir.seq_len, pdir.arch.vocab
     if "block_decode" not in pdir.info.methods:
         raise BadInput(f"{pdir.path} was exported without the generation methods; re-export it (without --no-generate)")
@@ -78,26 +101,46 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
         raise BadInput(f"prompt token id {bad[0]} is outside the vocabulary of {vocab}")
     if temperature < 0 or temperature != temperature:
         raise BadInput(f"--temperature must be >= 0, got {temperature}")
+
+
+def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
+             temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
+             on_token: Callable[[int], None] | None = None, should_stop: Callable[[], bool] | None = None,
+             loop: LayerLoop | None = None) -> GenerateResult:
+    """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
+
+    `runner` needs the generation methods (`open_runner(pdir, use="generate")`); `on_token` is called with
+    each new token as soon as it is chosen (streaming); `should_stop` before each further token (cancel)."""
+    prompt = [int(t) for t in prompt_ids]
+    _check(pdir, prompt, max_new_tokens, temperature)
+    n, c = len(prompt), pdir.info.spec.prefill_chunk
     stop = {int(t) for t in stop_ids}
     gen = torch.Generator().manual_seed(seed if seed is not None else 0) if temperature > 0 else None
     loop = loop or LayerLoop(pdir, runner)
+    names = generation_names(pdir, getattr(runner, "methods_loaded", None))
     views = pdir.state_views(state)
     cache = new_cache(pdir)
     out: list[int] = []
+    result = GenerateResult(prompt, out, "max_new_tokens", fused=names["block_decode"] != "block_decode")
     with torch.no_grad():
         t0 = time.perf_counter()
-        ids = torch.full((s,), pdir.info.pad_token_id, dtype=torch.int64)
-        ids[:n] = torch.tensor(prompt, dtype=torch.int64)
-        x = loop._call("embed", None, {"input_ids": ids}, views)["x"]
-        for i in range(pdir.arch.layers):
-            loop._call("block_kv", i, {"x": x}, views, cache)
-            x = loop._call("block_forward", i, {"x": x}, views)["x"]
-        logits = loop._call("head_logits", None, {"x": x[n - 1:n]}, views)["logits"]
+        for start in range(0, n, c):
+            ids = torch.full((c,), pdir.info.pad_token_id, dtype=torch.int64)
+            ids[:min(c, n - start)] = torch.tensor(prompt[start:start + c], dtype=torch.int64)
+            x = loop._call("embed_prefill", None, {"tokens": ids}, views)["x"]
+            p = torch.tensor([start], dtype=torch.int64)
+            for i in range(pdir.arch.layers):
+                x = loop._call(names["block_prefill"], i, {"x": x, "pos": p}, views, cache, start)["x"]
+            result.prefill_chunks += 1
+        last = (n - 1) % c                                   # the prompt's last row in the last chunk
+        logits = loop._call(names["head_logits"], None, {"x": x[last:last + 1]}, views)["logits"]
         del x
-        result = GenerateResult(prompt, out, "max_new_tokens", prefill_s=time.perf_counter() - t0)
+        result.prefill_s = time.perf_counter() - t0
         pos = n
         while True:
             token = _pick(logits, temperature, gen)
+            if not out:
+                result.ttft_s = time.perf_counter() - t0
             out.append(token)
             if on_token is not None:
                 on_token(token)
@@ -106,13 +149,16 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
                 break
             if len(out) == max_new_tokens:
                 break
-            t0 = time.perf_counter()
+            if should_stop is not None and should_stop():
+                result.stopped = "cancelled"
+                break
+            t1 = time.perf_counter()
             x = loop._call("embed_token", None, {"token": torch.tensor([token], dtype=torch.int64)}, views)["x"]
             p = torch.tensor([pos], dtype=torch.int64)
             for i in range(pdir.arch.layers):
-                x = loop._call("block_decode", i, {"x": x, "pos": p}, views, cache, pos)["x"]
-            logits = loop._call("head_logits", None, {"x": x}, views)["logits"]
-            result.decode_s.append(time.perf_counter() - t0)
+                x = loop._call(names["block_decode"], i, {"x": x, "pos": p}, views, cache, pos)["x"]
+            logits = loop._call(names["head_logits"], None, {"x": x}, views)["logits"]
+            result.decode_s.append(time.perf_counter() - t1)
             pos += 1
     return result
 

@@ -60,8 +60,8 @@ class LayerLoop:
 
     def _call(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
               cache: dict[str, Tensor] | None = None, pos: int | None = None) -> dict[str, Tensor]:
-        """Run one method; state outputs are copied into their slices, cache outputs into the layer's
-        cache (all its rows, or one row at `pos`), the others returned (copied). Also the binding of
+        """Run one method; state outputs are copied into their slices, cache outputs of C rows into the
+        layer's cache at rows pos .. pos + C - 1 (those < seq_len), the others returned (copied). Also the binding of
         runtime/evaluate.py and runtime/generate.py."""
         method = self.methods[name]
         outputs = self.runner.execute(name, self._inputs(method, layer, values, views, cache))
@@ -77,10 +77,8 @@ class LayerLoop:
                 views[io.ref.replace(LAYER, str(layer))].copy_(value.reshape(io.shape))
             elif io.bind == "cache":
                 target = cache[io.ref.replace(LAYER, str(layer))]
-                if io.shape[1] == target.shape[1]:
-                    target.copy_(value.reshape(io.shape))
-                else:  # the token's row
-                    target[:, pos:pos + io.shape[1]].copy_(value.reshape(io.shape))
+                n = min(io.shape[1], target.shape[1] - pos)  # the chunk's rows pos .. pos + C - 1 that fit
+                target[:, pos:pos + n].copy_(value.reshape(io.shape)[:, :n])
             else:
                 kept[io.ref] = value.reshape(io.shape).clone()
         return kept

@@ -4,6 +4,8 @@ LayerLoop turns that into training steps."""
 
 from __future__ import annotations
 
+import os
+
 from toolchain.errors import BadInput
 from toolchain.export.program import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.export.targets import HOST_RUNNABLE
@@ -30,28 +32,48 @@ def _eager(pdir: ProgramDir, threads: int | None, methods: list[str]):
     return EagerRunner(pdir.info.spec, methods)
 
 
-def role_methods(pdir: ProgramDir, use: str = "train") -> list[str]:
+def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False) -> list[str]:
     """The methods a use loads: "train" (the training loop), "eval" (embed, block_forward, head_loss),
-    "generate" (embed, block_forward for the prompt, the generation methods), "all"."""
+    "generate" (the generation methods), "all". `fused`: the fused generation methods replace their stock
+    ones (the runtime has the native kernel); otherwise no method that needs a custom kernel is loaded."""
     roles = {"train": TRAINING_ROLES, "eval": ("embed", "block_forward", "head_loss"),
-             "generate": ("embed", "block_forward") + GENERATION_ROLES, "all": ALL_ROLES}[use]
-    names = [n for n, m in pdir.info.methods.items() if m.role in roles]
-    if use == "generate" and not any(pdir.info.methods[n].role == "block_decode" for n in names):
+             "generate": GENERATION_ROLES, "all": ALL_ROLES}[use]
+    methods = pdir.info.methods
+    replaced = {m.role for m in methods.values() if m.kernels} if fused else set()
+    names = [n for n, m in methods.items() if m.role in roles
+             and (bool(m.kernels) == (m.role in replaced))]
+    if use == "generate" and not any(methods[n].role == "block_decode" for n in names):
         raise BadInput(f"{pdir.path} was exported without the generation methods; re-export it without --no-generate")
     return names
+
+
+def _native_kernels() -> str | None:
+    """None when the native kernels are registered with the ExecuTorch runtime here, else why not."""
+    from toolchain.native import KernelUnavailable, load_kernels
+
+    try:
+        load_kernels()
+    except KernelUnavailable as e:
+        return str(e)
+    return None
 
 
 _RUNNERS = {"executorch": _executorch, "onnx": _onnx}
 assert set(_RUNNERS) == set(HOST_RUNNABLE), "every host-runnable target needs a runner"
 
 
-def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | None = None, use: str = "train"):
+def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | None = None, use: str = "train",
+                fused: bool | None = None):
     """A runner for `target` (default: the first host-runnable program in the manifest; "eager": the
     program's methods run in PyTorch, the reference) with the methods of `use` loaded (`role_methods`:
-    a training run does not load the generation methods, whose arenas it would otherwise pay for)."""
-    methods = role_methods(pdir, use)
+    a training run does not load the generation methods, whose arenas it would otherwise pay for).
+
+    Generation on ExecuTorch loads the fused methods (`generate.fused`) when the native kernel builds and
+    loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock
+    ones, and the runner's `fused_unavailable` says why they were wanted but not loaded."""
     if target == "eager":
-        return _eager(pdir, threads, methods)
+        methods = role_methods(pdir, use)
+        return _loaded(_eager(pdir, threads, methods), methods, None)
     targets = pdir.targets
     if target is None:
         runnable = [t for t in targets if t in HOST_RUNNABLE]
@@ -63,4 +85,15 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
         raise BadInput(f"{pdir.path} has no {target} program (it has {', '.join(targets)})")
     if target not in _RUNNERS:
         raise BadInput(f"{target} programs cannot run on this host (Core ML predicts only on macOS)")
-    return _RUNNERS[target](pdir, threads, methods)
+    allowed = fused is not False and os.environ.get("TOOLCHAIN_NATIVE_KERNELS", "1") != "0"
+    wants_fused = (allowed and use in ("generate", "all") and target == "executorch"
+                   and any(m.kernels for m in pdir.info.methods.values()))
+    why_not = _native_kernels() if wants_fused else None
+    methods = role_methods(pdir, use, fused=wants_fused and why_not is None)
+    return _loaded(_RUNNERS[target](pdir, threads, methods), methods, why_not)
+
+
+def _loaded(runner, methods: list[str], fused_unavailable: str | None):
+    runner.methods_loaded = tuple(methods)          # runtime/generate.py picks the fused names from these
+    runner.fused_unavailable = fused_unavailable
+    return runner

@@ -31,8 +31,16 @@ struct RunSettings: Equatable {
 
 /// The screen's controller: turns the user's text into rows (`TrainingData`), runs TrainerCore's
 /// `TrainingSession` (contract v3: the layer loop on `ExecuTorchRuntime` or `CoreMLRuntime`) on a
-/// serial background queue, and republishes `TrainingViewModel`'s state on the main thread. Every
-/// use of the session, the runtime and the telemetry queue happens on `work`, one at a time.
+/// serial background queue, and republishes `TrainingViewModel`'s state on the main thread. Training,
+/// data preparation and the telemetry queue are used on `work`, one at a time.
+///
+/// Generation runs on its own serial queue (`generation`), also while a run trains: it uses the
+/// run's session (the loop serializes every runtime call, FIFO, so a step's calls and the
+/// generation's alternate; the "after" side reads a copy of the live adapter taken between two
+/// steps), so the run's step / loss / memory events keep coming while tokens stream. Each token is
+/// appended on the main actor as it arrives (`SessionEvent.token`); Cancel stops it before its next
+/// decode step. Outside a run it opens (or reuses) a session of the chosen program; Train waits
+/// until that generation ends or is cancelled (one runtime at a time).
 ///
 /// Lifecycle: going to the background (or locking the screen) asks the run to pause at the next
 /// step boundary inside a `beginBackgroundTask`, so the step finishes and the checkpoint is written
@@ -55,8 +63,18 @@ final class TrainingController: ObservableObject {
     private var data: TrainingData?
     private var dataSource = ""
     private var dataSettings: (fraction: Double, seed: UInt64) = (0, 0)
-    /// The last session (owned by `work`): eval, generation and export after a run use it.
-    private nonisolated(unsafe) var current: TrainingSession?
+    /// The last session: the run's while it trains (set on `work`), read by generations on
+    /// `generation`; eval, generation and export after a run use it. Behind `currentLock`.
+    private let currentLock = NSLock()
+    private nonisolated(unsafe) var currentSession: TrainingSession?
+    private nonisolated var current: TrainingSession? {
+        get { currentLock.lock(); defer { currentLock.unlock() }; return currentSession }
+        set { currentLock.lock(); currentSession = newValue; currentLock.unlock() }
+    }
+    /// Generations (before/after), one at a time, beside `work`.
+    private let generation = DispatchQueue(label: "org.onphonellm.trainer.generate", qos: .userInitiated)
+    /// The last generation's cancel (cancelling one that ended does nothing).
+    private var generationCancel: GenerationCancel?
     private var backgroundTask: UIBackgroundTaskIdentifier = .invalid
     private var pausedForBackground = false
 
@@ -162,7 +180,7 @@ final class TrainingController: ObservableObject {
 
     /// A new run on the prepared rows (a checkpoint of the same program is resumed: "Start over" deletes it).
     func start(_ settings: RunSettings, background: Bool = false, completion: ((Bool) -> Void)? = nil) {
-        guard !view.phase.busy, let data else { completion?(true); return }
+        guard view.canStartRun, let data else { completion?(true); return }
         let run = SavedRun(program: settings.program, backend: settings.backend, config: settings.config, budgetMB: settings.budgetMB,
                            source: dataSource, heldOutFraction: dataSettings.fraction, splitSeed: dataSettings.seed, data: data)
         launch(run, settings: settings, background: background, completion: completion)
@@ -170,7 +188,7 @@ final class TrainingController: ObservableObject {
 
     /// Continue the saved run from its checkpoint (after a kill, a pause or a stop).
     func resume(_ settings: RunSettings, background: Bool = false, completion: ((Bool) -> Void)? = nil) {
-        guard !view.phase.busy, let run = savedRun ?? SavedRun.load(from: paths.latestRun) else { completion?(true); return }
+        guard view.canStartRun, let run = savedRun ?? SavedRun.load(from: paths.latestRun) else { completion?(true); return }
         launch(run, settings: settings, background: background, completion: completion)
     }
 
@@ -308,19 +326,26 @@ final class TrainingController: ObservableObject {
     // MARK: before / after
 
     /// Greedy continuations of `prompt` with the initial adapter (state_init.bin) and the trained one,
-    /// side by side (the trained one once a checkpoint exists). Not while a run is going.
+    /// side by side (the trained one once a checkpoint exists, or the live adapter while a run trains),
+    /// streamed token by token into the view. Runs on `generation`, beside a run if one is going (its
+    /// progress keeps coming); `cancelGeneration()` stops it before its next decode step.
     func generate(prompt: String, settings: RunSettings, chat: Bool) {
-        guard !view.phase.busy, !prompt.isEmpty else { return }
+        guard view.canGenerate, !prompt.isEmpty else { return }
         let paths = self.paths, model = self.model
         let run = savedRun ?? SavedRun.load(from: paths.latestRun)
         let program = run?.program ?? settings.program
         let data = self.data ?? run?.data
-        let endPhase: TrainingPhase = view.phase == .evaluating ? .ready : view.phase
-        model.setPhase(.evaluating, "Generating")
-        work.async { [weak self] in
+        let duringRun = view.phase.busy
+        let cancel = GenerationCancel()
+        generationCancel = cancel
+        model.generationRequested()
+        generation.async { [weak self] in
+            var message: String
             do {
                 var session = self?.current
                 if session == nil || session?.programName != program {
+                    // a run's session is set before it loads; without it there is no run to share
+                    guard !duringRun else { throw TrainerError.badInput("the run is still loading; try again in a moment") }
                     guard let data, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
                     let dir = paths.programs.appendingPathComponent(program)
                     let manifest = try LoopManifest.load(directory: dir)
@@ -336,14 +361,33 @@ final class TrainingController: ObservableObject {
                     self?.current = s
                 }
                 guard let session else { return }
-                _ = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: true, chat: chat)
-                if session.state != nil {
-                    _ = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: false, chat: chat)
+                // tokens reach the view through session.onEvent (.token), hopped to the main actor
+                let before = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: true, chat: chat, cancel: cancel)
+                message = Self.describe(before, side: "before")
+                if before.stop != .cancelled, session.state != nil {
+                    let after = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: false, chat: chat, cancel: cancel)
+                    message = Self.describe(after, side: "after")
+                    if after.stop != .cancelled { message = "Generated" + (after.adapterStep.map { " (trained adapter at step \($0))" } ?? "") }
                 }
-                DispatchQueue.main.async { model.setPhase(endPhase, "Generated") }
             } catch {
-                DispatchQueue.main.async { model.setPhase(endPhase, "Generation failed: \(error)") }
+                message = "Generation failed: \(error)"
             }
+            let text = message
+            // after the tokens (each hopped with DispatchQueue.main.async before this one)
+            DispatchQueue.main.async { model.generationFinished(text) }
+        }
+    }
+
+    /// Stop the running generation before its next decode step (the tokens so far stay on screen).
+    func cancelGeneration() {
+        generationCancel?.cancel()
+    }
+
+    private nonisolated static func describe(_ g: Generation, side: String) -> String {
+        switch g.stop {
+        case .cancelled: return "Cancelled (\(side): \(g.ids.count) token\(g.ids.count == 1 ? "" : "s"))"
+        case .eos: return "Generated (\(side) ended at its end-of-text token)"
+        case .maxNewTokens: return "Generated"
         }
     }
 
@@ -355,6 +399,8 @@ final class TrainingController: ObservableObject {
     func scenePhaseChanged(to phase: ScenePhase, settings: RunSettings) {
         switch phase {
         case .background:
+            // a generation is for the screen: stop it, so a run's last step before suspension has the runtime to itself
+            cancelGeneration()
             guard view.phase.busy else { return }
             pausedForBackground = true
             backgroundTask = UIApplication.shared.beginBackgroundTask(withName: "finish the training step") { [weak self] in

@@ -22,28 +22,32 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
+from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, quant_rows
 
 __all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks"]
 
 
-def head_chunks(head: Tensor, vocab_chunk: int) -> list[Tensor]:
-    """The vocabulary chunks E_j [Vc, d] (views; the last may be shorter). Exported programs take them
-    as separate inputs, views of the memory-mapped head, because a slice inside an ExecuTorch program is
-    a copy (`slice_copy`)."""
-    return [head[start:start + vocab_chunk] for start in range(0, head.shape[0], vocab_chunk)]
+def head_chunks(head: Tensor | QuantWeight, vocab_chunk: int) -> list[Tensor | QuantWeight]:
+    """The vocabulary chunks E_j [Vc, d] (views; the last may be shorter; quantized heads stay quantized).
+    Exported programs take them as separate inputs, views of the memory-mapped head, because a slice inside
+    an ExecuTorch program is a copy (`slice_copy`)."""
+    rows = head.scale.shape[0] if isinstance(head, QuantWeight) else head.shape[0]
+    return [quant_rows(head, start, min(rows, start + vocab_chunk)) for start in range(0, rows, vocab_chunk)]
 
 
-def _rows(h: Tensor, head: Tensor, targets: Tensor, chunks: list[Tensor],
+def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[Tensor | QuantWeight],
           with_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    """For rows h [C, d]: (lse [C], z[y] [C], A / S - E[y] [C, d] or None)."""
+    """For rows h [C, d]: (lse [C], z[y] [C], A / S - E[y] [C, d] or None). A quantized head is dequantized
+    one vocabulary chunk at a time ([Vc, d], shared by the chunk's two matmuls) and at the target rows."""
     valid = targets != IGNORE_INDEX                                  # [C]
     tgt = torch.where(valid, targets, torch.zeros_like(targets))    # [C] safe gather index
-    e_y = head[tgt]                                                  # [C, d] E[y]
+    e_y = embedding_rows(head, tgt)                                  # [C, d] E[y]
     picked = (h * e_y).sum(-1)                                       # [C] z[y]
     m = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype, device=h.device)
     s = torch.zeros_like(m)                                          # [C, 1]
     acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
-    for e_j in chunks:                                               # [Vc, d]
+    for chunk in chunks:
+        e_j = dense(chunk)                                           # [Vc, d] (the stored rows, or dequantized)
         z = F.linear(h, e_j)                                         # [C, Vc] = h E_j^T; E_j read in place
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
@@ -54,7 +58,7 @@ def _rows(h: Tensor, head: Tensor, targets: Tensor, chunks: list[Tensor],
             # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
             acc = acc * a + p @ e_j
         m = m_new
-        del z, p
+        del z, p, e_j
     lse = (m + s.log()).squeeze(1)                                   # [C]
     dh = None if acc is None else acc / s - e_y
     return lse, picked, dh
@@ -65,13 +69,13 @@ def _n_valid(targets: Tensor, dtype: torch.dtype) -> Tensor:
     return (targets != IGNORE_INDEX).sum().clamp(min=1).to(dtype)
 
 
-def ce_online_forward_backward(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int,
+def ce_online_forward_backward(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, token_chunk: int,
                                vocab_chunk: int, *, chunks: list[Tensor] | None = None) -> CeResult:
     """Loss and dh in one pass over token chunks x vocabulary chunks.
 
     Args:
         h: [T, d] final-normed hidden states.
-        head: [V, d] LM head (the embedding matrix when tied); frozen.
+        head: [V, d] LM head (the embedding matrix when tied); frozen; float or quantized.
         targets: [T] already shifted (see `shift_labels`), IGNORE_INDEX where there is none.
         token_chunk: rows per chunk (static).
         vocab_chunk: vocabulary entries per chunk (static): peak transient [token_chunk, vocab_chunk].
@@ -89,7 +93,7 @@ def ce_online_forward_backward(h: Tensor, head: Tensor, targets: Tensor, token_c
     return CeResult(torch.stack(losses).sum(), torch.cat(dhs))
 
 
-def ce_online_loss(h: Tensor, head: Tensor, targets: Tensor, token_chunk: int, vocab_chunk: int, *,
+def ce_online_loss(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, token_chunk: int, vocab_chunk: int, *,
                    chunks: list[Tensor] | None = None) -> Tensor:
     """The loss alone (evaluation, MeZO), same chunking; one matmul per chunk."""
     chunks = head_chunks(head, vocab_chunk) if chunks is None else chunks

@@ -14,6 +14,13 @@ Dequantization: w = q * s (broadcast over each group). A dequantized matrix is a
 matmul that needs it, in forward and again in backward; it is never saved. Matmuls dequantize
 `chunk_rows` output rows at a time, so the transient is [chunk_rows, i] instead of [o, i]:
   x W^T = [x W_1^T, ..., x W_n^T]        dy W = sum_j dy[:, rows_j] W_j
+
+Generation reads every int4 weight once per token, where dequantizing it costs more than the matmul
+(docs/benchmarks.md). Within `fused_int4()` an int4 `x W^T` is one call of the custom op
+`toolchain::int4_linear(x, qweight, scales, group)`, which multiplies the packed weight in place: its
+ExecuTorch kernel is toolchain/native/int4_linear.cpp; its PyTorch implementation here
+(`int4_linear_reference`, dequantize then `linear`) is the reference the kernel is tested against and what
+eager and tracing run. The op is registered with PyTorch when this module is imported.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["QuantWeight", "quantize", "dequantize", "executorch_kernels", "dense", "matmul_xwt", "matmul_dyw",
-           "with_chunk_rows", "dense_rows", "dense_cols"]
+__all__ = ["QuantWeight", "quantize", "dequantize", "executorch_kernels", "fused_int4", "dense", "matmul_xwt",
+           "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
+           "int4_linear_reference", "INT4_LINEAR_OP"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -70,6 +78,21 @@ def _rows(qw: QuantWeight, start: int, stop: int) -> QuantWeight:
     return QuantWeight(qw.q[start:stop], qw.scale[start:stop], qw.bits)
 
 
+def quant_rows(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor | QuantWeight:
+    """Rows [start, stop) of W, still quantized (views; the LM head's vocabulary chunks)."""
+    return _rows(w, start, stop) if isinstance(w, QuantWeight) else w[start:stop]
+
+
+def embedding_rows(w: Tensor | QuantWeight, ids: Tensor) -> Tensor:
+    """Rows `ids` [T] of W as float [T, i] (an embedding lookup; quantized: only those rows dequantized,
+    by ExecuTorch's `embedding_4bit` within `executorch_kernels()`)."""
+    if not isinstance(w, QuantWeight):
+        return w[ids]
+    if w.bits == 4 and _EXECUTORCH_KERNELS:
+        return torch.ops.quantized_decomposed.embedding_4bit.default(w.q, w.scale, None, -8, 7, ids)
+    return dequantize(QuantWeight(w.q[ids], w.scale[ids], w.bits))
+
+
 def _chunks(qw: QuantWeight) -> list[tuple[int, int]]:
     o = qw.scale.shape[0]
     step = qw.chunk_rows or o
@@ -86,6 +109,9 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
     """
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
+    if _FUSED_INT4 and w.bits == 4:
+        group = 2 * w.q.shape[1] // w.scale.shape[1]
+        return torch.ops.toolchain.int4_linear(x, w.q, w.scale, group)                # [T, o], W read in place
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
@@ -131,6 +157,57 @@ def executorch_kernels() -> Iterator[None]:
         yield
     finally:
         _EXECUTORCH_KERNELS = previous
+
+
+_FUSED_INT4 = False
+
+
+@contextlib.contextmanager
+def fused_int4() -> Iterator[None]:
+    """Within this context an int4 `matmul_xwt` is one `toolchain::int4_linear` call (the generation
+    methods that need the native kernel; see the module docstring)."""
+    global _FUSED_INT4
+    previous, _FUSED_INT4 = _FUSED_INT4, True
+    try:
+        yield
+    finally:
+        _FUSED_INT4 = previous
+
+
+def int4_linear_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:
+    """x W^T for int4 W (qweight [o, i/2], scales [o, ceil(i / group)]; the last group may be partial):
+    W dequantized (w = (n - 8) * s, as `dequantize`), then `linear`. Returns [..., o]."""
+    o, half = qweight.shape
+    n = _unpack_int4(qweight, scales.dtype) - 8                                        # [o, i]
+    s = scales.repeat_interleave(group, dim=1)[:, :2 * half]                           # [o, i]
+    return F.linear(x, n * s)
+
+
+INT4_LINEAR_OP = "toolchain::int4_linear"
+
+
+def _register_int4_linear() -> torch.library.Library:
+    """`toolchain::int4_linear` and its out variant (what ExecuTorch's `to_executorch` calls, and what
+    the native kernel implements), with the reference as their CPU implementation and shapes for
+    tracing."""
+    lib = torch.library.Library("toolchain", "DEF")
+    lib.define("int4_linear(Tensor x, Tensor qweight, Tensor scales, int group) -> Tensor")
+    lib.define("int4_linear.out(Tensor x, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out) -> Tensor(a!)")
+
+    def out_variant(x, qweight, scales, group, *, out):
+        out.copy_(int4_linear_reference(x, qweight, scales, group))
+        return out
+
+    def shape_only(x, qweight, scales, group):
+        return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+    lib.impl("int4_linear", int4_linear_reference, "CompositeExplicitAutograd")
+    lib.impl("int4_linear.out", out_variant, "CompositeExplicitAutograd")
+    lib.impl("int4_linear", shape_only, "Meta")
+    return lib
+
+
+_OPS_LIBRARY = _register_int4_linear()
 
 
 def _unpack_int4(q: Tensor, dtype: torch.dtype) -> Tensor:

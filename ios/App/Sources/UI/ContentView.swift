@@ -114,9 +114,10 @@ struct ContentView: View {
                     .disabled(state.phase == .pausing)
             } else {
                 Button("Train") { controller.start(settings) }
-                    .disabled(program.isEmpty || state.trainRows == 0)
+                    .disabled(program.isEmpty || state.trainRows == 0 || !state.canStartRun)
                 if state.canResume {
                     Button("Resume") { controller.resume(settings) }
+                        .disabled(!state.canStartRun)
                 }
                 Button("Start over (delete checkpoint)", role: .destructive) { controller.resetRun(program: program) }
                     .disabled(program.isEmpty)
@@ -174,12 +175,21 @@ struct ContentView: View {
         Section("Try it") {
             TextField("Prompt", text: $prompt, axis: .vertical)
             Toggle("As a chat turn", isOn: $chatPrompt)
-            Button("Generate before / after") { controller.generate(prompt: prompt, settings: settings, chat: chatPrompt) }
-                .disabled(prompt.isEmpty || program.isEmpty || state.phase.busy)
+            if state.generating {
+                // stops before the next decode step; the tokens so far stay
+                Button("Cancel generation", role: .cancel) { controller.cancelGeneration() }
+            } else {
+                // also while a run trains: the run's progress keeps coming while tokens stream
+                Button("Generate before / after") { controller.generate(prompt: prompt, settings: settings, chat: chatPrompt) }
+                    .disabled(prompt.isEmpty || program.isEmpty || !state.canGenerate)
+            }
+            if !state.generationMessage.isEmpty {
+                Text(state.generationMessage).font(.caption).foregroundStyle(.secondary)
+            }
             HStack(alignment: .top, spacing: 12) {
-                GenerationColumn(title: "Before", text: state.generationBefore?.text)
+                GenerationColumn(title: "Before", stream: state.streamBefore)
                 Divider()
-                GenerationColumn(title: "After", text: state.generationAfter?.text)
+                GenerationColumn(title: state.streamAfter?.adapterStep.map { "After (step \($0))" } ?? "After", stream: state.streamAfter)
             }
         }
     }
@@ -273,16 +283,32 @@ struct MemoryRow: View {
     }
 }
 
+/// One side of the comparison: the text as it streams (a cursor while tokens come), then how it stopped.
 struct GenerationColumn: View {
     let title: String
-    let text: String?
+    let stream: TrainingViewState.GenerationStream?
 
     var body: some View {
         VStack(alignment: .leading, spacing: 4) {
             Text(title).font(.caption).foregroundStyle(.secondary)
-            Text(text ?? "–").font(.callout).textSelection(.enabled)
+            if let stream {
+                Text(stream.finished ? stream.text : stream.text + "▍").font(.callout).textSelection(.enabled)
+                if let stop = stream.stop {
+                    Text(Self.describe(stop, tokens: stream.tokens)).font(.caption2).foregroundStyle(.secondary)
+                }
+            } else {
+                Text("–").font(.callout)
+            }
         }
         .frame(maxWidth: .infinity, alignment: .leading)
+    }
+
+    static func describe(_ stop: GenerationStop, tokens: Int) -> String {
+        switch stop {
+        case .eos: return "\(tokens) tokens, ended by the model"
+        case .maxNewTokens: return "\(tokens) tokens (the maximum)"
+        case .cancelled: return "cancelled after \(tokens) tokens"
+        }
     }
 }
 

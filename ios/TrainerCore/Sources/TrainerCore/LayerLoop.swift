@@ -115,6 +115,29 @@ public final class LoopState {
         index = Dictionary(manifest.state.entries.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
     }
 
+    private init(manifest: LoopManifest, buffer: HostBuffer, index: [String: LoopManifest.Entry]) {
+        (self.manifest, self.buffer, self.index) = (manifest, buffer, index)
+    }
+
+    /// A copy of the entries `names` only, packed in one new buffer (their offsets renumbered): what a
+    /// reader that binds only those entries needs (a generation beside training: the LoRA params, not
+    /// the optimizer moments). `values` / `sha256` of a snapshot are of the packed entries.
+    public func snapshot(entries names: Set<String>) throws -> LoopState {
+        let kept = try names.sorted().map { try entry($0) }.sorted { $0.offset < $1.offset }
+        let total = kept.reduce(0) { $0 + $1.count }
+        let copy = HostBuffer(byteCount: 4 * total)
+        var newIndex: [String: LoopManifest.Entry] = [:]
+        var at = 0
+        for e in kept {
+            (copy.raw.baseAddress! + 4 * at).copyMemory(from: buffer.raw.baseAddress! + 4 * e.offset, byteCount: 4 * e.count)
+            var moved = e
+            moved.offset = at
+            newIndex[e.name] = moved
+            at += e.count
+        }
+        return LoopState(manifest: manifest, buffer: copy, index: newIndex)
+    }
+
     /// `state.init_file` (raw little-endian float32) of a program directory.
     public static func initial(manifest: LoopManifest, programDirectory: URL) throws -> LoopState {
         let url = programDirectory.appendingPathComponent(manifest.state.initFile)
@@ -171,6 +194,13 @@ public final class LayerLoop {
     public let runtime: LoopRuntime
     public var layers: Int { manifest.loop.layers }
     private var methodsByRole: [String: LoopManifest.Method] = [:]
+    /// Serializes every use of the runtime (load, and each call from `execute` until its outputs are
+    /// copied out), so a generation on its own thread and the training thread may share one loop and one
+    /// runtime: a runtime is never called from two threads at once (an ExecuTorch `Module` is not
+    /// thread-safe, and a call's outputs alias the method's arena until its next call). FIFO, so the
+    /// two alternate call by call.
+    private let gate = FairLock()
+    private var generationLoaded = false
 
     public init(manifest: LoopManifest, weights: MappedWeights, runtime: LoopRuntime) throws {
         (self.manifest, self.weights, self.runtime) = (manifest, weights, runtime)
@@ -206,7 +236,8 @@ public final class LayerLoop {
     public func loadTraining() throws {
         var roles = LoopManifest.trainRoles
         if manifest.loop.movesUnselected { roles.append("block_skip_update") }
-        try runtime.load(methods: try roles.map { try method(role: $0).name })
+        let names = try roles.map { try method(role: $0).name }
+        try gate.withLock { try runtime.load(methods: names) }
     }
 
     // MARK: binding
@@ -241,6 +272,8 @@ public final class LayerLoop {
             }
             inputs.append(LoopInput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: bytes))
         }
+        gate.lock()
+        defer { gate.unlock() }
         let outputs = try runtime.execute(method: m.name, layer: layer, inputs: inputs)
         guard outputs.count == m.outputs.count else {
             throw TrainerError.runtime("\(m.name) returned \(outputs.count) outputs, the manifest lists \(m.outputs.count); re-export the program")
@@ -404,31 +437,85 @@ public final class LayerLoop {
 
     // MARK: generation
 
+    /// The methods generation calls, by role: the prefill (`embed`, then per layer `block_kv` +
+    /// `block_forward`, `head_logits` of the prompt's last row) and each decode step (`embed_token`,
+    /// per layer `block_decode`, `head_logits`). The one list of them: `loadGeneration`,
+    /// `LoopManifest.canGenerate` and the state a generation snapshot keeps read it; `generate` is the
+    /// one place they are called.
+    public static let generationRoles = ["embed", "block_kv", "block_forward", "embed_token", "block_decode", "head_logits"]
+
+    /// Load every method generation calls, once per loop (the prefill's `embed` / `block_forward` are
+    /// named again when training loaded them: both runtimes skip a method they have loaded).
+    public func loadGeneration() throws {
+        gate.lock()
+        defer { gate.unlock() }
+        guard !generationLoaded else { return }
+        guard manifest.canGenerate else { throw TrainerError.badInput("this program was exported without the generation methods; re-export it") }
+        try runtime.load(methods: try Self.generationRoles.map { try method(role: $0).name })
+        generationLoaded = true
+    }
+
+    /// The state entries the generation methods read (every layer's), for `LoopState.snapshot`.
+    public var generationStateEntries: Set<String> {
+        var names: Set<String> = []
+        let ph = manifest.weights.layerPlaceholder
+        for role in Self.generationRoles {
+            guard let m = try? method(role: role) else { continue }
+            let layered = m.role.hasPrefix("block_")
+            for io in m.inputs where io.bind == .state {
+                for layer in (layered ? (0..<layers).map { Optional($0) } : [nil]) as [Int?] { names.insert(io.ref(layer: layer, placeholder: ph)) }
+            }
+        }
+        return names
+    }
+
+    /// A copy of the entries of `state` generation reads (`generationStateEntries`): what a generation
+    /// running beside training reads while the training thread keeps updating `state` in place.
+    /// The caller takes it at a step boundary (`TrainingSession` does, under its state lock).
+    public func generationSnapshot(of state: LoopState) throws -> LoopState {
+        try state.snapshot(entries: generationStateEntries)
+    }
+
     /// Greedy generation (argmax, the first of equal maxima) of up to `maxNewTokens` after `prompt`,
     /// with the KV cache per layer `k_{layer}`, `v_{layer}` [Hk, S, D] owned here; the state is read only.
+    /// The generation driver: every method call of a generation is made here.
+    ///
+    /// Streams: `onToken` gets each new id as soon as its logits are read, before the next decode
+    /// step runs, in the order of the result's `ids`. Stops after a token of `stopIds` (kept in `ids`:
+    /// `.eos`), after `maxNewTokens` (`.maxNewTokens`), or when `cancel` is set (`.cancelled`): it is
+    /// checked before the prefill, between the prefill's layers and before each decode step, so a
+    /// cancel made while token k is reported (in `onToken`) ends with exactly those k tokens and no
+    /// further method call; a cancel before the start makes no call and returns no token.
     public func generate(prompt: [Int64], maxNewTokens: Int, state: LoopState, padTokenId: Int64 = 0,
-                         stopIds: Set<Int64> = [], onToken: ((Int64) -> Void)? = nil) throws -> [Int64] {
+                         stopIds: Set<Int64> = [], cancel: GenerationCancel? = nil,
+                         onToken: ((Int64) -> Void)? = nil) throws -> GenerationResult {
         let s = manifest.seqLen
         guard !prompt.isEmpty, maxNewTokens >= 1, prompt.count + maxNewTokens <= s else {
             throw TrainerError.badInput("prompt (\(prompt.count) tokens) + \(maxNewTokens) new tokens must fit seq_len \(s)")
         }
+        var out: [Int64] = []
+        func cancelled() -> Bool { cancel?.isCancelled == true }
+        if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
         let kv = try method(role: "block_kv")
         var cache: [String: HostBuffer] = [:]
         for io in kv.outputs where io.bind == .cache {
             for i in 0..<layers { cache[io.ref(layer: i, placeholder: manifest.weights.layerPlaceholder)] = HostBuffer(byteCount: io.byteCount) }
         }
+        // Prefill (a follow-up moves it to the contract's chunked prefill methods; only this block changes).
         guard var x = try call("embed", layer: nil, values: ["input_ids": try padded(prompt, pad: padTokenId)], state: state)["x"] else {
             throw TrainerError.runtime("embed returned no x")
         }
         for i in 0..<layers {
+            if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             try call("block_kv", layer: i, values: ["x": x], state: state, cache: cache)
             guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else { throw TrainerError.runtime("no x") }
             x = next
         }
         let rowBytes = x.byteCount / s
         var last = HostBuffer(copying: x.slice((prompt.count - 1) * rowBytes, rowBytes))
+        x = HostBuffer(byteCount: 0)
+        if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
         guard var logits = try call("head_logits", layer: nil, values: ["x": last], state: state)["logits"] else { throw TrainerError.runtime("no logits") }
-        var out: [Int64] = []
         var pos = prompt.count
         while true {
             let f = logits.floats
@@ -437,7 +524,10 @@ public final class LayerLoop {
             let token = Int64(best)
             out.append(token)
             onToken?(token)
-            if stopIds.contains(token) || out.count == maxNewTokens { break }
+            if stopIds.contains(token) { return GenerationResult(ids: out, stop: .eos) }
+            if out.count == maxNewTokens { return GenerationResult(ids: out, stop: .maxNewTokens) }
+            if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
+            // One decode step.
             guard var h = try call("embed_token", layer: nil, values: ["token": HostBuffer(values: [token.littleEndian])], state: state)["x"] else {
                 throw TrainerError.runtime("no x")
             }
@@ -453,7 +543,67 @@ public final class LayerLoop {
             logits = l
             pos += 1
         }
-        return out
+    }
+}
+
+/// Why a generation ended.
+public enum GenerationStop: String, Equatable, Codable {
+    /// A stop id came (EOS, `<|im_end|>`): the last id of the result.
+    case eos
+    /// `maxNewTokens` ids were generated.
+    case maxNewTokens
+    /// `GenerationCancel.cancel()` was called: the ids generated before it.
+    case cancelled
+}
+
+/// The ids a generation produced (in the order `onToken` reported them) and how it stopped.
+public struct GenerationResult: Equatable {
+    public var ids: [Int64]
+    public var stop: GenerationStop
+    public init(ids: [Int64], stop: GenerationStop) { (self.ids, self.stop) = (ids, stop) }
+}
+
+/// Cancels a generation from any thread: `LayerLoop.generate` checks it before each decode step
+/// (and before and during the prefill). Once cancelled it stays cancelled; one token per generation
+/// request (the app makes a new one for each "Generate").
+public final class GenerationCancel: @unchecked Sendable {
+    private let lock = NSLock()
+    private var flag = false
+    public init() {}
+    public func cancel() { lock.lock(); flag = true; lock.unlock() }
+    public var isCancelled: Bool { lock.lock(); defer { lock.unlock() }; return flag }
+}
+
+/// A FIFO lock (a ticket lock over `NSCondition`): threads get it in the order they asked for it, so
+/// two threads that each take it for one short call after another (the training step's method calls
+/// and a generation's) alternate instead of one starving the other, as an unfair lock allows.
+/// Not reentrant.
+public final class FairLock: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var nextTicket: UInt64 = 0
+    private var serving: UInt64 = 0
+
+    public init() {}
+
+    public func lock() {
+        condition.lock()
+        let ticket = nextTicket
+        nextTicket &+= 1
+        while serving != ticket { condition.wait() }
+        condition.unlock()
+    }
+
+    public func unlock() {
+        condition.lock()
+        serving &+= 1
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    public func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        lock()
+        defer { unlock() }
+        return try body()
     }
 }
 

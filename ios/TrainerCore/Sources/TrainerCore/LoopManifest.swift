@@ -228,8 +228,9 @@ public struct LoopManifest: Decodable, Equatable {
         return files[weights.file] ?? files[state.initFile]
     }
 
-    /// Whether the program has the generation methods (block_kv, block_decode, embed_token, head_logits).
-    public var canGenerate: Bool { ["embed_token", "block_kv", "block_decode", "head_logits"].allSatisfy { method(role: $0) != nil } }
+    /// Whether the program has every method generation calls (`LayerLoop.generationRoles`: block_kv,
+    /// block_decode, embed_token, head_logits besides the training methods).
+    public var canGenerate: Bool { LayerLoop.generationRoles.allSatisfy { method(role: $0) != nil } }
 
     /// Dirty memory a training step is planned to peak at on `target`: the manifest's estimate, else
     /// the planned arenas of the training methods (each loaded method keeps its own arena in the stock

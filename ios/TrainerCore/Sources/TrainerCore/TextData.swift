@@ -5,8 +5,15 @@ public protocol TokenEncoding: AnyObject {
     /// Ids of `text`, never with BOS/EOS. `allowSpecial` false: added-token text is ordinary text.
     func encode(_ text: String, allowSpecial: Bool) -> [Int]
     func decode(_ ids: [Int]) throws -> String
+    /// The bytes `decode` turns into text (UTF-8, possibly cut inside a character: what
+    /// `IncrementalTextDecoder` streams from). The default re-encodes `decode`'s text.
+    func decodeBytes(_ ids: [Int]) throws -> [UInt8]
     /// The id of an added token's text (`<|im_start|>`), nil when it has none.
     func tokenId(_ token: String) -> Int?
+}
+
+extension TokenEncoding {
+    public func decodeBytes(_ ids: [Int]) throws -> [UInt8] { Array(try decode(ids).utf8) }
 }
 
 /// The demo model's tokenizer (`toolchain/tokenizer.py` `ByteTokenizer`, manifest kind "byte"): the
@@ -18,8 +25,11 @@ public final class ByteTokenizer: TokenEncoding {
     public init() {}
     public func encode(_ text: String, allowSpecial: Bool = true) -> [Int] { text.utf8.map { Int($0) } }
     public func decode(_ ids: [Int]) throws -> String {
+        String(decoding: try decodeBytes(ids), as: UTF8.self)
+    }
+    public func decodeBytes(_ ids: [Int]) throws -> [UInt8] {
         for id in ids where id < 0 || id > 263 { throw TrainerError.badInput("token id \(id) is outside the byte vocabulary") }
-        return String(decoding: ids.filter { $0 < 256 }.map { UInt8($0) }, as: UTF8.self)
+        return ids.filter { $0 < 256 }.map { UInt8($0) }
     }
     public func tokenId(_ token: String) -> Int? { nil }
 }

@@ -184,12 +184,20 @@ public struct TrainingData: Equatable {
     static func targets(_ r: DataRow) -> Int { (r.labels ?? r.inputIds).dropFirst().filter { $0 != DataRow.ignoreIndex }.count }
 }
 
-/// What the UI hears from a session (on the session's thread).
+/// What the UI hears from a session, on the thread of the call that caused it: the training thread
+/// (start, steps, memory, eval, checkpoints, end) or the thread a generation runs on (generation
+/// started, tokens, generated). Both may run at once: the handler must be thread-safe (the app hops
+/// to the main thread before it touches `TrainingViewModel`).
 public enum SessionEvent: Equatable {
     case started(resumed: Bool, step: Int, losses: [Float?])
     case step(step: Int, loss: Float, seconds: Double)
     case memory(footprintBytes: UInt64?, peakBytes: UInt64?, availableBytes: UInt64?, pressure: MemoryPressure)
     case eval(EvalResult)
+    /// A generation with the initial (`initial`) or the live adapter starts (`adapterStep`: the steps
+    /// in the live adapter it uses, nil for the initial one).
+    case generationStarted(initial: Bool, prompt: String, adapterStep: Int?)
+    /// One generated token and the text it completed.
+    case token(GeneratedToken)
     case generated(Generation)
     case checkpointed(step: Int)
     case ended(status: RunStatus, message: String?)
@@ -209,7 +217,23 @@ public struct EvalResult: Equatable {
 public struct Generation: Equatable {
     public var initial: Bool
     public var prompt: String
+    /// The generated ids, a stop id last when `stop` is `.eos`.
     public var ids: [Int64]
+    /// The decode of `ids` without the stop ids.
+    public var text: String
+    public var stop: GenerationStop = .maxNewTokens
+    /// Steps in the live adapter the generation used (the state at that step boundary); nil: initial.
+    public var adapterStep: Int?
+}
+
+/// One token of a streaming generation: its index in the generation, its id and the text it
+/// completed (`IncrementalTextDecoder`: "" while a character is still incomplete, never a broken
+/// one; the texts of a generation's tokens concatenate to its `Generation.text`, but for an
+/// incomplete character at the very end, which only the final text shows, as U+FFFD).
+public struct GeneratedToken: Equatable {
+    public var initial: Bool
+    public var index: Int
+    public var id: Int64
     public var text: String
 }
 
@@ -227,7 +251,9 @@ public final class TrainingSession {
     public let data: TrainingData
     public let config: SessionConfig
     public let plan: StepPlan?
-    public private(set) var state: LoopState?
+    /// The live state (nil before `start()`). The training thread updates it in place during a step;
+    /// another thread reads it through `generate`, which copies what it needs at a step boundary.
+    public var state: LoopState? { stateLock.withLock { liveStateStorage } }
     public private(set) var step = 0
     public private(set) var losses: [Float?] = []
     public private(set) var recorder: TelemetryRecorder?
@@ -245,7 +271,14 @@ public final class TrainingSession {
     private let clock: () -> Double
     private var sessionStart = 0.0
     private var initialState: LoopState?
-    private var generationLoaded = false
+    private let initialLock = NSLock()
+    /// Held while a step updates the state (and while `start()` sets it); a generation takes its
+    /// snapshot of the live state under it, so it sees the state between two steps, never inside one.
+    /// FIFO: a snapshot waits for at most the step in progress.
+    private let stateLock = FairLock()
+    private var liveStateStorage: LoopState?
+    /// Steps whose updates are in the live state (under `stateLock`).
+    private var stepsInState = 0
 
     /// - Parameters:
     ///   - runtime: the program's runtime (ExecuTorch or Core ML; a fake in tests).
@@ -291,14 +324,16 @@ public final class TrainingSession {
         var runId = newRunId ?? TelemetryRecorder.newRunId(platform: device.platform)
         var seq = 0
         var resumed = false
+        let live: LoopState
         if let checkpoint, checkpoint.exists {
             let (values, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
-            state = try LoopState(manifest: manifest, values: values)
+            live = try LoopState(manifest: manifest, values: values)
             (step, runId, seq, losses) = (meta.step, meta.runId, meta.seq, meta.losses)
             resumed = true
         } else {
-            state = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
+            live = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
         }
+        stateLock.withLock { (liveStateStorage, stepsInState) = (live, step) }
         try loop.loadTraining()
         seq = max(seq, usedSeq?(runId) ?? 0)
         recorder = try TelemetryRecorder(runId: runId, startSeq: seq, sinks: sinks, clock: clock, monotonic: monotonic)
@@ -371,9 +406,12 @@ public final class TrainingSession {
         let t0 = monotonic()
         let loss: Float
         do {
+            stateLock.lock()
+            defer { stateLock.unlock() }
             loss = try loop.trainStep(inputIds: row.inputIds, labels: labels, lr: config.lr, state: state,
                                       selected: plan?.selected(forStep: s), padTokenId: padTokenId,
                                       layersPerCheckpoint: config.layersPerCheckpoint)
+            stepsInState = s + 1
         } catch {
             try? emit("error", ["message": .string("step \(s) failed: \(error)"), "fatal": .bool(true),
                                 "code": .string("runtime_error"), "step": .int(Int64(s))])
@@ -463,6 +501,8 @@ public final class TrainingSession {
 
     /// state_init.bin's adapter (what the program starts from), loaded once.
     public func initialAdapterState() throws -> LoopState {
+        initialLock.lock()
+        defer { initialLock.unlock() }
         if let initialState { return initialState }
         let s = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
         initialState = s
@@ -487,27 +527,91 @@ public final class TrainingSession {
         return r
     }
 
-    /// Greedy generation of up to `maxNewTokens` ids after `prompt` with the initial or the live
-    /// adapter; stops at EOS (and `<|im_end|>`). Loads the generation methods the first time.
-    public func generate(promptIds: [Int64], maxNewTokens: Int, initial: Bool) throws -> [Int64] {
+    /// The state a generation reads: state_init.bin's (never written), or a copy of the live state's
+    /// generation entries taken between two steps (`LayerLoop.generationSnapshot`), with the steps it holds.
+    private func generationState(initial: Bool) throws -> (LoopState, Int?) {
+        if initial { return (try initialAdapterState(), nil) }
+        return try stateLock.withLock {
+            guard let live = liveStateStorage else { throw TrainerError.badInput("call start() first") }
+            return (try loop.generationSnapshot(of: live), stepsInState)
+        }
+    }
+
+    /// The ids that end a generation: EOS and `<|im_end|>` (none without a tokenizer).
+    public var stopIds: Set<Int64> {
+        guard let t = tokenizer else { return [] }
+        var stop: Set<Int64> = [Int64(t.eosId)]
+        if let e = t.base.tokenId("<|im_end|>") { stop.insert(Int64(e)) }
+        return stop
+    }
+
+    /// Greedy generation of up to `maxNewTokens` ids after `promptIds` with the initial or the live
+    /// adapter; stops at EOS (and `<|im_end|>`), or when `cancel` is set (checked before each decode
+    /// step); `onToken` gets each id as it is decoded. Loads the generation methods the first time.
+    ///
+    /// May run on its own thread while another thread trains this session (`run`/`trainStep`): it
+    /// reads state_init.bin's state or a snapshot of the live one taken at a step boundary (the
+    /// entries the generation methods bind), and its method calls interleave with the step's one by
+    /// one (the loop serializes every runtime call, FIFO), so neither waits for the other to finish.
+    public func generate(promptIds: [Int64], maxNewTokens: Int, initial: Bool, cancel: GenerationCancel? = nil,
+                         onToken: ((Int64) -> Void)? = nil) throws -> GenerationResult {
+        try runGeneration(promptIds: promptIds, maxNewTokens: maxNewTokens, initial: initial, cancel: cancel, onToken: onToken).result
+    }
+
+    private func runGeneration(promptIds: [Int64], maxNewTokens: Int, initial: Bool, cancel: GenerationCancel?,
+                          onToken: ((Int64) -> Void)?, started: ((Int?) -> Void)? = nil) throws -> (result: GenerationResult, adapterStep: Int?) {
         guard manifest.canGenerate else { throw TrainerError.badInput("this program was exported without the generation methods; re-export it") }
-        if !generationLoaded {
-            try loop.runtime.load(methods: try ["embed_token", "block_kv", "block_decode", "head_logits"].map { try loop.method(role: $0).name })
-            generationLoaded = true
+        if cancel?.isCancelled == true {
+            started?(nil)
+            return (GenerationResult(ids: [], stop: .cancelled), nil)
         }
-        let s = initial ? try initialAdapterState() : try liveState()
-        var stop: Set<Int64> = []
-        if let t = tokenizer {
-            stop.insert(Int64(t.eosId))
-            if let e = t.base.tokenId("<|im_end|>") { stop.insert(Int64(e)) }
-        }
-        return try loop.generate(prompt: promptIds, maxNewTokens: maxNewTokens, state: s, padTokenId: padTokenId, stopIds: stop)
+        try loop.loadGeneration()
+        let (s, adapterStep) = try generationState(initial: initial)
+        started?(adapterStep)
+        let r = try loop.generate(prompt: promptIds, maxNewTokens: maxNewTokens, state: s, padTokenId: padTokenId, stopIds: stopIds,
+                                  cancel: cancel, onToken: onToken)
+        return (r, adapterStep)
     }
 
     /// The prompt as the program's tokenizer encodes it (BOS first for the byte tokenizer; `chat`: as
     /// a user turn of Qwen's ChatML followed by the assistant header), cut from the front so that
     /// `maxNewTokens` fit in seq_len; generated and decoded with the initial or the live adapter.
-    public func generate(prompt: String, maxNewTokens: Int = 32, initial: Bool, chat: Bool = false) throws -> Generation {
+    ///
+    /// Streams: `.generationStarted`, then per token `.token` (the id and the text it completed, decoded
+    /// incrementally: never a broken UTF-8 character) to `onEvent` and `onToken`, then `.generated`
+    /// with the whole text and how it stopped (`cancel`: `.cancelled` with the tokens so far). Safe
+    /// beside a training run of this session on another thread (see `generate(promptIds:...)`).
+    public func generate(prompt: String, maxNewTokens: Int = 32, initial: Bool, chat: Bool = false,
+                         cancel: GenerationCancel? = nil, onToken: ((GeneratedToken) -> Void)? = nil) throws -> Generation {
+        guard let t = tokenizer else { throw TrainerError.badInput("this program was exported without a tokenizer; re-export it with one") }
+        let ids = try promptIds(prompt, maxNewTokens: maxNewTokens, chat: chat)
+        let n = newTokens(maxNewTokens)
+        let stop = stopIds
+        let decoder = IncrementalTextDecoder(tokenizer: t.base, hidden: Set(stop.map { Int($0) }))
+        var index = 0
+        let (r, adapterStep) = try runGeneration(
+            promptIds: ids.map(Int64.init), maxNewTokens: n, initial: initial, cancel: cancel,
+            onToken: { [onEvent] id in
+                let piece = GeneratedToken(initial: initial, index: index, id: id, text: (try? decoder.append(Int(id))) ?? "")
+                index += 1
+                onToken?(piece)
+                onEvent?(.token(piece))
+            },
+            started: { [onEvent] step in onEvent?(.generationStarted(initial: initial, prompt: prompt, adapterStep: step)) })
+        let visible = r.ids.map(Int.init).filter { !stop.contains(Int64($0)) }
+        let g = Generation(initial: initial, prompt: prompt, ids: r.ids, text: (try? t.decode(visible)) ?? "", stop: r.stop,
+                           adapterStep: adapterStep)
+        onEvent?(.generated(g))
+        return g
+    }
+
+    private func newTokens(_ maxNewTokens: Int) -> Int {
+        let cap = manifest.generate?.maxTokens ?? manifest.seqLen
+        return max(1, min(maxNewTokens, cap, manifest.seqLen - 1))
+    }
+
+    /// The prompt's ids (see `generate(prompt:...)`), cut from the front to leave room for the new tokens.
+    public func promptIds(_ prompt: String, maxNewTokens: Int, chat: Bool = false) throws -> [Int] {
         guard let t = tokenizer else { throw TrainerError.badInput("this program was exported without a tokenizer; re-export it with one") }
         var ids: [Int] = t.bosId.map { [$0] } ?? []
         if chat, let start = t.base.tokenId("<|im_start|>"), let end = t.base.tokenId("<|im_end|>") {
@@ -522,15 +626,10 @@ public final class TrainingSession {
         } else {
             ids += t.encode(prompt)
         }
-        let cap = manifest.generate?.maxTokens ?? manifest.seqLen
-        let n = max(1, min(maxNewTokens, cap, manifest.seqLen - 1))
+        let n = newTokens(maxNewTokens)
         if ids.count + n > manifest.seqLen { ids = Array(ids.suffix(manifest.seqLen - n)) }
         guard !ids.isEmpty else { throw TrainerError.badInput("the prompt is empty") }
-        let out = try generate(promptIds: ids.map(Int64.init), maxNewTokens: n, initial: initial)
-        let visible = out.map(Int.init).filter { $0 != t.eosId && $0 != t.base.tokenId("<|im_end|>") }
-        let g = Generation(initial: initial, prompt: prompt, ids: out, text: (try? t.decode(visible)) ?? "")
-        onEvent?(.generated(g))
-        return g
+        return ids
     }
 
     /// The live adapter (the state's param entries under their PEFT keys) as `adapter_config.json` +

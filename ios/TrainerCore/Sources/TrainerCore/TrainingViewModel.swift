@@ -36,8 +36,16 @@ public struct TrainingViewState: Equatable {
     public var pressure: MemoryPressure = .normal
     public var evalBefore: EvalResult?
     public var evalAfter: EvalResult?
+    /// The finished generations (nil while one streams or after a new prompt).
     public var generationBefore: Generation?
     public var generationAfter: Generation?
+    /// The generations as they stream (text so far; then the final text and how it stopped).
+    public var streamBefore: GenerationStream?
+    public var streamAfter: GenerationStream?
+    /// A generation request is running (the screen shows Cancel); independent of `phase`: it may run
+    /// while the training runs, and never changes the run's phase or message.
+    public var generating = false
+    public var generationMessage = ""
     public var adapterDirectory: URL?
     public var canResume = false
     /// Layers of the program the rows were prepared for (nil: not known yet).
@@ -62,6 +70,25 @@ public struct TrainingViewState: Equatable {
     public func suggestedLayersPerCheckpoint(lcsbK: Int) -> Int {
         guard let plan = checkpointPlan(lcsbK: lcsbK, layersPerCheckpoint: 1) else { return 2 }
         return max(2, CheckpointGroups.suggested(selected: plan.selected))
+    }
+
+    /// "Generate" is possible: none is running, and the run (if any) is not still loading its session.
+    public var canGenerate: Bool { !generating && phase != .loading }
+
+    /// Train / Resume are possible: no run and no generation is going (a generation outside a run
+    /// opens its own session; a new run waits for it, or for its Cancel).
+    public var canStartRun: Bool { !phase.busy && !generating }
+
+    /// One side of the before/after comparison as it streams.
+    public struct GenerationStream: Equatable {
+        public var prompt: String
+        public var text: String = ""
+        public var tokens = 0
+        /// nil while streaming.
+        public var stop: GenerationStop?
+        /// Steps in the adapter it uses (nil: the initial adapter).
+        public var adapterStep: Int?
+        public var finished: Bool { stop != nil }
     }
 
     public struct LossPoint: Equatable {
@@ -146,7 +173,25 @@ public final class TrainingViewModel {
 
     public func exported(_ dir: URL) { state.adapterDirectory = dir }
 
-    /// A session event (from the session's thread; the app hops to the main thread first).
+    /// "Generate" was tapped: the previous comparison is cleared; the phase and message of the run stay.
+    public func generationRequested() {
+        var s = state
+        s.generating = true
+        (s.generationBefore, s.generationAfter, s.streamBefore, s.streamAfter) = (nil, nil, nil, nil)
+        s.generationMessage = "Generating…"
+        state = s
+    }
+
+    /// The generation request ended (done, cancelled or failed: `message` says which).
+    public func generationFinished(_ message: String) {
+        var s = state
+        s.generating = false
+        s.generationMessage = message
+        state = s
+    }
+
+    /// A session event (from the session's threads; the app hops to the main thread first: the view
+    /// model is used from one thread at a time). Generation events touch only the generation fields.
     public func handle(_ event: SessionEvent) {
         var s = state
         switch event {
@@ -167,8 +212,20 @@ public final class TrainingViewModel {
             s.pressure = pressure
         case .eval(let r):
             if r.initial { s.evalBefore = r } else { s.evalAfter = r }
+        case .generationStarted(let initial, let prompt, let step):
+            let stream = TrainingViewState.GenerationStream(prompt: prompt, adapterStep: step)
+            if initial { s.streamBefore = stream } else { s.streamAfter = stream }
+            s.generationMessage = initial ? "Generating with the initial adapter…" : "Generating with the trained adapter…"
+        case .token(let t):
+            var stream = (t.initial ? s.streamBefore : s.streamAfter) ?? TrainingViewState.GenerationStream(prompt: "")
+            stream.text += t.text
+            stream.tokens = t.index + 1
+            if t.initial { s.streamBefore = stream } else { s.streamAfter = stream }
         case .generated(let g):
             if g.initial { s.generationBefore = g } else { s.generationAfter = g }
+            var stream = (g.initial ? s.streamBefore : s.streamAfter) ?? TrainingViewState.GenerationStream(prompt: g.prompt)
+            (stream.text, stream.tokens, stream.stop, stream.adapterStep) = (g.text, g.ids.count, g.stop, g.adapterStep)
+            if g.initial { s.streamBefore = stream } else { s.streamAfter = stream }
         case .checkpointed:
             break
         case .ended(let status, let message):

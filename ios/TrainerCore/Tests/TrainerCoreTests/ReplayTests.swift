@@ -132,7 +132,7 @@ final class ReplayTests: XCTestCase {
                 XCTAssertEqual(step["greedy"] as? Bool, true)
                 let before = state.sha256
                 let ids = try loop.generate(prompt: (step["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: step["max_new_tokens"] as! Int,
-                                            state: state, padTokenId: pad, stopIds: Set((step["stop_ids"] as! [Int]).map(Int64.init)))
+                                            state: state, padTokenId: pad, stopIds: Set((step["stop_ids"] as! [Int]).map(Int64.init))).ids
                 XCTAssertEqual(ids, (step["output_ids"] as! [Int]).map(Int64.init))
                 XCTAssertEqual(state.sha256, before, "generate wrote the state")
             default:

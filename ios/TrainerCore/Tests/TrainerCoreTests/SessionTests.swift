@@ -285,7 +285,7 @@ final class SessionTests: XCTestCase {
         let r = try XCTUnwrap(try s.evaluate(initial: false))
         XCTAssertEqual(r.tokens, eval["tokens"] as? Int)
         XCTAssertEqual(r.loss, eval["loss"] as! Double, accuracy: 1e-9 * abs(r.loss))
-        let ids = try s.generate(promptIds: (gen["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: gen["max_new_tokens"] as! Int, initial: false)
+        let ids = try s.generate(promptIds: (gen["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: gen["max_new_tokens"] as! Int, initial: false).ids
         XCTAssertEqual(ids, (gen["output_ids"] as! [Int]).map(Int64.init))
         XCTAssertNil(rt.mismatch)
         XCTAssertEqual(rt.next, rt.calls.count, "every recorded call, nothing else")

@@ -25,6 +25,10 @@ import org.pytorch.executorch.DType as EtDType
  *   Little-endian = the native order of every Android ABI.
  * - Outputs live in the method's arena until the next call; each is copied once into a direct buffer
  *   (`copyDataInto`) that the loop copies again into what it keeps (state slice, cache row, activation).
+ * - Threads: training and a generation beside it call this one Module from two threads, never at once: each
+ *   call, from wrapping the inputs to the loop's copy of the outputs, holds the session's fair runtime lock
+ *   (`LayerLoop.runtimeLock`). The Module's own lock (`Module.execute`) covers the native call only, not the
+ *   outputs, which alias the method's arena.
  */
 class ExecuTorchRuntime(pte: File, program: ProgramV3, methods: Collection<String> = program.methods.keys) :
     ProgramRuntime, AutoCloseable {

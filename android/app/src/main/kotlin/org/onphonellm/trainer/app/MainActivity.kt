@@ -57,6 +57,14 @@ class MainActivity : Activity() {
     private lateinit var prompt: EditText
     private lateinit var before: TextView
     private lateinit var after: TextView
+    private lateinit var generationNote: TextView
+    private lateinit var startButton: Button
+    private lateinit var stopButton: Button
+    private lateinit var resumeButton: Button
+    private lateinit var generateButton: Button
+    private lateinit var cancelButton: Button
+    /** A generation update is posted to the main thread and not shown yet (coalesces a burst of tokens into one). */
+    private val generationPosted = java.util.concurrent.atomic.AtomicBoolean(false)
     private var pickedText: String? = null
     private var pickedName = "pasted text"
     private var prepared: PreparedData? = null
@@ -89,7 +97,10 @@ class MainActivity : Activity() {
         row(lcsbPolicy, lessMemory)
         row(button("Pick file") { pickFile() }, button("Prepare") { prepare() })
         dataInfo = label("no data yet")
-        row(button("Start") { start() }, button("Stop") { service(RunRequest.ACTION_STOP) }, button("Resume") { service(RunRequest.ACTION_START) })
+        startButton = button("Start") { start() }
+        stopButton = button("Stop") { service(RunRequest.ACTION_STOP) }
+        resumeButton = button("Resume") { service(RunRequest.ACTION_START) }
+        row(startButton, stopButton, resumeButton)
         status = label("idle")
         chart = LossChartView(this)
         col.addView(chart, LinearLayout.LayoutParams(LinearLayout.LayoutParams.MATCH_PARENT, (180 * dp).toInt()))
@@ -99,9 +110,12 @@ class MainActivity : Activity() {
         evals = label("held-out loss: before -, after -")
         prompt = EditText(this).apply { hint = "Prompt" }
         col.addView(prompt)
-        col.addView(button("Generate before / after") { generate() })
-        before = TextView(this)
-        after = TextView(this)
+        generateButton = button("Generate before / after") { generate() }
+        cancelButton = button("Cancel") { cancelGeneration() }
+        row(generateButton, cancelButton)
+        generationNote = label("")
+        before = TextView(this).apply { text = "before:" }
+        after = TextView(this).apply { text = "after:" }
         row(before, after)
         col.addView(button("Export adapter (PEFT) ...") { exportAdapter() })
         setContentView(ScrollView(this).apply { fitsSystemWindows = true; addView(col) })  // targetSdk 35 draws edge to edge
@@ -166,11 +180,49 @@ class MainActivity : Activity() {
         }.start()
     }
 
+    /**
+     * Generate the prompt with the initial adapter and with the live (or trained) state: the service runs it on
+     * its session's generation thread (beside training, if it trains), and the tokens appear as they are decoded.
+     */
     private fun generate() {
-        TrainingStatus.generation = null
+        TrainingStatus.generation.requested()
         service(RunRequest.ACTION_GENERATE, Bundle().apply { putString(RunRequest.EXTRA_PROMPT, prompt.text.toString()) })
-        before.text = "generating ..."
-        after.text = ""
+        showGeneration()
+    }
+
+    private fun cancelGeneration() {
+        cancelButton.isEnabled = false
+        service(RunRequest.ACTION_CANCEL_GENERATION)
+    }
+
+    /** Called on the generation thread after every change: show it on the main thread (one post at a time). */
+    private val onGeneration: () -> Unit = {
+        if (generationPosted.compareAndSet(false, true)) handler.post { generationPosted.set(false); showGeneration() }
+    }
+
+    /** The generation so far: new text is appended to what the views show (set whole when it is not a continuation). */
+    private fun showGeneration() {
+        val g = TrainingStatus.generation.view()
+        fun show(view: TextView, side: GenerationStatus.Side) {
+            val head = "${side.header}:\n"
+            val want = head + side.text
+            val shown = view.text.toString()
+            if (want.startsWith(shown) && shown.startsWith(head)) { if (want.length > shown.length) view.append(want.substring(shown.length)) }
+            else view.text = want
+        }
+        show(before, g.before)
+        show(after, g.after)
+        generationNote.text = g.note ?: ""
+        generateButton.isEnabled = !g.running
+        cancelButton.isEnabled = g.running
+    }
+
+    /** Start needs no run in progress; Stop needs one; Resume needs none running. */
+    private fun showButtons() {
+        val training = TrainingStatus.running
+        startButton.isEnabled = !training
+        resumeButton.isEnabled = !training
+        stopButton.isEnabled = training
     }
 
     private fun exportAdapter() {
@@ -220,10 +272,13 @@ class MainActivity : Activity() {
 
     override fun onResume() {
         super.onResume()
+        TrainingStatus.generation.listener = onGeneration
+        showGeneration()
         handler.post(refresh)
     }
 
     override fun onPause() {
+        TrainingStatus.generation.listener = null
         handler.removeCallbacks(refresh)
         super.onPause()
     }
@@ -244,7 +299,8 @@ class MainActivity : Activity() {
                 else Runs(File(base, "runs")).latest()?.let { EvalPair.read(it.results) } ?: EvalPair(null, null, null)
             fun f(x: Double?) = x?.let { "%.4f".format(it) } ?: "-"
             evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}"
-            s.generation?.let { (b, a) -> before.text = "before:\n$b"; after.text = "after:\n$a" }
+            showButtons()
+            showGeneration()  // also streamed by onGeneration as the tokens come; this catches up after a pause
             handler.postDelayed(this, 1000)
         }
     }

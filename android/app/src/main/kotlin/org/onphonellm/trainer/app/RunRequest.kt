@@ -43,6 +43,8 @@ data class RunRequest(
         const val ACTION_START = "org.onphonellm.trainer.action.START"
         const val ACTION_STOP = "org.onphonellm.trainer.action.STOP"
         const val ACTION_GENERATE = "org.onphonellm.trainer.action.GENERATE"
+        /** Cancel the running before / after generation (it stops within one decode step). */
+        const val ACTION_CANCEL_GENERATION = "org.onphonellm.trainer.action.CANCEL_GENERATION"
         const val EXTRA_PROMPT = "prompt"
         /** NewRun.layersPerCheckpoint: choose round(sqrt(m)) for the plan's m layers per step ("Recompute more, use less memory"). */
         const val AUTO_LAYERS_PER_CHECKPOINT = 0

@@ -10,12 +10,17 @@ import android.content.Context
 import android.content.Intent
 import android.content.pm.ServiceInfo
 import android.os.Build
+import android.os.Handler
 import android.os.IBinder
+import android.os.Looper
 import android.os.PowerManager
 import android.os.SystemClock
 import android.util.Log
 import org.onphonellm.trainer.core.Clock
 import org.onphonellm.trainer.core.EventLog
+import org.onphonellm.trainer.core.GeneratedText
+import org.onphonellm.trainer.core.GenerationJob
+import org.onphonellm.trainer.core.GenerationListener
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.MappedWeights
 import org.onphonellm.trainer.core.Prompts
@@ -24,6 +29,7 @@ import org.onphonellm.trainer.core.RunControl
 import org.onphonellm.trainer.core.RunDir
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.SessionListener
+import org.onphonellm.trainer.core.StreamedToken
 import org.onphonellm.trainer.core.TextTokenizer
 import org.onphonellm.trainer.core.TrainingSession
 import org.onphonellm.trainer.core.UploadQueue
@@ -43,9 +49,30 @@ import java.io.File
  * and ActivityManager.MemoryInfo.lowMemory every 2 s during a step and asks the session to stop at the next
  * step boundary when the footprint is over budget (onTrimMemory's RUNNING_* levels are not delivered on API
  * 34+, only UI_HIDDEN / BACKGROUND, which are not pressure on a foreground service).
+ *
+ * Generation (ACTION_GENERATE, ACTION_CANCEL_GENERATION): never on the training thread. While a worker's
+ * session is open, a prompt goes to the session's own generation thread ([TrainingSession.startComparison]):
+ * training goes on (the two alternate program calls), and the tokens stream into [TrainingStatus.generation]
+ * as they are decoded. With no worker, a generation-only worker opens the run's latest state and does the
+ * same. A new prompt cancels the generation running; a Start that arrives during a generation-only worker
+ * cancels it and starts once it has ended. A worker's end waits for its generation (the user is watching it)
+ * up to [GENERATION_DRAIN_MS], then cancels it, before the runtime is closed.
  */
 class TrainingService : Service() {
     private var worker: Thread? = null
+    /** Main thread only: a worker is running (set when it starts, cleared on the main thread once it has ended). */
+    private var workerRunning = false
+    private var workerGenerateOnly = false
+    /** A Start that came while a generation-only worker ran: started when that worker has ended. */
+    private var queuedStart: Intent? = null
+    private val main = Handler(Looper.getMainLooper())
+    /** Guards [live], [job] and the hand-over of [TrainingStatus.pendingPrompt]. */
+    private val lock = Any()
+    /** The running worker's session, once its runtime is open: generation requests go to it. */
+    private var live: Live? = null
+    private var job: GenerationJob? = null
+
+    private class Live(val session: TrainingSession, val tok: TextTokenizer?, val chat: Boolean, val maxNewTokens: Int)
 
     override fun onBind(intent: Intent?): IBinder? = null
 
@@ -59,14 +86,31 @@ class TrainingService : Service() {
         when (intent?.action) {
             RunRequest.ACTION_STOP -> {
                 TrainingStatus.requestStop()
-                if (worker?.isAlive != true) stopSelf()  // nothing running: do not linger as a started service
+                if (!workerRunning) stopSelf()  // nothing running: do not linger as a started service
+                return START_NOT_STICKY
+            }
+            RunRequest.ACTION_CANCEL_GENERATION -> {
+                cancelGeneration()
+                if (!workerRunning) stopSelf()
                 return START_NOT_STICKY
             }
             RunRequest.ACTION_GENERATE -> {
-                TrainingStatus.pendingPrompt = intent.getStringExtra(RunRequest.EXTRA_PROMPT)
-                if (worker?.isAlive == true) return START_NOT_STICKY  // the training thread takes it between steps
+                val prompt = intent.getStringExtra(RunRequest.EXTRA_PROMPT) ?: ""
+                if (workerRunning) { offerPrompt(prompt); return START_NOT_STICKY }  // its session (or, once open, it) takes it
+                TrainingStatus.pendingPrompt = prompt  // the generation-only worker started below takes it
             }
         }
+        if (!enterForeground()) return START_NOT_STICKY
+        if (workerRunning) {
+            // A start during a generation-only worker: cancel that generation, start once the worker has ended.
+            if (workerGenerateOnly) { queuedStart = intent; cancelGeneration() }
+            return START_REDELIVER_INTENT
+        }
+        return launch(intent)
+    }
+
+    /** startForeground (every start command must reach it); false: Android refused it (recorded, the service stops). */
+    private fun enterForeground(): Boolean {
         try {
             if (Build.VERSION.SDK_INT >= 29) startForeground(NOTIFICATION_ID, notification("starting", 0, 0), ServiceInfo.FOREGROUND_SERVICE_TYPE_SPECIAL_USE)
             else startForeground(NOTIFICATION_ID, notification("starting", 0, 0))
@@ -76,16 +120,76 @@ class TrainingService : Service() {
                 AppState.setPaused(this, "Android stopped the app; tap Resume to continue the run")
                 TrainingStatus.message = "paused (restart not allowed in the background): tap Resume"
                 stopSelf()
-                return START_NOT_STICKY
+                return false
             }
             throw e
         }
-        if (worker?.isAlive == true) return START_REDELIVER_INTENT
+        return true
+    }
+
+    /** Start a worker for [intent] (no worker is running; in the foreground). */
+    private fun launch(intent: Intent?): Int {
         val base = getExternalFilesDir(null) ?: filesDir
         val request = RunRequest.fromIntent(intent ?: Intent(), base)
         if (!request.generateOnly) AppState.setPaused(this, null)
+        workerRunning = true
+        workerGenerateOnly = request.generateOnly
         worker = Thread({ work(request, base) }, "trainer").also { it.start() }
         return if (request.generateOnly) START_NOT_STICKY else START_REDELIVER_INTENT
+    }
+
+    /** Main thread, after a worker has ended: the queued start, else a prompt that came while it was ending, else stop. */
+    private fun workerEnded() {
+        workerRunning = false
+        worker = null
+        val next = queuedStart ?: TrainingStatus.pendingPrompt?.let {
+            Intent(this, TrainingService::class.java).setAction(RunRequest.ACTION_GENERATE).putExtra(RunRequest.EXTRA_PROMPT, it)
+        }
+        queuedStart = null
+        if (next != null && enterForeground()) { launch(next); return }
+        if (Build.VERSION.SDK_INT >= 24) stopForeground(STOP_FOREGROUND_REMOVE) else @Suppress("DEPRECATION") stopForeground(true)
+        stopSelf()
+    }
+
+    /** A prompt to generate: to the open session's generation thread, else kept until the worker's session is open. */
+    private fun offerPrompt(prompt: String) = synchronized(lock) {
+        val l = live
+        if (l == null) TrainingStatus.pendingPrompt = prompt else startGeneration(l, prompt)
+    }
+
+    /** The worker's session is open: generation requests go to it from now on (and a pending one starts). */
+    private fun goLive(l: Live) = synchronized(lock) {
+        live = l
+        TrainingStatus.pendingPrompt?.let { startGeneration(l, it) }
+    }
+
+    /** Under [lock]: encode [prompt] and start the comparison on the session's generation thread (cancelling the one running). */
+    private fun startGeneration(l: Live, prompt: String) {
+        TrainingStatus.pendingPrompt = null
+        job?.cancel()
+        val status = TrainingStatus.generation
+        val tok = l.tok ?: run { status.failed("the program has no tokenizer: no generation"); return }
+        try {
+            val (ids, stop) = Prompts.encode(tok, prompt, l.chat)
+            val e = status.requested()  // this request's updates only: a superseded one's late callbacks are dropped
+            job = l.session.startComparison(ids, l.maxNewTokens, stop, tok, object : GenerationListener {
+                override fun onStart(which: String, stateStep: Long) = status.started(e, which, stateStep)
+                override fun onToken(which: String, token: StreamedToken) = status.token(e, which, token.text)
+                override fun onDone(which: String, result: GeneratedText) = status.done(e, which, result)
+                override fun onError(error: Exception) {
+                    Log.e(TAG, "generation failed", error)
+                    status.failed("generation failed: ${error.message}", e)
+                }
+            })
+        } catch (e: Exception) {
+            status.failed("cannot generate: ${e.message}")
+        }
+    }
+
+    private fun cancelGeneration() = synchronized(lock) {
+        TrainingStatus.pendingPrompt = null
+        val j = job
+        if (j != null && !j.isDone) j.cancel() else if (TrainingStatus.generation.running) TrainingStatus.generation.failed("cancelled")
     }
 
     override fun onTrimMemory(level: Int) {
@@ -118,45 +222,43 @@ class TrainingService : Service() {
                 val session = TrainingSession(program, weights, runtime, runDir, probe, Clock.System, Progress())
                 val tok = try { TextTokenizer.forProgram(program) } catch (e: Exception) { null }
                 val chat = spec.source == "chat"
-                fun generate() {
-                    val prompt = TrainingStatus.pendingPrompt ?: return
-                    TrainingStatus.pendingPrompt = null
-                    if (tok == null) { TrainingStatus.message = "the program has no tokenizer: no generation"; return }
-                    TrainingStatus.generating = true
-                    try {
-                        val (ids, stop) = Prompts.encode(tok, prompt, chat)
-                        val (before, after) = session.generateBoth(ids, req.maxNewTokens, stop)
-                        TrainingStatus.generation = Pair(Prompts.decode(tok, before, stop), Prompts.decode(tok, after, stop))
-                    } finally {
-                        TrainingStatus.generating = false
-                    }
-                }
                 TrainingStatus.evalBefore = session.evals.before
                 TrainingStatus.evalAfter = session.evals.after
-                if (req.generateOnly) {
-                    session.loadState()
-                    generate()
-                    return@use
+                try {
+                    if (req.generateOnly) {
+                        session.loadState()
+                        goLive(Live(session, tok, chat, req.maxNewTokens))
+                    } else {
+                        val done = runCatching { org.onphonellm.trainer.core.CheckpointStore(runDir.checkpoint).load(program.stateNumel) }.getOrNull()
+                        TrainingStatus.begin(spec.runId, spec.steps, spec.budgetBytes, done?.step ?: 0L, done?.losses ?: emptyList())
+                        uploader = uploadQueue(req, runDir)?.let { q -> Thread({ uploadLoop(q) }, "telemetry-upload").also { it.start() } }
+                        watchdog = Thread({ watch(probe, spec.budgetBytes) }, "memory-watchdog").also { it.isDaemon = true; it.start() }
+                        // Generation requests from now on run on the session's generation thread, beside training.
+                        goLive(Live(session, tok, chat, req.maxNewTokens))
+                        val outcome = session.run(RunControl { TrainingStatus.stopRequested() })
+                        TrainingStatus.running = false  // training is over; a generation may still be running (drained below)
+                        TrainingStatus.message = "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
+                        TrainingStatus.evalAfter = session.evals.after
+                        if (outcome.status == "paused") AppState.setPaused(this, outcome.message)
+                    }
+                } finally {
+                    // No new generation on this session; let the one running end (cancelled after the drain) before the runtime closes.
+                    synchronized(lock) { live = null }
+                    if (!session.closeGeneration(drainMs = GENERATION_DRAIN_MS)) Log.w(TAG, "the generation did not end; closing the runtime anyway")
+                    synchronized(lock) { job = null }
                 }
-                val done = runCatching { org.onphonellm.trainer.core.CheckpointStore(runDir.checkpoint).load(program.stateNumel) }.getOrNull()
-                TrainingStatus.begin(spec.runId, spec.steps, spec.budgetBytes, done?.step ?: 0L, done?.losses ?: emptyList())
-                uploader = uploadQueue(req, runDir)?.let { q -> Thread({ uploadLoop(q) }, "telemetry-upload").also { it.start() } }
-                watchdog = Thread({ watch(probe, spec.budgetBytes) }, "memory-watchdog").also { it.isDaemon = true; it.start() }
-                val outcome = session.run(RunControl { TrainingStatus.stopRequested() }) { generate() }
-                TrainingStatus.message = "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
-                TrainingStatus.evalAfter = session.evals.after
-                if (outcome.status == "paused") AppState.setPaused(this, outcome.message)
             }
         } catch (e: Exception) {
             Log.e(TAG, "training failed", e)
             TrainingStatus.message = "failed: ${e.message}"
+            if (req.generateOnly) TrainingStatus.pendingPrompt = null  // not served: no retry loop
+            if (TrainingStatus.generation.running && synchronized(lock) { job == null }) TrainingStatus.generation.failed("failed: ${e.message}")
         } finally {
             watchdog?.interrupt()
             uploader?.interrupt()
             TrainingStatus.running = false
             wakeLock.release()
-            if (Build.VERSION.SDK_INT >= 24) stopForeground(STOP_FOREGROUND_REMOVE) else @Suppress("DEPRECATION") stopForeground(true)
-            stopSelf()
+            main.post { workerEnded() }
         }
     }
 
@@ -242,6 +344,8 @@ class TrainingService : Service() {
         private const val TAG = "Trainer"
         private const val CHANNEL = "training"
         private const val NOTIFICATION_ID = 1
+        /** How long a worker's end waits for its generation to finish by itself (then it is cancelled). */
+        private const val GENERATION_DRAIN_MS = 10 * 60_000L
     }
 }
 

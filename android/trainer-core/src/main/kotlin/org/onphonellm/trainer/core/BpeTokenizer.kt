@@ -57,7 +57,10 @@ class BpeTokenizer private constructor(
         return out
     }
 
-    fun decode(ids: List<Int>): String {
+    fun decode(ids: List<Int>): String = String(decodeBytes(ids), Charsets.UTF_8)
+
+    /** The bytes of [ids] (the ByteLevel decoder's, before UTF-8 decoding): a token may end inside a character. */
+    fun decodeBytes(ids: List<Int>): ByteArray {
         val bytes = java.io.ByteArrayOutputStream()
         for (id in ids) {
             val tok = addedById[id] ?: idToToken.getOrNull(id) ?: throw ContractError("token id $id is outside the vocabulary")
@@ -74,7 +77,7 @@ class BpeTokenizer private constructor(
             }
             if (ok) bytes.write(mapped, 0, n) else tok.toByteArray(Charsets.UTF_8).let { bytes.write(it, 0, it.size) }
         }
-        return String(bytes.toByteArray(), Charsets.UTF_8)
+        return bytes.toByteArray()
     }
 
     private fun normalize(s: String): String = if (nfc) Normalizer.normalize(s, Normalizer.Form.NFC) else s

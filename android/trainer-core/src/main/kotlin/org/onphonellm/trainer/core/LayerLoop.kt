@@ -1,6 +1,8 @@
 package org.onphonellm.trainer.core
 
 import java.nio.ByteBuffer
+import java.util.concurrent.locks.ReentrantLock
+import kotlin.concurrent.withLock
 
 /**
  * The runtime of a contract-v3 program: layer-generic methods, each a pure function of its inputs. The app
@@ -21,9 +23,16 @@ interface ProgramRuntime {
  * state entries copied into their slices, checkpoints kept only for the selected layers (or, with checkpoint
  * groups, for every s-th of them, the others rebuilt by a rerun), LCSB layers
  * chosen per step, `block_skip_update` for unselected layers when the manifest says moves_unselected.
+ *
+ * Threads: one loop is used by one thread at a time (its buffer pool and KV cache are its own). Loops on
+ * one [runtime] used from several threads (training and a generation beside it, [TrainingSession]) must
+ * share one [runtimeLock]: every [call] holds it from building the inputs to copying the outputs out, so the
+ * runtime never runs two methods at once and no call's outputs are overwritten before they are copied (on
+ * ExecuTorch they live in the method's arena until its next call; the Module's own lock covers only the
+ * native call). It is fair (FIFO), so two threads alternate call by call and neither starves.
  */
 class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime: ProgramRuntime,
-                val state: StateBuffer = StateBuffer(program)) {
+                val state: StateBuffer = StateBuffer(program), val runtimeLock: ReentrantLock = ReentrantLock(true)) {
     val layers: Int = program.layers
     private val ioCache = HashMap<String, NdBuffer>()
     /** Direct buffers of activations no longer needed, by size: a step allocates nothing once warm. */
@@ -66,7 +75,10 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
      * Run one method. State outputs are copied into their slices, cache outputs into the layer's cache (all
      * its rows, or one row at [pos]); the others are returned as copies (the app's own buffers).
      */
-    fun call(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>? = null, pos: Int = 0): Map<String, NdBuffer> {
+    fun call(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>? = null, pos: Int = 0): Map<String, NdBuffer> =
+        runtimeLock.withLock { callLocked(name, layer, values, cache, pos) }
+
+    private fun callLocked(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>?, pos: Int): Map<String, NdBuffer> {
         val method = program.method(name)
         val outputs = runtime.execute(name, inputs(method, layer, values, cache))
         if (outputs.size != method.outputs.size)
@@ -222,43 +234,102 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         return out
     }
 
+    /** This loop's KV cache, allocated by its first generation and zeroed for each next one (rows >= pos are passed too). */
+    private var kvCache: Map<String, NdBuffer>? = null
+
+    private fun zeroedCache(): Map<String, NdBuffer> {
+        val c = kvCache ?: return newCache().also { kvCache = it }
+        for (t in c.values) { val b = t.data; var i = 0; while (i + 8 <= t.nbytes) { b.putLong(i, 0L); i += 8 }; while (i < t.nbytes) b.put(i++, 0) }
+        return c
+    }
+
+    /** Greedy generation; the ids only (see [generateStream]). */
+    fun generate(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), onToken: ((Int) -> Unit)? = null): List<Int> =
+        generateStream(prompt, maxNewTokens, stopIds, null, onToken).ids
+
     /**
-     * Greedy generation with the live state (runtime/generate.py): prefill (embed, per layer block_kv +
-     * block_forward), head_logits of the prompt's last row, then per token embed_token, block_decode per
-     * layer, head_logits. Stops after a token of [stopIds] (included) or [maxNewTokens].
+     * The generation driver, the one place generation calls the program's methods ([GENERATION_METHODS]):
+     * greedy generation with this loop's [state] (read only) as runtime/generate.py runs it: prefill (embed,
+     * per layer block_kv + block_forward), head_logits of the prompt's last row, then per token embed_token,
+     * block_decode per layer, head_logits.
+     *
+     * Streams: [onToken] gets each id as soon as it is chosen, before the next decode step, in the order of
+     * the result's ids (on the calling thread, outside [runtimeLock]). Stops after a token of [stopIds]
+     * (included; [StopReason.EOS]), after [maxNewTokens] ([StopReason.MAX_NEW_TOKENS]; a stop id wins when
+     * both hold, as on the host), or when [control] is cancelled ([StopReason.CANCELLED]): checked before
+     * the prefill, between its layers, after it and before each decode step, so a cancel made while token k
+     * is reported ends with exactly those k tokens and no further call, and one made before the start makes
+     * no call and returns no token.
      */
-    fun generate(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), onToken: ((Int) -> Unit)? = null): List<Int> {
+    fun generateStream(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), control: GenerationControl? = null,
+                       onToken: ((Int) -> Unit)? = null): Generation {
         val n = prompt.size
         val s = program.seqLen
         if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
         if (n == 0 || maxNewTokens < 1 || n + maxNewTokens > s) throw ContractError("prompt $n + $maxNewTokens new tokens must fit in seq_len $s")
-        val cache = newCache()
+        val out = ArrayList<Int>()
+        fun cancelled() = control?.isCancelled == true
+        if (cancelled()) return Generation(out, StopReason.CANCELLED)
+        val cache = zeroedCache()
+        // The prefill (a follow-up moves it to the contract's chunked prefill methods: only this block changes).
         val ids = LongArray(s) { if (it < n) prompt[it].toLong() else program.padTokenId.toLong() }
         var x = call("embed", null, mapOf("input_ids" to NdBuffer.longs("input_ids", listOf(s), ids))).getValue("x")
         for (i in 0 until layers) {
+            if (cancelled()) { recycle(x); return Generation(out, StopReason.CANCELLED) }
             call("block_kv", i, mapOf("x" to x), cache)
-            x = call("block_forward", i, mapOf("x" to x)).getValue("x")
+            val next = call("block_forward", i, mapOf("x" to x)).getValue("x")
+            recycle(x)
+            x = next
         }
+        if (cancelled()) { recycle(x); return Generation(out, StopReason.CANCELLED) }
         val d = x.shape[1]
         val last = NdBuffer("x", ElemType.FLOAT32, listOf(1, d), x.data.window(4 * (n - 1) * d, 4 * d))
         var logits = call("head_logits", null, mapOf("x" to last)).getValue("logits")
-        val out = ArrayList<Int>()
+        recycle(x)
         var pos = n
         while (true) {
             val token = argmax(logits)
+            recycle(logits)
             out.add(token)
             onToken?.invoke(token)
-            if (token in stopIds || out.size == maxNewTokens) break
+            if (token in stopIds) return Generation(out, StopReason.EOS)
+            if (out.size == maxNewTokens) return Generation(out, StopReason.MAX_NEW_TOKENS)
+            if (cancelled()) return Generation(out, StopReason.CANCELLED)
             var h = call("embed_token", null, mapOf("token" to NdBuffer.longs("token", listOf(1), longArrayOf(token.toLong())))).getValue("x")
             val p = NdBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))
-            for (i in 0 until layers) h = call("block_decode", i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
+            for (i in 0 until layers) {
+                val next = call("block_decode", i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
+                recycle(h)
+                h = next
+            }
             logits = call("head_logits", null, mapOf("x" to h)).getValue("logits")
+            recycle(h)
             pos++
         }
-        return out
     }
 
     companion object {
+        /**
+         * The methods [generateStream] calls: the one list of them (a program can generate when it has them
+         * all; [generationStateEntries] reads their bindings). A change of the driver's calls changes this list.
+         */
+        val GENERATION_METHODS = listOf("embed", "block_kv", "block_forward", "head_logits", "embed_token", "block_decode")
+
+        /**
+         * The state entries the generation methods read, every layer's (the LoRA params; not the optimizer's
+         * moments): what a generation's snapshot of the state holds ([StateBuffer] with `only`).
+         */
+        fun generationStateEntries(program: ProgramV3): Set<String> {
+            val out = LinkedHashSet<String>()
+            for (name in GENERATION_METHODS) {
+                val m = program.method(name)
+                for (io in m.inputs) if (io.bind == "state") {
+                    if (ProgramV3.LAYER in io.ref) for (i in 0 until program.layers) out.add(io.refAt(i)) else out.add(io.ref)
+                }
+            }
+            return out
+        }
+
         /**
          * The selected layers (ascending) in groups of [every] (toolchain/mesp/step.py `checkpoint_groups`); each
          * group's first layer is the one whose input the forward keeps.

@@ -1,6 +1,14 @@
 package org.onphonellm.trainer.core
 
 import java.io.File
+import java.util.concurrent.Callable
+import java.util.concurrent.ExecutionException
+import java.util.concurrent.ExecutorService
+import java.util.concurrent.Executors
+import java.util.concurrent.Future
+import java.util.concurrent.TimeUnit
+import java.util.concurrent.locks.ReentrantLock
+import kotlin.concurrent.withLock
 
 /** One run's files: what it trains on, where it stands, what it reports and produces. */
 class RunDir(val dir: File) {
@@ -161,6 +169,16 @@ class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?) {
  * run_end), the memory guard, a checkpoint every `checkpoint_every` steps; at the end the held-out loss
  * of the trained state and the PEFT adapter. A stop request checkpoints and ends the session "paused";
  * a kill leaves the last checkpoint, and the next session resumes from it.
+ *
+ * Generation beside training ([compare], [startComparison]): from any thread while [run] trains on its own.
+ * It never runs on the training thread and never holds what training needs: it reads a snapshot of the
+ * state's LoRA params (the entries the generation methods read, [LayerLoop.generationStateEntries]), copied
+ * at a step boundary under the state lock (held by the training thread only while a step or a restore
+ * writes the state, so the copy waits at most one step), into a loop of its own (own buffer pool and KV
+ * cache). The one runtime is shared: every program call of either thread holds one fair lock from its
+ * inputs to its copied outputs ([LayerLoop.runtimeLock]), so ExecuTorch never runs two methods at once and
+ * the two threads alternate call by call; training's steps get slower while a generation runs but go on,
+ * and their [SessionListener.onStep] progress keeps coming. Listeners are called outside both locks.
  */
 class TrainingSession(
     val program: ProgramV3,
@@ -175,10 +193,27 @@ class TrainingSession(
     val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
     val held: List<DataRow> = RowFiles.read(runDir.held, program.vocab, program.seqLen)
     val plan: StepPlan? = spec.plan(program)
+    /** Every program call of this session's loops holds it (training's and generation's threads alternate, FIFO). */
+    private val runtimeLock = ReentrantLock(true)
+    /** Held while the live state is written (a step, a restore) and while a generation copies it: snapshots are of whole steps. */
+    private val stateLock = ReentrantLock(true)
     /** The live state (trained in place). */
-    val loop = LayerLoop(program, weights, runtime)
-    /** The initial adapter (state_init.bin), for "before": made when first needed. */
-    private val initLoop: LayerLoop by lazy { LayerLoop(program, weights, runtime, StateBuffer(program).also { it.loadInit() }) }
+    val loop = LayerLoop(program, weights, runtime, runtimeLock = runtimeLock)
+    /** The initial adapter (state_init.bin), for the held-out loss before: made when first needed (training thread). */
+    private val initLoop: LayerLoop by lazy { LayerLoop(program, weights, runtime, StateBuffer(program).also { it.loadInit() }, runtimeLock) }
+    /** Generation's loop over a snapshot of the params (state_init.bin's for "before", the live state's for "after"); made when first needed. */
+    private val genLoop: LayerLoop by lazy {
+        LayerLoop(program, weights, runtime, StateBuffer(program, LayerLoop.generationStateEntries(program)), runtimeLock)
+    }
+    /** One comparison at a time (they share [genLoop]). */
+    private val genLock = ReentrantLock()
+    private var genExecutor: ExecutorService? = null
+    /** The controls of the comparisons started and not ended (guards [genExecutor] too). */
+    private val jobs = ArrayList<GenerationControl>()
+    /** The step the live state is at (written with it, under [stateLock]). */
+    @Volatile private var stateStep = 0L
+    /** The live state was loaded (by [run], [loadState] or a comparison before them; under [stateLock]). */
+    private var stateLoaded = false
     private val log = EventLog(runDir.telemetry)
     private val store = CheckpointStore(runDir.checkpoint)
     private val guard = MemoryGuard(spec.budgetBytes, program.predictedPeakBytes)
@@ -196,13 +231,20 @@ class TrainingSession(
     }
 
     /** The state: the checkpoint's (same run) or state_init.bin; returns the step to start at and the next event seq. */
-    private fun restore(): Pair<Long, Long> {
-        if (!store.exists()) { loop.state.loadInit(); return Pair(0L, 0L) }
-        val c = V3Checkpoints.restore(store, loop.state)
-        if (c.runId != spec.runId) throw ContractError("${store.file} belongs to run ${c.runId}, not ${spec.runId}; use another run directory")
+    private fun restore(): Pair<Long, Long> = stateLock.withLock {
+        val c = loadLiveState() ?: return Pair(0L, 0L)
         losses.clear()
         losses.addAll(c.losses)
-        return Pair(c.step, c.seq)
+        Pair(c.step, c.seq)
+    }
+
+    /** Under [stateLock]: the live state from the run's checkpoint (returned), else state_init.bin (null). */
+    private fun loadLiveState(): Checkpoint? {
+        val c = if (store.exists()) V3Checkpoints.restore(store, loop.state) else { loop.state.loadInit(); null }
+        if (c != null && c.runId != spec.runId) throw ContractError("${store.file} belongs to run ${c.runId}, not ${spec.runId}; use another run directory")
+        stateStep = c?.step ?: 0L
+        stateLoaded = true
+        return c
     }
 
     /** Load the run's latest state (checkpoint, else state_init.bin) without training (generate or export when idle); the step it is at. */
@@ -251,7 +293,9 @@ class TrainingSession(
             val selected = plan?.layersAt(step) ?: all
             val (ids, labels) = loop.pad(row.inputIds.map { it.toLong() }, row.labels.map { it.toLong() })
             val t0 = clock.monoNanos()
-            val loss = loop.trainStep(ids, labels, spec.lr.toFloat(), selected, spec.layersPerCheckpoint).toDouble()
+            val loss = stateLock.withLock {
+                loop.trainStep(ids, labels, spec.lr.toFloat(), selected, spec.layersPerCheckpoint).also { stateStep = step + 1 }
+            }.toDouble()
             val dt = (clock.monoNanos() - t0) / 1e9
             val finite = loss.isFinite()
             losses.add(if (finite) loss else null)
@@ -342,11 +386,89 @@ class TrainingSession(
             "layers_per_checkpoint" to spec.layersPerCheckpoint),
     ) + spec.runInfo
 
-    /** Greedy generation from [promptIds] with the initial adapter and with the live state: (before, after) ids. */
-    fun generateBoth(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>): Pair<List<Int>, List<Int>> {
-        val n = minOf(maxNewTokens, program.seqLen - promptIds.size)
-        if (n < 1) throw ContractError("the prompt (${promptIds.size} tokens) leaves no room in seq_len ${program.seqLen}")
-        return Pair(initLoop.generate(promptIds, n, stopIds), loop.generate(promptIds, n, stopIds))
+    /** Greedy generation from [promptIds] with the initial adapter and with the live state: (before, after) ids ([compare]). */
+    fun generateBoth(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>): Pair<List<Int>, List<Int>> =
+        compare(promptIds, maxNewTokens, stopIds).let { Pair(it.before.ids, it.after.ids) }
+
+    /**
+     * The same prompt generated greedily with the initial adapter ("before", state_init.bin) and then with the
+     * live state ("after", a snapshot taken when it starts: the state of the last whole step), streamed to
+     * [listener] token by token, text decoded incrementally with [tok] when given ([TextStream]; a trailing
+     * stop id adds no text). Safe from any thread while [run] trains on another (see the class comment); the
+     * calling thread does the work. [control] cancels it: the side running stops within one decode step
+     * ([StopReason.CANCELLED]), and "after" does not start after a cancelled "before". [maxNewTokens] is cut
+     * to what seq_len leaves after the prompt.
+     */
+    fun compare(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, tok: TextTokenizer? = null,
+                control: GenerationControl = GenerationControl(), listener: GenerationListener = object : GenerationListener {}): Comparison {
+        try {
+            val n = minOf(maxNewTokens, program.seqLen - promptIds.size)
+            if (promptIds.isEmpty() || n < 1) throw ContractError("the prompt (${promptIds.size} tokens) leaves no room in seq_len ${program.seqLen}")
+            if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
+            return genLock.withLock {
+                val before = side("before", promptIds, n, stopIds, tok, control, listener) { genLoop.state.loadInit(); 0L }
+                val after = side("after", promptIds, n, stopIds, tok, control, listener) {
+                    stateLock.withLock {
+                        if (!stateLoaded) loadLiveState()  // asked before run() / loadState() loaded it
+                        genLoop.state.copyFrom(loop.state)
+                        stateStep
+                    }
+                }
+                Comparison(before, after)
+            }
+        } catch (e: Exception) {
+            listener.onError(e)
+            throw e
+        }
+    }
+
+    private fun side(which: String, promptIds: List<Int>, n: Int, stopIds: Set<Int>, tok: TextTokenizer?, control: GenerationControl,
+                     listener: GenerationListener, snapshot: () -> Long): GeneratedText {
+        if (control.isCancelled) {
+            return GeneratedText(which, emptyList(), tok?.let { "" }, StopReason.CANCELLED, null).also { listener.onDone(which, it) }
+        }
+        val step = snapshot()
+        listener.onStart(which, step)
+        val stream = tok?.let { TextStream(it, stopIds) }
+        var index = 0
+        val g = genLoop.generateStream(promptIds, n, stopIds, control) { id ->
+            val piece = stream?.push(id) ?: ""
+            listener.onToken(which, StreamedToken(index++, id, piece, stream?.textSoFar ?: ""))
+        }
+        stream?.finish()
+        return GeneratedText(which, g.ids, stream?.textSoFar, g.stopReason, step).also { listener.onDone(which, it) }
+    }
+
+    /**
+     * [compare] on the session's generation thread ("generate", one at a time, in order): returns at once with
+     * a handle to cancel or wait for it. The thread is made when first needed and ends with [closeGeneration].
+     */
+    fun startComparison(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, tok: TextTokenizer? = null,
+                        listener: GenerationListener = object : GenerationListener {}): GenerationJob {
+        val control = GenerationControl()
+        val future = synchronized(jobs) {
+            val executor = genExecutor ?: Executors.newSingleThreadExecutor { r -> Thread(r, "generate").also { it.isDaemon = true } }
+                .also { genExecutor = it }
+            jobs.add(control)
+            executor.submit(Callable {
+                try { compare(promptIds, maxNewTokens, stopIds, tok, control, listener) } finally { synchronized(jobs) { jobs.remove(control) } }
+            })
+        }
+        return GenerationJob(control, future)
+    }
+
+    /**
+     * End the generation thread (before the runtime is closed): waits up to [drainMs] for the comparisons
+     * started to end by themselves, then cancels those left (the running one stops within a decode step,
+     * queued ones end without a program call) and waits up to [cancelMs]. True if the thread ended (or there
+     * was none). A comparison started after this makes a new thread.
+     */
+    fun closeGeneration(drainMs: Long = 0, cancelMs: Long = 60_000): Boolean {
+        val e = synchronized(jobs) { genExecutor.also { genExecutor = null } } ?: return true
+        e.shutdown()
+        if (drainMs > 0 && e.awaitTermination(drainMs, TimeUnit.MILLISECONDS)) return true
+        synchronized(jobs) { jobs.forEach { it.cancel() } }
+        return e.awaitTermination(cancelMs, TimeUnit.MILLISECONDS)
     }
 
     /** The adapter of the live state (PEFT files), e.g. to export a run stopped before the end. */
@@ -365,4 +487,19 @@ object Prompts {
 
     /** Generated ids as text, without a trailing stop token. */
     fun decode(tok: TextTokenizer, ids: List<Int>, stop: Set<Int>): String = tok.decode(if (ids.isNotEmpty() && ids.last() in stop) ids.dropLast(1) else ids)
+}
+
+/** A comparison running on the session's generation thread ([TrainingSession.startComparison]). */
+class GenerationJob internal constructor(val control: GenerationControl, private val future: Future<Comparison>) {
+    /** Stop it within one decode step (the result says [StopReason.CANCELLED]); safe from any thread. */
+    fun cancel() = control.cancel()
+
+    val isDone: Boolean get() = future.isDone
+
+    /** Wait for the result; the comparison's own exception if it failed. */
+    fun await(timeoutMs: Long = Long.MAX_VALUE): Comparison = try {
+        future.get(timeoutMs, TimeUnit.MILLISECONDS)
+    } catch (e: ExecutionException) {
+        throw e.cause ?: e
+    }
 }

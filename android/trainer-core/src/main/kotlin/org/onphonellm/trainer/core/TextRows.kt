@@ -55,6 +55,12 @@ interface TextTokenizer {
     val padId: Int
     fun encode(text: String, allowSpecial: Boolean = true): List<Int>
     fun decode(ids: List<Int>): String
+    /**
+     * The UTF-8 bytes [decode] makes text of (`decode(ids) == String(decodeBytes(ids), UTF_8)`): a token may hold
+     * part of a character, which [TextStream] keeps until the rest arrives. Default: [decode]'s text encoded
+     * (a tokenizer that cannot split characters).
+     */
+    fun decodeBytes(ids: List<Int>): ByteArray = decode(ids).toByteArray(Charsets.UTF_8)
     /** The id of a single added token ("<|im_start|>"), or null. */
     fun tokenId(token: String): Int?
 
@@ -89,8 +95,9 @@ class ByteTokenizer : TextTokenizer {
     override fun encode(text: String, allowSpecial: Boolean): List<Int> =
         BpeTokenizer.sanitize(text).toByteArray(Charsets.UTF_8).map { it.toInt() and 0xff }
 
-    override fun decode(ids: List<Int>): String =
-        String(ids.filter { it in 0..255 }.map { it.toByte() }.toByteArray(), Charsets.UTF_8)
+    override fun decode(ids: List<Int>): String = String(decodeBytes(ids), Charsets.UTF_8)
+
+    override fun decodeBytes(ids: List<Int>): ByteArray = ids.filter { it in 0..255 }.map { it.toByte() }.toByteArray()
 
     override fun tokenId(token: String): Int? = null
 
@@ -106,6 +113,7 @@ class BpeTextTokenizer(val bpe: BpeTokenizer, override val kind: String, overrid
     override val bosId: Int? = null
     override fun encode(text: String, allowSpecial: Boolean): List<Int> = bpe.encode(text, allowSpecial)
     override fun decode(ids: List<Int>): String = bpe.decode(ids)
+    override fun decodeBytes(ids: List<Int>): ByteArray = bpe.decodeBytes(ids)
     override fun tokenId(token: String): Int? = bpe.encode(token, allowSpecial = true).singleOrNull()
 }
 

@@ -12,11 +12,14 @@ fun StepPlan.layersAt(step: Long): Set<Int> = phases[schedule[(step % schedule.s
  * nothing else copies the whole state.
  */
 object V3Checkpoints {
-    fun save(store: CheckpointStore, state: StateBuffer, step: Long, runId: String, seq: Long, losses: List<Double?>) =
+    fun save(store: CheckpointStore, state: StateBuffer, step: Long, runId: String, seq: Long, losses: List<Double?>) {
+        state.requireWhole("a checkpoint")
         store.save(Checkpoint(state.toFloatArray(), step, runId, seq, losses))
+    }
 
     /** Load [store] into [state]; returns the checkpoint's position (its state array is dropped). */
     fun restore(store: CheckpointStore, state: StateBuffer): Checkpoint {
+        state.requireWhole("restoring a checkpoint")
         val c = store.load(state.program.stateNumel)
         val b = state.buffer
         for ((i, v) in c.state.withIndex()) b.putFloat(4 * i, v)
@@ -31,6 +34,7 @@ object V3Checkpoints {
      * initial state both files are byte-identical to the program's adapter_init/.
      */
     fun writeAdapter(dir: File, state: StateBuffer) {
+        state.requireWhole("an adapter")
         val p = state.program
         val config = p.adapterConfig ?: throw ContractError("the manifest has no adapter.config; re-export the program")
         val flat = state.toFloatArray()

@@ -69,7 +69,7 @@ class ReplayV3Test {
 
     /** Replays [dir]'s trace with its layers_per_checkpoint (or [groupsOverride]); returns the activation buffers allocated. */
     private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
-                       groupsOverride: Int? = null): Int {
+                       groupsOverride: Int? = null, beforeGenerate: ((LayerLoop, ReplayRuntime, Fields) -> Unit)? = null): Int {
         val trace = Trace(dir)
         val perCheckpoint = groupsOverride ?: trace.doc.optInt("layers_per_checkpoint") ?: 1
         val program = ProgramV3.read(trace.program)
@@ -106,8 +106,14 @@ class ReplayV3Test {
                     assertEquals(s.int("tokens"), ev.tokens, "eval target tokens")
                 }
                 "generate" -> {
-                    val out = loop.generate(s.ints("prompt_ids"), s.int("max_new_tokens"), s.ints("stop_ids").toSet())
-                    assertEquals(s.ints("output_ids"), out, "generated ids")
+                    // Variants first (each from the step's first call, on this state; generation only reads it), then the step itself.
+                    beforeGenerate?.invoke(loop, runtime, s)
+                    runtime.next = calls[0]
+                    val streamed = ArrayList<Int>()
+                    val g = loop.generateStream(s.ints("prompt_ids"), s.int("max_new_tokens"), s.ints("stop_ids").toSet(), GenerationControl()) { streamed.add(it) }
+                    assertEquals(s.ints("output_ids"), g.ids, "generated ids")
+                    assertEquals(g.ids, streamed, "the ids streamed, in order, are the result's")
+                    assertEquals(StopReason.MAX_NEW_TOKENS, g.stopReason)
                 }
                 else -> error("unknown step kind ${s.string("kind")}")
             }
@@ -120,6 +126,86 @@ class ReplayV3Test {
     }
 
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
+
+    /** Calls of a prefill (embed, per layer block_kv + block_forward, head_logits) and of one decode step (embed_token, per layer block_decode, head_logits). */
+    private fun prefillCalls(layers: Int) = 2 + 2 * layers
+    private fun decodeCalls(layers: Int) = 2 + layers
+
+    @Test fun `streamed generation - the ids in order, cancel after k tokens, cancel before the start, cancel in the prefill`() {
+        var checked = 0
+        replay(beforeGenerate = { loop, runtime, s ->
+            val start = s.ints("calls")[0]
+            val want = s.ints("output_ids")
+            val prompt = s.ints("prompt_ids")
+            val max = s.int("max_new_tokens")
+            val layers = loop.layers
+            assertEquals(s.ints("calls")[1] - start, prefillCalls(layers) + (max - 1) * decodeCalls(layers), "the trace's generation calls")
+            // Cancelled before it starts: no program call, no token.
+            runtime.next = start
+            val none = loop.generateStream(prompt, max, emptySet(), GenerationControl().also { it.cancel() }) { error("no token expected") }
+            assertEquals(Generation(emptyList(), StopReason.CANCELLED).toString(), none.toString())
+            assertEquals(start, runtime.next, "calls made by a generation cancelled before its start")
+            // Cancelled while token k is reported: exactly k tokens (the host's first k), and no call after the k-th token's logits.
+            for (k in 1 until max) {
+                runtime.next = start
+                val control = GenerationControl()
+                val seen = ArrayList<Int>()
+                val g = loop.generateStream(prompt, max, emptySet(), control) { seen.add(it); if (seen.size == k) control.cancel() }
+                assertEquals(StopReason.CANCELLED, g.stopReason, "cancel after $k")
+                assertEquals(want.take(k), g.ids, "cancel after $k")
+                assertEquals(g.ids, seen)
+                assertEquals(start + prefillCalls(layers) + (k - 1) * decodeCalls(layers), runtime.next, "calls made, cancel after $k")
+            }
+            // A cancel with the last token: the generation was complete, it says so.
+            runtime.next = start
+            val control = GenerationControl()
+            var n = 0
+            val full = loop.generateStream(prompt, max, emptySet(), control) { if (++n == max) control.cancel() }
+            assertEquals(StopReason.MAX_NEW_TOKENS, full.stopReason)
+            assertEquals(want, full.ids)
+            // A stop id ends it, included (the host's "eos").
+            runtime.next = start
+            val eos = loop.generateStream(prompt, max, setOf(want[1]))
+            assertEquals(Generation(want.take(2), StopReason.EOS).toString(), eos.toString())
+            // A cancel from another thread during the prefill: seen before the next layer's calls.
+            runtime.next = start
+            val c2 = GenerationControl()
+            var made = 0
+            val cancelling = LayerLoop(loop.program, loop.weights, object : ProgramRuntime {
+                override fun execute(method: String, inputs: List<NdBuffer>) = runtime.execute(method, inputs).also { if (++made == 2) c2.cancel() }
+            }, loop.state)
+            val pre = cancelling.generateStream(prompt, max, emptySet(), c2) { error("no token expected") }
+            assertEquals(StopReason.CANCELLED, pre.stopReason)
+            assertEquals(emptyList<Int>(), pre.ids)
+            assertEquals(3, made, "embed, block_kv and block_forward of layer 0, then the cancel is seen")
+            checked++
+        })
+        assertEquals(1, checked)
+    }
+
+    @Test fun `a snapshot of the params alone generates the host's ids, bit for bit`() {
+        var checked = 0
+        replay(beforeGenerate = { loop, runtime, s ->
+            val p = loop.program
+            val entries = LayerLoop.generationStateEntries(p)
+            assertEquals(p.stateEntries.filter { it.role == "param" }.map { it.name }.toSet(), entries, "generation reads the LoRA params only")
+            val snap = StateBuffer(p, entries).also { it.copyFrom(loop.state) }
+            assertTrue(snap.numel < p.stateNumel, "${snap.numel} of ${p.stateNumel} values")
+            val gen = LayerLoop(p, loop.weights, runtime, snap)
+            runtime.next = s.ints("calls")[0]
+            assertEquals(s.ints("output_ids"), gen.generate(s.ints("prompt_ids"), s.int("max_new_tokens")))
+            assertEquals(s.ints("calls")[1], runtime.next)
+            // The same from state_init.bin's ranges would be the initial adapter; here: a snapshot read from a file equals the copy.
+            val file = File.createTempFile("state", ".bin").also { it.deleteOnExit() }
+            file.writeBytes(ByteArray(4 * p.stateNumel).also { loop.state.buffer.duplicate().apply { position(0) }.get(it) })
+            val fromFile = StateBuffer(p, entries).also { it.load(file) }
+            assertEquals(snap.sha256(), fromFile.sha256())
+            assertThrows(ContractError::class.java) { snap.view(p.stateEntries.first { it.role != "param" }.name) }
+            assertThrows(IllegalStateException::class.java) { V3Checkpoints.writeAdapter(Fixtures.tempDir(), snap) }
+            checked++
+        })
+        assertEquals(1, checked)
+    }
 
     @Test fun `replays the host's checkpoint groups bit for bit - reruns, same losses and state, fewer buffers`() {
         val groups = Trace(groupsDir)

@@ -1,0 +1,458 @@
+import Foundation
+import XCTest
+@testable import TrainerCore
+
+/// A runtime around another one that counts calls in flight at once (the loop must never call a
+/// runtime from two threads at a time), widens each call a little so an overlap would show, and
+/// lets a test act after a call (`afterCall`: method and layer).
+final class CheckedRuntime: LoopRuntime {
+    let inner: LoopRuntime
+    var backendName: String { inner.backendName }
+    var afterCall: ((String, Int?) -> Void)?
+    private let lock = NSLock()
+    private var inFlight = 0
+    private var maxSeen = 0
+    private(set) var executed = 0
+
+    init(_ inner: LoopRuntime) { self.inner = inner }
+
+    var maxInFlight: Int { lock.lock(); defer { lock.unlock() }; return maxSeen }
+
+    func load(methods: [String]) throws { try inner.load(methods: methods) }
+
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        lock.lock()
+        inFlight += 1
+        maxSeen = max(maxSeen, inFlight)
+        executed += 1
+        lock.unlock()
+        usleep(50)
+        defer { lock.lock(); inFlight -= 1; lock.unlock() }
+        let out = try inner.execute(method: method, layer: layer, inputs: inputs)
+        afterCall?(method, layer)
+        return out
+    }
+}
+
+/// A counter other threads can wait on (the training thread's step events).
+final class ProgressLog {
+    private let condition = NSCondition()
+    private var n = 0
+    var count: Int { condition.lock(); defer { condition.unlock() }; return n }
+    func add() { condition.lock(); n += 1; condition.broadcast(); condition.unlock() }
+    /// Waits until at least `target` were added; false after `timeout` seconds.
+    func wait(atLeast target: Int, timeout: TimeInterval) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while n < target { if !condition.wait(until: deadline) { return n >= target } }
+        return true
+    }
+}
+
+/// Streaming, cancellable generation: `LayerLoop.generate` on the replay of the host's v3_tiny trace
+/// (real ExecuTorch outputs), incremental text with the byte and the Qwen2.5 tokenizers, the session's
+/// token events and view state, and a generation beside a training run.
+final class GenerationTests: XCTestCase {
+    var dir: URL!
+
+    override func setUpWithError() throws { dir = try tempDir("generation") }
+    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
+
+    // MARK: the trace
+
+    /// The v3_tiny trace with the state its train steps leave (what its generate step starts from).
+    struct TraceAtGeneration {
+        let trace: [String: Any]
+        let outputs: Data
+        let program: URL
+        let state: LoopState
+        let pad: Int64
+        let prompt: [Int64]
+        let maxNewTokens: Int
+        let stopIds: Set<Int64>
+        let outputIds: [Int64]
+        let firstCall: Int
+        let endCall: Int
+        let layers: Int
+        /// Calls of the prefill (embed, block_kv + block_forward per layer, head_logits) and of one decode step.
+        var prefillCalls: Int { 2 + 2 * layers }
+        var decodeStepCalls: Int { 2 + layers }
+    }
+
+    static let traced: Result<TraceAtGeneration, Error> = Result {
+        let dir = ReplayTests.traceDir
+        let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: dir.appendingPathComponent("trace.json"))) as! [String: Any]
+        let outputs = try Data(contentsOf: dir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
+        let program = dir.appendingPathComponent(trace["program"] as! String)
+        let rt = ReplayRuntime(trace: trace, outputs: outputs)
+        let loop = try LayerLoop(programDirectory: program, runtime: rt)
+        let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
+        let pad = Int64(trace["pad_token_id"] as! Int)
+        let rows = (trace["rows"] as! [[String: Any]]).map { r in ((r["input_ids"] as! [Int]).map(Int64.init), (r["labels"] as! [Int]).map(Int64.init)) }
+        let steps = trace["steps"] as! [[String: Any]]
+        for step in steps where step["kind"] as? String == "train" {
+            let row = rows[step["row"] as! Int]
+            _ = try loop.trainStep(inputIds: row.0, labels: row.1, lr: Float(trace["lr"] as! Double), state: state,
+                                   selected: Set(step["selected"] as! [Int]), padTokenId: pad)
+        }
+        guard rt.mismatch == nil, state.sha256 == trace["final_state_sha256"] as? String else {
+            throw TrainerError.runtime("the trace's train steps did not replay: \(rt.mismatch ?? "final state differs")")
+        }
+        let gen = steps.first { $0["kind"] as? String == "generate" }!
+        let calls = gen["calls"] as! [Int]
+        return TraceAtGeneration(trace: trace, outputs: outputs, program: program, state: state, pad: pad,
+                                 prompt: (gen["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: gen["max_new_tokens"] as! Int,
+                                 stopIds: Set((gen["stop_ids"] as! [Int]).map(Int64.init)), outputIds: (gen["output_ids"] as! [Int]).map(Int64.init),
+                                 firstCall: calls[0], endCall: calls[1], layers: loop.layers)
+    }
+
+    /// A loop whose runtime replays the trace from its generate step's first call.
+    func loopAtGeneration(_ t: TraceAtGeneration) throws -> (LayerLoop, ReplayRuntime, CheckedRuntime) {
+        let rt = ReplayRuntime(trace: t.trace, outputs: t.outputs)
+        rt.next = t.firstCall
+        let checked = CheckedRuntime(rt)
+        return (try LayerLoop(programDirectory: t.program, runtime: checked), rt, checked)
+    }
+
+    /// The ids reach `onToken` in the result's order, each before the next decode step's calls; the
+    /// greedy ids are the trace's, with every recorded call bit for bit and nothing more.
+    func testStreamedIdsAreTheResultAndTheTrace() throws {
+        let t = try Self.traced.get()
+        XCTAssertEqual(t.endCall - t.firstCall, t.prefillCalls + (t.maxNewTokens - 1) * t.decodeStepCalls)
+        let (loop, rt, _) = try loopAtGeneration(t)
+        var streamed: [Int64] = []
+        var callsAtToken: [Int] = []
+        let r = try loop.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad, stopIds: t.stopIds,
+                                  cancel: GenerationCancel(), onToken: { streamed.append($0); callsAtToken.append(rt.next) })
+        XCTAssertEqual(streamed, r.ids)
+        XCTAssertEqual(r.ids, t.outputIds, "greedy ids = the trace's")
+        XCTAssertEqual(r.stop, t.outputIds.count == t.maxNewTokens ? .maxNewTokens : .eos)
+        XCTAssertEqual(callsAtToken, (0..<r.ids.count).map { t.firstCall + t.prefillCalls + $0 * t.decodeStepCalls },
+                       "each token is reported as soon as its logits are read")
+        XCTAssertNil(rt.mismatch)
+        XCTAssertEqual(rt.next, t.endCall)
+        XCTAssertEqual(t.state.sha256, t.trace["final_state_sha256"] as? String, "generation does not write the state")
+    }
+
+    /// A cancel made while token k is reported ends with exactly those k tokens (`.cancelled`), after
+    /// the trace's calls up to token k and no further call; at the last token the generation ends by
+    /// itself (`.maxNewTokens`).
+    func testCancelAfterKTokensStopsWithExactlyThose() throws {
+        let t = try Self.traced.get()
+        for k in 1...t.maxNewTokens {
+            let (loop, rt, _) = try loopAtGeneration(t)
+            let cancel = GenerationCancel()
+            var streamed: [Int64] = []
+            let r = try loop.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad, stopIds: t.stopIds,
+                                      cancel: cancel, onToken: { id in
+                                          streamed.append(id)
+                                          if streamed.count == k { cancel.cancel() }
+                                      })
+            XCTAssertEqual(r.ids, Array(t.outputIds.prefix(k)), "k = \(k)")
+            XCTAssertEqual(streamed, r.ids)
+            XCTAssertEqual(r.stop, k < t.maxNewTokens ? .cancelled : .maxNewTokens, "k = \(k)")
+            XCTAssertEqual(rt.next, t.firstCall + t.prefillCalls + (k - 1) * t.decodeStepCalls, "no call after the cancel (k = \(k))")
+            XCTAssertNil(rt.mismatch)
+        }
+    }
+
+    /// Cancelled from another thread while token 2 is reported: the same, 2 tokens.
+    func testCancelFromAnotherThread() throws {
+        let t = try Self.traced.get()
+        let (loop, rt, _) = try loopAtGeneration(t)
+        let cancel = GenerationCancel()
+        let done = DispatchSemaphore(value: 0)
+        var n = 0
+        let r = try loop.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad, stopIds: t.stopIds,
+                                  cancel: cancel, onToken: { _ in
+                                      n += 1
+                                      if n == 2 {
+                                          DispatchQueue.global().async { cancel.cancel(); done.signal() }
+                                          done.wait()
+                                      }
+                                  })
+        XCTAssertEqual(r, GenerationResult(ids: Array(t.outputIds.prefix(2)), stop: .cancelled))
+        XCTAssertEqual(rt.next, t.firstCall + t.prefillCalls + t.decodeStepCalls)
+    }
+
+    /// Cancelled before the start: no call, no token. Cancelled inside the prefill (after layer 1's
+    /// block_kv): no token, and the calls made are the trace's first ones.
+    func testCancelBeforeStartAndDuringPrefill() throws {
+        let t = try Self.traced.get()
+        let (loop, rt, checked) = try loopAtGeneration(t)
+        let cancel = GenerationCancel()
+        cancel.cancel()
+        XCTAssertTrue(cancel.isCancelled)
+        var tokens = 0
+        let r = try loop.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad,
+                                  cancel: cancel, onToken: { _ in tokens += 1 })
+        XCTAssertEqual(r, GenerationResult(ids: [], stop: .cancelled))
+        XCTAssertEqual(tokens, 0)
+        XCTAssertEqual(checked.executed, 0)
+        XCTAssertEqual(rt.next, t.firstCall)
+
+        let (loop2, rt2, checked2) = try loopAtGeneration(t)
+        let cancel2 = GenerationCancel()
+        checked2.afterCall = { method, layer in if method == "block_kv" && layer == 1 { cancel2.cancel() } }
+        let r2 = try loop2.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad,
+                                    cancel: cancel2, onToken: { _ in tokens += 1 })
+        XCTAssertEqual(r2, GenerationResult(ids: [], stop: .cancelled))
+        XCTAssertEqual(tokens, 0)
+        XCTAssertEqual(rt2.next, t.firstCall + 1 + 2 * 2, "embed, layers 0 and 1, then stopped before layer 2")
+        XCTAssertNil(rt2.mismatch)
+    }
+
+    /// The snapshot a generation beside training reads: the generation methods' entries only, the same
+    /// bytes; the generation on it makes the same calls (the trace's) as on the whole state.
+    func testGenerationSnapshotHoldsTheBoundEntries() throws {
+        let t = try Self.traced.get()
+        let (loop, rt, _) = try loopAtGeneration(t)
+        let names = loop.generationStateEntries
+        XCTAssertFalse(names.isEmpty)
+        XCTAssertFalse(names.contains("step"), "the optimizer's step is not read by generation")
+        let snap = try loop.generationSnapshot(of: t.state)
+        XCTAssertLessThan(snap.buffer.byteCount, t.state.buffer.byteCount)
+        for n in names { XCTAssertEqual(Array(try snap.view(n)), Array(try t.state.view(n)), n) }
+        XCTAssertThrowsError(try snap.view("step"))
+        let r = try loop.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: snap, padTokenId: t.pad, stopIds: t.stopIds)
+        XCTAssertEqual(r.ids, t.outputIds)
+        XCTAssertNil(rt.mismatch)
+        XCTAssertEqual(rt.next, t.endCall)
+    }
+
+    // MARK: incremental text
+
+    /// Byte tokens, one per UTF-8 byte: a character's first bytes show nothing, its last one the
+    /// whole character; no piece ever holds U+FFFD for valid text, and the pieces are the decode.
+    func testIncrementalTextWithByteTokens() throws {
+        let tok = ByteTokenizer()
+        let text = "Grüße 🙂 日本語 e\u{301} — 𝄞!"
+        let ids = tok.encode(text)
+        let dec = IncrementalTextDecoder(tokenizer: tok, hidden: [ByteTokenizer.eos])
+        var pieces: [String] = []
+        for id in ids + [ByteTokenizer.eos] { pieces.append(try dec.append(id)) }
+        pieces.append(dec.finish())
+        XCTAssertEqual(Array(pieces.joined().utf8), Array(text.utf8))
+        XCTAssertFalse(pieces.contains { $0.unicodeScalars.contains("\u{FFFD}") })
+        // 🙂 = F0 9F 99 82: three empty pieces, then the emoji
+        let at = Array(text.utf8).firstIndex(of: 0xF0)!
+        XCTAssertEqual(Array(pieces[at..<at + 4]), ["", "", "", "🙂"])
+        XCTAssertEqual(pieces[ids.count], "", "a hidden stop id adds no text")
+
+        // Random bytes (much invalid UTF-8, cut anywhere): the pieces + finish() are the whole decode
+        // exactly, U+FFFD where String(decoding:) puts one and nowhere else.
+        var rng = SplitMix64(state: 23)
+        let alphabet: [UInt8] = [0x41, 0x20, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x99, 0x82, 0xE0, 0xED, 0xF4, 0x90, 0x80, 0xBF, 0xC0, 0xFF, 0xF5]
+        for _ in 0..<500 {
+            let n = Int(rng.next() % 16) + 1
+            let bytes = (0..<n).map { _ in rng.next() % 3 == 0 ? UInt8(truncatingIfNeeded: rng.next()) : alphabet[Int(rng.next() % UInt64(alphabet.count))] }
+            let d = IncrementalTextDecoder(tokenizer: tok)
+            var out = ""
+            for b in bytes { out += try d.append(Int(b)) }
+            out += d.finish()
+            XCTAssertEqual(Array(out.utf8), Array(String(decoding: bytes, as: UTF8.self).utf8), "\(bytes.map { String($0, radix: 16) })")
+        }
+    }
+
+    /// The Qwen2.5 byte-level BPE: every corpus case (valid text, with tokens that end inside a
+    /// character) and the 400 random id sequences of the reference: the pieces + finish() equal the
+    /// whole decode; for valid text no piece holds U+FFFD.
+    func testIncrementalTextWithQwenTokenizer() throws {
+        guard let qwen = TokenizerTests.tokenizer else {
+            XCTFail("no Qwen2.5 tokenizer.json at \(TokenizerTests.referenceDir.path): run .venv/bin/python ios/hostcheck/tokenizer_reference.py DIR (ios/test.sh does)")
+            return
+        }
+        var cutInside = 0
+        for text in try TokenizerTests.cases() {
+            let ids = qwen.encode(text, allowSpecial: true)
+            let dec = IncrementalTextDecoder(tokenizer: qwen)
+            var out = ""
+            for id in ids {
+                let piece = try dec.append(id)
+                XCTAssertFalse(piece.unicodeScalars.contains("\u{FFFD}") && !text.unicodeScalars.contains("\u{FFFD}"), "broken character in \(text.debugDescription)")
+                out += piece
+                if dec.pendingBytes > 0 { cutInside += 1 }
+            }
+            out += dec.finish()
+            XCTAssertEqual(Array(out.utf8), Array(try qwen.decode(ids).utf8), text.debugDescription)
+        }
+        XCTAssertGreaterThan(cutInside, 20, "the corpus has tokens that end inside a character")
+        let doc = try JSONSerialization.jsonObject(with: try Data(contentsOf: TokenizerTests.referenceDir.appendingPathComponent("decode.json"))) as! [String: Any]
+        let randoms = (doc["random"] as! [[String: Any]]).map { $0["ids"] as! [Int] }
+        XCTAssertEqual(randoms.count, 400)
+        for ids in randoms {
+            let dec = IncrementalTextDecoder(tokenizer: qwen)
+            var out = ""
+            for id in ids { out += try dec.append(id) }
+            out += dec.finish()
+            XCTAssertEqual(Array(out.utf8), Array(try qwen.decode(ids).utf8), "\(ids)")
+        }
+    }
+
+    // MARK: the session
+
+    /// A program for `shared_schemas/examples/manifest_tiny_generate.json` (byte tokenizer) with
+    /// synthetic weights and state_init.bin.
+    func program() throws -> (URL, LoopManifest) {
+        let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
+        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: Repo.examples.appendingPathComponent("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
+        let m = try LoopManifest.load(directory: p)
+        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
+        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
+        return (p, m)
+    }
+
+    func session(_ p: URL, _ m: LoopManifest, runtime: LoopRuntime, steps: Int) throws -> TrainingSession {
+        let data = try TrainingData.prepare(.text(SessionTests.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0, seed: 0)
+        let clock = TickClock()
+        return try TrainingSession(programDirectory: p, programName: "tiny", runtime: runtime, data: data,
+                                   config: SessionConfig(steps: steps, lr: 0.01, checkpointEvery: 1_000_000, selection: .cyclic(k: 3)),
+                                   device: testDevice, clock: clock.read, monotonic: clock.read)
+    }
+
+    /// The session streams `.generationStarted`, one `.token` per id (the ids of the result, their
+    /// texts the result's text), `.generated`; the view model shows the text as it grows, then the
+    /// final one with how it stopped, and leaves the run's phase and message alone. Cancel before
+    /// the start: no call, an empty `.cancelled` generation.
+    func testSessionStreamsTokensIntoTheViewModel() throws {
+        let (p, m) = try program()
+        let rt = HashRuntime(manifest: m)
+        let s = try session(p, m, runtime: rt, steps: 2)
+        let vm = TrainingViewModel()
+        var events: [SessionEvent] = []
+        var texts: [String] = []
+        s.onEvent = { e in
+            events.append(e)
+            vm.handle(e)
+            if case .token = e { texts.append(vm.state.streamAfter?.text ?? "?") }
+        }
+        try s.start(runId: "ios-stream")
+        XCTAssertEqual(try s.run(), .completed)
+        vm.generationRequested()
+        XCTAssertTrue(vm.state.generating)
+        XCTAssertFalse(vm.state.canGenerate)
+        XCTAssertFalse(vm.state.canStartRun)
+        let phase = vm.state.phase, message = vm.state.message
+        events.removeAll()
+        var direct: [GeneratedToken] = []
+        let g = try s.generate(prompt: "The lamp", maxNewTokens: 12, initial: false, onToken: { direct.append($0) })
+        XCTAssertEqual(g.ids.count, 12)
+        XCTAssertEqual(g.stop, .maxNewTokens)
+        XCTAssertEqual(g.adapterStep, 2)
+        XCTAssertEqual(events.first, .generationStarted(initial: false, prompt: "The lamp", adapterStep: 2))
+        XCTAssertEqual(events.last, .generated(g))
+        let tokens = events.compactMap { e -> GeneratedToken? in if case .token(let t) = e { return t } else { return nil } }
+        XCTAssertEqual(tokens, direct)
+        XCTAssertEqual(events.count, 2 + g.ids.count)
+        XCTAssertEqual(tokens.map(\.id), g.ids)
+        XCTAssertEqual(tokens.map(\.index), Array(0..<g.ids.count))
+        XCTAssertEqual(tokens.map(\.text).joined(), g.text)
+        XCTAssertEqual(texts.last, g.text)
+        XCTAssertEqual(texts, (1...tokens.count).map { tokens.prefix($0).map(\.text).joined() }, "the text grows token by token")
+        XCTAssertEqual(vm.state.generationAfter, g)
+        XCTAssertEqual(vm.state.streamAfter, .init(prompt: "The lamp", text: g.text, tokens: 12, stop: .maxNewTokens, adapterStep: 2))
+        XCTAssertEqual(vm.state.phase, phase)
+        XCTAssertEqual(vm.state.message, message)
+        vm.generationFinished("Generated")
+        XCTAssertFalse(vm.state.generating)
+        XCTAssertTrue(vm.state.canStartRun)
+        XCTAssertEqual(vm.state.generationMessage, "Generated")
+        // Generate is offered while a run trains (not while its session loads); Train is not while one runs.
+        vm.setPhase(.training)
+        XCTAssertTrue(vm.state.canGenerate)
+        XCTAssertFalse(vm.state.canStartRun)
+        vm.setPhase(.loading)
+        XCTAssertFalse(vm.state.canGenerate)
+        vm.setPhase(phase, message)
+        // the same greedy ids as the non-streaming call
+        XCTAssertEqual(try s.generate(promptIds: try s.promptIds("The lamp", maxNewTokens: 12).map(Int64.init), maxNewTokens: 12, initial: false).ids, g.ids)
+
+        let calls = rt.calls.count
+        events.removeAll()
+        let cancel = GenerationCancel()
+        cancel.cancel()
+        let none = try s.generate(prompt: "The lamp", maxNewTokens: 12, initial: true, cancel: cancel)
+        XCTAssertEqual(none.ids, [])
+        XCTAssertEqual(none.text, "")
+        XCTAssertEqual(none.stop, .cancelled)
+        XCTAssertEqual(rt.calls.count, calls, "no method call")
+        XCTAssertEqual(events, [.generationStarted(initial: true, prompt: "The lamp", adapterStep: nil), .generated(none)])
+    }
+
+    /// A generation beside a training run of the same session, as the app runs them (training on its
+    /// queue, generation on another, the events folded on one serial "main" queue): while the
+    /// generation is in progress (held at its first token) training steps keep arriving, the
+    /// generation's and the step's calls interleave, the runtime is never called from two threads at
+    /// once, the view model's progress moves during the generation and its phase stays `training`;
+    /// the generation read the state at a step boundary (a run of that many steps alone generates
+    /// the same ids).
+    func testGenerationBesideTrainingKeepsProgressComing() throws {
+        let (p, m) = try program()
+        let inner = HashRuntime(manifest: m)
+        let rt = CheckedRuntime(inner)
+        let s = try session(p, m, runtime: rt, steps: 100_000)
+        let ui = DispatchQueue(label: "test.ui")
+        let vm = TrainingViewModel()
+        let progress = ProgressLog()
+        let seen = Seen()
+        s.onEvent = { e in
+            if case .step = e { progress.add() }
+            ui.async {
+                vm.handle(e)
+                if case .generationStarted = e { seen.doneAtStart = vm.state.stepsDone }
+                if case .generated = e { (seen.doneAtEnd, seen.phaseAtEnd) = (vm.state.stepsDone, vm.state.phase) }
+            }
+        }
+        try s.start(runId: "ios-beside")
+        let stopTraining = GenerationCancel()
+        let trained = DispatchSemaphore(value: 0)
+        DispatchQueue(label: "test.work").async {
+            seen.status = try? s.run(interrupt: { stopTraining.isCancelled ? .cancelled : nil })
+            trained.signal()
+        }
+        XCTAssertTrue(progress.wait(atLeast: 1, timeout: 60), "training runs")
+        var kept = false
+        var stepsDuring = 0
+        let g = try s.generate(prompt: "The lamp", maxNewTokens: 10, initial: false, onToken: { t in
+            if t.index == 0 {
+                let n = progress.count
+                kept = progress.wait(atLeast: n + 2, timeout: 60)
+                stepsDuring = progress.count - n
+            }
+        })
+        stopTraining.cancel()
+        XCTAssertEqual(trained.wait(timeout: .now() + 60), .success)
+        ui.sync {}
+        let (doneAtStart, doneAtEnd, phaseAtEnd, status) = (seen.doneAtStart, seen.doneAtEnd, seen.phaseAtEnd, seen.status)
+        XCTAssertTrue(kept, "training steps kept arriving while a generation was in progress")
+        XCTAssertGreaterThanOrEqual(stepsDuring, 2)
+        XCTAssertEqual(status, .cancelled)
+        XCTAssertEqual(g.ids.count, 10)
+        XCTAssertEqual(g.stop, .maxNewTokens)
+        XCTAssertEqual(rt.maxInFlight, 1, "the runtime is never called from two threads at once")
+        let methods = inner.calls.map(\.method)
+        let first = try XCTUnwrap(methods.firstIndex(of: "embed_token")), last = try XCTUnwrap(methods.lastIndex(of: "embed_token"))
+        XCTAssertGreaterThan(methods[first...last].filter { $0 == "block_backward" }.count, 0, "the step's calls interleave with the generation's")
+        XCTAssertGreaterThan(try XCTUnwrap(doneAtEnd), try XCTUnwrap(doneAtStart), "the progress display moved during the generation")
+        XCTAssertEqual(phaseAtEnd, .training)
+        XCTAssertEqual(vm.state.generationAfter, g)
+
+        // The snapshot is a step boundary: a session that trained exactly that many steps generates the same.
+        let at = try XCTUnwrap(g.adapterStep)
+        XCTAssertGreaterThanOrEqual(at, 1)
+        let ref = try session(p, m, runtime: HashRuntime(manifest: m), steps: at)
+        try ref.start(runId: "ios-reference")
+        XCTAssertEqual(try ref.run(), .completed)
+        XCTAssertEqual(try ref.generate(prompt: "The lamp", maxNewTokens: 10, initial: false).ids, g.ids)
+    }
+
+    /// What the other threads of `testGenerationBesideTrainingKeepsProgressComing` leave for it
+    /// (written before the semaphore / `ui.sync` it waits on).
+    final class Seen: @unchecked Sendable {
+        var doneAtStart: Int?, doneAtEnd: Int?
+        var phaseAtEnd: TrainingPhase?
+        var status: RunStatus?
+    }
+}
