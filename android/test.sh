@@ -6,7 +6,9 @@
 #   2. compile trainer-core + its tests for the JVM and run the tests (JUnit 5);
 #   3. compile trainer-core + the app glue against android.jar alone (no JDK: the core may use only Java
 #      APIs Android has) + host-stubs/ (ExecuTorch API stubs with the real signatures, and the few
-#      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed.
+#      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed;
+#   4. build the generation kernel's static library (android/native) for this host and link it as the app's
+#      ExecuTorch JNI library does (registered, computes), and for arm64 when a cross g++ is installed.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
 # program (shared_schemas/traces/v3_tiny, and v3_tiny_groups with checkpoint groups: ReplayV3Test), the
@@ -114,6 +116,34 @@ check stubs-compile sh -c "mkdir -p '$BUILD/stubs' && javac -nowarn --release 8 
         $(sources "$CORE/main" "$HERE/app/src/main/kotlin") || true
 check android-xml python3 -c 'import sys, xml.dom.minidom as m; [m.parse(f) for f in sys.argv[1:]]' \
     $(find "$HERE/app/src/main" -name '*.xml') || true
+
+# The generation kernel as the app links it (android/native/CMakeLists.txt): built with this host's C++
+# compiler against the .venv's executorch headers (the exporter's version) and linked --whole-archive, as
+# ExecuTorch's JNI library links EXECUTORCH_JNI_CUSTOM_LIBRARY, against its libexecutorch.so: the registry has
+# toolchain::int4_linear.out and the kernel computes; linked plainly, the registry lacks it. Then the same
+# static library cross-compiled for arm64 (aarch64-linux-gnu-g++, when installed: scripts/check_kernel_arm64.sh
+# installs it) with the registration object in it. Not the NDK's clang (not installable here): see
+# docs/android.md, "The generation kernel". Skipped, and logged, without cmake, a C++ compiler or the .venv.
+ET_PKG="$(ls -d "$REPO"/.venv/lib/python3*/site-packages/executorch 2>/dev/null | head -1 || true)"
+if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] && [ -f "$ET_PKG/lib/libexecutorch.so" ]; then
+    check native-kernel-host sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-host' -DCMAKE_BUILD_TYPE=Release \
+        -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' -DTOOLCHAIN_KERNELS_CHECK=ON -DEXECUTORCH_LIBRARY='$ET_PKG/lib/libexecutorch.so' \
+        && cmake --build '$BUILD/kernels-host' -j 2 \
+        && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent" || true
+    if command -v aarch64-linux-gnu-g++ >/dev/null && command -v aarch64-linux-gnu-nm >/dev/null; then
+        check native-kernel-arm64 sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-arm64' -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
+            -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' && cmake --build '$BUILD/kernels-arm64' \
+            && aarch64-linux-gnu-nm -C '$BUILD/kernels-arm64/libtoolchain_kernels.a' > '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' T toolchain_int4_linear\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q '_GLOBAL__sub_I_int4_linear' '$BUILD/kernels-arm64/nm.txt'" || true
+    else
+        log "native-kernel-arm64 skipped (no aarch64-linux-gnu-g++; scripts/check_kernel_arm64.sh installs it)"
+    fi
+else
+    log "native-kernel checks skipped (need cmake, c++ and $REPO/.venv with executorch)"
+fi
 
 # The Qwen2.5 tokenizer.json for TokenizerTest (4.6 MB, not in the repository): built by the toolchain from
 # the vocabulary its pinned dashscope wheel ships, cached by the sha256 of toolchain/tokenizer.py.

@@ -7,7 +7,8 @@
 #      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins;
 #   3. the scripts/ios tests (a fake xcrun on PATH);
 #   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
-#      (v3_tiny and v3_tiny_groups).
+#      (v3_tiny and v3_tiny_groups with the stock methods; v3_tiny again with the native int4 kernel
+#      linked in and the fused generation methods).
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
 # failure. Needs root the first time (debootstrap + mount + chroot; ~3 minutes, 3.2 GB under
 # /var/cache/toolchain-swift, override with SWIFT_CHROOT); later runs reuse the chroot and the build
@@ -86,19 +87,22 @@ failed=$((failed + syntax_failed))
 # (its iOS 26 SDK branch: `MLMultiArrayDataType.int8`); then TrainingController.swift with both
 # runtimes against stand-ins of the SwiftUI / UIKit declarations it uses and of the app's Darwin-only
 # platform files (ios/typecheck/AppPlatform.swift). The views and the platform files stay parse-only.
+# The app target's bridging header (the native kernel probe, ios/App/Sources/Kernels) is imported as the
+# app imports it.
 TC_OUT=/tmp/ios-typecheck
+BRIDGE="-import-objc-header ios/App/Sources/Kernels/TrainerApp-Bridging-Header.h"
 swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
     MODS=\$(dirname \$(find $SCRATCH -path '*/debug/Modules/TrainerCore.swiftmodule' | head -1))
     for m in ExecuTorch CoreML SwiftUI UIKit; do
         swiftc -parse-as-library -emit-module -module-name \$m -emit-module-path $TC_OUT/\$m.swiftmodule ios/typecheck/\$m.swift
     done
     for f in ExecuTorchRuntime CoreMLRuntime; do
-        if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
+        if out=\$(swiftc -typecheck $BRIDGE -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
         else echo \"TYPECHECK-FAIL \$f\"; echo \"\$out\" | head -30; fi
     done
-    if out=\$(swiftc -typecheck -D IOS26_SDK -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/CoreMLRuntime.swift 2>&1); then echo \"TYPECHECK-OK CoreMLRuntime-iOS26-SDK\"
+    if out=\$(swiftc -typecheck $BRIDGE -D IOS26_SDK -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/CoreMLRuntime.swift 2>&1); then echo \"TYPECHECK-OK CoreMLRuntime-iOS26-SDK\"
     else echo \"TYPECHECK-FAIL CoreMLRuntime-iOS26-SDK\"; echo \"\$out\" | head -30; fi
-    if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
+    if out=\$(swiftc -typecheck $BRIDGE -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
             ios/App/Sources/Runtime/CoreMLRuntime.swift ios/typecheck/AppPlatform.swift 2>&1); then echo \"TYPECHECK-OK TrainingController\"
     else echo \"TYPECHECK-FAIL TrainingController\"; echo \"\$out\" | head -30; fi" >"$LOG_DIR/typecheck.log" 2>&1
 tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
@@ -124,19 +128,25 @@ failed=$((failed + s_failed))
 # --- 4. The app's ExecuTorch call pattern (the stock C++ Module, per-method arenas, set_input/execute)
 # as the runtime of the v3 layer loop, against the recorded trace (ios/hostcheck; ~10 s, needs g++ and
 # the .venv's executorch wheel).
-# Both traces: v3_tiny, and v3_tiny_groups (the same program with checkpoint groups, ~4 s more).
+# Both traces with the app's stock kernel set (v3_tiny, and v3_tiny_groups: the same program with
+# checkpoint groups, ~4 s more), the stock generation methods only; then v3_tiny with the native int4
+# kernel linked in as the app target compiles it (--fused: the fused generation methods, the same ids).
 h_passed=0
 h_failed=0
 if [ -x "$REPO/.venv/bin/python" ] && command -v g++ >/dev/null 2>&1; then
-    for t in v3_tiny v3_tiny_groups; do
-        (cd "$REPO" && .venv/bin/python ios/hostcheck/check.py "shared_schemas/traces/$t") >"$LOG_DIR/hostcheck-$t.log" 2>&1
-        if grep -q "^hostcheck: ok" "$LOG_DIR/hostcheck-$t.log"; then h_passed=$((h_passed + 1))
-        else h_failed=$((h_failed + 1)); tail -20 "$LOG_DIR/hostcheck-$t.log"; fi
+    for run in v3_tiny v3_tiny_groups v3_tiny:--fused; do
+        t=${run%%:*}
+        mode=${run#"$t"}
+        mode=${mode#:}
+        log="$LOG_DIR/hostcheck-$t${mode:+-fused}.log"
+        (cd "$REPO" && .venv/bin/python ios/hostcheck/check.py "shared_schemas/traces/$t" $mode) >"$log" 2>&1
+        if grep -q "^hostcheck: ok" "$log"; then h_passed=$((h_passed + 1))
+        else h_failed=$((h_failed + 1)); tail -20 "$log"; fi
     done
 else
-    echo "ios: hostcheck needs the .venv and g++"; h_failed=2
+    echo "ios: hostcheck needs the .venv and g++"; h_failed=3
 fi
-echo "hostcheck (C++ Module vs traces): $h_passed passed, $h_failed failed (logs $LOG_DIR/hostcheck-*.log)"
+echo "hostcheck (C++ Module vs traces, stock x2 + fused): $h_passed passed, $h_failed failed (logs $LOG_DIR/hostcheck-*.log)"
 passed=$((passed + h_passed))
 failed=$((failed + h_failed))
 

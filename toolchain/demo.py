@@ -92,7 +92,7 @@ def current_program(out: Path, cfg: DemoConfig) -> bool:
     try:
         m = json.loads((out / MANIFEST_NAME).read_text())
         return (m.get("schema_version") == MANIFEST_SCHEMA_VERSION and m["model"]["source"] == cfg.model
-                and m["seq_len"] == cfg.seq_len and "block_decode" in json.dumps(m.get("methods", {}))
+                and m["seq_len"] == cfg.seq_len and "prefill_chunk" in (m.get("generate") or {})
                 and (m.get("lcsb") or {}).get("k") == cfg.lcsb_k)
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return False

@@ -4,12 +4,20 @@ module_check.cpp is the stock C++ `Module` as the Swift `Module` builds and call
 so one arena per loaded method; set_input per index, then execute(method)); this script makes it the
 runtime of the v3 layer loop (toolchain/runtime/loop.py, the loop TrainerCore's LayerLoop replays bit
 for bit in ios/test.sh) and runs what the trace's steps did: the train steps (full and LCSB chosen at
-run time, AdamW with skip updates), the eval pass and greedy generation with the KV cache. Checks: every
-step's loss and state sha256, the final state, the eval loss and the generated ids equal the trace's
-(recorded on the Python bindings' runtime, one shared arena).
+run time, AdamW with skip updates), the eval pass and greedy generation with the chunked prefill and the
+KV cache (toolchain/runtime/generate.py, the manifest's generate.steps). Checks: every step's loss and
+state sha256, the final state, the eval loss and the generated ids equal the trace's (recorded on the
+Python bindings' runtime, one shared arena, with the stock generation methods), and the number of calls.
 
-    .venv/bin/python ios/hostcheck/check.py [TRACE_DIR]      # default shared_schemas/traces/v3_tiny
-                                                             # (v3_tiny_groups: its layers_per_checkpoint)
+Two builds of module_check, both with the app's kernel probe (ios/App/Sources/Kernels/ToolchainKernels.cpp):
+  stock (default): the app's ExecuTorch kernel set only; the probe must say toolchain::int4_linear.out is
+    missing, and only the stock methods are loaded (a fused method would not load without its kernel);
+  --fused: also toolchain/native/int4_linear.cpp (the toolchain's flags), as the app target compiles it;
+    the probe must say registered, the fused generation methods (generate.fused) are loaded instead of
+    their stock ones and called by generate(); the greedy ids must still be the trace's.
+
+    .venv/bin/python ios/hostcheck/check.py [TRACE_DIR] [--fused]   # default shared_schemas/traces/v3_tiny
+                                                                     # (v3_tiny_groups: its layers_per_checkpoint)
 
 Needs g++ and the venv (the executorch wheel's headers and libexecutorch.so). Exit 0 when all hold.
 """
@@ -33,16 +41,39 @@ sys.path.insert(0, str(ROOT))
 DTYPES = {0: np.float32, 1: np.int64, 2: np.uint8, 3: np.int8}
 
 
-def build(binary: Path) -> None:
+KERNEL = "toolchain::int4_linear.out"
+KERNELS_DIR = ROOT / "ios/App/Sources/Kernels"     # the app's kernel probe (and its header)
+
+
+def build(binary: Path, fused: bool = False) -> None:
+    """module_check + the app's kernel probe; with `fused`, also the native int4 kernel, compiled with the
+    toolchain's own flags (toolchain/native/build.py) into an object linked in whole (its static
+    initializer registers the kernel, as in the app target)."""
     import executorch
 
     sp = Path(executorch.__path__[0])
-    cmd = ["g++", "-std=c++17", "-O1", "-Wno-deprecated-declarations", "-DC10_USING_CUSTOM_GENERATED_MACROS",
-           f"-I{sp}/include", f"-I{sp}/include/executorch/runtime/core/portable_type/c10",
-           str(HERE / "module_check.cpp"), "-o", str(binary), f"-L{sp}/lib", "-Wl,--no-as-needed",
+    inc = ["-Wno-deprecated-declarations", "-DC10_USING_CUSTOM_GENERATED_MACROS", f"-I{sp}/include",
+           f"-I{sp}/include/executorch/runtime/core/portable_type/c10", f"-I{KERNELS_DIR}"]
+    objects = []
+    if fused:
+        from toolchain.native.build import KERNEL_SOURCE, compile_flags
+
+        flags = [f for f in compile_flags() if f not in ("-shared", "-fPIC")]
+        kernel = binary.with_name("int4_linear.o")
+        subprocess.run(["g++", *flags, *inc, "-c", str(KERNEL_SOURCE), "-o", str(kernel)], check=True)
+        objects.append(str(kernel))
+    cmd = ["g++", "-std=c++17", "-O1", *inc, str(HERE / "module_check.cpp"), str(KERNELS_DIR / "ToolchainKernels.cpp"),
+           *objects, "-o", str(binary), f"-L{sp}/lib", "-Wl,--no-as-needed",
            "-lexecutorch", "-lexecutorch_kernels_optimized", "-lexecutorch_kernels_quantized",
            "-lexecutorch_backend_xnnpack", f"-Wl,-rpath,{sp}/lib"]
     subprocess.run(cmd, check=True)
+
+
+def probe(binary: Path, kernel: str) -> bool:
+    out = subprocess.run([str(binary), "--probe", kernel], check=True, capture_output=True, text=True).stdout.strip()
+    if out not in ("registered", "missing"):
+        raise RuntimeError(f"module_check --probe answered {out!r}")
+    return out == "registered"
 
 
 class AppModuleRunner:
@@ -51,6 +82,8 @@ class AppModuleRunner:
     def __init__(self, binary: Path, pte: Path, methods: list[str]) -> None:
         self.proc = subprocess.Popen([str(binary), str(pte), *methods], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.calls = 0
+        self.called: list[str] = []
+        self.methods_loaded = tuple(methods)      # generate() calls the fused names only if they are among these
 
     def execute(self, method: str, inputs):
         import torch
@@ -73,6 +106,7 @@ class AppModuleRunner:
             (nbytes,) = struct.unpack("<Q", read(8))
             outs.append(torch.from_numpy(np.frombuffer(read(nbytes), dtype=DTYPES[dtype]).copy().reshape(shape)))
         self.calls += 1
+        self.called.append(method)
         return outs
 
     def close(self) -> None:
@@ -88,8 +122,11 @@ def main() -> int:
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
     from toolchain.runtime.loop import LayerLoop
+    from toolchain.runtime.runners import role_methods
 
-    trace_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "shared_schemas/traces/v3_tiny"
+    args = [a for a in sys.argv[1:] if a != "--fused"]
+    fused = "--fused" in sys.argv[1:]
+    trace_dir = Path(args[0]) if args else ROOT / "shared_schemas/traces/v3_tiny"
     trace = json.loads((trace_dir / "trace.json").read_text())
     pdir = ProgramDir(trace_dir / trace["program"])
     pte = pdir.path / pdir.manifest["programs"][0]["file"]
@@ -106,12 +143,23 @@ def main() -> int:
         labels[:len(row["labels"])] = torch.tensor(row["labels"])
         return ids, labels
 
-    report: dict = {"trace": str(trace_dir), "steps": []}
+    fused_methods = set(((pdir.manifest.get("generate") or {}).get("fused") or {}).get("methods", {}).values())
+    if fused and not fused_methods:
+        print(f"hostcheck: {pdir.path} has no fused generation methods (generate.fused); --fused needs an int4 program")
+        return 2
+    report: dict = {"trace": str(trace_dir), "mode": "fused" if fused else "stock", "steps": []}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / "module_check"
-        build(binary)
-        runner = AppModuleRunner(binary, pte, list(pdir.info.methods))
+        build(binary, fused=fused)
+        registered = probe(binary, KERNEL)
+        report["kernel_probe"] = {KERNEL: "registered" if registered else "missing"}
+        ok &= registered == fused
+        # the stock build loads no method that needs the kernel; the fused one loads the fused variants instead
+        methods = role_methods(pdir, "all", fused=fused)
+        ok &= bool(fused_methods & set(methods)) == fused
+        report["methods_loaded"] = methods
+        runner = AppModuleRunner(binary, pte, methods)
         try:
             loop = LayerLoop(pdir, runner)
             state = pdir.state_init()
@@ -139,8 +187,15 @@ def main() -> int:
                     ok &= same
             final = sha(state) == trace["final_state_sha256"]
             ok &= final
-            report.update(calls=runner.calls, recorded_calls=len(trace["calls"]), final_state_equal=final)
+            called_fused = sorted(set(runner.called) & fused_methods)
+            report.update(calls=runner.calls, recorded_calls=len(trace["calls"]), final_state_equal=final,
+                          fused_methods_called=called_fused)
             ok &= runner.calls == len(trace["calls"])
+            ok &= bool(called_fused) == fused          # the fused run really called them; the stock run never
+            if fused:
+                # call for call the trace's methods, the stock names replaced by their fused ones
+                to_fused = pdir.manifest["generate"]["fused"]["methods"]
+                ok &= runner.called == [to_fused.get(c["method"], c["method"]) for c in trace["calls"]]
         finally:
             runner.close()
     print(json.dumps(report, indent=2))

@@ -9,6 +9,11 @@
 // process as the runtime and compares with the Python bindings' runtime and the recorded trace.
 //
 //   module_check MODEL.pte METHOD...
+//   module_check --probe KERNEL        prints "registered" or "missing": the app's kernel probe
+//                                      (ios/App/Sources/Kernels/ToolchainKernels.cpp, linked in) asked
+//                                      about KERNEL (check.py builds this binary with and without
+//                                      toolchain/native/int4_linear.cpp, and loads the fused generation
+//                                      methods only in the binary that registers their kernel)
 // Then, on stdin, any number of requests; each answered on stdout:
 //   request:  u32 name_len, name, u32 n_inputs, n_inputs x tensor
 //   response: u32 status (0 ok, else the ExecuTorch error), u32 n_outputs, n_outputs x tensor
@@ -22,6 +27,8 @@
 
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
+
+#include "ToolchainKernels.h"
 
 using executorch::aten::ScalarType;
 using executorch::aten::SizesType;
@@ -61,8 +68,12 @@ static void answer_error(Error e) {
 }
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--probe") {
+    std::cout << (toolchain_kernel_registered(argv[2]) ? "registered" : "missing") << std::endl;
+    return 0;
+  }
   if (argc < 3) {
-    std::cerr << "usage: module_check MODEL.pte METHOD...\n";
+    std::cerr << "usage: module_check MODEL.pte METHOD... | module_check --probe KERNEL\n";
     return 2;
   }
   Module module(argv[1], std::vector<std::string>{}, Module::LoadMode::Mmap);

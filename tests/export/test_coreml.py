@@ -264,11 +264,13 @@ def _random_input(io: IoSpec, g: torch.Generator, quant: str) -> torch.Tensor:
 
 
 def _head_chunks_consistent(method: MethodSpec, inputs: list[torch.Tensor]) -> None:
-    """head_i are row slices of head (as the app binds them)."""
+    """head_i (or head_i_q / head_i_scale of an int4 head) are row slices of head (head_q / head_scale), as the
+    app binds them."""
     by_name = {io.name: (io, x) for io, x in zip(method.inputs, inputs)}
     for io, x in list(by_name.values()):
         if io.rows is not None:
-            x.copy_(by_name["head"][1][io.rows[0]:io.rows[1]])
+            whole = "head" + next((sfx for sfx in ("_q", "_scale") if io.name.endswith(sfx)), "")
+            x.copy_(by_name[whole][1][io.rows[0]:io.rows[1]])
 
 
 def _check_method(spec: ProgramSpec, name: str, func, seed: int) -> None:

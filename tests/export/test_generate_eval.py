@@ -313,3 +313,57 @@ def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):
     assert [e["step"] for e in out["evals"]] == [0, 2, 4, 5]
     fig = loss_figure(events)
     assert any(line.get_label() == "held-out loss (eval)" for line in fig.axes[0].get_lines())
+
+
+def test_cli_generate_reports_timings_that_add_up(tied_int4, tmp_path):
+    """`toolchain generate --json` on an int4 program (the fused methods on ExecuTorch): the timing fields,
+    the counts they come from, and one line of them on stderr."""
+    prompt = list(range(1, 12))                                  # 11 tokens: three prefill chunks of 5
+    res = CliRunner().invoke(cli, ["generate", "--program", str(tied_int4.prog), "--prompt-ids",
+                                   ",".join(map(str, prompt)), "--max-new-tokens", "8", "--json",
+                                   str(tmp_path / "g.json")])
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert out["fused"] is True and out["backend"] == "executorch"
+    assert (out["prompt_tokens"], out["new_tokens"], out["prefill_chunks"]) == (11, 8, 3)
+    assert out["decode_tokens"] == out["new_tokens"] - 1                 # the first token comes from prefill
+    assert 0 < out["prefill_s"] <= out["ttft_s"] <= out["seconds"]
+    assert out["decode_s"] <= out["seconds"] and out["load_s"] > 0
+    assert math.isclose(out["decode_tokens_per_s"], out["decode_tokens"] / out["decode_s"], rel_tol=2e-3)
+    assert "| prefill " in res.output and "first token" in res.output and "tokens/s (executorch, int4 kernel)" in res.output
+
+
+def test_programs_from_before_chunked_prefill_or_the_int4_head_are_refused(tied, tied_int4, tmp_path):
+    import shutil
+
+    for case, edit in ((tied, lambda m: m["generate"].pop("prefill_chunk")),
+                       (tied_int4, lambda m: m["quant"].pop("head"))):
+        old = tmp_path / case.prog.parent.name
+        shutil.copytree(case.prog, old)
+        m = json.loads((old / "manifest.json").read_text())
+        edit(m)
+        (old / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(BadInput, match="re-export"):
+            ProgramDir(old)
+
+
+def test_without_the_native_kernel_generation_runs_the_stock_methods(tied_int4, monkeypatch):
+    monkeypatch.setenv("TOOLCHAIN_NATIVE_KERNELS", "0")
+    r = open_runner(tied_int4.pdir, "executorch", threads=1, use="generate")
+    assert not any(n.endswith("_fused") for n in r.methods_loaded) and r.fused_unavailable is None
+    got = generate(tied_int4.pdir, r, tied_int4.pdir.state_init(), [3, 1, 4], 6)
+    assert not got.fused
+    fused = generate(tied_int4.pdir, tied_int4.runner("executorch", "generate"), tied_int4.pdir.state_init(), [3, 1, 4], 6)
+    assert fused.fused and fused.output_ids == got.output_ids
+
+
+def test_a_kernel_that_cannot_be_built_falls_back_to_the_stock_methods_with_a_note(tied_int4, monkeypatch, tmp_path):
+    import toolchain.runtime.runners as runners
+
+    monkeypatch.setattr(runners, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
+    r = open_runner(tied_int4.pdir, "executorch", threads=1, use="generate")
+    assert r.fused_unavailable.startswith("no C++ compiler") and not any(n.endswith("_fused") for n in r.methods_loaded)
+    res = CliRunner().invoke(cli, ["generate", "--program", str(tied_int4.prog), "--prompt-ids", "1,2",
+                                   "--max-new-tokens", "3"])
+    assert res.exit_code == 0, res.output
+    assert "note: the int4 generation kernel is unavailable (no C++ compiler" in res.output

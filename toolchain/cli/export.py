@@ -37,8 +37,9 @@ from toolchain.validate import FiniteFloat
               help="Also export the generation methods (chunked prefill, KV-cache decode, one-position LM head) "
                    "that `toolchain generate` and apps run with the live adapter; int4 programs also get their "
                    "fused variants (the native int4 kernel).")
-@click.option("--prefill-chunk", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Prompt tokens per prefill call: a prompt of n tokens costs ceil(n / C) calls (at most --seq-len).")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens per prefill call: a prompt of n tokens costs ceil(n / C) calls.  "
+                   "[default: 32, or --seq-len if shorter]")
 @click.option("--float-head", is_flag=True,
               help="int4 programs: keep the embedding and LM head float32 (default: int4 like the layers; the head "
                    "is most of the bytes generation reads per token).")
@@ -71,7 +72,9 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     opt = optimizer_config(optimizer, weight_decay=weight_decay, frozen_unselected=frozen_unselected)  # lr: a step input
     options = StepOptions(**{"loss_chunk": seq_len, **chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk,
                                                                       mlp_chunk=mlp_chunk)})
-    if prefill_chunk > seq_len:
+    if prefill_chunk is None:
+        prefill_chunk = min(32, seq_len)
+    elif prefill_chunk > seq_len:
         raise click.BadParameter(f"{prefill_chunk} is longer than --seq-len {seq_len}", param_hint="--prefill-chunk")
     if float_head and quant != "int4":
         raise click.BadParameter("applies to --quant int4 only (int8 and none keep a float32 head)",

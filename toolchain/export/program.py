@@ -73,8 +73,7 @@ ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
 # int4 programs also carry fused variants of the generation methods that read int4 weights (same inputs and
 # outputs, name + "_fused"), which call the native kernel toolchain/native/int4_linear.cpp: a runtime that has
 # the kernel registered runs them, any other the stock methods (slower, same results up to float rounding).
-FUSED_KERNELS = (INT4_LINEAR_OP + ".out",)
-FUSED_ROLES = ("block_prefill", "block_decode", "head_logits")
+FUSED_KERNELS = (INT4_LINEAR_OP + ".out",)   # block_prefill, block_decode and (int4 head) head_logits
 
 
 def fused_name(name: str) -> str:
@@ -368,7 +367,7 @@ def _generation_specs(spec: ProgramSpec, weights: tuple[IoSpec, ...], lora: tupl
                       embed: tuple[IoSpec, ...], head: tuple[IoSpec, ...], chunks: tuple[IoSpec, ...]
                       ) -> list[MethodSpec]:
     """embed_token, embed_prefill, block_prefill, block_decode, head_logits (mesp/decode.py; GENERATION_ROLES),
-    and in int4 programs their `_fused` variants (FUSED_ROLES).
+    and in int4 programs their `_fused` variants (block_prefill, block_decode; head_logits with an int4 head).
 
     The KV cache is the app's, per layer k and v [Hk, S, D] (S = seq_len), bound as `cache` k_{layer} /
     v_{layer}: block_prefill and block_decode read it as it is and return the rows of their C tokens

@@ -148,7 +148,7 @@ def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: f
     # the training methods: the generation ones (export/program.py GENERATION_ROLES) are loaded only to
     # generate; their own figure is the manifest's generate.peak_estimate_bytes
     methods = [m["name"] for m in manifest["methods"]
-               if m["role"] not in ("embed_token", "block_kv", "block_decode", "head_logits")]
+               if m["role"] not in ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")]
     arenas = plan["planned_arena_bytes"].get(TARGET)
     if arenas is None:
         have = ", ".join(sorted(plan["planned_arena_bytes"])) or "none"

@@ -51,7 +51,7 @@ def _compiler() -> str:
     return cxx
 
 
-def _key(cxx: str, et: Path) -> str:
+def _key(cxx: str) -> str:
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
@@ -74,7 +74,7 @@ def kernel_library() -> Path:
     """
     cxx, et = _compiler(), _executorch_dir()
     cache = Path(os.environ.get("TOOLCHAIN_KERNEL_CACHE") or Path.home() / ".cache" / "toolchain" / "kernels")
-    target = cache / _key(cxx, et) / _LIB_NAME
+    target = cache / _key(cxx) / _LIB_NAME
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,12 @@
 // partial). Each weight is dequantized exactly as the reference does it, w = float(n - 8) * s (one
 // float product), and multiplied into x with a fused multiply-add:
 //   y[t, r] = sum_k x[t, k] * w[r, k]
-// summed in L = 16 lanes (lane l takes the column pairs j = l mod 16) that are added pairwise at the end,
-// in the same order on every machine (GCC / Clang vector extensions; `acc + x * w` is one fused
-// multiply-add wherever the target has FMA: x86-64 with FMA3, arm64).
+// in a fixed order on every machine: four 16-lane accumulators per row of x (high / low nibbles of the
+// even / odd 16-byte steps of a group), then ((a0 + a1) + (a2 + a3)), the leftover bytes of a group
+// shorter than 16 bytes added lane j mod 16, and the 16 lanes summed as a fixed pairwise tree. Written
+// with GCC / Clang vector extensions (AVX-512: one register per accumulator, AVX2 two, NEON four), and
+// `acc + x * w` is one fused multiply-add wherever the target has FMA (x86-64 with FMA3, arm64): the
+// x86-64 and arm64 builds give the same bits (scripts/check_kernel_arm64.sh checks it under qemu).
 //
 // Rows of x are taken TT at a time, so each weight is decoded once per TT rows (decode: T = 1; a prefill
 // chunk: T = 32, 8 tiles of 4). x is split into even and odd columns once per call (T * i floats of
@@ -20,7 +23,6 @@
 // function for the kernel tests.
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -111,42 +113,66 @@ inline void dequant16(const uint8_t* p, const GroupScale& g, f32x16& wh, f32x16&
 }
 
 // One output row r for NT (<= TT) rows of x: xe/xo [NT][half] even/odd columns, q [half] bytes of row r.
+// Four accumulators per row of x (even / odd 16-byte step of a group x high / low nibbles): independent FMA
+// chains. Groups whose byte count is a multiple of 2L (group 64, 128, ...) and are all whole take the
+// first loop alone; others (smaller or partial groups) go step by step, in the same lanes.
 template <int NT>
-inline void row_dot(const float* const* xe, const float* const* xo, const uint8_t* q, const float* s,
-                    int64_t half, int64_t group_bytes, int64_t ng, float* y, int64_t ystride) {
-  // Four accumulators per row of x (even / odd 16-byte step of a group x high / low nibbles): independent
-  // FMA chains, so the loop is not bound by the FMA latency.
+inline void row_dot(const float* const* xe_in, const float* const* xo_in, const uint8_t* __restrict q,
+                    const float* __restrict s, int64_t half, int64_t group_bytes, int64_t ng, float* y,
+                    int64_t ystride) {
+  const float* __restrict xe[NT];
+  const float* __restrict xo[NT];
+  for (int t = 0; t < NT; ++t) {
+    xe[t] = xe_in[t];
+    xo[t] = xo_in[t];
+  }
   f32x16 acc[NT][4];
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = f32x16{};
   float tail[NT][L] = {};
-  for (int64_t g = 0; g < ng; ++g) {
-    const GroupScale sg(s[g]);
-    const int64_t j0 = g * group_bytes, j1 = std::min(half, j0 + group_bytes);
-    int64_t j = j0;
-    for (; j + 2 * L <= j1; j += 2 * L) {
-      for (int u = 0; u < 2; ++u) {
-        f32x16 wh, wl;
-        dequant16(q + j + u * L, sg, wh, wl);
-        for (int t = 0; t < NT; ++t) {
-          acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j + u * L) * wh;
-          acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j + u * L) * wl;
+  if (group_bytes % (2 * L) == 0 && ng * group_bytes == half) {
+    for (int64_t g = 0, j = 0; g < ng; ++g) {
+      const GroupScale sg(s[g]);
+      for (const int64_t j1 = j + group_bytes; j < j1; j += 2 * L) {
+        for (int u = 0; u < 2; ++u) {
+          f32x16 wh, wl;
+          dequant16(q + j + u * L, sg, wh, wl);
+          for (int t = 0; t < NT; ++t) {
+            acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j + u * L) * wh;
+            acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j + u * L) * wl;
+          }
         }
       }
     }
-    if (j + L <= j1) {
-      f32x16 wh, wl;
-      dequant16(q + j, sg, wh, wl);
-      for (int t = 0; t < NT; ++t) {
-        acc[t][0] = acc[t][0] + load16(xe[t] + j) * wh;
-        acc[t][1] = acc[t][1] + load16(xo[t] + j) * wl;
+  } else {
+    for (int64_t g = 0; g < ng; ++g) {
+      const GroupScale sg(s[g]);
+      const int64_t j0 = g * group_bytes, j1 = std::min(half, j0 + group_bytes);
+      int64_t j = j0;
+      for (; j + 2 * L <= j1; j += 2 * L) {
+        for (int u = 0; u < 2; ++u) {
+          f32x16 wh, wl;
+          dequant16(q + j + u * L, sg, wh, wl);
+          for (int t = 0; t < NT; ++t) {
+            acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j + u * L) * wh;
+            acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j + u * L) * wl;
+          }
+        }
       }
-      j += L;
-    }
-    for (; j < j1; ++j) {  // fewer than 2L columns left in the group: lane j mod L, as the vector loop
-      const int32_t b = q[j];
-      const float wh = static_cast<float>((b >> 4) - 8) * s[g];
-      const float wl = static_cast<float>((b & 15) - 8) * s[g];
-      for (int t = 0; t < NT; ++t) tail[t][j % L] = tail[t][j % L] + xe[t][j] * wh + xo[t][j] * wl;
+      if (j + L <= j1) {
+        f32x16 wh, wl;
+        dequant16(q + j, sg, wh, wl);
+        for (int t = 0; t < NT; ++t) {
+          acc[t][0] = acc[t][0] + load16(xe[t] + j) * wh;
+          acc[t][1] = acc[t][1] + load16(xo[t] + j) * wl;
+        }
+        j += L;
+      }
+      for (; j < j1; ++j) {  // fewer than 2L columns left in the group: lane j mod L
+        const int32_t b = q[j];
+        const float wh = static_cast<float>((b >> 4) - 8) * s[g];
+        const float wl = static_cast<float>((b & 15) - 8) * s[g];
+        for (int t = 0; t < NT; ++t) tail[t][j % L] = tail[t][j % L] + xe[t][j] * wh + xo[t][j] * wl;
+      }
     }
   }
   for (int t = 0; t < NT; ++t) {

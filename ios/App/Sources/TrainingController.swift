@@ -369,6 +369,8 @@ final class TrainingController: ObservableObject {
                     message = Self.describe(after, side: "after")
                     if after.stop != .cancelled { message = "Generated" + (after.adapterStep.map { " (trained adapter at step \($0))" } ?? "") }
                 }
+                // int4 programs: the fused methods ran on the app's native kernel (ExecuTorchRuntime.registeredKernels)
+                if session.loop.generationIsFused, before.stop != .cancelled { message += "; native int4 kernel" }
             } catch {
                 message = "Generation failed: \(error)"
             }

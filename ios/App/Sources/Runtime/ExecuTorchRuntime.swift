@@ -12,11 +12,19 @@ import TrainerCore
 /// every new value is an output), so the read-only weights mapping is safe to pass. Outputs live in
 /// the method's planned arena, which its next call overwrites: each is copied once into a Data the
 /// loop copies into its state slice / activation at once.
+///
+/// Native kernels: the app target compiles toolchain/native/int4_linear.cpp (project.yml), whose static
+/// initializer registers `toolchain::int4_linear.out` with the ExecuTorch runtime the Module runs on.
+/// `registeredKernels` asks the kernel registry (ToolchainKernels.cpp, through the bridging header)
+/// about every kernel the manifest's fused methods need; with all of them the loop calls the fused
+/// generation methods (`generate.fused`), else the stock ones (a fused method would fail to load).
 final class ExecuTorchRuntime: LoopRuntime {
     let backendName = "executorch"
     private let module: Module
     private let manifest: LoopManifest
     private let fileName: String
+    /// The kernels of the manifest's fused methods that this process has registered.
+    let registeredKernels: Set<String>
 
     init(programFile: URL, manifest: LoopManifest) throws {
         guard FileManager.default.fileExists(atPath: programFile.path) else {
@@ -25,6 +33,7 @@ final class ExecuTorchRuntime: LoopRuntime {
         module = Module(filePath: programFile.path, loadMode: .mmap)
         self.manifest = manifest
         fileName = programFile.lastPathComponent
+        registeredKernels = Self.kernelsRegistered(Set(manifest.generate?.fused?.kernels ?? []))
         do {
             try module.load()
         } catch {
@@ -74,6 +83,16 @@ final class ExecuTorchRuntime: LoopRuntime {
             return t.withUnsafeBytes { Data(buffer: $0) }
         }
     }
+
+    /// Those of `names` the ExecuTorch kernel registry of this process has (the app's native kernels
+    /// register at load; ToolchainKernels.h).
+    static func kernelsRegistered(_ names: Set<String>) -> Set<String> {
+        names.filter { name in name.withCString { toolchain_kernel_registered($0) } }
+    }
+
+    /// Whether the native int4 kernel is linked into this app (what the screen reports).
+    static var int4KernelRegistered: Bool { !kernelsRegistered([int4Kernel]).isEmpty }
+    static let int4Kernel = "toolchain::int4_linear.out"
 
     /// A tensor over the input's bytes, no copy.
     static func tensor(_ v: LoopInput) throws -> ValueConvertible {

@@ -178,9 +178,18 @@ public struct LoopInput {
 /// (`Data(bytesNoCopy:...)`): the loop copies what it keeps at once.
 public protocol LoopRuntime: AnyObject {
     var backendName: String { get }
+    /// Custom kernels registered with this runtime beyond its stock operators (ExecuTorch:
+    /// `toolchain::int4_linear.out` when the app links toolchain/native/int4_linear.cpp). Generation
+    /// calls the manifest's fused methods (`generate.fused`) when it has all of theirs
+    /// (`LoopManifest.generationMethods(registeredKernels:)`). Default: none.
+    var registeredKernels: Set<String> { get }
     func load(methods: [String]) throws
     /// `layer`: the index `{layer}` was replaced by (nil for embed, head methods); informational.
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data]
+}
+
+extension LoopRuntime {
+    public var registeredKernels: Set<String> { [] }
 }
 
 /// The v3 layer loop, exactly as `toolchain/runtime/loop.py` `LayerLoop` runs it: binds every method
@@ -204,6 +213,7 @@ public final class LayerLoop {
 
     public init(manifest: LoopManifest, weights: MappedWeights, runtime: LoopRuntime) throws {
         (self.manifest, self.weights, self.runtime) = (manifest, weights, runtime)
+        generationMethods = manifest.generationMethods(registeredKernels: runtime.registeredKernels)
         for m in manifest.methods where methodsByRole[m.role] == nil { methodsByRole[m.role] = m }
         // Every weight binding of every layer exists with the manifest's shape and dtype.
         for m in manifest.methods {
@@ -242,12 +252,18 @@ public final class LayerLoop {
 
     // MARK: binding
 
-    /// Run the method of `role`; state outputs go into their slices, cache outputs into the layer's
-    /// cache (all S rows, or one row at `pos`), the others are returned (copied out of the runtime).
+    /// Run the method of `role` (the stock one; see `run`).
     @discardableResult
     func call(_ role: String, layer: Int?, values: [String: HostBuffer], state: LoopState,
               cache: [String: HostBuffer]? = nil, pos: Int? = nil) throws -> [String: HostBuffer] {
-        let m = try method(role: role)
+        try run(try method(role: role), layer: layer, values: values, state: state, cache: cache, pos: pos)
+    }
+
+    /// Run method `m`; state outputs go into their slices, cache outputs of C rows into the layer's
+    /// cache at rows pos ..< pos + C (those < S), the others are returned (copied out of the runtime).
+    @discardableResult
+    func run(_ m: LoopManifest.Method, layer: Int?, values: [String: HostBuffer], state: LoopState,
+             cache: [String: HostBuffer]? = nil, pos: Int? = nil) throws -> [String: HostBuffer] {
         let ph = manifest.weights.layerPlaceholder
         var inputs: [LoopInput] = []
         inputs.reserveCapacity(m.inputs.count)
@@ -298,18 +314,20 @@ public final class LayerLoop {
         return kept
     }
 
-    /// A cache [Hk, S, D] output: all S rows, or `n` rows [Hk, n, D] written at rows pos..pos+n-1.
+    /// A cache output of `n` rows [Hk, n, D] (a prefill chunk's, or decode's one) written into the
+    /// layer's cache [Hk, S, D] at rows pos ..< pos + n; rows at or past S (the padding of a last chunk
+    /// that reaches the end of the cache) are dropped, as the host's `LayerLoop._call` does.
     private func write(cache target: HostBuffer, output: Data, shape: [Int], pos: Int?, what: String) throws {
-        guard shape.count == 3 else { throw TrainerError.runtime("\(what) has shape \(shape), not [Hk, S, D]") }
-        if output.count == target.byteCount { output.withUnsafeBytes { target.raw.copyMemory(from: $0) }; return }
+        guard shape.count == 3 else { throw TrainerError.runtime("\(what) has shape \(shape), not [Hk, C, D]") }
         let (hk, n, dim) = (shape[0], shape[1], shape[2])
         let s = target.byteCount / (4 * hk * dim)
-        guard let pos, pos >= 0, pos + n <= s else { throw TrainerError.runtime("\(what): row \(pos ?? -1) is outside the cache of \(s)") }
+        guard let pos, pos >= 0, pos < s else { throw TrainerError.runtime("\(what): row \(pos ?? -1) is outside the cache of \(s)") }
+        let kept = min(n, s - pos)
         output.withUnsafeBytes { src in
             for h in 0..<hk {
                 let from = src.baseAddress! + 4 * h * n * dim
                 let to = target.raw.baseAddress! + 4 * (h * s + pos) * dim
-                to.copyMemory(from: from, byteCount: 4 * n * dim)
+                to.copyMemory(from: from, byteCount: 4 * kept * dim)
             }
         }
     }
@@ -437,21 +455,33 @@ public final class LayerLoop {
 
     // MARK: generation
 
-    /// The methods generation calls, by role: the prefill (`embed`, then per layer `block_kv` +
-    /// `block_forward`, `head_logits` of the prompt's last row) and each decode step (`embed_token`,
+    /// The roles of the methods generation calls: the chunked prefill (`embed_prefill`, then per layer
+    /// `block_prefill`; `head_logits` of the prompt's last row) and each decode step (`embed_token`,
     /// per layer `block_decode`, `head_logits`). The one list of them: `loadGeneration`,
-    /// `LoopManifest.canGenerate` and the state a generation snapshot keeps read it; `generate` is the
-    /// one place they are called.
-    public static let generationRoles = ["embed", "block_kv", "block_forward", "embed_token", "block_decode", "head_logits"]
+    /// `LoopManifest.canGenerate` / `generationMethods` and the state a generation snapshot keeps read
+    /// it; `generate` is the one place they are called.
+    public static let generationRoles = ["embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits"]
 
-    /// Load every method generation calls, once per loop (the prefill's `embed` / `block_forward` are
-    /// named again when training loaded them: both runtimes skip a method they have loaded).
+    /// The method called for each generation role on this runtime: the fused variant where the
+    /// runtime has the manifest's `generate.fused.kernels` registered, else the stock one
+    /// (`LoopManifest.generationMethods(registeredKernels:)`).
+    public let generationMethods: [String: LoopManifest.Method]
+
+    /// Whether generation calls fused methods (the native int4 kernel) on this runtime.
+    public var generationIsFused: Bool { generationMethods.values.contains { !($0.kernels ?? []).isEmpty } }
+
+    private func generationMethod(_ role: String) throws -> LoopManifest.Method {
+        guard let m = generationMethods[role] else { throw TrainerError.badInput("the program has no \(role) method; re-export it") }
+        return m
+    }
+
+    /// Load every method generation calls (`generationMethods`: fused or stock), once per loop.
     public func loadGeneration() throws {
         gate.lock()
         defer { gate.unlock() }
         guard !generationLoaded else { return }
         guard manifest.canGenerate else { throw TrainerError.badInput("this program was exported without the generation methods; re-export it") }
-        try runtime.load(methods: try Self.generationRoles.map { try method(role: $0).name })
+        try runtime.load(methods: try Self.generationRoles.map { try generationMethod($0).name })
         generationLoaded = true
     }
 
@@ -460,7 +490,7 @@ public final class LayerLoop {
         var names: Set<String> = []
         let ph = manifest.weights.layerPlaceholder
         for role in Self.generationRoles {
-            guard let m = try? method(role: role) else { continue }
+            guard let m = generationMethods[role] else { continue }
             let layered = m.role.hasPrefix("block_")
             for io in m.inputs where io.bind == .state {
                 for layer in (layered ? (0..<layers).map { Optional($0) } : [nil]) as [Int?] { names.insert(io.ref(layer: layer, placeholder: ph)) }
@@ -476,16 +506,37 @@ public final class LayerLoop {
         try state.snapshot(entries: generationStateEntries)
     }
 
+    /// The KV cache of one generation: per layer `k_{layer}`, `v_{layer}` zeros of the [Hk, S, D] shape
+    /// `block_decode` takes (the manifest's; rows >= pos are never read).
+    func newCache() throws -> [String: HostBuffer] {
+        let decode = try generationMethod("block_decode")
+        var cache: [String: HostBuffer] = [:]
+        for io in decode.inputs where io.bind == .cache {
+            for i in 0..<layers { cache[io.ref(layer: i, placeholder: manifest.weights.layerPlaceholder)] = HostBuffer(byteCount: io.byteCount) }
+        }
+        guard !cache.isEmpty else { throw TrainerError.badInput("block_decode binds no KV cache; re-export the program") }
+        return cache
+    }
+
     /// Greedy generation (argmax, the first of equal maxima) of up to `maxNewTokens` after `prompt`,
-    /// with the KV cache per layer `k_{layer}`, `v_{layer}` [Hk, S, D] owned here; the state is read only.
-    /// The generation driver: every method call of a generation is made here.
+    /// with the KV cache per layer `k_{layer}`, `v_{layer}` [Hk, S, D] owned here; the state is read
+    /// only. The generation driver (the manifest's `generate.steps`, `toolchain/runtime/generate.py`):
+    /// every method call of a generation is made here.
+    ///
+    /// Prefill: the prompt of n tokens in chunks of C = `generate.prefill_chunk` (the last padded with
+    /// `padTokenId`): per chunk at pos = 0, C, 2C, ...: `embed_prefill`, then per layer `block_prefill`
+    /// (x, pos, the layer's cache), whose k_new / v_new [Hk, C, D] go to cache rows pos ..< pos + C (those
+    /// < S); then `head_logits` of row (n - 1) mod C of the last chunk's output. Decode: `embed_token`,
+    /// per layer `block_decode` (k_new / v_new at row pos), `head_logits`. The methods are
+    /// `generationMethods`' (fused where the runtime has the kernel).
     ///
     /// Streams: `onToken` gets each new id as soon as its logits are read, before the next decode
     /// step runs, in the order of the result's `ids`. Stops after a token of `stopIds` (kept in `ids`:
     /// `.eos`), after `maxNewTokens` (`.maxNewTokens`), or when `cancel` is set (`.cancelled`): it is
-    /// checked before the prefill, between the prefill's layers and before each decode step, so a
-    /// cancel made while token k is reported (in `onToken`) ends with exactly those k tokens and no
-    /// further method call; a cancel before the start makes no call and returns no token.
+    /// checked before the prefill, before each prefill chunk and each of its layers, before the
+    /// prompt's head_logits and before each decode step, so a cancel made while token k is reported
+    /// (in `onToken`) ends with exactly those k tokens and no further method call; a cancel before the
+    /// start makes no call and returns no token.
     public func generate(prompt: [Int64], maxNewTokens: Int, state: LoopState, padTokenId: Int64 = 0,
                          stopIds: Set<Int64> = [], cancel: GenerationCancel? = nil,
                          onToken: ((Int64) -> Void)? = nil) throws -> GenerationResult {
@@ -493,29 +544,46 @@ public final class LayerLoop {
         guard !prompt.isEmpty, maxNewTokens >= 1, prompt.count + maxNewTokens <= s else {
             throw TrainerError.badInput("prompt (\(prompt.count) tokens) + \(maxNewTokens) new tokens must fit seq_len \(s)")
         }
+        guard let c = manifest.prefillChunk, c >= 1 else {
+            throw TrainerError.badInput("this program has no generate.prefill_chunk (exported before chunked prefill); re-export it")
+        }
+        let vocab = manifest.model.arch.vocab
+        if let bad = prompt.first(where: { $0 < 0 || $0 >= Int64(vocab) }) {
+            throw TrainerError.badInput("prompt token id \(bad) is outside the vocabulary of \(vocab)")
+        }
         var out: [Int64] = []
         func cancelled() -> Bool { cancel?.isCancelled == true }
         if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
-        let kv = try method(role: "block_kv")
-        var cache: [String: HostBuffer] = [:]
-        for io in kv.outputs where io.bind == .cache {
-            for i in 0..<layers { cache[io.ref(layer: i, placeholder: manifest.weights.layerPlaceholder)] = HostBuffer(byteCount: io.byteCount) }
-        }
-        // Prefill (a follow-up moves it to the contract's chunked prefill methods; only this block changes).
-        guard var x = try call("embed", layer: nil, values: ["input_ids": try padded(prompt, pad: padTokenId)], state: state)["x"] else {
-            throw TrainerError.runtime("embed returned no x")
-        }
-        for i in 0..<layers {
+        let (embedPrefill, blockPrefill, embedToken, blockDecode, headLogits) = (
+            try generationMethod("embed_prefill"), try generationMethod("block_prefill"), try generationMethod("embed_token"),
+            try generationMethod("block_decode"), try generationMethod("head_logits"))
+        let cache = try newCache()
+        // Prefill, chunk by chunk.
+        var x = HostBuffer(byteCount: 0)
+        for start in stride(from: 0, to: prompt.count, by: c) {
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
-            try call("block_kv", layer: i, values: ["x": x], state: state, cache: cache)
-            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else { throw TrainerError.runtime("no x") }
-            x = next
+            let chunk = Array(prompt[start..<min(start + c, prompt.count)])
+            let tokens = HostBuffer(values: (chunk + Array(repeating: padTokenId, count: c - chunk.count)).map { $0.littleEndian })
+            guard let e = try run(embedPrefill, layer: nil, values: ["tokens": tokens], state: state)["x"] else {
+                throw TrainerError.runtime("\(embedPrefill.name) returned no x")
+            }
+            x = e
+            let p = HostBuffer(values: [Int64(start).littleEndian])
+            for i in 0..<layers {
+                if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
+                guard let next = try run(blockPrefill, layer: i, values: ["x": x, "pos": p], state: state, cache: cache, pos: start)["x"] else {
+                    throw TrainerError.runtime("\(blockPrefill.name) returned no x")
+                }
+                x = next
+            }
         }
-        let rowBytes = x.byteCount / s
-        var last = HostBuffer(copying: x.slice((prompt.count - 1) * rowBytes, rowBytes))
+        let rowBytes = x.byteCount / c
+        var last = HostBuffer(copying: x.slice(((prompt.count - 1) % c) * rowBytes, rowBytes))
         x = HostBuffer(byteCount: 0)
         if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
-        guard var logits = try call("head_logits", layer: nil, values: ["x": last], state: state)["logits"] else { throw TrainerError.runtime("no logits") }
+        guard var logits = try run(headLogits, layer: nil, values: ["x": last], state: state)["logits"] else {
+            throw TrainerError.runtime("\(headLogits.name) returned no logits")
+        }
         var pos = prompt.count
         while true {
             let f = logits.floats
@@ -528,18 +596,20 @@ public final class LayerLoop {
             if out.count == maxNewTokens { return GenerationResult(ids: out, stop: .maxNewTokens) }
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             // One decode step.
-            guard var h = try call("embed_token", layer: nil, values: ["token": HostBuffer(values: [token.littleEndian])], state: state)["x"] else {
-                throw TrainerError.runtime("no x")
+            guard var h = try run(embedToken, layer: nil, values: ["token": HostBuffer(values: [token.littleEndian])], state: state)["x"] else {
+                throw TrainerError.runtime("\(embedToken.name) returned no x")
             }
             let p = HostBuffer(values: [Int64(pos).littleEndian])
             for i in 0..<layers {
-                guard let next = try call("block_decode", layer: i, values: ["x": h, "pos": p], state: state, cache: cache, pos: pos)["x"] else {
-                    throw TrainerError.runtime("no x")
+                guard let next = try run(blockDecode, layer: i, values: ["x": h, "pos": p], state: state, cache: cache, pos: pos)["x"] else {
+                    throw TrainerError.runtime("\(blockDecode.name) returned no x")
                 }
                 h = next
             }
             last = h
-            guard let l = try call("head_logits", layer: nil, values: ["x": last], state: state)["logits"] else { throw TrainerError.runtime("no logits") }
+            guard let l = try run(headLogits, layer: nil, values: ["x": last], state: state)["logits"] else {
+                throw TrainerError.runtime("\(headLogits.name) returned no logits")
+            }
             logits = l
             pos += 1
         }

@@ -63,8 +63,14 @@ public struct LoopManifest: Decodable, Equatable {
         public var targets: [String]
     }
 
+    /// `quant`: the frozen weights' format; `head`: the embedding and LM head are stored like the layers
+    /// (int4: `embed.qweight` / `embed.scales`, bound as `embed_q` / `embed_scale`, head chunks
+    /// `head_{j}_q` / `head_{j}_scale` with `rows`). The binding is generic (`weight` + `ref` + optional
+    /// `rows`), so the loop needs neither; they are decoded for the screen and the tests.
     public struct Quant: Decodable, Equatable {
         public var kind: String
+        public var group: Int?
+        public var head: Bool?
     }
 
     /// `memory_plan`: per target the planned arena of each method and the peak estimate.
@@ -79,15 +85,32 @@ public struct LoopManifest: Decodable, Equatable {
         }
     }
 
-    /// `generate` (null when exported without the generation methods).
+    /// `generate` (null when exported without the generation methods): the prompt goes in chunks of
+    /// `prefillChunk` tokens (`embed_prefill`, `block_prefill` per layer), then one token per decode
+    /// step (`embed_token`, `block_decode` per layer, `head_logits`); `LayerLoop.generate` runs it.
+    /// Programs exported before chunked prefill lack `prefill_chunk` and are refused (`decode`).
     public struct Generate: Decodable, Equatable {
         public var methods: [String]
         public var maxTokens: Int?
         public var cacheBytes: Int?
+        public var prefillChunk: Int?
+        public var fused: Fused?
         public var peakEstimateBytes: [String: Int]?
         enum CodingKeys: String, CodingKey {
-            case methods, maxTokens = "max_tokens", cacheBytes = "cache_bytes", peakEstimateBytes = "peak_estimate_bytes"
+            case methods, maxTokens = "max_tokens", cacheBytes = "cache_bytes", prefillChunk = "prefill_chunk", fused
+            case peakEstimateBytes = "peak_estimate_bytes"
         }
+    }
+
+    /// `generate.fused` (int4 programs): variants of generation methods that call native kernels
+    /// (`kernels`, e.g. `toolchain::int4_linear.out`, built from `source` in the toolchain repository),
+    /// with the same inputs and outputs as the stock method (`head_logits_fused` takes the whole head
+    /// instead of its chunks). A runtime that has every kernel registered calls `methods[stock]`
+    /// instead of `stock`; any other calls the stock one.
+    public struct Fused: Decodable, Equatable {
+        public var kernels: [String]
+        public var source: String?
+        public var methods: [String: String]
     }
 
     public struct Arch: Decodable, Equatable {
@@ -143,6 +166,9 @@ public struct LoopManifest: Decodable, Equatable {
         public var role: String
         public var inputs: [IO]
         public var outputs: [IO]
+        /// Custom kernels the method calls beyond the stock ExecuTorch runtime (the fused generation
+        /// methods); nil: stock operators only.
+        public var kernels: [String]?
     }
 
     public struct Loop: Decodable, Equatable {
@@ -207,6 +233,10 @@ public struct LoopManifest: Decodable, Equatable {
         } catch {
             throw TrainerError.badInput("\(source) is not a valid v3 manifest (\(describe(error))); re-export the program")
         }
+        if let gen = m.generate, gen.prefillChunk == nil {
+            throw TrainerError.badInput("\(source) was exported before chunked prefill (its generation methods prefill the whole " +
+                                        "seq_len with block_kv); re-export the program with this toolchain")
+        }
         try m.validate(source: source)
         return m
     }
@@ -216,7 +246,33 @@ public struct LoopManifest: Decodable, Equatable {
         return try decode(try readFile(url, what: "manifest"), source: url.path)
     }
 
+    /// The first method of `role` in the manifest's order: the stock one (a fused variant shares its
+    /// role and is listed after it; `generationMethods(registeredKernels:)` picks between them).
     public func method(role: String) -> Method? { methods.first { $0.role == role } }
+
+    public func method(named name: String) -> Method? { methods.first { $0.name == name } }
+
+    /// The method generation calls for each of `LayerLoop.generationRoles`: the fused variant
+    /// (`generate.fused.methods`) where the runtime has all of `generate.fused.kernels` registered
+    /// (`registeredKernels`, `LoopRuntime.registeredKernels`) and the manifest lists it, else the stock
+    /// one. Roles without a method are left out (`canGenerate` is false then).
+    public func generationMethods(registeredKernels: Set<String>) -> [String: Method] {
+        var out: [String: Method] = [:]
+        let fused = generate?.fused
+        let useFused = fused.map { !$0.kernels.isEmpty && Set($0.kernels).isSubset(of: registeredKernels) } ?? false
+        for role in LayerLoop.generationRoles {
+            guard let stock = method(role: role) else { continue }
+            if useFused, let name = fused?.methods[stock.name], let f = method(named: name), f.role == stock.role {
+                out[role] = f
+            } else {
+                out[role] = stock
+            }
+        }
+        return out
+    }
+
+    /// Tokens per `embed_prefill` / `block_prefill` call (`generate.prefill_chunk`).
+    public var prefillChunk: Int? { generate?.prefillChunk }
 
     public func program(target: String) -> Program? { programs.first { $0.target == target } }
 
@@ -228,9 +284,11 @@ public struct LoopManifest: Decodable, Equatable {
         return files[weights.file] ?? files[state.initFile]
     }
 
-    /// Whether the program has every method generation calls (`LayerLoop.generationRoles`: block_kv,
-    /// block_decode, embed_token, head_logits besides the training methods).
-    public var canGenerate: Bool { LayerLoop.generationRoles.allSatisfy { method(role: $0) != nil } }
+    /// Whether the program has every method generation calls (`LayerLoop.generationRoles`: embed_token,
+    /// embed_prefill, block_prefill, block_decode, head_logits) and its prefill chunk.
+    public var canGenerate: Bool {
+        generate?.prefillChunk != nil && LayerLoop.generationRoles.allSatisfy { method(role: $0) != nil }
+    }
 
     /// Dirty memory a training step is planned to peak at on `target`: the manifest's estimate, else
     /// the planned arenas of the training methods (each loaded method keeps its own arena in the stock
@@ -281,9 +339,26 @@ public struct LoopManifest: Decodable, Equatable {
         var roles = Self.trainRoles
         if loop.movesUnselected { roles.append("block_skip_update") }
         for r in roles where method(role: r) == nil { throw fail("no method has role \(r)") }
-        let activations: Set<String> = ["x", "d", "checkpoint"]
-        let appInputs: Set<String> = ["input_ids", "labels", "lr"]
-        for m in methods where roles.contains(m.role) {
+        var activations: Set<String> = ["x", "d", "checkpoint"]
+        var appInputs: Set<String> = ["input_ids", "labels", "lr"]
+        var checked = Set(roles)
+        if let gen = generate, let chunk = gen.prefillChunk {
+            // generation: its roles' methods (stock and fused) bind the same way, plus the KV cache
+            guard chunk >= 1, chunk <= seqLen else { throw fail("generate.prefill_chunk \(chunk) is not in 1...\(seqLen)") }
+            for r in LayerLoop.generationRoles where method(role: r) == nil { throw fail("no method has role \(r)") }
+            checked.formUnion(LayerLoop.generationRoles)
+            appInputs.formUnion(["token", "tokens", "pos"])
+            activations.insert("x")
+            if let fused = gen.fused {
+                for (stock, name) in fused.methods.sorted(by: { $0.key < $1.key }) {
+                    guard let s = method(named: stock), let f = method(named: name), s.role == f.role, f.outputs == s.outputs else {
+                        throw fail("generate.fused maps \(stock) to \(name), which is not a method of the same role and outputs")
+                    }
+                }
+            }
+            try validateCache(chunk: chunk, fail: fail)
+        }
+        for m in methods where checked.contains(m.role) {
             let layered = m.role.hasPrefix("block_")
             for io in m.inputs + m.outputs {
                 guard io.elementSize > 0 else { throw fail("\(m.name) \(io.name) has dtype \(io.dtype)") }
@@ -309,6 +384,41 @@ public struct LoopManifest: Decodable, Equatable {
                 }
             }
         }
+    }
+
+    /// The KV cache of `block_prefill` / `block_decode` (bind `cache`, ref `k_{layer}` / `v_{layer}`): the
+    /// inputs are the whole cache [Hk, S, D] (S = seq_len), the outputs the call's rows [Hk, C, D]
+    /// (C = the prefill chunk, 1 for decode), every method the same Hk and D, and the total the
+    /// manifest's `generate.cache_bytes` when given.
+    private func validateCache(chunk: Int, fail: (String) -> TrainerError) throws {
+        var dims: (Int, Int)? = nil
+        for m in methods where m.role == "block_prefill" || m.role == "block_decode" {
+            let rows = m.role == "block_prefill" ? chunk : 1
+            let ins = m.inputs.filter { $0.bind == .cache }, outs = m.outputs.filter { $0.bind == .cache }
+            guard Set(ins.map(\.ref)).count == 2, Set(outs.map(\.ref)) == Set(ins.map(\.ref)) else {
+                throw fail("\(m.name) must take and return the k and v caches")
+            }
+            for io in ins + outs {
+                let want = ins.contains(io) ? seqLen : rows
+                guard io.dtype == "float32", io.shape.count == 3, io.shape[1] == want, io.ref.contains(weights.layerPlaceholder) else {
+                    throw fail("\(m.name) \(io.name) is \(io.dtype)\(io.shape), not a float32 [kv_heads, \(want), head_dim] per-layer cache")
+                }
+                if let d = dims, d != (io.shape[0], io.shape[2]) { throw fail("\(m.name) \(io.name) has shape \(io.shape), other caches [\(d.0), _, \(d.1)]") }
+                dims = (io.shape[0], io.shape[2])
+            }
+        }
+        if let (hk, dh) = dims, let bytes = generate?.cacheBytes, bytes != 2 * loop.layers * hk * seqLen * dh * 4 {
+            throw fail("generate.cache_bytes \(bytes) is not 2 x \(loop.layers) layers x [\(hk), \(seqLen), \(dh)] float32")
+        }
+        if let tokens = method(role: "embed_prefill")?.inputs.first(where: { $0.bind == .input }), tokens.shape != [chunk] {
+            throw fail("embed_prefill takes \(tokens.shape) tokens, generate.prefill_chunk is \(chunk)")
+        }
+    }
+
+    /// The KV cache generation keeps, from the manifest: per layer and per ref (`k_{layer}`, `v_{layer}`)
+    /// the [Hk, S, D] float32 shape `block_decode` takes it in.
+    public var cacheShapes: [(ref: String, shape: [Int])] {
+        (method(role: "block_decode")?.inputs ?? []).filter { $0.bind == .cache }.map { ($0.ref, $0.shape) }
     }
 }
 

@@ -8,6 +8,7 @@ import XCTest
 final class CheckedRuntime: LoopRuntime {
     let inner: LoopRuntime
     var backendName: String { inner.backendName }
+    var registeredKernels: Set<String> { inner.registeredKernels }
     var afterCall: ((String, Int?) -> Void)?
     private let lock = NSLock()
     private var inFlight = 0
@@ -31,6 +32,38 @@ final class CheckedRuntime: LoopRuntime {
         let out = try inner.execute(method: method, layer: layer, inputs: inputs)
         afterCall?(method, layer)
         return out
+    }
+}
+
+/// A runtime that claims the native int4 kernel (`registeredKernels`), records the calls made to it
+/// (method, each input's name and sha256), and runs each on `inner` under the stock method's name with
+/// the stock method's input names (positionally; the same count): so a replay of a trace recorded with
+/// the stock methods checks that every fused call got exactly the stock call's input bytes.
+final class FusedKernelRuntime: LoopRuntime {
+    let inner: LoopRuntime
+    let manifest: LoopManifest
+    let registeredKernels: Set<String>
+    var backendName: String { inner.backendName }
+    private(set) var called: [(method: String, inputs: [(name: String, sha: String)])] = []
+    private(set) var loaded: [String] = []
+    private let toStock: [String: String]
+
+    init(_ inner: LoopRuntime, manifest: LoopManifest, kernels: Set<String>? = nil) {
+        (self.inner, self.manifest) = (inner, manifest)
+        registeredKernels = kernels ?? Set(manifest.generate?.fused?.kernels ?? [])
+        toStock = Dictionary((manifest.generate?.fused?.methods ?? [:]).map { ($1, $0) }, uniquingKeysWith: { a, _ in a })
+    }
+
+    func load(methods: [String]) throws { loaded += methods; try inner.load(methods: methods.map { toStock[$0] ?? $0 }) }
+
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        called.append((method, inputs.map { ($0.name, SHA256.hex($0.bytes)) }))
+        guard let stockName = toStock[method] else { return try inner.execute(method: method, layer: layer, inputs: inputs) }
+        guard let stock = manifest.method(named: stockName), stock.inputs.count == inputs.count else {
+            throw TrainerError.runtime("\(method) and \(stockName) take different inputs")
+        }
+        let renamed = zip(inputs, stock.inputs).map { LoopInput(name: $1.name, bind: $0.bind, ref: $0.ref, dtype: $0.dtype, shape: $0.shape, bytes: $0.bytes) }
+        return try inner.execute(method: stockName, layer: layer, inputs: renamed)
     }
 }
 
@@ -75,8 +108,12 @@ final class GenerationTests: XCTestCase {
         let firstCall: Int
         let endCall: Int
         let layers: Int
-        /// Calls of the prefill (embed, block_kv + block_forward per layer, head_logits) and of one decode step.
-        var prefillCalls: Int { 2 + 2 * layers }
+        let prefillChunk: Int
+        /// Prefill chunks of the prompt (ceil(n / C)).
+        var chunks: Int { (prompt.count + prefillChunk - 1) / prefillChunk }
+        /// Calls of the prefill (per chunk embed_prefill + block_prefill per layer, then head_logits) and
+        /// of one decode step (embed_token, block_decode per layer, head_logits).
+        var prefillCalls: Int { chunks * (1 + layers) + 1 }
         var decodeStepCalls: Int { 2 + layers }
     }
 
@@ -104,7 +141,8 @@ final class GenerationTests: XCTestCase {
         return TraceAtGeneration(trace: trace, outputs: outputs, program: program, state: state, pad: pad,
                                  prompt: (gen["prompt_ids"] as! [Int]).map(Int64.init), maxNewTokens: gen["max_new_tokens"] as! Int,
                                  stopIds: Set((gen["stop_ids"] as! [Int]).map(Int64.init)), outputIds: (gen["output_ids"] as! [Int]).map(Int64.init),
-                                 firstCall: calls[0], endCall: calls[1], layers: loop.layers)
+                                 firstCall: calls[0], endCall: calls[1], layers: loop.layers,
+                                 prefillChunk: try XCTUnwrap(loop.manifest.prefillChunk))
     }
 
     /// A loop whose runtime replays the trace from its generate step's first call.
@@ -120,6 +158,13 @@ final class GenerationTests: XCTestCase {
     func testStreamedIdsAreTheResultAndTheTrace() throws {
         let t = try Self.traced.get()
         XCTAssertEqual(t.endCall - t.firstCall, t.prefillCalls + (t.maxNewTokens - 1) * t.decodeStepCalls)
+        XCTAssertGreaterThan(t.chunks, 1, "the trace's prompt takes more than one prefill chunk")
+        XCTAssertNotEqual(t.prompt.count % t.prefillChunk, 0, "and its last chunk is padded")
+        let recorded = (t.trace["calls"] as! [[String: Any]])[t.firstCall..<t.endCall].map { $0["method"] as! String }
+        let chunk = ["embed_prefill"] + Array(repeating: "block_prefill", count: t.layers)
+        let step = ["embed_token"] + Array(repeating: "block_decode", count: t.layers) + ["head_logits"]
+        XCTAssertEqual(Array(recorded), Array(repeating: chunk, count: t.chunks).flatMap { $0 } + ["head_logits"]
+                       + Array(repeating: step, count: t.maxNewTokens - 1).flatMap { $0 })
         let (loop, rt, _) = try loopAtGeneration(t)
         var streamed: [Int64] = []
         var callsAtToken: [Int] = []
@@ -177,7 +222,8 @@ final class GenerationTests: XCTestCase {
     }
 
     /// Cancelled before the start: no call, no token. Cancelled inside the prefill (after layer 1's
-    /// block_kv): no token, and the calls made are the trace's first ones.
+    /// block_prefill of the first chunk, and after the first chunk's last layer): no token, and the
+    /// calls made are the trace's first ones.
     func testCancelBeforeStartAndDuringPrefill() throws {
         let t = try Self.traced.get()
         let (loop, rt, checked) = try loopAtGeneration(t)
@@ -194,13 +240,24 @@ final class GenerationTests: XCTestCase {
 
         let (loop2, rt2, checked2) = try loopAtGeneration(t)
         let cancel2 = GenerationCancel()
-        checked2.afterCall = { method, layer in if method == "block_kv" && layer == 1 { cancel2.cancel() } }
+        checked2.afterCall = { method, layer in if method == "block_prefill" && layer == 1 { cancel2.cancel() } }
         let r2 = try loop2.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad,
                                     cancel: cancel2, onToken: { _ in tokens += 1 })
         XCTAssertEqual(r2, GenerationResult(ids: [], stop: .cancelled))
         XCTAssertEqual(tokens, 0)
-        XCTAssertEqual(rt2.next, t.firstCall + 1 + 2 * 2, "embed, layers 0 and 1, then stopped before layer 2")
+        XCTAssertEqual(rt2.next, t.firstCall + 1 + 2, "embed_prefill, layers 0 and 1 of chunk 0, then stopped before layer 2")
         XCTAssertNil(rt2.mismatch)
+
+        let (loop3, rt3, checked3) = try loopAtGeneration(t)
+        let cancel3 = GenerationCancel()
+        var prefills = 0
+        checked3.afterCall = { method, _ in
+            if method == "block_prefill" { prefills += 1; if prefills == t.layers { cancel3.cancel() } }
+        }
+        let r3 = try loop3.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad, cancel: cancel3)
+        XCTAssertEqual(r3, GenerationResult(ids: [], stop: .cancelled))
+        XCTAssertEqual(rt3.next, t.firstCall + 1 + t.layers, "the first chunk only: no embed_prefill of the second")
+        XCTAssertNil(rt3.mismatch)
     }
 
     /// The snapshot a generation beside training reads: the generation methods' entries only, the same
@@ -219,6 +276,141 @@ final class GenerationTests: XCTestCase {
         XCTAssertEqual(r.ids, t.outputIds)
         XCTAssertNil(rt.mismatch)
         XCTAssertEqual(rt.next, t.endCall)
+    }
+
+    // MARK: fused methods
+
+    /// A runtime that has the manifest's native kernel registered gets the fused generation methods
+    /// (`generate.fused`: block_prefill_fused, block_decode_fused, head_logits_fused) loaded and called
+    /// instead of the stock ones, with the same inputs: replayed against the trace recorded with the
+    /// stock methods, every fused call's inputs are the stock call's bit for bit (head_logits_fused's
+    /// whole head = the one head chunk), the greedy ids are the trace's. Without the kernel (or with
+    /// another one) the stock names are called.
+    func testFusedMethodsWhenTheRuntimeHasTheKernel() throws {
+        let t = try Self.traced.get()
+        let m = try LoopManifest.load(directory: t.program)
+        let fused = try XCTUnwrap(m.generate?.fused)
+        XCTAssertEqual(fused.kernels, ["toolchain::int4_linear.out"])
+        XCTAssertEqual(fused.methods, ["block_decode": "block_decode_fused", "block_prefill": "block_prefill_fused", "head_logits": "head_logits_fused"])
+        XCTAssertEqual(m.method(named: "head_logits_fused")?.kernels, fused.kernels)
+        XCTAssertNil(m.method(named: "head_logits")?.kernels)
+
+        let rt = ReplayRuntime(trace: t.trace, outputs: t.outputs)
+        rt.next = t.firstCall
+        let k = FusedKernelRuntime(rt, manifest: m)
+        let loop = try LayerLoop(programDirectory: t.program, runtime: k)
+        XCTAssertTrue(loop.generationIsFused)
+        try loop.loadGeneration()
+        XCTAssertEqual(k.loaded, ["embed_token", "embed_prefill", "block_prefill_fused", "block_decode_fused", "head_logits_fused"])
+        let r = try loop.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad, stopIds: t.stopIds)
+        XCTAssertEqual(r.ids, t.outputIds, "greedy ids = the trace's")
+        XCTAssertNil(rt.mismatch, "every fused call's inputs are the recorded stock call's")
+        XCTAssertEqual(rt.next, t.endCall)
+        let recorded = (t.trace["calls"] as! [[String: Any]])[t.firstCall..<t.endCall].map { $0["method"] as! String }
+        XCTAssertEqual(k.called.map(\.method), recorded.map { fused.methods[$0] ?? $0 }, "the stock names mapped to the fused ones")
+        XCTAssertTrue(k.called.contains { $0.method == "head_logits_fused" && $0.inputs.map(\.name) == ["x", "final_norm", "head_q", "head_scale"] })
+
+        // a runtime without the kernel, or with some other kernel: the stock methods
+        for kernels in [Set<String>(), ["toolchain::other.out"]] {
+            let rt2 = ReplayRuntime(trace: t.trace, outputs: t.outputs)
+            rt2.next = t.firstCall
+            let k2 = FusedKernelRuntime(rt2, manifest: m, kernels: kernels)
+            let loop2 = try LayerLoop(programDirectory: t.program, runtime: k2)
+            XCTAssertFalse(loop2.generationIsFused)
+            try loop2.loadGeneration()
+            XCTAssertEqual(k2.loaded, LayerLoop.generationRoles)
+            XCTAssertEqual(try loop2.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad).ids, t.outputIds)
+            XCTAssertEqual(k2.called.map(\.method), Array(recorded))
+            XCTAssertNil(rt2.mismatch)
+        }
+    }
+
+    /// The same on the tiny generation program (8 layers, fake outputs of the inputs' hashes): the
+    /// kernel-claiming runtime's calls are the stock runtime's call for call, names mapped through
+    /// generate.fused.methods and every input's sha256 equal (so the same ids); a prompt of several
+    /// prefill chunks, the last padded, fills the cache rows below n only.
+    func testFusedCallsHaveTheStockCallsInputs() throws {
+        let (p, m) = try program()
+        let fused = try XCTUnwrap(m.generate?.fused)
+        let chunk = try XCTUnwrap(m.prefillChunk)
+        let prompt = (0..<(2 * chunk + 3)).map { Int64(($0 * 11 + 5) % m.model.arch.vocab) }
+        func run(_ kernels: Set<String>) throws -> (HashRuntime, GenerationResult) {
+            let rt = HashRuntime(manifest: m, kernels: kernels)
+            let loop = try LayerLoop(programDirectory: p, runtime: rt)
+            try loop.loadGeneration()
+            let state = try LoopState.initial(manifest: m, programDirectory: p)
+            return (rt, try loop.generate(prompt: prompt, maxNewTokens: 6, state: state, padTokenId: 258))
+        }
+        let (stock, a) = try run([])
+        let (withKernel, b) = try run(Set(fused.kernels))
+        XCTAssertEqual(b, a)
+        XCTAssertEqual(stock.loaded, LayerLoop.generationRoles)
+        XCTAssertEqual(withKernel.loaded, LayerLoop.generationRoles.map { fused.methods[$0] ?? $0 })
+        XCTAssertEqual(withKernel.calls.map(\.method), stock.calls.map { fused.methods[$0.method] ?? $0.method })
+        XCTAssertEqual(withKernel.calls.map { $0.inputs.map(\.sha) }, stock.calls.map { $0.inputs.map(\.sha) }, "the same input bytes")
+        XCTAssertEqual(withKernel.calls.map(\.layer), stock.calls.map(\.layer))
+        let chunks = stock.calls.filter { $0.method == "embed_prefill" }
+        XCTAssertEqual(chunks.count, 3)
+        // the last chunk: 3 prompt tokens, then the pad id
+        let last = (Array(prompt.suffix(3)) + Array(repeating: 258, count: chunk - 3)).map { $0.littleEndian }
+        XCTAssertEqual(chunks[2].inputs[0].sha, SHA256.hex(last.withUnsafeBytes { Data($0) }))
+        // block_prefill of chunk c gets pos = c * C
+        let positions = stock.calls.filter { $0.method == "block_prefill" && $0.layer == 0 }.map { $0.inputs.first { $0.name == "pos" }!.sha }
+        XCTAssertEqual(positions, (0..<3).map { c in SHA256.hex([Int64(c * chunk).littleEndian].withUnsafeBytes { Data($0) }) })
+        // the prompt's head_logits reads row (n - 1) mod C of the last chunk's x
+        let lastPrefill = try XCTUnwrap(stock.calls.lastIndex { $0.method == "block_prefill" })
+        let head = stock.calls[lastPrefill + 1]
+        XCTAssertEqual(head.method, "head_logits")
+        let rowBytes = 4 * m.model.arch.hidden
+        let row = (prompt.count - 1) % chunk
+        XCTAssertEqual(head.inputs[0].sha, SHA256.hex(stock.calls[lastPrefill].outputs[0].subdata(in: row * rowBytes..<(row + 1) * rowBytes)))
+    }
+
+    /// The KV cache: chunk c's k_new / v_new rows land at cache rows c*C ..< c*C + C, those < S (a last
+    /// chunk reaching past the cache is cut, as the host's `_call` does); what block_decode reads at
+    /// its first step holds exactly those rows and zeros elsewhere. The tiny program's C = 16 (S = 64,
+    /// 2 chunks) and the same manifest with C = 24 (3 chunks, the last one's rows 64 ..< 72 dropped).
+    func testPrefillChunksFillTheirCacheRows() throws {
+        let (p, base) = try program()
+        for (chunk, n) in [(try XCTUnwrap(base.prefillChunk), 18), (24, 50)] {
+            var m = base
+            m.generate?.prefillChunk = chunk
+            for (i, method) in m.methods.enumerated() where method.role == "embed_prefill" || method.role == "block_prefill" {
+                for (j, io) in method.inputs.enumerated() where io.bind == .input && io.ref == "tokens" { m.methods[i].inputs[j].shape = [chunk] }
+                for (j, io) in method.inputs.enumerated() where io.bind == .activation { m.methods[i].inputs[j].shape[0] = chunk }
+                for (j, io) in method.outputs.enumerated() {
+                    if io.bind == .activation { m.methods[i].outputs[j].shape[0] = chunk }
+                    if io.bind == .cache { m.methods[i].outputs[j].shape[1] = chunk }
+                }
+            }
+            try m.validate()
+            let rt = HashRuntime(manifest: m)
+            let loop = try LayerLoop(manifest: m, weights: try MappedWeights(url: p.appendingPathComponent(m.weights.file)), runtime: rt)
+            let state = try LoopState.initial(manifest: m, programDirectory: p)
+            let r = try loop.generate(prompt: (0..<n).map { Int64($0 % 200 + 40) }, maxNewTokens: 2, state: state)
+            XCTAssertEqual(r.ids.count, 2)
+            let decode = try XCTUnwrap(m.method(role: "block_decode"))
+            let kIn = try XCTUnwrap(decode.inputs.firstIndex { $0.name == "k_cache" })
+            let (hk, s, d) = (decode.inputs[kIn].shape[0], decode.inputs[kIn].shape[1], decode.inputs[kIn].shape[2])
+            XCTAssertEqual(s, m.seqLen)
+            XCTAssertEqual(m.generate?.cacheBytes, 2 * m.loop.layers * hk * s * d * 4)
+            let prefills = rt.calls.filter { $0.method == "block_prefill" && $0.layer == 0 }
+            XCTAssertEqual(prefills.count, (n + chunk - 1) / chunk, "C = \(chunk)")
+            let kOut = try XCTUnwrap(m.method(role: "block_prefill")?.outputs.firstIndex { $0.name == "k_new" })
+            var want = [Float](repeating: 0, count: hk * s * d)
+            for (c, call) in prefills.enumerated() {
+                let rows = call.outputs[kOut].withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
+                for h in 0..<hk {
+                    for row in 0..<chunk where c * chunk + row < s {
+                        for j in 0..<d { want[(h * s + c * chunk + row) * d + j] = rows[(h * chunk + row) * d + j] }
+                    }
+                }
+            }
+            // rows n ..< ceil(n/C)*C hold the padding's keys, as on the host (block_decode masks rows >= pos,
+            // and each decode step writes its row first)
+            let firstDecode = try XCTUnwrap(rt.calls.first { $0.method == "block_decode" && $0.layer == 0 })
+            XCTAssertEqual(firstDecode.inputs[kIn].sha, SHA256.hex(want.withUnsafeBytes { Data($0) }), "C = \(chunk)")
+        }
     }
 
     // MARK: incremental text
@@ -292,12 +484,12 @@ final class GenerationTests: XCTestCase {
 
     // MARK: the session
 
-    /// A program for `shared_schemas/examples/manifest_tiny_generate.json` (byte tokenizer) with
-    /// synthetic weights and state_init.bin.
+    /// A program for the tiny generation manifest (`Repo.manifest`, byte tokenizer, int4 with fused
+    /// methods) with synthetic weights and state_init.bin.
     func program() throws -> (URL, LoopManifest) {
         let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
         try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.examples.appendingPathComponent("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
+        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
         let m = try LoopManifest.load(directory: p)
         try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
         try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))

@@ -12,8 +12,10 @@ final class HashRuntime: LoopRuntime {
     var calls: [Call] = []
     var loaded: [String] = []
     var wrongOutputCount = false
+    /// The native kernels this fake claims to have registered (generation then calls the fused methods).
+    let registeredKernels: Set<String>
 
-    init(manifest: LoopManifest) { self.manifest = manifest }
+    init(manifest: LoopManifest, kernels: Set<String> = []) { (self.manifest, registeredKernels) = (manifest, kernels) }
 
     func load(methods: [String]) throws { loaded += methods }
 
@@ -117,6 +119,71 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertEqual(m.state.stepEntry, "adam_step")
         XCTAssertEqual(m.weights.layerPlaceholder, "{layer}")
         XCTAssertEqual(m.method(role: "head_loss")?.inputs.last?.rows, [0, 264])
+    }
+
+    /// The generation contract of the tiny generation manifest: chunked prefill (prefill_chunk), the int4
+    /// embedding and head (quant.head; embed_q / embed_scale, head chunks with rows), the fused methods
+    /// and their kernels; which methods a runtime calls with and without the kernel; a program exported
+    /// before chunked prefill (generate without prefill_chunk, block_kv) is refused: re-export.
+    func testGenerationContractDecodes() throws {
+        let data = try Repo.data(Repo.manifest("manifest_tiny_generate.json"))
+        let m = try LoopManifest.decode(data)
+        XCTAssertTrue(m.canGenerate)
+        XCTAssertEqual(m.prefillChunk, 16)
+        XCTAssertEqual(m.quant?.head, true)
+        XCTAssertEqual(m.quant?.kind, "int4")
+        XCTAssertEqual(m.generate?.fused?.kernels, ["toolchain::int4_linear.out"])
+        XCTAssertEqual(m.generate?.fused?.source, "toolchain/native/int4_linear.cpp")
+        XCTAssertEqual(m.method(named: "block_decode_fused")?.kernels, ["toolchain::int4_linear.out"])
+        XCTAssertNil(m.method(named: "block_decode")?.kernels)
+        XCTAssertEqual(m.method(role: "block_decode")?.name, "block_decode", "a role's first method is the stock one")
+        let embed = try XCTUnwrap(m.method(role: "embed_token"))
+        XCTAssertEqual(embed.inputs.map(\.name), ["token", "embed_q", "embed_scale"])
+        XCTAssertEqual(embed.inputs.map(\.ref), ["token", "embed.qweight", "embed.scales"])
+        XCTAssertEqual(embed.inputs[1].dtype, "uint8")
+        let head = try XCTUnwrap(m.method(role: "head_logits"))
+        XCTAssertEqual(head.inputs.filter { $0.rows != nil }.map(\.name), ["head_0_q", "head_0_scale"])
+        XCTAssertEqual(m.method(named: "head_logits_fused")?.inputs.map(\.name), ["x", "final_norm", "head_q", "head_scale"])
+        XCTAssertEqual(m.cacheShapes.map(\.ref), ["k_{layer}", "v_{layer}"])
+        XCTAssertEqual(m.cacheShapes.first?.shape, [2, 64, 16])
+
+        let stock = m.generationMethods(registeredKernels: [])
+        XCTAssertEqual(LayerLoop.generationRoles.map { stock[$0]!.name }, LayerLoop.generationRoles)
+        let withKernel = m.generationMethods(registeredKernels: ["toolchain::int4_linear.out", "other::op.out"])
+        XCTAssertEqual(LayerLoop.generationRoles.map { withKernel[$0]!.name },
+                       ["embed_token", "embed_prefill", "block_prefill_fused", "block_decode_fused", "head_logits_fused"])
+        XCTAssertEqual(m.generationMethods(registeredKernels: ["other::op.out"]).mapValues(\.name), stock.mapValues(\.name))
+
+        // the row views of uint8 weights: rows of the tensor's own row size (bytes per row of its dtype)
+        let url = dir.appendingPathComponent("w.safetensors")
+        try SyntheticWeights.write(for: m, to: url)
+        let w = try MappedWeights(url: url)
+        let q = try w.view("embed.qweight"), part = try w.view("embed.qweight", rows: [8, 40])
+        XCTAssertEqual(q.dtype, "uint8")
+        XCTAssertEqual(part.shape, [32, q.shape[1]])
+        XCTAssertEqual(part.bytes.baseAddress!, q.bytes.baseAddress! + 8 * q.shape[1])
+        XCTAssertEqual(part.bytes.count, 32 * q.shape[1])
+        let sc = try w.view("embed.scales", rows: [8, 40])
+        XCTAssertEqual(sc.bytes.count, 32 * sc.shape[1] * 4)
+
+        // a program from before chunked prefill: refused, also for training (as the toolchain does)
+        var obj = try JSONSerialization.jsonObject(with: data) as! [String: Any]
+        var gen = obj["generate"] as! [String: Any]
+        gen.removeValue(forKey: "prefill_chunk")
+        obj["generate"] = gen
+        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+            XCTAssertTrue("\(e)".contains("re-export") && "\(e)".contains("chunked prefill"), "\(e)")
+        }
+        // a fused map to a method of another role is refused
+        gen["prefill_chunk"] = 16
+        gen["fused"] = ["kernels": ["toolchain::int4_linear.out"], "source": "x", "methods": ["block_decode": "head_logits_fused"]]
+        obj["generate"] = gen
+        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+            XCTAssertTrue("\(e)".contains("generate.fused"), "\(e)")
+        }
+        // exported without the generation methods: decodes, cannot generate
+        obj["generate"] = NSNull()
+        XCTAssertFalse(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj)).canGenerate)
     }
 
     func testVersion2Refused() throws {

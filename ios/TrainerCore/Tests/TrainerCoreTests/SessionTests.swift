@@ -9,12 +9,12 @@ final class SessionTests: XCTestCase {
     override func setUpWithError() throws { dir = try tempDir("session") }
     override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
 
-    /// A program directory for `shared_schemas/examples/<example>`: its manifest, a synthetic weights
+    /// A program directory for the manifest `example` (`Repo.manifest`): its manifest, a synthetic weights
     /// file, a state_init.bin (the tiny examples' tokenizer is the byte one: no file needed).
     func program(_ example: String = "manifest_tiny_generate.json") throws -> (URL, LoopManifest) {
         let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
         try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.examples.appendingPathComponent(example), to: p.appendingPathComponent("manifest.json"))
+        try FileManager.default.copyItem(at: Repo.manifest(example), to: p.appendingPathComponent("manifest.json"))
         let m = try LoopManifest.load(directory: p)
         try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
         try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
@@ -72,8 +72,10 @@ final class SessionTests: XCTestCase {
         XCTAssertEqual(Array(bb.prefix(8)), [1, 0, 4, 3, 2, 7, 6, 5])
         // Rows in the host's seeded order (permutation(rows, 7 + epoch)).
         let order = DataOrder(rowCount: data.train.count, seed: 7)
+        // (the embeds of the eval before come first; generation embeds with embed_prefill / embed_token)
         let embeds = rt.calls.filter { $0.method == "embed" }.map { $0.inputs[0].sha }
-        let trainEmbeds = embeds[(data.heldOut.count + 1)..<(data.heldOut.count + 7)]
+        let trainEmbeds = embeds[data.heldOut.count..<(data.heldOut.count + 6)]
+        XCTAssertEqual(rt.calls.filter { $0.method == "embed_prefill" }.count, 2, "one chunk per generation (a short prompt, C = 16)")
         let want = (0..<6).map { step -> String in
             let ids = data.train[order.row(forStep: step)].inputIds
             let padded: [Int64] = ids + Array(repeating: 258, count: m.seqLen - ids.count)

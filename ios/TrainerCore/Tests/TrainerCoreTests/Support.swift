@@ -24,6 +24,11 @@ enum Repo {
     static var invalid: URL { examples.appendingPathComponent("invalid") }
     static var fixtures: URL { URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures") }
 
+    /// A manifest of shared_schemas/examples/ by name.
+    static func manifest(_ name: String) -> URL {
+        examples.appendingPathComponent(name)
+    }
+
     /// Files of `dir` whose name starts with `prefix` and ends in .json, sorted.
     static func files(_ dir: URL, prefix: String) -> [URL] {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: dir.path)) ?? []

@@ -1,10 +1,13 @@
 package org.onphonellm.trainer.app
 
+import android.util.Log
 import org.onphonellm.trainer.core.ElemType
+import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.NdBuffer
 import org.onphonellm.trainer.core.ProgramRuntime
 import org.onphonellm.trainer.core.ProgramV3
 import org.pytorch.executorch.EValue
+import org.pytorch.executorch.ExecutorchRuntimeException
 import org.pytorch.executorch.Module
 import org.pytorch.executorch.Tensor
 import java.io.File
@@ -19,6 +22,15 @@ import org.pytorch.executorch.DType as EtDType
  *
  * - `Module.load(model.pte, LOAD_MODE_MMAP)`: the program file stays clean file-backed pages. The frozen
  *   weights are not in the .pte: they are weights.safetensors, memory-mapped by trainer-core.
+ * - The generation kernel (manifest generate.fused: `toolchain::int4_linear.out`, toolchain/native/int4_linear.cpp):
+ *   reported by [hasKernels] only if this app's libexecutorch.so has it registered, which only an AAR built
+ *   from source with android/native/build_executorch_aar.sh does (Maven Central's AAR has no custom kernels
+ *   and exports no kernel registry to add one from another .so; docs/android.md, "The generation kernel").
+ *   Detected by loading the fused methods first: a method calling an operator the runtime lacks fails in
+ *   `loadMethod` with Error::OperatorMissing (0x14, ExecutorchRuntimeException.getErrorCode()), and then
+ *   the stock generation methods are loaded instead. [requireKernels]: fail instead of falling back (an app
+ *   built with the kernel that must not run without it). The methods the driver will not call (the stock
+ *   ones a fused one replaces, or the fused ones without the kernel) are not loaded: no arena for them.
  * - Inputs are the loop's views, wrapped without copying: `Tensor.fromBlob` over the mapped weights'
  *   direct buffers, the state buffer's entry windows, the app's activations (the JNI reads a direct
  *   buffer's address; each window is its own slice, so `capacity()` is exactly the tensor's size).
@@ -30,14 +42,44 @@ import org.pytorch.executorch.DType as EtDType
  *   (`LayerLoop.runtimeLock`). The Module's own lock (`Module.execute`) covers the native call only, not the
  *   outputs, which alias the method's arena.
  */
-class ExecuTorchRuntime(pte: File, program: ProgramV3, methods: Collection<String> = program.methods.keys) :
-    ProgramRuntime, AutoCloseable {
+class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean = false) : ProgramRuntime, AutoCloseable {
     private val module: Module = Module.load(pte.absolutePath, Module.LOAD_MODE_MMAP)
     private val specs = program.methods
+    /** The kernels this runtime has registered, as far as the program's methods tell (empty: stock ExecuTorch). */
+    val kernels: Set<String>
+    /** The methods loaded (every arena allocated up front: failures and memory show early). */
+    val loaded: List<String>
 
     init {
-        for (m in methods) module.loadMethod(m)  // every arena allocated up front: failures and memory show early
+        val fused = program.fused
+        var missing: String? = null
+        val fusedLoaded = ArrayList<String>()
+        if (fused != null) {
+            for (name in fused.methods.values) {
+                try {
+                    module.loadMethod(name)
+                    fusedLoaded.add(name)
+                } catch (e: ExecutorchRuntimeException) {
+                    if (e.errorCode != OPERATOR_MISSING) throw e
+                    missing = "$name: ${e.message}"
+                    break
+                }
+            }
+        }
+        kernels = if (fused != null && missing == null) fused.kernels.toSet() else emptySet()
+        if (missing != null) {
+            if (requireKernels) throw IllegalStateException("this app's ExecuTorch runtime lacks ${fused!!.kernels} ($missing); build the AAR with android/native/build_executorch_aar.sh")
+            Log.i(TAG, "no ${fused!!.kernels} in this ExecuTorch runtime ($missing): generation runs the stock methods")
+        } else if (fused != null) {
+            Log.i(TAG, "${fused.kernels} registered: generation runs ${fused.methods.values}")
+        }
+        // The methods the loop can call: training's, and generation's under the names it will use.
+        val want = LayerLoop.methodsCalled(program, this)
+        for (m in want) if (m !in fusedLoaded) module.loadMethod(m)
+        loaded = want
     }
+
+    override fun hasKernels(kernels: Collection<String>): Boolean = this.kernels.containsAll(kernels)
 
     override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
         val spec = specs[method] ?: throw IllegalStateException("no method $method")
@@ -71,4 +113,10 @@ class ExecuTorchRuntime(pte: File, program: ProgramV3, methods: Collection<Strin
     }
 
     override fun close() = module.close()
+
+    companion object {
+        private const val TAG = "ExecuTorchRuntime"
+        /** executorch::runtime::Error::OperatorMissing (ExecutorchRuntimeException.OPERATOR_MISSING in executorch-android). */
+        const val OPERATOR_MISSING = 0x14
+    }
 }

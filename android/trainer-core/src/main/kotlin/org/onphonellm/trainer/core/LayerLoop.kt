@@ -14,6 +14,14 @@ import kotlin.concurrent.withLock
  */
 interface ProgramRuntime {
     fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer>
+
+    /**
+     * Whether every one of [kernels] (manifest names, e.g. `toolchain::int4_linear.out`) is registered with
+     * this runtime, so methods listing them in `methods[].kernels` can run. The generation driver calls the
+     * fused methods (manifest generate.fused) only when this says yes ([LayerLoop.generationNames]). Default:
+     * no (stock ExecuTorch has none of them).
+     */
+    fun hasKernels(kernels: Collection<String>): Boolean = false
 }
 
 /**
@@ -72,8 +80,9 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         }
 
     /**
-     * Run one method. State outputs are copied into their slices, cache outputs into the layer's cache (all
-     * its rows, or one row at [pos]); the others are returned as copies (the app's own buffers).
+     * Run one method. State outputs are copied into their slices, cache outputs of C rows ([Hk, C, D]) into
+     * the layer's cache at rows [pos] .. pos + C - 1 (those < seq_len; toolchain/runtime/loop.py `_call`); the
+     * others are returned as copies (the app's own buffers).
      */
     fun call(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>? = null, pos: Int = 0): Map<String, NdBuffer> =
         runtimeLock.withLock { callLocked(name, layer, values, cache, pos) }
@@ -93,9 +102,12 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
                     val target = cache?.get(io.refAt(layer)) ?: throw ContractError("$name: no KV cache '${io.refAt(layer)}'")
                     val (hk, rows, dh) = Triple(io.shape[0], io.shape[1], io.shape[2])
                     val s = target.shape[1]
-                    if (rows == s) copyBytes(value.data, target.data, 0)
-                    else for (h in 0 until hk)  // the token's rows, at row pos of each kv head
-                        copyBytes(value.data.window(4 * h * rows * dh, 4 * rows * dh), target.data, 4 * (h * s + pos) * dh)
+                    if (io.shape.size != 3 || target.shape[0] != hk || target.shape[2] != dh)
+                        throw ContractError("$name: ${io.name} ${io.shape} does not fit the KV cache ${target.shape}; re-export the program")
+                    val n = minOf(rows, s - pos)  // the chunk's rows pos .. pos + C - 1 that fit in seq_len
+                    if (pos < 0 || n < 1) throw ContractError("$name: rows from $pos of ${io.name} lie outside the KV cache of $s rows")
+                    for (h in 0 until hk)  // per kv head, the chunk's first n rows at rows pos .. pos + n - 1
+                        copyBytes(value.data.window(4 * h * rows * dh, 4 * n * dh), target.data, 4 * (h * s + pos) * dh)
                 }
                 else -> kept[io.ref] = NdBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size)
                     .also { copyBytes(value.data, it, 0) })
@@ -223,9 +235,19 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         return EvalResult(total / tokens, n, tokens, rowSum / n, skipped)
     }
 
-    /** The KV cache: per layer k_{i}, v_{i} float32 zeros, shaped as block_kv's outputs [kv_heads, seq_len, head_dim]. */
+    /**
+     * The KV cache: per layer k_{i}, v_{i} float32 zeros, shaped as block_decode's cache inputs (bind cache,
+     * ref k_{layer} / v_{layer}: [kv_heads, seq_len, head_dim], GENERATE_LOOP's first step); every generation
+     * method binding the cache must take that shape.
+     */
     fun newCache(): Map<String, NdBuffer> {
-        val kv = program.method("block_kv").outputs
+        val kv = program.method("block_decode").inputs.filter { it.bind == "cache" }
+        if (kv.size != 2 || kv.any { it.shape.size != 3 || it.shape[1] != program.seqLen || it.dtype != ElemType.FLOAT32 })
+            throw ContractError("block_decode's KV cache inputs ${kv.map { "${it.name} ${it.dtype}${it.shape}" }} are not two float32 [kv_heads, seq_len ${program.seqLen}, head_dim]; re-export the program")
+        for (m in program.methods.values) for (io in m.inputs) if (io.bind == "cache") {
+            val like = kv.firstOrNull { it.ref == io.ref } ?: throw ContractError("${m.name}: cache input ${io.name} (${io.ref}) is not block_decode's")
+            if (like.shape != io.shape) throw ContractError("${m.name}: cache input ${io.name} ${io.shape}, block_decode's ${like.shape}; re-export the program")
+        }
         val out = HashMap<String, NdBuffer>()
         for (i in 0 until layers) for (io in kv) {
             val ref = io.refAt(i)
@@ -248,18 +270,23 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         generateStream(prompt, maxNewTokens, stopIds, null, onToken).ids
 
     /**
-     * The generation driver, the one place generation calls the program's methods ([GENERATION_METHODS]):
-     * greedy generation with this loop's [state] (read only) as runtime/generate.py runs it: prefill (embed,
-     * per layer block_kv + block_forward), head_logits of the prompt's last row, then per token embed_token,
-     * block_decode per layer, head_logits.
+     * The generation driver, the one place generation calls the program's methods ([GENERATION_METHODS], or
+     * their fused variants where [runtime] has the kernels: [generationNames]): greedy generation with this
+     * loop's [state] (read only) as toolchain/runtime/generate.py runs the manifest's generate.steps:
+     * - prefill: the prompt of n tokens in chunks of C = prefill_chunk (the last padded with pad_token_id);
+     *   per chunk at pos = 0, C, 2C, ..: x = embed_prefill(tokens), then per layer
+     *   x, k_new, v_new = block_prefill(x, pos, cache), the chunk's rows written at pos .. pos + C - 1;
+     * - logits = head_logits(row (n - 1) mod C of the last chunk's x);
+     * - per new token at pos = n, n + 1, ..: embed_token, block_decode per layer (row pos), head_logits.
      *
      * Streams: [onToken] gets each id as soon as it is chosen, before the next decode step, in the order of
      * the result's ids (on the calling thread, outside [runtimeLock]). Stops after a token of [stopIds]
      * (included; [StopReason.EOS]), after [maxNewTokens] ([StopReason.MAX_NEW_TOKENS]; a stop id wins when
      * both hold, as on the host), or when [control] is cancelled ([StopReason.CANCELLED]): checked before
-     * the prefill, between its layers, after it and before each decode step, so a cancel made while token k
-     * is reported ends with exactly those k tokens and no further call, and one made before the start makes
-     * no call and returns no token.
+     * the prefill, before each chunk and each of its layers, after the prefill and before each decode step,
+     * so a cancel made while token k is reported ends with exactly those k tokens and no further call, one
+     * made during the prefill ends it before the next layer's call, and one made before the start makes no
+     * call and returns no token.
      */
     fun generateStream(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), control: GenerationControl? = null,
                        onToken: ((Int) -> Unit)? = null): Generation {
@@ -267,25 +294,35 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         val s = program.seqLen
         if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
         if (n == 0 || maxNewTokens < 1 || n + maxNewTokens > s) throw ContractError("prompt $n + $maxNewTokens new tokens must fit in seq_len $s")
+        prompt.firstOrNull { it < 0 || it >= program.vocab }?.let { throw ContractError("prompt token id $it is outside the vocabulary of ${program.vocab}") }
+        val names = generationNames(program, runtime)
+        val c = program.prefillChunk
         val out = ArrayList<Int>()
         fun cancelled() = control?.isCancelled == true
         if (cancelled()) return Generation(out, StopReason.CANCELLED)
         val cache = zeroedCache()
-        // The prefill (a follow-up moves it to the contract's chunked prefill methods: only this block changes).
-        val ids = LongArray(s) { if (it < n) prompt[it].toLong() else program.padTokenId.toLong() }
-        var x = call("embed", null, mapOf("input_ids" to NdBuffer.longs("input_ids", listOf(s), ids))).getValue("x")
-        for (i in 0 until layers) {
-            if (cancelled()) { recycle(x); return Generation(out, StopReason.CANCELLED) }
-            call("block_kv", i, mapOf("x" to x), cache)
-            val next = call("block_forward", i, mapOf("x" to x)).getValue("x")
-            recycle(x)
-            x = next
+        var x: NdBuffer? = null
+        for (start in 0 until n step c) {
+            if (cancelled()) { x?.let { recycle(it) }; return Generation(out, StopReason.CANCELLED) }
+            val ids = LongArray(c) { if (start + it < n) prompt[start + it].toLong() else program.padTokenId.toLong() }
+            x?.let { recycle(it) }
+            var h = call("embed_prefill", null, mapOf("tokens" to NdBuffer.longs("tokens", listOf(c), ids))).getValue("x")
+            val p = NdBuffer.longs("pos", listOf(1), longArrayOf(start.toLong()))
+            for (i in 0 until layers) {
+                if (cancelled()) { recycle(h); return Generation(out, StopReason.CANCELLED) }
+                val next = call(names.getValue("block_prefill"), i, mapOf("x" to h, "pos" to p), cache, start).getValue("x")
+                recycle(h)
+                h = next
+            }
+            x = h
         }
-        if (cancelled()) { recycle(x); return Generation(out, StopReason.CANCELLED) }
-        val d = x.shape[1]
-        val last = NdBuffer("x", ElemType.FLOAT32, listOf(1, d), x.data.window(4 * (n - 1) * d, 4 * d))
-        var logits = call("head_logits", null, mapOf("x" to last)).getValue("logits")
-        recycle(x)
+        val xs = x!!
+        if (cancelled()) { recycle(xs); return Generation(out, StopReason.CANCELLED) }
+        val d = xs.shape[1]
+        val last = (n - 1) % c  // the prompt's last row in the last chunk
+        val row = NdBuffer("x", ElemType.FLOAT32, listOf(1, d), xs.data.window(4 * last * d, 4 * d))
+        var logits = call(names.getValue("head_logits"), null, mapOf("x" to row)).getValue("logits")
+        recycle(xs)
         var pos = n
         while (true) {
             val token = argmax(logits)
@@ -298,11 +335,11 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
             var h = call("embed_token", null, mapOf("token" to NdBuffer.longs("token", listOf(1), longArrayOf(token.toLong())))).getValue("x")
             val p = NdBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))
             for (i in 0 until layers) {
-                val next = call("block_decode", i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
+                val next = call(names.getValue("block_decode"), i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
                 recycle(h)
                 h = next
             }
-            logits = call("head_logits", null, mapOf("x" to h)).getValue("logits")
+            logits = call(names.getValue("head_logits"), null, mapOf("x" to h)).getValue("logits")
             recycle(h)
             pos++
         }
@@ -310,18 +347,51 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
 
     companion object {
         /**
-         * The methods [generateStream] calls: the one list of them (a program can generate when it has them
-         * all; [generationStateEntries] reads their bindings). A change of the driver's calls changes this list.
+         * The stock methods [generateStream] calls: the one list of them (a program can generate when it has
+         * them all; [generationStateEntries] reads their bindings). A change of the driver's calls changes this list.
          */
-        val GENERATION_METHODS = listOf("embed", "block_kv", "block_forward", "head_logits", "embed_token", "block_decode")
+        val GENERATION_METHODS = listOf("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
 
         /**
-         * The state entries the generation methods read, every layer's (the LoRA params; not the optimizer's
-         * moments): what a generation's snapshot of the state holds ([StateBuffer] with `only`).
+         * The method [generateStream] calls for each of [GENERATION_METHODS] (toolchain/runtime/generate.py
+         * `generation_names`): the fused one (manifest generate.fused.methods) when [runtime] has the fused
+         * kernels registered ([ProgramRuntime.hasKernels] of generate.fused.kernels and of the method's own
+         * `kernels`), else the stock one. Same inputs and outputs either way (head_logits_fused binds the whole
+         * head instead of its chunks), so the same ids.
+         */
+        fun generationNames(program: ProgramV3, runtime: ProgramRuntime): Map<String, String> {
+            val names = LinkedHashMap<String, String>()
+            for (m in GENERATION_METHODS) names[m] = m
+            val fused = program.fused ?: return names
+            if (!runtime.hasKernels(fused.kernels)) return names
+            for ((stock, f) in fused.methods) {
+                val method = program.methods[f] ?: continue
+                if (stock in names && runtime.hasKernels(method.kernels)) names[stock] = f
+            }
+            return names
+        }
+
+        /**
+         * The methods a loop on [runtime] can call, in manifest order: training's, and generation's under the
+         * names [generationNames] picks (not the stock ones a fused one replaces, nor the fused ones the
+         * runtime cannot run): what an app loads up front (each method its own arena on ExecuTorch).
+         */
+        fun methodsCalled(program: ProgramV3, runtime: ProgramRuntime): List<String> {
+            val skip = generationMethodNames(program).toSet() - generationNames(program, runtime).values.toSet()
+            return program.methods.keys.filter { it !in skip }
+        }
+
+        /** Every method generation may call: the stock ones, then the fused ones of the manifest. */
+        fun generationMethodNames(program: ProgramV3): List<String> =
+            GENERATION_METHODS + (program.fused?.methods?.values?.filter { it in program.methods } ?: emptyList())
+
+        /**
+         * The state entries the generation methods read (stock and fused), every layer's (the LoRA params; not
+         * the optimizer's moments): what a generation's snapshot of the state holds ([StateBuffer] with `only`).
          */
         fun generationStateEntries(program: ProgramV3): Set<String> {
             val out = LinkedHashSet<String>()
-            for (name in GENERATION_METHODS) {
+            for (name in generationMethodNames(program)) {
                 val m = program.method(name)
                 for (io in m.inputs) if (io.bind == "state") {
                     if (ProgramV3.LAYER in io.ref) for (i in 0 until program.layers) out.add(io.refAt(i)) else out.add(io.ref)

@@ -124,13 +124,27 @@ class ProgramV3(
     val quant: String = "none",
     /** The program file for ExecuTorch (programs[target=executorch].file, else model.pte). */
     val programFile: String = "model.pte",
+    /** generate.prefill_chunk: tokens per embed_prefill / block_prefill call (C); 0 without the generation methods. */
+    val prefillChunk: Int = 0,
+    /** generate.fused: the generation methods that call native kernels (int4 programs); null: none. */
+    val fused: Fused? = null,
+    /** quant.head: the embedding and LM head are stored int4 too (embed.qweight / embed.scales). */
+    val quantHead: Boolean = false,
 ) {
     /** One bound input or output: `bind` input | result | activation | weight | state | cache; `rows` [a, b) of a weight. */
     class Io(val name: String, val dtype: ElemType, val shape: List<Int>, val bind: String, val ref: String, val rows: Pair<Int, Int>?) {
         val numel: Int = shape.fold(1) { a, b -> a * b }
         fun refAt(layer: Int?): String = if (layer == null) ref else ref.replace(LAYER, layer.toString())
     }
-    class Method(val name: String, val role: String, val inputs: List<Io>, val outputs: List<Io>)
+    /** [kernels]: the custom kernels it calls beyond stock ExecuTorch (methods[].kernels; empty: stock operators only). */
+    class Method(val name: String, val role: String, val inputs: List<Io>, val outputs: List<Io>, val kernels: List<String> = emptyList())
+
+    /**
+     * generate.fused: [methods] maps a stock generation method to its variant calling [kernels] (same inputs
+     * and outputs, except head_logits_fused, which takes the whole head instead of its chunks). A runtime
+     * that has the kernels registered calls the fused names, any other the stock ones ([LayerLoop.generationNames]).
+     */
+    class Fused(val kernels: List<String>, val source: String, val methods: Map<String, String>)
     class Entry(val name: String, val key: String, val role: String, val shape: List<Int>, val offset: Int, val layer: Int?) {
         val numel: Int = shape.fold(1) { a, b -> a * b }
     }
@@ -149,7 +163,8 @@ class ProgramV3(
     }
 
     fun method(name: String): Method = methods[name] ?: throw ContractError("the program has no method '$name'; re-export the program")
-    val hasGeneration: Boolean get() = "block_decode" in methods
+    /** The program has the stock generation methods ([LayerLoop.GENERATION_METHODS]; checked by [parse] when it has `generate`). */
+    val hasGeneration: Boolean get() = prefillChunk > 0 && LayerLoop.GENERATION_METHODS.all { it in methods }
 
     companion object {
         const val LAYER = "{layer}"
@@ -197,7 +212,8 @@ class ProgramV3(
                     } else null
                     Io(f.string("name"), ElemType.of(f.string("dtype"), f.where), f.ints("shape"), bind, f.string("ref"), rows)
                 }
-                val method = Method(name, mf.optString("role") ?: name, ios("inputs"), ios("outputs"))
+                val kernels = if (mf.has("kernels")) mf.strings("kernels") else emptyList()
+                val method = Method(name, mf.optString("role") ?: name, ios("inputs"), ios("outputs"), kernels)
                 for (io in method.inputs + method.outputs) if (io.bind == "state") {
                     val e = byName[io.refAt(0)] ?: byName[io.ref] ?: throw ContractError("$where: $name ${io.name} refers to no state entry '${io.ref}'")
                     if (e.numel != io.numel) throw ContractError("$where: $name ${io.name} has shape ${io.shape}, its entry ${e.name} ${e.shape}")
@@ -208,6 +224,33 @@ class ProgramV3(
                 if (need !in methods) throw ContractError("$where: no '$need' method; re-export the program")
             val moves = loop.bool("moves_unselected")
             if (moves && "block_skip_update" !in methods) throw ContractError("$where: loop.moves_unselected without a block_skip_update method")
+            val quantObj = if (m.has("quant")) m.obj("quant") else null
+            val quantKind = quantObj?.optString("kind") ?: "none"
+            // Same schema_version 3, older export (toolchain/export/manifest.py _refuse_before_fused_generation).
+            if (quantKind == "int4" && quantObj?.obj?.fields?.containsKey("head") != true)
+                throw ContractError("$where: an int4 program exported before the int4 embedding and LM head (no quant.head); re-export the program with this toolchain")
+            val quantHead = quantObj?.let { if (it.has("head")) it.bool("head") else false } ?: false
+            var prefillChunk = 0
+            var fused: Fused? = null
+            if (m.has("generate")) {
+                val g = m.obj("generate")
+                if (!g.has("prefill_chunk"))
+                    throw ContractError("$where: the generation methods were exported before chunked prefill (no generate.prefill_chunk, block_kv over the whole seq_len); re-export the program with this toolchain")
+                prefillChunk = g.int("prefill_chunk")
+                if (prefillChunk < 1) throw ContractError("${g.where}: prefill_chunk $prefillChunk is not >= 1")
+                for (need in LayerLoop.GENERATION_METHODS)
+                    if (need !in methods) throw ContractError("$where: generate is set but there is no '$need' method; re-export the program")
+                if (g.has("fused")) {
+                    val f = g.obj("fused")
+                    val map = f.obj("methods").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("${f.where}.methods.$k is not a string") }
+                    for ((stock, name) in map) {
+                        if (stock !in methods || name !in methods) throw ContractError("${f.where}: $stock -> $name names a method the program lacks; re-export the program")
+                        if (methods.getValue(name).outputs.map { Triple(it.name, it.shape, it.bind) } != methods.getValue(stock).outputs.map { Triple(it.name, it.shape, it.bind) })
+                            throw ContractError("${f.where}: $name does not return what $stock returns; re-export the program")
+                    }
+                    fused = Fused(f.strings("kernels"), f.string("source"), map)
+                }
+            }
             val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("$where: files.$k is not a string") }
             val opt = m.obj("optimizer")
             return ProgramV3(
@@ -232,9 +275,10 @@ class ProgramV3(
                 rank = if (m.has("lora")) m.obj("lora").optInt("rank") ?: 0 else 0,
                 targets = if (m.has("lora") && m.obj("lora").has("targets")) m.obj("lora").strings("targets") else emptyList(),
                 modelSource = m.obj("model").optString("source") ?: "unknown",
-                quant = if (m.has("quant")) m.obj("quant").optString("kind") ?: "none" else "none",
+                quant = quantKind,
                 programFile = if (m.has("programs")) m.arr("programs").map { Fields.of(it, "$where.programs[]") }
                     .firstOrNull { (it.optString("target") ?: "executorch") == "executorch" }?.optString("file") ?: "model.pte" else "model.pte",
+                prefillChunk = prefillChunk, fused = fused, quantHead = quantHead,
             )
         }
     }

@@ -120,6 +120,38 @@ class GenerationTest {
         assertTrue(split > 0, "the corpus has characters split across tokens")
     }
 
+    @Test fun `a prefill chunk's cache rows go to rows pos to pos + C - 1 of each kv head, those past seq_len dropped`() {
+        // k_new / v_new [Hk, C, D] valued 1000 h + 10 r + (0 for k, 5 for v) + 1 (r the chunk's row); the rest zero.
+        val runtime = object : ProgramRuntime {
+            override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> = program.method(method).outputs.map { io ->
+                val b = java.nio.ByteBuffer.allocateDirect(4 * io.numel).order(java.nio.ByteOrder.LITTLE_ENDIAN)
+                if (io.bind == "cache") for (h in 0 until io.shape[0]) for (r in 0 until io.shape[1]) for (d in 0 until io.shape[2])
+                    b.putFloat(4 * ((h * io.shape[1] + r) * io.shape[2] + d), 1000f * h + 10f * r + (if (io.name == "k_new") 0f else 5f) + 1f)
+                NdBuffer(io.name, io.dtype, io.shape, b)
+            }
+        }
+        val loop = LayerLoop(program, weights, runtime)
+        val c = program.prefillChunk
+        val s = program.seqLen
+        val xShape = program.method("block_prefill").inputs.first { it.name == "x" }.shape
+        assertEquals(c, xShape[0])
+        val x = NdBuffer.floats("x", xShape, FloatArray(xShape[0] * xShape[1]))
+        for (pos in listOf(4, s - 1)) {
+            val cache = loop.newCache()
+            loop.call("block_prefill", 1, mapOf("x" to x, "pos" to NdBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))), cache, pos)
+            for ((name, off) in listOf("k_1" to 1f, "v_1" to 6f)) {
+                val t = cache.getValue(name)
+                val (hk, dh) = Pair(t.shape[0], t.shape[2])
+                for (h in 0 until hk) for (row in 0 until s) for (d in 0 until dh) {
+                    val r = row - pos
+                    val want = if (r in 0 until c) 1000f * h + 10f * r + off else 0f
+                    assertEquals(want, t.float((h * s + row) * dh + d), "$name head $h row $row (chunk at $pos)")
+                }
+                assertTrue(cache.keys.filter { !it.endsWith("_1") }.all { k -> cache.getValue(k).floats().all { it == 0f } }, "other layers untouched")
+            }
+        }
+    }
+
     // --- the session -----------------------------------------------------------------------------------
 
     private fun rows(n: Int, seed: Int): List<DataRow> = (0 until n).map { i ->
@@ -197,7 +229,8 @@ class GenerationTest {
         assertEquals(c.before.ids, rec.seen)
         assertEquals(Triple(emptyList<Int>(), StopReason.CANCELLED, null as Long?), Triple(c.after.ids, c.after.stopReason, c.after.stateStep))
         val layers = program.layers
-        assertEquals((2 + 2 * layers) + (2 + layers), runtime.calls - calls0, "the prefill and one decode step of before, nothing of after")
+        val chunks = (prompt.size + program.prefillChunk - 1) / program.prefillChunk
+        assertEquals((chunks * (1 + layers) + 1) + (2 + layers), runtime.calls - calls0, "the prefill and one decode step of before, nothing of after")
         // Cancelled before it starts.
         val calls1 = runtime.calls
         val none = s.compare(prompt, 4, emptySet(), ByteTokenizer(), GenerationControl().also { it.cancel() })

@@ -33,7 +33,7 @@ class MemoryTest {
     fun `budget guard refuses to start when resident plus the predicted step exceeds the budget`() {
         val program = ProgramV3.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
         val predicted = program.predictedPeakBytes  // memory_plan.peak_estimate_bytes.executorch
-        assertEquals(163268L, predicted)
+        assertEquals(175556L, predicted)
         val s = listOf(MemorySample("android_proc_status", anonBytes = 100_000L))
         assertEquals(GuardDecision.Continue, MemoryGuard(300_000L, predicted).preflight(s))
         val stop = MemoryGuard(200_000L, predicted).preflight(s)

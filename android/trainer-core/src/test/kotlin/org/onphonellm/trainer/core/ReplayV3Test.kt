@@ -33,21 +33,40 @@ class ReplayV3Test {
         val program = File(dir, doc.string("program"))
     }
 
-    /** Checks each call against the trace; answers with its recorded outputs (views of outputs.bin). */
-    private class ReplayRuntime(val trace: Trace, val program: ProgramV3, var next: Int = 0) : ProgramRuntime {
-        var layerOf: (() -> Int?)? = null
+    /**
+     * Checks each call against the trace; answers with its recorded outputs (views of outputs.bin). With
+     * [kernels] it claims those kernels are registered, and then expects a fused method where the trace
+     * (recorded on the stock methods) has its stock one: [fusedCalls] counts them; the inputs must hash as the
+     * stock call's, in order, names mapped ([stockInputName]: head_logits_fused's whole head `head_q` /
+     * `head_scale` is the stock call's one chunk `head_0_q` / `head_0_scale` when the head has one chunk).
+     */
+    private class ReplayRuntime(val trace: Trace, val program: ProgramV3, var next: Int = 0, val kernels: Set<String> = emptySet()) : ProgramRuntime {
+        var fusedCalls = 0
+        val called = ArrayList<String>()
+        private val stockOf: Map<String, String> = program.fused?.methods?.entries?.associate { (stock, f) -> f to stock } ?: emptyMap()
+        override fun hasKernels(kernels: Collection<String>): Boolean = this.kernels.containsAll(kernels)
+
+        fun stockInputName(method: String, name: String): String =
+            if (method == "head_logits_fused" && (name == "head_q" || name == "head_scale")) name.replace("head_", "head_0_") else name
+
         override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
             val k = next++
             check(k < trace.calls.size) { "call $k ($method): the host made only ${trace.calls.size} calls" }
             val c = trace.calls[k]
-            assertEquals(c.string("method"), method, "call $k: method")
+            called.add(method)
+            val stock = stockOf[method]
+            if (stock != null) {
+                assertTrue(hasKernels(program.method(method).kernels), "call $k: $method called on a runtime without ${program.method(method).kernels}")
+                fusedCalls++
+            }
+            assertEquals(c.string("method"), stock ?: method, "call $k: method" + (if (stock != null) " (fused $method)" else ""))
             val want = c.arr("inputs").map { Fields.of(it, "input") }
             assertEquals(want.size, inputs.size, "call $k $method: input count")
             val spec = program.method(method)
             for ((j, w) in want.withIndex()) {
                 val got = inputs[j]
                 val what = "call $k $method (layer ${c.optInt("layer")}) input ${w.string("name")}"
-                assertEquals(w.string("name"), spec.inputs[j].name, "$what: manifest order")
+                assertEquals(w.string("name"), if (stock != null) stockInputName(method, spec.inputs[j].name) else spec.inputs[j].name, "$what: manifest order")
                 assertEquals(w.string("dtype"), got.dtype.manifestName, "$what: dtype")
                 assertEquals(w.ints("shape"), got.shape, "$what: shape")
                 assertEquals(w.string("sha256"), got.sha256(), "$what: bytes differ from the host's")
@@ -69,12 +88,13 @@ class ReplayV3Test {
 
     /** Replays [dir]'s trace with its layers_per_checkpoint (or [groupsOverride]); returns the activation buffers allocated. */
     private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
-                       groupsOverride: Int? = null, beforeGenerate: ((LayerLoop, ReplayRuntime, Fields) -> Unit)? = null): Int {
+                       groupsOverride: Int? = null, kernels: Set<String> = emptySet(),
+                       beforeGenerate: ((LayerLoop, ReplayRuntime, Fields) -> Unit)? = null): Int {
         val trace = Trace(dir)
         val perCheckpoint = groupsOverride ?: trace.doc.optInt("layers_per_checkpoint") ?: 1
         val program = ProgramV3.read(trace.program)
         val weights = MappedWeights.map(File(trace.program, program.weightsFile))
-        val runtime = ReplayRuntime(trace, program)
+        val runtime = ReplayRuntime(trace, program, kernels = kernels)
         val loop = LayerLoop(program, weights, runtime)
         loop.state.loadInit()
         assertEquals(trace.doc.string("initial_state_sha256"), loop.state.sha256(), "state_init.bin")
@@ -127,9 +147,35 @@ class ReplayV3Test {
 
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
 
-    /** Calls of a prefill (embed, per layer block_kv + block_forward, head_logits) and of one decode step (embed_token, per layer block_decode, head_logits). */
-    private fun prefillCalls(layers: Int) = 2 + 2 * layers
+    /**
+     * Calls of a prefill of [n] tokens in chunks of [c] (per chunk embed_prefill + per layer block_prefill,
+     * then head_logits) and of one decode step (embed_token, per layer block_decode, head_logits).
+     */
+    private fun prefillCalls(layers: Int, n: Int, c: Int) = (n + c - 1) / c * (1 + layers) + 1
     private fun decodeCalls(layers: Int) = 2 + layers
+
+    @Test fun `the trace's generation is chunked - embed_prefill and block_prefill per chunk, the last padded, its rows at pos`() {
+        val trace = Trace(traceDir)
+        val program = ProgramV3.read(trace.program)
+        val gen = trace.doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
+        val prompt = gen.ints("prompt_ids")
+        val c = program.prefillChunk
+        assertEquals(2, c)
+        assertTrue(prompt.size % c != 0 && prompt.size > c, "a prompt of ${prompt.size} tokens: more than one chunk, the last padded")
+        val calls = trace.calls.subList(gen.ints("calls")[0], gen.ints("calls")[1]).map { it.string("method") }
+        val chunk = listOf("embed_prefill") + List(program.layers) { "block_prefill" }
+        val decode = listOf("embed_token") + List(program.layers) { "block_decode" } + "head_logits"
+        assertEquals(chunk + chunk + "head_logits" + decode + decode + decode, calls)
+        assertEquals(listOf(c), program.method("embed_prefill").inputs.single { it.name == "tokens" }.shape)
+        assertEquals(listOf(program.method("block_decode").inputs.single { it.name == "k_cache" }.shape[0], c,
+            program.method("block_decode").inputs.single { it.name == "k_cache" }.shape[2]),
+            program.method("block_prefill").outputs.single { it.name == "k_new" }.shape)
+        // The KV cache is sized from the cache inputs: [kv_heads, seq_len, head_dim] per layer, k and v.
+        val loop = LayerLoop(program, MappedWeights.map(File(trace.program, program.weightsFile)), ReplayRuntime(trace, program))
+        val cache = loop.newCache()
+        assertEquals(2 * program.layers, cache.size)
+        assertEquals(listOf(2, program.seqLen, 8), cache.getValue("k_0").shape)
+    }
 
     @Test fun `streamed generation - the ids in order, cancel after k tokens, cancel before the start, cancel in the prefill`() {
         var checked = 0
@@ -139,7 +185,8 @@ class ReplayV3Test {
             val prompt = s.ints("prompt_ids")
             val max = s.int("max_new_tokens")
             val layers = loop.layers
-            assertEquals(s.ints("calls")[1] - start, prefillCalls(layers) + (max - 1) * decodeCalls(layers), "the trace's generation calls")
+            val prefill = prefillCalls(layers, prompt.size, loop.program.prefillChunk)
+            assertEquals(s.ints("calls")[1] - start, prefill + (max - 1) * decodeCalls(layers), "the trace's generation calls")
             // Cancelled before it starts: no program call, no token.
             runtime.next = start
             val none = loop.generateStream(prompt, max, emptySet(), GenerationControl().also { it.cancel() }) { error("no token expected") }
@@ -154,7 +201,7 @@ class ReplayV3Test {
                 assertEquals(StopReason.CANCELLED, g.stopReason, "cancel after $k")
                 assertEquals(want.take(k), g.ids, "cancel after $k")
                 assertEquals(g.ids, seen)
-                assertEquals(start + prefillCalls(layers) + (k - 1) * decodeCalls(layers), runtime.next, "calls made, cancel after $k")
+                assertEquals(start + prefill + (k - 1) * decodeCalls(layers), runtime.next, "calls made, cancel after $k")
             }
             // A cancel with the last token: the generation was complete, it says so.
             runtime.next = start
@@ -166,18 +213,21 @@ class ReplayV3Test {
             // A stop id ends it, included (the host's "eos").
             runtime.next = start
             val eos = loop.generateStream(prompt, max, setOf(want[1]))
-            assertEquals(Generation(want.take(2), StopReason.EOS).toString(), eos.toString())
-            // A cancel from another thread during the prefill: seen before the next layer's calls.
-            runtime.next = start
-            val c2 = GenerationControl()
-            var made = 0
-            val cancelling = LayerLoop(loop.program, loop.weights, object : ProgramRuntime {
-                override fun execute(method: String, inputs: List<NdBuffer>) = runtime.execute(method, inputs).also { if (++made == 2) c2.cancel() }
-            }, loop.state)
-            val pre = cancelling.generateStream(prompt, max, emptySet(), c2) { error("no token expected") }
-            assertEquals(StopReason.CANCELLED, pre.stopReason)
-            assertEquals(emptyList<Int>(), pre.ids)
-            assertEquals(3, made, "embed, block_kv and block_forward of layer 0, then the cancel is seen")
+            assertEquals(Generation(want.take(want.indexOf(want[1]) + 1), StopReason.EOS).toString(), eos.toString())
+            // A cancel from another thread during the prefill: seen before the next layer's call, or the next
+            // chunk's, or the prompt's head_logits.
+            for (at in 1..prefill - 1) {
+                runtime.next = start
+                val c2 = GenerationControl()
+                var made = 0
+                val cancelling = LayerLoop(loop.program, loop.weights, object : ProgramRuntime {
+                    override fun execute(method: String, inputs: List<NdBuffer>) = runtime.execute(method, inputs).also { if (++made == at) c2.cancel() }
+                }, loop.state)
+                val pre = cancelling.generateStream(prompt, max, emptySet(), c2) { error("no token expected") }
+                assertEquals(StopReason.CANCELLED, pre.stopReason)
+                assertEquals(emptyList<Int>(), pre.ids)
+                assertEquals(at, made, "cancelled during call $at of the prefill (of $prefill): no call after it")
+            }
             checked++
         })
         assertEquals(1, checked)
@@ -271,7 +321,7 @@ class ReplayV3Test {
         val plan = StepPlan(3, "cyclic", 1, null, listOf(listOf(0), listOf(1), listOf(2)), listOf(2, 1, 0))
         assertEquals(listOf(setOf(2), setOf(1), setOf(0), setOf(2)), (0L..3L).map { plan.layersAt(it) })
         assertEquals(null, ProgramV3.read(Trace(traceDir).program).defaultPlan)
-        val withPlan = ProgramV3.parse(File("."), Json.parse(File(Fixtures.examples, "manifest_tiny.json").readText()), "example")
+        val withPlan = ProgramV3.parse(File("."), Json.parse(Fixtures.exampleManifest("manifest_tiny.json")), "example")
         assertEquals(listOf(listOf(0, 1, 2, 3), listOf(4, 5, 6, 7)), withPlan.defaultPlan!!.phases)
     }
 
@@ -282,8 +332,8 @@ class ReplayV3Test {
         assertTrue(steps.any { it.string("kind") == "train" && it.ints("selected").size == layers })
         assertTrue(steps.any { it.string("kind") == "train" && it.ints("selected").size < layers })
         val methods = trace.calls.map { it.string("method") }.toSet()
-        assertEquals(setOf("embed", "block_forward", "head_loss", "block_backward", "block_skip_update", "block_kv",
-            "head_logits", "embed_token", "block_decode"), methods)
+        assertEquals(setOf("embed", "block_forward", "head_loss", "block_backward", "block_skip_update", "embed_prefill",
+            "block_prefill", "head_logits", "embed_token", "block_decode"), methods, "the stock methods only (recorded without the kernel)")
     }
 
     @Test fun `a different lr is caught at the first block_backward`() {
@@ -299,14 +349,67 @@ class ReplayV3Test {
     @Test fun `weights are mapped views, rows slices share the file's pages`() {
         val trace = Trace(traceDir)
         val program = ProgramV3.read(trace.program)
+        assertTrue(program.quantHead, "quant.head: the embedding and LM head are int4")
         val w = MappedWeights.map(File(trace.program, program.weightsFile))
-        val embed = w["embed"]
-        assertTrue(embed.data.isDirect)
-        val rows = w.rows("embed", 2, 5)
-        assertEquals(listOf(3, embed.shape[1]), rows.shape)
-        assertEquals(embed.float(2 * embed.shape[1]), rows.float(0))
-        val q = w["layers.0.q_proj.qweight"]
-        assertEquals(ElemType.UINT8, q.dtype)
+        // The int4 embedding / head: uint8 [V, d/2] and its float32 scales [V, d/G]; a row view's bytes per row
+        // come from the tensor's own shape and dtype (16 bytes, 8 bytes).
+        val q = w["embed.qweight"]
+        val sc = w["embed.scales"]
+        assertEquals(Pair(ElemType.UINT8, listOf(program.vocab, 16)), Pair(q.dtype, q.shape))
+        assertEquals(Pair(ElemType.FLOAT32, listOf(program.vocab, 2)), Pair(sc.dtype, sc.shape))
+        assertTrue(q.data.isDirect)
+        for ((t, rowBytes) in listOf(q to 16, sc to 8)) {
+            val rows = w.rows(t.name, 2, 5)
+            assertEquals(listOf(3) + t.shape.drop(1), rows.shape)
+            assertEquals(3 * rowBytes, rows.nbytes)
+            val want = ByteArray(3 * rowBytes).also { t.data.duplicate().apply { position(2 * rowBytes) }.get(it) }
+            assertEquals(want.toList(), ByteArray(rows.nbytes).also { rows.data.duplicate().apply { position(0) }.get(it) }.toList())
+        }
+        assertThrows<ContractError> { w.rows("embed.qweight", 90, program.vocab + 1) }
+        // The head's chunks are such views: head_0_q / head_0_scale of head_logits, rows [0, V).
+        val head = program.method("head_logits").inputs.filter { it.bind == "weight" && it.rows != null }
+        assertEquals(listOf("head_0_q" to "embed.qweight", "head_0_scale" to "embed.scales"), head.map { it.name to it.ref })
+        assertTrue(head.all { it.rows == Pair(0, program.vocab) })
+        assertEquals(ElemType.UINT8, w["layers.0.q_proj.qweight"].dtype)
+    }
+
+    @Test fun `a runtime with the int4 kernel calls the fused methods, with the stock calls' inputs bit for bit`() {
+        val program = ProgramV3.read(Trace(traceDir).program)
+        val fused = program.fused!!
+        assertEquals(listOf("toolchain::int4_linear.out"), fused.kernels)
+        assertEquals("toolchain/native/int4_linear.cpp", fused.source)
+        assertEquals(mapOf("block_decode" to "block_decode_fused", "block_prefill" to "block_prefill_fused", "head_logits" to "head_logits_fused"), fused.methods)
+        for (f in fused.methods.values) assertEquals(fused.kernels, program.method(f).kernels, "$f: methods[].kernels")
+        for (m in LayerLoop.GENERATION_METHODS) assertEquals(emptyList<String>(), program.method(m).kernels, "$m calls stock operators only")
+        fun runtime(registered: Set<String>) = object : ProgramRuntime {
+            override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> = error("not called")
+            override fun hasKernels(kernels: Collection<String>) = registered.containsAll(kernels)
+        }
+        val stock = LayerLoop.GENERATION_METHODS.associateWith { it }
+        assertEquals(stock, LayerLoop.generationNames(program, runtime(emptySet())), "stock ExecuTorch: the stock names")
+        assertEquals(stock, LayerLoop.generationNames(program, runtime(setOf("toolchain::other.out"))), "another kernel: the stock names")
+        assertEquals(stock + fused.methods, LayerLoop.generationNames(program, runtime(fused.kernels.toSet())), "with the kernel: the fused names")
+        // What an app loads: training's methods and generation's under the names it will call, no others.
+        val training = listOf("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
+        assertEquals(training + LayerLoop.GENERATION_METHODS, LayerLoop.methodsCalled(program, runtime(emptySet())))
+        assertEquals(training + listOf("embed_token", "embed_prefill") + listOf("block_prefill_fused", "block_decode_fused", "head_logits_fused"),
+            LayerLoop.methodsCalled(program, runtime(fused.kernels.toSet())))
+        // Replayed with the kernel claimed: training and eval as recorded, generation under the fused names, every
+        // input of each fused call hashing as the recorded stock call's (head_logits_fused's whole head = the one chunk).
+        var rt: ReplayRuntime? = null
+        replay(kernels = fused.kernels.toSet(), beforeGenerate = { _, runtime, _ -> rt = runtime })
+        val r = rt!!
+        val gen = Trace(traceDir).doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
+        val called = r.called.subList(gen.ints("calls")[0], gen.ints("calls")[1])
+        val layers = program.layers
+        val chunks = (gen.ints("prompt_ids").size + program.prefillChunk - 1) / program.prefillChunk
+        val max = gen.int("max_new_tokens")
+        assertEquals(chunks * layers + 1 + (max - 1) * (layers + 1), r.fusedCalls, "fused calls")
+        assertEquals(setOf("embed_prefill", "embed_token") + fused.methods.values, called.toSet())
+        assertTrue(r.called.subList(0, gen.ints("calls")[0]).none { it.endsWith("_fused") }, "training and eval call no fused method")
+        // head_logits_fused binds the whole head where head_logits binds its chunks (here one, rows [0, V)).
+        assertEquals(listOf("x", "final_norm", "head_q", "head_scale"), program.method("head_logits_fused").inputs.map { it.name })
+        assertEquals(listOf("x", "final_norm", "head_0_q", "head_0_scale"), program.method("head_logits").inputs.map { it.name })
     }
 
     @Test fun `state entries are views of the one state buffer`() {
@@ -317,11 +420,28 @@ class ReplayV3Test {
         assertEquals(3.5f, st.buffer.getFloat(4 * e.offset))
     }
 
+    @Test fun `programs exported before chunked prefill or the int4 embedding and head are refused with re-export`() {
+        val text = File(Trace(traceDir).program, "manifest.json").readText()
+        assertTrue("\"prefill_chunk\": 2," in text && "\"head\": true," in text)
+        val ok = ProgramV3.parse(File("."), Json.parse(text), "v3_tiny")
+        assertEquals(Triple(2, true, true), Triple(ok.prefillChunk, ok.quantHead, ok.hasGeneration))
+        val noChunk = assertThrows<ContractError> { ProgramV3.parse(File("."), Json.parse(text.replace("\"prefill_chunk\": 2,", "")), "old") }
+        assertTrue("re-export" in noChunk.message!! && "prefill_chunk" in noChunk.message!!, noChunk.message)
+        val noHead = assertThrows<ContractError> { ProgramV3.parse(File("."), Json.parse(text.replace("\"head\": true,", "")), "old") }
+        assertTrue("re-export" in noHead.message!! && "quant.head" in noHead.message!!, noHead.message)
+        // Without generation at all (generate null) the program trains and cannot generate.
+        val doc = Json.parse(text) as Json.Obj
+        val noGen = Json.Obj(LinkedHashMap(doc.fields).also { it["generate"] = Json.Null })
+        val p = ProgramV3.parse(File("."), noGen, "no generate")
+        assertEquals(Pair(0, false), Pair(p.prefillChunk, p.hasGeneration))
+        assertEquals(null, p.fused)
+    }
+
     @Test fun `a v2 manifest is refused with re-export, a newer one with update the app`() {
         val v2 = Json.parse(File(Fixtures.examples, "manifest_v2_tiny.json").readText())
         val e = assertThrows(ContractError::class.java) { ProgramV3.parse(File("."), v2, "v2") }
         assertTrue("re-export" in e.message!!, e.message)
-        val v3 = File(Fixtures.examples, "manifest_tiny.json").readText().replace("\"schema_version\": 3", "\"schema_version\": 4")
+        val v3 = Fixtures.exampleManifest("manifest_tiny.json").replace("\"schema_version\": 3", "\"schema_version\": 4")
         val e4 = assertThrows(ContractError::class.java) { ProgramV3.parse(File("."), Json.parse(v3), "v4") }
         assertTrue("update the app" in e4.message!!, e4.message)
     }

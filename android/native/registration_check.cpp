@@ -1,0 +1,46 @@
+// Host check of how the app links the generation kernel (android/native/CMakeLists.txt, run by
+// android/test.sh): is `toolchain::int4_linear.out` in the ExecuTorch kernel registry of this process, and
+// does the registered kernel compute? `registration_check_whole` links libtoolchain_kernels.a with
+// --whole-archive as ExecuTorch's JNI library does (EXECUTORCH_JNI_CUSTOM_LIBRARY) and must find and run
+// it (argument "present"); `registration_check_plain` links it plainly and must not find it ("absent"):
+// nothing references the registration object, so the linker drops it.
+#include <cstdio>
+#include <cstring>
+
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/portable_type/tensor_impl.h>
+#include <executorch/runtime/kernel/kernel_runtime_context.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::runtime::EValue;
+using executorch::runtime::KernelRuntimeContext;
+using executorch::runtime::etensor::TensorImpl;
+
+int main(int argc, char** argv) {
+  const char* op = "toolchain::int4_linear.out";
+  const bool want = argc > 1 && std::strcmp(argv[1], "present") == 0;
+  const bool has = executorch::runtime::registry_has_op_function(op);
+  std::printf("%s: %s\n", op, has ? "registered" : "not registered");
+  if (has != want) return 1;
+  if (!has) return 0;
+  // y = x W^T for x [1, 4], W [2, 4] int4 (group 4): high nibble = column 2j, value n - 8.
+  float x[4] = {1, 2, 3, 4};
+  unsigned char q[4] = {(9 << 4) | 10, (7 << 4) | 8, (8 << 4) | 8, (12 << 4) | 4};  // W = [[1, 2, -1, 0], [0, 0, 4, -4]]
+  float scales[2] = {0.5f, 2.0f};
+  float y[2] = {0, 0};
+  TensorImpl::SizesType xs[2] = {1, 4}, qs[2] = {2, 2}, ss[2] = {2, 1}, ys[2] = {1, 2};
+  TensorImpl::DimOrderType order[2] = {0, 1};
+  TensorImpl::StridesType xst[2] = {4, 1}, qst[2] = {2, 1}, sst[2] = {1, 1}, yst[2] = {2, 1};
+  TensorImpl xi(ScalarType::Float, 2, xs, x, order, xst), qi(ScalarType::Byte, 2, qs, q, order, qst),
+      si(ScalarType::Float, 2, ss, scales, order, sst), yi(ScalarType::Float, 2, ys, y, order, yst);
+  EValue args[5] = {EValue(Tensor(&xi)), EValue(Tensor(&qi)), EValue(Tensor(&si)), EValue(int64_t(4)), EValue(Tensor(&yi))};
+  EValue* stack[5] = {&args[0], &args[1], &args[2], &args[3], &args[4]};
+  auto fn = executorch::runtime::get_op_function_from_registry(op);
+  if (!fn.ok()) return 1;
+  KernelRuntimeContext ctx;
+  (*fn)(ctx, {stack, 5});
+  std::printf("y = [%g, %g] (want [1, -8])\n", y[0], y[1]);
+  return ctx.failure_state() == executorch::runtime::Error::Ok && y[0] == 1.0f && y[1] == -8.0f ? 0 : 1;
+}

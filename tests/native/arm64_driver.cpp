@@ -1,0 +1,135 @@
+// Checks a build of toolchain/native/int4_linear.cpp (linked in, built with TOOLCHAIN_NO_EXECUTORCH) on the
+// cases of tests/native/make_arm64_cases.py; run by scripts/check_kernel_arm64.sh under qemu-aarch64.
+//
+//   arm64_driver CASES [LABEL]
+//
+// For each case: (a) the kernel's y against a float64 reference from the same dequantized weights
+// (w = float(n - 8) * s, one float32 product; then x * w and the sums in double), within the float32
+// dot-product bound |err| <= gamma_i * sum_k |x_k w_k|, gamma_i = i u / (1 - i u), u = 2^-24 (as
+// tests/native/test_int4_linear.py); (b) y against the x86-64 kernel's y stored in the file, bit for bit
+// (and the largest difference in ulps where not). Exit 0 if (a) held everywhere, 1 if not, 2 for a bad
+// file or a refused call. (b) is reported, not enforced.
+//
+// Build this file with -ffp-contract=off: the reference's double sums are then plain products and sums.
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+extern "C" int toolchain_int4_linear(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
+                                     int64_t o, int64_t ng, int64_t group, float* y);
+
+namespace {
+
+bool read_all(std::FILE* f, void* p, size_t n) { return n == 0 || std::fread(p, 1, n, f) == n; }
+
+// Distance in ulps between two finite floats (the count of floats between them, across zero too).
+int64_t ulps(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  const int64_t oa = ia < 0 ? -static_cast<int64_t>(ia & 0x7fffffff) : ia;
+  const int64_t ob = ib < 0 ? -static_cast<int64_t>(ib & 0x7fffffff) : ib;
+  return oa > ob ? oa - ob : ob - oa;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CASES [LABEL]\n", argv[0]);
+    return 2;
+  }
+  const char* label = argc > 2 ? argv[2] : "arm64";
+#if defined(__ARM_NEON)
+  const char* path = "NEON";
+#elif defined(__AVX512F__)
+  const char* path = "AVX-512";
+#elif defined(__AVX2__)
+  const char* path = "AVX2";
+#else
+  const char* path = "generic";
+#endif
+  std::FILE* f = std::fopen(argv[1], "rb");
+  char magic[8];
+  int64_t count = 0;
+  if (!f || !read_all(f, magic, 8) || std::memcmp(magic, "TCI4CAS1", 8) || !read_all(f, &count, 8) || count < 0) {
+    std::fprintf(stderr, "%s: %s is not a case file\n", label, argv[1]);
+    return 2;
+  }
+  const double u = std::ldexp(1.0, -24);
+  int64_t bound_ok = 0, bit_equal = 0, elems = 0, elems_equal = 0, worst_ulps = 0, shown = 0;
+  double worst_ratio = 0;  // max err / bound over all outputs with a nonzero bound
+  for (int64_t c = 0; c < count; ++c) {
+    int64_t h[5];
+    if (!read_all(f, h, sizeof h)) {
+      std::fprintf(stderr, "%s: case %" PRId64 ": truncated header\n", label, c);
+      return 2;
+    }
+    const int64_t T = h[0], o = h[1], in = h[2], group = h[3], ng = h[4];
+    if (T < 0 || o < 0 || in <= 0 || in % 2 || T > (1 << 20) || o > (1 << 20) || in > (1 << 24)) {
+      std::fprintf(stderr, "%s: case %" PRId64 ": bad shape\n", label, c);
+      return 2;
+    }
+    std::vector<float> x(T * in), s(o * ng), y86(T * o), y(T * o, std::nanf(""));
+    std::vector<uint8_t> q(o * in / 2);
+    if (!read_all(f, x.data(), x.size() * 4) || !read_all(f, q.data(), q.size()) ||
+        !read_all(f, s.data(), s.size() * 4) || !read_all(f, y86.data(), y86.size() * 4)) {
+      std::fprintf(stderr, "%s: case %" PRId64 ": truncated data\n", label, c);
+      return 2;
+    }
+    if (toolchain_int4_linear(x.data(), T, in, q.data(), s.data(), o, ng, group, y.data()) != 0) {
+      std::fprintf(stderr, "%s: case %" PRId64 " (T %" PRId64 " o %" PRId64 " i %" PRId64 " group %" PRId64
+                   "): the kernel refused valid arguments\n", label, c, T, o, in, group);
+      return 2;
+    }
+    // The dequantized weights, exactly as the kernel and the reference compute them: one float product.
+    std::vector<float> w(o * in);
+    for (int64_t r = 0; r < o; ++r)
+      for (int64_t k = 0; k < in; ++k) {
+        const int n = (k % 2 == 0) ? (q[r * (in / 2) + k / 2] >> 4) : (q[r * (in / 2) + k / 2] & 15);
+        w[r * in + k] = static_cast<float>(n - 8) * s[r * ng + k / group];
+      }
+    const double gamma = in * u / (1 - in * u);
+    bool ok = true, equal = true;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < o; ++r) {
+        double exact = 0, mag = 0;
+        for (int64_t k = 0; k < in; ++k) {
+          const double p = static_cast<double>(x[t * in + k]) * static_cast<double>(w[r * in + k]);
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const float got = y[t * o + r], ref86 = y86[t * o + r];
+        const double err = std::fabs(static_cast<double>(got) - exact), bound = gamma * mag;
+        if (!(err <= bound)) {
+          ok = false;
+          if (shown++ < 10)
+            std::fprintf(stderr, "%s: case %" PRId64 " (T %" PRId64 " o %" PRId64 " i %" PRId64 " group %" PRId64
+                         ") y[%" PRId64 ", %" PRId64 "] = %.9g, exact %.17g: err %.3g > bound %.3g\n",
+                         label, c, T, o, in, group, t, r, got, exact, err, bound);
+        }
+        if (bound > 0 && err / bound > worst_ratio) worst_ratio = err / bound;
+        ++elems;
+        if (std::memcmp(&got, &ref86, 4) == 0) {
+          ++elems_equal;
+        } else {
+          equal = false;
+          const int64_t d = std::isfinite(got) && std::isfinite(ref86) ? ulps(got, ref86) : INT64_MAX;
+          if (d > worst_ulps) worst_ulps = d;
+        }
+      }
+    bound_ok += ok;
+    bit_equal += equal;
+  }
+  std::fclose(f);
+  std::printf("%s (%s path): float32 bound held on %" PRId64 "/%" PRId64 " cases (max err/bound %.3f); "
+              "bitwise equal to x86 on %" PRId64 "/%" PRId64 " cases, %" PRId64 "/%" PRId64
+              " outputs; max difference %" PRId64 " ulp\n",
+              label, path, bound_ok, count, worst_ratio, bit_equal, count, elems_equal, elems, worst_ulps);
+  return bound_ok == count ? 0 : 1;
+}
