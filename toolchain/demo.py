@@ -10,6 +10,9 @@
    lighthouse) as rows through `toolchain.text_data` (what `toolchain data` writes), trained on the
    program's methods by the program trainer (`ProgramTrainer`, what `toolchain train --program` runs);
    every `eval_every` steps the held-out loss of the live state, the array the trainer is updating.
+   Each held-out loss is an `eval` telemetry event; the telemetry also holds the loaded-runtime baseline
+   (a `memory` event with `baseline: true`, taken before the program is loaded) and the planner's estimate
+   of the program's memory above it (run_start `planner_estimate_bytes`), which the report compares.
 4. AFTER: the held-out loss and the same greedy generation with the trained state.
 
 Everything runs on one runner (ExecuTorch unless `target` says otherwise); nothing is re-exported and
@@ -18,6 +21,7 @@ no adapter file is written between training, eval and generation.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -142,6 +146,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     from toolchain.runtime.generate import generate
     from toolchain.runtime.runners import open_runner
     from toolchain.text_data import make_rows, program_text
+    from toolchain.training.checkpoint import finite_or_none
     from toolchain.training.program import ProgramTrainer, TrainRun
 
     phase = on_phase or (lambda _s: None)
@@ -157,50 +162,83 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
         raise BadInput(f"the prompt ({len(prompt_ids)} tokens) + {cfg.max_new_tokens} new tokens do not fit in "
                        f"seq_len {pdir.seq_len}")
 
+    baseline = _runtime_baseline(pdir, cfg.target)
     t0 = time.perf_counter()
     runner = open_runner(pdir, cfg.target, threads=cfg.threads, use="all")
     seconds["load"] = time.perf_counter() - t0
 
-    def held_loss(state) -> float:
-        return float(evaluate_program(pdir, runner, state, held)["loss"])
+    plan = None if cfg.lcsb_k is None else pdir.default_plan()
+    run = TrainRun(steps=cfg.steps, lr=cfg.lr, shuffle_seed=cfg.seed, telemetry=side("telemetry.jsonl"), plan=plan)
+    trainer = ProgramTrainer(pdir, runner, train, run)
+    trainer.baseline = baseline          # logged after run_start: the report's program-attributable peak
+    trainer.memory_peak = True           # VmHWM is reset when training starts (measure_peak below)
+    trainer.start()                      # run_start (+ the baseline) before the first eval event
+    curve: list[tuple[int, float]] = []
+
+    def held_loss(state, step: int) -> float:
+        t = time.perf_counter()
+        ev = evaluate_program(pdir, runner, state, held)
+        trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
+                     eval_time_s=round(time.perf_counter() - t, 6))
+        curve.append((step, float(ev["loss"])))
+        return float(ev["loss"])
 
     def text_of(state) -> str:
         res = generate(pdir, runner, state, prompt_ids, cfg.max_new_tokens, stop_ids=[tok.eos_id])
         return tok.decode(res.output_ids)
 
-    state0 = pdir.state_init()
     phase("before: eval + generate")
-    t0 = time.perf_counter()
-    before_loss, before_text = held_loss(state0), text_of(state0)
+    t0 = time.perf_counter()   # the trainer's state before its first step: the program's initial adapter
+    before_loss, before_text = held_loss(trainer.state, 0), text_of(trainer.state)
     seconds["before"] = time.perf_counter() - t0
-
-    plan = None if cfg.lcsb_k is None else pdir.default_plan()
-    run = TrainRun(steps=cfg.steps, lr=cfg.lr, shuffle_seed=cfg.seed, telemetry=side("telemetry.jsonl"), plan=plan)
-    trainer = ProgramTrainer(pdir, runner, train, run)
-    curve: list[tuple[int, float]] = [(0, before_loss)]
 
     def step_done(entry) -> None:
         if on_step is not None:
             on_step(entry.step, entry.loss)
-        if cfg.eval_every and entry.step % cfg.eval_every == 0 and entry.step < cfg.steps:
-            curve.append((entry.step, held_loss(trainer.state)))   # the live state, mid-run
+        if entry.step == cfg.steps or (cfg.eval_every and entry.step % cfg.eval_every == 0):
+            held_loss(trainer.state, entry.step)   # the live state (mid-run), the trained one at the end
 
     phase("personalize")
+    gc.collect()                  # the garbage of eval and generation is not the training's memory
     t0 = time.perf_counter()
     with measure_peak() as peak:
         result = trainer.run(on_step=step_done)
     seconds["train"] = time.perf_counter() - t0
     state = result.state
     assert isinstance(state, torch.Tensor)
-    phase("after: eval + generate")
+    after_loss = curve[-1][1]
+    phase("after: generate")
     t0 = time.perf_counter()
-    after_loss, after_text = held_loss(state), text_of(state)
+    after_text = text_of(state)
     seconds["after"] = time.perf_counter() - t0
-    curve.append((cfg.steps, after_loss))
+    base = baseline["anon_bytes"] if baseline else peak.anon_before_bytes
     return DemoResult(program=out, backend=runner.backend, rows=len(train), held_out_rows=len(held),
                       before_loss=before_loss, after_loss=after_loss, before_text=before_text, after_text=after_text,
                       losses=[float("nan") if x is None else float(x) for x in result.losses], eval_curve=curve,
-                      seconds=seconds, peak_anon_mib=(peak.peak_anon_bytes - peak.anon_before_bytes) / MIB)
+                      seconds=seconds, peak_anon_mib=(peak.peak_anon_bytes - base) / MIB)
+
+
+def _runtime_baseline(pdir, target: str | None) -> dict | None:
+    """The loaded-runtime baseline (linux_proc_status fields), taken as `toolchain bench memory` takes it:
+    the ExecuTorch runtime and its int4 kernel library loaded, malloc trimmed, before the program's methods,
+    arenas and state exist. None off Linux or for another runtime (the report then makes no comparison)."""
+    from toolchain.memory.measure import read_status, release_free_memory
+    from toolchain.runtime.runners import HOST_RUNNABLE
+
+    if (target or next((t for t in pdir.targets if t in HOST_RUNNABLE), None)) != "executorch":
+        return None
+    try:
+        from executorch.runtime import Runtime
+
+        from toolchain.runtime.executorch_runner import load_quantized_kernels
+
+        Runtime.get()
+        load_quantized_kernels()
+        release_free_memory()
+        status = read_status()
+    except (ImportError, OSError, BadInput):
+        return None
+    return {"probe": "linux_proc_status", "anon_bytes": status.rss_anon, "rss_bytes": status.vm_rss}
 
 
 _BARS = "▁▂▃▄▅▆▇█"

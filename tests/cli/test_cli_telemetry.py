@@ -12,7 +12,11 @@ from click.testing import CliRunner
 from toolchain.cli import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "telemetry"))
-from telemetry_samples import FIXTURE_RUN, FIXTURE_RUN_ID, step_event  # noqa: E402
+from telemetry_samples import FIXTURE_RUN, FIXTURE_RUN_ID, baseline_run, step_event  # noqa: E402
+
+from toolchain.schemas import SCHEMA_DIR  # noqa: E402
+
+EXAMPLES = SCHEMA_DIR / "examples"
 
 
 def run(*args):
@@ -58,3 +62,50 @@ def test_serve_needs_a_token(tmp_path, monkeypatch):
     monkeypatch.delenv("TOOLCHAIN_TELEMETRY_TOKEN", raising=False)
     r = run("telemetry", "serve", "--db", tmp_path / "t.sqlite3")
     assert r.exit_code == 2 and "--token" in r.output
+
+
+def test_import_accepts_a_json_array(tmp_path):
+    db = tmp_path / "t.sqlite3"
+    r = run("telemetry", "import", EXAMPLES / "telemetry_run_android.json", EXAMPLES / "telemetry_run_ios.json",
+            "--db", db)
+    assert r.exit_code == 0, r.output
+    assert "12 new, 0 already stored; run 3f2c9a7e1b5d4c08a6e2f1d7c9b0a415" in r.output
+    bad = tmp_path / "pretty.json"
+    bad.write_text(json.dumps(step_event(0), indent=2))
+    r = run("telemetry", "import", bad, "--db", db)
+    assert r.exit_code == 2 and "expected JSONL (one event object per line) or one JSON array of events" in r.output
+
+
+def test_fleet_lists_every_stored_run_and_filters(tmp_path):
+    db = tmp_path / "t.sqlite3"
+    host = tmp_path / "host.jsonl"
+    host.write_text("".join(json.dumps(e) + "\n" for e in baseline_run()))
+    r = run("telemetry", "import", FIXTURE_RUN, EXAMPLES / "telemetry_run_android.json",
+            EXAMPLES / "telemetry_run_ios.json", host, "--db", db)
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "fleet"
+    r = run("telemetry", "fleet", "--db", db, "--out", out)
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "fleet.json").read_text())
+    ids = {FIXTURE_RUN_ID, "3f2c9a7e1b5d4c08a6e2f1d7c9b0a415", "ios-2026-01-01T00-00-00Z-7c1e", "host-baseline-run"}
+    assert {row["run_id"] for row in doc["runs"]} == ids and len(doc["groups"]) == 4
+    page = (out / "index.html").read_text()
+    for run_id in ids:
+        assert f"runs/{run_id}/index.html" in page and (out / "runs" / run_id / "index.html").is_file()
+    host_row = next(row for row in doc["runs"] if row["run_id"] == "host-baseline-run")
+    assert host_row["planner_error"] is not None and -0.3 < host_row["planner_error"] < 0
+    android = next(g for g in doc["groups"] if g["device_model"] == "Pixel 8")
+    assert android["runs"] == 1 and android["failed"] == 1 and android["low_memory_signals"] == 1
+    assert (out / "scatter.png").read_bytes()[:4] == b"\x89PNG"
+
+    again = run("telemetry", "fleet", "--db", db, "--out", out)
+    assert again.exit_code == 2 and "not empty" in again.output
+    only = run("telemetry", "fleet", "--db", db, "--out", tmp_path / "f2", "--device", "Pixel 8", "--no-run-reports")
+    assert only.exit_code == 0, only.output
+    assert [row["run_id"] for row in json.loads((tmp_path / "f2" / "fleet.json").read_text())["runs"]] == [
+        "3f2c9a7e1b5d4c08a6e2f1d7c9b0a415"]
+    assert not (tmp_path / "f2" / "runs").exists()
+    none = run("telemetry", "fleet", "--db", db, "--out", tmp_path / "f3", "--since", "2099-01-01")
+    assert none.exit_code == 2 and "no stored run" in none.output and not (tmp_path / "f3").exists()
+    baddate = run("telemetry", "fleet", "--db", db, "--out", tmp_path / "f3", "--until", "yesterday")
+    assert baddate.exit_code == 2 and "YYYY-MM-DD" in baddate.output

@@ -92,3 +92,33 @@ def test_read_jsonl_names_the_bad_line(tmp_path):
         read_jsonl(path)
     with pytest.raises(BadInput, match="does not exist"):
         read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_a_json_array_of_events_reads_like_jsonl(tmp_path):
+    """The form of shared_schemas/examples/telemetry_run_*.json (one array) is accepted as well as JSONL."""
+    from toolchain.schemas import SCHEMA_DIR
+
+    example = SCHEMA_DIR / "examples" / "telemetry_run_android.json"
+    events = read_jsonl(example)
+    assert events == json.loads(example.read_text()) and len(events) == 12
+    path = tmp_path / "a.json"
+    path.write_text("  \n" + json.dumps([step_event(0), step_event(1, tokens_per_s=-1)], indent=2))
+    with pytest.raises(SchemaError, match=r"a.json: array element 1: not a valid telemetry event: tokens_per_s"):
+        read_jsonl(path)
+    path.write_text('[{"type": "step",\n')
+    with pytest.raises(BadInput, match=r"a.json: invalid JSON .*one JSON array of events"):
+        read_jsonl(path)
+    path.write_text("[]")
+    with pytest.raises(BadInput, match="no events"):
+        read_jsonl(path)
+
+
+def test_a_bad_line_says_which_formats_are_expected(tmp_path):
+    path = tmp_path / "pretty.json"
+    path.write_text(json.dumps(step_event(0), indent=2))     # one event over several lines: neither form
+    with pytest.raises(BadInput, match=r"pretty.json:1: invalid JSON .*expected JSONL \(one event object per line\) "
+                                       r"or one JSON array of events"):
+        read_jsonl(path)
+    path.write_text("3\n")
+    with pytest.raises(BadInput, match=r"pretty.json:1: a JSON int, not an event object"):
+        read_jsonl(path)

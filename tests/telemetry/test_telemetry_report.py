@@ -7,13 +7,14 @@ import json
 
 import matplotlib.image
 import pytest
-from telemetry_samples import FIXTURE_RUN, FIXTURE_RUN_ID, run_start_event, step_event
+from telemetry_samples import FIXTURE_RUN, FIXTURE_RUN_ID, baseline_run, run_start_event, step_event
 
 from toolchain.errors import BadInput
 from toolchain.memory.estimate import BYTES_PER_MB
 from toolchain.schemas import SCHEMA_DIR, read_json
 from toolchain.telemetry.events import read_jsonl
-from toolchain.telemetry.report import memory_figure, summarize, write_report
+from toolchain.telemetry.report import (loss_figure, memory_figure, memory_notes, moving_average, summarize,
+                                        write_report)
 
 ANDROID_RUN = SCHEMA_DIR / "examples" / "telemetry_run_android.json"
 
@@ -37,19 +38,85 @@ def test_report_of_the_recorded_run(tmp_path):
         assert name in page
 
 
-def test_memory_plot_draws_budget_paper_levels_and_samples():
-    events = json.loads(ANDROID_RUN.read_text())
-    fig = memory_figure(sorted(events, key=lambda e: e["seq"]))
-    labels = [line.get_label() for line in fig.axes[0].get_lines()]
-    levels = {label.rsplit(" ", 2)[0]: line.get_ydata()[0] for label, line in zip(labels, fig.axes[0].get_lines())
-              if label.endswith(" MB")}
-    start = events[0]
-    assert levels["budget"] == pytest.approx(start["budget_bytes"] / BYTES_PER_MB)
+def _levels(ax) -> dict[str, float]:
+    return {line.get_label().rsplit(" ", 2)[0]: line.get_ydata()[0] for line in ax.get_lines()
+            if line.get_label().endswith(" MB")}
+
+
+def test_memory_plot_fits_the_axis_to_the_data_and_states_the_budget_in_words():
+    """The Android example: the budget (2,492 MB) is 6x the largest sample: not drawn (it would flatten the
+    curves) but stated under the plot; the paper's MeSP/MeBP levels are within reach and drawn."""
+    events = sorted(json.loads(ANDROID_RUN.read_text()), key=lambda e: e["seq"])
+    fig = memory_figure(events)
+    ax = fig.axes[0]
+    levels = _levels(ax)
+    assert "budget" not in levels
     assert levels["MeSP (paper)"] == 136.2 and levels["MeBP (paper)"] == 360.8   # qwen2.5-0.5b, seq 256
-    assert "planner estimate" in levels
-    anon = next(line for line in fig.axes[0].get_lines() if line.get_label() == "android_proc_status anon")
+    lo, hi = ax.get_ylim()
+    samples = [e[k] / BYTES_PER_MB for e in events if e["type"] == "memory"
+               for k in ("anon_bytes", "peak_bytes", "rss_bytes") if k in e]
+    assert lo <= min(samples) and max(samples) <= hi < 1.2 * max(samples)
+    budget = events[0]["budget_bytes"] / BYTES_PER_MB
+    words = memory_notes(events)
+    assert any(w.startswith(f"budget {budget:,.0f} MB, 26.2x the anon peak") for w in words)
+    assert fig.texts and "budget 2,492 MB" in fig.texts[0].get_text()
+    anon = next(line for line in ax.get_lines() if line.get_label() == "android_proc_status anon")
     assert list(anon.get_ydata()) == [71303168 / BYTES_PER_MB]
-    assert "low-memory signal" in labels
+    assert "low-memory signal" in [line.get_label() for line in ax.get_lines()]
+    assert len(fig.axes) == 1                               # no baseline sample: no program panel
+
+
+def test_a_budget_within_reach_of_the_data_is_drawn():
+    events = sorted(json.loads(ANDROID_RUN.read_text()), key=lambda e: e["seq"])
+    events[0] = {**events[0], "budget_bytes": 600 * (1 << 20)}
+    assert _levels(memory_figure(events).axes[0])["budget"] == 600.0
+    assert not any(w.startswith("budget") for w in memory_notes(events))
+
+
+def test_planner_compared_like_for_like_above_the_loaded_runtime_baseline(tmp_path):
+    events = baseline_run()
+    files = write_report("host-baseline-run", events, tmp_path / "rep")
+    summary = read_json(files.summary, "run_summary")
+    mb = 1 << 20
+    peak = max(e["peak_bytes"] for e in events if e["type"] == "memory" and "peak_bytes" in e)
+    assert summary["baseline_bytes"] == 281 * mb and summary["peak_program_bytes"] == peak - 281 * mb
+    assert summary["planner_estimate_bytes"] == round(6.1 * mb)
+    assert summary["planner_error"] == pytest.approx((6.1 * mb - (peak - 281 * mb)) / (peak - 281 * mb), abs=1e-4)
+    assert -0.25 < summary["planner_error"] < -0.15
+    evals = [e for e in events if e["type"] == "eval"]
+    assert summary["eval"] == [{"step": e["step"], "loss": e["loss"]} for e in evals]
+    fig = memory_figure(events)
+    top, program = fig.axes
+    assert "budget" not in _levels(top)                    # 24,105 MB: stated in words
+    assert "planner estimate" not in _levels(top)          # not on the absolute axis: a different quantity
+    assert _levels(program)["planner estimate"] == pytest.approx(6.1)
+    assert _levels(program)["measured peak"] == pytest.approx((peak - 281 * mb) / mb)
+    assert "(-" in program.get_title() and "%)" in program.get_title()
+    page = files.html.read_text()
+    assert "planner error" in page and "Held-out loss" in page
+
+
+def test_without_a_baseline_the_planner_estimate_is_not_compared():
+    events = [e for e in baseline_run() if e.get("baseline") is not True]
+    summary = summarize("r", events)
+    assert summary["baseline_bytes"] is None and summary["peak_program_bytes"] is None
+    assert summary["planner_estimate_bytes"] == round(6.1 * (1 << 20)) and summary["planner_error"] is None
+    assert any("not compared, the run logged no baseline sample" in w for w in memory_notes(events))
+    assert len(memory_figure(events).axes) == 1
+
+
+def test_loss_plot_faint_points_moving_average_and_held_out():
+    events = baseline_run()
+    ax = loss_figure(events).axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    raw = lines["training loss (one row per step)"]
+    assert raw.get_alpha() < 0.5 and raw.get_linestyle() == "None"
+    average = next(line for label, line in lines.items() if label.startswith("moving average"))
+    losses = [e["loss"] for e in events if e["type"] == "step"]
+    assert list(average.get_ydata()) == pytest.approx(moving_average(losses, 2))
+    held = lines["held-out loss (eval)"]
+    assert list(held.get_xdata()) == [e["step"] for e in events if e["type"] == "eval"]
+    assert moving_average([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
 
 
 def test_summary_ignores_vmhwm_as_anon_peak():

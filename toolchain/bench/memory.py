@@ -123,6 +123,7 @@ class MemoryBenchConfig(BenchWorkload):
         quant / quant_group / quant_chunk_elems: frozen projection weights of the eager modes: "none"
             (float32), or the program's int8/int4 format, memory-mapped and dequantized per row chunk
             where used, as the exported methods do (so program and eager run on equal weights).
+        quant_head: int4: the embedding and LM head int4 too (the program's `quant.head`). Default: True.
         layers_per_checkpoint: the checkpoint groups of mode mesp_groups (`mesp_step`); None: round(sqrt(L)).
     """
 
@@ -136,6 +137,7 @@ class MemoryBenchConfig(BenchWorkload):
     quant: str = "none"
     quant_group: int = 64
     quant_chunk_elems: int = 1 << 18
+    quant_head: bool = True
     layers_per_checkpoint: int | None = None
 
     def __post_init__(self) -> None:
@@ -151,7 +153,7 @@ class MemoryBenchConfig(BenchWorkload):
             raise BadInput(f"--layers-per-checkpoint must be >= 1, got {self.layers_per_checkpoint}")
         from toolchain.export.program import QuantSpec
 
-        QuantSpec(self.quant, self.quant_group, self.quant_chunk_elems)
+        QuantSpec(self.quant, self.quant_group, self.quant_chunk_elems, head=self.quant_head)
 
     def step_options(self) -> StepOptions:
         return StepOptions(loss_chunk=self.loss_chunk, vocab_chunk=self.vocab_chunk, mlp_chunk=self.mlp_chunk)
@@ -209,7 +211,7 @@ def program_settings(program_dir: Path) -> dict[str, Any]:
 
     spec = ProgramDir(program_dir, verify=False).info.spec
     return {"seq_len": spec.seq_len, "quant": spec.quant.kind, "quant_group": spec.quant.group, "quant_chunk_elems": spec.quant.chunk_elems,
-            "loss_chunk": spec.options.loss_chunk, "vocab_chunk": spec.options.vocab_chunk,
+            "quant_head": spec.quant.head_quantized or spec.quant.kind != "int4", "loss_chunk": spec.options.loss_chunk, "vocab_chunk": spec.options.vocab_chunk,
             "mlp_chunk": spec.options.mlp_chunk}
 
 
@@ -226,12 +228,12 @@ def check_program(config: MemoryBenchConfig, arch: Qwen25Arch | None) -> None:
     o = pdir.info.spec.options
     got = {"seq_len": pdir.seq_len, "rank": pdir.lora_config.rank, "targets": pdir.lora_config.targets,
            "alpha": pdir.lora_config.alpha, "quant": q.kind, "quant_group": q.group,
-           "quant_chunk_elems": q.chunk_elems, "loss_chunk": o.loss_chunk, "vocab_chunk": o.vocab_chunk,
-           "mlp_chunk": o.mlp_chunk}
+           "quant_chunk_elems": q.chunk_elems, "quant_head": q.head_quantized, "loss_chunk": o.loss_chunk,
+           "vocab_chunk": o.vocab_chunk, "mlp_chunk": o.mlp_chunk}
     want = {"seq_len": config.seq_len, "rank": config.rank, "targets": config.lora_config().targets,
             "alpha": config.lora_config().alpha, "quant": config.quant, "quant_group": config.quant_group,
-            "quant_chunk_elems": config.quant_chunk_elems, "loss_chunk": config.loss_chunk,
-            "vocab_chunk": config.vocab_chunk, "mlp_chunk": config.mlp_chunk}
+            "quant_chunk_elems": config.quant_chunk_elems, "quant_head": config.quant == "int4" and config.quant_head,
+            "loss_chunk": config.loss_chunk, "vocab_chunk": config.vocab_chunk, "mlp_chunk": config.mlp_chunk}
     if config.quant == "none":
         got = {k: v for k, v in got.items() if k not in ("quant_group", "quant_chunk_elems")}
         want = {k: v for k, v in want.items() if k not in ("quant_group", "quant_chunk_elems")}
@@ -255,7 +257,7 @@ def _spec(config: MemoryBenchConfig, weights_dir: Path, layers: int) -> dict:
             "lr": config.lr, "loss_chunk": config.loss_chunk, "vocab_chunk": config.vocab_chunk,
             "mlp_chunk": config.mlp_chunk, "check_grads": config.check_grads, "quant": config.quant,
             "quant_group": config.quant_group, "quant_chunk_elems": config.quant_chunk_elems,
-            "program_dir": str(config.program_dir) if config.program_dir else None,
+            "quant_head": config.quant_head, "program_dir": str(config.program_dir) if config.program_dir else None,
             "layers_per_checkpoint": groups_of(config, layers)}
 
 
@@ -277,11 +279,12 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
         if not (weights_dir / ARCH_FILE).is_file():
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
                                          "init": config.init, "seed": config.seed, "quant": config.quant,
-                                         "quant_group": config.quant_group}, config.threads)
+                                         "quant_group": config.quant_group, "quant_head": config.quant_head},
+                        config.threads)
         elif config.quant != "none":
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
-                                         "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group},
-                        config.threads)
+                                         "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group,
+                                         "quant_head": config.quant_head}, config.threads)
         arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
         spec = _spec(config, weights_dir, arch.layers)
         rows = []

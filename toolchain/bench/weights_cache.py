@@ -90,31 +90,34 @@ def load_mmap_weights(path: Path) -> tuple[Qwen25Arch, ModelWeights]:
     return arch, weights_from_state_dict(arch, sd, dtype=torch.float32)
 
 
-def quantized_file(path: Path, kind: str, group: int) -> Path:
+def quantized_file(path: Path, kind: str, group: int, head: bool = True) -> Path:
     """The cache entry's weights in a program's weights-file format (export/weights_file.py), quantized."""
     packing = "-interleaved" if kind == "int4" else ""   # the int4 byte layout (mesp/ops/quant.py)
-    return Path(path) / f"program-weights-{kind}-g{group}{packing}.safetensors"
+    head_part = "-head4" if kind == "int4" and head else ""   # int4 embedding and LM head (QuantSpec.head)
+    return Path(path) / f"program-weights-{kind}-g{group}{packing}{head_part}.safetensors"
 
 
-def ensure_quantized(path: Path, kind: str, group: int) -> Path:
+def ensure_quantized(path: Path, kind: str, group: int, head: bool = True) -> Path:
     """Write the quantized weights file of a cache entry once (the same bytes `toolchain export` writes)."""
     from toolchain.export.program import QuantSpec
     from toolchain.export.weights_file import weight_tensors, write_weights
 
-    out = quantized_file(path, kind, group)
+    out = quantized_file(path, kind, group, head)
     if not out.is_file():
         _, weights = load_mmap_weights(path)
         tmp = out.with_suffix(".tmp")
-        write_weights(tmp, weight_tensors(weights, QuantSpec(kind, group)))
+        write_weights(tmp, weight_tensors(weights, QuantSpec(kind, group, head=head)))
         os.replace(tmp, out)
     return out
 
 
-def load_quantized(path: Path, kind: str, group: int, chunk_elems: int) -> tuple[Qwen25Arch, ModelWeights]:
-    """Map the quantized weights file (no copy); projections as QuantWeight, dequantized per chunk on use."""
+def load_quantized(path: Path, kind: str, group: int, chunk_elems: int, head: bool = True
+                   ) -> tuple[Qwen25Arch, ModelWeights]:
+    """Map the quantized weights file (no copy); projections (and an int4 head) as QuantWeight, dequantized
+    per chunk on use."""
     from toolchain.export.program import QuantSpec
     from toolchain.export.weights_file import map_weights, model_weights
 
     arch = Qwen25Arch(**json.loads((Path(path) / ARCH_FILE).read_text()))
-    tensors = map_weights(ensure_quantized(path, kind, group))
-    return arch, model_weights(tensors, arch, QuantSpec(kind, group, chunk_elems))
+    tensors = map_weights(ensure_quantized(path, kind, group, head))
+    return arch, model_weights(tensors, arch, QuantSpec(kind, group, chunk_elems, head=head))

@@ -58,7 +58,7 @@ def _setup(spec: dict) -> _Setup:
     if spec.get("quant", "none") != "none":
         # the program's weight format, memory-mapped; projections dequantized per chunk where used
         arch, weights = load_quantized(Path(spec["weights_dir"]), spec["quant"], spec["quant_group"],
-                                       spec["quant_chunk_elems"])
+                                       spec["quant_chunk_elems"], head=spec.get("quant_head", True))
     else:
         arch, weights = load_mmap_weights(Path(spec["weights_dir"]))
     cfg = LoraConfig(rank=spec["rank"], alpha=spec["alpha"], targets=tuple(spec["targets"]))
@@ -199,7 +199,7 @@ def _prepare(spec: dict) -> None:
 
     path = ensure_weights_cache(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
     if spec.get("quant", "none") != "none":
-        ensure_quantized(path, spec["quant"], spec["quant_group"])
+        ensure_quantized(path, spec["quant"], spec["quant_group"], head=spec.get("quant_head", True))
 
 
 def _die_with_parent() -> None:

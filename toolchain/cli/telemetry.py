@@ -1,4 +1,5 @@
-"""`toolchain telemetry serve|import|runs|report`: collect the phones' telemetry and report on a run."""
+"""`toolchain telemetry serve|import|runs|report|fleet`: collect the phones' telemetry, report on a run and
+across runs."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def serve(host: str, port: int, db: Path, token: str, max_body_bytes: int) -> No
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_db_option
 def import_(files: tuple[Path, ...], db: Path) -> None:
-    """Store the events of JSONL files pulled from a phone (re-importing stores nothing twice). All or
+    """Store the events of files pulled from a phone: JSONL (one event per line) or one JSON array of events
+    (re-importing stores nothing twice). All or
     nothing: every file is validated, and all are stored in one transaction (a conflict stores none)."""
     from toolchain.telemetry.events import read_jsonl
     from toolchain.telemetry.store import EventStore
@@ -102,3 +104,55 @@ def report(run_id: str, db: Path, out: Path, force: bool) -> None:
         raise BadInput(f"no events for run {run_id!r} in {db}; stored runs: {', '.join(known) or 'none'}")
     files = write_report(run_id, events, out)
     click.echo(f"{len(events)} events -> {files.html}")
+
+
+def _date(ctx, param, value: str | None) -> float | None:
+    """YYYY-MM-DD (UTC) as Unix seconds at 00:00."""
+    if value is None:
+        return None
+    import calendar
+    import time
+
+    try:
+        return float(calendar.timegm(time.strptime(value, "%Y-%m-%d")))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a date YYYY-MM-DD (UTC)") from None
+
+
+@telemetry.command()
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_DB, show_default=True,
+              callback=_existing_db, help="SQLite file of the event store.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Output directory: index.html, fleet.json, scatter.png, runs/RUN_ID/ (each run's report); an "
+                   "existing non-empty one is refused unless --force.")
+@click.option("--model", "models", multiple=True, help="Only runs of this model (repeatable).")
+@click.option("--device", "devices", multiple=True, help="Only runs on this device model (repeatable).")
+@click.option("--since", callback=_date, help="Only runs whose first event is on or after this date (YYYY-MM-DD, UTC).")
+@click.option("--until", callback=_date, help="Only runs whose first event is before the end of this date "
+                                               "(YYYY-MM-DD, UTC).")
+@click.option("--no-run-reports", is_flag=True, help="Skip the per-run reports (faster for many runs; no links).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def fleet(db: Path, out: Path, models: tuple[str, ...], devices: tuple[str, ...], since: float | None,
+          until: float | None, no_run_reports: bool, force: bool) -> None:
+    """Across the stored runs: per device model and config, runs, completed, killed, low-memory signals,
+    median step time, measured peak above the loaded runtime vs the planner's estimate; a scatter of
+    measured vs predicted peak; links to each run's report."""
+    from toolchain.atomic import check_output_dir
+    from toolchain.errors import BadInput
+    from toolchain.telemetry.fleet import write_fleet
+    from toolchain.telemetry.store import EventStore
+
+    check_output_dir(out, force=force)
+    with EventStore(db) as store:
+        infos = store.runs()
+        chosen = [r for r in infos
+                  if (not models or r.model in models) and (not devices or r.device_model in devices)
+                  and (since is None or (r.first_timestamp is not None and r.first_timestamp >= since))
+                  and (until is None or (r.first_timestamp is not None and r.first_timestamp < until + 86400))]
+        runs = [(r.run_id, store.events(r.run_id)) for r in chosen]
+    if not runs:
+        raise BadInput(f"no stored run in {db} matches the filters ({len(infos)} runs stored)")
+    filters = {"model": list(models) or None, "device": list(devices) or None,
+               "since": since, "until": until}
+    files = write_fleet(runs, out, filters=filters, reports=not no_run_reports)
+    click.echo(f"{len(runs)} runs -> {files.html}")

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from toolchain.errors import BadInput
-from toolchain.export.program import LAYER, MethodSpec
+from toolchain.export.program import LAYER, IoSpec, MethodSpec
 from toolchain.mesp.step import checkpoint_groups
 from toolchain.runtime.program_dir import ProgramDir
 
@@ -32,29 +32,47 @@ class LayerLoop:
         self.layers = pdir.arch.layers
         self.moves_unselected = pdir.info.moves_unselected
         self.step_entry = pdir.info.step_entry
+        self._bindings: dict[tuple[str, int | None], list] = {}
         missing = {io.ref.replace(LAYER, "0") for m in self.methods.values() for io in m.inputs
                    if io.bind == "weight"} - set(self.weights)
         if missing:
             raise BadInput(f"{pdir.path}: the weights file lacks {', '.join(sorted(missing)[:3])}; re-export the program")
 
+    def _binding(self, method: MethodSpec, layer: int | None) -> list[tuple[str | None, object, IoSpec]]:
+        """The method's inputs for `layer`: weights resolved to their (shape-checked) views once, the other
+        binds as (bind, ref) to look up per call. Cached: a generated token calls block_decode once per layer,
+        and binding ~45 inputs by name each time cost ~0.1 ms a call at Qwen2.5-0.5B."""
+        key = (method.name, layer)
+        plan = self._bindings.get(key)
+        if plan is None:
+            plan = []
+            for io in method.inputs:
+                ref = io.ref if layer is None else io.ref.replace(LAYER, str(layer))
+                if io.bind == "weight":
+                    t = self.weights[ref]
+                    if io.rows is not None:
+                        t = t[io.rows[0]:io.rows[1]]
+                    _check_shape(method, io, ref, t)
+                    plan.append((None, t, io))
+                else:
+                    plan.append((io.bind, ref, io))
+            self._bindings[key] = plan
+        return plan
+
     def _inputs(self, method: MethodSpec, layer: int | None, values: dict[str, Tensor],
                 views: dict[str, Tensor], cache: dict[str, Tensor] | None = None) -> list[Tensor]:
         out = []
-        for io in method.inputs:
-            ref = io.ref if layer is None else io.ref.replace(LAYER, str(layer))
-            if io.bind == "weight":
-                t = self.weights[ref]
-                if io.rows is not None:
-                    t = t[io.rows[0]:io.rows[1]]
-            elif io.bind == "state":
+        for bind, ref, io in self._binding(method, layer):
+            if bind is None:          # a weight, resolved once
+                out.append(ref)
+                continue
+            if bind == "state":
                 t = views[ref]
-            elif io.bind == "cache":
+            elif bind == "cache":
                 t = cache[ref]
             else:  # input / activation
                 t = values[ref]
-            if tuple(t.shape) != io.shape:
-                raise BadInput(f"{method.name} input {io.name} ({ref}) has shape {list(t.shape)}, the manifest says "
-                               f"{list(io.shape)}; re-export the program")
+            _check_shape(method, io, ref, t)
             out.append(t)
         return out
 
@@ -135,6 +153,12 @@ class LayerLoop:
             if j + 1 in group:
                 inputs[j + 1] = x
         return inputs
+
+
+def _check_shape(method: MethodSpec, io: IoSpec, ref: str, t: Tensor) -> None:
+    if tuple(t.shape) != io.shape:
+        raise BadInput(f"{method.name} input {io.name} ({ref}) has shape {list(t.shape)}, the manifest says "
+                       f"{list(io.shape)}; re-export the program")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -24,7 +24,7 @@ from toolchain.schemas import validation_errors
 from toolchain.validate import InvalidJson, check_json, decode_utf8, loads
 
 __all__ = ["SCHEMA_VERSION", "EVENT_TYPES", "PROBES", "MAX_ERRORS_REPORTED", "InvalidBatch", "parse_batch",
-           "check_events", "canonical", "read_jsonl", "TelemetryWriter", "new_run_id"]
+           "check_events", "canonical", "read_jsonl", "JSONL_OR_ARRAY", "TelemetryWriter", "new_run_id"]
 
 SCHEMA_VERSION = 1
 EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error", "eval")
@@ -112,12 +112,17 @@ def canonical(event: dict) -> str:
     return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+JSONL_OR_ARRAY = "JSONL (one event object per line) or one JSON array of events"
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    """Read a JSONL telemetry file (one event per line; blank lines allowed) and validate every event.
+    """Read a telemetry file and validate every event: JSONL (one event per line; blank lines allowed), or
+    one JSON array of events (the form of shared_schemas/examples/telemetry_run_*.json), or one event.
 
     Raises:
-        BadInput: the file is missing or a line is not JSON (the line number is named).
-        SchemaError: a line is not a valid event (the line number is named).
+        BadInput: the file is missing, or not JSON in either form (the line number is named, and the
+            expected formats).
+        SchemaError: an event is not valid (its line, or its index in the array, is named).
     """
     path = Path(path)
     try:
@@ -126,15 +131,21 @@ def read_jsonl(path: Path) -> list[dict]:
         raise BadInput(f"{path} does not exist") from None
     except OSError as e:
         raise BadInput(f"{path} cannot be read ({e.strerror})") from None
+    if data.lstrip()[:1] == b"[":
+        return _read_array(path, data)
     events, line_of = [], []
     for lineno, raw in enumerate(data.splitlines(), start=1):
         line = decode_utf8(raw, f"{path}:{lineno}")
         if not line.strip():
             continue
         try:
-            events.append(loads(line, f"{path}:{lineno}"))
+            event = loads(line, f"{path}:{lineno}")
         except InvalidJson as e:
-            raise BadInput(f"{path}:{lineno}: invalid JSON ({e.reason})") from None
+            raise BadInput(f"{path}:{lineno}: invalid JSON ({e.reason}); expected {JSONL_OR_ARRAY}") from None
+        if not isinstance(event, dict):
+            raise BadInput(f"{path}:{lineno}: a JSON {type(event).__name__}, not an event object; expected "
+                           f"{JSONL_OR_ARRAY}")
+        events.append(event)
         line_of.append(lineno)
     if not events:
         raise BadInput(f"{path} has no events")
@@ -145,6 +156,23 @@ def read_jsonl(path: Path) -> list[dict]:
         raise SchemaError(f"{path}:{line_of[first]}: not a valid telemetry event: {e.errors[first][0]}"
                           f"{f' ({len(e.errors)} invalid lines)' if len(e.errors) > 1 else ''}") from None
     return events
+
+
+def _read_array(path: Path, data: bytes) -> list[dict]:
+    try:
+        doc = loads(data, str(path))
+    except InvalidJson as e:
+        raise BadInput(f"{path}: invalid JSON ({e.reason}); a file starting with '[' must be one JSON array of "
+                       f"events (else: {JSONL_OR_ARRAY})") from None
+    if not doc:
+        raise BadInput(f"{path} has no events (an empty array)")
+    try:
+        check_events(doc)
+    except InvalidBatch as e:
+        first = min(e.errors)
+        raise SchemaError(f"{path}: array element {first}: not a valid telemetry event: {e.errors[first][0]}"
+                          f"{f' ({len(e.errors)} invalid events)' if len(e.errors) > 1 else ''}") from None
+    return doc
 
 
 def new_run_id() -> str:

@@ -80,13 +80,16 @@ def host_info() -> dict[str, Any]:
             "total_ram_bytes": total, "budget_bytes": total}
 
 
-def _anon_bytes() -> int | None:
+def _memory_fields(peak: bool) -> dict[str, int]:
+    """linux_proc_status fields of this process now: anon (RssAnon) and, with `peak`, the anonymous
+    high-water mark (VmHWM - RssFile - RssShmem: meaningful when the front end reset VmHWM at its baseline)."""
     from toolchain.memory.measure import read_status
 
     try:
-        return read_status().rss_anon
+        status = read_status()
     except (OSError, BadInput):
-        return None
+        return {}
+    return {"anon_bytes": status.rss_anon, **({"peak_bytes": max(0, status.peak_anon)} if peak else {})}
 
 
 class Trainer:
@@ -96,6 +99,12 @@ class Trainer:
     Inside `on_step`, the trainer is the place to reach the run: `trainer.lora` (the adapter now),
     `trainer.emit(type, **fields)` (a telemetry event in this run's numbering; a no-op without
     telemetry). An evaluation hook plugs in there.
+
+    A front end that measured the loaded-runtime baseline (the process with the runtime loaded, before the
+    program's methods, arenas and state are) sets `baseline` to that memory sample's fields (probe, anon_bytes,
+    ...): it is logged as a `memory` event with `baseline: true` right after run_start, and the report measures
+    the program-attributable peak above it. `memory_peak`: the per-step memory events also carry peak_bytes
+    (set it when VmHWM was reset at or after the baseline, e.g. inside `memory.measure.measure_peak`).
     """
 
     run_options: RunOptions
@@ -105,6 +114,8 @@ class Trainer:
     _writer = None
     _lr: float | None = None
     _start: int | None = None  # set by `start`, consumed by `run`
+    baseline: dict[str, Any] | None = None
+    memory_peak: bool = False
 
     # -- hooks -------------------------------------------------------------------------------------
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
@@ -173,6 +184,8 @@ class Trainer:
         self._lr = info.get("lr")
         if start == 0:
             self.emit("run_start", **info, steps_planned=run.steps)
+        if self.baseline is not None:
+            self.emit("memory", **self.baseline, baseline=True)
 
     def run(self, *, on_step: OnStep | None = None) -> TrainResult:
         """Train for `run_options.steps` steps (from the checkpoint's step with `resume`); see `start`."""
@@ -215,7 +228,7 @@ class Trainer:
         self.emit("step", step=s, loss=finite_or_none(entry.loss),
                   step_time_s=round(dt, 6), tokens=tokens, tokens_per_s=round(tokens / dt, 3) if dt > 0 else 0.0,
                   **({"lr": lr} if lr is not None else {}), **phase)
-        anon = _anon_bytes()
-        if anon is not None:
-            self.emit("memory", probe="linux_proc_status", step=s, anon_bytes=anon)
+        memory = _memory_fields(self.memory_peak)
+        if memory:
+            self.emit("memory", probe="linux_proc_status", step=s, **memory)
 

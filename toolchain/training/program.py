@@ -131,7 +131,30 @@ class ProgramTrainer(Trainer):
         if self.run_options.plan is not None:
             info["lcsb_k"] = self.run_options.plan.k
         info["lr"] = self.run_options.lr
+        if "planner_estimate_bytes" not in info:
+            info.update(self.planner_estimate())
         return info
+
+    def planner_estimate(self) -> dict[str, Any]:
+        """run_start's planner fields for an ExecuTorch run on this host: the planner's host figure
+        (`memory.fit.program_peak`: largest arena + LoRA state + the selected layers' checkpoints +
+        activations + runtime overhead), the memory the program adds above the loaded runtime; {} where the
+        planner has no figure (other runtimes, checkpoint groups, no ExecuTorch memory plan)."""
+        from toolchain.errors import ToolchainError
+        from toolchain.memory.estimate import BYTES_PER_MB
+        from toolchain.memory.fit import program_peak
+
+        run = self.run_options
+        if self.backend != "executorch" or run.layers_per_checkpoint != 1:
+            return {}
+        k = run.plan.k if run.plan is not None else self.layers
+        try:
+            peak = program_peak(self.pdir.path, lcsb_k=k)
+        except ToolchainError:
+            return {}
+        return {"planner_estimate_bytes": round(peak.host_peak_mb * BYTES_PER_MB),
+                "planner_basis": f"plan fit --program host figure (one shared arena, checkpoints of {peak.lcsb_k} "
+                                 f"layers, runtime overhead)"}
 
 
 def run_program(pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
