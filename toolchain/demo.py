@@ -147,7 +147,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     from toolchain.runtime.runners import open_runner
     from toolchain.text_data import make_rows, program_text
     from toolchain.training.checkpoint import finite_or_none
-    from toolchain.training.program import ProgramTrainer, TrainRun
+    from toolchain.training.program import ProgramTrainer, TrainRun, runtime_baseline
 
     phase = on_phase or (lambda _s: None)
     seconds: dict[str, float] = {}
@@ -162,7 +162,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
         raise BadInput(f"the prompt ({len(prompt_ids)} tokens) + {cfg.max_new_tokens} new tokens do not fit in "
                        f"seq_len {pdir.seq_len}")
 
-    baseline = _runtime_baseline(pdir, cfg.target)
+    baseline = runtime_baseline(pdir, cfg.target)
     t0 = time.perf_counter()
     runner = open_runner(pdir, cfg.target, threads=cfg.threads, use="all")
     seconds["load"] = time.perf_counter() - t0
@@ -216,29 +216,6 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
                       before_loss=before_loss, after_loss=after_loss, before_text=before_text, after_text=after_text,
                       losses=[float("nan") if x is None else float(x) for x in result.losses], eval_curve=curve,
                       seconds=seconds, peak_anon_mib=(peak.peak_anon_bytes - base) / MIB)
-
-
-def _runtime_baseline(pdir, target: str | None) -> dict | None:
-    """The loaded-runtime baseline (linux_proc_status fields), taken as `toolchain bench memory` takes it:
-    the ExecuTorch runtime and its int4 kernel library loaded, malloc trimmed, before the program's methods,
-    arenas and state exist. None off Linux or for another runtime (the report then makes no comparison)."""
-    from toolchain.memory.measure import read_status, release_free_memory
-    from toolchain.runtime.runners import HOST_RUNNABLE
-
-    if (target or next((t for t in pdir.targets if t in HOST_RUNNABLE), None)) != "executorch":
-        return None
-    try:
-        from executorch.runtime import Runtime
-
-        from toolchain.runtime.executorch_runner import load_quantized_kernels
-
-        Runtime.get()
-        load_quantized_kernels()
-        release_free_memory()
-        status = read_status()
-    except (ImportError, OSError, BadInput):
-        return None
-    return {"probe": "linux_proc_status", "anon_bytes": status.rss_anon, "rss_bytes": status.vm_rss}
 
 
 _BARS = "▁▂▃▄▅▆▇█"

@@ -37,19 +37,24 @@ kotlin {
     compilerOptions { jvmTarget.set(JvmTarget.JVM_17) }
 }
 
-// Pinned to the Python exporter's executorch (1.5.1, PyPI): the .pte format and the runtime must match. The
-// coordinate org.pytorch:executorch-android is the one executorch's build publishes (coordinates(...) in
-// extension/android/executorch_android/build.gradle); that 1.5.1 is on Maven Central could not be checked here.
-val executorchVersion = "1.5.1"
+// Versions: android/gradle.properties, one line each (executorchVersion: the Python exporter's executorch, 1.5.1
+// on PyPI: the .pte format and the runtime must match). The coordinate org.pytorch:executorch-android is the one
+// executorch's build publishes (coordinates(...) in extension/android/executorch_android/build.gradle); that
+// 1.5.1 is on Maven Central could not be checked here.
+fun pin(name: String): String = providers.gradleProperty(name).orNull ?: error("android/gradle.properties lacks $name")
+val executorchVersion = pin("executorchVersion")
 val localExecutorchAar: String? = providers.gradleProperty("executorchAar").orNull
 
 dependencies {
     implementation(project(":trainer-core"))
     if (localExecutorchAar != null) {
+        // A bare .aar brings no POM: the dependencies executorch-android's own build declares, at its versions.
         implementation(files(localExecutorchAar))
-        implementation("com.facebook.soloader:soloader:0.10.5")
-        implementation("com.facebook.fbjni:fbjni:0.7.0")
+        implementation("com.facebook.fbjni:fbjni:${pin("fbjniVersion")}")
+        implementation("com.facebook.soloader:nativeloader:${pin("nativeloaderVersion")}")
+        implementation("androidx.core:core-ktx:${pin("coreKtxVersion")}")
     } else {
         implementation("org.pytorch:executorch-android:$executorchVersion")
     }
+    implementation("androidx.work:work-runtime:${pin("workVersion")}")
 }

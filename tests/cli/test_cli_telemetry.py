@@ -71,7 +71,9 @@ def test_import_accepts_a_json_array(tmp_path):
     assert r.exit_code == 0, r.output
     assert "12 new, 0 already stored; run 3f2c9a7e1b5d4c08a6e2f1d7c9b0a415" in r.output
     bad = tmp_path / "pretty.json"
-    bad.write_text(json.dumps(step_event(0), indent=2))
+    bad.write_text(json.dumps(step_event(0), indent=2))             # one event over several lines: accepted
+    assert run("telemetry", "import", bad, "--db", db).exit_code == 0
+    bad.write_text(json.dumps(step_event(0), indent=2) * 2)         # two of them: neither form
     r = run("telemetry", "import", bad, "--db", db)
     assert r.exit_code == 2 and "expected JSONL (one event object per line) or one JSON array of events" in r.output
 

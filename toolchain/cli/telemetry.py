@@ -54,8 +54,8 @@ def serve(host: str, port: int, db: Path, token: str, max_body_bytes: int) -> No
 @_db_option
 def import_(files: tuple[Path, ...], db: Path) -> None:
     """Store the events of files pulled from a phone: JSONL (one event per line) or one JSON array of events
-    (re-importing stores nothing twice). All or
-    nothing: every file is validated, and all are stored in one transaction (a conflict stores none)."""
+    (re-importing stores nothing twice). All or nothing: every file is validated, and all are stored in one
+    transaction (a conflict stores none)."""
     from toolchain.telemetry.events import read_jsonl
     from toolchain.telemetry.store import EventStore
 

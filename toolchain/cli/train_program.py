@@ -104,10 +104,11 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     from toolchain.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
-    from toolchain.memory.measure import read_status
+    from toolchain.memory.measure import read_status, reset_peak
     from toolchain.runtime import ProgramDir
     from toolchain.runtime.runners import open_runner
     from toolchain.training import ProgramTrainer, TrainRun, checkpoint_path
+    from toolchain.training.program import runtime_baseline
 
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
     pdir = ProgramDir(program)
@@ -119,11 +120,15 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     checkpoint = checkpoint_path(adapter_out or program)
     if resume and not checkpoint.exists():
         raise BadInput(f"--resume: no checkpoint at {checkpoint}")
+    baseline = runtime_baseline(pdir, None) if telemetry is not None else None  # before the program is loaded
+    if baseline is not None:
+        reset_peak()                      # the steps' peak_bytes count from the loaded-runtime baseline on
     runner = open_runner(pdir)
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry, plan=step_plan,
                    layers_per_checkpoint=layers_per_checkpoint)
     trainer = ProgramTrainer(pdir, runner, examples, run)
+    trainer.baseline, trainer.memory_peak = baseline, baseline is not None   # the report's like-for-like planner check
     hooks = {} if eval_data is None else _eval_hooks(pdir, trainer, load_examples(eval_data, pdir.arch), steps,
                                                      eval_every, fresh=not (resume and checkpoint.exists()))
     result = progress_run(trainer, f"train ({runner.backend})", steps, **hooks)

@@ -117,7 +117,8 @@ JSONL_OR_ARRAY = "JSONL (one event object per line) or one JSON array of events"
 
 def read_jsonl(path: Path) -> list[dict]:
     """Read a telemetry file and validate every event: JSONL (one event per line; blank lines allowed), or
-    one JSON array of events (the form of shared_schemas/examples/telemetry_run_*.json), or one event.
+    one JSON array of events (the form of shared_schemas/examples/telemetry_run_*.json), or one event object
+    (also over several lines, as in shared_schemas/examples/telemetry_error_*.json).
 
     Raises:
         BadInput: the file is missing, or not JSON in either form (the line number is named, and the
@@ -141,6 +142,11 @@ def read_jsonl(path: Path) -> list[dict]:
         try:
             event = loads(line, f"{path}:{lineno}")
         except InvalidJson as e:
+            if not events and data.lstrip()[:1] == b"{":    # one event object over several lines
+                try:
+                    return _read_array(path, data, single=True)
+                except InvalidJson:
+                    pass
             raise BadInput(f"{path}:{lineno}: invalid JSON ({e.reason}); expected {JSONL_OR_ARRAY}") from None
         if not isinstance(event, dict):
             raise BadInput(f"{path}:{lineno}: a JSON {type(event).__name__}, not an event object; expected "
@@ -158,19 +164,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return events
 
 
-def _read_array(path: Path, data: bytes) -> list[dict]:
+def _read_array(path: Path, data: bytes, *, single: bool = False) -> list[dict]:
+    """The whole file as one JSON array of events (or, `single`, as one event object: InvalidJson if not)."""
     try:
         doc = loads(data, str(path))
     except InvalidJson as e:
+        if single:
+            raise
         raise BadInput(f"{path}: invalid JSON ({e.reason}); a file starting with '[' must be one JSON array of "
                        f"events (else: {JSONL_OR_ARRAY})") from None
+    if single:
+        if not isinstance(doc, dict):
+            raise InvalidJson(str(path), "not an event object")
+        doc = [doc]
     if not doc:
         raise BadInput(f"{path} has no events (an empty array)")
     try:
         check_events(doc)
     except InvalidBatch as e:
         first = min(e.errors)
-        raise SchemaError(f"{path}: array element {first}: not a valid telemetry event: {e.errors[first][0]}"
+        raise SchemaError(f"{path}: {'' if single else f'array element {first}: '}not a valid telemetry event: "
+                          f"{e.errors[first][0]}"
                           f"{f' ({len(e.errors)} invalid events)' if len(e.errors) > 1 else ''}") from None
     return doc
 

@@ -42,8 +42,14 @@ def _config(start: dict) -> dict[str, Any]:
     return {k: start.get(k) for k in CONFIG_KEYS}
 
 
+_SHORT = {"seq_len": "T", "rank": "r", "lcsb_k": "LCSB k="}
+
+
 def _config_text(config: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in config.items() if v is not None) or "unknown"
+    """e.g. 'qwen2.5-0.5b mesp executorch T256 r8 LCSB k=6 int4 adamw'."""
+    parts = [f"{_SHORT[k]}{v}" if k in _SHORT else str(v)
+             for k, v in config.items() if v is not None]
+    return " ".join(parts) or "unknown"
 
 
 def _median(values) -> float | None:
@@ -136,9 +142,10 @@ def scatter_figure(rows: list[dict]):
         ax.plot(*zip(*mine), "o", markersize=7, label=device)
     top = max(max(x, y) for x, y, _ in pts) * 1.25
     ax.plot([0, top], [0, top], "-", color="gray", linewidth=1, label="measured = planner")
-    for f, style in ((1.3, ":"), (1 / 1.3, ":")):
-        ax.plot([0, top], [0, top * f], style, color="gray", linewidth=0.8)
+    for error in (0.3, -0.3):       # error = (planner - measured) / measured: measured = planner / (1 + error)
+        ax.plot([0, top], [0, top / (1 + error)], ":", color="gray", linewidth=0.8)
     ax.text(top * 0.98, top * 0.98 / 1.3, "planner +30%", ha="right", va="top", fontsize=7, color="gray")
+    ax.text(top * 0.7 * 0.98, top * 0.98, "planner -30%", ha="right", va="top", fontsize=7, color="gray")
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
     ax.legend(fontsize=8, loc="upper left")

@@ -221,11 +221,11 @@ def _memory_levels(events: list[dict]) -> tuple[list[tuple[str, float, str, str]
     if estimate is not None and base is not None and program is not None:
         err = _error(estimate, program)
         words.append(f"program-attributable peak (above the loaded-runtime baseline {_mb(base / BYTES_PER_MB)}): "
-                     f"measured {_mb(program / BYTES_PER_MB)}, planner {_mb(estimate / BYTES_PER_MB)} ({basis})"
-                     + ("" if err is None else f": planner error {err * 100:+.1f}%"))
+                     f"measured {_mb(program / BYTES_PER_MB)} vs planner {_mb(estimate / BYTES_PER_MB)}"
+                     + ("" if err is None else f", planner error {err * 100:+.1f}%") + f" [planner: {basis}]")
     elif estimate is not None:
         words.append(f"planner estimate {_mb(estimate / BYTES_PER_MB)} of the memory the program adds above the "
-                     f"loaded runtime ({basis}): not compared, the run logged no baseline sample (memory event "
+                     f"loaded runtime [{basis}]: not compared, the run logged no baseline sample (memory event "
                      f"with baseline: true)")
     elif base is not None and program is not None:
         words.append(f"program-attributable peak {_mb(program / BYTES_PER_MB)} above the loaded-runtime baseline "
@@ -383,15 +383,18 @@ def _fmt(key: str, value) -> str:
 def _html(summary: dict, events: list[dict], plots: list[str]) -> str:
     start = (_of(events, "run_start") or [{}])[0]
     config = [(k, v) for k, v in start.items() if k not in ("schema_version", "type", "run_id", "seq")]
-    errors = [(f"step {e.get('step', '-')}{' (fatal)' if e['fatal'] else ''}", f"{e.get('code', '')} {e['message']}")
+    errors = [(f"step {e.get('step', '-')}{' (fatal)' if e['fatal'] else ''}",
+               f"{e.get('code', '')} {e['message']}" + "".join(f"\n  log: {line}" for line in e.get("log", [])))
               for e in _of(events, "error")]
     device = [(e["type"], ", ".join(f"{k}={v}" for k, v in e.items() if k not in (
         "schema_version", "type", "run_id", "seq", "timestamp", "elapsed_s"))) for e in events
         if e["type"] in ("thermal", "battery")]
     title = html.escape(f"Run {summary['run_id']}")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><link rel='icon' href='data:,'>",
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+             "<link rel='icon' href='data:,'>",
              "<style>body{font-family:sans-serif;max-width:1000px;margin:auto} th{text-align:left;padding-right:1em}"
-             " td,th{border-bottom:1px solid #ddd;vertical-align:top} img{max-width:100%}</style></head><body>",
+             " td,th{border-bottom:1px solid #ddd;vertical-align:top;white-space:pre-wrap} img{max-width:100%}"
+             "</style></head><body>",
              f"<h1>{title}</h1>", "<h2>Summary</h2>",
              _table([(k, _fmt(k, v)) for k, v in summary.items() if k != "eval"])]
     notes = memory_notes(events)

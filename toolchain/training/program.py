@@ -30,7 +30,7 @@ from toolchain.training.checkpoint import rows_sha256
 from toolchain.training.loop import OnStep, Trainer, host_info
 from toolchain.training.result import TrainResult
 
-__all__ = ["TrainRun", "ProgramTrainer", "run_program", "pad_example", "host_run_info"]
+__all__ = ["TrainRun", "ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
 
 
 @dataclass(frozen=True)
@@ -161,3 +161,27 @@ def run_program(pdir: ProgramDir, runner, examples: Sequence[Example], run: Trai
                 on_step: OnStep | None = None, run_info: dict | None = None) -> TrainResult:
     """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
     return ProgramTrainer(pdir, runner, examples, run, run_info=run_info).run(on_step=on_step)
+
+
+def runtime_baseline(pdir, target: str | None) -> dict | None:
+    """The loaded-runtime baseline (linux_proc_status fields), taken as `toolchain bench memory` takes it:
+    the ExecuTorch runtime and its int4 kernel library loaded, malloc trimmed, before the program's methods,
+    arenas and state exist. None off Linux or for another runtime (the report then makes no comparison)."""
+    from toolchain.errors import BadInput
+    from toolchain.memory.measure import read_status, release_free_memory
+    from toolchain.runtime.runners import HOST_RUNNABLE
+
+    if (target or next((t for t in pdir.targets if t in HOST_RUNNABLE), None)) != "executorch":
+        return None
+    try:
+        from executorch.runtime import Runtime
+
+        from toolchain.runtime.executorch_runner import load_quantized_kernels
+
+        Runtime.get()
+        load_quantized_kernels()
+        release_free_memory()
+        status = read_status()
+    except (ImportError, OSError, BadInput):
+        return None
+    return {"probe": "linux_proc_status", "anon_bytes": status.rss_anon, "rss_bytes": status.vm_rss}

@@ -4,6 +4,7 @@ import android.util.Log
 import org.onphonellm.trainer.core.ElemType
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.NdBuffer
+import org.onphonellm.trainer.core.OutputBuffers
 import org.onphonellm.trainer.core.ProgramRuntime
 import org.onphonellm.trainer.core.ProgramV3
 import org.pytorch.executorch.EValue
@@ -11,7 +12,6 @@ import org.pytorch.executorch.ExecutorchRuntimeException
 import org.pytorch.executorch.Module
 import org.pytorch.executorch.Tensor
 import java.io.File
-import java.nio.ByteBuffer
 import java.nio.ByteOrder
 import org.pytorch.executorch.DType as EtDType
 
@@ -35,8 +35,10 @@ import org.pytorch.executorch.DType as EtDType
  *   direct buffers, the state buffer's entry windows, the app's activations (the JNI reads a direct
  *   buffer's address; each window is its own slice, so `capacity()` is exactly the tensor's size).
  *   Little-endian = the native order of every Android ABI.
- * - Outputs live in the method's arena until the next call; each is copied once into a direct buffer
- *   (`copyDataInto`) that the loop copies again into what it keeps (state slice, cache row, activation).
+ * - Outputs live in the method's arena until the next call; each is copied once (`copyDataInto`), straight
+ *   into where the loop keeps it ([executeInto]: the state slice, the loop's pooled activation buffer), or
+ *   into this runtime's buffer of that output, allocated once per method ([OutputBuffers]: the KV cache rows,
+ *   which the loop spreads over the cache). No direct buffer is allocated per call.
  * - Threads: training and a generation beside it call this one Module from two threads, never at once: each
  *   call, from wrapping the inputs to the loop's copy of the outputs, holds the session's fair runtime lock
  *   (`LayerLoop.runtimeLock`). The Module's own lock (`Module.execute`) covers the native call only, not the
@@ -81,22 +83,44 @@ class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean =
 
     override fun hasKernels(kernels: Collection<String>): Boolean = this.kernels.containsAll(kernels)
 
-    override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
+    /** The input EValues of the weight and state views, by identity (the loop passes the same view objects every call). */
+    private val stable = java.util.IdentityHashMap<NdBuffer, EValue>()
+
+    /** One output buffer per output of each method, allocated by its first call (the KV cache rows land here). */
+    private val own = OutputBuffers(program)
+
+    override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> = executeInto(method, inputs, emptyList())
+
+    /**
+     * Each output copied once, out of the method's arena: into the loop's destination (its state slice, its pooled
+     * activation buffer) when it offers one, else into this runtime's buffer of that output ([own], reused by
+     * every call). No direct buffer is allocated after a method's first call.
+     */
+    override fun executeInto(method: String, inputs: List<NdBuffer>, into: List<NdBuffer?>): List<NdBuffer> {
         val spec = specs[method] ?: throw IllegalStateException("no method $method")
-        val args = Array(inputs.size) { i -> EValue.from(wrap(inputs[i])) }
+        // Weights and state entries are the same views call after call: their tensors are made once (the JNI reads
+        // the buffer's address at each call); activations are wrapped per call.
+        val args = Array(inputs.size) { i ->
+            val x = inputs[i]
+            val bind = spec.inputs.getOrNull(i)?.bind
+            if (bind == "weight" || bind == "state") stable.getOrPut(x) { EValue.from(wrap(x)) } else EValue.from(wrap(x))
+        }
         val outs = module.execute(method, *args)
         if (outs.size != spec.outputs.size) throw IllegalStateException("$method returned ${outs.size} outputs, the manifest lists ${spec.outputs.size}")
+        val mine = own.of(method)
         return outs.mapIndexed { i, v ->
             if (!v.isTensor) throw IllegalStateException("output $i of $method is not a tensor")
             val t = v.toTensor()
             val io = spec.outputs[i]
-            val buf = ByteBuffer.allocateDirect(io.numel * io.dtype.size).order(ByteOrder.nativeOrder())
+            if (t.numel() != io.numel.toLong()) throw IllegalStateException("output ${io.name} of $method has ${t.numel()} elements, the manifest says ${io.numel}")
+            val dst = into.getOrNull(i) ?: mine[i]
+            val b = dst.data.duplicate().order(ByteOrder.nativeOrder())
             when (t.dtype()) {
-                EtDType.FLOAT -> t.copyDataInto(buf.asFloatBuffer())
-                EtDType.INT64 -> t.copyDataInto(buf.asLongBuffer())
+                EtDType.FLOAT -> t.copyDataInto(b.asFloatBuffer())
+                EtDType.INT64 -> t.copyDataInto(b.asLongBuffer())
                 else -> throw IllegalStateException("output ${io.name} of $method is ${t.dtype()}")
             }
-            NdBuffer(io.name, io.dtype, t.shape().map { it.toInt() }, buf)
+            dst
         }
     }
 
@@ -115,6 +139,12 @@ class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean =
     override fun close() = module.close()
 
     companion object {
+        /**
+         * ExecuTorch's own log lines (its ring buffer of ET_LOG messages, `Module.readLogBufferStatic()`), oldest
+         * first; empty when the runtime cannot say (no native library loaded yet). What an error shows and sends.
+         */
+        fun readLog(): List<String> = try { Module.readLogBufferStatic()?.toList() ?: emptyList() } catch (e: Throwable) { emptyList() }
+
         private const val TAG = "ExecuTorchRuntime"
         /** executorch::runtime::Error::OperatorMissing (ExecutorchRuntimeException.OPERATOR_MISSING in executorch-android). */
         const val OPERATOR_MISSING = 0x14

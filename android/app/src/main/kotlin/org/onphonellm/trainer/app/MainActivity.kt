@@ -8,6 +8,7 @@ import android.os.Bundle
 import android.os.Handler
 import android.os.Looper
 import android.provider.DocumentsContract
+import android.provider.OpenableColumns
 import android.text.InputType
 import android.view.View
 import android.widget.ArrayAdapter
@@ -21,19 +22,30 @@ import android.widget.Spinner
 import android.widget.TextView
 import org.onphonellm.trainer.core.EvalPair
 import org.onphonellm.trainer.core.PreparedData
+import org.onphonellm.trainer.core.ProgramImport
 import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.ScreenState
+import org.onphonellm.trainer.core.TextImport
+import org.onphonellm.trainer.core.VerifyCache
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.TextTokenizer
 import org.onphonellm.trainer.core.V3Checkpoints
 import java.io.File
 
 /**
- * The app's one screen, plain android.widget Views: choose a program (pushed to files/programs/), paste
+ * The app's one screen, plain android.widget Views: import a program folder (Storage Access Framework: copied
+ * into files/programs/, checked as it is copied, with a progress bar) or choose one pushed there (the list is
+ * refreshed on every resume), paste
  * text or pick a file (plain text, or chat JSONL), see its rows and held-out split, start / stop / resume,
  * a live loss chart, the memory footprint against the budget, the held-out loss before and after, a prompt
  * generated with the initial and the trained adapter side by side, and the adapter exported (PEFT files)
  * into a folder chosen with the Storage Access Framework, then offered to the share sheet. All the logic
  * is trainer-core's; the service runs the session.
+ *
+ * Rotation, config changes and process death keep the screen: every field is saved as a [ScreenState] in the
+ * saved-state Bundle (a picked file's text lives in the cache dir, only its path in the Bundle), and the run's
+ * progress lives in [TrainingStatus] (the process) and the run directory. File reads, the import and the
+ * export run on background threads; a picked text above [TextImport.DEFAULT_CAP_BYTES] is refused with a message.
  *
  * `adb shell am start -n org.onphonellm.trainer/.app.MainActivity -a org.onphonellm.trainer.action.START
  * --es program NAME --es text FILE ...` forwards the request to the service from the foreground.
@@ -65,9 +77,15 @@ class MainActivity : Activity() {
     private lateinit var cancelButton: Button
     /** A generation update is posted to the main thread and not shown yet (coalesces a burst of tokens into one). */
     private val generationPosted = java.util.concurrent.atomic.AtomicBoolean(false)
-    private var pickedText: String? = null
-    private var pickedName = "pasted text"
-    private var prepared: PreparedData? = null
+    private lateinit var importButton: Button
+    private lateinit var importBar: ProgressBar
+    private lateinit var chargingOnly: CheckBox
+    /** The picked file's text, kept in the cache dir (survives rotation and process death; the Bundle holds the path). */
+    @Volatile private var pickedPath: String? = null
+    @Volatile private var pickedName = "pasted text"
+    @Volatile private var prepared: PreparedData? = null
+    /** The program to select once the list is loaded (restored state). */
+    private var wantProgram: String? = null
 
     override fun onCreate(savedInstanceState: Bundle?) {
         super.onCreate(savedInstanceState)
@@ -84,6 +102,10 @@ class MainActivity : Activity() {
         label("On-device LoRA training", 20f)
         program = Spinner(this)
         col.addView(program)
+        importButton = button("Import program folder ...") { importProgram() }
+        col.addView(importButton)
+        importBar = ProgressBar(this, null, android.R.attr.progressBarStyleHorizontal).apply { visibility = View.GONE; max = 1000 }
+        col.addView(importBar)
         input = EditText(this).apply { hint = "Paste your text here (or a chat JSONL)"; minLines = 4; gravity = android.view.Gravity.TOP }
         col.addView(input)
         steps = field("steps (100)", InputType.TYPE_CLASS_NUMBER)
@@ -101,6 +123,9 @@ class MainActivity : Activity() {
         stopButton = button("Stop") { service(RunRequest.ACTION_STOP) }
         resumeButton = button("Resume") { service(RunRequest.ACTION_START) }
         row(startButton, stopButton, resumeButton)
+        // Train while charging: WorkManager resumes the latest run when the phone is charging and idle (ChargingWorker).
+        chargingOnly = CheckBox(this).apply { text = "Train while charging (resume overnight when plugged in and idle)" }
+        col.addView(chargingOnly)
         status = label("idle")
         chart = LossChartView(this)
         col.addView(chart, LinearLayout.LayoutParams(LinearLayout.LayoutParams.MATCH_PARENT, (180 * dp).toInt()))
@@ -120,15 +145,126 @@ class MainActivity : Activity() {
         col.addView(button("Export adapter (PEFT) ...") { exportAdapter() })
         setContentView(ScrollView(this).apply { fitsSystemWindows = true; addView(col) })  // targetSdk 35 draws edge to edge
 
-        program.adapter = ArrayAdapter(this, android.R.layout.simple_spinner_dropdown_item, programs())
+        savedInstanceState?.let { b -> restore(ScreenState.restore(b.keySet().associateWith { k -> b.getString(k) })) }
+            ?: run { chargingOnly.isChecked = ChargingSchedule.enabled(this) }
+        chargingOnly.setOnCheckedChangeListener { _, on -> Thread { try { ChargingSchedule.set(this, on) } catch (e: Exception) {
+            runOnUiThread { status.text = "cannot schedule: ${e.message}" } } }.start() }
         if (Build.VERSION.SDK_INT >= 33) requestPermissions(arrayOf("android.permission.POST_NOTIFICATIONS"), 1)
         if (intent?.action == RunRequest.ACTION_START) {
             startService(Intent(this, TrainingService::class.java).setAction(RunRequest.ACTION_START).putExtras(intent))
         }
     }
 
-    private fun programs(): List<String> = File(base, "programs").listFiles()?.filter { File(it, "manifest.json").isFile }?.map { it.name }?.sorted()
-        ?: emptyList()
+    private fun programs(): List<String> = ProgramImport.list(File(base, "programs"))
+
+    /** The program list, read off the main thread on every resume (a program pushed or imported meanwhile appears). */
+    private fun refreshPrograms(select: String? = null) = Thread {
+        val names = programs()
+        runOnUiThread {
+            val keep = select ?: wantProgram ?: program.selectedItem as? String
+            wantProgram = null
+            @Suppress("UNCHECKED_CAST") val current = (program.adapter as? ArrayAdapter<String>)?.let { a -> (0 until a.count).map { a.getItem(it) } }
+            if (current != names) program.adapter = ArrayAdapter(this, android.R.layout.simple_spinner_dropdown_item, names)
+            names.indexOf(keep).takeIf { it >= 0 }?.let { program.setSelection(it) }
+            if (names.isEmpty()) dataInfo.text = "no program yet: tap Import program folder (or push one with scripts/android/deploy.sh)"
+        }
+    }.start()
+
+    private fun screenState() = ScreenState(
+        program = program.selectedItem as? String, input = input.text.toString(), pickedPath = pickedPath, pickedName = pickedName,
+        steps = steps.text.toString(), heldOut = heldOut.text.toString(), lcsbK = lcsbK.text.toString(),
+        lcsbPolicy = lcsbPolicy.selectedItem as? String, lessMemory = lessMemory.isChecked, prompt = prompt.text.toString(),
+        dataInfo = dataInfo.text.toString(), chargingOnly = chargingOnly.isChecked)
+
+    private fun restore(st: ScreenState) {
+        wantProgram = st.program
+        input.setText(st.input)
+        pickedPath = st.pickedPath
+        pickedName = st.pickedName
+        steps.setText(st.steps); heldOut.setText(st.heldOut); lcsbK.setText(st.lcsbK)
+        st.lcsbPolicy?.let { p -> LCSB_POLICIES.indexOf(p).takeIf { it >= 0 }?.let { lcsbPolicy.setSelection(it) } }
+        lessMemory.isChecked = st.lessMemory
+        prompt.setText(st.prompt)
+        dataInfo.text = st.dataInfo
+        chargingOnly.isChecked = st.chargingOnly
+    }
+
+    override fun onSaveInstanceState(outState: Bundle) {
+        super.onSaveInstanceState(outState)
+        for ((k, v) in screenState().save(File(cacheDir, "screen"))) outState.putString(k, v)
+    }
+
+    /** Pick a program folder (SAF), copy it into files/programs/NAME with a progress bar, checked as it is copied. */
+    private fun importProgram() {
+        if (ImportStatus.running) { ImportStatus.cancel = true; return }  // the button reads "Cancel import" meanwhile
+        startActivityForResult(Intent(Intent.ACTION_OPEN_DOCUMENT_TREE), IMPORT_TREE)
+    }
+
+    /** The import runs in the process ([ImportStatus]), not in this Activity: a rotation meanwhile shows it going on. */
+    private fun importFrom(tree: Uri) {
+        if (ImportStatus.running) return
+        ImportStatus.begin()
+        showImport()
+        val app = applicationContext
+        Thread {
+            val st = ImportStatus
+            st.message = try {
+                val src = SafImport(app.contentResolver, tree)
+                val programs = File(base, "programs").also { it.mkdirs() }
+                val name = ProgramImport.safeName(src.folderName())
+                st.name = name
+                val p = ProgramImport.import(src, programs, name, VerifyCache(File(base, "verified")), freeBytes = programs.usableSpace,
+                    progress = { c, t -> st.copied = c; st.total = t }, cancelled = { st.cancel })
+                st.imported = p.dir.name
+                "imported ${p.dir.name}: ${p.layers} layers, seq_len ${p.seqLen}, ${p.quant} (files checked)"
+            } catch (e: ProgramImport.Cancelled) {
+                "import cancelled (nothing kept)"
+            } catch (e: Exception) {
+                "import failed: ${e.message}"
+            }
+            st.running = false
+        }.start()
+    }
+
+    /** The import's progress on this screen (called by [refresh] every second, and when one starts). */
+    private fun showImport() {
+        val st = ImportStatus
+        importButton.text = if (st.running) "Cancel import" else "Import program folder ..."
+        importBar.visibility = if (st.running) View.VISIBLE else View.GONE
+        if (st.running) {
+            importBar.progress = if (st.total > 0) (1000 * st.copied / st.total).toInt() else 0
+            dataInfo.text = "importing ${st.name ?: ""}: ${st.copied shr 20} / ${st.total shr 20} MB"
+        } else st.message?.let { m ->
+            st.message = null  // shown once
+            dataInfo.text = m
+            refreshPrograms(select = st.imported)
+        }
+    }
+
+    /** Read a picked text off the main thread (a cloud file may download now), capped; kept in the cache dir. */
+    private fun readPicked(uri: Uri) {
+        dataInfo.text = "reading the file ..."
+        Thread {
+            try {
+                val name = contentResolver.query(uri, arrayOf(OpenableColumns.DISPLAY_NAME, OpenableColumns.SIZE), null, null, null)?.use { c ->
+                    if (c.moveToFirst()) Pair(c.getString(0), if (c.isNull(1)) null else c.getLong(1)) else null
+                }
+                val display = name?.first ?: uri.lastPathSegment?.substringAfterLast('/') ?: "picked file"
+                val text = contentResolver.openInputStream(uri)?.use { TextImport.read(it, name?.second, what = display) }
+                    ?: throw IllegalStateException("cannot open $display")
+                val f = File(cacheDir, "picked.txt")
+                org.onphonellm.trainer.core.AtomicFiles.writeText(f, text)
+                runOnUiThread {
+                    pickedPath = f.path
+                    pickedName = display
+                    input.setText(text.take(2000))
+                    prepare()
+                }
+            } catch (e: Exception) {
+                runOnUiThread { dataInfo.text = "cannot use this file: ${e.message}" }
+            }
+        }.start()
+    }
 
     private fun service(action: String, extras: Bundle? = null) {
         // From the foreground (this Activity), a started service may call startForeground on every Android version.
@@ -146,11 +282,13 @@ class MainActivity : Activity() {
     /** Tokenize on a background thread: rows and held-out split of the pasted or picked text. */
     private fun prepare(then: ((PreparedData) -> Unit)? = null) {
         val name = program.selectedItem as? String ?: run { dataInfo.text = "no program in ${File(base, "programs")}: push one (scripts/android/deploy.sh)"; return }
-        val text = pickedText ?: input.text.toString()
+        val picked = pickedPath
+        val pasted = input.text.toString()
         val fraction = heldOut.text.toString().toDoubleOrNull() ?: 0.1
         dataInfo.text = "tokenizing ..."
         Thread {
             val msg = try {
+                val text = picked?.let { File(it).readText(Charsets.UTF_8) } ?: pasted
                 val p = ProgramV3.read(File(File(base, "programs"), name))
                 val d = PreparedData.prepare(text, TextTokenizer.forProgram(p), p.seqLen, p.vocab, fraction, 0, name = pickedName)
                 prepared = d
@@ -169,10 +307,14 @@ class MainActivity : Activity() {
         val n = RunRequest.NewRun(name, File(pickedName), null, steps.text.toString().toLongOrNull() ?: 100, null, null, 10, 0L,
             heldOut.text.toString().toDoubleOrNull() ?: 0.1, 0L, k?.let { lcsbPolicy.selectedItem as? String ?: "cyclic" }, k, null,
             layersPerCheckpoint = if (lessMemory.isChecked) RunRequest.AUTO_LAYERS_PER_CHECKPOINT else 1)
+        val picked = pickedPath
+        val pasted = input.text.toString()
+        status.text = "creating the run ..."
         Thread {
             try {
                 val probe = AndroidMemoryProbe(this)
-                val (runId, _) = RunRequest.createRun(base, n, pickedText ?: input.text.toString(), probe.totalRamBytes(), runInfo(this, probe.totalRamBytes()))
+                val text = picked?.let { File(it).readText(Charsets.UTF_8) } ?: pasted
+                val (runId, _) = RunRequest.createRun(base, n, text, probe.totalRamBytes(), runInfo(this, probe.totalRamBytes()))
                 runOnUiThread { service(RunRequest.ACTION_START, Bundle().apply { putString("run_id", runId) }) }
             } catch (e: Exception) {
                 runOnUiThread { status.text = "cannot start: ${e.message}" }
@@ -240,18 +382,20 @@ class MainActivity : Activity() {
         val uri = data?.data ?: return
         if (resultCode != RESULT_OK) return
         when (requestCode) {
-            PICK_TEXT -> {
-                pickedText = contentResolver.openInputStream(uri)?.use { String(it.readBytes(), Charsets.UTF_8) }
-                pickedName = uri.lastPathSegment?.substringAfterLast('/') ?: "picked file"
-                input.setText((pickedText ?: "").take(2000))
-                prepare()
-            }
+            PICK_TEXT -> readPicked(uri)
             EXPORT_TREE -> export(uri)
+            IMPORT_TREE -> importFrom(uri)
         }
     }
 
     /** Copy adapter_config.json and adapter_model.safetensors into the chosen folder, then offer them to the share sheet. */
     private fun export(tree: Uri) {
+        status.text = "exporting the adapter ..."
+        Thread { exportOnWorker(tree) }.start()
+    }
+
+    /** On a background thread: the copy may be to a slow or cloud-backed folder. */
+    private fun exportOnWorker(tree: Uri) {
         val run = Runs(File(base, "runs")).latest() ?: return
         try {
             val parent = DocumentsContract.buildDocumentUriUsingTree(tree, DocumentsContract.getTreeDocumentId(tree))
@@ -261,12 +405,14 @@ class MainActivity : Activity() {
                 contentResolver.openOutputStream(doc)?.use { os -> File(run.adapter, name).inputStream().use { it.copyTo(os) } }
                 out.add(doc)
             }
-            status.text = "adapter of ${run.runId} exported"
             val share = Intent(Intent.ACTION_SEND_MULTIPLE).setType("application/octet-stream")
                 .putParcelableArrayListExtra(Intent.EXTRA_STREAM, out).addFlags(Intent.FLAG_GRANT_READ_URI_PERMISSION)
-            startActivity(Intent.createChooser(share, "Share the adapter"))
+            runOnUiThread {
+                status.text = "adapter of ${run.runId} exported"
+                startActivity(Intent.createChooser(share, "Share the adapter"))
+            }
         } catch (e: Exception) {
-            status.text = "export failed: ${e.message}"
+            runOnUiThread { status.text = "export failed: ${e.message}" }
         }
     }
 
@@ -274,6 +420,7 @@ class MainActivity : Activity() {
         super.onResume()
         TrainingStatus.generation.listener = onGeneration
         showGeneration()
+        refreshPrograms()
         handler.post(refresh)
     }
 
@@ -300,6 +447,7 @@ class MainActivity : Activity() {
             fun f(x: Double?) = x?.let { "%.4f".format(it) } ?: "-"
             evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}"
             showButtons()
+            showImport()
             showGeneration()  // also streamed by onGeneration as the tokens come; this catches up after a pause
             handler.postDelayed(this, 1000)
         }
@@ -308,6 +456,21 @@ class MainActivity : Activity() {
     companion object {
         private const val PICK_TEXT = 1
         private const val EXPORT_TREE = 2
+        private const val IMPORT_TREE = 3
         private val LCSB_POLICIES = listOf("cyclic", "strided", "last", "random")
     }
+}
+
+/** The program import in progress (process-wide: it outlives a rotation of the Activity that started it). */
+object ImportStatus {
+    @Volatile var running = false
+    @Volatile var cancel = false
+    @Volatile var name: String? = null
+    @Volatile var copied = 0L
+    @Volatile var total = 0L
+    /** The outcome, until a screen has shown it. */
+    @Volatile var message: String? = null
+    @Volatile var imported: String? = null
+
+    fun begin() { running = true; cancel = false; name = null; copied = 0; total = 0; message = null; imported = null }
 }

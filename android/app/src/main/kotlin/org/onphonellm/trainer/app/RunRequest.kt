@@ -46,6 +46,8 @@ data class RunRequest(
         /** Cancel the running before / after generation (it stops within one decode step). */
         const val ACTION_CANCEL_GENERATION = "org.onphonellm.trainer.action.CANCEL_GENERATION"
         const val EXTRA_PROMPT = "prompt"
+        /** Set by ChargingWorker: the run resumes in a charging-and-idle window (and stops when it ends). */
+        const val EXTRA_CHARGING_WINDOW = "charging_window"
         /** NewRun.layersPerCheckpoint: choose round(sqrt(m)) for the plan's m layers per step ("Recompute more, use less memory"). */
         const val AUTO_LAYERS_PER_CHECKPOINT = 0
 

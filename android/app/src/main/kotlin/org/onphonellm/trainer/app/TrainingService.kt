@@ -17,6 +17,9 @@ import android.os.PowerManager
 import android.os.SystemClock
 import android.util.Log
 import org.onphonellm.trainer.core.Clock
+import org.onphonellm.trainer.core.ErrorReport
+import org.onphonellm.trainer.core.StartPhase
+import org.onphonellm.trainer.core.VerifyCache
 import org.onphonellm.trainer.core.EventLog
 import org.onphonellm.trainer.core.GeneratedText
 import org.onphonellm.trainer.core.GenerationJob
@@ -197,7 +200,18 @@ class TrainingService : Service() {
         TrainingStatus.onTrim(level, SystemClock.elapsedRealtime())
     }
 
+    /** The phase a start is in (shown instead of "idle" while the phone verifies, loads and prepares). */
+    @Volatile private var currentPhase: StartPhase? = null
+
+    private fun phase(p: StartPhase) {
+        currentPhase = p
+        TrainingStatus.message = p.label + " ..."
+    }
+
     private fun work(req: RunRequest, base: File) {
+        var failedRun: RunDir? = null
+        currentPhase = null
+        TrainingStatus.lastError = null
         val pm = getSystemService(Context.POWER_SERVICE) as PowerManager
         val wakeLock = pm.newWakeLock(PowerManager.PARTIAL_WAKE_LOCK, "trainer:run").apply { acquire() }
         var uploader: Thread? = null
@@ -213,13 +227,22 @@ class TrainingService : Service() {
             val runDir = (created?.let { runs.get(it) }) ?: (req.runId?.let { runs.get(it) ?: throw IllegalArgumentException("no run '$it' under ${runs.base}") } ?: runs.latest())
                 ?: throw IllegalArgumentException("no run to start: prepare one in the app (or with scripts/android/start.sh)")
             val spec = org.onphonellm.trainer.core.RunSpec.parse(org.onphonellm.trainer.core.Json.parse(runDir.spec.readText()), runDir.spec.path)
+            failedRun = runDir
             val programDir = File(spec.program).let { if (it.isAbsolute) it else File(File(base, "programs"), spec.program) }
             val program = ProgramV3.read(programDir)
-            if (req.verifyFiles) program.verifyFiles { it.startsWith(program.adapterInitDir ?: "\u0000") }
+            // Verified once per import / push (keyed on the manifest's checksums and the files' sizes and times), not per start.
+            if (req.verifyFiles) {
+                phase(StartPhase.VERIFYING)
+                VerifyCache(File(base, "verified")).verifyOnce(program) { it.startsWith(program.adapterInitDir ?: "\u0000") }
+            }
+            phase(StartPhase.MAPPING)
             val weights = MappedWeights.map(File(programDir, program.weightsFile))
             val probe = AndroidMemoryProbe(this)
+            phase(StartPhase.LOADING)
             ExecuTorchRuntime(File(programDir, program.programFile), program).use { runtime ->
+                phase(StartPhase.PREPARING)
                 val session = TrainingSession(program, weights, runtime, runDir, probe, Clock.System, Progress())
+                session.nativeLog = { ExecuTorchRuntime.readLog() }
                 val tok = try { TextTokenizer.forProgram(program) } catch (e: Exception) { null }
                 val chat = spec.source == "chat"
                 TrainingStatus.evalBefore = session.evals.before
@@ -235,9 +258,11 @@ class TrainingService : Service() {
                         watchdog = Thread({ watch(probe, spec.budgetBytes) }, "memory-watchdog").also { it.isDaemon = true; it.start() }
                         // Generation requests from now on run on the session's generation thread, beside training.
                         goLive(Live(session, tok, chat, req.maxNewTokens))
+                        phase(if (session.held.isNotEmpty() && session.evals.before == null) StartPhase.EVALUATING else StartPhase.TRAINING)
                         val outcome = session.run(RunControl { TrainingStatus.stopRequested() })
                         TrainingStatus.running = false  // training is over; a generation may still be running (drained below)
-                        TrainingStatus.message = "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
+                        TrainingStatus.message = if (outcome.status == "failed") ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
+                            else "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
                         TrainingStatus.evalAfter = session.evals.after
                         if (outcome.status == "paused") AppState.setPaused(this, outcome.message)
                     }
@@ -250,7 +275,11 @@ class TrainingService : Service() {
             }
         } catch (e: Exception) {
             Log.e(TAG, "training failed", e)
-            TrainingStatus.message = "failed: ${e.message}"
+            // The message with ExecuTorch's own log lines: on the screen, and as a telemetry error event of the run.
+            val report = ErrorReport("${e.javaClass.simpleName}: ${e.message}", ExecuTorchRuntime.readLog(), currentPhase)
+            TrainingStatus.message = report.display()
+            TrainingStatus.lastError = report
+            failedRun?.let { r -> try { report.record(r, Clock.System, fatal = true) } catch (t: Exception) { Log.w(TAG, "cannot record the error event", t) } }
             if (req.generateOnly) TrainingStatus.pendingPrompt = null  // not served: no retry loop
             if (TrainingStatus.generation.running && synchronized(lock) { job == null }) TrainingStatus.generation.failed("failed: ${e.message}")
         } finally {

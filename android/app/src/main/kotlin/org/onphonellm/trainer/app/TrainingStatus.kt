@@ -16,6 +16,8 @@ object TrainingStatus {
     @Volatile var message = "idle"
     @Volatile var evalBefore: Double? = null
     @Volatile var evalAfter: Double? = null
+    /** The last failure (message, phase, ExecuTorch's log lines), shown under the status. */
+    @Volatile var lastError: org.onphonellm.trainer.core.ErrorReport? = null
     /** Losses of this run so far (the chart), appended by the training thread. */
     val losses: MutableList<Double> = java.util.Collections.synchronizedList(ArrayList())
 

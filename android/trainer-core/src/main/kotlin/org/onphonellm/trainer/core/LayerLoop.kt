@@ -22,6 +22,37 @@ interface ProgramRuntime {
      * no (stock ExecuTorch has none of them).
      */
     fun hasKernels(kernels: Collection<String>): Boolean = false
+
+    /**
+     * [execute], with a destination offered for each output: [into][i] (null: none) is a buffer of exactly
+     * output i's bytes (its state slice, or a pooled activation buffer of the loop's) that nothing else reads
+     * during the call. A runtime that writes output i there returns [into][i] itself (the same object) in its
+     * place: the loop then copies nothing; any other output it returns the loop copies once, as after
+     * [execute]. A destination may be an input of the same call (a state entry the method updates): write it
+     * only after the method has run. Default: [execute] (no output written in place).
+     */
+    fun executeInto(method: String, inputs: List<NdBuffer>, into: List<NdBuffer?>): List<NdBuffer> = execute(method, inputs)
+}
+
+/**
+ * A runtime's own output memory for [ProgramRuntime.executeInto]: one direct buffer per output of each method,
+ * allocated by the method's first call and reused by every next one ([allocated] stops growing once each method
+ * has run). What ExecuTorchRuntime copies an output into when the loop offers no destination (the KV cache
+ * rows, which the loop then spreads over the cache).
+ */
+class OutputBuffers(private val program: ProgramV3) {
+    private val byMethod = HashMap<String, List<NdBuffer>>()
+
+    /** Direct buffers allocated so far (one per output of each method called). */
+    var allocated = 0
+        private set
+
+    fun of(method: String): List<NdBuffer> = byMethod.getOrPut(method) {
+        program.method(method).outputs.map { io ->
+            allocated++
+            NdBuffer(io.name, io.dtype, io.shape, ByteBuffer.allocateDirect(io.numel * io.dtype.size).order(java.nio.ByteOrder.LITTLE_ENDIAN))
+        }
+    }
 }
 
 /**
@@ -46,6 +77,13 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
     /** Direct buffers of activations no longer needed, by size: a step allocates nothing once warm. */
     private val free = HashMap<Int, ArrayList<ByteBuffer>>()
     private val lrBuf = NdBuffer.floats("lr", listOf(1), floatArrayOf(0f))
+
+    /**
+     * State and kept outputs the loop copied after the runtime returned them (0 with a runtime that writes
+     * them in place, [ProgramRuntime.executeInto]; one copy each with one that does not).
+     */
+    var outputCopies = 0L
+        private set
 
     /** Direct buffers allocated for activations so far (constant once the loop is warm). */
     var allocatedBuffers = 0
@@ -89,15 +127,32 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
 
     private fun callLocked(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>?, pos: Int): Map<String, NdBuffer> {
         val method = program.method(name)
-        val outputs = runtime.execute(name, inputs(method, layer, values, cache))
+        val ins = inputs(method, layer, values, cache)
+        // Where each output goes: state outputs into their slice, kept ones into a pooled buffer; cache rows: the runtime's own.
+        val into = method.outputs.map { io ->
+            when (io.bind) {
+                "state" -> state.view(io.refAt(layer)).also { if (it.numel != io.numel) throw ContractError("$name: ${io.name} ${io.shape} does not fit state entry ${it.name} ${it.shape}") }
+                "cache" -> null
+                else -> NdBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size))
+            }
+        }
+        val outputs = try {
+            runtime.executeInto(name, ins, into)
+        } catch (e: Throwable) {
+            for ((io, d) in method.outputs.zip(into)) if (d != null && io.bind != "state") recycle(d)
+            throw e
+        }
         if (outputs.size != method.outputs.size)
             throw ContractError("$name returned ${outputs.size} outputs, the manifest lists ${method.outputs.size}; re-export the program")
         val kept = HashMap<String, NdBuffer>()
-        for ((io, value) in method.outputs.zip(outputs)) {
+        for ((i, io) in method.outputs.withIndex()) {
+            val value = outputs[i]
+            val dest = into[i]
             if (value.numel != io.numel || value.dtype != io.dtype)
                 throw ContractError("$name returned ${value.dtype}${value.shape} for ${io.name}, the manifest says ${io.dtype}${io.shape}; re-export the program")
+            val inPlace = dest != null && value === dest
             when (io.bind) {
-                "state" -> copyBytes(value.data, state.view(io.refAt(layer)).data, 0)
+                "state" -> if (!inPlace) { copyBytes(value.data, dest!!.data, 0); outputCopies++ }
                 "cache" -> {
                     val target = cache?.get(io.refAt(layer)) ?: throw ContractError("$name: no KV cache '${io.refAt(layer)}'")
                     val (hk, rows, dh) = Triple(io.shape[0], io.shape[1], io.shape[2])
@@ -109,8 +164,10 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
                     for (h in 0 until hk)  // per kv head, the chunk's first n rows at rows pos .. pos + n - 1
                         copyBytes(value.data.window(4 * h * rows * dh, 4 * n * dh), target.data, 4 * (h * s + pos) * dh)
                 }
-                else -> kept[io.ref] = NdBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size)
-                    .also { copyBytes(value.data, it, 0) })
+                else -> {
+                    if (!inPlace) { copyBytes(value.data, dest!!.data, 0); outputCopies++ }
+                    kept[io.ref] = dest!!
+                }
             }
         }
         return kept

@@ -374,10 +374,17 @@ class StateBuffer(val program: ProgramV3, only: Collection<String>? = null) {
         if (file.length() != 4L * program.stateNumel)
             throw ContractError("$file holds ${file.length() / 4} values, the manifest says ${program.stateNumel}; re-export the program")
         if (!isSnapshot) {
-            val bytes = file.readBytes()
-            val d = buffer.duplicate()
-            d.position(0)
-            d.put(bytes)
+            // Straight from the file into the state buffer (no heap copy: the state is held once).
+            RandomAccessFile(file, "r").use { raf ->
+                val d = buffer.duplicate()
+                d.position(0)
+                var at = 0L
+                while (d.hasRemaining()) {
+                    val n = raf.channel.read(d, at)
+                    if (n < 0) throw ContractError("$file ends after $at bytes of the state")
+                    at += n
+                }
+            }
             return
         }
         RandomAccessFile(file, "r").use { raf ->

@@ -224,6 +224,8 @@ class TrainingSession(
         private set
     var evals: EvalPair = EvalPair.read(runDir.results)
         private set
+    /** The runtime's own log lines (ExecuTorch's log buffer), sent with a runtime failure's `error` event. */
+    @Volatile var nativeLog: () -> List<String> = { emptyList() }
 
     init {
         if (train.isEmpty()) throw ContractError("${runDir.train} has no rows")
@@ -275,7 +277,8 @@ class TrainingSession(
             decide(guard.preflight(sampleMemory(null)), start) ?: loop(start, control, betweenSteps)
         } catch (e: Exception) {  // a runtime or I/O failure: report it, keep the last checkpoint
             val message = "${e.javaClass.simpleName}: ${e.message}".take(4000)
-            rec.emit("error", mapOf("message" to message, "fatal" to true, "code" to "runtime_error", "step" to completed))
+            val lines = try { nativeLog() } catch (t: Exception) { emptyList() }
+            rec.emit("error", ErrorReport(message, lines).eventFields(true, "runtime_error", completed))
             end(completed, "failed", message)
         }
     }

@@ -18,12 +18,17 @@ object EventSchema {
         data class Enum(val values: List<String>) : Field()
         object Bool : Field()
         object StrArray : Field()
+        /** An array of at most [maxItems] strings of at most [maxLength] characters each. */
+        data class StrList(val maxItems: kotlin.Int, val maxLength: kotlin.Int) : Field()
         object Obj : Field()
     }
 
     class Type(val required: List<String>, val fields: Map<String, Field>)
 
     private const val MAX_SAFE = 9007199254740991L
+    /** error.log: the runtime's log lines sent with an error, at most this many, each at most [MAX_LOG_LINE] characters. */
+    const val MAX_LOG_LINES = 64
+    const val MAX_LOG_LINE = 1024
     private val BYTES = Field.Int(0, MAX_SAFE)
     private val COUNT = Field.Int(0)
     private val NONNEG = Field.Num(0.0)
@@ -44,7 +49,8 @@ object EventSchema {
                 "optimizer" to Field.Enum(listOf("sgd", "adamw")), "lr" to NONNEG, "quant" to Field.Enum(listOf("none", "int8", "int4")),
                 "steps_planned" to COUNT, "platform" to Field.Enum(listOf("android", "ios", "linux", "macos")),
                 "device_model" to Field.Str(1), "os" to Field.Str(1), "total_ram_bytes" to BYTES, "budget_bytes" to BYTES,
-                "device_profile" to Field.Str(), "app_version" to Field.Str(), "program" to Field.Str(), "config" to Field.Obj),
+                "device_profile" to Field.Str(), "app_version" to Field.Str(), "program" to Field.Str(), "config" to Field.Obj,
+                "planner_estimate_bytes" to BYTES, "planner_basis" to Field.Str(0, 512)),
         ),
         "run_end" to Type(
             listOf("status", "steps_completed"),
@@ -62,7 +68,7 @@ object EventSchema {
                 "ios_phys_footprint", "ios_os_proc_available", "linux_proc_status")),
                 "step" to COUNT, "anon_bytes" to BYTES, "rss_bytes" to BYTES, "pss_bytes" to BYTES, "swap_bytes" to BYTES,
                 "peak_bytes" to BYTES, "available_bytes" to BYTES, "low_memory" to Field.Bool, "trim_level" to Field.Int(),
-                "pressure" to Field.Enum(listOf("normal", "warning", "critical"))),
+                "pressure" to Field.Enum(listOf("normal", "warning", "critical")), "baseline" to Field.Bool),
         ),
         "thermal" to Type(
             listOf("state"),
@@ -75,7 +81,8 @@ object EventSchema {
         ),
         "error" to Type(
             listOf("message", "fatal"),
-            mapOf("message" to Field.Str(1, 4096), "fatal" to Field.Bool, "code" to Field.Str(pattern = Regex("^[a-z][a-z0-9_]*$")), "step" to COUNT),
+            mapOf("message" to Field.Str(1, 4096), "fatal" to Field.Bool, "code" to Field.Str(pattern = Regex("^[a-z][a-z0-9_]*$")), "step" to COUNT,
+                "log" to Field.StrList(MAX_LOG_LINES, MAX_LOG_LINE)),
         ),
         "eval" to Type(
             listOf("step", "loss", "rows", "tokens"),
@@ -135,6 +142,12 @@ object EventSchema {
         Field.Bool -> if (v is Json.Bool) null else "must be true or false, got $v"
         Field.StrArray -> if (v is Json.Arr && v.items.all { it is Json.Str }) null else "must be an array of strings"
         Field.Obj -> if (v is Json.Obj) null else "must be an object"
+        is Field.StrList -> when {
+            v !is Json.Arr || !v.items.all { it is Json.Str } -> "must be an array of strings"
+            v.items.size > f.maxItems -> "must have at most ${f.maxItems} items"
+            v.items.any { (it as Json.Str).value.let { s -> s.codePointCount(0, s.length) > f.maxLength } } -> "items must have at most ${f.maxLength} characters"
+            else -> null
+        }
     }
 
     /** A batch as the server takes it: one event or a non-empty array; problems by event index. */

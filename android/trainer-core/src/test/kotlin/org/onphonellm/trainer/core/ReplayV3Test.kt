@@ -89,13 +89,16 @@ class ReplayV3Test {
     /** Replays [dir]'s trace with its layers_per_checkpoint (or [groupsOverride]); returns the activation buffers allocated. */
     private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
                        groupsOverride: Int? = null, kernels: Set<String> = emptySet(),
-                       beforeGenerate: ((LayerLoop, ReplayRuntime, Fields) -> Unit)? = null): Int {
+                       beforeGenerate: ((LayerLoop, ReplayRuntime, Fields) -> Unit)? = null,
+                       runtimeFor: (ReplayRuntime, ProgramV3) -> ProgramRuntime = { r, _ -> r },
+                       afterTrainStep: ((LayerLoop) -> Unit)? = null, loopOut: ((LayerLoop) -> Unit)? = null): Int {
         val trace = Trace(dir)
         val perCheckpoint = groupsOverride ?: trace.doc.optInt("layers_per_checkpoint") ?: 1
         val program = ProgramV3.read(trace.program)
         val weights = MappedWeights.map(File(trace.program, program.weightsFile))
         val runtime = ReplayRuntime(trace, program, kernels = kernels)
-        val loop = LayerLoop(program, weights, runtime)
+        val loop = LayerLoop(program, weights, runtimeFor(runtime, program))
+        loopOut?.invoke(loop)
         loop.state.loadInit()
         assertEquals(trace.doc.string("initial_state_sha256"), loop.state.sha256(), "state_init.bin")
         val train = rows(trace, "rows")
@@ -119,6 +122,7 @@ class ReplayV3Test {
                     // Activations come from the loop's pool: after the first (full) step no step allocates.
                     if (warm < 0) warm = loop.allocatedBuffers
                     else assertEquals(warm, loop.allocatedBuffers, "buffers allocated by step ${s.int("step")}")
+                    afterTrainStep?.invoke(loop)
                 }
                 "eval" -> {
                     val ev = loop.evaluate(rows(trace, "eval_rows"))
@@ -146,6 +150,66 @@ class ReplayV3Test {
     }
 
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
+
+    /**
+     * What ExecuTorchRuntime does, on the trace's outputs: each output copied once, into the loop's destination
+     * (state slice, pooled activation) or into the runtime's own buffer of that output ([OutputBuffers], once per
+     * method); it counts every direct buffer it allocates and every copy it makes.
+     */
+    private class CountingRuntime(val inner: ProgramRuntime, program: ProgramV3) : ProgramRuntime {
+        val own = OutputBuffers(program)
+        var calls = 0
+        val methods = HashSet<String>()
+        var copiesIntoLoop = 0
+        var copiesIntoOwn = 0
+        override fun hasKernels(kernels: Collection<String>) = inner.hasKernels(kernels)
+        override fun execute(method: String, inputs: List<NdBuffer>) = executeInto(method, inputs, emptyList())
+        override fun executeInto(method: String, inputs: List<NdBuffer>, into: List<NdBuffer?>): List<NdBuffer> {
+            calls++
+            methods.add(method)
+            val arena = inner.execute(method, inputs)  // the method's arena: valid until its next call
+            val mine = own.of(method)
+            return arena.mapIndexed { i, v ->
+                val dst = into.getOrNull(i)
+                if (dst != null) { assertEquals(v.nbytes, dst.nbytes, "$method ${v.name}: destination size"); copiesIntoLoop++ } else copiesIntoOwn++
+                val d = dst ?: mine[i]
+                copyBytes(v.data, d.data, 0)
+                d
+            }
+        }
+    }
+
+    @Test fun `output buffers are allocated once per method and reused - a counting fake runtime, the trace bit for bit`() {
+        var counting: CountingRuntime? = null
+        var stepsChecked = 0
+        var warmLoop = -1  // the loop's activation buffers after the first train step
+        var loop: LayerLoop? = null
+        replay(runtimeFor = { r, p -> CountingRuntime(r, p).also { counting = it } }, loopOut = { loop = it }, afterTrainStep = { l ->
+            val c = counting!!
+            // The runtime's buffers grow only by a method's first call (block_skip_update first runs in an LCSB step).
+            assertEquals(c.methods.sumOf { l.program.method(it).outputs.size }, c.own.allocated, "runtime buffers after train step $stepsChecked")
+            if (warmLoop < 0) warmLoop = l.allocatedBuffers else assertEquals(warmLoop, l.allocatedBuffers, "loop buffers after train step $stepsChecked")
+            stepsChecked++
+        })
+        val c = counting!!
+        assertTrue(stepsChecked >= 3, "train steps checked: $stepsChecked")
+        // Once per output of each method called, whatever the number of calls.
+        val p = ProgramV3.read(File(traceDir, "program"))
+        assertEquals(c.methods.sumOf { p.method(it).outputs.size }, c.own.allocated, "runtime buffers: one per output of each method called")
+        assertTrue(c.calls > 2 * c.methods.size, "calls ${c.calls} of ${c.methods.size} methods")
+        // Every state and kept output went straight into the loop's buffer: the loop copied none of them again.
+        assertEquals(0L, loop!!.outputCopies, "copies the loop made after the runtime")
+        assertTrue(c.copiesIntoLoop > 0)
+        // The runtime's own buffers served only the KV cache rows (generation).
+        val cacheOutputs = p.methods.values.flatMap { m -> m.outputs.filter { it.bind == "cache" } }
+        assertTrue(cacheOutputs.isNotEmpty() || c.copiesIntoOwn == 0)
+    }
+
+    @Test fun `a runtime without executeInto - the loop copies each state and kept output once`() {
+        var loop: LayerLoop? = null
+        replay(loopOut = { loop = it })
+        assertTrue(loop!!.outputCopies > 0)
+    }
 
     /**
      * Calls of a prefill of [n] tokens in chunks of [c] (per chunk embed_prefill + per layer block_prefill,

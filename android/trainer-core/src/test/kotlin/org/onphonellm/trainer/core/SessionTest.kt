@@ -95,6 +95,33 @@ class SessionTest {
         assertEquals("already complete", session(dir).run().message)
     }
 
+    @Test fun `train while charging - a window's end pauses at a step boundary, the next window resumes, same state as one go`() {
+        val a = newRun(Fixtures.tempDir(), "one-go")
+        assertEquals("completed", session(a).run().status)
+        val base = Fixtures.tempDir()
+        val b = newRun(base, "windows")
+        val runs = Runs(base)
+        var windows = 0
+        while (true) {
+            val d = ChargingRuns.decide(true, runs, running = false, charging = true, batteryPct = 90.0)
+            if (d is ChargingRuns.Decision.Skip) break
+            assertEquals(ChargingRuns.Decision.Resume("windows"), d)
+            windows++
+            assertTrue(windows <= 10, "too many windows")
+            // Each window lasts two steps: the constraint ends mid-way (WorkManager's isStopped), the step in progress finishes.
+            var steps = 0
+            val s = session(runs.get("windows")!!)
+            val out = s.run(ChargingRuns.control({ steps >= 2 }, { false })) { steps++ }
+            assertTrue(out.status == "paused" || out.status == "completed", out.status)
+            if (out.status == "paused") assertEquals(0L, out.stepsCompleted % 2, "paused at a step boundary after whole windows")
+        }
+        assertEquals(3, windows, "6 steps in windows of 2")
+        val sa = session(a).also { it.loadState() }.loop.state.sha256()
+        val sb = session(b).also { it.loadState() }.loop.state.sha256()
+        assertEquals(sa, sb, "the windows end in the state of one uninterrupted run")
+        EventLog(b.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+    }
+
     @Test fun `killed mid-step, resumed without a run id, ends in the uninterrupted state`() {
         val a = newRun(Fixtures.tempDir(), "same")
         assertEquals("completed", session(a).run().status)

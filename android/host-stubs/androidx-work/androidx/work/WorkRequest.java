@@ -1,0 +1,5 @@
+package androidx.work;
+
+/** Compile-only stand-in. */
+public abstract class WorkRequest {
+}

@@ -1,0 +1,183 @@
+package org.onphonellm.trainer.core
+
+import java.io.File
+import java.io.IOException
+import java.io.InputStream
+import java.security.MessageDigest
+
+/**
+ * Verify a program once, not once per start: a record per program (in the app's own files, [dir]) of the
+ * key of its manifest's checksums ([key]: the sha256 of the sorted `name sha256` lines of manifest `files`)
+ * and each file's size and modification time when it was last found to match. [verifyOnce] hashes the
+ * files only when there is no record, the manifest's checksums changed (a re-export pushed over it), or a
+ * file's size or time changed (a partial or new `adb push`); a failed check leaves no record.
+ */
+class VerifyCache(val dir: File) {
+    /** The record of the program in [programDir] (by its directory name). */
+    fun recordFile(programDir: File): File = File(dir, programDir.name + ".verified.json")
+
+    /** Whether [program]'s files are known to match its manifest (a record with this key, every file unchanged). */
+    fun isVerified(program: ProgramV3, skip: (String) -> Boolean = { false }): Boolean {
+        val f = recordFile(program.dir)
+        if (!f.isFile) return false
+        val doc = try { Fields.of(Json.parse(f.readText(Charsets.UTF_8)), f.path) } catch (e: ContractError) { return false }
+        if (doc.optString("key") != key(program)) return false
+        val files = if (doc.has("files")) doc.obj("files") else return false
+        for (name in program.files.keys) {
+            if (skip(name)) continue
+            val got = File(program.dir, name)
+            if (!files.has(name)) return false
+            val e = files.obj(name)
+            if (!got.isFile || e.optLong("size") != got.length() || e.optLong("mtime_ms") != got.lastModified()) return false
+        }
+        return true
+    }
+
+    /**
+     * Check [program]'s files against its manifest unless [isVerified]; true: they were hashed now (and a
+     * record written), false: the record said they match. Throws [ContractError] on a mismatch.
+     */
+    fun verifyOnce(program: ProgramV3, skip: (String) -> Boolean = { false }): Boolean {
+        if (isVerified(program, skip)) return false
+        recordFile(program.dir).delete()
+        program.verifyFiles(skip)
+        record(program)
+        return true
+    }
+
+    /** Record that [program]'s files match (after [ProgramV3.verifyFiles], or an import that hashed them as it copied). */
+    fun record(program: ProgramV3) {
+        val files = LinkedHashMap<String, Any?>()
+        for (name in program.files.keys.sorted()) {
+            val f = File(program.dir, name)
+            if (f.isFile) files[name] = linkedMapOf("size" to f.length(), "mtime_ms" to f.lastModified())
+        }
+        val doc = Json.of(linkedMapOf("key" to key(program), "files" to files))
+        AtomicFiles.writeText(recordFile(program.dir), JsonWriter.write(doc) + "\n")
+    }
+
+    fun forget(programDir: File) { recordFile(programDir).delete() }
+
+    companion object {
+        /** The key of a program's checksums: sha256 of its `files` as sorted `name sha256\n` lines. */
+        fun key(program: ProgramV3): String {
+            val md = MessageDigest.getInstance("SHA-256")
+            for ((name, sha) in program.files.toSortedMap()) md.update("$name $sha\n".toByteArray(Charsets.UTF_8))
+            return md.digest().joinToString("") { "%02x".format(it) }
+        }
+    }
+}
+
+/** What a program import reads from: a folder the user picked (the app: the Storage Access Framework; tests: a directory). */
+interface ImportSource {
+    /** A file of the folder: its path relative to the folder ('/'-separated) and its size (-1: unknown). */
+    class Entry(val path: String, val size: Long)
+
+    /** Every file under the folder, recursively. */
+    fun list(): List<Entry>
+    fun open(path: String): InputStream
+
+    /** A directory on this file system (tests, and adb-pushed folders). */
+    class Directory(val root: File) : ImportSource {
+        override fun list(): List<Entry> = root.walkTopDown().filter { it.isFile }
+            .map { Entry(it.relativeTo(root).invariantSeparatorsPath, it.length()) }.toList()
+        override fun open(path: String): InputStream = File(root, path).inputStream()
+    }
+}
+
+/**
+ * A program folder copied into the app's programs directory, checked as it is copied: manifest.json parsed
+ * as contract v3 first (a folder that is not an exported program, or of another version, is refused before
+ * anything is copied), then every file it lists copied and hashed on the way (sha256 against the manifest),
+ * with progress in bytes; into a temporary directory renamed into place only when every file matched, so a
+ * failed or cancelled import leaves nothing behind, and a program with the same name is replaced only then.
+ * The copy is recorded in the [VerifyCache]: its first start does not hash the files again.
+ */
+object ProgramImport {
+    /** Copied / total bytes; called after each 1 MiB and at the end. */
+    fun interface Progress { fun onProgress(copied: Long, total: Long) }
+
+    class Cancelled : IOException("import cancelled")
+
+    private val NAME = Regex("^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+    /** A program name from a folder name: letters, digits, '.', '_', '-' (others become '_'). */
+    fun safeName(folder: String): String {
+        val s = folder.trim().replace(Regex("[^A-Za-z0-9._-]"), "_").trimStart('.', '_', '-').take(100)
+        return if (s.isEmpty()) "program" else s
+    }
+
+    /**
+     * Import [source] as [programsDir]/[name]; returns the program read from its new place. [freeBytes]: the
+     * space free on the destination (checked against the total before copying; null: not checked).
+     */
+    fun import(source: ImportSource, programsDir: File, name: String, cache: VerifyCache?, freeBytes: Long? = null,
+               progress: Progress = Progress { _, _ -> }, cancelled: () -> Boolean = { false }): ProgramV3 {
+        if (!NAME.matches(name)) throw ContractError("'$name' is not a program name (letters, digits, '.', '_', '-')")
+        val entries = source.list().associateBy { it.path }
+        if ("manifest.json" !in entries) {
+            val hint = entries.keys.filter { it.endsWith("/manifest.json") }.minByOrNull { it.length }
+            throw ContractError("the folder has no manifest.json" + (hint?.let { "; pick its folder ${it.removeSuffix("/manifest.json")} instead" }
+                ?: ": pick the folder `toolchain export --out` wrote"))
+        }
+        if (!programsDir.isDirectory && !programsDir.mkdirs()) throw IOException("cannot create $programsDir")
+        val tmp = File(programsDir, ".import-$name.tmp")
+        tmp.deleteRecursively()
+        if (!tmp.mkdirs()) throw IOException("cannot create $tmp")
+        try {
+            val manifestBytes = source.open("manifest.json").use { it.readBytes() }
+            File(tmp, "manifest.json").writeBytes(manifestBytes)
+            val program = ProgramV3.read(tmp)  // a bad or foreign manifest is refused here, before the big files
+            for (f in program.files.keys) {
+                if (f.startsWith("/") || f.split('/').any { it == ".." || it.isEmpty() }) throw ContractError("manifest.json lists a file outside the program: '$f'")
+                if (f !in entries) throw ContractError("the folder lacks $f (listed in manifest.json): copy the whole exported folder")
+            }
+            val total = program.files.keys.sumOf { maxOf(0L, entries.getValue(it).size) }
+            if (freeBytes != null && total > freeBytes)
+                throw IOException("the program needs ${mb(total)} MB and only ${mb(freeBytes)} MB are free on this phone")
+            var copied = 0L
+            var reported = 0L
+            progress.onProgress(0, total)
+            val buf = ByteArray(1 shl 16)
+            for ((f, sha) in program.files.toSortedMap()) {
+                val out = File(tmp, f)
+                out.parentFile.mkdirs()
+                val md = MessageDigest.getInstance("SHA-256")
+                source.open(f).use { ins ->
+                    out.outputStream().use { os ->
+                        while (true) {
+                            if (cancelled()) throw Cancelled()
+                            val n = ins.read(buf)
+                            if (n < 0) break
+                            md.update(buf, 0, n)
+                            os.write(buf, 0, n)
+                            copied += n
+                            if (copied - reported >= (1 shl 20)) { reported = copied; progress.onProgress(copied, maxOf(total, copied)) }
+                        }
+                    }
+                }
+                val got = md.digest().joinToString("") { "%02x".format(it) }
+                if (got != sha) throw ContractError("$f does not match the manifest's sha256 (a partial or changed copy?): export or copy the program again")
+            }
+            progress.onProgress(copied, maxOf(total, copied))
+            val dest = File(programsDir, name)
+            val old = File(programsDir, ".import-$name.old")
+            old.deleteRecursively()
+            if (dest.exists() && !dest.renameTo(old)) throw IOException("cannot replace $dest")
+            if (!tmp.renameTo(dest)) { old.renameTo(dest); throw IOException("cannot move the program into $dest") }
+            old.deleteRecursively()
+            val placed = ProgramV3.read(dest)
+            cache?.record(placed)
+            return placed
+        } catch (e: Throwable) {
+            tmp.deleteRecursively()  // a program of that name already there is untouched (and its record still holds)
+            throw e
+        }
+    }
+
+    private fun mb(b: Long) = b shr 20
+
+    /** The programs under [programsDir] (directories with a manifest.json; imports in progress excluded), sorted. */
+    fun list(programsDir: File): List<String> =
+        programsDir.listFiles()?.filter { !it.name.startsWith(".") && File(it, "manifest.json").isFile }?.map { it.name }?.sorted() ?: emptyList()
+}
