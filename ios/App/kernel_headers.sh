@@ -15,7 +15,9 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
-WANT="1.5.1"
+# The one ExecuTorch pin is project.yml's package branch (`branch: swiftpm-X.Y.Z`): the headers' version is read from it.
+WANT="$(sed -n 's/^ *branch: *swiftpm-\([0-9][0-9.]*\) *$/\1/p' "$HERE/project.yml" | head -1)"
+[ -n "$WANT" ] || { echo "kernel_headers: no 'branch: swiftpm-<version>' in $HERE/project.yml" >&2; exit 1; }
 DEST="$HERE/Vendor/executorch/include"
 if [ -n "${EXECUTORCH_INCLUDE:-}" ]; then
     SRC="$EXECUTORCH_INCLUDE"

@@ -25,12 +25,16 @@ enum DeviceFacts {
     static func info(budgetBytes: UInt64, background: Bool) -> DeviceInfo { fatalError() }
     static var thermalState: String { "nominal" }
     static func batteryFields() -> [String: JSONValue]? { nil }
+    static var onExternalPower: Bool { true }
 }
 
 enum BackgroundTraining {
-    static let identifier = "org.onphonellm.trainer.train"
+    static let identifier = ChargingSchedule.identifier
+    static let enabledKey = "trainWhileCharging"
+    static var enabled: Bool { false }
     static func register(controller: TrainingController) {}
-    static func schedule() {}
+    static func schedule(savedRun: SavedRun?, checkpointExists: Bool) {}
+    static func cancel() {}
 }
 
 final class URLSessionTransport: TelemetryTransport {
@@ -45,3 +49,7 @@ extension URL {
     func stopAccessingSecurityScopedResource() {}
 }
 #endif
+
+enum BackupExclusion {
+    static func exclude(_ url: URL) throws {}
+}

@@ -5,7 +5,26 @@
 // Only for type-checking ios/App/Sources/Runtime/ExecuTorchRuntime.swift (the v3 loop runtime) on Linux (ios/test.sh); the
 // app links the real package. Bodies are placeholders.
 
+import Foundation
+
 public enum DataType { case float, long, byte, char }
+
+// ExecuTorchLog.h: NS_ENUM(NSInteger, ExecuTorchLogLevel) NS_SWIFT_NAME(LogLevel) ('D', 'I', 'E', 'F', '?'),
+// @protocol ExecuTorchLogSink NS_SWIFT_NAME(LogSink) with
+// logWithLevel:timestamp:filename:line:message: NS_SWIFT_NAME(log(level:timestamp:filename:line:message:)),
+// @interface ExecuTorchLog NS_SWIFT_NAME(Log) with +sharedLog (Swift: Log.shared), addSink: NS_SWIFT_NAME(add(sink:)).
+// (The real protocol is @objc: conforming classes are NSObject subclasses, as the app's is.)
+public enum LogLevel: Int { case debug = 68, info = 73, error = 69, fatal = 70, unknown = 63 }
+
+public protocol LogSink: AnyObject {
+    func log(level: LogLevel, timestamp: TimeInterval, filename: String, line: UInt, message: String)
+}
+
+public final class Log {
+    public static var shared: Log { fatalError() }
+    public func add(sink: LogSink) {}
+    public func remove(sink: LogSink) {}
+}
 
 public protocol Scalar { static var dataType: DataType { get } }
 extension Float: Scalar { public static var dataType: DataType { .float } }

@@ -20,6 +20,7 @@ struct RunSettings: Equatable {
     var maxNewTokens = 32
     var telemetryURL = ""               // e.g. http://192.168.1.20:8765/v1/events ; empty: no upload
     var telemetryToken = ""
+    var trainWhileCharging = false      // BGProcessingTask on external power continues a paused run
 
     var config: SessionConfig {
         SessionConfig(steps: steps, lr: Float(lr), checkpointEvery: checkpointEvery,
@@ -42,9 +43,11 @@ struct RunSettings: Equatable {
 /// decode step. Outside a run it opens (or reuses) a session of the chosen program; Train waits
 /// until that generation ends or is cancelled (one runtime at a time).
 ///
-/// Lifecycle: going to the background (or locking the screen) asks the run to pause at the next
-/// step boundary inside a `beginBackgroundTask`, so the step finishes and the checkpoint is written
-/// before iOS suspends the app; a `BGProcessingTask` is scheduled to continue. After a jetsam kill,
+/// Lifecycle: while a run is busy the screen does not auto-lock (`isIdleTimerDisabled`). Going to the
+/// background (or locking the screen by hand) asks the run to pause at the next step boundary inside a
+/// `beginBackgroundTask`, so the step finishes and the checkpoint is written before iOS suspends the
+/// app; coming back resumes it (also when the pause finished only after the return); with "train
+/// while charging" on, a `BGProcessingTask` continues it on the charger. After a jetsam kill,
 /// the saved run (`SavedRun` at `AppPaths.latestRun`: settings + rows) and the program's checkpoint
 /// let "Resume" (or the background task) continue from the last checkpoint without asking for anything.
 @MainActor
@@ -52,6 +55,11 @@ final class TrainingController: ObservableObject {
     @Published private(set) var view = TrainingViewState()
     @Published private(set) var programs: [String] = []
     @Published private(set) var savedRun: SavedRun?
+    /// The program import in progress (nil: none) and the last import's outcome.
+    @Published private(set) var importProgress: ProgramImport.Progress?
+    @Published private(set) var importMessage = ""
+    /// Why the exported adapter cannot be shared from the app (too large; nil: it can).
+    @Published private(set) var adapterRefusal: String?
 
     nonisolated let paths: AppPaths
     private let model = TrainingViewModel()
@@ -76,20 +84,26 @@ final class TrainingController: ObservableObject {
     /// The last generation's cancel (cancelling one that ended does nothing).
     private var generationCancel: GenerationCancel?
     private var backgroundTask: UIBackgroundTaskIdentifier = .invalid
-    private var pausedForBackground = false
+    /// The background paused the run: resume it once the app is active and the pause has finished.
+    private var returning = ResumeOnReturn()
+    /// File copies (program import), beside `work`.
+    private let io = DispatchQueue(label: "org.onphonellm.trainer.io", qos: .userInitiated)
+    private let importLock = NSLock()
+    private nonisolated(unsafe) var importCancelled = false
 
     init() {
         let docs = FileManager.default.urls(for: .documentDirectory, in: .userDomainMask)[0]
         paths = AppPaths(documents: docs)
-        for dir in [paths.programs, paths.data] {
-            try? FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-        }
+        // programs, checkpoints and adapters out of iCloud / Finder backups (GBs), at every launch
+        let notExcluded = paths.prepareDirectories(exclude: BackupExclusion.exclude)
+        if !notExcluded.isEmpty { NSLog("not excluded from backup: \(notExcluded.map(\.lastPathComponent))") }
+        ExecuTorchLog.shared.install()
         monitor.start()
         model.onChange = { [weak self] state in
             if Thread.isMainThread {
-                MainActor.assumeIsolated { self?.view = state }
+                MainActor.assumeIsolated { self?.show(state) }
             } else {
-                DispatchQueue.main.async { self?.view = state }
+                DispatchQueue.main.async { self?.show(state) }
             }
         }
         refresh()
@@ -99,6 +113,54 @@ final class TrainingController: ObservableObject {
     func refresh() {
         programs = paths.programNames()
     }
+
+    /// The screen's state; the screen stays awake while a run is busy (loading, training, pausing).
+    private func show(_ state: TrainingViewState) {
+        view = state
+        let awake = state.phase.busy
+        if UIApplication.shared.isIdleTimerDisabled != awake { UIApplication.shared.isIdleTimerDisabled = awake }
+    }
+
+    // MARK: programs
+
+    /// Import a program folder picked with fileImporter (Files, iCloud Drive, a USB drive): checked,
+    /// copied into Documents/Programs with progress, verified once (`ProgramImport`), on `io`; the
+    /// list refreshes when it is in place. `replace`: an existing program of that name is replaced.
+    func importProgram(from url: URL, replace: Bool = false) {
+        guard importProgress == nil else { return }
+        importLock.lock(); importCancelled = false; importLock.unlock()
+        importProgress = ProgramImport.Progress(phase: .checking, bytesDone: 0, bytesTotal: 0, file: url.lastPathComponent)
+        importMessage = "Importing \(url.lastPathComponent)…"
+        let programs = paths.programs
+        io.async { [weak self] in
+            guard let controller = self else { return }
+            let scoped = url.startAccessingSecurityScopedResource()
+            defer { if scoped { url.stopAccessingSecurityScopedResource() } }
+            var last = 0.0
+            let result: Result<String, Error> = Result {
+                try ProgramImport.run(source: url, into: programs, replace: replace, progress: { p in
+                    // at most ~200 updates to the screen
+                    guard p.phase != .copying && p.phase != .verifying || p.fraction - last >= 0.005 else { return }
+                    last = p.fraction
+                    DispatchQueue.main.async { controller.importProgress = p }
+                }, cancel: { controller.isImportCancelled })
+            }
+            DispatchQueue.main.async {
+                controller.importProgress = nil
+                switch result {
+                case .success(let name):
+                    controller.importMessage = "Imported \(name) (verified)"
+                    controller.refresh()
+                case .failure(let error):
+                    controller.importMessage = "Import failed: \(ErrorReport.parts(of: error).message)"
+                }
+            }
+        }
+    }
+
+    func cancelImport() { importLock.lock(); importCancelled = true; importLock.unlock() }
+
+    private nonisolated var isImportCancelled: Bool { importLock.lock(); defer { importLock.unlock() }; return importCancelled }
 
     /// The run the app was doing when it was killed, if unfinished: its rows come back and Resume is offered.
     private func restoreSavedRun() {
@@ -123,15 +185,20 @@ final class TrainingController: ObservableObject {
 
     /// Rows of a file the user picked (fileImporter): `.jsonl` is a chat file (one `{"messages": [...]}`
     /// per line), anything else plain UTF-8 text.
+    /// The file is read on `work` (a large or cloud-backed file never freezes the screen), with the
+    /// size cap of `UserTextFile` (32 MB) and a message above it.
     func prepare(fileAt url: URL, settings: RunSettings) {
-        let scoped = url.startAccessingSecurityScopedResource()
-        defer { if scoped { url.stopAccessingSecurityScopedResource() } }
-        do {
-            let text = try String(contentsOf: url, encoding: .utf8)
-            let source: TrainingData.Source = url.pathExtension.lowercased() == "jsonl" ? .chat(text, name: url.lastPathComponent) : .text(text)
-            prepare(source, name: url.lastPathComponent, settings: settings)
-        } catch {
-            model.preparationFailed(TrainerError.io("cannot read \(url.lastPathComponent) as UTF-8 text: \(error.localizedDescription)"))
+        model.setPhase(view.phase, "Reading \(url.lastPathComponent)…")
+        work.async { [model] in
+            let scoped = url.startAccessingSecurityScopedResource()
+            defer { if scoped { url.stopAccessingSecurityScopedResource() } }
+            do {
+                let text = try UserTextFile.read(url)
+                let source: TrainingData.Source = url.pathExtension.lowercased() == "jsonl" ? .chat(text, name: url.lastPathComponent) : .text(text)
+                Task { @MainActor in self.prepare(source, name: url.lastPathComponent, settings: settings) }
+            } catch {
+                Task { @MainActor in model.preparationFailed(error) }
+            }
         }
     }
 
@@ -179,27 +246,44 @@ final class TrainingController: ObservableObject {
     }
 
     /// A new run on the prepared rows (a checkpoint of the same program is resumed: "Start over" deletes it).
-    func start(_ settings: RunSettings, background: Bool = false, completion: ((Bool) -> Void)? = nil) {
-        guard view.canStartRun, let data else { completion?(true); return }
+    func start(_ settings: RunSettings, background: Bool = false, completion: ((RunStatus) -> Void)? = nil) {
+        guard view.canStartRun, let data else { completion?(.completed); return }
         let run = SavedRun(program: settings.program, backend: settings.backend, config: settings.config, budgetMB: settings.budgetMB,
                            source: dataSource, heldOutFraction: dataSettings.fraction, splitSeed: dataSettings.seed, data: data)
-        launch(run, settings: settings, background: background, completion: completion)
+        launch(run, settings: settings, background: background, gate: nil, completion: completion)
     }
 
     /// Continue the saved run from its checkpoint (after a kill, a pause or a stop).
-    func resume(_ settings: RunSettings, background: Bool = false, completion: ((Bool) -> Void)? = nil) {
-        guard view.canStartRun, let run = savedRun ?? SavedRun.load(from: paths.latestRun) else { completion?(true); return }
-        launch(run, settings: settings, background: background, completion: completion)
+    func resume(_ settings: RunSettings, background: Bool = false, gate: BackgroundRunGate? = nil,
+                completion: ((RunStatus) -> Void)? = nil) {
+        guard view.canStartRun, let run = savedRun ?? SavedRun.load(from: paths.latestRun) else { completion?(.completed); return }
+        launch(run, settings: settings, background: background, gate: gate, completion: completion)
     }
 
-    /// Resume inside a BGProcessingTask.
-    nonisolated func resumeInBackground(completion: @escaping (Bool) -> Void) {
+    /// Resume inside a BGProcessingTask; the run stops at a step boundary when `gate` says so
+    /// (expired, off the charger, switch off). `completion(status, checkpointExists)`.
+    nonisolated func resumeInBackground(gate: BackgroundRunGate, completion: @escaping (RunStatus, Bool) -> Void) {
         Task { @MainActor in
-            self.resume(Self.savedSettings(), background: true, completion: completion)
+            let paths = self.paths
+            self.resume(Self.savedSettings(), background: true, gate: gate) { status in
+                let program = SavedRun.load(from: paths.latestRun)?.program ?? ""
+                completion(status, FileManager.default.fileExists(atPath: paths.checkpoint(program: program).path))
+            }
         }
     }
 
-    private func launch(_ run: SavedRun, settings: RunSettings, background: Bool, completion: ((Bool) -> Void)?) {
+    /// The "train while charging" switch changed: ask for (or drop) the background task now.
+    func trainWhileChargingChanged(_ on: Bool) {
+        if on {
+            let run = savedRun ?? SavedRun.load(from: paths.latestRun)
+            BackgroundTraining.schedule(savedRun: run, checkpointExists: run.map { FileManager.default.fileExists(atPath: paths.checkpoint(program: $0.program).path) } ?? false)
+        } else {
+            BackgroundTraining.cancel()
+        }
+    }
+
+    private func launch(_ run: SavedRun, settings: RunSettings, background: Bool, gate: BackgroundRunGate?,
+                        completion: ((RunStatus) -> Void)?) {
         _ = takeStopRequest()
         var record = run
         record.status = nil
@@ -208,30 +292,51 @@ final class TrainingController: ObservableObject {
         // the saved run's settings (a resume keeps its layers per checkpoint, whatever the toggle says now)
         model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20,
                        layersPerCheckpoint: run.config.layersPerCheckpoint)
-        model.setPhase(.loading, "Loading \(run.program)")
+        model.setPhase(.loading, "Opening \(run.program)")
         let paths = self.paths, monitor = self.monitor, model = self.model
         let started = record
         work.async { [weak self] in
-            var finished = false
+            var status = RunStatus.failed
             do {
-                finished = try Self.train(started, settings: settings, paths: paths, monitor: monitor, model: model,
-                                          background: background, controller: self)
+                status = try Self.train(started, settings: settings, paths: paths, monitor: monitor, model: model,
+                                        background: background, gate: gate, controller: self)
             } catch {
-                Task { @MainActor in model.setPhase(.failed, "Error: \(error)") }
+                // the message and ExecuTorch's own log lines (a failed step has sent them as an `error` event)
+                let text = ErrorReport.screenText(for: error, log: ExecuTorchLog.shared.ring.recent(8))
+                DispatchQueue.main.async { model.setPhase(.failed, text) }
             }
-            Task { @MainActor in
-                self?.savedRun = SavedRun.load(from: paths.latestRun).flatMap { $0.resumable ? $0 : nil }
-                self?.endBackgroundTask()
-                completion?(finished)
+            let final = status
+            // DispatchQueue.main, FIFO behind the session's event hops: the view state has the run's end
+            // (phase, canResume) before resumeIfReturned looks at it
+            DispatchQueue.main.async {
+                guard let self else { completion?(final); return }
+                self.savedRun = SavedRun.load(from: paths.latestRun).flatMap { $0.resumable ? $0 : nil }
+                self.endBackgroundTask()
+                completion?(final)
+                self.resumeIfReturned()
             }
         }
     }
 
-    /// One session, on `work`. Returns true when the run completed.
+    /// One session, on `work`, phase by phase on the screen (verifying the program once per import,
+    /// opening the runtime, reading the checkpoint, loading the methods, the held-out loss before).
+    /// Returns how the run ended.
     private nonisolated static func train(_ run: SavedRun, settings: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
-                                          model: TrainingViewModel, background: Bool, controller: TrainingController?) throws -> Bool {
+                                          model: TrainingViewModel, background: Bool, gate: BackgroundRunGate?,
+                                          controller: TrainingController?) throws -> RunStatus {
+        func phase(_ text: String) { DispatchQueue.main.async { model.setPhase(.loading, text) } }
         let dir = paths.programs.appendingPathComponent(run.program)
         let manifest = try LoopManifest.load(directory: dir)
+        // once per import (keyed on the manifest's checksums): a program pushed with devicectl is hashed
+        // on its first start, an imported one never again
+        if !ProgramVerification.isVerified(directory: dir, manifest: manifest) {
+            var shown = -1
+            try ProgramVerification.verify(directory: dir, manifest: manifest) { done, total in
+                let pct = total > 0 ? done * 100 / total : 100
+                if pct != shown { shown = pct; phase("Verifying \(run.program) (once per import): \(pct)%") }
+            }
+        }
+        phase("Opening the weights and the \(run.backend == "coreml" ? "Core ML" : "ExecuTorch") program")
         let runtime = try makeRuntime(backend: run.backend, directory: dir, manifest: manifest)
         let log = TelemetryLog(url: paths.telemetryLog)
         let endpoint = settings.telemetryURL.isEmpty ? nil : URL(string: settings.telemetryURL)
@@ -250,6 +355,8 @@ final class TrainingController: ObservableObject {
             budget: BudgetGuard(budgetBytes: budget,
                                 plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + run.config.plannedPeakBytes(manifest: manifest, target: run.backend)))
         session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
+        session.onStartPhase = { phase($0) }
+        session.runtimeLog = ExecuTorchLog.shared.ring
         controller?.current = session
         let uploader = queue.flatMap { q in
             endpoint.map { TelemetryUploader(queue: q, endpoint: $0, token: settings.telemetryToken, transport: URLSessionTransport(), maxAttempts: 1) }
@@ -257,7 +364,7 @@ final class TrainingController: ObservableObject {
         let resumed = try session.start()
         if !resumed && !session.data.heldOut.isEmpty {
             DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss before training") }
-            try session.evaluate(initial: true)
+            do { try session.evaluate(initial: true) } catch { session.reportError(error, fatal: true); try? session.finish(status: .failed, message: "\(error)"); throw error }
         }
         var thermal = ""
         let status = try session.run(interrupt: {
@@ -267,19 +374,24 @@ final class TrainingController: ObservableObject {
             }
             if session.step % 10 == 0, let battery = DeviceFacts.batteryFields() { _ = try? session.recorder?.emit("battery", battery) }
             if session.step % 10 == 9 { _ = try? uploader?.flush() }
-            return controller?.takeStopRequest()
+            return controller?.takeStopRequest() ?? gate?.interrupt()
         })
         var record = run
         record.status = status
         record.runId = session.recorder?.runId
         if status == .completed {
-            if !session.data.heldOut.isEmpty {
-                DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss after training") }
-                try session.evaluate(initial: false)
-            }
+            do {
+                if !session.data.heldOut.isEmpty {
+                    DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss after training") }
+                    try session.evaluate(initial: false)
+                }
+            } catch { session.reportError(error, fatal: false); throw error }
             if let runId = session.recorder?.runId {
                 let adapter = paths.adapter(runId: runId)
-                try session.exportAdapter(to: adapter)
+                do { try session.exportAdapter(to: adapter) } catch { session.reportError(error, fatal: false); throw error }
+                // measured here, off the main thread; above the cap the screen offers no share
+                let refusal = (try? AdapterExport.size(of: adapter)).flatMap { AdapterExport.refusal(bytes: $0) }
+                DispatchQueue.main.async { controller?.adapterRefusal = refusal }
                 DispatchQueue.main.async { model.exported(adapter); model.setPhase(.completed, "Completed; adapter \(runId)") }
             }
         }
@@ -289,8 +401,10 @@ final class TrainingController: ObservableObject {
             _ = try? TelemetryUploader(queue: queue, endpoint: endpoint, token: settings.telemetryToken,
                                        transport: URLSessionTransport(), maxAttempts: 5).flush()
         }
-        if status == .paused { BackgroundTraining.schedule() }
-        return status == .completed
+        if status == .paused {
+            BackgroundTraining.schedule(savedRun: record, checkpointExists: FileManager.default.fileExists(atPath: paths.checkpoint(program: run.program).path))
+        }
+        return status
     }
 
     private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: LoopManifest) throws -> LoopRuntime {
@@ -372,7 +486,8 @@ final class TrainingController: ObservableObject {
                 // int4 programs: the fused methods ran on the app's native kernel (ExecuTorchRuntime.registeredKernels)
                 if session.loop.generationIsFused, before.stop != .cancelled { message += "; native int4 kernel" }
             } catch {
-                message = "Generation failed: \(error)"
+                message = "Generation failed: " + ErrorReport.screenText(for: error, log: ExecuTorchLog.shared.ring.recent(8)).dropFirst("Error: ".count)
+                self?.current?.reportError(error, fatal: false)
             }
             let text = message
             // after the tokens (each hopped with DispatchQueue.main.async before this one)
@@ -397,27 +512,33 @@ final class TrainingController: ObservableObject {
 
     /// Background / screen lock: pause at the next step boundary with a background task, so the step
     /// finishes and the checkpoint is written before suspension (iOS gives ~30 s; a step of the 0.5B
-    /// program at T=256 takes a few seconds). Back in the foreground: resume what the background paused.
+    /// program at T=256 takes a few seconds). Back in the foreground: resume what the background
+    /// paused, at once if the pause has finished, else as soon as it does (`resumeIfReturned`). While
+    /// a run is busy the screen does not auto-lock (`show`), so this is a lock by hand or another app.
     func scenePhaseChanged(to phase: ScenePhase, settings: RunSettings) {
         switch phase {
         case .background:
+            returning.backgrounded(busy: view.phase.busy)
             // a generation is for the screen: stop it, so a run's last step before suspension has the runtime to itself
             cancelGeneration()
             guard view.phase.busy else { return }
-            pausedForBackground = true
             backgroundTask = UIApplication.shared.beginBackgroundTask(withName: "finish the training step") { [weak self] in
                 Task { @MainActor in self?.endBackgroundTask() }
             }
             model.setPhase(.pausing, "Pausing: the app went to the background")
             requestStop(.paused)
         case .active:
-            if pausedForBackground && !view.phase.busy && view.canResume {
-                pausedForBackground = false
-                resume(settings)
-            }
+            returning.activated()
+            resumeIfReturned(settings)
         default:
             break
         }
+    }
+
+    /// Resume the run the background paused, once the app is active again and the pause has ended.
+    private func resumeIfReturned(_ settings: RunSettings? = nil) {
+        guard returning.shouldResume(busy: view.phase.busy, canResume: view.canResume) else { return }
+        resume(settings ?? Self.savedSettings())
     }
 
     private func endBackgroundTask() {
@@ -445,6 +566,7 @@ final class TrainingController: ObservableObject {
         s.budgetMB = d.object(forKey: "budgetMB") as? Int ?? s.budgetMB
         s.telemetryURL = d.string(forKey: "telemetryURL") ?? ""
         s.telemetryToken = d.string(forKey: "telemetryToken") ?? ""
+        s.trainWhileCharging = d.bool(forKey: BackgroundTraining.enabledKey)
         return s
     }
 }

@@ -49,4 +49,12 @@ enum DeviceFacts {
         return ["level_pct": .double(Double(device.batteryLevel) * 100), "charging": .bool(charging),
                 "low_power_mode": .bool(ProcessInfo.processInfo.isLowPowerModeEnabled)]
     }
+
+    /// On the charger (charging or full): what a background run needs to go on (`BackgroundRunGate`).
+    /// Unknown (simulator): true.
+    static var onExternalPower: Bool {
+        let device = UIDevice.current
+        device.isBatteryMonitoringEnabled = true
+        return device.batteryState != .unplugged
+    }
 }

@@ -107,6 +107,44 @@ final class CoreMLRuntime: LoopRuntime {
     }
 
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        let (model, spec, out) = try predict(method, inputs)
+        return try spec.outputs.map { o in
+            let values = try Self.floats(try Self.output(o, of: method, model: model, out: out), name: o.name)
+            guard values.count == o.count else {
+                throw TrainerError.runtime("\(method) returned \(values.count) values for \(o.name), the manifest says \(o.shape)")
+            }
+            return values.withUnsafeBytes { Data($0) }
+        }
+    }
+
+    /// Each output read once, in row-major order, straight into the loop's buffer for it (its state
+    /// slice, a pooled activation): the one copy.
+    func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
+        let (model, spec, out) = try predict(method, inputs)
+        guard outputs.count == spec.outputs.count else {
+            throw TrainerError.runtime("\(method) has \(spec.outputs.count) outputs, the loop expects \(outputs.count); re-export the program")
+        }
+        let arrays = try spec.outputs.map { try Self.output($0, of: method, model: model, out: out) }
+        for (array, (o, dst)) in zip(arrays, zip(spec.outputs, outputs)) {
+            let n = array.shape.map(\.intValue).reduce(1, *)
+            guard n == o.count, n * 4 == dst.bytes.count else {
+                throw TrainerError.runtime("\(method) returned \(n) values for \(o.name), the manifest says \(o.shape)")
+            }
+        }
+        for (array, (o, dst)) in zip(arrays, zip(spec.outputs, outputs)) {
+            try Self.read(array, name: o.name, into: dst.bytes.bindMemory(to: Float.self))
+        }
+    }
+
+    private static func output(_ o: LoopManifest.IO, of method: String, model: MLModel, out: MLFeatureProvider) throws -> MLMultiArray {
+        guard let feature = featureName(of: o.name, in: model.modelDescription.outputDescriptionsByName),
+              let array = out.featureValue(for: feature)?.multiArrayValue else {
+            throw TrainerError.runtime("\(method) returned no \(o.name)")
+        }
+        return array
+    }
+
+    private func predict(_ method: String, _ inputs: [LoopInput]) throws -> (MLModel, LoopManifest.Method, MLFeatureProvider) {
         guard let model = models[method], let spec = manifest.methods.first(where: { $0.name == method }) else {
             throw TrainerError.runtime("\(method) was not loaded")
         }
@@ -123,17 +161,7 @@ final class CoreMLRuntime: LoopRuntime {
         } catch {
             throw TrainerError.runtime("Core ML failed in \(method): \(error)")
         }
-        return try spec.outputs.map { o in
-            guard let feature = Self.featureName(of: o.name, in: model.modelDescription.outputDescriptionsByName),
-                  let array = out.featureValue(for: feature)?.multiArrayValue else {
-                throw TrainerError.runtime("\(method) returned no \(o.name)")
-            }
-            let values = try Self.floats(array, name: o.name)
-            guard values.count == o.count else {
-                throw TrainerError.runtime("\(method) returned \(values.count) values for \(o.name), the manifest says \(o.shape)")
-            }
-            return values.withUnsafeBytes { Data($0) }
-        }
+        return (model, spec, out)
     }
 
     /// The exporter names state outputs `<entry>_out`; other outputs keep their names.
@@ -183,6 +211,14 @@ final class CoreMLRuntime: LoopRuntime {
     /// The values of an output in row-major order, whatever its strides (Core ML may pad them) and
     /// float type.
     static func floats(_ array: MLMultiArray, name: String) throws -> [Float] {
+        var out = [Float](repeating: 0, count: array.shape.map(\.intValue).reduce(1, *))
+        try out.withUnsafeMutableBufferPointer { try read(array, name: name, into: $0) }
+        return out
+    }
+
+    /// The values of an output in row-major order into `out` (its element count), whatever the
+    /// array's strides and float type.
+    static func read(_ array: MLMultiArray, name: String, into out: UnsafeMutableBufferPointer<Float>) throws {
         let shape = array.shape.map(\.intValue), strides = array.strides.map(\.intValue)
         let read: (UnsafeRawPointer, Int) -> Float
         switch array.dataType {
@@ -191,14 +227,12 @@ final class CoreMLRuntime: LoopRuntime {
         case .float16: read = { halfToFloat($0.load(fromByteOffset: 2 * $1, as: UInt16.self)) }
         default: throw TrainerError.runtime("Core ML output \(name) has data type \(array.dataType.rawValue), not a float")
         }
-        let n = shape.reduce(1, *)
-        var out = [Float]()
-        out.reserveCapacity(n)
+        let n = min(shape.reduce(1, *), out.count)
         array.withUnsafeBytes { raw in
             guard let base = raw.baseAddress else { return }
             var index = [Int](repeating: 0, count: shape.count)
-            for _ in 0..<n {
-                out.append(read(base, zip(index, strides).reduce(0) { $0 + $1.0 * $1.1 }))
+            for i in 0..<n {
+                out[i] = read(base, zip(index, strides).reduce(0) { $0 + $1.0 * $1.1 })
                 var d = shape.count - 1
                 while d >= 0 {
                     index[d] += 1
@@ -208,7 +242,6 @@ final class CoreMLRuntime: LoopRuntime {
                 }
             }
         }
-        return out
     }
 }
 

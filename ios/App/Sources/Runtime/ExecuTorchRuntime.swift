@@ -34,10 +34,12 @@ final class ExecuTorchRuntime: LoopRuntime {
         self.manifest = manifest
         fileName = programFile.lastPathComponent
         registeredKernels = Self.kernelsRegistered(Set(manifest.generate?.fused?.kernels ?? []))
+        let mark = ExecuTorchLog.shared.mark()
         do {
             try module.load()
         } catch {
-            throw TrainerError.runtime("ExecuTorch cannot load \(fileName) (\(error)); re-export it with the app's executorch version")
+            throw RuntimeFailure(message: "ExecuTorch cannot load \(fileName) (\(error)); re-export it with the app's executorch version",
+                                 code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
         }
     }
 
@@ -48,11 +50,13 @@ final class ExecuTorchRuntime: LoopRuntime {
                 throw TrainerError.runtime("method \(name) is not in the manifest")
             }
             let meta: MethodMetadata
+            let mark = ExecuTorchLog.shared.mark()
             do {
                 try module.load(name)
                 meta = try module.methodMetadata(name)
             } catch {
-                throw TrainerError.runtime("ExecuTorch cannot load method \(name) of \(fileName) (\(error)); re-export the program")
+                throw RuntimeFailure(message: "ExecuTorch cannot load method \(name) of \(fileName) (\(error)); re-export the program",
+                                     code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
             }
             guard meta.inputValueTags.count == spec.inputs.count, meta.outputValueTags.count == spec.outputs.count else {
                 throw TrainerError.runtime("\(fileName) method \(name) takes \(meta.inputValueTags.count) inputs and returns " +
@@ -62,16 +66,46 @@ final class ExecuTorchRuntime: LoopRuntime {
         }
     }
 
+    /// The outputs as Data (what `LoopRuntime` requires; the loop itself calls `execute(...into:)`).
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        try run(method, inputs).map { t in t.withUnsafeBytes { Data(buffer: $0) } }
+    }
+
+    /// Each output copied once, out of the method's planned arena into the loop's buffer for it (a state
+    /// entry's slice of the state array, a pooled activation buffer): the one copy. Writing into the
+    /// loop's memory in place (`Module.setOutput`) would need programs exported with outputs outside
+    /// the memory plan, and an output may be one of the call's inputs (block_backward's params), so
+    /// the copy is made after `execute` returns.
+    func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
+        let tensors = try run(method, inputs)
+        guard tensors.count == outputs.count else {
+            throw TrainerError.runtime("\(method) returned \(tensors.count) outputs, the loop expects \(outputs.count); re-export the program")
+        }
+        for (t, o) in zip(tensors, outputs) where t.count * 4 != o.bytes.count {
+            throw TrainerError.runtime("\(method) returned \(t.count * 4) bytes for \(o.name), the manifest says \(o.dtype)\(o.shape); re-export the program")
+        }
+        for (t, o) in zip(tensors, outputs) {
+            t.withUnsafeBytes { src in
+                if let from = src.baseAddress, let to = o.bytes.baseAddress { to.copyMemory(from: from, byteCount: o.bytes.count) }
+            }
+        }
+    }
+
+    /// Runs the method on tensors over the inputs' bytes (no copy); its float32 outputs, still in the
+    /// method's arena (valid until its next call). A failure carries ExecuTorch's own log lines
+    /// (`ExecuTorchLog`) so the screen and the `error` event show what the runtime said.
+    private func run(_ method: String, _ inputs: [LoopInput]) throws -> [Tensor<Float>] {
         guard let spec = manifest.methods.first(where: { $0.name == method }) else {
             throw TrainerError.runtime("method \(method) is not in the manifest")
         }
         let values: [ValueConvertible] = try inputs.map(Self.tensor)
         let outputs: [Value]
+        let mark = ExecuTorchLog.shared.mark()
         do {
             outputs = try module.execute(method, values)
         } catch {
-            throw TrainerError.runtime("ExecuTorch failed in \(method): \(error)")
+            throw RuntimeFailure(message: "ExecuTorch failed in \(method): \(error)", code: "runtime_error",
+                                 log: ExecuTorchLog.shared.lines(since: mark))
         }
         guard outputs.count == spec.outputs.count else {
             throw TrainerError.runtime("\(method) returned \(outputs.count) outputs, the manifest lists \(spec.outputs.count); re-export the program")
@@ -80,7 +114,7 @@ final class ExecuTorchRuntime: LoopRuntime {
             guard io.dtype == "float32", let t: Tensor<Float> = value.tensor() else {
                 throw TrainerError.runtime("\(method) output \(io.name) is not a float32 tensor; re-export the program")
             }
-            return t.withUnsafeBytes { Data(buffer: $0) }
+            return t
         }
     }
 
@@ -106,4 +140,42 @@ final class ExecuTorchRuntime: LoopRuntime {
         default: throw TrainerError.runtime("input \(v.name) has dtype \(v.dtype), which this runtime does not pass")
         }
     }
+}
+
+/// ExecuTorch's own log (its `Log` sink API, `Log.shared.add(sink:)`): every line into a ring of the
+/// last 256, so a failed load or call carries the lines it logged (`RuntimeFailure.log`), the screen
+/// shows them under the error and the `error` telemetry event sends them (`log`). ExecuTorch calls
+/// sinks on its own queue, maybe after the failing call has returned, so a failure with no line of
+/// its own gets the ring's newest ones (`TrainingSession.runtimeLog`). The prebuilt frameworks log
+/// only when built with ET_LOG_ENABLED (the `_debug` products); with others the ring stays empty.
+final class ExecuTorchLog: NSObject, LogSink {
+    static let shared = ExecuTorchLog()
+    let ring = LogRing(capacity: 256)
+    private let lock = NSLock()
+    private var installed = false
+
+    /// Register with ExecuTorch's log once (the app's controller does at launch).
+    func install() {
+        lock.lock()
+        defer { lock.unlock() }
+        guard !installed else { return }
+        installed = true
+        Log.shared.add(sink: self)
+    }
+
+    func log(level: LogLevel, timestamp: TimeInterval, filename: String, line: UInt, message: String) {
+        let tag: String
+        switch level {
+        case .debug: tag = "D"
+        case .info: tag = "I"
+        case .error: tag = "E"
+        case .fatal: tag = "F"
+        default: tag = "?"
+        }
+        let file = filename.split(separator: "/").last.map(String.init) ?? filename
+        ring.append("\(tag) \(String(format: "%.3f", timestamp)) \(file):\(line)] \(message)")
+    }
+
+    func mark() -> UInt64 { ring.mark() }
+    func lines(since mark: UInt64) -> [String] { ring.lines(since: mark) }
 }

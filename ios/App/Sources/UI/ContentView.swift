@@ -20,11 +20,14 @@ struct ContentView: View {
     @AppStorage("budgetMB") private var budgetMB = 2048
     @AppStorage("telemetryURL") private var telemetryURL = ""
     @AppStorage("telemetryToken") private var telemetryToken = ""
+    @AppStorage("trainWhileCharging") private var trainWhileCharging = false
+    @State private var importingProgram = false
     @State private var text = ""
     @State private var importing = false
     @State private var exporting = false
     @State private var prompt = ""
     @State private var chatPrompt = false
+    @State private var exportMessage = ""
 
     private var state: TrainingViewState { controller.view }
 
@@ -43,12 +46,19 @@ struct ContentView: View {
             .navigationTitle("LoRA Trainer")
             .refreshable { controller.refresh() }
             .onAppear { controller.refresh() }
-            .onChange(of: scenePhase) { _, phase in controller.scenePhaseChanged(to: phase, settings: settings) }
+            .onChange(of: scenePhase) { _, phase in
+                // the list refreshes on every return (a program pushed with devicectl while the app was open)
+                if phase == .active { controller.refresh() }
+                controller.scenePhaseChanged(to: phase, settings: settings)
+            }
+            .onChange(of: trainWhileCharging) { _, on in controller.trainWhileChargingChanged(on) }
             .fileImporter(isPresented: $importing, allowedContentTypes: Self.importTypes) { result in
                 if case .success(let url) = result { controller.prepare(fileAt: url, settings: settings) }
             }
             .fileExporter(isPresented: $exporting, document: state.adapterDirectory.map { AdapterFolder(url: $0) },
-                          contentType: .folder, defaultFilename: state.adapterDirectory?.lastPathComponent) { _ in }
+                          contentType: .folder, defaultFilename: state.adapterDirectory?.lastPathComponent) { result in
+                if case .failure(let error) = result { exportMessage = "Saving failed: \(error.localizedDescription)" }
+            }
         }
     }
 
@@ -65,6 +75,32 @@ struct ContentView: View {
                 Text("Core ML").tag("coreml")
             }
             .pickerStyle(.segmented)
+            // a program folder from Files / iCloud Drive / a USB drive: copied in, checked, verified once
+            if let p = controller.importProgress {
+                ProgressView(value: p.fraction) {
+                    Text(Self.describe(p)).font(.caption)
+                }
+                Button("Cancel import", role: .cancel) { controller.cancelImport() }
+            } else {
+                Button("Import a program folder…") { importingProgram = true }
+                    .disabled(state.phase.busy)
+            }
+            if !controller.importMessage.isEmpty {
+                Text(controller.importMessage).font(.caption).foregroundStyle(.secondary)
+            }
+        }
+        .fileImporter(isPresented: $importingProgram, allowedContentTypes: [.folder]) { result in
+            if case .success(let url) = result { controller.importProgram(from: url) }
+        }
+    }
+
+    static func describe(_ p: ProgramImport.Progress) -> String {
+        let mb = { (n: Int) in String(format: "%.0f", Double(n) / 1_048_576) }
+        switch p.phase {
+        case .checking: return "Checking \(p.file)…"
+        case .copying: return "Copying \(p.file): \(mb(p.bytesDone)) of \(mb(p.bytesTotal)) MB"
+        case .verifying: return "Verifying checksums: \(Int(p.fraction * 100))%"
+        case .done: return "Done"
         }
     }
 
@@ -109,6 +145,9 @@ struct ContentView: View {
             }
             checkpointRows
             Stepper("Budget: \(budgetMB) MB", value: $budgetMB, in: 128...16_384, step: 128)
+            // BGProcessingTask with requiresExternalPower: a paused run continues on the charger, stopping at
+            // a step boundary when iOS ends the task or the phone is unplugged
+            Toggle("Train while charging", isOn: $trainWhileCharging)
             if state.phase.busy {
                 Button(state.phase == .pausing ? "Stopping…" : "Stop", role: .destructive) { controller.stop() }
                     .disabled(state.phase == .pausing)
@@ -198,9 +237,14 @@ struct ContentView: View {
         if let dir = state.adapterDirectory {
             Section("Adapter (PEFT)") {
                 LabeledContent("Run", value: dir.lastPathComponent)
-                ShareLink("Share adapter files", items: [dir.appendingPathComponent("adapter_config.json"),
-                                                         dir.appendingPathComponent("adapter_model.safetensors")])
-                Button("Save folder to Files…") { exporting = true }
+                if let refusal = controller.adapterRefusal {
+                    Text(refusal).font(.caption).foregroundStyle(.secondary)
+                } else {
+                    ShareLink("Share adapter files", items: [dir.appendingPathComponent("adapter_config.json"),
+                                                             dir.appendingPathComponent("adapter_model.safetensors")])
+                    Button("Save folder to Files…") { exporting = true }
+                }
+                if !exportMessage.isEmpty { Text(exportMessage).font(.caption).foregroundStyle(.red) }
             }
         }
     }
@@ -226,6 +270,7 @@ struct ContentView: View {
         s.budgetMB = budgetMB
         s.telemetryURL = telemetryURL
         s.telemetryToken = telemetryToken
+        s.trainWhileCharging = trainWhileCharging
         return s
     }
 }
@@ -324,6 +369,8 @@ struct AdapterFolder: FileDocument {
     }
 
     func fileWrapper(configuration: WriteConfiguration) throws -> FileWrapper {
-        try FileWrapper(url: url, options: .immediate)
+        // read when the exporter writes (not up front on the main thread); the controller measured the
+        // folder off the main thread and hides this above AdapterExport's cap
+        try FileWrapper(url: url, options: [])
     }
 }

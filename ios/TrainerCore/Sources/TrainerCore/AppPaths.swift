@@ -31,12 +31,32 @@ public struct AppPaths: Equatable {
         documents.appendingPathComponent(Self.adaptersDir).appendingPathComponent(runId)
     }
 
-    /// Names of the program directories (those holding a manifest.json), sorted.
+    /// Names of the program directories (those holding a manifest.json), sorted; an import still
+    /// under way (`.import-*`) is not one.
     public func programNames() -> [String] {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: programs.path)) ?? []
         return names.filter {
-            FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(LoopManifest.fileName).path)
+            !$0.hasPrefix(".") && FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(LoopManifest.fileName).path)
         }.sorted()
+    }
+
+    /// Directories iCloud / Finder backups must skip: programs (GBs of weights, re-copied from the
+    /// computer), checkpoints (the state and its moments, GBs for larger ranks) and exported adapters
+    /// (shared from the app when wanted). Data and telemetry stay in the backup (small, the user's).
+    public var excludedFromBackup: [URL] {
+        [programs, documents.appendingPathComponent(Self.checkpointsDir), documents.appendingPathComponent(Self.adaptersDir)]
+    }
+
+    /// Every directory the app writes to, created; `exclude` is called on each of
+    /// `excludedFromBackup` (the app: `URLResourceValues.isExcludedFromBackup = true`, which covers
+    /// everything inside). Run at every launch: a directory deleted in Files comes back excluded.
+    /// Returns the directories `exclude` failed on.
+    @discardableResult
+    public func prepareDirectories(exclude: (URL) throws -> Void) -> [URL] {
+        let all = [programs, data, documents.appendingPathComponent(Self.checkpointsDir), documents.appendingPathComponent(Self.adaptersDir),
+                   telemetryQueue]
+        for dir in all { try? FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true) }
+        return excludedFromBackup.filter { url in (try? exclude(url)) == nil }
     }
 
     /// JSONL files in Documents/Data, sorted.

@@ -11,6 +11,10 @@ public final class HostBuffer {
         HostMemory.allocated(raw.count)
     }
 
+    /// One shared empty buffer: what a variable is set to when the loop lets go of an activation
+    /// (never written; no allocation per use).
+    public static let empty = HostBuffer(byteCount: 0)
+
     public convenience init(copying bytes: UnsafeRawBufferPointer) {
         self.init(byteCount: bytes.count)
         if bytes.count > 0 { raw.baseAddress!.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
@@ -46,10 +50,12 @@ public enum HostMemory {
     private static let lock = NSLock()
     private static var liveBytes = 0
     private static var peakBytes = 0
+    private static var allocationCount = 0
 
     static func allocated(_ n: Int) {
         lock.lock()
         liveBytes += n
+        allocationCount += 1
         if liveBytes > peakBytes { peakBytes = liveBytes }
         lock.unlock()
     }
@@ -62,8 +68,63 @@ public enum HostMemory {
 
     public static var live: Int { lock.lock(); defer { lock.unlock() }; return liveBytes }
     public static var peak: Int { lock.lock(); defer { lock.unlock() }; return peakBytes }
+    /// `HostBuffer`s allocated since the process started (what the tests use to see that a step
+    /// after the first allocates nothing: `BufferPool`).
+    public static var allocations: Int { lock.lock(); defer { lock.unlock() }; return allocationCount }
     /// Start a new peak from what is live now.
     public static func resetPeak() { lock.lock(); peakBytes = liveBytes; lock.unlock() }
+}
+
+/// The loop's output and input buffers, reused: `take(byteCount:)` hands out an idle buffer of that
+/// size (one the pool alone references: its user let go of it) or allocates one. The first step
+/// allocates as many buffers of each size as it holds at once; every later step of the same shape
+/// allocates none (no allocation per method call). A buffer kept by its user (a checkpoint, the
+/// activation the next layer reads) is never handed out twice. Thread-safe (a generation beside a
+/// training step takes from the same pool). The pool keeps its idle buffers until the loop goes:
+/// what it holds is the step's peak, which the budget guard measures anyway.
+public final class BufferPool: @unchecked Sendable {
+    private let lock = NSLock()
+    private var buffers: [Int: [HostBuffer]] = [:]
+    public private(set) var allocations = 0
+
+    public init() {}
+
+    /// A buffer of exactly `byteCount` bytes nobody else holds; its bytes are whatever its last user
+    /// left (every caller overwrites all of them).
+    public func take(byteCount: Int) -> HostBuffer {
+        lock.lock()
+        defer { lock.unlock() }
+        var list = buffers.removeValue(forKey: byteCount) ?? []
+        defer { buffers[byteCount] = list }
+        for i in list.indices where isKnownUniquelyReferenced(&list[i]) { return list[i] }
+        let b = HostBuffer(byteCount: byteCount)
+        list.append(b)
+        allocations += 1
+        return b
+    }
+
+    /// A pooled buffer holding `values` (little-endian on every target the app runs on).
+    public func take<T>(values: [T]) -> HostBuffer {
+        let b = take(byteCount: values.count * MemoryLayout<T>.stride)
+        values.withUnsafeBytes { if $0.count > 0 { b.raw.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+        return b
+    }
+
+    /// Bytes of every buffer the pool holds (idle or in use).
+    public var bytes: Int { lock.lock(); defer { lock.unlock() }; return buffers.reduce(0) { $0 + $1.key * $1.value.count } }
+
+    /// Bytes of the buffers someone besides the pool still holds.
+    public var inUseBytes: Int {
+        lock.lock()
+        defer { lock.unlock() }
+        var n = 0
+        for key in Array(buffers.keys) {
+            var list = buffers.removeValue(forKey: key)!
+            for i in list.indices where !isKnownUniquelyReferenced(&list[i]) { n += key }
+            buffers[key] = list
+        }
+        return n
+    }
 }
 
 /// Checkpoint groups (`toolchain/mesp/step.py` `checkpoint_groups`, `toolchain/runtime/loop.py`
@@ -172,10 +233,37 @@ public struct LoopInput {
     public let bytes: UnsafeRawBufferPointer
 }
 
+/// Where one output of a call goes: the loop's own memory (a state entry's slice of the state array,
+/// a pooled activation buffer, a pooled scratch for KV-cache rows), exactly the output's byte count.
+/// Valid for the length of the call only.
+public struct LoopOutput {
+    public let name: String
+    public let bind: LoopManifest.IO.Bind
+    public let dtype: String
+    public let shape: [Int]
+    public let bytes: UnsafeMutableRawBufferPointer
+
+    /// Copies `data` (a runtime's outputs, in the manifest's order) into `outputs`, after checking
+    /// every count and size first (nothing is written on a mismatch).
+    public static func copy(_ data: [Data], into outputs: [LoopOutput], method: String) throws {
+        guard data.count == outputs.count else {
+            throw TrainerError.runtime("\(method) returned \(data.count) outputs, the manifest lists \(outputs.count); re-export the program")
+        }
+        for (d, o) in zip(data, outputs) where d.count != o.bytes.count {
+            throw TrainerError.runtime("\(method) returned \(d.count) bytes for \(o.name), the manifest says \(o.dtype)\(o.shape); re-export the program")
+        }
+        for (d, o) in zip(data, outputs) where d.count > 0 {
+            d.withUnsafeBytes { o.bytes.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: d.count) }
+        }
+    }
+}
+
 /// What the layer loop needs from a runtime (ExecuTorch `Module`, Core ML, the replay fake): run one
-/// method on inputs in the manifest's order, return its outputs in the manifest's order as raw
-/// little-endian bytes. The returned Data may alias the runtime's own memory until its next call
-/// (`Data(bytesNoCopy:...)`): the loop copies what it keeps at once.
+/// method on inputs in the manifest's order and write its outputs, in the manifest's order, as raw
+/// little-endian bytes into the loop's buffers (`execute(method:layer:inputs:into:)`: the runtime's
+/// one copy, out of its arena; a state output lands in its slice of the state array directly). A
+/// runtime that only returns Data (`execute(method:layer:inputs:)`, the test fakes) gets the default,
+/// which copies each Data into its destination.
 public protocol LoopRuntime: AnyObject {
     var backendName: String { get }
     /// Custom kernels registered with this runtime beyond its stock operators (ExecuTorch:
@@ -186,10 +274,18 @@ public protocol LoopRuntime: AnyObject {
     func load(methods: [String]) throws
     /// `layer`: the index `{layer}` was replaced by (nil for embed, head methods); informational.
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data]
+    /// Run the method and write output i into `outputs[i]` (exactly its byte count; throw on another
+    /// count or size, before writing). Write only after the method has run: a destination may be one
+    /// of the call's inputs (a state entry updated in place: `block_backward`'s params and moments).
+    func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws
 }
 
 extension LoopRuntime {
     public var registeredKernels: Set<String> { [] }
+
+    public func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
+        try LoopOutput.copy(try execute(method: method, layer: layer, inputs: inputs), into: outputs, method: method)
+    }
 }
 
 /// The v3 layer loop, exactly as `toolchain/runtime/loop.py` `LayerLoop` runs it: binds every method
@@ -210,6 +306,9 @@ public final class LayerLoop {
     /// two alternate call by call.
     private let gate = FairLock()
     private var generationLoaded = false
+    /// Every output buffer and per-call input the loop makes (`BufferPool`): allocated in the first
+    /// step, reused by every later one.
+    public let buffers = BufferPool()
 
     public init(manifest: LoopManifest, weights: MappedWeights, runtime: LoopRuntime) throws {
         (self.manifest, self.weights, self.runtime) = (manifest, weights, runtime)
@@ -288,28 +387,40 @@ public final class LayerLoop {
             }
             inputs.append(LoopInput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: bytes))
         }
-        gate.lock()
-        defer { gate.unlock() }
-        let outputs = try runtime.execute(method: m.name, layer: layer, inputs: inputs)
-        guard outputs.count == m.outputs.count else {
-            throw TrainerError.runtime("\(m.name) returned \(outputs.count) outputs, the manifest lists \(m.outputs.count); re-export the program")
-        }
-        for (io, data) in zip(m.outputs, outputs) where data.count != io.byteCount {
-            throw TrainerError.runtime("\(m.name) returned \(data.count) bytes for \(io.name), the manifest says \(io.dtype)\(io.shape); re-export the program")
-        }
+        // Where each output goes: state outputs into their slices of the state array (the runtime's one
+        // copy is the only one), activations into pooled buffers the caller keeps, KV-cache rows into a
+        // pooled scratch copied into the layer's cache below.
+        var outputs: [LoopOutput] = []
+        outputs.reserveCapacity(m.outputs.count)
         var kept: [String: HostBuffer] = [:]
-        for (io, data) in zip(m.outputs, outputs) {
+        var scratch: [(io: LoopManifest.IO, ref: String, buffer: HostBuffer)] = []
+        for io in m.outputs {
             let ref = io.ref(layer: layer, placeholder: ph)
+            let dst: UnsafeMutableRawBufferPointer
             switch io.bind {
             case .state:
-                let dst = try state.view(ref)
-                data.withUnsafeBytes { src in UnsafeMutableRawBufferPointer(dst).copyMemory(from: src) }
+                let v = try state.view(ref)
+                guard v.count * 4 == io.byteCount else {
+                    throw TrainerError.badInput("\(m.name) output \(io.name) (\(ref)) is \(io.dtype)\(io.shape), its state entry holds \(v.count) values; re-export the program")
+                }
+                dst = UnsafeMutableRawBufferPointer(v)
             case .cache:
-                guard let target = cache?[ref] else { throw TrainerError.runtime("\(m.name) output \(io.name): no cache \(ref)") }
-                try write(cache: target, output: data, shape: io.shape, pos: pos, what: "\(m.name) \(io.name)")
+                guard cache?[ref] != nil else { throw TrainerError.runtime("\(m.name) output \(io.name): no cache \(ref)") }
+                let b = buffers.take(byteCount: io.byteCount)
+                scratch.append((io, ref, b))
+                dst = b.raw
             default:
-                kept[io.ref] = HostBuffer(copying: data)
+                let b = buffers.take(byteCount: io.byteCount)
+                kept[io.ref] = b
+                dst = b.raw
             }
+            outputs.append(LoopOutput(name: io.name, bind: io.bind, dtype: io.dtype, shape: io.shape, bytes: dst))
+        }
+        gate.lock()
+        defer { gate.unlock() }
+        try runtime.execute(method: m.name, layer: layer, inputs: inputs, into: outputs)
+        for (io, ref, b) in scratch {
+            try write(cache: cache![ref]!, output: b.bytes, shape: io.shape, pos: pos, what: "\(m.name) \(io.name)")
         }
         return kept
     }
@@ -317,18 +428,16 @@ public final class LayerLoop {
     /// A cache output of `n` rows [Hk, n, D] (a prefill chunk's, or decode's one) written into the
     /// layer's cache [Hk, S, D] at rows pos ..< pos + n; rows at or past S (the padding of a last chunk
     /// that reaches the end of the cache) are dropped, as the host's `LayerLoop._call` does.
-    private func write(cache target: HostBuffer, output: Data, shape: [Int], pos: Int?, what: String) throws {
+    private func write(cache target: HostBuffer, output: UnsafeRawBufferPointer, shape: [Int], pos: Int?, what: String) throws {
         guard shape.count == 3 else { throw TrainerError.runtime("\(what) has shape \(shape), not [Hk, C, D]") }
         let (hk, n, dim) = (shape[0], shape[1], shape[2])
         let s = target.byteCount / (4 * hk * dim)
         guard let pos, pos >= 0, pos < s else { throw TrainerError.runtime("\(what): row \(pos ?? -1) is outside the cache of \(s)") }
         let kept = min(n, s - pos)
-        output.withUnsafeBytes { src in
-            for h in 0..<hk {
-                let from = src.baseAddress! + 4 * h * n * dim
-                let to = target.raw.baseAddress! + 4 * (h * s + pos) * dim
-                to.copyMemory(from: from, byteCount: 4 * kept * dim)
-            }
+        for h in 0..<hk {
+            let from = output.baseAddress! + 4 * h * n * dim
+            let to = target.raw.baseAddress! + 4 * (h * s + pos) * dim
+            to.copyMemory(from: from, byteCount: 4 * kept * dim)
         }
     }
 
@@ -353,7 +462,7 @@ public final class LayerLoop {
     func padded(_ ids: [Int64], pad: Int64) throws -> HostBuffer {
         let t = manifest.seqLen
         guard ids.count <= t else { throw TrainerError.badInput("a row of \(ids.count) tokens is longer than seq_len \(t)") }
-        return HostBuffer(values: (ids + Array(repeating: pad, count: t - ids.count)).map { $0.littleEndian })
+        return buffers.take(values: (ids + Array(repeating: pad, count: t - ids.count)).map { $0.littleEndian })
     }
 
     /// One training step on `state` (updated in place); returns the loss. `selected`: the layers that
@@ -386,9 +495,9 @@ public final class LayerLoop {
         }
         var (x, checkpoints) = try forward(inputIds: ids, keep: Set(groups.map { $0[0] }), state: state)
         var out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
-        x = HostBuffer(byteCount: 0)
+        x = .empty
         guard let lossBuf = out["loss"], out["d"] != nil else { throw TrainerError.runtime("head_loss returned no loss or d") }
-        var values: [String: HostBuffer] = ["d": out.removeValue(forKey: "d")!, "lr": HostBuffer(values: [lr.bitPattern.littleEndian])]
+        var values: [String: HostBuffer] = ["d": out.removeValue(forKey: "d")!, "lr": buffers.take(values: [lr.bitPattern.littleEndian])]
         out.removeAll()
         var alive = checkpoints.count
         for i in stride(from: layers - 1, through: 0, by: -1) {
@@ -559,16 +668,16 @@ public final class LayerLoop {
             try generationMethod("block_decode"), try generationMethod("head_logits"))
         let cache = try newCache()
         // Prefill, chunk by chunk.
-        var x = HostBuffer(byteCount: 0)
+        var x = HostBuffer.empty
         for start in stride(from: 0, to: prompt.count, by: c) {
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             let chunk = Array(prompt[start..<min(start + c, prompt.count)])
-            let tokens = HostBuffer(values: (chunk + Array(repeating: padTokenId, count: c - chunk.count)).map { $0.littleEndian })
+            let tokens = buffers.take(values: (chunk + Array(repeating: padTokenId, count: c - chunk.count)).map { $0.littleEndian })
             guard let e = try run(embedPrefill, layer: nil, values: ["tokens": tokens], state: state)["x"] else {
                 throw TrainerError.runtime("\(embedPrefill.name) returned no x")
             }
             x = e
-            let p = HostBuffer(values: [Int64(start).littleEndian])
+            let p = buffers.take(values: [Int64(start).littleEndian])
             for i in 0..<layers {
                 if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
                 guard let next = try run(blockPrefill, layer: i, values: ["x": x, "pos": p], state: state, cache: cache, pos: start)["x"] else {
@@ -579,7 +688,7 @@ public final class LayerLoop {
         }
         let rowBytes = x.byteCount / c
         var last = HostBuffer(copying: x.slice(((prompt.count - 1) % c) * rowBytes, rowBytes))
-        x = HostBuffer(byteCount: 0)
+        x = .empty
         if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
         guard var logits = try run(headLogits, layer: nil, values: ["x": last], state: state)["logits"] else {
             throw TrainerError.runtime("\(headLogits.name) returned no logits")
@@ -596,10 +705,10 @@ public final class LayerLoop {
             if out.count == maxNewTokens { return GenerationResult(ids: out, stop: .maxNewTokens) }
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             // One decode step.
-            guard var h = try run(embedToken, layer: nil, values: ["token": HostBuffer(values: [token.littleEndian])], state: state)["x"] else {
+            guard var h = try run(embedToken, layer: nil, values: ["token": buffers.take(values: [token.littleEndian])], state: state)["x"] else {
                 throw TrainerError.runtime("\(embedToken.name) returned no x")
             }
-            let p = HostBuffer(values: [Int64(pos).littleEndian])
+            let p = buffers.take(values: [Int64(pos).littleEndian])
             for i in 0..<layers {
                 guard let next = try run(blockDecode, layer: i, values: ["x": h, "pos": p], state: state, cache: cache, pos: pos)["x"] else {
                     throw TrainerError.runtime("\(blockDecode.name) returned no x")

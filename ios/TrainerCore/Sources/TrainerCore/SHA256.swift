@@ -19,7 +19,8 @@ public enum SHA256 {
         digest(bytes).map { String(format: "%02x", $0) }.joined()
     }
 
-    public static func digest(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
+    /// `progress`: called with the bytes hashed so far every 16 MiB (a multi-GB weights file shows it).
+    public static func digest(_ bytes: UnsafeRawBufferPointer, progress: ((Int) -> Void)? = nil) -> [UInt8] {
         var h: [UInt32] = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]
         var w = [UInt32](repeating: 0, count: 64)
         func rotr(_ x: UInt32, _ n: UInt32) -> UInt32 { (x >> n) | (x << (32 - n)) }
@@ -45,7 +46,11 @@ public enum SHA256 {
         let n = bytes.count
         var off = 0
         if let base = bytes.baseAddress {
-            while off + 64 <= n { block(base + off); off += 64 }
+            while off + 64 <= n {
+                block(base + off)
+                off += 64
+                if let progress, off & (16 << 20 - 1) == 0 { progress(off) }
+            }
         }
         var tail = [UInt8](repeating: 0, count: 128)
         let rest = n - off

@@ -15,6 +15,8 @@ public enum TelemetrySchema {
         case bytes
         case object
         case strings
+        /// A list of at most `maxItems` strings of at most `maxLength` characters (error `log`).
+        case lines(maxItems: Int, maxLength: Int)
     }
 
     static let maxSafeInt: Int64 = 9_007_199_254_740_991
@@ -39,6 +41,7 @@ public enum TelemetrySchema {
             "os": .string(minLength: 1, maxLength: nil), "total_ram_bytes": .bytes, "budget_bytes": .bytes,
             "device_profile": .string(minLength: 0, maxLength: nil), "app_version": .string(minLength: 0, maxLength: nil),
             "program": .string(minLength: 0, maxLength: nil), "config": .object,
+            "planner_estimate_bytes": .bytes, "planner_basis": .string(minLength: 0, maxLength: 512),
         ]),
         "run_end": (["status", "steps_completed"], [
             "status": .choice(["completed", "failed", "cancelled", "paused"]), "steps_completed": .integer(min: 0),
@@ -55,7 +58,7 @@ public enum TelemetrySchema {
                               "ios_phys_footprint", "ios_os_proc_available", "linux_proc_status"]),
             "step": .integer(min: 0), "anon_bytes": .bytes, "rss_bytes": .bytes, "pss_bytes": .bytes,
             "swap_bytes": .bytes, "peak_bytes": .bytes, "available_bytes": .bytes, "low_memory": .bool,
-            "trim_level": .integer(min: nil), "pressure": .choice(["normal", "warning", "critical"]),
+            "trim_level": .integer(min: nil), "pressure": .choice(["normal", "warning", "critical"]), "baseline": .bool,
         ]),
         "thermal": (["state"], [
             "state": .choice(["none", "light", "moderate", "severe", "critical", "emergency", "shutdown", "nominal",
@@ -68,7 +71,7 @@ public enum TelemetrySchema {
         ]),
         "error": (["message", "fatal"], [
             "message": .string(minLength: 1, maxLength: 4096), "fatal": .bool, "code": .pattern("code"),
-            "step": .integer(min: 0),
+            "step": .integer(min: 0), "log": .lines(maxItems: ErrorReport.maxLogLines, maxLength: ErrorReport.maxLogLineLength),
         ]),
         "eval": (["step", "loss", "rows", "tokens"], [
             "step": .integer(min: 0), "loss": .numberOrNull, "rows": .integer(min: 1), "tokens": .integer(min: 1),
@@ -137,6 +140,10 @@ public enum TelemetrySchema {
             if v.objectValue == nil { return "must be an object" }
         case .strings:
             guard let a = v.arrayValue, a.allSatisfy({ $0.stringValue != nil }) else { return "must be a list of strings" }
+        case .lines(let maxItems, let maxLength):
+            guard let a = v.arrayValue, a.allSatisfy({ $0.stringValue != nil }) else { return "must be a list of strings" }
+            if a.count > maxItems { return "more than \(maxItems) lines" }
+            if a.contains(where: { $0.stringValue!.count > maxLength }) { return "a line longer than \(maxLength) characters" }
         }
         return nil
     }

@@ -258,6 +258,11 @@ public final class TrainingSession {
     public private(set) var losses: [Float?] = []
     public private(set) var recorder: TelemetryRecorder?
     public var onEvent: ((SessionEvent) -> Void)?
+    /// The runtime's recent log lines (the app's ExecuTorch log sink): a failing step's `error` event
+    /// carries them when the error itself has none (`ErrorReport`).
+    public var runtimeLog: LogRing?
+    /// Where `start()` is (verifying, loading methods, preparing the state), for the screen.
+    public var onStartPhase: ((String) -> Void)?
 
     private let programDirectory: URL
     private let order: DataOrder
@@ -326,6 +331,7 @@ public final class TrainingSession {
         var resumed = false
         let live: LoopState
         if let checkpoint, checkpoint.exists {
+            onStartPhase?("Reading the checkpoint")
             let (values, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
             live = try LoopState(manifest: manifest, values: values)
             (step, runId, seq, losses) = (meta.step, meta.runId, meta.seq, meta.losses)
@@ -334,6 +340,7 @@ public final class TrainingSession {
             live = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
         }
         stateLock.withLock { (liveStateStorage, stepsInState) = (live, step) }
+        onStartPhase?("Loading the training methods")
         try loop.loadTraining()
         seq = max(seq, usedSeq?(runId) ?? 0)
         recorder = try TelemetryRecorder(runId: runId, startSeq: seq, sinks: sinks, clock: clock, monotonic: monotonic)
@@ -413,8 +420,9 @@ public final class TrainingSession {
                                       layersPerCheckpoint: config.layersPerCheckpoint)
             stepsInState = s + 1
         } catch {
-            try? emit("error", ["message": .string("step \(s) failed: \(error)"), "fatal": .bool(true),
-                                "code": .string("runtime_error"), "step": .int(Int64(s))])
+            var f = ErrorReport.fields(for: error, fatal: true, step: s, log: runtimeLog?.recent(ErrorReport.maxLogLines) ?? [])
+            f["message"] = .string(String("step \(s) failed: \(ErrorReport.parts(of: error).message)".prefix(4096)))
+            try? emit("error", f)
             throw error
         }
         let dt = max(0, monotonic() - t0)
@@ -464,6 +472,12 @@ public final class TrainingSession {
         if let message { f["message"] = .string(String(message.prefix(4096))) }
         try emit("run_end", f)
         onEvent?(.ended(status: status, message: message))
+    }
+
+    /// Send an `error` event for a failure outside a step (eval, generation, export, upload): the
+    /// message, its code and the runtime's log lines (`ErrorReport`); nothing before `start()`.
+    public func reportError(_ error: Error, fatal: Bool) {
+        try? emit("error", ErrorReport.fields(for: error, fatal: fatal, step: step, log: runtimeLog?.recent(ErrorReport.maxLogLines) ?? []))
     }
 
     /// Step until done, paused, stopped, or `interrupt` returns a status (`.paused` when the app goes

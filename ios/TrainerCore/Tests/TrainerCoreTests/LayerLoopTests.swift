@@ -336,9 +336,10 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertThrowsError(try run(nil, 0))
     }
 
-    /// The checkpoints a step does not keep are really freed: the loop's peak memory (live HostBuffer
+    /// The checkpoints a step does not keep are really let go of: the loop's peak memory (live HostBuffer
     /// bytes) during a step is (checkpoints alive at most + 2) [T, d] rows (the rows being passed
-    /// along and the call's output) plus the small inputs, so fewer with larger groups.
+    /// along and the call's output) plus the small inputs, so fewer with larger groups; they go back
+    /// to the loop's `BufferPool`, and the next step reuses them without allocating.
     func testCheckpointGroupsFreeMemory() throws {
         let m = try tinyManifest()
         let L = m.loop.layers
@@ -353,7 +354,14 @@ final class LayerLoopTests: XCTestCase {
             let grown = HostMemory.peak - base
             let alive = CheckpointGroups.peakAlive(try CheckpointGroups.groups(Array(0..<L), layersPerCheckpoint: s))
             XCTAssertEqual(grown / rowBytes, alive + 2, "s = \(s): \(grown) bytes at the peak")
-            XCTAssertLessThanOrEqual(HostMemory.live, base + 64, "s = \(s): the step left buffers alive")
+            // what the step let go of is idle in the loop's pool (no buffer is held outside it), and the
+            // next step reuses it: no allocation, no higher peak
+            XCTAssertEqual(loop.buffers.inUseBytes, 0, "s = \(s): the step left buffers alive")
+            XCTAssertLessThanOrEqual(HostMemory.live, base + loop.buffers.bytes + 64, "s = \(s)")
+            let allocations = HostMemory.allocations
+            _ = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, layersPerCheckpoint: s)
+            XCTAssertEqual(HostMemory.allocations, allocations, "s = \(s): the second step allocated")
+            XCTAssertEqual(HostMemory.peak - base, grown, "s = \(s): the second step raised the peak")
             peaks[s] = grown
         }
         XCTAssertEqual(peaks[1]! - peaks[2]!, (L - 5) * rowBytes, "8 layers in groups of 2: 5 inputs alive instead of 8")

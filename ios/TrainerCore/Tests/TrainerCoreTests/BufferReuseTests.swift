@@ -1,0 +1,132 @@
+import Foundation
+import XCTest
+@testable import TrainerCore
+
+/// A counting fake runtime that writes into the loop's buffers (`execute(method:layer:inputs:into:)`,
+/// as `ExecuTorchRuntime` does): the outputs are `HashRuntime`'s, each written once into the
+/// destination the loop gave; every call's destinations are recorded (address, bind, size).
+final class CountingRuntime: LoopRuntime {
+    struct Destination: Hashable { let method: String; let output: String; let bind: String; let address: Int; let bytes: Int }
+    let backendName = "executorch"
+    let inner: HashRuntime
+    var destinations: [[Destination]] = []
+    /// Bytes this runtime wrote (its one copy per output).
+    var bytesWritten = 0
+    var writes = 0
+    var dataPathCalls = 0
+
+    init(manifest: LoopManifest) { inner = HashRuntime(manifest: manifest) }
+
+    func load(methods: [String]) throws { try inner.load(methods: methods) }
+
+    func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
+        dataPathCalls += 1
+        return try inner.execute(method: method, layer: layer, inputs: inputs)
+    }
+
+    func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
+        let data = try inner.execute(method: method, layer: layer, inputs: inputs)      // computed first (outputs may alias inputs)
+        destinations.append(outputs.map {
+            Destination(method: method, output: $0.name, bind: $0.bind.rawValue, address: Int(bitPattern: $0.bytes.baseAddress), bytes: $0.bytes.count)
+        })
+        try LoopOutput.copy(data, into: outputs, method: method)
+        writes += outputs.count
+        bytesWritten += outputs.reduce(0) { $0 + $1.bytes.count }
+    }
+}
+
+final class BufferReuseTests: XCTestCase {
+    var dir: URL!
+    override func setUpWithError() throws { dir = try tempDir("buffer-reuse") }
+    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
+
+    func loop(_ m: LoopManifest, _ rt: LoopRuntime) throws -> (LayerLoop, LoopState) {
+        let url = dir.appendingPathComponent("weights-\(UUID().uuidString.prefix(6)).safetensors")
+        try SyntheticWeights.write(for: m, to: url)
+        let loop = try LayerLoop(manifest: m, weights: try MappedWeights(url: url), runtime: rt)
+        try loop.loadTraining()
+        return (loop, try LoopState(manifest: m, values: (0..<m.state.numel).map { Float($0 % 13) / 100 }))
+    }
+
+    /// Output buffers are allocated in the first step and reused: steps 2.. allocate no HostBuffer
+    /// (outputs, padded ids / labels, lr), every activation output goes to one of the first step's
+    /// buffers, every state output is written by the runtime straight into its slice of the state
+    /// array (the one copy: nothing is copied again by the loop), each output written once; the
+    /// losses and the state equal the Data path's (HashRuntime through the default copy).
+    func testStepsReuseTheirBuffersAndWriteStateInPlace() throws {
+        let m = try LoopManifest.decode(try Repo.data(Repo.manifest("manifest_tiny.json")), source: "manifest_tiny.json")
+        let ids = (0..<m.seqLen - 5).map { Int64(($0 * 7) % m.model.arch.vocab) }
+        let labels = ids.enumerated().map { $0.offset < 3 ? Int64(-100) : $0.element }
+        let rt = CountingRuntime(manifest: m)
+        let (loopA, stateA) = try loop(m, rt)
+        let reference = HashRuntime(manifest: m)
+        let (loopB, stateB) = try loop(m, reference)
+        let selections: [Set<Int>?] = [nil, [0, 1], [2, 3, 4], nil, [5, 6, 7]]
+        var stepDestinations: [Set<CountingRuntime.Destination>] = []
+        var allocationsAfterFirst = 0
+        for (i, sel) in selections.enumerated() {
+            let before = rt.destinations.count
+            let allocations = HostMemory.allocations
+            let a = try loopA.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: stateA, selected: sel, layersPerCheckpoint: i % 2 + 1)
+            let b = try loopB.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: stateB, selected: sel, layersPerCheckpoint: i % 2 + 1)
+            XCTAssertEqual(a, b, "step \(i): the loss of the Data path")
+            XCTAssertEqual(stateA.sha256, stateB.sha256, "step \(i): the state of the Data path")
+            if i > 0 { allocationsAfterFirst += HostMemory.allocations - allocations }
+            stepDestinations.append(Set(rt.destinations[before...].flatMap { $0 }))
+        }
+        XCTAssertEqual(rt.dataPathCalls, 0, "the loop asks for the outputs in its buffers")
+        XCTAssertEqual(allocationsAfterFirst, 0, "steps after the first allocate nothing")
+        XCTAssertEqual(loopA.buffers.inUseBytes, 0)
+        // activations: the first step's buffers, nothing new (a selection of fewer layers uses a subset)
+        let firstActivations = Set(stepDestinations[0].filter { $0.bind != "state" }.map(\.address))
+        for (i, d) in stepDestinations.enumerated().dropFirst() {
+            XCTAssertTrue(Set(d.filter { $0.bind != "state" }.map(\.address)).isSubset(of: firstActivations), "step \(i)")
+        }
+        // state outputs: the address of their slice of the state array, always
+        let ph = m.weights.layerPlaceholder
+        for call in rt.destinations {
+            for d in call where d.bind == "state" {
+                let method = try XCTUnwrap(m.method(named: d.method))
+                let io = try XCTUnwrap(method.outputs.first { $0.name == d.output })
+                let inState = (0..<m.loop.layers).contains { layer in
+                    (try? stateA.view(io.ref(layer: layer, placeholder: ph)).baseAddress.map { Int(bitPattern: $0) }) == d.address
+                } || (try? stateA.view(io.ref).baseAddress.map { Int(bitPattern: $0) }) == d.address
+                XCTAssertTrue(inState, "\(d.method) \(d.output) is not written into the state")
+            }
+        }
+        // one write per output of every call, and no more
+        XCTAssertEqual(rt.writes, rt.destinations.reduce(0) { $0 + $1.count })
+        XCTAssertEqual(rt.bytesWritten, rt.destinations.joined().reduce(0) { $0 + $1.bytes })
+    }
+
+    /// Generation: the buffers of a decode step are reused by the next: a generation of 8 new tokens
+    /// allocates as many HostBuffers as one of 3 (the KV cache and the prompt's last row: per
+    /// generation, not per call), and the ids equal the Data path's.
+    func testDecodeStepsAllocateNothing() throws {
+        let p = dir.appendingPathComponent("program")
+        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
+        let m = try LoopManifest.load(directory: p)
+        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
+        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
+        let prompt = (0..<20).map { Int64(($0 * 11 + 5) % m.model.arch.vocab) }
+        let rt = CountingRuntime(manifest: m)
+        let loop = try LayerLoop(programDirectory: p, runtime: rt)
+        try loop.loadGeneration()
+        let state = try LoopState.initial(manifest: m, programDirectory: p)
+        _ = try loop.generate(prompt: prompt, maxNewTokens: 4, state: state, padTokenId: 258)      // the pool fills (>= 2 decode steps)
+        var counts: [Int] = []
+        var results: [GenerationResult] = []
+        for n in [3, 8] {
+            let before = HostMemory.allocations
+            results.append(try loop.generate(prompt: prompt, maxNewTokens: n, state: state, padTokenId: 258))
+            counts.append(HostMemory.allocations - before)
+        }
+        XCTAssertEqual(counts[0], counts[1], "allocations per generation, not per decode step")
+        XCTAssertEqual(counts[1], 2 * m.loop.layers + 1, "the KV cache (k, v per layer) and the last prompt row")
+        let reference = try LayerLoop(programDirectory: p, runtime: HashRuntime(manifest: m))
+        try reference.loadGeneration()
+        XCTAssertEqual(results[1], try reference.generate(prompt: prompt, maxNewTokens: 8, state: state, padTokenId: 258))
+        XCTAssertEqual(rt.dataPathCalls, 0)
+    }
+}
