@@ -88,4 +88,4 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
         atomic_write_text(json_out, dumps({
             "prompt_ids": res.prompt_ids, "output_ids": res.output_ids, "text": text, "stopped": res.stopped,
             "backend": runner.backend, "temperature": temperature, "seed": seed if temperature > 0 else None,
-            "load_s": round(load_s, 4), **res.timings(), "seconds": round(seconds, 3)}))
+            "load_s": round(load_s, 6), **res.timings(), "seconds": round(seconds, 6)}))

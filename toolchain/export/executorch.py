@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from toolchain.export.artifact import TargetArtifact
-from toolchain.export.program import ProgramSpec, example_inputs, method_module, method_specs
+from toolchain.export.program import GENERATION_ROLES, ProgramSpec, example_inputs, method_module, method_specs
 
 __all__ = ["export_executorch", "PTE_NAME"]
 
@@ -46,6 +46,10 @@ def exported_methods(spec: ProgramSpec) -> dict:
 # runtime weights per call into one shared workspace (anonymous memory) the size of the largest packed
 # operand: a whole-vocabulary LM head ([V, d] fp32, 545 MB at 0.5B) must never be packed.
 # Measured on the Qwen2.5-0.5B int4 methods: see docs/export.md.
+# The generation methods are not delegated at all: at one token no matmul reaches the threshold, and the
+# stock block_prefill (C = 32 rows) delegated its dequantized-chunk matmuls with a 17.6 MB arena at
+# Qwen2.5-0.5B, which the host bindings' one shared arena then charged to training too (the fused methods
+# are the fast path; the stock ones only have to run).
 XNNPACK_MIN_FLOPS = 16e6
 XNNPACK_MAX_PACKED_BYTES = 16 << 20
 
@@ -276,10 +280,11 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
         with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"), \
                 _no_relegalizing_single_op_partitions():
             methods = method_specs(spec)
+            delegated = [name for name in eps if methods[name].role not in GENERATION_ROLES]
             edge = edge.to_backend({name: xnnpack_partitioner(_weight_placeholders(edge.exported_program(name),
                                                                                    methods[name]))
-                                    for name in eps})
-        for name in eps:
+                                    for name in delegated})
+        for name in delegated:
             keep_original_order(edge.exported_program(name).graph_module, order[name])
     note("to_executorch")
     et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))

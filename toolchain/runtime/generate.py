@@ -53,9 +53,9 @@ class GenerateResult:
         """The timing fields of `toolchain generate --json` (seconds; rates from the counts beside them)."""
         rate = self.decode_tokens_per_s
         return {"prompt_tokens": len(self.prompt_ids), "new_tokens": len(self.output_ids),
-                "prefill_chunks": self.prefill_chunks, "prefill_s": round(self.prefill_s, 4),
-                "ttft_s": round(self.ttft_s, 4), "decode_tokens": len(self.decode_s),
-                "decode_s": round(sum(self.decode_s), 4),
+                "prefill_chunks": self.prefill_chunks, "prefill_s": round(self.prefill_s, 6),
+                "ttft_s": round(self.ttft_s, 6), "decode_tokens": len(self.decode_s),
+                "decode_s": round(sum(self.decode_s), 6),
                 "decode_tokens_per_s": None if rate is None else round(rate, 3), "fused": self.fused}
 
 
