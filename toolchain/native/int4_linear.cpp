@@ -129,18 +129,21 @@ inline void row_dot(const float* const* xe_in, const float* const* xo_in, const 
   f32x16 acc[NT][4];
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = f32x16{};
   float tail[NT][L] = {};
+  // One 16-byte step at byte j into accumulators 2u (high nibbles) and 2u + 1 (low nibbles).
+  auto step = [&](int64_t j, int u, const GroupScale& sg) {
+    f32x16 wh, wl;
+    dequant16(q + j, sg, wh, wl);
+    for (int t = 0; t < NT; ++t) {
+      acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j) * wh;
+      acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j) * wl;
+    }
+  };
   if (group_bytes % (2 * L) == 0 && ng * group_bytes == half) {
     for (int64_t g = 0, j = 0; g < ng; ++g) {
       const GroupScale sg(s[g]);
       for (const int64_t j1 = j + group_bytes; j < j1; j += 2 * L) {
-        for (int u = 0; u < 2; ++u) {
-          f32x16 wh, wl;
-          dequant16(q + j + u * L, sg, wh, wl);
-          for (int t = 0; t < NT; ++t) {
-            acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j + u * L) * wh;
-            acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j + u * L) * wl;
-          }
-        }
+        step(j, 0, sg);
+        step(j + L, 1, sg);
       }
     }
   } else {
@@ -149,22 +152,11 @@ inline void row_dot(const float* const* xe_in, const float* const* xo_in, const 
       const int64_t j0 = g * group_bytes, j1 = std::min(half, j0 + group_bytes);
       int64_t j = j0;
       for (; j + 2 * L <= j1; j += 2 * L) {
-        for (int u = 0; u < 2; ++u) {
-          f32x16 wh, wl;
-          dequant16(q + j + u * L, sg, wh, wl);
-          for (int t = 0; t < NT; ++t) {
-            acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j + u * L) * wh;
-            acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j + u * L) * wl;
-          }
-        }
+        step(j, 0, sg);
+        step(j + L, 1, sg);
       }
       if (j + L <= j1) {
-        f32x16 wh, wl;
-        dequant16(q + j, sg, wh, wl);
-        for (int t = 0; t < NT; ++t) {
-          acc[t][0] = acc[t][0] + load16(xe[t] + j) * wh;
-          acc[t][1] = acc[t][1] + load16(xo[t] + j) * wl;
-        }
+        step(j, 0, sg);
         j += L;
       }
       for (; j < j1; ++j) {  // fewer than 2L columns left in the group: lane j mod L

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from toolchain.errors import BadInput
+from toolchain.export.program import GENERATION_ROLES
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
@@ -70,7 +71,7 @@ def generation_names(pdir: ProgramDir, loaded: Sequence[str] | None) -> dict[str
     """The method to call for each generation role: the fused one where it is among `loaded`."""
     fused = (pdir.manifest["generate"] or {}).get("fused") or {}
     loaded = set(loaded or ())
-    names = {n: n for n in ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")}
+    names = {n: n for n in GENERATION_ROLES}      # stock methods are named after their role
     for stock, f in fused.get("methods", {}).items():
         if f in loaded:
             names[stock] = f

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +155,18 @@ def read_jsonl(path: Path) -> list[dict]:
         line_of.append(lineno)
     if not events:
         raise BadInput(f"{path} has no events")
+    _check_all(events, lambda first: f"{path}:{line_of[first]}: ", "lines")
+    return events
+
+
+def _check_all(events: list[dict], where: Callable[[int], str], unit: str) -> None:
+    """Schema-check every event; the first invalid one named by `where(index)`, the count of the others by unit."""
     try:
         check_events(events)
     except InvalidBatch as e:
         first = min(e.errors)
-        raise SchemaError(f"{path}:{line_of[first]}: not a valid telemetry event: {e.errors[first][0]}"
-                          f"{f' ({len(e.errors)} invalid lines)' if len(e.errors) > 1 else ''}") from None
-    return events
+        raise SchemaError(f"{where(first)}not a valid telemetry event: {e.errors[first][0]}"
+                          f"{f' ({len(e.errors)} invalid {unit})' if len(e.errors) > 1 else ''}") from None
 
 
 def _read_array(path: Path, data: bytes, *, single: bool = False) -> list[dict]:
@@ -179,13 +184,7 @@ def _read_array(path: Path, data: bytes, *, single: bool = False) -> list[dict]:
         doc = [doc]
     if not doc:
         raise BadInput(f"{path} has no events (an empty array)")
-    try:
-        check_events(doc)
-    except InvalidBatch as e:
-        first = min(e.errors)
-        raise SchemaError(f"{path}: {'' if single else f'array element {first}: '}not a valid telemetry event: "
-                          f"{e.errors[first][0]}"
-                          f"{f' ({len(e.errors)} invalid events)' if len(e.errors) > 1 else ''}") from None
+    _check_all(doc, lambda first: f"{path}: {'' if single else f'array element {first}: '}", "events")
     return doc
 
 
