@@ -3,15 +3,17 @@
 //
 //   arm64_driver CASES [LABEL]
 //
-// For each case: (a) the kernel's y against a float64 reference from the same dequantized weights
-// (w = float(n - 8) * s, one float32 product; then x * w and the sums in double), within the float32
-// dot-product bound |err| <= gamma_i * sum_k |x_k w_k|, gamma_i = i u / (1 - i u), u = 2^-24 (as
+// For each case: (a) the kernel's y against its definition in float64 (x quantized per row and group as
+// the kernel's top comment says, sa = max|x| / 127 in float32, a = round-to-even(x / sa); the integer sums
+// isum_g = sum_k a_k (n_k - 8) exact; y = sum_g isum_g sw_g sa_g in double), within the float32 bound of
+// the group sum |err| <= gamma_(ng+6) * sum_g |isum_g sw_g sa_g|, gamma_k = k u / (1 - k u), u = 2^-24 (as
 // tests/native/test_int4_linear.py); (b) y against the x86-64 kernel's y stored in the file, bit for bit
 // (and the largest difference in ulps where not). Exit 0 if (a) held everywhere, 1 if not, 2 for a bad
-// file or a refused call. (b) is reported, not enforced.
+// file or a refused call. (b) is reported here; tests/native/test_kernel_arm64.py enforces it.
 //
 // Build this file with -ffp-contract=off: the reference's double sums are then plain products and sums.
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -20,8 +22,8 @@
 #include <cstring>
 #include <vector>
 
-extern "C" int toolchain_int4_linear(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
-                                     int64_t o, int64_t ng, int64_t group, float* y);
+extern "C" int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
+                                        int64_t o, int64_t ng, int64_t group, float* y);
 
 namespace {
 
@@ -82,25 +84,36 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: case %" PRId64 ": truncated data\n", label, c);
       return 2;
     }
-    if (toolchain_int4_linear(x.data(), T, in, q.data(), s.data(), o, ng, group, y.data()) != 0) {
+    if (toolchain_int4_linear_a8(x.data(), T, in, q.data(), s.data(), o, ng, group, y.data()) != 0) {
       std::fprintf(stderr, "%s: case %" PRId64 " (T %" PRId64 " o %" PRId64 " i %" PRId64 " group %" PRId64
                    "): the kernel refused valid arguments\n", label, c, T, o, in, group);
       return 2;
     }
-    // The dequantized weights, exactly as the kernel and the reference compute them: one float product.
-    std::vector<float> w(o * in);
-    for (int64_t r = 0; r < o; ++r)
-      for (int64_t k = 0; k < in; ++k) {
-        const int n = (k % 2 == 0) ? (q[r * (in / 2) + k / 2] >> 4) : (q[r * (in / 2) + k / 2] & 15);
-        w[r * in + k] = static_cast<float>(n - 8) * s[r * ng + k / group];
+    // x quantized per row and group (the definition), and the nibble values n - 8.
+    std::vector<double> a(T * in), sa(T * ng);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
+        float amax = 0;
+        for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[t * in + k]));
+        const float sg = amax / 127.0f;
+        sa[t * ng + g] = sg;
+        for (int64_t k = k0; k < k1; ++k)
+          a[t * in + k] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(x[t * in + k] / sg)))) : 0.0;
       }
-    const double gamma = in * u / (1 - in * u);
+    std::vector<int> w(o * in);
+    for (int64_t r = 0; r < o; ++r)
+      for (int64_t k = 0; k < in; ++k)
+        w[r * in + k] = ((k % 2 == 0) ? (q[r * (in / 2) + k / 2] >> 4) : (q[r * (in / 2) + k / 2] & 15)) - 8;
+    const double gamma = (ng + 6) * u / (1 - (ng + 6) * u);
     bool ok = true, equal = true;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t r = 0; r < o; ++r) {
         double exact = 0, mag = 0;
-        for (int64_t k = 0; k < in; ++k) {
-          const double p = static_cast<double>(x[t * in + k]) * static_cast<double>(w[r * in + k]);
+        for (int64_t g = 0; g < ng; ++g) {
+          double isum = 0;   // an integer, exact in double
+          for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) isum += a[t * in + k] * w[r * in + k];
+          const double p = isum * static_cast<double>(s[r * ng + g]) * sa[t * ng + g];
           exact += p;
           mag += std::fabs(p);
         }

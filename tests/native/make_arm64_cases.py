@@ -6,7 +6,7 @@ with a remainder mod 4 (the prefill tiles), odd o, even i, even groups 2..128 wi
 (and groups wider than i). Half the weights are the repo's `quantize` of a random matrix (padded to whole
 groups, as the x86 test does), half uniformly random bytes (every nibble, -8 included) with random scales
 of both signs; x is N(0, 1) times a power of two per case, some cases with a per-column power of two.
-y is computed by `toolchain_int4_linear` of `toolchain.native.load_kernels()` (built here with
+y is computed by `toolchain_int4_linear_a8` of `toolchain.native.load_kernels()` (built here with
 -march=native).
 
 Binary file, little-endian: b"TCI4CAS1", int64 count, then per case int64 T, o, i, group, ng, followed by

@@ -2,7 +2,7 @@
 
 The library is compiled once per (source, flags, compiler, executorch version) into a cache directory
 ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written atomically (a temp file,
-then rename), and loaded with RTLD_GLOBAL: its static initializer registers `toolchain::int4_linear.out`
+then rename), and loaded with RTLD_GLOBAL: its static initializer registers `toolchain::int4_linear_a8.out`
 with the ExecuTorch runtime the Python bindings share (as `libexecutorch_kernels_quantized.so` registers
 its kernels). `-march=native` picks this host's vector width (AVX2 or AVX-512 here, NEON in the apps);
 the summation order is the source's (16 lanes), not the width's.
@@ -23,7 +23,7 @@ from toolchain.errors import ToolchainError
 __all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels", "compile_flags"]
 
 KERNEL_SOURCE = Path(__file__).with_name("int4_linear.cpp")
-KERNEL_OPS = ("toolchain::int4_linear.out",)   # what the library registers (the manifest lists them)
+KERNEL_OPS = ("toolchain::int4_linear_a8.out",)   # what the library registers (the manifest lists them)
 _LIB_NAME = "libtoolchain_kernels.so"
 
 
@@ -108,7 +108,7 @@ def load_kernels() -> ctypes.CDLL:
         except OSError as e:
             raise KernelUnavailable(f"cannot load {path} ({e})") from None
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.toolchain_int4_linear.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
-        lib.toolchain_int4_linear.restype = ctypes.c_int
+        lib.toolchain_int4_linear_a8.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
+        lib.toolchain_int4_linear_a8.restype = ctypes.c_int
         _LOADED = lib
     return _LOADED

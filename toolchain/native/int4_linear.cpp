@@ -1,42 +1,47 @@
-// toolchain::int4_linear: y = x W^T for group-wise int4 W, read in place (no float copy of W).
+// toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
+// quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
 //
 // The layout is the weights file's (toolchain/mesp/ops/quant.py): W [o, i] as q [o, i/2] bytes, byte j of
 // a row holding column 2j in its high nibble and 2j + 1 in its low one, value n - 8 for nibble n, and a
-// float scale per row and group of `group` columns, scales [o, ceil(i / group)] (the last group may be
-// partial). Each weight is dequantized exactly as the reference does it, w = float(n - 8) * s (one
-// float product), and multiplied into x with a fused multiply-add:
-//   y[t, r] = sum_k x[t, k] * w[r, k]
-// in a fixed order on every machine: four 16-lane accumulators per row of x (high / low nibbles of the
-// even / odd 16-byte steps of a group), then ((a0 + a1) + (a2 + a3)), the leftover bytes of a group
-// shorter than 16 bytes added lane j mod 16, and the 16 lanes summed as a fixed pairwise tree. Written
-// with GCC / Clang vector extensions (AVX-512: one register per accumulator, AVX2 two, NEON four), and
-// `acc + x * w` is one fused multiply-add wherever the target has FMA (x86-64 with FMA3, arm64): the
-// x86-64 and arm64 builds give the same bits (scripts/check_kernel_arm64.sh checks it under qemu).
+// float scale sw per row and group of `group` columns, scales [o, ng], ng = ceil(i / group) (the last group
+// may be partial). The op's definition (the reference is `int4_linear_a8_reference` in quant.py):
+//   per row t of x and group g:  sa[t, g] = max_k |x[t, k]| / 127 over the group's columns
+//                                a[t, k] = round_half_even(x[t, k] / sa[t, g]) in [-127, 127] (0 where sa is 0)
+//   per output r:                isum[t, r, g] = sum_k a[t, k] * (n[r, k] - 8)      (exact, in int32)
+//                                y[t, r] = sum_g float(isum) * (sw[r, g] * sa[t, g])
+// The integer sums are exact in any order, so every path below gives the same isum. The float sum is in one
+// fixed order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in
+// increasing order), then the 16 lanes are summed as a fixed pairwise tree. So the AVX-512 VNNI path and
+// the generic path (any other host; arm64 in the apps) give the same bits (tests/native, and
+// scripts/check_kernel_arm64.sh under qemu).
 //
-// Rows of x are taken TT at a time, so each weight is decoded once per TT rows (decode: T = 1; a prefill
-// chunk: T = 32, 8 tiles of 4). x is split into even and odd columns once per call (T * i floats of
-// scratch), which makes every inner loop contiguous.
+// The AVX-512 VNNI path (groups of 32, 64 or 128 columns): 64 weight bytes (128 weights) are split into
+// their high and low nibbles (0..15, unsigned) and multiplied into the even / odd columns of the int8 x
+// with vpdpbusd (64 products per instruction); 4-lane partial sums are folded into 16 group sums per block
+// of 16 groups with permutes, and the correction for the nibble offset (- 8 sum_k a[t, k] per group) is
+// subtracted once per group. Rows of x are taken TT at a time, so each weight is loaded and split once per
+// TT rows (decode: T = 1; a prefill chunk: T = 32, 8 tiles of 4).
 //
-// Built by toolchain/native/build.py (g++ -O3, against the executorch wheel's headers and libexecutorch)
-// for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the ExecuTorch
-// kernel `toolchain::int4_linear.out` at load; `toolchain_int4_linear` is the same computation as a C
-// function for the kernel tests.
+// Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers and
+// libexecutorch) for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the
+// ExecuTorch kernel `toolchain::int4_linear_a8.out` at load; `toolchain_int4_linear_a8` is the same
+// computation as a C function for the kernel tests.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
+#define TOOLCHAIN_VNNI 1
 #endif
 
 namespace {
 
-constexpr int64_t L = 16;   // accumulator lanes
-constexpr int64_t TT = 4;   // rows of x per weight decode
+constexpr int64_t L = 16;   // float accumulator lanes (group g -> lane g mod 16)
+constexpr int64_t TT = 4;   // rows of x per weight load
 
 // Lanes summed pairwise: ((a0 + a8) + (a4 + a12)) + ... (a fixed tree).
 inline float lane_sum(const float* a) {
@@ -46,173 +51,195 @@ inline float lane_sum(const float* a) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// GCC / Clang vector extensions: 16 lanes (one AVX-512 register, two AVX2, four NEON).
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
+// x quantized per row and group: int8 even / odd columns (each row padded with zeros to `stride` bytes),
+// sa and 8 * sum_k a per group (padded with zeros to `gstride` groups).
+struct QuantizedX {
+  int64_t stride = 0, gstride = 0;
+  std::vector<int8_t> even, odd;
+  std::vector<float> sa;
+  std::vector<int32_t> corr;
 
-// 16 bytes widened to 16 int32 lanes. Compilers scalarize __builtin_convertvector of u8 -> i32, so each
-// target gets its widening instruction (vpmovzxbd; NEON's two vmovl steps).
-inline i32x16 widen16(const uint8_t* p) {
-  i32x16 v;
-#if defined(__AVX512F__)
-  const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  std::memcpy(&v, &w, sizeof v);
-#elif defined(__AVX2__)
-  const __m256i w[2] = {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
-                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
-  std::memcpy(&v, w, sizeof v);
-#elif defined(__ARM_NEON)
-  const uint8x16_t b = vld1q_u8(p);
-  const uint16x8_t lo = vmovl_u8(vget_low_u8(b)), hi = vmovl_u8(vget_high_u8(b));
-  const uint32x4_t w[4] = {vmovl_u16(vget_low_u16(lo)), vmovl_u16(vget_high_u16(lo)),
-                           vmovl_u16(vget_low_u16(hi)), vmovl_u16(vget_high_u16(hi))};
-  std::memcpy(&v, w, sizeof v);
-#else
-  int32_t w[16];
-  for (int l = 0; l < 16; ++l) w[l] = p[l];
-  std::memcpy(&v, w, sizeof v);
-#endif
-  return v;
-}
-
-inline f32x16 load16(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// A group's dequantization: the 16 values a nibble can stand for, (k - 8) * s for k = 0..15 (each the
-// same float product as the reference's), and 16 nibbles -> 16 weights. AVX-512 looks them up in one
-// register (vpermps uses an index's low 4 bits, so the low nibble needs no mask); elsewhere the nibble is
-// converted and multiplied.
-struct GroupScale {
-  f32x16 s;
-#if defined(__AVX512F__)
-  __m512 table;
-#endif
-  explicit GroupScale(float scale) : s(f32x16{} + scale) {
-#if defined(__AVX512F__)
-    const __m512 k = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    table = _mm512_mul_ps(k, _mm512_set1_ps(scale));
-#endif
+  void build(const float* x, int64_t T, int64_t in, int64_t group, int64_t ng, int64_t pad_bytes) {
+    const int64_t half = in / 2;
+    stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes;
+    gstride = (ng + L - 1) / L * L;
+    even.assign(static_cast<size_t>(T * stride), 0);
+    odd.assign(static_cast<size_t>(T * stride), 0);
+    sa.assign(static_cast<size_t>(T * gstride), 0.0f);
+    corr.assign(static_cast<size_t>(T * gstride), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * in;
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
+        float amax = 0.0f;
+        bool nan = false;
+        for (int64_t k = k0; k < k1; ++k) {
+          const float v = std::fabs(xt[k]);
+          nan = nan || v != v;
+          amax = v > amax ? v : amax;
+        }
+        const float s = nan ? NAN : amax / 127.0f;
+        int32_t sum = 0;
+        for (int64_t k = k0; k < k1; ++k) {
+          float r = s > 0.0f ? std::nearbyint(xt[k] / s) : 0.0f;   // ties to even (the default rounding mode)
+          r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
+          const int8_t a = static_cast<int8_t>(r);
+          (k % 2 ? odd : even)[static_cast<size_t>(t * stride + k / 2)] = a;
+          sum += a;
+        }
+        sa[static_cast<size_t>(t * gstride + g)] = s;
+        corr[static_cast<size_t>(t * gstride + g)] = 8 * sum;
+      }
+    }
   }
 };
 
-inline void dequant16(const uint8_t* p, const GroupScale& g, f32x16& wh, f32x16& wl) {
-#if defined(__AVX512F__)
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512 h = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), g.table);
-  const __m512 l = _mm512_permutexvar_ps(b, g.table);
-  std::memcpy(&wh, &h, sizeof wh);
-  std::memcpy(&wl, &l, sizeof wl);
-#else
-  const i32x16 b = widen16(p);
-  wh = __builtin_convertvector((b >> 4) - 8, f32x16) * g.s;   // w = float(n - 8) * s
-  wl = __builtin_convertvector((b & 15) - 8, f32x16) * g.s;
-#endif
+// One output row r for rows t0 .. t0 + NT - 1 of x, any group: per group the integer sum, then the lanes.
+template <int NT>
+void row_generic(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict s,
+                 int64_t half, int64_t gb, int64_t ng, float* y, int64_t ystride) {
+  float acc[NT][L] = {};
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t j0 = g * gb, j1 = std::min(half, j0 + gb);
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* __restrict xe = a.even.data() + (t0 + t) * a.stride;
+      const int8_t* __restrict xo = a.odd.data() + (t0 + t) * a.stride;
+      int32_t isum = 0;
+      for (int64_t j = j0; j < j1; ++j)
+        isum += static_cast<int32_t>(q[j] >> 4) * xe[j] + static_cast<int32_t>(q[j] & 15) * xo[j];
+      const size_t gi = static_cast<size_t>((t0 + t) * a.gstride + g);
+      isum -= a.corr[gi];
+      const float c = s[g] * a.sa[gi];
+      acc[t][g % L] = std::fma(static_cast<float>(isum), c, acc[t][g % L]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) y[t * ystride] = lane_sum(acc[t]);
 }
 
-// One output row r for NT (<= TT) rows of x: xe/xo [NT][half] even/odd columns, q [half] bytes of row r.
-// Four accumulators per row of x (even / odd 16-byte step of a group x high / low nibbles): independent FMA
-// chains. Groups whose byte count is a multiple of 2L (group 64, 128, ...) and are all whole take the
-// first loop alone; others (smaller or partial groups) go step by step, in the same lanes.
+#ifdef TOOLCHAIN_VNNI
+// [a0 + a1, a2 + a3, ..., a14 + a15, b0 + b1, ..., b14 + b15]
+inline __m512i hadd_pairs(__m512i a, __m512i b, __m512i even, __m512i odd) {
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+}
+
+// lane_sum's tree on a register: (l, l + 8), then (l, l + 4), then (0 + 2) + (1 + 3).
+inline float lane_sum(__m512 a) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));            // [s0 + s2, s1 + s3, ...]
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// All o output rows for rows t0 .. t0 + NT - 1 of x, groups of GB = 16, 32 or 64 bytes (32 / 64 / 128
+// columns). A block is 16 groups (16 GB bytes): NV = GB / 16 vectors of 16 sub-group sums (16 bytes = 4
+// lanes each, from 4 chunks of 64 bytes), folded pairwise into the 16 group sums. The chunk masks (the
+// row's last bytes) are the same for every row, so they are computed once.
+template <int NT, int GB>
+void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
+               int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
+  constexpr int NV = GB / 16;
+  constexpr int64_t BLOCK = L * GB;                               // bytes per block of 16 groups
+  const int64_t nblocks = (ng + L - 1) / L;
+  thread_local std::vector<__mmask64> masks;
+  masks.resize(static_cast<size_t>(nblocks * NV * 4));
+  for (int64_t c = 0; c < nblocks * NV * 4; ++c) {
+    const int64_t n = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
+    masks[static_cast<size_t>(c)] = n == 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
+  }
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const int8_t* xe[NT];
+  const int8_t* xo[NT];
+  const int32_t* corr[NT];
+  const float* sa[NT];
+  for (int t = 0; t < NT; ++t) {
+    xe[t] = a.even.data() + (t0 + t) * a.stride;
+    xo[t] = a.odd.data() + (t0 + t) * a.stride;
+    corr[t] = a.corr.data() + (t0 + t) * a.gstride;
+    sa[t] = a.sa.data() + (t0 + t) * a.gstride;
+  }
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    if (r + 2 < o) {                                              // the row after next, into L2
+      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
+    }
+    __m512 accf[NT];
+    for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
+    const __mmask64* mk = masks.data();
+    for (int64_t g0 = 0, j0 = 0; g0 < ng; g0 += L, j0 += BLOCK, mk += NV * 4) {
+      __m512i v[NT][NV];
+      for (int u = 0; u < NV; ++u) {
+        if (j0 + u * 256 >= half) {                               // past the row's end (a short last block)
+          for (int t = 0; t < NT; ++t) v[t][u] = _mm512_setzero_si512();
+          continue;
+        }
+        __m512i acc[NT][4];
+        for (int c = 0; c < 4; ++c) {
+          const int64_t j = j0 + u * 256 + c * 64;
+          const __m512i w = _mm512_maskz_loadu_epi8(mk[u * 4 + c], qr + j);
+          const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+          for (int t = 0; t < NT; ++t)
+            acc[t][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(xe[t] + j)),
+                                            lo, _mm512_loadu_si512(xo[t] + j));
+        }
+        for (int t = 0; t < NT; ++t)
+          v[t][u] = hadd_pairs(hadd_pairs(acc[t][0], acc[t][1], even, odd), hadd_pairs(acc[t][2], acc[t][3], even, odd),
+                               even, odd);
+      }
+      const int64_t left = ng - g0;
+      const __mmask16 gm = left >= L ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __m512 sw = _mm512_maskz_loadu_ps(gm, sr + g0);
+      for (int t = 0; t < NT; ++t) {
+        for (int w = NV; w > 1; w /= 2)
+          for (int k = 0; k < w / 2; ++k) v[t][k] = hadd_pairs(v[t][2 * k], v[t][2 * k + 1], even, odd);
+        const __m512i isum = _mm512_sub_epi32(v[t][0], _mm512_loadu_si512(corr[t] + g0));
+        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(sa[t] + g0));
+        accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
+  }
+}
+#endif
+
+// All o output rows for rows t0 .. t0 + nt - 1 of x.
 template <int NT>
-inline void row_dot(const float* const* xe_in, const float* const* xo_in, const uint8_t* __restrict q,
-                    const float* __restrict s, int64_t half, int64_t group_bytes, int64_t ng, float* y,
-                    int64_t ystride) {
-  const float* __restrict xe[NT];
-  const float* __restrict xo[NT];
-  for (int t = 0; t < NT; ++t) {
-    xe[t] = xe_in[t];
-    xo[t] = xo_in[t];
+void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int64_t half, int64_t gb, int64_t ng,
+          int64_t o, float* y, int64_t ystride) {
+#ifdef TOOLCHAIN_VNNI
+  switch (gb) {
+    case 16: return rows_vnni<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
+    case 32: return rows_vnni<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
+    case 64: return rows_vnni<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
+    default: break;
   }
-  f32x16 acc[NT][4];
-  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = f32x16{};
-  float tail[NT][L] = {};
-  // One 16-byte step at byte j into accumulators 2u (high nibbles) and 2u + 1 (low nibbles).
-  auto step = [&](int64_t j, int u, const GroupScale& sg) {
-    f32x16 wh, wl;
-    dequant16(q + j, sg, wh, wl);
-    for (int t = 0; t < NT; ++t) {
-      acc[t][2 * u] = acc[t][2 * u] + load16(xe[t] + j) * wh;
-      acc[t][2 * u + 1] = acc[t][2 * u + 1] + load16(xo[t] + j) * wl;
-    }
-  };
-  if (group_bytes % (2 * L) == 0 && ng * group_bytes == half) {
-    for (int64_t g = 0, j = 0; g < ng; ++g) {
-      const GroupScale sg(s[g]);
-      for (const int64_t j1 = j + group_bytes; j < j1; j += 2 * L) {
-        step(j, 0, sg);
-        step(j + L, 1, sg);
-      }
-    }
-  } else {
-    for (int64_t g = 0; g < ng; ++g) {
-      const GroupScale sg(s[g]);
-      const int64_t j0 = g * group_bytes, j1 = std::min(half, j0 + group_bytes);
-      int64_t j = j0;
-      for (; j + 2 * L <= j1; j += 2 * L) {
-        step(j, 0, sg);
-        step(j + L, 1, sg);
-      }
-      if (j + L <= j1) {
-        step(j, 0, sg);
-        j += L;
-      }
-      for (; j < j1; ++j) {  // fewer than 2L columns left in the group: lane j mod L
-        const int32_t b = q[j];
-        const float wh = static_cast<float>((b >> 4) - 8) * s[g];
-        const float wl = static_cast<float>((b & 15) - 8) * s[g];
-        for (int t = 0; t < NT; ++t) tail[t][j % L] = tail[t][j % L] + xe[t][j] * wh + xo[t][j] * wl;
-      }
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    float lanes[L];
-    const f32x16 a = (acc[t][0] + acc[t][1]) + (acc[t][2] + acc[t][3]);
-    std::memcpy(lanes, &a, sizeof lanes);
-    for (int64_t l = 0; l < L; ++l) lanes[l] += tail[t][l];
-    y[t * ystride] = lane_sum(lanes);
-  }
+#endif
+  for (int64_t r = 0; r < o; ++r) row_generic<NT>(a, t0, q + r * half, s + r * ng, half, gb, ng, y + r, ystride);
 }
 
 }  // namespace
 
 extern "C" {
 
-// y [T, o] = x [T, i] W^T; q [o, i/2], scales [o, ng] (ng = ceil(i / group)). Returns 0, or -1 for bad
-// arguments (i odd, group odd or < 2, ng != ceil(i / group)).
-int toolchain_int4_linear(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
-                          int64_t ng, int64_t group, float* y) {
+// y [T, o] = x [T, i] W^T with x quantized per row and group (see the top of the file); q [o, i/2],
+// scales [o, ng] (ng = ceil(i / group)). Returns 0, or -1 for bad arguments (i odd, group odd or < 2,
+// ng != ceil(i / group)).
+int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
+                             int64_t ng, int64_t group, float* y) {
   if (in <= 0 || in % 2 || group < 2 || group % 2 || ng != (in + group - 1) / group || T < 0 || o < 0) return -1;
   const int64_t half = in / 2, gb = group / 2;
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<size_t>(2 * T * half));
-  float* even = scratch.data();
-  float* odd = even + T * half;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < half; ++j) {
-      even[t * half + j] = x[t * in + 2 * j];
-      odd[t * half + j] = x[t * in + 2 * j + 1];
-    }
+  thread_local QuantizedX a;
+  a.build(x, T, in, group, ng, 16 * 64);   // padded to whole VNNI blocks (16 groups of up to 64 bytes)
   for (int64_t t0 = 0; t0 < T; t0 += TT) {
-    const int64_t nt = std::min(TT, T - t0);
-    const float* xe[TT];
-    const float* xo[TT];
-    for (int64_t t = 0; t < nt; ++t) {
-      xe[t] = even + (t0 + t) * half;
-      xo[t] = odd + (t0 + t) * half;
-    }
     float* yt = y + t0 * o;
-    for (int64_t r = 0; r < o; ++r) {
-      const uint8_t* qr = q + r * half;
-      const float* sr = scales + r * ng;
-      switch (nt) {
-        case 4: row_dot<4>(xe, xo, qr, sr, half, gb, ng, yt + r, o); break;
-        case 3: row_dot<3>(xe, xo, qr, sr, half, gb, ng, yt + r, o); break;
-        case 2: row_dot<2>(xe, xo, qr, sr, half, gb, ng, yt + r, o); break;
-        default: row_dot<1>(xe, xo, qr, sr, half, gb, ng, yt + r, o); break;
-      }
+    switch (std::min(TT, T - t0)) {
+      case 4: rows<4>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
+      case 3: rows<3>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
+      case 2: rows<2>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
+      default: rows<1>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
     }
   }
   return 0;
@@ -232,9 +259,9 @@ using executorch::aten::Tensor;
 using executorch::runtime::Error;
 using executorch::runtime::KernelRuntimeContext;
 
-// toolchain::int4_linear.out(Tensor x, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out)
-Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& qweight, const Tensor& scales,
-                        int64_t group, Tensor& out) {
+// toolchain::int4_linear_a8.out(Tensor x, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out)
+Tensor& int4_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& qweight, const Tensor& scales,
+                           int64_t group, Tensor& out) {
   ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
                   qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
                   InvalidArgument, out);
@@ -249,14 +276,14 @@ Tensor& int4_linear_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor
   ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(x.dim())}) == Error::Ok,
                   InvalidArgument, out);
   const int64_t T = in ? x.numel() / in : 0;
-  const int rc = toolchain_int4_linear(x.const_data_ptr<float>(), T, in, qweight.const_data_ptr<uint8_t>(),
-                                       scales.const_data_ptr<float>(), o, scales.size(1), group,
-                                       out.mutable_data_ptr<float>());
+  const int rc = toolchain_int4_linear_a8(x.const_data_ptr<float>(), T, in, qweight.const_data_ptr<uint8_t>(),
+                                          scales.const_data_ptr<float>(), o, scales.size(1), group,
+                                          out.mutable_data_ptr<float>());
   ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
   return out;
 }
 
 }  // namespace
 
-EXECUTORCH_LIBRARY(toolchain, "int4_linear.out", int4_linear_out);
+EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
 #endif

@@ -11,13 +11,40 @@ from toolchain.export.program import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.export.targets import HOST_RUNNABLE
 from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["open_runner", "role_methods", "HOST_RUNNABLE"]
+__all__ = ["open_runner", "role_methods", "check_signatures", "HOST_RUNNABLE"]
 
 
 def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str]):
     from toolchain.runtime.executorch_runner import ExecutorchRunner
 
-    return ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads)
+    runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads)
+    check_signatures(pdir, runner.program, methods)
+    return runner
+
+
+# ExecuTorch's ScalarType codes of the manifest's dtypes (executorch/runtime/core/portable_type/scalar_type.h).
+_SCALAR_TYPES = {"uint8": 0, "int8": 1, "int64": 4, "float32": 6}
+
+
+def check_signatures(pdir: ProgramDir, program, methods: list[str]) -> None:
+    """Each loaded method of the .pte takes and returns what the manifest says (count, shapes, dtypes), so a
+    .pte of another program (its checksum forged) is one BadInput here, not `set_inputs() ... 0x10` at the
+    first call. `program` is the runtime's loaded Program (`metadata(name)` -> MethodMeta)."""
+    pte = pdir.program_file("executorch")
+    for name in methods:
+        spec, meta = pdir.info.methods[name], program.metadata(name)
+        for what, ios, count, tensor_meta in (("inputs", spec.inputs, meta.num_inputs(), meta.input_tensor_meta),
+                                              ("outputs", spec.outputs, meta.num_outputs(), meta.output_tensor_meta)):
+            if count != len(ios):
+                raise BadInput(f"{pte}: method {name} has {count} {what}, the manifest lists {len(ios)}: the .pte is "
+                               f"not this program's; re-export the program")
+            for i, io in enumerate(ios):
+                t = tensor_meta(i)
+                shape, dtype = tuple(t.sizes()), int(t.dtype())
+                if shape != tuple(io.shape) or dtype != _SCALAR_TYPES.get(io.dtype, dtype):
+                    raise BadInput(f"{pte}: method {name}'s {what[:-1]} {io.name} is {list(shape)} (dtype code "
+                                   f"{dtype}), the manifest says {list(io.shape)} {io.dtype}: the .pte is not this "
+                                   f"program's; re-export the program")
 
 
 def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str]):
@@ -48,7 +75,9 @@ def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False) -
 
 
 def _native_kernels() -> str | None:
-    """None when the native kernels are registered with the ExecuTorch runtime here, else why not."""
+    """None when the native kernels are registered with the ExecuTorch runtime here, else why not. (A
+    program's fused methods call exactly these: `ProgramDir` refuses a program whose method list, kernels
+    included, is not this toolchain's.)"""
     from toolchain.native import KernelUnavailable, load_kernels
 
     try:
@@ -69,10 +98,11 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
     a training run does not load the generation methods, whose arenas it would otherwise pay for).
 
     Generation on ExecuTorch loads the fused methods (`generate.fused`) when the native kernel builds and
-    loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock
-    ones, and the runner's `fused_unavailable` says why they were wanted but not loaded."""
+    loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock ones, and the runner's `fused_unavailable` says why
+    they were wanted but not loaded. The eager runner runs the stock methods unless `fused` is True (then
+    the fused ones, on the PyTorch reference of their kernel)."""
     if target == "eager":
-        methods = role_methods(pdir, use)
+        methods = role_methods(pdir, use, fused=fused is True and use in ("generate", "all"))
         return _loaded(_eager(pdir, threads, methods), methods, None)
     targets = pdir.targets
     if target is None:

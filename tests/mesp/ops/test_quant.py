@@ -107,3 +107,30 @@ def test_lora_linear_backward_on_a_quantized_weight_matches_autograd(kind, gen):
     grads = linear_backward(dy, saved)
     for got, want in zip((grads.dx, grads.lora.a, grads.lora.b), expected):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("t,o,i,group", [(1, 9, 64, 32), (3, 17, 130, 64), (5, 6, 96, 4), (2, 11, 200, 30)])
+def test_w4a8_differs_from_float_activations_by_at_most_half_an_activation_step(t, o, i, group, gen):
+    """The W4A8 op (generation's fused methods) against float activations on the same int4 weights (the
+    stock methods, training): rounding each activation to its group's int8 grid moves it by at most half a
+    step sa / 2, so |y_a8 - y| <= sum_g sa_g / 2 * sum_(k in g) |w_k| (exact values in float64: the
+    bound has no float slack to hide an off-by-one step or a wrong scale); and the op's float32 result
+    sits within float32 rounding of its exact value."""
+    from toolchain.mesp.ops.quant import _unpack_int4, int4_linear_a8_reference, quantize_activations
+
+    ng = -(-i // group)
+    w = torch.randn(o, ng * group, generator=gen)
+    qw = quantize(w, "int4", group)
+    q, scales = qw.q[:, :i // 2].contiguous(), qw.scale
+    x = torch.randn(t, i, generator=gen) * torch.exp2(torch.randint(-4, 5, (1, i), generator=gen).float())
+    a, sa = quantize_activations(x, group)
+    wf = (_unpack_int4(q, torch.float64) - 8) * scales.double().repeat_interleave(group, 1)[:, :i]   # [o, i]
+    xa = (a.double() * sa.double()[..., None]).reshape(t, -1)[:, :i]                               # [t, i]
+    assert bool(((xa - x.double()).abs() <= sa.double().repeat_interleave(group, 1)[:, :i] / 2 * (1 + 2 ** -20)).all())
+    y_float, y_a8 = x.double() @ wf.T, xa @ wf.T
+    w_abs = torch.nn.functional.pad(wf.abs(), (0, ng * group - i)).reshape(o, ng, group).sum(-1)   # [o, ng]
+    bound = (sa.double() / 2 * (1 + 2 ** -20)) @ w_abs.T                                           # [t, o]
+    assert bool(((y_a8 - y_float).abs() <= bound).all())
+    assert bool((bound > 0).all()) and not torch.equal(y_a8, y_float)
+    ref = int4_linear_a8_reference(x, q, scales, group).double()
+    torch.testing.assert_close(ref, y_a8, rtol=1e-5, atol=1e-5 * float(y_a8.abs().max()))

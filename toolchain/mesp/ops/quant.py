@@ -17,10 +17,14 @@ matmul that needs it, in forward and again in backward; it is never saved. Matmu
 
 Generation reads every int4 weight once per token, where dequantizing it costs more than the matmul
 (docs/benchmarks.md). Within `fused_int4()` an int4 `x W^T` is one call of the custom op
-`toolchain::int4_linear(x, qweight, scales, group)`, which multiplies the packed weight in place: its
-ExecuTorch kernel is toolchain/native/int4_linear.cpp; its PyTorch implementation here
-(`int4_linear_reference`, dequantize then `linear`) is the reference the kernel is tested against and what
-eager and tracing run. The op is registered with PyTorch when this module is imported.
+`toolchain::int4_linear_a8(x, qweight, scales, group)`, which multiplies the packed weight in place with x
+quantized to int8 per row and group (W4A8: what ExecuTorch's own 8da4w LLM programs compute; integer dot
+products, 64 per instruction on AVX-512 VNNI): its ExecuTorch kernel is toolchain/native/int4_linear.cpp;
+its PyTorch implementation here (`int4_linear_a8_reference`) defines it, is what eager generation runs, and
+is the reference the kernel is tested against. The stock generation methods (a runtime without the kernel)
+and the training step keep float32 activations (`dequantize` + `linear`); the activations' int8 rounding
+costs the demo model +0.0x in held-out loss (docs/benchmarks.md). The op is registered with PyTorch when
+this module is imported.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from torch import Tensor
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "executorch_kernels", "fused_int4", "dense", "matmul_xwt",
            "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
-           "int4_linear_reference", "INT4_LINEAR_OP"]
+           "int4_linear_a8_reference", "quantize_activations", "INT4_LINEAR_OP"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -111,7 +115,7 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
         return F.linear(x, w)                                                          # [T, o]
     if _FUSED_INT4 and w.bits == 4:
         group = 2 * w.q.shape[1] // w.scale.shape[1]
-        return torch.ops.toolchain.int4_linear(x, w.q, w.scale, group)                # [T, o], W read in place
+        return torch.ops.toolchain.int4_linear_a8(x, w.q, w.scale, group)             # [T, o], W read in place
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
@@ -174,36 +178,57 @@ def fused_int4() -> Iterator[None]:
         _FUSED_INT4 = previous
 
 
-def int4_linear_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:
-    """x W^T for int4 W (qweight [o, i/2], scales [o, ceil(i / group)]; the last group may be partial):
-    W dequantized (w = (n - 8) * s, as `dequantize`), then `linear`. Returns [..., o]."""
+def quantize_activations(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    """x [T, i] float32 -> (a [T, ng, group] int8 values as float32, zero-padded past i; sa [T, ng]):
+    per row and group of `group` columns (the last may be partial) sa = max|x| / 127, a = round(x / sa)
+    (ties to even) in [-127, 127], 0 where sa is 0 (and where x / sa is not a number)."""
+    t, i = x.shape
+    ng = -(-i // group)
+    xg = F.pad(x, (0, ng * group - i)).reshape(t, ng, group)
+    sa = xg.abs().amax(-1) / 127.0                                                      # [T, ng]
+    a = torch.where(sa[..., None] > 0, torch.round(xg / sa[..., None]), 0.0)
+    return torch.nan_to_num(a, nan=0.0).clamp(-127, 127), sa
+
+
+def int4_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:
+    """x W^T for int4 W (qweight [o, i/2], scales [o, ng], ng = ceil(i / group); the last group may be
+    partial) with x quantized per row and group (`quantize_activations`): per group the exact integer
+    sum isum = sum_k a_k (n_k - 8), then y = sum_g isum_g * (sw_g * sa_g) in float32. Returns [..., o].
+    The native kernel computes the same integer sums and adds the groups in its own fixed order."""
     o, half = qweight.shape
-    n = _unpack_int4(qweight, scales.dtype) - 8                                        # [o, i]
-    s = scales.repeat_interleave(group, dim=1)[:, :2 * half]                           # [o, i]
-    return F.linear(x, n * s)
+    lead, i = x.shape[:-1], x.shape[-1]
+    ng = scales.shape[1]
+    a, sa = quantize_activations(x.reshape(-1, i).float(), group)                      # [T, ng, G], [T, ng]
+    rows = []
+    for r0 in range(0, o, 4096):                                                        # [<=4096, i] at a time
+        n = _unpack_int4(qweight[r0:r0 + 4096], torch.float64) - 8
+        n = F.pad(n, (0, ng * group - i)).reshape(-1, ng, group)                        # [o', ng, G]
+        isum = torch.einsum("tgk,ogk->tog", a.double(), n).float()                      # exact integers
+        rows.append((isum * (scales[r0:r0 + 4096][None] * sa[:, None, :])).sum(-1))     # [T, o']
+    return torch.cat(rows, dim=1).reshape(*lead, o).to(x.dtype)
 
 
-INT4_LINEAR_OP = "toolchain::int4_linear"
+INT4_LINEAR_OP = "toolchain::int4_linear_a8"
 
 
 def _register_int4_linear() -> torch.library.Library:
-    """`toolchain::int4_linear` and its out variant (what ExecuTorch's `to_executorch` calls, and what
+    """`toolchain::int4_linear_a8` and its out variant (what ExecuTorch's `to_executorch` calls, and what
     the native kernel implements), with the reference as their CPU implementation and shapes for
     tracing."""
     lib = torch.library.Library("toolchain", "DEF")
-    lib.define("int4_linear(Tensor x, Tensor qweight, Tensor scales, int group) -> Tensor")
-    lib.define("int4_linear.out(Tensor x, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out) -> Tensor(a!)")
+    lib.define("int4_linear_a8(Tensor x, Tensor qweight, Tensor scales, int group) -> Tensor")
+    lib.define("int4_linear_a8.out(Tensor x, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out) -> Tensor(a!)")
 
     def out_variant(x, qweight, scales, group, *, out):
-        out.copy_(int4_linear_reference(x, qweight, scales, group))
+        out.copy_(int4_linear_a8_reference(x, qweight, scales, group))
         return out
 
     def shape_only(x, qweight, scales, group):
         return x.new_empty((*x.shape[:-1], qweight.shape[0]))
 
-    lib.impl("int4_linear", int4_linear_reference, "CompositeExplicitAutograd")
-    lib.impl("int4_linear.out", out_variant, "CompositeExplicitAutograd")
-    lib.impl("int4_linear", shape_only, "Meta")
+    lib.impl("int4_linear_a8", int4_linear_a8_reference, "CompositeExplicitAutograd")
+    lib.impl("int4_linear_a8.out", out_variant, "CompositeExplicitAutograd")
+    lib.impl("int4_linear_a8", shape_only, "Meta")
     return lib
 
 
