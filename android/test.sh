@@ -122,7 +122,7 @@ check android-xml python3 -c 'import sys, xml.dom.minidom as m; [m.parse(f) for 
 # The generation kernel as the app links it (android/native/CMakeLists.txt): built with this host's C++
 # compiler against the .venv's executorch headers (the exporter's version) and linked --whole-archive, as
 # ExecuTorch's JNI library links EXECUTORCH_JNI_CUSTOM_LIBRARY, against its libexecutorch.so: the registry has
-# toolchain::int4_linear.out and the kernel computes; linked plainly, the registry lacks it. Then the same
+# toolchain::int4_linear_a8.out and the kernel computes; linked plainly, the registry lacks it. Then the same
 # static library cross-compiled for arm64 (aarch64-linux-gnu-g++, when installed: scripts/check_kernel_arm64.sh
 # installs it) with the registration object in it. Not the NDK's clang (not installable here): see
 # docs/android.md, "The generation kernel". Skipped, and logged, without cmake, a C++ compiler or the .venv.
@@ -137,7 +137,7 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
             -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
             -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' && cmake --build '$BUILD/kernels-arm64' \
             && aarch64-linux-gnu-nm -C '$BUILD/kernels-arm64/libtoolchain_kernels.a' > '$BUILD/kernels-arm64/nm.txt' \
-            && grep -q ' T toolchain_int4_linear\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' T toolchain_int4_linear_a8\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q '_GLOBAL__sub_I_int4_linear' '$BUILD/kernels-arm64/nm.txt'" || true
     else

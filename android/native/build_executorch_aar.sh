@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the executorch-android AAR from source with the generation kernel (toolchain::int4_linear.out,
+# Build the executorch-android AAR from source with the generation kernel (toolchain::int4_linear_a8.out,
 # toolchain/native/int4_linear.cpp) registered in its libexecutorch.so, for the app's -PexecutorchAar.
 #
 #   ANDROID_NDK=/path/to/ndk ANDROID_SDK=/path/to/sdk \
@@ -77,7 +77,7 @@ ANDROID_NDK="$NDK" ANDROID_ABIS="$ABI" BUILD_AAR_DIR="$OUT" bash scripts/build_a
 # 4. The kernel's name (a string of its registration) is in the JNI library the AAR packs.
 so="cmake-out-android-so/$ABI/libexecutorch.so"
 [ -f "$so" ] || die "no $ET/$so"
-grep -aq "int4_linear.out" "$so" || die "$so does not contain the kernel (toolchain::int4_linear.out): was EXECUTORCH_JNI_CUSTOM_LIBRARY linked?"
+grep -aq "int4_linear_a8.out" "$so" || die "$so does not contain the kernel (toolchain::int4_linear_a8.out): was EXECUTORCH_JNI_CUSTOM_LIBRARY linked?"
 [ -f "$OUT/executorch.aar" ] || die "no $OUT/executorch.aar"
-echo "built $OUT/executorch.aar with toolchain::int4_linear.out ($ABI)"
+echo "built $OUT/executorch.aar with toolchain::int4_linear_a8.out ($ABI)"
 echo "build the app with it: ./gradlew :app:assembleDebug -PexecutorchAar=$OUT/executorch.aar"

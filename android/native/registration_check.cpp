@@ -1,5 +1,5 @@
 // Host check of how the app links the generation kernel (android/native/CMakeLists.txt, run by
-// android/test.sh): is `toolchain::int4_linear.out` in the ExecuTorch kernel registry of this process, and
+// android/test.sh): is `toolchain::int4_linear_a8.out` in the ExecuTorch kernel registry of this process, and
 // does the registered kernel compute? `registration_check_whole` links libtoolchain_kernels.a with
 // --whole-archive as ExecuTorch's JNI library does (EXECUTORCH_JNI_CUSTOM_LIBRARY) and must find and run
 // it (argument "present"); `registration_check_plain` links it plainly and must not find it ("absent"):
@@ -19,7 +19,7 @@ using executorch::runtime::KernelRuntimeContext;
 using executorch::runtime::etensor::TensorImpl;
 
 int main(int argc, char** argv) {
-  const char* op = "toolchain::int4_linear.out";
+  const char* op = "toolchain::int4_linear_a8.out";
   const bool want = argc > 1 && std::strcmp(argv[1], "present") == 0;
   const bool has = executorch::runtime::registry_has_op_function(op);
   std::printf("%s: %s\n", op, has ? "registered" : "not registered");

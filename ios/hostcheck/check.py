@@ -10,7 +10,7 @@ state sha256, the final state, the eval loss and the generated ids equal the tra
 Python bindings' runtime, one shared arena, with the stock generation methods), and the number of calls.
 
 Two builds of module_check, both with the app's kernel probe (ios/App/Sources/Kernels/ToolchainKernels.cpp):
-  stock (default): the app's ExecuTorch kernel set only; the probe must say toolchain::int4_linear.out is
+  stock (default): the app's ExecuTorch kernel set only; the probe must say toolchain::int4_linear_a8.out is
     missing, and only the stock methods are loaded (a fused method would not load without its kernel);
   --fused: also toolchain/native/int4_linear.cpp (the toolchain's flags), as the app target compiles it;
     the probe must say registered, the fused generation methods (generate.fused) are loaded instead of
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 DTYPES = {0: np.float32, 1: np.int64, 2: np.uint8, 3: np.int8}
 
 
-KERNEL = "toolchain::int4_linear.out"
+KERNEL = "toolchain::int4_linear_a8.out"
 KERNELS_DIR = ROOT / "ios/App/Sources/Kernels"     # the app's kernel probe (and its header)
 
 

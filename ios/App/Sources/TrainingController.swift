@@ -287,6 +287,9 @@ final class TrainingController: ObservableObject {
         _ = takeStopRequest()
         var record = run
         record.status = nil
+        // The run id, chosen before anything can fail: a failure before the session starts is sent under it
+        // (StartFailure), and the session started next uses it (a checkpoint's own id wins on a resume).
+        record.runId = StartFailure.runId(saved: run.runId)
         try? record.save(to: paths.latestRun)
         savedRun = record
         // the saved run's settings (a resume keeps its layers per checkpoint, whatever the toggle says now)
@@ -301,7 +304,8 @@ final class TrainingController: ObservableObject {
                 status = try Self.train(started, settings: settings, paths: paths, monitor: monitor, model: model,
                                         background: background, gate: gate, controller: self)
             } catch {
-                // the message and ExecuTorch's own log lines (a failed step has sent them as an `error` event)
+                // the message and ExecuTorch's own log lines (sent as an `error` event: by the session once it has
+                // started, by StartFailure before)
                 let text = ErrorReport.screenText(for: error, log: ExecuTorchLog.shared.ring.recent(8))
                 DispatchQueue.main.async { model.setPhase(.failed, text) }
             }
@@ -324,44 +328,63 @@ final class TrainingController: ObservableObject {
     private nonisolated static func train(_ run: SavedRun, settings: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
                                           model: TrainingViewModel, background: Bool, gate: BackgroundRunGate?,
                                           controller: TrainingController?) throws -> RunStatus {
-        func phase(_ text: String) { DispatchQueue.main.async { model.setPhase(.loading, text) } }
+        let lastPhase = PhaseBox()
+        func phase(_ text: String) { lastPhase.set(text); DispatchQueue.main.async { model.setPhase(.loading, text) } }
         let dir = paths.programs.appendingPathComponent(run.program)
-        let manifest = try LoopManifest.load(directory: dir)
-        // once per import (keyed on the manifest's checksums): a program pushed with devicectl is hashed
-        // on its first start, an imported one never again
-        if !ProgramVerification.isVerified(directory: dir, manifest: manifest) {
-            var shown = -1
-            try ProgramVerification.verify(directory: dir, manifest: manifest) { done, total in
-                let pct = total > 0 ? done * 100 / total : 100
-                if pct != shown { shown = pct; phase("Verifying \(run.program) (once per import): \(pct)%") }
-            }
-        }
-        phase("Opening the weights and the \(run.backend == "coreml" ? "Core ML" : "ExecuTorch") program")
-        let runtime = try makeRuntime(backend: run.backend, directory: dir, manifest: manifest)
+        let runId = StartFailure.runId(saved: run.runId)
+        // The sinks first: a failure from here to the session's start is sent as an `error` event of `runId`.
         let log = TelemetryLog(url: paths.telemetryLog)
         let endpoint = settings.telemetryURL.isEmpty ? nil : URL(string: settings.telemetryURL)
-        let queue = try endpoint.map { _ in try TelemetryQueue(directory: paths.telemetryQueue) }
+        let queue = endpoint.flatMap { _ in try? TelemetryQueue(directory: paths.telemetryQueue) }
         var sinks: [TelemetrySink] = [log]
         if let queue { sinks.append(queue) }
-        let budget = UInt64(run.budgetMB) << 20
-        let footprint = FootprintProbe()
-        let session = try TrainingSession(
-            programDirectory: dir, programName: run.program, runtime: runtime, data: run.data, config: run.config,
-            device: DeviceFacts.info(budgetBytes: budget, background: background),
-            checkpoint: CheckpointStore(url: paths.checkpoint(program: run.program)), telemetry: sinks,
-            usedSeq: { runId in max(log.nextSeq(runId: runId), queue?.nextSeq(runId: runId) ?? 0) },
-            probes: MemoryProbes(footprint: footprint, available: AvailableProbe(monitor: monitor), pressure: { monitor.level }),
-            // the planned peak counts the checkpoints this run keeps at once (LCSB k, checkpoint groups)
-            budget: BudgetGuard(budgetBytes: budget,
-                                plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + run.config.plannedPeakBytes(manifest: manifest, target: run.backend)))
-        session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
-        session.onStartPhase = { phase($0) }
-        session.runtimeLog = ExecuTorchLog.shared.ring
-        controller?.current = session
+        let usedSeq: (String) -> Int = { runId in max(log.nextSeq(runId: runId), queue?.nextSeq(runId: runId) ?? 0) }
+        var opened: TrainingSession?
+        let (session, resumed) = try StartFailure.reporting(
+            runId: runId, phase: { lastPhase.get() }, sinks: { sinks }, usedSeq: usedSeq,
+            log: { ExecuTorchLog.shared.ring.recent(ErrorReport.maxLogLines) }, started: { opened?.recorder != nil },
+            sent: {
+                // as at a session's end: retry with backoff before leaving the event for next time
+                if let endpoint, let queue {
+                    _ = try? TelemetryUploader(queue: queue, endpoint: endpoint, token: settings.telemetryToken,
+                                               transport: URLSessionTransport(), maxAttempts: 5).flush()
+                }
+            }) { () throws -> (TrainingSession, Bool) in
+            phase("Opening \(run.program)")
+            if endpoint != nil && queue == nil { throw TrainerError.io("cannot open the telemetry queue in \(paths.telemetryQueue.path)") }
+            let manifest = try LoopManifest.load(directory: dir)
+            // once per import (keyed on the manifest's checksums): a program pushed with devicectl is hashed
+            // on its first start, an imported one never again
+            if !ProgramVerification.isVerified(directory: dir, manifest: manifest) {
+                var shown = -1
+                try ProgramVerification.verify(directory: dir, manifest: manifest) { done, total in
+                    let pct = total > 0 ? done * 100 / total : 100
+                    if pct != shown { shown = pct; phase("Verifying \(run.program) (once per import): \(pct)%") }
+                }
+            }
+            phase("Opening the weights and the \(run.backend == "coreml" ? "Core ML" : "ExecuTorch") program")
+            let runtime = try makeRuntime(backend: run.backend, directory: dir, manifest: manifest)
+            let budget = UInt64(run.budgetMB) << 20
+            let footprint = FootprintProbe()
+            let session = try TrainingSession(
+                programDirectory: dir, programName: run.program, runtime: runtime, data: run.data, config: run.config,
+                device: DeviceFacts.info(budgetBytes: budget, background: background),
+                checkpoint: CheckpointStore(url: paths.checkpoint(program: run.program)), telemetry: sinks,
+                usedSeq: usedSeq,
+                probes: MemoryProbes(footprint: footprint, available: AvailableProbe(monitor: monitor), pressure: { monitor.level }),
+                // the planned peak counts the checkpoints this run keeps at once (LCSB k, checkpoint groups)
+                budget: BudgetGuard(budgetBytes: budget,
+                                    plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + run.config.plannedPeakBytes(manifest: manifest, target: run.backend)))
+            opened = session
+            session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
+            session.onStartPhase = { phase($0) }
+            session.runtimeLog = ExecuTorchLog.shared.ring
+            controller?.current = session
+            return (session, try session.start(runId: runId))
+        }
         let uploader = queue.flatMap { q in
             endpoint.map { TelemetryUploader(queue: q, endpoint: $0, token: settings.telemetryToken, transport: URLSessionTransport(), maxAttempts: 1) }
         }
-        let resumed = try session.start()
         if !resumed && !session.data.heldOut.isEmpty {
             DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss before training") }
             do { try session.evaluate(initial: true) } catch { session.reportError(error, fatal: true); try? session.finish(status: .failed, message: "\(error)"); throw error }
@@ -574,4 +597,12 @@ final class TrainingController: ObservableObject {
 /// Hands a value from an async task to the thread waiting for it (guarded by the semaphore).
 private final class ResultBox: @unchecked Sendable {
     var result: Result<LoopRuntime, Error> = .failure(TrainerError.runtime("Core ML did not load"))
+}
+
+/// The last start phase shown (set on the work queue, read there when a start fails).
+private final class PhaseBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var text: String?
+    func set(_ t: String) { lock.lock(); text = t; lock.unlock() }
+    func get() -> String? { lock.lock(); defer { lock.unlock() }; return text }
 }

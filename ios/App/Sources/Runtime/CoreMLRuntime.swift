@@ -127,12 +127,16 @@ final class CoreMLRuntime: LoopRuntime {
         let arrays = try spec.outputs.map { try Self.output($0, of: method, model: model, out: out) }
         for (array, (o, dst)) in zip(arrays, zip(spec.outputs, outputs)) {
             let n = array.shape.map(\.intValue).reduce(1, *)
-            guard n == o.count, n * 4 == dst.bytes.count else {
+            guard n == o.count, n * 4 == dst.byteCount else {
                 throw TrainerError.runtime("\(method) returned \(n) values for \(o.name), the manifest says \(o.shape)")
             }
         }
         for (array, (o, dst)) in zip(arrays, zip(spec.outputs, outputs)) {
-            try Self.read(array, name: o.name, into: dst.bytes.bindMemory(to: Float.self))
+            // Each contiguous run of the destination (all of it, or a KV-cache output's rows per head) read
+            // straight from the array: the one copy.
+            try dst.forEachSegment { offset, run in
+                try Self.read(array, name: o.name, from: offset / 4, into: run.bindMemory(to: Float.self))
+            }
         }
     }
 
@@ -218,7 +222,8 @@ final class CoreMLRuntime: LoopRuntime {
 
     /// The values of an output in row-major order into `out` (its element count), whatever the
     /// array's strides and float type.
-    static func read(_ array: MLMultiArray, name: String, into out: UnsafeMutableBufferPointer<Float>) throws {
+    /// Values `first ..< first + out.count` of `array` in row-major order (its own strides) into `out`.
+    static func read(_ array: MLMultiArray, name: String, from first: Int = 0, into out: UnsafeMutableBufferPointer<Float>) throws {
         let shape = array.shape.map(\.intValue), strides = array.strides.map(\.intValue)
         let read: (UnsafeRawPointer, Int) -> Float
         switch array.dataType {
@@ -227,10 +232,16 @@ final class CoreMLRuntime: LoopRuntime {
         case .float16: read = { halfToFloat($0.load(fromByteOffset: 2 * $1, as: UInt16.self)) }
         default: throw TrainerError.runtime("Core ML output \(name) has data type \(array.dataType.rawValue), not a float")
         }
-        let n = min(shape.reduce(1, *), out.count)
+        let n = max(0, min(shape.reduce(1, *) - first, out.count))
         array.withUnsafeBytes { raw in
             guard let base = raw.baseAddress else { return }
+            // the multi-index of value `first`
             var index = [Int](repeating: 0, count: shape.count)
+            var rest = first
+            for d in stride(from: shape.count - 1, through: 0, by: -1) where shape[d] > 0 {
+                index[d] = rest % shape[d]
+                rest /= shape[d]
+            }
             for i in 0..<n {
                 out[i] = read(base, zip(index, strides).reduce(0) { $0 + $1.0 * $1.1 })
                 var d = shape.count - 1

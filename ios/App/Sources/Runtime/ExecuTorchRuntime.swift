@@ -14,7 +14,7 @@ import TrainerCore
 /// loop copies into its state slice / activation at once.
 ///
 /// Native kernels: the app target compiles toolchain/native/int4_linear.cpp (project.yml), whose static
-/// initializer registers `toolchain::int4_linear.out` with the ExecuTorch runtime the Module runs on.
+/// initializer registers `toolchain::int4_linear_a8.out` with the ExecuTorch runtime the Module runs on.
 /// `registeredKernels` asks the kernel registry (ToolchainKernels.cpp, through the bridging header)
 /// about every kernel the manifest's fused methods need; with all of them the loop calls the fused
 /// generation methods (`generate.fused`), else the stock ones (a fused method would fail to load).
@@ -71,23 +71,22 @@ final class ExecuTorchRuntime: LoopRuntime {
         try run(method, inputs).map { t in t.withUnsafeBytes { Data(buffer: $0) } }
     }
 
-    /// Each output copied once, out of the method's planned arena into the loop's buffer for it (a state
-    /// entry's slice of the state array, a pooled activation buffer): the one copy. Writing into the
-    /// loop's memory in place (`Module.setOutput`) would need programs exported with outputs outside
-    /// the memory plan, and an output may be one of the call's inputs (block_backward's params), so
+    /// Each output copied once, out of the method's planned arena into the loop's memory for it (a state
+    /// entry's slice of the state array, a pooled activation buffer, the rows of the layer's KV cache):
+    /// the one copy (`LoopOutput.write(from:)`, one memcpy per contiguous run). Writing into the loop's
+    /// memory in place (`Module.setOutput`) would need programs exported with outputs outside the memory
+    /// plan, and an output may be one of the call's inputs (block_backward's params, the cache rows), so
     /// the copy is made after `execute` returns.
     func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
         let tensors = try run(method, inputs)
         guard tensors.count == outputs.count else {
             throw TrainerError.runtime("\(method) returned \(tensors.count) outputs, the loop expects \(outputs.count); re-export the program")
         }
-        for (t, o) in zip(tensors, outputs) where t.count * 4 != o.bytes.count {
+        for (t, o) in zip(tensors, outputs) where t.count * 4 != o.byteCount {
             throw TrainerError.runtime("\(method) returned \(t.count * 4) bytes for \(o.name), the manifest says \(o.dtype)\(o.shape); re-export the program")
         }
         for (t, o) in zip(tensors, outputs) {
-            t.withUnsafeBytes { src in
-                if let from = src.baseAddress, let to = o.bytes.baseAddress { to.copyMemory(from: from, byteCount: o.bytes.count) }
-            }
+            try t.withUnsafeBytes { src in try o.write(from: UnsafeRawBufferPointer(src)) }
         }
     }
 
@@ -126,7 +125,7 @@ final class ExecuTorchRuntime: LoopRuntime {
 
     /// Whether the native int4 kernel is linked into this app (what the screen reports).
     static var int4KernelRegistered: Bool { !kernelsRegistered([int4Kernel]).isEmpty }
-    static let int4Kernel = "toolchain::int4_linear.out"
+    static let int4Kernel = "toolchain::int4_linear_a8.out"
 
     /// A tensor over the input's bytes, no copy.
     static func tensor(_ v: LoopInput) throws -> ValueConvertible {

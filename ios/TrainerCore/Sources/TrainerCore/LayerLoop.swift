@@ -110,6 +110,16 @@ public final class BufferPool: @unchecked Sendable {
         return b
     }
 
+    /// Whether `address` lies inside one of the pool's buffers (what the tests check a destination against).
+    public func owns(address: Int) -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return buffers.values.contains { list in list.contains { b in
+            let start = Int(bitPattern: b.raw.baseAddress)
+            return address >= start && address < start + b.raw.count
+        } }
+    }
+
     /// Bytes of every buffer the pool holds (idle or in use).
     public var bytes: Int { lock.lock(); defer { lock.unlock() }; return buffers.reduce(0) { $0 + $1.key * $1.value.count } }
 
@@ -233,15 +243,88 @@ public struct LoopInput {
     public let bytes: UnsafeRawBufferPointer
 }
 
-/// Where one output of a call goes: the loop's own memory (a state entry's slice of the state array,
-/// a pooled activation buffer, a pooled scratch for KV-cache rows), exactly the output's byte count.
-/// Valid for the length of the call only.
+/// Where one output of a call goes: the loop's own memory (a state entry's slice of the state array, a
+/// pooled activation buffer, or the rows of a layer's KV cache), so the runtime's copy out of its arena
+/// is the only one. Valid for the length of the call only.
+///
+/// A contiguous destination (`bytes`) takes all `byteCount` bytes. A KV-cache output [Hk, n, D] (a
+/// prefill chunk's, or decode's one row) goes to rows pos ..< pos + n of each head of the layer's cache
+/// [Hk, S, D], rows at or past S (the padding of a last chunk that reaches the end of the cache) dropped,
+/// as the host's `LayerLoop._call` does: `cacheRows`, Hk strided segments. Runtimes write with
+/// `write(from:)` (one memcpy per segment) or walk `forEachSegment` (Core ML's element reads).
 public struct LoopOutput {
     public let name: String
     public let bind: LoopManifest.IO.Bind
+    /// The state entry, activation or cache the output is bound to (`{layer}` replaced).
+    public let ref: String
     public let dtype: String
     public let shape: [Int]
-    public let bytes: UnsafeMutableRawBufferPointer
+    /// What the runtime produces for it: the manifest's dtype and shape, in bytes.
+    public let byteCount: Int
+    private let base: UnsafeMutableRawBufferPointer
+    /// Set for a KV-cache output: where its rows go in the layer's cache.
+    public let cacheRows: CacheRows?
+
+    /// Rows [heads, rows, rowBytes] of an output written at row `pos` of a cache [heads, cacheRows, rowBytes].
+    public struct CacheRows: Equatable {
+        public let heads: Int
+        public let rows: Int
+        public let rowBytes: Int
+        public let cacheRows: Int
+        public let pos: Int
+        /// The rows stored (the others lie past the end of the cache).
+        public var kept: Int { max(0, min(rows, cacheRows - pos)) }
+    }
+
+    /// A contiguous destination of exactly the output's size.
+    public init(name: String, bind: LoopManifest.IO.Bind, ref: String = "", dtype: String, shape: [Int], bytes: UnsafeMutableRawBufferPointer) {
+        (self.name, self.bind, self.ref, self.dtype, self.shape) = (name, bind, ref, dtype, shape)
+        (byteCount, base, cacheRows) = (bytes.count, bytes, nil)
+    }
+
+    /// A KV-cache output [Hk, n, D] written straight into `cache` [Hk, S, D] at row `pos` (checked: the
+    /// shapes agree, with S = `cacheRows` when given, else from the cache's size; 0 <= pos < S; else the
+    /// error names `what`).
+    public init(name: String, bind: LoopManifest.IO.Bind, ref: String, dtype: String, shape: [Int], byteCount: Int,
+                cache: UnsafeMutableRawBufferPointer, cacheRows: Int? = nil, pos: Int?, what: String) throws {
+        guard shape.count == 3, dtype == "float32" else { throw TrainerError.runtime("\(what) has shape \(dtype)\(shape), not float32 [Hk, C, D]") }
+        let (hk, n, dim) = (shape[0], shape[1], shape[2])
+        guard hk > 0, dim > 0, byteCount == 4 * hk * n * dim, cache.count % (4 * hk * dim) == 0,
+              cacheRows.map({ cache.count == 4 * hk * $0 * dim }) ?? true else {
+            throw TrainerError.runtime("\(what) \(shape) does not fit the KV cache of \(cache.count) bytes; re-export the program")
+        }
+        let s = cache.count / (4 * hk * dim)
+        guard let pos, pos >= 0, pos < s else { throw TrainerError.runtime("\(what): row \(pos ?? -1) is outside the cache of \(s)") }
+        (self.name, self.bind, self.ref, self.dtype, self.shape) = (name, bind, ref, dtype, shape)
+        (self.byteCount, base) = (byteCount, cache)
+        self.cacheRows = CacheRows(heads: hk, rows: n, rowBytes: 4 * dim, cacheRows: s, pos: pos)
+    }
+
+    /// The contiguous destination (nil for KV-cache rows: use `write(from:)` or `forEachSegment`).
+    public var bytes: UnsafeMutableRawBufferPointer? { cacheRows == nil ? base : nil }
+
+    /// The bytes `write(from:)` stores: all of them, or a cache output's kept rows.
+    public var storedBytes: Int { cacheRows.map { $0.heads * $0.kept * $0.rowBytes } ?? byteCount }
+
+    /// Each contiguous run of the destination, with the byte offset in the runtime's output it takes its
+    /// bytes from (in order; one run for a contiguous destination, one per head for cache rows).
+    public func forEachSegment(_ body: (_ sourceOffset: Int, _ destination: UnsafeMutableRawBufferPointer) throws -> Void) rethrows {
+        guard let c = cacheRows else { try body(0, base); return }
+        let run = c.kept * c.rowBytes
+        guard run > 0, let b = base.baseAddress else { return }
+        for h in 0..<c.heads {
+            try body(h * c.rows * c.rowBytes, UnsafeMutableRawBufferPointer(start: b + (h * c.cacheRows + c.pos) * c.rowBytes, count: run))
+        }
+    }
+
+    /// The one copy: the runtime's output (`byteCount` bytes, row-major) into the destination.
+    public func write(from source: UnsafeRawBufferPointer) throws {
+        guard source.count == byteCount else {
+            throw TrainerError.runtime("\(name): \(source.count) bytes, the manifest says \(dtype)\(shape); re-export the program")
+        }
+        guard let from = source.baseAddress else { return }
+        forEachSegment { offset, dst in dst.baseAddress!.copyMemory(from: from + offset, byteCount: dst.count) }
+    }
 
     /// Copies `data` (a runtime's outputs, in the manifest's order) into `outputs`, after checking
     /// every count and size first (nothing is written on a mismatch).
@@ -249,11 +332,11 @@ public struct LoopOutput {
         guard data.count == outputs.count else {
             throw TrainerError.runtime("\(method) returned \(data.count) outputs, the manifest lists \(outputs.count); re-export the program")
         }
-        for (d, o) in zip(data, outputs) where d.count != o.bytes.count {
+        for (d, o) in zip(data, outputs) where d.count != o.byteCount {
             throw TrainerError.runtime("\(method) returned \(d.count) bytes for \(o.name), the manifest says \(o.dtype)\(o.shape); re-export the program")
         }
         for (d, o) in zip(data, outputs) where d.count > 0 {
-            d.withUnsafeBytes { o.bytes.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: d.count) }
+            try d.withUnsafeBytes { try o.write(from: $0) }
         }
     }
 }
@@ -267,7 +350,7 @@ public struct LoopOutput {
 public protocol LoopRuntime: AnyObject {
     var backendName: String { get }
     /// Custom kernels registered with this runtime beyond its stock operators (ExecuTorch:
-    /// `toolchain::int4_linear.out` when the app links toolchain/native/int4_linear.cpp). Generation
+    /// `toolchain::int4_linear_a8.out` when the app links toolchain/native/int4_linear.cpp). Generation
     /// calls the manifest's fused methods (`generate.fused`) when it has all of theirs
     /// (`LoopManifest.generationMethods(registeredKernels:)`). Default: none.
     var registeredKernels: Set<String> { get }
@@ -387,58 +470,37 @@ public final class LayerLoop {
             }
             inputs.append(LoopInput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: bytes))
         }
-        // Where each output goes: state outputs into their slices of the state array (the runtime's one
-        // copy is the only one), activations into pooled buffers the caller keeps, KV-cache rows into a
-        // pooled scratch copied into the layer's cache below.
+        // Where each output goes: state outputs into their slices of the state array, activations into
+        // pooled buffers the caller keeps, KV-cache rows into the layer's cache at rows pos ..< pos + C:
+        // the runtime's one copy is the only one.
         var outputs: [LoopOutput] = []
         outputs.reserveCapacity(m.outputs.count)
         var kept: [String: HostBuffer] = [:]
-        var scratch: [(io: LoopManifest.IO, ref: String, buffer: HostBuffer)] = []
         for io in m.outputs {
             let ref = io.ref(layer: layer, placeholder: ph)
-            let dst: UnsafeMutableRawBufferPointer
             switch io.bind {
             case .state:
                 let v = try state.view(ref)
                 guard v.count * 4 == io.byteCount else {
                     throw TrainerError.badInput("\(m.name) output \(io.name) (\(ref)) is \(io.dtype)\(io.shape), its state entry holds \(v.count) values; re-export the program")
                 }
-                dst = UnsafeMutableRawBufferPointer(v)
+                outputs.append(LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: UnsafeMutableRawBufferPointer(v)))
             case .cache:
-                guard cache?[ref] != nil else { throw TrainerError.runtime("\(m.name) output \(io.name): no cache \(ref)") }
-                let b = buffers.take(byteCount: io.byteCount)
-                scratch.append((io, ref, b))
-                dst = b.raw
+                guard let target = cache?[ref] else { throw TrainerError.runtime("\(m.name) output \(io.name): no cache \(ref)") }
+                // S from the method's own cache input of that ref ([Hk, S, D]), else from the cache's size
+                let rows = m.inputs.first { $0.bind == .cache && $0.ref == io.ref }.flatMap { $0.shape.count == 3 ? $0.shape[1] : nil }
+                outputs.append(try LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, byteCount: io.byteCount,
+                                              cache: target.raw, cacheRows: rows, pos: pos, what: "\(m.name) \(io.name)"))
             default:
                 let b = buffers.take(byteCount: io.byteCount)
                 kept[io.ref] = b
-                dst = b.raw
+                outputs.append(LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: b.raw))
             }
-            outputs.append(LoopOutput(name: io.name, bind: io.bind, dtype: io.dtype, shape: io.shape, bytes: dst))
         }
         gate.lock()
         defer { gate.unlock() }
         try runtime.execute(method: m.name, layer: layer, inputs: inputs, into: outputs)
-        for (io, ref, b) in scratch {
-            try write(cache: cache![ref]!, output: b.bytes, shape: io.shape, pos: pos, what: "\(m.name) \(io.name)")
-        }
         return kept
-    }
-
-    /// A cache output of `n` rows [Hk, n, D] (a prefill chunk's, or decode's one) written into the
-    /// layer's cache [Hk, S, D] at rows pos ..< pos + n; rows at or past S (the padding of a last chunk
-    /// that reaches the end of the cache) are dropped, as the host's `LayerLoop._call` does.
-    private func write(cache target: HostBuffer, output: UnsafeRawBufferPointer, shape: [Int], pos: Int?, what: String) throws {
-        guard shape.count == 3 else { throw TrainerError.runtime("\(what) has shape \(shape), not [Hk, C, D]") }
-        let (hk, n, dim) = (shape[0], shape[1], shape[2])
-        let s = target.byteCount / (4 * hk * dim)
-        guard let pos, pos >= 0, pos < s else { throw TrainerError.runtime("\(what): row \(pos ?? -1) is outside the cache of \(s)") }
-        let kept = min(n, s - pos)
-        for h in 0..<hk {
-            let from = output.baseAddress! + 4 * h * n * dim
-            let to = target.raw.baseAddress! + 4 * (h * s + pos) * dim
-            to.copyMemory(from: from, byteCount: 4 * kept * dim)
-        }
     }
 
     // MARK: training

@@ -103,7 +103,7 @@ public struct LoopManifest: Decodable, Equatable {
     }
 
     /// `generate.fused` (int4 programs): variants of generation methods that call native kernels
-    /// (`kernels`, e.g. `toolchain::int4_linear.out`, built from `source` in the toolchain repository),
+    /// (`kernels`, e.g. `toolchain::int4_linear_a8.out`, built from `source` in the toolchain repository),
     /// with the same inputs and outputs as the stock method (`head_logits_fused` takes the whole head
     /// instead of its chunks). A runtime that has every kernel registered calls `methods[stock]`
     /// instead of `stock`; any other calls the stock one.

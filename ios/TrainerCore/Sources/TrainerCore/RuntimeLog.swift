@@ -107,3 +107,54 @@ public enum ErrorReport {
         return shown.isEmpty ? "Error: \(message)" : "Error: \(message)\nExecuTorch log:\n" + shown.joined(separator: "\n")
     }
 }
+
+/// A failure before the session has its recorder: opening or verifying the program, loading the
+/// runtime, building the session, reading the checkpoint, loading the methods. Such a run has sent no
+/// event yet, so the `error` event (fatal; code, message and ExecuTorch's log lines as `ErrorReport`
+/// makes them; the message prefixed with the phase it failed in) goes out under the run id the launch
+/// chose before anything could fail (`runId(saved:)`: the saved run's, else a new one the run then
+/// keeps), numbered after whatever the log and the queue already hold for that id. Sent as every event
+/// is: into the sinks (the telemetry log, and the upload queue when there is an endpoint).
+public enum StartFailure {
+    /// The run id of a launch: the saved run's (a resume), else a new one.
+    public static func runId(saved: String?, platform: String = "ios", now: Date = Date()) -> String {
+        if let saved, TelemetrySchema.matches(saved, pattern: "run_id") { return saved }
+        return TelemetryRecorder.newRunId(platform: platform, now: now)
+    }
+
+    /// The `error` event's fields for `error` raised while `phase` (nil: none known).
+    public static func fields(for error: Error, phase: String?, log: [String]) -> [String: JSONValue] {
+        var f = ErrorReport.fields(for: error, fatal: true, step: nil, log: log)
+        if let phase, !phase.isEmpty, let m = f["message"]?.stringValue {
+            f["message"] = .string(String("\(phase): \(m)".prefix(4096)))
+        }
+        return f
+    }
+
+    /// Record the event for `error` under `runId` into `sinks`, seq = `usedSeq(runId)` (0 without).
+    @discardableResult
+    public static func report(_ error: Error, phase: String?, runId: String, sinks: [TelemetrySink], usedSeq: ((String) -> Int)?,
+                              log: [String], clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
+                              monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime }) throws -> TelemetryEvent {
+        let recorder = try TelemetryRecorder(runId: runId, startSeq: usedSeq?(runId) ?? 0, sinks: sinks, clock: clock, monotonic: monotonic)
+        return try recorder.emit("error", fields(for: error, phase: phase, log: log))
+    }
+
+    /// Runs `body` (the start of a session); if it throws and `started()` says the session has no
+    /// recorder yet, the failure is reported (a failing sink is ignored: the error thrown is the
+    /// start's), `sent()` is called (the app's upload attempt), and the error is rethrown.
+    public static func reporting<T>(runId: String, phase: () -> String?, sinks: () -> [TelemetrySink], usedSeq: ((String) -> Int)?,
+                                    log: () -> [String], started: () -> Bool = { false }, sent: () -> Void = {},
+                                    clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
+                                    _ body: () throws -> T) throws -> T {
+        do {
+            return try body()
+        } catch {
+            if !started() {
+                _ = try? report(error, phase: phase(), runId: runId, sinks: sinks(), usedSeq: usedSeq, log: log(), clock: clock)
+                sent()
+            }
+            throw error
+        }
+    }
+}

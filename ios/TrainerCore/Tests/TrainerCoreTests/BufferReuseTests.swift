@@ -2,9 +2,12 @@ import Foundation
 import XCTest
 @testable import TrainerCore
 
-/// A counting fake runtime that writes into the loop's buffers (`execute(method:layer:inputs:into:)`,
+/// A counting fake runtime that writes into the loop's memory (`execute(method:layer:inputs:into:)`,
 /// as `ExecuTorchRuntime` does): the outputs are `HashRuntime`'s, each written once into the
-/// destination the loop gave; every call's destinations are recorded (address, bind, size).
+/// destination the loop gave (`LoopOutput.write(from:)`); every call's destinations are recorded
+/// (address of the first byte written, bind, bytes stored), and each KV-cache output's runs are checked
+/// against the call's own cache input of the same ref: head h's rows must land at rows pos ..< pos + kept
+/// of head h of that cache, and nowhere else.
 final class CountingRuntime: LoopRuntime {
     struct Destination: Hashable { let method: String; let output: String; let bind: String; let address: Int; let bytes: Int }
     let backendName = "executorch"
@@ -14,6 +17,10 @@ final class CountingRuntime: LoopRuntime {
     var bytesWritten = 0
     var writes = 0
     var dataPathCalls = 0
+    /// KV-cache outputs written, the bytes of their rows, and the runs that were not where the rows belong.
+    var cacheWrites = 0
+    var cacheBytes = 0
+    var misplacedCacheRuns: [String] = []
 
     init(manifest: LoopManifest) { inner = HashRuntime(manifest: manifest) }
 
@@ -26,12 +33,32 @@ final class CountingRuntime: LoopRuntime {
 
     func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
         let data = try inner.execute(method: method, layer: layer, inputs: inputs)      // computed first (outputs may alias inputs)
-        destinations.append(outputs.map {
-            Destination(method: method, output: $0.name, bind: $0.bind.rawValue, address: Int(bitPattern: $0.bytes.baseAddress), bytes: $0.bytes.count)
+        destinations.append(outputs.map { o in
+            var first = 0
+            o.forEachSegment { _, run in if first == 0 { first = Int(bitPattern: run.baseAddress) } }
+            return Destination(method: method, output: o.name, bind: o.bind.rawValue, address: first, bytes: o.storedBytes)
         })
+        for o in outputs where o.bind == .cache {
+            guard let rows = o.cacheRows, let cache = inputs.first(where: { $0.bind == .cache && $0.ref == o.ref }),
+                  let pos = inputs.first(where: { $0.name == "pos" })?.bytes.load(as: Int64.self) else {
+                misplacedCacheRuns.append("\(method) \(o.name): no cache rows, cache input or pos"); continue
+            }
+            XCTAssertEqual(rows.pos, Int(pos), "\(method) \(o.name): the row the program was told")
+            var h = 0
+            o.forEachSegment { offset, run in
+                let want = Int(bitPattern: cache.bytes.baseAddress) + (h * rows.cacheRows + rows.pos) * rows.rowBytes
+                if Int(bitPattern: run.baseAddress) != want || run.count != rows.kept * rows.rowBytes || offset != h * rows.rows * rows.rowBytes {
+                    misplacedCacheRuns.append("\(method) \(o.name) head \(h)")
+                }
+                h += 1
+            }
+            if h != rows.heads { misplacedCacheRuns.append("\(method) \(o.name): \(h) runs for \(rows.heads) heads") }
+            cacheWrites += 1
+            cacheBytes += o.storedBytes
+        }
         try LoopOutput.copy(data, into: outputs, method: method)
         writes += outputs.count
-        bytesWritten += outputs.reduce(0) { $0 + $1.bytes.count }
+        bytesWritten += outputs.reduce(0) { $0 + $1.storedBytes }
     }
 }
 
@@ -128,5 +155,77 @@ final class BufferReuseTests: XCTestCase {
         try reference.loadGeneration()
         XCTAssertEqual(results[1], try reference.generate(prompt: prompt, maxNewTokens: 8, state: state, padTokenId: 258))
         XCTAssertEqual(rt.dataPathCalls, 0)
+    }
+
+    /// The KV cache is written once: every k_new / v_new of block_prefill and block_decode goes from the
+    /// runtime straight into the layer's cache rows (no scratch buffer, no second copy by the loop): each
+    /// head's run at exactly rows pos ..< pos + C of that head of the cache the call was given; per
+    /// generation the runtime stores exactly the prompt's chunks and the decoded rows, once; the ids and
+    /// the cache bytes equal the Data path's (HashRuntime through `LoopOutput.copy`).
+    func testKVCacheRowsAreWrittenOnceIntoTheCache() throws {
+        let p = dir.appendingPathComponent("program")
+        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
+        let m = try LoopManifest.load(directory: p)
+        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
+        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
+        let prompt = (0..<20).map { Int64(($0 * 11 + 5) % m.model.arch.vocab) }
+        let rt = CountingRuntime(manifest: m)
+        let loop = try LayerLoop(programDirectory: p, runtime: rt)
+        try loop.loadGeneration()
+        let state = try LoopState.initial(manifest: m, programDirectory: p)
+        let newTokens = 5
+        let ids = try loop.generate(prompt: prompt, maxNewTokens: newTokens, state: state, padTokenId: 258)
+        XCTAssertEqual(rt.misplacedCacheRuns, [])
+        XCTAssertEqual(rt.dataPathCalls, 0)
+        // what each call's k_new / v_new hold, per layer: 2 chunks of C = 16 rows (the 20-token prompt), then
+        // one row per decode step (the last token is not decoded again)
+        let decode = try XCTUnwrap(m.method(named: "block_decode"))
+        let kv = try XCTUnwrap(decode.inputs.first { $0.bind == .cache })
+        let (hk, dim) = (kv.shape[0], kv.shape[2])
+        let chunk = try XCTUnwrap(m.prefillChunk)
+        let chunks = (prompt.count + chunk - 1) / chunk
+        let decodeSteps = rt.destinations.filter { $0.first?.method == "block_decode" }.count / m.loop.layers
+        XCTAssertGreaterThan(decodeSteps, 0)
+        XCTAssertEqual(rt.cacheWrites, 2 * m.loop.layers * (chunks + decodeSteps))
+        XCTAssertEqual(rt.cacheBytes, 2 * m.loop.layers * (chunks * chunk + decodeSteps) * hk * dim * 4, "each row stored once")
+        // no cache output went through a pooled buffer
+        for call in rt.destinations { for d in call where d.bind == "cache" { XCTAssertFalse(loop.buffers.owns(address: d.address), "\(d.method) \(d.output)") } }
+        let reference = try LayerLoop(programDirectory: p, runtime: HashRuntime(manifest: m))
+        try reference.loadGeneration()
+        XCTAssertEqual(ids, try reference.generate(prompt: prompt, maxNewTokens: newTokens, state: state, padTokenId: 258))
+    }
+
+    /// A cache output's rows past the end of the cache are dropped (a last prefill chunk reaching S), the
+    /// rows before pos and the other heads' rows untouched; a size or row out of range is refused before
+    /// anything is written.
+    func testCacheRowsPastTheEndAreDroppedAndBadRowsRefused() throws {
+        let (hk, s, n, d) = (2, 8, 4, 3)
+        let cache = HostBuffer(byteCount: 4 * hk * s * d)
+        let out = (0..<(hk * n * d)).map { Float($0 + 1) }
+        let o = try LoopOutput(name: "k_new", bind: .cache, ref: "k_0", dtype: "float32", shape: [hk, n, d], byteCount: 4 * out.count,
+                               cache: cache.raw, pos: 6, what: "block_prefill k_new")
+        XCTAssertEqual(o.cacheRows?.kept, 2)
+        XCTAssertNil(o.bytes)
+        XCTAssertEqual(o.storedBytes, 4 * hk * 2 * d)
+        try out.withUnsafeBytes { try o.write(from: $0) }
+        let c = Array(cache.floats)
+        for h in 0..<hk {
+            for r in 0..<s {
+                for j in 0..<d {
+                    let want: Float = r >= 6 ? out[(h * n + (r - 6)) * d + j] : 0
+                    XCTAssertEqual(c[(h * s + r) * d + j], want, "head \(h) row \(r) col \(j)")
+                }
+            }
+        }
+        XCTAssertThrowsError(try out.dropLast().withUnsafeBytes { try o.write(from: $0) })
+        XCTAssertThrowsError(try LoopOutput(name: "k_new", bind: .cache, ref: "k_0", dtype: "float32", shape: [hk, n, d], byteCount: 4 * out.count,
+                                            cache: cache.raw, pos: s, what: "x"))
+        XCTAssertThrowsError(try LoopOutput(name: "k_new", bind: .cache, ref: "k_0", dtype: "float32", shape: [hk, n, d + 1], byteCount: 4 * hk * n * (d + 1),
+                                            cache: cache.raw, cacheRows: s, pos: 0, what: "x"), "rows of another width than the cache's")
+        XCTAssertThrowsError(try LoopOutput(name: "k_new", bind: .cache, ref: "k_0", dtype: "float32", shape: [hk, n, d], byteCount: 4 * hk * n * d + 4,
+                                            cache: cache.raw, cacheRows: s, pos: 0, what: "x"), "a byte count that is not the shape's")
+        XCTAssertNoThrow(try LoopOutput(name: "k_new", bind: .cache, ref: "k_0", dtype: "float32", shape: [hk, n, d], byteCount: 4 * hk * n * d,
+                                        cache: cache.raw, cacheRows: s, pos: s - 1, what: "x"))
     }
 }

@@ -210,6 +210,70 @@ final class PhoneTests: XCTestCase {
         }
     }
 
+    /// A start that fails before the session has its recorder (here: the program's manifest is broken,
+    /// and a runtime that fails to load with its own ExecuTorch log) is sent as a fatal `error` event of the
+    /// run id the launch chose: schema-valid, the phase in its message, the log lines kept, numbered after the
+    /// id's earlier events, into the telemetry log and the upload queue, which then posts it; a start that
+    /// succeeds, or fails once the session sends its own events, adds nothing.
+    func testFailureBeforeTheRunHasAnIdIsSentAsAnErrorEvent() throws {
+        let dir = try tempDir()
+        let runId = StartFailure.runId(saved: nil, now: Date(timeIntervalSince1970: 1_767_225_600))
+        XCTAssertTrue(runId.hasPrefix("ios-20260101T000000Z-"), runId)
+        XCTAssertEqual(StartFailure.runId(saved: "ios-kept-1"), "ios-kept-1", "a resume keeps its id")
+        XCTAssertNotEqual(StartFailure.runId(saved: "not/an id"), "not/an id")
+        let logURL = dir.appendingPathComponent("Telemetry/events.jsonl")
+        let log = TelemetryLog(url: logURL)
+        let q = try TelemetryQueue(directory: dir.appendingPathComponent("queue"))
+        let usedSeq: (String) -> Int = { max(log.nextSeq(runId: $0), q.nextSeq(runId: $0)) }
+        let prog = dir.appendingPathComponent("prog")
+        try FileManager.default.createDirectory(at: prog, withIntermediateDirectories: true)
+        try Data("{\"schema_version\": 3,".utf8).write(to: prog.appendingPathComponent("manifest.json"))
+        var sent = 0
+        func start<T>(_ phase: String, started: Bool = false, _ body: () throws -> T) throws -> T {
+            try StartFailure.reporting(runId: runId, phase: { phase }, sinks: { [log, q] }, usedSeq: usedSeq,
+                                       log: { ["I ring: loading", "E ring: the last line"] }, started: { started },
+                                       sent: { sent += 1 }, clock: { 1_767_225_600 }) { try body() }
+        }
+        XCTAssertThrowsError(try start("Opening prog") { try LoopManifest.load(directory: prog) })
+        // a second start of the same run, failing in the runtime with ExecuTorch's own lines
+        let loadFailure = RuntimeFailure(message: "ExecuTorch could not load model.pte: Error 0x14 (OperatorMissing)", code: "load_failed",
+                                         log: ["E operator_registry.cpp:1] toolchain::int4_linear_a8.out missing"])
+        XCTAssertThrowsError(try start("Loading the training methods") { () throws -> Int in throw loadFailure })
+        XCTAssertEqual(sent, 2)
+        let lines = try String(contentsOf: logURL, encoding: .utf8).split(separator: "\n")
+        let events = try lines.map { try TelemetryEvent.parse(line: Data($0.utf8)) }
+        XCTAssertEqual(events.map(\.type), ["error", "error"])
+        XCTAssertEqual(events.map(\.runId), [runId, runId])
+        XCTAssertEqual(events.map(\.seq), [0, 1], "numbered after the id's earlier events")
+        for e in events {
+            XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [])
+            XCTAssertEqual(e.fields["fatal"], .bool(true))
+            XCTAssertNil(e.fields["step"])
+        }
+        XCTAssertTrue(events[0].fields["message"]!.stringValue!.hasPrefix("Opening prog: "), events[0].fields["message"]!.stringValue!)
+        XCTAssertEqual(events[0].fields["log"], .array([.string("I ring: loading"), .string("E ring: the last line")]), "the ring's lines")
+        XCTAssertEqual(events[1].fields["message"], .string("Loading the training methods: ExecuTorch could not load model.pte: Error 0x14 (OperatorMissing)"))
+        XCTAssertEqual(events[1].fields["code"], .string("load_failed"))
+        XCTAssertEqual(events[1].fields["log"], .array([.string("E operator_registry.cpp:1] toolchain::int4_linear_a8.out missing")]), "the failure's own lines")
+        // the queue holds the same two events and the uploader posts them
+        XCTAssertEqual(q.pending.count, 2)
+        let t = ScriptedTransport([.status(200)])
+        let report = try TelemetryUploader(queue: q, endpoint: URL(string: "http://127.0.0.1:8765/v1/events")!, token: "T", transport: t).flush()
+        XCTAssertEqual(report.sentEvents, 2)
+        let posted = try XCTUnwrap(try JSONValue.parse(t.requests[0].body).arrayValue)
+        XCTAssertEqual(posted.compactMap { $0.objectValue?["run_id"]?.stringValue }, [runId, runId])
+        XCTAssertEqual(posted.compactMap { $0.objectValue?["type"]?.stringValue }, ["error", "error"])
+        // a start that succeeds, or fails after the session has its recorder (it reports itself): nothing more
+        XCTAssertEqual(try start("Opening prog") { 7 }, 7)
+        XCTAssertThrowsError(try start("Training", started: true) { () throws -> Int in throw TrainerError.runtime("step 3 failed") })
+        XCTAssertEqual(try String(contentsOf: logURL, encoding: .utf8).split(separator: "\n").count, 2)
+        XCTAssertEqual(sent, 2)
+        // a message near the schema's limit stays within it with the phase in front
+        let long = StartFailure.fields(for: TrainerError.io(String(repeating: "m", count: 5000)), phase: "Verifying prog", log: [])
+        XCTAssertEqual(long["message"]?.stringValue?.count, 4096)
+        XCTAssertTrue(long["message"]!.stringValue!.hasPrefix("Verifying prog: mmm"))
+    }
+
     // MARK: train while charging
 
     func testChargingScheduleRules() throws {

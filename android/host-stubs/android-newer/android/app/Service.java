@@ -16,6 +16,8 @@ public abstract class Service extends ContextWrapper implements ComponentCallbac
     public static final int START_STICKY = 1;
     public static final int START_NOT_STICKY = 2;
     public static final int START_REDELIVER_INTENT = 3;
+    public static final int START_FLAG_REDELIVERY = 1;
+    public static final int START_FLAG_RETRY = 2;
     public static final int STOP_FOREGROUND_REMOVE = 1;
     public static final int STOP_FOREGROUND_DETACH = 2;
 

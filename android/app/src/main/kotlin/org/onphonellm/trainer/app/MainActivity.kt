@@ -27,6 +27,7 @@ import org.onphonellm.trainer.core.ProgramV3
 import org.onphonellm.trainer.core.ScreenState
 import org.onphonellm.trainer.core.TextImport
 import org.onphonellm.trainer.core.VerifyCache
+import org.onphonellm.trainer.core.RunOverview
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.TextTokenizer
 import org.onphonellm.trainer.core.V3Checkpoints
@@ -52,7 +53,18 @@ import java.io.File
  */
 class MainActivity : Activity() {
     private val handler = Handler(Looper.getMainLooper())
-    private val base: File get() = getExternalFilesDir(null) ?: filesDir
+    /** The app's external files dir (first asked on [io]: getExternalFilesDir may create it, disk I/O). */
+    private val base: File by lazy { getExternalFilesDir(null) ?: filesDir }
+    /**
+     * One background thread for the screen's small reads and writes (the latest run's overview every second,
+     * the switch's preference, the restored screen state): the main thread touches no file.
+     */
+    private val io = java.util.concurrent.Executors.newSingleThreadExecutor()
+    /** The latest run as last read on [io] (at most a second old): what the status shows while nothing trains. */
+    @Volatile private var overview = RunOverview.EMPTY
+    private val overviewPending = java.util.concurrent.atomic.AtomicBoolean(false)
+    /** A saved state being restored on [io]: saved again as it was if the Activity is stopped before it is shown. */
+    @Volatile private var restoring: Map<String, String?>? = null
     private lateinit var program: Spinner
     private lateinit var input: EditText
     private lateinit var steps: EditText
@@ -145,10 +157,22 @@ class MainActivity : Activity() {
         col.addView(button("Export adapter (PEFT) ...") { exportAdapter() })
         setContentView(ScrollView(this).apply { fitsSystemWindows = true; addView(col) })  // targetSdk 35 draws edge to edge
 
-        savedInstanceState?.let { b -> restore(ScreenState.restore(b.keySet().associateWith { k -> b.getString(k) })) }
-            ?: run { chargingOnly.isChecked = ChargingSchedule.enabled(this) }
-        chargingOnly.setOnCheckedChangeListener { _, on -> Thread { try { ChargingSchedule.set(this, on) } catch (e: Exception) {
-            runOnUiThread { status.text = "cannot schedule: ${e.message}" } } }.start() }
+        // The saved screen (a long text may be in a file) and the switch's preference, read on io, shown on the main thread.
+        val saved = savedInstanceState?.let { b -> b.keySet().associateWith { k -> b.getString(k) } }
+        restoring = saved
+        io.execute {
+            base  // getExternalFilesDir, off the main thread
+            val st = saved?.let { ScreenState.restore(it) }
+            val charging = if (st == null) ChargingSchedule.enabled(this) else st.chargingOnly
+            runOnUiThread {
+                st?.let { restore(it) }
+                restoring = null
+                chargingOnly.isChecked = charging
+                chargingOnly.setOnCheckedChangeListener { _, on -> io.execute { try { ChargingSchedule.set(this, on) } catch (e: Exception) {
+                    runOnUiThread { status.text = "cannot schedule: ${e.message}" } } } }
+                refreshPrograms()
+            }
+        }
         if (Build.VERSION.SDK_INT >= 33) requestPermissions(arrayOf("android.permission.POST_NOTIFICATIONS"), 1)
         if (intent?.action == RunRequest.ACTION_START) {
             startService(Intent(this, TrainingService::class.java).setAction(RunRequest.ACTION_START).putExtras(intent))
@@ -191,7 +215,31 @@ class MainActivity : Activity() {
 
     override fun onSaveInstanceState(outState: Bundle) {
         super.onSaveInstanceState(outState)
-        for ((k, v) in screenState().save(File(cacheDir, "screen"))) outState.putString(k, v)
+        val pending = restoring
+        // Not restored yet: the state as it came (its spilled text file is still there). Else the screen (a text over
+        // 64 K characters is written to a file here: the Bundle must be filled now).
+        val pairs = pending?.filterValues { it != null }?.mapValues { it.value!! } ?: screenState().save(File(cacheDir, "screen"))
+        for ((k, v) in pairs) outState.putString(k, v)
+    }
+
+    override fun onDestroy() {
+        io.shutdown()
+        super.onDestroy()
+    }
+
+    /** Read the latest run's overview on [io] (one read at a time); [then] on the main thread with it. */
+    private fun readOverview(then: ((RunOverview) -> Unit)? = null) {
+        if (then == null && !overviewPending.compareAndSet(false, true)) return
+        val app = applicationContext
+        try {
+            io.execute {
+                val o = try { RunOverview.read(Runs(File(base, "runs")), AppState.paused(app)) } catch (e: Exception) { overview }
+                overview = o
+                if (then == null) overviewPending.set(false) else runOnUiThread { then(o) }
+            }
+        } catch (e: java.util.concurrent.RejectedExecutionException) {
+            overviewPending.set(false)  // the Activity is being destroyed
+        }
     }
 
     /** Pick a program folder (SAF), copy it into files/programs/NAME with a progress bar, checked as it is copied. */
@@ -281,7 +329,7 @@ class MainActivity : Activity() {
 
     /** Tokenize on a background thread: rows and held-out split of the pasted or picked text. */
     private fun prepare(then: ((PreparedData) -> Unit)? = null) {
-        val name = program.selectedItem as? String ?: run { dataInfo.text = "no program in ${File(base, "programs")}: push one (scripts/android/deploy.sh)"; return }
+        val name = program.selectedItem as? String ?: run { dataInfo.text = "no program yet: tap Import program folder (or push one with scripts/android/deploy.sh)"; return }
         val picked = pickedPath
         val pasted = input.text.toString()
         val fraction = heldOut.text.toString().toDoubleOrNull() ?: 0.1
@@ -367,13 +415,10 @@ class MainActivity : Activity() {
         stopButton.isEnabled = training
     }
 
-    private fun exportAdapter() {
-        val run = Runs(File(base, "runs")).latest()
-        if (run == null || !File(run.adapter, V3Checkpoints.ADAPTER_WEIGHTS).isFile) {
-            status.text = "no adapter yet: it is written when a run completes or is stopped"
-            return
-        }
-        startActivityForResult(Intent(Intent.ACTION_OPEN_DOCUMENT_TREE), EXPORT_TREE)
+    /** Whether the latest run has an adapter is read on [io]; the folder picker opens on the main thread. */
+    private fun exportAdapter() = readOverview { o ->
+        if (!o.hasAdapter) status.text = "no adapter yet: it is written when a run completes or is stopped"
+        else startActivityForResult(Intent(Intent.ACTION_OPEN_DOCUMENT_TREE), EXPORT_TREE)
     }
 
     @Deprecated("Activity result API of the platform (no AndroidX here)")
@@ -420,7 +465,7 @@ class MainActivity : Activity() {
         super.onResume()
         TrainingStatus.generation.listener = onGeneration
         showGeneration()
-        refreshPrograms()
+        if (restoring == null) refreshPrograms()  // else once the saved state is restored (onCreate's io read)
         handler.post(refresh)
     }
 
@@ -434,16 +479,17 @@ class MainActivity : Activity() {
         override fun run() {
             val s = TrainingStatus
             val loss = s.loss?.let { "%.4f".format(it) } ?: "-"
-            val paused = if (!s.running) AppState.paused(this@MainActivity) else null
-            status.text = "run ${s.runId ?: "-"}: ${paused ?: s.message}\nstep ${s.step}/${s.steps}  loss $loss"
+            readOverview()  // the run directory and the preferences are read on io; this shows the last read (<= 1 s old)
+            val o = overview
+            val paused = if (!s.running) o.idleMessage() else null
+            status.text = "run ${s.runId ?: o.runId ?: "-"}: ${paused ?: s.message}\nstep ${s.step}/${s.steps}  loss $loss"
             chart.setData(synchronized(s.losses) { s.losses.toList() })
             val anonMb = (s.anonBytes ?: 0L) shr 20
             val budgetMb = s.budgetBytes shr 20
             memory.text = "memory (RssAnon) $anonMb MB of a $budgetMb MB budget"
             memoryBar.max = maxOf(1, budgetMb.toInt())
             memoryBar.progress = anonMb.toInt()
-            val e = if (s.running || s.evalBefore != null) EvalPair(s.evalBefore, s.evalAfter, null)
-                else Runs(File(base, "runs")).latest()?.let { EvalPair.read(it.results) } ?: EvalPair(null, null, null)
+            val e = if (s.running || s.evalBefore != null) EvalPair(s.evalBefore, s.evalAfter, null) else o.evals
             fun f(x: Double?) = x?.let { "%.4f".format(it) } ?: "-"
             evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}"
             showButtons()

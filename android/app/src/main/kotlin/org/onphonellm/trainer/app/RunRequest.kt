@@ -20,7 +20,7 @@ import java.util.UUID
  * Extras (numbers may be strings): run_id, program, text, chat (true/false; default: guessed), steps, lr,
  * budget_mb, checkpoint_every, shuffle_seed, held_out, held_out_seed, lcsb (full|cyclic|strided|last|random), k,
  * lcsb_seed, lcsb_period (random only), layers_per_checkpoint (an integer >= 1, or "auto": round(sqrt(layers per
- * step)); default 1), max_new_tokens, telemetry_url, telemetry_token, verify (true/false), device_profile.
+ * step)); default 1), max_new_tokens, telemetry_url, telemetry_token, verify (true/false), device_profile, charging_window (true/false).
  */
 data class RunRequest(
     val runId: String?,
@@ -30,6 +30,8 @@ data class RunRequest(
     val telemetryToken: String?,
     val verifyFiles: Boolean,
     val generateOnly: Boolean,
+    /** Train only while the phone charges (extra [EXTRA_CHARGING_WINDOW]; persisted as the run's flag, ChargingRuns.mark). */
+    val chargingWindow: Boolean = false,
 ) {
     /** A run to create: program directory name, data file, and the run's parameters. */
     data class NewRun(val program: String, val text: File, val chat: Boolean?, val steps: Long, val lr: Double?, val budgetMb: Long?,
@@ -46,7 +48,7 @@ data class RunRequest(
         /** Cancel the running before / after generation (it stops within one decode step). */
         const val ACTION_CANCEL_GENERATION = "org.onphonellm.trainer.action.CANCEL_GENERATION"
         const val EXTRA_PROMPT = "prompt"
-        /** Set by ChargingWorker: the run resumes in a charging-and-idle window (and stops when it ends). */
+        /** `true`: the run trains only while the phone charges, also after a restart (ChargingRuns.onServiceStart). */
         const val EXTRA_CHARGING_WINDOW = "charging_window"
         /** NewRun.layersPerCheckpoint: choose round(sqrt(m)) for the plan's m layers per step ("Recompute more, use less memory"). */
         const val AUTO_LAYERS_PER_CHECKPOINT = 0
@@ -68,6 +70,7 @@ data class RunRequest(
                 runId = str("run_id"), newRun = newRun, maxNewTokens = str("max_new_tokens")?.toInt() ?: 32,
                 telemetryUrl = str("telemetry_url"), telemetryToken = str("telemetry_token"),
                 verifyFiles = str("verify")?.toBoolean() ?: true, generateOnly = action == ACTION_GENERATE,
+                chargingWindow = str(EXTRA_CHARGING_WINDOW)?.toBoolean() ?: false,
             )
         }
 

@@ -16,7 +16,7 @@ interface ProgramRuntime {
     fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer>
 
     /**
-     * Whether every one of [kernels] (manifest names, e.g. `toolchain::int4_linear.out`) is registered with
+     * Whether every one of [kernels] (manifest names, e.g. `toolchain::int4_linear_a8.out`) is registered with
      * this runtime, so methods listing them in `methods[].kernels` can run. The generation driver calls the
      * fused methods (manifest generate.fused) only when this says yes ([LayerLoop.generationNames]). Default:
      * no (stock ExecuTorch has none of them).

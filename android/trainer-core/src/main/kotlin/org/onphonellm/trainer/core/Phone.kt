@@ -148,44 +148,34 @@ class ErrorReport(val message: String, val logLines: List<String> = emptyList(),
 }
 
 /**
- * "Train while charging": which run a charging-and-idle window resumes, and the run control that stops it at
- * a step boundary when the window ends. The scheduling itself is WorkManager's (the app's ChargingWorker,
- * constraints [REQUIRES_CHARGING] and [REQUIRES_IDLE]); this is the part with logic.
+ * What the screen shows of the latest run while nothing trains (held-out losses, whether an adapter can be
+ * exported, whether it waits for a charging window): every file read the Activity needs, done in one call on a
+ * background thread ([read]), so the main thread never touches the run directory. [pausedMessage] is passed
+ * in (the app's preferences, read on the same thread).
  */
-object ChargingRuns {
-    const val WORK_NAME = "train-while-charging"
-    const val REQUIRES_CHARGING = true
-    const val REQUIRES_IDLE = true
-    /** Do not start below this battery level even on the charger (a slow charger loses against training). */
-    const val MIN_BATTERY_PCT = 20.0
-
-    sealed class Decision {
-        data class Resume(val runId: String) : Decision()
-        data class Skip(val reason: String) : Decision()
+data class RunOverview(
+    val runId: String?,
+    val evals: EvalPair,
+    val hasAdapter: Boolean,
+    val finished: Boolean,
+    val chargingOnly: Boolean,
+    val pausedMessage: String?,
+) {
+    /** The status line's text when nothing trains (null: the service's own message). */
+    fun idleMessage(): String? = when {
+        pausedMessage != null -> pausedMessage
+        chargingOnly && !finished -> "waiting for the next charging window (plugged in and idle)"
+        else -> null
     }
 
-    /** Whether a run has ended for good (its log ends with a completed or failed run_end): nothing to resume. */
-    fun finished(run: RunDir): Boolean {
-        val last = EventLog(run.telemetry).lastEvent() ?: return false
-        if ((last["type"] as? Json.Str)?.value != "run_end") return false
-        return (last["status"] as? Json.Str)?.value in setOf("completed", "failed")
-    }
+    companion object {
+        val EMPTY = RunOverview(null, EvalPair(null, null, null), hasAdapter = false, finished = false, chargingOnly = false, pausedMessage = null)
 
-    /** What a charging window does: resume the latest run unless it is done, the switch is off or training is running. */
-    fun decide(enabled: Boolean, runs: Runs, running: Boolean, charging: Boolean, batteryPct: Double?): Decision {
-        if (!enabled) return Decision.Skip("train while charging is off")
-        if (running) return Decision.Skip("a run is already training")
-        if (!charging) return Decision.Skip("not charging")
-        if (batteryPct != null && batteryPct < MIN_BATTERY_PCT) return Decision.Skip("battery at ${batteryPct.toInt()}%, below ${MIN_BATTERY_PCT.toInt()}%")
-        val run = runs.latest() ?: return Decision.Skip("no run to resume: start one in the app")
-        if (finished(run)) return Decision.Skip("the latest run (${run.runId}) has ended")
-        return Decision.Resume(run.runId)
+        fun read(runs: Runs, pausedMessage: String? = null): RunOverview {
+            val run = runs.latest() ?: return EMPTY.copy(pausedMessage = pausedMessage)
+            val evals = try { EvalPair.read(run.results) } catch (e: Exception) { EvalPair(null, null, null) }
+            return RunOverview(run.runId, evals, File(run.adapter, V3Checkpoints.ADAPTER_WEIGHTS).isFile,
+                ChargingRuns.finished(run), ChargingRuns.isMarked(run), pausedMessage)
+        }
     }
-
-    /**
-     * The session's stop signal in a charging window: the user's Stop, or the window's end (WorkManager's
-     * `isStopped` once charging or idle ends) — the session checks it before each step, so it stops at a
-     * step boundary with a checkpoint, and the next window resumes from there.
-     */
-    fun control(windowEnded: () -> Boolean, userStop: () -> Boolean): RunControl = RunControl { userStop() || windowEnded() }
 }

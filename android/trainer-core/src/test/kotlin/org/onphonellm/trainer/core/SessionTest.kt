@@ -2,6 +2,7 @@ package org.onphonellm.trainer.core
 
 import org.junit.jupiter.api.Assertions.assertArrayEquals
 import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertFalse
 import org.junit.jupiter.api.Assertions.assertNotNull
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
@@ -120,6 +121,51 @@ class SessionTest {
         val sb = session(b).also { it.loadState() }.loop.state.sha256()
         assertEquals(sa, sb, "the windows end in the state of one uninterrupted run")
         EventLog(b.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+    }
+
+    @Test fun `train while charging in the worker - a refused foreground stops at its deadline, a restart off the charger trains nothing, unplugging pauses, same state as one go`() {
+        val a = newRun(Fixtures.tempDir(), "one-go")
+        assertEquals("completed", session(a).run().status)
+        val base = Fixtures.tempDir()
+        val b = newRun(base, "charged")
+        val runs = Runs(base)
+        // Window 1, in the worker, Android refused the foreground: the session stops itself at the plan's deadline
+        // (each step takes 4 minutes here: steps start at 0, 4 and 8 min, the 9-minute deadline stops the fourth).
+        assertEquals(ChargingRuns.Decision.Resume("charged"), ChargingRuns.decide(true, runs, running = false, charging = true, batteryPct = 90.0))
+        val plan = ChargingRuns.windowPlan(foregroundGranted = false, startMs = 0)
+        ChargingRuns.mark(runs.get("charged")!!, true)
+        var nowMs = 0L
+        val w1 = session(runs.get("charged")!!).run(ChargingRuns.control({ false }, { false }, plan.deadlineMs, { nowMs })) { nowMs += 4 * 60_000 }
+        assertEquals("paused", w1.status)
+        assertEquals(3L, w1.stepsCompleted)
+        // The process is killed; Android restarts the service (START_STICKY / redelivery) off the charger: the flag,
+        // read from the run directory, defers it: nothing trains, the log is untouched.
+        val logBefore = b.telemetry.readBytes()
+        val restartOff = ChargingRuns.onServiceStart(restart = true, chargingRequested = false, marked = ChargingRuns.isMarked(Runs(base).latest()!!),
+            enabled = true, charging = false, batteryPct = 90.0)
+        assertTrue(restartOff is ChargingRuns.ServiceStart.Defer, "$restartOff")
+        assertArrayEquals(logBefore, b.telemetry.readBytes())
+        // Restarted on the charger: trains while charging, and the unplug after one more step pauses it at a boundary.
+        val restartOn = ChargingRuns.onServiceStart(restart = true, chargingRequested = false, marked = ChargingRuns.isMarked(runs.latest()!!),
+            enabled = true, charging = true, batteryPct = 90.0)
+        assertEquals(ChargingRuns.ServiceStart.Train(chargingOnly = true, setMark = true), restartOn)
+        var charging = true
+        val w2 = session(runs.latest()!!).run(RunControl { !charging }) { charging = false }
+        assertEquals("paused", w2.status)
+        assertEquals(4L, w2.stepsCompleted)
+        assertTrue(ChargingRuns.isMarked(runs.latest()!!), "still a charging-window run")
+        // The user's Resume: trains now, clears the flag, completes.
+        val user = ChargingRuns.onServiceStart(restart = false, chargingRequested = false, marked = true, enabled = true, charging = false, batteryPct = 90.0)
+        assertEquals(ChargingRuns.ServiceStart.Train(chargingOnly = false, setMark = false), user)
+        ChargingRuns.mark(runs.latest()!!, false)
+        assertEquals("completed", session(runs.latest()!!).run().status)
+        assertFalse(ChargingRuns.isMarked(runs.latest()!!))
+        val sa = session(a).also { it.loadState() }.loop.state.sha256()
+        val sb = session(b).also { it.loadState() }.loop.state.sha256()
+        assertEquals(sa, sb, "the windows and the deferred restart end in the state of one uninterrupted run")
+        EventLog(b.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+        assertEquals(listOf("paused", "paused", "completed"), EventLog(b.telemetry).events()
+            .filter { (it["type"] as Json.Str).value == "run_end" }.map { (it["status"] as Json.Str).value })
     }
 
     @Test fun `killed mid-step, resumed without a run id, ends in the uninterrupted state`() {

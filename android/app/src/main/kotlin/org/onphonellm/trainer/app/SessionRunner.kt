@@ -1,0 +1,294 @@
+package org.onphonellm.trainer.app
+
+import android.content.Context
+import android.content.Intent
+import android.content.IntentFilter
+import android.os.BatteryManager
+import android.os.Build
+import android.os.PowerManager
+import android.util.Log
+import org.onphonellm.trainer.core.ChargingRuns
+import org.onphonellm.trainer.core.CheckpointStore
+import org.onphonellm.trainer.core.Clock
+import org.onphonellm.trainer.core.ErrorReport
+import org.onphonellm.trainer.core.EventLog
+import org.onphonellm.trainer.core.GeneratedText
+import org.onphonellm.trainer.core.GenerationJob
+import org.onphonellm.trainer.core.GenerationListener
+import org.onphonellm.trainer.core.Json
+import org.onphonellm.trainer.core.LayerLoop
+import org.onphonellm.trainer.core.MappedWeights
+import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.Prompts
+import org.onphonellm.trainer.core.RunControl
+import org.onphonellm.trainer.core.RunDir
+import org.onphonellm.trainer.core.RunOutcome
+import org.onphonellm.trainer.core.RunSpec
+import org.onphonellm.trainer.core.Runs
+import org.onphonellm.trainer.core.SessionListener
+import org.onphonellm.trainer.core.StartPhase
+import org.onphonellm.trainer.core.StreamedToken
+import org.onphonellm.trainer.core.TextTokenizer
+import org.onphonellm.trainer.core.TrainingSession
+import org.onphonellm.trainer.core.UploadQueue
+import org.onphonellm.trainer.core.UrlConnectionPoster
+import org.onphonellm.trainer.core.VerifyCache
+import java.io.File
+
+/**
+ * One training (or generation-only) session on the calling thread: what the training service's "trainer"
+ * thread and a charging window's worker (ChargingWorker.doWork, on WorkManager's thread) both run. It
+ * resolves the run, verifies the program once per import, maps the weights, opens ExecuTorch, runs
+ * trainer-core's [TrainingSession] under [control] with a partial wake lock, the memory watchdog and the
+ * telemetry upload, and reports a failure (message, phase, ExecuTorch's log lines) on screen and as an `error`
+ * event. The open session is offered to [LiveSessions] so a Generate request runs beside training whoever
+ * runs it. [notify]: the notification's text and progress (the service's, or the worker's foreground one).
+ * [decide]: called with the resolved run before anything is loaded; a non-null reason defers the start
+ * (nothing trains; the reason is shown and the run stays paused).
+ */
+class SessionRunner(private val ctx: Context, private val notify: (String, Int, Int) -> Unit) {
+    @Volatile private var currentPhase: StartPhase? = null
+
+    private fun phase(p: StartPhase) {
+        currentPhase = p
+        TrainingStatus.message = p.label + " ..."
+    }
+
+    fun run(req: RunRequest, base: File, control: RunControl, decide: (RunDir) -> String? = { null }): RunOutcome? {
+        var failedRun: RunDir? = null
+        currentPhase = null
+        TrainingStatus.lastError = null
+        val pm = ctx.getSystemService(Context.POWER_SERVICE) as PowerManager
+        val wakeLock = pm.newWakeLock(PowerManager.PARTIAL_WAKE_LOCK, "trainer:run").apply { acquire() }
+        var uploader: Thread? = null
+        var watchdog: Thread? = null
+        try {
+            val runs = Runs(File(base, "runs"))
+            // program + text extras (adb): create that run, unless a run of that id exists (then it resumes).
+            val created = req.newRun?.takeIf { req.runId == null || runs.get(req.runId) == null }?.let { n ->
+                val probe0 = AndroidMemoryProbe(ctx)
+                RunRequest.createRun(base, n, n.text.readText(Charsets.UTF_8), probe0.totalRamBytes(), runInfo(ctx, probe0.totalRamBytes()),
+                    req.runId ?: RunRequest.newRunId()).first
+            }
+            val runDir = (created?.let { runs.get(it) }) ?: (req.runId?.let { runs.get(it) ?: throw IllegalArgumentException("no run '$it' under ${runs.base}") } ?: runs.latest())
+                ?: throw IllegalArgumentException("no run to start: prepare one in the app (or with scripts/android/start.sh)")
+            decide(runDir)?.let { reason ->
+                Log.i(TAG, "start of ${runDir.runId} deferred: $reason")
+                TrainingStatus.message = reason
+                AppState.setPaused(ctx, reason)
+                return null
+            }
+            val spec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
+            failedRun = runDir
+            val programDir = File(spec.program).let { if (it.isAbsolute) it else File(File(base, "programs"), spec.program) }
+            val program = ProgramV3.read(programDir)
+            // Verified once per import / push (keyed on the manifest's checksums and the files' sizes and times), not per start.
+            if (req.verifyFiles) {
+                phase(StartPhase.VERIFYING)
+                VerifyCache(File(base, "verified")).verifyOnce(program) { it.startsWith(program.adapterInitDir ?: "\u0000") }
+            }
+            phase(StartPhase.MAPPING)
+            val weights = MappedWeights.map(File(programDir, program.weightsFile))
+            val probe = AndroidMemoryProbe(ctx)
+            phase(StartPhase.LOADING)
+            ExecuTorchRuntime(File(programDir, program.programFile), program).use { runtime ->
+                phase(StartPhase.PREPARING)
+                val session = TrainingSession(program, weights, runtime, runDir, probe, Clock.System, Progress())
+                session.nativeLog = { ExecuTorchRuntime.readLog() }
+                val tok = try { TextTokenizer.forProgram(program) } catch (e: Exception) { null }
+                val chat = spec.source == "chat"
+                TrainingStatus.evalBefore = session.evals.before
+                TrainingStatus.evalAfter = session.evals.after
+                try {
+                    if (req.generateOnly) {
+                        session.loadState()
+                        LiveSessions.goLive(LiveSessions.Live(session, tok, chat, req.maxNewTokens))
+                        return null
+                    }
+                    val done = runCatching { CheckpointStore(runDir.checkpoint).load(program.stateNumel) }.getOrNull()
+                    TrainingStatus.begin(spec.runId, spec.steps, spec.budgetBytes, done?.step ?: 0L, done?.losses ?: emptyList())
+                    uploader = uploadQueue(req, runDir)?.let { q -> Thread({ uploadLoop(q) }, "telemetry-upload").also { it.start() } }
+                    watchdog = Thread({ watch(probe, spec.budgetBytes) }, "memory-watchdog").also { it.isDaemon = true; it.start() }
+                    // Generation requests from now on run on the session's generation thread, beside training.
+                    LiveSessions.goLive(LiveSessions.Live(session, tok, chat, req.maxNewTokens))
+                    phase(if (session.held.isNotEmpty() && session.evals.before == null) StartPhase.EVALUATING else StartPhase.TRAINING)
+                    val outcome = session.run(control)
+                    TrainingStatus.running = false  // training is over; a generation may still be running (drained below)
+                    TrainingStatus.message = if (outcome.status == "failed") ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
+                        else "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
+                    TrainingStatus.evalAfter = session.evals.after
+                    if (outcome.status == "paused") AppState.setPaused(ctx, outcome.message)
+                    return outcome
+                } finally {
+                    // No new generation on this session; let the one running end (cancelled after the drain) before the runtime closes.
+                    LiveSessions.close(session, GENERATION_DRAIN_MS)
+                }
+            }
+        } catch (e: Exception) {
+            Log.e(TAG, "training failed", e)
+            // The message with ExecuTorch's own log lines: on the screen, and as a telemetry error event of the run.
+            val report = ErrorReport("${e.javaClass.simpleName}: ${e.message}", ExecuTorchRuntime.readLog(), currentPhase)
+            TrainingStatus.message = report.display()
+            TrainingStatus.lastError = report
+            failedRun?.let { r -> try { report.record(r, Clock.System, fatal = true) } catch (t: Exception) { Log.w(TAG, "cannot record the error event", t) } }
+            if (req.generateOnly) TrainingStatus.pendingPrompt = null  // not served: no retry loop
+            LiveSessions.failedBeforeLive(e)
+            return null
+        } finally {
+            watchdog?.interrupt()
+            uploader?.interrupt()
+            TrainingStatus.running = false
+            wakeLock.release()
+        }
+    }
+
+    /** Polls the footprint between the session's own checks; over budget -> stop at the next step (checkpointed). */
+    private fun watch(probe: AndroidMemoryProbe, budget: Long) {
+        try {
+            while (!Thread.currentThread().isInterrupted) {
+                Thread.sleep(2000)
+                val anon = probe.anonBytes()
+                TrainingStatus.anonBytes = anon
+                if (anon > budget && !TrainingStatus.stopRequested())
+                    TrainingStatus.requestStop("anonymous memory ${anon shr 20} MB is over the ${budget shr 20} MB budget")
+            }
+        } catch (e: InterruptedException) {
+            // the session ended
+        }
+    }
+
+    private fun uploadQueue(req: RunRequest, runDir: RunDir): UploadQueue? {
+        val url = req.telemetryUrl ?: return null
+        return UploadQueue(EventLog(runDir.telemetry), runDir.uploadCursor, runDir.rejected, UrlConnectionPoster(), url, req.telemetryToken ?: "")
+    }
+
+    /** Send telemetry while training runs, off the training thread; backoff when the server is away. */
+    private fun uploadLoop(queue: UploadQueue) {
+        try {
+            while (!Thread.currentThread().isInterrupted) {
+                val now = System.currentTimeMillis()
+                when (val r = queue.pump(now)) {
+                    UploadQueue.Result.Idle -> Thread.sleep(2000)
+                    is UploadQueue.Result.RetryAt -> Thread.sleep(maxOf(0L, r.atMs - now))
+                    else -> Unit
+                }
+            }
+        } catch (e: InterruptedException) {
+            // the run ended; the log keeps what was not sent (the next run's queue sends it)
+        }
+    }
+
+    private inner class Progress : SessionListener {
+        private var lastNotifyMs = 0L
+
+        override fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) {
+            TrainingStatus.step = step + 1
+            TrainingStatus.loss = loss
+            TrainingStatus.losses.add(loss)
+            TrainingStatus.anonBytes = anonBytes
+            TrainingStatus.message = "training"
+            val now = android.os.SystemClock.elapsedRealtime()
+            if (now - lastNotifyMs > 2000 || step + 1 == steps) {
+                lastNotifyMs = now
+                notify("step ${step + 1}/$steps  loss %.4f  anon %d MB / %d MB".format(loss, (anonBytes ?: 0L) shr 20, budgetBytes shr 20),
+                    (step + 1).toInt(), steps.toInt())
+            }
+        }
+
+        override fun onEval(which: String, result: LayerLoop.EvalResult) {
+            if (which == "before") TrainingStatus.evalBefore = result.loss else TrainingStatus.evalAfter = result.loss
+        }
+
+        override fun onStatus(message: String) {
+            TrainingStatus.message = message
+        }
+    }
+
+    companion object {
+        private const val TAG = "Trainer"
+        /** How long a session's end waits for its generation to finish by itself (then it is cancelled). */
+        const val GENERATION_DRAIN_MS = 10 * 60_000L
+    }
+}
+
+/** The phone's charging state and battery level (the sticky ACTION_BATTERY_CHANGED broadcast: no receiver kept). */
+object Battery {
+    fun charging(ctx: Context): Boolean {
+        if (Build.VERSION.SDK_INT >= 23) return (ctx.getSystemService(Context.BATTERY_SERVICE) as BatteryManager).isCharging
+        val i: Intent = ctx.registerReceiver(null, IntentFilter(Intent.ACTION_BATTERY_CHANGED)) ?: return false
+        val s = i.getIntExtra(BatteryManager.EXTRA_STATUS, -1)
+        return s == BatteryManager.BATTERY_STATUS_CHARGING || s == BatteryManager.BATTERY_STATUS_FULL
+    }
+
+    fun percent(ctx: Context): Double? =
+        (ctx.getSystemService(Context.BATTERY_SERVICE) as BatteryManager).getIntProperty(BatteryManager.BATTERY_PROPERTY_CAPACITY)
+            .takeIf { it in 0..100 }?.toDouble()
+}
+
+/**
+ * The open session generation requests go to, whoever runs it (the service's worker thread, or a charging
+ * window's worker): a prompt that comes before a session is open waits in [TrainingStatus.pendingPrompt].
+ */
+object LiveSessions {
+    class Live(val session: TrainingSession, val tok: TextTokenizer?, val chat: Boolean, val maxNewTokens: Int)
+
+    private const val TAG = "Trainer"
+    private val lock = Any()
+    private var live: Live? = null
+    private var job: GenerationJob? = null
+
+    val isLive: Boolean get() = synchronized(lock) { live != null }
+
+    /** A prompt to generate: to the open session's generation thread, else kept until a session is open. */
+    fun offerPrompt(prompt: String) = synchronized(lock) {
+        val l = live
+        if (l == null) TrainingStatus.pendingPrompt = prompt else startGeneration(l, prompt)
+    }
+
+    /** A session is open: generation requests go to it from now on (and a pending one starts). */
+    fun goLive(l: Live) = synchronized(lock) {
+        live = l
+        TrainingStatus.pendingPrompt?.let { startGeneration(l, it) }
+    }
+
+    /** The session ends: no new generation; the running one may finish within [drainMs], then it is cancelled. */
+    fun close(session: TrainingSession, drainMs: Long) {
+        synchronized(lock) { if (live?.session === session) live = null }
+        if (!session.closeGeneration(drainMs = drainMs)) Log.w(TAG, "the generation did not end; closing the runtime anyway")
+        synchronized(lock) { job = null }
+    }
+
+    /** A start failed before its session was open: a generation waiting for it is told so. */
+    fun failedBeforeLive(e: Exception) {
+        if (TrainingStatus.generation.running && synchronized(lock) { job == null }) TrainingStatus.generation.failed("failed: ${e.message}")
+    }
+
+    /** Under [lock]: encode [prompt] and start the comparison on the session's generation thread (cancelling the one running). */
+    private fun startGeneration(l: Live, prompt: String) {
+        TrainingStatus.pendingPrompt = null
+        job?.cancel()
+        val status = TrainingStatus.generation
+        val tok = l.tok ?: run { status.failed("the program has no tokenizer: no generation"); return }
+        try {
+            val (ids, stop) = Prompts.encode(tok, prompt, l.chat)
+            val e = status.requested()  // this request's updates only: a superseded one's late callbacks are dropped
+            job = l.session.startComparison(ids, l.maxNewTokens, stop, tok, object : GenerationListener {
+                override fun onStart(which: String, stateStep: Long) = status.started(e, which, stateStep)
+                override fun onToken(which: String, token: StreamedToken) = status.token(e, which, token.text)
+                override fun onDone(which: String, result: GeneratedText) = status.done(e, which, result)
+                override fun onError(error: Exception) {
+                    Log.e(TAG, "generation failed", error)
+                    status.failed("generation failed: ${error.message}", e)
+                }
+            })
+        } catch (e: Exception) {
+            status.failed("cannot generate: ${e.message}")
+        }
+    }
+
+    fun cancelGeneration() = synchronized(lock) {
+        TrainingStatus.pendingPrompt = null
+        val j = job
+        if (j != null && !j.isDone) j.cancel() else if (TrainingStatus.generation.running) TrainingStatus.generation.failed("cancelled")
+    }
+}
