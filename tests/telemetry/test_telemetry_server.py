@@ -1,5 +1,7 @@
-"""The telemetry HTTP server, on a real uvicorn server bound to 127.0.0.1 (a free port) in a thread:
-round trip, idempotent retries, token checks, bad-input refusals that store nothing, and load."""
+"""The telemetry HTTP server, on a real uvicorn server bound to 127.0.0.1 (a free port) in a thread, over both
+backends (SQLite, PostgreSQL): round trip, idempotent retries, token checks, bad-input refusals that store
+nothing, a lost database connection (503, then served again), and load; `toolchain telemetry serve`'s refusals
+(tokens, a foreign --db, a taken port) leave nothing behind, and its banner names the bound port."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import time
 import pytest
 from telemetry_samples import run_start_event, step_event
 
-from toolchain.telemetry.server import create_app, start_in_thread
-from toolchain.telemetry.store import EventStore
+from toolchain.errors import BadInput
+from toolchain.telemetry.server import check_token, create_app, start_in_thread
+from toolchain.telemetry.store import EventStore, open_store
 
 TOKEN = "s3cret-token"
 MAX_BODY = 64 * 1024
@@ -47,8 +50,8 @@ class Client:
 
 
 @pytest.fixture
-def server(tmp_path):
-    store = EventStore(tmp_path / "telemetry.sqlite3")
+def server(db_target):
+    store = open_store(db_target)
     running = start_in_thread(create_app(store, TOKEN, max_body_bytes=MAX_BODY))
     yield running, store
     running.stop()
@@ -146,6 +149,97 @@ def test_oversize_body_without_content_length_is_refused(server, client):
     client.conn.send(b"0\r\n\r\n")
     r = client.conn.getresponse()
     assert r.status == 413 and "larger than" in json.loads(r.read())["error"]
+
+
+def test_a_lost_database_connection_is_503_then_served_again(postgres):
+    schema, url = postgres.new_schema()
+    store = open_store(url)
+    running = start_in_thread(create_app(store, TOKEN))
+    c = Client(running.port)
+    try:
+        assert c.post(step_event(0))[0] == 200
+        with postgres.connect() as admin:     # what a database restart or failover does to the server's connections
+            killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                   "application_name = 'toolchain-telemetry'").fetchall()
+        assert killed
+        status, body = c.post(step_event(1))
+        assert status == 503 and "retry later" in body["error"]
+        assert c.post(step_event(1)) == (200, {"received": 1, "stored": 1, "duplicates": 0})   # the client's retry
+        assert c.request("GET", "/v1/runs")[1]["runs"][0]["events"] == 2
+    finally:
+        c.close()
+        running.stop()
+        store.close()
+
+
+@pytest.mark.parametrize("token, reason", [
+    ("", "must not be empty"), ("   ", "must not be empty or blank"), (" abc", "spaces around it"),
+    ("abc ", "spaces around it"), ("a\tb", r"character '\\t'"), ("t\u00f6ken", "character 'ö'"),
+    ("a\r\nX-Injected: 1", r"character '\\r'"), ("x" * 4097, "4097 characters"),
+])
+def test_tokens_a_client_cannot_send_are_refused(token, reason):
+    with pytest.raises(BadInput, match=reason):
+        check_token(token)
+    with pytest.raises(BadInput, match=reason):
+        create_app(None, token)
+
+
+@pytest.mark.parametrize("token", ["s3cret", "a b", "~!#$%&'*+-.^_`|", "x" * 4096])
+def test_tokens_of_visible_ascii_with_inner_spaces_are_accepted(token):
+    assert check_token(token) == token
+
+
+def _serve(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "toolchain", "telemetry", "serve", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None})
+
+
+@pytest.mark.parametrize("args, env, reason", [
+    (["--token", ""], None, "must not be empty"),
+    (["--token", "   "], None, "must not be empty or blank"),
+    ([], {"TOOLCHAIN_TELEMETRY_TOKEN": "  "}, "must not be empty or blank"),
+    (["--token", "tok\u00e9n"], None, "character 'é'"),
+])
+def test_serve_refuses_bad_tokens_before_creating_anything(tmp_path, args, env, reason):
+    r = _serve("--port", 0, "--db", tmp_path / "t.sqlite3", *args, env={"TOOLCHAIN_TELEMETRY_TOKEN": None, **(env or {})})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("Error: ") and reason in r.stderr
+    assert "telemetry server on" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_refuses_a_foreign_db_and_a_taken_port_leaving_nothing(tmp_path):
+    import sqlite3
+
+    app = tmp_path / "app.db"
+    with sqlite3.connect(app) as db:
+        db.execute("CREATE TABLE users (id INTEGER)")
+    before = app.read_bytes()
+    r = _serve("--port", 0, "--db", app, "--token", TOKEN)
+    assert r.returncode == 2 and r.stderr.startswith("Error: ") and "holds table users" in r.stderr
+    assert r.stderr.count("\n") == 1 and app.read_bytes() == before
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = _serve("--port", taken.getsockname()[1], "--db", tmp_path / "new.sqlite3", "--token", TOKEN)
+    assert r.returncode == 2 and "already in use" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_serve_on_port_0_prints_the_bound_port(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "toolchain", "telemetry", "serve", "--port", "0", "--db",
+                             str(tmp_path / "t.sqlite3"), "--token", TOKEN], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stderr.readline()
+        port = int(banner.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        assert port != 0, banner
+        c = Client(port, None)
+        assert c.request("GET", "/v1/health") == (200, {"ok": True})   # the banner's port is the server's
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_health_needs_no_token(server):

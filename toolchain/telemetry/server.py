@@ -7,7 +7,8 @@
 
 Answers: 200 `{"received", "stored", "duplicates"}`; 401 missing/wrong token; 400 invalid JSON or
 not an event/array; 413 body over the limit; 422 schema violations (`errors`: index -> messages);
-409 an event reuses a stored (run_id, seq) with other content; 503 the database failed. Every
+409 an event reuses a stored (run_id, seq) with other content; 503 the database failed (SQLite or
+PostgreSQL: `store.StoreUnavailable`, a lost connection included). Every
 refusal is `{"error": reason}` and stores nothing. Handlers never let an exception escape as a
 crash: the server keeps serving.
 """
@@ -33,15 +34,38 @@ from starlette.concurrency import run_in_threadpool
 
 from toolchain.errors import BadInput
 from toolchain.telemetry.events import InvalidBatch, parse_batch
-from toolchain.telemetry.store import ConflictingEvents, EventStore
+from toolchain.telemetry.store import ConflictingEvents, EventStore, StoreUnavailable
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve", "bind_socket", "RunningServer", "start_in_thread",
-           "is_loopback"]
+           "is_loopback", "check_token", "MAX_TOKEN_CHARS"]
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20   # 1 MiB: ~3,000 typical events; phones send smaller batches
 _MAX_SEQ = 2**63 - 1                # SQLite integers are int64: a larger after_seq is a 422, not a 500
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # telemetry_event.schema.json's run_id
 _log = logging.getLogger(__name__)
+_STORE_ERRORS = (sqlite3.Error, StoreUnavailable)
+MAX_TOKEN_CHARS = 4096
+_TOKEN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")   # an HTTP header value: visible ASCII, inner spaces
+
+
+def check_token(token: str | None) -> str:
+    """The token, if a client can send it as `Authorization: Bearer <token>` (an HTTP header value: visible
+    ASCII, spaces only inside), at most MAX_TOKEN_CHARS.
+
+    Raises:
+        BadInput: empty, blank, surrounded by spaces, or with other characters.
+    """
+    if not token or not token.strip():
+        raise BadInput("the telemetry token must not be empty or blank; pass --token (or TOOLCHAIN_TELEMETRY_TOKEN), "
+                       "e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))'")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise BadInput(f"the telemetry token is {len(token)} characters long; at most {MAX_TOKEN_CHARS}")
+    if not _TOKEN.fullmatch(token):
+        bad = "spaces around it" if token != token.strip(" ") else next(
+            f"character {c!r}" for c in token if not ("\x20" <= c <= "\x7e"))
+        raise BadInput(f"the telemetry token has {bad}; a client sends it in an HTTP header: use visible ASCII "
+                       f"characters only (no spaces around it)")
+    return token
 
 
 def is_loopback(host: str) -> bool:
@@ -74,8 +98,7 @@ async def _read_body(request: Request, max_body_bytes: int) -> bytes | None:
 
 def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The ASGI app. `token` is the shared secret clients send as `Authorization: Bearer <token>`."""
-    if not token:
-        raise BadInput("the telemetry token must not be empty; pass --token")
+    check_token(token)
     expected = f"Bearer {token}".encode()
     app = FastAPI(title="toolchain telemetry", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -100,7 +123,14 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
             return _refuse(409, str(e))
         except BadInput as e:
             return _refuse(400, str(e))
-        except sqlite3.Error as e:
+        except _STORE_ERRORS as e:
+            _log.exception("telemetry store failed")
+            return _refuse(503, f"storage failed ({e}); retry later")
+
+    async def read(fn, *args, **kwargs):
+        try:
+            return await run_in_threadpool(fn, *args, **kwargs)
+        except _STORE_ERRORS as e:
             _log.exception("telemetry store failed")
             return _refuse(503, f"storage failed ({e}); retry later")
 
@@ -108,7 +138,9 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
     async def get_runs(request: Request):
         if not authorized(request):
             return _refuse(401, "missing or wrong bearer token")
-        runs = await run_in_threadpool(store.runs)
+        runs = await read(store.runs)
+        if isinstance(runs, JSONResponse):
+            return runs
         return {"runs": [r._asdict() for r in runs]}
 
     @app.get("/v1/runs/{run_id}/events")
@@ -118,7 +150,9 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
             return _refuse(401, "missing or wrong bearer token")
         if not _RUN_ID.fullmatch(run_id):     # no stored run has another id (and it may not even be UTF-8)
             return _refuse(404, f"no events for run {run_id.encode('utf-8', 'replace').decode()!r}")
-        events = await run_in_threadpool(store.events, run_id, after_seq=after_seq, limit=limit)
+        events = await read(store.events, run_id, after_seq=after_seq, limit=limit)
+        if isinstance(events, JSONResponse):
+            return events
         if not events and after_seq < 0:
             return _refuse(404, f"no events for run {run_id!r}")
         return {"run_id": run_id, "events": events}
@@ -139,7 +173,8 @@ def _config(app, host: str, port: int):
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready socket bound to (host, port), so that a taken port is found before serving.
+    """A listening socket bound to (host, port), so that a taken port is found before serving (port 0: the
+    system's choice, `sock.getsockname()[1]`).
 
     Raises:
         BadInput: the port is taken, or the address is not one of this machine's.
@@ -159,6 +194,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
             raise BadInput(f"port {port} on {host} is already in use; stop the other server or pass another "
                            f"--port") from None
         raise BadInput(f"cannot listen on {host}:{port} ({e.strerror}); pass another --host/--port") from None
+    sock.listen(2048)   # uvicorn's backlog: a client that connects before the server runs waits, is not refused
     return sock
 
 
