@@ -139,7 +139,7 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
             && aarch64-linux-gnu-nm -C '$BUILD/kernels-arm64/libtoolchain_kernels.a' > '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' T toolchain_int4_linear_a8\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
-            && grep -q '_GLOBAL__sub_I_int4_linear' '$BUILD/kernels-arm64/nm.txt'" || true
+            && grep -q '_GLOBAL__sub_I_kernels' '$BUILD/kernels-arm64/nm.txt'" || true
     else
         log "native-kernel-arm64 skipped (no aarch64-linux-gnu-g++; scripts/check_kernel_arm64.sh installs it)"
     fi

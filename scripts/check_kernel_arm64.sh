@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The arm64 build of the int4 generation kernel (toolchain/native/int4_linear.cpp), checked on this x86-64
+# The arm64 build of the int4 generation kernel (toolchain/native/kernels.cpp), checked on this x86-64
 # host: cross-compiled with Debian's aarch64-linux-gnu g++ (static, so qemu needs no sysroot) together with
 # tests/native/arm64_driver.cpp, and run under qemu-aarch64 on the cases of tests/native/make_arm64_cases.py
 # (the x86 kernel's output included). Two builds: -march=armv8-a (the NEON path at the apps' arm64 baseline)
@@ -83,7 +83,7 @@ builds=("neon:-march=armv8-a" "generic:-march=armv8-a+nosimd")
 t1="$(now)"
 for b in "${builds[@]}"; do
   name="${b%%:*}" march="${b#*:}"
-  "$cxx" "${kflags[@]}" "$march" -c "$root/toolchain/native/int4_linear.cpp" -o "$tmp/kernel-$name.o"
+  "$cxx" "${kflags[@]}" "$march" -c "$root/toolchain/native/kernels.cpp" -o "$tmp/kernel-$name.o"
   "$cxx" -std=c++17 -O2 -ffp-contract=off -Wall -Wextra "$march" -c "$root/tests/native/arm64_driver.cpp" \
     -o "$tmp/driver-$name.o"
   "$cxx" -static "$tmp/kernel-$name.o" "$tmp/driver-$name.o" -o "$tmp/check-$name"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the executorch-android AAR from source with the generation kernel (toolchain::int4_linear_a8.out,
-# toolchain/native/int4_linear.cpp) registered in its libexecutorch.so, for the app's -PexecutorchAar.
+# toolchain/native/kernels.cpp) registered in its libexecutorch.so, for the app's -PexecutorchAar.
 #
 #   ANDROID_NDK=/path/to/ndk ANDROID_SDK=/path/to/sdk \
 #     android/native/build_executorch_aar.sh /path/to/executorch [OUT_DIR]

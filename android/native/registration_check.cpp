@@ -25,8 +25,9 @@ int main(int argc, char** argv) {
   std::printf("%s: %s\n", op, has ? "registered" : "not registered");
   if (has != want) return 1;
   if (!has) return 0;
-  // y = x W^T for x [1, 4], W [2, 4] int4 (group 4): high nibble = column 2j, value n - 8.
-  float x[4] = {1, 2, 3, 4};
+  // y = x W^T for x [1, 4], W [2, 4] int4 (group 4): high nibble = column 2j, value n - 8. x is on its int8
+  // grid (max |x| = 127: the activation scale is 1), so the W4A8 result is exact.
+  float x[4] = {127, -64, 32, 1};
   unsigned char q[4] = {(9 << 4) | 10, (7 << 4) | 8, (8 << 4) | 8, (12 << 4) | 4};  // W = [[1, 2, -1, 0], [0, 0, 4, -4]]
   float scales[2] = {0.5f, 2.0f};
   float y[2] = {0, 0};
@@ -41,6 +42,6 @@ int main(int argc, char** argv) {
   if (!fn.ok()) return 1;
   KernelRuntimeContext ctx;
   (*fn)(ctx, {stack, 5});
-  std::printf("y = [%g, %g] (want [1, -8])\n", y[0], y[1]);
-  return ctx.failure_state() == executorch::runtime::Error::Ok && y[0] == 1.0f && y[1] == -8.0f ? 0 : 1;
+  std::printf("y = [%g, %g] (want [-16.5, 248])\n", y[0], y[1]);
+  return ctx.failure_state() == executorch::runtime::Error::Ok && y[0] == -16.5f && y[1] == 248.0f ? 0 : 1;
 }

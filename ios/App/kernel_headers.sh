@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ExecuTorch C++ headers the app target's native code compiles against (toolchain/native/int4_linear.cpp,
+# The ExecuTorch C++ headers the app target's native code compiles against (toolchain/native/kernels.cpp,
 # the int4 generation kernel, and Sources/Kernels/ToolchainKernels.cpp, its registry probe), copied into
 # ios/App/Vendor/executorch/include (git-ignored), where project.yml's HEADER_SEARCH_PATHS look.
 #

@@ -12,7 +12,7 @@ Python bindings' runtime, one shared arena, with the stock generation methods), 
 Two builds of module_check, both with the app's kernel probe (ios/App/Sources/Kernels/ToolchainKernels.cpp):
   stock (default): the app's ExecuTorch kernel set only; the probe must say toolchain::int4_linear_a8.out is
     missing, and only the stock methods are loaded (a fused method would not load without its kernel);
-  --fused: also toolchain/native/int4_linear.cpp (the toolchain's flags), as the app target compiles it;
+  --fused: also toolchain/native/kernels.cpp (the toolchain's flags), as the app target compiles it;
     the probe must say registered, the fused generation methods (generate.fused) are loaded instead of
     their stock ones and called by generate(); the greedy ids must still be the trace's.
 
@@ -59,7 +59,7 @@ def build(binary: Path, fused: bool = False) -> None:
         from toolchain.native.build import KERNEL_SOURCE, compile_flags
 
         flags = [f for f in compile_flags() if f not in ("-shared", "-fPIC")]
-        kernel = binary.with_name("int4_linear.o")
+        kernel = binary.with_name("kernels.o")
         subprocess.run(["g++", *flags, *inc, "-c", str(KERNEL_SOURCE), "-o", str(kernel)], check=True)
         objects.append(str(kernel))
     cmd = ["g++", "-std=c++17", "-O1", *inc, str(HERE / "module_check.cpp"), str(KERNELS_DIR / "ToolchainKernels.cpp"),

@@ -12,7 +12,7 @@
 //   module_check --probe KERNEL        prints "registered" or "missing": the app's kernel probe
 //                                      (ios/App/Sources/Kernels/ToolchainKernels.cpp, linked in) asked
 //                                      about KERNEL (check.py builds this binary with and without
-//                                      toolchain/native/int4_linear.cpp, and loads the fused generation
+//                                      toolchain/native/kernels.cpp, and loads the fused generation
 //                                      methods only in the binary that registers their kernel)
 // Then, on stdin, any number of requests; each answered on stdout:
 //   request:  u32 name_len, name, u32 n_inputs, n_inputs x tensor

@@ -1,4 +1,4 @@
-// Checks a build of toolchain/native/int4_linear.cpp (linked in, built with TOOLCHAIN_NO_EXECUTORCH) on the
+// Checks a build of toolchain/native/kernels.cpp (linked in, built with TOOLCHAIN_NO_EXECUTORCH) on the
 // cases of tests/native/make_arm64_cases.py; run by scripts/check_kernel_arm64.sh under qemu-aarch64.
 //
 //   arm64_driver CASES [LABEL]
@@ -7,7 +7,7 @@
 // the kernel's top comment says, sa = max|x| / 127 in float32, a = round-to-even(x / sa); the integer sums
 // isum_g = sum_k a_k (n_k - 8) exact; y = sum_g isum_g sw_g sa_g in double), within the float32 bound of
 // the group sum |err| <= gamma_(ng+6) * sum_g |isum_g sw_g sa_g|, gamma_k = k u / (1 - k u), u = 2^-24 (as
-// tests/native/test_int4_linear.py); (b) y against the x86-64 kernel's y stored in the file, bit for bit
+// tests/native/test_kernels.py); (b) y against the x86-64 kernel's y stored in the file, bit for bit
 // (and the largest difference in ulps where not). Exit 0 if (a) held everywhere, 1 if not, 2 for a bad
 // file or a refused call. (b) is reported here; tests/native/test_kernel_arm64.py enforces it.
 //

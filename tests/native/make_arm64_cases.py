@@ -1,7 +1,7 @@
 """Test cases for the arm64 build of the int4 kernel (scripts/check_kernel_arm64.sh), with this host's
 (x86-64) kernel output: `python tests/native/make_arm64_cases.py OUT [--seed S] [--cases N]`.
 
-Shapes: the fixed ones of tests/native/test_int4_linear.py, then random ones: T = 1 (decode) and T > 4
+Shapes: the fixed ones of tests/native/test_kernels.py, then random ones: T = 1 (decode) and T > 4
 with a remainder mod 4 (the prefill tiles), odd o, even i, even groups 2..128 with partial last groups
 (and groups wider than i). Half the weights are the repo's `quantize` of a random matrix (padded to whole
 groups, as the x86 test does), half uniformly random bytes (every nibble, -8 included) with random scales
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_int4_linear import SHAPES, _kernel, _quantize_partial  # noqa: E402
+from test_kernels import SHAPES, _kernel, _quantize_partial  # noqa: E402
 
 MAGIC = b"TCI4CAS1"
 

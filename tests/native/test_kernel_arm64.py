@@ -1,7 +1,7 @@
 """The arm64 builds of the int4 kernel (NEON, as the apps compile it, and the generic path), cross-compiled
 and run under qemu-aarch64 by scripts/check_kernel_arm64.sh on ~300 random shapes: each output within the
 float32 dot-product bound of a float64 reference, and equal to this host's x86 kernel bit for bit (the
-kernel sums in the same order with FMA on every target, int4_linear.cpp; GCC both sides here).
+kernel sums in the same order with FMA on every target, kernels.cpp; GCC both sides here).
 
 The script installs g++-aarch64-linux-gnu and qemu-user from Debian's packages when they are missing
 (about 35 s once); skipped when they are missing and cannot be installed. About 20 s with them."""

@@ -166,8 +166,8 @@ def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifa
     return {
         "methods": stock + list(fused.values()), "max_tokens": pspec.seq_len, "cache_bytes": cache_bytes,
         "prefill_chunk": pspec.prefill_chunk, "steps": GENERATE_LOOP,
-        # the native kernel (toolchain/native/int4_linear.cpp) and the methods that call it; null: none needed
-        "fused": None if not fused else {"kernels": list(FUSED_KERNELS), "source": "toolchain/native/int4_linear.cpp",
+        # the native kernel (toolchain/native/kernels.cpp) and the methods that call it; null: none needed
+        "fused": None if not fused else {"kernels": list(FUSED_KERNELS), "source": "toolchain/native/kernels.cpp",
                                          "methods": fused},
         # the arenas of what generation loads (each its own arena on the stock mobile Module; a fused method
         # counted instead of its stock one when larger) + the KV cache + the state array

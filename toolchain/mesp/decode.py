@@ -22,7 +22,8 @@ Attention, per kv head (G query heads q [G, C, D], c = 1/sqrt(D)), without conca
   s_c = c q K^T [G, C, S] (cache rows >= pos masked),  s_n = c q k_new^T [G, C, C] (future tokens masked)
   m = max(rowmax s_c, rowmax s_n)   (finite: the diagonal of s_n is never masked)
   o = (exp(s_c - m) V + exp(s_n - m) v_new) / (rowsum exp(s_c - m) + rowsum exp(s_n - m))
-which is Qwen2's causal softmax attention at positions pos .. pos + C - 1. Projections go through
+which is Qwen2's causal softmax attention at positions pos .. pos + C - 1 (`attention_with_cache`; in the fused
+methods one call of the native kernel `toolchain::attention_decode`, whose reference it is). Projections go through
 `linear_forward` whole (no MLP chunks: C rows are small), so within `quant.fused_int4()` each int4
 projection is one `toolchain::int4_linear` call that reads the packed weight once.
 """
@@ -35,9 +36,9 @@ from torch import Tensor
 
 from toolchain.mesp.block import BlockParams
 from toolchain.mesp.ops import RopeTables, linear_forward, rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
-from toolchain.mesp.ops.quant import QuantWeight, matmul_xwt
+from toolchain.mesp.ops.quant import QuantWeight, fused_enabled, matmul_xwt
 
-__all__ = ["block_decode", "head_logits", "decode_rope"]
+__all__ = ["block_decode", "head_logits", "decode_rope", "attention_with_cache", "ATTENTION_DECODE_OP"]
 
 
 def _heads(x: Tensor, n: int) -> Tensor:
@@ -74,7 +75,7 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     """
     w, arch = p.weights, p.arch
     h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
-    g, c, n = h // hk, dh ** -0.5, x.shape[0]
+    c = dh ** -0.5
     n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
     q, _ = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
     k, _ = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
@@ -82,26 +83,64 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     q = rope_forward(_heads(q, h), rope)                              # [H, C, D]
     k = rope_forward(_heads(k, hk), rope)                             # [Hk, C, D]
     v = _heads(v, hk)                                                 # [Hk, C, D]
-    s = k_cache.shape[1]
-    ignored = torch.arange(s, device=x.device) >= pos.reshape(1)      # [S] cache rows not yet written
-    idx = torch.arange(n, device=x.device)
+    if fused_enabled():                                               # one native call (toolchain::attention_decode)
+        o = torch.ops.toolchain.attention_decode(q, k, v, k_cache, v_cache, pos, c)
+    else:
+        o = attention_with_cache(q, k, v, k_cache, v_cache, pos, c)   # [C, H*D]
+    ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)
+    x1 = x + ao
+    return x1 + _mlp(x1, p), k, v
+
+
+def attention_with_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
+                         scale: float) -> Tensor:
+    """Softmax attention of C tokens q [H, C, D] (after RoPE) at positions pos .. pos + C - 1 over cache rows
+    [0, pos) and, causally, the chunk's own k, v [Hk, C, D] (see the module docstring). Returns [C, H*D], the
+    heads in order. The reference of `toolchain::attention_decode`, the fused methods' native kernel."""
+    hk, n, dh = k.shape
+    g, s = q.shape[0] // hk, k_cache.shape[1]
+    ignored = torch.arange(s, device=q.device) >= pos.reshape(1)      # [S] cache rows not yet written
+    idx = torch.arange(n, device=q.device)
     future = idx[None, :] > idx[:, None]                              # [C, C] later tokens of the chunk
     outs = []
     for j in range(hk):
         qj = q[j * g:(j + 1) * g].reshape(g * n, dh)                  # [G*C, D]
-        sc = (F.linear(qj, k_cache[j]) * c).reshape(g, n, s)          # [G, C, S] (the cache read in place)
+        sc = (F.linear(qj, k_cache[j]) * scale).reshape(g, n, s)      # [G, C, S] (the cache read in place)
         sc = sc.masked_fill(ignored, float("-inf"))
-        sn = (F.linear(qj, k[j]) * c).reshape(g, n, n)                # [G, C, C]
+        sn = (F.linear(qj, k[j]) * scale).reshape(g, n, n)            # [G, C, C]
         sn = sn.masked_fill(future, float("-inf"))
         m = torch.maximum(sc.amax(-1, keepdim=True), sn.amax(-1, keepdim=True))  # [G, C, 1]
         pc = torch.exp(sc - m)
         pn = torch.exp(sn - m)
         o = (pc @ v_cache[j] + pn @ v[j]) / (pc.sum(-1, keepdim=True) + pn.sum(-1, keepdim=True))  # [G, C, D]
         outs.append(o)
-    o = torch.cat(outs).transpose(0, 1).reshape(n, h * dh)            # heads in order: [C, H*D]
-    ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)
-    x1 = x + ao
-    return x1 + _mlp(x1, p), k, v
+    return torch.cat(outs).transpose(0, 1).reshape(n, -1)             # heads in order: [C, H*D]
+
+
+def _register_attention_decode() -> torch.library.Library:
+    """`toolchain::attention_decode` and its out variant (the native kernel's, toolchain/native), with
+    `attention_with_cache` as their CPU implementation and shapes for tracing."""
+    lib = torch.library.Library("toolchain", "FRAGMENT")
+    lib.define("attention_decode(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos, "
+               "float scale) -> Tensor")
+    lib.define("attention_decode.out(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos, "
+               "float scale, *, Tensor(a!) out) -> Tensor(a!)")
+
+    def out_variant(q, k, v, k_cache, v_cache, pos, scale, *, out):
+        out.copy_(attention_with_cache(q, k, v, k_cache, v_cache, pos, scale))
+        return out
+
+    def shape_only(q, k, v, k_cache, v_cache, pos, scale):
+        return q.new_empty((q.shape[1], q.shape[0] * q.shape[2]))
+
+    lib.impl("attention_decode", attention_with_cache, "CompositeExplicitAutograd")
+    lib.impl("attention_decode.out", out_variant, "CompositeExplicitAutograd")
+    lib.impl("attention_decode", shape_only, "Meta")
+    return lib
+
+
+_OPS_LIBRARY = _register_attention_decode()
+ATTENTION_DECODE_OP = "toolchain::attention_decode"
 
 
 def head_logits(x: Tensor, final_norm: Tensor, head_chunks: list[Tensor | QuantWeight], eps: float) -> Tensor:

@@ -1,8 +1,10 @@
 """Native kernels the programs can call (C++ beside this file), built for this host on first use.
 
-`int4_linear.cpp`: `toolchain::int4_linear.out`, group-wise int4 x float matmul read in place from the
-weights file (decode, prefill chunks and the LM head of int4 generation). The apps compile the same file
-for arm64 (docs/export.md, "the generation kernel")."""
+`kernels.cpp`, the fused generation methods' kernels: `toolchain::int4_linear_a8.out`, group-wise int4
+weights read in place from the weights file times int8-rounded activations (decode, prefill chunks and
+the LM head of int4 generation), and `toolchain::attention_decode.out`, softmax attention of a chunk of
+tokens over the KV cache. The apps compile the same file for arm64 (docs/export.md, "the generation
+kernel")."""
 
 from toolchain.native.build import KERNEL_OPS, KERNEL_SOURCE, KernelUnavailable, kernel_library, load_kernels
 

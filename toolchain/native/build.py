@@ -22,8 +22,8 @@ from toolchain.errors import ToolchainError
 
 __all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels", "compile_flags"]
 
-KERNEL_SOURCE = Path(__file__).with_name("int4_linear.cpp")
-KERNEL_OPS = ("toolchain::int4_linear_a8.out",)   # what the library registers (the manifest lists them)
+KERNEL_SOURCE = Path(__file__).with_name("kernels.cpp")
+KERNEL_OPS = ("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out")   # what the library registers
 _LIB_NAME = "libtoolchain_kernels.so"
 
 
@@ -110,5 +110,8 @@ def load_kernels() -> ctypes.CDLL:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.toolchain_int4_linear_a8.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
         lib.toolchain_int4_linear_a8.restype = ctypes.c_int
+        lib.toolchain_attention_decode.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
+                                                   ctypes.c_float, ptr]
+        lib.toolchain_attention_decode.restype = ctypes.c_int
         _LOADED = lib
     return _LOADED

@@ -19,7 +19,7 @@ Generation reads every int4 weight once per token, where dequantizing it costs m
 (docs/benchmarks.md). Within `fused_int4()` an int4 `x W^T` is one call of the custom op
 `toolchain::int4_linear_a8(x, qweight, scales, group)`, which multiplies the packed weight in place with x
 quantized to int8 per row and group (W4A8: what ExecuTorch's own 8da4w LLM programs compute; integer dot
-products, 64 per instruction on AVX-512 VNNI): its ExecuTorch kernel is toolchain/native/int4_linear.cpp;
+products, 64 per instruction on AVX-512 VNNI): its ExecuTorch kernel is toolchain/native/kernels.cpp;
 its PyTorch implementation here (`int4_linear_a8_reference`) defines it, is what eager generation runs, and
 is the reference the kernel is tested against. The stock generation methods (a runtime without the kernel)
 and the training step keep float32 activations (`dequantize` + `linear`); the activations' int8 rounding
@@ -40,7 +40,7 @@ from torch import Tensor
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "executorch_kernels", "fused_int4", "dense", "matmul_xwt",
            "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
-           "int4_linear_a8_reference", "quantize_activations", "INT4_LINEAR_OP"]
+           "int4_linear_a8_reference", "quantize_activations", "fused_enabled", "INT4_LINEAR_OP"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -188,6 +188,11 @@ def quantize_activations(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     sa = xg.abs().amax(-1) / 127.0                                                      # [T, ng]
     a = torch.where(sa[..., None] > 0, torch.round(xg / sa[..., None]), 0.0)
     return torch.nan_to_num(a, nan=0.0).clamp(-127, 127), sa
+
+
+def fused_enabled() -> bool:
+    """Inside `fused_int4()`: the fused generation methods' custom ops replace their stock graphs."""
+    return _FUSED_INT4
 
 
 def int4_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:

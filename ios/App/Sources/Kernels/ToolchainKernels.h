@@ -1,6 +1,6 @@
 // What the Swift runtime asks about native ExecuTorch kernels (the app's bridging header includes this).
 // ToolchainKernels.cpp answers from the ExecuTorch kernel registry of this process, which the kernels fill
-// from their static initializers at load: toolchain/native/int4_linear.cpp (compiled into the app target,
+// from their static initializers at load: toolchain/native/kernels.cpp (compiled into the app target,
 // project.yml) registers `toolchain::int4_linear_a8.out`. ios/hostcheck builds the same file into its host
 // binary with and without the kernel and checks both answers.
 #ifndef TOOLCHAIN_KERNELS_H

@@ -13,7 +13,7 @@ import TrainerCore
 /// the method's planned arena, which its next call overwrites: each is copied once into a Data the
 /// loop copies into its state slice / activation at once.
 ///
-/// Native kernels: the app target compiles toolchain/native/int4_linear.cpp (project.yml), whose static
+/// Native kernels: the app target compiles toolchain/native/kernels.cpp (project.yml), whose static
 /// initializer registers `toolchain::int4_linear_a8.out` with the ExecuTorch runtime the Module runs on.
 /// `registeredKernels` asks the kernel registry (ToolchainKernels.cpp, through the bridging header)
 /// about every kernel the manifest's fused methods need; with all of them the loop calls the fused

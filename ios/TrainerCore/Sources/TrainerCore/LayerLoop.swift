@@ -350,7 +350,7 @@ public struct LoopOutput {
 public protocol LoopRuntime: AnyObject {
     var backendName: String { get }
     /// Custom kernels registered with this runtime beyond its stock operators (ExecuTorch:
-    /// `toolchain::int4_linear_a8.out` when the app links toolchain/native/int4_linear.cpp). Generation
+    /// `toolchain::int4_linear_a8.out` when the app links toolchain/native/kernels.cpp). Generation
     /// calls the manifest's fused methods (`generate.fused`) when it has all of theirs
     /// (`LoopManifest.generationMethods(registeredKernels:)`). Default: none.
     var registeredKernels: Set<String> { get }

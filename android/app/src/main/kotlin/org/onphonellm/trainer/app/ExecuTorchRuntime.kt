@@ -22,7 +22,7 @@ import org.pytorch.executorch.DType as EtDType
  *
  * - `Module.load(model.pte, LOAD_MODE_MMAP)`: the program file stays clean file-backed pages. The frozen
  *   weights are not in the .pte: they are weights.safetensors, memory-mapped by trainer-core.
- * - The generation kernel (manifest generate.fused: `toolchain::int4_linear_a8.out`, toolchain/native/int4_linear.cpp):
+ * - The generation kernel (manifest generate.fused: `toolchain::int4_linear_a8.out`, toolchain/native/kernels.cpp):
  *   reported by [hasKernels] only if this app's libexecutorch.so has it registered, which only an AAR built
  *   from source with android/native/build_executorch_aar.sh does (Maven Central's AAR has no custom kernels
  *   and exports no kernel registry to add one from another .so; docs/android.md, "The generation kernel").

@@ -1,3 +1,8 @@
+// The fused generation methods' native kernels (ExecuTorch custom ops; their PyTorch references are in
+// toolchain/mesp/ops/quant.py and toolchain/mesp/decode.py):
+//   toolchain::int4_linear_a8     y = x W^T for group-wise int4 W
+//   toolchain::attention_decode   softmax attention of C tokens over the KV cache and themselves
+//
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
 //
@@ -24,8 +29,9 @@
 //
 // Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers and
 // libexecutorch) for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the
-// ExecuTorch kernel `toolchain::int4_linear_a8.out` at load; `toolchain_int4_linear_a8` is the same
-// computation as a C function for the kernel tests.
+// ExecuTorch kernels `toolchain::int4_linear_a8.out` and `toolchain::attention_decode.out` at load;
+// `toolchain_int4_linear_a8` and `toolchain_attention_decode` are the same computations as C functions for
+// the kernel tests.
 
 #include <algorithm>
 #include <cmath>
@@ -50,6 +56,8 @@ inline float lane_sum(const float* a) {
   for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
+
+typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector extensions: 16 lanes
 
 // x quantized per row and group: int8 even / odd columns (each row padded with zeros to `stride` bytes),
 // sa and 8 * sum_k a per group (padded with zeros to `gstride` groups).
@@ -245,6 +253,61 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   return 0;
 }
 
+
+// out [C, H*D] = softmax attention of C query tokens (q [H, C, D], after RoPE) at positions pos .. pos + C - 1
+// over the cache rows [0, min(pos, S)) of k_cache / v_cache [Hk, S, D] and, causally, the chunk's own k / v
+// [Hk, C, D] (query head h reads kv head h / (H / Hk)); scores scaled by `scale`. Per query: the scores,
+// their max m, then sum_s exp(s - m) v_s / sum_s exp(s - m). Returns 0, or -1 for bad arguments.
+int toolchain_attention_decode(const float* q, const float* k, const float* v, const float* k_cache,
+                               const float* v_cache, int64_t H, int64_t Hk, int64_t C, int64_t S, int64_t D,
+                               int64_t pos, float scale, float* out) {
+  if (H <= 0 || Hk <= 0 || H % Hk || C <= 0 || S < 0 || D <= 0 || pos < 0) return -1;
+  const int64_t G = H / Hk, n = std::min(pos, S);
+  thread_local std::vector<float> p, o;
+  p.resize(static_cast<size_t>(n + C));
+  o.resize(static_cast<size_t>(D));
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t j = h / G;
+    const float* kc = k_cache + j * S * D;
+    const float* vc = v_cache + j * S * D;
+    const float* kn = k + j * C * D;
+    const float* vn = v + j * C * D;
+    for (int64_t c = 0; c < C; ++c) {
+      const float* qv = q + (h * C + c) * D;
+      float m = -INFINITY;
+      for (int64_t s = 0; s < n + c + 1; ++s) {
+        const float* kr = s < n ? kc + s * D : kn + (s - n) * D;
+        f32x16 acc = f32x16{};
+        float tail = 0.0f;
+        int64_t d = 0;
+        for (; d + L <= D; d += L) {
+          f32x16 a, b;
+          std::memcpy(&a, qv + d, sizeof a);
+          std::memcpy(&b, kr + d, sizeof b);
+          acc = acc + a * b;
+        }
+        for (; d < D; ++d) tail += qv[d] * kr[d];
+        float lanes[L];
+        std::memcpy(lanes, &acc, sizeof lanes);
+        const float sc = (lane_sum(lanes) + tail) * scale;
+        p[static_cast<size_t>(s)] = sc;
+        m = sc > m ? sc : m;
+      }
+      std::fill(o.begin(), o.end(), 0.0f);
+      float denom = 0.0f;
+      for (int64_t s = 0; s < n + c + 1; ++s) {
+        const float e = std::exp(p[static_cast<size_t>(s)] - m);
+        denom += e;
+        const float* vr = s < n ? vc + s * D : vn + (s - n) * D;
+        for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += e * vr[d];
+      }
+      float* dst = out + c * H * D + h * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = o[static_cast<size_t>(d)] / denom;
+    }
+  }
+  return 0;
+}
+
 }  // extern "C"
 
 #ifndef TOOLCHAIN_NO_EXECUTORCH
@@ -283,7 +346,32 @@ Tensor& int4_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Ten
   return out;
 }
 
+
+// toolchain::attention_decode.out(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos,
+//                                 float scale, *, Tensor(a!) out)
+Tensor& attention_decode_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos, double scale, Tensor& out) {
+  const Tensor* floats[] = {&q, &k, &v, &k_cache, &v_cache, &out};
+  for (const Tensor* t : floats) ET_KERNEL_CHECK(ctx, t->scalar_type() == ScalarType::Float, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, pos.scalar_type() == ScalarType::Long && pos.numel() == 1, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
+                  InvalidArgument, out);
+  const int64_t H = q.size(0), C = q.size(1), D = q.size(2), Hk = k.size(0), S = k_cache.size(1);
+  ET_KERNEL_CHECK(ctx, k.size(1) == C && k.size(2) == D && v.size(0) == Hk && v.size(1) == C && v.size(2) == D &&
+                  k_cache.size(0) == Hk && k_cache.size(2) == D && v_cache.size(0) == Hk && v_cache.size(1) == S &&
+                  v_cache.size(2) == D, InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(C), static_cast<SizesType>(H * D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_attention_decode(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(),
+                                            k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), H, Hk, C, S,
+                                            D, pos.const_data_ptr<int64_t>()[0], static_cast<float>(scale),
+                                            out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "attention_decode.out", attention_decode_out);
 #endif

@@ -1,4 +1,4 @@
-"""The native int4 kernel (toolchain/native/int4_linear.cpp, W4A8) against its definition on random shapes
+"""The native int4 kernel (toolchain/native/kernels.cpp, W4A8) against its definition on random shapes
 and groups: odd row counts and widths, partial last groups, T = 1 (decode) and prefill tiles with a remainder.
 
 The definition (quant.int4_linear_a8_reference): x quantized per row and group (`quantize_activations`),
@@ -151,3 +151,34 @@ def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(KernelUnavailable, match="does not run"):
         build.kernel_library()
+
+
+ATTENTION_SHAPES = [  # (H, Hk, C, S, D, pos): decode and prefill chunks, GQA / MQA / MHA, an empty cache,
+    (14, 2, 1, 256, 64, 40), (4, 2, 5, 24, 8, 0), (3, 1, 3, 24, 12, 20), (14, 2, 32, 256, 64, 100),   # odd D
+    (6, 3, 2, 10, 20, 9), (2, 2, 4, 16, 16, 14), (2, 1, 1, 8, 40, 8),                                 # a full cache
+]
+
+
+@pytest.mark.parametrize("h,hk,c,s,d,pos", ATTENTION_SHAPES, ids=[f"H{a[0]}-Hk{a[1]}-C{a[2]}-S{a[3]}-D{a[4]}-p{a[5]}"
+                                                              for a in ATTENTION_SHAPES])
+def test_attention_kernel_equals_the_reference(h, hk, c, s, d, pos):
+    """toolchain_attention_decode against `attention_with_cache` (the stock methods' graph, its reference) in
+    float64: both within float32 rounding of it. The kernel's cache rows >= pos are NaN: it never reads them
+    (the stock graph masks their scores, so it gets finite stale rows there)."""
+    from toolchain.mesp.decode import attention_with_cache
+
+    gen = torch.Generator().manual_seed(h * 100 + c * 10 + d)
+    q, k, v = torch.randn(h, c, d, generator=gen), torch.randn(hk, c, d, generator=gen), torch.randn(hk, c, d, generator=gen)
+    kc, vc = torch.randn(hk, s, d, generator=gen), torch.randn(hk, s, d, generator=gen)
+    kn, vn = kc.clone(), vc.clone()
+    kn[:, pos:], vn[:, pos:] = float("nan"), float("nan")
+    lib, out, scale = load_kernels(), torch.empty(c, h * d), d ** -0.5
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    assert lib.toolchain_attention_decode(ptr(q), ptr(k), ptr(v), ptr(kn), ptr(vn), h, hk, c, s, d, pos,
+                                          ctypes.c_float(scale), ptr(out)) == 0
+    exact = attention_with_cache(*(t.double() for t in (q, k, v, kc, vc)),
+                                 torch.tensor([pos]), scale)
+    ref = attention_with_cache(q, k, v, kc, vc, torch.tensor([pos]), scale)
+    assert not out.isnan().any() and not ref.isnan().any()
+    torch.testing.assert_close(out.double(), exact, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(ref.double(), exact, rtol=2e-6, atol=2e-6)
