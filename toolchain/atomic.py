@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import stat
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from toolchain.errors import OutputExists, OutputNotWritable
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_dir", "discard_pending", "discarded_on_stop",
-           "check_output_dir", "check_output_file", "permit_replace", "output_scope", "FORCE_HELP"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_chunks", "atomic_dir", "discard_pending",
+           "discarded_on_stop",
+           "check_output_dir", "check_output_file", "check_regular_output", "permit_replace", "output_scope",
+           "sweep_stale", "FORCE_HELP"]
 
 _PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place
 _REPLACEABLE: set[Path] = set()  # existing outputs the user allowed to be replaced (--force), resolved
@@ -39,6 +43,78 @@ FORCE_HELP = "Replace an existing non-empty output directory (by default it is r
 
 def _key(path: Path) -> Path:
     return Path(os.path.abspath(path))
+
+
+# Temporaries are `.<name>.<pid>.<random>.tmp` (and `.old`) beside their output: a run killed with SIGKILL
+# (no handler runs) leaves them, and the next run on the same output deletes those of dead processes.
+def _prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(path: Path) -> list[Path]:
+    """Delete the temporaries a killed run left beside `path` (those of processes no longer alive)."""
+    path = _key(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[^.]+\.(tmp|old)$")
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for e in entries:
+        m = pattern.match(e.name)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        p = Path(e.path)
+        if e.is_dir(follow_symlinks=False):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        removed.append(p)
+    return removed
+
+
+_KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a FIFO (named pipe)",
+          stat.S_ISSOCK: "a socket"}
+
+
+def _special(path: Path) -> str | None:
+    """What `path` is when it exists (links followed) and is neither a regular file nor a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((kind for test, kind in _KINDS.items() if test(mode)), None)
+
+
+def check_regular_output(path: Path, *, option: str = "--out", streams: bool = False) -> None:
+    """An output file must be a regular file (or new): a device, FIFO or socket (or a link to one) would be
+    replaced by a regular file (`--json /dev/null` as root replaced the system's /dev/null) or block.
+
+    `streams`: the command appends to it as it goes (`--telemetry-out`), so a character device is taken
+    as it is (/dev/null, a terminal). A FIFO is refused even then: with no reader, opening it blocks
+    forever; with one, the appends (one open per event) end its input at the first event.
+
+    Raises:
+        OutputExists: `path` is special (and, with `streams`, not a character device).
+    """
+    kind = _special(path)
+    if kind is None:
+        return
+    if streams and kind == "a character device":
+        return
+    link = " (through a symbolic link)" if Path(path).is_symlink() else ""
+    raise OutputExists(f"{option} {path} is {kind}{link}, not a regular file; give a regular file path")
 
 
 def permit_replace(path: Path) -> None:
@@ -114,6 +190,11 @@ def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
         OutputNotWritable: the location is read-only, not creatable, or short of space.
     """
     path = Path(path)
+    real, cwd = Path(os.path.realpath(path)), Path(os.path.realpath(os.getcwd()))
+    if cwd.is_relative_to(real):
+        raise OutputExists(f"{option} {path} is the current directory or contains it, which cannot be replaced; "
+                           f"choose a new directory")
+    sweep_stale(path)
     occupied = _occupied(path)
     if occupied is not None:
         if not path.is_dir():
@@ -125,8 +206,10 @@ def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
     return path
 
 
-def check_output_file(path: Path, *, option: str = "--out", expected_bytes: int | None = None) -> Path:
-    """Check an output file before any long work: not a directory, and its directory writable.
+def check_output_file(path: Path, *, option: str = "--out", expected_bytes: int | None = None,
+                      streams: bool = False) -> Path:
+    """Check an output file before any long work: not a directory nor a special file (`check_regular_output`;
+    `streams`: appended to as the command goes), and its directory writable.
 
     Raises:
         OutputExists: `path` is a directory.
@@ -135,6 +218,9 @@ def check_output_file(path: Path, *, option: str = "--out", expected_bytes: int 
     path = Path(path)
     if path.is_dir():
         raise OutputExists(f"{option} {path} is a directory; give a file path")
+    check_regular_output(path, option=option, streams=streams)
+    if _special(path) is None:
+        sweep_stale(path)
     _check_writable(path, option, expected_bytes)
     return path
 
@@ -181,9 +267,13 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
+    """Write `path` whole or not at all (a failed write, e.g. EFBIG or ENOSPC, leaves the old file and no
+    temporary). A special file in its place is refused (`check_regular_output`)."""
+    check_regular_output(Path(path), option="output")
+    path = _key(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    sweep_stale(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
     _PENDING.add(Path(tmp))
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
@@ -203,6 +293,30 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
+    """`atomic_write_bytes` of the concatenation of `chunks` (str as UTF-8), written as they come: an output
+    produced as a stream in bounded memory. An exception from `chunks` leaves the old file and no temporary."""
+    check_regular_output(Path(path), option="output")
+    path = _key(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
+    _PENDING.add(Path(tmp))
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            for chunk in chunks:
+                f.write(chunk.encode() if isinstance(chunk, str) else chunk)
+        with _sigterm_blocked():
+            os.replace(tmp, path)
+            _PENDING.discard(Path(tmp))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        _PENDING.discard(Path(tmp))
+        raise
+
+
 def _refuse_occupied(path: Path, replace: bool) -> None:
     occupied = _occupied(path)
     if occupied is not None and not (replace and path.is_dir()) and _key(path) not in _REPLACEABLE:
@@ -218,10 +332,11 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     `check_output_dir(path, force=True)` / `permit_replace(path)`, else OutputExists is raised (before the
     block runs, and again before the swap), and nothing at `path` is touched.
     """
-    path = Path(path)
-    _refuse_occupied(path, replace)
+    shown, path = Path(path), _key(path)
+    _refuse_occupied(shown, replace)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    sweep_stale(path)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp"))
     _PENDING.add(tmp)
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
@@ -231,7 +346,7 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
         _PENDING.discard(tmp)
         raise
     try:
-        _refuse_occupied(path, replace)      # filled by someone else while we worked
+        _refuse_occupied(shown, replace)     # filled by someone else while we worked
     except OutputExists:
         shutil.rmtree(tmp, ignore_errors=True)
         _PENDING.discard(tmp)
@@ -239,7 +354,7 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     old = None
     with _sigterm_blocked():
         if path.exists() or path.is_symlink():
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=_prefix(path), suffix=".old"))
             os.replace(path, old / "x")
         os.replace(tmp, path)
         _PENDING.discard(tmp)

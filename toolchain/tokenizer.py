@@ -34,7 +34,8 @@ from toolchain.validate import read_text as _read_utf8
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "qwen_tokenizer", "tokenizer_for_export",
            "apply_chat_template", "qwen_vocab_path", "read_qwen_ranks", "qwen_merges", "sanitize",
            "QWEN_PATTERN", "QWEN_ADDED_TOKENS", "QWEN_SPECIAL_START", "QWEN_VOCAB_SHA256", "QWEN_MIN_VOCAB",
-           "ENDOFTEXT", "IM_START", "IM_END", "TOKENIZER_NAME", "CHAT_ROLES"]
+           "ENDOFTEXT", "IM_START", "IM_END", "TOKENIZER_NAME", "CHAT_ROLES",
+           "QWEN_TOKENIZER_JSON_SHA256"]
 
 TOKENIZER_NAME = "tokenizer.json"  # in a program directory and in a Hugging Face model directory
 
@@ -54,6 +55,9 @@ QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 QWEN_MIN_VOCAB = QWEN_SPECIAL_START + len(QWEN_ADDED_TOKENS)  # 151665: a model must embed every id
 QWEN_VOCAB_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"  # dashscope==2.0.2
+# sha256 of `qwen_tokenizer().to_json()` with tokenizers==0.23.3 (tests/test_text_stream.py recomputes it): a
+# tokenizer.json with these bytes may be encoded by tiktoken over its ranks (`text_stream.stream_encoder`).
+QWEN_TOKENIZER_JSON_SHA256 = "ace00a17cf233aa5fa133117c7382d1f29b38300d13a56d4b7263ae30426a2c6"
 CHAT_ROLES = ("system", "user", "assistant")
 
 TokenizerKind = Literal["byte", "qwen2.5", "huggingface"]
@@ -154,6 +158,9 @@ class HFTokenizer:
         self.vocab_size: int = tk.get_vocab_size(with_added_tokens=True)
         self.pad_id, self.eos_id, self.bos_id = pad_id, eos_id, bos_id
         self._source_json = source_json  # a model's file is written back byte for byte
+        self._is_qwen: bool | None = None
+        self._tiktoken = None    # built by `stream_encoder` when first needed
+        self._ranks: dict[bytes, int] | None = None
 
     @classmethod
     def from_file(cls, path: Path, *, kind: TokenizerKind, pad_id: int | None = None,
@@ -197,6 +204,12 @@ class HFTokenizer:
 
     def to_json(self) -> str:
         return self._source_json if self._source_json is not None else self._tk.to_str()
+
+    def is_qwen(self) -> bool:
+        """Exactly the tokenizer `qwen_tokenizer()` builds (its tokenizer.json's bytes)."""
+        if self._is_qwen is None:
+            self._is_qwen = hashlib.sha256(self.to_json().encode()).hexdigest() == QWEN_TOKENIZER_JSON_SHA256
+        return self._is_qwen
 
 
 def _tokenizer_config(folder: Path) -> dict:
@@ -299,7 +312,9 @@ def qwen_tokenizer() -> HFTokenizer:
     if ids != list(range(QWEN_SPECIAL_START, QWEN_MIN_VOCAB)):
         raise RuntimeError(f"Qwen added tokens got ids {ids}, expected {QWEN_SPECIAL_START}..{QWEN_MIN_VOCAB - 1}")
     eos = QWEN_SPECIAL_START  # <|endoftext|>
-    return HFTokenizer(tk, kind="qwen2.5", pad_id=eos, eos_id=eos)
+    qwen = HFTokenizer(tk, kind="qwen2.5", pad_id=eos, eos_id=eos)
+    qwen._is_qwen, qwen._ranks = True, ranks   # built here (the pin is tested); the ranks serve tiktoken
+    return qwen
 
 
 # -- resolving a tokenizer ---------------------------------------------------------------------------

@@ -21,8 +21,8 @@ import click
 
 from toolchain.errors import BadInput
 
-__all__ = ["InvalidJson", "MAX_JSON_DEPTH", "MAX_INT", "MIN_INT", "MAX_STEPS", "MAX_SEED", "read_text", "decode_utf8", "loads",
-           "check_json", "read_json", "dumps", "finite", "FiniteFloat", "SEED", "STEPS", "check_rank",
+__all__ = ["InvalidJson", "MAX_JSON_DEPTH", "MAX_INT", "MIN_INT", "MAX_STEPS", "MAX_SEED", "MAX_THREADS", "read_text", "decode_utf8", "loads",
+           "check_json", "read_json", "dumps", "finite", "FiniteFloat", "SEED", "STEPS", "THREADS", "check_rank",
            "max_rank", "check_seq_len"]
 
 MAX_JSON_DEPTH = 64          # our documents nest at most ~6 levels; the limit keeps recursion far away
@@ -30,6 +30,8 @@ MAX_INT = 2**63 - 1          # int64: SQLite INTEGER, the runtimes' int64 tensor
 MIN_INT = -(2**63)
 MAX_STEPS = 1_000_000        # the data order of a run is planned up front (one entry per step)
 MAX_SEED = 2**63 - 1
+MAX_THREADS = 256            # runtime thread pools: far above any phone's or host's useful count (ExecuTorch
+                             # aborted creating 10^9); the one bound of every --threads
 
 
 # ------------------------------------------------------------------------------------------------ text
@@ -199,6 +201,7 @@ class FiniteFloat(click.FloatRange):
 
 
 SEED = click.IntRange(0, MAX_SEED)
+THREADS = click.IntRange(1, MAX_THREADS)
 STEPS = click.IntRange(1, MAX_STEPS)
 
 

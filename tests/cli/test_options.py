@@ -75,3 +75,31 @@ def test_a_bad_step_options_from_a_command_is_one_error_line_and_exit_2(monkeypa
     assert result.exit_code == 2, result.output
     assert result.output == "Error: `loss_chunk` must be >= 1, got 0\n"
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def _all_params():
+    import click
+
+    from toolchain.cli import cli
+
+    def walk(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, [*path, name])
+        else:
+            for p in cmd.params:
+                yield " ".join(path), p
+    yield from walk(cli, [])
+
+
+def test_every_threads_and_seed_option_is_bounded():
+    """--threads is one type everywhere (ExecuTorch aborted on 10^9); every seed fits int64 (10^30 was a
+    traceback)."""
+    from toolchain.validate import MAX_SEED, THREADS
+
+    threads = [(c, p) for c, p in _all_params() if p.name == "threads"]
+    seeds = [(c, p) for c, p in _all_params() if "seed" in p.name and p.name != "seeds"]
+    assert len(threads) >= 5 and all(p.type is THREADS for _, p in threads), threads
+    assert seeds and all(getattr(p.type, "max", None) is not None and p.type.max <= MAX_SEED
+                         and p.type.min is not None and p.type.min >= 0 for _, p in seeds), \
+        [(c, p.name, p.type) for c, p in seeds]

@@ -40,7 +40,7 @@ def qwen_program(tmp_path_factory, qwen) -> Path:
     (folder / "tokenizer.json").write_text(qwen.to_json(), encoding="utf-8")
     sha = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
     (folder / "manifest.json").write_text(json.dumps({
-        "schema_version": 3, "seq_len": SEQ_LEN, "model": {"arch": {"vocab": 151936}},
+        "schema_version": 3, "seq_len": SEQ_LEN, "model": {"arch": {"vocab": 151936, "max_positions": 32768}},
         "tokenizer": {"kind": "qwen2.5", "vocab": 151936, "pad_token_id": 151643, "eos_token_id": 151643,
                       "file": "tokenizer.json"},
         "files": {"tokenizer.json": sha}}))
@@ -201,7 +201,8 @@ def test_data_errors_and_overwrite(tmp_path, qwen_program):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"ok\n\xff\xfe bad\n")
     _error(_run(*base, "--text", bad), "not UTF-8 text (byte 0xff at line 2")
-    _error(_run("data", "--program", tmp_path, "--text", src, "--out", out), "not a program directory")
+    (tmp_path / "not-a-program").mkdir()
+    _error(_run("data", "--program", tmp_path / "not-a-program", "--text", src, "--out", out), "not a program directory")
     assert not out.exists()
     assert _run(*base, "--text", src).exit_code == 0
     before = out.read_text()

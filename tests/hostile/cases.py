@@ -6,7 +6,9 @@ directory and no pre-existing file changed. docs/reliability.md lists the rows w
 
 A row's `setup(w)` builds its inputs in the work directory `w` (the command runs with `w` as its current
 directory) and returns the command line; `patch(monkeypatch)` injects a fault (a read-only or full file
-system); `subprocess=True` runs the command in a child process (cases that could abort or block one).
+system); `subprocess=True` runs the command in a child process (cases that could abort or block one),
+`preexec` sets that child up (an rlimit, stdout closed). `may_leave` names what a refusal must leave
+behind (the checkpoint of a run stopped by a fault), `check(w)` asserts more afterwards.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import shutil
 import socket
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +38,8 @@ class Case:
     patch: Callable | None = None
     subprocess: bool = False
     may_change: tuple[str, ...] = field(default=())   # paths (relative to w) a refusal may rewrite in place
+    may_leave: tuple[str, ...] = field(default=())    # new paths the refusal must leave (a checkpoint to resume)
+    preexec: Callable[[], None] | None = None         # run in the child before the command (subprocess only)
     check: Callable[[Work], None] | None = None       # more to assert afterwards
 
 
@@ -155,6 +162,132 @@ BAD_UTF8 = b'{"input_ids": [256, 104], "note": "caf\xe9"}\n{"input_ids": [256, 1
 GRADS = ["grads", *TINY, "--out", "g.safetensors"]
 TRAIN = ["train", *TINY, "--steps", "2"]
 FIT = ["plan", "fit", "--model", "tiny", "--device", "android-8gb"]
+
+
+# ------------------------------------------------------------------ issue 27: faults phones and fleets produce
+
+class _Held:
+    """A file descriptor held (with its flock) until the case ends."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def adapter_lock_held(w: Work) -> list[str]:
+    """Another run's lock on --adapter-out ad (held by this process until the case ends)."""
+    import fcntl
+
+    fd = os.open(w.path / "ad.train-checkpoint.lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    w.keep = _Held(fd)
+    return [*TRAIN, "--data", w.data(), "--adapter-out", "ad"]
+
+
+def forge_weights(*, truncate_to: int | None = None, header: Callable[[dict], None] | None = None):
+    """Rewrite weights.safetensors (its header edited by `header`, then cut to `truncate_to` bytes) and forge
+    its checksum and weights.bytes in the manifest, so only the file's own check can catch it."""
+    def edit(m: dict, d: Path) -> None:
+        f = d / "weights.safetensors"
+        raw = f.read_bytes()
+        if header is not None:
+            n = int.from_bytes(raw[:8], "little")
+            h = json.loads(raw[8:8 + n])
+            header(h)
+            new = json.dumps(h, separators=(",", ":")).encode()
+            raw = raw[:8] + new + b" " * (n - len(new)) + raw[8 + n:]
+        if truncate_to is not None:
+            raw = raw[:truncate_to]
+        f.write_bytes(raw)
+        m["files"]["weights.safetensors"] = hashlib.sha256(raw).hexdigest()
+        m["weights"]["bytes"] = len(raw)
+    return edit
+
+
+def _grow_first_tensor(h: dict) -> None:
+    key = next(k for k in h if not k.startswith("__"))
+    h[key]["shape"][0] *= 1000
+
+
+def shrink_weights_during_train(w: Work) -> list[str]:
+    """`train --program` while another process truncates the (memory-mapped) weights file mid-run."""
+    prog, data = w.program(), w.data()
+    checkpoint, weights = w.path / "ad.train-checkpoint.safetensors", w.path / prog / "weights.safetensors"
+
+    def truncate() -> None:
+        deadline = time.monotonic() + 240
+        while not checkpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.truncate(weights, 4096)
+    threading.Thread(target=truncate, daemon=True).start()
+    return ["train", "--program", prog, "--data", data, "--steps", "100000", "--checkpoint-every", "1",
+            "--adapter-out", "ad"]
+
+
+def _checkpoint_kept(w: Work) -> None:
+    from toolchain.training.checkpoint import load_checkpoint
+
+    assert load_checkpoint(w.path / "ad.train-checkpoint.safetensors").step >= 1
+
+
+def adapter(w: Work, name: str = "ad", *, config: str | None = None, nan: bool = False) -> str:
+    """A copy of the program's initial adapter, its config replaced by `config`, its tensors NaN with `nan`."""
+    d = w.path / name
+    shutil.copytree(w._program / "adapter_init", d)
+    if config is not None:
+        (d / "adapter_config.json").write_text(config)
+    if nan:
+        from safetensors.torch import load_file, save_file
+
+        sd = load_file(str(d / "adapter_model.safetensors"))
+        save_file({k: v.clone().fill_(float("nan")) for k, v in sd.items()}, str(d / "adapter_model.safetensors"))
+    return name
+
+
+def nan_state_checkpoint(w: Work, name: str, *, meta: bool) -> str:
+    """A checkpoint whose flat state is all NaN (`meta`: with a run record, as `train --resume` reads)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from toolchain.training.checkpoint import save_checkpoint
+
+    numel = (w._program / "state_init.bin").stat().st_size // 4
+    state = {"state": torch.full((numel,), float("nan"))}
+    if meta:
+        save_checkpoint(w.path / name, state, step=1, run_id="r1", seq=0, losses=[1.0], settings={})
+    else:
+        save_file(state, str(w.path / name))
+    return name
+
+
+def rlimit(which: str, value: int) -> Callable[[], None]:
+    """A child-process limit (`resource.RLIMIT_FSIZE`, `RLIMIT_AS`), for `preexec`."""
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(getattr(resource, which), (value, value))
+    return limit
+
+
+def close_stdout() -> None:
+    os.close(1)
+
+
+def fifo(w: Work, name: str = "events.fifo") -> str:
+    os.mkfifo(w.path / name)
+    return name
+
+
+def outside_tokenizer(m: dict, d: Path) -> None:
+    (d.parent / "outside.json").write_text("{}")
+    m["tokenizer"]["file"] = "../outside.json"
+
+
+def drop_pad_id(m: dict, _d: Path) -> None:
+    del m["tokenizer"]["pad_token_id"]
+
 
 
 def _cases() -> list[Case]:
@@ -317,7 +450,123 @@ def _cases() -> list[Case]:
           "older version", may_change=("t.sqlite3",)),
         c("serve-port-taken", "`telemetry serve` on a port already in use", taken_port, "already in use",
           subprocess=True),
+        # ---- issue 27: outputs never overlap inputs (--force included), one run per output
+        c("train-adapter-out-is-program", "`train --program P --adapter-out P --force` (replaced the program)",
+          lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--adapter-out", "prog",
+                     "--force"], "is the same path as --program"),
+        c("train-adapter-out-inside-program", "`train --program P --adapter-out P/adapter_init --force`",
+          lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--adapter-out",
+                     "prog/adapter_init", "--force"], "is inside --program"),
+        c("data-out-inside-program", "`data --program P --out P/rows.jsonl`",
+          lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", "hello"), "--out", "prog/rows.jsonl"],
+          "is inside --program"),
+        c("export-out-contains-adapter", "`export --adapter D/ad --out D --force` (the output holds an input)",
+          lambda w: ["export", *TINY, "--adapter", w.mine("d/ad"), "--out", "d", "--force"], "contains --adapter"),
+        c("export-out-cwd", "`export --out . --force` (ran the whole export, then failed on its own temp dir)",
+          lambda w: ["export", *TINY, "--out", ".", "--force"], "current directory"),
+        c("train-adapter-out-in-use", "`train --adapter-out D` while another run holds D",
+          adapter_lock_held, "in use by another run"),
+        # ---- issue 27: output paths that are not regular files
+        c("eval-json-dev-null", "`eval --json /dev/null` (as root, replaced the system's /dev/null)",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--json", "/dev/null"],
+          "character device"),
+        c("tokenize-json-symlink-to-device", "`tokenize --json L`, L a symbolic link to /dev/null",
+          lambda w: (w.path / "l.json").symlink_to("/dev/null") or
+          ["tokenize", "--tokenizer", "byte", "--json", "l.json", w.write("t.txt", "hi")], "symbolic link"),
+        c("tokenize-json-file-too-large", "`tokenize --json` under `ulimit -f 64` (EFBIG traceback; what was left?)",
+          lambda w: ["tokenize", "--tokenizer", "byte", "--json", "ids.json", w.write("t.txt", "some words " * 12_000)],
+          "File too large", subprocess=True, preexec=rlimit("RLIMIT_FSIZE", 64 * 1024)),
+        c("tokenize-stdout-closed", "`tokenize FILE >&-` (exit 0 having written nothing)",
+          lambda w: ["tokenize", "--tokenizer", "byte", w.write("t.txt", "hello")], "stdout is closed",
+          subprocess=True, preexec=close_stdout),
+        c("eval-address-space-limit", "`eval` under `ulimit -v 600000` (SystemError traceback)",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data()], "out of memory", subprocess=True,
+          preexec=rlimit("RLIMIT_AS", 600_000 * 1024)),
+        c("train-telemetry-out-fifo", "`train --telemetry-out FIFO` (blocked forever with no reader)",
+          lambda w: [*TRAIN, "--data", w.data(), "--telemetry-out", fifo(w)], "FIFO"),
+        # ---- issue 27: the memory-mapped weights file
+        c("weights-truncated-forged", "weights.safetensors cut in half, checksum and size forged (ValueError)",
+          lambda w: ["train", "--program", w.program(edit=forge_weights(truncate_to=120_000)), "--data", w.data(),
+                     "--steps", "1"], "truncated"),
+        c("weights-header-forged", "weights header claiming a tensor 1000x its bytes, checksum forged (MemoryError)",
+          lambda w: ["eval", "--program", w.program(edit=forge_weights(header=_grow_first_tensor)), "--data",
+                     w.data()], "bytes"),
+        c("weights-shrink-mid-run", "weights.safetensors truncated by another process while `train --program` runs "
+                                    "(SIGBUS); the last checkpoint kept", shrink_weights_during_train,
+          "weights.safetensors", subprocess=True, may_change=("prog/weights.safetensors",),
+          may_leave=("ad.train-checkpoint.safetensors",), check=_checkpoint_kept),
+        # ---- issue 27: non-finite and out-of-range state
+        c("adapter-r-1e400", "`eval --adapter D`, adapter_config.json r = 1e400 (OverflowError)",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--adapter",
+                     adapter(w, config='{"r": 1e400, "lora_alpha": 8, "target_modules": ["q_proj"]}')],
+          "out of range"),
+        c("adapter-nan", "`eval --adapter D` with NaN adapter weights (loss nan, exit 0)",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--adapter", adapter(w, nan=True)], "NaN"),
+        c("generate-adapter-nan", "`generate --adapter D` with NaN adapter weights (argmax of NaN, exit 0)",
+          lambda w: ["generate", "--program", w.program(), "--prompt-ids", "256", "--max-new-tokens", "2",
+                     "--adapter", adapter(w, nan=True)], "NaN"),
+        c("export-adapter-nan", "`export --adapter D` with NaN adapter weights",
+          lambda w: ["export", *TINY, "--rank", "4", "--adapter", adapter(w, nan=True), "--out", "out"], "NaN"),
+        c("eval-resume-from-nan", "`eval --resume-from CK`, a checkpoint of NaN state",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--resume-from",
+                     nan_state_checkpoint(w, "ck.safetensors", meta=False)], "NaN"),
+        c("train-resume-nan", "`train --program P --resume` from a checkpoint of NaN state",
+          lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "2", "--adapter-out", "ad",
+                     "--resume"] if nan_state_checkpoint(w, "ad.train-checkpoint.safetensors", meta=True) else [],
+          "NaN"),
+        c("eval-threads-10^9", "`eval --threads 1000000000` (SIGABRT in ExecuTorch's thread pool)",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--threads", "1000000000"], "--threads"),
+        c("generate-seed-10^30", "`generate --seed 10^30` (traceback)",
+          lambda w: ["generate", "--program", w.program(), "--prompt-ids", "256", "--max-new-tokens", "1",
+                     "--temperature", "1", "--seed", "1" + "0" * 30], "--seed"),
+        # ---- issue 27: manifest fields, for every command
+        c("data-tokenizer-outside", "`data` on a manifest whose tokenizer.file is ../outside.json (followed it)",
+          lambda w: ["data", "--program", w.program(edit=outside_tokenizer), "--text", w.write("t.txt", "hi"),
+                     "--out", "rows.jsonl"], "outside the program directory"),
+        c("data-no-pad-id", "`data` on a manifest without tokenizer.pad_token_id (KeyError)",
+          lambda w: ["data", "--program", w.program(edit=drop_pad_id), "--text", w.write("t.txt", "hi"), "--out",
+                     "rows.jsonl"], "pad_token_id"),
+        c("data-tokenizer-kind-unknown", "`data` on a manifest with tokenizer.kind = klingon (exit 0)",
+          lambda w: ["data", "--program", w.program(edit=set_field("tokenizer.kind", "klingon")), "--text",
+                     w.write("t.txt", "hi"), "--out", "rows.jsonl"], "klingon"),
+        c("data-seq-len-10^12", "`data` on a manifest with seq_len = 10^12 (exit 0)",
+          lambda w: ["data", "--program", w.program(edit=set_field("seq_len", 10**12)), "--text",
+                     w.write("t.txt", "hi"), "--out", "rows.jsonl"], "seq_len"),
+        c("tokenize-program-tokenizer-outside", "`tokenize --tokenizer P`, P's tokenizer.file = ../outside.json",
+          lambda w: ["tokenize", "--tokenizer", w.program(edit=outside_tokenizer), w.write("t.txt", "hi")],
+          "outside the program directory"),
+        # ---- issue 27: large and empty text inputs (streamed; throughput: scripts/bench_text_stream.py)
+        c("data-text-empty", "`data --text` of an empty file (one row of BOS/EOS, exit 0)",
+          lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", b""), "--out", "rows.jsonl"],
+          "no token to train on"),
+        c("data-text-bom-only", "`data --text` of a file holding only a byte-order mark",
+          lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", b"\xef\xbb\xbf"), "--out",
+                     "rows.jsonl"], "no token to train on"),
+        c("data-text-over-max", "`data --text` of a file over the size limit (limit lowered to 4 KiB here; "
+          "tests/test_text_stream.py tries 256 MiB + 1)",
+          lambda w: ["data", "--program", w.program(), "--text", w.write("big.txt", "word " * 820), "--out",
+                     "rows.jsonl"], "more than the 4,096 bytes", patch=text_limits),
+        c("tokenize-over-max", "`tokenize` of a file over the size limit (lowered to 4 KiB)",
+          lambda w: ["tokenize", "--tokenizer", "byte", "--json", "ids.json", w.write("big.txt", "x" * 4097)],
+          "more than the 4,096 bytes", patch=text_limits),
+        c("data-text-bad-byte-at-3mb", "`data --text`, 3 MB of text without a newline, then a Latin-1 byte",
+          lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", b"word " * 600_000 + b"caf\xe9"),
+                     "--out", "rows.jsonl"], "offset 3000003"),
+        c("tokenize-run-without-break", "`tokenize --tokenizer qwen2.5`, emoji without a break over the run limit "
+          "(one BPE word; limit lowered to 20,000 characters here)",
+          lambda w: ["tokenize", "--tokenizer", "qwen2.5", "--json", "ids.json", w.write("t.txt", "\U0001F642" * 90_000)],
+          "without a word boundary", patch=run_limit),
     ]
+
+
+def text_limits(monkeypatch) -> None:
+    """The text size limit lowered to 4 KiB, so the cases stay small and fast."""
+    monkeypatch.setattr("toolchain.text_stream.MAX_TEXT_BYTES", 4096)
+
+
+def run_limit(monkeypatch) -> None:
+    """The limit on characters without a safe cut lowered to 20,000."""
+    monkeypatch.setattr("toolchain.text_stream.MAX_RUN_CHARS", 20_000)
 
 
 CASES = _cases()

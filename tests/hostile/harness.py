@@ -43,7 +43,7 @@ def export_tiny_program(out: Path) -> Path:
 def snapshot(root: Path) -> dict[str, str]:
     """Every file and directory under `root` with a digest of its content."""
     return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+            if p.is_file() else "special" for p in sorted(root.rglob("*"))}   # FIFOs, sockets: never read
 
 
 def _invoke(case: Case, w: Work, argv: list[str], monkeypatch) -> tuple[int, str, str]:
@@ -51,7 +51,7 @@ def _invoke(case: Case, w: Work, argv: list[str], monkeypatch) -> tuple[int, str
         env = {**os.environ, "COLUMNS": "200"}
         env.pop("TOOLCHAIN_VERBOSE", None)
         proc = subprocess.run([sys.executable, "-m", "toolchain", *argv], cwd=w.path, capture_output=True, text=True,
-                              timeout=300, env=env)
+                              timeout=300, env=env, preexec_fn=case.preexec)
         return proc.returncode, proc.stdout, proc.stderr
     if case.patch is not None:
         case.patch(monkeypatch)
@@ -80,5 +80,6 @@ def run_case(case: Case, program: Path, work: Path, monkeypatch) -> Outcome:
     if case.check is not None:
         case.check(w)
     return Outcome(code, [line for line in err.splitlines() if line.startswith("Error:")],
-                   "Traceback" in err + out, sorted(set(after) - set(before)), sorted(set(before) - set(after)),
+                   "Traceback" in err + out, sorted(set(after) - set(before) - set(case.may_leave)),
+                   sorted(set(before) - set(after)),
                    [p for p in before if p in after and before[p] != after[p] and p not in case.may_change], err)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource  # here, not where memory ran out: importing it then fails too
 
 import click
 
@@ -42,11 +43,15 @@ def _exit_on_sigterm(signum, _frame) -> None:
 # OSErrors that come from the machine, not from a bug: reported as one line (with the file) and exit 2.
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
                        errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.EMFILE, errno.ENFILE,
-                       errno.EIO, errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.ENOTEMPTY, errno.EXDEV}
+                       errno.EIO, errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.ENOTEMPTY, errno.EXDEV, errno.EFBIG,
+                       errno.ENXIO, errno.ENOMEM}
 _HINTS = {errno.ENOSPC: "free some space or choose another output location",
           errno.EDQUOT: "free some space or choose another output location",
           errno.EROFS: "choose an output location on a writable file system",
-          errno.EACCES: "check the permissions or choose another location"}
+          errno.EACCES: "check the permissions or choose another location",
+          errno.EFBIG: "the file size limit (ulimit -f) or the file system's maximum file size was reached; raise "
+                       "it or choose another output location",
+          errno.ENOMEM: "not enough memory; close other programs or raise the limit (ulimit -v)"}
 
 # Third-party loggers muted (to ERROR) unless --verbose / TOOLCHAIN_VERBOSE=1.
 _NOISY_LOGGERS = ("torch", "torchao", "executorch", "coremltools", "onnxscript", "onnx", "onnxruntime",
@@ -75,6 +80,69 @@ def _quiet_third_party() -> None:
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so that the interpreter's last flush of a broken stdout is not a second error."""
+    import sys
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _flush_stdout() -> None:
+    """Flush stdout inside the command, so that a reader gone away (EPIPE) is reported as an error, not met by
+    the interpreter's final flush after an exit code 0."""
+    import io
+    import sys
+
+    if sys.stdout is not None:
+        with contextlib.suppress(io.UnsupportedOperation, ValueError):
+            sys.stdout.flush()
+
+
+_OUT_OF_MEMORY = ("out of memory; close other programs, raise the memory limit (ulimit -v) or use a smaller model, "
+                  "--seq-len or --rank")
+_ALLOCATION_FAILED = ("can't allocate memory", "cannot allocate memory", "std::bad_alloc", "out of memory",
+                      "failed to map segment")
+
+
+def _address_limit() -> str:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return "" if soft == resource.RLIM_INFINITY else f" (this process may map at most {soft / 2**20:.0f} MiB: ulimit -v)"
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is how an allocation failure surfaced: MemoryError; torch's "can't allocate memory"
+    RuntimeError; a shared library that could not be mapped; or a SystemError ("error return without
+    exception set": a C extension's failed allocation during an import) under an address-space limit."""
+    if isinstance(e, MemoryError) or isinstance(e.__cause__ or e.__context__, MemoryError):
+        return True
+    text = str(e).lower()
+    if any(s in text for s in _ALLOCATION_FAILED):
+        return True
+    return isinstance(e, SystemError) and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
+def _exit_out_of_memory() -> None:
+    """Report and leave at once: unwinding further, and other libraries' exit handlers (torch's atexit
+    logging), would fail allocating too and print tracebacks after the error line. In process (click's
+    CliRunner: stderr is no file) it is an ordinary UserError instead."""
+    import io
+    import sys
+
+    from toolchain.atomic import discard_pending
+
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        raise UserError(_OUT_OF_MEMORY + _address_limit()) from None
+    discard_pending()
+    with contextlib.suppress(Exception):
+        os.write(fd, f"Error: {_OUT_OF_MEMORY}{_address_limit()}\n".encode())
+    os._exit(UserError.exit_code)
+
+
 def _os_error(e: OSError) -> str:
     where = f"{e.filename}: " if e.filename else ""
     hint = _HINTS.get(e.errno)
@@ -92,9 +160,19 @@ class _Group(click.Group):
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             with output_scope():     # --force permissions last one command
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
+                _flush_stdout()
+                return result
         except ToolchainError as e:
             raise UserError(str(e)) from None
+        except BrokenPipeError:              # stdout's reader went away (`toolchain tokenize f | head -c 10`)
+            _silence_stdout()
+            raise UserError("stdout was closed by its reader (broken pipe) before the output was complete") \
+                from None
+        except (MemoryError, SystemError, RuntimeError, ImportError) as e:
+            if not _out_of_memory(e):
+                raise
+            _exit_out_of_memory()
         except OSError as e:
             if e.errno not in _ENVIRONMENT_ERRNOS:
                 raise
@@ -129,13 +207,22 @@ def _register() -> None:
     from toolchain.cli.export import export
     from toolchain.cli.generate import generate_command
     from toolchain.cli.grads import grads
+    from toolchain.cli.guard import guard_command
     from toolchain.cli.plan import plan
     from toolchain.cli.telemetry import telemetry
     from toolchain.cli.tokenize import tokenize
     from toolchain.cli.train import train
 
+    def guard(command: click.Command) -> None:
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                guard(sub)
+        else:
+            guard_command(command)
+
     for command in (grads, demo, train, plan, bench, export, telemetry, tokenize, data, eval_command,
                     generate_command):
+        guard(command)
         cli.add_command(command)
 
 

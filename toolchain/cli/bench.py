@@ -8,7 +8,7 @@ import click
 
 from toolchain.cli.options import (POLICY_CHOICE, chunk_options, layers_per_checkpoint_option, lora_shape_options,
                                    model_options)
-from toolchain.validate import SEED, STEPS, FiniteFloat
+from toolchain.validate import SEED, STEPS, THREADS, FiniteFloat
 
 
 @click.group()
@@ -30,7 +30,7 @@ def bench() -> None:
 @click.option("--pretrain-steps", type=click.IntRange(min=0), default=None,
               help="Full-backprop steps that turn the random base into a stand-in pretrained one before the "
                    "comparison (0: compare on the random base).  [default: 300]")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="torch threads.  [default: 1]")
+@click.option("--threads", type=THREADS, default=None, help="torch threads.  [default: 1]")
 @click.option("--seed", type=SEED, default=None, help="Seed of the weights and the LoRA init.  [default: 0]")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the full report (bench_lcsb schema) here (an existing file is replaced).")
@@ -83,7 +83,7 @@ def _bench_run_options(f):
     f = click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Where the float32 weights are cached for memory-mapping.  "
                           "[default: $TOOLCHAIN_CACHE_DIR or ~/.cache/toolchain]")(f)
-    f = click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True,
+    f = click.option("--threads", type=THREADS, default=1, show_default=True,
                      help="torch threads in every benchmark process (the same for every mode).")(f)
     f = click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Measured steps per memory process, and timed steps per mode (after a warm-up step).")(f)

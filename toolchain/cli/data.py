@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from toolchain.validate import SEED
+
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 _OUT = click.Path(dir_okay=False, path_type=Path)
 
@@ -20,12 +22,14 @@ _OUT = click.Path(dir_okay=False, path_type=Path)
 @click.option("--held-out", "held_out", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Fraction of the rows set aside for evaluation (needs --held-out-out).")
 @click.option("--held-out-out", "held_out_out", type=_OUT, default=None, help="Held-out rows (JSONL).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out choice.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the held-out choice.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> None:
     """Tokenize --text or --chat with the program's tokenizer into rows of at most seq_len tokens
     (schema data_row), optionally holding out a seeded fraction; outputs are written atomically."""
+    from toolchain.atomic import check_output_file
     from toolchain.errors import BadInput
+    from toolchain.program_check import read_program_manifest
     from toolchain.text_data import make_rows, program_text, split_held_out, write_rows
 
     if (held_out is None) != (held_out_out is None):
@@ -36,12 +40,25 @@ def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> No
     existing = [str(p) for p in outputs if p.exists()]
     if existing and not force:
         raise BadInput(f"{', '.join(existing)} already exists; pass --force to overwrite")
+    for p, option in ((out, "--out"), (held_out_out, "--held-out-out")):
+        if p is not None:
+            check_output_file(p, option=option)
+    read_program_manifest(program)         # every path inside the directory, every field typed and in range
     prog = program_text(program)
-    rows = make_rows(prog, text=text, chat=chat)
-    train, held = split_held_out(rows, held_out, seed) if held_out is not None else (rows, [])
-    write_rows(out, train)
-    if held_out_out is not None:
-        write_rows(held_out_out, held)
-    tokens = sum(len(r["input_ids"]) for r in rows)
-    click.echo(f"{len(rows)} rows ({tokens} tokens, seq_len {prog.seq_len}, {prog.tokenizer.kind}): "
-               f"{len(train)} -> {out}" + (f", {len(held)} -> {held_out_out}" if held_out_out else ""))
+    if text is not None and chat is None:  # a stream: bounded memory, a bar on long inputs
+        from toolchain.cli.progress import file_progress
+        from toolchain.text_data import write_text_rows
+
+        with file_progress(text, "tokenizing") as on_bytes:
+            got = write_text_rows(prog, text, out, held_out=held_out, held_out_out=held_out_out, seed=seed,
+                                  on_bytes=on_bytes)
+        n_rows, tokens, n_train, n_held = got.rows, got.tokens, got.train, got.held
+    else:
+        rows = make_rows(prog, text=text, chat=chat)
+        train, held = split_held_out(rows, held_out, seed) if held_out is not None else (rows, [])
+        write_rows(out, train)
+        if held_out_out is not None:
+            write_rows(held_out_out, held)
+        n_rows, tokens, n_train, n_held = len(rows), sum(len(r["input_ids"]) for r in rows), len(train), len(held)
+    click.echo(f"{n_rows} rows ({tokens} tokens, seq_len {prog.seq_len}, {prog.tokenizer.kind}): "
+               f"{n_train} -> {out}" + (f", {n_held} -> {held_out_out}" if held_out_out else ""))

@@ -34,7 +34,10 @@ def eval_command(*, program, data, adapter, resume_from, target, threads, json_o
     from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
 
+    from toolchain.runtime.mapped_guard import guard_program
+
     pdir = ProgramDir(program)
+    guard_program(pdir)
     examples = load_examples(data, pdir.arch)
     state = program_state(pdir, adapter=adapter, resume_from=resume_from)
     runner = open_runner(pdir, target, threads=threads, use="eval")

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from toolchain.cli.options import program_state_options, runtime_options
+from toolchain.validate import SEED
 
 __all__ = ["generate_command"]
 
@@ -23,7 +24,7 @@ __all__ = ["generate_command"]
 @click.option("--max-new-tokens", type=click.IntRange(min=1), required=True, help="New tokens at most.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0: greedy (argmax); > 0: sample softmax(logits / T).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
 @runtime_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help='Also write {"prompt_ids", "output_ids", "text", "load_s", "prefill_s", "ttft_s", '
@@ -47,7 +48,10 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     from toolchain.schemas import dumps
 
     t_load = time.perf_counter()
+    from toolchain.runtime.mapped_guard import guard_program
+
     pdir = ProgramDir(program)
+    guard_program(pdir)
     tok, ids, stop = prompt_for(pdir, text=prompt, ids=prompt_ids, chat=chat)
     state = program_state(pdir, adapter=adapter, resume_from=resume_from)
     runner = open_runner(pdir, target, threads=threads, use="generate")

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from toolchain.atomic import FORCE_HELP
-from toolchain.validate import SEED, FiniteFloat
+from toolchain.validate import SEED, THREADS, FiniteFloat
 
 __all__ = ["TARGETS_HELP", "POLICY_CHOICE", "model_options", "rank_option", "targets_option", "lora_shape_options",
            "lora_options", "layers_per_checkpoint_option", "data_option", "force_option", "plan_options", "lcsb_k_option", "chunk_options",
@@ -103,7 +103,7 @@ def plan_options(default_help: str = "full backprop"):
         lcsb_k_option(default_help),
         click.option("--lcsb-policy", type=POLICY_CHOICE, default=None,
                      help="LCSB policy for --lcsb-k.  [default: cyclic]"),
-        click.option("--lcsb-seed", type=int, default=None, help="Seed of the random LCSB policy.  [default: 0]"))
+        click.option("--lcsb-seed", type=SEED, default=None, help="Seed of the random LCSB policy.  [default: 0]"))
 
 
 def plan_request(plan_path: Path | None, lcsb_k: int | None, lcsb_policy: str | None, lcsb_seed: int | None):
@@ -165,7 +165,7 @@ def optimizer_options(default: str, *, momentum: bool = True):
 
 # -- running an exported program -----------------------------------------------------------------------
 def threads_option(f):
-    return click.option("--threads", type=click.IntRange(min=1), default=None,
+    return click.option("--threads", type=THREADS, default=None,
                         help="Runtime threads (default: its own).")(f)
 
 

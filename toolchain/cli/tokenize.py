@@ -17,15 +17,27 @@ import click
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def tokenize(source, special, json_out, file) -> None:
     """Print the token ids of FILE (UTF-8 text), space-separated, on one line."""
-    from toolchain.schemas import dumps
-    from toolchain.atomic import atomic_write_text
-    from toolchain.text_data import read_text
+    from toolchain.atomic import atomic_write_chunks, check_output_file
+    from toolchain.cli.progress import file_progress
+    from toolchain.program_check import MANIFEST_FILE, read_program_manifest
+    from toolchain.text_stream import encode_stream, ids_json, spelling, text_blocks
     from toolchain.tokenizer import load_tokenizer
 
-    text = read_text(file)
-    ids = load_tokenizer(source).encode(text, allow_special=special)
-    if json_out is None:
-        click.echo(" ".join(map(str, ids)))
-    else:
-        atomic_write_text(json_out, dumps({"ids": ids, "tokens": len(ids)}))
-        click.echo(f"{len(ids)} tokens -> {json_out}", err=True)
+    if json_out is not None:
+        check_output_file(json_out, option="--json")
+    if Path(source).is_dir() and (Path(source) / MANIFEST_FILE).is_file():
+        read_program_manifest(Path(source))    # a program's manifest is checked before its tokenizer is followed
+    tokenizer = load_tokenizer(source)
+    with file_progress(file, "tokenizing") as on_bytes:       # a stream: bounded memory, a bar on long inputs
+        chunks = encode_stream(tokenizer, text_blocks(file, on_bytes=on_bytes), allow_special=special)
+        if json_out is None:
+            first, spell = True, spelling(tokenizer.vocab_size)
+            for ids in chunks:
+                if ids:
+                    click.echo(("" if first else " ") + " ".join(map(spell, ids)), nl=False)
+                    first = False
+            click.echo("")
+        else:
+            count: list[int] = []
+            atomic_write_chunks(json_out, ids_json(chunks, count, tokenizer.vocab_size))
+            click.echo(f"{count[0]} tokens -> {json_out}", err=True)

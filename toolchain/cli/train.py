@@ -16,7 +16,7 @@ import click
 from toolchain.cli.options import (data_option, force_option, layers_per_checkpoint_option, lora_options,
                                    model_options, optimizer_options, plan_options, plan_request)
 from toolchain.cli.train_program import check_outputs, program_options, progress_run, report, train_with_program
-from toolchain.validate import STEPS, FiniteFloat
+from toolchain.validate import SEED, STEPS, FiniteFloat
 
 # Options that only eager training uses: --program takes them from its manifest.
 EAGER_ONLY = ("model", "init", "seed", "adapter", "rank", "alpha", "targets", "optimizer", "weight_decay", "momentum",
@@ -41,7 +41,7 @@ def _given(ctx: click.Context, names) -> list[str]:
 @optimizer_options("adamw")
 @plan_options("full backprop; --program: the plan recorded at export, else full backprop")
 @layers_per_checkpoint_option()
-@click.option("--shuffle", "shuffle_seed", type=int, default=None, metavar="SEED",
+@click.option("--shuffle", "shuffle_seed", type=SEED, default=None, metavar="SEED",
               help="Visit rows in a seeded random order, a new permutation per pass (default: file order, cycling).")
 @click.option("--adapter-out", type=click.Path(file_okay=False, writable=True, path_type=Path), default=None,
               help="Write the trained adapter here (PEFT format); the resumable checkpoint goes next to it "
@@ -58,7 +58,28 @@ def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps,
     LoRA config and optimizer then come from the program's manifest; the LCSB layers are chosen at run
     time: --plan/--lcsb-k, else the plan recorded at export, else full backprop). --resume continues
     an interrupted run from its checkpoint, which must be of the same program or model, data, lr,
-    optimizer, --shuffle and plan."""
+    optimizer, --shuffle and plan. One run at a time holds a --adapter-out (a lock beside its checkpoint)."""
+    import contextlib
+
+    from toolchain.outputs import run_lock
+    from toolchain.training.checkpoint import checkpoint_path
+
+    # One run per checkpoint (and so per --adapter-out) at a time: a second one is refused at once.
+    base = adapter_out if adapter_out is not None else program
+    lock = None if base is None else run_lock(base, option="--adapter-out" if adapter_out is not None else "--program",
+                                              lock_file=checkpoint_path(base).with_suffix(".lock"))
+    with lock or contextlib.nullcontext() as held:
+        if held is not None:
+            from toolchain.runtime.mapped_guard import remove_on_fault
+
+            remove_on_fault(held)     # a run ended by a SIGBUS (mapped weights truncated) leaves no lock file
+        _train(ctx, **ctx.params)
+
+
+def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay,
+           momentum, plan_path, lcsb_k, lcsb_policy, lcsb_seed, layers_per_checkpoint, frozen_unselected,
+           shuffle_seed, adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data,
+           eval_every) -> None:
     from toolchain.errors import BadInput
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed)

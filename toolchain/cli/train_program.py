@@ -90,7 +90,7 @@ def check_outputs(adapter_out: Path | None, telemetry_out: Path | None, *, force
     if adapter_out is not None:
         check_output_dir(adapter_out, force=force or resume, option="--adapter-out")
     if telemetry_out is not None:
-        check_output_file(telemetry_out, option="--telemetry-out")
+        check_output_file(telemetry_out, option="--telemetry-out", streams=True)
 
 
 def train_with_program(program: Path, data: Path, *, plan, lr: float | None, adapter_out: Path | None,
@@ -111,7 +111,10 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     from toolchain.training.program import runtime_baseline
 
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
+    from toolchain.runtime.mapped_guard import guard_program
+
     pdir = ProgramDir(program)
+    guard_program(pdir)                   # a SIGBUS from the mapped weights is one Error: line
     examples = load_examples(data, pdir.arch)
     lr = lr if lr is not None else pdir.info.default_lr
     step_plan = plan.resolve_lcsb(pdir.arch.layers) if plan.given else pdir.default_plan()

@@ -16,12 +16,16 @@ from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.models.presets import Qwen25Arch
+from toolchain.validate import read_json
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "peft_key", "lora_state_dict", "lora_from_state_dict",
            "save_adapter", "load_adapter", "peft_config_dict"]
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
+
+MAX_RANK = 65536           # far above any projection's width; the tensors' shapes must then match it exactly
+MAX_ALPHA = 1e6
 
 _MODULE_PATH = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
                 "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -105,10 +109,16 @@ def _config_from_peft(d: dict, where: Path) -> LoraConfig:
     targets = d.get("target_modules")
     if isinstance(targets, str):
         targets = [targets]
-    if not targets:
-        raise BadInput(f"{where} has no target_modules")
-    return LoraConfig(rank=int(d["r"]), alpha=float(d.get("lora_alpha", 8)), targets=tuple(targets),
-                      use_rslora=bool(d.get("use_rslora", False)))
+    if not targets or not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise BadInput(f"{where} has no target_modules (a list of projection names)")
+    rank, alpha = d.get("r"), d.get("lora_alpha", 8)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
+        raise BadInput(f"{where}: `r` must be an integer in 1..{MAX_RANK}, got {str(rank)[:40]}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= MAX_ALPHA:
+        raise BadInput(f"{where}: `lora_alpha` must be a number in (0, {MAX_ALPHA:g}], got {str(alpha)[:40]}")
+    if not isinstance(d.get("use_rslora", False), bool):
+        raise BadInput(f"{where}: `use_rslora` must be true or false")
+    return LoraConfig(rank=rank, alpha=float(alpha), targets=tuple(targets), use_rslora=d.get("use_rslora", False))
 
 
 def load_adapter(path: Path, arch: Qwen25Arch, *, dtype: torch.dtype = torch.float32) -> tuple[LoraConfig, LoraWeights]:
@@ -128,15 +138,18 @@ def load_adapter(path: Path, arch: Qwen25Arch, *, dtype: torch.dtype = torch.flo
         raise MissingWeights(f"adapter directory {str(path)!r} has no {CONFIG_NAME}")
     if not w_path.is_file():
         raise MissingWeights(f"adapter directory {str(path)!r} has no {WEIGHTS_NAME}")
-    try:
-        cfg = _config_from_peft(json.loads(cfg_path.read_text()), cfg_path)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{cfg_path} is not valid JSON ({e.msg})") from None
-    except (KeyError, ValueError, TypeError) as e:
-        raise BadInput(f"{cfg_path} is not a usable LoRA config ({e})") from None
+    doc = read_json(cfg_path)       # strict: UTF-8, no NaN / 1e400 / 30-digit integers, bounded nesting
+    if not isinstance(doc, dict):
+        raise BadInput(f"{cfg_path} is not a JSON object")
+    cfg = _config_from_peft(doc, cfg_path)
     try:
         sd = load_file(str(w_path))
     except (SafetensorError, OSError) as e:
         raise BadInput(f"{w_path} is not a readable safetensors file ({e})") from None
     sd = {k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v for k, v in sd.items()}
-    return cfg, lora_from_state_dict(arch, cfg, sd, dtype=dtype)
+    lora = lora_from_state_dict(arch, cfg, sd, dtype=dtype)
+    for key, t in sd.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise BadInput(f"{w_path}: tensor {key!r} holds NaN or infinite values (a diverged training run, or a "
+                           f"damaged file); use another adapter")
+    return cfg, lora

@@ -92,6 +92,9 @@ def state_from_checkpoint(pdir: ProgramDir, path) -> Tensor:
         raise BadInput(f"{path} holds no `state` tensor ({', '.join(sorted(tensors)) or 'nothing'}); "
                        f"pass the checkpoint of a `toolchain train --program` run")
     state = tensors["state"].reshape(-1).to(torch.float32).clone()
+    if not bool(torch.isfinite(state).all()):
+        raise BadInput(f"{path} holds NaN or infinite state values (the run diverged, or the file was damaged); "
+                       f"use an earlier checkpoint or adapter")
     if state.numel() != pdir.state_numel:
         raise BadInput(f"{path} has {state.numel()} state values, the program {pdir.state_numel}")
     return state

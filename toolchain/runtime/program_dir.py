@@ -52,7 +52,10 @@ class ProgramDir:
     def _cross_check(self) -> None:
         """Manifest fields the checksums do not cover (the manifest is not checksummed): what they say must
         agree with each other and with the model/LoRA/optimizer config."""
+        from toolchain.program_check import check_program_manifest
+
         m, where = self.manifest, f"{self.path / MANIFEST_NAME}"
+        check_program_manifest(self.path, m)      # paths inside the directory, ids and seq_len in range
         files = m["files"]
 
         def listed(rel: str, what: str) -> None:
@@ -111,11 +114,62 @@ class ProgramDir:
                         phases=tuple(tuple(p) for p in lcsb["phases"]), schedule=tuple(lcsb["schedule"]),
                         seed=lcsb.get("seed"))
 
+    @property
+    def weights_file(self) -> Path:
+        return self.path / self.manifest["weights"]["file"]
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """The weights file, memory-mapped once (read-only views, no copy)."""
+        """The weights file, memory-mapped once (read-only views, no copy), after its header was checked
+        against the file (`read_header`) and against every weight the manifest's methods bind (key and
+        dtype, every layer). `weights_changed()` then tells whether the file changed since."""
         if self._weights is None:
-            self._weights = map_weights(self.path / self.manifest["weights"]["file"])
+            import os
+
+            f = self.weights_file
+            self._weights_stat = os.stat(f)
+            weights = map_weights(f)
+            self._check_bound_weights(weights)
+            self._weights = weights
         return self._weights
+
+    def _check_bound_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        from toolchain.export.program import LAYER
+
+        for method in self.info.methods.values():
+            for io in method.inputs:
+                if io.bind != "weight":
+                    continue
+                refs = [io.ref.replace(LAYER, str(i)) for i in range(self.arch.layers)] if LAYER in io.ref else [io.ref]
+                for ref in refs:
+                    t = weights.get(ref)
+                    if t is None:
+                        raise BadInput(f"{self.weights_file} lacks the tensor {ref!r} that method {method.name} reads; "
+                                       f"re-export the program")
+                    if str(t.dtype).removeprefix("torch.") != io.dtype:
+                        raise BadInput(f"{self.weights_file}: tensor {ref!r} is {str(t.dtype).removeprefix('torch.')}, "
+                                       f"method {method.name} reads {io.dtype}; re-export the program")
+
+    def weights_changed(self) -> str | None:
+        """Why the mapped weights file is no longer the one mapped (None: unchanged, or not mapped yet): a
+        smaller size (reading a page past the new end is a SIGBUS), another file in its place, or a newer
+        modification time."""
+        import os
+
+        old = getattr(self, "_weights_stat", None)
+        if old is None:
+            return None
+        f = self.weights_file
+        try:
+            new = os.stat(f)
+        except OSError as e:
+            return f"{f} is gone ({e.strerror})"
+        if (new.st_dev, new.st_ino) != (old.st_dev, old.st_ino):
+            return f"{f} was replaced by another file"
+        if new.st_size != old.st_size:
+            return f"{f} changed size from {old.st_size} to {new.st_size} bytes"
+        if new.st_mtime_ns != old.st_mtime_ns:
+            return f"{f} was modified"
+        return None
 
     def state_init(self) -> torch.Tensor:
         """The initial flat state (state.init_file, raw little-endian float32)."""
@@ -125,6 +179,9 @@ class ProgramDir:
         values = np.fromfile(f, dtype="<f4")
         if values.size != self.state_numel:
             raise BadInput(f"{f} holds {values.size} values, the manifest says {self.state_numel}; re-export the program")
+        if not np.isfinite(values).all():
+            raise BadInput(f"{f} holds {int((~np.isfinite(values)).sum())} non-finite values (NaN or infinity); "
+                           f"re-export the program")
         return torch.from_numpy(values.astype(np.float32))
 
     @property

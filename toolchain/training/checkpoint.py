@@ -30,7 +30,7 @@ from toolchain.dataset import Example
 from toolchain.errors import BadInput
 
 __all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "checkpoint_path", "save_checkpoint", "read_checkpoint",
-           "load_checkpoint", "check_settings", "rows_sha256", "tensors_sha256", "finite_or_none"]
+           "load_checkpoint", "check_settings", "non_finite", "rows_sha256", "tensors_sha256", "finite_or_none"]
 
 CHECKPOINT_SUFFIX = ".train-checkpoint.safetensors"
 _WAY_OUT = "delete it to start over"
@@ -95,7 +95,19 @@ def load_checkpoint(path: Path) -> Checkpoint:
     settings = meta.get("settings")
     if settings is not None and not isinstance(settings, dict):
         raise BadInput(f"checkpoint {path} has malformed run settings; {_WAY_OUT}")
+    bad = non_finite(tensors)
+    if bad is not None:
+        raise BadInput(f"checkpoint {path}: tensor {bad!r} holds NaN or infinite values (the run diverged, or the file "
+                       f"was damaged); {_WAY_OUT}, with a lower --lr")
     return Checkpoint(tensors, step, run_id, seq, [None if x is None else float(x) for x in losses], settings)
+
+
+def non_finite(tensors: dict[str, Tensor]) -> str | None:
+    """The first key whose floating-point tensor holds a NaN or an infinity (None: all finite)."""
+    for key, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return key
+    return None
 
 
 # What each settings key means, for the message naming a difference.

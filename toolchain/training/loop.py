@@ -138,6 +138,14 @@ class Trainer:
         """The run_start event's fields."""
         raise NotImplementedError
 
+    def inputs_changed(self) -> str | None:
+        """Why an input the steps read in place (a memory-mapped weights file) changed since the run
+        started, checked before every step; None: unchanged (the default: nothing is mapped)."""
+        return None
+
+    def checkpoint_saved(self, step: int, path: Path) -> None:
+        """Called after each checkpoint is written (the program trainer names it in its SIGBUS line)."""
+
     @property
     def lora(self) -> LoraWeights:
         raise NotImplementedError
@@ -195,7 +203,11 @@ class Trainer:
         start, self._start = self._start, None
         log: list[StepLog] = []
         t_run = time.perf_counter()
+        saved = start
         for s in range(start, run.steps):
+            changed = self.inputs_changed()
+            if changed is not None:
+                self._stop_changed(changed, s, saved, losses)
             layers = None if run.plan is None else run.plan.layers_at(s)
             row = order[s]
             t0 = time.perf_counter()
@@ -211,12 +223,27 @@ class Trainer:
             if run.checkpoint is not None and ((s + 1) % run.checkpoint_every == 0 or s + 1 == run.steps):
                 save_checkpoint(run.checkpoint, self.tensors(), step=s + 1, run_id=run_id,
                                 seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+                saved = s + 1
+                self.checkpoint_saved(saved, run.checkpoint)
         if run.steps not in logged.ended:
             final = losses[-1] if losses else None
             self.emit("run_end", status="completed", steps_completed=run.steps,
                       duration_s=round(time.perf_counter() - t_run, 6),
                       final_loss=None if final is None else finite_or_none(final))
         return TrainResult(self.lora, tuple(log), tuple(losses), run_id, self.state)
+
+    def _stop_changed(self, why: str, step: int, saved: int, losses: list) -> None:
+        """An input changed before step `step` (0-based): checkpoint the `step` completed steps (whole: the
+        last step finished before the change was seen), then stop with one error."""
+        run = self.run_options
+        where = ""
+        if run.checkpoint is not None and step > saved:
+            save_checkpoint(run.checkpoint, self.tensors(), step=step, run_id=self._run_id,
+                            seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+            saved = step
+        if run.checkpoint is not None and saved > 0 and run.checkpoint.exists():
+            where = f"; the checkpoint of step {saved} is at {run.checkpoint}: restore the file and --resume"
+        raise BadInput(f"stopped before step {step + 1}: {why} while the run was using it{where}")
 
     def _emit_step(self, s: int, entry: StepLog, tokens: int) -> None:
         if self._writer is None:

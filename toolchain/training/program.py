@@ -105,6 +105,14 @@ class ProgramTrainer(Trainer):
     def tensors(self) -> dict[str, Tensor]:
         return {"state": self._state}
 
+    def inputs_changed(self) -> str | None:
+        return self.pdir.weights_changed()
+
+    def checkpoint_saved(self, step: int, path: Path) -> None:
+        from toolchain.runtime import mapped_guard
+
+        mapped_guard.set_note(f"the checkpoint of step {step} is at {path}: restore the file and --resume")
+
     def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
         state = tensors.get("state")
         if state is None or state.dtype != torch.float32 or state.dim() != 1 or set(tensors) != {"state"}:
