@@ -1,5 +1,7 @@
 """Held-out loss of a model as an int4 program stores it: float32, int4 layers with a float32 embedding/head,
-and int4 everywhere (the default of `toolchain export --quant int4` since the int4 head), side by side.
+int4 everywhere (the default of `toolchain export --quant int4` since the int4 head), and int4 everywhere
+with the activations of every int4 projection rounded to int8 per group (W4A8: what the fused generation
+methods compute, `quant.int4_linear_a8_reference`), side by side.
 
     .venv/bin/python scripts/quant_loss.py [--model demo] [--group 64] [--seq-len 256] [--json OUT]
 
@@ -18,6 +20,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+
+def w4a8_loss(arch, weights, cfg, lora, input_ids, labels):
+    """`model_loss` as the fused generation methods compute it: every int4 projection, the LM head included
+    (as head_logits_fused computes it, one int4 matmul), through `toolchain::int4_linear_a8`'s reference."""
+    import torch
+    import torch.nn.functional as F
+
+    from toolchain.mesp.block import block_forward
+    from toolchain.mesp.ops import rmsnorm_forward, rope_tables
+    from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, shift_labels
+    from toolchain.mesp.ops.quant import embedding_rows, fused_int4, matmul_xwt
+    from toolchain.mesp.step import block_params
+
+    with fused_int4():
+        rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.final_norm.dtype)
+        x = embedding_rows(weights.embed, input_ids)
+        for i in range(arch.layers):
+            x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, None)
+        hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
+        logits = matmul_xwt(hn, weights.lm_head)                                       # [T, V]
+    return F.cross_entropy(logits, shift_labels(labels), ignore_index=IGNORE_INDEX)
 
 
 def main() -> None:
@@ -44,7 +68,8 @@ def main() -> None:
     tok = ByteTokenizer()
     texts = {"held_out": USER_HELD_OUT, "user_text": USER_TEXT}
     variants = {"float32": QuantSpec("none"), "int4 layers, float32 head": QuantSpec("int4", a.group, head=False),
-                "int4 layers + int4 embedding/head": QuantSpec("int4", a.group)}
+                "int4 layers + int4 embedding/head": QuantSpec("int4", a.group),
+                "int4 everywhere, W4A8 (generation)": QuantSpec("int4", a.group)}
     out = {"model": a.model, "group": a.group, "seq_len": a.seq_len, "losses": {}}
     with torch.no_grad():
         for name, quant in variants.items():
@@ -57,7 +82,8 @@ def main() -> None:
                     ids = torch.tensor(r["input_ids"])
                     labels = torch.tensor(r.get("labels", r["input_ids"]))
                     k = int((labels[1:] != -100).sum())
-                    total += float(model_loss(arch, w, cfg, lora, ids, labels)) * k
+                    loss = w4a8_loss if "W4A8" in name else model_loss
+                    total += float(loss(arch, w, cfg, lora, ids, labels)) * k
                     n += k
                 row[tname] = round(total / n, 5)
             out["losses"][name] = row
