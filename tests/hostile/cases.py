@@ -112,6 +112,18 @@ def set_field(path: str, value) -> Callable[[dict, Path], None]:
     return edit
 
 
+def foreign_sqlite(w: Work, name: str = "other.db") -> str:
+    """Another application's SQLite file (one table of its own)."""
+    import sqlite3
+
+    con = sqlite3.connect(w.path / name)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.execute("INSERT INTO notes VALUES ('mine')")
+    con.commit()
+    con.close()
+    return name
+
+
 def store_with_run(w: Work, name: str = "t.sqlite3", *, poisoned: bool = False) -> str:
     from toolchain.telemetry.store import EventStore
 
@@ -450,6 +462,13 @@ def _cases() -> list[Case]:
           "older version", may_change=("t.sqlite3",)),
         c("serve-port-taken", "`telemetry serve` on a port already in use", taken_port, "already in use",
           subprocess=True),
+        c("serve-token-empty", "`telemetry serve --token \"\"` (printed its banner, left the db file behind)",
+          lambda w: ["telemetry", "serve", "--port", "0", "--token", "", "--db", "t.sqlite3"], "must not be empty"),
+        c("serve-token-blank", "`telemetry serve --token \"   \"` (started a server no client could authenticate to)",
+          lambda w: ["telemetry", "serve", "--port", "0", "--token", "   ", "--db", "t.sqlite3"], "must not be empty"),
+        c("serve-db-of-another-app", "`telemetry serve --db` on another application's SQLite file (switched to WAL)",
+          lambda w: ["telemetry", "serve", "--port", "0", "--token", "t", "--db", foreign_sqlite(w)],
+          "left untouched"),
         # ---- issue 27: outputs never overlap inputs (--force included), one run per output
         c("train-adapter-out-is-program", "`train --program P --adapter-out P --force` (replaced the program)",
           lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--adapter-out", "prog",

@@ -64,6 +64,8 @@ typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector e
 struct QuantizedX {
   int64_t stride = 0, gstride = 0;
   std::vector<int8_t> even, odd;
+  std::vector<int8_t> teven, todd;   // the same bytes per block of 16 groups of gb bytes, dword k of group y at
+                                     // (k * 16 + y) * 4: what rows_vnni_tiles multiplies (transposed())
   std::vector<float> sa;
   std::vector<int32_t> corr;
 
@@ -99,6 +101,23 @@ struct QuantizedX {
         corr[static_cast<size_t>(t * gstride + g)] = 8 * sum;
       }
     }
+  }
+
+  // teven / todd for groups of gb bytes (16, 32 or 64): within each block of 16 groups, dword k of group y
+  // (bytes 4k .. 4k + 3 of the group) moves to dword k * 16 + y of the block.
+  void transposed(int64_t T, int64_t gb) {
+    teven.assign(even.size(), 0);
+    todd.assign(odd.size(), 0);
+    const int64_t block = L * gb, dwords = gb / 4;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t b = 0; b < stride; b += block)
+        for (int64_t y = 0; y < L; ++y)
+          for (int64_t k = 0; k < dwords; ++k) {
+            const size_t from = static_cast<size_t>(t * stride + b + y * gb + 4 * k);
+            const size_t to = static_cast<size_t>(t * stride + b + (k * L + y) * 4);
+            std::memcpy(&teven[to], &even[from], 4);
+            std::memcpy(&todd[to], &odd[from], 4);
+          }
   }
 };
 
@@ -211,6 +230,97 @@ void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, con
     for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
   }
 }
+
+// A block's D = GB / 4 weight registers (register c: bytes 64c .. 64c + 63, i.e. dword k of group y at lane
+// (y * D + k) mod 16 of register (y * D + k) / 16) transposed so that register k holds dword k of every
+// group, group y at lane y: log2(D) stages, each swapping one bit of the register index with the same bit of
+// the lane index (two-register permutes), the last one also putting the groups in order.
+template <int GB>
+struct BlockTranspose {
+  static constexpr int D = GB / 4, LOG = D == 4 ? 2 : D == 8 ? 3 : 4;
+  __m512i lo_idx[LOG], hi_idx[LOG];
+  BlockTranspose() {
+    for (int st = 0; st < LOG; ++st) {
+      alignas(64) int32_t i0[16], i1[16];
+      for (int y = 0; y < 16; ++y) {
+        const int x = st == LOG - 1 ? (((y >> (4 - LOG)) & (D - 1)) | ((y & (16 / D - 1)) << LOG)) : y;
+        const int bit = (x >> st) & 1;
+        i0[y] = (x & ~(1 << st)) + 16 * bit;
+        i1[y] = (x | (1 << st)) + 16 * bit;
+      }
+      lo_idx[st] = _mm512_load_si512(i0);
+      hi_idx[st] = _mm512_load_si512(i1);
+    }
+  }
+  void apply(__m512i* w) const {
+    for (int st = 0; st < LOG; ++st)
+      for (int r = 0; r < D; ++r)
+        if (!(r & (1 << st))) {
+          const __m512i a = w[r], b = w[r | (1 << st)];
+          w[r] = _mm512_permutex2var_epi32(a, lo_idx[st], b);
+          w[r | (1 << st)] = _mm512_permutex2var_epi32(a, hi_idx[st], b);
+        }
+  }
+};
+
+// rows_vnni for tiles of NT >= 2 rows of x (prefill): each block's weights are loaded and transposed once per
+// tile (BlockTranspose), so every row's vpdpbusd products land directly in the lane of their group: no
+// per-row folding. The same integer sums and the same float order as rows_vnni: the same bits.
+template <int NT, int GB>
+void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
+                     int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
+  constexpr int D = GB / 4;
+  constexpr int64_t BLOCK = L * GB;
+  static const BlockTranspose<GB> tr;
+  const int64_t nblocks = (ng + L - 1) / L;
+  thread_local std::vector<__mmask64> masks;
+  masks.resize(static_cast<size_t>(nblocks * D));
+  for (int64_t c = 0; c < nblocks * D; ++c) {
+    const int64_t n = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
+    masks[static_cast<size_t>(c)] = n == 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const int8_t* xe[NT];
+  const int8_t* xo[NT];
+  const int32_t* corr[NT];
+  const float* sa[NT];
+  for (int t = 0; t < NT; ++t) {
+    xe[t] = a.teven.data() + (t0 + t) * a.stride;
+    xo[t] = a.todd.data() + (t0 + t) * a.stride;
+    corr[t] = a.corr.data() + (t0 + t) * a.gstride;
+    sa[t] = a.sa.data() + (t0 + t) * a.gstride;
+  }
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    __m512 accf[NT];
+    for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
+    const __mmask64* mk = masks.data();
+    for (int64_t g0 = 0, j0 = 0; g0 < ng; g0 += L, j0 += BLOCK, mk += D) {
+      __m512i w[D], hi[D], lo[D];
+      for (int c = 0; c < D; ++c) w[c] = _mm512_maskz_loadu_epi8(mk[c], qr + j0 + c * 64);
+      tr.apply(w);
+      for (int k = 0; k < D; ++k) {
+        lo[k] = _mm512_and_si512(w[k], nib);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w[k], 4), nib);
+      }
+      const int64_t left = ng - g0;
+      const __mmask16 gm = left >= L ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __m512 sw = _mm512_maskz_loadu_ps(gm, sr + g0);
+      for (int t = 0; t < NT; ++t) {
+        __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+        for (int k = 0; k < D; ++k) {
+          ah = _mm512_dpbusd_epi32(ah, hi[k], _mm512_loadu_si512(xe[t] + j0 + k * 64));
+          al = _mm512_dpbusd_epi32(al, lo[k], _mm512_loadu_si512(xo[t] + j0 + k * 64));
+        }
+        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_loadu_si512(corr[t] + g0));
+        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(sa[t] + g0));
+        accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
+  }
+}
 #endif
 
 // All o output rows for rows t0 .. t0 + nt - 1 of x.
@@ -218,6 +328,14 @@ template <int NT>
 void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int64_t half, int64_t gb, int64_t ng,
           int64_t o, float* y, int64_t ystride) {
 #ifdef TOOLCHAIN_VNNI
+  if (NT > 1) {
+    switch (gb) {
+      case 16: return rows_vnni_tiles<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
+      case 32: return rows_vnni_tiles<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
+      case 64: return rows_vnni_tiles<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
+      default: break;
+    }
+  }
   switch (gb) {
     case 16: return rows_vnni<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
     case 32: return rows_vnni<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
@@ -241,6 +359,9 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   const int64_t half = in / 2, gb = group / 2;
   thread_local QuantizedX a;
   a.build(x, T, in, group, ng, 16 * 64);   // padded to whole VNNI blocks (16 groups of up to 64 bytes)
+#ifdef TOOLCHAIN_VNNI
+  if (T > 1 && (gb == 16 || gb == 32 || gb == 64)) a.transposed(T, gb);
+#endif
   for (int64_t t0 = 0; t0 < T; t0 += TT) {
     float* yt = y + t0 * o;
     switch (std::min(TT, T - t0)) {

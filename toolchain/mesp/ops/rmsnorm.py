@@ -23,7 +23,9 @@ class RmsNormSaved(NamedTuple):
 
 
 def _rstd(x: Tensor, eps: float) -> Tensor:
-    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [T, 1]
+    # x * x, not x.pow(2): the same bits (both are the correctly rounded square), and ExecuTorch's portable
+    # pow.Tensor_Scalar calls std::pow per element (0.5 ms of a 32-token prefill chunk's 10.6 ms, ETDump)
+    return torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)  # [T, 1]
 
 
 def rmsnorm_forward(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, RmsNormSaved]:
