@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from toolchain.errors import BadInput
-from toolchain.tokenizer import QWEN_PATTERN, ByteTokenizer, HFTokenizer, Tokenizer, _byte_symbols, read_qwen_ranks
+from toolchain.tokenizer import (QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, ByteTokenizer, HFTokenizer,
+                                 Tokenizer, _byte_symbols, read_qwen_ranks)
 
 __all__ = ["MAX_TEXT_BYTES", "MAX_RUN_CHARS", "BLOCK_BYTES", "SEGMENT_CHARS", "text_blocks", "segments",
            "last_safe_cut", "stream_encoder", "encode_stream", "ids_json", "spelling"]
@@ -208,10 +209,14 @@ def stream_encoder(tokenizer: Tokenizer, *, allow_special: bool):
         return (lambda text: list(text.encode())), None
     if not isinstance(tokenizer, HFTokenizer) or not _qwen_pipeline(tokenizer):
         return (lambda text: tokenizer.encode(text, allow_special=allow_special)), False
-    added = list(tokenizer._tk.get_added_tokens_decoder().values())
-    if allow_special and any(t.lstrip or t.rstrip or t.single_word for t in added):
-        return (lambda text: tokenizer.encode(text, allow_special=allow_special)), False
-    interior = frozenset(c for t in added for c in t.content[1:]) if allow_special else frozenset()
+    if tokenizer.is_qwen():     # its added tokens are QWEN_ADDED_TOKENS, none lstrip / rstrip / single_word
+        added = [content for content, _ in QWEN_ADDED_TOKENS]
+    else:
+        decoded = list(tokenizer._tk.get_added_tokens_decoder().values())
+        if allow_special and any(t.lstrip or t.rstrip or t.single_word for t in decoded):
+            return (lambda text: tokenizer.encode(text, allow_special=allow_special)), False
+        added = [t.content for t in decoded]
+    interior = frozenset(c for content in added for c in content[1:]) if allow_special else frozenset()
     slow = functools.partial(tokenizer.encode, allow_special=allow_special)
     if not tokenizer.is_qwen() or (allow_special and tokenizer.kind != "qwen2.5"):
         return slow, interior       # (kind huggingface matches added tokens before NFC, tiktoken here after)
@@ -255,7 +260,10 @@ def _tiktoken_qwen(tokenizer: HFTokenizer):
         table = {ord(s): b for b, s in enumerate(_byte_symbols())}
         ranks = {token.translate(table).encode("latin-1"): rank
                  for token, rank in tokenizer._tk.get_vocab(with_added_tokens=False).items()}
-    specials = {t.content: i for i, t in tokenizer._tk.get_added_tokens_decoder().items()}
+    if tokenizer.is_qwen():
+        specials = {content: QWEN_SPECIAL_START + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
+    else:
+        specials = {t.content: i for i, t in tokenizer._tk.get_added_tokens_decoder().items()}
     return tiktoken.Encoding("qwen2.5", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
 

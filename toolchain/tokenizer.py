@@ -152,15 +152,24 @@ class HFTokenizer:
     """A Hugging Face `tokenizers.Tokenizer` (Qwen2.5's, built here, or a model's own tokenizer.json)."""
 
     def __init__(self, tk, *, kind: TokenizerKind, pad_id: int, eos_id: int, bos_id: int | None = None,
-                 source_json: str | None = None) -> None:
-        self._tk = tk
+                 source_json: str | None = None, vocab_size: int | None = None) -> None:
+        """tk: a `tokenizers.Tokenizer`, or a function building one on first use (then `vocab_size` is
+        required): the streamed path of the Qwen tokenizer (`text_stream`) never needs it."""
+        self._built = None if callable(tk) and vocab_size is not None else tk
+        self._build = tk if self._built is None else None
         self.kind = kind
-        self.vocab_size: int = tk.get_vocab_size(with_added_tokens=True)
+        self.vocab_size: int = vocab_size if self._built is None else tk.get_vocab_size(with_added_tokens=True)
         self.pad_id, self.eos_id, self.bos_id = pad_id, eos_id, bos_id
         self._source_json = source_json  # a model's file is written back byte for byte
         self._is_qwen: bool | None = None
         self._tiktoken = None    # built by `stream_encoder` when first needed
         self._ranks: dict[bytes, int] | None = None
+
+    @property
+    def _tk(self):
+        if self._built is None:
+            self._built = self._build()
+        return self._built
 
     @classmethod
     def from_file(cls, path: Path, *, kind: TokenizerKind, pad_id: int | None = None,
@@ -288,13 +297,22 @@ def qwen_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 
 def qwen_tokenizer() -> HFTokenizer:
-    """The Qwen2.5 tokenizer, built from dashscope's ranks (about 3 s; load a program's tokenizer.json
-    instead where there is one)."""
+    """The Qwen2.5 tokenizer from dashscope's ranks (0.4 s); its Hugging Face `tokenizers` object is built
+    when first needed (about 3 s more: `encode`, `decode`, `to_json`), not by the streamed encoding of
+    `data` / `tokenize` (tiktoken over the same ranks, `text_stream.stream_encoder`)."""
+    ranks = read_qwen_ranks()
+    eos = QWEN_SPECIAL_START  # <|endoftext|>
+    qwen = HFTokenizer(lambda: _qwen_hf(ranks), kind="qwen2.5", pad_id=eos, eos_id=eos, vocab_size=QWEN_MIN_VOCAB)
+    qwen._is_qwen, qwen._ranks = True, ranks   # built here (the pin is tested); the ranks serve tiktoken
+    return qwen
+
+
+def _qwen_hf(ranks: dict[bytes, int]):
+    """The Hugging Face `tokenizers.Tokenizer` of the Qwen2.5 tokenizer, from its ranks."""
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
     from tokenizers.models import BPE
 
-    ranks = read_qwen_ranks()
     vocab = {_spell(token): rank for token, rank in ranks.items()}
     merges = [(_spell(a), _spell(b)) for a, b in qwen_merges(ranks)]
     # ignore_merges: a pre-token that is itself in the vocabulary is one token, as in tiktoken.
@@ -309,12 +327,9 @@ def qwen_tokenizer() -> HFTokenizer:
         token = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
         (tk.add_special_tokens if special else tk.add_tokens)([token])
     ids = [tk.token_to_id(c) for c, _ in QWEN_ADDED_TOKENS]
-    if ids != list(range(QWEN_SPECIAL_START, QWEN_MIN_VOCAB)):
+    if ids != list(range(QWEN_SPECIAL_START, QWEN_MIN_VOCAB)) or tk.get_vocab_size(with_added_tokens=True) != QWEN_MIN_VOCAB:
         raise RuntimeError(f"Qwen added tokens got ids {ids}, expected {QWEN_SPECIAL_START}..{QWEN_MIN_VOCAB - 1}")
-    eos = QWEN_SPECIAL_START  # <|endoftext|>
-    qwen = HFTokenizer(tk, kind="qwen2.5", pad_id=eos, eos_id=eos)
-    qwen._is_qwen, qwen._ranks = True, ranks   # built here (the pin is tested); the ranks serve tiktoken
-    return qwen
+    return tk
 
 
 # -- resolving a tokenizer ---------------------------------------------------------------------------
