@@ -413,10 +413,11 @@ public final class LayerLoop {
         }
     }
 
-    /// Open a program directory: manifest, memory-mapped weights.
-    public convenience init(programDirectory: URL, runtime: LoopRuntime) throws {
+    /// Open a program directory: manifest, memory-mapped weights (`identitySource`: see `MappedWeights`).
+    public convenience init(programDirectory: URL, runtime: LoopRuntime, identitySource: FileIdentitySource? = nil) throws {
         let m = try LoopManifest.load(directory: programDirectory)
-        try self.init(manifest: m, weights: try MappedWeights(url: programDirectory.appendingPathComponent(m.weights.file)), runtime: runtime)
+        try self.init(manifest: m, weights: try MappedWeights(url: programDirectory.appendingPathComponent(m.weights.file), identitySource: identitySource),
+                      runtime: runtime)
     }
 
     public func method(role: String) throws -> LoopManifest.Method {
@@ -499,6 +500,11 @@ public final class LayerLoop {
         }
         gate.lock()
         defer { gate.unlock() }
+        // The weights file changed under its mapping (`MappedWeights.checkChanged`): never read it again.
+        if let why = weights.stale {
+            throw RuntimeFailure(message: "\(why) while it was memory-mapped; the program is not run again: \(MappedWeights.changedAdvice)",
+                                 code: "weights_changed")
+        }
         try runtime.execute(method: m.name, layer: layer, inputs: inputs, into: outputs)
         return kept
     }
@@ -845,6 +851,15 @@ public final class FairLock: @unchecked Sendable {
         lock()
         defer { unlock() }
         return try body()
+    }
+
+    /// Take it if no thread holds it or waits for it; false (not taken) otherwise.
+    public func tryLock() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard serving == nextTicket else { return false }
+        nextTicket &+= 1
+        return true
     }
 }
 

@@ -284,23 +284,29 @@ public final class TrainingSession {
     private var liveStateStorage: LoopState?
     /// Steps whose updates are in the live state (under `stateLock`).
     private var stepsInState = 0
+    /// Set once the weights file was seen changed under its mapping (`weightsCheck`), with the message sent.
+    private var weightsStop: String?
+    private let weightsLock = NSLock()
 
     /// - Parameters:
     ///   - runtime: the program's runtime (ExecuTorch or Core ML; a fake in tests).
     ///   - usedSeq: the first seq of a run id not yet used by any queued or sent event (the telemetry
     ///     queue's `nextSeq(runId:)`), so a resumed run never reuses a seq.
     ///   - budget: nil: no guard. The app builds it with `config.plannedPeakBytes(manifest:target:)`.
+    ///   - weightsIdentity: how the weights file's identity is read at each step boundary (nil: `stat`, the
+    ///     app's; see `MappedWeights`); tests pass a fake.
     public init(programDirectory: URL, programName: String, runtime: LoopRuntime, data: TrainingData, config: SessionConfig,
                 device: DeviceInfo, checkpoint: CheckpointStore? = nil, telemetry sinks: [TelemetrySink] = [],
                 usedSeq: ((String) -> Int)? = nil, probes: MemoryProbes = MemoryProbes(), budget: BudgetGuard? = nil,
                 clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
-                monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime }) throws {
+                monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime },
+                weightsIdentity: FileIdentitySource? = nil) throws {
         guard !data.train.isEmpty else { throw TrainerError.badInput("no training rows; give a longer text or more conversations") }
         guard config.steps >= 1, config.lr >= 0, config.lr.isFinite else { throw TrainerError.badInput("steps must be >= 1 and lr a finite number >= 0") }
         guard config.layersPerCheckpoint >= 1 else {
             throw TrainerError.badInput("layers per checkpoint must be >= 1 (1 keeps every selected layer's input), got \(config.layersPerCheckpoint)")
         }
-        let loop = try LayerLoop(programDirectory: programDirectory, runtime: runtime)
+        let loop = try LayerLoop(programDirectory: programDirectory, runtime: runtime, identitySource: weightsIdentity)
         let m = loop.manifest
         (self.loop, manifest) = (loop, m)
         if let t = m.tokenizer, t.kind != "none" {
@@ -385,9 +391,35 @@ public final class TrainingSession {
         return state
     }
 
-    /// Run the next step, unless the run is done or the budget guard says pause or stop.
+    /// The message of the stop for a weights file changed under its mapping (nil: no change seen).
+    public var weightsChangedMessage: String? { weightsLock.lock(); defer { weightsLock.unlock() }; return weightsStop }
+
+    /// The step boundary's check of the memory-mapped weights file (`MappedWeights.checkChanged`: size,
+    /// time, device and inode against those when it was mapped). Unchanged: nil. Changed: the message,
+    /// and the first time the one `error` event (code weights_changed, fatal, the step); the mapping is
+    /// stale from then on, so no loop call of this session reads it again (step, eval, generation).
+    private func weightsCheck() throws -> String? {
+        weightsLock.lock()
+        defer { weightsLock.unlock() }
+        if let m = weightsStop { return m }
+        guard let why = loop.weights.checkChanged() else { return nil }
+        let at = step < config.steps ? "before step \(step + 1)" : "after the last step"
+        let m = "the weights file changed under the run (\(why)); stopped \(at), the checkpoint of step \(step) is kept: \(MappedWeights.changedAdvice)"
+        weightsStop = m
+        try emit("error", ["message": .string(String(m.prefix(4096))), "fatal": .bool(true), "code": .string("weights_changed"),
+                           "step": .int(Int64(step))])
+        return m
+    }
+
+    /// Run the next step, unless the run is done or the budget guard says pause or stop. Each call is a
+    /// step boundary: the weights file changed since it was mapped stops the run (`.stopped`), the
+    /// checkpoint of the steps done saved, before any program call.
     public func trainStep() throws -> StepOutcome {
         let state = try liveState()
+        if let m = try weightsCheck() {
+            try saveCheckpoint()
+            return .stopped(reason: m)
+        }
         guard step < config.steps else { return .finished }
         let before = [probes.footprint?.sample(), probes.available?.sample()].compactMap { $0 }
         if let budget {
@@ -420,6 +452,12 @@ public final class TrainingSession {
                                       layersPerCheckpoint: config.layersPerCheckpoint)
             stepsInState = s + 1
         } catch {
+            // The step's first call refused: a generation beside training saw the weights file change between
+            // two steps (its check holds `stateLock`), so the state holds the `s` steps done: the same clean stop.
+            if loop.weights.stale != nil, let m = try weightsCheck() {
+                try saveCheckpoint()
+                return .stopped(reason: m)
+            }
             var f = ErrorReport.fields(for: error, fatal: true, step: s, log: runtimeLog?.recent(ErrorReport.maxLogLines) ?? [])
             f["message"] = .string(String("step \(s) failed: \(ErrorReport.parts(of: error).message)".prefix(4096)))
             try? emit("error", f)
@@ -477,6 +515,8 @@ public final class TrainingSession {
     /// Send an `error` event for a failure outside a step (eval, generation, export, upload): the
     /// message, its code and the runtime's log lines (`ErrorReport`); nothing before `start()`.
     public func reportError(_ error: Error, fatal: Bool) {
+        // A weights file changed under the run: its one event is the check's (sent now if not yet).
+        if let f = error as? RuntimeFailure, f.code == "weights_changed" { _ = try? weightsCheck(); return }
         try? emit("error", ErrorReport.fields(for: error, fatal: fatal, step: step, log: runtimeLog?.recent(ErrorReport.maxLogLines) ?? []))
     }
 
@@ -528,6 +568,7 @@ public final class TrainingSession {
     @discardableResult
     public func evaluate(initial: Bool) throws -> EvalResult? {
         guard !data.heldOut.isEmpty else { return nil }
+        if let m = try weightsCheck() { throw RuntimeFailure(message: m, code: "weights_changed") }
         let s = initial ? try initialAdapterState() : try liveState()
         let t0 = monotonic()
         let rows = data.heldOut.map { (inputIds: $0.inputIds, labels: $0.labels ?? $0.inputIds) }
@@ -578,6 +619,14 @@ public final class TrainingSession {
         if cancel?.isCancelled == true {
             started?(nil)
             return (GenerationResult(ids: [], stop: .cancelled), nil)
+        }
+        // The weights file checked as at a step boundary: now if no step is in progress (idle, or between two
+        // steps); else the training thread checks it after its step, and every program call after a change refuses.
+        if stateLock.tryLock() {
+            defer { stateLock.unlock() }
+            if let m = try weightsCheck() { throw RuntimeFailure(message: m, code: "weights_changed") }
+        } else if let why = loop.weights.stale {
+            throw RuntimeFailure(message: "\(why) while it was memory-mapped: \(MappedWeights.changedAdvice)", code: "weights_changed")
         }
         try loop.loadGeneration()
         let (s, adapterStep) = try generationState(initial: initial)

@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import XCTest
 @testable import TrainerCore
 
@@ -25,13 +28,14 @@ final class SessionTests: XCTestCase {
 
     func session(_ p: URL, _ m: LoopManifest, data: TrainingData, steps: Int = 6, selection: LayerSelection = .cyclic(k: 3),
                  checkpoint: CheckpointStore? = nil, sink: MemorySink = MemorySink(), budget: BudgetGuard? = nil,
-                 probes: MemoryProbes = MemoryProbes(), usedSeq: ((String) -> Int)? = nil) throws -> (TrainingSession, HashRuntime) {
+                 probes: MemoryProbes = MemoryProbes(), usedSeq: ((String) -> Int)? = nil,
+                 identity: FileIdentitySource? = nil) throws -> (TrainingSession, HashRuntime) {
         let rt = HashRuntime(manifest: m)
         let clock = TickClock()
         let s = try TrainingSession(programDirectory: p, programName: "tiny", runtime: rt, data: data,
                                     config: SessionConfig(steps: steps, lr: 0.01, checkpointEvery: 2, shuffleSeed: 7, selection: selection),
                                     device: testDevice, checkpoint: checkpoint, telemetry: [sink], usedSeq: usedSeq, probes: probes, budget: budget,
-                                    clock: clock.read, monotonic: clock.read)
+                                    clock: clock.read, monotonic: clock.read, weightsIdentity: identity)
         return (s, rt)
     }
 
@@ -193,6 +197,254 @@ final class SessionTests: XCTestCase {
         XCTAssertEqual(try t.run(), .failed)
         XCTAssertTrue(sink2.events.contains { $0.fields["code"] == .string("budget_exceeded") })
         XCTAssertGreaterThan(m.plannedPeakBytes(), 0)
+    }
+
+    // MARK: the weights file changed under the run (issue 27)
+
+    /// A weights file identity the test changes between steps (the mapped file is left alone).
+    final class ScriptedIdentity: FileIdentitySource {
+        var current: FileIdentity?
+        init(_ current: FileIdentity?) { self.current = current }
+        func identity(of url: URL) -> FileIdentity? { current }
+    }
+
+    /// A memory probe that runs a hook at each reading (the session reads it before and after each step).
+    final class HookProbe: MemoryProbe {
+        var hook: (Int) -> Void = { _ in }
+        private var n = 0
+        func sample() -> MemorySample? { hook(n); n += 1; return nil }
+    }
+
+    static let mapped = FileIdentity(size: 4096, mtimeNanos: 1_767_225_600_123_456_789, device: 64769, inode: 1042)
+
+    func errors(_ sink: MemorySink) -> [[String: JSONValue]] { sink.events.map(\.fields).filter { $0["type"] == .string("error") } }
+    func types(_ sink: MemorySink) -> [String] { sink.events.map { $0.fields["type"]!.stringValue! } }
+
+    /// Changed after 3 of 6 steps: the 4th never runs (no program call after the change), the checkpoint
+    /// is of the 3 steps done (checkpoint_every 2 had saved step 2) and equals a pause's after 3, one
+    /// `error` weights_changed, run_end failed; the stale mapping refuses eval and generation; a new
+    /// mapping of the unchanged file resumes and ends bit-identical to an uninterrupted run.
+    func testWeightsFileChangedBetweenStepsStopsCleanly() throws {
+        let (p, m) = try program()
+        let tok = try ProgramTokenizer.load(manifest: m, directory: p)
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: tok, manifest: m, heldOutFraction: 0.25, seed: 1)
+        let (a, _) = try session(p, m, data: data, checkpoint: CheckpointStore(url: dir.appendingPathComponent("one-go.safetensors")))
+        try a.start(runId: "ios-one-go")
+        XCTAssertEqual(try a.run(), .completed)
+        let refStore = CheckpointStore(url: dir.appendingPathComponent("ref.safetensors"))
+        let (ref, _) = try session(p, m, data: data, checkpoint: refStore)
+        try ref.start(runId: "ios-ref")
+        var r = 0
+        XCTAssertEqual(try ref.run(interrupt: { r += 1; return r > 3 ? .paused : nil }), .paused)
+
+        let ids = ScriptedIdentity(Self.mapped)
+        let sink = MemorySink()
+        let store = CheckpointStore(url: dir.appendingPathComponent("changed.safetensors"))
+        let (s, rt) = try session(p, m, data: data, checkpoint: store, sink: sink, identity: ids)
+        XCTAssertEqual(s.loop.weights.identity, Self.mapped)
+        try s.start(runId: "ios-changed")
+        XCTAssertNotNil(try s.evaluate(initial: true))
+        var n = 0
+        var callsAtChange = -1
+        let status = try s.run(interrupt: {
+            n += 1
+            if n == 4 { ids.current = FileIdentity(size: 2048, mtimeNanos: Self.mapped.mtimeNanos, device: 64769, inode: 1042); callsAtChange = rt.calls.count }
+            return nil
+        })
+        XCTAssertEqual(status, .failed)
+        XCTAssertEqual(s.step, 3)
+        XCTAssertEqual(rt.calls.count, callsAtChange, "no program call after the change: the 4th step never ran")
+        let (values, meta) = try store.load(expectedNumel: m.state.numel)
+        XCTAssertEqual(meta.step, 3)
+        XCTAssertEqual(values, try refStore.load(expectedNumel: m.state.numel).state, "the state of a pause after 3 steps")
+        for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
+        XCTAssertEqual(types(sink).filter { $0 == "step" }.count, 3)
+        let errs = errors(sink)
+        XCTAssertEqual(errs.count, 1)
+        XCTAssertEqual(errs.first?["code"], .string("weights_changed"))
+        XCTAssertEqual(errs.first?["fatal"], .bool(true))
+        XCTAssertEqual(errs.first?["step"], .int(3))
+        let message = errs.first?["message"]?.stringValue ?? ""
+        XCTAssertTrue(message.contains("changed under the run") && message.contains("changed size from 4096 to 2048")
+                      && message.contains("re-import the program"), message)
+        let end = sink.events.last!.fields
+        XCTAssertEqual(end["type"], .string("run_end"))
+        XCTAssertEqual(end["status"], .string("failed"))
+        XCTAssertEqual(end["steps_completed"], .int(3))
+        XCTAssertEqual(s.weightsChangedMessage, message)
+        // Stale for good (even if the file looked as it did): eval, generation and further steps make no program
+        // call and send no second error.
+        ids.current = Self.mapped
+        XCTAssertNotNil(s.loop.weights.checkChanged())
+        XCTAssertThrowsError(try s.evaluate(initial: false)) { XCTAssertEqual(ErrorReport.parts(of: $0).code, "weights_changed") }
+        XCTAssertThrowsError(try s.generate(prompt: "The lamp", maxNewTokens: 3, initial: true)) {
+            XCTAssertTrue("\($0)".contains("re-import the program"), "\($0)")
+        }
+        XCTAssertEqual(try s.trainStep(), .stopped(reason: message))
+        s.reportError(RuntimeFailure(message: message, code: "weights_changed"), fatal: false)
+        XCTAssertEqual(rt.calls.count, callsAtChange)
+        XCTAssertEqual(errors(sink).count, 1, "the error event is sent once")
+        // Re-imported (a new mapping of the unchanged file, real stat): resumes at step 3, ends as one uninterrupted run.
+        let (c, _) = try session(p, m, data: data, checkpoint: store)
+        XCTAssertTrue(try c.start())
+        XCTAssertEqual(c.step, 3)
+        XCTAssertEqual(try c.run(), .completed)
+        XCTAssertEqual(c.state!.sha256, a.state!.sha256)
+        XCTAssertEqual(c.losses, a.losses)
+    }
+
+    /// Every kind of change (another inode, a newer time, gone); a change before the first step (not even
+    /// the held-out loss before reads the mapping); one first seen by a generation between two steps, and
+    /// one seen by a generation after the session's own check (the step's first call refused): the same stop.
+    func testWeightsFileChangesOfEveryKindAndWhoSeesThemFirst() throws {
+        let (p, m) = try program()
+        let tok = try ProgramTokenizer.load(manifest: m, directory: p)
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: tok, manifest: m, heldOutFraction: 0.25, seed: 1)
+        let mp = Self.mapped
+        let kinds: [(String, FileIdentity?)] = [
+            ("replaced", FileIdentity(size: mp.size, mtimeNanos: mp.mtimeNanos, device: mp.device, inode: 2001)),
+            ("modified", FileIdentity(size: mp.size, mtimeNanos: mp.mtimeNanos + 1, device: mp.device, inode: mp.inode)),
+            ("gone", nil),
+        ]
+        for (label, change) in kinds {
+            let ids = ScriptedIdentity(mp)
+            let sink = MemorySink()
+            let store = CheckpointStore(url: dir.appendingPathComponent("\(label).safetensors"))
+            let (s, rt) = try session(p, m, data: data, checkpoint: store, sink: sink, identity: ids)
+            try s.start(runId: "ios-\(label)")
+            var n = 0, calls = -1
+            XCTAssertEqual(try s.run(interrupt: { n += 1; if n == 2 { ids.current = change; calls = rt.calls.count }; return nil }), .failed, label)
+            XCTAssertEqual(s.step, 1, label)
+            XCTAssertEqual(rt.calls.count, calls, label)
+            XCTAssertEqual(try store.load(expectedNumel: m.state.numel).meta.step, 1, label)
+            XCTAssertEqual(errors(sink).map { $0["code"] }, [.string("weights_changed")], label)
+            XCTAssertTrue(s.weightsChangedMessage?.contains(label) == true, "\(label): \(s.weightsChangedMessage ?? "")")
+        }
+        // No inode on either side: size and time only.
+        XCTAssertNil(FileIdentity(size: 1, mtimeNanos: 2).change(to: FileIdentity(size: 1, mtimeNanos: 2, device: 3, inode: 4), path: "w"))
+        XCTAssertNotNil(mp.change(to: FileIdentity(size: 1, mtimeNanos: mp.mtimeNanos, device: mp.device, inode: mp.inode), path: "w"))
+
+        // Before the first step: the held-out loss before is refused (the app reports it: no second event), nothing runs.
+        do {
+            let ids = ScriptedIdentity(mp)
+            let sink = MemorySink()
+            let (s, rt) = try session(p, m, data: data, sink: sink, identity: ids)
+            try s.start(runId: "ios-early")
+            ids.current = FileIdentity(size: 0, mtimeNanos: mp.mtimeNanos, device: mp.device, inode: mp.inode)
+            XCTAssertThrowsError(try s.evaluate(initial: true)) { error in
+                XCTAssertEqual(ErrorReport.parts(of: error).code, "weights_changed")
+                s.reportError(error, fatal: true)
+            }
+            XCTAssertEqual(try s.run(), .failed)
+            XCTAssertEqual(rt.calls.count, 0)
+            XCTAssertEqual(s.step, 0)
+            XCTAssertEqual(errors(sink).map { $0["step"] }, [.int(0)])
+            XCTAssertFalse(types(sink).contains("step") || types(sink).contains("eval"))
+        }
+        // First seen by a generation between two steps: it is refused before any call; the session stops at the boundary.
+        do {
+            let ids = ScriptedIdentity(mp)
+            let sink = MemorySink()
+            let store = CheckpointStore(url: dir.appendingPathComponent("gen.safetensors"))
+            let (s, rt) = try session(p, m, data: data, checkpoint: store, sink: sink, identity: ids)
+            try s.start(runId: "ios-gen-first")
+            var n = 0, calls = -1
+            var generationError: Error?
+            let status = try s.run(interrupt: {
+                n += 1
+                if n == 3 {
+                    ids.current = FileIdentity(size: 1, mtimeNanos: mp.mtimeNanos, device: mp.device, inode: mp.inode)
+                    calls = rt.calls.count
+                    do { _ = try s.generate(prompt: "The lamp", maxNewTokens: 3, initial: false) } catch { generationError = error }
+                }
+                return nil
+            })
+            XCTAssertEqual(generationError.map { ErrorReport.parts(of: $0).code }, "weights_changed")
+            XCTAssertEqual(status, .failed)
+            XCTAssertEqual(s.step, 2)
+            XCTAssertEqual(rt.calls.count, calls)
+            XCTAssertEqual(try store.load(expectedNumel: m.state.numel).meta.step, 2)
+            XCTAssertEqual(errors(sink).map { $0["code"] }, [.string("weights_changed")])
+        }
+        // Seen by another thread's check after the session's own (here from the memory probe the step reads before it
+        // runs): the step's first program call is refused, the state holds the 2 steps done, the same clean stop.
+        do {
+            let ids = ScriptedIdentity(mp)
+            let sink = MemorySink()
+            let store = CheckpointStore(url: dir.appendingPathComponent("late.safetensors"))
+            let probe = HookProbe()
+            let (s, rt) = try session(p, m, data: data, checkpoint: store, sink: sink, probes: MemoryProbes(footprint: probe), identity: ids)
+            var calls = -1
+            probe.hook = { i in   // readings: before step 0, after it, before step 1, after it, before step 2 (4)
+                guard i == 4 else { return }
+                ids.current = FileIdentity(size: 1, mtimeNanos: mp.mtimeNanos, device: mp.device, inode: mp.inode)
+                XCTAssertNotNil(s.loop.weights.checkChanged())
+                calls = rt.calls.count
+            }
+            try s.start(runId: "ios-refused")
+            XCTAssertEqual(try s.run(), .failed)
+            XCTAssertEqual(s.step, 2)
+            XCTAssertEqual(rt.calls.count, calls, "the refused call never reached the runtime")
+            XCTAssertEqual(try store.load(expectedNumel: m.state.numel).meta.step, 2)
+            XCTAssertEqual(errors(sink).map { $0["code"] }, [.string("weights_changed")])
+        }
+    }
+
+    /// The real thing: the mapped file truncated under the run (a SIGBUS on any read past the new end), seen by
+    /// `stat` at the next boundary and never read again; and `StatFileIdentity` on a file appended to, touched,
+    /// replaced by a rename, removed.
+    func testWeightsFileTruncatedUnderTheRunAndStatIdentity() throws {
+        let (p, m) = try program()
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: try ProgramTokenizer.load(manifest: m, directory: p), manifest: m,
+                                            heldOutFraction: 0, seed: 0)
+        let sink = MemorySink()
+        let (s, rt) = try session(p, m, data: data, sink: sink)
+        let file = p.appendingPathComponent(m.weights.file)
+        let st = StatFileIdentity()
+        XCTAssertEqual(s.loop.weights.identity, st.identity(of: file), "fstat of the mapped descriptor = stat of the path")
+        XCTAssertNotNil(s.loop.weights.identity.inode)
+        try s.start(runId: "ios-truncated")
+        var n = 0, calls = -1
+        let status = try s.run(interrupt: {
+            n += 1
+            if n == 3 {
+                let h = try! FileHandle(forWritingTo: file)
+                try! h.truncate(atOffset: UInt64(s.loop.weights.fileSize / 3))
+                try! h.close()
+                calls = rt.calls.count
+            }
+            return nil
+        })
+        XCTAssertEqual(status, .failed)
+        XCTAssertEqual(s.step, 2)
+        XCTAssertEqual(rt.calls.count, calls)
+        XCTAssertTrue(s.weightsChangedMessage?.contains("changed size from") == true, s.weightsChangedMessage ?? "")
+        XCTAssertThrowsError(try s.generate(prompt: "The lamp", maxNewTokens: 3, initial: true))
+        XCTAssertEqual(rt.calls.count, calls)
+
+        let f = dir.appendingPathComponent("f")
+        try Data("abc".utf8).write(to: f)
+        let id = try XCTUnwrap(st.identity(of: f))
+        XCTAssertEqual(id.size, 3)
+        let h = try FileHandle(forWritingTo: f)
+        try h.seekToEnd()
+        try h.write(contentsOf: Data("d".utf8))
+        try h.close()
+        XCTAssertTrue(id.change(to: st.identity(of: f), path: f.path)?.contains("from 3 to 4 bytes") == true)
+        let grown = try XCTUnwrap(st.identity(of: f))
+        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_000_000)], ofItemAtPath: f.path)
+        XCTAssertTrue(grown.change(to: st.identity(of: f), path: f.path)?.contains("was modified") == true)
+        let touched = try XCTUnwrap(st.identity(of: f))
+        let other = dir.appendingPathComponent("g")
+        try Data("abcd".utf8).write(to: other)
+        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_000_000)], ofItemAtPath: other.path)
+        XCTAssertEqual(rename(other.path, f.path), 0)
+        let replaced = try XCTUnwrap(st.identity(of: f))
+        XCTAssertEqual(replaced.size, touched.size)
+        XCTAssertTrue(touched.change(to: replaced, path: f.path)?.contains("replaced by another file") == true, "\(touched) \(replaced)")
+        try FileManager.default.removeItem(at: f)
+        XCTAssertNil(st.identity(of: f))
+        XCTAssertTrue(touched.change(to: nil, path: f.path)?.contains("is gone") == true)
     }
 
     func testLayerSelectionPlans() throws {

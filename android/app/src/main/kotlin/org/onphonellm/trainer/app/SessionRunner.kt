@@ -11,6 +11,8 @@ import org.onphonellm.trainer.core.ChargingRuns
 import org.onphonellm.trainer.core.CheckpointStore
 import org.onphonellm.trainer.core.Clock
 import org.onphonellm.trainer.core.ErrorReport
+import org.onphonellm.trainer.core.FileIdentity
+import org.onphonellm.trainer.core.FileIdentitySource
 import org.onphonellm.trainer.core.EventLog
 import org.onphonellm.trainer.core.GeneratedText
 import org.onphonellm.trainer.core.GenerationJob
@@ -88,7 +90,8 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                 VerifyCache(File(base, "verified")).verifyOnce(program) { it.startsWith(program.adapterInitDir ?: "\u0000") }
             }
             phase(StartPhase.MAPPING)
-            val weights = MappedWeights.map(File(programDir, program.weightsFile))
+            // Its size, time and inode now: the session compares them at every step boundary and stops cleanly on a change.
+            val weights = MappedWeights.map(File(programDir, program.weightsFile), OsFileIdentity)
             val probe = AndroidMemoryProbe(ctx)
             phase(StartPhase.LOADING)
             ExecuTorchRuntime(File(programDir, program.programFile), program).use { runtime ->
@@ -290,5 +293,19 @@ object LiveSessions {
         TrainingStatus.pendingPrompt = null
         val j = job
         if (j != null && !j.isDone) j.cancel() else if (TrainingStatus.generation.running) TrainingStatus.generation.failed("cancelled")
+    }
+}
+
+/**
+ * A file's identity with its inode ([FileIdentity.key] = "device:inode", android.system.Os.stat, API 21) and
+ * its modification time in ms (java.io.File: Os.stat's st_mtime has whole seconds below API 27): a file
+ * replaced by another (a re-import, a push) is seen even with the same size and time. Null when it is gone.
+ */
+object OsFileIdentity : FileIdentitySource {
+    override fun identity(file: File): FileIdentity? = try {
+        val st = android.system.Os.stat(file.path)
+        FileIdentity(st.st_size, file.lastModified(), "${st.st_dev}:${st.st_ino}")
+    } catch (e: android.system.ErrnoException) {
+        null
     }
 }

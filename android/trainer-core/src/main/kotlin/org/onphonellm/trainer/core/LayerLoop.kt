@@ -126,6 +126,8 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         runtimeLock.withLock { callLocked(name, layer, values, cache, pos) }
 
     private fun callLocked(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>?, pos: Int): Map<String, NdBuffer> {
+        // The weights file changed under its mapping (MappedWeights.checkChanged): never read it again.
+        weights.stale?.let { throw ContractError("$it while it was memory-mapped; the program is not run again: ${WEIGHTS_CHANGED_ADVICE}") }
         val method = program.method(name)
         val ins = inputs(method, layer, values, cache)
         // Where each output goes: state outputs into their slice, kept ones into a pooled buffer; cache rows: the runtime's own.

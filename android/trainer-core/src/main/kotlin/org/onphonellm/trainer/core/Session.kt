@@ -269,6 +269,7 @@ class TrainingSession(
         completed = start
         if (start >= spec.steps && lastType == "run_end" && lastStatus == "completed") return RunOutcome("completed", start, losses.lastOrNull(), "already complete")
         return try {
+            weightsChanged(start)?.let { return it }
             if (held.isNotEmpty() && evals.before == null) {
                 val ev = evaluate("before", initLoop, 0)
                 saveEvals(EvalPair(ev.loss, evals.after, evals.afterStep))
@@ -276,6 +277,9 @@ class TrainingSession(
             if (start >= spec.steps) return finish(start)
             decide(guard.preflight(sampleMemory(null)), start) ?: loop(start, control, betweenSteps)
         } catch (e: Exception) {  // a runtime or I/O failure: report it, keep the last checkpoint
+            // A program call refused because a generation beside training saw the weights file change (at a
+            // boundary of this thread's steps: the state holds `completed` whole steps): the same clean stop.
+            if (weights.stale != null) return weightsChanged(completed)!!
             val message = "${e.javaClass.simpleName}: ${e.message}".take(4000)
             val lines = try { nativeLog() } catch (t: Exception) { emptyList() }
             rec.emit("error", ErrorReport(message, lines).eventFields(true, "runtime_error", completed))
@@ -287,6 +291,7 @@ class TrainingSession(
         val order = DataOrder(train.size, spec.shuffleSeed)
         val all = (0 until program.layers).toSet()
         for (step in start until spec.steps) {
+            weightsChanged(step)?.let { return it }
             if (control.stopRequested()) {
                 checkpoint(step)
                 V3Checkpoints.writeAdapter(runDir.adapter, loop.state)  // the adapter so far, for export
@@ -338,6 +343,7 @@ class TrainingSession(
     }
 
     private fun finish(done: Long): RunOutcome {
+        weightsChanged(done)?.let { return it }
         if (held.isNotEmpty()) {
             val ev = evaluate("after", loop, done)
             saveEvals(EvalPair(evals.before, ev.loss, done))
@@ -359,6 +365,24 @@ class TrainingSession(
     private fun saveEvals(e: EvalPair) {
         evals = e
         AtomicFiles.writeText(runDir.results, JsonWriter.write(e.toJson()) + "\n")
+    }
+
+    /**
+     * The step boundary's check of the memory-mapped weights file ([MappedWeights.checkChanged]: size, time,
+     * inode where known, against those when it was mapped), before step [next] (0-based; [next] steps are in
+     * the state). Unchanged: null. Changed: the checkpoint of those [next] steps and their adapter are saved
+     * (as a stop does), one `error` event (code weights_changed) is sent and the session ends "failed"; the
+     * mapping is stale from then on, so no loop of this session calls the program again (eval after,
+     * generation). A change during a step is only seen here, after it (see docs/android.md).
+     */
+    private fun weightsChanged(next: Long): RunOutcome? {
+        val why = weights.checkChanged() ?: return null
+        checkpoint(next)
+        V3Checkpoints.writeAdapter(runDir.adapter, loop.state)
+        val where = if (next < spec.steps) "before step ${next + 1}" else "after the last step, before the held-out loss"
+        val message = "the weights file changed under the run ($why); stopped $where, the checkpoint of step $next is kept: $WEIGHTS_CHANGED_ADVICE".take(4000)
+        rec.emit("error", mapOf("message" to message, "fatal" to true, "code" to "weights_changed", "step" to next))
+        return end(next, "failed", message)
     }
 
     private fun checkpoint(done: Long) = V3Checkpoints.save(store, loop.state, done, spec.runId, rec.nextSeq, losses.toList())
@@ -408,6 +432,10 @@ class TrainingSession(
             val n = minOf(maxNewTokens, program.seqLen - promptIds.size)
             if (promptIds.isEmpty() || n < 1) throw ContractError("the prompt (${promptIds.size} tokens) leaves no room in seq_len ${program.seqLen}")
             if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
+            // The weights file checked as at a step boundary: now if no step is in progress (idle, or between two
+            // steps); else the training thread checks it after its step, and every program call after a change refuses.
+            val stale = if (stateLock.tryLock()) try { weights.checkChanged() } finally { stateLock.unlock() } else weights.stale
+            stale?.let { throw ContractError("$it while it was memory-mapped; the program is not run again: $WEIGHTS_CHANGED_ADVICE") }
             return genLock.withLock {
                 val before = side("before", promptIds, n, stopIds, tok, control, listener) { genLoop.state.loadInit(); 0L }
                 val after = side("after", promptIds, n, stopIds, tok, control, listener) {

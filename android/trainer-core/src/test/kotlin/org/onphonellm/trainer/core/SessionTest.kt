@@ -7,6 +7,7 @@ import org.junit.jupiter.api.Assertions.assertNotNull
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 import java.io.File
+import java.io.RandomAccessFile
 import java.nio.ByteBuffer
 import java.nio.ByteOrder
 import java.security.MessageDigest
@@ -312,6 +313,171 @@ class SessionTest {
         assertEquals(null, parsed.lcsbSeed)
         assertThrows<ContractError> { spec("x").copy(lcsbSeed = 3).plan(program) }  // a seed without the random policy
         assertThrows<ContractError> { spec("y").copy(layersPerCheckpoint = 0) }
+    }
+
+    /** A weights file identity the test changes between steps (the mapped file itself is left alone). */
+    class ScriptedIdentity(var current: FileIdentity?) : FileIdentitySource {
+        var reads = 0
+        override fun identity(file: File): FileIdentity? { reads++; return current }
+    }
+
+    private val mapped = FileIdentity(4096, 1_767_225_600_000L, "64769:1042")
+
+    private fun events(dir: RunDir, type: String) = EventLog(dir.telemetry).events().filter { (it["type"] as Json.Str).value == type }.map { Fields(it, type) }
+
+    private fun stateAt(dir: RunDir): String = session(dir).also { it.loadState() }.loop.state.sha256()
+
+    @Test fun `the weights file changes between steps - the next step never runs, the checkpoint is the last completed step, one error, a resume after re-import ends as one go`() {
+        val oneGo = newRun(Fixtures.tempDir(), "one-go")
+        assertEquals("completed", session(oneGo).run().status)
+        val ref = newRun(Fixtures.tempDir(), "ref")  // stopped by the user after 3 steps
+        var n = 0
+        assertEquals("paused", session(ref).run(RunControl { n >= 3 }) { n++ }.status)
+
+        val base = Fixtures.tempDir()
+        val dir = newRun(base, "changed")
+        val ids = ScriptedIdentity(mapped)
+        val w = MappedWeights.map(File(programDir, program.weightsFile), ids)
+        assertEquals(mapped, w.identity)
+        val rt = HashRuntime(program)
+        val s = TrainingSession(program, w, rt, dir, ScriptedProbe(listOf(50_000_000L)), FakeClock())
+        var steps = 0
+        var callsAtChange = -1
+        val out = s.run { steps++; if (steps == 3) { ids.current = mapped.copy(size = 2048); callsAtChange = rt.calls } }
+        assertEquals("failed", out.status, out.message)
+        assertEquals(3L, out.stepsCompleted)
+        assertEquals(3, steps, "the step after the change never ran")
+        assertEquals(callsAtChange, rt.calls, "no program call after the change (the mapping is not read again)")
+        assertTrue("changed size from 4096 to 2048" in out.message && "re-import the program" in out.message, out.message)
+        // The checkpoint is of the 3 completed steps (checkpoint_every = 2 had saved step 2 only), the state of a stop after 3.
+        assertEquals(3L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step)
+        assertEquals(stateAt(ref), stateAt(dir))
+        assertArrayEquals(File(ref.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        // Telemetry: 3 steps, one error (weights_changed, fatal, at step 3), run_end failed; every event valid.
+        EventLog(dir.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+        assertEquals(3, events(dir, "step").size)
+        val errors = events(dir, "error")
+        assertEquals(1, errors.size)
+        assertEquals(listOf("weights_changed", "true", "3"), errors[0].let { listOf(it.string("code"), it.bool("fatal").toString(), it.long("step").toString()) })
+        assertTrue("changed under the run" in errors[0].string("message") && "re-import the program" in errors[0].string("message"), errors[0].string("message"))
+        val end = events(dir, "run_end").single()
+        assertEquals("failed", end.string("status"))
+        assertEquals(3L, end.long("steps_completed"))
+        assertEquals("run_end", types(dir).last())
+        assertEquals(listOf(0L), events(dir, "eval").map { it.long("step") }, "the held-out loss after never ran (only the one before)")
+        // The mapping is stale for good: a generation is refused without a program call, and so is any loop over it.
+        assertEquals(w.stale, w.checkChanged())
+        ids.current = mapped  // even if the file looks as it did
+        assertNotNull(w.checkChanged())
+        val g = assertThrows<ContractError> { s.compare(listOf(5, 7, 9), 4, emptySet()) }
+        assertTrue("re-import the program" in g.message!!, g.message)
+        assertThrows<ContractError> { LayerLoop(program, w, rt).also { it.state.loadInit() }.generate(listOf(5, 7), 2) }
+        assertEquals(callsAtChange, rt.calls)
+        assertEquals(1, events(dir, "error").size, "the error event is sent once")
+        // Re-imported (a new mapping of an unchanged file): the next session resumes at step 3 and ends as one uninterrupted run.
+        val again = session(Runs(base).latest()!!).run()
+        assertEquals("completed", again.status, again.message)
+        assertEquals(6L, again.stepsCompleted)
+        assertEquals(stateAt(oneGo), stateAt(dir))
+        assertArrayEquals(File(oneGo.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        assertEquals(6, events(dir, "step").size, "steps 0-2, then 3-5 after the resume: none twice")
+        EventLog(dir.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+    }
+
+    @Test fun `every kind of change stops at the boundary - replaced, modified, gone, before the first step, after the last, seen by a generation`() {
+        for ((label, change) in listOf("replaced" to mapped.copy(key = "64769:2001"), "modified" to mapped.copy(mtimeMs = mapped.mtimeMs + 1),
+                                       "gone" to null)) {
+            val dir = newRun(Fixtures.tempDir(), "kind-$label")
+            val ids = ScriptedIdentity(mapped)
+            val rt = HashRuntime(program)
+            val s = TrainingSession(program, MappedWeights.map(File(programDir, program.weightsFile), ids), rt, dir, ScriptedProbe(listOf(50_000_000L)), FakeClock())
+            var steps = 0
+            var calls = -1
+            val out = s.run { if (++steps == 1) { ids.current = change; calls = rt.calls } }
+            assertEquals(Pair("failed", 1L), Pair(out.status, out.stepsCompleted), label)
+            assertTrue(label in out.message, "$label: ${out.message}")
+            assertEquals(calls, rt.calls, label)
+            assertEquals(1L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step, label)
+            assertEquals(listOf("weights_changed"), events(dir, "error").map { it.string("code") }, label)
+        }
+        // The same key with another size is a change; no key on either side compares size and time only.
+        assertNotNull(mapped.changeTo(mapped.copy(size = 1), File("w")))
+        assertEquals(null, mapped.copy(key = null).changeTo(mapped.copy(key = "other"), File("w")))
+        assertEquals(null, mapped.changeTo(mapped.copy(), File("w")))
+
+        // Changed between mapping and the run: nothing reads the mapping (not even the held-out loss before); step 0's checkpoint.
+        val early = newRun(Fixtures.tempDir(), "early")
+        val ids = ScriptedIdentity(mapped)
+        val rt = HashRuntime(program)
+        val s = TrainingSession(program, MappedWeights.map(File(programDir, program.weightsFile), ids), rt, early, ScriptedProbe(listOf(50_000_000L)), FakeClock())
+        ids.current = mapped.copy(size = 0)
+        val out = s.run()
+        assertEquals(Pair("failed", 0L), Pair(out.status, out.stepsCompleted))
+        assertEquals(0, rt.calls)
+        assertEquals(0L, CheckpointStore(early.checkpoint).load(program.stateNumel).step)
+        assertEquals(listOf(0L), events(early, "error").map { it.long("step") })
+        assertTrue(types(early).none { it == "step" || it == "eval" })
+
+        // Changed after the last step: the held-out loss after is not computed; a resume on a good mapping does it and completes.
+        val late = newRun(Fixtures.tempDir(), "late")
+        val lids = ScriptedIdentity(mapped)
+        val lrt = HashRuntime(program)
+        var k = 0
+        val lout = TrainingSession(program, MappedWeights.map(File(programDir, program.weightsFile), lids), lrt, late, ScriptedProbe(listOf(50_000_000L)), FakeClock())
+            .run { if (++k == 6) lids.current = mapped.copy(mtimeMs = 0) }
+        assertEquals(Pair("failed", 6L), Pair(lout.status, lout.stepsCompleted))
+        assertTrue("after the last step" in lout.message, lout.message)
+        assertEquals(1, events(late, "eval").size, "only the eval before")
+        assertEquals(null, EvalPair.read(late.results).after)
+        assertEquals("completed", session(late).run().status)
+        assertNotNull(EvalPair.read(late.results).after)
+
+        // Seen first by a generation beside training (its check between two steps, here just after the session's own):
+        // the step's first program call is refused, the session stops as cleanly, with the checkpoint of the steps done.
+        val gen = newRun(Fixtures.tempDir(), "gen-saw")
+        val gids = ScriptedIdentity(mapped)
+        val gw = MappedWeights.map(File(programDir, program.weightsFile), gids)
+        val grt = HashRuntime(program)
+        var done = 0
+        var gcalls = -1
+        val gout = TrainingSession(program, gw, grt, gen, ScriptedProbe(listOf(50_000_000L)), FakeClock()).run(RunControl {
+            if (done == 2 && gcalls < 0) { gids.current = mapped.copy(size = 1); assertNotNull(gw.checkChanged()); gcalls = grt.calls }
+            false
+        }) { done++ }
+        assertEquals(Pair("failed", 2L), Pair(gout.status, gout.stepsCompleted), gout.message)
+        assertEquals(gcalls, grt.calls, "the refused call never reached the runtime")
+        assertEquals(2L, CheckpointStore(gen.checkpoint).load(program.stateNumel).step)
+        assertEquals(listOf("weights_changed"), events(gen, "error").map { it.string("code") })
+    }
+
+    /** The real thing: the mapped file truncated under the run (a SIGBUS on any read past the new end, here and on a phone). */
+    @Test fun `a weights file truncated under the run stops it at the next boundary, without reading the mapping again`() {
+        val copy = File(Fixtures.tempDir(), "weights.safetensors")
+        File(programDir, program.weightsFile).copyTo(copy)
+        val w = MappedWeights.map(copy)  // java.io.File's size and time
+        assertEquals(FileIdentity(copy.length(), copy.lastModified()), w.identity)
+        assertEquals(null, w.checkChanged())
+        val dir = newRun(Fixtures.tempDir(), "truncated")
+        val rt = HashRuntime(program)  // hashes every input it gets, the mapped weights' bytes included
+        val s = TrainingSession(program, w, rt, dir, ScriptedProbe(listOf(50_000_000L)), FakeClock())
+        var steps = 0
+        var calls = -1
+        val out = s.run { if (++steps == 2) { RandomAccessFile(copy, "rw").use { it.setLength(it.length() / 3) }; calls = rt.calls } }
+        assertEquals(Pair("failed", 2L), Pair(out.status, out.stepsCompleted), out.message)
+        assertTrue("changed size from" in out.message, out.message)
+        assertEquals(calls, rt.calls)
+        assertEquals(2L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step)
+        assertThrows<ContractError> { s.compare(listOf(5, 7, 9), 4, emptySet()) }
+        // java.io.File's identity of a file: size, time; gone.
+        val f = File(Fixtures.tempDir(), "f").apply { writeText("abc") }
+        val id = FileIdentitySource.JAVA.identity(f)!!
+        f.appendText("d")
+        assertTrue("from 3 to 4 bytes" in id.changeTo(FileIdentitySource.JAVA.identity(f), f)!!)
+        f.setLastModified(id.mtimeMs - 10_000)
+        assertTrue("was modified" in id.copy(size = 4).changeTo(FileIdentitySource.JAVA.identity(f), f)!!)
+        f.delete()
+        assertEquals(null, FileIdentitySource.JAVA.identity(f))
+        assertTrue("is gone" in id.changeTo(null, f)!!)
     }
 
     /**
