@@ -25,7 +25,6 @@ from toolchain.export.program import GENERATION_ROLES, QuantSpec
 from toolchain.lora import LoraConfig, save_adapter
 from toolchain.mesp.ops.quant import QuantWeight, dequantize
 from toolchain.models import Qwen25Arch
-from toolchain.models.load import state_dict_from_weights
 from toolchain.runtime import LayerLoop, ProgramDir
 from toolchain.runtime.evaluate import evaluate_program, state_from_adapter
 from toolchain.runtime.generate import generate

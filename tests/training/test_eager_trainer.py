@@ -13,7 +13,7 @@ import torch
 from helpers import lora_for, our_weights, random_hf_model
 from torch.utils._pytree import tree_leaves
 
-from toolchain.baselines.autograd import full_logits_loss, grads_of, leaf_lora
+from toolchain.baselines.autograd import full_logits_loss, leaf_lora
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan

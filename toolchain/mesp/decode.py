@@ -25,7 +25,7 @@ Attention, per kv head (G query heads q [G, C, D], c = 1/sqrt(D)), without conca
 which is Qwen2's causal softmax attention at positions pos .. pos + C - 1 (`attention_with_cache`; in the fused
 methods one call of the native kernel `toolchain::attention_decode`, whose reference it is). Projections go through
 `linear_forward` whole (no MLP chunks: C rows are small), so within `quant.fused_int4()` each int4
-projection is one `toolchain::int4_linear` call that reads the packed weight once.
+projection is one `toolchain::int4_linear_a8` call that reads the packed weight once.
 """
 
 from __future__ import annotations

@@ -157,6 +157,18 @@ inline float lane_sum(__m512 a) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
+// The byte masks of a row's 64-byte chunks 0 .. n - 1 (all ones, the row's last bytes, then none): the
+// same for every row of a matrix, so computed once per call.
+inline const std::vector<__mmask64>& chunk_masks(int64_t half, int64_t n) {
+  thread_local std::vector<__mmask64> masks;
+  masks.resize(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t b = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
+    masks[static_cast<size_t>(c)] = b == 64 ? ~__mmask64{0} : ((__mmask64{1} << b) - 1);
+  }
+  return masks;
+}
+
 // All o output rows for rows t0 .. t0 + NT - 1 of x, groups of GB = 16, 32 or 64 bytes (32 / 64 / 128
 // columns). A block is 16 groups (16 GB bytes): NV = GB / 16 vectors of 16 sub-group sums (16 bytes = 4
 // lanes each, from 4 chunks of 64 bytes), folded pairwise into the 16 group sums. The chunk masks (the
@@ -166,13 +178,7 @@ void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, con
                int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
   constexpr int NV = GB / 16;
   constexpr int64_t BLOCK = L * GB;                               // bytes per block of 16 groups
-  const int64_t nblocks = (ng + L - 1) / L;
-  thread_local std::vector<__mmask64> masks;
-  masks.resize(static_cast<size_t>(nblocks * NV * 4));
-  for (int64_t c = 0; c < nblocks * NV * 4; ++c) {
-    const int64_t n = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
-    masks[static_cast<size_t>(c)] = n == 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
-  }
+  const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * NV * 4);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -272,13 +278,7 @@ void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict 
   constexpr int D = GB / 4;
   constexpr int64_t BLOCK = L * GB;
   static const BlockTranspose<GB> tr;
-  const int64_t nblocks = (ng + L - 1) / L;
-  thread_local std::vector<__mmask64> masks;
-  masks.resize(static_cast<size_t>(nblocks * D));
-  for (int64_t c = 0; c < nblocks * D; ++c) {
-    const int64_t n = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
-    masks[static_cast<size_t>(c)] = n == 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
-  }
+  const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * D);
   const __m512i nib = _mm512_set1_epi8(0x0F);
   const int8_t* xe[NT];
   const int8_t* xo[NT];

@@ -23,7 +23,7 @@ products, 64 per instruction on AVX-512 VNNI): its ExecuTorch kernel is toolchai
 its PyTorch implementation here (`int4_linear_a8_reference`) defines it, is what eager generation runs, and
 is the reference the kernel is tested against. The stock generation methods (a runtime without the kernel)
 and the training step keep float32 activations (`dequantize` + `linear`); the activations' int8 rounding
-costs the demo model +0.0x in held-out loss (docs/benchmarks.md). The op is registered with PyTorch when
+costs the demo model +0.0004 nats per byte of held-out loss (docs/benchmarks.md). The op is registered with PyTorch when
 this module is imported.
 """
 
@@ -168,8 +168,9 @@ _FUSED_INT4 = False
 
 @contextlib.contextmanager
 def fused_int4() -> Iterator[None]:
-    """Within this context an int4 `matmul_xwt` is one `toolchain::int4_linear` call (the generation
-    methods that need the native kernel; see the module docstring)."""
+    """Within this context an int4 `matmul_xwt` is one `toolchain::int4_linear_a8` call, and the decode
+    attention one `toolchain::attention_decode` call (`mesp/decode.py`): the fused generation methods,
+    which need the native kernels (see the module docstring)."""
     global _FUSED_INT4
     previous, _FUSED_INT4 = _FUSED_INT4, True
     try:
