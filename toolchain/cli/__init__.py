@@ -150,6 +150,16 @@ def _os_error(e: OSError) -> str:
 
 
 class _Group(click.Group):
+    def main(self, *args, **kwargs):
+        """click's whole run (parsing and its own error reporting too, not only `invoke`): an allocation that
+        fails there is the same one `Error:` line."""
+        try:
+            return super().main(*args, **kwargs)
+        except (MemoryError, SystemError) as e:
+            if not _out_of_memory(e):
+                raise
+            _exit_out_of_memory()
+
     def invoke(self, ctx: click.Context):
         import signal
         import threading

@@ -37,6 +37,10 @@ _state: dict[str, object] = {"handler": None, "line": b"", "note": b"", "remove"
 
 
 def _on_sigbus(_signum: int) -> None:          # runs in the faulting thread, never returns
+    if _state.get("fired"):                    # another thread faulted too (torch's threads read in parallel):
+        while True:                            # the first one is writing the line and exiting the process
+            os.sched_yield()
+    _state["fired"] = True                     # (under the GIL: the test and the set are one step)
     for path in _state["remove"]:
         try:
             os.unlink(path)                    # async-signal-safe
