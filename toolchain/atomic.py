@@ -269,24 +269,7 @@ def _umask() -> int:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `path` whole or not at all (a failed write, e.g. EFBIG or ENOSPC, leaves the old file and no
     temporary). A special file in its place is refused (`check_regular_output`)."""
-    check_regular_output(Path(path), option="output")
-    path = _key(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
-    _PENDING.add(Path(tmp))
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        with _sigterm_blocked():
-            os.replace(tmp, path)
-            _PENDING.discard(Path(tmp))
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        _PENDING.discard(Path(tmp))
-        raise
+    atomic_write_chunks(path, (data,))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -303,7 +286,7 @@ def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
     _PENDING.add(Path(tmp))
     try:
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
             for chunk in chunks:
                 f.write(chunk.encode() if isinstance(chunk, str) else chunk)

@@ -157,6 +157,24 @@ inline float lane_sum(__m512 a) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
+// The rows t0 .. t0 + NT - 1 of a QuantizedX a tile multiplies: their int8 columns (as laid out for
+// rows_vnni, or `transposed` for rows_vnni_tiles), corrections and activation scales.
+template <int NT>
+struct TileRows {
+  const int8_t* xe[NT];
+  const int8_t* xo[NT];
+  const int32_t* corr[NT];
+  const float* sa[NT];
+  TileRows(const QuantizedX& a, int64_t t0, bool transposed) {
+    for (int t = 0; t < NT; ++t) {
+      xe[t] = (transposed ? a.teven : a.even).data() + (t0 + t) * a.stride;
+      xo[t] = (transposed ? a.todd : a.odd).data() + (t0 + t) * a.stride;
+      corr[t] = a.corr.data() + (t0 + t) * a.gstride;
+      sa[t] = a.sa.data() + (t0 + t) * a.gstride;
+    }
+  }
+};
+
 // The byte masks of a row's 64-byte chunks 0 .. n - 1 (all ones, the row's last bytes, then none): the
 // same for every row of a matrix, so computed once per call.
 inline const std::vector<__mmask64>& chunk_masks(int64_t half, int64_t n) {
@@ -182,16 +200,7 @@ void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, con
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  const int8_t* xe[NT];
-  const int8_t* xo[NT];
-  const int32_t* corr[NT];
-  const float* sa[NT];
-  for (int t = 0; t < NT; ++t) {
-    xe[t] = a.even.data() + (t0 + t) * a.stride;
-    xo[t] = a.odd.data() + (t0 + t) * a.stride;
-    corr[t] = a.corr.data() + (t0 + t) * a.gstride;
-    sa[t] = a.sa.data() + (t0 + t) * a.gstride;
-  }
+  const TileRows<NT> x(a, t0, false);
   for (int64_t r = 0; r < o; ++r) {
     const uint8_t* qr = q + r * half;
     const float* sr = scales + r * ng;
@@ -215,8 +224,8 @@ void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, con
           const __m512i w = _mm512_maskz_loadu_epi8(mk[u * 4 + c], qr + j);
           const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
           for (int t = 0; t < NT; ++t)
-            acc[t][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(xe[t] + j)),
-                                            lo, _mm512_loadu_si512(xo[t] + j));
+            acc[t][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x.xe[t] + j)),
+                                            lo, _mm512_loadu_si512(x.xo[t] + j));
         }
         for (int t = 0; t < NT; ++t)
           v[t][u] = hadd_pairs(hadd_pairs(acc[t][0], acc[t][1], even, odd), hadd_pairs(acc[t][2], acc[t][3], even, odd),
@@ -228,8 +237,8 @@ void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, con
       for (int t = 0; t < NT; ++t) {
         for (int w = NV; w > 1; w /= 2)
           for (int k = 0; k < w / 2; ++k) v[t][k] = hadd_pairs(v[t][2 * k], v[t][2 * k + 1], even, odd);
-        const __m512i isum = _mm512_sub_epi32(v[t][0], _mm512_loadu_si512(corr[t] + g0));
-        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(sa[t] + g0));
+        const __m512i isum = _mm512_sub_epi32(v[t][0], _mm512_loadu_si512(x.corr[t] + g0));
+        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(x.sa[t] + g0));
         accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
       }
     }
@@ -280,16 +289,7 @@ void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict 
   static const BlockTranspose<GB> tr;
   const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * D);
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  const int8_t* xe[NT];
-  const int8_t* xo[NT];
-  const int32_t* corr[NT];
-  const float* sa[NT];
-  for (int t = 0; t < NT; ++t) {
-    xe[t] = a.teven.data() + (t0 + t) * a.stride;
-    xo[t] = a.todd.data() + (t0 + t) * a.stride;
-    corr[t] = a.corr.data() + (t0 + t) * a.gstride;
-    sa[t] = a.sa.data() + (t0 + t) * a.gstride;
-  }
+  const TileRows<NT> x(a, t0, true);
   for (int64_t r = 0; r < o; ++r) {
     const uint8_t* qr = q + r * half;
     const float* sr = scales + r * ng;
@@ -310,11 +310,11 @@ void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict 
       for (int t = 0; t < NT; ++t) {
         __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
         for (int k = 0; k < D; ++k) {
-          ah = _mm512_dpbusd_epi32(ah, hi[k], _mm512_loadu_si512(xe[t] + j0 + k * 64));
-          al = _mm512_dpbusd_epi32(al, lo[k], _mm512_loadu_si512(xo[t] + j0 + k * 64));
+          ah = _mm512_dpbusd_epi32(ah, hi[k], _mm512_loadu_si512(x.xe[t] + j0 + k * 64));
+          al = _mm512_dpbusd_epi32(al, lo[k], _mm512_loadu_si512(x.xo[t] + j0 + k * 64));
         }
-        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_loadu_si512(corr[t] + g0));
-        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(sa[t] + g0));
+        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_loadu_si512(x.corr[t] + g0));
+        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(x.sa[t] + g0));
         accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
       }
     }
