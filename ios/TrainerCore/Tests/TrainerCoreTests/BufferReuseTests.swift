@@ -130,12 +130,7 @@ final class BufferReuseTests: XCTestCase {
     /// allocates as many HostBuffers as one of 3 (the KV cache and the prompt's last row: per
     /// generation, not per call), and the ids equal the Data path's.
     func testDecodeStepsAllocateNothing() throws {
-        let p = dir.appendingPathComponent("program")
-        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
-        let m = try LoopManifest.load(directory: p)
-        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
-        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
+        let (p, m) = try syntheticProgram(in: dir)
         let prompt = (0..<20).map { Int64(($0 * 11 + 5) % m.model.arch.vocab) }
         let rt = CountingRuntime(manifest: m)
         let loop = try LayerLoop(programDirectory: p, runtime: rt)
@@ -163,12 +158,7 @@ final class BufferReuseTests: XCTestCase {
     /// generation the runtime stores exactly the prompt's chunks and the decoded rows, once; the ids and
     /// the cache bytes equal the Data path's (HashRuntime through `LoopOutput.copy`).
     func testKVCacheRowsAreWrittenOnceIntoTheCache() throws {
-        let p = dir.appendingPathComponent("program")
-        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
-        let m = try LoopManifest.load(directory: p)
-        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
-        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
+        let (p, m) = try syntheticProgram(in: dir)
         let prompt = (0..<20).map { Int64(($0 * 11 + 5) % m.model.arch.vocab) }
         let rt = CountingRuntime(manifest: m)
         let loop = try LayerLoop(programDirectory: p, runtime: rt)

@@ -487,13 +487,7 @@ final class GenerationTests: XCTestCase {
     /// A program for the tiny generation manifest (`Repo.manifest`, byte tokenizer, int4 with fused
     /// methods) with synthetic weights and state_init.bin.
     func program() throws -> (URL, LoopManifest) {
-        let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
-        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
-        let m = try LoopManifest.load(directory: p)
-        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
-        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
-        return (p, m)
+        try syntheticProgram(in: dir)
     }
 
     func session(_ p: URL, _ m: LoopManifest, runtime: LoopRuntime, steps: Int) throws -> TrainingSession {

@@ -19,17 +19,6 @@ final class PhoneTests: XCTestCase {
         return to
     }
 
-    /// The tiny generation manifest with synthetic weights and state (as SessionTests' `program()`).
-    func syntheticProgram() throws -> (URL, LoopManifest) {
-        let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
-        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.manifest("manifest_tiny_generate.json"), to: p.appendingPathComponent("manifest.json"))
-        let m = try LoopManifest.load(directory: p)
-        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
-        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
-        return (p, m)
-    }
-
     // MARK: import
 
     /// The folder is checked, copied file by file with progress (monotone, ending at the total),
@@ -187,7 +176,7 @@ final class PhoneTests: XCTestCase {
     /// A step that fails in the runtime: the session sends an `error` event (schema-valid) with the
     /// runtime's log lines (the failure's own, else the session's ring), then `run_end failed`.
     func testFailingStepSendsItsLogLines() throws {
-        let (p, m) = try syntheticProgram()
+        let (p, m) = try syntheticProgram(in: dir)
         let data = try TrainingData.prepare(.text(SessionTests.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0, seed: 0)
         for withOwnLog in [true, false] {
             let rt = FailingRuntime(manifest: m, failAtCall: 20, ownLog: withOwnLog)
@@ -323,7 +312,7 @@ final class PhoneTests: XCTestCase {
     /// leaves the charger: the step in progress finishes, the checkpoint is of that step, run_end
     /// paused; resuming from it continues the same run to the end.
     func testBackgroundGateStopsAtAStepBoundary() throws {
-        let (p, m) = try syntheticProgram()
+        let (p, m) = try syntheticProgram(in: dir)
         let data = try TrainingData.prepare(.text(SessionTests.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0, seed: 0)
         var power = true
         let store = CheckpointStore(url: dir.appendingPathComponent("ckpt.safetensors"))

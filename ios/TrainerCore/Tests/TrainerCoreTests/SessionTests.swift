@@ -15,13 +15,7 @@ final class SessionTests: XCTestCase {
     /// A program directory for the manifest `example` (`Repo.manifest`): its manifest, a synthetic weights
     /// file, a state_init.bin (the tiny examples' tokenizer is the byte one: no file needed).
     func program(_ example: String = "manifest_tiny_generate.json") throws -> (URL, LoopManifest) {
-        let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
-        try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(at: Repo.manifest(example), to: p.appendingPathComponent("manifest.json"))
-        let m = try LoopManifest.load(directory: p)
-        try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
-        try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
-        return (p, m)
+        try syntheticProgram(in: dir, example: example)
     }
 
     static let text = String(repeating: "The lamp was lit at dusk and the fog came in from the sea. ", count: 12)
