@@ -1,6 +1,6 @@
 // Host check of how the app links the generation kernel (android/native/CMakeLists.txt, run by
-// android/test.sh): is `toolchain::int4_linear_a8.out` in the ExecuTorch kernel registry of this process, and
-// does the registered kernel compute? `registration_check_whole` links libtoolchain_kernels.a with
+// android/test.sh): are `toolchain::int4_linear_a8.out` and the other fused-method kernels in the ExecuTorch
+// kernel registry of this process, and does the registered W4A8 kernel compute? `registration_check_whole` links libtoolchain_kernels.a with
 // --whole-archive as ExecuTorch's JNI library does (EXECUTORCH_JNI_CUSTOM_LIBRARY) and must find and run
 // it (argument "present"); `registration_check_plain` links it plainly and must not find it ("absent"):
 // nothing references the registration object, so the linker drops it.
@@ -19,11 +19,18 @@ using executorch::runtime::KernelRuntimeContext;
 using executorch::runtime::etensor::TensorImpl;
 
 int main(int argc, char** argv) {
-  const char* op = "toolchain::int4_linear_a8.out";
+  // every kernel a fused method lists (manifest generate.fused.kernels); the first is also run below
+  const char* ops[] = {"toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
+                       "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"};
+  const char* op = ops[0];
   const bool want = argc > 1 && std::strcmp(argv[1], "present") == 0;
-  const bool has = executorch::runtime::registry_has_op_function(op);
-  std::printf("%s: %s\n", op, has ? "registered" : "not registered");
-  if (has != want) return 1;
+  bool has = true;
+  for (const char* name : ops) {
+    const bool here = executorch::runtime::registry_has_op_function(name);
+    std::printf("%s: %s\n", name, here ? "registered" : "not registered");
+    if (here != want) return 1;
+    has = has && here;
+  }
   if (!has) return 0;
   // y = x W^T for x [1, 4], W [2, 4] int4 (group 4): high nibble = column 2j, value n - 8. x is on its int8
   // grid (max |x| = 127: the activation scale is 1), so the W4A8 result is exact.

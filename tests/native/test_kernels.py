@@ -182,3 +182,114 @@ def test_attention_kernel_equals_the_reference(h, hk, c, s, d, pos):
     assert not out.isnan().any() and not ref.isnan().any()
     torch.testing.assert_close(out.double(), exact, rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(ref.double(), exact, rtol=2e-6, atol=2e-6)
+
+
+# The small ops of the fused methods (mesp/decode_ops.py) against their references in float64: each kernel is
+# within float32 rounding of the exact value, as the PyTorch reference eager generation runs is.
+_ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+
+
+def _close(got: torch.Tensor, exact: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
+    torch.testing.assert_close(ref.double(), exact, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("t,d", [(1, 896), (5, 37), (32, 64), (3, 1)])
+def test_rms_norm_kernel_equals_the_reference(t, d):
+    from toolchain.mesp.decode_ops import rms_norm_reference
+
+    gen = torch.Generator().manual_seed(t * 100 + d)
+    x, w = torch.randn(t, d, generator=gen) * 3, torch.randn(d, generator=gen)
+    y = torch.empty(t, d)
+    assert load_kernels().toolchain_rms_norm(_ptr(x), t, d, _ptr(w), ctypes.c_float(1e-6), _ptr(y)) == 0
+    _close(y, rms_norm_reference(x.double(), w.double(), 1e-6), rms_norm_reference(x, w, 1e-6), 2e-6)
+
+
+LORA_CASES = [  # (T, o, i, group, r, bias, lora, residual)
+    (1, 65, 896, 64, 8, True, True, False), (3, 33, 128, 64, 5, False, True, True), (32, 40, 200, 30, 16, True, True, True),
+    (2, 7, 70, 64, 1, True, False, True), (4, 9, 96, 32, 8, False, False, False), (1, 3, 4864, 64, 64, False, True, True),
+]
+
+
+@pytest.mark.parametrize("t,o,i,group,r,bias,lora,residual", LORA_CASES, ids=[f"case{n}" for n in range(len(LORA_CASES))])
+def test_lora_linear_kernel_is_the_int4_kernel_plus_bias_lora_and_residual(t, o, i, group, r, bias, lora, residual):
+    """residual + ((x W^T + bias) + s (x A^T) B^T): the W4A8 part is the int4 kernel's own bits (tested above
+    against its definition), the rest within float32 rounding of float64, absent terms skipped."""
+    from toolchain.mesp.decode_ops import lora_linear_a8_reference
+
+    gen = torch.Generator().manual_seed(t * 1000 + o + i + r)
+    q, scales = _quantize_partial(torch.randn(o, i, generator=gen), group)
+    x = torch.randn(t, i, generator=gen)
+    b_ = torch.randn(o, generator=gen) if bias else None
+    a, b = (torch.randn(r, i, generator=gen) / i ** 0.5, torch.randn(o, r, generator=gen)) if lora else (None, None)
+    res = torch.randn(t, o, generator=gen) if residual else None
+    s = 2.0
+    y = torch.empty(t, o)
+    opt = lambda v: None if v is None else _ptr(v)  # noqa: E731
+    assert load_kernels().toolchain_lora_linear_a8(_ptr(x), t, i, _ptr(q), _ptr(scales), o, scales.shape[1], group,
+                                                   opt(b_), opt(a), opt(b), r if lora else 0, ctypes.c_float(s),
+                                                   opt(res), _ptr(y)) == 0
+    base = _kernel(x, q, scales, group).double()
+    exact = base + (0 if b_ is None else b_.double())
+    if lora:
+        exact = exact + s * (x.double() @ a.double().T) @ b.double().T
+    if res is not None:
+        exact = res.double() + exact
+    ref = lora_linear_a8_reference(x, q, scales, group, b_, a, b, s, res)
+    _close(y, exact, ref, 1e-5)
+    if not (bias or lora or residual):
+        assert torch.equal(y, base.float())
+
+
+@pytest.mark.parametrize("c,n,d,pos", [(1, 14, 64, 40), (32, 2, 64, 0), (3, 3, 12, 250), (2, 1, 2, 7)])
+def test_rope_heads_kernel_equals_the_reference(c, n, d, pos):
+    """Split into heads [n, C, D] and rotated at pos .. pos + C - 1, against `rope_forward` of the float32
+    tables (transformers' rounding of cos / sin) in float64."""
+    from toolchain.mesp.decode_ops import rope_heads_reference
+
+    gen = torch.Generator().manual_seed(c * 100 + n + d)
+    x = torch.randn(c, n * d, generator=gen)
+    out = torch.empty(n, c, d)
+    assert load_kernels().toolchain_rope_heads(_ptr(x), c, n, d, pos, ctypes.c_float(1e6), _ptr(out)) == 0
+    p = torch.tensor([pos])
+    _close(out, rope_heads_reference(x.double(), p, n, 1e6), rope_heads_reference(x, p, n, 1e6), 2e-6)
+
+
+def test_swiglu_kernel_equals_the_reference():
+    from toolchain.mesp.decode_ops import swiglu_reference
+
+    gen = torch.Generator().manual_seed(5)
+    g, u = torch.randn(3, 4864, generator=gen) * 4, torch.randn(3, 4864, generator=gen)
+    out = torch.empty(3, 4864)
+    assert load_kernels().toolchain_swiglu(_ptr(g), _ptr(u), g.numel(), _ptr(out)) == 0
+    _close(out, swiglu_reference(g.double(), u.double()), swiglu_reference(g, u), 2e-6)
+
+
+def test_the_small_kernels_refuse_bad_arguments():
+    lib, z = load_kernels(), torch.zeros(64)
+    assert lib.toolchain_rope_heads(_ptr(z), 1, 2, 3, 0, ctypes.c_float(1e4), _ptr(z)) == -1        # odd D
+    assert lib.toolchain_rms_norm(_ptr(z), 1, 0, _ptr(z), ctypes.c_float(1e-6), _ptr(z)) == -1
+    q, s = torch.zeros(2, 4, dtype=torch.uint8), torch.ones(2, 1)
+    assert lib.toolchain_lora_linear_a8(_ptr(z), 1, 8, _ptr(q), _ptr(s), 2, 1, 8, None, _ptr(z), None, 4,
+                                        ctypes.c_float(1.0), None, _ptr(z)) == -1                     # a without b
+
+
+def test_lora_linear_rows_of_x_do_not_interact():
+    """A tile's rows (B^T transposed, 16 outputs at a time) equal each row alone (T = 1, one output at a time)
+    bit for bit: the same multiply-adds in the same order."""
+    gen = torch.Generator().manual_seed(8)
+    o, i, r = 37, 130, 7
+    q, scales = _quantize_partial(torch.randn(o, i, generator=gen), 64)
+    x, a, b = torch.randn(5, i, generator=gen), torch.randn(r, i, generator=gen), torch.randn(o, r, generator=gen)
+    lib = load_kernels()
+
+    def call(xs):
+        y = torch.empty(xs.shape[0], o)
+        assert lib.toolchain_lora_linear_a8(_ptr(xs), xs.shape[0], i, _ptr(q), _ptr(scales), o, scales.shape[1], 64,
+                                            None, _ptr(a), _ptr(b), r, ctypes.c_float(0.5), None, _ptr(y)) == 0
+        return y
+
+    whole = call(x)
+    for t in range(5):
+        assert torch.equal(whole[t], call(x[t:t + 1].clone())[0])

@@ -45,6 +45,7 @@ from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.mesp.block import BlockParams, block_backward, block_forward
 from toolchain.mesp.decode import ATTENTION_DECODE_OP, block_decode, decode_rope, head_logits
+from toolchain.mesp.decode_ops import DECODE_OPS
 from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.ops.quant import INT4_LINEAR_OP, QuantWeight, embedding_rows, fused_int4, with_chunk_rows
 from toolchain.mesp.step import head_loss_and_grad
@@ -72,11 +73,12 @@ GENERATION_ROLES = ("embed_token", "embed_prefill", "block_prefill", "block_deco
 ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
 # int4 programs also carry fused variants of the generation methods that read int4 weights (same inputs and
 # outputs, name + "_fused"), which call the native kernels of toolchain/native/kernels.cpp (the W4A8 linear;
-# in the blocks also the attention over the KV cache): a runtime that has them registered runs them, any other
+# in the blocks also the attention over the KV cache and the small ops of mesp/decode_ops.py, RMSNorm in the
+# head too): a runtime that has them registered runs them, any other
 # the stock methods (slower; float activations, so the logits differ by the activations' int8 rounding).
 # Every fused method lists the whole library's kernels (head_logits_fused calls only the first): a runtime
 # has all of them or none.
-FUSED_KERNELS = (INT4_LINEAR_OP + ".out", ATTENTION_DECODE_OP + ".out")
+FUSED_KERNELS = (INT4_LINEAR_OP + ".out", ATTENTION_DECODE_OP + ".out") + tuple(op + ".out" for op in DECODE_OPS)
 
 
 def fused_name(name: str) -> str:

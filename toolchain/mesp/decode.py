@@ -22,10 +22,15 @@ Attention, per kv head (G query heads q [G, C, D], c = 1/sqrt(D)), without conca
   s_c = c q K^T [G, C, S] (cache rows >= pos masked),  s_n = c q k_new^T [G, C, C] (future tokens masked)
   m = max(rowmax s_c, rowmax s_n)   (finite: the diagonal of s_n is never masked)
   o = (exp(s_c - m) V + exp(s_n - m) v_new) / (rowsum exp(s_c - m) + rowsum exp(s_n - m))
-which is Qwen2's causal softmax attention at positions pos .. pos + C - 1 (`attention_with_cache`; in the fused
-methods one call of the native kernel `toolchain::attention_decode`, whose reference it is). Projections go through
-`linear_forward` whole (no MLP chunks: C rows are small), so within `quant.fused_int4()` each int4
-projection is one `toolchain::int4_linear_a8` call that reads the packed weight once.
+which is Qwen2's causal softmax attention at positions pos .. pos + C - 1 (`attention_with_cache`, the reference
+of the native kernel `toolchain::attention_decode`). Projections go through `linear_forward` whole (no MLP
+chunks: C rows are small).
+
+Within `quant.fused_int4()` (the fused methods of int4 programs) the block is 14 native calls instead of ~170
+portable ops: each projection with its bias, LoRA pair and residual add one `toolchain::lora_linear_a8` (the
+packed int4 weight read once, x rounded to int8 per group), RMSNorm, SwiGLU and RoPE with the heads' split one
+call each (`decode_ops.py`, the RoPE tables computed in the call from `pos`), and the attention one
+`toolchain::attention_decode`; the head's RMSNorm one `toolchain::rms_norm`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from toolchain.lora.weights import LoraPair
+from toolchain.mesp import decode_ops  # noqa: F401  (registers the fused methods' small ops)
 from toolchain.mesp.block import BlockParams
 from toolchain.mesp.ops import RopeTables, linear_forward, rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
 from toolchain.mesp.ops.quant import QuantWeight, fused_enabled, matmul_xwt
@@ -60,6 +67,34 @@ def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
     return down                                                                  # [C, d]
 
 
+def _proj(x: Tensor, w: QuantWeight, bias: Tensor | None, lora: LoraPair | None, scale: float,
+          residual: Tensor | None = None) -> Tensor:
+    """residual + `linear_forward(x, w, bias, lora, scale)` as one `toolchain::lora_linear_a8` call."""
+    group = 2 * w.q.shape[1] // w.scale.shape[1]
+    a, b = (None, None) if lora is None else lora
+    return torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, group, bias, a, b, scale, residual)
+
+
+def _block_decode_fused(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """`block_decode` in 15 native calls (decode_ops.py; toolchain/native/kernels.cpp): the same graph with
+    each projection, its bias, LoRA pair and residual add one call, RMSNorm, SwiGLU, and the heads' split with
+    RoPE one call each; the RoPE tables are computed in the call from `pos`."""
+    w, arch, lora, s = p.weights, p.arch, p.lora, p.scale
+    h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
+    ops = torch.ops.toolchain
+    n1 = ops.rms_norm(x, w.input_norm, arch.rms_eps)
+    q = ops.rope_heads(_proj(n1, w.q_proj, w.q_bias, lora.get("q_proj"), s), pos, h, arch.rope_theta)   # [H, C, D]
+    k = ops.rope_heads(_proj(n1, w.k_proj, w.k_bias, lora.get("k_proj"), s), pos, hk, arch.rope_theta)  # [Hk, C, D]
+    v = _heads(_proj(n1, w.v_proj, w.v_bias, lora.get("v_proj"), s), hk)                               # [Hk, C, D]
+    o = ops.attention_decode(q, k, v, k_cache, v_cache, pos, dh ** -0.5)                               # [C, H*D]
+    x1 = _proj(o, w.o_proj, None, lora.get("o_proj"), s, residual=x)
+    n2 = ops.rms_norm(x1, w.post_norm, arch.rms_eps)
+    g = _proj(n2, w.gate_proj, None, lora.get("gate_proj"), s)
+    u = _proj(n2, w.up_proj, None, lora.get("up_proj"), s)
+    return _proj(ops.swiglu(g, u), w.down_proj, None, lora.get("down_proj"), s, residual=x1), k, v
+
+
 def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams, rope: RopeTables
                  ) -> tuple[Tensor, Tensor, Tensor]:
     """C tokens through the block with its KV cache.
@@ -73,6 +108,8 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     Returns:
         out [C, d], and the tokens' k (after RoPE) and v [Hk, C, D], to be written at rows pos .. pos + C - 1.
     """
+    if fused_enabled() and isinstance(p.weights.q_proj, QuantWeight):
+        return _block_decode_fused(x, pos, k_cache, v_cache, p)         # `rope` unused (computed in the calls)
     w, arch = p.weights, p.arch
     h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
     c = dh ** -0.5
@@ -83,10 +120,7 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     q = rope_forward(_heads(q, h), rope)                              # [H, C, D]
     k = rope_forward(_heads(k, hk), rope)                             # [Hk, C, D]
     v = _heads(v, hk)                                                 # [Hk, C, D]
-    if fused_enabled():                                               # one native call (toolchain::attention_decode)
-        o = torch.ops.toolchain.attention_decode(q, k, v, k_cache, v_cache, pos, c)
-    else:
-        o = attention_with_cache(q, k, v, k_cache, v_cache, pos, c)   # [C, H*D]
+    o = attention_with_cache(q, k, v, k_cache, v_cache, pos, c)       # [C, H*D]
     ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)
     x1 = x + ao
     return x1 + _mlp(x1, p), k, v
@@ -146,5 +180,5 @@ ATTENTION_DECODE_OP = "toolchain::attention_decode"
 def head_logits(x: Tensor, final_norm: Tensor, head_chunks: list[Tensor | QuantWeight], eps: float) -> Tensor:
     """Logits [V] of one position x [1, d]: final RMSNorm, then the LM head chunk by chunk (each chunk
     E_j [Vc, d] read in place: `linear`, or int4 `matmul_xwt`), concatenated."""
-    hn, _ = rmsnorm_forward(x, final_norm, eps)
+    hn = torch.ops.toolchain.rms_norm(x, final_norm, eps) if fused_enabled() else rmsnorm_forward(x, final_norm, eps)[0]
     return torch.cat([matmul_xwt(hn, e) for e in head_chunks], dim=1).reshape(-1)

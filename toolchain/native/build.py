@@ -23,7 +23,8 @@ from toolchain.errors import ToolchainError
 __all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels", "compile_flags"]
 
 KERNEL_SOURCE = Path(__file__).with_name("kernels.cpp")
-KERNEL_OPS = ("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out")   # what the library registers
+KERNEL_OPS = ("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
+              "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out")  # what it registers
 _LIB_NAME = "libtoolchain_kernels.so"
 
 
@@ -113,5 +114,15 @@ def load_kernels() -> ctypes.CDLL:
         lib.toolchain_attention_decode.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
                                                    ctypes.c_float, ptr]
         lib.toolchain_attention_decode.restype = ctypes.c_int
+        f32 = ctypes.c_float
+        signatures = {
+            "toolchain_rms_norm": [ptr, i64, i64, ptr, f32, ptr],
+            "toolchain_lora_linear_a8": [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, i64, f32, ptr, ptr],
+            "toolchain_rope_heads": [ptr, i64, i64, i64, i64, f32, ptr],
+            "toolchain_swiglu": [ptr, ptr, i64, ptr],
+        }
+        for name, argtypes in signatures.items():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = ctypes.c_int
         _LOADED = lib
     return _LOADED

@@ -1,7 +1,10 @@
 // The fused generation methods' native kernels (ExecuTorch custom ops; their PyTorch references are in
-// toolchain/mesp/ops/quant.py and toolchain/mesp/decode.py):
+// toolchain/mesp/ops/quant.py, toolchain/mesp/decode.py and toolchain/mesp/decode_ops.py):
 //   toolchain::int4_linear_a8     y = x W^T for group-wise int4 W
 //   toolchain::attention_decode   softmax attention of C tokens over the KV cache and themselves
+//   toolchain::lora_linear_a8     residual + (x W^T + bias + s (x A^T) B^T): a projection with its LoRA pair
+//   toolchain::rms_norm, toolchain::rope_heads, toolchain::swiglu   the element-wise rest of a block
+// (a decode layer is 14 calls of these; the stock graph of the same layer is 173 portable ops).
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -29,14 +32,14 @@
 //
 // Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers and
 // libexecutorch) for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the
-// ExecuTorch kernels `toolchain::int4_linear_a8.out` and `toolchain::attention_decode.out` at load;
-// `toolchain_int4_linear_a8` and `toolchain_attention_decode` are the same computations as C functions for
-// the kernel tests.
+// ExecuTorch kernels `toolchain::<op>.out` of the ops above at load; `toolchain_<op>` are the same
+// computations as C functions for the kernel tests.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
@@ -429,6 +432,172 @@ int toolchain_attention_decode(const float* q, const float* k, const float* v, c
   return 0;
 }
 
+
+// The small ops around them, one call each instead of ExecuTorch's portable graphs (references in
+// toolchain/mesp/decode_ops.py):
+
+// y [T, d] = w * (x * r), r = 1 / sqrt(mean_k x[t, k]^2 + eps) per row (RMSNorm).
+int toolchain_rms_norm(const float* x, int64_t T, int64_t d, const float* w, float eps, float* y) {
+  if (T < 0 || d <= 0) return -1;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * d;
+    f32x16 acc = f32x16{};
+    float tail = 0.0f;
+    int64_t k = 0;
+    for (; k + L <= d; k += L) {
+      f32x16 a;
+      std::memcpy(&a, xt + k, sizeof a);
+      acc = acc + a * a;
+    }
+    for (; k < d; ++k) tail += xt[k] * xt[k];
+    float lanes[L];
+    std::memcpy(lanes, &acc, sizeof lanes);
+    const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + eps);
+    float* yt = y + t * d;
+    for (k = 0; k < d; ++k) yt[k] = w[k] * (xt[k] * r);
+  }
+  return 0;
+}
+
+// Sum of x[k] y[k] over k < n: 16 lanes (k mod 16, fused multiply-adds in increasing k), lane_sum's tree,
+// then the tail in order.
+inline float dot(const float* __restrict x, const float* __restrict y, int64_t n) {
+  f32x16 acc = f32x16{};
+  int64_t k = 0;
+  for (; k + L <= n; k += L) {
+    f32x16 a, b;
+    std::memcpy(&a, x + k, sizeof a);
+    std::memcpy(&b, y + k, sizeof b);
+    acc = acc + a * b;
+  }
+  float lanes[L];
+  std::memcpy(lanes, &acc, sizeof lanes);
+  float tail = 0.0f;
+  for (; k < n; ++k) tail += x[k] * y[k];
+  return lane_sum(lanes) + tail;
+}
+
+// y [T, o] = residual + ((x W^T + bias) + s (x A^T) B^T): the int4 W4A8 product (toolchain_int4_linear_a8)
+// with the projection's bias, its LoRA pair a [r, in], b [o, r] (scale s) and a residual [T, o] added;
+// bias, a / b and residual may each be null (absent). h = x A^T per row is `dot`; (h B^T)[n] = sum_j h[j]
+// b[n, j] as fused multiply-adds in increasing j (explicit std::fma, not left to the compiler's contraction),
+// all outputs at once from b transposed once per call. Returns 0, or -1 for bad arguments.
+int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
+                             int64_t ng, int64_t group, const float* bias, const float* a, const float* b, int64_t r,
+                             float s, const float* residual, float* y) {
+  if ((a == nullptr) != (b == nullptr) || r < 0) return -1;
+  const int rc = toolchain_int4_linear_a8(x, T, in, q, scales, o, ng, group, y);
+  if (rc != 0) return rc;
+  thread_local std::vector<float> h, bt, d;
+  if (a != nullptr) {
+    h.resize(static_cast<size_t>(T * r));
+    d.resize(static_cast<size_t>(o));
+    bt.resize(static_cast<size_t>(r * o));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < r; ++j) h[static_cast<size_t>(t * r + j)] = dot(x + t * in, a + j * in, in);
+    for (int64_t n = 0; n < o; ++n)
+      for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    float* yt = y + t * o;
+    if (a != nullptr) {
+      const float* ht = h.data() + t * r;
+      float* __restrict dn = d.data();
+      std::fill(d.begin(), d.end(), 0.0f);
+      for (int64_t j = 0; j < r; ++j) {                            // (vectorized: fma is exact per element)
+        const float hj = ht[j];
+        const float* __restrict bj = bt.data() + j * o;
+        for (int64_t n = 0; n < o; ++n) dn[n] = std::fma(hj, bj[n], dn[n]);
+      }
+    }
+    for (int64_t n = 0; n < o; ++n) {
+      float v = yt[n];
+      if (bias != nullptr) v = v + bias[n];
+      if (a != nullptr) v = v + s * d[static_cast<size_t>(n)];
+      if (residual != nullptr) v = residual[t * o + n] + v;
+      yt[n] = v;
+    }
+  }
+  return 0;
+}
+
+// out [n, C, D] = RoPE of x [C, n * D] split into n heads, the C tokens at positions pos .. pos + C - 1:
+// out = x cos + rot(x) sin, rot(x) = (-x[D/2:], x[:D/2]), cos / sin of (pos + c) * theta^(-2i / D) in float32
+// as transformers computes them. Returns 0, or -1 for bad arguments (D odd).
+int toolchain_rope_heads(const float* x, int64_t C, int64_t n, int64_t D, int64_t pos, float theta, float* out) {
+  if (C < 0 || n <= 0 || D <= 0 || D % 2 || D > 1024 || pos < 0) return -1;
+  const int64_t half = D / 2;
+  float inv_freq[512], cs[512], sn[512];
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
+  for (int64_t c = 0; c < C; ++c) {
+    const float p = static_cast<float>(pos + c);
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = p * inv_freq[i];
+      cs[i] = std::cos(f);
+      sn[i] = std::sin(f);
+    }
+    for (int64_t h = 0; h < n; ++h) {
+      const float* xh = x + c * n * D + h * D;
+      float* oh = out + (h * C + c) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        oh[i] = xh[i] * cs[i] + (-xh[i + half]) * sn[i];
+        oh[i + half] = xh[i + half] * cs[i] + xh[i] * sn[i];
+      }
+    }
+  }
+  return 0;
+}
+
+// exp(x) per lane, Cephes' expf: x = n ln2 + f (n rounded to nearest, ln2 in two parts), exp(f) a degree-6
+// polynomial, times 2^n from the exponent bits; x clamped to [-87.34, 88.38] (normal results). Within 2 ulp
+// of the correctly rounded value; element-wise, so any vector width gives the same bits.
+inline f32x16 exp16(f32x16 x) {
+  typedef int32_t i32x16 __attribute__((vector_size(64)));
+  x = x > 88.3762626647949f ? f32x16{} + 88.3762626647949f : x;
+  x = x < -87.3365478515625f ? f32x16{} - 87.3365478515625f : x;
+  const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest (|n| < 2^22)
+  f32x16 f = x - n * 0.693359375f;
+  f = f - n * -2.12194440e-4f;
+  f32x16 p = f32x16{} + 1.9875691500e-4f;
+  p = p * f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  p = p * (f * f) + f + 1.0f;
+  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  f32x16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// out [N] = silu(g) * u = g / (1 + exp(-g)) * u (SwiGLU), exp by exp16 (the tail in a zero-padded vector).
+inline f32x16 swiglu16(f32x16 g, f32x16 u) { return g / (1.0f + exp16(-g)) * u; }
+
+int toolchain_swiglu(const float* g, const float* u, int64_t N, float* out) {
+  if (N < 0) return -1;
+  int64_t k = 0;
+  for (; k + L <= N; k += L) {
+    f32x16 gv, uv;
+    std::memcpy(&gv, g + k, sizeof gv);
+    std::memcpy(&uv, u + k, sizeof uv);
+    const f32x16 ov = swiglu16(gv, uv);
+    std::memcpy(out + k, &ov, sizeof ov);
+  }
+  if (k < N) {
+    float gt[L] = {}, ut[L] = {}, ot[L];
+    std::memcpy(gt, g + k, static_cast<size_t>(N - k) * sizeof(float));
+    std::memcpy(ut, u + k, static_cast<size_t>(N - k) * sizeof(float));
+    f32x16 gv, uv;
+    std::memcpy(&gv, gt, sizeof gv);
+    std::memcpy(&uv, ut, sizeof uv);
+    const f32x16 ov = swiglu16(gv, uv);
+    std::memcpy(ot, &ov, sizeof ov);
+    std::memcpy(out + k, ot, static_cast<size_t>(N - k) * sizeof(float));
+  }
+  return 0;
+}
 }  // extern "C"
 
 #ifndef TOOLCHAIN_NO_EXECUTORCH
@@ -491,8 +660,91 @@ Tensor& attention_decode_out(KernelRuntimeContext& ctx, const Tensor& q, const T
   return out;
 }
 
+
+// toolchain::rms_norm.out(Tensor x, Tensor w, float eps, *, Tensor(a!) out)
+Tensor& rms_norm_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, double eps, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && w.scalar_type() == ScalarType::Float &&
+                  out.scalar_type() == ScalarType::Float, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(x.dim() - 1), InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, x.sizes()) == Error::Ok, InvalidArgument, out);
+  const int64_t d = w.size(0);
+  const int rc = toolchain_rms_norm(x.const_data_ptr<float>(), x.numel() / d, d, w.const_data_ptr<float>(),
+                                    static_cast<float>(eps), out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+const float* optional_floats(const std::optional<Tensor>& t) {
+  return t.has_value() ? t->const_data_ptr<float>() : nullptr;
+}
+
+bool optional_float_shape(const std::optional<Tensor>& t, int64_t d0, int64_t d1) {
+  if (!t.has_value()) return true;
+  if (t->scalar_type() != ScalarType::Float) return false;
+  if (d1 < 0) return t->dim() == 1 && t->size(0) == d0;
+  return t->dim() == 2 && t->size(0) == d0 && t->size(1) == d1;
+}
+
+// toolchain::lora_linear_a8.out(Tensor x, Tensor qweight, Tensor scales, int group, Tensor? bias,
+//     Tensor? lora_a, Tensor? lora_b, float lora_scale, Tensor? residual, *, Tensor(a!) out)
+Tensor& lora_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& qweight, const Tensor& scales,
+                           int64_t group, const std::optional<Tensor>& bias, const std::optional<Tensor>& lora_a,
+                           const std::optional<Tensor>& lora_b, double lora_scale,
+                           const std::optional<Tensor>& residual, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
+                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, x.dim() == 2 && qweight.dim() == 2 && scales.dim() == 2, InvalidArgument, out);
+  const int64_t T = x.size(0), in = x.size(1), o = qweight.size(0);
+  const int64_t r = lora_a.has_value() ? lora_a->size(0) : 0;
+  ET_KERNEL_CHECK(ctx, qweight.size(1) * 2 == in && scales.size(0) == o && lora_a.has_value() == lora_b.has_value(),
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, optional_float_shape(bias, o, -1) && optional_float_shape(lora_a, r, in) &&
+                  optional_float_shape(lora_b, o, r) && optional_float_shape(residual, T, o), InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(T), static_cast<SizesType>(o)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_linear_a8(x.const_data_ptr<float>(), T, in, qweight.const_data_ptr<uint8_t>(),
+                                          scales.const_data_ptr<float>(), o, scales.size(1), group,
+                                          optional_floats(bias), optional_floats(lora_a), optional_floats(lora_b), r,
+                                          static_cast<float>(lora_scale), optional_floats(residual),
+                                          out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::rope_heads.out(Tensor x, Tensor pos, int heads, float theta, *, Tensor(a!) out)
+Tensor& rope_heads_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& pos, int64_t heads, double theta,
+                       Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float &&
+                  pos.scalar_type() == ScalarType::Long && pos.numel() == 1, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, x.dim() == 2 && heads > 0 && x.size(1) % heads == 0, InvalidArgument, out);
+  const int64_t C = x.size(0), D = x.size(1) / heads;
+  const SizesType sizes[3] = {static_cast<SizesType>(heads), static_cast<SizesType>(C), static_cast<SizesType>(D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 3}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_rope_heads(x.const_data_ptr<float>(), C, heads, D, pos.const_data_ptr<int64_t>()[0],
+                                      static_cast<float>(theta), out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::swiglu.out(Tensor g, Tensor u, *, Tensor(a!) out)
+Tensor& swiglu_out(KernelRuntimeContext& ctx, const Tensor& g, const Tensor& u, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, g.scalar_type() == ScalarType::Float && u.scalar_type() == ScalarType::Float &&
+                  out.scalar_type() == ScalarType::Float && g.numel() == u.numel() && g.dim() == u.dim(),
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, g.sizes()) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_swiglu(g.const_data_ptr<float>(), u.const_data_ptr<float>(), g.numel(),
+                                  out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_decode.out", attention_decode_out);
+EXECUTORCH_LIBRARY(toolchain, "rms_norm.out", rms_norm_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
+EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
 #endif

@@ -290,7 +290,7 @@ final class GenerationTests: XCTestCase {
         let t = try Self.traced.get()
         let m = try LoopManifest.load(directory: t.program)
         let fused = try XCTUnwrap(m.generate?.fused)
-        XCTAssertEqual(fused.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out"])
+        XCTAssertEqual(fused.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"])
         XCTAssertEqual(fused.methods, ["block_decode": "block_decode_fused", "block_prefill": "block_prefill_fused", "head_logits": "head_logits_fused"])
         XCTAssertEqual(m.method(named: "head_logits_fused")?.kernels, fused.kernels)
         XCTAssertNil(m.method(named: "head_logits")?.kernels)

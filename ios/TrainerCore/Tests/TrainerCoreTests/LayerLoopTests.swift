@@ -132,9 +132,9 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertEqual(m.prefillChunk, 16)
         XCTAssertEqual(m.quant?.head, true)
         XCTAssertEqual(m.quant?.kind, "int4")
-        XCTAssertEqual(m.generate?.fused?.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out"])
+        XCTAssertEqual(m.generate?.fused?.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"])
         XCTAssertEqual(m.generate?.fused?.source, "toolchain/native/kernels.cpp")
-        XCTAssertEqual(m.method(named: "block_decode_fused")?.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out"])
+        XCTAssertEqual(m.method(named: "block_decode_fused")?.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"])
         XCTAssertNil(m.method(named: "block_decode")?.kernels)
         XCTAssertEqual(m.method(role: "block_decode")?.name, "block_decode", "a role's first method is the stock one")
         let embed = try XCTUnwrap(m.method(role: "embed_token"))
@@ -149,10 +149,12 @@ final class LayerLoopTests: XCTestCase {
 
         let stock = m.generationMethods(registeredKernels: [])
         XCTAssertEqual(LayerLoop.generationRoles.map { stock[$0]!.name }, LayerLoop.generationRoles)
-        let withKernel = m.generationMethods(registeredKernels: ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "other::op.out"])
+        let withKernel = m.generationMethods(registeredKernels: ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out", "other::op.out"])
         XCTAssertEqual(LayerLoop.generationRoles.map { withKernel[$0]!.name },
                        ["embed_token", "embed_prefill", "block_prefill_fused", "block_decode_fused", "head_logits_fused"])
         XCTAssertEqual(m.generationMethods(registeredKernels: ["other::op.out"]).mapValues(\.name), stock.mapValues(\.name))
+        // a runtime with only some of the kernels (an older kernel library) runs the stock methods
+        XCTAssertEqual(m.generationMethods(registeredKernels: ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out"]).mapValues(\.name), stock.mapValues(\.name))
 
         // the row views of uint8 weights: rows of the tensor's own row size (bytes per row of its dtype)
         let url = dir.appendingPathComponent("w.safetensors")

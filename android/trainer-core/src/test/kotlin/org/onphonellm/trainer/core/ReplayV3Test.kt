@@ -440,7 +440,7 @@ class ReplayV3Test {
     @Test fun `a runtime with the int4 kernel calls the fused methods, with the stock calls' inputs bit for bit`() {
         val program = ProgramV3.read(Trace(traceDir).program)
         val fused = program.fused!!
-        assertEquals(listOf("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out"), fused.kernels)
+        assertEquals(listOf("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"), fused.kernels)
         assertEquals("toolchain/native/kernels.cpp", fused.source)
         assertEquals(mapOf("block_decode" to "block_decode_fused", "block_prefill" to "block_prefill_fused", "head_logits" to "head_logits_fused"), fused.methods)
         for (f in fused.methods.values) assertEquals(fused.kernels, program.method(f).kernels, "$f: methods[].kernels")

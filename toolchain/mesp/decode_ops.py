@@ -1,0 +1,87 @@
+"""The fused generation methods' small custom ops: one native call each where ExecuTorch's portable kernels
+would run a graph of element-wise ops (decode runs ~80 of them per layer and token, each a few microseconds of
+dispatch over a few thousand floats: ~6.5 ms of a token's ~29 ms, docs/benchmarks.md).
+
+  toolchain::rms_norm(x, w, eps)                     RMSNorm (`rmsnorm_forward`)
+  toolchain::lora_linear_a8(x, qweight, scales, group, bias?, lora_a?, lora_b?, lora_scale, residual?)
+                                                     residual + (x W^T + bias + s (x A^T) B^T), W int4 with x
+                                                     rounded to int8 per group (W4A8, `int4_linear_a8_reference`)
+  toolchain::rope_heads(x, pos, heads, theta)        x [C, n D] split into heads [n, C, D] and rotated at
+                                                     positions pos .. pos + C - 1 (`rope_forward` of `decode_rope`)
+  toolchain::swiglu(g, u)                            silu(g) * u (`swiglu_forward`)
+
+Each op's PyTorch implementation below is its definition: the stock graph it replaces, what eager generation
+runs (`fused_int4()`), and the reference the native kernels (toolchain/native/kernels.cpp) are tested against;
+the kernels agree with it to float32 rounding (their sums run in their own order). The ops are registered with
+PyTorch when this module is imported.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from toolchain.mesp.ops import rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
+from toolchain.mesp.ops.quant import int4_linear_a8_reference
+
+__all__ = ["rms_norm_reference", "lora_linear_a8_reference", "rope_heads_reference", "swiglu_reference",
+           "DECODE_OPS"]
+
+DECODE_OPS = ("toolchain::rms_norm", "toolchain::lora_linear_a8", "toolchain::rope_heads", "toolchain::swiglu")
+
+
+def rms_norm_reference(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    return rmsnorm_forward(x, w, eps)[0]
+
+
+def lora_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int, bias: Tensor | None,
+                             lora_a: Tensor | None, lora_b: Tensor | None, lora_scale: float,
+                             residual: Tensor | None) -> Tensor:
+    """x [T, i] -> [T, o]: residual + ((x W^T + bias) + lora_scale (x A^T) B^T), in that order (`linear_forward`
+    with the W4A8 product, then the block's residual add); absent terms are skipped."""
+    y = int4_linear_a8_reference(x, qweight, scales, group)
+    if bias is not None:
+        y = y + bias
+    if lora_a is not None:
+        y = y + lora_scale * F.linear(F.linear(x, lora_a), lora_b)
+    return y if residual is None else residual + y
+
+
+def rope_heads_reference(x: Tensor, pos: Tensor, heads: int, theta: float) -> Tensor:
+    """x [C, n D] -> [n, C, D] after RoPE at positions pos .. pos + C - 1 (`pos` [1] int64)."""
+    c = x.shape[0]
+    xh = x.reshape(c, heads, -1).transpose(0, 1)
+    return rope_forward(xh, rope_tables(pos.reshape(1) + torch.arange(c), xh.shape[-1], theta, x.dtype))
+
+
+def swiglu_reference(g: Tensor, u: Tensor) -> Tensor:
+    return swiglu_forward(g, u)[0]
+
+
+def _register() -> torch.library.Library:
+    lib = torch.library.Library("toolchain", "FRAGMENT")
+    schemas = {
+        "rms_norm": ("Tensor x, Tensor w, float eps", rms_norm_reference, lambda x, w, eps: torch.empty_like(x)),
+        "lora_linear_a8": ("Tensor x, Tensor qweight, Tensor scales, int group, Tensor? bias, Tensor? lora_a, "
+                           "Tensor? lora_b, float lora_scale, Tensor? residual", lora_linear_a8_reference,
+                           lambda x, qweight, *rest: x.new_empty((x.shape[0], qweight.shape[0]))),
+        "rope_heads": ("Tensor x, Tensor pos, int heads, float theta", rope_heads_reference,
+                       lambda x, pos, heads, theta: x.new_empty((heads, x.shape[0], x.shape[1] // heads))),
+        "swiglu": ("Tensor g, Tensor u", swiglu_reference, lambda g, u: torch.empty_like(g)),
+    }
+    for name, (args, reference, shape) in schemas.items():
+        lib.define(f"{name}({args}) -> Tensor")
+        lib.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
+
+        def out_variant(*a, out, _reference=reference, **kw):
+            out.copy_(_reference(*a, **kw))
+            return out
+
+        lib.impl(name, reference, "CompositeExplicitAutograd")
+        lib.impl(f"{name}.out", out_variant, "CompositeExplicitAutograd")
+        lib.impl(name, shape, "Meta")
+    return lib
+
+
+_OPS_LIBRARY = _register()
