@@ -249,6 +249,58 @@ void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, con
   }
 }
 
+// rows_vnni for one row of x (decode) whose groups fit one block (ng <= 16, GB = 16 or 32 bytes: in <= 512
+// or 1024 columns, every decode projection of Qwen2.5-0.5B but down_proj): x's int8 columns, corrections and
+// activation scales are loaded into registers once, not once per weight row, so each weight row costs its
+// own loads only. The same operations as rows_vnni on such a row: the same bits.
+template <int GB>
+void row_vnni_block_in_registers(const QuantizedX& a, const uint8_t* __restrict q, const float* __restrict scales,
+                                 int64_t half, int64_t ng, int64_t o, float* y) {
+  constexpr int NV = GB / 16, NC = NV * 4;
+  const std::vector<__mmask64>& masks = chunk_masks(half, NC);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512i xe[NC], xo[NC];
+  __mmask64 mk[NC];
+  for (int c = 0; c < NC; ++c) {
+    xe[c] = _mm512_loadu_si512(a.even.data() + c * 64);
+    xo[c] = _mm512_loadu_si512(a.odd.data() + c * 64);
+    mk[c] = masks[static_cast<size_t>(c)];
+  }
+  const __m512i corr = _mm512_loadu_si512(a.corr.data());
+  const __m512 sa = _mm512_loadu_ps(a.sa.data());
+  const __mmask16 gm = ng >= L ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    if (r + 2 < o) {                                              // the row after next, into L2
+      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
+    }
+    __m512i v[NV];
+    for (int u = 0; u < NV; ++u) {
+      if (u * 256 >= half) {
+        v[u] = _mm512_setzero_si512();
+        continue;
+      }
+      __m512i acc[4];
+      for (int c = 0; c < 4; ++c) {
+        const int k = u * 4 + c;
+        const __m512i w = _mm512_maskz_loadu_epi8(mk[k], qr + k * 64);
+        const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+        acc[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xe[k]), lo, xo[k]);
+      }
+      v[u] = hadd_pairs(hadd_pairs(acc[0], acc[1], even, odd), hadd_pairs(acc[2], acc[3], even, odd), even, odd);
+    }
+    for (int w = NV; w > 1; w /= 2)
+      for (int k = 0; k < w / 2; ++k) v[k] = hadd_pairs(v[2 * k], v[2 * k + 1], even, odd);
+    const __m512i isum = _mm512_sub_epi32(v[0], corr);
+    const __m512 c = _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, sr), sa);
+    y[r] = lane_sum(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_setzero_ps()));
+  }
+}
+
 // A block's D = GB / 4 weight registers (register c: bytes 64c .. 64c + 63, i.e. dword k of group y at lane
 // (y * D + k) mod 16 of register (y * D + k) / 16) transposed so that register k holds dword k of every
 // group, group y at lane y: log2(D) stages, each swapping one bit of the register index with the same bit of
@@ -338,6 +390,10 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int
       case 64: return rows_vnni_tiles<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
       default: break;
     }
+  }
+  if (NT == 1 && t0 == 0 && ng <= L) {
+    if (gb == 16) return row_vnni_block_in_registers<16>(a, q, s, half, ng, o, y);
+    if (gb == 32) return row_vnni_block_in_registers<32>(a, q, s, half, ng, o, y);
   }
   switch (gb) {
     case 16: return rows_vnni<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
