@@ -34,7 +34,9 @@ import java.util.concurrent.TimeUnit
  * ([ChargingRuns.mark]), so a restart of the service after a kill does not train it off the charger. When the
  * window ends (unplugged, the phone in use), WorkManager stops the worker ([isStopped], [onStopped]) and the
  * session stops at the next step boundary with a checkpoint (run_end "paused"); the next window resumes from
- * there. One session per process ([RunSlot]). Compiled here against android/host-stubs/androidx-work.
+ * there. Telemetry goes to the server the run was started with (its run directory keeps it,
+ * [org.onphonellm.trainer.core.TelemetryEndpoint]). One session per process ([RunSlot]). Compiled here against
+ * android/host-stubs/androidx-work.
  */
 class ChargingWorker(context: Context, params: WorkerParameters) : Worker(context, params) {
     override fun doWork(): Result {

@@ -30,6 +30,7 @@ import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.SessionListener
 import org.onphonellm.trainer.core.StartPhase
 import org.onphonellm.trainer.core.StreamedToken
+import org.onphonellm.trainer.core.TelemetryEndpoint
 import org.onphonellm.trainer.core.TextTokenizer
 import org.onphonellm.trainer.core.TrainingSession
 import org.onphonellm.trainer.core.UploadQueue
@@ -160,9 +161,10 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
         }
     }
 
+    /** The request's telemetry server, else the one the run was started with (a charging-window run is told none). */
     private fun uploadQueue(req: RunRequest, runDir: RunDir): UploadQueue? {
-        val url = req.telemetryUrl ?: return null
-        return UploadQueue(EventLog(runDir.telemetry), runDir.uploadCursor, runDir.rejected, UrlConnectionPoster(), url, req.telemetryToken ?: "")
+        val endpoint = TelemetryEndpoint.resolve(runDir, req.telemetryUrl, req.telemetryToken) ?: return null
+        return UploadQueue(EventLog(runDir.telemetry), runDir.uploadCursor, runDir.rejected, UrlConnectionPoster(), endpoint.url, endpoint.token)
     }
 
     /** Send telemetry while training runs, off the training thread; backoff when the server is away. */

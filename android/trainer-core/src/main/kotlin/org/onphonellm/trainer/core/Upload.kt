@@ -144,3 +144,31 @@ class UploadQueue(
         }
     }
 }
+
+/**
+ * Where a run's telemetry goes, kept in its run directory (`telemetry_endpoint.json`, written atomically) when
+ * the run is started with a URL, so a resume that is not told one (a charging-window run from WorkManager, a
+ * restart after a kill) uploads to the same server. [resolve]: the request's URL wins and replaces the stored
+ * one; without one, the stored one; null: the run uploads nothing. The token is app-private data (the run
+ * directory is the app's own storage) and never logged.
+ */
+data class TelemetryEndpoint(val url: String, val token: String) {
+    fun save(run: RunDir) = AtomicFiles.writeText(file(run), JsonWriter.write(Json.of(linkedMapOf("url" to url, "token" to token))))
+
+    override fun toString(): String = "TelemetryEndpoint(url=$url, token=${if (token.isEmpty()) "none" else "<set>"})"
+
+    companion object {
+        fun file(run: RunDir) = File(run.dir, "telemetry_endpoint.json")
+
+        /** The stored endpoint, or null when there is none. A file that is not one is a [ContractError] naming it. */
+        fun load(run: RunDir): TelemetryEndpoint? {
+            val f = file(run)
+            if (!f.isFile) return null
+            val fields = Fields.of(Json.parse(f.readText(Charsets.UTF_8)), f.name)
+            return TelemetryEndpoint(fields.string("url"), fields.optString("token") ?: "")
+        }
+
+        fun resolve(run: RunDir, url: String?, token: String?): TelemetryEndpoint? =
+            if (url != null) TelemetryEndpoint(url, token ?: "").also { it.save(run) } else load(run)
+    }
+}

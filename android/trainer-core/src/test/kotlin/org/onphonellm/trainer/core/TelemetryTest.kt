@@ -170,4 +170,21 @@ class TelemetryTest {
         val r = q.pump(0)
         assertTrue(r is UploadQueue.Result.RetryAt && r.atMs == 1000L && r.reason.startsWith("network"), r.toString())
     }
+
+    @Test
+    fun `a run keeps the telemetry server it was started with, for resumes that are told none`() {
+        val run = RunDir(File(Fixtures.tempDir(), "run-1").also { it.mkdirs() })
+        org.junit.jupiter.api.Assertions.assertNull(TelemetryEndpoint.resolve(run, null, null), "never given one: no upload")
+        val first = TelemetryEndpoint.resolve(run, "http://10.0.2.2:8088/v1/events", "secret")
+        assertEquals(TelemetryEndpoint("http://10.0.2.2:8088/v1/events", "secret"), first)
+        // a charging-window run (WorkManager) or a restart after a kill: no URL in the request, the run's own
+        assertEquals(first, TelemetryEndpoint.resolve(run, null, null))
+        // a new URL replaces the stored one; no token is an empty one
+        assertEquals(TelemetryEndpoint("http://host:1/v1/events", ""), TelemetryEndpoint.resolve(run, "http://host:1/v1/events", null))
+        assertEquals(TelemetryEndpoint("http://host:1/v1/events", ""), TelemetryEndpoint.load(run))
+        assertTrue("secret" !in first.toString(), "the token is never printed")
+        TelemetryEndpoint.file(run).writeText("[1]")
+        val e = assertThrows<ContractError> { TelemetryEndpoint.load(run) }
+        assertTrue(e.message!!.contains("telemetry_endpoint.json"), e.message)
+    }
 }
