@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from toolchain.contract import (CHAT_ROLES, ENDOFTEXT, IM_END, IM_START, MANIFEST_NAME, QWEN_ENDOFTEXT_ID,
-                                TOKENIZER_NAME, read_text_fields, sha256_file)
+                                TOKENIZER_NAME, TokenizerSection, read_text_fields, sha256_file)
 from toolchain.errors import BadInput
 from toolchain.validate import read_text as _read_utf8
 
-__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "qwen_tokenizer", "tokenizer_for_export",
+__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "program_tokenizer", "qwen_tokenizer",
+           "tokenizer_for_export",
            "apply_chat_template", "qwen_vocab_path", "read_qwen_ranks", "qwen_merges", "sanitize",
            "QWEN_PATTERN", "QWEN_ADDED_TOKENS", "QWEN_SPECIAL_START", "QWEN_VOCAB_SHA256", "QWEN_MIN_VOCAB",
            "QWEN_TOKENIZER_JSON_SHA256"]
@@ -359,7 +360,17 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
 
 def _program_tokenizer(folder: Path) -> Tokenizer:
     fields = read_text_fields(folder)
-    entry, kind = fields.tokenizer, fields.tokenizer.kind
+    return program_tokenizer(folder, fields.tokenizer, fields.files)
+
+
+def program_tokenizer(folder: Path, entry: TokenizerSection, files: dict[str, str]) -> Tokenizer:
+    """The tokenizer of the program directory `folder`, from its manifest's (already read) `tokenizer` entry
+    and `files` checksums.
+
+    Raises:
+        BadInput: exported without a tokenizer, or its file missing or not the one checksummed.
+    """
+    kind = entry.kind
     if kind == "byte":
         return ByteTokenizer()
     file = entry.file
@@ -369,7 +380,7 @@ def _program_tokenizer(folder: Path) -> Tokenizer:
     path = folder / file
     if not path.is_file():
         raise BadInput(f"{path} is missing from the program directory; re-export the program")
-    expected = fields.files.get(file)
+    expected = files.get(file)
     if expected is not None and sha256_file(path) != expected:
         raise BadInput(f"{path} does not match the checksum in the manifest; re-export the program")
     return HFTokenizer.from_file(path, kind=kind, pad_id=entry.pad_token_id, eos_id=entry.eos_token_id)

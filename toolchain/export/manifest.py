@@ -9,12 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from toolchain import __version__
-from toolchain.contract import (ADAPTER_INIT_DIR, INT4_PACKING, LAYER, MANIFEST_SCHEMA_VERSION, STATE_INIT_NAME,
-                                STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME, AdapterSection, FusedSection,
-                                GenerateSection, LcsbSection, LoopSection, LoraSection, Manifest, MemoryPlan,
-                                MethodSpec, ModelSection, OptimizerSection, OptionsSection, ProgramEntry,
-                                QuantSection, StateSection, TokenizerSection, WeightsSection, read_program_manifest)
-from toolchain.contract.methods import GENERATION_ROLES
+from toolchain.contract import (ADAPTER_INIT_DIR, GENERATION_ROLES, INT4_PACKING, LAYER, MANIFEST_NAME,
+                                MANIFEST_SCHEMA_VERSION, STATE_INIT_NAME, STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME,
+                                AdapterSection, FusedSection, GenerateSection, LcsbSection, LoopSection, LoraSection,
+                                Manifest, MemoryPlan, MethodSpec, ModelSection, OptimizerSection, OptionsSection,
+                                ProgramEntry, QuantSection, StateSection, TokenizerSection, WeightsSection,
+                                read_program_manifest)
 from toolchain.errors import BadInput
 from toolchain.export.artifact import TargetArtifact, tree_bytes
 from toolchain.export.program import FUSED_KERNELS, ProgramSpec, QuantSpec, method_specs, state_layout
@@ -82,7 +82,7 @@ class ProgramManifest:
         man = cls(read_program_manifest(program))
         expected = method_specs(man.spec)
         if {n: m.to_json() for n, m in expected.items()} != {n: m.to_json() for n, m in man.methods.items()}:
-            raise BadInput(f"{Path(program) / 'manifest.json'}: the methods listed do not match this toolchain's for "
+            raise BadInput(f"{Path(program) / MANIFEST_NAME}: the methods listed do not match this toolchain's for "
                            f"the program's config; re-export the program")
         return man
 

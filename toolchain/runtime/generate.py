@@ -178,7 +178,7 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
         BadInput: neither or both of text and ids, chat without text, bad ids, or text for a program
             without a tokenizer.
     """
-    from toolchain.tokenizer import apply_chat_template, load_tokenizer
+    from toolchain.tokenizer import apply_chat_template, program_tokenizer
 
     if (text is None) == (ids is None):
         raise BadInput("give exactly one of --prompt and --prompt-ids")
@@ -187,7 +187,7 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
     tok = None
     if text is not None or pdir.manifest.tokenizer.kind != "none":
         try:
-            tok = load_tokenizer(pdir.path)
+            tok = program_tokenizer(pdir.path, pdir.manifest.tokenizer, pdir.manifest.files)
         except BadInput:
             if text is not None:
                 raise
