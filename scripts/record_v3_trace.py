@@ -29,10 +29,11 @@ sys.path.insert(0, str(REPO))
 
 from toolchain.dataset import Example  # noqa: E402
 from toolchain.export.build import ExportSpec, export_program  # noqa: E402
-from toolchain.export.program import OptimizerSpec, QuantSpec  # noqa: E402
+from toolchain.export.program import QuantSpec  # noqa: E402
 from toolchain.lcsb.plan import StepPlan  # noqa: E402
 from toolchain.lora import LoraConfig, init_lora  # noqa: E402
 from toolchain.models import Qwen25Arch, random_weights  # noqa: E402
+from toolchain.optim import OptimizerConfig  # noqa: E402
 from toolchain.runtime import LayerLoop, ProgramDir  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
 from toolchain.runtime.generate import generate  # noqa: E402
@@ -91,17 +92,17 @@ class Recorder:
 
 
 def _install_layer_hook(rec: Recorder) -> None:
-    """LayerLoop._call knows the layer a call is for; the runner does not: tell the recorder."""
-    original = LayerLoop._call
+    """LayerLoop.call_method knows the layer a call is for; the runner does not: tell the recorder."""
+    original = LayerLoop.call_method
 
-    def _call(self, name, layer, *args, **kw):
+    def call_method(self, name, layer, *args, **kw):
         rec.layer = layer
         try:
             return original(self, name, layer, *args, **kw)
         finally:
             rec.layer = None
 
-    LayerLoop._call = _call
+    LayerLoop.call_method = call_method
 
 
 def _rows(n: int, seed: int) -> list[Example]:
@@ -125,7 +126,7 @@ def export(prog: Path) -> None:
     weights = random_weights(ARCH, seed=3)
     lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
     spec = ExportSpec(source="trace", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16),
-                      optimizer=OptimizerSpec("adamw", weight_decay=0.01), plan=None, pad_token_id=0,
+                      optimizer=OptimizerConfig("adamw", weight_decay=0.01), plan=None, pad_token_id=0,
                       eos_token_id=95, default_lr=LR, generation=True, prefill_chunk=2)  # the prompt: 2 chunks
     export_program(ARCH, weights, CFG, lora, spec, prog)
 
@@ -206,7 +207,7 @@ def main(argv: list[str]) -> int:
         prog = Path(tmp) / "program"
         export(prog)
         trace, blob = record(prog)
-        if init := ProgramDir(prog).manifest["state"]["init_file"]:
+        if init := ProgramDir(prog).manifest.state.init_file:
             assert sha((prog / init).read_bytes()) == trace["initial_state_sha256"]
         staged = Path(tmp) / "trace"
         shutil.copytree(prog, staged / "program")

@@ -193,7 +193,8 @@ CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "down_proj"))
 
 @pytest.mark.parametrize("opt", [adamw(weight_decay=0.1), sgd(weight_decay=0.1)], ids=["adamw", "sgd"])
 def test_program_skip_update_is_update_layer_with_no_gradient(opt, gen):
-    from toolchain.export.program import ProgramSpec, method_module, method_specs
+    from toolchain.export.bodies import method_module
+    from toolchain.export.program import ProgramSpec, method_specs
 
     spec = ProgramSpec(ARCH, CFG, 8, optimizer=opt)
     method = method_specs(spec)["block_skip_update"]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from toolchain.contract import IM_END, IM_START
 from toolchain.errors import BadInput
-from toolchain.tokenizer import (IM_END, IM_START, QWEN_ADDED_TOKENS, QWEN_MIN_VOCAB, QWEN_PATTERN, QWEN_SPECIAL_START,
+from toolchain.tokenizer import (QWEN_ADDED_TOKENS, QWEN_MIN_VOCAB, QWEN_PATTERN, QWEN_SPECIAL_START,
                                  ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template, load_tokenizer,
                                  qwen_merges, qwen_tokenizer, read_qwen_ranks, tokenizer_for_export)
 
@@ -206,7 +207,8 @@ def _program(folder: Path, tokenizer: Tokenizer | None, *, kind: str | None = No
         files["tokenizer.json"] = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
         if tamper:
             (folder / "tokenizer.json").write_text(tokenizer.to_json() + " ", encoding="utf-8")
-    (folder / "manifest.json").write_text(json.dumps({"seq_len": 32, "model": {"arch": {"vocab": 151936}},
+    (folder / "manifest.json").write_text(json.dumps({"schema_version": 3, "seq_len": 32,
+                                                      "model": {"arch": {"vocab": 151936, "max_positions": 32768}},
                                                       "tokenizer": entry, "files": files}))
     return folder
 

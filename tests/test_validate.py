@@ -73,3 +73,19 @@ def test_bounds_come_from_the_model():
         check_rank(100_000, arch, ("q_proj", "k_proj"))
     with pytest.raises(BadInput, match="max_position_embeddings"):
         check_seq_len(arch.max_positions + 1, arch)
+
+
+def test_library_errors_name_the_field_and_the_cli_the_option():
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+    from toolchain.errors import FieldError
+
+    arch = get_preset("tiny")
+    with pytest.raises(FieldError, match="^rank 100000 is larger") as e:
+        check_rank(100_000, arch, ("q_proj",))
+    assert e.value.field == "rank" and e.value.named("--rank").startswith("--rank 100000 is larger")
+    with pytest.raises(FieldError, match="^seq_len 100000 is longer") as e:
+        check_seq_len(100_000, arch)
+    r = CliRunner().invoke(cli, ["plan", "fit", "--model", "tiny", "--seq-len", "100000", "--device", "android-8gb"])
+    assert r.exit_code == 2 and "Error: --seq-len 100000 is longer than the model's" in r.output, r.output

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolchain.errors import BadInput
+from toolchain.contract import MANIFEST_NAME, Manifest
+from toolchain.errors import BadInput, ToolchainError
 
 __all__ = ["DemoConfig", "DemoResult", "ASSETS", "USER_TEXT", "USER_HELD_OUT", "export_demo", "run_demo",
            "sparkline", "current_program"]
@@ -89,26 +90,25 @@ class DemoResult:
 def current_program(out: Path, cfg: DemoConfig) -> bool:
     """An export from an earlier demo run of this model, seq_len and LCSB k, in this toolchain's manifest
     format (anything else is exported again)."""
-    import json
-
-    from toolchain.export.manifest import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
+    from toolchain.contract import read_manifest
 
     try:
-        m = json.loads((out / MANIFEST_NAME).read_text())
-        return (m.get("schema_version") == MANIFEST_SCHEMA_VERSION and m["model"]["source"] == cfg.model
-                and m["seq_len"] == cfg.seq_len and "prefill_chunk" in (m.get("generate") or {})
-                and (m.get("lcsb") or {}).get("k") == cfg.lcsb_k)
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        m = read_manifest(out / MANIFEST_NAME)
+    except (ToolchainError, OSError):
         return False
+    return (m.model.source == cfg.model and m.seq_len == cfg.seq_len
+            and m.generate is not None and m.generate.prefill_chunk is not None
+            and (None if m.lcsb is None else m.lcsb.k) == cfg.lcsb_k)
 
 
-def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] | None = None) -> dict:
+def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
     """Export `cfg.model` with the byte tokenizer, fp32 weights, AdamW and the generation methods."""
     from toolchain.export.build import ExportSpec, export_program
-    from toolchain.export.program import OptimizerSpec, QuantSpec
+    from toolchain.export.program import QuantSpec
     from toolchain.lcsb.plan import make_plan
     from toolchain.lora import LoraConfig, init_lora
     from toolchain.models import load_model
+    from toolchain.optim import OptimizerConfig
     from toolchain.tokenizer import ByteTokenizer
 
     arch, weights = load_model(cfg.model)
@@ -118,7 +118,7 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
     lora_cfg = LoraConfig(rank=cfg.rank, alpha=cfg.alpha)
     plan = None if cfg.lcsb_k is None else make_plan(arch.layers, cfg.lcsb_k, "cyclic")
     spec = ExportSpec(source=cfg.model, init="pretrained", seed=cfg.seed, seq_len=cfg.seq_len, quant=QuantSpec("none"),
-                      optimizer=OptimizerSpec("adamw", weight_decay=0.0), plan=plan, default_lr=cfg.lr,
+                      optimizer=OptimizerConfig("adamw", weight_decay=0.0), plan=plan, default_lr=cfg.lr,
                       tokenizer_kind="byte", pad_token_id=tok.PAD, eos_token_id=tok.EOS, tokenizer_json=tok.to_json(),
                       generation=True)
     return export_program(arch, weights, lora_cfg, init_lora(arch, lora_cfg, seed=cfg.seed), spec, out,

@@ -6,7 +6,7 @@ Messages are one line naming the problem and the way out.
 
 from __future__ import annotations
 
-__all__ = ["ToolchainError", "BadInput", "ShapeMismatch", "MissingWeights", "SchemaError", "OutputExists",
+__all__ = ["ToolchainError", "BadInput", "FieldError", "ShapeMismatch", "MissingWeights", "SchemaError", "OutputExists",
            "OutputNotWritable"]
 
 
@@ -16,6 +16,19 @@ class ToolchainError(Exception):
 
 class BadInput(ToolchainError):
     """A value, file or option the user gave is invalid (unknown preset, bad token id, ...)."""
+
+
+class FieldError(BadInput):
+    """A bad value of one config field, the message naming the field (`rank 9999 is larger than ...`); the CLI
+    names the option instead (`--rank 9999 ...`: `cli.options.FIELD_OPTIONS`)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field} {detail}")
+        self.field, self.detail = field, detail
+
+    def named(self, name: str) -> str:
+        """The message with the field called `name` (the command-line option that sets it)."""
+        return f"{name} {self.detail}"
 
 
 class ShapeMismatch(ToolchainError):

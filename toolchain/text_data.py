@@ -36,6 +36,7 @@ from pathlib import Path
 
 from toolchain import validate
 from toolchain.atomic import atomic_write_chunks, atomic_write_text, discarded_on_stop
+from toolchain.contract import read_text_fields
 from toolchain.errors import BadInput
 from toolchain.schemas import validation_errors
 from toolchain.shuffle import permutation
@@ -72,16 +73,8 @@ def program_text(program: Path) -> ProgramText:
     Raises:
         BadInput: not a program directory, or one exported without a tokenizer.
     """
-    program = Path(program)
-    path = program / "manifest.json"
-    if not path.is_file():
-        raise BadInput(f"{program} is not a program directory (no manifest.json); export one with toolchain export")
-    try:
-        manifest = validate.loads(read_text(path), str(path))
-        seq_len, vocab = int(manifest["seq_len"]), int(manifest["model"]["arch"]["vocab"])
-    except (KeyError, TypeError, ValueError):
-        raise BadInput(f"{path} is not a readable program manifest; re-export the program") from None
-    return ProgramText(load_tokenizer(program), seq_len, vocab)
+    fields = read_text_fields(Path(program))
+    return ProgramText(load_tokenizer(program), fields.seq_len, fields.vocab)
 
 
 def windows(ids: list[int], seq_len: int) -> list[list[int]]:

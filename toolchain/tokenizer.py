@@ -28,21 +28,21 @@ import unicodedata
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from toolchain.contract import (CHAT_ROLES, ENDOFTEXT, IM_END, IM_START, MANIFEST_NAME, QWEN_ENDOFTEXT_ID,
+                                TOKENIZER_NAME, TokenizerSection, read_text_fields, sha256_file)
 from toolchain.errors import BadInput
 from toolchain.validate import read_text as _read_utf8
 
-__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "qwen_tokenizer", "tokenizer_for_export",
+__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "program_tokenizer", "qwen_tokenizer",
+           "tokenizer_for_export",
            "apply_chat_template", "qwen_vocab_path", "read_qwen_ranks", "qwen_merges", "sanitize",
            "QWEN_PATTERN", "QWEN_ADDED_TOKENS", "QWEN_SPECIAL_START", "QWEN_VOCAB_SHA256", "QWEN_MIN_VOCAB",
-           "ENDOFTEXT", "IM_START", "IM_END", "TOKENIZER_NAME", "CHAT_ROLES",
            "QWEN_TOKENIZER_JSON_SHA256"]
 
-TOKENIZER_NAME = "tokenizer.json"  # in a program directory and in a Hugging Face model directory
 
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                 r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
-ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-QWEN_SPECIAL_START = 151643  # the first id after the 151,643 BPE ranks
+QWEN_SPECIAL_START = QWEN_ENDOFTEXT_ID  # the first id after the 151,643 BPE ranks
 # (content, special) in id order from 151643. `special` is the flag of Qwen2.5's tokenizer.json: the
 # last eight are added tokens that are not "special" (kept by decode(skip_special_tokens=True)).
 QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
@@ -58,7 +58,6 @@ QWEN_VOCAB_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a
 # sha256 of `qwen_tokenizer().to_json()` with tokenizers==0.23.3 (tests/test_text_stream.py recomputes it): a
 # tokenizer.json with these bytes may be encoded by tiktoken over its ranks (`text_stream.stream_encoder`).
 QWEN_TOKENIZER_JSON_SHA256 = "ace00a17cf233aa5fa133117c7382d1f29b38300d13a56d4b7263ae30426a2c6"
-CHAT_ROLES = ("system", "user", "assistant")
 
 TokenizerKind = Literal["byte", "qwen2.5", "huggingface"]
 
@@ -346,7 +345,7 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
     if str(source) == "byte":
         return ByteTokenizer()
     path = Path(source)
-    if path.is_dir() and (path / "manifest.json").is_file():
+    if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _program_tokenizer(path)
     if path.is_dir() and (path / TOKENIZER_NAME).is_file():
         return HFTokenizer.from_file(path / TOKENIZER_NAME, kind="huggingface")
@@ -360,25 +359,31 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
 
 
 def _program_tokenizer(folder: Path) -> Tokenizer:
-    try:
-        manifest = json.loads(_read_utf8(folder / "manifest.json"))
-        entry = manifest["tokenizer"]
-        kind = entry["kind"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise BadInput(f"{folder}/manifest.json has no readable tokenizer entry; re-export the program") from None
+    fields = read_text_fields(folder)
+    return program_tokenizer(folder, fields.tokenizer, fields.files)
+
+
+def program_tokenizer(folder: Path, entry: TokenizerSection, files: dict[str, str]) -> Tokenizer:
+    """The tokenizer of the program directory `folder`, from its manifest's (already read) `tokenizer` entry
+    and `files` checksums.
+
+    Raises:
+        BadInput: exported without a tokenizer, or its file missing or not the one checksummed.
+    """
+    kind = entry.kind
     if kind == "byte":
         return ByteTokenizer()
-    file = entry.get("file")
+    file = entry.file
     if kind == "none" or not file:
         raise BadInput(f"{folder} was exported without a tokenizer (kind {kind!r}); re-export it, or pass "
                        f"--tokenizer qwen2.5")
     path = folder / file
     if not path.is_file():
         raise BadInput(f"{path} is missing from the program directory; re-export the program")
-    expected = manifest.get("files", {}).get(file)
-    if expected is not None and hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+    expected = files.get(file)
+    if expected is not None and sha256_file(path) != expected:
         raise BadInput(f"{path} does not match the checksum in the manifest; re-export the program")
-    return HFTokenizer.from_file(path, kind=kind, pad_id=entry["pad_token_id"], eos_id=entry.get("eos_token_id"))
+    return HFTokenizer.from_file(path, kind=kind, pad_id=entry.pad_token_id, eos_id=entry.eos_token_id)
 
 
 def tokenizer_for_export(model: str, vocab: int) -> Tokenizer | None:

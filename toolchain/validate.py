@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from toolchain.errors import BadInput
+from toolchain.errors import BadInput, FieldError
 
 __all__ = ["InvalidJson", "MAX_JSON_DEPTH", "MAX_INT", "MIN_INT", "MAX_STEPS", "MAX_SEED", "MAX_THREADS", "read_text", "decode_utf8", "loads",
            "check_json", "read_json", "dumps", "finite", "FiniteFloat", "SEED", "STEPS", "THREADS", "check_rank",
@@ -217,16 +217,16 @@ def max_rank(arch, targets) -> int | None:
     return min(dims) if dims else None
 
 
-def check_rank(rank: int, arch, targets, *, option: str = "--rank") -> None:
-    """Raises BadInput when `rank` exceeds min(in, out) of a targeted projection of `arch`."""
+def check_rank(rank: int, arch, targets) -> None:
+    """Raises FieldError (field `rank`) when `rank` exceeds min(in, out) of a targeted projection of `arch`."""
     limit = max_rank(arch, targets)
     if limit is not None and rank > limit:
-        raise BadInput(f"{option} {rank} is larger than this model allows: at most {limit} "
-                       f"(min(in, out) of the targeted projections {', '.join(targets)})")
+        raise FieldError("rank", f"{rank} is larger than this model allows: at most {limit} "
+                                 f"(min(in, out) of the targeted projections {', '.join(targets)})")
 
 
-def check_seq_len(seq_len: int, arch, *, option: str = "--seq-len") -> None:
-    """Raises BadInput when `seq_len` exceeds the model's positions (max_position_embeddings)."""
+def check_seq_len(seq_len: int, arch) -> None:
+    """Raises FieldError (field `seq_len`) when `seq_len` exceeds the model's positions (max_position_embeddings)."""
     if seq_len > arch.max_positions:
-        raise BadInput(f"{option} {seq_len} is longer than the model's {arch.max_positions} positions "
-                       f"(max_position_embeddings)")
+        raise FieldError("seq_len", f"{seq_len} is longer than the model's {arch.max_positions} positions "
+                                    f"(max_position_embeddings)")

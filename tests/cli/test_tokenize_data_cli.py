@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from toolchain.cli import cli
+from toolchain.contract import IM_END, IM_START
 from toolchain.dataset import read_rows
-from toolchain.tokenizer import IM_END, IM_START, apply_chat_template, load_tokenizer, qwen_tokenizer
+from toolchain.tokenizer import apply_chat_template, load_tokenizer, qwen_tokenizer
 
 SEQ_LEN = 48
 TEXT = ("The river ran slowly past the old mill. 你好，世界！ Don't stop: 12345 🙂\n\n"

@@ -19,14 +19,17 @@ import numpy as np
 import pytest
 import torch
 
+from toolchain.contract import TRAINING_ROLES, IoSpec, MethodSpec
+from toolchain.export.bodies import method_module
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.coreml import (CORE_ML_DTYPES, EXPECTED_OPS, FOLD_MAX_ELEMS, _convert, _exact_reciprocal,
                                      _mask_as_remainder, deployment_target)
-from toolchain.export.program import (METHOD_ROLES, IoSpec, MethodSpec, OptimizerSpec, ProgramSpec, QuantSpec,
-                                      flat_state, method_module, method_specs, state_layout, unflatten_state)
+from toolchain.export.program import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
+                                      unflatten_state)
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
 from toolchain.models import Qwen25Arch, random_weights
+from toolchain.optim import OptimizerConfig
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.training import pad_example
 
@@ -39,7 +42,7 @@ on_macos = pytest.mark.skipif(sys.platform != "darwin", reason="Core ML predicti
                                                                "Core ML runtime on Linux (structure is tested there)")
 
 
-def _export(tmp_path_factory, name: str, *, quant: str, optimizer: OptimizerSpec) -> ProgramDir:
+def _export(tmp_path_factory, name: str, *, quant: str, optimizer: OptimizerConfig) -> ProgramDir:
     weights = random_weights(ARCH, seed=3)
     lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
     spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec(quant, 16), optimizer=optimizer,
@@ -51,12 +54,12 @@ def _export(tmp_path_factory, name: str, *, quant: str, optimizer: OptimizerSpec
 
 @pytest.fixture(scope="module")
 def fp32_sgd(tmp_path_factory):
-    return _export(tmp_path_factory, "fp32", quant="none", optimizer=OptimizerSpec("sgd"))
+    return _export(tmp_path_factory, "fp32", quant="none", optimizer=OptimizerConfig("sgd"))
 
 
 @pytest.fixture(scope="module")
 def int4_adamw(tmp_path_factory):
-    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerSpec("adamw", weight_decay=0.01))
+    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerConfig("adamw", weight_decay=0.01))
 
 
 @pytest.fixture(params=["fp32_sgd", "int4_adamw"])
@@ -84,7 +87,7 @@ _packages: dict = {}
 def _package(pdir: ProgramDir, method: str):
     key = (str(pdir.path), method)
     if key not in _packages:
-        _packages[key] = _load(pdir.path / _entry(pdir)["methods"][method])
+        _packages[key] = _load(pdir.path / _entry(pdir).methods[method])
     return _packages[key]
 
 
@@ -103,10 +106,10 @@ def test_packages_declare_the_manifest_io_and_no_states(exported):
     pdir = exported
     entry = _entry(pdir)
     quant = pdir.info.spec.quant.kind
-    assert entry["deployment_target"] == ("iOS18" if quant == "none" else "iOS26")
-    assert entry["compute_precision"] == "float32" and entry["bytes"] > 0
-    assert entry["input_dtypes"] == ({"int64": "int32"} if quant == "none" else {"int64": "int32", "uint8": "int8"})
-    assert entry["methods"] == {m: f"coreml/{m}.mlpackage" for m in pdir.info.methods}
+    assert entry.details["deployment_target"] == ("iOS18" if quant == "none" else "iOS26")
+    assert entry.details["compute_precision"] == "float32" and entry.bytes > 0
+    assert entry.details["input_dtypes"] == ({"int64": "int32"} if quant == "none" else {"int64": "int32", "uint8": "int8"})
+    assert entry.methods == {m: f"coreml/{m}.mlpackage" for m in pdir.info.methods}
     dtypes = {ft.ArrayFeatureType.INT32: "int32", ft.ArrayFeatureType.FLOAT32: "float32",
               ft.ArrayFeatureType.INT8: "int8"}
     for name, method in pdir.info.methods.items():
@@ -118,7 +121,7 @@ def test_packages_declare_the_manifest_io_and_no_states(exported):
         assert [feature(f) for f in spec.description.output] == [
             (io.name, "float32", list(io.shape)) for io in method.outputs]
         assert len(spec.description.state) == 0
-        pkg = pdir.path / entry["methods"][name]
+        pkg = pdir.path / entry.methods[name]
         files = sorted(str(f.relative_to(pkg)) for f in pkg.rglob("*") if f.is_file())
         # the weight blob holds constants only (none at all in embed)
         assert [f for f in files if f != "Data/com.apple.CoreML/weights/weight.bin"] == [
@@ -135,14 +138,14 @@ def test_mil_ops_are_the_expected_set(exported):
             ops[op.op_type] = ops.get(op.op_type, 0) + 1
         print(name, ops)
         assert set(ops) <= EXPECTED_OPS, f"unexpected MIL ops {sorted(set(ops) - EXPECTED_OPS)}"
-        assert _entry(pdir)["mil_ops"][name] == dict(sorted(ops.items()))
+        assert _entry(pdir).details["mil_ops"][name] == dict(sorted(ops.items()))
 
 
 def test_no_weight_is_stored_in_a_package(exported):
     """Weights are inputs: every constant is small (RoPE tables, masks, scalars), each package's weight
     blob is a few KB, and no frozen weight input is transposed (that would be a runtime copy of it)."""
     pdir = exported
-    weights_bytes = pdir.manifest["weights"]["bytes"]
+    weights_bytes = pdir.manifest.weights.bytes
     total = 0
     for name, method in pdir.info.methods.items():
         _, prog = _package(pdir, name)
@@ -150,7 +153,7 @@ def test_no_weight_is_stored_in_a_package(exported):
         sizes = [np.size(op.outputs[0].val) for op in _operations(func)
                  if op.op_type == "const" and op.outputs[0].val is not None]
         assert max(sizes) <= FOLD_MAX_ELEMS, (name, max(sizes))
-        blob = pdir.path / _entry(pdir)["methods"][name] / "Data/com.apple.CoreML/weights/weight.bin"
+        blob = pdir.path / _entry(pdir).methods[name] / "Data/com.apple.CoreML/weights/weight.bin"
         size = blob.stat().st_size if blob.exists() else 0
         assert size <= 16 * 1024, (name, size)
         total += size
@@ -296,7 +299,8 @@ def test_mil_program_matches_the_method_module(exported, method):
     pdir = exported
     if method not in pdir.info.methods:
         pytest.skip(f"{method} is not a method of this program (SGD without weight decay)")
-    _check_method(pdir.info.spec, method, _package(pdir, method)[1].functions["main"], seed=METHOD_ROLES.index(method))
+    _check_method(pdir.info.spec, method, _package(pdir, method)[1].functions["main"],
+                  seed=TRAINING_ROLES.index(method))
 
 
 def test_int8_weights_convert_and_match(tmp_path):
@@ -304,7 +308,7 @@ def test_int8_weights_convert_and_match(tmp_path):
     depend on the weight format)."""
     from coremltools.proto import FeatureTypes_pb2 as ft
 
-    spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int8", 16), optimizer=OptimizerSpec("sgd", weight_decay=0.1),
+    spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int8", 16), optimizer=OptimizerConfig("sgd", weight_decay=0.1),
                        options=OPTIONS)
     for k, name in enumerate(("block_forward", "block_backward")):
         model = _convert(spec, method_specs(spec)[name])
@@ -409,7 +413,7 @@ class CoreMLRunner:
 
         self.pdir = pdir
         self.models = {m: ct.models.MLModel(str(pdir.path / f), compute_units=ct.ComputeUnit.CPU_ONLY)
-                       for m, f in _entry(pdir)["methods"].items()}
+                       for m, f in _entry(pdir).methods.items()}
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         spec = self.pdir.info.methods[method]
@@ -447,7 +451,7 @@ def test_coreml_compute_plan_supports_every_op(exported):
     from coremltools.models.compute_plan import MLComputePlan
 
     pdir = exported
-    for name, rel in _entry(pdir)["methods"].items():
+    for name, rel in _entry(pdir).methods.items():
         compiled = ct.models.utils.compile_model(str(pdir.path / rel))
         plan = MLComputePlan.load_from_path(path=compiled, compute_units=ct.ComputeUnit.ALL)
         devices: dict[str, set[str]] = {}
@@ -462,7 +466,7 @@ def test_coreml_compute_plan_supports_every_op(exported):
 
 # -- why the state is float32 inputs/outputs and the compute float32 (docs/coreml.md) ----------------------
 
-def _eager_loop(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec, weights, dtype: torch.dtype):
+def _eager_loop(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerConfig, weights, dtype: torch.dtype):
     """LayerLoop over the eager methods of a program that is not exported (weights in memory)."""
     from toolchain.export.weights_file import weight_tensors
 
@@ -477,13 +481,13 @@ def _eager_loop(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec, wei
 
 
 @functools.cache
-def _fp16_run(optimizer: OptimizerSpec, lr: float, steps: int, mode: str):
+def _fp16_run(optimizer: OptimizerConfig, lr: float, steps: int, mode: str):
     """`steps` eager steps of the tiny preset on the bundled corpus (T=64, r=8 on all projections).
     mode: "fp32"; "state" (the state rounded to float16 after every step: what Core ML fp16 states
     would hold); "compute" (weights, activations and state in float16 too)."""
     from toolchain.dataset import bundled_examples
-    from toolchain.tokenizer import ByteTokenizer
     from toolchain.models import get_preset
+    from toolchain.tokenizer import ByteTokenizer
 
     arch, cfg = get_preset("tiny"), LoraConfig(rank=8, alpha=16)
     examples = bundled_examples(ByteTokenizer(), seq_len=64)
@@ -503,9 +507,9 @@ def _fp16_run(optimizer: OptimizerSpec, lr: float, steps: int, mode: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["state", "compute"])
-@pytest.mark.parametrize("optimizer,lr", [(OptimizerSpec("sgd"), 0.05), (OptimizerSpec("sgd"), 3e-3),
-                                          (OptimizerSpec("adamw", weight_decay=0.01), 3e-3),
-                                          (OptimizerSpec("adamw", weight_decay=0.01), 1e-4)],
+@pytest.mark.parametrize("optimizer,lr", [(OptimizerConfig("sgd"), 0.05), (OptimizerConfig("sgd"), 3e-3),
+                                          (OptimizerConfig("adamw", weight_decay=0.01), 3e-3),
+                                          (OptimizerConfig("adamw", weight_decay=0.01), 1e-4)],
                          ids=["sgd-0.05", "sgd-3e-3", "adamw-3e-3", "adamw-1e-4"])
 def test_float16_emulation(optimizer, lr, mode):
     """200 steps in float32 vs float16 (see _fp16_run): SGD's adapter drifts by ~5-13% of its update,

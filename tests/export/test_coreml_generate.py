@@ -10,8 +10,9 @@ pytest.importorskip("coremltools")
 
 from test_coreml import ARCH, CFG, OPTIONS, T, _check_method, _load  # noqa: E402
 
+from toolchain.contract import GENERATION_ROLES  # noqa: E402
 from toolchain.export.coreml import EXPECTED_OPS, _convert, mil_op_histogram  # noqa: E402
-from toolchain.export.program import GENERATION_ROLES, ProgramSpec, QuantSpec, method_specs  # noqa: E402
+from toolchain.export.program import ProgramSpec, QuantSpec, method_specs  # noqa: E402
 
 
 @pytest.mark.slow

@@ -15,11 +15,12 @@ from helpers import hf_peft_sgd, max_rel_diff
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import OptimizerSpec, QuantSpec
+from toolchain.export.program import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import Qwen25Arch, random_weights
+from toolchain.optim import OptimizerConfig
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.runtime.executorch_runner import ExecutorchRunner
 from toolchain.training import TrainRun, pad_example, run_program
@@ -39,7 +40,7 @@ def _examples(n: int, seed: int) -> list[Example]:
     return out
 
 
-def _export(tmp_path_factory, name: str, *, arch=ARCH, quant="none", optimizer=OptimizerSpec(), plan=None,
+def _export(tmp_path_factory, name: str, *, arch=ARCH, quant="none", optimizer=OptimizerConfig(), plan=None,
             xnnpack=True):
     weights = random_weights(arch, seed=3)
     lora = init_lora(arch, CFG, seed=4, zero_b=False)
@@ -57,7 +58,7 @@ def fp32_sgd(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def int4_adamw(tmp_path_factory):
-    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerSpec("adamw", weight_decay=0.01),
+    return _export(tmp_path_factory, "int4", quant="int4", optimizer=OptimizerConfig("adamw", weight_decay=0.01),
                    plan=make_plan(ARCH.layers, 1, "cyclic"))
 
 
@@ -92,11 +93,11 @@ def test_program_holds_no_weight_and_has_the_layer_generic_methods(fp32_sgd):
     prog, _, _ = fp32_sgd
     pdir = ProgramDir(prog)
     assert list(pdir.info.methods) == ["embed", "block_forward", "head_loss", "block_backward"]  # SGD: no skip update
-    assert pdir.info.program("executorch")["delegate"] == "xnnpack"  # the default
+    assert pdir.info.program("executorch").delegate == "xnnpack"  # the default
     from executorch.runtime import Runtime
 
     assert set(Runtime.get().load_program(pdir.program_file("executorch")).method_names) == set(pdir.info.methods)
-    weights_bytes = pdir.manifest["weights"]["bytes"]
+    weights_bytes = pdir.manifest.weights.bytes
     assert weights_bytes >= 4 * sum(t.numel() for t in pdir.weights().values())
     # the .pte is code only: far smaller than any one layer's weights
     layer0 = sum(t.numel() * t.element_size() for k, t in pdir.weights().items() if k.startswith("layers.0."))
@@ -210,7 +211,7 @@ def test_weights_are_passed_without_copying(tmp_path_factory):
     loop = LayerLoop(pdir, runner)
     state = pdir.state_init()
     ids = torch.randint(0, arch.vocab, (T,), generator=torch.Generator().manual_seed(0))
-    weights_bytes = pdir.manifest["weights"]["bytes"]
+    weights_bytes = pdir.manifest.weights.bytes
     before = read_status()
     loop.train_step(ids, ids.clone(), 0.1, state)
     after = read_status()
@@ -311,7 +312,7 @@ def test_resume_after_kill_equals_uninterrupted_run(int4_adamw, tmp_path):
 
 def test_int8_program_without_xnnpack_matches_eager(tmp_path_factory):
     prog, _, _ = _export(tmp_path_factory, "int8", quant="int8", xnnpack=False)
-    assert "delegate" not in ProgramDir(prog).info.program("executorch")
+    assert "delegate" not in ProgramDir(prog).info.program("executorch").to_json()
     _, res, ref = _run_both(prog, _examples(2, seed=9), 3, 0.05)
     for a, b in zip(res.losses, ref.losses):
         assert math.isclose(a, b, rel_tol=1e-5)

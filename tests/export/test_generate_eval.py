@@ -18,10 +18,11 @@ from click.testing import CliRunner
 from helpers import float64_faithful_hf, lora_for, peft_wrap, random_hf_model
 
 from toolchain.cli import cli
+from toolchain.contract import GENERATION_ROLES
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import GENERATION_ROLES, QuantSpec
+from toolchain.export.program import QuantSpec
 from toolchain.lora import LoraConfig, save_adapter
 from toolchain.mesp.ops.quant import QuantWeight, dequantize
 from toolchain.models import Qwen25Arch
@@ -136,11 +137,11 @@ def _hf_greedy(model, prompt, n_new, eos=None) -> list[int]:
 
 def _check_case(case: Case, runtimes=RUNTIMES) -> None:
     pdir = case.pdir
-    int4 = pdir.manifest["quant"]["kind"] == "int4"
+    int4 = pdir.manifest.quant.kind == "int4"
     assert set(GENERATION_ROLES) <= set(pdir.info.methods)
     fused = ["block_prefill_fused", "block_decode_fused", "head_logits_fused"] if int4 else []
-    assert pdir.manifest["generate"]["methods"] == list(GENERATION_ROLES) + fused
-    assert pdir.manifest["quant"]["head"] == int4 and ("embed.qweight" in pdir.weights()) == int4
+    assert pdir.manifest.generate.methods == GENERATION_ROLES + tuple(fused)
+    assert pdir.manifest.quant.head == int4 and ("embed.qweight" in pdir.weights()) == int4
     state = pdir.state_init()
     hf = case.hf_peft(case.lora)
     rows = _rows(case.arch, 3)
@@ -197,9 +198,9 @@ def test_stock_generation_methods_equal_hf_and_the_fused_ones_their_reference_on
     loop_c = LayerLoop(pdir, tied_int4.runner("eager", "generate", fused=True))
     views = pdir.state_views(state)
     x = torch.randn(1, TIED.hidden, generator=torch.Generator().manual_seed(1))
-    la = loop_a._call("head_logits", None, {"x": x}, views)["logits"]
-    lb = loop_b._call("head_logits_fused", None, {"x": x}, views)["logits"]
-    lc = loop_c._call("head_logits_fused", None, {"x": x}, views)["logits"]
+    la = loop_a.call_method("head_logits", None, {"x": x}, views)["logits"]
+    lb = loop_b.call_method("head_logits_fused", None, {"x": x}, views)["logits"]
+    lc = loop_c.call_method("head_logits_fused", None, {"x": x}, views)["logits"]
     torch.testing.assert_close(lb, lc)                                   # the kernel = its reference
     assert not torch.equal(la, lb)                                       # the activations were rounded
     torch.testing.assert_close(la, lb, rtol=0, atol=0.05 * float(la.abs().max()))
@@ -290,13 +291,12 @@ def test_cli_eval_and_generate_with_an_adapter(tied, tmp_path):
 def test_training_runner_does_not_load_the_generation_methods(tied):
     r = open_runner(tied.pdir, "executorch", use="train")
     assert set(r.methods) == {"embed", "block_forward", "head_loss", "block_backward"}
-    plan = tied.pdir.manifest["memory_plan"]
-    arenas = plan["planned_arena_bytes"]["executorch"]
+    arenas = tied.pdir.manifest.memory_plan.planned_arena_bytes["executorch"]
     assert set(GENERATION_ROLES) <= set(arenas)
-    gen = tied.pdir.manifest["generate"]
-    assert gen["cache_bytes"] == 2 * 4 * TIED.layers * TIED.kv_heads * T * TIED.head_dim
-    assert gen["targets"] == ["executorch", "onnx"]
-    assert gen["fused"] is None and gen["prefill_chunk"] == T   # float32: no kernel; the chunk clamped to seq_len
+    gen = tied.pdir.manifest.generate
+    assert gen.cache_bytes == 2 * 4 * TIED.layers * TIED.kv_heads * T * TIED.head_dim
+    assert gen.targets == ("executorch", "onnx")
+    assert gen.fused is None and gen.prefill_chunk == T   # float32: no kernel; the chunk clamped to seq_len
 
 
 def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):

@@ -13,15 +13,16 @@ import pytest
 import torch
 from helpers import hf_peft_sgd, lora_for, max_rel_diff, our_weights, random_hf_model
 
+from toolchain.contract import MANIFEST_NAME, TRAINING_ROLES, sha256_file
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
-from toolchain.export.build import ExportSpec, export_program, sha256_file
-from toolchain.export.manifest import MANIFEST_NAME
+from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.onnx import ONNX_DIR, OPSET
-from toolchain.export.program import METHOD_ROLES, OptimizerSpec, QuantSpec
+from toolchain.export.program import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
 from toolchain.models import Qwen25Arch
+from toolchain.optim import OptimizerConfig
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner
@@ -31,7 +32,7 @@ ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, voc
                   rope_theta=10_000.0)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
-ADAMW = OptimizerSpec("adamw", weight_decay=0.01)
+ADAMW = OptimizerConfig("adamw", weight_decay=0.01)
 
 
 def _examples(n: int, seed: int) -> list[Example]:
@@ -43,7 +44,7 @@ def _examples(n: int, seed: int) -> list[Example]:
     return out
 
 
-def _export(tmp_path_factory, name: str, *, quant="none", optimizer=OptimizerSpec()):
+def _export(tmp_path_factory, name: str, *, quant="none", optimizer=OptimizerConfig()):
     """A random float64 HF model (rounded through float32), our float32 weights read from it, and the
     program exported from those weights."""
     hf = random_hf_model(ARCH, torch.Generator().manual_seed(3))
@@ -94,7 +95,7 @@ def test_int4_adamw_lcsb_matches_eager(int4_adamw):
     prog = int4_adamw[0]
     examples, steps, lr = _examples(2, seed=6), 4, 1e-2
     pdir = ProgramDir(prog)
-    assert set(pdir.info.methods) == set(METHOD_ROLES)  # AdamW moves unselected layers: block_skip_update too
+    assert set(pdir.info.methods) == set(TRAINING_ROLES)  # AdamW moves unselected layers: block_skip_update too
     pdir, res, ref = _run_both(prog, examples, TrainRun(steps=steps, lr=lr, plan=make_plan(ARCH.layers, 1, "cyclic")))
     for s, (a, b) in enumerate(zip(res.losses, ref.losses)):
         assert math.isclose(a, b, rel_tol=1e-5), (s, a, b)
@@ -114,7 +115,7 @@ def _graphs(prog):
 
     pdir = ProgramDir(prog)
     entry = pdir.info.program("onnx")
-    return pdir, entry, {m: onnx.load(str(prog / f)) for m, f in entry["methods"].items()}
+    return pdir, entry, {m: onnx.load(str(prog / f)) for m, f in entry.methods.items()}
 
 
 @pytest.mark.parametrize("which", ["fp32_sgd", "int4_adamw"])
@@ -123,8 +124,8 @@ def test_graphs_take_the_weights_as_inputs_and_hold_none(which, request):
 
     prog = request.getfixturevalue(which)[0]
     pdir, entry, graphs = _graphs(prog)
-    assert entry["file"] == ONNX_DIR and entry["opset"] == OPSET
-    assert entry["methods"] == {m: f"{ONNX_DIR}/{m}.onnx" for m in pdir.info.methods}
+    assert entry.file == ONNX_DIR and entry.details["opset"] == OPSET
+    assert entry.methods == {m: f"{ONNX_DIR}/{m}.onnx" for m in pdir.info.methods}
     assert not list((prog / ONNX_DIR).glob("*.bin")) and not list((prog / ONNX_DIR).glob("*.data"))  # no external data
     for name, g in graphs.items():
         onnx.checker.check_model(g, full_check=True)

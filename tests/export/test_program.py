@@ -8,12 +8,14 @@ import json
 import pytest
 import torch
 
-from toolchain.export.program import (LAYER, OptimizerSpec, ProgramSpec, QuantSpec, example_inputs, flat_state,
-                                      method_module, method_specs, state_layout, unflatten_state)
+from toolchain.contract import LAYER
+from toolchain.export.bodies import example_inputs, method_module
+from toolchain.export.program import ProgramSpec, QuantSpec, flat_state, method_specs, state_layout, unflatten_state
 from toolchain.export.weights_file import ALIGN, map_weights, model_weights, weight_tensors, write_weights
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions, mesp_step
 from toolchain.models import Qwen25Arch, random_weights
+from toolchain.optim import OptimizerConfig
 
 ARCH = Qwen25Arch(hidden=24, layers=3, heads=3, kv_heads=1, intermediate=40, vocab=50, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4, targets=("k_proj", "up_proj"))
@@ -27,10 +29,10 @@ def _spec(**kw) -> ProgramSpec:
 def test_methods_and_their_bindings():
     sgd = method_specs(_spec())
     assert list(sgd) == ["embed", "block_forward", "head_loss", "block_backward"]  # SGD: unselected layers stay
-    adamw = method_specs(_spec(optimizer=OptimizerSpec("adamw")))
+    adamw = method_specs(_spec(optimizer=OptimizerConfig("adamw")))
     assert "block_skip_update" in adamw
-    assert "block_skip_update" in method_specs(_spec(optimizer=OptimizerSpec("sgd", weight_decay=0.1)))
-    assert "block_skip_update" not in method_specs(_spec(optimizer=OptimizerSpec("adamw", frozen_unselected=True)))
+    assert "block_skip_update" in method_specs(_spec(optimizer=OptimizerConfig("sgd", weight_decay=0.1)))
+    assert "block_skip_update" not in method_specs(_spec(optimizer=OptimizerConfig("adamw", frozen_unselected=True)))
     bb = adamw["block_backward"]
     names = [io.name for io in bb.inputs]
     assert names[:4] == ["dout", "x", "lr", "step"]
@@ -40,7 +42,7 @@ def test_methods_and_their_bindings():
     assert [io.ref for io in state_in][-1] == f"adam_v_{LAYER}_up_proj_b"
     assert [o.name for o in bb.outputs] == ["dx"] + [io.name + "_out" for io in state_in]
     assert all(o.ref == i.ref and o.shape == i.shape for o, i in zip(bb.outputs[1:], state_in))
-    layer0 = {e.name for e in state_layout(ARCH, CFG, OptimizerSpec("adamw")) if e.layer == 0}
+    layer0 = {e.name for e in state_layout(ARCH, CFG, OptimizerConfig("adamw")) if e.layer == 0}
     assert {io.ref.replace(LAYER, "0") for io in state_in} == layer0
     # the LM head comes in vocabulary chunks, views of the same weight (no slice inside the program)
     chunks = [io for io in sgd["head_loss"].inputs if io.name.startswith("head_")]
@@ -51,7 +53,7 @@ def test_methods_and_their_bindings():
 
 
 def test_flat_state_layout_round_trip():
-    layout = state_layout(ARCH, CFG, OptimizerSpec("adamw"))
+    layout = state_layout(ARCH, CFG, OptimizerConfig("adamw"))
     lora = init_lora(ARCH, CFG, seed=2, zero_b=False)
     flat = flat_state(layout, lora)
     assert flat.numel() == layout[-1].offset + 1
@@ -132,7 +134,7 @@ def test_method_bodies_chain_the_mesp_primitives():
 
 
 def test_every_method_traces_with_torch_export():
-    spec = _spec(quant=QuantSpec("int4", 8), optimizer=OptimizerSpec("adamw"))
+    spec = _spec(quant=QuantSpec("int4", 8), optimizer=OptimizerConfig("adamw"))
     for name, m in method_specs(spec).items():
         ep = torch.export.export(method_module(spec, name), example_inputs(m), strict=False)
         assert len(ep.graph_signature.user_outputs) == len(m.outputs), name

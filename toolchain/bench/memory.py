@@ -239,7 +239,7 @@ def check_program(config: MemoryBenchConfig, arch: Qwen25Arch | None) -> None:
         want = {k: v for k, v in want.items() if k not in ("quant_group", "quant_chunk_elems")}
     diff = [f"{k} {got[k]} (bench: {want[k]})" for k in want if got[k] != want[k]]
     if arch is not None and pdir.arch != arch:
-        diff.append(f"model {pdir.manifest['model']['source']} (bench: {config.model})")
+        diff.append(f"model {pdir.manifest.model.source} (bench: {config.model})")
     if diff:
         raise BadInput(f"{config.program_dir} was exported with {', '.join(diff)}; pass the same settings "
                        f"(--seq-len, --rank, --alpha, --targets, --quant, ...) or export a matching program")

@@ -11,7 +11,7 @@ import resource  # here, not where memory ran out: importing it then fails too
 import click
 
 from toolchain import __version__
-from toolchain.errors import ToolchainError
+from toolchain.errors import FieldError, ToolchainError
 
 __all__ = ["cli", "UserError"]
 
@@ -173,6 +173,10 @@ class _Group(click.Group):
                 result = super().invoke(ctx)
                 _flush_stdout()
                 return result
+        except FieldError as e:              # the library names the field, the command line the option
+            from toolchain.cli.options import FIELD_OPTIONS
+
+            raise UserError(e.named(FIELD_OPTIONS.get(e.field, e.field))) from None
         except ToolchainError as e:
             raise UserError(str(e)) from None
         except BrokenPipeError:              # stdout's reader went away (`toolchain tokenize f | head -c 10`)

@@ -28,8 +28,8 @@ def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> No
     """Tokenize --text or --chat with the program's tokenizer into rows of at most seq_len tokens
     (schema data_row), optionally holding out a seeded fraction; outputs are written atomically."""
     from toolchain.atomic import check_output_file
+    from toolchain.contract import read_text_fields
     from toolchain.errors import BadInput
-    from toolchain.program_check import read_program_manifest
     from toolchain.text_data import make_rows, program_text, split_held_out, write_rows
 
     if (held_out is None) != (held_out_out is None):
@@ -43,7 +43,7 @@ def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> No
     for p, option in ((out, "--out"), (held_out_out, "--held-out-out")):
         if p is not None:
             check_output_file(p, option=option)
-    read_program_manifest(program)         # every path inside the directory, every field typed and in range
+    read_text_fields(program)              # every path inside the directory, every field typed and in range
     prog = program_text(program)
     if text is not None and chat is None:  # a stream: bounded memory, a bar on long inputs
         from toolchain.cli.progress import file_progress

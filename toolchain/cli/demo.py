@@ -36,6 +36,7 @@ def demo(*, steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from toolchain.atomic import check_output_dir, check_output_file
+    from toolchain.contract import MANIFEST_NAME
     from toolchain.demo import DemoConfig, current_program, export_demo, run_demo, sparkline
 
     cfg = DemoConfig(steps=steps, lr=lr, max_new_tokens=max_new_tokens, eval_every=eval_every, lcsb_k=lcsb_k,
@@ -47,7 +48,7 @@ def demo(*, steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k:
     exported = False
     if not current_program(out, cfg):
         # our own older export (a manifest.json) is replaced; anything else needs --force
-        check_output_dir(out, force=force or (out / "manifest.json").is_file())
+        check_output_dir(out, force=force or (out / MANIFEST_NAME).is_file())
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True) as progress:
             task = progress.add_task("export", total=None)

@@ -95,13 +95,13 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
         task = progress.add_task("export", total=None)
         manifest = export_program(arch, weights, cfg, lora, spec, out,
                                   on_stage=lambda s: progress.update(task, description=f"export: {s}"))
-    mp = manifest["memory_plan"]
-    click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest['methods'])} methods) -> {out}")
-    for p in manifest["programs"]:
-        arenas = p["planned_arena_bytes"]
+    mp = manifest.memory_plan
+    click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest.methods)} methods) -> {out}")
+    for p in manifest.programs:
+        arenas = p.planned_arena_bytes
         planned = (f"planned arenas {sum(arenas.values()) / 1e6:.1f} MB (largest {max(arenas.values()) / 1e6:.1f})"
                    if arenas else "no planned arena (runtime-managed)")
-        click.echo(f"  {p['target']}: {p['bytes'] / 1e6:.1f} MB, {planned}")
-    click.echo(f"  weights {mp['weights_bytes'] / 1e6:.1f} MB (one file, memory-mapped), LoRA state "
-               f"{mp['lora_state_bytes'] / 1e6:.2f} MB, checkpoints {mp['checkpoint_bytes'] / 1e6:.1f} MB, "
+        click.echo(f"  {p.target}: {p.bytes / 1e6:.1f} MB, {planned}")
+    click.echo(f"  weights {mp.weights_bytes / 1e6:.1f} MB (one file, memory-mapped), LoRA state "
+               f"{mp.lora_state_bytes / 1e6:.2f} MB, checkpoints {mp.checkpoint_bytes / 1e6:.1f} MB, "
                f"{time.perf_counter() - t0:.1f} s")

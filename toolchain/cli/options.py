@@ -12,11 +12,13 @@ import click
 from toolchain.atomic import FORCE_HELP
 from toolchain.validate import SEED, THREADS, FiniteFloat
 
-__all__ = ["TARGETS_HELP", "POLICY_CHOICE", "model_options", "rank_option", "targets_option", "lora_shape_options",
+__all__ = ["FIELD_OPTIONS", "TARGETS_HELP", "POLICY_CHOICE", "model_options", "rank_option", "targets_option", "lora_shape_options",
            "lora_options", "layers_per_checkpoint_option", "data_option", "force_option", "plan_options", "lcsb_k_option", "chunk_options",
            "optimizer_option", "optimizer_options", "threads_option", "runtime_options", "program_state_options",
            "plan_request"]
 
+# Config fields a library error may name (errors.FieldError) -> the option that sets them.
+FIELD_OPTIONS = {"rank": "--rank", "seq_len": "--seq-len", "prefill_chunk": "--prefill-chunk"}
 TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or 'all'"
 POLICY_CHOICE = click.Choice(["cyclic", "strided", "last", "random", "full"])
 # StepOptions' defaults (toolchain/mesp/step.py, which imports torch; tests/cli/test_options.py checks them).

@@ -19,14 +19,14 @@ def tokenize(source, special, json_out, file) -> None:
     """Print the token ids of FILE (UTF-8 text), space-separated, on one line."""
     from toolchain.atomic import atomic_write_chunks, check_output_file
     from toolchain.cli.progress import file_progress
-    from toolchain.program_check import MANIFEST_FILE, read_program_manifest
+    from toolchain.contract import MANIFEST_NAME, read_text_fields
     from toolchain.text_stream import encode_stream, ids_json, spelling, text_blocks
     from toolchain.tokenizer import load_tokenizer
 
     if json_out is not None:
         check_output_file(json_out, option="--json")
-    if Path(source).is_dir() and (Path(source) / MANIFEST_FILE).is_file():
-        read_program_manifest(Path(source))    # a program's manifest is checked before its tokenizer is followed
+    if Path(source).is_dir() and (Path(source) / MANIFEST_NAME).is_file():
+        read_text_fields(Path(source))    # a program's manifest is checked before its tokenizer is followed
     tokenizer = load_tokenizer(source)
     with file_progress(file, "tokenizing") as on_bytes:       # a stream: bounded memory, a bar on long inputs
         chunks = encode_stream(tokenizer, text_blocks(file, on_bytes=on_bytes), allow_special=special)

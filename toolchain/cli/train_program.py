@@ -138,7 +138,7 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     evals = hooks["after_step"].evals if hooks else None
     peak_mb = read_status().vm_hwm / 2**20
     if adapter_out is not None:
-        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest["model"]["source"])
+        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest.model.source)
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.info.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
            **({} if evals is None else {"evals": evals}))

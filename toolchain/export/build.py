@@ -11,18 +11,19 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from toolchain.atomic import atomic_dir
-from toolchain.errors import BadInput
-from toolchain.export.manifest import ADAPTER_INIT_DIR, MANIFEST_NAME, STATE_INIT_NAME, TOKENIZER_FILE, build_manifest
-from toolchain.export.program import OptimizerSpec, ProgramSpec, QuantSpec, flat_state, state_layout
+from toolchain.contract import (ADAPTER_INIT_DIR, MANIFEST_NAME, QWEN_ENDOFTEXT_ID, STATE_INIT_NAME, TOKENIZER_NAME,
+                                WEIGHTS_NAME, Manifest, sha256_file, write_manifest)
+from toolchain.errors import BadInput, FieldError
+from toolchain.export.manifest import build_manifest
+from toolchain.export.program import ProgramSpec, QuantSpec, flat_state, state_layout
 from toolchain.export.targets import TARGETS, target
-from toolchain.export.weights_file import WEIGHTS_NAME, weight_tensors, write_weights
+from toolchain.export.weights_file import weight_tensors, write_weights
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import save_adapter
@@ -30,11 +31,10 @@ from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import ModelWeights
+from toolchain.optim import OptimizerConfig
 from toolchain.tokenizer import tokenizer_for_export
 
-__all__ = ["ExportSpec", "export_program", "sha256_file", "tokenizer_fields", "QWEN_PAD_ID"]
-
-QWEN_PAD_ID = 151643  # <|endoftext|>, Qwen2.5's padding token
+__all__ = ["ExportSpec", "export_program", "tokenizer_fields"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ExportSpec:
     seed: int
     seq_len: int
     quant: QuantSpec = QuantSpec()
-    optimizer: OptimizerSpec = OptimizerSpec()
+    optimizer: OptimizerConfig = OptimizerConfig()
     plan: StepPlan | None = None
     targets: tuple[str, ...] = ("executorch",)
     xnnpack: bool = True
@@ -79,7 +79,7 @@ class ExportSpec:
 
     def check(self, arch: Qwen25Arch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
-            raise BadInput(f"--seq-len must be in 2..{arch.max_positions} for this model, got {self.seq_len}")
+            raise FieldError("seq_len", f"must be in 2..{arch.max_positions} for this model, got {self.seq_len}")
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown:
             raise BadInput(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
@@ -104,21 +104,13 @@ def tokenizer_fields(model: str, vocab: int) -> dict:
     """
     tok = tokenizer_for_export(model, vocab)
     if tok is None:
-        return {"tokenizer_kind": "none", "pad_token_id": QWEN_PAD_ID if vocab > QWEN_PAD_ID else 0}
+        return {"tokenizer_kind": "none", "pad_token_id": QWEN_ENDOFTEXT_ID if vocab > QWEN_ENDOFTEXT_ID else 0}
     return {"tokenizer_kind": tok.kind, "pad_token_id": tok.pad_id, "eos_token_id": tok.eos_id,
             "tokenizer_json": tok.to_json()}
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
-                   out: Path, *, on_stage: Callable[[str], None] | None = None) -> dict:
+                   out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
     """Run the pipeline; returns the manifest written to `out/manifest.json`.
 
     Raises:
@@ -139,8 +131,8 @@ def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lor
         (tmp / STATE_INIT_NAME).write_bytes(flat_state(layout, lora).numpy().astype("<f4").tobytes())
         save_adapter(tmp / ADAPTER_INIT_DIR, cfg, lora, base_model=spec.source)
         if spec.tokenizer_json is not None:
-            (tmp / TOKENIZER_FILE).write_text(spec.tokenizer_json, encoding="utf-8")
+            (tmp / TOKENIZER_NAME).write_text(spec.tokenizer_json, encoding="utf-8")
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = build_manifest(spec, pspec, artifacts, tmp, files)
-        manifest.write(tmp / MANIFEST_NAME)
-    return manifest.doc
+        write_manifest(tmp / MANIFEST_NAME, manifest)
+    return manifest

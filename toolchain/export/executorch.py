@@ -11,13 +11,16 @@ in place; decomposed, it becomes `permute_copy(W)` + mm), and inputs are not mem
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from pathlib import Path
 
 import torch
 
+from toolchain.contract import GENERATION_ROLES
 from toolchain.export.artifact import TargetArtifact
-from toolchain.export.program import GENERATION_ROLES, ProgramSpec, example_inputs, method_module, method_specs
+from toolchain.export.bodies import example_inputs, method_module
+from toolchain.export.program import ProgramSpec, method_specs
 
 __all__ = ["export_executorch", "PTE_NAME"]
 
@@ -174,6 +177,21 @@ def _quiet(logger_name: str):
         log.setLevel(level)
 
 
+# The signature `_no_relegalizing_single_op_partitions` wraps (executorch 1.5.1, exir/lowered_backend_module.py).
+REPLACED_PARAMETERS = (("gm", inspect.Parameter.empty), ("node_list", inspect.Parameter.empty),
+                       ("tag", inspect.Parameter.empty), ("skip_legalize_graph", False))
+
+
+def check_replaced_signature(fn) -> None:
+    """Raise RuntimeError unless `fn` takes (gm, node_list, tag, skip_legalize_graph=False), as the patch expects."""
+    got = tuple((p.name, p.default) for p in inspect.signature(fn).parameters.values())
+    if got != REPLACED_PARAMETERS:
+        want = ", ".join(n if d is inspect.Parameter.empty else f"{n}={d}" for n, d in REPLACED_PARAMETERS)
+        raise RuntimeError(f"executorch's {fn.__module__}.{fn.__qualname__}{inspect.signature(fn)} is not the "
+                           f"({want}) that toolchain/export/executorch.py's lowering patch replaces: update "
+                           f"_no_relegalizing_single_op_partitions for this ExecuTorch version")
+
+
 @contextlib.contextmanager
 def _no_relegalizing_single_op_partitions():
     """ExecuTorch re-sorts ("legalizes") the whole graph after fusing each partition into a delegate
@@ -182,10 +200,16 @@ def _no_relegalizing_single_op_partitions():
     (a 3B block_backward: ~400 delegates in a graph of thousands of nodes). A one-op partition fused in
     place leaves the graph topologically ordered (the call takes the op's position; its inputs are
     before it, its users after), so the pass is skipped for those; `keep_original_order` re-sorts and
-    lints each lowered graph once afterwards. Multi-node partitions still get ExecuTorch's pass."""
+    lints each lowered graph once afterwards. Multi-node partitions still get ExecuTorch's pass.
+
+    Raises:
+        RuntimeError: this ExecuTorch's create_submodule_from_nodes is not the function the patch replaces
+            (`check_replaced_signature`): an upgrade must update the patch, not silently slow export.
+    """
     from executorch.exir.backend import backend_api
 
     original = backend_api.create_submodule_from_nodes
+    check_replaced_signature(original)
 
     def create(gm, node_list, tag, skip_legalize_graph: bool = False):
         return original(gm, node_list, tag, skip_legalize_graph=skip_legalize_graph or len(node_list) == 1)

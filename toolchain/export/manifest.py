@@ -1,10 +1,6 @@
-"""manifest.json of a v3 program directory: written and read by one class, `ProgramManifest`.
-
-File names of a program directory live here, once. The manifest states the model and LoRA config,
-the methods (inputs and outputs in call order, each bound to an app input, an activation, a weight
-key or a state entry; `{layer}` in a name is the layer index), the weights file, the state layout,
-the loop the app runs, the default LCSB plan, and what each target plans in memory
-(shared_schemas/manifest.schema.json). Programs of another schema_version are refused ("re-export").
+"""The manifest a program directory is exported with (`build_manifest`: the typed contract Manifest of
+toolchain/contract), and the program config a manifest describes (`ProgramManifest`: the model, LoRA and
+optimizer configs and the `ProgramSpec` the host runners rebuild from, checked against the methods listed).
 """
 
 from __future__ import annotations
@@ -13,27 +9,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 from toolchain import __version__
+from toolchain.contract import (ADAPTER_INIT_DIR, GENERATION_ROLES, INT4_PACKING, LAYER, MANIFEST_NAME,
+                                MANIFEST_SCHEMA_VERSION, STATE_INIT_NAME, STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME,
+                                AdapterSection, FusedSection, GenerateSection, LcsbSection, LoopSection, LoraSection,
+                                Manifest, MemoryPlan, MethodSpec, ModelSection, OptimizerSection, OptionsSection,
+                                ProgramEntry, QuantSection, StateSection, TokenizerSection, WeightsSection,
+                                read_program_manifest)
 from toolchain.errors import BadInput
 from toolchain.export.artifact import TargetArtifact, tree_bytes
-from toolchain.export.program import (FUSED_KERNELS, GENERATION_ROLES, LAYER, IoSpec, MethodSpec, OptimizerSpec,
-                                      ProgramSpec, QuantSpec, StateEntry, method_specs, state_layout)
-from toolchain.export.weights_file import WEIGHTS_NAME
+from toolchain.export.program import FUSED_KERNELS, ProgramSpec, QuantSpec, method_specs, state_layout
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_config_dict
 from toolchain.mesp import StepOptions
 from toolchain.models.presets import Qwen25Arch
-from toolchain.schemas import read_json, write_json
-from toolchain.tokenizer import TOKENIZER_NAME as TOKENIZER_FILE
+from toolchain.optim import OptimizerConfig
 
-__all__ = ["ProgramManifest", "build_manifest", "MANIFEST_NAME", "MANIFEST_SCHEMA_VERSION", "STATE_INIT_NAME",
-           "ADAPTER_INIT_DIR", "TOKENIZER_FILE", "WEIGHTS_NAME", "LOOP", "GENERATE_LOOP"]
-
-MANIFEST_NAME = "manifest.json"
-# The int4 byte layout of weights.safetensors (mesp/ops/quant.py): column 2j in the high nibble of byte j.
-INT4_PACKING = "interleaved"
-MANIFEST_SCHEMA_VERSION = 3  # 3: layer-generic methods, weights as inputs; 2: whole-step methods, weights inside
-ADAPTER_INIT_DIR = "adapter_init"
-STATE_INIT_NAME = "state_init.bin"  # the initial flat state, raw little-endian float32
+__all__ = ["ProgramManifest", "build_manifest", "LOOP", "GENERATE_LOOP"]
 
 # The loop every app runs (program.py's docstring, in words; the host runner is its reference).
 LOOP = [
@@ -62,180 +53,135 @@ GENERATE_LOOP = [
 
 
 class ProgramManifest:
-    """A validated v3 manifest, with typed views of what the host and apps need."""
+    """The program config a validated v3 manifest describes: typed configs for the host runners."""
 
-    def __init__(self, doc: dict) -> None:
-        self.doc = doc
-        m = doc
-        self.arch = Qwen25Arch(**m["model"]["arch"])
-        lora = m["lora"]
-        self.lora = LoraConfig(rank=lora["rank"], alpha=lora["alpha"], targets=tuple(lora["targets"]),
-                               use_rslora=lora.get("use_rslora", False))
-        o = m["optimizer"]
-        self.optimizer = OptimizerSpec(o["kind"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"],
-                                       frozen_unselected=o["frozen_unselected"])
-        q = m["quant"]
-        if q["kind"] == "int4" and q.get("int4_packing") != INT4_PACKING:
-            raise BadInput("the program's int4 weights use an older packing (planar nibbles, before int4_packing "
-                           f"{INT4_PACKING!r}); re-export the program with this toolchain")
-        gen = m.get("generate")
-        self.spec = ProgramSpec(self.arch, self.lora, m["seq_len"],
-                                quant=QuantSpec(q["kind"], q["group"], q["chunk_elems"], head=q.get("head", False)),
-                                optimizer=self.optimizer, options=StepOptions(**m["options"]),
-                                generation=gen is not None,
-                                **({"prefill_chunk": gen["prefill_chunk"]} if gen and "prefill_chunk" in gen else {}))
-        self.seq_len: int = m["seq_len"]
-        self.methods: dict[str, MethodSpec] = {x["name"]: _method(x) for x in m["methods"]}
-        self.state_entries = [StateEntry(e["name"], e["key"], e["role"], tuple(e["shape"]), e["offset"], e.get("layer"))
-                              for e in m["state"]["entries"]]
-        self.state_numel: int = m["state"]["numel"]
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        m = manifest
+        self.arch = Qwen25Arch(**m.model.arch)
+        self.lora = LoraConfig(rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets,
+                               use_rslora=bool(m.lora.use_rslora))
+        o = m.optimizer
+        self.optimizer = OptimizerConfig(o.kind, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                         frozen_unselected=o.frozen_unselected)
+        q, gen = m.quant, m.generate
+        chunk = {} if gen is None or gen.prefill_chunk is None else {"prefill_chunk": gen.prefill_chunk}
+        self.spec = ProgramSpec(self.arch, self.lora, m.seq_len,
+                                quant=QuantSpec(q.kind, q.group, q.chunk_elems, head=bool(q.head)),
+                                optimizer=self.optimizer, options=StepOptions(**m.options.to_json()),
+                                generation=gen is not None, **chunk)
+        self.seq_len: int = m.seq_len
+        self.methods: dict[str, MethodSpec] = m.methods
+        self.state_entries = list(m.state.entries)
+        self.state_numel: int = m.state.numel
 
-    # -- reading and writing ------------------------------------------------------------------------
     @classmethod
-    def read(cls, path: Path) -> ProgramManifest:
-        raw = read_json(path)
-        version = raw.get("schema_version") if isinstance(raw, dict) else None
-        if version != MANIFEST_SCHEMA_VERSION:
-            raise BadInput(f"{path.parent} was exported with manifest schema_version {version}; this toolchain runs "
-                           f"version {MANIFEST_SCHEMA_VERSION} (layer-generic methods): re-export the program")
-        _refuse_before_fused_generation(raw, path)
-        man = cls(read_json(path, "manifest"))
+    def read(cls, program: Path) -> ProgramManifest:
+        """The manifest of the program directory `program` (contract `read_program_manifest`), its methods
+        checked against this toolchain's for the program's config."""
+        man = cls(read_program_manifest(program))
         expected = method_specs(man.spec)
         if {n: m.to_json() for n, m in expected.items()} != {n: m.to_json() for n, m in man.methods.items()}:
-            raise BadInput(f"{path}: the methods listed do not match this toolchain's for the program's config; "
-                           f"re-export the program")
+            raise BadInput(f"{Path(program) / MANIFEST_NAME}: the methods listed do not match this toolchain's for "
+                           f"the program's config; re-export the program")
         return man
-
-    def write(self, path: Path) -> None:
-        write_json(path, "manifest", self.doc)
 
     # -- typed views --------------------------------------------------------------------------------
     @property
     def moves_unselected(self) -> bool:
-        return bool(self.doc["loop"]["moves_unselected"])
+        return self.manifest.loop.moves_unselected
 
     @property
     def step_entry(self) -> str | None:
-        return self.doc["state"]["step_entry"]
+        return self.manifest.state.step_entry
 
     @property
     def pad_token_id(self) -> int:
-        return self.doc["tokenizer"]["pad_token_id"]
+        return self.manifest.tokenizer.pad_token_id
 
     @property
     def targets(self) -> list[str]:
-        return [p["target"] for p in self.doc["programs"]]
+        return self.manifest.targets
 
-    def program(self, target: str) -> dict:
-        for p in self.doc["programs"]:
-            if p["target"] == target:
-                return p
-        raise BadInput(f"this program has no {target} export (it has {', '.join(self.targets) or 'none'}); "
-                       f"export it with --target {target}")
+    def program(self, target: str) -> ProgramEntry:
+        entry = self.manifest.program(target)
+        if entry is None:
+            raise BadInput(f"this program has no {target} export (it has {', '.join(self.targets) or 'none'}); "
+                           f"export it with --target {target}")
+        return entry
 
     @property
     def default_lr(self) -> float:
-        return float(self.doc["optimizer"]["default_lr"])
-
-
-def _refuse_before_fused_generation(raw: dict, path: Path) -> None:
-    """Programs exported before chunked prefill and int4 embedding/head (same schema_version 3): re-export."""
-    gen, quant = raw.get("generate"), raw.get("quant")
-    old_gen = isinstance(gen, dict) and "prefill_chunk" not in gen
-    old_int4 = isinstance(quant, dict) and quant.get("kind") == "int4" and "head" not in quant
-    if old_gen or old_int4:
-        what = "its generation methods prefill the whole seq_len" if old_gen else "its embedding and LM head are float32"
-        raise BadInput(f"{path.parent} was exported before chunked prefill and the int4 embedding/head ({what}); "
-                       f"re-export the program with this toolchain")
-
-
-def _method(d: dict) -> MethodSpec:
-    def io(x: dict) -> IoSpec:
-        return IoSpec(x["name"], x["dtype"], tuple(x["shape"]), x["bind"], x["ref"],
-                      tuple(x["rows"]) if "rows" in x else None)
-    return MethodSpec(d["name"], d["role"], tuple(io(x) for x in d["inputs"]), tuple(io(x) for x in d["outputs"]),
-                      tuple(d.get("kernels", ())))
+        return float(self.manifest.optimizer.default_lr)
 
 
 def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifacts: list[TargetArtifact],
-                      arenas: dict[str, dict[str, int]], state_bytes: int) -> dict:
+                      arenas: dict[str, dict[str, int]], state_bytes: int) -> GenerateSection:
     arch = pspec.arch
     stock = [n for n, m in methods.items() if m.role in GENERATION_ROLES and not m.kernels]
     fused = {n.removesuffix("_fused"): n for n, m in methods.items() if m.kernels}
     cache_bytes = 2 * 4 * arch.layers * arch.kv_heads * pspec.seq_len * arch.head_dim
-    return {
-        "methods": stock + list(fused.values()), "max_tokens": pspec.seq_len, "cache_bytes": cache_bytes,
-        "prefill_chunk": pspec.prefill_chunk, "steps": GENERATE_LOOP,
-        # the native kernel (toolchain/native/kernels.cpp) and the methods that call it; null: none needed
-        "fused": None if not fused else {"kernels": list(FUSED_KERNELS), "source": "toolchain/native/kernels.cpp",
-                                         "methods": fused},
+    return GenerateSection(
+        methods=tuple(stock + list(fused.values())), max_tokens=pspec.seq_len, cache_bytes=cache_bytes,
+        steps=tuple(GENERATE_LOOP),
         # the arenas of what generation loads (each its own arena on the stock mobile Module; a fused method
         # counted instead of its stock one when larger) + the KV cache + the state array
-        "peak_estimate_bytes": {t: sum(max(a.get(n, 0), a.get(fused.get(n, n), 0)) for n in stock) + cache_bytes
-                                + state_bytes for t, a in arenas.items()},
+        peak_estimate_bytes={t: sum(max(a.get(n, 0), a.get(fused.get(n, n), 0)) for n in stock) + cache_bytes
+                             + state_bytes for t, a in arenas.items()},
         # targets that export the stock generation methods (their program entry says why not)
-        "targets": [a.target for a in artifacts if a.methods is None or all(n in a.methods for n in stock)]}
+        targets=tuple(a.target for a in artifacts if a.methods is None or all(n in a.methods for n in stock)),
+        prefill_chunk=pspec.prefill_chunk,
+        # the native kernel (toolchain/native/kernels.cpp) and the methods that call it; None: none needed
+        fused=None if not fused else FusedSection(FUSED_KERNELS, "toolchain/native/kernels.cpp", fused))
 
 
-def _program_entry(root: Path, a: TargetArtifact) -> dict:
-    entry = {"target": a.target, "file": a.file, "bytes": tree_bytes(root / a.file),
-             "planned_arena_bytes": dict(a.planned_arena_bytes), **a.details}
-    if a.delegate is not None:
-        entry["delegate"] = a.delegate
-    if a.methods is not None:
-        entry["methods"] = dict(a.methods)
-    return entry
+def _program_entry(root: Path, a: TargetArtifact) -> ProgramEntry:
+    return ProgramEntry(a.target, a.file, tree_bytes(root / a.file), dict(a.planned_arena_bytes), a.delegate,
+                        None if a.methods is None else dict(a.methods), dict(a.details))
+
+
+def _memory_plan(pspec: ProgramSpec, methods: dict[str, MethodSpec], arenas: dict[str, dict[str, int]],
+                 weights_bytes: int, state_bytes: int) -> MemoryPlan:
+    ckpt_bytes = 4 * pspec.arch.layers * pspec.seq_len * pspec.arch.hidden
+    train = [n for n, m in methods.items() if m.role not in GENERATION_ROLES]
+    # The stock Android/iOS `Module` gives every loaded method its own arena: the app holds their
+    # sum, its state array and the per-layer checkpoints (all anonymous memory); weights are mapped.
+    # (training methods only: generation has its own estimate, `generate.peak_estimate_bytes`)
+    peak = {t: sum(a.get(n, 0) for n in train) + state_bytes + ckpt_bytes for t, a in arenas.items()}
+    return MemoryPlan(arenas, weights_bytes, state_bytes, ckpt_bytes, peak)
 
 
 def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], root: Path,
-                   files: dict[str, str]) -> ProgramManifest:
+                   files: dict[str, str]) -> Manifest:
     """The manifest of a program directory being built at `root` (`spec`: the ExportSpec)."""
-    arch, cfg, opt = pspec.arch, pspec.lora, pspec.optimizer
+    arch, cfg, opt, q = pspec.arch, pspec.lora, pspec.optimizer, pspec.quant
     layout = state_layout(arch, cfg, opt)
     numel = sum(e.numel for e in layout)
-    ckpt_bytes = 4 * arch.layers * pspec.seq_len * arch.hidden
     arenas = {a.target: dict(a.planned_arena_bytes) for a in artifacts if a.planned_arena_bytes}
     methods = method_specs(pspec)
-    train = [n for n, m in methods.items() if m.role not in GENERATION_ROLES]
-    doc = {
-        "schema_version": MANIFEST_SCHEMA_VERSION,
-        "toolchain_version": __version__,
-        "model": {"source": spec.source, "init": spec.init, "seed": spec.seed, "arch": asdict(arch)},
-        "lora": {"rank": cfg.rank, "alpha": cfg.alpha, "scale": cfg.scale, "targets": list(cfg.targets),
-                 "use_rslora": cfg.use_rslora},
-        "seq_len": pspec.seq_len,
-        "quant": {"kind": pspec.quant.kind, "group": pspec.quant.group, "chunk_elems": pspec.quant.chunk_elems,
-                  "int4_packing": INT4_PACKING, "head": pspec.quant.head_quantized},
-        "options": asdict(pspec.options),
-        "optimizer": {"kind": opt.kind, "weight_decay": opt.weight_decay, "betas": list(opt.betas), "eps": opt.eps,
-                      "frozen_unselected": opt.frozen_unselected, "default_lr": spec.default_lr},
-        "lcsb": None if spec.plan is None else {"policy": spec.plan.policy, "k": spec.plan.k,
-                                                 "phases": [list(p) for p in spec.plan.phases],
-                                                 "schedule": list(spec.plan.schedule), "seed": spec.plan.seed},
-        "weights": {"file": WEIGHTS_NAME, "bytes": (root / WEIGHTS_NAME).stat().st_size, "layer_placeholder": LAYER},
-        "programs": [_program_entry(root, a) for a in artifacts],
-        "methods": [m.to_json() for m in methods.values()],
-        "loop": {"layers": arch.layers, "moves_unselected": opt.moves_unselected, "steps": LOOP},
-        "generate": _generate_section(pspec, methods, artifacts, arenas, 4 * numel) if pspec.generation else None,
-        "state": {"dtype": "float32", "numel": numel, "init_file": STATE_INIT_NAME,
-                  "step_entry": "adam_step" if opt.kind == "adamw" else None,
-                  "entries": [{"name": e.name, "key": e.key, "role": e.role, "shape": list(e.shape), "offset": e.offset,
-                               **({"layer": e.layer} if e.layer is not None else {})} for e in layout]},
-        "memory_plan": {
-            "planned_arena_bytes": arenas,
-            "weights_bytes": (root / WEIGHTS_NAME).stat().st_size,
-            "lora_state_bytes": 4 * numel,
-            "checkpoint_bytes": ckpt_bytes,
-            # The stock Android/iOS `Module` gives every loaded method its own arena: the app holds their
-            # sum, its state array and the per-layer checkpoints (all anonymous memory); weights are mapped.
-            # (training methods only: generation has its own estimate, `generate.peak_estimate_bytes`)
-            "peak_estimate_bytes": {t: sum(a.get(n, 0) for n in train) + 4 * numel + ckpt_bytes
-                                    for t, a in arenas.items()},
-        },
-        "tokenizer": {"kind": spec.tokenizer_kind, "vocab": arch.vocab, "pad_token_id": spec.pad_token_id,
-                      "eos_token_id": spec.eos_token_id,
-                      "file": TOKENIZER_FILE if spec.tokenizer_json is not None else None},
-        "adapter": {"init_dir": ADAPTER_INIT_DIR, "config": peft_config_dict(cfg, base_model=spec.source)},
-        "files": files,
-    }
-    return ProgramManifest(doc)
+    weights_bytes = (root / WEIGHTS_NAME).stat().st_size
+    plan = spec.plan
+    return Manifest(
+        schema_version=MANIFEST_SCHEMA_VERSION, toolchain_version=__version__,
+        model=ModelSection(spec.source, spec.init, spec.seed, asdict(arch)),
+        lora=LoraSection(cfg.rank, cfg.alpha, cfg.scale, tuple(cfg.targets), cfg.use_rslora),
+        seq_len=pspec.seq_len,
+        quant=QuantSection(q.kind, q.group, q.chunk_elems, INT4_PACKING, q.head_quantized),
+        options=OptionsSection(**asdict(pspec.options)),
+        optimizer=OptimizerSection(opt.kind, opt.weight_decay, tuple(opt.betas), opt.eps, opt.frozen_unselected,
+                                   spec.default_lr),
+        lcsb=None if plan is None else LcsbSection(plan.policy, tuple(tuple(p) for p in plan.phases),
+                                                   tuple(plan.schedule), plan.k, plan.seed),
+        weights=WeightsSection(WEIGHTS_NAME, weights_bytes, LAYER),
+        programs=tuple(_program_entry(root, a) for a in artifacts),
+        methods=methods,
+        loop=LoopSection(arch.layers, opt.moves_unselected, tuple(LOOP)),
+        generate=_generate_section(pspec, methods, artifacts, arenas, 4 * numel) if pspec.generation else None,
+        state=StateSection("float32", numel, STATE_INIT_NAME, STEP_ENTRY if opt.kind == "adamw" else None,
+                           tuple(layout)),
+        memory_plan=_memory_plan(pspec, methods, arenas, weights_bytes, 4 * numel),
+        tokenizer=TokenizerSection(spec.tokenizer_kind, arch.vocab, spec.pad_token_id, None, spec.eos_token_id,
+                                   TOKENIZER_NAME if spec.tokenizer_json is not None else None,
+                                   absent=frozenset({"bos_token_id"})),
+        adapter=AdapterSection(ADAPTER_INIT_DIR, peft_config_dict(cfg, base_model=spec.source)),
+        files=files)

@@ -27,50 +27,41 @@ exactly `mesp.mesp_step` followed by the optimizer update.
 passed by the app without copying; <layer state> is the layer's slice of the app's flat float32 state
 (LoRA A/B, then AdamW moments), see `state_layout`. Rows shorter than T are padded by the app:
 input_ids with `pad_token_id`, labels with -100 (causal attention: trailing padding changes nothing).
+
+This module fixes the methods' signatures (`method_specs`, described by toolchain/contract); what each method
+computes is export/bodies.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from toolchain.errors import BadInput
+from toolchain.contract import (LAYER, STATE_ROLE_PREFIX, STEP_ENTRY, IoSpec, MethodSpec, StateEntry, fused_name,
+                                state_name)
+from toolchain.errors import BadInput, FieldError
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
-from toolchain.lora.weights import LoraPair, LoraWeights
+from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.mesp.block import BlockParams, block_backward, block_forward
-from toolchain.mesp.decode import ATTENTION_DECODE_OP, block_decode, decode_rope, head_logits
+from toolchain.mesp.decode import ATTENTION_DECODE_OP
 from toolchain.mesp.decode_ops import DECODE_OPS
-from toolchain.mesp.ops import rope_tables
-from toolchain.mesp.ops.quant import INT4_LINEAR_OP, QuantWeight, embedding_rows, fused_int4, with_chunk_rows
-from toolchain.mesp.step import head_loss_and_grad
+from toolchain.mesp.ops.quant import INT4_LINEAR_OP
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights
-from toolchain.optim import OptimizerConfig, update_tensor
+from toolchain.optim import OptimizerConfig
 
-__all__ = ["OptimizerSpec", "QuantSpec", "chunk_elems_from_mib",
-           "ProgramSpec", "StateEntry", "IoSpec", "MethodSpec", "state_layout",
-           "flat_state", "unflatten_state", "method_specs", "method_module", "example_inputs", "QUANTIZED_FIELDS",
-           "layer_weight_inputs", "LAYER", "METHOD_ROLES", "TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES",
-           "FUSED_KERNELS", "fused_name"]
+__all__ = ["QuantSpec", "chunk_elems_from_mib", "ProgramSpec", "state_layout", "state_roles", "flat_state",
+           "unflatten_state", "method_specs", "matrix_inputs", "layer_weight_inputs", "layer_state_inputs",
+           "QUANTIZED_FIELDS", "FUSED_KERNELS"]
 
 # The projection matrices; the embedding and LM head too in int4 programs (`QuantSpec.head`); norms and
 # biases stay float32.
 QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-LAYER = "{layer}"  # placeholder in the manifest's per-layer names, replaced by the layer index
-METHOD_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")  # the training methods
-TRAINING_ROLES = METHOD_ROLES
-# Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
-# `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through
-# `embed_token` + `block_decode` per layer; `head_logits` gives the next token's logits. The LoRA inputs are the
-# same state slices the training methods take.
-GENERATION_ROLES = ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
-ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
+
 # int4 programs also carry fused variants of the generation methods that read int4 weights (same inputs and
 # outputs, name + "_fused"), which call the native kernels of toolchain/native/kernels.cpp (the W4A8 linear;
 # in the blocks also the attention over the KV cache and the small ops of mesp/decode_ops.py, RMSNorm in the
@@ -79,10 +70,6 @@ ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
 # Every fused method lists the whole library's kernels (head_logits_fused calls only the first): a runtime
 # has all of them or none.
 FUSED_KERNELS = (INT4_LINEAR_OP + ".out", ATTENTION_DECODE_OP + ".out") + tuple(op + ".out" for op in DECODE_OPS)
-
-
-def fused_name(name: str) -> str:
-    return name + "_fused"
 
 
 @dataclass(frozen=True)
@@ -129,12 +116,6 @@ def chunk_elems_from_mib(mib: float) -> int:
     return max(1, int(mib * 2**20) // 4)
 
 
-# The in-program optimizer is the shared one (toolchain/optim.py: formulas, LCSB's `moves_unselected`).
-# Its `lr` is only a default: every step takes lr as an input (the manifest records `default_lr`).
-# SGD momentum is refused (`ProgramSpec`): the state layout has no momentum buffer.
-OptimizerSpec = OptimizerConfig
-
-
 @dataclass(frozen=True)
 class ProgramSpec:
     """Everything that fixes the methods' graphs (the manifest records it; the host rebuilds from it)."""
@@ -143,7 +124,10 @@ class ProgramSpec:
     lora: LoraConfig
     seq_len: int
     quant: QuantSpec = QuantSpec()
-    optimizer: OptimizerSpec = OptimizerSpec()
+    # The in-program optimizer is the shared one (toolchain/optim.py: formulas, LCSB's `moves_unselected`).
+    # Its `lr` is only a default: every step takes lr as an input (the manifest records `default_lr`).
+    # SGD momentum is refused: the state layout has no momentum buffer.
+    optimizer: OptimizerConfig = OptimizerConfig()
     options: StepOptions = StepOptions()
     generation: bool = False  # also the generation methods (GENERATION_ROLES); the manifest's `generate` says so
     # tokens per prefill call (block_prefill): a prompt of n tokens costs ceil(n / prefill_chunk) calls per layer
@@ -151,9 +135,9 @@ class ProgramSpec:
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
-            raise BadInput(f"--seq-len must be in 2..{self.arch.max_positions} for this model, got {self.seq_len}")
+            raise FieldError("seq_len", f"must be in 2..{self.arch.max_positions} for this model, got {self.seq_len}")
         if self.prefill_chunk < 1:
-            raise BadInput(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+            raise FieldError("prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
         if self.prefill_chunk > self.seq_len:   # a chunk longer than the cache holds nothing more
             object.__setattr__(self, "prefill_chunk", self.seq_len)
         self.quant.check(self.arch)
@@ -162,51 +146,27 @@ class ProgramSpec:
                            f"got momentum {self.optimizer.momentum}; use momentum 0 or AdamW")
 
 
-@dataclass(frozen=True)
-class StateEntry:
-    """One tensor of the flat state vector."""
 
-    name: str            # e.g. lora_3_q_proj_a
-    key: str             # PEFT key of the parameter it belongs to (moments too)
-    role: Literal["param", "exp_avg", "exp_avg_sq", "step"]
-    shape: tuple[int, ...]
-    offset: int          # in elements
-    layer: int | None = None  # the decoder layer it belongs to (None: the AdamW step counter)
-    numel: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        n = 1
-        for s in self.shape:
-            n *= s
-        object.__setattr__(self, "numel", n)
-
-
-_ROLE_PREFIX = {"param": "lora", "exp_avg": "adam_m", "exp_avg_sq": "adam_v"}
-
-
-def _state_name(role: str, layer: int | str, target: str, which: str) -> str:
-    return f"{_ROLE_PREFIX[role]}_{layer}_{target}_{which}"
-
-
-def _roles(optimizer: OptimizerSpec) -> list[str]:
+def state_roles(optimizer: OptimizerConfig) -> list[str]:
+    """The state roles of each LoRA tensor, in layout order: the parameter, then the optimizer's slots."""
     return ["param", *optimizer.slot_roles]
 
 
-def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerSpec) -> list[StateEntry]:
+def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerConfig) -> list[StateEntry]:
     """Order and offsets of the flat state: per layer, per target, A then B; then AdamW moments in the
     same order (exp_avg, then exp_avg_sq), then the AdamW step counter."""
     entries: list[StateEntry] = []
     offset = 0
-    for role in _roles(optimizer):
+    for role in state_roles(optimizer):
         for i in range(arch.layers):
             for t in cfg.targets:
                 d_out, d_in = arch.linear_shape(t)
                 for which, shape in (("a", (cfg.rank, d_in)), ("b", (d_out, cfg.rank))):
-                    e = StateEntry(_state_name(role, i, t, which), peft_key(i, t, which.upper()), role, shape, offset, i)
+                    e = StateEntry(state_name(role, i, t, which), peft_key(i, t, which.upper()), role, shape, offset, i)
                     entries.append(e)
                     offset += e.numel
     if optimizer.kind == "adamw":
-        entries.append(StateEntry("adam_step", "", "step", (1,), offset))
+        entries.append(StateEntry(STEP_ENTRY, "", "step", (1,), offset))
     return entries
 
 
@@ -215,7 +175,7 @@ def flat_state(layout: list[StateEntry], lora: LoraWeights) -> Tensor:
     values = {}
     for i, layer in enumerate(lora):
         for t, pair in layer.items():
-            values[_state_name("param", i, t, "a")], values[_state_name("param", i, t, "b")] = pair.a, pair.b
+            values[state_name("param", i, t, "a")], values[state_name("param", i, t, "b")] = pair.a, pair.b
     return torch.cat([values[e.name].detach().reshape(-1).float() if e.name in values
                       else torch.zeros(e.numel, dtype=torch.float32) for e in layout])
 
@@ -226,46 +186,6 @@ def unflatten_state(layout: list[StateEntry], flat: Tensor) -> dict[str, Tensor]
 
 
 # -- method signatures ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class IoSpec:
-    """One input or output of a method, and where the app gets (or puts) it.
-
-    `bind` kinds: "input" (input_ids, labels, lr: from the app's step), "result" (the loss), "activation" (a [T, d] tensor the
-    app passes from one method to the next: x, the per-layer checkpoints, the gradient d), "weight" (a
-    tensor of the weights file; `key` may contain {layer}), "state" (a slice of the flat state; `entry`
-    may contain {layer}), "cache" (generation: the app's KV cache of a layer, k or v [Hk, S, D]; an output
-    of S rows fills it, an output of one row is written at row `pos`)."""
-
-    name: str
-    dtype: Literal["float32", "int64", "int8", "uint8"]
-    shape: tuple[int, ...]
-    bind: Literal["input", "result", "activation", "weight", "state", "cache"]
-    ref: str   # the input/activation name, weight key or state entry name it binds to
-    rows: tuple[int, int] | None = None  # weight only: rows [start, stop) of the tensor (a view, no copy)
-
-    def to_json(self) -> dict:
-        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "bind": self.bind, "ref": self.ref}
-        if self.rows is not None:
-            d["rows"] = list(self.rows)
-        return d
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    name: str
-    role: str
-    inputs: tuple[IoSpec, ...]
-    outputs: tuple[IoSpec, ...]
-    kernels: tuple[str, ...] = ()   # custom kernels it calls (FUSED_KERNELS), beyond the stock runtime's
-
-    def to_json(self) -> dict:
-        d = {"name": self.name, "role": self.role, "inputs": [i.to_json() for i in self.inputs],
-             "outputs": [o.to_json() for o in self.outputs]}
-        if self.kernels:
-            d["kernels"] = list(self.kernels)
-        return d
-
 
 def matrix_inputs(name: str, key: str, shape: tuple[int, int], kind: str, group: int,
                   rows: tuple[int, int] | None = None) -> tuple[IoSpec, ...]:
@@ -278,13 +198,6 @@ def matrix_inputs(name: str, key: str, shape: tuple[int, int], kind: str, group:
     packed, qdtype = (i // 2, "uint8") if kind == "int4" else (i, "int8")
     return (IoSpec(f"{name}_q", qdtype, (o, packed), "weight", key + ".qweight", rows),
             IoSpec(f"{name}_scale", "float32", (o, i // group), "weight", key + ".scales", rows))
-
-
-def _matrix(ins: dict[str, Tensor], name: str, bits: int) -> Tensor | QuantWeight:
-    """The matrix `matrix_inputs(name, ...)` passed: the float tensor, or the quantized pair."""
-    if f"{name}_q" in ins:
-        return QuantWeight(ins[f"{name}_q"], ins[f"{name}_scale"], bits)
-    return ins[name]
 
 
 def layer_weight_inputs(arch: Qwen25Arch, quant: QuantSpec) -> list[IoSpec]:
@@ -313,21 +226,15 @@ def _head_inputs(spec: ProgramSpec, head_key: str) -> tuple[tuple[IoSpec, ...], 
     return whole, chunks
 
 
-def _head_chunks(ins: dict[str, Tensor], bits: int) -> list[Tensor | QuantWeight]:
-    """The `head_{j}` chunks of `_head_inputs`, in vocabulary order."""
-    js = sorted({int(n.split("_")[1]) for n in ins if n.startswith("head_") and n.split("_")[1].isdigit()})
-    return [_matrix(ins, f"head_{j}", bits) for j in js]
-
-
-def _layer_state(spec: ProgramSpec, roles: list[str]) -> list[IoSpec]:
+def layer_state_inputs(spec: ProgramSpec, roles: list[str]) -> list[IoSpec]:
     arch, cfg = spec.arch, spec.lora
     out = []
     for role in roles:
         for t in cfg.targets:
             d_out, d_in = arch.linear_shape(t)
             for which, shape in (("a", (cfg.rank, d_in)), ("b", (d_out, cfg.rank))):
-                out.append(IoSpec(f"{_ROLE_PREFIX[role]}_{t}_{which}", "float32", shape, "state",
-                                  _state_name(role, LAYER, t, which)))
+                out.append(IoSpec(f"{STATE_ROLE_PREFIX[role]}_{t}_{which}", "float32", shape, "state",
+                                  state_name(role, LAYER, t, which)))
     return out
 
 
@@ -343,8 +250,8 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     head, chunks = _head_inputs(spec, head_key)
     embed = _embed_inputs(spec)
     weights = tuple(layer_weight_inputs(arch, spec.quant))
-    lora = tuple(_layer_state(spec, ["param"]))
-    state = tuple(_layer_state(spec, _roles(spec.optimizer)))
+    lora = tuple(layer_state_inputs(spec, ["param"]))
+    state = tuple(layer_state_inputs(spec, state_roles(spec.optimizer)))
     new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
     methods = [
         MethodSpec("embed", "embed", (ids,) + embed, (act("x"),)),
@@ -407,133 +314,3 @@ def _generation_specs(spec: ProgramSpec, weights: tuple[IoSpec, ...], lora: tupl
                                       FUSED_KERNELS))
     return methods
 
-
-# -- method bodies ----------------------------------------------------------------------------------
-
-def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor]) -> LayerWeights:
-    quant = spec.quant
-    fields = {}
-    for name in LayerWeights._fields:
-        w = _matrix(ins, f"w_{name}", quant.bits)
-        fields[name] = with_chunk_rows(w, quant.chunk_elems) if isinstance(w, QuantWeight) else w
-    return LayerWeights(**fields)
-
-
-def _layer_lora(spec: ProgramSpec, ins: dict[str, Tensor], prefix: str = "lora") -> dict[str, LoraPair]:
-    return {t: LoraPair(ins[f"{prefix}_{t}_a"], ins[f"{prefix}_{t}_b"]) for t in spec.lora.targets}
-
-
-def _rope(spec: ProgramSpec, dtype: torch.dtype):
-    return rope_tables(torch.arange(spec.seq_len), spec.arch.head_dim, spec.arch.rope_theta, dtype)
-
-
-def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair] | None) -> tuple[Tensor, ...]:
-    """New layer state (in `_layer_state` order) after one optimizer step; grads None = zero gradient."""
-    o, lr = spec.optimizer, ins["lr"]
-    new: dict[str, Tensor] = {}
-    for t in spec.lora.targets:
-        for which in ("a", "b"):
-            p = ins[f"lora_{t}_{which}"]
-            g = torch.zeros_like(p) if grads is None else getattr(grads[t], which)
-            slots = tuple(ins[f"{_ROLE_PREFIX[r]}_{t}_{which}"] for r in o.slot_roles)
-            new[f"lora_{t}_{which}"], slots = update_tensor(o, p, g, slots, ins.get("step"), lr=lr)
-            new.update((f"{_ROLE_PREFIX[r]}_{t}_{which}", v) for r, v in zip(o.slot_roles, slots))
-    return tuple(new[s.name] for s in _layer_state(spec, _roles(o)))
-
-
-def _embed(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    ids = ins.get("input_ids", ins.get("tokens", ins.get("token")))
-    return (embedding_rows(_matrix(ins, "embed", spec.quant.bits), ids),)
-
-
-def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    x = ins["x"]
-    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
-    return (block_forward(x, p, _rope(spec, x.dtype), spec.options.mlp_chunk),)
-
-
-def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    chunks = _head_chunks(ins, spec.quant.bits)
-    head = _matrix(ins, "head", spec.quant.bits)
-    loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], head, ins["labels"], spec.arch.rms_eps,
-                                  spec.options, head_chunks=chunks if spec.options.vocab_chunk else None)
-    return loss.reshape(1), dx
-
-
-def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    x = ins["x"]
-    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
-    dx, grads = block_backward(ins["dout"], x, p, _rope(spec, x.dtype), spec.options.mlp_chunk)
-    return (dx,) + _update(spec, ins, grads)
-
-
-def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    return _update(spec, ins, None)
-
-
-def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    x, arch = ins["x"], spec.arch
-    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
-    rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype)
-    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope)
-
-
-def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    chunks = _head_chunks(ins, spec.quant.bits) or [_matrix(ins, "head", spec.quant.bits)]
-    return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps),)
-
-
-def _fused(body: Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]):
-    def run(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-        with fused_int4():
-            return body(spec, ins)
-    return run
-
-
-_BODIES: dict[str, Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]] = {
-    "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
-    "block_backward": _block_backward, "block_skip_update": _block_skip_update,
-    "embed_token": _embed, "embed_prefill": _embed, "block_prefill": _block_decode, "block_decode": _block_decode,
-    "head_logits": _head_logits,
-}
-
-
-class _Method(nn.Module):
-    """One method as a plain `forward(*inputs) -> tuple(outputs)`, in its MethodSpec's order, for the
-    exporters (which trace a module's forward) and the eager reference runner."""
-
-    def __init__(self, spec: ProgramSpec, method: MethodSpec) -> None:
-        super().__init__()
-        self.spec, self.method = spec, method
-        self.names = [i.name for i in method.inputs]
-
-    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        body = _BODIES[self.method.role]
-        if self.method.kernels:
-            body = _fused(body)
-        return body(self.spec, dict(zip(self.names, inputs)))
-
-
-def method_module(spec: ProgramSpec, name: str) -> nn.Module:
-    methods = method_specs(spec)
-    if name not in methods:
-        raise BadInput(f"no method {name!r} in this program; it has {', '.join(methods)}")
-    return _Method(spec, methods[name])
-
-
-_DTYPES = {"float32": torch.float32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
-
-
-def example_inputs(method: MethodSpec) -> tuple[Tensor, ...]:
-    """Tracing inputs of a method: zeros of every input's dtype and shape (lr 1e-4, step 1)."""
-    out = []
-    for io in method.inputs:
-        x = torch.zeros(io.shape, dtype=_DTYPES[io.dtype])
-        if io.name == "lr":
-            x.fill_(1e-4)
-        elif io.name == "step":
-            x.fill_(1.0)
-        elif io.name.endswith("_scale") or io.name.endswith("norm"):
-            x.fill_(1.0)
-        out.append(x)
-    return tuple(out)

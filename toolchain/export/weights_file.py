@@ -30,10 +30,9 @@ from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import Qwen25Arch
 from toolchain.models.weights import LayerWeights, ModelWeights
 
-__all__ = ["WEIGHTS_NAME", "weight_tensors", "weights_nbytes_lower_bound",
+__all__ = ["weight_tensors", "weights_nbytes_lower_bound",
            "write_weights", "read_header", "map_weights", "model_weights", "ALIGN"]
 
-WEIGHTS_NAME = "weights.safetensors"
 ALIGN = 64
 _NP = {"F32": np.float32, "I8": np.int8, "U8": np.uint8, "I64": np.int64}
 

@@ -479,13 +479,6 @@ def block_forward_peak(s: StepShape) -> Parts:
     return r.peak_parts
 
 
-def mlp_backward_peak(s: StepShape) -> Parts:
-    """_mlp_backward alone, replayed: the parts (elements) at its peak on top of what block_backward holds."""
-    r = _Replay()
-    _mlp_backward(r, s)
-    return r.peak_parts
-
-
 def block_backward_peak(s: StepShape) -> Parts:
     """block_backward replayed: the recomputed attention half (its saved bundles kept: n1, q_rope, k_rope,
     v, o regrouped, x1), the MLP's recompute and backward, the o projection's backward, attention by

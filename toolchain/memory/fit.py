@@ -22,30 +22,27 @@ Two sources, each with its calibrated runtime overhead (see docs/planner.md, "Ca
 Either way the answer names its source, the parts of the peak, and the largest sequence length and LoRA rank
 that would fit (from the analytic model: a program has its shapes fixed).
 
-The manifest is read as JSON and validated with toolchain.schemas (toolchain.export sits above this package).
+The manifest is read through toolchain/contract (the typed, schema-validated manifest).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from toolchain.contract import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION, Manifest, ManifestVersionError, read_manifest
 from toolchain.errors import BadInput
+from toolchain.lora.config import parse_targets
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.memory.profiles import DeviceProfile
 from toolchain.mesp.step import inputs_alive_bound
-from toolchain.lora.config import parse_targets
 from toolchain.models.presets import Qwen25Arch, get_preset
-from toolchain.schemas import validate
 from toolchain.validate import check_rank, check_seq_len
 
-__all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "MANIFEST_VERSION", "FitReport",
+__all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "FitReport",
            "ProgramPeak", "plan_fit", "program_peak", "program_shape",
            "fit_shape"]
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 3
 TARGET = "executorch"
 # [T, d] float32 activations the app holds besides the checkpoints: the running x (or d) and the method's
 # output copied out of the arena (LayerLoop: the embed/block_forward output, head_loss's and block_backward's d).
@@ -93,35 +90,30 @@ class ProgramPeak:
     host_parts_mb: dict[str, float]     # of host_peak_mb
     lcsb_k: int                         # layers whose checkpoints are counted
     notes: list[str]
-    manifest: dict
+    manifest: Manifest
 
 
-def _read_manifest(path: Path) -> dict:
+def _read_manifest(path: Path) -> Manifest:
+    if not path.is_file():
+        raise BadInput(f"{path} does not exist; --program must be a directory written by `toolchain export`")
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{path} does not exist; --program must be a directory written by `toolchain export`") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
-    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
-    if version != MANIFEST_VERSION:
-        raise BadInput(f"{path} has manifest schema_version {version!r}; the planner reads version "
-                       f"{MANIFEST_VERSION} (layer-generic methods, weights outside the program): re-export the "
-                       f"program with this toolchain, or drop --program")
-    validate("manifest", manifest, where=str(path))
-    return manifest
+        return read_manifest(path)
+    except ManifestVersionError as e:
+        raise BadInput(f"{path} has manifest schema_version {e.version!r}; the planner reads version "
+                       f"{MANIFEST_SCHEMA_VERSION} (layer-generic methods, weights outside the program): re-export "
+                       f"the program with this toolchain, or drop --program") from None
 
 
-def _selected_layers(manifest: dict, lcsb_k: int | None) -> tuple[int, str]:
-    layers = manifest["model"]["arch"]["layers"]
+def _selected_layers(manifest: Manifest, lcsb_k: int | None) -> tuple[int, str]:
+    layers = manifest.model.arch["layers"]
     if lcsb_k is not None:
         if not 1 <= lcsb_k <= layers:
             raise BadInput(f"LCSB k {lcsb_k} is not in 1..{layers}, the program's layer count; pass a --lcsb-k in range")
         return lcsb_k, "--lcsb-k"
-    plan = manifest["lcsb"]
+    plan = manifest.lcsb
     if plan is None:
         return layers, "no LCSB: every layer"
-    return max(len(phase) for phase in plan["phases"]), "the program's default LCSB plan (largest phase)"
+    return max(len(phase) for phase in plan.phases), "the program's default LCSB plan (largest phase)"
 
 
 def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
@@ -142,32 +134,31 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
     return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb)
 
 
-def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: float,
+def _program_peak(manifest: Manifest, path: Path, lcsb_k: int | None, overhead_mb: float,
                   layers_per_checkpoint: int = 1) -> ProgramPeak:
-    plan = manifest["memory_plan"]
-    # the training methods: the generation ones (export/program.py GENERATION_ROLES) are loaded only to
-    # generate; their own figure is the manifest's generate.peak_estimate_bytes
-    methods = [m["name"] for m in manifest["methods"]
-               if m["role"] not in ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")]
-    arenas = plan["planned_arena_bytes"].get(TARGET)
+    plan = manifest.memory_plan
+    # the training methods: the generation ones are loaded only to generate; their own figure is the
+    # manifest's generate.peak_estimate_bytes
+    methods = manifest.training_methods()
+    arenas = plan.planned_arena_bytes.get(TARGET)
     if arenas is None:
-        have = ", ".join(sorted(plan["planned_arena_bytes"])) or "none"
+        have = ", ".join(sorted(plan.planned_arena_bytes)) or "none"
         raise BadInput(f"{path}: memory_plan.planned_arena_bytes has no {TARGET} plan (planned targets: {have}); "
                        f"export with --target {TARGET}, or drop --program")
     missing = [name for name in methods if name not in arenas]
     if missing:
         raise BadInput(f"{path}: memory_plan.planned_arena_bytes.{TARGET} has no arena for {', '.join(missing)}; "
                        f"re-export the program with this toolchain, or drop --program")
-    arch = manifest["model"]["arch"]
+    arch = manifest.model.arch
     k, why = _selected_layers(manifest, lcsb_k)
     # checkpoint groups (LayerLoop.train_step): the kept inputs below a group plus the group's, at most
     kept = inputs_alive_bound(k, layers_per_checkpoint)
     if kept < k:
         why += f"; {kept} alive at once with --layers-per-checkpoint {layers_per_checkpoint}"
-    row = manifest["seq_len"] * arch["hidden"] * 4                    # one [T, d] float32
+    row = manifest.seq_len * arch["hidden"] * 4                    # one [T, d] float32
     largest = max(methods, key=lambda name: arenas[name])
-    common = {"lora_state": plan["lora_state_bytes"] / BYTES_PER_MB,
-              "checkpoints": plan["checkpoint_bytes"] * kept / arch["layers"] / BYTES_PER_MB,
+    common = {"lora_state": plan.lora_state_bytes / BYTES_PER_MB,
+              "checkpoints": plan.checkpoint_bytes * kept / arch["layers"] / BYTES_PER_MB,
               "activations": ACTIVATION_COPIES * row / BYTES_PER_MB}
     if overhead_mb:
         common["runtime_overhead"] = overhead_mb
@@ -179,7 +170,7 @@ def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: f
              f"methods (the largest, {host['planned_arena_largest']:.1f} MB, {largest}); `toolchain bench memory "
              f"--modes executorch --program DIR` measures this one on the host",
              f"checkpoints of {k} of {arch['layers']} layers ({why}), activations: {ACTIVATION_COPIES} [T, d] copies",
-             f"weights {plan['weights_bytes'] / BYTES_PER_MB:.1f} MB not counted (weights.safetensors is memory-mapped "
+             f"weights {plan.weights_bytes / BYTES_PER_MB:.1f} MB not counted (weights.safetensors is memory-mapped "
              f"and passed to the methods without copying: clean pages the phone's footprint excludes)",
              "the runtime overhead was calibrated on a tiny program and grows with the model: on the host the "
              "Qwen2.5-0.5B int4 programs' figures are 14% (seq 256) and 6% (seq 1024) under the measured peaks, "
@@ -187,15 +178,14 @@ def _program_peak(manifest: dict, path: Path, lcsb_k: int | None, overhead_mb: f
     return ProgramPeak(sum(parts.values()), sum(host.values()), parts, host, k, notes, manifest)
 
 
-def _check_program_shape(manifest: dict, shape: StepShape, where: Path) -> None:
-    arch = {k: manifest["model"]["arch"].get(k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
-                                                          "vocab")}
+def _check_program_shape(manifest: Manifest, shape: StepShape, where: Path) -> None:
+    arch = {k: manifest.model.arch.get(k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab")}
     want = {k: getattr(shape.arch, k) for k in arch}
-    got = {"seq_len": manifest["seq_len"], "rank": manifest["lora"]["rank"], **arch}
+    got = {"seq_len": manifest.seq_len, "rank": manifest.lora.rank, **arch}
     bad = [f"{k} {got[k]} (not {v})" for k, v in {"seq_len": shape.seq_len, "rank": shape.rank, **want}.items()
            if got[k] != v]
-    if sorted(manifest["lora"]["targets"]) != sorted(shape.targets):
-        bad.append(f"targets {','.join(manifest['lora']['targets'])} (not {','.join(shape.targets)})")
+    if sorted(manifest.lora.targets) != sorted(shape.targets):
+        bad.append(f"targets {','.join(manifest.lora.targets)} (not {','.join(shape.targets)})")
     if bad:
         raise BadInput(f"{where} was exported with {', '.join(bad)}; drop --model/--seq-len/--rank/--targets "
                        f"(--program supplies them) or pass the program's")
@@ -222,14 +212,14 @@ def program_shape(program_dir: Path, *, arch: Qwen25Arch | None = None, seq_len:
     """
     where = Path(program_dir)
     manifest = _read_manifest(where / MANIFEST_NAME)
-    lora = manifest["lora"]
-    defaults = {"optimizer": manifest["optimizer"]["kind"], **manifest["options"]}
-    shape = StepShape(Qwen25Arch(**manifest["model"]["arch"]), manifest["seq_len"], lora["rank"],
-                      targets=tuple(lora["targets"]), **{**defaults, **fields})
+    lora = manifest.lora
+    defaults = {"optimizer": manifest.optimizer.kind, **manifest.options.to_json()}
+    shape = StepShape(Qwen25Arch(**manifest.model.arch), manifest.seq_len, lora.rank, targets=lora.targets,
+                      **{**defaults, **fields})
     given = replace(shape, arch=arch or shape.arch, seq_len=seq_len or shape.seq_len, rank=rank or shape.rank,
                     targets=targets or shape.targets)
     _check_program_shape(manifest, given, where)
-    return manifest["model"]["source"], shape
+    return manifest.model.source, shape
 
 
 def fit_shape(*, model: str | None = None, seq_len: int | None = None, program_dir: Path | None = None,

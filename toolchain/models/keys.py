@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["LAYER_KEYS", "GLOBAL_KEYS", "LINEAR_TARGETS", "hf_layer_key"]
+__all__ = ["LAYER_KEYS", "GLOBAL_KEYS", "LINEAR_TARGETS"]
 
 # The seven projections LoRA may target, in block order.
 LINEAR_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -29,7 +29,3 @@ GLOBAL_KEYS: dict[str, str] = {
     "final_norm": "model.norm.weight",
     "lm_head": "lm_head.weight",
 }
-
-
-def hf_layer_key(name: str, layer: int) -> str:
-    return LAYER_KEYS[name].format(layer)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from toolchain.export.program import ProgramSpec, method_module, method_specs
+from toolchain.export.bodies import method_module
+from toolchain.export.program import ProgramSpec, method_specs
 
 __all__ = ["EagerRunner"]
 

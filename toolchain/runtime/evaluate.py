@@ -49,7 +49,7 @@ def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence
                 skipped += 1
                 continue
             x, _ = loop.forward(ids, (), views)
-            loss = float(loop._call("head_loss", None, {"x": x, "labels": labels}, views)["loss"].reshape(-1)[0])
+            loss = float(loop.call_method("head_loss", None, {"x": x, "labels": labels}, views)["loss"].reshape(-1)[0])
             total += loss * n
             tokens += n
             rows += 1

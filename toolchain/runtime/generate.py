@@ -27,8 +27,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from toolchain.contract import ASSISTANT_HEADER, GENERATION_ROLES, IM_END
 from toolchain.errors import BadInput
-from toolchain.export.program import GENERATION_ROLES
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
@@ -69,10 +69,10 @@ def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
 
 def generation_names(pdir: ProgramDir, loaded: Sequence[str] | None) -> dict[str, str]:
     """The method to call for each generation role: the fused one where it is among `loaded`."""
-    fused = (pdir.manifest["generate"] or {}).get("fused") or {}
+    gen = pdir.manifest.generate
     loaded = set(loaded or ())
     names = {n: n for n in GENERATION_ROLES}      # stock methods are named after their role
-    for stock, f in fused.get("methods", {}).items():
+    for stock, f in ({} if gen is None else gen.fused_methods()).items():
         if f in loaded:
             names[stock] = f
     return names
@@ -128,13 +128,13 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
         for start in range(0, n, c):
             ids = torch.full((c,), pdir.info.pad_token_id, dtype=torch.int64)
             ids[:min(c, n - start)] = torch.tensor(prompt[start:start + c], dtype=torch.int64)
-            x = loop._call("embed_prefill", None, {"tokens": ids}, views)["x"]
+            x = loop.call_method("embed_prefill", None, {"tokens": ids}, views)["x"]
             p = torch.tensor([start], dtype=torch.int64)
             for i in range(pdir.arch.layers):
-                x = loop._call(names["block_prefill"], i, {"x": x, "pos": p}, views, cache, start)["x"]
+                x = loop.call_method(names["block_prefill"], i, {"x": x, "pos": p}, views, cache, start)["x"]
             result.prefill_chunks += 1
         last = (n - 1) % c                                   # the prompt's last row in the last chunk
-        logits = loop._call(names["head_logits"], None, {"x": x[last:last + 1]}, views)["logits"]
+        logits = loop.call_method(names["head_logits"], None, {"x": x[last:last + 1]}, views)["logits"]
         del x
         result.prefill_s = time.perf_counter() - t0
         pos = n
@@ -154,11 +154,11 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
                 result.stopped = "cancelled"
                 break
             t1 = time.perf_counter()
-            x = loop._call("embed_token", None, {"token": torch.tensor([token], dtype=torch.int64)}, views)["x"]
+            x = loop.call_method("embed_token", None, {"token": torch.tensor([token], dtype=torch.int64)}, views)["x"]
             p = torch.tensor([pos], dtype=torch.int64)
             for i in range(pdir.arch.layers):
-                x = loop._call(names["block_decode"], i, {"x": x, "pos": p}, views, cache, pos)["x"]
-            logits = loop._call(names["head_logits"], None, {"x": x}, views)["logits"]
+                x = loop.call_method(names["block_decode"], i, {"x": x, "pos": p}, views, cache, pos)["x"]
+            logits = loop.call_method(names["head_logits"], None, {"x": x}, views)["logits"]
             result.decode_s.append(time.perf_counter() - t1)
             pos += 1
     return result
@@ -178,16 +178,16 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
         BadInput: neither or both of text and ids, chat without text, bad ids, or text for a program
             without a tokenizer.
     """
-    from toolchain.tokenizer import apply_chat_template, load_tokenizer
+    from toolchain.tokenizer import apply_chat_template, program_tokenizer
 
     if (text is None) == (ids is None):
         raise BadInput("give exactly one of --prompt and --prompt-ids")
     if chat and text is None:
         raise BadInput("--chat needs --prompt (text)")
     tok = None
-    if text is not None or pdir.manifest["tokenizer"].get("kind", "none") != "none":
+    if text is not None or pdir.manifest.tokenizer.kind != "none":
         try:
-            tok = load_tokenizer(pdir.path)
+            tok = program_tokenizer(pdir.path, pdir.manifest.tokenizer, pdir.manifest.files)
         except BadInput:
             if text is not None:
                 raise
@@ -196,8 +196,8 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
         prompt_ids = _parse_ids(ids)
     elif chat:
         prompt_ids, _ = apply_chat_template(tok, [{"role": "user", "content": text}])
-        prompt_ids += tok.encode("<|im_start|>assistant\n", allow_special=True)
-        stop += tok.encode("<|im_end|>", allow_special=True)
+        prompt_ids += tok.encode(ASSISTANT_HEADER, allow_special=True)
+        stop += tok.encode(IM_END, allow_special=True)
     else:
         prompt_ids = tok.encode(text, allow_special=True)
     if tok is not None and tok.eos_id is not None:

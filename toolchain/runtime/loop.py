@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from toolchain.contract import LAYER, IoSpec, MethodSpec
 from toolchain.errors import BadInput
-from toolchain.export.program import LAYER, IoSpec, MethodSpec
 from toolchain.mesp.step import checkpoint_groups
 from toolchain.runtime.program_dir import ProgramDir
 
@@ -76,8 +76,8 @@ class LayerLoop:
             out.append(t)
         return out
 
-    def _call(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
-              cache: dict[str, Tensor] | None = None, pos: int | None = None) -> dict[str, Tensor]:
+    def call_method(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
+                    cache: dict[str, Tensor] | None = None, pos: int | None = None) -> dict[str, Tensor]:
         """Run one method; state outputs are copied into their slices, cache outputs of C rows into the
         layer's cache at rows pos .. pos + C - 1 (those < seq_len), the others returned (copied). Also the binding of
         runtime/evaluate.py and runtime/generate.py."""
@@ -104,12 +104,12 @@ class LayerLoop:
     def forward(self, input_ids: Tensor, keep: Iterable[int], views: dict[str, Tensor]) -> tuple[Tensor, dict[int, Tensor]]:
         """embed + every block_forward; returns the last hidden state and the checkpoints of `keep`."""
         keep = set(keep)
-        x = self._call("embed", None, {"input_ids": input_ids}, views)["x"]
+        x = self.call_method("embed", None, {"input_ids": input_ids}, views)["x"]
         checkpoints = {}
         for i in range(self.layers):
             if i in keep:
                 checkpoints[i] = x
-            x = self._call("block_forward", i, {"x": x}, views)["x"]
+            x = self.call_method("block_forward", i, {"x": x}, views)["x"]
         return x, checkpoints
 
     def train_step(self, input_ids: Tensor, labels: Tensor, lr: float, state: Tensor,
@@ -132,7 +132,7 @@ class LayerLoop:
         if self.step_entry is not None:
             views[self.step_entry] += 1.0
         x, checkpoints = self.forward(input_ids, [g[0] for g in groups], views)
-        out = self._call("head_loss", None, {"x": x, "labels": labels}, views)
+        out = self.call_method("head_loss", None, {"x": x, "labels": labels}, views)
         del x
         values = {"d": out["d"], "lr": torch.tensor([lr], dtype=torch.float32)}
         for i in reversed(range(self.layers)):
@@ -140,16 +140,16 @@ class LayerLoop:
                 checkpoints.update(self._rerun(top_of[i], checkpoints.pop(top_of[i][0]), views))
             if i in selected:
                 values["checkpoint"] = checkpoints.pop(i)
-                values["d"] = self._call("block_backward", i, values, views)["d"]
+                values["d"] = self.call_method("block_backward", i, values, views)["d"]
             elif self.moves_unselected:
-                self._call("block_skip_update", i, values, views)
+                self.call_method("block_skip_update", i, values, views)
         return float(out["loss"].reshape(-1)[0])
 
     def _rerun(self, group: list[int], x: Tensor, views: dict[str, Tensor]) -> dict[int, Tensor]:
         """The inputs of `group`'s layers, rebuilt from the first one's input `x`."""
         inputs = {group[0]: x}
         for j in range(group[0], group[-1]):
-            x = self._call("block_forward", j, {"x": x}, views)["x"]
+            x = self.call_method("block_forward", j, {"x": x}, views)["x"]
             if j + 1 in group:
                 inputs[j + 1] = x
         return inputs

@@ -94,7 +94,7 @@ class OnnxRunner:
 
         if "onnx" not in pdir.targets:
             raise BadInput(f"{pdir.path} has no onnx program; export it with --target onnx")
-        files = pdir.info.program("onnx").get("methods") or {}
+        files = pdir.info.program("onnx").methods or {}
         names = list(pdir.info.methods) if methods is None else list(methods)
         missing = [m for m in names if m not in files]
         if missing:

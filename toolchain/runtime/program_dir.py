@@ -1,5 +1,6 @@
-"""Reading an exported v3 program directory: manifest, checksums, the memory-mapped weights, the state
-<-> adapter mapping. Everything an app does with the manifest, done once for the host runners."""
+"""Reading an exported v3 program directory: the typed manifest (toolchain/contract) checked against the
+program's config, checksums, the memory-mapped weights, the state <-> adapter mapping. Everything an app
+does with the manifest, done once for the host runners."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from pathlib import Path
 
 import torch
 
+from toolchain.contract import LAYER, MANIFEST_NAME, Manifest, StateEntry, inside, manifest_path, sha256_file
 from toolchain.errors import BadInput
-from toolchain.export.build import sha256_file
-from toolchain.export.manifest import MANIFEST_NAME, ProgramManifest
-from toolchain.export.program import StateEntry, state_layout
+from toolchain.export.manifest import ProgramManifest
+from toolchain.export.program import state_layout
 from toolchain.export.weights_file import map_weights
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.peft_io import lora_from_state_dict
 from toolchain.lora.weights import LoraWeights
 
-__all__ = ["ProgramDir", "MANIFEST_NAME"]
+__all__ = ["ProgramDir"]
 
 
 class ProgramDir:
@@ -24,14 +25,13 @@ class ProgramDir:
 
     def __init__(self, path: Path, *, verify: bool = True) -> None:
         self.path = Path(path)
-        if not (self.path / MANIFEST_NAME).is_file():
-            raise BadInput(f"{self.path} is not an exported program (no {MANIFEST_NAME}); run `toolchain export` first")
+        manifest_path(self.path)
         try:
-            self.info = ProgramManifest.read(self.path / MANIFEST_NAME)
+            self.info = ProgramManifest.read(self.path)
         except (KeyError, TypeError, ValueError, AttributeError) as e:   # schema-valid, but not a usable config
             raise BadInput(f"{self.path / MANIFEST_NAME} describes an impossible program ({type(e).__name__}: {e}); "
                            f"re-export the program") from None
-        self.manifest = self.info.doc
+        self.manifest: Manifest = self.info.manifest
         self._cross_check()
         if verify:
             self._verify()
@@ -41,40 +41,24 @@ class ProgramDir:
         self.state_numel: int = self.info.state_numel
         self._weights: dict[str, torch.Tensor] | None = None
 
-    def _inside(self, rel: str, what: str) -> Path:
-        """A path the manifest names, which must stay inside the program directory."""
-        f = (self.path / rel).resolve()
-        if Path(rel).is_absolute() or not f.is_relative_to(self.path.resolve()):
-            raise BadInput(f"{self.path}: the manifest's {what} {rel!r} points outside the program directory; "
-                           f"re-export the program")
-        return f
-
     def _cross_check(self) -> None:
         """Manifest fields the checksums do not cover (the manifest is not checksummed): what they say must
-        agree with each other and with the model/LoRA/optimizer config."""
-        from toolchain.program_check import check_program_manifest
-
+        agree with each other and with the model/LoRA/optimizer config (paths and ranges: the contract's
+        `read_program_manifest` checked them)."""
         m, where = self.manifest, f"{self.path / MANIFEST_NAME}"
-        check_program_manifest(self.path, m)      # paths inside the directory, ids and seq_len in range
-        files = m["files"]
+        files = m.files
 
         def listed(rel: str, what: str) -> None:
-            f = self._inside(rel, what)
+            f = inside(self.path, rel, what)
             covered = rel in files or (f.is_dir() and any(k.startswith(rel.rstrip("/") + "/") for k in files))
             if not covered:
                 raise BadInput(f"{where}: the {what} {rel!r} has no checksum in 'files'; re-export the program")
 
-        for rel in files:
-            self._inside(rel, "file")
-        listed(m["weights"]["file"], "weights file")
-        listed(m["state"]["init_file"], "state init file")
-        for p in m["programs"]:
-            listed(p["file"], f"{p['target']} program")
+        listed(m.weights.file, "weights file")
+        listed(m.state.init_file, "state init file")
+        for p in m.programs:
+            listed(p.file, f"{p.target} program")
         arch = self.info.arch
-        tok = m["tokenizer"]
-        if tok["vocab"] != arch.vocab or not 0 <= tok["pad_token_id"] < arch.vocab:
-            raise BadInput(f"{where}: tokenizer vocab {tok['vocab']} / pad_token_id {tok['pad_token_id']} do not fit "
-                           f"the model's vocabulary of {arch.vocab}; re-export the program")
         expected = state_layout(arch, self.info.lora, self.info.optimizer)
         got = self.info.state_entries
         if [(e.name, e.key, e.role, e.shape, e.offset, e.layer) for e in expected] != \
@@ -82,16 +66,16 @@ class ProgramDir:
                 or self.info.state_numel != sum(e.numel for e in expected):
             raise BadInput(f"{where}: the state layout (entries, offsets, numel) does not match the program's LoRA and "
                            f"optimizer config; re-export the program")
-        if m["loop"]["layers"] != arch.layers:
-            raise BadInput(f"{where}: loop.layers {m['loop']['layers']} is not the model's {arch.layers} layers; "
+        if m.loop.layers != arch.layers:
+            raise BadInput(f"{where}: loop.layers {m.loop.layers} is not the model's {arch.layers} layers; "
                            f"re-export the program")
-        weights = self.path / m["weights"]["file"]
-        if weights.is_file() and weights.stat().st_size != m["weights"]["bytes"]:
-            raise BadInput(f"{where}: weights.bytes {m['weights']['bytes']} is not the size of {weights.name} "
+        weights = self.path / m.weights.file
+        if weights.is_file() and weights.stat().st_size != m.weights.bytes:
+            raise BadInput(f"{where}: weights.bytes {m.weights.bytes} is not the size of {weights.name} "
                            f"({weights.stat().st_size}); re-export the program")
 
     def _verify(self) -> None:
-        for rel, digest in self.manifest["files"].items():
+        for rel, digest in self.manifest.files.items():
             f = self.path / rel
             if not f.is_file():
                 raise BadInput(f"{self.path}: {rel} is missing (listed in the manifest); re-export the program")
@@ -99,7 +83,7 @@ class ProgramDir:
                 raise BadInput(f"{self.path}: {rel} does not match its checksum in the manifest; re-export the program")
 
     def program_file(self, target: str) -> Path:
-        return self.path / self.info.program(target)["file"]
+        return self.path / self.info.program(target).file
 
     @property
     def targets(self) -> list[str]:
@@ -107,16 +91,15 @@ class ProgramDir:
 
     def default_plan(self) -> StepPlan | None:
         """The LCSB plan recorded at export (None: full backprop)."""
-        lcsb = self.manifest["lcsb"]
+        lcsb = self.manifest.lcsb
         if lcsb is None:
             return None
-        return StepPlan(layers=self.arch.layers, policy=lcsb["policy"], k=lcsb.get("k"),
-                        phases=tuple(tuple(p) for p in lcsb["phases"]), schedule=tuple(lcsb["schedule"]),
-                        seed=lcsb.get("seed"))
+        return StepPlan(layers=self.arch.layers, policy=lcsb.policy, k=lcsb.k, phases=lcsb.phases,
+                        schedule=lcsb.schedule, seed=lcsb.seed)
 
     @property
     def weights_file(self) -> Path:
-        return self.path / self.manifest["weights"]["file"]
+        return self.path / self.manifest.weights.file
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights file, memory-mapped once (read-only views, no copy), after its header was checked
@@ -133,8 +116,6 @@ class ProgramDir:
         return self._weights
 
     def _check_bound_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        from toolchain.export.program import LAYER
-
         for method in self.info.methods.values():
             for io in method.inputs:
                 if io.bind != "weight":
@@ -175,7 +156,7 @@ class ProgramDir:
         """The initial flat state (state.init_file, raw little-endian float32)."""
         import numpy as np
 
-        f = self.path / self.manifest["state"]["init_file"]
+        f = self.path / self.manifest.state.init_file
         values = np.fromfile(f, dtype="<f4")
         if values.size != self.state_numel:
             raise BadInput(f"{f} holds {values.size} values, the manifest says {self.state_numel}; re-export the program")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
+from toolchain.contract import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.errors import BadInput
-from toolchain.export.program import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.export.targets import HOST_RUNNABLE
 from toolchain.runtime.program_dir import ProgramDir
 

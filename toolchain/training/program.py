@@ -10,7 +10,6 @@ resumes with the same result as an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from toolchain.contract import MANIFEST_NAME, sha256_file
 from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
-from toolchain.export.manifest import MANIFEST_NAME
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.runtime.loop import LayerLoop
@@ -68,9 +67,9 @@ class TrainRun:
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
     """The run_start fields for a run of `pdir` on this host."""
     m = pdir.manifest
-    return {"model": m["model"]["source"], "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
-            "rank": m["lora"]["rank"], "targets": m["lora"]["targets"], "optimizer": m["optimizer"]["kind"],
-            "lr": lr, "quant": m["quant"]["kind"], **host_info(), "program": pdir.path.name}
+    return {"model": m.model.source, "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
+            "rank": m.lora.rank, "targets": list(m.lora.targets), "optimizer": m.optimizer.kind,
+            "lr": lr, "quant": m.quant.kind, **host_info(), "program": pdir.path.name}
 
 
 class ProgramTrainer(Trainer):
@@ -128,7 +127,7 @@ class ProgramTrainer(Trainer):
             optimizer = dataclasses.replace(self.pdir.info.optimizer, lr=run.lr)
             self._settings = {
                 "trainer": "program",
-                "program": hashlib.sha256((self.pdir.path / MANIFEST_NAME).read_bytes()).hexdigest(),
+                "program": sha256_file(self.pdir.path / MANIFEST_NAME),
                 "data": rows_sha256(self.examples), "optimizer": optimizer.to_dict(),
                 "shuffle_seed": run.shuffle_seed, "plan": None if run.plan is None else run.plan.to_dict()}
         return self._settings

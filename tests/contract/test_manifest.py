@@ -1,0 +1,103 @@
+"""The typed manifest (toolchain/contract): every manifest we ship or keep reads into the dataclass tree and
+writes back as the same document; a bad one is one error naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolchain.contract import (MANIFEST_NAME, Manifest, ManifestVersionError, StateEntry, read_manifest,
+                                read_program_manifest, read_text_fields, write_manifest)
+from toolchain.errors import BadInput, SchemaError
+from toolchain.schemas import SCHEMA_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((SCHEMA_DIR / "examples").glob("manifest_tiny*.json"))
+# manifests of real exports: the recorded traces' programs and the planner's calibration programs (older v3)
+RECORDED = sorted((REPO / "shared_schemas" / "traces").glob("*/program/manifest.json")) + \
+    sorted((REPO / "tests" / "memory" / "data").glob("*/*.manifest.json"))
+
+
+def _doc(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("path", EXAMPLES + RECORDED, ids=lambda p: str(p.relative_to(REPO)))
+def test_typed_manifest_round_trips(path):
+    doc = _doc(path)
+    manifest = read_manifest(path)
+    assert manifest.to_json() == doc
+    assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+def test_writing_a_read_manifest_gives_the_same_file(tmp_path):
+    for path in EXAMPLES:
+        write_manifest(tmp_path / MANIFEST_NAME, read_manifest(path))
+        assert _doc(tmp_path / MANIFEST_NAME) == _doc(path)
+
+
+def test_typed_views_of_the_generate_example():
+    m = read_manifest(SCHEMA_DIR / "examples" / "manifest_tiny_generate.json")
+    doc = _doc(SCHEMA_DIR / "examples" / "manifest_tiny_generate.json")
+    assert m.seq_len == doc["seq_len"] and m.lora.targets == tuple(doc["lora"]["targets"])
+    assert list(m.methods) == [x["name"] for x in doc["methods"]]
+    assert m.state.entries[0] == StateEntry.from_json(doc["state"]["entries"][0])
+    assert m.generate is not None and m.generate.fused_methods() == (doc["generate"]["fused"] or {}).get("methods", {})
+    assert set(m.training_methods()) <= set(m.memory_plan.planned_arena_bytes["executorch"])
+    assert m.targets == [p["target"] for p in doc["programs"]] and m.program("coreml") is None
+
+
+def _write(tmp_path: Path, doc: dict) -> Path:
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(doc))
+    return tmp_path / MANIFEST_NAME
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m["tokenizer"].pop("pad_token_id"), "pad_token_id"),
+    (lambda m: m["quant"].update(kind="int3"), "quant/kind"),
+    (lambda m: m["state"]["entries"][0].update(offset=-1), "state/entries/0/offset"),
+    (lambda m: m["methods"][0]["inputs"][0].update(bind="somewhere"), "methods/0/inputs/0/bind"),
+    (lambda m: m.pop("loop"), "'loop' is a required property"),
+])
+def test_a_bad_manifest_is_one_error_naming_the_field(tmp_path, edit, field):
+    doc = _doc(EXAMPLES[0])
+    edit(doc)
+    with pytest.raises(SchemaError, match="manifest.json is not a valid manifest") as e:
+        read_manifest(_write(tmp_path, doc))
+    assert field in str(e.value) and "\n" not in str(e.value)
+
+
+def test_another_schema_version_is_refused_with_the_way_out(tmp_path):
+    doc = _doc(EXAMPLES[0]) | {"schema_version": 2}
+    with pytest.raises(ManifestVersionError, match="schema_version 2; this toolchain runs version 3 .*re-export") as e:
+        read_manifest(_write(tmp_path, doc))
+    assert e.value.version == 2
+
+
+def test_program_reader_checks_paths_and_older_exports(tmp_path):
+    doc = _doc(EXAMPLES[0])
+    doc["weights"]["file"] = "../../etc/passwd"
+    _write(tmp_path, doc)
+    with pytest.raises(BadInput, match="weights file '../../etc/passwd' points outside the program directory"):
+        read_program_manifest(tmp_path)
+    doc = _doc(EXAMPLES[0])
+    del doc["quant"]["head"]                       # an int4 export from before the int4 embedding/head
+    _write(tmp_path, doc)
+    with pytest.raises(BadInput, match="exported before chunked prefill"):
+        read_program_manifest(tmp_path)
+    with pytest.raises(BadInput, match="no manifest.json"):
+        read_program_manifest(tmp_path / "nothing")
+
+
+def test_text_fields_read_only_what_text_readers_need(tmp_path):
+    doc = _doc(EXAMPLES[0])
+    partial = {k: doc[k] for k in ("schema_version", "seq_len", "model", "tokenizer", "files")}
+    _write(tmp_path, partial)
+    fields = read_text_fields(tmp_path)
+    assert (fields.seq_len, fields.vocab, fields.tokenizer.kind) == (64, 264, "byte")
+    partial["tokenizer"]["kind"] = "klingon"
+    _write(tmp_path, partial)
+    with pytest.raises(BadInput, match="tokenizer/kind: 'klingon'"):
+        read_text_fields(tmp_path)

@@ -1,0 +1,171 @@
+"""What each method of a v3 program computes: one body per role over the named inputs of its `MethodSpec`
+(export/program.py `method_specs`), from the MeSP block, head and decode functions (mesp/), and the module the
+exporters trace (`method_module`) with its tracing inputs (`example_inputs`).
+
+No math here: the bodies unpack inputs into the mesp functions' arguments and pack their results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from toolchain.contract import STATE_ROLE_PREFIX, MethodSpec
+from toolchain.errors import BadInput
+from toolchain.export.program import ProgramSpec, layer_state_inputs, method_specs, state_roles
+from toolchain.lora.weights import LoraPair
+from toolchain.mesp.block import BlockParams, block_backward, block_forward
+from toolchain.mesp.decode import block_decode, decode_rope, head_logits
+from toolchain.mesp.ops import rope_tables
+from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, fused_int4, with_chunk_rows
+from toolchain.mesp.step import head_loss_and_grad
+from toolchain.models.weights import LayerWeights
+from toolchain.optim import update_tensor
+
+__all__ = ["method_module", "example_inputs"]
+
+
+def _matrix(ins: dict[str, Tensor], name: str, bits: int) -> Tensor | QuantWeight:
+    """The matrix `matrix_inputs(name, ...)` passed: the float tensor, or the quantized pair."""
+    if f"{name}_q" in ins:
+        return QuantWeight(ins[f"{name}_q"], ins[f"{name}_scale"], bits)
+    return ins[name]
+
+
+def _head_chunks(ins: dict[str, Tensor], bits: int) -> list[Tensor | QuantWeight]:
+    """The `head_{j}` chunks of program.py `_head_inputs`, in vocabulary order."""
+    js = sorted({int(n.split("_")[1]) for n in ins if n.startswith("head_") and n.split("_")[1].isdigit()})
+    return [_matrix(ins, f"head_{j}", bits) for j in js]
+
+
+
+
+def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor]) -> LayerWeights:
+    quant = spec.quant
+    fields = {}
+    for name in LayerWeights._fields:
+        w = _matrix(ins, f"w_{name}", quant.bits)
+        fields[name] = with_chunk_rows(w, quant.chunk_elems) if isinstance(w, QuantWeight) else w
+    return LayerWeights(**fields)
+
+
+def _layer_lora(spec: ProgramSpec, ins: dict[str, Tensor], prefix: str = "lora") -> dict[str, LoraPair]:
+    return {t: LoraPair(ins[f"{prefix}_{t}_a"], ins[f"{prefix}_{t}_b"]) for t in spec.lora.targets}
+
+
+def _rope(spec: ProgramSpec, dtype: torch.dtype):
+    return rope_tables(torch.arange(spec.seq_len), spec.arch.head_dim, spec.arch.rope_theta, dtype)
+
+
+def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair] | None) -> tuple[Tensor, ...]:
+    """New layer state (in `layer_state_inputs` order) after one optimizer step; grads None = zero gradient."""
+    o, lr = spec.optimizer, ins["lr"]
+    new: dict[str, Tensor] = {}
+    for t in spec.lora.targets:
+        for which in ("a", "b"):
+            p = ins[f"lora_{t}_{which}"]
+            g = torch.zeros_like(p) if grads is None else getattr(grads[t], which)
+            slots = tuple(ins[f"{STATE_ROLE_PREFIX[r]}_{t}_{which}"] for r in o.slot_roles)
+            new[f"lora_{t}_{which}"], slots = update_tensor(o, p, g, slots, ins.get("step"), lr=lr)
+            new.update((f"{STATE_ROLE_PREFIX[r]}_{t}_{which}", v) for r, v in zip(o.slot_roles, slots))
+    return tuple(new[s.name] for s in layer_state_inputs(spec, state_roles(o)))
+
+
+def _embed(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    ids = ins.get("input_ids", ins.get("tokens", ins.get("token")))
+    return (embedding_rows(_matrix(ins, "embed", spec.quant.bits), ids),)
+
+
+def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x = ins["x"]
+    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    return (block_forward(x, p, _rope(spec, x.dtype), spec.options.mlp_chunk),)
+
+
+def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    chunks = _head_chunks(ins, spec.quant.bits)
+    head = _matrix(ins, "head", spec.quant.bits)
+    loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], head, ins["labels"], spec.arch.rms_eps,
+                                  spec.options, head_chunks=chunks if spec.options.vocab_chunk else None)
+    return loss.reshape(1), dx
+
+
+def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x = ins["x"]
+    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    dx, grads = block_backward(ins["dout"], x, p, _rope(spec, x.dtype), spec.options.mlp_chunk)
+    return (dx,) + _update(spec, ins, grads)
+
+
+def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    return _update(spec, ins, None)
+
+
+def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    x, arch = ins["x"], spec.arch
+    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
+    rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype)
+    return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope)
+
+
+def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    chunks = _head_chunks(ins, spec.quant.bits) or [_matrix(ins, "head", spec.quant.bits)]
+    return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps),)
+
+
+def _fused(body: Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]):
+    def run(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+        with fused_int4():
+            return body(spec, ins)
+    return run
+
+
+_BODIES: dict[str, Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]] = {
+    "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
+    "block_backward": _block_backward, "block_skip_update": _block_skip_update,
+    "embed_token": _embed, "embed_prefill": _embed, "block_prefill": _block_decode, "block_decode": _block_decode,
+    "head_logits": _head_logits,
+}
+
+
+class _Method(nn.Module):
+    """One method as a plain `forward(*inputs) -> tuple(outputs)`, in its MethodSpec's order, for the
+    exporters (which trace a module's forward) and the eager reference runner."""
+
+    def __init__(self, spec: ProgramSpec, method: MethodSpec) -> None:
+        super().__init__()
+        self.spec, self.method = spec, method
+        self.names = [i.name for i in method.inputs]
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        body = _BODIES[self.method.role]
+        if self.method.kernels:
+            body = _fused(body)
+        return body(self.spec, dict(zip(self.names, inputs)))
+
+
+def method_module(spec: ProgramSpec, name: str) -> nn.Module:
+    methods = method_specs(spec)
+    if name not in methods:
+        raise BadInput(f"no method {name!r} in this program; it has {', '.join(methods)}")
+    return _Method(spec, methods[name])
+
+
+_DTYPES = {"float32": torch.float32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
+
+
+def example_inputs(method: MethodSpec) -> tuple[Tensor, ...]:
+    """Tracing inputs of a method: zeros of every input's dtype and shape (lr 1e-4, step 1)."""
+    out = []
+    for io in method.inputs:
+        x = torch.zeros(io.shape, dtype=_DTYPES[io.dtype])
+        if io.name == "lr":
+            x.fill_(1e-4)
+        elif io.name == "step":
+            x.fill_(1.0)
+        elif io.name.endswith("_scale") or io.name.endswith("norm"):
+            x.fill_(1.0)
+        out.append(x)
+    return tuple(out)
