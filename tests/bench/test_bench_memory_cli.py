@@ -67,6 +67,7 @@ def test_each_mode_reports_its_counted_flops_and_utilisation(report):
         assert r["gflop_per_s"] == pytest.approx(r["step_gflop"] / r["step_s"], rel=1e-2, abs=0.01)
         assert 0 < r["matmul_gflop_per_s"] <= r["matmul_peak_gflop_per_s"]
         assert r["utilisation"] == pytest.approx(r["gflop_per_s"] / r["matmul_gflop_per_s"], rel=1e-2, abs=1e-4)
+        assert r["utilisation_cpu"] == pytest.approx(r["gflop_per_cpu_s"] / r["matmul_gflop_per_s"], rel=1e-2, abs=1e-4)
     assert "FlopCounterMode" in doc["counted"]
 
 

@@ -89,8 +89,9 @@ def test_rate_weights_each_shape_by_its_calls_and_fields_follow_from_it():
     rate = matmul_rate(gemms, min_s_per_shape=0.0)
     assert rate.shapes == 2 and 0 < rate.gflop_per_s <= rate.peak_gflop_per_s
     flops = StepFlops(total=4_000_000_000, by_op={}, gemms=gemms)
-    fields = flops_fields(flops, MatmulRate(80.0, 120.0, 2), step_s=0.5, counted_from="mesp")
-    assert fields == {"step_gflop": 4.0, "gflop_per_s": 8.0, "matmul_gflop_per_s": 80.0,
-                      "matmul_peak_gflop_per_s": 120.0, "utilisation": 0.1, "flops_counted_from": "mesp"}
+    fields = flops_fields(flops, MatmulRate(80.0, 120.0, 2), step_s=0.5, step_cpu_s=0.25, counted_from="mesp")
+    assert fields == {"step_gflop": 4.0, "gflop_per_s": 8.0, "gflop_per_cpu_s": 16.0, "matmul_gflop_per_s": 80.0,
+                      "matmul_peak_gflop_per_s": 120.0, "utilisation": 0.1, "utilisation_cpu": 0.2,
+                      "flops_counted_from": "mesp"}
     with pytest.raises(ValueError, match="no matmul"):
         matmul_rate(Counter())

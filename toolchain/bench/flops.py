@@ -16,6 +16,7 @@ the same layout (the minimum of a few calls, on the threads the benchmark runs w
 i.e. the GFLOP/s the step would reach if it did nothing but its matmuls, each at this host's kernel
 speed for that shape. utilisation = (step FLOPs / step seconds) / that rate: 1.0 means the step's time
 is all necessary matmul time; the rest goes to elementwise ops, dequantization, copies, the runtime.
+`utilisation_cpu` is the same with the step's process CPU seconds (a loaded host inflates wall time).
 `peak_gflop_per_s` is the fastest single shape (the large frozen-weight GEMMs).
 """
 
@@ -140,10 +141,15 @@ def matmul_rate(gemms: Counter, *, min_s_per_shape: float = 0.02, seed: int = 0)
     return MatmulRate(flops / seconds / 1e9, peak / 1e9, len(gemms))
 
 
-def flops_fields(flops: StepFlops, rate: MatmulRate, step_s: float, *, counted_from: str) -> dict[str, Any]:
-    """The per-mode fields of a bench_memory result row (names carry their units)."""
+def flops_fields(flops: StepFlops, rate: MatmulRate, step_s: float, step_cpu_s: float, *,
+                 counted_from: str) -> dict[str, Any]:
+    """The per-mode fields of a bench_memory result row (names carry their units): the step as GFLOP per
+    wall second and per process-CPU second (on a loaded host the CPU figure is the comparable one), each
+    also as a fraction of the matmul rate at the step's shapes."""
     gflop = flops.total / 1e9
-    achieved = gflop / step_s if step_s > 0 else 0.0
-    return {"step_gflop": round(gflop, 4), "gflop_per_s": round(achieved, 2),
+    wall = gflop / step_s if step_s > 0 else 0.0
+    cpu = gflop / step_cpu_s if step_cpu_s > 0 else 0.0
+    return {"step_gflop": round(gflop, 4), "gflop_per_s": round(wall, 2), "gflop_per_cpu_s": round(cpu, 2),
             "matmul_gflop_per_s": round(rate.gflop_per_s, 2), "matmul_peak_gflop_per_s": round(rate.peak_gflop_per_s, 2),
-            "utilisation": round(achieved / rate.gflop_per_s, 4), "flops_counted_from": counted_from}
+            "utilisation": round(wall / rate.gflop_per_s, 4), "utilisation_cpu": round(cpu / rate.gflop_per_s, 4),
+            "flops_counted_from": counted_from}
