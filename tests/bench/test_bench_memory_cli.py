@@ -52,6 +52,25 @@ def test_weights_are_mapped_not_counted(report):
         assert set(r["breakdown"]) >= {"lora_params_mb", "grads_mb", "checkpoints_mb", "largest_transient_mb"}
 
 
+def test_each_mode_reports_its_counted_flops_and_utilisation(report):
+    from tests.bench.test_flops import forward_flops, mesp_step_flops
+    from toolchain.models import PRESETS
+
+    _, doc = report
+    rows = {r["mode"]: r for r in doc["results"]}
+    a, targets = PRESETS["tiny"], tuple(doc["config"]["targets"])
+    # tiny, seq 32, r8 on all seven projections: the closed forms derived by hand (test_flops.py)
+    assert rows["mesp"]["step_gflop"] == round(mesp_step_flops(a, targets, 8, 32, selected=a.layers) / 1e9, 4)
+    assert rows["mezo"]["step_gflop"] == round(2 * forward_flops(a, targets, 8, 32) / 1e9, 4)
+    for r in doc["results"]:
+        assert r["flops_counted_from"] == r["mode"]
+        assert r["gflop_per_s"] == pytest.approx(r["step_gflop"] / r["step_s"], rel=1e-2, abs=0.01)
+        assert 0 < r["matmul_gflop_per_s"] <= r["matmul_peak_gflop_per_s"]
+        assert r["utilisation"] == pytest.approx(r["gflop_per_s"] / r["matmul_gflop_per_s"], rel=1e-2, abs=1e-4)
+        assert r["utilisation_cpu"] == pytest.approx(r["gflop_per_cpu_s"] / r["matmul_gflop_per_s"], rel=1e-2, abs=1e-4)
+    assert "FlopCounterMode" in doc["counted"]
+
+
 def test_table_is_printed(report):
     result, _ = report
     lines = result.stdout.splitlines()
@@ -150,6 +169,16 @@ def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, t
     # the program's loop with checkpoint groups: the same steps bit for bit
     assert rows["executorch_groups"]["loss"] == rows["executorch"]["loss"]
     assert rows["executorch_groups"]["layers_per_checkpoint"] == 3 and "breakdown" not in rows["executorch_groups"]
+    # a program's FLOPs are counted on the eager step it exports (int4 dequantization is not a matmul)
+    from tests.bench.test_flops import mesp_step_flops
+    from toolchain.models import PRESETS
+
+    a = PRESETS["tiny"]
+    assert rows["executorch"]["flops_counted_from"] == "mesp"
+    assert rows["executorch_groups"]["flops_counted_from"] == "mesp_groups"
+    assert (rows["executorch"]["step_gflop"] == rows["mesp"]["step_gflop"]
+            == round(mesp_step_flops(a, tuple(doc["config"]["targets"]), 8, 32, selected=a.layers) / 1e9, 4))
+    assert rows["executorch_groups"]["step_gflop"] > rows["executorch"]["step_gflop"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -179,3 +208,11 @@ def test_mesp_groups_runs_beside_mesp_with_the_same_gradients_and_fewer_checkpoi
     assert rows["mesp_groups"]["loss"] == rows["mesp"]["loss"]
     assert rows["mesp_groups"]["layers_per_checkpoint"] == 2 and "layers_per_checkpoint" not in rows["mesp"]
     assert rows["mesp_groups"]["breakdown"]["checkpoints_mb"] < rows["mesp"]["breakdown"]["checkpoints_mb"]
+    # groups [0, 1], [2, 3], [4, 5], [6, 7] of tiny's 8 layers: the backward reruns one block forward per group
+    from tests.bench.test_flops import forward_flops, mesp_step_flops
+    from toolchain.models import PRESETS
+
+    a, targets = PRESETS["tiny"], tuple(doc["config"]["targets"])
+    layer_forward = (forward_flops(a, targets, 8, 32) - 2 * 32 * a.hidden * a.vocab) // a.layers
+    step = mesp_step_flops(a, targets, 8, 32, selected=a.layers)
+    assert rows["mesp_groups"]["step_gflop"] == round((step + 4 * layer_forward) / 1e9, 4)

@@ -44,7 +44,12 @@ COUNTED = ("peak_mb = max over the measured steps of (VmHWM - RssFile - RssShmem
            "activations, transients, allocator slack. Not counted: the frozen weights (float32, memory-mapped "
            "from safetensors: clean file-backed pages, as on phones), the Python/torch runtime. "
            "MB = MiB (2**20 bytes). step_s / step_cpu_s = min over the timed steps (wall / process CPU time), "
-           "all modes interleaved in one separate process with glibc's default allocator.")
+           "all modes interleaved in one separate process with glibc's default allocator. "
+           "step_gflop = FLOPs of one step counted from its own matmul-like ops (torch FlopCounterMode; program "
+           "modes: the eager step they export, flops_counted_from); gflop_per_s = step_gflop / step_s; "
+           "matmul_gflop_per_s = the host's float32 torch.mm/bmm rate at that step's own matmul shapes (each "
+           "distinct shape timed, weighted by its calls, same threads); utilisation = gflop_per_s / "
+           "matmul_gflop_per_s (utilisation_cpu: the same with step_cpu_s).")
 # |file_drift_mb| above this marks a peak unreliable. On a machine with free memory the mapped
 # weights stay resident after the warm-up step and the drift is exactly 0; under memory pressure the
 # kernel evicts and re-reads weight pages during the step, and VmHWM - RssFile (RssFile read at the
@@ -334,7 +339,7 @@ def format_table(doc: dict[str, Any]) -> str:
     rows = doc["results"]
     base = next((r for r in rows if r["mode"] == "mebp"), None)
     head = (f"{'mode':<18}{'peak MB':>10}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}{'time/MeBP':>11}"
-            f"{'grad rel diff':>15}  largest transient")
+            f"{'GFLOP':>9}{'GFLOP/s':>9}{'util':>7}{'cpu util':>9}{'grad rel diff':>15}  largest transient")
     lines = [head, "-" * len(head)]
     for r in rows:
         peak_ratio = f"{r['peak_mb'] / base['peak_mb']:.3f}" if base and base["peak_mb"] > 0 else "-"
@@ -342,7 +347,9 @@ def format_table(doc: dict[str, Any]) -> str:
         diff = f"{r['grad_max_rel_diff']:.2e}" if r.get("grad_max_rel_diff") is not None else "-"
         b = r.get("breakdown") or {}
         what = f"{b['largest_transient_what']} {b['largest_transient_mb']:.1f} MB" if b else "-"
+        gflop, rate, util, util_cpu = ((f"{r['step_gflop']:.2f}", f"{r['gflop_per_s']:.1f}", f"{r['utilisation']:.2f}",
+                                        f"{r['utilisation_cpu']:.2f}") if "step_gflop" in r else ("-",) * 4)
         lines.append(f"{r['mode']:<18}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
-                     f"{time_ratio:>11}{diff:>15}  {what}")
+                     f"{time_ratio:>11}{gflop:>9}{rate:>9}{util:>7}{util_cpu:>9}{diff:>15}  {what}")
     lines += [f"! {r['mode']}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
     return "\n".join(lines)

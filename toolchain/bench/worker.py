@@ -8,7 +8,9 @@
   4. `repeat` measured steps, each with a fresh high-water mark (`memory.measure_peak`).
 - `timing`: every mode in ONE process, steps interleaved round by round (the order reversed every
   other round), so that a noisy machine slows all modes alike; the minimum per mode is reported.
-  The same process computes each exact mode's gradients at the initial adapter and compares them.
+  The same process computes each exact mode's gradients at the initial adapter and compares them,
+  then counts each mode's FLOPs from one more step and times the host's matmuls at that step's
+  shapes (`bench.flops`).
 - `prepare`: builds the weights cache (memory-hungry, so in its own process too).
 Exit code 2 with one stderr line on a ToolchainError.
 """
@@ -189,9 +191,30 @@ def run_timing(spec: dict) -> dict:
             wall[mode].append(round(time.perf_counter() - t0, 4))
             cpu[mode].append(round(time.process_time() - c0, 4))
     diffs = _grad_diffs(spec, s, modes) if spec.get("check_grads") else {}
+    flops = _flops(spec, s, steps, {mode: (min(wall[mode]), min(cpu[mode])) for mode in modes})
     return {"reference_mode": next(iter(diffs), None),
             "modes": {mode: {"step_s": min(wall[mode]), "step_s_runs": wall[mode], "step_cpu_s": min(cpu[mode]),
-                             "grad_max_rel_diff": diffs.get(mode)} for mode in modes}}
+                             "grad_max_rel_diff": diffs.get(mode), **flops[mode]} for mode in modes}}
+
+
+def _flops(spec: dict, s: _Setup, steps: dict[str, Callable[[int], float]],
+           step_s: dict[str, tuple[float, float]]) -> dict:
+    """Per mode: its step's FLOPs counted from one more step (bench.flops), the host's matmul rate at that
+    step's shapes, and the timed step (wall, CPU) as GFLOP/s and utilisation. A program mode is counted on the eager
+    step it exports (mesp, or mesp_groups for *_groups): the program is the same ops on another runtime."""
+    from toolchain.bench.flops import count_step_flops, flops_fields, matmul_rate
+    from toolchain.bench.steps import program_target, uses_groups
+
+    counted: dict[str, tuple] = {}
+    out = {}
+    for mode, seconds in step_s.items():
+        source = ("mesp_groups" if uses_groups(mode) else "mesp") if program_target(mode) else mode
+        if source not in counted:
+            step = steps.get(source) or _step_fn(spec, s, source)
+            flops = count_step_flops(lambda: step(spec["repeat"] + 1))
+            counted[source] = (flops, matmul_rate(flops.gemms, seed=spec["seed"]))
+        out[mode] = flops_fields(*counted[source], *seconds, counted_from=source)
+    return out
 
 
 def _prepare(spec: dict) -> None:

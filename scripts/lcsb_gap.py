@@ -1,0 +1,178 @@
+"""Why LCSB's loss gap grows: the session-9 experiments behind docs/lcsb.md ("Session 9").
+
+  PYTHONPATH=. .venv/bin/python scripts/lcsb_gap.py [--steps 300] [--cache DIR] VARIANT [VARIANT ...]
+
+Runs `toolchain bench lcsb`'s default workload (the `mid` model, the same stand-in pretrained base, the
+same rows in the same order, AdamW lr 2e-4, wd 0.01, r16 x 7, 1 thread) with full backprop once, then the
+LCSB arm in the VARIANTs below, and prints per variant the bench's `loss_gap` (mean over the last 10% of
+steps of (loss_lcsb - loss_full) / loss_full), the held-out gap and the gap per tenth of the run. The
+base and the full arm's losses are cached in --cache (deterministic: the same numbers every run), so a
+variant costs one LCSB run (~1 min on this host). Nothing here is timed (step times: `bench lcsb`).
+
+Variants (cyclic k = 4 of 12 layers unless said; "unselected" = outside the step's selection):
+  cyclic        the bench's LCSB arm (zero gradient for unselected layers: moments decay, they move)
+  exact         the same selection, but selected layers get their exact gradient (full backward, only
+                the selected layers updated): removes the stop-gradient surrogate, keeps the sparsity
+  frozen        unselected layers and their moments untouched (`frozen_unselected`)
+  hold          unselected layers keep moving by their frozen moments (no decay; per-layer bias
+                correction) - an update the exported programs do not have (block_skip_update decays)
+  comp          host-side approximation of `hold`: the zero-gradient update with lr * (sqrt(b2)/b1)^j,
+                j = steps since the layer's last gradient (moves as `hold`, moments decay as `cyclic`)
+  sel_lr_sqrt3, sel_lr_x3   selected layers' lr x sqrt(3) / x 3
+  strided, random, reverse  other selections (random: a fresh draw of 4 layers per step)
+  comp_random   comp with the random policy
+  full_every6   cyclic, every 6th step full backprop
+  top_twice, bottom_twice   the top (bottom) group at every second step, the other two alternating
+  block3, block10, block30  each group for 3 / 10 / 30 consecutive steps
+  full_lr_sqrt3 the FULL arm at lr x sqrt(3) (is full backprop lr-limited here?)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split
+from toolchain.lcsb import make_plan
+from toolchain.lora import LoraConfig, LoraPair, init_lora
+from toolchain.mesp import mesp_step
+from toolchain.models import random_weights
+from toolchain.optim import OptimizerConfig, OptState, update_layer
+from toolchain.training import TrainConfig, evaluate, start_run
+from toolchain.training.eager import RunState, _assign
+
+B1, B2, EPS = 0.9, 0.999, 1e-8
+
+
+def _hold(lr: float, wd: float, p: LoraPair, slots, count: int) -> LoraPair:
+    """One step of an unselected layer moving by its frozen moments (bias correction by its own count)."""
+    if count == 0:
+        return p
+    m, v = slots
+    bc1, bc2 = 1 - B1 ** count, 1 - B2 ** count
+    return LoraPair(*(x * (1 - lr * wd) - (lr / bc1) * mm / (vv.sqrt() / bc2 ** 0.5 + EPS)
+                      for x, mm, vv in ((p.a, m.a, v.a), (p.b, m.b, v.b))))
+
+
+def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False, full_every=0):
+    config, arch, weights, cfg, lora0, rows, val = ctx
+    lr = config.lr if lr is None else lr
+    wd, layers = config.weight_decay, arch.layers
+    opt = OptimizerConfig("adamw", lr=lr, weight_decay=wd, frozen_unselected=unsel == "frozen")
+    st = start_run(TrainConfig(steps=config.steps, optimizer=opt), lora0)
+    counts, since, losses = [0] * layers, [0] * layers, []
+    t0 = time.perf_counter()
+    for s in range(config.steps):
+        ex = rows[(config.pretrain_steps + s) % len(rows)]
+        sel = set(range(layers)) if full_every and (s + 1) % full_every == 0 else set(select(s))
+        step = st.opt.step + 1
+        for i in sel:
+            counts[i] += 1
+
+        def update(i, grads):
+            o = opt
+            if grads is not None:
+                since[i] = 0
+                if sel_lr != 1.0 and len(sel) < layers:
+                    o = dataclasses.replace(opt, lr=lr * sel_lr)
+            elif unsel == "frozen":
+                return
+            elif unsel == "hold":
+                new = {t: _hold(lr, wd, p, st.opt.slots[i][t], counts[i]) for t, p in st.lora[i].items()}
+                _assign(st.lora[i], st.opt.slots[i], new, st.opt.slots[i])
+                return
+            elif unsel == "comp":
+                since[i] += 1
+                o = dataclasses.replace(opt, lr=lr * (math.sqrt(B2) / B1) ** since[i])
+            _assign(st.lora[i], st.opt.slots[i], *update_layer(o, st.lora[i], grads, st.opt.slots[i], step))
+
+        with torch.no_grad():
+            if exact:
+                r = mesp_step(arch, weights, cfg, st.lora, ex.input_ids, ex.labels)
+                for i in range(layers):
+                    update(i, r.grads[i] if i in sel else None)
+            else:
+                r = mesp_step(arch, weights, cfg, st.lora, ex.input_ids, ex.labels, backward_layers=sel,
+                              on_layer_grads=update, keep_grads=False)
+                for i in sorted(set(range(layers)) - sel):
+                    update(i, None)
+        st = RunState(st.lora, OptState(step, st.opt.slots))
+        losses.append(float(r.loss))
+    return {"name": name, "losses": losses, "val": evaluate(arch, weights, cfg, st.lora, val),
+            "seconds": time.perf_counter() - t0}
+
+
+def report(res, full, steps) -> str:
+    tail, n = max(1, math.ceil(steps / 10)), steps // 10
+    gap = statistics.fmean((b - a) / a for a, b in zip(full["losses"][-tail:], res["losses"][-tail:]))
+    tenths = [round(100 * statistics.fmean((b - a) / a for a, b in zip(full["losses"][j * n:(j + 1) * n],
+                                                                    res["losses"][j * n:(j + 1) * n])), 2)
+              for j in range(10)]
+    return (f"{res['name']:<14} loss_gap {100 * gap:+.2f}%  val_gap {100 * (res['val'] - full['val']) / full['val']:+.2f}%"
+            f"  ({res['seconds']:.0f} s)  per tenth {tenths}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("variants", nargs="+")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/lcsb_gap"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    config = LcsbBenchConfig(steps=args.steps)
+    arch = config.arch
+    rows, val = _split(config)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    base = args.cache / "base.pt"
+    if base.exists():
+        weights = torch.load(base, weights_only=False)
+    else:
+        weights, _ = _pretrain(config, arch, random_weights(arch, seed=config.seed), rows, None)
+        torch.save(weights, base)
+    cfg = LoraConfig(rank=config.rank, alpha=config.alpha)
+    ctx = (config, arch, weights, cfg, init_lora(arch, cfg, seed=config.seed), rows, val)
+    L = arch.layers
+    cyc = make_plan(L, config.k, "cyclic")
+    g = len(cyc.phases)
+    variants = {
+        "cyclic": dict(select=cyc.layers_at),
+        "exact": dict(select=cyc.layers_at, exact=True),
+        "frozen": dict(select=cyc.layers_at, unsel="frozen"),
+        "hold": dict(select=cyc.layers_at, unsel="hold"),
+        "comp": dict(select=cyc.layers_at, unsel="comp"),
+        "sel_lr_sqrt3": dict(select=cyc.layers_at, sel_lr=math.sqrt(3)),
+        "sel_lr_x3": dict(select=cyc.layers_at, sel_lr=3.0),
+        "strided": dict(select=make_plan(L, config.k, "strided").layers_at),
+        "random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at),
+        "comp_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, unsel="comp"),
+        "reverse": dict(select=lambda s: cyc.phases[(-1 - s) % g]),
+        "full_every6": dict(select=cyc.layers_at, full_every=6),
+        "top_twice": dict(select=lambda s: [cyc.phases[2], cyc.phases[0], cyc.phases[2], cyc.phases[1]][s % 4]),
+        "bottom_twice": dict(select=lambda s: [cyc.phases[0], cyc.phases[1], cyc.phases[0], cyc.phases[2]][s % 4]),
+        "block3": dict(select=lambda s: cyc.phases[(s // 3) % g]),
+        "block10": dict(select=lambda s: cyc.phases[(s // 10) % g]),
+        "block30": dict(select=lambda s: cyc.phases[(s // 30) % g]),
+        "full_lr_sqrt3": dict(select=lambda s: range(L), lr=config.lr * math.sqrt(3)),
+    }
+    unknown = [v for v in args.variants if v not in variants]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; choose {', '.join(variants)}")
+    ref = args.cache / f"full-{args.steps}.json"
+    if ref.exists():
+        full = json.loads(ref.read_text())
+    else:
+        full = run_arm(ctx, "full", lambda s: range(L))
+        ref.write_text(json.dumps(full))
+    for name in args.variants:
+        print(report(run_arm(ctx, name, **variants[name]), full, args.steps), flush=True)
+
+
+if __name__ == "__main__":
+    main()
