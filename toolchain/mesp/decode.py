@@ -26,7 +26,7 @@ which is Qwen2's causal softmax attention at positions pos .. pos + C - 1 (`atte
 of the native kernel `toolchain::attention_decode`). Projections go through `linear_forward` whole (no MLP
 chunks: C rows are small).
 
-Within `quant.fused_int4()` (the fused methods of int4 programs) the block is 14 native calls instead of ~170
+Within `quant.fused_int4()` (the fused methods of int4 programs) the block is 14 operator calls instead of ~170
 portable ops: each projection with its bias, LoRA pair and residual add one `toolchain::lora_linear_a8` (the
 packed int4 weight read once, x rounded to int8 per group), RMSNorm, SwiGLU and RoPE with the heads' split one
 call each (`decode_ops.py`, the RoPE tables computed in the call from `pos`), and the attention one
@@ -77,7 +77,8 @@ def _proj(x: Tensor, w: QuantWeight, bias: Tensor | None, lora: LoraPair | None,
 
 def _block_decode_fused(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams
                         ) -> tuple[Tensor, Tensor, Tensor]:
-    """`block_decode` in 15 native calls (decode_ops.py; toolchain/native/kernels.cpp): the same graph with
+    """`block_decode` in 14 operator calls, 13 of them native (decode_ops.py; toolchain/native/kernels.cpp; one
+    `permute_copy` splits v into heads): the same graph with
     each projection, its bias, LoRA pair and residual add one call, RMSNorm, SwiGLU, and the heads' split with
     RoPE one call each; the RoPE tables are computed in the call from `pos`."""
     w, arch, lora, s = p.weights, p.arch, p.lora, p.scale
@@ -108,7 +109,7 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     Returns:
         out [C, d], and the tokens' k (after RoPE) and v [Hk, C, D], to be written at rows pos .. pos + C - 1.
     """
-    if fused_enabled() and isinstance(p.weights.q_proj, QuantWeight):
+    if fused_enabled() and isinstance(p.weights.q_proj, QuantWeight) and p.weights.q_proj.bits == 4:
         return _block_decode_fused(x, pos, k_cache, v_cache, p)         # `rope` unused (computed in the calls)
     w, arch = p.weights, p.arch
     h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim

@@ -4,7 +4,7 @@
 //   toolchain::attention_decode   softmax attention of C tokens over the KV cache and themselves
 //   toolchain::lora_linear_a8     residual + (x W^T + bias + s (x A^T) B^T): a projection with its LoRA pair
 //   toolchain::rms_norm, toolchain::rope_heads, toolchain::swiglu   the element-wise rest of a block
-// (a decode layer is 14 calls of these; the stock graph of the same layer is 173 portable ops).
+// (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops).
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
