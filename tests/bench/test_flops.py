@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.helpers import random_case
+from helpers import random_case
 from toolchain.bench.flops import GemmShape, MatmulRate, StepFlops, count_step_flops, flops_fields, matmul_rate
 from toolchain.lora import init_lora
 from toolchain.mesp import StepOptions, mesp_step

@@ -122,6 +122,19 @@ def test_the_vector_path_equals_the_generic_path_bit_for_bit(tmp_path):
         q, scales = _quantize_partial(torch.randn(o, i, generator=gen), group)
         x = torch.randn(t, i, generator=gen)
         assert torch.equal(_kernel(x, q, scales, group), _call(generic, x, q, scales, group)), (t, o, i, group)
+    # the activations' quantization on special values (the vector path quantizes whole groups of 16
+    # columns 16 at a time): zero groups, a NaN or an inf in a group, subnormals, ties at the rounding
+    q, scales = _quantize_partial(torch.randn(7, 256, generator=gen), 64)
+    x = torch.randn(6, 256, generator=gen)
+    x[0, :64] = 0.0
+    x[1, 70] = float("nan")
+    x[2, 130] = float("inf")
+    x[3, 200:256] = 1e-42
+    x[4, :64] = torch.arange(64) * 0.5 - 16                             # x / s lands on .5 ties
+    x[5, 64:128] = -x[5, 64:128].abs() * 1e30
+    got, want = _kernel(x, q, scales, 64), _call(generic, x, q, scales, 64)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))            # bits: NaN rows too
+    assert got[1].isnan().all() and not got[[0, 3, 4, 5]].isnan().any()
 
 
 @pytest.mark.parametrize("i,ng,group", [(9, 1, 10), (10, 1, 3), (10, 2, 10), (10, 1, 0), (0, 0, 2)])
