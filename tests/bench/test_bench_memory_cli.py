@@ -53,7 +53,7 @@ def test_weights_are_mapped_not_counted(report):
 
 
 def test_each_mode_reports_its_counted_flops_and_utilisation(report):
-    from tests.bench.test_flops import forward_flops, mesp_step_flops
+    from test_flops import forward_flops, mesp_step_flops
     from toolchain.models import PRESETS
 
     _, doc = report
@@ -170,7 +170,7 @@ def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, t
     assert rows["executorch_groups"]["loss"] == rows["executorch"]["loss"]
     assert rows["executorch_groups"]["layers_per_checkpoint"] == 3 and "breakdown" not in rows["executorch_groups"]
     # a program's FLOPs are counted on the eager step it exports (int4 dequantization is not a matmul)
-    from tests.bench.test_flops import mesp_step_flops
+    from test_flops import mesp_step_flops
     from toolchain.models import PRESETS
 
     a = PRESETS["tiny"]
@@ -209,7 +209,7 @@ def test_mesp_groups_runs_beside_mesp_with_the_same_gradients_and_fewer_checkpoi
     assert rows["mesp_groups"]["layers_per_checkpoint"] == 2 and "layers_per_checkpoint" not in rows["mesp"]
     assert rows["mesp_groups"]["breakdown"]["checkpoints_mb"] < rows["mesp"]["breakdown"]["checkpoints_mb"]
     # groups [0, 1], [2, 3], [4, 5], [6, 7] of tiny's 8 layers: the backward reruns one block forward per group
-    from tests.bench.test_flops import forward_flops, mesp_step_flops
+    from test_flops import forward_flops, mesp_step_flops
     from toolchain.models import PRESETS
 
     a, targets = PRESETS["tiny"], tuple(doc["config"]["targets"])
