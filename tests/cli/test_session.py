@@ -107,3 +107,20 @@ def test_a_session_refuses_train_before_start_and_a_baseline_after_the_runtime(p
     session.open_runtime()
     with pytest.raises(RuntimeError, match="after the runtime was opened"):
         session.measure_baseline()
+
+
+def test_generation_limits_name_the_field_and_the_cli_the_option(program):
+    """The library's error names the field (`max_new_tokens`), `toolchain generate` the option."""
+    from toolchain.errors import FieldError
+
+    session = ProgramSession(program, target="eager")
+    with pytest.raises(FieldError, match=r"^max_new_tokens 12 \+ the prompt's 5 tokens = 17 exceeds the program's "
+                                         r"seq_len 16") as e:
+        session.generate(PROMPT, 12)
+    assert e.value.field == "max_new_tokens"
+    with pytest.raises(FieldError, match="^temperature must be >= 0") as e:
+        session.generate(PROMPT, 2, temperature=-1.0)
+    res = CliRunner().invoke(cli, ["generate", "--program", str(program), "--prompt-ids", ",".join(map(str, PROMPT)),
+                                   "--max-new-tokens", "12"])
+    assert res.exit_code == 2
+    assert "Error: --max-new-tokens 12 + the prompt's 5 tokens = 17 exceeds the program's seq_len 16" in res.output
