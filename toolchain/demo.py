@@ -15,8 +15,9 @@
    of the program's memory above it (run_start `planner_estimate_bytes`), which the report compares.
 4. AFTER: the held-out loss and the same greedy generation with the trained state.
 
-Everything runs on one runner (ExecuTorch unless `target` says otherwise); nothing is re-exported and
-no adapter file is written between training, eval and generation.
+Everything runs in one `ProgramSession` (training/session.py): one runner (ExecuTorch unless `target` says
+otherwise), one layer loop, one state; nothing is re-exported and no adapter file is written between training,
+eval and generation.
 """
 
 from __future__ import annotations
@@ -141,17 +142,14 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     import torch
 
     from toolchain.memory.measure import MIB, measure_peak
-    from toolchain.runtime import ProgramDir
-    from toolchain.runtime.evaluate import evaluate_program
-    from toolchain.runtime.generate import generate
-    from toolchain.runtime.runners import open_runner
     from toolchain.text_data import make_rows, program_text
-    from toolchain.training.checkpoint import finite_or_none
-    from toolchain.training.program import ProgramTrainer, TrainRun, runtime_baseline
+    from toolchain.training.program import TrainRun
+    from toolchain.training.session import ProgramSession
 
     phase = on_phase or (lambda _s: None)
     seconds: dict[str, float] = {}
-    pdir = ProgramDir(out)
+    session = ProgramSession(out, target=cfg.target, threads=cfg.threads, use="all")
+    pdir = session.pdir
     ptext = program_text(out)                 # the program's own tokenizer (tokenizer.json), T, vocabulary
     tok = ptext.tokenizer
     side = lambda suffix: out.parent / f"{out.name}.{suffix}"  # noqa: E731
@@ -162,57 +160,41 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
         raise BadInput(f"the prompt ({len(prompt_ids)} tokens) + {cfg.max_new_tokens} new tokens do not fit in "
                        f"seq_len {pdir.seq_len}")
 
-    baseline = runtime_baseline(pdir, cfg.target)
+    baseline = session.measure_baseline()
     t0 = time.perf_counter()
-    runner = open_runner(pdir, cfg.target, threads=cfg.threads, use="all")
+    session.open_runtime()
     seconds["load"] = time.perf_counter() - t0
 
     plan = None if cfg.lcsb_k is None else pdir.default_plan()
     run = TrainRun(steps=cfg.steps, lr=cfg.lr, shuffle_seed=cfg.seed, telemetry=side("telemetry.jsonl"), plan=plan)
-    trainer = ProgramTrainer(pdir, runner, train, run)
-    trainer.baseline = baseline          # logged after run_start: the report's program-attributable peak
-    trainer.memory_peak = True           # VmHWM is reset when training starts (measure_peak below)
-    trainer.start()                      # run_start (+ the baseline) before the first eval event
-    curve: list[tuple[int, float]] = []
-
-    def held_loss(state, step: int) -> float:
-        t = time.perf_counter()
-        ev = evaluate_program(pdir, runner, state, held)
-        trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
-                     eval_time_s=round(time.perf_counter() - t, 6))
-        curve.append((step, float(ev["loss"])))
-        return float(ev["loss"])
 
     def text_of(state) -> str:
-        res = generate(pdir, runner, state, prompt_ids, cfg.max_new_tokens, stop_ids=[tok.eos_id])
+        res = session.generate(prompt_ids, cfg.max_new_tokens, state=state, stop_ids=[tok.eos_id])
         return tok.decode(res.output_ids)
 
     phase("before: eval + generate")
-    t0 = time.perf_counter()   # the trainer's state before its first step: the program's initial adapter
-    before_loss, before_text = held_loss(trainer.state, 0), text_of(trainer.state)
+    t0 = time.perf_counter()   # the session's state before the first step: the program's initial adapter
+    # run_start (+ the baseline) before the first eval event; VmHWM is reset when training starts (measure_peak)
+    session.start_training(train, run, held=held, eval_every=cfg.eval_every, memory_peak=True)
+    before_loss, before_text = float(session.evals[0]["loss"]), text_of(session.state)
     seconds["before"] = time.perf_counter() - t0
-
-    def step_done(entry) -> None:
-        if on_step is not None:
-            on_step(entry.step, entry.loss)
-        if entry.step == cfg.steps or (cfg.eval_every and entry.step % cfg.eval_every == 0):
-            held_loss(trainer.state, entry.step)   # the live state (mid-run), the trained one at the end
 
     phase("personalize")
     gc.collect()                  # the garbage of eval and generation is not the training's memory
     t0 = time.perf_counter()
     with measure_peak() as peak:
-        result = trainer.run(on_step=step_done)
+        result = session.train(on_step=None if on_step is None else lambda entry: on_step(entry.step, entry.loss))
     seconds["train"] = time.perf_counter() - t0
     state = result.state
     assert isinstance(state, torch.Tensor)
+    curve = [(e["step"], float(e["loss"])) for e in session.evals]
     after_loss = curve[-1][1]
     phase("after: generate")
     t0 = time.perf_counter()
     after_text = text_of(state)
     seconds["after"] = time.perf_counter() - t0
     base = baseline["anon_bytes"] if baseline else peak.anon_before_bytes
-    return DemoResult(program=out, backend=runner.backend, rows=len(train), held_out_rows=len(held),
+    return DemoResult(program=out, backend=session.backend, rows=len(train), held_out_rows=len(held),
                       before_loss=before_loss, after_loss=after_loss, before_text=before_text, after_text=after_text,
                       losses=[float("nan") if x is None else float(x) for x in result.losses], eval_curve=curve,
                       seconds=seconds, peak_anon_mib=(peak.peak_anon_bytes - base) / MIB)

@@ -28,27 +28,21 @@ def eval_command(*, program, data, adapter, resume_from, target, threads, json_o
     import time
 
     from toolchain.atomic import atomic_write_text
-    from toolchain.dataset import load_examples
-    from toolchain.runtime import ProgramDir
-    from toolchain.runtime.evaluate import evaluate_program, program_state
-    from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
+    from toolchain.training.session import ProgramSession
 
-    from toolchain.runtime.mapped_guard import guard_program
-
-    pdir = ProgramDir(program)
-    guard_program(pdir)
-    examples = load_examples(data, pdir.arch)
-    state = program_state(pdir, adapter=adapter, resume_from=resume_from)
-    runner = open_runner(pdir, target, threads=threads, use="eval")
+    session = ProgramSession(program, target=target, threads=threads, use="eval")
+    examples = session.examples(data)
+    session.load_state(adapter=adapter, resume_from=resume_from)
+    backend = session.open_runtime().backend
     t0 = time.perf_counter()
-    result = evaluate_program(pdir, runner, state, examples)
-    result = {**result, "backend": runner.backend, "program": str(program), "data": str(data),
+    result = session.evaluate(examples)
+    result = {**result, "backend": backend, "program": str(program), "data": str(data),
               "adapter": None if adapter is None else str(adapter),
               "resume_from": None if resume_from is None else str(resume_from),
               "seconds": round(time.perf_counter() - t0, 3)}
     click.echo(f"eval loss {result['loss']:.6f} over {result['tokens']} target tokens in {result['rows']} rows "
-               f"({runner.backend}, {result['seconds']:.1f} s)"
+               f"({backend}, {result['seconds']:.1f} s)"
                + (f"; {result['skipped_rows']} rows without a target skipped" if result["skipped_rows"] else ""))
     if json_out is not None:
         atomic_write_text(json_out, dumps(result))

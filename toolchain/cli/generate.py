@@ -41,20 +41,14 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     import time
 
     from toolchain.atomic import atomic_write_text
-    from toolchain.runtime import ProgramDir
-    from toolchain.runtime.evaluate import program_state
-    from toolchain.runtime.generate import generate, prompt_for
-    from toolchain.runtime.runners import open_runner
     from toolchain.schemas import dumps
+    from toolchain.training.session import ProgramSession
 
     t_load = time.perf_counter()
-    from toolchain.runtime.mapped_guard import guard_program
-
-    pdir = ProgramDir(program)
-    guard_program(pdir)
-    tok, ids, stop = prompt_for(pdir, text=prompt, ids=prompt_ids, chat=chat)
-    state = program_state(pdir, adapter=adapter, resume_from=resume_from)
-    runner = open_runner(pdir, target, threads=threads, use="generate")
+    session = ProgramSession(program, target=target, threads=threads, use="generate")
+    tok, ids, stop = session.prompt(text=prompt, ids=prompt_ids, chat=chat)
+    session.load_state(adapter=adapter, resume_from=resume_from)
+    runner = session.open_runtime()
     load_s = time.perf_counter() - t_load
     if getattr(runner, "fused_unavailable", None):
         click.echo(f"note: the int4 generation kernel is unavailable ({runner.fused_unavailable.splitlines()[0]}); "
@@ -75,8 +69,7 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
         sys.stdout.flush()
 
     t0 = time.perf_counter()
-    res = generate(pdir, runner, state, ids, max_new_tokens, temperature=temperature, seed=seed, stop_ids=stop,
-                   on_token=on_token)
+    res = session.generate(ids, max_new_tokens, temperature=temperature, seed=seed, stop_ids=stop, on_token=on_token)
     seconds = time.perf_counter() - t0
     text = tok.decode(res.output_ids) if tok is not None else None
     if tok is not None and text != printed[0]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-__all__ = ["train_with_program", "program_options", "progress_run", "report"]
+__all__ = ["train_with_program", "program_options", "progress_run", "ProgressBar", "report"]
 
 
 def program_options(f):
@@ -32,24 +32,38 @@ def program_options(f):
     return f
 
 
-def progress_run(trainer, description: str, steps: int, *, after_start=None, after_step=None):
-    """`trainer.run()` under a progress bar on stderr (resume checks first, so errors come without one).
-    `after_start()` runs once the run is set up (telemetry open), `after_step(entry)` after every step."""
-    from rich.console import Console
-    from rich.progress import Progress
+class ProgressBar:
+    """A progress bar of `steps` steps on stderr, shown while the context is open; `update(entry)` after
+    each step (the step's loss in the description)."""
 
+    def __init__(self, description: str, steps: int) -> None:
+        self.description, self.steps = description, steps
+        self._progress = self._task = None
+
+    def __enter__(self) -> ProgressBar:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self._progress = Progress(console=Console(stderr=True), transient=True)
+        self._progress.__enter__()
+        self._task = self._progress.add_task(self.description, total=self.steps)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+        self._progress = None
+
+    def update(self, entry) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=entry.step,
+                                  description=f"{self.description} loss {entry.loss:.4f}")
+
+
+def progress_run(trainer, description: str, steps: int):
+    """`trainer.run()` under a progress bar on stderr (resume checks first, so errors come without one)."""
     trainer.start()
-    if after_start is not None:
-        after_start()
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(description, total=steps)
-
-        def on_step(entry) -> None:
-            progress.update(task, completed=entry.step, description=f"{description} loss {entry.loss:.4f}")
-            if after_step is not None:
-                after_step(entry)
-
-        return trainer.run(on_step=on_step)
+    with ProgressBar(description, steps) as bar:
+        return trainer.run(on_step=bar.update)
 
 
 def report(result, as_json: bool, *, plan, optimizer, adapter_out: Path | None, **extra) -> None:
@@ -101,21 +115,16 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     recorded at export)."""
     import dataclasses
 
-    from toolchain.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
     from toolchain.memory.measure import read_status, reset_peak
-    from toolchain.runtime import ProgramDir
-    from toolchain.runtime.runners import open_runner
-    from toolchain.training import ProgramTrainer, TrainRun, checkpoint_path
-    from toolchain.training.program import runtime_baseline
+    from toolchain.training import TrainRun, checkpoint_path
+    from toolchain.training.session import ProgramSession
 
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
-    from toolchain.runtime.mapped_guard import guard_program
-
-    pdir = ProgramDir(program)
-    guard_program(pdir)                   # a SIGBUS from the mapped weights is one Error: line
-    examples = load_examples(data, pdir.arch)
+    session = ProgramSession(program, use="train")
+    pdir = session.pdir
+    examples = session.examples(data)
     lr = lr if lr is not None else pdir.info.default_lr
     step_plan = plan.resolve_lcsb(pdir.arch.layers) if plan.given else pdir.default_plan()
     if step_plan is not None and step_plan.policy == "full":
@@ -123,50 +132,24 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     checkpoint = checkpoint_path(adapter_out or program)
     if resume and not checkpoint.exists():
         raise BadInput(f"--resume: no checkpoint at {checkpoint}")
-    baseline = runtime_baseline(pdir, None) if telemetry is not None else None  # before the program is loaded
-    if baseline is not None:
+    if telemetry is not None and session.measure_baseline() is not None:   # before the program is loaded
         reset_peak()                      # the steps' peak_bytes count from the loaded-runtime baseline on
-    runner = open_runner(pdir)
+    backend = session.open_runtime().backend
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry, plan=step_plan,
                    layers_per_checkpoint=layers_per_checkpoint)
-    trainer = ProgramTrainer(pdir, runner, examples, run)
-    trainer.baseline, trainer.memory_peak = baseline, baseline is not None   # the report's like-for-like planner check
-    hooks = {} if eval_data is None else _eval_hooks(pdir, trainer, load_examples(eval_data, pdir.arch), steps,
-                                                     eval_every, fresh=not (resume and checkpoint.exists()))
-    result = progress_run(trainer, f"train ({runner.backend})", steps, **hooks)
-    evals = hooks["after_step"].evals if hooks else None
+    held = None if eval_data is None else session.examples(eval_data)
+
+    def echo_eval(point) -> None:
+        click.echo(f"eval after {point['step']} steps: held-out loss {point['loss']:.4f} ({point['tokens']} tokens)",
+                   err=True)
+
+    session.start_training(examples, run, held=held, eval_every=eval_every or max(1, steps // 10), on_eval=echo_eval)
+    bar = ProgressBar(f"train ({backend})", steps)
+    result = session.train(on_step=bar.update, progress=bar)
     peak_mb = read_status().vm_hwm / 2**20
     if adapter_out is not None:
         save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest.model.source)
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.info.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
-           **({} if evals is None else {"evals": evals}))
-
-
-def _eval_hooks(pdir, trainer, held, steps: int, every: int | None, *, fresh: bool) -> dict:
-    """Held-out loss of the live state (trainer.state, through the training runner's embed / block_forward /
-    head_loss) before the first step (a fresh run), every `every` steps and after the last; each one an
-    `eval` telemetry event and a line on stderr."""
-    import time
-
-    from toolchain.runtime.evaluate import evaluate_program
-    from toolchain.training.checkpoint import finite_or_none
-
-    every = every or max(1, steps // 10)
-
-    def run_eval(step: int) -> None:
-        t0 = time.perf_counter()
-        ev = evaluate_program(pdir, None, trainer.state, held, loop=trainer.loop)
-        dt = time.perf_counter() - t0
-        trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
-                     eval_time_s=round(dt, 6))
-        after_step.evals.append({"step": step, "loss": ev["loss"], "rows": ev["rows"], "tokens": ev["tokens"]})
-        click.echo(f"eval after {step} steps: held-out loss {ev['loss']:.4f} ({ev['tokens']} tokens)", err=True)
-
-    def after_step(entry) -> None:
-        if entry.step % every == 0 or entry.step == steps:
-            run_eval(entry.step)
-
-    after_step.evals = []
-    return {"after_start": (lambda: run_eval(0)) if fresh else None, "after_step": after_step}
+           **({} if held is None else {"evals": session.evals}))

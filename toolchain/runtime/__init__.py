@@ -1,5 +1,6 @@
 """Host runners: run exported programs on their real runtimes, exactly as the apps do. The training
-run over them (row order, checkpoints, telemetry) is `toolchain.training.program`."""
+run over them (row order, checkpoints, telemetry) is `toolchain.training.program`; the session that
+opens a program once and trains, evaluates and generates on it is `toolchain.training.session`."""
 
 from toolchain.runtime.eager_runner import EagerRunner
 from toolchain.runtime.loop import LayerLoop

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from toolchain.contract import ASSISTANT_HEADER, GENERATION_ROLES, IM_END
-from toolchain.errors import BadInput
+from toolchain.errors import BadInput, FieldError
 from toolchain.runtime.loop import LayerLoop
 from toolchain.runtime.program_dir import ProgramDir
 
@@ -92,16 +92,16 @@ def _check(pdir: ProgramDir, prompt: list[int], max_new_tokens: int, temperature
     if n == 0:
         raise BadInput("the prompt is empty; give at least one token")
     if max_new_tokens < 1:
-        raise BadInput(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        raise FieldError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
     if n + max_new_tokens > s:
-        raise BadInput(f"prompt ({n} tokens) + --max-new-tokens {max_new_tokens} = {n + max_new_tokens} exceeds the "
-                       f"program's seq_len {s}; shorten the prompt, ask for fewer tokens, or re-export with a longer "
-                       f"--seq-len")
+        raise FieldError("max_new_tokens", f"{max_new_tokens} + the prompt's {n} tokens = {n + max_new_tokens} exceeds "
+                                           f"the program's seq_len {s}; shorten the prompt, ask for fewer tokens, or "
+                                           f"re-export with a longer seq_len")
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
         raise BadInput(f"prompt token id {bad[0]} is outside the vocabulary of {vocab}")
     if temperature < 0 or temperature != temperature:
-        raise BadInput(f"--temperature must be >= 0, got {temperature}")
+        raise FieldError("temperature", f"must be >= 0, got {temperature}")
 
 
 def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,

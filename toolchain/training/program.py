@@ -73,17 +73,19 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
 
 
 class ProgramTrainer(Trainer):
-    """`run_program` as an object; `state` is the flat state, `loop` the layer loop on the runtime."""
+    """`run_program` as an object; `state` is the flat state, `loop` the layer loop on the runtime.
+    `loop` / `state`: a loop on `runner` and a flat state to train in place (`ProgramSession` passes its
+    own); default: a new loop and the program's initial state."""
 
     def __init__(self, pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
-                 run_info: dict | None = None) -> None:
+                 run_info: dict | None = None, loop: LayerLoop | None = None, state: Tensor | None = None) -> None:
         self.pdir, self.run_options, self.examples = pdir, run, examples
         self.layers, self.rows = pdir.arch.layers, len(examples)
         self.backend = getattr(runner, "backend", "executorch")
         pad_id = pdir.info.pad_token_id
         self._rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
-        self._state = pdir.state_init()
-        self.loop = LayerLoop(pdir, runner)
+        self._state = pdir.state_init() if state is None else state
+        self.loop = LayerLoop(pdir, runner) if loop is None else loop
         self._run_info = run_info
         self._settings: dict[str, Any] | None = None
 

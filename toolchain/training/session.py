@@ -1,0 +1,211 @@
+"""The host session: one exported program directory loaded once, trained, evaluated and generated from on
+that one program and state, the host twin of the apps' `TrainingSession` (android/trainer-core Session.kt,
+ios/TrainerCore TrainingSession.swift). `toolchain eval`, `generate`, `train --program` and `demo` run it.
+
+    session = ProgramSession(program_dir)            # the program directory, checked (`ProgramDir`)
+    session.load_state(adapter=...)                  # optional: else state_init.bin
+    session.evaluate(examples)                       # held-out loss (runtime/evaluate.py)
+    session.generate(prompt_ids, max_new_tokens)     # text (runtime/generate.py)
+    session.start_training(examples, run, held=..., eval_every=N)   # resume check, telemetry, eval at step 0
+    session.train(on_step=...)                       # the steps, eval every N steps and after the last
+
+What is loaded once: the program directory (manifest, checksums, SIGBUS guard), the runtime (one runner
+with the methods of `use`, opened on first need or by `open_runtime`), one `LayerLoop` on it and the flat
+state. Training runs on that loop and trains that state in place (`ProgramTrainer`), so evaluation and
+generation after or during training read the live state; nothing is re-exported and no adapter file is
+written in between.
+
+It lives in `toolchain.training` (not `toolchain.runtime`) because training is the layer above the
+runtime: the steps, checkpoints, resume and telemetry are the trainer's (training/loop.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from toolchain.dataset import Example
+from toolchain.runtime.evaluate import evaluate_program, program_state
+from toolchain.runtime.generate import GenerateResult, Prompt, generate, prompt_for
+from toolchain.runtime.loop import LayerLoop
+from toolchain.runtime.program_dir import ProgramDir
+from toolchain.training.program import ProgramTrainer, TrainRun, runtime_baseline
+from toolchain.training.result import StepLog, TrainResult
+
+__all__ = ["ProgramSession", "EvalPoint"]
+
+EvalPoint = dict[str, Any]   # {"step", "loss", "rows", "tokens"}: one held-out loss of the live state
+
+
+class ProgramSession:
+    """One program directory with its runtime, layer loop and flat state.
+
+    Args:
+        program: an exported program directory (`toolchain export`).
+        target: the runtime (default: the program's first host-runnable target; "eager": PyTorch).
+        threads: the runtime's threads.
+        use: the methods the runtime loads (`runners.role_methods`: "train", "eval", "generate", "all").
+
+    Raises:
+        BadInput: the directory is not a usable program (`ProgramDir`).
+    """
+
+    def __init__(self, program: Path, *, target: str | None = None, threads: int | None = None,
+                 use: str = "all") -> None:
+        from toolchain.runtime.mapped_guard import guard_program
+
+        self.pdir = ProgramDir(program)
+        guard_program(self.pdir)              # a SIGBUS from the mapped weights is one Error: line
+        self.target, self.threads, self.use = target, threads, use
+        self.baseline: dict | None = None     # the loaded-runtime baseline (`measure_baseline`)
+        self.evals: list[EvalPoint] = []      # the held-out losses of the training run, in step order
+        self.trainer: ProgramTrainer | None = None
+        self._runner = None
+        self._loop: LayerLoop | None = None
+        self._state: Tensor | None = None
+        self._held: Sequence[Example] | None = None
+        self._eval_every = 0
+        self._on_eval: Callable[[EvalPoint], None] | None = None
+
+    # -- what is loaded ------------------------------------------------------------------------------
+    @property
+    def arch(self):
+        return self.pdir.arch
+
+    def examples(self, path: Path) -> list[Example]:
+        """A data file's rows (JSONL, data_row.schema.json) checked against this program's model."""
+        from toolchain.dataset import load_examples
+
+        return load_examples(path, self.pdir.arch)
+
+    def load_state(self, *, adapter: Path | None = None, resume_from: Path | None = None) -> Tensor:
+        """The state to run with: an adapter's, a training checkpoint's, or (neither) the program's initial one."""
+        self._state = program_state(self.pdir, adapter=adapter, resume_from=resume_from)
+        return self._state
+
+    @property
+    def state(self) -> Tensor:
+        """The flat float32 state (the live one while and after training; state_init.bin unless loaded)."""
+        if self._state is None:
+            self._state = self.pdir.state_init()
+        return self._state
+
+    def measure_baseline(self) -> dict | None:
+        """The loaded-runtime baseline (`training.program.runtime_baseline`: the runtime loaded, the program
+        not yet), logged as the training run's baseline `memory` event; before the runtime is opened."""
+        if self._runner is not None:
+            raise RuntimeError("measure_baseline() after the runtime was opened: it would count the program")
+        self.baseline = runtime_baseline(self.pdir, self.target)
+        return self.baseline
+
+    def open_runtime(self):
+        """The runner (opened once: `runners.open_runner` with this session's target, threads and use)."""
+        if self._runner is None:
+            from toolchain.runtime.runners import open_runner
+
+            self._runner = open_runner(self.pdir, self.target, threads=self.threads, use=self.use)
+        return self._runner
+
+    @property
+    def runner(self):
+        return self.open_runtime()
+
+    @property
+    def backend(self) -> str:
+        return self.runner.backend
+
+    @property
+    def loop(self) -> LayerLoop:
+        """The one layer loop on the runner (its weight bindings are made once and shared by every call)."""
+        if self._loop is None:
+            self._loop = LayerLoop(self.pdir, self.runner)
+        return self._loop
+
+    # -- evaluate and generate -----------------------------------------------------------------------
+    def evaluate(self, examples: Sequence[Example], *, state: Tensor | None = None) -> dict:
+        """Held-out loss of `state` (default: the session's) on `examples` (`evaluate.evaluate_program`)."""
+        return evaluate_program(self.pdir, self.runner, self.state if state is None else state, examples,
+                                loop=self.loop)
+
+    def prompt(self, *, text: str | None = None, ids: str | None = None, chat: bool = False) -> Prompt:
+        """A prompt for `generate` (`generate.prompt_for`: the program's tokenizer, or comma-separated ids)."""
+        return prompt_for(self.pdir, text=text, ids=ids, chat=chat)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, state: Tensor | None = None,
+                 temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
+                 on_token: Callable[[int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
+        """New tokens after `prompt_ids` with the adapter in `state` (default: the session's; read, never
+        written) on the generation methods (`generate.generate`)."""
+        return generate(self.pdir, self.runner, self.state if state is None else state, prompt_ids,
+                        max_new_tokens, temperature=temperature, seed=seed, stop_ids=stop_ids, on_token=on_token,
+                        should_stop=should_stop, loop=self.loop)
+
+    # -- train ---------------------------------------------------------------------------------------
+    def start_training(self, examples: Sequence[Example], run: TrainRun, *, held: Sequence[Example] | None = None,
+                       eval_every: int | None = None, on_eval: Callable[[EvalPoint], None] | None = None,
+                       memory_peak: bool | None = None) -> ProgramTrainer:
+        """Everything before the first step (`Trainer.start`: the plan checked, the checkpoint of `run.resume`
+        verified and restored into the state, telemetry opened with run_start and the baseline), then, for a
+        fresh run with `held`, the held-out loss at step 0. `train` runs the steps.
+
+        Args:
+            examples: the training rows.
+            run: steps, lr, order, plan, checkpoints, resume, telemetry (`TrainRun`).
+            held: held-out rows, evaluated on the live state before the first step (a fresh run), every
+                `eval_every` steps (None or 0: only then and after the last step) and after the last; each one
+                an `eval` telemetry event, a point of `evals` and a call of `on_eval`.
+            memory_peak: the step memory events carry peak_bytes (VmHWM reset at or after the baseline;
+                default: when a baseline was measured).
+        """
+        fresh = not (run.resume and run.checkpoint is not None and run.checkpoint.exists())
+        trainer = ProgramTrainer(self.pdir, self.runner, examples, run, loop=self.loop, state=self.state)
+        trainer.baseline = self.baseline      # logged after run_start: the report's like-for-like planner check
+        trainer.memory_peak = self.baseline is not None if memory_peak is None else memory_peak
+        trainer.start()
+        self.trainer, self._state = trainer, trainer.state   # a resumed run's state is the checkpoint's
+        self._held, self._eval_every, self._on_eval = held, eval_every or 0, on_eval
+        self.evals = []
+        if held is not None and fresh:
+            self._evaluate_live(0)
+        return trainer
+
+    def train(self, *, on_step: Callable[[StepLog], None] | None = None,
+              progress: AbstractContextManager | None = None) -> TrainResult:
+        """The steps of the run `start_training` set up, on the session's state (trained in place), with the
+        held-out loss every `eval_every` steps and after the last. `progress`: a context the steps run in
+        (a progress display), entered after `start_training`'s work."""
+        trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("train() before start_training()")
+        steps = trainer.run_options.steps
+
+        def step_done(entry: StepLog) -> None:
+            if on_step is not None:
+                on_step(entry)
+            if self._held is not None and (entry.step == steps
+                                           or (self._eval_every and entry.step % self._eval_every == 0)):
+                self._evaluate_live(entry.step)
+
+        with progress if progress is not None else nullcontext():
+            result = trainer.run(on_step=step_done)
+        self._state = result.state
+        return result
+
+    def _evaluate_live(self, step: int) -> None:
+        """Held-out loss of the live state after `step` steps: an `eval` event, a point, `on_eval`."""
+        from toolchain.training.checkpoint import finite_or_none
+
+        t0 = time.perf_counter()
+        ev = self.evaluate(self._held, state=self.trainer.state)
+        self.trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
+                          eval_time_s=round(time.perf_counter() - t0, 6))
+        point = {"step": step, "loss": ev["loss"], "rows": ev["rows"], "tokens": ev["tokens"]}
+        self.evals.append(point)
+        if self._on_eval is not None:
+            self._on_eval(point)
