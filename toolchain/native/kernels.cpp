@@ -446,6 +446,33 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int
   for (int64_t r = 0; r < o; ++r) row_generic<NT>(a, t0, q + r * half, s + r * ng, half, gb, ng, y + r, ystride);
 }
 
+// Outputs n0 .. n0 + nb - 1 (nb <= NB) of one row of toolchain_lora_linear_a8, in registers: d[k] = sum_j h[j]
+// bt[j, k] as fused multiply-adds in increasing j (from 0), then v = y[k] (+ bias[k]) (+ s d[k]), residual[k] + v.
+// Element-wise, so the block size does not change any bits.
+template <int NB>
+inline void lora_epilogue(float* __restrict y, const float* __restrict bias, const float* __restrict h,
+                          const float* __restrict bt, int64_t o, int64_t r, float s, const float* __restrict residual,
+                          int64_t nb) {
+  float v[NB], d[NB];
+  for (int k = 0; k < NB; ++k) v[k] = k < nb ? y[k] : 0.0f;
+  if (bias != nullptr)
+    for (int k = 0; k < NB; ++k) v[k] = v[k] + (k < nb ? bias[k] : 0.0f);
+  if (h != nullptr) {
+    for (int k = 0; k < NB; ++k) d[k] = 0.0f;
+    for (int64_t j = 0; j < r; ++j) {
+      const float hj = h[j];
+      const float* bj = bt + j * o;
+      for (int k = 0; k < NB; ++k) d[k] = std::fma(hj, k < nb ? bj[k] : 0.0f, d[k]);
+    }
+    for (int k = 0; k < NB; ++k) v[k] = v[k] + s * d[k];
+  }
+  if (residual != nullptr)
+    for (int k = 0; k < NB; ++k) v[k] = (k < nb ? residual[k] : 0.0f) + v[k];
+  for (int k = 0; k < nb; ++k) y[k] = v[k];
+}
+
+constexpr int LORA_BLOCK = 64;
+
 }  // namespace
 
 extern "C" {
@@ -578,17 +605,17 @@ inline float dot(const float* __restrict x, const float* __restrict y, int64_t n
 // with the projection's bias, its LoRA pair a [r, in], b [o, r] (scale s) and a residual [T, o] added;
 // bias, a / b and residual may each be null (absent). h = x A^T per row is `dot`; (h B^T)[n] = sum_j h[j]
 // b[n, j] as fused multiply-adds in increasing j (explicit std::fma, not left to the compiler's contraction),
-// all outputs at once from b transposed once per call. Returns 0, or -1 for bad arguments.
+// from b transposed once per call, 64 outputs at a time in registers together with the bias and residual adds
+// (lora_epilogue: one pass over y instead of r + 1). Returns 0, or -1 for bad arguments.
 int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
                              int64_t ng, int64_t group, const float* bias, const float* a, const float* b, int64_t r,
                              float s, const float* residual, float* y) {
   if ((a == nullptr) != (b == nullptr) || r < 0) return -1;
   const int rc = toolchain_int4_linear_a8(x, T, in, q, scales, o, ng, group, y);
   if (rc != 0) return rc;
-  thread_local std::vector<float> h, bt, d;
+  thread_local std::vector<float> h, bt;
   if (a != nullptr) {
     h.resize(static_cast<size_t>(T * r));
-    d.resize(static_cast<size_t>(o));
     bt.resize(static_cast<size_t>(r * o));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < r; ++j) h[static_cast<size_t>(t * r + j)] = dot(x + t * in, a + j * in, in);
@@ -596,24 +623,16 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
       for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
   }
   for (int64_t t = 0; t < T; ++t) {
+    const float* ht = a != nullptr ? h.data() + t * r : nullptr;
+    const float* rt = residual != nullptr ? residual + t * o : nullptr;
     float* yt = y + t * o;
-    if (a != nullptr) {
-      const float* ht = h.data() + t * r;
-      float* __restrict dn = d.data();
-      std::fill(d.begin(), d.end(), 0.0f);
-      for (int64_t j = 0; j < r; ++j) {                            // (vectorized: fma is exact per element)
-        const float hj = ht[j];
-        const float* __restrict bj = bt.data() + j * o;
-        for (int64_t n = 0; n < o; ++n) dn[n] = std::fma(hj, bj[n], dn[n]);
-      }
-    }
-    for (int64_t n = 0; n < o; ++n) {
-      float v = yt[n];
-      if (bias != nullptr) v = v + bias[n];
-      if (a != nullptr) v = v + s * d[static_cast<size_t>(n)];
-      if (residual != nullptr) v = residual[t * o + n] + v;
-      yt[n] = v;
-    }
+    int64_t n0 = 0;
+    for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
+      lora_epilogue<LORA_BLOCK>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
+                                rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
+    for (; n0 < o; n0 += L)
+      lora_epilogue<L>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
+                       rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
   }
   return 0;
 }
