@@ -33,6 +33,7 @@ class LayerLoop:
         self.moves_unselected = pdir.info.moves_unselected
         self.step_entry = pdir.info.step_entry
         self._bindings: dict[tuple[str, int | None], list] = {}
+        self._output_plans: dict[tuple[str, int | None], list] = {}
         missing = {io.ref.replace(LAYER, "0") for m in self.methods.values() for io in m.inputs
                    if io.bind == "weight"} - set(self.weights)
         if missing:
@@ -59,6 +60,17 @@ class LayerLoop:
             self._bindings[key] = plan
         return plan
 
+    def _output_plan(self, method: MethodSpec, layer: int | None) -> list[tuple[str, str, IoSpec, int]]:
+        """The method's outputs for `layer` as (bind, ref with the layer filled in, spec, element count): resolved
+        once, not per call (a generated token calls block_decode once per layer)."""
+        key = (method.name, layer)
+        plan = self._output_plans.get(key)
+        if plan is None:
+            plan = [(io.bind, io.ref if layer is None or io.bind not in ("state", "cache") else
+                     io.ref.replace(LAYER, str(layer)), io, _numel(io.shape)) for io in method.outputs]
+            self._output_plans[key] = plan
+        return plan
+
     def _inputs(self, method: MethodSpec, layer: int | None, values: dict[str, Tensor],
                 views: dict[str, Tensor], cache: dict[str, Tensor] | None = None) -> list[Tensor]:
         out = []
@@ -83,22 +95,25 @@ class LayerLoop:
         runtime/evaluate.py and runtime/generate.py."""
         method = self.methods[name]
         outputs = self.runner.execute(name, self._inputs(method, layer, values, views, cache))
-        if len(outputs) != len(method.outputs):
-            raise BadInput(f"{name} returned {len(outputs)} outputs, the manifest lists {len(method.outputs)}; "
+        plan = self._output_plan(method, layer)
+        if len(outputs) != len(plan):
+            raise BadInput(f"{name} returned {len(outputs)} outputs, the manifest lists {len(plan)}; "
                            f"re-export the program")
         kept = {}
-        for io, value in zip(method.outputs, outputs):
-            if value.numel() != _numel(io.shape):
+        for (bind, ref, io, numel), value in zip(plan, outputs):
+            if value.numel() != numel:
                 raise BadInput(f"{name} returned {value.numel()} values for {io.name}, the manifest says "
                                f"{list(io.shape)}; re-export the program")
-            if io.bind == "state":
-                views[io.ref.replace(LAYER, str(layer))].copy_(value.reshape(io.shape))
-            elif io.bind == "cache":
-                target = cache[io.ref.replace(LAYER, str(layer))]
+            if value.shape != io.shape:
+                value = value.reshape(io.shape)
+            if bind == "state":
+                views[ref].copy_(value)
+            elif bind == "cache":
+                target = cache[ref]
                 n = min(io.shape[1], target.shape[1] - pos)  # the chunk's rows pos .. pos + C - 1 that fit
-                target[:, pos:pos + n].copy_(value.reshape(io.shape)[:, :n])
+                target[:, pos:pos + n].copy_(value if n == io.shape[1] else value[:, :n])
             else:
-                kept[io.ref] = value.reshape(io.shape).clone()
+                kept[ref] = value.clone()
         return kept
 
     def forward(self, input_ids: Tensor, keep: Iterable[int], views: dict[str, Tensor]) -> tuple[Tensor, dict[int, Tensor]]:
