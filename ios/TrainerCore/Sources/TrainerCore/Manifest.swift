@@ -1,7 +1,9 @@
 import Foundation
 
-/// `manifest.json` of a contract-v3 program (`shared_schemas/manifest.schema.json`, schema_version 3,
-/// written by `toolchain/export/manifest.py:ProgramManifest`): layer-generic methods whose every input
+/// `manifest.json` of a contract-v3 program (`shared_schemas/manifest.schema.json`, schema_version 3):
+/// the typed manifest of `toolchain/contract/manifest.py` (`Manifest`, its sections under the same
+/// names: `ModelSection`, `GenerateSection`, `MethodSpec`, `IoSpec`, `StateEntry`, ...), written by
+/// `toolchain export` through `contract/read.py`'s `write_manifest`: layer-generic methods whose every input
 /// is bound (`input`, `activation`, `weight` of the weights file, `state` entry), and the loop the app
 /// drives (`toolchain/runtime/loop.py` is the reference). Only what the app needs is decoded; other
 /// keys are ignored.

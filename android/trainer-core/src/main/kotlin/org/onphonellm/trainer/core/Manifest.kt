@@ -87,9 +87,11 @@ fun sha256Hex(b: ByteBuffer): String {
 }
 
 /**
- * manifest.json of a contract-v3 program (shared_schemas/manifest.schema.json, schema_version 3), reduced
- * to what an app needs to drive the layer loop (toolchain/runtime/loop.py): the methods with their bound
- * inputs and outputs, the state layout, the loop's flags, the weights / state / tokenizer files.
+ * manifest.json of a contract-v3 program (shared_schemas/manifest.schema.json, schema_version 3): the typed
+ * manifest of toolchain/contract/manifest.py (`Manifest`), reduced to the fields an app needs to drive the
+ * layer loop (toolchain/runtime/loop.py), flat: the methods with their bound inputs and outputs, the state
+ * layout, the loop's flags, the weights / state / tokenizer files. [read] is contract/read.py's
+ * `read_program_manifest` for the app (the checks the app relies on; the schema itself is the host's).
  */
 class Manifest(
     val dir: File,
