@@ -202,7 +202,7 @@ class Manifest(
                 }
                 methods[name] = method
             }
-            for (need in listOf("embed", "block_forward", "head_loss", "block_backward"))
+            for (need in Contract.TRAINING_ROLES - "block_skip_update")  // block_skip_update: only when the loop moves unselected layers
                 if (need !in methods) throw ContractError("$where: no '$need' method; re-export the program")
             val moves = loop.bool("moves_unselected")
             if (moves && "block_skip_update" !in methods) throw ContractError("$where: loop.moves_unselected without a block_skip_update method")

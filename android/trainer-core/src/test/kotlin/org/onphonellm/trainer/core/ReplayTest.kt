@@ -480,7 +480,10 @@ class ReplayTest {
         assertEquals(stock, LayerLoop.generationNames(program, runtime(setOf("toolchain::other.out"))), "another kernel: the stock names")
         assertEquals(stock + fused.methods, LayerLoop.generationNames(program, runtime(fused.kernels.toSet())), "with the kernel: the fused names")
         // What an app loads: training's methods and generation's under the names it will call, no others.
-        val training = listOf("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
+        val training = Contract.TRAINING_ROLES
+        // The contract's roles are the exported program's (the host's toolchain/contract wrote them, in call order).
+        assertEquals(training, program.methods.values.map { it.role }.filter { it !in Contract.GENERATION_ROLES }.distinct())
+        assertEquals(Contract.GENERATION_ROLES, program.methods.values.map { it.role }.filter { it !in training }.distinct())
         assertEquals(training + Contract.GENERATION_ROLES, LayerLoop.methodsCalled(program, runtime(emptySet())))
         assertEquals(training + listOf("embed_token", "embed_prefill") + listOf("block_prefill_fused", "block_decode_fused", "head_logits_fused"),
             LayerLoop.methodsCalled(program, runtime(fused.kernels.toSet())))
