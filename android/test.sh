@@ -11,12 +11,12 @@
 #      ExecuTorch JNI library does (registered, computes), and for arm64 when a cross g++ is installed.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
-# program (shared_schemas/traces/v3_tiny, and v3_tiny_groups with checkpoint groups: ReplayV3Test), the
+# program (shared_schemas/traces/v3_tiny, and v3_tiny_groups with checkpoint groups: ReplayTest), the
 # training session on that program (SessionTest),
 # the byte-level BPE against the shared tokenizer corpus (TokenizerTest) and on-device data preparation
 # against every case of shared_schemas/data_corpus (DataCorpusTest); the phone-facing logic of
 # issue 25: program import and verify-once, saved screen state, capped reads, error events, charging runs
-# (PhoneTest), buffer reuse with a counting fake runtime (ReplayV3Test). The Qwen2.5 tokenizer.json is written
+# (PhoneTest), buffer reuse with a counting fake runtime (ReplayTest). The Qwen2.5 tokenizer.json is written
 # into the cache by the repository's .venv; the tests needing it are skipped, and counted as such, without it.
 # Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host.
 set -euo pipefail

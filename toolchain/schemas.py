@@ -31,9 +31,6 @@ SCHEMA_DIR = Path(str(resources.files("toolchain").joinpath("schemas_data")))
 SCHEMA_NAMES: dict[str, str] = {
     "data_row": "data_row.schema.json",
     "manifest": "manifest.schema.json",
-    # Contract v2 (whole-step methods): the toolchain does not write it; the Android and iOS cores read
-    # it until they move to v3 (issue 16), so its schema and examples are their reference.
-    "manifest_v2": "manifest_v2.schema.json",
     "telemetry_event": "telemetry_event.schema.json",
     "device_profile": "device_profile.schema.json",
     "run_summary": "run_summary.schema.json",

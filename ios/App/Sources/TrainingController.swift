@@ -170,7 +170,7 @@ final class TrainingController: ObservableObject {
         data = run.data
         dataSource = run.source
         dataSettings = (run.heldOutFraction, run.splitSeed)
-        let layers = (try? LoopManifest.load(directory: paths.programs.appendingPathComponent(run.program)))?.loop.layers
+        let layers = (try? Manifest.load(directory: paths.programs.appendingPathComponent(run.program)))?.loop.layers
         model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20, layers: layers,
                        layersPerCheckpoint: run.config.layersPerCheckpoint)
         model.setPhase(.paused, "The last run (\(run.program), \(run.source)) stopped before it finished; Resume continues it")
@@ -208,7 +208,7 @@ final class TrainingController: ObservableObject {
         let fraction = Double(settings.heldOutPercent) / 100, seed = UInt64(max(settings.splitSeed, 0))
         work.async { [model] in
             do {
-                let manifest = try LoopManifest.load(directory: dir)
+                let manifest = try Manifest.load(directory: dir)
                 let tokenizer = try ProgramTokenizer.load(manifest: manifest, directory: dir)
                 let data = try TrainingData.prepare(source, tokenizer: tokenizer, manifest: manifest, heldOutFraction: fraction, seed: seed)
                 let layers = manifest.loop.layers
@@ -352,7 +352,7 @@ final class TrainingController: ObservableObject {
             }) { () throws -> (TrainingSession, Bool) in
             phase("Opening \(run.program)")
             if endpoint != nil && queue == nil { throw TrainerError.io("cannot open the telemetry queue in \(paths.telemetryQueue.path)") }
-            let manifest = try LoopManifest.load(directory: dir)
+            let manifest = try Manifest.load(directory: dir)
             // once per import (keyed on the manifest's checksums): a program pushed with devicectl is hashed
             // on its first start, an imported one never again
             if !ProgramVerification.isVerified(directory: dir, manifest: manifest) {
@@ -373,7 +373,7 @@ final class TrainingController: ObservableObject {
                 usedSeq: usedSeq,
                 probes: MemoryProbes(footprint: footprint, available: AvailableProbe(monitor: monitor), pressure: { monitor.level }),
                 // the planned peak counts the checkpoints this run keeps at once (LCSB k, checkpoint groups)
-                budget: BudgetGuard(budgetBytes: budget,
+                budget: MemoryGuard(budgetBytes: budget,
                                     plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + run.config.plannedPeakBytes(manifest: manifest, target: run.backend)))
             opened = session
             session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
@@ -430,7 +430,7 @@ final class TrainingController: ObservableObject {
         return status
     }
 
-    private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: LoopManifest) throws -> LoopRuntime {
+    private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: Manifest) throws -> ProgramRuntime {
         switch backend {
         case "coreml":
             let done = DispatchSemaphore(value: 0)
@@ -485,7 +485,7 @@ final class TrainingController: ObservableObject {
                     guard !duringRun else { throw TrainerError.badInput("the run is still loading; try again in a moment") }
                     guard let data, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
                     let dir = paths.programs.appendingPathComponent(program)
-                    let manifest = try LoopManifest.load(directory: dir)
+                    let manifest = try Manifest.load(directory: dir)
                     let s = try TrainingSession(programDirectory: dir, programName: program,
                                                 runtime: try Self.makeRuntime(backend: run?.backend ?? settings.backend, directory: dir, manifest: manifest),
                                                 data: data, config: run?.config ?? settings.config,
@@ -596,7 +596,7 @@ final class TrainingController: ObservableObject {
 
 /// Hands a value from an async task to the thread waiting for it (guarded by the semaphore).
 private final class ResultBox: @unchecked Sendable {
-    var result: Result<LoopRuntime, Error> = .failure(TrainerError.runtime("Core ML did not load"))
+    var result: Result<ProgramRuntime, Error> = .failure(TrainerError.runtime("Core ML did not load"))
 }
 
 /// The last start phase shown (set on the work queue, read there when a start fails).

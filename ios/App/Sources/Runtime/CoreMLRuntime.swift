@@ -18,9 +18,9 @@ import TrainerCore
 /// whatever their strides and copied once into a Data. Compute units: `.cpuOnly` by default
 /// (float32 end to end, like the host; the Neural Engine computes in float16). No MLState.
 /// Not run on a device yet: see docs/ios.md.
-final class CoreMLRuntime: LoopRuntime {
+final class CoreMLRuntime: ProgramRuntime {
     let backendName = "coreml"
-    private let manifest: LoopManifest
+    private let manifest: Manifest
     private let compiled: [String: URL]
     private let computeUnits: MLComputeUnits
     private var models: [String: MLModel] = [:]
@@ -41,7 +41,7 @@ final class CoreMLRuntime: LoopRuntime {
 
     /// Compile each method's package (once; the compiled model is cached under Library/Caches,
     /// keyed by the package's checksums in the manifest, so a re-export is compiled again).
-    static func make(programDirectory: URL, manifest: LoopManifest, computeUnits: MLComputeUnits = .cpuOnly) async throws -> CoreMLRuntime {
+    static func make(programDirectory: URL, manifest: Manifest, computeUnits: MLComputeUnits = .cpuOnly) async throws -> CoreMLRuntime {
         guard let program = manifest.program(target: "coreml"), let methods = program.methods else {
             throw TrainerError.badInput("this program has no Core ML export; export it with --target coreml")
         }
@@ -69,12 +69,12 @@ final class CoreMLRuntime: LoopRuntime {
         return CoreMLRuntime(manifest: manifest, compiled: compiled, computeUnits: computeUnits)
     }
 
-    private init(manifest: LoopManifest, compiled: [String: URL], computeUnits: MLComputeUnits) {
+    private init(manifest: Manifest, compiled: [String: URL], computeUnits: MLComputeUnits) {
         (self.manifest, self.compiled, self.computeUnits) = (manifest, compiled, computeUnits)
     }
 
     /// FNV-1a of the sha256 of every file of the package (manifest `files`): a new export, a new key.
-    static func cacheKey(manifest: LoopManifest, package rel: String) -> String {
+    static func cacheKey(manifest: Manifest, package rel: String) -> String {
         let digests = manifest.files.filter { $0.key == rel || $0.key.hasPrefix(rel + "/") }.sorted { $0.key < $1.key }
         var h: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in digests.map({ "\($0.key)=\($0.value);" }).joined().utf8 {
@@ -140,7 +140,7 @@ final class CoreMLRuntime: LoopRuntime {
         }
     }
 
-    private static func output(_ o: LoopManifest.IO, of method: String, model: MLModel, out: MLFeatureProvider) throws -> MLMultiArray {
+    private static func output(_ o: IoSpec, of method: String, model: MLModel, out: MLFeatureProvider) throws -> MLMultiArray {
         guard let feature = featureName(of: o.name, in: model.modelDescription.outputDescriptionsByName),
               let array = out.featureValue(for: feature)?.multiArrayValue else {
             throw TrainerError.runtime("\(method) returned no \(o.name)")
@@ -148,7 +148,7 @@ final class CoreMLRuntime: LoopRuntime {
         return array
     }
 
-    private func predict(_ method: String, _ inputs: [LoopInput]) throws -> (MLModel, LoopManifest.Method, MLFeatureProvider) {
+    private func predict(_ method: String, _ inputs: [LoopInput]) throws -> (MLModel, MethodSpec, MLFeatureProvider) {
         guard let model = models[method], let spec = manifest.methods.first(where: { $0.name == method }) else {
             throw TrainerError.runtime("\(method) was not loaded")
         }

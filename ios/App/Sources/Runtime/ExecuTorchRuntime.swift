@@ -18,15 +18,15 @@ import TrainerCore
 /// `registeredKernels` asks the kernel registry (ToolchainKernels.cpp, through the bridging header)
 /// about every kernel the manifest's fused methods need; with all of them the loop calls the fused
 /// generation methods (`generate.fused`), else the stock ones (a fused method would fail to load).
-final class ExecuTorchRuntime: LoopRuntime {
+final class ExecuTorchRuntime: ProgramRuntime {
     let backendName = "executorch"
     private let module: Module
-    private let manifest: LoopManifest
+    private let manifest: Manifest
     private let fileName: String
     /// The kernels of the manifest's fused methods that this process has registered.
     let registeredKernels: Set<String>
 
-    init(programFile: URL, manifest: LoopManifest) throws {
+    init(programFile: URL, manifest: Manifest) throws {
         guard FileManager.default.fileExists(atPath: programFile.path) else {
             throw TrainerError.io("\(programFile.path) is missing; copy the whole program directory to the phone")
         }
@@ -66,7 +66,7 @@ final class ExecuTorchRuntime: LoopRuntime {
         }
     }
 
-    /// The outputs as Data (what `LoopRuntime` requires; the loop itself calls `execute(...into:)`).
+    /// The outputs as Data (what `ProgramRuntime` requires; the loop itself calls `execute(...into:)`).
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
         try run(method, inputs).map { t in t.withUnsafeBytes { Data(buffer: $0) } }
     }

@@ -36,7 +36,7 @@ public struct AppPaths: Equatable {
     public func programNames() -> [String] {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: programs.path)) ?? []
         return names.filter {
-            !$0.hasPrefix(".") && FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(LoopManifest.fileName).path)
+            !$0.hasPrefix(".") && FileManager.default.fileExists(atPath: programs.appendingPathComponent($0).appendingPathComponent(Contract.manifestName).path)
         }.sorted()
     }
 

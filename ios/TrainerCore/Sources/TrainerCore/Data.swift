@@ -76,7 +76,7 @@ public struct Batcher {
     public let padTokenId: Int64
     public let vocab: Int64
 
-    public init(manifest: LoopManifest) {
+    public init(manifest: Manifest) {
         seqLen = manifest.seqLen
         padTokenId = Int64(manifest.tokenizer?.padTokenId ?? 0)
         vocab = Int64(manifest.model.arch.vocab)

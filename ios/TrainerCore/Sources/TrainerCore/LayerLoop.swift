@@ -2,18 +2,18 @@ import Foundation
 
 /// Memory the loop owns at a fixed address (64-byte aligned, zeroed), so its bytes can be handed to a
 /// runtime in place (ExecuTorch `Tensor(bytesNoCopy:)`) for the length of a call.
-public final class HostBuffer {
+public final class TensorBuffer {
     public let raw: UnsafeMutableRawBufferPointer
 
     public init(byteCount: Int) {
         raw = UnsafeMutableRawBufferPointer.allocate(byteCount: max(byteCount, 1), alignment: 64)
         raw.initializeMemory(as: UInt8.self, repeating: 0)
-        HostMemory.allocated(raw.count)
+        TensorMemory.allocated(raw.count)
     }
 
     /// One shared empty buffer: what a variable is set to when the loop lets go of an activation
     /// (never written; no allocation per use).
-    public static let empty = HostBuffer(byteCount: 0)
+    public static let empty = TensorBuffer(byteCount: 0)
 
     public convenience init(copying bytes: UnsafeRawBufferPointer) {
         self.init(byteCount: bytes.count)
@@ -31,7 +31,7 @@ public final class HostBuffer {
     }
 
     deinit {
-        HostMemory.freed(raw.count)
+        TensorMemory.freed(raw.count)
         raw.deallocate()
     }
 
@@ -43,10 +43,10 @@ public final class HostBuffer {
     }
 }
 
-/// Bytes held by live `HostBuffer`s (the loop's own memory: the state array, activations,
+/// Bytes held by live `TensorBuffer`s (the loop's own memory: the state array, activations,
 /// checkpoints, KV caches), and the most held at once since `resetPeak()`; what the tests use to see
 /// that a step really frees what it no longer needs (checkpoint groups).
-public enum HostMemory {
+public enum TensorMemory {
     private static let lock = NSLock()
     private static var liveBytes = 0
     private static var peakBytes = 0
@@ -68,7 +68,7 @@ public enum HostMemory {
 
     public static var live: Int { lock.lock(); defer { lock.unlock() }; return liveBytes }
     public static var peak: Int { lock.lock(); defer { lock.unlock() }; return peakBytes }
-    /// `HostBuffer`s allocated since the process started (what the tests use to see that a step
+    /// `TensorBuffer`s allocated since the process started (what the tests use to see that a step
     /// after the first allocates nothing: `BufferPool`).
     public static var allocations: Int { lock.lock(); defer { lock.unlock() }; return allocationCount }
     /// Start a new peak from what is live now.
@@ -84,27 +84,27 @@ public enum HostMemory {
 /// what it holds is the step's peak, which the budget guard measures anyway.
 public final class BufferPool: @unchecked Sendable {
     private let lock = NSLock()
-    private var buffers: [Int: [HostBuffer]] = [:]
+    private var buffers: [Int: [TensorBuffer]] = [:]
     public private(set) var allocations = 0
 
     public init() {}
 
     /// A buffer of exactly `byteCount` bytes nobody else holds; its bytes are whatever its last user
     /// left (every caller overwrites all of them).
-    public func take(byteCount: Int) -> HostBuffer {
+    public func take(byteCount: Int) -> TensorBuffer {
         lock.lock()
         defer { lock.unlock() }
         var list = buffers.removeValue(forKey: byteCount) ?? []
         defer { buffers[byteCount] = list }
         for i in list.indices where isKnownUniquelyReferenced(&list[i]) { return list[i] }
-        let b = HostBuffer(byteCount: byteCount)
+        let b = TensorBuffer(byteCount: byteCount)
         list.append(b)
         allocations += 1
         return b
     }
 
     /// A pooled buffer holding `values` (little-endian on every target the app runs on).
-    public func take<T>(values: [T]) -> HostBuffer {
+    public func take<T>(values: [T]) -> TensorBuffer {
         let b = take(byteCount: values.count * MemoryLayout<T>.stride)
         values.withUnsafeBytes { if $0.count > 0 { b.raw.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
         return b
@@ -152,7 +152,7 @@ public enum CheckpointGroups {
 
     /// At most this many layer inputs ([T, d] each) are alive at once when `k` layers are selected:
     /// min(k, ceil(k / s) + s - 1) (the kept inputs below a group plus the group's own). What the
-    /// budget guard plans with (`LoopManifest.plannedPeakBytes(target:selectedLayers:layersPerCheckpoint:)`).
+    /// budget guard plans with (`Manifest.plannedPeakBytes(target:selectedLayers:layersPerCheckpoint:)`).
     public static func maxAlive(selected k: Int, layersPerCheckpoint s: Int) -> Int {
         guard k > 0 else { return 0 }
         let s = max(1, s)
@@ -172,32 +172,32 @@ public enum CheckpointGroups {
 
 /// The app's flat float32 LoRA/optimizer state (`state.numel` values), owned once: every method gets
 /// its entries as views of it, and state outputs are copied into their slices.
-public final class LoopState {
-    public let manifest: LoopManifest
-    public let buffer: HostBuffer
-    private let index: [String: LoopManifest.Entry]
+public final class StateBuffer {
+    public let manifest: Manifest
+    public let buffer: TensorBuffer
+    private let index: [String: StateEntry]
 
-    public init(manifest: LoopManifest, values: [Float]) throws {
+    public init(manifest: Manifest, values: [Float]) throws {
         guard values.count == manifest.state.numel else {
             throw TrainerError.badInput("the state holds \(values.count) values, the manifest's \(manifest.state.numel)")
         }
         self.manifest = manifest
-        buffer = HostBuffer(values: values.map { $0.bitPattern.littleEndian })
+        buffer = TensorBuffer(values: values.map { $0.bitPattern.littleEndian })
         index = Dictionary(manifest.state.entries.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
     }
 
-    private init(manifest: LoopManifest, buffer: HostBuffer, index: [String: LoopManifest.Entry]) {
+    private init(manifest: Manifest, buffer: TensorBuffer, index: [String: StateEntry]) {
         (self.manifest, self.buffer, self.index) = (manifest, buffer, index)
     }
 
     /// A copy of the entries `names` only, packed in one new buffer (their offsets renumbered): what a
     /// reader that binds only those entries needs (a generation beside training: the LoRA params, not
     /// the optimizer moments). `values` / `sha256` of a snapshot are of the packed entries.
-    public func snapshot(entries names: Set<String>) throws -> LoopState {
+    public func snapshot(entries names: Set<String>) throws -> StateBuffer {
         let kept = try names.sorted().map { try entry($0) }.sorted { $0.offset < $1.offset }
         let total = kept.reduce(0) { $0 + $1.count }
-        let copy = HostBuffer(byteCount: 4 * total)
-        var newIndex: [String: LoopManifest.Entry] = [:]
+        let copy = TensorBuffer(byteCount: 4 * total)
+        var newIndex: [String: StateEntry] = [:]
         var at = 0
         for e in kept {
             (copy.raw.baseAddress! + 4 * at).copyMemory(from: buffer.raw.baseAddress! + 4 * e.offset, byteCount: 4 * e.count)
@@ -206,19 +206,19 @@ public final class LoopState {
             newIndex[e.name] = moved
             at += e.count
         }
-        return LoopState(manifest: manifest, buffer: copy, index: newIndex)
+        return StateBuffer(manifest: manifest, buffer: copy, index: newIndex)
     }
 
     /// `state.init_file` (raw little-endian float32) of a program directory.
-    public static func initial(manifest: LoopManifest, programDirectory: URL) throws -> LoopState {
+    public static func initial(manifest: Manifest, programDirectory: URL) throws -> StateBuffer {
         let url = programDirectory.appendingPathComponent(manifest.state.initFile)
         let values = try StateFile.decode(try readFile(url, what: "initial state"), numel: manifest.state.numel, source: url.path)
-        return try LoopState(manifest: manifest, values: values)
+        return try StateBuffer(manifest: manifest, values: values)
     }
 
     public var values: [Float] { Array(buffer.floats) }
 
-    public func entry(_ name: String) throws -> LoopManifest.Entry {
+    public func entry(_ name: String) throws -> StateEntry {
         guard let e = index[name] else { throw TrainerError.badInput("no state entry \(name); re-export the program") }
         return e
     }
@@ -236,7 +236,7 @@ public final class LoopState {
 /// state, of an activation the loop keeps), valid for the length of the `execute` call only.
 public struct LoopInput {
     public let name: String
-    public let bind: LoopManifest.IO.Bind
+    public let bind: IoSpec.Bind
     public let ref: String
     public let dtype: String
     public let shape: [Int]
@@ -254,7 +254,7 @@ public struct LoopInput {
 /// `write(from:)` (one memcpy per segment) or walk `forEachSegment` (Core ML's element reads).
 public struct LoopOutput {
     public let name: String
-    public let bind: LoopManifest.IO.Bind
+    public let bind: IoSpec.Bind
     /// The state entry, activation or cache the output is bound to (`{layer}` replaced).
     public let ref: String
     public let dtype: String
@@ -277,7 +277,7 @@ public struct LoopOutput {
     }
 
     /// A contiguous destination of exactly the output's size.
-    public init(name: String, bind: LoopManifest.IO.Bind, ref: String = "", dtype: String, shape: [Int], bytes: UnsafeMutableRawBufferPointer) {
+    public init(name: String, bind: IoSpec.Bind, ref: String = "", dtype: String, shape: [Int], bytes: UnsafeMutableRawBufferPointer) {
         (self.name, self.bind, self.ref, self.dtype, self.shape) = (name, bind, ref, dtype, shape)
         (byteCount, base, cacheRows) = (bytes.count, bytes, nil)
     }
@@ -285,7 +285,7 @@ public struct LoopOutput {
     /// A KV-cache output [Hk, n, D] written straight into `cache` [Hk, S, D] at row `pos` (checked: the
     /// shapes agree, with S = `cacheRows` when given, else from the cache's size; 0 <= pos < S; else the
     /// error names `what`).
-    public init(name: String, bind: LoopManifest.IO.Bind, ref: String, dtype: String, shape: [Int], byteCount: Int,
+    public init(name: String, bind: IoSpec.Bind, ref: String, dtype: String, shape: [Int], byteCount: Int,
                 cache: UnsafeMutableRawBufferPointer, cacheRows: Int? = nil, pos: Int?, what: String) throws {
         guard shape.count == 3, dtype == "float32" else { throw TrainerError.runtime("\(what) has shape \(dtype)\(shape), not float32 [Hk, C, D]") }
         let (hk, n, dim) = (shape[0], shape[1], shape[2])
@@ -347,12 +347,12 @@ public struct LoopOutput {
 /// one copy, out of its arena; a state output lands in its slice of the state array directly). A
 /// runtime that only returns Data (`execute(method:layer:inputs:)`, the test fakes) gets the default,
 /// which copies each Data into its destination.
-public protocol LoopRuntime: AnyObject {
+public protocol ProgramRuntime: AnyObject {
     var backendName: String { get }
     /// Custom kernels registered with this runtime beyond its stock operators (ExecuTorch:
     /// `toolchain::int4_linear_a8.out` when the app links toolchain/native/kernels.cpp). Generation
     /// calls the manifest's fused methods (`generate.fused`) when it has all of theirs
-    /// (`LoopManifest.generationMethods(registeredKernels:)`). Default: none.
+    /// (`Manifest.generationMethods(registeredKernels:)`). Default: none.
     var registeredKernels: Set<String> { get }
     func load(methods: [String]) throws
     /// `layer`: the index `{layer}` was replaced by (nil for embed, head methods); informational.
@@ -363,7 +363,7 @@ public protocol LoopRuntime: AnyObject {
     func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws
 }
 
-extension LoopRuntime {
+extension ProgramRuntime {
     public var registeredKernels: Set<String> { [] }
 
     public func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
@@ -377,11 +377,11 @@ extension LoopRuntime {
 /// selected layers only (with checkpoint groups, of each group's first layer). Train steps, held-out loss (`runtime/evaluate.py`) and generation with the
 /// KV cache (`runtime/generate.py`).
 public final class LayerLoop {
-    public let manifest: LoopManifest
+    public let manifest: Manifest
     public let weights: MappedWeights
-    public let runtime: LoopRuntime
+    public let runtime: ProgramRuntime
     public var layers: Int { manifest.loop.layers }
-    private var methodsByRole: [String: LoopManifest.Method] = [:]
+    private var methodsByRole: [String: MethodSpec] = [:]
     /// Serializes every use of the runtime (load, and each call from `execute` until its outputs are
     /// copied out), so a generation on its own thread and the training thread may share one loop and one
     /// runtime: a runtime is never called from two threads at once (an ExecuTorch `Module` is not
@@ -393,7 +393,7 @@ public final class LayerLoop {
     /// step, reused by every later one.
     public let buffers = BufferPool()
 
-    public init(manifest: LoopManifest, weights: MappedWeights, runtime: LoopRuntime) throws {
+    public init(manifest: Manifest, weights: MappedWeights, runtime: ProgramRuntime) throws {
         (self.manifest, self.weights, self.runtime) = (manifest, weights, runtime)
         generationMethods = manifest.generationMethods(registeredKernels: runtime.registeredKernels)
         for m in manifest.methods where methodsByRole[m.role] == nil { methodsByRole[m.role] = m }
@@ -414,21 +414,20 @@ public final class LayerLoop {
     }
 
     /// Open a program directory: manifest, memory-mapped weights (`identitySource`: see `MappedWeights`).
-    public convenience init(programDirectory: URL, runtime: LoopRuntime, identitySource: FileIdentitySource? = nil) throws {
-        let m = try LoopManifest.load(directory: programDirectory)
+    public convenience init(programDirectory: URL, runtime: ProgramRuntime, identitySource: FileIdentitySource? = nil) throws {
+        let m = try Manifest.load(directory: programDirectory)
         try self.init(manifest: m, weights: try MappedWeights(url: programDirectory.appendingPathComponent(m.weights.file), identitySource: identitySource),
                       runtime: runtime)
     }
 
-    public func method(role: String) throws -> LoopManifest.Method {
+    public func method(role: String) throws -> MethodSpec {
         guard let m = methodsByRole[role] else { throw TrainerError.badInput("the program has no \(role) method; re-export it") }
         return m
     }
 
     /// Load the training methods (and `block_skip_update` when the loop moves unselected layers).
     public func loadTraining() throws {
-        var roles = LoopManifest.trainRoles
-        if manifest.loop.movesUnselected { roles.append("block_skip_update") }
+        let roles = Contract.trainingRoles.filter { $0 != "block_skip_update" || manifest.loop.movesUnselected }
         let names = try roles.map { try method(role: $0).name }
         try gate.withLock { try runtime.load(methods: names) }
     }
@@ -437,16 +436,16 @@ public final class LayerLoop {
 
     /// Run the method of `role` (the stock one; see `run`).
     @discardableResult
-    func call(_ role: String, layer: Int?, values: [String: HostBuffer], state: LoopState,
-              cache: [String: HostBuffer]? = nil, pos: Int? = nil) throws -> [String: HostBuffer] {
+    func call(_ role: String, layer: Int?, values: [String: TensorBuffer], state: StateBuffer,
+              cache: [String: TensorBuffer]? = nil, pos: Int? = nil) throws -> [String: TensorBuffer] {
         try run(try method(role: role), layer: layer, values: values, state: state, cache: cache, pos: pos)
     }
 
     /// Run method `m`; state outputs go into their slices, cache outputs of C rows into the layer's
     /// cache at rows pos ..< pos + C (those < S), the others are returned (copied out of the runtime).
     @discardableResult
-    func run(_ m: LoopManifest.Method, layer: Int?, values: [String: HostBuffer], state: LoopState,
-             cache: [String: HostBuffer]? = nil, pos: Int? = nil) throws -> [String: HostBuffer] {
+    func run(_ m: MethodSpec, layer: Int?, values: [String: TensorBuffer], state: StateBuffer,
+             cache: [String: TensorBuffer]? = nil, pos: Int? = nil) throws -> [String: TensorBuffer] {
         let ph = manifest.weights.layerPlaceholder
         var inputs: [LoopInput] = []
         inputs.reserveCapacity(m.inputs.count)
@@ -476,7 +475,7 @@ public final class LayerLoop {
         // the runtime's one copy is the only one.
         var outputs: [LoopOutput] = []
         outputs.reserveCapacity(m.outputs.count)
-        var kept: [String: HostBuffer] = [:]
+        var kept: [String: TensorBuffer] = [:]
         for io in m.outputs {
             let ref = io.ref(layer: layer, placeholder: ph)
             switch io.bind {
@@ -512,11 +511,11 @@ public final class LayerLoop {
     // MARK: training
 
     /// embed + every block_forward; the last hidden state and the checkpoints (inputs) of `keep`.
-    func forward(inputIds: HostBuffer, keep: Set<Int>, state: LoopState) throws -> (HostBuffer, [Int: HostBuffer]) {
+    func forward(inputIds: TensorBuffer, keep: Set<Int>, state: StateBuffer) throws -> (TensorBuffer, [Int: TensorBuffer]) {
         guard var x = try call("embed", layer: nil, values: ["input_ids": inputIds], state: state)["x"] else {
             throw TrainerError.runtime("embed returned no x")
         }
-        var checkpoints: [Int: HostBuffer] = [:]
+        var checkpoints: [Int: TensorBuffer] = [:]
         for i in 0..<layers {
             if keep.contains(i) { checkpoints[i] = x }      // x is the loop's own copy; never written again
             guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else {
@@ -527,7 +526,7 @@ public final class LayerLoop {
         return (x, checkpoints)
     }
 
-    func padded(_ ids: [Int64], pad: Int64) throws -> HostBuffer {
+    func padded(_ ids: [Int64], pad: Int64) throws -> TensorBuffer {
         let t = manifest.seqLen
         guard ids.count <= t else { throw TrainerError.badInput("a row of \(ids.count) tokens is longer than seq_len \(t)") }
         return buffers.take(values: (ids + Array(repeating: pad, count: t - ids.count)).map { $0.littleEndian })
@@ -545,7 +544,7 @@ public final class LayerLoop {
     /// then backward / skip update as usual. Same losses and state bit for bit, at most
     /// min(k, ceil(k/s) + s - 1) layer inputs alive instead of k. Each checkpoint is freed right after
     /// its layer's backward. Default 1: every selected layer's input kept, no rerun.
-    public func trainStep(inputIds: [Int64], labels: [Int64], lr: Float, state: LoopState,
+    public func trainStep(inputIds: [Int64], labels: [Int64], lr: Float, state: StateBuffer,
                           selected: Set<Int>? = nil, padTokenId: Int64 = 0, layersPerCheckpoint: Int = 1) throws -> Float {
         let sel = selected ?? Set(0..<layers)
         guard !sel.isEmpty, sel.allSatisfy({ (0..<layers).contains($0) }) else {
@@ -565,7 +564,7 @@ public final class LayerLoop {
         var out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
         x = .empty
         guard let lossBuf = out["loss"], out["d"] != nil else { throw TrainerError.runtime("head_loss returned no loss or d") }
-        var values: [String: HostBuffer] = ["d": out.removeValue(forKey: "d")!, "lr": buffers.take(values: [lr.bitPattern.littleEndian])]
+        var values: [String: TensorBuffer] = ["d": out.removeValue(forKey: "d")!, "lr": buffers.take(values: [lr.bitPattern.littleEndian])]
         out.removeAll()
         var alive = checkpoints.count
         for i in stride(from: layers - 1, through: 0, by: -1) {
@@ -596,7 +595,7 @@ public final class LayerLoop {
     /// The inputs of `group`'s layers into `checkpoints`, rebuilt from the first one's input by
     /// `block_forward` through layers group[0] ..< group.last (the unselected ones between included;
     /// an output not kept is freed as soon as the next layer has run).
-    private func rerun(_ group: [Int], from first: HostBuffer, state: LoopState, into checkpoints: inout [Int: HostBuffer]) throws {
+    private func rerun(_ group: [Int], from first: TensorBuffer, state: StateBuffer, into checkpoints: inout [Int: TensorBuffer]) throws {
         let wanted = Set(group)
         checkpoints[group[0]] = first
         var x = first
@@ -614,7 +613,7 @@ public final class LayerLoop {
     /// The mean next-token cross-entropy over all target tokens of `rows` (rows pooled: each row's
     /// loss weighted by its targets, labels[1:] != -100); rows without a target are skipped. The
     /// state is read, never written. Returns (loss, tokens).
-    public func evaluate(rows: [(inputIds: [Int64], labels: [Int64])], state: LoopState, padTokenId: Int64 = 0) throws -> (loss: Double, tokens: Int) {
+    public func evaluate(rows: [(inputIds: [Int64], labels: [Int64])], state: StateBuffer, padTokenId: Int64 = 0) throws -> (loss: Double, tokens: Int) {
         var total = 0.0
         var tokens = 0
         for row in rows {
@@ -632,22 +631,15 @@ public final class LayerLoop {
 
     // MARK: generation
 
-    /// The roles of the methods generation calls: the chunked prefill (`embed_prefill`, then per layer
-    /// `block_prefill`; `head_logits` of the prompt's last row) and each decode step (`embed_token`,
-    /// per layer `block_decode`, `head_logits`). The one list of them: `loadGeneration`,
-    /// `LoopManifest.canGenerate` / `generationMethods` and the state a generation snapshot keeps read
-    /// it; `generate` is the one place they are called.
-    public static let generationRoles = ["embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits"]
-
     /// The method called for each generation role on this runtime: the fused variant where the
     /// runtime has the manifest's `generate.fused.kernels` registered, else the stock one
-    /// (`LoopManifest.generationMethods(registeredKernels:)`).
-    public let generationMethods: [String: LoopManifest.Method]
+    /// (`Manifest.generationMethods(registeredKernels:)`).
+    public let generationMethods: [String: MethodSpec]
 
     /// Whether generation calls fused methods (the native int4 kernel) on this runtime.
     public var generationIsFused: Bool { generationMethods.values.contains { !($0.kernels ?? []).isEmpty } }
 
-    private func generationMethod(_ role: String) throws -> LoopManifest.Method {
+    private func generationMethod(_ role: String) throws -> MethodSpec {
         guard let m = generationMethods[role] else { throw TrainerError.badInput("the program has no \(role) method; re-export it") }
         return m
     }
@@ -658,15 +650,15 @@ public final class LayerLoop {
         defer { gate.unlock() }
         guard !generationLoaded else { return }
         guard manifest.canGenerate else { throw TrainerError.badInput("this program was exported without the generation methods; re-export it") }
-        try runtime.load(methods: try Self.generationRoles.map { try generationMethod($0).name })
+        try runtime.load(methods: try Contract.generationRoles.map { try generationMethod($0).name })
         generationLoaded = true
     }
 
-    /// The state entries the generation methods read (every layer's), for `LoopState.snapshot`.
+    /// The state entries the generation methods read (every layer's), for `StateBuffer.snapshot`.
     public var generationStateEntries: Set<String> {
         var names: Set<String> = []
         let ph = manifest.weights.layerPlaceholder
-        for role in Self.generationRoles {
+        for role in Contract.generationRoles {
             guard let m = generationMethods[role] else { continue }
             let layered = m.role.hasPrefix("block_")
             for io in m.inputs where io.bind == .state {
@@ -679,17 +671,17 @@ public final class LayerLoop {
     /// A copy of the entries of `state` generation reads (`generationStateEntries`): what a generation
     /// running beside training reads while the training thread keeps updating `state` in place.
     /// The caller takes it at a step boundary (`TrainingSession` does, under its state lock).
-    public func generationSnapshot(of state: LoopState) throws -> LoopState {
+    public func generationSnapshot(of state: StateBuffer) throws -> StateBuffer {
         try state.snapshot(entries: generationStateEntries)
     }
 
     /// The KV cache of one generation: per layer `k_{layer}`, `v_{layer}` zeros of the [Hk, S, D] shape
     /// `block_decode` takes (the manifest's; rows >= pos are never read).
-    func newCache() throws -> [String: HostBuffer] {
+    func newCache() throws -> [String: TensorBuffer] {
         let decode = try generationMethod("block_decode")
-        var cache: [String: HostBuffer] = [:]
+        var cache: [String: TensorBuffer] = [:]
         for io in decode.inputs where io.bind == .cache {
-            for i in 0..<layers { cache[io.ref(layer: i, placeholder: manifest.weights.layerPlaceholder)] = HostBuffer(byteCount: io.byteCount) }
+            for i in 0..<layers { cache[io.ref(layer: i, placeholder: manifest.weights.layerPlaceholder)] = TensorBuffer(byteCount: io.byteCount) }
         }
         guard !cache.isEmpty else { throw TrainerError.badInput("block_decode binds no KV cache; re-export the program") }
         return cache
@@ -714,7 +706,7 @@ public final class LayerLoop {
     /// prompt's head_logits and before each decode step, so a cancel made while token k is reported
     /// (in `onToken`) ends with exactly those k tokens and no further method call; a cancel before the
     /// start makes no call and returns no token.
-    public func generate(prompt: [Int64], maxNewTokens: Int, state: LoopState, padTokenId: Int64 = 0,
+    public func generate(prompt: [Int64], maxNewTokens: Int, state: StateBuffer, padTokenId: Int64 = 0,
                          stopIds: Set<Int64> = [], cancel: GenerationCancel? = nil,
                          onToken: ((Int64) -> Void)? = nil) throws -> GenerationResult {
         let s = manifest.seqLen
@@ -736,7 +728,7 @@ public final class LayerLoop {
             try generationMethod("block_decode"), try generationMethod("head_logits"))
         let cache = try newCache()
         // Prefill, chunk by chunk.
-        var x = HostBuffer.empty
+        var x = TensorBuffer.empty
         for start in stride(from: 0, to: prompt.count, by: c) {
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             let chunk = Array(prompt[start..<min(start + c, prompt.count)])
@@ -755,7 +747,7 @@ public final class LayerLoop {
             }
         }
         let rowBytes = x.byteCount / c
-        var last = HostBuffer(copying: x.slice(((prompt.count - 1) % c) * rowBytes, rowBytes))
+        var last = TensorBuffer(copying: x.slice(((prompt.count - 1) % c) * rowBytes, rowBytes))
         x = .empty
         if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
         guard var logits = try run(headLogits, layer: nil, values: ["x": last], state: state)["logits"] else {
@@ -863,7 +855,7 @@ public final class FairLock: @unchecked Sendable {
     }
 }
 
-extension HostBuffer {
+extension TensorBuffer {
     /// Float `i` (little-endian) of the buffer.
     func floatValue(_ i: Int) -> Float { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) }
 }

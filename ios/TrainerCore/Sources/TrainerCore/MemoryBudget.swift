@@ -51,13 +51,13 @@ public enum GuardDecision: Equatable {
 
 /// Keeps a run inside its memory budget. Before each step it predicts the step's peak footprint:
 /// until a step has been measured, the larger of the footprint now and the manifest's planned peak
-/// (`LoopManifest.plannedPeakBytes(target:)`); afterwards, the footprint now plus the largest growth one
+/// (`Manifest.plannedPeakBytes(target:)`); afterwards, the footprint now plus the largest growth one
 /// step has shown. Then it
 /// - stops when the prediction exceeds the budget (the run does not fit; waiting will not help);
 /// - pauses when the OS reports critical pressure (or warning, if `pauseOnWarning`), or when
 ///   os_proc_available_memory is below the predicted growth plus a safety margin;
 /// - otherwise lets the step run.
-public final class BudgetGuard {
+public final class MemoryGuard {
     public let budgetBytes: UInt64
     public let plannedPeakBytes: UInt64
     public let availableMarginBytes: UInt64

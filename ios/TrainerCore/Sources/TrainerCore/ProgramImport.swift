@@ -24,7 +24,7 @@ public enum ProgramVerification {
     }
 
     /// The sha256 of the manifest's sorted `files` entries: a new export, a new key.
-    public static func key(_ manifest: LoopManifest) -> String {
+    public static func key(_ manifest: Manifest) -> String {
         SHA256.hex(Data(manifest.files.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)\n" }.joined().utf8))
     }
 
@@ -35,7 +35,7 @@ public enum ProgramVerification {
     }
 
     /// Whether the directory holds a stamp for this manifest whose files are unchanged since.
-    public static func isVerified(directory: URL, manifest: LoopManifest) -> Bool {
+    public static func isVerified(directory: URL, manifest: Manifest) -> Bool {
         guard let data = try? Data(contentsOf: directory.appendingPathComponent(stampName)),
               let stamp = try? JSONDecoder().decode(Stamp.self, from: data), stamp.key == key(manifest),
               Set(stamp.files.keys) == Set(manifest.files.keys) else { return false }
@@ -44,7 +44,7 @@ public enum ProgramVerification {
 
     /// Hash every file the manifest lists (`progress(bytesDone, bytesTotal)`), refuse a missing or
     /// changed one, and write the stamp.
-    public static func verify(directory: URL, manifest: LoopManifest, progress: ((Int, Int) -> Void)? = nil) throws {
+    public static func verify(directory: URL, manifest: Manifest, progress: ((Int, Int) -> Void)? = nil) throws {
         let names = manifest.files.keys.sorted()
         var sizes: [String: FileFacts] = [:]
         for name in names {
@@ -72,7 +72,7 @@ public enum ProgramVerification {
 
     /// Verify unless already verified; returns true when it hashed.
     @discardableResult
-    public static func ensureVerified(directory: URL, manifest: LoopManifest, progress: ((Int, Int) -> Void)? = nil) throws -> Bool {
+    public static func ensureVerified(directory: URL, manifest: Manifest, progress: ((Int, Int) -> Void)? = nil) throws -> Bool {
         if isVerified(directory: directory, manifest: manifest) { return false }
         try verify(directory: directory, manifest: manifest, progress: progress)
         return true
@@ -121,16 +121,16 @@ public enum ProgramImport {
 
     /// What would be copied: manifest.json and every file the manifest lists, with their sizes;
     /// refuses a folder that is not a contract-v3 program or lacks a listed file.
-    public static func check(source: URL) throws -> (manifest: LoopManifest, files: [(name: String, size: Int)]) {
-        guard FileManager.default.fileExists(atPath: source.appendingPathComponent(LoopManifest.fileName).path) else {
+    public static func check(source: URL) throws -> (manifest: Manifest, files: [(name: String, size: Int)]) {
+        guard FileManager.default.fileExists(atPath: source.appendingPathComponent(Contract.manifestName).path) else {
             throw TrainerError.badInput("\(source.lastPathComponent) has no manifest.json: pick the folder `toolchain export --out` wrote")
         }
-        let manifest = try LoopManifest.load(directory: source)
+        let manifest = try Manifest.load(directory: source)
         guard !manifest.files.isEmpty else {
             throw TrainerError.badInput("the manifest of \(source.lastPathComponent) lists no files; re-export it with this toolchain")
         }
         var files: [(String, Int)] = []
-        for name in [LoopManifest.fileName] + manifest.files.keys.sorted() {
+        for name in [Contract.manifestName] + manifest.files.keys.sorted() {
             guard !name.hasPrefix("/"), !name.split(separator: "/").contains("..") else {
                 throw TrainerError.badInput("the manifest lists \(name), outside the program folder")
             }
@@ -156,7 +156,7 @@ public enum ProgramImport {
         if fm.fileExists(atPath: final.path) && !replace {
             throw TrainerError.badInput("a program named \(name) is already there; delete it or import with another name")
         }
-        progress?(Progress(phase: .checking, bytesDone: 0, bytesTotal: 0, file: LoopManifest.fileName))
+        progress?(Progress(phase: .checking, bytesDone: 0, bytesTotal: 0, file: Contract.manifestName))
         let (manifest, files) = try check(source: source)
         let total = files.reduce(0) { $0 + $1.size }
         if let free = freeBytes(at: programs), free < Int64(total) + (64 << 20) {

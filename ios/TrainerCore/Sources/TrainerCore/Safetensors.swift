@@ -115,7 +115,7 @@ public enum AdapterExporter {
     public static let configName = "adapter_config.json"
 
     /// The adapter tensors of a flat state (role "param" entries only; optimizer moments are dropped).
-    public static func tensors(state: [Float], manifest: LoopManifest) throws -> [NamedTensor] {
+    public static func tensors(state: [Float], manifest: Manifest) throws -> [NamedTensor] {
         guard state.count == manifest.state.numel else {
             throw TrainerError.badInput("state has \(state.count) values, the program \(manifest.state.numel)")
         }
@@ -126,7 +126,7 @@ public enum AdapterExporter {
 
     /// Write the adapter into `directory` (created or replaced as a whole: a crash leaves either the
     /// old directory or the new one).
-    public static func write(state: [Float], manifest: LoopManifest, to directory: URL) throws {
+    public static func write(state: [Float], manifest: Manifest, to directory: URL) throws {
         guard let adapter = manifest.adapter else { throw TrainerError.badInput("the manifest has no adapter section; re-export the program") }
         let weights = try Safetensors.encode(try tensors(state: state, manifest: manifest),
                                              metadata: ["format": "pt"])

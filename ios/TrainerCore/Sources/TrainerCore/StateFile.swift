@@ -2,7 +2,7 @@ import Foundation
 
 /// The initial state of a program: `state.init_file`, raw little-endian float32.
 public enum StateFile {
-    public static func loadInitial(manifest: LoopManifest, programDirectory: URL) throws -> [Float] {
+    public static func loadInitial(manifest: Manifest, programDirectory: URL) throws -> [Float] {
         let url = programDirectory.appendingPathComponent(manifest.state.initFile)
         return try decode(try readFile(url, what: "initial state"), numel: manifest.state.numel, source: url.path)
     }

@@ -53,7 +53,7 @@ public final class ProgramTokenizer {
     }
 
     /// The tokenizer of a program directory (the manifest's `tokenizer` section).
-    public static func load(manifest: LoopManifest, directory: URL) throws -> ProgramTokenizer {
+    public static func load(manifest: Manifest, directory: URL) throws -> ProgramTokenizer {
         guard let t = manifest.tokenizer else { throw TrainerError.badInput("the manifest has no tokenizer section; re-export the program") }
         switch t.kind {
         case "byte":
@@ -123,7 +123,7 @@ public enum TextRows {
     /// its `<|im_end|>`, -100 elsewhere. A conversation longer than `seqLen` or without an assistant
     /// token is refused.
     public static func chatRow(_ messages: [(role: String, content: String)], tokenizer: TokenEncoding, seqLen: Int) throws -> (inputIds: [Int], labels: [Int64]) {
-        guard let start = tokenizer.tokenId("<|im_start|>"), let end = tokenizer.tokenId("<|im_end|>") else {
+        guard let start = tokenizer.tokenId(Contract.imStart), let end = tokenizer.tokenId(Contract.imEnd) else {
             throw TrainerError.badInput("the tokenizer has no <|im_start|>/<|im_end|> token, so no chat template; use plain text")
         }
         guard !messages.isEmpty else { throw TrainerError.badInput("messages must be a non-empty list of {\"role\", \"content\"} objects") }

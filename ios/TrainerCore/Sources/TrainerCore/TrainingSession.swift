@@ -142,9 +142,9 @@ public struct SessionConfig: Equatable, Codable {
     }
 
     /// What the budget guard is planned with before a step was measured: the manifest's estimate with
-    /// the checkpoints this run keeps at once (`LoopManifest.plannedPeakBytes(target:selectedLayers:
+    /// the checkpoints this run keeps at once (`Manifest.plannedPeakBytes(target:selectedLayers:
     /// layersPerCheckpoint:)`: min(k, ceil(k/s) + s - 1) of them).
-    public func plannedPeakBytes(manifest: LoopManifest, target: String) throws -> UInt64 {
+    public func plannedPeakBytes(manifest: Manifest, target: String) throws -> UInt64 {
         manifest.plannedPeakBytes(target: target, selectedLayers: try selectedLayers(layers: manifest.loop.layers),
                                   layersPerCheckpoint: layersPerCheckpoint)
     }
@@ -167,7 +167,7 @@ public struct TrainingData: Equatable {
     }
 
     /// Rows of `source` for the program, `heldOutFraction` of them held out (0: none) with `seed`.
-    public static func prepare(_ source: Source, tokenizer: ProgramTokenizer, manifest: LoopManifest,
+    public static func prepare(_ source: Source, tokenizer: ProgramTokenizer, manifest: Manifest,
                                heldOutFraction: Double, seed: UInt64) throws -> TrainingData {
         let rows: [DataRow]
         switch source {
@@ -244,7 +244,7 @@ public struct GeneratedToken: Equatable {
 /// from them after a kill, held-out loss and greedy generation with the initial adapter
 /// (state_init.bin) or the live one, and the adapter exported as PEFT files.
 public final class TrainingSession {
-    public let manifest: LoopManifest
+    public let manifest: Manifest
     public let loop: LayerLoop
     public let tokenizer: ProgramTokenizer?
     public let programName: String
@@ -253,7 +253,7 @@ public final class TrainingSession {
     public let plan: StepPlan?
     /// The live state (nil before `start()`). The training thread updates it in place during a step;
     /// another thread reads it through `generate`, which copies what it needs at a step boundary.
-    public var state: LoopState? { stateLock.withLock { liveStateStorage } }
+    public var state: StateBuffer? { stateLock.withLock { liveStateStorage } }
     public private(set) var step = 0
     public private(set) var losses: [Float?] = []
     public private(set) var recorder: TelemetryRecorder?
@@ -271,17 +271,17 @@ public final class TrainingSession {
     private let sinks: [TelemetrySink]
     private let usedSeq: ((String) -> Int)?
     private let probes: MemoryProbes
-    private let budget: BudgetGuard?
+    private let budget: MemoryGuard?
     private let monotonic: () -> Double
     private let clock: () -> Double
     private var sessionStart = 0.0
-    private var initialState: LoopState?
+    private var initialState: StateBuffer?
     private let initialLock = NSLock()
     /// Held while a step updates the state (and while `start()` sets it); a generation takes its
     /// snapshot of the live state under it, so it sees the state between two steps, never inside one.
     /// FIFO: a snapshot waits for at most the step in progress.
     private let stateLock = FairLock()
-    private var liveStateStorage: LoopState?
+    private var liveStateStorage: StateBuffer?
     /// Steps whose updates are in the live state (under `stateLock`).
     private var stepsInState = 0
     /// Set once the weights file was seen changed under its mapping (`weightsCheck`), with the message sent.
@@ -295,9 +295,9 @@ public final class TrainingSession {
     ///   - budget: nil: no guard. The app builds it with `config.plannedPeakBytes(manifest:target:)`.
     ///   - weightsIdentity: how the weights file's identity is read at each step boundary (nil: `stat`, the
     ///     app's; see `MappedWeights`); tests pass a fake.
-    public init(programDirectory: URL, programName: String, runtime: LoopRuntime, data: TrainingData, config: SessionConfig,
+    public init(programDirectory: URL, programName: String, runtime: ProgramRuntime, data: TrainingData, config: SessionConfig,
                 device: DeviceInfo, checkpoint: CheckpointStore? = nil, telemetry sinks: [TelemetrySink] = [],
-                usedSeq: ((String) -> Int)? = nil, probes: MemoryProbes = MemoryProbes(), budget: BudgetGuard? = nil,
+                usedSeq: ((String) -> Int)? = nil, probes: MemoryProbes = MemoryProbes(), budget: MemoryGuard? = nil,
                 clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
                 monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime },
                 weightsIdentity: FileIdentitySource? = nil) throws {
@@ -335,15 +335,15 @@ public final class TrainingSession {
         var runId = newRunId ?? TelemetryRecorder.newRunId(platform: device.platform)
         var seq = 0
         var resumed = false
-        let live: LoopState
+        let live: StateBuffer
         if let checkpoint, checkpoint.exists {
             onStartPhase?("Reading the checkpoint")
             let (values, meta) = try checkpoint.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
-            live = try LoopState(manifest: manifest, values: values)
+            live = try StateBuffer(manifest: manifest, values: values)
             (step, runId, seq, losses) = (meta.step, meta.runId, meta.seq, meta.losses)
             resumed = true
         } else {
-            live = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
+            live = try StateBuffer.initial(manifest: manifest, programDirectory: programDirectory)
         }
         stateLock.withLock { (liveStateStorage, stepsInState) = (live, step) }
         onStartPhase?("Loading the training methods")
@@ -386,7 +386,7 @@ public final class TrainingSession {
         try recorder.emit(type, fields)
     }
 
-    private func liveState() throws -> LoopState {
+    private func liveState() throws -> StateBuffer {
         guard let state else { throw TrainerError.badInput("call start() first") }
         return state
     }
@@ -554,11 +554,11 @@ public final class TrainingSession {
     // MARK: before / after
 
     /// state_init.bin's adapter (what the program starts from), loaded once.
-    public func initialAdapterState() throws -> LoopState {
+    public func initialAdapterState() throws -> StateBuffer {
         initialLock.lock()
         defer { initialLock.unlock() }
         if let initialState { return initialState }
-        let s = try LoopState.initial(manifest: manifest, programDirectory: programDirectory)
+        let s = try StateBuffer.initial(manifest: manifest, programDirectory: programDirectory)
         initialState = s
         return s
     }
@@ -584,7 +584,7 @@ public final class TrainingSession {
 
     /// The state a generation reads: state_init.bin's (never written), or a copy of the live state's
     /// generation entries taken between two steps (`LayerLoop.generationSnapshot`), with the steps it holds.
-    private func generationState(initial: Bool) throws -> (LoopState, Int?) {
+    private func generationState(initial: Bool) throws -> (StateBuffer, Int?) {
         if initial { return (try initialAdapterState(), nil) }
         return try stateLock.withLock {
             guard let live = liveStateStorage else { throw TrainerError.badInput("call start() first") }
@@ -596,7 +596,7 @@ public final class TrainingSession {
     public var stopIds: Set<Int64> {
         guard let t = tokenizer else { return [] }
         var stop: Set<Int64> = [Int64(t.eosId)]
-        if let e = t.base.tokenId("<|im_end|>") { stop.insert(Int64(e)) }
+        if let e = t.base.tokenId(Contract.imEnd) { stop.insert(Int64(e)) }
         return stop
     }
 
@@ -677,7 +677,7 @@ public final class TrainingSession {
     public func promptIds(_ prompt: String, maxNewTokens: Int, chat: Bool = false) throws -> [Int] {
         guard let t = tokenizer else { throw TrainerError.badInput("this program was exported without a tokenizer; re-export it with one") }
         var ids: [Int] = t.bosId.map { [$0] } ?? []
-        if chat, let start = t.base.tokenId("<|im_start|>"), let end = t.base.tokenId("<|im_end|>") {
+        if chat, let start = t.base.tokenId(Contract.imStart), let end = t.base.tokenId(Contract.imEnd) {
             let nl: [Int] = t.encode("\n")
             ids.append(start)
             ids += t.encode("user\n")

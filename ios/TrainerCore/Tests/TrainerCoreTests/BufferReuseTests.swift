@@ -8,7 +8,7 @@ import XCTest
 /// (address of the first byte written, bind, bytes stored), and each KV-cache output's runs are checked
 /// against the call's own cache input of the same ref: head h's rows must land at rows pos ..< pos + kept
 /// of head h of that cache, and nowhere else.
-final class CountingRuntime: LoopRuntime {
+final class CountingRuntime: ProgramRuntime {
     struct Destination: Hashable { let method: String; let output: String; let bind: String; let address: Int; let bytes: Int }
     let backendName = "executorch"
     let inner: HashRuntime
@@ -22,7 +22,7 @@ final class CountingRuntime: LoopRuntime {
     var cacheBytes = 0
     var misplacedCacheRuns: [String] = []
 
-    init(manifest: LoopManifest) { inner = HashRuntime(manifest: manifest) }
+    init(manifest: Manifest) { inner = HashRuntime(manifest: manifest) }
 
     func load(methods: [String]) throws { try inner.load(methods: methods) }
 
@@ -67,21 +67,21 @@ final class BufferReuseTests: XCTestCase {
     override func setUpWithError() throws { dir = try tempDir("buffer-reuse") }
     override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
 
-    func loop(_ m: LoopManifest, _ rt: LoopRuntime) throws -> (LayerLoop, LoopState) {
+    func loop(_ m: Manifest, _ rt: ProgramRuntime) throws -> (LayerLoop, StateBuffer) {
         let url = dir.appendingPathComponent("weights-\(UUID().uuidString.prefix(6)).safetensors")
         try SyntheticWeights.write(for: m, to: url)
         let loop = try LayerLoop(manifest: m, weights: try MappedWeights(url: url), runtime: rt)
         try loop.loadTraining()
-        return (loop, try LoopState(manifest: m, values: (0..<m.state.numel).map { Float($0 % 13) / 100 }))
+        return (loop, try StateBuffer(manifest: m, values: (0..<m.state.numel).map { Float($0 % 13) / 100 }))
     }
 
-    /// Output buffers are allocated in the first step and reused: steps 2.. allocate no HostBuffer
+    /// Output buffers are allocated in the first step and reused: steps 2.. allocate no TensorBuffer
     /// (outputs, padded ids / labels, lr), every activation output goes to one of the first step's
     /// buffers, every state output is written by the runtime straight into its slice of the state
     /// array (the one copy: nothing is copied again by the loop), each output written once; the
     /// losses and the state equal the Data path's (HashRuntime through the default copy).
     func testStepsReuseTheirBuffersAndWriteStateInPlace() throws {
-        let m = try LoopManifest.decode(try Repo.data(Repo.manifest("manifest_tiny.json")), source: "manifest_tiny.json")
+        let m = try Manifest.decode(try Repo.data(Repo.manifest("manifest_tiny.json")), source: "manifest_tiny.json")
         let ids = (0..<m.seqLen - 5).map { Int64(($0 * 7) % m.model.arch.vocab) }
         let labels = ids.enumerated().map { $0.offset < 3 ? Int64(-100) : $0.element }
         let rt = CountingRuntime(manifest: m)
@@ -93,12 +93,12 @@ final class BufferReuseTests: XCTestCase {
         var allocationsAfterFirst = 0
         for (i, sel) in selections.enumerated() {
             let before = rt.destinations.count
-            let allocations = HostMemory.allocations
+            let allocations = TensorMemory.allocations
             let a = try loopA.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: stateA, selected: sel, layersPerCheckpoint: i % 2 + 1)
             let b = try loopB.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: stateB, selected: sel, layersPerCheckpoint: i % 2 + 1)
             XCTAssertEqual(a, b, "step \(i): the loss of the Data path")
             XCTAssertEqual(stateA.sha256, stateB.sha256, "step \(i): the state of the Data path")
-            if i > 0 { allocationsAfterFirst += HostMemory.allocations - allocations }
+            if i > 0 { allocationsAfterFirst += TensorMemory.allocations - allocations }
             stepDestinations.append(Set(rt.destinations[before...].flatMap { $0 }))
         }
         XCTAssertEqual(rt.dataPathCalls, 0, "the loop asks for the outputs in its buffers")
@@ -127,7 +127,7 @@ final class BufferReuseTests: XCTestCase {
     }
 
     /// Generation: the buffers of a decode step are reused by the next: a generation of 8 new tokens
-    /// allocates as many HostBuffers as one of 3 (the KV cache and the prompt's last row: per
+    /// allocates as many TensorBuffers as one of 3 (the KV cache and the prompt's last row: per
     /// generation, not per call), and the ids equal the Data path's.
     func testDecodeStepsAllocateNothing() throws {
         let (p, m) = try syntheticProgram(in: dir)
@@ -135,14 +135,14 @@ final class BufferReuseTests: XCTestCase {
         let rt = CountingRuntime(manifest: m)
         let loop = try LayerLoop(programDirectory: p, runtime: rt)
         try loop.loadGeneration()
-        let state = try LoopState.initial(manifest: m, programDirectory: p)
+        let state = try StateBuffer.initial(manifest: m, programDirectory: p)
         _ = try loop.generate(prompt: prompt, maxNewTokens: 4, state: state, padTokenId: 258)      // the pool fills (>= 2 decode steps)
         var counts: [Int] = []
         var results: [GenerationResult] = []
         for n in [3, 8] {
-            let before = HostMemory.allocations
+            let before = TensorMemory.allocations
             results.append(try loop.generate(prompt: prompt, maxNewTokens: n, state: state, padTokenId: 258))
-            counts.append(HostMemory.allocations - before)
+            counts.append(TensorMemory.allocations - before)
         }
         XCTAssertEqual(counts[0], counts[1], "allocations per generation, not per decode step")
         XCTAssertEqual(counts[1], 2 * m.loop.layers + 1, "the KV cache (k, v per layer) and the last prompt row")
@@ -163,7 +163,7 @@ final class BufferReuseTests: XCTestCase {
         let rt = CountingRuntime(manifest: m)
         let loop = try LayerLoop(programDirectory: p, runtime: rt)
         try loop.loadGeneration()
-        let state = try LoopState.initial(manifest: m, programDirectory: p)
+        let state = try StateBuffer.initial(manifest: m, programDirectory: p)
         let newTokens = 5
         let ids = try loop.generate(prompt: prompt, maxNewTokens: newTokens, state: state, padTokenId: 258)
         XCTAssertEqual(rt.misplacedCacheRuns, [])
@@ -191,7 +191,7 @@ final class BufferReuseTests: XCTestCase {
     /// anything is written.
     func testCacheRowsPastTheEndAreDroppedAndBadRowsRefused() throws {
         let (hk, s, n, d) = (2, 8, 4, 3)
-        let cache = HostBuffer(byteCount: 4 * hk * s * d)
+        let cache = TensorBuffer(byteCount: 4 * hk * s * d)
         let out = (0..<(hk * n * d)).map { Float($0 + 1) }
         let o = try LoopOutput(name: "k_new", bind: .cache, ref: "k_0", dtype: "float32", shape: [hk, n, d], byteCount: 4 * out.count,
                                cache: cache.raw, pos: 6, what: "block_prefill k_new")

@@ -94,3 +94,19 @@ final class DataTests: XCTestCase {
         XCTAssertEqual(rng.next(), 0xE220_A839_7B1D_CDAF)
     }
 }
+
+/// The contract's names (`Contract`, toolchain/contract) against a program the host exported with them.
+final class ContractNamesTests: XCTestCase {
+    func testTheRolesAndTheManifestNameAreTheExportedProgram() throws {
+        let dir = ReplayTests.traceDir.appendingPathComponent("program")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: dir.appendingPathComponent(Contract.manifestName).path))
+        let m = try Manifest.load(directory: dir)
+        XCTAssertEqual(m.schemaVersion, Contract.manifestSchemaVersion)
+        XCTAssertEqual(m.weights.layerPlaceholder, Contract.layer)
+        // in call order, as toolchain/contract/methods.py lists them and the exporter wrote them
+        var roles: [String] = []
+        for r in m.methods.map(\.role) where !roles.contains(r) { roles.append(r) }
+        XCTAssertEqual(roles.filter { !Contract.generationRoles.contains($0) }, Contract.trainingRoles)
+        XCTAssertEqual(roles.filter { !Contract.trainingRoles.contains($0) }, Contract.generationRoles)
+    }
+}

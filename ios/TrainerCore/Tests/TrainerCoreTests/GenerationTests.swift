@@ -5,8 +5,8 @@ import XCTest
 /// A runtime around another one that counts calls in flight at once (the loop must never call a
 /// runtime from two threads at a time), widens each call a little so an overlap would show, and
 /// lets a test act after a call (`afterCall`: method and layer).
-final class CheckedRuntime: LoopRuntime {
-    let inner: LoopRuntime
+final class CheckedRuntime: ProgramRuntime {
+    let inner: ProgramRuntime
     var backendName: String { inner.backendName }
     var registeredKernels: Set<String> { inner.registeredKernels }
     var afterCall: ((String, Int?) -> Void)?
@@ -15,7 +15,7 @@ final class CheckedRuntime: LoopRuntime {
     private var maxSeen = 0
     private(set) var executed = 0
 
-    init(_ inner: LoopRuntime) { self.inner = inner }
+    init(_ inner: ProgramRuntime) { self.inner = inner }
 
     var maxInFlight: Int { lock.lock(); defer { lock.unlock() }; return maxSeen }
 
@@ -39,16 +39,16 @@ final class CheckedRuntime: LoopRuntime {
 /// (method, each input's name and sha256), and runs each on `inner` under the stock method's name with
 /// the stock method's input names (positionally; the same count): so a replay of a trace recorded with
 /// the stock methods checks that every fused call got exactly the stock call's input bytes.
-final class FusedKernelRuntime: LoopRuntime {
-    let inner: LoopRuntime
-    let manifest: LoopManifest
+final class FusedKernelRuntime: ProgramRuntime {
+    let inner: ProgramRuntime
+    let manifest: Manifest
     let registeredKernels: Set<String>
     var backendName: String { inner.backendName }
     private(set) var called: [(method: String, inputs: [(name: String, sha: String)])] = []
     private(set) var loaded: [String] = []
     private let toStock: [String: String]
 
-    init(_ inner: LoopRuntime, manifest: LoopManifest, kernels: Set<String>? = nil) {
+    init(_ inner: ProgramRuntime, manifest: Manifest, kernels: Set<String>? = nil) {
         (self.inner, self.manifest) = (inner, manifest)
         registeredKernels = kernels ?? Set(manifest.generate?.fused?.kernels ?? [])
         toStock = Dictionary((manifest.generate?.fused?.methods ?? [:]).map { ($1, $0) }, uniquingKeysWith: { a, _ in a })
@@ -99,7 +99,7 @@ final class GenerationTests: XCTestCase {
         let trace: [String: Any]
         let outputs: Data
         let program: URL
-        let state: LoopState
+        let state: StateBuffer
         let pad: Int64
         let prompt: [Int64]
         let maxNewTokens: Int
@@ -124,7 +124,7 @@ final class GenerationTests: XCTestCase {
         let program = dir.appendingPathComponent(trace["program"] as! String)
         let rt = ReplayRuntime(trace: trace, outputs: outputs)
         let loop = try LayerLoop(programDirectory: program, runtime: rt)
-        let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
+        let state = try StateBuffer.initial(manifest: loop.manifest, programDirectory: program)
         let pad = Int64(trace["pad_token_id"] as! Int)
         let rows = (trace["rows"] as! [[String: Any]]).map { r in ((r["input_ids"] as! [Int]).map(Int64.init), (r["labels"] as! [Int]).map(Int64.init)) }
         let steps = trace["steps"] as! [[String: Any]]
@@ -288,7 +288,7 @@ final class GenerationTests: XCTestCase {
     /// another one) the stock names are called.
     func testFusedMethodsWhenTheRuntimeHasTheKernel() throws {
         let t = try Self.traced.get()
-        let m = try LoopManifest.load(directory: t.program)
+        let m = try Manifest.load(directory: t.program)
         let fused = try XCTUnwrap(m.generate?.fused)
         XCTAssertEqual(fused.kernels, ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"])
         XCTAssertEqual(fused.methods, ["block_decode": "block_decode_fused", "block_prefill": "block_prefill_fused", "head_logits": "head_logits_fused"])
@@ -318,7 +318,7 @@ final class GenerationTests: XCTestCase {
             let loop2 = try LayerLoop(programDirectory: t.program, runtime: k2)
             XCTAssertFalse(loop2.generationIsFused)
             try loop2.loadGeneration()
-            XCTAssertEqual(k2.loaded, LayerLoop.generationRoles)
+            XCTAssertEqual(k2.loaded, Contract.generationRoles)
             XCTAssertEqual(try loop2.generate(prompt: t.prompt, maxNewTokens: t.maxNewTokens, state: t.state, padTokenId: t.pad).ids, t.outputIds)
             XCTAssertEqual(k2.called.map(\.method), Array(recorded))
             XCTAssertNil(rt2.mismatch)
@@ -338,14 +338,14 @@ final class GenerationTests: XCTestCase {
             let rt = HashRuntime(manifest: m, kernels: kernels)
             let loop = try LayerLoop(programDirectory: p, runtime: rt)
             try loop.loadGeneration()
-            let state = try LoopState.initial(manifest: m, programDirectory: p)
+            let state = try StateBuffer.initial(manifest: m, programDirectory: p)
             return (rt, try loop.generate(prompt: prompt, maxNewTokens: 6, state: state, padTokenId: 258))
         }
         let (stock, a) = try run([])
         let (withKernel, b) = try run(Set(fused.kernels))
         XCTAssertEqual(b, a)
-        XCTAssertEqual(stock.loaded, LayerLoop.generationRoles)
-        XCTAssertEqual(withKernel.loaded, LayerLoop.generationRoles.map { fused.methods[$0] ?? $0 })
+        XCTAssertEqual(stock.loaded, Contract.generationRoles)
+        XCTAssertEqual(withKernel.loaded, Contract.generationRoles.map { fused.methods[$0] ?? $0 })
         XCTAssertEqual(withKernel.calls.map(\.method), stock.calls.map { fused.methods[$0.method] ?? $0.method })
         XCTAssertEqual(withKernel.calls.map { $0.inputs.map(\.sha) }, stock.calls.map { $0.inputs.map(\.sha) }, "the same input bytes")
         XCTAssertEqual(withKernel.calls.map(\.layer), stock.calls.map(\.layer))
@@ -386,7 +386,7 @@ final class GenerationTests: XCTestCase {
             try m.validate()
             let rt = HashRuntime(manifest: m)
             let loop = try LayerLoop(manifest: m, weights: try MappedWeights(url: p.appendingPathComponent(m.weights.file)), runtime: rt)
-            let state = try LoopState.initial(manifest: m, programDirectory: p)
+            let state = try StateBuffer.initial(manifest: m, programDirectory: p)
             let r = try loop.generate(prompt: (0..<n).map { Int64($0 % 200 + 40) }, maxNewTokens: 2, state: state)
             XCTAssertEqual(r.ids.count, 2)
             let decode = try XCTUnwrap(m.method(role: "block_decode"))
@@ -486,11 +486,11 @@ final class GenerationTests: XCTestCase {
 
     /// A program for the tiny generation manifest (`Repo.manifest`, byte tokenizer, int4 with fused
     /// methods) with synthetic weights and state_init.bin.
-    func program() throws -> (URL, LoopManifest) {
+    func program() throws -> (URL, Manifest) {
         try syntheticProgram(in: dir)
     }
 
-    func session(_ p: URL, _ m: LoopManifest, runtime: LoopRuntime, steps: Int) throws -> TrainingSession {
+    func session(_ p: URL, _ m: Manifest, runtime: ProgramRuntime, steps: Int) throws -> TrainingSession {
         let data = try TrainingData.prepare(.text(SessionTests.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0, seed: 0)
         let clock = TickClock()
         return try TrainingSession(programDirectory: p, programName: "tiny", runtime: runtime, data: data,

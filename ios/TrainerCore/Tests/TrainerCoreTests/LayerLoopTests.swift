@@ -5,17 +5,17 @@ import XCTest
 /// A fake runtime for the loop's unit tests: each output is a deterministic function of the sha256
 /// of all the call's inputs (so a wrong binding changes everything downstream), every call recorded
 /// (method, layer, each input's sha256 and address, each output's bytes).
-final class HashRuntime: LoopRuntime {
-    struct Call { let method: String; let layer: Int?; let inputs: [(name: String, bind: LoopManifest.IO.Bind, ref: String, sha: String, address: UnsafeRawPointer?)]; let outputs: [Data] }
+final class HashRuntime: ProgramRuntime {
+    struct Call { let method: String; let layer: Int?; let inputs: [(name: String, bind: IoSpec.Bind, ref: String, sha: String, address: UnsafeRawPointer?)]; let outputs: [Data] }
     let backendName = "executorch"
-    let manifest: LoopManifest
+    let manifest: Manifest
     var calls: [Call] = []
     var loaded: [String] = []
     var wrongOutputCount = false
     /// The native kernels this fake claims to have registered (generation then calls the fused methods).
     let registeredKernels: Set<String>
 
-    init(manifest: LoopManifest, kernels: Set<String> = []) { (self.manifest, registeredKernels) = (manifest, kernels) }
+    init(manifest: Manifest, kernels: Set<String> = []) { (self.manifest, registeredKernels) = (manifest, kernels) }
 
     func load(methods: [String]) throws { loaded += methods }
 
@@ -44,7 +44,7 @@ final class HashRuntime: LoopRuntime {
 /// A weights file for a manifest: every weight key its methods bind (all layers), with the shape
 /// they name, filled with a pattern; 64-byte aligned tensors as `export/weights_file.py` writes them.
 enum SyntheticWeights {
-    static func write(for manifest: LoopManifest, to url: URL) throws {
+    static func write(for manifest: Manifest, to url: URL) throws {
         var shapes: [String: (String, [Int])] = [:]
         for m in manifest.methods {
             for io in m.inputs where io.bind == .weight {
@@ -93,21 +93,21 @@ final class LayerLoopTests: XCTestCase {
 
     override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
 
-    func tinyManifest() throws -> LoopManifest {
-        try LoopManifest.decode(try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json")), source: "manifest_tiny.json")
+    func tinyManifest() throws -> Manifest {
+        try Manifest.decode(try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json")), source: "manifest_tiny.json")
     }
 
-    func makeLoop(_ m: LoopManifest) throws -> (LayerLoop, HashRuntime, LoopState) {
+    func makeLoop(_ m: Manifest) throws -> (LayerLoop, HashRuntime, StateBuffer) {
         let url = dir.appendingPathComponent("weights.safetensors")
         try SyntheticWeights.write(for: m, to: url)
         let rt = HashRuntime(manifest: m)
         let loop = try LayerLoop(manifest: m, weights: try MappedWeights(url: url), runtime: rt)
         try loop.loadTraining()
         let values = (0..<m.state.numel).map { Float($0 % 13) / 100 }
-        return (loop, rt, try LoopState(manifest: m, values: values))
+        return (loop, rt, try StateBuffer(manifest: m, values: values))
     }
 
-    func row(_ m: LoopManifest) -> ([Int64], [Int64]) {
+    func row(_ m: Manifest) -> ([Int64], [Int64]) {
         let ids = (0..<m.seqLen - 5).map { Int64(($0 * 7) % m.model.arch.vocab) }
         return (ids, ids.enumerated().map { $0.offset < 3 ? -100 : $0.element })
     }
@@ -127,7 +127,7 @@ final class LayerLoopTests: XCTestCase {
     /// before chunked prefill (generate without prefill_chunk, block_kv) is refused: re-export.
     func testGenerationContractDecodes() throws {
         let data = try Repo.data(Repo.manifest("manifest_tiny_generate.json"))
-        let m = try LoopManifest.decode(data)
+        let m = try Manifest.decode(data)
         XCTAssertTrue(m.canGenerate)
         XCTAssertEqual(m.prefillChunk, 16)
         XCTAssertEqual(m.quant?.head, true)
@@ -148,9 +148,9 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertEqual(m.cacheShapes.first?.shape, [2, 64, 16])
 
         let stock = m.generationMethods(registeredKernels: [])
-        XCTAssertEqual(LayerLoop.generationRoles.map { stock[$0]!.name }, LayerLoop.generationRoles)
+        XCTAssertEqual(Contract.generationRoles.map { stock[$0]!.name }, Contract.generationRoles)
         let withKernel = m.generationMethods(registeredKernels: ["toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out", "other::op.out"])
-        XCTAssertEqual(LayerLoop.generationRoles.map { withKernel[$0]!.name },
+        XCTAssertEqual(Contract.generationRoles.map { withKernel[$0]!.name },
                        ["embed_token", "embed_prefill", "block_prefill_fused", "block_decode_fused", "head_logits_fused"])
         XCTAssertEqual(m.generationMethods(registeredKernels: ["other::op.out"]).mapValues(\.name), stock.mapValues(\.name))
         // a runtime with only some of the kernels (an older kernel library) runs the stock methods
@@ -173,32 +173,32 @@ final class LayerLoopTests: XCTestCase {
         var gen = obj["generate"] as! [String: Any]
         gen.removeValue(forKey: "prefill_chunk")
         obj["generate"] = gen
-        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+        XCTAssertThrowsError(try Manifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
             XCTAssertTrue("\(e)".contains("re-export") && "\(e)".contains("chunked prefill"), "\(e)")
         }
         // a fused map to a method of another role is refused
         gen["prefill_chunk"] = 16
         gen["fused"] = ["kernels": ["toolchain::int4_linear_a8.out"], "source": "x", "methods": ["block_decode": "head_logits_fused"]]
         obj["generate"] = gen
-        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+        XCTAssertThrowsError(try Manifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
             XCTAssertTrue("\(e)".contains("generate.fused"), "\(e)")
         }
         // exported without the generation methods: decodes, cannot generate
         obj["generate"] = NSNull()
-        XCTAssertFalse(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj)).canGenerate)
+        XCTAssertFalse(try Manifest.decode(try JSONSerialization.data(withJSONObject: obj)).canGenerate)
     }
 
     func testVersion2Refused() throws {
         var obj = try JSONSerialization.jsonObject(with: try Repo.data(Repo.examples.appendingPathComponent("manifest_tiny.json"))) as! [String: Any]
         obj["schema_version"] = 2
-        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+        XCTAssertThrowsError(try Manifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
             XCTAssertTrue("\(e)".contains("re-export"), "\(e)")
         }
         obj["schema_version"] = 3
         var methods = obj["methods"] as! [[String: Any]]
         methods.removeAll { ($0["role"] as? String) == "block_backward" }
         obj["methods"] = methods
-        XCTAssertThrowsError(try LoopManifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
+        XCTAssertThrowsError(try Manifest.decode(try JSONSerialization.data(withJSONObject: obj))) { e in
             XCTAssertTrue("\(e)".contains("block_backward"), "\(e)")
         }
     }
@@ -338,7 +338,7 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertThrowsError(try run(nil, 0))
     }
 
-    /// The checkpoints a step does not keep are really let go of: the loop's peak memory (live HostBuffer
+    /// The checkpoints a step does not keep are really let go of: the loop's peak memory (live TensorBuffer
     /// bytes) during a step is (checkpoints alive at most + 2) [T, d] rows (the rows being passed
     /// along and the call's output) plus the small inputs, so fewer with larger groups; they go back
     /// to the loop's `BufferPool`, and the next step reuses them without allocating.
@@ -350,20 +350,20 @@ final class LayerLoopTests: XCTestCase {
         var peaks: [Int: Int] = [:]
         for s in [1, 2, 3, 8] {
             let (loop, _, state) = try makeLoop(m)
-            let base = HostMemory.live
-            HostMemory.resetPeak()
+            let base = TensorMemory.live
+            TensorMemory.resetPeak()
             _ = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, layersPerCheckpoint: s)
-            let grown = HostMemory.peak - base
+            let grown = TensorMemory.peak - base
             let alive = CheckpointGroups.peakAlive(try CheckpointGroups.groups(Array(0..<L), layersPerCheckpoint: s))
             XCTAssertEqual(grown / rowBytes, alive + 2, "s = \(s): \(grown) bytes at the peak")
             // what the step let go of is idle in the loop's pool (no buffer is held outside it), and the
             // next step reuses it: no allocation, no higher peak
             XCTAssertEqual(loop.buffers.inUseBytes, 0, "s = \(s): the step left buffers alive")
-            XCTAssertLessThanOrEqual(HostMemory.live, base + loop.buffers.bytes + 64, "s = \(s)")
-            let allocations = HostMemory.allocations
+            XCTAssertLessThanOrEqual(TensorMemory.live, base + loop.buffers.bytes + 64, "s = \(s)")
+            let allocations = TensorMemory.allocations
             _ = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, layersPerCheckpoint: s)
-            XCTAssertEqual(HostMemory.allocations, allocations, "s = \(s): the second step allocated")
-            XCTAssertEqual(HostMemory.peak - base, grown, "s = \(s): the second step raised the peak")
+            XCTAssertEqual(TensorMemory.allocations, allocations, "s = \(s): the second step allocated")
+            XCTAssertEqual(TensorMemory.peak - base, grown, "s = \(s): the second step raised the peak")
             peaks[s] = grown
         }
         XCTAssertEqual(peaks[1]! - peaks[2]!, (L - 5) * rowBytes, "8 layers in groups of 2: 5 inputs alive instead of 8")
@@ -371,7 +371,7 @@ final class LayerLoopTests: XCTestCase {
 
     /// What the budget guard plans with: the manifest's peak with the checkpoints of min(k, ceil(k/s) + s - 1)
     /// layers instead of every layer's (toolchain/memory/fit.py).
-    func testPlannedCheckpointsOfTheBudgetGuard() throws {
+    func testPlannedCheckpointsOfTheMemoryGuard() throws {
         for (k, s, want) in [(1, 1, 1), (8, 1, 8), (8, 2, 5), (8, 3, 5), (8, 8, 8), (24, 5, 9), (24, 1, 24), (3, 2, 3), (2, 5, 2), (9, 3, 5)] {
             XCTAssertEqual(CheckpointGroups.maxAlive(selected: k, layersPerCheckpoint: s), min(k, (k + s - 1) / s + s - 1), "k \(k) s \(s)")
             XCTAssertEqual(CheckpointGroups.maxAlive(selected: k, layersPerCheckpoint: s), want, "k \(k) s \(s)")
@@ -402,9 +402,9 @@ final class LayerLoopTests: XCTestCase {
         XCTAssertEqual(try cfg2.plannedPeakBytes(manifest: m, target: "executorch"), estimate - all + 5 * row)
         // and the guard stops or lets the step run on that figure
         let tight = estimate - all + 6 * row
-        XCTAssertEqual(BudgetGuard(budgetBytes: tight, plannedPeakBytes: try cfg2.plannedPeakBytes(manifest: m, target: "executorch"))
+        XCTAssertEqual(MemoryGuard(budgetBytes: tight, plannedPeakBytes: try cfg2.plannedPeakBytes(manifest: m, target: "executorch"))
             .decide(footprint: 0, available: nil, pressure: .normal), .proceed)
-        XCTAssertNotEqual(BudgetGuard(budgetBytes: tight, plannedPeakBytes: m.plannedPeakBytes())
+        XCTAssertNotEqual(MemoryGuard(budgetBytes: tight, plannedPeakBytes: m.plannedPeakBytes())
             .decide(footprint: 0, available: nil, pressure: .normal), .proceed)
     }
 

@@ -31,8 +31,8 @@ final class PhoneTests: XCTestCase {
         let name = try ProgramImport.run(source: source, into: paths.programs, chunkBytes: 64 << 10) { seen.append($0) }
         XCTAssertEqual(name, "v3_tiny__copy_")
         XCTAssertEqual(paths.programNames(), [name])
-        let m = try LoopManifest.load(directory: source)
-        let total = try ([LoopManifest.fileName] + m.files.keys).map { try XCTUnwrap(ProgramVerification.facts(source.appendingPathComponent($0))).size }.reduce(0, +)
+        let m = try Manifest.load(directory: source)
+        let total = try ([Contract.manifestName] + m.files.keys).map { try XCTUnwrap(ProgramVerification.facts(source.appendingPathComponent($0))).size }.reduce(0, +)
         XCTAssertEqual(seen.first?.phase, .checking)
         XCTAssertEqual(seen.last, ProgramImport.Progress(phase: .done, bytesDone: total, bytesTotal: total, file: ""))
         let copying = seen.filter { $0.phase == .copying }
@@ -40,7 +40,7 @@ final class PhoneTests: XCTestCase {
         XCTAssertEqual(copying.map(\.bytesDone), copying.map(\.bytesDone).sorted(), "monotone")
         XCTAssertTrue(seen.contains { $0.phase == .verifying })
         let dest = paths.programs.appendingPathComponent(name)
-        for f in [LoopManifest.fileName] + m.files.keys {
+        for f in [Contract.manifestName] + m.files.keys {
             XCTAssertEqual(try Data(contentsOf: dest.appendingPathComponent(f)), try Data(contentsOf: source.appendingPathComponent(f)), f)
         }
         XCTAssertTrue(ProgramVerification.isVerified(directory: dest, manifest: m))
@@ -82,7 +82,7 @@ final class PhoneTests: XCTestCase {
     /// is hashed again.
     func testVerifyOncePerImport() throws {
         let p = try copyOfTraceProgram()
-        let m = try LoopManifest.load(directory: p)
+        let m = try Manifest.load(directory: p)
         var last = (0, 0)
         XCTAssertTrue(try ProgramVerification.ensureVerified(directory: p, manifest: m) { last = ($0, $1) })
         XCTAssertEqual(last.0, last.1)
@@ -223,7 +223,7 @@ final class PhoneTests: XCTestCase {
                                        log: { ["I ring: loading", "E ring: the last line"] }, started: { started },
                                        sent: { sent += 1 }, clock: { 1_767_225_600 }) { try body() }
         }
-        XCTAssertThrowsError(try start("Opening prog") { try LoopManifest.load(directory: prog) })
+        XCTAssertThrowsError(try start("Opening prog") { try Manifest.load(directory: prog) })
         // a second start of the same run, failing in the runtime with ExecuTorch's own lines
         let loadFailure = RuntimeFailure(message: "ExecuTorch could not load model.pte: Error 0x14 (OperatorMissing)", code: "load_failed",
                                          log: ["E operator_registry.cpp:1] toolchain::int4_linear_a8.out missing"])
@@ -354,13 +354,13 @@ final class PhoneTests: XCTestCase {
 
 /// HashRuntime that throws a `RuntimeFailure` at its `failAtCall`-th call (with a log line of its
 /// own when `ownLog`).
-final class FailingRuntime: LoopRuntime {
+final class FailingRuntime: ProgramRuntime {
     let backendName = "executorch"
     let inner: HashRuntime
     let failAtCall: Int
     let ownLog: Bool
     var calls = 0
-    init(manifest: LoopManifest, failAtCall: Int, ownLog: Bool) { (inner, self.failAtCall, self.ownLog) = (HashRuntime(manifest: manifest), failAtCall, ownLog) }
+    init(manifest: Manifest, failAtCall: Int, ownLog: Bool) { (inner, self.failAtCall, self.ownLog) = (HashRuntime(manifest: manifest), failAtCall, ownLog) }
     func load(methods: [String]) throws { try inner.load(methods: methods) }
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data] {
         calls += 1

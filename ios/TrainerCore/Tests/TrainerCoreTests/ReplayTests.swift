@@ -5,7 +5,7 @@ import XCTest
 /// A runtime that replays a recorded trace (`shared_schemas/traces/README.md`): call i must be the
 /// recorded method and layer with every input's dtype, shape and sha256 as recorded; it returns the
 /// recorded outputs (bytes of outputs.bin). The first mismatch is thrown and kept.
-final class ReplayRuntime: LoopRuntime {
+final class ReplayRuntime: ProgramRuntime {
     let backendName = "executorch"
     let calls: [[String: Any]]
     let outputs: Data
@@ -57,7 +57,7 @@ final class ReplayTests: XCTestCase {
     /// generation (the prompt in two prefill chunks, the last padded, then the KV-cache decode) with
     /// the stock methods (the replay runtime has no native kernel); every input bit for bit, the
     /// losses, each step's state and the final state.
-    func testReplayV3Tiny() throws {
+    func testReplayTiny() throws {
         let (trace, calls) = try replay(Self.traceDir)
         XCTAssertNil(trace["layers_per_checkpoint"] as? Int)
         XCTAssertEqual(calls, 74)
@@ -67,7 +67,7 @@ final class ReplayTests: XCTestCase {
     /// keeps the inputs of l_0, l_2, ... of each step's selected layers and the backward reruns
     /// block_forward at each group's top; every call (the 4 reruns included) bit for bit, and the same
     /// losses, per-step states and final state as v3_tiny.
-    func testReplayV3TinyGroups() throws {
+    func testReplayTinyGroups() throws {
         let (trace, calls) = try replay(Self.groupsTraceDir)
         XCTAssertEqual(trace["layers_per_checkpoint"] as? Int, 2)
         XCTAssertEqual(calls, 78)
@@ -96,7 +96,7 @@ final class ReplayTests: XCTestCase {
         let outputs = try Data(contentsOf: traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
         let rt = ReplayRuntime(trace: trace, outputs: outputs)
         let loop = try LayerLoop(programDirectory: program, runtime: rt)
-        let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
+        let state = try StateBuffer.initial(manifest: loop.manifest, programDirectory: program)
         XCTAssertEqual(state.sha256, trace["initial_state_sha256"] as? String, "state_init.bin")
         let pad = Int64(trace["pad_token_id"] as! Int)
         let lr = Float(trace["lr"] as! Double)
@@ -158,7 +158,7 @@ final class ReplayTests: XCTestCase {
         guard FileManager.default.fileExists(atPath: traceURL.path) else { XCTFail("no trace"); return }
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceURL)) as! [String: Any]
         let steps = (trace["steps"] as! [[String: Any]]).filter { $0["kind"] as? String == "train" }
-        let m = try LoopManifest.load(directory: Self.traceDir.appendingPathComponent("program"))
+        let m = try Manifest.load(directory: Self.traceDir.appendingPathComponent("program"))
         XCTAssertTrue(steps.contains { ($0["selected"] as! [Int]).count < m.loop.layers })
         XCTAssertTrue((trace["calls"] as! [[String: Any]]).contains { $0["method"] as? String == "block_skip_update" })
         // a replay of a tampered trace input fails at that call
@@ -171,7 +171,7 @@ final class ReplayTests: XCTestCase {
         let program = Self.traceDir.appendingPathComponent("program")
         let rt = ReplayRuntime(trace: bad, outputs: try Data(contentsOf: Self.traceDir.appendingPathComponent("outputs.bin")))
         let loop = try LayerLoop(programDirectory: program, runtime: rt)
-        let state = try LoopState.initial(manifest: loop.manifest, programDirectory: program)
+        let state = try StateBuffer.initial(manifest: loop.manifest, programDirectory: program)
         let row = (trace["rows"] as! [[String: Any]])[0]
         XCTAssertThrowsError(try loop.trainStep(inputIds: (row["input_ids"] as! [Int]).map(Int64.init), labels: (row["labels"] as! [Int]).map(Int64.init),
                                                 lr: Float(trace["lr"] as! Double), state: state, selected: Set(steps[0]["selected"] as! [Int])))

@@ -36,7 +36,7 @@ final class SafetensorsTests: XCTestCase {
     /// manifest's `adapter.config`.
     func testAdapterExportOfTheInitialStateIsAdapterInit() throws {
         let program = Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny/program")
-        let m = try LoopManifest.load(directory: program)
+        let m = try Manifest.load(directory: program)
         let state = try StateFile.loadInitial(manifest: m, programDirectory: program)
         let dir = try tempDir().appendingPathComponent("adapter")
         try AdapterExporter.write(state: state, manifest: m, to: dir)

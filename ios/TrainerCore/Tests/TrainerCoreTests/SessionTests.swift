@@ -14,14 +14,14 @@ final class SessionTests: XCTestCase {
 
     /// A program directory for the manifest `example` (`Repo.manifest`): its manifest, a synthetic weights
     /// file, a state_init.bin (the tiny examples' tokenizer is the byte one: no file needed).
-    func program(_ example: String = "manifest_tiny_generate.json") throws -> (URL, LoopManifest) {
+    func program(_ example: String = "manifest_tiny_generate.json") throws -> (URL, Manifest) {
         try syntheticProgram(in: dir, example: example)
     }
 
     static let text = String(repeating: "The lamp was lit at dusk and the fog came in from the sea. ", count: 12)
 
-    func session(_ p: URL, _ m: LoopManifest, data: TrainingData, steps: Int = 6, selection: LayerSelection = .cyclic(k: 3),
-                 checkpoint: CheckpointStore? = nil, sink: MemorySink = MemorySink(), budget: BudgetGuard? = nil,
+    func session(_ p: URL, _ m: Manifest, data: TrainingData, steps: Int = 6, selection: LayerSelection = .cyclic(k: 3),
+                 checkpoint: CheckpointStore? = nil, sink: MemorySink = MemorySink(), budget: MemoryGuard? = nil,
                  probes: MemoryProbes = MemoryProbes(), usedSeq: ((String) -> Int)? = nil,
                  identity: FileIdentitySource? = nil) throws -> (TrainingSession, HashRuntime) {
         let rt = HashRuntime(manifest: m)
@@ -162,7 +162,7 @@ final class SessionTests: XCTestCase {
         files["model.pte"] = String(repeating: "e", count: 64)
         other["files"] = files
         try JSONSerialization.data(withJSONObject: other).write(to: p.appendingPathComponent("manifest.json"))
-        let (d, _) = try session(p, try LoopManifest.load(directory: p), data: data, checkpoint: cut)
+        let (d, _) = try session(p, try Manifest.load(directory: p), data: data, checkpoint: cut)
         XCTAssertThrowsError(try d.start()) { XCTAssertTrue("\($0)".contains("another export"), "\($0)") }
     }
 
@@ -185,7 +185,7 @@ final class SessionTests: XCTestCase {
         let fp = ScriptedProbe([MemorySample(probe: "ios_phys_footprint", anonBytes: 900 << 20, peakBytes: 900 << 20)])
         let sink2 = MemorySink()
         let (t, _) = try session(p, m, data: data, checkpoint: CheckpointStore(url: dir.appendingPathComponent("b.safetensors")), sink: sink2,
-                                 budget: BudgetGuard(budgetBytes: 512 << 20, plannedPeakBytes: m.plannedPeakBytes()),
+                                 budget: MemoryGuard(budgetBytes: 512 << 20, plannedPeakBytes: m.plannedPeakBytes()),
                                  probes: MemoryProbes(footprint: fp))
         try t.start(runId: "ios-budget")
         XCTAssertEqual(try t.run(), .failed)

@@ -104,11 +104,11 @@ final class TickClock {
 
 /// A program directory under `dir` for the manifest `example` (`Repo.manifest`): its manifest, a synthetic
 /// weights file and a state_init.bin (the tiny examples' tokenizer is the byte one: no file needed).
-func syntheticProgram(in dir: URL, example: String = "manifest_tiny_generate.json") throws -> (URL, LoopManifest) {
+func syntheticProgram(in dir: URL, example: String = "manifest_tiny_generate.json") throws -> (URL, Manifest) {
     let p = dir.appendingPathComponent("program-\(UUID().uuidString.prefix(6))")
     try FileManager.default.createDirectory(at: p, withIntermediateDirectories: true)
     try FileManager.default.copyItem(at: Repo.manifest(example), to: p.appendingPathComponent("manifest.json"))
-    let m = try LoopManifest.load(directory: p)
+    let m = try Manifest.load(directory: p)
     try SyntheticWeights.write(for: m, to: p.appendingPathComponent(m.weights.file))
     try StateFile.encode((0..<m.state.numel).map { Float($0 % 13) / 100 }).write(to: p.appendingPathComponent(m.state.initFile))
     return (p, m)

@@ -1,18 +1,20 @@
 package org.onphonellm.trainer.app
 
 import android.util.Log
+import org.onphonellm.trainer.core.CacheRows
 import org.onphonellm.trainer.core.ElemType
 import org.onphonellm.trainer.core.LayerLoop
-import org.onphonellm.trainer.core.NdBuffer
+import org.onphonellm.trainer.core.TensorBuffer
 import org.onphonellm.trainer.core.OutputBuffers
 import org.onphonellm.trainer.core.ProgramRuntime
-import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.Manifest
 import org.pytorch.executorch.EValue
 import org.pytorch.executorch.ExecutorchRuntimeException
 import org.pytorch.executorch.Module
 import org.pytorch.executorch.Tensor
 import java.io.File
 import java.nio.ByteOrder
+import java.nio.FloatBuffer
 import org.pytorch.executorch.DType as EtDType
 
 /**
@@ -35,16 +37,18 @@ import org.pytorch.executorch.DType as EtDType
  *   direct buffers, the state buffer's entry windows, the app's activations (the JNI reads a direct
  *   buffer's address; each window is its own slice, so `capacity()` is exactly the tensor's size).
  *   Little-endian = the native order of every Android ABI.
- * - Outputs live in the method's arena until the next call; each is copied once (`copyDataInto`), straight
- *   into where the loop keeps it ([executeInto]: the state slice, the loop's pooled activation buffer), or
- *   into this runtime's buffer of that output, allocated once per method ([OutputBuffers]: the KV cache rows,
- *   which the loop spreads over the cache). No direct buffer is allocated per call.
+ * - Outputs live in the method's arena until the next call (the JNI hands each out as a direct buffer over the
+ *   arena, `Tensor.getRawDataBuffer()`); each is copied once, straight into where the loop keeps it
+ *   ([executeInto]): `copyDataInto` into the state slice or the loop's pooled activation buffer, and a KV-cache
+ *   output's rows from the arena view into the layer's cache ([CacheRows.write], one bulk put per kv head).
+ *   Only a call without destinations ([execute]) copies into this runtime's own buffer of each output, allocated
+ *   once per method ([OutputBuffers]). No direct buffer is allocated per call.
  * - Threads: training and a generation beside it call this one Module from two threads, never at once: each
  *   call, from wrapping the inputs to the loop's copy of the outputs, holds the session's fair runtime lock
  *   (`LayerLoop.runtimeLock`). The Module's own lock (`Module.execute`) covers the native call only, not the
  *   outputs, which alias the method's arena.
  */
-class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean = false) : ProgramRuntime, AutoCloseable {
+class ExecuTorchRuntime(pte: File, program: Manifest, requireKernels: Boolean = false) : ProgramRuntime, AutoCloseable {
     private val module: Module = Module.load(pte.absolutePath, Module.LOAD_MODE_MMAP)
     private val specs = program.methods
     /** The kernels this runtime has registered, as far as the program's methods tell (empty: stock ExecuTorch). */
@@ -84,19 +88,19 @@ class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean =
     override fun hasKernels(kernels: Collection<String>): Boolean = this.kernels.containsAll(kernels)
 
     /** The input EValues of the weight and state views, by identity (the loop passes the same view objects every call). */
-    private val stable = java.util.IdentityHashMap<NdBuffer, EValue>()
+    private val stable = java.util.IdentityHashMap<TensorBuffer, EValue>()
 
     /** One output buffer per output of each method, allocated by its first call (the KV cache rows land here). */
     private val own = OutputBuffers(program)
 
-    override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> = executeInto(method, inputs, emptyList())
+    override fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer> = executeInto(method, inputs, emptyList(), emptyList())
 
     /**
      * Each output copied once, out of the method's arena: into the loop's destination (its state slice, its pooled
-     * activation buffer) when it offers one, else into this runtime's buffer of that output ([own], reused by
-     * every call). No direct buffer is allocated after a method's first call.
+     * activation buffer; the KV cache rows of a cache output) when it offers one, else into this runtime's buffer of
+     * that output ([own], reused by every call). No direct buffer is allocated after a method's first call.
      */
-    override fun executeInto(method: String, inputs: List<NdBuffer>, into: List<NdBuffer?>): List<NdBuffer> {
+    override fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> {
         val spec = specs[method] ?: throw IllegalStateException("no method $method")
         // Weights and state entries are the same views call after call: their tensors are made once (the JNI reads
         // the buffer's address at each call); activations are wrapped per call.
@@ -107,13 +111,19 @@ class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean =
         }
         val outs = module.execute(method, *args)
         if (outs.size != spec.outputs.size) throw IllegalStateException("$method returned ${outs.size} outputs, the manifest lists ${spec.outputs.size}")
-        val mine = own.of(method)
         return outs.mapIndexed { i, v ->
             if (!v.isTensor) throw IllegalStateException("output $i of $method is not a tensor")
             val t = v.toTensor()
             val io = spec.outputs[i]
             if (t.numel() != io.numel.toLong()) throw IllegalStateException("output ${io.name} of $method has ${t.numel()} elements, the manifest says ${io.numel}")
-            val dst = into.getOrNull(i) ?: mine[i]
+            val rows = cacheInto.getOrNull(i)
+            if (rows != null) {
+                // The arena's float view, its rows straight into the cache (the one copy).
+                if (t.dtype() != EtDType.FLOAT) throw IllegalStateException("output ${io.name} of $method is ${t.dtype()}, the KV cache is float32")
+                rows.write(t.rawDataBuffer as FloatBuffer)
+                return@mapIndexed rows.cache
+            }
+            val dst = into.getOrNull(i) ?: own.of(method)[i]
             val b = dst.data.duplicate().order(ByteOrder.nativeOrder())
             when (t.dtype()) {
                 EtDType.FLOAT -> t.copyDataInto(b.asFloatBuffer())
@@ -124,7 +134,7 @@ class ExecuTorchRuntime(pte: File, program: ProgramV3, requireKernels: Boolean =
         }
     }
 
-    private fun wrap(x: NdBuffer): Tensor {
+    private fun wrap(x: TensorBuffer): Tensor {
         val shape = LongArray(x.shape.size) { x.shape[it].toLong() }
         val b = x.data.duplicate().order(ByteOrder.nativeOrder())
         return when (x.dtype) {

@@ -23,14 +23,14 @@ import android.widget.TextView
 import org.onphonellm.trainer.core.EvalPair
 import org.onphonellm.trainer.core.PreparedData
 import org.onphonellm.trainer.core.ProgramImport
-import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.Manifest
 import org.onphonellm.trainer.core.ScreenState
 import org.onphonellm.trainer.core.TextImport
 import org.onphonellm.trainer.core.VerifyCache
 import org.onphonellm.trainer.core.RunOverview
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.TextTokenizer
-import org.onphonellm.trainer.core.V3Checkpoints
+import org.onphonellm.trainer.core.StateCheckpoints
 import java.io.File
 
 /**
@@ -337,7 +337,7 @@ class MainActivity : Activity() {
         Thread {
             val msg = try {
                 val text = picked?.let { File(it).readText(Charsets.UTF_8) } ?: pasted
-                val p = ProgramV3.read(File(File(base, "programs"), name))
+                val p = Manifest.read(File(File(base, "programs"), name))
                 val d = PreparedData.prepare(text, TextTokenizer.forProgram(p), p.seqLen, p.vocab, fraction, 0, name = pickedName)
                 prepared = d
                 then?.let { f -> runOnUiThread { f(d) } }
@@ -445,7 +445,7 @@ class MainActivity : Activity() {
         try {
             val parent = DocumentsContract.buildDocumentUriUsingTree(tree, DocumentsContract.getTreeDocumentId(tree))
             val out = ArrayList<Uri>()
-            for ((name, mime) in listOf(V3Checkpoints.ADAPTER_CONFIG to "application/json", V3Checkpoints.ADAPTER_WEIGHTS to "application/octet-stream")) {
+            for ((name, mime) in listOf(StateCheckpoints.ADAPTER_CONFIG to "application/json", StateCheckpoints.ADAPTER_WEIGHTS to "application/octet-stream")) {
                 val doc = DocumentsContract.createDocument(contentResolver, parent, mime, name) ?: throw IllegalStateException("cannot create $name")
                 contentResolver.openOutputStream(doc)?.use { os -> File(run.adapter, name).inputStream().use { it.copyTo(os) } }
                 out.add(doc)

@@ -4,7 +4,7 @@ import android.content.Intent
 import android.os.Bundle
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.PreparedData
-import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.Manifest
 import org.onphonellm.trainer.core.RunSpec
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.TextTokenizer
@@ -84,7 +84,7 @@ data class RunRequest(
          */
         fun createRun(base: File, n: NewRun, textContent: String, totalRam: Long, runInfo: Map<String, Any?>, runId: String = newRunId()): Pair<String, PreparedData> {
             val programDir = File(File(base, "programs"), n.program)
-            val program = ProgramV3.read(programDir)
+            val program = Manifest.read(programDir)
             val data = PreparedData.prepare(textContent, TextTokenizer.forProgram(program), program.seqLen, program.vocab, n.heldOut, n.heldOutSeed,
                 chat = n.chat, name = n.text.name)
             val budget = n.budgetMb?.let { it shl 20 } ?: (totalRam / 4)  // no budget given: a quarter of RAM

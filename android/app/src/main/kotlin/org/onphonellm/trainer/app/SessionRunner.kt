@@ -20,7 +20,7 @@ import org.onphonellm.trainer.core.GenerationListener
 import org.onphonellm.trainer.core.Json
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.MappedWeights
-import org.onphonellm.trainer.core.ProgramV3
+import org.onphonellm.trainer.core.Manifest
 import org.onphonellm.trainer.core.Prompts
 import org.onphonellm.trainer.core.RunControl
 import org.onphonellm.trainer.core.RunDir
@@ -84,7 +84,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
             val spec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
             failedRun = runDir
             val programDir = File(spec.program).let { if (it.isAbsolute) it else File(File(base, "programs"), spec.program) }
-            val program = ProgramV3.read(programDir)
+            val program = Manifest.read(programDir)
             // Verified once per import / push (keyed on the manifest's checksums and the files' sizes and times), not per start.
             if (req.verifyFiles) {
                 phase(StartPhase.VERIFYING)

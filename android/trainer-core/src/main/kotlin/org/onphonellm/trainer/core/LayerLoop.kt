@@ -1,6 +1,8 @@
 package org.onphonellm.trainer.core
 
 import java.nio.ByteBuffer
+import java.nio.ByteOrder
+import java.nio.FloatBuffer
 import java.util.concurrent.locks.ReentrantLock
 import kotlin.concurrent.withLock
 
@@ -13,7 +15,7 @@ import kotlin.concurrent.withLock
  * its next call: the loop copies what it keeps before calling again.
  */
 interface ProgramRuntime {
-    fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer>
+    fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer>
 
     /**
      * Whether every one of [kernels] (manifest names, e.g. `toolchain::int4_linear_a8.out`) is registered with
@@ -25,32 +27,79 @@ interface ProgramRuntime {
 
     /**
      * [execute], with a destination offered for each output: [into][i] (null: none) is a buffer of exactly
-     * output i's bytes (its state slice, or a pooled activation buffer of the loop's) that nothing else reads
-     * during the call. A runtime that writes output i there returns [into][i] itself (the same object) in its
-     * place: the loop then copies nothing; any other output it returns the loop copies once, as after
-     * [execute]. A destination may be an input of the same call (a state entry the method updates): write it
-     * only after the method has run. Default: [execute] (no output written in place).
+     * output i's bytes (its state slice, or a pooled activation buffer of the loop's), [cacheInto][i] (null:
+     * none) the rows of the layer's KV cache a cache output goes to ([CacheRows]); nothing else reads either
+     * during the call. A runtime that writes output i into [into][i] returns [into][i] itself (the same object)
+     * in its place; one that writes its rows with [CacheRows.write] returns [cacheInto][i]'s [CacheRows.cache]:
+     * the loop then copies nothing. Any other output it returns the loop copies once, as after [execute]. A
+     * destination may be an input of the same call (a state entry the method updates, the cache a block reads):
+     * write it only after the method has run. Default: [execute] (no output written in place).
      */
-    fun executeInto(method: String, inputs: List<NdBuffer>, into: List<NdBuffer?>): List<NdBuffer> = execute(method, inputs)
+    fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> =
+        execute(method, inputs)
+}
+
+/**
+ * Where a KV-cache output goes (toolchain/runtime/loop.py `call_method`; Swift's `LoopOutput.CacheRows`): the
+ * output [Hk, C, D] float32 of a prefill chunk (C rows) or of a decode step (1 row) is stored at rows
+ * [pos] .. pos + [kept] - 1 of each kv head of the layer's [cache] [Hk, S, D]; rows at or past S (the padding of
+ * a last chunk that reaches the end of the cache) are dropped. [write] is the one copy, Hk strided runs.
+ */
+class CacheRows(val cache: TensorBuffer, val heads: Int, val rows: Int, val dim: Int, val pos: Int, what: String) {
+    /** S, the rows of the cache. */
+    val cacheRows: Int = if (cache.shape.size == 3) cache.shape[1] else 0
+    /** The rows stored (the others lie past the end of the cache). */
+    val kept: Int = minOf(rows, cacheRows - pos)
+
+    init {
+        if (cache.shape.size != 3 || cache.dtype != ElemType.FLOAT32 || cache.shape[0] != heads || cache.shape[2] != dim || heads < 1 || dim < 1)
+            throw ContractError("$what [$heads, $rows, $dim] does not fit the KV cache ${cache.dtype}${cache.shape}; re-export the program")
+        if (pos < 0 || kept < 1) throw ContractError("$what: rows from $pos lie outside the KV cache of $cacheRows rows")
+    }
+
+    /** The output's bytes: [heads, rows, dim] float32. */
+    val nbytes: Int get() = 4 * heads * rows * dim
+
+    /** The one copy: [source] (the output, little-endian [heads, rows, dim] float32 from position 0) into the cache rows. */
+    fun write(source: ByteBuffer) {
+        if (source.capacity() != nbytes) throw ContractError("${cache.name}: an output of ${source.capacity()} bytes for rows [$heads, $rows, $dim]")
+        for (h in 0 until heads) copyBytes(source.window(4 * h * rows * dim, 4 * kept * dim), cache.data, 4 * (h * cacheRows + pos) * dim)
+    }
+
+    /**
+     * The same from a float view of the output (ExecuTorch's output tensor over its method's arena,
+     * `Tensor.getRawDataBuffer()`, in native order): one bulk put per kv head, no intermediate buffer.
+     */
+    fun write(source: FloatBuffer) {
+        if (source.capacity() != nbytes / 4) throw ContractError("${cache.name}: an output of ${source.capacity()} floats for rows [$heads, $rows, $dim]")
+        val dst = cache.data.duplicate().order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer()
+        val src = source.duplicate()
+        for (h in 0 until heads) {
+            src.clear()
+            src.position(h * rows * dim).limit(h * rows * dim + kept * dim)
+            dst.position((h * cacheRows + pos) * dim)
+            dst.put(src)
+        }
+    }
 }
 
 /**
  * A runtime's own output memory for [ProgramRuntime.executeInto]: one direct buffer per output of each method,
  * allocated by the method's first call and reused by every next one ([allocated] stops growing once each method
- * has run). What ExecuTorchRuntime copies an output into when the loop offers no destination (the KV cache
- * rows, which the loop then spreads over the cache).
+ * has run). What ExecuTorchRuntime copies an output into when it is called without destinations ([ProgramRuntime.execute]);
+ * the loop offers one for every output (none is allocated then).
  */
-class OutputBuffers(private val program: ProgramV3) {
-    private val byMethod = HashMap<String, List<NdBuffer>>()
+class OutputBuffers(private val program: Manifest) {
+    private val byMethod = HashMap<String, List<TensorBuffer>>()
 
     /** Direct buffers allocated so far (one per output of each method called). */
     var allocated = 0
         private set
 
-    fun of(method: String): List<NdBuffer> = byMethod.getOrPut(method) {
+    fun of(method: String): List<TensorBuffer> = byMethod.getOrPut(method) {
         program.method(method).outputs.map { io ->
             allocated++
-            NdBuffer(io.name, io.dtype, io.shape, ByteBuffer.allocateDirect(io.numel * io.dtype.size).order(java.nio.ByteOrder.LITTLE_ENDIAN))
+            TensorBuffer(io.name, io.dtype, io.shape, ByteBuffer.allocateDirect(io.numel * io.dtype.size).order(ByteOrder.LITTLE_ENDIAN))
         }
     }
 }
@@ -70,17 +119,21 @@ class OutputBuffers(private val program: ProgramV3) {
  * ExecuTorch they live in the method's arena until its next call; the Module's own lock covers only the
  * native call). It is fair (FIFO), so two threads alternate call by call and neither starves.
  */
-class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime: ProgramRuntime,
+class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: ProgramRuntime,
                 val state: StateBuffer = StateBuffer(program), val runtimeLock: ReentrantLock = ReentrantLock(true)) {
     val layers: Int = program.layers
-    private val ioCache = HashMap<String, NdBuffer>()
+    private val ioCache = HashMap<String, TensorBuffer>()
     /** Direct buffers of activations no longer needed, by size: a step allocates nothing once warm. */
     private val free = HashMap<Int, ArrayList<ByteBuffer>>()
-    private val lrBuf = NdBuffer.floats("lr", listOf(1), floatArrayOf(0f))
+    private val lrBuf = TensorBuffer.floats("lr", listOf(1), floatArrayOf(0f))
+    /** Generation's app inputs (a decode step's token, a chunk's tokens, the position): written before each call, never allocated per call. */
+    private val tokenBuf = TensorBuffer.longs("token", listOf(1), longArrayOf(0L))
+    private val posBuf = TensorBuffer.longs("pos", listOf(1), longArrayOf(0L))
+    private val tokensBuf: TensorBuffer by lazy { TensorBuffer.longs("tokens", listOf(program.prefillChunk), LongArray(program.prefillChunk)) }
 
     /**
-     * State and kept outputs the loop copied after the runtime returned them (0 with a runtime that writes
-     * them in place, [ProgramRuntime.executeInto]; one copy each with one that does not).
+     * State, kept and KV-cache outputs the loop copied after the runtime returned them (0 with a runtime that
+     * writes them in place, [ProgramRuntime.executeInto]; one copy each with one that does not).
      */
     var outputCopies = 0L
         private set
@@ -93,7 +146,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         ?: ByteBuffer.allocateDirect(nbytes).also { allocatedBuffers++ }
 
     /** Hand a buffer this loop returned back for reuse; the caller must not read it again. */
-    fun recycle(t: NdBuffer) {
+    fun recycle(t: TensorBuffer) {
         if (t.data.isDirect && !t.data.isReadOnly && t.data.capacity() == t.nbytes) free.getOrPut(t.nbytes) { ArrayList() }.add(t.data)
     }
 
@@ -103,7 +156,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         if (missing.isNotEmpty()) throw ContractError("${weights.file}: lacks ${missing.take(3).joinToString()}; re-export the program")
     }
 
-    private fun inputs(method: ProgramV3.Method, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>?): List<NdBuffer> =
+    private fun inputs(method: MethodSpec, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?): List<TensorBuffer> =
         method.inputs.map { io ->
             val ref = io.refAt(layer)
             val t = when (io.bind) {
@@ -122,50 +175,49 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
      * the layer's cache at rows [pos] .. pos + C - 1 (those < seq_len; toolchain/runtime/loop.py `_call`); the
      * others are returned as copies (the app's own buffers).
      */
-    fun call(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>? = null, pos: Int = 0): Map<String, NdBuffer> =
+    fun call(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>? = null, pos: Int = 0): Map<String, TensorBuffer> =
         runtimeLock.withLock { callLocked(name, layer, values, cache, pos) }
 
-    private fun callLocked(name: String, layer: Int?, values: Map<String, NdBuffer>, cache: Map<String, NdBuffer>?, pos: Int): Map<String, NdBuffer> {
+    private fun callLocked(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?, pos: Int): Map<String, TensorBuffer> {
         // The weights file changed under its mapping (MappedWeights.checkChanged): never read it again.
         weights.stale?.let { throw ContractError("$it while it was memory-mapped; the program is not run again: ${WEIGHTS_CHANGED_ADVICE}") }
         val method = program.method(name)
         val ins = inputs(method, layer, values, cache)
-        // Where each output goes: state outputs into their slice, kept ones into a pooled buffer; cache rows: the runtime's own.
+        // Where each output goes: state outputs into their slice, kept ones into a pooled buffer, cache rows into the layer's cache.
         val into = method.outputs.map { io ->
             when (io.bind) {
                 "state" -> state.view(io.refAt(layer)).also { if (it.numel != io.numel) throw ContractError("$name: ${io.name} ${io.shape} does not fit state entry ${it.name} ${it.shape}") }
                 "cache" -> null
-                else -> NdBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size))
+                else -> TensorBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size))
+            }
+        }
+        val cacheInto = method.outputs.map { io ->
+            if (io.bind != "cache") null else {
+                val target = cache?.get(io.refAt(layer)) ?: throw ContractError("$name: no KV cache '${io.refAt(layer)}'")
+                if (io.shape.size != 3 || io.dtype != ElemType.FLOAT32) throw ContractError("$name: ${io.name} is ${io.dtype}${io.shape}, not float32 [Hk, C, D]; re-export the program")
+                CacheRows(target, io.shape[0], io.shape[1], io.shape[2], pos, "$name ${io.name}")
             }
         }
         val outputs = try {
-            runtime.executeInto(name, ins, into)
+            runtime.executeInto(name, ins, into, cacheInto)
         } catch (e: Throwable) {
             for ((io, d) in method.outputs.zip(into)) if (d != null && io.bind != "state") recycle(d)
             throw e
         }
         if (outputs.size != method.outputs.size)
             throw ContractError("$name returned ${outputs.size} outputs, the manifest lists ${method.outputs.size}; re-export the program")
-        val kept = HashMap<String, NdBuffer>()
+        val kept = HashMap<String, TensorBuffer>()
         for ((i, io) in method.outputs.withIndex()) {
             val value = outputs[i]
             val dest = into[i]
+            val rows = cacheInto[i]
+            if (rows != null && value === rows.cache) continue  // the runtime wrote the rows into the cache itself
             if (value.numel != io.numel || value.dtype != io.dtype)
                 throw ContractError("$name returned ${value.dtype}${value.shape} for ${io.name}, the manifest says ${io.dtype}${io.shape}; re-export the program")
             val inPlace = dest != null && value === dest
             when (io.bind) {
                 "state" -> if (!inPlace) { copyBytes(value.data, dest!!.data, 0); outputCopies++ }
-                "cache" -> {
-                    val target = cache?.get(io.refAt(layer)) ?: throw ContractError("$name: no KV cache '${io.refAt(layer)}'")
-                    val (hk, rows, dh) = Triple(io.shape[0], io.shape[1], io.shape[2])
-                    val s = target.shape[1]
-                    if (io.shape.size != 3 || target.shape[0] != hk || target.shape[2] != dh)
-                        throw ContractError("$name: ${io.name} ${io.shape} does not fit the KV cache ${target.shape}; re-export the program")
-                    val n = minOf(rows, s - pos)  // the chunk's rows pos .. pos + C - 1 that fit in seq_len
-                    if (pos < 0 || n < 1) throw ContractError("$name: rows from $pos of ${io.name} lie outside the KV cache of $s rows")
-                    for (h in 0 until hk)  // per kv head, the chunk's first n rows at rows pos .. pos + n - 1
-                        copyBytes(value.data.window(4 * h * rows * dh, 4 * n * dh), target.data, 4 * (h * s + pos) * dh)
-                }
+                "cache" -> { rows!!.write(value.data); outputCopies++ }
                 else -> {
                     if (!inPlace) { copyBytes(value.data, dest!!.data, 0); outputCopies++ }
                     kept[io.ref] = dest!!
@@ -176,9 +228,9 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
     }
 
     /** embed + every block_forward; the last hidden state and the checkpoints (block inputs) of [keep]. */
-    fun forward(inputIds: NdBuffer, keep: Set<Int>): Pair<NdBuffer, Map<Int, NdBuffer>> {
+    fun forward(inputIds: TensorBuffer, keep: Set<Int>): Pair<TensorBuffer, Map<Int, TensorBuffer>> {
         var x = call("embed", null, mapOf("input_ids" to inputIds)).getValue("x")
-        val checkpoints = HashMap<Int, NdBuffer>()
+        val checkpoints = HashMap<Int, TensorBuffer>()
         for (i in 0 until layers) {
             if (i in keep) checkpoints[i] = x  // x is the loop's own copy, never written while kept
             val next = call("block_forward", i, mapOf("x" to x)).getValue("x")
@@ -188,13 +240,28 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         return Pair(x, checkpoints)
     }
 
-    /** Rows padded to seq_len: ids with pad_token_id, labels with -100. */
-    fun pad(ids: List<Long>, labels: List<Long>): Pair<NdBuffer, NdBuffer> {
+    /** A step's app inputs, input_ids and labels [seq_len] int64: written by [pad], never allocated per step. */
+    private val idsBuf = TensorBuffer.longs("input_ids", listOf(program.seqLen), LongArray(program.seqLen))
+    private val labelsBuf = TensorBuffer.longs("labels", listOf(program.seqLen), LongArray(program.seqLen))
+
+    /**
+     * A row padded to seq_len (ids with pad_token_id, labels with -100) in this loop's two input buffers: the same
+     * two buffers every call, so a pair is valid until the next [pad] (the caller runs its step or eval row first).
+     */
+    fun pad(ids: IntArray, labels: IntArray): Pair<TensorBuffer, TensorBuffer> {
         val t = program.seqLen
         if (ids.size > t || labels.size != ids.size) throw ContractError("a row of ${ids.size} tokens (${labels.size} labels) does not fit seq_len $t")
-        val i = LongArray(t) { if (it < ids.size) ids[it] else program.padTokenId.toLong() }
-        val l = LongArray(t) { if (it < labels.size) labels[it] else -100L }
-        return Pair(NdBuffer.longs("input_ids", listOf(t), i), NdBuffer.longs("labels", listOf(t), l))
+        for (j in 0 until t) {
+            idsBuf.data.putLong(8 * j, if (j < ids.size) ids[j].toLong() else program.padTokenId.toLong())
+            labelsBuf.data.putLong(8 * j, if (j < labels.size) labels[j].toLong() else -100L)
+        }
+        return Pair(idsBuf, labelsBuf)
+    }
+
+    /** [pad] of ids and labels given as longs. */
+    fun pad(ids: List<Long>, labels: List<Long>): Pair<TensorBuffer, TensorBuffer> {
+        fun int(v: Long): Int = if (v in Int.MIN_VALUE..Int.MAX_VALUE) v.toInt() else throw ContractError("token id $v is outside the vocabulary")
+        return pad(IntArray(ids.size) { int(ids[it]) }, IntArray(labels.size) { int(labels[it]) })
     }
 
     /**
@@ -209,7 +276,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
      * ceil(m / s) + s - 1 layer inputs are alive instead of m, for one more forward through those layers.
      * Every layer input that is not kept goes back to the buffer pool at once (no buffer holds it any more).
      */
-    fun trainStep(inputIds: NdBuffer, labels: NdBuffer, lr: Float, selected: Set<Int>? = null, layersPerCheckpoint: Int = 1): Float {
+    fun trainStep(inputIds: TensorBuffer, labels: TensorBuffer, lr: Float, selected: Set<Int>? = null, layersPerCheckpoint: Int = 1): Float {
         val sel = selected ?: (0 until layers).toSet()
         if (sel.isEmpty() || sel.any { it !in 0 until layers }) throw ContractError("selected layers must be a non-empty subset of 0..${layers - 1}, got ${sel.sorted()}")
         val groups = checkpointGroups(sel.sorted(), layersPerCheckpoint)
@@ -223,7 +290,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         val lossBuf = out.getValue("loss")
         val loss = lossBuf.float(0)
         recycle(lossBuf)
-        val values = HashMap<String, NdBuffer>()
+        val values = HashMap<String, TensorBuffer>()
         values["d"] = out.getValue("d")
         lrBuf.data.putFloat(0, lr)
         values["lr"] = lrBuf
@@ -256,7 +323,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
      * `LayerLoop._rerun`): block_forward through layers group[0] .. group.last() - 1; the outputs that are not
      * the input of a layer of the group go back to the pool as soon as the next layer has read them.
      */
-    private fun rerun(group: List<Int>, x0: NdBuffer, into: MutableMap<Int, NdBuffer>) {
+    private fun rerun(group: List<Int>, x0: TensorBuffer, into: MutableMap<Int, TensorBuffer>) {
         var x = x0
         val members = group.toSet()
         for (j in group.first() until group.last()) {
@@ -299,7 +366,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
      * ref k_{layer} / v_{layer}: [kv_heads, seq_len, head_dim], GENERATE_LOOP's first step); every generation
      * method binding the cache must take that shape.
      */
-    fun newCache(): Map<String, NdBuffer> {
+    fun newCache(): Map<String, TensorBuffer> {
         val kv = program.method("block_decode").inputs.filter { it.bind == "cache" }
         if (kv.size != 2 || kv.any { it.shape.size != 3 || it.shape[1] != program.seqLen || it.dtype != ElemType.FLOAT32 })
             throw ContractError("block_decode's KV cache inputs ${kv.map { "${it.name} ${it.dtype}${it.shape}" }} are not two float32 [kv_heads, seq_len ${program.seqLen}, head_dim]; re-export the program")
@@ -307,18 +374,18 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
             val like = kv.firstOrNull { it.ref == io.ref } ?: throw ContractError("${m.name}: cache input ${io.name} (${io.ref}) is not block_decode's")
             if (like.shape != io.shape) throw ContractError("${m.name}: cache input ${io.name} ${io.shape}, block_decode's ${like.shape}; re-export the program")
         }
-        val out = HashMap<String, NdBuffer>()
+        val out = HashMap<String, TensorBuffer>()
         for (i in 0 until layers) for (io in kv) {
             val ref = io.refAt(i)
-            out[ref] = NdBuffer(ref, ElemType.FLOAT32, io.shape, ByteBuffer.allocateDirect(4 * io.numel))
+            out[ref] = TensorBuffer(ref, ElemType.FLOAT32, io.shape, ByteBuffer.allocateDirect(4 * io.numel))
         }
         return out
     }
 
     /** This loop's KV cache, allocated by its first generation and zeroed for each next one (rows >= pos are passed too). */
-    private var kvCache: Map<String, NdBuffer>? = null
+    private var kvCache: Map<String, TensorBuffer>? = null
 
-    private fun zeroedCache(): Map<String, NdBuffer> {
+    private fun zeroedCache(): Map<String, TensorBuffer> {
         val c = kvCache ?: return newCache().also { kvCache = it }
         for (t in c.values) { val b = t.data; var i = 0; while (i + 8 <= t.nbytes) { b.putLong(i, 0L); i += 8 }; while (i < t.nbytes) b.put(i++, 0) }
         return c
@@ -329,7 +396,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         generateStream(prompt, maxNewTokens, stopIds, null, onToken).ids
 
     /**
-     * The generation driver, the one place generation calls the program's methods ([GENERATION_METHODS], or
+     * The generation driver, the one place generation calls the program's methods ([Contract.GENERATION_ROLES], or
      * their fused variants where [runtime] has the kernels: [generationNames]): greedy generation with this
      * loop's [state] (read only) as toolchain/runtime/generate.py runs the manifest's generate.steps:
      * - prefill: the prompt of n tokens in chunks of C = prefill_chunk (the last padded with pad_token_id);
@@ -360,13 +427,14 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         fun cancelled() = control?.isCancelled == true
         if (cancelled()) return Generation(out, StopReason.CANCELLED)
         val cache = zeroedCache()
-        var x: NdBuffer? = null
+        var x: TensorBuffer? = null
         for (start in 0 until n step c) {
             if (cancelled()) { x?.let { recycle(it) }; return Generation(out, StopReason.CANCELLED) }
-            val ids = LongArray(c) { if (start + it < n) prompt[start + it].toLong() else program.padTokenId.toLong() }
+            for (j in 0 until c) tokensBuf.data.putLong(8 * j, if (start + j < n) prompt[start + j].toLong() else program.padTokenId.toLong())
             x?.let { recycle(it) }
-            var h = call("embed_prefill", null, mapOf("tokens" to NdBuffer.longs("tokens", listOf(c), ids))).getValue("x")
-            val p = NdBuffer.longs("pos", listOf(1), longArrayOf(start.toLong()))
+            var h = call("embed_prefill", null, mapOf("tokens" to tokensBuf)).getValue("x")
+            posBuf.data.putLong(0, start.toLong())
+            val p = posBuf
             for (i in 0 until layers) {
                 if (cancelled()) { recycle(h); return Generation(out, StopReason.CANCELLED) }
                 val next = call(names.getValue("block_prefill"), i, mapOf("x" to h, "pos" to p), cache, start).getValue("x")
@@ -379,7 +447,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         if (cancelled()) { recycle(xs); return Generation(out, StopReason.CANCELLED) }
         val d = xs.shape[1]
         val last = (n - 1) % c  // the prompt's last row in the last chunk
-        val row = NdBuffer("x", ElemType.FLOAT32, listOf(1, d), xs.data.window(4 * last * d, 4 * d))
+        val row = TensorBuffer("x", ElemType.FLOAT32, listOf(1, d), xs.data.window(4 * last * d, 4 * d))
         var logits = call(names.getValue("head_logits"), null, mapOf("x" to row)).getValue("logits")
         recycle(xs)
         var pos = n
@@ -391,8 +459,10 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
             if (token in stopIds) return Generation(out, StopReason.EOS)
             if (out.size == maxNewTokens) return Generation(out, StopReason.MAX_NEW_TOKENS)
             if (cancelled()) return Generation(out, StopReason.CANCELLED)
-            var h = call("embed_token", null, mapOf("token" to NdBuffer.longs("token", listOf(1), longArrayOf(token.toLong())))).getValue("x")
-            val p = NdBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))
+            tokenBuf.data.putLong(0, token.toLong())
+            var h = call("embed_token", null, mapOf("token" to tokenBuf)).getValue("x")
+            posBuf.data.putLong(0, pos.toLong())
+            val p = posBuf
             for (i in 0 until layers) {
                 val next = call(names.getValue("block_decode"), i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
                 recycle(h)
@@ -406,21 +476,15 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
 
     companion object {
         /**
-         * The stock methods [generateStream] calls: the one list of them (a program can generate when it has
-         * them all; [generationStateEntries] reads their bindings). A change of the driver's calls changes this list.
-         */
-        val GENERATION_METHODS = listOf("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
-
-        /**
-         * The method [generateStream] calls for each of [GENERATION_METHODS] (toolchain/runtime/generate.py
+         * The method [generateStream] calls for each of [Contract.GENERATION_ROLES] (toolchain/runtime/generate.py
          * `generation_names`): the fused one (manifest generate.fused.methods) when [runtime] has the fused
          * kernels registered ([ProgramRuntime.hasKernels] of generate.fused.kernels and of the method's own
          * `kernels`), else the stock one. Same inputs and outputs either way (head_logits_fused binds the whole
          * head instead of its chunks), so the same ids.
          */
-        fun generationNames(program: ProgramV3, runtime: ProgramRuntime): Map<String, String> {
+        fun generationNames(program: Manifest, runtime: ProgramRuntime): Map<String, String> {
             val names = LinkedHashMap<String, String>()
-            for (m in GENERATION_METHODS) names[m] = m
+            for (m in Contract.GENERATION_ROLES) names[m] = m
             val fused = program.fused ?: return names
             if (!runtime.hasKernels(fused.kernels)) return names
             for ((stock, f) in fused.methods) {
@@ -435,25 +499,25 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
          * names [generationNames] picks (not the stock ones a fused one replaces, nor the fused ones the
          * runtime cannot run): what an app loads up front (each method its own arena on ExecuTorch).
          */
-        fun methodsCalled(program: ProgramV3, runtime: ProgramRuntime): List<String> {
+        fun methodsCalled(program: Manifest, runtime: ProgramRuntime): List<String> {
             val skip = generationMethodNames(program).toSet() - generationNames(program, runtime).values.toSet()
             return program.methods.keys.filter { it !in skip }
         }
 
         /** Every method generation may call: the stock ones, then the fused ones of the manifest. */
-        fun generationMethodNames(program: ProgramV3): List<String> =
-            GENERATION_METHODS + (program.fused?.methods?.values?.filter { it in program.methods } ?: emptyList())
+        fun generationMethodNames(program: Manifest): List<String> =
+            Contract.GENERATION_ROLES + (program.fused?.methods?.values?.filter { it in program.methods } ?: emptyList())
 
         /**
          * The state entries the generation methods read (stock and fused), every layer's (the LoRA params; not
          * the optimizer's moments): what a generation's snapshot of the state holds ([StateBuffer] with `only`).
          */
-        fun generationStateEntries(program: ProgramV3): Set<String> {
+        fun generationStateEntries(program: Manifest): Set<String> {
             val out = LinkedHashSet<String>()
             for (name in generationMethodNames(program)) {
                 val m = program.method(name)
                 for (io in m.inputs) if (io.bind == "state") {
-                    if (ProgramV3.LAYER in io.ref) for (i in 0 until program.layers) out.add(io.refAt(i)) else out.add(io.ref)
+                    if (Contract.LAYER in io.ref) for (i in 0 until program.layers) out.add(io.refAt(i)) else out.add(io.ref)
                 }
             }
             return out
@@ -472,7 +536,7 @@ class LayerLoop(val program: ProgramV3, val weights: MappedWeights, val runtime:
         fun sqrtLayersPerCheckpoint(selected: Int): Int = maxOf(1, Math.round(Math.sqrt(selected.toDouble())).toInt())
 
         /** The first of equal maxima (torch.argmax); NaN counts as the maximum, as in torch. */
-        fun argmax(t: NdBuffer): Int {
+        fun argmax(t: TensorBuffer): Int {
             var best = 0
             var bv = t.float(0)
             for (i in 1 until t.numel) {

@@ -69,7 +69,7 @@ sealed class GuardDecision {
  * Keeps a run inside its memory budget.
  *
  * - Before the first step: resident anon after loading + the program's predicted step peak
- *   ([ProgramV3.predictedPeakBytes], the exporter's memory_plan estimate; conservative, since it also
+ *   ([Manifest.predictedPeakBytes], the exporter's memory_plan estimate; conservative, since it also
  *   counts the state already resident) must fit the budget, else the run does not start.
  * - After each step: anon must be under the budget, and so must anon + the largest growth one step
  *   has shown so far (the next step may grow as much), else stop cleanly (checkpointed, resumable).

@@ -174,7 +174,7 @@ data class RunOverview(
         fun read(runs: Runs, pausedMessage: String? = null): RunOverview {
             val run = runs.latest() ?: return EMPTY.copy(pausedMessage = pausedMessage)
             val evals = try { EvalPair.read(run.results) } catch (e: Exception) { EvalPair(null, null, null) }
-            return RunOverview(run.runId, evals, File(run.adapter, V3Checkpoints.ADAPTER_WEIGHTS).isFile,
+            return RunOverview(run.runId, evals, File(run.adapter, StateCheckpoints.ADAPTER_WEIGHTS).isFile,
                 ChargingRuns.finished(run), ChargingRuns.isMarked(run), pausedMessage)
         }
     }

@@ -17,7 +17,7 @@ class VerifyCache(val dir: File) {
     fun recordFile(programDir: File): File = File(dir, programDir.name + ".verified.json")
 
     /** Whether [program]'s files are known to match its manifest (a record with this key, every file unchanged). */
-    fun isVerified(program: ProgramV3, skip: (String) -> Boolean = { false }): Boolean {
+    fun isVerified(program: Manifest, skip: (String) -> Boolean = { false }): Boolean {
         val f = recordFile(program.dir)
         if (!f.isFile) return false
         val doc = try { Fields.of(Json.parse(f.readText(Charsets.UTF_8)), f.path) } catch (e: ContractError) { return false }
@@ -37,7 +37,7 @@ class VerifyCache(val dir: File) {
      * Check [program]'s files against its manifest unless [isVerified]; true: they were hashed now (and a
      * record written), false: the record said they match. Throws [ContractError] on a mismatch.
      */
-    fun verifyOnce(program: ProgramV3, skip: (String) -> Boolean = { false }): Boolean {
+    fun verifyOnce(program: Manifest, skip: (String) -> Boolean = { false }): Boolean {
         if (isVerified(program, skip)) return false
         recordFile(program.dir).delete()
         program.verifyFiles(skip)
@@ -45,8 +45,8 @@ class VerifyCache(val dir: File) {
         return true
     }
 
-    /** Record that [program]'s files match (after [ProgramV3.verifyFiles], or an import that hashed them as it copied). */
-    fun record(program: ProgramV3) {
+    /** Record that [program]'s files match (after [Manifest.verifyFiles], or an import that hashed them as it copied). */
+    fun record(program: Manifest) {
         val files = LinkedHashMap<String, Any?>()
         for (name in program.files.keys.sorted()) {
             val f = File(program.dir, name)
@@ -60,7 +60,7 @@ class VerifyCache(val dir: File) {
 
     companion object {
         /** The key of a program's checksums: sha256 of its `files` as sorted `name sha256\n` lines. */
-        fun key(program: ProgramV3): String {
+        fun key(program: Manifest): String {
             val md = MessageDigest.getInstance("SHA-256")
             for ((name, sha) in program.files.toSortedMap()) md.update("$name $sha\n".toByteArray(Charsets.UTF_8))
             return md.digest().joinToString("") { "%02x".format(it) }
@@ -112,10 +112,10 @@ object ProgramImport {
      * space free on the destination (checked against the total before copying; null: not checked).
      */
     fun import(source: ImportSource, programsDir: File, name: String, cache: VerifyCache?, freeBytes: Long? = null,
-               progress: Progress = Progress { _, _ -> }, cancelled: () -> Boolean = { false }): ProgramV3 {
+               progress: Progress = Progress { _, _ -> }, cancelled: () -> Boolean = { false }): Manifest {
         if (!NAME.matches(name)) throw ContractError("'$name' is not a program name (letters, digits, '.', '_', '-')")
         val entries = source.list().associateBy { it.path }
-        if ("manifest.json" !in entries) {
+        if (Contract.MANIFEST_NAME !in entries) {
             val hint = entries.keys.filter { it.endsWith("/manifest.json") }.minByOrNull { it.length }
             throw ContractError("the folder has no manifest.json" + (hint?.let { "; pick its folder ${it.removeSuffix("/manifest.json")} instead" }
                 ?: ": pick the folder `toolchain export --out` wrote"))
@@ -125,9 +125,9 @@ object ProgramImport {
         tmp.deleteRecursively()
         if (!tmp.mkdirs()) throw IOException("cannot create $tmp")
         try {
-            val manifestBytes = source.open("manifest.json").use { it.readBytes() }
-            File(tmp, "manifest.json").writeBytes(manifestBytes)
-            val program = ProgramV3.read(tmp)  // a bad or foreign manifest is refused here, before the big files
+            val manifestBytes = source.open(Contract.MANIFEST_NAME).use { it.readBytes() }
+            File(tmp, Contract.MANIFEST_NAME).writeBytes(manifestBytes)
+            val program = Manifest.read(tmp)  // a bad or foreign manifest is refused here, before the big files
             for (f in program.files.keys) {
                 if (f.startsWith("/") || f.split('/').any { it == ".." || it.isEmpty() }) throw ContractError("manifest.json lists a file outside the program: '$f'")
                 if (f !in entries) throw ContractError("the folder lacks $f (listed in manifest.json): copy the whole exported folder")
@@ -166,7 +166,7 @@ object ProgramImport {
             if (dest.exists() && !dest.renameTo(old)) throw IOException("cannot replace $dest")
             if (!tmp.renameTo(dest)) { old.renameTo(dest); throw IOException("cannot move the program into $dest") }
             old.deleteRecursively()
-            val placed = ProgramV3.read(dest)
+            val placed = Manifest.read(dest)
             cache?.record(placed)
             return placed
         } catch (e: Throwable) {
@@ -179,5 +179,5 @@ object ProgramImport {
 
     /** The programs under [programsDir] (directories with a manifest.json; imports in progress excluded), sorted. */
     fun list(programsDir: File): List<String> =
-        programsDir.listFiles()?.filter { !it.name.startsWith(".") && File(it, "manifest.json").isFile }?.map { it.name }?.sorted() ?: emptyList()
+        programsDir.listFiles()?.filter { !it.name.startsWith(".") && File(it, Contract.MANIFEST_NAME).isFile }?.map { it.name }?.sorted() ?: emptyList()
 }

@@ -64,7 +64,7 @@ data class RunSpec(
     ))
 
     /** The layer plan over [layers] (null: full backprop every step). */
-    fun plan(p: ProgramV3): StepPlan? {
+    fun plan(p: Manifest): StepPlan? {
         if (lcsbPolicy != "random" && (lcsbSeed != null || lcsbPeriod != null))
             throw ContractError("an LCSB seed and period only apply to the random policy, not ${lcsbPolicy ?: "the default plan"}")
         return when (lcsbPolicy) {
@@ -181,7 +181,7 @@ class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?) {
  * and their [SessionListener.onStep] progress keeps coming. Listeners are called outside both locks.
  */
 class TrainingSession(
-    val program: ProgramV3,
+    val program: Manifest,
     val weights: MappedWeights,
     private val runtime: ProgramRuntime,
     val runDir: RunDir,
@@ -242,7 +242,7 @@ class TrainingSession(
 
     /** Under [stateLock]: the live state from the run's checkpoint (returned), else state_init.bin (null). */
     private fun loadLiveState(): Checkpoint? {
-        val c = if (store.exists()) V3Checkpoints.restore(store, loop.state) else { loop.state.loadInit(); null }
+        val c = if (store.exists()) StateCheckpoints.restore(store, loop.state) else { loop.state.loadInit(); null }
         if (c != null && c.runId != spec.runId) throw ContractError("${store.file} belongs to run ${c.runId}, not ${spec.runId}; use another run directory")
         stateStep = c?.step ?: 0L
         stateLoaded = true
@@ -294,12 +294,12 @@ class TrainingSession(
             weightsChanged(step)?.let { return it }
             if (control.stopRequested()) {
                 checkpoint(step)
-                V3Checkpoints.writeAdapter(runDir.adapter, loop.state)  // the adapter so far, for export
+                StateCheckpoints.writeAdapter(runDir.adapter, loop.state)  // the adapter so far, for export
                 return end(step, "paused", "stopped at step $step; resume continues from there")
             }
             val row = train[order.rowForStep(step)]
             val selected = plan?.layersAt(step) ?: all
-            val (ids, labels) = loop.pad(row.inputIds.map { it.toLong() }, row.labels.map { it.toLong() })
+            val (ids, labels) = loop.pad(row.inputIds, row.labels)
             val t0 = clock.monoNanos()
             val loss = stateLock.withLock {
                 loop.trainStep(ids, labels, spec.lr.toFloat(), selected, spec.layersPerCheckpoint).also { stateStep = step + 1 }
@@ -348,7 +348,7 @@ class TrainingSession(
             val ev = evaluate("after", loop, done)
             saveEvals(EvalPair(evals.before, ev.loss, done))
         }
-        V3Checkpoints.writeAdapter(runDir.adapter, loop.state)
+        StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
         return end(done, "completed", "completed")
     }
 
@@ -378,14 +378,14 @@ class TrainingSession(
     private fun weightsChanged(next: Long): RunOutcome? {
         val why = weights.checkChanged() ?: return null
         checkpoint(next)
-        V3Checkpoints.writeAdapter(runDir.adapter, loop.state)
+        StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
         val where = if (next < spec.steps) "before step ${next + 1}" else "after the last step, before the held-out loss"
         val message = "the weights file changed under the run ($why); stopped $where, the checkpoint of step $next is kept: $WEIGHTS_CHANGED_ADVICE".take(4000)
         rec.emit("error", mapOf("message" to message, "fatal" to true, "code" to "weights_changed", "step" to next))
         return end(next, "failed", message)
     }
 
-    private fun checkpoint(done: Long) = V3Checkpoints.save(store, loop.state, done, spec.runId, rec.nextSeq, losses.toList())
+    private fun checkpoint(done: Long) = StateCheckpoints.save(store, loop.state, done, spec.runId, rec.nextSeq, losses.toList())
 
     private fun end(done: Long, status: String, message: String): RunOutcome {
         val finalLoss = losses.lastOrNull()
@@ -503,7 +503,7 @@ class TrainingSession(
     }
 
     /** The adapter of the live state (PEFT files), e.g. to export a run stopped before the end. */
-    fun writeAdapter(dir: File) = V3Checkpoints.writeAdapter(dir, loop.state)
+    fun writeAdapter(dir: File) = StateCheckpoints.writeAdapter(dir, loop.state)
 }
 
 /** Prompts for generation, as the host builds them (toolchain/demo.py, toolchain/cli/generate.py --chat). */
@@ -512,8 +512,8 @@ object Prompts {
     fun encode(tok: TextTokenizer, prompt: String, chat: Boolean): Pair<List<Int>, Set<Int>> {
         if (!chat) return Pair((listOfNotNull(tok.bosId) + tok.encode(prompt, allowSpecial = false)), setOf(tok.eosId))
         val (ids, _) = TextRows.chatTemplate(tok, listOf(ChatMessage("user", prompt)))
-        val imEnd = tok.tokenId(TextRows.IM_END)!!
-        return Pair(ids + tok.encode("<|im_start|>assistant\n", allowSpecial = true), setOf(imEnd, tok.eosId))
+        val imEnd = tok.tokenId(Contract.IM_END)!!
+        return Pair(ids + tok.encode(Contract.ASSISTANT_HEADER, allowSpecial = true), setOf(imEnd, tok.eosId))
     }
 
     /** Generated ids as text, without a trailing stop token. */

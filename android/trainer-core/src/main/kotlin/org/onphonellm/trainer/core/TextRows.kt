@@ -70,7 +70,7 @@ interface TextTokenizer {
          * "huggingface" -> [BpeTokenizer] from the program's tokenizer.json (no BOS, EOS = eos_token_id);
          * "none" (or no file) -> an error: the program cannot take text.
          */
-        fun forProgram(p: ProgramV3): TextTokenizer = when (p.tokenizerKind) {
+        fun forProgram(p: Manifest): TextTokenizer = when (p.tokenizerKind) {
             "byte" -> ByteTokenizer()
             "qwen2.5", "huggingface" -> {
                 val file = p.tokenizerFile ?: throw ContractError("the program's tokenizer (${p.tokenizerKind}) has no file; re-export the program")
@@ -159,8 +159,8 @@ object TextRows {
      * (true on each assistant content and its <|im_end|>).
      */
     fun chatTemplate(tok: TextTokenizer, messages: List<ChatMessage>): Pair<List<Int>, List<Boolean>> {
-        val imStart = tok.tokenId(IM_START) ?: throw ContractError("the ${tok.kind} tokenizer has no $IM_START token, so no chat template; use plain text")
-        val imEnd = tok.tokenId(IM_END) ?: throw ContractError("the ${tok.kind} tokenizer has no $IM_END token, so no chat template; use plain text")
+        val imStart = tok.tokenId(Contract.IM_START) ?: throw ContractError("the ${tok.kind} tokenizer has no ${Contract.IM_START} token, so no chat template; use plain text")
+        val imEnd = tok.tokenId(Contract.IM_END) ?: throw ContractError("the ${tok.kind} tokenizer has no ${Contract.IM_END} token, so no chat template; use plain text")
         if (messages.isEmpty()) throw ContractError("messages must be a non-empty list of {\"role\", \"content\"} objects")
         val newline = tok.encode("\n", allowSpecial = false)
         val ids = ArrayList<Int>()
@@ -237,9 +237,6 @@ object TextRows {
         val held = heldOutIndices(rows.size, fraction, seed).toHashSet()
         return Pair(rows.filterIndexed { i, _ -> i !in held }, rows.filterIndexed { i, _ -> i in held })
     }
-
-    const val IM_START = "<|im_start|>"
-    const val IM_END = "<|im_end|>"
 
     /** Looks like chat JSONL: the first non-blank line parses as {"messages": [...]}. */
     fun looksLikeChat(text: String): Boolean {

@@ -130,7 +130,7 @@ class ChargingTest {
         assertNull(o0.evals.before)
         assertNull(o0.idleMessage())
         AtomicFiles.writeText(run.results, JsonWriter.write(EvalPair(2.5, 1.25, 10).toJson()))
-        File(run.adapter, V3Checkpoints.ADAPTER_WEIGHTS).also { it.parentFile.mkdirs() }.writeBytes(byteArrayOf(1))
+        File(run.adapter, StateCheckpoints.ADAPTER_WEIGHTS).also { it.parentFile.mkdirs() }.writeBytes(byteArrayOf(1))
         ChargingRuns.mark(run, true)
         val o1 = RunOverview.read(runs)
         assertEquals(2.5, o1.evals.before)

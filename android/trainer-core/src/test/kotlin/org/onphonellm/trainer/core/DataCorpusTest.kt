@@ -131,11 +131,11 @@ class DataCorpusTest {
     }
 
     @Test fun `the program's tokenizer is chosen by the manifest's kind`() {
-        val trace = ProgramV3.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
+        val trace = Manifest.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
         val e = assertThrows<ContractError> { TextTokenizer.forProgram(trace) }
         assertTrue("without a tokenizer" in e.message!!, e.message)
         val doc = File(trace.dir, "manifest.json").readText().replace("\"kind\": \"none\"", "\"kind\": \"byte\"")
-        val byte = ProgramV3.parse(trace.dir, Json.parse(doc), "byte manifest")
+        val byte = Manifest.parse(trace.dir, Json.parse(doc), "byte manifest")
         assertEquals("byte", byte.tokenizerKind)
         assertTrue(TextTokenizer.forProgram(byte) is ByteTokenizer)
     }

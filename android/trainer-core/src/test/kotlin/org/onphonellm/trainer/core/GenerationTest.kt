@@ -19,11 +19,11 @@ import kotlin.random.Random
  * run on its own thread while the session trains (progress keeps coming; "after" runs on the state of a whole
  * step). The program is the v3 trace's, with SessionTest's runtime (outputs a pure function of the inputs'
  * bytes), so a generation's ids say exactly which state it read. The loop's own streaming and cancel against
- * the host's recorded ExecuTorch calls are ReplayV3Test's.
+ * the host's recorded ExecuTorch calls are ReplayTest's.
  */
 class GenerationTest {
     private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
-    private val program = ProgramV3.read(programDir)
+    private val program = Manifest.read(programDir)
     private val weights = MappedWeights.map(File(programDir, program.weightsFile))
     private val prompt = listOf(5, 7, 9)
 
@@ -123,11 +123,11 @@ class GenerationTest {
     @Test fun `a prefill chunk's cache rows go to rows pos to pos + C - 1 of each kv head, those past seq_len dropped`() {
         // k_new / v_new [Hk, C, D] valued 1000 h + 10 r + (0 for k, 5 for v) + 1 (r the chunk's row); the rest zero.
         val runtime = object : ProgramRuntime {
-            override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> = program.method(method).outputs.map { io ->
+            override fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer> = program.method(method).outputs.map { io ->
                 val b = java.nio.ByteBuffer.allocateDirect(4 * io.numel).order(java.nio.ByteOrder.LITTLE_ENDIAN)
                 if (io.bind == "cache") for (h in 0 until io.shape[0]) for (r in 0 until io.shape[1]) for (d in 0 until io.shape[2])
                     b.putFloat(4 * ((h * io.shape[1] + r) * io.shape[2] + d), 1000f * h + 10f * r + (if (io.name == "k_new") 0f else 5f) + 1f)
-                NdBuffer(io.name, io.dtype, io.shape, b)
+                TensorBuffer(io.name, io.dtype, io.shape, b)
             }
         }
         val loop = LayerLoop(program, weights, runtime)
@@ -135,10 +135,10 @@ class GenerationTest {
         val s = program.seqLen
         val xShape = program.method("block_prefill").inputs.first { it.name == "x" }.shape
         assertEquals(c, xShape[0])
-        val x = NdBuffer.floats("x", xShape, FloatArray(xShape[0] * xShape[1]))
+        val x = TensorBuffer.floats("x", xShape, FloatArray(xShape[0] * xShape[1]))
         for (pos in listOf(4, s - 1)) {
             val cache = loop.newCache()
-            loop.call("block_prefill", 1, mapOf("x" to x, "pos" to NdBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))), cache, pos)
+            loop.call("block_prefill", 1, mapOf("x" to x, "pos" to TensorBuffer.longs("pos", listOf(1), longArrayOf(pos.toLong()))), cache, pos)
             for ((name, off) in listOf("k_1" to 1f, "v_1" to 6f)) {
                 val t = cache.getValue(name)
                 val (hk, dh) = Pair(t.shape[0], t.shape[2])

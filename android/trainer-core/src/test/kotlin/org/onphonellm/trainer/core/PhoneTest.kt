@@ -50,7 +50,7 @@ class PhoneTest {
         assertEquals(listOf("tiny"), ProgramImport.list(programs), "no temporary directory listed")
         // Verified by the import: the start does not hash the files again.
         assertTrue(cache.isVerified(p))
-        assertFalse(cache.verifyOnce(ProgramV3.read(p.dir)), "already verified")
+        assertFalse(cache.verifyOnce(Manifest.read(p.dir)), "already verified")
     }
 
     @Test fun `a folder that is not a program, or lacks or changes a file, is refused and leaves nothing behind`() {
@@ -86,7 +86,7 @@ class PhoneTest {
         ProgramImport.import(ImportSource.Directory(programSrc), programs, "tiny", cache)
         val broken = copyOf(programSrc).also { File(it, "weights.safetensors").appendBytes(byteArrayOf(1)) }
         assertThrows<ContractError> { ProgramImport.import(ImportSource.Directory(broken), programs, "tiny", cache) }
-        assertTrue(cache.isVerified(ProgramV3.read(File(programs, "tiny"))), "the old copy and its record stand")
+        assertTrue(cache.isVerified(Manifest.read(File(programs, "tiny"))), "the old copy and its record stand")
         ProgramImport.import(ImportSource.Directory(programSrc), programs, "tiny", cache)
         assertEquals(listOf("tiny"), ProgramImport.list(programs))
     }
@@ -94,25 +94,25 @@ class PhoneTest {
     @Test fun `verify once - keyed on the manifest's checksums, again when a file or the manifest changes`() {
         val dir = copyOf(programSrc)
         val cache = VerifyCache(File(Fixtures.tempDir(), "verified"))
-        val p = ProgramV3.read(dir)
+        val p = Manifest.read(dir)
         assertFalse(cache.isVerified(p))
         assertTrue(cache.verifyOnce(p), "first start hashes")
-        assertFalse(cache.verifyOnce(ProgramV3.read(dir)), "second start does not")
+        assertFalse(cache.verifyOnce(Manifest.read(dir)), "second start does not")
         // A file pushed again (size / time changed): hashed again, and a mismatch is caught, leaving no record.
         val st = File(dir, "state_init.bin")
         st.writeBytes(st.readBytes().also { it[0] = (it[0] + 1).toByte() })
         st.setLastModified(st.lastModified() + 5000)
-        assertThrows<ContractError> { cache.verifyOnce(ProgramV3.read(dir)) }
+        assertThrows<ContractError> { cache.verifyOnce(Manifest.read(dir)) }
         assertFalse(cache.recordFile(dir).exists())
         File(programSrc, "state_init.bin").copyTo(st, overwrite = true)
-        assertTrue(cache.verifyOnce(ProgramV3.read(dir)))
+        assertTrue(cache.verifyOnce(Manifest.read(dir)))
         // A re-export with other checksums: the key differs, the record does not hold.
         val m = File(dir, "manifest.json")
         val sha = p.files.getValue("model.pte")
         m.writeText(m.readText().replace(sha, "0".repeat(64)))
-        assertFalse(cache.isVerified(ProgramV3.read(dir)))
-        assertThrows<ContractError> { cache.verifyOnce(ProgramV3.read(dir)) }
-        assertTrue(VerifyCache.key(p) != VerifyCache.key(ProgramV3.read(dir)))
+        assertFalse(cache.isVerified(Manifest.read(dir)))
+        assertThrows<ContractError> { cache.verifyOnce(Manifest.read(dir)) }
+        assertTrue(VerifyCache.key(p) != VerifyCache.key(Manifest.read(dir)))
     }
 
     @Test fun `the screen state survives a round trip, a long text through a file`() {

@@ -17,17 +17,17 @@ import java.security.MessageDigest
  * weights, state_init.bin, adapter_init/) with a runtime whose outputs are a pure function of the inputs'
  * bytes: any change in what the session feeds a method (row, layers, lr, state) changes every later
  * output, so "a resumed run ends in the same state as an uninterrupted one" is a real check. The loop's
- * own bit-exactness against ExecuTorch is ReplayV3Test's.
+ * own bit-exactness against ExecuTorch is ReplayTest's.
  */
 class SessionTest {
     private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
-    private val program = ProgramV3.read(programDir)
+    private val program = Manifest.read(programDir)
     private val weights = MappedWeights.map(File(programDir, program.weightsFile))
 
     /** Outputs drawn from SplitMix64 seeded by the sha256 of every input; the loss is in [1, 2). */
-    class HashRuntime(private val program: ProgramV3, private val killAtCall: Int? = null) : ProgramRuntime {
+    class HashRuntime(private val program: Manifest, private val killAtCall: Int? = null) : ProgramRuntime {
         var calls = 0
-        override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
+        override fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer> {
             calls++
             if (calls == killAtCall) throw SimulatedKill()
             val md = MessageDigest.getInstance("SHA-256")
@@ -40,7 +40,7 @@ class SessionTest {
                     ElemType.FLOAT32 -> b.putFloat(4 * i, (rng.next() ushr 40) / 16777216f * (if (io.name == "loss") 1f else 0.01f) + (if (io.name == "loss") 1f else 0f))
                     else -> b.putLong(8 * i, 0)
                 }
-                NdBuffer(io.name, io.dtype, io.shape, b)
+                TensorBuffer(io.name, io.dtype, io.shape, b)
             }
         }
     }
@@ -91,7 +91,7 @@ class SessionTest {
         assertNotNull(r.before)
         assertNotNull(r.after)
         assertEquals(6L, r.afterStep)
-        val header = Safetensors.readHeader(File(dir.adapter, V3Checkpoints.ADAPTER_WEIGHTS))
+        val header = Safetensors.readHeader(File(dir.adapter, StateCheckpoints.ADAPTER_WEIGHTS))
         assertEquals(program.stateEntries.filter { it.role == "param" }.map { it.key }.sorted(), header.entries.keys.toList())
         // Run again: nothing to do.
         assertEquals("already complete", session(dir).run().message)
@@ -181,7 +181,7 @@ class SessionTest {
         assertEquals("same", latest.runId)
         val out = session(latest).run()
         assertEquals("completed", out.status, out.message)
-        assertArrayEquals(File(a.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        assertArrayEquals(File(a.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes())
         assertEquals(EvalPair.read(a.results).after, EvalPair.read(b.results).after)
         val events = EventLog(b.telemetry).events()
         assertTrue(events.any { (it["code"] as? Json.Str)?.value == "resumed_after_kill" })
@@ -230,10 +230,10 @@ class SessionTest {
     @Test fun `the adapter of the initial state is byte-identical to the program's adapter_init`() {
         val st = StateBuffer(program).also { it.loadInit() }
         val out = File(Fixtures.tempDir(), "adapter")
-        V3Checkpoints.writeAdapter(out, st)
+        StateCheckpoints.writeAdapter(out, st)
         val init = File(programDir, program.adapterInitDir!!)
-        assertArrayEquals(File(init, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(out, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), "adapter_model.safetensors")
-        assertEquals(File(init, V3Checkpoints.ADAPTER_CONFIG).readText(), File(out, V3Checkpoints.ADAPTER_CONFIG).readText(), "adapter_config.json")
+        assertArrayEquals(File(init, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(out, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), "adapter_model.safetensors")
+        assertEquals(File(init, StateCheckpoints.ADAPTER_CONFIG).readText(), File(out, StateCheckpoints.ADAPTER_CONFIG).readText(), "adapter_config.json")
     }
 
     @Test fun `plans of a policy match toolchain make_plan`() {
@@ -292,7 +292,7 @@ class SessionTest {
         }
         val a = runWith(1)
         val b = runWith(2)
-        assertArrayEquals(File(a.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        assertArrayEquals(File(a.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes())
         val events = EventLog(b.telemetry).events()
         events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
         val start = Fields(events.first { (it["type"] as Json.Str).value == "run_start" }, "run_start")
@@ -352,7 +352,7 @@ class SessionTest {
         // The checkpoint is of the 3 completed steps (checkpoint_every = 2 had saved step 2 only), the state of a stop after 3.
         assertEquals(3L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step)
         assertEquals(stateAt(ref), stateAt(dir))
-        assertArrayEquals(File(ref.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        assertArrayEquals(File(ref.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes())
         // Telemetry: 3 steps, one error (weights_changed, fatal, at step 3), run_end failed; every event valid.
         EventLog(dir.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
         assertEquals(3, events(dir, "step").size)
@@ -379,7 +379,7 @@ class SessionTest {
         assertEquals("completed", again.status, again.message)
         assertEquals(6L, again.stepsCompleted)
         assertEquals(stateAt(oneGo), stateAt(dir))
-        assertArrayEquals(File(oneGo.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, V3Checkpoints.ADAPTER_WEIGHTS).readBytes())
+        assertArrayEquals(File(oneGo.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes())
         assertEquals(6, events(dir, "step").size, "steps 0-2, then 3-5 after the resume: none twice")
         EventLog(dir.telemetry).events().forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
     }
@@ -488,10 +488,10 @@ class SessionTest {
         val dir = System.getProperty("interop.dir")?.takeIf { it.isNotBlank() }?.let { File(it) } ?: Fixtures.tempDir()
         val st = StateBuffer(program)
         for (i in 0 until program.stateNumel) st.buffer.putFloat(4 * i, i / 1024f)
-        V3Checkpoints.save(CheckpointStore(File(dir, "checkpoint.safetensors")), st, 3, "interop", 9, listOf(1.5, null))
-        V3Checkpoints.writeAdapter(File(dir, "adapter"), st)
+        StateCheckpoints.save(CheckpointStore(File(dir, "checkpoint.safetensors")), st, 3, "interop", 9, listOf(1.5, null))
+        StateCheckpoints.writeAdapter(File(dir, "adapter"), st)
         val back = StateBuffer(program)
-        val c = V3Checkpoints.restore(CheckpointStore(File(dir, "checkpoint.safetensors")), back)
+        val c = StateCheckpoints.restore(CheckpointStore(File(dir, "checkpoint.safetensors")), back)
         assertEquals(st.sha256(), back.sha256())
         assertEquals(listOf(1.5, null), c.losses)
     }

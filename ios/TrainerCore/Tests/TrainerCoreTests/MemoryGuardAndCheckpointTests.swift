@@ -2,11 +2,11 @@ import Foundation
 import XCTest
 @testable import TrainerCore
 
-final class BudgetGuardTests: XCTestCase {
+final class MemoryGuardTests: XCTestCase {
     let mib: UInt64 = 1 << 20
 
     func testStopsBeforeAStepThatWouldCrossTheBudget() {
-        let g = BudgetGuard(budgetBytes: 500 * mib, plannedPeakBytes: 200 * mib, availableMarginBytes: 0)
+        let g = MemoryGuard(budgetBytes: 500 * mib, plannedPeakBytes: 200 * mib, availableMarginBytes: 0)
         XCTAssertEqual(g.decide(footprint: 100 * mib, available: nil, pressure: .normal), .proceed)   // plan: 200 MB peak
         g.observeStep(footprintAfter: 110 * mib, peakAfter: 250 * mib)                                 // measured growth 150 MB
         XCTAssertEqual(g.stepGrowthBytes, 150 * mib)
@@ -18,18 +18,18 @@ final class BudgetGuardTests: XCTestCase {
         }
         XCTAssertTrue(why.contains("budget"), why)
         // Before any step the manifest's planned peak is the prediction.
-        let fresh = BudgetGuard(budgetBytes: 100 * mib, plannedPeakBytes: 150 * mib)
+        let fresh = MemoryGuard(budgetBytes: 100 * mib, plannedPeakBytes: 150 * mib)
         XCTAssertNotEqual(fresh.decide(footprint: 10 * mib, available: nil, pressure: .normal), .proceed)
     }
 
     func testPausesOnPressureOrLowAvailableMemory() {
-        let g = BudgetGuard(budgetBytes: 1 << 40, plannedPeakBytes: 100 * mib, availableMarginBytes: 64 * mib)
+        let g = MemoryGuard(budgetBytes: 1 << 40, plannedPeakBytes: 100 * mib, availableMarginBytes: 64 * mib)
         if case .pause = g.decide(footprint: 50 * mib, available: 1 << 40, pressure: .critical) {} else { XCTFail("critical must pause") }
         XCTAssertEqual(g.decide(footprint: 50 * mib, available: 1 << 40, pressure: .warning), .proceed)
         // 50 MB more is predicted (plan 100 - footprint 50) + 64 MB margin = 114 MB needed.
         if case .pause = g.decide(footprint: 50 * mib, available: 100 * mib, pressure: .normal) {} else { XCTFail("low available must pause") }
         XCTAssertEqual(g.decide(footprint: 50 * mib, available: 120 * mib, pressure: .normal), .proceed)
-        let strict = BudgetGuard(budgetBytes: 1 << 40, plannedPeakBytes: 0, pauseOnWarning: true)
+        let strict = MemoryGuard(budgetBytes: 1 << 40, plannedPeakBytes: 0, pauseOnWarning: true)
         XCTAssertNotEqual(strict.decide(footprint: 1, available: nil, pressure: .warning), .proceed)
     }
 }

@@ -25,7 +25,7 @@ enum class ElemType(val manifestName: String, val safetensorsName: String, val s
  * an activation the app keeps, or the runtime's output memory), never copied to be passed on. [data] has
  * position 0 and exactly [nbytes] remaining. A runtime's output may be valid only until its next call.
  */
-class NdBuffer(val name: String, val dtype: ElemType, val shape: List<Int>, data: ByteBuffer) {
+class TensorBuffer(val name: String, val dtype: ElemType, val shape: List<Int>, data: ByteBuffer) {
     val numel: Int = shape.fold(1) { a, b -> a * b }
     val nbytes: Int = numel * dtype.size
     val data: ByteBuffer = data.order(ByteOrder.LITTLE_ENDIAN)
@@ -43,20 +43,20 @@ class NdBuffer(val name: String, val dtype: ElemType, val shape: List<Int>, data
     fun sha256(): String = sha256Hex(data)
 
     /** A new direct buffer holding a copy (what the app keeps of a runtime output). */
-    fun copy(name: String = this.name): NdBuffer = NdBuffer(name, dtype, shape, ByteBuffer.allocateDirect(nbytes).also { copyBytes(data, it, 0) })
+    fun copy(name: String = this.name): TensorBuffer = TensorBuffer(name, dtype, shape, ByteBuffer.allocateDirect(nbytes).also { copyBytes(data, it, 0) })
 
     override fun toString(): String = "$name $dtype$shape"
 
     companion object {
-        fun floats(name: String, shape: List<Int>, values: FloatArray): NdBuffer {
+        fun floats(name: String, shape: List<Int>, values: FloatArray): TensorBuffer {
             val b = ByteBuffer.allocateDirect(4 * values.size).order(ByteOrder.LITTLE_ENDIAN)
             for ((i, v) in values.withIndex()) b.putFloat(4 * i, v)
-            return NdBuffer(name, ElemType.FLOAT32, shape, b)
+            return TensorBuffer(name, ElemType.FLOAT32, shape, b)
         }
-        fun longs(name: String, shape: List<Int>, values: LongArray): NdBuffer {
+        fun longs(name: String, shape: List<Int>, values: LongArray): TensorBuffer {
             val b = ByteBuffer.allocateDirect(8 * values.size).order(ByteOrder.LITTLE_ENDIAN)
             for ((i, v) in values.withIndex()) b.putLong(8 * i, v)
-            return NdBuffer(name, ElemType.INT64, shape, b)
+            return TensorBuffer(name, ElemType.INT64, shape, b)
         }
     }
 }
@@ -87,11 +87,13 @@ fun sha256Hex(b: ByteBuffer): String {
 }
 
 /**
- * manifest.json of a contract-v3 program (shared_schemas/manifest.schema.json, schema_version 3), reduced
- * to what an app needs to drive the layer loop (toolchain/runtime/loop.py): the methods with their bound
- * inputs and outputs, the state layout, the loop's flags, the weights / state / tokenizer files.
+ * manifest.json of a contract-v3 program (shared_schemas/manifest.schema.json, schema_version 3): the typed
+ * manifest of toolchain/contract/manifest.py (`Manifest`), reduced to the fields an app needs to drive the
+ * layer loop (toolchain/runtime/loop.py), flat: the methods with their bound inputs and outputs, the state
+ * layout, the loop's flags, the weights / state / tokenizer files. [read] is contract/read.py's
+ * `read_program_manifest` for the app (the checks the app relies on; the schema itself is the host's).
  */
-class ProgramV3(
+class Manifest(
     val dir: File,
     val layers: Int,
     val seqLen: Int,
@@ -101,9 +103,9 @@ class ProgramV3(
     val defaultLr: Double?,
     val movesUnselected: Boolean,
     val stepEntry: String?,
-    val methods: Map<String, Method>,
+    val methods: Map<String, MethodSpec>,
     val stateNumel: Int,
-    val stateEntries: List<Entry>,
+    val stateEntries: List<StateEntry>,
     val stateInitFile: String,
     val weightsFile: String,
     val tokenizerFile: String?,
@@ -127,28 +129,10 @@ class ProgramV3(
     /** generate.prefill_chunk: tokens per embed_prefill / block_prefill call (C); 0 without the generation methods. */
     val prefillChunk: Int = 0,
     /** generate.fused: the generation methods that call native kernels (int4 programs); null: none. */
-    val fused: Fused? = null,
+    val fused: FusedSection? = null,
     /** quant.head: the embedding and LM head are stored int4 too (embed.qweight / embed.scales). */
     val quantHead: Boolean = false,
 ) {
-    /** One bound input or output: `bind` input | result | activation | weight | state | cache; `rows` [a, b) of a weight. */
-    class Io(val name: String, val dtype: ElemType, val shape: List<Int>, val bind: String, val ref: String, val rows: Pair<Int, Int>?) {
-        val numel: Int = shape.fold(1) { a, b -> a * b }
-        fun refAt(layer: Int?): String = if (layer == null) ref else ref.replace(LAYER, layer.toString())
-    }
-    /** [kernels]: the custom kernels it calls beyond stock ExecuTorch (methods[].kernels; empty: stock operators only). */
-    class Method(val name: String, val role: String, val inputs: List<Io>, val outputs: List<Io>, val kernels: List<String> = emptyList())
-
-    /**
-     * generate.fused: [methods] maps a stock generation method to its variant calling [kernels] (same inputs
-     * and outputs, except head_logits_fused, which takes the whole head instead of its chunks). A runtime
-     * that has the kernels registered calls the fused names, any other the stock ones ([LayerLoop.generationNames]).
-     */
-    class Fused(val kernels: List<String>, val source: String, val methods: Map<String, String>)
-    class Entry(val name: String, val key: String, val role: String, val shape: List<Int>, val offset: Int, val layer: Int?) {
-        val numel: Int = shape.fold(1) { a, b -> a * b }
-    }
-
     /** Check every file the manifest lists against its sha256 (catches a partial `adb push`); [skip]: files not needed. */
     fun verifyFiles(skip: (String) -> Boolean = { false }) {
         for ((name, sha) in files) {
@@ -162,26 +146,24 @@ class ProgramV3(
         }
     }
 
-    fun method(name: String): Method = methods[name] ?: throw ContractError("the program has no method '$name'; re-export the program")
-    /** The program has the stock generation methods ([LayerLoop.GENERATION_METHODS]; checked by [parse] when it has `generate`). */
-    val hasGeneration: Boolean get() = prefillChunk > 0 && LayerLoop.GENERATION_METHODS.all { it in methods }
+    fun method(name: String): MethodSpec = methods[name] ?: throw ContractError("the program has no method '$name'; re-export the program")
+    /** The program has the stock generation methods ([Contract.GENERATION_ROLES]; checked by [parse] when it has `generate`). */
+    val hasGeneration: Boolean get() = prefillChunk > 0 && Contract.GENERATION_ROLES.all { it in methods }
 
     companion object {
-        const val LAYER = "{layer}"
-        const val SCHEMA_VERSION = 3
         private val BINDS = setOf("input", "result", "activation", "weight", "state", "cache")
 
-        fun read(dir: File): ProgramV3 {
-            val f = File(dir, "manifest.json")
-            if (!f.isFile) throw ContractError("$dir is not an exported program (no manifest.json)")
+        fun read(dir: File): Manifest {
+            val f = File(dir, Contract.MANIFEST_NAME)
+            if (!f.isFile) throw ContractError("$dir is not an exported program (no ${Contract.MANIFEST_NAME})")
             return parse(dir, Json.parse(f.readText(Charsets.UTF_8)), f.path)
         }
 
-        fun parse(dir: File, doc: Json, where: String): ProgramV3 {
+        fun parse(dir: File, doc: Json, where: String): Manifest {
             val m = Fields.of(doc, where)
             val version = m.int("schema_version")
-            if (version < SCHEMA_VERSION) throw ContractError("$where: schema_version $version; re-export the program with this toolchain")
-            if (version > SCHEMA_VERSION) throw ContractError("$where: schema_version $version is newer than this app ($SCHEMA_VERSION); update the app")
+            if (version < Contract.MANIFEST_SCHEMA_VERSION) throw ContractError("$where: schema_version $version; re-export the program with this toolchain")
+            if (version > Contract.MANIFEST_SCHEMA_VERSION) throw ContractError("$where: schema_version $version is newer than this app (${Contract.MANIFEST_SCHEMA_VERSION}); update the app")
             val arch = m.obj("model").obj("arch")
             val layers = arch.int("layers")
             val loop = m.obj("loop")
@@ -191,14 +173,14 @@ class ProgramV3(
             val numel = state.int("numel")
             val entries = state.arr("entries").mapIndexed { i, e ->
                 val ef = Fields.of(e, "$where.state.entries[$i]")
-                Entry(ef.string("name"), ef.optString("key") ?: "", ef.string("role"), ef.ints("shape"), ef.int("offset"), ef.optInt("layer"))
+                StateEntry(ef.string("name"), ef.optString("key") ?: "", ef.string("role"), ef.ints("shape"), ef.int("offset"), ef.optInt("layer"))
             }
             for (e in entries) if (e.offset < 0 || e.offset + e.numel > numel)
                 throw ContractError("$where: state entry ${e.name} [${e.offset}, ${e.offset + e.numel}) lies outside the $numel state values")
             val byName = entries.associateBy { it.name }
             val stepEntry = state.optString("step_entry")
             if (stepEntry != null && stepEntry !in byName) throw ContractError("$where: state.step_entry '$stepEntry' is not an entry")
-            val methods = LinkedHashMap<String, Method>()
+            val methods = LinkedHashMap<String, MethodSpec>()
             m.arr("methods").forEachIndexed { i, mj ->
                 val mf = Fields.of(mj, "$where.methods[$i]")
                 val name = mf.string("name")
@@ -210,17 +192,17 @@ class ProgramV3(
                         if (r.size != 2 || r[0] < 0 || r[1] <= r[0]) throw ContractError("${f.where}: rows $r is not [start, stop)")
                         Pair(r[0], r[1])
                     } else null
-                    Io(f.string("name"), ElemType.of(f.string("dtype"), f.where), f.ints("shape"), bind, f.string("ref"), rows)
+                    IoSpec(f.string("name"), ElemType.of(f.string("dtype"), f.where), f.ints("shape"), bind, f.string("ref"), rows)
                 }
                 val kernels = if (mf.has("kernels")) mf.strings("kernels") else emptyList()
-                val method = Method(name, mf.optString("role") ?: name, ios("inputs"), ios("outputs"), kernels)
+                val method = MethodSpec(name, mf.optString("role") ?: name, ios("inputs"), ios("outputs"), kernels)
                 for (io in method.inputs + method.outputs) if (io.bind == "state") {
                     val e = byName[io.refAt(0)] ?: byName[io.ref] ?: throw ContractError("$where: $name ${io.name} refers to no state entry '${io.ref}'")
                     if (e.numel != io.numel) throw ContractError("$where: $name ${io.name} has shape ${io.shape}, its entry ${e.name} ${e.shape}")
                 }
                 methods[name] = method
             }
-            for (need in listOf("embed", "block_forward", "head_loss", "block_backward"))
+            for (need in Contract.TRAINING_ROLES - "block_skip_update")  // block_skip_update: only when the loop moves unselected layers
                 if (need !in methods) throw ContractError("$where: no '$need' method; re-export the program")
             val moves = loop.bool("moves_unselected")
             if (moves && "block_skip_update" !in methods) throw ContractError("$where: loop.moves_unselected without a block_skip_update method")
@@ -231,14 +213,14 @@ class ProgramV3(
                 throw ContractError("$where: an int4 program exported before the int4 embedding and LM head (no quant.head); re-export the program with this toolchain")
             val quantHead = quantObj?.let { if (it.has("head")) it.bool("head") else false } ?: false
             var prefillChunk = 0
-            var fused: Fused? = null
+            var fused: FusedSection? = null
             if (m.has("generate")) {
                 val g = m.obj("generate")
                 if (!g.has("prefill_chunk"))
                     throw ContractError("$where: the generation methods were exported before chunked prefill (no generate.prefill_chunk, block_kv over the whole seq_len); re-export the program with this toolchain")
                 prefillChunk = g.int("prefill_chunk")
                 if (prefillChunk < 1) throw ContractError("${g.where}: prefill_chunk $prefillChunk is not >= 1")
-                for (need in LayerLoop.GENERATION_METHODS)
+                for (need in Contract.GENERATION_ROLES)
                     if (need !in methods) throw ContractError("$where: generate is set but there is no '$need' method; re-export the program")
                 if (g.has("fused")) {
                     val f = g.obj("fused")
@@ -248,12 +230,12 @@ class ProgramV3(
                         if (methods.getValue(name).outputs.map { Triple(it.name, it.shape, it.bind) } != methods.getValue(stock).outputs.map { Triple(it.name, it.shape, it.bind) })
                             throw ContractError("${f.where}: $name does not return what $stock returns; re-export the program")
                     }
-                    fused = Fused(f.strings("kernels"), f.string("source"), map)
+                    fused = FusedSection(f.strings("kernels"), f.string("source"), map)
                 }
             }
             val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("$where: files.$k is not a string") }
             val opt = m.obj("optimizer")
-            return ProgramV3(
+            return Manifest(
                 dir = dir, layers = layers, seqLen = m.int("seq_len"), vocab = arch.int("vocab"),
                 padTokenId = tok.int("pad_token_id"), eosTokenId = tok.optInt("eos_token_id"),
                 defaultLr = opt.optDouble("default_lr"), movesUnselected = moves, stepEntry = stepEntry,
@@ -322,9 +304,9 @@ fun interface FileIdentitySource {
  * compares it with the file's now, and the training session calls it at every step boundary. Once a change
  * is seen the mapping is [stale] for good: every [LayerLoop] over it refuses to call the program again.
  */
-class MappedWeights private constructor(val file: File, val tensors: Map<String, NdBuffer>, val identity: FileIdentity,
+class MappedWeights private constructor(val file: File, val tensors: Map<String, TensorBuffer>, val identity: FileIdentity,
                                         private val identities: FileIdentitySource) {
-    operator fun get(key: String): NdBuffer = tensors[key] ?: throw ContractError("$file has no tensor '$key'; re-export the program")
+    operator fun get(key: String): TensorBuffer = tensors[key] ?: throw ContractError("$file has no tensor '$key'; re-export the program")
 
     /** Why the mapping is no longer trusted (the first change [checkChanged] saw), or null. */
     @Volatile var stale: String? = null
@@ -343,11 +325,11 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
     }
 
     /** Rows [a, b) of [key] (a view of the mapped rows, no copy). */
-    fun rows(key: String, a: Int, b: Int): NdBuffer {
+    fun rows(key: String, a: Int, b: Int): TensorBuffer {
         val t = get(key)
         if (t.shape.isEmpty() || b > t.shape[0]) throw ContractError("$file: rows [$a, $b) of $key ${t.shape}")
         val rowBytes = t.nbytes / t.shape[0]
-        return NdBuffer(key, t.dtype, listOf(b - a) + t.shape.drop(1), t.data.window(a * rowBytes, (b - a) * rowBytes))
+        return TensorBuffer(key, t.dtype, listOf(b - a) + t.shape.drop(1), t.data.window(a * rowBytes, (b - a) * rowBytes))
     }
 
     companion object {
@@ -370,7 +352,7 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
             raf.readFully(hb)
             val header = Fields.of(Json.parse(String(hb, Charsets.UTF_8)), "$file header")
             val start = 8 + n
-            val out = LinkedHashMap<String, NdBuffer>()
+            val out = LinkedHashMap<String, TensorBuffer>()
             for ((key, v) in header.obj.fields) {
                 if (key == "__metadata__" || key.startsWith("__pad_")) continue
                 val f = Fields.of(v, "$file $key")
@@ -380,7 +362,7 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
                 val len = off[1] - off[0]
                 if (off[0] < 0 || len < 0 || start + off[1] > size) throw ContractError("${f.where}: data_offsets $off outside the file")
                 val buf = if (len == 0L) ByteBuffer.allocateDirect(0) else raf.channel.map(FileChannel.MapMode.READ_ONLY, begin, len)
-                out[key] = NdBuffer(key, dtype, f.ints("shape"), buf)
+                out[key] = TensorBuffer(key, dtype, f.ints("shape"), buf)
             }
             MappedWeights(file, out, identity, identities)
         }
@@ -394,9 +376,9 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
  * [buffer] is not the state array (no checkpoint or adapter is made of it), and a view of another entry is
  * an error.
  */
-class StateBuffer(val program: ProgramV3, only: Collection<String>? = null) {
+class StateBuffer(val program: Manifest, only: Collection<String>? = null) {
     /** The entries held: every one, or [only]'s. */
-    val entries: List<ProgramV3.Entry> = if (only == null) program.stateEntries else {
+    val entries: List<StateEntry> = if (only == null) program.stateEntries else {
         val names = only.toSet()
         val unknown = names - program.stateEntries.map { it.name }.toSet()
         if (unknown.isNotEmpty()) throw ContractError("the state has no entry ${unknown.sorted().take(3).joinToString()}; re-export the program")
@@ -406,15 +388,15 @@ class StateBuffer(val program: ProgramV3, only: Collection<String>? = null) {
     /** float32 values held: the manifest's state numel, or a snapshot's entries'. */
     val numel: Int = if (only == null) program.stateNumel else entries.sumOf { it.numel }
     val buffer: ByteBuffer = ByteBuffer.allocateDirect(4 * numel).order(ByteOrder.LITTLE_ENDIAN)
-    private val views: Map<String, NdBuffer> = run {
+    private val views: Map<String, TensorBuffer> = run {
         var at = 0
         entries.associate { e ->
             val offset = if (only == null) e.offset else at.also { at += e.numel }
-            e.name to NdBuffer(e.name, ElemType.FLOAT32, e.shape, buffer.window(4 * offset, 4 * e.numel))
+            e.name to TensorBuffer(e.name, ElemType.FLOAT32, e.shape, buffer.window(4 * offset, 4 * e.numel))
         }
     }
 
-    fun view(name: String): NdBuffer = views[name] ?: throw ContractError(
+    fun view(name: String): TensorBuffer = views[name] ?: throw ContractError(
         if (isSnapshot) "state entry '$name' is not in this snapshot of ${entries.size} entries (the generation methods read it?)"
         else "the state has no entry '$name'; re-export the program")
     fun sha256(): String = sha256Hex(buffer)

@@ -11,7 +11,7 @@ fun StepPlan.layersAt(step: Long): Set<Int> = phases[schedule[(step % schedule.s
  * either side can resume the other's run. Writing a checkpoint reads the state buffer once (4 x numel bytes);
  * nothing else copies the whole state.
  */
-object V3Checkpoints {
+object StateCheckpoints {
     fun save(store: CheckpointStore, state: StateBuffer, step: Long, runId: String, seq: Long, losses: List<Double?>) {
         state.requireWhole("a checkpoint")
         store.save(Checkpoint(state.toFloatArray(), step, runId, seq, losses))

@@ -1,206 +1,34 @@
 import Foundation
 
-/// `manifest.json` of a contract-v3 program (`shared_schemas/manifest.schema.json`, schema_version 3,
-/// written by `toolchain/export/manifest.py:ProgramManifest`): layer-generic methods whose every input
+/// `manifest.json` of a contract-v3 program (`shared_schemas/manifest.schema.json`, schema_version 3):
+/// the typed manifest of `toolchain/contract/manifest.py` (`Manifest`, its sections under the same
+/// names: `ModelSection`, `GenerateSection`, `MethodSpec`, `IoSpec`, `StateEntry`, ...), written by
+/// `toolchain export` through `contract/read.py`'s `write_manifest`: layer-generic methods whose every input
 /// is bound (`input`, `activation`, `weight` of the weights file, `state` entry), and the loop the app
 /// drives (`toolchain/runtime/loop.py` is the reference). Only what the app needs is decoded; other
 /// keys are ignored.
-public struct LoopManifest: Decodable, Equatable {
-    public static let fileName = "manifest.json"
-    public static let supportedSchemaVersion = 3
-
+public struct Manifest: Decodable, Equatable {
     public var schemaVersion: Int
     public var seqLen: Int
-    public var model: Model
-    public var optimizer: Optimizer
-    public var lcsb: Lcsb?
-    public var methods: [Method]
-    public var loop: Loop
-    public var state: State
-    public var weights: Weights
+    public var model: ModelSection
+    public var optimizer: OptimizerSection
+    public var lcsb: LcsbSection?
+    public var methods: [MethodSpec]
+    public var loop: LoopSection
+    public var state: StateSection
+    public var weights: WeightsSection
     public var files: [String: String]
-    public var programs: [Program]
-    public var tokenizer: Tokenizer?
-    public var adapter: Adapter?
-    public var lora: Lora?
-    public var quant: Quant?
+    public var programs: [ProgramEntry]
+    public var tokenizer: TokenizerSection?
+    public var adapter: AdapterSection?
+    public var lora: LoraSection?
+    public var quant: QuantSection?
     public var memoryPlan: MemoryPlan?
-    public var generate: Generate?
+    public var generate: GenerateSection?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version", seqLen = "seq_len", model, optimizer, lcsb, methods, loop, state
         case weights, files, programs, tokenizer, adapter, lora, quant, memoryPlan = "memory_plan", generate
-    }
-
-    public struct Model: Decodable, Equatable {
-        public var source: String?
-        public var arch: Arch
-    }
-
-    /// `tokenizer`: kind byte | qwen2.5 | huggingface | none, the program's tokenizer.json (`file`).
-    public struct Tokenizer: Decodable, Equatable {
-        public var kind: String
-        public var vocab: Int
-        public var padTokenId: Int
-        public var eosTokenId: Int?
-        public var bosTokenId: Int?
-        public var file: String?
-        enum CodingKeys: String, CodingKey {
-            case kind, vocab, padTokenId = "pad_token_id", eosTokenId = "eos_token_id", bosTokenId = "bos_token_id", file
-        }
-    }
-
-    /// `adapter`: the PEFT directory the program starts from and the adapter_config.json to write.
-    public struct Adapter: Decodable, Equatable {
-        public var initDir: String
-        public var config: JSONValue
-        enum CodingKeys: String, CodingKey { case initDir = "init_dir", config }
-    }
-
-    public struct Lora: Decodable, Equatable {
-        public var rank: Int
-        public var alpha: Double
-        public var targets: [String]
-    }
-
-    /// `quant`: the frozen weights' format; `head`: the embedding and LM head are stored like the layers
-    /// (int4: `embed.qweight` / `embed.scales`, bound as `embed_q` / `embed_scale`, head chunks
-    /// `head_{j}_q` / `head_{j}_scale` with `rows`). The binding is generic (`weight` + `ref` + optional
-    /// `rows`), so the loop needs neither; they are decoded for the screen and the tests.
-    public struct Quant: Decodable, Equatable {
-        public var kind: String
-        public var group: Int?
-        public var head: Bool?
-    }
-
-    /// `memory_plan`: per target the planned arena of each method and the peak estimate.
-    public struct MemoryPlan: Decodable, Equatable {
-        public var plannedArenaBytes: [String: [String: Int]]?
-        public var loraStateBytes: Int?
-        public var checkpointBytes: Int?
-        public var peakEstimateBytes: [String: Int]?
-        enum CodingKeys: String, CodingKey {
-            case plannedArenaBytes = "planned_arena_bytes", loraStateBytes = "lora_state_bytes"
-            case checkpointBytes = "checkpoint_bytes", peakEstimateBytes = "peak_estimate_bytes"
-        }
-    }
-
-    /// `generate` (null when exported without the generation methods): the prompt goes in chunks of
-    /// `prefillChunk` tokens (`embed_prefill`, `block_prefill` per layer), then one token per decode
-    /// step (`embed_token`, `block_decode` per layer, `head_logits`); `LayerLoop.generate` runs it.
-    /// Programs exported before chunked prefill lack `prefill_chunk` and are refused (`decode`).
-    public struct Generate: Decodable, Equatable {
-        public var methods: [String]
-        public var maxTokens: Int?
-        public var cacheBytes: Int?
-        public var prefillChunk: Int?
-        public var fused: Fused?
-        public var peakEstimateBytes: [String: Int]?
-        enum CodingKeys: String, CodingKey {
-            case methods, maxTokens = "max_tokens", cacheBytes = "cache_bytes", prefillChunk = "prefill_chunk", fused
-            case peakEstimateBytes = "peak_estimate_bytes"
-        }
-    }
-
-    /// `generate.fused` (int4 programs): variants of generation methods that call native kernels
-    /// (`kernels`, e.g. `toolchain::int4_linear_a8.out`, built from `source` in the toolchain repository),
-    /// with the same inputs and outputs as the stock method (`head_logits_fused` takes the whole head
-    /// instead of its chunks). A runtime that has every kernel registered calls `methods[stock]`
-    /// instead of `stock`; any other calls the stock one.
-    public struct Fused: Decodable, Equatable {
-        public var kernels: [String]
-        public var source: String?
-        public var methods: [String: String]
-    }
-
-    public struct Arch: Decodable, Equatable {
-        public var hidden: Int
-        public var layers: Int
-        public var vocab: Int
-    }
-
-    public struct Optimizer: Decodable, Equatable {
-        public var kind: String
-        public var weightDecay: Double
-        public var defaultLr: Double?
-        enum CodingKeys: String, CodingKey { case kind, weightDecay = "weight_decay", defaultLr = "default_lr" }
-    }
-
-    /// The default LCSB plan (apps may choose other layers at run time).
-    public struct Lcsb: Decodable, Equatable {
-        public var policy: String
-        public var k: Int?
-        public var phases: [[Int]]
-        public var schedule: [Int]
-    }
-
-    public struct Program: Decodable, Equatable {
-        public var target: String
-        public var file: String
-        public var methods: [String: String]?
-    }
-
-    /// One method input or output and what it is bound to.
-    public struct IO: Decodable, Equatable {
-        public enum Bind: String, Decodable { case input, activation, weight, state, result, cache }
-        public var name: String
-        public var bind: Bind
-        public var ref: String
-        public var dtype: String
-        public var shape: [Int]
-        /// `weight` only: the row range `[start, end)` of the weight passed (a view).
-        public var rows: [Int]?
-        public var count: Int { shape.reduce(1, *) }
-        public var elementSize: Int { LoopManifest.elementSize(dtype) ?? 0 }
-        public var byteCount: Int { count * elementSize }
-
-        /// `ref` with the layer placeholder replaced (unchanged when `layer` is nil).
-        public func ref(layer: Int?, placeholder: String = "{layer}") -> String {
-            guard let layer else { return ref }
-            return ref.replacingOccurrences(of: placeholder, with: String(layer))
-        }
-    }
-
-    public struct Method: Decodable, Equatable {
-        public var name: String
-        public var role: String
-        public var inputs: [IO]
-        public var outputs: [IO]
-        /// Custom kernels the method calls beyond the stock ExecuTorch runtime (the fused generation
-        /// methods); nil: stock operators only.
-        public var kernels: [String]?
-    }
-
-    public struct Loop: Decodable, Equatable {
-        public var layers: Int
-        public var movesUnselected: Bool
-        enum CodingKeys: String, CodingKey { case layers, movesUnselected = "moves_unselected" }
-    }
-
-    public struct State: Decodable, Equatable {
-        public var dtype: String
-        public var numel: Int
-        public var initFile: String
-        public var stepEntry: String?
-        public var entries: [Entry]
-        enum CodingKeys: String, CodingKey { case dtype, numel, initFile = "init_file", stepEntry = "step_entry", entries }
-    }
-
-    public struct Entry: Decodable, Equatable {
-        public var name: String
-        public var key: String
-        public var role: String
-        public var shape: [Int]
-        public var offset: Int
-        public var layer: Int?
-        public var count: Int { shape.reduce(1, *) }
-    }
-
-    public struct Weights: Decodable, Equatable {
-        public var file: String
-        public var bytes: Int?
-        public var layerPlaceholder: String
-        enum CodingKeys: String, CodingKey { case file, bytes, layerPlaceholder = "layer_placeholder" }
     }
 
     static func elementSize(_ dtype: String) -> Int? {
@@ -213,23 +41,20 @@ public struct LoopManifest: Decodable, Equatable {
         }
     }
 
-    /// The methods the training loop calls, by role.
-    public static let trainRoles = ["embed", "block_forward", "head_loss", "block_backward"]
-
     private struct VersionOnly: Decodable {
         let schemaVersion: Int?
         enum CodingKeys: String, CodingKey { case schemaVersion = "schema_version" }
     }
 
-    public static func decode(_ data: Data, source: String = "manifest.json") throws -> LoopManifest {
+    public static func decode(_ data: Data, source: String = "manifest.json") throws -> Manifest {
         let version = (try? JSONDecoder().decode(VersionOnly.self, from: data))?.schemaVersion
-        guard version == supportedSchemaVersion else {
+        guard version == Contract.manifestSchemaVersion else {
             let what = version.map { "schema_version \($0)" } ?? "no schema_version"
             throw TrainerError.badInput("\(source) has \(what); this app runs contract v3 (schema_version 3) only; re-export the program")
         }
-        let m: LoopManifest
+        let m: Manifest
         do {
-            m = try JSONDecoder().decode(LoopManifest.self, from: data)
+            m = try JSONDecoder().decode(Manifest.self, from: data)
         } catch {
             throw TrainerError.badInput("\(source) is not a valid v3 manifest (\(describe(error))); re-export the program")
         }
@@ -241,26 +66,26 @@ public struct LoopManifest: Decodable, Equatable {
         return m
     }
 
-    public static func load(directory: URL) throws -> LoopManifest {
-        let url = directory.appendingPathComponent(fileName)
+    public static func load(directory: URL) throws -> Manifest {
+        let url = directory.appendingPathComponent(Contract.manifestName)
         return try decode(try readFile(url, what: "manifest"), source: url.path)
     }
 
     /// The first method of `role` in the manifest's order: the stock one (a fused variant shares its
     /// role and is listed after it; `generationMethods(registeredKernels:)` picks between them).
-    public func method(role: String) -> Method? { methods.first { $0.role == role } }
+    public func method(role: String) -> MethodSpec? { methods.first { $0.role == role } }
 
-    public func method(named name: String) -> Method? { methods.first { $0.name == name } }
+    public func method(named name: String) -> MethodSpec? { methods.first { $0.name == name } }
 
-    /// The method generation calls for each of `LayerLoop.generationRoles`: the fused variant
+    /// The method generation calls for each of `Contract.generationRoles`: the fused variant
     /// (`generate.fused.methods`) where the runtime has all of `generate.fused.kernels` registered
-    /// (`registeredKernels`, `LoopRuntime.registeredKernels`) and the manifest lists it, else the stock
+    /// (`registeredKernels`, `ProgramRuntime.registeredKernels`) and the manifest lists it, else the stock
     /// one. Roles without a method are left out (`canGenerate` is false then).
-    public func generationMethods(registeredKernels: Set<String>) -> [String: Method] {
-        var out: [String: Method] = [:]
+    public func generationMethods(registeredKernels: Set<String>) -> [String: MethodSpec] {
+        var out: [String: MethodSpec] = [:]
         let fused = generate?.fused
         let useFused = fused.map { !$0.kernels.isEmpty && Set($0.kernels).isSubset(of: registeredKernels) } ?? false
-        for role in LayerLoop.generationRoles {
+        for role in Contract.generationRoles {
             guard let stock = method(role: role) else { continue }
             if useFused, let name = fused?.methods[stock.name], let f = method(named: name), f.role == stock.role {
                 out[role] = f
@@ -274,7 +99,7 @@ public struct LoopManifest: Decodable, Equatable {
     /// Tokens per `embed_prefill` / `block_prefill` call (`generate.prefill_chunk`).
     public var prefillChunk: Int? { generate?.prefillChunk }
 
-    public func program(target: String) -> Program? { programs.first { $0.target == target } }
+    public func program(target: String) -> ProgramEntry? { programs.first { $0.target == target } }
 
     /// Identifies the export in checkpoints: the sha256 of the ExecuTorch program (else of the
     /// weights file, else of state_init.bin) from `files`; the state is the same array for every
@@ -284,10 +109,10 @@ public struct LoopManifest: Decodable, Equatable {
         return files[weights.file] ?? files[state.initFile]
     }
 
-    /// Whether the program has every method generation calls (`LayerLoop.generationRoles`: embed_token,
+    /// Whether the program has every method generation calls (`Contract.generationRoles`: embed_token,
     /// embed_prefill, block_prefill, block_decode, head_logits) and its prefill chunk.
     public var canGenerate: Bool {
-        generate?.prefillChunk != nil && LayerLoop.generationRoles.allSatisfy { method(role: $0) != nil }
+        generate?.prefillChunk != nil && Contract.generationRoles.allSatisfy { method(role: $0) != nil }
     }
 
     /// Dirty memory a training step is planned to peak at on `target`: the manifest's estimate, else
@@ -313,7 +138,7 @@ public struct LoopManifest: Decodable, Equatable {
         CheckpointGroups.maxAlive(selected: min(selectedLayers ?? loop.layers, loop.layers), layersPerCheckpoint: layersPerCheckpoint)
     }
 
-    public func entry(named name: String) -> Entry? { entryIndex[name].map { state.entries[$0] } }
+    public func entry(named name: String) -> StateEntry? { entryIndex[name].map { state.entries[$0] } }
 
     private var entryIndex: [String: Int] {
         Dictionary(state.entries.enumerated().map { ($1.name, $0) }, uniquingKeysWith: { a, _ in a })
@@ -336,8 +161,7 @@ public struct LoopManifest: Decodable, Equatable {
             end = e.offset + e.count
         }
         if let s = state.stepEntry { guard index[s] != nil else { throw fail("state.step_entry \(s) is not an entry") } }
-        var roles = Self.trainRoles
-        if loop.movesUnselected { roles.append("block_skip_update") }
+        let roles = Contract.trainingRoles.filter { $0 != "block_skip_update" || loop.movesUnselected }
         for r in roles where method(role: r) == nil { throw fail("no method has role \(r)") }
         var activations: Set<String> = ["x", "d", "checkpoint"]
         var appInputs: Set<String> = ["input_ids", "labels", "lr"]
@@ -345,8 +169,8 @@ public struct LoopManifest: Decodable, Equatable {
         if let gen = generate, let chunk = gen.prefillChunk {
             // generation: its roles' methods (stock and fused) bind the same way, plus the KV cache
             guard chunk >= 1, chunk <= seqLen else { throw fail("generate.prefill_chunk \(chunk) is not in 1...\(seqLen)") }
-            for r in LayerLoop.generationRoles where method(role: r) == nil { throw fail("no method has role \(r)") }
-            checked.formUnion(LayerLoop.generationRoles)
+            for r in Contract.generationRoles where method(role: r) == nil { throw fail("no method has role \(r)") }
+            checked.formUnion(Contract.generationRoles)
             appInputs.formUnion(["token", "tokens", "pos"])
             activations.insert("x")
             if let fused = gen.fused {
@@ -420,6 +244,177 @@ public struct LoopManifest: Decodable, Equatable {
     public var cacheShapes: [(ref: String, shape: [Int])] {
         (method(role: "block_decode")?.inputs ?? []).filter { $0.bind == .cache }.map { ($0.ref, $0.shape) }
     }
+}
+
+public struct ModelSection: Decodable, Equatable {
+    public var source: String?
+    public var arch: Arch
+
+    public struct Arch: Decodable, Equatable {
+        public var hidden: Int
+        public var layers: Int
+        public var vocab: Int
+    }
+}
+
+/// `tokenizer`: kind byte | qwen2.5 | huggingface | none, the program's tokenizer.json (`file`).
+public struct TokenizerSection: Decodable, Equatable {
+    public var kind: String
+    public var vocab: Int
+    public var padTokenId: Int
+    public var eosTokenId: Int?
+    public var bosTokenId: Int?
+    public var file: String?
+    enum CodingKeys: String, CodingKey {
+        case kind, vocab, padTokenId = "pad_token_id", eosTokenId = "eos_token_id", bosTokenId = "bos_token_id", file
+    }
+}
+
+/// `adapter`: the PEFT directory the program starts from and the adapter_config.json to write.
+public struct AdapterSection: Decodable, Equatable {
+    public var initDir: String
+    public var config: JSONValue
+    enum CodingKeys: String, CodingKey { case initDir = "init_dir", config }
+}
+
+public struct LoraSection: Decodable, Equatable {
+    public var rank: Int
+    public var alpha: Double
+    public var targets: [String]
+}
+
+/// `quant`: the frozen weights' format; `head`: the embedding and LM head are stored like the layers
+/// (int4: `embed.qweight` / `embed.scales`, bound as `embed_q` / `embed_scale`, head chunks
+/// `head_{j}_q` / `head_{j}_scale` with `rows`). The binding is generic (`weight` + `ref` + optional
+/// `rows`), so the loop needs neither; they are decoded for the screen and the tests.
+public struct QuantSection: Decodable, Equatable {
+    public var kind: String
+    public var group: Int?
+    public var head: Bool?
+}
+
+/// `memory_plan`: per target the planned arena of each method and the peak estimate.
+public struct MemoryPlan: Decodable, Equatable {
+    public var plannedArenaBytes: [String: [String: Int]]?
+    public var loraStateBytes: Int?
+    public var checkpointBytes: Int?
+    public var peakEstimateBytes: [String: Int]?
+    enum CodingKeys: String, CodingKey {
+        case plannedArenaBytes = "planned_arena_bytes", loraStateBytes = "lora_state_bytes"
+        case checkpointBytes = "checkpoint_bytes", peakEstimateBytes = "peak_estimate_bytes"
+    }
+}
+
+/// `generate` (null when exported without the generation methods): the prompt goes in chunks of
+/// `prefillChunk` tokens (`embed_prefill`, `block_prefill` per layer), then one token per decode
+/// step (`embed_token`, `block_decode` per layer, `head_logits`); `LayerLoop.generate` runs it.
+/// Programs exported before chunked prefill lack `prefill_chunk` and are refused (`decode`).
+public struct GenerateSection: Decodable, Equatable {
+    public var methods: [String]
+    public var maxTokens: Int?
+    public var cacheBytes: Int?
+    public var prefillChunk: Int?
+    public var fused: FusedSection?
+    public var peakEstimateBytes: [String: Int]?
+    enum CodingKeys: String, CodingKey {
+        case methods, maxTokens = "max_tokens", cacheBytes = "cache_bytes", prefillChunk = "prefill_chunk", fused
+        case peakEstimateBytes = "peak_estimate_bytes"
+    }
+}
+
+/// `generate.fused` (int4 programs): variants of generation methods that call native kernels
+/// (`kernels`, e.g. `toolchain::int4_linear_a8.out`, built from `source` in the toolchain repository),
+/// with the same inputs and outputs as the stock method (`head_logits_fused` takes the whole head
+/// instead of its chunks). A runtime that has every kernel registered calls `methods[stock]`
+/// instead of `stock`; any other calls the stock one.
+public struct FusedSection: Decodable, Equatable {
+    public var kernels: [String]
+    public var source: String?
+    public var methods: [String: String]
+}
+
+public struct OptimizerSection: Decodable, Equatable {
+    public var kind: String
+    public var weightDecay: Double
+    public var defaultLr: Double?
+    enum CodingKeys: String, CodingKey { case kind, weightDecay = "weight_decay", defaultLr = "default_lr" }
+}
+
+/// The default LCSB plan (apps may choose other layers at run time).
+public struct LcsbSection: Decodable, Equatable {
+    public var policy: String
+    public var k: Int?
+    public var phases: [[Int]]
+    public var schedule: [Int]
+}
+
+public struct ProgramEntry: Decodable, Equatable {
+    public var target: String
+    public var file: String
+    public var methods: [String: String]?
+}
+
+/// One method input or output and what it is bound to.
+public struct IoSpec: Decodable, Equatable {
+    public enum Bind: String, Decodable { case input, activation, weight, state, result, cache }
+    public var name: String
+    public var bind: Bind
+    public var ref: String
+    public var dtype: String
+    public var shape: [Int]
+    /// `weight` only: the row range `[start, end)` of the weight passed (a view).
+    public var rows: [Int]?
+    public var count: Int { shape.reduce(1, *) }
+    public var elementSize: Int { Manifest.elementSize(dtype) ?? 0 }
+    public var byteCount: Int { count * elementSize }
+
+    /// `ref` with the layer placeholder replaced (unchanged when `layer` is nil).
+    public func ref(layer: Int?, placeholder: String = "{layer}") -> String {
+        guard let layer else { return ref }
+        return ref.replacingOccurrences(of: placeholder, with: String(layer))
+    }
+}
+
+public struct MethodSpec: Decodable, Equatable {
+    public var name: String
+    public var role: String
+    public var inputs: [IoSpec]
+    public var outputs: [IoSpec]
+    /// Custom kernels the method calls beyond the stock ExecuTorch runtime (the fused generation
+    /// methods); nil: stock operators only.
+    public var kernels: [String]?
+}
+
+public struct LoopSection: Decodable, Equatable {
+    public var layers: Int
+    public var movesUnselected: Bool
+    enum CodingKeys: String, CodingKey { case layers, movesUnselected = "moves_unselected" }
+}
+
+public struct StateSection: Decodable, Equatable {
+    public var dtype: String
+    public var numel: Int
+    public var initFile: String
+    public var stepEntry: String?
+    public var entries: [StateEntry]
+    enum CodingKeys: String, CodingKey { case dtype, numel, initFile = "init_file", stepEntry = "step_entry", entries }
+}
+
+public struct StateEntry: Decodable, Equatable {
+    public var name: String
+    public var key: String
+    public var role: String
+    public var shape: [Int]
+    public var offset: Int
+    public var layer: Int?
+    public var count: Int { shape.reduce(1, *) }
+}
+
+public struct WeightsSection: Decodable, Equatable {
+    public var file: String
+    public var bytes: Int?
+    public var layerPlaceholder: String
+    enum CodingKeys: String, CodingKey { case file, bytes, layerPlaceholder = "layer_placeholder" }
 }
 
 /// A short description of a decoding error (the path to the bad key and what was wrong).

@@ -20,7 +20,7 @@ import java.nio.channels.FileChannel
  * with checkpoint groups (`layers_per_checkpoint` 2: the forward keeps fewer layer inputs, the backward
  * reruns block_forward to rebuild the others), replayed by the same harness.
  */
-class ReplayV3Test {
+class ReplayTest {
     private val traceDir = File(Fixtures.schemas, "traces/v3_tiny")
     private val groupsDir = File(Fixtures.schemas, "traces/v3_tiny_groups")
 
@@ -40,7 +40,7 @@ class ReplayV3Test {
      * stock call's, in order, names mapped ([stockInputName]: head_logits_fused's whole head `head_q` /
      * `head_scale` is the stock call's one chunk `head_0_q` / `head_0_scale` when the head has one chunk).
      */
-    private class ReplayRuntime(val trace: Trace, val program: ProgramV3, var next: Int = 0, val kernels: Set<String> = emptySet()) : ProgramRuntime {
+    private class ReplayRuntime(val trace: Trace, val program: Manifest, var next: Int = 0, val kernels: Set<String> = emptySet()) : ProgramRuntime {
         var fusedCalls = 0
         val called = ArrayList<String>()
         private val stockOf: Map<String, String> = program.fused?.methods?.entries?.associate { (stock, f) -> f to stock } ?: emptyMap()
@@ -49,7 +49,7 @@ class ReplayV3Test {
         fun stockInputName(method: String, name: String): String =
             if (method == "head_logits_fused" && (name == "head_q" || name == "head_scale")) name.replace("head_", "head_0_") else name
 
-        override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> {
+        override fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer> {
             val k = next++
             check(k < trace.calls.size) { "call $k ($method): the host made only ${trace.calls.size} calls" }
             val c = trace.calls[k]
@@ -76,7 +76,7 @@ class ReplayV3Test {
             return c.arr("outputs").map { o ->
                 val f = Fields.of(o, "output")
                 val dtype = ElemType.of(f.string("dtype"), f.where)
-                NdBuffer(f.string("name"), dtype, f.ints("shape"), trace.blob.window(f.int("offset"), f.int("nbytes")))
+                TensorBuffer(f.string("name"), dtype, f.ints("shape"), trace.blob.window(f.int("offset"), f.int("nbytes")))
             }
         }
     }
@@ -90,11 +90,11 @@ class ReplayV3Test {
     private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
                        groupsOverride: Int? = null, kernels: Set<String> = emptySet(),
                        beforeGenerate: ((LayerLoop, ReplayRuntime, Fields) -> Unit)? = null,
-                       runtimeFor: (ReplayRuntime, ProgramV3) -> ProgramRuntime = { r, _ -> r },
+                       runtimeFor: (ReplayRuntime, Manifest) -> ProgramRuntime = { r, _ -> r },
                        afterTrainStep: ((LayerLoop) -> Unit)? = null, loopOut: ((LayerLoop) -> Unit)? = null): Int {
         val trace = Trace(dir)
         val perCheckpoint = groupsOverride ?: trace.doc.optInt("layers_per_checkpoint") ?: 1
-        val program = ProgramV3.read(trace.program)
+        val program = Manifest.read(trace.program)
         val weights = MappedWeights.map(File(trace.program, program.weightsFile))
         val runtime = ReplayRuntime(trace, program, kernels = kernels)
         val loop = LayerLoop(program, weights, runtimeFor(runtime, program))
@@ -152,63 +152,89 @@ class ReplayV3Test {
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
 
     /**
-     * What ExecuTorchRuntime does, on the trace's outputs: each output copied once, into the loop's destination
-     * (state slice, pooled activation) or into the runtime's own buffer of that output ([OutputBuffers], once per
-     * method); it counts every direct buffer it allocates and every copy it makes.
+     * What ExecuTorchRuntime does, on the trace's outputs (each a view of outputs.bin, as ExecuTorch's are views of
+     * the method's arena): each output copied once, into the loop's destination (state slice, pooled activation:
+     * a bulk copy; a KV-cache output's rows from a float view of the output into the layer's cache, as the app does
+     * from `Tensor.getRawDataBuffer()`), or, without one, into the runtime's own buffer of that output
+     * ([OutputBuffers], once per method). It counts every direct buffer it allocates and every copy it makes.
      */
-    private class CountingRuntime(val inner: ProgramRuntime, program: ProgramV3) : ProgramRuntime {
+    private class CountingRuntime(val inner: ProgramRuntime, program: Manifest) : ProgramRuntime {
         val own = OutputBuffers(program)
         var calls = 0
         val methods = HashSet<String>()
         var copiesIntoLoop = 0
+        var rowsIntoCache = 0
         var copiesIntoOwn = 0
         override fun hasKernels(kernels: Collection<String>) = inner.hasKernels(kernels)
-        override fun execute(method: String, inputs: List<NdBuffer>) = executeInto(method, inputs, emptyList())
-        override fun executeInto(method: String, inputs: List<NdBuffer>, into: List<NdBuffer?>): List<NdBuffer> {
+        override fun execute(method: String, inputs: List<TensorBuffer>) = executeInto(method, inputs, emptyList(), emptyList())
+        override fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> {
             calls++
             methods.add(method)
             val arena = inner.execute(method, inputs)  // the method's arena: valid until its next call
-            val mine = own.of(method)
             return arena.mapIndexed { i, v ->
+                val rows = cacheInto.getOrNull(i)
+                if (rows != null) {
+                    assertEquals(v.nbytes, rows.nbytes, "$method ${v.name}: the cache rows' size")
+                    rows.write(v.data.asFloatBuffer())
+                    rowsIntoCache++
+                    return@mapIndexed rows.cache
+                }
                 val dst = into.getOrNull(i)
                 if (dst != null) { assertEquals(v.nbytes, dst.nbytes, "$method ${v.name}: destination size"); copiesIntoLoop++ } else copiesIntoOwn++
-                val d = dst ?: mine[i]
+                val d = dst ?: own.of(method)[i]
                 copyBytes(v.data, d.data, 0)
                 d
             }
         }
     }
 
-    @Test fun `output buffers are allocated once per method and reused - a counting fake runtime, the trace bit for bit`() {
+    @Test fun `every output is copied once, straight into the loop's memory - a counting fake runtime, the trace bit for bit`() {
         var counting: CountingRuntime? = null
         var stepsChecked = 0
         var warmLoop = -1  // the loop's activation buffers after the first train step
         var loop: LayerLoop? = null
         replay(runtimeFor = { r, p -> CountingRuntime(r, p).also { counting = it } }, loopOut = { loop = it }, afterTrainStep = { l ->
-            val c = counting!!
-            // The runtime's buffers grow only by a method's first call (block_skip_update first runs in an LCSB step).
-            assertEquals(c.methods.sumOf { l.program.method(it).outputs.size }, c.own.allocated, "runtime buffers after train step $stepsChecked")
             if (warmLoop < 0) warmLoop = l.allocatedBuffers else assertEquals(warmLoop, l.allocatedBuffers, "loop buffers after train step $stepsChecked")
             stepsChecked++
         })
         val c = counting!!
+        val l = loop!!
         assertTrue(stepsChecked >= 3, "train steps checked: $stepsChecked")
-        // Once per output of each method called, whatever the number of calls.
-        val p = ProgramV3.read(File(traceDir, "program"))
-        assertEquals(c.methods.sumOf { p.method(it).outputs.size }, c.own.allocated, "runtime buffers: one per output of each method called")
         assertTrue(c.calls > 2 * c.methods.size, "calls ${c.calls} of ${c.methods.size} methods")
-        // Every state and kept output went straight into the loop's buffer: the loop copied none of them again.
-        assertEquals(0L, loop!!.outputCopies, "copies the loop made after the runtime")
+        // Every output had a destination in the loop's memory: the runtime never needed a buffer of its own, and
+        // the loop copied nothing again (state, kept activations and KV-cache rows alike).
+        assertEquals(0, c.own.allocated, "runtime buffers allocated")
+        assertEquals(0, c.copiesIntoOwn)
+        assertEquals(0L, l.outputCopies, "copies the loop made after the runtime")
         assertTrue(c.copiesIntoLoop > 0)
-        // The runtime's own buffers served only the KV cache rows (generation).
-        val cacheOutputs = p.methods.values.flatMap { m -> m.outputs.filter { it.bind == "cache" } }
-        assertTrue(cacheOutputs.isNotEmpty() || c.copiesIntoOwn == 0)
+        // Each prefill / decode block call's k and v rows went straight into the cache.
+        val trace = Trace(traceDir)
+        val gen = trace.doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
+        val blocks = trace.calls.subList(gen.ints("calls")[0], gen.ints("calls")[1]).count { it.string("method").startsWith("block_") }
+        assertEquals(2 * blocks, c.rowsIntoCache, "k and v rows of $blocks block calls")
     }
 
-    @Test fun `a runtime without executeInto - the loop copies each state and kept output once`() {
+    @Test fun `a generation allocates nothing once warm - the second allocates no buffer and returns the same ids`() {
+        var checked = 0
+        replay(beforeGenerate = { l, runtime, s ->
+            runtime.next = s.ints("calls")[0]
+            val first = l.generate(s.ints("prompt_ids"), s.int("max_new_tokens"))
+            val warm = l.allocatedBuffers
+            runtime.next = s.ints("calls")[0]
+            assertEquals(first, l.generate(s.ints("prompt_ids"), s.int("max_new_tokens")))
+            assertEquals(warm, l.allocatedBuffers, "buffers allocated by the second generation")
+            assertEquals(s.ints("output_ids"), first)
+            checked++
+        })
+        assertEquals(1, checked)
+    }
+
+    @Test fun `a runtime without executeInto - the loop copies every output exactly once`() {
         var loop: LayerLoop? = null
-        replay(loopOut = { loop = it })
-        assertTrue(loop!!.outputCopies > 0)
+        replay(loopOut = { loop = it })  // ReplayRuntime: execute only, each output a view of the trace's outputs.bin
+        // state slices, kept activations and KV-cache rows alike: one copy per output of every call made
+        val outputs = Trace(traceDir).calls.sumOf { it.arr("outputs").size }
+        assertEquals(outputs.toLong(), loop!!.outputCopies)
     }
 
     /**
@@ -220,7 +246,7 @@ class ReplayV3Test {
 
     @Test fun `the trace's generation is chunked - embed_prefill and block_prefill per chunk, the last padded, its rows at pos`() {
         val trace = Trace(traceDir)
-        val program = ProgramV3.read(trace.program)
+        val program = Manifest.read(trace.program)
         val gen = trace.doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
         val prompt = gen.ints("prompt_ids")
         val c = program.prefillChunk
@@ -285,7 +311,7 @@ class ReplayV3Test {
                 val c2 = GenerationControl()
                 var made = 0
                 val cancelling = LayerLoop(loop.program, loop.weights, object : ProgramRuntime {
-                    override fun execute(method: String, inputs: List<NdBuffer>) = runtime.execute(method, inputs).also { if (++made == at) c2.cancel() }
+                    override fun execute(method: String, inputs: List<TensorBuffer>) = runtime.execute(method, inputs).also { if (++made == at) c2.cancel() }
                 }, loop.state)
                 val pre = cancelling.generateStream(prompt, max, emptySet(), c2) { error("no token expected") }
                 assertEquals(StopReason.CANCELLED, pre.stopReason)
@@ -315,7 +341,7 @@ class ReplayV3Test {
             val fromFile = StateBuffer(p, entries).also { it.load(file) }
             assertEquals(snap.sha256(), fromFile.sha256())
             assertThrows(ContractError::class.java) { snap.view(p.stateEntries.first { it.role != "param" }.name) }
-            assertThrows(IllegalStateException::class.java) { V3Checkpoints.writeAdapter(Fixtures.tempDir(), snap) }
+            assertThrows(IllegalStateException::class.java) { StateCheckpoints.writeAdapter(Fixtures.tempDir(), snap) }
             checked++
         })
         assertEquals(1, checked)
@@ -347,7 +373,7 @@ class ReplayV3Test {
     private fun resume(traceDir: File) {
         val trace = Trace(traceDir)
         val layersPerCheckpoint = trace.doc.optInt("layers_per_checkpoint") ?: 1
-        val program = ProgramV3.read(trace.program)
+        val program = Manifest.read(trace.program)
         val weights = MappedWeights.map(File(trace.program, program.weightsFile))
         val train = rows(trace, "rows")
         val steps = trace.doc.arr("steps").map { Fields.of(it, "step") }.filter { it.string("kind") == "train" }
@@ -364,15 +390,15 @@ class ReplayV3Test {
             }
             val first = LayerLoop(program, weights, ReplayRuntime(trace, program)).also { it.state.loadInit() }
             run(first, 0, 2)
-            V3Checkpoints.save(store, first.state, step = 2, runId = "r", seq = 7, losses = listOf(1.0, 2.0))
+            StateCheckpoints.save(store, first.state, step = 2, runId = "r", seq = 7, losses = listOf(1.0, 2.0))
             // A new process: fresh buffers, no state_init.bin read; the runtime resumes at step 2's first call.
             val resumed = LayerLoop(program, weights, ReplayRuntime(trace, program, next = steps[2].ints("calls")[0]))
-            val c = V3Checkpoints.restore(store, resumed.state)
+            val c = StateCheckpoints.restore(store, resumed.state)
             assertEquals(2L, c.step)
             assertEquals(steps[1].string("state_sha256"), resumed.state.sha256())
             run(resumed, 2, steps.size)
             assertEquals(trace.doc.string("final_state_sha256"), resumed.state.sha256())
-            V3Checkpoints.writeAdapter(File(dir, "adapter"), resumed.state)
+            StateCheckpoints.writeAdapter(File(dir, "adapter"), resumed.state)
             val header = Safetensors.readHeader(File(dir, "adapter/adapter_model.safetensors"))
             assertEquals(program.stateEntries.filter { it.role == "param" }.map { it.key }.toSet(), header.entries.keys)
             assertTrue(File(dir, "adapter/adapter_config.json").readText().contains("lora"))
@@ -384,15 +410,15 @@ class ReplayV3Test {
     @Test fun `the plan decides the layers per step`() {
         val plan = StepPlan(3, "cyclic", 1, null, listOf(listOf(0), listOf(1), listOf(2)), listOf(2, 1, 0))
         assertEquals(listOf(setOf(2), setOf(1), setOf(0), setOf(2)), (0L..3L).map { plan.layersAt(it) })
-        assertEquals(null, ProgramV3.read(Trace(traceDir).program).defaultPlan)
-        val withPlan = ProgramV3.parse(File("."), Json.parse(Fixtures.exampleManifest("manifest_tiny.json")), "example")
+        assertEquals(null, Manifest.read(Trace(traceDir).program).defaultPlan)
+        val withPlan = Manifest.parse(File("."), Json.parse(Fixtures.exampleManifest("manifest_tiny.json")), "example")
         assertEquals(listOf(listOf(0, 1, 2, 3), listOf(4, 5, 6, 7)), withPlan.defaultPlan!!.phases)
     }
 
     @Test fun `the trace covers full backprop, LCSB with k below L, skip updates, eval and generation`() {
         val trace = Trace(traceDir)
         val steps = trace.doc.arr("steps").map { Fields.of(it, "s") }
-        val layers = ProgramV3.read(trace.program).layers
+        val layers = Manifest.read(trace.program).layers
         assertTrue(steps.any { it.string("kind") == "train" && it.ints("selected").size == layers })
         assertTrue(steps.any { it.string("kind") == "train" && it.ints("selected").size < layers })
         val methods = trace.calls.map { it.string("method") }.toSet()
@@ -412,7 +438,7 @@ class ReplayV3Test {
 
     @Test fun `weights are mapped views, rows slices share the file's pages`() {
         val trace = Trace(traceDir)
-        val program = ProgramV3.read(trace.program)
+        val program = Manifest.read(trace.program)
         assertTrue(program.quantHead, "quant.head: the embedding and LM head are int4")
         val w = MappedWeights.map(File(trace.program, program.weightsFile))
         // The int4 embedding / head: uint8 [V, d/2] and its float32 scales [V, d/G]; a row view's bytes per row
@@ -438,24 +464,27 @@ class ReplayV3Test {
     }
 
     @Test fun `a runtime with the int4 kernel calls the fused methods, with the stock calls' inputs bit for bit`() {
-        val program = ProgramV3.read(Trace(traceDir).program)
+        val program = Manifest.read(Trace(traceDir).program)
         val fused = program.fused!!
         assertEquals(listOf("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"), fused.kernels)
         assertEquals("toolchain/native/kernels.cpp", fused.source)
         assertEquals(mapOf("block_decode" to "block_decode_fused", "block_prefill" to "block_prefill_fused", "head_logits" to "head_logits_fused"), fused.methods)
         for (f in fused.methods.values) assertEquals(fused.kernels, program.method(f).kernels, "$f: methods[].kernels")
-        for (m in LayerLoop.GENERATION_METHODS) assertEquals(emptyList<String>(), program.method(m).kernels, "$m calls stock operators only")
+        for (m in Contract.GENERATION_ROLES) assertEquals(emptyList<String>(), program.method(m).kernels, "$m calls stock operators only")
         fun runtime(registered: Set<String>) = object : ProgramRuntime {
-            override fun execute(method: String, inputs: List<NdBuffer>): List<NdBuffer> = error("not called")
+            override fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer> = error("not called")
             override fun hasKernels(kernels: Collection<String>) = registered.containsAll(kernels)
         }
-        val stock = LayerLoop.GENERATION_METHODS.associateWith { it }
+        val stock = Contract.GENERATION_ROLES.associateWith { it }
         assertEquals(stock, LayerLoop.generationNames(program, runtime(emptySet())), "stock ExecuTorch: the stock names")
         assertEquals(stock, LayerLoop.generationNames(program, runtime(setOf("toolchain::other.out"))), "another kernel: the stock names")
         assertEquals(stock + fused.methods, LayerLoop.generationNames(program, runtime(fused.kernels.toSet())), "with the kernel: the fused names")
         // What an app loads: training's methods and generation's under the names it will call, no others.
-        val training = listOf("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
-        assertEquals(training + LayerLoop.GENERATION_METHODS, LayerLoop.methodsCalled(program, runtime(emptySet())))
+        val training = Contract.TRAINING_ROLES
+        // The contract's roles are the exported program's (the host's toolchain/contract wrote them, in call order).
+        assertEquals(training, program.methods.values.map { it.role }.filter { it !in Contract.GENERATION_ROLES }.distinct())
+        assertEquals(Contract.GENERATION_ROLES, program.methods.values.map { it.role }.filter { it !in training }.distinct())
+        assertEquals(training + Contract.GENERATION_ROLES, LayerLoop.methodsCalled(program, runtime(emptySet())))
         assertEquals(training + listOf("embed_token", "embed_prefill") + listOf("block_prefill_fused", "block_decode_fused", "head_logits_fused"),
             LayerLoop.methodsCalled(program, runtime(fused.kernels.toSet())))
         // Replayed with the kernel claimed: training and eval as recorded, generation under the fused names, every
@@ -477,7 +506,7 @@ class ReplayV3Test {
     }
 
     @Test fun `state entries are views of the one state buffer`() {
-        val program = ProgramV3.read(Trace(traceDir).program)
+        val program = Manifest.read(Trace(traceDir).program)
         val st = StateBuffer(program)
         val e = program.stateEntries[1]
         st.view(e.name).data.putFloat(0, 3.5f)
@@ -487,26 +516,29 @@ class ReplayV3Test {
     @Test fun `programs exported before chunked prefill or the int4 embedding and head are refused with re-export`() {
         val text = File(Trace(traceDir).program, "manifest.json").readText()
         assertTrue("\"prefill_chunk\": 2," in text && "\"head\": true," in text)
-        val ok = ProgramV3.parse(File("."), Json.parse(text), "v3_tiny")
+        val ok = Manifest.parse(File("."), Json.parse(text), "v3_tiny")
         assertEquals(Triple(2, true, true), Triple(ok.prefillChunk, ok.quantHead, ok.hasGeneration))
-        val noChunk = assertThrows<ContractError> { ProgramV3.parse(File("."), Json.parse(text.replace("\"prefill_chunk\": 2,", "")), "old") }
+        val noChunk = assertThrows<ContractError> { Manifest.parse(File("."), Json.parse(text.replace("\"prefill_chunk\": 2,", "")), "old") }
         assertTrue("re-export" in noChunk.message!! && "prefill_chunk" in noChunk.message!!, noChunk.message)
-        val noHead = assertThrows<ContractError> { ProgramV3.parse(File("."), Json.parse(text.replace("\"head\": true,", "")), "old") }
+        val noHead = assertThrows<ContractError> { Manifest.parse(File("."), Json.parse(text.replace("\"head\": true,", "")), "old") }
         assertTrue("re-export" in noHead.message!! && "quant.head" in noHead.message!!, noHead.message)
         // Without generation at all (generate null) the program trains and cannot generate.
         val doc = Json.parse(text) as Json.Obj
         val noGen = Json.Obj(LinkedHashMap(doc.fields).also { it["generate"] = Json.Null })
-        val p = ProgramV3.parse(File("."), noGen, "no generate")
+        val p = Manifest.parse(File("."), noGen, "no generate")
         assertEquals(Pair(0, false), Pair(p.prefillChunk, p.hasGeneration))
         assertEquals(null, p.fused)
     }
 
-    @Test fun `a v2 manifest is refused with re-export, a newer one with update the app`() {
-        val v2 = Json.parse(File(Fixtures.examples, "manifest_v2_tiny.json").readText())
-        val e = assertThrows(ContractError::class.java) { ProgramV3.parse(File("."), v2, "v2") }
-        assertTrue("re-export" in e.message!!, e.message)
-        val v3 = Fixtures.exampleManifest("manifest_tiny.json").replace("\"schema_version\": 3", "\"schema_version\": 4")
-        val e4 = assertThrows(ContractError::class.java) { ProgramV3.parse(File("."), Json.parse(v3), "v4") }
+    @Test fun `an older manifest version is refused with re-export, a newer one with update the app`() {
+        val text = Fixtures.exampleManifest("manifest_tiny.json")
+        assertTrue("\"schema_version\": 3" in text)
+        Manifest.parse(File("."), Json.parse(text), "v3")  // the example itself parses
+        val v2 = text.replace("\"schema_version\": 3", "\"schema_version\": 2")
+        val e = assertThrows(ContractError::class.java) { Manifest.parse(File("."), Json.parse(v2), "v2") }
+        assertTrue("schema_version 2" in e.message!! && "re-export" in e.message!!, e.message)
+        val v4 = text.replace("\"schema_version\": 3", "\"schema_version\": 4")
+        val e4 = assertThrows(ContractError::class.java) { Manifest.parse(File("."), Json.parse(v4), "v4") }
         assertTrue("update the app" in e4.message!!, e4.message)
     }
 }
