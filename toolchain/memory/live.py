@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 __all__ = ["Allocation", "LiveTensors"]
 
@@ -100,9 +99,21 @@ class LiveTensors(TorchDispatchMode):
                 self.events.append(("free", entry[1]))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._track(t, inputs)
+        kwargs = kwargs or {}
+        inputs = {t.untyped_storage()._cdata for t in _tensors((args, kwargs))}
+        out = func(*args, **kwargs)
+        for t in _tensors(out):
+            self._track(t, inputs)
         return out
+
+
+def _tensors(obj):
+    """The tensors in an op's arguments or results (nested tuples, lists and dicts): a lean tree_flatten."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)

@@ -8,16 +8,23 @@ family's q/k norms, another attention, another MLP) is in the timeline without a
 
 Sequence length T and LoRA rank r change the sizes of the block's tensors but not what it allocates and
 frees, nor in which order (its loops run over heads and MLP column chunks, fixed by the architecture and
-`mlp_chunk`). So the block is traced at two (T, r) points, chosen so that every dimension of every
-allocation reads unambiguously as a constant, a multiple of T or a multiple of r (T1 / r1 != T2 / r2), and
-the timeline becomes one table that gives the exact bytes at any (T, r) with a few numpy operations
-(`BlockTimeline.peak`): the planner's binary searches over T and r evaluate it dozens of times at no cost.
-A third trace checks the table: if the step's allocations ever depend on T or r otherwise (another loop
-over T, a size switch, a T - 1), building the table fails loudly (`TimelineError`) instead of answering
-wrongly.
+`mlp_chunk`). So the block is traced once, at sentinel values (T*, r*) = SENTINEL: two large primes that no
+model dimension is a multiple of (meta tensors make a [T*, T*] tensor free). Every dimension of every
+allocation then reads unambiguously as a constant or a multiple of T*, r* or both, each allocation's bytes
+become a monomial c T^p r^q, and the timeline one table that gives the exact bytes at any (T, r) with a
+few numpy operations (`BlockTimeline.peak`): the planner's binary searches over T and r evaluate it dozens
+of times at no cost. The one assumption, that the block allocates the same sequence at every (T, r), is
+checked by `BlockTimeline.check` against a trace at any other point (tests/memory/test_timeline.py does,
+and against real tensors); a dimension that is not one of these (a T - 1), or a storage that is not its tensor's size,
+fails loudly (`TimelineError`) instead of answering wrongly.
 
 Parts: each allocation is charged to the toolchain function that made it (`block_<op>`, from the file under
-toolchain/mesp/ its innermost frame is in: block_attention, block_mlp, block_linear, block_rmsnorm, ...).
+toolchain/mesp/ its innermost frame is in: block_attention, block_mlp, block_swiglu, block_lora_linear,
+block_rmsnorm, block_rope, ...).
+
+Cost: one trace of a one-layer step, ~3,000 (0.5B) to ~5,500 (3B) meta ops, cached per process and
+(architecture, targets, MLP chunk, dtype); the first meta op of a process also loads PyTorch's meta
+kernels (see docs/planner.md for the timings).
 """
 
 from __future__ import annotations
@@ -36,19 +43,21 @@ from toolchain.memory.live import Allocation, LiveTensors
 from toolchain.mesp.step import StepOptions, mesp_step
 from toolchain.models.load import random_weights
 
-__all__ = ["TimelineError", "BlockTimeline", "PhasePeak", "block_timeline", "TRACE_POINTS"]
+__all__ = ["TimelineError", "BlockTimeline", "PhasePeak", "block_timeline", "SENTINEL"]
 
 _PHASES = {"block_forward": "forward", "block_backward": "backward"}
 _DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
-# (T, r) of the two traces that solve the table, and of the one that checks it: no 1 (a dimension of 1 can
-# make a transpose contiguous, so a copy would vanish), T1 / r1 != T2 / r2, all distinct.
-TRACE_POINTS = ((5, 2), (11, 3))
-CHECK_POINT = (7, 4)
+# (T*, r*) of the trace: primes above every dimension a model has (Qwen2.5's largest constant, the vocabulary,
+# is 151936 = 2^7 * 1187, and no product of model dimensions is divisible by them).
+SENTINEL = (1_000_003, 65_537)
+# A constant dimension at least this large is refused: it would be a T* - 1 or an r* - 1 read as a constant.
+# (The largest in Qwen2.5 and Llama 3 up to 72B/70B is the 29568-wide MLP of Qwen2.5-72B.)
+MAX_CONSTANT_DIM = 1 << 15
 _VOCAB = 64   # the traced copy's vocabulary: the loss is not part of the block timeline
 
 
 class TimelineError(RuntimeError):
-    """The block's allocations are not the same sequence at every (T, r), or not affine in them."""
+    """The traced block does not fit the table: see the module docstring."""
 
 
 @dataclass(frozen=True)
@@ -85,66 +94,58 @@ def _trace(arch, targets: tuple[str, ...], mlp_chunk: int | None, dtype: torch.d
     return mode.events
 
 
-def _dims(shapes: list[tuple[int, ...]]) -> list[tuple[int, int, int]]:
-    """(c, a, b) per dimension, dim = c + a T + b r with one of them nonzero, from the shapes at TRACE_POINTS."""
-    (t0, r0), (t1, r1) = TRACE_POINTS
-    if len({len(s) for s in shapes}) != 1:
-        raise TimelineError(f"an allocation's rank changes with T or r: {shapes}")
-    out = []
-    for d0, d1 in zip(*shapes):
-        if d0 == d1:
-            out.append((d0, 0, 0))
-        elif d0 % t0 == 0 and d0 // t0 * t1 == d1:
-            out.append((0, d0 // t0, 0))
-        elif d0 % r0 == 0 and d0 // r0 * r1 == d1:
-            out.append((0, 0, d0 // r0))
-        else:
-            raise TimelineError(f"a dimension is neither constant nor a multiple of T or r: {shapes}")
-    return out
+def _monomial(shape: tuple[int, ...], point: tuple[int, int]) -> tuple[int, int, int]:
+    """(c, p, q) with prod(shape) = c T^p r^q: each dimension traced at `point` = (T*, r*) read as a
+    constant (below MAX_CONSTANT_DIM), or a multiple of T*, r* or T* r* (the sentinels are primes no model
+    dimension is a multiple of)."""
+    t, r = point
+    c, p, q = 1, 0, 0
+    for dim in shape:
+        if dim % t == 0:
+            dim, p = dim // t, p + 1
+        if dim % r == 0:
+            dim, q = dim // r, q + 1
+        if dim % t == 0 or dim % r == 0:
+            raise TimelineError(f"a dimension of {shape} holds T or r twice")
+        if dim >= MAX_CONSTANT_DIM:
+            raise TimelineError(f"a dimension of {shape} is neither a model constant nor a multiple of T or r")
+        c *= dim
+    return c, p, q
 
 
 class BlockTimeline:
     """The block's forward and backward timelines as tables of monomials: allocation i holds
     scale[i] * T**t_power[i] * r**r_power[i] bytes (module docstring)."""
 
-    def __init__(self, traces: list[list[tuple[str, object]]]) -> None:
-        kinds = [[(kind, x.index if kind == "alloc" else x) for kind, x in ev] for ev in traces]
-        if any(k != kinds[0] for k in kinds[1:]):
-            raise TimelineError("the step allocates and frees a different sequence of tensors at different (T, r)")
-        allocs = [[x for kind, x in ev if kind == "alloc"] for ev in traces]
-        self._n = len(allocs[0])
+    def __init__(self, trace: list[tuple[str, object]], point: tuple[int, int] = SENTINEL) -> None:
+        allocs: list[Allocation] = [x for kind, x in trace if kind == "alloc"]
+        self._n = len(allocs)
         self._scale = np.zeros(self._n)
         self._t_power = np.zeros(self._n)
         self._r_power = np.zeros(self._n)
-        self._part = np.zeros(self._n, dtype=np.int64)
+        part_of = np.zeros(self._n, dtype=np.int64)
         part_names: list[str] = []
-        for i, group in enumerate(zip(*allocs)):
-            first: Allocation = group[0]
-            for a in group:
-                if a.nbytes != a.itemsize * math.prod(a.shape):
-                    raise TimelineError(f"{a.owner}: a storage of {a.nbytes} bytes for a tensor of shape {a.shape}")
-            scale, tp, rp = first.itemsize, 0, 0
-            for c, at, br in _dims([a.shape for a in group]):
-                scale *= c or at or br
-                tp, rp = tp + (at != 0), rp + (br != 0)
-            self._scale[i], self._t_power[i], self._r_power[i] = scale, tp, rp
-            name = _part(first.owner)
+        for i, a in enumerate(allocs):
+            if a.nbytes != a.itemsize * math.prod(a.shape):
+                raise TimelineError(f"{a.owner}: a storage of {a.nbytes} bytes for a tensor of shape {a.shape}")
+            c, p, q = _monomial(a.shape, point)
+            self._scale[i], self._t_power[i], self._r_power[i] = a.itemsize * c, p, q
+            name = _part(a.owner)
             if name not in part_names:
                 part_names.append(name)
-            self._part[i] = part_names.index(name)
+            part_of[i] = part_names.index(name)
         self.part_names = (*part_names, "block_freed_inputs")
         self._phases = {}
-        phase_of = [a.phase for a in allocs[0]]
-        events = kinds[0]
-        for phase in set(_PHASES.values()):
-            where = [k for k, (kind, i) in enumerate(events) if kind == "alloc" and phase_of[i] == phase]
+        events = self._order = [(kind, x.index if kind == "alloc" else x) for kind, x in trace]
+        for phase in sorted(set(_PHASES.values())):
+            where = [k for k, (kind, i) in enumerate(events) if kind == "alloc" and allocs[i].phase == phase]
             if not where:
                 raise TimelineError(f"no allocation in the block's {phase}")
             span = events[where[0]:where[-1] + 1]
             index = np.array([i for _, i in span], dtype=np.int64)
             sign = np.array([1.0 if kind == "alloc" else -1.0 for kind, _ in span])
             # a free of a tensor made before the phase (none in today's block) lowers the total: its own part
-            part = np.array([len(part_names) if kind == "free" and i < index[0] else self._part[i]
+            part = np.array([len(part_names) if kind == "free" and i < index[0] else part_of[i]
                              for kind, i in span], dtype=np.int64)
             self._phases[phase] = (sign * self._scale[index], self._t_power[index], self._r_power[index], part)
 
@@ -165,16 +166,17 @@ class BlockTimeline:
         return PhasePeak(float(live[k]), {self.part_names[j]: float(v) for j, v in enumerate(by_part) if v})
 
     def check(self, trace: list[tuple[str, object]], point: tuple[int, int]) -> None:
-        """Raises TimelineError unless `trace` (of the step at `point`) allocates what the table says."""
+        """Raises TimelineError unless `trace` (of the step at `point`) allocates and frees what the table says."""
         got = np.array([x.nbytes for kind, x in trace if kind == "alloc"], dtype=np.float64)
-        if len(got) != self._n or not np.array_equal(got, self.nbytes(*point)):
+        order = [(kind, x.index if kind == "alloc" else x) for kind, x in trace]
+        if len(got) != self._n or not np.array_equal(got, self.nbytes(*point)) or order != self._order:
             raise TimelineError(f"the solved block timeline does not reproduce the step at (T, r) = {point}")
 
 
 @functools.lru_cache(maxsize=64)
 def block_timeline(arch, targets: tuple[str, ...], mlp_chunk: int | None, dtype_bytes: int = 4) -> BlockTimeline:
     """The block timeline of `arch` with LoRA on `targets` and MLP chunks of `mlp_chunk` columns (cached per
-    process: three traces of a one-layer step, see docs/planner.md).
+    process: one trace of a one-layer step, see docs/planner.md).
 
     Raises:
         TimelineError: the traces do not fit the affine model (module docstring).
@@ -182,6 +184,4 @@ def block_timeline(arch, targets: tuple[str, ...], mlp_chunk: int | None, dtype_
     if dtype_bytes not in _DTYPES:
         raise ValueError(f"dtype_bytes must be one of {sorted(_DTYPES)}, got {dtype_bytes}")
     dtype = _DTYPES[dtype_bytes]
-    model = BlockTimeline([_trace(arch, targets, mlp_chunk, dtype, t, r) for t, r in TRACE_POINTS])
-    model.check(_trace(arch, targets, mlp_chunk, dtype, *CHECK_POINT), CHECK_POINT)
-    return model
+    return BlockTimeline(_trace(arch, targets, mlp_chunk, dtype, *SENTINEL))
