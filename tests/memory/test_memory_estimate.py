@@ -264,6 +264,8 @@ def test_bad_shapes_are_refused():
         StepShape(arch, 8, 8, method="mezo")
     with pytest.raises(BadInput, match="mesp only"):
         StepShape(arch, 8, 8, method="mebp", lcsb_k=2)
+    with pytest.raises(BadInput, match="dtype_bytes"):
+        StepShape(arch, 8, 8, dtype_bytes=3)
 
 
 def test_lcsb_holds_k_of_l_checkpoints():

@@ -22,7 +22,7 @@ from toolchain.mesp.block import block_forward
 from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.step import StepOptions, block_params
 from toolchain.models import Qwen25Arch, random_weights
-from toolchain.lora import init_lora
+from toolchain.lora import LoraConfig, init_lora
 
 ODD = Qwen25Arch(hidden=96, layers=2, heads=6, kv_heads=3, intermediate=200, vocab=300, max_positions=4096)
 
@@ -93,3 +93,17 @@ def test_dimensions_are_constants_or_multiples_of_t_and_r():
         with pytest.raises(TimelineError):
             _monomial(shape, SENTINEL)
     assert _monomial((29568, t), SENTINEL) == (29568, 1, 0)     # Qwen2.5-72B's MLP width is still a constant
+
+
+def test_bf16_table_equals_the_real_bf16_block():
+    """dtype_bytes 2: the trace runs in bfloat16 (the bool causal mask stays 1 byte per element)."""
+    one = dataclasses.replace(ODD, layers=1, vocab=64)
+    weights = random_weights(one, dtype=torch.bfloat16)
+    cfg = LoraConfig(rank=4, alpha=8.0)
+    lora = init_lora(one, cfg, dtype=torch.bfloat16, zero_b=False)
+    rope = rope_tables(torch.arange(40), one.head_dim, one.rope_theta, torch.bfloat16)
+    x = torch.randn(40, one.hidden, dtype=torch.bfloat16)
+    tracker = LiveTensorPeak()
+    with torch.no_grad(), tracker:
+        block_forward(x, block_params(one, weights, cfg, lora, 0), rope, 64)
+    assert block_timeline(ODD, ALL_TARGETS, 64, 2).peak("forward", 40, 4).bytes == tracker.peak_bytes

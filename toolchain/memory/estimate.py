@@ -100,7 +100,7 @@ def _kept_below(s: StepShape, i: int) -> int:
 
 
 def _forward_parts(s: StepShape, i: int, block: Parts) -> list[Parts]:
-    """Layer i's forward: the block's replayed peak on top of the state, the kept checkpoints below i
+    """Layer i's forward: the block's traced peak on top of the state, the kept checkpoints below i
     and x_i (the block's input)."""
     return [_plus(state_parts(s, 0), {"checkpoints": (_kept_below(s, i) + 1) * s.seq_len * s.arch.hidden}, block)]
 
@@ -160,7 +160,7 @@ def _final_norm_parts(s: StepShape) -> list[Parts]:
 
 
 def _backward_parts(s: StepShape, held: int, grads_above: float, block: Parts) -> list[Parts]:
-    """A block's forward rerun or backward within a checkpoint group: the block's replayed peak (with the
+    """A block's forward rerun or backward within a checkpoint group: the block's traced peak (with the
     gradients made so far) on top of the state, `held` [T, d] inputs (the kept checkpoints below the
     group, the group's inputs so far and the block's own input), dout and the loss []."""
     t, d = s.seq_len, s.arch.hidden
