@@ -17,7 +17,7 @@ tests/memory/test_memory_estimate.py, overall and per phase, to 0.2%):
                        group's first), dout and the loss during a backward, the gradients held (one layer's
                        or, with grads="all", every selected layer's so far), LoRA parameters, optimizer
                        state, rope tables: a count over L layers, where tracing the whole step would run
-                       L blocks (~10^5 meta ops at 3B: tens of seconds; `plan fit` evaluates ~30 shapes).
+                       L blocks (~2 x 10^5 meta ops at 3B: ~10 s; `plan fit` evaluates ~25 shapes).
                        These are the same for every model family: mesp_step's layer walk is family-free.
   loss (ce_online)     per token chunk either the vocabulary loop at A <- A a + p E_j (E[y], A, A a, p E_j,
                        the new A: 5 [C,d]; ONE [C,Vc] logits block; four [C,1] running vectors) or its end

@@ -47,11 +47,12 @@ __all__ = ["TimelineError", "BlockTimeline", "PhasePeak", "block_timeline", "SEN
 
 _PHASES = {"block_forward": "forward", "block_backward": "backward"}
 _DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
-# (T*, r*) of the trace: primes above every dimension a model has (Qwen2.5's largest constant, the vocabulary,
-# is 151936 = 2^7 * 1187, and no product of model dimensions is divisible by them).
+# (T*, r*) of the trace: primes that no model dimension (nor a product of them: a flattened [H, D]) is a
+# multiple of; T* is above every constant a block allocates, so a [T*, T*] score tensor cannot be misread.
 SENTINEL = (1_000_003, 65_537)
-# A constant dimension at least this large is refused: it would be a T* - 1 or an r* - 1 read as a constant.
-# (The largest in Qwen2.5 and Llama 3 up to 72B/70B is the 29568-wide MLP of Qwen2.5-72B.)
+# A constant dimension at least this large is refused (loudly, not misread): it would be a T* - 1 or an
+# r* - 1 read as a constant. The largest a block of Qwen2.5 or Llama 3 up to 72B / 70B allocates is the
+# 29568-wide MLP of Qwen2.5-72B (with --mlp-chunk 0).
 MAX_CONSTANT_DIM = 1 << 15
 _VOCAB = 64   # the traced copy's vocabulary: the loss is not part of the block timeline
 
