@@ -5,9 +5,11 @@ loss, MLP column chunks (even, uneven, whole f), attention backward, the q/k/v t
 grads, an LCSB selection);
 the same for the MeBP and autograd baselines as `bench memory` runs them; plus the API's invariants.
 
-If this fails after a change to toolchain/mesp (or bench/steps.py), the step now keeps different tensors
-alive: update the block replays or the counts in toolchain/memory/estimate*.py (the failure prints the
-parts) rather than the tolerance."""
+The block's working set is the step's own (toolchain/memory/timeline.py traces it on meta tensors), so a
+change inside a block needs nothing here. If this fails after a change to the step's layer walk, the loss
+or the final norm (toolchain/mesp/step.py, ops/ce_*.py) or to bench/steps.py, the step now keeps
+different tensors alive: update the closed forms in toolchain/memory/estimate*.py (the failure prints
+the parts) rather than the tolerance."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.mesp import mesp_step
-from toolchain.mesp.step import StepOptions
+from toolchain.mesp.block import block_backward
+from toolchain.mesp.ops import rope_tables
+from toolchain.mesp.step import StepOptions, block_params
 from toolchain.models import PRESETS, Qwen25Arch, random_weights
 
 WIDE = Qwen25Arch(hidden=256, layers=4, heads=8, kv_heads=2, intermediate=704, vocab=4096, max_positions=4096)
@@ -164,15 +168,26 @@ def test_parts_add_up_and_overhead_is_its_own_part():
     assert max(bare.phases_mb.values()) == bare.peak_mb
 
 
+def _block_backward_live_peak(arch, seq_len: int, rank: int, mlp_chunk: int | None) -> int:
+    """The live-tensor peak of one real `block_backward` of `arch` (float32 CPU tensors), above its inputs."""
+    one = dataclasses.replace(arch, layers=1, vocab=64)
+    weights, cfg, lora, _ = _setup(one, seq_len, rank, None)
+    params = block_params(one, weights, cfg, lora, 0)
+    rope = rope_tables(torch.arange(seq_len), one.head_dim, one.rope_theta, torch.float32)
+    x, dout = torch.randn(seq_len, one.hidden), torch.randn(seq_len, one.hidden)
+    tracker = LiveTensorPeak()
+    with torch.no_grad(), tracker:
+        block_backward(dout, x, params, rope, mlp_chunk)
+    return tracker.peak_bytes
+
+
 def test_known_parts_of_qwen_0_5b():
     """Hand-computed from the shapes: checkpoints 24 x [256, 896] fp32; LoRA r8 on 7 projections: 4,399,104
-    parameters. With StepOptions' defaults (loss chunk 256, vocab chunk 1024, MLP chunk 256 columns) the peak
-    is layer 23's q/k/v tail, at the input norm's backward: dout, dx1, the three projections' dx, their sum
-    and rmsnorm_backward's four temporaries (10 [256, 896]), r [256, 1]; n1 (recomputed after the MLP); the
-    layer's 7 gradients. Attention's q, k, v, o and dq, dk, dv are already gone (`del kept`, `del ga`). MLP
-    chunks of 512 columns peak at the same place (their backward holds 4 [256, 512] and 5 [256, 896] besides
-    x1, n2, the attention half's q, k, v, o: less). Without MLP chunks, 8 [256, 4864] at swiglu's backward
-    win. One [256, 16384] logits block in the loss; MeBP: 3 [256, 151936] in the loss backward and 25
+    parameters; dout [256, 896]. With StepOptions' defaults (loss chunk 256, vocab chunk 1024, MLP chunk 256
+    columns) the peak is layer 23's backward, whose working set is what the real block_backward holds at its
+    peak (measured here on real tensors, at the full 0.5B shapes). MLP chunks of 512 columns peak at the
+    same place and size; without MLP chunks the MLP's [256, 4864] tensors win (8 of them at swiglu's
+    backward). One [256, 16384] logits block in the loss; MeBP: 3 [256, 151936] in the loss backward and 25
     [256, 896] block inputs/outputs."""
     arch = PRESETS["qwen2.5-0.5b"]
     mb = 4 / BYTES_PER_MB
@@ -180,15 +195,17 @@ def test_known_parts_of_qwen_0_5b():
     assert est.phase == "backward" and est.layer == 23
     assert est.parts_mb["checkpoints"] == 24 * 256 * 896 * mb
     assert est.parts_mb["lora_params"] == 4_399_104 * mb
-    assert est.parts_mb["hidden_grads"] == (10 * 256 * 896 + 256) * mb
-    assert est.parts_mb["attention_saved"] == 256 * 896 * mb
-    assert "attention_outputs" not in est.parts_mb and "attention_scores" not in est.parts_mb
-    assert est.parts_mb["lora_grads"] == 4_399_104 // 24 * mb
+    assert est.parts_mb["hidden_grads"] == 256 * 896 * mb
+
+    def block_mb(e) -> float:
+        return sum(v for k, v in e.parts_mb.items() if k.startswith("block_"))
+
+    assert block_mb(est) * BYTES_PER_MB == _block_backward_live_peak(arch, 256, 8, 256)
     wide = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=512))
-    assert wide.phase == "backward" and wide.layer == 23 and wide.parts_mb == est.parts_mb
+    assert wide.phase == "backward" and wide.layer == 23 and wide.peak_mb == est.peak_mb
     whole = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=None))
-    assert whole.phase == "backward" and whole.parts_mb["mlp_working_set"] == 8 * 256 * 4864 * mb
-    assert whole.parts_mb["lora_grads"] == 8 * 4864 * mb     # dAd of the one chunk, [r, f]
+    assert whole.phase == "backward" and block_mb(whole) * BYTES_PER_MB == _block_backward_live_peak(arch, 256, 8, None)
+    assert whole.parts_mb["block_mlp"] + whole.parts_mb["block_swiglu"] >= 8 * 256 * 4864 * mb
     rows = estimate_peak(StepShape(arch, 256, 8, vocab_chunk=None))
     assert rows.phase == "loss" and rows.parts_mb["loss_logits"] == 256 * 151936 * 4 / BYTES_PER_MB
     online = estimate_peak(StepShape(arch, 256, 8, mlp_chunk=8, loss_chunk=512, vocab_chunk=16384))
@@ -247,6 +264,8 @@ def test_bad_shapes_are_refused():
         StepShape(arch, 8, 8, method="mezo")
     with pytest.raises(BadInput, match="mesp only"):
         StepShape(arch, 8, 8, method="mebp", lcsb_k=2)
+    with pytest.raises(BadInput, match="dtype_bytes"):
+        StepShape(arch, 8, 8, dtype_bytes=3)
 
 
 def test_lcsb_holds_k_of_l_checkpoints():

@@ -1,45 +1,36 @@
-"""Analytic peak memory of one training step, by named parts: MeSP (`toolchain.mesp.step.mesp_step`),
-and the MeBP / autograd baselines (`estimate_autograd.py`).
+"""Peak memory of one training step, by named parts: MeSP (`toolchain.mesp.step.mesp_step`), and the MeBP /
+autograd baselines (`estimate_autograd.py`).
 
-The model counts the tensors the step's code keeps alive at each candidate peak, then takes the
-largest. Notation: T seq_len, d hidden, kv = kv_heads * head_dim, f intermediate, V vocab, L layers,
-C a chunk (of the loss: loss_chunk tokens; of the MLP: mlp_chunk intermediate columns), Vc vocab_chunk,
-r rank. MeSP candidates:
+MeSP: the largest of the candidate peaks of the step, each the tensors held at that point plus a working set.
+Notation: T seq_len, d hidden, V vocab, L layers, C loss_chunk tokens, Vc vocab_chunk, r rank.
 
-  forward, layer i   the kept checkpoints (the selected layers' inputs below i) and x_i, plus block_forward
-                     REPLAYED tensor by tensor (`_Replay`): the attention half (the block's bool mask, n1,
-                     q, k, v and their LoRA terms, rope, attention one query head at a time: c q, [T, T]
-                     scores and softmax, the heads' outputs, their concatenation and regrouping, the o
-                     projection, x1), then the MLP over column chunks of f ([T, C] g, u, act and their LoRA
-                     terms, [T, d] partial sums, [T, r] LoRA sums), then the block output.
-  loss (ce_online)   the kept checkpoints (L, or k under LCSB), x and hn, the scaled dh chunks done and the
-                     previous chunk's unscaled dh, then per token chunk either the vocabulary loop at
-                     A <- A a + p E_j (E[y], A, A a, p E_j, the new A: 5 [C,d]; ONE [C,Vc] logits block; four
-                     [C,1] running vectors) or its end (A, E[y], A / S, dh: 4 [C,d]); or the final torch.cat.
-  loss (ce_chunked)  (vocab_chunk None) as above with ONE [C,V] buffer per token chunk.
-  final norm         the kept checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
-  recompute, layer j (layers_per_checkpoint > 1) the forward rerun of a checkpoint group: the kept checkpoints
-                     below the group, the group's inputs so far and x_j, dout, the loss, the gradients made so
-                     far, plus block_forward REPLAYED as in the forward.
-  backward, layer i  the kept checkpoints up to x_i (under checkpoint groups: those below the group and the
-                     group's inputs below i), dout, the loss, plus block_backward REPLAYED: the
-                     recomputed attention half (q_rope, k_rope, v, o regrouped, the mask and x1 kept; n1 is
-                     recomputed after the MLP), the MLP's recompute and backward chunk by chunk (swiglu's
-                     backward: 8 [T, C]; dg Wg[c] + du Wu[c]: [T, d] sums; the chunks' LoRA gradient
-                     slices, concatenated at the end), the o projection's backward, attention backward one
-                     query head at a time (c q, dO * O and its row sums, p, ds [T, T]), rope and the q/k/v
-                     projections' backward, the input norm's backward; the layer's gradients as made.
-  end                every selected layer's gradients, when the step returns them (grads="all").
-  everywhere         LoRA params, their grads (all selected layers' kept until the step returns, or
-                     one layer's when the update is applied right after each layer), optimizer state
-                     (AdamW: 2 moments), rope tables 2 [T, head_dim].
+Taken from the step itself (timeline.py): the working set of a decoder block, i.e. everything
+`block_forward` and `block_backward` allocate and free, tensor by tensor, recorded by running the real step
+on meta tensors (no memory, no arithmetic) and solved for T and r once per architecture, LoRA targets and
+MLP chunking. Whatever a block does (a model family's q/k norms, bias or not, its attention and MLP) is
+measured, not restated here; its parts are named by the op that allocated them (block_attention,
+block_mlp, block_swiglu, block_lora_linear, block_rmsnorm, block_rope, ...).
 
-The replays follow the code's Python names (a tensor dies with its last reference, so e.g. a chunk's
-`part` lives until `del part`, or would until the next chunk rebinds it): where the step's
-code changes, its replay here must change the same way. Only the MLP chunks whose held set differs are
-replayed (the first three and the last two; see `_replayed`), so a replay costs O(1) in the chunk count.
-tests/memory/test_memory_estimate.py checks these against the live tensors of the real step (overall and
-per phase, to 0.2%; in practice exact to the element): when the step changes, that test says so.
+Closed forms, where they are the fast bound (each is checked against the live tensors of the real step in
+tests/memory/test_memory_estimate.py, overall and per phase, to 0.2%):
+  the step's skeleton  which block inputs the forward keeps (every selected layer's, or each checkpoint
+                       group's first), dout and the loss during a backward, the gradients held (one layer's
+                       or, with grads="all", every selected layer's so far), LoRA parameters, optimizer
+                       state, rope tables: a count over L layers, where tracing the whole step would run
+                       L blocks (~2 x 10^5 meta ops at 3B: ~10 s; `plan fit` evaluates ~25 shapes).
+                       These are the same for every model family: mesp_step's layer walk is family-free.
+  loss (ce_online)     per token chunk either the vocabulary loop at A <- A a + p E_j (E[y], A, A a, p E_j,
+                       the new A: 5 [C,d]; ONE [C,Vc] logits block; four [C,1] running vectors) or its end
+                       (A, E[y], A / S, dh: 4 [C,d]), on top of the kept checkpoints, x and hn, the scaled dh
+                       chunks done and the previous chunk's dh; or the final torch.cat. The loss runs
+                       T/C x V/Vc vocabulary blocks (at T = 32k on 3B, ~2 x 10^5 meta ops per evaluation),
+                       and its held part only grows with the chunk's start, so the last full chunk and the
+                       last chunk are the candidates (`chunk_starts`).
+  loss (ce_chunked)    (vocab_chunk None) as above with ONE [C,V] buffer per token chunk.
+  final norm           the kept checkpoints, x, dh and four [T,d] temporaries of rmsnorm_backward.
+  end                  every selected layer's gradients, when the step returns them (grads="all").
+The loss and the final norm are shared by every model family (the LM head and the final RMSNorm).
+
 Not modelled: dequantization transients of int8/int4 weights (eager `--quant`; `--program` memory plans
 include them), the loss scalars of ce_chunked, allocator slack and the runtime itself: the caller passes
 `overhead_mb` (calibrated against `toolchain bench memory`, see docs/planner.md), reported as its own
@@ -56,10 +47,9 @@ from typing import Literal
 from toolchain.lora.config import ALL_TARGETS
 from toolchain.memory.estimate_autograd import autograd_candidates
 from toolchain.memory.shape import BYTES_PER_MB, METHODS, Parts, StepShape, lora_elems, state_parts
+from toolchain.memory.timeline import block_timeline
 
 __all__ = ["BYTES_PER_MB", "METHODS", "StepShape", "MemoryEstimate", "estimate_peak", "largest_fitting"]
-
-_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -83,435 +73,12 @@ def chunk_starts(t: int, chunk: int) -> list[int]:
     return sorted({s for s in (last_full, last) if s >= 0})
 
 
-class _Replay:
-    """The live tensors of a piece of the step, replayed allocation by allocation with CPython's reference
-    semantics (a tensor dies with its last reference; `x = f(x)` frees the old x once the new one exists; a
-    function's locals die when it returns): `peak_parts` are the parts at the largest live total seen at an
-    allocation. Names stand for Python variables; a function's locals share a prefix (`ret` ends them)."""
-
-    def __init__(self) -> None:
-        self._objs: dict[int, list] = {}          # id -> [part, elements, references]
-        self._names: dict[str, int] = {}
-        self._next = 0
-        self._parts: Parts = {}
-        self._total = 0.0
-        self.peak_total, self.peak_parts = 0.0, {}
-
-    def new(self, part: str, n: float, name: str | None = None) -> int:
-        """Allocate n elements of `part`, bound to `name` if given, else a temporary to `release`."""
-        obj, self._next = self._next, self._next + 1
-        self._objs[obj] = [part, n, 1]
-        self._parts[part] = self._parts.get(part, 0.0) + n
-        self._total += n
-        if self._total > self.peak_total:
-            self.peak_total, self.peak_parts = self._total, dict(self._parts)
-        if name is not None:
-            self._bind(name, obj)
-            self.release(obj)
-        return obj
-
-    def release(self, obj: int) -> None:
-        entry = self._objs[obj]
-        entry[2] -= 1
-        if not entry[2]:
-            del self._objs[obj]
-            self._parts[entry[0]] -= entry[1]
-            self._total -= entry[1]
-
-    def _bind(self, name: str, obj: int) -> None:
-        self._objs[obj][2] += 1
-        old = self._names.get(name)
-        self._names[name] = obj
-        if old is not None:
-            self.release(old)
-
-    def alias(self, name: str, other: str) -> None:
-        """name = other (the same tensor)."""
-        self._bind(name, self._names[other])
-
-    def drop(self, *names: str) -> None:
-        for name in names:
-            self.release(self._names.pop(name))
-
-    def ret(self, prefix: str, keep: dict[str, str] | None = None) -> None:
-        """The function whose locals start with `prefix` returns; `keep`: local -> the caller's name."""
-        for local, outer in (keep or {}).items():
-            self.alias(outer, local)
-        self.drop(*[n for n in self._names if n.startswith(prefix)])
-
-    def chain(self, part: str, n: float, steps: int, name: str | None = None) -> None:
-        """`steps` ops in a row, each consuming the previous temporary: y = f3(f2(f1(.)))."""
-        prev = self.new(part, n)
-        for _ in range(steps - 1):
-            cur = self.new(part, n)
-            self.release(prev)
-            prev = cur
-        if name is not None:
-            self._bind(name, prev)
-        self.release(prev)
-
-
-def mlp_chunks(s: StepShape) -> list[int]:
-    """Sizes of the MLP's column chunks of the intermediate dimension (block._f_chunks for float weights)."""
-    f = s.arch.intermediate
-    step = f if s.mlp_chunk is None else min(f, s.mlp_chunk)
-    return [step] * (f // step) + ([f % step] if f % step else [])
-
-
-def _replayed(sizes: list[int]) -> list[tuple[int, int, int]]:
-    """(index, size, full chunks skipped before it): chunks 0, 1, 2 and the last two. The chunks after the
-    third differ only by the LoRA gradient slices collected so far (growing), at the same size (only the
-    last chunk may be shorter), so none of the skipped ones peaks above chunk n - 2."""
-    n = len(sizes)
-    keep = sorted({k for k in (0, 1, 2, n - 2, n - 1) if 0 <= k < n})
-    out, prev = [], -1
-    for k in keep:
-        out.append((k, sizes[k], k - prev - 1))
-        prev = k
-    return out
-
-
-def _rstd(r: _Replay, pre: str, t: int, d: int, part: str) -> None:
-    """rmsnorm's r = rsqrt(mean(x^2) + eps): x^2 [T, d], then three [T, 1]; bound to pre + "r"."""
-    sq = r.new(part, t * d)
-    mean = r.new(part, t)
-    r.release(sq)
-    eps = r.new(part, t)
-    r.release(mean)
-    r.new(part, t, pre + "r")
-    r.release(eps)
-
-
-def _rmsnorm_forward(r: _Replay, pre: str, t: int, d: int, part: str, name: str) -> None:
-    """rmsnorm_forward: r; x * r [T, d] (r dies); y = w * (x * r)."""
-    _rstd(r, pre, t, d, part)
-    xr = r.new(part, t * d)
-    r.drop(pre + "r")
-    r.new(part, t * d, name)
-    r.release(xr)
-
-
-def _rmsnorm_backward(r: _Replay, pre: str, t: int, d: int, part: str, name: str) -> None:
-    """rmsnorm_backward: r recomputed; xhat, g = dy * w, g * xhat (and its mean), xhat * mean, g - ..,
-    r * (..) -> name."""
-    _rstd(r, pre, t, d, part)
-    r.new(part, t * d, pre + "xhat")
-    r.new(part, t * d, pre + "g")
-    gx = r.new(part, t * d)
-    m = r.new(part, t)
-    r.release(gx)
-    xm = r.new(part, t * d)
-    r.release(m)
-    diff = r.new(part, t * d)
-    r.release(xm)
-    r.new(part, t * d, name)
-    r.release(diff)
-    r.drop(pre + "r", pre + "xhat", pre + "g")
-
-
-def _lora_update(r: _Replay, part: str, n: float, name: str) -> None:
-    """name = name + s * F.linear(h, B): the product, its scaled copy, the sum."""
-    a = r.new(part, n)
-    b = r.new(part, n)
-    r.release(a)
-    r.new(part, n, name)
-    r.release(b)
-
-
-def _linear_forward(r: _Replay, s: StepShape, target: str, o: int, part: str, name: str, *, bias: bool) -> None:
-    """linear_forward: x W^T, + bias, + s (x A^T) B^T when adapted ([T, r] h dies after the B product)."""
-    t = s.seq_len
-    r.new(part, t * o, name)
-    if bias:
-        r.new(part, t * o, name)
-    if target in s.targets:
-        h = r.new("lora_sums", t * s.rank)
-        hb = r.new(part, t * o)
-        r.release(h)
-        r.new(part, t * o, "_scaled")
-        r.release(hb)
-        r.new(part, t * o, name)
-        r.drop("_scaled")
-
-
-def _linear_backward(r: _Replay, s: StepShape, target: str, i: int, o: int, *, part: str, name: str) -> None:
-    """linear_backward(dy [T, o]) -> name (dx [T, i]); the LoRA gradients dA [r, i], dB [o, r] (kept in the
-    block's grads as "grad.<target>")."""
-    t, rank = s.seq_len, s.rank
-    r.new(part, t * i, "lb.dx")                                       # dy W
-    if target in s.targets:
-        r.new("lora_sums", t * rank, "lb.h")                          # x A^T
-        r.chain("lora_sums", t * rank, 2, "lb.dh")                    # s * (dy B)
-        r.chain(part, t * i, 2, "lb.dx2")                             # dx + dh A
-        r.new("lora_grads", rank * i, f"grad.{target}.a")             # dh^T x
-        r.chain("lora_grads", o * rank, 2, f"grad.{target}.b")        # s * (dy^T h)
-        r.ret("lb.", {"lb.dx2": name})
-    else:
-        r.ret("lb.", {"lb.dx": name})
-
-
-def _rope_forward(r: _Replay, n: float, part: str, name: str) -> None:
-    """x * cos + rot(x) * sin; rot: -x[.., half:] [n/2] and the cat."""
-    a = r.new(part, n)
-    neg = r.new(part, n / 2)
-    rot = r.new(part, n)
-    r.release(neg)
-    b = r.new(part, n)
-    r.release(rot)
-    r.new(part, n, name)
-    r.release(a)
-    r.release(b)
-
-
-def _rope_backward(r: _Replay, n: float, part: str, name: str) -> None:
-    """dy * cos + rot^T(dy * sin); rot^T: -z[.., :half] [n/2] and the cat."""
-    a = r.new(part, n)
-    b = r.new(part, n)
-    neg = r.new(part, n / 2)
-    c = r.new(part, n)
-    r.release(neg)
-    r.release(b)
-    r.new(part, n, name)
-    r.release(a)
-    r.release(c)
-
-
-def _mask(r: _Replay, s: StepShape, name: str) -> None:
-    """causal_mask(T), once per block: ones [T, T] bool, triu (bool: 1 byte per element)."""
-    tt = s.seq_len ** 2 / s.dtype_bytes
-    ones = r.new("attention_scores", tt)
-    r.new("attention_scores", tt, name)
-    r.release(ones)
-
-
-def _probs(r: _Replay, s: StepShape, name: str) -> None:
-    """One head's causal softmax [T, T]: (c q) k^T, masked_fill_ in place with the block's mask, softmax."""
-    tt, part = s.seq_len ** 2, "attention_scores"
-    qk = r.new(part, tt)
-    r.new(part, tt, name)
-    r.release(qk)
-
-
-def _attention_half(r: _Replay, s: StepShape) -> None:
-    """block._attention_half from the block input (a checkpoint) to x1; its locals (a.*) are left for the
-    caller to end (the forward keeps x1 only, the backward the saved bundles too)."""
-    a, t = s.arch, s.seq_len
-    d, kv, dh = a.hidden, a.kv_dim, a.head_dim
-    sv, out = "attention_saved", "attention_outputs"
-    _mask(r, s, "a.mask")
-    _rmsnorm_forward(r, "a.", t, d, sv, "a.n1")
-    for name, o in (("q", d), ("k", kv), ("v", kv)):
-        _linear_forward(r, s, f"{name}_proj", o, sv, f"a.{name}", bias=True)
-    r.drop("a.n1")                                                    # del n1
-    _rope_forward(r, t * d, sv, "a.q_rope")
-    _rope_forward(r, t * kv, sv, "a.k_rope")
-    r.drop("a.q", "a.k")                                              # q, k rebound to their rope
-    for h in range(a.heads):                                          # _attention_by_head
-        qc = r.new(out, t * dh)                                       # c * q
-        _probs(r, s, "a.p")
-        r.new(out, t * dh, f"a.o{h}")                                 # p @ v
-        r.drop("a.p")
-        r.release(qc)
-    r.new(out, t * d, "a.ocat")                                       # torch.cat of the heads
-    r.drop(*[f"a.o{h}" for h in range(a.heads)])
-    r.new(out, t * d, "a.oflat")                                      # _unheads(o): a copy
-    r.drop("a.ocat")
-    _linear_forward(r, s, "o_proj", d, out, "a.ao", bias=False)
-    r.new("block_hidden", t * d, "x1")                                # x + ao
-
-
-def _gate_up_act(r: _Replay, w: str, p: int, pre: str, gate: bool, up: bool) -> None:
-    """One chunk's g, u (with their LoRA terms) and act = silu(g) * u, as block._mlp and block._mlp_backward
-    both compute them (`act = swiglu_forward(g, u)[0]`)."""
-    r.new(w, p, pre + "g")
-    r.new(w, p, pre + "u")
-    for name, on in ((pre + "g", gate), (pre + "u", up)):
-        if on:
-            _lora_update(r, w, p, name)
-    silu = r.new(w, p)
-    r.new(w, p, pre + "act")
-    r.release(silu)
-
-
-def _mlp_forward(r: _Replay, s: StepShape) -> None:
-    """block._mlp on x1 -> "mlp_out" (names m.*)."""
-    t, d, rank = s.seq_len, s.arch.hidden, s.rank
-    gate, up, down = (name in s.targets for name in _MLP)
-    w, hid = "mlp_working_set", "block_hidden"
-    _rmsnorm_forward(r, "m.", t, d, hid, "m.n2")
-    for name, on in (("m.hg", gate), ("m.hu", up)):
-        if on:
-            r.new("lora_sums", t * rank, name)                        # h = n2 A^T [T, r]
-    for k, c, _ in _replayed(mlp_chunks(s)):
-        p = t * c
-        _gate_up_act(r, w, p, "m.", gate, up)
-        r.drop("m.g", "m.u")
-        r.new(hid, t * d, "m.part")
-        if k == 0:
-            r.alias("m.out", "m.part")
-        else:
-            r.new(hid, t * d, "m.out")
-        r.drop("m.part")                                              # del part
-        if down:
-            r.new("lora_sums", t * rank, "m.h_c")
-            if k == 0:
-                r.alias("m.hd", "m.h_c")
-            else:
-                r.new("lora_sums", t * rank, "m.hd")
-    if down:
-        _lora_update(r, hid, t * d, "m.out")
-    r.ret("m.", {"m.out": "mlp_out"})
-
-
-def _mlp_backward(r: _Replay, s: StepShape) -> None:
-    """block._mlp_backward on x1 and dout -> "dx1" (names mb.*); its LoRA gradients: the chunks' slices
-    collected in lists, then concatenated into the block's grads (the lists die when it returns)."""
-    t, d, f, rank = s.seq_len, s.arch.hidden, s.arch.intermediate, s.rank
-    gate, up, down = (name in s.targets for name in _MLP)
-    w, h, g_, lr = "mlp_working_set", "hidden_grads", "lora_grads", "lora_sums"
-    _rmsnorm_forward(r, "mb.", t, d, "block_hidden", "mb.n2")
-    for name, on in (("mb.hg", gate), ("mb.hu", up)):
-        if on:
-            r.new(lr, t * rank, name)
-    if down:
-        r.chain(lr, t * rank, 2, "mb.dhd")                            # s * (dout @ Bd)
-    full = mlp_chunks(s)[0]
-    for k, c, skipped in _replayed(mlp_chunks(s)):
-        if skipped:                                                   # the skipped chunks' gradient slices
-            r.new(g_, skipped * full * rank * (gate + up + down), f"mb.slices_before_{k}")
-        p = t * c
-        r.new(w, p, "mb.da")                                          # dout Wd[:, c]
-        if down:
-            r.chain(w, p, 2, "mb.da")                                 # da + dhd Ad[:, c]
-        _gate_up_act(r, w, p, "mb.", gate, up)
-        if down:
-            r.new(g_, rank * c, f"mb.dad{k}")                         # dhd^T a_c [r, C]
-            r.new(lr, t * rank, "mb.h_c")
-            if k == 0:
-                r.alias("mb.hd", "mb.h_c")
-            else:
-                r.new(lr, t * rank, "mb.hd")
-        r.drop("mb.act")
-        # swiglu_backward: sg; du = da * (g sg); dg = da * u * sg * (1 + g * (1 - sg))
-        sg = r.new(w, p)
-        gs = r.new(w, p)
-        r.new(w, p, "mb.du")
-        r.release(gs)
-        r.chain(w, p, 2, "mb._dus")
-        r.chain(w, p, 3, "mb._tail")
-        r.new(w, p, "mb.dg")
-        r.drop("mb._dus", "mb._tail")
-        r.release(sg)
-        r.drop("mb.g", "mb.u", "mb.da")
-        a, b = r.new(h, t * d), r.new(h, t * d)                       # dg Wg[c] + du Wu[c]
-        r.new(h, t * d, "mb.part")
-        r.release(a)
-        r.release(b)
-        if k == 0:
-            r.alias("mb.dn2", "mb.part")
-        else:
-            r.new(h, t * d, "mb.dn2")
-        r.drop("mb.part")                                             # del part
-        for on, lst, acc in ((gate, "mb.dbg", "mb.dhg"), (up, "mb.dbu", "mb.dhu")):
-            if on:
-                r.chain(g_, c * rank, 2, f"{lst}{k}")                 # s * (dg^T hg) [C, r]
-                r.chain(lr, t * rank, 2, "mb.c")                      # s * (dg Bg[c]) [T, r]
-                if k == 0:
-                    r.alias(acc, "mb.c")
-                else:
-                    r.new(lr, t * rank, acc)
-        r.drop("mb.dg", "mb.du")
-    if down:
-        r.new(g_, rank * f, "grad.down_proj.a")                       # torch.cat of the slices
-        r.chain(g_, d * rank, 2, "grad.down_proj.b")                  # s * (dout^T hd)
-    for on, name in ((gate, "gate_proj"), (up, "up_proj")):
-        if on:
-            r.chain(h, t * d, 2, "mb.dn2")                            # dn2 + dh A
-            r.new(g_, rank * d, f"grad.{name}.a")
-            r.new(g_, f * rank, f"grad.{name}.b")
-    _rmsnorm_backward(r, "mb.n_", t, d, h, "mb.dnorm")
-    r.new(h, t * d, "mb.dx1")                                         # dout + rmsnorm_backward(dn2)
-    r.ret("mb.", {"mb.dx1": "dx1"})
-
-
-def _attention_backward(r: _Replay, s: StepShape) -> None:
-    """_attention_backward_by_head(d_o): per query head, attention_backward (p recomputed, dv, dp, ds,
-    dq, dk); the previous head's grads stay bound (`ga`) during the next; the kv heads' dk, dv summed;
-    then the three torch.cat -> "ga.dq", "ga.dk", "ga.dv" (names h.*, ab.*)."""
-    a, t = s.arch, s.seq_len
-    dh, tt, g = a.head_dim, s.seq_len ** 2, a.heads // a.kv_heads
-    hg, sc = "hidden_grads", "attention_scores"
-    for h in range(a.heads):
-        j = h // g
-        r.new(hg, t * dh, "ab.qc")                                    # c * q
-        prod = r.new(hg, t * dh)                                      # dO * O
-        r.new(sc, t, "ab.rows")                                       # its row sums
-        r.release(prod)
-        _probs(r, s, "ab.p")
-        tmp = r.new(hg, t * dh)                                       # dO^T P [D, T]
-        r.new(hg, t * dh, "ab.dv")                                    # (..)^T.sum(1)
-        r.release(tmp)
-        r.new(sc, tt, "ab.ds")                                        # dO V^T, then - rows, * p in place
-        r.drop("ab.p")
-        r.chain(hg, t * dh, 2, "ab.dq")                               # (ds K) * c
-        r.chain(hg, t * dh, 2, "ab.dk")                               # ((cQ)^T ds)^T.sum(1)
-        r.ret("ab.", {"ab.dq": "h.ga_dq", "ab.dk": "h.ga_dk", "ab.dv": "h.ga_dv"})
-        r.alias(f"h.dq{h}", "h.ga_dq")
-        for name in ("dk", "dv"):
-            if h % g == 0:
-                r.alias(f"h.{name}{j}", f"h.ga_{name}")
-            else:
-                r.new(hg, t * dh, f"h.{name}{j}")
-    r.new(hg, t * a.hidden, "h.dq")
-    r.new(hg, t * a.kv_dim, "h.dk")
-    r.new(hg, t * a.kv_dim, "h.dv")
-    r.ret("h.", {"h.dq": "ga.dq", "h.dk": "ga.dk", "h.dv": "ga.dv"})
-
-
-def block_forward_peak(s: StepShape) -> Parts:
-    """block_forward replayed (the attention half, then the MLP; the output): the parts (elements) at its
-    peak, on top of what the step holds (state, checkpoints x_0..x_i)."""
-    r = _Replay()
-    _attention_half(r, s)
-    r.ret("a.")
-    _mlp_forward(r, s)
-    r.new("block_hidden", s.seq_len * s.arch.hidden)                 # x1 + mlp(x1)
-    return r.peak_parts
-
-
-def block_backward_peak(s: StepShape) -> Parts:
-    """block_backward replayed: the recomputed attention half (its saved bundles kept: n1, q_rope, k_rope,
-    v, o regrouped, x1), the MLP's recompute and backward, the o projection's backward, attention by
-    head, rope and the q/k/v projections' backward, the input norm's backward and the residual sum; the
-    parts (elements) at its peak, on top of what the step holds (state, checkpoints x_0..x_i, dout)."""
-    a, t = s.arch, s.seq_len
-    d, kv = a.hidden, a.kv_dim
-    hg = "hidden_grads"
-    r = _Replay()
-    _attention_half(r, s)
-    r.ret("a.", {name: f"saved.{name[2:]}" for name in ("a.q_rope", "a.k_rope", "a.v", "a.oflat", "a.mask")})
-    _mlp_backward(r, s)
-    r.drop("x1")
-    _linear_backward(r, s, "o_proj", d, d, part=hg, name="go.dx")
-    _attention_backward(r, s)
-    r.drop("go.dx", "saved.q_rope", "saved.k_rope", "saved.v", "saved.oflat", "saved.mask")   # del go, kept
-    _rmsnorm_forward(r, "n1.", t, d, "attention_saved", "saved.n1")  # recomputed after the MLP
-    for target, n, rope in (("q_proj", d, True), ("k_proj", kv, True), ("v_proj", kv, False)):
-        if rope:
-            _rope_backward(r, t * n, hg, "tmp.rope")
-            r.new(hg, t * n, "tmp.dy")                                # _unheads: a copy
-            r.drop("tmp.rope")
-        else:
-            r.new(hg, t * n, "tmp.dy")
-        _linear_backward(r, s, target, d, n, part=hg, name=f"g{target[0]}.dx")
-        r.drop("tmp.dy")
-    r.drop("ga.dq", "ga.dk", "ga.dv")                                 # del ga
-    r.new(hg, t * d, "tmp.sum")                                      # gq.dx + gk.dx
-    r.new(hg, t * d, "tmp.sum")                                      # + gv.dx
-    _rmsnorm_backward(r, "n1_", t, d, hg, "tmp.dnorm")
-    r.drop("tmp.sum")
-    r.new(hg, t * d, "dx")                                           # dx1 + ...
-    return r.peak_parts
+def block_parts(s: StepShape, phase: str) -> Parts:
+    """The block's forward ("forward") or backward ("backward") peak, as the real block allocates it
+    (timeline.py), in elements by part, on top of what the step holds when the block starts (state,
+    checkpoints x_0..x_i, dout)."""
+    peak = block_timeline(s.arch, tuple(s.targets), s.mlp_chunk, s.dtype_bytes).peak(phase, s.seq_len, s.rank)
+    return {name: n / s.dtype_bytes for name, n in peak.parts.items()}
 
 
 def _plus(*parts: Parts) -> Parts:
@@ -533,7 +100,7 @@ def _kept_below(s: StepShape, i: int) -> int:
 
 
 def _forward_parts(s: StepShape, i: int, block: Parts) -> list[Parts]:
-    """Layer i's forward: the block's replayed peak on top of the state, the kept checkpoints below i
+    """Layer i's forward: the block's traced peak on top of the state, the kept checkpoints below i
     and x_i (the block's input)."""
     return [_plus(state_parts(s, 0), {"checkpoints": (_kept_below(s, i) + 1) * s.seq_len * s.arch.hidden}, block)]
 
@@ -593,7 +160,7 @@ def _final_norm_parts(s: StepShape) -> list[Parts]:
 
 
 def _backward_parts(s: StepShape, held: int, grads_above: float, block: Parts) -> list[Parts]:
-    """A block's forward rerun or backward within a checkpoint group: the block's replayed peak (with the
+    """A block's forward rerun or backward within a checkpoint group: the block's traced peak (with the
     gradients made so far) on top of the state, `held` [T, d] inputs (the kept checkpoints below the
     group, the group's inputs so far and the block's own input), dout and the loss []."""
     t, d = s.seq_len, s.arch.hidden
@@ -602,7 +169,7 @@ def _backward_parts(s: StepShape, held: int, grads_above: float, block: Parts) -
 
 
 def _mesp_candidates(s: StepShape) -> list[tuple[str, int | None, Parts]]:
-    fwd, bwd = block_forward_peak(s), block_backward_peak(s)
+    fwd, bwd = block_parts(s, "forward"), block_parts(s, "backward")
     out = [("forward", i, p) for i in range(s.arch.layers) for p in _forward_parts(s, i, fwd)]
     loss = _loss_chunked_parts(s) if s.vocab_chunk is None else _loss_online_parts(s)
     out += [("loss", None, p) for p in loss]

@@ -45,7 +45,7 @@ class StepShape:
         optimizer: "adamw" adds two moments per LoRA parameter. Default: "sgd".
         layers_per_checkpoint: keep every s-th selected layer's input and recompute the rest a group at a
             time (`mesp_step(layers_per_checkpoint=s)`; MeSP only). Default: 1 (every selected layer's).
-        dtype_bytes: bytes per activation and LoRA element. Default: 4 (fp32).
+        dtype_bytes: bytes per activation and LoRA element: 2 (bf16), 4 (fp32) or 8 (fp64). Default: 4.
     """
 
     arch: Qwen25Arch
@@ -70,6 +70,8 @@ class StepShape:
         for name in ("mlp_chunk", "vocab_chunk"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BadInput(f"`{name}` must be >= 1 or None, got {getattr(self, name)}")
+        if self.dtype_bytes not in (2, 4, 8):
+            raise BadInput(f"`dtype_bytes` must be 2, 4 or 8 (bf16, fp32, fp64), got {self.dtype_bytes}")
         if self.method not in METHODS:
             raise BadInput(f"unknown method {self.method!r}; choose {', '.join(METHODS)}")
         if self.lcsb_k is not None and not 1 <= self.lcsb_k <= self.arch.layers:
