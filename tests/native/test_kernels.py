@@ -63,7 +63,7 @@ def _exact(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int):
 SHAPES = [  # (T, o, i, group); groups of 32, 64 and 128 take the AVX-512 VNNI path where the host has it
     (1, 1, 2, 2), (1, 7, 10, 2), (2, 5, 34, 34), (3, 33, 128, 64), (5, 17, 96, 32), (1, 13, 100, 64),
     (4, 9, 70, 6), (7, 31, 258, 64), (9, 3, 64, 66), (1, 65, 896, 64), (6, 40, 200, 30), (32, 11, 130, 128),
-    (1, 50, 2080, 32), (5, 19, 1030, 128), (2, 7, 4864, 64), (1, 3, 70, 64),
+    (1, 50, 2080, 32), (5, 19, 1030, 128), (2, 7, 4864, 64), (1, 3, 70, 64), (16, 21, 896, 64), (11, 5, 100, 32),
 ]
 
 
@@ -117,8 +117,10 @@ def test_the_vector_path_equals_the_generic_path_bit_for_bit(tmp_path):
     generic = ctypes.CDLL(str(out))
     generic.toolchain_int4_linear_a8.restype = ctypes.c_int
     gen = torch.Generator().manual_seed(11)
+    # T >= 10 (groups of 32 / 64) and T >= 2 (groups of 128) take the broadcast path (rows in lanes)
     for t, o, i, group in [(1, 37, 896, 64), (6, 29, 4864, 64), (5, 23, 1024, 32), (3, 17, 1152, 128),
-                           (2, 9, 1000, 64), (1, 5, 130, 32)]:
+                           (2, 9, 1000, 64), (1, 5, 130, 32), (12, 37, 896, 64), (33, 21, 4864, 64),
+                           (10, 19, 1000, 32), (2, 5, 130, 128), (17, 48, 1000, 128)]:
         q, scales = _quantize_partial(torch.randn(o, i, generator=gen), group)
         x = torch.randn(t, i, generator=gen)
         assert torch.equal(_kernel(x, q, scales, group), _call(generic, x, q, scales, group)), (t, o, i, group)
@@ -132,9 +134,10 @@ def test_the_vector_path_equals_the_generic_path_bit_for_bit(tmp_path):
     x[3, 200:256] = 1e-42
     x[4, :64] = torch.arange(64) * 0.5 - 16                             # x / s lands on .5 ties
     x[5, 64:128] = -x[5, 64:128].abs() * 1e30
-    got, want = _kernel(x, q, scales, 64), _call(generic, x, q, scales, 64)
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))            # bits: NaN rows too
-    assert got[1].isnan().all() and not got[[0, 3, 4, 5]].isnan().any()
+    for rows in (x, x.repeat(2, 1)):                                     # T = 6: tiles; T = 12: broadcast
+        got, want = _kernel(rows, q, scales, 64), _call(generic, rows, q, scales, 64)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))        # bits: NaN rows too
+        assert got[1].isnan().all() and not got[[0, 3, 4, 5]].isnan().any()
 
 
 @pytest.mark.parametrize("i,ng,group", [(9, 1, 10), (10, 1, 3), (10, 2, 10), (10, 1, 0), (0, 0, 2)])

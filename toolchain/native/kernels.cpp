@@ -417,6 +417,98 @@ void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict 
     for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
   }
 }
+
+// All T >= 2 rows of x (prefill) against 16 weight rows at a time, rows in lanes: per block of 16 output rows
+// and group g, the group's bytes of the 16 rows are gathered into registers (dword k of row r at lane r of
+// register k, split into high and low nibbles) once, and every row t of x multiplies them there with its own
+// dwords broadcast (vpdpbusd with a 4-byte operand: no 64-byte load of x per instruction, no per-row folding).
+// Per row t and group g the integer sum is the same exact sum as rows_vnni's; it goes into accumulator
+// g mod 16 of (t, the 16 rows) with the same multiply-add (float(isum) times sw[r, g] sa[t, g], groups in
+// increasing order), and the 16 accumulators are added in lane_sum's tree: the same bits as rows_vnni.
+template <int GB>
+void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
+                         int64_t half, int64_t ng, int64_t o, float* __restrict y) {
+  constexpr int D = GB / 4;                                      // dwords of a group's bytes
+  constexpr int DC = D < 8 ? D : 8;                              // dwords per pass (2 DC weight registers)
+  thread_local std::vector<__m512> acc_buffer;                   // [T][16 accumulators] of 16 rows
+  thread_local std::vector<__m512i> isum_buffer;                 // [T] (GB = 64: a group's first pass)
+  acc_buffer.resize(static_cast<size_t>(T * L));
+  isum_buffer.resize(static_cast<size_t>(T));
+  __m512* __restrict acc = acc_buffer.data();                    // (thread_local reached once: no TLS call in the loops)
+  __m512i* __restrict isums = isum_buffer.data();
+  const int8_t* __restrict even = a.even.data();
+  const int8_t* __restrict odd = a.odd.data();
+  const int32_t* __restrict corr = a.corr.data();
+  const float* __restrict sa = a.sa.data();
+  const int64_t stride = a.stride, gstride = a.gstride;
+  alignas(64) uint8_t rowbytes[L * GB];                          // the 16 rows' bytes of one group, zero-padded
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i lane_rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t r0 = 0; r0 < o; r0 += L) {
+    const int64_t nr = std::min<int64_t>(L, o - r0);
+    const __mmask16 rm = nr >= L ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+    for (int64_t i = 0; i < T * L; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t j0 = g * GB, nbytes = std::min<int64_t>(GB, half - j0);
+      // whole groups of 16 rows are gathered from the weights in place; a short block or group via a zero-padded copy
+      const bool direct = nr == L && nbytes == GB;
+      if (!direct) {
+        std::memset(rowbytes, 0, sizeof rowbytes);
+        for (int64_t r = 0; r < nr; ++r) std::memcpy(rowbytes + r * GB, q + (r0 + r) * half + j0, static_cast<size_t>(nbytes));
+      }
+      const uint8_t* base = direct ? q + r0 * half + j0 : rowbytes;
+      const __m512i row_offsets = _mm512_mullo_epi32(lane_rows, _mm512_set1_epi32(static_cast<int>(direct ? half : GB)));
+      const __m512 sw = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rm,
+                                                 _mm512_mullo_epi32(lane_rows, _mm512_set1_epi32(static_cast<int>(ng))),
+                                                 scales + r0 * ng + g, 4);
+      for (int k0 = 0; k0 < D; k0 += DC) {
+        __m512i hi[DC], lo[DC];
+        for (int k = 0; k < DC; ++k) {
+          const __m512i w = _mm512_i32gather_epi32(_mm512_add_epi32(row_offsets, _mm512_set1_epi32(4 * (k0 + k))), base, 1);
+          hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+          lo[k] = _mm512_and_si512(w, nib);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const int8_t* xe = even + t * stride + j0 + 4 * k0;
+          const int8_t* xo = odd + t * stride + j0 + 4 * k0;
+          __m512i s4[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+          for (int k = 0; k < DC; ++k) {                           // four chains: the integer sum is exact in any order
+            int32_t de, dd;
+            std::memcpy(&de, xe + 4 * k, 4);
+            std::memcpy(&dd, xo + 4 * k, 4);
+            s4[2 * (k & 1)] = _mm512_dpbusd_epi32(s4[2 * (k & 1)], hi[k], _mm512_set1_epi32(de));
+            s4[2 * (k & 1) + 1] = _mm512_dpbusd_epi32(s4[2 * (k & 1) + 1], lo[k], _mm512_set1_epi32(dd));
+          }
+          const __m512i ah = _mm512_add_epi32(s4[0], s4[2]), al = _mm512_add_epi32(s4[1], s4[3]);
+          if constexpr (DC == D) {
+            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_set1_epi32(corr[t * gstride + g]));
+            const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
+            __m512& dst = acc[t * L + g % L];
+            dst = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, dst);
+          } else {
+            // GB = 64: the group's integer sum in two passes of 8 dwords, kept exact in int32 between them
+            const __m512i s = _mm512_add_epi32(ah, al);
+            isums[t] = k0 == 0 ? s : _mm512_add_epi32(isums[t], s);
+            if (k0 + DC == D) {
+              const __m512i isum = _mm512_sub_epi32(isums[t], _mm512_set1_epi32(corr[t * gstride + g]));
+              const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
+              __m512& dst = acc[t * L + g % L];
+              dst = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, dst);
+            }
+          }
+        }
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const __m512* v = acc + t * L;
+      __m512 s8[8], s4[4];
+      for (int l = 0; l < 8; ++l) s8[l] = _mm512_add_ps(v[l], v[l + 8]);
+      for (int l = 0; l < 4; ++l) s4[l] = _mm512_add_ps(s8[l], s8[l + 4]);
+      const __m512 out = _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
+      _mm512_mask_storeu_ps(y + t * o + r0, rm, out);
+    }
+  }
+}
 #endif
 
 // All o output rows for rows t0 .. t0 + nt - 1 of x.
@@ -487,6 +579,13 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   thread_local QuantizedX a;
   a.build(x, T, in, group, ng, 16 * 64);   // padded to whole VNNI blocks (16 groups of up to 64 bytes)
 #ifdef TOOLCHAIN_VNNI
+  if ((T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64)) {   // where it is faster (measured: docs/benchmarks.md)
+    switch (gb) {
+      case 16: rows_vnni_broadcast<16>(a, T, q, scales, half, ng, o, y); return 0;
+      case 32: rows_vnni_broadcast<32>(a, T, q, scales, half, ng, o, y); return 0;
+      default: rows_vnni_broadcast<64>(a, T, q, scales, half, ng, o, y); return 0;
+    }
+  }
   if (T > 1 && (gb == 16 || gb == 32 || gb == 64)) a.transposed(T, gb);
 #endif
   for (int64_t t0 = 0; t0 < T; t0 += TT) {
