@@ -430,12 +430,12 @@ void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restri
                          int64_t half, int64_t ng, int64_t o, float* __restrict y) {
   constexpr int D = GB / 4;                                      // dwords of a group's bytes
   constexpr int DC = D < 8 ? D : 8;                              // dwords per pass (2 DC weight registers)
-  thread_local std::vector<__m512> acc_buffer;                   // [T][16 accumulators] of 16 rows
-  thread_local std::vector<__m512i> isum_buffer;                 // [T] (GB = 64: a group's first pass)
-  acc_buffer.resize(static_cast<size_t>(T * L));
-  isum_buffer.resize(static_cast<size_t>(T));
-  __m512* __restrict acc = acc_buffer.data();                    // (thread_local reached once: no TLS call in the loops)
-  __m512i* __restrict isums = isum_buffer.data();
+  thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
+  thread_local std::vector<int32_t> isum_buffer;                 // [T][16 rows] (GB = 64: a group's first pass)
+  acc_buffer.resize(static_cast<size_t>(T * L * L));
+  isum_buffer.resize(static_cast<size_t>(T * L));
+  float* __restrict acc = acc_buffer.data();                     // (thread_local reached once: no TLS call in the loops)
+  int32_t* __restrict isums = isum_buffer.data();
   const int8_t* __restrict even = a.even.data();
   const int8_t* __restrict odd = a.odd.data();
   const int32_t* __restrict corr = a.corr.data();
@@ -447,7 +447,7 @@ void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restri
   for (int64_t r0 = 0; r0 < o; r0 += L) {
     const int64_t nr = std::min<int64_t>(L, o - r0);
     const __mmask16 rm = nr >= L ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
-    for (int64_t i = 0; i < T * L; ++i) acc[i] = _mm512_setzero_ps();
+    std::fill(acc, acc + T * L * L, 0.0f);
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t j0 = g * GB, nbytes = std::min<int64_t>(GB, half - j0);
       // whole groups of 16 rows are gathered from the weights in place; a short block or group via a zero-padded copy
@@ -483,26 +483,29 @@ void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restri
           if constexpr (DC == D) {
             const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_set1_epi32(corr[t * gstride + g]));
             const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
-            __m512& dst = acc[t * L + g % L];
-            dst = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, dst);
+            float* dst = acc + (t * L + g % L) * L;
+            _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
           } else {
             // GB = 64: the group's integer sum in two passes of 8 dwords, kept exact in int32 between them
             const __m512i s = _mm512_add_epi32(ah, al);
-            isums[t] = k0 == 0 ? s : _mm512_add_epi32(isums[t], s);
-            if (k0 + DC == D) {
-              const __m512i isum = _mm512_sub_epi32(isums[t], _mm512_set1_epi32(corr[t * gstride + g]));
+            int32_t* held = isums + t * L;
+            const __m512i sum = k0 == 0 ? s : _mm512_add_epi32(_mm512_loadu_si512(held), s);
+            if (k0 + DC < D) {
+              _mm512_storeu_si512(held, sum);
+            } else {
+              const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(corr[t * gstride + g]));
               const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
-              __m512& dst = acc[t * L + g % L];
-              dst = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, dst);
+              float* dst = acc + (t * L + g % L) * L;
+              _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
             }
           }
         }
       }
     }
     for (int64_t t = 0; t < T; ++t) {
-      const __m512* v = acc + t * L;
+      const float* v = acc + t * L * L;
       __m512 s8[8], s4[4];
-      for (int l = 0; l < 8; ++l) s8[l] = _mm512_add_ps(v[l], v[l + 8]);
+      for (int l = 0; l < 8; ++l) s8[l] = _mm512_add_ps(_mm512_loadu_ps(v + l * L), _mm512_loadu_ps(v + (l + 8) * L));
       for (int l = 0; l < 4; ++l) s4[l] = _mm512_add_ps(s8[l], s8[l + 4]);
       const __m512 out = _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
       _mm512_mask_storeu_ps(y + t * o + r0, rm, out);
@@ -539,11 +542,12 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int
 }
 
 // Outputs n0 .. n0 + nb - 1 (nb <= NB) of one row of toolchain_lora_linear_a8, in registers: d[k] = sum_j h[j]
-// bt[j, k] as fused multiply-adds in increasing j (from 0), then v = y[k] (+ bias[k]) (+ s d[k]), residual[k] + v.
-// Element-wise, so the block size does not change any bits.
-template <int NB>
+// B[n0 + k, j] as fused multiply-adds in increasing j (from 0), then v = y[k] (+ bias[k]) (+ s d[k]),
+// residual[k] + v; B[n0 + k, j] = bt[j * sj + k * SK] (b transposed: sj = o, SK = 1; b itself: sj = 1, SK = r).
+// Element-wise, so neither the block size nor the layout changes any bits.
+template <int NB, int64_t SK>
 inline void lora_epilogue(float* __restrict y, const float* __restrict bias, const float* __restrict h,
-                          const float* __restrict bt, int64_t o, int64_t r, float s, const float* __restrict residual,
+                          const float* __restrict bt, int64_t sj, int64_t r, float s, const float* __restrict residual,
                           int64_t nb) {
   float v[NB], d[NB];
   for (int k = 0; k < NB; ++k) v[k] = k < nb ? y[k] : 0.0f;
@@ -553,8 +557,8 @@ inline void lora_epilogue(float* __restrict y, const float* __restrict bias, con
     for (int k = 0; k < NB; ++k) d[k] = 0.0f;
     for (int64_t j = 0; j < r; ++j) {
       const float hj = h[j];
-      const float* bj = bt + j * o;
-      for (int k = 0; k < NB; ++k) d[k] = std::fma(hj, k < nb ? bj[k] : 0.0f, d[k]);
+      const float* bj = bt + j * sj;
+      for (int k = 0; k < NB; ++k) d[k] = std::fma(hj, k < nb ? bj[k * SK] : 0.0f, d[k]);
     }
     for (int k = 0; k < NB; ++k) v[k] = v[k] + s * d[k];
   }
@@ -713,25 +717,39 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   const int rc = toolchain_int4_linear_a8(x, T, in, q, scales, o, ng, group, y);
   if (rc != 0) return rc;
   thread_local std::vector<float> h, bt;
+  // b is read in place for one row of x when r is a small constant (decode, rank 8: the epilogue's loads of b
+  // are strided, no transposed copy per call), else transposed once per call for all rows.
+  const bool in_place = T == 1 && r == 8;
   if (a != nullptr) {
     h.resize(static_cast<size_t>(T * r));
-    bt.resize(static_cast<size_t>(r * o));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < r; ++j) h[static_cast<size_t>(t * r + j)] = dot(x + t * in, a + j * in, in);
-    for (int64_t n = 0; n < o; ++n)
-      for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
+    if (!in_place) {
+      bt.resize(static_cast<size_t>(r * o));
+      for (int64_t n = 0; n < o; ++n)
+        for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
+    }
   }
   for (int64_t t = 0; t < T; ++t) {
     const float* ht = a != nullptr ? h.data() + t * r : nullptr;
     const float* rt = residual != nullptr ? residual + t * o : nullptr;
     float* yt = y + t * o;
     int64_t n0 = 0;
+    if (in_place) {
+      for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
+        lora_epilogue<LORA_BLOCK, 8>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, b + n0 * r, 1, r, s,
+                                     rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
+      for (; n0 < o; n0 += L)
+        lora_epilogue<L, 8>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, b + n0 * r, 1, r, s,
+                            rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
+      continue;
+    }
     for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
-      lora_epilogue<LORA_BLOCK>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
-                                rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
+      lora_epilogue<LORA_BLOCK, 1>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
+                                   rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
     for (; n0 < o; n0 += L)
-      lora_epilogue<L>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
-                       rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
+      lora_epilogue<L, 1>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
+                          rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
   }
   return 0;
 }
