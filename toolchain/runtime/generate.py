@@ -121,6 +121,7 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
     names = generation_names(pdir, getattr(runner, "methods_loaded", None))
     views = pdir.state_views(state)
     cache = new_cache(pdir)
+    decode = _bound_decode(pdir, loop, names["block_decode"], views, cache)
     out: list[int] = []
     result = GenerateResult(prompt, out, "max_new_tokens", fused=names["block_decode"] != "block_decode")
     with torch.no_grad():
@@ -155,13 +156,36 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
                 break
             t1 = time.perf_counter()
             x = loop.call_method("embed_token", None, {"token": torch.tensor([token], dtype=torch.int64)}, views)["x"]
-            p = torch.tensor([pos], dtype=torch.int64)
-            for i in range(pdir.arch.layers):
-                x = loop.call_method(names["block_decode"], i, {"x": x, "pos": p}, views, cache, pos)["x"]
+            if decode is not None:                           # the layers' methods bound once (ExecuTorch)
+                xbuf, pbuf, bound = decode
+                xbuf.copy_(x)
+                pbuf.fill_(pos)
+                for i, b in enumerate(bound):
+                    loop.call_bound(b, names["block_decode"], i, views, cache, pos, into={"x": xbuf})
+                x = xbuf
+            else:
+                p = torch.tensor([pos], dtype=torch.int64)
+                for i in range(pdir.arch.layers):
+                    x = loop.call_method(names["block_decode"], i, {"x": x, "pos": p}, views, cache, pos)["x"]
             logits = loop.call_method(names["head_logits"], None, {"x": x}, views)["logits"]
             result.decode_s.append(time.perf_counter() - t1)
             pos += 1
     return result
+
+
+def _bound_decode(pdir: ProgramDir, loop: LayerLoop, name: str, views: dict[str, Tensor],
+                  cache: dict[str, Tensor]) -> tuple[Tensor, Tensor, list] | None:
+    """Every layer's decode method with its inputs set once for this generation (`LayerLoop.bind`): the
+    hidden state and position go through two tensors the loop rewrites in place per token, the weights, the
+    adapter's views and the layer's cache stay bound. None where the runner cannot bind (then each call
+    binds its inputs)."""
+    spec = {io.ref: io for io in pdir.info.methods[name].inputs if io.bind not in ("weight", "state", "cache")}
+    xbuf = torch.zeros(spec["x"].shape, dtype=torch.float32)
+    pbuf = torch.zeros(spec["pos"].shape, dtype=torch.int64)
+    bound = [loop.bind(name, i, {"x": xbuf, "pos": pbuf}, views, cache) for i in range(pdir.arch.layers)]
+    if any(b is None for b in bound):
+        return None
+    return xbuf, pbuf, bound
 
 
 class Prompt(NamedTuple):

@@ -95,6 +95,27 @@ class LayerLoop:
         runtime/evaluate.py and runtime/generate.py."""
         method = self.methods[name]
         outputs = self.runner.execute(name, self._inputs(method, layer, values, views, cache))
+        return self._outputs(method, layer, outputs, views, cache, pos)
+
+    def bind(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
+             cache: dict[str, Tensor] | None = None):
+        """`name` for `layer` with every input set once (the runner's `bind`), or None where the runner cannot
+        (ONNX Runtime, eager). `values` are the caller's tensors, changed in place between `call_bound`s."""
+        if not hasattr(self.runner, "bind"):
+            return None
+        return self.runner.bind(name, layer, self._inputs(self.methods[name], layer, values, views, cache))
+
+    def call_bound(self, bound, name: str, layer: int | None, views: dict[str, Tensor],
+                   cache: dict[str, Tensor] | None = None, pos: int | None = None,
+                   into: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """`call_method` of a bound method (`bind`): the same outputs, written the same way; an activation
+        output named in `into` is copied into that tensor (e.g. the next call's bound input) instead of returned."""
+        return self._outputs(self.methods[name], layer, bound.execute(), views, cache, pos, into)
+
+    def _outputs(self, method: MethodSpec, layer: int | None, outputs: list[Tensor], views: dict[str, Tensor],
+                 cache: dict[str, Tensor] | None, pos: int | None,
+                 into: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        name = method.name
         plan = self._output_plan(method, layer)
         if len(outputs) != len(plan):
             raise BadInput(f"{name} returned {len(outputs)} outputs, the manifest lists {len(plan)}; "
@@ -112,6 +133,8 @@ class LayerLoop:
                 target = cache[ref]
                 n = min(io.shape[1], target.shape[1] - pos)  # the chunk's rows pos .. pos + C - 1 that fit
                 target[:, pos:pos + n].copy_(value if n == io.shape[1] else value[:, :n])
+            elif into is not None and ref in into:
+                into[ref].copy_(value)
             else:
                 kept[ref] = value.clone()
         return kept
