@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 from toolchain.lora import (ALL_TARGETS, LoraConfig, LoraPair, LoraWeights, init_lora, lora_from_state_dict,
                             lora_state_dict)
-from toolchain.models import ModelWeights, Qwen25Arch, weights_from_state_dict
+from toolchain.models import ModelWeights, ModelArch, weights_from_state_dict
 
 __all__ = [
     "CASE_SEEDS", "Case", "CaseData", "Checkpoint", "HfReference", "assert_grads_close", "assert_rel_close",
@@ -46,7 +46,7 @@ class Case:
     """One whole-model test configuration: architecture, LoRA config and one labelled sequence."""
 
     seed: int
-    arch: Qwen25Arch
+    arch: ModelArch
     lora: LoraConfig
     seq_len: int
 
@@ -58,7 +58,7 @@ class Case:
                 f"-T{self.seq_len}")
 
 
-def random_arch(seed: int) -> Qwen25Arch:
+def random_arch(seed: int) -> ModelArch:
     """A small random Qwen2 architecture.
 
     The GQA regime cycles with the seed (kv_heads = 1, kv_heads = heads, 1 < kv_heads < heads) and so
@@ -75,7 +75,7 @@ def random_arch(seed: int) -> Qwen25Arch:
         heads = rng.choice([1, 2, 3, 5, 7])
         kv_heads = 1 if regime == 0 else heads
     head_dim = rng.choice([2, 4, 6, 8, 10, 12, 16])
-    return Qwen25Arch(
+    return ModelArch(
         hidden=heads * head_dim, layers=rng.randint(1, 3), heads=heads, kv_heads=kv_heads,
         intermediate=rng.randint(3, 61), vocab=rng.randint(11, 97), max_positions=rng.randint(65, 128),
         rms_eps=rng.choice([1e-6, 1e-5]), rope_theta=rng.choice([10_000.0, 1_000_000.0]),
@@ -122,7 +122,7 @@ def randomize_hf_params(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(value.to(torch.float32).to(p.dtype))
 
 
-def random_hf_model(arch: Qwen25Arch, gen: torch.Generator, dtype: torch.dtype = torch.float64):
+def random_hf_model(arch: ModelArch, gen: torch.Generator, dtype: torch.dtype = torch.float64):
     """A randomly initialized `Qwen2ForCausalLM` (eager attention) for `arch`, in eval mode."""
     from transformers import Qwen2ForCausalLM
 
@@ -135,7 +135,7 @@ def random_hf_model(arch: Qwen25Arch, gen: torch.Generator, dtype: torch.dtype =
     return model
 
 
-def our_weights(arch: Qwen25Arch, hf_model, dtype: torch.dtype) -> ModelWeights:
+def our_weights(arch: ModelArch, hf_model, dtype: torch.dtype) -> ModelWeights:
     """Our weight bundle read from the HF model's state dict (exercises the key table too)."""
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     return weights_from_state_dict(arch, sd, dtype=dtype)
@@ -207,7 +207,7 @@ class HfReference:
     grads: LoraWeights    # float64, our structure
 
 
-def hf_reference(peft_model, arch: Qwen25Arch, cfg: LoraConfig, input_ids: Tensor, labels: Tensor) -> HfReference:
+def hf_reference(peft_model, arch: ModelArch, cfg: LoraConfig, input_ids: Tensor, labels: Tensor) -> HfReference:
     """Loss and LoRA gradients of HF + PEFT by autograd, in float64 throughout."""
     peft_model.zero_grad(set_to_none=True)
     with float64_faithful_hf():
@@ -255,11 +255,11 @@ def build_case(seed: int) -> CaseData:
 @dataclass
 class Checkpoint:
     path: Path
-    arch: Qwen25Arch
+    arch: ModelArch
     hf_model: torch.nn.Module   # float32, as saved
 
 
-def save_checkpoint(path: Path, arch: Qwen25Arch, seed: int = 0) -> Checkpoint:
+def save_checkpoint(path: Path, arch: ModelArch, seed: int = 0) -> Checkpoint:
     """A random float32 Qwen2ForCausalLM written with `save_pretrained` (config.json + model.safetensors)."""
     model = random_hf_model(arch, torch.Generator().manual_seed(seed), dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
@@ -267,8 +267,8 @@ def save_checkpoint(path: Path, arch: Qwen25Arch, seed: int = 0) -> Checkpoint:
     return Checkpoint(path, arch, model)
 
 
-def small_arch(*, tied: bool) -> Qwen25Arch:
-    return Qwen25Arch(hidden=24, layers=2, heads=3, kv_heads=1, intermediate=37, vocab=67, max_positions=40,
+def small_arch(*, tied: bool) -> ModelArch:
+    return ModelArch(hidden=24, layers=2, heads=3, kv_heads=1, intermediate=37, vocab=67, max_positions=40,
                       rope_theta=10_000.0, tie_embeddings=tied)
 
 
@@ -373,7 +373,7 @@ def max_op_output_numel(fn, *args, **kwargs) -> tuple[int, list[tuple[str, tuple
     return largest, mode.shapes, result
 
 
-def lora_for(arch: Qwen25Arch, cfg: LoraConfig, seed: int, dtype: torch.dtype = torch.float64) -> LoraWeights:
+def lora_for(arch: ModelArch, cfg: LoraConfig, seed: int, dtype: torch.dtype = torch.float64) -> LoraWeights:
     """Random adapter with B != 0 too, so that both dA and dB are non-trivial. Drawn in float32 (then
     cast), so float32 and float64 runs start from the same values."""
     lora = init_lora(arch, cfg, seed=seed, dtype=torch.float32, zero_b=False)

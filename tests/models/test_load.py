@@ -9,7 +9,7 @@ import torch
 from helpers import save_checkpoint, small_arch
 
 from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
-from toolchain.models import PRESETS, Qwen25Arch, get_preset, load_model, random_weights, state_dict_from_weights
+from toolchain.models import PRESETS, ModelArch, get_preset, load_model, random_weights, state_dict_from_weights
 from toolchain.models.load import arch_from_hf_config
 
 
@@ -42,7 +42,7 @@ def test_presets_match_design(name, hidden, layers, heads, kv_heads, intermediat
         hidden, layers, heads, kv_heads, intermediate)
     assert arch.head_dim == head_dim
     assert arch.vocab == 151936 and arch.rms_eps == 1e-6 and arch.rope_theta == 1e6
-    assert arch.tie_embeddings and arch.attention_bias
+    assert arch.family == "qwen2" and arch.tie_embeddings and arch.qkv_bias and not arch.qk_norm
 
 
 def test_tiny_preset_fits_the_byte_tokenizer():
@@ -98,11 +98,20 @@ def test_corrupt_config(tmp_checkpoint):
         load_model(str(tmp_checkpoint.path))
 
 
-def test_non_qwen2_config(tmp_checkpoint):
+def test_unsupported_model_type(tmp_checkpoint):
+    cfg = json.loads((tmp_checkpoint.path / "config.json").read_text())
+    cfg["model_type"] = "gemma3"
+    (tmp_checkpoint.path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BadInput, match="model_type 'gemma3'; supported model types: qwen2, qwen3, llama"):
+        load_model(str(tmp_checkpoint.path))
+
+
+def test_qwen2_tensors_under_a_llama_config(tmp_checkpoint):
+    """A Qwen2 checkpoint relabelled llama: its q/k/v biases would be dropped silently; they are refused."""
     cfg = json.loads((tmp_checkpoint.path / "config.json").read_text())
     cfg["model_type"] = "llama"
     (tmp_checkpoint.path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(BadInput, match="model_type 'llama'"):
+    with pytest.raises(ShapeMismatch, match="tensors the llama config does not use: 'model.layers.0.self_attn.k_proj.bias'"):
         load_model(str(tmp_checkpoint.path))
 
 
@@ -172,6 +181,6 @@ def test_pretrained_preset_without_cached_weights(preset, tmp_path, monkeypatch)
 
 def test_arch_validation():
     with pytest.raises(BadInput, match="divisible by `kv_heads`"):
-        Qwen25Arch(hidden=12, layers=1, heads=3, kv_heads=2, intermediate=5)
+        ModelArch(hidden=12, layers=1, heads=3, kv_heads=2, intermediate=5)
     with pytest.raises(BadInput, match="even"):
-        Qwen25Arch(hidden=9, layers=1, heads=3, kv_heads=1, intermediate=5)
+        ModelArch(hidden=9, layers=1, heads=3, kv_heads=1, intermediate=5)

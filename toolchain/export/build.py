@@ -29,7 +29,7 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import save_adapter
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig
 from toolchain.tokenizer import tokenizer_for_export
@@ -77,7 +77,7 @@ class ExportSpec:
     generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
     prefill_chunk: int = 32
 
-    def check(self, arch: Qwen25Arch) -> None:
+    def check(self, arch: ModelArch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
             raise FieldError("seq_len", f"must be in 2..{arch.max_positions} for this model, got {self.seq_len}")
         unknown = [t for t in self.targets if t not in TARGETS]
@@ -89,7 +89,7 @@ class ExportSpec:
             raise BadInput(f"pad token id {self.pad_token_id} is outside the vocabulary of {arch.vocab}")
         self.quant.check(arch)
 
-    def program_spec(self, arch: Qwen25Arch, cfg: LoraConfig) -> ProgramSpec:
+    def program_spec(self, arch: ModelArch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
                            generation=self.generation, prefill_chunk=self.prefill_chunk)
 
@@ -109,7 +109,7 @@ def tokenizer_fields(model: str, vocab: int) -> dict:
             "tokenizer_json": tok.to_json()}
 
 
-def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
+def export_program(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
                    out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
     """Run the pipeline; returns the manifest written to `out/manifest.json`.
 

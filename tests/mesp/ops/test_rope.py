@@ -7,7 +7,7 @@ import torch
 from helpers import saved_activation_nbytes
 
 from toolchain.mesp.ops import rope_backward, rope_forward, rope_tables
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 
 SHAPES = [(1, 1, 2), (3, 1, 4), (2, 5, 6), (5, 17, 8), (1, 33, 64)]  # (heads, T, head_dim)
 IDS = [f"H{h}-T{t}-D{d}" for h, t, d in SHAPES]
@@ -30,7 +30,7 @@ def test_forward_matches_hf(h, t, d, dtype, gen):
     """Tables equal Qwen2RotaryEmbedding's (bit for bit); rotation equals apply_rotary_pos_emb."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
 
-    arch = Qwen25Arch(hidden=h * d, layers=1, heads=h, kv_heads=1, intermediate=3, vocab=5, max_positions=64)
+    arch = ModelArch(hidden=h * d, layers=1, heads=h, kv_heads=1, intermediate=3, vocab=5, max_positions=64)
     q = torch.randn(1, h, t, d, generator=gen, dtype=dtype)
     k = torch.randn(1, 1, t, d, generator=gen, dtype=dtype)
     cos, sin = Qwen2RotaryEmbedding(arch.to_hf_config())(q, torch.arange(t)[None])
