@@ -31,6 +31,7 @@ class Family:
         hf_config_class: the transformers config class name (`Qwen2Config`, ...).
         causal_lm_class: the transformers model class name (`Qwen2ForCausalLM`, ...).
         hf_extra: extra keyword arguments of the transformers config (`ModelArch` -> kwargs).
+        heads_divide_hidden: its config requires hidden % heads == 0 even with an explicit head_dim (Llama).
     """
 
     name: str
@@ -41,12 +42,15 @@ class Family:
     hf_config_class: str
     causal_lm_class: str
     hf_extra: Callable[[ModelArch], dict[str, Any]] = lambda arch: {}
+    heads_divide_hidden: bool = False
 
     def check(self, arch: ModelArch) -> None:
         """Raises BadInput when `arch`'s flags are not this family's (the HF model would compute otherwise)."""
         for flag in ("qkv_bias", "qk_norm"):
             if getattr(arch, flag) != getattr(self, flag):
                 raise BadInput(f"{self.name} models have {flag} = {getattr(self, flag)}; got {getattr(arch, flag)}")
+        if self.heads_divide_hidden and arch.hidden % arch.heads:
+            raise BadInput(f"{self.name} models need `hidden` ({arch.hidden}) divisible by `heads` ({arch.heads})")
         if arch.rope_scaling is not None and not self.rope_scaling:
             raise BadInput(f"{self.name} models have no rope scaling here (only llama's llama3 scaling)")
 

@@ -11,7 +11,7 @@ __all__ = ["FAMILY", "PRESETS", "HF_REPO_IDS", "LLAMA3_2_ROPE"]
 
 FAMILY = Family("llama", "llama", qkv_bias=False, qk_norm=False, rope_scaling=True,
                 hf_config_class="LlamaConfig", causal_lm_class="LlamaForCausalLM",
-                hf_extra=lambda arch: {"attention_bias": False, "mlp_bias": False})
+                hf_extra=lambda arch: {"attention_bias": False, "mlp_bias": False}, heads_divide_hidden=True)
 
 # Llama 3.1 / 3.2's rope_scaling.
 LLAMA3_2_ROPE = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=8192)
