@@ -32,6 +32,7 @@ from toolchain.mesp import StepOptions
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig
+from toolchain.models.family import get_family
 from toolchain.tokenizer import tokenizer_for_export
 
 __all__ = ["ExportSpec", "export_program", "tokenizer_fields"]
@@ -94,15 +95,15 @@ class ExportSpec:
                            generation=self.generation, prefill_chunk=self.prefill_chunk)
 
 
-def tokenizer_fields(model: str, vocab: int) -> dict:
+def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:
     """The tokenizer fields of an `ExportSpec` for `model`: its tokenizer (`tokenizer_for_export`: byte for
     tiny and demo, a checkpoint's own tokenizer.json, else Qwen2.5's when the model embeds every Qwen id)
-    with its pad and eos ids; without one, kind "none" and pad id Qwen2.5's <|endoftext|> if embedded, else 0.
+    with its pad and eos ids (the family's vocabulary: Qwen2.5's, Qwen3's, none for Llama); without one, kind "none" and pad id Qwen2.5's <|endoftext|> if embedded, else 0.
 
     Raises:
         BadInput: the tokenizer produces ids the model does not embed.
     """
-    tok = tokenizer_for_export(model, vocab)
+    tok = tokenizer_for_export(model, vocab, get_family(family).vocabulary)
     if tok is None:
         return {"tokenizer_kind": "none", "pad_token_id": QWEN_ENDOFTEXT_ID if vocab > QWEN_ENDOFTEXT_ID else 0}
     return {"tokenizer_kind": tok.kind, "pad_token_id": tok.pad_id, "eos_token_id": tok.eos_id,

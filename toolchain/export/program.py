@@ -104,10 +104,12 @@ class QuantSpec:
 
     def check(self, arch: ModelArch) -> None:
         if self.kind != "none":
-            for width in (arch.hidden, arch.intermediate):
+            # the projections' input widths: hidden, intermediate (down_proj) and heads * head_dim (o_proj)
+            widths = sorted({arch.hidden, arch.intermediate, arch.q_dim})
+            for width in widths:
                 if width % self.group:
                     raise BadInput(f"quantization group {self.group} does not divide the model width {width}; "
-                                   f"pick a group that divides {arch.hidden} and {arch.intermediate}")
+                                   f"pick a group that divides {', '.join(map(str, widths))}")
 
 
 def chunk_elems_from_mib(mib: float) -> int:

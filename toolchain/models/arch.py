@@ -139,7 +139,9 @@ class ModelArch:
     def rope_inv_freq(self) -> torch.Tensor | None:
         """The rotary inverse frequencies [head_dim / 2] float32 when they are not plain RoPE's (None: plain,
         `rope_tables` computes them from `rope_theta`). Llama 3 scaling: transformers' own function."""
-        return None if self.rope_scaling is None else _scaled_inv_freq(self).clone()
+        if self.rope_scaling is None:
+            return None
+        return torch.tensor(_scaled_inv_freq(self), dtype=torch.float32)   # a constant of any traced method
 
     def to_hf_config(self):
         """The equivalent transformers config (`Qwen2Config`, `Qwen3Config`, `LlamaConfig`; imported lazily)."""
@@ -167,11 +169,16 @@ class ModelArch:
 
 
 @functools.lru_cache(maxsize=16)
-def _scaled_inv_freq(arch: ModelArch) -> torch.Tensor:
-    # transformers' own llama3 frequencies (ROPE_INIT_FUNCTIONS), once per architecture (it builds a config)
+def _scaled_inv_freq(arch: ModelArch) -> tuple[float, ...]:
+    """transformers' own llama3 frequencies (ROPE_INIT_FUNCTIONS), once per architecture (it builds a config),
+    as Python floats (the float32 values exactly). Computed on real tensors even when first asked for while
+    a method is being traced (fake tensors have no values; a cached tensor would leak one into later traces)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](arch.to_hf_config(), "cpu")
+    with unset_fake_temporarily():
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](arch.to_hf_config(), "cpu")
+        values = tuple(inv_freq.to(torch.float32).tolist())
     if attention_factor != 1.0:
         raise BadInput(f"llama3 rope scaling with attention factor {attention_factor} is not supported")
-    return inv_freq.to(torch.float32)
+    return values

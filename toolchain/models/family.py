@@ -31,6 +31,7 @@ class Family:
         hf_config_class: the transformers config class name (`Qwen2Config`, ...).
         causal_lm_class: the transformers model class name (`Qwen2ForCausalLM`, ...).
         hf_extra: extra keyword arguments of the transformers config (`ModelArch` -> kwargs).
+        vocabulary: the tokenizer a registry package ships for it ("qwen2.5", "qwen3"; None: none, e.g. Llama's).
         heads_divide_hidden: its config requires hidden % heads == 0 even with an explicit head_dim (Llama).
     """
 
@@ -42,6 +43,7 @@ class Family:
     hf_config_class: str
     causal_lm_class: str
     hf_extra: Callable[[ModelArch], dict[str, Any]] = lambda arch: {}
+    vocabulary: str | None = None
     heads_divide_hidden: bool = False
 
     def check(self, arch: ModelArch) -> None:

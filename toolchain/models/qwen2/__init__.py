@@ -11,7 +11,7 @@ __all__ = ["FAMILY", "PRESETS", "HF_REPO_IDS"]
 
 FAMILY = Family("qwen2", "qwen2", qkv_bias=True, qk_norm=False, rope_scaling=False,
                 hf_config_class="Qwen2Config", causal_lm_class="Qwen2ForCausalLM",
-                hf_extra=lambda arch: {"use_sliding_window": False})
+                hf_extra=lambda arch: {"use_sliding_window": False}, vocabulary="qwen2.5")
 
 PRESETS: dict[str, ModelArch] = {
     "qwen2.5-0.5b": ModelArch(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864),

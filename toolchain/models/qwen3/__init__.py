@@ -11,7 +11,7 @@ __all__ = ["FAMILY", "PRESETS", "HF_REPO_IDS"]
 
 FAMILY = Family("qwen3", "qwen3", qkv_bias=False, qk_norm=True, rope_scaling=False,
                 hf_config_class="Qwen3Config", causal_lm_class="Qwen3ForCausalLM",
-                hf_extra=lambda arch: {"attention_bias": False, "use_sliding_window": False})
+                hf_extra=lambda arch: {"attention_bias": False, "use_sliding_window": False}, vocabulary="qwen3")
 
 PRESETS: dict[str, ModelArch] = {
     "qwen3-0.6b": ModelArch(family="qwen3", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128,
