@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from toolchain.lora.peft_io import load_adapter
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.training.checkpoint import read_checkpoint
 
 
@@ -32,7 +32,7 @@ def main(d: Path, manifest_path: Path) -> None:
     for e in params:
         n = math.prod(e["shape"])
         assert torch.equal(sd[e["key"]], expect[e["offset"]:e["offset"] + n].reshape(e["shape"])), e["key"]
-    cfg, _ = load_adapter(d / "adapter", Qwen25Arch(**m["model"]["arch"]))
+    cfg, _ = load_adapter(d / "adapter", ModelArch.from_dict(m["model"]["arch"]))
     assert cfg.rank == m["lora"]["rank"], (cfg.rank, m["lora"]["rank"])
     print(f"interop: host read the Kotlin checkpoint ({m['state']['numel']} values) and adapter ({len(params)} tensors)")
 

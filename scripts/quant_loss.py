@@ -29,13 +29,14 @@ def w4a8_loss(arch, weights, cfg, lora, input_ids, labels):
     import torch.nn.functional as F
 
     from toolchain.mesp.block import block_forward
-    from toolchain.mesp.ops import rmsnorm_forward, rope_tables
+    from toolchain.mesp.block import block_rope
+    from toolchain.mesp.ops import rmsnorm_forward
     from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, shift_labels
     from toolchain.mesp.ops.quant import embedding_rows, fused_int4, matmul_xwt
     from toolchain.mesp.step import block_params
 
     with fused_int4():
-        rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.final_norm.dtype)
+        rope = block_rope(arch, torch.arange(input_ids.shape[0]), weights.final_norm.dtype)
         x = embedding_rows(weights.embed, input_ids)
         for i in range(arch.layers):
             x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, None)

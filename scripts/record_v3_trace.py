@@ -32,7 +32,7 @@ from toolchain.export.build import ExportSpec, export_program  # noqa: E402
 from toolchain.export.program import QuantSpec  # noqa: E402
 from toolchain.lcsb.plan import StepPlan  # noqa: E402
 from toolchain.lora import LoraConfig, init_lora  # noqa: E402
-from toolchain.models import Qwen25Arch, random_weights  # noqa: E402
+from toolchain.models import ModelArch, random_weights  # noqa: E402
 from toolchain.optim import OptimizerConfig  # noqa: E402
 from toolchain.runtime import LayerLoop, ProgramDir  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
@@ -40,7 +40,7 @@ from toolchain.runtime.generate import generate  # noqa: E402
 from toolchain.runtime.runners import open_runner  # noqa: E402
 from toolchain.training.program import ProgramTrainer, TrainRun  # noqa: E402
 
-ARCH = Qwen25Arch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
+ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
 LR = 0.05

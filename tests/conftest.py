@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` fro
 
 from helpers import CaseData, Checkpoint, build_case, save_checkpoint, small_arch  # noqa: E402
 
-from toolchain.models import Qwen25Arch, get_preset  # noqa: E402
+from toolchain.models import ModelArch, get_preset  # noqa: E402
 
 
 def pytest_configure(config) -> None:
@@ -32,7 +32,7 @@ def gen() -> torch.Generator:
 
 
 @pytest.fixture
-def tiny_arch() -> Qwen25Arch:
+def tiny_arch() -> ModelArch:
     return get_preset("tiny")
 
 

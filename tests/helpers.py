@@ -1,9 +1,10 @@
 """Test oracles and comparisons shared by the test suite.
 
-The oracle of every gradient test is Hugging Face's `Qwen2ForCausalLM` + PEFT, run in float64.
+The oracle of every gradient test is Hugging Face's model of the family (`Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
+`LlamaForCausalLM`) + PEFT, run in float64.
 Two things keep a stock float64 HF model from being a float64 reference, and both are handled here:
 
-- `Qwen2RMSNorm` and `eager_attention_forward` compute in float32 (`.to(torch.float32)`,
+- the families' RMSNorms and `eager_attention_forward` compute in float32 (`.to(torch.float32)`,
   `softmax(..., dtype=torch.float32)`): upcasts for bf16/fp16 models, *downcasts* in a float64 one.
   `float64_faithful_hf()` swaps in the same formulas without the cast; `test_hf_oracle.py` checks that
   in float32 (where the cast is a no-op) the swapped forms give bit-identical logits.
@@ -14,6 +15,7 @@ Two things keep a stock float64 HF model from being a float64 reference, and bot
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 from collections.abc import Iterator
@@ -29,13 +31,13 @@ from torch.utils._pytree import tree_leaves
 
 from toolchain.lora import (ALL_TARGETS, LoraConfig, LoraPair, LoraWeights, init_lora, lora_from_state_dict,
                             lora_state_dict)
-from toolchain.models import ModelWeights, Qwen25Arch, weights_from_state_dict
+from toolchain.models import ModelArch, ModelWeights, RopeScaling, weights_from_state_dict
 
 __all__ = [
     "CASE_SEEDS", "Case", "CaseData", "Checkpoint", "HfReference", "assert_grads_close", "assert_rel_close",
     "build_case", "flat_grads", "float64_faithful_hf", "hf_loss", "hf_peft_sgd", "hf_reference", "lora_for", "max_op_output_numel",
     "our_weights", "peft_config", "peft_wrap", "random_arch", "random_case", "random_hf_model", "random_labels",
-    "randomize_hf_params", "rel_error", "save_checkpoint", "saved_activation_nbytes", "small_arch",
+    "random_family_arch", "randomize_hf_params", "rel_error", "save_checkpoint", "saved_activation_nbytes", "small_arch",
 ]
 
 
@@ -46,7 +48,7 @@ class Case:
     """One whole-model test configuration: architecture, LoRA config and one labelled sequence."""
 
     seed: int
-    arch: Qwen25Arch
+    arch: ModelArch
     lora: LoraConfig
     seq_len: int
 
@@ -58,7 +60,7 @@ class Case:
                 f"-T{self.seq_len}")
 
 
-def random_arch(seed: int) -> Qwen25Arch:
+def random_arch(seed: int) -> ModelArch:
     """A small random Qwen2 architecture.
 
     The GQA regime cycles with the seed (kv_heads = 1, kv_heads = heads, 1 < kv_heads < heads) and so
@@ -75,7 +77,7 @@ def random_arch(seed: int) -> Qwen25Arch:
         heads = rng.choice([1, 2, 3, 5, 7])
         kv_heads = 1 if regime == 0 else heads
     head_dim = rng.choice([2, 4, 6, 8, 10, 12, 16])
-    return Qwen25Arch(
+    return ModelArch(
         hidden=heads * head_dim, layers=rng.randint(1, 3), heads=heads, kv_heads=kv_heads,
         intermediate=rng.randint(3, 61), vocab=rng.randint(11, 97), max_positions=rng.randint(65, 128),
         rms_eps=rng.choice([1e-6, 1e-5]), rope_theta=rng.choice([10_000.0, 1_000_000.0]),
@@ -83,13 +85,34 @@ def random_arch(seed: int) -> Qwen25Arch:
     )
 
 
-def random_case(seed: int) -> Case:
+def random_family_arch(seed: int, family: str) -> ModelArch:
+    """`random_arch(seed)` as a `family` architecture: qwen3 and llama get an explicit head_dim that differs
+    from hidden / heads (hidden drawn apart from it), llama the llama3 rope scaling with random factors and an
+    original context shorter than the sequences (so every band of the frequency interpolation is exercised)."""
+    base = random_arch(seed)
+    if family == "qwen2":
+        return base
+    rng = random.Random(20_000 + seed)
+    head_dim = rng.choice([2, 4, 6, 8, 10, 12, 16])
+    # LlamaConfig insists on hidden % heads == 0 even with an explicit head_dim; Qwen3Config does not
+    step = base.heads if family == "llama" else 2
+    hidden = rng.choice([h for h in range(step, 41, step) if h != base.heads * head_dim and h >= 4])
+    scaling = None
+    if family == "llama":
+        low = rng.choice([1.0, 2.0])
+        scaling = RopeScaling(factor=rng.choice([2.0, 8.0, 32.0]), low_freq_factor=low,
+                              high_freq_factor=low * rng.choice([2.0, 4.0]), original_max_positions=rng.randint(4, 64))
+    return dataclasses.replace(base, family=family, hidden=hidden, head_dim=head_dim, qkv_bias=None, qk_norm=None,
+                               rope_scaling=scaling)
+
+
+def random_case(seed: int, family: str = "qwen2") -> Case:
     rng = random.Random(10_000 + seed)
     targets = tuple(rng.sample(ALL_TARGETS, rng.randint(1, len(ALL_TARGETS))))
     rank = rng.randint(1, 8)
     lora = LoraConfig(rank=rank, alpha=rng.choice([float(rank), 2.0 * rank, 16.0, 5.5]), targets=targets,
                       use_rslora=rng.random() < 0.25)
-    return Case(seed, random_arch(seed), lora, seq_len=rng.randint(2, 65))
+    return Case(seed, random_family_arch(seed, family), lora, seq_len=rng.randint(2, 65))
 
 
 def random_labels(input_ids: Tensor, gen: torch.Generator, *, ignore_frac: float = 0.25) -> Tensor:
@@ -122,20 +145,20 @@ def randomize_hf_params(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(value.to(torch.float32).to(p.dtype))
 
 
-def random_hf_model(arch: Qwen25Arch, gen: torch.Generator, dtype: torch.dtype = torch.float64):
-    """A randomly initialized `Qwen2ForCausalLM` (eager attention) for `arch`, in eval mode."""
-    from transformers import Qwen2ForCausalLM
+def random_hf_model(arch: ModelArch, gen: torch.Generator, dtype: torch.dtype = torch.float64):
+    """A randomly initialized HF model of `arch`'s family (`Qwen2ForCausalLM`, ...; eager attention), in eval mode."""
+    from toolchain.models.family import get_family
 
     config = arch.to_hf_config()
     config._attn_implementation = "eager"
-    model = Qwen2ForCausalLM(config).to(dtype).eval()
+    model = get_family(arch.family).causal_lm()(config).to(dtype).eval()
     randomize_hf_params(model, gen)
     if arch.tie_embeddings:
         assert model.lm_head.weight is model.model.embed_tokens.weight
     return model
 
 
-def our_weights(arch: Qwen25Arch, hf_model, dtype: torch.dtype) -> ModelWeights:
+def our_weights(arch: ModelArch, hf_model, dtype: torch.dtype) -> ModelWeights:
     """Our weight bundle read from the HF model's state dict (exercises the key table too)."""
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     return weights_from_state_dict(arch, sd, dtype=dtype)
@@ -185,12 +208,17 @@ def _eager_attention_in_input_dtype(module, query, key, value, attention_mask, s
 
 @contextlib.contextmanager
 def float64_faithful_hf() -> Iterator[None]:
-    """Within the block, Qwen2's RMSNorm and eager attention compute in the input dtype (float64)."""
+    """Within the block, every family's RMSNorm (Qwen3's q/k norms too) and eager attention compute in the input
+    dtype (float64)."""
+    from transformers.models.llama import modeling_llama
     from transformers.models.qwen2 import modeling_qwen2
+    from transformers.models.qwen3 import modeling_qwen3
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rmsnorm_in_input_dtype)
-        mp.setattr(modeling_qwen2, "eager_attention_forward", _eager_attention_in_input_dtype)
+        for module, norm in ((modeling_qwen2, "Qwen2RMSNorm"), (modeling_qwen3, "Qwen3RMSNorm"),
+                             (modeling_llama, "LlamaRMSNorm")):
+            mp.setattr(getattr(module, norm), "forward", _rmsnorm_in_input_dtype)
+            mp.setattr(module, "eager_attention_forward", _eager_attention_in_input_dtype)
         yield
 
 
@@ -207,7 +235,7 @@ class HfReference:
     grads: LoraWeights    # float64, our structure
 
 
-def hf_reference(peft_model, arch: Qwen25Arch, cfg: LoraConfig, input_ids: Tensor, labels: Tensor) -> HfReference:
+def hf_reference(peft_model, arch: ModelArch, cfg: LoraConfig, input_ids: Tensor, labels: Tensor) -> HfReference:
     """Loss and LoRA gradients of HF + PEFT by autograd, in float64 throughout."""
     peft_model.zero_grad(set_to_none=True)
     with float64_faithful_hf():
@@ -239,8 +267,8 @@ class CaseData:
     ref: HfReference               # float64 loss and gradients
 
 
-def build_case(seed: int) -> CaseData:
-    case = random_case(seed)
+def build_case(seed: int, family: str = "qwen2") -> CaseData:
+    case = random_case(seed, family)
     gen = torch.Generator().manual_seed(seed)
     hf_model = random_hf_model(case.arch, gen)
     weights = our_weights(case.arch, hf_model, torch.float64)
@@ -255,11 +283,11 @@ def build_case(seed: int) -> CaseData:
 @dataclass
 class Checkpoint:
     path: Path
-    arch: Qwen25Arch
+    arch: ModelArch
     hf_model: torch.nn.Module   # float32, as saved
 
 
-def save_checkpoint(path: Path, arch: Qwen25Arch, seed: int = 0) -> Checkpoint:
+def save_checkpoint(path: Path, arch: ModelArch, seed: int = 0) -> Checkpoint:
     """A random float32 Qwen2ForCausalLM written with `save_pretrained` (config.json + model.safetensors)."""
     model = random_hf_model(arch, torch.Generator().manual_seed(seed), dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
@@ -267,8 +295,8 @@ def save_checkpoint(path: Path, arch: Qwen25Arch, seed: int = 0) -> Checkpoint:
     return Checkpoint(path, arch, model)
 
 
-def small_arch(*, tied: bool) -> Qwen25Arch:
-    return Qwen25Arch(hidden=24, layers=2, heads=3, kv_heads=1, intermediate=37, vocab=67, max_positions=40,
+def small_arch(*, tied: bool) -> ModelArch:
+    return ModelArch(hidden=24, layers=2, heads=3, kv_heads=1, intermediate=37, vocab=67, max_positions=40,
                       rope_theta=10_000.0, tie_embeddings=tied)
 
 
@@ -373,7 +401,7 @@ def max_op_output_numel(fn, *args, **kwargs) -> tuple[int, list[tuple[str, tuple
     return largest, mode.shapes, result
 
 
-def lora_for(arch: Qwen25Arch, cfg: LoraConfig, seed: int, dtype: torch.dtype = torch.float64) -> LoraWeights:
+def lora_for(arch: ModelArch, cfg: LoraConfig, seed: int, dtype: torch.dtype = torch.float64) -> LoraWeights:
     """Random adapter with B != 0 too, so that both dA and dB are non-trivial. Drawn in float32 (then
     cast), so float32 and float64 runs start from the same values."""
     lora = init_lora(arch, cfg, seed=seed, dtype=torch.float32, zero_b=False)

@@ -9,7 +9,7 @@ import torch
 
 from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, LoraPair
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig, init_state, update_all, update_layer
 
 
@@ -187,7 +187,7 @@ def test_bad_optimizer_settings_are_refused(make, message):
 
 # -- the exported programs call the same update --------------------------------------------------------
 
-ARCH = Qwen25Arch(hidden=16, layers=2, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=32)
+ARCH = ModelArch(hidden=16, layers=2, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "down_proj"))
 
 

@@ -296,3 +296,22 @@ def test_chat_template_default_system_and_errors(qwen):
             apply_chat_template(qwen, messages)
     with pytest.raises(BadInput, match="no <|im_start|> token"):
         apply_chat_template(ByteTokenizer(), CHAT)
+
+
+def test_qwen3_tokenizer_is_qwen25_plus_its_added_tokens(qwen):
+    """Qwen3: the same ranks and 22 added tokens, then <tool_response> </tool_response> <think> </think> at
+    151665-151668 (not special); ordinary text encodes as Qwen2.5's; eos <|im_end|>, pad <|endoftext|>."""
+    from toolchain.tokenizer import QWEN3_MIN_VOCAB, qwen3_tokenizer
+
+    q3 = qwen3_tokenizer()
+    assert q3.vocab_size == QWEN3_MIN_VOCAB == 151669
+    assert [q3.token_id(t) for t in ("<tool_response>", "</tool_response>", "<think>", "</think>")] == [
+        151665, 151666, 151667, 151668]
+    assert (q3.eos_id, q3.pad_id) == (qwen.token_id("<|im_end|>"), qwen.token_id("<|endoftext|>"))
+    text = "Hello, world! 中文 123 <|im_start|>user\n"
+    assert q3.encode(text) == qwen.encode(text)
+    assert q3.encode("<think>x</think>") == [151667] + qwen.encode("x") + [151668]
+    assert q3.decode([151667]) == "<think>"
+    assert tokenizer_for_export("qwen3-0.6b", 151936, "qwen3").to_json() == q3.to_json()
+    assert tokenizer_for_export("qwen3-0.6b", 151666, "qwen3") is None          # does not embed <think>
+    assert tokenizer_for_export("llama3.2-1b", 128256, None) is None             # no registry vocabulary

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from toolchain.errors import BadInput
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.schemas import validation_errors
 from toolchain.tokenizer import ByteTokenizer
 from toolchain.validate import decode_utf8, loads
@@ -66,7 +66,7 @@ def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:
     return rows
 
 
-def _check_row(row: dict, arch: Qwen25Arch, where: str) -> Example:
+def _check_row(row: dict, arch: ModelArch, where: str) -> Example:
     ids = row["input_ids"]
     labels = row.get("labels", ids)
     if len(ids) > arch.max_positions:
@@ -84,7 +84,7 @@ def _check_row(row: dict, arch: Qwen25Arch, where: str) -> Example:
     return Example(torch.tensor(ids, dtype=torch.int64), torch.tensor(labels, dtype=torch.int64))
 
 
-def load_examples(path: Path, arch: Qwen25Arch, *, limit: int | None = None) -> list[Example]:
+def load_examples(path: Path, arch: ModelArch, *, limit: int | None = None) -> list[Example]:
     """Rows of `path` as tensors, each checked against the model (ids, length, labels)."""
     rows = read_rows(path, limit=limit)
     return [_check_row(r, arch, f"{path}: row {i + 1}") for i, r in enumerate(rows)]

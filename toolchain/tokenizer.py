@@ -34,7 +34,7 @@ from toolchain.errors import BadInput
 from toolchain.validate import read_text as _read_utf8
 
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "program_tokenizer", "qwen_tokenizer",
-           "tokenizer_for_export",
+           "tokenizer_for_export", "qwen3_tokenizer", "QWEN3_ADDED_TOKENS", "QWEN3_MIN_VOCAB",
            "apply_chat_template", "qwen_vocab_path", "read_qwen_ranks", "qwen_merges", "sanitize",
            "QWEN_PATTERN", "QWEN_ADDED_TOKENS", "QWEN_SPECIAL_START", "QWEN_VOCAB_SHA256", "QWEN_MIN_VOCAB",
            "QWEN_TOKENIZER_JSON_SHA256"]
@@ -54,6 +54,13 @@ QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|repo_name|>", False), ("<|file_sep|>", False),
 )
 QWEN_MIN_VOCAB = QWEN_SPECIAL_START + len(QWEN_ADDED_TOKENS)  # 151665: a model must embed every id
+# Qwen3's tokenizer: Qwen2.5's ranks and added tokens, and four more added tokens (not "special"), ids
+# 151665-151668 (Qwen/Qwen3-0.6B tokenizer_config.json `added_tokens_decoder`); its eos is <|im_end|>.
+QWEN3_EXTRA_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+)
+QWEN3_ADDED_TOKENS = QWEN_ADDED_TOKENS + QWEN3_EXTRA_ADDED_TOKENS
+QWEN3_MIN_VOCAB = QWEN_SPECIAL_START + len(QWEN3_ADDED_TOKENS)  # 151669
 QWEN_VOCAB_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"  # dashscope==2.0.2
 # sha256 of `qwen_tokenizer().to_json()` with tokenizers==0.23.3 (tests/test_text_stream.py recomputes it): a
 # tokenizer.json with these bytes may be encoded by tiktoken over its ranks (`text_stream.stream_encoder`).
@@ -306,8 +313,17 @@ def qwen_tokenizer() -> HFTokenizer:
     return qwen
 
 
-def _qwen_hf(ranks: dict[bytes, int]):
-    """The Hugging Face `tokenizers.Tokenizer` of the Qwen2.5 tokenizer, from its ranks."""
+def qwen3_tokenizer() -> HFTokenizer:
+    """The Qwen3 tokenizer: Qwen2.5's (`qwen_tokenizer`) with Qwen3's four extra added tokens; exported as a
+    tokenizer.json (kind "huggingface"), pad <|endoftext|>, eos <|im_end|> (Qwen3's config.json)."""
+    ranks = read_qwen_ranks()
+    return HFTokenizer(lambda: _qwen_hf(ranks, QWEN3_ADDED_TOKENS), kind="huggingface", pad_id=QWEN_SPECIAL_START,
+                       eos_id=QWEN_SPECIAL_START + 2, vocab_size=QWEN3_MIN_VOCAB)
+
+
+def _qwen_hf(ranks: dict[bytes, int], added: tuple[tuple[str, bool], ...] = QWEN_ADDED_TOKENS):
+    """The Hugging Face `tokenizers.Tokenizer` of the Qwen2.5 tokenizer (or, with Qwen3's `added` tokens, of
+    Qwen3's), from its ranks."""
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
     from tokenizers.models import BPE
@@ -322,12 +338,13 @@ def _qwen_hf(ranks: dict[bytes, int]):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tk.decoder = decoders.ByteLevel()
-    for content, special in QWEN_ADDED_TOKENS:
+    for content, special in added:
         token = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
         (tk.add_special_tokens if special else tk.add_tokens)([token])
-    ids = [tk.token_to_id(c) for c, _ in QWEN_ADDED_TOKENS]
-    if ids != list(range(QWEN_SPECIAL_START, QWEN_MIN_VOCAB)) or tk.get_vocab_size(with_added_tokens=True) != QWEN_MIN_VOCAB:
-        raise RuntimeError(f"Qwen added tokens got ids {ids}, expected {QWEN_SPECIAL_START}..{QWEN_MIN_VOCAB - 1}")
+    ids = [tk.token_to_id(c) for c, _ in added]
+    end = QWEN_SPECIAL_START + len(added)
+    if ids != list(range(QWEN_SPECIAL_START, end)) or tk.get_vocab_size(with_added_tokens=True) != end:
+        raise RuntimeError(f"Qwen added tokens got ids {ids}, expected {QWEN_SPECIAL_START}..{end - 1}")
     return tk
 
 
@@ -375,6 +392,10 @@ def program_tokenizer(folder: Path, entry: TokenizerSection, files: dict[str, st
         return ByteTokenizer()
     file = entry.file
     if kind == "none" or not file:
+        if entry.vocab < QWEN_MIN_VOCAB:     # no registry package ships this model's vocabulary (e.g. Llama)
+            raise BadInput(f"{folder} was exported without a tokenizer (kind {kind!r}): no vocabulary of this "
+                           f"model ships in a registry package; pass token ids (--prompt-ids), or export from a "
+                           f"checkpoint directory with its {TOKENIZER_NAME}")
         raise BadInput(f"{folder} was exported without a tokenizer (kind {kind!r}); re-export it, or pass "
                        f"--tokenizer qwen2.5")
     path = folder / file
@@ -386,10 +407,11 @@ def program_tokenizer(folder: Path, entry: TokenizerSection, files: dict[str, st
     return HFTokenizer.from_file(path, kind=kind, pad_id=entry.pad_token_id, eos_id=entry.eos_token_id)
 
 
-def tokenizer_for_export(model: str, vocab: int) -> Tokenizer | None:
+def tokenizer_for_export(model: str, vocab: int, vocabulary: str | None = "qwen2.5") -> Tokenizer | None:
     """The tokenizer an export of `model` ships: `tiny`, `demo` -> byte; a checkpoint directory with its own
-    tokenizer.json -> that file (kind huggingface); any other model embedding every Qwen id
-    (vocab >= 151665) -> Qwen2.5; else None.
+    tokenizer.json -> that file (kind huggingface); else the model family's `vocabulary` when a registry
+    package ships it and the model embeds every one of its ids: "qwen2.5" (vocab >= 151665) -> Qwen2.5,
+    "qwen3" (vocab >= 151669) -> Qwen3's; else (e.g. Llama, None) None.
 
     Raises:
         BadInput: the tokenizer produces ids the model does not embed.
@@ -398,8 +420,10 @@ def tokenizer_for_export(model: str, vocab: int) -> Tokenizer | None:
         tok: Tokenizer | None = ByteTokenizer()
     elif Path(model).is_dir() and (Path(model) / TOKENIZER_NAME).is_file():
         tok = HFTokenizer.from_file(Path(model) / TOKENIZER_NAME, kind="huggingface")
-    elif vocab >= QWEN_MIN_VOCAB:
+    elif vocabulary == "qwen2.5" and vocab >= QWEN_MIN_VOCAB:
         tok = qwen_tokenizer()
+    elif vocabulary == "qwen3" and vocab >= QWEN3_MIN_VOCAB:
+        tok = qwen3_tokenizer()
     else:
         tok = None
     if tok is not None and tok.vocab_size > vocab:

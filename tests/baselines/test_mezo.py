@@ -12,10 +12,10 @@ from helpers import flat_grads
 from toolchain.baselines.mezo import mezo_grad_estimate, mezo_step, perturb_, perturbation
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import mesp_step
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 
 # Small enough that a thousand estimates take seconds; every target kind of the block is adapted.
-ARCH = Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=12, vocab=23, max_positions=32)
+ARCH = ModelArch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=12, vocab=23, max_positions=32)
 CFG = LoraConfig(rank=1, alpha=2.0, targets=("q_proj", "v_proj", "down_proj"))
 
 

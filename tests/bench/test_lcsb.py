@@ -9,11 +9,11 @@ from helpers import lora_for, our_weights, random_hf_model
 from toolchain.bench.lcsb import LcsbBenchConfig, merge_lora, run_lcsb_bench
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import model_loss
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 
 
 def test_merged_adapter_gives_the_same_model_as_base_plus_adapter():
-    arch = Qwen25Arch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=64)
+    arch = ModelArch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=64)
     cfg = LoraConfig(rank=3, alpha=7.0, targets=("q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"))
     weights = our_weights(arch, random_hf_model(arch, torch.Generator().manual_seed(0)), torch.float64)
     lora = lora_for(arch, cfg, seed=2)

@@ -12,9 +12,9 @@ from toolchain.baselines import autograd_step
 from toolchain.bench.steps import EXACT_MODES, collect_hook, prepare_lora, sgd_hook, train_step
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 
-ARCH = Qwen25Arch(hidden=12, layers=3, heads=3, kv_heads=1, intermediate=20, vocab=41, max_positions=64)
+ARCH = ModelArch(hidden=12, layers=3, heads=3, kv_heads=1, intermediate=20, vocab=41, max_positions=64)
 CFG = LoraConfig(rank=2, alpha=4.0)
 OPTIONS = StepOptions(loss_chunk=5, vocab_chunk=16, mlp_chunk=7)
 

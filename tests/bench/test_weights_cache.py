@@ -11,7 +11,7 @@ import torch
 from toolchain.bench.weights_cache import (ARCH_FILE, ensure_weights_cache, load_mmap_weights, weights_cache_dir,
                                            write_weights_cache)
 from toolchain.memory.measure import MIB, measure_peak
-from toolchain.models import Qwen25Arch, get_preset, random_weights
+from toolchain.models import ModelArch, get_preset, random_weights
 
 
 def _flat(weights) -> dict[str, torch.Tensor]:
@@ -22,7 +22,7 @@ def _flat(weights) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_round_trip_is_exact(tmp_path, tied):
-    arch = Qwen25Arch(hidden=16, layers=3, heads=2, kv_heads=1, intermediate=24, vocab=50, max_positions=64,
+    arch = ModelArch(hidden=16, layers=3, heads=2, kv_heads=1, intermediate=24, vocab=50, max_positions=64,
                       tie_embeddings=tied)
     weights = random_weights(arch, seed=4)
     path = write_weights_cache(tmp_path / "entry", arch, weights)
@@ -49,7 +49,7 @@ def test_ensure_builds_once_and_keys_by_model_init_seed(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 def test_loaded_weights_are_file_backed(tmp_path):
-    arch = Qwen25Arch(hidden=256, layers=1, heads=4, kv_heads=2, intermediate=512, vocab=40_000, max_positions=64)
+    arch = ModelArch(hidden=256, layers=1, heads=4, kv_heads=2, intermediate=512, vocab=40_000, max_positions=64)
     path = write_weights_cache(tmp_path / "entry", arch, random_weights(arch, seed=0))
     embed_mb = arch.vocab * arch.hidden * 4 / MIB                    # 39 MiB
     with measure_peak() as m:

@@ -15,7 +15,7 @@ from toolchain.baselines import autograd_step, mebp_step
 from toolchain.cli import cli
 from toolchain.lora import LoraConfig, init_lora, load_adapter, lora_state_dict, save_adapter
 from toolchain.mesp import mesp_step
-from toolchain.models import Qwen25Arch, get_preset, load_model
+from toolchain.models import ModelArch, get_preset, load_model
 
 STEPS = {"mesp": mesp_step, "mebp": mebp_step, "autograd": autograd_step}
 
@@ -79,7 +79,7 @@ def test_grads_without_adapter_use_rank_alpha_targets(tmp_path, data):
 
 
 def test_grads_from_a_checkpoint_directory(tmp_path, data):
-    arch = Qwen25Arch(hidden=16, layers=2, heads=4, kv_heads=2, intermediate=21, vocab=300, max_positions=64,
+    arch = ModelArch(hidden=16, layers=2, heads=4, kv_heads=2, intermediate=21, vocab=300, max_positions=64,
                       tie_embeddings=False)
     ckpt = save_checkpoint(tmp_path / "ckpt", arch)
     out = tmp_path / "g.safetensors"

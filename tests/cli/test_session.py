@@ -14,12 +14,12 @@ from toolchain.cli import cli
 from toolchain.dataset import Example
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.training import TrainRun, checkpoint_path
 from toolchain.training.session import ProgramSession
 
-ARCH = Qwen25Arch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=40, max_positions=32)
+ARCH = ModelArch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=40, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
 SEQ_LEN = 16
 STEPS, LR, EVERY, SHUFFLE = 5, 0.05, 2, 3

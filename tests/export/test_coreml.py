@@ -28,12 +28,12 @@ from toolchain.export.program import (ProgramSpec, QuantSpec, flat_state, method
                                       unflatten_state)
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.training import pad_example
 
-ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
+ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
 # two LM-head chunks, two loss chunks and eight MLP column chunks, so the chunked paths are converted too
@@ -466,7 +466,7 @@ def test_coreml_compute_plan_supports_every_op(exported):
 
 # -- why the state is float32 inputs/outputs and the compute float32 (docs/coreml.md) ----------------------
 
-def _eager_loop(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerConfig, weights, dtype: torch.dtype):
+def _eager_loop(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig, weights, dtype: torch.dtype):
     """LayerLoop over the eager methods of a program that is not exported (weights in memory)."""
     from toolchain.export.weights_file import weight_tensors
 

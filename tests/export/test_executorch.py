@@ -19,13 +19,13 @@ from toolchain.export.program import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.runtime.executorch_runner import ExecutorchRunner
 from toolchain.training import TrainRun, pad_example, run_program
 
-ARCH = Qwen25Arch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
+ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
 
@@ -205,7 +205,7 @@ def test_weights_are_passed_without_copying(tmp_path_factory):
     the weights (they stay file-backed pages of the memory map), while the file pages do come in."""
     from toolchain.memory.measure import read_status
 
-    arch = Qwen25Arch(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=65536, max_positions=64)
+    arch = ModelArch(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=65536, max_positions=64)
     prog, _, _ = _export(tmp_path_factory, "big-embed", arch=arch)
     pdir, runner = _runtime(prog)
     loop = LayerLoop(pdir, runner)

@@ -15,9 +15,9 @@ from toolchain.export.executorch import (_no_relegalizing_single_op_partitions, 
                                          export_executorch)
 from toolchain.export.program import ProgramSpec  # noqa: E402
 from toolchain.lora import LoraConfig  # noqa: E402
-from toolchain.models import Qwen25Arch  # noqa: E402
+from toolchain.models import ModelArch  # noqa: E402
 
-ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
+ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 
 
 def test_the_installed_executorch_has_the_replaced_signature():

@@ -25,7 +25,7 @@ from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.program import QuantSpec
 from toolchain.lora import LoraConfig, save_adapter
 from toolchain.mesp.ops.quant import QuantWeight, dequantize
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 from toolchain.runtime import LayerLoop, ProgramDir
 from toolchain.runtime.evaluate import evaluate_program, state_from_adapter
 from toolchain.runtime.generate import generate
@@ -35,14 +35,14 @@ from helpers import our_weights
 T = 24
 CFG = LoraConfig(rank=4, alpha=8.0)  # all seven projections
 # GQA 4:2, q/k/v biases, tied head; MQA 3:1, untied head, int4 weights
-TIED = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, vocab=80, max_positions=64)
-UNTIED = Qwen25Arch(hidden=36, layers=2, heads=3, kv_heads=1, intermediate=40, vocab=70, max_positions=64,
+TIED = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, vocab=80, max_positions=64)
+UNTIED = ModelArch(hidden=36, layers=2, heads=3, kv_heads=1, intermediate=40, vocab=70, max_positions=64,
                     tie_embeddings=False)
 RUNTIMES = ("executorch", "onnx", "eager")
 
 
 class Case:
-    def __init__(self, tmp_path_factory, name: str, arch: Qwen25Arch, quant: str, seed: int,
+    def __init__(self, tmp_path_factory, name: str, arch: ModelArch, quant: str, seed: int,
                  prefill_chunk: int = 32) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.arch, self.hf = arch, random_hf_model(arch, gen)               # float64, float32-exact values

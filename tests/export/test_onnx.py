@@ -21,14 +21,14 @@ from toolchain.export.onnx import ONNX_DIR, OPSET
 from toolchain.export.program import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig
 from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
 from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner
 from toolchain.training import TrainRun, run_program
 
-ARCH = Qwen25Arch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64,
+ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64,
                   rope_theta=10_000.0)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))

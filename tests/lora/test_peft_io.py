@@ -14,7 +14,7 @@ from toolchain.lora import LoraConfig, init_lora, load_adapter, lora_state_dict,
 from toolchain.lora.peft_io import CONFIG_NAME, WEIGHTS_NAME
 from toolchain.mesp import block_forward, block_params
 from toolchain.mesp.ops import rmsnorm_forward, rope_tables
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 
 CASES = [pytest.param(seed, id=str(random_case(seed))) for seed in CASE_SEEDS[:4]]
 
@@ -65,7 +65,7 @@ def test_peft_saved_adapter_loads_identically(case_data, seed, tmp_path):
 
 
 def test_adapter_round_trip_and_deterministic_files(tmp_path):
-    arch = Qwen25Arch(hidden=12, layers=2, heads=3, kv_heads=1, intermediate=7, vocab=19)
+    arch = ModelArch(hidden=12, layers=2, heads=3, kv_heads=1, intermediate=7, vocab=19)
     cfg = LoraConfig(rank=3, alpha=4.5, targets=("v_proj", "q_proj", "down_proj"))
     lora = init_lora(arch, cfg, seed=5, zero_b=False)
     save_adapter(tmp_path / "a", cfg, lora)
@@ -97,13 +97,13 @@ def _adapter(tmp_path, arch, cfg, name="adapter"):
     return save_adapter(tmp_path / name, cfg, init_lora(arch, cfg, seed=0))
 
 
-ARCH = Qwen25Arch(hidden=12, layers=2, heads=3, kv_heads=1, intermediate=7, vocab=19)
+ARCH = ModelArch(hidden=12, layers=2, heads=3, kv_heads=1, intermediate=7, vocab=19)
 CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "up_proj"))
 
 
 @pytest.mark.parametrize("other", [
-    Qwen25Arch(hidden=16, layers=2, heads=4, kv_heads=1, intermediate=7, vocab=19),
-    Qwen25Arch(hidden=12, layers=2, heads=3, kv_heads=1, intermediate=9, vocab=19),
+    ModelArch(hidden=16, layers=2, heads=4, kv_heads=1, intermediate=7, vocab=19),
+    ModelArch(hidden=12, layers=2, heads=3, kv_heads=1, intermediate=9, vocab=19),
 ], ids=["hidden", "intermediate"])
 def test_shape_mismatch(tmp_path, other):
     path = _adapter(tmp_path, other, CFG)
@@ -112,13 +112,13 @@ def test_shape_mismatch(tmp_path, other):
 
 
 def test_adapter_for_more_layers(tmp_path):
-    path = _adapter(tmp_path, Qwen25Arch(hidden=12, layers=3, heads=3, kv_heads=1, intermediate=7, vocab=19), CFG)
+    path = _adapter(tmp_path, ModelArch(hidden=12, layers=3, heads=3, kv_heads=1, intermediate=7, vocab=19), CFG)
     with pytest.raises(ShapeMismatch, match="no place for.*layers.2"):
         load_adapter(path, ARCH)
 
 
 def test_adapter_for_fewer_layers(tmp_path):
-    path = _adapter(tmp_path, Qwen25Arch(hidden=12, layers=1, heads=3, kv_heads=1, intermediate=7, vocab=19), CFG)
+    path = _adapter(tmp_path, ModelArch(hidden=12, layers=1, heads=3, kv_heads=1, intermediate=7, vocab=19), CFG)
     with pytest.raises(MissingWeights, match="layers.1"):
         load_adapter(path, ARCH)
 

@@ -11,7 +11,7 @@ from toolchain.lora import LoraConfig, init_lora
 from toolchain.memory.breakdown import step_breakdown
 from toolchain.memory.measure import MIB
 from toolchain.mesp import StepOptions, mesp_step
-from toolchain.models import Qwen25Arch, get_preset, random_weights
+from toolchain.models import ModelArch, get_preset, random_weights
 
 
 def test_qwen25_05b_numbers_from_design_md():
@@ -30,13 +30,13 @@ def test_qwen25_05b_numbers_from_design_md():
 
 # (what should dominate, arch, options): the breakdown must name and size it right.
 CASES = [
-    ("loss", Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=997, max_positions=64),
+    ("loss", ModelArch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=997, max_positions=64),
      StepOptions(loss_chunk=16, vocab_chunk=300, mlp_chunk=8)),
-    ("loss", Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=997, max_positions=64),
+    ("loss", ModelArch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=997, max_positions=64),
      StepOptions(loss_chunk=8, vocab_chunk=None, mlp_chunk=8)),
-    ("MLP", Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=400, vocab=11, max_positions=64),
+    ("MLP", ModelArch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=400, vocab=11, max_positions=64),
      StepOptions(loss_chunk=4, vocab_chunk=8, mlp_chunk=120)),          # [40, 120] columns > [40, 40] scores
-    ("attention", Qwen25Arch(hidden=16, layers=1, heads=8, kv_heads=2, intermediate=8, vocab=11, max_positions=64),
+    ("attention", ModelArch(hidden=16, layers=1, heads=8, kv_heads=2, intermediate=8, vocab=11, max_positions=64),
      StepOptions(loss_chunk=4, vocab_chunk=8, mlp_chunk=4)),
 ]
 

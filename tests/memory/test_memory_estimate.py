@@ -27,18 +27,18 @@ from toolchain.mesp import mesp_step
 from toolchain.mesp.block import block_backward
 from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.step import StepOptions, block_params
-from toolchain.models import PRESETS, Qwen25Arch, random_weights
+from toolchain.models import PRESETS, ModelArch, random_weights
 
-WIDE = Qwen25Arch(hidden=256, layers=4, heads=8, kv_heads=2, intermediate=704, vocab=4096, max_positions=4096)
-FAT_MLP = Qwen25Arch(hidden=128, layers=3, heads=2, kv_heads=1, intermediate=2048, vocab=512, max_positions=4096)
-BIG_VOCAB = Qwen25Arch(hidden=128, layers=3, heads=4, kv_heads=1, intermediate=352, vocab=8192, max_positions=4096)
-DEEP = Qwen25Arch(hidden=96, layers=7, heads=3, kv_heads=1, intermediate=200, vocab=700, max_positions=4096)
-MANY_HEADS = Qwen25Arch(hidden=64, layers=2, heads=8, kv_heads=2, intermediate=128, vocab=256, max_positions=4096)
+WIDE = ModelArch(hidden=256, layers=4, heads=8, kv_heads=2, intermediate=704, vocab=4096, max_positions=4096)
+FAT_MLP = ModelArch(hidden=128, layers=3, heads=2, kv_heads=1, intermediate=2048, vocab=512, max_positions=4096)
+BIG_VOCAB = ModelArch(hidden=128, layers=3, heads=4, kv_heads=1, intermediate=352, vocab=8192, max_positions=4096)
+DEEP = ModelArch(hidden=96, layers=7, heads=3, kv_heads=1, intermediate=200, vocab=700, max_positions=4096)
+MANY_HEADS = ModelArch(hidden=64, layers=2, heads=8, kv_heads=2, intermediate=128, vocab=256, max_positions=4096)
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    arch: Qwen25Arch
+    arch: ModelArch
     seq_len: int
     rank: int
     mlp_chunk: int | None

@@ -23,9 +23,9 @@ from toolchain.mesp import mesp_step
 from toolchain.mesp.block import block_forward
 from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.step import StepOptions, block_params
-from toolchain.models import PRESETS, Qwen25Arch, random_weights
+from toolchain.models import PRESETS, ModelArch, random_weights
 
-ODD = Qwen25Arch(hidden=96, layers=2, heads=6, kv_heads=3, intermediate=200, vocab=300, max_positions=4096)
+ODD = ModelArch(hidden=96, layers=2, heads=6, kv_heads=3, intermediate=200, vocab=300, max_positions=4096)
 
 
 def test_meta_counter_equals_the_real_tensor_counter_on_a_whole_step():

@@ -13,7 +13,7 @@ from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import StepOptions, block_forward, block_params, mesp_step, model_loss
 from toolchain.mesp.ops import rope_tables
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 
 CASES = [pytest.param(seed, id=str(random_case(seed))) for seed in CASE_SEEDS]
 OPTIONS = [pytest.param(StepOptions(), id="default"),
@@ -132,7 +132,7 @@ def test_keep_grads_false_hands_every_layer_to_the_hook_only(case_data):
 
 def test_step_never_materializes_full_logits():
     """With loss_chunk C < T, no op output is as large as the [T, V] logits."""
-    arch = Qwen25Arch(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=24, vocab=1009, max_positions=64)
+    arch = ModelArch(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=24, vocab=1009, max_positions=64)
     cfg = LoraConfig(rank=2, alpha=4.0)
     weights, lora = random_weights(arch, seed=1, dtype=torch.float64), init_lora(arch, cfg, seed=1, zero_b=False,
                                                                                dtype=torch.float64)
@@ -148,7 +148,7 @@ def test_step_never_materializes_full_logits():
 def test_mlp_chunk_bounds_mlp_intermediates():
     """With mlp_chunk C, the MLP's [T, C] tensors replace [T, f] ones (forward and backward): the only
     tensors with f in their shape are the rank-1 LoRA parameters' gradients."""
-    arch = Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=2, intermediate=997, vocab=13, max_positions=64)
+    arch = ModelArch(hidden=8, layers=2, heads=2, kv_heads=2, intermediate=997, vocab=13, max_positions=64)
     cfg = LoraConfig(rank=1, alpha=2.0)
     weights, lora = random_weights(arch, seed=2, dtype=torch.float64), init_lora(arch, cfg, seed=2, zero_b=False,
                                                                                dtype=torch.float64)
@@ -165,7 +165,7 @@ def test_mlp_chunk_bounds_mlp_intermediates():
 
 def test_no_target_gives_zero_loss_and_zero_grads():
     """T = 1 (and all labels -100) has nothing to predict: loss 0, zero gradients (HF would give nan)."""
-    arch = Qwen25Arch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=5, vocab=11, max_positions=8)
+    arch = ModelArch(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=5, vocab=11, max_positions=8)
     cfg = LoraConfig(rank=2, alpha=2.0)
     weights = random_weights(arch, seed=3, dtype=torch.float64)
     lora = init_lora(arch, cfg, seed=3, zero_b=False, dtype=torch.float64)

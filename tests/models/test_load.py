@@ -9,7 +9,7 @@ import torch
 from helpers import save_checkpoint, small_arch
 
 from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
-from toolchain.models import PRESETS, Qwen25Arch, get_preset, load_model, random_weights, state_dict_from_weights
+from toolchain.models import PRESETS, ModelArch, get_preset, load_model, random_weights, state_dict_from_weights
 from toolchain.models.load import arch_from_hf_config
 
 
@@ -42,7 +42,7 @@ def test_presets_match_design(name, hidden, layers, heads, kv_heads, intermediat
         hidden, layers, heads, kv_heads, intermediate)
     assert arch.head_dim == head_dim
     assert arch.vocab == 151936 and arch.rms_eps == 1e-6 and arch.rope_theta == 1e6
-    assert arch.tie_embeddings and arch.attention_bias
+    assert arch.family == "qwen2" and arch.tie_embeddings and arch.qkv_bias and not arch.qk_norm
 
 
 def test_tiny_preset_fits_the_byte_tokenizer():
@@ -98,11 +98,20 @@ def test_corrupt_config(tmp_checkpoint):
         load_model(str(tmp_checkpoint.path))
 
 
-def test_non_qwen2_config(tmp_checkpoint):
+def test_unsupported_model_type(tmp_checkpoint):
+    cfg = json.loads((tmp_checkpoint.path / "config.json").read_text())
+    cfg["model_type"] = "gemma3"
+    (tmp_checkpoint.path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BadInput, match="model_type 'gemma3'; supported model types: qwen2, qwen3, llama"):
+        load_model(str(tmp_checkpoint.path))
+
+
+def test_qwen2_tensors_under_a_llama_config(tmp_checkpoint):
+    """A Qwen2 checkpoint relabelled llama: its q/k/v biases would be dropped silently; they are refused."""
     cfg = json.loads((tmp_checkpoint.path / "config.json").read_text())
     cfg["model_type"] = "llama"
     (tmp_checkpoint.path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(BadInput, match="model_type 'llama'"):
+    with pytest.raises(ShapeMismatch, match="tensors the llama config does not use: 'model.layers.0.self_attn.k_proj.bias'"):
         load_model(str(tmp_checkpoint.path))
 
 
@@ -172,6 +181,88 @@ def test_pretrained_preset_without_cached_weights(preset, tmp_path, monkeypatch)
 
 def test_arch_validation():
     with pytest.raises(BadInput, match="divisible by `kv_heads`"):
-        Qwen25Arch(hidden=12, layers=1, heads=3, kv_heads=2, intermediate=5)
+        ModelArch(hidden=12, layers=1, heads=3, kv_heads=2, intermediate=5)
     with pytest.raises(BadInput, match="even"):
-        Qwen25Arch(hidden=9, layers=1, heads=3, kv_heads=1, intermediate=5)
+        ModelArch(hidden=9, layers=1, heads=3, kv_heads=1, intermediate=5)
+
+
+def _family_arch(family: str, *, tied: bool):
+    import dataclasses
+
+    from helpers import random_family_arch
+
+    return dataclasses.replace(random_family_arch(2, family), tie_embeddings=tied)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_load_qwen3_and_llama_checkpoints(tmp_path, family, tied):
+    """`Qwen3ForCausalLM(config).save_pretrained(...)` / `LlamaForCausalLM`: the arch (flags, explicit head_dim,
+    llama3 rope scaling) and every tensor come back (q/k norms for qwen3; no biases)."""
+    arch = _family_arch(family, tied=tied)
+    ckpt = save_checkpoint(tmp_path / "ckpt", arch)
+    assert type(ckpt.hf_model).__name__ == {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[family]
+    cfg = json.loads((ckpt.path / "config.json").read_text())
+    assert cfg["model_type"] == family and cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
+    loaded, weights = load_model(str(ckpt.path), dtype=torch.float64)
+    assert loaded == arch and loaded.family == family and weights.tied == tied
+    assert (loaded.rope_scaling is not None) == (family == "llama")
+    expected = ckpt.hf_model.state_dict()
+    ours = state_dict_from_weights(weights)
+    assert set(ours) == set(expected) - ({"lm_head.weight"} if tied else set())
+    assert any(k.endswith("q_norm.weight") for k in ours) == (family == "qwen3")
+    assert not any(k.endswith("_proj.bias") for k in ours)
+    for k, v in ours.items():
+        assert torch.equal(v, expected[k].double()), k
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-1.7b", "llama3.2-1b", "llama3.2-3b"])
+def test_new_family_presets_match_their_hf_configs(name):
+    """Numbers from the HF config.json of Qwen/Qwen3-0.6B, -1.7B and meta-llama/Llama-3.2-1B, -3B."""
+    expected = {
+        "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e-6, 1e6),
+        "qwen3-1.7b": (2048, 28, 16, 8, 128, 6144, 151936, 40960, 1e-6, 1e6),
+        "llama3.2-1b": (2048, 16, 32, 8, 64, 8192, 128256, 131072, 1e-5, 5e5),
+        "llama3.2-3b": (3072, 28, 24, 8, 128, 8192, 128256, 131072, 1e-5, 5e5),
+    }[name]
+    a = get_preset(name)
+    assert (a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.intermediate, a.vocab, a.max_positions,
+            a.rms_eps, a.rope_theta) == expected
+    assert a.tie_embeddings and not a.qkv_bias
+    assert a.qk_norm == name.startswith("qwen3")
+    if name.startswith("llama"):
+        s = a.rope_scaling
+        assert (s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_positions) == (32.0, 1.0, 4.0, 8192)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"attention_bias": True}, "sets attention_bias: true; llama models are supported without biases"),
+    ({"mlp_bias": True}, "sets mlp_bias: true"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope type 'yarn' is not supported"),
+])
+def test_llama_features_we_do_not_compute_are_refused(tmp_path, edit, message):
+    ckpt = save_checkpoint(tmp_path / "ckpt", _family_arch("llama", tied=True))
+    cfg = json.loads((ckpt.path / "config.json").read_text())
+    cfg.update(edit)
+    (ckpt.path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BadInput, match=message):
+        load_model(str(ckpt.path))
+
+
+def test_family_flags_are_the_familys():
+    with pytest.raises(BadInput, match="qwen3 models have qk_norm = True; got False"):
+        ModelArch(family="qwen3", hidden=8, layers=1, heads=2, kv_heads=1, intermediate=4, qk_norm=False)
+    with pytest.raises(BadInput, match="qwen2 models have no rope scaling"):
+        ModelArch(hidden=8, layers=1, heads=2, kv_heads=1, intermediate=4, rope_scaling=get_preset("llama3.2-1b").rope_scaling)
+    with pytest.raises(BadInput, match="unknown model family 'gemma'"):
+        ModelArch(family="gemma", hidden=8, layers=1, heads=2, kv_heads=1, intermediate=4)
+
+
+def test_arch_dict_round_trip_and_older_exports():
+    for arch in PRESETS.values():
+        assert ModelArch.from_dict(json.loads(json.dumps(arch.to_dict()))) == arch
+    old = {"attention_bias": True, "heads": 4, "hidden": 64, "intermediate": 192, "kv_heads": 2, "layers": 8,
+           "max_positions": 512, "rms_eps": 1e-06, "rope_theta": 1000000.0, "tie_embeddings": True, "vocab": 264}
+    assert ModelArch.from_dict(old) == get_preset("tiny")
+    with pytest.raises(BadInput, match=r"unknown fields \['sliding'\]"):
+        ModelArch.from_dict({**old, "sliding": 4})

@@ -8,10 +8,10 @@ import torch
 from toolchain.dataset import Example
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
-from toolchain.models import Qwen25Arch, random_weights
+from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 
-ARCH = Qwen25Arch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=40, max_positions=32)
+ARCH = ModelArch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=40, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "down_proj"))
 SEQ_LEN = 12
 OPTIMIZER = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.01)

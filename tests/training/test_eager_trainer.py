@@ -20,11 +20,11 @@ from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair
 from toolchain.mesp import block_forward, block_params, mesp_step
 from toolchain.mesp.ops import rope_tables
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig, init_state, update_all
 from toolchain.training import RunState, TrainConfig, start_run, train, train_step
 
-ARCH = Qwen25Arch(hidden=16, layers=5, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=64)
+ARCH = ModelArch(hidden=16, layers=5, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=64)
 CFG = LoraConfig(rank=3, alpha=5.0, targets=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj"))
 
 

@@ -13,8 +13,9 @@ from torch import Tensor
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepResult, block_forward, block_params
-from toolchain.mesp.ops import IGNORE_INDEX, rmsnorm_forward, rope_tables, shift_labels
-from toolchain.models.presets import Qwen25Arch
+from toolchain.mesp.block import block_rope
+from toolchain.mesp.ops import IGNORE_INDEX, rmsnorm_forward, shift_labels
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["autograd_step", "leaf_lora", "grads_of", "full_logits_loss"]
@@ -30,7 +31,7 @@ def grads_of(lora: LoraWeights) -> LoraWeights:
     return tuple({t: LoraPair(p.a.grad, p.b.grad) for t, p in layer.items()} for layer in lora)
 
 
-def full_logits_loss(arch: Qwen25Arch, weights: ModelWeights, x: Tensor, labels: Tensor) -> Tensor:
+def full_logits_loss(arch: ModelArch, weights: ModelWeights, x: Tensor, labels: Tensor) -> Tensor:
     """Final norm, the full [T, V] logits and mean cross-entropy, as Hugging Face computes it."""
     hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
     logits = hn @ weights.lm_head.T                                   # [T, V]
@@ -40,10 +41,10 @@ def full_logits_loss(arch: Qwen25Arch, weights: ModelWeights, x: Tensor, labels:
     return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
 
 
-def autograd_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def autograd_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
                   labels: Tensor) -> StepResult:
     leaves = leaf_lora(lora)
-    rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    rope = block_rope(arch, torch.arange(input_ids.shape[0]), weights.embed.dtype)
     x = weights.embed[input_ids]
     for i in range(arch.layers):
         x = block_forward(x, block_params(arch, weights, cfg, leaves, i), rope)

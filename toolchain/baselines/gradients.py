@@ -13,7 +13,7 @@ from toolchain.errors import BadInput
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import mesp_step
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["GradientMode", "GRADIENT_MODES", "gradient_step"]
@@ -22,7 +22,7 @@ GradientMode = Literal["mesp", "mebp", "autograd", "mezo"]
 GRADIENT_MODES: tuple[str, ...] = ("mesp", "mebp", "autograd", "mezo")
 
 
-def gradient_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def gradient_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
                   labels: Tensor, *, mode: GradientMode = "mesp", seed: int = 0):
     """Loss and LoRA gradients of one sequence.
 

@@ -14,17 +14,17 @@ from toolchain.baselines.autograd import full_logits_loss, grads_of, leaf_lora
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepResult, block_forward, block_params
-from toolchain.mesp.ops import rope_tables
-from toolchain.models.presets import Qwen25Arch
+from toolchain.mesp.block import block_rope
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["mebp_step"]
 
 
-def mebp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def mebp_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor) -> StepResult:
     leaves = leaf_lora(lora)
-    rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    rope = block_rope(arch, torch.arange(input_ids.shape[0]), weights.embed.dtype)
     x = weights.embed[input_ids]
     for i in range(arch.layers):
         x = checkpoint(block_forward, x, block_params(arch, weights, cfg, leaves, i), rope, use_reentrant=False)

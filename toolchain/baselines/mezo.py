@@ -23,7 +23,7 @@ from torch import Tensor
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions, model_loss
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["DEFAULT_EPS", "MezoResult", "MezoEstimate", "perturbation", "perturb_", "mezo_grad_estimate", "mezo_step"]
@@ -76,7 +76,7 @@ def _spsa(arch, weights, cfg, lora, input_ids, labels, *, seed, eps, options) ->
     return MezoResult((loss_plus + loss_minus) / 2, (loss_plus - loss_minus) / (2 * eps))
 
 
-def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
+def mezo_grad_estimate(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
                        input_ids: Tensor, labels: Tensor, *, seed: int = 0, eps: float = DEFAULT_EPS,
                        options: StepOptions = StepOptions()) -> MezoEstimate:
     """One SPSA estimate g_hat = g_proj * z of the LoRA gradient, in the structure `mesp_step` returns.
@@ -101,7 +101,7 @@ def mezo_grad_estimate(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig,
     return MezoEstimate(res.loss, grads, res.projected)
 
 
-def mezo_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def mezo_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor, *, seed: int, lr: float, eps: float = DEFAULT_EPS,
               options: StepOptions = StepOptions()) -> MezoResult:
     """One MeZO-SGD training step, in place on `lora`: two forwards, then theta -= lr * g_proj * z.

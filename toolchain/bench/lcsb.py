@@ -41,7 +41,7 @@ from toolchain.lcsb import make_plan
 from toolchain.lcsb.plan import Policy, StepPlan
 from toolchain.lora import LoraConfig, LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
-from toolchain.models import PRESETS, LayerWeights, ModelWeights, Qwen25Arch, random_weights
+from toolchain.models import PRESETS, LayerWeights, ModelWeights, ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.tokenizer import ByteTokenizer
 from toolchain.training import TrainConfig, evaluate, start_run, train, train_step
@@ -50,8 +50,8 @@ __all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "su
 
 # A Qwen2.5-shaped model small enough for a 2-core host: head dim 64, GQA, MLP width 5.5 x hidden
 # (as the 0.5B), byte-level vocabulary so that the LM head does not dwarf the blocks.
-BENCH_ARCHS: dict[str, Qwen25Arch] = {
-    "mid": Qwen25Arch(hidden=256, layers=12, heads=4, kv_heads=2, intermediate=1408, vocab=ByteTokenizer.vocab,
+BENCH_ARCHS: dict[str, ModelArch] = {
+    "mid": ModelArch(hidden=256, layers=12, heads=4, kv_heads=2, intermediate=1408, vocab=ByteTokenizer.vocab,
                       max_positions=1024),
 }
 
@@ -116,7 +116,7 @@ class LcsbBenchConfig:
         LoraConfig(rank=self.rank, alpha=self.alpha)
 
     @property
-    def arch(self) -> Qwen25Arch:
+    def arch(self) -> ModelArch:
         return BENCH_ARCHS.get(self.model) or PRESETS[self.model]
 
 
@@ -124,7 +124,7 @@ def merge_lora(weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights) -> Mod
     """The base with the adapter folded in: W <- W + scale * B @ A for every adapted projection."""
     layers = []
     for lw, pairs in zip(weights.layers, lora):
-        merged = lw._asdict()
+        merged = lw._asdict()        # absent tensors stay None
         for target, p in pairs.items():
             merged[target] = merged[target] + cfg.scale * (p.b @ p.a)        # [out, r] @ [r, in]
         layers.append(LayerWeights(**merged))
@@ -208,7 +208,7 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
     return report
 
 
-def surrogate_cosine(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, plan: StepPlan,
+def surrogate_cosine(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, plan: StepPlan,
                      example: Example) -> list[float]:
     """Per layer: cosine between its LCSB gradient (mean over the phases that select it) and its exact
     gradient, on one example. 1.0 means exact (every layer above it selected too)."""

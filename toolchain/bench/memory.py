@@ -27,7 +27,7 @@ from toolchain.memory.breakdown import step_breakdown
 from toolchain.memory.measure import PHONE_LIKE_MALLOC_ENV
 from toolchain.mesp import StepOptions
 from toolchain.mesp.step import sqrt_layers_per_checkpoint
-from toolchain.models import PRESETS, Qwen25Arch
+from toolchain.models import PRESETS, ModelArch
 from toolchain.validate import check_rank
 
 __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
@@ -193,7 +193,7 @@ def call_worker(tmp: Path, command: str, spec: dict, threads: int, env: dict[str
     return None if command == "prepare" else json.loads(out_path.read_text())
 
 
-def check_config(config: MemoryBenchConfig) -> Qwen25Arch | None:
+def check_config(config: MemoryBenchConfig) -> ModelArch | None:
     """Validate what needs the model before anything runs; returns the preset's arch (None: checkpoint)."""
     arch = PRESETS.get(config.model)
     if arch is None and config.init == "random":
@@ -220,7 +220,7 @@ def program_settings(program_dir: Path) -> dict[str, Any]:
             "mlp_chunk": spec.options.mlp_chunk}
 
 
-def check_program(config: MemoryBenchConfig, arch: Qwen25Arch | None) -> None:
+def check_program(config: MemoryBenchConfig, arch: ModelArch | None) -> None:
     """The program must be the benchmarked workload: same widths, sequence length, LoRA and weight format."""
     from toolchain.runtime import ProgramDir
 
@@ -290,7 +290,7 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
                                          "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group,
                                          "quant_head": config.quant_head}, config.threads)
-        arch = arch or Qwen25Arch(**json.loads((weights_dir / ARCH_FILE).read_text()))
+        arch = arch or ModelArch.from_dict(json.loads((weights_dir / ARCH_FILE).read_text()))
         spec = _spec(config, weights_dir, arch.layers)
         rows = []
         for mode in config.modes:

@@ -24,8 +24,8 @@ from toolchain.baselines.mezo import mezo_step
 from toolchain.errors import BadInput
 from toolchain.lora import LoraConfig, LoraPair, LoraWeights
 from toolchain.mesp import StepOptions, block_forward, block_params, mesp_step
-from toolchain.mesp.ops import rope_tables
-from toolchain.models import ModelWeights, Qwen25Arch
+from toolchain.mesp.block import block_rope
+from toolchain.models import ModelWeights, ModelArch
 
 __all__ = ["TrainMode", "TRAIN_MODES", "EXACT_MODES", "PROGRAM_MODES", "program_target", "uses_groups", "GradsHook", "prepare_lora", "sgd_hook", "collect_hook",
            "train_step"]
@@ -79,7 +79,7 @@ def collect_hook(store: list[dict[str, LoraPair]]) -> GradsHook:
 
 
 def _autograd_step(arch, weights, cfg, lora, input_ids, labels, *, hook, checkpointed: bool) -> Tensor:
-    rope = rope_tables(torch.arange(input_ids.shape[0]), arch.head_dim, arch.rope_theta, weights.embed.dtype)
+    rope = block_rope(arch, torch.arange(input_ids.shape[0]), weights.embed.dtype)
     x = weights.embed[input_ids]                                      # [T, d]
     for i in range(arch.layers):
         p = block_params(arch, weights, cfg, lora, i)
@@ -95,7 +95,7 @@ def _autograd_step(arch, weights, cfg, lora, input_ids, labels, *, hook, checkpo
     return loss.detach()
 
 
-def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
                labels: Tensor, *, mode: str, hook: GradsHook, options: StepOptions = StepOptions(),
                seed: int = 0, lr: float = 0.0, layers_per_checkpoint: int = 1) -> float:
     """One step of `mode`; `hook(layer, grads)` receives each layer's exact gradients (not for mezo,

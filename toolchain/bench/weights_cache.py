@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from toolchain.atomic import atomic_dir
-from toolchain.models import PRESETS, ModelWeights, Qwen25Arch, load_model, state_dict_from_weights
+from toolchain.models import PRESETS, ModelWeights, ModelArch, load_model, state_dict_from_weights
 from toolchain.models import weights_from_state_dict
 
 __all__ = ["ARCH_FILE", "default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
@@ -45,7 +45,7 @@ def weights_cache_dir(cache_dir: Path, model: str, init: str, seed: int) -> Path
     return Path(cache_dir) / "bench-weights" / f"{name}-{init}{suffix}-float32"
 
 
-def _shards(arch: Qwen25Arch, sd: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+def _shards(arch: ModelArch, sd: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     shards: dict[str, dict[str, torch.Tensor]] = {f"layer-{i:03d}.safetensors": {} for i in range(arch.layers)}
     shards["globals.safetensors"] = {}
     for key, t in sd.items():
@@ -55,7 +55,7 @@ def _shards(arch: Qwen25Arch, sd: dict[str, torch.Tensor]) -> dict[str, dict[str
     return shards
 
 
-def write_weights_cache(path: Path, arch: Qwen25Arch, weights: ModelWeights) -> Path:
+def write_weights_cache(path: Path, arch: ModelArch, weights: ModelWeights) -> Path:
     """Write `weights` (float32) as per-layer safetensors shards plus arch.json, atomically."""
     from safetensors.torch import save_file
 
@@ -76,12 +76,12 @@ def ensure_weights_cache(cache_dir: Path, model: str, init: str, seed: int) -> P
     return path
 
 
-def load_mmap_weights(path: Path) -> tuple[Qwen25Arch, ModelWeights]:
+def load_mmap_weights(path: Path) -> tuple[ModelArch, ModelWeights]:
     """Map a cache entry: tensors are views of private file mappings (no anonymous copy)."""
     from safetensors import safe_open
 
     path = Path(path)
-    arch = Qwen25Arch(**json.loads((path / ARCH_FILE).read_text()))
+    arch = ModelArch.from_dict(json.loads((path / ARCH_FILE).read_text()))
     sd: dict[str, torch.Tensor] = {}
     for shard in sorted(path.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
@@ -112,12 +112,12 @@ def ensure_quantized(path: Path, kind: str, group: int, head: bool = True) -> Pa
 
 
 def load_quantized(path: Path, kind: str, group: int, chunk_elems: int, head: bool = True
-                   ) -> tuple[Qwen25Arch, ModelWeights]:
+                   ) -> tuple[ModelArch, ModelWeights]:
     """Map the quantized weights file (no copy); projections (and an int4 head) as QuantWeight, dequantized
     per chunk on use."""
     from toolchain.export.program import QuantSpec
     from toolchain.export.weights_file import map_weights, model_weights
 
-    arch = Qwen25Arch(**json.loads((Path(path) / ARCH_FILE).read_text()))
+    arch = ModelArch.from_dict(json.loads((Path(path) / ARCH_FILE).read_text()))
     tensors = map_weights(ensure_quantized(path, kind, group, head))
     return arch, model_weights(tensors, arch, QuantSpec(kind, group, chunk_elems, head=head))

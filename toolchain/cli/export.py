@@ -88,7 +88,7 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec, optimizer=opt,
                       plan=plan.resolve_lcsb(arch.layers), default_lr=lr, options=options, generation=generation,
                       prefill_chunk=prefill_chunk, targets=tuple(t.strip() for t in export_targets.split(",") if t.strip()), xnnpack=xnnpack,
-                      **tokenizer_fields(model, arch.vocab))
+                      **tokenizer_fields(model, arch.vocab, arch.family))
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as progress:

@@ -16,9 +16,8 @@ from toolchain.contract import STATE_ROLE_PREFIX, MethodSpec
 from toolchain.errors import BadInput
 from toolchain.export.program import ProgramSpec, layer_state_inputs, method_specs, state_roles
 from toolchain.lora.weights import LoraPair
-from toolchain.mesp.block import BlockParams, block_backward, block_forward
+from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
-from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, fused_int4, with_chunk_rows
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.weights import LayerWeights
@@ -44,8 +43,8 @@ def _head_chunks(ins: dict[str, Tensor], bits: int) -> list[Tensor | QuantWeight
 
 def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor]) -> LayerWeights:
     quant = spec.quant
-    fields = {}
-    for name in LayerWeights._fields:
+    fields = {name: None for name in LayerWeights._fields}
+    for name in spec.arch.layer_shapes():
         w = _matrix(ins, f"w_{name}", quant.bits)
         fields[name] = with_chunk_rows(w, quant.chunk_elems) if isinstance(w, QuantWeight) else w
     return LayerWeights(**fields)
@@ -56,7 +55,7 @@ def _layer_lora(spec: ProgramSpec, ins: dict[str, Tensor], prefix: str = "lora")
 
 
 def _rope(spec: ProgramSpec, dtype: torch.dtype):
-    return rope_tables(torch.arange(spec.seq_len), spec.arch.head_dim, spec.arch.rope_theta, dtype)
+    return block_rope(spec.arch, torch.arange(spec.seq_len), dtype)
 
 
 def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair] | None) -> tuple[Tensor, ...]:
@@ -106,7 +105,7 @@ def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tenso
 def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
     x, arch = ins["x"], spec.arch
     p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
-    rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype)
+    rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype, arch.rope_inv_freq())
     return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope)
 
 

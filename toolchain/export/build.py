@@ -29,9 +29,10 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import save_adapter
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig
+from toolchain.models.family import get_family
 from toolchain.tokenizer import tokenizer_for_export
 
 __all__ = ["ExportSpec", "export_program", "tokenizer_fields"]
@@ -77,7 +78,7 @@ class ExportSpec:
     generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
     prefill_chunk: int = 32
 
-    def check(self, arch: Qwen25Arch) -> None:
+    def check(self, arch: ModelArch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
             raise FieldError("seq_len", f"must be in 2..{arch.max_positions} for this model, got {self.seq_len}")
         unknown = [t for t in self.targets if t not in TARGETS]
@@ -89,27 +90,27 @@ class ExportSpec:
             raise BadInput(f"pad token id {self.pad_token_id} is outside the vocabulary of {arch.vocab}")
         self.quant.check(arch)
 
-    def program_spec(self, arch: Qwen25Arch, cfg: LoraConfig) -> ProgramSpec:
+    def program_spec(self, arch: ModelArch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
                            generation=self.generation, prefill_chunk=self.prefill_chunk)
 
 
-def tokenizer_fields(model: str, vocab: int) -> dict:
+def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:
     """The tokenizer fields of an `ExportSpec` for `model`: its tokenizer (`tokenizer_for_export`: byte for
     tiny and demo, a checkpoint's own tokenizer.json, else Qwen2.5's when the model embeds every Qwen id)
-    with its pad and eos ids; without one, kind "none" and pad id Qwen2.5's <|endoftext|> if embedded, else 0.
+    with its pad and eos ids (the family's vocabulary: Qwen2.5's, Qwen3's, none for Llama); without one, kind "none" and pad id Qwen2.5's <|endoftext|> if embedded, else 0.
 
     Raises:
         BadInput: the tokenizer produces ids the model does not embed.
     """
-    tok = tokenizer_for_export(model, vocab)
+    tok = tokenizer_for_export(model, vocab, get_family(family).vocabulary)
     if tok is None:
         return {"tokenizer_kind": "none", "pad_token_id": QWEN_ENDOFTEXT_ID if vocab > QWEN_ENDOFTEXT_ID else 0}
     return {"tokenizer_kind": tok.kind, "pad_token_id": tok.pad_id, "eos_token_id": tok.eos_id,
             "tokenizer_json": tok.to_json()}
 
 
-def export_program(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
+def export_program(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
                    out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
     """Run the pipeline; returns the manifest written to `out/manifest.json`.
 

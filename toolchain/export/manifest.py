@@ -21,7 +21,7 @@ from toolchain.export.program import FUSED_KERNELS, ProgramSpec, QuantSpec, meth
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_config_dict
 from toolchain.mesp import StepOptions
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
 
 __all__ = ["ProgramManifest", "build_manifest", "LOOP", "GENERATE_LOOP"]
@@ -58,7 +58,7 @@ class ProgramManifest:
     def __init__(self, manifest: Manifest) -> None:
         self.manifest = manifest
         m = manifest
-        self.arch = Qwen25Arch(**m.model.arch)
+        self.arch = ModelArch.from_dict(m.model.arch)
         self.lora = LoraConfig(rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets,
                                use_rslora=bool(m.lora.use_rslora))
         o = m.optimizer
@@ -163,7 +163,7 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
     plan = spec.plan
     return Manifest(
         schema_version=MANIFEST_SCHEMA_VERSION, toolchain_version=__version__,
-        model=ModelSection(spec.source, spec.init, spec.seed, asdict(arch)),
+        model=ModelSection(spec.source, spec.init, spec.seed, arch.to_dict()),
         lora=LoraSection(cfg.rank, cfg.alpha, cfg.scale, tuple(cfg.targets), cfg.use_rslora),
         seq_len=pspec.seq_len,
         quant=QuantSection(q.kind, q.group, q.chunk_elems, INT4_PACKING, q.head_quantized),

@@ -50,8 +50,7 @@ from toolchain.mesp import StepOptions
 from toolchain.mesp.decode import ATTENTION_DECODE_OP
 from toolchain.mesp.decode_ops import DECODE_OPS
 from toolchain.mesp.ops.quant import INT4_LINEAR_OP
-from toolchain.models.presets import Qwen25Arch
-from toolchain.models.weights import LayerWeights
+from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
 
 __all__ = ["QuantSpec", "chunk_elems_from_mib", "ProgramSpec", "state_layout", "state_roles", "flat_state",
@@ -103,12 +102,14 @@ class QuantSpec:
     def head_quantized(self) -> bool:
         return self.kind == "int4" and self.head
 
-    def check(self, arch: Qwen25Arch) -> None:
+    def check(self, arch: ModelArch) -> None:
         if self.kind != "none":
-            for width in (arch.hidden, arch.intermediate):
+            # the projections' input widths: hidden, intermediate (down_proj) and heads * head_dim (o_proj)
+            widths = sorted({arch.hidden, arch.intermediate, arch.q_dim})
+            for width in widths:
                 if width % self.group:
                     raise BadInput(f"quantization group {self.group} does not divide the model width {width}; "
-                                   f"pick a group that divides {arch.hidden} and {arch.intermediate}")
+                                   f"pick a group that divides {', '.join(map(str, widths))}")
 
 
 def chunk_elems_from_mib(mib: float) -> int:
@@ -120,7 +121,7 @@ def chunk_elems_from_mib(mib: float) -> int:
 class ProgramSpec:
     """Everything that fixes the methods' graphs (the manifest records it; the host rebuilds from it)."""
 
-    arch: Qwen25Arch
+    arch: ModelArch
     lora: LoraConfig
     seq_len: int
     quant: QuantSpec = QuantSpec()
@@ -152,7 +153,7 @@ def state_roles(optimizer: OptimizerConfig) -> list[str]:
     return ["param", *optimizer.slot_roles]
 
 
-def state_layout(arch: Qwen25Arch, cfg: LoraConfig, optimizer: OptimizerConfig) -> list[StateEntry]:
+def state_layout(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig) -> list[StateEntry]:
     """Order and offsets of the flat state: per layer, per target, A then B; then AdamW moments in the
     same order (exp_avg, then exp_avg_sq), then the AdamW step counter."""
     entries: list[StateEntry] = []
@@ -200,17 +201,16 @@ def matrix_inputs(name: str, key: str, shape: tuple[int, int], kind: str, group:
             IoSpec(f"{name}_scale", "float32", (o, i // group), "weight", key + ".scales", rows))
 
 
-def layer_weight_inputs(arch: Qwen25Arch, quant: QuantSpec) -> list[IoSpec]:
-    """A layer's frozen tensors as method inputs, in LayerWeights order (quantized: q then scales)."""
-    d, kv = arch.hidden, arch.kv_dim
-    shapes = {"input_norm": (d,), "q_bias": (d,), "k_bias": (kv,), "v_bias": (kv,), "post_norm": (d,)}
+def layer_weight_inputs(arch: ModelArch, quant: QuantSpec) -> list[IoSpec]:
+    """A layer's frozen tensors as method inputs, in LayerWeights order (quantized: q then scales); only those
+    the architecture has (`ModelArch.layer_shapes`)."""
     out: list[IoSpec] = []
-    for name in LayerWeights._fields:
+    for name, shape in arch.layer_shapes().items():
         key = f"layers.{LAYER}.{name}"
         if name in QUANTIZED_FIELDS:
-            out += matrix_inputs(f"w_{name}", key, arch.linear_shape(name), quant.kind, quant.group)
+            out += matrix_inputs(f"w_{name}", key, shape, quant.kind, quant.group)
         else:
-            out.append(IoSpec(f"w_{name}", "float32", shapes[name], "weight", key))
+            out.append(IoSpec(f"w_{name}", "float32", shape, "weight", key))
     return out
 
 

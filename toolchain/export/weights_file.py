@@ -3,7 +3,8 @@
 Keys (Hugging Face layouts, `weight` [out, in]):
   embed [V, d], final_norm [d], lm_head [V, d] (untied models only; tied models use `embed`); in int4
       programs (`QuantSpec.head_quantized`) embed.qweight / embed.scales (and lm_head.*) instead
-  layers.{i}.input_norm, .post_norm [d]; .q_bias [d], .k_bias, .v_bias [kv]
+  layers.{i}.input_norm, .post_norm [d]; .q_bias [q], .k_bias, .v_bias [kv] (qkv_bias); .q_norm, .k_norm
+      [head_dim] (qk_norm)
   layers.{i}.<proj> [out, in] float32, or, quantized (<proj> in QUANTIZED_FIELDS):
       layers.{i}.<proj>.qweight  int8 [out, in] / uint8 [out, in/2] (int4, interleaved nibbles: mesp/ops/quant.py)
       layers.{i}.<proj>.scales   float32 [out, in/group]
@@ -27,7 +28,7 @@ from torch import Tensor
 from toolchain.errors import BadInput
 from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
 from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights, ModelWeights
 
 __all__ = ["weight_tensors", "weights_nbytes_lower_bound",
@@ -54,7 +55,7 @@ def weight_tensors(weights: ModelWeights, quant: QuantSpec) -> dict[str, Tensor]
     if not weights.tied:
         matrix("lm_head", weights.lm_head, head_kind)
     for i, lw in enumerate(weights.layers):
-        for name, t in lw._asdict().items():
+        for name, t in lw.present().items():
             key = f"layers.{i}.{name}"
             matrix(key, t, quant.kind if name in QUANTIZED_FIELDS else "none")
     return out
@@ -211,14 +212,14 @@ def map_weights(path: Path) -> dict[str, Tensor]:
     return out
 
 
-def model_weights(tensors: dict[str, Tensor], arch: Qwen25Arch, quant: QuantSpec) -> ModelWeights:
+def model_weights(tensors: dict[str, Tensor], arch: ModelArch, quant: QuantSpec) -> ModelWeights:
     """The file's tensors as the step's bundles (quantized projections as `QuantWeight`, dequantized in
     row chunks of at most `quant.chunk_elems` weights, as the methods do): the eager step on exactly the
     weights an exported program runs on. No tensor is copied."""
     layers = []
     for i in range(arch.layers):
-        fields = {}
-        for name in LayerWeights._fields:
+        fields = {name: None for name in LayerWeights._fields}
+        for name in arch.layer_shapes():
             key = f"layers.{i}.{name}"
             if quant.kind != "none" and name in QUANTIZED_FIELDS:
                 qw = QuantWeight(tensors[key + ".qweight"], tensors[key + ".scales"], quant.bits)

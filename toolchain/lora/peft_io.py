@@ -15,7 +15,7 @@ from toolchain.atomic import atomic_dir
 from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.validate import read_json
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "peft_key", "lora_state_dict", "lora_from_state_dict",
@@ -46,7 +46,7 @@ def lora_state_dict(lora: LoraWeights) -> dict[str, torch.Tensor]:
     return out
 
 
-def lora_from_state_dict(arch: Qwen25Arch, cfg: LoraConfig, sd: dict[str, torch.Tensor], *,
+def lora_from_state_dict(arch: ModelArch, cfg: LoraConfig, sd: dict[str, torch.Tensor], *,
                          dtype: torch.dtype = torch.float32) -> LoraWeights:
     """Inverse of `lora_state_dict`, checking that every key is present and every shape fits `arch`."""
     expected = set()
@@ -121,7 +121,7 @@ def _config_from_peft(d: dict, where: Path) -> LoraConfig:
     return LoraConfig(rank=rank, alpha=float(alpha), targets=tuple(targets), use_rslora=d.get("use_rslora", False))
 
 
-def load_adapter(path: Path, arch: Qwen25Arch, *, dtype: torch.dtype = torch.float32) -> tuple[LoraConfig, LoraWeights]:
+def load_adapter(path: Path, arch: ModelArch, *, dtype: torch.dtype = torch.float32) -> tuple[LoraConfig, LoraWeights]:
     """Read a PEFT LoRA adapter directory and check it against `arch`.
 
     Raises:

@@ -10,7 +10,7 @@ import torch
 from toolchain.lora.config import LoraConfig, parse_targets
 from toolchain.lora.peft_io import load_adapter
 from toolchain.lora.weights import LoraWeights, init_lora
-from toolchain.models import ModelWeights, Qwen25Arch, load_model
+from toolchain.models import ModelWeights, ModelArch, load_model
 from toolchain.validate import check_rank
 
 __all__ = ["lora_config", "load_model_and_adapter"]
@@ -30,7 +30,7 @@ def lora_config(*, rank: int = 8, alpha: float | None = None, targets: str = "al
 def load_model_and_adapter(model: str, *, init: str = "pretrained", seed: int = 0, adapter: Path | None = None,
                            rank: int = 8, alpha: float | None = None, targets: str = "all",
                            dtype: torch.dtype = torch.float32,
-                           zero_b: bool = True) -> tuple[Qwen25Arch, ModelWeights, LoraConfig, LoraWeights]:
+                           zero_b: bool = True) -> tuple[ModelArch, ModelWeights, LoraConfig, LoraWeights]:
     """Resolve the model and the starting adapter.
 
     Args:

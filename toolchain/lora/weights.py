@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from toolchain.lora.config import LoraConfig
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 
 __all__ = ["LoraPair", "LoraWeights", "init_lora", "lora_num_params"]
 
@@ -23,7 +23,7 @@ class LoraPair(NamedTuple):
 LoraWeights = tuple[dict[str, LoraPair], ...]
 
 
-def init_lora(arch: Qwen25Arch, cfg: LoraConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+def init_lora(arch: ModelArch, cfg: LoraConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
               zero_b: bool = True) -> LoraWeights:
     """PEFT's default init: A ~ kaiming-uniform(a=sqrt(5)) i.e. U(-1/sqrt(in), 1/sqrt(in)), B = 0.
 
@@ -47,5 +47,5 @@ def init_lora(arch: Qwen25Arch, cfg: LoraConfig, *, seed: int = 0, dtype: torch.
     return tuple(layers)
 
 
-def lora_num_params(arch: Qwen25Arch, cfg: LoraConfig) -> int:
+def lora_num_params(arch: ModelArch, cfg: LoraConfig) -> int:
     return arch.layers * sum(cfg.rank * sum(arch.linear_shape(t)) for t in cfg.targets)

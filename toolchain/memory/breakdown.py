@@ -14,7 +14,7 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import lora_num_params
 from toolchain.memory.measure import MIB
 from toolchain.mesp.step import StepOptions, inputs_alive_bound
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 
 __all__ = ["BreakdownMode", "Breakdown", "step_breakdown"]
 
@@ -47,7 +47,7 @@ def _loss_block(options: StepOptions, t: int, v: int) -> tuple[str, int]:
     return f"loss logits block [{c}, {vc}]", c * vc
 
 
-def step_breakdown(mode: BreakdownMode, arch: Qwen25Arch, cfg: LoraConfig, seq_len: int,
+def step_breakdown(mode: BreakdownMode, arch: ModelArch, cfg: LoraConfig, seq_len: int,
                    options: StepOptions = StepOptions(), *, bytes_per_value: int = 4,
                    layers_per_checkpoint: int = 1) -> Breakdown:
     """Analytic breakdown of one training step of `mode` (batch 1, SGD).

@@ -36,7 +36,7 @@ from toolchain.lora.config import parse_targets
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.memory.profiles import DeviceProfile
 from toolchain.mesp.step import inputs_alive_bound
-from toolchain.models.presets import Qwen25Arch, get_preset
+from toolchain.models.presets import ModelArch, get_preset
 from toolchain.validate import check_rank, check_seq_len
 
 __all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "FitReport",
@@ -191,7 +191,7 @@ def _check_program_shape(manifest: Manifest, shape: StepShape, where: Path) -> N
                        f"(--program supplies them) or pass the program's")
 
 
-def program_shape(program_dir: Path, *, arch: Qwen25Arch | None = None, seq_len: int | None = None,
+def program_shape(program_dir: Path, *, arch: ModelArch | None = None, seq_len: int | None = None,
                   rank: int | None = None, targets: tuple[str, ...] | None = None,
                   **fields) -> tuple[str, StepShape]:
     """The training step of an exported program, from its manifest: model, seq_len, LoRA rank and targets,
@@ -214,7 +214,7 @@ def program_shape(program_dir: Path, *, arch: Qwen25Arch | None = None, seq_len:
     manifest = _read_manifest(where / MANIFEST_NAME)
     lora = manifest.lora
     defaults = {"optimizer": manifest.optimizer.kind, **manifest.options.to_json()}
-    shape = StepShape(Qwen25Arch(**manifest.model.arch), manifest.seq_len, lora.rank, targets=lora.targets,
+    shape = StepShape(ModelArch.from_dict(manifest.model.arch), manifest.seq_len, lora.rank, targets=lora.targets,
                       **{**defaults, **fields})
     given = replace(shape, arch=arch or shape.arch, seq_len=seq_len or shape.seq_len, rank=rank or shape.rank,
                     targets=targets or shape.targets)

@@ -10,7 +10,7 @@ from typing import Literal
 from toolchain.errors import BadInput
 from toolchain.lora.config import ALL_TARGETS
 from toolchain.mesp.step import StepOptions, checkpoint_groups
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 
 __all__ = ["BYTES_PER_MB", "METHODS", "Method", "Parts", "StepShape", "lora_elems", "state_parts"]
 
@@ -48,7 +48,7 @@ class StepShape:
         dtype_bytes: bytes per activation and LoRA element: 2 (bf16), 4 (fp32) or 8 (fp64). Default: 4.
     """
 
-    arch: Qwen25Arch
+    arch: ModelArch
     seq_len: int
     rank: int
     targets: tuple[str, ...] = ALL_TARGETS

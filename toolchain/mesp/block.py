@@ -1,13 +1,16 @@
-"""One Qwen2 decoder block: forward, and MeSP backward that recomputes the block from its input.
+"""One decoder block (Qwen2, Qwen3, Llama: the architecture's flags): forward, and MeSP backward that
+recomputes the block from its input.
 
 Forward (x [T, d]):
-  n1 = rmsnorm(x);  q, k, v = lin_q(n1), lin_k(n1), lin_v(n1)   (biases, optional LoRA)
+  n1 = rmsnorm(x);  q, k, v = lin_q(n1), lin_k(n1), lin_v(n1)   (biases if qkv_bias, optional LoRA)
+  q, k = head_norm(q), head_norm(k)                             (qk_norm: per head, frozen weights [D])
   o  = attention(rope(q), rope(k), v);  x1 = x + lin_o(o)
   n2 = rmsnorm(x1); a = silu(lin_gate(n2)) * lin_up(n2);  out = x1 + lin_down(a)
 Backward chains the primitives' backwards in reverse (the MLP first, then the attention half, whose input
 norm is recomputed after the MLP rather than held through it). Nothing of the forward is kept between the
 forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one query head at a
-time ([T, T] scores).
+time ([T, T] scores). With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
+the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
@@ -28,15 +31,16 @@ from torch import Tensor
 from toolchain.lora.weights import LoraPair
 import torch.nn.functional as F
 
-from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RopeTables, SwigluSaved,
-                                attention_backward, attention_forward, causal_mask, linear_backward, linear_forward,
-                                rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, swiglu_backward,
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RmsNormSaved, RopeTables, SwigluSaved,
+                                attention_backward, attention_forward, causal_mask, head_norm_backward,
+                                head_norm_forward, linear_backward, linear_forward, rmsnorm_backward,
+                                rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
 from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
 
-__all__ = ["BlockParams", "block_forward", "block_backward"]
+__all__ = ["BlockParams", "block_forward", "block_backward", "block_rope"]
 
 
 class BlockParams(NamedTuple):
@@ -45,7 +49,12 @@ class BlockParams(NamedTuple):
     weights: LayerWeights
     lora: dict[str, LoraPair]   # target -> pair; absent targets are not adapted
     scale: float
-    arch: Qwen25Arch
+    arch: ModelArch
+
+
+def block_rope(arch: ModelArch, positions: Tensor, dtype: torch.dtype) -> RopeTables:
+    """The rotary tables of `arch` at `positions` [T] (scaled frequencies when the arch has rope scaling)."""
+    return rope_tables(positions, arch.head_dim, arch.rope_theta, dtype, inv_freq=arch.rope_inv_freq())
 
 
 def _heads(x: Tensor, n: int) -> Tensor:
@@ -86,12 +95,15 @@ def _attention_backward_by_head(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: 
 
 class _AttentionKept(NamedTuple):
     """What the attention half's backward needs besides n1 (which it recomputes from x: the MLP's backward
-    runs in between, without it): q, k post-rope [H | Hk, T, D], v [Hk, T, D], o [T, H*D], the mask."""
+    runs in between, without it): q, k post-rope [H | Hk, T, D], v [Hk, T, D], o [T, H*D], the mask; with q/k
+    norms the norms' saved inputs (pre-norm heads), else None."""
     q: Tensor
     k: Tensor
     v: Tensor
     o: Tensor
     mask: Tensor
+    q_norm: RmsNormSaved | None
+    k_norm: RmsNormSaved | None
 
 
 def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor, _AttentionKept]:
@@ -103,11 +115,23 @@ def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor
     k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)[0]
     v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)[0]
     del n1
-    q, k, v = (rope_forward(_heads(q, arch.heads), rope), rope_forward(_heads(k, arch.kv_heads), rope),
-               _heads(v, arch.kv_heads))
+    q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
+    k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
+    v = _heads(v, arch.kv_heads)
     o = _unheads(_attention_by_head(q, k, v, mask))
     ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)[0]
-    return x + ao, _AttentionKept(q, k, v, o, mask)
+    return x + ao, _AttentionKept(q, k, v, o, mask, sq, sk)
+
+
+def _qk_heads(x: Tensor, n: int, norm: Tensor | None, eps: float, rope: RopeTables
+              ) -> tuple[Tensor, RmsNormSaved | None]:
+    """A q or k projection [T, n*D] -> heads [n, T, D], per-head RMSNorm'd (when `norm` [D] is given), rotated;
+    and the norm's saved input (None without it)."""
+    x = _heads(x, n)
+    saved = None
+    if norm is not None:
+        x, saved = head_norm_forward(x, norm, eps)
+    return rope_forward(x, rope), saved
 
 
 def _f_chunks(p: BlockParams, mlp_chunk: int | None) -> list[tuple[int, int]]:
@@ -243,13 +267,18 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale))
     _add_grad(grads, "o_proj", go.lora)
     ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
+    norms = {"q": kept.q_norm, "k": kept.k_norm}                                  # None without q/k norms
     del go, kept
     n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)       # recomputed: not held through the MLP
     def saved(name: str, weight) -> LinearSaved:
         return LinearSaved(n1, weight, p.lora.get(name), p.scale)
 
-    gq = linear_backward(_unheads(rope_backward(ga.dq, rope)), saved("q_proj", w.q_proj))
-    gk = linear_backward(_unheads(rope_backward(ga.dk, rope)), saved("k_proj", w.k_proj))
+    def dproj(dy: Tensor, which: str) -> Tensor:                    # d(projection output) [T, n*D]
+        dy = rope_backward(dy, rope)                                 # [n, T, D]
+        return _unheads(dy if norms[which] is None else head_norm_backward(dy, norms[which]))
+
+    gq = linear_backward(dproj(ga.dq, "q"), saved("q_proj", w.q_proj))
+    gk = linear_backward(dproj(ga.dk, "k"), saved("k_proj", w.k_proj))
     gv = linear_backward(_unheads(ga.dv), saved("v_proj", w.v_proj))
     del ga
     for name, g in (("q_proj", gq), ("k_proj", gk), ("v_proj", gv)):

@@ -53,9 +53,19 @@ def _heads(x: Tensor, n: int) -> Tensor:
     return x.reshape(t, n, -1).transpose(0, 1)                        # [T, n*D] -> [n, T, D]
 
 
-def decode_rope(pos: Tensor, chunk: int, head_dim: int, theta: float, dtype: torch.dtype) -> RopeTables:
-    """cos/sin [C, D] at positions pos .. pos + C - 1 (`pos` [1] int64, a runtime input of the method)."""
-    return rope_tables(pos.reshape(1) + torch.arange(chunk), head_dim, theta, dtype)
+def decode_rope(pos: Tensor, chunk: int, head_dim: int, theta: float, dtype: torch.dtype,
+                inv_freq: Tensor | None = None) -> RopeTables:
+    """cos/sin [C, D] at positions pos .. pos + C - 1 (`pos` [1] int64, a runtime input of the method);
+    `inv_freq`: scaled frequencies (`ModelArch.rope_inv_freq`), None for plain RoPE."""
+    return rope_tables(pos.reshape(1) + torch.arange(chunk), head_dim, theta, dtype, inv_freq)
+
+
+def _qk_heads(x: Tensor, n: int, norm: Tensor | None, eps: float, rope: RopeTables) -> Tensor:
+    """A q or k projection [C, n*D] -> heads [n, C, D], per-head RMSNorm'd (`norm` [D], qk_norm) and rotated."""
+    x = _heads(x, n)
+    if norm is not None:
+        x = rmsnorm_forward(x, norm, eps)[0]                          # one row per (head, token): ops/head_norm.py
+    return rope_forward(x, rope)
 
 
 def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
@@ -75,19 +85,35 @@ def _proj(x: Tensor, w: QuantWeight, bias: Tensor | None, lora: LoraPair | None,
     return torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, group, bias, a, b, scale, residual)
 
 
-def _block_decode_fused(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams
-                        ) -> tuple[Tensor, Tensor, Tensor]:
+def _fused_qk_heads(x: Tensor, n: int, norm: Tensor | None, pos: Tensor, p: BlockParams, rope: RopeTables
+                    ) -> Tensor:
+    """`_qk_heads` with the fused ops: the q/k norm is `toolchain::rms_norm` on the [C*n, D] view (it normalizes
+    the last dim: one row per token and head), the heads' split with plain RoPE one `toolchain::rope_heads`;
+    scaled RoPE (its frequencies are not `rope_heads`'s theta^(-2i/D)) is the stock split + `rope_forward` of
+    the tables `rope`."""
+    arch, ops = p.arch, torch.ops.toolchain
+    c = x.shape[0]
+    if norm is not None:
+        x = ops.rms_norm(x.reshape(c * n, arch.head_dim), norm, arch.rms_eps).reshape(c, n * arch.head_dim)
+    if arch.rope_scaling is not None:
+        return rope_forward(_heads(x, n), rope)
+    return ops.rope_heads(x, pos, n, arch.rope_theta)
+
+
+def _block_decode_fused(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: BlockParams,
+                        rope: RopeTables) -> tuple[Tensor, Tensor, Tensor]:
     """`block_decode` in 14 operator calls, 13 of them native (decode_ops.py; toolchain/native/kernels.cpp; one
     `permute_copy` splits v into heads): the same graph with
     each projection, its bias, LoRA pair and residual add one call, RMSNorm, SwiGLU, and the heads' split with
-    RoPE one call each; the RoPE tables are computed in the call from `pos`."""
+    RoPE one call each; the RoPE tables are computed in the call from `pos` (plain RoPE: `rope` is then
+    unused). q/k norms add two `toolchain::rms_norm` calls; scaled RoPE runs as stock ops (`_fused_qk_heads`)."""
     w, arch, lora, s = p.weights, p.arch, p.lora, p.scale
-    h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
+    hk, dh = arch.kv_heads, arch.head_dim
     ops = torch.ops.toolchain
     n1 = ops.rms_norm(x, w.input_norm, arch.rms_eps)
-    q = ops.rope_heads(_proj(n1, w.q_proj, w.q_bias, lora.get("q_proj"), s), pos, h, arch.rope_theta)   # [H, C, D]
-    k = ops.rope_heads(_proj(n1, w.k_proj, w.k_bias, lora.get("k_proj"), s), pos, hk, arch.rope_theta)  # [Hk, C, D]
-    v = _heads(_proj(n1, w.v_proj, w.v_bias, lora.get("v_proj"), s), hk)                               # [Hk, C, D]
+    q = _fused_qk_heads(_proj(n1, w.q_proj, w.q_bias, lora.get("q_proj"), s), arch.heads, w.q_norm, pos, p, rope)
+    k = _fused_qk_heads(_proj(n1, w.k_proj, w.k_bias, lora.get("k_proj"), s), hk, w.k_norm, pos, p, rope)
+    v = _heads(_proj(n1, w.v_proj, w.v_bias, lora.get("v_proj"), s), hk)                     # [Hk, C, D]
     o = ops.attention_decode(q, k, v, k_cache, v_cache, pos, dh ** -0.5)                               # [C, H*D]
     x1 = _proj(o, w.o_proj, None, lora.get("o_proj"), s, residual=x)
     n2 = ops.rms_norm(x1, w.post_norm, arch.rms_eps)
@@ -110,7 +136,7 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
         out [C, d], and the tokens' k (after RoPE) and v [Hk, C, D], to be written at rows pos .. pos + C - 1.
     """
     if fused_enabled() and isinstance(p.weights.q_proj, QuantWeight) and p.weights.q_proj.bits == 4:
-        return _block_decode_fused(x, pos, k_cache, v_cache, p)         # `rope` unused (computed in the calls)
+        return _block_decode_fused(x, pos, k_cache, v_cache, p, rope)
     w, arch = p.weights, p.arch
     h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
     c = dh ** -0.5
@@ -118,8 +144,8 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     q, _ = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
     k, _ = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
     v, _ = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
-    q = rope_forward(_heads(q, h), rope)                              # [H, C, D]
-    k = rope_forward(_heads(k, hk), rope)                             # [Hk, C, D]
+    q = _qk_heads(q, h, w.q_norm, arch.rms_eps, rope)                 # [H, C, D]
+    k = _qk_heads(k, hk, w.k_norm, arch.rms_eps, rope)                # [Hk, C, D]
     v = _heads(v, hk)                                                 # [Hk, C, D]
     o = attention_with_cache(q, k, v, k_cache, v_cache, pos, c)       # [C, H*D]
     ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)

@@ -30,11 +30,11 @@ from torch import Tensor
 from toolchain.errors import BadInput
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
-from toolchain.mesp.block import BlockParams, block_backward, block_forward
+from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, ce_online_forward_backward,
-                                ce_online_loss, rmsnorm_backward, rmsnorm_forward, rope_tables, shift_labels)
+                                ce_online_loss, rmsnorm_backward, rmsnorm_forward, shift_labels)
 from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["StepOptions", "chunk_overrides", "StepResult", "mesp_step", "checkpoint_groups",
@@ -95,7 +95,7 @@ class StepResult(NamedTuple):
     grads: LoraWeights    # per layer; empty dicts for layers outside `backward_layers`
 
 
-def block_params(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, i: int) -> BlockParams:
+def block_params(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, i: int) -> BlockParams:
     return BlockParams(weights.layers[i], lora[i], cfg.scale, arch)
 
 
@@ -135,7 +135,7 @@ def head_loss_and_grad(x: Tensor, final_norm: Tensor, head: Tensor, labels: Tens
     return loss, rmsnorm_backward(dhn, s_fn)
 
 
-def mesp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def mesp_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor, *, options: StepOptions = StepOptions(), backward_layers: Iterable[int] | None = None,
               on_layer_grads: LayerGradsHook | None = None, keep_grads: bool = True,
               layers_per_checkpoint: int = 1) -> StepResult:
@@ -157,7 +157,7 @@ def mesp_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: Lo
         The loss and, per layer, its LoRA gradients (the hook may have consumed them already).
     """
     t = input_ids.shape[0]
-    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.final_norm.dtype)
+    rope = block_rope(arch, torch.arange(t), weights.final_norm.dtype)
     selected = sorted(set(range(arch.layers)) if backward_layers is None else set(backward_layers))
     groups = checkpoint_groups(selected, layers_per_checkpoint)
     checkpoints, x = _forward_checkpoints(arch, weights, cfg, lora, input_ids, rope=rope,
@@ -210,11 +210,11 @@ def checkpoint_groups(selected: list[int], every: int) -> list[list[int]]:
     return [selected[a:a + every] for a in range(0, len(selected), every)]
 
 
-def model_loss(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
+def model_loss(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
                labels: Tensor, *, options: StepOptions = StepOptions()) -> Tensor:
     """Forward only: the same loss `mesp_step` reports (evaluation, MeZO)."""
     t = input_ids.shape[0]
-    rope = rope_tables(torch.arange(t), arch.head_dim, arch.rope_theta, weights.final_norm.dtype)
+    rope = block_rope(arch, torch.arange(t), weights.final_norm.dtype)
     x = embedding_rows(weights.embed, input_ids)
     for i in range(arch.layers):
         x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, options.mlp_chunk)

@@ -1,4 +1,5 @@
-"""Hugging Face Qwen2 state-dict keys <-> our weight names. One table; `{}` is the layer index."""
+"""Hugging Face state-dict keys <-> our weight names, one table for every family (Qwen2, Qwen3 and Llama name
+their tensors alike; which of them a checkpoint has follows `ModelArch.layer_shapes`). `{}` is the layer index."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ LAYER_KEYS: dict[str, str] = {
     "v_proj": "model.layers.{}.self_attn.v_proj.weight",
     "v_bias": "model.layers.{}.self_attn.v_proj.bias",
     "o_proj": "model.layers.{}.self_attn.o_proj.weight",
+    "q_norm": "model.layers.{}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{}.self_attn.k_norm.weight",
     "gate_proj": "model.layers.{}.mlp.gate_proj.weight",
     "up_proj": "model.layers.{}.mlp.up_proj.weight",
     "down_proj": "model.layers.{}.mlp.down_proj.weight",

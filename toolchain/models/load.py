@@ -1,5 +1,5 @@
-"""Build `ModelWeights`: from a Hugging Face Qwen2 checkpoint directory, from the local HF cache
-for a preset (`demo`: the package's own toolchain/assets/demo_model/), or random weights for any
+"""Build `ModelWeights`: from a Hugging Face checkpoint directory (model_type qwen2, qwen3 or llama), from the
+local HF cache for a preset (`demo`: the package's own toolchain/assets/demo_model/), or random weights for any
 preset (no download ever happens)."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import torch
 
 from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
 from toolchain.models.keys import GLOBAL_KEYS, LAYER_KEYS
-from toolchain.models.presets import HF_REPO_IDS, PRESETS, Qwen25Arch, get_preset
+from toolchain.models.arch import ModelArch, RopeScaling
+from toolchain.models.family import family_for_model_type
+from toolchain.models.presets import HF_REPO_IDS, PRESETS, get_preset
 from toolchain.models.weights import LayerWeights, ModelWeights
 
 __all__ = ["load_model", "random_weights", "weights_from_state_dict", "arch_from_hf_config", "state_dict_from_weights"]
@@ -21,7 +23,7 @@ Init = Literal["pretrained", "random"]
 
 
 def load_model(spec: str, *, init: Init = "pretrained", seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> tuple[Qwen25Arch, ModelWeights]:
+               dtype: torch.dtype = torch.float32) -> tuple[ModelArch, ModelWeights]:
     """Resolve `--model` / `--init` into an architecture and its weights.
 
     Args:
@@ -65,33 +67,58 @@ def _cached_checkpoint(preset: str) -> Path:
         raise MissingWeights(f"weights of {preset} ({repo_id}) are not in the local Hugging Face cache; {hint}") from None
 
 
-def arch_from_hf_config(cfg: dict) -> Qwen25Arch:
-    """Map a Qwen2 `config.json` dict to `Qwen25Arch`."""
-    if cfg.get("model_type") != "qwen2":
-        raise BadInput(f"config.json has model_type {cfg.get('model_type')!r}; only Qwen2 checkpoints are supported")
+def arch_from_hf_config(cfg: dict) -> ModelArch:
+    """Map a `config.json` dict (model_type qwen2, qwen3 or llama) to `ModelArch`.
+
+    Raises:
+        BadInput: another model_type (the message names the supported ones), a missing field, or a feature
+            this toolchain does not compute (o_proj / MLP biases, a rope type other than default / llama3).
+    """
+    fam = family_for_model_type(cfg.get("model_type"))
+    for flag in ("attention_bias", "mlp_bias"):
+        if not fam.qkv_bias and cfg.get(flag):
+            raise BadInput(f"config.json sets {flag}: true; {fam.name} models are supported without biases")
     try:
-        return Qwen25Arch(
-            hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
-            kv_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+        heads = cfg["num_attention_heads"]
+        return ModelArch(
+            family=fam.name, hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or None,
             intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
             max_positions=cfg.get("max_position_embeddings", 32768), rms_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(cfg), tie_embeddings=cfg.get("tie_word_embeddings", False),
+            rope_theta=_rope_theta(cfg), rope_scaling=_rope_scaling(cfg),
+            tie_embeddings=cfg.get("tie_word_embeddings", False),
         )
     except KeyError as e:
         raise BadInput(f"config.json lacks {e.args[0]!r}") from None
 
 
+def _rope_params(cfg: dict) -> dict:
+    # transformers 5 writes rope settings under `rope_parameters`; older files have `rope_theta` and
+    # `rope_scaling` (null for plain RoPE).
+    return {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
+
+
 def _rope_theta(cfg: dict) -> float:
-    # transformers 5 writes rope settings under `rope_parameters`; older files have `rope_theta`.
-    params = cfg.get("rope_parameters") or {}
-    scaling = params.get("rope_type", "default")
-    if scaling != "default":
-        raise BadInput(f"rope type {scaling!r} is not supported (only the default rotary embedding)")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    return float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
-def load_checkpoint(path: Path, *, dtype: torch.dtype = torch.float32) -> tuple[Qwen25Arch, ModelWeights]:
-    """Load a Hugging Face Qwen2 checkpoint directory (config.json + *.safetensors)."""
+def _rope_scaling(cfg: dict) -> RopeScaling | None:
+    params = _rope_params(cfg)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise BadInput(f"rope type {kind!r} is not supported (only the default rotary embedding and llama3)")
+    try:
+        return RopeScaling(factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+                           high_freq_factor=float(params["high_freq_factor"]),
+                           original_max_positions=int(params["original_max_position_embeddings"]))
+    except KeyError as e:
+        raise BadInput(f"config.json's llama3 rope scaling lacks {e.args[0]!r}") from None
+
+
+def load_checkpoint(path: Path, *, dtype: torch.dtype = torch.float32) -> tuple[ModelArch, ModelWeights]:
+    """Load a Hugging Face checkpoint directory (config.json + *.safetensors)."""
     from safetensors import SafetensorError, safe_open
 
     if not path.is_dir():
@@ -117,15 +144,19 @@ def load_checkpoint(path: Path, *, dtype: torch.dtype = torch.float32) -> tuple[
     return arch, weights_from_state_dict(arch, tensors, dtype=dtype)
 
 
-def weights_from_state_dict(arch: Qwen25Arch, sd: dict[str, torch.Tensor], *,
+def weights_from_state_dict(arch: ModelArch, sd: dict[str, torch.Tensor], *,
                             dtype: torch.dtype = torch.float32) -> ModelWeights:
     """Pick our tensors out of a Hugging Face state dict, checking every key and shape.
 
     Raises:
         MissingWeights: a required key is absent (named in the message).
-        ShapeMismatch: a tensor's shape differs from the architecture's (named in the message).
+        ShapeMismatch: a tensor's shape differs from the architecture's (named in the message), or the state
+            dict has tensors the architecture does not use (e.g. q/k/v biases under a config without them).
     """
+    used: set[str] = set()
+
     def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
+        used.add(key)
         if key not in sd:
             raise MissingWeights(f"checkpoint lacks {key!r}")
         t = sd[key]
@@ -133,12 +164,10 @@ def weights_from_state_dict(arch: Qwen25Arch, sd: dict[str, torch.Tensor], *,
             raise ShapeMismatch(f"{key!r} has shape {list(t.shape)}, the config implies {list(shape)}")
         return t.to(dtype)
 
-    d, f, kv = arch.hidden, arch.intermediate, arch.kv_dim
-    shapes = {"input_norm": (d,), "post_norm": (d,), "q_proj": (d, d), "q_bias": (d,), "k_proj": (kv, d),
-              "k_bias": (kv,), "v_proj": (kv, d), "v_bias": (kv,), "o_proj": (d, d), "gate_proj": (f, d),
-              "up_proj": (f, d), "down_proj": (d, f)}
+    d, shapes = arch.hidden, arch.layer_shapes()
+    absent = {name: None for name in LayerWeights._fields if name not in shapes}
     layers = tuple(
-        LayerWeights(**{name: take(LAYER_KEYS[name].format(i), shapes[name]) for name in LayerWeights._fields})
+        LayerWeights(**{name: take(LAYER_KEYS[name].format(i), shape) for name, shape in shapes.items()}, **absent)
         for i in range(arch.layers)
     )
     embed = take(GLOBAL_KEYS["embed"], (arch.vocab, d))
@@ -146,7 +175,15 @@ def weights_from_state_dict(arch: Qwen25Arch, sd: dict[str, torch.Tensor], *,
         lm_head = embed
     else:
         lm_head = take(GLOBAL_KEYS["lm_head"], (arch.vocab, d))
-    return ModelWeights(embed, layers, take(GLOBAL_KEYS["final_norm"], (d,)), lm_head)
+    final_norm = take(GLOBAL_KEYS["final_norm"], (d,))
+    # a tied checkpoint may still carry lm_head.weight (the same matrix); old ones carry rotary buffers
+    unused = sorted(k for k in set(sd) - used
+                    if not k.endswith("rotary_emb.inv_freq") and not (arch.tie_embeddings and k == GLOBAL_KEYS["lm_head"]))
+    if unused:
+        more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+        raise ShapeMismatch(f"checkpoint has tensors the {arch.family} config does not use: "
+                            f"{', '.join(map(repr, unused[:3]))}{more}")
+    return ModelWeights(embed, layers, final_norm, lm_head)
 
 
 def state_dict_from_weights(weights: ModelWeights) -> dict[str, torch.Tensor]:
@@ -155,12 +192,12 @@ def state_dict_from_weights(weights: ModelWeights) -> dict[str, torch.Tensor]:
     if not weights.tied:
         sd[GLOBAL_KEYS["lm_head"]] = weights.lm_head
     for i, lw in enumerate(weights.layers):
-        for name, t in lw._asdict().items():
+        for name, t in lw.present().items():
             sd[LAYER_KEYS[name].format(i)] = t
     return sd
 
 
-def random_weights(arch: Qwen25Arch, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> ModelWeights:
+def random_weights(arch: ModelArch, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> ModelWeights:
     """Seeded random weights: N(0, 0.02) matrices and biases (as HF's `initializer_range`),
     norms around 1. Built directly in `dtype` so a 3B preset needs no fp64 detour."""
     gen = torch.Generator().manual_seed(seed)
@@ -168,16 +205,15 @@ def random_weights(arch: Qwen25Arch, *, seed: int = 0, dtype: torch.dtype = torc
     def normal(*shape: int, mean: float = 0.0, std: float = 0.02) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype).normal_(mean, std, generator=gen)
 
-    d, f, kv = arch.hidden, arch.intermediate, arch.kv_dim
-    layers = tuple(
-        LayerWeights(
-            input_norm=normal(d, mean=1.0, std=0.1), q_proj=normal(d, d), q_bias=normal(d),
-            k_proj=normal(kv, d), k_bias=normal(kv), v_proj=normal(kv, d), v_bias=normal(kv),
-            o_proj=normal(d, d), post_norm=normal(d, mean=1.0, std=0.1), gate_proj=normal(f, d),
-            up_proj=normal(f, d), down_proj=normal(d, f),
-        )
-        for _ in range(arch.layers)
-    )
+    d, shapes = arch.hidden, arch.layer_shapes()
+    absent = {name: None for name in LayerWeights._fields if name not in shapes}
+
+    def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return normal(*shape, mean=1.0, std=0.1) if name.endswith("norm") else normal(*shape)
+
+    # drawn in LayerWeights field order (a Qwen2 arch draws exactly what it always did)
+    layers = tuple(LayerWeights(**{name: tensor(name, shape) for name, shape in shapes.items()}, **absent)
+                   for _ in range(arch.layers))
     embed = normal(arch.vocab, d)
     lm_head = embed if arch.tie_embeddings else normal(arch.vocab, d)
     return ModelWeights(embed, layers, normal(d, mean=1.0, std=0.1), lm_head)

@@ -1,6 +1,7 @@
-"""Frozen base weights of a Qwen2 model as plain tensor bundles (NamedTuples: pytrees, export-friendly).
+"""Frozen base weights of a model as plain tensor bundles (NamedTuples: pytrees, export-friendly).
 
-Layouts follow Hugging Face: a projection's `weight` is [out, in]."""
+Layouts follow Hugging Face: a projection's `weight` is [out, in]. A tensor the architecture does not have
+(`ModelArch.layer_shapes`: q/k/v biases without `qkv_bias`, q/k norms without `qk_norm`) is None."""
 
 from __future__ import annotations
 
@@ -13,17 +14,23 @@ __all__ = ["LayerWeights", "ModelWeights"]
 
 class LayerWeights(NamedTuple):
     input_norm: Tensor  # [d]
-    q_proj: Tensor      # [d, d]
-    q_bias: Tensor      # [d]
+    q_proj: Tensor      # [q, d]   q = heads * head_dim
+    q_bias: Tensor | None  # [q]  (qkv_bias)
     k_proj: Tensor      # [kv, d]
-    k_bias: Tensor      # [kv]
+    k_bias: Tensor | None  # [kv]
     v_proj: Tensor      # [kv, d]
-    v_bias: Tensor      # [kv]
-    o_proj: Tensor      # [d, d]
+    v_bias: Tensor | None  # [kv]
+    o_proj: Tensor      # [d, q]
     post_norm: Tensor   # [d]
     gate_proj: Tensor   # [f, d]
     up_proj: Tensor     # [f, d]
     down_proj: Tensor   # [d, f]
+    q_norm: Tensor | None = None  # [head_dim] (qk_norm), shared by the query heads
+    k_norm: Tensor | None = None  # [head_dim]
+
+    def present(self) -> dict[str, Tensor]:
+        """The tensors this layer has, by field name, in field order."""
+        return {name: t for name, t in zip(self._fields, self) if t is not None}
 
 
 class ModelWeights(NamedTuple):
@@ -37,7 +44,7 @@ class ModelWeights(NamedTuple):
         return self.lm_head is self.embed
 
     def to(self, dtype) -> "ModelWeights":
-        layers = tuple(LayerWeights(*(t.to(dtype) for t in lw)) for lw in self.layers)
+        layers = tuple(LayerWeights(*(None if t is None else t.to(dtype) for t in lw)) for lw in self.layers)
         embed = self.embed.to(dtype)
         lm_head = embed if self.tied else self.lm_head.to(dtype)
         return ModelWeights(embed, layers, self.final_norm.to(dtype), lm_head)

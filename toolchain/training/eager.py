@@ -27,7 +27,7 @@ from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions, mesp_step, model_loss
-from toolchain.models.presets import Qwen25Arch
+from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig, OptState, init_state, update_layer
 from toolchain.training.checkpoint import rows_sha256, tensors_sha256
@@ -108,7 +108,7 @@ def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], n
             old.b.copy_(new.b)
 
 
-def train_step(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example, *,
+def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example, *,
                layers: Sequence[int] | None, config: TrainConfig) -> tuple[RunState, float]:
     """One step: MeSP forward/backward through `layers` (None: all), updating each layer as it goes.
 
@@ -149,7 +149,7 @@ class EagerTrainer(Trainer):
 
     backend = "eager"
 
-    def __init__(self, arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
+    def __init__(self, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
                  examples: Sequence[Example], config: TrainConfig, *, model_name: str = "custom") -> None:
         self.arch, self.weights, self.cfg, self.examples = arch, weights, cfg, examples
         self.run_options = self.config = config
@@ -213,7 +213,7 @@ class EagerTrainer(Trainer):
         return info
 
 
-def train(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
+def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
           config: TrainConfig, *, on_step: OnStep | None = None, model_name: str = "custom") -> TrainResult:
     """Train the adapter for `config.steps` steps.
 
@@ -230,7 +230,7 @@ def train(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWe
     return EagerTrainer(arch, weights, cfg, lora, examples, config, model_name=model_name).run(on_step=on_step)
 
 
-def evaluate(arch: Qwen25Arch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
+def evaluate(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
              examples: Sequence[Example], *, options: StepOptions = StepOptions()) -> float:
     """Mean loss over `examples` (forward only), each weighted by its number of predicted tokens."""
     total, tokens = 0.0, 0

@@ -7,7 +7,7 @@ import torch
 from helpers import saved_activation_nbytes
 
 from toolchain.mesp.ops import rope_backward, rope_forward, rope_tables
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 
 SHAPES = [(1, 1, 2), (3, 1, 4), (2, 5, 6), (5, 17, 8), (1, 33, 64)]  # (heads, T, head_dim)
 IDS = [f"H{h}-T{t}-D{d}" for h, t, d in SHAPES]
@@ -30,7 +30,7 @@ def test_forward_matches_hf(h, t, d, dtype, gen):
     """Tables equal Qwen2RotaryEmbedding's (bit for bit); rotation equals apply_rotary_pos_emb."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
 
-    arch = Qwen25Arch(hidden=h * d, layers=1, heads=h, kv_heads=1, intermediate=3, vocab=5, max_positions=64)
+    arch = ModelArch(hidden=h * d, layers=1, heads=h, kv_heads=1, intermediate=3, vocab=5, max_positions=64)
     q = torch.randn(1, h, t, d, generator=gen, dtype=dtype)
     k = torch.randn(1, 1, t, d, generator=gen, dtype=dtype)
     cos, sin = Qwen2RotaryEmbedding(arch.to_hf_config())(q, torch.arange(t)[None])
@@ -60,3 +60,26 @@ def test_exports(gen):
     args = (torch.arange(7), torch.randn(3, 7, 8, generator=gen), torch.randn(3, 7, 8, generator=gen))
     ep = torch.export.export(_RopeStep(), args)
     torch.testing.assert_close(ep.module()(*args), _RopeStep()(*args))
+
+
+@pytest.mark.parametrize(("factor", "low", "high", "original"), [(8.0, 1.0, 4.0, 8), (32.0, 1.0, 4.0, 16),
+                                                                  (2.0, 2.0, 4.0, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_llama3_scaled_tables_equal_llama_rotary_embedding(factor, low, high, original, dtype, gen):
+    """With rope scaling the tables are LlamaRotaryEmbedding's bit for bit (scaled inverse frequencies from
+    transformers' ROPE_INIT_FUNCTIONS), and differ from plain RoPE's; the rotation and its backward are the same."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from toolchain.mesp.block import block_rope
+    from toolchain.models import RopeScaling
+
+    arch = ModelArch(family="llama", hidden=12, layers=1, heads=3, kv_heads=1, head_dim=16, intermediate=3,
+                     vocab=5, max_positions=64, rope_theta=500_000.0,
+                     rope_scaling=RopeScaling(factor, low, high, original))
+    t = 40
+    q = torch.randn(1, 3, t, 16, generator=gen, dtype=dtype)
+    cos, sin = LlamaRotaryEmbedding(arch.to_hf_config())(q, torch.arange(t)[None])
+    tables = block_rope(arch, torch.arange(t), dtype)
+    assert torch.equal(tables.cos, cos[0]) and torch.equal(tables.sin, sin[0])
+    plain = rope_tables(torch.arange(t), 16, arch.rope_theta, dtype)
+    assert not torch.equal(plain.cos, tables.cos)

@@ -7,7 +7,7 @@ import torch
 from helpers import saved_activation_nbytes
 
 from toolchain.mesp.ops import linear_forward, swiglu_backward, swiglu_forward
-from toolchain.models import Qwen25Arch
+from toolchain.models import ModelArch
 
 SHAPES = [(1, 1), (1, 9), (4, 37), (19, 64)]
 IDS = [f"T{t}-f{f}" for t, f in SHAPES]
@@ -34,7 +34,7 @@ def test_forward_matches_qwen2_mlp(dtype, gen):
     """act_fn(gate) * up, and the whole Qwen2MLP built from linear_forward + swiglu_forward."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
-    arch = Qwen25Arch(hidden=10, layers=1, heads=1, kv_heads=1, intermediate=23, vocab=5)
+    arch = ModelArch(hidden=10, layers=1, heads=1, kv_heads=1, intermediate=23, vocab=5)
     mlp = Qwen2MLP(arch.to_hf_config()).to(dtype)
     x = torch.randn(7, 10, generator=gen, dtype=dtype)
     g, u = _gu(7, 23, gen, dtype)

@@ -6,6 +6,7 @@ from toolchain.mesp.ops.attention import (AttentionGrads, AttentionSaved, attent
 from toolchain.mesp.ops.ce_chunked import (IGNORE_INDEX, CeResult, ce_chunked_forward_backward, ce_chunked_loss,
                                            shift_labels)
 from toolchain.mesp.ops.ce_online import ce_online_forward_backward, ce_online_loss
+from toolchain.mesp.ops.head_norm import head_norm_backward, head_norm_forward
 from toolchain.mesp.ops.lora_linear import LinearGrads, LinearSaved, linear_backward, linear_forward
 from toolchain.mesp.ops.rmsnorm import RmsNormSaved, rmsnorm_backward, rmsnorm_forward
 from toolchain.mesp.ops.rope import RopeTables, rope_backward, rope_forward, rope_tables
@@ -15,6 +16,7 @@ __all__ = [
     "AttentionGrads", "AttentionSaved", "attention_backward", "attention_forward", "causal_mask",
     "IGNORE_INDEX", "CeResult", "ce_chunked_forward_backward", "ce_chunked_loss", "shift_labels",
     "ce_online_forward_backward", "ce_online_loss",
+    "head_norm_backward", "head_norm_forward",
     "LinearGrads", "LinearSaved", "linear_backward", "linear_forward",
     "RmsNormSaved", "rmsnorm_backward", "rmsnorm_forward",
     "RopeTables", "rope_backward", "rope_forward", "rope_tables",

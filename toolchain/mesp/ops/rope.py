@@ -4,6 +4,10 @@ Forward:  y = x * cos + rot(x) * sin,   rot([x1, x2]) = [-x2, x1]   (halves of t
 Backward: rot is linear with transpose rot^T([z1, z2]) = [z2, -z1], so
           dx = dy * cos + rot^T(dy * sin)
 Saved: nothing per layer; the tables cos/sin [T, D] are built once per step from the positions.
+
+Scaled RoPE (Llama 3's `rope_type: llama3`) changes only the inverse frequencies w_i of the tables
+(cos(p w_i), sin(p w_i)); the tables are constants of the step, so forward and backward above are unchanged:
+rope_tables takes the scaled frequencies as `inv_freq` (`ModelArch.rope_inv_freq`, computed by transformers).
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ class RopeTables(NamedTuple):
     sin: Tensor  # [T, D]
 
 
-def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> RopeTables:
+def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                inv_freq: Tensor | None = None) -> RopeTables:
     """cos/sin tables for integer `positions` [T].
 
-    Computed in float32 and then cast, exactly as transformers' Qwen2RotaryEmbedding does, so that
-    float64 runs agree with Hugging Face to float64 precision rather than to float32 precision.
+    Computed in float32 and then cast, exactly as transformers' rotary embeddings (Qwen2, Qwen3, Llama) do,
+    so that float64 runs agree with Hugging Face to float64 precision rather than to float32 precision.
+    `inv_freq` [head_dim / 2] float32: scaled frequencies (None: plain RoPE's, theta^(-2i / head_dim)).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]   # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)                             # [T, D]
     return RopeTables(emb.cos().to(dtype), emb.sin().to(dtype))
