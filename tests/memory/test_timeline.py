@@ -110,7 +110,8 @@ def test_bf16_table_equals_the_real_bf16_block():
     assert block_timeline(ODD, ALL_TARGETS, 64, 2).peak("forward", 40, 4).bytes == tracker.peak_bytes
 
 
-@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", pytest.param("qwen2.5-3b", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen3-0.6b", "llama3.2-1b",
+                                    pytest.param("qwen2.5-3b", marks=pytest.mark.slow)])
 def test_estimate_equals_the_whole_real_step_on_meta_tensors_at_full_size(preset):
     """The whole `mesp_step` of a real preset (every layer, the real vocabulary; StepOptions' defaults, each
     layer's update right after its backward) on meta tensors: the estimate's tensors (all but the LoRA

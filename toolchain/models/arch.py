@@ -172,11 +172,13 @@ class ModelArch:
 def _scaled_inv_freq(arch: ModelArch) -> tuple[float, ...]:
     """transformers' own llama3 frequencies (ROPE_INIT_FUNCTIONS), once per architecture (it builds a config),
     as Python floats (the float32 values exactly). Computed on real tensors even when first asked for while
-    a method is being traced (fake tensors have no values; a cached tensor would leak one into later traces)."""
+    a method is being traced (fake tensors have no values; a cached tensor would leak one into later traces),
+    or inside `torch.device("meta")` and a counting dispatch mode (the memory estimator's meta trace)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    with unset_fake_temporarily():
+    with unset_fake_temporarily(), _disable_current_modes(), torch.device("cpu"):
         inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](arch.to_hf_config(), "cpu")
         values = tuple(inv_freq.to(torch.float32).tolist())
     if attention_factor != 1.0:
