@@ -206,6 +206,38 @@ def test_stock_generation_methods_equal_hf_and_the_fused_ones_their_reference_on
     torch.testing.assert_close(la, lb, rtol=0, atol=0.05 * float(la.abs().max()))
 
 
+def test_bound_decode_equals_binding_the_inputs_every_call_bit_for_bit(tied_int4):
+    """On ExecuTorch generate binds each layer's decode method once (ExecutorchRunner.bind: an instance per
+    layer, inputs set once, the hidden state and position rewritten in place): every step's logits equal
+    those of binding the inputs on every call (LayerLoop.bind unavailable, as on the other runtimes)."""
+    pdir, state = tied_int4.pdir, tied_int4.pdir.state_init()
+    runner = tied_int4.runner("executorch", "generate")
+    prompt = [4, 9, 2, 33, 1, 8]
+
+    def run(bind: bool):
+        loop = LayerLoop(pdir, runner)
+        logits, bound_calls = [], []
+        call, call_bound = loop.call_method, loop.call_bound
+
+        def spy(name, *args, **kwargs):
+            out = call(name, *args, **kwargs)
+            if name.startswith("head_logits"):
+                logits.append(out["logits"].clone())
+            return out
+
+        loop.call_method = spy
+        loop.call_bound = lambda *args, **kwargs: (bound_calls.append(1), call_bound(*args, **kwargs))[1]
+        if not bind:
+            loop.bind = lambda *args, **kwargs: None
+        return generate(pdir, runner, state, prompt, 12, loop=loop).output_ids, logits, len(bound_calls)
+
+    ids_bound, logits_bound, n_bound = run(True)
+    ids_each, logits_each, n_each = run(False)
+    assert (n_bound, n_each) == (11 * TIED.layers, 0)                  # 11 decode steps, every layer bound
+    assert ids_bound == ids_each and len(logits_bound) == len(logits_each) == 12
+    assert all(torch.equal(a, b) for a, b in zip(logits_bound, logits_each))
+
+
 @pytest.mark.slow
 def test_untied_mqa_int4_eval_and_greedy_equal_hf_peft_on_executorch_onnx_eager(untied):
     _check_case(untied)
