@@ -27,8 +27,10 @@
 // their high and low nibbles (0..15, unsigned) and multiplied into the even / odd columns of the int8 x
 // with vpdpbusd (64 products per instruction); 4-lane partial sums are folded into 16 group sums per block
 // of 16 groups with permutes, and the correction for the nibble offset (- 8 sum_k a[t, k] per group) is
-// subtracted once per group. Rows of x are taken TT at a time, so each weight is loaded and split once per
-// TT rows (decode: T = 1; a prefill chunk: T = 32, 8 tiles of 4).
+// subtracted once per group. Decode (T = 1) streams the weight rows past one row of x held in registers. A
+// prefill chunk (T >= 10, e.g. 32; any T >= 2 for groups of 128) puts 16 weight rows in the 16 lanes instead
+// (rows_vnni_broadcast): their group bytes are gathered into registers once and every row of x multiplies
+// them with its 4-byte dwords broadcast; smaller T takes tiles of TT rows (rows_vnni_tiles).
 //
 // Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers and
 // libexecutorch) for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the
@@ -583,7 +585,7 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   thread_local QuantizedX a;
   a.build(x, T, in, group, ng, 16 * 64);   // padded to whole VNNI blocks (16 groups of up to 64 bytes)
 #ifdef TOOLCHAIN_VNNI
-  if ((T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64)) {   // where it is faster (measured: docs/benchmarks.md)
+  if ((T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64)) {   // where it beats the tiles (docs/benchmarks.md)
     switch (gb) {
       case 16: rows_vnni_broadcast<16>(a, T, q, scales, half, ng, o, y); return 0;
       case 32: rows_vnni_broadcast<32>(a, T, q, scales, half, ng, o, y); return 0;
