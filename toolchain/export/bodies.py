@@ -26,26 +26,25 @@ from toolchain.optim import update_tensor
 __all__ = ["method_module", "example_inputs"]
 
 
-def _matrix(ins: dict[str, Tensor], name: str, bits: int) -> Tensor | QuantWeight:
-    """The matrix `matrix_inputs(name, ...)` passed: the float tensor, or the quantized pair."""
+def _matrix(ins: dict[str, Tensor], name: str, bits: int, executorch: bool) -> Tensor | QuantWeight:
+    """The matrix `matrix_inputs(name, ...)` passed: the float tensor, or the quantized pair (int4 dequantized
+    by ExecuTorch's `embedding_4bit` if `executorch`: see mesp/ops/quant.py)."""
     if f"{name}_q" in ins:
-        return QuantWeight(ins[f"{name}_q"], ins[f"{name}_scale"], bits)
+        return QuantWeight(ins[f"{name}_q"], ins[f"{name}_scale"], bits, executorch=executorch)
     return ins[name]
 
 
-def _head_chunks(ins: dict[str, Tensor], bits: int) -> list[Tensor | QuantWeight]:
+def _head_chunks(ins: dict[str, Tensor], bits: int, executorch: bool) -> list[Tensor | QuantWeight]:
     """The `head_{j}` chunks of program.py `_head_inputs`, in vocabulary order."""
     js = sorted({int(n.split("_")[1]) for n in ins if n.startswith("head_") and n.split("_")[1].isdigit()})
-    return [_matrix(ins, f"head_{j}", bits) for j in js]
+    return [_matrix(ins, f"head_{j}", bits, executorch) for j in js]
 
 
-
-
-def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor]) -> LayerWeights:
+def _layer_weights(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> LayerWeights:
     quant = spec.quant
     fields = {name: None for name in LayerWeights._fields}
     for name in spec.arch.layer_shapes():
-        w = _matrix(ins, f"w_{name}", quant.bits)
+        w = _matrix(ins, f"w_{name}", quant.bits, executorch)
         fields[name] = with_chunk_rows(w, quant.chunk_elems) if isinstance(w, QuantWeight) else w
     return LayerWeights(**fields)
 
@@ -72,56 +71,59 @@ def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair
     return tuple(new[s.name] for s in layer_state_inputs(spec, state_roles(o)))
 
 
-def _embed(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+def _embed(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
     ids = ins.get("input_ids", ins.get("tokens", ins.get("token")))
-    return (embedding_rows(_matrix(ins, "embed", spec.quant.bits), ids),)
+    return (embedding_rows(_matrix(ins, "embed", spec.quant.bits, executorch), ids),)
 
 
-def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
     x = ins["x"]
-    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    p = BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
     return (block_forward(x, p, _rope(spec, x.dtype), spec.options.mlp_chunk),)
 
 
-def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    chunks = _head_chunks(ins, spec.quant.bits)
-    head = _matrix(ins, "head", spec.quant.bits)
+def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+    chunks = _head_chunks(ins, spec.quant.bits, executorch)
+    head = _matrix(ins, "head", spec.quant.bits, executorch)
     loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], head, ins["labels"], spec.arch.rms_eps,
                                   spec.options, head_chunks=chunks if spec.options.vocab_chunk else None)
     return loss.reshape(1), dx
 
 
-def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
     x = ins["x"]
-    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    p = BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
     dx, grads = block_backward(ins["dout"], x, p, _rope(spec, x.dtype), spec.options.mlp_chunk)
     return (dx,) + _update(spec, ins, grads)
 
 
-def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
     return _update(spec, ins, None)
 
 
-def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
     x, arch = ins["x"], spec.arch
-    p = BlockParams(_layer_weights(spec, ins), _layer_lora(spec, ins), spec.lora.scale, arch)
+    p = BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, arch)
     rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype, arch.rope_inv_freq())
     return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope)
 
 
-def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    chunks = _head_chunks(ins, spec.quant.bits) or [_matrix(ins, "head", spec.quant.bits)]
+def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+    chunks = _head_chunks(ins, spec.quant.bits, executorch) or [_matrix(ins, "head", spec.quant.bits, executorch)]
     return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps),)
 
 
-def _fused(body: Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]):
-    def run(spec: ProgramSpec, ins: dict[str, Tensor]) -> tuple[Tensor, ...]:
+_Body = Callable[[ProgramSpec, dict[str, Tensor], bool], tuple[Tensor, ...]]   # (spec, inputs, executorch)
+
+
+def _fused(body: _Body) -> _Body:
+    def run(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
         with fused_int4():
-            return body(spec, ins)
+            return body(spec, ins, executorch)
     return run
 
 
-_BODIES: dict[str, Callable[[ProgramSpec, dict[str, Tensor]], tuple[Tensor, ...]]] = {
+_BODIES: dict[str, _Body] = {
     "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
     "block_backward": _block_backward, "block_skip_update": _block_skip_update,
     "embed_token": _embed, "embed_prefill": _embed, "block_prefill": _block_decode, "block_decode": _block_decode,
@@ -133,23 +135,30 @@ class _Method(nn.Module):
     """One method as a plain `forward(*inputs) -> tuple(outputs)`, in its MethodSpec's order, for the
     exporters (which trace a module's forward) and the eager reference runner."""
 
-    def __init__(self, spec: ProgramSpec, method: MethodSpec) -> None:
+    def __init__(self, spec: ProgramSpec, method: MethodSpec, executorch: bool) -> None:
         super().__init__()
-        self.spec, self.method = spec, method
+        self.spec, self.method, self.executorch = spec, method, executorch
         self.names = [i.name for i in method.inputs]
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         body = _BODIES[self.method.role]
         if self.method.kernels:
             body = _fused(body)
-        return body(self.spec, dict(zip(self.names, inputs)))
+        return body(self.spec, dict(zip(self.names, inputs)), self.executorch)
 
 
-def method_module(spec: ProgramSpec, name: str) -> nn.Module:
+def method_module(spec: ProgramSpec, name: str, *, executorch: bool = False) -> nn.Module:
+    """Method `name` of the program as a module (`_Method`).
+
+    Args:
+        executorch: trace int4 dequantization as ExecuTorch's `quantized_decomposed::embedding_4bit` (the
+            ExecuTorch export, which imports the op's definition; the same values as the unpacking every
+            other target and the eager runner use: mesp/ops/quant.py).
+    """
     methods = method_specs(spec)
     if name not in methods:
         raise BadInput(f"no method {name!r} in this program; it has {', '.join(methods)}")
-    return _Method(spec, methods[name])
+    return _Method(spec, methods[name], executorch)
 
 
 _DTYPES = {"float32": torch.float32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}

@@ -29,15 +29,14 @@ PTE_NAME = "model.pte"
 
 def exported_methods(spec: ProgramSpec) -> dict:
     """`torch.export` of every method (no gradients: the backward is explicit)."""
-    # defines quantized_decomposed::embedding_4bit (int4 dequantization) for tracing
+    # defines quantized_decomposed::embedding_4bit (int4 dequantization, `method_module(executorch=True)`)
     import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
 
-    from toolchain.mesp.ops.quant import executorch_kernels
-
     eps = {}
-    with torch.no_grad(), executorch_kernels():
+    with torch.no_grad():
         for name, method in method_specs(spec).items():
-            eps[name] = torch.export.export(method_module(spec, name), example_inputs(method), strict=False)
+            eps[name] = torch.export.export(method_module(spec, name, executorch=True), example_inputs(method),
+                                            strict=False)
     return eps
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import max_op_output_numel
 
 from toolchain.lora import LoraPair
 from toolchain.mesp.ops import linear_backward, linear_forward
@@ -41,24 +42,36 @@ def test_int4_is_packed_interleaved_as_executorch_embedding_4bit_reads_it():
 
 @pytest.mark.parametrize("o, i, group", [(7, 16, 4), (33, 64, 16), (5, 896, 64), (3, 10, 2)])
 def test_executorch_kernel_dequantizes_to_the_same_bits(o, i, group):
-    """Traced for ExecuTorch, int4 dequantization is quantized_decomposed::embedding_4bit (its reference
-    implementation here, its C++ kernel on the runtime: tests/export); whole matrices and column chunks
-    equal the unpacking the other targets use, bit for bit."""
+    """An int4 weight marked `executorch` (the ExecuTorch methods' weights) is dequantized by
+    quantized_decomposed::embedding_4bit (its reference implementation here, its C++ kernel on the runtime:
+    tests/export) on every path, and a plain one never; whole matrices, row and column chunks and embedding
+    rows equal the unpacking the other targets use, bit for bit."""
     import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
 
-    from toolchain.mesp.ops.quant import dense_cols, executorch_kernels
+    from toolchain.mesp.ops.quant import dense_cols, dense_rows, embedding_rows
 
     w = torch.randn(o, i, generator=torch.Generator().manual_seed(o * i))
     qw = quantize(w, "int4", group)
+    et = qw._replace(executorch=True)
     plain = dequantize(qw)
-    with executorch_kernels():
-        fused = dequantize(qw)
-        cols = dense_cols(qw, group, min(3 * group, i))
+    ids = torch.tensor([o - 1, 0, o // 2])
+
+    def ops(fn, *args):   # the ATen / custom ops one call ran
+        return {op for op, _ in max_op_output_numel(fn, *args)[1]}
+
+    kernel = "quantized_decomposed.embedding_4bit.default"
+    for fn, args in ((dequantize, ()), (dense_cols, (group, min(3 * group, i))), (dense_rows, (1, o)),
+                     (embedding_rows, (ids,))):
+        assert kernel in ops(fn, et, *args), fn.__name__          # every int4 path of an executorch weight
+        assert kernel not in ops(fn, qw, *args), fn.__name__      # and none of a plain one
+    fused = dequantize(et)
+    cols = dense_cols(et, group, min(3 * group, i))
+    rows = dense_rows(et, 1, o)
+    emb = embedding_rows(et, ids)
     assert torch.equal(fused, plain)
     assert torch.equal(cols, plain[:, group:min(3 * group, i)])
-    from toolchain.mesp.ops import quant
-
-    assert quant._EXECUTORCH_KERNELS is False   # the context is left as found
+    assert torch.equal(rows, plain[1:])
+    assert torch.equal(emb, plain[ids])
 
 
 def test_odd_widths_are_refused():

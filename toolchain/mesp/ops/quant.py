@@ -5,7 +5,8 @@ int4: q = round(w / s) in [-8, 7],     s = max|w| / 7, stored as (q + 8) nibbles
       interleaved: byte j of a row holds column 2j (high nibble) and column 2j + 1 (low nibble),
       the layout of ExecuTorch's `quantized_decomposed::embedding_4bit` kernel
       (kernels/quantized/cpu/embeddingxb.cpp), which dequantizes a chunk of rows in one pass. The
-      ExecuTorch methods are traced with that op (`executorch_kernels()`): 3.9x faster than the
+      ExecuTorch methods are traced with that op (their weights are `QuantWeight(executorch=True)`,
+      export/bodies.py `method_module(executorch=True)`): 3.9x faster than the
       unpacking below for a [4864, 896] matvec (8.0 vs 31.3 ms, docs/benchmarks.md) and one node
       instead of seven. Everywhere else (eager, ONNX, Core ML) the unpacking is floor division by 16
       (`>>` is not core ATen and fails ExecuTorch's `to_edge`, docs/export.md) and `& 15`, joined
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["QuantWeight", "quantize", "dequantize", "executorch_kernels", "fused_int4", "dense", "matmul_xwt",
+__all__ = ["QuantWeight", "quantize", "dequantize", "fused_int4", "dense", "matmul_xwt",
            "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
            "int4_linear_a8_reference", "quantize_activations", "fused_enabled", "INT4_LINEAR_OP"]
 
@@ -50,6 +51,11 @@ class QuantWeight(NamedTuple):
     scale: Tensor    # [o, i/G] float
     bits: int        # 8 or 4 (static)
     chunk_rows: int = 0  # rows dequantized at once by the matmuls (0: all)
+    # int4 dequantized by ExecuTorch's `quantized_decomposed::embedding_4bit` (static; True only where the
+    # ExecuTorch methods are traced: the caller imports `executorch.exir.passes._quant_patterns_and_replacements`,
+    # which defines the op; its kernel is ExecuTorch's quantized kernel library, `kernels_quantized` in the
+    # apps, `runtime/executorch_runner.load_quantized_kernels` here). The values are the same bits either way.
+    executorch: bool = False
 
 
 def quantize(w: Tensor, kind: QuantKind, group: int) -> QuantWeight:
@@ -79,7 +85,7 @@ def with_chunk_rows(qw: QuantWeight, max_elems: int) -> QuantWeight:
 
 
 def _rows(qw: QuantWeight, start: int, stop: int) -> QuantWeight:
-    return QuantWeight(qw.q[start:stop], qw.scale[start:stop], qw.bits)
+    return QuantWeight(qw.q[start:stop], qw.scale[start:stop], qw.bits, executorch=qw.executorch)
 
 
 def quant_rows(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor | QuantWeight:
@@ -89,12 +95,12 @@ def quant_rows(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor | Quant
 
 def embedding_rows(w: Tensor | QuantWeight, ids: Tensor) -> Tensor:
     """Rows `ids` [T] of W as float [T, i] (an embedding lookup; quantized: only those rows dequantized,
-    by ExecuTorch's `embedding_4bit` within `executorch_kernels()`)."""
+    by ExecuTorch's `embedding_4bit` if `w.executorch`)."""
     if not isinstance(w, QuantWeight):
         return w[ids]
-    if w.bits == 4 and _EXECUTORCH_KERNELS:
+    if w.bits == 4 and w.executorch:
         return torch.ops.quantized_decomposed.embedding_4bit.default(w.q, w.scale, None, -8, 7, ids)
-    return dequantize(QuantWeight(w.q[ids], w.scale[ids], w.bits))
+    return dequantize(QuantWeight(w.q[ids], w.scale[ids], w.bits, executorch=w.executorch))
 
 
 def _chunks(qw: QuantWeight) -> list[tuple[int, int]]:
@@ -135,7 +141,7 @@ def dequantize(qw: QuantWeight) -> Tensor:
     q, scale, bits = qw.q, qw.scale, qw.bits
     if bits == 8:
         vals = q.to(scale.dtype)
-    elif _EXECUTORCH_KERNELS:
+    elif qw.executorch:
         # (n - 0) * s per element with n = nibble - 8: the same float32 products as below
         return torch.ops.quantized_decomposed.embedding_4bit.default(q, scale, None, -8, 7,
                                                                     torch.arange(q.shape[0]))
@@ -144,23 +150,6 @@ def dequantize(qw: QuantWeight) -> Tensor:
     o, i = vals.shape
     g = scale.shape[1]
     return (vals.reshape(o, g, i // g) * scale[..., None]).reshape(o, i)
-
-
-_EXECUTORCH_KERNELS = False
-
-
-@contextlib.contextmanager
-def executorch_kernels() -> Iterator[None]:
-    """Within this context int4 dequantization is ExecuTorch's `quantized_decomposed::embedding_4bit`,
-    for tracing the ExecuTorch methods (the caller imports `executorch.exir.passes.
-    _quant_patterns_and_replacements`, which defines the op; its kernel is ExecuTorch's quantized kernel
-    library, `kernels_quantized` in the apps, `runtime/executorch_runner.load_quantized_kernels` here)."""
-    global _EXECUTORCH_KERNELS
-    previous, _EXECUTORCH_KERNELS = _EXECUTORCH_KERNELS, True
-    try:
-        yield
-    finally:
-        _EXECUTORCH_KERNELS = previous
 
 
 _FUSED_INT4 = False
@@ -272,6 +261,6 @@ def dense_cols(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor:
         raise ValueError(f"column chunk [{start}, {stop}) does not align with the quantization group {g}")
     scale = w.scale[:, start // g:-(-stop // g)]
     if w.bits == 4:  # the group is even, so the columns are whole bytes
-        return dequantize(QuantWeight(w.q[:, start // 2:stop // 2], scale, 4))
+        return dequantize(QuantWeight(w.q[:, start // 2:stop // 2], scale, 4, executorch=w.executorch))
     vals = w.q[:, start:stop].to(w.scale.dtype)
     return (vals.reshape(o, -1, g) * scale[..., None]).reshape(o, stop - start)
