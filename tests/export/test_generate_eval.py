@@ -28,7 +28,7 @@ from toolchain.mesp.ops.quant import QuantWeight, dequantize
 from toolchain.models import ModelArch
 from toolchain.runtime import LayerLoop, ProgramDir
 from toolchain.runtime.evaluate import evaluate_program, state_from_adapter
-from toolchain.runtime.generate import generate
+from toolchain.runtime.generate import generate, new_cache
 from toolchain.runtime.runners import open_runner
 from helpers import our_weights
 
@@ -236,6 +236,14 @@ def test_bound_decode_equals_binding_the_inputs_every_call_bit_for_bit(tied_int4
     assert (n_bound, n_each) == (11 * TIED.layers, 0)                  # 11 decode steps, every layer bound
     assert ids_bound == ids_each and len(logits_bound) == len(logits_each) == 12
     assert all(torch.equal(a, b) for a, b in zip(logits_bound, logits_each))
+    views, cache = pdir.state_views(state), new_cache(pdir)
+    loop = LayerLoop(pdir, runner)
+    first = loop.bind("block_decode_fused", 0, {"x": torch.zeros(1, TIED.hidden), "pos": torch.zeros(1, dtype=torch.int64)},
+                      views, cache)
+    loop.bind("block_decode_fused", 0, {"x": torch.zeros(1, TIED.hidden), "pos": torch.zeros(1, dtype=torch.int64)},
+              views, cache)
+    with pytest.raises(RuntimeError, match="bound again"):                # its pointers may be freed tensors'
+        first.execute()
 
 
 @pytest.mark.slow

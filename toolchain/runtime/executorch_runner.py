@@ -72,6 +72,7 @@ class ExecutorchRunner:
             with native_log_redirected():
                 self.methods = {name: self.program.load_method(name) for name in method_names}
             self._instances: dict[tuple[str, object], object] = {}
+            self._bound: dict[tuple[str, object], BoundMethod] = {}   # the live binding of each instance
         except (RuntimeError, ValueError) as e:
             raise BadInput(f"{pte}: a method cannot be loaded by the ExecuTorch runtime ({e}); re-export the "
                            f"program") from None
@@ -80,14 +81,17 @@ class ExecutorchRunner:
         """`method`'s instance for `slot` (one per layer: its own loaded copy of the method) with `inputs` set
         once. The program does not plan its inputs, so the runtime keeps pointers to these tensors: a call is
         then `execute()` alone (no conversion of ~37 inputs per call, ~1 ms a token at Qwen2.5-0.5B), and the
-        caller changes the inputs' contents in place between calls (never their storage)."""
+        caller changes the inputs' contents in place between calls (never their storage). Binding a slot again
+        (the next generation) retires the previous BoundMethod of that slot: executing it raises."""
         key = (method, slot)
         instance = self._instances.get(key)
         if instance is None:
             with native_log_redirected():
                 instance = self.program._program.load_method(method)
             self._instances[key] = instance
-        return BoundMethod(instance, inputs)
+        bound = BoundMethod(instance, inputs, self._bound, key)
+        self._bound[key] = bound
+        return bound
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Outputs are views of the planned arena, valid until the next call of ANY method: the Python
@@ -101,11 +105,13 @@ class BoundMethod:
     """A loaded method instance with its inputs set (`ExecutorchRunner.bind`). Holds the input tensors so
     they outlive the runtime's pointers to them. Outputs are views of the planned arena, as `execute`'s."""
 
-    def __init__(self, instance, inputs: list[torch.Tensor]) -> None:
-        self._instance, self.inputs = instance, list(inputs)
+    def __init__(self, instance, inputs: list[torch.Tensor], live: dict, key: tuple) -> None:
+        self._instance, self.inputs, self._live, self._key = instance, list(inputs), live, key
         instance.set_inputs(self.inputs)
 
     def execute(self) -> list[torch.Tensor]:
+        if self._live.get(self._key) is not self:   # the instance was bound again: its pointers are not ours
+            raise RuntimeError(f"{self._key[0]} (slot {self._key[1]}) was bound again; this binding is retired")
         self._instance.execute()
         return list(self._instance.get_outputs(clone_outputs=False))
 
