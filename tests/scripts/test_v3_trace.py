@@ -110,6 +110,13 @@ def test_qwen3_trace_is_of_a_qwen3_shaped_program_with_the_same_steps():
     assert trace["losses"] != base["losses"]
 
 
+@pytest.mark.parametrize("args", [["--family", "llama"], ["--family"]])
+def test_an_unknown_family_is_one_error_line(args):
+    r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "Error: --family takes one of qwen2, qwen3"
+    assert not (REPO / "shared_schemas" / "traces" / "llama").exists()
+
+
 GROUPS = REPO / "shared_schemas" / "traces" / "v3_tiny_groups"
 
 
