@@ -11,7 +11,8 @@
 #      ExecuTorch JNI library does (registered, computes), and for arm64 when a cross g++ is installed.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
-# program (shared_schemas/traces/v3_tiny, and v3_tiny_groups with checkpoint groups: ReplayTest), the
+# program (shared_schemas/traces/v3_tiny, v3_tiny_groups with checkpoint groups, and v3_tiny_qwen3, the
+# same recording on a Qwen3-shaped program: ReplayTest), the
 # training session on that program (SessionTest),
 # the byte-level BPE against the shared tokenizer corpus (TokenizerTest) and on-device data preparation
 # against every case of shared_schemas/data_corpus (DataCorpusTest); the phone-facing logic of

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # iOS checks that run on Linux (CI and developers' machines):
 #   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot), including
-#      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups) through the Swift layer loop
+#      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups, v3_tiny_qwen3) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
 #      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins;
 #   3. the scripts/ios tests (a fake xcrun on PATH);
 #   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
-#      (v3_tiny and v3_tiny_groups with the stock methods; v3_tiny again with the native int4 kernel
-#      linked in and the fused generation methods).
+#      (v3_tiny, v3_tiny_groups and v3_tiny_qwen3 with the stock methods; v3_tiny and v3_tiny_qwen3 again
+#      with the native int4 kernel linked in and the fused generation methods).
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
 # failure. Needs root the first time (debootstrap + mount + chroot; ~3 minutes, 3.2 GB under
 # /var/cache/toolchain-swift, override with SWIFT_CHROOT); later runs reuse the chroot and the build
@@ -128,13 +128,14 @@ failed=$((failed + s_failed))
 # --- 4. The app's ExecuTorch call pattern (the stock C++ Module, per-method arenas, set_input/execute)
 # as the runtime of the v3 layer loop, against the recorded trace (ios/hostcheck; ~10 s, needs g++ and
 # the .venv's executorch wheel).
-# Both traces with the app's stock kernel set (v3_tiny, and v3_tiny_groups: the same program with
-# checkpoint groups, ~4 s more), the stock generation methods only; then v3_tiny with the native int4
-# kernel linked in as the app target compiles it (--fused: the fused generation methods, the same ids).
+# The traces with the app's stock kernel set (v3_tiny, v3_tiny_groups: the same program with checkpoint
+# groups, ~4 s more, and v3_tiny_qwen3: the Qwen3-shaped program), the stock generation methods only; then
+# v3_tiny and v3_tiny_qwen3 with the native int4 kernel linked in as the app target compiles it (--fused:
+# the fused generation methods, the same ids).
 h_passed=0
 h_failed=0
 if [ -x "$REPO/.venv/bin/python" ] && command -v g++ >/dev/null 2>&1; then
-    for run in v3_tiny v3_tiny_groups v3_tiny:--fused; do
+    for run in v3_tiny v3_tiny_groups v3_tiny_qwen3 v3_tiny:--fused v3_tiny_qwen3:--fused; do
         t=${run%%:*}
         mode=${run#"$t"}
         mode=${mode#:}
@@ -144,9 +145,9 @@ if [ -x "$REPO/.venv/bin/python" ] && command -v g++ >/dev/null 2>&1; then
         else h_failed=$((h_failed + 1)); tail -20 "$log"; fi
     done
 else
-    echo "ios: hostcheck needs the .venv and g++"; h_failed=3
+    echo "ios: hostcheck needs the .venv and g++"; h_failed=5
 fi
-echo "hostcheck (C++ Module vs traces, stock x2 + fused): $h_passed passed, $h_failed failed (logs $LOG_DIR/hostcheck-*.log)"
+echo "hostcheck (C++ Module vs traces, stock x3 + fused x2): $h_passed passed, $h_failed failed (logs $LOG_DIR/hostcheck-*.log)"
 passed=$((passed + h_passed))
 failed=$((failed + h_failed))
 

@@ -1,11 +1,13 @@
 """Record a replay trace of a tiny exported v3 program on the real ExecuTorch runtime
 (format: shared_schemas/traces/README.md).
 
-    .venv/bin/python scripts/record_v3_trace.py [OUT_DIR]      # default shared_schemas/traces/v3_tiny
-    .venv/bin/python scripts/record_v3_trace.py --groups [OUT]  # default shared_schemas/traces/v3_tiny_groups
+    .venv/bin/python scripts/record_v3_trace.py [OUT_DIR]                # default shared_schemas/traces/v3_tiny
+    .venv/bin/python scripts/record_v3_trace.py --groups [OUT]            # default shared_schemas/traces/v3_tiny_groups
+    .venv/bin/python scripts/record_v3_trace.py --family qwen3 [OUT_DIR]  # default shared_schemas/traces/v3_tiny_qwen3
 
 Exports a 3-layer Qwen2.5-shaped program (int4 group 16, AdamW with weight decay, LoRA on a subset of
-targets, the generation methods), then runs the host's own drivers on it: the program trainer
+targets, the generation methods), or with `--family qwen3` a Qwen3-shaped one (per-head q/k RMSNorm, an
+explicit head_dim of 16 != hidden / heads = 8, no q/k/v biases, GQA; otherwise the same), then runs the host's own drivers on it: the program trainer
 (`toolchain/training/program.py`, i.e. `runtime/loop.py` LayerLoop) for a full-backprop step and LCSB
 steps whose layers are chosen at run time, an eval pass (`runtime/evaluate.py`) and a greedy generation
 (`runtime/generate.py`). A wrapper around the runner's `execute` records every call: method, layer,
@@ -43,6 +45,13 @@ from toolchain.training.program import ProgramTrainer, TrainRun  # noqa: E402
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+# The Qwen3-shaped program: q/k norms, head_dim 16 (q_dim 64 != hidden 32), no q/k/v biases, 4 heads over 2 kv
+# heads; LoRA on k_proj too (its gradient goes back through the k norm) and on an MLP input projection.
+ARCH_QWEN3 = ModelArch(family="qwen3", hidden=32, layers=3, heads=4, kv_heads=2, head_dim=16, intermediate=64,
+                       vocab=96, max_positions=64)
+CFG_QWEN3 = LoraConfig(rank=4, alpha=8, targets=("q_proj", "k_proj", "o_proj", "up_proj"))
+# --family NAME -> (arch, LoRA config, default output directory under shared_schemas/traces/)
+FAMILY_RECORDINGS = {"qwen2": (ARCH, CFG, "v3_tiny"), "qwen3": (ARCH_QWEN3, CFG_QWEN3, "v3_tiny_qwen3")}
 LR = 0.05
 # Step 0: full backprop; then LCSB (k < L) with the layers chosen at run time: a top layer alone (the
 # layers below get block_skip_update), the two outer layers (the middle one skipped), full again.
@@ -105,12 +114,12 @@ def _install_layer_hook(rec: Recorder) -> None:
     LayerLoop.call_method = call_method
 
 
-def _rows(n: int, seed: int) -> list[Example]:
+def _rows(n: int, seed: int, vocab: int) -> list[Example]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         t = T - (i % 3)  # some rows shorter than T: exercises padding
-        ids = torch.randint(0, ARCH.vocab, (t,), generator=g)
+        ids = torch.randint(0, vocab, (t,), generator=g)
         labels = ids.clone()
         if i % 2 == 1:
             labels[:3] = -100  # a prompt part without loss
@@ -122,13 +131,13 @@ def _row_json(ex: Example) -> dict:
     return {"input_ids": [int(v) for v in ex.input_ids], "labels": [int(v) for v in ex.labels]}
 
 
-def export(prog: Path) -> None:
-    weights = random_weights(ARCH, seed=3)
-    lora = init_lora(ARCH, CFG, seed=4, zero_b=False)
+def export(prog: Path, arch: ModelArch = ARCH, cfg: LoraConfig = CFG) -> None:
+    weights = random_weights(arch, seed=3)
+    lora = init_lora(arch, cfg, seed=4, zero_b=False)
     spec = ExportSpec(source="trace", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16),
                       optimizer=OptimizerConfig("adamw", weight_decay=0.01), plan=None, pad_token_id=0,
                       eos_token_id=95, default_lr=LR, generation=True, prefill_chunk=2)  # the prompt: 2 chunks
-    export_program(ARCH, weights, CFG, lora, spec, prog)
+    export_program(arch, weights, cfg, lora, spec, prog)
 
 
 def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
@@ -139,10 +148,11 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
     runner = open_runner(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
     rec = Recorder(runner, pdir.info.methods)
     _install_layer_hook(rec)
-    rows, eval_rows = _rows(4, seed=11), _rows(2, seed=12)
+    arch = pdir.info.arch
+    rows, eval_rows = _rows(4, seed=11, vocab=arch.vocab), _rows(2, seed=12, vocab=arch.vocab)
     # The LCSB selections as a plan: the program trainer asks it for each step's layers at run time.
     phases = tuple(sorted(set(SELECTIONS)))
-    plan = StepPlan(layers=ARCH.layers, policy="cyclic", k=ARCH.layers, phases=phases,
+    plan = StepPlan(layers=arch.layers, policy="cyclic", k=arch.layers, phases=phases,
                     schedule=tuple(phases.index(s) for s in SELECTIONS))
     steps: list[dict] = []
 
@@ -150,7 +160,7 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
         def step(self, step, row, layers):
             first = len(rec.calls)
             loss, n = super().step(step, row, layers)
-            sel = list(range(ARCH.layers)) if layers is None else sorted(layers)
+            sel = list(range(arch.layers)) if layers is None else sorted(layers)
             steps.append({"kind": "train", "step": step, "row": row, "selected": sel, "loss": loss,
                           "calls": [first, len(rec.calls)], "state_sha256": sha(tensor_bytes(self.state))})
             return loss, n
@@ -202,10 +212,17 @@ def record_groups(out: Path, layers_per_checkpoint: int = 2) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--groups"]:
         return record_groups(Path(argv[1]) if len(argv) > 1 else REPO / "shared_schemas" / "traces" / "v3_tiny_groups")
-    out = Path(argv[0]) if argv else REPO / "shared_schemas" / "traces" / "v3_tiny"
+    family = "qwen2"
+    if argv[:1] == ["--family"]:
+        if len(argv) < 2 or argv[1] not in FAMILY_RECORDINGS:
+            print(f"Error: --family takes one of {', '.join(FAMILY_RECORDINGS)}", file=sys.stderr)
+            return 2
+        family, argv = argv[1], argv[2:]
+    arch, cfg, default_dir = FAMILY_RECORDINGS[family]
+    out = Path(argv[0]) if argv else REPO / "shared_schemas" / "traces" / default_dir
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "program"
-        export(prog)
+        export(prog, arch, cfg)
         trace, blob = record(prog)
         if init := ProgramDir(prog).manifest.state.init_file:
             assert sha((prog / init).read_bytes()) == trace["initial_state_sha256"]

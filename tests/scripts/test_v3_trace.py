@@ -1,7 +1,7 @@
-"""The shared replay trace (shared_schemas/traces/v3_tiny, format in shared_schemas/traces/README.md): it is
-self-consistent, small, covers every method kind, and re-recording it (scripts/record_v3_trace.py: export +
-the host's loop on ExecuTorch) gives the same trace, so the trace the Kotlin and Swift replays check against
-is what the current toolchain does."""
+"""The shared replay traces (shared_schemas/traces/v3_tiny and v3_tiny_qwen3, format in
+shared_schemas/traces/README.md): each is self-consistent, small, covers every method kind, and re-recording
+it (scripts/record_v3_trace.py: export + the host's loop on ExecuTorch) gives the same trace, so the traces the
+Kotlin and Swift replays check against are what the current toolchain does."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "shared_schemas" / "traces" / "v3_tiny"
+QWEN3 = REPO / "shared_schemas" / "traces" / "v3_tiny_qwen3"
 SCRIPT = REPO / "scripts" / "record_v3_trace.py"
 
 
@@ -22,10 +23,11 @@ def _load(d: Path) -> tuple[dict, bytes]:
     return json.loads((d / "trace.json").read_text()), (d / "outputs.bin").read_bytes()
 
 
-def test_committed_trace_is_consistent_and_small():
-    trace, blob = _load(TRACE)
+@pytest.mark.parametrize("trace_dir", [TRACE, QWEN3], ids=lambda d: d.name)
+def test_committed_trace_is_consistent_and_small(trace_dir):
+    trace, blob = _load(trace_dir)
     assert trace["format"] == "toolchain-v3-trace" and trace["format_version"] == 1
-    size = sum(f.stat().st_size for f in TRACE.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file())
     assert size < 3 * 1024 * 1024
     end = 0
     for c in trace["calls"]:
@@ -35,7 +37,7 @@ def test_committed_trace_is_consistent_and_small():
             assert hashlib.sha256(blob[o["offset"]:end]).hexdigest() == o["sha256"]
     assert end == len(blob)
     # The program is complete for an app (every listed file but a dropped large .pte, checksums right).
-    prog = TRACE / trace["program"]
+    prog = trace_dir / trace["program"]
     manifest = json.loads((prog / "manifest.json").read_text())
     assert manifest["schema_version"] == 3
     for rel, digest in manifest["files"].items():
@@ -63,11 +65,12 @@ def test_committed_trace_is_consistent_and_small():
         assert [o["name"] for o in c["outputs"]] == [o["name"] for o in methods[c["method"]]["outputs"]]
 
 
-def test_rerecording_gives_the_same_trace(tmp_path):
+@pytest.mark.parametrize("trace_dir, family", [(TRACE, []), (QWEN3, ["--family", "qwen3"])], ids=["v3_tiny", "v3_tiny_qwen3"])
+def test_rerecording_gives_the_same_trace(tmp_path, trace_dir, family):
     out = tmp_path / "trace"
-    subprocess.run([sys.executable, str(SCRIPT), str(out)], check=True, capture_output=True, cwd=REPO, timeout=900)
+    subprocess.run([sys.executable, str(SCRIPT), *family, str(out)], check=True, capture_output=True, cwd=REPO, timeout=900)
     new, new_blob = _load(out)
-    old, old_blob = _load(TRACE)
+    old, old_blob = _load(trace_dir)
     # The call list first (methods, layers, input names/shapes), so a mismatch says where it starts.
     shape = lambda t: [(c["method"], c["layer"], [(i["name"], i["dtype"], i["shape"]) for i in c["inputs"]])  # noqa: E731
                        for c in t["calls"]]
@@ -78,7 +81,40 @@ def test_rerecording_gives_the_same_trace(tmp_path):
     assert new_blob == old_blob
     for f in (out / "program").rglob("*"):
         if f.is_file():
-            assert f.read_bytes() == (TRACE / "program" / f.relative_to(out / "program")).read_bytes(), f.name
+            assert f.read_bytes() == (trace_dir / "program" / f.relative_to(out / "program")).read_bytes(), f.name
+    assert sorted(p.relative_to(trace_dir) for p in trace_dir.rglob("*")) == sorted(p.relative_to(out) for p in out.rglob("*"))
+
+
+def test_qwen3_trace_is_of_a_qwen3_shaped_program_with_the_same_steps():
+    """v3_tiny_qwen3 is a Qwen3-shaped program (q/k norms, head_dim != hidden / heads, no q/k/v biases, GQA),
+    its blocks bind exactly those weights, and the recording made the same calls (method, layer) as v3_tiny's:
+    the same steps on another architecture, so a replayer that passes v3_tiny and fails this one assumed a shape."""
+    trace, _ = _load(QWEN3)
+    manifest = json.loads((QWEN3 / trace["program"] / "manifest.json").read_text())
+    arch = manifest["model"]["arch"]
+    assert (arch["family"], arch["qk_norm"], arch["qkv_bias"]) == ("qwen3", True, False)
+    assert arch["head_dim"] != arch["hidden"] // arch["heads"] and arch["kv_heads"] < arch["heads"]
+    methods = {m["name"]: m for m in manifest["methods"]}
+    for name in ("block_forward", "block_backward", "block_skip_update", "block_prefill", "block_decode"):
+        weights = {i["name"] for i in methods[name]["inputs"] if i["bind"] == "weight"}
+        if name != "block_skip_update":
+            assert {"w_q_norm", "w_k_norm"} <= weights, name
+        assert not any(w.endswith("_bias") for w in weights), name
+    cache = next(i for i in methods["block_decode"]["inputs"] if i["name"] == "k_cache")
+    assert cache["shape"] == [arch["kv_heads"], manifest["seq_len"], arch["head_dim"]]
+    base, _ = _load(TRACE)
+    assert [(c["method"], c["layer"]) for c in trace["calls"]] == [(c["method"], c["layer"]) for c in base["calls"]]
+    strip = lambda t: [{k: v for k, v in s.items() if k not in ("loss", "state_sha256", "output_ids")}  # noqa: E731
+                       for s in t["steps"]]
+    assert strip(trace) == strip(base) and trace["rows"] == base["rows"] and trace["eval_rows"] == base["eval_rows"]
+    assert trace["losses"] != base["losses"]
+
+
+@pytest.mark.parametrize("args", [["--family", "llama"], ["--family"]])
+def test_an_unknown_family_is_one_error_line(args):
+    r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "Error: --family takes one of qwen2, qwen3"
+    assert not (REPO / "shared_schemas" / "traces" / "llama").exists()
 
 
 GROUPS = REPO / "shared_schemas" / "traces" / "v3_tiny_groups"

@@ -51,6 +51,7 @@ final class ReplayRuntime: ProgramRuntime {
 final class ReplayTests: XCTestCase {
     static var traceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny") }
     static var groupsTraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_groups") }
+    static var qwen3TraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_qwen3") }
 
     /// The Swift loop replays the host's recorded v3_tiny trace (real ExecuTorch outputs): every train
     /// step (full and LCSB chosen at run time, AdamW with skip updates), the eval pass and greedy
@@ -78,6 +79,34 @@ final class ReplayTests: XCTestCase {
         XCTAssertEqual(states(trace), states(plain))
         let forwards = { (t: [String: Any]) in (t["calls"] as! [[String: Any]]).filter { $0["method"] as? String == "block_forward" }.count }
         XCTAssertEqual(forwards(trace), forwards(plain) + 4, "4 reruns")
+    }
+
+    /// The same recording on a Qwen3-shaped program (`record_v3_trace.py --family qwen3`): per-head q/k
+    /// norms bound in every block method, no q/k/v biases, head_dim 16 where hidden / heads is 8, GQA. The
+    /// test reads `model.arch` to know the program is of that shape; the loop reads only the method specs
+    /// (the KV cache is [kv_heads, seq_len, head_dim] from the cache inputs) and replays every call bit for bit.
+    func testReplayTinyQwen3() throws {
+        let dir = Self.qwen3TraceDir
+        let program = dir.appendingPathComponent("program")
+        let doc = try JSONSerialization.jsonObject(with: try Data(contentsOf: program.appendingPathComponent("manifest.json"))) as! [String: Any]
+        let arch = (doc["model"] as! [String: Any])["arch"] as! [String: Any]
+        let headDim = arch["head_dim"] as! Int, hidden = arch["hidden"] as! Int, heads = arch["heads"] as! Int, kvHeads = arch["kv_heads"] as! Int
+        XCTAssertEqual(arch["qk_norm"] as? Bool, true)
+        XCTAssertEqual(arch["qkv_bias"] as? Bool, false)
+        XCTAssertEqual(headDim, 16)
+        XCTAssertNotEqual(hidden / heads, headDim)
+        XCTAssertLessThan(kvHeads, heads)
+        let m = try Manifest.load(directory: program)
+        for name in ["block_forward", "block_backward", "block_prefill", "block_decode"] {
+            let inputs = try XCTUnwrap(m.methods.first { $0.name == name }).inputs.map(\.name)
+            XCTAssertTrue(inputs.contains("w_q_norm") && inputs.contains("w_k_norm"), "\(name) binds the q/k norms: \(inputs)")
+            XCTAssertFalse(inputs.contains { $0.hasSuffix("_bias") }, "\(name) binds no biases: \(inputs)")
+        }
+        let cache = try XCTUnwrap(m.methods.first { $0.name == "block_decode" }).inputs.first { $0.name == "k_cache" }
+        XCTAssertEqual(cache?.shape, [kvHeads, m.seqLen, headDim])
+        let (trace, calls) = try replay(dir)
+        XCTAssertNil(trace["layers_per_checkpoint"] as? Int)
+        XCTAssertEqual(calls, 74)
     }
 
     /// Replays a trace directory through `LayerLoop` (with its `layers_per_checkpoint`, default 1);

@@ -35,7 +35,15 @@ final class SafetensorsTests: XCTestCase {
     /// tensor bytes; only "param" entries (no AdamW moments, no step counter); the config is the
     /// manifest's `adapter.config`.
     func testAdapterExportOfTheInitialStateIsAdapterInit() throws {
-        let program = Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny/program")
+        try adapterExportIsAdapterInit(Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny/program"))
+    }
+
+    /// ... and for the Qwen3-shaped trace program (LoRA on q, k, o and up: other PEFT keys and shapes).
+    func testAdapterExportOfTheInitialStateIsAdapterInitQwen3() throws {
+        try adapterExportIsAdapterInit(Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_qwen3/program"))
+    }
+
+    func adapterExportIsAdapterInit(_ program: URL) throws {
         let m = try Manifest.load(directory: program)
         let state = try StateFile.loadInitial(manifest: m, programDirectory: program)
         let dir = try tempDir().appendingPathComponent("adapter")

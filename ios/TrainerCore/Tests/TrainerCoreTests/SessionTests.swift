@@ -495,6 +495,9 @@ final class SessionTests: XCTestCase {
     /// the saved run (`SavedRun` written and read back, as a resume does) and sent in run_start.
     func testSessionReplaysTheGroupsTrace() throws { try sessionReplay(ReplayTests.groupsTraceDir) }
 
+    /// ... and v3_tiny_qwen3 (the same recording on a Qwen3-shaped program: q/k norms, head_dim != hidden / heads).
+    func testSessionReplaysTheQwen3Trace() throws { try sessionReplay(ReplayTests.qwen3TraceDir) }
+
     func sessionReplay(_ traceDir: URL) throws {
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceDir.appendingPathComponent("trace.json"))) as! [String: Any]
         let outputs = try Data(contentsOf: traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)

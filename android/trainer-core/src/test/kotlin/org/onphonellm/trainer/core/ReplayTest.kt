@@ -18,11 +18,14 @@ import java.nio.channels.FileChannel
  * every input it receives, in order, then answers with the recorded outputs. Every input must be built
  * bit for bit and the final state must equal the host's. traces/v3_tiny_groups is the same program and steps
  * with checkpoint groups (`layers_per_checkpoint` 2: the forward keeps fewer layer inputs, the backward
- * reruns block_forward to rebuild the others), replayed by the same harness.
+ * reruns block_forward to rebuild the others), replayed by the same harness. traces/v3_tiny_qwen3 is the same
+ * recording on a Qwen3-shaped program (per-head q/k norms, head_dim 16 where hidden / heads is 8, no q/k/v
+ * biases): the loop reads all of it from the manifest's method specs, so the same harness replays it.
  */
 class ReplayTest {
     private val traceDir = File(Fixtures.schemas, "traces/v3_tiny")
     private val groupsDir = File(Fixtures.schemas, "traces/v3_tiny_groups")
+    private val qwen3Dir = File(Fixtures.schemas, "traces/v3_tiny_qwen3")
 
     private class Trace(dir: File) {
         val doc = Fields.of(Json.parse(File(dir, "trace.json").readText()), "trace.json")
@@ -152,6 +155,33 @@ class ReplayTest {
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
 
     /**
+     * The Qwen3-shaped program (the same recording as v3_tiny, scripts/record_v3_trace.py --family qwen3): the
+     * blocks bind q_norm / k_norm weights and no q/k/v biases, q_proj is [heads * head_dim = 64, 32] and the KV
+     * cache rows are head_dim 16 wide (not hidden / heads = 8). The test reads `model.arch` to know the program
+     * is of that shape; the loop never does (it reads the method specs), and replays every call bit for bit.
+     */
+    @Test fun `replays the host's Qwen3-shaped program bit for bit - q and k norms, head_dim != hidden over heads, no q k v biases`() {
+        val trace = Trace(qwen3Dir)
+        val program = Manifest.read(trace.program)
+        val arch = Fields.of(Json.parse(File(trace.program, Contract.MANIFEST_NAME).readText()), "manifest").obj("model").obj("arch")
+        val headDim = arch.int("head_dim")
+        assertEquals(Triple(true, false, 16), Triple(arch.bool("qk_norm"), arch.bool("qkv_bias"), headDim))
+        assertTrue(arch.int("hidden") / arch.int("heads") != headDim && arch.int("kv_heads") < arch.int("heads"), "GQA, head_dim != hidden / heads")
+        for (m in listOf("block_forward", "block_backward", "block_prefill", "block_decode")) {
+            val names = program.method(m).inputs.map { it.name }
+            assertTrue("w_q_norm" in names && "w_k_norm" in names, "$m binds the q/k norms: $names")
+            assertTrue(names.none { it.endsWith("_bias") }, "$m binds no biases: $names")
+        }
+        val weights = MappedWeights.map(File(trace.program, program.weightsFile))
+        assertEquals(listOf(arch.int("heads") * headDim, arch.int("hidden") / 2), weights["layers.0.q_proj.qweight"].shape, "int4 q_proj, two per byte")
+        assertEquals(listOf(headDim), weights["layers.0.q_norm"].shape)
+        val cache = LayerLoop(program, weights, ReplayRuntime(trace, program)).newCache()
+        assertEquals(listOf(arch.int("kv_heads"), program.seqLen, headDim), cache.getValue("k_0").shape)
+        assertEquals(74, trace.calls.size)
+        replay(dir = qwen3Dir)
+    }
+
+    /**
      * What ExecuTorchRuntime does, on the trace's outputs (each a view of outputs.bin, as ExecuTorch's are views of
      * the method's arena): each output copied once, into the loop's destination (state slice, pooled activation:
      * a bulk copy; a KV-cache output's rows from a float view of the output into the layer's cache, as the app does
@@ -188,12 +218,16 @@ class ReplayTest {
         }
     }
 
-    @Test fun `every output is copied once, straight into the loop's memory - a counting fake runtime, the trace bit for bit`() {
+    @Test fun `every output is copied once, straight into the loop's memory - a counting fake runtime, the trace bit for bit`() = copiesOnce(traceDir)
+
+    @Test fun `every output is copied once, straight into the loop's memory - the Qwen3-shaped program`() = copiesOnce(qwen3Dir)
+
+    private fun copiesOnce(dir: File) {
         var counting: CountingRuntime? = null
         var stepsChecked = 0
         var warmLoop = -1  // the loop's activation buffers after the first train step
         var loop: LayerLoop? = null
-        replay(runtimeFor = { r, p -> CountingRuntime(r, p).also { counting = it } }, loopOut = { loop = it }, afterTrainStep = { l ->
+        replay(dir = dir, runtimeFor = { r, p -> CountingRuntime(r, p).also { counting = it } }, loopOut = { loop = it }, afterTrainStep = { l ->
             if (warmLoop < 0) warmLoop = l.allocatedBuffers else assertEquals(warmLoop, l.allocatedBuffers, "loop buffers after train step $stepsChecked")
             stepsChecked++
         })
@@ -208,7 +242,7 @@ class ReplayTest {
         assertEquals(0L, l.outputCopies, "copies the loop made after the runtime")
         assertTrue(c.copiesIntoLoop > 0)
         // Each prefill / decode block call's k and v rows went straight into the cache.
-        val trace = Trace(traceDir)
+        val trace = Trace(dir)
         val gen = trace.doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
         val blocks = trace.calls.subList(gen.ints("calls")[0], gen.ints("calls")[1]).count { it.string("method").startsWith("block_") }
         assertEquals(2 * blocks, c.rowsIntoCache, "k and v rows of $blocks block calls")
@@ -370,6 +404,8 @@ class ReplayTest {
 
     @Test fun `killed after step 2 and resumed, with checkpoint groups`() = resume(groupsDir)
 
+    @Test fun `killed after step 2 and resumed, the Qwen3-shaped program`() = resume(qwen3Dir)
+
     private fun resume(traceDir: File) {
         val trace = Trace(traceDir)
         val layersPerCheckpoint = trace.doc.optInt("layers_per_checkpoint") ?: 1
@@ -463,8 +499,12 @@ class ReplayTest {
         assertEquals(ElemType.UINT8, w["layers.0.q_proj.qweight"].dtype)
     }
 
-    @Test fun `a runtime with the int4 kernel calls the fused methods, with the stock calls' inputs bit for bit`() {
-        val program = Manifest.read(Trace(traceDir).program)
+    @Test fun `a runtime with the int4 kernel calls the fused methods, with the stock calls' inputs bit for bit`() = fusedReplay(traceDir)
+
+    @Test fun `a runtime with the int4 kernel calls the fused methods - the Qwen3-shaped program`() = fusedReplay(qwen3Dir)
+
+    private fun fusedReplay(dir: File) {
+        val program = Manifest.read(Trace(dir).program)
         val fused = program.fused!!
         assertEquals(listOf("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out", "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"), fused.kernels)
         assertEquals("toolchain/native/kernels.cpp", fused.source)
@@ -490,9 +530,9 @@ class ReplayTest {
         // Replayed with the kernel claimed: training and eval as recorded, generation under the fused names, every
         // input of each fused call hashing as the recorded stock call's (head_logits_fused's whole head = the one chunk).
         var rt: ReplayRuntime? = null
-        replay(kernels = fused.kernels.toSet(), beforeGenerate = { _, runtime, _ -> rt = runtime })
+        replay(dir = dir, kernels = fused.kernels.toSet(), beforeGenerate = { _, runtime, _ -> rt = runtime })
         val r = rt!!
-        val gen = Trace(traceDir).doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
+        val gen = Trace(dir).doc.arr("steps").map { Fields.of(it, "s") }.single { it.string("kind") == "generate" }
         val called = r.called.subList(gen.ints("calls")[0], gen.ints("calls")[1])
         val layers = program.layers
         val chunks = (gen.ints("prompt_ids").size + program.prefillChunk - 1) / program.prefillChunk

@@ -227,7 +227,14 @@ class SessionTest {
         assertEquals(fresh.generate(listOf(5, 7, 9), 4), before)
     }
 
-    @Test fun `the adapter of the initial state is byte-identical to the program's adapter_init`() {
+    @Test fun `the adapter of the initial state is byte-identical to the program's adapter_init`() = adapterIsInit(programDir)
+
+    /** ... and for the Qwen3-shaped trace program (LoRA on q, k, o and up: other PEFT keys and shapes, q_proj's B [64, r]). */
+    @Test fun `the adapter of the initial state is adapter_init - the Qwen3-shaped program`() =
+        adapterIsInit(File(Fixtures.schemas, "traces/v3_tiny_qwen3/program"))
+
+    private fun adapterIsInit(programDir: File) {
+        val program = Manifest.read(programDir)
         val st = StateBuffer(program).also { it.loadInit() }
         val out = File(Fixtures.tempDir(), "adapter")
         StateCheckpoints.writeAdapter(out, st)
