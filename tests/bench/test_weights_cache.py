@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from toolchain.bench.weights_cache import (ARCH_FILE, ensure_weights_cache, load_mmap_weights, weights_cache_dir,
-                                           write_weights_cache)
+from toolchain.bench.weights_cache import (ARCH_FILE, ensure_quantized, ensure_weights_cache, load_mmap_weights,
+                                           weights_cache_dir, write_weights_cache)
 from toolchain.memory.measure import MIB, measure_peak
 from toolchain.models import ModelArch, get_preset, random_weights
 
@@ -43,6 +43,15 @@ def test_ensure_builds_once_and_keys_by_model_init_seed(tmp_path):
     assert ensure_weights_cache(tmp_path, "tiny", "random", 1) == path
     assert (path / "globals.safetensors").stat().st_mtime_ns == stamp  # reused, not rewritten
     assert weights_cache_dir(tmp_path, "tiny", "random", 2) != path
+    _, loaded = load_mmap_weights(path)
+    assert torch.equal(loaded.embed, random_weights(get_preset("tiny"), seed=1).embed)
+
+
+def test_an_entry_with_its_quantized_program_weights_still_loads_its_float32_shards(tmp_path):
+    """`bench memory --program` writes the quantized weights file into the entry; loading the entry again
+    reads only the float32 shards (the quantized file's tensors are not the model's)."""
+    path = ensure_weights_cache(tmp_path, "tiny", "random", 1)
+    assert ensure_quantized(path, "int4", 16).parent == path
     _, loaded = load_mmap_weights(path)
     assert torch.equal(loaded.embed, random_weights(get_preset("tiny"), seed=1).embed)
 

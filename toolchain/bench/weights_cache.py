@@ -83,7 +83,8 @@ def load_mmap_weights(path: Path) -> tuple[ModelArch, ModelWeights]:
     path = Path(path)
     arch = ModelArch.from_dict(json.loads((path / ARCH_FILE).read_text()))
     sd: dict[str, torch.Tensor] = {}
-    for shard in sorted(path.glob("*.safetensors")):
+    # the float32 shards only: the entry also holds the quantized program weights files (quantized_file)
+    for shard in [*sorted(path.glob("layer-*.safetensors")), path / "globals.safetensors"]:
         with safe_open(str(shard), framework="pt") as f:
             for key in f.keys():
                 sd[key] = f.get_tensor(key)
