@@ -481,26 +481,19 @@ void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restri
             s4[2 * (k & 1)] = _mm512_dpbusd_epi32(s4[2 * (k & 1)], hi[k], _mm512_set1_epi32(de));
             s4[2 * (k & 1) + 1] = _mm512_dpbusd_epi32(s4[2 * (k & 1) + 1], lo[k], _mm512_set1_epi32(dd));
           }
-          const __m512i ah = _mm512_add_epi32(s4[0], s4[2]), al = _mm512_add_epi32(s4[1], s4[3]);
-          if constexpr (DC == D) {
-            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_set1_epi32(corr[t * gstride + g]));
-            const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
-            float* dst = acc + (t * L + g % L) * L;
-            _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
-          } else {
-            // GB = 64: the group's integer sum in two passes of 8 dwords, kept exact in int32 between them
-            const __m512i s = _mm512_add_epi32(ah, al);
+          __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s4[0], s4[2]), _mm512_add_epi32(s4[1], s4[3]));
+          if constexpr (DC < D) {      // GB = 64: the group's integer sum in two passes of 8 dwords, exact in int32
             int32_t* held = isums + t * L;
-            const __m512i sum = k0 == 0 ? s : _mm512_add_epi32(_mm512_loadu_si512(held), s);
+            if (k0 > 0) sum = _mm512_add_epi32(_mm512_loadu_si512(held), sum);
             if (k0 + DC < D) {
               _mm512_storeu_si512(held, sum);
-            } else {
-              const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(corr[t * gstride + g]));
-              const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
-              float* dst = acc + (t * L + g % L) * L;
-              _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
+              continue;
             }
           }
+          const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(corr[t * gstride + g]));
+          const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
+          float* dst = acc + (t * L + g % L) * L;
+          _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
         }
       }
     }
