@@ -194,7 +194,7 @@ def sqrt_layers_per_checkpoint(selected: int) -> int:
 def inputs_alive_bound(selected: int, every: int) -> int:
     """At most this many layer inputs are alive at once with checkpoint groups of `every` over `selected`
     layers: the kept inputs below a group and the group's own, min(m, ceil(m / s) + s - 1) (the exact
-    count is `toolchain.memory.estimate`'s replay)."""
+    count per layer is `toolchain.memory.estimate`'s, from the groups' kept inputs)."""
     return min(selected, -(-selected // every) + every - 1)
 
 
