@@ -58,14 +58,15 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     import time
 
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from toolchain.atomic import check_output_dir
     from toolchain.export.build import ExportSpec, export_program, tokenizer_fields
     from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import weights_nbytes_lower_bound
-    from toolchain.lora.resolve import load_model_and_adapter
+    from toolchain.export.weights_file import weights_file_size
+    from toolchain.lora.resolve import resolve_adapter
     from toolchain.mesp import StepOptions, chunk_overrides
+    from toolchain.models.load import model_source
     from toolchain.optim import optimizer_config
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed)
@@ -79,22 +80,33 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     if float_head and quant != "int4":
         raise click.BadParameter("applies to --quant int4 only (int8 and none keep a float32 head)",
                                  param_hint="--float-head")
-    check_output_dir(out, force=force)                   # before loading anything
-    arch, weights, cfg, lora = load_model_and_adapter(model, init=init, seed=seed, adapter=adapter, rank=rank,
-                                                      alpha=alpha, targets=targets)
-    check_output_dir(out, force=force, expected_bytes=weights_nbytes_lower_bound(weights, quant))
+    check_output_dir(out, force=force)                   # before reading anything
+    arch, source = model_source(model, init=init, seed=seed)   # checked, not loaded: export streams it
+    cfg, lora = resolve_adapter(arch, seed=seed, adapter=adapter, rank=rank, alpha=alpha, targets=targets)
     quant_spec = QuantSpec(quant, quant_group, chunk_elems=max(1, int(dequant_chunk_mb * 2**20) // 4),  # float32
                            head=not float_head)
+    quant_spec.check(arch)
+    check_output_dir(out, force=force, expected_bytes=weights_file_size(arch, quant_spec))
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec, optimizer=opt,
                       plan=plan.resolve_lcsb(arch.layers), default_lr=lr, options=options, generation=generation,
                       prefill_chunk=prefill_chunk, targets=tuple(t.strip() for t in export_targets.split(",") if t.strip()), xnnpack=xnnpack,
                       **tokenizer_fields(model, arch.vocab, arch.family))
     t0 = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("export", total=None)
-        manifest = export_program(arch, weights, cfg, lora, spec, out,
-                                  on_stage=lambda s: progress.update(task, description=f"export: {s}"))
+        weights_task = progress.add_task("export: write weights", total=None)
+        task = progress.add_task("export", total=None, visible=False)
+
+        def on_tensor(name: str, done: int, total: int) -> None:
+            progress.update(weights_task, completed=done, total=total,
+                            description=f"export: write weights {done / 1e6:,.0f} / {total / 1e6:,.0f} MB ({name})")
+
+        def on_stage(stage: str) -> None:
+            if stage != "write weights":
+                progress.update(weights_task, visible=False)
+                progress.update(task, visible=True, description=f"export: {stage}")
+
+        manifest = export_program(arch, source, cfg, lora, spec, out, on_stage=on_stage, on_tensor=on_tensor)
     mp = manifest.memory_plan
     click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest.methods)} methods) -> {out}")
     for p in manifest.programs:

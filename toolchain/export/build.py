@@ -2,7 +2,8 @@
 
 1. resolve the model (preset/checkpoint, random or real weights) and the starting adapter (caller);
 2. the `ProgramSpec` fixes the layer-generic methods (program.py);
-3. write the frozen weights once (`weights.safetensors`, weights_file.py), shared by every target;
+3. write the frozen weights once (`weights.safetensors`, weights_file.py), shared by every target, streamed from
+   the model's source one block of rows at a time;
 4. per target (targets.py), export every method;
 5. write the initial state (`state_init.bin`), the initial adapter (PEFT) and `manifest.json`
    (schema-validated, with checksums): all into a temporary directory renamed into place only when
@@ -23,13 +24,14 @@ from toolchain.errors import BadInput, FieldError
 from toolchain.export.manifest import build_manifest
 from toolchain.export.program import ProgramSpec, QuantSpec, flat_state, state_layout
 from toolchain.export.targets import TARGETS, target
-from toolchain.export.weights_file import weight_tensors, write_weights
+from toolchain.export.weights_file import write_weights_streamed
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import save_adapter
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.models.presets import ModelArch
+from toolchain.models.source import InMemorySource, WeightSource
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig
 from toolchain.models.family import get_family
@@ -110,9 +112,16 @@ def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:
             "tokenizer_json": tok.to_json()}
 
 
-def export_program(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, spec: ExportSpec,
-                   out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
+def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: LoraConfig, lora: LoraWeights,
+                   spec: ExportSpec, out: Path, *, on_stage: Callable[[str], None] | None = None,
+                   on_tensor: Callable[[str, int, int], None] | None = None) -> Manifest:
     """Run the pipeline; returns the manifest written to `out/manifest.json`.
+
+    Args:
+        weights: the frozen model, in memory or as a source read one block of rows at a time (models/source.py:
+            the export then never holds the whole model; the same weights file either way).
+        on_stage: called with each stage's name.
+        on_tensor: called after each model tensor is written (`write_weights_streamed`).
 
     Raises:
         BadInput: invalid spec for this model (checked before any work).
@@ -122,7 +131,8 @@ def export_program(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora
     pspec = spec.program_spec(arch, cfg)
     with atomic_dir(Path(out)) as tmp:
         note("write weights")
-        write_weights(tmp / WEIGHTS_NAME, weight_tensors(weights, spec.quant))
+        source = weights if isinstance(weights, WeightSource) else InMemorySource(arch, weights)
+        write_weights_streamed(tmp / WEIGHTS_NAME, source, spec.quant, on_tensor=on_tensor)
         artifacts = []
         for name in spec.targets:
             options = {"xnnpack": spec.xnnpack} if name == "executorch" else {}

@@ -16,10 +16,12 @@ for its dtype.
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -29,93 +31,155 @@ from toolchain.errors import BadInput
 from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
 from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import ModelArch
+from toolchain.models.source import CHUNK_BYTES, WeightSource, model_tensor_names, tensor_shape
 from toolchain.models.weights import LayerWeights, ModelWeights
 
-__all__ = ["weight_tensors", "weights_nbytes_lower_bound",
-           "write_weights", "read_header", "map_weights", "model_weights", "ALIGN"]
+__all__ = ["weight_entries", "weight_tensors", "file_layout", "weights_file_size", "write_weights",
+           "write_weights_streamed", "read_header", "map_weights", "model_weights", "ALIGN"]
 
 ALIGN = 64
 _NP = {"F32": np.float32, "I8": np.int8, "U8": np.uint8, "I64": np.int64}
 
 
+def _matrix_kind(name: str, quant: QuantSpec) -> str:
+    """How tensor `name` (models/source.py names) is stored: "none" (float32), "int8" or "int4"."""
+    if name in ("embed", "lm_head"):
+        return "int4" if quant.head_quantized else "none"
+    return quant.kind if name.rsplit(".", 1)[-1] in QUANTIZED_FIELDS else "none"
+
+
+def _stored(name: str, shape: tuple[int, ...], kind: str, group: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    if kind == "none":
+        return [(name, "F32", shape)]
+    o, i = shape
+    q = (name + ".qweight", "I8", (o, i)) if kind == "int8" else (name + ".qweight", "U8", (o, i // 2))
+    return [q, (name + ".scales", "F32", (o, i // group))]
+
+
+def weight_entries(arch: ModelArch, quant: QuantSpec) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(key, dtype, shape) of every tensor of the file in file order, from the architecture alone."""
+    return [e for name in model_tensor_names(arch)
+            for e in _stored(name, tensor_shape(arch, name), _matrix_kind(name, quant), quant.group)]
+
+
 def weight_tensors(weights: ModelWeights, quant: QuantSpec) -> dict[str, Tensor]:
-    """The file's tensors, float32 (quantized projections as qweight + scales)."""
+    """The file's tensors in memory, float32 (quantized projections as qweight + scales), in file order: what
+    `write_weights_streamed` writes, for callers that hold the model anyway (tests, the benchmarks' cache)."""
     out = {}
 
-    def matrix(key: str, t: Tensor, kind: str) -> None:
+    def matrix(key: str, t: Tensor) -> None:
+        kind = _matrix_kind(key, quant)
         if kind == "none":
             out[key] = t.float().contiguous()
         else:
             qw = quantize(t.float(), kind, quant.group)
             out[key + ".qweight"], out[key + ".scales"] = qw.q.contiguous(), qw.scale.float().contiguous()
 
-    head_kind = "int4" if quant.head_quantized else "none"
-    matrix("embed", weights.embed, head_kind)
-    out["final_norm"] = weights.final_norm.float().contiguous()
+    matrix("embed", weights.embed)
+    matrix("final_norm", weights.final_norm)
     if not weights.tied:
-        matrix("lm_head", weights.lm_head, head_kind)
+        matrix("lm_head", weights.lm_head)
     for i, lw in enumerate(weights.layers):
         for name, t in lw.present().items():
-            key = f"layers.{i}.{name}"
-            matrix(key, t, quant.kind if name in QUANTIZED_FIELDS else "none")
+            matrix(f"layers.{i}.{name}", t)
     return out
 
 
-def weights_nbytes_lower_bound(weights: ModelWeights, quant_kind: str) -> int:
-    """A lower bound of the weights file's size, to check the free space before an export: int8 ~1 byte and
-    int4 ~0.5 byte per 2-D weight, the rest float32 (the programs hold no weight)."""
-    total, seen = 0, set()
-    for t in _tensors(weights):
-        if id(t) in seen:        # tied embeddings: one tensor
-            continue
-        seen.add(id(t))
-        per = 4 if quant_kind == "none" or t.dim() != 2 else (1 if quant_kind == "int8" else 0.5)
-        total += int(t.numel() * per)
-    return total
+class FileLayout(NamedTuple):
+    """Where every tensor of a weights file goes: the header bytes, each key's absolute data offset, the size."""
+
+    header: bytes
+    offsets: dict[str, int]
+    size: int
 
 
-def _tensors(obj):
-    if isinstance(obj, Tensor):
-        yield obj
-    elif dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            yield from _tensors(getattr(obj, f.name))
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
+def file_layout(entries: list[tuple[str, str, tuple[int, ...]]]) -> FileLayout:
+    """The safetensors layout of `entries` with every tensor's data 64-byte aligned in the file.
 
-
-def write_weights(path: Path, tensors: dict[str, Tensor]) -> None:
-    """safetensors with every tensor's data 64-byte aligned in the file.
-
-    safetensors packs tensors back to back; alignment is obtained by writing them in order of
-    decreasing size class and padding each to a multiple of 64 bytes with a 1-D uint8 filler tensor
-    (`__pad_N`), which readers ignore (keys starting with `__`).
+    safetensors packs tensors back to back; alignment is obtained by padding each tensor to a multiple of 64
+    bytes with a 1-D uint8 filler tensor (`__pad_N`, N the tensor's index), which readers ignore (keys starting
+    with `__`), and by padding the JSON header with spaces so that the data starts 64-aligned.
     """
     header: dict[str, dict] = {}
-    blobs: list[bytes] = []
-    offset = 0
-    dtypes = {torch.float32: "F32", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
-    for n, (key, t) in enumerate(tensors.items()):
-        data = t.detach().cpu().contiguous().numpy().tobytes()
-        header[key] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+    offset, rel = 0, {}
+    for n, (key, dtype, shape) in enumerate(entries):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NP[dtype]).itemsize
+        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        rel[key] = offset
+        offset += nbytes
         pad = -offset % ALIGN
         if pad:
             header[f"__pad_{n}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
-            blobs.append(b"\0" * pad)
             offset += pad
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % ALIGN)      # data starts 64-aligned in the file
+    base = 8 + len(raw)
+    return FileLayout(len(raw).to_bytes(8, "little") + raw, {k: base + o for k, o in rel.items()}, base + offset)
+
+
+def weights_file_size(arch: ModelArch, quant: QuantSpec) -> int:
+    """The exact size of the program's weights file (to check the free space before an export)."""
+    return file_layout(weight_entries(arch, quant)).size
+
+
+_DTYPE_CODES = {torch.float32: "F32", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
+
+
+def _pwrite(fd: int, t: Tensor, offset: int) -> int:
+    view = memoryview(t.detach().cpu().contiguous().numpy()).cast("B")
+    n = len(view)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+    return n
+
+
+def write_weights(path: Path, tensors: dict[str, Tensor]) -> None:
+    """Write `tensors` (in their order) as a weights file (`file_layout`)."""
+    layout = file_layout([(k, _DTYPE_CODES[t.dtype], tuple(t.shape)) for k, t in tensors.items()])
     with Path(path).open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for b in blobs:
-            f.write(b)
+        f.write(layout.header)
+        f.truncate(layout.size)                   # padding reads as zeros
+        f.flush()
+        for key, t in tensors.items():
+            _pwrite(f.fileno(), t, layout.offsets[key])
+
+
+def write_weights_streamed(path: Path, source: WeightSource, quant: QuantSpec, *,
+                           on_tensor: Callable[[str, int, int], None] | None = None,
+                           chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Write the program's weights file from `source`, one block of rows at a time: the file `write_weights(path,
+    weight_tensors(materialize(source), quant))` writes, byte for byte (quantization is per row, so blocks of rows
+    give the same bytes), holding at most one block (`chunk_bytes` of float32) and its quantized form.
+
+    Args:
+        on_tensor: called after each model tensor with (name, bytes written so far, file size).
+        chunk_bytes: rows read at once, at most this many bytes of float32 (at least one row).
+
+    Returns:
+        the file's size in bytes.
+    """
+    arch = source.arch
+    layout = file_layout(weight_entries(arch, quant))
+    done = len(layout.header)
+    with Path(path).open("wb") as f:
+        f.write(layout.header)
+        f.truncate(layout.size)
+        f.flush()
+        fd = f.fileno()
+        for name in model_tensor_names(arch):
+            kind = _matrix_kind(name, quant)
+            for start, rows in source.chunks(name, chunk_bytes):
+                if kind == "none":
+                    done += _pwrite(fd, rows, layout.offsets[name] + start * rows[0].numel() * 4)
+                    continue
+                qw = quantize(rows, kind, quant.group)
+                q, scales = qw.q, qw.scale.float()
+                done += _pwrite(fd, q, layout.offsets[name + ".qweight"] + start * q[0].numel() * q.element_size())
+                done += _pwrite(fd, scales, layout.offsets[name + ".scales"] + start * scales[0].numel() * 4)
+            if on_tensor is not None:
+                on_tensor(name, done, layout.size)
+    return layout.size
 
 
 MAX_HEADER_BYTES = 100 * 2**20   # a Qwen2.5-3B program's header is ~60 KB

@@ -13,7 +13,7 @@ from toolchain.lora.weights import LoraWeights, init_lora
 from toolchain.models import ModelWeights, ModelArch, load_model
 from toolchain.validate import check_rank
 
-__all__ = ["lora_config", "load_model_and_adapter"]
+__all__ = ["lora_config", "load_model_and_adapter", "resolve_adapter"]
 
 
 def lora_config(*, rank: int = 8, alpha: float | None = None, targets: str = "all") -> LoraConfig:
@@ -52,9 +52,17 @@ def load_model_and_adapter(model: str, *, init: str = "pretrained", seed: int = 
         ShapeMismatch: the adapter's tensors do not fit the model.
     """
     arch, weights = load_model(model, init=init, seed=seed, dtype=dtype)
+    cfg, lora = resolve_adapter(arch, seed=seed, adapter=adapter, rank=rank, alpha=alpha, targets=targets,
+                                dtype=dtype, zero_b=zero_b)
+    return arch, weights, cfg, lora
+
+
+def resolve_adapter(arch: ModelArch, *, seed: int = 0, adapter: Path | None = None, rank: int = 8,
+                    alpha: float | None = None, targets: str = "all", dtype: torch.dtype = torch.float32,
+                    zero_b: bool = True) -> tuple[LoraConfig, LoraWeights]:
+    """The starting adapter of `arch` (`load_model_and_adapter`'s arguments; no base weights needed)."""
     if adapter is not None:
-        cfg, lora = load_adapter(adapter, arch, dtype=dtype)
-        return arch, weights, cfg, lora
+        return load_adapter(adapter, arch, dtype=dtype)
     cfg = lora_config(rank=rank, alpha=alpha, targets=targets)
     check_rank(cfg.rank, arch, cfg.targets)
-    return arch, weights, cfg, init_lora(arch, cfg, seed=seed, dtype=dtype, zero_b=zero_b)
+    return cfg, init_lora(arch, cfg, seed=seed, dtype=dtype, zero_b=zero_b)

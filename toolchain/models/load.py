@@ -10,21 +10,24 @@ from typing import Literal
 
 import torch
 
-from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
+from toolchain.errors import BadInput, MissingWeights
 from toolchain.models.keys import GLOBAL_KEYS, LAYER_KEYS
 from toolchain.models.arch import ModelArch, RopeScaling
 from toolchain.models.family import family_for_model_type
 from toolchain.models.presets import HF_REPO_IDS, PRESETS, get_preset
+from toolchain.models.source import CheckpointSource, RandomSource, WeightSource, check_checkpoint_keys, materialize
 from toolchain.models.weights import LayerWeights, ModelWeights
 
-__all__ = ["load_model", "random_weights", "weights_from_state_dict", "arch_from_hf_config", "state_dict_from_weights"]
+__all__ = ["load_model", "model_source", "checkpoint_source", "random_weights", "weights_from_state_dict",
+           "arch_from_hf_config", "state_dict_from_weights"]
 
 Init = Literal["pretrained", "random"]
 
 
 def load_model(spec: str, *, init: Init = "pretrained", seed: int = 0,
                dtype: torch.dtype = torch.float32) -> tuple[ModelArch, ModelWeights]:
-    """Resolve `--model` / `--init` into an architecture and its weights.
+    """Resolve `--model` / `--init` into an architecture and its weights, in memory (`model_source` for a
+    source read one tensor at a time).
 
     Args:
         spec: a preset name (see `PRESETS`) or a checkpoint directory (config.json + safetensors).
@@ -37,15 +40,22 @@ def load_model(spec: str, *, init: Init = "pretrained", seed: int = 0,
         MissingWeights: the preset's weights are not in the local Hugging Face cache.
         ShapeMismatch: the checkpoint's tensors do not fit its config.
     """
+    arch, source = model_source(spec, init=init, seed=seed)
+    return arch, materialize(source, dtype)
+
+
+def model_source(spec: str, *, init: Init = "pretrained", seed: int = 0) -> tuple[ModelArch, WeightSource]:
+    """`load_model` without loading: the architecture and a source of its tensors (models/source.py), a
+    checkpoint's keys, shapes, dtypes and files already checked. Raises as `load_model`."""
     path = Path(spec)
     if spec not in PRESETS and (path.exists() or "/" in spec or spec.startswith(".")):
         if init == "random":
             raise BadInput(f"--init random builds a preset; {spec!r} is a checkpoint path (drop --init random)")
-        return load_checkpoint(path, dtype=dtype)
+        return checkpoint_source(path)
     arch = get_preset(spec)
     if init == "random":
-        return arch, random_weights(arch, seed=seed, dtype=dtype)
-    return load_checkpoint(_cached_checkpoint(spec), dtype=dtype)
+        return arch, RandomSource(arch, seed)
+    return checkpoint_source(_cached_checkpoint(spec))
 
 
 # Presets whose pretrained weights ship inside the package (a Hugging Face checkpoint directory).
@@ -117,10 +127,8 @@ def _rope_scaling(cfg: dict) -> RopeScaling | None:
         raise BadInput(f"config.json's llama3 rope scaling lacks {e.args[0]!r}") from None
 
 
-def load_checkpoint(path: Path, *, dtype: torch.dtype = torch.float32) -> tuple[ModelArch, ModelWeights]:
-    """Load a Hugging Face checkpoint directory (config.json + *.safetensors)."""
-    from safetensors import SafetensorError, safe_open
-
+def checkpoint_source(path: Path) -> tuple[ModelArch, CheckpointSource]:
+    """A Hugging Face checkpoint directory (config.json + *.safetensors) as an architecture and a source."""
     if not path.is_dir():
         raise BadInput(f"checkpoint {str(path)!r} is not a directory; pass a preset name or a checkpoint directory")
     try:
@@ -130,60 +138,32 @@ def load_checkpoint(path: Path, *, dtype: torch.dtype = torch.float32) -> tuple[
     except json.JSONDecodeError as e:
         raise BadInput(f"{path / 'config.json'} is not valid JSON ({e.msg}, line {e.lineno})") from None
     arch = arch_from_hf_config(cfg)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise MissingWeights(f"checkpoint {str(path)!r} has no *.safetensors files")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                for k in sf.keys():
-                    tensors[k] = sf.get_tensor(k)
-        except (SafetensorError, OSError) as e:
-            raise BadInput(f"{f} is not a readable safetensors file ({e})") from None
-    return arch, weights_from_state_dict(arch, tensors, dtype=dtype)
+    return arch, CheckpointSource(arch, path)
+
+
+def load_checkpoint(path: Path, *, dtype: torch.dtype = torch.float32) -> tuple[ModelArch, ModelWeights]:
+    """Load a Hugging Face checkpoint directory (config.json + *.safetensors) into memory."""
+    arch, source = checkpoint_source(path)
+    return arch, materialize(source, dtype)
 
 
 def weights_from_state_dict(arch: ModelArch, sd: dict[str, torch.Tensor], *,
                             dtype: torch.dtype = torch.float32) -> ModelWeights:
-    """Pick our tensors out of a Hugging Face state dict, checking every key and shape.
+    """Pick our tensors out of a Hugging Face state dict, checking every key and shape (`check_checkpoint_keys`).
 
     Raises:
         MissingWeights: a required key is absent (named in the message).
         ShapeMismatch: a tensor's shape differs from the architecture's (named in the message), or the state
             dict has tensors the architecture does not use (e.g. q/k/v biases under a config without them).
     """
-    used: set[str] = set()
-
-    def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        used.add(key)
-        if key not in sd:
-            raise MissingWeights(f"checkpoint lacks {key!r}")
-        t = sd[key]
-        if tuple(t.shape) != shape:
-            raise ShapeMismatch(f"{key!r} has shape {list(t.shape)}, the config implies {list(shape)}")
-        return t.to(dtype)
-
-    d, shapes = arch.hidden, arch.layer_shapes()
+    check_checkpoint_keys(arch, {k: tuple(t.shape) for k, t in sd.items()})
+    shapes = arch.layer_shapes()
     absent = {name: None for name in LayerWeights._fields if name not in shapes}
-    layers = tuple(
-        LayerWeights(**{name: take(LAYER_KEYS[name].format(i), shape) for name, shape in shapes.items()}, **absent)
-        for i in range(arch.layers)
-    )
-    embed = take(GLOBAL_KEYS["embed"], (arch.vocab, d))
-    if arch.tie_embeddings:
-        lm_head = embed
-    else:
-        lm_head = take(GLOBAL_KEYS["lm_head"], (arch.vocab, d))
-    final_norm = take(GLOBAL_KEYS["final_norm"], (d,))
-    # a tied checkpoint may still carry lm_head.weight (the same matrix); old ones carry rotary buffers
-    unused = sorted(k for k in set(sd) - used
-                    if not k.endswith("rotary_emb.inv_freq") and not (arch.tie_embeddings and k == GLOBAL_KEYS["lm_head"]))
-    if unused:
-        more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
-        raise ShapeMismatch(f"checkpoint has tensors the {arch.family} config does not use: "
-                            f"{', '.join(map(repr, unused[:3]))}{more}")
-    return ModelWeights(embed, layers, final_norm, lm_head)
+    layers = tuple(LayerWeights(**{name: sd[LAYER_KEYS[name].format(i)].to(dtype) for name in shapes}, **absent)
+                   for i in range(arch.layers))
+    embed = sd[GLOBAL_KEYS["embed"]].to(dtype)
+    lm_head = embed if arch.tie_embeddings else sd[GLOBAL_KEYS["lm_head"]].to(dtype)
+    return ModelWeights(embed, layers, sd[GLOBAL_KEYS["final_norm"]].to(dtype), lm_head)
 
 
 def state_dict_from_weights(weights: ModelWeights) -> dict[str, torch.Tensor]:
@@ -198,22 +178,7 @@ def state_dict_from_weights(weights: ModelWeights) -> dict[str, torch.Tensor]:
 
 
 def random_weights(arch: ModelArch, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> ModelWeights:
-    """Seeded random weights: N(0, 0.02) matrices and biases (as HF's `initializer_range`),
-    norms around 1. Built directly in `dtype` so a 3B preset needs no fp64 detour."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def normal(*shape: int, mean: float = 0.0, std: float = 0.02) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype).normal_(mean, std, generator=gen)
-
-    d, shapes = arch.hidden, arch.layer_shapes()
-    absent = {name: None for name in LayerWeights._fields if name not in shapes}
-
-    def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        return normal(*shape, mean=1.0, std=0.1) if name.endswith("norm") else normal(*shape)
-
-    # drawn in LayerWeights field order (a Qwen2 arch draws exactly what it always did)
-    layers = tuple(LayerWeights(**{name: tensor(name, shape) for name, shape in shapes.items()}, **absent)
-                   for _ in range(arch.layers))
-    embed = normal(arch.vocab, d)
-    lm_head = embed if arch.tie_embeddings else normal(arch.vocab, d)
-    return ModelWeights(embed, layers, normal(d, mean=1.0, std=0.1), lm_head)
+    """Seeded random weights in memory (`RandomSource`: N(0, 0.02) matrices and biases, as HF's
+    `initializer_range`, norms N(1, 0.1); drawn in float32, each tensor from a generator of its own, then
+    converted to `dtype`)."""
+    return materialize(RandomSource(arch, seed), dtype)

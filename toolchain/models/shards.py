@@ -1,0 +1,188 @@
+"""A Hugging Face checkpoint's safetensors shards, read tensor by tensor without mapping them.
+
+Every shard's header (tensor names, dtypes, shapes, byte ranges) is read and checked against the file when the
+checkpoint is opened: nothing is loaded until a caller asks for rows of one tensor, and a truncated or forged
+shard, or a shard the index names but the directory lacks, is one `BadInput` naming the tensor before any output
+is written. Rows are read with `pread` into a buffer of their own: the safetensors library memory-maps whole
+shards, and every mapped page a reader touches stays in the process's resident set (a 3B checkpoint's 6 GB would
+count against an export that holds one tensor at a time).
+
+Layout of a shard (the safetensors format): 8 bytes little-endian header length n, n bytes of JSON
+`{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`, then the data, offsets
+relative to byte 8 + n. Sharded checkpoints list `weight_map: {name: shard file}` in
+`model.safetensors.index.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from toolchain.errors import BadInput, MissingWeights
+
+__all__ = ["ShardTensor", "CheckpointShards", "FLOAT_DTYPES"]
+
+# Checkpoint dtypes a model tensor may have (converted to the program's float32 as it is read).
+FLOAT_DTYPES: dict[str, torch.dtype] = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                                        "BF16": torch.bfloat16}
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+             "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+INDEX_NAME = "model.safetensors.index.json"
+_MAX_HEADER = 100 * 2**20
+
+
+@dataclass(frozen=True)
+class ShardTensor:
+    """Where one tensor's bytes are: its shard, dtype, shape and absolute byte range in the file."""
+
+    name: str
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row (the first dimension's index); a 0-d or 1-d tensor is one row."""
+        return (self.stop - self.start) // max(1, self.shape[0] if len(self.shape) > 1 else 1)
+
+
+class CheckpointShards:
+    """The tensors of a checkpoint directory's `*.safetensors` shards (with `model.safetensors.index.json`: the
+    shards it names, each of which must exist), every header checked against its file.
+
+    Raises:
+        MissingWeights: no shard at all, or a shard the index names is absent (the message names a tensor in it).
+        BadInput: an unreadable or truncated shard, a malformed header entry, a tensor in two shards, or an
+            index that does not match the shards (each message names the tensor and the file).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.tensors: dict[str, ShardTensor] = {}
+        index = self.root / INDEX_NAME
+        if index.is_file():
+            files = self._indexed_files(index)
+        else:
+            files = sorted(self.root.glob("*.safetensors"))
+        if not files:
+            raise MissingWeights(f"checkpoint {str(self.root)!r} has no *.safetensors files")
+        for f in files:
+            for t in _read_header(f):
+                if t.name in self.tensors:
+                    raise BadInput(f"tensor {t.name!r} is in two shards ({self.tensors[t.name].path.name} and "
+                                   f"{f.name}) of {self.root}")
+                self.tensors[t.name] = t
+        if index.is_file():
+            self._check_index(index)
+
+    def _indexed_files(self, index: Path) -> list[Path]:
+        self._weight_map = _read_index(index)
+        files = []
+        for shard in dict.fromkeys(self._weight_map.values()):
+            path = self.root / shard
+            if not path.is_file():
+                names = [k for k, v in self._weight_map.items() if v == shard]
+                more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+                raise MissingWeights(f"shard {shard} of {self.root} is missing: {INDEX_NAME} puts tensor "
+                                     f"{names[0]!r}{more} in it")
+            files.append(path)
+        return files
+
+    def _check_index(self, index: Path) -> None:
+        for name, shard in self._weight_map.items():
+            t = self.tensors.get(name)
+            if t is None:
+                raise BadInput(f"tensor {name!r} is not in shard {shard}, where {index.name} puts it")
+            if t.path.name != shard:
+                raise BadInput(f"tensor {name!r} is in shard {t.path.name}, {index.name} puts it in {shard}")
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of tensor `name` (a 1-d tensor: its elements), in the checkpoint's dtype."""
+        t = self.tensors[name]
+        if t.dtype not in FLOAT_DTYPES:
+            raise BadInput(f"tensor {name!r} in {t.path.name} has dtype {t.dtype}; model tensors must be one of "
+                           f"{', '.join(FLOAT_DTYPES)}")
+        rows = t.shape[0] if t.shape else 1
+        if not 0 <= start <= stop <= rows:
+            raise ValueError(f"rows {start}:{stop} of {name} with {rows} rows")
+        width = t.row_bytes if len(t.shape) > 1 else _ITEMSIZE[t.dtype]
+        buf = bytearray((stop - start) * width)
+        fd = os.open(t.path, os.O_RDONLY)
+        try:
+            view, pos = memoryview(buf), t.start + start * width
+            while view:
+                n = os.preadv(fd, [view], pos)
+                if n == 0:            # the file shrank after it was opened
+                    raise BadInput(f"tensor {name!r} in {t.path.name} ends past the end of the file: the shard is "
+                                   "truncated; download the checkpoint again")
+                view, pos = view[n:], pos + n
+        finally:
+            os.close(fd)
+        shape = (stop - start,) + t.shape[1:] if len(t.shape) > 1 else (stop - start,)
+        if not buf:
+            return torch.empty(shape, dtype=FLOAT_DTYPES[t.dtype])
+        return torch.frombuffer(buf, dtype=FLOAT_DTYPES[t.dtype]).reshape(shape)
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    try:
+        doc = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{index} is not a readable JSON index ({e})") from None
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise BadInput(f"{index} has no weight_map of tensor names to shard files")
+    for shard in set(wm.values()):
+        if Path(shard).name != shard:
+            raise BadInput(f"{index} names shard {shard!r} outside the checkpoint directory")
+    return wm
+
+
+def _read_header(path: Path) -> list[ShardTensor]:
+    redo = "download the checkpoint again"
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= n <= min(size - 8, _MAX_HEADER):
+                raise BadInput(f"{path} is not a readable safetensors file (header length {n} in {size} bytes); {redo}")
+            raw = f.read(n)
+    except OSError as e:
+        raise BadInput(f"{path} cannot be read ({e.strerror})") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise BadInput(f"{path} is not a readable safetensors file (malformed header); {redo}") from None
+    if not isinstance(header, dict):
+        raise BadInput(f"{path} is not a readable safetensors file (malformed header); {redo}")
+    base, out = 8 + n, []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"tensor {name!r} in {path.name}"
+        if not isinstance(info, dict) or info.get("dtype") not in _ITEMSIZE:
+            raise BadInput(f"{where} has an unknown dtype {str(info.get('dtype') if isinstance(info, dict) else info)[:20]}")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise BadInput(f"{where} has a malformed shape {str(shape)[:60]}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise BadInput(f"{where} has malformed data_offsets {str(offsets)[:60]}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if offsets[1] - offsets[0] != numel * _ITEMSIZE[info["dtype"]]:
+            raise BadInput(f"{where} spans {offsets[1] - offsets[0]} bytes, its shape {shape} and dtype "
+                           f"{info['dtype']} need {numel * _ITEMSIZE[info['dtype']]}; {redo}")
+        if base + offsets[1] > size:
+            raise BadInput(f"{where} ends at byte {base + offsets[1]}, past the end of the file ({size} bytes): the "
+                           f"shard is truncated; {redo}")
+        out.append(ShardTensor(name, path, info["dtype"], tuple(shape), base + offsets[0], base + offsets[1]))
+    return out
