@@ -162,6 +162,21 @@ def write_weights_streamed(path: Path, source: WeightSource, quant: QuantSpec, *
     arch = source.arch
     layout = file_layout(weight_entries(arch, quant))
     done = len(layout.header)
+    # One intra-op thread: a block is too small for torch's thread pool to pay, and on a busy host its waits
+    # cost most of the time (Qwen2.5-0.5B int4 on this 2-core host beside other jobs: 9.6-11.0 CPU-s with one
+    # thread, 49-51 with two; the whole model quantized at once took 15).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _write_blocks(path, source, quant, layout, done, on_tensor, chunk_bytes)
+    finally:
+        torch.set_num_threads(threads)
+    return layout.size
+
+
+def _write_blocks(path: Path, source: WeightSource, quant: QuantSpec, layout: FileLayout, done: int,
+                  on_tensor: Callable[[str, int, int], None] | None, chunk_bytes: int) -> None:
+    arch = source.arch
     with Path(path).open("wb") as f:
         f.write(layout.header)
         f.truncate(layout.size)
@@ -179,7 +194,6 @@ def write_weights_streamed(path: Path, source: WeightSource, quant: QuantSpec, *
                 done += _pwrite(fd, scales, layout.offsets[name + ".scales"] + start * scales[0].numel() * 4)
             if on_tensor is not None:
                 on_tensor(name, done, layout.size)
-    return layout.size
 
 
 MAX_HEADER_BYTES = 100 * 2**20   # a Qwen2.5-3B program's header is ~60 KB
