@@ -24,6 +24,7 @@ from toolchain.mesp.block import block_forward
 from toolchain.mesp.ops import rope_tables
 from toolchain.mesp.step import StepOptions, block_params
 from toolchain.models import PRESETS, ModelArch, random_weights
+from toolchain.models.source import empty_weights
 
 ODD = ModelArch(hidden=96, layers=2, heads=6, kv_heads=3, intermediate=200, vocab=300, max_positions=4096)
 
@@ -37,7 +38,7 @@ def test_meta_counter_equals_the_real_tensor_counter_on_a_whole_step():
         mesp_step(arch, weights, cfg, lora, ids, ids, options=options, on_layer_grads=sgd_hook(lora, 1e-4),
                   keep_grads=False)
     with torch.device("meta"):
-        weights, lora = random_weights(arch), init_lora(arch, cfg)
+        weights, lora = empty_weights(arch), init_lora(arch, cfg)
         ids = torch.zeros(t, dtype=torch.long)
     meta = LiveTensors()
     with torch.no_grad(), torch.device("meta"), meta:
@@ -120,7 +121,7 @@ def test_estimate_equals_the_whole_real_step_on_meta_tensors_at_full_size(preset
     arch = PRESETS[preset]
     cfg = LoraConfig(rank=8, alpha=16.0)
     with torch.device("meta"):
-        weights, lora = random_weights(arch), init_lora(arch, cfg)
+        weights, lora = empty_weights(arch), init_lora(arch, cfg)
         ids = torch.zeros(256, dtype=torch.long)
     mode = LiveTensors()
     with torch.no_grad(), torch.device("meta"), mode:

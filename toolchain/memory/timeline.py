@@ -1,7 +1,7 @@
 """The tensor timeline of one decoder block's forward and backward, taken from the real step on meta tensors.
 
 `block_timeline(arch, targets, mlp_chunk, dtype_bytes)` runs `toolchain.mesp.mesp_step` (public functions
-only: `mesp_step`, the model's `random_weights`, `init_lora`) on a one-layer copy of the architecture with
+only: `mesp_step`, the model's `empty_weights`, `init_lora`) on a one-layer copy of the architecture with
 `meta` tensors (shapes, no memory, no arithmetic) under `LiveTensors` (live.py), and keeps every allocation
 and free made inside `block_forward` and inside `block_backward`: whatever the block does (a new model
 family's q/k norms, another attention, another MLP) is in the timeline without a line here.
@@ -41,7 +41,7 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import init_lora
 from toolchain.memory.live import Allocation, LiveTensors
 from toolchain.mesp.step import StepOptions, mesp_step
-from toolchain.models.load import random_weights
+from toolchain.models.source import empty_weights
 
 __all__ = ["TimelineError", "BlockTimeline", "PhasePeak", "block_timeline", "SENTINEL"]
 
@@ -84,7 +84,7 @@ def _trace(arch, targets: tuple[str, ...], mlp_chunk: int | None, dtype: torch.d
     one = dataclasses.replace(arch, layers=1, vocab=_VOCAB)
     cfg = LoraConfig(rank=rank, alpha=float(rank), targets=targets)
     with torch.device("meta"):
-        weights = random_weights(one, dtype=dtype)
+        weights = empty_weights(one, dtype=dtype)
         lora = init_lora(one, cfg, dtype=dtype)
         ids = torch.zeros(t, dtype=torch.long)
     mode = LiveTensors(phases=_PHASES, record=True, owner_root="toolchain/mesp/")

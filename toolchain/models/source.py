@@ -33,7 +33,7 @@ from toolchain.models.shards import FLOAT_DTYPES, CheckpointShards
 from toolchain.models.weights import LayerWeights, ModelWeights
 
 __all__ = ["WeightSource", "CheckpointSource", "RandomSource", "InMemorySource", "model_tensor_names",
-           "tensor_shape", "materialize", "check_checkpoint_keys", "CHUNK_BYTES"]
+           "tensor_shape", "materialize", "empty_weights", "check_checkpoint_keys", "CHUNK_BYTES"]
 
 # Rows of a tensor handed out at once: at most this many bytes of float32. Quantizing a block makes about nine
 # temporaries of its size (measured peak above the resting RSS: 18 MiB with 1 MiB blocks, 54 with 4, 169 with
@@ -194,6 +194,17 @@ class InMemorySource(WeightSource):
         else:
             t = getattr(self.weights, name)
         return t[start:stop]
+
+
+def empty_weights(arch: ModelArch, dtype: torch.dtype = torch.float32, device: str = "meta") -> ModelWeights:
+    """`ModelWeights` of the architecture's shapes, uninitialized (meta by default: shapes without memory, for
+    tracing the step)."""
+    shapes = arch.layer_shapes()
+    new = lambda name: torch.empty(tensor_shape(arch, name), dtype=dtype, device=device)  # noqa: E731
+    layers = tuple(LayerWeights(**{f: (new(f"layers.{i}.{f}") if f in shapes else None) for f in LayerWeights._fields})
+                   for i in range(arch.layers))
+    embed = new("embed")
+    return ModelWeights(embed, layers, new("final_norm"), embed if arch.tie_embeddings else new("lm_head"))
 
 
 def materialize(source: WeightSource, dtype: torch.dtype = torch.float32) -> ModelWeights:
