@@ -91,6 +91,9 @@ class ExportSpec:
         if not 0 <= self.pad_token_id < arch.vocab:
             raise BadInput(f"pad token id {self.pad_token_id} is outside the vocabulary of {arch.vocab}")
         self.quant.check(arch)
+        if self.compute == "fp16" and self.quant.kind == "none":
+            raise BadInput("--compute fp16 needs a quantized base (--quant int4 or int8): a float32 weight would be "
+                           "converted whole to float16 in every call")
         if self.compute == "fp16" and (set(self.targets) != {"executorch"} or not self.xnnpack):
             raise BadInput("--compute fp16 is exported for --target executorch with XNNPACK only (its float16 GEMMs "
                            "are XNNPACK's; ExecuTorch's own kernels, ONNX and Core ML programs stay fp32)")
