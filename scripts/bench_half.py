@@ -14,7 +14,13 @@ recompute, dy W in backward; W as the dequantized chunk the step multiplies, [o,
   XNNPACK does not take falls back to ExecuTorch's optimized/portable kernel: the table says which ran
   (`delegated`).
 
-Every case runs --repeats times after a warm-up, interleaved (case after case, round after round, so host
+With --programs FP32_DIR,FP16_DIR (two exports of one model that differ only in `--compute`), it compares the
+training step instead, on the ExecuTorch runtime through the host's layer loop, both programs loaded in this
+process: --steps single steps each, interleaved (fp32, fp16, fp32, ...) after a warm-up step, wall and
+process-CPU seconds per step; with --data ROWS.jsonl also a --train-steps run of each from the same initial
+state on the same rows (the final-loss gap: the mean of the last 10 losses, fp16 relative to fp32).
+
+Every matmul case runs --repeats times after a warm-up, interleaved (case after case, round after round, so host
 noise hits all alike); the table gives the median ms, the range, GFLOP/s and the ratio to float32 of the
 same runtime. Correctness column: max |y - y64| / max |y64| against a float64 product of the same rounded
 inputs. The native kernels (toolchain/native/kernels.cpp) have no half-precision path (int4 x int8 only).
@@ -123,6 +129,59 @@ def _time(fn, reps: int) -> list[float]:
     return out
 
 
+def _programs(a) -> dict:
+    """The --programs comparison (module docstring)."""
+    from toolchain.dataset import load_examples
+    from toolchain.runtime import ProgramDir
+    from toolchain.runtime.runners import open_runner
+    from toolchain.training import TrainRun, run_program
+
+    dirs = [Path(d) for d in a.programs.split(",")]
+    pdirs = [ProgramDir(d) for d in dirs]
+    computes = [p.manifest.compute for p in pdirs]
+    if len(dirs) != 2 or computes != ["fp32", "fp16"]:
+        raise SystemExit(f"Error: --programs takes FP32_DIR,FP16_DIR (got computes {', '.join(computes)})")
+    runners = [open_runner(p, "executorch", threads=a.threads) for p in pdirs]
+    g = torch.Generator().manual_seed(0)
+    vocab, t = pdirs[0].arch.vocab, pdirs[0].seq_len
+    from toolchain.dataset import Example
+
+    rows = (load_examples(a.data, pdirs[0].arch) if a.data else
+            [Example(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])
+    lr = a.lr if a.lr is not None else pdirs[0].info.default_lr
+    times = {c: {"wall_s": [], "cpu_s": []} for c in computes}
+    for i in range(a.steps + 1):                         # step 0: warm-up (every method loaded, pages mapped)
+        for c, p, r in zip(computes, pdirs, runners):
+            w0, c0 = time.perf_counter(), time.process_time()
+            run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr))
+            if i:
+                times[c]["wall_s"].append(time.perf_counter() - w0)
+                times[c]["cpu_s"].append(time.process_time() - c0)
+    out = {"programs": [str(d) for d in dirs], "steps": a.steps, "lr": lr, "step": {}}
+    for c in computes:
+        out["step"][c] = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times[c].items()}
+    out["step_ratio_fp16_fp32"] = {k: out["step"]["fp16"][k]["median"] / out["step"]["fp32"][k]["median"]
+                                   for k in ("wall_s", "cpu_s")}
+    print(f"step on ExecuTorch, {a.steps} interleaved steps each (median, range):")
+    for c in computes:
+        st = out["step"][c]
+        print(f"  {c}: wall {st['wall_s']['median']:.3f} s ({st['wall_s']['min']:.3f}-{st['wall_s']['max']:.3f}), "
+              f"cpu {st['cpu_s']['median']:.3f} s ({st['cpu_s']['min']:.3f}-{st['cpu_s']['max']:.3f})")
+    print(f"  fp16 / fp32: wall {out['step_ratio_fp16_fp32']['wall_s']:.3f}, cpu {out['step_ratio_fp16_fp32']['cpu_s']:.3f}")
+    if a.data:
+        losses = {c: run_program(p, r, rows, TrainRun(steps=a.train_steps, lr=lr)).losses
+                  for c, p, r in zip(computes, pdirs, runners)}
+        final = {c: statistics.mean(v[-10:]) for c, v in losses.items()}
+        first = {c: statistics.mean(v[:10]) for c, v in losses.items()}
+        gap = (final["fp16"] - final["fp32"]) / final["fp32"]
+        out["train"] = {"steps": a.train_steps, "rows": len(rows), "data": str(a.data), "losses": losses,
+                        "first10_mean": first, "last10_mean": final, "final_loss_gap": gap}
+        print(f"{a.train_steps}-step run on {len(rows)} rows, lr {lr}: loss (first 10 -> last 10 mean) "
+              f"fp32 {first['fp32']:.4f} -> {final['fp32']:.4f}, fp16 {first['fp16']:.4f} -> {final['fp16']:.4f}; "
+              f"final-loss gap {100 * gap:+.3f}%")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=1)
@@ -131,7 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="eager,executorch")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated keys of SHAPES (default: all)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--programs", help="FP32_DIR,FP16_DIR: compare the two programs' training step instead")
+    p.add_argument("--steps", type=int, default=3, help="--programs: timed steps per program")
+    p.add_argument("--data", type=Path, help="--programs: rows (toolchain data) for a --train-steps run of each")
+    p.add_argument("--train-steps", type=int, default=200)
+    p.add_argument("--lr", type=float, default=None, help="--programs: default: the manifest's default_lr")
     a = p.parse_args(argv)
+    if a.programs:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        torch.set_num_threads(a.threads)
+        doc = _programs(a) | {"threads": a.threads,
+                              "command": "scripts/bench_half.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+        if a.json:
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(doc, indent=2) + "\n")
+        return 0
     modes = a.modes.split(",")
     bad = [m for m in modes if m not in ("eager", "executorch")]
     if bad:
