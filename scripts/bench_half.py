@@ -157,7 +157,18 @@ def _programs(a) -> dict:
             if i:
                 times[c]["wall_s"].append(time.perf_counter() - w0)
                 times[c]["cpu_s"].append(time.process_time() - c0)
-    out = {"programs": [str(d) for d in dirs], "steps": a.steps, "lr": lr, "step": {}}
+    # the gradient of one step from the initial state on rows[0]: SGD's update is -lr * grad, so (init - new) / lr
+    # (exact up to the product's rounding where the state starts at 0: PEFT's B = 0; AdamW: no such relation)
+    grad = None
+    if pdirs[0].info.optimizer.kind == "sgd":
+        init = pdirs[0].state_init()
+        g = [((init - run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr)).state) / lr).double()
+             for p, r in zip(pdirs, runners)]
+        grad = {"cosine": float(g[0] @ g[1] / (g[0].norm() * g[1].norm())),
+                "rel_l2": float((g[1] - g[0]).norm() / g[0].norm()), "nonzero": int((g[0] != 0).sum())}
+        print(f"gradient of one step (state change / lr), fp16 vs fp32: cosine {grad['cosine']:.7f}, "
+              f"rel L2 {grad['rel_l2']:.2e} ({grad['nonzero']} nonzero entries)")
+    out = {"programs": [str(d) for d in dirs], "steps": a.steps, "lr": lr, "step": {}, "gradient": grad}
     for c in computes:
         out["step"][c] = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times[c].items()}
     out["step_ratio_fp16_fp32"] = {k: out["step"]["fp16"][k]["median"] / out["step"]["fp32"][k]["median"]
