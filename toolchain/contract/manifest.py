@@ -327,7 +327,11 @@ class Manifest:
     tokenizer: TokenizerSection
     adapter: AdapterSection
     files: dict[str, str]                      # relative path -> sha256 of every file of the directory
-    absent: frozenset[str] = _absent_keys()           # "generate" when the document has no such key
+    # the frozen-weight matmuls' precision (`export --compute`): "fp32" (exact), or "fp16" (float16 operands and
+    # products; the program needs a runtime with float16 kernels). Absent (older exports, and every fp32 export:
+    # their manifests are unchanged by the option) means "fp32".
+    compute: Literal["fp32", "fp16"] = "fp32"
+    absent: frozenset[str] = _absent_keys()           # "generate", "compute" when the document has no such key
 
     def to_json(self) -> dict:
         d = {"schema_version": self.schema_version, "toolchain_version": self.toolchain_version,
@@ -337,7 +341,8 @@ class Manifest:
              "programs": [p.to_json() for p in self.programs], "methods": [m.to_json() for m in self.methods.values()],
              "loop": self.loop.to_json(), "generate": None if self.generate is None else self.generate.to_json(),
              "state": self.state.to_json(), "memory_plan": self.memory_plan.to_json(),
-             "tokenizer": self.tokenizer.to_json(), "adapter": self.adapter.to_json(), "files": dict(self.files)}
+             "tokenizer": self.tokenizer.to_json(), "adapter": self.adapter.to_json(), "files": dict(self.files),
+             "compute": self.compute}
         return _present(d, self.absent)
 
     @classmethod
@@ -353,7 +358,7 @@ class Manifest:
                    LoopSection.from_json(d["loop"]), None if gen is None else GenerateSection.from_json(gen),
                    StateSection.from_json(d["state"]), MemoryPlan.from_json(d["memory_plan"]),
                    TokenizerSection.from_json(d["tokenizer"]), AdapterSection.from_json(d["adapter"]),
-                   dict(d["files"]), _absent(d, ("generate",)))
+                   dict(d["files"]), d.get("compute", "fp32"), _absent(d, ("generate", "compute")))
 
     # -- what readers ask -------------------------------------------------------------------------------
     @property

@@ -12,12 +12,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from toolchain.contract import STATE_ROLE_PREFIX, MethodSpec
+from toolchain.contract import GENERATION_ROLES, STATE_ROLE_PREFIX, MethodSpec
 from toolchain.errors import BadInput
 from toolchain.export.program import ProgramSpec, layer_state_inputs, method_specs, state_roles
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
+from toolchain.mesp.ops.half import half_compute
 from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, fused_int4, with_chunk_rows
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.weights import LayerWeights
@@ -144,7 +145,9 @@ class _Method(nn.Module):
         body = _BODIES[self.method.role]
         if self.method.kernels:
             body = _fused(body)
-        return body(self.spec, dict(zip(self.names, inputs)), self.executorch)
+        # --compute fp16: the training methods' frozen-weight matmuls in float16 (mesp/ops/half.py)
+        with half_compute(self.spec.compute == "fp16" and self.method.role not in GENERATION_ROLES):
+            return body(self.spec, dict(zip(self.names, inputs)), self.executorch)
 
 
 def method_module(spec: ProgramSpec, name: str, *, executorch: bool = False) -> nn.Module:

@@ -60,6 +60,7 @@ class ExportSpec:
             directory as `tokenizer.json`, checksummed in `files`; None: no file).
         generation: also the generation methods (chunked prefill, KV-cache decode, one-position head).
         prefill_chunk: tokens per prefill call (at most seq_len).
+        compute: the training methods' frozen-weight matmuls, "fp32" or "fp16" (`ProgramSpec.compute`).
     """
 
     source: str
@@ -79,6 +80,7 @@ class ExportSpec:
     tokenizer_json: str | None = field(default=None, repr=False)
     generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
     prefill_chunk: int = 32
+    compute: Literal["fp32", "fp16"] = "fp32"
 
     def check(self, arch: ModelArch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
@@ -91,10 +93,16 @@ class ExportSpec:
         if not 0 <= self.pad_token_id < arch.vocab:
             raise BadInput(f"pad token id {self.pad_token_id} is outside the vocabulary of {arch.vocab}")
         self.quant.check(arch)
+        if self.compute == "fp16" and self.quant.kind == "none":
+            raise BadInput("--compute fp16 needs a quantized base (--quant int4 or int8): a float32 weight would be "
+                           "converted whole to float16 in every call")
+        if self.compute == "fp16" and (set(self.targets) != {"executorch"} or not self.xnnpack):
+            raise BadInput("--compute fp16 is exported for --target executorch with XNNPACK only (its float16 GEMMs "
+                           "are XNNPACK's; ExecuTorch's own kernels, ONNX and Core ML programs stay fp32)")
 
     def program_spec(self, arch: ModelArch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
-                           generation=self.generation, prefill_chunk=self.prefill_chunk)
+                           generation=self.generation, prefill_chunk=self.prefill_chunk, compute=self.compute)
 
 
 def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:

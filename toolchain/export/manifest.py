@@ -69,7 +69,7 @@ class ProgramManifest:
         self.spec = ProgramSpec(self.arch, self.lora, m.seq_len,
                                 quant=QuantSpec(q.kind, q.group, q.chunk_elems, head=bool(q.head)),
                                 optimizer=self.optimizer, options=StepOptions(**m.options.to_json()),
-                                generation=gen is not None, **chunk)
+                                generation=gen is not None, compute=m.compute, **chunk)
         self.seq_len: int = m.seq_len
         self.methods: dict[str, MethodSpec] = m.methods
         self.state_entries = list(m.state.entries)
@@ -184,4 +184,6 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
                                    TOKENIZER_NAME if spec.tokenizer_json is not None else None,
                                    absent=frozenset({"bos_token_id"})),
         adapter=AdapterSection(ADAPTER_INIT_DIR, peft_config_dict(cfg, base_model=spec.source)),
-        files=files)
+        files=files, compute=pspec.compute,
+        # an fp32 program's manifest has no `compute` key (the same document as before the option)
+        absent=frozenset({"compute"}) if pspec.compute == "fp32" else frozenset())

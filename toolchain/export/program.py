@@ -49,6 +49,7 @@ from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.mesp.decode import ATTENTION_DECODE_OP
 from toolchain.mesp.decode_ops import DECODE_OPS
+from toolchain.mesp.ops.half import COMPUTE_CHOICES
 from toolchain.mesp.ops.quant import INT4_LINEAR_OP
 from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
@@ -133,6 +134,9 @@ class ProgramSpec:
     generation: bool = False  # also the generation methods (GENERATION_ROLES); the manifest's `generate` says so
     # tokens per prefill call (block_prefill): a prompt of n tokens costs ceil(n / prefill_chunk) calls per layer
     prefill_chunk: int = 32
+    # the training methods' frozen-weight matmuls: "fp32" (exact), or "fp16" (mesp/ops/half.py; needs a
+    # quantized base, whose chunks dequantize straight to float16)
+    compute: Literal["fp32", "fp16"] = "fp32"
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
@@ -142,6 +146,11 @@ class ProgramSpec:
         if self.prefill_chunk > self.seq_len:   # a chunk longer than the cache holds nothing more
             object.__setattr__(self, "prefill_chunk", self.seq_len)
         self.quant.check(self.arch)
+        if self.compute not in COMPUTE_CHOICES:
+            raise FieldError("compute", f"must be one of {', '.join(COMPUTE_CHOICES)}, got {self.compute!r}")
+        if self.compute == "fp16" and self.quant.kind == "none":
+            raise BadInput("--compute fp16 needs a quantized base (--quant int4 or int8): a float32 weight would be "
+                           "converted whole to float16 in every call")
         if self.optimizer.momentum:
             raise BadInput(f"exported programs do not implement SGD momentum (their state has no momentum buffer), "
                            f"got momentum {self.optimizer.momentum}; use momentum 0 or AdamW")

@@ -36,6 +36,7 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 head_norm_forward, linear_backward, linear_forward, rmsnorm_backward,
                                 rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
+from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
@@ -156,17 +157,19 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
     n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
     hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
+    # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
+    n2c, wg, wu, wd = to_compute(n2), compute_weight(w.gate_proj), compute_weight(w.up_proj), compute_weight(w.down_proj)
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
-        g = F.linear(n2, dense_rows(w.gate_proj, a, b))              # [T, C]
-        u = F.linear(n2, dense_rows(w.up_proj, a, b))                # [T, C]
+        g = from_compute(F.linear(n2c, dense_rows(wg, a, b)))        # [T, C]
+        u = from_compute(F.linear(n2c, dense_rows(wu, a, b)))        # [T, C]
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
         act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
         del g, u
-        part = F.linear(act, dense_cols(w.down_proj, a, b))          # [T, d]
+        part = from_compute(F.linear(to_compute(act), dense_cols(wd, a, b)))  # [T, d]
         out = part if out is None else out + part
         del part
         if ld is not None:
@@ -206,13 +209,16 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     dhd = None if ld is None else s * (dout @ ld.b)                  # [T, r]
     dn2, hd, dhg, dhu = None, None, None, None
     dbg, dbu, dad = [], [], []
+    # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
+    n2c, doutc = to_compute(n2), to_compute(dout)
+    wgq, wuq, wdq = compute_weight(w.gate_proj), compute_weight(w.up_proj), compute_weight(w.down_proj)
     for a, b in _f_chunks(p, mlp_chunk):
-        da = dout @ dense_cols(w.down_proj, a, b)                    # [T, C]: Wd's chunk dies before Wg's, Wu's
+        da = from_compute(doutc @ dense_cols(wdq, a, b))             # [T, C]: Wd's chunk dies before Wg's, Wu's
         if ld is not None:
             ad = ld.a[:, a:b]                                        # [r, C]
             da = da + dhd @ ad
-        wg, wu = dense_rows(w.gate_proj, a, b), dense_rows(w.up_proj, a, b)   # [C, d], read once for both uses
-        g, u = F.linear(n2, wg), F.linear(n2, wu)                    # [T, C] recomputed
+        wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)        # [C, d], read once for both uses
+        g, u = from_compute(F.linear(n2c, wg)), from_compute(F.linear(n2c, wu))  # [T, C] recomputed
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
@@ -225,7 +231,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         del act
         sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
-        part = sw.dg @ wg + sw.du @ wu                               # [T, d]
+        part = from_compute(to_compute(sw.dg) @ wg) + from_compute(to_compute(sw.du) @ wu)  # [T, d]
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu

@@ -17,7 +17,16 @@ __all__ = ["open_runner", "role_methods", "check_signatures", "HOST_RUNNABLE"]
 def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str]):
     from toolchain.runtime.executorch_runner import ExecutorchRunner
 
-    runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads)
+    try:
+        runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads)
+    except BadInput as e:
+        if pdir.manifest.compute != "fp16" or "cannot be loaded" not in str(e):
+            raise
+        # XNNPACK refuses to build a float16 GEMM it has no kernel for when the method loads (hardware without
+        # float16 support, or a runtime built without it): the program cannot run here, whatever the input
+        raise BadInput(f"{pdir.path} computes its frozen-weight matmuls in float16 (exported with --compute fp16) "
+                       f"and this ExecuTorch runtime has no float16 kernels for them (its XNNPACK delegate did not "
+                       f"load: {e}); re-export the program with --compute fp32") from None
     check_signatures(pdir, runner.program, methods)
     return runner
 

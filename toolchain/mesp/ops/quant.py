@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from toolchain.mesp.ops.half import compute_weight, from_compute, half_enabled, to_compute
+
 __all__ = ["QuantWeight", "quantize", "dequantize", "fused_int4", "dense", "matmul_xwt",
            "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
            "int4_linear_a8_reference", "quantize_activations", "fused_enabled", "INT4_LINEAR_OP"]
@@ -117,6 +119,11 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
     would be materialized (`permute_copy`: ExecuTorch tensors have no strides), a copy of the frozen
     weight (17 MB for a [4864, 896] matrix, 545 MB for the LM head).
     """
+    if half_enabled():                 # --compute fp16 (ops/half.py): float16 operands and product
+        w, xh = compute_weight(w), to_compute(x)
+        if not isinstance(w, QuantWeight):
+            return from_compute(F.linear(xh, w))                                       # [T, o]
+        return from_compute(torch.cat([F.linear(xh, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1))
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
     if _FUSED_INT4 and w.bits == 4:
@@ -126,12 +133,17 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
 
 
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight) -> Tensor:
-    """dy W for dy [T, o], W [o, i]."""
+    """dy W for dy [T, o], W [o, i]. With --compute fp16 each chunk's product is float16, summed in float32."""
+    half = half_enabled()
+    if half:
+        w, dy = compute_weight(w), to_compute(dy)
     if not isinstance(w, QuantWeight):
-        return dy @ w
+        return from_compute(dy @ w)
     out = None
     for a, b in _chunks(w):
         part = dy[:, a:b] @ dequantize(_rows(w, a, b))                                  # [T, i]
+        if half:
+            part = from_compute(part)
         out = part if out is None else out + part
     return out
 
@@ -143,6 +155,9 @@ def dequantize(qw: QuantWeight) -> Tensor:
         vals = q.to(scale.dtype)
     elif qw.executorch:
         # (n - 0) * s per element with n = nibble - 8: the same float32 products as below
+        if scale.dtype != torch.float32:   # --compute fp16 (ops/half.py): float16 scales, float16 chunk
+            return torch.ops.quantized_decomposed.embedding_4bit.dtype(q, scale, None, -8, 7, torch.arange(q.shape[0]),
+                                                                      dtype=scale.dtype)
         return torch.ops.quantized_decomposed.embedding_4bit.default(q, scale, None, -8, 7,
                                                                     torch.arange(q.shape[0]))
     else:
