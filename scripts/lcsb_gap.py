@@ -43,6 +43,9 @@ from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step
+from toolchain.mesp.block import _attention_half, block_backward, block_forward, block_rope
+from toolchain.mesp.ops import linear_forward, rmsnorm_forward, swiglu_forward
+from toolchain.mesp.step import block_params, embedding_rows, head_loss_and_grad
 from toolchain.models import random_weights
 from toolchain.optim import OptimizerConfig, OptState, update_layer
 from toolchain.training import TrainConfig, evaluate, start_run
@@ -61,7 +64,46 @@ def _hold(lr: float, wd: float, p: LoraPair, slots, count: int) -> LoraPair:
                       for x, mm, vv in ((p.a, m.a, v.a), (p.b, m.b, v.b))))
 
 
-def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False, full_every=0):
+def _direct_step(arch, weights, cfg, lora, ex, sel, with_a):
+    """An LCSB step (the same surrogate as mesp_step with backward_layers=sel) that also returns, for
+    every unselected layer, the direct-path gradients of its o_proj and down_proj LoRA: their outputs add
+    to the residual stream, so with dY the residual gradient passing the layer (identity in backward),
+    dB = s dY^T h (h = x A^T, the [T, r] LoRA hidden the forward computes anyway) and, with_a,
+    dA = s (dY B)^T x (needs the projection input x: o [T, d] / act [T, f])."""
+    t = ex.input_ids.shape[0]
+    rope = block_rope(arch, torch.arange(t), weights.final_norm.dtype)
+    x = embedding_rows(weights.embed, ex.input_ids)
+    inputs, kept = [], {}
+    for i in range(arch.layers):
+        inputs.append(x)
+        p = block_params(arch, weights, cfg, lora, i)
+        if i not in sel:
+            x1, k = _attention_half(x, p, rope)
+            w, s = p.weights, p.scale
+            n2, _ = rmsnorm_forward(x1, w.post_norm, arch.rms_eps)
+            g = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), s)[0]
+            u = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), s)[0]
+            kept[i] = (k.o, swiglu_forward(g, u)[0])
+        x = block_forward(x, p, rope)
+    loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, ex.labels, arch.rms_eps)
+    out = {}
+    for i in reversed(range(arch.layers)):
+        p = block_params(arch, weights, cfg, lora, i)
+        if i in sel:
+            dx, out[i] = block_backward(dx, inputs[i], p, rope)
+            continue
+        g = {}
+        for tgt, xin in (("o_proj", kept[i][0]), ("down_proj", kept[i][1])):
+            pr = p.lora[tgt]
+            db = p.scale * (dx.T @ (xin @ pr.a.T))
+            da = (p.scale * (dx @ pr.b)).T @ xin if with_a else torch.zeros_like(pr.a)
+            g[tgt] = LoraPair(da, db)
+        out[i] = {tgt: g.get(tgt, LoraPair(torch.zeros_like(pp.a), torch.zeros_like(pp.b)))
+                  for tgt, pp in p.lora.items()}
+    return loss, out
+
+
+def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False, full_every=0, direct=None):
     config, arch, weights, cfg, lora0, rows, val = ctx
     lr = config.lr if lr is None else lr
     wd, layers = config.weight_decay, arch.layers
@@ -94,7 +136,14 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
             _assign(st.lora[i], st.opt.slots[i], *update_layer(o, st.lora[i], grads, st.opt.slots[i], step))
 
         with torch.no_grad():
-            if exact:
+            if direct is not None:
+                loss, gr = _direct_step(arch, weights, cfg, st.lora, ex, sel, direct == "ab")
+                r = argparse.Namespace(loss=loss)
+                for i in sorted(sel, reverse=True):
+                    update(i, gr[i])
+                for i in sorted(set(range(layers)) - sel):
+                    _assign(st.lora[i], st.opt.slots[i], *update_layer(opt, st.lora[i], gr[i], st.opt.slots[i], step))
+            elif exact:
                 r = mesp_step(arch, weights, cfg, st.lora, ex.input_ids, ex.labels)
                 for i in range(layers):
                     update(i, r.grads[i] if i in sel else None)
@@ -159,6 +208,13 @@ def main() -> None:
         "block3": dict(select=lambda s: cyc.phases[(s // 3) % g]),
         "block10": dict(select=lambda s: cyc.phases[(s // 10) % g]),
         "block30": dict(select=lambda s: cyc.phases[(s // 30) % g]),
+        "direct_b": dict(select=cyc.layers_at, direct="b"),
+        "direct_ab": dict(select=cyc.layers_at, direct="ab"),
+        "lcsb_lr_sqrt3": dict(select=cyc.layers_at, lr=config.lr * math.sqrt(3)),
+        "lcsb_lr_x2": dict(select=cyc.layers_at, lr=config.lr * 2),
+        "lcsb_lr_x3": dict(select=cyc.layers_at, lr=config.lr * 3),
+        "full_lr_x2": dict(select=lambda s: range(L), lr=config.lr * 2),
+        "full_lr_x3": dict(select=lambda s: range(L), lr=config.lr * 3),
         "full_lr_sqrt3": dict(select=lambda s: range(L), lr=config.lr * math.sqrt(3)),
     }
     unknown = [v for v in args.variants if v not in variants]
