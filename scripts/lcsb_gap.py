@@ -210,6 +210,17 @@ def main() -> None:
         "block30": dict(select=lambda s: cyc.phases[(s // 30) % g]),
         "direct_b": dict(select=cyc.layers_at, direct="b"),
         "direct_ab": dict(select=cyc.layers_at, direct="ab"),
+        "direct_b_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, direct="b"),
+        "direct_ab_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, direct="ab"),
+        **{f"always{j}": dict(select=lambda s, j=j: sorted(set(cyc.layers_at(s)) | set(cyc.phases[j])))
+           for j in range(g)},
+        "comp_random_lr2": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, unsel="comp",
+                                lr=config.lr * 2),
+        "hold_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, unsel="hold"),
+        **{f"top{t}": dict(select=lambda s, t=t: sorted(set(make_plan(L - t, config.k - t, "cyclic").layers_at(s))
+                                                           | set(range(L - t, L)))) for t in (1, 2, 3)},
+        "top2_random": dict(select=lambda s: sorted(set(make_plan(L - 2, config.k - 2, "random", period=args.steps)
+                                                        .layers_at(s)) | {L - 2, L - 1})),
         "lcsb_lr_sqrt3": dict(select=cyc.layers_at, lr=config.lr * math.sqrt(3)),
         "lcsb_lr_x2": dict(select=cyc.layers_at, lr=config.lr * 2),
         "lcsb_lr_x3": dict(select=cyc.layers_at, lr=config.lr * 3),
