@@ -221,6 +221,9 @@ def main() -> None:
                                                            | set(range(L - t, L)))) for t in (1, 2, 3)},
         "top2_random": dict(select=lambda s: sorted(set(make_plan(L - 2, config.k - 2, "random", period=args.steps)
                                                         .layers_at(s)) | {L - 2, L - 1})),
+        "last": dict(select=make_plan(L, config.k, "last").layers_at),
+        "top3_comp": dict(select=lambda s: sorted(set(make_plan(L - 3, 1, "cyclic").layers_at(s)) | {L - 3, L - 2, L - 1}),
+                          unsel="comp"),
         "lcsb_lr_sqrt3": dict(select=cyc.layers_at, lr=config.lr * math.sqrt(3)),
         "lcsb_lr_x2": dict(select=cyc.layers_at, lr=config.lr * 2),
         "lcsb_lr_x3": dict(select=cyc.layers_at, lr=config.lr * 3),
