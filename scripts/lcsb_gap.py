@@ -25,6 +25,15 @@ Variants (cyclic k = 4 of 12 layers unless said; "unselected" = outside the step
   top_twice, bottom_twice   the top (bottom) group at every second step, the other two alternating
   block3, block10, block30  each group for 3 / 10 / 30 consecutive steps
   full_lr_sqrt3 the FULL arm at lr x sqrt(3) (is full backprop lr-limited here?)
+Session 11 (docs/lcsb.md "Session 11"):
+  direct_b, direct_ab   cyclic, and every unselected layer's o_proj / down_proj LoRA also gets its direct-path
+                gradient (their outputs add to the residual stream: dB = s dY^T h with dY the residual gradient
+                passing by; direct_ab: dA = s (dY B)^T x too); *_random: with the random policy
+  lcsb_lr_sqrt3, lcsb_lr_x2, lcsb_lr_x3   the whole LCSB arm at a higher lr (full_lr_x2, full_lr_x3: the full arm)
+  always0, always1, always2   the cycle plus group j at every step (more than k layers: diagnostic only)
+  top1, top2, top3   the top t layers every step + k - t cycling over the others (top3 = policy `anchored`);
+                top2_random: the k - t drawn at random; top3_comp: top3 with comp's skip-update lr
+  last, comp_random_lr2, hold_random   the `last` policy; combinations
 """
 
 from __future__ import annotations
