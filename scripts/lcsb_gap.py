@@ -25,6 +25,15 @@ Variants (cyclic k = 4 of 12 layers unless said; "unselected" = outside the step
   top_twice, bottom_twice   the top (bottom) group at every second step, the other two alternating
   block3, block10, block30  each group for 3 / 10 / 30 consecutive steps
   full_lr_sqrt3 the FULL arm at lr x sqrt(3) (is full backprop lr-limited here?)
+Session 11 (docs/lcsb.md "Session 11"):
+  direct_b, direct_ab   cyclic, and every unselected layer's o_proj / down_proj LoRA also gets its direct-path
+                gradient (their outputs add to the residual stream: dB = s dY^T h with dY the residual gradient
+                passing by; direct_ab: dA = s (dY B)^T x too); *_random: with the random policy
+  lcsb_lr_sqrt3, lcsb_lr_x2, lcsb_lr_x3   the whole LCSB arm at a higher lr (full_lr_x2, full_lr_x3: the full arm)
+  always0, always1, always2   the cycle plus group j at every step (more than k layers: diagnostic only)
+  top1, top2, top3   the top t layers every step + k - t cycling over the others (top3 = policy `anchored`);
+                top2_random: the k - t drawn at random; top3_comp: top3 with comp's skip-update lr
+  last, comp_random_lr2, hold_random   the `last` policy; combinations
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step
+from toolchain.mesp.block import _attention_half, block_backward, block_forward, block_rope
+from toolchain.mesp.ops import linear_forward, rmsnorm_forward, swiglu_forward
+from toolchain.mesp.step import block_params, embedding_rows, head_loss_and_grad
 from toolchain.models import random_weights
 from toolchain.optim import OptimizerConfig, OptState, update_layer
 from toolchain.training import TrainConfig, evaluate, start_run
@@ -61,7 +73,46 @@ def _hold(lr: float, wd: float, p: LoraPair, slots, count: int) -> LoraPair:
                       for x, mm, vv in ((p.a, m.a, v.a), (p.b, m.b, v.b))))
 
 
-def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False, full_every=0):
+def _direct_step(arch, weights, cfg, lora, ex, sel, with_a):
+    """An LCSB step (the same surrogate as mesp_step with backward_layers=sel) that also returns, for
+    every unselected layer, the direct-path gradients of its o_proj and down_proj LoRA: their outputs add
+    to the residual stream, so with dY the residual gradient passing the layer (identity in backward),
+    dB = s dY^T h (h = x A^T, the [T, r] LoRA hidden the forward computes anyway) and, with_a,
+    dA = s (dY B)^T x (needs the projection input x: o [T, d] / act [T, f])."""
+    t = ex.input_ids.shape[0]
+    rope = block_rope(arch, torch.arange(t), weights.final_norm.dtype)
+    x = embedding_rows(weights.embed, ex.input_ids)
+    inputs, kept = [], {}
+    for i in range(arch.layers):
+        inputs.append(x)
+        p = block_params(arch, weights, cfg, lora, i)
+        if i not in sel:
+            x1, k = _attention_half(x, p, rope)
+            w, s = p.weights, p.scale
+            n2, _ = rmsnorm_forward(x1, w.post_norm, arch.rms_eps)
+            g = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), s)[0]
+            u = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), s)[0]
+            kept[i] = (k.o, swiglu_forward(g, u)[0])
+        x = block_forward(x, p, rope)
+    loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, ex.labels, arch.rms_eps)
+    out = {}
+    for i in reversed(range(arch.layers)):
+        p = block_params(arch, weights, cfg, lora, i)
+        if i in sel:
+            dx, out[i] = block_backward(dx, inputs[i], p, rope)
+            continue
+        g = {}
+        for tgt, xin in (("o_proj", kept[i][0]), ("down_proj", kept[i][1])):
+            pr = p.lora[tgt]
+            db = p.scale * (dx.T @ (xin @ pr.a.T))
+            da = (p.scale * (dx @ pr.b)).T @ xin if with_a else torch.zeros_like(pr.a)
+            g[tgt] = LoraPair(da, db)
+        out[i] = {tgt: g.get(tgt, LoraPair(torch.zeros_like(pp.a), torch.zeros_like(pp.b)))
+                  for tgt, pp in p.lora.items()}
+    return loss, out
+
+
+def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False, full_every=0, direct=None):
     config, arch, weights, cfg, lora0, rows, val = ctx
     lr = config.lr if lr is None else lr
     wd, layers = config.weight_decay, arch.layers
@@ -94,7 +145,14 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
             _assign(st.lora[i], st.opt.slots[i], *update_layer(o, st.lora[i], grads, st.opt.slots[i], step))
 
         with torch.no_grad():
-            if exact:
+            if direct is not None:
+                loss, gr = _direct_step(arch, weights, cfg, st.lora, ex, sel, direct == "ab")
+                r = argparse.Namespace(loss=loss)
+                for i in sorted(sel, reverse=True):
+                    update(i, gr[i])
+                for i in sorted(set(range(layers)) - sel):
+                    _assign(st.lora[i], st.opt.slots[i], *update_layer(opt, st.lora[i], gr[i], st.opt.slots[i], step))
+            elif exact:
                 r = mesp_step(arch, weights, cfg, st.lora, ex.input_ids, ex.labels)
                 for i in range(layers):
                     update(i, r.grads[i] if i in sel else None)
@@ -159,6 +217,27 @@ def main() -> None:
         "block3": dict(select=lambda s: cyc.phases[(s // 3) % g]),
         "block10": dict(select=lambda s: cyc.phases[(s // 10) % g]),
         "block30": dict(select=lambda s: cyc.phases[(s // 30) % g]),
+        "direct_b": dict(select=cyc.layers_at, direct="b"),
+        "direct_ab": dict(select=cyc.layers_at, direct="ab"),
+        "direct_b_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, direct="b"),
+        "direct_ab_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, direct="ab"),
+        **{f"always{j}": dict(select=lambda s, j=j: sorted(set(cyc.layers_at(s)) | set(cyc.phases[j])))
+           for j in range(g)},
+        "comp_random_lr2": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, unsel="comp",
+                                lr=config.lr * 2),
+        "hold_random": dict(select=make_plan(L, config.k, "random", period=args.steps).layers_at, unsel="hold"),
+        **{f"top{t}": dict(select=lambda s, t=t: sorted(set(make_plan(L - t, config.k - t, "cyclic").layers_at(s))
+                                                           | set(range(L - t, L)))) for t in (1, 2, 3)},
+        "top2_random": dict(select=lambda s: sorted(set(make_plan(L - 2, config.k - 2, "random", period=args.steps)
+                                                        .layers_at(s)) | {L - 2, L - 1})),
+        "last": dict(select=make_plan(L, config.k, "last").layers_at),
+        "top3_comp": dict(select=lambda s: sorted(set(make_plan(L - 3, 1, "cyclic").layers_at(s)) | {L - 3, L - 2, L - 1}),
+                          unsel="comp"),
+        "lcsb_lr_sqrt3": dict(select=cyc.layers_at, lr=config.lr * math.sqrt(3)),
+        "lcsb_lr_x2": dict(select=cyc.layers_at, lr=config.lr * 2),
+        "lcsb_lr_x3": dict(select=cyc.layers_at, lr=config.lr * 3),
+        "full_lr_x2": dict(select=lambda s: range(L), lr=config.lr * 2),
+        "full_lr_x3": dict(select=lambda s: range(L), lr=config.lr * 3),
         "full_lr_sqrt3": dict(select=lambda s: range(L), lr=config.lr * math.sqrt(3)),
     }
     unknown = [v for v in args.variants if v not in variants]

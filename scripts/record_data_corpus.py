@@ -72,6 +72,7 @@ def cases() -> list[dict]:
     for layers, k, policy, seed, period in [(8, 2, "random", 7, 6), (24, 6, "random", 0, None), (3, 1, "random", 5, 4),
                                             (10, 4, "cyclic", None, None), (10, 4, "strided", None, None),
                                             (24, 5, "cyclic", None, None), (7, 3, "last", None, None),
+                                            (10, 4, "anchored", None, None), (24, 6, "anchored", None, None),
                                             (5, 5, "full", None, None)]:
         plan = make_plan(layers, k, policy, seed=seed, period=period)
         out.append({"kind": "lcsb_plan", "layers": layers, "k": k, "policy": policy, "seed": seed, "period": period,

@@ -131,3 +131,21 @@ def test_check_layers_names_both_counts():
     with pytest.raises(BadInput, match="for 4 layers but the model has 8"):
         make_plan(4, 2, "cyclic").check_layers(8)
     make_plan(8, 2, "cyclic").check_layers(8)
+
+
+@pytest.mark.parametrize("layers, k", SHAPES)
+def test_anchored_keeps_the_top_layers_and_cycles_one_other(layers, k):
+    plan = make_plan(layers, k, "anchored")
+    top = set(range(layers - k + 1, layers))
+    assert plan.period == layers - k + 1 == len(plan.phases)
+    assert all(set(p) >= top and len(p) == k for p in plan.phases)
+    # the cycling layer goes bottom-up over the others, each once per period
+    assert [sorted(set(plan.layers_at(s)) - top) for s in range(plan.period)] == [[j] for j in range(layers - k + 1)]
+    counts = plan.selection_counts()
+    assert counts == [1] * (layers - k + 1) + [plan.period] * (k - 1)
+
+
+def test_anchored_example():
+    assert make_plan(10, 4, "anchored").phases == ((0, 7, 8, 9), (1, 7, 8, 9), (2, 7, 8, 9), (3, 7, 8, 9),
+                                                   (4, 7, 8, 9), (5, 7, 8, 9), (6, 7, 8, 9))
+    assert make_plan(12, 4, "anchored").layers_at(9) == (0, 9, 10, 11)  # period 9

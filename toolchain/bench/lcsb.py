@@ -81,7 +81,7 @@ class LcsbBenchConfig:
     model: str = "mid"
     steps: int = 300
     seq_len: int = 128
-    policy: Policy = "cyclic"
+    policy: Policy = "anchored"
     k: int = 4
     lr: float = 2e-4
     weight_decay: float = 0.01

@@ -24,7 +24,7 @@ def bench() -> None:
 @click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Tokens per example.  [default: 128]")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None, help="LCSB layers per step.  [default: 4]")
 @click.option("--policy", type=click.Choice([p for p in POLICY_CHOICE.choices if p != "full"]), default=None,
-              help="LCSB policy.  [default: cyclic]")
+              help="LCSB policy.  [default: anchored]")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
               help="AdamW learning rate of both arms.  [default: 2e-4]")
 @click.option("--pretrain-steps", type=click.IntRange(min=0), default=None,

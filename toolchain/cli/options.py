@@ -21,7 +21,7 @@ __all__ = ["FIELD_OPTIONS", "TARGETS_HELP", "POLICY_CHOICE", "model_options", "r
 FIELD_OPTIONS = {"rank": "--rank", "seq_len": "--seq-len", "prefill_chunk": "--prefill-chunk",
                  "max_new_tokens": "--max-new-tokens", "temperature": "--temperature"}
 TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or 'all'"
-POLICY_CHOICE = click.Choice(["cyclic", "strided", "last", "random", "full"])
+POLICY_CHOICE = click.Choice(["cyclic", "strided", "last", "anchored", "random", "full"])
 # StepOptions' defaults (toolchain/mesp/step.py, which imports torch; tests/cli/test_options.py checks them).
 _CHUNK_DEFAULTS = {"loss_chunk": 256, "vocab_chunk": 1024, "mlp_chunk": 256}
 

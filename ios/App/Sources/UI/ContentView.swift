@@ -140,7 +140,7 @@ struct ContentView: View {
             Stepper(lcsbK == 0 ? "Layers per step: all" : "Layers per step: \(lcsbK) (LCSB)", value: $lcsbK, in: 0...64)
             if lcsbK > 0 {
                 Picker("LCSB policy", selection: $lcsbPolicy) {
-                    ForEach(["cyclic", "strided", "last", "random"], id: \.self) { Text($0).tag($0) }
+                    ForEach(["cyclic", "strided", "last", "anchored", "random"], id: \.self) { Text($0).tag($0) }
                 }
             }
             checkpointRows

@@ -4,7 +4,7 @@ import Foundation
 /// `phases[schedule[s % schedule.count]]`. Parsed strictly (unknown keys refused, like the schema's
 /// `additionalProperties: false`), so a plan from a newer toolchain fails loudly instead of half-working.
 public struct StepPlan: Equatable {
-    public static let policies = ["cyclic", "strided", "last", "random", "full"]
+    public static let policies = ["cyclic", "strided", "last", "anchored", "random", "full"]
     private static let keys: Set<String> = ["schema_version", "layers", "policy", "k", "seed", "phases", "schedule"]
 
     public var layers: Int
@@ -79,6 +79,7 @@ extension StepPlan {
     /// `lcsb_plan` cases of shared_schemas/data_corpus), so the phone chooses layers at run time as
     /// the host does. g = ceil(L / k) groups:
     /// cyclic: contiguous groups `[L*i/g, L*(i+1)/g)`; strided: `{i, i+g, ...}`; last: the last k;
+    /// anchored: the last k - 1 plus one of layers 0...L-k, ascending (period L - k + 1);
     /// full: every layer (k = L); random: step t selects the first k of
     /// `Shuffle.permutation(L, seed + t)`, sorted, for `period` steps (default 4g), equal draws sharing
     /// a phase. seed / period only for random (seed default 0).
@@ -106,6 +107,8 @@ extension StepPlan {
             phases = (0..<groups).map { Array(stride(from: $0, to: layers, by: groups)) }
         case "last":
             phases = [Array((layers - kk)..<layers)]
+        case "anchored":
+            phases = (0...(layers - kk)).map { [$0] + Array((layers - kk + 1)..<layers) }
         case "full":
             phases = [Array(0..<layers)]
         default:

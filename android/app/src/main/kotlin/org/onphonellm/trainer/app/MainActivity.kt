@@ -503,7 +503,7 @@ class MainActivity : Activity() {
         private const val PICK_TEXT = 1
         private const val EXPORT_TREE = 2
         private const val IMPORT_TREE = 3
-        private val LCSB_POLICIES = listOf("cyclic", "strided", "last", "random")
+        private val LCSB_POLICIES = listOf("cyclic", "strided", "last", "anchored", "random")
     }
 }
 

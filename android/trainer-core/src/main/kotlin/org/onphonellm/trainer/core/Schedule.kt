@@ -15,7 +15,7 @@ data class StepPlan(
     val schedule: List<Int>,
 ) {
     companion object {
-        val POLICIES = setOf("cyclic", "strided", "last", "random", "full")
+        val POLICIES = setOf("cyclic", "strided", "last", "anchored", "random", "full")
         private val KEYS = setOf("schema_version", "layers", "policy", "k", "seed", "phases", "schedule")
 
         /** Parse and check a plan as its schema does, plus: every layer < layers, every schedule entry names a phase. */

@@ -50,7 +50,8 @@ object StateCheckpoints {
 }
 
 /**
- * StepPlan of a policy, as toolchain/lcsb/plan.py `make_plan` builds it: cyclic, strided, last, full, and random
+ * StepPlan of a policy, as toolchain/lcsb/plan.py `make_plan` builds it: cyclic, strided, last, anchored (the last k - 1
+ * layers plus one of 0..L-k, ascending), full, and random
  * (step t < [period] selects the first k of `permutation(layers, seed + t)`, sorted; equal draws share one phase;
  * [seed] default 0, [period] default 4 * ceil(layers / k); the seed sum wraps modulo 2^64 as SplitMix64 takes it).
  */
@@ -65,6 +66,7 @@ fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = 
         "cyclic" -> (0 until groups).map { i -> (layers * i / groups until layers * (i + 1) / groups).toList() }
         "strided" -> (0 until groups).map { i -> (i until layers step groups).toList() }
         "last" -> listOf((layers - kk until layers).toList())
+        "anchored" -> (0..layers - kk).map { j -> listOf(j) + (layers - kk + 1 until layers).toList() }
         "full" -> listOf((0 until layers).toList())
         else -> return randomPlan(layers, kk, seed ?: 0L, period ?: (4 * groups))
     }
