@@ -229,13 +229,15 @@ def program_ops(spec: dict, s, pdir: ProgramDir) -> dict:
         kernels = calls = 0.0
         for e in block.events:
             t = profiled(e)
-            if e.name == "OPERATOR_CALL":
+            if e.is_delegated_op:                  # XNNPACK's own events inside a DELEGATE_CALL: not added again
+                continue
+            if e.name == "OPERATOR_CALL":          # wraps each kernel call (native_call_*)
                 calls += t
             elif e.name == "Method::execute":
                 per["(method)"] += t
             else:
                 per[e.name.removeprefix("native_call_")] += t
-                kernels += t if not e.name.startswith("DELEGATE") else 0.0
+                kernels += t if e.name.startswith("native_call_") else 0.0
         per["(dispatch)"] += calls - kernels
     return {k: dict(v) for k, v in out.items()}
 
