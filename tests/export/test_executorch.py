@@ -325,8 +325,8 @@ def test_xnnpack_takes_only_weight_matmuls():
     too large to pack (a whole LM head) is never delegated."""
     from executorch.exir import EdgeCompileConfig, to_edge
 
-    from toolchain.export.executorch import (_matmul_flops, _weight_operand, _weight_placeholders, exported_methods,
-                                             weight_derived, xnnpack_partitioner)
+    from toolchain.export.executorch import (_matmul_flops, _target_name, _weight_operand, _weight_placeholders,
+                                             exported_methods, weight_derived, xnnpack_partitioner)
     from toolchain.export.program import ProgramSpec, method_specs
 
     spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int4", 16))
@@ -348,7 +348,20 @@ def test_xnnpack_takes_only_weight_matmuls():
         taken = {n for p in xnnpack_partitioner(weights, min_flops=0).generate_partitions(ep) for n in p.nodes
                  if _matmul_flops(n) > 0}
         assert taken == with_weight, name
-        assert not xnnpack_partitioner(weights, min_flops=0, max_packed_bytes=0).generate_partitions(ep)
+        assert not xnnpack_partitioner(weights, min_flops=0, max_packed_bytes=0, elementwise_ops=()
+                                       ).generate_partitions(ep)
+        # the elementwise ops: one op per delegate, exactly the large-enough nodes of the listed targets
+        ops = ("_softmax.default", "sigmoid.default", "permute_copy.default", "exp.default")
+        for least in (0, 200):
+            parts = xnnpack_partitioner(weights, max_packed_bytes=0, elementwise_ops=ops,
+                                        min_elements=least).generate_partitions(ep)
+            got = [n for p in parts for n in p.nodes if n.op == "call_function"]
+            want = [n for n in ep.graph.nodes if _target_name(n) in ops and n.meta["val"].numel() >= least]
+            assert len(got) == len(parts) and set(got) == set(want), (name, least)
+            if least == 0 and name.startswith("block"):
+                assert {_target_name(n) for n in got} >= {"_softmax.default", "sigmoid.default", "permute_copy.default"}
+    with pytest.raises(ValueError, match="no XNNPACK config for tanh"):
+        xnnpack_partitioner(set(), elementwise_ops=("tanh.default",))
 
 
 @pytest.mark.parametrize("quant", ["none", "int4"])
@@ -362,6 +375,7 @@ def test_program_with_xnnpack_delegates_trains_like_eager(tmp_path_factory, monk
     import toolchain.export.executorch as et
 
     monkeypatch.setattr(et, "XNNPACK_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(et, "XNNPACK_MIN_ELEMENTS", 0)     # softmax, sigmoid, transposes, exp on XNNPACK too
     prog, _, _ = _export(tmp_path_factory, f"xnn-{quant}", quant=quant)
     manifest = json.loads((prog / "manifest.json").read_text())
     assert manifest["programs"][0]["delegate"] == "xnnpack"

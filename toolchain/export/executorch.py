@@ -55,6 +55,16 @@ def exported_methods(spec: ProgramSpec) -> dict:
 XNNPACK_MIN_FLOPS = 16e6
 XNNPACK_MAX_PACKED_BYTES = 16 << 20
 
+# Besides the weight matmuls, XNNPACK takes these single ops when their output has at least
+# XNNPACK_MIN_ELEMENTS elements: ExecuTorch's portable kernels for them are scalar loops (std::exp per
+# element, an index computation per element of a permute), XNNPACK's are vectorized. Measured on the
+# Qwen2.5-0.5B int4 step (ETDump, scripts/profile_step.py, docs/benchmarks.md "Session 11"): attention's
+# softmax over [T, T] scores, SwiGLU's sigmoid, the transposes ExecuTorch materializes (`permute_copy`:
+# heads <-> rows, the MLP chunks' dg^T, du^T) and the online softmax's exp over [T, V_chunk] logits.
+# Op names are the edge dialect's targets (`exir_ops.edge.aten.<name>`).
+XNNPACK_ELEMENTWISE_OPS = ("_softmax.default", "sigmoid.default", "permute_copy.default", "exp.default")
+XNNPACK_MIN_ELEMENTS = 1 << 14
+
 
 def _matmul_flops(node) -> float:
     """FLOPs of a linear / mm / bmm node from its argument shapes (0 for anything else)."""
@@ -121,28 +131,62 @@ def _packed_bytes(arg) -> int:
         return 0
 
 
+def _elements(node) -> int:
+    try:
+        return int(node.meta["val"].numel())
+    except (AttributeError, KeyError):
+        return 0
+
+
+def _target_name(node) -> str:
+    """`exir_ops.edge.aten.exp.default` -> "exp.default" ("" for anything but an ATen op call)."""
+    if node.op != "call_function":
+        return ""
+    target = node.target
+    op = target._op if type(target).__name__ == "EdgeOpOverload" else target   # else an ATen OpOverload
+    return str(op).removeprefix("aten.")
+
+
 def xnnpack_partitioner(weight_inputs: set[str], min_flops: float | None = None,
-                        max_packed_bytes: int = XNNPACK_MAX_PACKED_BYTES):
-    """XNNPACK for the large weight matmuls only (see XNNPACK_MIN_FLOPS), one op per delegate, weights taken
-    as runtime tensors (`force_non_static_weights_for_f32_linear`: they are method inputs or in-graph
-    dequantized chunks). XNNPACK then packs each weight per call into one workspace shared by all
-    delegates instead of packing constants into its heap at load. Larger partitions fail on training
-    graphs ("Invalid partition, found dependency cycles").
+                        max_packed_bytes: int = XNNPACK_MAX_PACKED_BYTES, elementwise_ops: tuple[str, ...] | None = None,
+                        min_elements: int | None = None):
+    """XNNPACK for the large weight matmuls (see XNNPACK_MIN_FLOPS) and the large elementwise ops of
+    XNNPACK_ELEMENTWISE_OPS, one op per delegate, weights taken as runtime tensors
+    (`force_non_static_weights_for_f32_linear`: they are method inputs or in-graph dequantized chunks).
+    XNNPACK then packs each weight per call into one workspace shared by all delegates instead of packing
+    constants into its heap at load. Larger partitions fail on training graphs ("Invalid partition, found
+    dependency cycles").
 
     Args:
         weight_inputs: names of the method's placeholders that are frozen weights (bind "weight").
         min_flops: None: XNNPACK_MIN_FLOPS (read at call time).
+        elementwise_ops, min_elements: None: XNNPACK_ELEMENTWISE_OPS, XNNPACK_MIN_ELEMENTS (read at call
+            time); () delegates the weight matmuls only.
     """
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import (ExpConfig, PermuteConfig,
+                                                                                   SigmoidConfig, SoftmaxConfig)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    class LargeMatmulPartitioner(XnnpackPartitioner):
+    ops = XNNPACK_ELEMENTWISE_OPS if elementwise_ops is None else elementwise_ops
+    configs = {"_softmax.default": SoftmaxConfig, "sigmoid.default": SigmoidConfig,
+               "permute_copy.default": PermuteConfig, "exp.default": ExpConfig}
+    unknown = set(ops) - set(configs)
+    if unknown:
+        raise ValueError(f"no XNNPACK config for {', '.join(sorted(unknown))} here; known: {', '.join(configs)}")
+
+    class LargeOpPartitioner(XnnpackPartitioner):
         def generate_partitions(self, ep):
             derived = weight_derived(ep.graph, weight_inputs, set(ep.graph_signature.user_inputs))
             least = XNNPACK_MIN_FLOPS if min_flops is None else min_flops
+            fewest = XNNPACK_MIN_ELEMENTS if min_elements is None else min_elements
 
             def wanted(p) -> bool:
                 mats = [n for n in p.nodes if _matmul_flops(n) > 0]
+                if not mats:
+                    calls = [n for n in p.nodes if n.op == "call_function"]
+                    return (len(calls) == 1 and _target_name(calls[0]) in ops
+                            and _elements(calls[0]) >= fewest)
                 if len(mats) != 1:
                     return False
                 w = _weight_operand(mats[0], derived)
@@ -151,8 +195,8 @@ def xnnpack_partitioner(weight_inputs: set[str], min_flops: float | None = None,
 
             return [p for p in super().generate_partitions(ep) if wanted(p)]
 
-    return LargeMatmulPartitioner(configs=[LinearConfig, MMConfig], per_op_mode=True,
-                                  force_non_static_weights_for_f32_linear=True)
+    return LargeOpPartitioner(configs=[LinearConfig, MMConfig] + [configs[o] for o in ops], per_op_mode=True,
+                              force_non_static_weights_for_f32_linear=True)
 
 
 def _weight_placeholders(ep, method) -> set[str]:
@@ -294,6 +338,8 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
     note("to_edge")
     edge = to_edge(eps, compile_config=EdgeCompileConfig(_check_ir_validity=False,
                                                          preserve_ops=[torch.ops.aten.linear.default]))
+    methods = method_specs(spec)
+    training = [name for name in eps if methods[name].role not in GENERATION_ROLES]
     if xnnpack:
         # to_edge, then to_backend (not to_edge_transform_and_lower): the edge graph's node order is the one
         # to restore after lowering (the torch.export graph's names do not survive decomposition: restoring
@@ -302,12 +348,10 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
         order = {name: _node_order(edge.exported_program(name).graph) for name in eps}
         with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"), \
                 _no_relegalizing_single_op_partitions():
-            methods = method_specs(spec)
-            delegated = [name for name in eps if methods[name].role not in GENERATION_ROLES]
             edge = edge.to_backend({name: xnnpack_partitioner(_weight_placeholders(edge.exported_program(name),
                                                                                    methods[name]))
-                                    for name in delegated})
-        for name in delegated:
+                                    for name in training})
+        for name in training:
             keep_original_order(edge.exported_program(name).graph_module, order[name])
     note("to_executorch")
     et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
