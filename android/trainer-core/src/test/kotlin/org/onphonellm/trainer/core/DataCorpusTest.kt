@@ -79,7 +79,7 @@ class DataCorpusTest {
         // Every kind is there (a corpus that lost a kind would pass silently otherwise).
         assertEquals(setOf("splitmix", "permutation", "order", "split", "lcsb_plan", "text"), mine.map { it.string("kind") }.toSet())
         val plans = mine.filter { it.string("kind") == "lcsb_plan" }
-        assertEquals(setOf("cyclic", "strided", "last", "full", "random"), plans.map { it.string("policy") }.toSet())
+        assertEquals(setOf("cyclic", "strided", "last", "anchored", "full", "random"), plans.map { it.string("policy") }.toSet())
         assertTrue(plans.any { it.string("policy") == "random" && !it.has("period") }, "a random case with the default period")
     }
 
