@@ -32,7 +32,8 @@ def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
     assert report["loss_gap"] == pytest.approx(gap)
     cfg = report["config"]
     assert (cfg["model"], cfg["steps"], cfg["seq_len"], cfg["k"], cfg["lr"]) == ("tiny", 10, 64, 2, 1e-2)
-    assert cfg["plan"]["phases"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # the default policy, anchored: the top k - 1 layers every step plus one of the others in turn
+    assert cfg["plan"]["policy"] == "anchored" and cfg["plan"]["phases"] == [[i, 7] for i in range(7)]
     assert cfg["pretrain"]["steps"] == 4 and cfg["pretrain_steps"] == 4
     cos = report["surrogate_cosine"]
     assert len(cos) == 8 and cos[6:] == pytest.approx([1.0, 1.0], abs=1e-9)  # nothing above them skipped
