@@ -146,6 +146,20 @@ def test_random_weights_are_pinned_values(tmp_path):
 TINY_SEED0_SHA256 = "1311f3c9d30691f42fe4c3a001e75e88ccbc677be7939a918cce97ee6717c7b1"
 
 
+def test_weights_that_do_not_fit_the_architecture_are_refused(tmp_path):
+    from toolchain.models.source import InMemorySource
+
+    arch = _arch("qwen2", False)
+    weights = random_weights(arch)
+    short = weights._replace(layers=(weights.layers[0]._replace(up_proj=weights.layers[0].up_proj[:-1]),
+                                     weights.layers[1]))
+    with pytest.raises(ShapeMismatch, match="'layers.0.up_proj' has 39 rows, its shape is \\[40, 24\\]"):
+        write_weights_streamed(tmp_path / "w", InMemorySource(arch, short), QuantSpec())
+    narrow = weights._replace(embed=weights.embed[:, :-4])
+    with pytest.raises(ShapeMismatch, match="'embed': rows 0..67 of shape \\[67, 20\\] do not fit its shape"):
+        write_weights_streamed(tmp_path / "w", InMemorySource(arch, narrow), QuantSpec())
+
+
 def test_layout_is_known_from_the_architecture_alone(tmp_path):
     arch = _arch("qwen3", False)
     quant = QuantSpec("int4", 4)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from toolchain.errors import BadInput
+from toolchain.errors import BadInput, ShapeMismatch
 from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
 from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import ModelArch
@@ -183,8 +183,12 @@ def _write_blocks(path: Path, source: WeightSource, quant: QuantSpec, layout: Fi
         f.flush()
         fd = f.fileno()
         for name in model_tensor_names(arch):
-            kind = _matrix_kind(name, quant)
+            kind, want, seen = _matrix_kind(name, quant), tensor_shape(arch, name), 0
             for start, rows in source.chunks(name, chunk_bytes):
+                if tuple(rows.shape[1:]) != want[1:] or start != seen or start + rows.shape[0] > want[0]:
+                    raise ShapeMismatch(f"tensor {name!r}: rows {start}..{start + rows.shape[0]} of shape "
+                                        f"{list(rows.shape)} do not fit its shape {list(want)}")
+                seen += rows.shape[0]
                 if kind == "none":
                     done += _pwrite(fd, rows, layout.offsets[name] + start * rows[0].numel() * 4)
                     continue
@@ -192,6 +196,8 @@ def _write_blocks(path: Path, source: WeightSource, quant: QuantSpec, layout: Fi
                 q, scales = qw.q, qw.scale.float()
                 done += _pwrite(fd, q, layout.offsets[name + ".qweight"] + start * q[0].numel() * q.element_size())
                 done += _pwrite(fd, scales, layout.offsets[name + ".scales"] + start * scales[0].numel() * 4)
+            if seen != want[0]:
+                raise ShapeMismatch(f"tensor {name!r} has {seen} rows, its shape is {list(want)}")
             if on_tensor is not None:
                 on_tensor(name, done, layout.size)
 
