@@ -219,7 +219,7 @@ BAD = {
                                                       r"model\.safetensors\.index\.json puts tensor '.*'"),
     "wrong shape": (_wrong_shape, ShapeMismatch, rf"'{KEY}' has shape \[39, 24\], the config implies \[40, 24\]"),
     "wrong dtype": (_wrong_dtype, BadInput, rf"tensor '{KEY}' in model-\d+-of-\d+\.safetensors has dtype I32"),
-    "truncated": (_truncated, BadInput, r"tensor '{name}' in model-\d+-of-\d+\.safetensors ends at byte \d+, past "
+    "truncated": (_truncated, BadInput, r"tensor '{name}' in \S*/model-\d+-of-\d+\.safetensors ends at byte \d+, past "
                                         r"the end of the file \(\d+ bytes\): the shard is truncated"),
 }
 

@@ -31,6 +31,7 @@ from toolchain.errors import BadInput, ShapeMismatch
 from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
 from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import ModelArch
+from toolchain.models.shards import read_safetensors_header
 from toolchain.models.source import CHUNK_BYTES, WeightSource, model_tensor_names, tensor_shape
 from toolchain.models.weights import LayerWeights, ModelWeights
 
@@ -202,78 +203,21 @@ def _write_blocks(path: Path, source: WeightSource, quant: QuantSpec, layout: Fi
                 on_tensor(name, done, layout.size)
 
 
-MAX_HEADER_BYTES = 100 * 2**20   # a Qwen2.5-3B program's header is ~60 KB
-
-
 def read_header(path: Path) -> tuple[dict[str, dict], int, int]:
     """The tensor entries of a weights file, its data start and its size, every entry checked against the
-    file before anything is mapped: a known dtype, a shape of non-negative integers, data offsets inside
-    the file whose length is the shape's, no two tensors overlapping, each tensor's data 64-byte aligned.
-    A truncated or forged file is one BadInput here (it used to be `ValueError: cannot reshape`, a
-    `MemoryError`, or a SIGBUS when a mapped page past the end was read).
+    file before anything is mapped (`read_safetensors_header`): a dtype the program writes, a shape of
+    non-negative integers, data offsets inside the file whose length is the shape's, no two tensors
+    overlapping, each tensor's data 64-byte aligned. A truncated or forged file is one BadInput here (it used
+    to be `ValueError: cannot reshape`, a `MemoryError`, or a SIGBUS when a mapped page past the end was read).
 
     Returns:
         (entries without `__metadata__`, offset of the data in the file, file size in bytes)
     """
-    from toolchain.validate import loads
-
-    path = Path(path)
-    redo = "re-export the program"
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
-                raise BadInput(f"{path} is not a weights file (its header length {n} does not fit its {size} "
-                               f"bytes); {redo}")
-            raw = f.read(n)
-    except OSError as e:
-        raise BadInput(f"{path} cannot be read ({e.strerror}); {redo}") from None
-    header = loads(raw, f"{path} header")
-    if not isinstance(header, dict):
-        raise BadInput(f"{path} header is not a JSON object; {redo}")
-    base = 8 + n
-    entries, spans = {}, []
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        entries[key] = _checked_entry(path, key, info, base, size)
-        start, stop = info["data_offsets"]
-        if stop > start:
-            spans.append((start, stop, key))
-    spans.sort()
-    for (_, stop, a), (start, _, b) in zip(spans, spans[1:]):
-        if start < stop:
-            raise BadInput(f"{path}: tensors {a!r} and {b!r} overlap in the file; {redo}")
-    return entries, base, size
-
-
-def _checked_entry(path: Path, key: str, info, base: int, size: int) -> dict:
-    where, redo = f"{path}: tensor {key!r}", "re-export the program"
-    if not isinstance(info, dict) or info.get("dtype") not in _NP:
-        raise BadInput(f"{where} has no known dtype ({', '.join(_NP)}); {redo}")
-    shape, offsets = info.get("shape"), info.get("data_offsets")
-    if not (isinstance(shape, list) and len(shape) <= 8
-            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise BadInput(f"{where} has a malformed shape {str(shape)[:60]}; {redo}")
-    if not (isinstance(offsets, list) and len(offsets) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-        raise BadInput(f"{where} has malformed data_offsets {str(offsets)[:60]}; {redo}")
-    start, stop = offsets
-    numel = 1
-    for d in shape:
-        numel *= d
-    want = numel * np.dtype(_NP[info["dtype"]]).itemsize
-    if stop - start != want:
-        raise BadInput(f"{where} spans {stop - start} bytes, its shape {shape} and dtype {info['dtype']} need "
-                       f"{want}; {redo}")
-    if base + stop > size:
-        raise BadInput(f"{where} ends at byte {base + stop}, past the end of the file ({size} bytes): the file is "
-                       f"truncated; {redo}")
-    if not key.startswith("__") and (base + start) % ALIGN:
-        raise BadInput(f"{where} does not start on a {ALIGN}-byte boundary of the file; {redo}")
-    return info
+    entries, base, size = read_safetensors_header(
+        path, dtype_sizes={k: np.dtype(v).itemsize for k, v in _NP.items()}, noun="weights file",
+        redo="re-export the program", align=ALIGN, disjoint=True)
+    return {t.name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.start - base, t.stop - base]}
+            for t in entries}, base, size
 
 
 def map_weights(path: Path) -> dict[str, Tensor]:

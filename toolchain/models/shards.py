@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch
 
 from toolchain.errors import BadInput, MissingWeights
 
-__all__ = ["ShardTensor", "CheckpointShards", "FLOAT_DTYPES"]
+__all__ = ["ShardTensor", "CheckpointShards", "FLOAT_DTYPES", "read_safetensors_header", "MAX_HEADER_BYTES"]
 
 # Checkpoint dtypes a model tensor may have (converted to the program's float32 as it is read).
 FLOAT_DTYPES: dict[str, torch.dtype] = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
@@ -32,7 +33,7 @@ FLOAT_DTYPES: dict[str, torch.dtype] = {"F64": torch.float64, "F32": torch.float
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
              "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 INDEX_NAME = "model.safetensors.index.json"
-_MAX_HEADER = 100 * 2**20
+MAX_HEADER_BYTES = 100 * 2**20   # a safetensors header longer than this is refused, not read
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ class CheckpointShards:
         if not files:
             raise MissingWeights(f"checkpoint {str(self.root)!r} has no *.safetensors files")
         for f in files:
-            for t in _read_header(f):
+            entries, _, _ = read_safetensors_header(f, dtype_sizes=_ITEMSIZE, noun="shard",
+                                                    redo="download the checkpoint again")
+            for t in entries:
                 if t.name in self.tensors:
                     raise BadInput(f"tensor {t.name!r} is in two shards ({self.tensors[t.name].path.name} and "
                                    f"{f.name}) of {self.root}")
@@ -144,45 +147,73 @@ def _read_index(index: Path) -> dict[str, str]:
     return wm
 
 
-def _read_header(path: Path) -> list[ShardTensor]:
-    redo = "download the checkpoint again"
+def read_safetensors_header(path: Path, *, dtype_sizes: Mapping[str, int], noun: str, redo: str,
+                            align: int = 0, disjoint: bool = False) -> tuple[list[ShardTensor], int, int]:
+    """Every tensor entry of a safetensors file, checked against the file before anything is read or mapped:
+    a header length that fits the file, a JSON object, a dtype in `dtype_sizes` (its item size in bytes), a shape
+    of at most 8 non-negative integers, data offsets whose span is what shape and dtype need, inside the file.
+    With `align`, each tensor not named `__...` starts on an `align`-byte boundary of the file; with `disjoint`,
+    no two tensors' bytes overlap. A truncated or forged file is one `BadInput` naming the file (and the tensor),
+    ending with `redo`, the way to get a good file ("download the checkpoint again", "re-export the program").
+
+    Both readers of safetensors files without the safetensors library use it: `CheckpointShards` (a checkpoint's
+    shards, `noun` "shard") and `toolchain.export.weights_file.read_header` (a program's weights file).
+
+    Returns:
+        (entries in header order with absolute byte ranges, offset of the data in the file, file size in bytes)
+    """
+    from toolchain.validate import loads
+
+    path = Path(path)
+    unreadable = f"{path} is not a readable safetensors {noun}"
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if not 2 <= n <= min(size - 8, _MAX_HEADER):
-                raise BadInput(f"{path} is not a readable safetensors file (header length {n} in {size} bytes); {redo}")
+            if not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
+                raise BadInput(f"{unreadable} (header length {n} in {size} bytes); {redo}")
             raw = f.read(n)
     except OSError as e:
-        raise BadInput(f"{path} cannot be read ({e.strerror})") from None
+        raise BadInput(f"{path} cannot be read ({e.strerror}); {redo}") from None
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise BadInput(f"{path} is not a readable safetensors file (malformed header); {redo}") from None
+        header = loads(raw, "header")
+    except BadInput as e:
+        raise BadInput(f"{unreadable} ({e}); {redo}") from None
     if not isinstance(header, dict):
-        raise BadInput(f"{path} is not a readable safetensors file (malformed header); {redo}")
+        raise BadInput(f"{unreadable} (its header is not a JSON object); {redo}")
     base, out = 8 + n, []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        where = f"tensor {name!r} in {path.name}"
-        if not isinstance(info, dict) or info.get("dtype") not in _ITEMSIZE:
-            raise BadInput(f"{where} has an unknown dtype {str(info.get('dtype') if isinstance(info, dict) else info)[:20]}")
+        where = f"tensor {name!r} in {path}"
+        if not isinstance(info, dict) or info.get("dtype") not in dtype_sizes:
+            dtype = info.get("dtype") if isinstance(info, dict) else info
+            raise BadInput(f"{where} has dtype {str(dtype)[:20]}, not one of {', '.join(dtype_sizes)}; {redo}")
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise BadInput(f"{where} has a malformed shape {str(shape)[:60]}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+        if not (isinstance(shape, list) and len(shape) <= 8
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise BadInput(f"{where} has a malformed shape {str(shape)[:60]}; {redo}")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
                 and 0 <= offsets[0] <= offsets[1]):
-            raise BadInput(f"{where} has malformed data_offsets {str(offsets)[:60]}")
+            raise BadInput(f"{where} has malformed data_offsets {str(offsets)[:60]}; {redo}")
         numel = 1
         for d in shape:
             numel *= d
-        if offsets[1] - offsets[0] != numel * _ITEMSIZE[info["dtype"]]:
+        want = numel * dtype_sizes[info["dtype"]]
+        if offsets[1] - offsets[0] != want:
             raise BadInput(f"{where} spans {offsets[1] - offsets[0]} bytes, its shape {shape} and dtype "
-                           f"{info['dtype']} need {numel * _ITEMSIZE[info['dtype']]}; {redo}")
+                           f"{info['dtype']} need {want}; {redo}")
         if base + offsets[1] > size:
             raise BadInput(f"{where} ends at byte {base + offsets[1]}, past the end of the file ({size} bytes): the "
-                           f"shard is truncated; {redo}")
+                           f"{noun} is truncated; {redo}")
+        if align and not name.startswith("__") and (base + offsets[0]) % align:
+            raise BadInput(f"{where} does not start on a {align}-byte boundary of the file; {redo}")
         out.append(ShardTensor(name, path, info["dtype"], tuple(shape), base + offsets[0], base + offsets[1]))
-    return out
+    if disjoint:
+        spans = sorted((t.start, t.stop, t.name) for t in out if t.stop > t.start)
+        for (_, stop, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < stop:
+                raise BadInput(f"{path}: tensors {a!r} and {b!r} overlap in the file; {redo}")
+    return out, base, size
