@@ -170,6 +170,20 @@ def test_layout_is_known_from_the_architecture_alone(tmp_path):
     assert model_tensor_names(arch)[:3] == ["embed", "final_norm", "lm_head"]
 
 
+
+@pytest.mark.parametrize("quant", QUANTS, ids=str)
+def test_progress_counts_every_byte_of_the_file(tmp_path, quant):
+    """`on_tensor` names each model tensor once, in order, with bytes that grow and end at the file's size
+    (the filler between tensors counts: the bar ends full, not a few KB short)."""
+    arch = _arch("qwen2", False)
+    calls = []
+    size = write_weights_streamed(tmp_path / "w", RandomSource(arch, seed=0), quant, chunk_bytes=200,
+                                  on_tensor=lambda *a: calls.append(a))
+    assert [name for name, _, _ in calls] == model_tensor_names(arch)
+    done = [d for _, d, _ in calls]
+    assert done == sorted(done) and len(set(done)) == len(done)
+    assert {t for _, _, t in calls} == {size} and done[-1] == size == (tmp_path / "w").stat().st_size
+
 # ---------------------------------------------------------------- bad checkpoints: one error naming the tensor
 
 @pytest.fixture

@@ -87,11 +87,13 @@ def weight_tensors(weights: ModelWeights, quant: QuantSpec) -> dict[str, Tensor]
 
 
 class FileLayout(NamedTuple):
-    """Where every tensor of a weights file goes: the header bytes, each key's absolute data offset, the size."""
+    """Where every tensor of a weights file goes: the header bytes, each key's absolute data offset, the size,
+    and the filler bytes after each key (`__pad_N`, so that the next key starts 64-aligned)."""
 
     header: bytes
     offsets: dict[str, int]
     size: int
+    padding: dict[str, int]
 
 
 def file_layout(entries: list[tuple[str, str, tuple[int, ...]]]) -> FileLayout:
@@ -102,20 +104,21 @@ def file_layout(entries: list[tuple[str, str, tuple[int, ...]]]) -> FileLayout:
     with `__`), and by padding the JSON header with spaces so that the data starts 64-aligned.
     """
     header: dict[str, dict] = {}
-    offset, rel = 0, {}
+    offset, rel, padding = 0, {}, {}
     for n, (key, dtype, shape) in enumerate(entries):
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NP[dtype]).itemsize
         header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         rel[key] = offset
         offset += nbytes
-        pad = -offset % ALIGN
+        pad = padding[key] = -offset % ALIGN
         if pad:
             header[f"__pad_{n}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
             offset += pad
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % ALIGN)      # data starts 64-aligned in the file
     base = 8 + len(raw)
-    return FileLayout(len(raw).to_bytes(8, "little") + raw, {k: base + o for k, o in rel.items()}, base + offset)
+    return FileLayout(len(raw).to_bytes(8, "little") + raw, {k: base + o for k, o in rel.items()}, base + offset,
+                      padding)
 
 
 def weights_file_size(arch: ModelArch, quant: QuantSpec) -> int:
@@ -154,7 +157,8 @@ def write_weights_streamed(path: Path, source: WeightSource, quant: QuantSpec, *
     give the same bytes), holding at most one block (`chunk_bytes` of float32) and its quantized form.
 
     Args:
-        on_tensor: called after each model tensor with (name, bytes written so far, file size).
+        on_tensor: called after each model tensor with (name, bytes of the file written so far, file size):
+            the header, the tensors written and their filler; after the last tensor the two sizes are equal.
         chunk_bytes: rows read at once, at most this many bytes of float32 (at least one row).
 
     Returns:
@@ -199,6 +203,7 @@ def _write_blocks(path: Path, source: WeightSource, quant: QuantSpec, layout: Fi
                 done += _pwrite(fd, scales, layout.offsets[name + ".scales"] + start * scales[0].numel() * 4)
             if seen != want[0]:
                 raise ShapeMismatch(f"tensor {name!r} has {seen} rows, its shape is {list(want)}")
+            done += sum(layout.padding[k] for k in ((name,) if kind == "none" else (name + ".qweight", name + ".scales")))
             if on_tensor is not None:
                 on_tensor(name, done, layout.size)
 
