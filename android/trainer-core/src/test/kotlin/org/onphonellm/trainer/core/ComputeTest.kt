@@ -19,9 +19,10 @@ class ComputeTest {
 
     @Test fun `compute absent is fp32, fp32 and fp16 are accepted, anything else is a manifest error`() {
         assertEquals("fp32", parse(null).compute)
+        assertEquals("fp32", parse("null").compute)   // JSON null reads as absent (Fields.has), as in the Swift core
         assertEquals("fp32", parse("\"fp32\"").compute)
         assertEquals("fp16", parse("\"fp16\"").compute)
-        for (bad in listOf("\"bf16\"", "\"FP16\"", "\"\"", "16", "null", "[\"fp16\"]")) {
+        for (bad in listOf("\"bf16\"", "\"FP16\"", "\"\"", "16", "[\"fp16\"]")) {
             val e = assertThrows<ContractError>(bad) { parse(bad) }
             assertTrue(e.message!!.startsWith("manifest.json") && "compute" in e.message!!, e.message)
         }
