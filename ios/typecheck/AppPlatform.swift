@@ -24,6 +24,7 @@ final class AvailableProbe: MemoryProbe {
 enum DeviceFacts {
     static func info(budgetBytes: UInt64, background: Bool) -> DeviceInfo { fatalError() }
     static var thermalState: String { "nominal" }
+    static var fp16Support: Compute.Fp16Support { .unknown }
     static func batteryFields() -> [String: JSONValue]? { nil }
     static var onExternalPower: Bool { true }
 }

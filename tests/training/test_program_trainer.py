@@ -78,6 +78,8 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run_and_logs_each_step_onc
     assert sorted(e["step"] for e in events if e["type"] == "step") == list(range(7))
     assert len({e["seq"] for e in events}) == len(events) and len({e["run_id"] for e in events}) == 1
     assert [e["type"] for e in events].count("run_start") == 1
+    start = next(e for e in events if e["type"] == "run_start")
+    assert start.get("compute") == ("fp32" if kind == "program" else None)   # the program's manifest compute
     assert [e["steps_completed"] for e in events if e["type"] == "run_end"] == [5, 7]
 
 

@@ -1,7 +1,7 @@
 """The view across runs: an HTML page and fleet.json over every stored run (or a filtered subset).
 
 Runs are grouped by device model and configuration (model, method, backend, seq_len, rank, LCSB k, quant,
-optimizer); per group: runs, completed, killed (no run_end: the app was killed, or the run is still going;
+compute, optimizer); per group: runs, completed, killed (no run_end: the app was killed, or the run is still going;
 or an error whose code names a kill), failed, low-memory signals, median step time, the median measured
 program-attributable peak (above the run's loaded-runtime baseline), the planner's estimate of it and the
 planner's error. `scatter.png` plots measured against predicted peak, one point per run that has both.
@@ -27,7 +27,7 @@ from toolchain.telemetry.report import summarize, write_report
 
 __all__ = ["CONFIG_KEYS", "FleetFiles", "fleet_document", "write_fleet"]
 
-CONFIG_KEYS = ("model", "method", "backend", "seq_len", "rank", "lcsb_k", "quant", "optimizer")
+CONFIG_KEYS = ("model", "method", "backend", "seq_len", "rank", "lcsb_k", "quant", "compute", "optimizer")
 _KILL_CODES = ("killed", "oom", "lmk")
 
 

@@ -69,7 +69,7 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
     m = pdir.manifest
     return {"model": m.model.source, "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
             "rank": m.lora.rank, "targets": list(m.lora.targets), "optimizer": m.optimizer.kind,
-            "lr": lr, "quant": m.quant.kind, **host_info(), "program": pdir.path.name}
+            "lr": lr, "quant": m.quant.kind, "compute": m.compute, **host_info(), "program": pdir.path.name}
 
 
 class ProgramTrainer(Trainer):

@@ -431,6 +431,12 @@ final class TrainingController: ObservableObject {
     }
 
     private nonisolated static func makeRuntime(backend: String, directory: URL, manifest: Manifest) throws -> ProgramRuntime {
+        // An fp16 program (manifest compute): never on Core ML, and not on a CPU without float16 arithmetic; refused
+        // before anything loads (where the CPU cannot tell, ExecuTorchRuntime maps the method's load error).
+        if let refused = Compute.refusal(manifest, program: directory.lastPathComponent, runtime: backend == "coreml" ? "coreml" : "executorch",
+                                         support: DeviceFacts.fp16Support) {
+            throw refused
+        }
         switch backend {
         case "coreml":
             let done = DispatchSemaphore(value: 0)

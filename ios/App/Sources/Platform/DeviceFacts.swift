@@ -15,6 +15,15 @@ enum DeviceFacts {
         return name.isEmpty ? "iPhone" : name
     }
 
+    /// Whether XNNPACK has float16 GEMMs here: the CPU's ARMv8.2 FP16 arithmetic (sysctl hw.optional.arm.FEAT_FP16,
+    /// which every A11 and later has; absent on older systems: unknown).
+    static var fp16Support: Compute.Fp16Support {
+        var value: Int32 = 0
+        var size = MemoryLayout<Int32>.size
+        let ok = sysctlbyname("hw.optional.arm.FEAT_FP16", &value, &size, nil, 0) == 0
+        return Compute.fp16Support(featFP16: ok ? Int(value) : nil)
+    }
+
     static var osName: String {
         let v = ProcessInfo.processInfo.operatingSystemVersion
         return "iOS \(v.majorVersion).\(v.minorVersion)" + (v.patchVersion > 0 ? ".\(v.patchVersion)" : "")

@@ -23,6 +23,8 @@ final class ExecuTorchRuntime: ProgramRuntime {
     private let module: Module
     private let manifest: Manifest
     private let fileName: String
+    /// The program directory's name (what the messages call the program).
+    private let programName: String
     /// The kernels of the manifest's fused methods that this process has registered.
     let registeredKernels: Set<String>
 
@@ -33,6 +35,7 @@ final class ExecuTorchRuntime: ProgramRuntime {
         module = Module(filePath: programFile.path, loadMode: .mmap)
         self.manifest = manifest
         fileName = programFile.lastPathComponent
+        programName = programFile.deletingLastPathComponent().lastPathComponent
         registeredKernels = Self.kernelsRegistered(Set(manifest.generate?.fused?.kernels ?? []))
         let mark = ExecuTorchLog.shared.mark()
         do {
@@ -55,6 +58,14 @@ final class ExecuTorchRuntime: ProgramRuntime {
                 try module.load(name)
                 meta = try module.methodMetadata(name)
             } catch {
+                // An fp16 program (manifest compute) whose XNNPACK delegate cannot build its float16 GEMMs (no
+                // float16 kernels here): the clear message, not the bare load error (Compute.loadFailure).
+                let ns = error as NSError
+                if let fp16 = Compute.loadFailure(manifest, program: programName, method: name,
+                                                  errorCode: Compute.executorchErrorCode(domain: ns.domain, code: ns.code),
+                                                  detail: "\(error)") {
+                    throw RuntimeFailure(message: fp16.description, code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
+                }
                 throw RuntimeFailure(message: "ExecuTorch cannot load method \(name) of \(fileName) (\(error)); re-export the program",
                                      code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
             }

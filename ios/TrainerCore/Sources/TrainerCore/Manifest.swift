@@ -25,11 +25,16 @@ public struct Manifest: Decodable, Equatable {
     public var quant: QuantSection?
     public var memoryPlan: MemoryPlan?
     public var generate: GenerateSection?
+    /// `compute` as written: "fp16" for `toolchain export --compute fp16`, absent (nil) for fp32 (`Compute`).
+    public var compute: String?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version", seqLen = "seq_len", model, optimizer, lcsb, methods, loop, state
-        case weights, files, programs, tokenizer, adapter, lora, quant, memoryPlan = "memory_plan", generate
+        case weights, files, programs, tokenizer, adapter, lora, quant, memoryPlan = "memory_plan", generate, compute
     }
+
+    /// The frozen-weight matmuls' precision: "fp32" (compute absent) or "fp16" (checked by `validate`).
+    public var computePrecision: String { compute ?? Compute.fp32 }
 
     static func elementSize(_ dtype: String) -> Int? {
         switch dtype {
@@ -149,6 +154,9 @@ public struct Manifest: Decodable, Equatable {
     public func validate(source: String = "manifest.json") throws {
         func fail(_ why: String) -> TrainerError { .badInput("\(source): \(why); re-export the program") }
         guard seqLen >= 2 else { throw fail("seq_len \(seqLen) is below 2") }
+        if let c = compute, !Compute.choices.contains(c) {
+            throw TrainerError.badInput("\(source): compute '\(c)' is not one of \(Compute.choices); re-export the program with this toolchain")
+        }
         guard loop.layers == model.arch.layers, loop.layers >= 1 else { throw fail("loop.layers \(loop.layers) is not the model's \(model.arch.layers)") }
         guard state.dtype == "float32", state.numel > 0 else { throw fail("state must be float32 with numel > 0") }
         let index = entryIndex

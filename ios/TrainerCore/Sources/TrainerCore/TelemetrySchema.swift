@@ -36,7 +36,7 @@ public enum TelemetrySchema {
             "backend": .choice(["executorch", "coreml", "onnx", "eager"]), "seq_len": .integer(min: 1),
             "rank": .integer(min: 1), "lcsb_k": .integer(min: 1), "targets": .strings,
             "optimizer": .choice(["sgd", "adamw"]), "lr": .number(min: 0, max: nil),
-            "quant": .choice(["none", "int8", "int4"]), "steps_planned": .integer(min: 0),
+            "quant": .choice(["none", "int8", "int4"]), "compute": .choice(Compute.choices), "steps_planned": .integer(min: 0),
             "platform": .choice(["android", "ios", "linux", "macos"]), "device_model": .string(minLength: 1, maxLength: nil),
             "os": .string(minLength: 1, maxLength: nil), "total_ram_bytes": .bytes, "budget_bytes": .bytes,
             "device_profile": .string(minLength: 0, maxLength: nil), "app_version": .string(minLength: 0, maxLength: nil),

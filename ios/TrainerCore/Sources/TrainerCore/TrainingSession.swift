@@ -367,6 +367,7 @@ public final class TrainingSession {
         ]
         if let t = m.lora?.targets { f["targets"] = .array(t.map { .string($0) }) }
         if let q = m.quant?.kind { f["quant"] = .string(q) }
+        f["compute"] = .string(m.computePrecision)
         if let k = config.selection.k(layers: m.loop.layers) { f["lcsb_k"] = .int(Int64(k)) }
         if let p = device.deviceProfile { f["device_profile"] = .string(p) }
         if let v = device.appVersion { f["app_version"] = .string(v) }

@@ -92,6 +92,7 @@ final class SessionTests: XCTestCase {
         let start = sink.events[0].fields
         XCTAssertEqual(start["lcsb_k"], .int(3))
         XCTAssertEqual(start["backend"], .string("executorch"))
+        XCTAssertEqual(start["compute"], .string("fp32"), "the manifest has no compute: the exact float32 program")
         XCTAssertEqual(start["config"]?.objectValue?["held_out_rows"], .int(Int64(data.heldOut.count)))
         // The view model.
         let v = vm.state

@@ -2,6 +2,7 @@ package org.onphonellm.trainer.app
 
 import android.util.Log
 import org.onphonellm.trainer.core.CacheRows
+import org.onphonellm.trainer.core.Compute
 import org.onphonellm.trainer.core.ElemType
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.TensorBuffer
@@ -48,7 +49,12 @@ import org.pytorch.executorch.DType as EtDType
  *   (`LayerLoop.runtimeLock`). The Module's own lock (`Module.execute`) covers the native call only, not the
  *   outputs, which alias the method's arena.
  */
-class ExecuTorchRuntime(pte: File, program: Manifest, requireKernels: Boolean = false) : ProgramRuntime, AutoCloseable {
+class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels: Boolean = false,
+                        fp16: Compute.Fp16Support = fp16Support()) : ProgramRuntime, AutoCloseable {
+    init {
+        // An fp16 program (manifest compute) on a CPU without float16 arithmetic: refused before anything loads.
+        Compute.refusal(program, "executorch", fp16)?.let { throw it }
+    }
     private val module: Module = Module.load(pte.absolutePath, Module.LOAD_MODE_MMAP)
     private val specs = program.methods
     /** The kernels this runtime has registered, as far as the program's methods tell (empty: stock ExecuTorch). */
@@ -63,7 +69,7 @@ class ExecuTorchRuntime(pte: File, program: Manifest, requireKernels: Boolean = 
         if (fused != null) {
             for (name in fused.methods.values) {
                 try {
-                    module.loadMethod(name)
+                    load(name)
                     fusedLoaded.add(name)
                 } catch (e: ExecutorchRuntimeException) {
                     if (e.errorCode != OPERATOR_MISSING) throw e
@@ -81,8 +87,22 @@ class ExecuTorchRuntime(pte: File, program: Manifest, requireKernels: Boolean = 
         }
         // The methods the loop can call: training's, and generation's under the names it will use.
         val want = LayerLoop.methodsCalled(program, this)
-        for (m in want) if (m !in fusedLoaded) module.loadMethod(m)
+        for (m in want) if (m !in fusedLoaded) load(m)
         loaded = want
+    }
+
+    /**
+     * `loadMethod`, its failure turned into the fp16 message when it is what a runtime without float16 kernels does
+     * to an fp16 program (XNNPACK cannot build the float16 GEMM: Error::Internal from the delegate's init), since the
+     * ExecuTorch Android API has no query for XNNPACK's float16 support ([Compute.loadFailure]).
+     */
+    private fun load(name: String) {
+        try {
+            module.loadMethod(name)
+        } catch (e: ExecutorchRuntimeException) {
+            Compute.loadFailure(program, name, e.errorCode, e.message ?: "error ${e.errorCode}")?.let { close(); throw it }
+            throw e
+        }
     }
 
     override fun hasKernels(kernels: Collection<String>): Boolean = this.kernels.containsAll(kernels)
@@ -154,6 +174,15 @@ class ExecuTorchRuntime(pte: File, program: Manifest, requireKernels: Boolean = 
          * first; empty when the runtime cannot say (no native library loaded yet). What an error shows and sends.
          */
         fun readLog(): List<String> = try { Module.readLogBufferStatic()?.toList() ?: emptyList() } catch (e: Throwable) { emptyList() }
+
+        /**
+         * Whether XNNPACK has float16 GEMMs on this phone, from what the kernel reports of the CPU (/proc/cpuinfo
+         * Features, read as XNNPACK's cpuinfo reads HWCAP_ASIMDHP); [Compute.Fp16Support.UNKNOWN] when it cannot be read.
+         */
+        fun fp16Support(): Compute.Fp16Support {
+            val cpuinfo = try { File("/proc/cpuinfo").readText(Charsets.US_ASCII) } catch (e: Exception) { null }
+            return Compute.fp16FromCpuinfo(cpuinfo, android.os.Build.SUPPORTED_ABIS.firstOrNull() ?: "")
+        }
 
         private const val TAG = "ExecuTorchRuntime"
         /** executorch::runtime::Error::OperatorMissing (ExecutorchRuntimeException.OPERATOR_MISSING in executorch-android). */

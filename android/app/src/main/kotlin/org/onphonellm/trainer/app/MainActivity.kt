@@ -264,7 +264,7 @@ class MainActivity : Activity() {
                 val p = ProgramImport.import(src, programs, name, VerifyCache(File(base, "verified")), freeBytes = programs.usableSpace,
                     progress = { c, t -> st.copied = c; st.total = t }, cancelled = { st.cancel })
                 st.imported = p.dir.name
-                "imported ${p.dir.name}: ${p.layers} layers, seq_len ${p.seqLen}, ${p.quant} (files checked)"
+                "imported ${p.dir.name}: ${p.layers} layers, seq_len ${p.seqLen}, ${p.quant}, compute ${p.compute} (files checked)"
             } catch (e: ProgramImport.Cancelled) {
                 "import cancelled (nothing kept)"
             } catch (e: Exception) {

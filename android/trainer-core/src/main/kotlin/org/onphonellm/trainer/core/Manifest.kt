@@ -132,6 +132,8 @@ class Manifest(
     val fused: FusedSection? = null,
     /** quant.head: the embedding and LM head are stored int4 too (embed.qweight / embed.scales). */
     val quantHead: Boolean = false,
+    /** compute: the frozen-weight matmuls' precision, "fp32" (absent) or "fp16" ([Compute]; only ExecuTorch + XNNPACK with float16 kernels runs fp16). */
+    val compute: String = Compute.FP32,
 ) {
     /** Check every file the manifest lists against its sha256 (catches a partial `adb push`); [skip]: files not needed. */
     fun verifyFiles(skip: (String) -> Boolean = { false }) {
@@ -211,6 +213,7 @@ class Manifest(
             // Same schema_version 3, older export (toolchain/export/manifest.py _refuse_before_fused_generation).
             if (quantKind == "int4" && quantObj?.obj?.fields?.containsKey("head") != true)
                 throw ContractError("$where: an int4 program exported before the int4 embedding and LM head (no quant.head); re-export the program with this toolchain")
+            val compute = Compute.parse(m.optString("compute"), where)
             val quantHead = quantObj?.let { if (it.has("head")) it.bool("head") else false } ?: false
             var prefillChunk = 0
             var fused: FusedSection? = null
@@ -260,7 +263,7 @@ class Manifest(
                 quant = quantKind,
                 programFile = if (m.has("programs")) m.arr("programs").map { Fields.of(it, "$where.programs[]") }
                     .firstOrNull { (it.optString("target") ?: "executorch") == "executorch" }?.optString("file") ?: "model.pte" else "model.pte",
-                prefillChunk = prefillChunk, fused = fused, quantHead = quantHead,
+                prefillChunk = prefillChunk, fused = fused, quantHead = quantHead, compute = compute,
             )
         }
     }

@@ -408,7 +408,7 @@ class TrainingSession(
         "model" to program.modelSource, "method" to "mesp", "backend" to "executorch", "seq_len" to program.seqLen,
         "rank" to program.rank.takeIf { it >= 1 }, "lcsb_k" to (plan?.phases?.maxOf { it.size } ?: program.layers), "targets" to program.targets,
         "optimizer" to program.optimizer.takeIf { it == "sgd" || it == "adamw" }, "lr" to spec.lr,
-        "quant" to program.quant.takeIf { it in setOf("none", "int8", "int4") }, "steps_planned" to spec.steps, "budget_bytes" to spec.budgetBytes,
+        "quant" to program.quant.takeIf { it in setOf("none", "int8", "int4") }, "compute" to program.compute, "steps_planned" to spec.steps, "budget_bytes" to spec.budgetBytes,
         "config" to linkedMapOf("lcsb_policy" to (plan?.policy ?: "full"), "lcsb_seed" to plan?.seed, "lcsb_period" to plan?.schedule?.size,
             "layers_per_checkpoint" to spec.layersPerCheckpoint),
     ) + spec.runInfo

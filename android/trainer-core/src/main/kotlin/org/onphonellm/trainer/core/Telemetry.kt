@@ -47,6 +47,7 @@ object EventSchema {
                 "backend" to Field.Enum(listOf("executorch", "coreml", "onnx", "eager")), "seq_len" to Field.Int(1),
                 "rank" to Field.Int(1), "lcsb_k" to Field.Int(1), "targets" to Field.StrArray,
                 "optimizer" to Field.Enum(listOf("sgd", "adamw")), "lr" to NONNEG, "quant" to Field.Enum(listOf("none", "int8", "int4")),
+                "compute" to Field.Enum(Compute.CHOICES),
                 "steps_planned" to COUNT, "platform" to Field.Enum(listOf("android", "ios", "linux", "macos")),
                 "device_model" to Field.Str(1), "os" to Field.Str(1), "total_ram_bytes" to BYTES, "budget_bytes" to BYTES,
                 "device_profile" to Field.Str(), "app_version" to Field.Str(), "program" to Field.Str(), "config" to Field.Obj,

@@ -303,6 +303,7 @@ class SessionTest {
         val events = EventLog(b.telemetry).events()
         events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
         val start = Fields(events.first { (it["type"] as Json.Str).value == "run_start" }, "run_start")
+        assertEquals("fp32", start.string("compute"))  // the manifest has no compute: the exact float32 program
         val config = start.obj("config")
         assertEquals(2, config.int("layers_per_checkpoint"))
         assertEquals("random", config.string("lcsb_policy"))
