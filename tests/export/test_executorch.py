@@ -360,6 +360,15 @@ def test_xnnpack_takes_only_weight_matmuls():
             assert len(got) == len(parts) and set(got) == set(want), (name, least)
             if least == 0 and name.startswith("block"):
                 assert {_target_name(n) for n in got} >= {"_softmax.default", "sigmoid.default", "permute_copy.default"}
+        # the default list: softmax, sigmoid and transposes, never exp (each delegate is ~1.8 KB resident;
+        # exp, the head's online softmax, gains the least time per delegate: docs/benchmarks.md "Session 12")
+        parts = xnnpack_partitioner(weights, max_packed_bytes=0, min_elements=0).generate_partitions(ep)
+        kinds = {_target_name(n) for p in parts for n in p.nodes if n.op == "call_function"}
+        assert "exp.default" not in kinds, name
+        if name == "head_loss":
+            assert any(_target_name(n) == "exp.default" for n in ep.graph.nodes)    # it is there, not taken
+        else:
+            assert kinds == {"_softmax.default", "sigmoid.default", "permute_copy.default"}, name
     with pytest.raises(ValueError, match="no XNNPACK config for tanh"):
         xnnpack_partitioner(set(), elementwise_ops=("tanh.default",))
 
