@@ -11,7 +11,9 @@ host functions; the Kotlin and Swift tests must reproduce every case. Kinds (fie
     permutation  n, seed, perm         toolchain.shuffle.permutation(n, seed)
     order     rows, seed, steps, order the rows of the first `steps` steps of `train --shuffle seed`
     split     rows, fraction, seed, held   indices held out by `toolchain data --held-out fraction --seed seed`
-    lcsb_plan layers, k, policy, seed, period, phases, schedule   make_plan (toolchain/lcsb/plan.py), every policy
+    lcsb_plan layers, k, policy, seed, period, phases, schedule   make_plan (toolchain/lcsb/plan.py), every policy;
+              some add warmup (make_plan's `warmup`) and layers_at {step: layers} (StepPlan.layers_at) for
+              steps around the warm-up's end (cases without `warmup` have none: 0)
     text      tokenizer, seq_len, text, rows   text_rows: rows as lists of input_ids
     chat      tokenizer, seq_len, messages, input_ids, labels   one conversation's row
 
@@ -77,6 +79,14 @@ def cases() -> list[dict]:
         plan = make_plan(layers, k, policy, seed=seed, period=period)
         out.append({"kind": "lcsb_plan", "layers": layers, "k": k, "policy": policy, "seed": seed, "period": period,
                     "phases": [list(p) for p in plan.phases], "schedule": list(plan.schedule)})
+    for layers, k, policy, seed, period, warmup in [(10, 4, "anchored", None, None, 30), (12, 4, "cyclic", None, None, 5),
+                                                    (8, 2, "random", 3, 5, 7), (6, 3, "strided", None, None, 1)]:
+        plan = make_plan(layers, k, policy, seed=seed, period=period, warmup=warmup)
+        steps = sorted({0, warmup - 2, warmup - 1, warmup, warmup + 1, warmup + plan.period, warmup + 2 * plan.period + 1}
+                       - {-1, -2})
+        out.append({"kind": "lcsb_plan", "layers": layers, "k": k, "policy": policy, "seed": seed, "period": period,
+                    "warmup": warmup, "phases": [list(p) for p in plan.phases], "schedule": list(plan.schedule),
+                    "layers_at": {str(s): list(plan.layers_at(s)) for s in steps}})
     for name in ("byte", "qwen2.5"):
         tok = load_tokenizer(name)
         for seq_len in (8, 64):

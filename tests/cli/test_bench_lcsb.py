@@ -46,6 +46,7 @@ def test_bench_lcsb_writes_a_report_with_speedup_and_loss_gap(tmp_path):
     (["--model", "tiny", "--k", "9"], "outside 1..8"),
     (["--steps", "5"], "--steps"),
     (["--model", "tiny", "--pretrain-steps", "-1"], "--pretrain-steps"),
+    (["--model", "tiny", "--warmup", "-1"], "--warmup"),
 ])
 def test_bench_lcsb_bad_input_exits_2_without_a_file(tmp_path, args, message):
     out = tmp_path / "bench.json"
@@ -53,3 +54,17 @@ def test_bench_lcsb_bad_input_exits_2_without_a_file(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert result.stdout == "" and message in result.stderr, result.stderr
     assert not out.exists()
+
+
+def test_bench_lcsb_warmup_runs_the_lcsb_arm_with_full_backprop_first(tmp_path):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, [*ARGS, "--warmup", "3", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert validation_errors("bench_lcsb", report) == []
+    cfg = report["config"]
+    assert cfg["plan_warmup"] == 3 and cfg["plan"]["warmup"] == 3
+    full, lcsb = report["losses_full"], report["losses_lcsb"]
+    assert full[:4] == lcsb[:4]   # three identical full-backprop updates: the loss of step 3 is still equal
+    assert full[4:] != lcsb[4:]
+    assert "--warmup" in CliRunner().invoke(cli, ["bench", "lcsb", "--help"]).output

@@ -20,6 +20,8 @@ BASE = ["export", "--model", "tiny", "--init", "random", "--seq-len", "16", "--r
     (["--lcsb-k", "2", "--plan", "plan.json"], "are exclusive"),
     (["--lcsb-k", "2", "--lcsb-seed", "3"], "--lcsb-seed applies to"),   # the same plan options as `train`
     (["--lcsb-policy", "strided"], "needs k"),
+    (["--lcsb-warmup", "2"], "full backprop has no warm-up"),
+    (["--lcsb-k", "2", "--lcsb-warmup", "-1"], "--lcsb-warmup"),
     (["--loss-chunk", "0"], "--loss-chunk"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, monkeypatch, extra, message):

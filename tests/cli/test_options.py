@@ -13,6 +13,7 @@ from toolchain.cli.options import _CHUNK_DEFAULTS
 FAMILIES = {   # option -> the commands that take it
     "--lcsb-k": ["train", "export", "demo", "plan fit"],
     "--plan": ["train", "export"], "--lcsb-policy": ["train", "export"], "--lcsb-seed": ["train", "export"],
+    "--lcsb-warmup": ["train", "export"],
     "--optimizer": ["train", "export", "plan fit"], "--weight-decay": ["train", "export"],
     "--frozen-unselected": ["train", "export"],
     "--loss-chunk": ["export", "plan fit", "bench memory", "bench tables"],

@@ -42,3 +42,23 @@ def test_plan_lcsb_bad_input_exits_2_without_a_file(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert result.stdout == "" and "Error" in result.stderr and message in result.stderr, result.stderr
     assert not out.exists()
+
+
+def test_plan_lcsb_warmup(tmp_path):
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(cli, ["plan", "lcsb", "--layers", "10", "--k", "4", "--policy", "anchored",
+                                      "--warmup", "30", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["warmup"] == 30
+    assert read_plan(out) == make_plan(10, 4, "anchored", warmup=30)
+    assert "warm-up: steps 0..29" in result.stdout
+    help_text = CliRunner().invoke(cli, ["plan", "lcsb", "--help"]).output
+    assert "--warmup" in help_text and "every layer" in help_text
+
+
+def test_plan_lcsb_negative_warmup_is_one_error(tmp_path):
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(cli, ["plan", "lcsb", "--layers", "10", "--k", "4", "--warmup", "-1", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and [line for line in result.stderr.splitlines() if line.startswith("Error")] != []
+    assert "--warmup" in result.stderr and not out.exists()

@@ -64,6 +64,20 @@ def test_train_json_output_and_plan_file_equals_lcsb_options(tmp_path, data):
     assert a["plan"]["policy"] == "strided" and a["optimizer"]["kind"] == "adamw"
 
 
+def test_train_lcsb_warmup_runs_full_backprop_first_and_equals_a_plan_file_with_it(tmp_path, data):
+    plan_path = tmp_path / "plan.json"
+    write_plan(plan_path, make_plan(8, 2, "strided", warmup=2))
+    by_opts = _invoke("--data", data, "--lcsb-k", 2, "--lcsb-policy", "strided", "--lcsb-warmup", 2, "--json")
+    by_file = _invoke("--data", data, "--plan", plan_path, "--json")
+    assert by_file.exit_code == 0 and by_opts.exit_code == 0, by_file.output + by_opts.output
+    a, b = json.loads(by_opts.stdout), json.loads(by_file.stdout)
+    assert [s["layers"] for s in a["steps"]] == [list(range(8)), list(range(8)), [2, 6], [3, 7]]
+    assert [s["loss"] for s in a["steps"]] == [s["loss"] for s in b["steps"]]
+    assert a["plan"]["warmup"] == 2
+    bad = _invoke("--data", data, "--lcsb-warmup", 2)
+    assert bad.exit_code == 2 and bad.stderr.startswith("Error:") and "--lcsb-warmup" in bad.stderr, bad.stderr
+
+
 def test_layers_per_checkpoint_trains_bit_for_bit_alike(tmp_path, data):
     """Checkpoint groups recompute instead of store: the same losses and adapter, eager and on a program."""
     runs = {n: _invoke("--data", data, "--lcsb-k", 5, "--layers-per-checkpoint", n, "--json",

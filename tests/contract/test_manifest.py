@@ -101,3 +101,22 @@ def test_text_fields_read_only_what_text_readers_need(tmp_path):
     _write(tmp_path, partial)
     with pytest.raises(BadInput, match="tokenizer/kind: 'klingon'"):
         read_text_fields(tmp_path)
+
+
+def test_lcsb_warmup_round_trips_and_is_written_only_when_given():
+    """`lcsb.warmup` (a plan's full-backprop warm-up) is optional: a manifest with it keeps it, one without it
+    stays without it; the schema refuses a negative one."""
+    from toolchain.contract import LcsbSection
+    from toolchain.schemas import validation_errors
+
+    doc = _doc(EXAMPLES[0])
+    assert "warmup" not in doc["lcsb"]
+    warm = {**doc, "lcsb": {**doc["lcsb"], "warmup": 3}}
+    assert validation_errors("manifest", warm) == []
+    manifest = Manifest.from_json(warm)
+    assert manifest.lcsb.warmup == 3 and manifest.to_json() == warm
+    assert Manifest.from_json(doc).lcsb.warmup is None and Manifest.from_json(doc).to_json() == doc
+    assert validation_errors("manifest", {**doc, "lcsb": {**doc["lcsb"], "warmup": -1}}) != []
+    # as the export writes it (toolchain/export/manifest.py): absent when 0
+    section = LcsbSection("cyclic", ((0,),), (0,), 1, None, None, absent=frozenset({"warmup"}))
+    assert "warmup" not in section.to_json()

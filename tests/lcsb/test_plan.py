@@ -149,3 +149,40 @@ def test_anchored_example():
     assert make_plan(10, 4, "anchored").phases == ((0, 7, 8, 9), (1, 7, 8, 9), (2, 7, 8, 9), (3, 7, 8, 9),
                                                    (4, 7, 8, 9), (5, 7, 8, 9), (6, 7, 8, 9))
     assert make_plan(12, 4, "anchored").layers_at(9) == (0, 9, 10, 11)  # period 9
+
+
+def test_warmup_steps_use_every_layer_then_the_schedule_on_the_global_step():
+    plain = make_plan(10, 4, "anchored")
+    plan = make_plan(10, 4, "anchored", warmup=30)
+    assert plan.warmup == 30 and plain.warmup == 0
+    assert plan.layers_at(0) == plan.layers_at(29) == tuple(range(10))
+    assert plan.layers_at(30) == plain.layers_at(30) == (2, 7, 8, 9)  # 30 % 7: the schedule does not restart
+    assert [plan.layers_at(s) for s in range(30, 50)] == [plain.layers_at(s) for s in range(30, 50)]
+    assert plan.phase_at(29) is None and plan.phase_at(30) == 2
+    assert plan.max_layers == 10 and plain.max_layers == 4
+    assert plan.selection_counts() == plain.selection_counts() and plan.period == plain.period
+    assert make_plan(8, 2, "random", seed=3, period=5, warmup=2).layers_at(1) == tuple(range(8))
+
+
+def test_warmup_json_round_trip_and_absent_means_zero():
+    plan = make_plan(10, 4, "anchored", warmup=30)
+    doc = plan.to_dict()
+    assert doc["warmup"] == 30 and validation_errors("step_plan", doc) == []
+    assert plan_from_dict(doc) == plan
+    plain = make_plan(10, 4, "anchored")
+    assert "warmup" not in plain.to_dict() and "warmup" not in make_plan(10, 4, "anchored", warmup=0).to_dict()
+    assert plan_from_dict(plain.to_dict()).warmup == 0
+    assert json.dumps(make_plan(10, 4, "anchored", warmup=0).to_dict()) == json.dumps(plain.to_dict())
+    assert plan_from_dict({**plain.to_dict(), "warmup": 0}) == plain
+
+
+def test_negative_warmup_is_refused():
+    with pytest.raises(BadInput, match="warmup"):
+        make_plan(10, 4, "anchored", warmup=-1)
+    with pytest.raises(BadInput, match="warmup"):
+        StepPlan(layers=3, policy="cyclic", k=1, phases=((0,), (1,), (2,)), schedule=(0, 1, 2), warmup=-1)
+    doc = {**make_plan(10, 4, "anchored").to_dict(), "warmup": -1}
+    assert validation_errors("step_plan", doc) != []
+    with pytest.raises(SchemaError, match="warmup"):
+        plan_from_dict(doc)
+    assert validation_errors("step_plan", {**doc, "warmup": 1.5}) != []

@@ -42,3 +42,15 @@ def test_a_plan_file_is_read_and_checked_against_the_layers(tmp_path):
 def test_contradictory_options_are_refused_at_once(kwargs, message):
     with pytest.raises(BadInput, match=message):
         PlanRequest(**kwargs)
+
+
+def test_a_warmup_goes_into_the_plan_and_needs_a_selective_policy():
+    assert PlanRequest(k=2, policy="anchored", warmup=3).resolve(8) == make_plan(8, 2, "anchored", warmup=3)
+    assert PlanRequest(k=2, warmup=0).resolve_lcsb(8) == make_plan(8, 2, "cyclic")
+    assert PlanRequest(warmup=1, k=2).given
+    with pytest.raises(BadInput, match="exclusive"):
+        PlanRequest(path="plan.json", warmup=2)
+    with pytest.raises(BadInput, match="full backprop has no warm-up"):
+        PlanRequest(warmup=2)
+    with pytest.raises(BadInput, match=">= 0"):
+        PlanRequest(k=2, warmup=-1)

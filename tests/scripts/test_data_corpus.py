@@ -30,3 +30,14 @@ def test_corpus_covers_every_kind_and_both_tokenizers():
     assert any(len(c["rows"]) > 3 for c in cases if c["kind"] == "text")  # windows with the 1-token overlap
     assert all(set(c["held"]) <= set(range(c["rows"])) and c["held"] == sorted(c["held"])
                for c in cases if c["kind"] == "split")
+
+
+def test_corpus_has_warmup_plans_with_layers_around_the_boundary():
+    cases = [json.loads(line) for line in (REPO / "shared_schemas" / "data_corpus" / "cases.jsonl").open()]
+    warm = [c for c in cases if c["kind"] == "lcsb_plan" and c.get("warmup", 0) > 0]
+    assert len(warm) >= 3
+    for c in warm:
+        steps = {int(s): layers for s, layers in c["layers_at"].items()}
+        w = c["warmup"]
+        assert steps[w - 1] == list(range(c["layers"])) and w in steps  # the last warm-up step and the first plan step
+        assert steps[w] == c["phases"][c["schedule"][w % len(c["schedule"])]]

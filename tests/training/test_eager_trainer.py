@@ -6,6 +6,7 @@ LCSB surrogate h + detach(block(h) - h) for the non-selected blocks (LCSB steps)
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -214,3 +215,40 @@ def test_train_step_updates_in_place_and_start_run_copies(setup):
     new, _ = train_step(ARCH, weights, CFG, state, examples[0], layers=None, config=TrainConfig(steps=1, optimizer=opt))
     assert new.lora[0][CFG.targets[0]].a.data_ptr() == ptr and not torch.equal(new.lora[0][CFG.targets[0]].a, copy)
     assert all(torch.equal(a, b) for a, b in zip(_flat(lora), before))
+
+
+def test_a_warmup_runs_full_backprop_steps_then_the_plan_bit_for_bit(setup, tmp_path):
+    """warmup W: steps 0..W-1 equal `train_step` with every layer, later steps the plan without a warm-up at
+    the same (global) step index; the telemetry of a warm-up step has no lcsb_phase."""
+    weights, lora, examples = setup
+    opt = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.01)
+    warm, plain = make_plan(ARCH.layers, 2, "cyclic", warmup=4), make_plan(ARCH.layers, 2, "cyclic")
+    events = tmp_path / "events.jsonl"
+    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=7, optimizer=opt, plan=warm, telemetry=events))
+    ref_config = TrainConfig(steps=7, optimizer=opt)
+    state = start_run(ref_config, lora)
+    losses = []
+    for s in range(7):
+        layers = None if s < 4 else plain.layers_at(s)  # None: train_step's full backprop
+        state, loss = train_step(ARCH, weights, CFG, state, examples[s % 3], layers=layers, config=ref_config)
+        losses.append(loss)
+    assert list(result.losses) == losses
+    assert all(torch.equal(a, b) for a, b in zip(_flat(result.lora), _flat(state.lora)))
+    assert [e.layers for e in result.log] == [tuple(range(ARCH.layers))] * 4 + [plain.layers_at(s) for s in (4, 5, 6)]
+    assert plain.layers_at(4) == (1, 2) != plain.layers_at(0)  # 4 % 3 = 1: the schedule does not restart after the warm-up
+    steps = [e for e in map(json.loads, events.read_text().splitlines()) if e["type"] == "step"]
+    assert [e.get("lcsb_phase") for e in steps] == [None] * 4 + [plain.schedule[s % plain.period] for s in (4, 5, 6)]
+
+
+def test_resume_refuses_a_checkpoint_of_another_warmup(setup, tmp_path):
+    weights, lora, examples = setup
+    ck = tmp_path / "ck.safetensors"
+    opt = OptimizerConfig("sgd", lr=1e-2)
+    train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=2, optimizer=opt, checkpoint=ck,
+                                                          plan=make_plan(ARCH.layers, 2, "cyclic", warmup=1)))
+    with pytest.raises(BadInput, match="LCSB plan"):
+        train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=3, optimizer=opt, checkpoint=ck, resume=True,
+                                                              plan=make_plan(ARCH.layers, 2, "cyclic", warmup=2)))
+    resumed = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=3, optimizer=opt, checkpoint=ck, resume=True,
+                                                                    plan=make_plan(ARCH.layers, 2, "cyclic", warmup=1)))
+    assert len(resumed.losses) == 3

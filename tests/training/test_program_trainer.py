@@ -48,6 +48,17 @@ def test_eager_and_program_trainers_train_on_the_same_rows_and_agree(program):
             torch.testing.assert_close(ours[t].a, theirs[t].a, rtol=1e-3, atol=1e-5)
 
 
+def test_program_trainer_runs_a_warmup_like_the_eager_one(program):
+    """A warm-up plan on the program trainer: every layer at steps 0..W-1, then the plan (global index),
+    the same layers and (to float tolerance) losses as the eager trainer."""
+    rows = examples(3, seed=5)
+    plan = make_plan(ARCH.layers, 1, "cyclic", warmup=2)
+    eager = _trainer("eager", program, rows, steps=5, plan=plan).run()
+    prog = _trainer("program", program, rows, steps=5, plan=plan).run()
+    assert [e.layers for e in prog.log] == [(0, 1, 2), (0, 1, 2), (2,), (0,), (1,)] == [e.layers for e in eager.log]
+    torch.testing.assert_close(torch.tensor(prog.losses), torch.tensor(eager.losses), rtol=1e-4, atol=1e-5)
+
+
 class _Killed(Exception):
     pass
 
@@ -88,6 +99,7 @@ CHANGES = [
     ({"lr": 3e-3}, "optimizer `lr` was 0.01, now 0.003"),
     ({"shuffle_seed": 5}, "--shuffle seed was 2, now 5"),
     ({"plan": make_plan(ARCH.layers, 2, "cyclic")}, "LCSB plan was"),
+    ({"plan": make_plan(ARCH.layers, 1, "cyclic", warmup=1)}, "LCSB plan was"),
     ({"rows": 9}, "training rows (sha256) was"),
 ]
 
@@ -152,3 +164,17 @@ def test_cli_program_run_resumes_and_refuses_other_settings(program, tmp_path):
     garbled = CliRunner().invoke(cli, [*base, "--steps", "8", "--resume"])
     assert garbled.exit_code == 2 and garbled.stderr.strip().endswith("delete it to start over"), garbled.output
     assert len(garbled.stderr.strip().splitlines()) == 1 and garbled.stdout == ""
+
+
+def test_export_records_a_warmup_in_the_manifest_and_the_default_plan_keeps_it(tmp_path):
+    from toolchain.export.build import ExportSpec, export_program
+    from toolchain.lora import init_lora
+    from toolchain.models import random_weights
+
+    plan = make_plan(ARCH.layers, 1, "cyclic", warmup=2)
+    spec = ExportSpec(source="test", init="random", seed=0, seq_len=8, optimizer=OPTIMIZER, targets=("onnx",),
+                      plan=plan)
+    out = tmp_path / "prog"
+    export_program(ARCH, random_weights(ARCH, seed=0), CFG, init_lora(ARCH, CFG, seed=1), spec, out)
+    assert json.loads((out / "manifest.json").read_text())["lcsb"]["warmup"] == 2
+    assert ProgramDir(out).default_plan() == plan

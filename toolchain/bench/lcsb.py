@@ -75,6 +75,8 @@ class LcsbBenchConfig:
         seed: seed of the random weights and of the LoRA inits (PEFT init: B = 0).
         threads: torch intra-op threads during the run (restored after).
         warmup: first fine-tuning steps left out of the timing.
+        plan_warmup: the LCSB arm's full-backprop warm-up (`StepPlan.warmup`): its first `plan_warmup`
+            steps backpropagate through every layer, then the plan. Default 0 (none).
         val_fraction: tail of the corpus held out for evaluation.
     """
 
@@ -94,13 +96,14 @@ class LcsbBenchConfig:
     threads: int = 1
     warmup: int = 3
     val_fraction: float = 0.1
+    plan_warmup: int = 0
 
     def __post_init__(self) -> None:
         if self.model not in BENCH_ARCHS and self.model not in PRESETS:
             raise BadInput(f"unknown bench model {self.model!r}; choose {', '.join([*BENCH_ARCHS, *PRESETS])}")
         if self.steps < 10:
             raise BadInput(f"`steps` must be >= 10 (the loss gap averages the last 10%), got {self.steps}")
-        for name in ("pretrain_steps", "warmup"):
+        for name in ("pretrain_steps", "warmup", "plan_warmup"):
             if getattr(self, name) < 0:
                 raise BadInput(f"`{name}` must be >= 0, got {getattr(self, name)}")
         if self.warmup >= self.steps:
@@ -111,7 +114,7 @@ class LcsbBenchConfig:
             raise BadInput(f"`val_fraction` must be in (0, 1), got {self.val_fraction}")
         if self.policy == "full":
             raise BadInput("the LCSB arm needs a selective policy (cyclic, strided, last or random), not full")
-        make_plan(self.arch.layers, self.k, self.policy)  # raises BadInput for k outside 1..layers
+        make_plan(self.arch.layers, self.k, self.policy, warmup=self.plan_warmup)  # raises BadInput for k outside 1..layers
         OptimizerConfig("adamw", lr=self.lr, weight_decay=self.weight_decay)
         LoraConfig(rank=self.rank, alpha=self.alpha)
 
@@ -177,7 +180,8 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
         weights, pretrain = _pretrain(config, arch, weights, train_rows, on_step)
     cfg = LoraConfig(rank=config.rank, alpha=config.alpha)
     lora0 = init_lora(arch, cfg, seed=config.seed)
-    plans = {"full": make_plan(arch.layers, None, "full"), "lcsb": make_plan(arch.layers, config.k, config.policy)}
+    plans = {"full": make_plan(arch.layers, None, "full"), "lcsb": make_plan(arch.layers, config.k, config.policy,
+                                                                         warmup=config.plan_warmup)}
     train_cfg = TrainConfig(steps=config.steps, optimizer=OptimizerConfig("adamw", lr=config.lr, weight_decay=config.weight_decay))
     states = {arm: start_run(train_cfg, lora0) for arm in plans}
     losses: dict[str, list[float]] = {arm: [] for arm in plans}

@@ -32,9 +32,12 @@ def bench() -> None:
                    "comparison (0: compare on the random base).  [default: 300]")
 @click.option("--threads", type=THREADS, default=None, help="torch threads.  [default: 1]")
 @click.option("--seed", type=SEED, default=None, help="Seed of the weights and the LoRA init.  [default: 0]")
+@click.option("--warmup", "plan_warmup", type=click.IntRange(min=0), default=None,
+              help="LCSB arm only: its first N steps backpropagate through every layer (a full-backprop warm-up), "
+                   "then the plan; recorded as config.plan_warmup.  [default: 0]")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write the full report (bench_lcsb schema) here (an existing file is replaced).")
-def lcsb(*, model, steps, seq_len, k, policy, lr, pretrain_steps, threads, seed, json_out) -> None:
+def lcsb(*, model, steps, seq_len, k, policy, lr, pretrain_steps, threads, seed, plan_warmup, json_out) -> None:
     """Fine-tune the same model from the same seed with full MeSP backprop and with LCSB, side by
     side; report the step-time speedup and the loss gap (docs/lcsb.md)."""
     from toolchain.bench.lcsb import LcsbBenchConfig, run_lcsb_bench
@@ -44,7 +47,8 @@ def lcsb(*, model, steps, seq_len, k, policy, lr, pretrain_steps, threads, seed,
         check_output_file(json_out, option="--json")
 
     given = {"model": model, "steps": steps, "seq_len": seq_len, "k": k, "policy": policy, "lr": lr,
-             "pretrain_steps": pretrain_steps, "threads": threads, "seed": seed}
+             "pretrain_steps": pretrain_steps, "threads": threads, "seed": seed,
+             "plan_warmup": plan_warmup}
     config = LcsbBenchConfig(**{name: v for name, v in given.items() if v is not None})
     with _progress() as progress:
         tasks = {"pretrain": progress.add_task("pretrain base", total=config.pretrain_steps, visible=False),

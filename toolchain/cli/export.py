@@ -51,7 +51,7 @@ from toolchain.validate import FiniteFloat
               help="Output directory (written atomically; an existing non-empty one is refused unless --force).")
 @force_option
 def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb,
-           plan_path, lcsb_k, lcsb_policy, lcsb_seed, optimizer, weight_decay, frozen_unselected, lr,
+           plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, optimizer, weight_decay, frozen_unselected, lr,
            export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, generation, prefill_chunk, float_head, out,
            force, compute) -> None:
     """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
@@ -73,7 +73,7 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     from toolchain.models.load import model_source
     from toolchain.optim import optimizer_config
 
-    plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed)
+    plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     opt = optimizer_config(optimizer, weight_decay=weight_decay, frozen_unselected=frozen_unselected)  # lr: a step input
     options = StepOptions(**{"loss_chunk": seq_len, **chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk,
                                                                       mlp_chunk=mlp_chunk)})

@@ -98,22 +98,26 @@ def lcsb_k_option(default_help: str = "every layer"):
 
 
 def plan_options(default_help: str = "full backprop"):
-    """--plan FILE, or --lcsb-k/--lcsb-policy/--lcsb-seed to build one on the fly (`PlanRequest`)."""
+    """--plan FILE, or --lcsb-k/--lcsb-policy/--lcsb-seed/--lcsb-warmup to build one on the fly (`PlanRequest`)."""
     return _compose(
         click.option("--plan", "plan_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      default=None, help=f"LCSB step plan JSON (`toolchain plan lcsb`), instead of --lcsb-k/"
-                                        f"--lcsb-policy/--lcsb-seed.  [default: {default_help}]"),
+                                        f"--lcsb-policy/--lcsb-seed/--lcsb-warmup.  [default: {default_help}]"),
         lcsb_k_option(default_help),
         click.option("--lcsb-policy", type=POLICY_CHOICE, default=None,
                      help="LCSB policy for --lcsb-k.  [default: cyclic]"),
-        click.option("--lcsb-seed", type=SEED, default=None, help="Seed of the random LCSB policy.  [default: 0]"))
+        click.option("--lcsb-seed", type=SEED, default=None, help="Seed of the random LCSB policy.  [default: 0]"),
+        click.option("--lcsb-warmup", type=click.IntRange(min=0), default=None,
+                     help="Full-backprop warm-up of the --lcsb-k/--lcsb-policy plan: steps 0..N-1 backpropagate "
+                          "through every layer, later steps follow the plan.  [default: 0]"))
 
 
-def plan_request(plan_path: Path | None, lcsb_k: int | None, lcsb_policy: str | None, lcsb_seed: int | None):
+def plan_request(plan_path: Path | None, lcsb_k: int | None, lcsb_policy: str | None, lcsb_seed: int | None,
+                 lcsb_warmup: int | None = None):
     """`plan_options`' values as a `toolchain.lcsb.PlanRequest`."""
     from toolchain.lcsb import PlanRequest
 
-    return PlanRequest(path=plan_path, k=lcsb_k, policy=lcsb_policy, seed=lcsb_seed)
+    return PlanRequest(path=plan_path, k=lcsb_k, policy=lcsb_policy, seed=lcsb_seed, warmup=lcsb_warmup)
 
 
 # -- step memory knobs ---------------------------------------------------------------------------------

@@ -91,10 +91,13 @@ def fit(*, model, seq_len, rank, targets, lcsb_k, device, program, method, optim
 @click.option("--seed", type=SEED, default=None, help="Random policy only: the seed.  [default: 0]")
 @click.option("--period", type=click.IntRange(1, 100_000), default=None,
               help="Random policy only: steps before the draws repeat.  [default: 4 x ceil(L / k)]")
+@click.option("--warmup", type=click.IntRange(0, 100_000_000), default=0, show_default=True,
+              help="Full-backprop warm-up: steps 0..N-1 backpropagate through every layer, later steps follow the "
+                   "schedule (global step index; written as `warmup` when > 0).")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path), required=True,
               help="Step plan JSON to write (shared_schemas/step_plan.schema.json; an existing file is replaced "
                    "atomically).")
-def lcsb(*, layers, model, k, policy, seed, period, out) -> None:
+def lcsb(*, layers, model, k, policy, seed, period, warmup, out) -> None:
     """Write an LCSB step plan: which layers each training step backpropagates through."""
     from toolchain.atomic import check_output_file
     from toolchain.lcsb import make_plan, write_plan
@@ -104,8 +107,10 @@ def lcsb(*, layers, model, k, policy, seed, period, out) -> None:
         raise click.UsageError("give exactly one of --layers and --model")
     check_output_file(out)
     n_layers = layers if layers is not None else get_preset(model).layers
-    step_plan = make_plan(n_layers, k, policy, seed=seed, period=period)
+    step_plan = make_plan(n_layers, k, policy, seed=seed, period=period, warmup=warmup)
     write_plan(out, step_plan)
     for i, phase in enumerate(step_plan.phases):
         click.echo(f"phase {i}: layers {', '.join(map(str, phase))}")
+    if step_plan.warmup:
+        click.echo(f"warm-up: steps 0..{step_plan.warmup - 1} backpropagate through every layer")
     click.echo(f"{step_plan.policy} plan, k={step_plan.k}, period {step_plan.period} steps -> {out}")

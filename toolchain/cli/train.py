@@ -51,7 +51,7 @@ def _given(ctx: click.Context, names) -> list[str]:
 @program_options
 @click.pass_context
 def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay, momentum,
-          plan_path, lcsb_k, lcsb_policy, lcsb_seed, layers_per_checkpoint, frozen_unselected, shuffle_seed,
+          plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected, shuffle_seed,
           adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data, eval_every) -> None:
     """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k);
     or, with --program DIR, run an exported program on its runtime exactly as the apps do (model,
@@ -77,12 +77,12 @@ def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps,
 
 
 def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay,
-           momentum, plan_path, lcsb_k, lcsb_policy, lcsb_seed, layers_per_checkpoint, frozen_unselected,
+           momentum, plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected,
            shuffle_seed, adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data,
            eval_every) -> None:
     from toolchain.errors import BadInput
 
-    plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed)
+    plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     run = dict(steps=steps, shuffle_seed=shuffle_seed, checkpoint_every=checkpoint_every, resume=resume,
                telemetry=telemetry_out, layers_per_checkpoint=layers_per_checkpoint)
     if program is not None:

@@ -131,15 +131,17 @@ class OptimizerSection(_Section):
 
 @dataclass(frozen=True)
 class LcsbSection(_Section):
-    """The default LCSB plan: the layers of step s are phases[schedule[s % len(schedule)]]."""
+    """The default LCSB plan: the layers of step s are phases[schedule[s % len(schedule)]], or every layer
+    while s < warmup (`warmup` absent: 0)."""
 
     policy: str
     phases: tuple[tuple[int, ...], ...]
     schedule: tuple[int, ...]
     k: int | None
     seed: int | None
+    warmup: int | None = None
     absent: frozenset[str] = _absent_keys()
-    OPTIONAL = ("k", "seed")
+    OPTIONAL = ("k", "seed", "warmup")
 
     def _json(self) -> dict:
         return {**super()._json(), "phases": [list(p) for p in self.phases], "schedule": list(self.schedule)}
@@ -147,7 +149,7 @@ class LcsbSection(_Section):
     @classmethod
     def from_json(cls, d: dict) -> LcsbSection:
         return cls(d["policy"], tuple(tuple(p) for p in d["phases"]), tuple(d["schedule"]), d.get("k"), d.get("seed"),
-                   _absent(d, cls.OPTIONAL))
+                   d.get("warmup"), _absent(d, cls.OPTIONAL))
 
 
 @dataclass(frozen=True)

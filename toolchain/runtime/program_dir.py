@@ -95,7 +95,7 @@ class ProgramDir:
         if lcsb is None:
             return None
         return StepPlan(layers=self.arch.layers, policy=lcsb.policy, k=lcsb.k, phases=lcsb.phases,
-                        schedule=lcsb.schedule, seed=lcsb.seed)
+                        schedule=lcsb.schedule, seed=lcsb.seed, warmup=lcsb.warmup or 0)
 
     @property
     def weights_file(self) -> Path:

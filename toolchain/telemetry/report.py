@@ -331,6 +331,9 @@ def loss_figure(events: list[dict]):
             for phase in phases:
                 pts = [(s["step"], s["loss"]) for s in steps if s.get("lcsb_phase") == phase]
                 ax.plot(*zip(*pts), "o", markersize=3, alpha=0.35, label=f"training loss, LCSB phase {phase}")
+            warm = [(s["step"], s["loss"]) for s in steps if "lcsb_phase" not in s]  # a plan's warm-up steps
+            if warm:
+                ax.plot(*zip(*warm), "o", markersize=3, alpha=0.35, label="training loss, full-backprop warm-up")
         else:
             ax.plot([s["step"] for s in steps], [s["loss"] for s in steps], "o", markersize=2.5, color="tab:blue",
                     alpha=0.25, label="training loss (one row per step)")

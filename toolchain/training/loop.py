@@ -249,7 +249,8 @@ class Trainer:
         if self._writer is None:
             return
         run = self.run_options
-        phase = {} if run.plan is None else {"lcsb_phase": run.plan.schedule[s % run.plan.period]}
+        index = None if run.plan is None else run.plan.phase_at(s)  # None: no plan, or a warm-up step
+        phase = {} if index is None else {"lcsb_phase": index}
         dt = entry.step_s
         lr = self._lr
         self.emit("step", step=s, loss=finite_or_none(entry.loss),

@@ -156,7 +156,7 @@ class ProgramTrainer(Trainer):
         run = self.run_options
         if self.backend != "executorch" or run.layers_per_checkpoint != 1:
             return {}
-        k = run.plan.k if run.plan is not None else self.layers
+        k = run.plan.max_layers if run.plan is not None else self.layers  # a warm-up step checkpoints every layer
         try:
             peak = program_peak(self.pdir.path, lcsb_k=k)
         except ToolchainError:

@@ -11,6 +11,7 @@ struct RunSettings: Equatable {
     var lr = 1e-4
     var lcsbK = 0                       // 0: every layer every step; else at most k layers per step (LCSB)
     var lcsbPolicy = "cyclic"           // cyclic | strided | last | random (toolchain plan lcsb's policies)
+    var lcsbWarmup = 0                  // LCSB only: the first N steps backpropagate every layer, then the plan
     var layersPerCheckpoint = 1         // 1: every selected layer's input kept; s > 1: "use less memory (recompute more)"
     var heldOutPercent = 10             // 0: no held-out loss
     var splitSeed = 0
@@ -26,7 +27,8 @@ struct RunSettings: Equatable {
         SessionConfig(steps: steps, lr: Float(lr), checkpointEvery: checkpointEvery,
                       shuffleSeed: shuffleSeed >= 0 ? UInt64(shuffleSeed) : nil,
                       selection: lcsbK > 0 ? .lcsb(policy: lcsbPolicy, k: lcsbK, seed: lcsbPolicy == "random" ? 0 : nil) : .all,
-                      layersPerCheckpoint: max(1, layersPerCheckpoint))
+                      layersPerCheckpoint: max(1, layersPerCheckpoint),
+                      lcsbWarmup: lcsbK > 0 && lcsbWarmup > 0 ? lcsbWarmup : nil)
     }
 }
 
@@ -590,6 +592,7 @@ final class TrainingController: ObservableObject {
         s.lr = d.object(forKey: "lr") as? Double ?? s.lr
         s.lcsbK = d.object(forKey: "lcsbK") as? Int ?? s.lcsbK
         s.lcsbPolicy = d.string(forKey: "lcsbPolicy") ?? s.lcsbPolicy
+        s.lcsbWarmup = d.object(forKey: "lcsbWarmup") as? Int ?? s.lcsbWarmup
         s.layersPerCheckpoint = d.object(forKey: "layersPerCheckpoint") as? Int ?? s.layersPerCheckpoint
         s.heldOutPercent = d.object(forKey: "heldOutPercent") as? Int ?? s.heldOutPercent
         s.budgetMB = d.object(forKey: "budgetMB") as? Int ?? s.budgetMB

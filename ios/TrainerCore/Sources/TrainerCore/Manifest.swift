@@ -354,6 +354,8 @@ public struct LcsbSection: Decodable, Equatable {
     public var k: Int?
     public var phases: [[Int]]
     public var schedule: [Int]
+    /// Full-backprop warm-up steps before the plan (nil: 0).
+    public var warmup: Int?
 }
 
 public struct ProgramEntry: Decodable, Equatable {

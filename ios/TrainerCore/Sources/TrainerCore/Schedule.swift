@@ -1,11 +1,12 @@
 import Foundation
 
 /// An LCSB step plan (`shared_schemas/step_plan.schema.json`): step s backpropagates through
-/// `phases[schedule[s % schedule.count]]`. Parsed strictly (unknown keys refused, like the schema's
+/// `phases[schedule[s % schedule.count]]`, except that a step s < `warmup` (a full-backprop warm-up)
+/// backpropagates through every layer (global step index: the schedule does not restart). Parsed strictly (unknown keys refused, like the schema's
 /// `additionalProperties: false`), so a plan from a newer toolchain fails loudly instead of half-working.
 public struct StepPlan: Equatable {
     public static let policies = ["cyclic", "strided", "last", "anchored", "random", "full"]
-    private static let keys: Set<String> = ["schema_version", "layers", "policy", "k", "seed", "phases", "schedule"]
+    private static let keys: Set<String> = ["schema_version", "layers", "policy", "k", "seed", "phases", "schedule", "warmup"]
 
     public var layers: Int
     public var policy: String
@@ -13,9 +14,12 @@ public struct StepPlan: Equatable {
     public var seed: Int64?
     public var phases: [[Int]]
     public var schedule: [Int]
+    /// Steps s < warmup backpropagate through every layer (0: no warm-up; absent in JSON).
+    public var warmup: Int
 
-    public init(layers: Int, policy: String, k: Int, seed: Int64? = nil, phases: [[Int]], schedule: [Int]) throws {
+    public init(layers: Int, policy: String, k: Int, seed: Int64? = nil, phases: [[Int]], schedule: [Int], warmup: Int = 0) throws {
         (self.layers, self.policy, self.k, self.seed, self.phases, self.schedule) = (layers, policy, k, seed, phases, schedule)
+        self.warmup = warmup
         try validate()
     }
 
@@ -41,9 +45,14 @@ public struct StepPlan: Equatable {
             guard let s = v.intValue else { throw fail("seed must be an integer or null") }
             seed = s
         }
+        var warmup: Int64 = 0
+        if let w = obj["warmup"] {
+            guard let v = w.intValue else { throw fail("warmup must be an integer") }
+            warmup = v
+        }
         do {
             return try StepPlan(layers: Int(layers), policy: policy, k: Int(k), seed: seed,
-                                phases: phases.map { $0.map { $0! } }, schedule: schedule.map { $0! })
+                                phases: phases.map { $0.map { $0! } }, schedule: schedule.map { $0! }, warmup: Int(warmup))
         } catch TrainerError.badInput(let why) {
             throw fail(why)
         }
@@ -51,6 +60,7 @@ public struct StepPlan: Equatable {
 
     func validate() throws {
         guard layers >= 1, k >= 1 else { throw TrainerError.badInput("layers and k must be at least 1") }
+        guard warmup >= 0 else { throw TrainerError.badInput("warmup must be >= 0 steps, got \(warmup)") }
         guard Self.policies.contains(policy) else {
             throw TrainerError.badInput("unknown policy '\(policy)' (choose \(Self.policies.joined(separator: ", ")))")
         }
@@ -67,11 +77,18 @@ public struct StepPlan: Equatable {
         }
     }
 
-    /// Index of the phase that step `step` (0-based, counted over the whole run) uses.
-    public func phase(forStep step: Int) -> Int { schedule[step % schedule.count] }
+    /// Index of the phase that step `step` (0-based, counted over the whole run) uses; nil during the
+    /// warm-up (every layer, no phase: telemetry then has no `lcsb_phase`).
+    public func phase(forStep step: Int) -> Int? { step < warmup ? nil : schedule[step % schedule.count] }
 
-    /// Layers step `step` backpropagates through.
-    public func layers(forStep step: Int) -> [Int] { phases[phase(forStep: step)] }
+    /// Layers step `step` backpropagates through: every layer during the warm-up, else its phase's.
+    public func layers(forStep step: Int) -> [Int] {
+        guard let p = phase(forStep: step) else { return Array(0..<layers) }
+        return phases[p]
+    }
+
+    /// Most layers one step backpropagates: every layer with a warm-up, else the largest phase (memory planning).
+    public var maxLayers: Int { warmup > 0 ? layers : (phases.map(\.count).max() ?? layers) }
 }
 
 extension StepPlan {
@@ -82,8 +99,9 @@ extension StepPlan {
     /// anchored: the last k - 1 plus one of layers 0...L-k, ascending (period L - k + 1);
     /// full: every layer (k = L); random: step t selects the first k of
     /// `Shuffle.permutation(L, seed + t)`, sorted, for `period` steps (default 4g), equal draws sharing
-    /// a phase. seed / period only for random (seed default 0).
-    public static func make(layers: Int, k: Int?, policy: String, seed: Int64? = nil, period: Int? = nil) throws -> StepPlan {
+    /// a phase. seed / period only for random (seed default 0). `warmup`: full-backprop steps first (default 0).
+    public static func make(layers: Int, k: Int?, policy: String, seed: Int64? = nil, period: Int? = nil, warmup: Int = 0) throws -> StepPlan {
+        guard warmup >= 0 else { throw TrainerError.badInput("an LCSB warm-up must be >= 0 steps, got \(warmup)") }
         guard policies.contains(policy) else {
             throw TrainerError.badInput("unknown LCSB policy \(policy); choose \(policies.joined(separator: ", "))")
         }
@@ -120,8 +138,8 @@ extension StepPlan {
                 let draw = Shuffle.permutation(layers, seed: UInt64(bitPattern: s) &+ UInt64(step)).prefix(kk).sorted()
                 if let i = phases.firstIndex(of: draw) { schedule.append(i) } else { phases.append(draw); schedule.append(phases.count - 1) }
             }
-            return try StepPlan(layers: layers, policy: policy, k: kk, seed: s, phases: phases, schedule: schedule)
+            return try StepPlan(layers: layers, policy: policy, k: kk, seed: s, phases: phases, schedule: schedule, warmup: warmup)
         }
-        return try StepPlan(layers: layers, policy: policy, k: kk, phases: phases, schedule: Array(0..<phases.count))
+        return try StepPlan(layers: layers, policy: policy, k: kk, phases: phases, schedule: Array(0..<phases.count), warmup: warmup)
     }
 }

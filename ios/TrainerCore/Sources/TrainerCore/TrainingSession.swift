@@ -83,17 +83,19 @@ public enum LayerSelection: Equatable, Codable {
 }
 
 extension StepPlan: Codable {
-    enum CodingKeys: String, CodingKey { case layers, policy, k, seed, phases, schedule }
+    enum CodingKeys: String, CodingKey { case layers, policy, k, seed, phases, schedule, warmup }
     public init(from decoder: Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         try self.init(layers: try c.decode(Int.self, forKey: .layers), policy: try c.decode(String.self, forKey: .policy),
                       k: try c.decode(Int.self, forKey: .k), seed: try c.decodeIfPresent(Int64.self, forKey: .seed),
-                      phases: try c.decode([[Int]].self, forKey: .phases), schedule: try c.decode([Int].self, forKey: .schedule))
+                      phases: try c.decode([[Int]].self, forKey: .phases), schedule: try c.decode([Int].self, forKey: .schedule),
+                      warmup: try c.decodeIfPresent(Int.self, forKey: .warmup) ?? 0)
     }
     public func encode(to encoder: Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(layers, forKey: .layers); try c.encode(policy, forKey: .policy); try c.encode(k, forKey: .k)
         try c.encodeIfPresent(seed, forKey: .seed); try c.encode(phases, forKey: .phases); try c.encode(schedule, forKey: .schedule)
+        if warmup > 0 { try c.encode(warmup, forKey: .warmup) }  // absent: 0 (saved runs stay the same)
     }
 }
 
@@ -110,14 +112,18 @@ public struct SessionConfig: Equatable, Codable {
     /// selected layer's input; s > 1 keeps one per s selected layers and reruns the forward of each
     /// group in the backward ("use less memory, recompute more"). Same losses and state either way.
     public var layersPerCheckpoint: Int
+    /// Full-backprop warm-up of the selection's plan (`StepPlan.warmup`): steps s < lcsbWarmup backpropagate
+    /// every layer, later steps follow the plan. nil: the plan's own (a `.plan` may carry one; else 0).
+    public var lcsbWarmup: Int?
 
     public init(steps: Int, lr: Float, checkpointEvery: Int = 10, shuffleSeed: UInt64? = nil, selection: LayerSelection = .all,
-                layersPerCheckpoint: Int = 1) {
+                layersPerCheckpoint: Int = 1, lcsbWarmup: Int? = nil) {
         (self.steps, self.lr, self.checkpointEvery) = (steps, lr, max(1, checkpointEvery))
         (self.shuffleSeed, self.selection, self.layersPerCheckpoint) = (shuffleSeed, selection, layersPerCheckpoint)
+        self.lcsbWarmup = lcsbWarmup
     }
 
-    enum CodingKeys: String, CodingKey { case steps, lr, checkpointEvery, shuffleSeed, selection, layersPerCheckpoint }
+    enum CodingKeys: String, CodingKey { case steps, lr, checkpointEvery, shuffleSeed, selection, layersPerCheckpoint, lcsbWarmup }
 
     /// A saved run written before checkpoint groups has no `layersPerCheckpoint`: 1.
     public init(from decoder: Decoder) throws {
@@ -126,7 +132,8 @@ public struct SessionConfig: Equatable, Codable {
                   checkpointEvery: try c.decode(Int.self, forKey: .checkpointEvery),
                   shuffleSeed: try c.decodeIfPresent(UInt64.self, forKey: .shuffleSeed),
                   selection: try c.decode(LayerSelection.self, forKey: .selection),
-                  layersPerCheckpoint: try c.decodeIfPresent(Int.self, forKey: .layersPerCheckpoint) ?? 1)
+                  layersPerCheckpoint: try c.decodeIfPresent(Int.self, forKey: .layersPerCheckpoint) ?? 1,
+                  lcsbWarmup: try c.decodeIfPresent(Int.self, forKey: .lcsbWarmup))
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -134,11 +141,21 @@ public struct SessionConfig: Equatable, Codable {
         try c.encode(steps, forKey: .steps); try c.encode(lr, forKey: .lr); try c.encode(checkpointEvery, forKey: .checkpointEvery)
         try c.encodeIfPresent(shuffleSeed, forKey: .shuffleSeed); try c.encode(selection, forKey: .selection)
         try c.encode(layersPerCheckpoint, forKey: .layersPerCheckpoint)
+        try c.encodeIfPresent(lcsbWarmup, forKey: .lcsbWarmup)
     }
 
-    /// The largest number of layers one step backpropagates (LCSB k; every layer without a plan).
+    /// The run's plan: the selection's, with `lcsbWarmup` when given (nil: every layer every step).
+    public func plan(layers: Int) throws -> StepPlan? {
+        if let w = lcsbWarmup, w < 0 { throw TrainerError.badInput("an LCSB warm-up must be >= 0 steps, got \(w)") }
+        // No plan (every layer every step): a full-backprop warm-up changes nothing.
+        guard var p = try selection.plan(layers: layers) else { return nil }
+        if let w = lcsbWarmup { p.warmup = w }
+        return p
+    }
+
+    /// The largest number of layers one step backpropagates (LCSB k; every layer without a plan or during a warm-up).
     public func selectedLayers(layers: Int) throws -> Int {
-        try selection.plan(layers: layers)?.phases.map(\.count).max() ?? layers
+        try plan(layers: layers)?.maxLayers ?? layers
     }
 
     /// What the budget guard is planned with before a step was measured: the manifest's estimate with
@@ -314,7 +331,7 @@ public final class TrainingSession {
         } else {
             tokenizer = nil
         }
-        plan = try config.selection.plan(layers: m.loop.layers)
+        plan = try config.plan(layers: m.loop.layers)
         (self.programDirectory, self.programName, self.data, self.config) = (programDirectory, programName, data, config)
         (self.device, self.checkpoint, self.sinks, self.usedSeq) = (device, checkpoint, sinks, usedSeq)
         (self.probes, self.budget, self.clock, self.monotonic) = (probes, budget, clock, monotonic)
@@ -378,6 +395,7 @@ public final class TrainingSession {
         if let s = config.shuffleSeed { cfg["shuffle_seed"] = .string(String(s)) }
         cfg["layers_per_checkpoint"] = .int(Int64(config.layersPerCheckpoint))
         if let plan { cfg["lcsb_phases"] = .array(plan.phases.map { .array($0.map { .int(Int64($0)) }) }) }
+        if let plan, plan.warmup > 0 { cfg["lcsb_warmup"] = .int(Int64(plan.warmup)) }
         f["config"] = .object(cfg)
         return f
     }
@@ -471,7 +489,7 @@ public final class TrainingSession {
             "step": .int(Int64(s)), "loss": .number(Double(loss)), "step_time_s": .double(dt), "tokens": .int(Int64(tokens)),
             "tokens_per_s": .double(dt > 0 ? Double(tokens) / dt : 0), "lr": .double(Double(config.lr)),
         ]
-        if let plan { fields["lcsb_phase"] = .int(Int64(plan.phase(forStep: s))) }
+        if let phase = plan?.phase(forStep: s) { fields["lcsb_phase"] = .int(Int64(phase)) }  // none on warm-up steps
         try emit("step", fields)
         let after = [probes.footprint?.sample(), probes.available?.sample()].compactMap { $0 }
         try emitMemory(after, step: s)

@@ -72,15 +72,21 @@ final class DataCorpusTests: XCTestCase {
                 XCTAssertEqual(viaFile, [DataRow(inputIds: row.inputIds.map(Int64.init), labels: row.labels)], what)
             case "lcsb_plan":
                 let plan = try StepPlan.make(layers: c["layers"] as! Int, k: c["k"] as? Int, policy: c["policy"] as! String,
-                                             seed: (c["seed"] as? NSNumber)?.int64Value, period: c["period"] as? Int)
+                                             seed: (c["seed"] as? NSNumber)?.int64Value, period: c["period"] as? Int,
+                                             warmup: c["warmup"] as? Int ?? 0)  // absent: no warm-up
                 XCTAssertEqual(plan.phases, c["phases"] as! [[Int]], what)
                 XCTAssertEqual(plan.schedule, c["schedule"] as! [Int], what)
+                XCTAssertEqual(plan.warmup, c["warmup"] as? Int ?? 0, what)
+                if let at = c["layers_at"] as? [String: [Int]] {
+                    for (step, layers) in at { XCTAssertEqual(plan.layers(forStep: Int(step)!), layers, "\(what) layers_at[\(step)]") }
+                    counts["lcsb_plan warmup", default: 0] += 1
+                }
             default:
                 XCTFail("\(what): unknown kind")
             }
             counts[kind, default: 0] += 1
         }
-        for kind in ["splitmix", "permutation", "order", "split", "text", "chat", "lcsb_plan"] {
+        for kind in ["splitmix", "permutation", "order", "split", "text", "chat", "lcsb_plan", "lcsb_plan warmup"] {
             XCTAssertGreaterThan(counts[kind] ?? 0, 0, "no \(kind) case")
         }
         print("data corpus: \(cases.count) cases matched \(counts.sorted { $0.key < $1.key })")

@@ -442,6 +442,56 @@ final class SessionTests: XCTestCase {
         XCTAssertTrue(touched.change(to: nil, path: f.path)?.contains("is gone") == true)
     }
 
+    /// A warm-up of 2 steps: block_backward on every layer at steps 0-1, then cyclic k=3 on the global step
+    /// index (step 2 -> phase 2); warm-up steps have no lcsb_phase.
+    func testSessionWithWarmup() throws {
+        let (p, m) = try program()
+        let tok = try ProgramTokenizer.load(manifest: m, directory: p)
+        let data = try TrainingData.prepare(.text(Self.text), tokenizer: tok, manifest: m, heldOutFraction: 0.2, seed: 5)
+        let sink = MemorySink()
+        let plan = try StepPlan.make(layers: m.loop.layers, k: 3, policy: "cyclic", warmup: 2)
+        let (s, rt) = try session(p, m, data: data, steps: 4, selection: .plan(plan), sink: sink)
+        XCTAssertFalse(try s.start(runId: "ios-warmup-1"))
+        XCTAssertEqual(try s.run(), .completed)
+        let bb = rt.calls.filter { $0.method == "block_backward" }.map(\.layer!)
+        let all = Array((0..<m.loop.layers).reversed())
+        XCTAssertEqual(bb, all + all + [7, 6, 5] + [1, 0])
+        let steps = sink.events.map(\.fields).filter { $0["type"] == .string("step") }
+        XCTAssertEqual(steps.map { $0["lcsb_phase"] }, [nil, nil, .int(2), .int(0)])
+        for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
+        XCTAssertEqual(sink.events[0].fields["config"]?.objectValue?["lcsb_warmup"], .int(2))
+    }
+
+    func testWarmupPlans() throws {
+        let p = try StepPlan.make(layers: 10, k: 4, policy: "anchored", warmup: 30)
+        XCTAssertEqual(p.warmup, 30)
+        XCTAssertEqual(p.layers(forStep: 0), Array(0..<10))
+        XCTAssertEqual(p.layers(forStep: 29), Array(0..<10))
+        XCTAssertEqual(p.layers(forStep: 30), [2, 7, 8, 9])   // 30 % 7 = 2: the schedule does not restart
+        XCTAssertNil(p.phase(forStep: 29)); XCTAssertEqual(p.phase(forStep: 30), 2)
+        XCTAssertEqual(p.maxLayers, 10)
+        XCTAssertEqual(try StepPlan.make(layers: 10, k: 4, policy: "anchored").maxLayers, 4)
+        XCTAssertEqual(try StepPlan.make(layers: 10, k: 4, policy: "anchored").warmup, 0)
+        XCTAssertThrowsError(try StepPlan.make(layers: 10, k: 4, policy: "anchored", warmup: -1))
+        XCTAssertThrowsError(try StepPlan(layers: 3, policy: "cyclic", k: 1, phases: [[0], [1], [2]], schedule: [0, 1, 2], warmup: -1))
+        // decode: absent = 0, a value kept, a negative one refused
+        let text = #"{"schema_version": 1, "layers": 3, "policy": "cyclic", "k": 1, "seed": null, "phases": [[0], [1], [2]], "schedule": [0, 1, 2]"#
+        XCTAssertEqual(try StepPlan.decode(Data((text + "}").utf8)).warmup, 0)
+        let warm = try StepPlan.decode(Data((text + #", "warmup": 2}"#).utf8))
+        XCTAssertEqual((0..<4).map { warm.layers(forStep: $0) }, [[0, 1, 2], [0, 1, 2], [2], [0]])
+        XCTAssertThrowsError(try StepPlan.decode(Data((text + #", "warmup": -1}"#).utf8)))
+        // the session config passes a warm-up to the selection's plan; it round trips, absent = the plan's own
+        let cfg = SessionConfig(steps: 3, lr: 0.1, selection: .cyclic(k: 3), lcsbWarmup: 4)
+        let plan = try XCTUnwrap(try cfg.plan(layers: 8))
+        XCTAssertEqual(plan.warmup, 4)
+        XCTAssertEqual(try cfg.selectedLayers(layers: 8), 8)   // a warm-up step backpropagates every layer
+        XCTAssertEqual(try SessionConfig(steps: 3, lr: 0.1, selection: .cyclic(k: 3)).selectedLayers(layers: 8), 3)
+        XCTAssertEqual(try JSONDecoder().decode(SessionConfig.self, from: try JSONEncoder().encode(cfg)), cfg)
+        XCTAssertEqual(try JSONDecoder().decode(StepPlan.self, from: try JSONEncoder().encode(plan)), plan)
+        XCTAssertThrowsError(try SessionConfig(steps: 3, lr: 0.1, selection: .cyclic(k: 3), lcsbWarmup: -1).plan(layers: 8))
+        XCTAssertNil(try SessionConfig(steps: 3, lr: 0.1, selection: .all, lcsbWarmup: 2).plan(layers: 8))
+    }
+
     func testLayerSelectionPlans() throws {
         XCTAssertNil(try LayerSelection.all.plan(layers: 4))
         XCTAssertNil(try LayerSelection.cyclic(k: 4).plan(layers: 4))

@@ -39,7 +39,9 @@ data class RunRequest(
                       val lcsb: String?, val k: Int?, val deviceProfile: String?,
                       val lcsbSeed: Long? = null, val lcsbPeriod: Int? = null,
                       /** Checkpoint groups of the layer loop; [AUTO_LAYERS_PER_CHECKPOINT]: round(sqrt(most layers per step)). */
-                      val layersPerCheckpoint: Int = 1)
+                      val layersPerCheckpoint: Int = 1,
+                      /** Full-backprop steps before the LCSB plan (RunSpec.lcsbWarmup); null: none, or the program's default plan's. */
+                      val lcsbWarmup: Long? = null)
 
     companion object {
         const val ACTION_START = "org.onphonellm.trainer.action.START"
@@ -65,6 +67,7 @@ data class RunRequest(
                 heldOutSeed = str("held_out_seed")?.toLong() ?: 0L, lcsb = str("lcsb"), k = str("k")?.toInt(),
                 deviceProfile = str("device_profile"), lcsbSeed = str("lcsb_seed")?.toLong(), lcsbPeriod = str("lcsb_period")?.toInt(),
                 layersPerCheckpoint = str("layers_per_checkpoint")?.let { if (it == "auto") AUTO_LAYERS_PER_CHECKPOINT else it.toInt() } ?: 1,
+                lcsbWarmup = str("lcsb_warmup")?.toLong(),
             ) else null
             return RunRequest(
                 runId = str("run_id"), newRun = newRun, maxNewTokens = str("max_new_tokens")?.toInt() ?: 32,
@@ -90,9 +93,9 @@ data class RunRequest(
             val budget = n.budgetMb?.let { it shl 20 } ?: (totalRam / 4)  // no budget given: a quarter of RAM
             val asked = RunSpec(runId, n.program, n.steps, n.lr ?: program.defaultLr ?: 1e-4, budget, n.checkpointEvery, n.shuffleSeed,
                 n.lcsb, n.k, n.heldOut, n.heldOutSeed, if (data.chat) "chat" else "text", runInfo + mapOf("device_profile" to n.deviceProfile),
-                lcsbSeed = n.lcsbSeed, lcsbPeriod = n.lcsbPeriod)
-            val plan = asked.plan(program)  // a bad policy, k, seed or period is refused before the run exists
-            val perStep = plan?.phases?.maxOf { it.size } ?: program.layers
+                lcsbSeed = n.lcsbSeed, lcsbPeriod = n.lcsbPeriod, lcsbWarmup = n.lcsbWarmup)
+            val plan = asked.plan(program)  // a bad policy, k, seed, period or warm-up is refused before the run exists
+            val perStep = plan?.maxLayers ?: program.layers  // a warm-up step backpropagates every layer
             val spec = asked.copy(layersPerCheckpoint = if (n.layersPerCheckpoint == AUTO_LAYERS_PER_CHECKPOINT)
                 LayerLoop.sqrtLayersPerCheckpoint(perStep) else n.layersPerCheckpoint)
             Runs(File(base, "runs")).create(spec, data)

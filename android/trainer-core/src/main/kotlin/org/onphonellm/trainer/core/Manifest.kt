@@ -251,7 +251,9 @@ class Manifest(
                     val schedule = l.ints("schedule")
                     if (phases.isEmpty() || schedule.any { it !in phases.indices } || phases.any { p -> p.isEmpty() || p.any { it !in 0 until layers } })
                         throw ContractError("${l.where}: phases/schedule do not fit $layers layers")
-                    StepPlan(layers, l.string("policy"), l.optInt("k") ?: layers, l.optLong("seed"), phases, schedule)
+                    val warmup = l.optLong("warmup") ?: 0L
+                    if (warmup < 0) throw ContractError("${l.where}: warmup must be >= 0, got $warmup")
+                    StepPlan(layers, l.string("policy"), l.optInt("k") ?: layers, l.optLong("seed"), phases, schedule, warmup)
                 } else null,
                 tokenizerKind = tok.optString("kind") ?: "none",
                 predictedPeakBytes = if (m.has("memory_plan") && m.obj("memory_plan").has("peak_estimate_bytes"))

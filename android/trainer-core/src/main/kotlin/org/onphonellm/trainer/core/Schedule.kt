@@ -2,7 +2,8 @@ package org.onphonellm.trainer.core
 
 /**
  * An LCSB step plan (shared_schemas/step_plan.schema.json): step s backpropagates through
- * phases[schedule[s % len(schedule)]] ([layersAt]); the others run forward only (and `block_skip_update`
+ * phases[schedule[s % len(schedule)]] ([layersAt]), except that a step s < [warmup] (a full-backprop warm-up)
+ * backpropagates through every layer (the global step index: the schedule does not restart); the others run forward only (and `block_skip_update`
  * when the optimizer moves unselected layers). Contract v3 chooses the layers at run time: any plan
  * fits any program with as many layers.
  */
@@ -13,10 +14,21 @@ data class StepPlan(
     val seed: Long?,
     val phases: List<List<Int>>,
     val schedule: List<Int>,
+    val warmup: Long = 0,
 ) {
+    init {
+        if (warmup < 0) throw ContractError("an LCSB warm-up must be >= 0 steps, got $warmup")
+    }
+
+    /** Most layers one step backpropagates: every layer with a warm-up, else the largest phase (memory, checkpoints). */
+    val maxLayers: Int get() = if (warmup > 0) layers else phases.maxOf { it.size }
+
+    /** The phase index of [step]; null during the warm-up (every layer, no phase: telemetry has no lcsb_phase). */
+    fun phaseAt(step: Long): Int? = if (step < warmup) null else schedule[(step % schedule.size).toInt()]
+
     companion object {
         val POLICIES = setOf("cyclic", "strided", "last", "anchored", "random", "full")
-        private val KEYS = setOf("schema_version", "layers", "policy", "k", "seed", "phases", "schedule")
+        private val KEYS = setOf("schema_version", "layers", "policy", "k", "seed", "phases", "schedule", "warmup")
 
         /** Parse and check a plan as its schema does, plus: every layer < layers, every schedule entry names a phase. */
         fun parse(text: String, where: String = "step plan"): StepPlan {
@@ -41,7 +53,9 @@ data class StepPlan(
             val schedule = f.ints("schedule")
             if (schedule.isEmpty()) throw ContractError("$where: schedule is empty")
             schedule.forEach { if (it !in phases.indices) throw ContractError("$where: schedule names phase $it of ${phases.size}") }
-            return StepPlan(layers, policy, k, f.optLong("seed"), phases, schedule)
+            val warmup = f.optLong("warmup") ?: 0L
+            if (warmup < 0) throw ContractError("$where: warmup must be >= 0, got $warmup")
+            return StepPlan(layers, policy, k, f.optLong("seed"), phases, schedule, warmup)
         }
     }
 }

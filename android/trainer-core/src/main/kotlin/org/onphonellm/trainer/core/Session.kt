@@ -49,8 +49,10 @@ data class RunSpec(
     val lcsbSeed: Long? = null,
     val lcsbPeriod: Int? = null,
     val layersPerCheckpoint: Int = 1,
+    val lcsbWarmup: Long? = null,
 ) {
     init {
+        if (lcsbWarmup != null && lcsbWarmup < 0) throw ContractError("an LCSB warm-up must be >= 0 steps, got $lcsbWarmup")
         require(EventSchema.RUN_ID.matches(runId)) { "run id '$runId' must match ${EventSchema.RUN_ID}" }
         require(steps >= 0 && checkpointEvery >= 1 && lr > 0 && budgetBytes > 0) { "bad run spec $this" }
         if (layersPerCheckpoint < 1) throw ContractError("layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got $layersPerCheckpoint")
@@ -61,16 +63,18 @@ data class RunSpec(
         "checkpoint_every" to checkpointEvery, "shuffle_seed" to shuffleSeed, "lcsb_policy" to lcsbPolicy, "lcsb_k" to lcsbK,
         "held_out" to heldOut, "held_out_seed" to heldOutSeed, "source" to source, "run_info" to runInfo,
         "lcsb_seed" to lcsbSeed, "lcsb_period" to lcsbPeriod, "layers_per_checkpoint" to layersPerCheckpoint,
-    ))
+    ) + (if (lcsbWarmup != null) mapOf("lcsb_warmup" to lcsbWarmup) else emptyMap()))  // absent: older run.json stays the same
 
     /** The layer plan over [layers] (null: full backprop every step). */
     fun plan(p: Manifest): StepPlan? {
         if (lcsbPolicy != "random" && (lcsbSeed != null || lcsbPeriod != null))
             throw ContractError("an LCSB seed and period only apply to the random policy, not ${lcsbPolicy ?: "the default plan"}")
+        if (lcsbWarmup != null && (lcsbPolicy == "full" || (lcsbPolicy == null && p.defaultPlan == null)))
+            throw ContractError("an LCSB warm-up applies to an LCSB plan; full backprop has none")
         return when (lcsbPolicy) {
-            null -> p.defaultPlan
+            null -> p.defaultPlan?.let { if (lcsbWarmup != null) it.copy(warmup = lcsbWarmup) else it }
             "full" -> null
-            else -> StepPlan.make(p.layers, lcsbK, lcsbPolicy, lcsbSeed, lcsbPeriod)
+            else -> StepPlan.make(p.layers, lcsbK, lcsbPolicy, lcsbSeed, lcsbPeriod, lcsbWarmup ?: 0L)
         }
     }
 
@@ -81,7 +85,8 @@ data class RunSpec(
             return RunSpec(f.string("run_id"), f.string("program"), f.long("steps"), f.double("lr"), f.long("budget_bytes"),
                 f.int("checkpoint_every"), f.optLong("shuffle_seed"), f.optString("lcsb_policy"), f.optInt("lcsb_k"),
                 f.double("held_out"), f.long("held_out_seed"), f.optString("source") ?: "text", info,
-                f.optLong("lcsb_seed"), f.optInt("lcsb_period"), f.optInt("layers_per_checkpoint") ?: 1)  // older run.json: none
+                f.optLong("lcsb_seed"), f.optInt("lcsb_period"), f.optInt("layers_per_checkpoint") ?: 1,  // older run.json: none
+                f.optLong("lcsb_warmup"))
         }
 
         private fun plain(v: Json): Any? = when (v) {
@@ -307,7 +312,7 @@ class TrainingSession(
             val dt = (clock.monoNanos() - t0) / 1e9
             val finite = loss.isFinite()
             losses.add(if (finite) loss else null)
-            val phase = plan?.let { it.schedule[(step % it.schedule.size).toInt()] }
+            val phase = plan?.phaseAt(step)  // null (no lcsb_phase): full backprop, or a warm-up step
             rec.emit("step", mapOf("step" to step, "loss" to (if (finite) loss else Json.Null), "step_time_s" to dt,
                 "tokens_per_s" to if (dt > 0) row.tokens / dt else 0.0, "tokens" to row.tokens, "lcsb_phase" to phase, "lr" to spec.lr))
             if (!finite) {  // the state moved with a non-finite loss: the last checkpoint is kept, this state is not saved
@@ -409,8 +414,8 @@ class TrainingSession(
         "rank" to program.rank.takeIf { it >= 1 }, "lcsb_k" to (plan?.phases?.maxOf { it.size } ?: program.layers), "targets" to program.targets,
         "optimizer" to program.optimizer.takeIf { it == "sgd" || it == "adamw" }, "lr" to spec.lr,
         "quant" to program.quant.takeIf { it in setOf("none", "int8", "int4") }, "compute" to program.compute, "steps_planned" to spec.steps, "budget_bytes" to spec.budgetBytes,
-        "config" to linkedMapOf("lcsb_policy" to (plan?.policy ?: "full"), "lcsb_seed" to plan?.seed, "lcsb_period" to plan?.schedule?.size,
-            "layers_per_checkpoint" to spec.layersPerCheckpoint),
+        "config" to linkedMapOf<String, Any?>("lcsb_policy" to (plan?.policy ?: "full"), "lcsb_seed" to plan?.seed, "lcsb_period" to plan?.schedule?.size,
+            "layers_per_checkpoint" to spec.layersPerCheckpoint).also { c -> plan?.warmup?.takeIf { it > 0 }?.let { c["lcsb_warmup"] = it } },
     ) + spec.runInfo
 
     /** Greedy generation from [promptIds] with the initial adapter and with the live state: (before, after) ids ([compare]). */

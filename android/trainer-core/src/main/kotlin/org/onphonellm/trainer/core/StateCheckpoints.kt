@@ -2,8 +2,12 @@ package org.onphonellm.trainer.core
 
 import java.io.File
 
-/** The layers a step backpropagates under a plan: phases[schedule[step % len]] (toolchain StepPlan.layers_at). */
-fun StepPlan.layersAt(step: Long): Set<Int> = phases[schedule[(step % schedule.size).toInt()]].toSet()
+/**
+ * The layers a step backpropagates under a plan (toolchain StepPlan.layers_at): every layer while step < warmup,
+ * else phases[schedule[step % len]].
+ */
+fun StepPlan.layersAt(step: Long): Set<Int> =
+    if (step < warmup) (0 until layers).toSet() else phases[schedule[(step % schedule.size).toInt()]].toSet()
 
 /**
  * Checkpoint and adapter of a contract-v3 run, from the loop's [StateBuffer]: the same checkpoint file as the
@@ -54,8 +58,10 @@ object StateCheckpoints {
  * layers plus one of 0..L-k, ascending), full, and random
  * (step t < [period] selects the first k of `permutation(layers, seed + t)`, sorted; equal draws share one phase;
  * [seed] default 0, [period] default 4 * ceil(layers / k); the seed sum wraps modulo 2^64 as SplitMix64 takes it).
+ * [warmup]: full-backprop steps before the plan (steps < warmup use every layer); default 0.
  */
-fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = null, period: Int? = null): StepPlan {
+fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = null, period: Int? = null, warmup: Long = 0): StepPlan {
+    if (warmup < 0) throw ContractError("an LCSB warm-up must be >= 0 steps, got $warmup")
     if (policy !in POLICIES) throw ContractError("unknown LCSB policy '$policy'; choose ${POLICIES.joinToString()}")
     if (layers < 1) throw ContractError("layers must be >= 1, got $layers")
     val kk = if (policy == "full") layers else k ?: throw ContractError("the $policy policy needs k (layers per step)")
@@ -68,9 +74,9 @@ fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = 
         "last" -> listOf((layers - kk until layers).toList())
         "anchored" -> (0..layers - kk).map { j -> listOf(j) + (layers - kk + 1 until layers).toList() }
         "full" -> listOf((0 until layers).toList())
-        else -> return randomPlan(layers, kk, seed ?: 0L, period ?: (4 * groups))
+        else -> return randomPlan(layers, kk, seed ?: 0L, period ?: (4 * groups)).copy(warmup = warmup)
     }
-    return StepPlan(layers, policy, kk, null, phases, phases.indices.toList())
+    return StepPlan(layers, policy, kk, null, phases, phases.indices.toList(), warmup)
 }
 
 private fun randomPlan(layers: Int, k: Int, seed: Long, period: Int): StepPlan {

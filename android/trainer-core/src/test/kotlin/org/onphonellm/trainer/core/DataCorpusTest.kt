@@ -41,9 +41,14 @@ class DataCorpusTest {
             }
             "lcsb_plan" -> {
                 val seed = if (c.has("seed")) u64(c.raw("seed")) else null
-                val plan = StepPlan.make(c.int("layers"), c.int("k"), c.string("policy"), seed, c.optInt("period"))
+                val warmup = c.optLong("warmup") ?: 0L  // absent: no warm-up
+                val plan = StepPlan.make(c.int("layers"), c.int("k"), c.string("policy"), seed, c.optInt("period"), warmup)
                 assertEquals(c.arr("phases").map { ints(it) }, plan.phases, "$where phases")
                 assertEquals(c.ints("schedule"), plan.schedule, "$where schedule")
+                assertEquals(warmup, plan.warmup, "$where warmup")
+                if (c.has("layers_at")) c.obj("layers_at").obj.fields.forEach { (step, layers) ->
+                    assertEquals(ints(layers).toSet(), plan.layersAt(step.toLong()), "$where layers_at[$step]")
+                }
                 assertEquals(c.string("policy"), plan.policy, where)
                 assertEquals(if (c.string("policy") == "random") seed ?: 0L else null, plan.seed, "$where seed")
             }
@@ -81,6 +86,7 @@ class DataCorpusTest {
         val plans = mine.filter { it.string("kind") == "lcsb_plan" }
         assertEquals(setOf("cyclic", "strided", "last", "anchored", "full", "random"), plans.map { it.string("policy") }.toSet())
         assertTrue(plans.any { it.string("policy") == "random" && !it.has("period") }, "a random case with the default period")
+        assertTrue(plans.count { it.has("warmup") && it.has("layers_at") } >= 3, "plans with a warm-up and the layers around its end")
     }
 
     @Test fun `every Qwen25 text and chat case equals the host`() {

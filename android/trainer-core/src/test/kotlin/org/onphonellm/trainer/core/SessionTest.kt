@@ -263,6 +263,28 @@ class SessionTest {
         assertThrows<ContractError> { StepPlan.make(4, 2, "lisa") }
     }
 
+    @Test fun `a warm-up backpropagates every layer, then the plan on the global step index`() {
+        val p = StepPlan.make(10, 4, "anchored", warmup = 30)
+        assertEquals(30L, p.warmup)
+        assertEquals((0 until 10).toSet(), p.layersAt(0))
+        assertEquals((0 until 10).toSet(), p.layersAt(29))
+        assertEquals(setOf(2, 7, 8, 9), p.layersAt(30))  // 30 % 7 = 2: the schedule does not restart
+        assertEquals(StepPlan.make(10, 4, "anchored").layersAt(31), p.layersAt(31))
+        assertEquals(null, p.phaseAt(29)); assertEquals(2, p.phaseAt(30))
+        assertEquals(10, p.maxLayers); assertEquals(4, StepPlan.make(10, 4, "anchored").maxLayers)
+        assertEquals(0L, StepPlan.make(10, 4, "anchored").warmup)
+        assertEquals(5L, StepPlan.make(8, 2, "random", seed = 3, period = 5, warmup = 5).warmup)
+        assertThrows<ContractError> { StepPlan.make(10, 4, "anchored", warmup = -1) }
+        assertThrows<ContractError> { p.copy(warmup = -1) }
+        // parse: absent = 0, a value is kept, a negative one refused
+        val text = """{"schema_version": 1, "layers": 3, "policy": "cyclic", "k": 1, "seed": null, "phases": [[0], [1], [2]], "schedule": [0, 1, 2]"""
+        assertEquals(0L, StepPlan.parse("$text}").warmup)
+        val warm = StepPlan.parse("""$text, "warmup": 2}""")
+        assertEquals(2L, warm.warmup)
+        assertEquals(listOf(setOf(0, 1, 2), setOf(0, 1, 2), setOf(2), setOf(0)), (0L..3L).map { warm.layersAt(it) })
+        assertThrows<ContractError> { StepPlan.parse("""$text, "warmup": -1}""") }
+    }
+
     /** The loop with checkpoint groups makes the same update calls on the same inputs (any change would change every later output). */
     @Test fun `checkpoint groups - the same losses and state as s = 1 for every selection, fewer layer inputs alive`() {
         val selections = listOf(setOf(0, 1, 2), setOf(0, 2), setOf(1), setOf(2), setOf(0), setOf(1, 2), setOf(0, 1))
@@ -321,6 +343,24 @@ class SessionTest {
         assertEquals(null, parsed.lcsbSeed)
         assertThrows<ContractError> { spec("x").copy(lcsbSeed = 3).plan(program) }  // a seed without the random policy
         assertThrows<ContractError> { spec("y").copy(layersPerCheckpoint = 0) }
+    }
+
+    @Test fun `a session with a warm-up - full backprop steps without lcsb_phase, then the plan`() {
+        val id = "warm"
+        val dir = newRun(Fixtures.tempDir(), id, spec = spec(id).copy(lcsbWarmup = 2))
+        assertEquals("completed", session(dir).run().status)
+        val events = EventLog(dir.telemetry).events()
+        events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
+        val steps = events.filter { (it["type"] as Json.Str).value == "step" }.map { Fields(it, "step") }
+        assertEquals(listOf(false, false, true, true, true, true), steps.map { it.has("lcsb_phase") })
+        assertEquals((2 until 6).map { it % 3 }, steps.drop(2).map { it.int("lcsb_phase") })  // global step index
+        val start = Fields(events.first { (it["type"] as Json.Str).value == "run_start" }, "run_start")
+        assertEquals(1, start.int("lcsb_k"))  // the plan's k; the warm-up is config.lcsb_warmup
+        assertEquals(2L, start.obj("config").long("lcsb_warmup"))
+        assertEquals(2L, RunSpec.parse(Json.parse(dir.spec.readText()), "run.json").lcsbWarmup)
+        assertEquals(null, RunSpec.parse(spec("old").toJson(), "run.json").lcsbWarmup)  // absent: none
+        assertThrows<ContractError> { spec("n").copy(lcsbWarmup = -1) }
+        assertThrows<ContractError> { spec("f").copy(lcsbPolicy = "full", lcsbWarmup = 2).plan(program) }
     }
 
     /** A weights file identity the test changes between steps (the mapped file itself is left alone). */
