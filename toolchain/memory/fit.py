@@ -11,7 +11,9 @@ Two sources, each with its calibrated runtime overhead (see docs/planner.md, "Ca
     lora_state        the app's flat state array (LoRA params, optimizer moments).
     checkpoints       the per-layer block inputs of the layers backpropagated this step (T x d float32
                       each; LCSB keeps only the selected layers').
-    activations       the running hidden state / gradient and the next one, copied out of the arena: 2 [T, d].
+    activations       the running hidden state / gradient: 1 [T, d] (a method's output is copied out of the
+                      arena over its input where the loop no longer needs that: head_loss's d over x,
+                      block_backward's d over the incoming d; LayerLoop.train_step).
     runtime_overhead  the runtime itself (program and per-method metadata, kernels' scratch), measured with
                       `toolchain bench memory --modes executorch` on this host.
   The phone figure (sum of arenas) is the fit answer; the host figure (largest arena) is what
@@ -44,9 +46,10 @@ __all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "F
            "fit_shape"]
 
 TARGET = "executorch"
-# [T, d] float32 activations the app holds besides the checkpoints: the running x (or d) and the method's
-# output copied out of the arena (LayerLoop: the embed/block_forward output, head_loss's and block_backward's d).
-ACTIVATION_COPIES = 2
+# [T, d] float32 activations the app holds besides the checkpoints: the running x or d. The forward's last output
+# is x beside the checkpoints; head_loss's d is copied out of the arena over x, block_backward's over the incoming d
+# (LayerLoop.train_step; 2 before session 14, when each output had its own buffer).
+ACTIVATION_COPIES = 1
 # Anonymous memory a process holds besides the step's tensors, measured by `toolchain bench memory`
 # (reports in tests/memory/data/bench_memory/; tests/memory/test_calibration.py recomputes them).
 # Host, eager PyTorch, per method: the median over its reports of (resident before the step - LoRA state),
@@ -169,12 +172,12 @@ def _program_peak(manifest: Manifest, path: Path, lcsb_k: int | None, overhead_m
              f"host figure {sum(host.values()):.1f} MB: the Python bindings share one arena between a program's "
              f"methods (the largest, {host['planned_arena_largest']:.1f} MB, {largest}); `toolchain bench memory "
              f"--modes executorch --program DIR` measures this one on the host",
-             f"checkpoints of {k} of {arch['layers']} layers ({why}), activations: {ACTIVATION_COPIES} [T, d] copies",
+             f"checkpoints of {k} of {arch['layers']} layers ({why}), activations: {ACTIVATION_COPIES} [T, d] besides them",
              f"weights {plan.weights_bytes / BYTES_PER_MB:.1f} MB not counted (weights.safetensors is memory-mapped "
              f"and passed to the methods without copying: clean pages the phone's footprint excludes)",
              "the runtime overhead was calibrated on a tiny program and grows with the model: on the host the "
-             "Qwen2.5-0.5B int4 programs' figures are 14% (seq 256) and 6% (seq 1024) under the measured peaks, "
-             "Qwen2.5-3B's 10% (docs/planner.md)"]
+             "Qwen2.5-0.5B int4 programs' figures are 15% (seq 256) and 9% (seq 1024) under the measured peaks, "
+             "Qwen2.5-3B's 11% (docs/planner.md)"]
     return ProgramPeak(sum(parts.values()), sum(host.values()), parts, host, k, notes, manifest)
 
 

@@ -89,13 +89,16 @@ class LayerLoop:
         return out
 
     def call_method(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
-                    cache: dict[str, Tensor] | None = None, pos: int | None = None) -> dict[str, Tensor]:
+                    cache: dict[str, Tensor] | None = None, pos: int | None = None,
+                    into: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         """Run one method; state outputs are copied into their slices, cache outputs of C rows into the
-        layer's cache at rows pos .. pos + C - 1 (those < seq_len), the others returned (copied). Also the binding of
-        runtime/evaluate.py and runtime/generate.py."""
+        layer's cache at rows pos .. pos + C - 1 (those < seq_len), an activation output named in `into` into
+        that tensor, the others returned (copied). Outputs are copied only after the method has run, so an
+        `into` tensor may be one of the call's inputs. Also the binding of runtime/evaluate.py and
+        runtime/generate.py."""
         method = self.methods[name]
         outputs = self.runner.execute(name, self._inputs(method, layer, values, views, cache))
-        return self._outputs(method, layer, outputs, views, cache, pos)
+        return self._outputs(method, layer, outputs, views, cache, pos, into)
 
     def bind(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
              cache: dict[str, Tensor] | None = None):
@@ -134,20 +137,26 @@ class LayerLoop:
                 n = min(io.shape[1], target.shape[1] - pos)  # the chunk's rows pos .. pos + C - 1 that fit
                 target[:, pos:pos + n].copy_(value if n == io.shape[1] else value[:, :n])
             elif into is not None and ref in into:
+                if into[ref].shape != value.shape or into[ref].dtype != value.dtype:
+                    raise BadInput(f"{name} output {io.name} is {value.dtype}{list(value.shape)}, its destination "
+                                   f"{ref} {into[ref].dtype}{list(into[ref].shape)}; re-export the program")
                 into[ref].copy_(value)
             else:
                 kept[ref] = value.clone()
         return kept
 
     def forward(self, input_ids: Tensor, keep: Iterable[int], views: dict[str, Tensor]) -> tuple[Tensor, dict[int, Tensor]]:
-        """embed + every block_forward; returns the last hidden state and the checkpoints of `keep`."""
+        """embed + every block_forward; returns the last hidden state and the checkpoints of `keep`. A layer's
+        output goes into its input's tensor unless that input is kept: one [T, d] besides the checkpoints."""
         keep = set(keep)
         x = self.call_method("embed", None, {"input_ids": input_ids}, views)["x"]
         checkpoints = {}
         for i in range(self.layers):
             if i in keep:
                 checkpoints[i] = x
-            x = self.call_method("block_forward", i, {"x": x}, views)["x"]
+                x = self.call_method("block_forward", i, {"x": x}, views)["x"]
+            else:
+                self.call_method("block_forward", i, {"x": x}, views, into={"x": x})
         return x, checkpoints
 
     def train_step(self, input_ids: Tensor, labels: Tensor, lr: float, state: Tensor,
@@ -170,15 +179,18 @@ class LayerLoop:
         if self.step_entry is not None:
             views[self.step_entry] += 1.0
         x, checkpoints = self.forward(input_ids, [g[0] for g in groups], views)
-        out = self.call_method("head_loss", None, {"x": x, "labels": labels}, views)
+        # head_loss's d goes into x's tensor and each block_backward's d into the incoming d's: neither input is
+        # needed after its call, so the step holds one [T, d] activation besides the checkpoints, not two.
+        d = x
+        out = self.call_method("head_loss", None, {"x": x, "labels": labels}, views, into={"d": d})
         del x
-        values = {"d": out["d"], "lr": torch.tensor([lr], dtype=torch.float32)}
+        values = {"d": d, "lr": torch.tensor([lr], dtype=torch.float32)}
         for i in reversed(range(self.layers)):
             if i in top_of:
                 checkpoints.update(self._rerun(top_of[i], checkpoints.pop(top_of[i][0]), views))
             if i in selected:
                 values["checkpoint"] = checkpoints.pop(i)
-                values["d"] = self.call_method("block_backward", i, values, views)["d"]
+                self.call_method("block_backward", i, values, views, into={"d": d})
             elif self.moves_unselected:
                 self.call_method("block_skip_update", i, values, views)
         return float(out["loss"].reshape(-1)[0])
@@ -187,7 +199,10 @@ class LayerLoop:
         """The inputs of `group`'s layers, rebuilt from the first one's input `x`."""
         inputs = {group[0]: x}
         for j in range(group[0], group[-1]):
-            x = self.call_method("block_forward", j, {"x": x}, views)["x"]
+            if j in inputs:     # kept: the output needs its own tensor
+                x = self.call_method("block_forward", j, {"x": x}, views)["x"]
+            else:
+                self.call_method("block_forward", j, {"x": x}, views, into={"x": x})
             if j + 1 in group:
                 inputs[j + 1] = x
         return inputs
