@@ -550,7 +550,10 @@ public final class LayerLoop {
         var checkpoints: [Int: TensorBuffer] = [:]
         for i in 0..<layers {
             if keep.contains(i) { checkpoints[i] = x }      // x is the loop's own copy; never written again
-            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else {
+            // An input that is not kept is read by this call only: the output goes into its buffer (the
+            // host's forward does the same), one [T, d] besides the checkpoints, not two.
+            let dest: [String: TensorBuffer] = keep.contains(i) ? [:] : ["x": x]
+            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state, into: dest)["x"] else {
                 throw TrainerError.runtime("block_forward returned no x")
             }
             x = next
@@ -640,7 +643,10 @@ public final class LayerLoop {
         checkpoints[group[0]] = first
         var x = first
         for j in group[0]..<group[group.count - 1] {
-            guard let next = try call("block_forward", layer: j, values: ["x": x], state: state)["x"] else {
+            // A group layer's input is kept (first is group[0]'s): the output needs its own buffer; any other
+            // input is read by this call only, and the output goes into its buffer (the host's _rerun).
+            let dest: [String: TensorBuffer] = wanted.contains(j) ? [:] : ["x": x]
+            guard let next = try call("block_forward", layer: j, values: ["x": x], state: state, into: dest)["x"] else {
                 throw TrainerError.runtime("block_forward returned no x")
             }
             x = next

@@ -267,10 +267,14 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         var x = call("embed", null, mapOf("input_ids" to inputIds)).getValue("x")
         val checkpoints = HashMap<Int, TensorBuffer>()
         for (i in 0 until layers) {
-            if (i in keep) checkpoints[i] = x  // x is the loop's own copy, never written while kept
-            val next = call("block_forward", i, mapOf("x" to x)).getValue("x")
-            if (i !in keep) recycle(x)
-            x = next
+            if (i in keep) {
+                checkpoints[i] = x  // x is the loop's own copy, never written while kept
+                x = call("block_forward", i, mapOf("x" to x)).getValue("x")
+            } else {
+                // Not kept: the output goes into x's own buffer (the host's forward does the same): one [T, d]
+                // besides the checkpoints, not two.
+                x = call("block_forward", i, mapOf("x" to x), into = mapOf("x" to x)).getValue("x")
+            }
         }
         return Pair(x, checkpoints)
     }
@@ -367,10 +371,11 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         var x = x0
         val members = group.toSet()
         for (j in group.first() until group.last()) {
-            val next = call("block_forward", j, mapOf("x" to x)).getValue("x")
-            if (j !in members) recycle(x)  // an input of no layer of the group (x0 is group[0]'s: kept)
-            if (j + 1 in members) into[j + 1] = next
-            x = next
+            // An input of a layer of the group is kept (x0 is group[0]'s): the output needs its own buffer. Any
+            // other input is read by this call only: the output goes into its buffer (the host's _rerun).
+            x = if (j in members) call("block_forward", j, mapOf("x" to x)).getValue("x")
+                else call("block_forward", j, mapOf("x" to x), into = mapOf("x" to x)).getValue("x")
+            if (j + 1 in members) into[j + 1] = x
         }
     }
 
