@@ -128,10 +128,11 @@ final class BufferReuseTests: XCTestCase {
 
     /// What the reuse is, call by call (CountingRuntime: every input read before any output is written,
     /// as the app's runtimes do): in a train step the destination of head_loss's d is its input x's
-    /// buffer and that of each block_backward's d the incoming d's; no other activation destination is
-    /// one of its call's inputs (block_forward never writes over its x, a checkpoint is never a
-    /// destination), nor in the held-out loss. The losses and state equal the Data path's, whose
-    /// default copy writes after the run too.
+    /// buffer and that of each block_backward's d the incoming d's; a block_forward writes over its x
+    /// where x is not kept (the forward's layers that are no group's first, the groups' rerun through
+    /// layers outside the group, every layer of the held-out loss); no other activation destination is
+    /// one of its call's inputs (a kept x, a checkpoint, the held-out head_loss's x). The losses and
+    /// state equal the Data path's, whose default copy writes after the run too.
     func testTrainStepWritesDIntoItsInputsBuffer() throws {
         let m = try Manifest.decode(try Repo.data(Repo.manifest("manifest_tiny.json")), source: "manifest_tiny.json")
         let L = m.loop.layers
@@ -154,8 +155,14 @@ final class BufferReuseTests: XCTestCase {
                 for i in call.inputs where i.address.map({ Int(bitPattern: $0) }) == d.address { shared.append("\(call.method) \(i.name) -> \(d.output)") }
             }
         }
-        let step = { (k: Int) in ["head_loss x -> dx"] + Array(repeating: "block_backward dout -> dx", count: k) }
-        XCTAssertEqual(shared, step(L) + step(3))
+        XCTAssertEqual(L, 8, "the layers the expected calls below are written for")
+        let bf = "block_forward x -> x_out", bb = "block_backward dout -> dx", head = "head_loss x -> dx"
+        let full = [head] + Array(repeating: bb, count: L)              // every input a checkpoint
+        // layers {1, 4, 6} in groups [1, 4], [6]: kept 1 and 6; the forward writes over 0, 2, 3, 4, 5, 7; at
+        // layer 4 the rerun from 1 writes over 2 and 3 (layer 1's output is 2's input: its own buffer)
+        let lcsb = Array(repeating: bf, count: 6) + [head, bb, bf, bf, bb, bb]
+        let eval = Array(repeating: bf, count: L)                      // nothing kept
+        XCTAssertEqual(shared, full + lcsb + eval)
     }
 
     /// Generation: the buffers of a decode step are reused by the next: a generation of 8 new tokens
