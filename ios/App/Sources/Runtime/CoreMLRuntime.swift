@@ -118,7 +118,9 @@ final class CoreMLRuntime: ProgramRuntime {
     }
 
     /// Each output read once, in row-major order, straight into the loop's buffer for it (its state
-    /// slice, a pooled activation): the one copy.
+    /// slice, a pooled activation): the one copy, made after the prediction has run on every input (the
+    /// inputs are wrapped without copying, and a destination may be one of them: a state entry, or the
+    /// buffer of head_loss's x / block_backward's incoming d, which a training step gives the new d).
     func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
         let (model, spec, out) = try predict(method, inputs)
         guard outputs.count == spec.outputs.count else {

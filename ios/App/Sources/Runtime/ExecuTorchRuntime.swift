@@ -86,8 +86,9 @@ final class ExecuTorchRuntime: ProgramRuntime {
     /// entry's slice of the state array, a pooled activation buffer, the rows of the layer's KV cache):
     /// the one copy (`LoopOutput.write(from:)`, one memcpy per contiguous run). Writing into the loop's
     /// memory in place (`Module.setOutput`) would need programs exported with outputs outside the memory
-    /// plan, and an output may be one of the call's inputs (block_backward's params, the cache rows), so
-    /// the copy is made after `execute` returns.
+    /// plan, and an output may be one of the call's inputs (block_backward's params, the cache rows, and
+    /// in a training step the activation buffer of head_loss's x or of block_backward's incoming d, which
+    /// the loop gives the new d), so the copy is made after `execute` returns.
     func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws {
         let tensors = try run(method, inputs)
         guard tensors.count == outputs.count else {

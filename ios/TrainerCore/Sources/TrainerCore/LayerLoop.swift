@@ -120,6 +120,11 @@ public final class BufferPool: @unchecked Sendable {
         } }
     }
 
+    /// Buffers of exactly `byteCount` bytes the pool holds (idle or in use): since it allocates only when
+    /// none of that size is idle, the most of that size alive at once so far (for [T, d] = 4 x seq_len x
+    /// hidden bytes: a training step's peak of checkpoints, running x or d and call outputs).
+    public func count(byteCount: Int) -> Int { lock.lock(); defer { lock.unlock() }; return buffers[byteCount]?.count ?? 0 }
+
     /// Bytes of every buffer the pool holds (idle or in use).
     public var bytes: Int { lock.lock(); defer { lock.unlock() }; return buffers.reduce(0) { $0 + $1.key * $1.value.count } }
 
@@ -359,7 +364,11 @@ public protocol ProgramRuntime: AnyObject {
     func execute(method: String, layer: Int?, inputs: [LoopInput]) throws -> [Data]
     /// Run the method and write output i into `outputs[i]` (exactly its byte count; throw on another
     /// count or size, before writing). Write only after the method has run: a destination may be one
-    /// of the call's inputs (a state entry updated in place: `block_backward`'s params and moments).
+    /// of the call's inputs (a state entry updated in place: `block_backward`'s params and moments; the
+    /// KV cache a block reads; in a training step the activation buffer of `head_loss`'s x or of
+    /// `block_backward`'s incoming d, which `LayerLoop.trainStep` gives the new d). Every conformer
+    /// (the app's ExecuTorch and Core ML runtimes, the test fakes, the default below) computes all of
+    /// its outputs from the inputs before it writes the first one.
     func execute(method: String, layer: Int?, inputs: [LoopInput], into outputs: [LoopOutput]) throws
 }
 
@@ -437,15 +446,22 @@ public final class LayerLoop {
     /// Run the method of `role` (the stock one; see `run`).
     @discardableResult
     func call(_ role: String, layer: Int?, values: [String: TensorBuffer], state: StateBuffer,
-              cache: [String: TensorBuffer]? = nil, pos: Int? = nil) throws -> [String: TensorBuffer] {
-        try run(try method(role: role), layer: layer, values: values, state: state, cache: cache, pos: pos)
+              cache: [String: TensorBuffer]? = nil, pos: Int? = nil, into: [String: TensorBuffer] = [:]) throws -> [String: TensorBuffer] {
+        try run(try method(role: role), layer: layer, values: values, state: state, cache: cache, pos: pos, into: into)
     }
 
     /// Run method `m`; state outputs go into their slices, cache outputs of C rows into the layer's
     /// cache at rows pos ..< pos + C (those < S), the others are returned (copied out of the runtime).
+    ///
+    /// `into`: destinations for activation outputs, by the output's ref (e.g. "d"), used instead of a
+    /// pooled buffer and returned as that output (the host's `into=` of `_outputs` / `call_bound`). Each
+    /// must have the output's byte count, and when it is the buffer of one of this call's inputs (how
+    /// `trainStep` uses it) that input must have the output's dtype and element count; a ref that names
+    /// no activation output is refused. A destination may be one of the call's inputs: runtimes write
+    /// outputs only after the method has run (`ProgramRuntime.execute(method:layer:inputs:into:)`).
     @discardableResult
     func run(_ m: MethodSpec, layer: Int?, values: [String: TensorBuffer], state: StateBuffer,
-             cache: [String: TensorBuffer]? = nil, pos: Int? = nil) throws -> [String: TensorBuffer] {
+             cache: [String: TensorBuffer]? = nil, pos: Int? = nil, into dests: [String: TensorBuffer] = [:]) throws -> [String: TensorBuffer] {
         let ph = manifest.weights.layerPlaceholder
         var inputs: [LoopInput] = []
         inputs.reserveCapacity(m.inputs.count)
@@ -470,9 +486,12 @@ public final class LayerLoop {
             }
             inputs.append(LoopInput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: bytes))
         }
+        for ref in dests.keys where !m.outputs.contains(where: { $0.bind != .state && $0.bind != .cache && $0.ref == ref }) {
+            throw TrainerError.badInput("\(m.name) has no activation output '\(ref)' to write into the buffer given for it")
+        }
         // Where each output goes: state outputs into their slices of the state array, activations into
-        // pooled buffers the caller keeps, KV-cache rows into the layer's cache at rows pos ..< pos + C:
-        // the runtime's one copy is the only one.
+        // the caller's destination for them or pooled buffers the caller keeps, KV-cache rows into the
+        // layer's cache at rows pos ..< pos + C: the runtime's one copy is the only one.
         var outputs: [LoopOutput] = []
         outputs.reserveCapacity(m.outputs.count)
         var kept: [String: TensorBuffer] = [:]
@@ -492,7 +511,20 @@ public final class LayerLoop {
                 outputs.append(try LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, byteCount: io.byteCount,
                                               cache: target.raw, cacheRows: rows, pos: pos, what: "\(m.name) \(io.name)"))
             default:
-                let b = buffers.take(byteCount: io.byteCount)
+                let b: TensorBuffer
+                if let d = dests[io.ref] {
+                    guard d.byteCount == io.byteCount else {
+                        throw TrainerError.badInput("\(m.name): the buffer given for \(io.name) (\(io.ref)) has \(d.byteCount) bytes, " +
+                                                    "the manifest says \(io.dtype)\(io.shape)")
+                    }
+                    for i in m.inputs where values[i.ref(layer: layer, placeholder: ph)] === d && (i.dtype != io.dtype || i.count != io.count) {
+                        throw TrainerError.badInput("\(m.name): the buffer given for \(io.name) (\(io.ref)) is input \(i.name), " +
+                                                    "\(i.dtype)\(i.shape); the manifest says \(io.dtype)\(io.shape) for the output")
+                    }
+                    b = d
+                } else {
+                    b = buffers.take(byteCount: io.byteCount)
+                }
                 kept[io.ref] = b
                 outputs.append(LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: b.raw))
             }
@@ -518,7 +550,10 @@ public final class LayerLoop {
         var checkpoints: [Int: TensorBuffer] = [:]
         for i in 0..<layers {
             if keep.contains(i) { checkpoints[i] = x }      // x is the loop's own copy; never written again
-            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state)["x"] else {
+            // An input that is not kept is read by this call only: the output goes into its buffer (the
+            // host's forward does the same), one [T, d] besides the checkpoints, not two.
+            let dest: [String: TensorBuffer] = keep.contains(i) ? [:] : ["x": x]
+            guard let next = try call("block_forward", layer: i, values: ["x": x], state: state, into: dest)["x"] else {
                 throw TrainerError.runtime("block_forward returned no x")
             }
             x = next
@@ -544,6 +579,11 @@ public final class LayerLoop {
     /// then backward / skip update as usual. Same losses and state bit for bit, at most
     /// min(k, ceil(k/s) + s - 1) layer inputs alive instead of k. Each checkpoint is freed right after
     /// its layer's backward. Default 1: every selected layer's input kept, no rerun.
+    ///
+    /// `head_loss` writes its d into the buffer of its input x, and each `block_backward` its d into the
+    /// buffer of the incoming d (`run`'s `into`; neither input is read after its call): at those calls
+    /// the loop holds the layer inputs alive and one [T, d] buffer besides them, not two, so a step with
+    /// every layer selected peaks at the checkpoints alive + 1 [T, d] buffers instead of + 2.
     public func trainStep(inputIds: [Int64], labels: [Int64], lr: Float, state: StateBuffer,
                           selected: Set<Int>? = nil, padTokenId: Int64 = 0, layersPerCheckpoint: Int = 1) throws -> Float {
         let sel = selected ?? Set(0..<layers)
@@ -561,7 +601,9 @@ public final class LayerLoop {
             v[v.startIndex] += 1      // AdamW step counter (the state is little-endian float32 on every target)
         }
         var (x, checkpoints) = try forward(inputIds: ids, keep: Set(groups.map { $0[0] }), state: state)
-        var out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state)
+        // d goes into x's buffer (x is not read after head_loss; runtimes write outputs after the method
+        // has run): one [T, d] buffer fewer at the step's peak (the host's train_step does the same).
+        var out = try call("head_loss", layer: nil, values: ["x": x, "labels": lab], state: state, into: ["d": x])
         x = .empty
         guard let lossBuf = out["loss"], out["d"] != nil else { throw TrainerError.runtime("head_loss returned no loss or d") }
         var values: [String: TensorBuffer] = ["d": out.removeValue(forKey: "d")!, "lr": buffers.take(values: [lr.bitPattern.littleEndian])]
@@ -576,7 +618,8 @@ public final class LayerLoop {
             if sel.contains(i) {
                 guard let checkpoint = checkpoints.removeValue(forKey: i) else { throw TrainerError.runtime("no checkpoint of layer \(i)") }
                 values["checkpoint"] = checkpoint
-                guard let next = try call("block_backward", layer: i, values: values, state: state)["d"] else {
+                // the new d into the incoming d's buffer (read by this call only)
+                guard let d = values["d"], let next = try call("block_backward", layer: i, values: values, state: state, into: ["d": d])["d"] else {
                     throw TrainerError.runtime("block_backward returned no d")
                 }
                 values["d"] = next
@@ -600,7 +643,10 @@ public final class LayerLoop {
         checkpoints[group[0]] = first
         var x = first
         for j in group[0]..<group[group.count - 1] {
-            guard let next = try call("block_forward", layer: j, values: ["x": x], state: state)["x"] else {
+            // A group layer's input is kept (first is group[0]'s): the output needs its own buffer; any other
+            // input is read by this call only, and the output goes into its buffer (the host's _rerun).
+            let dest: [String: TensorBuffer] = wanted.contains(j) ? [:] : ["x": x]
+            guard let next = try call("block_forward", layer: j, values: ["x": x], state: state, into: dest)["x"] else {
                 throw TrainerError.runtime("block_forward returned no x")
             }
             x = next

@@ -126,6 +126,45 @@ final class BufferReuseTests: XCTestCase {
         XCTAssertEqual(rt.bytesWritten, rt.destinations.joined().reduce(0) { $0 + $1.bytes })
     }
 
+    /// What the reuse is, call by call (CountingRuntime: every input read before any output is written,
+    /// as the app's runtimes do): in a train step the destination of head_loss's d is its input x's
+    /// buffer and that of each block_backward's d the incoming d's; a block_forward writes over its x
+    /// where x is not kept (the forward's layers that are no group's first, the groups' rerun through
+    /// layers outside the group, every layer of the held-out loss); no other activation destination is
+    /// one of its call's inputs (a kept x, a checkpoint, the held-out head_loss's x). The losses and
+    /// state equal the Data path's, whose default copy writes after the run too.
+    func testTrainStepWritesDIntoItsInputsBuffer() throws {
+        let m = try Manifest.decode(try Repo.data(Repo.manifest("manifest_tiny.json")), source: "manifest_tiny.json")
+        let L = m.loop.layers
+        let ids = (0..<m.seqLen - 5).map { Int64(($0 * 7) % m.model.arch.vocab) }
+        let labels = ids.enumerated().map { $0.offset < 3 ? Int64(-100) : $0.element }
+        let rt = CountingRuntime(manifest: m)
+        let (loopA, stateA) = try loop(m, rt)
+        let (loopB, stateB) = try loop(m, HashRuntime(manifest: m))
+        for (sel, s) in [(nil, 1), (Set([1, 4, 6]), 2)] as [(Set<Int>?, Int)] {
+            let a = try loopA.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: stateA, selected: sel, layersPerCheckpoint: s)
+            let b = try loopB.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: stateB, selected: sel, layersPerCheckpoint: s)
+            XCTAssertEqual(a, b)
+            XCTAssertEqual(stateA.sha256, stateB.sha256)
+        }
+        _ = try loopA.evaluate(rows: [(ids, labels)], state: stateA)
+        XCTAssertEqual(rt.inner.calls.count, rt.destinations.count)
+        var shared: [String] = []
+        for (call, dests) in zip(rt.inner.calls, rt.destinations) {
+            for d in dests where d.bind != "state" && d.bind != "cache" {
+                for i in call.inputs where i.address.map({ Int(bitPattern: $0) }) == d.address { shared.append("\(call.method) \(i.name) -> \(d.output)") }
+            }
+        }
+        XCTAssertEqual(L, 8, "the layers the expected calls below are written for")
+        let bf = "block_forward x -> x_out", bb = "block_backward dout -> dx", head = "head_loss x -> dx"
+        let full = [head] + Array(repeating: bb, count: L)              // every input a checkpoint
+        // layers {1, 4, 6} in groups [1, 4], [6]: kept 1 and 6; the forward writes over 0, 2, 3, 4, 5, 7; at
+        // layer 4 the rerun from 1 writes over 2 and 3 (layer 1's output is 2's input: its own buffer)
+        let lcsb = Array(repeating: bf, count: 6) + [head, bb, bf, bf, bb, bb]
+        let eval = Array(repeating: bf, count: L)                      // nothing kept
+        XCTAssertEqual(shared, full + lcsb + eval)
+    }
+
     /// Generation: the buffers of a decode step are reused by the next: a generation of 8 new tokens
     /// allocates as many TensorBuffers as one of 3 (the KV cache and the prompt's last row: per
     /// generation, not per call), and the ids equal the Data path's.

@@ -339,9 +339,11 @@ final class LayerLoopTests: XCTestCase {
     }
 
     /// The checkpoints a step does not keep are really let go of: the loop's peak memory (live TensorBuffer
-    /// bytes) during a step is (checkpoints alive at most + 2) [T, d] rows (the rows being passed
-    /// along and the call's output) plus the small inputs, so fewer with larger groups; they go back
-    /// to the loop's `BufferPool`, and the next step reuses them without allocating.
+    /// bytes) during a step is (checkpoints alive at most + 1) [T, d] rows plus the small inputs, so
+    /// fewer with larger groups: besides the checkpoints, one row is passed along and overwritten by the
+    /// call's output (head_loss writes d into x's buffer, block_backward d into the incoming d's; + 2
+    /// before that reuse). The pool holds exactly that many [T, d] buffers; they go back to it, and the
+    /// next step reuses them without allocating.
     func testCheckpointGroupsFreeMemory() throws {
         let m = try tinyManifest()
         let L = m.loop.layers
@@ -355,7 +357,8 @@ final class LayerLoopTests: XCTestCase {
             _ = try loop.trainStep(inputIds: ids, labels: labels, lr: 0.01, state: state, layersPerCheckpoint: s)
             let grown = TensorMemory.peak - base
             let alive = CheckpointGroups.peakAlive(try CheckpointGroups.groups(Array(0..<L), layersPerCheckpoint: s))
-            XCTAssertEqual(grown / rowBytes, alive + 2, "s = \(s): \(grown) bytes at the peak")
+            XCTAssertEqual(grown / rowBytes, alive + 1, "s = \(s): \(grown) bytes at the peak")
+            XCTAssertEqual(loop.buffers.count(byteCount: rowBytes), alive + 1, "s = \(s): [T, d] buffers in the pool")
             // what the step let go of is idle in the loop's pool (no buffer is held outside it), and the
             // next step reuses it: no allocation, no higher peak
             XCTAssertEqual(loop.buffers.inUseBytes, 0, "s = \(s): the step left buffers alive")
@@ -367,6 +370,47 @@ final class LayerLoopTests: XCTestCase {
             peaks[s] = grown
         }
         XCTAssertEqual(peaks[1]! - peaks[2]!, (L - 5) * rowBytes, "8 layers in groups of 2: 5 inputs alive instead of 8")
+        XCTAssertEqual(peaks[1]! / rowBytes, L + 1, "every layer's input + the one row passed along")
+    }
+
+    /// A destination given for an output (`into`) must be the output's size, name an activation output
+    /// by its ref, and, when it is one of the call's inputs, be of the output's dtype and element count;
+    /// the output written into it is the one a pooled buffer gets, also when it is the call's own input.
+    func testDestinationsAreChecked() throws {
+        let m = try tinyManifest()
+        let (loop, _, state) = try makeLoop(m)
+        let row = 4 * m.seqLen * m.model.arch.hidden
+        let x = TensorBuffer(values: (0..<(row / 4)).map { Float($0 % 11) / 50 })
+        let labels = TensorBuffer(values: (0..<m.seqLen).map { Int64($0 % 3) })
+        func headLoss(into: [String: TensorBuffer], x: TensorBuffer = x) throws -> [String: TensorBuffer] {
+            try loop.call("head_loss", layer: nil, values: ["x": x, "labels": labels], state: state, into: into)
+        }
+        XCTAssertThrowsError(try headLoss(into: ["d": TensorBuffer(byteCount: row - 4)])) { XCTAssertTrue("\($0)".contains("bytes"), "\($0)") }
+        XCTAssertThrowsError(try headLoss(into: ["dx": TensorBuffer(byteCount: row)])) { XCTAssertTrue("\($0)".contains("no activation output 'dx'"), "\($0)") }
+        let entry = try XCTUnwrap(m.method(role: "block_backward")?.outputs.first { $0.bind == .state })
+        XCTAssertThrowsError(try loop.call("block_backward", layer: 0, values: ["d": x, "checkpoint": x, "lr": TensorBuffer(values: [Float(0.01)])],
+                                           state: state, into: [entry.ref: TensorBuffer(byteCount: entry.byteCount)])) {
+            XCTAssertTrue("\($0)".contains("no activation output"), "\($0)")
+        }
+        let plain = try XCTUnwrap(try headLoss(into: [:])["d"]).floats.map { $0 }
+        let given = TensorBuffer(byteCount: row)
+        let out = try headLoss(into: ["d": given])
+        XCTAssertTrue(out["d"] === given)
+        XCTAssertEqual(given.floats.map { $0 }, plain)
+        let own = TensorBuffer(copying: x.bytes)
+        XCTAssertTrue(try headLoss(into: ["d": own], x: own)["d"] === own)
+        XCTAssertEqual(own.floats.map { $0 }, plain, "into its own input x: the same d")
+        // an input of another dtype with the output's byte count is refused as its destination
+        var other = m
+        let h = try XCTUnwrap(other.methods.firstIndex { $0.role == "head_loss" })
+        let xi = try XCTUnwrap(other.methods[h].inputs.firstIndex { $0.name == "x" })
+        other.methods[h].inputs[xi].dtype = "int32"
+        let url2 = dir.appendingPathComponent("weights-int32-x.safetensors")
+        try SyntheticWeights.write(for: other, to: url2)
+        let loop2 = try LayerLoop(manifest: other, weights: try MappedWeights(url: url2), runtime: HashRuntime(manifest: other))
+        XCTAssertThrowsError(try loop2.call("head_loss", layer: nil, values: ["x": own, "labels": labels], state: state, into: ["d": own])) {
+            XCTAssertTrue("\($0)".contains("is input x"), "\($0)")
+        }
     }
 
     /// What the budget guard plans with: the manifest's peak with the checkpoints of min(k, ceil(k/s) + s - 1)

@@ -119,6 +119,9 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
      * Each output copied once, out of the method's arena: into the loop's destination (its state slice, its pooled
      * activation buffer; the KV cache rows of a cache output) when it offers one, else into this runtime's buffer of
      * that output ([own], reused by every call). No direct buffer is allocated after a method's first call.
+     * Every copy is made after `module.execute` has returned (the method has read all of its inputs): a destination
+     * may be one of the call's inputs, wrapped without copying (a state entry block_backward updates, the KV cache,
+     * the activation buffer of head_loss's x or block_backward's incoming d that a training step gives the new d).
      */
     override fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> {
         val spec = specs[method] ?: throw IllegalStateException("no method $method")

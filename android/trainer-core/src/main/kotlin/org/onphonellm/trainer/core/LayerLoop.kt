@@ -13,6 +13,12 @@ import kotlin.concurrent.withLock
  * manifest's order and are views (the mapped weights, the state array, the app's activations): the
  * runtime reads them in place. Outputs, in the manifest's order, may live in the runtime's memory until
  * its next call: the loop copies what it keeps before calling again.
+ *
+ * Every implementation writes its outputs only after the method has run (it has read all of its inputs):
+ * a destination the loop offers may be one of the same call's inputs ([executeInto]: a state entry the method
+ * updates, the KV cache a block reads, and in a training step the activation buffer of head_loss's `x` or of
+ * block_backward's incoming `d`, which [LayerLoop.trainStep] reuses for the new `d`). A runtime that wrote an
+ * output while inputs are still to be read would hand the method a half-overwritten input.
  */
 interface ProgramRuntime {
     fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer>
@@ -32,8 +38,10 @@ interface ProgramRuntime {
      * during the call. A runtime that writes output i into [into][i] returns [into][i] itself (the same object)
      * in its place; one that writes its rows with [CacheRows.write] returns [cacheInto][i]'s [CacheRows.cache]:
      * the loop then copies nothing. Any other output it returns the loop copies once, as after [execute]. A
-     * destination may be an input of the same call (a state entry the method updates, the cache a block reads):
-     * write it only after the method has run. Default: [execute] (no output written in place).
+     * destination may be an input of the same call (a state entry the method updates, the cache a block reads,
+     * the activation buffer of head_loss's `x` or of block_backward's incoming `d` that a training step gives
+     * the new `d`: [LayerLoop.call]'s `into`): write outputs only after the method has run, never while an
+     * input may still be read. Default: [execute] (no output written in place; the loop copies after it returns).
      */
     fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> =
         execute(method, inputs)
@@ -142,8 +150,18 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
     var allocatedBuffers = 0
         private set
 
+    /** [allocatedBuffers] by size in bytes. */
+    private val allocatedBySize = HashMap<Int, Int>()
+
+    /**
+     * Direct buffers of [nbytes] bytes allocated so far: with the pool only growing to the most alive at once,
+     * for [T, d] (4 x seq_len x hidden) the peak of a step's activations (checkpoints, the running x or d, the
+     * call's output).
+     */
+    fun allocatedBuffers(nbytes: Int): Int = allocatedBySize[nbytes] ?: 0
+
     private fun take(nbytes: Int): ByteBuffer = free[nbytes]?.let { if (it.isEmpty()) null else it.removeAt(it.size - 1) }
-        ?: ByteBuffer.allocateDirect(nbytes).also { allocatedBuffers++ }
+        ?: ByteBuffer.allocateDirect(nbytes).also { allocatedBuffers++; allocatedBySize[nbytes] = (allocatedBySize[nbytes] ?: 0) + 1 }
 
     /** Hand a buffer this loop returned back for reuse; the caller must not read it again. */
     fun recycle(t: TensorBuffer) {
@@ -174,21 +192,37 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      * Run one method. State outputs are copied into their slices, cache outputs of C rows ([Hk, C, D]) into
      * the layer's cache at rows [pos] .. pos + C - 1 (those < seq_len; toolchain/runtime/loop.py `_call`); the
      * others are returned as copies (the app's own buffers).
+     *
+     * [into]: destinations for activation outputs, by the output's ref (e.g. "d"): the output is written into
+     * that buffer's memory (the returned value is a view of it, with the output's name and shape) instead of a
+     * pooled one (the host's `into=` of `_outputs` / `call_bound`). It must have the output's dtype and element
+     * count ([ContractError] otherwise), and may be one of this call's inputs: runtimes write outputs only after
+     * the method has run ([ProgramRuntime.executeInto]). The caller keeps owning it: this call never recycles it,
+     * and the caller must not recycle it as the input it was either (it now holds the output).
      */
-    fun call(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>? = null, pos: Int = 0): Map<String, TensorBuffer> =
-        runtimeLock.withLock { callLocked(name, layer, values, cache, pos) }
+    fun call(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>? = null, pos: Int = 0,
+             into: Map<String, TensorBuffer> = emptyMap()): Map<String, TensorBuffer> =
+        runtimeLock.withLock { callLocked(name, layer, values, cache, pos, into) }
 
-    private fun callLocked(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?, pos: Int): Map<String, TensorBuffer> {
+    private fun callLocked(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?, pos: Int,
+                           dests: Map<String, TensorBuffer>): Map<String, TensorBuffer> {
         // The weights file changed under its mapping (MappedWeights.checkChanged): never read it again.
         weights.stale?.let { throw ContractError("$it while it was memory-mapped; the program is not run again: ${WEIGHTS_CHANGED_ADVICE}") }
         val method = program.method(name)
         val ins = inputs(method, layer, values, cache)
-        // Where each output goes: state outputs into their slice, kept ones into a pooled buffer, cache rows into the layer's cache.
+        for (ref in dests.keys) if (method.outputs.none { it.bind != "state" && it.bind != "cache" && it.ref == ref })
+            throw ContractError("$name has no activation output '$ref' to write into the buffer given for it")
+        // Where each output goes: state outputs into their slice, kept ones into the caller's destination for them
+        // or a pooled buffer, cache rows into the layer's cache.
         val into = method.outputs.map { io ->
             when (io.bind) {
                 "state" -> state.view(io.refAt(layer)).also { if (it.numel != io.numel) throw ContractError("$name: ${io.name} ${io.shape} does not fit state entry ${it.name} ${it.shape}") }
                 "cache" -> null
-                else -> TensorBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size))
+                else -> dests[io.ref]?.let { d ->
+                    if (d.dtype != io.dtype || d.numel != io.numel)
+                        throw ContractError("$name: the buffer given for ${io.name} (${io.ref}) is ${d.dtype}${d.shape}, the manifest says ${io.dtype}${io.shape}")
+                    TensorBuffer(io.name, io.dtype, io.shape, d.data)
+                } ?: TensorBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size))
             }
         }
         val cacheInto = method.outputs.map { io ->
@@ -201,7 +235,8 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         val outputs = try {
             runtime.executeInto(name, ins, into, cacheInto)
         } catch (e: Throwable) {
-            for ((io, d) in method.outputs.zip(into)) if (d != null && io.bind != "state") recycle(d)
+            // Back to the pool: the buffers this call took (not the state slices, nor the caller's destinations).
+            for ((io, d) in method.outputs.zip(into)) if (d != null && io.bind != "state" && io.ref !in dests) recycle(d)
             throw e
         }
         if (outputs.size != method.outputs.size)
@@ -232,10 +267,14 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         var x = call("embed", null, mapOf("input_ids" to inputIds)).getValue("x")
         val checkpoints = HashMap<Int, TensorBuffer>()
         for (i in 0 until layers) {
-            if (i in keep) checkpoints[i] = x  // x is the loop's own copy, never written while kept
-            val next = call("block_forward", i, mapOf("x" to x)).getValue("x")
-            if (i !in keep) recycle(x)
-            x = next
+            if (i in keep) {
+                checkpoints[i] = x  // x is the loop's own copy, never written while kept
+                x = call("block_forward", i, mapOf("x" to x)).getValue("x")
+            } else {
+                // Not kept: the output goes into x's own buffer (the host's forward does the same): one [T, d]
+                // besides the checkpoints, not two.
+                x = call("block_forward", i, mapOf("x" to x), into = mapOf("x" to x)).getValue("x")
+            }
         }
         return Pair(x, checkpoints)
     }
@@ -275,6 +314,10 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      * group is updated. Same calls as the host, so the same losses and state bit for bit; at most
      * ceil(m / s) + s - 1 layer inputs are alive instead of m, for one more forward through those layers.
      * Every layer input that is not kept goes back to the buffer pool at once (no buffer holds it any more).
+     * head_loss writes its d into the buffer of its input x, and each block_backward its d into the buffer of
+     * the incoming d ([call]'s `into`; neither input is read after its call): at those calls the loop holds the
+     * layer inputs alive and one [T, d] buffer besides them, not two (input and output share it), so a step with
+     * every layer selected peaks at the checkpoints alive + 1 [T, d] buffers instead of + 2.
      */
     fun trainStep(inputIds: TensorBuffer, labels: TensorBuffer, lr: Float, selected: Set<Int>? = null, layersPerCheckpoint: Int = 1): Float {
         val sel = selected ?: (0 until layers).toSet()
@@ -285,8 +328,9 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         val (x, checkpoints) = forward(inputIds, groups.map { it.first() }.toSet())
         val kept = HashMap(checkpoints)  // layer -> its input; only the groups' first layers (and one group's rebuilt inputs)
         peakCheckpoints = kept.size
-        val out = call("head_loss", null, mapOf("x" to x, "labels" to labels))
-        recycle(x)
+        // d goes into x's buffer (x is not read after head_loss; the runtime writes d after the method has run):
+        // one [T, d] buffer fewer at the step's peak (the host's train_step does the same). x is not recycled: it is d.
+        val out = call("head_loss", null, mapOf("x" to x, "labels" to labels), into = mapOf("d" to x))
         val lossBuf = out.getValue("loss")
         val loss = lossBuf.float(0)
         recycle(lossBuf)
@@ -302,8 +346,8 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             if (i in sel) {
                 val checkpoint = kept.remove(i)!!
                 values["checkpoint"] = checkpoint
-                val d = call("block_backward", i, values).getValue("d")
-                recycle(values.getValue("d"))
+                // The new d into the incoming d's buffer (read by this call only): not recycled, it holds the new d.
+                val d = call("block_backward", i, values, into = mapOf("d" to values.getValue("d"))).getValue("d")
                 recycle(checkpoint)
                 values["d"] = d
             } else if (program.movesUnselected) {
@@ -327,10 +371,11 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         var x = x0
         val members = group.toSet()
         for (j in group.first() until group.last()) {
-            val next = call("block_forward", j, mapOf("x" to x)).getValue("x")
-            if (j !in members) recycle(x)  // an input of no layer of the group (x0 is group[0]'s: kept)
-            if (j + 1 in members) into[j + 1] = next
-            x = next
+            // An input of a layer of the group is kept (x0 is group[0]'s): the output needs its own buffer. Any
+            // other input is read by this call only: the output goes into its buffer (the host's _rerun).
+            x = if (j in members) call("block_forward", j, mapOf("x" to x)).getValue("x")
+                else call("block_forward", j, mapOf("x" to x), into = mapOf("x" to x)).getValue("x")
+            if (j + 1 in members) into[j + 1] = x
         }
     }
 

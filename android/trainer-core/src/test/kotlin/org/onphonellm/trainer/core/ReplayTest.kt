@@ -89,6 +89,20 @@ class ReplayTest {
         Pair(f.arr("input_ids").map { (it as Json.Num).asLongOrNull!! }, f.arr("labels").map { (it as Json.Num).asLongOrNull!! })
     }
 
+    /**
+     * The pool's [T, d] buffers after each train step of each trace (with its own layers_per_checkpoint): the most
+     * alive at once so far. The first step backpropagates all 3 layers: its 3 checkpoints (2 with groups of 2:
+     * [0, 1] [2]) + 1, the running x or d (head_loss writes d into x's buffer, block_backward d into the incoming
+     * d's, and block_forward its output into an input that is not kept; + 2 before that reuse). No later step needs
+     * more: the groups trace's step 2 (layers [0, 2], one group) reruns from layer 0's input through layer 1
+     * (unselected) to rebuild layer 2's, and layer 1's output goes into its input's buffer: layer 0's input, that
+     * buffer and d, 3 (4 when block_forward's output had a buffer of its own).
+     */
+    private val rowBuffersAfterStep = mapOf(
+        "v3_tiny" to listOf(4, 4, 4, 4, 4),
+        "v3_tiny_groups" to listOf(3, 3, 3, 3, 3),
+        "v3_tiny_qwen3" to listOf(4, 4, 4, 4, 4))
+
     /** Replays [dir]'s trace with its layers_per_checkpoint (or [groupsOverride]); returns the activation buffers allocated. */
     private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
                        groupsOverride: Int? = null, kernels: Set<String> = emptySet(),
@@ -108,6 +122,8 @@ class ReplayTest {
         val lr = lrOverride ?: trace.doc.double("lr").toFloat()
         val losses = ArrayList<Double>()
         var warm = -1
+        val row = rowBytes(program)
+        val rowsAfterStep = ArrayList<Int>()
         for (s in trace.doc.arr("steps").map { Fields.of(it, "step") }) {
             val calls = s.ints("calls")
             when (s.string("kind")) {
@@ -122,9 +138,12 @@ class ReplayTest {
                     losses.add(loss.toDouble())
                     assertEquals(s.double("loss"), loss.toDouble(), "step ${s.int("step")} loss")
                     assertEquals(s.string("state_sha256"), loop.state.sha256(), "state after step ${s.int("step")}")
-                    // Activations come from the loop's pool: after the first (full) step no step allocates.
-                    if (warm < 0) warm = loop.allocatedBuffers
-                    else assertEquals(warm, loop.allocatedBuffers, "buffers allocated by step ${s.int("step")}")
+                    // Activations come from the loop's pool: after the first (full) step no step allocates a buffer of
+                    // any size but [T, d], and [T, d] buffers only up to the most a step holds at once (rowBuffersAfterStep).
+                    val others = loop.allocatedBuffers - loop.allocatedBuffers(row)
+                    if (warm < 0) warm = others
+                    else assertEquals(warm, others, "buffers other than [T, d] allocated by step ${s.int("step")}")
+                    rowsAfterStep.add(loop.allocatedBuffers(row))
                     afterTrainStep?.invoke(loop)
                 }
                 "eval" -> {
@@ -147,6 +166,7 @@ class ReplayTest {
             assertEquals(calls[1], runtime.next, "calls of ${s.string("kind")} step")
         }
         assertEquals(trace.calls.size, runtime.next, "every recorded call made")
+        if (groupsOverride == null) rowBuffersAfterStep[dir.name]?.let { assertEquals(it, rowsAfterStep, "${dir.name}: the pool's [T, d] buffers after each train step") }
         assertEquals(trace.doc.arr("losses").map { (it as Json.Num).asDouble }, losses)
         assertEquals(trace.doc.string("final_state_sha256"), loop.state.sha256(), "final state")
         return loop.allocatedBuffers
@@ -389,10 +409,134 @@ class ReplayTest {
         assertEquals(plain.doc.arr("losses").map { (it as Json.Num).asDouble }, groups.doc.arr("losses").map { (it as Json.Num).asDouble })
         assertEquals(plain.doc.string("final_state_sha256"), groups.doc.string("final_state_sha256"))
         assertTrue(groups.calls.size > plain.calls.size)
-        val withGroups = replay(dir = groupsDir)
-        val without = replay()
-        // Fewer [T, d] buffers alive at once, so the pool (which only grows to the peak) holds fewer.
+        // Fewer [T, d] buffers alive at once in a full step, so the pool (which only grows to the peak) holds fewer
+        // after it: 2 checkpoints + 1 instead of 3 + 1, and over the whole trace (rowBuffersAfterStep: the rerun
+        // through an unselected layer writes that layer's output into its input's buffer).
+        val afterFull = ArrayList<Int>()
+        val withGroups = replay(dir = groupsDir, afterTrainStep = { l -> if (afterFull.isEmpty()) afterFull.add(l.allocatedBuffers(rowBytes(l.program))) })
+        val without = replay(afterTrainStep = { l -> if (afterFull.size == 1) afterFull.add(l.allocatedBuffers(rowBytes(l.program))) })
+        assertEquals(listOf(3, 4), afterFull, "[T, d] buffers after the full step: groups of 2, s = 1")
         assertTrue(withGroups < without, "buffers with groups $withGroups, without $without")
+    }
+
+    /** Bytes of one [T, d] activation (head_loss's x). */
+    private fun rowBytes(program: Manifest): Int = program.method("head_loss").inputs.single { it.name == "x" }.let { it.numel * it.dtype.size }
+
+    /**
+     * head_loss writes its d into the buffer of its input x, and block_backward its d into the buffer of the
+     * incoming d (LayerLoop.call's into; the runtime writes outputs after the method has run): at those calls the
+     * loop holds the layer inputs alive + 1 [T, d] buffer, not + 2. The pool only grows to the most buffers alive at
+     * once, so its [T, d] buffers after the first (full: 3 of 3 layers) step are that peak: 3 checkpoints + 1 = 4
+     * (5 before the reuse); with groups of 2 ([0, 1] [2]: 2 alive) 2 + 1 = 3 (4 before); then per step as
+     * [rowBuffersAfterStep] says, and no more after the eval and the generation. Every call's inputs still hash as
+     * the host's and the state ends as the host's: a reused buffer never held anything still needed.
+     */
+    @Test fun `a training step's d reuses its input's buffer - one T x d buffer fewer at a full step's peak, the traces bit for bit`() {
+        for ((dir, want) in listOf(traceDir to 4, groupsDir to 3, qwen3Dir to 4)) {
+            var row = 0
+            val afterSteps = ArrayList<Int>()
+            val peaks = ArrayList<Int>()
+            var loop: LayerLoop? = null
+            replay(dir = dir, loopOut = { loop = it; row = rowBytes(it.program) }, afterTrainStep = { l ->
+                afterSteps.add(l.allocatedBuffers(row))
+                peaks.add(l.peakCheckpoints)
+            })
+            val what = dir.name
+            assertEquals(want, afterSteps[0], "$what: [T, d] buffers after the first (full) step")
+            assertEquals(peaks[0] + 1, afterSteps[0], "$what: the checkpoints alive + 1")
+            assertEquals(rowBuffersAfterStep.getValue(what), afterSteps, "$what: [T, d] buffers after each step")
+            assertEquals(afterSteps.last(), loop!!.allocatedBuffers(row), "$what: [T, d] buffers after eval and generation")
+        }
+    }
+
+    /**
+     * What the reuse is, call by call (a runtime that, like ExecuTorchRuntime, reads every input, then writes each
+     * output into the loop's destination): in a train step the destination of head_loss's d is its input x's buffer
+     * and that of each block_backward's d its input d's; a block_forward writes into its input x's buffer where x
+     * is not kept (a train step's unselected layers, every layer of an eval row); no other call's activation
+     * destination is one of its inputs (a kept x, a checkpoint, eval's head_loss input).
+     */
+    @Test fun `a call writes an output into an input's buffer only where the loop no longer reads that input`() {
+        val trace = Trace(traceDir)
+        val program = Manifest.read(trace.program)
+        val shared = ArrayList<String>()
+        var calls = 0
+        val runtimeFor: (ReplayRuntime, Manifest) -> ProgramRuntime = { r, p ->
+            object : ProgramRuntime {
+                override fun hasKernels(kernels: Collection<String>) = r.hasKernels(kernels)
+                override fun execute(method: String, inputs: List<TensorBuffer>) = executeInto(method, inputs, emptyList(), emptyList())
+                override fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> {
+                    val spec = p.method(method)
+                    val k = calls++
+                    for ((i, d) in into.withIndex()) if (d != null && spec.outputs[i].bind != "state")
+                        for ((j, x) in inputs.withIndex()) if (x.data === d.data) shared.add("$k $method ${spec.inputs[j].name} -> ${spec.outputs[i].name}")
+                    val arena = r.execute(method, inputs)  // every input read (and hashed against the host's) first
+                    return arena.mapIndexed { i, v ->
+                        val rows = cacheInto.getOrNull(i)
+                        val d = into.getOrNull(i)
+                        when {
+                            rows != null -> { rows.write(v.data.asFloatBuffer()); rows.cache }
+                            d != null -> { copyBytes(v.data, d.data, 0); d }
+                            else -> v
+                        }
+                    }
+                }
+            }
+        }
+        replay(runtimeFor = runtimeFor)
+        val want = ArrayList<String>()
+        for (st in trace.doc.arr("steps").map { Fields.of(it, "s") }) {
+            val kind = st.string("kind")
+            if (kind != "train" && kind != "eval") continue
+            val kept = if (kind == "train") st.ints("selected").toSet() else emptySet()
+            val (a, b) = st.ints("calls")
+            for (k in a until b) when (trace.calls[k].string("method")) {
+                "block_forward" -> if (trace.calls[k].int("layer") !in kept) want.add("$k block_forward x -> x_out")
+                "head_loss" -> if (kind == "train") want.add("$k head_loss x -> dx")
+                "block_backward" -> want.add("$k block_backward dout -> dx")
+            }
+        }
+        assertEquals(5 + 10 + 5 + 6, want.size, "5 train steps (3 + 1 + 2 + 1 + 3 layers backpropagated, 0 + 2 + 1 + 2 + 0 " +
+                     "not kept in the forward), 2 eval rows of 3 layers")
+        assertEquals(want, shared)
+        assertEquals("d", program.method("head_loss").outputs.single { it.bind == "activation" }.ref)
+    }
+
+    @Test fun `a destination for an output must have its dtype and element count and name an activation output`() {
+        val program = Manifest.read(Trace(traceDir).program)
+        val loop = LayerLoop(program, MappedWeights.map(File(Trace(traceDir).program, program.weightsFile)), SessionTest.HashRuntime(program))
+        loop.state.loadInit()
+        val xSpec = program.method("head_loss").inputs.single { it.name == "x" }
+        val x = TensorBuffer.floats("x", xSpec.shape, FloatArray(xSpec.numel) { it * 1e-3f })
+        val (_, labels) = loop.pad(IntArray(4) { it + 1 }, IntArray(4) { it + 2 })
+        val values = mapOf("x" to x, "labels" to labels)
+        val short = TensorBuffer.floats("d", listOf(xSpec.shape[0] - 1, xSpec.shape[1]), FloatArray(xSpec.numel - xSpec.shape[1]))
+        val ints = TensorBuffer("d", ElemType.INT32, xSpec.shape, ByteBuffer.allocateDirect(4 * xSpec.numel))
+        for (bad in listOf(short, ints)) {
+            val e = assertThrows<ContractError> { loop.call("head_loss", null, values, into = mapOf("d" to bad)) }
+            assertTrue("head_loss" in e.message!! && "dx" in e.message!!, e.message)
+        }
+        val none = assertThrows<ContractError> { loop.call("head_loss", null, values, into = mapOf("dx" to x.copy())) }
+        assertTrue("no activation output 'dx'" in none.message!!, none.message)  // keyed by the output's ref (d), not its name
+        // A state output cannot be redirected: block_backward's d is its one activation output, its state outputs go to their slices.
+        val entry = program.method("block_backward").outputs.first { it.bind == "state" }
+        val lr = TensorBuffer.floats("lr", listOf(1), floatArrayOf(0.01f))
+        val st = assertThrows<ContractError> {
+            loop.call("block_backward", 0, mapOf("d" to x.copy(), "checkpoint" to x.copy(), "lr" to lr),
+                into = mapOf(entry.ref to TensorBuffer.floats("s", entry.shape, FloatArray(entry.numel))))
+        }
+        assertTrue("no activation output" in st.message!!, st.message)
+        // Another shape of the same element count is fine (the output takes the manifest's shape), and the value is
+        // the one a pooled destination gets: the runtime's d, written after it read x.
+        val plain = loop.call("head_loss", null, values).getValue("d").floats().toList()
+        val flat = TensorBuffer.floats("flat", listOf(xSpec.numel), FloatArray(xSpec.numel))
+        val into = loop.call("head_loss", null, values, into = mapOf("d" to flat)).getValue("d")
+        assertEquals(xSpec.shape, into.shape)
+        assertTrue(into.data === flat.data, "written into the buffer given")
+        assertEquals(plain, flat.floats().toList())
+        val xCopy = x.copy()
+        val inPlace = loop.call("head_loss", null, mapOf("x" to xCopy, "labels" to labels), into = mapOf("d" to xCopy)).getValue("d")
+        assertEquals(plain, inPlace.floats().toList(), "into its own input x: the same d")
     }
 
     @Test fun `the groups trace needs the groups - replayed with s = 1 it fails at the first rerun`() {
