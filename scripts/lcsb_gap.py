@@ -1,6 +1,7 @@
 """Why LCSB's loss gap grows: the session-9 experiments behind docs/lcsb.md ("Session 9").
 
-  PYTHONPATH=. .venv/bin/python scripts/lcsb_gap.py [--steps 300] [--cache DIR] VARIANT [VARIANT ...]
+  PYTHONPATH=. .venv/bin/python scripts/lcsb_gap.py [--steps 300] [--cache DIR] [--seed N]
+      [--pretrain-steps 300] [--pretrain-corpus bundled|demo] [--json OUT] VARIANT [VARIANT ...]
 
 Runs `toolchain bench lcsb`'s default workload (the `mid` model, the same stand-in pretrained base, the
 same rows in the same order, AdamW lr 2e-4, wd 0.01, r16 x 7, 1 thread) with full backprop once, then the
@@ -8,6 +9,14 @@ LCSB arm in the VARIANTs below, and prints per variant the bench's `loss_gap` (m
 steps of (loss_lcsb - loss_full) / loss_full), the held-out gap and the gap per tenth of the run. The
 base and the full arm's losses are cached in --cache (deterministic: the same numbers every run), so a
 variant costs one LCSB run (~1 min on this host). Nothing here is timed (step times: `bench lcsb`).
+
+The stand-in base (the base study: docs/lcsb-base-study.json): `--pretrain-steps N` pretrains it for N steps
+(the bench's `--pretrain-steps`; the fine-tuning rows then start at row N, as in the bench), and
+`--pretrain-corpus demo` pretrains it on toolchain/assets/demo_corpus.txt (723 KB of other text, windows in a
+seeded order: `text_pretrain_rows`) instead of the fine-tuning split; the fine-tuning data (corpus.txt, its
+split) is the same either way. Every regime other than the bench's (bundled, 300) has its own cache
+subdirectory. `--json OUT` writes the pretraining cost (wall and CPU seconds), the full arm's losses and every
+variant's gaps.
 
 Variants (cyclic k = 4 of 12 layers unless said; "unselected" = outside the step's selection):
   cyclic        the bench's LCSB arm (zero gradient for unselected layers: moments decay, they move)
@@ -65,7 +74,8 @@ from pathlib import Path
 
 import torch
 
-from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split
+from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split, text_pretrain_rows
+from toolchain.dataset import demo_corpus
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step
@@ -209,14 +219,20 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
             "seconds": time.perf_counter() - t0}
 
 
-def report(res, full, steps) -> str:
+def gaps(res, full, steps) -> dict:
+    """The bench's loss_gap, the held-out gap and the gap per tenth of the run (%) of `res` against `full`."""
     tail, n = max(1, math.ceil(steps / 10)), steps // 10
     gap = statistics.fmean((b - a) / a for a, b in zip(full["losses"][-tail:], res["losses"][-tail:]))
     tenths = [round(100 * statistics.fmean((b - a) / a for a, b in zip(full["losses"][j * n:(j + 1) * n],
                                                                     res["losses"][j * n:(j + 1) * n])), 2)
               for j in range(10)]
-    return (f"{res['name']:<14} loss_gap {100 * gap:+.2f}%  val_gap {100 * (res['val'] - full['val']) / full['val']:+.2f}%"
-            f"  ({res['seconds']:.0f} s)  per tenth {tenths}")
+    return {"loss_gap": gap, "val_loss_gap": (res["val"] - full["val"]) / full["val"], "tenths_pct": tenths,
+            "final_loss": statistics.fmean(res["losses"][-tail:]), "val_loss": res["val"], "seconds": res["seconds"]}
+
+
+def report(name, g) -> str:
+    return (f"{name:<14} loss_gap {100 * g['loss_gap']:+.2f}%  val_gap {100 * g['val_loss_gap']:+.2f}%"
+            f"  ({g['seconds']:.0f} s)  per tenth {g['tenths_pct']}")
 
 
 def main() -> None:
@@ -225,20 +241,35 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/lcsb_gap"))
     ap.add_argument("--seed", type=int, default=0, help="the bench's --seed (base, LoRA init); cached per seed")
+    ap.add_argument("--pretrain-steps", type=int, default=LcsbBenchConfig.pretrain_steps,
+                    help="steps of the stand-in pretraining (the bench's --pretrain-steps)")
+    ap.add_argument("--pretrain-corpus", choices=("bundled", "demo"), default="bundled",
+                    help="pretrain on the fine-tuning split (bundled: the bench's) or on demo_corpus.txt")
+    ap.add_argument("--json", type=Path, default=None, help="write the regime's results here")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    config = LcsbBenchConfig(steps=args.steps, seed=args.seed)
+    config = LcsbBenchConfig(steps=args.steps, seed=args.seed, pretrain_steps=args.pretrain_steps)
+    regime = (args.pretrain_corpus, args.pretrain_steps)
+    if regime != ("bundled", LcsbBenchConfig.pretrain_steps):  # the bench's regime keeps the old cache layout
+        args.cache = args.cache / f"pretrain-{args.pretrain_corpus}-{args.pretrain_steps}"
     if args.seed:
         args.cache = args.cache / f"seed{args.seed}"
     arch = config.arch
     rows, val = _split(config)
     args.cache.mkdir(parents=True, exist_ok=True)
-    base = args.cache / "base.pt"
+    base, base_info = args.cache / "base.pt", args.cache / "base.json"
     if base.exists():
         weights = torch.load(base, weights_only=False)
     else:
-        weights, _ = _pretrain(config, arch, random_weights(arch, seed=config.seed), rows, None)
+        pre_rows = rows if args.pretrain_corpus == "bundled" else text_pretrain_rows(config, demo_corpus())
+        weights, info = random_weights(arch, seed=config.seed), None
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        if config.pretrain_steps:
+            weights, info = _pretrain(config, arch, weights, pre_rows, None)
+        info = {**(info or {}), "corpus": args.pretrain_corpus, "rows": len(pre_rows),
+                "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0}
         torch.save(weights, base)
+        base_info.write_text(json.dumps(info))
     cfg = LoraConfig(rank=config.rank, alpha=config.alpha)
     ctx = (config, arch, weights, cfg, init_lora(arch, cfg, seed=config.seed), rows, val)
     L = arch.layers
@@ -311,8 +342,19 @@ def main() -> None:
     else:
         full = run_arm(ctx, "full", lambda s: range(L))
         ref.write_text(json.dumps(full))
+    tail = max(1, math.ceil(args.steps / 10))
+    out = {"pretrain_corpus": args.pretrain_corpus, "pretrain_steps": args.pretrain_steps, "seed": args.seed,
+           "steps": args.steps, "pretrain": json.loads(base_info.read_text()) if base_info.exists() else None,
+           "full": {"final_loss": statistics.fmean(full["losses"][-tail:]), "val_loss": full["val"],
+                    "initial_loss": full["losses"][0], "seconds": full["seconds"],
+                    "val_loss_initial": evaluate(arch, weights, ctx[3], ctx[4], val)},
+           "variants": {}}
+    print(f"regime {regime} seed {args.seed}: pretrain {out['pretrain']}; full {out['full']}", flush=True)
     for name in args.variants:
-        print(report(run_arm(ctx, name, **variants[name]), full, args.steps), flush=True)
+        out["variants"][name] = g = gaps(run_arm(ctx, name, **variants[name]), full, args.steps)
+        print(report(name, g), flush=True)
+        if args.json is not None:
+            args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

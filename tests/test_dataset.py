@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from toolchain.dataset import bundled_corpus, bundled_examples, load_examples, read_rows
+from toolchain.dataset import bundled_corpus, bundled_examples, demo_corpus, load_examples, read_rows, text_examples
 from toolchain.tokenizer import ByteTokenizer
 from toolchain.errors import BadInput
 from toolchain.models import get_preset
@@ -97,3 +97,13 @@ def test_bundled_examples_are_consecutive_windows():
         body += ex.input_ids[1:].tolist()
     assert body == corpus[:len(body)]
     assert len(corpus) - len(body) < 63  # at most one partial window left out
+
+
+def test_text_examples_are_the_bundled_windows_of_any_text():
+    tok = ByteTokenizer()
+    assert all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels) for a, b in
+               zip(text_examples(bundled_corpus(), tok, seq_len=64), bundled_examples(tok, seq_len=64), strict=True))
+    text = demo_corpus()[:1000]
+    examples = text_examples(text, tok, seq_len=100)
+    assert len(examples) == (1000 - 1) // 99 and all(ex.input_ids[0] == tok.BOS for ex in examples)
+    assert bytes(examples[1].input_ids[1:].tolist()) == text.encode()[99:198]

@@ -15,7 +15,8 @@ from toolchain.schemas import validation_errors
 from toolchain.tokenizer import ByteTokenizer
 from toolchain.validate import decode_utf8, loads
 
-__all__ = ["Example", "read_rows", "load_examples", "bundled_corpus", "bundled_examples", "pad_example"]
+__all__ = ["Example", "read_rows", "load_examples", "bundled_corpus", "bundled_examples", "text_examples",
+           "demo_corpus", "pad_example"]
 
 
 class Example(NamedTuple):
@@ -95,9 +96,20 @@ def bundled_corpus() -> str:
     return (Path(__file__).resolve().parent / "assets" / "corpus.txt").read_text()
 
 
+def demo_corpus() -> str:
+    """The demo model's 723 KB public-domain pretraining text (toolchain/assets/demo_corpus.txt)."""
+    return (Path(__file__).resolve().parent / "assets" / "demo_corpus.txt").read_text()
+
+
 def bundled_examples(tokenizer: ByteTokenizer, *, seq_len: int) -> list[Example]:
     """The bundled corpus cut into consecutive windows of `seq_len` byte tokens (BOS first)."""
-    ids = tokenizer.encode(bundled_corpus(), bos=False)
+    return text_examples(bundled_corpus(), tokenizer, seq_len=seq_len)
+
+
+def text_examples(text: str, tokenizer: ByteTokenizer, *, seq_len: int) -> list[Example]:
+    """`text` cut into consecutive windows of `seq_len` byte tokens, each BOS + seq_len - 1 bytes, stride
+    seq_len - 1 (a partial window at the end is left out)."""
+    ids = tokenizer.encode(text, bos=False)
     examples = []
     for start in range(0, len(ids) - seq_len + 2, seq_len - 1):
         window = torch.tensor([tokenizer.BOS] + ids[start:start + seq_len - 1], dtype=torch.int64)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import torch
 from helpers import lora_for, our_weights, random_hf_model
 
-from toolchain.bench.lcsb import LcsbBenchConfig, merge_lora, run_lcsb_bench
+from toolchain.bench.lcsb import LcsbBenchConfig, merge_lora, run_lcsb_bench, text_pretrain_rows
+from toolchain.dataset import text_examples
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import model_loss
 from toolchain.models import ModelArch
+from toolchain.shuffle import permutation
+from toolchain.tokenizer import ByteTokenizer
 
 
 def test_merged_adapter_gives_the_same_model_as_base_plus_adapter():
@@ -39,3 +42,15 @@ def test_pretraining_changes_the_base_and_both_arms_start_together():
     assert report["losses_full"][0] != no_pretrain["losses_full"][0]
     assert no_pretrain["config"]["pretrain"] is None
     assert torch.get_num_threads() >= 1
+
+
+def test_text_pretrain_rows_are_the_texts_windows_in_a_seeded_order():
+    text = "".join(f"line {i} of some other text\n" for i in range(200))
+    config = LcsbBenchConfig(model="tiny", seq_len=32)
+    rows = text_pretrain_rows(config, text)
+    windows = text_examples(text, ByteTokenizer(), seq_len=32)
+    order = permutation(len(windows), config.seed)
+    assert [r.input_ids.tolist() for r in rows] == [windows[i].input_ids.tolist() for i in order]
+    assert order != sorted(order)
+    other = text_pretrain_rows(LcsbBenchConfig(model="tiny", seq_len=32, seed=1), text)
+    assert [r.input_ids.tolist() for r in other] != [r.input_ids.tolist() for r in rows]

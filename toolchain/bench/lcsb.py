@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from toolchain.dataset import Example, bundled_examples
+from toolchain.dataset import Example, bundled_examples, text_examples
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.lcsb.plan import Policy, StepPlan
@@ -43,10 +43,11 @@ from toolchain.lora import LoraConfig, LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import PRESETS, LayerWeights, ModelWeights, ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
+from toolchain.shuffle import permutation
 from toolchain.tokenizer import ByteTokenizer
 from toolchain.training import TrainConfig, evaluate, start_run, train, train_step
 
-__all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine"]
+__all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine", "text_pretrain_rows"]
 
 # A Qwen2.5-shaped model small enough for a 2-core host: head dim 64, GQA, MLP width 5.5 x hidden
 # (as the 0.5B), byte-level vocabulary so that the LM head does not dwarf the blocks.
@@ -141,6 +142,17 @@ def _split(config: LcsbBenchConfig) -> tuple[list[Example], list[Example]]:
         raise BadInput(f"the bundled corpus gives only {len(examples)} windows of {config.seq_len} tokens; "
                        f"lower --seq-len")
     return examples[:-n_val], examples[-n_val:]
+
+
+def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[Example]:
+    """Stand-in pretraining rows from another text than the fine-tuning corpus (the bench itself pretrains on
+    its training split): `text` in windows of `config.seq_len` bytes (BOS first), in the order of
+    `toolchain.shuffle.permutation(windows, config.seed)`, so that a pretraining shorter than one pass samples
+    the whole text rather than its beginning."""
+    examples = text_examples(text, ByteTokenizer(), seq_len=config.seq_len)
+    if not examples:
+        raise BadInput(f"the pretraining text gives no window of {config.seq_len} tokens")
+    return [examples[i] for i in permutation(len(examples), config.seed)]
 
 
 def _pretrain(config, arch, weights, rows, on_step) -> tuple[ModelWeights, dict[str, Any]]:
