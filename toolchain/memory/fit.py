@@ -13,7 +13,8 @@ Two sources, each with its calibrated runtime overhead (see docs/planner.md, "Ca
                       each; LCSB keeps only the selected layers').
     activations       the running hidden state / gradient: 1 [T, d] (a method's output is copied out of the
                       arena over its input where the loop no longer needs that: head_loss's d over x,
-                      block_backward's d over the incoming d; LayerLoop.train_step).
+                      block_backward's d over the incoming d, block_forward's output over an input that is not
+                      a checkpoint; LayerLoop.train_step, forward).
     runtime_overhead  the runtime itself (program and per-method metadata, kernels' scratch), measured with
                       `toolchain bench memory --modes executorch` on this host.
   The phone figure (sum of arenas) is the fit answer; the host figure (largest arena) is what

@@ -517,7 +517,7 @@ public final class LayerLoop {
                         throw TrainerError.badInput("\(m.name): the buffer given for \(io.name) (\(io.ref)) has \(d.byteCount) bytes, " +
                                                     "the manifest says \(io.dtype)\(io.shape)")
                     }
-                    for i in m.inputs where values[i.ref(layer: layer, placeholder: ph)] === d && (i.dtype != io.dtype || i.count != io.count) {
+                    for (i, bound) in zip(m.inputs, inputs) where values[bound.ref] === d && (i.dtype != io.dtype || i.count != io.count) {
                         throw TrainerError.badInput("\(m.name): the buffer given for \(io.name) (\(io.ref)) is input \(i.name), " +
                                                     "\(i.dtype)\(i.shape); the manifest says \(io.dtype)\(io.shape) for the output")
                     }

@@ -146,12 +146,12 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
     var outputCopies = 0L
         private set
 
-    /** Direct buffers allocated for activations so far (constant once the loop is warm). */
-    var allocatedBuffers = 0
-        private set
-
-    /** [allocatedBuffers] by size in bytes. */
+    /** Direct buffers allocated for activations so far, by size in bytes. */
     private val allocatedBySize = HashMap<Int, Int>()
+
+    /** Direct buffers allocated for activations so far (constant once the loop is warm). */
+    val allocatedBuffers: Int
+        get() = allocatedBySize.values.sum()
 
     /**
      * Direct buffers of [nbytes] bytes allocated so far: with the pool only growing to the most alive at once,
@@ -161,7 +161,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
     fun allocatedBuffers(nbytes: Int): Int = allocatedBySize[nbytes] ?: 0
 
     private fun take(nbytes: Int): ByteBuffer = free[nbytes]?.let { if (it.isEmpty()) null else it.removeAt(it.size - 1) }
-        ?: ByteBuffer.allocateDirect(nbytes).also { allocatedBuffers++; allocatedBySize[nbytes] = (allocatedBySize[nbytes] ?: 0) + 1 }
+        ?: ByteBuffer.allocateDirect(nbytes).also { allocatedBySize[nbytes] = (allocatedBySize[nbytes] ?: 0) + 1 }
 
     /** Hand a buffer this loop returned back for reuse; the caller must not read it again. */
     fun recycle(t: TensorBuffer) {
