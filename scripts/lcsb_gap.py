@@ -1,7 +1,8 @@
 """Why LCSB's loss gap grows: the session-9 experiments behind docs/lcsb.md ("Session 9").
 
   PYTHONPATH=. .venv/bin/python scripts/lcsb_gap.py [--steps 300] [--cache DIR] [--seed N]
-      [--pretrain-steps 300] [--pretrain-corpus bundled|demo] [--json OUT] VARIANT [VARIANT ...]
+      [--pretrain-steps 300] [--pretrain-corpus bundled|demo] [--base-checkpoint DIR] [--json OUT]
+      VARIANT [VARIANT ...]
 
 Runs `toolchain bench lcsb`'s default workload (the `mid` model, the same stand-in pretrained base, the
 same rows in the same order, AdamW lr 2e-4, wd 0.01, r16 x 7, 1 thread) with full backprop once, then the
@@ -16,7 +17,8 @@ The stand-in base (the base study: docs/lcsb-base-study.json): `--pretrain-steps
 seeded order: `text_pretrain_rows`) instead of the fine-tuning split; the fine-tuning data (corpus.txt, its
 split) is the same either way. Every regime other than the bench's (bundled, 300) has its own cache
 subdirectory. `--json OUT` writes the pretraining cost (wall and CPU seconds), the full arm's losses and every
-variant's gaps.
+variant's gaps. `--base-checkpoint DIR` takes the base from a Hugging Face checkpoint of the `mid` arch instead
+(`scripts/pretrain_demo_model.py --arch lcsb-mid` makes one; no stand-in pretraining; the rows start at row 0).
 
 Variants (cyclic k = 4 of 12 layers unless said; "unselected" = outside the step's selection):
   cyclic        the bench's LCSB arm (zero gradient for unselected layers: moments decay, they move)
@@ -60,12 +62,18 @@ Session 13:
                 their surrogate gradients are the furthest from the exact ones)
   top3_head5, top3_head10, top3_head13   the first 5 / 10 / 13% of steps full backprop, then `anchored` (ideal
                 speedup at a 1.76x arm: 1.70x / 1.64x / 1.60x); cyclic_head10: the same warm-up before `cyclic`
+Session 15 (docs/lcsb.md "Session 15"; `--base-checkpoint DIR`: a pretrained base instead of the stand-in):
+  top3_lowlrC, top3_head10_lowlrC   `anchored` (after the 10% warm-up) with lr x C (C in 0, 0.5, 1.5, 2, 3) for
+                every update of the lower layers 0..L-k, the top k-1 unchanged
+  top3_head10_direct_b, top3_head10_direct_ab   the warm-up, then top3_direct_b / top3_direct_ab
+  last_head10   the warm-up, then the `last` policy (the top k layers only)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import statistics
@@ -83,6 +91,7 @@ from toolchain.mesp.block import _attention_half, block_backward, block_forward,
 from toolchain.mesp.ops import linear_forward, rmsnorm_forward, swiglu_forward
 from toolchain.mesp.step import block_params, embedding_rows, head_loss_and_grad
 from toolchain.models import random_weights
+from toolchain.models.load import load_checkpoint
 from toolchain.optim import OptimizerConfig, OptState, update_layer
 from toolchain.training import TrainConfig, evaluate, start_run
 from toolchain.training.eager import RunState, _assign
@@ -151,7 +160,7 @@ def _weighted_slots(n: int) -> list[int]:
 
 
 def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False, full_every=0, direct=None,
-            importance=False, full_first=0):
+            importance=False, full_first=0, low_lr=1.0):
     config, arch, weights, cfg, lora0, rows, val = ctx
     lr = config.lr if lr is None else lr
     wd, layers = config.weight_decay, arch.layers
@@ -180,6 +189,8 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
 
         def update(i, grads):
             o = opt
+            if low_lr != 1.0 and len(sel) < layers and i < layers - config.k + 1:
+                o = dataclasses.replace(opt, lr=lr * low_lr)
             if grads is not None:
                 since[i] = 0
                 norms[i] = math.sqrt(sum(float(t.double().pow(2).sum()) for p in grads.values() for t in p))
@@ -246,11 +257,22 @@ def main() -> None:
     ap.add_argument("--pretrain-corpus", choices=("bundled", "demo"), default="bundled",
                     help="pretrain on the fine-tuning split (bundled: the bench's) or on demo_corpus.txt")
     ap.add_argument("--json", type=Path, default=None, help="write the regime's results here")
+    ap.add_argument("--base-checkpoint", type=Path, default=None,
+                    help="a Hugging Face checkpoint of the `mid` arch as the base instead of the stand-in pretraining "
+                         "(fine-tuning rows start at row 0)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.base_checkpoint is not None:
+        if args.pretrain_corpus != "bundled" or args.pretrain_steps != LcsbBenchConfig.pretrain_steps:
+            ap.error("--base-checkpoint replaces the stand-in pretraining: no --pretrain-corpus / --pretrain-steps")
+        args.pretrain_steps = 0
     config = LcsbBenchConfig(steps=args.steps, seed=args.seed, pretrain_steps=args.pretrain_steps)
     regime = (args.pretrain_corpus, args.pretrain_steps)
-    if regime != ("bundled", LcsbBenchConfig.pretrain_steps):  # the bench's regime keeps the old cache layout
+    if args.base_checkpoint is not None:
+        regime = ("checkpoint", str(args.base_checkpoint))
+        digest = hashlib.sha256((args.base_checkpoint / "model.safetensors").read_bytes()).hexdigest()[:12]
+        args.cache = args.cache / f"checkpoint-{digest}"  # another checkpoint at the same path: another cache
+    elif regime != ("bundled", LcsbBenchConfig.pretrain_steps):  # the bench's regime keeps the old cache layout
         args.cache = args.cache / f"pretrain-{args.pretrain_corpus}-{args.pretrain_steps}"
     if args.seed:
         args.cache = args.cache / f"seed{args.seed}"
@@ -260,6 +282,13 @@ def main() -> None:
     base, base_info = args.cache / "base.pt", args.cache / "base.json"
     if base.exists():
         weights = torch.load(base, weights_only=False)
+    elif args.base_checkpoint is not None:
+        ck_arch, weights = load_checkpoint(args.base_checkpoint)
+        if (ck_arch.hidden, ck_arch.layers, ck_arch.intermediate, ck_arch.vocab) != (
+                arch.hidden, arch.layers, arch.intermediate, arch.vocab):
+            raise SystemExit(f"{args.base_checkpoint}: not the bench's `mid` arch ({ck_arch})")
+        torch.save(weights, base)
+        base_info.write_text(json.dumps({"checkpoint": str(args.base_checkpoint)}))
     else:
         pre_rows = rows if args.pretrain_corpus == "bundled" else text_pretrain_rows(config, demo_corpus())
         weights, info = random_weights(arch, seed=config.seed), None
@@ -307,12 +336,15 @@ def main() -> None:
         "top2_random": dict(select=lambda s: sorted(set(make_plan(L - 2, config.k - 2, "random", period=args.steps)
                                                         .layers_at(s)) | {L - 2, L - 1})),
         "last": dict(select=make_plan(L, config.k, "last").layers_at),
+        "last_head10": dict(select=make_plan(L, config.k, "last").layers_at, full_first=max(1, args.steps // 10)),
         "top3_comp": dict(select=lambda s: sorted(set(make_plan(L - 3, 1, "cyclic").layers_at(s)) | {L - 3, L - 2, L - 1}),
                           unsel="comp"),
         "top3_frozen": dict(select=make_plan(L, config.k, "anchored").layers_at, unsel="frozen"),
         "top3_hold": dict(select=make_plan(L, config.k, "anchored").layers_at, unsel="hold"),
         "top3_direct_b": dict(select=make_plan(L, config.k, "anchored").layers_at, direct="b"),
         "top3_direct_ab": dict(select=make_plan(L, config.k, "anchored").layers_at, direct="ab"),
+        **{f"top3_head10_direct_{d}": dict(select=make_plan(L, config.k, "anchored").layers_at, direct=d,
+                                           full_first=max(1, args.steps // 10)) for d in ("b", "ab")},
         "top3_upper": dict(select=lambda s, lo=L // 3: sorted({lo + s % (L - config.k + 1 - lo), *range(L - config.k + 1, L)})),
         **{f"top3_head{pc}": dict(select=make_plan(L, config.k, "anchored").layers_at,
                                   full_first=max(1, args.steps * pc // 100)) for pc in (5, 10, 13)},
@@ -325,6 +357,9 @@ def main() -> None:
         "top3_tail10": dict(select=make_plan(L, config.k, "anchored").layers_at, full_every=-max(1, args.steps // 10)),
         "top3_mix": dict(select=lambda s, n=L - config.k + 1: sorted({*range(n, L)} | (
             {(3 * (s // 2)) % n, (3 * (s // 2) + 1) % n} if s % 2 == 0 else {(3 * (s // 2) + 2) % n}))),
+        **{f"top3{h}_lowlr{c}": dict(select=make_plan(L, config.k, "anchored").layers_at, low_lr=float(c),
+                                       full_first=max(1, args.steps // 10) if h else 0)
+           for h in ("", "_head10") for c in (0, 0.5, 1.5, 2, 3)},
         "anchored_k5": dict(select=make_plan(L, config.k + 1, "anchored").layers_at),
         "lcsb_lr_sqrt3": dict(select=cyc.layers_at, lr=config.lr * math.sqrt(3)),
         "lcsb_lr_x2": dict(select=cyc.layers_at, lr=config.lr * 2),

@@ -6,6 +6,8 @@ train_log.json) to toolchain/assets/demo_model/ (what `--model demo` loads).
     OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_demo_model.py            # the committed model
     .venv/bin/python scripts/pretrain_demo_model.py --steps 50 --out /tmp/m      # a quick check
     .venv/bin/python scripts/pretrain_demo_model.py --make-corpus DIR --steps 0  # only rebuild the corpus
+    .venv/bin/python scripts/pretrain_demo_model.py --arch lcsb-mid --steps 400 --lr 1.5e-3 --warmup 40 \
+        --threads 2 --out DIR     # a pretrained base for `toolchain bench lcsb`'s arch (docs/lcsb.md, session 15)
 
 The corpus (toolchain/assets/demo_corpus.txt) is rebuilt from the Canterbury-corpus files that PyPI's
 `brotli` sdist ships with `--make-corpus DIR` (DIR: its tests/testdata); see toolchain/assets/README.md.
@@ -78,10 +80,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=ASSETS / "demo_model")
+    ap.add_argument("--arch", choices=("demo", "lcsb-mid"), default="demo",
+                    help="demo: the `demo` preset (the committed model); lcsb-mid: `toolchain bench lcsb`'s `mid` arch "
+                         "(needs --out)")
+    ap.add_argument("--out", type=Path, default=None, help="checkpoint directory (default for --arch demo: "
+                                                          "toolchain/assets/demo_model)")
     ap.add_argument("--make-corpus", type=Path, default=None, metavar="TESTDATA_DIR",
                     help="first rebuild toolchain/assets/demo_corpus.txt from brotli's tests/testdata")
     args = ap.parse_args()
+    if args.out is None:
+        if args.arch != "demo":
+            ap.error("--arch lcsb-mid needs --out (the committed demo model is not overwritten)")
+        args.out = ASSETS / "demo_model"
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -100,12 +110,16 @@ def main() -> None:
     train_parts, held_parts = split(text)
     tok = ByteTokenizer()
     train = torch.tensor(list(b"\n\n".join(train_parts)), dtype=torch.int64)
-    arch = get_preset("demo")
+    if args.arch == "demo":
+        arch = get_preset("demo")
+    else:
+        from toolchain.bench.lcsb import BENCH_ARCHS
+        arch = BENCH_ARCHS["mid"]
     cfg = arch.to_hf_config()
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.BOS, tok.EOS, tok.PAD
     model = Qwen2ForCausalLM(cfg).float()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"demo preset: {n_params / 1e6:.2f} M parameters; train {train.numel()} bytes, "
+    print(f"{args.arch}: {n_params / 1e6:.2f} M parameters; train {train.numel()} bytes, "
           f"held-out {sum(map(len, held_parts))} bytes")
 
     held_rows = []  # fixed held-out windows: BOS + seq-1 bytes, consecutive
