@@ -63,8 +63,8 @@ Session 13:
   top3_head5, top3_head10, top3_head13   the first 5 / 10 / 13% of steps full backprop, then `anchored` (ideal
                 speedup at a 1.76x arm: 1.70x / 1.64x / 1.60x); cyclic_head10: the same warm-up before `cyclic`
 Session 15 (docs/lcsb.md "Session 15"; `--base-checkpoint DIR`: a pretrained base instead of the stand-in):
-  top3_lowlrC, top3_head10_lowlrC   `anchored` (after the 10% warm-up) with lr x C (C in 0, 0.5, 1.5, 2, 3) for
-                every update of the lower layers 0..L-k, the top k-1 unchanged
+  top3_lowlrC, top3_head10_lowlrC   `anchored` (the second: after top3_head10's warm-up) with lr x C (C in 0,
+                0.5, 1.5, 2, 3) for every update of the lower layers 0..L-k, the top k-1 unchanged
   top3_head10_direct_b, top3_head10_direct_ab   the warm-up, then top3_direct_b / top3_direct_ab
   last_head10   the warm-up, then the `last` policy (the top k layers only)
 """
