@@ -284,8 +284,7 @@ def main() -> None:
         weights = torch.load(base, weights_only=False)
     elif args.base_checkpoint is not None:
         ck_arch, weights = load_checkpoint(args.base_checkpoint)
-        if (ck_arch.hidden, ck_arch.layers, ck_arch.intermediate, ck_arch.vocab) != (
-                arch.hidden, arch.layers, arch.intermediate, arch.vocab):
+        if ck_arch != arch:
             raise SystemExit(f"{args.base_checkpoint}: not the bench's `mid` arch ({ck_arch})")
         torch.save(weights, base)
         base_info.write_text(json.dumps({"checkpoint": str(args.base_checkpoint)}))

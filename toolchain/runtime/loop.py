@@ -154,10 +154,15 @@ class LayerLoop:
         for i in range(self.layers):
             if i in keep:
                 checkpoints[i] = x
-                x = self.call_method("block_forward", i, {"x": x}, views)["x"]
-            else:
-                self.call_method("block_forward", i, {"x": x}, views, into={"x": x})
+            x = self._block_forward(i, x, views, keep_input=i in keep)
         return x, checkpoints
+
+    def _block_forward(self, i: int, x: Tensor, views: dict[str, Tensor], *, keep_input: bool) -> Tensor:
+        """Layer i's block_forward of x: its output goes into x's tensor unless x is kept (a checkpoint)."""
+        if keep_input:
+            return self.call_method("block_forward", i, {"x": x}, views)["x"]
+        self.call_method("block_forward", i, {"x": x}, views, into={"x": x})
+        return x
 
     def train_step(self, input_ids: Tensor, labels: Tensor, lr: float, state: Tensor,
                    selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1) -> float:
@@ -199,10 +204,7 @@ class LayerLoop:
         """The inputs of `group`'s layers, rebuilt from the first one's input `x`."""
         inputs = {group[0]: x}
         for j in range(group[0], group[-1]):
-            if j in inputs:     # kept: the output needs its own tensor
-                x = self.call_method("block_forward", j, {"x": x}, views)["x"]
-            else:
-                self.call_method("block_forward", j, {"x": x}, views, into={"x": x})
+            x = self._block_forward(j, x, views, keep_input=j in inputs)
             if j + 1 in group:
                 inputs[j + 1] = x
         return inputs
