@@ -57,3 +57,24 @@ def test_no_session_numbering(page: Path) -> None:
 def test_result_files_named_without_session() -> None:
     named = [p.name for p in (ROOT / "docs").iterdir() if re.search(r"session[-_ ]?[0-9]", p.name, re.IGNORECASE)]
     assert not named, named
+
+
+def test_glossary_table_equals_json() -> None:
+    """docs/architecture.md's glossary table and docs/glossary.json name the same targets, so the later renames
+    have one source to follow."""
+    import json
+
+    glossary = json.loads((ROOT / "docs" / "glossary.json").read_text(encoding="utf-8"))
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text[text.index("## Glossary"):]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 5 and cells[0] not in ("concept", "---"):
+            rows[cells[0]] = cells[1:4]
+    assert set(rows) == set(glossary)
+    for concept, entry in glossary.items():
+        for cell, lang in zip(rows[concept], ("python", "kotlin", "swift")):
+            name = entry[lang]
+            assert (name is None and "none" in cell) or (name is not None and cell.startswith(f"`{name}`")), \
+                (concept, lang, cell)
