@@ -11,7 +11,7 @@ steps of (loss_lcsb - loss_full) / loss_full), the held-out gap and the gap per 
 base and the full arm's losses are cached in --cache (deterministic: the same numbers every run), so a
 variant costs one LCSB run (~1 min on this host). Nothing here is timed (step times: `bench lcsb`).
 
-The stand-in base (the base study: docs/lcsb-base-study.json): `--pretrain-steps N` pretrains it for N steps
+The stand-in base (the base study: docs/lcsb-gap-base-study.json): `--pretrain-steps N` pretrains it for N steps
 (the bench's `--pretrain-steps`; the fine-tuning rows then start at row N, as in the bench), and
 `--pretrain-corpus demo` pretrains it on toolchain/assets/demo_corpus.txt (723 KB of other text, windows in a
 seeded order: `text_pretrain_rows`) instead of the fine-tuning split; the fine-tuning data (corpus.txt, its
