@@ -111,12 +111,23 @@ CORE="$HERE/trainer-core/src"
 # JVM: trainer-core and its tests in one compiler run (each kotlinc start costs ~20 s).
 jvm_ok=1
 check jvm-compile kotlinc -jvm-target 17 -cp "$JUNIT" -d "$BUILD/core-tests.jar" $(sources "$CORE/main" "$CORE/test") || jvm_ok=0
-# Android: stubs (javac), then trainer-core + app glue against android.jar alone (-no-jdk): the core may
-# use only Java APIs Android has, the glue only the Android and ExecuTorch APIs it declares.
+# Android: stubs (javac for the Android and AndroidX ones, kotlinc for ExecuTorch's, which is Kotlin), then
+# trainer-core + app glue against android.jar alone (-no-jdk): the core may use only Java APIs Android has, the glue
+# only the Android and ExecuTorch APIs it declares. ApiDump.kt (android/api) is compiled with the ExecuTorch stubs.
+# Then the API checks against the listing recorded from ExecuTorch's sources (android/api/executorch-android.json):
+#   api-stubs: the ExecuTorch stubs declare exactly the listing's classes and members (Kotlin declarations: property
+#              or function, parameters, defaults, nullability; and the JVM members they compile to);
+#   api-calls: every reference the compiled app glue makes into org.pytorch.executorch is a listed member.
+LISTING="$HERE/api/executorch-android.json"
 check stubs-compile sh -c "mkdir -p '$BUILD/stubs' && javac -nowarn --release 8 -cp '$ANDROID_JAR' -d '$BUILD/stubs' \
     \$(find '$HERE/host-stubs' -name '*.java' | sort)" \
- && check android-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$BUILD/stubs:$ANDROID_JAR" -d "$BUILD/app.jar" \
-        $(sources "$CORE/main" "$HERE/app/src/main/kotlin") || true
+ && check stubs-executorch-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$ANDROID_JAR:$KLIB/kotlin-reflect.jar" -d "$BUILD/stubs-et" \
+        $(sources "$HERE/host-stubs/executorch") "$HERE/api/ApiDump.kt" \
+ && { check api-stubs sh -c "java -cp '$BUILD/stubs-et:$KLIB/kotlin-stdlib.jar:$KLIB/kotlin-reflect.jar' ApiDumpKt org.pytorch.executorch \
+          '$BUILD/stubs-et' > '$BUILD/stubs-api.json' && python3 '$HERE/api/api_check.py' stubs '$LISTING' '$BUILD/stubs-api.json'" || true; } \
+ && check android-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$BUILD/stubs:$BUILD/stubs-et:$ANDROID_JAR" -d "$BUILD/app" \
+        $(sources "$CORE/main" "$HERE/app/src/main/kotlin") \
+ && check api-calls python3 "$HERE/api/api_check.py" calls "$LISTING" "$BUILD/app" || true
 check android-xml python3 -c 'import sys, xml.dom.minidom as m; [m.parse(f) for f in sys.argv[1:]]' \
     $(find "$HERE/app/src/main" -name '*.xml') || true
 
@@ -132,7 +143,8 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
     check native-kernel-host sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-host' -DCMAKE_BUILD_TYPE=Release \
         -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' -DTOOLCHAIN_KERNELS_CHECK=ON -DEXECUTORCH_LIBRARY='$ET_PKG/lib/libexecutorch.so' \
         && cmake --build '$BUILD/kernels-host' -j 2 \
-        && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent" || true
+        && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent \
+        && { [ ! -x '$BUILD/kernels-host/kernel_path_check' ] || '$BUILD/kernels-host/kernel_path_check' dotprod; }" || true
     if command -v aarch64-linux-gnu-g++ >/dev/null && command -v aarch64-linux-gnu-nm >/dev/null; then
         check native-kernel-arm64 sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-arm64' -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
