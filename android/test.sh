@@ -8,7 +8,10 @@
 #      APIs Android has) + host-stubs/ (ExecuTorch API stubs with the real signatures, and the few
 #      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed;
 #   4. build the generation kernel's static library (android/native) for this host and link it as the app's
-#      ExecuTorch JNI library does (registered, computes), and for arm64 when a cross g++ is installed.
+#      ExecuTorch JNI library does (registered, computes; the app's kernel path query answers), and for arm64
+#      when a cross g++ is installed; the 16 KB page gate of build_executorch_aar.sh;
+#   5. the API checks: the ExecuTorch stubs equal the listing recorded from ExecuTorch's sources
+#      (android/api/executorch-android.json), and every ExecuTorch member the compiled app glue calls is in it.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
 # program (shared_schemas/traces/v3_tiny, v3_tiny_groups with checkpoint groups, and v3_tiny_qwen3, the
@@ -158,6 +161,19 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
     fi
 else
     log "native-kernel checks skipped (need cmake, c++ and $REPO/.venv with executorch)"
+fi
+
+# The 16 KB page gate of build_executorch_aar.sh (--check-16k: every LOAD segment of the built libexecutorch.so
+# aligned to >= 16 KB, as Android 15+ phones with 16 KB pages need): a tiny .so linked with 16 KB pages passes, one
+# linked with 4 KB pages is refused.
+if command -v cc >/dev/null && command -v readelf >/dev/null; then
+    check native-16k-gate sh -c "mkdir -p '$BUILD/16k' && printf 'int f(void) { return 1; }\n' > '$BUILD/16k/f.c' \
+        && cc -shared -fPIC -Wl,-z,max-page-size=16384 '$BUILD/16k/f.c' -o '$BUILD/16k/ok.so' \
+        && cc -shared -fPIC -Wl,-z,max-page-size=4096 -Wl,-z,common-page-size=4096 '$BUILD/16k/f.c' -o '$BUILD/16k/4k.so' \
+        && bash '$HERE/native/build_executorch_aar.sh' --check-16k '$BUILD/16k/ok.so' \
+        && ! bash '$HERE/native/build_executorch_aar.sh' --check-16k '$BUILD/16k/4k.so'" || true
+else
+    log "native-16k-gate skipped (no cc / readelf)"
 fi
 
 # The Qwen2.5 tokenizer.json for TokenizerTest (4.6 MB, not in the repository): built by the toolchain from

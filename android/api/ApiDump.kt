@@ -136,7 +136,7 @@ fun member(where: String, outer: Class<*>, m: KCallable<*>, decls: MutableSet<St
                 val cap = m.name.replaceFirstChar { it.uppercaseChar() }
                 val getter = if (m.name.startsWith("is") && m.name.length > 2 && m.name[2].isUpperCase()) m.name else "get$cap"
                 val setter = if (getter == m.name) "set" + m.name.substring(2) else "set$cap"
-                for (x in (holder ?: outer).declaredMethods) if ((x.name == getter && x.parameterCount == 0 || mutable && x.name == setter && x.parameterCount == 1) && visible(x.modifiers) && !x.isSynthetic)
+                for (x in (holder ?: outer).declaredMethods) if ((x.name == getter && x.parameterTypes.isEmpty() || mutable && x.name == setter && x.parameterTypes.size == 1) && visible(x.modifiers) && !x.isSynthetic)
                     jvm.add(jvmMethod(x, holder))
             }
         }
