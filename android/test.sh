@@ -147,13 +147,15 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
         -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' -DTOOLCHAIN_KERNELS_CHECK=ON -DEXECUTORCH_LIBRARY='$ET_PKG/lib/libexecutorch.so' \
         && cmake --build '$BUILD/kernels-host' -j 2 \
         && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent \
-        && { [ ! -x '$BUILD/kernels-host/kernel_path_check' ] || '$BUILD/kernels-host/kernel_path_check' dotprod; }" || true
+        && '$BUILD/kernels-host/kernel_path_check' dotprod" || true
     if command -v aarch64-linux-gnu-g++ >/dev/null && command -v aarch64-linux-gnu-nm >/dev/null; then
         check native-kernel-arm64 sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-arm64' -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
             -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' && cmake --build '$BUILD/kernels-arm64' \
             && aarch64-linux-gnu-nm -C '$BUILD/kernels-arm64/libtoolchain_kernels.a' > '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' T toolchain_int4_linear_a8\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' T Java_org_onphonellm_trainer_app_NativeKernels_kernelPath\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' W toolchain_kernel_path\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q '_GLOBAL__sub_I_kernels' '$BUILD/kernels-arm64/nm.txt'" || true
     else

@@ -121,6 +121,10 @@ fun member(where: String, outer: Class<*>, m: KCallable<*>, decls: MutableSet<St
             // class the static copies of a companion's @JvmStatic function. (By name: kotlin-reflect's
             // javaMethod cannot map some signatures of classes compiled against android.jar.)
             for (x in (holder ?: outer).declaredMethods) if (x.name == m.name && visible(x.modifiers) && !x.isSynthetic && !x.isBridge) jvm.add(jvmMethod(x, holder))
+            // A function with default arguments: Kotlin callers that omit some call its synthetic static
+            // `name$default` (receiver, arguments, mask, marker), part of the binary interface Kotlin code uses.
+            if (m.parameters.any { it.isOptional })
+                for (x in (holder ?: outer).declaredMethods) if (x.name == m.name + "\$default" && Modifier.isStatic(x.modifiers)) jvm.add(jvmMethod(x, holder))
             if (holder != null && static) for (x in outer.declaredMethods) if (x.name == m.name && Modifier.isStatic(x.modifiers) && visible(x.modifiers) && !x.isSynthetic) jvm.add(jvmMethod(x))
         }
         is KProperty<*> -> {

@@ -145,14 +145,17 @@ def check_calls(listing: dict, refs: list[tuple[str, str, str | None, str | None
         if name.endswith("/Companion") and name.removesuffix("/Companion") in classes:
             # a call on the Companion instance (Kotlin calls companion members so): listed as Companion.member
             outer = classes[name.removesuffix("/Companion")]
-            if member is not None and f"Companion.{member}{desc}" not in {j.removeprefix("protected ") for j in outer["jvm"]}:
+            sig = ("static " if instr == "invokestatic" else "") + f"Companion.{member}{desc}"
+            if member is not None and sig not in {j.removeprefix("protected ") for j in outer["jvm"]}:
                 problems.append(f"calls: {instr} {where}.{member}{desc} is not in the listing")
             continue
         e = classes.get(name)
+        # what ApiDump leaves out of supertypes: an enum class extends java.lang.Enum (ordinal(), name(), ...)
+        supers = e["supertypes"] + (["java.lang.Enum"] if e and e.get("kind") == "enum class" else []) + ["java.lang.Object"] if e else []
         if e is None:
             problems.append(f"calls: class {where} is not in the listing")
         elif member is not None and not _listed(e, instr, member, desc) \
-                and not _inherited(classes, e["supertypes"], instr, member, desc, jdk, cache):
+                and not _inherited(classes, supers, instr, member, desc, jdk, cache):
             problems.append(f"calls: {instr} {where}.{member}{desc} is not in the listing")
     return problems
 

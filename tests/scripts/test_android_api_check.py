@@ -42,6 +42,18 @@ LISTING = {
             "declarations": ["@JvmField val mTypeCode: kotlin.Int", "@JvmField var mData: kotlin.Any?"],
             "jvm": ["final field mTypeCode:I", "field mData:Ljava/lang/Object;"],
         },
+        "org.pytorch.executorch.DType": {
+            "language": "kotlin", "kind": "enum class", "supertypes": [],
+            "declarations": ["enum entry FLOAT"],
+            "jvm": ["static final field FLOAT:Lorg/pytorch/executorch/DType;"],
+        },
+        "org.pytorch.executorch.Module": {
+            "language": "kotlin", "kind": "open class", "supertypes": ["java.io.Closeable"],
+            "declarations": ["companion @JvmStatic @JvmOverloads fun load(modelPath: kotlin.String?, loadMode: kotlin.Int = ..., "
+                             "numThreads: kotlin.Int = ...): org.pytorch.executorch.Module"],
+            "jvm": ["static Companion.load$default(Lorg/pytorch/executorch/Module$Companion;Ljava/lang/String;IIILjava/lang/Object;)"
+                    "Lorg/pytorch/executorch/Module;", "Companion.load(Ljava/lang/String;I)Lorg/pytorch/executorch/Module;"],
+        },
     },
 }
 
@@ -100,6 +112,22 @@ def test_listed_calls_pass_and_unlisted_ones_fail():
                ("invokevirtual", T + "$Companion", "numel", "([J)J"))
     problems = api_check.check_calls(LISTING, bad)
     assert len(problems) == len(bad), problems
+
+
+def test_inherited_enum_members_and_default_argument_calls():
+    """What Kotlin compiles calls into: `when` over an enum calls java.lang.Enum.ordinal(); a call omitting default
+    arguments calls the companion's synthetic static `load$default` (listed), never an instance one."""
+    D, M = "org/pytorch/executorch/DType", "org/pytorch/executorch/Module$Companion"
+    default = "(Lorg/pytorch/executorch/Module$Companion;Ljava/lang/String;IIILjava/lang/Object;)Lorg/pytorch/executorch/Module;"
+    ok = refs(("invokevirtual", D, "ordinal", "()I"), ("getstatic", D, "FLOAT", "Lorg/pytorch/executorch/DType;"),
+              ("invokestatic", M, "load$default", default),
+              ("invokevirtual", M, "load", "(Ljava/lang/String;I)Lorg/pytorch/executorch/Module;"),
+              ("invokeinterface", "org/pytorch/executorch/Module", "close", "()V"))          # java.io.Closeable's
+    assert api_check.check_calls(LISTING, ok) == []
+    bad = refs(("invokevirtual", D, "ordinalNumber", "()I"),
+               ("invokevirtual", M, "load$default", default),
+               ("invokevirtual", "org/pytorch/executorch/Tensor", "ordinal", "()I"))             # Tensor is no enum
+    assert len(api_check.check_calls(LISTING, bad)) == 3
 
 
 javac = shutil.which("javac")
