@@ -8,7 +8,10 @@
 #      APIs Android has) + host-stubs/ (ExecuTorch API stubs with the real signatures, and the few
 #      Android APIs newer than 23 that the glue calls); check the app's XML files are well-formed;
 #   4. build the generation kernel's static library (android/native) for this host and link it as the app's
-#      ExecuTorch JNI library does (registered, computes), and for arm64 when a cross g++ is installed.
+#      ExecuTorch JNI library does (registered, computes; the app's kernel path query answers), and for arm64
+#      when a cross g++ is installed; the 16 KB page gate of build_executorch_aar.sh;
+#   5. the API checks: the ExecuTorch stubs equal the listing recorded from ExecuTorch's sources
+#      (android/api/executorch-android.json), and every ExecuTorch member the compiled app glue calls is in it.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
 # JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
 # program (shared_schemas/traces/v3_tiny, v3_tiny_groups with checkpoint groups, and v3_tiny_qwen3, the
@@ -111,12 +114,23 @@ CORE="$HERE/trainer-core/src"
 # JVM: trainer-core and its tests in one compiler run (each kotlinc start costs ~20 s).
 jvm_ok=1
 check jvm-compile kotlinc -jvm-target 17 -cp "$JUNIT" -d "$BUILD/core-tests.jar" $(sources "$CORE/main" "$CORE/test") || jvm_ok=0
-# Android: stubs (javac), then trainer-core + app glue against android.jar alone (-no-jdk): the core may
-# use only Java APIs Android has, the glue only the Android and ExecuTorch APIs it declares.
+# Android: stubs (javac for the Android and AndroidX ones, kotlinc for ExecuTorch's, which is Kotlin), then
+# trainer-core + app glue against android.jar alone (-no-jdk): the core may use only Java APIs Android has, the glue
+# only the Android and ExecuTorch APIs it declares. ApiDump.kt (android/api) is compiled with the ExecuTorch stubs.
+# Then the API checks against the listing recorded from ExecuTorch's sources (android/api/executorch-android.json):
+#   api-stubs: the ExecuTorch stubs declare exactly the listing's classes and members (Kotlin declarations: property
+#              or function, parameters, defaults, nullability; and the JVM members they compile to);
+#   api-calls: every reference the compiled app glue makes into org.pytorch.executorch is a listed member.
+LISTING="$HERE/api/executorch-android.json"
 check stubs-compile sh -c "mkdir -p '$BUILD/stubs' && javac -nowarn --release 8 -cp '$ANDROID_JAR' -d '$BUILD/stubs' \
     \$(find '$HERE/host-stubs' -name '*.java' | sort)" \
- && check android-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$BUILD/stubs:$ANDROID_JAR" -d "$BUILD/app.jar" \
-        $(sources "$CORE/main" "$HERE/app/src/main/kotlin") || true
+ && check stubs-executorch-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$ANDROID_JAR:$KLIB/kotlin-reflect.jar" -d "$BUILD/stubs-et" \
+        $(sources "$HERE/host-stubs/executorch") "$HERE/api/ApiDump.kt" \
+ && { check api-stubs sh -c "java -cp '$BUILD/stubs-et:$KLIB/kotlin-stdlib.jar:$KLIB/kotlin-reflect.jar' ApiDumpKt org.pytorch.executorch \
+          '$BUILD/stubs-et' > '$BUILD/stubs-api.json' && python3 '$HERE/api/api_check.py' stubs '$LISTING' '$BUILD/stubs-api.json'" || true; } \
+ && check android-compile kotlinc -no-jdk -jvm-target 1.8 -cp "$BUILD/stubs:$BUILD/stubs-et:$ANDROID_JAR" -d "$BUILD/app" \
+        $(sources "$CORE/main" "$HERE/app/src/main/kotlin") \
+ && check api-calls python3 "$HERE/api/api_check.py" calls "$LISTING" "$BUILD/app" || true
 check android-xml python3 -c 'import sys, xml.dom.minidom as m; [m.parse(f) for f in sys.argv[1:]]' \
     $(find "$HERE/app/src/main" -name '*.xml') || true
 
@@ -132,13 +146,16 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
     check native-kernel-host sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-host' -DCMAKE_BUILD_TYPE=Release \
         -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' -DTOOLCHAIN_KERNELS_CHECK=ON -DEXECUTORCH_LIBRARY='$ET_PKG/lib/libexecutorch.so' \
         && cmake --build '$BUILD/kernels-host' -j 2 \
-        && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent" || true
+        && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent \
+        && '$BUILD/kernels-host/kernel_path_check' dotprod" || true
     if command -v aarch64-linux-gnu-g++ >/dev/null && command -v aarch64-linux-gnu-nm >/dev/null; then
         check native-kernel-arm64 sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-arm64' -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
             -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' && cmake --build '$BUILD/kernels-arm64' \
             && aarch64-linux-gnu-nm -C '$BUILD/kernels-arm64/libtoolchain_kernels.a' > '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' T toolchain_int4_linear_a8\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' T Java_org_onphonellm_trainer_app_NativeKernels_kernelPath\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' W toolchain_kernel_path\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q '_GLOBAL__sub_I_kernels' '$BUILD/kernels-arm64/nm.txt'" || true
     else
@@ -146,6 +163,19 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
     fi
 else
     log "native-kernel checks skipped (need cmake, c++ and $REPO/.venv with executorch)"
+fi
+
+# The 16 KB page gate of build_executorch_aar.sh (--check-16k: every LOAD segment of the built libexecutorch.so
+# aligned to >= 16 KB, as Android 15+ phones with 16 KB pages need): a tiny .so linked with 16 KB pages passes, one
+# linked with 4 KB pages is refused.
+if command -v cc >/dev/null && command -v readelf >/dev/null; then
+    check native-16k-gate sh -c "mkdir -p '$BUILD/16k' && printf 'int f(void) { return 1; }\n' > '$BUILD/16k/f.c' \
+        && cc -shared -fPIC -Wl,-z,max-page-size=16384 '$BUILD/16k/f.c' -o '$BUILD/16k/ok.so' \
+        && cc -shared -fPIC -Wl,-z,max-page-size=4096 -Wl,-z,common-page-size=4096 '$BUILD/16k/f.c' -o '$BUILD/16k/4k.so' \
+        && bash '$HERE/native/build_executorch_aar.sh' --check-16k '$BUILD/16k/ok.so' \
+        && ! bash '$HERE/native/build_executorch_aar.sh' --check-16k '$BUILD/16k/4k.so'" || true
+else
+    log "native-16k-gate skipped (no cc / readelf)"
 fi
 
 # The Qwen2.5 tokenizer.json for TokenizerTest (4.6 MB, not in the repository): built by the toolchain from

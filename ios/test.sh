@@ -4,7 +4,8 @@
 #      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups, v3_tiny_qwen3) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
-#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins;
+#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins, and the
+#      ExecuTorch stand-in checked against the API listing recorded from ExecuTorch's sources (swift_api.py);
 #   3. the scripts/ios tests (a fake xcrun on PATH);
 #   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
 #      (v3_tiny, v3_tiny_groups and v3_tiny_qwen3 with the stock methods; v3_tiny and v3_tiny_qwen3 again
@@ -111,6 +112,17 @@ tc_failed=$((4 - tc_passed))
 echo "App type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
 passed=$((passed + tc_passed))
 failed=$((failed + tc_failed))
+
+# --- 2c. The stand-in of the ExecuTorch Swift API (ios/typecheck/ExecuTorch.swift, what 2b type-checks the app
+# against) declares only what ExecuTorch's own sources declare: every type, member (kind, Swift name with argument
+# labels, static, throws; the Swift overlay's members also by their types) and conformance is in the listing recorded
+# from extension/apple/ExecuTorch/Exported (ios/typecheck/executorch-swift.json, made by swift_api.py record).
+python3 "$HERE/typecheck/swift_api.py" check "$HERE/typecheck/executorch-swift.json" "$HERE/typecheck/ExecuTorch.swift" \
+    >"$LOG_DIR/swift-api.log" 2>&1
+if [ $? = 0 ]; then api_passed=1; api_failed=0; else api_passed=0; api_failed=1; cat "$LOG_DIR/swift-api.log"; fi
+echo "ExecuTorch Swift API stand-in vs listing: $api_passed passed, $api_failed failed ($(tail -1 "$LOG_DIR/swift-api.log"))"
+passed=$((passed + api_passed))
+failed=$((failed + api_failed))
 
 # --- 3. scripts/ios with a fake xcrun.
 bash "$REPO/scripts/ios/tests/run_tests.sh" >"$LOG_DIR/scripts.log" 2>&1

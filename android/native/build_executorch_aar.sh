@@ -22,14 +22,48 @@
 #   2. configures ExecuTorch's Android build directory (cmake-out-android-$ANDROID_ABI, the preset's) once
 #      with EXECUTORCH_JNI_CUSTOM_LIBRARY set: a CMake cache entry, kept by the script's own configure;
 #   3. runs scripts/build_android_library.sh for that ABI (libexecutorch.so, then the AAR with Gradle);
-#   4. checks the kernel's name is in the built libexecutorch.so, and copies the AAR to OUT_DIR.
+#   4. checks the kernel's name and the app's kernel path query are in the built libexecutorch.so and its LOAD
+#      segments are 16 KB-aligned, and copies the AAR to OUT_DIR.
 # Not run in this repository's CI (no NDK there): docs/android.md, "The generation kernel", says what was
 # checked where.
+#
+# 16 KB pages: Android 15+ phones may run a 16 KB page kernel, which refuses to load a .so whose LOAD segments
+# are aligned to less (and Google Play requires 16 KB-aligned libraries of apps targeting Android 15+). NDK r28
+# and later link 16 KB-aligned by default; this script refuses an older NDK and checks the built libexecutorch.so
+# (every LOAD segment aligned to >= 0x4000, read with the NDK's llvm-readelf).
+#   build_executorch_aar.sh --check-16k FILE.so    # only that check (READELF=... to choose the readelf)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 die() { echo "build_executorch_aar.sh: $*" >&2; exit 2; }
+
+# check_16k SO: every PT_LOAD segment of SO aligned to at least 16 KB (prints the alignments).
+readelf_tool() {  # READELF, else the NDK's llvm-readelf, else readelf
+    local re="${READELF:-}"
+    if [ -z "$re" ] && [ -n "${ANDROID_NDK:-}" ]; then
+        re="$(ls "$ANDROID_NDK"/toolchains/llvm/prebuilt/*/bin/llvm-readelf 2>/dev/null | head -1 || true)"
+    fi
+    echo "${re:-readelf}"
+}
+check_16k() {
+    local so="$1" re aligns a
+    re="$(readelf_tool)"
+    [ -f "$so" ] || die "no $so"
+    aligns="$("$re" -lW "$so" | awk '$1 == "LOAD" { print $NF }')" || die "$re cannot read $so"
+    [ -n "$aligns" ] || die "$so has no LOAD segment (not a shared library?)"
+    for a in $aligns; do
+        if [ $((a)) -lt 16384 ]; then
+            die "$so has a LOAD segment aligned to $a (< 0x4000): a 16 KB page Android refuses it; build with NDK r28+"
+        fi
+    done
+    echo "$so: LOAD segments aligned to $(echo $aligns | tr ' ' ',') (16 KB pages: ok)"
+}
+if [ "${1:-}" = "--check-16k" ]; then
+    [ $# = 2 ] || die "usage: $0 --check-16k FILE.so"
+    check_16k "$2"
+    exit 0
+fi
 
 [ $# -ge 1 ] || die "usage: ANDROID_NDK=... ANDROID_SDK=... $0 /path/to/executorch [OUT_DIR]"
 ET="$(cd "$1" && pwd)" || die "no directory $1"
@@ -40,6 +74,9 @@ ABI="${ANDROID_ABI:-arm64-v8a}"
 PLATFORM="${ANDROID_PLATFORM:-android-26}"
 NDK="${ANDROID_NDK:-}"
 [ -n "$NDK" ] && [ -f "$NDK/build/cmake/android.toolchain.cmake" ] || die "set ANDROID_NDK to an Android NDK (no build/cmake/android.toolchain.cmake under '$NDK')"
+ndk_rev="$(sed -n 's/^Pkg.Revision *= *\([0-9]*\).*/\1/p' "$NDK/source.properties" 2>/dev/null | head -1)"
+[ -n "$ndk_rev" ] || die "cannot read the NDK version ($NDK/source.properties)"
+[ "$ndk_rev" -ge 28 ] || die "NDK r$ndk_rev: use NDK r28 or later (it links 16 KB-aligned libraries, which Android 15+ phones with 16 KB pages need)"
 [ -n "${ANDROID_SDK:-${ANDROID_HOME:-}}" ] || die "set ANDROID_SDK (or ANDROID_HOME): ExecuTorch's script builds the AAR with Gradle"
 export ANDROID_SDK="${ANDROID_SDK:-$ANDROID_HOME}"
 [ "$(basename "$ET")" = executorch ] || die "$ET must be named exactly 'executorch' (ExecuTorch's CMake requires it)"
@@ -78,6 +115,10 @@ ANDROID_NDK="$NDK" ANDROID_ABIS="$ABI" BUILD_AAR_DIR="$OUT" bash scripts/build_a
 so="cmake-out-android-so/$ABI/libexecutorch.so"
 [ -f "$so" ] || die "no $ET/$so"
 grep -aq "int4_linear_a8.out" "$so" || die "$so does not contain the kernel (toolchain::int4_linear_a8.out): was EXECUTORCH_JNI_CUSTOM_LIBRARY linked?"
+# The app's kernel path query (kernel_path_jni.cpp) is exported (the version script keeps Java_*).
+ANDROID_NDK="$NDK" "$(ANDROID_NDK="$NDK" readelf_tool)" --dyn-syms -W "$so" | grep -q " Java_org_onphonellm_trainer_app_NativeKernels_kernelPath\$" \
+    || die "$so lacks Java_org_onphonellm_trainer_app_NativeKernels_kernelPath (kernel_path_jni.cpp): the screen would say 'path unknown'"
+ANDROID_NDK="$NDK" check_16k "$so"
 [ -f "$OUT/executorch.aar" ] || die "no $OUT/executorch.aar"
 echo "built $OUT/executorch.aar with toolchain::int4_linear_a8.out ($ABI)"
 echo "build the app with it: ./gradlew :app:assembleDebug -PexecutorchAar=$OUT/executorch.aar"

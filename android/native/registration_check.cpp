@@ -18,6 +18,22 @@ using executorch::runtime::EValue;
 using executorch::runtime::KernelRuntimeContext;
 using executorch::runtime::etensor::TensorImpl;
 
+#ifdef TOOLCHAIN_KERNELS_JNI
+// kernel_path_jni.cpp (the app's kernel path query), linked in with the kernels: nullptr (kernels without
+// toolchain_kernel_path()) or one of the path names.
+extern "C" const char* toolchain_kernel_path_for_app();
+static bool kernel_path_ok() {
+  const char* p = toolchain_kernel_path_for_app();
+  std::printf("kernel path for the app: %s\n", p ? p : "none (kernels without toolchain_kernel_path)");
+  if (p == nullptr) return true;
+  for (const char* name : {"generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"})
+    if (std::strcmp(p, name) == 0) return true;
+  return false;
+}
+#else
+static bool kernel_path_ok() { return true; }
+#endif
+
 int main(int argc, char** argv) {
   // every kernel a fused method lists (manifest generate.fused.kernels); the first is also run below
   const char* ops[] = {"toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
@@ -32,6 +48,7 @@ int main(int argc, char** argv) {
     has = has && here;
   }
   if (!has) return 0;
+  if (!kernel_path_ok()) return 1;
   // y = x W^T for x [1, 4], W [2, 4] int4 (group 4): high nibble = column 2j, value n - 8. x is on its int8
   // grid (max |x| = 127: the activation scale is 1), so the W4A8 result is exact.
   float x[4] = {127, -64, 32, 1};

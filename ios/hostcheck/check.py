@@ -13,7 +13,8 @@ Two builds of module_check, both with the app's kernel probe (ios/App/Sources/Ke
   stock (default): the app's ExecuTorch kernel set only; the probe must say toolchain::int4_linear_a8.out is
     missing, and only the stock methods are loaded (a fused method would not load without its kernel);
   --fused: also toolchain/native/kernels.cpp (the toolchain's flags), as the app target compiles it;
-    the probe must say registered, the fused generation methods (generate.fused) are loaded instead of
+    the probe must say registered (and the kernel path query: none, or a path name), the fused generation
+    methods (generate.fused) are loaded instead of
     their stock ones and called by generate(); the greedy ids must still be the trace's.
 
     .venv/bin/python ios/hostcheck/check.py [TRACE_DIR] [--fused]   # default shared_schemas/traces/v3_tiny
@@ -42,6 +43,7 @@ DTYPES = {0: np.float32, 1: np.int64, 2: np.uint8, 3: np.int8}
 
 
 KERNEL = "toolchain::int4_linear_a8.out"
+KERNEL_PATHS = ("generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm")  # toolchain_kernel_path()
 KERNELS_DIR = ROOT / "ios/App/Sources/Kernels"     # the app's kernel probe (and its header)
 
 
@@ -156,6 +158,11 @@ def main() -> int:
         registered = probe(binary, KERNEL)
         report["kernel_probe"] = {KERNEL: "registered" if registered else "missing"}
         ok &= registered == fused
+        # the app's kernel path query (ToolchainKernels.cpp): without the kernels its weak stand-in says none; with
+        # them, none (kernels without toolchain_kernel_path) or one of the path names
+        path = subprocess.run([str(binary), "--kernel-path"], check=True, capture_output=True, text=True).stdout.strip()
+        report["kernel_path"] = path
+        ok &= path == "none" if not fused else path in ("none", *KERNEL_PATHS)
         # the stock build loads no method that needs the kernel; the fused one loads the fused variants instead
         methods = role_methods(pdir, "all", fused=fused)
         ok &= bool(fused_methods & set(methods)) == fused

@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
     std::cout << (toolchain_kernel_registered(argv[2]) ? "registered" : "missing") << std::endl;
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--kernel-path") {  // the app's kernel path query (ToolchainKernels.h)
+    const char* p = toolchain_kernel_path_name();
+    std::cout << (p ? p : "none") << std::endl;
+    return 0;
+  }
   if (argc < 3) {
     std::cerr << "usage: module_check MODEL.pte METHOD... | module_check --probe KERNEL\n";
     return 2;

@@ -62,6 +62,8 @@ final class TrainingController: ObservableObject {
     @Published private(set) var importMessage = ""
     /// Why the exported adapter cannot be shared from the app (too large; nil: it can).
     @Published private(set) var adapterRefusal: String?
+    /// Which kernel path the generation runs (ExecuTorchRuntime.kernelLine of the run's runtime; KernelPath).
+    @Published private(set) var kernelLine = "native kernels: - (no program loaded)"
 
     nonisolated let paths: AppPaths
     private let model = TrainingViewModel()
@@ -366,6 +368,8 @@ final class TrainingController: ObservableObject {
             }
             phase("Opening the weights and the \(run.backend == "coreml" ? "Core ML" : "ExecuTorch") program")
             let runtime = try makeRuntime(backend: run.backend, directory: dir, manifest: manifest)
+            let kernels = (runtime as? ExecuTorchRuntime)?.kernelLine ?? KernelPath.coreML
+            DispatchQueue.main.async { controller?.kernelLine = kernels }
             let budget = UInt64(run.budgetMB) << 20
             let footprint = FootprintProbe()
             let session = try TrainingSession(

@@ -16,6 +16,11 @@ extern "C" {
 /// (an operator name as the manifest lists it, e.g. "toolchain::int4_linear_a8.out").
 bool toolchain_kernel_registered(const char *name);
 
+/// The run-time path the native kernels chose for this CPU (toolchain_kernel_path() of toolchain/native/kernels.cpp:
+/// "generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"), or NULL when the kernels predate that
+/// function (ToolchainKernels.cpp's weak stand-in answers then) or it named no path.
+const char *toolchain_kernel_path_name(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -135,8 +135,23 @@ final class ExecuTorchRuntime: ProgramRuntime {
         names.filter { name in name.withCString { toolchain_kernel_registered($0) } }
     }
 
-    /// Whether the native int4 kernel is linked into this app (what the screen reports).
+    /// Whether the native int4 kernel is linked into this app.
     static var int4KernelRegistered: Bool { !kernelsRegistered([int4Kernel]).isEmpty }
+
+    /// The run-time path the native kernels chose for this CPU (`toolchain_kernel_path()`, ToolchainKernels.h); nil
+    /// when the linked kernels predate it.
+    static var kernelPath: String? {
+        guard let p = toolchain_kernel_path_name() else { return nil }
+        return String(cString: p)
+    }
+
+    /// What the screen shows: "native kernels: yes (path dotprod)" when every kernel of the fused methods is
+    /// registered (generation calls them), "... yes (path unknown)", or "... no (stock methods)".
+    var kernelLine: String {
+        let needed = Set(manifest.generate?.fused?.kernels ?? [])
+        let fused = !needed.isEmpty && registeredKernels == needed
+        return KernelPath.describe(registered: fused, path: fused ? Self.kernelPath : nil)
+    }
     static let int4Kernel = "toolchain::int4_linear_a8.out"
 
     /// A tensor over the input's bytes, no copy.

@@ -188,6 +188,7 @@ struct ContentView: View {
     private var progressSection: some View {
         Section("Progress") {
             Text(state.message).font(.callout)
+            Text(controller.kernelLine).font(.caption).foregroundStyle(.secondary)
             if state.stepsPlanned > 0 {
                 ProgressView(value: state.progress) { Text("Step \(state.stepsDone) of \(state.stepsPlanned)") }
             }

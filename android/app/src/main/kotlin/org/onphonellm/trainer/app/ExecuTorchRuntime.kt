@@ -4,6 +4,7 @@ import android.util.Log
 import org.onphonellm.trainer.core.CacheRows
 import org.onphonellm.trainer.core.Compute
 import org.onphonellm.trainer.core.ElemType
+import org.onphonellm.trainer.core.KernelPath
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.TensorBuffer
 import org.onphonellm.trainer.core.OutputBuffers
@@ -31,7 +32,9 @@ import org.pytorch.executorch.DType as EtDType
  *   and exports no kernel registry to add one from another .so; docs/android.md, "The generation kernel").
  *   Detected by loading the fused methods first: a method calling an operator the runtime lacks fails in
  *   `loadMethod` with Error::OperatorMissing (0x14, ExecutorchRuntimeException.getErrorCode()), and then
- *   the stock generation methods are loaded instead. [requireKernels]: fail instead of falling back (an app
+ *   the stock generation methods are loaded instead. With them, [kernelPath] is the path the kernels chose for this CPU
+ *   (`toolchain_kernel_path()` through the JNI shim, [NativeKernels]); [kernelLine] is what the screen shows.
+ *   [requireKernels]: fail instead of falling back (an app
  *   built with the kernel that must not run without it). The methods the driver will not call (the stock
  *   ones a fused one replaces, or the fused ones without the kernel) are not loaded: no arena for them.
  * - Inputs are the loop's views, wrapped without copying: `Tensor.fromBlob` over the mapped weights'
@@ -61,6 +64,10 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
     val kernels: Set<String>
     /** The methods loaded (every arena allocated up front: failures and memory show early). */
     val loaded: List<String>
+    /** The native kernels' run-time path (`toolchain_kernel_path()`, [NativeKernels]); null: stock methods, or unknown. */
+    val kernelPath: String?
+    /** The screen's line: "native kernels: yes (path dotprod)" / "... yes (path unknown)" / "... no (stock methods)". */
+    val kernelLine: String get() = KernelPath.describe(kernels.isNotEmpty(), kernelPath)
 
     init {
         val fused = program.fused
@@ -79,11 +86,12 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
             }
         }
         kernels = if (fused != null && missing == null) fused.kernels.toSet() else emptySet()
+        kernelPath = if (kernels.isNotEmpty()) NativeKernels.path() else null
         if (missing != null) {
             if (requireKernels) throw IllegalStateException("this app's ExecuTorch runtime lacks ${fused!!.kernels} ($missing); build the AAR with android/native/build_executorch_aar.sh")
             Log.i(TAG, "no ${fused!!.kernels} in this ExecuTorch runtime ($missing): generation runs the stock methods")
         } else if (fused != null) {
-            Log.i(TAG, "${fused.kernels} registered: generation runs ${fused.methods.values}")
+            Log.i(TAG, "${fused.kernels} registered: generation runs ${fused.methods.values} (kernel path ${kernelPath ?: "unknown"})")
         }
         // The methods the loop can call: training's, and generation's under the names it will use.
         val want = LayerLoop.methodsCalled(program, this)
@@ -143,7 +151,7 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
             if (rows != null) {
                 // The arena's float view, its rows straight into the cache (the one copy).
                 if (t.dtype() != EtDType.FLOAT) throw IllegalStateException("output ${io.name} of $method is ${t.dtype()}, the KV cache is float32")
-                rows.write(t.rawDataBuffer as FloatBuffer)
+                rows.write(t.getRawDataBuffer() as FloatBuffer)
                 return@mapIndexed rows.cache
             }
             val dst = into.getOrNull(i) ?: own.of(method)[i]

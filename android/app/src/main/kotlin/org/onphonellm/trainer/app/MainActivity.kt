@@ -76,6 +76,8 @@ class MainActivity : Activity() {
     private lateinit var status: TextView
     private lateinit var chart: LossChartView
     private lateinit var memory: TextView
+    /** Which kernel path the generation runs (TrainingStatus.kernels, from the runtime's probe). */
+    private lateinit var kernels: TextView
     private lateinit var memoryBar: ProgressBar
     private lateinit var evals: TextView
     private lateinit var prompt: EditText
@@ -142,6 +144,7 @@ class MainActivity : Activity() {
         chart = LossChartView(this)
         col.addView(chart, LinearLayout.LayoutParams(LinearLayout.LayoutParams.MATCH_PARENT, (180 * dp).toInt()))
         memory = label("memory: -")
+        kernels = label("native kernels: - (no program loaded)")
         memoryBar = ProgressBar(this, null, android.R.attr.progressBarStyleHorizontal)
         col.addView(memoryBar)
         evals = label("held-out loss: before -, after -")
@@ -489,6 +492,7 @@ class MainActivity : Activity() {
             memory.text = "memory (RssAnon) $anonMb MB of a $budgetMb MB budget"
             memoryBar.max = maxOf(1, budgetMb.toInt())
             memoryBar.progress = anonMb.toInt()
+            s.kernels?.let { kernels.text = it }
             val e = if (s.running || s.evalBefore != null) EvalPair(s.evalBefore, s.evalAfter, null) else o.evals
             fun f(x: Double?) = x?.let { "%.4f".format(it) } ?: "-"
             evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}"

@@ -96,6 +96,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
             val probe = AndroidMemoryProbe(ctx)
             phase(StartPhase.LOADING)
             ExecuTorchRuntime(File(programDir, program.programFile), program).use { runtime ->
+                TrainingStatus.kernels = runtime.kernelLine
                 phase(StartPhase.PREPARING)
                 val session = TrainingSession(program, weights, runtime, runDir, probe, Clock.System, Progress())
                 session.nativeLog = { ExecuTorchRuntime.readLog() }

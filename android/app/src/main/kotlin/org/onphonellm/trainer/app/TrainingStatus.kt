@@ -14,6 +14,8 @@ object TrainingStatus {
     @Volatile var anonBytes: Long? = null
     @Volatile var budgetBytes = 0L
     @Volatile var message = "idle"
+    /** The native kernels line of the loaded program's runtime (ExecuTorchRuntime.kernelLine); null before a load. */
+    @Volatile var kernels: String? = null
     @Volatile var evalBefore: Double? = null
     @Volatile var evalAfter: Double? = null
     /** The last failure (message, phase, ExecuTorch's log lines), shown under the status. */
