@@ -274,7 +274,8 @@ const char* toolchain_kernel_path_error() {
 }
 
 // For the kernel tests: use path `name` from now on (not thread-safe against running kernels). Returns 0, -1 for an
-// unknown name, -2 for a path this CPU lacks (the path is then unchanged; toolchain_kernel_path_error() says why).
+// unknown name, -2 for a path this CPU lacks; after a refusal toolchain_kernel_path_error() says why and the kernels
+// return -2 (as with a refused $TOOLCHAIN_KERNEL_PATH) until a path is selected.
 int toolchain_select_kernel_path(const char* name) {
   KernelPathState& st = kernel_path_state();
   std::string why = st.select(name);
