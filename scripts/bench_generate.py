@@ -3,6 +3,9 @@
   .venv/bin/python scripts/bench_generate.py --program DIR [--target executorch|onnx|eager] [--threads 1]
       [--prompt-len 64] [--new 64] [--modes fused,stock] [--anchor PTE] [--json OUT]
 
+A mode `fused:<path>` (e.g. --modes fused:generic,fused:avx2,fused:avx_vnni,fused:avx512_vnni) runs the fused
+methods with that kernel path forced ($TOOLCHAIN_KERNEL_PATH; docs/kernels.md).
+
 Each mode runs in its own child process (the same program, one runtime each): `fused` is the ExecuTorch
 generation with the native int4 kernel (int4 programs), `stock` the methods any ExecuTorch runtime has
 (`TOOLCHAIN_NATIVE_KERNELS=0`); with --target onnx / eager, one mode of that runtime. In each child: the
@@ -61,7 +64,12 @@ def _ours(a) -> dict:
         generate(pdir, runner, state, prompt, a.new)                       # warm-up
         res = generate(pdir, runner, state, prompt, a.new)
     del train
-    return {"system": f"toolchain {runner.backend}" + (" + int4 kernel" if res.fused else ""),
+    kernels = ""
+    if res.fused:
+        from toolchain.native import kernel_path
+
+        kernels = f" + kernels {kernel_path()}"
+    return {"system": f"toolchain {runner.backend}" + kernels,
             "backend": runner.backend, "load_s": round(load_s, 3), **res.timings(),
             "generation_anon_mib": round((m.peak_anon_bytes - m.anon_before_bytes) / MIB, 1),
             "anon_before_mib": round(m.anon_before_bytes / MIB, 1),
@@ -113,7 +121,10 @@ def _child(a, mode: str) -> dict:
     env = dict(os.environ)
     if mode == "stock":
         env["TOOLCHAIN_NATIVE_KERNELS"] = "0"
-    cmd = [sys.executable, __file__, "--child", mode, "--threads", str(a.threads), "--prompt-len", str(a.prompt_len),
+    child = mode
+    if mode.startswith("fused:"):
+        child, env["TOOLCHAIN_KERNEL_PATH"] = "fused", mode.split(":", 1)[1]
+    cmd = [sys.executable, __file__, "--child", child, "--threads", str(a.threads), "--prompt-len", str(a.prompt_len),
            "--new", str(a.new)]
     if mode == "anchor":
         cmd += ["--anchor", str(a.anchor)]

@@ -105,7 +105,8 @@ SHAPES = [(1, 65, 896, 64), (1, 7, 130, 32), (1, 50, 2080, 32), (1, 3, 70, 64), 
           (2, 5, 130, 128), (2, 9, 1000, 64), (3, 33, 128, 64), (4, 17, 96, 32), (5, 23, 1024, 32), (6, 29, 4864, 64),
           (7, 31, 258, 64), (8, 13, 2000, 128), (9, 17, 160, 32), (10, 19, 1000, 32), (11, 5, 100, 32),
           (12, 37, 896, 64), (16, 21, 896, 64), (17, 48, 1000, 128), (33, 21, 4864, 64), (64, 24, 896, 32),
-          (5, 9, 70, 6), (12, 7, 200, 30), (3, 11, 34, 2)]
+          (5, 9, 70, 6), (12, 7, 200, 30), (3, 11, 34, 2),
+          (1, 200, 2048, 64), (12, 100, 1000, 32), (5, 70, 1030, 128)]   # large enough to split over threads
 
 
 @pytest.mark.parametrize("path", X86_PATHS)
@@ -151,6 +152,33 @@ def test_rows_of_x_do_not_interact_in_any_path(lib, path):
             assert torch.equal(_bits(part), _bits(whole[:t]))
         for r in range(13):
             assert torch.equal(_bits(_int4(lib, x[r:r + 1].clone(), q, s, group)[0]), _bits(whole[r]))
+
+
+@pytest.mark.parametrize("path", ("generic", *X86_PATHS))
+def test_threads_split_the_rows_without_changing_the_bits(lib, path):
+    """With ExecuTorch's thread pool at 2 threads the rows are split in chunks of 16 (a short last one); the bits
+    equal the 1-thread run's (the runtime's pool: portable_lib._unsafe_reset_threadpool, what --threads sets)."""
+    from executorch.extension.pybindings import portable_lib
+
+    if not _has(path):
+        assert lib.toolchain_select_kernel_path(path.encode()) == -2
+        return
+    assert lib.toolchain_select_kernel_path(path.encode()) == 0
+    before = lib.toolchain_kernel_threads()
+    gen = torch.Generator().manual_seed(9)
+    try:
+        for t, o, i, group in [(1, 520, 896, 64), (12, 100, 1000, 32), (3, 300, 2048, 128), (64, 77, 896, 64),
+                               (2, 1000, 640, 64)]:
+            q, s = _quantized(o, i, group, gen)
+            x = _x(t, i, gen, special=True)
+            got = []
+            for n in (1, 2):
+                portable_lib._unsafe_reset_threadpool(n)
+                assert lib.toolchain_kernel_threads() == n
+                got.append(_int4(lib, x, q, s, group))
+            assert torch.equal(_bits(got[0]), _bits(got[1])), (path, t, o, i, group)
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
 
 
 _CHILD = """

@@ -134,7 +134,8 @@ def _compare_with(generic) -> None:
     # T >= 10 (groups of 32 / 64) and T >= 2 (groups of 128) take the broadcast path (rows in lanes)
     for t, o, i, group in [(1, 37, 896, 64), (6, 29, 4864, 64), (5, 23, 1024, 32), (3, 17, 1152, 128),
                            (2, 9, 1000, 64), (1, 5, 130, 32), (12, 37, 896, 64), (33, 21, 4864, 64),
-                           (10, 19, 1000, 32), (2, 5, 130, 128), (17, 48, 1000, 128)]:
+                           (10, 19, 1000, 32), (2, 5, 130, 128), (17, 48, 1000, 128), (1, 520, 896, 64),
+                           (3, 300, 2048, 32)]:   # (the last: rows split over the thread pool, where it has 2)
         q, scales = _quantize_partial(torch.randn(o, i, generator=gen), group)
         x = torch.randn(t, i, generator=gen)
         assert torch.equal(_kernel(x, q, scales, group), _call(generic, x, q, scales, group)), (t, o, i, group)

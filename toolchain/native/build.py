@@ -56,7 +56,12 @@ def _compiler() -> str:
     return cxx
 
 
-def _key(cxx: str) -> str:
+def _pool_flags(et: Path) -> list[str]:
+    """The kernels split rows over ExecuTorch's thread pool where the wheel ships it (libexecutorch_threadpool)."""
+    return ["-DTOOLCHAIN_THREADPOOL", "-lexecutorch_threadpool"] if (et / "lib" / "libexecutorch_threadpool.so").is_file() else []
+
+
+def _key(cxx: str, extra: tuple[str, ...] = ()) -> str:
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
@@ -65,7 +70,7 @@ def _key(cxx: str) -> str:
 
     h = hashlib.sha256()
     for part in (KERNEL_SOURCE.read_bytes(), *(p.read_bytes() for p in KERNEL_HEADERS),
-                 " ".join(compile_flags()).encode(), version.encode(),
+                 " ".join([*compile_flags(), *extra]).encode(), version.encode(),
                  importlib.metadata.version("executorch").encode(), _cpu_flags().encode()):
         h.update(part)
         h.update(b"\0")
@@ -93,14 +98,15 @@ def kernel_library() -> Path:
     """
     cxx, et = _compiler(), _executorch_dir()
     cache = Path(os.environ.get("TOOLCHAIN_KERNEL_CACHE") or Path.home() / ".cache" / "toolchain" / "kernels")
-    target = cache / _key(cxx) / _LIB_NAME
+    pool = _pool_flags(et)
+    target = cache / _key(cxx, tuple(pool)) / _LIB_NAME
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
     cmd = [cxx, *compile_flags(), f"-I{et}/include", f"-I{et}/include/executorch/runtime/core/portable_type/c10",
-           str(KERNEL_SOURCE), "-o", tmp, f"-L{et}/lib", "-lexecutorch", f"-Wl,-rpath,{et}/lib"]
+           *pool[:1], str(KERNEL_SOURCE), "-o", tmp, f"-L{et}/lib", "-lexecutorch", *pool[1:], f"-Wl,-rpath,{et}/lib"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
@@ -148,6 +154,8 @@ def load_kernels() -> ctypes.CDLL:
         lib.toolchain_kernel_path_error.restype = ctypes.c_char_p
         lib.toolchain_select_kernel_path.argtypes = [ctypes.c_char_p]
         lib.toolchain_select_kernel_path.restype = ctypes.c_int
+        lib.toolchain_kernel_threads.argtypes = []
+        lib.toolchain_kernel_threads.restype = ctypes.c_int64
         error = lib.toolchain_kernel_path_error()
         if error:   # $TOOLCHAIN_KERNEL_PATH forced a path this CPU lacks (or an unknown name): never a fallback
             raise KernelUnavailable(f"$TOOLCHAIN_KERNEL_PATH: {error.decode()}")

@@ -259,6 +259,98 @@ inline void lora_epilogue(float* __restrict y, const float* __restrict bias, con
 
 constexpr int LORA_BLOCK = 64;
 
+
+// The vector quantization of x's groups for `path` (nullptr: the scalar loop).
+using Group16 = void (*)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t);
+Group16 group16_of(KernelPath path) {
+  switch (path) {
+#ifdef TOOLCHAIN_X86
+    case KernelPath::avx512_vnni: return x86_avx512::group16;
+    case KernelPath::avx_vnni: return x86_avx_vnni::group16;
+    case KernelPath::avx2: return x86_avx2::group16;
+#endif
+    default: return nullptr;
+  }
+}
+
+// One toolchain_int4_linear_a8 call after x is quantized: weight rows are split over threads in chunks.
+struct RowsTask {
+  KernelPath path;
+  const QuantizedX* a;
+  int64_t T;
+  const uint8_t* q;
+  const float* scales;
+  int64_t half, gb, ng, o;
+  float* y;
+  int64_t chunk;
+};
+
+// Output rows r0 .. r1 - 1 of a task (all T rows of x): the path's kernels, else the generic rows.
+void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
+  const uint8_t* q = k.q + r0 * k.half;
+  const float* scales = k.scales + r0 * k.ng;
+  float* y = k.y + r0;
+  const int64_t n = r1 - r0;
+#ifdef TOOLCHAIN_X86
+  switch (k.path) {
+    case KernelPath::avx512_vnni:
+      if (x86_avx512::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      break;
+    case KernelPath::avx_vnni:
+      if (x86_avx_vnni::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      break;
+    case KernelPath::avx2:
+      if (x86_avx2::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      break;
+    default:
+      break;
+  }
+#endif
+  for (int64_t t0 = 0; t0 < k.T; t0 += TT) {
+    float* yt = y + t0 * k.o;
+    switch (std::min(TT, k.T - t0)) {
+      case 4: rows<4>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      case 3: rows<3>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      case 2: rows<2>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      default: rows<1>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+    }
+  }
+}
+
+void rows_chunk(void* task, size_t i) {
+  const RowsTask& k = *static_cast<const RowsTask*>(task);
+  const int64_t r0 = static_cast<int64_t>(i) * k.chunk;
+  linear_rows(k, r0, std::min(k.o, r0 + k.chunk));
+}
+
+// The runtime's thread pool (ExecuTorch's, the one XNNPACK uses: its size is the runtime's thread count, e.g.
+// `toolchain generate --threads N`), when the library is built with TOOLCHAIN_THREADPOOL (build.py, against the
+// wheel's libexecutorch_threadpool; the wheel ships no threadpool.h, so its pthreadpool C API is declared here).
+#ifdef TOOLCHAIN_THREADPOOL
+}  // namespace
+extern "C" {
+typedef struct pthreadpool* pthreadpool_t;
+size_t pthreadpool_get_threads_count(pthreadpool_t);
+void pthreadpool_parallelize_1d(pthreadpool_t, void (*)(void*, size_t), void*, size_t, uint32_t);
+}
+namespace executorch::extension::threadpool {
+pthreadpool_t get_pthreadpool();
+}
+namespace {
+int64_t pool_threads() {
+  pthreadpool_t pool = executorch::extension::threadpool::get_pthreadpool();
+  return pool != nullptr ? static_cast<int64_t>(pthreadpool_get_threads_count(pool)) : 1;
+}
+void run_in_pool(RowsTask* task, int64_t chunks) {
+  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), rows_chunk, task,
+                             static_cast<size_t>(chunks), 0);
+}
+#else
+int64_t pool_threads() { return 1; }
+void run_in_pool(RowsTask* task, int64_t chunks) {
+  for (int64_t i = 0; i < chunks; ++i) rows_chunk(task, static_cast<size_t>(i));
+}
+#endif
 }  // namespace
 
 extern "C" {
@@ -266,6 +358,9 @@ extern "C" {
 // The kernel path in use ("generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"; a path
 // $TOOLCHAIN_KERNEL_PATH forced is named even when it cannot run).
 const char* toolchain_kernel_path() { return kKernelPathNames[static_cast<int>(kernel_path_state().path)]; }
+
+// The threads the int4 kernels split rows over (the runtime's thread pool; 1 without it).
+int64_t toolchain_kernel_threads() { return pool_threads(); }
 
 // nullptr, or why the forced path cannot run here (then every kernel call returns -2).
 const char* toolchain_kernel_path_error() {
@@ -298,36 +393,17 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   const KernelPath path = kernel_path_state().path;
   if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
   thread_local QuantizedX a;
+  a.build(x, T, in, group, ng, 16 * 64, group16_of(path));   // padded to whole blocks (16 groups of <= 64 bytes)
 #ifdef TOOLCHAIN_X86
-  switch (path) {
-    case KernelPath::avx512_vnni:
-      a.build(x, T, in, group, ng, 16 * 64, x86_avx512::group16);   // padded to whole blocks (16 groups of <= 64 bytes)
-      if (x86_avx512::linear(a, T, q, scales, half, gb, ng, o, y)) return 0;
-      break;
-    case KernelPath::avx_vnni:
-      a.build(x, T, in, group, ng, 16 * 64, x86_avx_vnni::group16);
-      if (x86_avx_vnni::linear(a, T, q, scales, half, gb, ng, o, y)) return 0;
-      break;
-    case KernelPath::avx2:
-      a.build(x, T, in, group, ng, 16 * 64, x86_avx2::group16);
-      if (x86_avx2::linear(a, T, q, scales, half, gb, ng, o, y)) return 0;
-      break;
-    default:
-      a.build(x, T, in, group, ng, 16 * 64, nullptr);
-      break;
-  }
-#else
-  (void)path;
-  a.build(x, T, in, group, ng, 16 * 64, nullptr);
+  if (path == KernelPath::avx512_vnni) x86_avx512::prepare(a, T, gb);
 #endif
-  for (int64_t t0 = 0; t0 < T; t0 += TT) {
-    float* yt = y + t0 * o;
-    switch (std::min(TT, T - t0)) {
-      case 4: rows<4>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      case 3: rows<3>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      case 2: rows<2>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      default: rows<1>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-    }
+  RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o};
+  const int64_t threads = pool_threads();
+  if (threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18)) {   // split the rows (independent: the same bits)
+    task.chunk = std::max<int64_t>(16, (o + 4 * threads - 1) / (4 * threads) + 15) / 16 * 16;
+    run_in_pool(&task, (o + task.chunk - 1) / task.chunk);
+  } else {
+    linear_rows(task, 0, o);
   }
   return 0;
 }

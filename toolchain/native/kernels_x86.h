@@ -366,7 +366,7 @@ void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict 
 // increasing order), and the 16 accumulators are added in lane_sum's tree: the same bits as rows_vnni.
 template <int GB>
 void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
-                         int64_t half, int64_t ng, int64_t o, float* __restrict y) {
+                         int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
   constexpr int D = GB / 4;                                      // dwords of a group's bytes
   constexpr int DC = D < 8 ? D : 8;                              // dwords per pass (2 DC weight registers)
   thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
@@ -440,7 +440,7 @@ void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restri
       for (int l = 0; l < 8; ++l) s8[l] = _mm512_add_ps(_mm512_loadu_ps(v + l * L), _mm512_loadu_ps(v + (l + 8) * L));
       for (int l = 0; l < 4; ++l) s4[l] = _mm512_add_ps(s8[l], s8[l + 4]);
       const __m512 out = _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
-      _mm512_mask_storeu_ps(y + t * o + r0, rm, out);
+      _mm512_mask_storeu_ps(y + t * ldy + r0, rm, out);
     }
   }
 }
@@ -466,26 +466,35 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int
   }
 }
 
-// The AVX-512 VNNI path of toolchain_int4_linear_a8 after x is quantized (a): false for groups it has no kernel
-// for (other than 32, 64 or 128 columns), which the generic rows then take.
-bool linear(QuantizedX& a, int64_t T, const uint8_t* q, const float* scales, int64_t half, int64_t gb, int64_t ng,
-            int64_t o, float* y) {
+// Whether linear() takes the broadcast kernel (rows in lanes) for T rows of x and groups of gb bytes.
+inline bool broadcast(int64_t T, int64_t gb) { return (T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64); }
+
+// What linear() needs of a besides the quantized x: the tiles' transposed copy (before the rows are split
+// over threads: linear() only reads a).
+void prepare(QuantizedX& a, int64_t T, int64_t gb) {
+  if ((gb == 16 || gb == 32 || gb == 64) && T > 1 && !broadcast(T, gb)) a.transposed(T, gb);
+}
+
+// The AVX-512 VNNI path of toolchain_int4_linear_a8 after x is quantized (a, prepare()d): the o rows of y (row
+// stride ldy; any block of weight rows, its scales and outputs). False for groups it has no kernel for (other
+// than 32, 64 or 128 columns), which the generic rows then take.
+bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scales, int64_t half, int64_t gb,
+            int64_t ng, int64_t o, float* y, int64_t ldy) {
   if (gb != 16 && gb != 32 && gb != 64) return false;
-  if ((T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64)) {   // where it beats the tiles (docs/benchmarks.md)
+  if (broadcast(T, gb)) {   // where it beats the tiles (docs/benchmarks.md)
     switch (gb) {
-      case 16: rows_vnni_broadcast<16>(a, T, q, scales, half, ng, o, y); return true;
-      case 32: rows_vnni_broadcast<32>(a, T, q, scales, half, ng, o, y); return true;
-      default: rows_vnni_broadcast<64>(a, T, q, scales, half, ng, o, y); return true;
+      case 16: rows_vnni_broadcast<16>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      case 32: rows_vnni_broadcast<32>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      default: rows_vnni_broadcast<64>(a, T, q, scales, half, ng, o, y, ldy); return true;
     }
   }
-  if (T > 1) a.transposed(T, gb);
   for (int64_t t0 = 0; t0 < T; t0 += TT) {
-    float* yt = y + t0 * o;
+    float* yt = y + t0 * ldy;
     switch (std::min(TT, T - t0)) {
-      case 4: rows<4>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      case 3: rows<3>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      case 2: rows<2>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      default: rows<1>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
+      case 4: rows<4>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+      case 3: rows<3>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+      case 2: rows<2>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+      default: rows<1>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
     }
   }
   return true;
@@ -670,7 +679,7 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const fl
 // added in lane_sum's tree: row_generic's bits.
 template <int GB>
 void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
-                    int64_t half, int64_t ng, int64_t o, float* __restrict y) {
+                    int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
   constexpr int D = GB / 4;                                      // dwords of a group's bytes
   constexpr int DC = 4;                                          // dwords per pass (8 vpmaddubsw into int16 at most)
   thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
@@ -747,32 +756,33 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
         for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(_mm256_loadu_ps(v + l * L), _mm256_loadu_ps(v + (l + 8) * L));
         for (int l = 0; l < 4; ++l) s4[l] = _mm256_add_ps(s8[l], s8[l + 4]);
         const __m256 out = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
-        _mm256_maskstore_ps(y + t * o + r0 + 8 * h, lane_mask(nr - 8 * h), out);
+        _mm256_maskstore_ps(y + t * ldy + r0 + 8 * h, lane_mask(nr - 8 * h), out);
       }
     }
   }
 }
 
-// This path's toolchain_int4_linear_a8 after x is quantized (a): false for groups it has no kernel for (other than
-// 32, 64 or 128 columns), which the generic rows then take.
-bool linear(QuantizedX& a, int64_t T, const uint8_t* q, const float* scales, int64_t half, int64_t gb, int64_t ng,
-            int64_t o, float* y) {
+// This path's toolchain_int4_linear_a8 after x is quantized (a): the o rows of y (row stride ldy; any block of
+// weight rows, its scales and outputs). False for groups it has no kernel for (other than 32, 64 or 128 columns),
+// which the generic rows then take.
+bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scales, int64_t half, int64_t gb,
+            int64_t ng, int64_t o, float* y, int64_t ldy) {
   if (gb != 16 && gb != 32 && gb != 64) return false;
   if (T >= YMM_BROADCAST_T) {
     switch (gb) {
-      case 16: rows_broadcast<16>(a, T, q, scales, half, ng, o, y); return true;
-      case 32: rows_broadcast<32>(a, T, q, scales, half, ng, o, y); return true;
-      default: rows_broadcast<64>(a, T, q, scales, half, ng, o, y); return true;
+      case 16: rows_broadcast<16>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      case 32: rows_broadcast<32>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      default: rows_broadcast<64>(a, T, q, scales, half, ng, o, y, ldy); return true;
     }
   }
   for (int64_t t0 = 0; t0 < T; t0 += TT) {
-    float* yt = y + t0 * o;
+    float* yt = y + t0 * ldy;
     const int64_t nt = std::min(TT, T - t0);
 #define TOOLCHAIN_YMM_ROWS(NT)                                                              \
     switch (gb) {                                                                           \
-      case 16: rows<NT, 16>(a, t0, q, scales, half, ng, o, yt, o); break;                   \
-      case 32: rows<NT, 32>(a, t0, q, scales, half, ng, o, yt, o); break;                   \
-      default: rows<NT, 64>(a, t0, q, scales, half, ng, o, yt, o); break;                   \
+      case 16: rows<NT, 16>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
+      case 32: rows<NT, 32>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
+      default: rows<NT, 64>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
     }
     if (nt == 4) { TOOLCHAIN_YMM_ROWS(4) }
     else if (nt == 3) { TOOLCHAIN_YMM_ROWS(3) }
