@@ -17,25 +17,37 @@
 //                                a[t, k] = round_half_even(x[t, k] / sa[t, g]) in [-127, 127] (0 where sa is 0)
 //   per output r:                isum[t, r, g] = sum_k a[t, k] * (n[r, k] - 8)      (exact, in int32)
 //                                y[t, r] = sum_g float(isum) * (sw[r, g] * sa[t, g])
-// The integer sums are exact in any order, so every path below gives the same isum. The float sum is in one
-// fixed order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in
-// increasing order), then the 16 lanes are summed as a fixed pairwise tree. So the AVX-512 VNNI path and
-// the generic path (any other host; arm64 in the apps) give the same bits (tests/native, and
-// scripts/check_kernel_arm64.sh under qemu).
+// The integer sums are exact in any order, so every path gives the same isum. The float sum is in one fixed
+// order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in increasing
+// order), then the 16 lanes are summed as a fixed pairwise tree. So every kernel path gives the generic path's
+// bits (tests/native/test_kernel_paths.py, and scripts/check_kernel_arm64.sh under qemu).
 //
-// The AVX-512 VNNI path (groups of 32, 64 or 128 columns): 64 weight bytes (128 weights) are split into
-// their high and low nibbles (0..15, unsigned) and multiplied into the even / odd columns of the int8 x
-// with vpdpbusd (64 products per instruction); 4-lane partial sums are folded into 16 group sums per block
-// of 16 groups with permutes, and the correction for the nibble offset (- 8 sum_k a[t, k] per group) is
-// subtracted once per group. Decode (T = 1) streams the weight rows past one row of x held in registers. A
-// prefill chunk (T >= 10, e.g. 32; any T >= 2 for groups of 128) puts 16 weight rows in the 16 lanes instead
-// (rows_vnni_broadcast): their group bytes are gathered into registers once and every row of x multiplies
-// them with its 4-byte dwords broadcast; smaller T takes tiles of TT rows (rows_vnni_tiles).
+// Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
+// $TOOLCHAIN_KERNEL_PATH names (for testing; a path the CPU lacks is refused, never replaced by another):
+//   generic       the portable C++ below (any CPU; vectorized by the compiler as far as it can)
+//   avx2          x86 AVX2 + FMA: 256-bit vpmaddubsw + vpmaddwd            (kernels_x86.h)
+//   avx_vnni      x86 AVX-VNNI (Intel since Alder Lake): 256-bit vpdpbusd  (kernels_x86.h)
+//   avx512_vnni   x86 AVX-512 F/BW/VL/DQ + VNNI: 512-bit vpdpbusd           (kernels_x86.h)
+//   neon, dotprod, i8mm   arm64 (kernels_arm64.h where built)
+// Each x86 path is compiled for its own instruction set (target regions), so one library holds them all
+// whatever -march the rest is built with. The vector paths cover groups of 32, 64 and 128 columns (other groups
+// take the generic rows) with three kernels each: decode (T = 1) streams the weight rows past one row of x;
+// row tiles (T = 2..9) share each weight load among up to 4 rows of x; the broadcast kernel (a prefill chunk)
+// puts weight rows in the vector lanes (16 in AVX-512, 8 per register in 256 bits), gathers their group
+// bytes into registers once and multiplies every row of x with its 4-byte dwords broadcast. The AVX-512 one:
+// 64 weight bytes (128 weights) are split into their high and low nibbles (0..15, unsigned) and multiplied
+// into the even / odd columns of the int8 x with vpdpbusd (64 products per instruction); 4-lane partial sums
+// are folded into 16 group sums per block of 16 groups with permutes, and the correction for the nibble
+// offset (- 8 sum_k a[t, k] per group) is subtracted once per group.
 //
-// Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers and
-// libexecutorch) for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the
-// ExecuTorch kernels `toolchain::<op>.out` of the ops above at load; `toolchain_<op>` are the same
-// computations as C functions for the kernel tests.
+// Threads: the weight rows of a call are split in chunks of 16 over the runtime's thread pool (ExecuTorch's,
+// the one XNNPACK uses, when built with TOOLCHAIN_THREADPOOL); rows are independent, so the bits are the same.
+//
+// Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers,
+// libexecutorch and libexecutorch_threadpool) for the host, and by the apps' native builds (android/, ios/)
+// for arm64. Registers the ExecuTorch kernels `toolchain::<op>.out` of the ops above at load;
+// `toolchain_<op>` are the same computations as C functions for the kernel tests, with
+// toolchain_kernel_path() / toolchain_select_kernel_path() / toolchain_kernel_threads() beside them.
 
 #include <algorithm>
 #include <cmath>
