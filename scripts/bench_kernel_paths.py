@@ -1,7 +1,7 @@
 """The int4 kernel (toolchain_int4_linear_a8) on each kernel path this CPU has, side by side in one process.
 
   .venv/bin/python scripts/bench_kernel_paths.py [--paths generic,avx2,avx_vnni,avx512_vnni] [--mb 300]
-      [--group 64] [--reps 3] [--json OUT]
+      [--group 64] [--reps 3] [--threads 1,2] [--json OUT]
 
 decode: T = 1 through --mb MB of int4 weights (0.5B decode reads ~279 MB per token), [4864, 896] and
 [896, 4864] matrices cycled so the weights come from memory, not cache: GB/s of weights per CPU second.
@@ -9,6 +9,8 @@ prefill: a 32-row chunk (the programs' prefill chunk) and T = 64 through one [48
 matrix: GMAC/s per CPU second. Times are the calling thread's CPU time (time.thread_time, best of --reps), so
 other processes on a loaded host do not count (their share of the memory bus and caches still does); the
 thread pool is set to 1 thread. Every path's output is checked bit-equal to the generic path's first.
+--threads 1,2 adds, per path, the wall time of the same decode pass and a T = 32 chunk with ExecuTorch's
+thread pool at each count (interleaved, best of --reps: on a loaded host the best is the least disturbed).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=300.0)
     ap.add_argument("--group", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", default="", help="e.g. 1,2: wall time per thread-pool size")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 
@@ -86,6 +89,27 @@ def main() -> None:
                 best = min(best, time.thread_time() - c0)
             macs = t * sum(q.numel() * 2 for q, _ in mats[:2])
             row[f"prefill_t{t}_gmac_per_cpu_s"] = round(macs / best / 1e9, 1)
+        counts = [int(n) for n in a.threads.split(",") if n]
+        if counts:
+            x32 = {i: xs[i][:32].contiguous() for i in xs}
+            wall = {(n, k): float("inf") for n in counts for k in ("decode", "t32")}
+            for _ in range(a.reps):
+                for n in counts:
+                    portable_lib._unsafe_reset_threadpool(n)
+                    assert lib.toolchain_kernel_threads() == n
+                    w0 = time.perf_counter()
+                    for q, s in mats:
+                        run(q, s, x1[q.shape[1] * 2], ys[(1, q.shape[0])])
+                    w1 = time.perf_counter()
+                    for q, s in mats[:2]:
+                        run(q, s, x32[q.shape[1] * 2], ys[(32, q.shape[0])])
+                    w2 = time.perf_counter()
+                    wall[(n, "decode")] = min(wall[(n, "decode")], w1 - w0)
+                    wall[(n, "t32")] = min(wall[(n, "t32")], w2 - w1)
+            portable_lib._unsafe_reset_threadpool(1)
+            for n in counts:
+                row[f"wall_decode_ms_{n}t"] = round(wall[(n, "decode")] * 1e3, 2)
+                row[f"wall_t32_ms_{n}t"] = round(wall[(n, "t32")] * 1e3, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     lib.toolchain_select_kernel_path(default.encode())
