@@ -3,6 +3,9 @@
   .venv/bin/python scripts/bench_generate.py --program DIR [--target executorch|onnx|eager] [--threads 1]
       [--prompt-len 64] [--new 64] [--modes fused,stock] [--anchor PTE] [--json OUT]
 
+A mode `fused:<path>` (e.g. --modes fused:generic,fused:avx2,fused:avx_vnni,fused:avx512_vnni) runs the fused
+methods with that kernel path forced ($TOOLCHAIN_KERNEL_PATH; docs/kernels.md).
+
 Each mode runs in its own child process (the same program, one runtime each): `fused` is the ExecuTorch
 generation with the native int4 kernel (int4 programs), `stock` the methods any ExecuTorch runtime has
 (`TOOLCHAIN_NATIVE_KERNELS=0`); with --target onnx / eager, one mode of that runtime. In each child: the
@@ -59,10 +62,23 @@ def _ours(a) -> dict:
         runner = open_runner(pdir, a.target, threads=a.threads, use="generate")
         load_s = time.perf_counter() - t0
         generate(pdir, runner, state, prompt, a.new)                       # warm-up
-        res = generate(pdir, runner, state, prompt, a.new)
+        first: list[float] = []
+        c0 = time.process_time()
+        res = generate(pdir, runner, state, prompt, a.new,
+                       on_token=lambda _: first.append(time.process_time()) if not first else None)
+        c1 = time.process_time()
     del train
-    return {"system": f"toolchain {runner.backend}" + (" + int4 kernel" if res.fused else ""),
-            "backend": runner.backend, "load_s": round(load_s, 3), **res.timings(),
+    # CPU time of the process (all its threads): prefill until the first token, decode after it. On a loaded
+    # host, with 1 thread, tokens per CPU second is the rate an idle core would give (wall time is not).
+    cpu = {"prefill_cpu_s": round(first[0] - c0, 4), "decode_cpu_s": round(c1 - first[0], 4),
+           "decode_tokens_per_cpu_s": round(res.timings()["decode_tokens"] / max(c1 - first[0], 1e-9), 3)}
+    kernels = ""
+    if res.fused:
+        from toolchain.native import kernel_path
+
+        kernels = f" + kernels {kernel_path()}"
+    return {"system": f"toolchain {runner.backend}" + kernels,
+            "backend": runner.backend, "load_s": round(load_s, 3), **res.timings(), **cpu,
             "generation_anon_mib": round((m.peak_anon_bytes - m.anon_before_bytes) / MIB, 1),
             "anon_before_mib": round(m.anon_before_bytes / MIB, 1),
             "kv_cache_mib": round(pdir.manifest.generate.cache_bytes / MIB, 2),
@@ -113,7 +129,10 @@ def _child(a, mode: str) -> dict:
     env = dict(os.environ)
     if mode == "stock":
         env["TOOLCHAIN_NATIVE_KERNELS"] = "0"
-    cmd = [sys.executable, __file__, "--child", mode, "--threads", str(a.threads), "--prompt-len", str(a.prompt_len),
+    child = mode
+    if mode.startswith("fused:"):
+        child, env["TOOLCHAIN_KERNEL_PATH"] = "fused", mode.split(":", 1)[1]
+    cmd = [sys.executable, __file__, "--child", child, "--threads", str(a.threads), "--prompt-len", str(a.prompt_len),
            "--new", str(a.new)]
     if mode == "anchor":
         cmd += ["--anchor", str(a.anchor)]
@@ -147,11 +166,12 @@ def main() -> None:
     rows = [_child(a, m) for m in modes] + ([_child(a, "anchor")] if a.anchor else [])
     anchor = next((r for r in rows if r["mode"] == "anchor"), None)
     print(f"{'system':44s} {'load s':>7s} {'prefill s':>9s} {'ttft s':>7s} {'decode tok/s':>12s} {'vs anchor':>9s} "
-          f"{'gen anon MiB':>12s}")
+          f"{'gen anon MiB':>12s} {'prefill cpu s':>13s} {'decode tok/cpu-s':>16s}")
     for r in rows:
         ratio = f"{r['decode_tokens_per_s'] / anchor['decode_tokens_per_s']:.2f}x" if anchor else "-"
         print(f"{r['system']:44s} {r['load_s']:7.2f} {r['prefill_s']:9.3f} {r['ttft_s']:7.3f} "
-              f"{r['decode_tokens_per_s']:12.2f} {ratio:>9s} {r['generation_anon_mib']:12.1f}")
+              f"{r['decode_tokens_per_s']:12.2f} {ratio:>9s} {r['generation_anon_mib']:12.1f} "
+              f"{r.get('prefill_cpu_s', float('nan')):13.3f} {r.get('decode_tokens_per_cpu_s', float('nan')):16.2f}")
     out = {"program": str(a.program) if a.program else None, "anchor": str(a.anchor) if a.anchor else None,
            "threads": a.threads, "prompt_len": a.prompt_len, "new": a.new, "load_avg": os.getloadavg()[0],
            "rows": rows}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -384,7 +385,30 @@ def test_cli_generate_reports_timings_that_add_up(tied_int4, tmp_path):
     assert 0 < out["prefill_s"] <= out["ttft_s"] <= out["seconds"]
     assert out["decode_s"] <= out["seconds"] and out["load_s"] > 0
     assert math.isclose(out["decode_tokens_per_s"], out["decode_tokens"] / out["decode_s"], rel_tol=2e-3)
-    assert "| prefill " in res.output and "first token" in res.output and "tokens/s (executorch, int4 kernel)" in res.output
+    from toolchain.native import kernel_path
+
+    assert out["kernel_path"] == kernel_path()
+    assert "| prefill " in res.output and "first token" in res.output
+    assert f"tokens/s (executorch, kernels: {kernel_path()})" in res.output
+
+
+def test_cli_generate_with_a_forced_kernel_path_the_cpu_lacks_is_one_error_line(tied_int4):
+    """$TOOLCHAIN_KERNEL_PATH naming a path this CPU lacks (an arm64 one on x86, an x86 one on arm64) is one
+    `Error:` line naming the path, not a silent run of another path or of the stock methods."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    path = "neon" if platform.machine() in ("x86_64", "AMD64") else "avx2"
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "toolchain", "generate", "--program", str(tied_int4.prog),
+                           "--prompt-ids", "1,2,3", "--max-new-tokens", "2"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(repo), "TOOLCHAIN_KERNEL_PATH": path}, cwd=repo,
+                          timeout=600)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and f"kernel path {path} is not available" in lines[0]
 
 
 def test_programs_from_before_chunked_prefill_or_the_int4_head_are_refused(tied, tied_int4, tmp_path):

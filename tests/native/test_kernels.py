@@ -105,8 +105,10 @@ def test_rows_of_x_do_not_interact():
 
 
 def test_the_vector_path_equals_the_generic_path_bit_for_bit(tmp_path):
-    """The same source built without AVX-512 VNNI (the generic path, what arm64 runs) gives the same bits
-    as this host's build on the groups the vector path takes (32, 64, 128) and a partial last group."""
+    """The same source built separately without AVX-512 VNNI and run on its generic path (what a CPU without
+    vector kernels runs) gives the same bits as this host's build on every path it has (the groups the vector
+    paths take: 32, 64, 128, and a partial last group); tests/native/test_kernel_paths.py compares the paths
+    within one library on more shapes."""
     from toolchain.native.build import KERNEL_SOURCE, compile_flags
 
     flags = [f for f in compile_flags() if f != "-march=native"]
@@ -116,11 +118,24 @@ def test_the_vector_path_equals_the_generic_path_bit_for_bit(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     generic = ctypes.CDLL(str(out))
     generic.toolchain_int4_linear_a8.restype = ctypes.c_int
+    assert generic.toolchain_select_kernel_path(b"generic") == 0
+    lib = load_kernels()
+    before = lib.toolchain_kernel_path()
+    try:
+        for path in (b"generic", b"avx2", b"avx_vnni", b"avx512_vnni"):
+            if lib.toolchain_select_kernel_path(path) == 0:
+                _compare_with(generic)
+    finally:
+        assert lib.toolchain_select_kernel_path(before) == 0
+
+
+def _compare_with(generic) -> None:
     gen = torch.Generator().manual_seed(11)
     # T >= 10 (groups of 32 / 64) and T >= 2 (groups of 128) take the broadcast path (rows in lanes)
     for t, o, i, group in [(1, 37, 896, 64), (6, 29, 4864, 64), (5, 23, 1024, 32), (3, 17, 1152, 128),
                            (2, 9, 1000, 64), (1, 5, 130, 32), (12, 37, 896, 64), (33, 21, 4864, 64),
-                           (10, 19, 1000, 32), (2, 5, 130, 128), (17, 48, 1000, 128)]:
+                           (10, 19, 1000, 32), (2, 5, 130, 128), (17, 48, 1000, 128), (1, 520, 896, 64),
+                           (3, 300, 2048, 32)]:   # (the last: rows split over the thread pool, where it has 2)
         q, scales = _quantize_partial(torch.randn(o, i, generator=gen), group)
         x = torch.randn(t, i, generator=gen)
         assert torch.equal(_kernel(x, q, scales, group), _call(generic, x, q, scales, group)), (t, o, i, group)

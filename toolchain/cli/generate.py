@@ -77,12 +77,17 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     sys.stdout.write("\n")
     sys.stdout.flush()
     decode_tps = res.decode_tokens_per_s
-    kernel = ", int4 kernel" if res.fused else ""
+    kernel_path = None
+    if res.fused:
+        from toolchain.native import kernel_path as _kernel_path
+
+        kernel_path = _kernel_path()
+    kernel = f", kernels: {kernel_path}" if kernel_path else ""
     click.echo(f"{len(res.output_ids)} tokens ({res.stopped}) | load {load_s:.2f} s | prefill {res.prefill_s:.3f} s "
                f"({len(ids)} tokens) | first token {res.ttft_s:.3f} s | decode "
                + (f"{decode_tps:.1f} tokens/s" if decode_tps else "-") + f" ({runner.backend}{kernel})", err=True)
     if json_out is not None:
         atomic_write_text(json_out, dumps({
             "prompt_ids": res.prompt_ids, "output_ids": res.output_ids, "text": text, "stopped": res.stopped,
-            "backend": runner.backend, "temperature": temperature, "seed": seed if temperature > 0 else None,
+            "backend": runner.backend, "kernel_path": kernel_path, "temperature": temperature, "seed": seed if temperature > 0 else None,
             "load_s": round(load_s, 6), **res.timings(), "seconds": round(seconds, 6)}))

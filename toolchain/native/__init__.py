@@ -6,6 +6,7 @@ the LM head of int4 generation), and `toolchain::attention_decode.out`, softmax 
 tokens over the KV cache. The apps compile the same file for arm64 (docs/export.md, "the generation
 kernel")."""
 
-from toolchain.native.build import KERNEL_OPS, KERNEL_SOURCE, KernelUnavailable, kernel_library, load_kernels
+from toolchain.native.build import (KERNEL_OPS, KERNEL_SOURCE, KernelUnavailable, kernel_library, kernel_path,
+                                    load_kernels)
 
-__all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels"]
+__all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "kernel_path", "load_kernels"]

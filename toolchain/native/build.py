@@ -4,8 +4,10 @@ The library is compiled once per (source, flags, compiler, executorch version) i
 ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written atomically (a temp file,
 then rename), and loaded with RTLD_GLOBAL: its static initializer registers `toolchain::int4_linear_a8.out`
 with the ExecuTorch runtime the Python bindings share (as `libexecutorch_kernels_quantized.so` registers
-its kernels). `-march=native` picks this host's vector width (AVX2 or AVX-512 here, NEON in the apps);
-the summation order is the source's (16 lanes), not the width's.
+its kernels). `-march=native` is for the element-wise code; the int4 kernels' x86 paths (kernels_x86.h: avx2,
+avx_vnni, avx512_vnni) are each compiled for their own instruction set and chosen at load by the CPU
+(or $TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises KernelUnavailable naming
+it); the summation order is the source's (16 lanes), not the width's, so every path gives the same bits.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from pathlib import Path
 
 from toolchain.errors import ToolchainError
 
-__all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels", "compile_flags"]
+__all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "kernel_path", "load_kernels",
+           "compile_flags"]
 
 KERNEL_SOURCE = Path(__file__).with_name("kernels.cpp")
 KERNEL_OPS = ("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
               "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out")  # what it registers
+KERNEL_HEADERS = tuple(sorted(KERNEL_SOURCE.parent.glob("kernels*.h")))  # included by kernels.cpp
 _LIB_NAME = "libtoolchain_kernels.so"
 
 
@@ -52,7 +56,12 @@ def _compiler() -> str:
     return cxx
 
 
-def _key(cxx: str) -> str:
+def _pool_flags(et: Path) -> list[str]:
+    """The kernels split rows over ExecuTorch's thread pool where the wheel ships it (libexecutorch_threadpool)."""
+    return ["-DTOOLCHAIN_THREADPOOL", "-lexecutorch_threadpool"] if (et / "lib" / "libexecutorch_threadpool.so").is_file() else []
+
+
+def _key(cxx: str, extra: tuple[str, ...] = ()) -> str:
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
@@ -60,11 +69,25 @@ def _key(cxx: str) -> str:
     import importlib.metadata
 
     h = hashlib.sha256()
-    for part in (KERNEL_SOURCE.read_bytes(), " ".join(compile_flags()).encode(), version.encode(),
-                 importlib.metadata.version("executorch").encode()):
+    for part in (KERNEL_SOURCE.read_bytes(), *(p.read_bytes() for p in KERNEL_HEADERS),
+                 " ".join([*compile_flags(), *extra]).encode(), version.encode(),
+                 importlib.metadata.version("executorch").encode(), _cpu_flags().encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (-march=native builds differ per CPU; a cache shared by machines must not mix)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 def kernel_library() -> Path:
@@ -75,14 +98,15 @@ def kernel_library() -> Path:
     """
     cxx, et = _compiler(), _executorch_dir()
     cache = Path(os.environ.get("TOOLCHAIN_KERNEL_CACHE") or Path.home() / ".cache" / "toolchain" / "kernels")
-    target = cache / _key(cxx) / _LIB_NAME
+    pool = _pool_flags(et)
+    target = cache / _key(cxx, tuple(pool)) / _LIB_NAME
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
     cmd = [cxx, *compile_flags(), f"-I{et}/include", f"-I{et}/include/executorch/runtime/core/portable_type/c10",
-           str(KERNEL_SOURCE), "-o", tmp, f"-L{et}/lib", "-lexecutorch", f"-Wl,-rpath,{et}/lib"]
+           *pool[:1], str(KERNEL_SOURCE), "-o", tmp, f"-L{et}/lib", "-lexecutorch", *pool[1:], f"-Wl,-rpath,{et}/lib"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
@@ -124,5 +148,21 @@ def load_kernels() -> ctypes.CDLL:
         for name, argtypes in signatures.items():
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = ctypes.c_int
+        lib.toolchain_kernel_path.argtypes = []
+        lib.toolchain_kernel_path.restype = ctypes.c_char_p
+        lib.toolchain_kernel_path_error.argtypes = []
+        lib.toolchain_kernel_path_error.restype = ctypes.c_char_p
+        lib.toolchain_select_kernel_path.argtypes = [ctypes.c_char_p]
+        lib.toolchain_select_kernel_path.restype = ctypes.c_int
+        lib.toolchain_kernel_threads.argtypes = []
+        lib.toolchain_kernel_threads.restype = ctypes.c_int64
+        error = lib.toolchain_kernel_path_error()
+        if error:   # $TOOLCHAIN_KERNEL_PATH forced a path this CPU lacks (or an unknown name): never a fallback
+            raise KernelUnavailable(f"$TOOLCHAIN_KERNEL_PATH: {error.decode()}")
         _LOADED = lib
     return _LOADED
+
+
+def kernel_path() -> str:
+    """The kernel path the loaded library runs (generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm)."""
+    return load_kernels().toolchain_kernel_path().decode()

@@ -17,39 +17,98 @@
 //                                a[t, k] = round_half_even(x[t, k] / sa[t, g]) in [-127, 127] (0 where sa is 0)
 //   per output r:                isum[t, r, g] = sum_k a[t, k] * (n[r, k] - 8)      (exact, in int32)
 //                                y[t, r] = sum_g float(isum) * (sw[r, g] * sa[t, g])
-// The integer sums are exact in any order, so every path below gives the same isum. The float sum is in one
-// fixed order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in
-// increasing order), then the 16 lanes are summed as a fixed pairwise tree. So the AVX-512 VNNI path and
-// the generic path (any other host; arm64 in the apps) give the same bits (tests/native, and
-// scripts/check_kernel_arm64.sh under qemu).
+// The integer sums are exact in any order, so every path gives the same isum. The float sum is in one fixed
+// order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in increasing
+// order), then the 16 lanes are summed as a fixed pairwise tree. So every kernel path gives the generic path's
+// bits (tests/native/test_kernel_paths.py, and scripts/check_kernel_arm64.sh under qemu).
 //
-// The AVX-512 VNNI path (groups of 32, 64 or 128 columns): 64 weight bytes (128 weights) are split into
-// their high and low nibbles (0..15, unsigned) and multiplied into the even / odd columns of the int8 x
-// with vpdpbusd (64 products per instruction); 4-lane partial sums are folded into 16 group sums per block
-// of 16 groups with permutes, and the correction for the nibble offset (- 8 sum_k a[t, k] per group) is
-// subtracted once per group. Decode (T = 1) streams the weight rows past one row of x held in registers. A
-// prefill chunk (T >= 10, e.g. 32; any T >= 2 for groups of 128) puts 16 weight rows in the 16 lanes instead
-// (rows_vnni_broadcast): their group bytes are gathered into registers once and every row of x multiplies
-// them with its 4-byte dwords broadcast; smaller T takes tiles of TT rows (rows_vnni_tiles).
+// Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
+// $TOOLCHAIN_KERNEL_PATH names (for testing; a path the CPU lacks is refused, never replaced by another):
+//   generic       the portable C++ below (any CPU; vectorized by the compiler as far as it can)
+//   avx2          x86 AVX2 + FMA: 256-bit vpmaddubsw + vpmaddwd            (kernels_x86.h)
+//   avx_vnni      x86 AVX-VNNI (Intel since Alder Lake): 256-bit vpdpbusd  (kernels_x86.h)
+//   avx512_vnni   x86 AVX-512 F/BW/VL/DQ + VNNI: 512-bit vpdpbusd           (kernels_x86.h)
+//   neon, dotprod, i8mm   arm64 (kernels_arm64.h where built)
+// Each x86 path is compiled for its own instruction set (target regions), so one library holds them all
+// whatever -march the rest is built with. The vector paths cover groups of 32, 64 and 128 columns (other groups
+// take the generic rows) with three kernels each: decode (T = 1) streams the weight rows past one row of x;
+// row tiles (T = 2..9) share each weight load among up to 4 rows of x; the broadcast kernel (a prefill chunk)
+// puts weight rows in the vector lanes (16 in AVX-512, 8 per register in 256 bits), gathers their group
+// bytes into registers once and multiplies every row of x with its 4-byte dwords broadcast. The AVX-512 one:
+// 64 weight bytes (128 weights) are split into their high and low nibbles (0..15, unsigned) and multiplied
+// into the even / odd columns of the int8 x with vpdpbusd (64 products per instruction); 4-lane partial sums
+// are folded into 16 group sums per block of 16 groups with permutes, and the correction for the nibble
+// offset (- 8 sum_k a[t, k] per group) is subtracted once per group.
 //
-// Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers and
-// libexecutorch) for the host, and by the apps' native builds (android/, ios/) for arm64. Registers the
-// ExecuTorch kernels `toolchain::<op>.out` of the ops above at load; `toolchain_<op>` are the same
-// computations as C functions for the kernel tests.
+// Threads: the weight rows of a call are split in chunks of 16 over the runtime's thread pool (ExecuTorch's,
+// the one XNNPACK uses, when built with TOOLCHAIN_THREADPOOL); rows are independent, so the bits are the same.
+//
+// Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers,
+// libexecutorch and libexecutorch_threadpool) for the host, and by the apps' native builds (android/, ios/)
+// for arm64. Registers the ExecuTorch kernels `toolchain::<op>.out` of the ops above at load;
+// `toolchain_<op>` are the same computations as C functions for the kernel tests, with
+// toolchain_kernel_path() / toolchain_select_kernel_path() / toolchain_kernel_threads() beside them.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <vector>
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-#include <immintrin.h>
-#define TOOLCHAIN_VNNI 1
+#if defined(__x86_64__) || defined(__i386__)
+#define TOOLCHAIN_X86 1   // kernels_x86.h: the avx2, avx_vnni and avx512_vnni paths, chosen at run time
 #endif
 
 namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// The kernel path: chosen once at load, the best this CPU has, or $TOOLCHAIN_KERNEL_PATH=<name> (for testing; a
+// path the CPU lacks is refused: every kernel call then returns -2 and toolchain_kernel_path_error() says why,
+// never a silent fallback). The same names on every platform; a path of another architecture is "lacking" here.
+enum class KernelPath { generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm };
+constexpr const char* kKernelPathNames[] = {"generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"};
+constexpr KernelPath kKernelPathPreference[] = {KernelPath::avx512_vnni, KernelPath::avx_vnni, KernelPath::avx2,
+                                                KernelPath::i8mm, KernelPath::dotprod, KernelPath::neon,
+                                                KernelPath::generic};
+
+const char* kernel_path_missing(KernelPath p);   // nullptr when this CPU runs p, else what it lacks (below)
+
+struct KernelPathState {
+  KernelPath path = KernelPath::generic;
+  std::string error;   // non-empty: the forced path cannot run here
+
+  KernelPathState() {
+    for (KernelPath p : kKernelPathPreference)
+      if (kernel_path_missing(p) == nullptr) {
+        path = p;
+        break;
+      }
+    const char* forced = std::getenv("TOOLCHAIN_KERNEL_PATH");
+    if (forced != nullptr && *forced != '\0') error = select(forced);
+  }
+  // "" after choosing `name`, else why not (the state is then unchanged).
+  std::string select(const char* name) {
+    for (size_t i = 0; i < sizeof kKernelPathNames / sizeof *kKernelPathNames; ++i)
+      if (std::strcmp(name, kKernelPathNames[i]) == 0) {
+        if (const char* missing = kernel_path_missing(static_cast<KernelPath>(i)))
+          return std::string("kernel path ") + name + " is not available on this CPU: it lacks " + missing;
+        path = static_cast<KernelPath>(i);
+        return "";
+      }
+    std::string known;
+    for (const char* n : kKernelPathNames) known += std::string(known.empty() ? "" : ", ") + n;
+    return std::string("unknown kernel path '") + name + "' (known: " + known + ")";
+  }
+};
+
+KernelPathState& kernel_path_state() {
+  static KernelPathState state;
+  return state;
+}
+const bool kKernelPathChosenAtLoad = (kernel_path_state(), true);
 
 constexpr int64_t L = 16;   // float accumulator lanes (group g -> lane g mod 16)
 constexpr int64_t TT = 4;   // rows of x per weight load
@@ -74,7 +133,10 @@ struct QuantizedX {
   std::vector<float> sa;
   std::vector<int32_t> corr;
 
-  void build(const float* x, int64_t T, int64_t in, int64_t group, int64_t ng, int64_t pad_bytes) {
+  // group16: the path's vector quantization of a group of a multiple of 16 columns (the same values as the
+  // scalar loop below), or nullptr.
+  void build(const float* x, int64_t T, int64_t in, int64_t group, int64_t ng, int64_t pad_bytes,
+             void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t)) {
     const int64_t half = in / 2;
     stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes;
     gstride = (ng + L - 1) / L * L;
@@ -86,12 +148,10 @@ struct QuantizedX {
       const float* xt = x + t * in;
       for (int64_t g = 0; g < ng; ++g) {
         const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
-#ifdef TOOLCHAIN_VNNI
-        if ((k1 - k0) % 16 == 0) {   // whole vectors of 16 columns: group16, the same values as below
-          group16(xt, k0, k1, t, g);
+        if (group16 != nullptr && (k1 - k0) % 16 == 0) {   // whole vectors of 16 columns
+          group16(*this, xt, k0, k1, t, g);
           continue;
         }
-#endif
         float amax = 0.0f;
         bool nan = false;
         for (int64_t k = k0; k < k1; ++k) {
@@ -113,41 +173,6 @@ struct QuantizedX {
       }
     }
   }
-
-#ifdef TOOLCHAIN_VNNI
-  // One group of columns k0 .. k1 - 1 (a multiple of 16) of row t, 16 at a time: the scalar loop's values
-  // (the same max, the same IEEE division and round-to-nearest-even, NaN to 0, the same clamp), stored as its
-  // even / odd bytes.
-  void group16(const float* xt, int64_t k0, int64_t k1, int64_t t, int64_t g) {
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-    __m512 amax = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int64_t k = k0; k < k1; k += 16) {
-      const __m512 v = _mm512_and_ps(_mm512_loadu_ps(xt + k), absmask);
-      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      amax = _mm512_max_ps(amax, v);
-    }
-    const float s = nan ? NAN : _mm512_reduce_max_ps(amax) / 127.0f;
-    const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    __m512i sum = _mm512_setzero_si512();
-    for (int64_t k = k0; k < k1; k += 16) {
-      __m512i a = _mm512_setzero_si512();
-      if (s > 0.0f) {
-        const __m512 q = _mm512_div_ps(_mm512_loadu_ps(xt + k), _mm512_set1_ps(s));
-        __m512 r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), r));
-        a = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(q, q, _CMP_ORD_Q), r);
-      }
-      sum = _mm512_add_epi32(sum, a);
-      alignas(16) int8_t bytes[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(split, a)));
-      std::memcpy(&even[static_cast<size_t>(t * stride + k / 2)], bytes, 8);
-      std::memcpy(&odd[static_cast<size_t>(t * stride + k / 2)], bytes + 8, 8);
-    }
-    sa[static_cast<size_t>(t * gstride + g)] = s;
-    corr[static_cast<size_t>(t * gstride + g)] = 8 * _mm512_reduce_add_epi32(sum);
-  }
-#endif
 
   // teven / todd for groups of gb bytes (16, 32 or 64): within each block of 16 groups, dword k of group y
   // (bytes 4k .. 4k + 3 of the group) moves to dword k * 16 + y of the block.
@@ -189,350 +214,32 @@ void row_generic(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, c
   for (int t = 0; t < NT; ++t) y[t * ystride] = lane_sum(acc[t]);
 }
 
-#ifdef TOOLCHAIN_VNNI
-// [a0 + a1, a2 + a3, ..., a14 + a15, b0 + b1, ..., b14 + b15]
-inline __m512i hadd_pairs(__m512i a, __m512i b, __m512i even, __m512i odd) {
-  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
-}
-
-// lane_sum's tree on a register: (l, l + 8), then (l, l + 4), then (0 + 2) + (1 + 3).
-inline float lane_sum(__m512 a) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));            // [s0 + s2, s1 + s3, ...]
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
-// The rows t0 .. t0 + NT - 1 of a QuantizedX a tile multiplies: their int8 columns (as laid out for
-// rows_vnni, or `transposed` for rows_vnni_tiles), corrections and activation scales.
-template <int NT>
-struct TileRows {
-  const int8_t* xe[NT];
-  const int8_t* xo[NT];
-  const int32_t* corr[NT];
-  const float* sa[NT];
-  TileRows(const QuantizedX& a, int64_t t0, bool transposed) {
-    for (int t = 0; t < NT; ++t) {
-      xe[t] = (transposed ? a.teven : a.even).data() + (t0 + t) * a.stride;
-      xo[t] = (transposed ? a.todd : a.odd).data() + (t0 + t) * a.stride;
-      corr[t] = a.corr.data() + (t0 + t) * a.gstride;
-      sa[t] = a.sa.data() + (t0 + t) * a.gstride;
-    }
-  }
-};
-
-// The byte masks of a row's 64-byte chunks 0 .. n - 1 (all ones, the row's last bytes, then none): the
-// same for every row of a matrix, so computed once per call.
-inline const std::vector<__mmask64>& chunk_masks(int64_t half, int64_t n) {
-  thread_local std::vector<__mmask64> masks;
-  masks.resize(static_cast<size_t>(n));
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t b = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
-    masks[static_cast<size_t>(c)] = b == 64 ? ~__mmask64{0} : ((__mmask64{1} << b) - 1);
-  }
-  return masks;
-}
-
-// All o output rows for rows t0 .. t0 + NT - 1 of x, groups of GB = 16, 32 or 64 bytes (32 / 64 / 128
-// columns). A block is 16 groups (16 GB bytes): NV = GB / 16 vectors of 16 sub-group sums (16 bytes = 4
-// lanes each, from 4 chunks of 64 bytes), folded pairwise into the 16 group sums. The chunk masks (the
-// row's last bytes) are the same for every row, so they are computed once.
-template <int NT, int GB>
-void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
-               int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
-  constexpr int NV = GB / 16;
-  constexpr int64_t BLOCK = L * GB;                               // bytes per block of 16 groups
-  const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * NV * 4);
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  const TileRows<NT> x(a, t0, false);
-  for (int64_t r = 0; r < o; ++r) {
-    const uint8_t* qr = q + r * half;
-    const float* sr = scales + r * ng;
-    if (r + 2 < o) {                                              // the row after next, into L2
-      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
-    }
-    __m512 accf[NT];
-    for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
-    const __mmask64* mk = masks.data();
-    for (int64_t g0 = 0, j0 = 0; g0 < ng; g0 += L, j0 += BLOCK, mk += NV * 4) {
-      __m512i v[NT][NV];
-      for (int u = 0; u < NV; ++u) {
-        if (j0 + u * 256 >= half) {                               // past the row's end (a short last block)
-          for (int t = 0; t < NT; ++t) v[t][u] = _mm512_setzero_si512();
-          continue;
-        }
-        __m512i acc[NT][4];
-        for (int c = 0; c < 4; ++c) {
-          const int64_t j = j0 + u * 256 + c * 64;
-          const __m512i w = _mm512_maskz_loadu_epi8(mk[u * 4 + c], qr + j);
-          const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
-          for (int t = 0; t < NT; ++t)
-            acc[t][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x.xe[t] + j)),
-                                            lo, _mm512_loadu_si512(x.xo[t] + j));
-        }
-        for (int t = 0; t < NT; ++t)
-          v[t][u] = hadd_pairs(hadd_pairs(acc[t][0], acc[t][1], even, odd), hadd_pairs(acc[t][2], acc[t][3], even, odd),
-                               even, odd);
-      }
-      const int64_t left = ng - g0;
-      const __mmask16 gm = left >= L ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-      const __m512 sw = _mm512_maskz_loadu_ps(gm, sr + g0);
-      for (int t = 0; t < NT; ++t) {
-        for (int w = NV; w > 1; w /= 2)
-          for (int k = 0; k < w / 2; ++k) v[t][k] = hadd_pairs(v[t][2 * k], v[t][2 * k + 1], even, odd);
-        const __m512i isum = _mm512_sub_epi32(v[t][0], _mm512_loadu_si512(x.corr[t] + g0));
-        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(x.sa[t] + g0));
-        accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
-      }
-    }
-    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
-  }
-}
-
-// rows_vnni for one row of x (decode) whose groups fit one block (ng <= 16, GB = 16 or 32 bytes: in <= 512
-// or 1024 columns, every decode projection of Qwen2.5-0.5B but down_proj): x's int8 columns, corrections and
-// activation scales are loaded into registers once, not once per weight row, so each weight row costs its
-// own loads only. The same operations as rows_vnni on such a row: the same bits.
-template <int GB>
-void row_vnni_block_in_registers(const QuantizedX& a, const uint8_t* __restrict q, const float* __restrict scales,
-                                 int64_t half, int64_t ng, int64_t o, float* y) {
-  constexpr int NV = GB / 16, NC = NV * 4;
-  const std::vector<__mmask64>& masks = chunk_masks(half, NC);
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  __m512i xe[NC], xo[NC];
-  __mmask64 mk[NC];
-  for (int c = 0; c < NC; ++c) {
-    xe[c] = _mm512_loadu_si512(a.even.data() + c * 64);
-    xo[c] = _mm512_loadu_si512(a.odd.data() + c * 64);
-    mk[c] = masks[static_cast<size_t>(c)];
-  }
-  const __m512i corr = _mm512_loadu_si512(a.corr.data());
-  const __m512 sa = _mm512_loadu_ps(a.sa.data());
-  const __mmask16 gm = ng >= L ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
-  for (int64_t r = 0; r < o; ++r) {
-    const uint8_t* qr = q + r * half;
-    const float* sr = scales + r * ng;
-    if (r + 2 < o) {                                              // the row after next, into L2
-      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
-    }
-    __m512i v[NV];
-    for (int u = 0; u < NV; ++u) {
-      if (u * 256 >= half) {
-        v[u] = _mm512_setzero_si512();
-        continue;
-      }
-      __m512i acc[4];
-      for (int c = 0; c < 4; ++c) {
-        const int k = u * 4 + c;
-        const __m512i w = _mm512_maskz_loadu_epi8(mk[k], qr + k * 64);
-        const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
-        acc[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xe[k]), lo, xo[k]);
-      }
-      v[u] = hadd_pairs(hadd_pairs(acc[0], acc[1], even, odd), hadd_pairs(acc[2], acc[3], even, odd), even, odd);
-    }
-    for (int w = NV; w > 1; w /= 2)
-      for (int k = 0; k < w / 2; ++k) v[k] = hadd_pairs(v[2 * k], v[2 * k + 1], even, odd);
-    const __m512i isum = _mm512_sub_epi32(v[0], corr);
-    const __m512 c = _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, sr), sa);
-    y[r] = lane_sum(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_setzero_ps()));
-  }
-}
-
-// A block's D = GB / 4 weight registers (register c: bytes 64c .. 64c + 63, i.e. dword k of group y at lane
-// (y * D + k) mod 16 of register (y * D + k) / 16) transposed so that register k holds dword k of every
-// group, group y at lane y: log2(D) stages, each swapping one bit of the register index with the same bit of
-// the lane index (two-register permutes), the last one also putting the groups in order.
-template <int GB>
-struct BlockTranspose {
-  static constexpr int D = GB / 4, LOG = D == 4 ? 2 : D == 8 ? 3 : 4;
-  __m512i lo_idx[LOG], hi_idx[LOG];
-  BlockTranspose() {
-    for (int st = 0; st < LOG; ++st) {
-      alignas(64) int32_t i0[16], i1[16];
-      for (int y = 0; y < 16; ++y) {
-        const int x = st == LOG - 1 ? (((y >> (4 - LOG)) & (D - 1)) | ((y & (16 / D - 1)) << LOG)) : y;
-        const int bit = (x >> st) & 1;
-        i0[y] = (x & ~(1 << st)) + 16 * bit;
-        i1[y] = (x | (1 << st)) + 16 * bit;
-      }
-      lo_idx[st] = _mm512_load_si512(i0);
-      hi_idx[st] = _mm512_load_si512(i1);
-    }
-  }
-  void apply(__m512i* w) const {
-    for (int st = 0; st < LOG; ++st)
-      for (int r = 0; r < D; ++r)
-        if (!(r & (1 << st))) {
-          const __m512i a = w[r], b = w[r | (1 << st)];
-          w[r] = _mm512_permutex2var_epi32(a, lo_idx[st], b);
-          w[r | (1 << st)] = _mm512_permutex2var_epi32(a, hi_idx[st], b);
-        }
-  }
-};
-
-// rows_vnni for tiles of NT >= 2 rows of x (prefill): each block's weights are loaded and transposed once per
-// tile (BlockTranspose), so every row's vpdpbusd products land directly in the lane of their group: no
-// per-row folding. The same integer sums and the same float order as rows_vnni: the same bits.
-template <int NT, int GB>
-void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
-                     int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
-  constexpr int D = GB / 4;
-  constexpr int64_t BLOCK = L * GB;
-  static const BlockTranspose<GB> tr;
-  const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * D);
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  const TileRows<NT> x(a, t0, true);
-  for (int64_t r = 0; r < o; ++r) {
-    const uint8_t* qr = q + r * half;
-    const float* sr = scales + r * ng;
-    __m512 accf[NT];
-    for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
-    const __mmask64* mk = masks.data();
-    for (int64_t g0 = 0, j0 = 0; g0 < ng; g0 += L, j0 += BLOCK, mk += D) {
-      __m512i w[D], hi[D], lo[D];
-      for (int c = 0; c < D; ++c) w[c] = _mm512_maskz_loadu_epi8(mk[c], qr + j0 + c * 64);
-      tr.apply(w);
-      for (int k = 0; k < D; ++k) {
-        lo[k] = _mm512_and_si512(w[k], nib);
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w[k], 4), nib);
-      }
-      const int64_t left = ng - g0;
-      const __mmask16 gm = left >= L ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-      const __m512 sw = _mm512_maskz_loadu_ps(gm, sr + g0);
-      for (int t = 0; t < NT; ++t) {
-        __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
-        for (int k = 0; k < D; ++k) {
-          ah = _mm512_dpbusd_epi32(ah, hi[k], _mm512_loadu_si512(x.xe[t] + j0 + k * 64));
-          al = _mm512_dpbusd_epi32(al, lo[k], _mm512_loadu_si512(x.xo[t] + j0 + k * 64));
-        }
-        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_loadu_si512(x.corr[t] + g0));
-        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(x.sa[t] + g0));
-        accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
-      }
-    }
-    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
-  }
-}
-
-// All T >= 2 rows of x (prefill) against 16 weight rows at a time, rows in lanes: per block of 16 output rows
-// and group g, the group's bytes of the 16 rows are gathered into registers (dword k of row r at lane r of
-// register k, split into high and low nibbles) once, and every row t of x multiplies them there with its own
-// dwords broadcast (vpdpbusd with a 4-byte operand: no 64-byte load of x per instruction, no per-row folding).
-// Per row t and group g the integer sum is the same exact sum as rows_vnni's; it goes into accumulator
-// g mod 16 of (t, the 16 rows) with the same multiply-add (float(isum) times sw[r, g] sa[t, g], groups in
-// increasing order), and the 16 accumulators are added in lane_sum's tree: the same bits as rows_vnni.
-template <int GB>
-void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
-                         int64_t half, int64_t ng, int64_t o, float* __restrict y) {
-  constexpr int D = GB / 4;                                      // dwords of a group's bytes
-  constexpr int DC = D < 8 ? D : 8;                              // dwords per pass (2 DC weight registers)
-  thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
-  thread_local std::vector<int32_t> isum_buffer;                 // [T][16 rows] (GB = 64: a group's first pass)
-  acc_buffer.resize(static_cast<size_t>(T * L * L));
-  isum_buffer.resize(static_cast<size_t>(T * L));
-  float* __restrict acc = acc_buffer.data();                     // (thread_local reached once: no TLS call in the loops)
-  int32_t* __restrict isums = isum_buffer.data();
-  const int8_t* __restrict even = a.even.data();
-  const int8_t* __restrict odd = a.odd.data();
-  const int32_t* __restrict corr = a.corr.data();
-  const float* __restrict sa = a.sa.data();
-  const int64_t stride = a.stride, gstride = a.gstride;
-  alignas(64) uint8_t rowbytes[L * GB];                          // the 16 rows' bytes of one group, zero-padded
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  const __m512i lane_rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t r0 = 0; r0 < o; r0 += L) {
-    const int64_t nr = std::min<int64_t>(L, o - r0);
-    const __mmask16 rm = nr >= L ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
-    std::fill(acc, acc + T * L * L, 0.0f);
-    for (int64_t g = 0; g < ng; ++g) {
-      const int64_t j0 = g * GB, nbytes = std::min<int64_t>(GB, half - j0);
-      // whole groups of 16 rows are gathered from the weights in place; a short block or group via a zero-padded copy
-      const bool direct = nr == L && nbytes == GB;
-      if (!direct) {
-        std::memset(rowbytes, 0, sizeof rowbytes);
-        for (int64_t r = 0; r < nr; ++r) std::memcpy(rowbytes + r * GB, q + (r0 + r) * half + j0, static_cast<size_t>(nbytes));
-      }
-      const uint8_t* base = direct ? q + r0 * half + j0 : rowbytes;
-      const __m512i row_offsets = _mm512_mullo_epi32(lane_rows, _mm512_set1_epi32(static_cast<int>(direct ? half : GB)));
-      const __m512 sw = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rm,
-                                                 _mm512_mullo_epi32(lane_rows, _mm512_set1_epi32(static_cast<int>(ng))),
-                                                 scales + r0 * ng + g, 4);
-      for (int k0 = 0; k0 < D; k0 += DC) {
-        __m512i hi[DC], lo[DC];
-        for (int k = 0; k < DC; ++k) {
-          const __m512i w = _mm512_i32gather_epi32(_mm512_add_epi32(row_offsets, _mm512_set1_epi32(4 * (k0 + k))), base, 1);
-          hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
-          lo[k] = _mm512_and_si512(w, nib);
-        }
-        for (int64_t t = 0; t < T; ++t) {
-          const int8_t* xe = even + t * stride + j0 + 4 * k0;
-          const int8_t* xo = odd + t * stride + j0 + 4 * k0;
-          __m512i s4[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-          for (int k = 0; k < DC; ++k) {                           // four chains: the integer sum is exact in any order
-            int32_t de, dd;
-            std::memcpy(&de, xe + 4 * k, 4);
-            std::memcpy(&dd, xo + 4 * k, 4);
-            s4[2 * (k & 1)] = _mm512_dpbusd_epi32(s4[2 * (k & 1)], hi[k], _mm512_set1_epi32(de));
-            s4[2 * (k & 1) + 1] = _mm512_dpbusd_epi32(s4[2 * (k & 1) + 1], lo[k], _mm512_set1_epi32(dd));
-          }
-          __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s4[0], s4[2]), _mm512_add_epi32(s4[1], s4[3]));
-          if constexpr (DC < D) {      // GB = 64: the group's integer sum in two passes of 8 dwords, exact in int32
-            int32_t* held = isums + t * L;
-            if (k0 > 0) sum = _mm512_add_epi32(_mm512_loadu_si512(held), sum);
-            if (k0 + DC < D) {
-              _mm512_storeu_si512(held, sum);
-              continue;
-            }
-          }
-          const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(corr[t * gstride + g]));
-          const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
-          float* dst = acc + (t * L + g % L) * L;
-          _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
-        }
-      }
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      const float* v = acc + t * L * L;
-      __m512 s8[8], s4[4];
-      for (int l = 0; l < 8; ++l) s8[l] = _mm512_add_ps(_mm512_loadu_ps(v + l * L), _mm512_loadu_ps(v + (l + 8) * L));
-      for (int l = 0; l < 4; ++l) s4[l] = _mm512_add_ps(s8[l], s8[l + 4]);
-      const __m512 out = _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
-      _mm512_mask_storeu_ps(y + t * o + r0, rm, out);
-    }
-  }
-}
+#ifdef TOOLCHAIN_X86
+#include "kernels_x86.h"
 #endif
 
-// All o output rows for rows t0 .. t0 + nt - 1 of x.
+const char* kernel_path_missing(KernelPath p) {
+  switch (p) {
+    case KernelPath::generic: return nullptr;
+#ifdef TOOLCHAIN_X86
+    case KernelPath::avx2: return x86_cpu().missing_avx2();
+    case KernelPath::avx_vnni: return x86_cpu().missing_avx_vnni();
+    case KernelPath::avx512_vnni: return x86_cpu().missing_avx512_vnni();
+    default: return "an arm64 CPU (this is x86)";
+#else
+    case KernelPath::avx2:
+    case KernelPath::avx_vnni:
+    case KernelPath::avx512_vnni: return "an x86-64 CPU";
+    default: return "its kernels in this build";
+#endif
+  }
+}
+
+
+// All o output rows for rows t0 .. t0 + NT - 1 of x, the generic path.
 template <int NT>
 void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int64_t half, int64_t gb, int64_t ng,
           int64_t o, float* y, int64_t ystride) {
-#ifdef TOOLCHAIN_VNNI
-  if (NT > 1) {
-    switch (gb) {
-      case 16: return rows_vnni_tiles<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
-      case 32: return rows_vnni_tiles<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
-      case 64: return rows_vnni_tiles<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
-      default: break;
-    }
-  }
-  if (NT == 1 && t0 == 0 && ng <= L) {
-    if (gb == 16) return row_vnni_block_in_registers<16>(a, q, s, half, ng, o, y);
-    if (gb == 32) return row_vnni_block_in_registers<32>(a, q, s, half, ng, o, y);
-  }
-  switch (gb) {
-    case 16: return rows_vnni<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
-    case 32: return rows_vnni<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
-    case 64: return rows_vnni<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
-    default: break;
-  }
-#endif
   for (int64_t r = 0; r < o; ++r) row_generic<NT>(a, t0, q + r * half, s + r * ng, half, gb, ng, y + r, ystride);
 }
 
@@ -564,9 +271,129 @@ inline void lora_epilogue(float* __restrict y, const float* __restrict bias, con
 
 constexpr int LORA_BLOCK = 64;
 
+
+// The vector quantization of x's groups for `path` (nullptr: the scalar loop).
+using Group16 = void (*)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t);
+Group16 group16_of(KernelPath path) {
+  switch (path) {
+#ifdef TOOLCHAIN_X86
+    case KernelPath::avx512_vnni: return x86_avx512::group16;
+    case KernelPath::avx_vnni: return x86_avx_vnni::group16;
+    case KernelPath::avx2: return x86_avx2::group16;
+#endif
+    default: return nullptr;
+  }
+}
+
+// One toolchain_int4_linear_a8 call after x is quantized: weight rows are split over threads in chunks.
+struct RowsTask {
+  KernelPath path;
+  const QuantizedX* a;
+  int64_t T;
+  const uint8_t* q;
+  const float* scales;
+  int64_t half, gb, ng, o;
+  float* y;
+  int64_t chunk;
+};
+
+// Output rows r0 .. r1 - 1 of a task (all T rows of x): the path's kernels, else the generic rows.
+void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
+  const uint8_t* q = k.q + r0 * k.half;
+  const float* scales = k.scales + r0 * k.ng;
+  float* y = k.y + r0;
+  const int64_t n = r1 - r0;
+#ifdef TOOLCHAIN_X86
+  switch (k.path) {
+    case KernelPath::avx512_vnni:
+      if (x86_avx512::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      break;
+    case KernelPath::avx_vnni:
+      if (x86_avx_vnni::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      break;
+    case KernelPath::avx2:
+      if (x86_avx2::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      break;
+    default:
+      break;
+  }
+#endif
+  for (int64_t t0 = 0; t0 < k.T; t0 += TT) {
+    float* yt = y + t0 * k.o;
+    switch (std::min(TT, k.T - t0)) {
+      case 4: rows<4>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      case 3: rows<3>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      case 2: rows<2>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      default: rows<1>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+    }
+  }
+}
+
+void rows_chunk(void* task, size_t i) {
+  const RowsTask& k = *static_cast<const RowsTask*>(task);
+  const int64_t r0 = static_cast<int64_t>(i) * k.chunk;
+  linear_rows(k, r0, std::min(k.o, r0 + k.chunk));
+}
+
+// The runtime's thread pool (ExecuTorch's, the one XNNPACK uses: its size is the runtime's thread count, e.g.
+// `toolchain generate --threads N`), when the library is built with TOOLCHAIN_THREADPOOL (build.py, against the
+// wheel's libexecutorch_threadpool; the wheel ships no threadpool.h, so its pthreadpool C API is declared here).
+#ifdef TOOLCHAIN_THREADPOOL
+}  // namespace
+extern "C" {
+typedef struct pthreadpool* pthreadpool_t;
+size_t pthreadpool_get_threads_count(pthreadpool_t);
+void pthreadpool_parallelize_1d(pthreadpool_t, void (*)(void*, size_t), void*, size_t, uint32_t);
+}
+namespace executorch::extension::threadpool {
+pthreadpool_t get_pthreadpool();
+}
+namespace {
+int64_t pool_threads() {
+  pthreadpool_t pool = executorch::extension::threadpool::get_pthreadpool();
+  return pool != nullptr ? static_cast<int64_t>(pthreadpool_get_threads_count(pool)) : 1;
+}
+void run_in_pool(RowsTask* task, int64_t chunks) {
+  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), rows_chunk, task,
+                             static_cast<size_t>(chunks), 0);
+}
+#else
+int64_t pool_threads() { return 1; }
+void run_in_pool(RowsTask* task, int64_t chunks) {
+  for (int64_t i = 0; i < chunks; ++i) rows_chunk(task, static_cast<size_t>(i));
+}
+#endif
 }  // namespace
 
 extern "C" {
+
+// The kernel path in use ("generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"; a path
+// $TOOLCHAIN_KERNEL_PATH forced is named even when it cannot run).
+const char* toolchain_kernel_path() { return kKernelPathNames[static_cast<int>(kernel_path_state().path)]; }
+
+// The threads the int4 kernels split rows over (the runtime's thread pool; 1 without it).
+int64_t toolchain_kernel_threads() { return pool_threads(); }
+
+// nullptr, or why the forced path cannot run here (then every kernel call returns -2).
+const char* toolchain_kernel_path_error() {
+  const std::string& e = kernel_path_state().error;
+  return e.empty() ? nullptr : e.c_str();
+}
+
+// For the kernel tests: use path `name` from now on (not thread-safe against running kernels). Returns 0, -1 for an
+// unknown name, -2 for a path this CPU lacks; after a refusal toolchain_kernel_path_error() says why and the kernels
+// return -2 (as with a refused $TOOLCHAIN_KERNEL_PATH) until a path is selected.
+int toolchain_select_kernel_path(const char* name) {
+  KernelPathState& st = kernel_path_state();
+  std::string why = st.select(name);
+  if (why.empty()) {
+    st.error.clear();
+    return 0;
+  }
+  const bool unknown = why.rfind("unknown", 0) == 0;
+  st.error = why;
+  return unknown ? -1 : -2;
+}
 
 // y [T, o] = x [T, i] W^T with x quantized per row and group (see the top of the file); q [o, i/2],
 // scales [o, ng] (ng = ceil(i / group)). Returns 0, or -1 for bad arguments (i odd, group odd or < 2,
@@ -575,26 +402,20 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
                              int64_t ng, int64_t group, float* y) {
   if (in <= 0 || in % 2 || group < 2 || group % 2 || ng != (in + group - 1) / group || T < 0 || o < 0) return -1;
   const int64_t half = in / 2, gb = group / 2;
+  const KernelPath path = kernel_path_state().path;
+  if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
   thread_local QuantizedX a;
-  a.build(x, T, in, group, ng, 16 * 64);   // padded to whole VNNI blocks (16 groups of up to 64 bytes)
-#ifdef TOOLCHAIN_VNNI
-  if ((T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64)) {   // where it beats the tiles (docs/benchmarks.md)
-    switch (gb) {
-      case 16: rows_vnni_broadcast<16>(a, T, q, scales, half, ng, o, y); return 0;
-      case 32: rows_vnni_broadcast<32>(a, T, q, scales, half, ng, o, y); return 0;
-      default: rows_vnni_broadcast<64>(a, T, q, scales, half, ng, o, y); return 0;
-    }
-  }
-  if (T > 1 && (gb == 16 || gb == 32 || gb == 64)) a.transposed(T, gb);
+  a.build(x, T, in, group, ng, 16 * 64, group16_of(path));   // padded to whole blocks (16 groups of <= 64 bytes)
+#ifdef TOOLCHAIN_X86
+  if (path == KernelPath::avx512_vnni) x86_avx512::prepare(a, T, gb);
 #endif
-  for (int64_t t0 = 0; t0 < T; t0 += TT) {
-    float* yt = y + t0 * o;
-    switch (std::min(TT, T - t0)) {
-      case 4: rows<4>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      case 3: rows<3>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      case 2: rows<2>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-      default: rows<1>(a, t0, q, scales, half, gb, ng, o, yt, o); break;
-    }
+  RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o};
+  const int64_t threads = pool_threads();
+  if (threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18)) {   // split the rows (independent: the same bits)
+    task.chunk = std::max<int64_t>(16, (o + 4 * threads - 1) / (4 * threads) + 15) / 16 * 16;
+    run_in_pool(&task, (o + task.chunk - 1) / task.chunk);
+  } else {
+    linear_rows(task, 0, o);
   }
   return 0;
 }

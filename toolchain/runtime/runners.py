@@ -92,6 +92,8 @@ def _native_kernels() -> str | None:
     try:
         load_kernels()
     except KernelUnavailable as e:
+        if os.environ.get("TOOLCHAIN_KERNEL_PATH"):
+            raise                      # a forced kernel path this CPU lacks: an error, not the stock methods
         return str(e)
     return None
 

@@ -1,0 +1,798 @@
+// The x86 paths of toolchain_int4_linear_a8 (included by kernels.cpp inside its anonymous namespace, after
+// QuantizedX, lane_sum and row_generic; x86-64 only): the CPU check behind the run-time dispatch and three
+// paths, each compiled for its own instruction set with a target region (#pragma GCC target / clang attribute),
+// so one library holds all of them whatever -march the rest of kernels.cpp is built with:
+//   x86_avx512  (avx512_vnni)  512-bit vpdpbusd: decode rows, prefill tiles, the broadcast prefill kernel, group16
+//   x86_avx2    (avx2)         256-bit vpmaddubsw + vpmaddwd (nibble 0..15 unsigned times int8 x: a pair sum
+//                              is at most 2 * 15 * 127 = 3810, so up to 8 of them add in int16 without saturating)
+//   x86_avx_vnni (avx_vnni)    the same kernels with 256-bit vpdpbusd (AVX-VNNI, VEX-encoded)
+// Every path computes the exact integer group sums and adds the float terms in the generic path's order (group g
+// into lane g mod 16 by a fused multiply-add, groups in increasing order, then lane_sum's tree; in 256 bits the
+// 16 lanes are two registers, lanes 0..7 and 8..15): the same bits as row_generic.
+//
+// The 256-bit paths are one source compiled twice: this file includes itself with TOOLCHAIN_YMM_PASS 1 (avx2)
+// and 2 (avx_vnni).
+
+#ifndef TOOLCHAIN_YMM_PASS
+#ifndef TOOLCHAIN_KERNELS_X86_H
+#define TOOLCHAIN_KERNELS_X86_H
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#define TOOLCHAIN_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define TOOLCHAIN_TARGET_PUSH(t) TOOLCHAIN_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define TOOLCHAIN_TARGET_POP _Pragma("clang attribute pop")
+#else
+#define TOOLCHAIN_TARGET_PUSH(t) _Pragma("GCC push_options") TOOLCHAIN_PRAGMA(GCC target(t))
+#define TOOLCHAIN_TARGET_POP _Pragma("GCC pop_options")
+#endif
+
+// The 256-bit paths take the broadcast kernel from this many rows of x on (the row tiles below it).
+constexpr int64_t YMM_BROADCAST_T = 4;
+
+// What this CPU and OS lack for an x86 path: nullptr when the path runs here, else the missing feature (for the
+// error a forced path gives). cpuid leaf 1 (FMA, OSXSAVE), leaf 7 sub-leaf 0 (AVX2, AVX-512 F/DQ/BW/VL/VNNI),
+// leaf 7 sub-leaf 1 EAX bit 4 (AVX-VNNI); the OS must save the registers (XCR0: SSE + AVX state, bits 1-2; for
+// AVX-512 also the opmask and upper ZMM state, bits 5-7).
+struct X86Cpu {
+  bool fma = false, avx = false, ymm_os = false, zmm_os = false, avx2 = false, avx_vnni = false;
+  bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512vnni = false;
+  X86Cpu() {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    fma = c & (1u << 12);
+    avx = c & (1u << 28);
+    if (c & (1u << 27)) {                                         // OSXSAVE: xgetbv is available
+      unsigned lo, hi;
+      __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+      ymm_os = (lo & 0x6u) == 0x6u;
+      zmm_os = (lo & 0xE6u) == 0xE6u;
+    }
+    if (__get_cpuid_max(0, nullptr) < 7) return;
+    unsigned max_sub;
+    __cpuid_count(7, 0, max_sub, b, c, d);
+    avx2 = b & (1u << 5);
+    avx512f = b & (1u << 16);
+    avx512dq = b & (1u << 17);
+    avx512bw = b & (1u << 30);
+    avx512vl = b & (1u << 31);
+    avx512vnni = c & (1u << 11);
+    if (max_sub >= 1) {
+      __cpuid_count(7, 1, a, b, c, d);
+      avx_vnni = a & (1u << 4);
+    }
+  }
+  const char* missing_avx2() const {
+    if (!avx || !avx2) return "AVX2";
+    if (!fma) return "FMA";
+    if (!ymm_os) return "OS support of the AVX registers (XCR0)";
+    return nullptr;
+  }
+  const char* missing_avx_vnni() const {
+    if (const char* m = missing_avx2()) return m;
+    return avx_vnni ? nullptr : "AVX-VNNI (cpuid leaf 7 sub-leaf 1 EAX bit 4)";
+  }
+  const char* missing_avx512_vnni() const {
+    if (const char* m = missing_avx2()) return m;
+    if (!avx512f) return "AVX512F";
+    if (!avx512bw) return "AVX512BW";
+    if (!avx512vl) return "AVX512VL";
+    if (!avx512dq) return "AVX512DQ";
+    if (!avx512vnni) return "AVX512-VNNI";
+    if (!zmm_os) return "OS support of the AVX-512 registers (XCR0)";
+    return nullptr;
+  }
+};
+
+inline const X86Cpu& x86_cpu() {
+  static const X86Cpu cpu;
+  return cpu;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// avx512_vnni
+TOOLCHAIN_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+namespace x86_avx512 {
+
+// One group of columns of row t: see group16 in the 256-bit paths below (the same values as QuantizedX::build's
+// scalar loop).
+void group16(QuantizedX& x, const float* xt, int64_t k0, int64_t k1, int64_t t, int64_t g) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int64_t k = k0; k < k1; k += 16) {
+    const __m512 v = _mm512_and_ps(_mm512_loadu_ps(xt + k), absmask);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    amax = _mm512_max_ps(amax, v);
+  }
+  const float s = nan ? NAN : _mm512_reduce_max_ps(amax) / 127.0f;
+  const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m512i sum = _mm512_setzero_si512();
+  for (int64_t k = k0; k < k1; k += 16) {
+    __m512i a = _mm512_setzero_si512();
+    if (s > 0.0f) {
+      const __m512 q = _mm512_div_ps(_mm512_loadu_ps(xt + k), _mm512_set1_ps(s));
+      __m512 r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), r));
+      a = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(q, q, _CMP_ORD_Q), r);
+    }
+    sum = _mm512_add_epi32(sum, a);
+    alignas(16) int8_t bytes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(split, a)));
+    std::memcpy(&x.even[static_cast<size_t>(t * x.stride + k / 2)], bytes, 8);
+    std::memcpy(&x.odd[static_cast<size_t>(t * x.stride + k / 2)], bytes + 8, 8);
+  }
+  x.sa[static_cast<size_t>(t * x.gstride + g)] = s;
+  x.corr[static_cast<size_t>(t * x.gstride + g)] = 8 * _mm512_reduce_add_epi32(sum);
+}
+// [a0 + a1, a2 + a3, ..., a14 + a15, b0 + b1, ..., b14 + b15]
+inline __m512i hadd_pairs(__m512i a, __m512i b, __m512i even, __m512i odd) {
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+}
+
+// lane_sum's tree on a register: (l, l + 8), then (l, l + 4), then (0 + 2) + (1 + 3).
+inline float lane_sum(__m512 a) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));            // [s0 + s2, s1 + s3, ...]
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// The rows t0 .. t0 + NT - 1 of a QuantizedX a tile multiplies: their int8 columns (as laid out for
+// rows_vnni, or `transposed` for rows_vnni_tiles), corrections and activation scales.
+template <int NT>
+struct TileRows {
+  const int8_t* xe[NT];
+  const int8_t* xo[NT];
+  const int32_t* corr[NT];
+  const float* sa[NT];
+  TileRows(const QuantizedX& a, int64_t t0, bool transposed) {
+    for (int t = 0; t < NT; ++t) {
+      xe[t] = (transposed ? a.teven : a.even).data() + (t0 + t) * a.stride;
+      xo[t] = (transposed ? a.todd : a.odd).data() + (t0 + t) * a.stride;
+      corr[t] = a.corr.data() + (t0 + t) * a.gstride;
+      sa[t] = a.sa.data() + (t0 + t) * a.gstride;
+    }
+  }
+};
+
+// The byte masks of a row's 64-byte chunks 0 .. n - 1 (all ones, the row's last bytes, then none): the
+// same for every row of a matrix, so computed once per call.
+inline const std::vector<__mmask64>& chunk_masks(int64_t half, int64_t n) {
+  thread_local std::vector<__mmask64> masks;
+  masks.resize(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t b = std::min<int64_t>(64, std::max<int64_t>(0, half - c * 64));
+    masks[static_cast<size_t>(c)] = b == 64 ? ~__mmask64{0} : ((__mmask64{1} << b) - 1);
+  }
+  return masks;
+}
+
+// All o output rows for rows t0 .. t0 + NT - 1 of x, groups of GB = 16, 32 or 64 bytes (32 / 64 / 128
+// columns). A block is 16 groups (16 GB bytes): NV = GB / 16 vectors of 16 sub-group sums (16 bytes = 4
+// lanes each, from 4 chunks of 64 bytes), folded pairwise into the 16 group sums. The chunk masks (the
+// row's last bytes) are the same for every row, so they are computed once.
+template <int NT, int GB>
+void rows_vnni(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
+               int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
+  constexpr int NV = GB / 16;
+  constexpr int64_t BLOCK = L * GB;                               // bytes per block of 16 groups
+  const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * NV * 4);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const TileRows<NT> x(a, t0, false);
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    if (r + 2 < o) {                                              // the row after next, into L2
+      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
+    }
+    __m512 accf[NT];
+    for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
+    const __mmask64* mk = masks.data();
+    for (int64_t g0 = 0, j0 = 0; g0 < ng; g0 += L, j0 += BLOCK, mk += NV * 4) {
+      __m512i v[NT][NV];
+      for (int u = 0; u < NV; ++u) {
+        if (j0 + u * 256 >= half) {                               // past the row's end (a short last block)
+          for (int t = 0; t < NT; ++t) v[t][u] = _mm512_setzero_si512();
+          continue;
+        }
+        __m512i acc[NT][4];
+        for (int c = 0; c < 4; ++c) {
+          const int64_t j = j0 + u * 256 + c * 64;
+          const __m512i w = _mm512_maskz_loadu_epi8(mk[u * 4 + c], qr + j);
+          const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+          for (int t = 0; t < NT; ++t)
+            acc[t][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(x.xe[t] + j)),
+                                            lo, _mm512_loadu_si512(x.xo[t] + j));
+        }
+        for (int t = 0; t < NT; ++t)
+          v[t][u] = hadd_pairs(hadd_pairs(acc[t][0], acc[t][1], even, odd), hadd_pairs(acc[t][2], acc[t][3], even, odd),
+                               even, odd);
+      }
+      const int64_t left = ng - g0;
+      const __mmask16 gm = left >= L ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __m512 sw = _mm512_maskz_loadu_ps(gm, sr + g0);
+      for (int t = 0; t < NT; ++t) {
+        for (int w = NV; w > 1; w /= 2)
+          for (int k = 0; k < w / 2; ++k) v[t][k] = hadd_pairs(v[t][2 * k], v[t][2 * k + 1], even, odd);
+        const __m512i isum = _mm512_sub_epi32(v[t][0], _mm512_loadu_si512(x.corr[t] + g0));
+        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(x.sa[t] + g0));
+        accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
+  }
+}
+
+// rows_vnni for one row of x (decode) whose groups fit one block (ng <= 16, GB = 16 or 32 bytes: in <= 512
+// or 1024 columns, every decode projection of Qwen2.5-0.5B but down_proj): x's int8 columns, corrections and
+// activation scales are loaded into registers once, not once per weight row, so each weight row costs its
+// own loads only. The same operations as rows_vnni on such a row: the same bits.
+template <int GB>
+void row_vnni_block_in_registers(const QuantizedX& a, const uint8_t* __restrict q, const float* __restrict scales,
+                                 int64_t half, int64_t ng, int64_t o, float* y) {
+  constexpr int NV = GB / 16, NC = NV * 4;
+  const std::vector<__mmask64>& masks = chunk_masks(half, NC);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512i xe[NC], xo[NC];
+  __mmask64 mk[NC];
+  for (int c = 0; c < NC; ++c) {
+    xe[c] = _mm512_loadu_si512(a.even.data() + c * 64);
+    xo[c] = _mm512_loadu_si512(a.odd.data() + c * 64);
+    mk[c] = masks[static_cast<size_t>(c)];
+  }
+  const __m512i corr = _mm512_loadu_si512(a.corr.data());
+  const __m512 sa = _mm512_loadu_ps(a.sa.data());
+  const __mmask16 gm = ng >= L ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    if (r + 2 < o) {                                              // the row after next, into L2
+      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
+    }
+    __m512i v[NV];
+    for (int u = 0; u < NV; ++u) {
+      if (u * 256 >= half) {
+        v[u] = _mm512_setzero_si512();
+        continue;
+      }
+      __m512i acc[4];
+      for (int c = 0; c < 4; ++c) {
+        const int k = u * 4 + c;
+        const __m512i w = _mm512_maskz_loadu_epi8(mk[k], qr + k * 64);
+        const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+        acc[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xe[k]), lo, xo[k]);
+      }
+      v[u] = hadd_pairs(hadd_pairs(acc[0], acc[1], even, odd), hadd_pairs(acc[2], acc[3], even, odd), even, odd);
+    }
+    for (int w = NV; w > 1; w /= 2)
+      for (int k = 0; k < w / 2; ++k) v[k] = hadd_pairs(v[2 * k], v[2 * k + 1], even, odd);
+    const __m512i isum = _mm512_sub_epi32(v[0], corr);
+    const __m512 c = _mm512_mul_ps(_mm512_maskz_loadu_ps(gm, sr), sa);
+    y[r] = lane_sum(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_setzero_ps()));
+  }
+}
+
+// A block's D = GB / 4 weight registers (register c: bytes 64c .. 64c + 63, i.e. dword k of group y at lane
+// (y * D + k) mod 16 of register (y * D + k) / 16) transposed so that register k holds dword k of every
+// group, group y at lane y: log2(D) stages, each swapping one bit of the register index with the same bit of
+// the lane index (two-register permutes), the last one also putting the groups in order.
+template <int GB>
+struct BlockTranspose {
+  static constexpr int D = GB / 4, LOG = D == 4 ? 2 : D == 8 ? 3 : 4;
+  __m512i lo_idx[LOG], hi_idx[LOG];
+  BlockTranspose() {
+    for (int st = 0; st < LOG; ++st) {
+      alignas(64) int32_t i0[16], i1[16];
+      for (int y = 0; y < 16; ++y) {
+        const int x = st == LOG - 1 ? (((y >> (4 - LOG)) & (D - 1)) | ((y & (16 / D - 1)) << LOG)) : y;
+        const int bit = (x >> st) & 1;
+        i0[y] = (x & ~(1 << st)) + 16 * bit;
+        i1[y] = (x | (1 << st)) + 16 * bit;
+      }
+      lo_idx[st] = _mm512_load_si512(i0);
+      hi_idx[st] = _mm512_load_si512(i1);
+    }
+  }
+  void apply(__m512i* w) const {
+    for (int st = 0; st < LOG; ++st)
+      for (int r = 0; r < D; ++r)
+        if (!(r & (1 << st))) {
+          const __m512i a = w[r], b = w[r | (1 << st)];
+          w[r] = _mm512_permutex2var_epi32(a, lo_idx[st], b);
+          w[r | (1 << st)] = _mm512_permutex2var_epi32(a, hi_idx[st], b);
+        }
+  }
+};
+
+// rows_vnni for tiles of NT >= 2 rows of x (prefill): each block's weights are loaded and transposed once per
+// tile (BlockTranspose), so every row's vpdpbusd products land directly in the lane of their group: no
+// per-row folding. The same integer sums and the same float order as rows_vnni: the same bits.
+template <int NT, int GB>
+void rows_vnni_tiles(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
+                     int64_t half, int64_t ng, int64_t o, float* y, int64_t ystride) {
+  constexpr int D = GB / 4;
+  constexpr int64_t BLOCK = L * GB;
+  static const BlockTranspose<GB> tr;
+  const std::vector<__mmask64>& masks = chunk_masks(half, (ng + L - 1) / L * D);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const TileRows<NT> x(a, t0, true);
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    __m512 accf[NT];
+    for (int t = 0; t < NT; ++t) accf[t] = _mm512_setzero_ps();
+    const __mmask64* mk = masks.data();
+    for (int64_t g0 = 0, j0 = 0; g0 < ng; g0 += L, j0 += BLOCK, mk += D) {
+      __m512i w[D], hi[D], lo[D];
+      for (int c = 0; c < D; ++c) w[c] = _mm512_maskz_loadu_epi8(mk[c], qr + j0 + c * 64);
+      tr.apply(w);
+      for (int k = 0; k < D; ++k) {
+        lo[k] = _mm512_and_si512(w[k], nib);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w[k], 4), nib);
+      }
+      const int64_t left = ng - g0;
+      const __mmask16 gm = left >= L ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __m512 sw = _mm512_maskz_loadu_ps(gm, sr + g0);
+      for (int t = 0; t < NT; ++t) {
+        __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+        for (int k = 0; k < D; ++k) {
+          ah = _mm512_dpbusd_epi32(ah, hi[k], _mm512_loadu_si512(x.xe[t] + j0 + k * 64));
+          al = _mm512_dpbusd_epi32(al, lo[k], _mm512_loadu_si512(x.xo[t] + j0 + k * 64));
+        }
+        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(ah, al), _mm512_loadu_si512(x.corr[t] + g0));
+        const __m512 c = _mm512_mul_ps(sw, _mm512_loadu_ps(x.sa[t] + g0));
+        accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, accf[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(accf[t]);
+  }
+}
+
+// All T >= 2 rows of x (prefill) against 16 weight rows at a time, rows in lanes: per block of 16 output rows
+// and group g, the group's bytes of the 16 rows are gathered into registers (dword k of row r at lane r of
+// register k, split into high and low nibbles) once, and every row t of x multiplies them there with its own
+// dwords broadcast (vpdpbusd with a 4-byte operand: no 64-byte load of x per instruction, no per-row folding).
+// Per row t and group g the integer sum is the same exact sum as rows_vnni's; it goes into accumulator
+// g mod 16 of (t, the 16 rows) with the same multiply-add (float(isum) times sw[r, g] sa[t, g], groups in
+// increasing order), and the 16 accumulators are added in lane_sum's tree: the same bits as rows_vnni.
+template <int GB>
+void rows_vnni_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
+                         int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
+  constexpr int D = GB / 4;                                      // dwords of a group's bytes
+  constexpr int DC = D < 8 ? D : 8;                              // dwords per pass (2 DC weight registers)
+  thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
+  thread_local std::vector<int32_t> isum_buffer;                 // [T][16 rows] (GB = 64: a group's first pass)
+  acc_buffer.resize(static_cast<size_t>(T * L * L));
+  isum_buffer.resize(static_cast<size_t>(T * L));
+  float* __restrict acc = acc_buffer.data();                     // (thread_local reached once: no TLS call in the loops)
+  int32_t* __restrict isums = isum_buffer.data();
+  const int8_t* __restrict even = a.even.data();
+  const int8_t* __restrict odd = a.odd.data();
+  const int32_t* __restrict corr = a.corr.data();
+  const float* __restrict sa = a.sa.data();
+  const int64_t stride = a.stride, gstride = a.gstride;
+  alignas(64) uint8_t rowbytes[L * GB];                          // the 16 rows' bytes of one group, zero-padded
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i lane_rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t r0 = 0; r0 < o; r0 += L) {
+    const int64_t nr = std::min<int64_t>(L, o - r0);
+    const __mmask16 rm = nr >= L ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+    std::fill(acc, acc + T * L * L, 0.0f);
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t j0 = g * GB, nbytes = std::min<int64_t>(GB, half - j0);
+      // whole groups of 16 rows are gathered from the weights in place; a short block or group via a zero-padded copy
+      const bool direct = nr == L && nbytes == GB;
+      if (!direct) {
+        std::memset(rowbytes, 0, sizeof rowbytes);
+        for (int64_t r = 0; r < nr; ++r) std::memcpy(rowbytes + r * GB, q + (r0 + r) * half + j0, static_cast<size_t>(nbytes));
+      }
+      const uint8_t* base = direct ? q + r0 * half + j0 : rowbytes;
+      const __m512i row_offsets = _mm512_mullo_epi32(lane_rows, _mm512_set1_epi32(static_cast<int>(direct ? half : GB)));
+      const __m512 sw = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rm,
+                                                 _mm512_mullo_epi32(lane_rows, _mm512_set1_epi32(static_cast<int>(ng))),
+                                                 scales + r0 * ng + g, 4);
+      for (int k0 = 0; k0 < D; k0 += DC) {
+        __m512i hi[DC], lo[DC];
+        for (int k = 0; k < DC; ++k) {
+          const __m512i w = _mm512_i32gather_epi32(_mm512_add_epi32(row_offsets, _mm512_set1_epi32(4 * (k0 + k))), base, 1);
+          hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+          lo[k] = _mm512_and_si512(w, nib);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const int8_t* xe = even + t * stride + j0 + 4 * k0;
+          const int8_t* xo = odd + t * stride + j0 + 4 * k0;
+          __m512i s4[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+          for (int k = 0; k < DC; ++k) {                           // four chains: the integer sum is exact in any order
+            int32_t de, dd;
+            std::memcpy(&de, xe + 4 * k, 4);
+            std::memcpy(&dd, xo + 4 * k, 4);
+            s4[2 * (k & 1)] = _mm512_dpbusd_epi32(s4[2 * (k & 1)], hi[k], _mm512_set1_epi32(de));
+            s4[2 * (k & 1) + 1] = _mm512_dpbusd_epi32(s4[2 * (k & 1) + 1], lo[k], _mm512_set1_epi32(dd));
+          }
+          __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s4[0], s4[2]), _mm512_add_epi32(s4[1], s4[3]));
+          if constexpr (DC < D) {      // GB = 64: the group's integer sum in two passes of 8 dwords, exact in int32
+            int32_t* held = isums + t * L;
+            if (k0 > 0) sum = _mm512_add_epi32(_mm512_loadu_si512(held), sum);
+            if (k0 + DC < D) {
+              _mm512_storeu_si512(held, sum);
+              continue;
+            }
+          }
+          const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(corr[t * gstride + g]));
+          const __m512 c = _mm512_mul_ps(sw, _mm512_set1_ps(sa[t * gstride + g]));
+          float* dst = acc + (t * L + g % L) * L;
+          _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
+        }
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const float* v = acc + t * L * L;
+      __m512 s8[8], s4[4];
+      for (int l = 0; l < 8; ++l) s8[l] = _mm512_add_ps(_mm512_loadu_ps(v + l * L), _mm512_loadu_ps(v + (l + 8) * L));
+      for (int l = 0; l < 4; ++l) s4[l] = _mm512_add_ps(s8[l], s8[l + 4]);
+      const __m512 out = _mm512_add_ps(_mm512_add_ps(s4[0], s4[2]), _mm512_add_ps(s4[1], s4[3]));
+      _mm512_mask_storeu_ps(y + t * ldy + r0, rm, out);
+    }
+  }
+}
+// All o output rows for rows t0 .. t0 + NT - 1 of x (groups of 16, 32 or 64 bytes).
+template <int NT>
+void rows(const QuantizedX& a, int64_t t0, const uint8_t* q, const float* s, int64_t half, int64_t gb, int64_t ng,
+          int64_t o, float* y, int64_t ystride) {
+  if (NT > 1) {
+    switch (gb) {
+      case 16: return rows_vnni_tiles<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
+      case 32: return rows_vnni_tiles<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
+      default: return rows_vnni_tiles<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
+    }
+  }
+  if (t0 == 0 && ng <= L) {
+    if (gb == 16) return row_vnni_block_in_registers<16>(a, q, s, half, ng, o, y);
+    if (gb == 32) return row_vnni_block_in_registers<32>(a, q, s, half, ng, o, y);
+  }
+  switch (gb) {
+    case 16: return rows_vnni<NT, 16>(a, t0, q, s, half, ng, o, y, ystride);
+    case 32: return rows_vnni<NT, 32>(a, t0, q, s, half, ng, o, y, ystride);
+    default: return rows_vnni<NT, 64>(a, t0, q, s, half, ng, o, y, ystride);
+  }
+}
+
+// Whether linear() takes the broadcast kernel (rows in lanes) for T rows of x and groups of gb bytes.
+inline bool broadcast(int64_t T, int64_t gb) { return (T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64); }
+
+// What linear() needs of a besides the quantized x: the tiles' transposed copy (before the rows are split
+// over threads: linear() only reads a).
+void prepare(QuantizedX& a, int64_t T, int64_t gb) {
+  if ((gb == 16 || gb == 32 || gb == 64) && T > 1 && !broadcast(T, gb)) a.transposed(T, gb);
+}
+
+// The AVX-512 VNNI path of toolchain_int4_linear_a8 after x is quantized (a, prepare()d): the o rows of y (row
+// stride ldy; any block of weight rows, its scales and outputs). False for groups it has no kernel for (other
+// than 32, 64 or 128 columns), which the generic rows then take.
+bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scales, int64_t half, int64_t gb,
+            int64_t ng, int64_t o, float* y, int64_t ldy) {
+  if (gb != 16 && gb != 32 && gb != 64) return false;
+  if (broadcast(T, gb)) {   // where it beats the tiles (docs/benchmarks.md)
+    switch (gb) {
+      case 16: rows_vnni_broadcast<16>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      case 32: rows_vnni_broadcast<32>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      default: rows_vnni_broadcast<64>(a, T, q, scales, half, ng, o, y, ldy); return true;
+    }
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += TT) {
+    float* yt = y + t0 * ldy;
+    switch (std::min(TT, T - t0)) {
+      case 4: rows<4>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+      case 3: rows<3>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+      case 2: rows<2>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+      default: rows<1>(a, t0, q, scales, half, gb, ng, o, yt, ldy); break;
+    }
+  }
+  return true;
+}
+
+}  // namespace x86_avx512
+TOOLCHAIN_TARGET_POP
+
+// ---------------------------------------------------------------------------------------------------------------
+// avx2 and avx_vnni: the 256-bit kernels below, compiled once for each
+#define TOOLCHAIN_YMM_PASS 1
+#include "kernels_x86.h"
+#undef TOOLCHAIN_YMM_PASS
+#define TOOLCHAIN_YMM_PASS 2
+#include "kernels_x86.h"
+#undef TOOLCHAIN_YMM_PASS
+
+#endif  // TOOLCHAIN_KERNELS_X86_H
+#else   // TOOLCHAIN_YMM_PASS: the 256-bit kernels
+
+#if TOOLCHAIN_YMM_PASS == 1
+TOOLCHAIN_TARGET_PUSH("avx2,fma")
+namespace x86_avx2 {
+// acc + the products of 4-byte groups: unsigned nibbles hi, lo (0..15) times int8 xe, xo. Kept as int16 pair sums
+// (at most 3810 per vpmaddubsw lane: up to 4 calls, 8 products of 2, stay below 32767); dwords() adds the pairs.
+inline __m256i pair_dot(__m256i acc, __m256i hi, __m256i xe, __m256i lo, __m256i xo) {
+  return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(hi, xe), _mm256_maddubs_epi16(lo, xo)));
+}
+inline __m256i dwords(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+#else
+TOOLCHAIN_TARGET_PUSH("avx2,fma,avxvnni")
+namespace x86_avx_vnni {
+// acc + the products of 4-byte groups, as int32 dwords (vpdpbusd: unsigned bytes times signed bytes).
+inline __m256i pair_dot(__m256i acc, __m256i hi, __m256i xe, __m256i lo, __m256i xo) {
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, hi, xe), lo, xo);
+}
+inline __m256i dwords(__m256i acc) { return acc; }
+#endif
+
+// lane_sum's tree on 16 lanes held as lanes 0..7 (lo) and 8..15 (hi): (l, l + 8), (l, l + 4), (0 + 2) + (1 + 3).
+inline float lane_sum(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// One group of columns k0 .. k1 - 1 (a multiple of 16) of row t, 16 at a time: the scalar loop's values (the same
+// max, the same IEEE division and round-to-nearest-even, NaN to 0, the same clamp), stored as its even / odd bytes.
+void group16(QuantizedX& x, const float* xt, int64_t k0, int64_t k1, int64_t t, int64_t g) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 amax = _mm256_setzero_ps(), nanv = _mm256_setzero_ps();
+  for (int64_t k = k0; k < k1; k += 8) {
+    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(xt + k), absmask);
+    nanv = _mm256_or_ps(nanv, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    amax = _mm256_max_ps(amax, v);
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float s = _mm256_movemask_ps(nanv) ? NAN : _mm_cvtss_f32(m) / 127.0f;
+  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256i sum = _mm256_setzero_si256();
+  for (int64_t k = k0; k < k1; k += 16) {
+    __m256i a[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    if (s > 0.0f) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256 q = _mm256_div_ps(_mm256_loadu_ps(xt + k + 8 * h), _mm256_set1_ps(s));
+        __m256 r = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), r));
+        a[h] = _mm256_and_si256(_mm256_cvtps_epi32(r), _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_ORD_Q)));
+      }
+    }
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(a[0], a[1]));
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a[0], a[1]), 0xD8);   // 16 int16, in order
+    const __m128i bytes = _mm_shuffle_epi8(_mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)),
+                                           split);                                    // 8 even, then 8 odd
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(&x.even[static_cast<size_t>(t * x.stride + k / 2)]), bytes);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(&x.odd[static_cast<size_t>(t * x.stride + k / 2)]),
+                     _mm_unpackhi_epi64(bytes, bytes));
+  }
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+  x.sa[static_cast<size_t>(t * x.gstride + g)] = s;
+  x.corr[static_cast<size_t>(t * x.gstride + g)] = 8 * _mm_cvtsi128_si32(s4);
+}
+
+// 32 bytes of a weight row from byte j: zeros past the row's end (half bytes).
+inline __m256i row_chunk(const uint8_t* qr, int64_t j, int64_t half) {
+  if (j + 32 <= half) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + j));
+  alignas(32) uint8_t tmp[32] = {};
+  if (j < half) std::memcpy(tmp, qr + j, static_cast<size_t>(half - j));
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+}
+
+// 8 group sums in order from 8 vectors of 8 dword partial sums (v[i]: group i).
+inline __m256i hsum8(const __m256i* v) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));  // g0..3 | g0..3
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));  // g4..7 | g4..7
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// 8 group sums in order from 4 vectors holding two groups each (v[i]: group 2i in the low 4 dwords, 2i + 1 in the
+// high ones).
+inline __m256i hsum8_pairs(const __m256i* v) {
+  const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));  // g0 2 4 6 | 1 3 5 7
+  return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// The first n of 8 float lanes (the rest 0), for partial loads and stores.
+inline __m256i lane_mask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// All o output rows for rows t0 .. t0 + NT - 1 of x (decode: NT = 1; prefill tiles: 2..4), groups of GB = 16, 32
+// or 64 bytes. Per weight row and block of 16 groups, in two halves of 8 groups: the half's 32-byte chunks are
+// split into nibbles once and multiplied by every row of x (pair_dot), the dwords of each group folded into its
+// sum (hsum8 / hsum8_pairs), the nibble correction subtracted, and float(isum) * (sw * sa) added to lanes g mod 16
+// by fma: row_generic's integer sums and float order.
+template <int NT, int GB>
+void rows(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales, int64_t half,
+          int64_t ng, int64_t o, float* y, int64_t ystride) {
+  constexpr int NG = GB == 16 ? 4 : 8;                           // dword vectors per half block (hsum8_pairs / hsum8)
+  constexpr int CPG = GB == 64 ? 2 : 1;                          // chunks per vector
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const int8_t* xe[NT];
+  const int8_t* xo[NT];
+  const int32_t* corr[NT];
+  const float* sa[NT];
+  for (int t = 0; t < NT; ++t) {
+    xe[t] = a.even.data() + (t0 + t) * a.stride;
+    xo[t] = a.odd.data() + (t0 + t) * a.stride;
+    corr[t] = a.corr.data() + (t0 + t) * a.gstride;
+    sa[t] = a.sa.data() + (t0 + t) * a.gstride;
+  }
+  for (int64_t r = 0; r < o; ++r) {
+    const uint8_t* qr = q + r * half;
+    const float* sr = scales + r * ng;
+    if (r + 2 < o) {                                              // the row after next, into L2
+      for (int64_t b = 0; b < half; b += 64) _mm_prefetch(reinterpret_cast<const char*>(qr + 2 * half + b), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(sr + 2 * ng), _MM_HINT_T1);
+    }
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t g0 = 0; g0 < ng; g0 += 8) {                     // half blocks of 8 groups
+      const int64_t j0 = g0 * GB;
+      __m256i v[NT][NG];
+      for (int i = 0; i < NG; ++i) {
+        __m256i s[NT];
+        for (int t = 0; t < NT; ++t) s[t] = _mm256_setzero_si256();
+        for (int c = 0; c < CPG; ++c) {
+          const int64_t j = j0 + (i * CPG + c) * 32;
+          const __m256i w = row_chunk(qr, j, half);
+          const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+          for (int t = 0; t < NT; ++t)
+            s[t] = pair_dot(s[t], hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xe[t] + j)), lo,
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xo[t] + j)));
+        }
+        for (int t = 0; t < NT; ++t) v[t][i] = dwords(s[t]);
+      }
+      const int64_t left = ng - g0;
+      const __m256 sw = left >= 8 ? _mm256_loadu_ps(sr + g0) : _mm256_maskload_ps(sr + g0, lane_mask(left));
+      const int h = static_cast<int>((g0 / 8) & 1);              // lanes 0..7 or 8..15 of the 16
+      for (int t = 0; t < NT; ++t) {
+        const __m256i sums = GB == 16 ? hsum8_pairs(v[t]) : hsum8(v[t]);
+        const __m256i isum = _mm256_sub_epi32(sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + g0)));
+        const __m256 c = _mm256_mul_ps(sw, _mm256_loadu_ps(sa[t] + g0));
+        acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), c, acc[t][h]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum(acc[t][0], acc[t][1]);
+  }
+}
+
+// All T >= 2 rows of x (prefill) against 8 weight rows at a time, rows in lanes (x86_avx512's rows_vnni_broadcast
+// in 256 bits): per block of 16 output rows, group g and 8 rows, the group's dwords of the 8 rows are gathered
+// into registers (4 dwords per pass, split into nibbles) once, and every row t of x multiplies them with its own
+// dwords broadcast. The group's exact integer sum per (t, row) goes into accumulator g mod 16 of (t, row) with
+// the same fma (float(isum) times sw[r, g] sa[t, g], groups in increasing order), and the 16 accumulators are
+// added in lane_sum's tree: row_generic's bits.
+template <int GB>
+void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
+                    int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
+  constexpr int D = GB / 4;                                      // dwords of a group's bytes
+  constexpr int DC = 4;                                          // dwords per pass (8 vpmaddubsw into int16 at most)
+  thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
+  thread_local std::vector<int32_t> isum_buffer;                 // [T][8 rows] (GB > 16: a group's earlier passes)
+  acc_buffer.resize(static_cast<size_t>(T * L * L));
+  isum_buffer.resize(static_cast<size_t>(T * 8));
+  float* __restrict acc = acc_buffer.data();
+  int32_t* __restrict isums = isum_buffer.data();
+  const int8_t* __restrict even = a.even.data();
+  const int8_t* __restrict odd = a.odd.data();
+  const int32_t* __restrict corr = a.corr.data();
+  const float* __restrict sa = a.sa.data();
+  const int64_t stride = a.stride, gstride = a.gstride;
+  alignas(32) uint8_t rowbytes[L * GB];                          // the 16 rows' bytes of one group, zero-padded
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t r0 = 0; r0 < o; r0 += L) {
+    const int64_t nr = std::min<int64_t>(L, o - r0);
+    std::fill(acc, acc + T * L * L, 0.0f);
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t j0 = g * GB, nbytes = std::min<int64_t>(GB, half - j0);
+      const bool direct = nr == L && nbytes == GB;               // else a zero-padded copy of the short block or group
+      if (!direct) {
+        std::memset(rowbytes, 0, sizeof rowbytes);
+        for (int64_t r = 0; r < nr; ++r) std::memcpy(rowbytes + r * GB, q + (r0 + r) * half + j0, static_cast<size_t>(nbytes));
+      }
+      const uint8_t* base = direct ? q + r0 * half + j0 : rowbytes;
+      const int rs = static_cast<int>(direct ? half : GB);
+      for (int h = 0; h < 2 && 8 * h < nr; ++h) {                 // rows r0 + 8h .. r0 + 8h + 7
+        const __m256i offsets = _mm256_mullo_epi32(_mm256_add_epi32(lanes, _mm256_set1_epi32(8 * h)), _mm256_set1_epi32(rs));
+        const __m256i rm = lane_mask(nr - 8 * h);
+        const __m256 sw = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), scales + (r0 + 8 * h) * ng + g,
+                                                   _mm256_mullo_epi32(lanes, _mm256_set1_epi32(static_cast<int>(ng))),
+                                                   _mm256_castsi256_ps(rm), 4);
+        for (int k0 = 0; k0 < D; k0 += DC) {
+          __m256i hi[DC], lo[DC];
+          for (int k = 0; k < DC; ++k) {
+            const __m256i w = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base),
+                                                     _mm256_add_epi32(offsets, _mm256_set1_epi32(4 * (k0 + k))), 1);
+            hi[k] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+            lo[k] = _mm256_and_si256(w, nib);
+          }
+          for (int64_t t = 0; t < T; ++t) {
+            const int8_t* xe = even + t * stride + j0 + 4 * k0;
+            const int8_t* xo = odd + t * stride + j0 + 4 * k0;
+            __m256i s2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};   // two chains (exact in any order)
+            for (int k = 0; k < DC; ++k) {
+              int32_t de, dd;
+              std::memcpy(&de, xe + 4 * k, 4);
+              std::memcpy(&dd, xo + 4 * k, 4);
+              s2[k & 1] = pair_dot(s2[k & 1], hi[k], _mm256_set1_epi32(de), lo[k], _mm256_set1_epi32(dd));
+            }
+            __m256i sum = _mm256_add_epi32(dwords(s2[0]), dwords(s2[1]));
+            if constexpr (DC < D) {                               // the group's integer sum over D / DC passes
+              int32_t* held = isums + t * 8;
+              if (k0 > 0) sum = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(held)), sum);
+              if (k0 + DC < D) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(held), sum);
+                continue;
+              }
+            }
+            const __m256i isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(corr[t * gstride + g]));
+            const __m256 c = _mm256_mul_ps(sw, _mm256_set1_ps(sa[t * gstride + g]));
+            float* dst = acc + (t * L + g % L) * L + 8 * h;
+            _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), c, _mm256_loadu_ps(dst)));
+          }
+        }
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      for (int h = 0; h < 2 && 8 * h < nr; ++h) {
+        const float* v = acc + t * L * L + 8 * h;
+        __m256 s8[8], s4[4];
+        for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(_mm256_loadu_ps(v + l * L), _mm256_loadu_ps(v + (l + 8) * L));
+        for (int l = 0; l < 4; ++l) s4[l] = _mm256_add_ps(s8[l], s8[l + 4]);
+        const __m256 out = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+        _mm256_maskstore_ps(y + t * ldy + r0 + 8 * h, lane_mask(nr - 8 * h), out);
+      }
+    }
+  }
+}
+
+// This path's toolchain_int4_linear_a8 after x is quantized (a): the o rows of y (row stride ldy; any block of
+// weight rows, its scales and outputs). False for groups it has no kernel for (other than 32, 64 or 128 columns),
+// which the generic rows then take.
+bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scales, int64_t half, int64_t gb,
+            int64_t ng, int64_t o, float* y, int64_t ldy) {
+  if (gb != 16 && gb != 32 && gb != 64) return false;
+  if (T >= YMM_BROADCAST_T) {
+    switch (gb) {
+      case 16: rows_broadcast<16>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      case 32: rows_broadcast<32>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      default: rows_broadcast<64>(a, T, q, scales, half, ng, o, y, ldy); return true;
+    }
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += TT) {
+    float* yt = y + t0 * ldy;
+    const int64_t nt = std::min(TT, T - t0);
+#define TOOLCHAIN_YMM_ROWS(NT)                                                              \
+    switch (gb) {                                                                           \
+      case 16: rows<NT, 16>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
+      case 32: rows<NT, 32>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
+      default: rows<NT, 64>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
+    }
+    if (nt == 4) { TOOLCHAIN_YMM_ROWS(4) }
+    else if (nt == 3) { TOOLCHAIN_YMM_ROWS(3) }
+    else if (nt == 2) { TOOLCHAIN_YMM_ROWS(2) }
+    else { TOOLCHAIN_YMM_ROWS(1) }
+#undef TOOLCHAIN_YMM_ROWS
+  }
+  return true;
+}
+
+}  // namespace x86_avx2 / x86_avx_vnni
+TOOLCHAIN_TARGET_POP
+#endif  // TOOLCHAIN_YMM_PASS
