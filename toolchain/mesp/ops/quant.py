@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.half import compute_weight, from_compute, half_enabled, to_compute
+from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "fused_int4", "dense", "matmul_xwt",
            "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
@@ -124,6 +125,8 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
         if not isinstance(w, QuantWeight):
             return from_compute(F.linear(xh, w))                                       # [T, o]
         return from_compute(torch.cat([F.linear(xh, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1))
+    if isinstance(w, Int4Constant):    # the XNNPACK generation variant (ops/int8da_int4w.py)
+        return linear_8da4w(x, w)                                                      # [T, o]
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
     if _FUSED_INT4 and w.bits == 4:
