@@ -2,10 +2,12 @@
 
 The library is compiled once per (source, flags, compiler, executorch version) into a cache directory
 ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written atomically (a temp file,
-then rename), and loaded with RTLD_GLOBAL: its static initializer registers `toolchain::int4_linear_a8.out`
+then rename), and loaded with RTLD_GLOBAL: its static initializers register the `toolchain::<op>.out` kernels
 with the ExecuTorch runtime the Python bindings share (as `libexecutorch_kernels_quantized.so` registers
-its kernels). `-march=native` picks this host's vector width (AVX2 or AVX-512 here, NEON in the apps);
-the summation order is the source's (16 lanes), not the width's.
+its kernels). Which kernels and C entry points the library has is the table in toolchain/mesp/kernels.py
+(above this torch-free layer: it passes the entry points' ctypes signatures to `load_kernels`).
+`-march=native` picks this host's vector width (AVX2 or AVX-512 here, NEON in the apps); the summation order
+is the source's (16 lanes), not the width's.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from toolchain.errors import ToolchainError
 
-__all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels", "compile_flags"]
+__all__ = ["KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "load_kernels", "compile_flags"]
 
 KERNEL_SOURCE = Path(__file__).with_name("kernels.cpp")
-KERNEL_OPS = ("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
-              "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out")  # what it registers
 _LIB_NAME = "libtoolchain_kernels.so"
 
 
@@ -96,33 +97,28 @@ def kernel_library() -> Path:
 
 
 _LOADED: ctypes.CDLL | None = None
+Signatures = Mapping[str, tuple[type, Sequence[type]]]   # C entry point -> (restype, argtypes)
 
 
-def load_kernels() -> ctypes.CDLL:
+def load_kernels(signatures: Signatures | None = None) -> ctypes.CDLL:
     """Load (building if needed) the kernel library into this process, once; its ExecuTorch kernels are
-    registered from then on. Returns the library (its C entry points, for the kernel tests)."""
+    registered from then on. Returns the library; `signatures` (toolchain/mesp/kernels.py `c_signatures`) set
+    its C entry points' ctypes types, for callers of those functions (the kernel tests).
+
+    Raises:
+        KernelUnavailable: it cannot be built or loaded, or lacks an entry point of `signatures`.
+    """
     global _LOADED
     if _LOADED is None:
         path = kernel_library()
         try:
-            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            _LOADED = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             raise KernelUnavailable(f"cannot load {path} ({e})") from None
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.toolchain_int4_linear_a8.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
-        lib.toolchain_int4_linear_a8.restype = ctypes.c_int
-        lib.toolchain_attention_decode.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
-                                                   ctypes.c_float, ptr]
-        lib.toolchain_attention_decode.restype = ctypes.c_int
-        f32 = ctypes.c_float
-        signatures = {
-            "toolchain_rms_norm": [ptr, i64, i64, ptr, f32, ptr],
-            "toolchain_lora_linear_a8": [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, i64, f32, ptr, ptr],
-            "toolchain_rope_heads": [ptr, i64, i64, i64, i64, f32, ptr],
-            "toolchain_swiglu": [ptr, ptr, i64, ptr],
-        }
-        for name, argtypes in signatures.items():
-            getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = ctypes.c_int
-        _LOADED = lib
+    for name, (restype, argtypes) in (signatures or {}).items():
+        try:
+            fn = getattr(_LOADED, name)
+        except AttributeError:
+            raise KernelUnavailable(f"the kernel library has no entry point {name}; rebuild it") from None
+        fn.restype, fn.argtypes = restype, list(argtypes)
     return _LOADED
