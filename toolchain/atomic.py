@@ -11,9 +11,10 @@ were seen with torch.export). The rename into place runs with SIGTERM blocked, s
 before it (the old output stays) or after it (the new one is complete).
 
 Nothing of the user's is replaced silently: `atomic_dir` refuses to swap out an existing non-empty
-directory (or a file) unless the caller says `replace=True` or the user allowed it with `--force`
-(`check_output_dir(..., force=True)`, which the commands call before any long work, together with the
-writability and free-space checks of `check_output_dir` / `check_output_file`).
+directory (or a file) unless the caller says `replace=True`: a command passes its `--force` there
+(`atomic_dir(out, replace=force)`, through the writer it calls), after `check_output_dir(out, force=force)`,
+which it calls before any long work, together with the writability and free-space checks of
+`check_output_dir` / `check_output_file`.
 """
 
 from __future__ import annotations
@@ -32,11 +33,9 @@ from toolchain.errors import OutputExists, OutputNotWritable
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_chunks", "atomic_dir", "discard_pending",
            "discarded_on_stop",
-           "check_output_dir", "check_output_file", "check_regular_output", "permit_replace", "output_scope",
-           "sweep_stale", "FORCE_HELP"]
+           "check_output_dir", "check_output_file", "check_regular_output", "sweep_stale", "FORCE_HELP"]
 
-_PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place
-_REPLACEABLE: set[Path] = set()  # existing outputs the user allowed to be replaced (--force), resolved
+_PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place (for the SIGTERM handler)
 
 FORCE_HELP = "Replace an existing non-empty output directory (by default it is refused and left untouched)."
 
@@ -117,21 +116,6 @@ def check_regular_output(path: Path, *, option: str = "--out", streams: bool = F
     raise OutputExists(f"{option} {path} is {kind}{link}, not a regular file; give a regular file path")
 
 
-def permit_replace(path: Path) -> None:
-    """Allow `atomic_dir(path)` to replace what is at `path` (the user passed --force)."""
-    _REPLACEABLE.add(_key(path))
-
-
-@contextlib.contextmanager
-def output_scope() -> Iterator[None]:
-    """Permissions given by `permit_replace` last until the block exits (one CLI command)."""
-    before = set(_REPLACEABLE)
-    try:
-        yield
-    finally:
-        _REPLACEABLE.intersection_update(before)
-
-
 def _occupied(path: Path) -> str | None:
     """Why replacing `path` would lose something (None: nothing there, or an empty directory)."""
     if not (path.exists() or path.is_symlink()):
@@ -182,8 +166,8 @@ def _size(n: float) -> str:
 def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
                      expected_bytes: int | None = None) -> Path:
     """Check an output directory before any long work: an existing non-empty directory (or a file) is
-    refused unless `force` (then `atomic_dir` may replace it), and its location must be writable with
-    room for `expected_bytes` when known.
+    refused unless `force` (the caller then writes it with `atomic_dir(path, replace=force)`), and its
+    location must be writable with room for `expected_bytes` when known.
 
     Raises:
         OutputExists: something is at `path` and `force` is False (or it is a file).
@@ -201,7 +185,6 @@ def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
             raise OutputExists(f"{option} {path} {occupied}; choose another path")
         if not force:
             raise OutputExists(f"{option} {path} {occupied}; pass --force to replace it, or choose another directory")
-        permit_replace(path)
     _check_writable(path, option, expected_bytes)
     return path
 
@@ -302,7 +285,7 @@ def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
 
 def _refuse_occupied(path: Path, replace: bool) -> None:
     occupied = _occupied(path)
-    if occupied is not None and not (replace and path.is_dir()) and _key(path) not in _REPLACEABLE:
+    if occupied is not None and not (replace and path.is_dir()):
         hint = "pass --force to replace it, or choose another directory" if path.is_dir() else "choose another path"
         raise OutputExists(f"{path} {occupied}; {hint}")
 
@@ -311,9 +294,9 @@ def _refuse_occupied(path: Path, replace: bool) -> None:
 def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary directory; on success it replaces `path`.
 
-    An existing empty directory is replaced; an existing non-empty one only with `replace=True` or after
-    `check_output_dir(path, force=True)` / `permit_replace(path)`, else OutputExists is raised (before the
-    block runs, and again before the swap), and nothing at `path` is touched.
+    An existing empty directory is replaced; an existing non-empty one only with `replace=True` (a command's
+    --force), else OutputExists is raised (before the block runs, and again before the swap), and nothing at
+    `path` is touched. A file at `path` is never replaced.
     """
     shown, path = Path(path), _key(path)
     _refuse_occupied(shown, replace)

@@ -110,7 +110,8 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
                 progress.update(weights_task, visible=False)
                 progress.update(task, visible=True, description=f"export: {stage}")
 
-        manifest = export_program(arch, source, cfg, lora, spec, out, on_stage=on_stage, on_tensor=on_tensor)
+        manifest = export_program(arch, source, cfg, lora, spec, out, on_stage=on_stage, on_tensor=on_tensor,
+                                  replace=force)
     mp = manifest.memory_plan
     click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest.methods)} methods) -> {out}")
     for p in manifest.programs:

@@ -133,7 +133,7 @@ def report(run_id: str, db: Path | str, out: Path, force: bool) -> None:
         known = [r.run_id for r in store.runs()]
     if not events:
         raise BadInput(f"no events for run {run_id!r} in {store.describe()}; stored runs: {', '.join(known) or 'none'}")
-    files = write_report(run_id, events, out)
+    files = write_report(run_id, events, out, replace=force)
     click.echo(f"{len(events)} events -> {files.html}")
 
 
@@ -184,5 +184,5 @@ def fleet(db: Path | str, out: Path, models: tuple[str, ...], devices: tuple[str
         raise BadInput(f"no stored run in {store.describe()} matches the filters ({len(infos)} runs stored)")
     filters = {"model": list(models) or None, "device": list(devices) or None,
                "since": since, "until": until}
-    files = write_fleet(runs, out, filters=filters, reports=not no_run_reports)
+    files = write_fleet(runs, out, filters=filters, reports=not no_run_reports, replace=force)
     click.echo(f"{len(runs)} runs -> {files.html}")

@@ -86,11 +86,13 @@ def peft_config_dict(cfg: LoraConfig, *, base_model: str | None = None) -> dict:
     return json.loads(json.dumps(d, default=list))
 
 
-def save_adapter(path: Path, cfg: LoraConfig, lora: LoraWeights, *, base_model: str | None = None) -> Path:
-    """Write a PEFT adapter directory atomically. Tensors are saved contiguous, as they are (dtype kept)."""
+def save_adapter(path: Path, cfg: LoraConfig, lora: LoraWeights, *, base_model: str | None = None,
+                 replace: bool = False) -> Path:
+    """Write a PEFT adapter directory atomically. Tensors are saved contiguous, as they are (dtype kept).
+    An existing non-empty `path` is refused unless `replace` (the command's --force)."""
     from safetensors.torch import save_file
 
-    with atomic_dir(Path(path)) as tmp:
+    with atomic_dir(Path(path), replace=replace) as tmp:
         (tmp / CONFIG_NAME).write_text(json.dumps(peft_config_dict(cfg, base_model=base_model), indent=2, sort_keys=True))
         save_file({k: v.detach().contiguous() for k, v in lora_state_dict(lora).items()}, str(tmp / WEIGHTS_NAME),
                   metadata={"format": "pt"})

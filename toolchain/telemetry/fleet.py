@@ -206,15 +206,15 @@ def _html(doc: dict) -> str:
 
 
 def write_fleet(runs: list[tuple[str, list[dict]]], out_dir: Path, *, filters: dict | None = None,
-                reports: bool = True) -> FleetFiles:
+                reports: bool = True, replace: bool = False) -> FleetFiles:
     """Write index.html, fleet.json, scatter.png and (with `reports`) every run's report under runs/ into
-    `out_dir`, atomically."""
+    `out_dir`, atomically (a non-empty `out_dir` is refused unless `replace`, the command's --force)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     doc = fleet_document(runs, filters)
     out_dir = Path(out_dir)
     written = []
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, replace=replace) as tmp:
         FigureCanvasAgg(scatter_figure(doc["runs"])).print_png(str(tmp / "scatter.png"))
         if reports:
             (tmp / "runs").mkdir()

@@ -433,9 +433,9 @@ def _check_stored(run_id: str, events: list[dict]) -> None:
                           f"re-import the run from its JSONL file") from None
 
 
-def write_report(run_id: str, events: list[dict], out_dir: Path) -> ReportFiles:
+def write_report(run_id: str, events: list[dict], out_dir: Path, *, replace: bool = False) -> ReportFiles:
     """Write plots, index.html and summary.json for one run into `out_dir` (atomically: a failure
-    leaves no partial directory).
+    leaves no partial directory; a non-empty `out_dir` is refused unless `replace`, the command's --force).
 
     Raises:
         BadInput: there are no events.
@@ -448,7 +448,7 @@ def write_report(run_id: str, events: list[dict], out_dir: Path) -> ReportFiles:
     figures = {"memory.png": memory_figure(events), "loss.png": loss_figure(events),
                "step_time.png": step_time_figure(events)}
     out_dir = Path(out_dir)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, replace=replace) as tmp:
         for name, fig in figures.items():
             _save_png(fig, tmp / name)
         write_json(tmp / "summary.json", "run_summary", summary)
