@@ -75,6 +75,25 @@ def _full_attention_layers(v: Any) -> str | None:
     return "is not supported here (the step computes full attention in every layer)"
 
 
+def _of_type(*types: type, what: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v is None or (isinstance(v, types) and not (isinstance(v, bool) and bool not in types)) \
+            else f"must be {what}"
+    return check
+
+
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
+
+
+def _dtype(v: Any) -> str | None:
+    return None if v is None or v in _DTYPES else f"must be one of {', '.join(_DTYPES)}"
+
+
+def _token_ids(v: Any) -> str | None:
+    ok = v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v))
+    return None if ok else "must be a token id, a list of them, or null"
+
+
 def _rope_dict(v: Any) -> str | None:
     return None if v is None or isinstance(v, dict) else "must be an object or null"
 
@@ -87,31 +106,40 @@ class Field:
     check: Callable[[Any], str | None]
     default: Any
     kind: str
+    nullable: bool = True           # a JSON null means "the default" (else it is checked like any value)
 
 
-def _impl(check, default=_MISSING) -> Field:
-    return Field(check, default, "implemented")
+def _impl(check, default=_MISSING, *, nullable: bool = True) -> Field:
+    return Field(check, default, "implemented", nullable)
 
 
 def _fixed(*allowed, default=_MISSING) -> Field:
     return Field(_one_of(*allowed), allowed[0] if default is _MISSING else default, "fixed")
 
 
-def _inert_field(default=None) -> Field:
-    return Field(_inert, default, "inert")
+def _inert_field(default=None, check=_inert) -> Field:
+    return Field(check, default, "inert")
 
 
 # What PretrainedConfig itself takes (every family) and what its files carry besides.
 _BASE: dict[str, Field] = {
-    "model_type": _inert_field(), "transformers_version": _inert_field(), "architectures": _inert_field(),
-    "output_hidden_states": _inert_field(False), "output_attentions": _inert_field(False),
-    "return_dict": _inert_field(True), "dtype": _inert_field(), "torch_dtype": _inert_field(),
-    "chunk_size_feed_forward": _inert_field(0), "is_encoder_decoder": _fixed(False),
-    "id2label": _inert_field(), "label2id": _inert_field(), "problem_type": _inert_field(),
+    "model_type": _inert_field(), "transformers_version": _inert_field(None, _of_type(str, what="a string")),
+    "architectures": _inert_field(None, _of_type(list, what="a list of class names")),
+    "output_hidden_states": _inert_field(False, _of_type(bool, what="true or false")),
+    "output_attentions": _inert_field(False, _of_type(bool, what="true or false")),
+    "return_dict": _inert_field(True, _of_type(bool, what="true or false")),
+    "dtype": _inert_field(None, _dtype), "torch_dtype": _inert_field(None, _dtype),
+    "chunk_size_feed_forward": _inert_field(0, _of_type(int, what="an integer")),
+    "is_encoder_decoder": _fixed(False),
+    "id2label": _inert_field(None, _of_type(dict, what="an object")),
+    "label2id": _inert_field(None, _of_type(dict, what="an object")),
+    "problem_type": _inert_field(None, _of_type(str, what="a string")),
     "_name_or_path": _inert_field(""), "name_or_path": _inert_field(""), "_commit_hash": _inert_field(),
     "attn_implementation": _inert_field(), "_attn_implementation_autoset": _inert_field(),
-    "initializer_range": _inert_field(0.02), "use_cache": _inert_field(True),
-    "pad_token_id": _inert_field(), "bos_token_id": _inert_field(), "eos_token_id": _inert_field(),
+    "initializer_range": _inert_field(0.02, _of_type(int, float, what="a number")),
+    "use_cache": _inert_field(True, _of_type(bool, what="true or false")),
+    "pad_token_id": _inert_field(None, _token_ids), "bos_token_id": _inert_field(None, _token_ids),
+    "eos_token_id": _inert_field(None, _token_ids),
 }
 
 _COMMON: dict[str, Field] = {
@@ -132,10 +160,11 @@ _SLIDING: dict[str, Field] = {
 }
 
 FIELDS: dict[str, dict[str, Field]] = {
+    # head_dim: not a Qwen2Config parameter, but Qwen2's attention reads it (getattr), null included (a crash)
     "qwen2": {**_BASE, **_COMMON, **_SLIDING, "num_key_value_heads": _impl(_opt_pos_int, 32),
-              "head_dim": _impl(_opt_pos_int, None)},    # not a Qwen2Config parameter; Qwen2's attention reads it
+              "head_dim": _impl(_pos_int, None, nullable=False)},
     "qwen3": {**_BASE, **_COMMON, **_SLIDING, "num_key_value_heads": _impl(_opt_pos_int, 32),
-              "head_dim": _impl(_opt_pos_int, 128), "attention_bias": _fixed(False)},
+              "head_dim": _impl(_pos_int, 128, nullable=False), "attention_bias": _fixed(False)},
     "llama": {**_BASE, **_COMMON, "num_key_value_heads": _impl(_opt_pos_int, None),
               "max_position_embeddings": _impl(_pos_int, 2048), "head_dim": _impl(_opt_pos_int, None),
               "attention_bias": _fixed(False), "mlp_bias": _fixed(False), "pretraining_tp": _fixed(1, None),
@@ -217,9 +246,12 @@ def check_config(cfg: Any, family: str) -> None:
             if value in EMPTY and not isinstance(value, (int, float)) or value is False or value is None:
                 continue
             raise _refuse(name, value, "is not a field this toolchain implements", family)
-        if value is None and spec.kind != "fixed":
+        if value is None and spec.kind != "fixed" and spec.nullable:
             continue
         why = spec.check(value)
         if why is not None:
             raise _refuse(name, value, why, family)
+    layer_types, layers = cfg.get("layer_types"), cfg.get("num_hidden_layers")
+    if isinstance(layer_types, list) and len(layer_types) != layers:
+        raise _refuse("layer_types", layer_types, f"must name one type per layer (num_hidden_layers = {layers})", family)
     rope_settings(cfg, family)

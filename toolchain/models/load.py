@@ -103,6 +103,21 @@ def arch_from_hf_config(cfg: dict) -> ModelArch:
         scaling = RopeScaling(factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
                               high_freq_factor=float(rope["high_freq_factor"]),
                               original_max_positions=rope["original_max_position_embeddings"])
+    try:
+        return _arch(fam, cfg, get, heads, kv_heads, rope, scaling)
+    except BadInput as e:          # a relation between fields (divisibility): named as config.json names them
+        msg = str(e)
+        for ours, theirs in _CONFIG_NAMES.items():
+            msg = msg.replace(f"`{ours}`", f"{theirs}")
+        raise BadInput(f"config.json: {msg}") from None
+
+
+_CONFIG_NAMES = {"hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
+                 "layers": "num_hidden_layers", "intermediate": "intermediate_size", "vocab": "vocab_size",
+                 "max_positions": "max_position_embeddings"}
+
+
+def _arch(fam, cfg, get, heads, kv_heads, rope, scaling) -> ModelArch:
     return ModelArch(
         family=fam.name, hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
         kv_heads=heads if kv_heads is None else kv_heads, head_dim=get("head_dim"),

@@ -139,7 +139,17 @@ class CheckpointSource(WeightSource):
                                f"of {', '.join(FLOAT_DTYPES)}")
 
     def _rows(self, name: str, start: int, stop: int) -> Tensor:
-        return self.shards.read_rows(_hf_key(name), start, stop)
+        """Rows of one tensor, checked finite as they are read (a NaN or infinity is refused, naming the tensor,
+        its shard and the first bad row)."""
+        key = _hf_key(name)
+        rows = self.shards.read_rows(key, start, stop)
+        finite = torch.isfinite(rows)
+        if not bool(finite.all()):
+            bad = start + int((~finite).reshape(rows.shape[0], -1).any(1).nonzero()[0, 0]) if rows.dim() > 1 \
+                else start + int((~finite).nonzero()[0, 0])
+            raise BadInput(f"tensor {key!r} in {self.shards.tensors[key].path.name} holds NaN or infinity (row "
+                           f"{bad}); the checkpoint is damaged: download it again")
+        return rows
 
 
 # LayerWeights field index of each layer tensor: a tensor's generator does not depend on which others exist.
