@@ -279,8 +279,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
     """`atomic_write_bytes` of the concatenation of `chunks` (str as UTF-8), written as they come: an output
     produced as a stream in bounded memory. An exception from `chunks` leaves the old file and no temporary."""
+    from toolchain.outputs import output_target
+
     check_regular_output(Path(path), option="output")
-    path = _key(path)
+    path = output_target(path)         # a symbolic link is written through and kept (toolchain/outputs.py)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
@@ -315,7 +317,9 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     `check_output_dir(path, force=True)` / `permit_replace(path)`, else OutputExists is raised (before the
     block runs, and again before the swap), and nothing at `path` is touched.
     """
-    shown, path = Path(path), _key(path)
+    from toolchain.outputs import output_target
+
+    shown, path = Path(path), output_target(path)     # a link is written through and kept (toolchain/outputs.py)
     _refuse_occupied(shown, replace)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)

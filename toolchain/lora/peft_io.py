@@ -142,6 +142,9 @@ def load_adapter(path: Path, arch: ModelArch, *, dtype: torch.dtype = torch.floa
     if not isinstance(doc, dict):
         raise BadInput(f"{cfg_path} is not a JSON object")
     cfg = _config_from_peft(doc, cfg_path)
+    from toolchain.inputs import check_input
+
+    check_input(w_path, dir_ok=False)
     try:
         sd = load_file(str(w_path))
     except (SafetensorError, OSError) as e:

@@ -15,7 +15,6 @@ relative to byte 8 + n. Sharded checkpoints list `weight_map: {name: shard file}
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +66,8 @@ class CheckpointShards:
         self.root = Path(root)
         self.tensors: dict[str, ShardTensor] = {}
         index = self.root / INDEX_NAME
-        if index.is_file():
+        has_index = index.exists() or index.is_symlink()      # a FIFO or a link loop: refused when read
+        if has_index:
             files = self._indexed_files(index)
         else:
             files = sorted(self.root.glob("*.safetensors"))
@@ -81,7 +81,7 @@ class CheckpointShards:
                     raise BadInput(f"tensor {t.name!r} is in two shards ({self.tensors[t.name].path.name} and "
                                    f"{f.name}) of {self.root}")
                 self.tensors[t.name] = t
-        if index.is_file():
+        if has_index:
             self._check_index(index)
 
     def _indexed_files(self, index: Path) -> list[Path]:
@@ -89,7 +89,7 @@ class CheckpointShards:
         files = []
         for shard in dict.fromkeys(self._weight_map.values()):
             path = self.root / shard
-            if not path.is_file():
+            if not (path.exists() or path.is_symlink()):
                 names = [k for k, v in self._weight_map.items() if v == shard]
                 more = f" and {len(names) - 1} more" if len(names) > 1 else ""
                 raise MissingWeights(f"shard {shard} of {self.root} is missing: {INDEX_NAME} puts tensor "
@@ -134,10 +134,9 @@ class CheckpointShards:
 
 
 def _read_index(index: Path) -> dict[str, str]:
-    try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{index} is not a readable JSON index ({e})") from None
+    from toolchain.validate import read_json
+
+    doc = read_json(index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise BadInput(f"{index} has no weight_map of tensor names to shard files")
@@ -166,9 +165,11 @@ def read_safetensors_header(path: Path, *, dtype_sizes: Mapping[str, int], noun:
 
     path = Path(path)
     unreadable = f"{path} is not a readable safetensors {noun}"
+    from toolchain.inputs import open_input
+
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with open_input(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             if not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
