@@ -3,7 +3,13 @@
 Every shard's header (tensor names, dtypes, shapes, byte ranges) is read and checked against the file when the
 checkpoint is opened: nothing is loaded until a caller asks for rows of one tensor, and a truncated or forged
 shard, or a shard the index names but the directory lacks, is one `BadInput` naming the tensor before any output
-is written. Rows are read with `pread` into a buffer of their own: the safetensors library memory-maps whole
+is written. Each shard's identity (device, inode, size, modification time) is recorded when its header is read
+and checked at every read and once more at the end (`check_unchanged`: export calls it before its output is
+put in place): a shard replaced or rewritten while a command reads it is one `BadInput` and no output. A
+rewrite that keeps the size and sets the modification time back (or lands within the file system's timestamp
+granularity) is not seen; neither is a change after the check.
+
+Rows are read with `pread` into a buffer of their own: the safetensors library memory-maps whole
 shards, and every mapped page a reader touches stays in the process's resident set (a 3B checkpoint's 6 GB would
 count against an export that holds one tensor at a time).
 
@@ -73,9 +79,14 @@ class CheckpointShards:
             files = sorted(self.root.glob("*.safetensors"))
         if not files:
             raise MissingWeights(f"checkpoint {str(self.root)!r} has no *.safetensors files")
+        self.identity: dict[Path, tuple[int, int, int, int]] = {}
         for f in files:
+            before = _identity(f)
             entries, _, _ = read_safetensors_header(f, dtype_sizes=_ITEMSIZE, noun="shard",
                                                     redo="download the checkpoint again")
+            if _identity(f) != before:
+                raise _changed(f)
+            self.identity[f] = before
             for t in entries:
                 if t.name in self.tensors:
                     raise BadInput(f"tensor {t.name!r} is in two shards ({self.tensors[t.name].path.name} and "
@@ -105,6 +116,16 @@ class CheckpointShards:
             if t.path.name != shard:
                 raise BadInput(f"tensor {name!r} is in shard {t.path.name}, {index.name} puts it in {shard}")
 
+    def check_unchanged(self) -> None:
+        """Every shard is still the file whose header was read (device, inode, size, mtime).
+
+        Raises:
+            BadInput: one was replaced or rewritten (see the module docstring for what cannot be seen).
+        """
+        for path, ident in self.identity.items():
+            if _identity(path) != ident:
+                raise _changed(path)
+
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of tensor `name` (a 1-d tensor: its elements), in the checkpoint's dtype."""
         t = self.tensors[name]
@@ -116,8 +137,10 @@ class CheckpointShards:
             raise ValueError(f"rows {start}:{stop} of {name} with {rows} rows")
         width = t.row_bytes if len(t.shape) > 1 else _ITEMSIZE[t.dtype]
         buf = bytearray((stop - start) * width)
-        fd = os.open(t.path, os.O_RDONLY)
+        fd = os.open(t.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
+            if _identity(fd) != self.identity[t.path]:
+                raise _changed(t.path)
             view, pos = memoryview(buf), t.start + start * width
             while view:
                 n = os.preadv(fd, [view], pos)
@@ -125,12 +148,29 @@ class CheckpointShards:
                     raise BadInput(f"tensor {name!r} in {t.path.name} ends past the end of the file: the shard is "
                                    "truncated; download the checkpoint again")
                 view, pos = view[n:], pos + n
+            if _identity(fd) != self.identity[t.path]:     # rewritten in place while these rows were read
+                raise _changed(t.path)
         finally:
             os.close(fd)
         shape = (stop - start,) + t.shape[1:] if len(t.shape) > 1 else (stop - start,)
         if not buf:
             return torch.empty(shape, dtype=FLOAT_DTYPES[t.dtype])
         return torch.frombuffer(buf, dtype=FLOAT_DTYPES[t.dtype]).reshape(shape)
+
+
+def _identity(f: Path | int) -> tuple[int, int, int, int]:
+    from toolchain.inputs import file_identity
+
+    try:
+        return file_identity(os.fstat(f) if isinstance(f, int) else os.stat(f))
+    except OSError:
+        return (0, 0, -1, 0)           # gone: differs from any file's identity
+
+
+def _changed(path: Path) -> BadInput:
+    return BadInput(f"shard {path.name} of {path.parent} changed while it was being read (replaced, or rewritten in "
+                    f"place: its device, inode, size or modification time differ); nothing was written: run again "
+                    f"once the checkpoint is complete")
 
 
 def _read_index(index: Path) -> dict[str, str]:
