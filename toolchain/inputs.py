@@ -39,7 +39,14 @@ def _refusal(where: str, kind: str) -> BadInput:
     return BadInput(f"{where} is {kind}, not a regular file; give the path of a regular file")
 
 
-def _os_refusal(where: str, e: OSError) -> BadInput:
+def _os_refusal(where: str, e: OSError, path: Path | None = None) -> BadInput:
+    if path is not None and e.errno in (errno.ENXIO, errno.EOPNOTSUPP):   # open(2) of a socket
+        try:
+            kind = special_kind(os.stat(path).st_mode)
+        except OSError:
+            kind = None
+        if kind is not None:
+            return _refusal(where, kind)
     if e.errno == errno.ELOOP:
         return BadInput(f"{where} is a symbolic link loop (it never reaches a file); fix or remove the link")
     if e.errno == errno.ENOENT:
@@ -78,7 +85,7 @@ def open_input(path: Path, *, what: str | None = None) -> BinaryIO:
     except IsADirectoryError:
         raise BadInput(f"{where} is a directory, not a file") from None
     except OSError as e:
-        raise _os_refusal(where, e) from None
+        raise _os_refusal(where, e, path) from None
     try:
         mode = os.fstat(fd).st_mode
         kind = special_kind(mode)
