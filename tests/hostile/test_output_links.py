@@ -19,8 +19,7 @@ from toolchain.cli import cli
 TEXT = "hello links"
 
 
-def _run(tmp_path: Path, argv: list[str]):
-    os.chdir(tmp_path)
+def _run(argv: list[str]):
     result = CliRunner().invoke(cli, argv, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result
@@ -81,13 +80,13 @@ def test_an_output_link_is_written_through_and_kept(tmp_path, monkeypatch, name,
     elif appends:
         pytest.skip("appending to a dangling link creates its target: the same as the file case")
     (tmp_path / "link.out").symlink_to("real/target.out")
-    _run(tmp_path, argv(tmp_path, "link.out"))
+    _run(argv(tmp_path, "link.out"))
     assert (tmp_path / "link.out").is_symlink() and os.readlink(tmp_path / "link.out") == "real/target.out"
     check(target)
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["target.out"]   # no temporary left
 
 
-def test_a_link_to_a_directory_output_replaces_the_target_and_keeps_the_link(tmp_path, monkeypatch):
+def test_a_link_to_a_directory_output_replaces_the_target_and_keeps_the_link(tmp_path):
     """Directory outputs (`telemetry report --out`, `export --out`, `--adapter-out`) go through `atomic_dir`."""
     from toolchain.atomic import atomic_dir
 
