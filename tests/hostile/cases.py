@@ -439,12 +439,18 @@ def change_shard_after_first_read(how: str):
 
 
 def immutable_output(w: Work) -> list[str]:
-    """`export --force` onto a directory holding an immutable file (chattr +i; root only, as the tests run)."""
+    """`export --force` onto a directory holding an immutable file (chattr +i, as root; a user who cannot set
+    the flag gets a read-only subdirectory instead, which is undeletable for them the same way)."""
     import subprocess as sp
 
     w.mine("out")
-    sp.run(["chattr", "+i", str(w.path / "out" / "mine.txt")], check=True)
-    w.keep = _Unfreeze(w.path / "out" / "mine.txt")
+    frozen = sp.run(["chattr", "+i", str(w.path / "out" / "mine.txt")], capture_output=True).returncode == 0
+    if frozen:
+        w.keep = _Unfreeze(w.path / "out" / "mine.txt")
+    else:
+        w.write("out/sub/kept.txt", "the user's file\n")
+        os.chmod(w.path / "out" / "sub", 0o555)
+        w.keep = _Unfreeze(w.path / "out" / "sub")
     return ["export", *TINY, "--seq-len", "8", "--out", "out", "--force"]
 
 
@@ -455,7 +461,10 @@ class _Unfreeze:
     def close(self) -> None:
         import subprocess as sp
 
-        sp.run(["chattr", "-i", str(self.path)], check=False)
+        if self.path.is_dir():
+            os.chmod(self.path, 0o755)
+        else:
+            sp.run(["chattr", "-i", str(self.path)], capture_output=True, check=False)
 
 
 def stdout_to_file() -> None:
@@ -845,7 +854,7 @@ def _cases() -> list[Case]:
           may_change=("ck/model.safetensors",)),
         # ---- issue 45: leftovers and small wrongs
         c("export-force-immutable", "`export --force` onto a directory holding an immutable file (exit 0, "
-                                    "`.out.<pid>.<random>.old` left behind)", immutable_output, "immutable"),
+                                    "`.out.<pid>.<random>.old` left behind)", immutable_output, "cannot be replaced"),
         c("train-eval-every-without-data", "`train --program --eval-every 2` without --eval-data (accepted silently)",
           lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--eval-every", "2"],
           "--eval-every needs --eval-data"),
