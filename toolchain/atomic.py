@@ -132,6 +132,51 @@ def _occupied(path: Path) -> str | None:
     return f"exists and is not empty (holds {', '.join(sorted(names))}{', ...' if len(names) == 3 else ''})"
 
 
+_FS_IOC_GETFLAGS = 0x80086601               # linux/fs.h: the inode flags `lsattr` shows
+_NO_DELETE = {0x10: "immutable", 0x20: "append-only"}   # FS_IMMUTABLE_FL, FS_APPEND_FL: unlink fails (EPERM)
+
+
+def _undeletable(path: Path, limit: int = 100_000) -> str | None:
+    """Why the tree at `path` could not be deleted whole (an immutable or append-only entry, a directory this
+    user cannot write), or None. Checked before an output is replaced: the old tree is deleted after the swap,
+    and a failure there would leave it behind as `.<name>.<pid>.<random>.old` (exit 0)."""
+    import fcntl
+    import struct
+
+    stack, seen = [Path(path)], 0
+    while stack and seen < limit:
+        p = stack.pop()
+        seen += 1
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                flags = struct.unpack("l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 8))[0]
+            except OSError:
+                flags = 0                    # a file system without inode flags
+            finally:
+                os.close(fd)
+            for bit, what in _NO_DELETE.items():
+                if flags & bit:
+                    return f"{p} is {what} (chattr -{'i' if bit == 0x10 else 'a'} lifts it)"
+        if stat.S_ISDIR(st.st_mode):
+            if p != Path(path) and not os.access(p, os.W_OK | os.X_OK):
+                return f"{p} is not writable, so what it holds cannot be deleted"
+            try:
+                stack.extend(Path(e.path) for e in os.scandir(p))
+            except OSError as e:
+                return f"{p} cannot be read ({e.strerror})"
+    return None
+
+
 def _nearest_existing(path: Path) -> Path:
     path = _key(path)
     while not path.exists() and path != path.parent:
@@ -185,6 +230,9 @@ def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
             raise OutputExists(f"{option} {path} {occupied}; choose another path")
         if not force:
             raise OutputExists(f"{option} {path} {occupied}; pass --force to replace it, or choose another directory")
+        why = _undeletable(path)
+        if why is not None:
+            raise OutputNotWritable(f"{option} {path} cannot be replaced: {why}; nothing was changed")
     _check_writable(path, option, expected_bytes)
     return path
 
@@ -262,8 +310,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
     """`atomic_write_bytes` of the concatenation of `chunks` (str as UTF-8), written as they come: an output
     produced as a stream in bounded memory. An exception from `chunks` leaves the old file and no temporary."""
+    from toolchain.outputs import output_target
+
     check_regular_output(Path(path), option="output")
-    path = _key(path)
+    path = output_target(path)         # a symbolic link is written through and kept (toolchain/outputs.py)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
@@ -298,7 +348,9 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     --force), else OutputExists is raised (before the block runs, and again before the swap), and nothing at
     `path` is touched. A file at `path` is never replaced.
     """
-    shown, path = Path(path), _key(path)
+    from toolchain.outputs import output_target
+
+    shown, path = Path(path), output_target(path)     # a link is written through and kept (toolchain/outputs.py)
     _refuse_occupied(shown, replace)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
@@ -317,6 +369,11 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         _PENDING.discard(tmp)
         raise
+    why = _undeletable(path) if path.is_dir() and not path.is_symlink() else None
+    if why is not None:                      # the old tree could not be deleted after the swap
+        shutil.rmtree(tmp, ignore_errors=True)
+        _PENDING.discard(tmp)
+        raise OutputNotWritable(f"{shown} cannot be replaced: {why}; nothing was changed")
     old = None
     with _sigterm_blocked():
         if path.exists() or path.is_symlink():

@@ -177,6 +177,8 @@ class _Group(click.Group):
             _silence_stdout()
             raise UserError("stdout was closed by its reader (broken pipe) before the output was complete") \
                 from None
+        except RecursionError:               # JSON parsed outside toolchain.validate (before RuntimeError, its base)
+            raise UserError("an input is nested too deeply to read") from None
         except (MemoryError, SystemError, RuntimeError, ImportError) as e:
             if not _out_of_memory(e):
                 raise
@@ -188,8 +190,6 @@ class _Group(click.Group):
         except UnicodeDecodeError as e:      # a file read outside toolchain.validate (e.g. a checkpoint's config)
             raise UserError(f"an input file is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") \
                 from None
-        except RecursionError:               # JSON parsed outside toolchain.validate
-            raise UserError("an input is nested too deeply to read") from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -97,7 +98,8 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
                       compute=compute, **tokenizer_fields(model, arch.vocab, arch.family))
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+                  console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as progress:   # off the terminal it left a stray newline
         weights_task = progress.add_task("export: write weights", total=None)
         task = progress.add_task("export", total=None, visible=False)
 

@@ -46,7 +46,10 @@ class ProgressBar:
         from rich.console import Console
         from rich.progress import Progress
 
-        self._progress = Progress(console=Console(stderr=True), transient=True)
+        import sys
+
+        # no bar when stderr is not a terminal: rich's transient bar still leaves a newline there when it clears
+        self._progress = Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
         self._progress.__enter__()
         self._task = self._progress.add_task(self.description, total=self.steps)
         return self
@@ -123,6 +126,8 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     from toolchain.training import TrainRun, checkpoint_path
     from toolchain.training.session import ProgramSession
 
+    if eval_every is not None and eval_data is None:
+        raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
     session = ProgramSession(program, use="train", verbose=verbose_requested())
     pdir = session.pdir

@@ -155,4 +155,5 @@ def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: L
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = build_manifest(spec, pspec, artifacts, tmp, files)
         write_manifest(tmp / MANIFEST_NAME, manifest)
+        source.check_unchanged()       # a shard replaced or rewritten while read: no output (models/shards.py)
     return manifest

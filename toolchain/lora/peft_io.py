@@ -7,6 +7,7 @@ so an adapter saved here loads with `PeftModel.from_pretrained` and vice versa.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -136,14 +137,17 @@ def load_adapter(path: Path, arch: ModelArch, *, dtype: torch.dtype = torch.floa
 
     path = Path(path)
     cfg_path, w_path = path / CONFIG_NAME, path / WEIGHTS_NAME
-    if not cfg_path.is_file():
+    if not os.path.lexists(cfg_path):         # a FIFO or a link loop is there: refused when read (toolchain.inputs)
         raise MissingWeights(f"adapter directory {str(path)!r} has no {CONFIG_NAME}")
-    if not w_path.is_file():
+    if not os.path.lexists(w_path):
         raise MissingWeights(f"adapter directory {str(path)!r} has no {WEIGHTS_NAME}")
     doc = read_json(cfg_path)       # strict: UTF-8, no NaN / 1e400 / 30-digit integers, bounded nesting
     if not isinstance(doc, dict):
         raise BadInput(f"{cfg_path} is not a JSON object")
     cfg = _config_from_peft(doc, cfg_path)
+    from toolchain.inputs import check_input
+
+    check_input(w_path, dir_ok=False)
     try:
         sd = load_file(str(w_path))
     except (SafetensorError, OSError) as e:

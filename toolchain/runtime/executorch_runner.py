@@ -126,9 +126,11 @@ def check_pte(pte: Path) -> None:
     Raises:
         BadInput: it does not (naming what is wrong).
     """
+    from toolchain.inputs import open_input
+
     try:
-        size = pte.stat().st_size
-        with pte.open("rb") as f:
+        with open_input(pte) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(32)
     except OSError as e:
         raise BadInput(f"{pte} cannot be read ({e.strerror}); re-export the program") from None
