@@ -66,11 +66,13 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +86,11 @@ U32 = 2.0 ** -24
 U16 = 2.0 ** -11
 KERNEL = "toolchain::int4_linear_a8.out"
 DEFAULT_CPUS = ("max", "cortex-a76", "cortex-a53")
+# qemu CPU models with FEAT_FP16 (ARMv8.2-A half-precision arithmetic, what XNNPACK's f16 GEMMs need); the others
+# (cortex-a53: ARMv8.0) must refuse an fp16 program when its methods load: XNNPACK cannot build the float16 GEMM
+# and the delegate's init returns Error::Internal (0x1), the code the apps map to the "--compute fp32" message
+# (android ExecuTorchRuntime.kt `load`, ios ExecuTorchRuntime.swift `load`, Compute.loadFailure).
+FP16_CPUS = ("max", "cortex-a76", "neoverse-n1", "a64fx", "cortex-a710", "neoverse-v1", "neoverse-n2")
 
 
 # ---------------------------------------------------------------- what a session does
@@ -196,7 +203,7 @@ class QemuModuleRunner:
 
     def log_tail(self, n: int = 3) -> str:
         self.log.seek(0)
-        lines = [ln for ln in self.log.read().decode(errors="replace").splitlines() if " E " in f" {ln[:2]} " or "fail" in ln]
+        lines = [ln for ln in self.log.read().decode(errors="replace").splitlines() if ln.startswith("E ") or "failed" in ln]
         return " | ".join(lines[-n:]) or "(nothing)"
 
     def close(self) -> None:
@@ -215,8 +222,11 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan) 
 
     res = Result()
     t0 = time.perf_counter()
-    res.probe = subprocess.run([*prefix, str(binary), "--probe", KERNEL], check=True, capture_output=True,
-                               text=True).stdout.strip()
+    probe = subprocess.run([*prefix, str(binary), "--probe", KERNEL], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise RuntimeError(f"{' '.join([*prefix, binary.name])} --probe exited {probe.returncode}: "
+                           f"{(probe.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+    res.probe = probe.stdout.strip()
     methods = role_methods(pdir, "all", fused=fused)
     runner = QemuModuleRunner(prefix, binary, pdir.path / pdir.manifest.programs[0].file, methods)
     try:
@@ -404,19 +414,45 @@ def trace_reference_check(trace: dict, pdir, ref: Result, fused: bool) -> Verdic
 
 
 def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, modes, trace=None,
-              verbose=False) -> tuple[int, int]:
+              verbose=False, jobs=2) -> tuple[int, int]:
     passed = failed = 0
+    half = getattr(pdir.info.spec, "compute", "fp32") == "fp16"
     for mode in modes:
         fused = mode == "fused"
-        ref = run_session(pdir, [], drivers / f"module_check-x86-{mode}", fused, plan)
+        try:
+            ref = run_session(pdir, [], drivers / f"module_check-x86-{mode}", fused, plan)
+        except RuntimeError as e:
+            failed += len(cpus)
+            print(f"arm64: FAIL {name} {mode}: the x86 reference run failed: {e}", flush=True)
+            continue
         base = Verdict()
         base.exact("x86 kernel probe", ref.probe == ("registered" if fused else "missing"), ref.probe)
         if trace is not None:
             tv = trace_reference_check(trace, pdir, ref, fused)
             base.ok &= tv.ok
             base.lines += tv.lines
+        runs = {}
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:     # the CPU levels side by side
+            for cpu in cpus:
+                runs[cpu] = pool.submit(run_session, pdir, [*qemu_prefix, "-cpu", cpu],
+                                        drivers / f"module_check-arm64-{mode}", fused, plan)
         for cpu in cpus:
-            got = run_session(pdir, [*qemu_prefix, "-cpu", cpu], drivers / f"module_check-arm64-{mode}", fused, plan)
+            fp16_refusal = half and cpu not in FP16_CPUS
+            try:
+                got = runs[cpu].result()
+            except RuntimeError as e:
+                ok = fp16_refusal and "load_method" in str(e) and "failed: 0x1" in str(e)
+                passed += ok
+                failed += not ok
+                what = ("refused the fp16 program at load as the apps expect (no FEAT_FP16: Error::Internal 0x1): "
+                        if ok else "")
+                print(f"arm64: {'PASS' if ok else 'FAIL'} {name} {mode} -cpu {cpu}: {what}{e}", flush=True)
+                continue
+            if fp16_refusal:
+                failed += 1
+                print(f"arm64: FAIL {name} {mode} -cpu {cpu}: an fp16 program loaded on a CPU without FEAT_FP16 "
+                      f"(expected Error::Internal from XNNPACK's init)", flush=True)
+                continue
             v, stats = compare(pdir, ref, got, plan, fused, plan.lr)
             ok = v.ok and base.ok
             passed += ok
@@ -446,6 +482,7 @@ def main(argv=None) -> int:
     p.add_argument("--fp32-twin", type=Path, default=None)
     p.add_argument("--counts", type=Path, default=None)
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="CPU levels run at once (default: cores)")
     a = p.parse_args(argv)
 
     from toolchain.errors import ToolchainError
@@ -481,11 +518,11 @@ def main(argv=None) -> int:
     if "fused" in modes and not has_fused:
         print(f"Error: {pdir.path} has no fused generation methods (generate.fused); drop fused from --modes")
         return 2
-    passed, failed = run_cases(name, pdir, plan, a.drivers, qemu_prefix, cpus, modes, trace, a.verbose)
+    passed, failed = run_cases(name, pdir, plan, a.drivers, qemu_prefix, cpus, modes, trace, a.verbose, a.jobs)
     if twin is not None:
         for cpu in cpus:
-            if cpu != "max":
-                continue            # FEAT_FP16 (XNNPACK's f16 GEMMs) needs ARMv8.2-A: -cpu max here
+            if cpu not in FP16_CPUS:
+                continue            # FEAT_FP16 (XNNPACK's f16 GEMMs) needs ARMv8.2-A
             ok, msg = fp16_gradient_check(pdir, twin, [*qemu_prefix, "-cpu", cpu], a.drivers)
             passed += ok
             failed += not ok
