@@ -131,10 +131,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---- the CI programs, exported in the background while the drivers build and the traces run
-export_program() {  # name, toolchain export args...
+export_program() {  # name, toolchain export args... (scripts/arm64_export.py: every weight matmul on XNNPACK)
   local name="$1"; shift
   local t0; t0="$(now)"
-  if (cd "$root" && PYTHONPATH="$root" "$py" -m toolchain export "$@" --out "$tmp/programs/$name") \
+  if (cd "$root" && PYTHONPATH="$root" "$py" "$root/scripts/arm64_export.py" "$@" --out "$tmp/programs/$name") \
       >"$tmp/programs/$name.log" 2>&1; then
     echo "$(since "$t0")" >"$tmp/programs/$name.ok"
   else
@@ -210,10 +210,11 @@ else
     [ -f "$d/trace.json" ] || continue
     runtime trace "$d"
   done
-  # ---- the CI programs
-  wait "${bg[0]}" || true
-  bg=()
+  # ---- the CI programs, each as soon as its export is done
+  exported() { [ -f "$tmp/programs/$1.ok" ] || [ -f "$tmp/programs/$1.failed" ]; }
   for name in tiny qwen3 llama tiny-fp16; do
+    while ! exported "$name" && kill -0 "${bg[0]}" 2>/dev/null; do sleep 1; done
+    [ "$name" != tiny-fp16 ] || while ! exported tiny-fp32 && kill -0 "${bg[0]}" 2>/dev/null; do sleep 1; done
     if [ ! -f "$tmp/programs/$name.ok" ]; then
       failed=$((failed + 1))
       echo "arm64: FAIL program $name: the export failed:"; tail -n 5 "$tmp/programs/$name.log" | sed 's/^/         /'
@@ -233,6 +234,8 @@ else
       runtime program "$tmp/programs/$name" --steps 3
     fi
   done
+  wait "${bg[0]}" || true
+  bg=()
 fi
 echo "arm64: total $(since "$t_start") s"
 echo "arm64: $passed passed, $failed failed"

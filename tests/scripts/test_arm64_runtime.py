@@ -91,6 +91,20 @@ def test_calls_and_the_kernel_probe_are_exact(case):
     assert not ar.compare(pdir, ref, copy.deepcopy(ref), plan, fused=True, lr=plan.lr)[0].ok   # probe says missing
 
 
+def test_the_fused_generation_is_compared_in_lockstep(case):
+    """Fused: each lockstep call within its one-call bound, and its argmax equal where x86's margin decides it;
+    no lockstep at all is a failure."""
+    pdir, plan = case
+    ref = _result(pdir, plan)
+    ref.probe = "registered"
+    good = [("block_decode", 0.2, None, None), ("head_logits", 0.0, 3.0, True)]
+    for records, ok in ((good, True), ([], False), ([("block_decode", 1.5, None, None)], False),
+                        ([("head_logits", 0.0, 3.0, False)], False)):
+        got = copy.deepcopy(ref)
+        got.lockstep = records
+        assert ar.compare(pdir, ref, got, plan, fused=True, lr=plan.lr)[0].ok is ok, records
+
+
 def test_a_greedy_id_is_compared_only_where_the_margin_decides_it(case):
     pdir, plan = case
     vocab = pdir.arch.vocab
