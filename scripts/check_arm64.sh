@@ -94,6 +94,10 @@ fi
 sysroot=/usr/aarch64-linux-gnu
 [ -e "$sysroot/lib/ld-linux-aarch64.so.1" ] || { echo "arm64: FAIL: no aarch64 loader in $sysroot/lib"; exit 1; }
 echo "arm64: $("$cxx" --version | head -n 1); $("$qemu" --version | head -n 1)"
+known_cpus="$("$qemu" -cpu help 2>/dev/null || true)"
+for c in ${cpus//,/ }; do
+  grep -qw -- "$c" <<<"$known_cpus" || die "--cpus: $qemu has no CPU model '$c' (qemu-aarch64 -cpu help)"
+done
 
 # ---- the aarch64 wheel of the pinned executorch (the venv's version), cached
 version="$("$py" -c 'import importlib.metadata as m; print(m.version("executorch"))')" \
