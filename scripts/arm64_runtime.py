@@ -41,12 +41,17 @@ typical sqrt(n) ratio of sum|a b| to |sum a b|) and N(q) the sum of the reductio
 u = 2^-24 (float32). An fp16 program (`compute: fp16`) multiplies its frozen weights in float16: float16
 operands, each product rounded to float16 (u = 2^-11) once. The bound adds that one rounding per product on the
 chain (4 per layer forward: q/k/v, o, gate/up, down; 4 backward), with float32 accumulation inside the product;
-a GEMM that accumulated in float16 (n u = 2^-11 n: 3% at n = 64, more than 100% over a few layers, a bound that
-could not fail) would exceed it, and the check says so. Adam divides the first moment by the square root of the
-second: to first order m / sqrt(v) has the relative error of the gradient, so the same relative bound holds
-per entry only where gradients are not near zero; where |g| is comparable to its error the update can move by
-up to 2 lr per step. The state check therefore also accepts an entry within 2 lr x (steps) of x86 when the
-entry is an Adam-driven param whose normwise check fails, and says how many did.
+a GEMM that accumulated in float16 (n u = 2^-11 n: 3% at n = 64, more than 100% over a few layers) would exceed
+it. That is what XNNPACK's f16 GEMMs do with FP16 arithmetic (FEAT_FP16: -cpu max, cortex-a76), where no usable
+summation-order bound exists: there an fp16 program gets the exact checks only, and the fp16 gradient check below
+is its accuracy check (on cortex-a53 it runs with float32 accumulation and is compared in full).
+Adam: step t's update lr m_hat / sqrt(v_hat) is at most c_t lr in size (`adam_factor`) and, to first order, has
+the relative error dm / |m| + dv / (2 v) of the x86 moments; each param element may also differ by the sum over
+the steps of lr min(2 c_t, c_t (dm / |m| + dv / (2 v))) (`adam_allowance`): nothing to speak of where the
+gradient's sign is decided, up to 2 c_t lr where the first moment is within its own bound of zero. The case line
+counts the param values past the normwise bound that this allowance accepted.
+The fused generation (int8 activations: discontinuous in its input) is compared in lockstep, call by call on the
+same inputs (`LockstepRunner`), besides the free run's exact checks.
 
 For fp16 programs with `--fp32-twin DIR` (the same export with --compute fp32, SGD), the documented fp16
 gradient bound (docs/benchmarks.md "fp16 compute", tests/mesp/ops/test_half.py, tests/export/test_compute_fp16.py:
@@ -306,19 +311,17 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
 
 @dataclass
 class Chains:
-    """Reduction lengths of the program's chains (module docstring); `u_proj` is the unit roundoff of the
-    frozen-weight projections (2^-11 for an fp16 program), the rest float32."""
+    """Reduction lengths of the program's chains (module docstring), in float32 terms: an fp16 program's
+    float16 roundings of its frozen-weight products count U16 / U32 terms each."""
     n_f: float
     n_b: float
     n_h: float
     layers: int
-    proj_f: int          # the projection part of n_f (for fp16 programs)
 
     @classmethod
     def of(cls, pdir) -> "Chains":
         a, T, r = pdir.arch, pdir.seq_len, pdir.lora_config.rank
         d, hd, qd, I = a.hidden, a.head_dim, a.heads * a.head_dim, a.intermediate
-        proj = 2 * d + qd + I
         n_f = 2 * d + 2 * d + r + hd + T + qd + I + (hd if a.qk_norm else 0)
         fp16 = getattr(pdir.info.spec, "compute", "fp32") == "fp16"
         # fp16: each of a layer's FP16_PRODUCTS frozen-weight products is rounded to float16 once (float16 operands,
@@ -326,7 +329,7 @@ class Chains:
         extra = FP16_PRODUCTS * (U16 / U32) if fp16 else 0.0
         n_f_eff = n_f + extra
         n_b_eff = n_f_eff + T
-        return cls(n_f_eff, n_b_eff, 2 * d + a.vocab + T, a.layers, proj)
+        return cls(n_f_eff, n_b_eff, 2 * d + a.vocab + T, a.layers)
 
     @property
     def step(self) -> float:
@@ -527,8 +530,14 @@ def trace_reference_check(trace: dict, pdir, ref: Result, fused: bool) -> Verdic
         v.bounded("x86 eval loss vs trace", abs(ref.eval_loss - ev["loss"]),
                   rel_bound(ch.loss(len(steps))) * abs(ev["loss"]))
     gen = next((s for s in trace["steps"] if s["kind"] == "generate"), None)
-    if gen is not None:
-        v.exact("x86 greedy ids vs trace", ref.ids == gen["output_ids"], f"{ref.ids} vs {gen['output_ids']}")
+    if gen is not None:     # where this run's margin decides them (the trace's own logits are this run's on its CPU)
+        for i, (lg, want) in enumerate(zip(ref.logits, gen["output_ids"])):
+            top = torch.topk(lg.double(), 2).values
+            if float(top[0] - top[1]) <= 2 * rel_bound(ch.logits(len(steps), pdir.arch.hidden)) * float(lg.abs().max()):
+                break
+            v.exact(f"x86 greedy id {i} vs trace", ref.ids[i] == want, f"{ref.ids[i]} vs {want}")
+            if ref.ids[i] != want:
+                break
     if not fused:
         v.exact("x86 calls vs trace", ref.called == [c["method"] for c in trace["calls"]])
     return v
@@ -548,10 +557,13 @@ def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, mod
             continue
         base = Verdict()
         base.exact("x86 kernel probe", ref.probe == ("registered" if fused else "missing"), ref.probe)
+        note = ""
         if trace is not None:
             tv = trace_reference_check(trace, pdir, ref, fused)
             base.ok &= tv.ok
             base.lines += tv.lines
+            same = not any("bit for bit" in line for line in tv.lines)
+            note = f"; x86 run {'=' if same else 'within the bounds of, not bit-equal to,'} the recorded trace"
         runs = {}
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:     # the CPU levels side by side
             for cpu in cpus:
@@ -585,7 +597,7 @@ def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, mod
                   + (", ran without FEAT_FP16 (float32 accumulation)" if fp16_refusal else "")
                   + ("; floats not bounded: float16 accumulation on FEAT_FP16, see the fp16 gradient check"
                      if not floats else "")
-                  + f" [{got.seconds:.1f} s under qemu, x86 {ref.seconds:.1f} s]", flush=True)
+                  + note + f" [{got.seconds:.1f} s under qemu, x86 {ref.seconds:.1f} s]", flush=True)
             for line in (base.lines + v.lines) if (verbose or not ok) else []:
                 print(f"         {line}")
     return passed, failed
