@@ -40,6 +40,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -50,6 +52,73 @@
 #endif
 
 namespace {
+
+// The kernel paths, chosen once per process: the best one this CPU runs (and this build has), or the one
+// TOOLCHAIN_KERNEL_PATH=<name> forces (for testing; refused, with one "Error:" line on stderr and every
+// int4 call returning -1, when the CPU or the build lacks it). toolchain_kernel_path() names the choice.
+enum class KernelPath { generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm };
+constexpr const char* kKernelPathNames[] = {"generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"};
+constexpr int kKernelPaths = 7;
+
+}  // namespace
+
+#if defined(__aarch64__)
+#include "kernels_arm64.h"   // the neon / dotprod / i8mm paths and their run-time CPU checks
+#endif
+
+namespace {
+
+// Whether this CPU and build run path p.
+bool kernel_path_available(KernelPath p) {
+  switch (p) {
+    case KernelPath::generic: return true;
+#ifdef TOOLCHAIN_VNNI
+    case KernelPath::avx512_vnni: return true;   // compiled in only when the build's -march has it
+#endif
+#if defined(__aarch64__)
+    case KernelPath::neon: case KernelPath::dotprod: case KernelPath::i8mm: return arm64::cpu_has(p);
+#endif
+    default: return false;
+  }
+}
+
+struct KernelPathChoice {
+  KernelPath path = KernelPath::generic;
+  bool refused = false;
+};
+
+KernelPathChoice choose_kernel_path() {
+  KernelPathChoice c;
+  for (int p = kKernelPaths - 1; p >= 0; --p)
+    if (kernel_path_available(static_cast<KernelPath>(p))) {
+      c.path = static_cast<KernelPath>(p);
+      break;
+    }
+  const char* forced = std::getenv("TOOLCHAIN_KERNEL_PATH");
+  if (forced == nullptr || *forced == '\0') return c;
+  for (int p = 0; p < kKernelPaths; ++p)
+    if (std::strcmp(forced, kKernelPathNames[p]) == 0) {
+      if (kernel_path_available(static_cast<KernelPath>(p))) {
+        c.path = static_cast<KernelPath>(p);
+        return c;
+      }
+      std::fprintf(stderr, "Error: TOOLCHAIN_KERNEL_PATH=%s: this CPU or build lacks the %s kernel path (best here: %s)\n",
+                   forced, forced, kKernelPathNames[static_cast<int>(c.path)]);
+      c.refused = true;
+      return c;
+    }
+  std::fprintf(stderr, "Error: TOOLCHAIN_KERNEL_PATH=%s is not a kernel path (generic, avx2, avx_vnni, avx512_vnni, "
+               "neon, dotprod, i8mm)\n", forced);
+  c.refused = true;
+  return c;
+}
+
+const KernelPathChoice& kernel_path_choice() {
+  static const KernelPathChoice choice = choose_kernel_path();
+  return choice;
+}
+
+inline KernelPath kernel_path() { return kernel_path_choice().path; }
 
 constexpr int64_t L = 16;   // float accumulator lanes (group g -> lane g mod 16)
 constexpr int64_t TT = 4;   // rows of x per weight load
@@ -91,6 +160,13 @@ struct QuantizedX {
           group16(xt, k0, k1, t, g);
           continue;
         }
+#endif
+#if defined(__aarch64__)
+        if (kernel_path() >= KernelPath::neon &&   // whole vectors of 8 columns: the same values as below
+            arm64::quantize_group(xt, k0, k1, &even[static_cast<size_t>(t * stride + k0 / 2)],
+                                  &odd[static_cast<size_t>(t * stride + k0 / 2)], &sa[static_cast<size_t>(t * gstride + g)],
+                                  &corr[static_cast<size_t>(t * gstride + g)]))
+          continue;
 #endif
         float amax = 0.0f;
         bool nan = false;
@@ -568,15 +644,28 @@ constexpr int LORA_BLOCK = 64;
 
 extern "C" {
 
+// The kernel path this process runs (see KernelPath), or nullptr when TOOLCHAIN_KERNEL_PATH forced one that
+// is refused here.
+const char* toolchain_kernel_path() {
+  const KernelPathChoice& c = kernel_path_choice();
+  return c.refused ? nullptr : kKernelPathNames[static_cast<int>(c.path)];
+}
+
 // y [T, o] = x [T, i] W^T with x quantized per row and group (see the top of the file); q [o, i/2],
 // scales [o, ng] (ng = ceil(i / group)). Returns 0, or -1 for bad arguments (i odd, group odd or < 2,
 // ng != ceil(i / group)).
 int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
                              int64_t ng, int64_t group, float* y) {
   if (in <= 0 || in % 2 || group < 2 || group % 2 || ng != (in + group - 1) / group || T < 0 || o < 0) return -1;
+  if (kernel_path_choice().refused) return -1;
   const int64_t half = in / 2, gb = group / 2;
   thread_local QuantizedX a;
   a.build(x, T, in, group, ng, 16 * 64);   // padded to whole VNNI blocks (16 groups of up to 64 bytes)
+#if defined(__aarch64__)
+  if (arm64::int4_rows(kernel_path(), {a.even.data(), a.odd.data(), a.sa.data(), a.corr.data(), a.stride, a.gstride},
+                       T, q, scales, half, gb, ng, o, y))
+    return 0;
+#endif
 #ifdef TOOLCHAIN_VNNI
   if ((T >= 10 && (gb == 16 || gb == 32)) || (T > 1 && gb == 64)) {   // where it beats the tiles (docs/benchmarks.md)
     switch (gb) {
