@@ -1,11 +1,12 @@
 """Build and load the native kernel library for this host (g++ against the executorch wheel).
 
-The library is compiled once per (source, flags, compiler, executorch version) into a cache directory
-($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written atomically (a temp file,
-then rename), and loaded with RTLD_GLOBAL: its static initializer registers `toolchain::int4_linear_a8.out`
-with the ExecuTorch runtime the Python bindings share (as `libexecutorch_kernels_quantized.so` registers
-its kernels). `-march=native` picks this host's vector width (AVX2 or AVX-512 here, NEON in the apps);
-the summation order is the source's (16 lanes), not the width's.
+The library is compiled once per (source and its kernels*.h headers, flags, compiler, executorch version)
+into a cache directory ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written
+atomically (a temp file, then rename), and loaded with RTLD_GLOBAL: its static initializer registers
+`toolchain::int4_linear_a8.out` with the ExecuTorch runtime the Python bindings share (as
+`libexecutorch_kernels_quantized.so` registers its kernels). `-march=native` picks this host's vector width
+(AVX2 or AVX-512 here); on arm64 one build holds the neon, dotprod and i8mm paths, chosen at run time
+(kernels_arm64.h). The summation order is the source's (16 lanes), not the width's.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def _key(cxx: str) -> str:
     import importlib.metadata
 
     h = hashlib.sha256()
-    for part in (KERNEL_SOURCE.read_bytes(), " ".join(compile_flags()).encode(), version.encode(),
-                 importlib.metadata.version("executorch").encode()):
+    headers = sorted(KERNEL_SOURCE.parent.glob("kernels*.h"))   # included by kernels.cpp (kernels_arm64.h, ...)
+    for part in (KERNEL_SOURCE.read_bytes(), *(f.read_bytes() for f in headers), " ".join(compile_flags()).encode(),
+                 version.encode(), importlib.metadata.version("executorch").encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
