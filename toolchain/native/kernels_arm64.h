@@ -160,20 +160,20 @@ inline float lane_sum4(float32x4_t a0, float32x4_t a1, float32x4_t a2, float32x4
   return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
 }
 
-// The 16 bytes of a weight row at j, or its last n < 16 bytes zero-padded (no read past the row).
-inline uint8x16_t load_weights(const uint8_t* p, int64_t n) {
-  if (n >= 16) return vld1q_u8(p);
+// The last n < 16 bytes of a weight row, zero-padded (no read past the row); out of line (once per row at most).
+__attribute__((noinline)) inline uint8x16_t load_tail(const uint8_t* p, int64_t n) {
   alignas(16) uint8_t b[16] = {};
   std::memcpy(b, p, static_cast<size_t>(n));
   return vld1q_u8(b);
 }
 
-// 4 consecutive scales sr[g .. g + 3], zeros past ng (no read past the row).
-inline float32x4_t load_scales4(const float* sr, int64_t g, int64_t ng) {
-  if (g + 4 <= ng) return vld1q_f32(sr + g);
-  alignas(16) float b[4] = {};
-  for (int64_t k = g; k < ng; ++k) b[k - g] = sr[k];
-  return vld1q_f32(b);
+// 4 scales p[0..3], or the n < 4 left in the row and zeros (no read past the row).
+inline float32x4_t load_scales(const float* p, int64_t n) {
+  if (n >= 4) return vld1q_f32(p);
+  float32x4_t v = vld1q_lane_f32(p, vdupq_n_f32(0.0f), 0);
+  if (n > 1) v = vld1q_lane_f32(p + 1, v, 1);
+  if (n > 2) v = vld1q_lane_f32(p + 2, v, 2);
+  return v;
 }
 
 }  // namespace arm64
@@ -181,21 +181,28 @@ inline float32x4_t load_scales4(const float* sr, int64_t g, int64_t ng) {
 
 // The rows of the neon and dotprod paths: the same code, once per path (this file includes itself with
 // TOOLCHAIN_ARM64_BODY set: the part after #else below), each copy's functions compiled for its path's target.
+// TOOLCHAIN_ARM64_DECODE_NR: weight rows per pass for one row of x (decode), chosen by the instructions executed
+// per call (scripts/arm64_kernel_instructions.sh): 2 for neon (its widening products need more registers), 3 for
+// dotprod.
 #define TOOLCHAIN_ARM64_BODY 1
 #define TOOLCHAIN_ARM64_NS neon
 #define TOOLCHAIN_ARM64_FN
 #define TOOLCHAIN_ARM64_SDOT 0
+#define TOOLCHAIN_ARM64_DECODE_NR 2
 #include "kernels_arm64.h"
 #undef TOOLCHAIN_ARM64_NS
 #undef TOOLCHAIN_ARM64_FN
 #undef TOOLCHAIN_ARM64_SDOT
+#undef TOOLCHAIN_ARM64_DECODE_NR
 #define TOOLCHAIN_ARM64_NS dotprod
 #define TOOLCHAIN_ARM64_FN TOOLCHAIN_ARM64_DOTPROD
 #define TOOLCHAIN_ARM64_SDOT 1
+#define TOOLCHAIN_ARM64_DECODE_NR 3
 #include "kernels_arm64.h"
 #undef TOOLCHAIN_ARM64_NS
 #undef TOOLCHAIN_ARM64_FN
 #undef TOOLCHAIN_ARM64_SDOT
+#undef TOOLCHAIN_ARM64_DECODE_NR
 #undef TOOLCHAIN_ARM64_BODY
 
 namespace {
@@ -220,6 +227,43 @@ namespace i8mm {
 // Adding the per-group float work (about 10 instructions per group for 4 outputs here, 9 for 4 outputs there),
 // per group of 32 columns: 26 vs 21.75 / 96 x 128 = 29 (0.90x), of 64: 42 vs 49 (0.86x), of 128: 74 vs 89
 // (0.83x). Decode (T = 1) has no second row of x for smmla: dotprod rows.
+// The 2 x 2 integer sums of one group for x pair (xe, xo: the pair layout) and weight rows qr, qr1: the n bytes at
+// j0. GB > 0: n == GB (unrolled, read in place); GB = 0: any n (a partial last 16 bytes through load_tail).
+template <int GB>
+TOOLCHAIN_ARM64_I8MM inline int32x4_t pair_group_sum(const uint8_t* qr, const uint8_t* qr1, int64_t j0, int64_t n,
+                                                     const int8_t* xe, const int8_t* xo) {
+  const uint8x16_t nib = vdupq_n_u8(0x0F);
+  int32x4_t s = vdupq_n_s32(0);
+  const int64_t len = GB > 0 ? GB : n;
+#pragma GCC unroll 4
+  for (int64_t j = 0; j < len; j += 16) {
+    uint64x2_t w0, w1;
+    if (GB > 0 || n - j >= 16) {
+      w0 = vreinterpretq_u64_u8(vld1q_u8(qr + j0 + j));
+      w1 = vreinterpretq_u64_u8(vld1q_u8(qr1 + j0 + j));
+    } else {
+      w0 = vreinterpretq_u64_u8(load_tail(qr + j0 + j, n - j));
+      w1 = vreinterpretq_u64_u8(load_tail(qr1 + j0 + j, n - j));
+    }
+    const uint8x16_t z0 = vreinterpretq_u8_u64(vzip1q_u64(w0, w1));   // bytes 0..7 of row r, then of row r1
+    const uint8x16_t z1 = vreinterpretq_u8_u64(vzip2q_u64(w0, w1));   // bytes 8..15
+    const int8_t* e = xe + 2 * (j0 + j);
+    const int8_t* d = xo + 2 * (j0 + j);
+    s = vmmlaq_s32(s, vld1q_s8(e), vreinterpretq_s8_u8(vshrq_n_u8(z0, 4)));
+    s = vmmlaq_s32(s, vld1q_s8(e + 16), vreinterpretq_s8_u8(vshrq_n_u8(z1, 4)));
+    s = vmmlaq_s32(s, vld1q_s8(d), vreinterpretq_s8_u8(vandq_u8(z0, nib)));
+    s = vmmlaq_s32(s, vld1q_s8(d + 16), vreinterpretq_s8_u8(vandq_u8(z1, nib)));
+  }
+  return s;
+}
+
+TOOLCHAIN_ARM64_I8MM __attribute__((noinline)) int32x4_t pair_group_sum_any(const uint8_t* qr, const uint8_t* qr1,
+                                                                           int64_t j0, int64_t n, const int8_t* xe,
+                                                                           const int8_t* xo) {
+  return pair_group_sum<0>(qr, qr1, j0, n, xe, xo);
+}
+
+template <int GB>
 TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* __restrict q,
                                      const float* __restrict scales, int64_t half, int64_t gb, int64_t ng, int64_t o,
                                      float* __restrict y) {
@@ -254,7 +298,7 @@ TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* _
       s[2] = s[3] = s1;
     }
   }
-  const uint8x16_t nib = vdupq_n_u8(0x0F);
+  const int64_t whole = GB > 0 ? half / GB : 0;                  // groups wholly inside a row
   for (int64_t r = 0; r < o; r += 2) {
     const int64_t r1 = r + 1 < o ? r + 1 : r;
     const uint8_t* qr = q + r * half;
@@ -273,20 +317,9 @@ TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* _
         for (int l = 0; l < 16; ++l) {
           const int64_t g = g0 + l;
           if (g >= ng) break;
-          const int64_t j0 = g * gb, n = std::min(gb, half - j0);
-          int32x4_t s = vdupq_n_s32(0);
-          for (int64_t j = 0; j < n; j += 16) {
-            const uint64x2_t w0 = vreinterpretq_u64_u8(load_weights(qr + j0 + j, n - j));
-            const uint64x2_t w1 = vreinterpretq_u64_u8(load_weights(qr1 + j0 + j, n - j));
-            const uint8x16_t z0 = vreinterpretq_u8_u64(vzip1q_u64(w0, w1));   // bytes 0..7 of r, then of r1
-            const uint8x16_t z1 = vreinterpretq_u8_u64(vzip2q_u64(w0, w1));   // bytes 8..15
-            const int8_t* e = xe + 2 * (j0 + j);
-            const int8_t* d = xo + 2 * (j0 + j);
-            s = vmmlaq_s32(s, vld1q_s8(e), vreinterpretq_s8_u8(vshrq_n_u8(z0, 4)));
-            s = vmmlaq_s32(s, vld1q_s8(e + 16), vreinterpretq_s8_u8(vshrq_n_u8(z1, 4)));
-            s = vmmlaq_s32(s, vld1q_s8(d), vreinterpretq_s8_u8(vandq_u8(z0, nib)));
-            s = vmmlaq_s32(s, vld1q_s8(d + 16), vreinterpretq_s8_u8(vandq_u8(z1, nib)));
-          }
+          const int32x4_t s = GB > 0 && g < whole
+                                  ? pair_group_sum<GB>(qr, qr1, g * gb, GB, xe, xo)
+                                  : pair_group_sum_any(qr, qr1, g * gb, std::min(gb, half - g * gb), xe, xo);
           const int32x4_t isum = vsubq_s32(s, vld1q_s32(pcorr + 4 * g));
           const float32x2_t sw2 = vset_lane_f32(sr1[g], vdup_n_f32(sr[g]), 1);      // [sw_r, sw_r1]
           const float32x4_t c = vmulq_f32(vcombine_f32(sw2, sw2), vld1q_f32(psa + 4 * g));
@@ -320,7 +353,12 @@ inline bool int4_rows(KernelPath path, const XView& x, int64_t T, const uint8_t*
   switch (path) {
     case KernelPath::i8mm:
       if (T >= 2) {
-        i8mm::rows_pairs(x, T, q, scales, half, gb, ng, o, y);
+        switch (gb) {
+          case 16: i8mm::rows_pairs<16>(x, T, q, scales, half, gb, ng, o, y); break;
+          case 32: i8mm::rows_pairs<32>(x, T, q, scales, half, gb, ng, o, y); break;
+          case 64: i8mm::rows_pairs<64>(x, T, q, scales, half, gb, ng, o, y); break;
+          default: i8mm::rows_pairs<0>(x, T, q, scales, half, gb, ng, o, y); break;
+        }
         return true;
       }
       dotprod::all_rows(x, 0, T, q, scales, half, gb, ng, o, y);
@@ -342,15 +380,14 @@ namespace {
 namespace arm64 {
 namespace TOOLCHAIN_ARM64_NS {
 
-// acc + the products of 16 weight bytes' high nibbles with xe[0..15] and low nibbles with xo[0..15], in 4 int32
-// lanes (exact: |a| <= 127, nibbles 0..15).
-TOOLCHAIN_ARM64_FN inline int32x4_t dot2(int32x4_t acc, uint8x16_t hi, uint8x16_t lo, const int8_t* xe,
-                                         const int8_t* xo) {
+// acc + the products of 16 weight bytes' high nibbles with e and low nibbles with d (16 int8 values of x's even /
+// odd columns), in 4 int32 lanes (exact: |a| <= 127, nibbles 0..15).
+TOOLCHAIN_ARM64_FN inline int32x4_t dot2(int32x4_t acc, uint8x16_t hi, uint8x16_t lo, int8x16_t e, int8x16_t d) {
 #if TOOLCHAIN_ARM64_SDOT
-  acc = vdotq_s32(acc, vreinterpretq_s8_u8(hi), vld1q_s8(xe));
-  return vdotq_s32(acc, vreinterpretq_s8_u8(lo), vld1q_s8(xo));
+  acc = vdotq_s32(acc, vreinterpretq_s8_u8(hi), e);
+  return vdotq_s32(acc, vreinterpretq_s8_u8(lo), d);
 #else
-  const int8x16_t h = vreinterpretq_s8_u8(hi), l = vreinterpretq_s8_u8(lo), e = vld1q_s8(xe), d = vld1q_s8(xo);
+  const int8x16_t h = vreinterpretq_s8_u8(hi), l = vreinterpretq_s8_u8(lo);
   int16x8_t p = vmull_s8(vget_low_s8(h), vget_low_s8(e));   // 4 products per 16-bit lane: |sum| <= 7620
   p = vmlal_high_s8(p, h, e);
   p = vmlal_s8(p, vget_low_s8(l), vget_low_s8(d));
@@ -359,76 +396,185 @@ TOOLCHAIN_ARM64_FN inline int32x4_t dot2(int32x4_t acc, uint8x16_t hi, uint8x16_
 #endif
 }
 
-// s[t] = 4 int32 lanes whose sum is group g's integer sum (before the correction) for row t of the tile: the n
-// bytes of the weight row at j0 (n <= 0: a group past ng, zeros).
-template <int NT>
-TOOLCHAIN_ARM64_FN inline void group_sums(const uint8_t* qr, int64_t j0, int64_t n, const int8_t* const* xe,
-                                          const int8_t* const* xo, int32x4_t* s) {
-  for (int t = 0; t < NT; ++t) s[t] = vdupq_n_s32(0);
-  const uint8x16_t nib = vdupq_n_u8(0x0F);
-  for (int64_t j = 0; j < n; j += 16) {
-    const uint8x16_t w = load_weights(qr + j0 + j, n - j);
-    const uint8x16_t hi = vshrq_n_u8(w, 4), lo = vandq_u8(w, nib);
-    for (int t = 0; t < NT; ++t) s[t] = dot2(s[t], hi, lo, xe[t] + j0 + j, xo[t] + j0 + j);
-  }
-}
-
-// All o output rows for rows t0 .. t0 + NT - 1 of x (a tile: each weight byte loaded and split once for NT rows).
-// Per quad of groups g .. g + 3: 4 group sums per row folded by 3 addp into one register (group g + k in lane k),
-// minus the corrections, times sw * sa, into accumulator register (g mod 16) / 4: lane g mod 16.
-template <int NT>
-TOOLCHAIN_ARM64_FN void rows(const XView& x, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
-                             int64_t half, int64_t gb, int64_t ng, int64_t o, float* y, int64_t ystride) {
+// A tile: NT rows of x (xe / xo: their int8 columns, corr: their corrections) by NR weight rows (qr).
+template <int NT, int NR>
+struct Tile {
   const int8_t* xe[NT];
   const int8_t* xo[NT];
   const int32_t* corr[NT];
-  const float* sa[NT];
-  for (int t = 0; t < NT; ++t) {
-    xe[t] = x.even + (t0 + t) * x.stride;
-    xo[t] = x.odd + (t0 + t) * x.stride;
-    corr[t] = x.corr + (t0 + t) * x.gstride;
-    sa[t] = x.sa + (t0 + t) * x.gstride;
-  }
-  for (int64_t r = 0; r < o; ++r) {
-    const uint8_t* qr = q + r * half;
-    const float* sr = scales + r * ng;
-    float32x4_t acc[NT][4];
-    for (int t = 0; t < NT; ++t)
-      for (int k = 0; k < 4; ++k) acc[t][k] = vdupq_n_f32(0.0f);
-    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+  const uint8_t* qr[NR];
+};
+
+// s[t][w] = 4 int32 lanes whose sum is a group's integer sum (before the correction) for row t of x and weight
+// row w of the tile, from the n bytes at j0 of the weight rows (n <= 0: a group past ng, zeros). GB > 0: n == GB
+// or n <= 0 (whole 16-byte vectors, unrolled, read in place); GB = 0: any n, a partial last 16 bytes through
+// load_tail. Each 16 bytes of x are loaded once for the NR weight rows, each 16 weight bytes once for NT rows.
+template <int NT, int NR, int GB>
+TOOLCHAIN_ARM64_FN inline void group_sums(const Tile<NT, NR>& tile, int64_t j0, int64_t n, int32x4_t (*s)[NR]) {
+  const uint8x16_t nib = vdupq_n_u8(0x0F);
+  for (int t = 0; t < NT; ++t)
+    for (int w = 0; w < NR; ++w) s[t][w] = vdupq_n_s32(0);
+  const int64_t len = GB > 0 ? GB : n;
+  if (GB > 0 && n <= 0) return;
 #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const int64_t g = g0 + 4 * k;
-        if (g >= ng) break;
-        int32x4_t pair[2][NT];
-        for (int h = 0; h < 2; ++h) {
-          int32x4_t s0[NT], s1[NT];
-          const int64_t ga = g + 2 * h, gb1 = ga + 1;
-          group_sums<NT>(qr, ga * gb, std::min(gb, half - ga * gb), xe, xo, s0);
-          group_sums<NT>(qr, gb1 * gb, gb1 < ng ? std::min(gb, half - gb1 * gb) : 0, xe, xo, s1);
-          for (int t = 0; t < NT; ++t) pair[h][t] = vpaddq_s32(s0[t], s1[t]);
-        }
-        const float32x4_t sw = load_scales4(sr, g, ng);
-        for (int t = 0; t < NT; ++t) {
-          const int32x4_t isum = vsubq_s32(vpaddq_s32(pair[0][t], pair[1][t]), vld1q_s32(corr[t] + g));
-          const float32x4_t c = vmulq_f32(sw, vld1q_f32(sa[t] + g));
-          acc[t][k] = vfmaq_f32(acc[t][k], vcvtq_f32_s32(isum), c);
-        }
-      }
+  for (int64_t j = 0; j < len; j += 16) {
+    uint8x16_t hi[NR], lo[NR];
+    for (int w = 0; w < NR; ++w) {
+      const uint8x16_t b = GB > 0 || n - j >= 16 ? vld1q_u8(tile.qr[w] + j0 + j) : load_tail(tile.qr[w] + j0 + j, n - j);
+      hi[w] = vshrq_n_u8(b, 4);
+      lo[w] = vandq_u8(b, nib);
     }
-    for (int t = 0; t < NT; ++t) y[t * ystride + r] = lane_sum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    for (int t = 0; t < NT; ++t) {
+      const int8x16_t e = vld1q_s8(tile.xe[t] + j0 + j), d = vld1q_s8(tile.xo[t] + j0 + j);
+      for (int w = 0; w < NR; ++w) s[t][w] = dot2(s[t][w], hi[w], lo[w], e, d);
+    }
   }
 }
 
-// Rows t0 .. t0 + T - 1 of x into y[0 ..] (rows of o), in tiles of 3 rows (the last one 1 or 2).
+// isum[t][w] = the integer sums of groups g .. g + 3 (lane k: group g + k; 3 addp fold the 4 groups' lanes),
+// minus their corrections. GB > 0: each of the 4 groups lies wholly inside the rows or past their last group.
+template <int NT, int NR, int GB>
+TOOLCHAIN_ARM64_FN inline void quad_sums(const Tile<NT, NR>& tile, int64_t g, int64_t gb, int64_t half,
+                                         int32x4_t (*isum)[NR]) {
+  int32x4_t pair[2][NT][NR];
+  for (int h = 0; h < 2; ++h) {
+    int32x4_t s0[NT][NR], s1[NT][NR];
+    const int64_t ga = g + 2 * h, gc = ga + 1;
+    group_sums<NT, NR, GB>(tile, ga * gb, std::min(gb, half - ga * gb), s0);
+    group_sums<NT, NR, GB>(tile, gc * gb, std::min(gb, half - gc * gb), s1);
+    for (int t = 0; t < NT; ++t)
+      for (int w = 0; w < NR; ++w) pair[h][t][w] = vpaddq_s32(s0[t][w], s1[t][w]);
+  }
+  for (int t = 0; t < NT; ++t) {
+    const int32x4_t c = vld1q_s32(tile.corr[t] + g);
+    for (int w = 0; w < NR; ++w) isum[t][w] = vsubq_s32(vpaddq_s32(pair[0][t][w], pair[1][t][w]), c);
+  }
+}
+
+// The fused multiply-add of quad g's sums into acc[t][w][k]: float(isum) * (sw * sa) (sw: the rows' scales of the
+// quad, zero past ng).
+template <int NT, int NR>
+TOOLCHAIN_ARM64_FN inline void quad_fma(float32x4_t (*acc)[NR], const int32x4_t (*isum)[NR], const float32x4_t* sw,
+                                        const float* const* sa, int64_t g) {
+  for (int t = 0; t < NT; ++t) {
+    const float32x4_t a = vld1q_f32(sa[t] + g);
+    for (int w = 0; w < NR; ++w) acc[t][w] = vfmaq_f32(acc[t][w], vcvtq_f32_s32(isum[t][w]), vmulq_f32(sw[w], a));
+  }
+}
+
+// The quads g0, g0 + 4, ... < ng that rows' main loop leaves (any group width, a partial group, or fewer than 4
+// scales left), into acc[t][w][(g / 4) mod 4] (in memory): out of line, once per row at most.
+template <int NT, int NR>
+TOOLCHAIN_ARM64_FN __attribute__((noinline)) void tail_quads(const Tile<NT, NR>& tile, const float* const* sr,
+                                                             const float* const* sa, int64_t g0, int64_t gb,
+                                                             int64_t half, int64_t ng, float32x4_t (*acc)[NR][4]) {
+  for (int64_t g = g0; g < ng; g += 4) {
+    int32x4_t isum[NT][NR];
+    quad_sums<NT, NR, 0>(tile, g, gb, half, isum);
+    float32x4_t sw[NR];
+    for (int w = 0; w < NR; ++w) sw[w] = load_scales(sr[w] + g, ng - g);
+    float32x4_t a[NT][NR];
+    const int k = static_cast<int>((g / 4) % 4);
+    for (int t = 0; t < NT; ++t)
+      for (int w = 0; w < NR; ++w) a[t][w] = acc[t][w][k];
+    quad_fma<NT, NR>(a, isum, sw, sa, g);
+    for (int t = 0; t < NT; ++t)
+      for (int w = 0; w < NR; ++w) acc[t][w][k] = a[t][w];
+  }
+}
+
+// Output rows r0 .. r1 - 1 ((r1 - r0) % NR == 0) for rows t0 .. t0 + NT - 1 of x, NR weight rows at a time,
+// groups of GB bytes (16, 32, 64; 0: any multiple of 16). Per quad of groups g .. g + 3: the 4 integer sums in
+// one register, times sw * sa, into accumulator register (g mod 16) / 4 of (t, w): group g in lane g mod 16, by
+// a fused multiply-add in increasing g; then lane_sum's tree. The main loop (accumulators in registers, no
+// calls) takes the quads whose groups are all whole (GB > 0) and have 4 scales; tail_quads the rest.
+template <int NT, int NR, int GB>
+TOOLCHAIN_ARM64_FN void rows(const XView& x, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales,
+                             int64_t half, int64_t gb, int64_t ng, int64_t r0, int64_t r1, float* y, int64_t ystride) {
+  Tile<NT, NR> tile;
+  const float* sa[NT];
+  for (int t = 0; t < NT; ++t) {
+    tile.xe[t] = x.even + (t0 + t) * x.stride;
+    tile.xo[t] = x.odd + (t0 + t) * x.stride;
+    tile.corr[t] = x.corr + (t0 + t) * x.gstride;
+    sa[t] = x.sa + (t0 + t) * x.gstride;
+  }
+  // the main loop's quads g .. g + 3: g < main, each group of them whole or past ng (all quads when GB divides the
+  // row, else those before the partial last group's)
+  const int64_t main = GB > 0 ? (half % GB == 0 ? ng : half / GB / 4 * 4) : 0;
+  for (int64_t r = r0; r < r1; r += NR) {
+    const float* sr[NR];
+    for (int w = 0; w < NR; ++w) {
+      tile.qr[w] = q + (r + w) * half;
+      sr[w] = scales + (r + w) * ng;
+    }
+    float32x4_t acc[NT][NR][4];
+    for (int t = 0; t < NT; ++t)
+      for (int w = 0; w < NR; ++w)
+        for (int k = 0; k < 4; ++k) acc[t][w][k] = vdupq_n_f32(0.0f);
+    for (int64_t g0 = 0; g0 < main; g0 += 16) {
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const int64_t g = g0 + 4 * k;
+        if (g >= main) break;
+        int32x4_t isum[NT][NR];
+        quad_sums<NT, NR, GB>(tile, g, gb, half, isum);
+        float32x4_t sw[NR], a[NT][NR];
+        for (int w = 0; w < NR; ++w) sw[w] = load_scales(sr[w] + g, ng - g);
+        for (int t = 0; t < NT; ++t)
+          for (int w = 0; w < NR; ++w) a[t][w] = acc[t][w][k];
+        quad_fma<NT, NR>(a, isum, sw, sa, g);
+        for (int t = 0; t < NT; ++t)
+          for (int w = 0; w < NR; ++w) acc[t][w][k] = a[t][w];
+      }
+    }
+    if (main < ng) {
+      float32x4_t held[NT][NR][4];
+      for (int t = 0; t < NT; ++t)
+        for (int w = 0; w < NR; ++w)
+          for (int k = 0; k < 4; ++k) held[t][w][k] = acc[t][w][k];
+      tail_quads<NT, NR>(tile, sr, sa, main, gb, half, ng, held);
+      for (int t = 0; t < NT; ++t)
+        for (int w = 0; w < NR; ++w)
+          for (int k = 0; k < 4; ++k) acc[t][w][k] = held[t][w][k];
+    }
+    for (int t = 0; t < NT; ++t)
+      for (int w = 0; w < NR; ++w)
+        y[t * ystride + r + w] = lane_sum4(acc[t][w][0], acc[t][w][1], acc[t][w][2], acc[t][w][3]);
+  }
+}
+
+// All o output rows for rows t0 .. t0 + NT - 1 of x: NR weight rows at a time, the o % NR last ones singly.
+template <int NT, int NR>
+TOOLCHAIN_ARM64_FN inline void rows_any(const XView& x, int64_t t0, const uint8_t* q, const float* scales,
+                                        int64_t half, int64_t gb, int64_t ng, int64_t o, float* y, int64_t ystride) {
+  const int64_t om = o / NR * NR;
+  switch (gb) {
+    case 16:
+      rows<NT, NR, 16>(x, t0, q, scales, half, gb, ng, 0, om, y, ystride);
+      return rows<NT, 1, 16>(x, t0, q, scales, half, gb, ng, om, o, y, ystride);
+    case 32:
+      rows<NT, NR, 32>(x, t0, q, scales, half, gb, ng, 0, om, y, ystride);
+      return rows<NT, 1, 32>(x, t0, q, scales, half, gb, ng, om, o, y, ystride);
+    case 64:
+      rows<NT, NR, 64>(x, t0, q, scales, half, gb, ng, 0, om, y, ystride);
+      return rows<NT, 1, 64>(x, t0, q, scales, half, gb, ng, om, o, y, ystride);
+    default:
+      rows<NT, NR, 0>(x, t0, q, scales, half, gb, ng, 0, om, y, ystride);
+      return rows<NT, 1, 0>(x, t0, q, scales, half, gb, ng, om, o, y, ystride);
+  }
+}
+
+// Rows t0 .. t0 + T - 1 of x into y[0 ..] (rows of o): tiles of 3 rows of x by 1 weight row (the last tile 1 or 2
+// rows of x); a single row of x (decode) by DECODE_NR weight rows.
 TOOLCHAIN_ARM64_FN inline void all_rows(const XView& x, int64_t t0, int64_t T, const uint8_t* q, const float* scales,
                                         int64_t half, int64_t gb, int64_t ng, int64_t o, float* y) {
   for (int64_t t = 0; t < T; t += 3) {
     float* yt = y + t * o;
     switch (std::min<int64_t>(3, T - t)) {
-      case 3: rows<3>(x, t0 + t, q, scales, half, gb, ng, o, yt, o); break;
-      case 2: rows<2>(x, t0 + t, q, scales, half, gb, ng, o, yt, o); break;
-      default: rows<1>(x, t0 + t, q, scales, half, gb, ng, o, yt, o); break;
+      case 3: rows_any<3, 1>(x, t0 + t, q, scales, half, gb, ng, o, yt, o); break;
+      case 2: rows_any<2, 1>(x, t0 + t, q, scales, half, gb, ng, o, yt, o); break;
+      default: rows_any<1, TOOLCHAIN_ARM64_DECODE_NR>(x, t0 + t, q, scales, half, gb, ng, o, yt, o); break;
     }
   }
 }
