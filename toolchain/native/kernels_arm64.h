@@ -257,10 +257,25 @@ TOOLCHAIN_ARM64_I8MM inline int32x4_t pair_group_sum(const uint8_t* qr, const ui
   return s;
 }
 
-TOOLCHAIN_ARM64_I8MM __attribute__((noinline)) int32x4_t pair_group_sum_any(const uint8_t* qr, const uint8_t* qr1,
-                                                                           int64_t j0, int64_t n, const int8_t* xe,
-                                                                           const int8_t* xo) {
-  return pair_group_sum<0>(qr, qr1, j0, n, xe, xo);
+// Group g's float term for the 2 x 2 outputs into acc: float(isum - corr) * ([sw_r, sw_r1, sw_r, sw_r1] * sa).
+TOOLCHAIN_ARM64_I8MM inline float32x4_t pair_fma(float32x4_t acc, int32x4_t s, const int32_t* pcorr, const float* psa,
+                                                 const float* sr, const float* sr1, int64_t g) {
+  const int32x4_t isum = vsubq_s32(s, vld1q_s32(pcorr + 4 * g));
+  const float32x2_t sw2 = vset_lane_f32(sr1[g], vdup_n_f32(sr[g]), 1);        // [sw_r, sw_r1]
+  const float32x4_t c = vmulq_f32(vcombine_f32(sw2, sw2), vld1q_f32(psa + 4 * g));
+  return vfmaq_f32(acc, vcvtq_f32_s32(isum), c);
+}
+
+// Groups g0 .. ng - 1 that rows_pairs' main loop leaves (any width, or the partial last group) into acc[g mod 16]
+// (in memory): out of line, once per tile at most.
+TOOLCHAIN_ARM64_I8MM __attribute__((noinline)) void pair_tail(const uint8_t* qr, const uint8_t* qr1, const int8_t* xe,
+                                                             const int8_t* xo, const int32_t* pcorr, const float* psa,
+                                                             const float* sr, const float* sr1, int64_t g0,
+                                                             int64_t gb, int64_t half, int64_t ng, float32x4_t* acc) {
+  for (int64_t g = g0; g < ng; ++g) {
+    const int32x4_t s = pair_group_sum<0>(qr, qr1, g * gb, std::min(gb, half - g * gb), xe, xo);
+    acc[g % 16] = pair_fma(acc[g % 16], s, pcorr, psa, sr, sr1, g);
+  }
 }
 
 template <int GB>
@@ -298,7 +313,7 @@ TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* _
       s[2] = s[3] = s1;
     }
   }
-  const int64_t whole = GB > 0 ? half / GB : 0;                  // groups wholly inside a row
+  const int64_t main = GB > 0 ? half / GB : 0;                   // the main loop's groups: wholly inside a row
   for (int64_t r = 0; r < o; r += 2) {
     const int64_t r1 = r + 1 < o ? r + 1 : r;
     const uint8_t* qr = q + r * half;
@@ -312,19 +327,19 @@ TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* _
       const float* psa = ps.data() + p * ng * 4;
       float32x4_t acc[16];
       for (int l = 0; l < 16; ++l) acc[l] = vdupq_n_f32(0.0f);
-      for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+      for (int64_t g0 = 0; g0 < main; g0 += 16) {
 #pragma GCC unroll 16
         for (int l = 0; l < 16; ++l) {
           const int64_t g = g0 + l;
-          if (g >= ng) break;
-          const int32x4_t s = GB > 0 && g < whole
-                                  ? pair_group_sum<GB>(qr, qr1, g * gb, GB, xe, xo)
-                                  : pair_group_sum_any(qr, qr1, g * gb, std::min(gb, half - g * gb), xe, xo);
-          const int32x4_t isum = vsubq_s32(s, vld1q_s32(pcorr + 4 * g));
-          const float32x2_t sw2 = vset_lane_f32(sr1[g], vdup_n_f32(sr[g]), 1);      // [sw_r, sw_r1]
-          const float32x4_t c = vmulq_f32(vcombine_f32(sw2, sw2), vld1q_f32(psa + 4 * g));
-          acc[l] = vfmaq_f32(acc[l], vcvtq_f32_s32(isum), c);
+          if (g >= main) break;
+          acc[l] = pair_fma(acc[l], pair_group_sum<GB>(qr, qr1, g * gb, GB, xe, xo), pcorr, psa, sr, sr1, g);
         }
+      }
+      if (main < ng) {
+        float32x4_t held[16];
+        for (int l = 0; l < 16; ++l) held[l] = acc[l];
+        pair_tail(qr, qr1, xe, xo, pcorr, psa, sr, sr1, main, gb, half, ng, held);
+        for (int l = 0; l < 16; ++l) acc[l] = held[l];
       }
       float32x4_t s8[8], s4[4];
       for (int l = 0; l < 8; ++l) s8[l] = vaddq_f32(acc[l], acc[l + 8]);
