@@ -7,12 +7,13 @@
 # and the first call's buffer allocations excluded). Prints, per shape and path, the instructions per call and
 # per 32 multiply-adds (T x O x I / 32). Needs the cross tools of scripts/check_kernel_arm64.sh (run it first).
 #
-#   scripts/arm64_kernel_instructions.sh [T,O,I,GROUP ...]   # default: the 0.5B's 896 x 896 and 896 x 4864
-#                                                             # projections (group 64) at T = 1, 2 and 32
+#   scripts/arm64_kernel_instructions.sh [T,O,I,GROUP ...]   # default: the 0.5B's 896 x 896 and 4864 -> 896
+#                                                             # projections at T = 1, 2, 3 and 32, groups 32 / 64 / 128
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 shapes=("$@")
-[ ${#shapes[@]} -gt 0 ] || shapes=(1,896,896,64 1,896,4864,64 2,896,896,64 32,896,896,64 32,896,4864,64)
+[ ${#shapes[@]} -gt 0 ] || shapes=(1,896,896,64 1,896,4864,64 1,896,896,32 1,896,896,128 2,896,896,64 3,896,896,64
+                                   32,896,896,64 32,896,896,32 32,896,896,128)
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 kflags=(-std=c++17 -O3 -ffp-contract=fast -DTOOLCHAIN_NO_EXECUTORCH -Wall -Wno-psabi -march=armv8-a)
@@ -28,14 +29,17 @@ fi
 "${link[@]}" -static "$tmp/k.o" "$tmp/c.o" -o "$tmp/count"
 echo "compiler: $("${cxx[0]}" --version | head -n 1); qemu-aarch64 -cpu max; $(date -u +%Y-%m-%dT%H:%MZ)"
 
-executed() {   # executed PATH T O I GROUP CALLS -> instructions of the whole run
-  TOOLCHAIN_KERNEL_PATH="$1" qemu-aarch64 -cpu max -d in_asm,exec,nochain -D "$tmp/log" "$tmp/count" "${@:2}" >/dev/null
+executed() {   # executed PATH T O I GROUP CALLS -> instructions of the whole run (the log streamed through a fifo)
+  rm -f "$tmp/log"
+  mkfifo "$tmp/log"
+  TOOLCHAIN_KERNEL_PATH="$1" qemu-aarch64 -cpu max -d in_asm,exec,nochain -D "$tmp/log" "$tmp/count" "${@:2}" >/dev/null &
   awk '
     /^IN:/ { inblk = 1; pc = ""; n = 0; next }
     inblk && /^0x[0-9a-f]+:/ { if (pc == "") pc = substr($1, 3, length($1) - 3); n++; next }
     inblk && /^$/ { if (pc != "") { k = pc; sub(/^0+/, "", k); size[k] = n } inblk = 0; next }
     /^Trace / { split($4, f, "/"); p = f[2]; sub(/^0+/, "", p); total += size[p]; next }
     END { printf "%d\n", total }' "$tmp/log"
+  wait $!
   rm -f "$tmp/log"
 }
 

@@ -19,9 +19,9 @@
 //                                y[t, r] = sum_g float(isum) * (sw[r, g] * sa[t, g])
 // The integer sums are exact in any order, so every path below gives the same isum. The float sum is in one
 // fixed order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in
-// increasing order), then the 16 lanes are summed as a fixed pairwise tree. So the AVX-512 VNNI path and
-// the generic path (any other host; arm64 in the apps) give the same bits (tests/native, and
-// scripts/check_kernel_arm64.sh under qemu).
+// increasing order), then the 16 lanes are summed as a fixed pairwise tree. So the AVX-512 VNNI path, the
+// arm64 paths (neon, dotprod, i8mm: kernels_arm64.h) and the generic path give the same bits (tests/native,
+// and scripts/check_kernel_arm64.sh under qemu); docs/kernels.md says which path runs where.
 //
 // The AVX-512 VNNI path (groups of 32, 64 or 128 columns): 64 weight bytes (128 weights) are split into
 // their high and low nibbles (0..15, unsigned) and multiplied into the even / odd columns of the int8 x
@@ -102,8 +102,8 @@ KernelPathChoice choose_kernel_path() {
         c.path = static_cast<KernelPath>(p);
         return c;
       }
-      std::fprintf(stderr, "Error: TOOLCHAIN_KERNEL_PATH=%s: this CPU or build lacks the %s kernel path (best here: %s)\n",
-                   forced, forced, kKernelPathNames[static_cast<int>(c.path)]);
+      std::fprintf(stderr, "Error: TOOLCHAIN_KERNEL_PATH=%s: this CPU or build lacks the %s kernel path "
+                   "(best here: %s)\n", forced, forced, kKernelPathNames[static_cast<int>(c.path)]);
       c.refused = true;
       return c;
     }
@@ -162,10 +162,9 @@ struct QuantizedX {
         }
 #endif
 #if defined(__aarch64__)
+        const size_t b = static_cast<size_t>(t * stride + k0 / 2), gi = static_cast<size_t>(t * gstride + g);
         if (kernel_path() >= KernelPath::neon &&   // whole vectors of 8 columns: the same values as below
-            arm64::quantize_group(xt, k0, k1, &even[static_cast<size_t>(t * stride + k0 / 2)],
-                                  &odd[static_cast<size_t>(t * stride + k0 / 2)], &sa[static_cast<size_t>(t * gstride + g)],
-                                  &corr[static_cast<size_t>(t * gstride + g)]))
+            arm64::quantize_group(xt, k0, k1, &even[b], &odd[b], &sa[gi], &corr[gi]))
           continue;
 #endif
         float amax = 0.0f;

@@ -209,24 +209,6 @@ namespace {
 namespace arm64 {
 namespace i8mm {
 
-// All T >= 2 rows of x in pairs (2p, 2p + 1) against pairs of weight rows (r, r + 1; the last one twice when o
-// is odd): per group one smmla sum per 8 bytes of both nibble halves gives the 2 x 2 exact integer sums
-// [(2p, r), (2p, r + 1), (2p + 1, r), (2p + 1, r + 1)] in the 4 lanes of one register; their float terms go
-// into accumulator register g mod 16 (lane = output) by a fused multiply-add in increasing g, and the 16
-// registers are added in lane_sum's tree lane by lane: the same bits as the generic path. An odd last row of x
-// takes the dotprod rows.
-//
-// x's pairs are laid out once per call as smmla reads them: for each 16 bytes at j of the two rows, their
-// bytes j .. j + 7 (row 2p, then row 2p + 1), then bytes j + 8 .. j + 15; the weight rows are paired the same
-// way in registers (zip1 / zip2 of 64-bit halves) as they stream.
-//
-// Where it pays (no arm64 timing here: instruction counts of the inner loops, per 16 weight bytes = 32 weights):
-// dotprod's tiles of 3 rows of x take 3 (load, ushr, and) + 3 x (2 loads of x + 2 sdot) = 15 instructions for
-// 96 products (5.0 per 32); this 2 x 2 tile takes 2 x (load) + 2 zips + 4 (ushr / and) + 4 loads of x + 4 smmla
-// = 16 for 128 products (4.0 per 32), and half the multiply instructions (smmla: 32 products, sdot: 16).
-// Adding the per-group float work (about 10 instructions per group for 4 outputs here, 9 for 4 outputs there),
-// per group of 32 columns: 26 vs 21.75 / 96 x 128 = 29 (0.90x), of 64: 42 vs 49 (0.86x), of 128: 74 vs 89
-// (0.83x). Decode (T = 1) has no second row of x for smmla: dotprod rows.
 // The 2 x 2 integer sums of one group for x pair (xe, xo: the pair layout) and weight rows qr, qr1: the n bytes at
 // j0. GB > 0: n == GB (unrolled, read in place); GB = 0: any n (a partial last 16 bytes through load_tail).
 template <int GB>
@@ -278,6 +260,23 @@ TOOLCHAIN_ARM64_I8MM __attribute__((noinline)) void pair_tail(const uint8_t* qr,
   }
 }
 
+// All T >= 2 rows of x in pairs (2p, 2p + 1) against pairs of weight rows (r, r + 1; the last one twice when o
+// is odd): per group one smmla sum per 8 bytes of both nibble halves gives the 2 x 2 exact integer sums
+// [(2p, r), (2p, r + 1), (2p + 1, r), (2p + 1, r + 1)] in the 4 lanes of one register; their float terms go
+// into accumulator register g mod 16 (lane = output) by a fused multiply-add in increasing g, and the 16
+// registers are added in lane_sum's tree lane by lane: the same bits as the generic path. An odd last row of x
+// takes the dotprod rows.
+//
+// x's pairs are laid out once per call as smmla reads them: for each 16 bytes at j of the two rows, their
+// bytes j .. j + 7 (row 2p, then row 2p + 1), then bytes j + 8 .. j + 15; the weight rows are paired the same
+// way in registers (zip1 / zip2 of 64-bit halves) as they stream.
+//
+// Where it pays (no arm64 timing here; instructions executed under qemu, scripts/arm64_kernel_instructions.sh,
+// docs/kernels.md): per 16 weight bytes of 2 rows, 2 loads + 2 zips + 4 (ushr / and) + 4 loads of x + 4 smmla
+// = 16 instructions for 128 products, against dotprod's tiles of 3 rows of x: 1 load + 2 + 3 x (2 loads + 2
+// sdot) = 15 for 96; measured per 32 products at group 64: 6.7 vs 10.2 at T = 2, 6.4 vs 9.4 at T = 32 (GCC),
+// and half the multiply instructions. Decode (T = 1) has no second row of x for smmla: dotprod rows. The main
+// loop (accumulators in registers, no calls) takes the whole groups; pair_tail the partial last one.
 template <int GB>
 TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* __restrict q,
                                      const float* __restrict scales, int64_t half, int64_t gb, int64_t ng, int64_t o,
@@ -435,7 +434,8 @@ TOOLCHAIN_ARM64_FN inline void group_sums(const Tile<NT, NR>& tile, int64_t j0, 
   for (int64_t j = 0; j < len; j += 16) {
     uint8x16_t hi[NR], lo[NR];
     for (int w = 0; w < NR; ++w) {
-      const uint8x16_t b = GB > 0 || n - j >= 16 ? vld1q_u8(tile.qr[w] + j0 + j) : load_tail(tile.qr[w] + j0 + j, n - j);
+      const uint8_t* p = tile.qr[w] + j0 + j;
+      const uint8x16_t b = GB > 0 || n - j >= 16 ? vld1q_u8(p) : load_tail(p, n - j);
       hi[w] = vshrq_n_u8(b, 4);
       lo[w] = vandq_u8(b, nib);
     }
