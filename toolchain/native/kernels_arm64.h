@@ -61,6 +61,16 @@
 #define TOOLCHAIN_ARM64_DOTPROD TOOLCHAIN_ARM64_TARGET("arch=armv8.2-a+dotprod", "dotprod")
 #define TOOLCHAIN_ARM64_I8MM TOOLCHAIN_ARM64_TARGET("arch=armv8.2-a+dotprod+i8mm", "dotprod,i8mm")
 
+// clang before 16 (Apple clang before 15, Xcode 15) declares vdotq_s32 / vmmlaq_s32 only when the whole file is
+// compiled for the extension (arm_neon.h's #if __ARM_FEATURE_DOTPROD; checked: clang 14 and 15 fail, 16 and 19
+// build): there, the library has the neon path only (dotprod / i8mm report unavailable, so forcing them is refused).
+#if defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ < 15) || \
+                           (!defined(__apple_build_version__) && __clang_major__ < 16))
+#define TOOLCHAIN_ARM64_EXTENSIONS 0
+#else
+#define TOOLCHAIN_ARM64_EXTENSIONS 1
+#endif
+
 namespace {
 namespace arm64 {
 
@@ -96,8 +106,8 @@ inline bool has_i8mm() {
 inline bool cpu_has(KernelPath p) {
   switch (p) {
     case KernelPath::neon: return true;                            // Advanced SIMD: part of every AArch64 ABI
-    case KernelPath::dotprod: return has_dotprod();
-    case KernelPath::i8mm: return has_dotprod() && has_i8mm();     // its odd rows and decode take dotprod's rows
+    case KernelPath::dotprod: return TOOLCHAIN_ARM64_EXTENSIONS && has_dotprod();
+    case KernelPath::i8mm: return TOOLCHAIN_ARM64_EXTENSIONS && has_dotprod() && has_i8mm();   // + dotprod's rows
     default: return false;
   }
 }
@@ -194,6 +204,7 @@ inline float32x4_t load_scales(const float* p, int64_t n) {
 #undef TOOLCHAIN_ARM64_FN
 #undef TOOLCHAIN_ARM64_SDOT
 #undef TOOLCHAIN_ARM64_DECODE_NR
+#if TOOLCHAIN_ARM64_EXTENSIONS
 #define TOOLCHAIN_ARM64_NS dotprod
 #define TOOLCHAIN_ARM64_FN TOOLCHAIN_ARM64_DOTPROD
 #define TOOLCHAIN_ARM64_SDOT 1
@@ -203,8 +214,10 @@ inline float32x4_t load_scales(const float* p, int64_t n) {
 #undef TOOLCHAIN_ARM64_FN
 #undef TOOLCHAIN_ARM64_SDOT
 #undef TOOLCHAIN_ARM64_DECODE_NR
+#endif
 #undef TOOLCHAIN_ARM64_BODY
 
+#if TOOLCHAIN_ARM64_EXTENSIONS
 namespace {
 namespace arm64 {
 namespace i8mm {
@@ -358,6 +371,12 @@ TOOLCHAIN_ARM64_I8MM void rows_pairs(const XView& x, int64_t T, const uint8_t* _
 }
 
 }  // namespace i8mm
+}  // namespace arm64
+}  // namespace
+#endif  // TOOLCHAIN_ARM64_EXTENSIONS
+
+namespace {
+namespace arm64 {
 
 // y [T, o] by the arm64 path `path` when it is one of them and the groups are whole 16-byte vectors (gb % 16 ==
 // 0); false (nothing done) otherwise: the generic path then runs.
@@ -365,6 +384,7 @@ inline bool int4_rows(KernelPath path, const XView& x, int64_t T, const uint8_t*
                       int64_t gb, int64_t ng, int64_t o, float* y) {
   if (gb % 16 != 0) return false;
   switch (path) {
+#if TOOLCHAIN_ARM64_EXTENSIONS
     case KernelPath::i8mm:
       if (T >= 2) {
         switch (gb) {
@@ -378,6 +398,7 @@ inline bool int4_rows(KernelPath path, const XView& x, int64_t T, const uint8_t*
       dotprod::all_rows(x, 0, T, q, scales, half, gb, ng, o, y);
       return true;
     case KernelPath::dotprod: dotprod::all_rows(x, 0, T, q, scales, half, gb, ng, o, y); return true;
+#endif
     case KernelPath::neon: neon::all_rows(x, 0, T, q, scales, half, gb, ng, o, y); return true;
     default: return false;
   }
