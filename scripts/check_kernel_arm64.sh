@@ -9,10 +9,10 @@
 #   - run under qemu-aarch64 -cpu max (dotprod + i8mm), -cpu cortex-a76 (dotprod, no i8mm) and -cpu cortex-a53
 #     (neither): every path that CPU has, forced in turn with TOOLCHAIN_KERNEL_PATH, and the default choice, on the
 #     cases of tests/native/make_arm64_cases.py (random shapes, odd sizes, partial last groups, T = 1, 2..9,
-#     >= 10, groups of 32 / 64 / 96 / 128 / 256 and any even width, rows of x with NaN / inf). Each run: the
-#     float32 bound against a float64 reference on every case, every output equal to the x86 kernel's bit for
-#     bit (NaN = NaN), and the hash of all outputs equal to the generic path's (GCC, -cpu max): every path, CPU
-#     and compiler gives the same bits. The default choice at each CPU level is the expected path (i8mm, dotprod,
+#     >= 10, groups of 32 / 64 / 96 / 128 / 256 and any even width, rows of x with NaN / inf, rounding ties).
+#     Each run: the float32 bound against a float64 reference on every case, every output equal to the x86
+#     kernel's bit for bit (NaN = NaN), and the hash of all outputs equal to the generic path's (GCC, -cpu max):
+#     every path, CPU and compiler gives the same bits. The default choice at each CPU level is the expected path (i8mm, dotprod,
 #     neon); a forced path the CPU lacks (and an unknown name) is refused: one "Error:" line, no result.
 # Prints each check and then "arm64: N passed, N failed"; exit 1 when a check failed.
 #

@@ -4,9 +4,10 @@
 Shapes: the fixed ones of tests/native/test_kernels.py and ARM64_SHAPES (groups of 32, 64, 96 and 128 at
 T = 1..10, 13, 32), then random ones: T = 1 (decode), 2..9 and >= 10, odd and even o, even i, groups of
 32 / 64 / 96 / 128 / 256 (the arm64 vector paths) or any even 2..128 (the generic one) with partial last groups
-(and groups wider than i). Every 7th case has rows of x with a NaN and / or an infinity (and one all-zero row). Half the weights are the repo's `quantize` of a random matrix (padded to whole
-groups, as the x86 test does), half uniformly random bytes (every nibble, -8 included) with random scales
-of both signs; x is N(0, 1) times a power of two per case, some cases with a per-column power of two.
+(and groups wider than i). Every 7th case has rows of x with a NaN and / or an infinity (and one all-zero row);
+every 5th a row of halves whose group scales are exactly 1, so x / sa ties (rounded to even). Half the
+weights are the repo's `quantize` of a random matrix (padded to whole groups, as the x86 test does), half
+uniformly random bytes (every nibble, -8 included) with random scales of both signs; x is N(0, 1) times a power of two per case, some cases with a per-column power of two.
 y is computed by `toolchain_int4_linear_a8` of `toolchain.native.load_kernels()` (built here with
 -march=native).
 
@@ -65,7 +66,7 @@ def random_shape(rng: np.random.Generator) -> tuple[int, int, int, int]:
 
 
 def make_case(t: int, o: int, i: int, group: int, rng: np.random.Generator, quantized: bool,
-              nonfinite: bool = False):
+              nonfinite: bool = False, ties: bool = False):
     ng = -(-i // group)
     if quantized:
         gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
@@ -77,6 +78,10 @@ def make_case(t: int, o: int, i: int, group: int, rng: np.random.Generator, quan
     x = rng.standard_normal((t, i)) * 2.0 ** int(rng.integers(-6, 7))
     if rng.random() < 0.3:
         x = x * np.exp2(rng.integers(-10, 11, size=(1, i)))
+    if ties and t > 0:   # a row whose group scales are exactly 1 (127 in every group) and whose values are
+        row = int(rng.integers(0, t))        # halves: x / sa = k + 1/2, rounding ties (to even)
+        x[row] = rng.integers(-253, 254, size=i) / 2.0
+        x[row, ::group] = 127.0
     if nonfinite:   # some rows of x with a NaN, an infinity or both; one all-zero row
         for t_ in rng.choice(t, size=max(1, t // 3), replace=False):
             k = rng.integers(0, i, size=int(rng.integers(1, 3)))
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write(MAGIC + struct.pack("<q", len(shapes)))
         for k, (t, o, i, group) in enumerate(shapes):
             t, o, i, group, ng, x, q, scales, y = make_case(t, o, i, group, rng, quantized=k % 2 == 0,
-                                                            nonfinite=k % 7 == 3)
+                                                            nonfinite=k % 7 == 3, ties=k % 5 == 1)
             assert q.shape == (o, i // 2) and scales.shape == (o, ng) and y.shape == (t, o)
             f.write(struct.pack("<5q", t, o, i, group, ng))
             for a, dt in ((x, np.float32), (q, np.uint8), (scales, np.float32), (y, np.float32)):
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     isa = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "generic"
     print(f"cases: {len(shapes)} ({len(fixed)} fixed + {args.cases} random, seed {args.seed}; every 7th with NaN / inf "
-          f"rows), "
+          f"rows, every 5th with a row of ties), "
           f"{macs / 1e6:.1f} M multiply-adds; x86 output from the host kernel (-march=native, {isa} path)")
     return 0
 

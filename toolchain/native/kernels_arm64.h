@@ -15,7 +15,8 @@
 // signed int8 for sdot / smmla too) with the generic path's correction (- 8 sum_k a[t, k] per row and group,
 // QuantizedX::corr), so every per-group integer sum is the same exact int32; group g's float term
 // float(isum) * (sw[r, g] * sa[t, g]) goes into lane g mod 16 by a fused multiply-add in increasing g (16 lanes =
-// 4 registers of 4, or for i8mm one register of 4 outputs per lane), and the lanes are summed in lane_sum's tree.
+// 4 registers of 4 per output; for i8mm 16 registers whose 4 lanes are the 4 outputs of a 2 x 2 tile), and the
+// lanes are summed in lane_sum's tree.
 // Unsigned nibbles rather than n - 8: splitting a byte into two unsigned nibbles is 2 instructions (ushr, and)
 // per 16 bytes against 4 for signed ones (eor / shl / 2 sshr, or 2 subs more), in the loop that streams the
 // weights, while the correction is one subtraction per 4 groups (the corr vector that QuantizedX holds anyway).
@@ -23,6 +24,10 @@
 // Groups whose byte count (group / 2) is a multiple of 16 (groups of 32, 64, 96, 128, ... columns) take these
 // paths; others the generic one. A row's partial last 16 bytes are read through a zero-padded copy (no read past
 // the weights); x is zero-padded by QuantizedX, so the bytes past a partial last group add nothing.
+//
+// Layout: the common part (CPU checks, x quantization, loads), then the neon and dotprod rows, one code stamped
+// out twice by this file including itself with TOOLCHAIN_ARM64_BODY set (the part after `#else` at the end),
+// then the i8mm tiles and int4_rows, the dispatch kernels.cpp calls.
 
 #ifndef TOOLCHAIN_ARM64_BODY
 #ifndef TOOLCHAIN_KERNELS_ARM64_H_
