@@ -166,7 +166,7 @@ run() {
   if [ "$expect" = refused ]; then
     echo "arm64: $label: $(grep -m1 '^Error:' "$tmp/err" || echo '(no Error line)')"
     check "$label is refused (exit 3, one Error: line, the kernel refuses calls)" \
-      test "$rc" -eq 3 -a "$(grep -c '^Error:' "$tmp/err")" -eq 1 -a "$(grep -c 'refused (the kernel refuses' <<<"$out")" -eq 1
+      test "$rc" -eq 3 -a "$(grep -c '^Error:' "$tmp/err")" -eq 1 -a "$(grep -c 'kernel path refused (.*the kernel refuses a valid call' <<<"$out")" -eq 1
     return
   fi
   local summary got hash

@@ -5,9 +5,9 @@
 //   arm64_driver CASES [LABEL]
 //
 // First line: "LABEL: kernel path NAME" (toolchain_kernel_path()), or, when the path forced by
-// TOOLCHAIN_KERNEL_PATH is refused, "LABEL: kernel path refused" after checking that the kernel then refuses a
-// valid call (exit 3). For each case: (a) the kernel's y against its definition in float64 (x quantized per row
-// and group as the kernel's top comment says, sa = max|x| / 127 in float32, a = round-to-even(x / sa); the
+// TOOLCHAIN_KERNEL_PATH is refused (the kernel refuses a valid call), "LABEL: kernel path refused ..." (exit 3).
+// For each case: (a) the kernel's y against its definition in float64 (x quantized per row and group as the
+// kernel's top comment says, sa = max|x| / 127 in float32, a = round-to-even(x / sa); the
 // integer sums isum_g = sum_k a_k (n_k - 8) exact; y = sum_g isum_g sw_g sa_g in double), within the float32
 // bound of the group sum |err| <= gamma_(ng+6) * sum_g |isum_g sw_g sa_g|, gamma_k = k u / (1 - k u), u = 2^-24
 // (as tests/native/test_kernels.py); a row of x with a NaN or an infinity must give NaN in every output (its
@@ -55,12 +55,19 @@ int main(int argc, char** argv) {
   }
   const char* label = argc > 2 ? argv[2] : "arm64";
   const char* path = toolchain_kernel_path();
-  if (path == nullptr) {
+  {  // a forced path the CPU lacks: the kernel refuses every call (non-zero), whatever toolchain_kernel_path says
     float x[64] = {}, s[1] = {1.0f}, y[1];
     uint8_t q[32] = {};
     const int rc = toolchain_int4_linear_a8(x, 1, 64, q, s, 1, 1, 64, y);
-    std::printf("%s: kernel path refused (the kernel %s a valid call)\n", label, rc == -1 ? "refuses" : "ACCEPTS");
-    return rc == -1 ? 3 : 2;
+    if (rc != 0) {
+      std::printf("%s: kernel path refused (%s; the kernel refuses a valid call: %d)\n", label,
+                  path != nullptr ? path : "no path", rc);
+      return 3;
+    }
+  }
+  if (path == nullptr) {
+    std::fprintf(stderr, "%s: toolchain_kernel_path() is NULL but the kernel runs\n", label);
+    return 2;
   }
   std::printf("%s: kernel path %s\n", label, path);
   std::FILE* f = std::fopen(argv[1], "rb");

@@ -108,14 +108,22 @@ inline bool has_i8mm() {
 #endif
 }
 
-inline bool cpu_has(KernelPath p) {
+// nullptr when this CPU and build run path p, else what is missing (for the refusal's message).
+inline const char* missing(KernelPath p) {
+  constexpr const char* no_intrinsics = "a compiler with the dotprod / i8mm intrinsics (clang 16+, GCC 12+)";
   switch (p) {
-    case KernelPath::neon: return true;                            // Advanced SIMD: part of every AArch64 ABI
-    case KernelPath::dotprod: return TOOLCHAIN_ARM64_EXTENSIONS && has_dotprod();
-    case KernelPath::i8mm: return TOOLCHAIN_ARM64_EXTENSIONS && has_dotprod() && has_i8mm();   // + dotprod's rows
-    default: return false;
+    case KernelPath::neon: return nullptr;                         // Advanced SIMD: part of every AArch64 ABI
+    case KernelPath::dotprod:
+      if (!TOOLCHAIN_ARM64_EXTENSIONS) return no_intrinsics;
+      return has_dotprod() ? nullptr : "FEAT_DotProd (sdot)";
+    case KernelPath::i8mm:                                         // its decode and odd rows are dotprod's
+      if (!TOOLCHAIN_ARM64_EXTENSIONS) return no_intrinsics;
+      return !has_dotprod() ? "FEAT_DotProd (sdot)" : has_i8mm() ? nullptr : "FEAT_I8MM (smmla)";
+    default: return "an x86-64 CPU";
   }
 }
+
+inline bool cpu_has(KernelPath p) { return missing(p) == nullptr; }
 
 // QuantizedX's arrays (kernels.cpp): int8 even / odd columns per row of x (stride bytes, zero-padded), the
 // activation scale and the correction 8 sum_k a per row and group (gstride entries, zero-padded to 16).
