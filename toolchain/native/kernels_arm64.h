@@ -291,9 +291,10 @@ TOOLCHAIN_ARM64_I8MM __attribute__((noinline)) void pair_tail(const uint8_t* qr,
 // registers are added in lane_sum's tree lane by lane: the same bits as the generic path. An odd last row of x
 // takes the dotprod rows.
 //
-// x's pairs are laid out once per call as smmla reads them: for each 16 bytes at j of the two rows, their
-// bytes j .. j + 7 (row 2p, then row 2p + 1), then bytes j + 8 .. j + 15; the weight rows are paired the same
-// way in registers (zip1 / zip2 of 64-bit halves) as they stream.
+// x's pairs are laid out once per call (per chunk of weight rows when kernels.cpp splits them over threads) as
+// smmla reads them: for each 16 bytes at j of the two rows, their bytes j .. j + 7 (row 2p, then row 2p + 1),
+// then bytes j + 8 .. j + 15; the weight rows are paired the same way in registers (zip1 / zip2 of 64-bit halves)
+// as they stream.
 //
 // Where it pays (no arm64 timing here; instructions executed under qemu, scripts/arm64_kernel_instructions.sh,
 // docs/kernels.md): per 16 weight bytes of 2 rows, 2 loads + 2 zips + 4 (ushr / and) + 4 loads of x + 4 smmla
