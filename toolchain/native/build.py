@@ -1,15 +1,16 @@
 """Build and load the native kernel library for this host (g++ against the executorch wheel).
 
-The library is compiled once per (source, flags, compiler, executorch version) into a cache directory
-($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written atomically (a temp file,
-then rename), and loaded with RTLD_GLOBAL: its static initializers register the `toolchain::<op>.out` kernels
-with the ExecuTorch runtime the Python bindings share (as `libexecutorch_kernels_quantized.so` registers
-its kernels). Which kernels and C entry points the library has is the table in toolchain/mesp/kernels.py
-(above this torch-free layer: it passes the entry points' ctypes signatures to `load_kernels`).
-`-march=native` is for the element-wise code; the int4 kernels' x86 paths (kernels_x86.h: avx2, avx_vnni,
-avx512_vnni) are each compiled for their own instruction set and chosen at load by the CPU (or
-$TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises KernelUnavailable naming it); the
-summation order is the source's (16 lanes), not the width's, so every path gives the same bits.
+The library is compiled once per (source and its kernels*.h headers, flags, compiler, executorch version)
+into a cache directory ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written
+atomically (a temp file, then rename), and loaded with RTLD_GLOBAL: its static initializers register the
+`toolchain::<op>.out` kernels with the ExecuTorch runtime the Python bindings share (as
+`libexecutorch_kernels_quantized.so` registers its kernels). Which kernels and C entry points the library has
+is the table in toolchain/mesp/kernels.py (above this torch-free layer: it passes the entry points' ctypes
+signatures to `load_kernels`). `-march=native` is for the element-wise code; the int4 kernels' x86 paths
+(kernels_x86.h: avx2, avx_vnni, avx512_vnni) are each compiled for their own instruction set and chosen at load
+by the CPU (or $TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises KernelUnavailable naming
+it); on arm64 the same holds for the neon, dotprod and i8mm paths (kernels_arm64.h). The summation order is the
+source's (16 lanes), not the width's, so every path gives the same bits.
 """
 
 from __future__ import annotations
