@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = sorted(set(re.findall(r"\b(avx512[a-z_0-9]*|amx[a-z_0-9]*|f16c|fma)\b",
                                   Path("/proc/cpuinfo").read_text()))) if Path("/proc/cpuinfo").exists() else []
     cases = []   # (shape, runtime, dtype, fn, delegated, flops, err)
-    refused = []   # cases the runtime would not load (TOOLCHAIN_VERBOSE=1 shows the native reason)
+    refused = []   # cases the runtime would not load (the native reason goes to $TOOLCHAIN_NATIVE_LOG)
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         for name in shapes:

@@ -35,9 +35,9 @@ def main() -> None:
     import torch
     from executorch.extension.pybindings import portable_lib
 
-    from toolchain.native import load_kernels
+    from toolchain.mesp.kernels import load_native_kernels
 
-    lib = load_kernels()
+    lib = load_native_kernels()
     portable_lib._unsafe_reset_threadpool(1)
     default = lib.toolchain_kernel_path().decode()
     paths = [p for p in a.paths.split(",") if lib.toolchain_select_kernel_path(p.encode()) == 0]

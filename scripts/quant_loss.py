@@ -32,16 +32,17 @@ def w4a8_loss(arch, weights, cfg, lora, input_ids, labels):
     from toolchain.mesp.block import block_rope
     from toolchain.mesp.ops import rmsnorm_forward
     from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, shift_labels
-    from toolchain.mesp.ops.quant import embedding_rows, fused_int4, matmul_xwt
+    from toolchain.mesp.ops.compute import Compute
+    from toolchain.mesp.ops.quant import embedding_rows, matmul_xwt
     from toolchain.mesp.step import block_params
 
-    with fused_int4():
-        rope = block_rope(arch, torch.arange(input_ids.shape[0]), weights.final_norm.dtype)
-        x = embedding_rows(weights.embed, input_ids)
-        for i in range(arch.layers):
-            x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, None)
-        hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
-        logits = matmul_xwt(hn, weights.lm_head)                                       # [T, V]
+    fused = Compute(fused=True)
+    rope = block_rope(arch, torch.arange(input_ids.shape[0]), weights.final_norm.dtype)
+    x = embedding_rows(weights.embed, input_ids)
+    for i in range(arch.layers):
+        x = block_forward(x, block_params(arch, weights, cfg, lora, i)._replace(compute=fused), rope, None)
+    hn, _ = rmsnorm_forward(x, weights.final_norm, arch.rms_eps)
+    logits = matmul_xwt(hn, weights.lm_head, fused)                                    # [T, V]
     return F.cross_entropy(logits, shift_labels(labels), ignore_index=IGNORE_INDEX)
 
 

@@ -12,8 +12,7 @@ import textwrap
 import pytest
 
 from toolchain import atomic
-from toolchain.atomic import (atomic_dir, atomic_write_bytes, check_output_dir, check_output_file, discard_pending,
-                              output_scope)
+from toolchain.atomic import atomic_dir, atomic_write_bytes, check_output_dir, check_output_file, discard_pending
 from toolchain.errors import OutputExists, OutputNotWritable
 
 
@@ -47,12 +46,11 @@ def test_a_non_empty_directory_is_not_replaced_without_permission(tmp_path):
     assert not ran and (out / "mine.txt").read_text() == "x" and os.listdir(tmp_path) == ["out"]
     with pytest.raises(OutputExists, match="not empty"):
         check_output_dir(out)
-    with output_scope():
-        check_output_dir(out, force=True)         # --force: this command may replace it
-        with atomic_dir(out) as tmp:
-            (tmp / "new").write_text("y")
+    check_output_dir(out, force=True)             # --force: this command may replace it ...
+    with atomic_dir(out, replace=True) as tmp:    # ... and says so to the writer
+        (tmp / "new").write_text("y")
     assert os.listdir(out) == ["new"]
-    with pytest.raises(OutputExists):             # the permission ended with the command
+    with pytest.raises(OutputExists):             # checking with force left no permission behind
         with atomic_dir(out):
             pass
 

@@ -11,9 +11,10 @@ were seen with torch.export). The rename into place runs with SIGTERM blocked, s
 before it (the old output stays) or after it (the new one is complete).
 
 Nothing of the user's is replaced silently: `atomic_dir` refuses to swap out an existing non-empty
-directory (or a file) unless the caller says `replace=True` or the user allowed it with `--force`
-(`check_output_dir(..., force=True)`, which the commands call before any long work, together with the
-writability and free-space checks of `check_output_dir` / `check_output_file`).
+directory (or a file) unless the caller says `replace=True`: a command passes its `--force` there
+(`atomic_dir(out, replace=force)`, through the writer it calls), after `check_output_dir(out, force=force)`,
+which it calls before any long work, together with the writability and free-space checks of
+`check_output_dir` / `check_output_file`.
 """
 
 from __future__ import annotations
@@ -32,11 +33,9 @@ from toolchain.errors import OutputExists, OutputNotWritable
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_chunks", "atomic_dir", "discard_pending",
            "discarded_on_stop",
-           "check_output_dir", "check_output_file", "check_regular_output", "permit_replace", "output_scope",
-           "sweep_stale", "FORCE_HELP"]
+           "check_output_dir", "check_output_file", "check_regular_output", "sweep_stale", "FORCE_HELP"]
 
-_PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place
-_REPLACEABLE: set[Path] = set()  # existing outputs the user allowed to be replaced (--force), resolved
+_PENDING: set[Path] = set()   # temporary files and directories not yet renamed into place (for the SIGTERM handler)
 
 FORCE_HELP = "Replace an existing non-empty output directory (by default it is refused and left untouched)."
 
@@ -117,21 +116,6 @@ def check_regular_output(path: Path, *, option: str = "--out", streams: bool = F
     raise OutputExists(f"{option} {path} is {kind}{link}, not a regular file; give a regular file path")
 
 
-def permit_replace(path: Path) -> None:
-    """Allow `atomic_dir(path)` to replace what is at `path` (the user passed --force)."""
-    _REPLACEABLE.add(_key(path))
-
-
-@contextlib.contextmanager
-def output_scope() -> Iterator[None]:
-    """Permissions given by `permit_replace` last until the block exits (one CLI command)."""
-    before = set(_REPLACEABLE)
-    try:
-        yield
-    finally:
-        _REPLACEABLE.intersection_update(before)
-
-
 def _occupied(path: Path) -> str | None:
     """Why replacing `path` would lose something (None: nothing there, or an empty directory)."""
     if not (path.exists() or path.is_symlink()):
@@ -146,6 +130,51 @@ def _occupied(path: Path) -> str | None:
     if not names:
         return None
     return f"exists and is not empty (holds {', '.join(sorted(names))}{', ...' if len(names) == 3 else ''})"
+
+
+_FS_IOC_GETFLAGS = 0x80086601               # linux/fs.h: the inode flags `lsattr` shows
+_NO_DELETE = {0x10: "immutable", 0x20: "append-only"}   # FS_IMMUTABLE_FL, FS_APPEND_FL: unlink fails (EPERM)
+
+
+def _undeletable(path: Path, limit: int = 100_000) -> str | None:
+    """Why the tree at `path` could not be deleted whole (an immutable or append-only entry, a directory this
+    user cannot write), or None. Checked before an output is replaced: the old tree is deleted after the swap,
+    and a failure there would leave it behind as `.<name>.<pid>.<random>.old` (exit 0)."""
+    import fcntl
+    import struct
+
+    stack, seen = [Path(path)], 0
+    while stack and seen < limit:
+        p = stack.pop()
+        seen += 1
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                flags = struct.unpack("l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 8))[0]
+            except OSError:
+                flags = 0                    # a file system without inode flags
+            finally:
+                os.close(fd)
+            for bit, what in _NO_DELETE.items():
+                if flags & bit:
+                    return f"{p} is {what} (chattr -{'i' if bit == 0x10 else 'a'} lifts it)"
+        if stat.S_ISDIR(st.st_mode):
+            if p != Path(path) and not os.access(p, os.W_OK | os.X_OK):
+                return f"{p} is not writable, so what it holds cannot be deleted"
+            try:
+                stack.extend(Path(e.path) for e in os.scandir(p))
+            except OSError as e:
+                return f"{p} cannot be read ({e.strerror})"
+    return None
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -182,8 +211,8 @@ def _size(n: float) -> str:
 def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
                      expected_bytes: int | None = None) -> Path:
     """Check an output directory before any long work: an existing non-empty directory (or a file) is
-    refused unless `force` (then `atomic_dir` may replace it), and its location must be writable with
-    room for `expected_bytes` when known.
+    refused unless `force` (the caller then writes it with `atomic_dir(path, replace=force)`), and its
+    location must be writable with room for `expected_bytes` when known.
 
     Raises:
         OutputExists: something is at `path` and `force` is False (or it is a file).
@@ -201,7 +230,9 @@ def check_output_dir(path: Path, *, force: bool = False, option: str = "--out",
             raise OutputExists(f"{option} {path} {occupied}; choose another path")
         if not force:
             raise OutputExists(f"{option} {path} {occupied}; pass --force to replace it, or choose another directory")
-        permit_replace(path)
+        why = _undeletable(path)
+        if why is not None:
+            raise OutputNotWritable(f"{option} {path} cannot be replaced: {why}; nothing was changed")
     _check_writable(path, option, expected_bytes)
     return path
 
@@ -279,8 +310,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
     """`atomic_write_bytes` of the concatenation of `chunks` (str as UTF-8), written as they come: an output
     produced as a stream in bounded memory. An exception from `chunks` leaves the old file and no temporary."""
+    from toolchain.outputs import output_target
+
     check_regular_output(Path(path), option="output")
-    path = _key(path)
+    path = output_target(path)         # a symbolic link is written through and kept (toolchain/outputs.py)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
@@ -302,7 +335,7 @@ def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
 
 def _refuse_occupied(path: Path, replace: bool) -> None:
     occupied = _occupied(path)
-    if occupied is not None and not (replace and path.is_dir()) and _key(path) not in _REPLACEABLE:
+    if occupied is not None and not (replace and path.is_dir()):
         hint = "pass --force to replace it, or choose another directory" if path.is_dir() else "choose another path"
         raise OutputExists(f"{path} {occupied}; {hint}")
 
@@ -311,11 +344,13 @@ def _refuse_occupied(path: Path, replace: bool) -> None:
 def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary directory; on success it replaces `path`.
 
-    An existing empty directory is replaced; an existing non-empty one only with `replace=True` or after
-    `check_output_dir(path, force=True)` / `permit_replace(path)`, else OutputExists is raised (before the
-    block runs, and again before the swap), and nothing at `path` is touched.
+    An existing empty directory is replaced; an existing non-empty one only with `replace=True` (a command's
+    --force), else OutputExists is raised (before the block runs, and again before the swap), and nothing at
+    `path` is touched. A file at `path` is never replaced.
     """
-    shown, path = Path(path), _key(path)
+    from toolchain.outputs import output_target
+
+    shown, path = Path(path), output_target(path)     # a link is written through and kept (toolchain/outputs.py)
     _refuse_occupied(shown, replace)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
@@ -334,6 +369,11 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         _PENDING.discard(tmp)
         raise
+    why = _undeletable(path) if path.is_dir() and not path.is_symlink() else None
+    if why is not None:                      # the old tree could not be deleted after the swap
+        shutil.rmtree(tmp, ignore_errors=True)
+        _PENDING.discard(tmp)
+        raise OutputNotWritable(f"{shown} cannot be replaced: {why}; nothing was changed")
     old = None
     with _sigterm_blocked():
         if path.exists() or path.is_symlink():

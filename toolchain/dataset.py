@@ -46,11 +46,13 @@ def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:
     Raises:
         BadInput: missing file, invalid JSON, or a row that breaks the schema (line number named).
     """
+    from toolchain.inputs import open_input
+
     path = Path(path)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         raise BadInput(f"data file {str(path)!r} does not exist")
     rows = []
-    with path.open("rb") as f:
+    with open_input(path, what=f"data file {str(path)!r}") as f:
         for lineno, raw in enumerate(f, 1):
             line = decode_utf8(raw, f"{path}:{lineno}")   # UTF-8 or one error naming the line
             if not line.strip():

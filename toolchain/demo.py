@@ -102,8 +102,10 @@ def current_program(out: Path, cfg: DemoConfig) -> bool:
             and (None if m.lcsb is None else m.lcsb.k) == cfg.lcsb_k)
 
 
-def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
-    """Export `cfg.model` with the byte tokenizer, fp32 weights, AdamW and the generation methods."""
+def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] | None = None,
+                replace: bool = False) -> Manifest:
+    """Export `cfg.model` with the byte tokenizer, fp32 weights, AdamW and the generation methods (`replace`: a
+    non-empty `out` is replaced)."""
     from toolchain.export.build import ExportSpec, export_program
     from toolchain.export.program import QuantSpec
     from toolchain.lcsb.plan import make_plan
@@ -123,7 +125,7 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
                       tokenizer_kind="byte", pad_token_id=tok.PAD, eos_token_id=tok.EOS, tokenizer_json=tok.to_json(),
                       generation=True)
     return export_program(arch, weights, lora_cfg, init_lora(arch, lora_cfg, seed=cfg.seed), spec, out,
-                          on_stage=on_stage)
+                          on_stage=on_stage, replace=replace)
 
 
 def _examples(rows: list[dict], arch, path: Path):
@@ -136,9 +138,10 @@ def _examples(rows: list[dict], arch, path: Path):
 
 
 def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None] | None = None,
-             on_phase: Callable[[str], None] | None = None) -> DemoResult:
+             on_phase: Callable[[str], None] | None = None, verbose: bool = False) -> DemoResult:
     """Run the demo on the program in `out` (export it first with `export_demo`). Writes the rows, the held-out
-    rows and the telemetry beside it (`{out}.rows.jsonl`, `{out}.held-out.jsonl`, `{out}.telemetry.jsonl`)."""
+    rows and the telemetry beside it (`{out}.rows.jsonl`, `{out}.held-out.jsonl`, `{out}.telemetry.jsonl`).
+    `verbose`: the runtime's native log lines are shown."""
     import torch
 
     from toolchain.memory.measure import MIB, measure_peak
@@ -148,7 +151,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
 
     phase = on_phase or (lambda _s: None)
     seconds: dict[str, float] = {}
-    session = ProgramSession(out, target=cfg.target, threads=cfg.threads, use="all")
+    session = ProgramSession(out, target=cfg.target, threads=cfg.threads, use="all", verbose=verbose)
     pdir = session.pdir
     ptext = program_text(out)                 # the program's own tokenizer (tokenizer.json), T, vocabulary
     tok = ptext.tokenizer

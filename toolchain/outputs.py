@@ -5,6 +5,14 @@
   (`train --program p --adapter-out p --force` used to replace the program by an adapter). Paths are
   compared after resolving symlinks and `..`, so `./p/../p` or a link to `p` are `p`. The CLI runs it on
   every command's path options before the command body (`toolchain/cli/__init__.py`).
+- `output_target`: the one rule for an output path that is a symbolic link, for every output option (`--out`,
+  `--json`, `--adapter-out`, `--telemetry-out`, `--db`, ...): the link is written through and kept. A link to a
+  regular file (or directory) has its target replaced atomically, as a plain path would be; a link to nothing
+  yet creates its target; `--telemetry-out` appends to the target. Refused, before any work: a link loop, a
+  link to a FIFO, socket or device (`toolchain.atomic.check_regular_output`; a character device is taken by
+  `--telemetry-out`), and a link to an open file descriptor (`/dev/stdout`, `/dev/fd/N`, `/proc/<pid>/fd/N`),
+  which an atomic replace would never reach (the descriptor keeps the old file); `--telemetry-out`, which
+  appends, takes that one too.
 - `run_lock`: an exclusive `fcntl.flock` on `<output>.lock`, held for a run's lifetime; a second run
   on the same output is refused at once (it does not wait). The lock file is removed by its holder on the
   way out; a killed holder leaves it, unlocked, and the next run takes it over (the kernel drops the lock
@@ -20,7 +28,7 @@ from pathlib import Path
 
 from toolchain.errors import BadInput, OutputExists
 
-__all__ = ["OutputOverlap", "OutputLocked", "check_no_overlap", "run_lock", "lock_path"]
+__all__ = ["OutputOverlap", "OutputLocked", "check_no_overlap", "run_lock", "lock_path", "output_target"]
 
 
 class OutputOverlap(OutputExists):
@@ -29,6 +37,32 @@ class OutputOverlap(OutputExists):
 
 class OutputLocked(BadInput):
     """Another run holds the lock of this output."""
+
+
+_DESCRIPTOR_DIRS = ("/proc/", "/dev/fd/")
+_DESCRIPTOR_LINKS = ("/dev/stdout", "/dev/stderr", "/dev/stdin")
+_MAX_LINKS = 40          # the kernel's own limit on links followed in one lookup (ELOOP beyond it)
+
+
+def output_target(path: Path, *, option: str = "output", streams: bool = False) -> Path:
+    """Where an output at `path` is written (see the module docstring): `path` itself (absolute) when it is not a
+    symbolic link, else the link's final target (absolute), the link itself left as it is.
+
+    Raises:
+        OutputExists: a link loop, or (unless `streams`) a link to an open file descriptor.
+    """
+    cur = Path(os.path.abspath(path))
+    for _ in range(_MAX_LINKS):
+        if not cur.is_symlink():
+            return cur
+        target = os.readlink(cur)
+        nxt = Path(os.path.normpath(os.path.join(cur.parent, target)))
+        if not streams and (str(nxt).startswith(_DESCRIPTOR_DIRS) or str(nxt) in _DESCRIPTOR_LINKS):
+            raise OutputExists(f"{option} {path} is a symbolic link to an open file descriptor ({nxt}); an output "
+                               f"is replaced atomically, which would never reach it: give a file path")
+        # a link inside a linked directory: resolve the directories, keep the last component
+        cur = Path(os.path.realpath(nxt.parent)) / nxt.name
+    raise OutputExists(f"{option} {path} is a symbolic link loop (it never reaches a file); fix or remove the link")
 
 
 def _real(path: Path) -> Path:

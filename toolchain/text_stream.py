@@ -60,20 +60,15 @@ def text_blocks(path: Path, *, on_bytes: Callable[[int], None] | None = None,
         BadInput: larger than `MAX_TEXT_BYTES`, or not UTF-8 (line and offset of the first bad byte,
             as `toolchain.validate.read_text` says it).
     """
+    from toolchain.inputs import open_input
+
     path = Path(path)
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise BadInput(f"{path} does not exist") from None
+    f = open_input(path)
+    size = os.fstat(f.fileno()).st_size
     if size > MAX_TEXT_BYTES:
+        f.close()
         raise _too_large(path, size)
     offset, lines, carry, first = 0, 0, b"", True
-    try:
-        f = open(path, "rb")
-    except IsADirectoryError:
-        raise BadInput(f"{path} is a directory, not a file") from None
-    except OSError as e:
-        raise BadInput(f"{path} cannot be read ({e.strerror})") from None
     with f:
         while True:
             block = f.read(block_bytes)

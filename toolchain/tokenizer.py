@@ -265,8 +265,10 @@ def qwen_vocab_path() -> Path:
 
 def read_qwen_ranks(path: Path | None = None) -> dict[bytes, int]:
     """token bytes -> rank (= id), 151,643 entries, checked against `QWEN_VOCAB_SHA256`."""
+    from toolchain.inputs import read_input
+
     path = qwen_vocab_path() if path is None else Path(path)
-    data = path.read_bytes()
+    data = read_input(path)
     digest = hashlib.sha256(data).hexdigest()
     if digest != QWEN_VOCAB_SHA256:
         raise BadInput(f"{path} has sha256 {digest}, not the pinned Qwen vocabulary's; install dashscope as locked "

@@ -50,19 +50,14 @@ def read_text(path: Path, *, what: str | None = None) -> str:
     """A UTF-8 text file. `what` names it in errors (default: the path).
 
     Raises:
-        BadInput: missing, a directory, unreadable, or not UTF-8.
+        BadInput: missing, a directory, a FIFO / socket / device / link loop (toolchain.inputs), unreadable, or
+            not UTF-8.
     """
+    from toolchain.inputs import read_input
+
     path = Path(path)
     where = what or str(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{where} does not exist") from None
-    except IsADirectoryError:
-        raise BadInput(f"{where} is a directory, not a file") from None
-    except OSError as e:
-        raise BadInput(f"{where} cannot be read ({e.strerror})") from None
-    return decode_utf8(data, where)
+    return decode_utf8(read_input(path, what=where), where)
 
 
 # ------------------------------------------------------------------------------------------------ JSON

@@ -302,6 +302,183 @@ def drop_pad_id(m: dict, _d: Path) -> None:
 
 
 
+# ------------------------------------------------------------------ issue 45: checkpoints, special paths, races
+
+def _checkpoint_arch(family: str):
+    from toolchain.models import ModelArch, get_preset
+    from toolchain.models.arch import RopeScaling
+
+    if family == "qwen2":
+        return get_preset("tiny")
+    if family == "qwen3":
+        return ModelArch(family="qwen3", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=32, intermediate=96,
+                         vocab=264, max_positions=512)
+    return ModelArch(family="llama", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=264,
+                     max_positions=512, rope_theta=500_000.0,
+                     rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_max_positions=64))
+
+
+def checkpoint(w: Work, name: str = "ck", *, family: str = "qwen2", config: Callable[[dict], object] | None = None,
+               raw_config: bytes | None = None, tensors: Callable[[dict], None] | None = None) -> str:
+    """A small Hugging Face checkpoint directory of `family` (random weights, float32, one shard), its config
+    edited by `config(cfg)` (or replaced by `raw_config`), its tensors by `tensors(state_dict)`."""
+    from safetensors.torch import save_file
+
+    from toolchain.models import random_weights
+    from toolchain.models.load import state_dict_from_weights
+
+    arch = _checkpoint_arch(family)
+    d = w.path / name
+    d.mkdir()
+    sd = {k: v.contiguous() for k, v in state_dict_from_weights(random_weights(arch, seed=0)).items()}
+    if tensors is not None:
+        tensors(sd)
+    save_file(sd, str(d / "model.safetensors"))
+    cfg = arch.to_hf_config().to_dict()
+    if config is not None:
+        cfg = config(cfg) or cfg
+    (d / "config.json").write_bytes(raw_config if raw_config is not None else json.dumps(cfg).encode())
+    return name
+
+
+def setting(**fields) -> Callable[[dict], None]:
+    return lambda cfg: cfg.update(fields)
+
+
+def rope(**params) -> Callable[[dict], None]:
+    def edit(cfg: dict) -> None:
+        cfg["rope_parameters"] = {**cfg["rope_parameters"], **params}
+    return edit
+
+
+def poison(key: str, value: float) -> Callable[[dict], None]:
+    def edit(sd: dict) -> None:
+        sd[key] = sd[key].clone()
+        sd[key].view(-1)[7] = value
+    return edit
+
+
+def ck_grads(w: Work, **kw) -> list[str]:
+    return ["grads", "--model", checkpoint(w, **kw), "--data", w.data(), "--out", "g.safetensors"]
+
+
+def ck_export(w: Work, **kw) -> list[str]:
+    return ["export", "--model", checkpoint(w, **kw), "--seq-len", "8", "--out", "out"]
+
+
+def special_in_checkpoint(what: str, kind: str) -> Callable[[Work], list[str]]:
+    """A checkpoint whose config.json or model.safetensors (`what`) is a FIFO, a socket or a symlink loop."""
+    def setup(w: Work) -> list[str]:
+        name = checkpoint(w)
+        p = w.path / name / what
+        p.unlink()
+        make_special(w, p, kind)
+        return ["grads", "--model", name, "--data", w.data(), "--out", "g.safetensors"]
+    return setup
+
+
+def make_special(w: Work, p: Path, kind: str) -> str:
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "loop":
+        p.symlink_to(p.name)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(p))
+        w.keep = sock
+    return p.name
+
+
+def special(w: Work, name: str, kind: str) -> str:
+    return make_special(w, w.path / name, kind)
+
+
+def special_adapter_weights(w: Work) -> list[str]:
+    name = adapter(w)
+    (w.path / name / "adapter_model.safetensors").unlink()
+    make_special(w, w.path / name / "adapter_model.safetensors", "fifo")
+    return ["eval", "--program", w.program(), "--data", w.data(), "--adapter", name]
+
+
+def plan_with(**over) -> Callable[[Work], str]:
+    def make(w: Work) -> str:
+        doc = {"schema_version": 1, "layers": 8, "policy": "cyclic", "k": 2, "seed": None,
+               "phases": [[0, 1], [2, 3], [4, 5], [6, 7]], "schedule": [0, 1, 2, 3], **over}
+        return w.write("p.json", json.dumps(doc))
+    return make
+
+
+def change_shard_after_first_read(how: str):
+    """A fault: after the first rows are read, the shard is replaced by another file of the same layout
+    (`how` = "replace") or rewritten in place with other values ("rewrite")."""
+    def patch(monkeypatch) -> None:
+        from toolchain.models.shards import CheckpointShards
+
+        original, done = CheckpointShards.read_rows, []
+
+        def read_rows(self, name, start, stop):
+            rows = original(self, name, start, stop)
+            if not done:
+                done.append(name)
+                path = self.tensors[name].path
+                raw = bytearray(path.read_bytes())
+                raw[-64:] = bytes(64)                        # other values, same size and layout
+                if how == "replace":
+                    tmp = path.with_name("new.tmp")
+                    tmp.write_bytes(raw)
+                    os.replace(tmp, path)
+                else:
+                    with open(path, "r+b") as f:
+                        f.write(raw)
+                    st = os.stat(path)
+                    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))   # as a later write would
+            return rows
+        monkeypatch.setattr(CheckpointShards, "read_rows", read_rows)
+    return patch
+
+
+def immutable_output(w: Work) -> list[str]:
+    """`export --force` onto a directory holding an immutable file (chattr +i, as root; a user who cannot set
+    the flag gets a read-only subdirectory instead, which is undeletable for them the same way)."""
+    import subprocess as sp
+
+    w.mine("out")
+    frozen = sp.run(["chattr", "+i", str(w.path / "out" / "mine.txt")], capture_output=True).returncode == 0
+    if frozen:
+        w.keep = _Unfreeze(w.path / "out" / "mine.txt")
+    else:
+        w.write("out/sub/kept.txt", "the user's file\n")
+        os.chmod(w.path / "out" / "sub", 0o555)
+        w.keep = _Unfreeze(w.path / "out" / "sub")
+    return ["export", *TINY, "--seq-len", "8", "--out", "out", "--force"]
+
+
+class _Unfreeze:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def close(self) -> None:
+        import subprocess as sp
+
+        if self.path.is_dir():
+            os.chmod(self.path, 0o755)
+        else:
+            sp.run(["chattr", "-i", str(self.path)], capture_output=True, check=False)
+
+
+def stdout_to_file() -> None:
+    """The child's stdout redirected to stdout.txt in its working directory (`cmd > stdout.txt`)."""
+    fd = os.open("stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.close(fd)
+
+
+def link(w: Work, name: str, target: str) -> str:
+    (w.path / name).symlink_to(target)
+    return name
+
+
 def _cases() -> list[Case]:
     c = Case
     return [
@@ -575,6 +752,112 @@ def _cases() -> list[Case]:
           "(one BPE word; limit lowered to 20,000 characters here)",
           lambda w: ["tokenize", "--tokenizer", "qwen2.5", "--json", "ids.json", w.write("t.txt", "\U0001F642" * 90_000)],
           "without a word boundary", patch=run_limit),
+        # ---- issue 45: a checkpoint is the model it claims, or it is refused
+        c("ckpt-qwen2-sliding-window", "checkpoint config `use_sliding_window: true` (trained 13% off HF's loss, exit 0)",
+          lambda w: ck_grads(w, config=setting(use_sliding_window=True, max_window_layers=0)), "use_sliding_window"),
+        c("ckpt-llama-gelu", "llama checkpoint config `hidden_act: gelu` (0.9% off HF's loss, exit 0)",
+          lambda w: ck_grads(w, family="llama", config=setting(hidden_act="gelu")), "hidden_act"),
+        c("ckpt-tie-string", "checkpoint config `tie_word_embeddings: \"false\"` (a string: lm_head dropped)",
+          lambda w: ck_grads(w, config=setting(tie_word_embeddings="false")), "tie_word_embeddings"),
+        c("ckpt-qwen3-sliding-layer-types", "qwen3 checkpoint config with a sliding_attention layer in layer_types",
+          lambda w: ck_grads(w, family="qwen3", config=setting(layer_types=["full_attention", "sliding_attention"])),
+          "layer_types"),
+        c("ckpt-quantization-config", "checkpoint config with a quantization_config (weights read as floats)",
+          lambda w: ck_grads(w, config=setting(quantization_config={"quant_method": "bitsandbytes"})),
+          "quantization_config"),
+        c("ckpt-unknown-field", "checkpoint config with `attn_logit_softcapping: 50` (not a qwen2 field)",
+          lambda w: ck_grads(w, config=setting(attn_logit_softcapping=50.0)), "attn_logit_softcapping"),
+        c("ckpt-rope-theta-zero", "checkpoint config `rope_theta` 0 (a NaN model, exit 0)",
+          lambda w: ck_grads(w, config=rope(rope_theta=0)), "rope_theta"),
+        c("ckpt-rope-theta-negative", "checkpoint config `rope_theta` -10000",
+          lambda w: ck_grads(w, config=rope(rope_theta=-10000.0)), "rope_theta"),
+        c("ckpt-rms-eps-negative", "checkpoint config `rms_norm_eps: -1` (a NaN model, exit 0)",
+          lambda w: ck_grads(w, config=setting(rms_norm_eps=-1)), "rms_norm_eps"),
+        c("ckpt-llama3-factor-zero", "llama checkpoint config with llama3 rope `factor: 0` (a NaN model, exit 0)",
+          lambda w: ck_grads(w, family="llama", config=rope(factor=0)), "factor"),
+        c("ckpt-llama3-low-freq-zero", "llama checkpoint config `low_freq_factor: 0` (ZeroDivisionError)",
+          lambda w: ck_grads(w, family="llama", config=rope(low_freq_factor=0)), "low_freq_factor"),
+        c("ckpt-llama3-factor-text", "llama checkpoint config `factor: \"big\"` (ValueError)",
+          lambda w: ck_grads(w, family="llama", config=rope(factor="big")), "factor"),
+        c("ckpt-attention-factor", "llama checkpoint config with an `attention_factor` in its rope (accepted)",
+          lambda w: ck_grads(w, family="llama", config=rope(attention_factor=2.0)), "attention_factor"),
+        c("ckpt-rope-parameters-string", "checkpoint config `rope_parameters: \"default\"` (AttributeError)",
+          lambda w: ck_grads(w, config=setting(rope_parameters="default")), "rope_parameters"),
+        c("ckpt-hidden-size-string", "checkpoint config `hidden_size: \"64\"` (TypeError)",
+          lambda w: ck_grads(w, config=setting(hidden_size="64")), "hidden_size"),
+        c("ckpt-hidden-size-float", "checkpoint config `hidden_size: 64.0`",
+          lambda w: ck_grads(w, config=setting(hidden_size=64.0)), "hidden_size"),
+        c("ckpt-config-array", "checkpoint config.json that is a JSON array (AttributeError)",
+          lambda w: ck_grads(w, raw_config=b"[1, 2]"), "not an object"),
+        c("ckpt-config-string", "checkpoint config.json that is a JSON string",
+          lambda w: ck_grads(w, raw_config=b'"qwen2"'), "not an object"),
+        c("ckpt-config-nested", "checkpoint config.json nested 100,000 deep (RecursionError)",
+          lambda w: ck_grads(w, raw_config=nested().encode()), "nested too deeply"),
+        c("ckpt-weights-nan", "checkpoint whose q_proj weight holds a NaN (accepted without a word)",
+          lambda w: ck_grads(w, tensors=poison("model.layers.1.self_attn.q_proj.weight", float("nan"))),
+          "model.layers.1.self_attn.q_proj.weight"),
+        c("ckpt-weights-inf-export", "`export` of a checkpoint whose embedding holds +inf",
+          lambda w: ck_export(w, tensors=poison("model.embed_tokens.weight", float("inf"))), "NaN or infinity"),
+        # ---- issue 45: special files and symbolic links as inputs
+        c("ckpt-config-fifo", "checkpoint config.json that is a FIFO (blocked forever)",
+          special_in_checkpoint("config.json", "fifo"), "FIFO", subprocess=True),
+        c("ckpt-shard-fifo", "checkpoint model.safetensors that is a FIFO (blocked forever)",
+          special_in_checkpoint("model.safetensors", "fifo"), "FIFO", subprocess=True),
+        c("ckpt-config-loop", "checkpoint config.json that is a symbolic link loop (OSError traceback)",
+          special_in_checkpoint("config.json", "loop"), "symbolic link loop"),
+        c("ckpt-shard-loop", "checkpoint model.safetensors that is a symbolic link loop",
+          special_in_checkpoint("model.safetensors", "loop"), "symbolic link loop"),
+        c("ckpt-shard-socket", "checkpoint model.safetensors that is a socket",
+          special_in_checkpoint("model.safetensors", "socket"), "socket"),
+        c("grads-data-fifo", "`grads --data FIFO`", lambda w: [*GRADS, "--data", special(w, "d.jsonl", "fifo")], "FIFO",
+          subprocess=True),
+        c("train-plan-fifo", "`train --plan FIFO` (blocked forever)",
+          lambda w: [*TRAIN, "--data", w.data(), "--plan", special(w, "p.json", "fifo")], "FIFO", subprocess=True),
+        c("eval-adapter-weights-fifo", "`eval --adapter D`, D/adapter_model.safetensors a FIFO", special_adapter_weights,
+          "FIFO", subprocess=True),
+        c("import-socket", "`telemetry import SOCKET`",
+          lambda w: ["telemetry", "import", special(w, "e.sock", "socket"), "--db", "t.sqlite3"], "socket"),
+        c("eval-resume-from-fifo", "`eval --resume-from FIFO`",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--resume-from",
+                     special(w, "ck.safetensors", "fifo")], "FIFO", subprocess=True),
+        c("plan-float-indices", "`train --plan` whose phases hold 0.0 (TypeError)",
+          lambda w: [*TRAIN, "--data", w.data(), "--plan", plan_with(phases=[[0.0, 1], [2, 3], [4, 5], [6, 7]])(w)],
+          "must be integers"),
+        c("plan-float-schedule", "`train --plan` whose schedule holds 1.0",
+          lambda w: [*TRAIN, "--data", w.data(), "--plan", plan_with(schedule=[0, 1.0, 2, 3])(w)], "must be integers"),
+        # ---- issue 45: outputs through symbolic links (toolchain/outputs.py `output_target`)
+        c("tokenize-json-link-loop", "`tokenize --json L`, L a symbolic link loop (the link was replaced by a file)",
+          lambda w: ["tokenize", "--tokenizer", "byte", "--json", link(w, "l.json", "l.json"), w.write("t.txt", "hi")],
+          "symbolic link loop"),
+        c("data-out-link-loop", "`data --out L`, L a symbolic link loop (RuntimeError traceback)",
+          lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", "hi"), "--out",
+                     link(w, "rows.jsonl", "rows.jsonl")], "symbolic link loop"),
+        c("train-telemetry-out-link-loop", "`train --telemetry-out L`, L a symbolic link loop (OSError traceback)",
+          lambda w: [*TRAIN, "--data", w.data(), "--telemetry-out", link(w, "t.jsonl", "t.jsonl")],
+          "symbolic link loop"),
+        c("export-out-link-loop", "`export --out L`, L a symbolic link loop",
+          lambda w: ["export", *TINY, "--seq-len", "8", "--out", link(w, "out", "out")], "symbolic link loop"),
+        c("eval-json-link-to-stdout", "`eval --json L > file`, L a symbolic link to /dev/stdout (the link was "
+                                      "replaced by a file, nothing reached stdout)",
+          lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--json", link(w, "l.json", "/dev/stdout")],
+          "open file descriptor", subprocess=True, preexec=stdout_to_file, may_leave=("stdout.txt",)),
+        c("grads-out-link-to-fd", "`grads --out L`, L a symbolic link to /proc/self/fd/1",
+          lambda w: [*GRADS[:-1], link(w, "g.safetensors", "/proc/self/fd/1"), "--data", w.data()],
+          "open file descriptor"),
+        # ---- issue 45: a checkpoint that changes while export reads it
+        c("export-shard-replaced-mid-run", "`export --model CK` while CK's shard is replaced (same layout) "
+                                           "(a weights file of neither checkpoint, exit 0)",
+          lambda w: ck_export(w), "changed while it was being read", patch=change_shard_after_first_read("replace"),
+          may_change=("ck/model.safetensors",)),
+        c("export-shard-rewritten-mid-run", "`export --model CK` while CK's shard is rewritten in place",
+          lambda w: ck_export(w), "changed while it was being read", patch=change_shard_after_first_read("rewrite"),
+          may_change=("ck/model.safetensors",)),
+        # ---- issue 45: leftovers and small wrongs
+        c("export-force-immutable", "`export --force` onto a directory holding an immutable file (exit 0, "
+                                    "`.out.<pid>.<random>.old` left behind)", immutable_output, "cannot be replaced"),
+        c("train-eval-every-without-data", "`train --program --eval-every 2` without --eval-data (accepted silently)",
+          lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--eval-every", "2"],
+          "--eval-every needs --eval-data"),
     ]
 
 

@@ -80,15 +80,12 @@ def test_adapter_round_trip_and_deterministic_files(tmp_path):
     assert all(torch.equal(lora_state_dict(lora2)[k], v) for k, v in lora_state_dict(lora).items())
     # An existing adapter directory is refused (the user's files are never replaced silently); allowed
     # (the CLI's --force), it is replaced whole.
-    from toolchain.atomic import output_scope, permit_replace
     from toolchain.errors import OutputExists
 
     other = LoraConfig(rank=1, alpha=1.0, targets=("k_proj",))
     with pytest.raises(OutputExists):
         save_adapter(tmp_path / "a", other, init_lora(arch, other))
-    with output_scope():
-        permit_replace(tmp_path / "a")
-        save_adapter(tmp_path / "a", other, init_lora(arch, other))
+    save_adapter(tmp_path / "a", other, init_lora(arch, other), replace=True)
     assert load_adapter(tmp_path / "a", arch)[0].targets == ("k_proj",)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no temporary leftovers
 

@@ -11,7 +11,8 @@ from toolchain.lora import LoraConfig
 from toolchain.mesp.block import BlockParams, block_forward
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
 from toolchain.mesp.ops import rmsnorm_forward, rope_tables
-from toolchain.mesp.ops.quant import dequantize, fused_int4, quant_rows, quantize, quantize_activations, with_chunk_rows
+from toolchain.mesp.ops.compute import Compute
+from toolchain.mesp.ops.quant import dequantize, quant_rows, quantize, quantize_activations, with_chunk_rows
 from toolchain.models.weights import LayerWeights
 
 CFG = LoraConfig(rank=3, alpha=5.0)
@@ -110,7 +111,7 @@ def _quantized_layer(lw: LayerWeights, group: int) -> tuple[LayerWeights, LayerW
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_decode_with_int4_weights_stock_and_fused_match_dequantized(chunk):
     """The int4 block through the stock ops (row-chunk dequantization) equals the block on the dequantized
-    float weights; through `fused_int4()` (the custom ops' PyTorch implementations: W4A8 projections and the
+    float weights; with a fused `Compute` (the custom ops' PyTorch implementations: W4A8 projections and the
     attention op) it differs from it only by the activations' int8 rounding (bounded exactly per projection
     in tests/mesp/ops/test_quant.py; here the whole block stays within 2% of its largest output)."""
     arch = random_arch(5)
@@ -126,8 +127,7 @@ def test_decode_with_int4_weights_stock_and_fused_match_dequantized(chunk):
     r = decode_rope(pos, chunk, arch.head_dim, arch.rope_theta, torch.float32)
     ref = block_decode(x, pos, k, v, BlockParams(dlw, lora[0], CFG.scale, arch), r)
     stock = block_decode(x, pos, k, v, BlockParams(qlw, lora[0], CFG.scale, arch), r)
-    with fused_int4():
-        fused = block_decode(x, pos, k, v, BlockParams(qlw, lora[0], CFG.scale, arch), r)
+    fused = block_decode(x, pos, k, v, BlockParams(qlw, lora[0], CFG.scale, arch, Compute(fused=True)), r)
     for s, f, t in zip(stock, fused, ref):
         torch.testing.assert_close(s, t)
         assert not torch.equal(f, s)                                       # the activations were rounded
@@ -142,8 +142,7 @@ def test_head_logits_of_an_int4_head_in_chunks_or_fused_equal_the_dequantized_he
     ref = head_logits(x, norm, [dequantize(head)], 1e-6)
     chunks = [quant_rows(head, s, min(vocab, s + 10)) for s in range(0, vocab, 10)]
     torch.testing.assert_close(head_logits(x, norm, chunks, 1e-6), ref)
-    with fused_int4():
-        fused = head_logits(x, norm, [head], 1e-6)
+    fused = head_logits(x, norm, [head], 1e-6, Compute(fused=True))
     # W4A8: the normed x rounded to int8 per group moves each logit by at most sum_g sa_g / 2 * sum |w| there
     hn, _ = rmsnorm_forward(x, norm, 1e-6)
     _, sa = quantize_activations(hn, 4)

@@ -1,15 +1,23 @@
 // Checks a build of toolchain/native/kernels.cpp (linked in, built with TOOLCHAIN_NO_EXECUTORCH) on the
-// cases of tests/native/make_arm64_cases.py; run by scripts/check_kernel_arm64.sh under qemu-aarch64.
+// cases of tests/native/make_arm64_cases.py; run by scripts/check_kernel_arm64.sh under qemu-aarch64, once per
+// kernel path (TOOLCHAIN_KERNEL_PATH) and CPU model.
 //
 //   arm64_driver CASES [LABEL]
 //
-// For each case: (a) the kernel's y against its definition in float64 (x quantized per row and group as
-// the kernel's top comment says, sa = max|x| / 127 in float32, a = round-to-even(x / sa); the integer sums
-// isum_g = sum_k a_k (n_k - 8) exact; y = sum_g isum_g sw_g sa_g in double), within the float32 bound of
-// the group sum |err| <= gamma_(ng+6) * sum_g |isum_g sw_g sa_g|, gamma_k = k u / (1 - k u), u = 2^-24 (as
-// tests/native/test_kernels.py); (b) y against the x86-64 kernel's y stored in the file, bit for bit
-// (and the largest difference in ulps where not). Exit 0 if (a) held everywhere, 1 if not, 2 for a bad
-// file or a refused call. (b) is reported here; tests/native/test_kernel_arm64.py enforces it.
+// First line: "LABEL: kernel path NAME" (toolchain_kernel_path()), or, when the path forced by
+// TOOLCHAIN_KERNEL_PATH is refused (kernels.cpp's convention: the kernel returns -2 for a valid call and
+// toolchain_kernel_path_error() says why), "LABEL: kernel path refused ..." on stdout and one
+// "Error: LABEL: <the library's reason>" line on stderr (exit 3).
+// For each case: (a) the kernel's y against its definition in float64 (x quantized per row and group as the
+// kernel's top comment says, sa = max|x| / 127 in float32, a = round-to-even(x / sa); the
+// integer sums isum_g = sum_k a_k (n_k - 8) exact; y = sum_g isum_g sw_g sa_g in double), within the float32
+// bound of the group sum |err| <= gamma_(ng+6) * sum_g |isum_g sw_g sa_g|, gamma_k = k u / (1 - k u), u = 2^-24
+// (as tests/native/test_kernels.py); a row of x with a NaN or an infinity must give NaN in every output (its
+// group scale is NaN or infinite and its int8 values 0: 0 times that scale); (b) y against the x86-64 kernel's
+// y stored in the file, bit for bit (NaN counted equal to NaN: x86 and arm64 generate different default NaNs
+// for 0 * inf), and the largest difference in ulps where not; (c) a 64-bit FNV-1a hash of every output's bits
+// in order ("outputs hash"), which scripts/check_kernel_arm64.sh compares across paths, CPU models and
+// compilers; in the pooled build (linked with arm64_pool.cpp), the count of row chunks the pool ran. Exit 0 if (a) held everywhere, 1 if not, 2 for a bad file or a refused valid call.
 //
 // Build this file with -ffp-contract=off: the reference's double sums are then plain products and sums.
 
@@ -24,6 +32,10 @@
 
 extern "C" int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
                                         int64_t o, int64_t ng, int64_t group, float* y);
+extern "C" const char* toolchain_kernel_path();
+extern "C" const char* toolchain_kernel_path_error();
+// Linked in from tests/native/arm64_pool.cpp in the pooled build only: the chunks the stand-in thread pool ran.
+extern "C" int64_t toolchain_test_pool_chunks() __attribute__((weak));
 
 namespace {
 
@@ -47,15 +59,28 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* label = argc > 2 ? argv[2] : "arm64";
-#if defined(__ARM_NEON)
-  const char* path = "NEON";
-#elif defined(__AVX512F__)
-  const char* path = "AVX-512";
-#elif defined(__AVX2__)
-  const char* path = "AVX2";
-#else
-  const char* path = "generic";
-#endif
+  const char* path = toolchain_kernel_path();
+  const char* error = toolchain_kernel_path_error();
+  if (path == nullptr) {
+    std::fprintf(stderr, "%s: toolchain_kernel_path() is NULL\n", label);
+    return 2;
+  }
+  {  // a forced path the CPU lacks: the kernel returns -2 for a valid call and toolchain_kernel_path_error() says why
+    float x[64] = {}, s[1] = {1.0f}, y[1];
+    uint8_t q[32] = {};
+    const int rc = toolchain_int4_linear_a8(x, 1, 64, q, s, 1, 1, 64, y);
+    if (rc == -2 && error != nullptr) {
+      std::printf("%s: kernel path refused (the kernel returns -2 for a valid call)\n", label);
+      std::fprintf(stderr, "Error: %s: %s\n", label, error);
+      return 3;
+    }
+    if (rc != 0 || error != nullptr) {   // any other pairing breaks the convention
+      std::fprintf(stderr, "%s: a valid call returned %d with toolchain_kernel_path_error() %s\n", label, rc,
+                   error != nullptr ? error : "NULL");
+      return 2;
+    }
+  }
+  std::printf("%s: kernel path %s\n", label, path);
   std::FILE* f = std::fopen(argv[1], "rb");
   char magic[8];
   int64_t count = 0;
@@ -64,7 +89,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const double u = std::ldexp(1.0, -24);
-  int64_t bound_ok = 0, bit_equal = 0, elems = 0, elems_equal = 0, worst_ulps = 0, shown = 0;
+  int64_t bound_ok = 0, bit_equal = 0, elems = 0, elems_equal = 0, worst_ulps = 0, shown = 0, nan_rows = 0;
+  uint64_t hash = 1469598103934665603ull;   // FNV-1a 64 over the bits of every output
   double worst_ratio = 0;  // max err / bound over all outputs with a nonzero bound
   for (int64_t c = 0; c < count; ++c) {
     int64_t h[5];
@@ -107,7 +133,32 @@ int main(int argc, char** argv) {
         w[r * in + k] = ((k % 2 == 0) ? (q[r * (in / 2) + k / 2] >> 4) : (q[r * (in / 2) + k / 2] & 15)) - 8;
     const double gamma = (ng + 6) * u / (1 - (ng + 6) * u);
     bool ok = true, equal = true;
-    for (int64_t t = 0; t < T; ++t)
+    for (float v : y) {
+      uint32_t b;
+      std::memcpy(&b, &v, 4);
+      for (int k = 0; k < 4; ++k) hash = (hash ^ ((b >> (8 * k)) & 0xff)) * 1099511628211ull;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      bool finite = true;
+      for (int64_t k = 0; k < in; ++k) finite = finite && std::isfinite(x[t * in + k]);
+      if (!finite) {   // the definition: NaN in every output of the row
+        ++nan_rows;
+        for (int64_t r = 0; r < o; ++r) {
+          const float got = y[t * o + r], ref86 = y86[t * o + r];
+          ++elems;
+          if (!std::isnan(got)) {
+            ok = false;
+            if (shown++ < 10)
+              std::fprintf(stderr, "%s: case %" PRId64 " row %" PRId64 " has a NaN / inf but y[%" PRId64 "] = %.9g\n",
+                           label, c, t, r, got);
+          }
+          if (std::isnan(got) == std::isnan(ref86) && (std::isnan(got) || std::memcmp(&got, &ref86, 4) == 0))
+            ++elems_equal;
+          else
+            equal = false, worst_ulps = INT64_MAX;
+        }
+        continue;
+      }
       for (int64_t r = 0; r < o; ++r) {
         double exact = 0, mag = 0;
         for (int64_t g = 0; g < ng; ++g) {
@@ -136,13 +187,17 @@ int main(int argc, char** argv) {
           if (d > worst_ulps) worst_ulps = d;
         }
       }
+    }
     bound_ok += ok;
     bit_equal += equal;
   }
   std::fclose(f);
-  std::printf("%s (%s path): float32 bound held on %" PRId64 "/%" PRId64 " cases (max err/bound %.3f); "
-              "bitwise equal to x86 on %" PRId64 "/%" PRId64 " cases, %" PRId64 "/%" PRId64
-              " outputs; max difference %" PRId64 " ulp\n",
-              label, path, bound_ok, count, worst_ratio, bit_equal, count, elems_equal, elems, worst_ulps);
+  std::printf("%s (%s path): float32 bound held on %" PRId64 "/%" PRId64 " cases (max err/bound %.3f; %" PRId64
+              " rows with NaN / inf all NaN); bitwise equal to x86 on %" PRId64 "/%" PRId64 " cases, %" PRId64 "/%" PRId64
+              " outputs; max difference %" PRId64 " ulp; outputs hash %016" PRIx64 "\n",
+              label, path, bound_ok, count, worst_ratio, nan_rows, bit_equal, count, elems_equal, elems, worst_ulps,
+              hash);
+  if (toolchain_test_pool_chunks != nullptr)
+    std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_test_pool_chunks());
   return bound_ok == count ? 0 : 1;
 }

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolchain.native import KernelUnavailable, load_kernels
+from toolchain.mesp.kernels import load_native_kernels as load_kernels
+from toolchain.native import KernelUnavailable
 from toolchain.native.build import kernel_library
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,8 +184,9 @@ def test_threads_split_the_rows_without_changing_the_bits(lib, path):
 
 _CHILD = """
 import ctypes, hashlib, random
-from toolchain.native import load_kernels, kernel_path
-lib = load_kernels()
+from toolchain.mesp.kernels import load_native_kernels
+from toolchain.native import kernel_path
+lib = load_native_kernels()
 rng = random.Random(3)
 out = []
 for t, o, i, g in [(1, 37, 896, 64), (6, 29, 1000, 32), (12, 21, 4864, 128)]:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from toolchain.mesp.ops.quant import _unpack_int4, int4_linear_a8_reference, quantize, quantize_activations
-from toolchain.native import load_kernels
+from toolchain.mesp.kernels import load_native_kernels as load_kernels  # the table's C signatures set
 
 U = 2.0 ** -24
 

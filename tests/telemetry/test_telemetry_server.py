@@ -235,7 +235,7 @@ def test_serve_on_port_0_prints_the_bound_port(tmp_path):
         port = int(banner.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
         assert port != 0, banner
         c = Client(port, None)
-        assert c.request("GET", "/v1/health") == (200, {"ok": True})   # the banner's port is the server's
+        assert c.request("GET", "/v1/health") == (200, {"ok": True, "database": "ok"})   # the banner's port is the server's
         c.close()
     finally:
         proc.terminate()
@@ -244,7 +244,7 @@ def test_serve_on_port_0_prints_the_bound_port(tmp_path):
 
 def test_health_needs_no_token(server):
     c = Client(server[0].port, None)
-    assert c.request("GET", "/v1/health") == (200, {"ok": True})
+    assert c.request("GET", "/v1/health") == (200, {"ok": True, "database": "ok"})
     c.close()
 
 

@@ -53,13 +53,10 @@ _HINTS = {errno.ENOSPC: "free some space or choose another output location",
                        "it or choose another output location",
           errno.ENOMEM: "not enough memory; close other programs or raise the limit (ulimit -v)"}
 
-# Third-party loggers muted (to ERROR) unless --verbose / TOOLCHAIN_VERBOSE=1.
+# Third-party loggers muted (to ERROR) unless --verbose / TOOLCHAIN_VERBOSE=1 (which click reads for --verbose;
+# the commands that open a runtime pass the flag on: cli/options.py `verbose_requested`).
 _NOISY_LOGGERS = ("torch", "torchao", "executorch", "coremltools", "onnxscript", "onnx", "onnxruntime",
                   "transformers", "peft", "huggingface_hub", "matplotlib", "PIL")
-
-
-def verbose() -> bool:
-    return os.environ.get("TOOLCHAIN_VERBOSE", "") not in ("", "0")
 
 
 def _quiet_third_party() -> None:
@@ -164,15 +161,12 @@ class _Group(click.Group):
         import signal
         import threading
 
-        from toolchain.atomic import output_scope
-
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
-            with output_scope():     # --force permissions last one command
-                result = super().invoke(ctx)
-                _flush_stdout()
-                return result
+            result = super().invoke(ctx)
+            _flush_stdout()
+            return result
         except FieldError as e:              # the library names the field, the command line the option
             from toolchain.cli.options import FIELD_OPTIONS
 
@@ -183,6 +177,8 @@ class _Group(click.Group):
             _silence_stdout()
             raise UserError("stdout was closed by its reader (broken pipe) before the output was complete") \
                 from None
+        except RecursionError:               # JSON parsed outside toolchain.validate (before RuntimeError, its base)
+            raise UserError("an input is nested too deeply to read") from None
         except (MemoryError, SystemError, RuntimeError, ImportError) as e:
             if not _out_of_memory(e):
                 raise
@@ -194,8 +190,6 @@ class _Group(click.Group):
         except UnicodeDecodeError as e:      # a file read outside toolchain.validate (e.g. a checkpoint's config)
             raise UserError(f"an input file is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") \
                 from None
-        except RecursionError:               # JSON parsed outside toolchain.validate
-            raise UserError("an input is nested too deeply to read") from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -206,10 +200,7 @@ class _Group(click.Group):
 def cli(verbose: bool) -> None:
     """On-phone LoRA fine-tuning of Qwen2.5: exact MeSP training steps, LCSB plans, and programs
     for ExecuTorch, Core ML and ONNX that phones run to train."""
-    if verbose:
-        os.environ["TOOLCHAIN_VERBOSE"] = "1"      # read by the runtime (native log lines)
-    else:
-        os.environ.pop("TOOLCHAIN_VERBOSE", None)
+    if not verbose:
         _quiet_third_party()
 
 

@@ -117,7 +117,9 @@ def _progress():
     from rich.console import Console
     from rich.progress import Progress
 
-    return Progress(console=Console(stderr=True), transient=True)
+    import sys
+
+    return Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
 
 
 @bench.command("memory")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.options import lcsb_k_option, threads_option
+from toolchain.cli.options import lcsb_k_option, threads_option, verbose_requested
 from toolchain.validate import STEPS, FiniteFloat
 
 
@@ -48,18 +48,21 @@ def demo(*, steps: int, lr: float, max_new_tokens: int, eval_every: int, lcsb_k:
     exported = False
     if not current_program(out, cfg):
         # our own older export (a manifest.json) is replaced; anything else needs --force
-        check_output_dir(out, force=force or (out / MANIFEST_NAME).is_file())
+        replace = force or (out / MANIFEST_NAME).is_file()
+        check_output_dir(out, force=replace)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True) as progress:
             task = progress.add_task("export", total=None)
-            export_demo(cfg, out, on_stage=lambda s: progress.update(task, description=f"export demo: {s}"))
+            export_demo(cfg, out, on_stage=lambda s: progress.update(task, description=f"export demo: {s}"),
+                        replace=replace)
         exported = True
     t_export = time.perf_counter() - t_start
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
         task = progress.add_task("load", total=steps)
-        result = run_demo(cfg, out, on_phase=lambda s: progress.update(task, description=s),
+        result = run_demo(cfg, out, verbose=verbose_requested(),
+                          on_phase=lambda s: progress.update(task, description=s),
                           on_step=lambda step, loss: progress.update(
                               task, completed=step, description=f"personalize: step {step}/{steps} loss {loss:.3f}"))
 

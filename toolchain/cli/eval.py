@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.options import program_state_options, runtime_options
+from toolchain.cli.options import program_state_options, runtime_options, verbose_requested
 
 __all__ = ["eval_command"]
 
@@ -31,7 +31,7 @@ def eval_command(*, program, data, adapter, resume_from, target, threads, json_o
     from toolchain.schemas import dumps
     from toolchain.training.session import ProgramSession
 
-    session = ProgramSession(program, target=target, threads=threads, use="eval")
+    session = ProgramSession(program, target=target, threads=threads, use="eval", verbose=verbose_requested())
     examples = session.examples(data)
     session.load_state(adapter=adapter, resume_from=resume_from)
     backend = session.open_runtime().backend

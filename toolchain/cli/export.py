@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -103,7 +104,8 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
                       **tokenizer_fields(model, arch.vocab, arch.family))
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+                  console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as progress:   # off the terminal it left a stray newline
         weights_task = progress.add_task("export: write weights", total=None)
         task = progress.add_task("export", total=None, visible=False)
 
@@ -116,7 +118,8 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
                 progress.update(weights_task, visible=False)
                 progress.update(task, visible=True, description=f"export: {stage}")
 
-        manifest = export_program(arch, source, cfg, lora, spec, out, on_stage=on_stage, on_tensor=on_tensor)
+        manifest = export_program(arch, source, cfg, lora, spec, out, on_stage=on_stage, on_tensor=on_tensor,
+                                  replace=force)
     mp = manifest.memory_plan
     click.echo(f"exported {model} (T={seq_len}, r={cfg.rank}, {quant}, {len(manifest.methods)} methods) -> {out}")
     for p in manifest.programs:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.options import program_state_options, runtime_options
+from toolchain.cli.options import program_state_options, runtime_options, verbose_requested
 from toolchain.validate import SEED
 
 __all__ = ["generate_command"]
@@ -45,7 +45,7 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     from toolchain.training.session import ProgramSession
 
     t_load = time.perf_counter()
-    session = ProgramSession(program, target=target, threads=threads, use="generate")
+    session = ProgramSession(program, target=target, threads=threads, use="generate", verbose=verbose_requested())
     tok, ids, stop = session.prompt(text=prompt, ids=prompt_ids, chat=chat)
     session.load_state(adapter=adapter, resume_from=resume_from)
     runner = session.open_runtime()

@@ -9,6 +9,8 @@ option is covered without code of its own):
 - output files are regular files or new, in a writable directory (`toolchain.atomic.check_output_file`):
   `--json /dev/null` must not replace /dev/null, a FIFO must not block the command at its end (or
   forever), a read-only location is found before the work, not after it.
+- inputs are not FIFOs, sockets, devices or symbolic link loops (`toolchain.inputs.check_input`), and
+  outputs follow the one rule for symbolic links (`toolchain.outputs.output_target`).
 - stdout must be open: a command started with stdout closed (`>&-`) would print its answer nowhere
   and exit 0.
 """
@@ -47,6 +49,26 @@ def check_output_files(ctx: click.Context) -> None:
             continue
         for v in value if isinstance(value, (list, tuple)) else [value]:
             check_output_file(Path(v), option=_option(param), streams=param.name in _STREAMS)
+
+
+def check_inputs(inputs: list[tuple[str, Path]]) -> None:
+    """No input path is a FIFO, a socket, a device or a symbolic link loop (`toolchain.inputs.check_input`): a
+    FIFO would block the command until a writer comes, forever."""
+    from toolchain.inputs import check_input
+
+    for opt, p in inputs:
+        if p.exists() or p.is_symlink():     # --db may be new
+            check_input(p, what=f"{opt} {p}")
+
+
+def check_output_links(ctx: click.Context, outputs: list[tuple[str, Path]]) -> None:
+    """Every output path follows the one rule for symbolic links (`toolchain.outputs.output_target`): a loop, a
+    link to an open descriptor, are refused before any work."""
+    from toolchain.outputs import output_target
+
+    streams = {_option(p) for p in ctx.command.params if p.name in _STREAMS}
+    for opt, p in outputs:
+        output_target(p, option=opt, streams=opt in streams)
 
 
 def paths_of(ctx: click.Context) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
@@ -120,6 +142,8 @@ def guard_command(command: click.Command) -> None:
         _check_stdout()
         ctx = click.get_current_context()
         outputs, inputs = paths_of(ctx)
+        check_inputs(inputs)
+        check_output_links(ctx, outputs)
         check_no_overlap(outputs, inputs)
         check_output_files(ctx)
         return body(*args, **kwargs)

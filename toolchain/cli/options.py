@@ -15,7 +15,7 @@ from toolchain.validate import SEED, THREADS, FiniteFloat
 __all__ = ["FIELD_OPTIONS", "TARGETS_HELP", "POLICY_CHOICE", "model_options", "rank_option", "targets_option", "lora_shape_options",
            "lora_options", "layers_per_checkpoint_option", "data_option", "force_option", "plan_options", "lcsb_k_option", "chunk_options",
            "optimizer_option", "optimizer_options", "threads_option", "runtime_options", "program_state_options",
-           "plan_request"]
+           "plan_request", "verbose_requested"]
 
 # Config fields a library error may name (errors.FieldError) -> the option that sets them.
 FIELD_OPTIONS = {"rank": "--rank", "seq_len": "--seq-len", "prefill_chunk": "--prefill-chunk",
@@ -24,6 +24,13 @@ TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,g
 POLICY_CHOICE = click.Choice(["cyclic", "strided", "last", "anchored", "random", "full"])
 # StepOptions' defaults (toolchain/mesp/step.py, which imports torch; tests/cli/test_options.py checks them).
 _CHUNK_DEFAULTS = {"loss_chunk": 256, "vocab_chunk": 1024, "mlp_chunk": 256}
+
+
+def verbose_requested() -> bool:
+    """`toolchain --verbose` (or TOOLCHAIN_VERBOSE=1, which click reads for it): the root command's flag, which
+    the commands that open a runtime pass to it (`ProgramSession(..., verbose=...)`)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("verbose"))
 
 
 def _compose(*decorators):
@@ -42,8 +49,9 @@ def model_options(default_model: str | None = "tiny", *, required: bool | None =
         click.option("--model", "model", default=default_model,
                      required=(default_model is None) if required is None else required,
                      show_default=default_model is not None,
-                     help="Preset (tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b) or a Hugging Face "
-                          "Qwen2 checkpoint directory."),
+                     help="Preset (tiny, demo, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen3-0.6b, qwen3-1.7b, "
+                          "llama3.2-1b, llama3.2-3b) or a Hugging Face checkpoint directory (model_type qwen2, qwen3 or llama; config.json "
+                          "fields the step does not compute are refused)."),
         click.option("--init", "init", type=click.Choice(["pretrained", "random"]), default="pretrained",
                      show_default=True, help="'random' builds the preset with seeded random weights (no download)."),
         click.option("--seed", type=SEED, default=0, show_default=True,

@@ -133,7 +133,7 @@ def report(run_id: str, db: Path | str, out: Path, force: bool) -> None:
         known = [r.run_id for r in store.runs()]
     if not events:
         raise BadInput(f"no events for run {run_id!r} in {store.describe()}; stored runs: {', '.join(known) or 'none'}")
-    files = write_report(run_id, events, out)
+    files = write_report(run_id, events, out, replace=force)
     click.echo(f"{len(events)} events -> {files.html}")
 
 
@@ -172,17 +172,26 @@ def fleet(db: Path | str, out: Path, models: tuple[str, ...], devices: tuple[str
     from toolchain.telemetry.fleet import write_fleet
     from toolchain.telemetry.store import open_store
 
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     check_output_dir(out, force=force)
+    filters = {"model": list(models) or None, "device": list(devices) or None,
+               "since": since, "until": until}
     with open_store(db) as store:
         infos = store.runs()
         chosen = [r for r in infos
                   if (not models or r.model in models) and (not devices or r.device_model in devices)
                   and (since is None or (r.first_timestamp is not None and r.first_timestamp >= since))
                   and (until is None or (r.first_timestamp is not None and r.first_timestamp < until + 86400))]
-        runs = [(r.run_id, store.events(r.run_id)) for r in chosen]
-    if not runs:
-        raise BadInput(f"no stored run in {store.describe()} matches the filters ({len(infos)} runs stored)")
-    filters = {"model": list(models) or None, "device": list(devices) or None,
-               "since": since, "until": until}
-    files = write_fleet(runs, out, filters=filters, reports=not no_run_reports)
-    click.echo(f"{len(runs)} runs -> {files.html}")
+        if not chosen:
+            raise BadInput(f"no stored run in {store.describe()} matches the filters ({len(infos)} runs stored)")
+        # each run's events read as its page is written (never the whole fleet's in memory); a bar on a terminal
+        with Progress(TextColumn("fleet"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as progress:
+            task = progress.add_task("fleet", total=len(chosen))
+            files = write_fleet(((r.run_id, store.events(r.run_id)) for r in chosen), out, filters=filters,
+                                reports=not no_run_reports, replace=force, on_run=lambda: progress.advance(task))
+    click.echo(f"{len(chosen)} runs -> {files.html}")

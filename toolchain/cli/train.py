@@ -106,11 +106,12 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
                            frozen_unselected=frozen_unselected)
     check_outputs(adapter_out, telemetry_out, force=force, resume=resume)
     load = dict(model=model, init=init, seed=seed, adapter=adapter, rank=rank, alpha=alpha, targets=targets)
-    _train_eager(data, load=load, optimizer=opt, plan=plan, adapter_out=adapter_out, as_json=as_json, **run)
+    _train_eager(data, load=load, optimizer=opt, plan=plan, adapter_out=adapter_out, replace=force or resume,
+                 as_json=as_json, **run)
 
 
-def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path | None, as_json: bool, steps: int,
-                 shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
+def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path | None, replace: bool, as_json: bool,
+                 steps: int, shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
                  layers_per_checkpoint: int) -> None:
     """Eager training; `load` holds the arguments of `load_model_and_adapter`."""
     from toolchain.dataset import load_examples
@@ -132,5 +133,6 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
     trainer = EagerTrainer(arch, weights, cfg, lora, examples, config, model_name=Path(name).name)
     result = progress_run(trainer, f"train ({step_plan.policy})", steps)
     if adapter_out is not None:
-        save_adapter(adapter_out, cfg, result.lora, base_model=None if load["init"] == "random" else name)
+        save_adapter(adapter_out, cfg, result.lora, base_model=None if load["init"] == "random" else name,
+                     replace=replace)
     report(result, as_json, plan=step_plan, optimizer=optimizer, adapter_out=adapter_out)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from toolchain.cli.options import verbose_requested
+
 __all__ = ["train_with_program", "program_options", "progress_run", "ProgressBar", "report"]
 
 
@@ -44,7 +46,10 @@ class ProgressBar:
         from rich.console import Console
         from rich.progress import Progress
 
-        self._progress = Progress(console=Console(stderr=True), transient=True)
+        import sys
+
+        # no bar when stderr is not a terminal: rich's transient bar still leaves a newline there when it clears
+        self._progress = Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
         self._progress.__enter__()
         self._task = self._progress.add_task(self.description, total=self.steps)
         return self
@@ -121,8 +126,10 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     from toolchain.training import TrainRun, checkpoint_path
     from toolchain.training.session import ProgramSession
 
+    if eval_every is not None and eval_data is None:
+        raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
-    session = ProgramSession(program, use="train")
+    session = ProgramSession(program, use="train", verbose=verbose_requested())
     pdir = session.pdir
     examples = session.examples(data)
     lr = lr if lr is not None else pdir.info.default_lr
@@ -149,7 +156,8 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     result = session.train(on_step=bar.update, progress=bar)
     peak_mb = read_status().vm_hwm / 2**20
     if adapter_out is not None:
-        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest.model.source)
+        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest.model.source,
+                     replace=force or resume)
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.info.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
            **({} if held is None else {"evals": session.evals}))

@@ -31,8 +31,10 @@ LAYER = "{layer}"  # placeholder in the manifest's per-layer names, replaced by 
 
 def sha256_file(path: Path) -> str:
     """The hex sha256 of a file, read in 1 MiB blocks (the digests of the manifest's `files`)."""
+    from toolchain.inputs import open_input
+
     h = hashlib.sha256()
-    with Path(path).open("rb") as f:
+    with open_input(Path(path)) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

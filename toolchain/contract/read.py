@@ -18,6 +18,7 @@ inside the model's, seq_len within the model's positions.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ def manifest_path(program: Path) -> Path:
         BadInput: no manifest.json in `program`.
     """
     path = Path(program) / MANIFEST_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):     # a FIFO or a link loop: refused when read (toolchain.inputs)
         raise BadInput(f"{program} is not an exported program (no {MANIFEST_NAME}); run `toolchain export` first")
     return path
 
@@ -160,7 +161,7 @@ def read_text_fields(program: Path) -> ProgramTextFields:
     """
     program = Path(program)
     path = program / MANIFEST_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise BadInput(f"{program} is not a program directory (no {MANIFEST_NAME}); run `toolchain export` first")
     try:
         doc = _document(path)

@@ -18,13 +18,13 @@ from toolchain.export.program import ProgramSpec, layer_state_inputs, method_spe
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
-from toolchain.mesp.ops.half import half_compute
-from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, fused_int4, with_chunk_rows
+from toolchain.mesp.ops.compute import Compute
+from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, with_chunk_rows
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.weights import LayerWeights
 from toolchain.optim import update_tensor
 
-__all__ = ["method_module", "example_inputs"]
+__all__ = ["method_module", "method_compute", "example_inputs"]
 
 
 def _matrix(ins: dict[str, Tensor], name: str, bits: int, executorch: bool) -> Tensor | QuantWeight:
@@ -72,56 +72,68 @@ def _update(spec: ProgramSpec, ins: dict[str, Tensor], grads: dict[str, LoraPair
     return tuple(new[s.name] for s in layer_state_inputs(spec, state_roles(o)))
 
 
-def _embed(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _embed(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute) -> tuple[Tensor, ...]:
     ids = ins.get("input_ids", ins.get("tokens", ins.get("token")))
     return (embedding_rows(_matrix(ins, "embed", spec.quant.bits, executorch), ids),)
 
 
-def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _block_params(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute) -> BlockParams:
+    return BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, spec.arch,
+                       compute)
+
+
+def _block_forward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
+                   ) -> tuple[Tensor, ...]:
     x = ins["x"]
-    p = BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    p = _block_params(spec, ins, executorch, compute)
     return (block_forward(x, p, _rope(spec, x.dtype), spec.options.mlp_chunk),)
 
 
-def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _head_loss(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute) -> tuple[Tensor, ...]:
     chunks = _head_chunks(ins, spec.quant.bits, executorch)
     head = _matrix(ins, "head", spec.quant.bits, executorch)
     loss, dx = head_loss_and_grad(ins["x"], ins["final_norm"], head, ins["labels"], spec.arch.rms_eps,
-                                  spec.options, head_chunks=chunks if spec.options.vocab_chunk else None)
+                                  spec.options, head_chunks=chunks if spec.options.vocab_chunk else None,
+                                  compute=compute)
     return loss.reshape(1), dx
 
 
-def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
+                    ) -> tuple[Tensor, ...]:
     x = ins["x"]
-    p = BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, spec.arch)
+    p = _block_params(spec, ins, executorch, compute)
     dx, grads = block_backward(ins["dout"], x, p, _rope(spec, x.dtype), spec.options.mlp_chunk)
     return (dx,) + _update(spec, ins, grads)
 
 
-def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
+                       ) -> tuple[Tensor, ...]:
     return _update(spec, ins, None)
 
 
-def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _block_decode(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
+                  ) -> tuple[Tensor, ...]:
     x, arch = ins["x"], spec.arch
-    p = BlockParams(_layer_weights(spec, ins, executorch), _layer_lora(spec, ins), spec.lora.scale, arch)
+    p = _block_params(spec, ins, executorch, compute)
     rope = decode_rope(ins["pos"], x.shape[0], arch.head_dim, arch.rope_theta, x.dtype, arch.rope_inv_freq())
     return block_decode(x, ins["pos"], ins["k_cache"], ins["v_cache"], p, rope)
 
 
-def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
+def _head_logits(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
+                 ) -> tuple[Tensor, ...]:
     chunks = _head_chunks(ins, spec.quant.bits, executorch) or [_matrix(ins, "head", spec.quant.bits, executorch)]
-    return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps),)
+    return (head_logits(ins["x"], ins["final_norm"], chunks, spec.arch.rms_eps, compute),)
 
 
-_Body = Callable[[ProgramSpec, dict[str, Tensor], bool], tuple[Tensor, ...]]   # (spec, inputs, executorch)
+# a method body: (spec, inputs, executorch, compute) -> outputs
+_Body = Callable[[ProgramSpec, dict[str, Tensor], bool, Compute], tuple[Tensor, ...]]
 
 
-def _fused(body: _Body) -> _Body:
-    def run(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool) -> tuple[Tensor, ...]:
-        with fused_int4():
-            return body(spec, ins, executorch)
-    return run
+def method_compute(spec: ProgramSpec, method: MethodSpec) -> Compute:
+    """How `method` computes: --compute fp16 in the training methods' frozen-weight matmuls (mesp/ops/half.py;
+    generation stays float32), and the native kernels' ops in the methods that list kernels (the `_fused` ones)."""
+    half = spec.compute == "fp16" and method.role not in GENERATION_ROLES
+    return Compute(precision="fp16" if half else "fp32", fused=bool(method.kernels))
 
 
 _BODIES: dict[str, _Body] = {
@@ -140,14 +152,10 @@ class _Method(nn.Module):
         super().__init__()
         self.spec, self.method, self.executorch = spec, method, executorch
         self.names = [i.name for i in method.inputs]
+        self.compute = method_compute(spec, method)
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        body = _BODIES[self.method.role]
-        if self.method.kernels:
-            body = _fused(body)
-        # --compute fp16: the training methods' frozen-weight matmuls in float16 (mesp/ops/half.py)
-        with half_compute(self.spec.compute == "fp16" and self.method.role not in GENERATION_ROLES):
-            return body(self.spec, dict(zip(self.names, inputs)), self.executorch)
+        return _BODIES[self.method.role](self.spec, dict(zip(self.names, inputs)), self.executorch, self.compute)
 
 
 def method_module(spec: ProgramSpec, name: str, *, executorch: bool = False) -> nn.Module:

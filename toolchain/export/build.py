@@ -126,7 +126,7 @@ def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:
 
 def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: LoraConfig, lora: LoraWeights,
                    spec: ExportSpec, out: Path, *, on_stage: Callable[[str], None] | None = None,
-                   on_tensor: Callable[[str, int, int], None] | None = None) -> Manifest:
+                   on_tensor: Callable[[str, int, int], None] | None = None, replace: bool = False) -> Manifest:
     """Run the pipeline; returns the manifest written to `out/manifest.json`.
 
     Args:
@@ -134,6 +134,7 @@ def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: L
             the export then never holds the whole model; the same weights file either way).
         on_stage: called with each stage's name.
         on_tensor: called after each model tensor is written (`write_weights_streamed`).
+        replace: replace a non-empty `out` (the command's --force; `atomic_dir`). Default: refuse it.
 
     Raises:
         BadInput: invalid spec for this model (checked before any work).
@@ -141,7 +142,7 @@ def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: L
     spec.check(arch)
     note = on_stage or (lambda _s: None)
     pspec = spec.program_spec(arch, cfg)
-    with atomic_dir(Path(out)) as tmp:
+    with atomic_dir(Path(out), replace=replace) as tmp:
         note("write weights")
         source = weights if isinstance(weights, WeightSource) else InMemorySource(arch, weights)
         write_weights_streamed(tmp / WEIGHTS_NAME, source, spec.quant, on_tensor=on_tensor)
@@ -158,4 +159,5 @@ def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: L
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = build_manifest(spec, pspec, artifacts, tmp, files)
         write_manifest(tmp / MANIFEST_NAME, manifest)
+        source.check_unchanged()       # a shard replaced or rewritten while read: no output (models/shards.py)
     return manifest

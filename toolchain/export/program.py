@@ -47,10 +47,8 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.mesp.decode import ATTENTION_DECODE_OP
-from toolchain.mesp.decode_ops import DECODE_OPS
+from toolchain.mesp.kernels import executorch_ops
 from toolchain.mesp.ops.half import COMPUTE_CHOICES
-from toolchain.mesp.ops.quant import INT4_LINEAR_OP
 from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
 
@@ -68,9 +66,9 @@ QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # in the blocks also the attention over the KV cache and the small ops of mesp/decode_ops.py, RMSNorm in the
 # head too): a runtime that has them registered runs them, any other
 # the stock methods (slower; float activations, so the logits differ by the activations' int8 rounding).
-# Every fused method lists the whole library's kernels (head_logits_fused calls only the first): a runtime
-# has all of them or none.
-FUSED_KERNELS = (INT4_LINEAR_OP + ".out", ATTENTION_DECODE_OP + ".out") + tuple(op + ".out" for op in DECODE_OPS)
+# Every fused method lists the whole library's kernels (head_logits_fused calls two of them: the table's
+# `methods`): a runtime has all of them or none.
+FUSED_KERNELS = executorch_ops()   # the native kernels' table, mesp/kernels.py
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,16 @@ class StepPlan:
     warmup: int = 0
 
     def __post_init__(self) -> None:
+        # JSON Schema's "integer" takes 1.0 (and a plan file may hold true): every index an int, or one BadInput
+        for name in ("layers", "k"):
+            if type(getattr(self, name)) is not int:
+                raise BadInput(f"`{name}` must be an integer, got {getattr(self, name)!r}")
+        if self.seed is not None and type(self.seed) is not int:
+            raise BadInput(f"`seed` must be an integer or null, got {self.seed!r}")
+        for where, values in [*((f"phase {i}", p) for i, p in enumerate(self.phases)), ("schedule", self.schedule)]:
+            wrong = [v for v in values if type(v) is not int]
+            if wrong:
+                raise BadInput(f"{where} holds {wrong[0]!r}; layer and phase indices must be integers")
         if type(self.warmup) is not int or self.warmup < 0:
             raise BadInput(f"`warmup` must be an integer >= 0 (full-backprop steps before the plan), got "
                            f"{self.warmup!r}")

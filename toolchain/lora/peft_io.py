@@ -7,6 +7,7 @@ so an adapter saved here loads with `PeftModel.from_pretrained` and vice versa.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -86,11 +87,13 @@ def peft_config_dict(cfg: LoraConfig, *, base_model: str | None = None) -> dict:
     return json.loads(json.dumps(d, default=list))
 
 
-def save_adapter(path: Path, cfg: LoraConfig, lora: LoraWeights, *, base_model: str | None = None) -> Path:
-    """Write a PEFT adapter directory atomically. Tensors are saved contiguous, as they are (dtype kept)."""
+def save_adapter(path: Path, cfg: LoraConfig, lora: LoraWeights, *, base_model: str | None = None,
+                 replace: bool = False) -> Path:
+    """Write a PEFT adapter directory atomically. Tensors are saved contiguous, as they are (dtype kept).
+    An existing non-empty `path` is refused unless `replace` (the command's --force)."""
     from safetensors.torch import save_file
 
-    with atomic_dir(Path(path)) as tmp:
+    with atomic_dir(Path(path), replace=replace) as tmp:
         (tmp / CONFIG_NAME).write_text(json.dumps(peft_config_dict(cfg, base_model=base_model), indent=2, sort_keys=True))
         save_file({k: v.detach().contiguous() for k, v in lora_state_dict(lora).items()}, str(tmp / WEIGHTS_NAME),
                   metadata={"format": "pt"})
@@ -134,14 +137,17 @@ def load_adapter(path: Path, arch: ModelArch, *, dtype: torch.dtype = torch.floa
 
     path = Path(path)
     cfg_path, w_path = path / CONFIG_NAME, path / WEIGHTS_NAME
-    if not cfg_path.is_file():
+    if not os.path.lexists(cfg_path):         # a FIFO or a link loop is there: refused when read (toolchain.inputs)
         raise MissingWeights(f"adapter directory {str(path)!r} has no {CONFIG_NAME}")
-    if not w_path.is_file():
+    if not os.path.lexists(w_path):
         raise MissingWeights(f"adapter directory {str(path)!r} has no {WEIGHTS_NAME}")
     doc = read_json(cfg_path)       # strict: UTF-8, no NaN / 1e400 / 30-digit integers, bounded nesting
     if not isinstance(doc, dict):
         raise BadInput(f"{cfg_path} is not a JSON object")
     cfg = _config_from_peft(doc, cfg_path)
+    from toolchain.inputs import check_input
+
+    check_input(w_path, dir_ok=False)
     try:
         sd = load_file(str(w_path))
     except (SafetensorError, OSError) as e:

@@ -36,6 +36,7 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 head_norm_forward, linear_backward, linear_forward, rmsnorm_backward,
                                 rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
+from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
 from toolchain.models.presets import ModelArch
@@ -45,12 +46,14 @@ __all__ = ["BlockParams", "block_forward", "block_backward", "block_rope"]
 
 
 class BlockParams(NamedTuple):
-    """Everything a block needs besides its input: frozen weights, its LoRA pairs, static config."""
+    """Everything a block needs besides its input: frozen weights, its LoRA pairs, static config, and how its
+    frozen-weight matmuls compute (ops/compute.py: fp16, or the fused generation ops)."""
 
     weights: LayerWeights
     lora: dict[str, LoraPair]   # target -> pair; absent targets are not adapted
     scale: float
     arch: ModelArch
+    compute: Compute = FP32
 
 
 def block_rope(arch: ModelArch, positions: Tensor, dtype: torch.dtype) -> RopeTables:
@@ -112,15 +115,15 @@ def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor
     w, arch = p.weights, p.arch
     mask = causal_mask(x.shape[0], x.device)
     n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
-    q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)[0]
-    k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)[0]
-    v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)[0]
+    q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale, p.compute)[0]
+    k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale, p.compute)[0]
+    v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale, p.compute)[0]
     del n1
     q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
     k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
     v = _heads(v, arch.kv_heads)
     o = _unheads(_attention_by_head(q, k, v, mask))
-    ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)[0]
+    ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute)[0]
     return x + ao, _AttentionKept(q, k, v, o, mask, sq, sk)
 
 
@@ -158,18 +161,20 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
     hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
     # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
-    n2c, wg, wu, wd = to_compute(n2), compute_weight(w.gate_proj), compute_weight(w.up_proj), compute_weight(w.down_proj)
+    c = p.compute
+    n2c = to_compute(n2, c)
+    wg, wu, wd = compute_weight(w.gate_proj, c), compute_weight(w.up_proj, c), compute_weight(w.down_proj, c)
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
-        g = from_compute(F.linear(n2c, dense_rows(wg, a, b)))        # [T, C]
-        u = from_compute(F.linear(n2c, dense_rows(wu, a, b)))        # [T, C]
+        g = from_compute(F.linear(n2c, dense_rows(wg, a, b)), c)     # [T, C]
+        u = from_compute(F.linear(n2c, dense_rows(wu, a, b)), c)     # [T, C]
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
         act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
         del g, u
-        part = from_compute(F.linear(to_compute(act), dense_cols(wd, a, b)))  # [T, d]
+        part = from_compute(F.linear(to_compute(act, c), dense_cols(wd, a, b)), c)  # [T, d]
         out = part if out is None else out + part
         del part
         if ld is not None:
@@ -210,15 +215,16 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     dn2, hd, dhg, dhu = None, None, None, None
     dbg, dbu, dad = [], [], []
     # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
-    n2c, doutc = to_compute(n2), to_compute(dout)
-    wgq, wuq, wdq = compute_weight(w.gate_proj), compute_weight(w.up_proj), compute_weight(w.down_proj)
+    cp = p.compute
+    n2c, doutc = to_compute(n2, cp), to_compute(dout, cp)
+    wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
     for a, b in _f_chunks(p, mlp_chunk):
-        da = from_compute(doutc @ dense_cols(wdq, a, b))             # [T, C]: Wd's chunk dies before Wg's, Wu's
+        da = from_compute(doutc @ dense_cols(wdq, a, b), cp)         # [T, C]: Wd's chunk dies before Wg's, Wu's
         if ld is not None:
             ad = ld.a[:, a:b]                                        # [r, C]
             da = da + dhd @ ad
         wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)        # [C, d], read once for both uses
-        g, u = from_compute(F.linear(n2c, wg)), from_compute(F.linear(n2c, wu))  # [T, C] recomputed
+        g, u = from_compute(F.linear(n2c, wg), cp), from_compute(F.linear(n2c, wu), cp)  # [T, C] recomputed
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
@@ -231,7 +237,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         del act
         sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
-        part = from_compute(to_compute(sw.dg) @ wg) + from_compute(to_compute(sw.du) @ wu)  # [T, d]
+        part = from_compute(to_compute(sw.dg, cp) @ wg, cp) + from_compute(to_compute(sw.du, cp) @ wu, cp)  # [T, d]
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu
@@ -270,7 +276,7 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     x1, kept = _attention_half(x, p, rope)
     dx1 = _mlp_backward(dout, x1, p, mlp_chunk, grads)
     del x1
-    go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale))
+    go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale), p.compute)
     _add_grad(grads, "o_proj", go.lora)
     ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
     norms = {"q": kept.q_norm, "k": kept.k_norm}                                  # None without q/k norms
@@ -283,9 +289,9 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
         dy = rope_backward(dy, rope)                                 # [n, T, D]
         return _unheads(dy if norms[which] is None else head_norm_backward(dy, norms[which]))
 
-    gq = linear_backward(dproj(ga.dq, "q"), saved("q_proj", w.q_proj))
-    gk = linear_backward(dproj(ga.dk, "k"), saved("k_proj", w.k_proj))
-    gv = linear_backward(_unheads(ga.dv), saved("v_proj", w.v_proj))
+    gq = linear_backward(dproj(ga.dq, "q"), saved("q_proj", w.q_proj), p.compute)
+    gk = linear_backward(dproj(ga.dk, "k"), saved("k_proj", w.k_proj), p.compute)
+    gv = linear_backward(_unheads(ga.dv), saved("v_proj", w.v_proj), p.compute)
     del ga
     for name, g in (("q_proj", gq), ("k_proj", gk), ("v_proj", gv)):
         _add_grad(grads, name, g.lora)

@@ -26,11 +26,13 @@ which is Qwen2's causal softmax attention at positions pos .. pos + C - 1 (`atte
 of the native kernel `toolchain::attention_decode`). Projections go through `linear_forward` whole (no MLP
 chunks: C rows are small).
 
-Within `quant.fused_int4()` (the fused methods of int4 programs) the block is 14 operator calls instead of ~170
-portable ops: each projection with its bias, LoRA pair and residual add one `toolchain::lora_linear_a8` (the
-packed int4 weight read once, x rounded to int8 per group), RMSNorm, SwiGLU and RoPE with the heads' split one
-call each (`decode_ops.py`, the RoPE tables computed in the call from `pos`), and the attention one
-`toolchain::attention_decode`; the head's RMSNorm one `toolchain::rms_norm`.
+With a fused `Compute` (ops/compute.py, `BlockParams.compute`: the fused methods of int4 programs) the block is
+14 operator calls instead of ~170 portable ops: each projection with its bias, LoRA pair and residual add one
+`toolchain::lora_linear_a8` (the packed int4 weight read once, x rounded to int8 per group), RMSNorm, SwiGLU and
+RoPE with the heads' split one call each (`decode_ops.py`, the RoPE tables computed in the call from `pos`), and
+the attention one `toolchain::attention_decode`; the head's RMSNorm one `toolchain::rms_norm`. The ops are those
+of the native kernels' table (mesp/kernels.py, which registers them with PyTorch when `toolchain.mesp` is
+imported).
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
-from toolchain.mesp import decode_ops  # noqa: F401  (registers the fused methods' small ops)
 from toolchain.mesp.block import BlockParams
 from toolchain.mesp.ops import RopeTables, linear_forward, rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
-from toolchain.mesp.ops.quant import QuantWeight, fused_enabled, matmul_xwt
+from toolchain.mesp.ops.compute import FP32, Compute
+from toolchain.mesp.ops.quant import QuantWeight, matmul_xwt
 
-__all__ = ["block_decode", "head_logits", "decode_rope", "attention_with_cache", "ATTENTION_DECODE_OP"]
+__all__ = ["block_decode", "head_logits", "decode_rope", "attention_with_cache"]
 
 
 def _heads(x: Tensor, n: int) -> Tensor:
@@ -69,11 +71,11 @@ def _qk_heads(x: Tensor, n: int, norm: Tensor | None, eps: float, rope: RopeTabl
 
 
 def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
-    w, s = p.weights, p.scale
+    w, s, c = p.weights, p.scale, p.compute
     n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
-    g, _ = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), s)     # [C, f]
-    u, _ = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), s)         # [C, f]
-    down, _ = linear_forward(swiglu_forward(g, u)[0], w.down_proj, None, p.lora.get("down_proj"), s)
+    g, _ = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), s, c)  # [C, f]
+    u, _ = linear_forward(n2, w.up_proj, None, p.lora.get("up_proj"), s, c)      # [C, f]
+    down, _ = linear_forward(swiglu_forward(g, u)[0], w.down_proj, None, p.lora.get("down_proj"), s, c)
     return down                                                                  # [C, d]
 
 
@@ -135,20 +137,20 @@ def block_decode(x: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, p: Bl
     Returns:
         out [C, d], and the tokens' k (after RoPE) and v [Hk, C, D], to be written at rows pos .. pos + C - 1.
     """
-    if fused_enabled() and isinstance(p.weights.q_proj, QuantWeight) and p.weights.q_proj.bits == 4:
+    if p.compute.fused and isinstance(p.weights.q_proj, QuantWeight) and p.weights.q_proj.bits == 4:
         return _block_decode_fused(x, pos, k_cache, v_cache, p, rope)
     w, arch = p.weights, p.arch
     h, hk, dh = arch.heads, arch.kv_heads, arch.head_dim
     c = dh ** -0.5
     n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
-    q, _ = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale)
-    k, _ = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale)
-    v, _ = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale)
+    q, _ = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale, p.compute)
+    k, _ = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale, p.compute)
+    v, _ = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale, p.compute)
     q = _qk_heads(q, h, w.q_norm, arch.rms_eps, rope)                 # [H, C, D]
     k = _qk_heads(k, hk, w.k_norm, arch.rms_eps, rope)                # [Hk, C, D]
     v = _heads(v, hk)                                                 # [Hk, C, D]
     o = attention_with_cache(q, k, v, k_cache, v_cache, pos, c)       # [C, H*D]
-    ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale)
+    ao, _ = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute)
     x1 = x + ao
     return x1 + _mlp(x1, p), k, v
 
@@ -178,34 +180,10 @@ def attention_with_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cac
     return torch.cat(outs).transpose(0, 1).reshape(n, -1)             # heads in order: [C, H*D]
 
 
-def _register_attention_decode() -> torch.library.Library:
-    """`toolchain::attention_decode` and its out variant (the native kernel's, toolchain/native), with
-    `attention_with_cache` as their CPU implementation and shapes for tracing."""
-    lib = torch.library.Library("toolchain", "FRAGMENT")
-    lib.define("attention_decode(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos, "
-               "float scale) -> Tensor")
-    lib.define("attention_decode.out(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos, "
-               "float scale, *, Tensor(a!) out) -> Tensor(a!)")
-
-    def out_variant(q, k, v, k_cache, v_cache, pos, scale, *, out):
-        out.copy_(attention_with_cache(q, k, v, k_cache, v_cache, pos, scale))
-        return out
-
-    def shape_only(q, k, v, k_cache, v_cache, pos, scale):
-        return q.new_empty((q.shape[1], q.shape[0] * q.shape[2]))
-
-    lib.impl("attention_decode", attention_with_cache, "CompositeExplicitAutograd")
-    lib.impl("attention_decode.out", out_variant, "CompositeExplicitAutograd")
-    lib.impl("attention_decode", shape_only, "Meta")
-    return lib
-
-
-_OPS_LIBRARY = _register_attention_decode()
-ATTENTION_DECODE_OP = "toolchain::attention_decode"
-
-
-def head_logits(x: Tensor, final_norm: Tensor, head_chunks: list[Tensor | QuantWeight], eps: float) -> Tensor:
+def head_logits(x: Tensor, final_norm: Tensor, head_chunks: list[Tensor | QuantWeight], eps: float,
+                compute: Compute = FP32) -> Tensor:
     """Logits [V] of one position x [1, d]: final RMSNorm, then the LM head chunk by chunk (each chunk
-    E_j [Vc, d] read in place: `linear`, or int4 `matmul_xwt`), concatenated."""
-    hn = torch.ops.toolchain.rms_norm(x, final_norm, eps) if fused_enabled() else rmsnorm_forward(x, final_norm, eps)[0]
-    return torch.cat([matmul_xwt(hn, e) for e in head_chunks], dim=1).reshape(-1)
+    E_j [Vc, d] read in place: `linear`, or int4 `matmul_xwt`), concatenated. A fused `compute`: the norm is
+    `toolchain::rms_norm`, an int4 chunk `toolchain::int4_linear_a8`."""
+    hn = torch.ops.toolchain.rms_norm(x, final_norm, eps) if compute.fused else rmsnorm_forward(x, final_norm, eps)[0]
+    return torch.cat([matmul_xwt(hn, e, compute) for e in head_chunks], dim=1).reshape(-1)

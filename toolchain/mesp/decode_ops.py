@@ -11,9 +11,9 @@ dispatch over a few thousand floats: ~6.5 ms of a token's ~29 ms, docs/benchmark
   toolchain::swiglu(g, u)                            silu(g) * u (`swiglu_forward`)
 
 Each op's PyTorch implementation below is its definition: the stock graph it replaces, what eager generation
-runs (`fused_int4()`), and the reference the native kernels (toolchain/native/kernels.cpp) are tested against;
-the kernels agree with it to float32 rounding (their sums run in their own order). The ops are registered with
-PyTorch when this module is imported.
+runs (a fused `Compute`), and the reference the native kernels (toolchain/native/kernels.cpp) are tested against;
+the kernels agree with it to float32 rounding (their sums run in their own order). The ops' schemas, shapes and
+registration with PyTorch are the native kernels' table, mesp/kernels.py.
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ from torch import Tensor
 from toolchain.mesp.ops import rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
 from toolchain.mesp.ops.quant import int4_linear_a8_reference
 
-__all__ = ["rms_norm_reference", "lora_linear_a8_reference", "rope_heads_reference", "swiglu_reference",
-           "DECODE_OPS"]
-
-DECODE_OPS = ("toolchain::rms_norm", "toolchain::lora_linear_a8", "toolchain::rope_heads", "toolchain::swiglu")
+__all__ = ["rms_norm_reference", "lora_linear_a8_reference", "rope_heads_reference", "swiglu_reference"]
 
 
 def rms_norm_reference(x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -57,31 +54,3 @@ def rope_heads_reference(x: Tensor, pos: Tensor, heads: int, theta: float) -> Te
 
 def swiglu_reference(g: Tensor, u: Tensor) -> Tensor:
     return swiglu_forward(g, u)[0]
-
-
-def _register() -> torch.library.Library:
-    lib = torch.library.Library("toolchain", "FRAGMENT")
-    schemas = {
-        "rms_norm": ("Tensor x, Tensor w, float eps", rms_norm_reference, lambda x, w, eps: torch.empty_like(x)),
-        "lora_linear_a8": ("Tensor x, Tensor qweight, Tensor scales, int group, Tensor? bias, Tensor? lora_a, "
-                           "Tensor? lora_b, float lora_scale, Tensor? residual", lora_linear_a8_reference,
-                           lambda x, qweight, *rest: x.new_empty((x.shape[0], qweight.shape[0]))),
-        "rope_heads": ("Tensor x, Tensor pos, int heads, float theta", rope_heads_reference,
-                       lambda x, pos, heads, theta: x.new_empty((heads, x.shape[0], x.shape[1] // heads))),
-        "swiglu": ("Tensor g, Tensor u", swiglu_reference, lambda g, u: torch.empty_like(g)),
-    }
-    for name, (args, reference, shape) in schemas.items():
-        lib.define(f"{name}({args}) -> Tensor")
-        lib.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
-
-        def out_variant(*a, out, _reference=reference, **kw):
-            out.copy_(_reference(*a, **kw))
-            return out
-
-        lib.impl(name, reference, "CompositeExplicitAutograd")
-        lib.impl(f"{name}.out", out_variant, "CompositeExplicitAutograd")
-        lib.impl(name, shape, "Meta")
-    return lib
-
-
-_OPS_LIBRARY = _register()

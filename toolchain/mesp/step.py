@@ -33,6 +33,7 @@ from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.ops import (ce_chunked_forward_backward, ce_chunked_loss, ce_online_forward_backward,
                                 ce_online_loss, rmsnorm_backward, rmsnorm_forward, shift_labels)
+from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
@@ -95,42 +96,45 @@ class StepResult(NamedTuple):
     grads: LoraWeights    # per layer; empty dicts for layers outside `backward_layers`
 
 
-def block_params(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, i: int) -> BlockParams:
-    return BlockParams(weights.layers[i], lora[i], cfg.scale, arch)
+def block_params(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, i: int,
+                 compute: Compute = FP32) -> BlockParams:
+    return BlockParams(weights.layers[i], lora[i], cfg.scale, arch, compute)
 
 
-def _forward_checkpoints(arch, weights, cfg, lora, input_ids, *, rope, mlp_chunk,
-                         keep: set[int]) -> tuple[list[Tensor | None], Tensor]:
+def _forward_checkpoints(arch, weights, cfg, lora, input_ids, *, rope, mlp_chunk, keep: set[int],
+                         compute: Compute) -> tuple[list[Tensor | None], Tensor]:
     """The forward, keeping the input of every layer in `keep` (the layers the backward will recompute;
     the others' inputs die as the forward moves on: under LCSB k of L checkpoints are held)."""
     x = embedding_rows(weights.embed, input_ids)                      # [T, d]
     checkpoints: list[Tensor | None] = []
     for i in range(arch.layers):
         checkpoints.append(x if i in keep else None)
-        x = block_forward(x, block_params(arch, weights, cfg, lora, i), rope, mlp_chunk)
+        x = block_forward(x, block_params(arch, weights, cfg, lora, i, compute), rope, mlp_chunk)
     return checkpoints, x
 
 
 def _loss_and_dh(hn: Tensor, head: Tensor | QuantWeight, targets: Tensor, options: StepOptions,
-                 chunks: list[Tensor | QuantWeight] | None):
+                 chunks: list[Tensor | QuantWeight] | None, compute: Compute):
     if options.vocab_chunk is None:
         return ce_chunked_forward_backward(hn, dense(head), targets, options.loss_chunk)
-    return ce_online_forward_backward(hn, head, targets, options.loss_chunk, options.vocab_chunk, chunks=chunks)
+    return ce_online_forward_backward(hn, head, targets, options.loss_chunk, options.vocab_chunk, chunks=chunks,
+                                      compute=compute)
 
 
 def head_loss_and_grad(x: Tensor, final_norm: Tensor, head: Tensor, labels: Tensor, eps: float,
                        options: StepOptions = StepOptions(), *,
-                       head_chunks: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                       head_chunks: list[Tensor] | None = None, compute: Compute = FP32) -> tuple[Tensor, Tensor]:
     """Final RMSNorm, LM head and mean next-token cross-entropy, with the gradient back to x.
 
     Args:
         x: [T, d] output of the last block; labels: [T] HF-style (shifted inside).
         head_chunks: the head's vocabulary chunks, when the caller passes them (see ce_online.head_chunks).
+        compute: the LM head matmuls' precision (ops/compute.py; the online cross-entropy's). Default: float32.
     Returns:
         loss [] and dx [T, d].
     """
     hn, s_fn = rmsnorm_forward(x, final_norm, eps)
-    loss, dhn = _loss_and_dh(hn, head, shift_labels(labels), options, head_chunks)
+    loss, dhn = _loss_and_dh(hn, head, shift_labels(labels), options, head_chunks, compute)
     del hn
     return loss, rmsnorm_backward(dhn, s_fn)
 
@@ -138,7 +142,7 @@ def head_loss_and_grad(x: Tensor, final_norm: Tensor, head: Tensor, labels: Tens
 def mesp_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,
               labels: Tensor, *, options: StepOptions = StepOptions(), backward_layers: Iterable[int] | None = None,
               on_layer_grads: LayerGradsHook | None = None, keep_grads: bool = True,
-              layers_per_checkpoint: int = 1) -> StepResult:
+              layers_per_checkpoint: int = 1, compute: Compute = FP32) -> StepResult:
     """Loss and exact LoRA gradients of one sequence, MeSP-style.
 
     Args:
@@ -152,6 +156,8 @@ def mesp_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lor
             gradients are ever alive; the result's `grads` are then all empty dicts. Default: True.
         layers_per_checkpoint: keep the input of every s-th selected layer only and recompute the others
             a group at a time (module docstring); 1 keeps every selected layer's input. Default: 1.
+        compute: how the frozen-weight matmuls compute (ops/compute.py: fp16 as `--compute fp16` programs do).
+            Default: float32.
 
     Returns:
         The loss and, per layer, its LoRA gradients (the hook may have consumed them already).
@@ -161,8 +167,9 @@ def mesp_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lor
     selected = sorted(set(range(arch.layers)) if backward_layers is None else set(backward_layers))
     groups = checkpoint_groups(selected, layers_per_checkpoint)
     checkpoints, x = _forward_checkpoints(arch, weights, cfg, lora, input_ids, rope=rope,
-                                          mlp_chunk=options.mlp_chunk, keep={g[0] for g in groups})
-    loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, labels, arch.rms_eps, options)
+                                          mlp_chunk=options.mlp_chunk, keep={g[0] for g in groups}, compute=compute)
+    loss, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, labels, arch.rms_eps, options,
+                                  compute=compute)
     del x
     grads: list[dict[str, LoraPair]] = [{} for _ in range(arch.layers)]
     for group in reversed(groups):
@@ -170,13 +177,13 @@ def mesp_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lor
         checkpoints[group[0]] = None  # the group's inputs are dead after its backward
         x = inputs[group[0]]
         for j in range(group[0], group[-1]):  # rerun the forward up to the group's last layer
-            x = block_forward(x, block_params(arch, weights, cfg, lora, j), rope, options.mlp_chunk)
+            x = block_forward(x, block_params(arch, weights, cfg, lora, j, compute), rope, options.mlp_chunk)
             if j + 1 in group:
                 inputs[j + 1] = x
         del x
         # layers between selected ones are identity in backward (LCSB stop-gradient surrogate)
         for i in reversed(group):
-            dx, g = block_backward(dx, inputs.pop(i), block_params(arch, weights, cfg, lora, i), rope,
+            dx, g = block_backward(dx, inputs.pop(i), block_params(arch, weights, cfg, lora, i, compute), rope,
                                    options.mlp_chunk)
             if on_layer_grads is not None:
                 on_layer_grads(i, g)

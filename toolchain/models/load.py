@@ -4,7 +4,6 @@ preset (no download ever happens)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -78,65 +77,67 @@ def _cached_checkpoint(preset: str) -> Path:
 
 
 def arch_from_hf_config(cfg: dict) -> ModelArch:
-    """Map a `config.json` dict (model_type qwen2, qwen3 or llama) to `ModelArch`.
+    """Map a `config.json` dict (model_type qwen2, qwen3 or llama) to `ModelArch`, every field checked against
+    what the step computes (models/hf_config.py: an allow-list per family); an absent field takes the Hugging
+    Face config class's default.
 
     Raises:
-        BadInput: another model_type (the message names the supported ones), a missing field, or a feature
-            this toolchain does not compute (o_proj / MLP biases, a rope type other than default / llama3).
+        BadInput: not a JSON object, another model_type (the message names the supported ones), a missing size,
+            or a field the step does not compute as Hugging Face does (named with its value).
     """
+    from toolchain.models.hf_config import check_config, field_value, rope_settings
+
+    if not isinstance(cfg, dict):
+        raise BadInput(f"config.json is a JSON {type(cfg).__name__ if cfg is not None else 'null'}, not an object")
     fam = family_for_model_type(cfg.get("model_type"))
-    for flag in ("attention_bias", "mlp_bias"):
-        if not fam.qkv_bias and cfg.get(flag):
-            raise BadInput(f"config.json sets {flag}: true; {fam.name} models are supported without biases")
+    check_config(cfg, fam.name)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if cfg.get(key) is None:
+            raise BadInput(f"config.json lacks {key!r}")
+    get = lambda name: field_value(cfg, fam.name, name)  # noqa: E731
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", get("num_key_value_heads"))
+    rope = rope_settings(cfg, fam.name)
+    scaling = None
+    if rope["rope_type"] == "llama3":
+        scaling = RopeScaling(factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+                              high_freq_factor=float(rope["high_freq_factor"]),
+                              original_max_positions=rope["original_max_position_embeddings"])
     try:
-        heads = cfg["num_attention_heads"]
-        return ModelArch(
-            family=fam.name, hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or None,
-            intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-            max_positions=cfg.get("max_position_embeddings", 32768), rms_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(cfg), rope_scaling=_rope_scaling(cfg),
-            tie_embeddings=cfg.get("tie_word_embeddings", False),
-        )
-    except KeyError as e:
-        raise BadInput(f"config.json lacks {e.args[0]!r}") from None
+        return _arch(fam, cfg, get, heads, kv_heads, rope, scaling)
+    except BadInput as e:          # a relation between fields (divisibility): named as config.json names them
+        msg = str(e)
+        for ours, theirs in _CONFIG_NAMES.items():
+            msg = msg.replace(f"`{ours}`", f"{theirs}")
+        raise BadInput(f"config.json: {msg}") from None
 
 
-def _rope_params(cfg: dict) -> dict:
-    # transformers 5 writes rope settings under `rope_parameters`; older files have `rope_theta` and
-    # `rope_scaling` (null for plain RoPE).
-    return {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
+_CONFIG_NAMES = {"hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
+                 "layers": "num_hidden_layers", "intermediate": "intermediate_size", "vocab": "vocab_size",
+                 "max_positions": "max_position_embeddings"}
 
 
-def _rope_theta(cfg: dict) -> float:
-    return float(_rope_params(cfg).get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
-def _rope_scaling(cfg: dict) -> RopeScaling | None:
-    params = _rope_params(cfg)
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise BadInput(f"rope type {kind!r} is not supported (only the default rotary embedding and llama3)")
-    try:
-        return RopeScaling(factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
-                           high_freq_factor=float(params["high_freq_factor"]),
-                           original_max_positions=int(params["original_max_position_embeddings"]))
-    except KeyError as e:
-        raise BadInput(f"config.json's llama3 rope scaling lacks {e.args[0]!r}") from None
+def _arch(fam, cfg, get, heads, kv_heads, rope, scaling) -> ModelArch:
+    return ModelArch(
+        family=fam.name, hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
+        kv_heads=heads if kv_heads is None else kv_heads, head_dim=get("head_dim"),
+        intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+        max_positions=get("max_position_embeddings"), rms_eps=float(get("rms_norm_eps")),
+        rope_theta=float(rope["rope_theta"]), rope_scaling=scaling,
+        tie_embeddings=get("tie_word_embeddings"),
+    )
 
 
 def checkpoint_source(path: Path) -> tuple[ModelArch, CheckpointSource]:
     """A Hugging Face checkpoint directory (config.json + *.safetensors) as an architecture and a source."""
     if not path.is_dir():
         raise BadInput(f"checkpoint {str(path)!r} is not a directory; pass a preset name or a checkpoint directory")
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise MissingWeights(f"checkpoint {str(path)!r} has no config.json") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path / 'config.json'} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    from toolchain.validate import read_json
+
+    config = path / "config.json"
+    if not (config.exists() or config.is_symlink()):
+        raise MissingWeights(f"checkpoint {str(path)!r} has no config.json")
+    cfg = read_json(config)
     arch = arch_from_hf_config(cfg)
     return arch, CheckpointSource(arch, path)
 

@@ -3,7 +3,13 @@
 Every shard's header (tensor names, dtypes, shapes, byte ranges) is read and checked against the file when the
 checkpoint is opened: nothing is loaded until a caller asks for rows of one tensor, and a truncated or forged
 shard, or a shard the index names but the directory lacks, is one `BadInput` naming the tensor before any output
-is written. Rows are read with `pread` into a buffer of their own: the safetensors library memory-maps whole
+is written. Each shard's identity (device, inode, size, modification time) is recorded when its header is read
+and checked at every read and once more at the end (`check_unchanged`: export calls it before its output is
+put in place): a shard replaced or rewritten while a command reads it is one `BadInput` and no output. A
+rewrite that keeps the size and sets the modification time back (or lands within the file system's timestamp
+granularity) is not seen; neither is a change after the check.
+
+Rows are read with `pread` into a buffer of their own: the safetensors library memory-maps whole
 shards, and every mapped page a reader touches stays in the process's resident set (a 3B checkpoint's 6 GB would
 count against an export that holds one tensor at a time).
 
@@ -15,7 +21,6 @@ relative to byte 8 + n. Sharded checkpoints list `weight_map: {name: shard file}
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,21 +72,27 @@ class CheckpointShards:
         self.root = Path(root)
         self.tensors: dict[str, ShardTensor] = {}
         index = self.root / INDEX_NAME
-        if index.is_file():
+        has_index = index.exists() or index.is_symlink()      # a FIFO or a link loop: refused when read
+        if has_index:
             files = self._indexed_files(index)
         else:
             files = sorted(self.root.glob("*.safetensors"))
         if not files:
             raise MissingWeights(f"checkpoint {str(self.root)!r} has no *.safetensors files")
+        self.identity: dict[Path, tuple[int, int, int, int]] = {}
         for f in files:
+            before = _identity(f)
             entries, _, _ = read_safetensors_header(f, dtype_sizes=_ITEMSIZE, noun="shard",
                                                     redo="download the checkpoint again")
+            if _identity(f) != before:
+                raise _changed(f)
+            self.identity[f] = before
             for t in entries:
                 if t.name in self.tensors:
                     raise BadInput(f"tensor {t.name!r} is in two shards ({self.tensors[t.name].path.name} and "
                                    f"{f.name}) of {self.root}")
                 self.tensors[t.name] = t
-        if index.is_file():
+        if has_index:
             self._check_index(index)
 
     def _indexed_files(self, index: Path) -> list[Path]:
@@ -89,7 +100,7 @@ class CheckpointShards:
         files = []
         for shard in dict.fromkeys(self._weight_map.values()):
             path = self.root / shard
-            if not path.is_file():
+            if not (path.exists() or path.is_symlink()):
                 names = [k for k, v in self._weight_map.items() if v == shard]
                 more = f" and {len(names) - 1} more" if len(names) > 1 else ""
                 raise MissingWeights(f"shard {shard} of {self.root} is missing: {INDEX_NAME} puts tensor "
@@ -105,6 +116,16 @@ class CheckpointShards:
             if t.path.name != shard:
                 raise BadInput(f"tensor {name!r} is in shard {t.path.name}, {index.name} puts it in {shard}")
 
+    def check_unchanged(self) -> None:
+        """Every shard is still the file whose header was read (device, inode, size, mtime).
+
+        Raises:
+            BadInput: one was replaced or rewritten (see the module docstring for what cannot be seen).
+        """
+        for path, ident in self.identity.items():
+            if _identity(path) != ident:
+                raise _changed(path)
+
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of tensor `name` (a 1-d tensor: its elements), in the checkpoint's dtype."""
         t = self.tensors[name]
@@ -116,8 +137,10 @@ class CheckpointShards:
             raise ValueError(f"rows {start}:{stop} of {name} with {rows} rows")
         width = t.row_bytes if len(t.shape) > 1 else _ITEMSIZE[t.dtype]
         buf = bytearray((stop - start) * width)
-        fd = os.open(t.path, os.O_RDONLY)
+        fd = os.open(t.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
+            if _identity(fd) != self.identity[t.path]:
+                raise _changed(t.path)
             view, pos = memoryview(buf), t.start + start * width
             while view:
                 n = os.preadv(fd, [view], pos)
@@ -125,6 +148,8 @@ class CheckpointShards:
                     raise BadInput(f"tensor {name!r} in {t.path.name} ends past the end of the file: the shard is "
                                    "truncated; download the checkpoint again")
                 view, pos = view[n:], pos + n
+            if _identity(fd) != self.identity[t.path]:     # rewritten in place while these rows were read
+                raise _changed(t.path)
         finally:
             os.close(fd)
         shape = (stop - start,) + t.shape[1:] if len(t.shape) > 1 else (stop - start,)
@@ -133,11 +158,25 @@ class CheckpointShards:
         return torch.frombuffer(buf, dtype=FLOAT_DTYPES[t.dtype]).reshape(shape)
 
 
-def _read_index(index: Path) -> dict[str, str]:
+def _identity(f: Path | int) -> tuple[int, int, int, int]:
+    from toolchain.inputs import file_identity
+
     try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{index} is not a readable JSON index ({e})") from None
+        return file_identity(os.fstat(f) if isinstance(f, int) else os.stat(f))
+    except OSError:
+        return (0, 0, -1, 0)           # gone: differs from any file's identity
+
+
+def _changed(path: Path) -> BadInput:
+    return BadInput(f"shard {path.name} of {path.parent} changed while it was being read (replaced, or rewritten in "
+                    f"place: its device, inode, size or modification time differ); nothing was written: run again "
+                    f"once the checkpoint is complete")
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    from toolchain.validate import read_json
+
+    doc = read_json(index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise BadInput(f"{index} has no weight_map of tensor names to shard files")
@@ -166,9 +205,11 @@ def read_safetensors_header(path: Path, *, dtype_sizes: Mapping[str, int], noun:
 
     path = Path(path)
     unreadable = f"{path} is not a readable safetensors {noun}"
+    from toolchain.inputs import open_input
+
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with open_input(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             if not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):

@@ -88,6 +88,10 @@ class WeightSource:
     def _rows(self, name: str, start: int, stop: int) -> Tensor:
         raise NotImplementedError
 
+    def check_unchanged(self) -> None:
+        """Raises BadInput when a file the tensors were read from changed since it was first opened (a checkpoint's
+        shards: models/shards.py). Sources held in memory never change."""
+
     def tensor(self, name: str, dtype: torch.dtype = torch.float32) -> Tensor:
         """The whole tensor `name` in `dtype` (converted from the source's own dtype: a float64 reference gets a
         bf16 checkpoint's values exactly)."""
@@ -138,8 +142,21 @@ class CheckpointSource(WeightSource):
                 raise BadInput(f"tensor {t.name!r} in {t.path.name} has dtype {t.dtype}; model tensors must be one "
                                f"of {', '.join(FLOAT_DTYPES)}")
 
+    def check_unchanged(self) -> None:
+        self.shards.check_unchanged()
+
     def _rows(self, name: str, start: int, stop: int) -> Tensor:
-        return self.shards.read_rows(_hf_key(name), start, stop)
+        """Rows of one tensor, checked finite as they are read (a NaN or infinity is refused, naming the tensor,
+        its shard and the first bad row)."""
+        key = _hf_key(name)
+        rows = self.shards.read_rows(key, start, stop)
+        finite = torch.isfinite(rows)
+        if not bool(finite.all()):
+            bad = start + int((~finite).reshape(rows.shape[0], -1).any(1).nonzero()[0, 0]) if rows.dim() > 1 \
+                else start + int((~finite).nonzero()[0, 0])
+            raise BadInput(f"tensor {key!r} in {self.shards.tensors[key].path.name} holds NaN or infinity (row "
+                           f"{bad}); the checkpoint is damaged: download it again")
+        return rows
 
 
 # LayerWeights field index of each layer tensor: a tensor's generator does not depend on which others exist.
@@ -215,4 +232,6 @@ def materialize(source: WeightSource, dtype: torch.dtype = torch.float32) -> Mod
                    for i in range(arch.layers))
     embed = get("embed")
     lm_head = embed if arch.tie_embeddings else get("lm_head")
-    return ModelWeights(embed, layers, get("final_norm"), lm_head)
+    final_norm = get("final_norm")
+    source.check_unchanged()
+    return ModelWeights(embed, layers, final_norm, lm_head)

@@ -1,13 +1,16 @@
 """Build and load the native kernel library for this host (g++ against the executorch wheel).
 
-The library is compiled once per (source, flags, compiler, executorch version) into a cache directory
-($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written atomically (a temp file,
-then rename), and loaded with RTLD_GLOBAL: its static initializer registers `toolchain::int4_linear_a8.out`
-with the ExecuTorch runtime the Python bindings share (as `libexecutorch_kernels_quantized.so` registers
-its kernels). `-march=native` is for the element-wise code; the int4 kernels' x86 paths (kernels_x86.h: avx2,
-avx_vnni, avx512_vnni) are each compiled for their own instruction set and chosen at load by the CPU
-(or $TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises KernelUnavailable naming
-it); the summation order is the source's (16 lanes), not the width's, so every path gives the same bits.
+The library is compiled once per (source and its kernels*.h headers, flags, compiler, executorch version)
+into a cache directory ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written
+atomically (a temp file, then rename), and loaded with RTLD_GLOBAL: its static initializers register the
+`toolchain::<op>.out` kernels with the ExecuTorch runtime the Python bindings share (as
+`libexecutorch_kernels_quantized.so` registers its kernels). Which kernels and C entry points the library has
+is the table in toolchain/mesp/kernels.py (above this torch-free layer: it passes the entry points' ctypes
+signatures to `load_kernels`). `-march=native` is for the element-wise code; the int4 kernels' x86 paths
+(kernels_x86.h: avx2, avx_vnni, avx512_vnni) are each compiled for their own instruction set and chosen at load
+by the CPU (or $TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises KernelUnavailable naming
+it); on arm64 the same holds for the neon, dotprod and i8mm paths (kernels_arm64.h). The summation order is the
+source's (16 lanes), not the width's, so every path gives the same bits.
 """
 
 from __future__ import annotations
@@ -18,16 +21,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from toolchain.errors import ToolchainError
 
-__all__ = ["KERNEL_OPS", "KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "kernel_path", "load_kernels",
-           "compile_flags"]
+__all__ = ["KERNEL_SOURCE", "KernelUnavailable", "kernel_library", "kernel_path", "load_kernels", "compile_flags"]
 
 KERNEL_SOURCE = Path(__file__).with_name("kernels.cpp")
-KERNEL_OPS = ("toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
-              "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out")  # what it registers
 KERNEL_HEADERS = tuple(sorted(KERNEL_SOURCE.parent.glob("kernels*.h")))  # included by kernels.cpp
 _LIB_NAME = "libtoolchain_kernels.so"
 
@@ -120,49 +121,42 @@ def kernel_library() -> Path:
 
 
 _LOADED: ctypes.CDLL | None = None
+Signatures = Mapping[str, tuple[type, Sequence[type]]]   # C entry point -> (restype, argtypes)
 
 
-def load_kernels() -> ctypes.CDLL:
+def load_kernels(signatures: Signatures | None = None) -> ctypes.CDLL:
     """Load (building if needed) the kernel library into this process, once; its ExecuTorch kernels are
-    registered from then on. Returns the library (its C entry points, for the kernel tests)."""
+    registered from then on. Returns the library; `signatures` (toolchain/mesp/kernels.py `c_signatures`) set
+    its C entry points' ctypes types, for callers of those functions (the kernel tests).
+
+    Raises:
+        KernelUnavailable: it cannot be built or loaded, or lacks an entry point of `signatures`.
+    """
     global _LOADED
     if _LOADED is None:
         path = kernel_library()
         try:
-            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            _LOADED = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             raise KernelUnavailable(f"cannot load {path} ({e})") from None
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.toolchain_int4_linear_a8.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
-        lib.toolchain_int4_linear_a8.restype = ctypes.c_int
-        lib.toolchain_attention_decode.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
-                                                   ctypes.c_float, ptr]
-        lib.toolchain_attention_decode.restype = ctypes.c_int
-        f32 = ctypes.c_float
-        signatures = {
-            "toolchain_rms_norm": [ptr, i64, i64, ptr, f32, ptr],
-            "toolchain_lora_linear_a8": [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, i64, f32, ptr, ptr],
-            "toolchain_rope_heads": [ptr, i64, i64, i64, i64, f32, ptr],
-            "toolchain_swiglu": [ptr, ptr, i64, ptr],
-        }
-        for name, argtypes in signatures.items():
-            getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = ctypes.c_int
-        lib.toolchain_kernel_path.argtypes = []
-        lib.toolchain_kernel_path.restype = ctypes.c_char_p
-        lib.toolchain_kernel_path_error.argtypes = []
-        lib.toolchain_kernel_path_error.restype = ctypes.c_char_p
-        lib.toolchain_select_kernel_path.argtypes = [ctypes.c_char_p]
-        lib.toolchain_select_kernel_path.restype = ctypes.c_int
-        lib.toolchain_kernel_threads.argtypes = []
-        lib.toolchain_kernel_threads.restype = ctypes.c_int64
-        error = lib.toolchain_kernel_path_error()
+        # The library's own protocol, whatever the caller's signatures: a forced path this CPU lacks.
+        _LOADED.toolchain_kernel_path_error.argtypes = []
+        _LOADED.toolchain_kernel_path_error.restype = ctypes.c_char_p
+        error = _LOADED.toolchain_kernel_path_error()
         if error:   # $TOOLCHAIN_KERNEL_PATH forced a path this CPU lacks (or an unknown name): never a fallback
+            _LOADED = None
             raise KernelUnavailable(f"$TOOLCHAIN_KERNEL_PATH: {error.decode()}")
-        _LOADED = lib
+    for name, (restype, argtypes) in (signatures or {}).items():
+        try:
+            fn = getattr(_LOADED, name)
+        except AttributeError:
+            raise KernelUnavailable(f"the kernel library has no entry point {name}; rebuild it") from None
+        fn.restype, fn.argtypes = restype, list(argtypes)
     return _LOADED
 
 
 def kernel_path() -> str:
     """The kernel path the loaded library runs (generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm)."""
-    return load_kernels().toolchain_kernel_path().decode()
+    fn = load_kernels().toolchain_kernel_path
+    fn.argtypes, fn.restype = [], ctypes.c_char_p
+    return fn().decode()

@@ -20,18 +20,28 @@
 // The integer sums are exact in any order, so every path gives the same isum. The float sum is in one fixed
 // order on every machine: group g goes into lane g mod 16 with a fused multiply-add (groups in increasing
 // order), then the 16 lanes are summed as a fixed pairwise tree. So every kernel path gives the generic path's
-// bits (tests/native/test_kernel_paths.py, and scripts/check_kernel_arm64.sh under qemu).
+// bits (tests/native/test_kernel_paths.py on x86; the arm64 paths and the generic one under qemu, against this
+// host's x86 output: scripts/check_kernel_arm64.sh); docs/kernels.md says which path runs where.
 //
 // Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
-// $TOOLCHAIN_KERNEL_PATH names (for testing; a path the CPU lacks is refused, never replaced by another):
+// $TOOLCHAIN_KERNEL_PATH names (for testing):
 //   generic       the portable C++ below (any CPU; vectorized by the compiler as far as it can)
 //   avx2          x86 AVX2 + FMA: 256-bit vpmaddubsw + vpmaddwd            (kernels_x86.h)
 //   avx_vnni      x86 AVX-VNNI (Intel since Alder Lake): 256-bit vpdpbusd  (kernels_x86.h)
 //   avx512_vnni   x86 AVX-512 F/BW/VL/DQ + VNNI: 512-bit vpdpbusd           (kernels_x86.h)
-//   neon, dotprod, i8mm   arm64 (kernels_arm64.h where built)
-// Each x86 path is compiled for its own instruction set (target regions), so one library holds them all
-// whatever -march the rest is built with. The vector paths cover groups of 32, 64 and 128 columns (other groups
-// take the generic rows) with three kernels each: decode (T = 1) streams the weight rows past one row of x;
+//   neon          arm64 baseline Advanced SIMD: widening smull / smlal      (kernels_arm64.h, aarch64 builds)
+//   dotprod       arm64 FEAT_DotProd: sdot                                   (kernels_arm64.h)
+//   i8mm          arm64 FEAT_I8MM: smmla 2 x 2 tiles for T >= 2, dotprod's rows for decode (kernels_arm64.h)
+// A path the CPU (or the build) lacks, or an unknown name, is refused, never replaced by another, and nothing is
+// printed: every int4 call returns -2 (not 0, not -1: -1 is bad arguments) and toolchain_kernel_path_error() says
+// what is missing ("kernel path i8mm is not available on this CPU: it lacks FEAT_I8MM (smmla)");
+// toolchain_kernel_path() keeps naming the path chosen before (at load: the CPU's best). A caller with a user
+// turns the refusal into one "Error:" line and a non-zero exit (load_kernels() raises KernelUnavailable;
+// tests/native/arm64_driver.cpp prints it).
+// Each x86 path is compiled for its own instruction set (target regions) and each arm64 one with a target
+// attribute, so one library holds them all whatever -march the rest is built with (the apps: armv8-a). The x86
+// vector paths cover groups of 32, 64 and 128 columns (other groups take the generic rows; the arm64 ones any
+// multiple of 32 columns) with three kernels each: decode (T = 1) streams the weight rows past one row of x;
 // row tiles (T = 2..9) share each weight load among up to 4 rows of x; the broadcast kernel (a prefill chunk)
 // puts weight rows in the vector lanes (16 in AVX-512, 8 per register in 256 bits), gathers their group
 // bytes into registers once and multiplies every row of x with its 4-byte dwords broadcast. The AVX-512 one:
@@ -52,8 +62,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,6 +85,14 @@ constexpr KernelPath kKernelPathPreference[] = {KernelPath::avx512_vnni, KernelP
                                                 KernelPath::generic};
 
 const char* kernel_path_missing(KernelPath p);   // nullptr when this CPU runs p, else what it lacks (below)
+
+}  // namespace
+
+#if defined(__aarch64__)
+#include "kernels_arm64.h"   // the neon / dotprod / i8mm paths and their run-time CPU checks (needs KernelPath)
+#endif
+
+namespace {
 
 struct KernelPathState {
   KernelPath path = KernelPath::generic;
@@ -230,6 +248,11 @@ const char* kernel_path_missing(KernelPath p) {
     case KernelPath::avx2:
     case KernelPath::avx_vnni:
     case KernelPath::avx512_vnni: return "an x86-64 CPU";
+#if defined(__aarch64__)
+    case KernelPath::neon:
+    case KernelPath::dotprod:
+    case KernelPath::i8mm: return arm64::missing(p);   // hwcaps / sysctl, and the compiler's intrinsics
+#endif
     default: return "its kernels in this build";
 #endif
   }
@@ -272,6 +295,15 @@ inline void lora_epilogue(float* __restrict y, const float* __restrict bias, con
 constexpr int LORA_BLOCK = 64;
 
 
+#if defined(__aarch64__)
+// The arm64 paths' quantization of one group (NEON; the same values as the scalar loop): QuantizedX::build calls it
+// for groups of a multiple of 16 columns, as x86's group16 (arm64::quantize_group takes any multiple of 8).
+void arm64_group16(QuantizedX& a, const float* xt, int64_t k0, int64_t k1, int64_t t, int64_t g) {
+  const size_t b = static_cast<size_t>(t * a.stride + k0 / 2), gi = static_cast<size_t>(t * a.gstride + g);
+  arm64::quantize_group(xt, k0, k1, &a.even[b], &a.odd[b], &a.sa[gi], &a.corr[gi]);
+}
+#endif
+
 // The vector quantization of x's groups for `path` (nullptr: the scalar loop).
 using Group16 = void (*)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t);
 Group16 group16_of(KernelPath path) {
@@ -280,6 +312,11 @@ Group16 group16_of(KernelPath path) {
     case KernelPath::avx512_vnni: return x86_avx512::group16;
     case KernelPath::avx_vnni: return x86_avx_vnni::group16;
     case KernelPath::avx2: return x86_avx2::group16;
+#endif
+#if defined(__aarch64__)
+    case KernelPath::neon:
+    case KernelPath::dotprod:
+    case KernelPath::i8mm: return arm64_group16;
 #endif
     default: return nullptr;
   }
@@ -317,6 +354,11 @@ void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
     default:
       break;
   }
+#endif
+#if defined(__aarch64__)
+  if (arm64::int4_rows(k.path, {k.a->even.data(), k.a->odd.data(), k.a->sa.data(), k.a->corr.data(), k.a->stride,
+                                k.a->gstride}, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o))
+    return;
 #endif
   for (int64_t t0 = 0; t0 < k.T; t0 += TT) {
     float* yt = y + t0 * k.o;
@@ -367,8 +409,8 @@ void run_in_pool(RowsTask* task, int64_t chunks) {
 
 extern "C" {
 
-// The kernel path in use ("generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"; a path
-// $TOOLCHAIN_KERNEL_PATH forced is named even when it cannot run).
+// The kernel path in use ("generic", "avx2", "avx_vnni", "avx512_vnni", "neon", "dotprod", "i8mm"; after a
+// refusal, the one chosen before it, which the kernels do not run until a path is selected).
 const char* toolchain_kernel_path() { return kKernelPathNames[static_cast<int>(kernel_path_state().path)]; }
 
 // The threads the int4 kernels split rows over (the runtime's thread pool; 1 without it).

@@ -84,6 +84,9 @@ def state_from_checkpoint(pdir: ProgramDir, path) -> Tensor:
     """The flat state of a `toolchain train --program` checkpoint (safetensors; tensor `state`)."""
     from safetensors.torch import load_file
 
+    from toolchain.inputs import check_input
+
+    check_input(path, dir_ok=False)
     try:
         tensors = load_file(str(path))
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input

@@ -4,9 +4,9 @@ memory-mapped weights file, state inputs views of the app's state array; nothing
 
 The runtime's native log lines (its cpuinfo probe prints five when the thread pool starts) are written by
 C++ straight to file descriptor 2: the pool is started here with fd 2 pointed at /dev/null (or at
-$TOOLCHAIN_NATIVE_LOG), unless TOOLCHAIN_VERBOSE=1 (`toolchain --verbose`). A .pte is checked for the
-flatbuffer identifier and sizes of an ExecuTorch program before the runtime sees it: the bindings abort
-the process (SIGABRT) on some garbage instead of raising."""
+$TOOLCHAIN_NATIVE_LOG), unless the runner is opened with `verbose=True` (`toolchain --verbose`). A .pte is
+checked for the flatbuffer identifier and sizes of an ExecuTorch program before the runtime sees it: the
+bindings abort the process (SIGABRT) on some garbage instead of raising."""
 
 from __future__ import annotations
 
@@ -48,20 +48,23 @@ class ExecutorchRunner:
 
     backend = "executorch"
 
-    def __init__(self, pte: Path, method_names: list[str], *, threads: int | None = None) -> None:
+    def __init__(self, pte: Path, method_names: list[str], *, threads: int | None = None,
+                 verbose: bool = False) -> None:
         """threads: size of the runtime's thread pool (XNNPACK's threads); None keeps its default, one per
-        core. The optimized (non-delegated) kernels run on one thread either way."""
+        core. The optimized (non-delegated) kernels run on one thread either way. verbose: the runtime's
+        native log lines go to stderr (else to $TOOLCHAIN_NATIVE_LOG or nowhere: `native_log_redirected`)."""
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
+        self.verbose = verbose
         load_quantized_kernels()
         check_pte(Path(pte))
-        with native_log_redirected():
+        with native_log_redirected(self.verbose):
             portable_lib._threadpool_get_thread_count()      # starts the pool: its cpuinfo lines go to the log
             if threads is not None:
                 portable_lib._unsafe_reset_threadpool(threads)
         try:
-            with native_log_redirected():       # a refusal's native detail lines go to the log too
+            with native_log_redirected(self.verbose):       # a refusal's native detail lines go to the log too
                 self.program = Runtime.get().load_program(Path(pte))
         except (RuntimeError, ValueError) as e:
             raise BadInput(f"{pte} cannot be loaded by the ExecuTorch runtime ({e}); re-export the program") from None
@@ -69,7 +72,7 @@ class ExecutorchRunner:
         if missing:
             raise BadInput(f"{pte} lacks method(s) {', '.join(missing)} listed in its manifest; re-export the program")
         try:
-            with native_log_redirected():
+            with native_log_redirected(self.verbose):
                 self.methods = {name: self.program.load_method(name) for name in method_names}
             self._instances: dict[tuple[str, object], object] = {}
             self._bound: dict[tuple[str, object], BoundMethod] = {}   # the live binding of each instance
@@ -86,7 +89,7 @@ class ExecutorchRunner:
         key = (method, slot)
         instance = self._instances.get(key)
         if instance is None:
-            with native_log_redirected():
+            with native_log_redirected(self.verbose):
                 instance = self.program._program.load_method(method)
             self._instances[key] = instance
         bound = BoundMethod(instance, inputs, self._bound, key)
@@ -123,9 +126,11 @@ def check_pte(pte: Path) -> None:
     Raises:
         BadInput: it does not (naming what is wrong).
     """
+    from toolchain.inputs import open_input
+
     try:
-        size = pte.stat().st_size
-        with pte.open("rb") as f:
+        with open_input(pte) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(32)
     except OSError as e:
         raise BadInput(f"{pte} cannot be read ({e.strerror}); re-export the program") from None
@@ -144,10 +149,10 @@ def check_pte(pte: Path) -> None:
 
 
 @contextlib.contextmanager
-def native_log_redirected() -> Iterator[None]:
+def native_log_redirected(verbose: bool = False) -> Iterator[None]:
     """Point file descriptor 2 at $TOOLCHAIN_NATIVE_LOG (appended) or /dev/null for the block, unless
-    TOOLCHAIN_VERBOSE=1: native libraries write their log lines there directly."""
-    if os.environ.get("TOOLCHAIN_VERBOSE", "") not in ("", "0"):
+    `verbose` (`toolchain --verbose`): native libraries write their log lines there directly."""
+    if verbose:
         yield
         return
     target = os.environ.get("TOOLCHAIN_NATIVE_LOG") or os.devnull

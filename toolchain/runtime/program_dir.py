@@ -4,6 +4,7 @@ does with the manifest, done once for the host runners."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -77,7 +78,7 @@ class ProgramDir:
     def _verify(self) -> None:
         for rel, digest in self.manifest.files.items():
             f = self.path / rel
-            if not f.is_file():
+            if not os.path.lexists(f):       # a FIFO or a link loop: refused by sha256_file (toolchain.inputs)
                 raise BadInput(f"{self.path}: {rel} is missing (listed in the manifest); re-export the program")
             if sha256_file(f) != digest:
                 raise BadInput(f"{self.path}: {rel} does not match its checksum in the manifest; re-export the program")

@@ -15,11 +15,11 @@ from toolchain.runtime.program_dir import ProgramDir
 __all__ = ["open_runner", "role_methods", "check_signatures", "HOST_RUNNABLE"]
 
 
-def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str]):
+def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
     from toolchain.runtime.executorch_runner import ExecutorchRunner
 
     try:
-        runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads)
+        runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
     except BadInput as e:
         if pdir.manifest.compute != "fp16" or "cannot be loaded" not in str(e):
             raise
@@ -57,13 +57,13 @@ def check_signatures(pdir: ProgramDir, program, methods: list[str]) -> None:
                                    f"program's; re-export the program")
 
 
-def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str]):
+def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
     from toolchain.runtime.onnx_runner import OnnxRunner
 
     return OnnxRunner(pdir, threads=threads, methods=methods)
 
 
-def _eager(pdir: ProgramDir, threads: int | None, methods: list[str]):
+def _eager(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
     from toolchain.runtime.eager_runner import EagerRunner
 
     return EagerRunner(pdir.info.spec, methods)
@@ -115,7 +115,7 @@ assert set(_RUNNERS) == set(HOST_RUNNABLE), "every host-runnable target needs a 
 
 
 def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | None = None, use: str = "train",
-                fused: bool | None = None, xnnpack: bool | None = None):
+                fused: bool | None = None, verbose: bool = False, xnnpack: bool | None = None):
     """A runner for `target` (default: the first host-runnable program in the manifest; "eager": the
     program's methods run in PyTorch, the reference) with the methods of `use` loaded (`role_methods`:
     a training run does not load the generation methods, whose arenas it would otherwise pay for).
@@ -123,7 +123,8 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
     Generation on ExecuTorch loads the fused methods (`generate.fused`) when the native kernel builds and
     loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock ones, and the runner's `fused_unavailable` says why
     they were wanted but not loaded. The eager runner runs the stock methods unless `fused` is True (then
-    the fused ones, on the PyTorch reference of their kernel).
+    the fused ones, on the PyTorch reference of their kernel). `verbose`: the runtime's native log lines are
+    shown (`toolchain --verbose`; ExecuTorch's runner hides them otherwise).
 
     Where the fused methods are not loaded and the program has the XNNPACK generation variant
     (`export --xnnpack-generation`), ExecuTorch generation loads it instead of the stock methods, unless
@@ -131,7 +132,7 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
     `generation_variant` says which ("fused", "xnnpack" or "stock")."""
     if target == "eager":
         methods = role_methods(pdir, use, fused=fused is True and use in ("generate", "all"))
-        return _loaded(_eager(pdir, threads, methods), methods, None, "fused" if fused is True else "stock")
+        return _loaded(_eager(pdir, threads, methods, verbose), methods, None, "fused" if fused is True else "stock")
     targets = pdir.targets
     if target is None:
         runnable = [t for t in targets if t in HOST_RUNNABLE]
@@ -153,7 +154,7 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
                    and any(m.variant == XNNPACK_VARIANT for m in pdir.info.methods.values()))
     methods = role_methods(pdir, use, fused=use_fused, xnnpack=use_xnnpack)
     variant = "fused" if use_fused else "xnnpack" if use_xnnpack else "stock"
-    return _loaded(_RUNNERS[target](pdir, threads, methods), methods, why_not, variant)
+    return _loaded(_RUNNERS[target](pdir, threads, methods, verbose), methods, why_not, variant)
 
 
 def _loaded(runner, methods: list[str], fused_unavailable: str | None, variant: str = "stock"):

@@ -125,13 +125,10 @@ def read_jsonl(path: Path) -> list[dict]:
             expected formats).
         SchemaError: an event is not valid (its line, or its index in the array, is named).
     """
+    from toolchain.inputs import read_input
+
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{path} does not exist") from None
-    except OSError as e:
-        raise BadInput(f"{path} cannot be read ({e.strerror})") from None
+    data = read_input(path)
     if data.lstrip()[:1] == b"[":
         return _read_array(path, data)
     events, line_of = [], []

@@ -10,8 +10,11 @@ same key waits for the other transaction and then counts as a duplicate (or a co
 The store lives in the connection's `current_schema()` (`public` unless the URL sets a search_path, e.g.
 `?options=-csearch_path%3Dtelemetry`). Migrations are versioned (`telemetry_schema_version`) and applied once,
 inside a transaction holding an advisory lock on that schema, so that servers started together migrate one
-after the other; a schema holding any table, view or sequence that is not the store's is refused first, before
-anything is written. Connections: a small pool per process (`POOL_SIZE`); one the server lost (database
+after the other; a schema holding any object that is not the store's (a table, view, sequence, foreign table,
+function, type, operator, ...) is refused first, before anything is written. The database's encoding must be
+UTF8 (or SQL_ASCII, which keeps the client's bytes): every connection sends UTF-8 (client_encoding), and a
+LATIN1 database, which cannot hold every character a device name may have, is refused at start. A request
+waits at most `POOL_WAIT_S` for a pooled connection. Connections: a small pool per process (`POOL_SIZE`); one the server lost (database
 restarted) is dropped and the request answered 503, the next opens a new one.
 """
 
@@ -36,12 +39,15 @@ from toolchain.telemetry.store import (
     conflict_error,
     plan_batches,
     run_info,
+    same_body,
 )
 
 __all__ = ["PostgresEventStore", "POOL_SIZE", "redact"]
 
 POOL_SIZE = 4                # connections per process; the server's handlers run in a thread pool
-_CONNECT_TIMEOUT_S = 10
+_CONNECT_TIMEOUT_S = 5
+POOL_WAIT_S = 5.0            # a request waits at most this long for a pooled connection (all stuck: 503)
+_ENCODINGS = ("UTF8", "SQL_ASCII")   # text kept as UTF-8 bytes (SQL_ASCII stores the client's bytes as they come)
 _LOCK_CLASS = 0x746C6D72     # advisory lock (class, hashtext(schema)): "tlmr"
 _RETRIES = 5                 # deadlock / serialization failure: retry the whole batch
 
@@ -66,11 +72,40 @@ _RUNS_QUERY = """
            (SELECT body FROM events s WHERE s.run_id = e.run_id AND s.type = 'run_end' ORDER BY seq DESC LIMIT 1)
     FROM events e GROUP BY e.run_id ORDER BY MIN(e.timestamp), e.run_id COLLATE "C"
 """
+# Every object of the store's schema, of any kind (relations, functions, types, operators, collations, text
+# search configurations, conversions): a schema holding anything not the store's is refused. pg_catalog's
+# operators are named explicitly (OPERATOR(pg_catalog.=)), so that operators the schema itself defines cannot
+# make the check's own query ambiguous ("operator is not unique").
 _OBJECTS_QUERY = """
+    WITH s AS (SELECT oid FROM pg_catalog.pg_namespace
+               WHERE nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema())
     SELECT CASE WHEN c.relkind IN ('i', 'I') THEN 'index' WHEN c.relkind IN ('v', 'm') THEN 'view'
-                WHEN c.relkind = 'S' THEN 'sequence' ELSE 'table' END, c.relname
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S', 'i', 'I')
+                WHEN c.relkind OPERATOR(pg_catalog.=) 'S' THEN 'sequence'
+                WHEN c.relkind OPERATOR(pg_catalog.=) 'f' THEN 'foreign table'
+                WHEN c.relkind OPERATOR(pg_catalog.=) 'c' THEN 'type' ELSE 'table' END, c.relname::text
+    FROM pg_catalog.pg_class c, s WHERE c.relnamespace OPERATOR(pg_catalog.=) s.oid
+    UNION ALL SELECT 'function', p.proname::text FROM pg_catalog.pg_proc p, s
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) s.oid
+    UNION ALL SELECT 'type', t.typname::text FROM pg_catalog.pg_type t, s
+        WHERE t.typnamespace OPERATOR(pg_catalog.=) s.oid AND t.typrelid OPERATOR(pg_catalog.=) 0
+          AND t.typcategory OPERATOR(pg_catalog.<>) 'A'
+    UNION ALL SELECT 'operator', o.oprname::text FROM pg_catalog.pg_operator o, s
+        WHERE o.oprnamespace OPERATOR(pg_catalog.=) s.oid
+    UNION ALL SELECT 'collation', l.collname::text FROM pg_catalog.pg_collation l, s
+        WHERE l.collnamespace OPERATOR(pg_catalog.=) s.oid
+    UNION ALL SELECT 'conversion', v.conname::text FROM pg_catalog.pg_conversion v, s
+        WHERE v.connamespace OPERATOR(pg_catalog.=) s.oid
+    UNION ALL SELECT 'text search configuration', x.cfgname::text FROM pg_catalog.pg_ts_config x, s
+        WHERE x.cfgnamespace OPERATOR(pg_catalog.=) s.oid
+"""
+_COLUMNS_QUERY = """
+    SELECT c.relname::text, a.attname::text FROM pg_catalog.pg_attribute a
+    JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+    WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema() AND c.relkind OPERATOR(pg_catalog.=) 'r'
+      AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+      AND c.relname::text OPERATOR(pg_catalog.=) ANY(%s::text[])
+    ORDER BY c.relname, a.attnum
 """
 _INSERT = """
     INSERT INTO events (run_id, seq, type, timestamp, body, received_at)
@@ -133,6 +168,8 @@ class PostgresEventStore:
         extra = {"application_name": "toolchain-telemetry"}
         if "connect_timeout" not in params:
             extra["connect_timeout"] = _CONNECT_TIMEOUT_S
+        if "client_encoding" not in params:
+            extra["client_encoding"] = "UTF8"     # whatever the database's default: our text is UTF-8
         try:
             return psycopg.connect(self.url, autocommit=True, **extra)
         except psycopg.Error as e:
@@ -140,19 +177,22 @@ class PostgresEventStore:
 
     def _migrate(self, conn) -> str:
         with conn.transaction():
-            schema = conn.execute("SELECT current_schema()").fetchone()[0]
+            schema = conn.execute("SELECT pg_catalog.current_schema()").fetchone()[0]
             if schema is None:
                 raise BadInput(f"{redact(self.url)}: no schema of the search_path exists; create it "
                                f"(CREATE SCHEMA ...) or set options=-csearch_path%3D<schema>")
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))", (_LOCK_CLASS,))
+            encoding = conn.execute("SHOW server_encoding").fetchone()[0]
+            if encoding not in _ENCODINGS:
+                raise BadInput(f"database of {redact(self.url)} has encoding {encoding}; the telemetry store keeps "
+                               f"UTF-8 text (a device name may hold any character): use a database created with "
+                               f"ENCODING 'UTF8' (createdb -E UTF8 -T template0 NAME)")
+            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s, pg_catalog.hashtext(pg_catalog.current_schema()))",
+                         (_LOCK_CLASS,))
             where = f"schema {schema} of {redact(self.url)}"
             objects = [(kind, name) for kind, name in conn.execute(_OBJECTS_QUERY).fetchall()
                        if not (kind == "index" and name.removesuffix("_pkey") in OWN_TABLES)]
             columns: dict[str, list[str]] = {}
-            for table, column in conn.execute(
-                    "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = "
-                    "current_schema() AND table_name = ANY(%s) ORDER BY table_name, ordinal_position",
-                    (list(OWN_TABLES),)).fetchall():
+            for table, column in conn.execute(_COLUMNS_QUERY, (list(OWN_TABLES),)).fetchall():
                 columns.setdefault(table, []).append(column)
             check_own(where, objects, columns)
             if "events" in columns and VERSION_TABLE not in columns:
@@ -174,7 +214,10 @@ class PostgresEventStore:
         """A pooled connection; one found broken is closed and dropped. Errors of the database are
         StoreUnavailable, but for a deadlock or a serialization failure (the caller retries those)."""
         psycopg = self._psycopg
-        with self._slots:
+        if not self._slots.acquire(timeout=POOL_WAIT_S):
+            raise StoreUnavailable(f"PostgreSQL did not answer: every pooled connection has been busy for "
+                                   f"{POOL_WAIT_S:g} s; retry later")
+        try:
             with self._lock:
                 if self._closed:
                     raise StoreUnavailable("the telemetry store is closed")
@@ -195,6 +238,8 @@ class PostgresEventStore:
                 raise
             else:
                 self._release(conn)
+        finally:
+            self._slots.release()
 
     def _release(self, conn) -> None:
         with self._lock:
@@ -242,7 +287,7 @@ class PostgresEventStore:
                     if others:
                         stored = {(r, s): body for r, s, body in conn.execute(
                             _STORED_BODIES, ([k[0] for k, _ in others], [k[1] for k, _ in others])).fetchall()}
-                        conflicts = [k for k, b in others if stored.get(k) != b]
+                        conflicts = [k for k, b in others if k not in stored or not same_body(stored[k], b)]
                         if conflicts:
                             raise conflict_error(conflicts)    # rolls the transaction back
                 break
@@ -273,6 +318,11 @@ class PostgresEventStore:
             if run_id is None:
                 return conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
             return conn.execute("SELECT COUNT(*) FROM events WHERE run_id = %s", (run_id,)).fetchone()[0]
+
+    def ping(self) -> None:
+        """One trivial query (the server's /v1/health)."""
+        with self._conn() as conn:
+            conn.execute("SELECT 1").fetchone()
 
     def describe(self) -> str:
         """How the banner names this store."""

@@ -3,18 +3,23 @@
   POST /v1/events                 one event or an array; Bearer token; all-or-nothing
   GET  /v1/runs                   runs with their `events` count
   GET  /v1/runs/{run_id}/events   a run's events in seq order (?after_seq=N&limit=M)
-  GET  /v1/health                 liveness, no token
+  GET  /v1/health                 liveness and the database's state, no token: 200 {"ok": true, "database":
+                                  "ok"}, or 503 {"ok": false, "database": why} when the database fails or does
+                                  not answer within HEALTH_TIMEOUT_S (2 s)
 
 Answers: 200 `{"received", "stored", "duplicates"}`; 401 missing/wrong token; 400 invalid JSON or
 not an event/array; 413 body over the limit; 422 schema violations (`errors`: index -> messages);
 409 an event reuses a stored (run_id, seq) with other content; 503 the database failed (SQLite or
-PostgreSQL: `store.StoreUnavailable`, a lost connection included). Every
+PostgreSQL: `store.StoreUnavailable`, a lost connection included), or did not answer within
+STORE_TIMEOUT_S (5 s: a frozen or unreachable database; the write may still land when it wakes, and the client's
+retry is then a duplicate, not a conflict). Every
 refusal is `{"error": reason}` and stores nothing. Handlers never let an exception escape as a
 crash: the server keeps serving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ipaddress
 import logging
@@ -45,6 +50,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")   # telemetry_event.sc
 _log = logging.getLogger(__name__)
 _STORE_ERRORS = (sqlite3.Error, StoreUnavailable)
 MAX_TOKEN_CHARS = 4096
+STORE_TIMEOUT_S = 5.0               # a store call (read or write) answered 503 after this long
+HEALTH_TIMEOUT_S = 2.0              # /v1/health's bound on the database's answer
 _TOKEN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")   # an HTTP header value: visible ASCII, inner spaces
 
 
@@ -108,6 +115,13 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
     def ingest(body: bytes) -> dict:
         return store.add(parse_batch(body))._asdict()
 
+    async def in_thread(fn, *args, **kwargs):
+        """`fn` in the thread pool, at most STORE_TIMEOUT_S (then StoreUnavailable: the thread finishes alone)."""
+        try:
+            return await asyncio.wait_for(run_in_threadpool(fn, *args, **kwargs), STORE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(f"the database did not answer within {STORE_TIMEOUT_S:g} s") from None
+
     @app.post("/v1/events")
     async def post_events(request: Request):
         if not authorized(request):
@@ -116,7 +130,7 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
         if body is None:
             return _refuse(413, f"body larger than {max_body_bytes} bytes; send smaller batches")
         try:
-            return await run_in_threadpool(ingest, body)
+            return await in_thread(ingest, body)
         except InvalidBatch as e:
             return _refuse(422, str(e), errors={str(i): msgs for i, msgs in e.errors.items()})
         except ConflictingEvents as e:
@@ -129,7 +143,7 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
 
     async def read(fn, *args, **kwargs):
         try:
-            return await run_in_threadpool(fn, *args, **kwargs)
+            return await in_thread(fn, *args, **kwargs)
         except _STORE_ERRORS as e:
             _log.exception("telemetry store failed")
             return _refuse(503, f"storage failed ({e}); retry later")
@@ -157,9 +171,21 @@ def create_app(store: EventStore, token: str, *, max_body_bytes: int = DEFAULT_M
             return _refuse(404, f"no events for run {run_id!r}")
         return {"run_id": run_id, "events": events}
 
+    pinging: dict[str, asyncio.Future] = {}     # one database check in flight at a time (a frozen one: no pile-up)
+
     @app.get("/v1/health")
     async def health():
-        return {"ok": True}
+        ping = pinging.get("ping")
+        if ping is None or ping.done():
+            ping = pinging["ping"] = asyncio.ensure_future(run_in_threadpool(store.ping))
+            ping.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved, even if late
+        try:
+            await asyncio.wait_for(asyncio.shield(ping), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return JSONResponse({"ok": False, "database": f"no answer within {HEALTH_TIMEOUT_S:g} s"}, status_code=503)
+        except _STORE_ERRORS as e:
+            return JSONResponse({"ok": False, "database": f"failed ({e})"}, status_code=503)
+        return {"ok": True, "database": "ok"}
 
     return app
 

@@ -131,6 +131,35 @@ Key = tuple[str, int]
 Plan = list[tuple[int, list[tuple[Key, dict, str]]]]   # per batch: (events, rows new to this call)
 
 
+def _json_equal(a, b) -> bool:
+    """Equality of parsed JSON values: numbers by value (1767225600 == 1767225600.0), booleans only equal to
+    booleans (true is not 1), objects key by key, arrays in order."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def same_body(a: str | bytes, b: str | bytes) -> bool:
+    """Whether two stored event bodies are the same event: equal text, or equal parsed JSON values (a client that
+    re-sends `1767225600` where it first sent `1767225600.0` repeats itself, it does not conflict)."""
+    if isinstance(a, bytes):
+        a = a.decode("utf-8", "replace")
+    if isinstance(b, bytes):
+        b = b.decode("utf-8", "replace")
+    if a == b:
+        return True
+    try:
+        return _json_equal(json.loads(a), json.loads(b))
+    except (ValueError, RecursionError):
+        return False
+
+
 def plan_batches(batches: list[list[dict]]) -> tuple[Plan, list[Key]]:
     """Each batch's events that are new to this call (key, event, canonical body), and the keys repeated
     within the call with different content."""
@@ -142,7 +171,7 @@ def plan_batches(batches: list[list[dict]]) -> tuple[Plan, list[Key]]:
         for event in events:
             key, body = (event["run_id"], event["seq"]), canonical(event)
             if key in seen:
-                if seen[key] != body:
+                if not same_body(seen[key], body):
                     conflicts.append(key)
                 continue
             seen[key] = body
@@ -277,6 +306,11 @@ class EventStore:
         with self._lock:
             self._db.close()
 
+    def ping(self) -> None:
+        """One trivial query (the server's /v1/health)."""
+        with self._lock:
+            self._db.execute("SELECT 1").fetchone()
+
     def __enter__(self) -> EventStore:
         return self
 
@@ -313,7 +347,7 @@ class EventStore:
                         if row is None:
                             new.append((*key, event["type"], float(event["timestamp"]), body, now))
                             stored += 1
-                        elif row[0] != body:
+                        elif not same_body(row[0], body):
                             conflicts.append(key)
                     results.append(AddResult(n_events, stored, n_events - stored))
                 if conflicts:

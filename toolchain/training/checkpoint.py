@@ -70,8 +70,10 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     is not one (unreadable, truncated, not safetensors, no meta)."""
     from safetensors.torch import load
 
+    from toolchain.inputs import read_input
+
+    raw = read_input(Path(path), what=f"checkpoint {path}")
     try:
-        raw = Path(path).read_bytes()
         tensors = load(raw)
         header_len = int.from_bytes(raw[:8], "little")
         meta = json.loads(json.loads(raw[8:8 + header_len])["__metadata__"]["meta"])

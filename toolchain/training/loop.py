@@ -51,7 +51,7 @@ class _Logged(NamedTuple):
 
 
 def _logged(path: Path | None, run_id: str | None) -> _Logged:
-    if path is None or run_id is None or not path.exists():
+    if path is None or run_id is None or not path.is_file():    # a device (/dev/null, a terminal): nothing to read
         return _Logged(-1, frozenset(), frozenset())
     last, steps, ended = -1, set(), set()
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():

@@ -50,18 +50,19 @@ class ProgramSession:
         target: the runtime (default: the program's first host-runnable target; "eager": PyTorch).
         threads: the runtime's threads.
         use: the methods the runtime loads (`runners.role_methods`: "train", "eval", "generate", "all").
+        verbose: the runtime's native log lines are shown (`toolchain --verbose`).
 
     Raises:
         BadInput: the directory is not a usable program (`ProgramDir`).
     """
 
     def __init__(self, program: Path, *, target: str | None = None, threads: int | None = None,
-                 use: str = "all") -> None:
+                 use: str = "all", verbose: bool = False) -> None:
         from toolchain.runtime.mapped_guard import guard_program
 
         self.pdir = ProgramDir(program)
         guard_program(self.pdir)              # a SIGBUS from the mapped weights is one Error: line
-        self.target, self.threads, self.use = target, threads, use
+        self.target, self.threads, self.use, self.verbose = target, threads, use, verbose
         self.baseline: dict | None = None     # the loaded-runtime baseline (`measure_baseline`)
         self.evals: list[EvalPoint] = []      # the held-out losses of the training run, in step order
         self.trainer: ProgramTrainer | None = None
@@ -108,7 +109,8 @@ class ProgramSession:
         if self._runner is None:
             from toolchain.runtime.runners import open_runner
 
-            self._runner = open_runner(self.pdir, self.target, threads=self.threads, use=self.use)
+            self._runner = open_runner(self.pdir, self.target, threads=self.threads, use=self.use,
+                                       verbose=self.verbose)
         return self._runner
 
     @property

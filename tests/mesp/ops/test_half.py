@@ -18,7 +18,8 @@ from helpers import flat_grads, lora_for, our_weights, random_case, random_hf_mo
 
 from toolchain.export.program import QUANTIZED_FIELDS
 from toolchain.mesp import StepOptions, mesp_step
-from toolchain.mesp.ops.half import compute_weight, from_compute, half_compute, half_enabled, to_compute
+from toolchain.mesp.ops.compute import FP32, Compute
+from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.quant import dequantize, matmul_dyw, matmul_xwt, quantize, with_chunk_rows
 
 COSINE_MIN = 0.9999
@@ -61,8 +62,7 @@ def test_fp16_step_gradients_are_within_the_stated_bound_of_fp32(seed):
     labels = random_labels(ids, gen)
     opts = StepOptions(vocab_chunk=7, mlp_chunk=4) if seed % 3 else StepOptions()
     r32 = mesp_step(arch, weights, case.lora, lora, ids, labels, options=opts)
-    with half_compute():
-        r16 = mesp_step(arch, weights, case.lora, lora, ids, labels, options=opts)
+    r16 = mesp_step(arch, weights, case.lora, lora, ids, labels, options=opts, compute=Compute("fp16"))
     a, b = _flat(r32.grads), _flat(r16.grads)
     cos = float(a @ b / (a.norm() * b.norm()))
     rel = float((b - a).norm() / a.norm())
@@ -73,16 +73,17 @@ def test_fp16_step_gradients_are_within_the_stated_bound_of_fp32(seed):
     assert r16.loss.dtype == torch.float32 and all(g.dtype == torch.float32 for g in flat_grads(r16.grads).values())
 
 
-def test_outside_the_context_every_helper_is_the_identity():
+def test_with_fp32_compute_every_helper_is_the_identity():
     x, w = torch.randn(5, 8), torch.randn(6, 8)
     qw = quantize(w, "int4", 4)
-    assert not half_enabled()
-    assert to_compute(x) is x and from_compute(x) is x and compute_weight(w) is w and compute_weight(qw) is qw
+    assert not FP32.half
+    assert (to_compute(x, FP32) is x and from_compute(x, FP32) is x and compute_weight(w, FP32) is w
+            and compute_weight(qw, FP32) is qw)
     assert torch.equal(matmul_xwt(x, qw), F.linear(x, dequantize(qw)))
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
-def test_inside_the_context_products_are_float16_products_summed_in_float32(kind):
+def test_with_fp16_compute_products_are_float16_products_summed_in_float32(kind):
     """matmul_xwt = cast(float16 x @ float16 chunk^T) per chunk; matmul_dyw sums each chunk's float16 product in
     float32; the weight chunk is q * s in float16 (s cast to float16)."""
     g = torch.Generator().manual_seed(0)
@@ -91,10 +92,9 @@ def test_inside_the_context_products_are_float16_products_summed_in_float32(kind
     assert qw.chunk_rows == 4
     half_w = dequantize(qw._replace(scale=qw.scale.half()))
     assert half_w.dtype == torch.float16
-    with half_compute():
-        assert half_enabled()
-        y, dx = matmul_xwt(x, qw), matmul_dyw(dy, qw)
-    assert not half_enabled()
+    fp16 = Compute("fp16")
+    assert fp16.half
+    y, dx = matmul_xwt(x, qw, fp16), matmul_dyw(dy, qw, fp16)
     assert y.dtype == dx.dtype == torch.float32
     assert torch.equal(y, F.linear(x.half(), half_w).float())
     want = sum((dy[:, a:b].half() @ half_w[a:b]).float() for a, b in ((0, 4), (4, 8), (8, 12)))
@@ -102,9 +102,14 @@ def test_inside_the_context_products_are_float16_products_summed_in_float32(kind
     assert not torch.equal(y, F.linear(x, dequantize(qw)))   # float32 would differ
 
 
-def test_contexts_nest_and_restore():
-    with half_compute():
-        with half_compute(False):
-            assert half_enabled()          # enabled=False leaves the enclosing setting
-        assert half_enabled()
-    assert not half_enabled()
+def test_compute_is_a_value_not_a_setting():
+    """Precision travels as an argument: a Compute is immutable, checked, and nothing is left behind by a call."""
+    fp16 = Compute("fp16", fused=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fp16.precision = "fp32"
+    with pytest.raises(ValueError, match="unknown compute precision"):
+        Compute("bf16")
+    x = torch.randn(3, 8)
+    qw = quantize(torch.randn(4, 8), "int8", 4)
+    assert matmul_xwt(x, qw, fp16).dtype == torch.float32
+    assert torch.equal(matmul_xwt(x, qw), F.linear(x, dequantize(qw)))   # the default after an fp16 call

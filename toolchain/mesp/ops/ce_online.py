@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
+from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, quant_rows
 
@@ -37,9 +38,10 @@ def head_chunks(head: Tensor | QuantWeight, vocab_chunk: int) -> list[Tensor | Q
 
 
 def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[Tensor | QuantWeight],
-          with_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+          with_grad: bool, compute: Compute) -> tuple[Tensor, Tensor, Tensor | None]:
     """For rows h [C, d]: (lse [C], z[y] [C], A / S - E[y] [C, d] or None). A quantized head is dequantized
-    one vocabulary chunk at a time ([Vc, d], shared by the chunk's two matmuls) and at the target rows."""
+    one vocabulary chunk at a time ([Vc, d], shared by the chunk's two matmuls) and at the target rows; the
+    head's two matmuls compute as `compute` says (fp16: float16 operands and products, ops/half.py)."""
     valid = targets != IGNORE_INDEX                                  # [C]
     tgt = torch.where(valid, targets, torch.zeros_like(targets))    # [C] safe gather index
     e_y = embedding_rows(head, tgt)                                  # [C, d] E[y]
@@ -47,10 +49,10 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
     m = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype, device=h.device)
     s = torch.zeros_like(m)                                          # [C, 1]
     acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
-    hc = to_compute(h)                                               # --compute fp16: float16 (ops/half.py)
+    hc = to_compute(h, compute)                                      # --compute fp16: float16 (ops/half.py)
     for chunk in chunks:
-        e_j = dense(compute_weight(chunk))                           # [Vc, d] (the stored rows, or dequantized)
-        z = from_compute(F.linear(hc, e_j))                          # [C, Vc] = h E_j^T; E_j read in place
+        e_j = dense(compute_weight(chunk, compute))                  # [Vc, d] (the stored rows, or dequantized)
+        z = from_compute(F.linear(hc, e_j), compute)                 # [C, Vc] = h E_j^T; E_j read in place
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
         p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer
@@ -58,7 +60,7 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
         if acc is not None:
             # A <- a A + p E_j. Not `acc.mul_(a).addmm_(p, e_j)`: ExecuTorch runs addmm with its portable
             # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
-            acc = acc * a + from_compute(to_compute(p) @ e_j)
+            acc = acc * a + from_compute(to_compute(p, compute) @ e_j, compute)
         m = m_new
         del z, p, e_j
     lse = (m + s.log()).squeeze(1)                                   # [C]
@@ -72,7 +74,8 @@ def _n_valid(targets: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def ce_online_forward_backward(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, token_chunk: int,
-                               vocab_chunk: int, *, chunks: list[Tensor] | None = None) -> CeResult:
+                               vocab_chunk: int, *, chunks: list[Tensor] | None = None,
+                               compute: Compute = FP32) -> CeResult:
     """Loss and dh in one pass over token chunks x vocabulary chunks.
 
     Args:
@@ -82,13 +85,14 @@ def ce_online_forward_backward(h: Tensor, head: Tensor | QuantWeight, targets: T
         token_chunk: rows per chunk (static).
         vocab_chunk: vocabulary entries per chunk (static): peak transient [token_chunk, vocab_chunk].
         chunks: `head_chunks(head, vocab_chunk)` given by the caller (the same tensors, passed separately).
+        compute: the head matmuls' precision (ops/compute.py). Default: float32.
     """
     chunks = head_chunks(head, vocab_chunk) if chunks is None else chunks
     n = _n_valid(targets, h.dtype)
     losses, dhs = [], []
     for start in range(0, h.shape[0], token_chunk):
         rows = slice(start, start + token_chunk)
-        lse, picked, dh = _rows(h[rows], head, targets[rows], chunks, with_grad=True)
+        lse, picked, dh = _rows(h[rows], head, targets[rows], chunks, with_grad=True, compute=compute)
         w = (targets[rows] != IGNORE_INDEX).to(h.dtype) / n          # [C]
         losses.append(((lse - picked) * w).sum())
         dhs.append(dh * w[:, None])                                  # [C, d]
@@ -96,13 +100,13 @@ def ce_online_forward_backward(h: Tensor, head: Tensor | QuantWeight, targets: T
 
 
 def ce_online_loss(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, token_chunk: int, vocab_chunk: int, *,
-                   chunks: list[Tensor] | None = None) -> Tensor:
+                   chunks: list[Tensor] | None = None, compute: Compute = FP32) -> Tensor:
     """The loss alone (evaluation, MeZO), same chunking; one matmul per chunk."""
     chunks = head_chunks(head, vocab_chunk) if chunks is None else chunks
     n = _n_valid(targets, h.dtype)
     total = h.new_zeros(())
     for start in range(0, h.shape[0], token_chunk):
         rows = slice(start, start + token_chunk)
-        lse, picked, _ = _rows(h[rows], head, targets[rows], chunks, with_grad=False)
+        lse, picked, _ = _rows(h[rows], head, targets[rows], chunks, with_grad=False, compute=compute)
         total = total + ((lse - picked) * (targets[rows] != IGNORE_INDEX).to(h.dtype)).sum()
     return total / n

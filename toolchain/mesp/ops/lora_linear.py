@@ -5,7 +5,8 @@ Backward: h = x A^T (recomputed), dh = s * dy B
           dx = dy W + dh A,   dA = dh^T x,   dB = s * dy^T h
 Saved: x [T, i] and references to W, A, B. NOT saved: h [T, r] (MeSP: recomputing it costs
 2*T*i*r FLOPs, r << i). The bias is frozen: no gradient. A quantized W (`QuantWeight`) is dequantized
-where it is used, in forward and again in backward: the dense matrix is a transient, never saved.
+where it is used, in forward and again in backward: the dense matrix is a transient, never saved. `compute`
+(ops/compute.py) is how x W^T and dy W are computed (fp16, or the fused int4 op in forward).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
+from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.quant import QuantWeight, matmul_dyw, matmul_xwt
 
 __all__ = ["LinearSaved", "LinearGrads", "linear_forward", "linear_backward"]
@@ -34,8 +36,8 @@ class LinearGrads(NamedTuple):
 
 
 def linear_forward(x: Tensor, w: Tensor | QuantWeight, bias: Tensor | None, lora: LoraPair | None,
-                   scale: float) -> tuple[Tensor, LinearSaved]:
-    y = matmul_xwt(x, w)                                             # [T, o]
+                   scale: float, compute: Compute = FP32) -> tuple[Tensor, LinearSaved]:
+    y = matmul_xwt(x, w, compute)                                    # [T, o]
     if bias is not None:
         y = y + bias
     if lora is not None:
@@ -43,10 +45,10 @@ def linear_forward(x: Tensor, w: Tensor | QuantWeight, bias: Tensor | None, lora
     return y, LinearSaved(x, w, lora, scale)
 
 
-def linear_backward(dy: Tensor, saved: LinearSaved) -> LinearGrads:
+def linear_backward(dy: Tensor, saved: LinearSaved, compute: Compute = FP32) -> LinearGrads:
     """Args: dy [T, o]. Returns dx [T, i] and, when adapted, (dA, dB)."""
     x, w, lora, s = saved
-    dx = matmul_dyw(dy, w)                                           # [T, i] (dequantized again)
+    dx = matmul_dyw(dy, w, compute)                                  # [T, i] (dequantized again)
     if lora is None:
         return LinearGrads(dx, None)
     a, b = lora

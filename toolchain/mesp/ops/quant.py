@@ -17,34 +17,32 @@ matmul that needs it, in forward and again in backward; it is never saved. Matmu
   x W^T = [x W_1^T, ..., x W_n^T]        dy W = sum_j dy[:, rows_j] W_j
 
 Generation reads every int4 weight once per token, where dequantizing it costs more than the matmul
-(docs/benchmarks.md). Within `fused_int4()` an int4 `x W^T` is one call of the custom op
+(docs/benchmarks.md). With a fused `Compute` (ops/compute.py) an int4 `x W^T` is one call of the custom op
 `toolchain::int4_linear_a8(x, qweight, scales, group)`, which multiplies the packed weight in place with x
 quantized to int8 per row and group (W4A8: what ExecuTorch's own 8da4w LLM programs compute; integer dot
 products, 64 per instruction on AVX-512 VNNI): its ExecuTorch kernel is toolchain/native/kernels.cpp;
 its PyTorch implementation here (`int4_linear_a8_reference`) defines it, is what eager generation runs, and
 is the reference the kernel is tested against. The stock generation methods (a runtime without the kernel)
 and the training step keep float32 activations (`dequantize` + `linear`); the activations' int8 rounding
-costs the demo model +0.0004 nats per byte of held-out loss (docs/benchmarks.md). The op is registered with PyTorch when
-this module is imported.
+costs the demo model +0.0004 nats per byte of held-out loss (docs/benchmarks.md). The op is registered with
+PyTorch by the native kernels' table, mesp/kernels.py, when `toolchain.mesp` is imported.
 """
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from toolchain.mesp.ops.half import compute_weight, from_compute, half_enabled, to_compute
+from toolchain.mesp.ops.compute import FP32, Compute
+from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
-__all__ = ["QuantWeight", "quantize", "dequantize", "fused_int4", "dense", "matmul_xwt",
-           "matmul_dyw", "with_chunk_rows", "dense_rows", "dense_cols", "quant_rows", "embedding_rows",
-           "int4_linear_a8_reference", "quantize_activations", "fused_enabled", "INT4_LINEAR_OP"]
+__all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
+           "dense_rows", "dense_cols", "quant_rows", "embedding_rows", "int4_linear_a8_reference",
+           "quantize_activations"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -112,41 +110,39 @@ def _chunks(qw: QuantWeight) -> list[tuple[int, int]]:
     return [(r, min(r + step, o)) for r in range(0, o, step)]
 
 
-def matmul_xwt(x: Tensor, w: Tensor | QuantWeight) -> Tensor:
-    """x W^T for x [T, i], W [o, i] (dense, or quantized and dequantized chunk by chunk).
+def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
+    """x W^T for x [T, i], W [o, i] (dense, or quantized and dequantized chunk by chunk; with a fused `compute`
+    an int4 W is one `toolchain::int4_linear_a8` call, W read in place).
 
     Computed as `linear(x, W)`: exporters keep `aten.linear` (ExecuTorch's `to_edge` is told to
     preserve it), whose optimized kernel reads W [o, i] in place. Any written-out transpose of W
     would be materialized (`permute_copy`: ExecuTorch tensors have no strides), a copy of the frozen
     weight (17 MB for a [4864, 896] matrix, 545 MB for the LM head).
     """
-    if half_enabled():                 # --compute fp16 (ops/half.py): float16 operands and product
-        w, xh = compute_weight(w), to_compute(x)
+    if compute.half:                   # --compute fp16 (ops/half.py): float16 operands and product
+        w, xh = compute_weight(w, compute), to_compute(x, compute)
         if not isinstance(w, QuantWeight):
-            return from_compute(F.linear(xh, w))                                       # [T, o]
-        return from_compute(torch.cat([F.linear(xh, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1))
+            return from_compute(F.linear(xh, w), compute)                              # [T, o]
+        return from_compute(torch.cat([F.linear(xh, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1),
+                            compute)
     if isinstance(w, Int4Constant):    # the XNNPACK generation variant (ops/int8da_int4w.py)
         return linear_8da4w(x, w)                                                      # [T, o]
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
-    if _FUSED_INT4 and w.bits == 4:
+    if compute.fused and w.bits == 4:
         group = 2 * w.q.shape[1] // w.scale.shape[1]
         return torch.ops.toolchain.int4_linear_a8(x, w.q, w.scale, group)             # [T, o], W read in place
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
-def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight) -> Tensor:
-    """dy W for dy [T, o], W [o, i]. With --compute fp16 each chunk's product is float16, summed in float32."""
-    half = half_enabled()
-    if half:
-        w, dy = compute_weight(w), to_compute(dy)
+def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
+    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16, summed in float32."""
+    w, dy = compute_weight(w, compute), to_compute(dy, compute)
     if not isinstance(w, QuantWeight):
-        return from_compute(dy @ w)
+        return from_compute(dy @ w, compute)
     out = None
     for a, b in _chunks(w):
-        part = dy[:, a:b] @ dequantize(_rows(w, a, b))                                  # [T, i]
-        if half:
-            part = from_compute(part)
+        part = from_compute(dy[:, a:b] @ dequantize(_rows(w, a, b)), compute)          # [T, i]
         out = part if out is None else out + part
     return out
 
@@ -170,22 +166,6 @@ def dequantize(qw: QuantWeight) -> Tensor:
     return (vals.reshape(o, g, i // g) * scale[..., None]).reshape(o, i)
 
 
-_FUSED_INT4 = False
-
-
-@contextlib.contextmanager
-def fused_int4() -> Iterator[None]:
-    """Within this context an int4 `matmul_xwt` is one `toolchain::int4_linear_a8` call, and the decode
-    attention one `toolchain::attention_decode` call (`mesp/decode.py`): the fused generation methods,
-    which need the native kernels (see the module docstring)."""
-    global _FUSED_INT4
-    previous, _FUSED_INT4 = _FUSED_INT4, True
-    try:
-        yield
-    finally:
-        _FUSED_INT4 = previous
-
-
 def quantize_activations(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     """x [T, i] float32 -> (a [T, ng, group] int8 values as float32, zero-padded past i; sa [T, ng]):
     per row and group of `group` columns (the last may be partial) sa = max|x| / 127, a = round(x / sa)
@@ -196,11 +176,6 @@ def quantize_activations(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     sa = xg.abs().amax(-1) / 127.0                                                      # [T, ng]
     a = torch.where(sa[..., None] > 0, torch.round(xg / sa[..., None]), 0.0)
     return torch.nan_to_num(a, nan=0.0).clamp(-127, 127), sa
-
-
-def fused_enabled() -> bool:
-    """Inside `fused_int4()`: the fused generation methods' custom ops replace their stock graphs."""
-    return _FUSED_INT4
 
 
 def int4_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:
@@ -219,33 +194,6 @@ def int4_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: 
         isum = torch.einsum("tgk,ogk->tog", a.double(), n).float()                      # exact integers
         rows.append((isum * (scales[r0:r0 + 4096][None] * sa[:, None, :])).sum(-1))     # [T, o']
     return torch.cat(rows, dim=1).reshape(*lead, o).to(x.dtype)
-
-
-INT4_LINEAR_OP = "toolchain::int4_linear_a8"
-
-
-def _register_int4_linear() -> torch.library.Library:
-    """`toolchain::int4_linear_a8` and its out variant (what ExecuTorch's `to_executorch` calls, and what
-    the native kernel implements), with the reference as their CPU implementation and shapes for
-    tracing."""
-    lib = torch.library.Library("toolchain", "DEF")
-    lib.define("int4_linear_a8(Tensor x, Tensor qweight, Tensor scales, int group) -> Tensor")
-    lib.define("int4_linear_a8.out(Tensor x, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out) -> Tensor(a!)")
-
-    def out_variant(x, qweight, scales, group, *, out):
-        out.copy_(int4_linear_a8_reference(x, qweight, scales, group))
-        return out
-
-    def shape_only(x, qweight, scales, group):
-        return x.new_empty((*x.shape[:-1], qweight.shape[0]))
-
-    lib.impl("int4_linear_a8", int4_linear_a8_reference, "CompositeExplicitAutograd")
-    lib.impl("int4_linear_a8.out", out_variant, "CompositeExplicitAutograd")
-    lib.impl("int4_linear_a8", shape_only, "Meta")
-    return lib
-
-
-_OPS_LIBRARY = _register_int4_linear()
 
 
 def _unpack_int4(q: Tensor, dtype: torch.dtype) -> Tensor:

@@ -1,0 +1,40 @@
+"""How a method computes the same math: `Compute`, a description passed with the block's parameters
+(`BlockParams.compute`) and to the functions that multiply by frozen weights, never a module-level switch.
+
+  precision  "fp32" (the default, exact) or "fp16": the frozen-weight matmuls in float16 (`--compute fp16`,
+             the training methods; what that means is ops/half.py)
+  fused      the fused generation methods: an int4 `x W^T` is one `toolchain::int4_linear_a8` call
+             (ops/quant.py), the decode block and the head's norm call the native kernels' custom ops
+             (mesp/decode.py; the ops are mesp/kernels.py's table)
+
+The exporter (export/bodies.py) builds one per method: fp16 for the training methods of a `--compute fp16`
+program, fused for the methods whose spec lists kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["COMPUTE_CHOICES", "Compute", "FP32"]
+
+COMPUTE_CHOICES = ("fp32", "fp16")   # `--compute`, the manifest's `compute`
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The frozen-weight matmuls' precision and whether the native kernels' custom ops replace stock graphs."""
+
+    precision: Literal["fp32", "fp16"] = "fp32"
+    fused: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in COMPUTE_CHOICES:
+            raise ValueError(f"unknown compute precision {self.precision!r}; choose {' or '.join(COMPUTE_CHOICES)}")
+
+    @property
+    def half(self) -> bool:
+        return self.precision == "fp16"
+
+
+FP32 = Compute()   # the stock float32 computation (every function's default)
