@@ -22,14 +22,14 @@ import torch
 from torch import Tensor, nn
 
 from toolchain.contract import LAYER, MethodSpec
+from toolchain.export.program import QUANTIZED_FIELDS, ProgramSpec, method_specs
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
 from toolchain.mesp.ops.int8da_int4w import Int4Constant, int4_constant
 from toolchain.models.weights import LayerWeights
-from toolchain.export.program import ProgramSpec, QUANTIZED_FIELDS, method_specs
 
-__all__ = ["xnnpack_method_module", "variant_inputs"]
+__all__ = ["xnnpack_method_module"]
 
 
 def _tensor(weights: Mapping[str, Tensor], key: str, rows: tuple[int, int] | None) -> Tensor:
@@ -94,10 +94,3 @@ def xnnpack_method_module(spec: ProgramSpec, method: MethodSpec, weights: Mappin
     if method.variant is None:
         raise ValueError(f"{method.name} is not an XNNPACK-variant method")
     return _ConstMethod(spec, method, _stock_of(spec, method), weights)
-
-
-def variant_inputs(method: MethodSpec) -> tuple[Tensor, ...]:
-    """Tracing inputs (zeros of each input's shape; the variant methods take no weights)."""
-    from toolchain.export.bodies import example_inputs
-
-    return example_inputs(method)
