@@ -1,10 +1,9 @@
 package org.onphonellm.trainer.core
 
 import java.io.File
-import kotlin.test.assertEquals
-import kotlin.test.assertFailsWith
-import kotlin.test.assertNotNull
-import kotlin.test.assertTrue
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertThrows
+import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 
 /**
@@ -21,8 +20,8 @@ class XnnpackVariantTest {
     }
 
     @Test fun `without the fused kernels the variant's names, with them the fused ones`() {
-        val x = assertNotNull(program.xnnpack)
-        val fused = assertNotNull(program.fused)
+        val x = program.xnnpack!!
+        val fused = program.fused!!
         assertTrue(x.weightBytes > 0)
         val stock = Contract.GENERATION_ROLES.associateWith { it }
         val none = LayerLoop.generationNames(program, runtime(emptySet()))
@@ -39,18 +38,18 @@ class XnnpackVariantTest {
             assertTrue(role !in called, role)
             for (i in 0 until layers) assertTrue("${role}_xnnpack_$i" in called, "${role}_xnnpack_$i")
         }
-        assertTrue("head_logits_xnnpack" in called && "head_logits" !in called)
-        assertTrue("embed_token" in called && "embed_prefill" in called)
-        assertTrue(called.none { it.endsWith("_fused") })
+        assertTrue("head_logits_xnnpack" in called && "head_logits" !in called, "head")
+        assertTrue("embed_token" in called && "embed_prefill" in called, "embed")
+        assertTrue(called.none { it.endsWith("_fused") }, "no fused method")
         val withKernels = LayerLoop.methodsCalled(program, runtime(program.fused!!.kernels.toSet()))
         assertTrue(withKernels.none { "xnnpack" in it }, "the fused methods win")
         // The variant's methods read the same LoRA entries as the stock ones (every layer's).
         val entries = LayerLoop.generationStateEntries(program)
-        assertTrue(entries.isNotEmpty() && entries.all { e -> program.stateEntries.any { it.name == e } })
+        assertTrue(entries.isNotEmpty() && entries.all { e -> program.stateEntries.any { it.name == e } }, "state entries")
     }
 
     @Test fun `a variant naming a method the program lacks is refused`() {
         val text = Fixtures.exampleManifest("manifest_tiny_xnnpack.json").replace("\"block_decode_xnnpack_{layer}\"", "\"block_decode_xnnpack_x{layer}\"")
-        assertFailsWith<ContractError> { Manifest.parse(File("."), Json.parse(text), "example") }
+        assertThrows(ContractError::class.java) { Manifest.parse(File("."), Json.parse(text), "example") }
     }
 }
