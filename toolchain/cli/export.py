@@ -66,8 +66,8 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
 
     from toolchain.atomic import check_output_dir
     from toolchain.export.build import ExportSpec, export_program, tokenizer_fields
-    from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import weights_file_size
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import weights_file_size
     from toolchain.lora.resolve import resolve_adapter
     from toolchain.mesp import StepOptions, chunk_overrides
     from toolchain.models.load import model_source

@@ -1,5 +1,5 @@
 """What each method of a v3 program computes: one body per role over the named inputs of its `MethodSpec`
-(export/program.py `method_specs`), from the MeSP block, head and decode functions (mesp/), and the module the
+(program/spec.py `method_specs`), from the MeSP block, head and decode functions (mesp/), and the module the
 exporters trace (`method_module`) with its tracing inputs (`example_inputs`).
 
 No math here: the bodies unpack inputs into the mesp functions' arguments and pack their results.
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from toolchain.contract import GENERATION_ROLES, STATE_ROLE_PREFIX, MethodSpec
 from toolchain.errors import BadInput
-from toolchain.export.program import ProgramSpec, layer_state_inputs, method_specs, state_roles
+from toolchain.program.spec import ProgramSpec, layer_state_inputs, method_specs, state_roles
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits

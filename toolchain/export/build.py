@@ -21,10 +21,10 @@ from toolchain.atomic import atomic_dir
 from toolchain.contract import (ADAPTER_INIT_DIR, MANIFEST_NAME, QWEN_ENDOFTEXT_ID, STATE_INIT_NAME, TOKENIZER_NAME,
                                 WEIGHTS_NAME, Manifest, sha256_file, write_manifest)
 from toolchain.errors import BadInput, FieldError
-from toolchain.export.manifest import build_manifest
-from toolchain.export.program import ProgramSpec, QuantSpec, flat_state, state_layout
+from toolchain.program.manifest import build_manifest
+from toolchain.program.spec import ProgramSpec, QuantSpec, flat_state, state_layout
 from toolchain.export.targets import TARGETS, target
-from toolchain.export.weights_file import write_weights_streamed
+from toolchain.program.weights_file import write_weights_streamed
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import save_adapter

@@ -23,9 +23,9 @@ from torch import Tensor
 
 from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
-from toolchain.export.program import flat_state
+from toolchain.program.spec import flat_state
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 
 __all__ = ["evaluate_program", "program_state", "state_from_adapter", "state_from_checkpoint"]
 
@@ -39,7 +39,7 @@ def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence
     flat float32 state) is read, never written."""
     loop = loop or LayerLoop(pdir, runner)
     views = pdir.state_views(state)
-    pad_id = pdir.info.pad_token_id
+    pad_id = pdir.pad_token_id
     total, tokens, rows, row_losses, skipped = 0.0, 0, 0, [], 0
     with torch.no_grad():
         for i, ex in enumerate(examples):
@@ -63,7 +63,7 @@ def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence
 def state_from_adapter(pdir: ProgramDir, adapter_dir) -> Tensor:
     """A PEFT adapter directory as the program's flat state (its LoRA slices; optimizer moments zero).
     The adapter's config must match the program's (rank, alpha, targets, layers)."""
-    from toolchain.export.program import state_layout
+    from toolchain.program.spec import state_layout
     from toolchain.lora.peft_io import load_adapter
 
     cfg, lora = load_adapter(adapter_dir, pdir.arch)
@@ -73,7 +73,7 @@ def state_from_adapter(pdir: ProgramDir, adapter_dir) -> Tensor:
         raise BadInput(f"{adapter_dir}: adapter r={cfg.rank} alpha={cfg.alpha} targets={','.join(cfg.targets)} does not "
                        f"match the program's r={want.rank} alpha={want.alpha} targets={','.join(want.targets)}; "
                        f"re-export the program with this adapter's config (or --adapter)")
-    layout = state_layout(pdir.arch, pdir.lora_config, pdir.info.optimizer)
+    layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
     state = flat_state(layout, lora)
     if state.numel() != pdir.state_numel:
         raise BadInput(f"{adapter_dir}: gives {state.numel()} state values, the program has {pdir.state_numel}")

@@ -17,7 +17,7 @@ from torch import Tensor
 from toolchain.contract import LAYER, IoSpec, MethodSpec
 from toolchain.errors import BadInput
 from toolchain.mesp.step import checkpoint_groups
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 
 __all__ = ["LayerLoop"]
 
@@ -27,11 +27,11 @@ class LayerLoop:
 
     def __init__(self, pdir: ProgramDir, runner) -> None:
         self.pdir, self.runner = pdir, runner
-        self.methods: dict[str, MethodSpec] = pdir.info.methods
+        self.methods: dict[str, MethodSpec] = pdir.methods
         self.weights = pdir.weights()
         self.layers = pdir.arch.layers
-        self.moves_unselected = pdir.info.moves_unselected
-        self.step_entry = pdir.info.step_entry
+        self.moves_unselected = pdir.moves_unselected
+        self.step_entry = pdir.step_entry
         self._bindings: dict[tuple[str, int | None], list] = {}
         self._output_plans: dict[tuple[str, int | None], list] = {}
         missing = {io.ref.replace(LAYER, "0") for m in self.methods.values() for io in m.inputs

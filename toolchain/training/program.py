@@ -24,7 +24,7 @@ from toolchain.errors import BadInput
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 from toolchain.training.checkpoint import rows_sha256
 from toolchain.training.loop import OnStep, Trainer, host_info
 from toolchain.training.result import TrainResult
@@ -66,10 +66,10 @@ class TrainRun:
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
     """The run_start fields for a run of `pdir` on this host."""
-    m = pdir.manifest
-    return {"model": m.model.source, "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
-            "rank": m.lora.rank, "targets": list(m.lora.targets), "optimizer": m.optimizer.kind,
-            "lr": lr, "quant": m.quant.kind, "compute": m.compute, **host_info(), "program": pdir.path.name}
+    return {"model": pdir.model.source, "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
+            "rank": pdir.lora_config.rank, "targets": list(pdir.lora_config.targets), "optimizer": pdir.optimizer.kind,
+            "lr": lr, "quant": pdir.spec.quant.kind, "compute": pdir.spec.compute, **host_info(),
+            "program": pdir.path.name}
 
 
 class ProgramTrainer(Trainer):
@@ -82,7 +82,7 @@ class ProgramTrainer(Trainer):
         self.pdir, self.run_options, self.examples = pdir, run, examples
         self.layers, self.rows = pdir.arch.layers, len(examples)
         self.backend = getattr(runner, "backend", "executorch")
-        pad_id = pdir.info.pad_token_id
+        pad_id = pdir.pad_token_id
         self._rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
         self._state = pdir.state_init() if state is None else state
         self.loop = LayerLoop(pdir, runner) if loop is None else loop
@@ -126,7 +126,7 @@ class ProgramTrainer(Trainer):
     def settings(self) -> dict[str, Any]:
         if self._settings is None:
             run = self.run_options
-            optimizer = dataclasses.replace(self.pdir.info.optimizer, lr=run.lr)
+            optimizer = dataclasses.replace(self.pdir.optimizer, lr=run.lr)
             self._settings = {
                 "trainer": "program",
                 "program": sha256_file(self.pdir.path / MANIFEST_NAME),

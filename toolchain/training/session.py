@@ -33,7 +33,7 @@ from toolchain.dataset import Example
 from toolchain.runtime.evaluate import evaluate_program, program_state
 from toolchain.runtime.generate import GenerateResult, Prompt, generate, prompt_for
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 from toolchain.training.program import ProgramTrainer, TrainRun, runtime_baseline
 from toolchain.training.result import StepLog, TrainResult
 

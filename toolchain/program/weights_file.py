@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from toolchain.errors import BadInput, ShapeMismatch
-from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
+from toolchain.program.spec import QUANTIZED_FIELDS, QuantSpec
 from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import ModelArch
 from toolchain.models.shards import read_safetensors_header
