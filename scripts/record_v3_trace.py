@@ -41,7 +41,7 @@ from toolchain.runtime import LayerLoop  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
 from toolchain.runtime.generate import generate  # noqa: E402
 from toolchain.runtime.runners import open_runner  # noqa: E402
-from toolchain.training.program import ProgramTrainer, TrainRun  # noqa: E402
+from toolchain.training import ProgramTrainer, TrainRun  # noqa: E402
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16

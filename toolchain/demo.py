@@ -143,7 +143,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
 
     from toolchain.memory.measure import MIB, measure_peak
     from toolchain.text_data import make_rows, program_text
-    from toolchain.training.program import TrainRun
+    from toolchain.training import TrainRun
     from toolchain.training.session import ProgramSession
 
     phase = on_phase or (lambda _s: None)

@@ -28,7 +28,8 @@ from toolchain.mesp.ops.quant import QuantWeight, dequantize
 from toolchain.models import ModelArch
 from toolchain.program import ProgramDir
 from toolchain.runtime import LayerLoop
-from toolchain.runtime.evaluate import evaluate_program, state_from_adapter
+from toolchain.runtime.evaluate import evaluate_program
+from toolchain.training.program import state_from_adapter
 from toolchain.runtime.generate import generate, new_cache
 from toolchain.runtime.runners import open_runner
 from helpers import our_weights

@@ -15,7 +15,7 @@ from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.program import ProgramDir
 from toolchain.runtime import EagerRunner
-from toolchain.training import EagerTrainer, ProgramTrainer, TrainConfig, TrainRun, checkpoint_path, data_order
+from toolchain.training import EagerTrainer, ProgramTrainer, TrainRun, checkpoint_path, data_order
 
 
 def _program_trainer(prog, rows, **run):
@@ -24,7 +24,7 @@ def _program_trainer(prog, rows, **run):
 
 
 def _eager_trainer(weights, lora, rows, *, lr=OPTIMIZER.lr, **config):
-    return EagerTrainer(ARCH, weights, CFG, lora, rows, TrainConfig(optimizer=replace(OPTIMIZER, lr=lr), **config))
+    return EagerTrainer(ARCH, weights, CFG, lora, rows, TrainRun(optimizer=replace(OPTIMIZER, lr=lr), **config))
 
 
 def _trainer(kind, program, rows, **run):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,43 +24,12 @@ from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.runtime.loop import LayerLoop
 from toolchain.program.directory import ProgramDir
-from toolchain.training.checkpoint import rows_sha256
-from toolchain.training.loop import OnStep, Trainer, host_info
+from toolchain.training.checkpoint import load_program_state, program_state_of, rows_sha256
+from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import TrainResult
 
-__all__ = ["TrainRun", "ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """How to run a program (the model, LoRA config and optimizer are the program's).
-
-    Args:
-        steps: training steps, one row each.
-        lr: learning rate passed to every step.
-        shuffle_seed, plan, checkpoint, checkpoint_every, resume, telemetry: as in the eager
-            `TrainConfig` (plan: the LCSB layers per step, chosen at run time; None: full backprop).
-        layers_per_checkpoint: the loop keeps one layer input per this many selected layers and reruns
-            `block_forward` for the rest (`LayerLoop.train_step`). Default: 1.
-    """
-
-    steps: int
-    lr: float
-    shuffle_seed: int | None = None
-    checkpoint: Path | None = None
-    checkpoint_every: int = 1
-    resume: bool = False
-    telemetry: Path | None = None
-    plan: StepPlan | None = None
-    layers_per_checkpoint: int = 1
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise BadInput(f"`steps` must be >= 1, got {self.steps}")
-        if self.checkpoint_every < 1:
-            raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
-        if self.layers_per_checkpoint < 1:
-            raise BadInput(f"`layers_per_checkpoint` must be >= 1, got {self.layers_per_checkpoint}")
+__all__ = ["ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline", "program_state",
+           "state_from_adapter"]
 
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
@@ -79,7 +47,11 @@ class ProgramTrainer(Trainer):
 
     def __init__(self, pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
                  run_info: dict | None = None, loop: LayerLoop | None = None, state: Tensor | None = None) -> None:
+        if run.optimizer is not None or run.options is not None:
+            raise BadInput("a program's optimizer and step options are fixed at export (only its lr is a step input); "
+                           "give lr, not optimizer or options")
         self.pdir, self.run_options, self.examples = pdir, run, examples
+        self.lr = pdir.default_lr if run.lr is None else run.lr
         self.layers, self.rows = pdir.arch.layers, len(examples)
         self.backend = getattr(runner, "backend", "executorch")
         pad_id = pdir.pad_token_id
@@ -99,7 +71,7 @@ class ProgramTrainer(Trainer):
 
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
         ids, labels = self._rows[row]
-        loss = self.loop.train_step(ids, labels, self.run_options.lr, self._state, layers,
+        loss = self.loop.train_step(ids, labels, self.lr, self._state, layers,
                                     layers_per_checkpoint=self.run_options.layers_per_checkpoint)
         return loss, int((labels != -100).sum())
 
@@ -115,18 +87,12 @@ class ProgramTrainer(Trainer):
         mapped_guard.set_note(f"the checkpoint of step {step} is at {path}: restore the file and --resume")
 
     def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
-        state = tensors.get("state")
-        if state is None or state.dtype != torch.float32 or state.dim() != 1 or set(tensors) != {"state"}:
-            raise BadInput(f"checkpoint {where} holds no flat float32 `state`; delete it to start over")
-        if state.numel() != self.pdir.state_numel:
-            raise BadInput(f"checkpoint {where} has {state.numel()} state values, the program {self.pdir.state_numel}; "
-                           f"delete it to start over")
-        self._state = state.clone()
+        self._state = program_state_of(tensors, self.pdir.state_numel, where)
 
     def settings(self) -> dict[str, Any]:
         if self._settings is None:
             run = self.run_options
-            optimizer = dataclasses.replace(self.pdir.optimizer, lr=run.lr)
+            optimizer = dataclasses.replace(self.pdir.optimizer, lr=self.lr)
             self._settings = {
                 "trainer": "program",
                 "program": sha256_file(self.pdir.path / MANIFEST_NAME),
@@ -135,11 +101,10 @@ class ProgramTrainer(Trainer):
         return self._settings
 
     def run_info(self) -> dict[str, Any]:
-        info = dict(self._run_info) if self._run_info is not None else host_run_info(self.pdir, self.backend,
-                                                                                     self.run_options.lr)
+        info = dict(self._run_info) if self._run_info is not None else host_run_info(self.pdir, self.backend, self.lr)
         if self.run_options.plan is not None:
             info["lcsb_k"] = self.run_options.plan.k
-        info["lr"] = self.run_options.lr
+        info["lr"] = self.lr
         if "planner_estimate_bytes" not in info:
             info.update(self.planner_estimate())
         return info
@@ -194,3 +159,39 @@ def runtime_baseline(pdir, target: str | None) -> dict | None:
     except (ImportError, OSError, BadInput):
         return None
     return {"probe": "linux_proc_status", "anon_bytes": status.rss_anon, "rss_bytes": status.vm_rss}
+
+
+def state_from_adapter(pdir: ProgramDir, adapter_dir) -> Tensor:
+    """A PEFT adapter directory as the program's flat state (its LoRA slices; optimizer moments zero).
+    The adapter's config must match the program's (rank, alpha, targets, layers)."""
+    from toolchain.lora.peft_io import load_adapter
+    from toolchain.program.spec import flat_state, state_layout
+
+    cfg, lora = load_adapter(adapter_dir, pdir.arch)
+    want = pdir.lora_config
+    if (cfg.rank, cfg.alpha, tuple(cfg.targets), cfg.use_rslora) != (want.rank, want.alpha, tuple(want.targets),
+                                                                      want.use_rslora):
+        raise BadInput(f"{adapter_dir}: adapter r={cfg.rank} alpha={cfg.alpha} targets={','.join(cfg.targets)} does not "
+                       f"match the program's r={want.rank} alpha={want.alpha} targets={','.join(want.targets)}; "
+                       f"re-export the program with this adapter's config (or --adapter)")
+    layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
+    state = flat_state(layout, lora)
+    if state.numel() != pdir.state_numel:
+        raise BadInput(f"{adapter_dir}: gives {state.numel()} state values, the program has {pdir.state_numel}")
+    return state
+
+
+def program_state(pdir: ProgramDir, *, adapter=None, resume_from=None) -> Tensor:
+    """The flat state to run with: an adapter's (`--adapter`), a training checkpoint's (`--resume-from`,
+    read as `--resume` reads it: `checkpoint.load_program_state`), or the program's initial one.
+
+    Raises:
+        BadInput: both given, or either does not fit the program.
+    """
+    if adapter is not None and resume_from is not None:
+        raise BadInput("give either --adapter or --resume-from, not both")
+    if adapter is not None:
+        return state_from_adapter(pdir, adapter)
+    if resume_from is not None:
+        return load_program_state(resume_from, pdir.state_numel)
+    return pdir.state_init()
