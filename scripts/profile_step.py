@@ -115,8 +115,8 @@ def _eager_step(spec: dict, s, clock: _Clock):
 
 def _program_step(spec: dict, s, pdir: ProgramDir, runner):
     """One program step on `runner` through the host's layer loop, from the eager step's adapter."""
-    from toolchain.program.spec import flat_state, state_layout
     from toolchain.lora import init_lora
+    from toolchain.program.spec import flat_state, state_layout
 
     loop = LayerLoop(pdir, runner)
     layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)

@@ -31,12 +31,12 @@ sys.path.insert(0, str(REPO))
 
 from toolchain.dataset import Example  # noqa: E402
 from toolchain.export.build import ExportSpec, export_program  # noqa: E402
-from toolchain.program.spec import QuantSpec  # noqa: E402
 from toolchain.lcsb.plan import StepPlan  # noqa: E402
 from toolchain.lora import LoraConfig, init_lora  # noqa: E402
 from toolchain.models import ModelArch, random_weights  # noqa: E402
 from toolchain.optim import OptimizerConfig  # noqa: E402
 from toolchain.program import ProgramDir  # noqa: E402
+from toolchain.program.spec import QuantSpec  # noqa: E402
 from toolchain.runtime import LayerLoop  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
 from toolchain.runtime.generate import generate  # noqa: E402

@@ -105,11 +105,11 @@ def current_program(out: Path, cfg: DemoConfig) -> bool:
 def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] | None = None) -> Manifest:
     """Export `cfg.model` with the byte tokenizer, fp32 weights, AdamW and the generation methods."""
     from toolchain.export.build import ExportSpec, export_program
-    from toolchain.program.spec import QuantSpec
     from toolchain.lcsb.plan import make_plan
     from toolchain.lora import LoraConfig, init_lora
     from toolchain.models import load_model
     from toolchain.optim import OptimizerConfig
+    from toolchain.program.spec import QuantSpec
     from toolchain.tokenizer import ByteTokenizer
 
     arch, weights = load_model(cfg.model)

@@ -17,10 +17,10 @@ from toolchain.cli import cli
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.program.spec import QuantSpec
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
 from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRunner
 from toolchain.runtime.executorch_runner import ExecutorchRunner
 from toolchain.runtime.runners import open_runner

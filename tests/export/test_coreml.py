@@ -24,13 +24,13 @@ from toolchain.export.bodies import method_module
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.coreml import (CORE_ML_DTYPES, EXPECTED_OPS, FOLD_MAX_ELEMS, _convert, _exact_reciprocal,
                                      _mask_as_remainder, deployment_target)
-from toolchain.program.spec import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
-                                      unflatten_state)
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
+from toolchain.program.spec import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
+                                      unflatten_state)
 from toolchain.runtime import EagerRunner, LayerLoop
 from toolchain.training import pad_example
 

@@ -15,13 +15,13 @@ from helpers import hf_peft_sgd, max_rel_diff
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.program.spec import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRunner, LayerLoop
 from toolchain.runtime.executorch_runner import ExecutorchRunner
 from toolchain.training import TrainRun, pad_example, run_program

@@ -22,16 +22,16 @@ from toolchain.contract import GENERATION_ROLES
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.program.spec import QuantSpec
 from toolchain.lora import LoraConfig, save_adapter
 from toolchain.mesp.ops.quant import QuantWeight, dequantize
 from toolchain.models import ModelArch
 from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
 from toolchain.runtime import LayerLoop
 from toolchain.runtime.evaluate import evaluate_program
-from toolchain.training.program import state_from_adapter
 from toolchain.runtime.generate import generate, new_cache
 from toolchain.runtime.runners import open_runner
+from toolchain.training.program import state_from_adapter
 from helpers import our_weights
 
 T = 24

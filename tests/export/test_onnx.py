@@ -18,12 +18,12 @@ from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.onnx import ONNX_DIR, OPSET
-from toolchain.program.spec import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
 from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRunner, LayerLoop
 from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner

@@ -74,9 +74,9 @@ def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool
     """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
     held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
     loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
-    from toolchain.program.spec import flat_state, state_layout
     from toolchain.lora import init_lora
     from toolchain.program import ProgramDir
+    from toolchain.program.spec import flat_state, state_layout
     from toolchain.runtime import LayerLoop
     from toolchain.runtime.runners import open_runner
 

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from toolchain.contract import GENERATION_ROLES, STATE_ROLE_PREFIX, MethodSpec
 from toolchain.errors import BadInput
-from toolchain.program.spec import ProgramSpec, layer_state_inputs, method_specs, state_roles
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
@@ -23,6 +22,7 @@ from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, fused_int4, wi
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.weights import LayerWeights
 from toolchain.optim import update_tensor
+from toolchain.program.spec import ProgramSpec, layer_state_inputs, method_specs, state_roles
 
 __all__ = ["method_module", "example_inputs"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from toolchain.contract import GENERATION_ROLES
-from toolchain.program.artifact import TargetArtifact
 from toolchain.export.bodies import example_inputs, method_module
+from toolchain.program.artifact import TargetArtifact
 from toolchain.program.spec import ProgramSpec, method_specs
 
 __all__ = ["export_executorch", "PTE_NAME"]

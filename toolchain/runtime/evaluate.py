@@ -23,8 +23,8 @@ from torch import Tensor
 
 from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
-from toolchain.runtime.loop import LayerLoop
 from toolchain.program.directory import ProgramDir
+from toolchain.runtime.loop import LayerLoop
 
 __all__ = ["evaluate_program"]
 

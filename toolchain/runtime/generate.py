@@ -29,8 +29,8 @@ from torch import Tensor
 
 from toolchain.contract import ASSISTANT_HEADER, GENERATION_ROLES, IM_END
 from toolchain.errors import BadInput, FieldError
-from toolchain.runtime.loop import LayerLoop
 from toolchain.program.directory import ProgramDir
+from toolchain.runtime.loop import LayerLoop
 
 __all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names"]
 

@@ -22,8 +22,8 @@ from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
-from toolchain.runtime.loop import LayerLoop
 from toolchain.program.directory import ProgramDir
+from toolchain.runtime.loop import LayerLoop
 from toolchain.training.checkpoint import load_program_state, program_state_of, rows_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import TrainResult

@@ -30,10 +30,10 @@ from typing import Any
 from torch import Tensor
 
 from toolchain.dataset import Example
+from toolchain.program.directory import ProgramDir
 from toolchain.runtime.evaluate import evaluate_program
 from toolchain.runtime.generate import GenerateResult, Prompt, generate, prompt_for
 from toolchain.runtime.loop import LayerLoop
-from toolchain.program.directory import ProgramDir
 from toolchain.training.loop import TrainRun
 from toolchain.training.program import ProgramTrainer, program_state, runtime_baseline
 from toolchain.training.result import StepLog, TrainResult
