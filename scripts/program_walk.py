@@ -33,22 +33,30 @@ def _walk(program: Path) -> list[tuple[str, str]]:
     calls: list[tuple[str, str]] = []
     done = []
 
+    paths: dict[str, bool] = {}
+    files: dict[str, str | None] = {}
+
     def is_program(v) -> bool:
         if type(v).__name__ in CLASSES:
             return True
         if isinstance(v, (str, Path)) and v:
-            try:
-                return Path(v).resolve() == program
-            except (OSError, ValueError):
-                return False
+            key = str(v)
+            if key not in paths:
+                try:
+                    paths[key] = Path(key).resolve() == program
+                except (OSError, ValueError):
+                    paths[key] = False
+            return paths[key]
         return False
 
     def where(frame) -> str | None:
-        f = Path(frame.f_code.co_filename)
-        try:
-            return str(f.resolve().relative_to(root))
-        except ValueError:
-            return None
+        f = frame.f_code.co_filename
+        if f not in files:
+            try:
+                files[f] = str(Path(f).resolve().relative_to(root))
+            except ValueError:
+                files[f] = None
+        return files[f]
 
     def profile(frame, event, arg) -> None:
         if done or event not in ("call", "return"):

@@ -12,7 +12,7 @@ from typing import Literal
 
 __all__ = ["TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES", "IoSpec", "MethodSpec", "fused_name", "FUSED_SUFFIX"]
 
-# The training methods, in the order one step calls them (program.py's docstring).
+# The training methods, in the order one step calls them (program/spec.py's docstring).
 TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
 # Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
 # `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through

@@ -36,7 +36,7 @@ def _matrix(ins: dict[str, Tensor], name: str, bits: int, executorch: bool) -> T
 
 
 def _head_chunks(ins: dict[str, Tensor], bits: int, executorch: bool) -> list[Tensor | QuantWeight]:
-    """The `head_{j}` chunks of program.py `_head_inputs`, in vocabulary order."""
+    """The `head_{j}` chunks of program/spec.py `_head_inputs`, in vocabulary order."""
     js = sorted({int(n.split("_")[1]) for n in ins if n.startswith("head_") and n.split("_")[1].isdigit()})
     return [_matrix(ins, f"head_{j}", bits, executorch) for j in js]
 

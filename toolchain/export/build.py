@@ -1,8 +1,8 @@
 """Export pipeline, written down once:
 
 1. resolve the model (preset/checkpoint, random or real weights) and the starting adapter (caller);
-2. the `ProgramSpec` fixes the layer-generic methods (program.py);
-3. write the frozen weights once (`weights.safetensors`, weights_file.py), shared by every target, streamed from
+2. the `ProgramSpec` fixes the layer-generic methods (program/spec.py);
+3. write the frozen weights once (`weights.safetensors`, program/weights_file.py), shared by every target, streamed from
    the model's source one block of rows at a time;
 4. per target (targets.py), export every method;
 5. write the initial state (`state_init.bin`), the initial adapter (PEFT) and `manifest.json`

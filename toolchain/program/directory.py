@@ -1,7 +1,7 @@
 """Reading an exported program directory: `ProgramDir`, the one typed view of a program the host has (the
 contract's manifest checked against the program's config, checksums, the memory-mapped weights, the
 state <-> adapter mapping). Everything an app does with the manifest, done once for the host runners.
-Its writer is build.py's pipeline through manifest.py (`build_manifest`) and weights_file.py."""
+Its writers are manifest.py (`build_manifest`) and weights_file.py, which export/build.py drives."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from toolchain.contract import (LAYER, MANIFEST_NAME, GenerateSection, LcsbSection, MemoryPlan, MethodSpec,
+from toolchain.contract import (LAYER, MANIFEST_NAME, GenerateSection, LcsbSection, Manifest, MemoryPlan, MethodSpec,
                                 ModelSection, ProgramEntry, StateEntry, TokenizerSection, inside, manifest_path,
                                 read_program_manifest, sha256_file)
 from toolchain.errors import BadInput
@@ -36,13 +36,17 @@ class ProgramDir:
         spec: the `ProgramSpec` the host runners rebuild the methods from.
         seq_len, methods, state_entries, state_numel: as the manifest lists them (methods checked against
             `method_specs(spec)`, the state layout against `state_layout`).
+        model, tokenizer, pad_token_id, generate, memory_plan, lcsb, files, moves_unselected, step_entry,
+            default_lr, targets, programs: the manifest's sections and fields, typed (toolchain/contract).
+        weights_file, weights_bytes, state_init_file: the weights file (`weights()` maps it) and its size, the
+            initial state's file (`state_init()` reads it).
     """
 
     def __init__(self, path: Path, *, verify: bool = True) -> None:
         self.path = Path(path)
         manifest_path(self.path)
         try:
-            m = self._manifest = read_program_manifest(self.path)
+            m = read_program_manifest(self.path)
             self.arch = ModelArch.from_dict(m.model.arch)
             self.lora_config = LoraConfig(rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets,
                                           use_rslora=bool(m.lora.use_rslora))
@@ -66,73 +70,42 @@ class ProgramDir:
         self.methods: dict[str, MethodSpec] = m.methods
         self.state_entries: list[StateEntry] = list(m.state.entries)
         self.state_numel: int = m.state.numel
-        self._cross_check()
+        # the manifest's sections the host reads, typed (toolchain/contract/manifest.py), read once
+        self.model: ModelSection = m.model                    # where the weights came from; the arch as recorded
+        self.tokenizer: TokenizerSection = m.tokenizer
+        self.pad_token_id: int = m.tokenizer.pad_token_id
+        self.generate: GenerateSection | None = m.generate     # None: a training-only program
+        self.memory_plan: MemoryPlan = m.memory_plan
+        self.lcsb: LcsbSection | None = m.lcsb                 # the LCSB plan recorded at export (`default_plan()`)
+        self.files: dict[str, str] = m.files                   # every file (relative path) with its sha256
+        self.moves_unselected: bool = m.loop.moves_unselected
+        self.step_entry: str | None = m.state.step_entry
+        self.default_lr = float(m.optimizer.default_lr)
+        self.targets: list[str] = m.targets
+        self.programs: dict[str, ProgramEntry] = {}            # target -> its `programs` entry (`program(target)`)
+        for entry in m.programs:
+            self.programs.setdefault(entry.target, entry)
+        self.weights_file = self.path / m.weights.file
+        self.weights_bytes: int = m.weights.bytes              # checked against the file when it exists
+        self.state_init_file = self.path / m.state.init_file   # the initial flat state (raw little-endian float32)
+        self._cross_check(m)
         if verify:
             self._verify()
         self._weights: dict[str, torch.Tensor] | None = None
 
-    # -- the manifest's sections, typed (toolchain/contract/manifest.py) ------------------------------
-    @property
-    def model(self) -> ModelSection:
-        """Where the weights came from (`source`, `init`, `seed`) and the architecture as recorded."""
-        return self._manifest.model
-
-    @property
-    def tokenizer(self) -> TokenizerSection:
-        return self._manifest.tokenizer
-
-    @property
-    def generate(self) -> GenerateSection | None:
-        """The generation section (None: a training-only program)."""
-        return self._manifest.generate
-
-    @property
-    def memory_plan(self) -> MemoryPlan:
-        return self._manifest.memory_plan
-
-    @property
-    def lcsb(self) -> LcsbSection | None:
-        """The LCSB plan recorded at export, as written (`default_plan()`: as a `StepPlan`)."""
-        return self._manifest.lcsb
-
-    @property
-    def files(self) -> dict[str, str]:
-        """Every file of the directory (relative path) with its sha256."""
-        return self._manifest.files
-
-    @property
-    def moves_unselected(self) -> bool:
-        return self._manifest.loop.moves_unselected
-
-    @property
-    def step_entry(self) -> str | None:
-        return self._manifest.state.step_entry
-
-    @property
-    def pad_token_id(self) -> int:
-        return self._manifest.tokenizer.pad_token_id
-
-    @property
-    def default_lr(self) -> float:
-        return float(self._manifest.optimizer.default_lr)
-
-    @property
-    def targets(self) -> list[str]:
-        return self._manifest.targets
-
     def program(self, target: str) -> ProgramEntry:
         """The `programs` entry of `target` (BadInput: not exported for it)."""
-        entry = self._manifest.program(target)
+        entry = self.programs.get(target)
         if entry is None:
             raise BadInput(f"this program has no {target} export (it has {', '.join(self.targets) or 'none'}); "
                            f"export it with --target {target}")
         return entry
 
-    def _cross_check(self) -> None:
+    def _cross_check(self, m: Manifest) -> None:
         """Manifest fields the checksums do not cover (the manifest is not checksummed): what they say must
         agree with each other and with the model/LoRA/optimizer config (paths and ranges: the contract's
         `read_program_manifest` checked them)."""
-        m, where = self._manifest, f"{self.path / MANIFEST_NAME}"
+        where = f"{self.path / MANIFEST_NAME}"
         files = m.files
 
         def listed(rel: str, what: str) -> None:
@@ -179,15 +152,6 @@ class ProgramDir:
             return None
         return StepPlan(layers=self.arch.layers, policy=lcsb.policy, k=lcsb.k, phases=lcsb.phases,
                         schedule=lcsb.schedule, seed=lcsb.seed, warmup=lcsb.warmup or 0)
-
-    @property
-    def weights_file(self) -> Path:
-        return self.path / self._manifest.weights.file
-
-    @property
-    def weights_bytes(self) -> int:
-        """The weights file's size as the manifest records it (checked against the file when it exists)."""
-        return self._manifest.weights.bytes
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights file, memory-mapped once (read-only views, no copy), after its header was checked
@@ -252,11 +216,6 @@ class ProgramDir:
             raise BadInput(f"{f} holds {int((~np.isfinite(values)).sum())} non-finite values (NaN or infinity); "
                            f"re-export the program")
         return torch.from_numpy(values.astype(np.float32))
-
-    @property
-    def state_init_file(self) -> Path:
-        """The initial flat state's file (raw little-endian float32)."""
-        return self.path / self._manifest.state.init_file
 
     def state_views(self, state: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each state entry as a view of the flat state (entry order)."""

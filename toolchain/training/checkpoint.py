@@ -30,7 +30,8 @@ from toolchain.dataset import Example
 from toolchain.errors import BadInput
 
 __all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "checkpoint_path", "save_checkpoint", "read_checkpoint",
-           "load_checkpoint", "load_program_state", "program_state_of", "check_settings", "non_finite", "rows_sha256", "tensors_sha256", "finite_or_none"]
+           "load_checkpoint", "load_program_state", "program_state_of", "check_settings", "non_finite", "rows_sha256",
+           "tensors_sha256", "finite_or_none"]
 
 CHECKPOINT_SUFFIX = ".train-checkpoint.safetensors"
 _WAY_OUT = "delete it to start over"

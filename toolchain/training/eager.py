@@ -34,7 +34,8 @@ from toolchain.training.checkpoint import rows_sha256, tensors_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import TrainResult
 
-__all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train", "evaluate"]
+__all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train",
+           "evaluate"]
 
 
 # The eager trainer's optimizer when `TrainRun.optimizer` is None (the LCSB paper's: lr 1e-4, weight decay 0.01).
@@ -100,7 +101,8 @@ def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: R
 
     with torch.no_grad():
         result = mesp_step(arch, weights, cfg, state.lora, example.input_ids, example.labels,
-                           options=run_step_options(config), backward_layers=selected, on_layer_grads=update, keep_grads=False,
+                           options=run_step_options(config), backward_layers=selected, on_layer_grads=update,
+                           keep_grads=False,
                            layers_per_checkpoint=config.layers_per_checkpoint)
         for i in sorted(set(range(arch.layers)) - selected):
             update(i, None)                                          # unchanged unless unselected layers move
