@@ -31,7 +31,7 @@ from toolchain.runtime import LayerLoop
 from toolchain.runtime.evaluate import evaluate_program
 from toolchain.runtime.generate import generate, new_cache
 from toolchain.runtime.runners import open_runner
-from toolchain.training.program import state_from_adapter
+from toolchain.training.session import state_from_adapter
 from helpers import our_weights
 
 T = 24

@@ -1,6 +1,6 @@
 """Held-out loss on an exported program's own methods, forward only: `embed`, `block_forward` per layer,
 `head_loss` (whose dx is discarded), with the LoRA state the caller passes (the trainer's live array,
-a checkpoint's, or an adapter's: `training.program.program_state`).
+a checkpoint's, or an adapter's: `training.session.program_state`).
 
 The loss is the **mean next-token cross-entropy over all target tokens of the set** (every row's
 targets pooled: a row with more targets weighs more), i.e. sum over rows of (row mean x row targets) /

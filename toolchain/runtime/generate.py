@@ -2,7 +2,7 @@
 (ExecuTorch, ONNX Runtime, eager): the reference driver of the manifest's `generate.steps`.
 
 The LoRA inputs are slices of the flat state the caller passes: the trainer's own array mid-run (no
-re-export, no adapter file), a checkpoint's, or an adapter's (`training.program.program_state`). The KV
+re-export, no adapter file), a checkpoint's, or an adapter's (`training.session.program_state`). The KV
 cache (per layer k, v [Hk, S, D] float32, S = seq_len) is allocated here, once per call.
 
   prompt of n tokens, in chunks of C = prefill_chunk (the last padded): embed_prefill -> block_prefill per

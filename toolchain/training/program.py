@@ -24,12 +24,11 @@ from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
-from toolchain.training.checkpoint import load_program_state, program_state_of, rows_sha256
+from toolchain.training.checkpoint import program_state_of, rows_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import TrainResult
 
-__all__ = ["ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline", "program_state",
-           "state_from_adapter"]
+__all__ = ["ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
 
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
@@ -159,39 +158,3 @@ def runtime_baseline(pdir, target: str | None) -> dict | None:
     except (ImportError, OSError, BadInput):
         return None
     return {"probe": "linux_proc_status", "anon_bytes": status.rss_anon, "rss_bytes": status.vm_rss}
-
-
-def state_from_adapter(pdir: ProgramDir, adapter_dir) -> Tensor:
-    """A PEFT adapter directory as the program's flat state (its LoRA slices; optimizer moments zero).
-    The adapter's config must match the program's (rank, alpha, targets, layers)."""
-    from toolchain.lora.peft_io import load_adapter
-    from toolchain.program.spec import flat_state, state_layout
-
-    cfg, lora = load_adapter(adapter_dir, pdir.arch)
-    want = pdir.lora_config
-    if (cfg.rank, cfg.alpha, tuple(cfg.targets), cfg.use_rslora) != (want.rank, want.alpha, tuple(want.targets),
-                                                                      want.use_rslora):
-        raise BadInput(f"{adapter_dir}: adapter r={cfg.rank} alpha={cfg.alpha} targets={','.join(cfg.targets)} does not "
-                       f"match the program's r={want.rank} alpha={want.alpha} targets={','.join(want.targets)}; "
-                       f"re-export the program with this adapter's config (or --adapter)")
-    layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
-    state = flat_state(layout, lora)
-    if state.numel() != pdir.state_numel:
-        raise BadInput(f"{adapter_dir}: gives {state.numel()} state values, the program has {pdir.state_numel}")
-    return state
-
-
-def program_state(pdir: ProgramDir, *, adapter=None, resume_from=None) -> Tensor:
-    """The flat state to run with: an adapter's (`--adapter`), a training checkpoint's (`--resume-from`,
-    read as `--resume` reads it: `checkpoint.load_program_state`), or the program's initial one.
-
-    Raises:
-        BadInput: both given, or either does not fit the program.
-    """
-    if adapter is not None and resume_from is not None:
-        raise BadInput("give either --adapter or --resume-from, not both")
-    if adapter is not None:
-        return state_from_adapter(pdir, adapter)
-    if resume_from is not None:
-        return load_program_state(resume_from, pdir.state_numel)
-    return pdir.state_init()
