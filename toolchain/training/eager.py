@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -23,7 +22,6 @@ from torch import Tensor
 
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
-from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions, mesp_step, model_loss
@@ -102,8 +100,7 @@ def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: R
     with torch.no_grad():
         result = mesp_step(arch, weights, cfg, state.lora, example.input_ids, example.labels,
                            options=run_step_options(config), backward_layers=selected, on_layer_grads=update,
-                           keep_grads=False,
-                           layers_per_checkpoint=config.layers_per_checkpoint)
+                           keep_grads=False, layers_per_checkpoint=config.layers_per_checkpoint)
         for i in sorted(set(range(arch.layers)) - selected):
             update(i, None)                                          # unchanged unless unselected layers move
     return RunState(state.lora, OptState(step, state.opt.slots)), float(result.loss)

@@ -14,13 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from toolchain.contract import MANIFEST_NAME, sha256_file
 from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
-from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
