@@ -93,7 +93,7 @@ from toolchain.mesp.step import block_params, embedding_rows, head_loss_and_grad
 from toolchain.models import random_weights
 from toolchain.models.load import load_checkpoint
 from toolchain.optim import OptimizerConfig, OptState, update_layer
-from toolchain.training import TrainConfig, evaluate, start_run
+from toolchain.training import TrainRun, evaluate, start_run
 from toolchain.training.eager import RunState, _assign
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
@@ -165,7 +165,7 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
     lr = config.lr if lr is None else lr
     wd, layers = config.weight_decay, arch.layers
     opt = OptimizerConfig("adamw", lr=lr, weight_decay=wd, frozen_unselected=unsel == "frozen")
-    st = start_run(TrainConfig(steps=config.steps, optimizer=opt), lora0)
+    st = start_run(TrainRun(steps=config.steps, optimizer=opt), lora0)
     counts, since, losses = [0] * layers, [0] * layers, []
     norms, stale = [math.inf] * layers, [0] * layers
     t0 = time.perf_counter()

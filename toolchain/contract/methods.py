@@ -1,7 +1,7 @@
 """The methods of a v3 program as the manifest lists them: roles, and each method's inputs and outputs in
 call order, each bound to where the app gets (or puts) it.
 
-export/program.py decides which methods a config has (`method_specs`) and what they compute; this module
+program/spec.py decides which methods a config has (`method_specs`) and what they compute; this module
 is only their description, shared by the writer and every reader.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 
 __all__ = ["TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES", "IoSpec", "MethodSpec", "fused_name", "FUSED_SUFFIX"]
 
-# The training methods, in the order one step calls them (program.py's docstring).
+# The training methods, in the order one step calls them (program/spec.py's docstring).
 TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
 # Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
 # `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through
@@ -66,7 +66,7 @@ class MethodSpec:
     role: str
     inputs: tuple[IoSpec, ...]
     outputs: tuple[IoSpec, ...]
-    kernels: tuple[str, ...] = ()   # custom kernels it calls (export/program.py FUSED_KERNELS), beyond the stock ones
+    kernels: tuple[str, ...] = ()   # custom kernels it calls (program/spec.py FUSED_KERNELS), beyond the stock ones
 
     def to_json(self) -> dict:
         d = {"name": self.name, "role": self.role, "inputs": [i.to_json() for i in self.inputs],

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from toolchain.contract import GENERATION_ROLES
-from toolchain.export.artifact import TargetArtifact
 from toolchain.export.bodies import example_inputs, method_module
-from toolchain.export.program import ProgramSpec, method_specs
+from toolchain.program.artifact import TargetArtifact
+from toolchain.program.spec import ProgramSpec, method_specs
 
 __all__ = ["export_executorch", "PTE_NAME"]
 

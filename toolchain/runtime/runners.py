@@ -9,7 +9,7 @@ import os
 from toolchain.contract import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.errors import BadInput
 from toolchain.export.targets import HOST_RUNNABLE
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 
 __all__ = ["open_runner", "role_methods", "check_signatures", "HOST_RUNNABLE"]
 
@@ -20,7 +20,7 @@ def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str], verbo
     try:
         runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
     except BadInput as e:
-        if pdir.manifest.compute != "fp16" or "cannot be loaded" not in str(e):
+        if pdir.spec.compute != "fp16" or "cannot be loaded" not in str(e):
             raise
         # XNNPACK refuses to build a float16 GEMM it has no kernel for when the method loads (hardware without
         # float16 support, or a runtime built without it): the program cannot run here, whatever the input
@@ -41,7 +41,7 @@ def check_signatures(pdir: ProgramDir, program, methods: list[str]) -> None:
     first call. `program` is the runtime's loaded Program (`metadata(name)` -> MethodMeta)."""
     pte = pdir.program_file("executorch")
     for name in methods:
-        spec, meta = pdir.info.methods[name], program.metadata(name)
+        spec, meta = pdir.methods[name], program.metadata(name)
         for what, ios, count, tensor_meta in (("inputs", spec.inputs, meta.num_inputs(), meta.input_tensor_meta),
                                               ("outputs", spec.outputs, meta.num_outputs(), meta.output_tensor_meta)):
             if count != len(ios):
@@ -65,7 +65,7 @@ def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bo
 def _eager(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
     from toolchain.runtime.eager_runner import EagerRunner
 
-    return EagerRunner(pdir.info.spec, methods)
+    return EagerRunner(pdir.spec, methods)
 
 
 def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False) -> list[str]:
@@ -74,7 +74,7 @@ def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False) -
     ones (the runtime has the native kernel); otherwise no method that needs a custom kernel is loaded."""
     roles = {"train": TRAINING_ROLES, "eval": ("embed", "block_forward", "head_loss"),
              "generate": GENERATION_ROLES, "all": ALL_ROLES}[use]
-    methods = pdir.info.methods
+    methods = pdir.methods
     replaced = {m.role for m in methods.values() if m.kernels} if fused else set()
     names = [n for n, m in methods.items() if m.role in roles
              and (bool(m.kernels) == (m.role in replaced))]
@@ -129,7 +129,7 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
         raise BadInput(f"{target} programs cannot run on this host (Core ML predicts only on macOS)")
     allowed = fused is not False and os.environ.get("TOOLCHAIN_NATIVE_KERNELS", "1") != "0"
     wants_fused = (allowed and use in ("generate", "all") and target == "executorch"
-                   and any(m.kernels for m in pdir.info.methods.values()))
+                   and any(m.kernels for m in pdir.methods.values()))
     why_not = _native_kernels() if wants_fused else None
     methods = role_methods(pdir, use, fused=wants_fused and why_not is None)
     return _loaded(_RUNNERS[target](pdir, threads, methods, verbose), methods, why_not)

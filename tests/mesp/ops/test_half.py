@@ -16,11 +16,11 @@ import torch.nn.functional as F
 
 from helpers import flat_grads, lora_for, our_weights, random_case, random_hf_model, random_labels
 
-from toolchain.export.program import QUANTIZED_FIELDS
 from toolchain.mesp import StepOptions, mesp_step
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.quant import dequantize, matmul_dyw, matmul_xwt, quantize, with_chunk_rows
+from toolchain.program.spec import QUANTIZED_FIELDS
 
 COSINE_MIN = 0.9999
 REL_L2_MAX = 1e-2
