@@ -1,4 +1,4 @@
-"""Where the ExecuTorch training step spends its time, beside the eager MeSP step (docs/benchmarks.md, "Session 11").
+"""Where the ExecuTorch training step spends its time, beside the eager MeSP step (docs/benchmarks.md section 1).
 
   PYTHONPATH=. .venv/bin/python scripts/profile_step.py --program DIR [--model qwen2.5-0.5b] [--repeat 3]
       [--threads 1] [--no-ops] [--json OUT]

@@ -1,4 +1,4 @@
-"""Per-method CPU time of .pte files of one program, side by side (docs/benchmarks.md, "Session 11").
+"""Per-method CPU time of .pte files of one program, side by side (docs/benchmarks.md section 1).
 
   PYTHONPATH=. .venv/bin/python scripts/time_methods.py PROGRAM_DIR ROUNDS a.pte b.pte ...
 

@@ -362,7 +362,7 @@ def test_xnnpack_takes_only_weight_matmuls():
             if least == 0 and name.startswith("block"):
                 assert {_target_name(n) for n in got} >= {"_softmax.default", "sigmoid.default", "permute_copy.default"}
         # the default list: softmax, sigmoid and transposes, never exp (each delegate is ~1.8 KB resident;
-        # exp, the head's online softmax, gains the least time per delegate: docs/benchmarks.md "Session 12")
+        # exp, the head's online softmax, gains the least time per delegate: CHANGELOG.md 2026-12-03)
         parts = xnnpack_partitioner(weights, max_packed_bytes=0, min_elements=0).generate_partitions(ep)
         kinds = {_target_name(n) for p in parts for n in p.nodes if n.op == "call_function"}
         assert "exp.default" not in kinds, name

@@ -58,10 +58,10 @@ XNNPACK_MAX_PACKED_BYTES = 16 << 20
 # Besides the weight matmuls, XNNPACK takes these single ops when their output has at least
 # XNNPACK_MIN_ELEMENTS elements: ExecuTorch's portable kernels for them are scalar loops (std::exp per
 # element, an index computation per element of a permute), XNNPACK's are vectorized. Measured on the
-# Qwen2.5-0.5B int4 step (ETDump, scripts/profile_step.py, docs/benchmarks.md "Session 11"): attention's
+# Qwen2.5-0.5B int4 step (ETDump, scripts/profile_step.py, docs/benchmarks.md, CHANGELOG.md 2026-12-02): attention's
 # softmax over [T, T] scores, SwiGLU's sigmoid, the transposes ExecuTorch materializes (`permute_copy`:
 # heads <-> rows, the MLP chunks' dg^T, du^T). Every delegate costs ~1.7 KB resident from the method's
-# load on (XNNPACK's runtime and operator objects; docs/benchmarks.md "Session 13"), so `exp` (the online
+# load on (XNNPACK's runtime and operator objects; CHANGELOG.md 2026-12-03), so `exp` (the online
 # softmax's over [T, V_chunk] logits: 148 head chunks, ~0.19 s of a 12.4 s step) is left to ExecuTorch:
 # the least time per delegate of the four. Op names are the edge dialect's targets
 # (`exir_ops.edge.aten.<name>`); `xnnpack_partitioner` also knows `exp.default`.

@@ -9,7 +9,7 @@ without a target are skipped (`skipped_rows`). `row_mean_loss` is the unweighted
 losses, for comparison.
 
 Why `head_loss` and no loss-only method: the loss-only head would save the second LM-head matmul
-(`p @ E_j`, half the head's FLOPs; measured in docs/benchmarks.md) at the price of one more method to
+(`p @ E_j`, half the head's FLOPs; measured 2026-12-01, CHANGELOG.md) at the price of one more method to
 export, whose XNNPACK lowering (one delegate per vocabulary chunk, ~150 at Qwen2.5's vocabulary) costs
 about as much as head_loss's own.
 """
