@@ -528,8 +528,8 @@ final class TrainingController: ObservableObject {
                     // a run's session is set before it loads; without it there is no run to share
                     guard !duringRun else { throw TrainerError.badInput("the run is still loading; try again in a moment") }
                     // the rows on this thread: the screen's, else the saved run's file
-                    let data = try shown ?? run.map { try $0.rows(besides: paths.latestRun) }
-                    guard let data, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
+                    let loaded = try shown ?? run.map { try $0.rows(besides: paths.latestRun) }
+                    guard let data = loaded, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
                     let dir = paths.programs.appendingPathComponent(program)
                     let manifest = try Manifest.load(directory: dir)
                     let s = try TrainingSession(programDirectory: dir, programName: program,

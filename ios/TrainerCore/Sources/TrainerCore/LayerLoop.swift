@@ -533,8 +533,7 @@ public final class LayerLoop {
                 outputs.append(LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: b.raw))
             }
         }
-        if generation { priority.beginCall() } else { priority.awaitTrainingTurn() }
-        defer { if generation { priority.endCall() } }
+        if !generation { priority.awaitTrainingTurn() }
         gate.lock()
         defer { gate.unlock() }
         // The weights file changed under its mapping (`MappedWeights.checkChanged`): never read it again.
@@ -821,7 +820,7 @@ public final class LayerLoop {
             for i in 1..<f.count where f[i] > f[best] { best = i }
             let token = Int64(best)
             out.append(token)
-            onToken?(token)
+            if let onToken { priority.consumer { onToken(token) } }
             if stopIds.contains(token) { return GenerationResult(ids: out, stop: .eos) }
             if out.count == maxNewTokens { return GenerationResult(ids: out, stop: .maxNewTokens) }
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
@@ -889,13 +888,13 @@ public struct EvalCancelled: Error, CustomStringConvertible {
 /// each token would wait L + 2 training calls (~8 s). While a generation is in progress
 /// (`beginGeneration` ... `endGeneration`) a training-side call waits (`awaitTrainingTurn`) before it
 /// queues for the runtime, so the generation waits at most for the training call already running.
-/// A generation whose consumer holds it between two calls for `grace` seconds or more (its token callback
-/// blocks), with no call of its own in flight, lets training go on meanwhile (re-checked call by call).
+/// A generation whose consumer (its token callback) holds it for `grace` seconds or more lets training
+/// go on meanwhile (re-checked call by call).
 public final class RuntimeGate: @unchecked Sendable {
     private let condition = NSCondition()
     private var generating = 0
-    private var busy = false
-    private var lastActivity = 0.0
+    private var inConsumer = false
+    private var consumerSince = 0.0
     public let grace: Double
     /// Training-side calls that waited for a generation.
     public private(set) var trainingWaits = 0
@@ -905,30 +904,35 @@ public final class RuntimeGate: @unchecked Sendable {
     private static func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
 
     public func beginGeneration() {
-        condition.lock(); generating += 1; lastActivity = Self.now(); condition.unlock()
+        condition.lock(); generating += 1; condition.unlock()
     }
 
     public func endGeneration() {
-        condition.lock(); generating -= 1; lastActivity = Self.now(); condition.broadcast(); condition.unlock()
+        condition.lock(); generating -= 1; inConsumer = false; condition.broadcast(); condition.unlock()
     }
 
-    public func beginCall() {
-        condition.lock(); busy = true; lastActivity = Self.now(); condition.unlock()
+    /// The generation's consumer (its token callback) runs `body`: after `grace` of it, training may go on.
+    public func consumer<T>(_ body: () throws -> T) rethrows -> T {
+        condition.lock(); inConsumer = true; consumerSince = Self.now(); condition.broadcast(); condition.unlock()
+        defer { condition.lock(); inConsumer = false; condition.unlock() }
+        return try body()
     }
 
-    public func endCall() {
-        condition.lock(); busy = false; lastActivity = Self.now(); condition.broadcast(); condition.unlock()
-    }
-
+    /// Before a training-side call queues for the runtime: wait while a generation is in progress (outside
+    /// its consumer, however long its thread is not scheduled; inside it, for at most `grace`).
     public func awaitTrainingTurn() {
         condition.lock()
         defer { condition.unlock() }
         var waited = false
         while generating > 0 {
-            let idle = Self.now() - lastActivity
-            if !busy && idle >= grace { break }
             waited = true
-            _ = condition.wait(until: Date().addingTimeInterval(busy ? grace : grace - idle))
+            if inConsumer {
+                let held = Self.now() - consumerSince
+                if held >= grace { break }
+                _ = condition.wait(until: Date().addingTimeInterval(grace - held))
+            } else {
+                condition.wait()  // broadcast when a consumer starts and when the generation ends
+            }
         }
         if waited { trainingWaits += 1 }
     }

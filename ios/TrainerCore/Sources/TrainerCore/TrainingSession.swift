@@ -870,7 +870,9 @@ public enum RowsFile {
                 at += 1
                 guard flag <= 1 else { throw bad("bad row flag \(flag)") }
                 let input = try ids(n)
-                rows.append(DataRow(inputIds: input, labels: flag == 1 ? try ids(n) : nil))
+                var labels: [Int64]?
+                if flag == 1 { labels = try ids(n) }
+                rows.append(DataRow(inputIds: input, labels: labels))
             }
             guard at == raw.count else { throw bad("\(raw.count - at) bytes after the last row") }
             return TrainingData(train: Array(rows[0..<nTrain]), heldOut: Array(rows[nTrain...]))

@@ -17,10 +17,16 @@ final class FirstRunTests: XCTestCase {
 
     /// 40 rows of 8 byte tokens (distinct), all with targets.
     func rows(_ n: Int, seed: Int64) -> [DataRow] {
-        (0..<n).map { i in
-            let ids = (0..<8).map { j in (seed * 31 + Int64(i) * 7 + Int64(j) * 3) % 200 + 1 }
-            return DataRow(inputIds: ids, labels: ids)
+        var out: [DataRow] = []
+        for i in 0..<Int64(n) {
+            var ids: [Int64] = []
+            for j in 0..<Int64(8) {
+                let v: Int64 = seed * 31 + i * 7 + j * 3
+                ids.append(v % 200 + 1)
+            }
+            out.append(DataRow(inputIds: ids, labels: ids))
         }
+        return out
     }
 
     func session(_ p: URL, _ m: Manifest, data: TrainingData, runtime: ProgramRuntime, steps: Int = 6,

@@ -206,9 +206,8 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      */
     fun call(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>? = null, pos: Int = 0,
              into: Map<String, TensorBuffer> = emptyMap()): Map<String, TensorBuffer> {
-        val g = gate ?: return runtimeLock.withLock { callLocked(name, layer, values, cache, pos, into) }
-        if (g.isGenerationThread) return g.generationCall { runtimeLock.withLock { callLocked(name, layer, values, cache, pos, into) } }
-        g.awaitTrainingTurn()
+        val g = gate
+        if (g != null && !g.isGenerationThread) g.awaitTrainingTurn()
         return runtimeLock.withLock { callLocked(name, layer, values, cache, pos, into) }
     }
 
@@ -527,7 +526,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             val token = argmax(logits)
             recycle(logits)
             out.add(token)
-            onToken?.invoke(token)
+            if (onToken != null) { val g = gate; if (g != null) g.consumer { onToken(token) } else onToken(token) }
             if (token in stopIds) return Generation(out, StopReason.EOS)
             if (out.size == maxNewTokens) return Generation(out, StopReason.MAX_NEW_TOKENS)
             if (cancelled()) return Generation(out, StopReason.CANCELLED)

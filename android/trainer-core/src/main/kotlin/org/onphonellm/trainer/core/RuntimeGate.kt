@@ -11,18 +11,18 @@ import kotlin.concurrent.withLock
  * is in progress ([generation]) a training-side call ([awaitTrainingTurn], before it queues for the runtime
  * lock) waits, and the generation waits at most for the one training call already running when it started.
  *
- * The exception: a generation whose consumer holds it between two calls (its token callback blocks, the UI
- * is slow) for [graceNanos] or more, with no call of its own in flight or waited for, lets training go on
- * (call by call, re-checked before each), so a stalled generation never stalls training. A token's callback
- * on a phone returns in microseconds, well inside the grace.
+ * The exception: a generation whose consumer holds it ([consumer]: its token callback blocks, the UI is
+ * slow) for [graceNanos] or more lets training go on (call by call, re-checked before each), so a stalled
+ * consumer never stalls training. A token's callback on a phone returns in microseconds, well inside the
+ * grace. Outside its consumer a generation keeps priority however long its thread is not scheduled.
  */
 class RuntimeGate(val graceNanos: Long = TimeUnit.MILLISECONDS.toNanos(50), private val now: () -> Long = System::nanoTime) {
     private val lock = ReentrantLock()
     private val changed = lock.newCondition()
     private var generating = 0
-    /** A generation is waiting for the runtime lock or inside a call. */
-    private var generationBusy = false
-    private var lastGenerationActivity = 0L
+    /** The generation's consumer (a token callback) holds it, since [consumerSince]. */
+    private var inConsumer = false
+    private var consumerSince = 0L
     @Volatile private var generationThread: Thread? = null
 
     /** Training-side calls that waited for a generation, and their total wait (for the tests and the status line). */
@@ -31,14 +31,14 @@ class RuntimeGate(val graceNanos: Long = TimeUnit.MILLISECONDS.toNanos(50), priv
 
     /** Run [body] (a whole generation) with priority over training's calls; one generation at a time per gate. */
     fun <T> generation(body: () -> T): T {
-        lock.withLock { generating++; lastGenerationActivity = now(); generationThread = Thread.currentThread() }
+        lock.withLock { generating++; generationThread = Thread.currentThread() }
         try {
             return body()
         } finally {
             lock.withLock {
                 generating--
                 if (generating == 0) generationThread = null
-                lastGenerationActivity = now()
+                inConsumer = false
                 changed.signalAll()
             }
         }
@@ -47,13 +47,13 @@ class RuntimeGate(val graceNanos: Long = TimeUnit.MILLISECONDS.toNanos(50), priv
     /** The calling thread is running a [generation]. */
     val isGenerationThread: Boolean get() = generationThread === Thread.currentThread()
 
-    /** A generation's call: [body] holds the runtime; training waits meanwhile. */
-    fun <T> generationCall(body: () -> T): T {
-        lock.withLock { generationBusy = true; lastGenerationActivity = now() }
+    /** A generation's consumer ([body]: its token callback) runs: after [graceNanos] of it, training may go on. */
+    fun <T> consumer(body: () -> T): T {
+        lock.withLock { inConsumer = true; consumerSince = now(); changed.signalAll() }
         try {
             return body()
         } finally {
-            lock.withLock { generationBusy = false; lastGenerationActivity = now(); changed.signalAll() }
+            lock.withLock { inConsumer = false }
         }
     }
 
@@ -61,10 +61,15 @@ class RuntimeGate(val graceNanos: Long = TimeUnit.MILLISECONDS.toNanos(50), priv
     fun awaitTrainingTurn() = lock.withLock {
         var waited = false
         while (generating > 0) {
-            val idle = now() - lastGenerationActivity
-            if (!generationBusy && idle >= graceNanos) break
-            waited = true
-            changed.awaitNanos(if (generationBusy) graceNanos else graceNanos - idle)
+            if (inConsumer) {
+                val held = now() - consumerSince
+                if (held >= graceNanos) break
+                waited = true
+                changed.awaitNanos(graceNanos - held)
+            } else {
+                waited = true
+                changed.await()  // signalled when a consumer starts and when the generation ends
+            }
         }
         if (waited) trainingWaits++
     }
