@@ -36,7 +36,7 @@ for run in sgd:100 adamw:100 adamw:400; do
 import json, sys
 r = json.load(open(sys.argv[1]))
 ev = r.get("evals") or r.get("eval") or []
-print(f"{sys.argv[2]} {sys.argv[3]} steps: lr {r.get('lr')}, held-out loss {json.dumps(ev)}; first/last train loss "
+print(f"{sys.argv[2]} {sys.argv[3]} steps: held-out loss {json.dumps(ev)}; first/last train loss "
       f"{r['losses'][0]:.4f} / {r['losses'][-1]:.4f}" if r.get("losses") else json.dumps(r)[:600])
 PYEOF
     echo "  after: $(gen "$W/prog-$v" "$out")"
