@@ -444,8 +444,11 @@ final class TrainingController: ObservableObject {
             do {
                 if !session.data.heldOut.isEmpty {
                     DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss after training") }
-                    try session.evaluate(initial: false)
+                    // capped (32 rows); a stop during it skips the loss after (the run is complete, its adapter is exported)
+                    try session.evaluate(initial: false, cancelled: { controller?.stopPending() == true })
                 }
+            } catch is EvalCancelled {
+                _ = controller?.takeStopRequest()
             } catch { session.reportError(error, fatal: false); throw error }
             if let runId = session.recorder?.runId {
                 let adapter = paths.adapter(runId: runId)

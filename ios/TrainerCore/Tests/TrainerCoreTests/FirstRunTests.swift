@@ -153,8 +153,8 @@ final class FirstRunTests: XCTestCase {
     /// idle, the first token waits at most the training call in flight, and training goes on afterwards.
     func testGenerationBesideTrainingDecodesAtLeast40PercentOfIdle() throws {
         let (p, m) = try syntheticProgram(in: dir)
-        let timed = TimedRuntime(ConstRuntime(manifest: m), trainMs: 30, genMs: 1)
-        let rt = CheckedRuntime(timed)
+        let slow = TimedRuntime(ConstRuntime(manifest: m), trainMs: 30, genMs: 1)
+        let rt = CheckedRuntime(slow)
         let data = try TrainingData.prepare(.text(SessionTests.text), tokenizer: .byte(), manifest: m, heldOutFraction: 0, seed: 0)
         let clock = TickClock()
         let s = try TrainingSession(programDirectory: p, programName: "tiny", runtime: rt, data: data,
@@ -196,7 +196,7 @@ final class FirstRunTests: XCTestCase {
                      i.rate, i.first, b.rate, 100 * b.rate / i.rate, b.first))
         XCTAssertGreaterThanOrEqual(b.rate, 0.4 * i.rate)
         // The first token: the prefill plus at most the training call in flight (its longest measured) and slack.
-        XCTAssertLessThanOrEqual(b.first, i.first + timed.longestTrainingCall + 0.25)
+        XCTAssertLessThanOrEqual(b.first, i.first + slow.longestTrainingCall + 0.25)
     }
 
     /// The saved run is small JSON holding a path; its rows are a binary file that round-trips exactly

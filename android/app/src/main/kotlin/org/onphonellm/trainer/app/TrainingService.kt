@@ -120,6 +120,7 @@ class TrainingService : Service() {
                 val app = applicationContext
                 Thread { AppState.setPaused(app, "Android stopped the app; tap Resume to continue the run") }.start()
                 TrainingStatus.message = "paused (restart not allowed in the background): tap Resume"
+                if (!workerRunning) TrainingStatus.start.ended()  // a start the screen began does not stay "starting"
                 stopSelf()
                 return false
             }
