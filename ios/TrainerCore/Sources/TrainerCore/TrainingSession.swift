@@ -740,9 +740,6 @@ public final class TrainingSession {
     }
 }
 
-/// The run the app resumes after it was killed (jetsam, reboot, swipe): settings and the prepared
-/// rows (the user's text may be gone), in `AppPaths.latestRun`, written atomically when a run starts
-/// and marked finished when it completes; with the program's checkpoint it is all a resume needs.
 public extension SessionConfig {
     /// The export's learning rate when none was asked (`lr` <= 0, the screen's default): the manifest's
     /// `optimizer.default_lr` (`toolchain export --lr`; the one source the apps and `toolchain train --program`
@@ -755,6 +752,10 @@ public extension SessionConfig {
     }
 }
 
+/// The run the app resumes after it was killed (jetsam, reboot, swipe): settings and the name of its
+/// rows file (the prepared rows, beside it: the user's text may be gone), in `AppPaths.latestRun`,
+/// written atomically when a run starts and marked finished when it completes; with the program's
+/// checkpoint it is all a resume needs.
 public struct SavedRun: Codable, Equatable {
     public var program: String
     public var backend: String

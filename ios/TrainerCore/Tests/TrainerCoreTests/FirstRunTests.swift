@@ -140,6 +140,13 @@ final class FirstRunTests: XCTestCase {
         }
     }
 
+    final class Stamp: @unchecked Sendable {
+        private let lock = NSLock()
+        private var t = 0.0
+        func set(_ v: Double) { lock.lock(); t = v; lock.unlock() }
+        func get() -> Double { lock.lock(); defer { lock.unlock() }; return t }
+    }
+
     final class Counter: @unchecked Sendable {
         private let lock = NSLock()
         private var n = 0
@@ -161,16 +168,21 @@ final class FirstRunTests: XCTestCase {
                                     config: SessionConfig(steps: 100_000, lr: 0.01, checkpointEvery: 1_000_000, selection: .cyclic(k: 3)),
                                     device: testDevice, clock: clock.read, monotonic: clock.read)
         let progress = Counter()
-        s.onEvent = { if case .step = $0 { progress.add() } }
+        let started = Stamp()
+        s.onEvent = { e in
+            if case .step = e { progress.add() }
+            // after the snapshot of a step boundary (the "after" side waits for the step in progress, by design)
+            if case .generationStarted = e { started.set(Double(DispatchTime.now().uptimeNanoseconds) / 1e9) }
+        }
         _ = try s.start(runId: "ios-speed")
         let n = 12
         func timed(_ initial: Bool) throws -> [Double] {
-            var t = [Double(DispatchTime.now().uptimeNanoseconds) / 1e9]
+            var t: [Double] = []
             let g = try s.generate(prompt: "The lamp", maxNewTokens: n, initial: initial, onToken: { _ in
                 t.append(Double(DispatchTime.now().uptimeNanoseconds) / 1e9)
             })
             XCTAssertEqual(g.ids.count, n)
-            return t
+            return [started.get()] + t
         }
         func rates(_ t: [Double]) -> (rate: Double, first: Double) { (Double(t.count - 2) / (t.last! - t[1]), t[1] - t[0]) }
         let idle = try timed(false)
