@@ -4,8 +4,10 @@
 #      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups, v3_tiny_qwen3) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
-#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins, and the
-#      ExecuTorch stand-in checked against the API listing recorded from ExecuTorch's sources (swift_api.py);
+#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins (the
+#      ExecuTorch runtime also without the native kernel: the app's build without the kernel headers), the
+#      kernel build setting (App/Config/App.xcconfig), and the ExecuTorch stand-in checked against the API
+#      listing recorded from ExecuTorch's sources (swift_api.py);
 #   3. the scripts/ios tests (a fake xcrun on PATH);
 #   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
 #      (v3_tiny, v3_tiny_groups and v3_tiny_qwen3 with the stock methods; v3_tiny and v3_tiny_qwen3 again
