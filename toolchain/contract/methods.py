@@ -21,6 +21,9 @@ TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "bloc
 GENERATION_ROLES = ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
 ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
 FUSED_SUFFIX = "_fused"
+# The held-out rows a training run evaluates (its first ones): the host's `train --program --eval-data` and the apps
+# (Contract.HELD_OUT_EVAL_ROWS / Contract.heldOutEvalRows) read the same number, so their eval events compare.
+HELD_OUT_EVAL_ROWS = 32
 
 
 def fused_name(name: str) -> str:

@@ -162,7 +162,8 @@ class ProgramSession:
         Args:
             examples: the training rows.
             run: steps, lr, order, plan, checkpoints, resume, telemetry (`TrainRun`).
-            held: held-out rows, evaluated on the live state before the first step (a fresh run), every
+            held: held-out rows (their first `HELD_OUT_EVAL_ROWS`, as the apps), evaluated on the live state
+                before the first step (a fresh run), every
                 `eval_every` steps (None or 0: only then and after the last step) and after the last; each one
                 an `eval` telemetry event, a point of `evals` and a call of `on_eval`.
             memory_peak: the step memory events carry peak_bytes (VmHWM reset at or after the baseline;
@@ -174,6 +175,9 @@ class ProgramSession:
         trainer.memory_peak = self.baseline is not None if memory_peak is None else memory_peak
         trainer.start()
         self.trainer, self._state = trainer, trainer.state   # a resumed run's state is the checkpoint's
+        from toolchain.contract import HELD_OUT_EVAL_ROWS
+
+        held = None if held is None else list(held)[:HELD_OUT_EVAL_ROWS]
         self._held, self._eval_every, self._on_eval = held, eval_every or 0, on_eval
         self.evals = []
         if held is not None and fresh:
