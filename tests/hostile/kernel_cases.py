@@ -167,6 +167,10 @@ def kcases() -> list[KCase]:
           lambda w: w.record.write_bytes(b"\xff\xfe" * 40), "rebuilt"),
         c("kcache-record-dir", "a directory where the record should be",
           lambda w: (w.record.unlink(), w.record.mkdir()), "rebuilt"),
+        c("kcache-entry-dir-is-file", "a file where the entry's directory should be",
+          lambda w: (shutil.rmtree(w.entry), w.entry.write_bytes(b"x")), "rebuilt"),
+        c("kcache-entry-dir-loop", "a symbolic link loop where the entry's directory should be",
+          lambda w: (shutil.rmtree(w.entry), w.entry.symlink_to(w.entry.name)), "rebuilt"),
         # ---- error: what a rebuild cannot clear, one line naming the cache path and how to clear it
         c("kcache-entry-outside-cache", "the entry's directory a link to a user's directory holding a truncated "
           "library (never touched)", _entry_outside_cache, "not touching it", child="load"),
@@ -261,7 +265,7 @@ def run_kcase(case: KCase, good: Path, root: Path, monkeypatch) -> KOutcome:
         return KOutcome(not problems, "rebuilt: the good build and its record, nothing left", "; ".join(problems))
     env = {**os.environ, "TOOLCHAIN_KERNEL_CACHE": str(w.cache), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     env.pop("TOOLCHAIN_KERNEL_PATH", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env["PYTHONPATH"]]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env["PYTHONPATH"]) if p)
     work = root / "run"
     work.mkdir()
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_PRELUDE) + CHILDREN[case.child]], cwd=work,

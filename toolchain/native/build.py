@@ -7,15 +7,15 @@ atomically, after the library). At load the file must be a regular file with tha
 another file, no record, a directory, FIFO or symbolic link at its path) the entry is moved aside, removed and
 rebuilt, only inside the cache directory (an entry whose directory resolves elsewhere is refused, never touched).
 What still fails at load (a record damaged to match a damaged library, a library lacking an entry point, a
-dlopen error) is one KernelUnavailable naming the cache path and how to clear it. The library is loaded
-with RTLD_GLOBAL: its static initializers register the `toolchain::<op>.out` kernels with the ExecuTorch runtime the Python bindings share (as
-`libexecutorch_kernels_quantized.so` registers its kernels). Which kernels and C entry points the library has
-is the table in toolchain/mesp/kernels.py (above this torch-free layer: it passes the entry points' ctypes
-signatures to `load_kernels`). `-march=native` is for the element-wise code; the int4 kernels' x86 paths
-(kernels_x86.h: avx2, avx_vnni, avx512_vnni) are each compiled for their own instruction set and chosen at load
-by the CPU (or $TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises KernelUnavailable naming
-it); on arm64 the same holds for the neon, dotprod and i8mm paths (kernels_arm64.h). The summation order is the
-source's (16 lanes), not the width's, so every path gives the same bits.
+dlopen error) is one KernelUnavailable naming the cache path and how to clear it. The library is loaded with
+RTLD_GLOBAL: its static initializers register the `toolchain::<op>.out` kernels with the ExecuTorch runtime
+the Python bindings share (as `libexecutorch_kernels_quantized.so` registers its kernels). Which kernels and C
+entry points the library has is the table in toolchain/mesp/kernels.py (above this torch-free layer: it passes
+the entry points' ctypes signatures to `load_kernels`). `-march=native` is for the element-wise code; the int4
+kernels' x86 paths (kernels_x86.h: avx2, avx_vnni, avx512_vnni) are each compiled for their own instruction
+set and chosen at load by the CPU (or $TOOLCHAIN_KERNEL_PATH=<name>, for testing: a path this CPU lacks raises
+KernelUnavailable naming it); on arm64 the same holds for the neon, dotprod and i8mm paths (kernels_arm64.h).
+The summation order is the source's (16 lanes), not the width's, so every path gives the same bits.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from pathlib import Path
 
 from toolchain.errors import ToolchainError
 
-__all__ = ["KERNEL_SOURCE", "KernelUnavailable", "kernel_cache", "kernel_library", "kernel_path", "load_kernels", "compile_flags"]
+__all__ = ["KERNEL_SOURCE", "KernelUnavailable", "kernel_cache", "kernel_library", "kernel_path", "load_kernels",
+           "compile_flags"]
 
 KERNEL_SOURCE = Path(__file__).with_name("kernels.cpp")
 KERNEL_HEADERS = tuple(sorted(KERNEL_SOURCE.parent.glob("kernels*.h")))  # included by kernels.cpp
@@ -193,6 +194,8 @@ def kernel_library() -> Path:
     target = cache / _key(cxx, tuple(pool)) / _LIB_NAME
     if _verified(target):
         return target
+    if os.path.lexists(target.parent) and not os.path.isdir(target.parent):
+        _clear_entry(target.parent, cache)     # a file, FIFO, dangling link or loop as the entry's directory
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
