@@ -174,6 +174,9 @@ def kcases() -> list[KCase]:
         # ---- error: what a rebuild cannot clear, one line naming the cache path and how to clear it
         c("kcache-entry-outside-cache", "the entry's directory a link to a user's directory holding a truncated "
           "library (never touched)", _entry_outside_cache, "not touching it", child="load"),
+        c("kcache-entry-link-to-empty-user-dir", "the entry's directory a link to a user's empty directory (never "
+          "written into)", lambda w: (shutil.rmtree(w.entry), (w.user / "empty").mkdir(),
+                                      w.entry.symlink_to(w.user / "empty")), "not touching it", child="load"),
         c("kcache-truncated-forged-record", "the library truncated to 4 KiB and its record forged to match "
           "(dlopen fails or faults)", lambda w: w.replace_lib(w.good.read_bytes()[:4096], forge=True),
           "rm -r", child="load"),

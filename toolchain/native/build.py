@@ -4,8 +4,9 @@ The library is compiled once per (source and its kernels*.h headers, flags, comp
 into a cache directory ($TOOLCHAIN_KERNEL_CACHE, default ~/.cache/toolchain/kernels/<key>/), written
 atomically (a temp file, then rename) with the sha256 of the built file beside it (`<lib>.sha256`, also written
 atomically, after the library). At load the file must be a regular file with that hash; otherwise (truncated,
-another file, no record, a directory, FIFO or symbolic link at its path) the entry is moved aside, removed and
-rebuilt, only inside the cache directory (an entry whose directory resolves elsewhere is refused, never touched).
+another file, no record, a directory, FIFO or symbolic link at its path) it is rebuilt and put in place by an
+atomic rename (a directory there is first moved aside and removed), only inside the cache directory (an entry
+whose directory resolves elsewhere is refused, never touched or written into).
 What still fails at load (a record damaged to match a damaged library, a library lacking an entry point, a
 dlopen error) is one KernelUnavailable naming the cache path and how to clear it. The library is loaded with
 RTLD_GLOBAL: its static initializers register the `toolchain::<op>.out` kernels with the ExecuTorch runtime
@@ -138,8 +139,10 @@ def _verified(target: Path) -> bool:
 
 
 def _clear_entry(path: Path, cache: Path) -> None:
-    """Move aside and remove whatever stands at `path` (not a regular file, or not the recorded one), only when
-    it lies inside the cache directory the toolchain owns; otherwise refuse (never touch a user's files)."""
+    """Make room for the rebuilt file at `path`, only when it lies inside the cache directory the toolchain owns
+    (otherwise refuse: never touch a user's files). A directory is moved aside and removed; anything else (a
+    stale file, a FIFO, a link or loop) is left for the atomic rename of the new file to replace, so a process
+    that reads the entry meanwhile sees the old file or the new one, never no file."""
     if not os.path.lexists(path):
         return
     parent = os.path.realpath(path.parent)
@@ -147,13 +150,12 @@ def _clear_entry(path: Path, cache: Path) -> None:
     if os.path.commonpath([parent, root]) != root:
         raise KernelUnavailable(f"the kernel cache entry {path} is not inside the cache directory {cache} (its "
                                 f"directory resolves to {parent}); not touching it: {clear_hint(path)}")
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        return
     aside = Path(parent) / f".stale-{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        os.rename(path, aside)             # the name is free at once; a directory's content goes below
-        if stat.S_ISDIR(os.lstat(aside).st_mode):
-            shutil.rmtree(aside)           # never follows a symbolic link inside it
-        else:
-            os.unlink(aside)
+        os.rename(path, aside)             # the name is free at once; its content is removed below
+        shutil.rmtree(aside)               # never follows a symbolic link inside it
     except OSError as e:
         raise KernelUnavailable(f"cannot clear the kernel cache entry {path} ({e.strerror or e}); "
                                 f"{clear_hint(path)}") from None
@@ -195,13 +197,21 @@ def kernel_library() -> Path:
     if _verified(target):
         return target
     if os.path.lexists(target.parent) and not os.path.isdir(target.parent):
-        _clear_entry(target.parent, cache)     # a file, FIFO, dangling link or loop as the entry's directory
+        try:                                   # a file, FIFO, dangling link or loop as the entry's directory
+            os.unlink(target.parent)           # (in the cache directory itself; a link is removed, not followed)
+        except OSError as e:
+            raise KernelUnavailable(f"cannot clear the kernel cache entry {target.parent} ({e.strerror or e}); "
+                                    f"{clear_hint(target)}") from None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KernelUnavailable(f"cannot create the kernel cache directory {target.parent} ({e.strerror or e}); "
                                 f"{clear_hint(target)}") from None
-    for stale in (_record(target), target):    # the record first: a library without one is never trusted
+    inside, root = os.path.realpath(target.parent), os.path.realpath(cache)
+    if os.path.commonpath([inside, root]) != root:   # a link to a user's directory: never written into
+        raise KernelUnavailable(f"the kernel cache entry {target} is not inside the cache directory {cache} (its "
+                                f"directory resolves to {inside}); not touching it: {clear_hint(target)}")
+    for stale in (_record(target), target):    # a directory at either path is removed
         _clear_entry(stale, cache)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
