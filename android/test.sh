@@ -20,7 +20,10 @@
 # the byte-level BPE against the shared tokenizer corpus (TokenizerTest) and on-device data preparation
 # against every case of shared_schemas/data_corpus (DataCorpusTest); the phone-facing logic of
 # issue 25: program import and verify-once, saved screen state, capped reads, error events, charging runs
-# (PhoneTest), buffer reuse with a counting fake runtime (ReplayTest). The Qwen2.5 tokenizer.json is written
+# (PhoneTest), buffer reuse with a counting fake runtime (ReplayTest); issue 42's first-run fixes: the capped and
+# cancellable held-out pass, per-step checkpoints in charging windows (SessionTest, ChargingTest), generation beside
+# training at >= 40% of the idle decode rate with timed fake calls (GenerationTest), Start / Stop states and the
+# crash-replay guard (RunStartTest), checkpoints through direct buffers (CheckpointTest). The Qwen2.5 tokenizer.json is written
 # into the cache by the repository's .venv; the tests needing it are skipped, and counted as such, without it.
 # Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host.
 set -euo pipefail

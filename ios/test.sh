@@ -4,8 +4,10 @@
 #      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups, v3_tiny_qwen3) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
-#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins, and the
-#      ExecuTorch stand-in checked against the API listing recorded from ExecuTorch's sources (swift_api.py);
+#      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins (the
+#      ExecuTorch runtime also without the native kernel: the app's build without the kernel headers), the
+#      kernel build setting (App/Config/App.xcconfig), and the ExecuTorch stand-in checked against the API
+#      listing recorded from ExecuTorch's sources (swift_api.py);
 #   3. the scripts/ios tests (a fake xcrun on PATH);
 #   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
 #      (v3_tiny, v3_tiny_groups and v3_tiny_qwen3 with the stock methods; v3_tiny and v3_tiny_qwen3 again
@@ -98,20 +100,36 @@ swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
         swiftc -parse-as-library -emit-module -module-name \$m -emit-module-path $TC_OUT/\$m.swiftmodule ios/typecheck/\$m.swift
     done
     for f in ExecuTorchRuntime CoreMLRuntime; do
-        if out=\$(swiftc -typecheck $BRIDGE -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
+        if out=\$(swiftc -typecheck $BRIDGE -D TOOLCHAIN_NATIVE_KERNELS -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/\$f.swift 2>&1); then echo \"TYPECHECK-OK \$f\"
         else echo \"TYPECHECK-FAIL \$f\"; echo \"\$out\" | head -30; fi
     done
+    # Without the native kernels (TOOLCHAIN_NATIVE_KERNELS = NO, Config/App.xcconfig): no kernel source, no probe header.
+    if out=\$(swiftc -typecheck -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/ExecuTorchRuntime.swift 2>&1); then echo \"TYPECHECK-OK ExecuTorchRuntime-no-kernels\"
+    else echo \"TYPECHECK-FAIL ExecuTorchRuntime-no-kernels\"; echo \"\$out\" | head -30; fi
     if out=\$(swiftc -typecheck $BRIDGE -D IOS26_SDK -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/CoreMLRuntime.swift 2>&1); then echo \"TYPECHECK-OK CoreMLRuntime-iOS26-SDK\"
     else echo \"TYPECHECK-FAIL CoreMLRuntime-iOS26-SDK\"; echo \"\$out\" | head -30; fi
-    if out=\$(swiftc -typecheck $BRIDGE -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
+    if out=\$(swiftc -typecheck $BRIDGE -D TOOLCHAIN_NATIVE_KERNELS -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
             ios/App/Sources/Runtime/CoreMLRuntime.swift ios/typecheck/AppPlatform.swift 2>&1); then echo \"TYPECHECK-OK TrainingController\"
     else echo \"TYPECHECK-FAIL TrainingController\"; echo \"\$out\" | head -30; fi" >"$LOG_DIR/typecheck.log" 2>&1
 tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
-tc_failed=$((4 - tc_passed))
+tc_failed=$((5 - tc_passed))
 [ "$tc_failed" != 0 ] && grep -v "^TYPECHECK-OK " "$LOG_DIR/typecheck.log" | head -40
 echo "App type-check: $tc_passed passed, $tc_failed failed (stand-in frameworks; log $LOG_DIR/typecheck.log)"
 passed=$((passed + tc_passed))
 failed=$((failed + tc_failed))
+
+# --- 2b'. The build setting that leaves the kernel out (Config/App.xcconfig): the files it excludes are the
+# kernel sources project.yml compiles, NO is the default, and kernel_headers.sh is what turns it on.
+xc="$HERE/App/Config/App.xcconfig"
+if grep -qx "TOOLCHAIN_NATIVE_KERNELS = NO" "$xc" && grep -q '^#include? "../Vendor/kernels.xcconfig"' "$xc" \
+   && grep -qx "TOOLCHAIN_KERNEL_EXCLUDED_NO = kernels.cpp ToolchainKernels.cpp" "$xc" \
+   && [ -f "$REPO/toolchain/native/kernels.cpp" ] && [ -f "$HERE/App/Sources/Kernels/ToolchainKernels.cpp" ] \
+   && grep -q "path: ../../toolchain/native/kernels.cpp" "$HERE/App/project.yml" && grep -q "Debug: Config/App.xcconfig" "$HERE/App/project.yml" \
+   && grep -q "TOOLCHAIN_NATIVE_KERNELS = YES" "$HERE/App/kernel_headers.sh"; then
+    echo "Kernel build setting: 1 passed, 0 failed"; passed=$((passed + 1))
+else
+    echo "Kernel build setting: 0 passed, 1 failed (ios/App/Config/App.xcconfig, project.yml, kernel_headers.sh)"; failed=$((failed + 1))
+fi
 
 # --- 2c. The stand-in of the ExecuTorch Swift API (ios/typecheck/ExecuTorch.swift, what 2b type-checks the app
 # against) declares only what ExecuTorch's own sources declare: every type, member (kind, Swift name with argument

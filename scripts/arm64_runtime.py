@@ -148,7 +148,7 @@ def lcsb_selections(layers: int, steps: int) -> list[tuple[int, ...]]:
 
 
 def plan_for_program(pdir, steps: int, seed: int = 0) -> Plan:
-    s, vocab, pad = pdir.seq_len, pdir.arch.vocab, pdir.info.pad_token_id
+    s, vocab, pad = pdir.seq_len, pdir.arch.vocab, pdir.pad_token_id
     g = torch.Generator().manual_seed(seed)
 
     def row(n: int, prompt_part: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +161,7 @@ def plan_for_program(pdir, steps: int, seed: int = 0) -> Plan:
     train = [(i % len(rows), sel) for i, sel in enumerate(lcsb_selections(pdir.arch.layers, steps))]
     eval_rows = [row(s - 1, 0), row(max(2, s // 2), 1)]
     prompt = torch.randint(0, vocab, (min(5, max(1, s - 4)),), generator=g).tolist()
-    gen = pdir.manifest.generate
+    gen = pdir.generate
     new = min(6, (gen.max_tokens if gen is not None else s) - len(prompt))
     return Plan(rows, train, eval_rows, prompt, new, lr=1e-2)
 
@@ -233,7 +233,7 @@ class LockstepRunner:
         self.records: list = []
 
     def _n(self, method: str) -> float:
-        role = self.pdir.info.methods[method].role
+        role = self.pdir.methods[method].role
         if role.startswith("embed"):
             return 0.0
         if role == "head_logits":
@@ -251,7 +251,7 @@ class LockstepRunner:
             diff = float((a.double() - b.double()).abs().max()) if b.numel() else 0.0
             bound = rel_bound(self._n(method)) * float(b.double().abs().max())
             worst = max(worst, diff / bound if bound > 0 else (0.0 if diff == 0 else math.inf))
-        if self.pdir.info.methods[method].role == "head_logits":
+        if self.pdir.methods[method].role == "head_logits":
             top = torch.topk(ref[0].reshape(-1).double(), 2)
             margin = float(top.values[0] - top.values[1])
             bound = rel_bound(self._n(method)) * float(ref[0].double().abs().max())
@@ -276,7 +276,7 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
                            f"{(probe.stderr.strip().splitlines() or ['(no output)'])[-1]}")
     res.probe = probe.stdout.strip()
     methods = role_methods(pdir, "all", fused=fused)
-    runner = QemuModuleRunner(prefix, binary, pdir.path / pdir.manifest.programs[0].file, methods)
+    runner = QemuModuleRunner(prefix, binary, pdir.path / pdir.programs[pdir.targets[0]].file, methods)
     try:
         loop = LayerLoop(pdir, runner)
         state = pdir.state_init()
@@ -288,13 +288,13 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
         if plan.eval_rows:
             ev = evaluate_program(pdir, runner, state, [Example(*r) for r in plan.eval_rows], loop=loop)
             res.eval_loss, res.eval_tokens = ev["loss"], ev["tokens"]
-        if plan.new_tokens > 0 and pdir.manifest.generate is not None:
+        if plan.new_tokens > 0 and pdir.generate is not None:
             res.ids = generate(pdir, runner, state, plan.prompt, plan.new_tokens, loop=loop).output_ids
         res.logits = runner.logits
         res.called = list(runner.called)
         if lockstep is not None and res.ids:
             x86_binary, x86_state = lockstep
-            x86 = QemuModuleRunner([], x86_binary, pdir.path / pdir.manifest.programs[0].file, methods)
+            x86 = QemuModuleRunner([], x86_binary, pdir.path / pdir.programs[pdir.targets[0]].file, methods)
             try:
                 pair = LockstepRunner(x86, runner, pdir, Chains.of(pdir))
                 generate(pdir, pair, x86_state.clone(), plan.prompt, plan.new_tokens, loop=LayerLoop(pdir, pair))
@@ -323,7 +323,7 @@ class Chains:
         a, T, r = pdir.arch, pdir.seq_len, pdir.lora_config.rank
         d, hd, qd, I = a.hidden, a.head_dim, a.heads * a.head_dim, a.intermediate
         n_f = 2 * d + 2 * d + r + hd + T + qd + I + (hd if a.qk_norm else 0)
-        fp16 = getattr(pdir.info.spec, "compute", "fp32") == "fp16"
+        fp16 = getattr(pdir.spec, "compute", "fp32") == "fp16"
         # fp16: each of a layer's FP16_PRODUCTS frozen-weight products is rounded to float16 once (float16 operands,
         # float32 accumulation): one float16 rounding, worth U16 / U32 float32 terms, on the chain per product
         extra = FP16_PRODUCTS * (U16 / U32) if fp16 else 0.0
@@ -428,7 +428,7 @@ def compare(pdir, ref: Result, got: Result, plan: Plan, fused: bool, lr: float,
         stats["loss_equal"] += a == b
         v.bounded(f"loss {s}", abs(a - b), rel_bound(ch.loss(s)) * abs(b))
     moments = {(e.key, e.role): e for e in entries}
-    betas = pdir.info.optimizer.betas
+    betas = pdir.optimizer.betas
     for s, (a, b) in enumerate(zip(got.states, ref.states)):
         stats["state_equal"] += torch.equal(a, b)
         bound_rel = rel_bound(ch.state(s))
@@ -490,8 +490,8 @@ def fp16_gradient_check(pdir16, pdir32, prefix, drivers: Path, lr: float = 1e-3)
     """One SGD step of the fp16 program and of its fp32 twin from the same state on the same row, both on
     aarch64: gradient = (state_init - state) / lr; cosine >= 0.9999 and rel L2 <= 1e-2 (docs/benchmarks.md)."""
     for p in (pdir16, pdir32):
-        if p.info.optimizer.kind != "sgd":
-            return False, f"{p.path} uses {p.info.optimizer.kind}; the gradient check needs SGD (state change = -lr g)"
+        if p.optimizer.kind != "sgd":
+            return False, f"{p.path} uses {p.optimizer.kind}; the gradient check needs SGD (state change = -lr g)"
     plan = plan_for_program(pdir16, 1)
     plan.lr, plan.eval_rows, plan.new_tokens = lr, [], 0
     init = pdir32.state_init()
@@ -546,7 +546,7 @@ def trace_reference_check(trace: dict, pdir, ref: Result, fused: bool) -> Verdic
 def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, modes, trace=None,
               verbose=False, jobs=2) -> tuple[int, int]:
     passed = failed = 0
-    half = getattr(pdir.info.spec, "compute", "fp32") == "fp16"
+    half = getattr(pdir.spec, "compute", "fp32") == "fp16"
     for mode in modes:
         fused = mode == "fused"
         try:
@@ -620,7 +620,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     from toolchain.errors import ToolchainError
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
 
     qemu_prefix = [a.qemu, "-L", a.sysroot]
     cpus = [c for c in a.cpus.split(",") if c]
@@ -637,16 +637,16 @@ def main(argv=None) -> int:
                 raise ToolchainError(f"--steps must be >= 1, got {a.steps}")
             plan = plan_for_program(pdir, a.steps)
             name = f"program {a.dir.name}"
-        if pdir.info.spec and pdir.manifest.programs[0].target != "executorch":
-            raise ToolchainError(f"{pdir.path}: its program is {pdir.manifest.programs[0].target}, not executorch")
-        pte = pdir.path / pdir.manifest.programs[0].file
+        if pdir.spec and pdir.programs[pdir.targets[0]].target != "executorch":
+            raise ToolchainError(f"{pdir.path}: its program is {pdir.programs[pdir.targets[0]].target}, not executorch")
+        pte = pdir.path / pdir.programs[pdir.targets[0]].file
         if not pte.is_file():
             raise ToolchainError(f"{pte} is missing (a trace of a large program ships without it)")
         twin = ProgramDir(a.fp32_twin) if a.fp32_twin else None
     except (ToolchainError, OSError, ValueError, KeyError) as e:
         print(f"Error: {e}")
         return 2
-    gen = pdir.manifest.generate
+    gen = pdir.generate
     has_fused = gen is not None and gen.fused is not None
     modes = a.modes.split(",") if a.modes else (["stock", "fused"] if has_fused else ["stock"])
     if "fused" in modes and not has_fused:

@@ -50,7 +50,7 @@ def _ours(a) -> dict:
     import torch
 
     from toolchain.memory.measure import MIB, measure_peak
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
     from toolchain.runtime.generate import generate
     from toolchain.runtime.runners import open_runner
 
@@ -85,7 +85,7 @@ def _ours(a) -> dict:
             "backend": runner.backend, "load_s": round(load_s, 3), **res.timings(), **cpu,
             "generation_anon_mib": round((m.peak_anon_bytes - m.anon_before_bytes) / MIB, 1),
             "anon_before_mib": round(m.anon_before_bytes / MIB, 1),
-            "kv_cache_mib": round(pdir.manifest.generate.cache_bytes / MIB, 2),
+            "kv_cache_mib": round(pdir.generate.cache_bytes / MIB, 2),
             "file_drift_mib": round(m.file_drift_bytes / MIB, 1),
             "fused_unavailable": getattr(runner, "fused_unavailable", None)}
 

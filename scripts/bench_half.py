@@ -132,13 +132,13 @@ def _time(fn, reps: int) -> list[float]:
 def _programs(a) -> dict:
     """The --programs comparison (module docstring)."""
     from toolchain.dataset import load_examples
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
     from toolchain.runtime.runners import open_runner
     from toolchain.training import TrainRun, run_program
 
     dirs = [Path(d) for d in a.programs.split(",")]
     pdirs = [ProgramDir(d) for d in dirs]
-    computes = [p.manifest.compute for p in pdirs]
+    computes = [p.spec.compute for p in pdirs]
     if len(dirs) != 2 or computes != ["fp32", "fp16"]:
         raise SystemExit(f"Error: --programs takes FP32_DIR,FP16_DIR (got computes {', '.join(computes)})")
     runners = [open_runner(p, "executorch", threads=a.threads) for p in pdirs]
@@ -148,7 +148,7 @@ def _programs(a) -> dict:
 
     rows = (load_examples(a.data, pdirs[0].arch) if a.data else
             [Example(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])
-    lr = a.lr if a.lr is not None else pdirs[0].info.default_lr
+    lr = a.lr if a.lr is not None else pdirs[0].default_lr
     times = {c: {"wall_s": [], "cpu_s": []} for c in computes}
     for i in range(a.steps + 1):                         # step 0: warm-up (every method loaded, pages mapped)
         for c, p, r in zip(computes, pdirs, runners):
@@ -160,7 +160,7 @@ def _programs(a) -> dict:
     # the gradient of one step from the initial state on rows[0]: SGD's update is -lr * grad, so (init - new) / lr
     # (exact up to the product's rounding where the state starts at 0: PEFT's B = 0; AdamW: no such relation)
     grad = None
-    if pdirs[0].info.optimizer.kind == "sgd":
+    if pdirs[0].optimizer.kind == "sgd":
         init = pdirs[0].state_init()
         g = [((init - run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr)).state) / lr).double()
              for p, r in zip(pdirs, runners)]

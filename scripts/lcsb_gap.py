@@ -1,4 +1,4 @@
-"""Why LCSB's loss gap grows: the session-9 experiments behind docs/lcsb.md ("Session 9").
+"""Why LCSB's loss gap grows: the experiments behind docs/lcsb.md ("What limits the gap").
 
   PYTHONPATH=. .venv/bin/python scripts/lcsb_gap.py [--steps 300] [--cache DIR] [--seed N]
       [--pretrain-steps 300] [--pretrain-corpus bundled|demo] [--base-checkpoint DIR] [--json OUT]
@@ -36,7 +36,7 @@ Variants (cyclic k = 4 of 12 layers unless said; "unselected" = outside the step
   top_twice, bottom_twice   the top (bottom) group at every second step, the other two alternating
   block3, block10, block30  each group for 3 / 10 / 30 consecutive steps
   full_lr_sqrt3 the FULL arm at lr x sqrt(3) (is full backprop lr-limited here?)
-Session 11 (docs/lcsb.md "Session 11"):
+Direct-path and lr variants:
   direct_b, direct_ab   cyclic, and every unselected layer's o_proj / down_proj LoRA also gets its direct-path
                 gradient (their outputs add to the residual stream: dB = s dY^T h with dY the residual gradient
                 passing by; direct_ab: dA = s (dY B)^T x too); *_random: with the random policy
@@ -45,7 +45,7 @@ Session 11 (docs/lcsb.md "Session 11"):
   top1, top2, top3   the top t layers every step + k - t cycling over the others (top3 = policy `anchored`);
                 top2_random: the k - t drawn at random; top3_comp: top3 with comp's skip-update lr
   last, comp_random_lr2, hold_random   the `last` policy; combinations
-Session 12 (docs/lcsb.md "Session 12"; `--seed N` runs the same workload at seed N, cached per seed):
+Anchored variants (`--seed N` runs the same workload at seed N, cached per seed):
   top3_frozen, top3_hold   `anchored` with unselected layers frozen (moments too) / moving by frozen moments
   top3_imp      `anchored`, but the slot goes to the lower layer with the largest staleness x gradient norm
                 at its last selection (dynamic: not a plan; diagnostic)
@@ -55,14 +55,14 @@ Session 12 (docs/lcsb.md "Session 12"; `--seed N` runs the same workload at seed
   top3_mix      top k-1 every step + 1 cycling lower layer on odd steps, 2 on even steps (k + 0.5 layers on
                 average; each lower layer 1 step in (L-k+1)/1.5)
   anchored_k5   `anchored` at k = 5 (top 4 + 1 cycling over the other 8)
-Session 13:
-  top3_direct_b, top3_direct_ab   `anchored` plus session 11's direct-path o/down LoRA gradients of the
+Anchored with direct paths and warm-ups:
+  top3_direct_b, top3_direct_ab   `anchored` plus the direct-path o/down LoRA gradients of the
                 unselected layers (B only; A and B)
   top3_upper    `anchored` with the slot cycling over layers L/3 .. L-k only (the lowest third never trained:
                 their surrogate gradients are the furthest from the exact ones)
   top3_head5, top3_head10, top3_head13   the first 5 / 10 / 13% of steps full backprop, then `anchored` (ideal
                 speedup at a 1.76x arm: 1.70x / 1.64x / 1.60x); cyclic_head10: the same warm-up before `cyclic`
-Session 15 (docs/lcsb.md "Session 15"; `--base-checkpoint DIR`: a pretrained base instead of the stand-in):
+On a pretrained base (`--base-checkpoint DIR`: a pretrained base instead of the stand-in):
   top3_lowlrC, top3_head10_lowlrC   `anchored` (the second: after top3_head10's warm-up) with lr x C (C in 0,
                 0.5, 1.5, 2, 3) for every update of the lower layers 0..L-k, the top k-1 unchanged
   top3_head10_direct_b, top3_head10_direct_ab   the warm-up, then top3_direct_b / top3_direct_ab
@@ -93,7 +93,7 @@ from toolchain.mesp.step import block_params, embedding_rows, head_loss_and_grad
 from toolchain.models import random_weights
 from toolchain.models.load import load_checkpoint
 from toolchain.optim import OptimizerConfig, OptState, update_layer
-from toolchain.training import TrainConfig, evaluate, start_run
+from toolchain.training import TrainRun, evaluate, start_run
 from toolchain.training.eager import RunState, _assign
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
@@ -165,7 +165,7 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
     lr = config.lr if lr is None else lr
     wd, layers = config.weight_decay, arch.layers
     opt = OptimizerConfig("adamw", lr=lr, weight_decay=wd, frozen_unselected=unsel == "frozen")
-    st = start_run(TrainConfig(steps=config.steps, optimizer=opt), lora0)
+    st = start_run(TrainRun(steps=config.steps, optimizer=opt), lora0)
     counts, since, losses = [0] * layers, [0] * layers, []
     norms, stale = [math.inf] * layers, [0] * layers
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ train_log.json) to toolchain/assets/demo_model/ (what `--model demo` loads).
     .venv/bin/python scripts/pretrain_demo_model.py --steps 50 --out /tmp/m      # a quick check
     .venv/bin/python scripts/pretrain_demo_model.py --make-corpus DIR --steps 0  # only rebuild the corpus
     .venv/bin/python scripts/pretrain_demo_model.py --arch lcsb-mid --steps 400 --lr 1.5e-3 --warmup 40 \
-        --threads 2 --out DIR     # a pretrained base for `toolchain bench lcsb`'s arch (docs/lcsb.md, session 15)
+        --threads 2 --out DIR     # a pretrained base for `toolchain bench lcsb`'s arch (docs/lcsb.md "What limits the gap")
 
 The corpus (toolchain/assets/demo_corpus.txt) is rebuilt from the Canterbury-corpus files that PyPI's
 `brotli` sdist ships with `--make-corpus DIR` (DIR: its tests/testdata); see toolchain/assets/README.md.

@@ -1,4 +1,4 @@
-"""Where the ExecuTorch training step spends its time, beside the eager MeSP step (docs/benchmarks.md, "Session 11").
+"""Where the ExecuTorch training step spends its time, beside the eager MeSP step (docs/benchmarks.md section 1).
 
   PYTHONPATH=. .venv/bin/python scripts/profile_step.py --program DIR [--model qwen2.5-0.5b] [--repeat 3]
       [--threads 1] [--no-ops] [--json OUT]
@@ -35,7 +35,8 @@ import torch
 from toolchain.bench.memory import MemoryBenchConfig, _spec, host_info, program_settings
 from toolchain.bench.weights_cache import default_cache_dir, ensure_quantized, ensure_weights_cache
 from toolchain.bench.worker import _setup
-from toolchain.runtime import LayerLoop, ProgramDir
+from toolchain.program import ProgramDir
+from toolchain.runtime import LayerLoop
 
 STAGES = ("embed", "block_forward", "head_loss", "block_backward", "update", "driver")
 
@@ -114,11 +115,11 @@ def _eager_step(spec: dict, s, clock: _Clock):
 
 def _program_step(spec: dict, s, pdir: ProgramDir, runner):
     """One program step on `runner` through the host's layer loop, from the eager step's adapter."""
-    from toolchain.export.program import flat_state, state_layout
     from toolchain.lora import init_lora
+    from toolchain.program.spec import flat_state, state_layout
 
     loop = LayerLoop(pdir, runner)
-    layout = state_layout(pdir.arch, pdir.lora_config, pdir.info.optimizer)
+    layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     return lambda: loop.train_step(s.input_ids, s.labels, spec["lr"], state)
 
@@ -217,7 +218,7 @@ def program_ops(spec: dict, s, pdir: ProgramDir) -> dict:
     first_called = list(dict.fromkeys(runner.called))
     if len(blocks) != len(first_called):
         raise RuntimeError(f"ETDump has {len(blocks)} method blocks for {len(first_called)} methods called")
-    roles = {n: m.role for n, m in pdir.info.methods.items()}
+    roles = {n: m.role for n, m in pdir.methods.items()}
     out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def profiled(e) -> float:
@@ -281,7 +282,7 @@ def main(argv: list[str]) -> int:
     s = _setup(spec)
     from toolchain.runtime.runners import open_runner
 
-    roles = {n: m.role for n, m in pdir.info.methods.items()}
+    roles = {n: m.role for n, m in pdir.methods.items()}
     runner = _TimedRunner(open_runner(pdir, "executorch", threads=args.threads), roles, _Clock())
     doc = {"program": str(args.program), "model": args.model, "threads": args.threads, "repeat": args.repeat,
            "host": host_info(), "stages": stage_times(spec, s, pdir, runner, args.repeat)}

@@ -50,11 +50,11 @@ def main() -> None:
     import torch
 
     from toolchain.demo import USER_HELD_OUT, USER_TEXT
-    from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import model_weights, weight_tensors
     from toolchain.lora import LoraConfig, init_lora
     from toolchain.mesp.step import model_loss
     from toolchain.models import load_model
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import model_weights, weight_tensors
     from toolchain.text_data import read_text, text_rows
     from toolchain.tokenizer import ByteTokenizer
 

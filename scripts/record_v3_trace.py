@@ -31,16 +31,17 @@ sys.path.insert(0, str(REPO))
 
 from toolchain.dataset import Example  # noqa: E402
 from toolchain.export.build import ExportSpec, export_program  # noqa: E402
-from toolchain.export.program import QuantSpec  # noqa: E402
 from toolchain.lcsb.plan import StepPlan  # noqa: E402
 from toolchain.lora import LoraConfig, init_lora  # noqa: E402
 from toolchain.models import ModelArch, random_weights  # noqa: E402
 from toolchain.optim import OptimizerConfig  # noqa: E402
-from toolchain.runtime import LayerLoop, ProgramDir  # noqa: E402
+from toolchain.program import ProgramDir  # noqa: E402
+from toolchain.program.spec import QuantSpec  # noqa: E402
+from toolchain.runtime import LayerLoop  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
 from toolchain.runtime.generate import generate  # noqa: E402
 from toolchain.runtime.runners import open_runner  # noqa: E402
-from toolchain.training.program import ProgramTrainer, TrainRun  # noqa: E402
+from toolchain.training import ProgramTrainer, TrainRun  # noqa: E402
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
@@ -146,9 +147,9 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
     trace says so (key `layers_per_checkpoint`)."""
     pdir = ProgramDir(prog)
     runner = open_runner(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
-    rec = Recorder(runner, pdir.info.methods)
+    rec = Recorder(runner, pdir.methods)
     _install_layer_hook(rec)
-    arch = pdir.info.arch
+    arch = pdir.arch
     rows, eval_rows = _rows(4, seed=11, vocab=arch.vocab), _rows(2, seed=12, vocab=arch.vocab)
     # The LCSB selections as a plan: the program trainer asks it for each step's layers at run time.
     phases = tuple(sorted(set(SELECTIONS)))
@@ -184,7 +185,7 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
     assert sha(tensor_bytes(state)) == final, "eval/generate wrote the state"
     trace = {
         "format": "toolchain-v3-trace", "format_version": 1, "program": "program/", "outputs_file": "outputs.bin",
-        "runtime": rec.backend, "seq_len": pdir.seq_len, "pad_token_id": pdir.info.pad_token_id, "lr": LR,
+        "runtime": rec.backend, "seq_len": pdir.seq_len, "pad_token_id": pdir.pad_token_id, "lr": LR,
         "rows": [_row_json(e) for e in rows], "eval_rows": [_row_json(e) for e in eval_rows],
         "initial_state_sha256": initial, "steps": steps, "losses": [float(v) for v in result.losses],
         "final_state_sha256": final, "calls": rec.calls,
@@ -224,8 +225,7 @@ def main(argv: list[str]) -> int:
         prog = Path(tmp) / "program"
         export(prog, arch, cfg)
         trace, blob = record(prog)
-        if init := ProgramDir(prog).manifest.state.init_file:
-            assert sha((prog / init).read_bytes()) == trace["initial_state_sha256"]
+        assert sha(ProgramDir(prog).state_init_file.read_bytes()) == trace["initial_state_sha256"]
         staged = Path(tmp) / "trace"
         shutil.copytree(prog, staged / "program")
         for pte in (staged / "program").glob("*.pte"):

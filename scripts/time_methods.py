@@ -1,4 +1,4 @@
-"""Per-method CPU time of .pte files of one program, side by side (docs/benchmarks.md, "Session 11").
+"""Per-method CPU time of .pte files of one program, side by side (docs/benchmarks.md section 1).
 
   PYTHONPATH=. .venv/bin/python scripts/time_methods.py PROGRAM_DIR ROUNDS a.pte b.pte ...
 
@@ -9,7 +9,7 @@ once per round, the files interleaved (the order reversed every other round); pr
 import sys, time, statistics
 from pathlib import Path
 import torch
-from toolchain.runtime import ProgramDir
+from toolchain.program import ProgramDir
 from toolchain.runtime.executorch_runner import load_quantized_kernels
 from executorch.extension.pybindings import portable_lib
 from executorch.runtime import Runtime
@@ -29,7 +29,7 @@ def inputs(m):
         else: x = 0.1 * torch.randn(io.shape, generator=g)
         out.append(x)
     return out
-ins = {n: inputs(pdir.info.methods[n]) for n in names}
+ins = {n: inputs(pdir.methods[n]) for n in names}
 progs = [Runtime.get().load_program(Path(p)) for p in ptes]
 meth = [{n: pr.load_method(n) for n in names} for pr in progs]
 res = {}

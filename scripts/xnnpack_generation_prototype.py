@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from toolchain.export.bodies import _BODIES, example_inputs
-from toolchain.export.program import method_specs
+from toolchain.program.spec import method_specs
 from toolchain.mesp.ops import quant as Q
 from toolchain.mesp.ops.compute import FP32
-from toolchain.runtime import ProgramDir
+from toolchain.program import ProgramDir
 
 _XNN = False
 
@@ -113,7 +113,7 @@ def do_export(a):
     from executorch.exir.passes import MemoryPlanningPass
 
     pdir = ProgramDir(a.program, verify=False)
-    spec = pdir.info.spec
+    spec = pdir.spec
     ms = method_specs(spec)
     w = pdir.weights()
     t0 = time.process_time(), time.perf_counter()
@@ -165,7 +165,7 @@ def do_run(a):
 
     torch.set_num_threads(1)
     pdir = ProgramDir(a.program, verify=False)
-    spec = pdir.info.spec
+    spec = pdir.spec
     ms = method_specs(spec)
     stock = open_runner(pdir, "executorch", threads=1, use="generate", fused=False)
     loop = LayerLoop(pdir, stock)
@@ -216,7 +216,7 @@ def do_run(a):
                 for i in range(L):
                     x = block(dec[i], md, i, x, start)
                 continue
-            ids = torch.full((c,), pdir.info.pad_token_id, dtype=torch.int64)
+            ids = torch.full((c,), pdir.pad_token_id, dtype=torch.int64)
             ids[:min(c, n - start)] = torch.tensor(prompt[start:start + c])
             x = loop.call_method("embed_prefill", None, {"tokens": ids}, views)["x"]
             for i in range(L):

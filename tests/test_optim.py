@@ -194,7 +194,7 @@ CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "down_proj"))
 @pytest.mark.parametrize("opt", [adamw(weight_decay=0.1), sgd(weight_decay=0.1)], ids=["adamw", "sgd"])
 def test_program_skip_update_is_update_layer_with_no_gradient(opt, gen):
     from toolchain.export.bodies import method_module
-    from toolchain.export.program import ProgramSpec, method_specs
+    from toolchain.program.spec import ProgramSpec, method_specs
 
     spec = ProgramSpec(ARCH, CFG, 8, optimizer=opt)
     method = method_specs(spec)["block_skip_update"]
@@ -223,7 +223,7 @@ def test_program_skip_update_is_update_layer_with_no_gradient(opt, gen):
 
 
 def test_programs_refuse_sgd_momentum():
-    from toolchain.export.program import ProgramSpec
+    from toolchain.program.spec import ProgramSpec
 
     with pytest.raises(BadInput, match="do not implement SGD momentum"):
         ProgramSpec(ARCH, CFG, 8, optimizer=sgd(momentum=0.9))

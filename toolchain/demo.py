@@ -107,11 +107,11 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
     """Export `cfg.model` with the byte tokenizer, fp32 weights, AdamW and the generation methods (`replace`: a
     non-empty `out` is replaced)."""
     from toolchain.export.build import ExportSpec, export_program
-    from toolchain.export.program import QuantSpec
     from toolchain.lcsb.plan import make_plan
     from toolchain.lora import LoraConfig, init_lora
     from toolchain.models import load_model
     from toolchain.optim import OptimizerConfig
+    from toolchain.program.spec import QuantSpec
     from toolchain.tokenizer import ByteTokenizer
 
     arch, weights = load_model(cfg.model)
@@ -146,7 +146,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
 
     from toolchain.memory.measure import MIB, measure_peak
     from toolchain.text_data import make_rows, program_text
-    from toolchain.training.program import TrainRun
+    from toolchain.training import TrainRun
     from toolchain.training.session import ProgramSession
 
     phase = on_phase or (lambda _s: None)

@@ -1,5 +1,5 @@
 """The optimizer: one config (`OptimizerConfig`) and one pure update, shared by the eager trainer
-(`toolchain/training/eager.py`) and the exported programs (`toolchain/export/program.py`).
+(`toolchain/training/eager.py`) and the exported programs (`toolchain/program/spec.py`).
 
 Formulas (step t >= 1, gradient g, parameter p), matching torch.optim:
   SGD:   g' = g + wd * p;  buf = mu * buf + g' (buf = g' at t = 1);  p -= lr * (buf if mu else g')

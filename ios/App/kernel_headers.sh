@@ -41,4 +41,7 @@ done
 rm -rf "$DEST"
 mkdir -p "$DEST"
 cp -R "$SRC/executorch" "$DEST/"
-echo "kernel_headers: executorch $VERSION headers from $SRC -> $DEST"
+# The app target compiles the kernel from now on (Config/App.xcconfig includes this file when it exists).
+printf '// Written by kernel_headers.sh: the ExecuTorch headers are in Vendor/, so the native kernel is compiled in.\nTOOLCHAIN_NATIVE_KERNELS = YES\n' \
+    > "$HERE/Vendor/kernels.xcconfig"
+echo "kernel_headers: executorch $VERSION headers from $SRC -> $DEST; Vendor/kernels.xcconfig sets TOOLCHAIN_NATIVE_KERNELS = YES"

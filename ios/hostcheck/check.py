@@ -120,7 +120,7 @@ def main() -> int:
     import torch
 
     from toolchain.dataset import Example
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
     from toolchain.runtime.loop import LayerLoop
@@ -131,7 +131,7 @@ def main() -> int:
     trace_dir = Path(args[0]) if args else ROOT / "shared_schemas/traces/v3_tiny"
     trace = json.loads((trace_dir / "trace.json").read_text())
     pdir = ProgramDir(trace_dir / trace["program"])
-    pte = pdir.path / pdir.manifest.programs[0].file
+    pte = pdir.program_file(pdir.targets[0])
     if not pte.exists():
         print(f"hostcheck: {pte} is not in the trace (large programs ship without it); re-record with the .pte")
         return 2
@@ -145,7 +145,7 @@ def main() -> int:
         labels[:len(row["labels"])] = torch.tensor(row["labels"])
         return ids, labels
 
-    gen = pdir.manifest.generate
+    gen = pdir.generate
     fused_methods = set(gen.fused.methods.values()) if gen is not None and gen.fused is not None else set()
     if fused and not fused_methods:
         print(f"hostcheck: {pdir.path} has no fused generation methods (generate.fused); --fused needs an int4 program")
@@ -202,7 +202,7 @@ def main() -> int:
             ok &= bool(called_fused) == fused          # the fused run really called them; the stock run never
             if fused:
                 # call for call the trace's methods, the stock names replaced by their fused ones
-                to_fused = pdir.manifest.generate.fused.methods
+                to_fused = pdir.generate.fused.methods
                 ok &= runner.called == [to_fused.get(c["method"], c["method"]) for c in trace["calls"]]
         finally:
             runner.close()

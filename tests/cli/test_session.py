@@ -124,3 +124,18 @@ def test_generation_limits_name_the_field_and_the_cli_the_option(program):
                                    "--max-new-tokens", "12"])
     assert res.exit_code == 2
     assert "Error: --max-new-tokens 12 + the prompt's 5 tokens = 17 exceeds the program's seq_len 16" in res.output
+
+
+def test_the_held_out_pass_of_a_run_reads_its_first_held_out_eval_rows_rows(program, tmp_path):
+    """As the apps (Contract.HELD_OUT_EVAL_ROWS): a run's eval events cover the first HELD_OUT_EVAL_ROWS held-out
+    rows, the same loss as `evaluate` of exactly those rows; `evaluate` itself reads every row it is given."""
+    from toolchain.contract import HELD_OUT_EVAL_ROWS
+
+    session = ProgramSession(program)
+    held = _rows(HELD_OUT_EVAL_ROWS + 5, 4)
+    session.start_training(_rows(4, 1), TrainRun(steps=1, lr=LR), held=held)
+    first = session.evals[0]
+    assert first["rows"] == HELD_OUT_EVAL_ROWS
+    capped = session.evaluate(held[:HELD_OUT_EVAL_ROWS], state=session.trainer.state)
+    assert (first["loss"], first["tokens"]) == (capped["loss"], capped["tokens"])
+    assert session.evaluate(held, state=session.trainer.state)["rows"] == HELD_OUT_EVAL_ROWS + 5

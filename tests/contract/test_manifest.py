@@ -117,6 +117,6 @@ def test_lcsb_warmup_round_trips_and_is_written_only_when_given():
     assert manifest.lcsb.warmup == 3 and manifest.to_json() == warm
     assert Manifest.from_json(doc).lcsb.warmup is None and Manifest.from_json(doc).to_json() == doc
     assert validation_errors("manifest", {**doc, "lcsb": {**doc["lcsb"], "warmup": -1}}) != []
-    # as the export writes it (toolchain/export/manifest.py): absent when 0
+    # as the export writes it (toolchain/program/manifest.py): absent when 0
     section = LcsbSection("cyclic", ((0,),), (0,), 1, None, None, absent=frozenset({"warmup"}))
     assert "warmup" not in section.to_json()

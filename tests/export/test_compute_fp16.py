@@ -17,10 +17,11 @@ from toolchain.cli import cli
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import QuantSpec
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
-from toolchain.runtime import EagerRunner, ProgramDir
+from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
+from toolchain.runtime import EagerRunner
 from toolchain.runtime.executorch_runner import ExecutorchRunner
 from toolchain.runtime.runners import open_runner
 from toolchain.training import TrainRun, run_program
@@ -60,19 +61,19 @@ def _run(prog, runner_of, examples, steps=2, lr=1e-2):
 
 
 def _executorch(pdir):
-    return ExecutorchRunner(pdir.program_file("executorch"), list(pdir.info.methods))
+    return ExecutorchRunner(pdir.program_file("executorch"), list(pdir.methods))
 
 
 def _eager(pdir):
-    return EagerRunner(pdir.info.spec)
+    return EagerRunner(pdir.spec)
 
 
 def test_manifest_states_compute_only_when_fp16(programs):
     m16 = json.loads((programs["fp16"] / "manifest.json").read_text())
     m32 = json.loads((programs["fp32"] / "manifest.json").read_text())
     assert m16["compute"] == "fp16" and "compute" not in m32
-    assert ProgramDir(programs["fp16"]).info.spec.compute == "fp16"
-    assert ProgramDir(programs["fp32"]).info.spec.compute == "fp32"
+    assert ProgramDir(programs["fp16"]).spec.compute == "fp16"
+    assert ProgramDir(programs["fp32"]).spec.compute == "fp32"
     assert m16["programs"][0]["delegate"] == m32["programs"][0]["delegate"] == "xnnpack"
 
 

@@ -24,13 +24,14 @@ from toolchain.export.bodies import method_module
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.coreml import (CORE_ML_DTYPES, EXPECTED_OPS, FOLD_MAX_ELEMS, _convert, _exact_reciprocal,
                                      _mask_as_remainder, deployment_target)
-from toolchain.export.program import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
-                                      unflatten_state)
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
-from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
+from toolchain.program import ProgramDir
+from toolchain.program.spec import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
+                                      unflatten_state)
+from toolchain.runtime import EagerRunner, LayerLoop
 from toolchain.training import pad_example
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -68,7 +69,7 @@ def exported(request):
 
 
 def _entry(pdir: ProgramDir) -> dict:
-    return pdir.info.program("coreml")
+    return pdir.program("coreml")
 
 
 def _load(path):
@@ -105,14 +106,14 @@ def test_packages_declare_the_manifest_io_and_no_states(exported):
 
     pdir = exported
     entry = _entry(pdir)
-    quant = pdir.info.spec.quant.kind
+    quant = pdir.spec.quant.kind
     assert entry.details["deployment_target"] == ("iOS18" if quant == "none" else "iOS26")
     assert entry.details["compute_precision"] == "float32" and entry.bytes > 0
     assert entry.details["input_dtypes"] == ({"int64": "int32"} if quant == "none" else {"int64": "int32", "uint8": "int8"})
-    assert entry.methods == {m: f"coreml/{m}.mlpackage" for m in pdir.info.methods}
+    assert entry.methods == {m: f"coreml/{m}.mlpackage" for m in pdir.methods}
     dtypes = {ft.ArrayFeatureType.INT32: "int32", ft.ArrayFeatureType.FLOAT32: "float32",
               ft.ArrayFeatureType.INT8: "int8"}
-    for name, method in pdir.info.methods.items():
+    for name, method in pdir.methods.items():
         spec, _ = _package(pdir, name)
         feature = lambda f: (f.name, dtypes.get(f.type.multiArrayType.dataType),  # noqa: E731
                              list(f.type.multiArrayType.shape))
@@ -126,12 +127,12 @@ def test_packages_declare_the_manifest_io_and_no_states(exported):
         # the weight blob holds constants only (none at all in embed)
         assert [f for f in files if f != "Data/com.apple.CoreML/weights/weight.bin"] == [
             "Data/com.apple.CoreML/model.mlmodel", "Manifest.json"]
-    assert ("block_skip_update" in pdir.info.methods) == pdir.info.moves_unselected
+    assert ("block_skip_update" in pdir.methods) == pdir.moves_unselected
 
 
 def test_mil_ops_are_the_expected_set(exported):
     pdir = exported
-    for name in pdir.info.methods:
+    for name in pdir.methods:
         _, prog = _package(pdir, name)
         ops: dict[str, int] = {}
         for op in _operations(prog.functions["main"]):
@@ -145,9 +146,9 @@ def test_no_weight_is_stored_in_a_package(exported):
     """Weights are inputs: every constant is small (RoPE tables, masks, scalars), each package's weight
     blob is a few KB, and no frozen weight input is transposed (that would be a runtime copy of it)."""
     pdir = exported
-    weights_bytes = pdir.manifest.weights.bytes
+    weights_bytes = pdir.weights_bytes
     total = 0
-    for name, method in pdir.info.methods.items():
+    for name, method in pdir.methods.items():
         _, prog = _package(pdir, name)
         func = prog.functions["main"]
         sizes = [np.size(op.outputs[0].val) for op in _operations(func)
@@ -235,7 +236,7 @@ class MilRunner:
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         self.calls.append(method)
-        spec = self.pdir.info.methods[method]
+        spec = self.pdir.methods[method]
         got = _run_mil(_package(self.pdir, method)[1].functions["main"], _feeds(spec, inputs))
         return [torch.from_numpy(np.asarray(got[io.name], dtype=np.float32).copy()) for io in spec.outputs]
 
@@ -297,9 +298,9 @@ def _check_method(spec: ProgramSpec, name: str, func, seed: int) -> None:
 @pytest.mark.parametrize("method", ["embed", "block_forward", "head_loss", "block_backward", "block_skip_update"])
 def test_mil_program_matches_the_method_module(exported, method):
     pdir = exported
-    if method not in pdir.info.methods:
+    if method not in pdir.methods:
         pytest.skip(f"{method} is not a method of this program (SGD without weight decay)")
-    _check_method(pdir.info.spec, method, _package(pdir, method)[1].functions["main"],
+    _check_method(pdir.spec, method, _package(pdir, method)[1].functions["main"],
                   seed=TRAINING_ROLES.index(method))
 
 
@@ -342,21 +343,21 @@ def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
 
     pdir = exported
     mil_runner = MilRunner(pdir)
-    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRunner(pdir.info.spec))
+    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRunner(pdir.spec))
     state = _state_views_init(pdir, seed=20)
     ref = state.clone()
     g = torch.Generator().manual_seed(21)
     for step in range(2):
         ids = torch.randint(0, ARCH.vocab, (T - 2 * step,), generator=g)
-        ids, labels = pad_example(Example(ids, ids.clone()), T, pdir.info.pad_token_id, "row")
+        ids, labels = pad_example(Example(ids, ids.clone()), T, pdir.pad_token_id, "row")
         loss = mil.train_step(ids, labels, 1e-2, state, selected)
         want = eager.train_step(ids, labels, 1e-2, ref, selected)
         assert math.isclose(loss, want, rel_tol=1e-6), (step, loss, want)
     rel = float((state - ref).abs().max() / ref.abs().max())
-    print(pdir.info.spec.quant.kind, pdir.info.spec.optimizer.kind, selected, "MIL vs eager state rel diff", rel)
+    print(pdir.spec.quant.kind, pdir.spec.optimizer.kind, selected, "MIL vs eager state rel diff", rel)
     assert rel <= 1e-6  # measured <= 1e-7
     assert not torch.equal(state, _state_views_init(pdir, seed=20))  # the step moved the state
-    if selected is not None and pdir.info.moves_unselected:
+    if selected is not None and pdir.moves_unselected:
         assert "block_skip_update" in mil_runner.calls
 
 
@@ -416,7 +417,7 @@ class CoreMLRunner:
                        for m, f in _entry(pdir).methods.items()}
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        spec = self.pdir.info.methods[method]
+        spec = self.pdir.methods[method]
         out = self.models[method].predict(_feeds(spec, inputs))
         return [torch.from_numpy(np.asarray(out[io.name], dtype=np.float32)) for io in spec.outputs]
 
@@ -428,7 +429,7 @@ def test_coreml_predictions_train_like_eager(exported):
     from toolchain.dataset import Example
 
     pdir = exported
-    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRunner(pdir.info.spec))
+    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRunner(pdir.spec))
     state = _state_views_init(pdir, seed=30)
     ref = state.clone()
     g = torch.Generator().manual_seed(31)
@@ -468,7 +469,7 @@ def test_coreml_compute_plan_supports_every_op(exported):
 
 def _eager_loop(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig, weights, dtype: torch.dtype):
     """LayerLoop over the eager methods of a program that is not exported (weights in memory)."""
-    from toolchain.export.weights_file import weight_tensors
+    from toolchain.program.weights_file import weight_tensors
 
     spec = ProgramSpec(arch, cfg, 64, optimizer=optimizer)
     layout = state_layout(arch, cfg, optimizer)

@@ -12,7 +12,7 @@ from test_coreml import ARCH, CFG, OPTIONS, T, _check_method, _load  # noqa: E40
 
 from toolchain.contract import GENERATION_ROLES  # noqa: E402
 from toolchain.export.coreml import EXPECTED_OPS, _convert, mil_op_histogram  # noqa: E402
-from toolchain.export.program import ProgramSpec, QuantSpec, method_specs  # noqa: E402
+from toolchain.program.spec import ProgramSpec, QuantSpec, method_specs  # noqa: E402
 
 
 @pytest.mark.slow

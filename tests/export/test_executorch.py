@@ -15,13 +15,14 @@ from helpers import hf_peft_sgd, max_rel_diff
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
-from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
+from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
+from toolchain.runtime import EagerRunner, LayerLoop
 from toolchain.runtime.executorch_runner import ExecutorchRunner
 from toolchain.training import TrainRun, pad_example, run_program
 
@@ -64,14 +65,14 @@ def int4_adamw(tmp_path_factory):
 
 def _runtime(prog):
     pdir = ProgramDir(prog)
-    return pdir, ExecutorchRunner(pdir.program_file("executorch"), list(pdir.info.methods))
+    return pdir, ExecutorchRunner(pdir.program_file("executorch"), list(pdir.methods))
 
 
 def _run_both(prog, examples, steps, lr, **kw):
     """(pdir, result on ExecuTorch, result with the same methods run eagerly), driven alike."""
     pdir, runner = _runtime(prog)
     res = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
-    ref = run_program(pdir, EagerRunner(pdir.info.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
+    ref = run_program(pdir, EagerRunner(pdir.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
     return pdir, res, ref
 
 
@@ -92,12 +93,12 @@ def _hf_model(weights):
 def test_program_holds_no_weight_and_has_the_layer_generic_methods(fp32_sgd):
     prog, _, _ = fp32_sgd
     pdir = ProgramDir(prog)
-    assert list(pdir.info.methods) == ["embed", "block_forward", "head_loss", "block_backward"]  # SGD: no skip update
-    assert pdir.info.program("executorch").delegate == "xnnpack"  # the default
+    assert list(pdir.methods) == ["embed", "block_forward", "head_loss", "block_backward"]  # SGD: no skip update
+    assert pdir.program("executorch").delegate == "xnnpack"  # the default
     from executorch.runtime import Runtime
 
-    assert set(Runtime.get().load_program(pdir.program_file("executorch")).method_names) == set(pdir.info.methods)
-    weights_bytes = pdir.manifest.weights.bytes
+    assert set(Runtime.get().load_program(pdir.program_file("executorch")).method_names) == set(pdir.methods)
+    weights_bytes = pdir.weights_bytes
     assert weights_bytes >= 4 * sum(t.numel() for t in pdir.weights().values())
     # the .pte is code only: far smaller than any one layer's weights
     layer0 = sum(t.numel() * t.element_size() for k, t in pdir.weights().items() if k.startswith("layers.0."))
@@ -127,7 +128,7 @@ def test_eager_layer_loop_is_mesp_step_plus_sgd(fp32_sgd):
     pdir = ProgramDir(prog)
     state = pdir.state_init()
     ids, labels = pad_example(_examples(1, seed=11)[0], T, 0, "row")
-    loss = LayerLoop(pdir, EagerRunner(pdir.info.spec)).train_step(ids, labels, 0.5, state, {1, 2})
+    loss = LayerLoop(pdir, EagerRunner(pdir.spec)).train_step(ids, labels, 0.5, state, {1, 2})
     ref = mesp_step(ARCH, weights, CFG, lora, ids, labels, backward_layers={1, 2})
     assert math.isclose(loss, float(ref.loss), rel_tol=1e-6)
     new = pdir.lora_from_state(state)
@@ -147,7 +148,7 @@ def test_int4_adamw_lcsb_at_run_time_matches_eager(int4_adamw):
     pdir = ProgramDir(prog)
     plan = pdir.default_plan()
     assert plan is not None and plan.k == 1
-    assert "block_skip_update" in pdir.info.methods
+    assert "block_skip_update" in pdir.methods
     _, res, ref = _run_both(prog, examples, steps, lr, plan=plan)
     for s, (a, b) in enumerate(zip(res.losses, ref.losses)):
         assert math.isclose(a, b, rel_tol=1e-5), (s, a, b)
@@ -187,12 +188,12 @@ def test_methods_are_pure_functions_of_their_inputs(fp32_sgd):
     x = torch.randn(T, ARCH.hidden, generator=torch.Generator().manual_seed(0))
     d = torch.randn(T, ARCH.hidden, generator=torch.Generator().manual_seed(1))
     values = {"x": x, "d": d, "checkpoint": x.clone(), "lr": torch.tensor([0.1])}
-    inputs = loop._inputs(pdir.info.methods["block_backward"], 1, values, views)
+    inputs = loop._inputs(pdir.methods["block_backward"], 1, values, views)
     before = [t.clone() for t in inputs]
     first = [t.clone() for t in runner.execute("block_backward", inputs)]
     second = [t.clone() for t in runner.execute("block_backward", inputs)]
     fresh = Runtime.get().load_program(pdir.program_file("executorch")).load_method("block_backward").execute(inputs)
-    spec = pdir.info.methods["block_backward"].outputs
+    spec = pdir.methods["block_backward"].outputs
     assert [tuple(t.shape) for t in first] == [o.shape for o in spec]
     for a, b, c in zip(first, second, fresh):
         assert torch.equal(a, b) and torch.equal(a, c)
@@ -211,7 +212,7 @@ def test_weights_are_passed_without_copying(tmp_path_factory):
     loop = LayerLoop(pdir, runner)
     state = pdir.state_init()
     ids = torch.randint(0, arch.vocab, (T,), generator=torch.Generator().manual_seed(0))
-    weights_bytes = pdir.manifest.weights.bytes
+    weights_bytes = pdir.weights_bytes
     before = read_status()
     loop.train_step(ids, ids.clone(), 0.1, state)
     after = read_status()
@@ -312,7 +313,7 @@ def test_resume_after_kill_equals_uninterrupted_run(int4_adamw, tmp_path):
 
 def test_int8_program_without_xnnpack_matches_eager(tmp_path_factory):
     prog, _, _ = _export(tmp_path_factory, "int8", quant="int8", xnnpack=False)
-    assert "delegate" not in ProgramDir(prog).info.program("executorch").to_json()
+    assert "delegate" not in ProgramDir(prog).program("executorch").to_json()
     _, res, ref = _run_both(prog, _examples(2, seed=9), 3, 0.05)
     for a, b in zip(res.losses, ref.losses):
         assert math.isclose(a, b, rel_tol=1e-5)
@@ -327,7 +328,7 @@ def test_xnnpack_takes_only_weight_matmuls():
 
     from toolchain.export.executorch import (_matmul_flops, _target_name, _weight_operand, _weight_placeholders,
                                              exported_methods, weight_derived, xnnpack_partitioner)
-    from toolchain.export.program import ProgramSpec, method_specs
+    from toolchain.program.spec import ProgramSpec, method_specs
 
     spec = ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int4", 16))
     methods = method_specs(spec)
@@ -361,7 +362,7 @@ def test_xnnpack_takes_only_weight_matmuls():
             if least == 0 and name.startswith("block"):
                 assert {_target_name(n) for n in got} >= {"_softmax.default", "sigmoid.default", "permute_copy.default"}
         # the default list: softmax, sigmoid and transposes, never exp (each delegate is ~1.8 KB resident;
-        # exp, the head's online softmax, gains the least time per delegate: docs/benchmarks.md "Session 12")
+        # exp, the head's online softmax, gains the least time per delegate: CHANGELOG.md 2026-12-03)
         parts = xnnpack_partitioner(weights, max_packed_bytes=0, min_elements=0).generate_partitions(ep)
         kinds = {_target_name(n) for p in parts for n in p.nodes if n.op == "call_function"}
         assert "exp.default" not in kinds, name

@@ -13,9 +13,9 @@ from executorch.exir.backend import backend_api  # noqa: E402
 
 from toolchain.export.executorch import (_no_relegalizing_single_op_partitions, check_replaced_signature,  # noqa: E402
                                          export_executorch)
-from toolchain.export.program import ProgramSpec  # noqa: E402
 from toolchain.lora import LoraConfig  # noqa: E402
 from toolchain.models import ModelArch  # noqa: E402
+from toolchain.program.spec import ProgramSpec  # noqa: E402
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 

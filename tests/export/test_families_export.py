@@ -56,14 +56,14 @@ def _examples(arch: ModelArch, n: int, seed: int) -> list[Example]:
 
 def _check_training(case: Case) -> None:
     pdir = case.pdir
-    assert pdir.info.spec.arch == case.arch                           # the manifest carries the family's flags
-    arch_json = pdir.manifest.model.arch
+    assert pdir.spec.arch == case.arch                           # the manifest carries the family's flags
+    arch_json = pdir.model.arch
     assert (arch_json["family"], arch_json["head_dim"], arch_json["qk_norm"]) == (
         case.arch.family, case.arch.head_dim, case.arch.qk_norm)
-    inputs = {i.name for i in pdir.info.methods["block_backward"].inputs}
+    inputs = {i.name for i in pdir.methods["block_backward"].inputs}
     assert ({"w_q_norm", "w_k_norm"} <= inputs) == case.arch.qk_norm and "w_q_bias" not in inputs
     examples, steps, lr = _examples(case.arch, 3, seed=5), 4, 0.05
-    eager = run_program(pdir, EagerRunner(pdir.info.spec), examples, TrainRun(steps=steps, lr=lr))
+    eager = run_program(pdir, EagerRunner(pdir.spec), examples, TrainRun(steps=steps, lr=lr))
     eager_sd = lora_state_dict(pdir.lora_from_state(eager.state))
     import copy
 
@@ -91,7 +91,7 @@ def test_eval_and_greedy_equal_hf_peft_on_executorch_onnx_eager(which, request):
 
 
 def test_qwen3_int4_fused_generation_equals_its_eager_reference(qwen3_int4):
-    assert "block_decode_fused" in qwen3_int4.pdir.info.methods
+    assert "block_decode_fused" in qwen3_int4.pdir.methods
     _check_case(qwen3_int4)
 
 
@@ -99,7 +99,7 @@ def test_qwen3_int4_fused_generation_equals_its_eager_reference(qwen3_int4):
 def test_llama_int4_fused_generation_with_scaled_rope_equals_its_eager_reference(tmp_path_factory):
     """The fused decode block with llama3-scaled RoPE (rotated by the stock ops inside the fused method)."""
     case = Case(tmp_path_factory, "llama_int4", LLAMA, "int4", seed=34, prefill_chunk=5)
-    assert "block_decode_fused" in case.pdir.info.methods
+    assert "block_decode_fused" in case.pdir.methods
     _check_case(case)
 
 
@@ -111,7 +111,7 @@ def test_llama_without_a_registry_vocabulary_takes_prompt_ids(llama):
     from toolchain.cli import cli
 
     prog = str(llama.prog)
-    assert llama.pdir.manifest.tokenizer.kind == "none"
+    assert llama.pdir.tokenizer.kind == "none"
     res = CliRunner().invoke(cli, ["generate", "--program", prog, "--prompt", "hello", "--max-new-tokens", "2"])
     assert res.exit_code == 2                                            # bad input (README: exit code 2)
     lines = [ln for ln in res.output.splitlines() if ln.strip()]

@@ -23,14 +23,16 @@ from toolchain.contract import GENERATION_ROLES
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import QuantSpec
 from toolchain.lora import LoraConfig, save_adapter
 from toolchain.mesp.ops.quant import QuantWeight, dequantize
 from toolchain.models import ModelArch
-from toolchain.runtime import LayerLoop, ProgramDir
-from toolchain.runtime.evaluate import evaluate_program, state_from_adapter
+from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
+from toolchain.runtime import LayerLoop
+from toolchain.runtime.evaluate import evaluate_program
 from toolchain.runtime.generate import generate, new_cache
 from toolchain.runtime.runners import open_runner
+from toolchain.training.session import state_from_adapter
 from helpers import our_weights
 
 T = 24
@@ -138,11 +140,11 @@ def _hf_greedy(model, prompt, n_new, eos=None) -> list[int]:
 
 def _check_case(case: Case, runtimes=RUNTIMES) -> None:
     pdir = case.pdir
-    int4 = pdir.manifest.quant.kind == "int4"
-    assert set(GENERATION_ROLES) <= set(pdir.info.methods)
+    int4 = pdir.spec.quant.kind == "int4"
+    assert set(GENERATION_ROLES) <= set(pdir.methods)
     fused = ["block_prefill_fused", "block_decode_fused", "head_logits_fused"] if int4 else []
-    assert pdir.manifest.generate.methods == GENERATION_ROLES + tuple(fused)
-    assert pdir.manifest.quant.head == int4 and ("embed.qweight" in pdir.weights()) == int4
+    assert pdir.generate.methods == GENERATION_ROLES + tuple(fused)
+    assert pdir.spec.quant.head == int4 and ("embed.qweight" in pdir.weights()) == int4
     state = pdir.state_init()
     hf = case.hf_peft(case.lora)
     rows = _rows(case.arch, 3)
@@ -161,7 +163,7 @@ def _check_case(case: Case, runtimes=RUNTIMES) -> None:
         assert got.fused == (int4 and target == "executorch"), target         # the native kernel on ExecuTorch
         want = fused_ids.output_ids if got.fused else ref_ids
         assert got.output_ids == want, (target, got.output_ids, want)
-        assert got.prefill_chunks == -(-len(prompt) // pdir.info.spec.prefill_chunk)
+        assert got.prefill_chunks == -(-len(prompt) // pdir.spec.prefill_chunk)
     if not int4:
         assert fused_ids.output_ids == ref_ids                                # no fused methods: the stock ones
     assert torch.equal(state, pdir.state_init())                          # eval and generate only read the state
@@ -332,9 +334,9 @@ def test_cli_eval_and_generate_with_an_adapter(tied, tmp_path):
 def test_training_runner_does_not_load_the_generation_methods(tied):
     r = open_runner(tied.pdir, "executorch", use="train")
     assert set(r.methods) == {"embed", "block_forward", "head_loss", "block_backward"}
-    arenas = tied.pdir.manifest.memory_plan.planned_arena_bytes["executorch"]
+    arenas = tied.pdir.memory_plan.planned_arena_bytes["executorch"]
     assert set(GENERATION_ROLES) <= set(arenas)
-    gen = tied.pdir.manifest.generate
+    gen = tied.pdir.generate
     assert gen.cache_bytes == 2 * 4 * TIED.layers * TIED.kv_heads * T * TIED.head_dim
     assert gen.targets == ("executorch", "onnx")
     assert gen.fused is None and gen.prefill_chunk == T   # float32: no kernel; the chunk clamped to seq_len

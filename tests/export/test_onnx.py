@@ -18,12 +18,13 @@ from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.onnx import ONNX_DIR, OPSET
-from toolchain.export.program import QuantSpec
 from toolchain.lcsb.plan import make_plan
 from toolchain.lora import LoraConfig, lora_state_dict
 from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig
-from toolchain.runtime import EagerRunner, LayerLoop, ProgramDir
+from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec
+from toolchain.runtime import EagerRunner, LayerLoop
 from toolchain.runtime.onnx_runner import OnnxRunner
 from toolchain.runtime.runners import open_runner
 from toolchain.training import TrainRun, run_program
@@ -71,7 +72,7 @@ def _run_both(prog, examples, run: TrainRun):
     """The same run on ONNX Runtime and on the eager reference runtime (both through run_program's LayerLoop)."""
     pdir = ProgramDir(prog)
     onnx = run_program(pdir, OnnxRunner(pdir, threads=1), examples, run)
-    eager = run_program(pdir, EagerRunner(pdir.info.spec), examples, run)
+    eager = run_program(pdir, EagerRunner(pdir.spec), examples, run)
     return pdir, onnx, eager
 
 
@@ -95,7 +96,7 @@ def test_int4_adamw_lcsb_matches_eager(int4_adamw):
     prog = int4_adamw[0]
     examples, steps, lr = _examples(2, seed=6), 4, 1e-2
     pdir = ProgramDir(prog)
-    assert set(pdir.info.methods) == set(TRAINING_ROLES)  # AdamW moves unselected layers: block_skip_update too
+    assert set(pdir.methods) == set(TRAINING_ROLES)  # AdamW moves unselected layers: block_skip_update too
     pdir, res, ref = _run_both(prog, examples, TrainRun(steps=steps, lr=lr, plan=make_plan(ARCH.layers, 1, "cyclic")))
     for s, (a, b) in enumerate(zip(res.losses, ref.losses)):
         assert math.isclose(a, b, rel_tol=1e-5), (s, a, b)
@@ -114,7 +115,7 @@ def _graphs(prog):
     import onnx
 
     pdir = ProgramDir(prog)
-    entry = pdir.info.program("onnx")
+    entry = pdir.program("onnx")
     return pdir, entry, {m: onnx.load(str(prog / f)) for m, f in entry.methods.items()}
 
 
@@ -125,11 +126,11 @@ def test_graphs_take_the_weights_as_inputs_and_hold_none(which, request):
     prog = request.getfixturevalue(which)[0]
     pdir, entry, graphs = _graphs(prog)
     assert entry.file == ONNX_DIR and entry.details["opset"] == OPSET
-    assert entry.methods == {m: f"{ONNX_DIR}/{m}.onnx" for m in pdir.info.methods}
+    assert entry.methods == {m: f"{ONNX_DIR}/{m}.onnx" for m in pdir.methods}
     assert not list((prog / ONNX_DIR).glob("*.bin")) and not list((prog / ONNX_DIR).glob("*.data"))  # no external data
     for name, g in graphs.items():
         onnx.checker.check_model(g, full_check=True)
-        method = pdir.info.methods[name]
+        method = pdir.methods[name]
         assert {o.version for o in g.opset_import if o.domain in ("", "ai.onnx")} == {OPSET}
         assert [i.name for i in g.graph.input] == [io.name for io in method.inputs]
         assert [o.name for o in g.graph.output] == [io.name for io in method.outputs]

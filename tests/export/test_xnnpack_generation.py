@@ -18,13 +18,14 @@ import torch
 from helpers import lora_for, our_weights, random_hf_model
 
 from toolchain.export.build import ExportSpec, export_program
-from toolchain.export.program import QuantSpec, method_specs
 from toolchain.export.xnnpack_generation import xnnpack_method_module
 from toolchain.lora import LoraConfig
 from toolchain.mesp.ops.int8da_int4w import int4_constant, linear_8da4w, unpack_int4
 from toolchain.mesp.ops.quant import QuantWeight, dequantize, quantize
 from toolchain.models import ModelArch
-from toolchain.runtime import LayerLoop, ProgramDir
+from toolchain.program import ProgramDir
+from toolchain.program.spec import QuantSpec, method_specs
+from toolchain.runtime import LayerLoop
 from toolchain.runtime.generate import generate, generation_names
 from toolchain.runtime.runners import open_runner
 
@@ -41,7 +42,7 @@ class EagerVariant:
     backend = "eager"
 
     def __init__(self, pdir: ProgramDir, names: list[str]) -> None:
-        spec = pdir.info.spec
+        spec = pdir.spec
         methods = method_specs(spec)
         from toolchain.runtime.eager_runner import EagerRunner
 
@@ -195,7 +196,7 @@ def test_variant_greedy_ids_and_logits_equal_the_eager_reference(prog, monkeypat
 
 def test_bad_requests_are_refused():
     from toolchain.errors import BadInput
-    from toolchain.export.program import ProgramSpec
+    from toolchain.program.spec import ProgramSpec
 
     for quant in (QuantSpec("int8", GROUP), QuantSpec("int4", GROUP, head=False)):
         with pytest.raises(BadInput, match="xnnpack-generation"):

@@ -705,7 +705,7 @@ def _cases() -> list[Case]:
           lambda w: ["export", *TINY, "--rank", "4", "--adapter", adapter(w, nan=True), "--out", "out"], "NaN"),
         c("eval-resume-from-nan", "`eval --resume-from CK`, a checkpoint of NaN state",
           lambda w: ["eval", "--program", w.program(), "--data", w.data(), "--resume-from",
-                     nan_state_checkpoint(w, "ck.safetensors", meta=False)], "NaN"),
+                     nan_state_checkpoint(w, "ck.safetensors", meta=True)], "NaN"),
         c("train-resume-nan", "`train --program P --resume` from a checkpoint of NaN state",
           lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "2", "--adapter-out", "ad",
                      "--resume"] if nan_state_checkpoint(w, "ad.train-checkpoint.safetensors", meta=True) else [],

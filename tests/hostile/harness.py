@@ -29,9 +29,9 @@ class Outcome(NamedTuple):
 def export_tiny_program(out: Path) -> Path:
     """The tiny preset exported once (ExecuTorch, T=32, int4): the program the cases corrupt."""
     from toolchain.export.build import ExportSpec, export_program
-    from toolchain.export.program import QuantSpec
     from toolchain.lora import LoraConfig, init_lora
     from toolchain.models import get_preset, random_weights
+    from toolchain.program.spec import QuantSpec
 
     arch, cfg = get_preset("tiny"), LoraConfig(rank=4, alpha=8)
     spec = ExportSpec(source="tiny", init="random", seed=0, seq_len=32, quant=QuantSpec("int4", 64),

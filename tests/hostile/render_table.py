@@ -1,4 +1,5 @@
-"""Print the hostile-input table with each case's result (markdown, for docs/reliability.md).
+"""Print the hostile-input table with each case's result (markdown, for docs/reliability.md), then the kernel
+cache table (tests/hostile/kernel_cases.py).
 
     .venv/bin/python tests/hostile/render_table.py > /tmp/table.md
 """
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pytest  # noqa: E402
 from cases import CASES  # noqa: E402
 from harness import export_tiny_program, run_case  # noqa: E402
+from kernel_cases import KCASES, good_build, run_kcase  # noqa: E402
 
 
 def main() -> None:
@@ -37,6 +39,30 @@ def main() -> None:
     print("\n".join(rows))
     print(f"\n{len(CASES)} cases, {len(CASES) - bad} as required (exit 2, one Error line, no traceback, no file "
           f"left, lost or changed), {bad} not.")
+
+    kernel_table()
+
+
+def kernel_table() -> None:
+    import shutil
+
+    built = good_build()
+    rows, bad = [], 0
+    with tempfile.TemporaryDirectory() as root:
+        good = Path(root) / "good" / built.parent.name / built.name
+        good.parent.mkdir(parents=True)
+        shutil.copy2(built, good)
+        for i, case in enumerate(KCASES):
+            work = Path(root) / f"k-{i}"
+            work.mkdir()
+            got = run_kcase(case, good, work, pytest.MonkeyPatch())
+            bad += not got.ok
+            summary = got.summary.replace(root, "…").replace("|", "\\|")
+            rows.append(f"| `{case.id}` | {case.what} | {'yes' if got.ok else 'NO: ' + got.detail} | {summary} |")
+    print("\n| case | kernel cache state or fault | as required | what happened |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\n{len(KCASES)} kernel cache cases, {len(KCASES) - bad} as required, {bad} not.")
 
 
 if __name__ == "__main__":

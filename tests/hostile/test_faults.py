@@ -70,7 +70,7 @@ def test_a_bus_error_on_a_mapped_file_is_one_error_line(tmp_path: Path) -> None:
 def test_a_changed_weights_file_stops_at_the_step_boundary_with_a_checkpoint(tiny_program: Path, tmp_path: Path):
     from toolchain.dataset import load_examples
     from toolchain.errors import BadInput
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
     from toolchain.runtime.runners import open_runner
     from toolchain.training import ProgramTrainer, TrainRun
     from toolchain.training.checkpoint import load_checkpoint
@@ -182,7 +182,7 @@ def test_a_pte_whose_methods_differ_from_the_manifest_is_refused(tiny_program: P
     """`check_signatures` on the real runtime's metadata, with methods swapped as in a .pte of another
     program (same method names, other signatures)."""
     from toolchain.errors import BadInput
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
     from toolchain.runtime.runners import check_signatures, open_runner, role_methods
 
     pdir = ProgramDir(tiny_program)

@@ -97,7 +97,7 @@ def test_analytic_prediction_is_within_15_percent(row, tmp_path):
 # loudly once the allocator slack is modelled or the step allocates differently.
 _SMALL_BLOCK_SLACK = {"qwen2.5-0.5b-seq128-r8-mesp"}
 # Known gap, not explained yet: since the block backward recomputes n1 after the MLP and frees attention's
-# tensors before the q/k/v tail (session 5), the counted tensors at the peak fell by 2.2 MB at T = 256, r16
+# tensors before the q/k/v tail (2026-12-01), the counted tensors at the peak fell by 2.2 MB at T = 256, r16
 # (exact against the live tensors in test_memory_estimate.py), but the measured process peak only by 0.6 MB
 # (71.7 -> 71.1): the step grows 34.1 MB against 32.3 counted (+5.7%). Likely allocator retention of the
 # MLP phase's pages; the full prediction (with the overhead) stays within 15%. Strict, as above.

@@ -215,7 +215,7 @@ def test_the_fused_methods_call_the_ops_the_table_says():
     its role."""
     from toolchain.contract import GENERATION_ROLES
     from toolchain.export.bodies import example_inputs, method_module
-    from toolchain.export.program import FUSED_KERNELS, ProgramSpec, QuantSpec, method_specs
+    from toolchain.program.spec import FUSED_KERNELS, ProgramSpec, QuantSpec, method_specs
     from toolchain.lora import LoraConfig
     from toolchain.models import ModelArch
 

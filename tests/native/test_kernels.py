@@ -14,6 +14,7 @@ sw * sa. The ExecuTorch registration is tested through the fused generation meth
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 
 import pytest
@@ -173,6 +174,30 @@ def test_the_library_is_cached_per_source_and_flags(tmp_path, monkeypatch):
     assert build.kernel_library() == first and first.stat().st_mtime_ns == mtime     # not rebuilt
     assert first.read_bytes()[:4] == b"\x7fELF"   # (not loaded: a second copy would register its kernel twice)
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".build-")]  # no temp file left
+    import hashlib
+
+    record = first.with_name(first.name + ".sha256")   # the build's sha256, recorded beside it
+    assert record.read_text().strip() == hashlib.sha256(first.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow   # two real compiles (~25 s on this shared 2-core machine)
+def test_a_damaged_cache_entry_is_rebuilt_by_the_compiler(tmp_path, monkeypatch):
+    """tests/hostile/kernel_cases.py tries the damaged entries with the compiler replaced by a copy; here the
+    real compiler runs again for a truncated entry and for a directory in its place."""
+    import hashlib
+
+    from toolchain.native import build
+
+    monkeypatch.setenv("TOOLCHAIN_KERNEL_CACHE", str(tmp_path))
+    lib = build.kernel_library()
+    good = lib.read_bytes()
+    os.truncate(lib, 4096)
+    assert build.kernel_library() == lib and lib.read_bytes()[:4] == b"\x7fELF" and len(lib.read_bytes()) > 4096
+    lib.unlink()
+    lib.mkdir()
+    assert build.kernel_library() == lib and lib.is_file()
+    assert hashlib.sha256(lib.read_bytes()).hexdigest() == lib.with_name(lib.name + ".sha256").read_text().strip()
+    assert len(lib.read_bytes()) == len(good)
 
 
 def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch):

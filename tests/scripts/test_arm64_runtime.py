@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import arm64_runtime as ar  # noqa: E402
 
-from toolchain.runtime import ProgramDir  # noqa: E402
+from toolchain.program import ProgramDir  # noqa: E402
 
 
 def _trace_dirs() -> list[Path]:

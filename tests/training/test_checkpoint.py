@@ -4,13 +4,15 @@ BadInput ending in "delete it to start over", and a checkpoint of another run na
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 from safetensors.torch import save
 
 from toolchain.errors import BadInput
-from toolchain.training.checkpoint import check_settings, load_checkpoint, save_checkpoint
+from toolchain.training.checkpoint import (check_settings, load_checkpoint, load_program_state, program_state_of,
+                                          save_checkpoint)
 
 SETTINGS = {"trainer": "program", "program": "ab" * 32, "data": "cd" * 32,
             "optimizer": {"kind": "adamw", "lr": 0.01, "momentum": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,
@@ -97,3 +99,38 @@ def test_same_settings_pass_and_unverifiable_checkpoints_are_refused(tmp_path):
     check_settings(tmp_path / "ck", SETTINGS, json.loads(json.dumps(SETTINGS)))
     with pytest.raises(BadInput, match="records no run settings.*delete it to start over"):
         check_settings(tmp_path / "ck", None, SETTINGS)
+
+
+# (name, the checkpoint's tensors, run record written, message): a program's checkpoint is read one way,
+# whether `train --program --resume` or `eval` / `generate --resume-from` reads it.
+PROGRAM_STATES = [
+    ("no_run_record", {"state": torch.zeros(6)}, False, "not a readable checkpoint"),
+    ("eager_tensors", {"lora.0.q_proj.a": torch.zeros(6)}, True, "holds no flat float32 `state`"),
+    ("extra_tensor", {"state": torch.zeros(6), "x": torch.zeros(1)}, True, "holds no flat float32 `state`"),
+    ("float64", {"state": torch.zeros(6, dtype=torch.float64)}, True, "holds no flat float32 `state`"),
+    ("matrix", {"state": torch.zeros(2, 3)}, True, "holds no flat float32 `state`"),
+    ("other_size", {"state": torch.zeros(5)}, True, "has 5 state values, the program 6"),
+    ("nan", {"state": torch.full((6,), float("nan"))}, True, "NaN or infinite"),
+]
+
+
+@pytest.mark.parametrize("name, tensors, record, message", PROGRAM_STATES, ids=[c[0] for c in PROGRAM_STATES])
+def test_a_program_checkpoint_that_does_not_fit_is_one_error(tmp_path, name, tensors, record, message):
+    ck = tmp_path / "ck.safetensors"
+    if record:
+        save_checkpoint(ck, tensors, step=1, run_id="r", seq=0, losses=[1.0], settings=SETTINGS)
+    else:
+        ck.write_bytes(save(tensors))
+    with pytest.raises(BadInput, match=f"^checkpoint {re.escape(str(ck))}") as e:
+        load_program_state(ck, 6)
+    assert message in str(e.value) and str(e.value).endswith("delete it to start over" if name != "nan" else "--lr")
+
+
+def test_a_program_checkpoint_gives_its_state_as_resume_does(tmp_path):
+    ck, state = tmp_path / "ck.safetensors", torch.arange(6, dtype=torch.float32)
+    save_checkpoint(ck, {"state": state}, step=1, run_id="r", seq=0, losses=[1.0], settings=SETTINGS)
+    got = load_program_state(ck, 6)
+    assert torch.equal(got, state)
+    assert torch.equal(program_state_of(load_checkpoint(ck).tensors, 6, ck), got)
+    got += 1                                                    # a copy: the caller trains it in place
+    assert torch.equal(load_program_state(ck, 6), state)

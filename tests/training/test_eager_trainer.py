@@ -23,7 +23,7 @@ from toolchain.mesp import block_forward, block_params, mesp_step
 from toolchain.mesp.ops import rope_tables
 from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig, init_state, update_all
-from toolchain.training import RunState, TrainConfig, start_run, train, train_step
+from toolchain.training import RunState, TrainRun, start_run, train, train_step
 
 ARCH = ModelArch(hidden=16, layers=5, heads=4, kv_heads=2, intermediate=24, vocab=37, max_positions=64)
 CFG = LoraConfig(rank=3, alpha=5.0, targets=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj"))
@@ -61,7 +61,7 @@ def surrogate_grads(weights, lora, example: Example, selected: set[int]):
 
 def test_lcsb_with_k_equal_to_all_layers_equals_the_mesp_step_exactly(setup):
     weights, lora, examples = setup
-    config = TrainConfig(steps=3, optimizer=OptimizerConfig("adamw", lr=1e-2, weight_decay=0.1))
+    config = TrainRun(steps=3, optimizer=OptimizerConfig("adamw", lr=1e-2, weight_decay=0.1))
     plan = make_plan(ARCH.layers, ARCH.layers, "cyclic")
     assert plan.phases == (tuple(range(ARCH.layers)),)
     state = start_run(config, lora)
@@ -78,7 +78,7 @@ def test_lcsb_with_k_equal_to_all_layers_equals_the_mesp_step_exactly(setup):
 def test_adamw_matches_torch_adamw_step_for_step_on_full_backprop(setup):
     weights, lora, examples = setup
     opt = OptimizerConfig("adamw", lr=2e-2, weight_decay=0.1)
-    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=5, optimizer=opt))
+    result = train(ARCH, weights, CFG, lora, examples, TrainRun(steps=5, optimizer=opt))
     params = [p.clone().requires_grad_() for p in _flat(lora)]
     torch_opt = torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                   weight_decay=opt.weight_decay)
@@ -132,7 +132,7 @@ def test_lcsb_training_matches_torch_optim_with_zero_grads_for_unselected_layers
     selected layers and a zero .grad for the others, every step."""
     weights, lora, examples = setup
     plan = make_plan(ARCH.layers, 3, "cyclic")
-    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=4, optimizer=opt, plan=plan))
+    result = train(ARCH, weights, CFG, lora, examples, TrainRun(steps=4, optimizer=opt, plan=plan))
     params = [p.clone().requires_grad_() for p in _flat(lora)]
     if opt.kind == "adamw":
         torch_opt = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
@@ -166,12 +166,12 @@ def test_frozen_unselected_layers_stay_put_and_default_ones_move(setup):
     plan = make_plan(ARCH.layers, 2, "last")  # layers 3, 4 every step
     opt = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.0)
     # One full step first so that every layer has momentum, then LCSB steps.
-    state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
-    config = TrainConfig(steps=1, optimizer=opt)
+    state = start_run(TrainRun(steps=1, optimizer=opt), lora)
+    config = TrainRun(steps=1, optimizer=opt)
     state, _ = train_step(ARCH, weights, CFG, state, examples[0], layers=None, config=config)
     # train_step updates in place: each branch starts from its own copy
     frozen, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], layers=plan.layers_at(0),
-                           config=TrainConfig(steps=1, optimizer=replace(opt, frozen_unselected=True)))
+                           config=TrainRun(steps=1, optimizer=replace(opt, frozen_unselected=True)))
     moving, _ = train_step(ARCH, weights, CFG, state.clone(), examples[1], layers=plan.layers_at(0), config=config)
     for i in range(3):
         assert all(torch.equal(a, b) for a, b in zip(_flat((frozen.lora[i],)), _flat((state.lora[i],))))
@@ -186,21 +186,21 @@ def test_frozen_unselected_layers_stay_put_and_default_ones_move(setup):
 def test_train_reports_each_step_and_refuses_a_plan_for_another_model(setup):
     weights, lora, examples = setup
     seen = []
-    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=4, optimizer=OptimizerConfig("sgd", lr=1e-2),
+    result = train(ARCH, weights, CFG, lora, examples, TrainRun(steps=4, optimizer=OptimizerConfig("sgd", lr=1e-2),
                    plan=make_plan(ARCH.layers, 2, "strided")), on_step=seen.append)
     assert [e.step for e in seen] == [1, 2, 3, 4] and [e.row for e in seen] == [0, 1, 2, 0]
     assert [e.layers for e in seen] == [(0, 3), (1, 4), (2,), (0, 3)]
     assert result.log == tuple(seen)
     with pytest.raises(BadInput, match="for 8 layers but the model has 5"):
-        train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=1, plan=make_plan(8, 2, "cyclic")))
+        train(ARCH, weights, CFG, lora, examples, TrainRun(steps=1, plan=make_plan(8, 2, "cyclic")))
 
 
 def test_train_does_not_modify_the_starting_adapter(setup):
     weights, lora, examples = setup
     before = [p.clone() for p in _flat(lora)]
-    train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=2, optimizer=OptimizerConfig("adamw", lr=0.1)))
+    train(ARCH, weights, CFG, lora, examples, TrainRun(steps=2, optimizer=OptimizerConfig("adamw", lr=0.1)))
     assert all(torch.equal(a, b) for a, b in zip(before, _flat(lora)))
-    assert isinstance(start_run(TrainConfig(steps=1), lora), RunState)
+    assert isinstance(start_run(TrainRun(steps=1), lora), RunState)
 
 
 def test_train_step_updates_in_place_and_start_run_copies(setup):
@@ -209,10 +209,10 @@ def test_train_step_updates_in_place_and_start_run_copies(setup):
     weights, lora, examples = setup
     before = _flat(lora)
     opt = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.01)
-    state = start_run(TrainConfig(steps=1, optimizer=opt), lora)
+    state = start_run(TrainRun(steps=1, optimizer=opt), lora)
     a0 = state.lora[0][CFG.targets[0]].a
     ptr, copy = a0.data_ptr(), a0.clone()
-    new, _ = train_step(ARCH, weights, CFG, state, examples[0], layers=None, config=TrainConfig(steps=1, optimizer=opt))
+    new, _ = train_step(ARCH, weights, CFG, state, examples[0], layers=None, config=TrainRun(steps=1, optimizer=opt))
     assert new.lora[0][CFG.targets[0]].a.data_ptr() == ptr and not torch.equal(new.lora[0][CFG.targets[0]].a, copy)
     assert all(torch.equal(a, b) for a, b in zip(_flat(lora), before))
 
@@ -224,8 +224,8 @@ def test_a_warmup_runs_full_backprop_steps_then_the_plan_bit_for_bit(setup, tmp_
     opt = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.01)
     warm, plain = make_plan(ARCH.layers, 2, "cyclic", warmup=4), make_plan(ARCH.layers, 2, "cyclic")
     events = tmp_path / "events.jsonl"
-    result = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=7, optimizer=opt, plan=warm, telemetry=events))
-    ref_config = TrainConfig(steps=7, optimizer=opt)
+    result = train(ARCH, weights, CFG, lora, examples, TrainRun(steps=7, optimizer=opt, plan=warm, telemetry=events))
+    ref_config = TrainRun(steps=7, optimizer=opt)
     state = start_run(ref_config, lora)
     losses = []
     for s in range(7):
@@ -244,11 +244,11 @@ def test_resume_refuses_a_checkpoint_of_another_warmup(setup, tmp_path):
     weights, lora, examples = setup
     ck = tmp_path / "ck.safetensors"
     opt = OptimizerConfig("sgd", lr=1e-2)
-    train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=2, optimizer=opt, checkpoint=ck,
+    train(ARCH, weights, CFG, lora, examples, TrainRun(steps=2, optimizer=opt, checkpoint=ck,
                                                           plan=make_plan(ARCH.layers, 2, "cyclic", warmup=1)))
     with pytest.raises(BadInput, match="LCSB plan"):
-        train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=3, optimizer=opt, checkpoint=ck, resume=True,
+        train(ARCH, weights, CFG, lora, examples, TrainRun(steps=3, optimizer=opt, checkpoint=ck, resume=True,
                                                               plan=make_plan(ARCH.layers, 2, "cyclic", warmup=2)))
-    resumed = train(ARCH, weights, CFG, lora, examples, TrainConfig(steps=3, optimizer=opt, checkpoint=ck, resume=True,
+    resumed = train(ARCH, weights, CFG, lora, examples, TrainRun(steps=3, optimizer=opt, checkpoint=ck, resume=True,
                                                                     plan=make_plan(ARCH.layers, 2, "cyclic", warmup=1)))
     assert len(resumed.losses) == 3

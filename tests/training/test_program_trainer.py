@@ -13,17 +13,18 @@ from conftest import ARCH, CFG, OPTIMIZER, examples
 
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
-from toolchain.runtime import EagerRunner, ProgramDir
-from toolchain.training import EagerTrainer, ProgramTrainer, TrainConfig, TrainRun, checkpoint_path, data_order
+from toolchain.program import ProgramDir
+from toolchain.runtime import EagerRunner
+from toolchain.training import EagerTrainer, ProgramTrainer, TrainRun, checkpoint_path, data_order
 
 
 def _program_trainer(prog, rows, **run):
     pdir = ProgramDir(prog)
-    return ProgramTrainer(pdir, EagerRunner(pdir.info.spec), rows, TrainRun(**{"lr": OPTIMIZER.lr, **run}))
+    return ProgramTrainer(pdir, EagerRunner(pdir.spec), rows, TrainRun(**{"lr": OPTIMIZER.lr, **run}))
 
 
 def _eager_trainer(weights, lora, rows, *, lr=OPTIMIZER.lr, **config):
-    return EagerTrainer(ARCH, weights, CFG, lora, rows, TrainConfig(optimizer=replace(OPTIMIZER, lr=lr), **config))
+    return EagerTrainer(ARCH, weights, CFG, lora, rows, TrainRun(optimizer=replace(OPTIMIZER, lr=lr), **config))
 
 
 def _trainer(kind, program, rows, **run):

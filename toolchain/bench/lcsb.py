@@ -45,7 +45,7 @@ from toolchain.models import PRESETS, LayerWeights, ModelWeights, ModelArch, ran
 from toolchain.optim import OptimizerConfig
 from toolchain.shuffle import permutation
 from toolchain.tokenizer import ByteTokenizer
-from toolchain.training import TrainConfig, evaluate, start_run, train, train_step
+from toolchain.training import TrainRun, evaluate, start_run, train, train_step
 
 __all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine", "text_pretrain_rows"]
 
@@ -160,7 +160,7 @@ def _pretrain(config, arch, weights, rows, on_step) -> tuple[ModelWeights, dict[
     lora = init_lora(arch, cfg, seed=config.seed + 1)
     opt = OptimizerConfig("adamw", lr=config.pretrain_lr, weight_decay=0.0)
     t0 = time.perf_counter()
-    result = train(arch, weights, cfg, lora, rows, TrainConfig(steps=config.pretrain_steps, optimizer=opt),
+    result = train(arch, weights, cfg, lora, rows, TrainRun(steps=config.pretrain_steps, optimizer=opt),
                    on_step=None if on_step is None else (lambda e: on_step("pretrain", e.step, {"full": e.loss})))
     tail = max(1, math.ceil(config.pretrain_steps / 10))
     info = {"steps": config.pretrain_steps, "rank": config.pretrain_rank, "alpha": cfg.alpha,
@@ -194,7 +194,7 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
     lora0 = init_lora(arch, cfg, seed=config.seed)
     plans = {"full": make_plan(arch.layers, None, "full"), "lcsb": make_plan(arch.layers, config.k, config.policy,
                                                                          warmup=config.plan_warmup)}
-    train_cfg = TrainConfig(steps=config.steps, optimizer=OptimizerConfig("adamw", lr=config.lr, weight_decay=config.weight_decay))
+    train_cfg = TrainRun(steps=config.steps, optimizer=OptimizerConfig("adamw", lr=config.lr, weight_decay=config.weight_decay))
     states = {arm: start_run(train_cfg, lora0) for arm in plans}
     losses: dict[str, list[float]] = {arm: [] for arm in plans}
     times: dict[str, list[float]] = {arm: [] for arm in plans}

@@ -156,7 +156,7 @@ class MemoryBenchConfig(BenchWorkload):
         self.step_options()
         if self.layers_per_checkpoint is not None and self.layers_per_checkpoint < 1:
             raise BadInput(f"--layers-per-checkpoint must be >= 1, got {self.layers_per_checkpoint}")
-        from toolchain.export.program import QuantSpec
+        from toolchain.program.spec import QuantSpec
 
         QuantSpec(self.quant, self.quant_group, self.quant_chunk_elems, head=self.quant_head)
 
@@ -212,9 +212,9 @@ def check_config(config: MemoryBenchConfig) -> ModelArch | None:
 def program_settings(program_dir: Path) -> dict[str, Any]:
     """MemoryBenchConfig fields that make the eager modes run what the program runs: its sequence length,
     weight format and step chunking (the CLI's explicit options override them)."""
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
 
-    spec = ProgramDir(program_dir, verify=False).info.spec
+    spec = ProgramDir(program_dir, verify=False).spec
     return {"seq_len": spec.seq_len, "quant": spec.quant.kind, "quant_group": spec.quant.group, "quant_chunk_elems": spec.quant.chunk_elems,
             "quant_head": spec.quant.head_quantized or spec.quant.kind != "int4", "loss_chunk": spec.options.loss_chunk, "vocab_chunk": spec.options.vocab_chunk,
             "mlp_chunk": spec.options.mlp_chunk}
@@ -222,15 +222,15 @@ def program_settings(program_dir: Path) -> dict[str, Any]:
 
 def check_program(config: MemoryBenchConfig, arch: ModelArch | None) -> None:
     """The program must be the benchmarked workload: same widths, sequence length, LoRA and weight format."""
-    from toolchain.runtime import ProgramDir
+    from toolchain.program import ProgramDir
 
     pdir = ProgramDir(config.program_dir, verify=False)
     for target in {program_target(m) for m in config.modes} - {None}:
         if target not in pdir.targets:
             raise BadInput(f"{config.program_dir} has no {target} program (it has {', '.join(pdir.targets)}); "
                            f"export it with --target {target}")
-    q = pdir.info.spec.quant
-    o = pdir.info.spec.options
+    q = pdir.spec.quant
+    o = pdir.spec.options
     got = {"seq_len": pdir.seq_len, "rank": pdir.lora_config.rank, "targets": pdir.lora_config.targets,
            "alpha": pdir.lora_config.alpha, "quant": q.kind, "quant_group": q.group,
            "quant_chunk_elems": q.chunk_elems, "quant_head": q.head_quantized, "loss_chunk": o.loss_chunk,
@@ -244,7 +244,7 @@ def check_program(config: MemoryBenchConfig, arch: ModelArch | None) -> None:
         want = {k: v for k, v in want.items() if k not in ("quant_group", "quant_chunk_elems")}
     diff = [f"{k} {got[k]} (bench: {want[k]})" for k in want if got[k] != want[k]]
     if arch is not None and pdir.arch != arch:
-        diff.append(f"model {pdir.manifest.model.source} (bench: {config.model})")
+        diff.append(f"model {pdir.model.source} (bench: {config.model})")
     if diff:
         raise BadInput(f"{config.program_dir} was exported with {', '.join(diff)}; pass the same settings "
                        f"(--seq-len, --rank, --alpha, --targets, --quant, ...) or export a matching program")

@@ -92,7 +92,7 @@ def load_mmap_weights(path: Path) -> tuple[ModelArch, ModelWeights]:
 
 
 def quantized_file(path: Path, kind: str, group: int, head: bool = True) -> Path:
-    """The cache entry's weights in a program's weights-file format (export/weights_file.py), quantized."""
+    """The cache entry's weights in a program's weights-file format (program/weights_file.py), quantized."""
     packing = "-interleaved" if kind == "int4" else ""   # the int4 byte layout (mesp/ops/quant.py)
     head_part = "-head4" if kind == "int4" and head else ""   # int4 embedding and LM head (QuantSpec.head)
     return Path(path) / f"program-weights-{kind}-g{group}{packing}{head_part}.safetensors"
@@ -100,8 +100,8 @@ def quantized_file(path: Path, kind: str, group: int, head: bool = True) -> Path
 
 def ensure_quantized(path: Path, kind: str, group: int, head: bool = True) -> Path:
     """Write the quantized weights file of a cache entry once (the same bytes `toolchain export` writes)."""
-    from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import weight_tensors, write_weights
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import weight_tensors, write_weights
 
     out = quantized_file(path, kind, group, head)
     if not out.is_file():
@@ -116,8 +116,8 @@ def load_quantized(path: Path, kind: str, group: int, chunk_elems: int, head: bo
                    ) -> tuple[ModelArch, ModelWeights]:
     """Map the quantized weights file (no copy); projections (and an int4 head) as QuantWeight, dequantized
     per chunk on use."""
-    from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import map_weights, model_weights
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import map_weights, model_weights
 
     arch = ModelArch.from_dict(json.loads((Path(path) / ARCH_FILE).read_text()))
     tensors = map_weights(ensure_quantized(path, kind, group, head))

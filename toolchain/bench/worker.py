@@ -74,16 +74,17 @@ def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool
     """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
     held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
     loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
-    from toolchain.export.program import flat_state, state_layout
     from toolchain.lora import init_lora
-    from toolchain.runtime import LayerLoop, ProgramDir
+    from toolchain.program import ProgramDir
+    from toolchain.program.spec import flat_state, state_layout
+    from toolchain.runtime import LayerLoop
     from toolchain.runtime.runners import open_runner
 
     if not spec.get("program_dir"):
         raise BadInput(f"{target} mode needs --program DIR, a program directory exported with --target {target}")
     pdir = pdir or ProgramDir(Path(spec["program_dir"]))
     loop = LayerLoop(pdir, open_runner(pdir, target, threads=spec["threads"]))
-    layout = state_layout(pdir.arch, pdir.lora_config, pdir.info.optimizer)
+    layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     per = spec.get("layers_per_checkpoint", 1) if groups else 1
     return lambda k: loop.train_step(s.input_ids, s.labels, spec["lr"], state, layers_per_checkpoint=per)
@@ -132,7 +133,7 @@ def run_memory(spec: dict) -> dict:
     if target and spec.get("program_dir"):
         # Likewise the manifest as Python objects and its schema validator (~3 MB; an app's parsed
         # manifest is a few KB). Everything the program loads and allocates comes after the baseline.
-        from toolchain.runtime import ProgramDir
+        from toolchain.program import ProgramDir
 
         pdir = ProgramDir(Path(spec["program_dir"]))
     release_free_memory()

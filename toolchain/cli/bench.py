@@ -153,9 +153,9 @@ def memory(*, model, init, seed, rank, alpha, targets, seq_len, modes, layers_pe
     With --program and --modes executorch/onnx, the exported program runs on its runtime through the
     host's layer loop, beside the eager modes on the same weights (--quant) and thread count."""
     from toolchain.bench.memory import MemoryBenchConfig, format_table, program_settings, run_memory_bench
-    from toolchain.export.program import chunk_elems_from_mib
     from toolchain.lora import parse_targets
     from toolchain.mesp import chunk_overrides
+    from toolchain.program.spec import chunk_elems_from_mib
     from toolchain.schemas import write_json
 
     if json_out is not None:

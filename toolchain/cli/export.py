@@ -72,12 +72,12 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
 
     from toolchain.atomic import check_output_dir
     from toolchain.export.build import ExportSpec, export_program, tokenizer_fields
-    from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import weights_file_size
     from toolchain.lora.resolve import resolve_adapter
     from toolchain.mesp import StepOptions, chunk_overrides
     from toolchain.models.load import model_source
     from toolchain.optim import optimizer_config
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import weights_file_size
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     opt = optimizer_config(optimizer, weight_decay=weight_decay, frozen_unselected=frozen_unselected)  # lr: a step input

@@ -194,7 +194,7 @@ def runtime_options(f):
 
 
 def program_state_options(f):
-    """--adapter or --resume-from: the LoRA state a program runs with (`runtime.evaluate.program_state`)."""
+    """--adapter or --resume-from: the LoRA state a program runs with (`training.session.program_state`)."""
     return _compose(
         click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
                      help="Use this PEFT adapter directory (its config must match the program's); "

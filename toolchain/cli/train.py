@@ -118,7 +118,7 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
     from toolchain.lora.resolve import load_model_and_adapter
-    from toolchain.training import EagerTrainer, TrainConfig, checkpoint_path
+    from toolchain.training import EagerTrainer, TrainRun, checkpoint_path
 
     checkpoint = None if adapter_out is None else checkpoint_path(adapter_out)
     if resume and not checkpoint.exists():
@@ -127,7 +127,7 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
     arch, weights, cfg, lora = load_model_and_adapter(**load)
     examples = load_examples(data, arch)
     step_plan = plan.resolve(arch.layers)
-    config = TrainConfig(steps=steps, optimizer=optimizer, plan=step_plan, shuffle_seed=shuffle_seed,
+    config = TrainRun(steps=steps, optimizer=optimizer, plan=step_plan, shuffle_seed=shuffle_seed,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
                          layers_per_checkpoint=layers_per_checkpoint)
     trainer = EagerTrainer(arch, weights, cfg, lora, examples, config, model_name=Path(name).name)

@@ -132,7 +132,7 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     session = ProgramSession(program, use="train", verbose=verbose_requested())
     pdir = session.pdir
     examples = session.examples(data)
-    lr = lr if lr is not None else pdir.info.default_lr
+    lr = lr if lr is not None else pdir.default_lr
     step_plan = plan.resolve_lcsb(pdir.arch.layers) if plan.given else pdir.default_plan()
     if step_plan is not None and step_plan.policy == "full":
         step_plan = None
@@ -156,8 +156,8 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     result = session.train(on_step=bar.update, progress=bar)
     peak_mb = read_status().vm_hwm / 2**20
     if adapter_out is not None:
-        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.manifest.model.source,
+        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.model.source,
                      replace=force or resume)
-    report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.info.optimizer, lr=lr),
+    report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
            **({} if held is None else {"evals": session.evals}))

@@ -3,7 +3,7 @@
 A program directory (what `toolchain export` writes, what the apps and the host runners read):
 
   manifest.json          the typed contract (contract/manifest.py; shared_schemas/manifest.schema.json)
-  weights.safetensors    the frozen weights, shared by every target (export/weights_file.py)
+  weights.safetensors    the frozen weights, shared by every target (program/weights_file.py)
   state_init.bin         the initial flat state, raw little-endian float32 (contract/state.py)
   adapter_init/          the initial adapter, PEFT format
   tokenizer.json         the tokenizer, when the program ships one

@@ -1,7 +1,7 @@
 """The methods of a v3 program as the manifest lists them: roles, and each method's inputs and outputs in
 call order, each bound to where the app gets (or puts) it.
 
-export/program.py decides which methods a config has (`method_specs`) and what they compute; this module
+program/spec.py decides which methods a config has (`method_specs`) and what they compute; this module
 is only their description, shared by the writer and every reader.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 
 __all__ = ["TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES", "IoSpec", "MethodSpec", "fused_name", "FUSED_SUFFIX"]
 
-# The training methods, in the order one step calls them (program.py's docstring).
+# The training methods, in the order one step calls them (program/spec.py's docstring).
 TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
 # Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
 # `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through
@@ -21,6 +21,9 @@ TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "bloc
 GENERATION_ROLES = ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
 ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
 FUSED_SUFFIX = "_fused"
+# The held-out rows a training run evaluates (its first ones): the host's `train --program --eval-data` and the apps
+# (Contract.HELD_OUT_EVAL_ROWS / Contract.heldOutEvalRows) read the same number, so their eval events compare.
+HELD_OUT_EVAL_ROWS = 32
 
 
 def fused_name(name: str) -> str:
@@ -66,7 +69,7 @@ class MethodSpec:
     role: str
     inputs: tuple[IoSpec, ...]
     outputs: tuple[IoSpec, ...]
-    kernels: tuple[str, ...] = ()   # custom kernels it calls (export/program.py FUSED_KERNELS), beyond the stock ones
+    kernels: tuple[str, ...] = ()   # custom kernels it calls (program/spec.py FUSED_KERNELS), beyond the stock ones
     # the generation variant, where not the stock or fused one: "xnnpack" (export/xnnpack_generation.py: the
     # layer's frozen weights are constants of the method, XNNPACK's int8 x int4 linear packs them at load)
     variant: str | None = None

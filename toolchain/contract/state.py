@@ -1,7 +1,7 @@
 """The app's flat float32 state as the manifest lays it out: one `StateEntry` per tensor (LoRA A/B per layer and
 target, then the optimizer's moments in the same order, then the AdamW step counter), and the names they have.
 
-export/program.py computes the layout of a config (`state_layout`); this module is its description.
+program/spec.py computes the layout of a config (`state_layout`); this module is its description.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What each method of a v3 program computes: one body per role over the named inputs of its `MethodSpec`
-(export/program.py `method_specs`), from the MeSP block, head and decode functions (mesp/), and the module the
+(program/spec.py `method_specs`), from the MeSP block, head and decode functions (mesp/), and the module the
 exporters trace (`method_module`) with its tracing inputs (`example_inputs`).
 
 No math here: the bodies unpack inputs into the mesp functions' arguments and pack their results.
@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from toolchain.contract import GENERATION_ROLES, STATE_ROLE_PREFIX, MethodSpec
 from toolchain.errors import BadInput
-from toolchain.export.program import ProgramSpec, layer_state_inputs, method_specs, state_roles
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams, block_backward, block_forward, block_rope
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits
@@ -23,6 +22,7 @@ from toolchain.mesp.ops.quant import QuantWeight, embedding_rows, with_chunk_row
 from toolchain.mesp.step import head_loss_and_grad
 from toolchain.models.weights import LayerWeights
 from toolchain.optim import update_tensor
+from toolchain.program.spec import ProgramSpec, layer_state_inputs, method_specs, state_roles
 
 __all__ = ["method_module", "method_compute", "example_inputs"]
 
@@ -36,7 +36,7 @@ def _matrix(ins: dict[str, Tensor], name: str, bits: int, executorch: bool) -> T
 
 
 def _head_chunks(ins: dict[str, Tensor], bits: int, executorch: bool) -> list[Tensor | QuantWeight]:
-    """The `head_{j}` chunks of program.py `_head_inputs`, in vocabulary order."""
+    """The `head_{j}` chunks of program/spec.py `_head_inputs`, in vocabulary order."""
     js = sorted({int(n.split("_")[1]) for n in ins if n.startswith("head_") and n.split("_")[1].isdigit()})
     return [_matrix(ins, f"head_{j}", bits, executorch) for j in js]
 

@@ -1,8 +1,8 @@
 """Export pipeline, written down once:
 
 1. resolve the model (preset/checkpoint, random or real weights) and the starting adapter (caller);
-2. the `ProgramSpec` fixes the layer-generic methods (program.py);
-3. write the frozen weights once (`weights.safetensors`, weights_file.py), shared by every target, streamed from
+2. the `ProgramSpec` fixes the layer-generic methods (program/spec.py);
+3. write the frozen weights once (`weights.safetensors`, program/weights_file.py), shared by every target, streamed from
    the model's source one block of rows at a time;
 4. per target (targets.py), export every method;
 5. write the initial state (`state_init.bin`), the initial adapter (PEFT) and `manifest.json`
@@ -21,20 +21,20 @@ from toolchain.atomic import atomic_dir
 from toolchain.contract import (ADAPTER_INIT_DIR, MANIFEST_NAME, QWEN_ENDOFTEXT_ID, STATE_INIT_NAME, TOKENIZER_NAME,
                                 WEIGHTS_NAME, Manifest, sha256_file, write_manifest)
 from toolchain.errors import BadInput, FieldError
-from toolchain.export.manifest import build_manifest
-from toolchain.export.program import ProgramSpec, QuantSpec, flat_state, state_layout
 from toolchain.export.targets import TARGETS, target
-from toolchain.export.weights_file import write_weights_streamed
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import save_adapter
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
+from toolchain.models.family import get_family
 from toolchain.models.presets import ModelArch
 from toolchain.models.source import InMemorySource, WeightSource
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig
-from toolchain.models.family import get_family
+from toolchain.program.manifest import build_manifest
+from toolchain.program.spec import ProgramSpec, QuantSpec, flat_state, state_layout
+from toolchain.program.weights_file import write_weights_streamed
 from toolchain.tokenizer import tokenizer_for_export
 
 __all__ = ["ExportSpec", "export_program", "tokenizer_fields"]

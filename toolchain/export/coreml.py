@@ -39,9 +39,9 @@ import torch
 from torch import Tensor, nn
 
 from toolchain.contract import MethodSpec
-from toolchain.export.artifact import TargetArtifact
 from toolchain.export.bodies import example_inputs, method_module
-from toolchain.export.program import ProgramSpec, method_specs
+from toolchain.program.artifact import TargetArtifact
+from toolchain.program.spec import ProgramSpec, method_specs
 
 __all__ = ["export_coreml", "COREML_DIR", "CORE_ML_DTYPES", "EXPECTED_OPS", "FOLD_MAX_ELEMS", "deployment_target",
            "mil_op_histogram"]

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from toolchain.contract import GENERATION_ROLES
-from toolchain.export.artifact import TargetArtifact
 from toolchain.export.bodies import example_inputs, method_module
-from toolchain.export.program import ProgramSpec, method_specs
+from toolchain.program.artifact import TargetArtifact
+from toolchain.program.spec import ProgramSpec, method_specs
 
 __all__ = ["export_executorch", "PTE_NAME"]
 
@@ -41,7 +41,7 @@ def exported_methods(spec: ProgramSpec, weights_file: Path | None = None) -> dic
         for name, method in method_specs(spec).items():
             if method.variant is not None:
                 if weights is None:
-                    from toolchain.export.weights_file import map_weights
+                    from toolchain.program.weights_file import map_weights
 
                     weights = map_weights(weights_file)
                 module = xnnpack_method_module(spec, method, weights)
@@ -70,10 +70,10 @@ XNNPACK_MAX_PACKED_BYTES = 16 << 20
 # Besides the weight matmuls, XNNPACK takes these single ops when their output has at least
 # XNNPACK_MIN_ELEMENTS elements: ExecuTorch's portable kernels for them are scalar loops (std::exp per
 # element, an index computation per element of a permute), XNNPACK's are vectorized. Measured on the
-# Qwen2.5-0.5B int4 step (ETDump, scripts/profile_step.py, docs/benchmarks.md "Session 11"): attention's
+# Qwen2.5-0.5B int4 step (ETDump, scripts/profile_step.py, docs/benchmarks.md, CHANGELOG.md 2026-12-02): attention's
 # softmax over [T, T] scores, SwiGLU's sigmoid, the transposes ExecuTorch materializes (`permute_copy`:
 # heads <-> rows, the MLP chunks' dg^T, du^T). Every delegate costs ~1.7 KB resident from the method's
-# load on (XNNPACK's runtime and operator objects; docs/benchmarks.md "Session 13"), so `exp` (the online
+# load on (XNNPACK's runtime and operator objects; CHANGELOG.md 2026-12-03), so `exp` (the online
 # softmax's over [T, V_chunk] logits: 148 head chunks, ~0.19 s of a 12.4 s step) is left to ExecuTorch:
 # the least time per delegate of the four. Op names are the edge dialect's targets
 # (`exir_ops.edge.aten.<name>`); `xnnpack_partitioner` also knows `exp.default`.

@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 from toolchain.contract import MethodSpec
-from toolchain.export.artifact import TargetArtifact
 from toolchain.export.bodies import example_inputs, method_module
-from toolchain.export.program import ProgramSpec, method_specs
+from toolchain.program.artifact import TargetArtifact
+from toolchain.program.spec import ProgramSpec, method_specs
 
 __all__ = ["export_onnx", "ONNX_DIR", "OPSET", "FOLD_MAX_ELEMS", "MAX_INITIALIZER_BYTES"]
 

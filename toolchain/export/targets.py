@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolchain.errors import BadInput
-from toolchain.export.artifact import TargetArtifact
-from toolchain.export.program import ProgramSpec
+from toolchain.program.artifact import TargetArtifact
+from toolchain.program.spec import ProgramSpec
 
 __all__ = ["Target", "TARGETS", "target", "HOST_RUNNABLE"]
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from toolchain.contract import LAYER, MethodSpec
-from toolchain.export.program import QUANTIZED_FIELDS, ProgramSpec, method_specs
+from toolchain.program.spec import QUANTIZED_FIELDS, ProgramSpec, method_specs
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams
 from toolchain.mesp.decode import block_decode, decode_rope, head_logits

@@ -12,7 +12,7 @@ Policies (k = most layers selected per step, g = ceil(L / k) groups):
   last     the last k layers at every step (MLX's `--num-layers`).
   anchored the top k - 1 layers at every step, plus one of the other L - k + 1, cycling bottom-up (L=10,
            k=4: {0,7,8,9}, {1,7,8,9}, ..., {6,7,8,9}; period L - k + 1). The top layers' gradients are then
-           exact at every step, and every layer is still trained (docs/lcsb.md, session 11: at the same
+           exact at every step, and every layer is still trained (docs/lcsb.md "What limits the gap": at the same
            cost per step, the bench's loss gap is about half of cyclic's).
   random   k layers drawn uniformly without replacement at every step (as LISA samples layers): step
            t selects the first k of `toolchain.shuffle.permutation(L, seed + t)`, sorted, which the
@@ -20,7 +20,7 @@ Policies (k = most layers selected per step, g = ceil(L / k) groups):
   full     every layer at every step (ordinary backprop; k = L).
 A plan may start with a *warm-up*: steps s < `warmup` backpropagate through every layer (ordinary
 backprop); from step `warmup` on, step s uses phases[schedule[s % len(schedule)]] (the global step index:
-the schedule does not restart after the warm-up). docs/lcsb.md, session 13: a 10% warm-up before
+the schedule does not restart after the warm-up). docs/lcsb.md "Benchmark": a 10% warm-up before
 `anchored` cuts the bench's loss gap by about a third.
 The schedule of cyclic and strided visits the groups in ascending order, so over one period each
 layer is selected exactly once; anchored visits its cycling layer in ascending order.

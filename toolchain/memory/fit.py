@@ -49,7 +49,7 @@ __all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "F
 TARGET = "executorch"
 # [T, d] float32 activations the app holds besides the checkpoints: the running x or d. The forward's last output
 # is x beside the checkpoints; head_loss's d is copied out of the arena over x, block_backward's over the incoming d
-# (LayerLoop.train_step; 2 before session 14, when each output had its own buffer).
+# (LayerLoop.train_step; 2 while each output had its own buffer, before 2026-12-03).
 ACTIVATION_COPIES = 1
 # Anonymous memory a process holds besides the step's tensors, measured by `toolchain bench memory`
 # (reports in tests/memory/data/bench_memory/; tests/memory/test_calibration.py recomputes them).

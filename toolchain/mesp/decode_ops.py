@@ -1,6 +1,6 @@
 """The fused generation methods' small custom ops: one native call each where ExecuTorch's portable kernels
 would run a graph of element-wise ops (decode runs ~80 of them per layer and token, each a few microseconds of
-dispatch over a few thousand floats: ~6.5 ms of a token's ~29 ms, docs/benchmarks.md).
+dispatch over a few thousand floats: ~6.5 ms of a token's ~29 ms, CHANGELOG.md 2026-12-02).
 
   toolchain::rms_norm(x, w, eps)                     RMSNorm (`rmsnorm_forward`)
   toolchain::lora_linear_a8(x, qweight, scales, group, bias?, lora_a?, lora_b?, lora_scale, residual?)

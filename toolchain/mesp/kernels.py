@@ -8,7 +8,7 @@ fused generation methods that call it. Everything else is made from the table:
 
   - the ops' registration with PyTorch (`_register`, when `toolchain.mesp` is imported),
   - the C entry points' ctypes signatures (`load_native_kernels`, through `toolchain.native.load_kernels`),
-  - the kernels a fused method lists in the manifest (`executorch_ops`: export/program.py `FUSED_KERNELS`),
+  - the kernels a fused method lists in the manifest (`executorch_ops`: program/spec.py `FUSED_KERNELS`),
   - tests/native/test_kernel_table.py, which checks that kernels.cpp's `EXECUTORCH_LIBRARY` lines and
     `extern "C"` entry points (names and C signatures) are exactly this table.
 
@@ -117,7 +117,7 @@ KERNELS: tuple[Kernel, ...] = (
 
 def executorch_ops() -> tuple[str, ...]:
     """The ExecuTorch kernels the library registers, `toolchain::<name>.out`, in table order: what every fused
-    method lists (a runtime has all of them or none; export/program.py `FUSED_KERNELS`)."""
+    method lists (a runtime has all of them or none; program/spec.py `FUSED_KERNELS`)."""
     return tuple(k.op for k in KERNELS if k.op is not None)
 
 

@@ -196,7 +196,7 @@ def read_safetensors_header(path: Path, *, dtype_sizes: Mapping[str, int], noun:
     ending with `redo`, the way to get a good file ("download the checkpoint again", "re-export the program").
 
     Both readers of safetensors files without the safetensors library use it: `CheckpointShards` (a checkpoint's
-    shards, `noun` "shard") and `toolchain.export.weights_file.read_header` (a program's weights file).
+    shards, `noun` "shard") and `toolchain.program.weights_file.read_header` (a program's weights file).
 
     Returns:
         (entries in header order with absolute byte ranges, offset of the data in the file, file size in bytes)

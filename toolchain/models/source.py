@@ -1,7 +1,7 @@
 """Where a model's frozen tensors come from, read one tensor (and one block of rows) at a time.
 
 Export streams a model through `WeightSource.chunks` into the program's weights file and never holds the whole
-model (export/weights_file.py); `materialize` builds the in-memory `ModelWeights` that the eager step, the
+model (program/weights_file.py); `materialize` builds the in-memory `ModelWeights` that the eager step, the
 benchmarks and the tests use, from the same source, so both see the same numbers.
 
 Tensors are named as the weights file names them (`model_tensor_names`): embed, final_norm, lm_head (untied

@@ -1,9 +1,9 @@
-"""Host runners: run exported programs on their real runtimes, exactly as the apps do. The training
-run over them (row order, checkpoints, telemetry) is `toolchain.training.program`; the session that
-opens a program once and trains, evaluates and generates on it is `toolchain.training.session`."""
+"""Host runners: run exported programs (read through `toolchain.program.ProgramDir`) on their real runtimes,
+exactly as the apps do. The training run over them (row order, checkpoints, telemetry) is
+`toolchain.training.program`; the session that opens a program once and trains, evaluates and generates on
+it is `toolchain.training.session`."""
 
 from toolchain.runtime.eager_runner import EagerRunner
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
 
-__all__ = ["EagerRunner", "LayerLoop", "ProgramDir"]
+__all__ = ["EagerRunner", "LayerLoop"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from toolchain.export.bodies import method_module
-from toolchain.export.program import ProgramSpec, method_specs
+from toolchain.program.spec import ProgramSpec, method_specs
 
 __all__ = ["EagerRunner"]
 

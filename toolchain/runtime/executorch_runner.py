@@ -74,8 +74,7 @@ class ExecutorchRunner:
         try:
             with native_log_redirected(self.verbose):
                 self.methods = {name: self.program.load_method(name) for name in method_names}
-            self._instances: dict[tuple[str, object], object] = {}
-            self._bound: dict[tuple[str, object], BoundMethod] = {}   # the live binding of each instance
+            self._slots: dict[tuple[str, object], _Slot] = {}   # (method, slot) -> its instance and live binding
         except (RuntimeError, ValueError) as e:
             raise BadInput(f"{pte}: a method cannot be loaded by the ExecuTorch runtime ({e}); re-export the "
                            f"program") from None
@@ -87,14 +86,12 @@ class ExecutorchRunner:
         caller changes the inputs' contents in place between calls (never their storage). Binding a slot again
         (the next generation) retires the previous BoundMethod of that slot: executing it raises."""
         key = (method, slot)
-        instance = self._instances.get(key)
-        if instance is None:
+        entry = self._slots.get(key)
+        if entry is None:
             with native_log_redirected(self.verbose):
-                instance = self.program._program.load_method(method)
-            self._instances[key] = instance
-        bound = BoundMethod(instance, inputs, self._bound, key)
-        self._bound[key] = bound
-        return bound
+                entry = self._slots[key] = _Slot(self.program._program.load_method(method))
+        entry.bound = BoundMethod(entry, inputs, key)
+        return entry.bound
 
     def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Outputs are views of the planned arena, valid until the next call of ANY method: the Python
@@ -104,19 +101,29 @@ class ExecutorchRunner:
         return list(self.methods[method]._method.call(inputs, clone_outputs=False))
 
 
+class _Slot:
+    """One (method, slot) of `ExecutorchRunner.bind`: its own loaded instance of the method and the binding
+    whose inputs the instance holds now (None before the first `bind`)."""
+
+    __slots__ = ("instance", "bound")
+
+    def __init__(self, instance) -> None:
+        self.instance, self.bound = instance, None
+
+
 class BoundMethod:
     """A loaded method instance with its inputs set (`ExecutorchRunner.bind`). Holds the input tensors so
     they outlive the runtime's pointers to them. Outputs are views of the planned arena, as `execute`'s."""
 
-    def __init__(self, instance, inputs: list[torch.Tensor], live: dict, key: tuple) -> None:
-        self._instance, self.inputs, self._live, self._key = instance, list(inputs), live, key
-        instance.set_inputs(self.inputs)
+    def __init__(self, slot: _Slot, inputs: list[torch.Tensor], key: tuple) -> None:
+        self._slot, self.inputs, self._key = slot, list(inputs), key
+        slot.instance.set_inputs(self.inputs)
 
     def execute(self) -> list[torch.Tensor]:
-        if self._live.get(self._key) is not self:   # the instance was bound again: its pointers are not ours
+        if self._slot.bound is not self:   # the instance was bound again: its pointers are not ours
             raise RuntimeError(f"{self._key[0]} (slot {self._key[1]}) was bound again; this binding is retired")
-        self._instance.execute()
-        return list(self._instance.get_outputs(clone_outputs=False))
+        self._slot.instance.execute()
+        return list(self._slot.instance.get_outputs(clone_outputs=False))
 
 
 def check_pte(pte: Path) -> None:

@@ -2,7 +2,7 @@
 (ExecuTorch, ONNX Runtime, eager): the reference driver of the manifest's `generate.steps`.
 
 The LoRA inputs are slices of the flat state the caller passes: the trainer's own array mid-run (no
-re-export, no adapter file), a checkpoint's, or an adapter's (`evaluate.state_from_adapter`). The KV
+re-export, no adapter file), a checkpoint's, or an adapter's (`training.session.program_state`). The KV
 cache (per layer k, v [Hk, S, D] float32, S = seq_len) is allocated here, once per call.
 
   prompt of n tokens, in chunks of C = prefill_chunk (the last padded): embed_prefill -> block_prefill per
@@ -31,8 +31,8 @@ from torch import Tensor
 
 from toolchain.contract import ASSISTANT_HEADER, GENERATION_ROLES, IM_END, LAYER
 from toolchain.errors import BadInput, FieldError
+from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
 
 __all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names", "layer_method"]
 
@@ -74,7 +74,7 @@ def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
 def generation_names(pdir: ProgramDir, loaded: Sequence[str] | None) -> dict[str, str]:
     """The method to call for each generation role: the fused one where it is among `loaded`, else the XNNPACK
     variant's where it is (a per-layer name keeps LAYER: `layer_method`)."""
-    gen = pdir.manifest.generate
+    gen = pdir.generate
     loaded = set(loaded or ())
     names = {n: n for n in GENERATION_ROLES}      # stock methods are named after their role
     for role, pattern in ({} if gen is None else gen.xnnpack_methods()).items():
@@ -100,7 +100,7 @@ def _pick(logits: Tensor, temperature: float, gen: torch.Generator | None) -> in
 
 def _check(pdir: ProgramDir, prompt: list[int], max_new_tokens: int, temperature: float) -> None:
     n, s, vocab = len(prompt), pdir.seq_len, pdir.arch.vocab
-    if "block_decode" not in pdir.info.methods:
+    if "block_decode" not in pdir.methods:
         raise BadInput(f"{pdir.path} was exported without the generation methods; re-export it (without --no-generate)")
     if n == 0:
         raise BadInput("the prompt is empty; give at least one token")
@@ -127,7 +127,7 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
     each new token as soon as it is chosen (streaming); `should_stop` before each further token (cancel)."""
     prompt = [int(t) for t in prompt_ids]
     _check(pdir, prompt, max_new_tokens, temperature)
-    n, c = len(prompt), pdir.info.spec.prefill_chunk
+    n, c = len(prompt), pdir.spec.prefill_chunk
     stop = {int(t) for t in stop_ids}
     gen = torch.Generator().manual_seed(seed if seed is not None else 0) if temperature > 0 else None
     loop = loop or LayerLoop(pdir, runner)
@@ -136,13 +136,13 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
     cache = new_cache(pdir)
     decode = _bound_decode(pdir, loop, names["block_decode"], views, cache)
     out: list[int] = []
-    variant = pdir.info.methods[layer_method(names["block_decode"], 0)]
+    variant = pdir.methods[layer_method(names["block_decode"], 0)]
     result = GenerateResult(prompt, out, "max_new_tokens", fused=bool(variant.kernels),
                             variant="fused" if variant.kernels else variant.variant or "stock")
     with torch.no_grad():
         t0 = time.perf_counter()
         for start in range(0, n, c):
-            ids = torch.full((c,), pdir.info.pad_token_id, dtype=torch.int64)
+            ids = torch.full((c,), pdir.pad_token_id, dtype=torch.int64)
             ids[:min(c, n - start)] = torch.tensor(prompt[start:start + c], dtype=torch.int64)
             x = loop.call_method("embed_prefill", None, {"tokens": ids}, views)["x"]
             p = torch.tensor([start], dtype=torch.int64)
@@ -196,7 +196,7 @@ def _bound_decode(pdir: ProgramDir, loop: LayerLoop, name: str, views: dict[str,
     hidden state and position go through two tensors the loop rewrites in place per token, the weights, the
     adapter's views and the layer's cache stay bound. None where the runner cannot bind (then each call
     binds its inputs)."""
-    spec = {io.ref: io for io in pdir.info.methods[layer_method(name, 0)].inputs
+    spec = {io.ref: io for io in pdir.methods[layer_method(name, 0)].inputs
             if io.bind not in ("weight", "state", "cache")}
     xbuf = torch.zeros(spec["x"].shape, dtype=torch.float32)
     pbuf = torch.zeros(spec["pos"].shape, dtype=torch.int64)
@@ -227,9 +227,9 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
     if chat and text is None:
         raise BadInput("--chat needs --prompt (text)")
     tok = None
-    if text is not None or pdir.manifest.tokenizer.kind != "none":
+    if text is not None or pdir.tokenizer.kind != "none":
         try:
-            tok = program_tokenizer(pdir.path, pdir.manifest.tokenizer, pdir.manifest.files)
+            tok = program_tokenizer(pdir.path, pdir.tokenizer, pdir.files)
         except BadInput:
             if text is not None:
                 raise

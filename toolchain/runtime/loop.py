@@ -1,4 +1,4 @@
-"""The v3 layer loop, exactly as the apps run it (manifest `loop`): the host's reference driver.
+"""The layer loop, exactly as the apps run it (manifest `loop`): the host's reference driver.
 
 `LayerLoop.train_step` binds every method input from the manifest (app inputs, activations, views of
 the memory-mapped weights, views of the flat state), calls the runtime, and copies what the app must
@@ -10,6 +10,7 @@ may live in the runtime's arena (ExecuTorch), so everything kept across calls is
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -17,9 +18,16 @@ from torch import Tensor
 from toolchain.contract import LAYER, IoSpec, MethodSpec
 from toolchain.errors import BadInput
 from toolchain.mesp.step import checkpoint_groups
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 
 __all__ = ["LayerLoop"]
+
+
+class _MethodPlan(NamedTuple):
+    """One method bound for one layer (`LayerLoop._plan`)."""
+
+    inputs: tuple[tuple[str | None, object, IoSpec], ...]    # (None, weight view, spec) or (bind, ref, spec)
+    outputs: tuple[tuple[str, str, IoSpec, int], ...]        # (bind, ref, spec, element count)
 
 
 class LayerLoop:
@@ -27,26 +35,26 @@ class LayerLoop:
 
     def __init__(self, pdir: ProgramDir, runner) -> None:
         self.pdir, self.runner = pdir, runner
-        self.methods: dict[str, MethodSpec] = pdir.info.methods
+        self.methods: dict[str, MethodSpec] = pdir.methods
         self.weights = pdir.weights()
         self.layers = pdir.arch.layers
-        self.moves_unselected = pdir.info.moves_unselected
-        self.step_entry = pdir.info.step_entry
-        self._bindings: dict[tuple[str, int | None], list] = {}
-        self._output_plans: dict[tuple[str, int | None], list] = {}
+        self.moves_unselected = pdir.moves_unselected
+        self.step_entry = pdir.step_entry
+        self._plans: dict[tuple[str, int | None], _MethodPlan] = {}
         missing = {io.ref.replace(LAYER, "0") for m in self.methods.values() for io in m.inputs
                    if io.bind == "weight"} - set(self.weights)
         if missing:
             raise BadInput(f"{pdir.path}: the weights file lacks {', '.join(sorted(missing)[:3])}; re-export the program")
 
-    def _binding(self, method: MethodSpec, layer: int | None) -> list[tuple[str | None, object, IoSpec]]:
-        """The method's inputs for `layer`: weights resolved to their (shape-checked) views once, the other
-        binds as (bind, ref) to look up per call. Cached: a generated token calls block_decode once per layer,
-        and binding ~45 inputs by name each time cost ~0.1 ms a call at Qwen2.5-0.5B."""
+    def _plan(self, method: MethodSpec, layer: int | None) -> _MethodPlan:
+        """The method's inputs and outputs for `layer`, resolved once per (method, layer), not per call: a
+        generated token calls block_decode once per layer, and binding ~45 inputs by name each time cost ~0.1 ms
+        a call at Qwen2.5-0.5B. Inputs: weights resolved to their (shape-checked) views, the other binds as
+        (bind, ref) to look up per call; outputs as (bind, ref with the layer filled in, spec, element count)."""
         key = (method.name, layer)
-        plan = self._bindings.get(key)
+        plan = self._plans.get(key)
         if plan is None:
-            plan = []
+            inputs = []
             for io in method.inputs:
                 ref = io.ref if layer is None else io.ref.replace(LAYER, str(layer))
                 if io.bind == "weight":
@@ -54,27 +62,18 @@ class LayerLoop:
                     if io.rows is not None:
                         t = t[io.rows[0]:io.rows[1]]
                     _check_shape(method, io, ref, t)
-                    plan.append((None, t, io))
+                    inputs.append((None, t, io))
                 else:
-                    plan.append((io.bind, ref, io))
-            self._bindings[key] = plan
-        return plan
-
-    def _output_plan(self, method: MethodSpec, layer: int | None) -> list[tuple[str, str, IoSpec, int]]:
-        """The method's outputs for `layer` as (bind, ref with the layer filled in, spec, element count): resolved
-        once, not per call (a generated token calls block_decode once per layer)."""
-        key = (method.name, layer)
-        plan = self._output_plans.get(key)
-        if plan is None:
-            plan = [(io.bind, io.ref if layer is None or io.bind not in ("state", "cache") else
-                     io.ref.replace(LAYER, str(layer)), io, _numel(io.shape)) for io in method.outputs]
-            self._output_plans[key] = plan
+                    inputs.append((io.bind, ref, io))
+            outputs = [(io.bind, io.ref if layer is None or io.bind not in ("state", "cache") else
+                        io.ref.replace(LAYER, str(layer)), io, _numel(io.shape)) for io in method.outputs]
+            plan = self._plans[key] = _MethodPlan(tuple(inputs), tuple(outputs))
         return plan
 
     def _inputs(self, method: MethodSpec, layer: int | None, values: dict[str, Tensor],
                 views: dict[str, Tensor], cache: dict[str, Tensor] | None = None) -> list[Tensor]:
         out = []
-        for bind, ref, io in self._binding(method, layer):
+        for bind, ref, io in self._plan(method, layer).inputs:
             if bind is None:          # a weight, resolved once
                 out.append(ref)
                 continue
@@ -119,7 +118,7 @@ class LayerLoop:
                  cache: dict[str, Tensor] | None, pos: int | None,
                  into: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         name = method.name
-        plan = self._output_plan(method, layer)
+        plan = self._plan(method, layer).outputs
         if len(outputs) != len(plan):
             raise BadInput(f"{name} returned {len(outputs)} outputs, the manifest lists {len(plan)}; "
                            f"re-export the program")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from toolchain.errors import BadInput
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 
 __all__ = ["OnnxRunner", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
 
@@ -94,8 +94,8 @@ class OnnxRunner:
 
         if "onnx" not in pdir.targets:
             raise BadInput(f"{pdir.path} has no onnx program; export it with --target onnx")
-        files = pdir.info.program("onnx").methods or {}
-        names = list(pdir.info.methods) if methods is None else list(methods)
+        files = pdir.program("onnx").methods or {}
+        names = list(pdir.methods) if methods is None else list(methods)
         missing = [m for m in names if m not in files]
         if missing:
             raise BadInput(f"{pdir.path}: the onnx program lacks method(s) {', '.join(missing)} listed in the "
@@ -103,7 +103,7 @@ class OnnxRunner:
         so = session_options(threads, arena=arena)
         self.sessions, self.input_names = {}, {}
         for name in names:
-            method = pdir.info.methods[name]
+            method = pdir.methods[name]
             sess = ort.InferenceSession(str(pdir.path / files[name]), so, providers=["CPUExecutionProvider"],
                                         disabled_optimizers=DISABLED_OPTIMIZERS)
             _check_io(pdir, method, sess)

@@ -8,9 +8,9 @@ import os
 
 from toolchain.contract import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.errors import BadInput
-from toolchain.export.program import XNNPACK_VARIANT
+from toolchain.program.spec import XNNPACK_VARIANT
 from toolchain.export.targets import HOST_RUNNABLE
-from toolchain.runtime.program_dir import ProgramDir
+from toolchain.program.directory import ProgramDir
 
 __all__ = ["open_runner", "role_methods", "check_signatures", "HOST_RUNNABLE"]
 
@@ -21,7 +21,7 @@ def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str], verbo
     try:
         runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
     except BadInput as e:
-        if pdir.manifest.compute != "fp16" or "cannot be loaded" not in str(e):
+        if pdir.spec.compute != "fp16" or "cannot be loaded" not in str(e):
             raise
         # XNNPACK refuses to build a float16 GEMM it has no kernel for when the method loads (hardware without
         # float16 support, or a runtime built without it): the program cannot run here, whatever the input
@@ -42,7 +42,7 @@ def check_signatures(pdir: ProgramDir, program, methods: list[str]) -> None:
     first call. `program` is the runtime's loaded Program (`metadata(name)` -> MethodMeta)."""
     pte = pdir.program_file("executorch")
     for name in methods:
-        spec, meta = pdir.info.methods[name], program.metadata(name)
+        spec, meta = pdir.methods[name], program.metadata(name)
         for what, ios, count, tensor_meta in (("inputs", spec.inputs, meta.num_inputs(), meta.input_tensor_meta),
                                               ("outputs", spec.outputs, meta.num_outputs(), meta.output_tensor_meta)):
             if count != len(ios):
@@ -66,7 +66,7 @@ def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bo
 def _eager(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
     from toolchain.runtime.eager_runner import EagerRunner
 
-    return EagerRunner(pdir.info.spec, methods)
+    return EagerRunner(pdir.spec, methods)
 
 
 def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, xnnpack: bool = False) -> list[str]:
@@ -78,7 +78,7 @@ def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, x
         raise ValueError("one generation variant: fused or xnnpack")
     roles = {"train": TRAINING_ROLES, "eval": ("embed", "block_forward", "head_loss"),
              "generate": GENERATION_ROLES, "all": ALL_ROLES}[use]
-    methods = pdir.info.methods
+    methods = pdir.methods
     fused_roles = {m.role for m in methods.values() if m.kernels} if fused else set()
     xnn_roles = {m.role for m in methods.values() if m.variant == XNNPACK_VARIANT} if xnnpack else set()
 
@@ -146,12 +146,12 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
         raise BadInput(f"{target} programs cannot run on this host (Core ML predicts only on macOS)")
     allowed = fused is not False and os.environ.get("TOOLCHAIN_NATIVE_KERNELS", "1") != "0"
     wants_fused = (allowed and use in ("generate", "all") and target == "executorch"
-                   and any(m.kernels for m in pdir.info.methods.values()))
+                   and any(m.kernels for m in pdir.methods.values()))
     why_not = _native_kernels() if wants_fused else None
     use_fused = wants_fused and why_not is None
     use_xnnpack = (not use_fused and xnnpack is not False and use in ("generate", "all") and target == "executorch"
                    and os.environ.get("TOOLCHAIN_XNNPACK_GENERATION", "1") != "0"
-                   and any(m.variant == XNNPACK_VARIANT for m in pdir.info.methods.values()))
+                   and any(m.variant == XNNPACK_VARIANT for m in pdir.methods.values()))
     methods = role_methods(pdir, use, fused=use_fused, xnnpack=use_xnnpack)
     variant = "fused" if use_fused else "xnnpack" if use_xnnpack else "stock"
     return _loaded(_RUNNERS[target](pdir, threads, methods, verbose), methods, why_not, variant)

@@ -3,12 +3,12 @@ its runtime, as the apps run it), one run loop for both (loop.py): one row order
 checkpoint format with verified resume (checkpoint.py), one result (result.py)."""
 
 from toolchain.training.checkpoint import CHECKPOINT_SUFFIX, checkpoint_path
-from toolchain.training.eager import EagerTrainer, RunState, TrainConfig, evaluate, start_run, train, train_step
-from toolchain.training.loop import Trainer
+from toolchain.training.eager import EagerTrainer, RunState, evaluate, start_run, train, train_step
+from toolchain.training.loop import Trainer, TrainRun
 from toolchain.training.order import DataOrder, data_order
-from toolchain.training.program import ProgramTrainer, TrainRun, host_run_info, pad_example, run_program
+from toolchain.training.program import ProgramTrainer, host_run_info, pad_example, run_program
 from toolchain.training.result import StepLog, TrainResult
 
-__all__ = ["TrainConfig", "RunState", "EagerTrainer", "start_run", "train_step", "train", "evaluate", "TrainRun",
+__all__ = ["RunState", "EagerTrainer", "start_run", "train_step", "train", "evaluate", "TrainRun",
            "ProgramTrainer", "run_program", "pad_example", "host_run_info", "Trainer", "DataOrder", "data_order",
            "StepLog", "TrainResult", "CHECKPOINT_SUFFIX", "checkpoint_path"]

@@ -30,7 +30,8 @@ from toolchain.dataset import Example
 from toolchain.errors import BadInput
 
 __all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "checkpoint_path", "save_checkpoint", "read_checkpoint",
-           "load_checkpoint", "check_settings", "non_finite", "rows_sha256", "tensors_sha256", "finite_or_none"]
+           "load_checkpoint", "load_program_state", "program_state_of", "check_settings", "non_finite", "rows_sha256",
+           "tensors_sha256", "finite_or_none"]
 
 CHECKPOINT_SUFFIX = ".train-checkpoint.safetensors"
 _WAY_OUT = "delete it to start over"
@@ -102,6 +103,24 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise BadInput(f"checkpoint {path}: tensor {bad!r} holds NaN or infinite values (the run diverged, or the file "
                        f"was damaged); {_WAY_OUT}, with a lower --lr")
     return Checkpoint(tensors, step, run_id, seq, [None if x is None else float(x) for x in losses], settings)
+
+
+def load_program_state(path: Path, state_numel: int) -> Tensor:
+    """The flat state of a `toolchain train --program` checkpoint (or an app's: the same file), read by
+    `load_checkpoint` (its run record checked field by field, every tensor finite) and checked by
+    `program_state_of`: what `eval` / `generate --resume-from` run with."""
+    return program_state_of(load_checkpoint(path).tensors, state_numel, path)
+
+
+def program_state_of(tensors: dict[str, Tensor], state_numel: int, where: Path | str) -> Tensor:
+    """A program checkpoint's tensors as the flat state (a copy): exactly one float32 vector `state` of the
+    program's `state_numel` values (`train --program --resume` and `load_program_state` both check it here)."""
+    state = tensors.get("state")
+    if state is None or state.dtype != torch.float32 or state.dim() != 1 or set(tensors) != {"state"}:
+        raise BadInput(f"checkpoint {where} holds no flat float32 `state`; {_WAY_OUT}")
+    if state.numel() != state_numel:
+        raise BadInput(f"checkpoint {where} has {state.numel()} state values, the program {state_numel}; {_WAY_OUT}")
+    return state.clone()
 
 
 def non_finite(tensors: dict[str, Tensor]) -> str | None:

@@ -14,8 +14,7 @@ This module never prints; callers observe progress through `on_step`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -23,7 +22,6 @@ from torch import Tensor
 
 from toolchain.dataset import Example
 from toolchain.errors import BadInput
-from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
 from toolchain.mesp import StepOptions, mesp_step, model_loss
@@ -31,51 +29,25 @@ from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig, OptState, init_state, update_layer
 from toolchain.training.checkpoint import rows_sha256, tensors_sha256
-from toolchain.training.loop import OnStep, Trainer, host_info
+from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import TrainResult
 
-__all__ = ["TrainConfig", "RunState", "EagerTrainer", "start_run", "train_step", "train", "evaluate"]
+__all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train",
+           "evaluate"]
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to train (the model, adapter and data are arguments of `train`).
+# The eager trainer's optimizer when `TrainRun.optimizer` is None (the LCSB paper's: lr 1e-4, weight decay 0.01).
+DEFAULT_OPTIMIZER = OptimizerConfig("adamw", weight_decay=0.01)
 
-    Args:
-        steps: optimizer steps, one example each.
-        optimizer: the optimizer (with `frozen_unselected` for LCSB). Default: AdamW, lr 1e-4, weight
-            decay 0.01 (the LCSB paper).
-        plan: the LCSB step plan; None means full backprop every step.
-        shuffle_seed: visit the rows in a seeded random order, reshuffled every pass (order.py); None
-            keeps file order. Default: None.
-        options: static step options (loss/MLP chunking).
-        layers_per_checkpoint: the step keeps one layer input per this many selected layers and
-            recomputes the rest (`mesp_step`'s checkpoint groups): less memory, one more forward.
-            Default: 1 (every selected layer's input kept).
-        checkpoint: file the resumable state is written to every `checkpoint_every` steps and at the
-            end; None: no checkpoints.
-        resume: continue from `checkpoint` if it exists (it must belong to this run: checkpoint.py).
-        telemetry: JSONL file the run's telemetry events are appended to; None: none.
-    """
 
-    steps: int
-    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adamw", weight_decay=0.01))
-    plan: StepPlan | None = None
-    shuffle_seed: int | None = None
-    options: StepOptions = field(default_factory=StepOptions)
-    layers_per_checkpoint: int = 1
-    checkpoint: Path | None = None
-    checkpoint_every: int = 10
-    resume: bool = False
-    telemetry: Path | None = None
+def run_optimizer(run: TrainRun) -> OptimizerConfig:
+    """The optimizer of an eager run: `run.optimizer` (None: `DEFAULT_OPTIMIZER`), with `run.lr` when given."""
+    opt = DEFAULT_OPTIMIZER if run.optimizer is None else run.optimizer
+    return opt if run.lr is None else replace(opt, lr=run.lr)
 
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise BadInput(f"`steps` must be >= 1, got {self.steps}")
-        if self.checkpoint_every < 1:
-            raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
-        if self.layers_per_checkpoint < 1:
-            raise BadInput(f"`layers_per_checkpoint` must be >= 1, got {self.layers_per_checkpoint}")
+
+def run_step_options(run: TrainRun) -> StepOptions:
+    return StepOptions() if run.options is None else run.options
 
 
 class RunState(NamedTuple):
@@ -92,10 +64,10 @@ class RunState(NamedTuple):
                                                       for layer in self.opt.slots)))
 
 
-def start_run(config: TrainConfig, lora: LoraWeights) -> RunState:
+def start_run(config: TrainRun, lora: LoraWeights) -> RunState:
     """The run's own copy of the adapter (train_step updates it in place; the caller's is left alone)."""
     own = tuple({t: LoraPair(p.a.clone(), p.b.clone()) for t, p in layer.items()} for layer in lora)
-    return RunState(own, init_state(config.optimizer, own))
+    return RunState(own, init_state(run_optimizer(config), own))
 
 
 def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], new_slots) -> None:
@@ -109,13 +81,13 @@ def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], n
 
 
 def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example, *,
-               layers: Sequence[int] | None, config: TrainConfig) -> tuple[RunState, float]:
+               layers: Sequence[int] | None, config: TrainRun) -> tuple[RunState, float]:
     """One step: MeSP forward/backward through `layers` (None: all), updating each layer as it goes.
 
     Returns:
         The new state and the loss of `example` before the update.
     """
-    opt = config.optimizer
+    opt = run_optimizer(config)
     step = state.opt.step + 1
     selected = set(range(arch.layers)) if layers is None else set(layers)
 
@@ -127,8 +99,8 @@ def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: R
 
     with torch.no_grad():
         result = mesp_step(arch, weights, cfg, state.lora, example.input_ids, example.labels,
-                           options=config.options, backward_layers=selected, on_layer_grads=update, keep_grads=False,
-                           layers_per_checkpoint=config.layers_per_checkpoint)
+                           options=run_step_options(config), backward_layers=selected, on_layer_grads=update,
+                           keep_grads=False, layers_per_checkpoint=config.layers_per_checkpoint)
         for i in sorted(set(range(arch.layers)) - selected):
             update(i, None)                                          # unchanged unless unselected layers move
     return RunState(state.lora, OptState(step, state.opt.slots)), float(result.loss)
@@ -150,9 +122,10 @@ class EagerTrainer(Trainer):
     backend = "eager"
 
     def __init__(self, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
-                 examples: Sequence[Example], config: TrainConfig, *, model_name: str = "custom") -> None:
+                 examples: Sequence[Example], config: TrainRun, *, model_name: str = "custom") -> None:
         self.arch, self.weights, self.cfg, self.examples = arch, weights, cfg, examples
         self.run_options = self.config = config
+        self.optimizer = run_optimizer(config)
         self.layers, self.rows, self.model_name = arch.layers, len(examples), model_name
         self._start_adapter = tensors_sha256(p for layer in lora for t in sorted(layer) for p in layer[t])
         self._state = start_run(config, lora)
@@ -173,7 +146,7 @@ class EagerTrainer(Trainer):
         return loss, int((ex.labels != -100).sum())
 
     def tensors(self) -> dict[str, Tensor]:
-        return _state_tensors(self._state, self.config.optimizer)
+        return _state_tensors(self._state, self.optimizer)
 
     def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
         like = self.tensors()
@@ -182,7 +155,7 @@ class EagerTrainer(Trainer):
         if bad:
             raise BadInput(f"checkpoint {where} does not fit this adapter and optimizer ({bad[0]}); "
                            f"delete it to start over")
-        opt = self.config.optimizer
+        opt = self.optimizer
         lora = tuple({t: LoraPair(tensors[f"lora.{i}.{t}.a"], tensors[f"lora.{i}.{t}.b"]) for t in layer}
                      for i, layer in enumerate(self._state.lora))
         slots = tuple({t: tuple(LoraPair(tensors[f"{r}.{i}.{t}.a"], tensors[f"{r}.{i}.{t}.b"]) for r in opt.slot_roles)
@@ -199,12 +172,12 @@ class EagerTrainer(Trainer):
                 "lora": {"rank": self.cfg.rank, "alpha": self.cfg.alpha, "targets": list(self.cfg.targets),
                          "use_rslora": self.cfg.use_rslora},
                 "start_adapter": self._start_adapter, "data": rows_sha256(self.examples),
-                "optimizer": self.config.optimizer.to_dict(), "shuffle_seed": self.config.shuffle_seed,
-                "plan": None if plan is None else plan.to_dict(), "options": asdict(self.config.options)}
+                "optimizer": self.optimizer.to_dict(), "shuffle_seed": self.config.shuffle_seed,
+                "plan": None if plan is None else plan.to_dict(), "options": asdict(run_step_options(self.config))}
         return self._settings
 
     def run_info(self) -> dict[str, Any]:
-        plan, opt = self.config.plan, self.config.optimizer
+        plan, opt = self.config.plan, self.optimizer
         info = {"model": self.model_name, "method": "mesp", "backend": "eager",
                 "seq_len": max(int(ex.input_ids.shape[0]) for ex in self.examples), "rank": self.cfg.rank,
                 "targets": list(self.cfg.targets), "optimizer": opt.kind, "lr": opt.lr, "quant": "none", **host_info()}
@@ -214,7 +187,7 @@ class EagerTrainer(Trainer):
 
 
 def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
-          config: TrainConfig, *, on_step: OnStep | None = None, model_name: str = "custom") -> TrainResult:
+          config: TrainRun, *, on_step: OnStep | None = None, model_name: str = "custom") -> TrainResult:
     """Train the adapter for `config.steps` steps.
 
     Args:

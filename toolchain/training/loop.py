@@ -16,32 +16,69 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
 from toolchain.errors import BadInput
 from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
+from toolchain.mesp import StepOptions
+from toolchain.optim import OptimizerConfig
 from toolchain.training.checkpoint import check_settings, finite_or_none, load_checkpoint, save_checkpoint
 from toolchain.training.order import DataOrder
 from toolchain.training.result import StepLog, TrainResult
 
-__all__ = ["RunOptions", "Trainer", "OnStep", "host_info"]
+__all__ = ["TrainRun", "Trainer", "OnStep", "host_info"]
 
 OnStep = Callable[[StepLog], None]
 
 
-class RunOptions(Protocol):
-    """The fields of `TrainConfig` (eager) and `TrainRun` (program) the loop reads."""
+@dataclass(frozen=True)
+class TrainRun:
+    """How to run a training run, for both trainers (what is trained is the trainer's: the model and starting
+    adapter of `EagerTrainer`, the exported program of `ProgramTrainer`).
+
+    Args:
+        steps: training steps, one row each.
+        lr: the learning rate of every step. Program trainer: None takes the program's `default_lr`. Eager
+            trainer: replaces `optimizer.lr` when given.
+        optimizer: eager trainer only (a program's optimizer is fixed at export, but for its lr). None: AdamW,
+            lr 1e-4, weight decay 0.01 (the LCSB paper).
+        options: eager trainer only (a program's are fixed at export): static step options (loss/MLP
+            chunking). None: `StepOptions()`.
+        plan: the LCSB layers per step (chosen at run time); None: full backprop every step.
+        shuffle_seed: visit the rows in a seeded random order, reshuffled every pass (order.py); None keeps
+            file order.
+        layers_per_checkpoint: keep one layer input per this many selected layers and recompute the rest
+            (`mesp_step`'s checkpoint groups, `LayerLoop.train_step`): less memory, one more forward. Default: 1
+            (every selected layer's input kept).
+        checkpoint: file the resumable state is written to every `checkpoint_every` steps (default 10, as
+            `toolchain train --checkpoint-every`) and at the end; None: no checkpoints.
+        resume: continue from `checkpoint` if it exists (it must belong to this run: checkpoint.py).
+        telemetry: JSONL file the run's telemetry events are appended to; None: none.
+    """
 
     steps: int
-    shuffle_seed: int | None
-    plan: StepPlan | None
-    checkpoint: Path | None
-    checkpoint_every: int
-    resume: bool
-    telemetry: Path | None
+    lr: float | None = None
+    optimizer: OptimizerConfig | None = None
+    options: StepOptions | None = None
+    plan: StepPlan | None = None
+    shuffle_seed: int | None = None
+    layers_per_checkpoint: int = 1
+    checkpoint: Path | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    telemetry: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise BadInput(f"`steps` must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 1:
+            raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
+        if self.layers_per_checkpoint < 1:
+            raise BadInput(f"`layers_per_checkpoint` must be >= 1, got {self.layers_per_checkpoint}")
 
 
 class _Logged(NamedTuple):
@@ -107,7 +144,7 @@ class Trainer:
     (set it when VmHWM was reset at or after the baseline, e.g. inside `memory.measure.measure_peak`).
     """
 
-    run_options: RunOptions
+    run_options: TrainRun
     layers: int
     rows: int
     backend: str = "eager"

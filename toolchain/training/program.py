@@ -11,65 +11,30 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from toolchain.contract import MANIFEST_NAME, sha256_file
 from toolchain.dataset import Example, pad_example
 from toolchain.errors import BadInput
-from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
+from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
-from toolchain.training.checkpoint import rows_sha256
-from toolchain.training.loop import OnStep, Trainer, host_info
+from toolchain.training.checkpoint import program_state_of, rows_sha256
+from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import TrainResult
 
-__all__ = ["TrainRun", "ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """How to run a program (the model, LoRA config and optimizer are the program's).
-
-    Args:
-        steps: training steps, one row each.
-        lr: learning rate passed to every step.
-        shuffle_seed, plan, checkpoint, checkpoint_every, resume, telemetry: as in the eager
-            `TrainConfig` (plan: the LCSB layers per step, chosen at run time; None: full backprop).
-        layers_per_checkpoint: the loop keeps one layer input per this many selected layers and reruns
-            `block_forward` for the rest (`LayerLoop.train_step`). Default: 1.
-    """
-
-    steps: int
-    lr: float
-    shuffle_seed: int | None = None
-    checkpoint: Path | None = None
-    checkpoint_every: int = 1
-    resume: bool = False
-    telemetry: Path | None = None
-    plan: StepPlan | None = None
-    layers_per_checkpoint: int = 1
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise BadInput(f"`steps` must be >= 1, got {self.steps}")
-        if self.checkpoint_every < 1:
-            raise BadInput(f"`checkpoint_every` must be >= 1, got {self.checkpoint_every}")
-        if self.layers_per_checkpoint < 1:
-            raise BadInput(f"`layers_per_checkpoint` must be >= 1, got {self.layers_per_checkpoint}")
+__all__ = ["ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
 
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
     """The run_start fields for a run of `pdir` on this host."""
-    m = pdir.manifest
-    return {"model": m.model.source, "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
-            "rank": m.lora.rank, "targets": list(m.lora.targets), "optimizer": m.optimizer.kind,
-            "lr": lr, "quant": m.quant.kind, "compute": m.compute, **host_info(), "program": pdir.path.name}
+    return {"model": pdir.model.source, "method": "mesp", "backend": backend, "seq_len": pdir.seq_len,
+            "rank": pdir.lora_config.rank, "targets": list(pdir.lora_config.targets), "optimizer": pdir.optimizer.kind,
+            "lr": lr, "quant": pdir.spec.quant.kind, "compute": pdir.spec.compute, **host_info(),
+            "program": pdir.path.name}
 
 
 class ProgramTrainer(Trainer):
@@ -79,10 +44,14 @@ class ProgramTrainer(Trainer):
 
     def __init__(self, pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
                  run_info: dict | None = None, loop: LayerLoop | None = None, state: Tensor | None = None) -> None:
+        if run.optimizer is not None or run.options is not None:
+            raise BadInput("a program's optimizer and step options are fixed at export (only its lr is a step input); "
+                           "give lr, not optimizer or options")
         self.pdir, self.run_options, self.examples = pdir, run, examples
+        self.lr = pdir.default_lr if run.lr is None else run.lr
         self.layers, self.rows = pdir.arch.layers, len(examples)
         self.backend = getattr(runner, "backend", "executorch")
-        pad_id = pdir.info.pad_token_id
+        pad_id = pdir.pad_token_id
         self._rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
         self._state = pdir.state_init() if state is None else state
         self.loop = LayerLoop(pdir, runner) if loop is None else loop
@@ -99,7 +68,7 @@ class ProgramTrainer(Trainer):
 
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
         ids, labels = self._rows[row]
-        loss = self.loop.train_step(ids, labels, self.run_options.lr, self._state, layers,
+        loss = self.loop.train_step(ids, labels, self.lr, self._state, layers,
                                     layers_per_checkpoint=self.run_options.layers_per_checkpoint)
         return loss, int((labels != -100).sum())
 
@@ -115,18 +84,12 @@ class ProgramTrainer(Trainer):
         mapped_guard.set_note(f"the checkpoint of step {step} is at {path}: restore the file and --resume")
 
     def restore(self, tensors: dict[str, Tensor], step: int, where: str) -> None:
-        state = tensors.get("state")
-        if state is None or state.dtype != torch.float32 or state.dim() != 1 or set(tensors) != {"state"}:
-            raise BadInput(f"checkpoint {where} holds no flat float32 `state`; delete it to start over")
-        if state.numel() != self.pdir.state_numel:
-            raise BadInput(f"checkpoint {where} has {state.numel()} state values, the program {self.pdir.state_numel}; "
-                           f"delete it to start over")
-        self._state = state.clone()
+        self._state = program_state_of(tensors, self.pdir.state_numel, where)
 
     def settings(self) -> dict[str, Any]:
         if self._settings is None:
             run = self.run_options
-            optimizer = dataclasses.replace(self.pdir.info.optimizer, lr=run.lr)
+            optimizer = dataclasses.replace(self.pdir.optimizer, lr=self.lr)
             self._settings = {
                 "trainer": "program",
                 "program": sha256_file(self.pdir.path / MANIFEST_NAME),
@@ -135,11 +98,10 @@ class ProgramTrainer(Trainer):
         return self._settings
 
     def run_info(self) -> dict[str, Any]:
-        info = dict(self._run_info) if self._run_info is not None else host_run_info(self.pdir, self.backend,
-                                                                                     self.run_options.lr)
+        info = dict(self._run_info) if self._run_info is not None else host_run_info(self.pdir, self.backend, self.lr)
         if self.run_options.plan is not None:
             info["lcsb_k"] = self.run_options.plan.k
-        info["lr"] = self.run_options.lr
+        info["lr"] = self.lr
         if "planner_estimate_bytes" not in info:
             info.update(self.planner_estimate())
         return info

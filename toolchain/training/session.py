@@ -30,14 +30,17 @@ from typing import Any
 from torch import Tensor
 
 from toolchain.dataset import Example
-from toolchain.runtime.evaluate import evaluate_program, program_state
+from toolchain.errors import BadInput
+from toolchain.program.directory import ProgramDir
+from toolchain.runtime.evaluate import evaluate_program
 from toolchain.runtime.generate import GenerateResult, Prompt, generate, prompt_for
 from toolchain.runtime.loop import LayerLoop
-from toolchain.runtime.program_dir import ProgramDir
-from toolchain.training.program import ProgramTrainer, TrainRun, runtime_baseline
+from toolchain.training.checkpoint import load_program_state
+from toolchain.training.loop import TrainRun
+from toolchain.training.program import ProgramTrainer, runtime_baseline
 from toolchain.training.result import StepLog, TrainResult
 
-__all__ = ["ProgramSession", "EvalPoint"]
+__all__ = ["ProgramSession", "EvalPoint", "program_state", "state_from_adapter"]
 
 EvalPoint = dict[str, Any]   # {"step", "loss", "rows", "tokens"}: one held-out loss of the live state
 
@@ -159,7 +162,8 @@ class ProgramSession:
         Args:
             examples: the training rows.
             run: steps, lr, order, plan, checkpoints, resume, telemetry (`TrainRun`).
-            held: held-out rows, evaluated on the live state before the first step (a fresh run), every
+            held: held-out rows (their first `HELD_OUT_EVAL_ROWS`, as the apps), evaluated on the live state
+                before the first step (a fresh run), every
                 `eval_every` steps (None or 0: only then and after the last step) and after the last; each one
                 an `eval` telemetry event, a point of `evals` and a call of `on_eval`.
             memory_peak: the step memory events carry peak_bytes (VmHWM reset at or after the baseline;
@@ -171,6 +175,9 @@ class ProgramSession:
         trainer.memory_peak = self.baseline is not None if memory_peak is None else memory_peak
         trainer.start()
         self.trainer, self._state = trainer, trainer.state   # a resumed run's state is the checkpoint's
+        from toolchain.contract import HELD_OUT_EVAL_ROWS
+
+        held = None if held is None else list(held)[:HELD_OUT_EVAL_ROWS]
         self._held, self._eval_every, self._on_eval = held, eval_every or 0, on_eval
         self.evals = []
         if held is not None and fresh:
@@ -211,3 +218,39 @@ class ProgramSession:
         self.evals.append(point)
         if self._on_eval is not None:
             self._on_eval(point)
+
+
+def state_from_adapter(pdir: ProgramDir, adapter_dir) -> Tensor:
+    """A PEFT adapter directory as the program's flat state (its LoRA slices; optimizer moments zero).
+    The adapter's config must match the program's (rank, alpha, targets, layers)."""
+    from toolchain.lora.peft_io import load_adapter
+    from toolchain.program.spec import flat_state, state_layout
+
+    cfg, lora = load_adapter(adapter_dir, pdir.arch)
+    want = pdir.lora_config
+    if (cfg.rank, cfg.alpha, tuple(cfg.targets), cfg.use_rslora) != (want.rank, want.alpha, tuple(want.targets),
+                                                                      want.use_rslora):
+        raise BadInput(f"{adapter_dir}: adapter r={cfg.rank} alpha={cfg.alpha} targets={','.join(cfg.targets)} does not "
+                       f"match the program's r={want.rank} alpha={want.alpha} targets={','.join(want.targets)}; "
+                       f"re-export the program with this adapter's config (or --adapter)")
+    layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
+    state = flat_state(layout, lora)
+    if state.numel() != pdir.state_numel:
+        raise BadInput(f"{adapter_dir}: gives {state.numel()} state values, the program has {pdir.state_numel}")
+    return state
+
+
+def program_state(pdir: ProgramDir, *, adapter=None, resume_from=None) -> Tensor:
+    """The flat state to run with: an adapter's (`--adapter`), a training checkpoint's (`--resume-from`,
+    read as `--resume` reads it: `checkpoint.load_program_state`), or the program's initial one.
+
+    Raises:
+        BadInput: both given, or either does not fit the program.
+    """
+    if adapter is not None and resume_from is not None:
+        raise BadInput("give either --adapter or --resume-from, not both")
+    if adapter is not None:
+        return state_from_adapter(pdir, adapter)
+    if resume_from is not None:
+        return load_program_state(resume_from, pdir.state_numel)
+    return pdir.state_init()

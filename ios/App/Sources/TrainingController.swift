@@ -8,7 +8,7 @@ struct RunSettings: Equatable {
     var program = ""
     var backend = "executorch"          // executorch | coreml
     var steps = 100
-    var lr = 1e-4
+    var lr = 0.0                        // <= 0: the program's (manifest optimizer.default_lr, SessionConfig.resolvingLr)
     var lcsbK = 0                       // 0: every layer every step; else at most k layers per step (LCSB)
     var lcsbPolicy = "cyclic"           // cyclic | strided | last | random (toolchain plan lcsb's policies)
     var lcsbWarmup = 0                  // LCSB only: the first N steps backpropagate every layer, then the plan
@@ -167,17 +167,25 @@ final class TrainingController: ObservableObject {
     private nonisolated var isImportCancelled: Bool { importLock.lock(); defer { importLock.unlock() }; return importCancelled }
 
     /// The run the app was doing when it was killed, if unfinished: its rows come back and Resume is offered.
+    /// The saved run's JSON is small (read here); its rows are read on `work`, then shown.
     private func restoreSavedRun() {
         guard let run = SavedRun.load(from: paths.latestRun), run.resumable,
               FileManager.default.fileExists(atPath: paths.checkpoint(program: run.program).path) else { return }
         savedRun = run
-        data = run.data
         dataSource = run.source
         dataSettings = (run.heldOutFraction, run.splitSeed)
-        let layers = (try? Manifest.load(directory: paths.programs.appendingPathComponent(run.program)))?.loop.layers
-        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20, layers: layers,
-                       layersPerCheckpoint: run.config.layersPerCheckpoint)
         model.setPhase(.paused, "The last run (\(run.program), \(run.source)) stopped before it finished; Resume continues it")
+        let paths = self.paths, model = self.model
+        work.async { [weak self] in
+            let rows = try? run.rows(besides: paths.latestRun)
+            let layers = (try? Manifest.load(directory: paths.programs.appendingPathComponent(run.program)))?.loop.layers
+            DispatchQueue.main.async {
+                guard let self, let rows, self.data == nil else { return }
+                self.data = rows
+                model.prepared(rows, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20, layers: layers,
+                               layersPerCheckpoint: run.config.layersPerCheckpoint)
+            }
+        }
     }
 
     // MARK: data
@@ -241,6 +249,13 @@ final class TrainingController: ObservableObject {
 
     nonisolated func requestPause(reason: String) { requestStop(.paused) }
 
+    /// A stop is pending (not taken): what a held-out pass asks before each row.
+    private nonisolated func stopPending() -> Bool {
+        stopLock.lock()
+        defer { stopLock.unlock() }
+        return stopRequest != nil
+    }
+
     private nonisolated func takeStopRequest() -> RunStatus? {
         stopLock.lock()
         defer { stopLock.unlock() }
@@ -253,15 +268,16 @@ final class TrainingController: ObservableObject {
     func start(_ settings: RunSettings, background: Bool = false, completion: ((RunStatus) -> Void)? = nil) {
         guard view.canStartRun, let data else { completion?(.completed); return }
         let run = SavedRun(program: settings.program, backend: settings.backend, config: settings.config, budgetMB: settings.budgetMB,
-                           source: dataSource, heldOutFraction: dataSettings.fraction, splitSeed: dataSettings.seed, data: data)
-        launch(run, settings: settings, background: background, gate: nil, completion: completion)
+                           source: dataSource, heldOutFraction: dataSettings.fraction, splitSeed: dataSettings.seed,
+                           rowsFile: SavedRun.newRowsFile(), trainRows: data.train.count, heldOutRows: data.heldOut.count)
+        launch(run, rows: data, settings: settings, background: background, gate: nil, completion: completion)
     }
 
     /// Continue the saved run from its checkpoint (after a kill, a pause or a stop).
     func resume(_ settings: RunSettings, background: Bool = false, gate: BackgroundRunGate? = nil,
                 completion: ((RunStatus) -> Void)? = nil) {
         guard view.canStartRun, let run = savedRun ?? SavedRun.load(from: paths.latestRun) else { completion?(.completed); return }
-        launch(run, settings: settings, background: background, gate: gate, completion: completion)
+        launch(run, rows: nil, settings: settings, background: background, gate: gate, completion: completion)
     }
 
     /// Resume inside a BGProcessingTask; the run stops at a step boundary when `gate` says so
@@ -286,7 +302,9 @@ final class TrainingController: ObservableObject {
         }
     }
 
-    private func launch(_ run: SavedRun, settings: RunSettings, background: Bool, gate: BackgroundRunGate?,
+    /// `rows`: the run's rows when this screen has them (a new run: written to the rows file on `work`, before
+    /// the session); nil: read from the saved run's rows file on `work`.
+    private func launch(_ run: SavedRun, rows: TrainingData?, settings: RunSettings, background: Bool, gate: BackgroundRunGate?,
                         completion: ((RunStatus) -> Void)?) {
         _ = takeStopRequest()
         var record = run
@@ -294,18 +312,24 @@ final class TrainingController: ObservableObject {
         // The run id, chosen before anything can fail: a failure before the session starts is sent under it
         // (StartFailure), and the session started next uses it (a checkpoint's own id wins on a resume).
         record.runId = StartFailure.runId(saved: run.runId)
-        try? record.save(to: paths.latestRun)
         savedRun = record
         // the saved run's settings (a resume keeps its layers per checkpoint, whatever the toggle says now)
-        model.prepared(run.data, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20,
-                       layersPerCheckpoint: run.config.layersPerCheckpoint)
+        if let rows {
+            model.prepared(rows, stepsPlanned: run.config.steps, budgetBytes: UInt64(run.budgetMB) << 20,
+                           layersPerCheckpoint: run.config.layersPerCheckpoint)
+        }
         model.setPhase(.loading, "Opening \(run.program)")
         let paths = self.paths, monitor = self.monitor, model = self.model
         let started = record
+        let newRows = rows != nil && SavedRun.load(from: paths.latestRun)?.rowsFile != run.rowsFile
         work.async { [weak self] in
             var status = RunStatus.failed
             do {
-                status = try Self.train(started, settings: settings, paths: paths, monitor: monitor, model: model,
+                // off the main thread: the rows file of a new run first, then the JSON that points at it
+                if newRows, let rows { try RowsFile.write(rows, to: started.rowsURL(besides: paths.latestRun)) }
+                try started.save(to: paths.latestRun)
+                let data = try rows ?? started.rows(besides: paths.latestRun)
+                status = try Self.train(started, data: data, settings: settings, paths: paths, monitor: monitor, model: model,
                                         background: background, gate: gate, controller: self)
             } catch {
                 // the message and ExecuTorch's own log lines (sent as an `error` event: by the session once it has
@@ -329,7 +353,7 @@ final class TrainingController: ObservableObject {
     /// One session, on `work`, phase by phase on the screen (verifying the program once per import,
     /// opening the runtime, reading the checkpoint, loading the methods, the held-out loss before).
     /// Returns how the run ended.
-    private nonisolated static func train(_ run: SavedRun, settings: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
+    private nonisolated static func train(_ run: SavedRun, data: TrainingData, settings: RunSettings, paths: AppPaths, monitor: MemoryPressureMonitor,
                                           model: TrainingViewModel, background: Bool, gate: BackgroundRunGate?,
                                           controller: TrainingController?) throws -> RunStatus {
         let lastPhase = PhaseBox()
@@ -373,7 +397,7 @@ final class TrainingController: ObservableObject {
             let budget = UInt64(run.budgetMB) << 20
             let footprint = FootprintProbe()
             let session = try TrainingSession(
-                programDirectory: dir, programName: run.program, runtime: runtime, data: run.data, config: run.config,
+                programDirectory: dir, programName: run.program, runtime: runtime, data: data, config: run.config.resolvingLr(manifest),
                 device: DeviceFacts.info(budgetBytes: budget, background: background),
                 checkpoint: CheckpointStore(url: paths.checkpoint(program: run.program)), telemetry: sinks,
                 usedSeq: usedSeq,
@@ -382,18 +406,26 @@ final class TrainingController: ObservableObject {
                 budget: MemoryGuard(budgetBytes: budget,
                                     plannedPeakBytes: (footprint.sample()?.anonBytes ?? 0) + run.config.plannedPeakBytes(manifest: manifest, target: run.backend)))
             opened = session
+            // A background window (BGProcessingTask) may end at any time: a checkpoint after every step.
+            session.checkpointEachStep = { background || gate != nil }
             session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
             session.onStartPhase = { phase($0) }
             session.runtimeLog = ExecuTorchLog.shared.ring
             controller?.current = session
-            return (session, try session.start(runId: runId))
+            return (session, try session.start(runId: runId, sameRunOnly: true))
         }
         let uploader = queue.flatMap { q in
             endpoint.map { TelemetryUploader(queue: q, endpoint: $0, token: settings.telemetryToken, transport: URLSessionTransport(), maxAttempts: 1) }
         }
         if !resumed && !session.data.heldOut.isEmpty {
             DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss before training") }
-            do { try session.evaluate(initial: true) } catch { session.reportError(error, fatal: true); try? session.finish(status: .failed, message: "\(error)"); throw error }
+            do {
+                try session.evaluate(initial: true, cancelled: { controller?.stopPending() == true || gate?.interrupt() != nil })
+            } catch let e as EvalCancelled {
+                let status = controller?.takeStopRequest() ?? .paused
+                try? session.finish(status: status, message: "stopped during the held-out loss before training (\(e)); resume starts it again")
+                return status
+            } catch { session.reportError(error, fatal: true); try? session.finish(status: .failed, message: "\(error)"); throw error }
         }
         var thermal = ""
         let status = try session.run(interrupt: {
@@ -412,8 +444,11 @@ final class TrainingController: ObservableObject {
             do {
                 if !session.data.heldOut.isEmpty {
                     DispatchQueue.main.async { model.setPhase(.evaluating, "Held-out loss after training") }
-                    try session.evaluate(initial: false)
+                    // capped (32 rows); a stop during it skips the loss after (the run is complete, its adapter is exported)
+                    try session.evaluate(initial: false, cancelled: { controller?.stopPending() == true })
                 }
+            } catch is EvalCancelled {
+                _ = controller?.takeStopRequest()
             } catch { session.reportError(error, fatal: false); throw error }
             if let runId = session.recorder?.runId {
                 let adapter = paths.adapter(runId: runId)
@@ -483,7 +518,7 @@ final class TrainingController: ObservableObject {
         let paths = self.paths, model = self.model
         let run = savedRun ?? SavedRun.load(from: paths.latestRun)
         let program = run?.program ?? settings.program
-        let data = self.data ?? run?.data
+        let shown = self.data
         let duringRun = view.phase.busy
         let cancel = GenerationCancel()
         generationCancel = cancel
@@ -495,7 +530,9 @@ final class TrainingController: ObservableObject {
                 if session == nil || session?.programName != program {
                     // a run's session is set before it loads; without it there is no run to share
                     guard !duringRun else { throw TrainerError.badInput("the run is still loading; try again in a moment") }
-                    guard let data, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
+                    // the rows on this thread: the screen's, else the saved run's file
+                    let loaded = try shown ?? run.map { try $0.rows(besides: paths.latestRun) }
+                    guard let data = loaded, !data.train.isEmpty else { throw TrainerError.badInput("prepare some text first") }
                     let dir = paths.programs.appendingPathComponent(program)
                     let manifest = try Manifest.load(directory: dir)
                     let s = try TrainingSession(programDirectory: dir, programName: program,

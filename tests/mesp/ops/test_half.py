@@ -1,6 +1,6 @@
 """`--compute fp16` (mesp/ops/half.py): the frozen-weight matmuls in float16, everything else float32.
 
-The bound the option states (docs/benchmarks.md "Session 11"): on the same quantized weights, the LoRA
+The bound the option states (docs/benchmarks.md "`--compute fp16`"): on the same quantized weights, the LoRA
 gradients of the float16 step against the float32 step have cosine >= 0.9999 and relative L2 error <= 1e-2,
 and the losses agree to 1e-3 relative. Checked on random Qwen2.5-shaped configs (helpers.random_case,
 widths made multiples of the quantization group) with int4 and int8 bases, quantized heads and not.
@@ -16,11 +16,11 @@ import torch.nn.functional as F
 
 from helpers import flat_grads, lora_for, our_weights, random_case, random_hf_model, random_labels
 
-from toolchain.export.program import QUANTIZED_FIELDS
 from toolchain.mesp import StepOptions, mesp_step
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.quant import dequantize, matmul_dyw, matmul_xwt, quantize, with_chunk_rows
+from toolchain.program.spec import QUANTIZED_FIELDS
 
 COSINE_MIN = 0.9999
 REL_L2_MAX = 1e-2

@@ -7,7 +7,7 @@ int4: q = round(w / s) in [-8, 7],     s = max|w| / 7, stored as (q + 8) nibbles
       (kernels/quantized/cpu/embeddingxb.cpp), which dequantizes a chunk of rows in one pass. The
       ExecuTorch methods are traced with that op (their weights are `QuantWeight(executorch=True)`,
       export/bodies.py `method_module(executorch=True)`): 3.9x faster than the
-      unpacking below for a [4864, 896] matvec (8.0 vs 31.3 ms, docs/benchmarks.md) and one node
+      unpacking below for a [4864, 896] matvec (8.0 vs 31.3 ms, CHANGELOG.md 2026-12-01) and one node
       instead of seven. Everywhere else (eager, ONNX, Core ML) the unpacking is floor division by 16
       (`>>` is not core ATen and fails ExecuTorch's `to_edge`, docs/export.md) and `& 15`, joined
       on a new last axis; the values are the same bits either way (tests/mesp/ops/test_quant.py).

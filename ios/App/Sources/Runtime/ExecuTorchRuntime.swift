@@ -131,8 +131,13 @@ final class ExecuTorchRuntime: ProgramRuntime {
 
     /// Those of `names` the ExecuTorch kernel registry of this process has (the app's native kernels
     /// register at load; ToolchainKernels.h).
+    /// Without the native kernels compiled in (TOOLCHAIN_NATIVE_KERNELS off, Config/App.xcconfig): none.
     static func kernelsRegistered(_ names: Set<String>) -> Set<String> {
-        names.filter { name in name.withCString { toolchain_kernel_registered($0) } }
+        #if TOOLCHAIN_NATIVE_KERNELS
+        return names.filter { name in name.withCString { toolchain_kernel_registered($0) } }
+        #else
+        return []
+        #endif
     }
 
     /// Whether the native int4 kernel is linked into this app.
@@ -141,8 +146,12 @@ final class ExecuTorchRuntime: ProgramRuntime {
     /// The run-time path the native kernels chose for this CPU (`toolchain_kernel_path()`, ToolchainKernels.h); nil
     /// when the linked kernels predate it.
     static var kernelPath: String? {
+        #if TOOLCHAIN_NATIVE_KERNELS
         guard let p = toolchain_kernel_path_name() else { return nil }
         return String(cString: p)
+        #else
+        return nil
+        #endif
     }
 
     /// What the screen shows: "native kernels: yes (path dotprod)" when every kernel of the fused methods is

@@ -12,7 +12,7 @@ struct ContentView: View {
     @AppStorage("program") private var program = ""
     @AppStorage("backend") private var backend = "executorch"
     @AppStorage("steps") private var steps = 100
-    @AppStorage("lr") private var lr = 1e-4
+    @AppStorage("lrAsked") private var lr = 0.0  // 0: the program's own (its manifest's default_lr)
     @AppStorage("lcsbK") private var lcsbK = 0
     @AppStorage("lcsbPolicy") private var lcsbPolicy = "cyclic"
     @AppStorage("layersPerCheckpoint") private var layersPerCheckpoint = 1
@@ -21,9 +21,11 @@ struct ContentView: View {
     @AppStorage("telemetryURL") private var telemetryURL = ""
     @AppStorage("telemetryToken") private var telemetryToken = ""
     @AppStorage("trainWhileCharging") private var trainWhileCharging = false
-    @State private var importingProgram = false
+    /// What the one file importer of this screen is open for (SwiftUI presents one `.fileImporter` per view
+    /// hierarchy: a second one, on a section, may never show).
+    enum Picking { case text, program }
+    @State private var picking: Picking?
     @State private var text = ""
-    @State private var importing = false
     @State private var exporting = false
     @State private var prompt = ""
     @State private var chatPrompt = false
@@ -52,8 +54,12 @@ struct ContentView: View {
                 controller.scenePhaseChanged(to: phase, settings: settings)
             }
             .onChange(of: trainWhileCharging) { _, on in controller.trainWhileChargingChanged(on) }
-            .fileImporter(isPresented: $importing, allowedContentTypes: Self.importTypes) { result in
-                if case .success(let url) = result { controller.prepare(fileAt: url, settings: settings) }
+            .fileImporter(isPresented: Binding(get: { picking != nil }, set: { if !$0 { picking = nil } }),
+                          allowedContentTypes: picking == .program ? [.folder] : Self.importTypes) { result in
+                let kind = picking
+                picking = nil
+                guard case .success(let url) = result else { return }
+                if kind == .program { controller.importProgram(from: url) } else { controller.prepare(fileAt: url, settings: settings) }
             }
             .fileExporter(isPresented: $exporting, document: state.adapterDirectory.map { AdapterFolder(url: $0) },
                           contentType: .folder, defaultFilename: state.adapterDirectory?.lastPathComponent) { result in
@@ -82,15 +88,12 @@ struct ContentView: View {
                 }
                 Button("Cancel import", role: .cancel) { controller.cancelImport() }
             } else {
-                Button("Import a program folder…") { importingProgram = true }
+                Button("Import a program folder…") { picking = .program }
                     .disabled(state.phase.busy)
             }
             if !controller.importMessage.isEmpty {
                 Text(controller.importMessage).font(.caption).foregroundStyle(.secondary)
             }
-        }
-        .fileImporter(isPresented: $importingProgram, allowedContentTypes: [.folder]) { result in
-            if case .success(let url) = result { controller.importProgram(from: url) }
         }
     }
 
@@ -117,7 +120,7 @@ struct ContentView: View {
                 Button("Use this text") { controller.prepare(text: text, settings: settings) }
                     .disabled(text.isEmpty || program.isEmpty || state.phase.busy)
                 Spacer()
-                Button("Pick a file…") { importing = true }
+                Button("Pick a file…") { picking = .text }
                     .disabled(program.isEmpty || state.phase.busy)
             }
             if state.trainRows > 0 {
@@ -134,7 +137,7 @@ struct ContentView: View {
     private var runSection: some View {
         Section("Run") {
             Stepper("Steps: \(steps)", value: $steps, in: 1...100_000, step: 10)
-            LabeledContent("Learning rate") {
+            LabeledContent(lr > 0 ? "Learning rate" : "Learning rate (0: the program's)") {
                 TextField("lr", value: $lr, format: .number).keyboardType(.decimalPad).multilineTextAlignment(.trailing)
             }
             Stepper(lcsbK == 0 ? "Layers per step: all" : "Layers per step: \(lcsbK) (LCSB)", value: $lcsbK, in: 0...64)

@@ -27,4 +27,11 @@ public enum Contract {
     public static let imEnd = "<|im_end|>"
     /// chat.py ASSISTANT_HEADER: the generation prompt after the last turn; generation stops at `imEnd` (or eos).
     public static let assistantHeader = imStart + "assistant\n"
+    /// The held-out rows a held-out loss reads: the first this many of the run's held-out rows (a seeded
+    /// random draw already, so a random sample). A phone's forward pass of the 0.5B program is seconds a
+    /// row: uncapped, 10% of a 32 MB text is hours before the first step. The Android app's
+    /// Contract.HELD_OUT_EVAL_ROWS is the same number (docs/ios.md "held-out loss").
+    public static let heldOutEvalRows = 32
+    /// The learning rate of a run on a program whose manifest records none (`toolchain export --lr`'s default).
+    public static let fallbackLr = 1e-4
 }

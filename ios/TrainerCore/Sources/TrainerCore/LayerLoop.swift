@@ -397,6 +397,9 @@ public final class LayerLoop {
     /// thread-safe, and a call's outputs alias the method's arena until its next call). FIFO, so the
     /// two alternate call by call.
     private let gate = FairLock()
+    /// A generation goes first: while one is in progress (`generate`) the other calls wait before they
+    /// queue for `gate`, so its tokens come at the idle speed (`RuntimeGate`).
+    public let priority = RuntimeGate()
     private var generationLoaded = false
     /// Every output buffer and per-call input the loop makes (`BufferPool`): allocated in the first
     /// step, reused by every later one.
@@ -461,7 +464,8 @@ public final class LayerLoop {
     /// outputs only after the method has run (`ProgramRuntime.execute(method:layer:inputs:into:)`).
     @discardableResult
     func run(_ m: MethodSpec, layer: Int?, values: [String: TensorBuffer], state: StateBuffer,
-             cache: [String: TensorBuffer]? = nil, pos: Int? = nil, into dests: [String: TensorBuffer] = [:]) throws -> [String: TensorBuffer] {
+             cache: [String: TensorBuffer]? = nil, pos: Int? = nil, into dests: [String: TensorBuffer] = [:],
+             generation: Bool = false) throws -> [String: TensorBuffer] {
         let ph = manifest.weights.layerPlaceholder
         var inputs: [LoopInput] = []
         inputs.reserveCapacity(m.inputs.count)
@@ -529,6 +533,7 @@ public final class LayerLoop {
                 outputs.append(LoopOutput(name: io.name, bind: io.bind, ref: ref, dtype: io.dtype, shape: io.shape, bytes: b.raw))
             }
         }
+        if !generation { priority.awaitTrainingTurn() }
         gate.lock()
         defer { gate.unlock() }
         // The weights file changed under its mapping (`MappedWeights.checkChanged`): never read it again.
@@ -659,10 +664,17 @@ public final class LayerLoop {
     /// The mean next-token cross-entropy over all target tokens of `rows` (rows pooled: each row's
     /// loss weighted by its targets, labels[1:] != -100); rows without a target are skipped. The
     /// state is read, never written. Returns (loss, tokens).
-    public func evaluate(rows: [(inputIds: [Int64], labels: [Int64])], state: StateBuffer, padTokenId: Int64 = 0) throws -> (loss: Double, tokens: Int) {
+    ///
+    /// `cancelled` is asked before each row: true ends the pass with `EvalCancelled` (no result);
+    /// `onRow(i, n)` comes before row i (0-based) of the n ("row i of N"). The caller caps the rows
+    /// (`Contract.heldOutEvalRows`).
+    public func evaluate(rows: [(inputIds: [Int64], labels: [Int64])], state: StateBuffer, padTokenId: Int64 = 0,
+                         cancelled: () -> Bool = { false }, onRow: (Int, Int) -> Void = { _, _ in }) throws -> (loss: Double, tokens: Int) {
         var total = 0.0
         var tokens = 0
-        for row in rows {
+        for (index, row) in rows.enumerated() {
+            if cancelled() { throw EvalCancelled(row: index, rows: rows.count) }
+            onRow(index, rows.count)
             let lab = try padded(row.labels, pad: -100)
             let n = lab.raw.bindMemory(to: Int64.self).dropFirst().filter { $0 != -100 }.count
             if n == 0 { continue }
@@ -769,6 +781,8 @@ public final class LayerLoop {
         var out: [Int64] = []
         func cancelled() -> Bool { cancel?.isCancelled == true }
         if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
+        priority.beginGeneration()
+        defer { priority.endGeneration() }
         let (embedPrefill, blockPrefill, embedToken, blockDecode, headLogits) = (
             try generationMethod("embed_prefill"), try generationMethod("block_prefill"), try generationMethod("embed_token"),
             try generationMethod("block_decode"), try generationMethod("head_logits"))
@@ -779,14 +793,14 @@ public final class LayerLoop {
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             let chunk = Array(prompt[start..<min(start + c, prompt.count)])
             let tokens = buffers.take(values: (chunk + Array(repeating: padTokenId, count: c - chunk.count)).map { $0.littleEndian })
-            guard let e = try run(embedPrefill, layer: nil, values: ["tokens": tokens], state: state)["x"] else {
+            guard let e = try run(embedPrefill, layer: nil, values: ["tokens": tokens], state: state, generation: true)["x"] else {
                 throw TrainerError.runtime("\(embedPrefill.name) returned no x")
             }
             x = e
             let p = buffers.take(values: [Int64(start).littleEndian])
             for i in 0..<layers {
                 if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
-                guard let next = try run(blockPrefill, layer: i, values: ["x": x, "pos": p], state: state, cache: cache, pos: start)["x"] else {
+                guard let next = try run(blockPrefill, layer: i, values: ["x": x, "pos": p], state: state, cache: cache, pos: start, generation: true)["x"] else {
                     throw TrainerError.runtime("\(blockPrefill.name) returned no x")
                 }
                 x = next
@@ -796,7 +810,7 @@ public final class LayerLoop {
         var last = TensorBuffer(copying: x.slice(((prompt.count - 1) % c) * rowBytes, rowBytes))
         x = .empty
         if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
-        guard var logits = try run(headLogits, layer: nil, values: ["x": last], state: state)["logits"] else {
+        guard var logits = try run(headLogits, layer: nil, values: ["x": last], state: state, generation: true)["logits"] else {
             throw TrainerError.runtime("\(headLogits.name) returned no logits")
         }
         var pos = prompt.count
@@ -806,23 +820,23 @@ public final class LayerLoop {
             for i in 1..<f.count where f[i] > f[best] { best = i }
             let token = Int64(best)
             out.append(token)
-            onToken?(token)
+            if let onToken { priority.consumer { onToken(token) } }
             if stopIds.contains(token) { return GenerationResult(ids: out, stop: .eos) }
             if out.count == maxNewTokens { return GenerationResult(ids: out, stop: .maxNewTokens) }
             if cancelled() { return GenerationResult(ids: out, stop: .cancelled) }
             // One decode step.
-            guard var h = try run(embedToken, layer: nil, values: ["token": buffers.take(values: [token.littleEndian])], state: state)["x"] else {
+            guard var h = try run(embedToken, layer: nil, values: ["token": buffers.take(values: [token.littleEndian])], state: state, generation: true)["x"] else {
                 throw TrainerError.runtime("\(embedToken.name) returned no x")
             }
             let p = buffers.take(values: [Int64(pos).littleEndian])
             for i in 0..<layers {
-                guard let next = try run(blockDecode, layer: i, values: ["x": h, "pos": p], state: state, cache: cache, pos: pos)["x"] else {
+                guard let next = try run(blockDecode, layer: i, values: ["x": h, "pos": p], state: state, cache: cache, pos: pos, generation: true)["x"] else {
                     throw TrainerError.runtime("\(blockDecode.name) returned no x")
                 }
                 h = next
             }
             last = h
-            guard let l = try run(headLogits, layer: nil, values: ["x": last], state: state)["logits"] else {
+            guard let l = try run(headLogits, layer: nil, values: ["x": last], state: state, generation: true)["logits"] else {
                 throw TrainerError.runtime("\(headLogits.name) returned no logits")
             }
             logits = l
@@ -863,6 +877,67 @@ public final class GenerationCancel: @unchecked Sendable {
 /// two threads that each take it for one short call after another (the training step's method calls
 /// and a generation's) alternate instead of one starving the other, as an unfair lock allows.
 /// Not reentrant.
+/// A held-out pass stopped before row `row` of `rows` (`LayerLoop.evaluate`'s `cancelled`).
+public struct EvalCancelled: Error, CustomStringConvertible {
+    public let row: Int, rows: Int
+    public var description: String { "held-out loss stopped before row \(row + 1) of \(rows)" }
+}
+
+/// Who gets the runtime next when a generation runs beside training: the generation. A training call
+/// takes ~0.3 s on a phone, a decode call ~1 ms and a token is L + 2 calls; alternating call by call,
+/// each token would wait L + 2 training calls (~8 s). While a generation is in progress
+/// (`beginGeneration` ... `endGeneration`) a training-side call waits (`awaitTrainingTurn`) before it
+/// queues for the runtime, so the generation waits at most for the training call already running.
+/// A generation whose consumer (its token callback) holds it for `grace` seconds or more lets training
+/// go on meanwhile (re-checked call by call).
+public final class RuntimeGate: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var generating = 0
+    private var inConsumer = false
+    private var consumerSince = 0.0
+    public let grace: Double
+    /// Training-side calls that waited for a generation.
+    public private(set) var trainingWaits = 0
+
+    public init(grace: Double = 0.05) { self.grace = grace }
+
+    private static func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+
+    public func beginGeneration() {
+        condition.lock(); generating += 1; condition.unlock()
+    }
+
+    public func endGeneration() {
+        condition.lock(); generating -= 1; inConsumer = false; condition.broadcast(); condition.unlock()
+    }
+
+    /// The generation's consumer (its token callback) runs `body`: after `grace` of it, training may go on.
+    public func consumer<T>(_ body: () throws -> T) rethrows -> T {
+        condition.lock(); inConsumer = true; consumerSince = Self.now(); condition.broadcast(); condition.unlock()
+        defer { condition.lock(); inConsumer = false; condition.unlock() }
+        return try body()
+    }
+
+    /// Before a training-side call queues for the runtime: wait while a generation is in progress (outside
+    /// its consumer, however long its thread is not scheduled; inside it, for at most `grace`).
+    public func awaitTrainingTurn() {
+        condition.lock()
+        defer { condition.unlock() }
+        var waited = false
+        while generating > 0 {
+            waited = true
+            if inConsumer {
+                let held = Self.now() - consumerSince
+                if held >= grace { break }
+                _ = condition.wait(until: Date().addingTimeInterval(grace - held))
+            } else {
+                condition.wait()  // broadcast when a consumer starts and when the generation ends
+            }
+        }
+        if waited { trainingWaits += 1 }
+    }
+}
+
 public final class FairLock: @unchecked Sendable {
     private let condition = NSCondition()
     private var nextTicket: UInt64 = 0

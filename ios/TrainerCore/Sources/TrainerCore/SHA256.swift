@@ -1,7 +1,12 @@
 import Foundation
+#if canImport(CryptoKit)
+import CryptoKit
+#endif
 
-/// SHA-256 (FIPS 180-4), Foundation-only (CryptoKit is not on Linux): the replay checks hash every
-/// input the loop builds, and checkpoints can be identified by the state's hash.
+/// SHA-256 (FIPS 180-4): CryptoKit's on Apple (hardware-accelerated; a ~290 MB weights file at import
+/// takes seconds, not the minutes this Swift loop takes in a Debug build), this portable implementation
+/// elsewhere (CryptoKit is not on Linux, where the host tests run it; `portableDigest`). The replay
+/// checks hash every input the loop builds, and checkpoints can be identified by the state's hash.
 public enum SHA256 {
     private static let k: [UInt32] = [
         0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -21,6 +26,24 @@ public enum SHA256 {
 
     /// `progress`: called with the bytes hashed so far every 16 MiB (a multi-GB weights file shows it).
     public static func digest(_ bytes: UnsafeRawBufferPointer, progress: ((Int) -> Void)? = nil) -> [UInt8] {
+        #if canImport(CryptoKit)
+        var hasher = CryptoKit.SHA256()
+        let chunk = 16 << 20
+        var off = 0
+        while off < bytes.count {
+            let end = min(off + chunk, bytes.count)
+            hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: bytes[off..<end]))
+            off = end
+            if let progress, off % chunk == 0 { progress(off) }
+        }
+        return Array(hasher.finalize())
+        #else
+        return portableDigest(bytes, progress: progress)
+        #endif
+    }
+
+    /// The Swift implementation (FIPS 180-4) `digest` uses where CryptoKit is not.
+    public static func portableDigest(_ bytes: UnsafeRawBufferPointer, progress: ((Int) -> Void)? = nil) -> [UInt8] {
         var h: [UInt32] = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]
         var w = [UInt32](repeating: 0, count: 64)
         func rotr(_ x: UInt32, _ n: UInt32) -> UInt32 { (x >> n) | (x << (32 - n)) }

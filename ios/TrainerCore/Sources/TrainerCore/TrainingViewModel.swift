@@ -212,6 +212,8 @@ public final class TrainingViewModel {
             s.pressure = pressure
         case .eval(let r):
             if r.initial { s.evalBefore = r } else { s.evalAfter = r }
+        case .evalRow(let initial, let row, let rows):
+            s.message = "Held-out loss \(initial ? "before" : "after") training: row \(row + 1) of \(rows)"
         case .generationStarted(let initial, let prompt, let step):
             let stream = TrainingViewState.GenerationStream(prompt: prompt, adapterStep: step)
             if initial { s.streamBefore = stream } else { s.streamAfter = stream }

@@ -42,7 +42,7 @@ final class HashRuntime: ProgramRuntime {
 }
 
 /// A weights file for a manifest: every weight key its methods bind (all layers), with the shape
-/// they name, filled with a pattern; 64-byte aligned tensors as `export/weights_file.py` writes them.
+/// they name, filled with a pattern; 64-byte aligned tensors as `program/weights_file.py` writes them.
 enum SyntheticWeights {
     static func write(for manifest: Manifest, to url: URL) throws {
         var shapes: [String: (String, [Int])] = [:]

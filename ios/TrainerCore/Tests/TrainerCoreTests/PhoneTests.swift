@@ -267,7 +267,7 @@ final class PhoneTests: XCTestCase {
 
     func testChargingScheduleRules() throws {
         let run = SavedRun(program: "tiny", backend: "executorch", config: SessionConfig(steps: 10, lr: 0.01), budgetMB: 1024,
-                           source: "pasted text", heldOutFraction: 0, splitSeed: 0, data: TrainingData(train: tinyRows(), heldOut: []))
+                           source: "pasted text", heldOutFraction: 0, splitSeed: 0, rowsFile: "rows.bin", trainRows: tinyRows().count, heldOutRows: 0)
         XCTAssertTrue(ChargingSchedule.shouldSchedule(enabled: true, savedRun: run, checkpointExists: true))
         XCTAssertFalse(ChargingSchedule.shouldSchedule(enabled: false, savedRun: run, checkpointExists: true), "the switch is off")
         XCTAssertFalse(ChargingSchedule.shouldSchedule(enabled: true, savedRun: run, checkpointExists: false), "nothing to resume")

@@ -131,9 +131,12 @@ final class SessionTests: XCTestCase {
         XCTAssertEqual(try a.run(), .completed)
 
         let saved = SavedRun(program: "tiny", backend: "executorch", config: a.config, budgetMB: 1024, source: "pasted text",
-                             heldOutFraction: 0.25, splitSeed: 1, data: data)
+                             heldOutFraction: 0.25, splitSeed: 1, rowsFile: SavedRun.newRowsFile(), trainRows: data.train.count,
+                             heldOutRows: data.heldOut.count)
         let runFile = dir.appendingPathComponent("latest-run.json")
+        try RowsFile.write(data, to: saved.rowsURL(besides: runFile))
         try saved.save(to: runFile)
+        XCTAssertLessThan(try Data(contentsOf: runFile).count, 2048, "the saved run's JSON holds no rows")
         let cut = CheckpointStore(url: dir.appendingPathComponent("cut.safetensors"))
         let sinkB = MemorySink()
         let (b, _) = try session(p, m, data: data, checkpoint: cut, sink: sinkB)
@@ -147,7 +150,7 @@ final class SessionTests: XCTestCase {
         let sinkC = MemorySink()
         // the app's telemetry log knows the seqs B used after its last checkpoint
         let usedByB = Int(sinkB.events.map { $0.fields["seq"]!.intValue! }.max()!) + 1
-        let (c, _) = try session(p, m, data: restored.data, checkpoint: cut, sink: sinkC, usedSeq: { $0 == "ios-cut" ? usedByB : 0 })
+        let (c, _) = try session(p, m, data: try restored.rows(besides: runFile), checkpoint: cut, sink: sinkC, usedSeq: { $0 == "ios-cut" ? usedByB : 0 })
         XCTAssertTrue(try c.start())
         XCTAssertEqual(c.step, 2)
         XCTAssertEqual(c.recorder?.runId, "ios-cut")
@@ -572,7 +575,8 @@ final class SessionTests: XCTestCase {
         let saved = SavedRun(program: "v3_tiny", backend: "executorch",
                              config: SessionConfig(steps: train.count, lr: Float(trace["lr"] as! Double), checkpointEvery: 2, selection: .plan(plan),
                                                    layersPerCheckpoint: groups),
-                             budgetMB: 64, source: "trace", heldOutFraction: 0, splitSeed: 0, data: data)
+                             budgetMB: 64, source: "trace", heldOutFraction: 0, splitSeed: 0, rowsFile: "rows.bin",
+                             trainRows: data.train.count, heldOutRows: data.heldOut.count)
         let runFile = dir.appendingPathComponent("latest-run.json")
         try saved.save(to: runFile)
         let config = try XCTUnwrap(SavedRun.load(from: runFile)).config

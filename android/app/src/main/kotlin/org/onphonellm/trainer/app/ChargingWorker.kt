@@ -59,9 +59,13 @@ class ChargingWorker(context: Context, params: WorkerParameters) : Worker(contex
             val plan = ChargingRuns.windowPlan(foreground, SystemClock.elapsedRealtime())
             runs.get(runId)?.let { ChargingRuns.mark(it, true) }
             TrainingStatus.message = plan.note
+            val power = ctx.getSystemService(Context.POWER_SERVICE) as android.os.PowerManager
             val ended = "the charging window ended (unplugged, in use, or its time is up): paused at a step boundary"
             val control = ChargingRuns.control(
-                windowEnded = { (isStopped || !Battery.charging(ctx)).also { if (it && !TrainingStatus.stopRequested()) TrainingStatus.requestStop(ended) } },
+                // The constraints are checked here too: WorkManager may not stop foreground work when they change (charging
+                // and device idle; the screen turned on is the phone in use).
+                windowEnded = { (isStopped || !Battery.charging(ctx) || (ChargingRuns.REQUIRES_IDLE && power.isInteractive))
+                    .also { if (it && !TrainingStatus.stopRequested()) TrainingStatus.requestStop(ended) } },
                 userStop = { TrainingStatus.stopRequested() },
                 deadlineMs = plan.deadlineMs, nowMs = { SystemClock.elapsedRealtime() })
             val request = RunRequest(runId = runId, newRun = null, maxNewTokens = 32, telemetryUrl = null, telemetryToken = null,

@@ -178,7 +178,18 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
         }
     }
 
-    override fun close() = module.close()
+    /**
+     * Destroys the module. ExecuTorch refuses (IllegalStateException: a method is executing) while a generation that
+     * outlived the session's drain is still inside a call: the module is then left to that call and the garbage
+     * collector instead of failing a run that completed (the session's outcome stands; logged).
+     */
+    override fun close() {
+        try {
+            module.close()
+        } catch (e: IllegalStateException) {
+            Log.w("Trainer", "the module is still executing (a generation past the drain); not destroyed now: ${e.message}")
+        }
+    }
 
     companion object {
         /**

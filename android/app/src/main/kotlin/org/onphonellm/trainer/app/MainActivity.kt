@@ -122,7 +122,7 @@ class MainActivity : Activity() {
         col.addView(importBar)
         input = EditText(this).apply { hint = "Paste your text here (or a chat JSONL)"; minLines = 4; gravity = android.view.Gravity.TOP }
         col.addView(input)
-        steps = field("steps (100)", InputType.TYPE_CLASS_NUMBER)
+        steps = field("steps (${RunRequest.DEFAULT_STEPS})", InputType.TYPE_CLASS_NUMBER)
         heldOut = field("held-out (0.1)", InputType.TYPE_CLASS_NUMBER or InputType.TYPE_NUMBER_FLAG_DECIMAL)
         lcsbK = field("LCSB k (all layers)", InputType.TYPE_CLASS_NUMBER)
         row(steps, heldOut, lcsbK)
@@ -134,8 +134,8 @@ class MainActivity : Activity() {
         row(button("Pick file") { pickFile() }, button("Prepare") { prepare() })
         dataInfo = label("no data yet")
         startButton = button("Start") { start() }
-        stopButton = button("Stop") { service(RunRequest.ACTION_STOP) }
-        resumeButton = button("Resume") { service(RunRequest.ACTION_START) }
+        stopButton = button("Stop") { TrainingStatus.requestStop(); showButtons(); service(RunRequest.ACTION_STOP) }
+        resumeButton = button("Resume") { if (TrainingStatus.start.begin()) { showButtons(); service(RunRequest.ACTION_START) } }
         row(startButton, stopButton, resumeButton)
         // Train while charging: WorkManager resumes the latest run when the phone is charging and idle (ChargingWorker).
         chargingOnly = CheckBox(this).apply { text = "Train while charging (resume overnight when plugged in and idle)" }
@@ -352,25 +352,42 @@ class MainActivity : Activity() {
         }.start()
     }
 
-    private fun start() = prepare {
-        val name = program.selectedItem as String
+    /**
+     * Start: the service creates the run (the text tokenized once, there) and trains it. Start is disabled from
+     * the tap until the session ends ([RunStart]), Stop cancels the start; the run id is chosen here, so a
+     * redelivered request resumes that run instead of creating another.
+     */
+    private fun start() {
+        val name = program.selectedItem as? String ?: run { dataInfo.text = "no program yet: tap Import program folder (or push one with scripts/android/deploy.sh)"; return }
+        if (!TrainingStatus.start.begin()) return  // starting or running already: a second tap does nothing
+        showButtons()
         val k = lcsbK.text.toString().toIntOrNull()
-        val n = RunRequest.NewRun(name, File(pickedName), null, steps.text.toString().toLongOrNull() ?: 100, null, null, 10, 0L,
-            heldOut.text.toString().toDoubleOrNull() ?: 0.1, 0L, k?.let { lcsbPolicy.selectedItem as? String ?: "cyclic" }, k, null,
-            layersPerCheckpoint = if (lessMemory.isChecked) RunRequest.AUTO_LAYERS_PER_CHECKPOINT else 1)
+        val extras = Bundle().apply {
+            putString("run_id", RunRequest.newRunId())
+            putString("program", name)
+            putString("steps", (steps.text.toString().toLongOrNull() ?: RunRequest.DEFAULT_STEPS).toString())
+            putString("held_out", (heldOut.text.toString().toDoubleOrNull() ?: 0.1).toString())
+            k?.let { putString("k", it.toString()); putString("lcsb", lcsbPolicy.selectedItem as? String ?: "cyclic") }
+            putString("layers_per_checkpoint", if (lessMemory.isChecked) "auto" else "1")
+        }
         val picked = pickedPath
         val pasted = input.text.toString()
-        status.text = "creating the run ..."
-        Thread {
+        val cache = cacheDir
+        status.text = "starting ..."
+        io.execute {
             try {
-                val probe = AndroidMemoryProbe(this)
-                val text = picked?.let { File(it).readText(Charsets.UTF_8) } ?: pasted
-                val (runId, _) = RunRequest.createRun(base, n, text, probe.totalRamBytes(), runInfo(this, probe.totalRamBytes()))
-                runOnUiThread { service(RunRequest.ACTION_START, Bundle().apply { putString("run_id", runId) }) }
+                // The service reads the text from a file (a long text does not fit an Intent).
+                val textFile = picked?.let { File(it) } ?: File(cache, "start-text.txt").also { org.onphonellm.trainer.core.AtomicFiles.writeText(it, pasted) }
+                extras.putString("text", textFile.absolutePath)
+                if (!TrainingStatus.start.shouldContinue()) {  // Stop tapped meanwhile: nothing is sent, nothing is created
+                    TrainingStatus.start.ended()
+                    runOnUiThread { status.text = "start cancelled"; showButtons() }
+                } else runOnUiThread { service(RunRequest.ACTION_START, extras) }
             } catch (e: Exception) {
-                runOnUiThread { status.text = "cannot start: ${e.message}" }
+                TrainingStatus.start.ended()
+                runOnUiThread { status.text = "cannot start: ${e.message}"; showButtons() }
             }
-        }.start()
+        }
     }
 
     /**
@@ -410,12 +427,12 @@ class MainActivity : Activity() {
         cancelButton.isEnabled = g.running
     }
 
-    /** Start needs no run in progress; Stop needs one; Resume needs none running. */
+    /** Start and Resume only when idle; Stop while starting or running ([RunStart]). */
     private fun showButtons() {
-        val training = TrainingStatus.running
-        startButton.isEnabled = !training
-        resumeButton.isEnabled = !training
-        stopButton.isEnabled = training
+        val b = TrainingStatus.start.buttons()
+        startButton.isEnabled = b.start
+        resumeButton.isEnabled = b.resume
+        stopButton.isEnabled = b.stop
     }
 
     /** Whether the latest run has an adapter is read on [io]; the folder picker opens on the main thread. */

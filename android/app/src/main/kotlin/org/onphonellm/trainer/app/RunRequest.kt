@@ -54,6 +54,8 @@ data class RunRequest(
         const val EXTRA_CHARGING_WINDOW = "charging_window"
         /** NewRun.layersPerCheckpoint: choose round(sqrt(m)) for the plan's m layers per step ("Recompute more, use less memory"). */
         const val AUTO_LAYERS_PER_CHECKPOINT = 0
+        /** Steps of a new run when none is given (the screen's hint, an adb start without `steps`); docs/android.md "defaults". */
+        const val DEFAULT_STEPS = 100L
 
         fun fromExtras(extras: Bundle?, base: File, action: String?): RunRequest {
             fun str(key: String): String? = extras?.get(key)?.toString()?.takeIf { it.isNotBlank() }
@@ -61,7 +63,7 @@ data class RunRequest(
             val text = str("text")
             val newRun = if (program != null && text != null) NewRun(
                 program = program, text = if (text.startsWith("/")) File(text) else File(File(base, "data"), text),
-                chat = str("chat")?.toBoolean(), steps = str("steps")?.toLong() ?: 100, lr = str("lr")?.toDouble(),
+                chat = str("chat")?.toBoolean(), steps = str("steps")?.toLong() ?: DEFAULT_STEPS, lr = str("lr")?.toDouble(),
                 budgetMb = str("budget_mb")?.toLong(), checkpointEvery = str("checkpoint_every")?.toInt() ?: 10,
                 shuffleSeed = str("shuffle_seed")?.toLong() ?: 0L, heldOut = str("held_out")?.toDouble() ?: 0.1,
                 heldOutSeed = str("held_out_seed")?.toLong() ?: 0L, lcsb = str("lcsb"), k = str("k")?.toInt(),

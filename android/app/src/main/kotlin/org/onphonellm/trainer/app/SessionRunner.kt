@@ -57,18 +57,28 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
         TrainingStatus.message = p.label + " ..."
     }
 
+    /** A Stop came during the start: it ends here, before anything trains (the run, if created, stays as it is). */
+    private fun startCancelled(): RunOutcome? {
+        if (TrainingStatus.start.shouldContinue()) return null
+        TrainingStatus.message = "start cancelled" + (currentPhase?.let { " (while ${it.label.lowercase()})" } ?: "")
+        return RunOutcome("cancelled", 0, null, TrainingStatus.message)
+    }
+
     fun run(req: RunRequest, base: File, control: RunControl, decide: (RunDir) -> String? = { null }): RunOutcome? {
         var failedRun: RunDir? = null
         currentPhase = null
         TrainingStatus.lastError = null
+        if (!req.generateOnly) TrainingStatus.start.beginExternal()  // the screen's Start began it already; adb, a restart, a window: now
         val pm = ctx.getSystemService(Context.POWER_SERVICE) as PowerManager
         val wakeLock = pm.newWakeLock(PowerManager.PARTIAL_WAKE_LOCK, "trainer:run").apply { acquire() }
         var uploader: Thread? = null
         var watchdog: Thread? = null
         try {
             val runs = Runs(File(base, "runs"))
+            if (!req.generateOnly) startCancelled()?.let { return it }  // stopped before the request arrived: no run is created
             // program + text extras (adb): create that run, unless a run of that id exists (then it resumes).
             val created = req.newRun?.takeIf { req.runId == null || runs.get(req.runId) == null }?.let { n ->
+                phase(StartPhase.PREPARING)  // the text tokenized once, here (the run is created by the service, not the screen)
                 val probe0 = AndroidMemoryProbe(ctx)
                 RunRequest.createRun(base, n, n.text.readText(Charsets.UTF_8), probe0.totalRamBytes(), runInfo(ctx, probe0.totalRamBytes()),
                     req.runId ?: RunRequest.newRunId()).first
@@ -81,6 +91,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                 AppState.setPaused(ctx, reason)
                 return null
             }
+            if (!req.generateOnly) startCancelled()?.let { return it }
             val spec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
             failedRun = runDir
             val programDir = File(spec.program).let { if (it.isAbsolute) it else File(File(base, "programs"), spec.program) }
@@ -90,6 +101,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                 phase(StartPhase.VERIFYING)
                 VerifyCache(File(base, "verified")).verifyOnce(program) { it.startsWith(program.adapterInitDir ?: "\u0000") }
             }
+            if (!req.generateOnly) startCancelled()?.let { return it }
             phase(StartPhase.MAPPING)
             // Its size, time and inode now: the session compares them at every step boundary and stops cleanly on a change.
             val weights = MappedWeights.map(File(programDir, program.weightsFile), OsFileIdentity)
@@ -117,6 +129,8 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                     // Generation requests from now on run on the session's generation thread, beside training.
                     LiveSessions.goLive(LiveSessions.Live(session, tok, chat, req.maxNewTokens))
                     phase(if (session.held.isNotEmpty() && session.evals.before == null) StartPhase.EVALUATING else StartPhase.TRAINING)
+                    // A Stop during the start: nothing trains (the session's first check would see it too).
+                    if (!TrainingStatus.start.running()) return startCancelled()
                     val outcome = session.run(control)
                     TrainingStatus.running = false  // training is over; a generation may still be running (drained below)
                     TrainingStatus.message = if (outcome.status == "failed") ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
@@ -129,7 +143,9 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                     LiveSessions.close(session, GENERATION_DRAIN_MS)
                 }
             }
-        } catch (e: Exception) {
+        } catch (e: Throwable) {
+            // Throwable: an OutOfMemoryError or an UnsatisfiedLinkError too. Caught here the session ends in the app's
+            // hands (recorded, shown, the service stops itself), so START_REDELIVER_INTENT does not replay it.
             Log.e(TAG, "training failed", e)
             // The message with ExecuTorch's own log lines: on the screen, and as a telemetry error event of the run.
             val report = ErrorReport("${e.javaClass.simpleName}: ${e.message}", ExecuTorchRuntime.readLog(), currentPhase)
@@ -143,6 +159,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
             watchdog?.interrupt()
             uploader?.interrupt()
             TrainingStatus.running = false
+            if (!req.generateOnly) TrainingStatus.start.ended()
             wakeLock.release()
         }
     }
@@ -199,6 +216,11 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                 notify("step ${step + 1}/$steps  loss %.4f  anon %d MB / %d MB".format(loss, (anonBytes ?: 0L) shr 20, budgetBytes shr 20),
                     (step + 1).toInt(), steps.toInt())
             }
+        }
+
+        override fun onEvalRow(which: String, row: Int, rows: Int) {
+            TrainingStatus.message = "held-out loss $which training: row ${row + 1} of $rows"
+            if (row == 0 || row + 1 == rows || row % 4 == 0) notify(TrainingStatus.message, row + 1, rows)
         }
 
         override fun onEval(which: String, result: LayerLoop.EvalResult) {
@@ -265,7 +287,7 @@ object LiveSessions {
     }
 
     /** A start failed before its session was open: a generation waiting for it is told so. */
-    fun failedBeforeLive(e: Exception) {
+    fun failedBeforeLive(e: Throwable) {
         if (TrainingStatus.generation.running && synchronized(lock) { job == null }) TrainingStatus.generation.failed("failed: ${e.message}")
     }
 

@@ -15,6 +15,7 @@ import android.os.IBinder
 import android.os.Looper
 import android.os.SystemClock
 import org.onphonellm.trainer.core.ChargingRuns
+import org.onphonellm.trainer.core.RestartGuard
 import org.onphonellm.trainer.core.RunControl
 import org.onphonellm.trainer.core.RunSlot
 import org.onphonellm.trainer.core.Runs
@@ -119,6 +120,7 @@ class TrainingService : Service() {
                 val app = applicationContext
                 Thread { AppState.setPaused(app, "Android stopped the app; tap Resume to continue the run") }.start()
                 TrainingStatus.message = "paused (restart not allowed in the background): tap Resume"
+                if (!workerRunning) TrainingStatus.start.ended()  // a start the screen began does not stay "starting"
                 stopSelf()
                 return false
             }
@@ -169,12 +171,19 @@ class TrainingService : Service() {
         try {
             val chargingOnly = java.util.concurrent.atomic.AtomicBoolean(false)
             val unplugged = "no longer charging: paused at a step boundary; the next charging window continues"
-            val control = RunControl {
-                if (chargingOnly.get() && !TrainingStatus.stopRequested() && !Battery.charging(this)) TrainingStatus.requestStop(unplugged)
-                TrainingStatus.stopRequested()
+            val control = object : RunControl {
+                override fun stopRequested(): Boolean {
+                    if (chargingOnly.get() && !TrainingStatus.stopRequested() && !Battery.charging(this@TrainingService)) TrainingStatus.requestStop(unplugged)
+                    return TrainingStatus.stopRequested()
+                }
+                // A charging window ends when the phone is unplugged or Android stops the work: a checkpoint every step.
+                override fun checkpointEachStep(): Boolean = chargingOnly.get()
             }
+            // A crash the app could not catch (native) is not replayed by START_REDELIVER_INTENT forever (RestartGuard).
+            val guard = RestartGuard(File(base, "restart_guard"))
             SessionRunner(this) { text, p, max -> notifyProgress(text, p, max) }.run(req, base, control) { run ->
                 if (req.generateOnly) return@run null
+                guard.beforeStart(restart)?.let { return@run it }
                 val d = ChargingRuns.onServiceStart(restart, req.chargingWindow, ChargingRuns.isMarked(run), ChargingSchedule.enabled(this),
                     Battery.charging(this), Battery.percent(this))
                 when (d) {
@@ -187,6 +196,7 @@ class TrainingService : Service() {
                     }
                 }
             }
+            guard.ended()  // the session ended in the app's hands (a Throwable is caught and recorded by SessionRunner)
         } finally {
             RunSlot.process.release(RunSlot.Owner.SERVICE)
             main.post { workerEnded() }

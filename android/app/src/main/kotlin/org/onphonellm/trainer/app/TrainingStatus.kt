@@ -2,7 +2,6 @@ package org.onphonellm.trainer.app
 
 import org.onphonellm.trainer.core.GeneratedText
 import org.onphonellm.trainer.core.StopReason
-import java.util.concurrent.atomic.AtomicBoolean
 
 /** What the service is doing, shared with the Activity and the stop receiver (one process). */
 object TrainingStatus {
@@ -23,7 +22,8 @@ object TrainingStatus {
     /** Losses of this run so far (the chart), appended by the training thread. */
     val losses: MutableList<Double> = java.util.Collections.synchronizedList(ArrayList())
 
-    private val stop = AtomicBoolean(false)
+    /** Idle / starting / running / stopping, and the stop flag (a Stop during a start cancels it): the buttons follow it. */
+    val start = org.onphonellm.trainer.core.RunStart()
     /** Why the watchdog asked to stop (null: the user did), reported when the session ends. */
     @Volatile var stopReason: String? = null
     @Volatile private var trimLevel = -1
@@ -33,12 +33,12 @@ object TrainingStatus {
     /** The before / after generation shown by the Activity, streamed in by the service's generation thread. */
     val generation = GenerationStatus()
 
-    fun requestStop(reason: String? = null) { stopReason = reason; stop.set(true) }
-    fun stopRequested(): Boolean = stop.get()
+    fun requestStop(reason: String? = null) { stopReason = reason; start.requestStop() }
+    fun stopRequested(): Boolean = start.stopRequested
 
+    /** A session's display from its run (the stop flag is [start]'s: a Stop during the start is kept). */
     fun begin(runId: String, steps: Long, budgetBytes: Long, done: Long, losses: List<Double?>) {
-        stop.set(false)
-        stopReason = null
+        if (!start.stopRequested) stopReason = null
         running = true
         this.runId = runId
         this.steps = steps

@@ -71,10 +71,15 @@ object ChargingRuns {
      * The session's stop signal in a charging window: the user's Stop, the window's end (WorkManager's
      * `isStopped` once charging or idle ends, or the phone no longer charging), or the window's deadline
      * ([WindowPlan.deadlineMs] against [nowMs]). The session checks it before each step, so it stops at a step
-     * boundary with a checkpoint, and the next window resumes from there.
+     * boundary with a checkpoint, and the next window resumes from there. A window may also end without warning
+     * (Android stops the work, kills the process): a checkpoint after every step ([RunControl.checkpointEachStep]),
+     * so that loses at most the step in flight.
      */
     fun control(windowEnded: () -> Boolean, userStop: () -> Boolean, deadlineMs: Long? = null, nowMs: () -> Long = { 0L }): RunControl =
-        RunControl { userStop() || windowEnded() || (deadlineMs != null && nowMs() >= deadlineMs) }
+        object : RunControl {
+            override fun stopRequested() = userStop() || windowEnded() || (deadlineMs != null && nowMs() >= deadlineMs)
+            override fun checkpointEachStep() = true
+        }
 
     // --- the per-run flag ----------------------------------------------------------------------------
 

@@ -21,6 +21,37 @@ class CheckpointStore(val file: File) {
         }
     }
 
+    /**
+     * [save] of the state in [buffer] (4 x numel little-endian bytes, the [StateBuffer]'s direct buffer): the same
+     * file, written straight from the buffer (no whole-state FloatArray on the Java heap).
+     */
+    fun saveBuffer(buffer: java.nio.ByteBuffer, numel: Int, step: Long, runId: String, seq: Long, losses: List<Double?>) {
+        val meta = Json.of(mapOf("step" to step, "run_id" to runId, "seq" to seq, "losses" to losses.map { l -> l?.takeIf { it.isFinite() } }))
+        AtomicFiles.write(file) { out -> Safetensors.writeBuffer(out, "state", listOf(numel), buffer, mapOf("meta" to JsonWriter.write(meta))) }
+    }
+
+    /**
+     * [load] straight into [buffer] (4 x [expectedNumel] bytes): the position is returned with an empty state array
+     * (the values are in the buffer). Checked as [load]; on an error [buffer] is not written.
+     */
+    fun loadInto(buffer: java.nio.ByteBuffer, expectedNumel: Int): Checkpoint {
+        val parsed = try {
+            Safetensors.readHeader(file)
+        } catch (e: ContractError) {
+            throw ContractError("checkpoint ${file.path} is unreadable (${e.message}); delete it to start the run over")
+        }
+        val e = parsed.entries["state"] ?: throw ContractError("checkpoint ${file.path} has no tensor 'state'")
+        val numel = (e.end - e.begin) / 4
+        if (numel != expectedNumel.toLong()) {
+            throw ContractError("checkpoint ${file.path} has $numel state values, the program $expectedNumel; it belongs to another program")
+        }
+        val meta = Fields.of(Json.parse(parsed.metadata["meta"] ?: throw ContractError("checkpoint ${file.path} has no run metadata")), "checkpoint meta")
+        val losses = meta.arr("losses").map { (it as? Json.Num)?.asDouble }
+        val c = Checkpoint(FloatArray(0), meta.long("step"), meta.string("run_id"), meta.long("seq"), losses)
+        Safetensors.readInto(file, parsed, "state", buffer)
+        return c
+    }
+
     /** The checkpoint, checked against the program's state size; a damaged file is an error, not a fresh start. */
     fun load(expectedNumel: Int): Checkpoint {
         val parsed = try {

@@ -25,6 +25,13 @@ object Contract {
     const val IM_END = "<|im_end|>"
     /** chat.py ASSISTANT_HEADER: the generation prompt after the last turn; generation stops at [IM_END] (or eos). */
     const val ASSISTANT_HEADER = IM_START + "assistant\n"
+    /**
+     * The held-out rows a held-out loss reads: the first this many of the run's held-out rows (they are a seeded
+     * random draw of the text's rows already, so the first N are a random sample). A phone's forward pass of the
+     * 0.5B program is seconds per row: uncapped, 10% of a 16 MB text is hours before the first step. The iOS app
+     * (Contract.heldOutEvalRows) uses the same number; docs/android.md "held-out loss".
+     */
+    const val HELD_OUT_EVAL_ROWS = 32
 }
 
 /**

@@ -125,10 +125,14 @@ class OutputBuffers(private val program: Manifest) {
  * share one [runtimeLock]: every [call] holds it from building the inputs to copying the outputs out, so the
  * runtime never runs two methods at once and no call's outputs are overwritten before they are copied (on
  * ExecuTorch they live in the method's arena until its next call; the Module's own lock covers only the
- * native call). It is fair (FIFO), so two threads alternate call by call and neither starves.
+ * native call). It is fair (FIFO). With a [gate] (shared by the loops of one session) a generation goes
+ * first: [generateStream] runs as a [RuntimeGate.generation], and every other call of a loop with that gate
+ * waits at its start while a generation is in progress (so a generation beside training waits at most for
+ * the training call already running, then decodes at the idle speed).
  */
 class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: ProgramRuntime,
-                val state: StateBuffer = StateBuffer(program), val runtimeLock: ReentrantLock = ReentrantLock(true)) {
+                val state: StateBuffer = StateBuffer(program), val runtimeLock: ReentrantLock = ReentrantLock(true),
+                val gate: RuntimeGate? = null) {
     val layers: Int = program.layers
     private val ioCache = HashMap<String, TensorBuffer>()
     /** Direct buffers of activations no longer needed, by size: a step allocates nothing once warm. */
@@ -201,8 +205,11 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      * and the caller must not recycle it as the input it was either (it now holds the output).
      */
     fun call(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>? = null, pos: Int = 0,
-             into: Map<String, TensorBuffer> = emptyMap()): Map<String, TensorBuffer> =
-        runtimeLock.withLock { callLocked(name, layer, values, cache, pos, into) }
+             into: Map<String, TensorBuffer> = emptyMap()): Map<String, TensorBuffer> {
+        val g = gate
+        if (g != null && !g.isGenerationThread) g.awaitTrainingTurn()
+        return runtimeLock.withLock { callLocked(name, layer, values, cache, pos, into) }
+    }
 
     private fun callLocked(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?, pos: Int,
                            dests: Map<String, TensorBuffer>): Map<String, TensorBuffer> {
@@ -381,14 +388,26 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
 
     class EvalResult(val loss: Double, val rows: Int, val tokens: Int, val rowMeanLoss: Double, val skippedRows: Int)
 
-    /** Held-out loss (runtime/evaluate.py): mean next-token cross-entropy over all target tokens of the rows. */
-    fun evaluate(rows: List<Pair<List<Long>, List<Long>>>): EvalResult {
+    /** A held-out pass stopped before row [row] of [rows] ([evaluate]'s cancelled). */
+    class EvalCancelled(val row: Int, val rows: Int) : Exception("held-out loss stopped before row ${row + 1} of $rows")
+
+    /**
+     * Held-out loss (runtime/evaluate.py): mean next-token cross-entropy over all target tokens of the rows.
+     * [cancelled] is asked before each row: true ends it with [EvalCancelled] (no result); [onRow] gets
+     * (i, n) before row i (0-based) of the n, for a "row i of N" display. The caller caps the rows
+     * ([Contract.HELD_OUT_EVAL_ROWS]).
+     */
+    fun evaluate(rows: List<Pair<List<Long>, List<Long>>>, cancelled: () -> Boolean = { false },
+                 onRow: (Int, Int) -> Unit = { _, _ -> }): EvalResult {
         var total = 0.0
         var tokens = 0
         var n = 0
         var skipped = 0
         var rowSum = 0.0
-        for ((ids, labels) in rows) {
+        for ((index, row) in rows.withIndex()) {
+            if (cancelled()) throw EvalCancelled(index, rows.size)
+            onRow(index, rows.size)
+            val (ids, labels) = row
             val (i, l) = pad(ids, labels)
             val targets = (1 until program.seqLen).count { l.long(it) != -100L }
             if (targets == 0) { skipped++; continue }
@@ -460,7 +479,14 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      * call and returns no token.
      */
     fun generateStream(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), control: GenerationControl? = null,
-                       onToken: ((Int) -> Unit)? = null): Generation {
+                       onToken: ((Int) -> Unit)? = null): Generation =
+        gate.let { g ->
+            if (g == null) generateStreamGated(prompt, maxNewTokens, stopIds, control, onToken)
+            else g.generation { generateStreamGated(prompt, maxNewTokens, stopIds, control, onToken) }
+        }
+
+    private fun generateStreamGated(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, control: GenerationControl?,
+                                    onToken: ((Int) -> Unit)?): Generation {
         val n = prompt.size
         val s = program.seqLen
         if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
@@ -500,7 +526,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             val token = argmax(logits)
             recycle(logits)
             out.add(token)
-            onToken?.invoke(token)
+            if (onToken != null) { val g = gate; if (g != null) g.consumer { onToken(token) } else onToken(token) }
             if (token in stopIds) return Generation(out, StopReason.EOS)
             if (out.size == maxNewTokens) return Generation(out, StopReason.MAX_NEW_TOKENS)
             if (cancelled()) return Generation(out, StopReason.CANCELLED)

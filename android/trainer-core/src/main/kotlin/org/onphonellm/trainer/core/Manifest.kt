@@ -212,7 +212,7 @@ class Manifest(
             if (moves && "block_skip_update" !in methods) throw ContractError("$where: loop.moves_unselected without a block_skip_update method")
             val quantObj = if (m.has("quant")) m.obj("quant") else null
             val quantKind = quantObj?.optString("kind") ?: "none"
-            // Same schema_version 3, older export (toolchain/export/manifest.py _refuse_before_fused_generation).
+            // Same schema_version 3, older export (toolchain/contract/read.py _refuse_before_fused_generation).
             if (quantKind == "int4" && quantObj?.obj?.fields?.containsKey("head") != true)
                 throw ContractError("$where: an int4 program exported before the int4 embedding and LM head (no quant.head); re-export the program with this toolchain")
             val compute = Compute.parse(m.optString("compute"), where)

@@ -50,6 +50,42 @@ object Safetensors {
         out.write(buf.array(), 0, buf.position())
     }
 
+    /**
+     * One float32 tensor [name] whose little-endian data is [data]'s bytes 0 until 4 x numel (a direct buffer:
+     * written through a channel, never copied whole onto the Java heap); the same bytes as [write] of its values.
+     */
+    fun writeBuffer(out: OutputStream, name: String, shape: List<Int>, data: ByteBuffer, metadata: Map<String, String>? = null) {
+        val numel = shape.fold(1) { a, b -> a * b }
+        require(data.capacity() >= 4 * numel) { "$name: the buffer holds ${data.capacity()} bytes, not ${4L * numel}" }
+        val head = header(listOf(Slice(name, shape, FloatArray(0), 0)), metadata)
+        out.write(ByteBuffer.allocate(8).order(ByteOrder.LITTLE_ENDIAN).putLong(head.size.toLong()).array())
+        out.write(head)
+        val src = data.duplicate()
+        src.position(0)
+        src.limit(4 * numel)
+        val ch = java.nio.channels.Channels.newChannel(out)
+        while (src.hasRemaining()) ch.write(src)
+    }
+
+    /** Tensor [name]'s bytes read straight into [dest] (from byte 0; a direct buffer: no heap copy of the whole tensor). */
+    fun readInto(file: File, parsed: Parsed, name: String, dest: ByteBuffer) {
+        val e = parsed.entries[name] ?: throw ContractError("${file.name} has no tensor '$name'")
+        val n = e.end - e.begin
+        if (n > dest.capacity()) throw ContractError("${file.name}: $name is $n bytes, the buffer ${dest.capacity()}")
+        val d = dest.duplicate()
+        d.position(0)
+        d.limit(n.toInt())
+        RandomAccessFile(file, "r").use { raf ->
+            val ch = raf.channel
+            var at = parsed.dataStart + e.begin
+            while (d.hasRemaining()) {
+                val r = ch.read(d, at)
+                if (r < 0) throw ContractError("${file.name}: $name is truncated")
+                at += r
+            }
+        }
+    }
+
     class Entry(val dtype: String, val shape: List<Int>, val begin: Long, val end: Long)
     class Parsed(val entries: Map<String, Entry>, val metadata: Map<String, String>, val dataStart: Long)
 

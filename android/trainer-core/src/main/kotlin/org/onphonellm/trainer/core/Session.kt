@@ -143,12 +143,21 @@ data class RunOutcome(val status: String, val stepsCompleted: Long, val finalLos
 
 fun interface RunControl {
     fun stopRequested(): Boolean
+
+    /**
+     * Checkpoint after every step (not only every `checkpoint_every`): the app says yes while it runs in a
+     * background window the OS may end at any time (a charging run, an app in the background), so an ending
+     * window loses at most the step in flight. Asked after each step.
+     */
+    fun checkpointEachStep(): Boolean = false
 }
 
 interface SessionListener {
     fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) {}
     /** [which]: "before" (initial adapter) or "after" (trained state). */
     fun onEval(which: String, result: LayerLoop.EvalResult) {}
+    /** Before held-out row [row] (0-based) of [rows] of the [which] pass: "row i of N" progress. */
+    fun onEvalRow(which: String, row: Int, rows: Int) {}
     fun onStatus(message: String) {}
 }
 
@@ -181,9 +190,15 @@ class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?) {
  * at a step boundary under the state lock (held by the training thread only while a step or a restore
  * writes the state, so the copy waits at most one step), into a loop of its own (own buffer pool and KV
  * cache). The one runtime is shared: every program call of either thread holds one fair lock from its
- * inputs to its copied outputs ([LayerLoop.runtimeLock]), so ExecuTorch never runs two methods at once and
- * the two threads alternate call by call; training's steps get slower while a generation runs but go on,
- * and their [SessionListener.onStep] progress keeps coming. Listeners are called outside both locks.
+ * inputs to its copied outputs ([LayerLoop.runtimeLock]), so ExecuTorch never runs two methods at once, and
+ * a generation goes first ([gate], [RuntimeGate]): training's calls wait while one is in progress, so a token
+ * costs what it costs idle (the generation waits once, for the training call already running) and training
+ * pauses mid-step for the generation's length, then goes on. A generation held by its listener longer than
+ * the gate's grace lets training go on meanwhile. Listeners are called outside both locks.
+ *
+ * The held-out loss reads the first [Contract.HELD_OUT_EVAL_ROWS] held-out rows ([evalRows]), asks the
+ * [RunControl] before each row (a stop ends the session "paused" without that eval) and reports "row i of N"
+ * ([SessionListener.onEvalRow]).
  */
 class TrainingSession(
     val program: Manifest,
@@ -197,18 +212,22 @@ class TrainingSession(
     val spec: RunSpec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
     val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
     val held: List<DataRow> = RowFiles.read(runDir.held, program.vocab, program.seqLen)
+    /** The rows a held-out loss reads: the first [Contract.HELD_OUT_EVAL_ROWS] of [held]. */
+    val evalRows: List<DataRow> = held.take(Contract.HELD_OUT_EVAL_ROWS)
     val plan: StepPlan? = spec.plan(program)
-    /** Every program call of this session's loops holds it (training's and generation's threads alternate, FIFO). */
+    /** Every program call of this session's loops holds it. */
     private val runtimeLock = ReentrantLock(true)
+    /** A generation beside training goes first: training's calls wait while one is in progress ([RuntimeGate]). */
+    val gate = RuntimeGate()
     /** Held while the live state is written (a step, a restore) and while a generation copies it: snapshots are of whole steps. */
     private val stateLock = ReentrantLock(true)
     /** The live state (trained in place). */
-    val loop = LayerLoop(program, weights, runtime, runtimeLock = runtimeLock)
+    val loop = LayerLoop(program, weights, runtime, runtimeLock = runtimeLock, gate = gate)
     /** The initial adapter (state_init.bin), for the held-out loss before: made when first needed (training thread). */
-    private val initLoop: LayerLoop by lazy { LayerLoop(program, weights, runtime, StateBuffer(program).also { it.loadInit() }, runtimeLock) }
+    private val initLoop: LayerLoop by lazy { LayerLoop(program, weights, runtime, StateBuffer(program).also { it.loadInit() }, runtimeLock, gate) }
     /** Generation's loop over a snapshot of the params (state_init.bin's for "before", the live state's for "after"); made when first needed. */
     private val genLoop: LayerLoop by lazy {
-        LayerLoop(program, weights, runtime, StateBuffer(program, LayerLoop.generationStateEntries(program)), runtimeLock)
+        LayerLoop(program, weights, runtime, StateBuffer(program, LayerLoop.generationStateEntries(program)), runtimeLock, gate)
     }
     /** One comparison at a time (they share [genLoop]). */
     private val genLock = ReentrantLock()
@@ -276,10 +295,11 @@ class TrainingSession(
         return try {
             weightsChanged(start)?.let { return it }
             if (held.isNotEmpty() && evals.before == null) {
-                val ev = evaluate("before", initLoop, 0)
+                val ev = evaluate("before", initLoop, 0, control)
+                    ?: return end(start, "paused", "stopped during the held-out loss before training; resume starts it again")
                 saveEvals(EvalPair(ev.loss, evals.after, evals.afterStep))
             }
-            if (start >= spec.steps) return finish(start)
+            if (start >= spec.steps) return finish(start, control)
             decide(guard.preflight(sampleMemory(null)), start) ?: loop(start, control, betweenSteps)
         } catch (e: Exception) {  // a runtime or I/O failure: report it, keep the last checkpoint
             // A program call refused because a generation beside training saw the weights file change (at a
@@ -325,11 +345,11 @@ class TrainingSession(
             listener.onStep(step, spec.steps, loss, MemoryGuard.anonOf(samples), spec.budgetBytes)
             val decision = guard.afterStep(samples)
             val done = step + 1
-            if (done % spec.checkpointEvery == 0L || done == spec.steps || decision != GuardDecision.Continue) checkpoint(done)
+            if (done % spec.checkpointEvery == 0L || done == spec.steps || decision != GuardDecision.Continue || control.checkpointEachStep()) checkpoint(done)
             if (done < spec.steps) decide(decision, done)?.let { return it }
             betweenSteps()
         }
-        return finish(spec.steps)
+        return finish(spec.steps, control)
     }
 
     /** Act on a guard decision before step [next]; null: go on. */
@@ -347,20 +367,32 @@ class TrainingSession(
         }
     }
 
-    private fun finish(done: Long): RunOutcome {
+    private fun finish(done: Long, control: RunControl): RunOutcome {
         weightsChanged(done)?.let { return it }
         if (held.isNotEmpty()) {
-            val ev = evaluate("after", loop, done)
+            val ev = evaluate("after", loop, done, control)
+            if (ev == null) {
+                StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
+                return end(done, "paused", "stopped during the held-out loss after the last step; resume computes it")
+            }
             saveEvals(EvalPair(evals.before, ev.loss, done))
         }
         StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
         return end(done, "completed", "completed")
     }
 
-    /** Held-out loss of [which] state, as an eval event. */
-    private fun evaluate(which: String, l: LayerLoop, step: Long): LayerLoop.EvalResult {
+    /**
+     * Held-out loss of [which] state over [evalRows], as an eval event; null (no event) when [control] asked
+     * to stop (asked before each row).
+     */
+    private fun evaluate(which: String, l: LayerLoop, step: Long, control: RunControl): LayerLoop.EvalResult? {
         val t0 = clock.monoNanos()
-        val ev = l.evaluate(held.map { r -> Pair(r.inputIds.map { it.toLong() }, r.labels.map { it.toLong() }) })
+        val ev = try {
+            l.evaluate(evalRows.map { r -> Pair(r.inputIds.map { it.toLong() }, r.labels.map { it.toLong() }) },
+                { control.stopRequested() }, { i, n -> listener.onEvalRow(which, i, n) })
+        } catch (e: LayerLoop.EvalCancelled) {
+            return null
+        }
         rec.emit("eval", mapOf("step" to step, "loss" to (if (ev.loss.isFinite()) ev.loss else Json.Null), "rows" to ev.rows, "tokens" to ev.tokens,
             "eval_time_s" to (clock.monoNanos() - t0) / 1e9))
         listener.onEval(which, ev)

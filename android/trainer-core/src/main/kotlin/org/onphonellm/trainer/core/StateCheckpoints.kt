@@ -18,16 +18,13 @@ fun StepPlan.layersAt(step: Long): Set<Int> =
 object StateCheckpoints {
     fun save(store: CheckpointStore, state: StateBuffer, step: Long, runId: String, seq: Long, losses: List<Double?>) {
         state.requireWhole("a checkpoint")
-        store.save(Checkpoint(state.toFloatArray(), step, runId, seq, losses))
+        store.saveBuffer(state.buffer, state.numel, step, runId, seq, losses)  // from the direct buffer: no heap copy
     }
 
     /** Load [store] into [state]; returns the checkpoint's position (its state array is dropped). */
     fun restore(store: CheckpointStore, state: StateBuffer): Checkpoint {
         state.requireWhole("restoring a checkpoint")
-        val c = store.load(state.program.stateNumel)
-        val b = state.buffer
-        for ((i, v) in c.state.withIndex()) b.putFloat(4 * i, v)
-        return c
+        return store.loadInto(state.buffer, state.program.stateNumel)  // into the direct buffer: no heap copy
     }
 
     /**

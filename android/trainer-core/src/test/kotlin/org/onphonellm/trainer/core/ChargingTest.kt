@@ -43,6 +43,9 @@ class ChargingTest {
         assertTrue(c.stopRequested(), "the user's stop")
         // Without a deadline, time alone never stops it.
         assertFalse(ChargingRuns.control({ false }, { false }, null, { Long.MAX_VALUE }).stopRequested())
+        // A window may end without warning: every step is checkpointed (SessionTest: what a kill then keeps).
+        assertTrue(c.checkpointEachStep())
+        assertFalse(RunControl { false }.checkpointEachStep(), "the foreground default: every checkpoint_every steps")
     }
 
     @Test fun `the charging flag is kept in the run directory, read back by a new process, cleared, and unreadable counts as set`() {

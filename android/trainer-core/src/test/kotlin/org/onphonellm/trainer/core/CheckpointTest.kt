@@ -44,4 +44,26 @@ class CheckpointTest {
             .putLong(padded.length.toLong()).put(padded.toByteArray()).putFloat(1f).putFloat(-2f).array()
         assertArrayEquals(expected, bytes)
     }
+
+    @Test
+    fun `the state is written from and read into its direct buffer - the same file as the array path, no heap copy`() {
+        val dir = Fixtures.tempDir()
+        val values = FloatArray(1001) { (it * 37 % 101) * 0.125f - 6f }
+        val direct = ByteBuffer.allocateDirect(4 * values.size).order(ByteOrder.LITTLE_ENDIAN)
+        values.forEachIndexed { i, v -> direct.putFloat(4 * i, v) }
+        val a = CheckpointStore(File(dir, "array.safetensors"))
+        val b = CheckpointStore(File(dir, "buffer.safetensors"))
+        a.save(Checkpoint(values, 5, "run-9", 11, listOf(1.5, null)))
+        b.saveBuffer(direct, values.size, 5, "run-9", 11, listOf(1.5, null))
+        assertArrayEquals(a.file.readBytes(), b.file.readBytes())
+        val into = ByteBuffer.allocateDirect(4 * values.size).order(ByteOrder.LITTLE_ENDIAN)
+        val c = a.loadInto(into, values.size)
+        assertEquals(Triple(5L, "run-9", 11L), Triple(c.step, c.runId, c.seq))
+        assertEquals(listOf(1.5, null), c.losses)
+        assertArrayEquals(values, FloatArray(values.size) { into.getFloat(4 * it) })
+        // A checkpoint of another size is refused and the buffer is not written.
+        val other = ByteBuffer.allocateDirect(4 * 1000).order(ByteOrder.LITTLE_ENDIAN)
+        assertThrows<ContractError> { a.loadInto(other, 1000) }
+        assertEquals(0f, other.getFloat(0))
+    }
 }

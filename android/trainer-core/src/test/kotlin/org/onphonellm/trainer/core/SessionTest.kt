@@ -117,7 +117,10 @@ class SessionTest {
             assertTrue(out.status == "paused" || out.status == "completed", out.status)
             if (out.status == "paused") assertEquals(0L, out.stepsCompleted % 2, "paused at a step boundary after whole windows")
         }
-        assertEquals(3, windows, "6 steps in windows of 2")
+        // 6 steps in windows of 2; the third window ends with its last step, so the held-out pass after it stops before its
+        // first row (a stop is honoured between rows) and a fourth window computes it and completes the run.
+        assertEquals(4, windows, "6 steps in windows of 2, then the held-out loss after")
+        assertEquals(2, types(b).count { it == "eval" }, "before once, after once")
         val sa = session(a).also { it.loadState() }.loop.state.sha256()
         val sb = session(b).also { it.loadState() }.loop.state.sha256()
         assertEquals(sa, sb, "the windows end in the state of one uninterrupted run")
@@ -542,5 +545,83 @@ class SessionTest {
         val c = StateCheckpoints.restore(CheckpointStore(File(dir, "checkpoint.safetensors")), back)
         assertEquals(st.sha256(), back.sha256())
         assertEquals(listOf(1.5, null), c.losses)
+    }
+
+    /** A run with [n] rows, half held out (more than [Contract.HELD_OUT_EVAL_ROWS] of them for n = 80). */
+    private fun bigRun(base: File, runId: String, n: Int, steps: Long = 2): RunDir {
+        val (train, held) = TextRows.splitHeldOut(rows(n, 2), 0.5, 3)
+        return Runs(base).create(spec(runId, steps).copy(heldOut = 0.5), PreparedData(train, held, false))
+    }
+
+    /** A listener recording the held-out passes' "row i of N" reports. */
+    private class EvalRows : SessionListener {
+        val rows = ArrayList<String>()
+        override fun onEvalRow(which: String, row: Int, rows: Int) { this.rows.add("$which $row/$rows") }
+    }
+
+    @Test fun `held-out loss - capped at HELD_OUT_EVAL_ROWS rows, row i of N reported, the loss of those rows`() {
+        val dir = bigRun(Fixtures.tempDir(), "capped", 80)
+        val rec = EvalRows()
+        val s = TrainingSession(program, weights, HashRuntime(program), dir, ScriptedProbe(listOf(50_000_000L)), FakeClock(), rec)
+        assertEquals(40, s.held.size)
+        val cap = Contract.HELD_OUT_EVAL_ROWS
+        assertTrue(cap < s.held.size)
+        assertEquals("completed", s.run().status)
+        val evals = EventLog(dir.telemetry).events().filter { (it["type"] as Json.Str).value == "eval" }
+        assertEquals(listOf(cap.toLong(), cap.toLong()), evals.map { Fields(it, "eval").long("rows") })
+        assertEquals((0 until cap).map { "before $it/$cap" } + (0 until cap).map { "after $it/$cap" }, rec.rows)
+        // The loss before is that of the first `cap` held-out rows (an independent loop over them), not of all 40.
+        val ref = LayerLoop(program, weights, HashRuntime(program), StateBuffer(program).also { it.loadInit() })
+        fun pairs(r: List<DataRow>) = r.map { x -> Pair(x.inputIds.map { it.toLong() }, x.labels.map { it.toLong() }) }
+        assertEquals(ref.evaluate(pairs(s.held.take(cap))).loss, EvalPair.read(dir.results).before)
+        assertTrue(ref.evaluate(pairs(s.held)).loss != EvalPair.read(dir.results).before, "all 40 rows give another loss")
+    }
+
+    @Test fun `held-out loss - a stop between rows ends the session paused with no eval, resume evaluates again`() {
+        val dir = bigRun(Fixtures.tempDir(), "cancel-eval", 80)
+        val rec = EvalRows()
+        val rt = HashRuntime(program)
+        val s = TrainingSession(program, weights, rt, dir, ScriptedProbe(listOf(50_000_000L)), FakeClock(), rec)
+        val out = s.run(RunControl { rec.rows.size >= 5 })
+        assertEquals("paused", out.status, out.message)
+        assertEquals(0L, out.stepsCompleted)
+        assertEquals((0 until 5).map { "before $it/${Contract.HELD_OUT_EVAL_ROWS}" }, rec.rows)
+        val t = types(dir)
+        assertFalse("eval" in t || "step" in t, "$t")
+        assertEquals(null, EvalPair.read(dir.results).before)
+        // Each of the 5 rows evaluated: embed, the layers' block_forward, head_loss; nothing after the stop.
+        assertEquals(5 * (program.layers + 2), rt.calls)
+        val again = session(dir).run()
+        assertEquals("completed", again.status, again.message)
+        assertEquals(2, types(dir).count { it == "eval" })
+        assertNotNull(EvalPair.read(dir.results).before)
+        // A stop during the pass after the last step: paused at the end, the resume only evaluates.
+        val d2 = bigRun(Fixtures.tempDir(), "cancel-after", 80)
+        val rec2 = EvalRows()
+        val s2 = TrainingSession(program, weights, HashRuntime(program), d2, ScriptedProbe(listOf(50_000_000L)), FakeClock(), rec2)
+        val o2 = s2.run(RunControl { rec2.rows.any { it.startsWith("after 3/") } })
+        assertEquals("paused", o2.status, o2.message)
+        assertEquals(2L, o2.stepsCompleted)
+        assertEquals(null, EvalPair.read(d2.results).after)
+        assertEquals("completed", session(d2).run().status)
+        assertEquals(listOf("eval", "step", "step", "run_end", "eval", "run_end"), types(d2).filter { it in setOf("eval", "step", "run_end") })
+    }
+
+    @Test fun `background windows - a checkpoint after every step, so a kill loses only the step in flight`() {
+        // checkpoint_every 2; killed in the 4th step (after 3 whole ones): kept 2 steps normally, 3 with a checkpoint each step.
+        val rt = HashRuntime(program)
+        val callsAfter = ArrayList<Int>()
+        val counted = newRun(Fixtures.tempDir(), "count")
+        TrainingSession(program, weights, rt, counted, ScriptedProbe(listOf(50_000_000L)), FakeClock(), object : SessionListener {
+            override fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) { callsAfter.add(rt.calls) }
+        }).run()
+        for (each in listOf(false, true)) {
+            val d = newRun(Fixtures.tempDir(), "bg-$each")
+            assertThrows<SimulatedKill> { session(d, HashRuntime(program, killAtCall = callsAfter[2] + 2)).run(object : RunControl {
+                override fun stopRequested() = false
+                override fun checkpointEachStep() = each
+            }) }
+            assertEquals(if (each) 3L else 2L, CheckpointStore(d.checkpoint).load(program.stateNumel).step, "checkpoint each step: $each")
+        }
     }
 }

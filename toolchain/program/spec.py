@@ -23,7 +23,7 @@ One step, as the app runs it (the manifest's `loop`):
 Layers outside the selection are identity in backward (LCSB); with all layers selected the step is
 exactly `mesp.mesp_step` followed by the optimizer update.
 
-<layer weights> are one decoder layer's tensors from the weights file (export/weights_file.py),
+<layer weights> are one decoder layer's tensors from the weights file (program/weights_file.py),
 passed by the app without copying; <layer state> is the layer's slice of the app's flat float32 state
 (LoRA A/B, then AdamW moments), see `state_layout`. Rows shorter than T are padded by the app:
 input_ids with `pad_token_id`, labels with -100 (causal attention: trailing padding changes nothing).

@@ -10,12 +10,12 @@ import torch
 
 from toolchain.contract import LAYER
 from toolchain.export.bodies import example_inputs, method_module
-from toolchain.export.program import ProgramSpec, QuantSpec, flat_state, method_specs, state_layout, unflatten_state
-from toolchain.export.weights_file import ALIGN, map_weights, model_weights, weight_tensors, write_weights
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import StepOptions, mesp_step
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
+from toolchain.program.spec import ProgramSpec, QuantSpec, flat_state, method_specs, state_layout, unflatten_state
+from toolchain.program.weights_file import ALIGN, map_weights, model_weights, weight_tensors, write_weights
 
 ARCH = ModelArch(hidden=24, layers=3, heads=3, kv_heads=1, intermediate=40, vocab=50, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4, targets=("k_proj", "up_proj"))

@@ -1,5 +1,5 @@
 """Export streams the model into weights.safetensors one block of rows at a time (models/source.py,
-export/weights_file.py `write_weights_streamed`), and the file it writes is the in-memory one byte for byte:
+program/weights_file.py `write_weights_streamed`), and the file it writes is the in-memory one byte for byte:
 checkpoints of every family, sharded and unsharded, tied and untied, stored in bf16 / fp16 / fp32, read by the
 safetensors library into memory as the export used to, against our shard reader streaming them; seeded random
 weights streamed in blocks of any size against the whole model drawn at once. Bad checkpoints are one error
@@ -23,12 +23,12 @@ from helpers import random_hf_model
 
 from toolchain.cli import cli
 from toolchain.errors import BadInput, MissingWeights, ShapeMismatch
-from toolchain.export.program import QuantSpec
-from toolchain.export.weights_file import (file_layout, map_weights, weight_entries, weight_tensors, weights_file_size,
-                                           write_weights, write_weights_streamed)
 from toolchain.models import ModelArch, RopeScaling, random_weights, weights_from_state_dict
 from toolchain.models.load import checkpoint_source, load_model
 from toolchain.models.source import RandomSource, materialize, model_tensor_names
+from toolchain.program.spec import QuantSpec
+from toolchain.program.weights_file import (file_layout, map_weights, weight_entries, weight_tensors, weights_file_size,
+                                           write_weights, write_weights_streamed)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -268,11 +268,11 @@ _CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import torch
-    from toolchain.export.program import QuantSpec
-    from toolchain.export.weights_file import weight_tensors, write_weights, write_weights_streamed
     from toolchain.models import ModelArch
     from toolchain.models.load import model_source
     from toolchain.models.source import RandomSource, materialize
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import weight_tensors, write_weights, write_weights_streamed
 
     def rss(field):
         for line in Path("/proc/self/status").read_text().splitlines():

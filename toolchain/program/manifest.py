@@ -1,6 +1,5 @@
-"""The manifest a program directory is exported with (`build_manifest`: the typed contract Manifest of
-toolchain/contract), and the program config a manifest describes (`ProgramManifest`: the model, LoRA and
-optimizer configs and the `ProgramSpec` the host runners rebuild from, checked against the methods listed).
+"""Writing a program directory's manifest: `build_manifest` (the typed contract Manifest of toolchain/contract)
+from the program's `ProgramSpec` and what each target exported. Its reader is directory.py (`ProgramDir`).
 """
 
 from __future__ import annotations
@@ -9,25 +8,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 from toolchain import __version__
-from toolchain.contract import (ADAPTER_INIT_DIR, GENERATION_ROLES, INT4_PACKING, LAYER, MANIFEST_NAME,
-                                MANIFEST_SCHEMA_VERSION, STATE_INIT_NAME, STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME,
-                                AdapterSection, FusedSection, GenerateSection, XnnpackSection, LcsbSection, LoopSection, LoraSection,
-                                Manifest, MemoryPlan, MethodSpec, ModelSection, OptimizerSection, OptionsSection,
-                                ProgramEntry, QuantSection, StateSection, TokenizerSection, WeightsSection,
-                                read_program_manifest)
-from toolchain.errors import BadInput
-from toolchain.export.artifact import TargetArtifact, tree_bytes
-from toolchain.export.program import (FUSED_KERNELS, QUANTIZED_FIELDS, ProgramSpec, QuantSpec, method_specs, state_layout,
-                                      xnnpack_name)
-from toolchain.lora.config import LoraConfig
+from toolchain.contract import (ADAPTER_INIT_DIR, GENERATION_ROLES, INT4_PACKING, LAYER, MANIFEST_SCHEMA_VERSION,
+                                STATE_INIT_NAME, STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME, AdapterSection,
+                                FusedSection, GenerateSection, XnnpackSection, LcsbSection, LoopSection, LoraSection, Manifest,
+                                MemoryPlan, MethodSpec, ModelSection, OptimizerSection, OptionsSection, ProgramEntry,
+                                QuantSection, StateSection, TokenizerSection, WeightsSection)
 from toolchain.lora.peft_io import peft_config_dict
-from toolchain.mesp import StepOptions
-from toolchain.models.presets import ModelArch
-from toolchain.optim import OptimizerConfig
+from toolchain.program.artifact import TargetArtifact, tree_bytes
+from toolchain.program.spec import (FUSED_KERNELS, QUANTIZED_FIELDS, ProgramSpec, method_specs, state_layout,
+                                    xnnpack_name)
 
-__all__ = ["ProgramManifest", "build_manifest", "LOOP", "GENERATE_LOOP"]
+__all__ = ["build_manifest", "LOOP", "GENERATE_LOOP"]
 
-# The loop every app runs (program.py's docstring, in words; the host runner is its reference).
+# The loop every app runs (spec.py's docstring, in words; the host runner is its reference).
 LOOP = [
     "if state.step_entry: state[step_entry] += 1",
     "x = embed(input_ids)",
@@ -51,70 +44,6 @@ GENERATE_LOOP = [
     "x = embed_token(token); for layer in 0..L-1: x, k_new, v_new = block_decode(x, pos, cache[layer], layer), "
     "write k_new / v_new at row pos of cache[layer]; logits = head_logits(x); pos += 1",
 ]
-
-
-class ProgramManifest:
-    """The program config a validated v3 manifest describes: typed configs for the host runners."""
-
-    def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
-        m = manifest
-        self.arch = ModelArch.from_dict(m.model.arch)
-        self.lora = LoraConfig(rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets,
-                               use_rslora=bool(m.lora.use_rslora))
-        o = m.optimizer
-        self.optimizer = OptimizerConfig(o.kind, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                                         frozen_unselected=o.frozen_unselected)
-        q, gen = m.quant, m.generate
-        chunk = {} if gen is None or gen.prefill_chunk is None else {"prefill_chunk": gen.prefill_chunk}
-        self.spec = ProgramSpec(self.arch, self.lora, m.seq_len,
-                                quant=QuantSpec(q.kind, q.group, q.chunk_elems, head=bool(q.head)),
-                                optimizer=self.optimizer, options=StepOptions(**m.options.to_json()),
-                                generation=gen is not None, compute=m.compute,
-                                xnnpack_generation=gen is not None and gen.xnnpack is not None, **chunk)
-        self.seq_len: int = m.seq_len
-        self.methods: dict[str, MethodSpec] = m.methods
-        self.state_entries = list(m.state.entries)
-        self.state_numel: int = m.state.numel
-
-    @classmethod
-    def read(cls, program: Path) -> ProgramManifest:
-        """The manifest of the program directory `program` (contract `read_program_manifest`), its methods
-        checked against this toolchain's for the program's config."""
-        man = cls(read_program_manifest(program))
-        expected = method_specs(man.spec)
-        if {n: m.to_json() for n, m in expected.items()} != {n: m.to_json() for n, m in man.methods.items()}:
-            raise BadInput(f"{Path(program) / MANIFEST_NAME}: the methods listed do not match this toolchain's for "
-                           f"the program's config; re-export the program")
-        return man
-
-    # -- typed views --------------------------------------------------------------------------------
-    @property
-    def moves_unselected(self) -> bool:
-        return self.manifest.loop.moves_unselected
-
-    @property
-    def step_entry(self) -> str | None:
-        return self.manifest.state.step_entry
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.manifest.tokenizer.pad_token_id
-
-    @property
-    def targets(self) -> list[str]:
-        return self.manifest.targets
-
-    def program(self, target: str) -> ProgramEntry:
-        entry = self.manifest.program(target)
-        if entry is None:
-            raise BadInput(f"this program has no {target} export (it has {', '.join(self.targets) or 'none'}); "
-                           f"export it with --target {target}")
-        return entry
-
-    @property
-    def default_lr(self) -> float:
-        return float(self.manifest.optimizer.default_lr)
 
 
 def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifacts: list[TargetArtifact],

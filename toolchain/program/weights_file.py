@@ -28,12 +28,12 @@ import torch
 from torch import Tensor
 
 from toolchain.errors import BadInput, ShapeMismatch
-from toolchain.export.program import QUANTIZED_FIELDS, QuantSpec
 from toolchain.mesp.ops.quant import QuantWeight, quantize, with_chunk_rows
 from toolchain.models.presets import ModelArch
 from toolchain.models.shards import read_safetensors_header
 from toolchain.models.source import CHUNK_BYTES, WeightSource, model_tensor_names, tensor_shape
 from toolchain.models.weights import LayerWeights, ModelWeights
+from toolchain.program.spec import QUANTIZED_FIELDS, QuantSpec
 
 __all__ = ["weight_entries", "weight_tensors", "file_layout", "weights_file_size", "write_weights",
            "write_weights_streamed", "read_header", "map_weights", "model_weights", "ALIGN"]
