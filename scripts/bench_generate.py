@@ -1,14 +1,16 @@
 """Generation speed and memory of an exported program on a host runtime, beside ExecuTorch's own LLM export.
 
   .venv/bin/python scripts/bench_generate.py --program DIR [--target executorch|onnx|eager] [--threads 1]
-      [--prompt-len 64] [--new 64] [--modes fused,stock] [--anchor PTE] [--json OUT]
+      [--prompt-len 64] [--new 64] [--modes fused,xnnpack,stock] [--anchor PTE] [--json OUT]
 
 A mode `fused:<path>` (e.g. --modes fused:generic,fused:avx2,fused:avx_vnni,fused:avx512_vnni) runs the fused
 methods with that kernel path forced ($TOOLCHAIN_KERNEL_PATH; docs/kernels.md).
 
 Each mode runs in its own child process (the same program, one runtime each): `fused` is the ExecuTorch
 generation with the native int4 kernel (int4 programs), `stock` the methods any ExecuTorch runtime has
-(`TOOLCHAIN_NATIVE_KERNELS=0`); with --target onnx / eager, one mode of that runtime. In each child: the
+(`TOOLCHAIN_NATIVE_KERNELS=0`, `TOOLCHAIN_XNNPACK_GENERATION=0`), `xnnpack` the XNNPACK generation variant
+(programs exported with --xnnpack-generation: what a runtime without the native kernels runs); with --target
+onnx / eager, one mode of that runtime. In each child: the
 training runtime is loaded first (what an app holds while it personalizes), then the generation runner,
 a warm-up generation (every weight page mapped in, every method loaded) and the measured one, which
 reports what `toolchain generate --json` reports: load_s, prefill_s, ttft_s, decode_tokens_per_s and the
@@ -77,6 +79,8 @@ def _ours(a) -> dict:
         from toolchain.native import kernel_path
 
         kernels = f" + kernels {kernel_path()}"
+    elif res.variant == "xnnpack":
+        kernels = " XNNPACK variant"
     return {"system": f"toolchain {runner.backend}" + kernels,
             "backend": runner.backend, "load_s": round(load_s, 3), **res.timings(), **cpu,
             "generation_anon_mib": round((m.peak_anon_bytes - m.anon_before_bytes) / MIB, 1),
@@ -127,8 +131,9 @@ def _anchor(a) -> dict:
 
 def _child(a, mode: str) -> dict:
     env = dict(os.environ)
-    if mode == "stock":
+    if mode in ("stock", "xnnpack"):
         env["TOOLCHAIN_NATIVE_KERNELS"] = "0"
+        env["TOOLCHAIN_XNNPACK_GENERATION"] = "1" if mode == "xnnpack" else "0"
     child = mode
     if mode.startswith("fused:"):
         child, env["TOOLCHAIN_KERNEL_PATH"] = "fused", mode.split(":", 1)[1]
@@ -151,7 +156,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--modes", default="fused,stock", help="fused, stock (ExecuTorch); ignored for onnx / eager")
+    ap.add_argument("--modes", default="fused,stock", help="fused, xnnpack, stock (ExecuTorch); ignored for onnx / eager")
     ap.add_argument("--anchor", type=Path, default=None, help="an export_llama .pte (see the module docstring)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)

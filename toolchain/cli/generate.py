@@ -82,7 +82,7 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
         from toolchain.native import kernel_path as _kernel_path
 
         kernel_path = _kernel_path()
-    kernel = f", kernels: {kernel_path}" if kernel_path else ""
+    kernel = f", kernels: {kernel_path}" if kernel_path else ", XNNPACK variant" if res.variant == "xnnpack" else ""
     click.echo(f"{len(res.output_ids)} tokens ({res.stopped}) | load {load_s:.2f} s | prefill {res.prefill_s:.3f} s "
                f"({len(ids)} tokens) | first token {res.ttft_s:.3f} s | decode "
                + (f"{decode_tps:.1f} tokens/s" if decode_tps else "-") + f" ({runner.backend}{kernel})", err=True)

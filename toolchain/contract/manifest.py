@@ -18,7 +18,8 @@ from toolchain.contract.methods import GENERATION_ROLES, MethodSpec
 from toolchain.contract.state import StateEntry
 
 __all__ = ["Manifest", "ModelSection", "LoraSection", "QuantSection", "OptionsSection", "OptimizerSection",
-           "LcsbSection", "WeightsSection", "ProgramEntry", "LoopSection", "FusedSection", "GenerateSection",
+           "LcsbSection", "WeightsSection", "ProgramEntry", "LoopSection", "FusedSection", "XnnpackSection",
+           "GenerateSection",
            "StateSection", "MemoryPlan", "TokenizerSection", "AdapterSection"]
 
 
@@ -224,6 +225,26 @@ class FusedSection(_Section):
 
 
 @dataclass(frozen=True)
+class XnnpackSection(_Section):
+    """The XNNPACK generation variant (export/xnnpack_generation.py): generation role -> the method to call
+    instead on a runtime without the fused methods' kernels; block methods are per layer (`{layer}` in the name
+    replaced by the layer index), their weights inside. `weight_bytes`: the int4 values (half a byte each) and
+    bfloat16 group scales of every matrix the variant's methods hold (a layer's twice: its prefill and decode
+    methods), about what XNNPACK packs into anonymous memory when they load (docs/export.md)."""
+
+    methods: dict[str, str]
+    weight_bytes: int
+    absent: frozenset[str] = _absent_keys()
+
+    def _json(self) -> dict:
+        return {**super()._json(), "methods": dict(self.methods)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> XnnpackSection:
+        return cls(dict(d["methods"]), d["weight_bytes"])
+
+
+@dataclass(frozen=True)
 class GenerateSection(_Section):
     """Generation with the live adapter (runtime/generate.py is the reference driver)."""
 
@@ -235,20 +256,33 @@ class GenerateSection(_Section):
     targets: tuple[str, ...]
     prefill_chunk: int | None
     fused: FusedSection | None
+    xnnpack: XnnpackSection | None = None      # absent from the document when None
     absent: frozenset[str] = _absent_keys()
-    OPTIONAL = ("prefill_chunk", "fused")
+    OPTIONAL = ("prefill_chunk", "fused", "xnnpack")
 
     def _json(self) -> dict:
         return {**super()._json(), "methods": list(self.methods), "steps": list(self.steps),
                 "targets": list(self.targets), "peak_estimate_bytes": dict(self.peak_estimate_bytes),
-                "fused": None if self.fused is None else self.fused.to_json()}
+                "fused": None if self.fused is None else self.fused.to_json(),
+                "xnnpack": None if self.xnnpack is None else self.xnnpack.to_json()}
+
+    def to_json(self) -> dict:
+        d = super().to_json()
+        if self.xnnpack is None:
+            d.pop("xnnpack", None)
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> GenerateSection:
-        fused = d.get("fused")
+        fused, xnn = d.get("fused"), d.get("xnnpack")
         return cls(tuple(d["methods"]), d["max_tokens"], d["cache_bytes"], tuple(d["steps"]),
                    dict(d["peak_estimate_bytes"]), tuple(d["targets"]), d.get("prefill_chunk"),
-                   None if fused is None else FusedSection.from_json(fused), _absent(d, cls.OPTIONAL))
+                   None if fused is None else FusedSection.from_json(fused),
+                   None if xnn is None else XnnpackSection.from_json(xnn), _absent(d, cls.OPTIONAL))
+
+    def xnnpack_methods(self) -> dict[str, str]:
+        """Generation role -> the XNNPACK variant's method name pattern ({}: none)."""
+        return {} if self.xnnpack is None else dict(self.xnnpack.methods)
 
     def fused_methods(self) -> dict[str, str]:
         """Stock generation method -> the fused one to call when the runtime has the kernels ({}: none)."""

@@ -70,15 +70,29 @@ class MethodSpec:
     inputs: tuple[IoSpec, ...]
     outputs: tuple[IoSpec, ...]
     kernels: tuple[str, ...] = ()   # custom kernels it calls (program/spec.py FUSED_KERNELS), beyond the stock ones
+    # the generation variant, where not the stock or fused one: "xnnpack" (export/xnnpack_generation.py: the
+    # layer's frozen weights are constants of the method, XNNPACK's int8 x int4 linear packs them at load)
+    variant: str | None = None
+    layer: int | None = None        # a method of one layer (its weights inside): the layer it is called for
+
+    @property
+    def executorch_only(self) -> bool:
+        """Only the ExecuTorch program has it (it calls custom kernels, or is XNNPACK-delegated with its weights)."""
+        return bool(self.kernels) or self.variant is not None
 
     def to_json(self) -> dict:
         d = {"name": self.name, "role": self.role, "inputs": [i.to_json() for i in self.inputs],
              "outputs": [o.to_json() for o in self.outputs]}
         if self.kernels:
             d["kernels"] = list(self.kernels)
+        if self.variant is not None:
+            d["variant"] = self.variant
+        if self.layer is not None:
+            d["layer"] = self.layer
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> MethodSpec:
         return cls(d["name"], d["role"], tuple(IoSpec.from_json(x) for x in d["inputs"]),
-                   tuple(IoSpec.from_json(x) for x in d["outputs"]), tuple(d.get("kernels", ())))
+                   tuple(IoSpec.from_json(x) for x in d["outputs"]), tuple(d.get("kernels", ())),
+                   d.get("variant"), d.get("layer"))

@@ -81,6 +81,7 @@ class ExportSpec:
     generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
     prefill_chunk: int = 32
     compute: Literal["fp32", "fp16"] = "fp32"
+    xnnpack_generation: bool = False   # also the XNNPACK generation variant (export/xnnpack_generation.py)
 
     def check(self, arch: ModelArch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
@@ -99,10 +100,13 @@ class ExportSpec:
         if self.compute == "fp16" and (set(self.targets) != {"executorch"} or not self.xnnpack):
             raise BadInput("--compute fp16 is exported for --target executorch with XNNPACK only (its float16 GEMMs "
                            "are XNNPACK's; ExecuTorch's own kernels, ONNX and Core ML programs stay fp32)")
+        if self.xnnpack_generation and "executorch" not in self.targets:
+            raise BadInput("--xnnpack-generation is an ExecuTorch program's variant: export with --target executorch")
 
     def program_spec(self, arch: ModelArch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
-                           generation=self.generation, prefill_chunk=self.prefill_chunk, compute=self.compute)
+                           generation=self.generation, prefill_chunk=self.prefill_chunk, compute=self.compute,
+                           xnnpack_generation=self.xnnpack_generation)
 
 
 def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:

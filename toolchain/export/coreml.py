@@ -82,7 +82,7 @@ def export_coreml(spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> TargetA
     (Path(out_dir) / COREML_DIR).mkdir(parents=True, exist_ok=True)
     methods, ops = {}, {}
     for name, method in method_specs(spec).items():
-        if method.kernels:   # the fused generation methods need the native kernel: ExecuTorch only
+        if method.executorch_only:   # the fused (native kernels) and XNNPACK variants: ExecuTorch only
             continue
         note(f"coreml {name}: convert")
         model = _convert(spec, method)

@@ -27,16 +27,28 @@ __all__ = ["export_executorch", "PTE_NAME"]
 PTE_NAME = "model.pte"
 
 
-def exported_methods(spec: ProgramSpec) -> dict:
-    """`torch.export` of every method (no gradients: the backward is explicit)."""
+def exported_methods(spec: ProgramSpec, weights_file: Path | None = None) -> dict:
+    """`torch.export` of every method (no gradients: the backward is explicit). The XNNPACK generation variant's
+    methods hold their weights: they are read from `weights_file` (the program's, written before)."""
     # defines quantized_decomposed::embedding_4bit (int4 dequantization, `method_module(executorch=True)`)
     import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
 
+    from toolchain.export.xnnpack_generation import xnnpack_method_module
+
     eps = {}
+    weights = None
     with torch.no_grad():
         for name, method in method_specs(spec).items():
-            eps[name] = torch.export.export(method_module(spec, name, executorch=True), example_inputs(method),
-                                            strict=False)
+            if method.variant is not None:
+                if weights is None:
+                    from toolchain.program.weights_file import map_weights
+
+                    weights = map_weights(weights_file)
+                module = xnnpack_method_module(spec, method, weights)
+            else:
+                module = method_module(spec, name, executorch=True)
+            eps[name] = torch.export.export(module, example_inputs(method), strict=False)
+            del module
     return eps
 
 
@@ -335,14 +347,25 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
     from executorch.exir.passes import MemoryPlanningPass
 
+    from toolchain.contract import WEIGHTS_NAME
+
     note = on_stage or (lambda _s: None)
     note("torch.export")
-    eps = exported_methods(spec)
+    eps = exported_methods(spec, Path(out_dir) / WEIGHTS_NAME)
     note("to_edge")
     edge = to_edge(eps, compile_config=EdgeCompileConfig(_check_ir_validity=False,
                                                          preserve_ops=[torch.ops.aten.linear.default]))
     methods = method_specs(spec)
     training = [name for name in eps if methods[name].role not in GENERATION_ROLES]
+    variant = [name for name in eps if methods[name].variant is not None]
+    if variant:
+        # the XNNPACK generation variant: each method delegated as a whole (its int8 x int4 linears, and what
+        # else XNNPACK takes); the partitioner's defaults, as export_llama's
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        note("XNNPACK generation")
+        with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
+            edge = edge.to_backend({name: XnnpackPartitioner() for name in variant})
     if xnnpack:
         # to_edge, then to_backend (not to_edge_transform_and_lower): the edge graph's node order is the one
         # to restore after lowering (the torch.export graph's names do not survive decomposition: restoring

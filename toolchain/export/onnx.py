@@ -137,7 +137,7 @@ def export_onnx(spec: ProgramSpec, out_dir: Path, *, on_stage=None) -> TargetArt
     root.mkdir(parents=True, exist_ok=True)
     methods, nodes = {}, {}
     for name, method in method_specs(spec).items():
-        if method.kernels:   # the fused generation methods need the native kernel: ExecuTorch only
+        if method.executorch_only:   # the fused (native kernels) and XNNPACK variants: ExecuTorch only
             continue
         note(f"torch.onnx.export {name}")
         model = _to_onnx(spec, method)

@@ -59,7 +59,8 @@ class ProgramDir:
             self.spec = ProgramSpec(self.arch, self.lora_config, m.seq_len,
                                     quant=QuantSpec(q.kind, q.group, q.chunk_elems, head=bool(q.head)),
                                     optimizer=self.optimizer, options=StepOptions(**m.options.to_json()),
-                                    generation=gen is not None, compute=m.compute, **chunk)
+                                    generation=gen is not None, compute=m.compute,
+                                    xnnpack_generation=gen is not None and gen.xnnpack is not None, **chunk)
             expected = method_specs(self.spec)
         except (KeyError, TypeError, ValueError, AttributeError) as e:   # schema-valid, but not a usable config
             raise BadInput(f"{self.path / MANIFEST_NAME} describes an impossible program ({type(e).__name__}: {e}); "

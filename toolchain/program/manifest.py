@@ -10,12 +10,13 @@ from pathlib import Path
 from toolchain import __version__
 from toolchain.contract import (ADAPTER_INIT_DIR, GENERATION_ROLES, INT4_PACKING, LAYER, MANIFEST_SCHEMA_VERSION,
                                 STATE_INIT_NAME, STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME, AdapterSection,
-                                FusedSection, GenerateSection, LcsbSection, LoopSection, LoraSection, Manifest,
+                                FusedSection, GenerateSection, XnnpackSection, LcsbSection, LoopSection, LoraSection, Manifest,
                                 MemoryPlan, MethodSpec, ModelSection, OptimizerSection, OptionsSection, ProgramEntry,
                                 QuantSection, StateSection, TokenizerSection, WeightsSection)
 from toolchain.lora.peft_io import peft_config_dict
 from toolchain.program.artifact import TargetArtifact, tree_bytes
-from toolchain.program.spec import FUSED_KERNELS, ProgramSpec, method_specs, state_layout
+from toolchain.program.spec import (FUSED_KERNELS, QUANTIZED_FIELDS, ProgramSpec, method_specs, state_layout,
+                                    xnnpack_name)
 
 __all__ = ["build_manifest", "LOOP", "GENERATE_LOOP"]
 
@@ -48,7 +49,7 @@ GENERATE_LOOP = [
 def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifacts: list[TargetArtifact],
                       arenas: dict[str, dict[str, int]], state_bytes: int) -> GenerateSection:
     arch = pspec.arch
-    stock = [n for n, m in methods.items() if m.role in GENERATION_ROLES and not m.kernels]
+    stock = [n for n, m in methods.items() if m.role in GENERATION_ROLES and not m.executorch_only]
     fused = {n.removesuffix("_fused"): n for n, m in methods.items() if m.kernels}
     cache_bytes = 2 * 4 * arch.layers * arch.kv_heads * pspec.seq_len * arch.head_dim
     return GenerateSection(
@@ -62,7 +63,21 @@ def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifa
         targets=tuple(a.target for a in artifacts if a.methods is None or all(n in a.methods for n in stock)),
         prefill_chunk=pspec.prefill_chunk,
         # the native kernel (toolchain/native/kernels.cpp) and the methods that call it; None: none needed
-        fused=None if not fused else FusedSection(FUSED_KERNELS, "toolchain/native/kernels.cpp", fused))
+        fused=None if not fused else FusedSection(FUSED_KERNELS, "toolchain/native/kernels.cpp", fused),
+        xnnpack=_xnnpack_section(pspec, methods))
+
+
+def _xnnpack_section(pspec: ProgramSpec, methods: dict[str, MethodSpec]) -> XnnpackSection | None:
+    """The XNNPACK generation variant's role -> method name pattern, and the weight bytes its methods hold."""
+    variant = [m for m in methods.values() if m.variant is not None]
+    if not variant:
+        return None
+    arch, group = pspec.arch, pspec.quant.group
+    layer = sum(o * i // 2 + o * i // group * 2 for o, i in (arch.linear_shape(t) for t in QUANTIZED_FIELDS))
+    head = arch.vocab * arch.hidden // 2 + arch.vocab * arch.hidden // group * 2
+    roles = {m.role: xnnpack_name(m.role, None if m.layer is None else LAYER) for m in variant}
+    blocks = sum(1 for m in variant if m.layer is not None)
+    return XnnpackSection(roles, blocks * layer + head)
 
 
 def _program_entry(root: Path, a: TargetArtifact) -> ProgramEntry:

@@ -54,7 +54,8 @@ from toolchain.optim import OptimizerConfig
 
 __all__ = ["QuantSpec", "chunk_elems_from_mib", "ProgramSpec", "state_layout", "state_roles", "flat_state",
            "unflatten_state", "method_specs", "matrix_inputs", "layer_weight_inputs", "layer_state_inputs",
-           "QUANTIZED_FIELDS", "FUSED_KERNELS"]
+           "QUANTIZED_FIELDS", "FUSED_KERNELS", "XNNPACK_VARIANT", "xnnpack_name",
+           "xnnpack_generation_specs"]
 
 # The projection matrices; the embedding and LM head too in int4 programs (`QuantSpec.head`); norms and
 # biases stay float32.
@@ -135,6 +136,10 @@ class ProgramSpec:
     # the training methods' frozen-weight matmuls: "fp32" (exact), or "fp16" (mesp/ops/half.py; needs a
     # quantized base, whose chunks dequantize straight to float16)
     compute: Literal["fp32", "fp16"] = "fp32"
+    # also the XNNPACK generation variant (int4 programs with an int4 head, ExecuTorch only): per layer a
+    # block_prefill and a block_decode holding that layer's weights as constants, and a head_logits holding the
+    # head, for runtimes without the native kernels (`xnnpack_generation_specs`)
+    xnnpack_generation: bool = False
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
@@ -149,6 +154,9 @@ class ProgramSpec:
         if self.compute == "fp16" and self.quant.kind == "none":
             raise BadInput("--compute fp16 needs a quantized base (--quant int4 or int8): a float32 weight would be "
                            "converted whole to float16 in every call")
+        if self.xnnpack_generation and not (self.generation and self.quant.head_quantized):
+            raise BadInput("--xnnpack-generation needs the generation methods and an int4 base with an int4 head "
+                           "(--quant int4, without --no-generate or --float-head)")
         if self.optimizer.momentum:
             raise BadInput(f"exported programs do not implement SGD momentum (their state has no momentum buffer), "
                            f"got momentum {self.optimizer.momentum}; use momentum 0 or AdamW")
@@ -319,5 +327,32 @@ def _generation_specs(spec: ProgramSpec, weights: tuple[IoSpec, ...], lora: tupl
         if spec.quant.head_quantized:
             methods.append(MethodSpec(fused_name("head_logits"), "head_logits", (rows("x", 1), final_norm) + head, logits,
                                       FUSED_KERNELS))
+    if spec.xnnpack_generation:
+        methods += xnnpack_generation_specs(spec, {m.name: m for m in methods})
     return methods
+
+
+XNNPACK_VARIANT = "xnnpack"
+
+
+def xnnpack_name(role: str, layer: int | str | None = None) -> str:
+    """The XNNPACK variant of generation role `role` for `layer` (block methods), e.g. block_decode_xnnpack_3;
+    with layer LAYER, the manifest's pattern."""
+    return f"{role}_{XNNPACK_VARIANT}" + ("" if layer is None else f"_{layer}")
+
+
+def xnnpack_generation_specs(spec: ProgramSpec, stock: dict[str, MethodSpec]) -> list[MethodSpec]:
+    """The XNNPACK variant (export/xnnpack_generation.py): block_prefill and block_decode per layer (the stock
+    methods' inputs without the weights, which are the method's constants; same outputs) and head_logits
+    (the one position's x only: the final norm and the whole int4 head are constants)."""
+    out = []
+    for role in ("block_prefill", "block_decode"):
+        m = stock[role]
+        ins = tuple(io for io in m.inputs if io.bind != "weight")
+        out += [MethodSpec(xnnpack_name(role, i), role, ins, m.outputs, variant=XNNPACK_VARIANT, layer=i)
+                for i in range(spec.arch.layers)]
+    h = stock["head_logits"]
+    out.append(MethodSpec(xnnpack_name("head_logits"), "head_logits", tuple(io for io in h.inputs if io.bind != "weight"),
+                          h.outputs, variant=XNNPACK_VARIANT))
+    return out
 

@@ -10,7 +10,9 @@ cache (per layer k, v [Hk, S, D] float32, S = seq_len) is allocated here, once p
   then per new token t at position pos = n, n+1, ...:
   t = pick(logits) -> embed_token(t) -> block_decode(pos) per layer (writes cache row pos) -> head_logits
 Where the runner loaded the fused methods (`generate.fused`: int4 programs on a runtime with the native
-kernel), block_prefill / block_decode / head_logits are called under their fused names.
+kernel), block_prefill / block_decode / head_logits are called under their fused names; where it loaded the
+XNNPACK variant (`generate.xnnpack`: no native kernels), under its names, layer i's block methods being
+`block_decode_xnnpack_i` and `block_prefill_xnnpack_i` (their weights inside).
 Greedy (argmax, the first of equal maxima, as torch and HF) unless `temperature` > 0: then a sample of
 softmax(logits / temperature) drawn with a generator seeded by `seed`. Stops after a token of `stop_ids`
 (eos; included in the output, as HF's generate does), after `max_new_tokens`, or when `should_stop()`
@@ -27,12 +29,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from toolchain.contract import ASSISTANT_HEADER, GENERATION_ROLES, IM_END
+from toolchain.contract import ASSISTANT_HEADER, GENERATION_ROLES, IM_END, LAYER
 from toolchain.errors import BadInput, FieldError
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
 
-__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names"]
+__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names", "layer_method"]
 
 
 @dataclass
@@ -45,6 +47,7 @@ class GenerateResult:
     prefill_chunks: int = 0               # block_prefill calls per layer
     decode_s: list[float] = field(default_factory=list)  # per decoded token (embed_token, blocks, head)
     fused: bool = False                   # the fused (native int4 kernel) methods ran
+    variant: str = "stock"                # the generation methods that ran: "fused", "xnnpack" or "stock"
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -57,7 +60,8 @@ class GenerateResult:
                 "prefill_chunks": self.prefill_chunks, "prefill_s": round(self.prefill_s, 6),
                 "ttft_s": round(self.ttft_s, 6), "decode_tokens": len(self.decode_s),
                 "decode_s": round(sum(self.decode_s), 6),
-                "decode_tokens_per_s": None if rate is None else round(rate, 3), "fused": self.fused}
+                "decode_tokens_per_s": None if rate is None else round(rate, 3), "fused": self.fused,
+                "variant": self.variant}
 
 
 def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
@@ -68,14 +72,23 @@ def new_cache(pdir: ProgramDir) -> dict[str, Tensor]:
 
 
 def generation_names(pdir: ProgramDir, loaded: Sequence[str] | None) -> dict[str, str]:
-    """The method to call for each generation role: the fused one where it is among `loaded`."""
+    """The method to call for each generation role: the fused one where it is among `loaded`, else the XNNPACK
+    variant's where it is (a per-layer name keeps LAYER: `layer_method`)."""
     gen = pdir.generate
     loaded = set(loaded or ())
     names = {n: n for n in GENERATION_ROLES}      # stock methods are named after their role
+    for role, pattern in ({} if gen is None else gen.xnnpack_methods()).items():
+        if layer_method(pattern, 0) in loaded:
+            names[role] = pattern
     for stock, f in ({} if gen is None else gen.fused_methods()).items():
         if f in loaded:
             names[stock] = f
     return names
+
+
+def layer_method(name: str, layer: int) -> str:
+    """The method to call for `layer` (the XNNPACK variant's block methods are per layer: LAYER in the name)."""
+    return name.replace(LAYER, str(layer))
 
 
 def _pick(logits: Tensor, temperature: float, gen: torch.Generator | None) -> int:
@@ -123,7 +136,9 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
     cache = new_cache(pdir)
     decode = _bound_decode(pdir, loop, names["block_decode"], views, cache)
     out: list[int] = []
-    result = GenerateResult(prompt, out, "max_new_tokens", fused=names["block_decode"] != "block_decode")
+    variant = pdir.methods[layer_method(names["block_decode"], 0)]
+    result = GenerateResult(prompt, out, "max_new_tokens", fused=bool(variant.kernels),
+                            variant="fused" if variant.kernels else variant.variant or "stock")
     with torch.no_grad():
         t0 = time.perf_counter()
         for start in range(0, n, c):
@@ -132,7 +147,8 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
             x = loop.call_method("embed_prefill", None, {"tokens": ids}, views)["x"]
             p = torch.tensor([start], dtype=torch.int64)
             for i in range(pdir.arch.layers):
-                x = loop.call_method(names["block_prefill"], i, {"x": x, "pos": p}, views, cache, start)["x"]
+                x = loop.call_method(layer_method(names["block_prefill"], i), i, {"x": x, "pos": p}, views, cache,
+                                     start)["x"]
             result.prefill_chunks += 1
         last = (n - 1) % c                                   # the prompt's last row in the last chunk
         logits = loop.call_method(names["head_logits"], None, {"x": x[last:last + 1]}, views)["logits"]
@@ -161,12 +177,13 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
                 xbuf.copy_(x)
                 pbuf.fill_(pos)
                 for i, b in enumerate(bound):
-                    loop.call_bound(b, names["block_decode"], i, views, cache, pos, into={"x": xbuf})
+                    loop.call_bound(b, layer_method(names["block_decode"], i), i, views, cache, pos, into={"x": xbuf})
                 x = xbuf
             else:
                 p = torch.tensor([pos], dtype=torch.int64)
                 for i in range(pdir.arch.layers):
-                    x = loop.call_method(names["block_decode"], i, {"x": x, "pos": p}, views, cache, pos)["x"]
+                    x = loop.call_method(layer_method(names["block_decode"], i), i, {"x": x, "pos": p}, views,
+                                         cache, pos)["x"]
             logits = loop.call_method(names["head_logits"], None, {"x": x}, views)["logits"]
             result.decode_s.append(time.perf_counter() - t1)
             pos += 1
@@ -179,10 +196,11 @@ def _bound_decode(pdir: ProgramDir, loop: LayerLoop, name: str, views: dict[str,
     hidden state and position go through two tensors the loop rewrites in place per token, the weights, the
     adapter's views and the layer's cache stay bound. None where the runner cannot bind (then each call
     binds its inputs)."""
-    spec = {io.ref: io for io in pdir.methods[name].inputs if io.bind not in ("weight", "state", "cache")}
+    spec = {io.ref: io for io in pdir.methods[layer_method(name, 0)].inputs
+            if io.bind not in ("weight", "state", "cache")}
     xbuf = torch.zeros(spec["x"].shape, dtype=torch.float32)
     pbuf = torch.zeros(spec["pos"].shape, dtype=torch.int64)
-    bound = [loop.bind(name, i, {"x": xbuf, "pos": pbuf}, views, cache) for i in range(pdir.arch.layers)]
+    bound = [loop.bind(layer_method(name, i), i, {"x": xbuf, "pos": pbuf}, views, cache) for i in range(pdir.arch.layers)]
     if any(b is None for b in bound):
         return None
     return xbuf, pbuf, bound

@@ -8,6 +8,7 @@ import os
 
 from toolchain.contract import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.errors import BadInput
+from toolchain.program.spec import XNNPACK_VARIANT
 from toolchain.export.targets import HOST_RUNNABLE
 from toolchain.program.directory import ProgramDir
 
@@ -68,16 +69,27 @@ def _eager(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: b
     return EagerRunner(pdir.spec, methods)
 
 
-def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False) -> list[str]:
+def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, xnnpack: bool = False) -> list[str]:
     """The methods a use loads: "train" (the training loop), "eval" (embed, block_forward, head_loss),
     "generate" (the generation methods), "all". `fused`: the fused generation methods replace their stock
-    ones (the runtime has the native kernel); otherwise no method that needs a custom kernel is loaded."""
+    ones (the runtime has the native kernel); otherwise no method that needs a custom kernel is loaded.
+    `xnnpack` (not with `fused`): the XNNPACK generation variant's methods (every layer's) replace theirs."""
+    if fused and xnnpack:
+        raise ValueError("one generation variant: fused or xnnpack")
     roles = {"train": TRAINING_ROLES, "eval": ("embed", "block_forward", "head_loss"),
              "generate": GENERATION_ROLES, "all": ALL_ROLES}[use]
     methods = pdir.methods
-    replaced = {m.role for m in methods.values() if m.kernels} if fused else set()
-    names = [n for n, m in methods.items() if m.role in roles
-             and (bool(m.kernels) == (m.role in replaced))]
+    fused_roles = {m.role for m in methods.values() if m.kernels} if fused else set()
+    xnn_roles = {m.role for m in methods.values() if m.variant == XNNPACK_VARIANT} if xnnpack else set()
+
+    def wanted(m) -> bool:
+        if m.variant is not None:
+            return m.variant == XNNPACK_VARIANT and m.role in xnn_roles
+        if m.kernels:
+            return m.role in fused_roles
+        return m.role not in fused_roles | xnn_roles
+
+    names = [n for n, m in methods.items() if m.role in roles and wanted(m)]
     if use == "generate" and not any(methods[n].role == "block_decode" for n in names):
         raise BadInput(f"{pdir.path} was exported without the generation methods; re-export it without --no-generate")
     return names
@@ -103,7 +115,7 @@ assert set(_RUNNERS) == set(HOST_RUNNABLE), "every host-runnable target needs a 
 
 
 def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | None = None, use: str = "train",
-                fused: bool | None = None, verbose: bool = False):
+                fused: bool | None = None, verbose: bool = False, xnnpack: bool | None = None):
     """A runner for `target` (default: the first host-runnable program in the manifest; "eager": the
     program's methods run in PyTorch, the reference) with the methods of `use` loaded (`role_methods`:
     a training run does not load the generation methods, whose arenas it would otherwise pay for).
@@ -112,10 +124,15 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
     loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock ones, and the runner's `fused_unavailable` says why
     they were wanted but not loaded. The eager runner runs the stock methods unless `fused` is True (then
     the fused ones, on the PyTorch reference of their kernel). `verbose`: the runtime's native log lines are
-    shown (`toolchain --verbose`; ExecuTorch's runner hides them otherwise)."""
+    shown (`toolchain --verbose`; ExecuTorch's runner hides them otherwise).
+
+    Where the fused methods are not loaded and the program has the XNNPACK generation variant
+    (`export --xnnpack-generation`), ExecuTorch generation loads it instead of the stock methods, unless
+    `xnnpack` is False or $TOOLCHAIN_XNNPACK_GENERATION is 0: fused > xnnpack > stock. The runner's
+    `generation_variant` says which ("fused", "xnnpack" or "stock")."""
     if target == "eager":
         methods = role_methods(pdir, use, fused=fused is True and use in ("generate", "all"))
-        return _loaded(_eager(pdir, threads, methods, verbose), methods, None)
+        return _loaded(_eager(pdir, threads, methods, verbose), methods, None, "fused" if fused is True else "stock")
     targets = pdir.targets
     if target is None:
         runnable = [t for t in targets if t in HOST_RUNNABLE]
@@ -131,11 +148,17 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
     wants_fused = (allowed and use in ("generate", "all") and target == "executorch"
                    and any(m.kernels for m in pdir.methods.values()))
     why_not = _native_kernels() if wants_fused else None
-    methods = role_methods(pdir, use, fused=wants_fused and why_not is None)
-    return _loaded(_RUNNERS[target](pdir, threads, methods, verbose), methods, why_not)
+    use_fused = wants_fused and why_not is None
+    use_xnnpack = (not use_fused and xnnpack is not False and use in ("generate", "all") and target == "executorch"
+                   and os.environ.get("TOOLCHAIN_XNNPACK_GENERATION", "1") != "0"
+                   and any(m.variant == XNNPACK_VARIANT for m in pdir.methods.values()))
+    methods = role_methods(pdir, use, fused=use_fused, xnnpack=use_xnnpack)
+    variant = "fused" if use_fused else "xnnpack" if use_xnnpack else "stock"
+    return _loaded(_RUNNERS[target](pdir, threads, methods, verbose), methods, why_not, variant)
 
 
-def _loaded(runner, methods: list[str], fused_unavailable: str | None):
+def _loaded(runner, methods: list[str], fused_unavailable: str | None, variant: str = "stock"):
     runner.methods_loaded = tuple(methods)          # runtime/generate.py picks the fused names from these
     runner.fused_unavailable = fused_unavailable
+    runner.generation_variant = variant
     return runner

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
+from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
            "dense_rows", "dense_cols", "quant_rows", "embedding_rows", "int4_linear_a8_reference",
@@ -124,6 +125,8 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
             return from_compute(F.linear(xh, w), compute)                              # [T, o]
         return from_compute(torch.cat([F.linear(xh, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1),
                             compute)
+    if isinstance(w, Int4Constant):    # the XNNPACK generation variant (ops/int8da_int4w.py)
+        return linear_8da4w(x, w)                                                      # [T, o]
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
     if compute.fused and w.bits == 4:

@@ -66,8 +66,8 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
     val loaded: List<String>
     /** The native kernels' run-time path (`toolchain_kernel_path()`, [NativeKernels]); null: stock methods, or unknown. */
     val kernelPath: String?
-    /** The screen's line: "native kernels: yes (path dotprod)" / "... yes (path unknown)" / "... no (stock methods)". */
-    val kernelLine: String get() = KernelPath.describe(kernels.isNotEmpty(), kernelPath)
+    /** The screen's line: "native kernels: yes (path dotprod)" / "... yes (path unknown)" / "... no (XNNPACK variant)" / "... no (stock methods)". */
+    val kernelLine: String get() = KernelPath.describe(kernels.isNotEmpty(), kernelPath, program.xnnpack != null)
 
     init {
         val fused = program.fused
@@ -89,7 +89,8 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
         kernelPath = if (kernels.isNotEmpty()) NativeKernels.path() else null
         if (missing != null) {
             if (requireKernels) throw IllegalStateException("this app's ExecuTorch runtime lacks ${fused!!.kernels} ($missing); build the AAR with android/native/build_executorch_aar.sh")
-            Log.i(TAG, "no ${fused!!.kernels} in this ExecuTorch runtime ($missing): generation runs the stock methods")
+            Log.i(TAG, "no ${fused!!.kernels} in this ExecuTorch runtime ($missing): generation runs " +
+                if (program.xnnpack != null) "the XNNPACK variant" else "the stock methods")
         } else if (fused != null) {
             Log.i(TAG, "${fused.kernels} registered: generation runs ${fused.methods.values} (kernel path ${kernelPath ?: "unknown"})")
         }

@@ -56,6 +56,14 @@ class MethodSpec(val name: String, val role: String, val inputs: List<IoSpec>, v
  */
 class FusedSection(val kernels: List<String>, val source: String, val methods: Map<String, String>)
 
+/**
+ * generate.xnnpack (manifest.py XnnpackSection): the XNNPACK generation variant (`export --xnnpack-generation`), for a
+ * runtime without the fused kernels (the published AAR): [methods] maps a generation role to the method called instead;
+ * `{layer}` in a name is the layer index (the block methods are per layer, that layer's weights inside; XNNPACK packs
+ * them, about [weightBytes] of anonymous memory, when they load). Chosen fused > xnnpack > stock ([LayerLoop.generationNames]).
+ */
+class XnnpackSection(val methods: Map<String, String>, val weightBytes: Long)
+
 /** One tensor of the flat state vector (state.py StateEntry): its name, PEFT key, role, shape, offset in elements, layer. */
 class StateEntry(val name: String, val key: String, val role: String, val shape: List<Int>, val offset: Int, val layer: Int?) {
     val numel: Int = shape.fold(1) { a, b -> a * b }

@@ -14,9 +14,11 @@ object KernelPath {
      * [registered]: the runtime has the fused methods' kernels (the fused generation methods loaded). [path]: what
      * `toolchain_kernel_path()` returned; null when the runtime's kernels predate it (no such symbol), or it named
      * no path (a forced path refused). A name outside [NAMES] (a newer kernels.cpp) is shown only if it is a plain
-     * identifier, else it counts as unknown.
+     * identifier, else it counts as unknown. [xnnpack]: without the kernels, generation runs the program's XNNPACK
+     * variant (manifest generate.xnnpack) instead of the stock methods.
      */
-    fun describe(registered: Boolean, path: String?): String = when {
+    fun describe(registered: Boolean, path: String?, xnnpack: Boolean = false): String = when {
+        !registered && xnnpack -> "native kernels: no (XNNPACK variant)"
         !registered -> "native kernels: no (stock methods)"
         path == null || !PLAIN.matches(path) -> "native kernels: yes (path unknown)"
         else -> "native kernels: yes (path $path)"

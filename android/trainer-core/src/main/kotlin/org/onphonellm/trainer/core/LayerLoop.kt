@@ -508,7 +508,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             val p = posBuf
             for (i in 0 until layers) {
                 if (cancelled()) { recycle(h); return Generation(out, StopReason.CANCELLED) }
-                val next = call(names.getValue("block_prefill"), i, mapOf("x" to h, "pos" to p), cache, start).getValue("x")
+                val next = call(atLayer(names.getValue("block_prefill"), i), i, mapOf("x" to h, "pos" to p), cache, start).getValue("x")
                 recycle(h)
                 h = next
             }
@@ -535,7 +535,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             posBuf.data.putLong(0, pos.toLong())
             val p = posBuf
             for (i in 0 until layers) {
-                val next = call(names.getValue("block_decode"), i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
+                val next = call(atLayer(names.getValue("block_decode"), i), i, mapOf("x" to h, "pos" to p), cache, pos).getValue("x")
                 recycle(h)
                 h = next
             }
@@ -556,14 +556,25 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
         fun generationNames(program: Manifest, runtime: ProgramRuntime): Map<String, String> {
             val names = LinkedHashMap<String, String>()
             for (m in Contract.GENERATION_ROLES) names[m] = m
-            val fused = program.fused ?: return names
-            if (!runtime.hasKernels(fused.kernels)) return names
-            for ((stock, f) in fused.methods) {
-                val method = program.methods[f] ?: continue
-                if (stock in names && runtime.hasKernels(method.kernels)) names[stock] = f
+            val fused = program.fused
+            if (fused != null && runtime.hasKernels(fused.kernels)) {
+                for ((stock, f) in fused.methods) {
+                    val method = program.methods[f] ?: continue
+                    if (stock in names && runtime.hasKernels(method.kernels)) names[stock] = f
+                }
+                if (names != Contract.GENERATION_ROLES.associateWith { it }) return names
             }
+            // No fused kernels: the XNNPACK variant where the program has it (per-layer names keep {layer}: [atLayer]).
+            program.xnnpack?.let { x -> for ((role, pattern) in x.methods) if (role in names) names[role] = pattern }
             return names
         }
+
+        /** The method to call for [layer] under [name] (the XNNPACK variant's block methods are per layer: `{layer}` in the name). */
+        fun atLayer(name: String, layer: Int): String = name.replace(Contract.LAYER, layer.toString())
+
+        /** [names]' methods with every layer's name for a per-layer one. */
+        private fun expanded(program: Manifest, names: Collection<String>): List<String> =
+            names.flatMap { n -> if (Contract.LAYER in n) (0 until program.layers).map { atLayer(n, it) } else listOf(n) }
 
         /**
          * The methods a loop on [runtime] can call, in manifest order: training's, and generation's under the
@@ -571,13 +582,14 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
          * runtime cannot run): what an app loads up front (each method its own arena on ExecuTorch).
          */
         fun methodsCalled(program: Manifest, runtime: ProgramRuntime): List<String> {
-            val skip = generationMethodNames(program).toSet() - generationNames(program, runtime).values.toSet()
+            val skip = generationMethodNames(program).toSet() - expanded(program, generationNames(program, runtime).values).toSet()
             return program.methods.keys.filter { it !in skip }
         }
 
-        /** Every method generation may call: the stock ones, then the fused ones of the manifest. */
+        /** Every method generation may call: the stock ones, then the fused ones of the manifest, then the XNNPACK variant's (every layer's). */
         fun generationMethodNames(program: Manifest): List<String> =
-            Contract.GENERATION_ROLES + (program.fused?.methods?.values?.filter { it in program.methods } ?: emptyList())
+            Contract.GENERATION_ROLES + (program.fused?.methods?.values?.filter { it in program.methods } ?: emptyList()) +
+                expanded(program, program.xnnpack?.methods?.values ?: emptyList()).filter { it in program.methods }
 
         /**
          * The state entries the generation methods read (stock and fused), every layer's (the LoRA params; not

@@ -130,6 +130,8 @@ class Manifest(
     val prefillChunk: Int = 0,
     /** generate.fused: the generation methods that call native kernels (int4 programs); null: none. */
     val fused: FusedSection? = null,
+    /** generate.xnnpack: the XNNPACK generation variant (per-layer block methods, weights inside); null: none. */
+    val xnnpack: XnnpackSection? = null,
     /** quant.head: the embedding and LM head are stored int4 too (embed.qweight / embed.scales). */
     val quantHead: Boolean = false,
     /** compute: the frozen-weight matmuls' precision, "fp32" (absent) or "fp16" ([Compute]; only ExecuTorch + XNNPACK with float16 kernels runs fp16). */
@@ -217,6 +219,7 @@ class Manifest(
             val quantHead = quantObj?.let { if (it.has("head")) it.bool("head") else false } ?: false
             var prefillChunk = 0
             var fused: FusedSection? = null
+            var xnnpack: XnnpackSection? = null
             if (m.has("generate")) {
                 val g = m.obj("generate")
                 if (!g.has("prefill_chunk"))
@@ -234,6 +237,21 @@ class Manifest(
                             throw ContractError("${f.where}: $name does not return what $stock returns; re-export the program")
                     }
                     fused = FusedSection(f.strings("kernels"), f.string("source"), map)
+                }
+                if (g.has("xnnpack")) {
+                    val x = g.obj("xnnpack")
+                    val map = x.obj("methods").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("${x.where}.methods.$k is not a string") }
+                    for ((role, pattern) in map) {
+                        if (role !in Contract.GENERATION_ROLES) throw ContractError("${x.where}: $role is not a generation role; re-export the program")
+                        val perLayer = Contract.LAYER in pattern
+                        for (i in (if (perLayer) 0 until layers else 0 until 1)) {
+                            val name = if (perLayer) pattern.replace(Contract.LAYER, i.toString()) else pattern
+                            val method = methods[name] ?: throw ContractError("${x.where}: $role -> $name names a method the program lacks; re-export the program")
+                            if (method.outputs.map { Triple(it.name, it.shape, it.bind) } != methods.getValue(role).outputs.map { Triple(it.name, it.shape, it.bind) })
+                                throw ContractError("${x.where}: $name does not return what $role returns; re-export the program")
+                        }
+                    }
+                    xnnpack = XnnpackSection(map, x.long("weight_bytes"))
                 }
             }
             val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("$where: files.$k is not a string") }
@@ -265,7 +283,7 @@ class Manifest(
                 quant = quantKind,
                 programFile = if (m.has("programs")) m.arr("programs").map { Fields.of(it, "$where.programs[]") }
                     .firstOrNull { (it.optString("target") ?: "executorch") == "executorch" }?.optString("file") ?: "model.pte" else "model.pte",
-                prefillChunk = prefillChunk, fused = fused, quantHead = quantHead, compute = compute,
+                prefillChunk = prefillChunk, fused = fused, xnnpack = xnnpack, quantHead = quantHead, compute = compute,
             )
         }
     }

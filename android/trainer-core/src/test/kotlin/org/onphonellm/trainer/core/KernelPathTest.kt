@@ -16,6 +16,8 @@ class KernelPathTest {
         assertEquals("native kernels: no (stock methods)", KernelPath.describe(false, null))
         // kernels registered nowhere but a path reported (cannot happen with one library, must not say yes)
         assertEquals("native kernels: no (stock methods)", KernelPath.describe(false, "neon"))
+        assertEquals("native kernels: no (XNNPACK variant)", KernelPath.describe(false, null, xnnpack = true))
+        assertEquals("native kernels: yes (path neon)", KernelPath.describe(true, "neon", xnnpack = true))
     }
 
     @Test
