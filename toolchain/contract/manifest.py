@@ -374,6 +374,3 @@ class Manifest:
     def training_methods(self) -> list[str]:
         """The names of the training methods (every method whose role is not a generation role)."""
         return [n for n, m in self.methods.items() if m.role not in GENERATION_ROLES]
-
-    def has_role(self, role: str) -> bool:
-        return any(m.role == role for m in self.methods.values())

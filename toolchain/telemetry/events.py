@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +224,3 @@ class TelemetryWriter:
             f.write(canonical(event) + "\n")
         self.seq += 1
         return event
-
-    def emit_all(self, events: Iterable[tuple[str, dict]]) -> None:
-        for type_, fields in events:
-            self.emit(type_, **fields)
