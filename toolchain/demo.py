@@ -15,7 +15,7 @@
    of the program's memory above it (run_start `planner_estimate_bytes`), which the report compares.
 4. AFTER: the held-out loss and the same greedy generation with the trained state.
 
-Everything runs in one `ProgramSession` (training/session.py): one runner (ExecuTorch unless `target` says
+Everything runs in one `TrainingSession` (training/session.py): one runner (ExecuTorch unless `target` says
 otherwise), one layer loop, one state; nothing is re-exported and no adapter file is written between training,
 eval and generation.
 """
@@ -147,11 +147,11 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     from toolchain.memory.measure import MIB, measure_peak
     from toolchain.text_data import make_rows, program_text
     from toolchain.training import TrainRun
-    from toolchain.training.session import ProgramSession
+    from toolchain.training.session import TrainingSession
 
     phase = on_phase or (lambda _s: None)
     seconds: dict[str, float] = {}
-    session = ProgramSession(out, target=cfg.target, threads=cfg.threads, use="all", verbose=verbose)
+    session = TrainingSession(out, target=cfg.target, threads=cfg.threads, use="all", verbose=verbose)
     pdir = session.pdir
     ptext = program_text(out)                 # the program's own tokenizer (tokenizer.json), T, vocabulary
     tok = ptext.tokenizer

@@ -1,4 +1,4 @@
-"""`ProgramSession` (toolchain/training/session.py): train, evaluate and generate on one loaded program and
+"""`TrainingSession` (toolchain/training/session.py): train, evaluate and generate on one loaded program and
 state give what the separate commands give (`toolchain train --program`, `eval --resume-from`, `generate
 --resume-from` on the run's checkpoint), bit for bit."""
 
@@ -17,7 +17,7 @@ from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.training import TrainRun, checkpoint_path
-from toolchain.training.session import ProgramSession
+from toolchain.training.session import TrainingSession
 
 ARCH = ModelArch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=40, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
@@ -80,7 +80,7 @@ def test_one_session_trains_evaluates_and_generates_as_the_separate_commands(pro
     generated_before = json.loads((tmp_path / "g0.json").read_text())
 
     # one session: generate before, train with the schedule, evaluate and generate the live state after
-    session = ProgramSession(program)
+    session = TrainingSession(program)
     examples, held_examples = session.examples(data), session.examples(held_file)
     prompt = session.prompt(ids=",".join(map(str, PROMPT)))
     assert session.generate(prompt.ids, NEW, stop_ids=prompt.stop_ids).output_ids == generated_before["output_ids"]
@@ -101,7 +101,7 @@ def test_one_session_trains_evaluates_and_generates_as_the_separate_commands(pro
 
 
 def test_a_session_refuses_train_before_start_and_a_baseline_after_the_runtime(program):
-    session = ProgramSession(program)
+    session = TrainingSession(program)
     with pytest.raises(RuntimeError, match="before start_training"):
         session.train()
     session.open_runtime()
@@ -113,7 +113,7 @@ def test_generation_limits_name_the_field_and_the_cli_the_option(program):
     """The library's error names the field (`max_new_tokens`), `toolchain generate` the option."""
     from toolchain.errors import FieldError
 
-    session = ProgramSession(program, target="eager")
+    session = TrainingSession(program, target="eager")
     with pytest.raises(FieldError, match=r"^max_new_tokens 12 \+ the prompt's 5 tokens = 17 exceeds the program's "
                                          r"seq_len 16") as e:
         session.generate(PROMPT, 12)

@@ -39,7 +39,7 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
 
 class ProgramTrainer(Trainer):
     """`run_program` as an object; `state` is the flat state, `loop` the layer loop on the runtime.
-    `loop` / `state`: a loop on `runner` and a flat state to train in place (`ProgramSession` passes its
+    `loop` / `state`: a loop on `runner` and a flat state to train in place (`TrainingSession` passes its
     own); default: a new loop and the program's initial state."""
 
     def __init__(self, pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,

@@ -2,7 +2,7 @@
 that one program and state, the host twin of the apps' `TrainingSession` (android/trainer-core Session.kt,
 ios/TrainerCore TrainingSession.swift). `toolchain eval`, `generate`, `train --program` and `demo` run it.
 
-    session = ProgramSession(program_dir)            # the program directory, checked (`ProgramDir`)
+    session = TrainingSession(program_dir)            # the program directory, checked (`ProgramDir`)
     session.load_state(adapter=...)                  # optional: else state_init.bin
     session.evaluate(examples)                       # held-out loss (runtime/evaluate.py)
     session.generate(prompt_ids, max_new_tokens)     # text (runtime/generate.py)
@@ -40,12 +40,12 @@ from toolchain.training.loop import TrainRun
 from toolchain.training.program import ProgramTrainer, runtime_baseline
 from toolchain.training.result import StepLog, TrainResult
 
-__all__ = ["ProgramSession", "EvalPoint", "program_state", "state_from_adapter"]
+__all__ = ["TrainingSession", "EvalPoint", "program_state", "state_from_adapter"]
 
 EvalPoint = dict[str, Any]   # {"step", "loss", "rows", "tokens"}: one held-out loss of the live state
 
 
-class ProgramSession:
+class TrainingSession:
     """One program directory with its runtime, layer loop and flat state.
 
     Args:
