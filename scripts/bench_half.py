@@ -133,7 +133,7 @@ def _programs(a) -> dict:
     """The --programs comparison (module docstring)."""
     from toolchain.dataset import load_examples
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
     from toolchain.training import TrainRun, run_program
 
     dirs = [Path(d) for d in a.programs.split(",")]
@@ -141,7 +141,7 @@ def _programs(a) -> dict:
     computes = [p.spec.compute for p in pdirs]
     if len(dirs) != 2 or computes != ["fp32", "fp16"]:
         raise SystemExit(f"Error: --programs takes FP32_DIR,FP16_DIR (got computes {', '.join(computes)})")
-    runners = [open_runner(p, "executorch", threads=a.threads) for p in pdirs]
+    runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     g = torch.Generator().manual_seed(0)
     vocab, t = pdirs[0].arch.vocab, pdirs[0].seq_len
     from toolchain.dataset import Example

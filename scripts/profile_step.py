@@ -72,7 +72,7 @@ class _TimedRunner:
 
 
 class _EtdumpRunner:
-    """The program loaded with ETDump (the pybindings' Module): `execute` as ExecutorchRunner's, and the name
+    """The program loaded with ETDump (the pybindings' Module): `execute` as ExecuTorchRuntime's, and the name
     of every method called, in order (ETDump's event blocks are the calls, in the same order)."""
 
     def __init__(self, pte: Path) -> None:
@@ -280,10 +280,10 @@ def main(argv: list[str]) -> int:
     ensure_quantized(cache, config.quant, config.quant_group, head=config.quant_head)
     spec = _spec(config, cache, pdir.arch.layers)
     s = _setup(spec)
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
 
     roles = {n: m.role for n, m in pdir.methods.items()}
-    runner = _TimedRunner(open_runner(pdir, "executorch", threads=args.threads), roles, _Clock())
+    runner = _TimedRunner(open_runtime(pdir, "executorch", threads=args.threads), roles, _Clock())
     doc = {"program": str(args.program), "model": args.model, "threads": args.threads, "repeat": args.repeat,
            "host": host_info(), "stages": stage_times(spec, s, pdir, runner, args.repeat)}
     if not args.no_ops:

@@ -40,7 +40,7 @@ from toolchain.program.spec import QuantSpec  # noqa: E402
 from toolchain.runtime import LayerLoop  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
 from toolchain.runtime.generate import generate  # noqa: E402
-from toolchain.runtime.runners import open_runner  # noqa: E402
+from toolchain.runtime.runners import open_runtime  # noqa: E402
 from toolchain.training import ProgramTrainer, TrainRun  # noqa: E402
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -146,7 +146,7 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
     `layers_per_checkpoint` > 1: the train steps use checkpoint groups (`LayerLoop.train_step`), and the
     trace says so (key `layers_per_checkpoint`)."""
     pdir = ProgramDir(prog)
-    runner = open_runner(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
+    runner = open_runtime(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
     rec = Recorder(runner, pdir.methods)
     _install_layer_hook(rec)
     arch = pdir.arch

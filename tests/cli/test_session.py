@@ -101,10 +101,13 @@ def test_one_session_trains_evaluates_and_generates_as_the_separate_commands(pro
 
 
 def test_a_session_refuses_train_before_start_and_a_baseline_after_the_runtime(program):
+    from toolchain.runtime.runners import ProgramRuntime
+
     session = TrainingSession(program)
     with pytest.raises(RuntimeError, match="before start_training"):
         session.train()
-    session.open_runtime()
+    assert isinstance(session.open_runtime(), ProgramRuntime)
+    assert not isinstance(object(), ProgramRuntime)          # the protocol asks for backend and execute
     with pytest.raises(RuntimeError, match="after the runtime was opened"):
         session.measure_baseline()
 

@@ -4,7 +4,7 @@ Every host: each method's `.mlpackage` declares exactly the manifest's inputs an
 shapes; Core ML dtypes: int32 ids/labels, int8 for int8/uint8 weights), no states, no stored weight (only
 small constants); its MIL ops are the expected set; and the converted MIL program, evaluated op by op
 with coremltools' own numpy semantics for each MIL op (not the Core ML runtime), equals the method's
-eager module on random inputs, and drives `LayerLoop` through whole training steps like `EagerRunner`.
+eager module on random inputs, and drives `LayerLoop` through whole training steps like `EagerRuntime`.
 macOS only: predictions on the Core ML runtime, and the compute plan.
 Exports are small (2 layers, T=16) and shared per module."""
 
@@ -31,7 +31,7 @@ from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
                                       unflatten_state)
-from toolchain.runtime import EagerRunner, LayerLoop
+from toolchain.runtime import EagerRuntime, LayerLoop
 from toolchain.training import pad_example
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -338,12 +338,12 @@ def _state_views_init(pdir: ProgramDir, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("selected", [None, (1,)], ids=["all-layers", "lcsb-layer1"])
 def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     """Two whole steps driven by the host LayerLoop (bindings to the weights file's views, chaining,
-    LCSB skip and skip-update) on the MIL programs and on EagerRunner, from the same state."""
+    LCSB skip and skip-update) on the MIL programs and on EagerRuntime, from the same state."""
     from toolchain.dataset import Example
 
     pdir = exported
     mil_runner = MilRunner(pdir)
-    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRunner(pdir.spec))
+    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRuntime(pdir.spec))
     state = _state_views_init(pdir, seed=20)
     ref = state.clone()
     g = torch.Generator().manual_seed(21)
@@ -425,11 +425,11 @@ class CoreMLRunner:
 @pytest.mark.darwin
 @on_macos
 def test_coreml_predictions_train_like_eager(exported):
-    """Three steps through LayerLoop on Core ML against EagerRunner (quantized programs need macOS 26)."""
+    """Three steps through LayerLoop on Core ML against EagerRuntime (quantized programs need macOS 26)."""
     from toolchain.dataset import Example
 
     pdir = exported
-    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRunner(pdir.spec))
+    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRuntime(pdir.spec))
     state = _state_views_init(pdir, seed=30)
     ref = state.clone()
     g = torch.Generator().manual_seed(31)
@@ -478,7 +478,7 @@ def _eager_loop(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig, we
                                  step_entry="adam_step" if optimizer.kind == "adamw" else None)
     pdir = types.SimpleNamespace(info=info, weights=lambda: tensors, arch=arch, path="(eager)",
                                  state_views=lambda flat: unflatten_state(layout, flat))
-    return LayerLoop(pdir, EagerRunner(spec)), layout
+    return LayerLoop(pdir, EagerRuntime(spec)), layout
 
 
 @functools.cache

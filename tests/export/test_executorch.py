@@ -22,8 +22,8 @@ from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
-from toolchain.runtime import EagerRunner, LayerLoop
-from toolchain.runtime.executorch_runner import ExecutorchRunner
+from toolchain.runtime import EagerRuntime, LayerLoop
+from toolchain.runtime.executorch_runner import ExecuTorchRuntime
 from toolchain.training import TrainRun, pad_example, run_program
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -65,14 +65,14 @@ def int4_adamw(tmp_path_factory):
 
 def _runtime(prog):
     pdir = ProgramDir(prog)
-    return pdir, ExecutorchRunner(pdir.program_file("executorch"), list(pdir.methods))
+    return pdir, ExecuTorchRuntime(pdir.program_file("executorch"), list(pdir.methods))
 
 
 def _run_both(prog, examples, steps, lr, **kw):
     """(pdir, result on ExecuTorch, result with the same methods run eagerly), driven alike."""
     pdir, runner = _runtime(prog)
     res = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
-    ref = run_program(pdir, EagerRunner(pdir.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
+    ref = run_program(pdir, EagerRuntime(pdir.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
     return pdir, res, ref
 
 
@@ -128,7 +128,7 @@ def test_eager_layer_loop_is_mesp_step_plus_sgd(fp32_sgd):
     pdir = ProgramDir(prog)
     state = pdir.state_init()
     ids, labels = pad_example(_examples(1, seed=11)[0], T, 0, "row")
-    loss = LayerLoop(pdir, EagerRunner(pdir.spec)).train_step(ids, labels, 0.5, state, {1, 2})
+    loss = LayerLoop(pdir, EagerRuntime(pdir.spec)).train_step(ids, labels, 0.5, state, {1, 2})
     ref = mesp_step(ARCH, weights, CFG, lora, ids, labels, backward_layers={1, 2})
     assert math.isclose(loss, float(ref.loss), rel_tol=1e-6)
     new = pdir.lora_from_state(state)

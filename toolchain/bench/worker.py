@@ -78,12 +78,12 @@ def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool
     from toolchain.program import ProgramDir
     from toolchain.program.spec import flat_state, state_layout
     from toolchain.runtime import LayerLoop
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
 
     if not spec.get("program_dir"):
         raise BadInput(f"{target} mode needs --program DIR, a program directory exported with --target {target}")
     pdir = pdir or ProgramDir(Path(spec["program_dir"]))
-    loop = LayerLoop(pdir, open_runner(pdir, target, threads=spec["threads"]))
+    loop = LayerLoop(pdir, open_runtime(pdir, target, threads=spec["threads"]))
     layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     per = spec.get("layers_per_checkpoint", 1) if groups else 1

@@ -34,7 +34,7 @@ def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence
     """{"loss": mean over all target tokens, "rows": rows evaluated, "tokens": target tokens,
     "row_mean_loss": mean of the rows' losses, "skipped_rows": rows without a target}.
 
-    `runner` needs embed, block_forward and head_loss (`open_runner(pdir, use="eval")`); `state` (the
+    `runner` needs embed, block_forward and head_loss (`open_runtime(pdir, use="eval")`); `state` (the
     flat float32 state) is read, never written."""
     loop = loop or LayerLoop(pdir, runner)
     views = pdir.state_views(state)

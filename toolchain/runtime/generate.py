@@ -110,7 +110,7 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
              loop: LayerLoop | None = None) -> GenerateResult:
     """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
 
-    `runner` needs the generation methods (`open_runner(pdir, use="generate")`); `on_token` is called with
+    `runner` needs the generation methods (`open_runtime(pdir, use="generate")`); `on_token` is called with
     each new token as soon as it is chosen (streaming); `should_stop` before each further token (cancel)."""
     prompt = [int(t) for t in prompt_ids]
     _check(pdir, prompt, max_new_tokens, temperature)

@@ -40,7 +40,7 @@ import torch
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 
-__all__ = ["OnnxRunner", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
+__all__ = ["OnnxRuntime", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
 
 DISABLED_OPTIMIZERS = ["ConstantFolding", "CommonSubexpressionElimination", "GatherSliceToSplitFusion"]
 ARENAS = ("off", "shared", "session")
@@ -82,7 +82,7 @@ def session_options(threads: int | None = None, *, arena: str = "off"):
     return so
 
 
-class OnnxRunner:
+class OnnxRuntime:
     """Every ONNX method of a program directory, one session each, created once."""
 
     backend = "onnx"

@@ -108,11 +108,11 @@ class TrainingSession:
         return self.baseline
 
     def open_runtime(self):
-        """The runner (opened once: `runners.open_runner` with this session's target, threads and use)."""
+        """The runner (opened once: `runners.open_runtime` with this session's target, threads and use)."""
         if self._runner is None:
-            from toolchain.runtime.runners import open_runner
+            from toolchain.runtime.runners import open_runtime
 
-            self._runner = open_runner(self.pdir, self.target, threads=self.threads, use=self.use,
+            self._runner = open_runtime(self.pdir, self.target, threads=self.threads, use=self.use,
                                        verbose=self.verbose)
         return self._runner
 
