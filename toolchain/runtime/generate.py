@@ -32,11 +32,11 @@ from toolchain.errors import BadInput, FieldError
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
 
-__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names"]
+__all__ = ["GenerationResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names"]
 
 
 @dataclass
-class GenerateResult:
+class GenerationResult:
     prompt_ids: list[int]
     output_ids: list[int]                 # the new tokens only
     stopped: str                          # "eos", "max_new_tokens" or "cancelled"
@@ -107,7 +107,7 @@ def _check(pdir: ProgramDir, prompt: list[int], max_new_tokens: int, temperature
 def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
              temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
              on_token: Callable[[int], None] | None = None, should_stop: Callable[[], bool] | None = None,
-             loop: LayerLoop | None = None) -> GenerateResult:
+             loop: LayerLoop | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
 
     `runner` needs the generation methods (`open_runtime(pdir, use="generate")`); `on_token` is called with
@@ -123,7 +123,7 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
     cache = new_cache(pdir)
     decode = _bound_decode(pdir, loop, names["block_decode"], views, cache)
     out: list[int] = []
-    result = GenerateResult(prompt, out, "max_new_tokens", fused=names["block_decode"] != "block_decode")
+    result = GenerationResult(prompt, out, "max_new_tokens", fused=names["block_decode"] != "block_decode")
     with torch.no_grad():
         t0 = time.perf_counter()
         for start in range(0, n, c):

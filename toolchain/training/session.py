@@ -33,7 +33,7 @@ from toolchain.dataset import Example
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.evaluate import evaluate_program
-from toolchain.runtime.generate import GenerateResult, Prompt, generate, prompt_for
+from toolchain.runtime.generate import GenerationResult, Prompt, generate, prompt_for
 from toolchain.runtime.loop import LayerLoop
 from toolchain.training.checkpoint import load_program_state
 from toolchain.training.loop import TrainRun
@@ -144,7 +144,7 @@ class TrainingSession:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, state: Tensor | None = None,
                  temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
                  on_token: Callable[[int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
+                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
         """New tokens after `prompt_ids` with the adapter in `state` (default: the session's; read, never
         written) on the generation methods (`generate.generate`)."""
         return generate(self.pdir, self.runner, self.state if state is None else state, prompt_ids,
