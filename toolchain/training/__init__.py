@@ -7,8 +7,8 @@ from toolchain.training.eager import EagerTrainer, RunState, evaluate, start_run
 from toolchain.training.loop import Trainer, TrainRun
 from toolchain.training.order import DataOrder, data_order
 from toolchain.training.program import ProgramTrainer, host_run_info, pad_example, run_program
-from toolchain.training.result import StepLog, TrainResult
+from toolchain.training.result import StepLog, RunOutcome
 
 __all__ = ["RunState", "EagerTrainer", "start_run", "train_step", "train", "evaluate", "TrainRun",
            "ProgramTrainer", "run_program", "pad_example", "host_run_info", "Trainer", "DataOrder", "data_order",
-           "StepLog", "TrainResult", "CHECKPOINT_SUFFIX", "checkpoint_path"]
+           "StepLog", "RunOutcome", "CHECKPOINT_SUFFIX", "checkpoint_path"]

@@ -30,7 +30,7 @@ from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig, OptState, init_state, update_layer
 from toolchain.training.checkpoint import rows_sha256, tensors_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
-from toolchain.training.result import TrainResult
+from toolchain.training.result import RunOutcome
 
 __all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train",
            "evaluate"]
@@ -187,7 +187,7 @@ class EagerTrainer(Trainer):
 
 
 def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
-          config: TrainRun, *, on_step: OnStep | None = None, model_name: str = "custom") -> TrainResult:
+          config: TrainRun, *, on_step: OnStep | None = None, model_name: str = "custom") -> RunOutcome:
     """Train the adapter for `config.steps` steps.
 
     Args:

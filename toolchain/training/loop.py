@@ -28,7 +28,7 @@ from toolchain.mesp import StepOptions
 from toolchain.optim import OptimizerConfig
 from toolchain.training.checkpoint import check_settings, finite_or_none, load_checkpoint, save_checkpoint
 from toolchain.training.order import DataOrder
-from toolchain.training.result import StepLog, TrainResult
+from toolchain.training.result import StepLog, RunOutcome
 
 __all__ = ["TrainRun", "Trainer", "OnStep", "host_info"]
 
@@ -232,7 +232,7 @@ class Trainer:
         if self.baseline is not None:
             self.emit("memory", **self.baseline, baseline=True)
 
-    def run(self, *, on_step: OnStep | None = None) -> TrainResult:
+    def run(self, *, on_step: OnStep | None = None) -> RunOutcome:
         """Train for `run_options.steps` steps (from the checkpoint's step with `resume`); see `start`."""
         if self._start is None:
             self.start()
@@ -267,7 +267,7 @@ class Trainer:
             self.emit("run_end", status="completed", steps_completed=run.steps,
                       duration_s=round(time.perf_counter() - t_run, 6),
                       final_loss=None if final is None else finite_or_none(final))
-        return TrainResult(self.lora, tuple(log), tuple(losses), run_id, self.state)
+        return RunOutcome(self.lora, tuple(log), tuple(losses), run_id, self.state)
 
     def _stop_changed(self, why: str, step: int, saved: int, losses: list) -> None:
         """An input changed before step `step` (0-based): checkpoint the `step` completed steps (whole: the

@@ -24,7 +24,7 @@ from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
 from toolchain.training.checkpoint import program_state_of, rows_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
-from toolchain.training.result import TrainResult
+from toolchain.training.result import RunOutcome
 
 __all__ = ["ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
 
@@ -129,7 +129,7 @@ class ProgramTrainer(Trainer):
 
 
 def run_program(pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
-                on_step: OnStep | None = None, run_info: dict | None = None) -> TrainResult:
+                on_step: OnStep | None = None, run_info: dict | None = None) -> RunOutcome:
     """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
     return ProgramTrainer(pdir, runner, examples, run, run_info=run_info).run(on_step=on_step)
 

@@ -38,7 +38,7 @@ from toolchain.runtime.loop import LayerLoop
 from toolchain.training.checkpoint import load_program_state
 from toolchain.training.loop import TrainRun
 from toolchain.training.program import ProgramTrainer, runtime_baseline
-from toolchain.training.result import StepLog, TrainResult
+from toolchain.training.result import StepLog, RunOutcome
 
 __all__ = ["TrainingSession", "EvalPoint", "program_state", "state_from_adapter"]
 
@@ -181,7 +181,7 @@ class TrainingSession:
         return trainer
 
     def train(self, *, on_step: Callable[[StepLog], None] | None = None,
-              progress: AbstractContextManager | None = None) -> TrainResult:
+              progress: AbstractContextManager | None = None) -> RunOutcome:
         """The steps of the run `start_training` set up, on the session's state (trained in place), with the
         held-out loss every `eval_every` steps and after the last. `progress`: a context the steps run in
         (a progress display), entered after `start_training`'s work."""
