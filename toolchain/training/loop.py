@@ -148,7 +148,7 @@ class Trainer:
     layers: int
     rows: int
     backend: str = "eager"
-    _writer = None
+    _recorder = None
     _lr: float | None = None
     _start: int | None = None  # set by `start`, consumed by `run`
     baseline: dict[str, Any] | None = None
@@ -193,7 +193,7 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------------
     def emit(self, type: str, **fields: Any) -> dict | None:
-        return None if self._writer is None else self._writer.emit(type, **fields)
+        return None if self._recorder is None else self._recorder.emit(type, **fields)
 
     def start(self) -> None:
         """Everything before the first step: check the plan, resume from the verified checkpoint, open
@@ -204,7 +204,7 @@ class Trainer:
             BadInput: no rows, a plan for another model, a checkpoint that is unreadable, for another
                 run (the message names the difference) or past `steps`.
         """
-        from toolchain.telemetry.events import TelemetryWriter
+        from toolchain.telemetry.events import TelemetryRecorder
 
         run = self.run_options
         self._order = DataOrder(self.rows, run.shuffle_seed)
@@ -220,10 +220,10 @@ class Trainer:
             self.restore(ck.tensors, ck.step, str(run.checkpoint))
             start, run_id, seq, losses = ck.step, ck.run_id, ck.seq, list(ck.losses)
         self._logged = _logged(run.telemetry, run_id)
-        self._writer = None
+        self._recorder = None
         if run.telemetry is not None:
-            self._writer = TelemetryWriter(run.telemetry, run_id, start_seq=max(seq, self._logged.last_seq + 1))
-            run_id = self._writer.run_id
+            self._recorder = TelemetryRecorder(run.telemetry, run_id, start_seq=max(seq, self._logged.last_seq + 1))
+            run_id = self._recorder.run_id
         self._start, self._run_id, self._losses = start, run_id or "local", losses
         info = self.run_info()
         self._lr = info.get("lr")
@@ -259,7 +259,7 @@ class Trainer:
                 on_step(entry)
             if run.checkpoint is not None and ((s + 1) % run.checkpoint_every == 0 or s + 1 == run.steps):
                 save_checkpoint(run.checkpoint, self.tensors(), step=s + 1, run_id=run_id,
-                                seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+                                seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
                 saved = s + 1
                 self.checkpoint_saved(saved, run.checkpoint)
         if run.steps not in logged.ended:
@@ -276,14 +276,14 @@ class Trainer:
         where = ""
         if run.checkpoint is not None and step > saved:
             save_checkpoint(run.checkpoint, self.tensors(), step=step, run_id=self._run_id,
-                            seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+                            seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
             saved = step
         if run.checkpoint is not None and saved > 0 and run.checkpoint.exists():
             where = f"; the checkpoint of step {saved} is at {run.checkpoint}: restore the file and --resume"
         raise BadInput(f"stopped before step {step + 1}: {why} while the run was using it{where}")
 
     def _emit_step(self, s: int, entry: StepLog, tokens: int) -> None:
-        if self._writer is None:
+        if self._recorder is None:
             return
         run = self.run_options
         index = None if run.plan is None else run.plan.phase_at(s)  # None: no plan, or a warm-up step
