@@ -144,10 +144,10 @@ def _programs(a) -> dict:
     runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     g = torch.Generator().manual_seed(0)
     vocab, t = pdirs[0].arch.vocab, pdirs[0].seq_len
-    from toolchain.dataset import Example
+    from toolchain.dataset import DataRow
 
     rows = (load_examples(a.data, pdirs[0].arch) if a.data else
-            [Example(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])
+            [DataRow(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])
     lr = a.lr if a.lr is not None else pdirs[0].default_lr
     times = {c: {"wall_s": [], "cpu_s": []} for c in computes}
     for i in range(a.steps + 1):                         # step 0: warm-up (every method loaded, pages mapped)

@@ -29,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolchain.dataset import Example  # noqa: E402
+from toolchain.dataset import DataRow  # noqa: E402
 from toolchain.export.build import ExportSpec, export_program  # noqa: E402
 from toolchain.lcsb.plan import StepPlan  # noqa: E402
 from toolchain.lora import LoraConfig, init_lora  # noqa: E402
@@ -115,7 +115,7 @@ def _install_layer_hook(rec: Recorder) -> None:
     LayerLoop.call_method = call_method
 
 
-def _rows(n: int, seed: int, vocab: int) -> list[Example]:
+def _rows(n: int, seed: int, vocab: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -124,11 +124,11 @@ def _rows(n: int, seed: int, vocab: int) -> list[Example]:
         labels = ids.clone()
         if i % 2 == 1:
             labels[:3] = -100  # a prompt part without loss
-        out.append(Example(ids, labels))
+        out.append(DataRow(ids, labels))
     return out
 
 
-def _row_json(ex: Example) -> dict:
+def _row_json(ex: DataRow) -> dict:
     return {"input_ids": [int(v) for v in ex.input_ids], "labels": [int(v) for v in ex.labels]}
 
 

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
@@ -26,18 +26,18 @@ STEPS, LR, EVERY, SHUFFLE = 5, 0.05, 2, 3
 PROMPT, NEW = [5, 7, 11, 2, 9], 8
 
 
-def _rows(n: int, seed: int) -> list[Example]:
+def _rows(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, ARCH.vocab, (SEQ_LEN - i % 4,), generator=g)
         labels = ids.clone()
         labels[:2] = -100
-        out.append(Example(ids, labels))
+        out.append(DataRow(ids, labels))
     return out
 
 
-def _write(path, rows: list[Example]):
+def _write(path, rows: list[DataRow]):
     path.write_text("".join(json.dumps({"input_ids": ex.input_ids.tolist(), "labels": ex.labels.tolist()}) + "\n"
                             for ex in rows))
     return path

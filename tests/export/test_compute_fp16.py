@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
@@ -31,9 +31,9 @@ T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
 
 
-def _examples(n: int, seed: int) -> list[Example]:
+def _examples(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
-    return [Example(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
+    return [DataRow(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
 
 
 def _export(out, compute: str):

@@ -32,7 +32,7 @@ from toolchain.program import ProgramDir
 from toolchain.program.spec import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
                                       unflatten_state)
 from toolchain.runtime import EagerRuntime, LayerLoop
-from toolchain.training import pad_example
+from toolchain.training import pad_row
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
@@ -339,7 +339,7 @@ def _state_views_init(pdir: ProgramDir, seed: int) -> torch.Tensor:
 def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     """Two whole steps driven by the host LayerLoop (bindings to the weights file's views, chaining,
     LCSB skip and skip-update) on the MIL programs and on EagerRuntime, from the same state."""
-    from toolchain.dataset import Example
+    from toolchain.dataset import DataRow
 
     pdir = exported
     mil_runner = MilRunner(pdir)
@@ -349,7 +349,7 @@ def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     g = torch.Generator().manual_seed(21)
     for step in range(2):
         ids = torch.randint(0, ARCH.vocab, (T - 2 * step,), generator=g)
-        ids, labels = pad_example(Example(ids, ids.clone()), T, pdir.pad_token_id, "row")
+        ids, labels = pad_row(DataRow(ids, ids.clone()), T, pdir.pad_token_id, "row")
         loss = mil.train_step(ids, labels, 1e-2, state, selected)
         want = eager.train_step(ids, labels, 1e-2, ref, selected)
         assert math.isclose(loss, want, rel_tol=1e-6), (step, loss, want)
@@ -426,7 +426,7 @@ class CoreMLRunner:
 @on_macos
 def test_coreml_predictions_train_like_eager(exported):
     """Three steps through LayerLoop on Core ML against EagerRuntime (quantized programs need macOS 26)."""
-    from toolchain.dataset import Example
+    from toolchain.dataset import DataRow
 
     pdir = exported
     loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRuntime(pdir.spec))
@@ -435,7 +435,7 @@ def test_coreml_predictions_train_like_eager(exported):
     g = torch.Generator().manual_seed(31)
     for step, selected in enumerate([None, (1,), (0,)]):
         ids = torch.randint(0, ARCH.vocab, (T,), generator=g)
-        ids, labels = pad_example(Example(ids, ids.clone()), T, 0, "row")
+        ids, labels = pad_row(DataRow(ids, ids.clone()), T, 0, "row")
         loss = loop.train_step(ids, labels, 1e-2, state, selected)
         want = eager.train_step(ids, labels, 1e-2, ref, selected)
         assert math.isclose(loss, want, rel_tol=1e-4), (step, loss, want)
@@ -499,7 +499,7 @@ def _fp16_run(optimizer: OptimizerConfig, lr: float, steps: int, mode: str):
     losses = []
     for s in range(steps):
         ex = examples[s % len(examples)]
-        ids, labels = pad_example(ex, 64, 0, "row")
+        ids, labels = pad_row(ex, 64, 0, "row")
         losses.append(loop.train_step(ids, labels, lr, flat, None))
         if mode == "state":
             flat.copy_(flat.half().float())

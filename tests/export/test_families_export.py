@@ -14,7 +14,7 @@ import torch
 from helpers import hf_peft_sgd, max_rel_diff
 from test_generate_eval import CFG, Case, _check_case
 
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.lora import lora_state_dict
 from toolchain.models import ModelArch, RopeScaling
 from toolchain.runtime import EagerRuntime
@@ -45,12 +45,12 @@ def qwen3_int4(tmp_path_factory):
     return Case(tmp_path_factory, "qwen3_int4", QWEN3, "int4", seed=38, prefill_chunk=5)
 
 
-def _examples(arch: ModelArch, n: int, seed: int) -> list[Example]:
+def _examples(arch: ModelArch, n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, arch.vocab, (24 - 2 * i,), generator=g)
-        out.append(Example(ids, ids.clone()))
+        out.append(DataRow(ids, ids.clone()))
     return out
 
 

@@ -20,7 +20,7 @@ from helpers import float64_faithful_hf, lora_for, peft_wrap, random_hf_model
 
 from toolchain.cli import cli
 from toolchain.contract import GENERATION_ROLES
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, save_adapter
@@ -112,8 +112,8 @@ def _rows(arch, seed):
         ids = torch.randint(0, arch.vocab, (n,), generator=g)
         labels = ids.clone()
         labels[: n // 3] = -100                                           # a prompt without loss
-        rows.append(Example(ids, labels))
-    rows.append(Example(torch.tensor([1, 2, 3]), torch.tensor([-100, -100, -100])))  # no target: skipped
+        rows.append(DataRow(ids, labels))
+    rows.append(DataRow(torch.tensor([1, 2, 3]), torch.tensor([-100, -100, -100])))  # no target: skipped
     return rows
 
 

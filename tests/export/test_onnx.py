@@ -14,7 +14,7 @@ import torch
 from helpers import hf_peft_sgd, lora_for, max_rel_diff, our_weights, random_hf_model
 
 from toolchain.contract import MANIFEST_NAME, TRAINING_ROLES, sha256_file
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.onnx import ONNX_DIR, OPSET
@@ -36,12 +36,12 @@ CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_p
 ADAMW = OptimizerConfig("adamw", weight_decay=0.01)
 
 
-def _examples(n: int, seed: int) -> list[Example]:
+def _examples(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, ARCH.vocab, (T - (i % 3),), generator=g)  # rows shorter than T: exercises padding
-        out.append(Example(ids, ids.clone()))
+        out.append(DataRow(ids, ids.clone()))
     return out
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from toolchain.dataset import Example, bundled_examples, text_examples
+from toolchain.dataset import DataRow, bundled_examples, text_examples
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.lcsb.plan import Policy, StepPlan
@@ -135,7 +135,7 @@ def merge_lora(weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights) -> Mod
     return ModelWeights(weights.embed, tuple(layers), weights.final_norm, weights.lm_head)
 
 
-def _split(config: LcsbBenchConfig) -> tuple[list[Example], list[Example]]:
+def _split(config: LcsbBenchConfig) -> tuple[list[DataRow], list[DataRow]]:
     examples = bundled_examples(ByteTokenizer(), seq_len=config.seq_len)
     n_val = max(1, round(len(examples) * config.val_fraction))
     if len(examples) - n_val < 1:
@@ -144,7 +144,7 @@ def _split(config: LcsbBenchConfig) -> tuple[list[Example], list[Example]]:
     return examples[:-n_val], examples[-n_val:]
 
 
-def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[Example]:
+def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[DataRow]:
     """Stand-in pretraining rows from another text than the fine-tuning corpus (the bench itself pretrains on
     its training split): `text` in windows of `config.seq_len` bytes (BOS first), in the order of
     `toolchain.shuffle.permutation(windows, config.seed)`, so that a pretraining shorter than one pass samples
@@ -225,7 +225,7 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
 
 
 def surrogate_cosine(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, plan: StepPlan,
-                     example: Example) -> list[float]:
+                     example: DataRow) -> list[float]:
     """Per layer: cosine between its LCSB gradient (mean over the phases that select it) and its exact
     gradient, on one example. 1.0 means exact (every layer above it selected too)."""
     exact = mesp_step(arch, weights, cfg, lora, example.input_ids, example.labels).grads

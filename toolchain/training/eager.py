@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
@@ -80,7 +80,7 @@ def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], n
             old.b.copy_(new.b)
 
 
-def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example, *,
+def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: DataRow, *,
                layers: Sequence[int] | None, config: TrainRun) -> tuple[RunState, float]:
     """One step: MeSP forward/backward through `layers` (None: all), updating each layer as it goes.
 
@@ -122,7 +122,7 @@ class EagerTrainer(Trainer):
     backend = "eager"
 
     def __init__(self, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
-                 examples: Sequence[Example], config: TrainRun, *, model_name: str = "custom") -> None:
+                 examples: Sequence[DataRow], config: TrainRun, *, model_name: str = "custom") -> None:
         self.arch, self.weights, self.cfg, self.examples = arch, weights, cfg, examples
         self.run_options = self.config = config
         self.optimizer = run_optimizer(config)
@@ -186,7 +186,7 @@ class EagerTrainer(Trainer):
         return info
 
 
-def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
+def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[DataRow],
           config: TrainRun, *, on_step: OnStep | None = None, model_name: str = "custom") -> RunOutcome:
     """Train the adapter for `config.steps` steps.
 
@@ -204,7 +204,7 @@ def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWei
 
 
 def evaluate(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
-             examples: Sequence[Example], *, options: StepOptions = StepOptions()) -> float:
+             examples: Sequence[DataRow], *, options: StepOptions = StepOptions()) -> float:
     """Mean loss over `examples` (forward only), each weighted by its number of predicted tokens."""
     total, tokens = 0.0, 0
     with torch.no_grad():

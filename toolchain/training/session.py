@@ -29,7 +29,7 @@ from typing import Any
 
 from torch import Tensor
 
-from toolchain.dataset import Example
+from toolchain.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.evaluate import evaluate_program
@@ -72,7 +72,7 @@ class TrainingSession:
         self._runner = None
         self._loop: LayerLoop | None = None
         self._state: Tensor | None = None
-        self._held: Sequence[Example] | None = None
+        self._held: Sequence[DataRow] | None = None
         self._eval_every = 0
         self._on_eval: Callable[[EvalPoint], None] | None = None
 
@@ -81,7 +81,7 @@ class TrainingSession:
     def arch(self):
         return self.pdir.arch
 
-    def examples(self, path: Path) -> list[Example]:
+    def examples(self, path: Path) -> list[DataRow]:
         """A data file's rows (JSONL, data_row.schema.json) checked against this program's model."""
         from toolchain.dataset import load_examples
 
@@ -132,7 +132,7 @@ class TrainingSession:
         return self._loop
 
     # -- evaluate and generate -----------------------------------------------------------------------
-    def evaluate(self, examples: Sequence[Example], *, state: Tensor | None = None) -> dict:
+    def evaluate(self, examples: Sequence[DataRow], *, state: Tensor | None = None) -> dict:
         """Held-out loss of `state` (default: the session's) on `examples` (`evaluate.evaluate_program`)."""
         return evaluate_program(self.pdir, self.runner, self.state if state is None else state, examples,
                                 loop=self.loop)
@@ -152,7 +152,7 @@ class TrainingSession:
                         should_stop=should_stop, loop=self.loop)
 
     # -- train ---------------------------------------------------------------------------------------
-    def start_training(self, examples: Sequence[Example], run: TrainRun, *, held: Sequence[Example] | None = None,
+    def start_training(self, examples: Sequence[DataRow], run: TrainRun, *, held: Sequence[DataRow] | None = None,
                        eval_every: int | None = None, on_eval: Callable[[EvalPoint], None] | None = None,
                        memory_peak: bool | None = None) -> ProgramTrainer:
         """Everything before the first step (`Trainer.start`: the plan checked, the checkpoint of `run.resume`
