@@ -262,7 +262,7 @@ class LockstepRunner:
 
 def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
                 lockstep: tuple[Path, torch.Tensor] | None = None) -> Result:
-    from toolchain.dataset import DataRow
+    from toolchain.text.dataset import DataRow
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
     from toolchain.runtime.loop import LayerLoop

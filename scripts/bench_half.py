@@ -131,7 +131,7 @@ def _time(fn, reps: int) -> list[float]:
 
 def _programs(a) -> dict:
     """The --programs comparison (module docstring)."""
-    from toolchain.dataset import load_examples
+    from toolchain.text.dataset import load_examples
     from toolchain.program import ProgramDir
     from toolchain.runtime.runners import open_runtime
     from toolchain.training import TrainRun, run_program
@@ -144,7 +144,7 @@ def _programs(a) -> dict:
     runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     g = torch.Generator().manual_seed(0)
     vocab, t = pdirs[0].arch.vocab, pdirs[0].seq_len
-    from toolchain.dataset import DataRow
+    from toolchain.text.dataset import DataRow
 
     rows = (load_examples(a.data, pdirs[0].arch) if a.data else
             [DataRow(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])

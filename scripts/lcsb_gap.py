@@ -83,7 +83,7 @@ from pathlib import Path
 import torch
 
 from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split, text_pretrain_rows
-from toolchain.dataset import demo_corpus
+from toolchain.text.dataset import demo_corpus
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step

@@ -29,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolchain.dataset import DataRow  # noqa: E402
+from toolchain.text.dataset import DataRow  # noqa: E402
 from toolchain.export.build import ExportSpec, export_program  # noqa: E402
 from toolchain.lcsb.plan import StepPlan  # noqa: E402
 from toolchain.lora import LoraConfig, init_lora  # noqa: E402

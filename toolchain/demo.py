@@ -7,7 +7,7 @@
    generation for a fixed prompt (`generate`), with the program's initial adapter (LoRA B = 0: the
    pretrained model itself).
 3. Personalize: the user text (toolchain/assets/user_text.txt, a keeper's log of an invented
-   lighthouse) as rows through `toolchain.text_data` (what `toolchain data` writes), trained on the
+   lighthouse) as rows through `toolchain.text.text_data` (what `toolchain data` writes), trained on the
    program's methods by the program trainer (`ProgramTrainer`, what `toolchain train --program` runs);
    every `eval_every` steps the held-out loss of the live state, the array the trainer is updating.
    Each held-out loss is an `eval` telemetry event; the telemetry also holds the loaded-runtime baseline
@@ -112,7 +112,7 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
     from toolchain.models import load_model
     from toolchain.optim import OptimizerConfig
     from toolchain.program.spec import QuantSpec
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.tokenizer import ByteTokenizer
 
     arch, weights = load_model(cfg.model)
     tok = ByteTokenizer()
@@ -130,8 +130,8 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
 
 def _examples(rows: list[dict], arch, path: Path):
     """Rows written as JSONL (what `toolchain data` writes) and read back through the data file checks."""
-    from toolchain.dataset import load_examples
-    from toolchain.text_data import write_rows
+    from toolchain.text.dataset import load_examples
+    from toolchain.text.text_data import write_rows
 
     write_rows(path, rows)
     return load_examples(path, arch)
@@ -145,7 +145,7 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     import torch
 
     from toolchain.memory.measure import MIB, measure_peak
-    from toolchain.text_data import make_rows, program_text
+    from toolchain.text.text_data import make_rows, program_text
     from toolchain.training import TrainRun
     from toolchain.training.session import TrainingSession
 

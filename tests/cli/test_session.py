@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights

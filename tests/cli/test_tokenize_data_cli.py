@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from toolchain.cli import cli
 from toolchain.contract import IM_END, IM_START
-from toolchain.dataset import read_rows
-from toolchain.tokenizer import apply_chat_template, load_tokenizer, qwen_tokenizer
+from toolchain.text.dataset import read_rows
+from toolchain.text.tokenizer import apply_chat_template, load_tokenizer, qwen_tokenizer
 
 SEQ_LEN = 48
 TEXT = ("The river ran slowly past the old mill. 你好，世界！ Don't stop: 12345 🙂\n\n"

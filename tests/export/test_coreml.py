@@ -339,7 +339,7 @@ def _state_views_init(pdir: ProgramDir, seed: int) -> torch.Tensor:
 def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     """Two whole steps driven by the host LayerLoop (bindings to the weights file's views, chaining,
     LCSB skip and skip-update) on the MIL programs and on EagerRuntime, from the same state."""
-    from toolchain.dataset import DataRow
+    from toolchain.text.dataset import DataRow
 
     pdir = exported
     mil_runner = MilRunner(pdir)
@@ -426,7 +426,7 @@ class CoreMLRunner:
 @on_macos
 def test_coreml_predictions_train_like_eager(exported):
     """Three steps through LayerLoop on Core ML against EagerRuntime (quantized programs need macOS 26)."""
-    from toolchain.dataset import DataRow
+    from toolchain.text.dataset import DataRow
 
     pdir = exported
     loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRuntime(pdir.spec))
@@ -486,9 +486,9 @@ def _fp16_run(optimizer: OptimizerConfig, lr: float, steps: int, mode: str):
     """`steps` eager steps of the tiny preset on the bundled corpus (T=64, r=8 on all projections).
     mode: "fp32"; "state" (the state rounded to float16 after every step: what Core ML fp16 states
     would hold); "compute" (weights, activations and state in float16 too)."""
-    from toolchain.dataset import bundled_examples
+    from toolchain.text.dataset import bundled_examples
     from toolchain.models import get_preset
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.tokenizer import ByteTokenizer
 
     arch, cfg = get_preset("tiny"), LoraConfig(rank=8, alpha=16)
     examples = bundled_examples(ByteTokenizer(), seq_len=64)

@@ -12,7 +12,7 @@ import torch
 
 from helpers import hf_peft_sgd, max_rel_diff
 
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lcsb.plan import make_plan

@@ -14,7 +14,7 @@ import torch
 from helpers import hf_peft_sgd, max_rel_diff
 from test_generate_eval import CFG, Case, _check_case
 
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.lora import lora_state_dict
 from toolchain.models import ModelArch, RopeScaling
 from toolchain.runtime import EagerRuntime

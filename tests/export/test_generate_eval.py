@@ -20,7 +20,7 @@ from helpers import float64_faithful_hf, lora_for, peft_wrap, random_hf_model
 
 from toolchain.cli import cli
 from toolchain.contract import GENERATION_ROLES
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, save_adapter

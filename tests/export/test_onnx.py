@@ -14,7 +14,7 @@ import torch
 from helpers import hf_peft_sgd, lora_for, max_rel_diff, our_weights, random_hf_model
 
 from toolchain.contract import MANIFEST_NAME, TRAINING_ROLES, sha256_file
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.onnx import ONNX_DIR, OPSET

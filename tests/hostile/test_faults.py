@@ -68,7 +68,7 @@ def test_a_bus_error_on_a_mapped_file_is_one_error_line(tmp_path: Path) -> None:
 
 
 def test_a_changed_weights_file_stops_at_the_step_boundary_with_a_checkpoint(tiny_program: Path, tmp_path: Path):
-    from toolchain.dataset import load_examples
+    from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.program import ProgramDir
     from toolchain.runtime.runners import open_runtime

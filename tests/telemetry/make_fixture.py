@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from toolchain.dataset import bundled_examples
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.dataset import bundled_examples
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step
 from toolchain.models import get_preset, random_weights

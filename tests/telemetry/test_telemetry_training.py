@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from helpers import small_arch
 
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import random_weights
 from toolchain.telemetry.events import read_jsonl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights

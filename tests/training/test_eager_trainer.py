@@ -15,7 +15,7 @@ from helpers import lora_for, our_weights, random_hf_model
 from torch.utils._pytree import tree_leaves
 
 from toolchain.baselines.autograd import full_logits_loss, leaf_lora
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair

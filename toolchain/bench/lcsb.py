@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from toolchain.dataset import DataRow, bundled_examples, text_examples
+from toolchain.text.dataset import DataRow, bundled_examples, text_examples
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.lcsb.plan import Policy, StepPlan
@@ -43,8 +43,8 @@ from toolchain.lora import LoraConfig, LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import PRESETS, LayerWeights, ModelWeights, ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
-from toolchain.shuffle import permutation
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.shuffle import permutation
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.training import TrainRun, evaluate, start_run, train, train_step
 
 __all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine", "text_pretrain_rows"]
@@ -147,7 +147,7 @@ def _split(config: LcsbBenchConfig) -> tuple[list[DataRow], list[DataRow]]:
 def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[DataRow]:
     """Stand-in pretraining rows from another text than the fine-tuning corpus (the bench itself pretrains on
     its training split): `text` in windows of `config.seq_len` bytes (BOS first), in the order of
-    `toolchain.shuffle.permutation(windows, config.seed)`, so that a pretraining shorter than one pass samples
+    `toolchain.text.shuffle.permutation(windows, config.seed)`, so that a pretraining shorter than one pass samples
     the whole text rather than its beginning."""
     examples = text_examples(text, ByteTokenizer(), seq_len=config.seq_len)
     if not examples:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from toolchain.dataset import DataRow, pad_row
+from toolchain.text.dataset import DataRow, pad_row
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from toolchain.atomic import atomic_write_bytes
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 
 __all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "checkpoint_path", "save_checkpoint", "read_checkpoint",

@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from toolchain.contract import MANIFEST_NAME, sha256_file
-from toolchain.dataset import DataRow, pad_row
+from toolchain.text.dataset import DataRow, pad_row
 from toolchain.errors import BadInput
 from toolchain.lora.weights import LoraWeights
 from toolchain.program.directory import ProgramDir

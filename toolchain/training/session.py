@@ -29,7 +29,7 @@ from typing import Any
 
 from torch import Tensor
 
-from toolchain.dataset import DataRow
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.evaluate import evaluate_program
@@ -83,7 +83,7 @@ class TrainingSession:
 
     def examples(self, path: Path) -> list[DataRow]:
         """A data file's rows (JSONL, data_row.schema.json) checked against this program's model."""
-        from toolchain.dataset import load_examples
+        from toolchain.text.dataset import load_examples
 
         return load_examples(path, self.pdir.arch)
 

@@ -14,7 +14,7 @@ pad and eos are `<|endoftext|>`, a chat turn ends with `<|im_end|>`, there is no
 The product tokenizer is Hugging Face `tokenizers` (Rust), a byte-level BPE whose merges are
 derived from the ranks: the merge of token t (rank r) is the pair that tiktoken's rank-BPE reaches
 on t's bytes using only ranks < r (exactly two parts for every multi-byte token: 151,387 merges,
-the count of Qwen2's `merges.txt`). `tests/test_tokenizer.py` checks it against `tiktoken` (same
+the count of Qwen2's `merges.txt`). `tests/text/test_tokenizer.py` checks it against `tiktoken` (same
 ranks, pattern and specials, NFC applied first) on `shared_schemas/tokenizer_corpus/`.
 """
 
@@ -62,8 +62,8 @@ QWEN3_EXTRA_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 QWEN3_ADDED_TOKENS = QWEN_ADDED_TOKENS + QWEN3_EXTRA_ADDED_TOKENS
 QWEN3_MIN_VOCAB = QWEN_SPECIAL_START + len(QWEN3_ADDED_TOKENS)  # 151669
 QWEN_VOCAB_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"  # dashscope==2.0.2
-# sha256 of `qwen_tokenizer().to_json()` with tokenizers==0.23.3 (tests/test_text_stream.py recomputes it): a
-# tokenizer.json with these bytes may be encoded by tiktoken over its ranks (`text_stream.stream_encoder`).
+# sha256 of `qwen_tokenizer().to_json()` with tokenizers==0.23.3 (tests/text/test_encode_stream.py recomputes it): a
+# tokenizer.json with these bytes may be encoded by tiktoken over its ranks (`encode_stream.stream_encoder`).
 QWEN_TOKENIZER_JSON_SHA256 = "ace00a17cf233aa5fa133117c7382d1f29b38300d13a56d4b7263ae30426a2c6"
 
 TokenizerKind = Literal["byte", "qwen2.5", "huggingface"]
@@ -160,7 +160,7 @@ class HFTokenizer:
     def __init__(self, tk, *, kind: TokenizerKind, pad_id: int, eos_id: int, bos_id: int | None = None,
                  source_json: str | None = None, vocab_size: int | None = None) -> None:
         """tk: a `tokenizers.Tokenizer`, or a function building one on first use (then `vocab_size` is
-        required): the streamed path of the Qwen tokenizer (`text_stream`) never needs it."""
+        required): the streamed path of the Qwen tokenizer (`encode_stream`) never needs it."""
         self._built = None if callable(tk) and vocab_size is not None else tk
         self._build = tk if self._built is None else None
         self.kind = kind
@@ -307,7 +307,7 @@ def qwen_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 def qwen_tokenizer() -> HFTokenizer:
     """The Qwen2.5 tokenizer from dashscope's ranks (0.4 s); its Hugging Face `tokenizers` object is built
     when first needed (about 3 s more: `encode`, `decode`, `to_json`), not by the streamed encoding of
-    `data` / `tokenize` (tiktoken over the same ranks, `text_stream.stream_encoder`)."""
+    `data` / `tokenize` (tiktoken over the same ranks, `encode_stream.stream_encoder`)."""
     ranks = read_qwen_ranks()
     eos = QWEN_SPECIAL_START  # <|endoftext|>
     qwen = HFTokenizer(lambda: _qwen_hf(ranks), kind="qwen2.5", pad_id=eos, eos_id=eos, vocab_size=QWEN_MIN_VOCAB)

@@ -1,5 +1,5 @@
 """Training data: JSONL rows (`shared_schemas/data_row.schema.json`) checked against a model, and the
-bundled corpus as windows of byte tokens (tokenizers live in `toolchain.tokenizer`)."""
+bundled corpus as windows of byte tokens (tokenizers live in `toolchain.text.tokenizer`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import Tensor
 from toolchain.errors import BadInput
 from toolchain.models.presets import ModelArch
 from toolchain.schemas import validation_errors
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.validate import decode_utf8, loads
 
 __all__ = ["DataRow", "PaddedRow", "read_rows", "load_examples", "bundled_corpus", "bundled_examples", "text_examples",
@@ -104,12 +104,12 @@ def load_examples(path: Path, arch: ModelArch, *, limit: int | None = None) -> l
 
 def bundled_corpus() -> str:
     """The small English corpus shipped with the package (toolchain/assets/corpus.txt)."""
-    return (Path(__file__).resolve().parent / "assets" / "corpus.txt").read_text()
+    return (Path(__file__).resolve().parents[1] / "assets" / "corpus.txt").read_text()
 
 
 def demo_corpus() -> str:
     """The demo model's 723 KB public-domain pretraining text (toolchain/assets/demo_corpus.txt)."""
-    return (Path(__file__).resolve().parent / "assets" / "demo_corpus.txt").read_text()
+    return (Path(__file__).resolve().parents[1] / "assets" / "demo_corpus.txt").read_text()
 
 
 def bundled_examples(tokenizer: ByteTokenizer, *, seq_len: int) -> list[DataRow]:
