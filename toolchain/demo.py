@@ -2,7 +2,7 @@
 
 1. Export the `demo` preset (toolchain/assets/demo_model/: a 3 M-parameter Qwen2 decoder with the byte
    tokenizer, pretrained on public-domain books by scripts/pretrain_demo_model.py) as a training program
-   with the generation methods (contract v3).
+   with the generation methods.
 2. BEFORE: the held-out loss of the bundled user text's held-out part (`evaluate_program`) and a greedy
    generation for a fixed prompt (`generate`), with the program's initial adapter (LoRA B = 0: the
    pretrained model itself).

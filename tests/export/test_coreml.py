@@ -1,4 +1,4 @@
-"""The Core ML export (`--target coreml`), contract v3.
+"""The Core ML export (`--target coreml`).
 
 Every host: each method's `.mlpackage` declares exactly the manifest's inputs and outputs (names, order,
 shapes; Core ML dtypes: int32 ids/labels, int8 for int8/uint8 weights), no states, no stored weight (only

@@ -1,4 +1,4 @@
-"""The exported v3 ExecuTorch program, run on the real runtime through the host's layer loop, against
+"""The exported ExecuTorch program, run on the real runtime through the host's layer loop, against
 the same methods run eagerly, against the MeSP step and against Hugging Face + PEFT (float64).
 Exports are small (3 layers, T=16) and shared per module."""
 

@@ -1,4 +1,4 @@
-"""Held-out eval and generation with the live adapter on exported v3 programs: the ExecuTorch runtime,
+"""Held-out eval and generation with the live adapter on exported programs: the ExecuTorch runtime,
 ONNX Runtime and the eager methods against Hugging Face `Qwen2ForCausalLM` + PEFT (float64 reference,
 the program in float32): eval loss <= 1e-4 relative, greedy output ids equal to HF's
 `generate(do_sample=False)`. One export (ExecuTorch + ONNX, with the generation methods) per config and

@@ -1,4 +1,4 @@
-"""The exported v3 ONNX program (one graph per method, weights and LoRA state as inputs), run on ONNX
+"""The exported ONNX program (one graph per method, weights and LoRA state as inputs), run on ONNX
 Runtime by the host's layer loop, against the eager reference runtime (the same method modules in
 PyTorch, driven by the same loop) and against Hugging Face + PEFT in float64. Exports are small
 (2 layers, T=16) and shared per module: ~10-15 s of CPU each with the dynamo exporter."""

@@ -121,7 +121,7 @@ def phone(tmp_path, monkeypatch):
 
 @pytest.fixture
 def program(tmp_path):
-    """A contract-v3 program directory shaped like `toolchain export` writes it: the v3 trace's manifest
+    """A program directory shaped like `toolchain export` writes it: the tiny trace's manifest
     (schema_version 3) and every file it lists, state_init.bin holding state.numel float32 values, and a
     plain-text file for the app to make rows from."""
     d = tmp_path / "tiny-prog"

@@ -71,7 +71,7 @@ def _setup(spec: dict) -> _Setup:
 
 
 def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool = False) -> Callable[[int], float]:
-    """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
+    """One step of the exported program on its runtime, driven by the host's layer loop. The state is
     held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
     loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
     from toolchain.lora import init_lora

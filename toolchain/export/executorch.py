@@ -1,4 +1,4 @@
-"""ExecuTorch target: the v3 methods -> one `.pte` (torch.export -> exir edge -> executorch).
+"""ExecuTorch target: the methods -> one `.pte` (torch.export -> exir edge -> executorch).
 
 No method holds a weight: frozen tensors and the LoRA state are method inputs (the app passes views
 of its memory-mapped weights file and of its state array), so the program is small and its export

@@ -2,7 +2,7 @@
 
 The trainer owns the flat state (from the program's state_init.bin). Per step: the layers to
 backpropagate (the run's LCSB plan, else full backprop), the row padded to seq_len (ids with
-pad_token_id, labels with -100), the v3 layer loop (runtime/loop.py) on the state. Rows, checkpoints,
+pad_token_id, labels with -100), the layer loop (runtime/loop.py) on the state. Rows, checkpoints,
 resume and telemetry are the shared loop's (loop.py), as for the eager trainer, so a killed run
 resumes with the same result as an uninterrupted one.
 """
