@@ -92,7 +92,7 @@ def _executorch_case(a: torch.Tensor, w: torch.Tensor, kind: str, threads: int, 
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    from toolchain.export.executorch import _quiet
+    from toolchain.export.executorch import quiet_logger
 
     ep = torch.export.export(_Op(kind), (a, w), strict=False)
     edge = to_edge({"forward": ep}, compile_config=EdgeCompileConfig(_check_ir_validity=False,
@@ -101,7 +101,7 @@ def _executorch_case(a: torch.Tensor, w: torch.Tensor, kind: str, threads: int, 
     # limits (this is a study of the kernel), bfloat16 allowed
     part = XnnpackPartitioner(configs=[LinearConfig, MMConfig], per_op_mode=True,
                               force_non_static_weights_for_f32_linear=True, enable_bf16=a.dtype == torch.bfloat16)
-    with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
+    with quiet_logger("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
         edge = edge.to_backend({"forward": part})
     gm = edge.exported_program("forward").graph_module
     delegated = any("executorch_call_delegate" in str(n.target) for n in gm.graph.nodes)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from toolchain.errors import BadInput, ToolchainError
 
-__all__ = ["main", "run_memory", "run_timing"]
+__all__ = ["main", "run_memory", "run_timing", "worker_setup"]
 
 
 class _Setup(NamedTuple):
@@ -50,7 +50,7 @@ def _import_runtime() -> None:
     checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
 
 
-def _setup(spec: dict) -> _Setup:
+def worker_setup(spec: dict) -> _Setup:
     import torch
 
     from toolchain.bench.weights_cache import load_mmap_weights, load_quantized
@@ -138,7 +138,7 @@ def run_memory(spec: dict) -> dict:
         pdir = ProgramDir(Path(spec["program_dir"]))
     release_free_memory()
     baseline = read_status()
-    s = _setup(spec)
+    s = worker_setup(spec)
     step = _step_fn(spec, s, spec["mode"], pdir)
     step(0)  # warm-up
     peaks, before, drift = [], [], []
@@ -178,7 +178,7 @@ def run_timing(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    s = _setup(spec)
+    s = worker_setup(spec)
     modes = spec["modes"]
     steps = {mode: _step_fn(spec, s, mode) for mode in modes}
     for step in steps.values():

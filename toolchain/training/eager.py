@@ -33,7 +33,7 @@ from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import RunOutcome
 
 __all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train",
-           "evaluate"]
+           "evaluate", "assign_update"]
 
 
 # The eager trainer's optimizer when `TrainRun.optimizer` is None (the LCSB paper's: lr 1e-4, weight decay 0.01).
@@ -70,7 +70,7 @@ def start_run(config: TrainRun, lora: LoraWeights) -> RunState:
     return RunState(own, init_state(run_optimizer(config), own))
 
 
-def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], new_slots) -> None:
+def assign_update(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], new_slots) -> None:
     """Write one layer's updated LoRA pairs and optimizer slots into the run's tensors (in place)."""
     for t, p in layer.items():
         p.a.copy_(new_layer[t].a)
@@ -95,7 +95,8 @@ def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: R
         # In place, right after layer i's backward: nothing of the step reads layer i's LoRA after it (the
         # backward of layer j < i uses layer j's), so only one layer's new tensors are ever transient,
         # instead of a second copy of the whole adapter and its optimizer state.
-        _assign(state.lora[i], state.opt.slots[i], *update_layer(opt, state.lora[i], grads, state.opt.slots[i], step))
+        assign_update(state.lora[i], state.opt.slots[i],
+                      *update_layer(opt, state.lora[i], grads, state.opt.slots[i], step))
 
     with torch.no_grad():
         result = mesp_step(arch, weights, cfg, state.lora, example.input_ids, example.labels,
