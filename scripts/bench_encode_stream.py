@@ -74,7 +74,7 @@ def main() -> None:
         subprocess.run([*TOOLCHAIN, "export", "--model", "tiny", "--init", "random", "--seq-len", "256",
                         "--target", "onnx", "--quant", "none", "--out", str(tiny)], check=True, capture_output=True)
     if not (work / "tokenizer.json").exists():
-        from toolchain.text.tokenizer import qwen_tokenizer
+        from toolchain.text.qwen_vocab import qwen_tokenizer
 
         (work / "tokenizer.json").write_text(qwen_tokenizer().to_json(), encoding="utf-8")
     for name, sep in (("newlines", "\n"), ("no-newline", " ")):

@@ -37,7 +37,7 @@ def reference_encoding():
     """tiktoken's Encoding over the Qwen ranks (parsed here, independently of toolchain.text.tokenizer)."""
     import tiktoken
 
-    from toolchain.text.tokenizer import QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, qwen_vocab_path
+    from toolchain.text.qwen_vocab import QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, qwen_vocab_path
 
     ranks = {}
     for line in qwen_vocab_path().read_bytes().splitlines():
@@ -52,7 +52,7 @@ def render() -> str:
     """The ids file, deterministic: a header, then one case's ids per line."""
     import tiktoken
 
-    from toolchain.text.tokenizer import QWEN_PATTERN, QWEN_VOCAB_SHA256
+    from toolchain.text.qwen_vocab import QWEN_PATTERN, QWEN_VOCAB_SHA256
 
     enc = reference_encoding()
     cases = [unicodedata.normalize("NFC", c) for c in read_cases()]

@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 from toolchain.lcsb.plan import make_plan  # noqa: E402
 from toolchain.text.shuffle import SplitMix64, permutation  # noqa: E402
 from toolchain.text.text_data import split_held_out, text_rows  # noqa: E402
-from toolchain.text.tokenizer import apply_chat_template, load_tokenizer  # noqa: E402
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.tokenizer_source import load_tokenizer
 from toolchain.training.order import data_order  # noqa: E402
 
 DEFAULT_OUT = REPO / "shared_schemas" / "data_corpus" / "cases.jsonl"

@@ -21,7 +21,8 @@ from toolchain.schemas import dumps
 from toolchain.text.text_data import (ProgramText, make_rows, split_held_out, stream_windows, windows, write_rows,
                                  write_text_rows)
 from toolchain.text.encode_stream import encode_stream, ids_json, segments, text_blocks
-from toolchain.text.tokenizer import QWEN_TOKENIZER_JSON_SHA256, ByteTokenizer, qwen_tokenizer
+from toolchain.text.qwen_vocab import qwen_tokenizer
+from toolchain.text.tokenizer import QWEN_TOKENIZER_JSON_SHA256, ByteTokenizer
 from toolchain.validate import read_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -202,7 +202,8 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
         BadInput: neither or both of text and ids, chat without text, bad ids, or text for a program
             without a tokenizer.
     """
-    from toolchain.text.tokenizer import apply_chat_template, program_tokenizer
+    from toolchain.text.chat_template import apply_chat_template
+    from toolchain.text.tokenizer_source import program_tokenizer
 
     if (text is None) == (ids is None):
         raise BadInput("give exactly one of --prompt and --prompt-ids")

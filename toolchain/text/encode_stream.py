@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from toolchain.errors import BadInput
-from toolchain.text.tokenizer import (QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, ByteTokenizer, HFTokenizer,
-                                 Tokenizer, _byte_symbols, read_qwen_ranks)
+from toolchain.text.qwen_vocab import QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, read_qwen_ranks
+from toolchain.text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, byte_symbols
 
 __all__ = ["MAX_TEXT_BYTES", "MAX_RUN_CHARS", "BLOCK_BYTES", "SEGMENT_CHARS", "text_blocks", "segments",
            "last_safe_cut", "stream_encoder", "encode_stream", "ids_json", "spelling"]
@@ -252,7 +252,7 @@ def _tiktoken_qwen(tokenizer: HFTokenizer):
     try:    # the ranks its tokenizer.json was built from (`is_qwen`), 0.4 s; spelled back from the vocabulary: 4 s
         ranks = tokenizer._ranks or read_qwen_ranks()
     except BadInput:
-        table = {ord(s): b for b, s in enumerate(_byte_symbols())}
+        table = {ord(s): b for b, s in enumerate(byte_symbols())}
         ranks = {token.translate(table).encode("latin-1"): rank
                  for token, rank in tokenizer._tk.get_vocab(with_added_tokens=False).items()}
     if tokenizer.is_qwen():

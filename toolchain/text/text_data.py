@@ -13,7 +13,7 @@ memory does not grow with its size and the ids are those of the whole file at on
 has no token (empty, or only a byte-order mark) is refused, whatever the tokenizer.
 
 Chat (`chat_rows`): one conversation `{"messages": [{"role", "content"}, ...]}` per JSONL line
-through the Qwen chat template (`toolchain.text.tokenizer.apply_chat_template`); labels are the ids on
+through the Qwen chat template (`toolchain.text.chat_template.apply_chat_template`); labels are the ids on
 the assistant's tokens (each assistant content and its `<|im_end|>`) and -100 elsewhere. A
 conversation longer than `seq_len` is an error naming its line (truncating would silently drop the
 targets at its end).
@@ -40,7 +40,9 @@ from toolchain.contract import read_text_fields
 from toolchain.errors import BadInput
 from toolchain.schemas import validation_errors
 from toolchain.text.shuffle import permutation
-from toolchain.text.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.tokenizer import Tokenizer
+from toolchain.text.tokenizer_source import load_tokenizer
 
 __all__ = ["ProgramText", "read_text", "text_rows", "chat_rows", "split_held_out", "write_rows", "program_text",
            "make_rows", "windows", "stream_windows", "write_text_rows", "TextRows", "row_line"]
