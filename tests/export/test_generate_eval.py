@@ -347,7 +347,7 @@ def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):
     step, every N steps and after the last; the first equals `toolchain eval` on the initial state), plotted
     in the report beside the training loss."""
     from toolchain.schemas import validate
-    from toolchain.telemetry.report import loss_figure
+    from toolchain.telemetry.figures import loss_figure
 
     rows = _rows(tied.arch, 6)[:4]
     data = tmp_path / "rows.jsonl"

@@ -10,7 +10,7 @@ from toolchain.text.dataset import DataRow
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import random_weights
 from toolchain.telemetry.events import read_jsonl
-from toolchain.telemetry.report import summarize
+from toolchain.telemetry.summary import summarize
 from toolchain.training import EagerTrainer, TrainRun
 
 
