@@ -262,7 +262,7 @@ class LockstepRunner:
 
 def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
                 lockstep: tuple[Path, torch.Tensor] | None = None) -> Result:
-    from toolchain.dataset import Example
+    from toolchain.text.dataset import DataRow
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
     from toolchain.runtime.loop import LayerLoop
@@ -286,7 +286,7 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
                                               layers_per_checkpoint=plan.layers_per_checkpoint))
             res.states.append(state.clone())
         if plan.eval_rows:
-            ev = evaluate_program(pdir, runner, state, [Example(*r) for r in plan.eval_rows], loop=loop)
+            ev = evaluate_program(pdir, runner, state, [DataRow(*r) for r in plan.eval_rows], loop=loop)
             res.eval_loss, res.eval_tokens = ev["loss"], ev["tokens"]
         if plan.new_tokens > 0 and pdir.generate is not None:
             res.ids = generate(pdir, runner, state, plan.prompt, plan.new_tokens, loop=loop).output_ids

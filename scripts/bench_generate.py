@@ -52,16 +52,16 @@ def _ours(a) -> dict:
     from toolchain.memory.measure import MIB, measure_peak
     from toolchain.program import ProgramDir
     from toolchain.runtime.generate import generate
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
 
     torch.set_num_threads(a.threads)
     pdir = ProgramDir(a.program, verify=False)
-    train = open_runner(pdir, a.target, threads=a.threads, use="train")   # the app's training runtime, loaded
+    train = open_runtime(pdir, a.target, threads=a.threads, use="train")   # the app's training runtime, loaded
     state = pdir.state_init()
     prompt = _prompt(pdir.arch.vocab, a.prompt_len)
     with measure_peak() as m:
         t0 = time.perf_counter()
-        runner = open_runner(pdir, a.target, threads=a.threads, use="generate")
+        runner = open_runtime(pdir, a.target, threads=a.threads, use="generate")
         load_s = time.perf_counter() - t0
         generate(pdir, runner, state, prompt, a.new)                       # warm-up
         first: list[float] = []

@@ -92,7 +92,7 @@ def _executorch_case(a: torch.Tensor, w: torch.Tensor, kind: str, threads: int, 
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    from toolchain.export.executorch import _quiet
+    from toolchain.export.executorch import quiet_logger
 
     ep = torch.export.export(_Op(kind), (a, w), strict=False)
     edge = to_edge({"forward": ep}, compile_config=EdgeCompileConfig(_check_ir_validity=False,
@@ -101,7 +101,7 @@ def _executorch_case(a: torch.Tensor, w: torch.Tensor, kind: str, threads: int, 
     # limits (this is a study of the kernel), bfloat16 allowed
     part = XnnpackPartitioner(configs=[LinearConfig, MMConfig], per_op_mode=True,
                               force_non_static_weights_for_f32_linear=True, enable_bf16=a.dtype == torch.bfloat16)
-    with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
+    with quiet_logger("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
         edge = edge.to_backend({"forward": part})
     gm = edge.exported_program("forward").graph_module
     delegated = any("executorch_call_delegate" in str(n.target) for n in gm.graph.nodes)
@@ -131,9 +131,9 @@ def _time(fn, reps: int) -> list[float]:
 
 def _programs(a) -> dict:
     """The --programs comparison (module docstring)."""
-    from toolchain.dataset import load_examples
+    from toolchain.text.dataset import load_examples
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
     from toolchain.training import TrainRun, run_program
 
     dirs = [Path(d) for d in a.programs.split(",")]
@@ -141,13 +141,13 @@ def _programs(a) -> dict:
     computes = [p.spec.compute for p in pdirs]
     if len(dirs) != 2 or computes != ["fp32", "fp16"]:
         raise SystemExit(f"Error: --programs takes FP32_DIR,FP16_DIR (got computes {', '.join(computes)})")
-    runners = [open_runner(p, "executorch", threads=a.threads) for p in pdirs]
+    runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     g = torch.Generator().manual_seed(0)
     vocab, t = pdirs[0].arch.vocab, pdirs[0].seq_len
-    from toolchain.dataset import Example
+    from toolchain.text.dataset import DataRow
 
     rows = (load_examples(a.data, pdirs[0].arch) if a.data else
-            [Example(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])
+            [DataRow(ids, ids.clone()) for ids in (torch.randint(0, vocab, (t,), generator=g) for _ in range(2))])
     lr = a.lr if a.lr is not None else pdirs[0].default_lr
     times = {c: {"wall_s": [], "cpu_s": []} for c in computes}
     for i in range(a.steps + 1):                         # step 0: warm-up (every method loaded, pages mapped)

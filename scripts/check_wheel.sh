@@ -48,7 +48,7 @@ import json
 import sys
 from pathlib import Path
 
-from toolchain.dataset import bundled_corpus
+from toolchain.text.dataset import bundled_corpus
 from toolchain.errors import SchemaError
 from toolchain.schemas import validate
 

@@ -82,19 +82,19 @@ from pathlib import Path
 
 import torch
 
-from toolchain.bench.lcsb import LcsbBenchConfig, _pretrain, _split, text_pretrain_rows
-from toolchain.dataset import demo_corpus
+from toolchain.bench.lcsb import LcsbBenchConfig, pretrain_base, split_rows, text_pretrain_rows
+from toolchain.text.dataset import demo_corpus
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step
-from toolchain.mesp.block import _attention_half, block_backward, block_forward, block_rope
+from toolchain.mesp.block import attention_half, block_backward, block_forward, block_rope
 from toolchain.mesp.ops import linear_forward, rmsnorm_forward, swiglu_forward
 from toolchain.mesp.step import block_params, embedding_rows, head_loss_and_grad
 from toolchain.models import random_weights
 from toolchain.models.load import load_checkpoint
 from toolchain.optim import OptimizerConfig, OptState, update_layer
 from toolchain.training import TrainRun, evaluate, start_run
-from toolchain.training.eager import RunState, _assign
+from toolchain.training.eager import RunState, assign_update
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
 
@@ -123,7 +123,7 @@ def _direct_step(arch, weights, cfg, lora, ex, sel, with_a):
         inputs.append(x)
         p = block_params(arch, weights, cfg, lora, i)
         if i not in sel:
-            x1, k = _attention_half(x, p, rope)
+            x1, k = attention_half(x, p, rope)
             w, s = p.weights, p.scale
             n2, _ = rmsnorm_forward(x1, w.post_norm, arch.rms_eps)
             g = linear_forward(n2, w.gate_proj, None, p.lora.get("gate_proj"), s)[0]
@@ -200,12 +200,12 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
                 return
             elif unsel == "hold":
                 new = {t: _hold(lr, wd, p, st.opt.slots[i][t], counts[i]) for t, p in st.lora[i].items()}
-                _assign(st.lora[i], st.opt.slots[i], new, st.opt.slots[i])
+                assign_update(st.lora[i], st.opt.slots[i], new, st.opt.slots[i])
                 return
             elif unsel == "comp":
                 since[i] += 1
                 o = dataclasses.replace(opt, lr=lr * (math.sqrt(B2) / B1) ** since[i])
-            _assign(st.lora[i], st.opt.slots[i], *update_layer(o, st.lora[i], grads, st.opt.slots[i], step))
+            assign_update(st.lora[i], st.opt.slots[i], *update_layer(o, st.lora[i], grads, st.opt.slots[i], step))
 
         with torch.no_grad():
             if direct is not None:
@@ -214,7 +214,8 @@ def run_arm(ctx, name, select, *, lr=None, sel_lr=1.0, unsel="zero", exact=False
                 for i in sorted(sel, reverse=True):
                     update(i, gr[i])
                 for i in sorted(set(range(layers)) - sel):
-                    _assign(st.lora[i], st.opt.slots[i], *update_layer(opt, st.lora[i], gr[i], st.opt.slots[i], step))
+                    assign_update(st.lora[i], st.opt.slots[i],
+                                  *update_layer(opt, st.lora[i], gr[i], st.opt.slots[i], step))
             elif exact:
                 r = mesp_step(arch, weights, cfg, st.lora, ex.input_ids, ex.labels)
                 for i in range(layers):
@@ -277,7 +278,7 @@ def main() -> None:
     if args.seed:
         args.cache = args.cache / f"seed{args.seed}"
     arch = config.arch
-    rows, val = _split(config)
+    rows, val = split_rows(config)
     args.cache.mkdir(parents=True, exist_ok=True)
     base, base_info = args.cache / "base.pt", args.cache / "base.json"
     if base.exists():
@@ -293,7 +294,7 @@ def main() -> None:
         weights, info = random_weights(arch, seed=config.seed), None
         cpu0, wall0 = time.process_time(), time.perf_counter()
         if config.pretrain_steps:
-            weights, info = _pretrain(config, arch, weights, pre_rows, None)
+            weights, info = pretrain_base(config, arch, weights, pre_rows, None)
         info = {**(info or {}), "corpus": args.pretrain_corpus, "rows": len(pre_rows),
                 "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0}
         torch.save(weights, base)

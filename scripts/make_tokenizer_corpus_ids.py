@@ -7,8 +7,8 @@ case with `tiktoken` (the reference rank-BPE; not the product tokenizer), built 
 - `ids`: special-token text read as those tokens (`allowed_special="all"`);
 - `ids_ordinary`: every case as plain text (`encode_ordinary`).
 
-The Python product tokenizer (tests/test_tokenizer.py) and the Kotlin and Swift BPEs are compared
-against this file. `tests/test_tokenizer.py` checks that running this script reproduces it byte for byte.
+The Python product tokenizer (tests/text/test_tokenizer.py) and the Kotlin and Swift BPEs are compared
+against this file. `tests/text/test_tokenizer.py` checks that running this script reproduces it byte for byte.
 
     .venv/bin/python scripts/make_tokenizer_corpus_ids.py [--check]
 """
@@ -34,10 +34,10 @@ def read_cases(path: Path = CASES) -> list[str]:
 
 
 def reference_encoding():
-    """tiktoken's Encoding over the Qwen ranks (parsed here, independently of toolchain.tokenizer)."""
+    """tiktoken's Encoding over the Qwen ranks (parsed here, independently of toolchain.text.tokenizer)."""
     import tiktoken
 
-    from toolchain.tokenizer import QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, qwen_vocab_path
+    from toolchain.text.qwen_vocab import QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, qwen_vocab_path
 
     ranks = {}
     for line in qwen_vocab_path().read_bytes().splitlines():
@@ -52,7 +52,7 @@ def render() -> str:
     """The ids file, deterministic: a header, then one case's ids per line."""
     import tiktoken
 
-    from toolchain.tokenizer import QWEN_PATTERN, QWEN_VOCAB_SHA256
+    from toolchain.text.qwen_vocab import QWEN_PATTERN, QWEN_VOCAB_SHA256
 
     enc = reference_encoding()
     cases = [unicodedata.normalize("NFC", c) for c in read_cases()]

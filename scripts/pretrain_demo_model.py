@@ -99,7 +99,7 @@ def main() -> None:
     from transformers import Qwen2ForCausalLM
 
     from toolchain.models import get_preset
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.tokenizer import ByteTokenizer
 
     if args.make_corpus is not None:
         CORPUS.write_text(make_corpus(args.make_corpus))

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from toolchain.bench.memory import MemoryBenchConfig, _spec, host_info, program_settings
+from toolchain.bench.memory import MemoryBenchConfig, worker_spec, host_info, program_settings
 from toolchain.bench.weights_cache import default_cache_dir, ensure_quantized, ensure_weights_cache
-from toolchain.bench.worker import _setup
+from toolchain.bench.worker import worker_setup
 from toolchain.program import ProgramDir
 from toolchain.runtime import LayerLoop
 
@@ -72,7 +72,7 @@ class _TimedRunner:
 
 
 class _EtdumpRunner:
-    """The program loaded with ETDump (the pybindings' Module): `execute` as ExecutorchRunner's, and the name
+    """The program loaded with ETDump (the pybindings' Module): `execute` as ExecuTorchRuntime's, and the name
     of every method called, in order (ETDump's event blocks are the calls, in the same order)."""
 
     def __init__(self, pte: Path) -> None:
@@ -278,12 +278,12 @@ def main(argv: list[str]) -> int:
                                **program_settings(args.program))
     cache = ensure_weights_cache(default_cache_dir(), args.model, args.init, args.seed)
     ensure_quantized(cache, config.quant, config.quant_group, head=config.quant_head)
-    spec = _spec(config, cache, pdir.arch.layers)
-    s = _setup(spec)
-    from toolchain.runtime.runners import open_runner
+    spec = worker_spec(config, cache, pdir.arch.layers)
+    s = worker_setup(spec)
+    from toolchain.runtime.runners import open_runtime
 
     roles = {n: m.role for n, m in pdir.methods.items()}
-    runner = _TimedRunner(open_runner(pdir, "executorch", threads=args.threads), roles, _Clock())
+    runner = _TimedRunner(open_runtime(pdir, "executorch", threads=args.threads), roles, _Clock())
     doc = {"program": str(args.program), "model": args.model, "threads": args.threads, "repeat": args.repeat,
            "host": host_info(), "stages": stage_times(spec, s, pdir, runner, args.repeat)}
     if not args.no_ops:

@@ -55,8 +55,8 @@ def main() -> None:
     from toolchain.models import load_model
     from toolchain.program.spec import QuantSpec
     from toolchain.program.weights_file import model_weights, weight_tensors
-    from toolchain.text_data import read_text, text_rows
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.text_data import read_text, text_rows
+    from toolchain.text.tokenizer import ByteTokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo")

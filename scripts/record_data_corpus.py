@@ -3,12 +3,12 @@
     .venv/bin/python scripts/record_data_corpus.py [OUT_FILE]   # default shared_schemas/data_corpus/cases.jsonl
 
 The apps' trainer cores turn a user's text (or chat JSONL) into training rows, hold out a seeded
-fraction and shuffle rows per pass exactly as the host does (`toolchain/text_data.py`,
-`toolchain/shuffle.py`, `toolchain/training/order.py`). Each line is one case, computed by those
+fraction and shuffle rows per pass exactly as the host does (`toolchain/text/text_data.py`,
+`toolchain/text/shuffle.py`, `toolchain/training/order.py`). Each line is one case, computed by those
 host functions; the Kotlin and Swift tests must reproduce every case. Kinds (fields):
 
     splitmix  seed, outputs            the first outputs of SplitMix64 (u64 as decimal strings)
-    permutation  n, seed, perm         toolchain.shuffle.permutation(n, seed)
+    permutation  n, seed, perm         toolchain.text.shuffle.permutation(n, seed)
     order     rows, seed, steps, order the rows of the first `steps` steps of `train --shuffle seed`
     split     rows, fraction, seed, held   indices held out by `toolchain data --held-out fraction --seed seed`
     lcsb_plan layers, k, policy, seed, period, phases, schedule   make_plan (toolchain/lcsb/plan.py), every policy;
@@ -32,9 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from toolchain.lcsb.plan import make_plan  # noqa: E402
-from toolchain.shuffle import SplitMix64, permutation  # noqa: E402
-from toolchain.text_data import split_held_out, text_rows  # noqa: E402
-from toolchain.tokenizer import apply_chat_template, load_tokenizer  # noqa: E402
+from toolchain.text.shuffle import SplitMix64, permutation  # noqa: E402
+from toolchain.text.text_data import split_held_out, text_rows  # noqa: E402
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.tokenizer_source import load_tokenizer
 from toolchain.training.order import data_order  # noqa: E402
 
 DEFAULT_OUT = REPO / "shared_schemas" / "data_corpus" / "cases.jsonl"

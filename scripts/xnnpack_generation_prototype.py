@@ -161,13 +161,13 @@ def do_run(a):
     from executorch.runtime import Runtime, Verification
     from toolchain.runtime.generate import new_cache
     from toolchain.runtime.loop import LayerLoop
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
 
     torch.set_num_threads(1)
     pdir = ProgramDir(a.program, verify=False)
     spec = pdir.spec
     ms = method_specs(spec)
-    stock = open_runner(pdir, "executorch", threads=1, use="generate", fused=False)
+    stock = open_runtime(pdir, "executorch", threads=1, use="generate", fused=False)
     loop = LayerLoop(pdir, stock)
     state = pdir.state_init()
     if a.lora_noise:

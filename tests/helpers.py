@@ -413,13 +413,13 @@ def eager_program_run(pdir, program, lora: LoraWeights, examples, steps: int, lr
     drives a runtime (phase schedule from the manifest, rows padded to seq_len, the flat state held as
     the app holds it). Returns (losses, final flat state)."""
     from toolchain.program.spec import flat_state
-    from toolchain.training import pad_example
+    from toolchain.training import pad_row
 
     flat = flat_state(program.layout, lora)
     pad_id = pdir.tokenizer.pad_token_id
     losses = []
     for s in range(steps):
-        ids, labels = pad_example(examples[s % len(examples)], pdir.seq_len, pad_id, "row")
+        ids, labels = pad_row(examples[s % len(examples)], pdir.seq_len, pad_id, "row")
         _, phase = pdir.method_for_step(s)
         layers = None if phase is None else pdir.lcsb.phases[phase]
         losses.append(program.eager_step(ids, labels, lr, flat, layers))

@@ -2,12 +2,12 @@
 
 1. Export the `demo` preset (toolchain/assets/demo_model/: a 3 M-parameter Qwen2 decoder with the byte
    tokenizer, pretrained on public-domain books by scripts/pretrain_demo_model.py) as a training program
-   with the generation methods (contract v3).
+   with the generation methods.
 2. BEFORE: the held-out loss of the bundled user text's held-out part (`evaluate_program`) and a greedy
    generation for a fixed prompt (`generate`), with the program's initial adapter (LoRA B = 0: the
    pretrained model itself).
 3. Personalize: the user text (toolchain/assets/user_text.txt, a keeper's log of an invented
-   lighthouse) as rows through `toolchain.text_data` (what `toolchain data` writes), trained on the
+   lighthouse) as rows through `toolchain.text.text_data` (what `toolchain data` writes), trained on the
    program's methods by the program trainer (`ProgramTrainer`, what `toolchain train --program` runs);
    every `eval_every` steps the held-out loss of the live state, the array the trainer is updating.
    Each held-out loss is an `eval` telemetry event; the telemetry also holds the loaded-runtime baseline
@@ -15,7 +15,7 @@
    of the program's memory above it (run_start `planner_estimate_bytes`), which the report compares.
 4. AFTER: the held-out loss and the same greedy generation with the trained state.
 
-Everything runs in one `ProgramSession` (training/session.py): one runner (ExecuTorch unless `target` says
+Everything runs in one `TrainingSession` (training/session.py): one runner (ExecuTorch unless `target` says
 otherwise), one layer loop, one state; nothing is re-exported and no adapter file is written between training,
 eval and generation.
 """
@@ -112,7 +112,7 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
     from toolchain.models import load_model
     from toolchain.optim import OptimizerConfig
     from toolchain.program.spec import QuantSpec
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.tokenizer import ByteTokenizer
 
     arch, weights = load_model(cfg.model)
     tok = ByteTokenizer()
@@ -130,8 +130,8 @@ def export_demo(cfg: DemoConfig, out: Path, *, on_stage: Callable[[str], None] |
 
 def _examples(rows: list[dict], arch, path: Path):
     """Rows written as JSONL (what `toolchain data` writes) and read back through the data file checks."""
-    from toolchain.dataset import load_examples
-    from toolchain.text_data import write_rows
+    from toolchain.text.dataset import load_examples
+    from toolchain.text.text_data import write_rows
 
     write_rows(path, rows)
     return load_examples(path, arch)
@@ -145,13 +145,13 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     import torch
 
     from toolchain.memory.measure import MIB, measure_peak
-    from toolchain.text_data import make_rows, program_text
+    from toolchain.text.text_data import make_rows, program_text
     from toolchain.training import TrainRun
-    from toolchain.training.session import ProgramSession
+    from toolchain.training.session import TrainingSession
 
     phase = on_phase or (lambda _s: None)
     seconds: dict[str, float] = {}
-    session = ProgramSession(out, target=cfg.target, threads=cfg.threads, use="all", verbose=verbose)
+    session = TrainingSession(out, target=cfg.target, threads=cfg.threads, use="all", verbose=verbose)
     pdir = session.pdir
     ptext = program_text(out)                 # the program's own tokenizer (tokenizer.json), T, vocabulary
     tok = ptext.tokenizer

@@ -7,12 +7,12 @@ import torch
 from helpers import lora_for, our_weights, random_hf_model
 
 from toolchain.bench.lcsb import LcsbBenchConfig, merge_lora, run_lcsb_bench, text_pretrain_rows
-from toolchain.dataset import text_examples
+from toolchain.text.dataset import text_examples
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.mesp import model_loss
 from toolchain.models import ModelArch
-from toolchain.shuffle import permutation
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.shuffle import permutation
+from toolchain.text.tokenizer import ByteTokenizer
 
 
 def test_merged_adapter_gives_the_same_model_as_base_plus_adapter():

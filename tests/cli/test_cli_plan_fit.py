@@ -64,7 +64,7 @@ def test_program_without_manifest_and_bad_inputs(tmp_path):
 
 
 def test_program_in_words_and_json_and_a_mismatched_program(tmp_path):
-    """The v3 example (a real tiny export): the phone figure is the answer, the host figure beside it."""
+    """The example (a real tiny export): the phone figure is the answer, the host figure beside it."""
     from toolchain.memory.fit import EXECUTORCH_OVERHEAD_MB, program_peak
     from toolchain.schemas import SCHEMA_DIR
 

@@ -1,4 +1,4 @@
-"""`toolchain demo`: exports the bundled pretrained `demo` model (contract v3 with the generation methods),
+"""`toolchain demo`: exports the bundled pretrained `demo` model (with the generation methods),
 then on the ExecuTorch runtime: held-out loss and greedy generation before, personalization on the bundled
 user text, held-out loss and generation after. Reduced here (a few steps, a short generation); the export
 is the bulk of the time."""

@@ -1,4 +1,4 @@
-"""`ProgramSession` (toolchain/training/session.py): train, evaluate and generate on one loaded program and
+"""`TrainingSession` (toolchain/training/session.py): train, evaluate and generate on one loaded program and
 state give what the separate commands give (`toolchain train --program`, `eval --resume-from`, `generate
 --resume-from` on the run's checkpoint), bit for bit."""
 
@@ -11,13 +11,13 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.training import TrainRun, checkpoint_path
-from toolchain.training.session import ProgramSession
+from toolchain.training.session import TrainingSession
 
 ARCH = ModelArch(hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=40, max_positions=32)
 CFG = LoraConfig(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
@@ -26,18 +26,18 @@ STEPS, LR, EVERY, SHUFFLE = 5, 0.05, 2, 3
 PROMPT, NEW = [5, 7, 11, 2, 9], 8
 
 
-def _rows(n: int, seed: int) -> list[Example]:
+def _rows(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, ARCH.vocab, (SEQ_LEN - i % 4,), generator=g)
         labels = ids.clone()
         labels[:2] = -100
-        out.append(Example(ids, labels))
+        out.append(DataRow(ids, labels))
     return out
 
 
-def _write(path, rows: list[Example]):
+def _write(path, rows: list[DataRow]):
     path.write_text("".join(json.dumps({"input_ids": ex.input_ids.tolist(), "labels": ex.labels.tolist()}) + "\n"
                             for ex in rows))
     return path
@@ -80,7 +80,7 @@ def test_one_session_trains_evaluates_and_generates_as_the_separate_commands(pro
     generated_before = json.loads((tmp_path / "g0.json").read_text())
 
     # one session: generate before, train with the schedule, evaluate and generate the live state after
-    session = ProgramSession(program)
+    session = TrainingSession(program)
     examples, held_examples = session.examples(data), session.examples(held_file)
     prompt = session.prompt(ids=",".join(map(str, PROMPT)))
     assert session.generate(prompt.ids, NEW, stop_ids=prompt.stop_ids).output_ids == generated_before["output_ids"]
@@ -101,10 +101,13 @@ def test_one_session_trains_evaluates_and_generates_as_the_separate_commands(pro
 
 
 def test_a_session_refuses_train_before_start_and_a_baseline_after_the_runtime(program):
-    session = ProgramSession(program)
+    from toolchain.runtime.runners import ProgramRuntime
+
+    session = TrainingSession(program)
     with pytest.raises(RuntimeError, match="before start_training"):
         session.train()
-    session.open_runtime()
+    assert isinstance(session.open_runtime(), ProgramRuntime)
+    assert not isinstance(object(), ProgramRuntime)          # the protocol asks for backend and execute
     with pytest.raises(RuntimeError, match="after the runtime was opened"):
         session.measure_baseline()
 
@@ -113,7 +116,7 @@ def test_generation_limits_name_the_field_and_the_cli_the_option(program):
     """The library's error names the field (`max_new_tokens`), `toolchain generate` the option."""
     from toolchain.errors import FieldError
 
-    session = ProgramSession(program, target="eager")
+    session = TrainingSession(program, target="eager")
     with pytest.raises(FieldError, match=r"^max_new_tokens 12 \+ the prompt's 5 tokens = 17 exceeds the program's "
                                          r"seq_len 16") as e:
         session.generate(PROMPT, 12)
@@ -131,7 +134,7 @@ def test_the_held_out_pass_of_a_run_reads_its_first_held_out_eval_rows_rows(prog
     rows, the same loss as `evaluate` of exactly those rows; `evaluate` itself reads every row it is given."""
     from toolchain.contract import HELD_OUT_EVAL_ROWS
 
-    session = ProgramSession(program)
+    session = TrainingSession(program)
     held = _rows(HELD_OUT_EVAL_ROWS + 5, 4)
     session.start_training(_rows(4, 1), TrainRun(steps=1, lr=LR), held=held)
     first = session.evals[0]

@@ -14,8 +14,10 @@ from click.testing import CliRunner
 
 from toolchain.cli import cli
 from toolchain.contract import IM_END, IM_START
-from toolchain.dataset import read_rows
-from toolchain.tokenizer import apply_chat_template, load_tokenizer, qwen_tokenizer
+from toolchain.text.dataset import read_rows
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.qwen_vocab import qwen_tokenizer
+from toolchain.text.tokenizer_source import load_tokenizer
 
 SEQ_LEN = 48
 TEXT = ("The river ran slowly past the old mill. 你好，世界！ Don't stop: 12345 🙂\n\n"

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.lcsb import make_plan, write_plan
 from toolchain.lora import load_adapter
 from toolchain.models import get_preset

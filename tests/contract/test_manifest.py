@@ -15,7 +15,7 @@ from toolchain.schemas import SCHEMA_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((SCHEMA_DIR / "examples").glob("manifest_tiny*.json"))
-# manifests of real exports: the recorded traces' programs and the planner's calibration programs (older v3)
+# manifests of real exports: the recorded traces' programs and the planner's calibration programs (older exports)
 RECORDED = sorted((REPO / "shared_schemas" / "traces").glob("*/program/manifest.json")) + \
     sorted((REPO / "tests" / "memory" / "data").glob("*/*.manifest.json"))
 

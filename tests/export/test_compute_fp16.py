@@ -14,16 +14,16 @@ import torch
 from click.testing import CliRunner
 
 from toolchain.cli import cli
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
-from toolchain.runtime import EagerRunner
-from toolchain.runtime.executorch_runner import ExecutorchRunner
-from toolchain.runtime.runners import open_runner
+from toolchain.runtime import EagerRuntime
+from toolchain.runtime.executorch_runner import ExecuTorchRuntime
+from toolchain.runtime.runners import open_runtime
 from toolchain.training import TrainRun, run_program
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -31,9 +31,9 @@ T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
 
 
-def _examples(n: int, seed: int) -> list[Example]:
+def _examples(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
-    return [Example(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
+    return [DataRow(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
 
 
 def _export(out, compute: str):
@@ -61,11 +61,11 @@ def _run(prog, runner_of, examples, steps=2, lr=1e-2):
 
 
 def _executorch(pdir):
-    return ExecutorchRunner(pdir.program_file("executorch"), list(pdir.methods))
+    return ExecuTorchRuntime(pdir.program_file("executorch"), list(pdir.methods))
 
 
 def _eager(pdir):
-    return EagerRunner(pdir.spec)
+    return EagerRuntime(pdir.spec)
 
 
 def test_manifest_states_compute_only_when_fp16(programs):
@@ -115,9 +115,9 @@ def test_a_runtime_without_float16_kernels_refuses_the_program(programs, monkeyp
 
     monkeypatch.setattr(Program, "load_method", no_half)
     with pytest.raises(BadInput, match=r"float16 .*no float16 kernels.*--compute fp32"):
-        open_runner(ProgramDir(programs["fp16"]), "executorch")
+        open_runtime(ProgramDir(programs["fp16"]), "executorch")
     with pytest.raises(BadInput) as e:
-        open_runner(ProgramDir(programs["fp32"]), "executorch")
+        open_runtime(ProgramDir(programs["fp32"]), "executorch")
     assert "float16" not in str(e.value)
 
 

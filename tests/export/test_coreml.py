@@ -1,10 +1,10 @@
-"""The Core ML export (`--target coreml`), contract v3.
+"""The Core ML export (`--target coreml`).
 
 Every host: each method's `.mlpackage` declares exactly the manifest's inputs and outputs (names, order,
 shapes; Core ML dtypes: int32 ids/labels, int8 for int8/uint8 weights), no states, no stored weight (only
 small constants); its MIL ops are the expected set; and the converted MIL program, evaluated op by op
 with coremltools' own numpy semantics for each MIL op (not the Core ML runtime), equals the method's
-eager module on random inputs, and drives `LayerLoop` through whole training steps like `EagerRunner`.
+eager module on random inputs, and drives `LayerLoop` through whole training steps like `EagerRuntime`.
 macOS only: predictions on the Core ML runtime, and the compute plan.
 Exports are small (2 layers, T=16) and shared per module."""
 
@@ -31,8 +31,8 @@ from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import (ProgramSpec, QuantSpec, flat_state, method_specs, state_layout,
                                       unflatten_state)
-from toolchain.runtime import EagerRunner, LayerLoop
-from toolchain.training import pad_example
+from toolchain.runtime import EagerRuntime, LayerLoop
+from toolchain.training import pad_row
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
@@ -338,18 +338,18 @@ def _state_views_init(pdir: ProgramDir, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("selected", [None, (1,)], ids=["all-layers", "lcsb-layer1"])
 def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     """Two whole steps driven by the host LayerLoop (bindings to the weights file's views, chaining,
-    LCSB skip and skip-update) on the MIL programs and on EagerRunner, from the same state."""
-    from toolchain.dataset import Example
+    LCSB skip and skip-update) on the MIL programs and on EagerRuntime, from the same state."""
+    from toolchain.text.dataset import DataRow
 
     pdir = exported
     mil_runner = MilRunner(pdir)
-    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRunner(pdir.spec))
+    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRuntime(pdir.spec))
     state = _state_views_init(pdir, seed=20)
     ref = state.clone()
     g = torch.Generator().manual_seed(21)
     for step in range(2):
         ids = torch.randint(0, ARCH.vocab, (T - 2 * step,), generator=g)
-        ids, labels = pad_example(Example(ids, ids.clone()), T, pdir.pad_token_id, "row")
+        ids, labels = pad_row(DataRow(ids, ids.clone()), T, pdir.pad_token_id, "row")
         loss = mil.train_step(ids, labels, 1e-2, state, selected)
         want = eager.train_step(ids, labels, 1e-2, ref, selected)
         assert math.isclose(loss, want, rel_tol=1e-6), (step, loss, want)
@@ -425,17 +425,17 @@ class CoreMLRunner:
 @pytest.mark.darwin
 @on_macos
 def test_coreml_predictions_train_like_eager(exported):
-    """Three steps through LayerLoop on Core ML against EagerRunner (quantized programs need macOS 26)."""
-    from toolchain.dataset import Example
+    """Three steps through LayerLoop on Core ML against EagerRuntime (quantized programs need macOS 26)."""
+    from toolchain.text.dataset import DataRow
 
     pdir = exported
-    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRunner(pdir.spec))
+    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRuntime(pdir.spec))
     state = _state_views_init(pdir, seed=30)
     ref = state.clone()
     g = torch.Generator().manual_seed(31)
     for step, selected in enumerate([None, (1,), (0,)]):
         ids = torch.randint(0, ARCH.vocab, (T,), generator=g)
-        ids, labels = pad_example(Example(ids, ids.clone()), T, 0, "row")
+        ids, labels = pad_row(DataRow(ids, ids.clone()), T, 0, "row")
         loss = loop.train_step(ids, labels, 1e-2, state, selected)
         want = eager.train_step(ids, labels, 1e-2, ref, selected)
         assert math.isclose(loss, want, rel_tol=1e-4), (step, loss, want)
@@ -478,7 +478,7 @@ def _eager_loop(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig, we
                                  step_entry="adam_step" if optimizer.kind == "adamw" else None)
     pdir = types.SimpleNamespace(info=info, weights=lambda: tensors, arch=arch, path="(eager)",
                                  state_views=lambda flat: unflatten_state(layout, flat))
-    return LayerLoop(pdir, EagerRunner(spec)), layout
+    return LayerLoop(pdir, EagerRuntime(spec)), layout
 
 
 @functools.cache
@@ -486,9 +486,9 @@ def _fp16_run(optimizer: OptimizerConfig, lr: float, steps: int, mode: str):
     """`steps` eager steps of the tiny preset on the bundled corpus (T=64, r=8 on all projections).
     mode: "fp32"; "state" (the state rounded to float16 after every step: what Core ML fp16 states
     would hold); "compute" (weights, activations and state in float16 too)."""
-    from toolchain.dataset import bundled_examples
+    from toolchain.text.dataset import bundled_examples
     from toolchain.models import get_preset
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.tokenizer import ByteTokenizer
 
     arch, cfg = get_preset("tiny"), LoraConfig(rank=8, alpha=16)
     examples = bundled_examples(ByteTokenizer(), seq_len=64)
@@ -499,7 +499,7 @@ def _fp16_run(optimizer: OptimizerConfig, lr: float, steps: int, mode: str):
     losses = []
     for s in range(steps):
         ex = examples[s % len(examples)]
-        ids, labels = pad_example(ex, 64, 0, "row")
+        ids, labels = pad_row(ex, 64, 0, "row")
         losses.append(loop.train_step(ids, labels, lr, flat, None))
         if mode == "state":
             flat.copy_(flat.half().float())

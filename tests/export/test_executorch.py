@@ -1,4 +1,4 @@
-"""The exported v3 ExecuTorch program, run on the real runtime through the host's layer loop, against
+"""The exported ExecuTorch program, run on the real runtime through the host's layer loop, against
 the same methods run eagerly, against the MeSP step and against Hugging Face + PEFT (float64).
 Exports are small (3 layers, T=16) and shared per module."""
 
@@ -12,7 +12,7 @@ import torch
 
 from helpers import hf_peft_sgd, max_rel_diff
 
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lcsb.plan import make_plan
@@ -22,22 +22,22 @@ from toolchain.models import ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
-from toolchain.runtime import EagerRunner, LayerLoop
-from toolchain.runtime.executorch_runner import ExecutorchRunner
-from toolchain.training import TrainRun, pad_example, run_program
+from toolchain.runtime import EagerRuntime, LayerLoop
+from toolchain.runtime.executorch_runner import ExecuTorchRuntime
+from toolchain.training import TrainRun, pad_row, run_program
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
 T = 16
 CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
 
 
-def _examples(n: int, seed: int) -> list[Example]:
+def _examples(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         t = T - (i % 3)  # some rows shorter than T: exercises padding
         ids = torch.randint(0, ARCH.vocab, (t,), generator=g)
-        out.append(Example(ids, ids.clone()))
+        out.append(DataRow(ids, ids.clone()))
     return out
 
 
@@ -65,14 +65,14 @@ def int4_adamw(tmp_path_factory):
 
 def _runtime(prog):
     pdir = ProgramDir(prog)
-    return pdir, ExecutorchRunner(pdir.program_file("executorch"), list(pdir.methods))
+    return pdir, ExecuTorchRuntime(pdir.program_file("executorch"), list(pdir.methods))
 
 
 def _run_both(prog, examples, steps, lr, **kw):
     """(pdir, result on ExecuTorch, result with the same methods run eagerly), driven alike."""
     pdir, runner = _runtime(prog)
     res = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
-    ref = run_program(pdir, EagerRunner(pdir.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
+    ref = run_program(pdir, EagerRuntime(pdir.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
     return pdir, res, ref
 
 
@@ -127,8 +127,8 @@ def test_eager_layer_loop_is_mesp_step_plus_sgd(fp32_sgd):
     prog, weights, lora = fp32_sgd
     pdir = ProgramDir(prog)
     state = pdir.state_init()
-    ids, labels = pad_example(_examples(1, seed=11)[0], T, 0, "row")
-    loss = LayerLoop(pdir, EagerRunner(pdir.spec)).train_step(ids, labels, 0.5, state, {1, 2})
+    ids, labels = pad_row(_examples(1, seed=11)[0], T, 0, "row")
+    loss = LayerLoop(pdir, EagerRuntime(pdir.spec)).train_step(ids, labels, 0.5, state, {1, 2})
     ref = mesp_step(ARCH, weights, CFG, lora, ids, labels, backward_layers={1, 2})
     assert math.isclose(loss, float(ref.loss), rel_tol=1e-6)
     new = pdir.lora_from_state(state)
@@ -167,7 +167,7 @@ def test_sgd_lcsb_leaves_unselected_layers_untouched(fp32_sgd):
     prog, _, _ = fp32_sgd
     pdir, runner = _runtime(prog)
     state = pdir.state_init()
-    ids, labels = pad_example(_examples(1, seed=12)[0], T, 0, "row")
+    ids, labels = pad_row(_examples(1, seed=12)[0], T, 0, "row")
     LayerLoop(pdir, runner).train_step(ids, labels, 0.1, state, {2})
     after, init = pdir.state_views(state), pdir.state_views(pdir.state_init())
     for name in after:
@@ -409,7 +409,7 @@ def test_checkpoint_groups_in_the_loop_equal_the_plain_loop_on_the_runtime(int4_
     states = []
     for every in (1, 2):
         state = pdir.state_init()
-        losses = [loop.train_step(*pad_example(ex, T, 0, "row"), 0.05, state, selected, layers_per_checkpoint=every)
+        losses = [loop.train_step(*pad_row(ex, T, 0, "row"), 0.05, state, selected, layers_per_checkpoint=every)
                   for ex in _examples(2, seed=8)]
         states.append((losses, state))
     (plain_losses, plain), (group_losses, grouped) = states

@@ -14,10 +14,10 @@ import torch
 from helpers import hf_peft_sgd, max_rel_diff
 from test_generate_eval import CFG, Case, _check_case
 
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.lora import lora_state_dict
 from toolchain.models import ModelArch, RopeScaling
-from toolchain.runtime import EagerRunner
+from toolchain.runtime import EagerRuntime
 from toolchain.training import TrainRun, run_program
 
 # qwen3: GQA 4:2, head_dim 6 (hidden 28 != 4 * 6), tied; llama: MQA 3:1, head_dim 12 (hidden 24 != 36), untied,
@@ -45,12 +45,12 @@ def qwen3_int4(tmp_path_factory):
     return Case(tmp_path_factory, "qwen3_int4", QWEN3, "int4", seed=38, prefill_chunk=5)
 
 
-def _examples(arch: ModelArch, n: int, seed: int) -> list[Example]:
+def _examples(arch: ModelArch, n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, arch.vocab, (24 - 2 * i,), generator=g)
-        out.append(Example(ids, ids.clone()))
+        out.append(DataRow(ids, ids.clone()))
     return out
 
 
@@ -63,7 +63,7 @@ def _check_training(case: Case) -> None:
     inputs = {i.name for i in pdir.methods["block_backward"].inputs}
     assert ({"w_q_norm", "w_k_norm"} <= inputs) == case.arch.qk_norm and "w_q_bias" not in inputs
     examples, steps, lr = _examples(case.arch, 3, seed=5), 4, 0.05
-    eager = run_program(pdir, EagerRunner(pdir.spec), examples, TrainRun(steps=steps, lr=lr))
+    eager = run_program(pdir, EagerRuntime(pdir.spec), examples, TrainRun(steps=steps, lr=lr))
     eager_sd = lora_state_dict(pdir.lora_from_state(eager.state))
     import copy
 

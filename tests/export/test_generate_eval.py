@@ -1,4 +1,4 @@
-"""Held-out eval and generation with the live adapter on exported v3 programs: the ExecuTorch runtime,
+"""Held-out eval and generation with the live adapter on exported programs: the ExecuTorch runtime,
 ONNX Runtime and the eager methods against Hugging Face `Qwen2ForCausalLM` + PEFT (float64 reference,
 the program in float32): eval loss <= 1e-4 relative, greedy output ids equal to HF's
 `generate(do_sample=False)`. One export (ExecuTorch + ONNX, with the generation methods) per config and
@@ -20,7 +20,7 @@ from helpers import float64_faithful_hf, lora_for, peft_wrap, random_hf_model
 
 from toolchain.cli import cli
 from toolchain.contract import GENERATION_ROLES
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, save_adapter
@@ -31,7 +31,7 @@ from toolchain.program.spec import QuantSpec
 from toolchain.runtime import LayerLoop
 from toolchain.runtime.evaluate import evaluate_program
 from toolchain.runtime.generate import generate, new_cache
-from toolchain.runtime.runners import open_runner
+from toolchain.runtime.runners import open_runtime
 from toolchain.training.session import state_from_adapter
 from helpers import our_weights
 
@@ -78,7 +78,7 @@ class Case:
 
     def runner(self, target: str, use: str, fused: bool | None = None):
         if (target, use, fused) not in self.runners:
-            self.runners[target, use, fused] = open_runner(self.pdir, target, threads=1, use=use, fused=fused)
+            self.runners[target, use, fused] = open_runtime(self.pdir, target, threads=1, use=use, fused=fused)
         return self.runners[target, use, fused]
 
     def hf_peft(self, lora):
@@ -112,8 +112,8 @@ def _rows(arch, seed):
         ids = torch.randint(0, arch.vocab, (n,), generator=g)
         labels = ids.clone()
         labels[: n // 3] = -100                                           # a prompt without loss
-        rows.append(Example(ids, labels))
-    rows.append(Example(torch.tensor([1, 2, 3]), torch.tensor([-100, -100, -100])))  # no target: skipped
+        rows.append(DataRow(ids, labels))
+    rows.append(DataRow(torch.tensor([1, 2, 3]), torch.tensor([-100, -100, -100])))  # no target: skipped
     return rows
 
 
@@ -181,13 +181,13 @@ def test_stock_generation_methods_equal_hf_and_the_fused_ones_their_reference_on
     """The stock int4 methods (embedding_4bit + linear: what a runtime without the kernel runs) give HF's
     greedy ids; the fused ones (W4A8) give the eager fused methods' head logits to float32 rounding, and
     the stock ones' within the activations' int8 rounding (tests/mesp/ops/test_quant.py bounds it)."""
-    from toolchain.runtime.executorch_runner import ExecutorchRunner
+    from toolchain.runtime.executorch_runner import ExecuTorchRuntime
     from toolchain.runtime.generate import generation_names
     from toolchain.runtime.runners import role_methods
 
     pdir, state = tied_int4.pdir, tied_int4.pdir.state_init()
     stock_names = role_methods(pdir, "generate", fused=False)
-    stock = ExecutorchRunner(pdir.program_file("executorch"), stock_names, threads=1)
+    stock = ExecuTorchRuntime(pdir.program_file("executorch"), stock_names, threads=1)
     stock.methods_loaded = tuple(stock_names)
     assert generation_names(pdir, stock_names)["block_decode"] == "block_decode"
     fused = tied_int4.runner("executorch", "generate")
@@ -210,7 +210,7 @@ def test_stock_generation_methods_equal_hf_and_the_fused_ones_their_reference_on
 
 
 def test_bound_decode_equals_binding_the_inputs_every_call_bit_for_bit(tied_int4):
-    """On ExecuTorch generate binds each layer's decode method once (ExecutorchRunner.bind: an instance per
+    """On ExecuTorch generate binds each layer's decode method once (ExecuTorchRuntime.bind: an instance per
     layer, inputs set once, the hidden state and position rewritten in place): every step's logits equal
     those of binding the inputs on every call (LayerLoop.bind unavailable, as on the other runtimes)."""
     pdir, state = tied_int4.pdir, tied_int4.pdir.state_init()
@@ -332,7 +332,7 @@ def test_cli_eval_and_generate_with_an_adapter(tied, tmp_path):
 
 
 def test_training_runner_does_not_load_the_generation_methods(tied):
-    r = open_runner(tied.pdir, "executorch", use="train")
+    r = open_runtime(tied.pdir, "executorch", use="train")
     assert set(r.methods) == {"embed", "block_forward", "head_loss", "block_backward"}
     arenas = tied.pdir.memory_plan.planned_arena_bytes["executorch"]
     assert set(GENERATION_ROLES) <= set(arenas)
@@ -347,7 +347,7 @@ def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):
     step, every N steps and after the last; the first equals `toolchain eval` on the initial state), plotted
     in the report beside the training loss."""
     from toolchain.schemas import validate
-    from toolchain.telemetry.report import loss_figure
+    from toolchain.telemetry.figures import loss_figure
 
     rows = _rows(tied.arch, 6)[:4]
     data = tmp_path / "rows.jsonl"
@@ -429,7 +429,7 @@ def test_programs_from_before_chunked_prefill_or_the_int4_head_are_refused(tied,
 
 def test_without_the_native_kernel_generation_runs_the_stock_methods(tied_int4, monkeypatch):
     monkeypatch.setenv("TOOLCHAIN_NATIVE_KERNELS", "0")
-    r = open_runner(tied_int4.pdir, "executorch", threads=1, use="generate")
+    r = open_runtime(tied_int4.pdir, "executorch", threads=1, use="generate")
     assert not any(n.endswith("_fused") for n in r.methods_loaded) and r.fused_unavailable is None
     got = generate(tied_int4.pdir, r, tied_int4.pdir.state_init(), [3, 1, 4], 6)
     assert not got.fused and got.output_ids == _hf_greedy(tied_int4.hf_peft(tied_int4.lora), [3, 1, 4], 6)
@@ -458,7 +458,7 @@ def test_a_kernel_that_cannot_be_built_falls_back_to_the_stock_methods_with_a_no
     import toolchain.runtime.runners as runners
 
     monkeypatch.setattr(runners, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
-    r = open_runner(tied_int4.pdir, "executorch", threads=1, use="generate")
+    r = open_runtime(tied_int4.pdir, "executorch", threads=1, use="generate")
     assert r.fused_unavailable.startswith("no C++ compiler") and not any(n.endswith("_fused") for n in r.methods_loaded)
     res = CliRunner().invoke(cli, ["generate", "--program", str(tied_int4.prog), "--prompt-ids", "1,2",
                                    "--max-new-tokens", "3"])

@@ -1,4 +1,4 @@
-"""The exported v3 ONNX program (one graph per method, weights and LoRA state as inputs), run on ONNX
+"""The exported ONNX program (one graph per method, weights and LoRA state as inputs), run on ONNX
 Runtime by the host's layer loop, against the eager reference runtime (the same method modules in
 PyTorch, driven by the same loop) and against Hugging Face + PEFT in float64. Exports are small
 (2 layers, T=16) and shared per module: ~10-15 s of CPU each with the dynamo exporter."""
@@ -14,7 +14,7 @@ import torch
 from helpers import hf_peft_sgd, lora_for, max_rel_diff, our_weights, random_hf_model
 
 from toolchain.contract import MANIFEST_NAME, TRAINING_ROLES, sha256_file
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.export.onnx import ONNX_DIR, OPSET
@@ -24,9 +24,9 @@ from toolchain.models import ModelArch
 from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
-from toolchain.runtime import EagerRunner, LayerLoop
-from toolchain.runtime.onnx_runner import OnnxRunner
-from toolchain.runtime.runners import open_runner
+from toolchain.runtime import EagerRuntime, LayerLoop
+from toolchain.runtime.onnx_runner import OnnxRuntime
+from toolchain.runtime.runners import open_runtime
 from toolchain.training import TrainRun, run_program
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64,
@@ -36,12 +36,12 @@ CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "down_p
 ADAMW = OptimizerConfig("adamw", weight_decay=0.01)
 
 
-def _examples(n: int, seed: int) -> list[Example]:
+def _examples(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, ARCH.vocab, (T - (i % 3),), generator=g)  # rows shorter than T: exercises padding
-        out.append(Example(ids, ids.clone()))
+        out.append(DataRow(ids, ids.clone()))
     return out
 
 
@@ -71,8 +71,8 @@ def int4_adamw(tmp_path_factory):
 def _run_both(prog, examples, run: TrainRun):
     """The same run on ONNX Runtime and on the eager reference runtime (both through run_program's LayerLoop)."""
     pdir = ProgramDir(prog)
-    onnx = run_program(pdir, OnnxRunner(pdir, threads=1), examples, run)
-    eager = run_program(pdir, EagerRunner(pdir.spec), examples, run)
+    onnx = run_program(pdir, OnnxRuntime(pdir, threads=1), examples, run)
+    eager = run_program(pdir, EagerRuntime(pdir.spec), examples, run)
     return pdir, onnx, eager
 
 
@@ -167,7 +167,7 @@ def test_the_session_io_check_refuses_a_mismatching_program(fp32_sgd, tmp_path):
     swapped = _copy(prog, tmp_path / "swapped")
     _edit_manifest(swapped, lambda m: m["programs"][0]["methods"].update(block_forward="onnx/head_loss.onnx"))
     with pytest.raises(BadInput, match="block_forward does not have the manifest's inputs/outputs; re-export"):
-        OnnxRunner(ProgramDir(swapped))
+        OnnxRuntime(ProgramDir(swapped))
     # a graph whose output is named differently (checksums updated, so only the I/O check can catch it)
     renamed = _copy(prog, tmp_path / "renamed")
     path = renamed / ONNX_DIR / "block_forward.onnx"
@@ -178,19 +178,19 @@ def test_the_session_io_check_refuses_a_mismatching_program(fp32_sgd, tmp_path):
     onnx.save(g, str(path))
     _edit_manifest(renamed, lambda m: m["files"].update({f"{ONNX_DIR}/block_forward.onnx": sha256_file(path)}))
     with pytest.raises(BadInput, match="block_forward does not have the manifest's inputs/outputs"):
-        OnnxRunner(ProgramDir(renamed))
+        OnnxRuntime(ProgramDir(renamed))
     # a program without an onnx export
     other = _copy(prog, tmp_path / "other")
     _edit_manifest(other, lambda m: m["programs"][0].update(target="coreml"))
     with pytest.raises(BadInput, match="no onnx program"):
-        OnnxRunner(ProgramDir(other))
+        OnnxRuntime(ProgramDir(other))
 
 
 def test_open_runner_picks_onnx_and_its_loop_trains_one_state_in_place(fp32_sgd):
-    """What `toolchain train --program` and `bench memory --modes onnx` run: open_runner + LayerLoop."""
+    """What `toolchain train --program` and `bench memory --modes onnx` run: open_runtime + LayerLoop."""
     prog = fp32_sgd[0]
     pdir = ProgramDir(prog)
-    runner = open_runner(pdir, threads=1)
+    runner = open_runtime(pdir, threads=1)
     assert pdir.targets == ["onnx"] and runner.backend == "onnx"
     loop, state = LayerLoop(pdir, runner), pdir.state_init()
     ex = _examples(1, seed=7)[0]

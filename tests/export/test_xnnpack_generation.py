@@ -27,7 +27,7 @@ from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec, method_specs
 from toolchain.runtime import LayerLoop
 from toolchain.runtime.generate import generate, generation_names
-from toolchain.runtime.runners import open_runner
+from toolchain.runtime.runners import open_runtime
 
 T = 24
 CFG = LoraConfig(rank=4, alpha=8.0)
@@ -44,9 +44,9 @@ class EagerVariant:
     def __init__(self, pdir: ProgramDir, names: list[str]) -> None:
         spec = pdir.spec
         methods = method_specs(spec)
-        from toolchain.runtime.eager_runner import EagerRunner
+        from toolchain.runtime.eager_runner import EagerRuntime
 
-        self.stock = EagerRunner(spec, [n for n in names if methods[n].variant is None])
+        self.stock = EagerRuntime(spec, [n for n in names if methods[n].variant is None])
         self.mods = {n: xnnpack_method_module(spec, methods[n], pdir.weights()) for n in names
                      if methods[n].variant is not None}
         self.methods_loaded = tuple(names)
@@ -116,7 +116,7 @@ def test_manifest_names_the_variant_and_every_layer_method(prog):
 
 def test_without_the_native_kernels_generation_runs_the_variant(prog, monkeypatch):
     monkeypatch.setenv("TOOLCHAIN_NATIVE_KERNELS", "0")
-    r = open_runner(prog, "executorch", threads=1, use="generate")
+    r = open_runtime(prog, "executorch", threads=1, use="generate")
     assert r.generation_variant == "xnnpack"
     assert set(r.methods_loaded) == {"embed_token", "embed_prefill", "head_logits_xnnpack"} | \
         {f"{role}_xnnpack_{i}" for role in ("block_prefill", "block_decode") for i in range(2)}
@@ -125,11 +125,11 @@ def test_without_the_native_kernels_generation_runs_the_variant(prog, monkeypatc
     got = generate(prog, r, prog.state_init(), [3, 1, 4], 3)
     assert got.variant == "xnnpack" and not got.fused and got.timings()["variant"] == "xnnpack"
     monkeypatch.setenv("TOOLCHAIN_XNNPACK_GENERATION", "0")
-    r = open_runner(prog, "executorch", threads=1, use="generate")
+    r = open_runtime(prog, "executorch", threads=1, use="generate")
     assert r.generation_variant == "stock" and set(r.methods_loaded) == {"embed_token", "embed_prefill",
                                                                         "block_prefill", "block_decode", "head_logits"}
     # training loads none of it
-    t = open_runner(prog, "executorch", threads=1, use="train")
+    t = open_runtime(prog, "executorch", threads=1, use="train")
     assert not any("xnnpack" in n or n.endswith("_fused") for n in t.methods_loaded)
 
 
@@ -140,7 +140,7 @@ def test_with_the_native_kernels_the_fused_methods_win(prog):
         load_kernels()
     except KernelUnavailable as e:
         pytest.skip(f"native kernels unavailable here: {e}")
-    r = open_runner(prog, "executorch", threads=1, use="generate")
+    r = open_runtime(prog, "executorch", threads=1, use="generate")
     assert r.generation_variant == "fused" and not any("xnnpack" in n for n in r.methods_loaded)
 
 
@@ -148,7 +148,7 @@ def test_variant_greedy_ids_and_logits_equal_the_eager_reference(prog, monkeypat
     """ExecuTorch (XNNPACK qd8 x qb4w kernels) against the same methods in PyTorch: head logits and block
     outputs to float32 rounding, greedy ids equal with a margin checked at every step."""
     monkeypatch.setenv("TOOLCHAIN_NATIVE_KERNELS", "0")
-    et = open_runner(prog, "executorch", threads=1, use="generate")
+    et = open_runtime(prog, "executorch", threads=1, use="generate")
     ref = EagerVariant(prog, list(et.methods_loaded))
     state = prog.state_init()
     prompt = [4, 9, 2, 33, 1, 8, 70]

@@ -731,7 +731,7 @@ def _cases() -> list[Case]:
         c("tokenize-program-tokenizer-outside", "`tokenize --tokenizer P`, P's tokenizer.file = ../outside.json",
           lambda w: ["tokenize", "--tokenizer", w.program(edit=outside_tokenizer), w.write("t.txt", "hi")],
           "outside the program directory"),
-        # ---- issue 27: large and empty text inputs (streamed; throughput: scripts/bench_text_stream.py)
+        # ---- issue 27: large and empty text inputs (streamed; throughput: scripts/bench_encode_stream.py)
         c("data-text-empty", "`data --text` of an empty file (one row of BOS/EOS, exit 0)",
           lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", b""), "--out", "rows.jsonl"],
           "no token to train on"),
@@ -739,7 +739,7 @@ def _cases() -> list[Case]:
           lambda w: ["data", "--program", w.program(), "--text", w.write("t.txt", b"\xef\xbb\xbf"), "--out",
                      "rows.jsonl"], "no token to train on"),
         c("data-text-over-max", "`data --text` of a file over the size limit (limit lowered to 4 KiB here; "
-          "tests/test_text_stream.py tries 256 MiB + 1)",
+          "tests/text/test_encode_stream.py tries 256 MiB + 1)",
           lambda w: ["data", "--program", w.program(), "--text", w.write("big.txt", "word " * 820), "--out",
                      "rows.jsonl"], "more than the 4,096 bytes", patch=text_limits),
         c("tokenize-over-max", "`tokenize` of a file over the size limit (lowered to 4 KiB)",
@@ -863,12 +863,12 @@ def _cases() -> list[Case]:
 
 def text_limits(monkeypatch) -> None:
     """The text size limit lowered to 4 KiB, so the cases stay small and fast."""
-    monkeypatch.setattr("toolchain.text_stream.MAX_TEXT_BYTES", 4096)
+    monkeypatch.setattr("toolchain.text.encode_stream.MAX_TEXT_BYTES", 4096)
 
 
 def run_limit(monkeypatch) -> None:
     """The limit on characters without a safe cut lowered to 20,000."""
-    monkeypatch.setattr("toolchain.text_stream.MAX_RUN_CHARS", 20_000)
+    monkeypatch.setattr("toolchain.text.encode_stream.MAX_RUN_CHARS", 20_000)
 
 
 CASES = _cases()

@@ -68,10 +68,10 @@ def test_a_bus_error_on_a_mapped_file_is_one_error_line(tmp_path: Path) -> None:
 
 
 def test_a_changed_weights_file_stops_at_the_step_boundary_with_a_checkpoint(tiny_program: Path, tmp_path: Path):
-    from toolchain.dataset import load_examples
+    from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
     from toolchain.training import ProgramTrainer, TrainRun
     from toolchain.training.checkpoint import load_checkpoint
 
@@ -81,7 +81,7 @@ def test_a_changed_weights_file_stops_at_the_step_boundary_with_a_checkpoint(tin
     data.write_text("".join(json.dumps({"input_ids": [256, *b"row %d of bytes" % i]}) + "\n" for i in range(3)))
     pdir = ProgramDir(prog)
     ck = tmp_path / "ck.safetensors"
-    trainer = ProgramTrainer(pdir, open_runner(pdir), load_examples(data, pdir.arch),
+    trainer = ProgramTrainer(pdir, open_runtime(pdir), load_examples(data, pdir.arch),
                              TrainRun(steps=10, lr=1e-3, checkpoint=ck, checkpoint_every=100))
 
     def touch_after_two(entry) -> None:
@@ -183,10 +183,10 @@ def test_a_pte_whose_methods_differ_from_the_manifest_is_refused(tiny_program: P
     program (same method names, other signatures)."""
     from toolchain.errors import BadInput
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import check_signatures, open_runner, role_methods
+    from toolchain.runtime.runners import check_signatures, open_runtime, role_methods
 
     pdir = ProgramDir(tiny_program)
-    runner = open_runner(pdir, "executorch", use="eval")
+    runner = open_runtime(pdir, "executorch", use="eval")
     methods = role_methods(pdir, "eval")
     check_signatures(pdir, runner.program, methods)          # its own .pte: accepted
 

@@ -21,7 +21,7 @@ from toolchain.schemas import SCHEMA_DIR, validate
 SMALL = StepShape(PRESETS["qwen2.5-0.5b"], 256, 8)
 HUGE = StepShape(PRESETS["qwen2.5-3b"], 8192, 8)
 MB = BYTES_PER_MB
-# A real v3 export: tiny, int4, AdamW, a default LCSB plan of two phases of 4 layers, 5 methods.
+# A real export: tiny, int4, AdamW, a default LCSB plan of two phases of 4 layers, 5 methods.
 EXAMPLE = json.loads((SCHEMA_DIR / "examples" / "manifest_tiny.json").read_text())
 TINY = StepShape(PRESETS["tiny"], EXAMPLE["seq_len"], EXAMPLE["lora"]["rank"], optimizer=EXAMPLE["optimizer"]["kind"])
 
@@ -44,7 +44,7 @@ def _expected(doc: dict, k: int, overhead: float) -> tuple[float, float]:
     return sum(arenas.values()) / MB + rest, max(arenas.values()) / MB + rest
 
 
-def test_the_example_manifest_is_schema_valid_v3():
+def test_the_example_manifest_is_schema_valid():
     validate("manifest", EXAMPLE)
     assert EXAMPLE["schema_version"] == 3 and len(EXAMPLE["memory_plan"]["planned_arena_bytes"]["executorch"]) == 5
 

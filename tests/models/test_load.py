@@ -46,7 +46,7 @@ def test_presets_match_design(name, hidden, layers, heads, kv_heads, intermediat
 
 
 def test_tiny_preset_fits_the_byte_tokenizer():
-    from toolchain.tokenizer import ByteTokenizer
+    from toolchain.text.tokenizer import ByteTokenizer
 
     tiny = get_preset("tiny")
     assert tiny.vocab == ByteTokenizer.vocab and tiny.heads % tiny.kv_heads == 0 and tiny.layers >= 2

@@ -1,4 +1,4 @@
-"""The target-neutral v3 contract (no exporter involved): the method signatures, the flat state layout,
+"""The target-neutral program contract (no exporter involved): the method signatures, the flat state layout,
 the weights file, and the method bodies against the MeSP primitives they chain."""
 
 from __future__ import annotations

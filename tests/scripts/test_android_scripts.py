@@ -3,7 +3,6 @@ a fake `adb` on PATH (tests/scripts/fake_adb.py plays the phone and the app)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from toolchain.telemetry import meminfo
 from toolchain.telemetry.events import check_events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,11 +24,6 @@ FILES = f"sdcard/Android/data/{PKG}/files"
 
 needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"{SAMPLES} is absent: the real dumpsys outputs live "
                                    "outside the repository (../shared/android-samples)")
-
-_spec = importlib.util.spec_from_file_location("meminfo_to_telemetry", SCRIPTS / "meminfo_to_telemetry.py")
-meminfo = importlib.util.module_from_spec(_spec)
-sys.modules["meminfo_to_telemetry"] = meminfo  # dataclasses look the module up while the class is built
-_spec.loader.exec_module(meminfo)
 
 # (file, pid, process or None, TOTAL PSS, Private Dirty or None, TOTAL RSS, TOTAL SWAP) in kB, from the
 # key values in ../shared/android-samples/README.md (None: the README states no value for it).
@@ -126,7 +121,7 @@ def phone(tmp_path, monkeypatch):
 
 @pytest.fixture
 def program(tmp_path):
-    """A contract-v3 program directory shaped like `toolchain export` writes it: the v3 trace's manifest
+    """A program directory shaped like `toolchain export` writes it: the tiny trace's manifest
     (schema_version 3) and every file it lists, state_init.bin holding state.numel float32 values, and a
     plain-text file for the app to make rows from."""
     d = tmp_path / "tiny-prog"

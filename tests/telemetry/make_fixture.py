@@ -6,7 +6,7 @@ Trains the tiny preset (random init, seed 0) for 24 MeSP steps with SGD applied 
 LCSB-style: odd steps backpropagate layers 4-7, even steps layers 0-3 (`lcsb_k` 4, two phases).
 After every step it samples this process's /proc/self/status (probe `linux_proc_status`: anon =
 RssAnon, peak = VmHWM - RssFile - RssShmem, rss = VmRSS) and writes the events exactly as the
-host runner and the apps do (`TelemetryWriter`). Linux only.
+host runner and the apps do (`TelemetryRecorder`). Linux only.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from toolchain.dataset import bundled_examples
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.dataset import bundled_examples
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.lora import LoraConfig, LoraPair, init_lora
 from toolchain.mesp import mesp_step
 from toolchain.models import get_preset, random_weights
-from toolchain.telemetry.events import TelemetryWriter
+from toolchain.telemetry.events import TelemetryRecorder
 
 STEPS, SEQ_LEN, RANK, LR, K = 24, 128, 8, 3e-3, 4
 
@@ -49,7 +49,7 @@ def main(out: Path) -> None:
     cfg = LoraConfig(rank=RANK, alpha=2 * RANK)
     lora = [dict(layer) for layer in init_lora(arch, cfg, seed=0)]
     examples = bundled_examples(ByteTokenizer(), seq_len=SEQ_LEN)
-    writer = TelemetryWriter(out, run_id="tiny-host-fixture-0001")
+    writer = TelemetryRecorder(out, run_id="tiny-host-fixture-0001")
     mem_total = proc_status_meminfo()
     writer.emit("run_start", model="tiny", method="mesp", backend="eager", seq_len=SEQ_LEN, rank=RANK, lcsb_k=K,
                 targets=list(cfg.targets), optimizer="sgd", lr=LR, quant="none", steps_planned=STEPS,

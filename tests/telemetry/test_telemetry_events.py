@@ -10,7 +10,7 @@ from telemetry_samples import step_event
 
 from toolchain.errors import BadInput, SchemaError
 from toolchain.schemas import load_schema
-from toolchain.telemetry.events import (EVENT_TYPES, PROBES, InvalidBatch, TelemetryWriter, canonical, parse_batch,
+from toolchain.telemetry.events import (EVENT_TYPES, PROBES, InvalidBatch, TelemetryRecorder, canonical, parse_batch,
                                         read_jsonl)
 
 
@@ -61,10 +61,10 @@ def test_canonical_form_ignores_key_order_and_float_spelling():
     assert canonical(a) == canonical(b) == '{"a":2,"b":1.5}'
 
 
-def test_writer_numbers_validates_and_appends(tmp_path):
+def test_recorder_numbers_validates_and_appends_to_the_event_log(tmp_path):
     path = tmp_path / "sub" / "events.jsonl"
     clock = iter([100.0, 101.0, 102.0])
-    w = TelemetryWriter(path, "run-a", clock=lambda: next(clock))
+    w = TelemetryRecorder(path, "run-a", clock=lambda: next(clock))
     w.emit("thermal", state="nominal")
     w.emit("memory", probe="linux_proc_status", anon_bytes=1 << 20)
     with pytest.raises(InvalidBatch):
@@ -74,7 +74,7 @@ def test_writer_numbers_validates_and_appends(tmp_path):
     events = read_jsonl(path)
     assert [e["seq"] for e in events] == [0, 1]
     assert [e["timestamp"] for e in events] == [100.0, 101.0]
-    resumed = TelemetryWriter(path, "run-a", start_seq=2)
+    resumed = TelemetryRecorder(path, "run-a", start_seq=2)
     resumed.emit("battery", level_pct=50, charging=False)
     assert [e["seq"] for e in read_jsonl(path)] == [0, 1, 2]
 

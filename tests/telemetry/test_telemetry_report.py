@@ -13,8 +13,9 @@ from toolchain.errors import BadInput, SchemaError
 from toolchain.memory.estimate import BYTES_PER_MB
 from toolchain.schemas import SCHEMA_DIR, read_json
 from toolchain.telemetry.events import read_jsonl
-from toolchain.telemetry.report import (loss_figure, memory_figure, memory_notes, moving_average, summarize,
-                                        write_report)
+from toolchain.telemetry.figures import loss_figure, memory_figure, memory_notes, moving_average
+from toolchain.telemetry.report import write_report
+from toolchain.telemetry.summary import summarize
 
 ANDROID_RUN = SCHEMA_DIR / "examples" / "telemetry_run_android.json"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from helpers import small_arch
 
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import random_weights
 from toolchain.telemetry.events import read_jsonl
-from toolchain.telemetry.report import summarize
+from toolchain.telemetry.summary import summarize
 from toolchain.training import EagerTrainer, TrainRun
 
 
@@ -19,7 +19,7 @@ def _trainer(tmp_path, **attrs) -> EagerTrainer:
     cfg = LoraConfig(rank=2, alpha=4)
     ids = torch.arange(12) % arch.vocab
     trainer = EagerTrainer(arch, random_weights(arch, seed=0), cfg, init_lora(arch, cfg, seed=0),
-                           [Example(ids, ids.clone())], TrainRun(steps=2, telemetry=tmp_path / "t.jsonl"))
+                           [DataRow(ids, ids.clone())], TrainRun(steps=2, telemetry=tmp_path / "t.jsonl"))
     for k, v in attrs.items():
         setattr(trainer, k, v)
     return trainer

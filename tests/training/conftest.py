@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.export.build import ExportSpec, export_program
 from toolchain.lora import LoraConfig, init_lora
 from toolchain.models import ModelArch, random_weights
@@ -17,12 +17,12 @@ SEQ_LEN = 12
 OPTIMIZER = OptimizerConfig("adamw", lr=1e-2, weight_decay=0.01)
 
 
-def examples(n: int, seed: int) -> list[Example]:
+def examples(n: int, seed: int) -> list[DataRow]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         ids = torch.randint(0, ARCH.vocab, (SEQ_LEN - i % 3,), generator=g)
-        out.append(Example(ids, ids.clone()))
+        out.append(DataRow(ids, ids.clone()))
     return out
 
 

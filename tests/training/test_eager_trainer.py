@@ -15,7 +15,7 @@ from helpers import lora_for, our_weights, random_hf_model
 from torch.utils._pytree import tree_leaves
 
 from toolchain.baselines.autograd import full_logits_loss, leaf_lora
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.lora import LoraConfig, LoraPair
@@ -37,7 +37,7 @@ def setup():
     examples = []
     for t in (9, 12, 7):
         ids = torch.randint(0, ARCH.vocab, (t,), generator=gen)
-        examples.append(Example(ids, ids.clone()))
+        examples.append(DataRow(ids, ids.clone()))
     return weights, lora, examples
 
 
@@ -45,7 +45,7 @@ def _flat(lora) -> list[torch.Tensor]:
     return [x for layer in lora for t in sorted(layer) for x in layer[t]]
 
 
-def surrogate_grads(weights, lora, example: Example, selected: set[int]):
+def surrogate_grads(weights, lora, example: DataRow, selected: set[int]):
     """Autograd through the LCSB model: a non-selected block is h + detach(block(h) - h)."""
     leaves = leaf_lora(lora)
     rope = rope_tables(torch.arange(example.input_ids.shape[0]), ARCH.head_dim, ARCH.rope_theta, torch.float64)

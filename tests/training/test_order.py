@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from toolchain.errors import BadInput
-from toolchain.shuffle import SplitMix64, permutation
+from toolchain.text.shuffle import SplitMix64, permutation
 from toolchain.training import DataOrder, data_order
 
 

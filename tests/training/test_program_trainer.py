@@ -14,13 +14,13 @@ from conftest import ARCH, CFG, OPTIMIZER, examples
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.program import ProgramDir
-from toolchain.runtime import EagerRunner
+from toolchain.runtime import EagerRuntime
 from toolchain.training import EagerTrainer, ProgramTrainer, TrainRun, checkpoint_path, data_order
 
 
 def _program_trainer(prog, rows, **run):
     pdir = ProgramDir(prog)
-    return ProgramTrainer(pdir, EagerRunner(pdir.spec), rows, TrainRun(**{"lr": OPTIMIZER.lr, **run}))
+    return ProgramTrainer(pdir, EagerRuntime(pdir.spec), rows, TrainRun(**{"lr": OPTIMIZER.lr, **run}))
 
 
 def _eager_trainer(weights, lora, rows, *, lr=OPTIMIZER.lr, **config):

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from toolchain.dataset import Example, bundled_examples, text_examples
+from toolchain.text.dataset import DataRow, bundled_examples, text_examples
 from toolchain.errors import BadInput
 from toolchain.lcsb import make_plan
 from toolchain.lcsb.plan import Policy, StepPlan
@@ -43,11 +43,12 @@ from toolchain.lora import LoraConfig, LoraWeights, init_lora, lora_state_dict
 from toolchain.mesp import mesp_step
 from toolchain.models import PRESETS, LayerWeights, ModelWeights, ModelArch, random_weights
 from toolchain.optim import OptimizerConfig
-from toolchain.shuffle import permutation
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.shuffle import permutation
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.training import TrainRun, evaluate, start_run, train, train_step
 
-__all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine", "text_pretrain_rows"]
+__all__ = ["BENCH_ARCHS", "LcsbBenchConfig", "run_lcsb_bench", "merge_lora", "surrogate_cosine", "text_pretrain_rows",
+           "split_rows", "pretrain_base"]
 
 # A Qwen2.5-shaped model small enough for a 2-core host: head dim 64, GQA, MLP width 5.5 x hidden
 # (as the 0.5B), byte-level vocabulary so that the LM head does not dwarf the blocks.
@@ -135,7 +136,7 @@ def merge_lora(weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights) -> Mod
     return ModelWeights(weights.embed, tuple(layers), weights.final_norm, weights.lm_head)
 
 
-def _split(config: LcsbBenchConfig) -> tuple[list[Example], list[Example]]:
+def split_rows(config: LcsbBenchConfig) -> tuple[list[DataRow], list[DataRow]]:
     examples = bundled_examples(ByteTokenizer(), seq_len=config.seq_len)
     n_val = max(1, round(len(examples) * config.val_fraction))
     if len(examples) - n_val < 1:
@@ -144,10 +145,10 @@ def _split(config: LcsbBenchConfig) -> tuple[list[Example], list[Example]]:
     return examples[:-n_val], examples[-n_val:]
 
 
-def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[Example]:
+def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[DataRow]:
     """Stand-in pretraining rows from another text than the fine-tuning corpus (the bench itself pretrains on
     its training split): `text` in windows of `config.seq_len` bytes (BOS first), in the order of
-    `toolchain.shuffle.permutation(windows, config.seed)`, so that a pretraining shorter than one pass samples
+    `toolchain.text.shuffle.permutation(windows, config.seed)`, so that a pretraining shorter than one pass samples
     the whole text rather than its beginning."""
     examples = text_examples(text, ByteTokenizer(), seq_len=config.seq_len)
     if not examples:
@@ -155,7 +156,7 @@ def text_pretrain_rows(config: LcsbBenchConfig, text: str) -> list[Example]:
     return [examples[i] for i in permutation(len(examples), config.seed)]
 
 
-def _pretrain(config, arch, weights, rows, on_step) -> tuple[ModelWeights, dict[str, Any]]:
+def pretrain_base(config, arch, weights, rows, on_step) -> tuple[ModelWeights, dict[str, Any]]:
     cfg = LoraConfig(rank=config.pretrain_rank, alpha=2.0 * config.pretrain_rank)
     lora = init_lora(arch, cfg, seed=config.seed + 1)
     opt = OptimizerConfig("adamw", lr=config.pretrain_lr, weight_decay=0.0)
@@ -185,11 +186,11 @@ def run_lcsb_bench(config: LcsbBenchConfig, *, on_step: OnStep | None = None) ->
 
 def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
     arch = config.arch
-    train_rows, val_rows = _split(config)
+    train_rows, val_rows = split_rows(config)
     weights = random_weights(arch, seed=config.seed)
     pretrain = None
     if config.pretrain_steps:
-        weights, pretrain = _pretrain(config, arch, weights, train_rows, on_step)
+        weights, pretrain = pretrain_base(config, arch, weights, train_rows, on_step)
     cfg = LoraConfig(rank=config.rank, alpha=config.alpha)
     lora0 = init_lora(arch, cfg, seed=config.seed)
     plans = {"full": make_plan(arch.layers, None, "full"), "lcsb": make_plan(arch.layers, config.k, config.policy,
@@ -225,7 +226,7 @@ def _run(config: LcsbBenchConfig, on_step: OnStep | None) -> dict[str, Any]:
 
 
 def surrogate_cosine(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, plan: StepPlan,
-                     example: Example) -> list[float]:
+                     example: DataRow) -> list[float]:
     """Per layer: cosine between its LCSB gradient (mean over the phases that select it) and its exact
     gradient, on one example. 1.0 means exact (every layer above it selected too)."""
     exact = mesp_step(arch, weights, cfg, lora, example.input_ids, example.labels).grads

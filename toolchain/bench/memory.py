@@ -32,7 +32,7 @@ from toolchain.validate import check_rank
 
 __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
            "program_settings", "check_program", "mark_file_drift", "unreliable_rows", "format_table", "call_worker",
-           "check_config", "host_info"]
+           "check_config", "host_info", "worker_spec"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo", "executorch", "executorch_groups",
                                 "onnx", "onnx_groups")
@@ -255,7 +255,7 @@ def groups_of(config: MemoryBenchConfig, layers: int) -> int:
     return config.layers_per_checkpoint or sqrt_layers_per_checkpoint(layers)
 
 
-def _spec(config: MemoryBenchConfig, weights_dir: Path, layers: int) -> dict:
+def worker_spec(config: MemoryBenchConfig, weights_dir: Path, layers: int) -> dict:
     cfg = config.lora_config()
     return {"weights_dir": str(weights_dir), "rank": cfg.rank, "alpha": cfg.alpha, "targets": list(cfg.targets),
             "seq_len": config.seq_len, "seed": config.seed, "repeat": config.repeat, "threads": config.threads,
@@ -291,7 +291,7 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
                                          "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group,
                                          "quant_head": config.quant_head}, config.threads)
         arch = arch or ModelArch.from_dict(json.loads((weights_dir / ARCH_FILE).read_text()))
-        spec = _spec(config, weights_dir, arch.layers)
+        spec = worker_spec(config, weights_dir, arch.layers)
         rows = []
         for mode in config.modes:
             notify(mode)

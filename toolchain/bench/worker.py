@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from toolchain.errors import BadInput, ToolchainError
 
-__all__ = ["main", "run_memory", "run_timing"]
+__all__ = ["main", "run_memory", "run_timing", "worker_setup"]
 
 
 class _Setup(NamedTuple):
@@ -50,7 +50,7 @@ def _import_runtime() -> None:
     checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
 
 
-def _setup(spec: dict) -> _Setup:
+def worker_setup(spec: dict) -> _Setup:
     import torch
 
     from toolchain.bench.weights_cache import load_mmap_weights, load_quantized
@@ -71,19 +71,19 @@ def _setup(spec: dict) -> _Setup:
 
 
 def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool = False) -> Callable[[int], float]:
-    """One step of the exported program on its runtime, driven by the host's v3 layer loop. The state is
+    """One step of the exported program on its runtime, driven by the host's layer loop. The state is
     held as an app holds it (one flat array) and starts from the eager modes' adapter, so the program's
     loss is comparable with theirs (bench.memory.check_program made sure the configs agree)."""
     from toolchain.lora import init_lora
     from toolchain.program import ProgramDir
     from toolchain.program.spec import flat_state, state_layout
     from toolchain.runtime import LayerLoop
-    from toolchain.runtime.runners import open_runner
+    from toolchain.runtime.runners import open_runtime
 
     if not spec.get("program_dir"):
         raise BadInput(f"{target} mode needs --program DIR, a program directory exported with --target {target}")
     pdir = pdir or ProgramDir(Path(spec["program_dir"]))
-    loop = LayerLoop(pdir, open_runner(pdir, target, threads=spec["threads"]))
+    loop = LayerLoop(pdir, open_runtime(pdir, target, threads=spec["threads"]))
     layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     per = spec.get("layers_per_checkpoint", 1) if groups else 1
@@ -138,7 +138,7 @@ def run_memory(spec: dict) -> dict:
         pdir = ProgramDir(Path(spec["program_dir"]))
     release_free_memory()
     baseline = read_status()
-    s = _setup(spec)
+    s = worker_setup(spec)
     step = _step_fn(spec, s, spec["mode"], pdir)
     step(0)  # warm-up
     peaks, before, drift = [], [], []
@@ -178,7 +178,7 @@ def run_timing(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    s = _setup(spec)
+    s = worker_setup(spec)
     modes = spec["modes"]
     steps = {mode: _step_fn(spec, s, mode) for mode in modes}
     for step in steps.values():

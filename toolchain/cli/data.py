@@ -30,7 +30,7 @@ def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> No
     from toolchain.atomic import check_output_file
     from toolchain.contract import read_text_fields
     from toolchain.errors import BadInput
-    from toolchain.text_data import make_rows, program_text, split_held_out, write_rows
+    from toolchain.text.text_data import make_rows, program_text, split_held_out, write_rows
 
     if (held_out is None) != (held_out_out is None):
         raise BadInput("--held-out and --held-out-out go together")
@@ -47,7 +47,7 @@ def data(*, program, text, chat, out, held_out, held_out_out, seed, force) -> No
     prog = program_text(program)
     if text is not None and chat is None:  # a stream: bounded memory, a bar on long inputs
         from toolchain.cli.progress import file_progress
-        from toolchain.text_data import write_text_rows
+        from toolchain.text.text_data import write_text_rows
 
         with file_progress(text, "tokenizing") as on_bytes:
             got = write_text_rows(prog, text, out, held_out=held_out, held_out_out=held_out_out, seed=seed,

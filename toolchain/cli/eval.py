@@ -29,9 +29,9 @@ def eval_command(*, program, data, adapter, resume_from, target, threads, json_o
 
     from toolchain.atomic import atomic_write_text
     from toolchain.schemas import dumps
-    from toolchain.training.session import ProgramSession
+    from toolchain.training.session import TrainingSession
 
-    session = ProgramSession(program, target=target, threads=threads, use="eval", verbose=verbose_requested())
+    session = TrainingSession(program, target=target, threads=threads, use="eval", verbose=verbose_requested())
     examples = session.examples(data)
     session.load_state(adapter=adapter, resume_from=resume_from)
     backend = session.open_runtime().backend

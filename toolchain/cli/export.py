@@ -63,7 +63,7 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
     block_backward with the in-program optimizer, block_skip_update) for each --target (ExecuTorch .pte,
     ONNX, Core ML), the frozen weights once in weights.safetensors (memory-mapped by the apps, passed to
-    the methods without copying), and one manifest, written atomically to --out (contract v3). The LCSB
+    the methods without copying), and one manifest, written atomically to --out. The LCSB
     plan options record the default plan apps run (they may choose other layers at run time)."""
     import time
 

@@ -42,10 +42,10 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
 
     from toolchain.atomic import atomic_write_text
     from toolchain.schemas import dumps
-    from toolchain.training.session import ProgramSession
+    from toolchain.training.session import TrainingSession
 
     t_load = time.perf_counter()
-    session = ProgramSession(program, target=target, threads=threads, use="generate", verbose=verbose_requested())
+    session = TrainingSession(program, target=target, threads=threads, use="generate", verbose=verbose_requested())
     tok, ids, stop = session.prompt(text=prompt, ids=prompt_ids, chat=chat)
     session.load_state(adapter=adapter, resume_from=resume_from)
     runner = session.open_runtime()

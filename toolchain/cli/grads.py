@@ -25,7 +25,7 @@ def grads(*, model, init, seed, adapter, rank, alpha, targets, data, mode, out) 
 
     from toolchain.atomic import atomic_write_bytes, check_output_file
     from toolchain.baselines import gradient_step
-    from toolchain.dataset import load_examples
+    from toolchain.text.dataset import load_examples
     from toolchain.lora import lora_state_dict
     from toolchain.lora.resolve import load_model_and_adapter
 

@@ -28,7 +28,7 @@ _CHUNK_DEFAULTS = {"loss_chunk": 256, "vocab_chunk": 1024, "mlp_chunk": 256}
 
 def verbose_requested() -> bool:
     """`toolchain --verbose` (or TOOLCHAIN_VERBOSE=1, which click reads for it): the root command's flag, which
-    the commands that open a runtime pass to it (`ProgramSession(..., verbose=...)`)."""
+    the commands that open a runtime pass to it (`TrainingSession(..., verbose=...)`)."""
     ctx = click.get_current_context(silent=True)
     return bool(ctx is not None and ctx.find_root().params.get("verbose"))
 

@@ -45,7 +45,7 @@ def _fit_text(preamble: str, r) -> list[str]:
 @click.option("--device", required=True,
               help="Device profile: android-6gb, android-8gb, android-12gb, ios-6gb, ios-8gb, ios-12gb or a JSON file.")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Exported program directory (manifest v3): predict from its ExecuTorch memory plan (phone: every "
+              help="Exported program directory: predict from its ExecuTorch memory plan (phone: every "
                    "method's arena; the host figure is printed too) instead of the analytic model; the model, "
                    "--seq-len, --rank, --targets, --optimizer and chunk sizes are then the program's.")
 @click.option("--method", type=click.Choice(["mesp", "mebp", "autograd"]), default="mesp", show_default=True,

@@ -20,8 +20,8 @@ def tokenize(source, special, json_out, file) -> None:
     from toolchain.atomic import atomic_write_chunks, check_output_file
     from toolchain.cli.progress import file_progress
     from toolchain.contract import MANIFEST_NAME, read_text_fields
-    from toolchain.text_stream import encode_stream, ids_json, spelling, text_blocks
-    from toolchain.tokenizer import load_tokenizer
+    from toolchain.text.encode_stream import encode_stream, ids_json, spelling, text_blocks
+    from toolchain.text.tokenizer_source import load_tokenizer
 
     if json_out is not None:
         check_output_file(json_out, option="--json")

@@ -114,7 +114,7 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
                  steps: int, shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
                  layers_per_checkpoint: int) -> None:
     """Eager training; `load` holds the arguments of `load_model_and_adapter`."""
-    from toolchain.dataset import load_examples
+    from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
     from toolchain.lora.resolve import load_model_and_adapter

@@ -124,12 +124,12 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     from toolchain.lora import save_adapter
     from toolchain.memory.measure import read_status, reset_peak
     from toolchain.training import TrainRun, checkpoint_path
-    from toolchain.training.session import ProgramSession
+    from toolchain.training.session import TrainingSession
 
     if eval_every is not None and eval_data is None:
         raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
-    session = ProgramSession(program, use="train", verbose=verbose_requested())
+    session = TrainingSession(program, use="train", verbose=verbose_requested())
     pdir = session.pdir
     examples = session.examples(data)
     lr = lr if lr is not None else pdir.default_lr

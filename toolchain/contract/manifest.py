@@ -1,4 +1,4 @@
-"""manifest.json of a v3 program directory as a typed tree: `Manifest`, one frozen dataclass per section of
+"""manifest.json of a program directory as a typed tree: `Manifest`, one frozen dataclass per section of
 shared_schemas/manifest.schema.json, parsed from a schema-valid document (`Manifest.from_json`) and written back
 as the same document (`to_json`: the same keys and values, so a read and a write change nothing).
 
@@ -342,7 +342,7 @@ class AdapterSection(_Section):
 
 @dataclass(frozen=True)
 class Manifest:
-    """A v3 program manifest (shared_schemas/manifest.schema.json), section by section."""
+    """A program manifest (shared_schemas/manifest.schema.json), section by section."""
 
     schema_version: int
     toolchain_version: str
@@ -408,6 +408,3 @@ class Manifest:
     def training_methods(self) -> list[str]:
         """The names of the training methods (every method whose role is not a generation role)."""
         return [n for n, m in self.methods.items() if m.role not in GENERATION_ROLES]
-
-    def has_role(self, role: str) -> bool:
-        return any(m.role == role for m in self.methods.values())

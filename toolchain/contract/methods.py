@@ -1,4 +1,4 @@
-"""The methods of a v3 program as the manifest lists them: roles, and each method's inputs and outputs in
+"""The methods of a program as the manifest lists them: roles, and each method's inputs and outputs in
 call order, each bound to where the app gets (or puts) it.
 
 program/spec.py decides which methods a config has (`method_specs`) and what they compute; this module

@@ -7,8 +7,8 @@ readers, from the least to the most a caller relies on:
   tokenizer, seq_len, files and the model's vocabulary, each field against the schema's own definition of it,
   then `check_paths`.
 - `read_manifest(path)`: the whole document, strict JSON of schema_version 3, valid against
-  shared_schemas/manifest.schema.json, as a typed `Manifest` (the planner reads older v3 exports with it).
-- `read_program_manifest(dir)`: `read_manifest`, then refuses v3 exports older than chunked prefill and the
+  shared_schemas/manifest.schema.json, as a typed `Manifest` (the planner reads older exports with it).
+- `read_program_manifest(dir)`: `read_manifest`, then refuses exports older than chunked prefill and the
   int4 packing, then `check_paths`. `program.ProgramDir` adds the cross-checks against the config.
 
 `check_paths`: every path the manifest names (files, weights, state init, programs, adapter, tokenizer)

@@ -1,4 +1,4 @@
-"""What each method of a v3 program computes: one body per role over the named inputs of its `MethodSpec`
+"""What each method of a program computes: one body per role over the named inputs of its `MethodSpec`
 (program/spec.py `method_specs`), from the MeSP block, head and decode functions (mesp/), and the module the
 exporters trace (`method_module`) with its tracing inputs (`example_inputs`).
 

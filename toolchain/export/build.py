@@ -35,7 +35,7 @@ from toolchain.optim import OptimizerConfig
 from toolchain.program.manifest import build_manifest
 from toolchain.program.spec import ProgramSpec, QuantSpec, flat_state, state_layout
 from toolchain.program.weights_file import write_weights_streamed
-from toolchain.tokenizer import tokenizer_for_export
+from toolchain.text.tokenizer_source import tokenizer_for_export
 
 __all__ = ["ExportSpec", "export_program", "tokenizer_fields"]
 

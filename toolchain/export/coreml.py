@@ -1,9 +1,9 @@
-"""Core ML target (contract v3): every method of `method_specs(spec)` -> one ML program
+"""Core ML target: every method of `method_specs(spec)` -> one ML program
 `coreml/<method>.mlpackage` (coremltools 9).
 
 No package holds a weight: frozen tensors and the LoRA state are inputs, named as the method's
 IoSpecs, in their order; outputs likewise (Core ML refuses a feature name used as both input and
-output; v3 names the state outputs `<name>_out` already). Per method:
+output; the contract names the state outputs `<name>_out` already). Per method:
 1. `torch.export` of `method_module(spec, name)` (integer weight inputs taken as int32, `_IntInputs`),
    then the rewrites coremltools needs: `_exact_reciprocal` (its `reciprocal` is 1 / (x + 1e-4)),
    `_mask_as_remainder` (its `bitwise_and` is boolean only; the int4 nibble unpacking uses `& 15`) and

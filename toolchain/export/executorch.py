@@ -1,4 +1,4 @@
-"""ExecuTorch target: the v3 methods -> one `.pte` (torch.export -> exir edge -> executorch).
+"""ExecuTorch target: the methods -> one `.pte` (torch.export -> exir edge -> executorch).
 
 No method holds a weight: frozen tensors and the LoRA state are method inputs (the app passes views
 of its memory-mapped weights file and of its state array), so the program is small and its export
@@ -22,7 +22,7 @@ from toolchain.export.bodies import example_inputs, method_module
 from toolchain.program.artifact import TargetArtifact
 from toolchain.program.spec import ProgramSpec, method_specs
 
-__all__ = ["export_executorch", "PTE_NAME"]
+__all__ = ["export_executorch", "PTE_NAME", "quiet_logger"]
 
 PTE_NAME = "model.pte"
 
@@ -223,7 +223,7 @@ def _weight_placeholders(ep, method) -> set[str]:
 
 
 @contextlib.contextmanager
-def _quiet(logger_name: str):
+def quiet_logger(logger_name: str):
     """Silence one library logger (XNNPACK's partitioner warns that to_edge + to_backend is deprecated in
     favour of to_edge_transform_and_lower, which we cannot use: see export_executorch)."""
     log = logging.getLogger(logger_name)
@@ -372,7 +372,7 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
         # from them left a 0.5B-width block_backward arena at 76 MB instead of 20 MB).
         note("XNNPACK")
         order = {name: _node_order(edge.exported_program(name).graph) for name in eps}
-        with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"), \
+        with quiet_logger("executorch.backends.xnnpack.partition.xnnpack_partitioner"), \
                 _no_relegalizing_single_op_partitions():
             edge = edge.to_backend({name: xnnpack_partitioner(_weight_placeholders(edge.exported_program(name),
                                                                                    methods[name]))

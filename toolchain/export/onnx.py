@@ -1,4 +1,4 @@
-"""ONNX target (contract v3): every method of `method_specs(spec)` -> its own `onnx/<method>.onnx`.
+"""ONNX target: every method of `method_specs(spec)` -> its own `onnx/<method>.onnx`.
 
 No graph holds a weight: the frozen tensors (views of the app's memory-mapped weights.safetensors)
 and the LoRA state are graph inputs, so each file is a few hundred KB whatever the model size, the
@@ -16,7 +16,7 @@ Pipeline per method:
      input/output names are checked against the MethodSpec.
 
 Names: an ONNX graph is in SSA form, so one name cannot be both a graph input and a graph output;
-the v3 MethodSpecs never reuse one (state outputs are `<input>_out`, block_forward returns `x_out`,
+the MethodSpecs never reuse one (state outputs are `<input>_out`, block_forward returns `x_out`,
 the backward methods take `dout` and return `dx`), which `_check_names` asserts.
 
 Why dynamo and not the TorchScript exporter: the TorchScript exporter is deprecated since torch

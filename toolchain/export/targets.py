@@ -19,7 +19,6 @@ __all__ = ["Target", "TARGETS", "target", "HOST_RUNNABLE"]
 class Target:
     name: str
     exporter: str          # "module:function", called as function(spec, out_dir, on_stage=...) -> TargetArtifact
-    plans_arena: bool      # the runtime uses a planned arena per method (reported in the manifest)
     host_runnable: bool    # this (Linux) host can run it: `toolchain train --program`, `bench memory`
     description: str
 
@@ -30,11 +29,11 @@ class Target:
 
 
 _TABLE = (
-    Target("executorch", "toolchain.export.executorch:export_executorch", True, True,
+    Target("executorch", "toolchain.export.executorch:export_executorch", True,
            "ExecuTorch .pte (Android, iOS); runs here on the ExecuTorch runtime's Python bindings"),
-    Target("onnx", "toolchain.export.onnx:export_onnx", False, True,
+    Target("onnx", "toolchain.export.onnx:export_onnx", True,
            "ONNX graphs, one per method (ONNX Runtime on Android, iOS, desktop)"),
-    Target("coreml", "toolchain.export.coreml:export_coreml", False, False,
+    Target("coreml", "toolchain.export.coreml:export_coreml", False,
            "Core ML .mlpackage per method (iOS 18+); predictions need macOS"),
 )
 TARGETS = tuple(t.name for t in _TABLE)

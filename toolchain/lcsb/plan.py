@@ -15,7 +15,7 @@ Policies (k = most layers selected per step, g = ceil(L / k) groups):
            exact at every step, and every layer is still trained (docs/lcsb.md "What limits the gap": at the same
            cost per step, the bench's loss gap is about half of cyclic's).
   random   k layers drawn uniformly without replacement at every step (as LISA samples layers): step
-           t selects the first k of `toolchain.shuffle.permutation(L, seed + t)`, sorted, which the
+           t selects the first k of `toolchain.text.shuffle.permutation(L, seed + t)`, sorted, which the
            apps compute the same way; the draws repeat after `period` steps (a finite plan).
   full     every layer at every step (ordinary backprop; k = L).
 A plan may start with a *warm-up*: steps s < `warmup` backpropagate through every layer (ordinary
@@ -35,7 +35,7 @@ from typing import Any, Literal, get_args
 
 from toolchain.errors import BadInput, SchemaError
 from toolchain.schemas import read_json, write_json
-from toolchain.shuffle import permutation
+from toolchain.text.shuffle import permutation
 
 __all__ = ["Policy", "POLICIES", "StepPlan", "make_plan", "read_plan", "write_plan", "plan_from_dict"]
 

@@ -56,7 +56,7 @@ ACTIVATION_COPIES = 1
 # Host, eager PyTorch, per method: the median over its reports of (resident before the step - LoRA state),
 # mostly heap the warm-up step left behind (the baselines' small autograd blocks fragment it: ~14 MB).
 HOST_OVERHEAD_MB: dict[str, float] = {"mesp": 3.2, "mebp": 14.4, "autograd": 12.6}
-# ExecuTorch runtime on the host (Python bindings, XNNPACK), v3 layer loop: the largest measured
+# ExecuTorch runtime on the host (Python bindings, XNNPACK), layer loop: the largest measured
 # (peak - host figure without overhead) of the executorch reports (one tiny int4 program): the program
 # and its methods' metadata, the runtime's and XNNPACK's scratch. It grows with the model: the held-out int4
 # programs measured 9.9-10.9 MB (0.5B, seq 256), 11.4 (0.5B, seq 1024), 18.3 (3B): docs/planner.md.
@@ -211,7 +211,7 @@ def program_shape(program_dir: Path, *, arch: ModelArch | None = None, seq_len: 
         The model as the manifest names it (`model.source`) and the step's shape.
 
     Raises:
-        BadInput: no readable v3 manifest, or a given value the program was not exported with.
+        BadInput: no readable manifest, or a given value the program was not exported with.
         SchemaError: the manifest violates its schema.
     """
     where = Path(program_dir)

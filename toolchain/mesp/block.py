@@ -42,7 +42,7 @@ from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
 
-__all__ = ["BlockParams", "block_forward", "block_backward", "block_rope"]
+__all__ = ["BlockParams", "block_forward", "block_backward", "block_rope", "attention_half"]
 
 
 class BlockParams(NamedTuple):
@@ -110,7 +110,7 @@ class _AttentionKept(NamedTuple):
     k_norm: RmsNormSaved | None
 
 
-def _attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor, _AttentionKept]:
+def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor, _AttentionKept]:
     """x -> x1 = x + attn(x), and what its backward needs."""
     w, arch = p.weights, p.arch
     mask = causal_mask(x.shape[0], x.device)
@@ -188,7 +188,7 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
 def block_forward(x: Tensor, p: BlockParams, rope: RopeTables, mlp_chunk: int | None = None) -> Tensor:
     """Args: x [T, d]; mlp_chunk: intermediate columns per MLP chunk (None: all at once; the MLP is a
     sum over them, so chunking bounds its [T, C] tensors without changing the result). Returns [T, d]."""
-    x1 = _attention_half(x, p, rope)[0]                              # the saved bundles are dropped at once
+    x1 = attention_half(x, p, rope)[0]                              # the saved bundles are dropped at once
     return x1 + _mlp(x1, p, mlp_chunk)
 
 
@@ -273,7 +273,7 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     """
     grads: dict[str, LoraPair] = {}
     w, arch = p.weights, p.arch
-    x1, kept = _attention_half(x, p, rope)
+    x1, kept = attention_half(x, p, rope)
     dx1 = _mlp_backward(dout, x1, p, mlp_chunk, grads)
     del x1
     go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale), p.compute)

@@ -1,4 +1,4 @@
-"""Contract v3, target-neutral: the MeSP training step as small layer-generic methods the app chains.
+"""The program contract, target-neutral: the MeSP training step as small layer-generic methods the app chains.
 
 The app (or the host runner, which plays it) drives the layer loop; every method is exported once,
 whatever the layer count, and no method holds a weight:

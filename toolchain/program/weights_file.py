@@ -1,4 +1,4 @@
-"""The one frozen-weights file of a v3 program (`weights.safetensors`), shared by every target.
+"""The one frozen-weights file of a program (`weights.safetensors`), shared by every target.
 
 Keys (Hugging Face layouts, `weight` [out, in]):
   embed [V, d], final_norm [d], lm_head [V, d] (untied models only; tied models use `embed`); in int4

@@ -3,7 +3,7 @@ exactly as the apps do. The training run over them (row order, checkpoints, tele
 `toolchain.training.program`; the session that opens a program once and trains, evaluates and generates on
 it is `toolchain.training.session`."""
 
-from toolchain.runtime.eager_runner import EagerRunner
+from toolchain.runtime.eager_runner import EagerRuntime
 from toolchain.runtime.loop import LayerLoop
 
-__all__ = ["EagerRunner", "LayerLoop"]
+__all__ = ["EagerRuntime", "LayerLoop"]

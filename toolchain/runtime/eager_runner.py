@@ -8,10 +8,10 @@ import torch
 from toolchain.export.bodies import method_module
 from toolchain.program.spec import ProgramSpec, method_specs
 
-__all__ = ["EagerRunner"]
+__all__ = ["EagerRuntime"]
 
 
-class EagerRunner:
+class EagerRuntime:
     backend = "eager"
 
     def __init__(self, spec: ProgramSpec, methods: list[str] | None = None) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from toolchain.dataset import Example, pad_example
+from toolchain.text.dataset import DataRow, pad_row
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
@@ -29,12 +29,12 @@ from toolchain.runtime.loop import LayerLoop
 __all__ = ["evaluate_program"]
 
 
-def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence[Example], *,
+def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence[DataRow], *,
                      loop: LayerLoop | None = None) -> dict:
     """{"loss": mean over all target tokens, "rows": rows evaluated, "tokens": target tokens,
     "row_mean_loss": mean of the rows' losses, "skipped_rows": rows without a target}.
 
-    `runner` needs embed, block_forward and head_loss (`open_runner(pdir, use="eval")`); `state` (the
+    `runner` needs embed, block_forward and head_loss (`open_runtime(pdir, use="eval")`); `state` (the
     flat float32 state) is read, never written."""
     loop = loop or LayerLoop(pdir, runner)
     views = pdir.state_views(state)
@@ -42,7 +42,7 @@ def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence
     total, tokens, rows, row_losses, skipped = 0.0, 0, 0, [], 0
     with torch.no_grad():
         for i, ex in enumerate(examples):
-            ids, labels = pad_example(ex, pdir.seq_len, pad_id, f"eval row {i + 1}")
+            ids, labels = pad_row(ex, pdir.seq_len, pad_id, f"eval row {i + 1}")
             n = int((labels[1:] != -100).sum())
             if n == 0:
                 skipped += 1

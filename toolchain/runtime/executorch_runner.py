@@ -21,7 +21,7 @@ import torch
 
 from toolchain.errors import BadInput
 
-__all__ = ["ExecutorchRunner", "BoundMethod", "check_pte", "native_log_redirected", "load_quantized_kernels"]
+__all__ = ["ExecuTorchRuntime", "BoundMethod", "check_pte", "native_log_redirected", "load_quantized_kernels"]
 
 
 def load_quantized_kernels() -> None:
@@ -43,7 +43,7 @@ def load_quantized_kernels() -> None:
 _QUANTIZED_KERNELS = None
 
 
-class ExecutorchRunner:
+class ExecuTorchRuntime:
     """`model.pte` with its methods loaded (each loaded once, then called by name)."""
 
     backend = "executorch"
@@ -102,7 +102,7 @@ class ExecutorchRunner:
 
 
 class _Slot:
-    """One (method, slot) of `ExecutorchRunner.bind`: its own loaded instance of the method and the binding
+    """One (method, slot) of `ExecuTorchRuntime.bind`: its own loaded instance of the method and the binding
     whose inputs the instance holds now (None before the first `bind`)."""
 
     __slots__ = ("instance", "bound")
@@ -112,7 +112,7 @@ class _Slot:
 
 
 class BoundMethod:
-    """A loaded method instance with its inputs set (`ExecutorchRunner.bind`). Holds the input tensors so
+    """A loaded method instance with its inputs set (`ExecuTorchRuntime.bind`). Holds the input tensors so
     they outlive the runtime's pointers to them. Outputs are views of the planned arena, as `execute`'s."""
 
     def __init__(self, slot: _Slot, inputs: list[torch.Tensor], key: tuple) -> None:

@@ -34,11 +34,11 @@ from toolchain.errors import BadInput, FieldError
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
 
-__all__ = ["GenerateResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names", "layer_method"]
+__all__ = ["GenerationResult", "Prompt", "generate", "new_cache", "prompt_for", "generation_names", "layer_method"]
 
 
 @dataclass
-class GenerateResult:
+class GenerationResult:
     prompt_ids: list[int]
     output_ids: list[int]                 # the new tokens only
     stopped: str                          # "eos", "max_new_tokens" or "cancelled"
@@ -120,10 +120,10 @@ def _check(pdir: ProgramDir, prompt: list[int], max_new_tokens: int, temperature
 def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
              temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
              on_token: Callable[[int], None] | None = None, should_stop: Callable[[], bool] | None = None,
-             loop: LayerLoop | None = None) -> GenerateResult:
+             loop: LayerLoop | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
 
-    `runner` needs the generation methods (`open_runner(pdir, use="generate")`); `on_token` is called with
+    `runner` needs the generation methods (`open_runtime(pdir, use="generate")`); `on_token` is called with
     each new token as soon as it is chosen (streaming); `should_stop` before each further token (cancel)."""
     prompt = [int(t) for t in prompt_ids]
     _check(pdir, prompt, max_new_tokens, temperature)
@@ -137,7 +137,7 @@ def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int],
     decode = _bound_decode(pdir, loop, names["block_decode"], views, cache)
     out: list[int] = []
     variant = pdir.methods[layer_method(names["block_decode"], 0)]
-    result = GenerateResult(prompt, out, "max_new_tokens", fused=bool(variant.kernels),
+    result = GenerationResult(prompt, out, "max_new_tokens", fused=bool(variant.kernels),
                             variant="fused" if variant.kernels else variant.variant or "stock")
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -220,7 +220,8 @@ def prompt_for(pdir: ProgramDir, *, text: str | None = None, ids: str | None = N
         BadInput: neither or both of text and ids, chat without text, bad ids, or text for a program
             without a tokenizer.
     """
-    from toolchain.tokenizer import apply_chat_template, program_tokenizer
+    from toolchain.text.chat_template import apply_chat_template
+    from toolchain.text.tokenizer_source import program_tokenizer
 
     if (text is None) == (ids is None):
         raise BadInput("give exactly one of --prompt and --prompt-ids")

@@ -1,4 +1,4 @@
-"""Host runner for ONNX programs (contract v3): ONNX Runtime's CPU execution provider, one
+"""Host runner for ONNX programs: ONNX Runtime's CPU execution provider, one
 `InferenceSession` per method (created once, then called by name), behind the `execute(method, inputs)`
 that runtime/loop.py's `LayerLoop` drives, exactly as an app drives it.
 
@@ -40,7 +40,7 @@ import torch
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 
-__all__ = ["OnnxRunner", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
+__all__ = ["OnnxRuntime", "session_options", "DISABLED_OPTIMIZERS", "ARENAS"]
 
 DISABLED_OPTIMIZERS = ["ConstantFolding", "CommonSubexpressionElimination", "GatherSliceToSplitFusion"]
 ARENAS = ("off", "shared", "session")
@@ -82,7 +82,7 @@ def session_options(threads: int | None = None, *, arena: str = "off"):
     return so
 
 
-class OnnxRunner:
+class OnnxRuntime:
     """Every ONNX method of a program directory, one session each, created once."""
 
     backend = "onnx"

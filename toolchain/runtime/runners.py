@@ -1,10 +1,11 @@
-"""Pick the host runner for an exported program's target (export/targets.py says which can run here).
-Every runner has `backend` (its name) and `execute(method, inputs) -> outputs`; runtime/loop.py's
-LayerLoop turns that into training steps."""
+"""Open the host runtime for an exported program's target (export/targets.py says which can run here).
+Every runtime is a `ProgramRuntime`: `backend` (its name) and `execute(method, inputs) -> outputs`;
+runtime/loop.py's LayerLoop turns that into training steps and generation."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from toolchain.contract import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
 from toolchain.errors import BadInput
@@ -12,14 +13,27 @@ from toolchain.program.spec import XNNPACK_VARIANT
 from toolchain.export.targets import HOST_RUNNABLE
 from toolchain.program.directory import ProgramDir
 
-__all__ = ["open_runner", "role_methods", "check_signatures", "HOST_RUNNABLE"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ProgramRuntime", "open_runtime", "role_methods", "check_signatures", "HOST_RUNNABLE"]
+
+
+@runtime_checkable
+class ProgramRuntime(Protocol):
+    """Executes one method of a loaded program on one backend (`ExecuTorchRuntime`, `OnnxRuntime`,
+    `EagerRuntime`; the apps' `ProgramRuntime` of the same name)."""
+
+    backend: str
+
+    def execute(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
 
 
 def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
-    from toolchain.runtime.executorch_runner import ExecutorchRunner
+    from toolchain.runtime.executorch_runner import ExecuTorchRuntime
 
     try:
-        runner = ExecutorchRunner(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
+        runner = ExecuTorchRuntime(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
     except BadInput as e:
         if pdir.spec.compute != "fp16" or "cannot be loaded" not in str(e):
             raise
@@ -58,15 +72,15 @@ def check_signatures(pdir: ProgramDir, program, methods: list[str]) -> None:
 
 
 def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
-    from toolchain.runtime.onnx_runner import OnnxRunner
+    from toolchain.runtime.onnx_runner import OnnxRuntime
 
-    return OnnxRunner(pdir, threads=threads, methods=methods)
+    return OnnxRuntime(pdir, threads=threads, methods=methods)
 
 
 def _eager(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
-    from toolchain.runtime.eager_runner import EagerRunner
+    from toolchain.runtime.eager_runner import EagerRuntime
 
-    return EagerRunner(pdir.spec, methods)
+    return EagerRuntime(pdir.spec, methods)
 
 
 def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, xnnpack: bool = False) -> list[str]:
@@ -110,13 +124,13 @@ def _native_kernels() -> str | None:
     return None
 
 
-_RUNNERS = {"executorch": _executorch, "onnx": _onnx}
-assert set(_RUNNERS) == set(HOST_RUNNABLE), "every host-runnable target needs a runner"
+_RUNTIMES = {"executorch": _executorch, "onnx": _onnx}
+assert set(_RUNTIMES) == set(HOST_RUNNABLE), "every host-runnable target needs a runtime"
 
 
-def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | None = None, use: str = "train",
-                fused: bool | None = None, verbose: bool = False, xnnpack: bool | None = None):
-    """A runner for `target` (default: the first host-runnable program in the manifest; "eager": the
+def open_runtime(pdir: ProgramDir, target: str | None = None, *, threads: int | None = None, use: str = "train",
+                 fused: bool | None = None, verbose: bool = False, xnnpack: bool | None = None) -> ProgramRuntime:
+    """A runtime for `target` (default: the first host-runnable program in the manifest; "eager": the
     program's methods run in PyTorch, the reference) with the methods of `use` loaded (`role_methods`:
     a training run does not load the generation methods, whose arenas it would otherwise pay for).
 
@@ -142,7 +156,7 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
         target = runnable[0]
     if target not in targets:
         raise BadInput(f"{pdir.path} has no {target} program (it has {', '.join(targets)})")
-    if target not in _RUNNERS:
+    if target not in _RUNTIMES:
         raise BadInput(f"{target} programs cannot run on this host (Core ML predicts only on macOS)")
     allowed = fused is not False and os.environ.get("TOOLCHAIN_NATIVE_KERNELS", "1") != "0"
     wants_fused = (allowed and use in ("generate", "all") and target == "executorch"
@@ -154,10 +168,11 @@ def open_runner(pdir: ProgramDir, target: str | None = None, *, threads: int | N
                    and any(m.variant == XNNPACK_VARIANT for m in pdir.methods.values()))
     methods = role_methods(pdir, use, fused=use_fused, xnnpack=use_xnnpack)
     variant = "fused" if use_fused else "xnnpack" if use_xnnpack else "stock"
-    return _loaded(_RUNNERS[target](pdir, threads, methods, verbose), methods, why_not, variant)
+    return _loaded(_RUNTIMES[target](pdir, threads, methods, verbose), methods, why_not, variant)
 
 
-def _loaded(runner, methods: list[str], fused_unavailable: str | None, variant: str = "stock"):
+def _loaded(runner: ProgramRuntime, methods: list[str], fused_unavailable: str | None,
+            variant: str = "stock") -> ProgramRuntime:
     runner.methods_loaded = tuple(methods)          # runtime/generate.py picks the fused names from these
     runner.fused_unavailable = fused_unavailable
     runner.generation_variant = variant

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from toolchain.schemas import validation_errors
 from toolchain.validate import InvalidJson, check_json, decode_utf8, loads
 
 __all__ = ["SCHEMA_VERSION", "EVENT_TYPES", "PROBES", "MAX_ERRORS_REPORTED", "InvalidBatch", "parse_batch",
-           "check_events", "canonical", "read_jsonl", "JSONL_OR_ARRAY", "TelemetryWriter", "new_run_id"]
+           "check_events", "canonical", "read_jsonl", "JSONL_OR_ARRAY", "TelemetryRecorder", "EventLog", "new_run_id"]
 
 SCHEMA_VERSION = 1
 EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error", "eval")
@@ -189,42 +189,53 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-class TelemetryWriter:
-    """Append events to a JSONL file the way the apps queue them: numbered, validated, one per line.
+class EventLog:
+    """The append-only JSONL file of a run's events, one canonical event per line (the offline record; the
+    apps' upload queue reads theirs). `path` is appended to and created with its directory."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, event: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(canonical(event) + "\n")
+
+
+class TelemetryRecorder:
+    """Record a run's events the way the apps do: numbered, stamped, validated, handed to its `EventLog`.
 
     Args:
-        path: the JSONL file (appended to; created with its directory).
+        path: the event log's JSONL file (appended to; created with its directory).
         run_id: the run's id (default: a new random one).
         start_seq: first sequence number (a resumed run continues its numbering). Default: 0.
         clock: wall-clock source in seconds (tests pass a fake). Default: time.time.
     """
 
     def __init__(self, path: Path, run_id: str | None = None, *, start_seq: int = 0, clock=time.time):
-        self.path = Path(path)
+        self.log = EventLog(path)
         self.run_id = run_id or new_run_id()
         self.seq = start_seq
         self._clock = clock
         self._t0 = time.monotonic()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def path(self) -> Path:
+        return self.log.path
 
     @property
     def elapsed_s(self) -> float:
-        """Monotonic seconds since the writer was created (the events' `elapsed_s`)."""
+        """Monotonic seconds since the recorder was created (the events' `elapsed_s`)."""
         return time.monotonic() - self._t0
 
     def emit(self, type: str, **fields: Any) -> dict:
         """Validate and append one event; returns it. Raises InvalidBatch when the fields are wrong."""
         clash = sorted(fields.keys() & {"schema_version", "type", "run_id", "seq"})
         if clash:
-            raise BadInput(f"{', '.join(clash)} are set by the writer, not by the caller")
+            raise BadInput(f"{', '.join(clash)} are set by the recorder, not by the caller")
         event = {"schema_version": SCHEMA_VERSION, "type": type, "run_id": self.run_id, "seq": self.seq,
                  "timestamp": round(self._clock(), 6), "elapsed_s": round(self.elapsed_s, 6), **fields}
         check_events([event])
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(canonical(event) + "\n")
+        self.log.append(event)
         self.seq += 1
         return event
-
-    def emit_all(self, events: Iterable[tuple[str, dict]]) -> None:
-        for type_, fields in events:
-            self.emit(type_, **fields)

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 from toolchain.atomic import atomic_dir
 from toolchain.memory.estimate import BYTES_PER_MB
-from toolchain.telemetry.report import summarize, write_report
+from toolchain.telemetry.report import write_report
+from toolchain.telemetry.summary import summarize
 
 __all__ = ["CONFIG_KEYS", "FleetFiles", "fleet_document", "write_fleet"]
 

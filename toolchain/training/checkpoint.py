@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from toolchain.atomic import atomic_write_bytes
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 
 __all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "checkpoint_path", "save_checkpoint", "read_checkpoint",
@@ -166,7 +166,7 @@ def check_settings(path: Path, saved: dict[str, Any] | None, current: dict[str, 
                            f"{_WAY_OUT}")
 
 
-def rows_sha256(examples: Iterable[Example]) -> str:
+def rows_sha256(examples: Iterable[DataRow]) -> str:
     """sha256 of the training rows' token ids and labels (what a run trains on, wherever it came from)."""
     h = hashlib.sha256()
     for ex in examples:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
@@ -30,10 +30,10 @@ from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptimizerConfig, OptState, init_state, update_layer
 from toolchain.training.checkpoint import rows_sha256, tensors_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
-from toolchain.training.result import TrainResult
+from toolchain.training.result import RunOutcome
 
 __all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train",
-           "evaluate"]
+           "evaluate", "assign_update"]
 
 
 # The eager trainer's optimizer when `TrainRun.optimizer` is None (the LCSB paper's: lr 1e-4, weight decay 0.01).
@@ -70,7 +70,7 @@ def start_run(config: TrainRun, lora: LoraWeights) -> RunState:
     return RunState(own, init_state(run_optimizer(config), own))
 
 
-def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], new_slots) -> None:
+def assign_update(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], new_slots) -> None:
     """Write one layer's updated LoRA pairs and optimizer slots into the run's tensors (in place)."""
     for t, p in layer.items():
         p.a.copy_(new_layer[t].a)
@@ -80,7 +80,7 @@ def _assign(layer: dict[str, LoraPair], slots, new_layer: dict[str, LoraPair], n
             old.b.copy_(new.b)
 
 
-def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: Example, *,
+def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, example: DataRow, *,
                layers: Sequence[int] | None, config: TrainRun) -> tuple[RunState, float]:
     """One step: MeSP forward/backward through `layers` (None: all), updating each layer as it goes.
 
@@ -95,7 +95,8 @@ def train_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: R
         # In place, right after layer i's backward: nothing of the step reads layer i's LoRA after it (the
         # backward of layer j < i uses layer j's), so only one layer's new tensors are ever transient,
         # instead of a second copy of the whole adapter and its optimizer state.
-        _assign(state.lora[i], state.opt.slots[i], *update_layer(opt, state.lora[i], grads, state.opt.slots[i], step))
+        assign_update(state.lora[i], state.opt.slots[i],
+                      *update_layer(opt, state.lora[i], grads, state.opt.slots[i], step))
 
     with torch.no_grad():
         result = mesp_step(arch, weights, cfg, state.lora, example.input_ids, example.labels,
@@ -122,7 +123,7 @@ class EagerTrainer(Trainer):
     backend = "eager"
 
     def __init__(self, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
-                 examples: Sequence[Example], config: TrainRun, *, model_name: str = "custom") -> None:
+                 examples: Sequence[DataRow], config: TrainRun, *, model_name: str = "custom") -> None:
         self.arch, self.weights, self.cfg, self.examples = arch, weights, cfg, examples
         self.run_options = self.config = config
         self.optimizer = run_optimizer(config)
@@ -186,8 +187,8 @@ class EagerTrainer(Trainer):
         return info
 
 
-def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[Example],
-          config: TrainRun, *, on_step: OnStep | None = None, model_name: str = "custom") -> TrainResult:
+def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, examples: Sequence[DataRow],
+          config: TrainRun, *, on_step: OnStep | None = None, model_name: str = "custom") -> RunOutcome:
     """Train the adapter for `config.steps` steps.
 
     Args:
@@ -204,7 +205,7 @@ def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWei
 
 
 def evaluate(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
-             examples: Sequence[Example], *, options: StepOptions = StepOptions()) -> float:
+             examples: Sequence[DataRow], *, options: StepOptions = StepOptions()) -> float:
     """Mean loss over `examples` (forward only), each weighted by its number of predicted tokens."""
     total, tokens = 0.0, 0
     with torch.no_grad():

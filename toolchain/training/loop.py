@@ -28,7 +28,7 @@ from toolchain.mesp import StepOptions
 from toolchain.optim import OptimizerConfig
 from toolchain.training.checkpoint import check_settings, finite_or_none, load_checkpoint, save_checkpoint
 from toolchain.training.order import DataOrder
-from toolchain.training.result import StepLog, TrainResult
+from toolchain.training.result import StepLog, RunOutcome
 
 __all__ = ["TrainRun", "Trainer", "OnStep", "host_info"]
 
@@ -148,7 +148,7 @@ class Trainer:
     layers: int
     rows: int
     backend: str = "eager"
-    _writer = None
+    _recorder = None
     _lr: float | None = None
     _start: int | None = None  # set by `start`, consumed by `run`
     baseline: dict[str, Any] | None = None
@@ -193,7 +193,7 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------------
     def emit(self, type: str, **fields: Any) -> dict | None:
-        return None if self._writer is None else self._writer.emit(type, **fields)
+        return None if self._recorder is None else self._recorder.emit(type, **fields)
 
     def start(self) -> None:
         """Everything before the first step: check the plan, resume from the verified checkpoint, open
@@ -204,7 +204,7 @@ class Trainer:
             BadInput: no rows, a plan for another model, a checkpoint that is unreadable, for another
                 run (the message names the difference) or past `steps`.
         """
-        from toolchain.telemetry.events import TelemetryWriter
+        from toolchain.telemetry.events import TelemetryRecorder
 
         run = self.run_options
         self._order = DataOrder(self.rows, run.shuffle_seed)
@@ -220,10 +220,10 @@ class Trainer:
             self.restore(ck.tensors, ck.step, str(run.checkpoint))
             start, run_id, seq, losses = ck.step, ck.run_id, ck.seq, list(ck.losses)
         self._logged = _logged(run.telemetry, run_id)
-        self._writer = None
+        self._recorder = None
         if run.telemetry is not None:
-            self._writer = TelemetryWriter(run.telemetry, run_id, start_seq=max(seq, self._logged.last_seq + 1))
-            run_id = self._writer.run_id
+            self._recorder = TelemetryRecorder(run.telemetry, run_id, start_seq=max(seq, self._logged.last_seq + 1))
+            run_id = self._recorder.run_id
         self._start, self._run_id, self._losses = start, run_id or "local", losses
         info = self.run_info()
         self._lr = info.get("lr")
@@ -232,7 +232,7 @@ class Trainer:
         if self.baseline is not None:
             self.emit("memory", **self.baseline, baseline=True)
 
-    def run(self, *, on_step: OnStep | None = None) -> TrainResult:
+    def run(self, *, on_step: OnStep | None = None) -> RunOutcome:
         """Train for `run_options.steps` steps (from the checkpoint's step with `resume`); see `start`."""
         if self._start is None:
             self.start()
@@ -259,7 +259,7 @@ class Trainer:
                 on_step(entry)
             if run.checkpoint is not None and ((s + 1) % run.checkpoint_every == 0 or s + 1 == run.steps):
                 save_checkpoint(run.checkpoint, self.tensors(), step=s + 1, run_id=run_id,
-                                seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+                                seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
                 saved = s + 1
                 self.checkpoint_saved(saved, run.checkpoint)
         if run.steps not in logged.ended:
@@ -267,7 +267,7 @@ class Trainer:
             self.emit("run_end", status="completed", steps_completed=run.steps,
                       duration_s=round(time.perf_counter() - t_run, 6),
                       final_loss=None if final is None else finite_or_none(final))
-        return TrainResult(self.lora, tuple(log), tuple(losses), run_id, self.state)
+        return RunOutcome(self.lora, tuple(log), tuple(losses), run_id, self.state)
 
     def _stop_changed(self, why: str, step: int, saved: int, losses: list) -> None:
         """An input changed before step `step` (0-based): checkpoint the `step` completed steps (whole: the
@@ -276,14 +276,14 @@ class Trainer:
         where = ""
         if run.checkpoint is not None and step > saved:
             save_checkpoint(run.checkpoint, self.tensors(), step=step, run_id=self._run_id,
-                            seq=self._writer.seq if self._writer else 0, losses=losses, settings=self.settings())
+                            seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
             saved = step
         if run.checkpoint is not None and saved > 0 and run.checkpoint.exists():
             where = f"; the checkpoint of step {saved} is at {run.checkpoint}: restore the file and --resume"
         raise BadInput(f"stopped before step {step + 1}: {why} while the run was using it{where}")
 
     def _emit_step(self, s: int, entry: StepLog, tokens: int) -> None:
-        if self._writer is None:
+        if self._recorder is None:
             return
         run = self.run_options
         index = None if run.plan is None else run.plan.phase_at(s)  # None: no plan, or a warm-up step

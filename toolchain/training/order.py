@@ -1,7 +1,7 @@
 """Which data row each training step uses: one rule for the eager and the program trainers.
 
 File order, cycling; with a seed, a fresh permutation per pass over the data ("epoch"):
-`toolchain.shuffle.permutation(rows, seed + epoch)` (SplitMix64 + Fisher-Yates). The row of a step is
+`toolchain.text.shuffle.permutation(rows, seed + epoch)` (SplitMix64 + Fisher-Yates). The row of a step is
 a function of the step alone, so a resumed run sees the rows an uninterrupted one would, `--steps` can
 be extended on resume (the order of the first steps does not depend on the total), and nothing is
 allocated per step in advance. The apps' trainer cores (android/trainer-core Data.kt, ios/TrainerCore Data.swift)
@@ -11,7 +11,7 @@ compute the same permutations, so a seeded run visits the same rows on the host 
 from __future__ import annotations
 
 from toolchain.errors import BadInput
-from toolchain.shuffle import permutation
+from toolchain.text.shuffle import permutation
 
 __all__ = ["DataOrder", "data_order"]
 

@@ -2,7 +2,7 @@
 
 The trainer owns the flat state (from the program's state_init.bin). Per step: the layers to
 backpropagate (the run's LCSB plan, else full backprop), the row padded to seq_len (ids with
-pad_token_id, labels with -100), the v3 layer loop (runtime/loop.py) on the state. Rows, checkpoints,
+pad_token_id, labels with -100), the layer loop (runtime/loop.py) on the state. Rows, checkpoints,
 resume and telemetry are the shared loop's (loop.py), as for the eager trainer, so a killed run
 resumes with the same result as an uninterrupted one.
 """
@@ -17,16 +17,16 @@ from typing import Any
 from torch import Tensor
 
 from toolchain.contract import MANIFEST_NAME, sha256_file
-from toolchain.dataset import Example, pad_example
+from toolchain.text.dataset import DataRow, pad_row
 from toolchain.errors import BadInput
 from toolchain.lora.weights import LoraWeights
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.loop import LayerLoop
 from toolchain.training.checkpoint import program_state_of, rows_sha256
 from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
-from toolchain.training.result import TrainResult
+from toolchain.training.result import RunOutcome
 
-__all__ = ["ProgramTrainer", "run_program", "pad_example", "host_run_info", "runtime_baseline"]
+__all__ = ["ProgramTrainer", "run_program", "pad_row", "host_run_info", "runtime_baseline"]
 
 
 def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
@@ -39,10 +39,10 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
 
 class ProgramTrainer(Trainer):
     """`run_program` as an object; `state` is the flat state, `loop` the layer loop on the runtime.
-    `loop` / `state`: a loop on `runner` and a flat state to train in place (`ProgramSession` passes its
+    `loop` / `state`: a loop on `runner` and a flat state to train in place (`TrainingSession` passes its
     own); default: a new loop and the program's initial state."""
 
-    def __init__(self, pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
+    def __init__(self, pdir: ProgramDir, runner, examples: Sequence[DataRow], run: TrainRun, *,
                  run_info: dict | None = None, loop: LayerLoop | None = None, state: Tensor | None = None) -> None:
         if run.optimizer is not None or run.options is not None:
             raise BadInput("a program's optimizer and step options are fixed at export (only its lr is a step input); "
@@ -52,7 +52,7 @@ class ProgramTrainer(Trainer):
         self.layers, self.rows = pdir.arch.layers, len(examples)
         self.backend = getattr(runner, "backend", "executorch")
         pad_id = pdir.pad_token_id
-        self._rows = [pad_example(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
+        self._rows = [pad_row(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
         self._state = pdir.state_init() if state is None else state
         self.loop = LayerLoop(pdir, runner) if loop is None else loop
         self._run_info = run_info
@@ -128,8 +128,8 @@ class ProgramTrainer(Trainer):
                                  f"layers, runtime overhead)"}
 
 
-def run_program(pdir: ProgramDir, runner, examples: Sequence[Example], run: TrainRun, *,
-                on_step: OnStep | None = None, run_info: dict | None = None) -> TrainResult:
+def run_program(pdir: ProgramDir, runner, examples: Sequence[DataRow], run: TrainRun, *,
+                on_step: OnStep | None = None, run_info: dict | None = None) -> RunOutcome:
     """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
     return ProgramTrainer(pdir, runner, examples, run, run_info=run_info).run(on_step=on_step)
 

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from toolchain.lora.weights import LoraWeights
 
-__all__ = ["StepLog", "TrainResult"]
+__all__ = ["StepLog", "RunOutcome"]
 
 
 class StepLog(NamedTuple):
@@ -19,8 +19,10 @@ class StepLog(NamedTuple):
 
 
 @dataclass(frozen=True)
-class TrainResult:
-    """Args:
+class RunOutcome:
+    """How a training run ended (the apps' `RunOutcome`): the adapter, the steps, the losses.
+
+    Args:
         lora: the adapter after the last step.
         log: the steps this call ran (after a resume: from the checkpoint's step on).
         losses: every step's loss over the whole run, the resumed-from part included (None: not finite).

@@ -2,7 +2,7 @@
 that one program and state, the host twin of the apps' `TrainingSession` (android/trainer-core Session.kt,
 ios/TrainerCore TrainingSession.swift). `toolchain eval`, `generate`, `train --program` and `demo` run it.
 
-    session = ProgramSession(program_dir)            # the program directory, checked (`ProgramDir`)
+    session = TrainingSession(program_dir)            # the program directory, checked (`ProgramDir`)
     session.load_state(adapter=...)                  # optional: else state_init.bin
     session.evaluate(examples)                       # held-out loss (runtime/evaluate.py)
     session.generate(prompt_ids, max_new_tokens)     # text (runtime/generate.py)
@@ -29,23 +29,23 @@ from typing import Any
 
 from torch import Tensor
 
-from toolchain.dataset import Example
+from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
 from toolchain.program.directory import ProgramDir
 from toolchain.runtime.evaluate import evaluate_program
-from toolchain.runtime.generate import GenerateResult, Prompt, generate, prompt_for
+from toolchain.runtime.generate import GenerationResult, Prompt, generate, prompt_for
 from toolchain.runtime.loop import LayerLoop
 from toolchain.training.checkpoint import load_program_state
 from toolchain.training.loop import TrainRun
 from toolchain.training.program import ProgramTrainer, runtime_baseline
-from toolchain.training.result import StepLog, TrainResult
+from toolchain.training.result import StepLog, RunOutcome
 
-__all__ = ["ProgramSession", "EvalPoint", "program_state", "state_from_adapter"]
+__all__ = ["TrainingSession", "EvalPoint", "program_state", "state_from_adapter"]
 
 EvalPoint = dict[str, Any]   # {"step", "loss", "rows", "tokens"}: one held-out loss of the live state
 
 
-class ProgramSession:
+class TrainingSession:
     """One program directory with its runtime, layer loop and flat state.
 
     Args:
@@ -72,7 +72,7 @@ class ProgramSession:
         self._runner = None
         self._loop: LayerLoop | None = None
         self._state: Tensor | None = None
-        self._held: Sequence[Example] | None = None
+        self._held: Sequence[DataRow] | None = None
         self._eval_every = 0
         self._on_eval: Callable[[EvalPoint], None] | None = None
 
@@ -81,9 +81,9 @@ class ProgramSession:
     def arch(self):
         return self.pdir.arch
 
-    def examples(self, path: Path) -> list[Example]:
+    def examples(self, path: Path) -> list[DataRow]:
         """A data file's rows (JSONL, data_row.schema.json) checked against this program's model."""
-        from toolchain.dataset import load_examples
+        from toolchain.text.dataset import load_examples
 
         return load_examples(path, self.pdir.arch)
 
@@ -108,11 +108,11 @@ class ProgramSession:
         return self.baseline
 
     def open_runtime(self):
-        """The runner (opened once: `runners.open_runner` with this session's target, threads and use)."""
+        """The runner (opened once: `runners.open_runtime` with this session's target, threads and use)."""
         if self._runner is None:
-            from toolchain.runtime.runners import open_runner
+            from toolchain.runtime.runners import open_runtime
 
-            self._runner = open_runner(self.pdir, self.target, threads=self.threads, use=self.use,
+            self._runner = open_runtime(self.pdir, self.target, threads=self.threads, use=self.use,
                                        verbose=self.verbose)
         return self._runner
 
@@ -132,7 +132,7 @@ class ProgramSession:
         return self._loop
 
     # -- evaluate and generate -----------------------------------------------------------------------
-    def evaluate(self, examples: Sequence[Example], *, state: Tensor | None = None) -> dict:
+    def evaluate(self, examples: Sequence[DataRow], *, state: Tensor | None = None) -> dict:
         """Held-out loss of `state` (default: the session's) on `examples` (`evaluate.evaluate_program`)."""
         return evaluate_program(self.pdir, self.runner, self.state if state is None else state, examples,
                                 loop=self.loop)
@@ -144,7 +144,7 @@ class ProgramSession:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, state: Tensor | None = None,
                  temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
                  on_token: Callable[[int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
+                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
         """New tokens after `prompt_ids` with the adapter in `state` (default: the session's; read, never
         written) on the generation methods (`generate.generate`)."""
         return generate(self.pdir, self.runner, self.state if state is None else state, prompt_ids,
@@ -152,7 +152,7 @@ class ProgramSession:
                         should_stop=should_stop, loop=self.loop)
 
     # -- train ---------------------------------------------------------------------------------------
-    def start_training(self, examples: Sequence[Example], run: TrainRun, *, held: Sequence[Example] | None = None,
+    def start_training(self, examples: Sequence[DataRow], run: TrainRun, *, held: Sequence[DataRow] | None = None,
                        eval_every: int | None = None, on_eval: Callable[[EvalPoint], None] | None = None,
                        memory_peak: bool | None = None) -> ProgramTrainer:
         """Everything before the first step (`Trainer.start`: the plan checked, the checkpoint of `run.resume`
@@ -185,7 +185,7 @@ class ProgramSession:
         return trainer
 
     def train(self, *, on_step: Callable[[StepLog], None] | None = None,
-              progress: AbstractContextManager | None = None) -> TrainResult:
+              progress: AbstractContextManager | None = None) -> RunOutcome:
         """The steps of the run `start_training` set up, on the session's state (trained in place), with the
         held-out loss every `eval_every` steps and after the last. `progress`: a context the steps run in
         (a progress display), entered after `start_training`'s work."""

@@ -23,11 +23,11 @@ when:
 The byte tokenizer is safe at every character. A tokenizer whose pipeline is not Qwen's (an arbitrary
 `tokenizer.json`) is encoded whole, since nothing is known about its boundaries. Text with no safe cut in
 `MAX_RUN_CHARS` characters (a megabyte of spaces, emoji or letters without a break: one BPE "word") is
-refused rather than held and encoded whole. `tests/test_text_stream.py` checks the ids against the
+refused rather than held and encoded whole. `tests/text/test_encode_stream.py` checks the ids against the
 whole-file encode on the tokenizer corpus and on such inputs.
 
 Segments of the exact Qwen2.5 tokenizer are encoded by tiktoken over the same ranks (`stream_encoder`),
-about 12 MB/s against `tokenizers`' 1-3 MB/s; the two are held equal by `tests/test_tokenizer.py`.
+about 12 MB/s against `tokenizers`' 1-3 MB/s; the two are held equal by `tests/text/test_tokenizer.py`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from toolchain.errors import BadInput
-from toolchain.tokenizer import (QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, ByteTokenizer, HFTokenizer,
-                                 Tokenizer, _byte_symbols, read_qwen_ranks)
+from toolchain.text.qwen_vocab import QWEN_ADDED_TOKENS, QWEN_PATTERN, QWEN_SPECIAL_START, read_qwen_ranks
+from toolchain.text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, byte_symbols
 
 __all__ = ["MAX_TEXT_BYTES", "MAX_RUN_CHARS", "BLOCK_BYTES", "SEGMENT_CHARS", "text_blocks", "segments",
            "last_safe_cut", "stream_encoder", "encode_stream", "ids_json", "spelling"]
@@ -198,7 +198,7 @@ def stream_encoder(tokenizer: Tokenizer, *, allow_special: bool):
     (those inside an added token, when added-token text is read as tokens) when the pipeline is Qwen's
     (NFC + `QWEN_PATTERN` + byte level), and False when boundaries are unknown (encode the whole text).
     `encode` is tiktoken over the same ranks for the exact Qwen2.5 tokenizer (12-14 MB/s against 1-3 MB/s
-    for `tokenizers` on this machine; `tests/test_tokenizer.py` holds them equal), else `tokenizer.encode`.
+    for `tokenizers` on this machine; `tests/text/test_tokenizer.py` holds them equal), else `tokenizer.encode`.
     """
     if isinstance(tokenizer, ByteTokenizer):
         return (lambda text: list(text.encode())), None
@@ -252,7 +252,7 @@ def _tiktoken_qwen(tokenizer: HFTokenizer):
     try:    # the ranks its tokenizer.json was built from (`is_qwen`), 0.4 s; spelled back from the vocabulary: 4 s
         ranks = tokenizer._ranks or read_qwen_ranks()
     except BadInput:
-        table = {ord(s): b for b, s in enumerate(_byte_symbols())}
+        table = {ord(s): b for b, s in enumerate(byte_symbols())}
         ranks = {token.translate(table).encode("latin-1"): rank
                  for token, rank in tokenizer._tk.get_vocab(with_added_tokens=False).items()}
     if tokenizer.is_qwen():

@@ -1,5 +1,5 @@
 """Training data: JSONL rows (`shared_schemas/data_row.schema.json`) checked against a model, and the
-bundled corpus as windows of byte tokens (tokenizers live in `toolchain.tokenizer`)."""
+bundled corpus as windows of byte tokens (tokenizers live in `toolchain.text.tokenizer`)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,28 @@ from torch import Tensor
 from toolchain.errors import BadInput
 from toolchain.models.presets import ModelArch
 from toolchain.schemas import validation_errors
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.validate import decode_utf8, loads
 
-__all__ = ["Example", "read_rows", "load_examples", "bundled_corpus", "bundled_examples", "text_examples",
-           "demo_corpus", "pad_example"]
+__all__ = ["DataRow", "PaddedRow", "read_rows", "load_examples", "bundled_corpus", "bundled_examples", "text_examples",
+           "demo_corpus", "pad_row"]
 
 
-class Example(NamedTuple):
+class DataRow(NamedTuple):
+    """One training or evaluation example (a line of rows.jsonl as tensors)."""
+
     input_ids: Tensor  # [T] int64
     labels: Tensor     # [T] int64, -100 where ignored
 
 
-def pad_example(ex: Example, seq_len: int, pad_id: int, where: str) -> tuple[Tensor, Tensor]:
+class PaddedRow(NamedTuple):
+    """A `DataRow` padded to a program's static length."""
+
+    input_ids: Tensor  # [seq_len] int64, pad_id after the row
+    labels: Tensor     # [seq_len] int64, -100 after the row
+
+
+def pad_row(ex: DataRow, seq_len: int, pad_id: int, where: str) -> PaddedRow:
     """ids padded with pad_id, labels with -100, to seq_len (an exported program's static length).
 
     Raises:
@@ -37,7 +46,7 @@ def pad_example(ex: Example, seq_len: int, pad_id: int, where: str) -> tuple[Ten
     ids = torch.full((seq_len,), pad_id, dtype=torch.int64)
     labels = torch.full((seq_len,), -100, dtype=torch.int64)
     ids[:t], labels[:t] = ex.input_ids, ex.labels
-    return ids, labels
+    return PaddedRow(ids, labels)
 
 
 def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:
@@ -69,7 +78,7 @@ def read_rows(path: Path, *, limit: int | None = None) -> list[dict]:
     return rows
 
 
-def _check_row(row: dict, arch: ModelArch, where: str) -> Example:
+def _check_row(row: dict, arch: ModelArch, where: str) -> DataRow:
     ids = row["input_ids"]
     labels = row.get("labels", ids)
     if len(ids) > arch.max_positions:
@@ -84,10 +93,10 @@ def _check_row(row: dict, arch: ModelArch, where: str) -> Example:
         raise BadInput(f"{where}: label {bad} is neither a token id < {arch.vocab} nor -100")
     if all(t == -100 for t in labels[1:]):
         raise BadInput(f"{where}: row has no token to predict (every label after the first is -100)")
-    return Example(torch.tensor(ids, dtype=torch.int64), torch.tensor(labels, dtype=torch.int64))
+    return DataRow(torch.tensor(ids, dtype=torch.int64), torch.tensor(labels, dtype=torch.int64))
 
 
-def load_examples(path: Path, arch: ModelArch, *, limit: int | None = None) -> list[Example]:
+def load_examples(path: Path, arch: ModelArch, *, limit: int | None = None) -> list[DataRow]:
     """Rows of `path` as tensors, each checked against the model (ids, length, labels)."""
     rows = read_rows(path, limit=limit)
     return [_check_row(r, arch, f"{path}: row {i + 1}") for i, r in enumerate(rows)]
@@ -95,25 +104,25 @@ def load_examples(path: Path, arch: ModelArch, *, limit: int | None = None) -> l
 
 def bundled_corpus() -> str:
     """The small English corpus shipped with the package (toolchain/assets/corpus.txt)."""
-    return (Path(__file__).resolve().parent / "assets" / "corpus.txt").read_text()
+    return (Path(__file__).resolve().parents[1] / "assets" / "corpus.txt").read_text()
 
 
 def demo_corpus() -> str:
     """The demo model's 723 KB public-domain pretraining text (toolchain/assets/demo_corpus.txt)."""
-    return (Path(__file__).resolve().parent / "assets" / "demo_corpus.txt").read_text()
+    return (Path(__file__).resolve().parents[1] / "assets" / "demo_corpus.txt").read_text()
 
 
-def bundled_examples(tokenizer: ByteTokenizer, *, seq_len: int) -> list[Example]:
+def bundled_examples(tokenizer: ByteTokenizer, *, seq_len: int) -> list[DataRow]:
     """The bundled corpus cut into consecutive windows of `seq_len` byte tokens (BOS first)."""
     return text_examples(bundled_corpus(), tokenizer, seq_len=seq_len)
 
 
-def text_examples(text: str, tokenizer: ByteTokenizer, *, seq_len: int) -> list[Example]:
+def text_examples(text: str, tokenizer: ByteTokenizer, *, seq_len: int) -> list[DataRow]:
     """`text` cut into consecutive windows of `seq_len` byte tokens, each BOS + seq_len - 1 bytes, stride
     seq_len - 1 (a partial window at the end is left out)."""
     ids = tokenizer.encode(text, bos=False)
     examples = []
     for start in range(0, len(ids) - seq_len + 2, seq_len - 1):
         window = torch.tensor([tokenizer.BOS] + ids[start:start + seq_len - 1], dtype=torch.int64)
-        examples.append(Example(window, window.clone()))
+        examples.append(DataRow(window, window.clone()))
     return examples

@@ -1,4 +1,4 @@
-"""Large inputs as streams (toolchain/text_stream.py, text_data.write_text_rows): the ids of a text cut at
+"""Large inputs as streams (toolchain/text/encode_stream.py, text_data.write_text_rows): the ids of a text cut at
 safe boundaries equal the ids of the whole text, on the shared tokenizer corpus and on adversarial inputs
 (no newlines, runs of spaces, digits, CJK, emoji, marks, added-token text), with cuts forced every few
 characters; the work is linear (characters examined counted); the files written equal the whole-file
@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from toolchain import text_stream
+from toolchain.text import encode_stream as stream_module
 from toolchain.errors import BadInput
 from toolchain.schemas import dumps
-from toolchain.text_data import (ProgramText, make_rows, split_held_out, stream_windows, windows, write_rows,
+from toolchain.text.text_data import (ProgramText, make_rows, split_held_out, stream_windows, windows, write_rows,
                                  write_text_rows)
-from toolchain.text_stream import encode_stream, ids_json, segments, text_blocks
-from toolchain.tokenizer import QWEN_TOKENIZER_JSON_SHA256, ByteTokenizer, qwen_tokenizer
+from toolchain.text.encode_stream import encode_stream, ids_json, segments, text_blocks
+from toolchain.text.qwen_vocab import qwen_tokenizer
+from toolchain.text.tokenizer import QWEN_TOKENIZER_JSON_SHA256, ByteTokenizer
 from toolchain.validate import read_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = [json.loads(line) for line in (ROOT / "shared_schemas" / "tokenizer_corpus" / "cases.jsonl")
           .read_text(encoding="utf-8").splitlines()]
 
@@ -113,7 +114,7 @@ def test_segments_rejoin_and_cut_only_where_safe():
     parts = list(segments([text[i:i + 777] for i in range(0, len(text), 777)], frozenset("|_>/"), target=40))
     assert "".join(parts) == text and len(parts) > 100
     for a in parts[:-1]:
-        assert text_stream._safe(a + "x", len(a), frozenset("|_>/")) or unicodedata.category(a[-1])[0] in "LN"
+        assert stream_module._safe(a + "x", len(a), frozenset("|_>/")) or unicodedata.category(a[-1])[0] in "LN"
 
 
 def test_no_cut_before_a_character_that_composes_with_what_precedes_it():
@@ -125,7 +126,7 @@ def test_no_cut_before_a_character_that_composes_with_what_precedes_it():
         if d and not d.startswith("<") and len(d.split()) == 2:
             seconds.add(chr(int(d.split()[1], 16)))
     seconds |= {chr(c) for c in range(0x1161, 0x1176)} | {chr(c) for c in range(0x11A8, 0x11C3)}
-    stable = [c for c in map(chr, range(0x110000)) if text_stream._nfc_stable_start(c)]
+    stable = [c for c in map(chr, range(0x110000)) if stream_module._nfc_stable_start(c)]
     assert len(stable) > 7000
     assert not [c for c in stable if c in seconds or unicodedata.combining(c)]
     for c in stable[::50]:
@@ -138,12 +139,12 @@ def test_cut_search_is_linear_in_the_text(monkeypatch):
     """Each character is examined once: the characters the cut search looks at are at most the text's
     length plus one window per cut, on prose and on texts whose cuts are far apart."""
     examined = []
-    real = text_stream.last_safe_cut
+    real = stream_module.last_safe_cut
 
     def counting(text, lo, hi, interior=frozenset()):
         examined.append(max(0, min(hi, len(text) - 1) - max(lo, 1) + 1))
         return real(text, lo, hi, interior)
-    monkeypatch.setattr(text_stream, "last_safe_cut", counting)
+    monkeypatch.setattr(stream_module, "last_safe_cut", counting)
     for text in (" ".join(CORPUS) * 3, ("🙂" * 5000 + "a ") * 20, " " * 50_000 + "end", "1" * 30_000):
         examined.clear()
         blocks = [text[i:i + 1000] for i in range(0, len(text), 1000)]
@@ -182,7 +183,7 @@ def test_utf8_errors_are_named_as_in_the_whole_file_reader(tmp_path, at, bad):
 def test_oversized_input_is_refused_before_reading(tmp_path):
     path = tmp_path / "big.txt"
     with open(path, "wb") as f:
-        f.truncate(text_stream.MAX_TEXT_BYTES + 1)      # sparse: no disk used
+        f.truncate(stream_module.MAX_TEXT_BYTES + 1)      # sparse: no disk used
     with pytest.raises(BadInput, match="more than the 268,435,456 bytes"):
         next(text_blocks(path))
 

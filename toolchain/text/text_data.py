@@ -8,18 +8,18 @@ so every token after the first is a target exactly once (a window's first token 
 The last window is shorter when the stream runs out (the apps pad it); a remainder of a single
 token is already a target of the previous window and is dropped.
 
-A file is read, tokenized, cut and written as a stream (`write_text_rows`, `toolchain.text_stream`):
+A file is read, tokenized, cut and written as a stream (`write_text_rows`, `toolchain.text.encode_stream`):
 memory does not grow with its size and the ids are those of the whole file at once. A file whose text
 has no token (empty, or only a byte-order mark) is refused, whatever the tokenizer.
 
 Chat (`chat_rows`): one conversation `{"messages": [{"role", "content"}, ...]}` per JSONL line
-through the Qwen chat template (`toolchain.tokenizer.apply_chat_template`); labels are the ids on
+through the Qwen chat template (`toolchain.text.chat_template.apply_chat_template`); labels are the ids on
 the assistant's tokens (each assistant content and its `<|im_end|>`) and -100 elsewhere. A
 conversation longer than `seq_len` is an error naming its line (truncating would silently drop the
 targets at its end).
 
 Held-out split (`split_held_out`): n_held = floor(fraction * rows + 0.5) rows, the first n_held
-entries of `toolchain.shuffle.permutation(rows, seed)`, both parts kept in file order; the same
+entries of `toolchain.text.shuffle.permutation(rows, seed)`, both parts kept in file order; the same
 rows, seed and fraction always give the same split, on the host and in the apps (which implement
 the same permutation; `shared_schemas/data_corpus/`).
 """
@@ -39,8 +39,10 @@ from toolchain.atomic import atomic_write_chunks, atomic_write_text, discarded_o
 from toolchain.contract import read_text_fields
 from toolchain.errors import BadInput
 from toolchain.schemas import validation_errors
-from toolchain.shuffle import permutation
-from toolchain.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
+from toolchain.text.shuffle import permutation
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.tokenizer import Tokenizer
+from toolchain.text.tokenizer_source import load_tokenizer
 
 __all__ = ["ProgramText", "read_text", "text_rows", "chat_rows", "split_held_out", "write_rows", "program_text",
            "make_rows", "windows", "stream_windows", "write_text_rows", "TextRows", "row_line"]
@@ -140,7 +142,7 @@ def _checked_lines(windows_: Iterable[list[int]], vocab: int, where: str, counts
     """`row_line` of each window (ids < vocab spelled from a table), checked as `check_rows` does: the first row against the schema (the others
     are built the same way), every id against the vocabulary (one `max` per row: jsonschema on every id
     was 99% of the time of `data --text`)."""
-    from toolchain.text_stream import spelling
+    from toolchain.text.encode_stream import spelling
 
     spell = spelling(vocab)     # 2x faster than str() per id on real Qwen ids, 3.5x for bytes
     for i, w in enumerate(windows_, 1):
@@ -159,12 +161,12 @@ def write_text_rows(program: ProgramText, text: Path, out: Path, *, held_out: fl
                     on_bytes: Callable[[int], None] | None = None) -> TextRows:
     """Rows of the text file `text` written to `out` (and a held-out part to `held_out_out`) as a stream:
     the same rows and files as `make_rows` + `split_held_out` + `write_rows`, in memory that does not grow
-    with the file (`toolchain.text_stream`). Outputs are written atomically; on any error none is.
+    with the file (`toolchain.text.encode_stream`). Outputs are written atomically; on any error none is.
 
     Raises:
-        BadInput: as `text_stream.text_blocks` and `text_rows`, or a row outside the model's vocabulary.
+        BadInput: as `encode_stream.text_blocks` and `text_rows`, or a row outside the model's vocabulary.
     """
-    from toolchain.text_stream import encode_stream, text_blocks
+    from toolchain.text.encode_stream import encode_stream, text_blocks
 
     ids = encode_stream(program.tokenizer, text_blocks(text, on_bytes=on_bytes), allow_special=False)
     counts = [0, 0]

@@ -1,4 +1,4 @@
-"""toolchain.tokenizer: the Qwen2.5 tokenizer (Hugging Face `tokenizers`, merges derived from the
+"""toolchain.text.tokenizer: the Qwen2.5 tokenizer (Hugging Face `tokenizers`, merges derived from the
 ranks) against independent references on the shared corpus (`shared_schemas/tokenizer_corpus/`):
 tiktoken over the same ranks (the committed ids, produced by scripts/make_tokenizer_corpus_ids.py,
 and live on seeded random strings) and a pure-Python rank BPE (the algorithm the phones' BPEs
@@ -18,11 +18,13 @@ import pytest
 
 from toolchain.contract import IM_END, IM_START
 from toolchain.errors import BadInput
-from toolchain.tokenizer import (QWEN_ADDED_TOKENS, QWEN_MIN_VOCAB, QWEN_PATTERN, QWEN_SPECIAL_START,
-                                 ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template, load_tokenizer,
-                                 qwen_merges, qwen_tokenizer, read_qwen_ranks, tokenizer_for_export)
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.qwen_vocab import (QWEN_ADDED_TOKENS, QWEN_MIN_VOCAB, QWEN_PATTERN, QWEN_SPECIAL_START,
+                                       qwen_merges, qwen_tokenizer, read_qwen_ranks)
+from toolchain.text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from toolchain.text.tokenizer_source import load_tokenizer, tokenizer_for_export
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "shared_schemas" / "tokenizer_corpus"
 
 
@@ -83,9 +85,9 @@ def test_qwen_tokenizer_ids_of_added_tokens_pad_and_normalizer(qwen):
 def test_byte_symbol_table_is_gpt2s():
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from toolchain.tokenizer import _byte_symbols
+    from toolchain.text.tokenizer import byte_symbols
 
-    assert _byte_symbols() == tuple(bytes_to_unicode()[b] for b in range(256))
+    assert byte_symbols() == tuple(bytes_to_unicode()[b] for b in range(256))
 
 
 # -- equality with the references --------------------------------------------------------------------
@@ -301,7 +303,7 @@ def test_chat_template_default_system_and_errors(qwen):
 def test_qwen3_tokenizer_is_qwen25_plus_its_added_tokens(qwen):
     """Qwen3: the same ranks and 22 added tokens, then <tool_response> </tool_response> <think> </think> at
     151665-151668 (not special); ordinary text encodes as Qwen2.5's; eos <|im_end|>, pad <|endoftext|>."""
-    from toolchain.tokenizer import QWEN3_MIN_VOCAB, qwen3_tokenizer
+    from toolchain.text.qwen_vocab import QWEN3_MIN_VOCAB, qwen3_tokenizer
 
     q3 = qwen3_tokenizer()
     assert q3.vocab_size == QWEN3_MIN_VOCAB == 151669

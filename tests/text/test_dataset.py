@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from toolchain.dataset import bundled_corpus, bundled_examples, demo_corpus, load_examples, read_rows, text_examples
-from toolchain.tokenizer import ByteTokenizer
+from toolchain.text.dataset import bundled_corpus, bundled_examples, demo_corpus, load_examples, read_rows, text_examples
+from toolchain.text.tokenizer import ByteTokenizer
 from toolchain.errors import BadInput
 from toolchain.models import get_preset
 from toolchain.schemas import SCHEMA_DIR, validation_errors

@@ -1,7 +1,7 @@
 """Throughput and peak memory of `toolchain data --text` and `toolchain tokenize` on large plain text
 (issue 27's "time bound as a benchmark"; the figures are in docs/data.md).
 
-    .venv/bin/python scripts/bench_text_stream.py --mb 50 [--source prose|corpus] [--work DIR]
+    .venv/bin/python scripts/bench_encode_stream.py --mb 50 [--source prose|corpus] [--work DIR]
 
 Writes two texts of MB megabytes (`make_text`: one with a newline between lines, one without any
 newline), then runs each command under `/usr/bin/time -v` and prints
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TOOLCHAIN = [sys.executable, "-m", "toolchain"]
 # What `data --text --program P` runs for a Qwen program P (its tokenizer.json loaded, rows of seq_len 256).
-QWEN_ROWS = ("import sys; from pathlib import Path; from toolchain.text_data import ProgramText, write_text_rows; "
-             "from toolchain.tokenizer import HFTokenizer; t = HFTokenizer.from_file(Path(sys.argv[3]), "
+QWEN_ROWS = ("import sys; from pathlib import Path; from toolchain.text.text_data import ProgramText, write_text_rows; "
+             "from toolchain.text.tokenizer import HFTokenizer; t = HFTokenizer.from_file(Path(sys.argv[3]), "
              "kind='qwen2.5', pad_id=151643, eos_id=151643); "
              "print(write_text_rows(ProgramText(t, 256, 151936), Path(sys.argv[1]), Path(sys.argv[2])))")
 
@@ -74,7 +74,7 @@ def main() -> None:
         subprocess.run([*TOOLCHAIN, "export", "--model", "tiny", "--init", "random", "--seq-len", "256",
                         "--target", "onnx", "--quant", "none", "--out", str(tiny)], check=True, capture_output=True)
     if not (work / "tokenizer.json").exists():
-        from toolchain.tokenizer import qwen_tokenizer
+        from toolchain.text.qwen_vocab import qwen_tokenizer
 
         (work / "tokenizer.json").write_text(qwen_tokenizer().to_json(), encoding="utf-8")
     for name, sep in (("newlines", "\n"), ("no-newline", " ")):

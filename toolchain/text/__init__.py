@@ -1,0 +1,3 @@
+"""The user's-text stage: training rows from JSONL files and plain or chat text (`dataset`, `text_data`),
+large texts encoded in bounded memory (`encode_stream`), the tokenizers (`tokenizer`) and the seeded
+permutation the host and the apps share (`shuffle`)."""
