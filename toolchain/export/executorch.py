@@ -364,7 +364,7 @@ def export_executorch(spec: ProgramSpec, out_dir: Path, *, on_stage=None, xnnpac
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         note("XNNPACK generation")
-        with _quiet("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
+        with quiet_logger("executorch.backends.xnnpack.partition.xnnpack_partitioner"):
             edge = edge.to_backend({name: XnnpackPartitioner() for name in variant})
     if xnnpack:
         # to_edge, then to_backend (not to_edge_transform_and_lower): the edge graph's node order is the one
