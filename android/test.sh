@@ -182,14 +182,14 @@ else
 fi
 
 # The Qwen2.5 tokenizer.json for TokenizerTest (4.6 MB, not in the repository): built by the toolchain from
-# the vocabulary its pinned dashscope wheel ships, cached by the sha256 of toolchain/tokenizer.py.
+# the vocabulary its pinned dashscope wheel ships, cached by the sha256 of toolchain/text/qwen_vocab.py.
 QWEN_TOKENIZER=""
 if [ -x "$REPO/.venv/bin/python" ]; then
-    tok_key="$(sha256sum "$REPO/toolchain/tokenizer.py" | cut -c1-16)"
+    tok_key="$(sha256sum "$REPO/toolchain/text/qwen_vocab.py" | cut -c1-16)"
     QWEN_TOKENIZER="$CACHE/qwen2.5-tokenizer-$tok_key.json"
     if [ ! -f "$QWEN_TOKENIZER" ]; then
-        log "writing the Qwen2.5 tokenizer.json (toolchain.tokenizer, .venv)"
-        (cd "$REPO" && "$REPO/.venv/bin/python" -c "import sys; from toolchain.tokenizer import load_tokenizer; \
+        log "writing the Qwen2.5 tokenizer.json (toolchain.text, .venv)"
+        (cd "$REPO" && "$REPO/.venv/bin/python" -c "import sys; from toolchain.text.tokenizer_source import load_tokenizer; \
 open(sys.argv[1] + '.tmp', 'w', encoding='utf-8').write(load_tokenizer('qwen2.5').to_json())" "$QWEN_TOKENIZER") \
             && mv "$QWEN_TOKENIZER.tmp" "$QWEN_TOKENIZER" || { log "could not write the Qwen2.5 tokenizer.json"; QWEN_TOKENIZER=""; }
     fi

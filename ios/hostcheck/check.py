@@ -119,7 +119,7 @@ class AppModuleRunner:
 def main() -> int:
     import torch
 
-    from toolchain.dataset import Example
+    from toolchain.text.dataset import DataRow
     from toolchain.program import ProgramDir
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
@@ -183,7 +183,7 @@ def main() -> int:
                                             "loss_equal": bool(same[0]), "state_equal": same[1]})
                     ok &= all(same)
                 elif step["kind"] == "eval":
-                    rows = [Example(*padded(trace["eval_rows"][i])) for i in step["rows"]]
+                    rows = [DataRow(*padded(trace["eval_rows"][i])) for i in step["rows"]]
                     ev = evaluate_program(pdir, runner, state, rows, loop=loop)
                     same = abs(ev["loss"] - step["loss"]) <= 1e-12 * abs(step["loss"]) and ev["tokens"] == step["tokens"]
                     report["steps"].append({"eval": ev["loss"], "equal": same})

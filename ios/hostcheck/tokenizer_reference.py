@@ -1,6 +1,6 @@
 """Writes what the Swift tokenizer test compares against (run by ios/test.sh, not committed: 4.6 MB).
 
-OUT/tokenizer.json: the Qwen2.5 tokenizer as `toolchain export` ships it (toolchain/tokenizer.py);
+OUT/tokenizer.json: the Qwen2.5 tokenizer as `toolchain export` ships it (toolchain/text/);
 OUT/decode.json: the Python decode of every corpus case's reference ids and of 400 random id
 sequences (split multi-byte characters, added tokens in the middle), as UTF-8 bytes in hex; the
 `toolchain data` rows of a text and of a chat (text_data.text_rows, tokenizer.apply_chat_template);
@@ -14,8 +14,10 @@ import random
 import sys
 from pathlib import Path
 
-from toolchain.text_data import text_rows
-from toolchain.tokenizer import ByteTokenizer, apply_chat_template, load_tokenizer
+from toolchain.text.chat_template import apply_chat_template
+from toolchain.text.text_data import text_rows
+from toolchain.text.tokenizer import ByteTokenizer
+from toolchain.text.tokenizer_source import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

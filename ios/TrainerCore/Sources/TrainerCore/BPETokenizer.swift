@@ -1,6 +1,6 @@
 import Foundation
 
-/// A byte-level BPE tokenizer read from a Hugging Face `tokenizer.json` (as `toolchain/tokenizer.py`
+/// A byte-level BPE tokenizer read from a Hugging Face `tokenizer.json` (as `toolchain/text/tokenizer.py`
 /// writes it for Qwen2.5, and as Qwen2 checkpoints ship it): NFC normalizer, a `Split` regex
 /// pre-tokenizer (isolated) followed by `ByteLevel` (or `ByteLevel` with its own GPT-2 regex), a BPE
 /// model with merges (`ignore_merges`: a pre-token that is itself in the vocabulary is one token, as in

@@ -16,7 +16,7 @@ extension TokenEncoding {
     public func decodeBytes(_ ids: [Int]) throws -> [UInt8] { Array(try decode(ids).utf8) }
 }
 
-/// The demo model's tokenizer (`toolchain/tokenizer.py` `ByteTokenizer`, manifest kind "byte"): the
+/// The demo model's tokenizer (`toolchain/text/tokenizer.py` `ByteTokenizer`, manifest kind "byte"): the
 /// UTF-8 bytes of the text are the ids 0..255; BOS 256, EOS 257, PAD 258 are control ids no text
 /// reaches, and `decode` drops them. (Its tokenizer.json, a BPE without merges over the 256 byte
 /// symbols with a ByteLevel pre-tokenizer without regex, encodes to the same ids.)
@@ -36,7 +36,7 @@ public final class ByteTokenizer: TokenEncoding {
 
 /// A program's tokenizer as its manifest names it (`tokenizer.kind`): "byte" -> `ByteTokenizer` with
 /// BOS 256 / EOS 257; "qwen2.5" and "huggingface" -> `BPETokenizer` from the program's `tokenizer.json`,
-/// no BOS, EOS = `eos_token_id` (else `<|endoftext|>`); PAD = `pad_token_id` ("toolchain/tokenizer.py").
+/// no BOS, EOS = `eos_token_id` (else `<|endoftext|>`); PAD = `pad_token_id` ("toolchain/text/tokenizer.py").
 public final class ProgramTokenizer {
     public let kind: String
     public let base: TokenEncoding

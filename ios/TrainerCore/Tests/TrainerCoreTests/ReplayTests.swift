@@ -81,7 +81,7 @@ final class ReplayTests: XCTestCase {
         XCTAssertEqual(forwards(trace), forwards(plain) + 4, "4 reruns")
     }
 
-    /// The same recording on a Qwen3-shaped program (`record_v3_trace.py --family qwen3`): per-head q/k
+    /// The same recording on a Qwen3-shaped program (`record_trace.py --family qwen3`): per-head q/k
     /// norms bound in every block method, no q/k/v biases, head_dim 16 where hidden / heads is 8, GQA. The
     /// test reads `model.arch` to know the program is of that shape; the loop reads only the method specs
     /// (the KV cache is [kv_heads, seq_len, head_dim] from the cache inputs) and replays every call bit for bit.
@@ -114,7 +114,7 @@ final class ReplayTests: XCTestCase {
     func replay(_ traceDir: URL) throws -> ([String: Any], Int) {
         let traceURL = traceDir.appendingPathComponent("trace.json")
         guard FileManager.default.fileExists(atPath: traceURL.path) else {
-            XCTFail("no trace at \(traceURL.path) (scripts/record_v3_trace.py records it)")
+            XCTFail("no trace at \(traceURL.path) (scripts/record_trace.py records it)")
             return ([:], 0)
         }
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceURL)) as! [String: Any]

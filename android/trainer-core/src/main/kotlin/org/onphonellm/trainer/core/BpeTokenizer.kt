@@ -5,7 +5,7 @@ import java.text.Normalizer
 import java.util.regex.Pattern
 
 /**
- * Byte-level BPE from a Hugging Face `tokenizer.json` (what toolchain/tokenizer.py writes into a program:
+ * Byte-level BPE from a Hugging Face `tokenizer.json` (what toolchain/text/tokenizer.py writes into a program:
  * Qwen2.5's, or a checkpoint's own): NFC normalizer, Split(regex, Isolated) + ByteLevel pre-tokenizer,
  * a BPE model (vocab + merges, `ignore_merges`), added tokens, ByteLevel decoder. Equal to the Python
  * reference (Hugging Face `tokenizers`, itself checked against tiktoken) on

@@ -45,7 +45,7 @@ fun permutation(n: Int, seed: Long): IntArray {
 }
 
 /**
- * A tokenizer as data preparation and generation need it (toolchain/tokenizer.py `Tokenizer`): `encode`
+ * A tokenizer as data preparation and generation need it (toolchain/text/tokenizer.py `Tokenizer`): `encode`
  * never adds BOS/EOS; with allowSpecial = false the added tokens' texts are ordinary text.
  */
 interface TextTokenizer {

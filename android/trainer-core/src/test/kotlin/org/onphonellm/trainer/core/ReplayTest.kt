@@ -12,7 +12,7 @@ import java.nio.channels.FileChannel
 /**
  * The v3 layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
  * host ran shared_schemas/traces/v3_tiny/program on ExecuTorch through its own loop
- * (scripts/record_v3_trace.py) and recorded every call. The Kotlin LayerLoop runs the same steps (full
+ * (scripts/record_trace.py) and recorded every call. The Kotlin LayerLoop runs the same steps (full
  * backprop, LCSB with layers chosen at run time, eval, greedy generation) on that program's manifest,
  * mapped weights and state_init.bin, against a runtime that checks each call's method and the sha256 of
  * every input it receives, in order, then answers with the recorded outputs. Every input must be built
@@ -175,7 +175,7 @@ class ReplayTest {
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
 
     /**
-     * The Qwen3-shaped program (the same recording as v3_tiny, scripts/record_v3_trace.py --family qwen3): the
+     * The Qwen3-shaped program (the same recording as v3_tiny, scripts/record_trace.py --family qwen3): the
      * blocks bind q_norm / k_norm weights and no q/k/v biases, q_proj is [heads * head_dim = 64, 32] and the KV
      * cache rows are head_dim 16 wide (not hidden / heads = 8). The test reads `model.arch` to know the program
      * is of that shape; the loop never does (it reads the method specs), and replays every call bit for bit.
