@@ -478,6 +478,14 @@ final class TrainingController: ObservableObject {
                                          support: DeviceFacts.fp16Support) {
             throw refused
         }
+        // An int8 program (its training methods call the toolchain's native kernels): refused before anything loads where
+        // the kernel registry lacks them (an app built without TOOLCHAIN_NATIVE_KERNELS) and on Core ML.
+        let needed = Compute.requiredKernels(manifest)
+        if let refused = Compute.kernelRefusal(manifest, program: directory.lastPathComponent, runtime: backend == "coreml" ? "coreml" : "executorch",
+                                               registered: needed.isEmpty ? nil : ExecuTorchRuntime.kernelsRegistered(needed),
+                                               advice: ExecuTorchRuntime.kernelsAdvice) {
+            throw refused
+        }
         switch backend {
         case "coreml":
             let done = DispatchSemaphore(value: 0)
