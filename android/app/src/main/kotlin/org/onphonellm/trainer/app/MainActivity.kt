@@ -396,7 +396,11 @@ class MainActivity : Activity() {
      */
     private fun generate() {
         TrainingStatus.generation.requested()
-        service(RunRequest.ACTION_GENERATE, Bundle().apply { putString(RunRequest.EXTRA_PROMPT, prompt.text.toString()) })
+        // The chosen program: its latest run's state, else (no run of it yet) the program's own adapter (GenerateTarget).
+        service(RunRequest.ACTION_GENERATE, Bundle().apply {
+            putString(RunRequest.EXTRA_PROMPT, prompt.text.toString())
+            (program.selectedItem as? String)?.let { putString("program", it) }
+        })
         showGeneration()
     }
 

@@ -32,6 +32,8 @@ data class RunRequest(
     val generateOnly: Boolean,
     /** Train only while the phone charges (extra [EXTRA_CHARGING_WINDOW]; persisted as the run's flag, ChargingRuns.mark). */
     val chargingWindow: Boolean = false,
+    /** A generate request's program (extra `program`, the screen's choice): its latest run, else the program alone ([GenerateTarget]). */
+    val program: String? = null,
 ) {
     /** A run to create: program directory name, data file, and the run's parameters. */
     data class NewRun(val program: String, val text: File, val chat: Boolean?, val steps: Long, val lr: Double?, val budgetMb: Long?,
@@ -76,6 +78,7 @@ data class RunRequest(
                 telemetryUrl = str("telemetry_url"), telemetryToken = str("telemetry_token"),
                 verifyFiles = str("verify")?.toBoolean() ?: true, generateOnly = action == ACTION_GENERATE,
                 chargingWindow = str(EXTRA_CHARGING_WINDOW)?.toBoolean() ?: false,
+                program = if (action == ACTION_GENERATE) program else null,
             )
         }
 
