@@ -142,12 +142,14 @@ check android-xml python3 -c 'import sys, xml.dom.minidom as m; [m.parse(f) for 
 # ExecuTorch's JNI library links EXECUTORCH_JNI_CUSTOM_LIBRARY, against its libexecutorch.so: the registry has
 # toolchain::int4_linear_a8.out and the kernel computes; linked plainly, the registry lacks it. Then the same
 # static library cross-compiled for arm64 (aarch64-linux-gnu-g++, when installed: scripts/check_kernel_arm64.sh
-# installs it) with the registration object in it. Not the NDK's clang (not installable here): see
+# installs it) with the registration object in it and the thread pool's calls (TOOLCHAIN_THREADPOOL: undefined in the
+# archive, defined by the AAR's libexecutorch.so). Not the NDK's clang (not installable here): see
 # docs/android.md, "The generation kernel". Skipped, and logged, without cmake, a C++ compiler or the .venv.
 ET_PKG="$(ls -d "$REPO"/.venv/lib/python3*/site-packages/executorch 2>/dev/null | head -1 || true)"
 if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] && [ -f "$ET_PKG/lib/libexecutorch.so" ]; then
     check native-kernel-host sh -c "cmake -S '$HERE/native' -B '$BUILD/kernels-host' -DCMAKE_BUILD_TYPE=Release \
         -DEXECUTORCH_INCLUDE_DIR='$ET_PKG/include' -DTOOLCHAIN_KERNELS_CHECK=ON -DEXECUTORCH_LIBRARY='$ET_PKG/lib/libexecutorch.so' \
+        -DEXECUTORCH_THREADPOOL_LIBRARY='$ET_PKG/lib/libexecutorch_threadpool.so' \
         && cmake --build '$BUILD/kernels-host' -j 2 \
         && '$BUILD/kernels-host/registration_check_whole' present && '$BUILD/kernels-host/registration_check_plain' absent \
         && '$BUILD/kernels-host/kernel_path_check' dotprod" || true
@@ -160,6 +162,8 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
             && grep -q ' T Java_org_onphonellm_trainer_app_NativeKernels_kernelPath\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' W toolchain_kernel_path\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' U pthreadpool_parallelize_1d\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' U executorch::extension::threadpool::get_pthreadpool()\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q '_GLOBAL__sub_I_kernels' '$BUILD/kernels-arm64/nm.txt'" || true
     else
         log "native-kernel-arm64 skipped (no aarch64-linux-gnu-g++; scripts/check_kernel_arm64.sh installs it)"

@@ -119,12 +119,14 @@ passed=$((passed + tc_passed))
 failed=$((failed + tc_failed))
 
 # --- 2b'. The build setting that leaves the kernel out (Config/App.xcconfig): the files it excludes are the
-# kernel sources project.yml compiles, NO is the default, and kernel_headers.sh is what turns it on.
+# kernel sources project.yml compiles (with TOOLCHAIN_THREADPOOL: rows over ExecuTorch's thread pool), NO is the
+# default, and kernel_headers.sh is what turns it on.
 xc="$HERE/App/Config/App.xcconfig"
 if grep -qx "TOOLCHAIN_NATIVE_KERNELS = NO" "$xc" && grep -q '^#include? "../Vendor/kernels.xcconfig"' "$xc" \
    && grep -qx "TOOLCHAIN_KERNEL_EXCLUDED_NO = kernels.cpp ToolchainKernels.cpp" "$xc" \
    && [ -f "$REPO/toolchain/native/kernels.cpp" ] && [ -f "$HERE/App/Sources/Kernels/ToolchainKernels.cpp" ] \
    && grep -q "path: ../../toolchain/native/kernels.cpp" "$HERE/App/project.yml" && grep -q "Debug: Config/App.xcconfig" "$HERE/App/project.yml" \
+   && grep -q 'compilerFlags: \[.*"-DTOOLCHAIN_THREADPOOL"' "$HERE/App/project.yml" \
    && grep -q "TOOLCHAIN_NATIVE_KERNELS = YES" "$HERE/App/kernel_headers.sh"; then
     echo "Kernel build setting: 1 passed, 0 failed"; passed=$((passed + 1))
 else

@@ -120,3 +120,63 @@ def test_lcsb_warmup_round_trips_and_is_written_only_when_given():
     # as the export writes it (toolchain/program/manifest.py): absent when 0
     section = LcsbSection("cyclic", ((0,),), (0,), 1, None, None, absent=frozenset({"warmup"}))
     assert "warmup" not in section.to_json()
+
+
+def test_run_defaults_round_trip_and_old_manifests_fall_back(tmp_path):
+    """`defaults` (lr, steps: what the apps and `train --program` use when the user chooses nothing) is optional: a
+    manifest with it keeps it; one without it (older exports, library exports) reads as None, and the program's
+    default_lr is then optimizer.default_lr with no default steps; the schema refuses a bad one."""
+    import shutil
+
+    from toolchain.contract import DefaultsSection
+    from toolchain.program.directory import ProgramDir
+    from toolchain.schemas import validation_errors
+
+    doc = _doc(EXAMPLES[0])
+    assert "defaults" not in doc
+    with_defaults = {**doc, "defaults": {"lr": 0.03, "steps": 200}}
+    assert validation_errors("manifest", with_defaults) == []
+    manifest = Manifest.from_json(with_defaults)
+    assert manifest.defaults == DefaultsSection(0.03, 200) and manifest.to_json() == with_defaults
+    assert Manifest.from_json(doc).defaults is None and "defaults" not in Manifest.from_json(doc).to_json()
+    for bad in ({"lr": 0, "steps": 200}, {"lr": 0.03, "steps": 0}, {"lr": 0.03}, {"lr": 0.03, "steps": 2, "x": 1}):
+        assert validation_errors("manifest", {**doc, "defaults": bad}) != [], bad
+    # The host reads them as the apps do: defaults first, else optimizer.default_lr and no steps.
+    trace = REPO / "shared_schemas" / "traces" / "v3_tiny" / "program"
+    old = ProgramDir(trace)
+    assert old.default_steps is None and old.default_lr == _doc(trace / MANIFEST_NAME)["optimizer"]["default_lr"]
+    new = tmp_path / "program"
+    shutil.copytree(trace, new)
+    m = _doc(new / MANIFEST_NAME)
+    m["defaults"] = {"lr": 0.03, "steps": 200}
+    (new / MANIFEST_NAME).write_text(json.dumps(m, indent=2, sort_keys=True))
+    assert (ProgramDir(new).default_lr, ProgramDir(new).default_steps) == (0.03, 200)
+
+
+def test_export_records_the_measured_defaults_for_the_apps(tmp_path, monkeypatch):
+    """`toolchain export` passes the run defaults of toolchain/export/app_defaults.py to the writer (the lr per
+    optimizer, also optimizer.default_lr, so older readers agree; the steps), and --lr / --steps override them; the
+    writer puts them in `defaults` (its round trip: the test above)."""
+    from click.testing import CliRunner
+
+    import toolchain.export.build as build
+    from toolchain.cli import cli
+    from toolchain.export.app_defaults import DEFAULT_LR, DEFAULT_STEPS
+
+    seen = []
+
+    class Captured(Exception):
+        pass
+
+    def fake_export(arch, weights, cfg, lora, spec, out, **kwargs):
+        seen.append(spec)
+        raise Captured
+
+    monkeypatch.setattr(build, "export_program", fake_export)
+    base = ["export", "--model", "tiny", "--init", "random", "--seq-len", "8", "--quant", "none", "--no-generate"]
+    for extra, want in (([], (DEFAULT_LR["sgd"], DEFAULT_STEPS)), (["--optimizer", "adamw"], (DEFAULT_LR["adamw"], DEFAULT_STEPS)),
+                        (["--lr", "0.5", "--steps", "7"], (0.5, 7))):
+        result = CliRunner().invoke(cli, [*base, *extra, "--out", str(tmp_path / f"p{len(seen)}")])
+        assert isinstance(result.exception, Captured), result.output
+        assert (seen[-1].default_lr, seen[-1].default_steps) == want
+    assert DEFAULT_LR["sgd"] > 1e-4, "the old default (1e-4) did not visibly train in 100 steps (docs/android.md)"

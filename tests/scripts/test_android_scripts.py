@@ -271,3 +271,25 @@ def test_profile_runs_deploy_to_report(phone, program, tmp_path, server):
             s.bind(("127.0.0.1", port))
     else:
         assert not any(c[0] == "reverse" for c in calls) and "telemetry_token" not in start
+
+
+@pytest.mark.parametrize("revision, refused", [("27.2.12479018", True), ("28.2.13676358", False), ("29.0.1", False)])
+def test_custom_aar_script_requires_ndk_r28(tmp_path, revision, refused):
+    """android/native/build_executorch_aar.sh refuses an NDK older than r28 (16 KB-aligned libraries, which Android 15+
+    phones with 16 KB pages need) before building anything; r28 and later pass that gate (the fake NDK then stops at
+    the next one, the missing ANDROID_SDK)."""
+    ndk = tmp_path / f"ndk-{revision}"
+    (ndk / "build" / "cmake").mkdir(parents=True)
+    (ndk / "build" / "cmake" / "android.toolchain.cmake").write_text("")
+    (ndk / "source.properties").write_text(f"Pkg.Desc = Android NDK\nPkg.Revision = {revision}\n")
+    et = tmp_path / "executorch"
+    et.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("ANDROID_SDK", "ANDROID_HOME")}
+    env["ANDROID_NDK"] = str(ndk)
+    r = subprocess.run(["bash", str(REPO / "android" / "native" / "build_executorch_aar.sh"), str(et), str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0
+    major = revision.split(".")[0]
+    assert (f"NDK r{major}: use NDK r28 or later" in r.stderr) == refused, r.stderr
+    if not refused:
+        assert "set ANDROID_SDK" in r.stderr, r.stderr

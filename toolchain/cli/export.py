@@ -25,8 +25,12 @@ from toolchain.validate import FiniteFloat
                    "smaller lowers the transient, larger makes fewer graph nodes.")
 @plan_options("full backprop")
 @optimizer_options("sgd", momentum=False)
-@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=1e-4, show_default=True,
-              help="Default learning rate recorded in the manifest (apps pass lr every step).")
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
+              help="Default learning rate recorded in the manifest (apps pass lr every step).  [default: measured, "
+                   "per optimizer: sgd 1e-1, adamw 3e-3 (toolchain/export/app_defaults.py)]")
+@click.option("--steps", "default_steps", type=click.IntRange(min=1), default=None,
+              help="Steps of a run recorded in the manifest for the apps and `train --program` when the user gives "
+                   "none.  [default: 200 (toolchain/export/app_defaults.py)]")
 @click.option("--target", "export_targets", default="executorch", show_default=True,
               help="Comma-separated runtimes: executorch, onnx, coreml (one manifest describes all).")
 @click.option("--xnnpack/--no-xnnpack", default=True, show_default=True,
@@ -59,7 +63,7 @@ from toolchain.validate import FiniteFloat
 def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb,
            plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, optimizer, weight_decay, frozen_unselected, lr,
            export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, generation, prefill_chunk, float_head, out,
-           force, compute, xnnpack_generation) -> None:
+           force, compute, xnnpack_generation, default_steps) -> None:
     """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
     block_backward with the in-program optimizer, block_skip_update) for each --target (ExecuTorch .pte,
     ONNX, Core ML), the frozen weights once in weights.safetensors (memory-mapped by the apps, passed to
@@ -71,6 +75,7 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from toolchain.atomic import check_output_dir
+    from toolchain.export.app_defaults import DEFAULT_STEPS, default_lr
     from toolchain.export.build import ExportSpec, export_program, tokenizer_fields
     from toolchain.lora.resolve import resolve_adapter
     from toolchain.mesp import StepOptions, chunk_overrides
@@ -98,7 +103,9 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
     quant_spec.check(arch)
     check_output_dir(out, force=force, expected_bytes=weights_file_size(arch, quant_spec))
     spec = ExportSpec(source=model, init=init, seed=seed, seq_len=seq_len, quant=quant_spec, optimizer=opt,
-                      plan=plan.resolve_lcsb(arch.layers), default_lr=lr, options=options, generation=generation,
+                      plan=plan.resolve_lcsb(arch.layers), options=options, generation=generation,
+                      default_lr=default_lr(opt.kind) if lr is None else lr,
+                      default_steps=DEFAULT_STEPS if default_steps is None else default_steps,
                       prefill_chunk=prefill_chunk, targets=tuple(t.strip() for t in export_targets.split(",") if t.strip()), xnnpack=xnnpack,
                       compute=compute, xnnpack_generation=xnnpack_generation,
                       **tokenizer_fields(model, arch.vocab, arch.family))

@@ -15,7 +15,8 @@ import click
 
 from toolchain.cli.options import (data_option, force_option, layers_per_checkpoint_option, lora_options,
                                    model_options, optimizer_options, plan_options, plan_request)
-from toolchain.cli.train_program import check_outputs, program_options, progress_run, report, train_with_program
+from toolchain.cli.train_program import (DEFAULT_TRAIN_STEPS, check_outputs, program_options, progress_run, report,
+                                         train_with_program)
 from toolchain.validate import SEED, STEPS, FiniteFloat
 
 # Options that only eager training uses: --program takes them from its manifest.
@@ -35,7 +36,8 @@ def _given(ctx: click.Context, names) -> list[str]:
 @model_options(default_model=None, required=False)
 @lora_options
 @data_option
-@click.option("--steps", type=STEPS, default=100, show_default=True, help="Training steps (batch 1).")
+@click.option("--steps", type=STEPS, default=None,
+              help="Training steps (batch 1).  [default: 100; --program: the manifest's defaults.steps, else 100]")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Learning rate.  [default: 1e-4; --program: the manifest's default_lr]")
 @optimizer_options("adamw")
@@ -102,6 +104,7 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
                        f"keeps its checkpoint next to the adapter")
     from toolchain.optim import optimizer_config
 
+    run["steps"] = DEFAULT_TRAIN_STEPS if steps is None else steps
     opt = optimizer_config(optimizer, lr=1e-4 if lr is None else lr, weight_decay=weight_decay, momentum=momentum,
                            frozen_unselected=frozen_unselected)
     check_outputs(adapter_out, telemetry_out, force=force, resume=resume)

@@ -9,7 +9,10 @@ import click
 
 from toolchain.cli.options import verbose_requested
 
-__all__ = ["train_with_program", "program_options", "progress_run", "ProgressBar", "report"]
+__all__ = ["train_with_program", "program_options", "progress_run", "ProgressBar", "report", "DEFAULT_TRAIN_STEPS"]
+
+# `toolchain train --steps` when none is given and the program records no `defaults.steps` (eager training, older programs)
+DEFAULT_TRAIN_STEPS = 100
 
 
 def program_options(f):
@@ -113,7 +116,7 @@ def check_outputs(adapter_out: Path | None, telemetry_out: Path | None, *, force
 
 
 def train_with_program(program: Path, data: Path, *, plan, lr: float | None, adapter_out: Path | None,
-                       as_json: bool, force: bool, eval_data: Path | None, eval_every: int | None, steps: int,
+                       as_json: bool, force: bool, eval_data: Path | None, eval_every: int | None, steps: int | None,
                        shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
                        layers_per_checkpoint: int = 1) -> None:
     """`toolchain train --program`: `plan` is the `PlanRequest` of the plan options (nothing given: the plan
@@ -133,6 +136,8 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     pdir = session.pdir
     examples = session.examples(data)
     lr = lr if lr is not None else pdir.default_lr
+    # the manifest's run defaults (`defaults.steps`, as the apps take it), else the CLI's 100
+    steps = steps if steps is not None else (pdir.default_steps or DEFAULT_TRAIN_STEPS)
     step_plan = plan.resolve_lcsb(pdir.arch.layers) if plan.given else pdir.default_plan()
     if step_plan is not None and step_plan.policy == "full":
         step_plan = None

@@ -18,7 +18,7 @@ from toolchain.contract.methods import GENERATION_ROLES, MethodSpec
 from toolchain.contract.state import StateEntry
 
 __all__ = ["Manifest", "ModelSection", "LoraSection", "QuantSection", "OptionsSection", "OptimizerSection",
-           "LcsbSection", "WeightsSection", "ProgramEntry", "LoopSection", "FusedSection", "XnnpackSection",
+           "LcsbSection", "DefaultsSection", "WeightsSection", "ProgramEntry", "LoopSection", "FusedSection", "XnnpackSection",
            "GenerateSection",
            "StateSection", "MemoryPlan", "TokenizerSection", "AdapterSection"]
 
@@ -128,6 +128,16 @@ class OptimizerSection(_Section):
         betas = d.get("betas")
         return cls(d["kind"], d["weight_decay"], None if betas is None else tuple(betas), d.get("eps"),
                    d.get("frozen_unselected"), d.get("default_lr"), _absent(d, cls.OPTIONAL))
+
+
+@dataclass(frozen=True)
+class DefaultsSection(_Section):
+    """What an app uses when the user chooses nothing (`toolchain export` writes them, toolchain/export/app_defaults.py;
+    `toolchain train --program` and both apps read them): the learning rate and the number of steps of a run."""
+
+    lr: float
+    steps: int
+    absent: frozenset[str] = _absent_keys()
 
 
 @dataclass(frozen=True)
@@ -366,7 +376,10 @@ class Manifest:
     # the frozen-weight matmuls' precision (`export --compute`): "fp32" (exact), or "fp16" (float16 operands and
     # products; the program needs a runtime with float16 kernels). Absent (older exports, and every fp32 export:
     # their manifests are unchanged by the option) means "fp32".
-    compute: Literal["fp32", "fp16"] = "fp32"
+    compute: Literal["fp32", "fp16", "int8"] = "fp32"
+    # the apps' run defaults (lr, steps), written by `toolchain export`; None (absent): a program exported before them
+    # or through the library without them (the readers fall back to optimizer.default_lr and 100 steps)
+    defaults: DefaultsSection | None = None
     absent: frozenset[str] = _absent_keys()           # "generate", "compute" when the document has no such key
 
     def to_json(self) -> dict:
@@ -379,6 +392,8 @@ class Manifest:
              "state": self.state.to_json(), "memory_plan": self.memory_plan.to_json(),
              "tokenizer": self.tokenizer.to_json(), "adapter": self.adapter.to_json(), "files": dict(self.files),
              "compute": self.compute}
+        if self.defaults is not None:
+            d["defaults"] = self.defaults.to_json()
         return _present(d, self.absent)
 
     @classmethod
@@ -394,7 +409,8 @@ class Manifest:
                    LoopSection.from_json(d["loop"]), None if gen is None else GenerateSection.from_json(gen),
                    StateSection.from_json(d["state"]), MemoryPlan.from_json(d["memory_plan"]),
                    TokenizerSection.from_json(d["tokenizer"]), AdapterSection.from_json(d["adapter"]),
-                   dict(d["files"]), d.get("compute", "fp32"), _absent(d, ("generate", "compute")))
+                   dict(d["files"]), d.get("compute", "fp32"),
+                   DefaultsSection.from_json(d["defaults"]) if "defaults" in d else None, _absent(d, ("generate", "compute")))
 
     # -- what readers ask -------------------------------------------------------------------------------
     @property

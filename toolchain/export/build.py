@@ -53,7 +53,9 @@ class ExportSpec:
             None: full backprop.
         targets: runtimes to export for.
         xnnpack: ExecuTorch: delegate the matmuls to XNNPACK (export/executorch.py).
-        default_lr: learning rate recorded for apps that do not choose one.
+        default_lr: learning rate recorded for apps that do not choose one (optimizer.default_lr).
+        default_steps: with it, the manifest's `defaults` (lr = default_lr, steps): what `toolchain export` records
+            for the apps (toolchain/export/app_defaults.py); None: no `defaults` key (library exports, the traces).
         options: step memory knobs (loss/MLP chunking).
         pad_token_id / tokenizer_kind: what apps pad rows with.
         eos_token_id / tokenizer_json: the tokenizer's eos and its tokenizer.json (written into the program
@@ -73,6 +75,7 @@ class ExportSpec:
     targets: tuple[str, ...] = ("executorch",)
     xnnpack: bool = True
     default_lr: float = 1e-4
+    default_steps: int | None = None
     options: StepOptions = StepOptions()
     tokenizer_kind: Literal["byte", "qwen2.5", "huggingface", "none"] = "none"
     pad_token_id: int = 0

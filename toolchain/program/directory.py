@@ -82,7 +82,9 @@ class ProgramDir:
         self.files: dict[str, str] = m.files                   # every file (relative path) with its sha256
         self.moves_unselected: bool = m.loop.moves_unselected
         self.step_entry: str | None = m.state.step_entry
-        self.default_lr = float(m.optimizer.default_lr)
+        # the run defaults (`defaults`, toolchain/export/app_defaults.py); older programs: optimizer.default_lr, no steps
+        self.default_lr = float(m.defaults.lr if m.defaults is not None else m.optimizer.default_lr)
+        self.default_steps: int | None = None if m.defaults is None else m.defaults.steps
         self.targets: list[str] = m.targets
         self.programs: dict[str, ProgramEntry] = {}            # target -> its `programs` entry (`program(target)`)
         for entry in m.programs:

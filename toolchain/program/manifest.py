@@ -10,7 +10,7 @@ from pathlib import Path
 from toolchain import __version__
 from toolchain.contract import (ADAPTER_INIT_DIR, GENERATION_ROLES, INT4_PACKING, LAYER, MANIFEST_SCHEMA_VERSION,
                                 STATE_INIT_NAME, STEP_ENTRY, TOKENIZER_NAME, WEIGHTS_NAME, AdapterSection,
-                                FusedSection, GenerateSection, XnnpackSection, LcsbSection, LoopSection, LoraSection, Manifest,
+                                DefaultsSection, FusedSection, GenerateSection, XnnpackSection, LcsbSection, LoopSection, LoraSection, Manifest,
                                 MemoryPlan, MethodSpec, ModelSection, OptimizerSection, OptionsSection, ProgramEntry,
                                 QuantSection, StateSection, TokenizerSection, WeightsSection)
 from toolchain.lora.peft_io import peft_config_dict
@@ -131,5 +131,6 @@ def build_manifest(spec, pspec: ProgramSpec, artifacts: list[TargetArtifact], ro
                                    absent=frozenset({"bos_token_id"})),
         adapter=AdapterSection(ADAPTER_INIT_DIR, peft_config_dict(cfg, base_model=spec.source)),
         files=files, compute=pspec.compute,
+        defaults=None if spec.default_steps is None else DefaultsSection(spec.default_lr, spec.default_steps),
         # an fp32 program's manifest has no `compute` key (the same document as before the option)
         absent=frozenset({"compute"}) if pspec.compute == "fp32" else frozenset())

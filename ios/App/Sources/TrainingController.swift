@@ -7,8 +7,8 @@ import UIKit
 struct RunSettings: Equatable {
     var program = ""
     var backend = "executorch"          // executorch | coreml
-    var steps = 100
-    var lr = 0.0                        // <= 0: the program's (manifest optimizer.default_lr, SessionConfig.resolvingLr)
+    var steps = 0                       // <= 0: the program's (manifest defaults.steps, SessionConfig.resolvingDefaults)
+    var lr = 0.0                        // <= 0: the program's (manifest defaults.lr / optimizer.default_lr)
     var lcsbK = 0                       // 0: every layer every step; else at most k layers per step (LCSB)
     var lcsbPolicy = "cyclic"           // cyclic | strided | last | random (toolchain plan lcsb's policies)
     var lcsbWarmup = 0                  // LCSB only: the first N steps backpropagate every layer, then the plan
@@ -397,7 +397,7 @@ final class TrainingController: ObservableObject {
             let budget = UInt64(run.budgetMB) << 20
             let footprint = FootprintProbe()
             let session = try TrainingSession(
-                programDirectory: dir, programName: run.program, runtime: runtime, data: data, config: run.config.resolvingLr(manifest),
+                programDirectory: dir, programName: run.program, runtime: runtime, data: data, config: run.config.resolvingDefaults(manifest),
                 device: DeviceFacts.info(budgetBytes: budget, background: background),
                 checkpoint: CheckpointStore(url: paths.checkpoint(program: run.program)), telemetry: sinks,
                 usedSeq: usedSeq,
@@ -478,6 +478,14 @@ final class TrainingController: ObservableObject {
                                          support: DeviceFacts.fp16Support) {
             throw refused
         }
+        // An int8 program (its training methods call the toolchain's native kernels): refused before anything loads where
+        // the kernel registry lacks them (an app built without TOOLCHAIN_NATIVE_KERNELS) and on Core ML.
+        let needed = Compute.requiredKernels(manifest)
+        if let refused = Compute.kernelRefusal(manifest, program: directory.lastPathComponent, runtime: backend == "coreml" ? "coreml" : "executorch",
+                                               registered: needed.isEmpty ? nil : ExecuTorchRuntime.kernelsRegistered(needed),
+                                               advice: ExecuTorchRuntime.kernelsAdvice) {
+            throw refused
+        }
         switch backend {
         case "coreml":
             let done = DispatchSemaphore(value: 0)
@@ -537,7 +545,7 @@ final class TrainingController: ObservableObject {
                     let manifest = try Manifest.load(directory: dir)
                     let s = try TrainingSession(programDirectory: dir, programName: program,
                                                 runtime: try Self.makeRuntime(backend: run?.backend ?? settings.backend, directory: dir, manifest: manifest),
-                                                data: data, config: run?.config ?? settings.config,
+                                                data: data, config: (run?.config ?? settings.config).resolvingDefaults(manifest),
                                                 device: DeviceFacts.info(budgetBytes: UInt64(settings.budgetMB) << 20, background: false),
                                                 checkpoint: CheckpointStore(url: paths.checkpoint(program: program)))
                     s.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }

@@ -61,10 +61,15 @@ final class ExecuTorchRuntime: ProgramRuntime {
                 // An fp16 program (manifest compute) whose XNNPACK delegate cannot build its float16 GEMMs (no
                 // float16 kernels here): the clear message, not the bare load error (Compute.loadFailure).
                 let ns = error as NSError
-                if let fp16 = Compute.loadFailure(manifest, program: programName, method: name,
-                                                  errorCode: Compute.executorchErrorCode(domain: ns.domain, code: ns.code),
-                                                  detail: "\(error)") {
+                let code = Compute.executorchErrorCode(domain: ns.domain, code: ns.code)
+                if let fp16 = Compute.loadFailure(manifest, program: programName, method: name, errorCode: code, detail: "\(error)") {
                     throw RuntimeFailure(message: fp16.description, code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
+                }
+                // A training method of an int8 program calling a kernel this runtime lacks (an older kernels.cpp): the
+                // clear message (the registry probe in TrainingController.makeRuntime refuses the common case before this).
+                if let int8 = Compute.kernelLoadFailure(manifest, program: programName, method: name, errorCode: code,
+                                                        detail: "\(error)", advice: Self.kernelsAdvice) {
+                    throw RuntimeFailure(message: int8.description, code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
                 }
                 throw RuntimeFailure(message: "ExecuTorch cannot load method \(name) of \(fileName) (\(error)); re-export the program",
                                      code: "load_failed", log: ExecuTorchLog.shared.lines(since: mark))
@@ -154,14 +159,18 @@ final class ExecuTorchRuntime: ProgramRuntime {
         #endif
     }
 
-    /// What the screen shows: "native kernels: yes (path dotprod)" when every kernel of the fused methods is
-    /// registered (generation calls them), "... yes (path unknown)", or "... no (stock methods)".
+    /// What the screen shows: "native kernels: yes (path dotprod)" when every kernel of the fused methods (or of an
+    /// int8 program's training methods) is registered, "... yes (path unknown)", or "... no (stock methods)"; then the
+    /// program's compute on a line of its own (`Compute.screenLine`: fp16 and int8 said on screen).
     var kernelLine: String {
         let needed = Set(manifest.generate?.fused?.kernels ?? [])
-        let fused = !needed.isEmpty && registeredKernels == needed
-        return KernelPath.describe(registered: fused, path: fused ? Self.kernelPath : nil)
+        let training = Compute.requiredKernels(manifest)
+        let yes = (!needed.isEmpty && registeredKernels == needed) || (!training.isEmpty && Self.kernelsRegistered(training) == training)
+        return KernelPath.describe(registered: yes, path: yes ? Self.kernelPath : nil) + "\n" + Compute.screenLine(manifest)
     }
     static let int4Kernel = "toolchain::int4_linear_a8.out"
+    /// How an iOS build gets the native kernels (docs/ios.md, "The int4 generation kernel").
+    static let kernelsAdvice = "build the app with the native kernels (TOOLCHAIN_NATIVE_KERNELS: run ios/App/kernel_headers.sh, then xcodegen)"
 
     /// A tensor over the input's bytes, no copy.
     static func tensor(_ v: LoopInput) throws -> ValueConvertible {

@@ -11,7 +11,7 @@ struct ContentView: View {
     @Environment(\.scenePhase) private var scenePhase
     @AppStorage("program") private var program = ""
     @AppStorage("backend") private var backend = "executorch"
-    @AppStorage("steps") private var steps = 100
+    @AppStorage("steps") private var steps = 0   // 0: the program's (manifest defaults.steps)
     @AppStorage("lrAsked") private var lr = 0.0  // 0: the program's own (its manifest's default_lr)
     @AppStorage("lcsbK") private var lcsbK = 0
     @AppStorage("lcsbPolicy") private var lcsbPolicy = "cyclic"
@@ -136,7 +136,7 @@ struct ContentView: View {
 
     private var runSection: some View {
         Section("Run") {
-            Stepper("Steps: \(steps)", value: $steps, in: 1...100_000, step: 10)
+            Stepper(steps > 0 ? "Steps: \(steps)" : "Steps: the program's default", value: $steps, in: 0...100_000, step: 10)
             LabeledContent(lr > 0 ? "Learning rate" : "Learning rate (0: the program's)") {
                 TextField("lr", value: $lr, format: .number).keyboardType(.decimalPad).multilineTextAlignment(.trailing)
             }

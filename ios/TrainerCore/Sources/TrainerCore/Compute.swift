@@ -1,8 +1,9 @@
 import Foundation
 
 /// The manifest's `compute` (`shared_schemas/manifest.schema.json`, `toolchain export --compute`): the precision
-/// of the training methods' frozen-weight matmuls, "fp32" (the exact default; the field is absent) or "fp16"
-/// (float16 weight chunks, operands and products; exported for ExecuTorch + XNNPACK only). The Core ML runtime
+/// of the training methods' frozen-weight matmuls, "fp32" (the exact default; the field is absent), "fp16"
+/// (float16 weight chunks, operands and products; exported for ExecuTorch + XNNPACK only) or "int8" (int8
+/// activations x int4 weights on the toolchain's native kernels, `int8`). The Core ML runtime
 /// never runs an fp16 program; ExecuTorch runs one only where XNNPACK has float16 GEMMs, i.e. on CPUs with
 /// float16 arithmetic (ARMv8.2 FP16, `hw.optional.arm.FEAT_FP16`; XNNPACK's `use_arm_neon_fp16_arith`); without
 /// them the method's XNNPACK delegate fails to build and the method does not load. The app refuses such a
@@ -12,7 +13,14 @@ import Foundation
 public enum Compute {
     public static let fp32 = "fp32"
     public static let fp16 = "fp16"
-    public static let choices = [fp32, fp16]
+    /// int8 activations x int4 weights in the training methods' frozen matmuls (`--compute int8`): those methods call
+    /// the toolchain's native kernels (their manifest `kernels`, e.g. `toolchain::int4_linear_a8.out` and
+    /// `toolchain::int4_dyw_a8.out`), which only an app built with toolchain/native/kernels.cpp has
+    /// (`requiredKernels`, `kernelRefusal`, `kernelLoadFailure`).
+    public static let int8 = "int8"
+    public static let choices = [fp32, fp16, int8]
+    /// executorch::runtime::Error::OperatorMissing: a method calling an unregistered operator fails to load with it.
+    public static let operatorMissing = 0x14
 
     /// What the platform tells of XNNPACK's float16 GEMMs before a program loads.
     public enum Fp16Support: Equatable { case yes, no, unknown }
@@ -62,5 +70,57 @@ public enum Compute {
         if let code = errorCode, !delegateLoadErrors.contains(code) { return nil }
         return .badInput("\(what(program)) and this ExecuTorch runtime has no float16 kernels for them (method \(method) " +
                          "did not load: \(detail)); re-export the program with --compute fp32")
+    }
+
+    /// What the screen says of the program's compute (beside the native kernels line).
+    public static func screenLine(_ manifest: Manifest) -> String {
+        switch manifest.computePrecision {
+        case fp16: return "compute: fp16 (float16 frozen-weight matmuls on XNNPACK)"
+        case int8: return "compute: int8 (int8 x int4 frozen-weight matmuls on the native kernels)"
+        default: return "compute: fp32"
+        }
+    }
+
+    /// The native kernels the program's training and held-out methods call (the union of their manifest `kernels`): what
+    /// the runtime must have before the first step. Generation's kernels are not among them: the fused generation
+    /// methods are optional (the stock ones run without them). Empty: stock operators only.
+    public static func requiredKernels(_ manifest: Manifest) -> Set<String> {
+        let generation = Set(Contract.generationRoles)
+        return Set(manifest.methods.filter { !generation.contains($0.role) }.flatMap { $0.kernels ?? [] })
+    }
+
+    private static func needs(_ manifest: Manifest, program: String, missing: Set<String>) -> String {
+        let what = manifest.computePrecision == int8
+            ? "\(program) computes its training matmuls in int8 (exported with --compute int8)"
+            : "\(program)'s training methods call native kernels"
+        return "\(what) and needs the toolchain's native kernels \(missing.sorted())"
+    }
+
+    /// Refuse, before any method loads and any step runs, a program whose training methods call native kernels
+    /// (`requiredKernels`) on a runtime without them: `runtime` other than "executorch" never has them; `registered`: what
+    /// the app's kernel probe found registered (nil: it cannot tell; the methods' load decides, `kernelLoadFailure`).
+    /// `advice`: how this platform gets a runtime with the kernels. Nil: go on.
+    public static func kernelRefusal(_ manifest: Manifest, program: String, runtime: String, registered: Set<String>?,
+                                     advice: String) -> TrainerError? {
+        let needed = requiredKernels(manifest)
+        if needed.isEmpty { return nil }
+        if runtime != "executorch" {
+            return .badInput("\(needs(manifest, program: program, missing: needed)), which only the ExecuTorch runtime has, not " +
+                             "\(runtime); re-export the program with --compute fp32 (or pick the ExecuTorch runtime)")
+        }
+        guard let registered else { return nil }
+        let missing = needed.subtracting(registered)
+        if missing.isEmpty { return nil }
+        return .badInput("\(needs(manifest, program: program, missing: missing)), which this app's ExecuTorch runtime does not " +
+                         "have; \(advice), or re-export the program with --compute fp32")
+    }
+
+    /// A method's load failure as `kernelRefusal`'s message when the method calls native kernels and the runtime says an
+    /// operator is missing (`errorCode` `operatorMissing`); nil: keep the original error.
+    public static func kernelLoadFailure(_ manifest: Manifest, program: String, method: String, errorCode: Int?, detail: String,
+                                         advice: String) -> TrainerError? {
+        guard let kernels = manifest.method(named: method)?.kernels, !kernels.isEmpty, errorCode == operatorMissing else { return nil }
+        return .badInput("\(needs(manifest, program: program, missing: Set(kernels))), which this app's ExecuTorch runtime does not " +
+                         "have (method \(method) did not load: \(detail)); \(advice), or re-export the program with --compute fp32")
     }
 }

@@ -34,4 +34,6 @@ public enum Contract {
     public static let heldOutEvalRows = 32
     /// The learning rate of a run on a program whose manifest records none (`toolchain export --lr`'s default).
     public static let fallbackLr = 1e-4
+    /// A run's steps when neither the user nor the manifest (`defaults.steps`) gives them (Contract.FALLBACK_STEPS on Android).
+    public static let fallbackSteps = 100
 }

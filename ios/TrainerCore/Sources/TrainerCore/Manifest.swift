@@ -25,12 +25,15 @@ public struct Manifest: Decodable, Equatable {
     public var quant: QuantSection?
     public var memoryPlan: MemoryPlan?
     public var generate: GenerateSection?
-    /// `compute` as written: "fp16" for `toolchain export --compute fp16`, absent (nil) for fp32 (`Compute`).
+    /// `compute` as written: "fp16" / "int8" for `toolchain export --compute`, absent (nil) for fp32 (`Compute`).
     public var compute: String?
+    /// The run defaults `toolchain export` measured and recorded (lr, steps; `SessionConfig.resolvingDefaults`);
+    /// nil in older programs.
+    public var defaults: DefaultsSection?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version", seqLen = "seq_len", model, optimizer, lcsb, methods, loop, state
-        case weights, files, programs, tokenizer, adapter, lora, quant, memoryPlan = "memory_plan", generate, compute
+        case weights, files, programs, tokenizer, adapter, lora, quant, memoryPlan = "memory_plan", generate, compute, defaults
     }
 
     /// The frozen-weight matmuls' precision: "fp32" (compute absent) or "fp16" (checked by `validate`).
@@ -154,6 +157,9 @@ public struct Manifest: Decodable, Equatable {
     public func validate(source: String = "manifest.json") throws {
         func fail(_ why: String) -> TrainerError { .badInput("\(source): \(why); re-export the program") }
         guard seqLen >= 2 else { throw fail("seq_len \(seqLen) is below 2") }
+        if let d = defaults, !(d.lr > 0 && d.lr.isFinite) || d.steps < 1 {
+            throw fail("defaults must have lr > 0 and steps >= 1, got lr \(d.lr), steps \(d.steps)")
+        }
         if let c = compute, !Compute.choices.contains(c) {
             throw TrainerError.badInput("\(source): compute '\(c)' is not one of \(Compute.choices); re-export the program with this toolchain")
         }
@@ -339,6 +345,13 @@ public struct FusedSection: Decodable, Equatable {
     public var kernels: [String]
     public var source: String?
     public var methods: [String: String]
+}
+
+/// `defaults` (toolchain/export/app_defaults.py): a run's lr and steps when the user chooses none, one source for
+/// `toolchain train --program` and both apps.
+public struct DefaultsSection: Decodable, Equatable {
+    public var lr: Double
+    public var steps: Int
 }
 
 public struct OptimizerSection: Decodable, Equatable {

@@ -742,12 +742,21 @@ public final class TrainingSession {
 
 public extension SessionConfig {
     /// The export's learning rate when none was asked (`lr` <= 0, the screen's default): the manifest's
-    /// `optimizer.default_lr` (`toolchain export --lr`; the one source the apps and `toolchain train --program`
-    /// share), else `Contract.fallbackLr` for a manifest without one.
+    /// `defaults.lr`, else `optimizer.default_lr` (`toolchain export --lr`; the one source the apps and
+    /// `toolchain train --program` share), else `Contract.fallbackLr` for a manifest without one.
     func resolvingLr(_ manifest: Manifest) -> SessionConfig {
         guard lr <= 0 else { return self }
         var c = self
-        c.lr = Float(manifest.optimizer.defaultLr ?? Contract.fallbackLr)
+        c.lr = Float(manifest.defaults?.lr ?? manifest.optimizer.defaultLr ?? Contract.fallbackLr)
+        return c
+    }
+
+    /// The run defaults where none was asked (`lr` <= 0, `steps` <= 0: the screen's defaults): the manifest's
+    /// `defaults` (what `toolchain export` measured and recorded, toolchain/export/app_defaults.py), else
+    /// `optimizer.default_lr` and `Contract.fallbackSteps` for an older program (as Android's Manifest.runLr / runSteps).
+    func resolvingDefaults(_ manifest: Manifest) -> SessionConfig {
+        var c = resolvingLr(manifest)
+        if c.steps <= 0 { c.steps = manifest.defaults?.steps ?? Contract.fallbackSteps }
         return c
     }
 }

@@ -22,8 +22,9 @@ final class ComputeTests: XCTestCase {
                 XCTAssertTrue(m.hasPrefix("manifest.json") && m.contains("compute") && m.contains("re-export"), m)
             }
         }
+        XCTAssertEqual(try manifest(compute: "int8").computePrecision, "int8")
         XCTAssertThrowsError(try manifest(compute: "bf16")) { e in
-            XCTAssertEqual("\(e)", "manifest.json: compute 'bf16' is not one of [\"fp32\", \"fp16\"]; re-export the program with this toolchain")
+            XCTAssertEqual("\(e)", "manifest.json: compute 'bf16' is not one of [\"fp32\", \"fp16\", \"int8\"]; re-export the program with this toolchain")
         }
     }
 
@@ -72,8 +73,65 @@ final class ComputeTests: XCTestCase {
                                       "device_model": .string("iPhone16,1"), "os": .string("iOS 18.1"), "total_ram_bytes": .int(1),
                                       "budget_bytes": .int(1)]
         XCTAssertEqual(TelemetrySchema.errors(in: e), [], "absent: older telemetry stays valid")
-        for c in ["fp32", "fp16"] { e["compute"] = .string(c); XCTAssertEqual(TelemetrySchema.errors(in: e), []) }
+        for c in ["fp32", "fp16", "int8"] { e["compute"] = .string(c); XCTAssertEqual(TelemetrySchema.errors(in: e), []) }
         e["compute"] = .string("bf16")
         XCTAssertNotEqual(TelemetrySchema.errors(in: e), [])
+    }
+
+    // MARK: int8 programs (issue 41 item 4): the training methods call native kernels
+
+    private let int8Kernels = ["toolchain::int4_dyw_a8.out", "toolchain::int4_linear_a8.out"]
+
+    /// The generation example (fused methods with their kernels) as an int8 export writes it: compute "int8", and each
+    /// training / held-out method listing the W4A8 kernels it calls (the stock generation methods list none).
+    private func int8Manifest(compute: String = "int8") throws -> Manifest {
+        var obj = try JSONSerialization.jsonObject(with: try Repo.data(Repo.manifest("manifest_tiny_generate.json"))) as! [String: Any]
+        let generation = Set(Contract.generationRoles)
+        obj["methods"] = (obj["methods"] as! [[String: Any]]).map { m -> [String: Any] in
+            var m = m
+            if !generation.contains(m["role"] as! String) && m["kernels"] == nil { m["kernels"] = int8Kernels }
+            return m
+        }
+        obj["compute"] = compute
+        return try Manifest.decode(try JSONSerialization.data(withJSONObject: obj), source: "manifest.json")
+    }
+
+    func testTheKernelsAnInt8ProgramNeedsAreItsTrainingMethodsNotTheOptionalFusedOnes() throws {
+        let p = try int8Manifest()
+        XCTAssertEqual(Compute.requiredKernels(p), Set(int8Kernels))
+        let fp32 = try Manifest.decode(try Repo.data(Repo.manifest("manifest_tiny_generate.json")), source: "manifest.json")
+        XCTAssertFalse(fp32.generate?.fused?.kernels.isEmpty ?? true, "the example has fused generation methods with kernels")
+        XCTAssertEqual(Compute.requiredKernels(fp32), [], "fused generation methods are optional (stock fallback)")
+        XCTAssertEqual(Compute.screenLine(p), "compute: int8 (int8 x int4 frozen-weight matmuls on the native kernels)")
+        XCTAssertEqual(Compute.screenLine(try manifest(compute: "fp16")), "compute: fp16 (float16 frozen-weight matmuls on XNNPACK)")
+        XCTAssertEqual(Compute.screenLine(fp32), "compute: fp32")
+    }
+
+    func testAnInt8ProgramOnARuntimeWithoutTheKernelsIsRefusedWithOneMessage() throws {
+        let p = try int8Manifest()
+        let advice = "build the app with the kernels"
+        // The registry probe found none (an app built without TOOLCHAIN_NATIVE_KERNELS).
+        let none = Compute.kernelRefusal(p, program: "tiny8", runtime: "executorch", registered: [], advice: advice)
+        XCTAssertEqual(none?.description, "tiny8 computes its training matmuls in int8 (exported with --compute int8) and needs the " +
+                       "toolchain's native kernels [\"toolchain::int4_dyw_a8.out\", \"toolchain::int4_linear_a8.out\"], which this app's " +
+                       "ExecuTorch runtime does not have; build the app with the kernels, or re-export the program with --compute fp32")
+        let one = Compute.kernelRefusal(p, program: "tiny8", runtime: "executorch", registered: ["toolchain::int4_linear_a8.out"], advice: advice)
+        XCTAssertTrue(one!.description.contains("[\"toolchain::int4_dyw_a8.out\"]") && !one!.description.contains("int4_linear_a8"), one!.description)
+        XCTAssertNil(Compute.kernelRefusal(p, program: "tiny8", runtime: "executorch", registered: Set(int8Kernels), advice: advice))
+        XCTAssertNil(Compute.kernelRefusal(p, program: "tiny8", runtime: "executorch", registered: nil, advice: advice), "the load decides")
+        XCTAssertTrue(Compute.kernelRefusal(p, program: "tiny8", runtime: "coreml", registered: Set(int8Kernels), advice: advice)!
+            .description.contains("only the ExecuTorch runtime"))
+        for c in [nil, "fp16"] as [String?] {
+            XCTAssertNil(Compute.kernelRefusal(try manifest(compute: c), program: "t", runtime: "executorch", registered: [], advice: advice))
+        }
+        // A kernel method's load failing with OperatorMissing (0x14): the same message; other errors and methods stay themselves.
+        let method = p.methods.first { !($0.kernels ?? []).isEmpty && !Contract.generationRoles.contains($0.role) }!.name
+        let e = Compute.kernelLoadFailure(p, program: "tiny8", method: method, errorCode: 0x14, detail: "Operator missing", advice: advice)
+        XCTAssertEqual(e?.description, "tiny8 computes its training matmuls in int8 (exported with --compute int8) and needs the " +
+                       "toolchain's native kernels [\"toolchain::int4_dyw_a8.out\", \"toolchain::int4_linear_a8.out\"], which this app's " +
+                       "ExecuTorch runtime does not have (method \(method) did not load: Operator missing); build the app with the kernels, " +
+                       "or re-export the program with --compute fp32")
+        XCTAssertNil(Compute.kernelLoadFailure(p, program: "t", method: method, errorCode: 0x21, detail: "x", advice: advice))
+        XCTAssertNil(Compute.kernelLoadFailure(p, program: "t", method: "embed_token", errorCode: 0x14, detail: "x", advice: advice))
     }
 }

@@ -66,13 +66,31 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
     val loaded: List<String>
     /** The native kernels' run-time path (`toolchain_kernel_path()`, [NativeKernels]); null: stock methods, or unknown. */
     val kernelPath: String?
-    /** The screen's line: "native kernels: yes (path dotprod)" / "... yes (path unknown)" / "... no (XNNPACK variant)" / "... no (stock methods)". */
-    val kernelLine: String get() = KernelPath.describe(kernels.isNotEmpty(), kernelPath, program.xnnpack != null)
+    /**
+     * The screen's line: "native kernels: yes (path dotprod)" / "... yes (path unknown)" / "... no (XNNPACK variant)" / "... no
+     * (stock methods)", then the program's compute on a line of its own ([Compute.screenLine]: fp16 and int8 said on screen).
+     */
+    val kernelLine: String get() = KernelPath.describe(kernels.isNotEmpty() || kernelMethods.isNotEmpty(), kernelPath, program.xnnpack != null) +
+        "\n" + Compute.screenLine(program)
+
+    /**
+     * The training methods that call native kernels (an int8 program's, [Compute.requiredKernels]), loaded first: a runtime
+     * without the kernels refuses the program here, before any step, with one message ([Compute.loadKernelMethods]). The
+     * probe: without this app's JNI kernel shim (Maven Central's AAR) the runtime has no native kernel at all; with it, a
+     * method's load says (Error::OperatorMissing for a kernel an older kernels.cpp lacks).
+     */
+    private val kernelMethods: List<String> = try {
+        Compute.loadKernelMethods(program, if (NativeKernels.linked()) null else emptySet(), KERNELS_ADVICE, { load(it) },
+            { (it as? ExecutorchRuntimeException)?.errorCode })
+    } catch (e: Throwable) {
+        close()
+        throw e
+    }
 
     init {
         val fused = program.fused
         var missing: String? = null
-        val fusedLoaded = ArrayList<String>()
+        val fusedLoaded = ArrayList<String>(kernelMethods)
         if (fused != null) {
             for (name in fused.methods.values) {
                 try {
@@ -86,7 +104,7 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
             }
         }
         kernels = if (fused != null && missing == null) fused.kernels.toSet() else emptySet()
-        kernelPath = if (kernels.isNotEmpty()) NativeKernels.path() else null
+        kernelPath = if (kernels.isNotEmpty() || kernelMethods.isNotEmpty()) NativeKernels.path() else null
         if (missing != null) {
             if (requireKernels) throw IllegalStateException("this app's ExecuTorch runtime lacks ${fused!!.kernels} ($missing); build the AAR with android/native/build_executorch_aar.sh")
             Log.i(TAG, "no ${fused!!.kernels} in this ExecuTorch runtime ($missing): generation runs " +
@@ -208,6 +226,9 @@ class ExecuTorchRuntime(pte: File, private val program: Manifest, requireKernels
         }
 
         private const val TAG = "ExecuTorchRuntime"
+        /** How an Android app gets a runtime with the native kernels (docs/android.md, "The generation kernel"). */
+        const val KERNELS_ADVICE = "build the app with the ExecuTorch AAR of android/native/build_executorch_aar.sh " +
+            "(Maven Central's AAR runs only stock kernels)"
         /** executorch::runtime::Error::OperatorMissing (ExecutorchRuntimeException.OPERATOR_MISSING in executorch-android). */
         const val OPERATOR_MISSING = 0x14
     }

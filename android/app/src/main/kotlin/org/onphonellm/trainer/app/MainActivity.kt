@@ -122,7 +122,7 @@ class MainActivity : Activity() {
         col.addView(importBar)
         input = EditText(this).apply { hint = "Paste your text here (or a chat JSONL)"; minLines = 4; gravity = android.view.Gravity.TOP }
         col.addView(input)
-        steps = field("steps (${RunRequest.DEFAULT_STEPS})", InputType.TYPE_CLASS_NUMBER)
+        steps = field("steps (program's default)", InputType.TYPE_CLASS_NUMBER)
         heldOut = field("held-out (0.1)", InputType.TYPE_CLASS_NUMBER or InputType.TYPE_NUMBER_FLAG_DECIMAL)
         lcsbK = field("LCSB k (all layers)", InputType.TYPE_CLASS_NUMBER)
         row(steps, heldOut, lcsbK)
@@ -365,7 +365,7 @@ class MainActivity : Activity() {
         val extras = Bundle().apply {
             putString("run_id", RunRequest.newRunId())
             putString("program", name)
-            putString("steps", (steps.text.toString().toLongOrNull() ?: RunRequest.DEFAULT_STEPS).toString())
+            steps.text.toString().toLongOrNull()?.let { putString("steps", it.toString()) }  // none: the program's (manifest defaults)
             putString("held_out", (heldOut.text.toString().toDoubleOrNull() ?: 0.1).toString())
             k?.let { putString("k", it.toString()); putString("lcsb", lcsbPolicy.selectedItem as? String ?: "cyclic") }
             putString("layers_per_checkpoint", if (lessMemory.isChecked) "auto" else "1")
@@ -396,7 +396,11 @@ class MainActivity : Activity() {
      */
     private fun generate() {
         TrainingStatus.generation.requested()
-        service(RunRequest.ACTION_GENERATE, Bundle().apply { putString(RunRequest.EXTRA_PROMPT, prompt.text.toString()) })
+        // The chosen program: its latest run's state, else (no run of it yet) the program's own adapter (GenerateTarget).
+        service(RunRequest.ACTION_GENERATE, Bundle().apply {
+            putString(RunRequest.EXTRA_PROMPT, prompt.text.toString())
+            (program.selectedItem as? String)?.let { putString("program", it) }
+        })
         showGeneration()
     }
 

@@ -15,4 +15,10 @@ object NativeKernels {
      * (UnsatisfiedLinkError), or the kernels predate `toolchain_kernel_path()`.
      */
     fun path(): String? = try { kernelPath() } catch (e: UnsatisfiedLinkError) { null }
+
+    /**
+     * The JNI shim is in this app's libexecutorch.so, i.e. the runtime was built with the native kernels
+     * (build_executorch_aar.sh links both); false: Maven Central's AAR, which runs only stock kernels.
+     */
+    fun linked(): Boolean = try { kernelPath(); true } catch (e: UnsatisfiedLinkError) { false }
 }

@@ -17,7 +17,8 @@ import java.util.UUID
  * JSONL file) it first creates a new run from them, exactly as the Activity does. Relative paths are under
  * the app's external files directory, where `adb push` puts them: files/programs/NAME, files/data/FILE.
  *
- * Extras (numbers may be strings): run_id, program, text, chat (true/false; default: guessed), steps, lr,
+ * Extras (numbers may be strings): run_id, program, text, chat (true/false; default: guessed), steps, lr (both default to
+ * the program's manifest `defaults`),
  * budget_mb, checkpoint_every, shuffle_seed, held_out, held_out_seed, lcsb (full|cyclic|strided|last|random), k,
  * lcsb_seed, lcsb_period (random only), layers_per_checkpoint (an integer >= 1, or "auto": round(sqrt(layers per
  * step)); default 1), max_new_tokens, telemetry_url, telemetry_token, verify (true/false), device_profile, charging_window (true/false).
@@ -32,9 +33,11 @@ data class RunRequest(
     val generateOnly: Boolean,
     /** Train only while the phone charges (extra [EXTRA_CHARGING_WINDOW]; persisted as the run's flag, ChargingRuns.mark). */
     val chargingWindow: Boolean = false,
+    /** A generate request's program (extra `program`, the screen's choice): its latest run, else the program alone ([GenerateTarget]). */
+    val program: String? = null,
 ) {
     /** A run to create: program directory name, data file, and the run's parameters. */
-    data class NewRun(val program: String, val text: File, val chat: Boolean?, val steps: Long, val lr: Double?, val budgetMb: Long?,
+    data class NewRun(val program: String, val text: File, val chat: Boolean?, val steps: Long?, val lr: Double?, val budgetMb: Long?,
                       val checkpointEvery: Int, val shuffleSeed: Long?, val heldOut: Double, val heldOutSeed: Long,
                       val lcsb: String?, val k: Int?, val deviceProfile: String?,
                       val lcsbSeed: Long? = null, val lcsbPeriod: Int? = null,
@@ -54,8 +57,6 @@ data class RunRequest(
         const val EXTRA_CHARGING_WINDOW = "charging_window"
         /** NewRun.layersPerCheckpoint: choose round(sqrt(m)) for the plan's m layers per step ("Recompute more, use less memory"). */
         const val AUTO_LAYERS_PER_CHECKPOINT = 0
-        /** Steps of a new run when none is given (the screen's hint, an adb start without `steps`); docs/android.md "defaults". */
-        const val DEFAULT_STEPS = 100L
 
         fun fromExtras(extras: Bundle?, base: File, action: String?): RunRequest {
             fun str(key: String): String? = extras?.get(key)?.toString()?.takeIf { it.isNotBlank() }
@@ -63,7 +64,7 @@ data class RunRequest(
             val text = str("text")
             val newRun = if (program != null && text != null) NewRun(
                 program = program, text = if (text.startsWith("/")) File(text) else File(File(base, "data"), text),
-                chat = str("chat")?.toBoolean(), steps = str("steps")?.toLong() ?: DEFAULT_STEPS, lr = str("lr")?.toDouble(),
+                chat = str("chat")?.toBoolean(), steps = str("steps")?.toLong(), lr = str("lr")?.toDouble(),
                 budgetMb = str("budget_mb")?.toLong(), checkpointEvery = str("checkpoint_every")?.toInt() ?: 10,
                 shuffleSeed = str("shuffle_seed")?.toLong() ?: 0L, heldOut = str("held_out")?.toDouble() ?: 0.1,
                 heldOutSeed = str("held_out_seed")?.toLong() ?: 0L, lcsb = str("lcsb"), k = str("k")?.toInt(),
@@ -76,6 +77,7 @@ data class RunRequest(
                 telemetryUrl = str("telemetry_url"), telemetryToken = str("telemetry_token"),
                 verifyFiles = str("verify")?.toBoolean() ?: true, generateOnly = action == ACTION_GENERATE,
                 chargingWindow = str(EXTRA_CHARGING_WINDOW)?.toBoolean() ?: false,
+                program = if (action == ACTION_GENERATE) program else null,
             )
         }
 
@@ -93,7 +95,9 @@ data class RunRequest(
             val data = PreparedData.prepare(textContent, TextTokenizer.forProgram(program), program.seqLen, program.vocab, n.heldOut, n.heldOutSeed,
                 chat = n.chat, name = n.text.name)
             val budget = n.budgetMb?.let { it shl 20 } ?: (totalRam / 4)  // no budget given: a quarter of RAM
-            val asked = RunSpec(runId, n.program, n.steps, n.lr ?: program.defaultLr ?: 1e-4, budget, n.checkpointEvery, n.shuffleSeed,
+            // No steps or lr given (the screen's empty fields, an adb start without them): the program's (manifest
+            // defaults, what toolchain export measured and recorded; Manifest.runSteps / runLr).
+            val asked = RunSpec(runId, n.program, program.runSteps(n.steps), program.runLr(n.lr), budget, n.checkpointEvery, n.shuffleSeed,
                 n.lcsb, n.k, n.heldOut, n.heldOutSeed, if (data.chat) "chat" else "text", runInfo + mapOf("device_profile" to n.deviceProfile),
                 lcsbSeed = n.lcsbSeed, lcsbPeriod = n.lcsbPeriod, lcsbWarmup = n.lcsbWarmup)
             val plan = asked.plan(program)  // a bad policy, k, seed, period or warm-up is refused before the run exists

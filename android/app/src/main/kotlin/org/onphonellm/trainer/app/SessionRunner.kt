@@ -14,13 +14,16 @@ import org.onphonellm.trainer.core.ErrorReport
 import org.onphonellm.trainer.core.FileIdentity
 import org.onphonellm.trainer.core.FileIdentitySource
 import org.onphonellm.trainer.core.EventLog
+import org.onphonellm.trainer.core.GenerateTarget
 import org.onphonellm.trainer.core.GeneratedText
+import org.onphonellm.trainer.core.GenerationSource
 import org.onphonellm.trainer.core.GenerationJob
 import org.onphonellm.trainer.core.GenerationListener
 import org.onphonellm.trainer.core.Json
 import org.onphonellm.trainer.core.LayerLoop
 import org.onphonellm.trainer.core.MappedWeights
 import org.onphonellm.trainer.core.Manifest
+import org.onphonellm.trainer.core.ProgramGeneration
 import org.onphonellm.trainer.core.Prompts
 import org.onphonellm.trainer.core.RunControl
 import org.onphonellm.trainer.core.RunDir
@@ -76,6 +79,13 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
         try {
             val runs = Runs(File(base, "runs"))
             if (!req.generateOnly) startCancelled()?.let { return it }  // stopped before the request arrived: no run is created
+            // Generate: the chosen program's latest run, else (no run of it yet) the program with its own adapter.
+            if (req.generateOnly && req.newRun == null && req.runId == null) {
+                val latest = runs.latest()
+                val latestProgram = latest?.let { runCatching { RunSpec.parse(Json.parse(it.spec.readText()), it.spec.path).program }.getOrNull() }
+                val target = GenerateTarget.resolve(latest, latestProgram, req.program)
+                if (target is GenerateTarget.Program) return generateWithProgram(req, base, target.name)
+            }
             // program + text extras (adb): create that run, unless a run of that id exists (then it resumes).
             val created = req.newRun?.takeIf { req.runId == null || runs.get(req.runId) == null }?.let { n ->
                 phase(StartPhase.PREPARING)  // the text tokenized once, here (the run is created by the service, not the screen)
@@ -162,6 +172,35 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
             if (!req.generateOnly) TrainingStatus.start.ended()
             wakeLock.release()
         }
+    }
+
+    /**
+     * Generation with a program that has no run yet (its own adapter, state_init.bin: [ProgramGeneration]), on this
+     * thread's runtime; the same phases, verification once per import and drain as a session's generation. Failures are
+     * the caller's (its catch shows and reports them).
+     */
+    private fun generateWithProgram(req: RunRequest, base: File, name: String): RunOutcome? {
+        val programDir = File(File(base, "programs"), name)
+        val program = Manifest.read(programDir)
+        if (req.verifyFiles) {
+            phase(StartPhase.VERIFYING)
+            VerifyCache(File(base, "verified")).verifyOnce(program) { it.startsWith(program.adapterInitDir ?: "\u0000") }
+        }
+        phase(StartPhase.MAPPING)
+        val weights = MappedWeights.map(File(programDir, program.weightsFile), OsFileIdentity)
+        phase(StartPhase.LOADING)
+        ExecuTorchRuntime(File(programDir, program.programFile), program).use { runtime ->
+            TrainingStatus.kernels = runtime.kernelLine
+            val g = ProgramGeneration(program, weights, runtime)
+            val tok = try { TextTokenizer.forProgram(program) } catch (e: Exception) { null }
+            try {
+                TrainingStatus.message = "generating with $name's own adapter (no run of it yet)"
+                LiveSessions.goLive(LiveSessions.Live(g, tok, false, req.maxNewTokens))
+            } finally {
+                LiveSessions.close(g, GENERATION_DRAIN_MS)
+            }
+        }
+        return null
     }
 
     /** Polls the footprint between the session's own checks; over budget -> stop at the next step (checkpointed). */
@@ -258,7 +297,8 @@ object Battery {
  * window's worker): a prompt that comes before a session is open waits in [TrainingStatus.pendingPrompt].
  */
 object LiveSessions {
-    class Live(val session: TrainingSession, val tok: TextTokenizer?, val chat: Boolean, val maxNewTokens: Int)
+    /** [session]: a training session, or a program without a run ([ProgramGeneration]). */
+    class Live(val session: GenerationSource, val tok: TextTokenizer?, val chat: Boolean, val maxNewTokens: Int)
 
     private const val TAG = "Trainer"
     private val lock = Any()
@@ -280,7 +320,7 @@ object LiveSessions {
     }
 
     /** The session ends: no new generation; the running one may finish within [drainMs], then it is cancelled. */
-    fun close(session: TrainingSession, drainMs: Long) {
+    fun close(session: GenerationSource, drainMs: Long) {
         synchronized(lock) { if (live?.session === session) live = null }
         if (!session.closeGeneration(drainMs = drainMs)) Log.w(TAG, "the generation did not end; closing the runtime anyway")
         synchronized(lock) { job = null }
@@ -304,6 +344,7 @@ object LiveSessions {
                 override fun onStart(which: String, stateStep: Long) = status.started(e, which, stateStep)
                 override fun onToken(which: String, token: StreamedToken) = status.token(e, which, token.text)
                 override fun onDone(which: String, result: GeneratedText) = status.done(e, which, result)
+                override fun onSkipped(which: String, reason: String) = status.skipped(e, which, reason)
                 override fun onError(error: Exception) {
                     Log.e(TAG, "generation failed", error)
                     status.failed("generation failed: ${error.message}", e)

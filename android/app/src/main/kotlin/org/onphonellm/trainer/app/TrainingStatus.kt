@@ -117,6 +117,12 @@ class GenerationStatus {
         if (which == "after") { running = false; note = if (r.stopReason == StopReason.CANCELLED) "cancelled" else null }
     }
 
+    /** [which] is not generated (no run of the program yet): its header says why; the comparison has ended. */
+    fun skipped(e: Long, which: String, reason: String) = update(e) {
+        header[at(which)] = "$which: $reason"
+        if (which == "after") { running = false; note = null }
+    }
+
     fun failed(message: String, e: Long = epoch) = update(e) { running = false; note = message }
 
     fun view(): View = synchronized(this) {

@@ -32,6 +32,13 @@ object Contract {
      * (Contract.heldOutEvalRows) uses the same number; docs/android.md "held-out loss".
      */
     const val HELD_OUT_EVAL_ROWS = 32
+    /**
+     * A run's lr and steps when neither the user nor the manifest (`defaults`, toolchain/export/app_defaults.py; an
+     * older program: `optimizer.default_lr`) gives them: the toolchain's values before the measured defaults
+     * ([Manifest.runLr], [Manifest.runSteps]; iOS: Contract.fallbackLr / fallbackSteps).
+     */
+    const val FALLBACK_LR = 1e-4
+    const val FALLBACK_STEPS = 100L
 }
 
 /**

@@ -96,8 +96,11 @@ class GeneratedText(val which: String, val ids: List<Int>, val text: String?, va
     override fun toString(): String = "GeneratedText($which, $ids, ${text?.let { Json.of(it) }}, $stopReason, step $stateStep)"
 }
 
-/** The same prompt generated with the initial adapter and with the live (or trained) state. */
-class Comparison(val before: GeneratedText, val after: GeneratedText)
+/**
+ * The same prompt generated with the initial adapter and with the live (or trained) state. [afterSkipped]: why "after"
+ * was not generated (a program without a run: [ProgramGeneration]); null when it was.
+ */
+class Comparison(val before: GeneratedText, val after: GeneratedText, val afterSkipped: String? = null)
 
 /**
  * What a streaming comparison reports, on the generating thread (post to the UI thread from here). Called
@@ -110,6 +113,8 @@ interface GenerationListener {
     fun onToken(which: String, token: StreamedToken) {}
     /** [which] ended (its [GeneratedText.stopReason]; "after" is [StopReason.CANCELLED] without a program call when "before" was cancelled). */
     fun onDone(which: String, result: GeneratedText) {}
+    /** [which] is not generated, for [reason] (no run yet: [ProgramGeneration]); the comparison has ended. */
+    fun onSkipped(which: String, reason: String) {}
     /** The comparison failed (the exception is also thrown to the caller). */
     fun onError(error: Exception) {}
 }

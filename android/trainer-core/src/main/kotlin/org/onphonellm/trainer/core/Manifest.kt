@@ -134,9 +134,17 @@ class Manifest(
     val xnnpack: XnnpackSection? = null,
     /** quant.head: the embedding and LM head are stored int4 too (embed.qweight / embed.scales). */
     val quantHead: Boolean = false,
-    /** compute: the frozen-weight matmuls' precision, "fp32" (absent) or "fp16" ([Compute]; only ExecuTorch + XNNPACK with float16 kernels runs fp16). */
+    /** compute: the frozen-weight matmuls' precision, "fp32" (absent), "fp16" or "int8" ([Compute]: who can run them). */
     val compute: String = Compute.FP32,
+    /** defaults.steps: a run's steps when the user gives none (toolchain export); null: an older program ([runSteps]). */
+    val defaultSteps: Long? = null,
 ) {
+    /** A run's lr: the one asked for, else the manifest's (defaults.lr, else optimizer.default_lr), else [Contract.FALLBACK_LR]. */
+    fun runLr(asked: Double?): Double = asked ?: defaultLr ?: Contract.FALLBACK_LR
+
+    /** A run's steps: the ones asked for, else the manifest's defaults.steps, else [Contract.FALLBACK_STEPS]. */
+    fun runSteps(asked: Long?): Long = asked ?: defaultSteps ?: Contract.FALLBACK_STEPS
+
     /** Check every file the manifest lists against its sha256 (catches a partial `adb push`); [skip]: files not needed. */
     fun verifyFiles(skip: (String) -> Boolean = { false }) {
         for ((name, sha) in files) {
@@ -256,10 +264,16 @@ class Manifest(
             }
             val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("$where: files.$k is not a string") }
             val opt = m.obj("optimizer")
+            // defaults (toolchain export: the measured run defaults, one source for the host and both apps); absent: older
+            val defaults = if (m.has("defaults")) m.obj("defaults") else null
+            val dLr = defaults?.double("lr")
+            val dSteps = defaults?.long("steps")
+            if (dLr != null && !(dLr > 0.0 && dLr.isFinite())) throw ContractError("$where: defaults.lr must be > 0, got $dLr")
+            if (dSteps != null && dSteps < 1) throw ContractError("$where: defaults.steps must be >= 1, got $dSteps")
             return Manifest(
                 dir = dir, layers = layers, seqLen = m.int("seq_len"), vocab = arch.int("vocab"),
                 padTokenId = tok.int("pad_token_id"), eosTokenId = tok.optInt("eos_token_id"),
-                defaultLr = opt.optDouble("default_lr"), movesUnselected = moves, stepEntry = stepEntry,
+                defaultLr = dLr ?: opt.optDouble("default_lr"), movesUnselected = moves, stepEntry = stepEntry,
                 methods = methods, stateNumel = numel, stateEntries = entries, stateInitFile = state.string("init_file"),
                 weightsFile = m.obj("weights").string("file"), tokenizerFile = tok.optString("file"),
                 optimizer = opt.string("kind"), files = filesObj,
@@ -284,6 +298,7 @@ class Manifest(
                 programFile = if (m.has("programs")) m.arr("programs").map { Fields.of(it, "$where.programs[]") }
                     .firstOrNull { (it.optString("target") ?: "executorch") == "executorch" }?.optString("file") ?: "model.pte" else "model.pte",
                 prefillChunk = prefillChunk, fused = fused, xnnpack = xnnpack, quantHead = quantHead, compute = compute,
+                defaultSteps = dSteps,
             )
         }
     }

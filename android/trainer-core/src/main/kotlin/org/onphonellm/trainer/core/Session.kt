@@ -208,7 +208,7 @@ class TrainingSession(
     private val probe: MemoryProbe,
     private val clock: Clock = Clock.System,
     private val listener: SessionListener = object : SessionListener {},
-) {
+) : GenerationSource {
     val spec: RunSpec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
     val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
     val held: List<DataRow> = RowFiles.read(runDir.held, program.vocab, program.seqLen)
@@ -511,8 +511,8 @@ class TrainingSession(
      * [compare] on the session's generation thread ("generate", one at a time, in order): returns at once with
      * a handle to cancel or wait for it. The thread is made when first needed and ends with [closeGeneration].
      */
-    fun startComparison(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, tok: TextTokenizer? = null,
-                        listener: GenerationListener = object : GenerationListener {}): GenerationJob {
+    override fun startComparison(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, tok: TextTokenizer?,
+                                 listener: GenerationListener): GenerationJob {
         val control = GenerationControl()
         val future = synchronized(jobs) {
             val executor = genExecutor ?: Executors.newSingleThreadExecutor { r -> Thread(r, "generate").also { it.isDaemon = true } }
@@ -531,7 +531,7 @@ class TrainingSession(
      * queued ones end without a program call) and waits up to [cancelMs]. True if the thread ended (or there
      * was none). A comparison started after this makes a new thread.
      */
-    fun closeGeneration(drainMs: Long = 0, cancelMs: Long = 60_000): Boolean {
+    override fun closeGeneration(drainMs: Long, cancelMs: Long): Boolean {
         val e = synchronized(jobs) { genExecutor.also { genExecutor = null } } ?: return true
         e.shutdown()
         if (drainMs > 0 && e.awaitTermination(drainMs, TimeUnit.MILLISECONDS)) return true

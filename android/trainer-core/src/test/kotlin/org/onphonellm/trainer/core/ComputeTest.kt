@@ -26,8 +26,9 @@ class ComputeTest {
             val e = assertThrows<ContractError>(bad) { parse(bad) }
             assertTrue(e.message!!.startsWith("manifest.json") && "compute" in e.message!!, e.message)
         }
+        assertEquals("int8", parse("\"int8\"").compute)
         val e = assertThrows<ContractError> { parse("\"bf16\"") }
-        assertEquals("manifest.json: compute 'bf16' is not one of [fp32, fp16]; re-export the program with this toolchain", e.message)
+        assertEquals("manifest.json: compute 'bf16' is not one of [fp32, fp16, int8]; re-export the program with this toolchain", e.message)
     }
 
     @Test fun `the cpu's float16 arithmetic is read from proc cpuinfo on arm64 only`() {
@@ -82,5 +83,74 @@ class ComputeTest {
         assertEquals(emptyList<String>(), problems(mapOf("compute" to "fp16")))
         assertEquals(emptyList<String>(), problems(mapOf("compute" to "fp32")))
         assertTrue(problems(mapOf("compute" to "bf16")).isNotEmpty())
+    }
+
+    // --- int8 programs (issue 41 item 4): the training methods call native kernels ----------------------------------
+
+    private val int8Kernels = listOf("toolchain::int4_dyw_a8.out", "toolchain::int4_linear_a8.out")
+
+    /**
+     * The generation example (fused methods with their kernels) as an int8 export writes it: compute "int8", and each
+     * training / held-out method listing the W4A8 kernels it calls (the stock generation methods list none).
+     */
+    private fun int8Program(name: String = "tiny8", compute: String = "int8"): Manifest {
+        val doc = Json.parse(Fixtures.exampleManifest("manifest_tiny_generate.json")) as Json.Obj
+        val generation = Contract.GENERATION_ROLES.toSet()
+        val methods = (doc.fields.getValue("methods") as Json.Arr).items.map { m ->
+            val f = (m as Json.Obj).fields
+            val n = (f.getValue("name") as Json.Str).value
+            if (n in generation || "kernels" in f) m else Json.Obj(f + ("kernels" to Json.Arr(int8Kernels.map { Json.Str(it) })))
+        }
+        val out = Json.Obj(doc.fields + mapOf("compute" to Json.Str(compute), "methods" to Json.Arr(methods)))
+        return Manifest.parse(File("/programs/$name"), out, "manifest.json")
+    }
+
+    @Test fun `the kernels an int8 program needs are its training methods', not the optional fused generation ones`() {
+        val p = int8Program()
+        assertEquals(int8Kernels.toSet(), Compute.requiredKernels(p))
+        val fp32 = Manifest.parse(File("/programs/tiny"), Json.parse(Fixtures.exampleManifest("manifest_tiny_generate.json")), "manifest.json")
+        assertTrue(fp32.fused!!.kernels.isNotEmpty(), "the example has fused generation methods with kernels")
+        assertEquals(emptySet<String>(), Compute.requiredKernels(fp32), "fused generation methods are optional (stock fallback)")
+        assertEquals("compute: int8 (int8 x int4 frozen-weight matmuls on the native kernels)", Compute.screenLine(p))
+        assertEquals("compute: fp16 (float16 frozen-weight matmuls on XNNPACK)", Compute.screenLine(parse("\"fp16\"")))
+        assertEquals("compute: fp32", Compute.screenLine(fp32))
+    }
+
+    @Test fun `an int8 program on a runtime without the kernels is refused with one message before any method loads or step runs`() {
+        val p = int8Program()
+        val advice = "build the app with the kernels"
+        // The probe says no kernel at all (Maven Central's AAR): refused before a single method loads.
+        val loads = ArrayList<String>()
+        val e = assertThrows<ContractError> { Compute.loadKernelMethods(p, emptySet(), advice, { loads.add(it) }, { null }) }
+        assertEquals("tiny8 computes its training matmuls in int8 (exported with --compute int8) and needs the toolchain's native " +
+            "kernels [toolchain::int4_dyw_a8.out, toolchain::int4_linear_a8.out], which this app's ExecuTorch runtime does not have; " +
+            "build the app with the kernels, or re-export the program with --compute fp32", e.message)
+        assertEquals(emptyList<String>(), loads, "nothing loaded")
+        // One kernel registered, the other not: only the missing one is named.
+        val one = Compute.kernelRefusal(p, "executorch", setOf("toolchain::int4_linear_a8.out"), advice)!!
+        assertTrue("[toolchain::int4_dyw_a8.out]" in one.message!! && "int4_linear_a8" !in one.message!!, one.message)
+        assertNull(Compute.kernelRefusal(p, "executorch", int8Kernels.toSet() + "toolchain::other.out", advice))
+        assertTrue("only the ExecuTorch runtime" in Compute.kernelRefusal(p, "coreml", int8Kernels.toSet(), advice)!!.message!!)
+        // The probe cannot tell: the kernel methods load first, and a missing operator is the same message.
+        class Missing(val code: Int) : RuntimeException("Operator missing")
+        val tried = ArrayList<String>()
+        val e2 = assertThrows<ContractError> {
+            Compute.loadKernelMethods(p, null, advice, { tried.add(it); throw Missing(Compute.ERROR_OPERATOR_MISSING) }, { (it as? Missing)?.code })
+        }
+        assertEquals(1, tried.size, "refused at the first kernel method")
+        assertTrue(p.method(tried[0]).kernels.isNotEmpty() && tried[0] !in Contract.GENERATION_ROLES, tried[0])
+        assertEquals("tiny8 computes its training matmuls in int8 (exported with --compute int8) and needs the toolchain's native " +
+            "kernels [toolchain::int4_dyw_a8.out, toolchain::int4_linear_a8.out], which this app's ExecuTorch runtime does not have " +
+            "(method ${tried[0]} did not load: Operator missing); build the app with the kernels, or re-export the program with " +
+            "--compute fp32", e2.message)
+        // Another load error stays itself.
+        val other = assertThrows<Missing> { Compute.loadKernelMethods(p, null, advice, { throw Missing(0x21) }, { (it as? Missing)?.code }) }
+        assertEquals(0x21, other.code)
+        // With the kernels: the training methods that call them are loaded first, and only they.
+        val first = Compute.loadKernelMethods(p, int8Kernels.toSet(), advice, {}, { null })
+        assertEquals(p.methods.values.filter { it.kernels.isNotEmpty() && it.name !in LayerLoop.generationMethodNames(p) }.map { it.name }, first)
+        assertTrue(first.isNotEmpty() && first.none { it in LayerLoop.generationMethodNames(p) })
+        // An fp32 program: nothing to check, nothing loaded here.
+        assertEquals(emptyList<String>(), Compute.loadKernelMethods(parse(null), emptySet(), advice, { error("no load") }, { null }))
     }
 }
