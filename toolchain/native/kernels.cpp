@@ -355,6 +355,20 @@ Group16 group16_of(KernelPath path) {
   }
 }
 
+#if defined(__aarch64__)
+// The arm64 paths' fold + rounding of row t for toolchain_int4_dyw_a8 (NEON; the scalar loop's values): the whole
+// blocks of a group of a multiple of 16 n, up to 256.
+int64_t arm64_fold_row(QuantizedX& a, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
+  if (group % 16 != 0 || group > 256) return 0;
+  const int64_t nb = o / group;
+  for (int64_t b = 0; b < nb; ++b) {
+    const size_t at = static_cast<size_t>(t * a.stride + b * group / 2), gi = static_cast<size_t>(t * a.gstride + b);
+    arm64::fold_block(dy + b * group, s + b * group, group, &a.even[at], &a.odd[at], &a.sa[gi], &a.corr[gi]);
+  }
+  return nb;
+}
+#endif
+
 // The path's fused fold + rounding of a row for toolchain_int4_dyw_a8 (returns the whole blocks it did), or nullptr.
 using FoldRow = int64_t (*)(QuantizedX&, const float*, const float*, int64_t, int64_t, int64_t);
 FoldRow fold_row_of(KernelPath path) {
@@ -363,6 +377,11 @@ FoldRow fold_row_of(KernelPath path) {
     case KernelPath::avx512_vnni: return x86_avx512::fold_row;
     case KernelPath::avx_vnni: return x86_avx_vnni::fold_row;
     case KernelPath::avx2: return x86_avx2::fold_row;
+#endif
+#if defined(__aarch64__)
+    case KernelPath::neon:
+    case KernelPath::dotprod:
+    case KernelPath::i8mm: return arm64_fold_row;
 #endif
     default: return nullptr;
   }
@@ -499,6 +518,10 @@ void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64
   }
 }
 
+// A block of u with an infinity (dy infinite, or dy * sw overflowing) has sa = NaN, as one with a NaN, where
+// QuantizedX's loop would have sa = inf: its dx is NaN either way (its a are 0, and 0 * inf is NaN), but every NaN
+// of toolchain_int4_dyw_a8 is then the one NAN constant propagated (0 * inf would make x86's negative default NaN,
+// and which of two different NaNs a sum keeps depends on its operand order: the paths' bits would differ).
 // Row t of u = dy_t * s (blocks b0 .. nb - 1), quantized as QuantizedX's scalar loop into the halves layout above.
 void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o,
                         int64_t group, int64_t nb, int64_t t, int64_t b0) {
@@ -517,7 +540,7 @@ void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* 
       nan = nan || av != av;
       amax = av > amax ? av : amax;
     }
-    const float sa = nan ? NAN : amax / 127.0f;
+    const float sa = nan || amax == INFINITY ? NAN : amax / 127.0f;   // NaN for an infinity too (above)
     int32_t sum = 0;
     int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
     int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];

@@ -149,7 +149,8 @@ int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __re
       nan |= _mm512_cmp_ps_mask(av, av, _CMP_UNORD_Q);
       amax = _mm512_max_ps(amax, av);
     }
-    const float sa = nan ? NAN : _mm512_reduce_max_ps(amax) / 127.0f;
+    const float m = _mm512_reduce_max_ps(amax);
+    const float sa = nan || m == INFINITY ? NAN : m / 127.0f;   // an infinity too (kernels.cpp: fold_blocks_scalar)
     __m512i sum = _mm512_setzero_si512();
     int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
     int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
@@ -658,7 +659,8 @@ int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __re
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float sa = _mm256_movemask_ps(nanv) ? NAN : _mm_cvtss_f32(m) / 127.0f;
+    const float mx = _mm_cvtss_f32(m);
+    const float sa = _mm256_movemask_ps(nanv) || mx == INFINITY ? NAN : mx / 127.0f;   // an infinity too
     __m256i sum = _mm256_setzero_si256();
     int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
     int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
