@@ -36,11 +36,17 @@
 //   dx[t, k] = sum_b float(isum[t, b, k]) * sa[t, b]: block b into lane b mod 16 by fused multiply-add (blocks in
 //   increasing order), the 16 lanes by the tree above.
 // That is toolchain::int4_linear_a8 of x = u with W^T's rows k of the group as the weight rows and unit weight
-// scales (1 * sa = sa exactly), and the kernel computes it so: per k-group (one thread pool task each, so the bits
-// do not depend on the thread count) dy is folded and quantized row by row (the path's vector quantization), W's
-// columns of the group are repacked as `group` rows of o / 2 bytes in W's own nibble layout (o odd: one more n of
-// nibble 8, whose a is 0), and the path's int4 row kernels below multiply them. So every path gives the generic
-// path's bits here too, with the same kernels (and their speed: an int8 GEMM [T, o] x [o, group] per k-group).
+// scales (1 * sa = sa exactly), and the kernel computes it so, with the int4 row kernels of every path: W^T is
+// packed once per call (`group` rows of o / 2 bytes per k-group, o odd: one more n of nibble 8, whose a is 0), then
+// per tile of rows of dy (dy of about 1 MiB, so it stays in cache across the k-groups) and k-group, the rows of u
+// are folded and rounded in registers (the path's fold_row; the scalar loop elsewhere) and multiplied by the
+// group's rows of W^T (linear_rows). The pairing of n in the packed bytes differs from W's (a block's first half
+// of n in the high nibbles, its second half in the low ones: the vector rounding stores its bytes in order); the
+// integer sums are exact in any pairing. One difference from x above: a block of u with an infinity gets sa = NaN
+// (as one with a NaN), not inf; dx is NaN there either way, but then every NaN is the same NaN, whatever order a
+// path adds them in (fold_blocks_scalar). Threads: the (row tile, k-group range) tasks are split over the pool;
+// every (row, k-group) is computed the same way in any task, so the bits do not depend on the thread count.
+// tests/native/test_kernel_dyw.py (x86 paths, threads, the ExecuTorch op), scripts/check_kernel_arm64.sh (arm64).
 //
 // Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
 // $TOOLCHAIN_KERNEL_PATH names (for testing):

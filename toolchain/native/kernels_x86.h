@@ -141,20 +141,27 @@ int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __re
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t n0 = b * G;
     __m512 v[V];
-    __m512 amax = _mm512_setzero_ps();
-    __mmask16 nan = 0;
+    __m512 amax = _mm512_setzero_ps(), z = _mm512_setzero_ps();   // z: NaN iff some u is not finite (u * 0)
     for (int j = 0; j < V; ++j) {
       v[j] = _mm512_mul_ps(_mm512_loadu_ps(dy + n0 + 16 * j), _mm512_loadu_ps(s + n0 + 16 * j));
-      const __m512 av = _mm512_and_ps(v[j], absmask);
-      nan |= _mm512_cmp_ps_mask(av, av, _CMP_UNORD_Q);
-      amax = _mm512_max_ps(amax, av);
+      amax = _mm512_max_ps(amax, _mm512_and_ps(v[j], absmask));
+      z = _mm512_fmadd_ps(v[j], _mm512_setzero_ps(), z);
     }
-    const float m = _mm512_reduce_max_ps(amax);
-    const float sa = nan || m == INFINITY ? NAN : m / 127.0f;   // an infinity too (kernels.cpp: fold_blocks_scalar)
+    // a NaN or an infinity: sa = NaN (kernels.cpp: fold_blocks_scalar)
+    const float sa = _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) ? NAN : _mm512_reduce_max_ps(amax) / 127.0f;
     __m512i sum = _mm512_setzero_si512();
     int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
     int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
-    if (sa > 0.0f) {
+    if (sa >= 0x1p-126f) {   // sa normal: |u / sa| < 127 + 2^-17, so round(u / sa) is in [-127, 127] (no clamp)
+      const __m512 sv = _mm512_set1_ps(sa);   // and u is finite (no NaN to zero)
+      for (int j = 0; j < V; ++j) {
+        const __m512i a = _mm512_cvtps_epi32(
+            _mm512_roundscale_ps(_mm512_div_ps(v[j], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        sum = _mm512_add_epi32(sum, a);
+        int8_t* dst = j < V / 2 ? even + 16 * j : odd + 16 * (j - V / 2);   // the block's halves
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(a));
+      }
+    } else if (sa > 0.0f) {   // subnormal: the scalar loop's clamp
       const __m512 sv = _mm512_set1_ps(sa);
       for (int j = 0; j < V; ++j) {
         const __m512 q = _mm512_div_ps(v[j], sv);
@@ -162,7 +169,7 @@ int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __re
         r = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), r));
         const __m512i a = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(q, q, _CMP_ORD_Q), r);
         sum = _mm512_add_epi32(sum, a);
-        int8_t* dst = j < V / 2 ? even + 16 * j : odd + 16 * (j - V / 2);   // the block's halves
+        int8_t* dst = j < V / 2 ? even + 16 * j : odd + 16 * (j - V / 2);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(a));
       }
     } else {
@@ -649,28 +656,32 @@ int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __re
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t n0 = b * G;
     __m256 v[V];
-    __m256 amax = _mm256_setzero_ps(), nanv = _mm256_setzero_ps();
+    __m256 amax = _mm256_setzero_ps(), z = _mm256_setzero_ps();   // z: NaN iff some u is not finite (u * 0)
     for (int j = 0; j < V; ++j) {
       v[j] = _mm256_mul_ps(_mm256_loadu_ps(dy + n0 + 8 * j), _mm256_loadu_ps(s + n0 + 8 * j));
-      const __m256 av = _mm256_and_ps(v[j], absmask);
-      nanv = _mm256_or_ps(nanv, _mm256_cmp_ps(av, av, _CMP_UNORD_Q));
-      amax = _mm256_max_ps(amax, av);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], absmask));
+      z = _mm256_fmadd_ps(v[j], _mm256_setzero_ps(), z);
     }
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float mx = _mm_cvtss_f32(m);
-    const float sa = _mm256_movemask_ps(nanv) || mx == INFINITY ? NAN : mx / 127.0f;   // an infinity too
+    // a NaN or an infinity: sa = NaN (kernels.cpp: fold_blocks_scalar)
+    const float sa = _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q)) ? NAN : _mm_cvtss_f32(m) / 127.0f;
     __m256i sum = _mm256_setzero_si256();
     int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
     int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
     if (sa > 0.0f) {
       const __m256 sv = _mm256_set1_ps(sa);
+      const bool normal = sa >= 0x1p-126f;   // then |u / sa| < 127 + 2^-17 and u finite: no clamp, no NaN
       for (int j = 0; j < V; j += 2) {
         __m256i a[2];
         for (int h = 0; h < 2; ++h) {
           const __m256 q = _mm256_div_ps(v[j + h], sv);
           __m256 r = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          if (normal) {
+            a[h] = _mm256_cvtps_epi32(r);
+            continue;
+          }
           r = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), r));
           a[h] = _mm256_and_si256(_mm256_cvtps_epi32(r), _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_ORD_Q)));
         }
