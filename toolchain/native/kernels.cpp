@@ -93,6 +93,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>   // toolchain_int4_dyw_a8's transposition of W (baseline x86-64)
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #define TOOLCHAIN_X86 1   // kernels_x86.h: the avx2, avx_vnni and avx512_vnni paths, chosen at run time
 #endif
@@ -486,7 +490,8 @@ struct DywTask {
   KernelPath path;
   const float* dy;       // [T, o]
   int64_t T, o, in;
-  const uint8_t* wt;     // W^T packed: [in, op / 2] bytes (transpose_columns), op = o rounded up to even
+  const uint8_t* q;      // W: [o, in / 2]
+  uint8_t* wt;           // W^T packed: [in, op / 2] bytes (transpose_columns), op = o rounded up to even
   const float* st;       // the scales transposed, [ng, o]: row g is the scale column of k-group g
   int64_t ng, group;
   float* dx;             // [T, in]
@@ -499,24 +504,79 @@ struct DywTask {
 // integer sums; this one lets the vector paths store their rounded u in order (no even / odd shuffle).
 // W^T packed in that layout: row k (of in) has op / 2 bytes, byte j = b * group / 2 + m of block b holding
 // n = b * group + m (high nibble) and n + Lb / 2 (low), nibble 8 (the value 0) for the padding n = o of an odd o.
-void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t group, uint8_t* __restrict wt) {
-  const int64_t half = in / 2, op = o + (o & 1), ohalf = op / 2;
-  constexpr int64_t J = 64;   // output bytes per pass: 2 J rows of W read, in rows of J bytes written
-  std::vector<int64_t> hi_row(J), lo_row(J);
-  for (int64_t j0 = 0; j0 < ohalf; j0 += J) {
-    const int64_t j1 = std::min(ohalf, j0 + J);
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t b = j / (group / 2), m = j % (group / 2), n0 = b * group, h = std::min(group, op - n0) / 2;
-      hi_row[static_cast<size_t>(j - j0)] = n0 + m;
-      lo_row[static_cast<size_t>(j - j0)] = n0 + h + m;   // == o: the padding
+#if defined(__SSE2__)
+// r[0..15] (16 bytes each) transposed: r[c] holds byte c of every input vector, in order (4 unpack stages).
+inline void transpose16x16(__m128i* r) {
+  __m128i b[16], c[16], d[16];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);        // columns 0..7 of rows 2i, 2i + 1
+    b[8 + i] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);    // columns 8..15
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      c[h + i] = _mm_unpacklo_epi16(b[h + 2 * i], b[h + 2 * i + 1]);       // 4 columns of rows 4i .. 4i + 3
+      c[h + 4 + i] = _mm_unpackhi_epi16(b[h + 2 * i], b[h + 2 * i + 1]);
     }
-    for (int64_t c = 0; c < half; ++c) {   // byte c of W's rows: columns 2c (high nibble), 2c + 1 (low)
-      uint8_t* __restrict even_col = wt + (2 * c) * ohalf;
-      uint8_t* __restrict odd_col = wt + (2 * c + 1) * ohalf;
-      for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t q0 = q[hi_row[static_cast<size_t>(j - j0)] * half + c];
-        const int64_t nl = lo_row[static_cast<size_t>(j - j0)];
-        const uint8_t q1 = nl < o ? q[nl * half + c] : uint8_t{0x88};
+  for (int q = 0; q < 16; q += 4)
+    for (int i = 0; i < 2; ++i) {
+      d[q + i] = _mm_unpacklo_epi32(c[q + 2 * i], c[q + 2 * i + 1]);       // 2 columns of rows 8i .. 8i + 7
+      d[q + 2 + i] = _mm_unpackhi_epi32(c[q + 2 * i], c[q + 2 * i + 1]);
+    }
+  for (int q = 0; q < 16; q += 2) {
+    r[q] = _mm_unpacklo_epi64(d[q], d[q + 1]);                             // column q of all 16 rows
+    r[q + 1] = _mm_unpackhi_epi64(d[q], d[q + 1]);
+  }
+}
+
+// 16 pairs of W's rows (hi[j], lo[j]) at byte columns c .. c + 15: W^T's bytes j .. j + 15 of rows 2 (c + cc) and
+// 2 (c + cc) + 1 (out: row 2c's byte j, rows `stride` apart), what the scalar loop of transpose_columns writes.
+inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo, int64_t c, uint8_t* out,
+                             int64_t stride) {
+  const __m128i mhi = _mm_set1_epi8(static_cast<char>(0xF0)), mlo = _mm_set1_epi8(0x0F);
+  __m128i e[16], o[16];
+  for (int j = 0; j < 16; ++j) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi[j] + c));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo[j] + c));
+    e[j] = _mm_or_si128(_mm_and_si128(a, mhi), _mm_and_si128(_mm_srli_epi16(b, 4), mlo));   // (a & F0) | (b >> 4)
+    o[j] = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(a, 4), mhi), _mm_and_si128(b, mlo));  // (a << 4) | (b & 0F)
+  }
+  transpose16x16(e);
+  transpose16x16(o);
+  for (int cc = 0; cc < 16; ++cc) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * cc) * stride), e[cc]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * cc + 1) * stride), o[cc]);
+  }
+}
+#endif
+
+// Rows 2 c0 .. 2 c1 - 1 of it (W's byte columns c0 .. c1 - 1); wt is row 0.
+void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t group, int64_t c0, int64_t c1,
+                       uint8_t* __restrict wt) {
+  const int64_t half = in / 2, op = o + (o & 1), ohalf = op / 2;
+  constexpr int64_t J = 64;   // output bytes per pass: 2 J rows of W read, 2 (c1 - c0) rows of J bytes written
+  thread_local std::vector<uint8_t> pad;   // the padding row n = o of an odd o: nibbles 8
+  if (pad.size() < static_cast<size_t>(half)) pad.assign(static_cast<size_t>(half), 0x88);
+  const uint8_t* hi_row[J];
+  const uint8_t* lo_row[J];
+  for (int64_t j0 = 0; j0 < ohalf; j0 += J) {
+    const int64_t nj = std::min(ohalf - j0, J);
+    for (int64_t j = 0; j < nj; ++j) {
+      const int64_t b = (j0 + j) / (group / 2), m = (j0 + j) % (group / 2), n0 = b * group;
+      const int64_t h = std::min(group, op - n0) / 2, nl = n0 + h + m;
+      hi_row[j] = q + (n0 + m) * half;
+      lo_row[j] = nl < o ? q + nl * half : pad.data();
+    }
+    int64_t c = c0;
+#if defined(__SSE2__)
+    if (nj == J)   // 16 x 16 tiles: the pairs' bytes in vectors along c, transposed to vectors along j
+      for (; c + 16 <= c1; c += 16)
+        for (int64_t j = 0; j < J; j += 16) transpose_tile16(hi_row + j, lo_row + j, c, wt + 2 * c * ohalf + j0 + j, ohalf);
+#endif
+    for (; c < c1; ++c) {   // byte c of W's rows: columns 2c (high nibble), 2c + 1 (low)
+      uint8_t* __restrict even_col = wt + (2 * c) * ohalf + j0;
+      uint8_t* __restrict odd_col = wt + (2 * c + 1) * ohalf + j0;
+      for (int64_t j = 0; j < nj; ++j) {
+        const uint8_t q0 = hi_row[j][c], q1 = lo_row[j][c];
         even_col[j] = static_cast<uint8_t>((q0 & 0xF0) | (q1 >> 4));
         odd_col[j] = static_cast<uint8_t>((q0 << 4) | (q1 & 0x0F));
       }
@@ -586,6 +646,13 @@ void dyw_block(const DywTask& k, int64_t t0, int64_t nt, int64_t g) {
   RowsTask rows_task{k.path, &a, nt, k.wt + k0 * (op / 2), ones.data(), op / 2, gb, nb, nk, k.dx + t0 * k.in + k0,
                      nk, k.in};
   linear_rows(rows_task, 0, nk);
+}
+
+// Transpose task i: W^T's rows of k-groups [i * gchunk, + gchunk).
+void dyw_transpose_chunk(void* task, size_t i) {
+  const DywTask& k = *static_cast<const DywTask*>(task);
+  const int64_t g0 = static_cast<int64_t>(i) * k.gchunk, g1 = std::min(k.ng, g0 + k.gchunk);
+  transpose_columns(k.q, k.o, k.in, k.group, g0 * k.group / 2, std::min(k.in / 2, g1 * k.group / 2), k.wt);
 }
 
 // Task i: tile i % tiles, k-groups [(i / tiles) * gchunk, + gchunk).
@@ -673,18 +740,20 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
     for (int64_t g = 0; g < ng; ++g) st[static_cast<size_t>(g * o + n)] = scales[n * ng + g];
   const int64_t op = o + (o & 1);
   wt.resize(static_cast<size_t>(in * (op / 2)));
-  transpose_columns(q, o, in, group, wt.data());
   // Tiles of rows whose dy (float32) fits in about 1 MiB, so a tile stays in cache across its k-groups.
   const int64_t most = std::max<int64_t>(16, std::min<int64_t>(64, (int64_t{1} << 20) / (4 * op)));
   const int64_t tiles = (T + most - 1) / most, tile = (T + tiles - 1) / tiles;   // balanced
-  DywTask task{path, dy, T, o, in, wt.data(), st.data(), ng, group, dx, tile, tiles, ng};
+  DywTask task{path, dy, T, o, in, q, wt.data(), st.data(), ng, group, dx, tile, tiles, ng};
   const int64_t threads = pool_threads();
-  if (threads > 1 && T * o * in >= (int64_t{1} << 18) && tiles * ng > 1) {
+  if (threads > 1 && T * o * in >= (int64_t{1} << 18) && ng > 1) {
+    task.gchunk = (ng + 2 * threads - 1) / (2 * threads);   // W^T's k-groups in about 2 chunks per thread
+    run_in_pool(dyw_transpose_chunk, &task, (ng + task.gchunk - 1) / task.gchunk);
     // at least 2 tasks per thread where the k-groups allow: split the k-groups when there are few tiles
     const int64_t splits = std::min(ng, (2 * threads + tiles - 1) / tiles);
     task.gchunk = (ng + splits - 1) / splits;
     run_in_pool(dyw_chunk, &task, tiles * ((ng + task.gchunk - 1) / task.gchunk));
   } else {
+    dyw_transpose_chunk(&task, 0);   // gchunk = ng: all of W^T
     for (int64_t i = 0; i < tiles; ++i) dyw_chunk(&task, static_cast<size_t>(i));
   }
   return 0;
