@@ -549,6 +549,53 @@ inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo,
 }
 #endif
 
+#if defined(__aarch64__)
+// r[0..15] transposed (AArch64 NEON): trn1 / trn2 at 1, 2, 4 and 8 bytes, each swapping one bit of the row and
+// column indices.
+inline void transpose16x16(uint8x16_t* r) {
+  for (int i = 0; i < 16; i += 2) {
+    const uint8x16_t a = r[i], b = r[i + 1];
+    r[i] = vtrn1q_u8(a, b);
+    r[i + 1] = vtrn2q_u8(a, b);
+  }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 2)) {
+      const uint16x8_t a = vreinterpretq_u16_u8(r[i]), b = vreinterpretq_u16_u8(r[i + 2]);
+      r[i] = vreinterpretq_u8_u16(vtrn1q_u16(a, b));
+      r[i + 2] = vreinterpretq_u8_u16(vtrn2q_u16(a, b));
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 4)) {
+      const uint32x4_t a = vreinterpretq_u32_u8(r[i]), b = vreinterpretq_u32_u8(r[i + 4]);
+      r[i] = vreinterpretq_u8_u32(vtrn1q_u32(a, b));
+      r[i + 4] = vreinterpretq_u8_u32(vtrn2q_u32(a, b));
+    }
+  for (int i = 0; i < 8; ++i) {
+    const uint64x2_t a = vreinterpretq_u64_u8(r[i]), b = vreinterpretq_u64_u8(r[i + 8]);
+    r[i] = vreinterpretq_u8_u64(vtrn1q_u64(a, b));
+    r[i + 8] = vreinterpretq_u8_u64(vtrn2q_u64(a, b));
+  }
+}
+
+// The SSE2 transpose_tile16's bytes, in NEON.
+inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo, int64_t c, uint8_t* out,
+                             int64_t stride) {
+  const uint8x16_t mhi = vdupq_n_u8(0xF0), mlo = vdupq_n_u8(0x0F);
+  uint8x16_t e[16], o[16];
+  for (int j = 0; j < 16; ++j) {
+    const uint8x16_t a = vld1q_u8(hi[j] + c), b = vld1q_u8(lo[j] + c);
+    e[j] = vorrq_u8(vandq_u8(a, mhi), vshrq_n_u8(b, 4));   // (a & F0) | (b >> 4)
+    o[j] = vorrq_u8(vshlq_n_u8(a, 4), vandq_u8(b, mlo));   // (a << 4) | (b & 0F)
+  }
+  transpose16x16(e);
+  transpose16x16(o);
+  for (int cc = 0; cc < 16; ++cc) {
+    vst1q_u8(out + (2 * cc) * stride, e[cc]);
+    vst1q_u8(out + (2 * cc + 1) * stride, o[cc]);
+  }
+}
+#endif
+
 // Rows 2 c0 .. 2 c1 - 1 of it (W's byte columns c0 .. c1 - 1); wt is row 0.
 void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t group, int64_t c0, int64_t c1,
                        uint8_t* __restrict wt) {
@@ -567,7 +614,7 @@ void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64
       lo_row[j] = nl < o ? q + nl * half : pad.data();
     }
     int64_t c = c0;
-#if defined(__SSE2__)
+#if defined(__SSE2__) || defined(__aarch64__)
     if (nj == J)   // 16 x 16 tiles: the pairs' bytes in vectors along c, transposed to vectors along j
       for (; c + 16 <= c1; c += 16)
         for (int64_t j = 0; j < J; j += 16) transpose_tile16(hi_row + j, lo_row + j, c, wt + 2 * c * ohalf + j0 + j, ohalf);
