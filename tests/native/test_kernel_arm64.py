@@ -10,7 +10,7 @@ and, in a build with kernels.cpp's thread-pool code against a stand-in pool (tes
 path with the weight rows of large calls split into chunks over 3 threads, to the same bits.
 
 The script installs g++-aarch64-linux-gnu, qemu-user, clang-19 and lld-19 from Debian's packages when they
-are missing (a minute or two once); skipped when they are missing and cannot be installed. About 7 minutes
+are missing (a minute or two once); skipped when they are missing and cannot be installed. About 9 minutes
 with them (2-core host under load); ARM64_CASES=2000 runs more random cases (slower)."""
 
 from __future__ import annotations
