@@ -56,6 +56,12 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
         label = f"gcc-pool -cpu max TOOLCHAIN_KERNEL_PATH={p}"
         assert f"ok   {label}: outputs hash = the generic path's" in out, p
         assert f"ok   {label}: the weight rows were split over the pool" in out, p
-    hashes = set(re.findall(r"outputs hash ([0-9a-f]{16})$", out, re.M))
-    assert len(hashes) == 1, hashes
+    hashes = set(re.findall(r"path\): float32 bound .* outputs hash ([0-9a-f]{16})$", out, re.M))
+    assert len(hashes) == 1, hashes                   # int4_linear_a8: one hash over every run
+    dyw = re.findall(r"path\) dyw: float32 bound .* outputs hash ([0-9a-f]{16})$", out, re.M)
+    assert len(dyw) == 28 and len(set(dyw)) == 1, dyw   # int4_dyw_a8: 28 runs (every one not refused), one hash
+    for cc in ("gcc", "clang"):
+        for cpu, (paths, _, _) in EXPECTED.items():
+            for p in paths:
+                assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw: outputs hash = the generic path's" in out
     assert int(tally[-1][0]) == 214, tally
