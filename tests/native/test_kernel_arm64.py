@@ -1,15 +1,16 @@
-"""The arm64 paths of the int4 kernel (toolchain/native/kernels_arm64.h: neon, dotprod, i8mm, and the generic
+"""The arm64 paths of the int4 kernels (toolchain/native/kernels_arm64.h: neon, dotprod, i8mm, and the generic
 path), built by GCC and clang at the apps' baseline (armv8-a) and run under qemu-aarch64 at three CPU levels by
-scripts/check_kernel_arm64.sh on 402 cases (random shapes, odd sizes, partial last groups, T = 1, 2..9, >= 10,
-groups of 32 / 64 / 96 / 128 / 256, NaN / inf rows): every path equal to the generic path and to this host's
-x86 kernel bit for bit, within the float32 bound of a float64 reference; the default path per CPU level
+scripts/check_kernel_arm64.sh: int4_linear_a8 on 402 cases (random shapes, odd sizes, partial last groups, T = 1,
+2..9, >= 10, groups of 32 / 64 / 96 / 128 / 256, NaN / inf rows) and int4_dyw_a8 (dX = dY W) on 108 (the same
+kinds, odd o, partial blocks and k-groups, ties, zero scales): every path equal to the generic path and to this
+host's x86 kernel bit for bit, within the float32 bound of a float64 reference; the default path per CPU level
 (max: i8mm, cortex-a76: dotprod, cortex-a53: neon); a forced path the CPU lacks refused (-2 from a valid call, one
 Error: line with the library's reason); sdot / smmla in the dotprod / i8mm functions (objdump) and nowhere else;
 and, in a build with kernels.cpp's thread-pool code against a stand-in pool (tests/native/arm64_pool.cpp), every
 path with the weight rows of large calls split into chunks over 3 threads, to the same bits.
 
 The script installs g++-aarch64-linux-gnu, qemu-user, clang-19 and lld-19 from Debian's packages when they
-are missing (a minute or two once); skipped when they are missing and cannot be installed. About 2 minutes
+are missing (a minute or two once); skipped when they are missing and cannot be installed. About 9 minutes
 with them (2-core host under load); ARM64_CASES=2000 runs more random cases (slower)."""
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
         label = f"gcc-pool -cpu max TOOLCHAIN_KERNEL_PATH={p}"
         assert f"ok   {label}: outputs hash = the generic path's" in out, p
         assert f"ok   {label}: the weight rows were split over the pool" in out, p
-    hashes = set(re.findall(r"outputs hash ([0-9a-f]{16})$", out, re.M))
-    assert len(hashes) == 1, hashes
-    assert int(tally[-1][0]) == 130, tally
+    hashes = set(re.findall(r"path\): float32 bound .* outputs hash ([0-9a-f]{16})$", out, re.M))
+    assert len(hashes) == 1, hashes                   # int4_linear_a8: one hash over every run
+    dyw = re.findall(r"path\) dyw: float32 bound .* outputs hash ([0-9a-f]{16})$", out, re.M)
+    assert len(dyw) == 28 and len(set(dyw)) == 1, dyw   # int4_dyw_a8: 28 runs (every one not refused), one hash
+    for cc in ("gcc", "clang"):
+        for cpu, (paths, _, _) in EXPECTED.items():
+            for p in paths:
+                assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw: outputs hash = the generic path's" in out
+    assert int(tally[-1][0]) == 214, tally

@@ -4,7 +4,9 @@
 //   toolchain::attention_decode   softmax attention of C tokens over the KV cache and themselves
 //   toolchain::lora_linear_a8     residual + (x W^T + bias + s (x A^T) B^T): a projection with its LoRA pair
 //   toolchain::rms_norm, toolchain::rope_heads, toolchain::swiglu   the element-wise rest of a block
-// (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops).
+// (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops);
+// and for training (`--compute int8`):
+//   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -22,6 +24,29 @@
 // order), then the 16 lanes are summed as a fixed pairwise tree. So every kernel path gives the generic path's
 // bits (tests/native/test_kernel_paths.py on x86; the arm64 paths and the generic one under qemu, against this
 // host's x86 output: scripts/check_kernel_arm64.sh); docs/kernels.md says which path runs where.
+//
+// dX for training, toolchain::int4_dyw_a8: dx [T, i] = dy [T, o] W, the same W and layout (the reference is
+// `int4_dyw_a8_reference` in quant.py). W's scale varies along the reduction axis (o), so it is folded into dy
+// before the rounding; per input-column group g (columns k of [g * group, min((g + 1) * group, i))):
+//   u[t, n] = dy[t, n] * sw[n, g]                                          (float32)
+//   per row t and block b of `group` consecutive n (the last may be partial), as x above:
+//     sa[t, b] = max_n |u[t, n]| / 127,  a[t, n] = round_half_even(u[t, n] / sa[t, b]) in [-127, 127] (0 where
+//     sa is 0 or u / sa is not a number)
+//   isum[t, b, k] = sum_{n in b} a[t, n] * (n[n, k] - 8)                   (exact, in int32)
+//   dx[t, k] = sum_b float(isum[t, b, k]) * sa[t, b]: block b into lane b mod 16 by fused multiply-add (blocks in
+//   increasing order), the 16 lanes by the tree above.
+// That is toolchain::int4_linear_a8 of x = u with W^T's rows k of the group as the weight rows and unit weight
+// scales (1 * sa = sa exactly), and the kernel computes it so, with the int4 row kernels of every path: W^T is
+// packed once per call (`group` rows of o / 2 bytes per k-group, o odd: one more n of nibble 8, whose a is 0), then
+// per tile of rows of dy (dy of about 1 MiB, so it stays in cache across the k-groups) and k-group, the rows of u
+// are folded and rounded in registers (the path's fold_row; the scalar loop elsewhere) and multiplied by the
+// group's rows of W^T (linear_rows). The pairing of n in the packed bytes differs from W's (a block's first half
+// of n in the high nibbles, its second half in the low ones: the vector rounding stores its bytes in order); the
+// integer sums are exact in any pairing. One difference from x above: a block of u with an infinity gets sa = NaN
+// (as one with a NaN), not inf; dx is NaN there either way, but then every NaN is the same NaN, whatever order a
+// path adds them in (fold_blocks_scalar). Threads: the (row tile, k-group range) tasks are split over the pool;
+// every (row, k-group) is computed the same way in any task, so the bits do not depend on the thread count.
+// tests/native/test_kernel_dyw.py (x86 paths, threads, the ExecuTorch op), scripts/check_kernel_arm64.sh (arm64).
 //
 // Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
 // $TOOLCHAIN_KERNEL_PATH names (for testing):
@@ -67,6 +92,10 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>   // toolchain_int4_dyw_a8's transposition of W (baseline x86-64)
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TOOLCHAIN_X86 1   // kernels_x86.h: the avx2, avx_vnni and avx512_vnni paths, chosen at run time
@@ -145,6 +174,7 @@ typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector e
 // sa and 8 * sum_k a per group (padded with zeros to `gstride` groups).
 struct QuantizedX {
   int64_t stride = 0, gstride = 0;
+  int64_t rows = -1, cols = -1, groups = -1;   // the shape of the last resize()
   std::vector<int8_t> even, odd;
   std::vector<int8_t> teven, todd;   // the same bytes per block of 16 groups of gb bytes, dword k of group y at
                                      // (k * 16 + y) * 4: what rows_vnni_tiles multiplies (transposed())
@@ -155,40 +185,53 @@ struct QuantizedX {
   // scalar loop below), or nullptr.
   void build(const float* x, int64_t T, int64_t in, int64_t group, int64_t ng, int64_t pad_bytes,
              void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t)) {
+    resize(T, in, ng, pad_bytes);
+    for (int64_t t = 0; t < T; ++t) quantize_row(x + t * in, t, in, group, ng, group16);
+  }
+
+  // Zeroed buffers for T rows of `in` columns (in even) in ng groups, rows padded to pad_bytes bytes. keep: when
+  // the shape is the one of the last resize, only the padding is known zero (a caller that overwrites every
+  // row's in / 2 bytes and ng groups: toolchain_int4_dyw_a8's blocks).
+  void resize(int64_t T, int64_t in, int64_t ng, int64_t pad_bytes, bool keep = false) {
     const int64_t half = in / 2;
-    stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes;
-    gstride = (ng + L - 1) / L * L;
+    const int64_t new_stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes, new_gstride = (ng + L - 1) / L * L;
+    if (keep && new_stride == stride && new_gstride == gstride && rows == T && cols == in && groups == ng) return;
+    stride = new_stride;
+    gstride = new_gstride;
+    rows = T, cols = in, groups = ng;
     even.assign(static_cast<size_t>(T * stride), 0);
     odd.assign(static_cast<size_t>(T * stride), 0);
     sa.assign(static_cast<size_t>(T * gstride), 0.0f);
     corr.assign(static_cast<size_t>(T * gstride), 0);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xt = x + t * in;
-      for (int64_t g = 0; g < ng; ++g) {
-        const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
-        if (group16 != nullptr && (k1 - k0) % 16 == 0) {   // whole vectors of 16 columns
-          group16(*this, xt, k0, k1, t, g);
-          continue;
-        }
-        float amax = 0.0f;
-        bool nan = false;
-        for (int64_t k = k0; k < k1; ++k) {
-          const float v = std::fabs(xt[k]);
-          nan = nan || v != v;
-          amax = v > amax ? v : amax;
-        }
-        const float s = nan ? NAN : amax / 127.0f;
-        int32_t sum = 0;
-        for (int64_t k = k0; k < k1; ++k) {
-          float r = s > 0.0f ? std::nearbyint(xt[k] / s) : 0.0f;   // ties to even (the default rounding mode)
-          r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
-          const int8_t a = static_cast<int8_t>(r);
-          (k % 2 ? odd : even)[static_cast<size_t>(t * stride + k / 2)] = a;
-          sum += a;
-        }
-        sa[static_cast<size_t>(t * gstride + g)] = s;
-        corr[static_cast<size_t>(t * gstride + g)] = 8 * sum;
+  }
+
+  // Row t: xt [in] quantized per group into the buffers (after resize()), groups g0 .. ng - 1.
+  void quantize_row(const float* xt, int64_t t, int64_t in, int64_t group, int64_t ng,
+                    void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t), int64_t g0 = 0) {
+    for (int64_t g = g0; g < ng; ++g) {
+      const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
+      if (group16 != nullptr && (k1 - k0) % 16 == 0) {   // whole vectors of 16 columns
+        group16(*this, xt, k0, k1, t, g);
+        continue;
       }
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float v = std::fabs(xt[k]);
+        nan = nan || v != v;
+        amax = v > amax ? v : amax;
+      }
+      const float s = nan ? NAN : amax / 127.0f;
+      int32_t sum = 0;
+      for (int64_t k = k0; k < k1; ++k) {
+        float r = s > 0.0f ? std::nearbyint(xt[k] / s) : 0.0f;   // ties to even (the default rounding mode)
+        r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
+        const int8_t a = static_cast<int8_t>(r);
+        (k % 2 ? odd : even)[static_cast<size_t>(t * stride + k / 2)] = a;
+        sum += a;
+      }
+      sa[static_cast<size_t>(t * gstride + g)] = s;
+      corr[static_cast<size_t>(t * gstride + g)] = 8 * sum;
     }
   }
 
@@ -322,6 +365,38 @@ Group16 group16_of(KernelPath path) {
   }
 }
 
+#if defined(__aarch64__)
+// The arm64 paths' fold + rounding of row t for toolchain_int4_dyw_a8 (NEON; the scalar loop's values): the whole
+// blocks of a group of a multiple of 16 n, up to 256.
+int64_t arm64_fold_row(QuantizedX& a, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
+  if (group % 16 != 0 || group > 256) return 0;
+  const int64_t nb = o / group;
+  for (int64_t b = 0; b < nb; ++b) {
+    const size_t at = static_cast<size_t>(t * a.stride + b * group / 2), gi = static_cast<size_t>(t * a.gstride + b);
+    arm64::fold_block(dy + b * group, s + b * group, group, &a.even[at], &a.odd[at], &a.sa[gi], &a.corr[gi]);
+  }
+  return nb;
+}
+#endif
+
+// The path's fused fold + rounding of a row for toolchain_int4_dyw_a8 (returns the whole blocks it did), or nullptr.
+using FoldRow = int64_t (*)(QuantizedX&, const float*, const float*, int64_t, int64_t, int64_t);
+FoldRow fold_row_of(KernelPath path) {
+  switch (path) {
+#ifdef TOOLCHAIN_X86
+    case KernelPath::avx512_vnni: return x86_avx512::fold_row;
+    case KernelPath::avx_vnni: return x86_avx_vnni::fold_row;
+    case KernelPath::avx2: return x86_avx2::fold_row;
+#endif
+#if defined(__aarch64__)
+    case KernelPath::neon:
+    case KernelPath::dotprod:
+    case KernelPath::i8mm: return arm64_fold_row;
+#endif
+    default: return nullptr;
+  }
+}
+
 // One toolchain_int4_linear_a8 call after x is quantized: weight rows are split over threads in chunks.
 struct RowsTask {
   KernelPath path;
@@ -332,6 +407,7 @@ struct RowsTask {
   int64_t half, gb, ng, o;
   float* y;
   int64_t chunk;
+  int64_t ldy;   // y's row stride (o for toolchain_int4_linear_a8; i for a k-group of toolchain_int4_dyw_a8)
 };
 
 // Output rows r0 .. r1 - 1 of a task (all T rows of x): the path's kernels, else the generic rows.
@@ -343,13 +419,13 @@ void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
 #ifdef TOOLCHAIN_X86
   switch (k.path) {
     case KernelPath::avx512_vnni:
-      if (x86_avx512::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      if (x86_avx512::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy)) return;
       break;
     case KernelPath::avx_vnni:
-      if (x86_avx_vnni::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      if (x86_avx_vnni::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy)) return;
       break;
     case KernelPath::avx2:
-      if (x86_avx2::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      if (x86_avx2::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy)) return;
       break;
     default:
       break;
@@ -357,16 +433,16 @@ void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
 #endif
 #if defined(__aarch64__)
   if (arm64::int4_rows(k.path, {k.a->even.data(), k.a->odd.data(), k.a->sa.data(), k.a->corr.data(), k.a->stride,
-                                k.a->gstride}, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o))
+                                k.a->gstride}, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy))
     return;
 #endif
   for (int64_t t0 = 0; t0 < k.T; t0 += TT) {
-    float* yt = y + t0 * k.o;
+    float* yt = y + t0 * k.ldy;
     switch (std::min(TT, k.T - t0)) {
-      case 4: rows<4>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
-      case 3: rows<3>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
-      case 2: rows<2>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
-      default: rows<1>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      case 4: rows<4>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
+      case 3: rows<3>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
+      case 2: rows<2>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
+      default: rows<1>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
     }
   }
 }
@@ -395,16 +471,244 @@ int64_t pool_threads() {
   pthreadpool_t pool = executorch::extension::threadpool::get_pthreadpool();
   return pool != nullptr ? static_cast<int64_t>(pthreadpool_get_threads_count(pool)) : 1;
 }
-void run_in_pool(RowsTask* task, int64_t chunks) {
-  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), rows_chunk, task,
+// fn(task, i) for i in [0, chunks), over the pool.
+void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
+  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), fn, task,
                              static_cast<size_t>(chunks), 0);
 }
 #else
 int64_t pool_threads() { return 1; }
-void run_in_pool(RowsTask* task, int64_t chunks) {
-  for (int64_t i = 0; i < chunks; ++i) rows_chunk(task, static_cast<size_t>(i));
+void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
+  for (int64_t i = 0; i < chunks; ++i) fn(task, static_cast<size_t>(i));
 }
 #endif
+
+// toolchain_int4_dyw_a8 (dX = dY W): tasks of (a tile of up to `tile` rows of dy, a range of k-groups), each
+// computed whole by one thread. Rows are independent and each (row, k-group) is computed the same way in any task,
+// so the bits depend on neither the tiling nor the thread count.
+struct DywTask {
+  KernelPath path;
+  const float* dy;       // [T, o]
+  int64_t T, o, in;
+  const uint8_t* q;      // W: [o, in / 2]
+  uint8_t* wt;           // W^T packed: [in, op / 2] bytes (transpose_columns), op = o rounded up to even
+  const float* st;       // the scales transposed, [ng, o]: row g is the scale column of k-group g
+  int64_t ng, group;
+  float* dx;             // [T, in]
+  int64_t tile, tiles, gchunk;   // rows per tile, tiles, k-groups per task
+};
+
+// toolchain_int4_dyw_a8's layout of a block of `group` consecutive n (the last, of Lb = min(group, op - n0) n, may be
+// partial; op = o rounded up to even): its first Lb / 2 values are the block's bytes n0 / 2 .. of `even` (the
+// high nibbles of W^T's bytes), the other Lb / 2 of `odd` (the low nibbles). Any pairing gives the same exact
+// integer sums; this one lets the vector paths store their rounded u in order (no even / odd shuffle).
+// W^T packed in that layout: row k (of in) has op / 2 bytes, byte j = b * group / 2 + m of block b holding
+// n = b * group + m (high nibble) and n + Lb / 2 (low), nibble 8 (the value 0) for the padding n = o of an odd o.
+#if defined(__SSE2__)
+// r[0..15] (16 bytes each) transposed: r[c] holds byte c of every input vector, in order (4 unpack stages).
+inline void transpose16x16(__m128i* r) {
+  __m128i b[16], c[16], d[16];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);        // columns 0..7 of rows 2i, 2i + 1
+    b[8 + i] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);    // columns 8..15
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      c[h + i] = _mm_unpacklo_epi16(b[h + 2 * i], b[h + 2 * i + 1]);       // 4 columns of rows 4i .. 4i + 3
+      c[h + 4 + i] = _mm_unpackhi_epi16(b[h + 2 * i], b[h + 2 * i + 1]);
+    }
+  for (int q = 0; q < 16; q += 4)
+    for (int i = 0; i < 2; ++i) {
+      d[q + i] = _mm_unpacklo_epi32(c[q + 2 * i], c[q + 2 * i + 1]);       // 2 columns of rows 8i .. 8i + 7
+      d[q + 2 + i] = _mm_unpackhi_epi32(c[q + 2 * i], c[q + 2 * i + 1]);
+    }
+  for (int q = 0; q < 16; q += 2) {
+    r[q] = _mm_unpacklo_epi64(d[q], d[q + 1]);                             // column q of all 16 rows
+    r[q + 1] = _mm_unpackhi_epi64(d[q], d[q + 1]);
+  }
+}
+
+// 16 pairs of W's rows (hi[j], lo[j]) at byte columns c .. c + 15: W^T's bytes j .. j + 15 of rows 2 (c + cc) and
+// 2 (c + cc) + 1 (out: row 2c's byte j, rows `stride` apart), what the scalar loop of transpose_columns writes.
+inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo, int64_t c, uint8_t* out,
+                             int64_t stride) {
+  const __m128i mhi = _mm_set1_epi8(static_cast<char>(0xF0)), mlo = _mm_set1_epi8(0x0F);
+  __m128i e[16], o[16];
+  for (int j = 0; j < 16; ++j) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi[j] + c));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo[j] + c));
+    e[j] = _mm_or_si128(_mm_and_si128(a, mhi), _mm_and_si128(_mm_srli_epi16(b, 4), mlo));   // (a & F0) | (b >> 4)
+    o[j] = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(a, 4), mhi), _mm_and_si128(b, mlo));  // (a << 4) | (b & 0F)
+  }
+  transpose16x16(e);
+  transpose16x16(o);
+  for (int cc = 0; cc < 16; ++cc) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * cc) * stride), e[cc]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * cc + 1) * stride), o[cc]);
+  }
+}
+#endif
+
+#if defined(__aarch64__)
+// r[0..15] transposed (AArch64 NEON): trn1 / trn2 at 1, 2, 4 and 8 bytes, each swapping one bit of the row and
+// column indices.
+inline void transpose16x16(uint8x16_t* r) {
+  for (int i = 0; i < 16; i += 2) {
+    const uint8x16_t a = r[i], b = r[i + 1];
+    r[i] = vtrn1q_u8(a, b);
+    r[i + 1] = vtrn2q_u8(a, b);
+  }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 2)) {
+      const uint16x8_t a = vreinterpretq_u16_u8(r[i]), b = vreinterpretq_u16_u8(r[i + 2]);
+      r[i] = vreinterpretq_u8_u16(vtrn1q_u16(a, b));
+      r[i + 2] = vreinterpretq_u8_u16(vtrn2q_u16(a, b));
+    }
+  for (int i = 0; i < 16; ++i)
+    if (!(i & 4)) {
+      const uint32x4_t a = vreinterpretq_u32_u8(r[i]), b = vreinterpretq_u32_u8(r[i + 4]);
+      r[i] = vreinterpretq_u8_u32(vtrn1q_u32(a, b));
+      r[i + 4] = vreinterpretq_u8_u32(vtrn2q_u32(a, b));
+    }
+  for (int i = 0; i < 8; ++i) {
+    const uint64x2_t a = vreinterpretq_u64_u8(r[i]), b = vreinterpretq_u64_u8(r[i + 8]);
+    r[i] = vreinterpretq_u8_u64(vtrn1q_u64(a, b));
+    r[i + 8] = vreinterpretq_u8_u64(vtrn2q_u64(a, b));
+  }
+}
+
+// The SSE2 transpose_tile16's bytes, in NEON.
+inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo, int64_t c, uint8_t* out,
+                             int64_t stride) {
+  const uint8x16_t mhi = vdupq_n_u8(0xF0), mlo = vdupq_n_u8(0x0F);
+  uint8x16_t e[16], o[16];
+  for (int j = 0; j < 16; ++j) {
+    const uint8x16_t a = vld1q_u8(hi[j] + c), b = vld1q_u8(lo[j] + c);
+    e[j] = vorrq_u8(vandq_u8(a, mhi), vshrq_n_u8(b, 4));   // (a & F0) | (b >> 4)
+    o[j] = vorrq_u8(vshlq_n_u8(a, 4), vandq_u8(b, mlo));   // (a << 4) | (b & 0F)
+  }
+  transpose16x16(e);
+  transpose16x16(o);
+  for (int cc = 0; cc < 16; ++cc) {
+    vst1q_u8(out + (2 * cc) * stride, e[cc]);
+    vst1q_u8(out + (2 * cc + 1) * stride, o[cc]);
+  }
+}
+#endif
+
+// Rows 2 c0 .. 2 c1 - 1 of it (W's byte columns c0 .. c1 - 1); wt is row 0.
+void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t group, int64_t c0, int64_t c1,
+                       uint8_t* __restrict wt) {
+  const int64_t half = in / 2, op = o + (o & 1), ohalf = op / 2;
+  constexpr int64_t J = 64;   // output bytes per pass: 2 J rows of W read, 2 (c1 - c0) rows of J bytes written
+  thread_local std::vector<uint8_t> pad;   // the padding row n = o of an odd o: nibbles 8
+  if (pad.size() < static_cast<size_t>(half)) pad.assign(static_cast<size_t>(half), 0x88);
+  const uint8_t* hi_row[J];
+  const uint8_t* lo_row[J];
+  for (int64_t j0 = 0; j0 < ohalf; j0 += J) {
+    const int64_t nj = std::min(ohalf - j0, J);
+    for (int64_t j = 0; j < nj; ++j) {
+      const int64_t b = (j0 + j) / (group / 2), m = (j0 + j) % (group / 2), n0 = b * group;
+      const int64_t h = std::min(group, op - n0) / 2, nl = n0 + h + m;
+      hi_row[j] = q + (n0 + m) * half;
+      lo_row[j] = nl < o ? q + nl * half : pad.data();
+    }
+    int64_t c = c0;
+#if defined(__SSE2__) || defined(__aarch64__)
+    if (nj == J)   // 16 x 16 tiles: the pairs' bytes in vectors along c, transposed to vectors along j
+      for (; c + 16 <= c1; c += 16)
+        for (int64_t j = 0; j < J; j += 16) transpose_tile16(hi_row + j, lo_row + j, c, wt + 2 * c * ohalf + j0 + j, ohalf);
+#endif
+    for (; c < c1; ++c) {   // byte c of W's rows: columns 2c (high nibble), 2c + 1 (low)
+      uint8_t* __restrict even_col = wt + (2 * c) * ohalf + j0;
+      uint8_t* __restrict odd_col = wt + (2 * c + 1) * ohalf + j0;
+      for (int64_t j = 0; j < nj; ++j) {
+        const uint8_t q0 = hi_row[j][c], q1 = lo_row[j][c];
+        even_col[j] = static_cast<uint8_t>((q0 & 0xF0) | (q1 >> 4));
+        odd_col[j] = static_cast<uint8_t>((q0 << 4) | (q1 & 0x0F));
+      }
+    }
+  }
+}
+
+// A block of u with an infinity (dy infinite, or dy * sw overflowing) has sa = NaN, as one with a NaN, where
+// QuantizedX's loop would have sa = inf: its dx is NaN either way (its a are 0, and 0 * inf is NaN), but every NaN
+// of toolchain_int4_dyw_a8 is then the one NAN constant propagated (0 * inf would make x86's negative default NaN,
+// and which of two different NaNs a sum keeps depends on its operand order: the paths' bits would differ).
+// Row t of u = dy_t * s (blocks b0 .. nb - 1), quantized as QuantizedX's scalar loop into the halves layout above.
+void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o,
+                        int64_t group, int64_t nb, int64_t t, int64_t b0) {
+  const int64_t op = o + (o & 1);
+  thread_local std::vector<float> ub;
+  ub.resize(static_cast<size_t>(group));
+  float* u = ub.data();
+  for (int64_t b = b0; b < nb; ++b) {
+    const int64_t n0 = b * group, lb = std::min(group, op - n0), h = lb / 2;
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t m = 0; m < lb; ++m) {
+      const float v = n0 + m < o ? dy[n0 + m] * s[n0 + m] : 0.0f;
+      u[m] = v;
+      const float av = std::fabs(v);
+      nan = nan || av != av;
+      amax = av > amax ? av : amax;
+    }
+    const float sa = nan || amax == INFINITY ? NAN : amax / 127.0f;   // NaN for an infinity too (above)
+    int32_t sum = 0;
+    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
+    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
+    for (int64_t m = 0; m < lb; ++m) {
+      float r = sa > 0.0f ? std::nearbyint(u[m] / sa) : 0.0f;   // ties to even (the default rounding mode)
+      r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
+      const int8_t a = static_cast<int8_t>(r);
+      (m < h ? even[m] : odd[m - h]) = a;
+      sum += a;
+    }
+    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
+    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * sum;
+  }
+}
+
+// Rows t0 .. t0 + nt - 1 of dy, k-group g: u = dy * (the scale column of g), quantized per row and block of `group`
+// n (QuantizedX, the path's vector quantization), times W^T's rows of the group with unit scales (the path's int4
+// W4A8 row kernels, linear_rows), written to dx's columns k0 .. k0 + nk - 1 of those rows (row stride in).
+void dyw_block(const DywTask& k, int64_t t0, int64_t nt, int64_t g) {
+  thread_local QuantizedX a;
+  thread_local std::vector<float> ones;
+  const int64_t op = k.o + (k.o & 1), nb = (k.o + k.group - 1) / k.group;   // = ceil(op / group): group is even
+  const int64_t k0 = g * k.group, nk = std::min(k.in, k0 + k.group) - k0, gb = k.group / 2;
+  const float* s = k.st + g * k.o;
+  a.resize(nt, op, nb, 16 * 64, true);   // every byte and block of the nt rows is written below
+  const FoldRow fold_row = fold_row_of(k.path);
+  for (int64_t t = 0; t < nt; ++t) {
+    const float* dyt = k.dy + (t0 + t) * k.o;
+    // the path's vector fold + rounding of the whole blocks, the scalar loop for the rest
+    const int64_t done = fold_row != nullptr ? fold_row(a, dyt, s, k.o, k.group, t) : 0;
+    fold_blocks_scalar(a, dyt, s, k.o, k.group, nb, t, done);
+  }
+#ifdef TOOLCHAIN_X86
+  if (k.path == KernelPath::avx512_vnni) x86_avx512::prepare(a, nt, gb);
+#endif
+  if (ones.size() < static_cast<size_t>(k.group * nb)) ones.assign(static_cast<size_t>(k.group * nb), 1.0f);
+  RowsTask rows_task{k.path, &a, nt, k.wt + k0 * (op / 2), ones.data(), op / 2, gb, nb, nk, k.dx + t0 * k.in + k0,
+                     nk, k.in};
+  linear_rows(rows_task, 0, nk);
+}
+
+// Transpose task i: W^T's rows of k-groups [i * gchunk, + gchunk).
+void dyw_transpose_chunk(void* task, size_t i) {
+  const DywTask& k = *static_cast<const DywTask*>(task);
+  const int64_t g0 = static_cast<int64_t>(i) * k.gchunk, g1 = std::min(k.ng, g0 + k.gchunk);
+  transpose_columns(k.q, k.o, k.in, k.group, g0 * k.group / 2, std::min(k.in / 2, g1 * k.group / 2), k.wt);
+}
+
+// Task i: tile i % tiles, k-groups [(i / tiles) * gchunk, + gchunk).
+void dyw_chunk(void* task, size_t i) {
+  const DywTask& k = *static_cast<const DywTask*>(task);
+  const int64_t tile = static_cast<int64_t>(i) % k.tiles, g0 = static_cast<int64_t>(i) / k.tiles * k.gchunk;
+  const int64_t t0 = tile * k.tile, nt = std::min(k.T, t0 + k.tile) - t0;
+  for (int64_t g = g0; g < std::min(k.ng, g0 + k.gchunk); ++g) dyw_block(k, t0, nt, g);
+}
 }  // namespace
 
 extern "C" {
@@ -451,13 +755,53 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
 #ifdef TOOLCHAIN_X86
   if (path == KernelPath::avx512_vnni) x86_avx512::prepare(a, T, gb);
 #endif
-  RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o};
+  RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o, o};
   const int64_t threads = pool_threads();
   if (threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18)) {   // split the rows (independent: the same bits)
     task.chunk = std::max<int64_t>(16, (o + 4 * threads - 1) / (4 * threads) + 15) / 16 * 16;
-    run_in_pool(&task, (o + task.chunk - 1) / task.chunk);
+    run_in_pool(rows_chunk, &task, (o + task.chunk - 1) / task.chunk);
   } else {
     linear_rows(task, 0, o);
+  }
+  return 0;
+}
+
+
+// dx [T, i] = dy [T, o] W for the same int4 W as toolchain_int4_linear_a8 (q [o, i/2], scales [o, ng],
+// ng = ceil(i / group)), the gradient of x W^T (the definition: the top of the file, "dX for training").
+// Returns 0, or -1 for bad arguments (as toolchain_int4_linear_a8), -2 for a forced path this CPU lacks.
+int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in,
+                          int64_t ng, int64_t group, float* dx) {
+  if (in <= 0 || in % 2 || group < 2 || group % 2 || ng != (in + group - 1) / group || T < 0 || o < 0) return -1;
+  const KernelPath path = kernel_path_state().path;
+  if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
+  if (T == 0) return 0;
+  if (o == 0) {   // an empty reduction
+    std::fill(dx, dx + T * in, 0.0f);
+    return 0;
+  }
+  thread_local std::vector<float> st;   // the scales transposed: [ng, o]
+  thread_local std::vector<uint8_t> wt;  // W^T packed: [in, op / 2]
+  st.resize(static_cast<size_t>(ng * o));
+  for (int64_t n = 0; n < o; ++n)
+    for (int64_t g = 0; g < ng; ++g) st[static_cast<size_t>(g * o + n)] = scales[n * ng + g];
+  const int64_t op = o + (o & 1);
+  wt.resize(static_cast<size_t>(in * (op / 2)));
+  // Tiles of rows whose dy (float32) fits in about 1 MiB, so a tile stays in cache across its k-groups.
+  const int64_t most = std::max<int64_t>(16, std::min<int64_t>(64, (int64_t{1} << 20) / (4 * op)));
+  const int64_t tiles = (T + most - 1) / most, tile = (T + tiles - 1) / tiles;   // balanced
+  DywTask task{path, dy, T, o, in, q, wt.data(), st.data(), ng, group, dx, tile, tiles, ng};
+  const int64_t threads = pool_threads();
+  if (threads > 1 && T * o * in >= (int64_t{1} << 18) && ng > 1) {
+    task.gchunk = (ng + 2 * threads - 1) / (2 * threads);   // W^T's k-groups in about 2 chunks per thread
+    run_in_pool(dyw_transpose_chunk, &task, (ng + task.gchunk - 1) / task.gchunk);
+    // at least 2 tasks per thread where the k-groups allow: split the k-groups when there are few tiles
+    const int64_t splits = std::min(ng, (2 * threads + tiles - 1) / tiles);
+    task.gchunk = (ng + splits - 1) / splits;
+    run_in_pool(dyw_chunk, &task, tiles * ((ng + task.gchunk - 1) / task.gchunk));
+  } else {
+    dyw_transpose_chunk(&task, 0);   // gchunk = ng: all of W^T
+    for (int64_t i = 0; i < tiles; ++i) dyw_chunk(&task, static_cast<size_t>(i));
   }
   return 0;
 }
@@ -728,6 +1072,31 @@ Tensor& int4_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Ten
 }
 
 
+// toolchain::int4_dyw_a8.out(Tensor dy, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out)
+Tensor& int4_dyw_a8_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& qweight, const Tensor& scales,
+                        int64_t group, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
+                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, dy.dim() >= 1 && dy.dim() <= 8 && qweight.dim() == 2 && scales.dim() == 2, InvalidArgument,
+                  out);
+  const int64_t o = dy.size(dy.dim() - 1), in = 2 * qweight.size(1);
+  ET_KERNEL_CHECK(ctx, qweight.size(0) == o && scales.size(0) == o, InvalidArgument, out);
+  SizesType sizes[8];
+  for (int64_t d = 0; d + 1 < dy.dim(); ++d) sizes[d] = dy.size(d);
+  sizes[dy.dim() - 1] = static_cast<SizesType>(in);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(dy.dim())}) == Error::Ok,
+                  InvalidArgument, out);
+  int64_t T = 1;
+  for (int64_t d = 0; d + 1 < dy.dim(); ++d) T *= dy.size(d);
+  const int rc = toolchain_int4_dyw_a8(dy.const_data_ptr<float>(), T, o, qweight.const_data_ptr<uint8_t>(),
+                                       scales.const_data_ptr<float>(), in, scales.size(1), group,
+                                       out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+
 // toolchain::attention_decode.out(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos,
 //                                 float scale, *, Tensor(a!) out)
 Tensor& attention_decode_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -838,4 +1207,5 @@ EXECUTORCH_LIBRARY(toolchain, "rms_norm.out", rms_norm_out);
 EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
+EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
 #endif

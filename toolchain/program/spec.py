@@ -47,7 +47,7 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.mesp.kernels import executorch_ops
+from toolchain.mesp.kernels import generation_ops
 from toolchain.mesp.ops.half import COMPUTE_CHOICES
 from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
@@ -66,9 +66,9 @@ QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # in the blocks also the attention over the KV cache and the small ops of mesp/decode_ops.py, RMSNorm in the
 # head too): a runtime that has them registered runs them, any other
 # the stock methods (slower; float activations, so the logits differ by the activations' int8 rounding).
-# Every fused method lists the whole library's kernels (head_logits_fused calls two of them: the table's
-# `methods`): a runtime has all of them or none.
-FUSED_KERNELS = executorch_ops()   # the native kernels' table, mesp/kernels.py
+# Every fused method lists all the generation kernels of the library (head_logits_fused calls two of them: the
+# table's `methods`): a runtime has all of them or none. (Training-only kernels, int4_dyw_a8, are not listed.)
+FUSED_KERNELS = generation_ops()   # the native kernels' table, mesp/kernels.py
 
 
 @dataclass(frozen=True)
