@@ -15,7 +15,8 @@ import click
 
 from toolchain.cli.options import (data_option, force_option, layers_per_checkpoint_option, lora_options,
                                    model_options, optimizer_options, plan_options, plan_request)
-from toolchain.cli.train_program import check_outputs, program_options, progress_run, report, train_with_program
+from toolchain.cli.train_program import (check_outputs, program_options, progress_run, report, train_program_dpo,
+                                         train_with_program)
 from toolchain.validate import SEED, STEPS, FiniteFloat
 
 # Options that only eager training uses: --program takes them from its manifest.
@@ -108,8 +109,12 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
             raise BadInput(f"--program takes the model, LoRA config and optimizer from its manifest; "
                            f"drop {', '.join(ignored)}")
         if dpo is not None:
-            raise BadInput("--objective dpo runs eager (--model) in this version; an exported program's "
-                           "block_backward updates each layer after one sequence (docs/training.md, DPO)")
+            if eval_data is not None or eval_every is not None:
+                raise BadInput("--eval-data / --eval-every are not yet run with --objective dpo; evaluate the adapter "
+                               "afterwards (`toolchain eval`)")
+            train_program_dpo(program, data, dpo=dpo, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json,
+                              force=force, **run)
+            return
         train_with_program(program, data, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json, force=force,
                            eval_data=eval_data, eval_every=eval_every, **run)
         return

@@ -13,7 +13,9 @@ from typing import Literal
 __all__ = ["TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES", "IoSpec", "MethodSpec", "fused_name", "FUSED_SUFFIX"]
 
 # The training methods, in the order one step calls them (program/spec.py's docstring).
-TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
+# `block_backward_pair` (programs exported with --preference only): the backward of two sequences through one layer,
+# then one optimizer update on the sum of their gradients (a DPO step: program/spec.py).
+TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update", "block_backward_pair")
 # Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
 # `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through
 # `embed_token` + `block_decode` per layer; `head_logits` gives the next token's logits. The LoRA inputs are the

@@ -32,13 +32,14 @@ from toolchain.training.checkpoint import rows_sha256
 from toolchain.training.eager import EagerTrainer, RunState, assign_update, run_optimizer, run_step_options, train_step
 from toolchain.training.loop import TrainRun
 
-__all__ = ["PairItem", "load_pairs", "train_pair_step", "PreferenceTrainer"]
+__all__ = ["PairItem", "load_pairs", "read_pair_items", "train_pair_step", "PreferenceTrainer",
+           "program_reference_logps", "program_preference_trainer"]
 
 
 class PairItem(NamedTuple):
     chosen: DataRow               # prompt + chosen, labels -100 on the prompt
     rejected: DataRow
-    ref: tuple[float, float]      # lp0(chosen), lp0(rejected)
+    ref: tuple[float, float] | None   # lp0(chosen), lp0(rejected); None: not known yet (the program trainer's)
 
 
 def load_pairs(path: Path, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights) -> list[PairItem]:
@@ -54,6 +55,19 @@ def load_pairs(path: Path, arch: ModelArch, weights: ModelWeights, cfg: LoraConf
         chosen, rejected = pair_rows(pair["prompt_ids"], pair["chosen_ids"], pair["rejected_ids"])
         ref = ((float(pair["ref_chosen_logp"]), float(pair["ref_rejected_logp"])) if "ref_chosen_logp" in pair
                else reference_logps(arch, weights, cfg, lora, chosen, rejected))
+        items.append(PairItem(chosen, rejected, ref))
+    return items
+
+
+def read_pair_items(path: Path, vocab: int, max_len: int) -> list[PairItem]:
+    """The pairs of a file as items, ref None where the pair has no reference log-probs (to be computed)."""
+    from toolchain.text.feedback import read_pairs
+
+    items = []
+    for pair in read_pairs(path, vocab, max_len):
+        chosen, rejected = pair_rows(pair["prompt_ids"], pair["chosen_ids"], pair["rejected_ids"])
+        ref = ((float(pair["ref_chosen_logp"]), float(pair["ref_rejected_logp"])) if "ref_chosen_logp" in pair
+               else None)
         items.append(PairItem(chosen, rejected, ref))
     return items
 
@@ -123,3 +137,95 @@ class PreferenceTrainer(EagerTrainer):
         info = super().run_info()
         info["seq_len"] = max(int(r.input_ids.shape[0]) for p in self.pairs for r in (p.chosen, p.rejected))
         return info
+
+
+# -- on an exported program (programs exported with --preference) --------------------------------------
+
+def program_reference_logps(pdir, loop, pairs: Sequence[PairItem], state) -> list[tuple[float, float]]:
+    """lp0 of each pair's two sequences on the program's own methods (embed, block_forward, head_loss), with the
+    adapter disabled: a copy of `state` whose every LoRA B is zero."""
+    from toolchain.runtime.evaluate import evaluate_program
+
+    zero = state.clone()
+    for e in pdir.state_entries:
+        if e.role == "param" and "lora_B" in e.key:
+            zero[e.offset:e.offset + e.numel] = 0.0
+    out = []
+    for p in pairs:
+        lps = []
+        for row in (p.chosen, p.rejected):
+            got = evaluate_program(pdir, loop.runner, zero, [row], loop=loop)
+            lps.append(-got["tokens"] * got["loss"])
+        out.append((lps[0], lps[1]))
+    return out
+
+
+def program_preference_trainer(pdir, runner, pairs: Sequence[PairItem], rows: Sequence[DataRow], run: TrainRun, *,
+                               beta: float, dpo_weight: float = 1.0):
+    """A program trainer whose items are `pairs` then `rows` (module docstring). Pairs without their own reference
+    log-probs (ref None) get them from the program with the adapter disabled, once, here.
+
+    Raises:
+        BadInput: no pair, a bad beta or weight, a program without block_backward_pair, a sequence longer than
+            the program's seq_len.
+    """
+    from toolchain.mesp.dpo import dpo_margin_and_weights
+    from toolchain.text.dataset import pad_row
+    from toolchain.training.program import ProgramTrainer
+
+    if not pairs:
+        raise BadInput("--objective dpo needs at least one preference pair")
+    beta = check_beta(beta)
+    if not dpo_weight > 0:
+        raise BadInput(f"--dpo-weight must be > 0, got {dpo_weight}")
+    if "block_backward_pair" not in pdir.methods:
+        raise BadInput(f"{pdir.path} was exported without block_backward_pair; re-export it with --preference for "
+                       f"preference (DPO) training")
+
+    class _Trainer(ProgramTrainer):
+        def __init__(self) -> None:
+            seqs = [r for p in pairs for r in (p.chosen, p.rejected)]
+            super().__init__(pdir, runner, list(rows) + seqs, run)
+            self.pairs, self.sft_rows = list(pairs), list(rows)
+            self.rows = len(self.pairs) + len(self.sft_rows)
+            self.margins: list[float] = []
+            missing = [i for i, p in enumerate(self.pairs) if p.ref is None]
+            if missing:
+                refs = program_reference_logps(pdir, self.loop, [self.pairs[i] for i in missing], self._state)
+                for i, ref in zip(missing, refs):
+                    self.pairs[i] = self.pairs[i]._replace(ref=ref)
+            self._padded = [tuple(pad_row(r, pdir.seq_len, pdir.pad_token_id, f"pair {i + 1}")
+                                  for r in (p.chosen, p.rejected)) for i, p in enumerate(self.pairs)]
+
+        def step(self, step: int, row: int, layers):
+            if row >= len(self.pairs):
+                ids, labels = self._rows[row - len(self.pairs)]
+                loss = self.loop.train_step(ids, labels, self.lr, self._state, layers,
+                                            layers_per_checkpoint=self.run_options.layers_per_checkpoint)
+                return loss, int((labels != -100).sum())
+            pair, padded = self.pairs[row], self._padded[row]
+            n = tuple(int((lab[1:] != -100).sum()) for _, lab in padded)
+            got = {}
+
+            def weigh(loss_c: float, loss_r: float) -> tuple[float, float]:
+                lp = [torch.tensor(-k * loss, dtype=torch.float64) for k, loss in zip(n, (loss_c, loss_r))]
+                loss, margin, w_c, w_r = dpo_margin_and_weights(lp[0], lp[1], pair.ref, beta, n, dpo_weight)
+                got.update(loss=float(loss), margin=float(margin))
+                return w_c, w_r
+
+            self.loop.pair_step(padded, weigh, self.lr, self._state, layers,
+                                layers_per_checkpoint=self.run_options.layers_per_checkpoint)
+            self.margins.append(got["margin"])
+            return got["loss"], n[0] + n[1]
+
+        def settings(self):
+            if self._settings is None:
+                base = super().settings()
+                refs = torch.tensor([p.ref for p in self.pairs], dtype=torch.float64)
+                base["objective"] = {"kind": "dpo", "beta": beta, "dpo_weight": float(dpo_weight),
+                                     "pairs": len(self.pairs), "sft_rows": len(self.sft_rows),
+                                     "ref": [list(r) for r in refs.tolist()]}
+                self._settings = base
+            return self._settings
+
+    return _Trainer()
