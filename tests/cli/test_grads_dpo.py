@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 from helpers import assert_grads_close
 from safetensors import safe_open

@@ -6,8 +6,6 @@ reference log-probs from the program with the adapter disabled equal the eager o
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from conftest import ARCH, CFG, OPTIMIZER, SEQ_LEN

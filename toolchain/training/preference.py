@@ -33,7 +33,7 @@ from toolchain.training.eager import EagerTrainer, RunState, assign_update, run_
 from toolchain.training.loop import TrainRun
 
 __all__ = ["PairItem", "load_pairs", "read_pair_items", "train_pair_step", "PreferenceTrainer",
-           "program_reference_logps", "program_preference_trainer"]
+           "program_pair_logps", "program_reference_logps", "program_preference_trainer"]
 
 
 class PairItem(NamedTuple):
@@ -42,7 +42,8 @@ class PairItem(NamedTuple):
     ref: tuple[float, float] | None   # lp0(chosen), lp0(rejected); None: not known yet (the program trainer's)
 
 
-def load_pairs(path: Path, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights) -> list[PairItem]:
+def load_pairs(path: Path, arch: ModelArch, weights: ModelWeights, cfg: LoraConfig,
+               lora: LoraWeights) -> list[PairItem]:
     """The pairs of a preference_pair JSONL file as items, with their reference log-probs (module docstring).
 
     Raises:
@@ -125,11 +126,10 @@ class PreferenceTrainer(EagerTrainer):
     def settings(self) -> dict[str, Any]:
         if self._settings is None:
             base = super().settings()
-            refs = torch.tensor([p.ref for p in self.pairs], dtype=torch.float64)
             base.update(data=rows_sha256([r for p in self.pairs for r in (p.chosen, p.rejected)] + self.sft_rows),
                         objective={"kind": "dpo", "beta": self.beta, "dpo_weight": self.dpo_weight,
                                    "pairs": len(self.pairs), "sft_rows": len(self.sft_rows),
-                                   "ref_sha256": rows_sha256([DataRow(refs.view(torch.int64), refs.view(torch.int64))])})
+                                   "ref": [list(p.ref) for p in self.pairs]})
             self._settings = base
         return self._settings
 
@@ -141,23 +141,31 @@ class PreferenceTrainer(EagerTrainer):
 
 # -- on an exported program (programs exported with --preference) --------------------------------------
 
-def program_reference_logps(pdir, loop, pairs: Sequence[PairItem], state) -> list[tuple[float, float]]:
-    """lp0 of each pair's two sequences on the program's own methods (embed, block_forward, head_loss), with the
-    adapter disabled: a copy of `state` whose every LoRA B is zero."""
+def program_pair_logps(pdir, loop, pairs: Sequence[PairItem], state, *, disable_adapter: bool = False
+                       ) -> list[tuple[float, float]]:
+    """(lp(chosen), lp(rejected)) of each pair on the program's own methods (embed, block_forward, head_loss; the
+    forward only) with the flat `state` (read, never written); `disable_adapter`: with every LoRA B zeroed in a
+    copy, i.e. the base model (the reference lp0)."""
     from toolchain.runtime.evaluate import evaluate_program
 
-    zero = state.clone()
-    for e in pdir.state_entries:
-        if e.role == "param" and "lora_B" in e.key:
-            zero[e.offset:e.offset + e.numel] = 0.0
+    if disable_adapter:
+        state = state.clone()
+        for e in pdir.state_entries:
+            if e.role == "param" and "lora_B" in e.key:
+                state[e.offset:e.offset + e.numel] = 0.0
     out = []
     for p in pairs:
         lps = []
         for row in (p.chosen, p.rejected):
-            got = evaluate_program(pdir, loop.runner, zero, [row], loop=loop)
+            got = evaluate_program(pdir, loop.runner, state, [row], loop=loop)
             lps.append(-got["tokens"] * got["loss"])
         out.append((lps[0], lps[1]))
     return out
+
+
+def program_reference_logps(pdir, loop, pairs: Sequence[PairItem], state) -> list[tuple[float, float]]:
+    """lp0 of each pair on the program with the adapter disabled (`program_pair_logps`)."""
+    return program_pair_logps(pdir, loop, pairs, state, disable_adapter=True)
 
 
 def program_preference_trainer(pdir, runner, pairs: Sequence[PairItem], rows: Sequence[DataRow], run: TrainRun, *,
