@@ -105,3 +105,39 @@ def test_executorch_program_dpo_equals_eager(tmp_path):
     trainer = program_preference_trainer(pdir, runner, pairs, [], TrainRun(steps=4, lr=OPTIMIZER.lr), beta=0.4,
                                          dpo_weight=1.5)
     _compare(trainer, _eager(weights, lora, pairs, [], steps=4))
+
+
+def _pairs_file(tmp_path, pairs):
+    import json
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"prompt_ids": p.chosen.input_ids[:-len(c)].tolist(), "chosen_ids": c,
+                                        "rejected_ids": p.rejected.input_ids[-len(r):].tolist()}) + "\n"
+                            for p in pairs for c, r in [(_response(p.chosen), _response(p.rejected))]))
+    return path
+
+
+def _response(row: DataRow) -> list[int]:
+    return [t for t in row.labels.tolist() if t != -100]
+
+
+def test_cli_train_program_dpo(preference_program, program, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    prog, _, _ = preference_program
+    data = _pairs_file(tmp_path, _pairs(5, n=2))
+    out = tmp_path / "adapter"
+    result = CliRunner().invoke(cli, ["train", "--program", str(prog), "--objective", "dpo", "--beta", "0.3",
+                                      "--data", str(data), "--steps", "3", "--json", "--adapter-out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [s["row"] for s in doc["steps"]] == [0, 1, 0] and len(doc["margins"]) == 3
+    assert (out / "adapter_model.safetensors").is_file()
+    old = CliRunner().invoke(cli, ["train", "--program", str(program[0]), "--objective", "dpo", "--data", str(data),
+                                   "--steps", "1", "--adapter-out", str(tmp_path / "other")])
+    assert old.exit_code == 2 and old.output.count("Error:") == 1 and "--preference" in old.output, old.output
+    assert not (tmp_path / "other").exists()
