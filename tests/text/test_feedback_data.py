@@ -195,3 +195,16 @@ def test_feedback_needs_pairs_out(byte_program, tmp_path):
     result = CliRunner().invoke(cli, ["data", "--program", str(byte_program), "--feedback", str(fb),
                                       "--out", str(tmp_path / "r.jsonl")])
     assert result.exit_code == 2 and "--pairs-out" in result.output, result.output
+
+
+def test_the_demo_feedback_session_converts(tmp_path):
+    """The committed session (scripts/make_feedback_session.py) on the demo program's seq_len 128."""
+    assets = Path(__file__).resolve().parents[2] / "toolchain" / "assets"
+    program = _manifest(tmp_path / "demo", 128, {"kind": "byte", "vocab": 264, "pad_token_id": 0, "eos_token_id": 2},
+                        264, {})
+    result, rows, pairs = _run(program, assets / "feedback_session.jsonl", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "18 accepted, 18 edited, 6 rejected -> 36 rows, 24 pairs, 0 rejects without a partner" in result.output
+    (tmp_path / "held").mkdir()
+    held, _, _ = _run(program, assets / "feedback_held_out.jsonl", tmp_path / "held")
+    assert held.exit_code == 0 and "0 accepted, 7 edited, 0 rejected -> 7 rows, 7 pairs" in held.output, held.output
