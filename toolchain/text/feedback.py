@@ -146,11 +146,11 @@ def feedback_data(program: ProgramText, path: Path) -> FeedbackData:
         where = f"{path}:{lineno}"
         prompt = enc.prompt_ids(doc, where)
         prompts[lineno] = prompt
-        texts = [doc["response"]] + ([doc["edited"]] if doc["action"] == "edit" else [])
-        for text in texts:
-            n = len(prompt) + len(enc.response_ids(doc, text, where)) + len(enc.row_suffix(doc))
+        fields = ["response"] + (["edited"] if doc["action"] == "edit" else [])
+        for name in fields:
+            n = len(prompt) + len(enc.response_ids(doc, doc[name], where)) + len(enc.row_suffix(doc))
             if n > program.seq_len:
-                raise BadInput(f"{where}: prompt + {'edited' if text is not doc['response'] else 'response'} is {n} "
+                raise BadInput(f"{where}: prompt + {name} is {n} "
                                f"tokens, longer than the program's seq_len {program.seq_len}; shorten it, or export "
                                f"with a larger --seq-len")
         if doc["action"] in ("accept", "edit"):
