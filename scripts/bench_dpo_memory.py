@@ -139,8 +139,8 @@ def main() -> None:
                              env={**os.environ, **PHONE_LIKE_MALLOC_ENV}, capture_output=True, text=True, check=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(f"{mode:14s} peak {row['peak_mib']:8.2f} MiB  step {row['step_peak_mib']:7.2f} MiB above the loaded "
-              f"program  CPU {row['cpu_s']:.2f} s", flush=True)
+        print(f"{mode:14s} peak {row['peak_mib']:8.2f} MiB  step {row['step_peak_mib']:7.2f} MiB above the memory just "
+              f"before the step  CPU {row['cpu_s']:.2f} s", flush=True)
     base = next((r for r in rows if r["mode"] == "sft"), None)
     if base is not None:
         for r in rows:
