@@ -39,6 +39,8 @@ SCHEMA_NAMES: dict[str, str] = {
     "bench_memory": "bench_memory.schema.json",
     "bench_tables": "bench_tables.schema.json",
     "bench_mezo": "bench_mezo.schema.json",
+    "feedback": "feedback.schema.json",
+    "preference_pair": "preference_pair.schema.json",
 }
 
 

@@ -57,13 +57,16 @@ from toolchain.validate import FiniteFloat
                    "published Android AAR): per layer a prefill and a decode method holding that layer's weights, "
                    "int8 x int4 on XNNPACK (~20x the stock methods' decode; adds the weights to the .pte and their "
                    "packed copy to memory when generating: docs/export.md).")
+@click.option("--preference", is_flag=True,
+              help="Also block_backward_pair, the method preference training (DPO, `train --program --objective dpo`) "
+                   "calls: two sequences' backward through one layer, one update on their summed gradient.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Output directory (written atomically; an existing non-empty one is refused unless --force).")
 @force_option
 def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, quant_group, dequant_chunk_mb,
            plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, optimizer, weight_decay, frozen_unselected, lr,
            export_targets, xnnpack, loss_chunk, vocab_chunk, mlp_chunk, generation, prefill_chunk, float_head, out,
-           force, compute, xnnpack_generation, default_steps) -> None:
+           force, compute, xnnpack_generation, default_steps, preference) -> None:
     """Export the explicit MeSP training step as layer-generic methods (embed, block_forward, head_loss,
     block_backward with the in-program optimizer, block_skip_update) for each --target (ExecuTorch .pte,
     ONNX, Core ML), the frozen weights once in weights.safetensors (memory-mapped by the apps, passed to
@@ -107,7 +110,7 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
                       default_lr=default_lr(opt.kind) if lr is None else lr,
                       default_steps=DEFAULT_STEPS if default_steps is None else default_steps,
                       prefill_chunk=prefill_chunk, targets=tuple(t.strip() for t in export_targets.split(",") if t.strip()), xnnpack=xnnpack,
-                      compute=compute, xnnpack_generation=xnnpack_generation,
+                      compute=compute, xnnpack_generation=xnnpack_generation, preference=preference,
                       **tokenizer_fields(model, arch.vocab, arch.family))
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),

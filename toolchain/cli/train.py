@@ -16,7 +16,7 @@ import click
 from toolchain.cli.options import (data_option, force_option, layers_per_checkpoint_option, lora_options,
                                    model_options, optimizer_options, plan_options, plan_request)
 from toolchain.cli.train_program import (DEFAULT_TRAIN_STEPS, check_outputs, program_options, progress_run, report,
-                                         train_with_program)
+                                         train_program_dpo, train_with_program)
 from toolchain.validate import SEED, STEPS, FiniteFloat
 
 # Options that only eager training uses: --program takes them from its manifest.
@@ -50,11 +50,21 @@ def _given(ctx: click.Context, names) -> list[str]:
                    "(DIR.train-checkpoint.safetensors).")
 @force_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--objective", type=click.Choice(["sft", "dpo"]), default="sft", show_default=True,
+              help="sft: --data holds rows (next-token cross-entropy); dpo: --data holds preference pairs (schema "
+                   "preference_pair, e.g. from `data --feedback --pairs-out`), DPO loss against the base model.")
+@click.option("--beta", type=FiniteFloat(min=0, min_open=True), default=None,
+              help="DPO temperature (> 0; --objective dpo).  [default: 0.1]")
+@click.option("--sft-data", "sft_data", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="--objective dpo: SFT rows mixed into the run (steps visit the pairs, then these rows).")
+@click.option("--dpo-weight", "dpo_weight", type=FiniteFloat(min=0, min_open=True), default=None,
+              help="--objective dpo: a DPO step's loss weight relative to an SFT step's (1).  [default: 1]")
 @program_options
 @click.pass_context
 def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay, momentum,
           plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected, shuffle_seed,
-          adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data, eval_every) -> None:
+          adapter_out, force, as_json, objective, beta, sft_data, dpo_weight, program, telemetry_out, resume,
+          checkpoint_every, eval_data, eval_every) -> None:
     """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k);
     or, with --program DIR, run an exported program on its runtime exactly as the apps do (model,
     LoRA config and optimizer then come from the program's manifest; the LCSB layers are chosen at run
@@ -80,9 +90,16 @@ def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps,
 
 def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay,
            momentum, plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected,
-           shuffle_seed, adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data,
-           eval_every) -> None:
+           shuffle_seed, adapter_out, force, as_json, objective, beta, sft_data, dpo_weight, program, telemetry_out,
+           resume, checkpoint_every, eval_data, eval_every) -> None:
     from toolchain.errors import BadInput
+
+    if objective == "sft":
+        dpo_only = _given(ctx, ["beta", "sft_data", "dpo_weight"])
+        if dpo_only:
+            raise BadInput(f"{', '.join(dpo_only)} go with --objective dpo")
+    dpo = None if objective == "sft" else dict(beta=0.1 if beta is None else beta, sft_data=sft_data,
+                                               dpo_weight=1.0 if dpo_weight is None else dpo_weight)
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     run = dict(steps=steps, shuffle_seed=shuffle_seed, checkpoint_every=checkpoint_every, resume=resume,
@@ -92,6 +109,13 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
         if ignored:
             raise BadInput(f"--program takes the model, LoRA config and optimizer from its manifest; "
                            f"drop {', '.join(ignored)}")
+        if dpo is not None:
+            if eval_data is not None or eval_every is not None:
+                raise BadInput("--eval-data / --eval-every are not yet run with --objective dpo; evaluate the adapter "
+                               "afterwards (`toolchain eval`)")
+            train_program_dpo(program, data, dpo=dpo, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json,
+                              force=force, **run)
+            return
         train_with_program(program, data, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json, force=force,
                            eval_data=eval_data, eval_every=eval_every, **run)
         return
@@ -110,12 +134,12 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
     check_outputs(adapter_out, telemetry_out, force=force, resume=resume)
     load = dict(model=model, init=init, seed=seed, adapter=adapter, rank=rank, alpha=alpha, targets=targets)
     _train_eager(data, load=load, optimizer=opt, plan=plan, adapter_out=adapter_out, replace=force or resume,
-                 as_json=as_json, **run)
+                 as_json=as_json, dpo=dpo, **run)
 
 
 def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path | None, replace: bool, as_json: bool,
                  steps: int, shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
-                 layers_per_checkpoint: int) -> None:
+                 layers_per_checkpoint: int, dpo: dict | None = None) -> None:
     """Eager training; `load` holds the arguments of `load_model_and_adapter`."""
     from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
@@ -128,12 +152,18 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
         raise BadInput(f"--resume: no checkpoint at {checkpoint}")
     name = load["model"]
     arch, weights, cfg, lora = load_model_and_adapter(**load)
-    examples = load_examples(data, arch)
     step_plan = plan.resolve(arch.layers)
     config = TrainRun(steps=steps, optimizer=optimizer, plan=step_plan, shuffle_seed=shuffle_seed,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
                          layers_per_checkpoint=layers_per_checkpoint)
-    trainer = EagerTrainer(arch, weights, cfg, lora, examples, config, model_name=Path(name).name)
+    if dpo is None:
+        trainer = EagerTrainer(arch, weights, cfg, lora, load_examples(data, arch), config, model_name=Path(name).name)
+    else:
+        from toolchain.training.preference import PreferenceTrainer, load_pairs
+
+        rows = [] if dpo["sft_data"] is None else load_examples(dpo["sft_data"], arch)
+        trainer = PreferenceTrainer(arch, weights, cfg, lora, load_pairs(data, arch, weights, cfg, lora), rows, config,
+                                    beta=dpo["beta"], dpo_weight=dpo["dpo_weight"], model_name=Path(name).name)
     result = progress_run(trainer, f"train ({step_plan.policy})", steps)
     if adapter_out is not None:
         save_adapter(adapter_out, cfg, result.lora, base_model=None if load["init"] == "random" else name,

@@ -166,3 +166,45 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
            **({} if held is None else {"evals": session.evals}))
+
+
+def train_program_dpo(program: Path, data: Path, *, dpo: dict, plan, lr: float | None, adapter_out: Path | None,
+                      as_json: bool, force: bool, steps: int | None, shuffle_seed: int | None, checkpoint_every: int,
+                      resume: bool, telemetry: Path | None, layers_per_checkpoint: int = 1) -> None:
+    """`toolchain train --program --objective dpo`: preference pairs (and `--sft-data` rows) on a program exported
+    with --preference (training/preference.py); `dpo` holds beta, sft_data and dpo_weight."""
+    import dataclasses
+
+    from toolchain.errors import BadInput
+    from toolchain.lora import save_adapter
+    from toolchain.training import TrainRun, checkpoint_path
+    from toolchain.training.preference import program_preference_trainer, read_pair_items
+    from toolchain.training.session import TrainingSession
+
+    check_outputs(adapter_out, telemetry, force=force, resume=resume)
+    session = TrainingSession(program, use="train", verbose=verbose_requested())
+    pdir = session.pdir
+    if "block_backward_pair" not in pdir.methods:
+        raise BadInput(f"{program} was exported without block_backward_pair; re-export it with --preference for "
+                       f"--objective dpo")
+    pairs = read_pair_items(data, pdir.arch.vocab, pdir.seq_len)
+    rows = [] if dpo["sft_data"] is None else session.examples(dpo["sft_data"])
+    lr = lr if lr is not None else pdir.default_lr
+    steps = steps if steps is not None else (pdir.default_steps or DEFAULT_TRAIN_STEPS)
+    step_plan = plan.resolve_lcsb(pdir.arch.layers) if plan.given else pdir.default_plan()
+    if step_plan is not None and step_plan.policy == "full":
+        step_plan = None
+    checkpoint = checkpoint_path(adapter_out or program)
+    if resume and not checkpoint.exists():
+        raise BadInput(f"--resume: no checkpoint at {checkpoint}")
+    run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
+                   checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry, plan=step_plan,
+                   layers_per_checkpoint=layers_per_checkpoint)
+    trainer = program_preference_trainer(pdir, session.open_runtime(), pairs, rows, run, beta=dpo["beta"],
+                                         dpo_weight=dpo["dpo_weight"])
+    result = progress_run(trainer, f"train dpo ({trainer.backend})", steps)
+    if adapter_out is not None:
+        save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.model.source,
+                     replace=force or resume)
+    report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.optimizer, lr=lr),
+           adapter_out=adapter_out, program=str(program), margins=trainer.margins)

@@ -9,8 +9,8 @@ from toolchain.contract.manifest import (AdapterSection, DefaultsSection, FusedS
                                          LoraSection, Manifest, MemoryPlan, ModelSection, OptimizerSection,
                                          OptionsSection, ProgramEntry, QuantSection, StateSection, TokenizerSection,
                                          WeightsSection)
-from toolchain.contract.methods import (ALL_ROLES, GENERATION_ROLES, HELD_OUT_EVAL_ROWS, TRAINING_ROLES, IoSpec, MethodSpec,
-                                        fused_name)
+from toolchain.contract.methods import (ALL_ROLES, GENERATION_ROLES, HELD_OUT_EVAL_ROWS, PREFERENCE_ROLES,
+                                        TRAINING_ROLES, IoSpec, MethodSpec, fused_name)
 from toolchain.contract.read import (ManifestVersionError, ProgramTextFields, check_paths, inside, manifest_path,
                                      read_manifest, read_program_manifest, read_text_fields, write_manifest)
 from toolchain.contract.state import STATE_ROLE_PREFIX, STEP_ENTRY, StateEntry, state_name
@@ -21,7 +21,7 @@ __all__ = ["ASSISTANT_HEADER", "CHAT_ROLES", "ENDOFTEXT", "IM_END", "IM_START", 
            "AdapterSection", "DefaultsSection", "FusedSection", "XnnpackSection", "GenerateSection", "LcsbSection", "LoopSection", "LoraSection",
            "Manifest", "MemoryPlan", "ModelSection", "OptimizerSection", "OptionsSection", "ProgramEntry",
            "QuantSection", "StateSection", "TokenizerSection", "WeightsSection",
-           "ALL_ROLES", "GENERATION_ROLES", "HELD_OUT_EVAL_ROWS", "TRAINING_ROLES", "IoSpec", "MethodSpec", "fused_name",
+           "ALL_ROLES", "GENERATION_ROLES", "HELD_OUT_EVAL_ROWS", "PREFERENCE_ROLES", "TRAINING_ROLES", "IoSpec", "MethodSpec", "fused_name",
            "ManifestVersionError", "ProgramTextFields", "check_paths", "inside", "manifest_path", "read_manifest",
            "read_program_manifest", "read_text_fields", "write_manifest",
            "STATE_ROLE_PREFIX", "STEP_ENTRY", "StateEntry", "state_name"]

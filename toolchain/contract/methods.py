@@ -10,16 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TRAINING_ROLES", "GENERATION_ROLES", "ALL_ROLES", "IoSpec", "MethodSpec", "fused_name", "FUSED_SUFFIX"]
+__all__ = ["TRAINING_ROLES", "PREFERENCE_ROLES", "GENERATION_ROLES", "ALL_ROLES", "IoSpec", "MethodSpec", "fused_name", "FUSED_SUFFIX"]
 
 # The training methods, in the order one step calls them (program/spec.py's docstring).
 TRAINING_ROLES = ("embed", "block_forward", "head_loss", "block_backward", "block_skip_update")
+# Programs exported with --preference only: `block_backward_pair`, the backward of two sequences through one layer
+# and one optimizer update on the sum of their gradients (a DPO step: program/spec.py, docs/preference.md).
+PREFERENCE_ROLES = ("block_backward_pair",)
 # Generation with the live adapter (mesp/decode.py): the prompt in chunks of `prefill_chunk` tokens through
 # `embed_prefill` + `block_prefill` per layer (the chunk's k, v into the app's KV cache); each new token through
 # `embed_token` + `block_decode` per layer; `head_logits` gives the next token's logits. The LoRA inputs are the
 # same state slices the training methods take.
 GENERATION_ROLES = ("embed_token", "embed_prefill", "block_prefill", "block_decode", "head_logits")
-ALL_ROLES = TRAINING_ROLES + GENERATION_ROLES
+ALL_ROLES = TRAINING_ROLES + PREFERENCE_ROLES + GENERATION_ROLES
 FUSED_SUFFIX = "_fused"
 # The held-out rows a training run evaluates (its first ones): the host's `train --program --eval-data` and the apps
 # (Contract.HELD_OUT_EVAL_ROWS / Contract.heldOutEvalRows) read the same number, so their eval events compare.

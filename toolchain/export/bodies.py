@@ -106,6 +106,17 @@ def _block_backward(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool,
     return (dx,) + _update(spec, ins, grads)
 
 
+def _block_backward_pair(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
+                         ) -> tuple[Tensor, ...]:
+    """block_backward of two sequences through this layer, one update on the sum of their gradients."""
+    p = _block_params(spec, ins, executorch, compute)
+    rope = _rope(spec, ins["x"].dtype)
+    dx, grads = block_backward(ins["dout"], ins["x"], p, rope, spec.options.mlp_chunk)
+    dx_pair, grads_pair = block_backward(ins["dout_pair"], ins["x_pair"], p, rope, spec.options.mlp_chunk)
+    total = {t: LoraPair(g.a + grads_pair[t].a, g.b + grads_pair[t].b) for t, g in grads.items()}
+    return (dx, dx_pair) + _update(spec, ins, total)
+
+
 def _block_skip_update(spec: ProgramSpec, ins: dict[str, Tensor], executorch: bool, compute: Compute
                        ) -> tuple[Tensor, ...]:
     return _update(spec, ins, None)
@@ -139,6 +150,7 @@ def method_compute(spec: ProgramSpec, method: MethodSpec) -> Compute:
 _BODIES: dict[str, _Body] = {
     "embed": _embed, "block_forward": _block_forward, "head_loss": _head_loss,
     "block_backward": _block_backward, "block_skip_update": _block_skip_update,
+    "block_backward_pair": _block_backward_pair,
     "embed_token": _embed, "embed_prefill": _embed, "block_prefill": _block_decode, "block_decode": _block_decode,
     "head_logits": _head_logits,
 }

@@ -85,6 +85,7 @@ class ExportSpec:
     prefill_chunk: int = 32
     compute: Literal["fp32", "fp16"] = "fp32"
     xnnpack_generation: bool = False   # also the XNNPACK generation variant (export/xnnpack_generation.py)
+    preference: bool = False           # also block_backward_pair (DPO steps: `train --program --objective dpo`)
 
     def check(self, arch: ModelArch) -> None:
         if self.seq_len < 2 or self.seq_len > arch.max_positions:
@@ -109,7 +110,7 @@ class ExportSpec:
     def program_spec(self, arch: ModelArch, cfg: LoraConfig) -> ProgramSpec:
         return ProgramSpec(arch, cfg, self.seq_len, quant=self.quant, optimizer=self.optimizer, options=self.options,
                            generation=self.generation, prefill_chunk=self.prefill_chunk, compute=self.compute,
-                           xnnpack_generation=self.xnnpack_generation)
+                           xnnpack_generation=self.xnnpack_generation, preference=self.preference)
 
 
 def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:

@@ -60,7 +60,8 @@ class ProgramDir:
                                     quant=QuantSpec(q.kind, q.group, q.chunk_elems, head=bool(q.head)),
                                     optimizer=self.optimizer, options=StepOptions(**m.options.to_json()),
                                     generation=gen is not None, compute=m.compute,
-                                    xnnpack_generation=gen is not None and gen.xnnpack is not None, **chunk)
+                                    xnnpack_generation=gen is not None and gen.xnnpack is not None,
+                                    preference="block_backward_pair" in m.methods, **chunk)
             expected = method_specs(self.spec)
         except (KeyError, TypeError, ValueError, AttributeError) as e:   # schema-valid, but not a usable config
             raise BadInput(f"{self.path / MANIFEST_NAME} describes an impossible program ({type(e).__name__}: {e}); "

@@ -13,6 +13,14 @@ whatever the layer count, and no method holds a weight:
       layer's LoRA slices (so no two layers' gradients ever coexist)
   block_skip_update(lr [1], step [1], <layer state>) -> <new layer state>
       only when unselected LoRA weights move (AdamW or weight decay): the update with a zero gradient
+  block_backward_pair(dout [T, d], x [T, d], dout_pair [T, d], x_pair [T, d], lr [1], [step [1]], <layer weights>,
+                      <layer state>) -> dx [T, d], dx_pair [T, d], <new layer state>
+      programs exported with --preference only: block_backward of two sequences through the same layer, then ONE
+      optimizer update on the sum of their LoRA gradients. A DPO step (mesp/dpo.py) runs the chosen and the
+      rejected sequence through embed, block_forward and head_loss, scales each head gradient d by its weight
+      (the app: w_c = beta s n_c, w_r = -beta s n_r from the two losses), and walks the layers down calling this
+      method, so each layer's update sees the exact DPO gradient (block_backward twice would update the layer
+      between the two sequences).
 
 One step, as the app runs it (the manifest's `loop`):
   x = embed(ids);  for i in 0..L-1: keep x as checkpoint i if i is selected; x = block_forward(x, layer i)
@@ -140,6 +148,8 @@ class ProgramSpec:
     # block_prefill and a block_decode holding that layer's weights as constants, and a head_logits holding the
     # head, for runtimes without the native kernels (`xnnpack_generation_specs`)
     xnnpack_generation: bool = False
+    # also block_backward_pair (preference training, DPO: `train --program --objective dpo`)
+    preference: bool = False
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.seq_len > self.arch.max_positions:
@@ -280,6 +290,11 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     ]
     if spec.optimizer.moves_unselected:
         methods.append(MethodSpec("block_skip_update", "block_skip_update", (lr,) + tuple(step) + state, new_state))
+    if spec.preference:
+        methods.append(MethodSpec("block_backward_pair", "block_backward_pair",
+                                  (act("dout", "d"), act("x", "checkpoint"), act("dout_pair", "d_pair"),
+                                   act("x_pair", "checkpoint_pair"), lr) + tuple(step) + weights + state,
+                                  (act("dx", "d"), act("dx_pair", "d_pair")) + new_state))
     if spec.generation:
         methods += _generation_specs(spec, weights, lora, embed, head, chunks)
     return {m.name: m for m in methods}

@@ -9,7 +9,7 @@ may live in the runtime's arena (ExecuTorch), so everything kept across calls is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -198,6 +198,58 @@ class LayerLoop:
             elif self.moves_unselected:
                 self.call_method("block_skip_update", i, values, views)
         return float(out["loss"].reshape(-1)[0])
+
+    def pair_step(self, seqs: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]],
+                  weigh: Callable[[float, float], tuple[float, float]], lr: float, state: Tensor,
+                  selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1) -> tuple[float, float]:
+        """One optimizer step on two sequences (a DPO pair): the forward and head_loss of each, their head
+        gradients d scaled by `weigh(loss_0, loss_1)` (the step's loss is a function of the two mean losses whose
+        gradient is w_0 dloss_0 + w_1 dloss_1), then per layer top-down `block_backward_pair`, which backpropagates
+        both and applies one update on the summed gradient. Both sequences' checkpoints are alive together.
+
+        Args:
+            seqs: ((input_ids, labels), (input_ids, labels)), padded to seq_len.
+            weigh: the weights of the two sequences' mean-CE gradients, from their mean losses.
+            lr, state, selected, layers_per_checkpoint: as `train_step`.
+
+        Returns:
+            The two mean losses (before the update).
+
+        Raises:
+            BadInput: a program exported without --preference, or a bad layer selection.
+        """
+        if "block_backward_pair" not in self.methods:
+            raise BadInput(f"{self.pdir.path} was exported without block_backward_pair; re-export it with --preference "
+                           f"for preference (DPO) training")
+        selected = set(range(self.layers)) if selected is None else set(selected)
+        if not selected or not selected <= set(range(self.layers)):
+            raise BadInput(f"selected layers must be a non-empty subset of 0..{self.layers - 1}, got {sorted(selected)}")
+        groups = checkpoint_groups(sorted(selected), layers_per_checkpoint)
+        top_of = {g[-1]: g for g in groups}
+        views = self.pdir.state_views(state)
+        if self.step_entry is not None:
+            views[self.step_entry] += 1.0
+        ds, checkpoints, losses = [], [], []
+        for ids, labels in seqs:
+            x, kept = self.forward(ids, [g[0] for g in groups], views)
+            out = self.call_method("head_loss", None, {"x": x, "labels": labels}, views, into={"d": x})
+            ds.append(x)
+            checkpoints.append(kept)
+            losses.append(float(out["loss"].reshape(-1)[0]))
+        weights = weigh(losses[0], losses[1])
+        for d, w in zip(ds, weights):
+            d.mul_(w)
+        values = {"d": ds[0], "d_pair": ds[1], "lr": torch.tensor([lr], dtype=torch.float32)}
+        for i in reversed(range(self.layers)):
+            if i in top_of:
+                for kept in checkpoints:
+                    kept.update(self._rerun(top_of[i], kept.pop(top_of[i][0]), views))
+            if i in selected:
+                values["checkpoint"], values["checkpoint_pair"] = checkpoints[0].pop(i), checkpoints[1].pop(i)
+                self.call_method("block_backward_pair", i, values, views, into={"d": ds[0], "d_pair": ds[1]})
+            elif self.moves_unselected:
+                self.call_method("block_skip_update", i, values, views)
+        return losses[0], losses[1]
 
     def _rerun(self, group: list[int], x: Tensor, views: dict[str, Tensor]) -> dict[int, Tensor]:
         """The inputs of `group`'s layers, rebuilt from the first one's input `x`."""

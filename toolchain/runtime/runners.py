@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from toolchain.contract import ALL_ROLES, GENERATION_ROLES, TRAINING_ROLES
+from toolchain.contract import ALL_ROLES, GENERATION_ROLES, PREFERENCE_ROLES, TRAINING_ROLES
 from toolchain.errors import BadInput
 from toolchain.program.spec import XNNPACK_VARIANT
 from toolchain.export.targets import HOST_RUNNABLE
@@ -90,7 +90,7 @@ def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, x
     `xnnpack` (not with `fused`): the XNNPACK generation variant's methods (every layer's) replace theirs."""
     if fused and xnnpack:
         raise ValueError("one generation variant: fused or xnnpack")
-    roles = {"train": TRAINING_ROLES, "eval": ("embed", "block_forward", "head_loss"),
+    roles = {"train": TRAINING_ROLES + PREFERENCE_ROLES, "eval": ("embed", "block_forward", "head_loss"),
              "generate": GENERATION_ROLES, "all": ALL_ROLES}[use]
     methods = pdir.methods
     fused_roles = {m.role for m in methods.values() if m.kernels} if fused else set()
