@@ -52,7 +52,8 @@ def _given(ctx: click.Context, names) -> list[str]:
 @click.pass_context
 def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay, momentum,
           plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected, shuffle_seed,
-          adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data, eval_every) -> None:
+          adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data, eval_every, no_gate,
+          memory_budget) -> None:
     """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k);
     or, with --program DIR, run an exported program on its runtime exactly as the apps do (model,
     LoRA config and optimizer then come from the program's manifest; the LCSB layers are chosen at run
@@ -79,22 +80,24 @@ def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps,
 def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay,
            momentum, plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected,
            shuffle_seed, adapter_out, force, as_json, program, telemetry_out, resume, checkpoint_every, eval_data,
-           eval_every) -> None:
+           eval_every, no_gate, memory_budget) -> None:
     from toolchain.errors import BadInput
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     run = dict(steps=steps, shuffle_seed=shuffle_seed, checkpoint_every=checkpoint_every, resume=resume,
-               telemetry=telemetry_out, layers_per_checkpoint=layers_per_checkpoint)
+               telemetry=telemetry_out, layers_per_checkpoint=layers_per_checkpoint, memory_budget=memory_budget)
+    if eval_every is not None and eval_data is None:
+        raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
+    if no_gate and eval_data is None:
+        raise BadInput("--no-gate needs --eval-data (without held-out rows there is no gate to turn off)")
     if program is not None:
         ignored = _given(ctx, EAGER_ONLY)
         if ignored:
             raise BadInput(f"--program takes the model, LoRA config and optimizer from its manifest; "
                            f"drop {', '.join(ignored)}")
         train_with_program(program, data, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json, force=force,
-                           eval_data=eval_data, eval_every=eval_every, **run)
+                           eval_data=eval_data, eval_every=eval_every, no_gate=no_gate, **run)
         return
-    if eval_data is not None or eval_every is not None:
-        raise BadInput("--eval-data / --eval-every need --program (held-out loss on the program's methods)")
     if model is None:
         raise BadInput("give --model (eager training) or --program (an exported program)")
     if adapter_out is None and (resume or _given(ctx, ["checkpoint_every"])):
@@ -107,18 +110,22 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
     check_outputs(adapter_out, telemetry_out, force=force, resume=resume)
     load = dict(model=model, init=init, seed=seed, adapter=adapter, rank=rank, alpha=alpha, targets=targets)
     _train_eager(data, load=load, optimizer=opt, plan=plan, adapter_out=adapter_out, replace=force or resume,
-                 as_json=as_json, **run)
+                 as_json=as_json, eval_data=eval_data, eval_every=eval_every, no_gate=no_gate, **run)
 
 
 def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path | None, replace: bool, as_json: bool,
                  steps: int, shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
-                 layers_per_checkpoint: int) -> None:
+                 layers_per_checkpoint: int, eval_data: Path | None, eval_every: int | None, no_gate: bool,
+                 memory_budget: float | None) -> None:
     """Eager training; `load` holds the arguments of `load_model_and_adapter`."""
     from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
     from toolchain.lora.resolve import load_model_and_adapter
+    from toolchain.cli.train_program import budget_bytes, echo_eval, gate_off
+    from toolchain.contract import HELD_OUT_EVAL_ROWS
     from toolchain.training import EagerTrainer, TrainRun, checkpoint_path
+    from toolchain.training.gate import Evaluation
 
     checkpoint = None if adapter_out is None else checkpoint_path(adapter_out)
     if resume and not checkpoint.exists():
@@ -127,12 +134,17 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
     arch, weights, cfg, lora = load_model_and_adapter(**load)
     examples = load_examples(data, arch)
     step_plan = plan.resolve(arch.layers)
+    held = None if eval_data is None else load_examples(eval_data, arch)[:HELD_OUT_EVAL_ROWS]
     config = TrainRun(steps=steps, optimizer=optimizer, plan=step_plan, shuffle_seed=shuffle_seed,
-                         checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
-                         layers_per_checkpoint=layers_per_checkpoint)
+                      checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
+                      layers_per_checkpoint=layers_per_checkpoint, memory_budget_bytes=budget_bytes(memory_budget))
     trainer = EagerTrainer(arch, weights, cfg, lora, examples, config, model_name=Path(name).name)
+    if held is not None:        # eager runs have no program, so no forgetting probe
+        trainer.evaluation = Evaluation(held, every=eval_every or max(1, steps // 10), gate=not no_gate,
+                                        on_eval=echo_eval)
     result = progress_run(trainer, f"train ({step_plan.policy})", steps)
     if adapter_out is not None:
         save_adapter(adapter_out, cfg, result.lora, base_model=None if load["init"] == "random" else name,
                      replace=replace)
-    report(result, as_json, plan=step_plan, optimizer=optimizer, adapter_out=adapter_out)
+    report(result, as_json, plan=step_plan, optimizer=optimizer, adapter_out=adapter_out,
+           gate_off=gate_off(eval_data, no_gate), **({} if held is None else {"evals": trainer.evaluation.points}))
