@@ -168,43 +168,58 @@ def test_cli_memory_budget_stops_with_one_error_line(program, tmp_path):
 
 
 # -- on the real measurement ----------------------------------------------------------------------------------
-BIG = replace(ARCH, hidden=256, layers=24, heads=4, kv_heads=2, intermediate=512, vocab=64, max_positions=512)
+BIG = replace(ARCH, hidden=256, layers=24, heads=4, kv_heads=2, intermediate=512, vocab=64, max_positions=512,
+              tie_embeddings=True)
+
+
+def _train_cli(tmp_path, name: str, checkpoint_dir, data, *extra) -> tuple[list[dict], str]:
+    """`toolchain train` (eager) in a process of its own with the phone-like malloc (memory/measure.py
+    PHONE_LIKE_MALLOC_ENV: freed blocks go back to the kernel, as on phones): its telemetry events and stdout."""
+    import os
+    import subprocess
+    import sys
+
+    from toolchain.memory.measure import PHONE_LIKE_MALLOC_ENV
+
+    telemetry = tmp_path / f"{name}.jsonl"
+    env = {**os.environ, **PHONE_LIKE_MALLOC_ENV, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "toolchain", "train", "--model", str(checkpoint_dir), "--data",
+                          str(data), "--rank", "2", "--targets", "q_proj,v_proj", "--telemetry-out", str(telemetry),
+                          *map(str, extra)], env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(line) for line in telemetry.read_text().splitlines()], out.stdout
+
+
+def _step_peaks(events: list[dict]) -> list[int]:
+    return [e["peak_bytes"] for e in events if e["type"] == "memory" and "step" in e]
 
 
 @pytest.mark.slow
-def test_a_budget_between_the_adapted_and_the_default_peak_is_met_by_adapting():
-    """24 layers x [512, 256] float32 layer inputs (12 MiB of checkpoints at layers_per_checkpoint 1, ~4.5 at 5):
-    the default peak and the adapted one are measured first (median of 3 steps each), the budget set midway."""
-    torch.set_num_threads(1)
-    cfg = replace(CFG, targets=("q_proj", "v_proj"))
-    weights, lora = random_weights(BIG, seed=0), init_lora(BIG, cfg, seed=1)
+def test_a_budget_between_the_adapted_and_the_default_peak_is_met_by_adapting(tmp_path):
+    """`train --memory-budget` on a 24-layer model at 512 tokens (12 MiB of [512, 256] float32 layer inputs at
+    layers_per_checkpoint 1): the default peak and the adapted one (groups of 5) are measured first, each in its
+    own process (a huge budget: the same per-step measurement, never over), and the budget set midway; the run
+    under it adapts (one or more `memory_adapted` events) and completes, every step after the adaptation within
+    the budget."""
+    from helpers import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "big", BIG).path
     g = torch.Generator().manual_seed(0)
-    rows = [DataRow(ids, ids.clone()) for ids in (torch.randint(0, BIG.vocab, (512,), generator=g) for _ in range(3))]
-
-    def peaks(every: int, budget: int | None = None, steps: int = 3):
-        t = EagerTrainer(BIG, weights, cfg, lora, rows, TrainRun(steps=steps, layers_per_checkpoint=every,
-                                                                 memory_budget_bytes=budget or 10**15))
-        out = []
-        orig = MemoryGuard.after_step
-
-        def spy(self):
-            out.append(orig(self))
-            return out[-1]
-
-        MemoryGuard.after_step = spy
-        try:
-            result = t.run()
-        finally:
-            MemoryGuard.after_step = orig
-        return sorted(out)[len(out) // 2], out, result, t
-
-    default, _, _, _ = peaks(1)
-    adapted, _, _, _ = peaks(5)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": torch.randint(0, BIG.vocab, (512,), generator=g).tolist()})
+                            + "\n" for _ in range(3)))
+    huge = ["--memory-budget", "1000000", "--steps", "3"]
+    default = max(_step_peaks(_train_cli(tmp_path, "default", ckpt, data, *huge)[0])[1:])
+    adapted = max(_step_peaks(_train_cli(tmp_path, "adapted", ckpt, data, *huge, "--layers-per-checkpoint", 5)[0])[1:])
     assert default - adapted > 4 * MIB, (default / MIB, adapted / MIB)
-    budget = (default + adapted) // 2
-    _, seen, result, trainer = peaks(1, budget, steps=8)
-    assert len(result.log) == 8 and result.adaptations
-    assert all(a["knob"] == "layers_per_checkpoint" for a in result.adaptations)
-    assert seen[-1] <= budget, [s / MIB for s in seen]
-    print(f"default {default / MIB:.1f} MiB, adapted (groups of 5) {adapted / MIB:.1f} MiB, budget {budget / MIB:.1f}"
-          f" MiB: {[(a['step'], a['to']) for a in result.adaptations]}, step peaks {[round(s / MIB, 1) for s in seen]}")
+    budget_mib = (default + adapted) / 2 / MIB
+    events, stdout = _train_cli(tmp_path, "budget", ckpt, data, "--memory-budget", f"{budget_mib:.3f}", "--steps", 8)
+    adaptations = [e for e in events if e["type"] == "memory_adapted"]
+    peaks = _step_peaks(events)
+    what = (f"default {default / MIB:.1f} MiB, adapted (groups of 5) {adapted / MIB:.1f} MiB, budget {budget_mib:.1f}"
+            f" MiB: {[(a['step'], a['knob'], a['to']) for a in adaptations]}, step peaks "
+            f"{[round(p / MIB, 1) for p in peaks]}")
+    print(what)
+    assert [e["steps_completed"] for e in events if e["type"] == "run_end"] == [8], what
+    assert adaptations and all(p <= budget_mib * MIB for p in peaks[adaptations[-1]["step"]:]), what
+    assert "memory: before step" in stdout

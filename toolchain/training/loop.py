@@ -291,6 +291,7 @@ class Trainer:
                                                                           self.predict_peak_mb)
         if guard is not None:
             self.memory_peak = True       # each step's memory event carries that step's peak (VmHWM reset before it)
+            self.predict_peak_mb(self.working)   # whatever the planner loads, before the first measured step
         evaluation = self.evaluation if self._evaluating else None
         for s in range(start, run.steps):
             changed = self.inputs_changed()
