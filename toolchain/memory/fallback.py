@@ -81,11 +81,13 @@ def notch(ws: WorkingSet, knob: Knob, layers: int) -> WorkingSet | None:
     return replace(ws, seq_len=max(MIN_SEQ_LEN, ws.seq_len // 2))
 
 
-def next_notch(ws: WorkingSet, layers: int, predict: Callable[[WorkingSet], float | None]) -> Notch | None:
-    """The first notch, in KNOBS order, that the planner predicts lowers the peak of `ws` (a knob's further
-    notches are tried when one does not help); None: nothing smaller is predicted to help."""
+def next_notch(ws: WorkingSet, layers: int, predict: Callable[[WorkingSet], float | None], *,
+               knobs: tuple[Knob, ...] = KNOBS) -> Notch | None:
+    """The first notch, in KNOBS order (of `knobs`: the ones the step has), that the planner predicts lowers the
+    peak of `ws` (a knob's further notches are tried when one does not help); None: nothing smaller is predicted
+    to help."""
     base = predict(ws)
-    for knob in KNOBS:
+    for knob in knobs:
         new = notch(ws, knob, layers)
         while new is not None:
             p = predict(new)
@@ -96,13 +98,13 @@ def next_notch(ws: WorkingSet, layers: int, predict: Callable[[WorkingSet], floa
 
 
 def fallback_ladder(ws: WorkingSet, layers: int, predict: Callable[[WorkingSet], float | None],
-                    budget_mb: float) -> tuple[WorkingSet, float | None, list[Notch]]:
+                    budget_mb: float, *, knobs: tuple[Knob, ...] = KNOBS) -> tuple[WorkingSet, float | None, list[Notch]]:
     """Walk the ladder from `ws` until the planner predicts the budget is met: (the settings, their predicted
     peak, the notches taken). When no notch is left the last settings are returned with a peak over budget."""
     taken: list[Notch] = []
     peak = predict(ws)
     while peak is None or peak > budget_mb:
-        n = next_notch(ws, layers, predict)
+        n = next_notch(ws, layers, predict, knobs=knobs)
         if n is None:
             break
         taken.append(n)

@@ -37,7 +37,7 @@ from toolchain.contract import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION, Manifest,
 from toolchain.errors import BadInput
 from toolchain.lora.config import parse_targets
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
-from toolchain.memory.fallback import WorkingSet, fallback_ladder
+from toolchain.memory.fallback import KNOBS, WorkingSet, fallback_ladder
 from toolchain.memory.profiles import DeviceProfile
 from toolchain.mesp.step import inputs_alive_bound
 from toolchain.models.presets import ModelArch, get_preset
@@ -311,9 +311,11 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
     else:
         def predict(ws):
             return analytic_peak(shape, ws, overhead_mb=host)
+    # checkpoint groups and LCSB are MeSP's (the baselines' steps have neither): only their rows' length
+    knobs = KNOBS if shape.method == "mesp" else ("seq_len",)
     fallback = fallback_of(WorkingSet(shape.layers_per_checkpoint, shape.lcsb_k,
                                       shape.seq_len if source == "analytic" else None),
-                           shape.arch.layers, predict, budget)
+                           shape.arch.layers, predict, budget, knobs=knobs)
     return FitReport(
         device=device.name, budget_mb=budget, predicted_peak_mb=peak, source=source, fits=peak <= budget,
         margin_mb=budget - peak, parts_mb=parts, phase=phase, analytic_peak_mb=analytic.peak_mb,
@@ -330,8 +332,8 @@ def analytic_peak(shape: StepShape, ws: WorkingSet, *, overhead_mb: float) -> fl
                          overhead_mb=overhead_mb).peak_mb
 
 
-def fallback_of(ws: WorkingSet, layers: int, predict, budget_mb: float) -> dict:
+def fallback_of(ws: WorkingSet, layers: int, predict, budget_mb: float, *, knobs=KNOBS) -> dict:
     """`FitReport.fallback`: the fallback ladder (memory/fallback.py) walked from `ws` against `budget_mb`."""
-    end, peak, taken = fallback_ladder(ws, layers, predict, budget_mb)
+    end, peak, taken = fallback_ladder(ws, layers, predict, budget_mb, knobs=knobs)
     return {**end.to_json(), "seq_len": end.seq_len, "predicted_peak_mb": peak,
             "fits": peak is not None and peak <= budget_mb, "notches": [n.knob for n in taken]}
