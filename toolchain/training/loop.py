@@ -12,7 +12,6 @@ is already there (written after the last checkpoint, before the kill) are not lo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -278,7 +277,7 @@ class Trainer:
         `evaluation`, the held-out loss before the first step, every `evaluation.every` steps and after the last,
         then the gate's decision (gate.py); with `run_options.memory_budget_bytes`, the working set adapted at step
         boundaries (pressure.py)."""
-        from toolchain.training.pressure import MemoryGuard
+        from toolchain.training.pressure import MemoryGuard, check_budget
 
         if self._start is None:
             self.start()
@@ -318,7 +317,7 @@ class Trainer:
                 self._save(s + 1, losses)
                 saved = s + 1
             if guard is not None and s + 1 < run.steps:
-                saved = self._check_budget(guard, measured, s, order[s + 1], saved, losses)
+                saved = check_budget(self, guard, measured, s, order[s + 1], saved, losses)
         decision = None if evaluation is None else evaluation.finish(self)
         if decision is not None and decision.decision != "kept" and run.checkpoint is not None and saved == run.steps:
             self._save(run.steps, losses)              # the kept adapter is what the run leaves behind
@@ -335,56 +334,6 @@ class Trainer:
         save_checkpoint(run.checkpoint, self.tensors(), step=step, run_id=self._run_id,
                         seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
         self.checkpoint_saved(step, run.checkpoint)
-
-    def _check_budget(self, guard, measured: int, s: int, next_row: int, saved: int, losses: list) -> int:
-        """After step `s` (0-based): adapt the working set when the step's peak was over the budget, or when the
-        planner predicts the next row (longer) would be; stop when nothing smaller is left. Returns the step of
-        the last checkpoint."""
-        from toolchain.memory.measure import MIB
-
-        trigger, figure = None, measured
-        if guard.over(measured):
-            trigger = "measured"
-        else:
-            cur, nxt = self.row_tokens(self._order[s]), self.row_tokens(next_row)
-            ws = self.working
-            if cur is not None and nxt is not None and nxt > cur and ws.seq_len is not None:
-                a = self.predict_peak_mb(dataclasses.replace(ws, seq_len=min(ws.seq_len, nxt)))
-                b = self.predict_peak_mb(dataclasses.replace(ws, seq_len=min(ws.seq_len, cur)))
-                if a is not None and b is not None and guard.over(measured + round((a - b) * MIB)):
-                    trigger, figure = "predicted", measured + round((a - b) * MIB)
-        if trigger is None:
-            return saved
-        notch = guard.notch(self.working)
-        if notch is None:
-            return self._stop_budget(guard, figure, s + 1, saved, losses)
-        self.working = notch.after
-        if notch.knob == "lcsb_k":
-            from toolchain.lcsb.plan import make_plan
-
-            self._plan = make_plan(self.layers, notch.after.lcsb_k, "cyclic")
-        event = {"step": s + 1, "knob": notch.knob, "from": notch.before.to_json(), "to": notch.after.to_json(),
-                 "measured_bytes": figure, "budget_bytes": guard.budget_bytes, "trigger": trigger}
-        if notch.predicted_mb is not None:
-            event["predicted_bytes"] = round(notch.predicted_mb * MIB)
-        self.adaptations.append(event)
-        self.emit("memory_adapted", **event)
-        return saved
-
-    def _stop_budget(self, guard, measured: int, step: int, saved: int, losses: list) -> int:
-        """Nothing smaller fits after `step` steps: checkpoint them, log a fatal `error`, stop with one message."""
-        from toolchain.memory.measure import MIB
-
-        run = self.run_options
-        if run.checkpoint is not None and step > saved:
-            self._save(step, losses)
-            saved = step
-        where = (f"; the checkpoint of step {saved} is at {run.checkpoint}: resume with a larger --memory-budget"
-                 if run.checkpoint is not None and saved > 0 else "")
-        message = (f"stopped after step {step}: anonymous peak {measured / MIB:.1f} MiB is over --memory-budget "
-                   f"{guard.budget_bytes / MIB:g} MiB with the smallest settings ({self.working.describe()}){where}")
-        self.emit("error", message=message, fatal=True, code="budget_exceeded", step=step - 1)
-        raise BadInput(message)
 
     def _stop_changed(self, why: str, step: int, saved: int, losses: list) -> None:
         """An input changed before step `step` (0-based): checkpoint the `step` completed steps (whole: the
