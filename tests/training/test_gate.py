@@ -188,3 +188,25 @@ def test_no_gate_evaluates_but_keeps_the_last_adapter(poisoned_program):
     trainer.evaluation = Evaluation(held, every=0, gate=False)
     result = trainer.run()
     assert result.gate is None and [p["step"] for p in trainer.evaluation.points] == [0, 3]
+
+
+def test_a_resumed_run_is_gated_against_where_it_resumed_and_logs_each_eval_once(poisoned_program, tmp_path):
+    """Killed after the step-3 checkpoint and resumed: the resumed session's start is the checkpoint's adapter
+    (evaluated again, its `eval` event not repeated), and the decision compares the end with that."""
+    from test_program_trainer import _kill_at, _Killed
+
+    held = _rows(4, 3)
+    telemetry, ck = tmp_path / "run.jsonl", tmp_path / "run.ck"
+    run = dict(lr=3e-2, steps=6, telemetry=telemetry, checkpoint=ck, checkpoint_every=3)
+    first = _trainer("program", poisoned_program, held, **run)
+    first.evaluation = Evaluation(held, every=3)
+    with pytest.raises(_Killed):
+        first.run(on_step=_kill_at(4))
+    resumed = _trainer("program", poisoned_program, held, resume=True, **run)
+    resumed.evaluation = Evaluation(held, every=3)
+    result = resumed.run()
+    points = resumed.evaluation.points
+    assert [p["step"] for p in points] == [3, 6]
+    assert result.gate.start_loss == points[0]["loss"] and result.gate.decision == "kept"
+    events = [json.loads(line) for line in telemetry.read_text().splitlines()]
+    assert [e["step"] for e in events if e["type"] == "eval"] == [0, 3, 6]

@@ -150,8 +150,9 @@ class Evaluation:
 
         t0 = time.perf_counter()
         ev = trainer.held_out(self.held)
-        trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
-                     eval_time_s=round(time.perf_counter() - t0, 6))
+        if not trainer.logged_eval(step):
+            trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
+                         eval_time_s=round(time.perf_counter() - t0, 6))
         point = {"step": step, "loss": ev["loss"], "rows": ev["rows"], "tokens": ev["tokens"]}
         self.points.append(point)
         if self.on_eval is not None:

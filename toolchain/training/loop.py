@@ -92,12 +92,13 @@ class _Logged(NamedTuple):
     last_seq: int          # -1: none
     steps: frozenset[int]  # 0-based steps with a `step` event
     ended: frozenset[int]  # steps_completed of its run_end events (a run extended by --steps ends again)
+    evals: frozenset[int] = frozenset()   # steps of its `eval` events (a resumed run's start may repeat one)
 
 
 def _logged(path: Path | None, run_id: str | None) -> _Logged:
     if path is None or run_id is None or not path.is_file():    # a device (/dev/null, a terminal): nothing to read
         return _Logged(-1, frozenset(), frozenset())
-    last, steps, ended = -1, set(), set()
+    last, steps, ended, evals = -1, set(), set(), set()
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             event = json.loads(line)
@@ -111,7 +112,9 @@ def _logged(path: Path | None, run_id: str | None) -> _Logged:
             steps.add(event["step"])
         if event.get("type") == "run_end" and isinstance(event.get("steps_completed"), int):
             ended.add(event["steps_completed"])
-    return _Logged(last, frozenset(steps), frozenset(ended))
+        if event.get("type") == "eval" and isinstance(event.get("step"), int):
+            evals.add(event["step"])
+    return _Logged(last, frozenset(steps), frozenset(ended), frozenset(evals))
 
 
 def host_info() -> dict[str, Any]:
@@ -223,6 +226,11 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------
     def emit(self, type: str, **fields: Any) -> dict | None:
         return None if self._recorder is None else self._recorder.emit(type, **fields)
+
+    def logged_eval(self, step: int) -> bool:
+        """An `eval` event of this run at `step` is in the telemetry file already (written before a kill)."""
+        logged = getattr(self, "_logged", None)
+        return logged is not None and step in logged.evals
 
     def start(self) -> None:
         """Everything before the first step: check the plan, resume from the verified checkpoint, open
