@@ -210,3 +210,26 @@ def test_a_resumed_run_is_gated_against_where_it_resumed_and_logs_each_eval_once
     assert result.gate.start_loss == points[0]["loss"] and result.gate.decision == "kept"
     events = [json.loads(line) for line in telemetry.read_text().splitlines()]
     assert [e["step"] for e in events if e["type"] == "eval"] == [0, 3, 6]
+
+
+def test_forgetting_is_a_warning_in_the_summary_and_the_report(tmp_path):
+    """A `gate` event whose probe rose 7.4%: summary.json's `warnings` says so (the decision stands), the report
+    shows the gate and the warning; the event and the summary validate against their schemas."""
+    from toolchain.telemetry.events import TelemetryRecorder
+    from toolchain.telemetry.report import write_report
+
+    rec = TelemetryRecorder(tmp_path / "t.jsonl", "forgetting-run")
+    rec.emit("run_start", model="demo", method="mesp", backend="eager", seq_len=64, rank=8, platform="linux",
+             device_model="x86_64", os="Linux", total_ram_bytes=2**33, budget_bytes=2**33)
+    gate = replace(decide(0, 2.13, [(4, 1.98)]), probe=ProbeCheck(3.91, 4.2))
+    fields = gate.event_fields()
+    assert fields["probe"] == "measured" and fields["forgetting"] is True and fields["probe_rise"] == 0.074169
+    rec.emit("gate", **fields)
+    events = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    files = write_report("forgetting-run", events, tmp_path / "report", plots="svg")
+    summary = json.loads(files.summary.read_text())
+    assert summary["gate"]["decision"] == "kept" and summary["gate"]["forgetting"] is True
+    assert summary["warnings"] == ["forgetting: the general-text probe's loss rose 7.4% (3.9100 -> 4.2000), above "
+                                   "the 5% threshold (a warning: the adapter was kept)"]
+    page = files.html.read_text()
+    assert "<h2>Warnings</h2>" in page and "forgetting flagged above 5%: yes" in page
