@@ -192,6 +192,8 @@ def run_demo(cfg: DemoConfig, out: Path, *, on_step: Callable[[int, float], None
     assert isinstance(state, torch.Tensor)
     curve = [(e["step"], float(e["loss"])) for e in session.evals]
     after_loss = curve[-1][1]
+    if result.gate is not None and result.gate.decision != "kept":   # the gate kept an earlier adapter
+        after_loss = result.gate.best_loss if result.gate.decision == "kept_best" else result.gate.start_loss
     phase("after: generate")
     t0 = time.perf_counter()
     after_text = text_of(state)

@@ -858,6 +858,14 @@ def _cases() -> list[Case]:
         c("train-eval-every-without-data", "`train --program --eval-every 2` without --eval-data (accepted silently)",
           lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--eval-every", "2"],
           "--eval-every needs --eval-data"),
+        # ---- issue 43: the evaluation gate and the memory budget
+        c("train-no-gate-without-data", "`train --no-gate` without --eval-data (no gate to turn off)",
+          lambda w: [*TRAIN, "--data", w.data(), "--no-gate"], "--no-gate needs --eval-data"),
+        c("train-memory-budget-zero", "`train --memory-budget 0`",
+          lambda w: [*TRAIN, "--data", w.data(), "--memory-budget", "0"], "--memory-budget"),
+        c("train-memory-budget-nan", "`train --program --memory-budget nan`",
+          lambda w: ["train", "--program", w.program(), "--data", w.data(), "--steps", "1", "--memory-budget", "nan"],
+          "--memory-budget"),
     ]
 
 

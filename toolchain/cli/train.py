@@ -64,7 +64,7 @@ def _given(ctx: click.Context, names) -> list[str]:
 def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay, momentum,
           plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected, shuffle_seed,
           adapter_out, force, as_json, objective, beta, sft_data, dpo_weight, program, telemetry_out, resume,
-          checkpoint_every, eval_data, eval_every) -> None:
+          checkpoint_every, eval_data, eval_every, no_gate, memory_budget) -> None:
     """Train a LoRA adapter on --data with eager MeSP steps, optionally LCSB (--plan or --lcsb-k);
     or, with --program DIR, run an exported program on its runtime exactly as the apps do (model,
     LoRA config and optimizer then come from the program's manifest; the LCSB layers are chosen at run
@@ -91,7 +91,7 @@ def train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps,
 def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps, lr, optimizer, weight_decay,
            momentum, plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup, layers_per_checkpoint, frozen_unselected,
            shuffle_seed, adapter_out, force, as_json, objective, beta, sft_data, dpo_weight, program, telemetry_out,
-           resume, checkpoint_every, eval_data, eval_every) -> None:
+           resume, checkpoint_every, eval_data, eval_every, no_gate, memory_budget) -> None:
     from toolchain.errors import BadInput
 
     if objective == "sft":
@@ -103,24 +103,26 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     run = dict(steps=steps, shuffle_seed=shuffle_seed, checkpoint_every=checkpoint_every, resume=resume,
-               telemetry=telemetry_out, layers_per_checkpoint=layers_per_checkpoint)
+               telemetry=telemetry_out, layers_per_checkpoint=layers_per_checkpoint, memory_budget=memory_budget)
+    if eval_every is not None and eval_data is None:
+        raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
+    if no_gate and eval_data is None:
+        raise BadInput("--no-gate needs --eval-data (without held-out rows there is no gate to turn off)")
+    if dpo is not None and (eval_data is not None or memory_budget is not None):
+        raise BadInput("--eval-data / --memory-budget are not yet run with --objective dpo; evaluate the adapter "
+                       "afterwards (`toolchain eval`)")
     if program is not None:
         ignored = _given(ctx, EAGER_ONLY)
         if ignored:
             raise BadInput(f"--program takes the model, LoRA config and optimizer from its manifest; "
                            f"drop {', '.join(ignored)}")
         if dpo is not None:
-            if eval_data is not None or eval_every is not None:
-                raise BadInput("--eval-data / --eval-every are not yet run with --objective dpo; evaluate the adapter "
-                               "afterwards (`toolchain eval`)")
             train_program_dpo(program, data, dpo=dpo, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json,
                               force=force, **run)
             return
         train_with_program(program, data, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json, force=force,
-                           eval_data=eval_data, eval_every=eval_every, **run)
+                           eval_data=eval_data, eval_every=eval_every, no_gate=no_gate, **run)
         return
-    if eval_data is not None or eval_every is not None:
-        raise BadInput("--eval-data / --eval-every need --program (held-out loss on the program's methods)")
     if model is None:
         raise BadInput("give --model (eager training) or --program (an exported program)")
     if adapter_out is None and (resume or _given(ctx, ["checkpoint_every"])):
@@ -134,18 +136,22 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
     check_outputs(adapter_out, telemetry_out, force=force, resume=resume)
     load = dict(model=model, init=init, seed=seed, adapter=adapter, rank=rank, alpha=alpha, targets=targets)
     _train_eager(data, load=load, optimizer=opt, plan=plan, adapter_out=adapter_out, replace=force or resume,
-                 as_json=as_json, dpo=dpo, **run)
+                 as_json=as_json, dpo=dpo, eval_data=eval_data, eval_every=eval_every, no_gate=no_gate, **run)
 
 
 def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path | None, replace: bool, as_json: bool,
                  steps: int, shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
-                 layers_per_checkpoint: int, dpo: dict | None = None) -> None:
+                 layers_per_checkpoint: int, eval_data: Path | None, eval_every: int | None, no_gate: bool,
+                 memory_budget: float | None, dpo: dict | None = None) -> None:
     """Eager training; `load` holds the arguments of `load_model_and_adapter`."""
     from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
     from toolchain.lora.resolve import load_model_and_adapter
+    from toolchain.cli.train_program import budget_bytes, echo_eval, gate_off
+    from toolchain.contract import HELD_OUT_EVAL_ROWS
     from toolchain.training import EagerTrainer, TrainRun, checkpoint_path
+    from toolchain.training.gate import Evaluation
 
     checkpoint = None if adapter_out is None else checkpoint_path(adapter_out)
     if resume and not checkpoint.exists():
@@ -153,9 +159,10 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
     name = load["model"]
     arch, weights, cfg, lora = load_model_and_adapter(**load)
     step_plan = plan.resolve(arch.layers)
+    held = None if eval_data is None else load_examples(eval_data, arch)[:HELD_OUT_EVAL_ROWS]
     config = TrainRun(steps=steps, optimizer=optimizer, plan=step_plan, shuffle_seed=shuffle_seed,
-                         checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
-                         layers_per_checkpoint=layers_per_checkpoint)
+                      checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
+                      layers_per_checkpoint=layers_per_checkpoint, memory_budget_bytes=budget_bytes(memory_budget))
     if dpo is None:
         trainer = EagerTrainer(arch, weights, cfg, lora, load_examples(data, arch), config, model_name=Path(name).name)
     else:
@@ -164,8 +171,12 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
         rows = [] if dpo["sft_data"] is None else load_examples(dpo["sft_data"], arch)
         trainer = PreferenceTrainer(arch, weights, cfg, lora, load_pairs(data, arch, weights, cfg, lora), rows, config,
                                     beta=dpo["beta"], dpo_weight=dpo["dpo_weight"], model_name=Path(name).name)
+    if held is not None:        # eager runs have no program, so no forgetting probe
+        trainer.evaluation = Evaluation(held, every=eval_every or max(1, steps // 10), gate=not no_gate,
+                                        on_eval=echo_eval)
     result = progress_run(trainer, f"train ({step_plan.policy})", steps)
     if adapter_out is not None:
         save_adapter(adapter_out, cfg, result.lora, base_model=None if load["init"] == "random" else name,
                      replace=replace)
-    report(result, as_json, plan=step_plan, optimizer=optimizer, adapter_out=adapter_out)
+    report(result, as_json, plan=step_plan, optimizer=optimizer, adapter_out=adapter_out,
+           gate_off=gate_off(eval_data, no_gate), **({} if held is None else {"evals": trainer.evaluation.points}))

@@ -8,20 +8,33 @@ from pathlib import Path
 import click
 
 from toolchain.cli.options import verbose_requested
+from toolchain.validate import FiniteFloat
 
-__all__ = ["train_with_program", "program_options", "progress_run", "ProgressBar", "report", "DEFAULT_TRAIN_STEPS"]
+__all__ = ["train_with_program", "train_program_dpo", "program_options", "progress_run", "ProgressBar", "report",
+           "DEFAULT_TRAIN_STEPS", "gate_off", "budget_bytes", "echo_eval"]
 
 # `toolchain train --steps` when none is given and the program records no `defaults.steps` (eager training, older programs)
 DEFAULT_TRAIN_STEPS = 100
 
 
 def program_options(f):
+    f = click.option("--memory-budget", "memory_budget", type=FiniteFloat(min=0, min_open=True), default=None,
+                     metavar="MIB",
+                     help="Anonymous-memory budget in MiB (what a phone counts): after a step whose peak is over it, "
+                          "the next steps run with a smaller working set (checkpoint groups, then LCSB layers per "
+                          "step, then eager rows' length: docs/training.md), each change a `memory_adapted` event; "
+                          "the run stops (checkpoint saved) only when nothing smaller is left.")(f)
+    f = click.option("--no-gate", "no_gate", is_flag=True,
+                     help="Keep the last adapter whatever its held-out loss (the gate is on with --eval-data: the "
+                          "last adapter is kept only if it beats the starting one, else the best evaluated one, "
+                          "else the starting one is restored; docs/training.md).")(f)
     f = click.option("--eval-every", type=click.IntRange(min=1), default=None,
-                     help="--program with --eval-data: evaluate every N steps (default: 10% of --steps), before the "
+                     help="With --eval-data: evaluate every N steps (default: 10% of --steps), before the "
                           "first and after the last.")(f)
     f = click.option("--eval-data", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                     help="--program: held-out rows (JSONL); their loss (the live adapter, forward only on the "
-                          "program's methods) is printed and logged as `eval` telemetry events.")(f)
+                     help="Held-out rows (JSONL, the first 32 used); their loss (the live adapter, forward only; "
+                          "--program: on the program's methods) is printed and logged as `eval` telemetry events, and "
+                          "the evaluation gate decides which adapter the run keeps.")(f)
     f = click.option("--checkpoint-every", type=click.IntRange(min=1), default=10, show_default=True,
                      help="Write the resumable checkpoint every N steps (and at the end).")(f)
     f = click.option("--resume", is_flag=True,
@@ -74,18 +87,33 @@ def progress_run(trainer, description: str, steps: int):
         return trainer.run(on_step=bar.update)
 
 
-def report(result, as_json: bool, *, plan, optimizer, adapter_out: Path | None, **extra) -> None:
-    """The run's steps and result on stdout (text or --json), the same for both modes."""
+def report(result, as_json: bool, *, plan, optimizer, adapter_out: Path | None, gate_off: str | None = None,
+           **extra) -> None:
+    """The run's steps and result on stdout (text or --json), the same for both modes: the steps, the memory
+    adaptations, the gate's decision (or why there is none: `gate_off`)."""
     from toolchain.schemas import dumps
 
+    gate = getattr(result, "gate", None)
+    adaptations = list(getattr(result, "adaptations", ()))
     if as_json:
         click.echo(dumps({"steps": [entry._asdict() for entry in result.log], "losses": list(result.losses),
                           "final_loss": result.final_loss, "run_id": result.run_id,
                           "plan": None if plan is None else plan.to_dict(), "optimizer": optimizer.to_dict(),
-                          "adapter_out": None if adapter_out is None else str(adapter_out), **extra}), nl=False)
+                          "adapter_out": None if adapter_out is None else str(adapter_out),
+                          "gate": None if gate is None else gate.event_fields(),
+                          "memory_adapted": adaptations, **extra}), nl=False)
         return
     for entry in result.log:
         click.echo(f"step {entry.step:4d}  loss {entry.loss:.4f}  layers {_span(entry.layers)}")
+    for a in adaptations:
+        click.echo(f"memory: before step {a['step'] + 1}, {a['knob']} {a['from'].get(a['knob']) or 'all'} -> "
+                   f"{a['to'].get(a['knob'])} (peak {a['measured_bytes'] / 2**20:.1f} MiB over the "
+                   f"{a['budget_bytes'] / 2**20:g} MiB budget, {a['trigger']})")
+    if gate is not None:
+        for line in gate.lines():
+            click.echo(line)
+    elif gate_off:
+        click.echo(f"gate: off ({gate_off})")
     if "process_peak_rss_mb" in extra:
         click.echo(f"process peak RSS {extra['process_peak_rss_mb']:.1f} MB (includes Python and the runtime; "
                    f"see `toolchain bench memory`)")
@@ -118,7 +146,8 @@ def check_outputs(adapter_out: Path | None, telemetry_out: Path | None, *, force
 def train_with_program(program: Path, data: Path, *, plan, lr: float | None, adapter_out: Path | None,
                        as_json: bool, force: bool, eval_data: Path | None, eval_every: int | None, steps: int | None,
                        shuffle_seed: int | None, checkpoint_every: int, resume: bool, telemetry: Path | None,
-                       layers_per_checkpoint: int = 1) -> None:
+                       layers_per_checkpoint: int = 1, no_gate: bool = False,
+                       memory_budget: float | None = None) -> None:
     """`toolchain train --program`: `plan` is the `PlanRequest` of the plan options (nothing given: the plan
     recorded at export)."""
     import dataclasses
@@ -131,6 +160,8 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
 
     if eval_every is not None and eval_data is None:
         raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
+    if no_gate and eval_data is None:
+        raise BadInput("--no-gate needs --eval-data (without held-out rows there is no gate to turn off)")
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
     session = TrainingSession(program, use="train", verbose=verbose_requested())
     pdir = session.pdir
@@ -149,14 +180,11 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
     backend = session.open_runtime().backend
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry, plan=step_plan,
-                   layers_per_checkpoint=layers_per_checkpoint)
+                   layers_per_checkpoint=layers_per_checkpoint, memory_budget_bytes=budget_bytes(memory_budget))
     held = None if eval_data is None else session.examples(eval_data)
 
-    def echo_eval(point) -> None:
-        click.echo(f"eval after {point['step']} steps: held-out loss {point['loss']:.4f} ({point['tokens']} tokens)",
-                   err=True)
-
-    session.start_training(examples, run, held=held, eval_every=eval_every or max(1, steps // 10), on_eval=echo_eval)
+    session.start_training(examples, run, held=held, eval_every=eval_every or max(1, steps // 10), on_eval=echo_eval,
+                           gate=not no_gate)
     bar = ProgressBar(f"train ({backend})", steps)
     result = session.train(on_step=bar.update, progress=bar)
     peak_mb = read_status().vm_hwm / 2**20
@@ -165,12 +193,13 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
                      replace=force or resume)
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), process_peak_rss_mb=round(peak_mb, 1),
-           **({} if held is None else {"evals": session.evals}))
+           gate_off=gate_off(eval_data, no_gate), **({} if held is None else {"evals": session.evals}))
 
 
 def train_program_dpo(program: Path, data: Path, *, dpo: dict, plan, lr: float | None, adapter_out: Path | None,
                       as_json: bool, force: bool, steps: int | None, shuffle_seed: int | None, checkpoint_every: int,
-                      resume: bool, telemetry: Path | None, layers_per_checkpoint: int = 1) -> None:
+                      resume: bool, telemetry: Path | None, layers_per_checkpoint: int = 1,
+                      memory_budget: float | None = None) -> None:
     """`toolchain train --program --objective dpo`: preference pairs (and `--sft-data` rows) on a program exported
     with --preference (training/preference.py); `dpo` holds beta, sft_data and dpo_weight."""
     import dataclasses
@@ -208,3 +237,20 @@ def train_program_dpo(program: Path, data: Path, *, dpo: dict, plan, lr: float |
                      replace=force or resume)
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.optimizer, lr=lr),
            adapter_out=adapter_out, program=str(program), margins=trainer.margins)
+
+
+def echo_eval(point) -> None:
+    """One held-out evaluation on stderr (a progress line, like the bar)."""
+    click.echo(f"eval after {point['step']} steps: held-out loss {point['loss']:.4f} ({point['tokens']} tokens)",
+               err=True)
+
+
+def gate_off(eval_data: Path | None, no_gate: bool) -> str | None:
+    """Why a run has no gate decision (None: it has one)."""
+    if no_gate:
+        return "--no-gate"
+    return "no --eval-data: no held-out rows to compare" if eval_data is None else None
+
+
+def budget_bytes(memory_budget_mib: float | None) -> int | None:
+    return None if memory_budget_mib is None else max(1, round(memory_budget_mib * 2**20))

@@ -4,7 +4,7 @@ typed manifest (parsed and validated once, here), the chat template. The bottom 
 
 from toolchain.contract.chat import ASSISTANT_HEADER, CHAT_ROLES, ENDOFTEXT, IM_END, IM_START, QWEN_ENDOFTEXT_ID
 from toolchain.contract.files import (ADAPTER_INIT_DIR, INT4_PACKING, LAYER, MANIFEST_NAME, MANIFEST_SCHEMA_VERSION,
-                                      STATE_INIT_NAME, TOKENIZER_NAME, WEIGHTS_NAME, sha256_file)
+                                      STATE_INIT_NAME, TOKENIZER_NAME, WEIGHTS_NAME, PROBE_NAME, sha256_file)
 from toolchain.contract.manifest import (AdapterSection, DefaultsSection, FusedSection, XnnpackSection, GenerateSection, LcsbSection, LoopSection,
                                          LoraSection, Manifest, MemoryPlan, ModelSection, OptimizerSection,
                                          OptionsSection, ProgramEntry, QuantSection, StateSection, TokenizerSection,
@@ -17,7 +17,7 @@ from toolchain.contract.state import STATE_ROLE_PREFIX, STEP_ENTRY, StateEntry, 
 
 __all__ = ["ASSISTANT_HEADER", "CHAT_ROLES", "ENDOFTEXT", "IM_END", "IM_START", "QWEN_ENDOFTEXT_ID",
            "ADAPTER_INIT_DIR", "INT4_PACKING", "LAYER", "MANIFEST_NAME", "MANIFEST_SCHEMA_VERSION", "STATE_INIT_NAME",
-           "TOKENIZER_NAME", "WEIGHTS_NAME", "sha256_file",
+           "TOKENIZER_NAME", "WEIGHTS_NAME", "PROBE_NAME", "sha256_file",
            "AdapterSection", "DefaultsSection", "FusedSection", "XnnpackSection", "GenerateSection", "LcsbSection", "LoopSection", "LoraSection",
            "Manifest", "MemoryPlan", "ModelSection", "OptimizerSection", "OptionsSection", "ProgramEntry",
            "QuantSection", "StateSection", "TokenizerSection", "WeightsSection",

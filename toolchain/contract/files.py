@@ -16,7 +16,7 @@ import hashlib
 from pathlib import Path
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA_VERSION", "WEIGHTS_NAME", "STATE_INIT_NAME", "ADAPTER_INIT_DIR",
-           "TOKENIZER_NAME", "INT4_PACKING", "LAYER", "sha256_file"]
+           "TOKENIZER_NAME", "PROBE_NAME", "INT4_PACKING", "LAYER", "sha256_file"]
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 3  # 3: layer-generic methods, weights as inputs; 2: whole-step methods, weights inside
@@ -24,6 +24,9 @@ WEIGHTS_NAME = "weights.safetensors"
 STATE_INIT_NAME = "state_init.bin"  # the initial flat state, raw little-endian float32
 ADAPTER_INIT_DIR = "adapter_init"
 TOKENIZER_NAME = "tokenizer.json"  # in a program directory and in a Hugging Face model directory
+# The evaluation gate's forgetting probe: data rows (data_row.schema.json) of toolchain/assets/probe.txt in the program's
+# tokenizer, cut to its seq_len; listed (checksummed) in the manifest's `files`. Programs exported before it have none.
+PROBE_NAME = "probe.jsonl"
 # The int4 byte layout of weights.safetensors (mesp/ops/quant.py): column 2j in the high nibble of byte j.
 INT4_PACKING = "interleaved"
 LAYER = "{layer}"  # placeholder in the manifest's per-layer names, replaced by the layer index

@@ -128,6 +128,22 @@ def tokenizer_fields(model: str, vocab: int, family: str = "qwen2") -> dict:
             "tokenizer_json": tok.to_json()}
 
 
+def _write_probe(tmp: Path, spec: ExportSpec, arch: ModelArch, seq_len: int) -> None:
+    """The evaluation gate's forgetting probe (`text/probe.py`) in the program's tokenizer, as `probe.jsonl`;
+    nothing when the program ships no tokenizer (the gate then says "no probe")."""
+    from toolchain.contract import PROBE_NAME, TokenizerSection
+    from toolchain.text.probe import probe_jsonl, probe_rows
+    from toolchain.text.tokenizer_source import program_tokenizer
+
+    if spec.tokenizer_kind == "none" or (spec.tokenizer_kind != "byte" and spec.tokenizer_json is None):
+        return
+    entry = TokenizerSection(spec.tokenizer_kind, arch.vocab, spec.pad_token_id, None, spec.eos_token_id,
+                             None if spec.tokenizer_json is None else TOKENIZER_NAME)
+    rows = probe_rows(program_tokenizer(tmp, entry, {}), seq_len)
+    if rows and all(int(r.input_ids.max()) < arch.vocab for r in rows):
+        (tmp / PROBE_NAME).write_text(probe_jsonl(rows), encoding="utf-8")
+
+
 def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: LoraConfig, lora: LoraWeights,
                    spec: ExportSpec, out: Path, *, on_stage: Callable[[str], None] | None = None,
                    on_tensor: Callable[[str, int, int], None] | None = None, replace: bool = False) -> Manifest:
@@ -160,6 +176,7 @@ def export_program(arch: ModelArch, weights: ModelWeights | WeightSource, cfg: L
         save_adapter(tmp / ADAPTER_INIT_DIR, cfg, lora, base_model=spec.source)
         if spec.tokenizer_json is not None:
             (tmp / TOKENIZER_NAME).write_text(spec.tokenizer_json, encoding="utf-8")
+        _write_probe(tmp, spec, arch, pspec.seq_len)
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         manifest = build_manifest(spec, pspec, artifacts, tmp, files)
         write_manifest(tmp / MANIFEST_NAME, manifest)

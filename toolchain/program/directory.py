@@ -98,6 +98,16 @@ class ProgramDir:
             self._verify()
         self._weights: dict[str, torch.Tensor] | None = None
 
+    def probe_rows(self) -> list | None:
+        """The evaluation gate's forgetting probe (`probe.jsonl`, listed in `files`: `text/probe.py`) as data rows;
+        None: a program exported before probes, or without a tokenizer."""
+        from toolchain.contract import PROBE_NAME
+        from toolchain.text.dataset import load_examples
+
+        if PROBE_NAME not in self.files:
+            return None
+        return load_examples(self.path / PROBE_NAME, self.arch)
+
     def program(self, target: str) -> ProgramEntry:
         """The `programs` entry of `target` (BadInput: not exported for it)."""
         entry = self.programs.get(target)

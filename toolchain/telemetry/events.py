@@ -27,7 +27,7 @@ __all__ = ["SCHEMA_VERSION", "EVENT_TYPES", "PROBES", "MAX_ERRORS_REPORTED", "In
            "check_events", "canonical", "read_jsonl", "JSONL_OR_ARRAY", "TelemetryRecorder", "EventLog", "new_run_id"]
 
 SCHEMA_VERSION = 1
-EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error", "eval")
+EVENT_TYPES = ("run_start", "run_end", "step", "memory", "thermal", "battery", "error", "eval", "gate", "memory_adapted")
 PROBES = ("android_proc_status", "android_debug_meminfo", "android_dumpsys", "android_activity_manager",
           "ios_phys_footprint", "ios_os_proc_available", "linux_proc_status")
 MAX_ERRORS_REPORTED = 20   # a refusal lists at most this many bad events (a 10,000-event batch stays readable)

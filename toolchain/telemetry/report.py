@@ -75,7 +75,9 @@ def _html(summary: dict, events: list[dict], plots: list[str]) -> str:
              " td,th{border-bottom:1px solid #ddd;vertical-align:top;white-space:pre-wrap} img{max-width:100%}"
              "</style></head><body>",
              f"<h1>{title}</h1>", "<h2>Summary</h2>",
-             _table([(k, _fmt(k, v)) for k, v in summary.items() if k != "eval"])]
+             _table([(k, _fmt(k, v)) for k, v in summary.items() if k not in ("eval", "gate", "warnings",
+                                                                                  "memory_adapted")])]
+    parts += _gate_html(summary)
     notes = memory_notes(events)
     if notes:
         parts += ["<h2>Memory, in words</h2>", "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"]
@@ -92,6 +94,33 @@ def _html(summary: dict, events: list[dict], plots: list[str]) -> str:
     parts.append("<p>Memory in MB = 2^20 bytes. Paper levels: MeSP paper (arXiv 2602.13069), iOS phys_footprint, "
                  "rank 8 unless the run's rank was reported.</p></body></html>\n")
     return "\n".join(parts)
+
+
+def _gate_html(summary: dict) -> list[str]:
+    """The evaluation gate's decision, the warnings, and the memory adaptations (docs/training.md)."""
+    parts = []
+    gate = summary.get("gate")
+    if gate is not None:
+        rows = [("decision", gate["decision"]), ("why", gate["reason"])]
+        rows += [(k, _fmt(k, gate.get(k))) for k in ("start_loss", "end_loss", "best_loss", "best_step", "kept_step")]
+        if gate.get("probe") == "measured":
+            rows += [("probe", f"{_fmt('', gate.get('probe_start_loss'))} -> {_fmt('', gate.get('probe_end_loss'))}"
+                               f" (forgetting flagged above {(gate.get('probe_threshold') or 0) * 100:g}%: "
+                               f"{'yes' if gate.get('forgetting') else 'no'})")]
+        else:
+            rows.append(("probe", "no probe (an eager run, or a program exported without one)"))
+        parts += ["<h2>Evaluation gate</h2>", _table(rows)]
+    if summary.get("warnings"):
+        parts += ["<h2>Warnings</h2>", "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in summary["warnings"])
+                  + "</ul>"]
+    if summary.get("memory_adapted"):
+        parts += ["<h2>Memory pressure: the working set lowered</h2>",
+                  _table([(f"before step {a['step'] + 1}",
+                           f"{a['knob']} {a['from'].get(a['knob'])} -> {a['to'].get(a['knob'])} "
+                           f"(peak {_fmt('measured_bytes', a['measured_bytes'])} over the "
+                           f"{_fmt('budget_bytes', a['budget_bytes'])} budget, {a.get('trigger', 'measured')})")
+                          for a in summary["memory_adapted"]])]
+    return parts
 
 
 def _holds_null(value) -> bool:

@@ -11,7 +11,7 @@ from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak
 from toolchain.memory.paper import paper_reference
 from toolchain.models.presets import PRESETS
 
-__all__ = ["summarize", "baseline_sample", "planner_estimate", "program_peak", "events_of", "event_times",
+__all__ = ["gate_summary", "gate_warnings", "summarize", "baseline_sample", "planner_estimate", "program_peak", "events_of", "event_times",
            "peak_sample", "sample_peak", "finite_mean", "low_memory", "relative_error", "planner_mb"]
 
 
@@ -110,6 +110,7 @@ def summarize(run_id: str, events: list[dict]) -> dict:
     times = event_times(events)
     base, program = program_peak(events)
     estimate, _basis = planner_estimate(start)
+    gate = gate_summary(events)
     return {
         "schema_version": 1, "run_id": run_id, "events": len(events),
         "status": ends[-1]["status"] if ends else "incomplete",
@@ -128,7 +129,35 @@ def summarize(run_id: str, events: list[dict]) -> dict:
         "eval": [{"step": e["step"], "loss": e["loss"]} for e in sorted(events_of(events, "eval"), key=lambda e: e["step"])],
         "baseline_bytes": base, "peak_program_bytes": program, "planner_estimate_bytes": estimate,
         "planner_error": relative_error(estimate, program),
+        "gate": gate, "warnings": gate_warnings(gate),
+        "memory_adapted": [{k: e[k] for k in _ADAPTED_KEYS if k in e}
+                           for e in sorted(events_of(events, "memory_adapted"), key=lambda e: e["step"])],
     }
+
+
+_GATE_KEYS = ("decision", "start_loss", "end_loss", "best_loss", "best_step", "kept_step", "reason", "probe",
+              "probe_start_loss", "probe_end_loss", "probe_rise", "probe_threshold", "forgetting")
+_ADAPTED_KEYS = ("step", "knob", "from", "to", "measured_bytes", "budget_bytes", "trigger")
+
+
+def gate_summary(events: list[dict]) -> dict | None:
+    """The run's last `gate` event as summary.json's `gate` (None: no gate event)."""
+    gates = events_of(events, "gate")
+    if not gates:
+        return None
+    g = gates[-1]
+    return {k: g.get(k) for k in _GATE_KEYS}
+
+
+def gate_warnings(gate: dict | None) -> list[str]:
+    """The gate's warnings for a person: forgetting flagged by the probe (not a rollback: docs/training.md)."""
+    if gate is None or not gate.get("forgetting"):
+        return []
+    start, end, rise = gate.get("probe_start_loss"), gate.get("probe_end_loss"), gate.get("probe_rise")
+    moved = f"{start:.4f} -> {end:.4f}" if start is not None and end is not None else "to a non-finite loss"
+    by = f" {rise * 100:.1f}%" if rise is not None else ""
+    return [f"forgetting: the general-text probe's loss rose{by} ({moved}), above the "
+            f"{(gate.get('probe_threshold') or 0) * 100:g}% threshold (a warning: the adapter was kept)"]
 
 
 def planner_mb(start: dict) -> float | None:

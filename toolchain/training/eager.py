@@ -33,7 +33,7 @@ from toolchain.training.loop import OnStep, Trainer, TrainRun, host_info
 from toolchain.training.result import RunOutcome
 
 __all__ = ["DEFAULT_OPTIMIZER", "run_optimizer", "RunState", "EagerTrainer", "start_run", "train_step", "train",
-           "evaluate", "assign_update"]
+           "evaluate", "held_out_loss", "assign_update"]
 
 
 # The eager trainer's optimizer when `TrainRun.optimizer` is None (the LCSB paper's: lr 1e-4, weight decay 0.01).
@@ -141,10 +141,39 @@ class EagerTrainer(Trainer):
         return self._state.lora
 
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
-        ex = self.examples[row]
+        ex, config = self.examples[row], self.config
+        ws = self.working
+        if ws is not None:         # memory pressure may have lowered the knobs (loop.py, pressure.py)
+            if ws.seq_len is not None and ex.input_ids.shape[0] > ws.seq_len:
+                ex = DataRow(ex.input_ids[:ws.seq_len], ex.labels[:ws.seq_len])
+            if ws.layers_per_checkpoint != config.layers_per_checkpoint:
+                config = replace(config, layers_per_checkpoint=ws.layers_per_checkpoint)
         self._state, loss = train_step(self.arch, self.weights, self.cfg, self._state, ex, layers=layers,
-                                       config=self.config)
+                                       config=config)
         return loss, int((ex.labels != -100).sum())
+
+    def row_tokens(self, row: int) -> int:
+        return int(self.examples[row].input_ids.shape[0])
+
+    def held_out(self, rows) -> dict[str, Any]:
+        return held_out_loss(self.arch, self.weights, self.cfg, self.lora, rows, options=run_step_options(self.config))
+
+    def snapshot(self) -> RunState:
+        return self._state.clone()
+
+    def load_snapshot(self, snap: RunState) -> None:
+        self._state = snap.clone()
+
+    def predict_peak_mb(self, ws) -> float | None:
+        """The planner's checkpoint term for `ws` (memory/fit.py's `checkpoints` part: the [T, d] layer inputs alive
+        at once, `inputs_alive_bound`), which is what the knobs change. Not the whole analytic peak: that traces the
+        step on meta tensors once per process and keeps ~69 MB of Python objects (measured with the 24-layer
+        test model), which would itself count against the budget."""
+        from toolchain.mesp.step import inputs_alive_bound
+
+        tokens = ws.seq_len or max(self.row_tokens(r) for r in range(self.rows))
+        alive = inputs_alive_bound(ws.selected(self.arch.layers), ws.layers_per_checkpoint)
+        return alive * tokens * self.arch.hidden * self.weights.final_norm.element_size() / 2**20
 
     def tensors(self) -> dict[str, Tensor]:
         return _state_tensors(self._state, self.optimizer)
@@ -207,12 +236,22 @@ def train(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWei
 def evaluate(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
              examples: Sequence[DataRow], *, options: StepOptions = StepOptions()) -> float:
     """Mean loss over `examples` (forward only), each weighted by its number of predicted tokens."""
-    total, tokens = 0.0, 0
+    return held_out_loss(arch, weights, cfg, lora, examples, options=options)["loss"]
+
+
+def held_out_loss(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights,
+                  examples: Sequence[DataRow], *, options: StepOptions = StepOptions()) -> dict[str, Any]:
+    """{"loss": mean over all target tokens (pooled, as `runtime.evaluate.evaluate_program`), "rows", "tokens"};
+    rows without a target are skipped."""
+    total, tokens, rows = 0.0, 0, 0
     with torch.no_grad():
         for ex in examples:
             n = int((ex.labels[1:] != -100).sum())
+            if n == 0:
+                continue
             total += float(model_loss(arch, weights, cfg, lora, ex.input_ids, ex.labels, options=options)) * n
             tokens += n
+            rows += 1
     if tokens == 0:
         raise BadInput("evaluation data has no token to predict")
-    return total / tokens
+    return {"loss": total / tokens, "rows": rows, "tokens": tokens}

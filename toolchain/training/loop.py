@@ -26,6 +26,7 @@ from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.optim import OptimizerConfig
+from toolchain.memory.fallback import WorkingSet
 from toolchain.training.checkpoint import check_settings, finite_or_none, load_checkpoint, save_checkpoint
 from toolchain.training.order import DataOrder
 from toolchain.training.result import StepLog, RunOutcome
@@ -58,6 +59,9 @@ class TrainRun:
             `toolchain train --checkpoint-every`) and at the end; None: no checkpoints.
         resume: continue from `checkpoint` if it exists (it must belong to this run: checkpoint.py).
         telemetry: JSONL file the run's telemetry events are appended to; None: none.
+        memory_budget_bytes: adapt to memory pressure (pressure.py): after a step whose anonymous peak is over
+            this, the next steps run with a smaller working set (`memory.fallback`), and the run stops when
+            nothing smaller is left; None: no budget.
     """
 
     steps: int
@@ -71,8 +75,11 @@ class TrainRun:
     checkpoint_every: int = 10
     resume: bool = False
     telemetry: Path | None = None
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
+            raise BadInput(f"`memory_budget_bytes` must be >= 1, got {self.memory_budget_bytes}")
         if self.steps < 1:
             raise BadInput(f"`steps` must be >= 1, got {self.steps}")
         if self.checkpoint_every < 1:
@@ -85,12 +92,13 @@ class _Logged(NamedTuple):
     last_seq: int          # -1: none
     steps: frozenset[int]  # 0-based steps with a `step` event
     ended: frozenset[int]  # steps_completed of its run_end events (a run extended by --steps ends again)
+    evals: frozenset[int] = frozenset()   # steps of its `eval` events (a resumed run's start may repeat one)
 
 
 def _logged(path: Path | None, run_id: str | None) -> _Logged:
     if path is None or run_id is None or not path.is_file():    # a device (/dev/null, a terminal): nothing to read
         return _Logged(-1, frozenset(), frozenset())
-    last, steps, ended = -1, set(), set()
+    last, steps, ended, evals = -1, set(), set(), set()
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             event = json.loads(line)
@@ -104,7 +112,9 @@ def _logged(path: Path | None, run_id: str | None) -> _Logged:
             steps.add(event["step"])
         if event.get("type") == "run_end" and isinstance(event.get("steps_completed"), int):
             ended.add(event["steps_completed"])
-    return _Logged(last, frozenset(steps), frozenset(ended))
+        if event.get("type") == "eval" and isinstance(event.get("step"), int):
+            evals.add(event["step"])
+    return _Logged(last, frozenset(steps), frozenset(ended), frozenset(evals))
 
 
 def host_info() -> dict[str, Any]:
@@ -153,6 +163,8 @@ class Trainer:
     _start: int | None = None  # set by `start`, consumed by `run`
     baseline: dict[str, Any] | None = None
     memory_peak: bool = False
+    evaluation = None             # gate.Evaluation: held-out losses and the gate (set by the front end)
+    working: WorkingSet | None = None   # the step's run-time knobs (set by `start`; lowered under memory pressure)
 
     # -- hooks -------------------------------------------------------------------------------------
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
@@ -183,6 +195,26 @@ class Trainer:
     def checkpoint_saved(self, step: int, path: Path) -> None:
         """Called after each checkpoint is written (the program trainer names it in its SIGBUS line)."""
 
+    def held_out(self, rows) -> dict[str, Any]:
+        """{"loss", "rows", "tokens"}: the mean next-token loss of the live state over `rows` (forward only)."""
+        raise NotImplementedError
+
+    def snapshot(self) -> Any:
+        """A copy of the trainable state (the gate keeps the start's and the best one)."""
+        raise NotImplementedError
+
+    def load_snapshot(self, snap: Any) -> None:
+        """Make a `snapshot` the live state again."""
+        raise NotImplementedError
+
+    def predict_peak_mb(self, ws: WorkingSet) -> float | None:
+        """The planner's peak (MB) of a step with the working set `ws` (None: no figure)."""
+        return None
+
+    def row_tokens(self, row: int) -> int | None:
+        """Tokens of row `row` as the step takes them (None: fixed, a program's seq_len)."""
+        return None
+
     @property
     def lora(self) -> LoraWeights:
         raise NotImplementedError
@@ -194,6 +226,11 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------
     def emit(self, type: str, **fields: Any) -> dict | None:
         return None if self._recorder is None else self._recorder.emit(type, **fields)
+
+    def logged_eval(self, step: int) -> bool:
+        """An `eval` event of this run at `step` is in the telemetry file already (written before a kill)."""
+        logged = getattr(self, "_logged", None)
+        return logged is not None and step in logged.evals
 
     def start(self) -> None:
         """Everything before the first step: check the plan, resume from the verified checkpoint, open
@@ -225,15 +262,31 @@ class Trainer:
             self._recorder = TelemetryRecorder(run.telemetry, run_id, start_seq=max(seq, self._logged.last_seq + 1))
             run_id = self._recorder.run_id
         self._start, self._run_id, self._losses = start, run_id or "local", losses
+        plan = run.plan
+        k = None if plan is None or plan.policy == "full" else plan.k
+        seq = [self.row_tokens(r) for r in range(self.rows)]
+        self.working = WorkingSet(run.layers_per_checkpoint, k, None if None in seq or not seq else max(seq))
+        self._plan = plan
+        self.adaptations: list[dict] = []
         info = self.run_info()
+        if run.memory_budget_bytes is not None:
+            info["budget_bytes"] = run.memory_budget_bytes
         self._lr = info.get("lr")
         if start == 0:
             self.emit("run_start", **info, steps_planned=run.steps)
         if self.baseline is not None:
             self.emit("memory", **self.baseline, baseline=True)
+        self._evaluating = self.evaluation is not None and start < run.steps
+        if self._evaluating:      # the held-out loss (and the gate's starting point) before the first step
+            self.evaluation.begin(self, start)
 
     def run(self, *, on_step: OnStep | None = None) -> RunOutcome:
-        """Train for `run_options.steps` steps (from the checkpoint's step with `resume`); see `start`."""
+        """Train for `run_options.steps` steps (from the checkpoint's step with `resume`); see `start`. With
+        `evaluation`, the held-out loss before the first step, every `evaluation.every` steps and after the last,
+        then the gate's decision (gate.py); with `run_options.memory_budget_bytes`, the working set adapted at step
+        boundaries (pressure.py)."""
+        from toolchain.training.pressure import MemoryGuard, check_budget
+
         if self._start is None:
             self.start()
         run, order, logged, losses, run_id = self.run_options, self._order, self._logged, self._losses, self._run_id
@@ -241,15 +294,24 @@ class Trainer:
         log: list[StepLog] = []
         t_run = time.perf_counter()
         saved = start
+        guard = None if run.memory_budget_bytes is None else MemoryGuard(run.memory_budget_bytes, self.layers,
+                                                                          self.predict_peak_mb)
+        if guard is not None:
+            self.memory_peak = True       # each step's memory event carries that step's peak (VmHWM reset before it)
+            self.predict_peak_mb(self.working)   # whatever the planner loads, before the first measured step
+        evaluation = self.evaluation if self._evaluating else None
         for s in range(start, run.steps):
             changed = self.inputs_changed()
             if changed is not None:
                 self._stop_changed(changed, s, saved, losses)
-            layers = None if run.plan is None else run.plan.layers_at(s)
+            layers = None if self._plan is None else self._plan.layers_at(s)
             row = order[s]
+            if guard is not None:
+                guard.before_step()
             t0 = time.perf_counter()
             loss, tokens = self.step(s, row, layers)
             dt = time.perf_counter() - t0
+            measured = None if guard is None else guard.after_step()
             losses.append(loss)
             entry = StepLog(s + 1, loss, row, tuple(range(self.layers)) if layers is None else layers, dt)
             log.append(entry)
@@ -257,17 +319,29 @@ class Trainer:
                 self._emit_step(s, entry, tokens)
             if on_step is not None:
                 on_step(entry)
+            if evaluation is not None:
+                evaluation.after_step(self, s + 1, s + 1 == run.steps)
             if run.checkpoint is not None and ((s + 1) % run.checkpoint_every == 0 or s + 1 == run.steps):
-                save_checkpoint(run.checkpoint, self.tensors(), step=s + 1, run_id=run_id,
-                                seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
+                self._save(s + 1, losses)
                 saved = s + 1
-                self.checkpoint_saved(saved, run.checkpoint)
+            if guard is not None and s + 1 < run.steps:
+                saved = check_budget(self, guard, measured, s, order[s + 1], saved, losses)
+        decision = None if evaluation is None else evaluation.finish(self)
+        if decision is not None and decision.decision != "kept" and run.checkpoint is not None and saved == run.steps:
+            self._save(run.steps, losses)              # the kept adapter is what the run leaves behind
         if run.steps not in logged.ended:
             final = losses[-1] if losses else None
             self.emit("run_end", status="completed", steps_completed=run.steps,
                       duration_s=round(time.perf_counter() - t_run, 6),
                       final_loss=None if final is None else finite_or_none(final))
-        return RunOutcome(self.lora, tuple(log), tuple(losses), run_id, self.state)
+        return RunOutcome(self.lora, tuple(log), tuple(losses), run_id, self.state, gate=decision,
+                          adaptations=tuple(self.adaptations))
+
+    def _save(self, step: int, losses: list) -> None:
+        run = self.run_options
+        save_checkpoint(run.checkpoint, self.tensors(), step=step, run_id=self._run_id,
+                        seq=self._recorder.seq if self._recorder else 0, losses=losses, settings=self.settings())
+        self.checkpoint_saved(step, run.checkpoint)
 
     def _stop_changed(self, why: str, step: int, saved: int, losses: list) -> None:
         """An input changed before step `step` (0-based): checkpoint the `step` completed steps (whole: the
@@ -285,8 +359,8 @@ class Trainer:
     def _emit_step(self, s: int, entry: StepLog, tokens: int) -> None:
         if self._recorder is None:
             return
-        run = self.run_options
-        index = None if run.plan is None else run.plan.phase_at(s)  # None: no plan, or a warm-up step
+        plan = self._plan                        # the run's plan, or the one memory pressure adapted it to
+        index = None if plan is None else plan.phase_at(s)  # None: no plan, or a warm-up step
         phase = {} if index is None else {"lcsb_phase": index}
         dt = entry.step_s
         lr = self._lr

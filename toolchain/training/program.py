@@ -57,6 +57,8 @@ class ProgramTrainer(Trainer):
         self.loop = LayerLoop(pdir, runner) if loop is None else loop
         self._run_info = run_info
         self._settings: dict[str, Any] | None = None
+        self.runner = runner
+        self._predicted: dict[tuple, float | None] = {}
 
     @property
     def state(self) -> Tensor:
@@ -68,9 +70,34 @@ class ProgramTrainer(Trainer):
 
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
         ids, labels = self._rows[row]
-        loss = self.loop.train_step(ids, labels, self.lr, self._state, layers,
-                                    layers_per_checkpoint=self.run_options.layers_per_checkpoint)
+        every = self.run_options.layers_per_checkpoint if self.working is None else self.working.layers_per_checkpoint
+        loss = self.loop.train_step(ids, labels, self.lr, self._state, layers, layers_per_checkpoint=every)
         return loss, int((labels != -100).sum())
+
+    def held_out(self, rows) -> dict[str, Any]:
+        from toolchain.runtime.evaluate import evaluate_program
+
+        return evaluate_program(self.pdir, self.runner, self._state, rows, loop=self.loop)
+
+    def snapshot(self) -> Tensor:
+        return self._state.clone()
+
+    def load_snapshot(self, snap: Tensor) -> None:
+        self._state.copy_(snap)                  # in place: the session and the loop hold this tensor
+
+    def predict_peak_mb(self, ws) -> float | None:
+        """The planner's host figure (`memory.fit.program_peak`) for `ws`; None without an ExecuTorch memory plan."""
+        from toolchain.errors import ToolchainError
+        from toolchain.memory.fit import program_peak
+
+        key = (ws.lcsb_k, ws.layers_per_checkpoint)
+        if key not in self._predicted:
+            try:
+                self._predicted[key] = program_peak(self.pdir.path, lcsb_k=ws.lcsb_k,
+                                                    layers_per_checkpoint=ws.layers_per_checkpoint).host_peak_mb
+            except ToolchainError:
+                self._predicted[key] = None
+        return self._predicted[key]
 
     def tensors(self) -> dict[str, Tensor]:
         return {"state": self._state}

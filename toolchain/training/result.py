@@ -29,6 +29,8 @@ class RunOutcome:
         run_id: the run's telemetry id ("local" without telemetry).
         state: what a checkpoint holds: the eager `RunState` (adapter + optimizer state), or a program's
             flat float32 state vector.
+        `lora` and `state` are the kept ones: after a gate's rollback the starting adapter, after `kept_best`
+        the best evaluated one.
     """
 
     lora: LoraWeights
@@ -36,6 +38,8 @@ class RunOutcome:
     losses: tuple[float | None, ...]
     run_id: str
     state: Any
+    gate: Any = None                 # gate.GateDecision: the evaluation gate's decision (None: no gate)
+    adaptations: tuple[dict, ...] = ()   # the `memory_adapted` events' fields, in step order
 
     @property
     def final_loss(self) -> float | None:

@@ -6,8 +6,8 @@ ios/TrainerCore TrainingSession.swift). `toolchain eval`, `generate`, `train --p
     session.load_state(adapter=...)                  # optional: else state_init.bin
     session.evaluate(examples)                       # held-out loss (runtime/evaluate.py)
     session.generate(prompt_ids, max_new_tokens)     # text (runtime/generate.py)
-    session.start_training(examples, run, held=..., eval_every=N)   # resume check, telemetry, eval at step 0
-    session.train(on_step=...)                       # the steps, eval every N steps and after the last
+    session.start_training(examples, run, held=..., eval_every=N)   # resume check, telemetry
+    session.train(on_step=...)                       # eval at the start, every N steps and after the last; the gate
 
 What is loaded once: the program directory (manifest, checksums, SIGBUS guard), the runtime (one runner
 with the methods of `use`, opened on first need or by `open_runtime`), one `LayerLoop` on it and the flat
@@ -21,7 +21,6 @@ runtime: the steps, checkpoints, resume and telemetry are the trainer's (trainin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -67,14 +66,10 @@ class TrainingSession:
         guard_program(self.pdir)              # a SIGBUS from the mapped weights is one Error: line
         self.target, self.threads, self.use, self.verbose = target, threads, use, verbose
         self.baseline: dict | None = None     # the loaded-runtime baseline (`measure_baseline`)
-        self.evals: list[EvalPoint] = []      # the held-out losses of the training run, in step order
         self.trainer: ProgramTrainer | None = None
         self._runner = None
         self._loop: LayerLoop | None = None
         self._state: Tensor | None = None
-        self._held: Sequence[DataRow] | None = None
-        self._eval_every = 0
-        self._on_eval: Callable[[EvalPoint], None] | None = None
 
     # -- what is loaded ------------------------------------------------------------------------------
     @property
@@ -154,70 +149,55 @@ class TrainingSession:
     # -- train ---------------------------------------------------------------------------------------
     def start_training(self, examples: Sequence[DataRow], run: TrainRun, *, held: Sequence[DataRow] | None = None,
                        eval_every: int | None = None, on_eval: Callable[[EvalPoint], None] | None = None,
-                       memory_peak: bool | None = None) -> ProgramTrainer:
+                       memory_peak: bool | None = None, gate: bool = True) -> ProgramTrainer:
         """Everything before the first step (`Trainer.start`: the plan checked, the checkpoint of `run.resume`
-        verified and restored into the state, telemetry opened with run_start and the baseline), then, for a
-        fresh run with `held`, the held-out loss at step 0. `train` runs the steps.
+        verified and restored into the state, telemetry opened with run_start and the baseline). `train` runs
+        the steps, with the held-out evaluations and the gate (training/gate.py).
 
         Args:
             examples: the training rows.
-            run: steps, lr, order, plan, checkpoints, resume, telemetry (`TrainRun`).
+            run: steps, lr, order, plan, checkpoints, resume, telemetry, memory budget (`TrainRun`).
             held: held-out rows (their first `HELD_OUT_EVAL_ROWS`, as the apps), evaluated on the live state
-                before the first step (a fresh run), every
+                before the first step (of this session: a resumed run's start is the checkpoint's), every
                 `eval_every` steps (None or 0: only then and after the last step) and after the last; each one
                 an `eval` telemetry event, a point of `evals` and a call of `on_eval`.
             memory_peak: the step memory events carry peak_bytes (VmHWM reset at or after the baseline;
                 default: when a baseline was measured).
+            gate: with `held`, decide at the end which adapter to keep (gate.py; the program's probe, if it has
+                one, checks forgetting); False: evaluate only (`train --no-gate`).
         """
-        fresh = not (run.resume and run.checkpoint is not None and run.checkpoint.exists())
+        from toolchain.contract import HELD_OUT_EVAL_ROWS
+        from toolchain.training.gate import Evaluation
+
         trainer = ProgramTrainer(self.pdir, self.runner, examples, run, loop=self.loop, state=self.state)
         trainer.baseline = self.baseline      # logged after run_start: the report's like-for-like planner check
         trainer.memory_peak = self.baseline is not None if memory_peak is None else memory_peak
+        if held is not None:
+            trainer.evaluation = Evaluation(list(held)[:HELD_OUT_EVAL_ROWS], every=eval_every or 0, gate=gate,
+                                            probe=self.pdir.probe_rows() if gate else None, on_eval=on_eval)
         trainer.start()
         self.trainer, self._state = trainer, trainer.state   # a resumed run's state is the checkpoint's
-        from toolchain.contract import HELD_OUT_EVAL_ROWS
-
-        held = None if held is None else list(held)[:HELD_OUT_EVAL_ROWS]
-        self._held, self._eval_every, self._on_eval = held, eval_every or 0, on_eval
-        self.evals = []
-        if held is not None and fresh:
-            self._evaluate_live(0)
         return trainer
+
+    @property
+    def evals(self) -> list[EvalPoint]:
+        """The held-out losses of the training run, in step order."""
+        ev = None if self.trainer is None else self.trainer.evaluation
+        return [] if ev is None else list(ev.points)
 
     def train(self, *, on_step: Callable[[StepLog], None] | None = None,
               progress: AbstractContextManager | None = None) -> RunOutcome:
         """The steps of the run `start_training` set up, on the session's state (trained in place), with the
-        held-out loss every `eval_every` steps and after the last. `progress`: a context the steps run in
-        (a progress display), entered after `start_training`'s work."""
+        held-out loss every `eval_every` steps and after the last, and the gate's decision (`RunOutcome.gate`;
+        the session's state is then the kept one). `progress`: a context the steps run in (a progress display),
+        entered after `start_training`'s work."""
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("train() before start_training()")
-        steps = trainer.run_options.steps
-
-        def step_done(entry: StepLog) -> None:
-            if on_step is not None:
-                on_step(entry)
-            if self._held is not None and (entry.step == steps
-                                           or (self._eval_every and entry.step % self._eval_every == 0)):
-                self._evaluate_live(entry.step)
-
         with progress if progress is not None else nullcontext():
-            result = trainer.run(on_step=step_done)
+            result = trainer.run(on_step=on_step)
         self._state = result.state
         return result
-
-    def _evaluate_live(self, step: int) -> None:
-        """Held-out loss of the live state after `step` steps: an `eval` event, a point, `on_eval`."""
-        from toolchain.training.checkpoint import finite_or_none
-
-        t0 = time.perf_counter()
-        ev = self.evaluate(self._held, state=self.trainer.state)
-        self.trainer.emit("eval", step=step, loss=finite_or_none(ev["loss"]), rows=ev["rows"], tokens=ev["tokens"],
-                          eval_time_s=round(time.perf_counter() - t0, 6))
-        point = {"step": step, "loss": ev["loss"], "rows": ev["rows"], "tokens": ev["tokens"]}
-        self.evals.append(point)
-        if self._on_eval is not None:
-            self._on_eval(point)
 
 
 def state_from_adapter(pdir: ProgramDir, adapter_dir) -> Tensor:
