@@ -363,10 +363,11 @@ class Manifest:
     tokenizer: TokenizerSection
     adapter: AdapterSection
     files: dict[str, str]                      # relative path -> sha256 of every file of the directory
-    # the frozen-weight matmuls' precision (`export --compute`): "fp32" (exact), or "fp16" (float16 operands and
-    # products; the program needs a runtime with float16 kernels). Absent (older exports, and every fp32 export:
-    # their manifests are unchanged by the option) means "fp32".
-    compute: Literal["fp32", "fp16"] = "fp32"
+    # the frozen-weight matmuls' precision (`export --compute`): "fp32" (exact), "fp16" (float16 operands and
+    # products; the program needs a runtime with float16 kernels) or "int8" (int4 x int8 products through the native
+    # kernels, which the training methods list). Absent (older exports, and every fp32 export: their manifests are
+    # unchanged by the option) means "fp32".
+    compute: Literal["fp32", "fp16", "int8"] = "fp32"
     absent: frozenset[str] = _absent_keys()           # "generate", "compute" when the document has no such key
 
     def to_json(self) -> dict:

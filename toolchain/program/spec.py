@@ -133,9 +133,10 @@ class ProgramSpec:
     generation: bool = False  # also the generation methods (GENERATION_ROLES); the manifest's `generate` says so
     # tokens per prefill call (block_prefill): a prompt of n tokens costs ceil(n / prefill_chunk) calls per layer
     prefill_chunk: int = 32
-    # the training methods' frozen-weight matmuls: "fp32" (exact), or "fp16" (mesp/ops/half.py; needs a
-    # quantized base, whose chunks dequantize straight to float16)
-    compute: Literal["fp32", "fp16"] = "fp32"
+    # the training methods' frozen-weight matmuls: "fp32" (exact), "fp16" (mesp/ops/half.py; needs a
+    # quantized base, whose chunks dequantize straight to float16), or "int8" (int4 x int8 products through the
+    # native kernels, mesp/ops/quant.py; needs an int4 base, and the training methods list FUSED_KERNELS)
+    compute: Literal["fp32", "fp16", "int8"] = "fp32"
     # also the XNNPACK generation variant (int4 programs with an int4 head, ExecuTorch only): per layer a
     # block_prefill and a block_decode holding that layer's weights as constants, and a head_logits holding the
     # head, for runtimes without the native kernels (`xnnpack_generation_specs`)
@@ -154,6 +155,12 @@ class ProgramSpec:
         if self.compute == "fp16" and self.quant.kind == "none":
             raise BadInput("--compute fp16 needs a quantized base (--quant int4 or int8): a float32 weight would be "
                            "converted whole to float16 in every call")
+        if self.compute == "int8" and self.quant.kind != "int4":
+            raise BadInput(f"--compute int8 needs an int4 base (--quant int4): its products are the native W4A8 "
+                           f"kernels' int4 weights x int8 activations, got --quant {self.quant.kind}")
+        if self.compute == "int8" and not self.options.vocab_chunk:
+            raise BadInput("--compute int8 needs vocabulary chunks for the LM head (--vocab-chunk > 0): its int8 "
+                           "products are per head chunk")
         if self.xnnpack_generation and not (self.generation and self.quant.head_quantized):
             raise BadInput("--xnnpack-generation needs the generation methods and an int4 base with an int4 head "
                            "(--quant int4, without --no-generate or --float-head)")
@@ -268,15 +275,19 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     lora = tuple(layer_state_inputs(spec, ["param"]))
     state = tuple(layer_state_inputs(spec, state_roles(spec.optimizer)))
     new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
+    # --compute int8: the methods that multiply by frozen int4 weights call the native kernels (a runtime has all
+    # of them or none, as for the fused generation methods); they have no stock twin: the program is ExecuTorch-only
+    # and a runtime without the kernels refuses it (runtime/runners.py)
+    k = FUSED_KERNELS if spec.compute == "int8" else ()
     methods = [
         MethodSpec("embed", "embed", (ids,) + embed, (act("x"),)),
-        MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),)),
+        MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),), k),
         MethodSpec("head_loss", "head_loss",
                    (act("x"), labels, IoSpec("final_norm", "float32", (d,), "weight", "final_norm")) + head + chunks,
-                   (IoSpec("loss", "float32", (1,), "result", "loss"), act("dx", "d"))),
+                   (IoSpec("loss", "float32", (1,), "result", "loss"), act("dx", "d")), k),
         MethodSpec("block_backward", "block_backward",
                    (act("dout", "d"), act("x", "checkpoint")) + (lr,) + tuple(step) + weights + state,
-                   (act("dx", "d"),) + new_state),
+                   (act("dx", "d"),) + new_state, k),
     ]
     if spec.optimizer.moves_unselected:
         methods.append(MethodSpec("block_skip_update", "block_skip_update", (lr,) + tuple(step) + state, new_state))
