@@ -8,7 +8,8 @@ fused generation methods that call it. Everything else is made from the table:
 
   - the ops' registration with PyTorch (`_register`, when `toolchain.mesp` is imported),
   - the C entry points' ctypes signatures (`load_native_kernels`, through `toolchain.native.load_kernels`),
-  - the kernels a fused method lists in the manifest (`executorch_ops`: program/spec.py `FUSED_KERNELS`),
+  - the kernels a fused generation method lists in the manifest (`generation_ops`: program/spec.py
+    `FUSED_KERNELS`),
   - tests/native/test_kernel_table.py, which checks that kernels.cpp's `EXECUTORCH_LIBRARY` lines and
     `extern "C"` entry points (names and C signatures) are exactly this table.
 
@@ -33,10 +34,10 @@ import torch
 from toolchain.mesp.decode import attention_with_cache
 from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_reference, rope_heads_reference,
                                        swiglu_reference)
-from toolchain.mesp.ops.quant import int4_linear_a8_reference
+from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
 from toolchain.native import load_kernels
 
-__all__ = ["Kernel", "KERNELS", "executorch_ops", "c_signatures", "load_native_kernels"]
+__all__ = ["Kernel", "KERNELS", "executorch_ops", "generation_ops", "c_signatures", "load_native_kernels"]
 
 _PTR, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _BLOCKS = ("block_prefill", "block_decode")
@@ -107,6 +108,12 @@ KERNELS: tuple[Kernel, ...] = (
            reference=swiglu_reference,
            meta=lambda g, u: torch.empty_like(g),
            methods=_BLOCKS),
+    # dX = dy W of an int4 W for training (`--compute int8`; no generation method calls it: training methods
+    # list it through their program spec)
+    Kernel("int4_dyw_a8", (_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR),   # dy, T, o, q, scales, i, ng,
+           schema="Tensor dy, Tensor qweight, Tensor scales, int group",              # group, dx
+           reference=int4_dyw_a8_reference,
+           meta=lambda dy, qweight, scales, group: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL
@@ -116,9 +123,16 @@ KERNELS: tuple[Kernel, ...] = (
 
 
 def executorch_ops() -> tuple[str, ...]:
-    """The ExecuTorch kernels the library registers, `toolchain::<name>.out`, in table order: what every fused
-    method lists (a runtime has all of them or none; program/spec.py `FUSED_KERNELS`)."""
+    """The ExecuTorch kernels the library registers, `toolchain::<name>.out`, in table order (a runtime built
+    with kernels.cpp has all of them)."""
     return tuple(k.op for k in KERNELS if k.op is not None)
+
+
+def generation_ops() -> tuple[str, ...]:
+    """The ops the fused generation methods call (rows with `methods`), in table order: what each fused
+    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8) is not among
+    them, so generation programs and the runtimes that check their kernels do not depend on it."""
+    return tuple(k.op for k in KERNELS if k.op is not None and k.methods)
 
 
 def c_signatures() -> dict[str, tuple[type, tuple[type, ...]]]:

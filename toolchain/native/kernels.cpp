@@ -4,7 +4,9 @@
 //   toolchain::attention_decode   softmax attention of C tokens over the KV cache and themselves
 //   toolchain::lora_linear_a8     residual + (x W^T + bias + s (x A^T) B^T): a projection with its LoRA pair
 //   toolchain::rms_norm, toolchain::rope_heads, toolchain::swiglu   the element-wise rest of a block
-// (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops).
+// (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops);
+// and for training (`--compute int8`):
+//   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -22,6 +24,23 @@
 // order), then the 16 lanes are summed as a fixed pairwise tree. So every kernel path gives the generic path's
 // bits (tests/native/test_kernel_paths.py on x86; the arm64 paths and the generic one under qemu, against this
 // host's x86 output: scripts/check_kernel_arm64.sh); docs/kernels.md says which path runs where.
+//
+// dX for training, toolchain::int4_dyw_a8: dx [T, i] = dy [T, o] W, the same W and layout (the reference is
+// `int4_dyw_a8_reference` in quant.py). W's scale varies along the reduction axis (o), so it is folded into dy
+// before the rounding; per input-column group g (columns k of [g * group, min((g + 1) * group, i))):
+//   u[t, n] = dy[t, n] * sw[n, g]                                          (float32)
+//   per row t and block b of `group` consecutive n (the last may be partial), as x above:
+//     sa[t, b] = max_n |u[t, n]| / 127,  a[t, n] = round_half_even(u[t, n] / sa[t, b]) in [-127, 127] (0 where
+//     sa is 0 or u / sa is not a number)
+//   isum[t, b, k] = sum_{n in b} a[t, n] * (n[n, k] - 8)                   (exact, in int32)
+//   dx[t, k] = sum_b float(isum[t, b, k]) * sa[t, b]: block b into lane b mod 16 by fused multiply-add (blocks in
+//   increasing order), the 16 lanes by the tree above.
+// That is toolchain::int4_linear_a8 of x = u with W^T's rows k of the group as the weight rows and unit weight
+// scales (1 * sa = sa exactly), and the kernel computes it so: per k-group (one thread pool task each, so the bits
+// do not depend on the thread count) dy is folded and quantized row by row (the path's vector quantization), W's
+// columns of the group are repacked as `group` rows of o / 2 bytes in W's own nibble layout (o odd: one more n of
+// nibble 8, whose a is 0), and the path's int4 row kernels below multiply them. So every path gives the generic
+// path's bits here too, with the same kernels (and their speed: an int8 GEMM [T, o] x [o, group] per k-group).
 //
 // Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
 // $TOOLCHAIN_KERNEL_PATH names (for testing):
@@ -155,6 +174,12 @@ struct QuantizedX {
   // scalar loop below), or nullptr.
   void build(const float* x, int64_t T, int64_t in, int64_t group, int64_t ng, int64_t pad_bytes,
              void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t)) {
+    resize(T, in, ng, pad_bytes);
+    for (int64_t t = 0; t < T; ++t) quantize_row(x + t * in, t, in, group, ng, group16);
+  }
+
+  // Zeroed buffers for T rows of `in` columns (in even) in ng groups, rows padded to pad_bytes bytes.
+  void resize(int64_t T, int64_t in, int64_t ng, int64_t pad_bytes) {
     const int64_t half = in / 2;
     stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes;
     gstride = (ng + L - 1) / L * L;
@@ -162,33 +187,35 @@ struct QuantizedX {
     odd.assign(static_cast<size_t>(T * stride), 0);
     sa.assign(static_cast<size_t>(T * gstride), 0.0f);
     corr.assign(static_cast<size_t>(T * gstride), 0);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xt = x + t * in;
-      for (int64_t g = 0; g < ng; ++g) {
-        const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
-        if (group16 != nullptr && (k1 - k0) % 16 == 0) {   // whole vectors of 16 columns
-          group16(*this, xt, k0, k1, t, g);
-          continue;
-        }
-        float amax = 0.0f;
-        bool nan = false;
-        for (int64_t k = k0; k < k1; ++k) {
-          const float v = std::fabs(xt[k]);
-          nan = nan || v != v;
-          amax = v > amax ? v : amax;
-        }
-        const float s = nan ? NAN : amax / 127.0f;
-        int32_t sum = 0;
-        for (int64_t k = k0; k < k1; ++k) {
-          float r = s > 0.0f ? std::nearbyint(xt[k] / s) : 0.0f;   // ties to even (the default rounding mode)
-          r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
-          const int8_t a = static_cast<int8_t>(r);
-          (k % 2 ? odd : even)[static_cast<size_t>(t * stride + k / 2)] = a;
-          sum += a;
-        }
-        sa[static_cast<size_t>(t * gstride + g)] = s;
-        corr[static_cast<size_t>(t * gstride + g)] = 8 * sum;
+  }
+
+  // Row t: xt [in] quantized per group into the buffers (after resize()).
+  void quantize_row(const float* xt, int64_t t, int64_t in, int64_t group, int64_t ng,
+                    void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t)) {
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
+      if (group16 != nullptr && (k1 - k0) % 16 == 0) {   // whole vectors of 16 columns
+        group16(*this, xt, k0, k1, t, g);
+        continue;
       }
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float v = std::fabs(xt[k]);
+        nan = nan || v != v;
+        amax = v > amax ? v : amax;
+      }
+      const float s = nan ? NAN : amax / 127.0f;
+      int32_t sum = 0;
+      for (int64_t k = k0; k < k1; ++k) {
+        float r = s > 0.0f ? std::nearbyint(xt[k] / s) : 0.0f;   // ties to even (the default rounding mode)
+        r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
+        const int8_t a = static_cast<int8_t>(r);
+        (k % 2 ? odd : even)[static_cast<size_t>(t * stride + k / 2)] = a;
+        sum += a;
+      }
+      sa[static_cast<size_t>(t * gstride + g)] = s;
+      corr[static_cast<size_t>(t * gstride + g)] = 8 * sum;
     }
   }
 
@@ -332,6 +359,7 @@ struct RowsTask {
   int64_t half, gb, ng, o;
   float* y;
   int64_t chunk;
+  int64_t ldy;   // y's row stride (o for toolchain_int4_linear_a8; i for a k-group of toolchain_int4_dyw_a8)
 };
 
 // Output rows r0 .. r1 - 1 of a task (all T rows of x): the path's kernels, else the generic rows.
@@ -343,13 +371,13 @@ void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
 #ifdef TOOLCHAIN_X86
   switch (k.path) {
     case KernelPath::avx512_vnni:
-      if (x86_avx512::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      if (x86_avx512::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy)) return;
       break;
     case KernelPath::avx_vnni:
-      if (x86_avx_vnni::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      if (x86_avx_vnni::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy)) return;
       break;
     case KernelPath::avx2:
-      if (x86_avx2::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o)) return;
+      if (x86_avx2::linear(*k.a, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy)) return;
       break;
     default:
       break;
@@ -357,16 +385,16 @@ void linear_rows(const RowsTask& k, int64_t r0, int64_t r1) {
 #endif
 #if defined(__aarch64__)
   if (arm64::int4_rows(k.path, {k.a->even.data(), k.a->odd.data(), k.a->sa.data(), k.a->corr.data(), k.a->stride,
-                                k.a->gstride}, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.o))
+                                k.a->gstride}, k.T, q, scales, k.half, k.gb, k.ng, n, y, k.ldy))
     return;
 #endif
   for (int64_t t0 = 0; t0 < k.T; t0 += TT) {
-    float* yt = y + t0 * k.o;
+    float* yt = y + t0 * k.ldy;
     switch (std::min(TT, k.T - t0)) {
-      case 4: rows<4>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
-      case 3: rows<3>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
-      case 2: rows<2>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
-      default: rows<1>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.o); break;
+      case 4: rows<4>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
+      case 3: rows<3>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
+      case 2: rows<2>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
+      default: rows<1>(*k.a, t0, q, scales, k.half, k.gb, k.ng, n, yt, k.ldy); break;
     }
   }
 }
@@ -395,16 +423,82 @@ int64_t pool_threads() {
   pthreadpool_t pool = executorch::extension::threadpool::get_pthreadpool();
   return pool != nullptr ? static_cast<int64_t>(pthreadpool_get_threads_count(pool)) : 1;
 }
-void run_in_pool(RowsTask* task, int64_t chunks) {
-  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), rows_chunk, task,
+// fn(task, i) for i in [0, chunks), over the pool.
+void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
+  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), fn, task,
                              static_cast<size_t>(chunks), 0);
 }
 #else
 int64_t pool_threads() { return 1; }
-void run_in_pool(RowsTask* task, int64_t chunks) {
-  for (int64_t i = 0; i < chunks; ++i) rows_chunk(task, static_cast<size_t>(i));
+void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
+  for (int64_t i = 0; i < chunks; ++i) fn(task, static_cast<size_t>(i));
 }
 #endif
+
+// toolchain_int4_dyw_a8 (dX = dY W): one task per k-group g (W's input-column group), each computed whole by one
+// thread, so the bits do not depend on the thread count.
+struct DywTask {
+  KernelPath path;
+  const float* dy;       // [T, o]
+  int64_t T, o, in;
+  const uint8_t* q;      // [o, in / 2]
+  const float* st;       // the scales transposed, [ng, o]: row g is the scale column of k-group g
+  int64_t ng, group;
+  float* dx;             // [T, in]
+};
+
+// Columns k0 .. k0 + nk - 1 of W (nk even, k0 even) as nk rows of op / 2 bytes in W's own packed layout (byte j of
+// row kk: n = 2j in its high nibble, 2j + 1 in its low one), op = o rounded up to even (a last odd row padded with
+// nibble 8, the value 0): W^T's rows of the group, what the int4 kernels take as weight rows.
+void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t k0, int64_t nk,
+                       uint8_t* __restrict wt) {
+  const int64_t half = in / 2, ohalf = (o + 1) / 2, b0 = k0 / 2, nbytes = nk / 2;
+  constexpr int64_t J = 64;   // output bytes per block: 2 J rows of W read, nk rows of J bytes written
+  for (int64_t j0 = 0; j0 < ohalf; j0 += J) {
+    const int64_t j1 = std::min(ohalf, j0 + J);
+    for (int64_t b = 0; b < nbytes; ++b) {
+      uint8_t* __restrict hi = wt + (2 * b) * ohalf;       // column k0 + 2b: the high nibbles
+      uint8_t* __restrict lo = wt + (2 * b + 1) * ohalf;   // column k0 + 2b + 1: the low nibbles
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t q0 = q[(2 * j) * half + b0 + b];
+        const uint8_t q1 = 2 * j + 1 < o ? q[(2 * j + 1) * half + b0 + b] : uint8_t{0x88};
+        hi[j] = static_cast<uint8_t>((q0 & 0xF0) | (q1 >> 4));
+        lo[j] = static_cast<uint8_t>((q0 << 4) | (q1 & 0x0F));
+      }
+    }
+  }
+}
+
+// k-group g of toolchain_int4_dyw_a8: u = dy * (the scale column of g), quantized per row and block of `group` n
+// (QuantizedX, the path's vector quantization), times W^T's rows of the group with unit scales: the int4 W4A8
+// kernels of the path (linear_rows), written to dx's columns k0 .. k0 + nk - 1 (row stride in).
+void dyw_group(const DywTask& k, int64_t g) {
+  thread_local QuantizedX a;
+  thread_local std::vector<float> u;
+  thread_local std::vector<uint8_t> wt;
+  thread_local std::vector<float> ones;
+  const int64_t op = k.o + (k.o & 1), nb = (k.o + k.group - 1) / k.group;   // = ceil(op / group): group is even
+  const int64_t k0 = g * k.group, nk = std::min(k.in, k0 + k.group) - k0, gb = k.group / 2;
+  const float* s = k.st + g * k.o;
+  a.resize(k.T, op, nb, 16 * 64);
+  u.assign(static_cast<size_t>(op), 0.0f);
+  const Group16 group16 = group16_of(k.path);
+  for (int64_t t = 0; t < k.T; ++t) {
+    const float* dyt = k.dy + t * k.o;
+    for (int64_t n = 0; n < k.o; ++n) u[static_cast<size_t>(n)] = dyt[n] * s[n];
+    a.quantize_row(u.data(), t, op, k.group, nb, group16);
+  }
+#ifdef TOOLCHAIN_X86
+  if (k.path == KernelPath::avx512_vnni) x86_avx512::prepare(a, k.T, gb);
+#endif
+  wt.resize(static_cast<size_t>(nk * (op / 2)));
+  transpose_columns(k.q, k.o, k.in, k0, nk, wt.data());
+  ones.assign(static_cast<size_t>(nk * nb), 1.0f);
+  RowsTask rows_task{k.path, &a, k.T, wt.data(), ones.data(), op / 2, gb, nb, nk, k.dx + k0, nk, k.in};
+  linear_rows(rows_task, 0, nk);
+}
+
+void dyw_chunk(void* task, size_t i) { dyw_group(*static_cast<const DywTask*>(task), static_cast<int64_t>(i)); }
 }  // namespace
 
 extern "C" {
@@ -451,13 +545,41 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
 #ifdef TOOLCHAIN_X86
   if (path == KernelPath::avx512_vnni) x86_avx512::prepare(a, T, gb);
 #endif
-  RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o};
+  RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o, o};
   const int64_t threads = pool_threads();
   if (threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18)) {   // split the rows (independent: the same bits)
     task.chunk = std::max<int64_t>(16, (o + 4 * threads - 1) / (4 * threads) + 15) / 16 * 16;
-    run_in_pool(&task, (o + task.chunk - 1) / task.chunk);
+    run_in_pool(rows_chunk, &task, (o + task.chunk - 1) / task.chunk);
   } else {
     linear_rows(task, 0, o);
+  }
+  return 0;
+}
+
+
+// dx [T, i] = dy [T, o] W for the same int4 W as toolchain_int4_linear_a8 (q [o, i/2], scales [o, ng],
+// ng = ceil(i / group)), the gradient of x W^T (the definition: the top of the file, "dX for training").
+// Returns 0, or -1 for bad arguments (as toolchain_int4_linear_a8), -2 for a forced path this CPU lacks.
+int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in,
+                          int64_t ng, int64_t group, float* dx) {
+  if (in <= 0 || in % 2 || group < 2 || group % 2 || ng != (in + group - 1) / group || T < 0 || o < 0) return -1;
+  const KernelPath path = kernel_path_state().path;
+  if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
+  if (T == 0) return 0;
+  if (o == 0) {   // an empty reduction
+    std::fill(dx, dx + T * in, 0.0f);
+    return 0;
+  }
+  thread_local std::vector<float> st;   // the scales transposed: [ng, o]
+  st.resize(static_cast<size_t>(ng * o));
+  for (int64_t n = 0; n < o; ++n)
+    for (int64_t g = 0; g < ng; ++g) st[static_cast<size_t>(g * o + n)] = scales[n * ng + g];
+  DywTask task{path, dy, T, o, in, q, st.data(), ng, group, dx};
+  const int64_t threads = pool_threads();
+  if (threads > 1 && ng > 1 && T * o * in >= (int64_t{1} << 18)) {   // k-groups are independent: the same bits
+    run_in_pool(dyw_chunk, &task, ng);
+  } else {
+    for (int64_t g = 0; g < ng; ++g) dyw_group(task, g);
   }
   return 0;
 }
@@ -728,6 +850,31 @@ Tensor& int4_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Ten
 }
 
 
+// toolchain::int4_dyw_a8.out(Tensor dy, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out)
+Tensor& int4_dyw_a8_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& qweight, const Tensor& scales,
+                        int64_t group, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
+                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, dy.dim() >= 1 && dy.dim() <= 8 && qweight.dim() == 2 && scales.dim() == 2, InvalidArgument,
+                  out);
+  const int64_t o = dy.size(dy.dim() - 1), in = 2 * qweight.size(1);
+  ET_KERNEL_CHECK(ctx, qweight.size(0) == o && scales.size(0) == o, InvalidArgument, out);
+  SizesType sizes[8];
+  for (int64_t d = 0; d + 1 < dy.dim(); ++d) sizes[d] = dy.size(d);
+  sizes[dy.dim() - 1] = static_cast<SizesType>(in);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(dy.dim())}) == Error::Ok,
+                  InvalidArgument, out);
+  int64_t T = 1;
+  for (int64_t d = 0; d + 1 < dy.dim(); ++d) T *= dy.size(d);
+  const int rc = toolchain_int4_dyw_a8(dy.const_data_ptr<float>(), T, o, qweight.const_data_ptr<uint8_t>(),
+                                       scales.const_data_ptr<float>(), in, scales.size(1), group,
+                                       out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+
 // toolchain::attention_decode.out(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos,
 //                                 float scale, *, Tensor(a!) out)
 Tensor& attention_decode_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -838,4 +985,5 @@ EXECUTORCH_LIBRARY(toolchain, "rms_norm.out", rms_norm_out);
 EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
+EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
 #endif

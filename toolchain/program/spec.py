@@ -47,14 +47,14 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.mesp.kernels import executorch_ops
+from toolchain.mesp.kernels import KERNELS, generation_ops
 from toolchain.mesp.ops.half import COMPUTE_CHOICES
 from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
 
 __all__ = ["QuantSpec", "chunk_elems_from_mib", "ProgramSpec", "state_layout", "state_roles", "flat_state",
            "unflatten_state", "method_specs", "matrix_inputs", "layer_weight_inputs", "layer_state_inputs",
-           "QUANTIZED_FIELDS", "FUSED_KERNELS", "XNNPACK_VARIANT", "xnnpack_name",
+           "QUANTIZED_FIELDS", "FUSED_KERNELS", "INT8_KERNELS", "XNNPACK_VARIANT", "xnnpack_name",
            "xnnpack_generation_specs"]
 
 # The projection matrices; the embedding and LM head too in int4 programs (`QuantSpec.head`); norms and
@@ -66,9 +66,11 @@ QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # in the blocks also the attention over the KV cache and the small ops of mesp/decode_ops.py, RMSNorm in the
 # head too): a runtime that has them registered runs them, any other
 # the stock methods (slower; float activations, so the logits differ by the activations' int8 rounding).
-# Every fused method lists the whole library's kernels (head_logits_fused calls two of them: the table's
-# `methods`): a runtime has all of them or none.
-FUSED_KERNELS = executorch_ops()   # the native kernels' table, mesp/kernels.py
+# Every fused method lists all the generation kernels of the library (head_logits_fused calls two of them: the
+# table's `methods`): a runtime has all of them or none. (Training-only kernels, int4_dyw_a8, are not listed.)
+FUSED_KERNELS = generation_ops()   # the native kernels' table, mesp/kernels.py
+# The kernels the training methods of a `--compute int8` program call (x W^T and dy W of an int4 W, mesp/ops/quant.py)
+INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4_dyw_a8"))
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ class ProgramSpec:
     prefill_chunk: int = 32
     # the training methods' frozen-weight matmuls: "fp32" (exact), "fp16" (mesp/ops/half.py; needs a
     # quantized base, whose chunks dequantize straight to float16), or "int8" (int4 x int8 products through the
-    # native kernels, mesp/ops/quant.py; needs an int4 base, and the training methods list FUSED_KERNELS)
+    # native kernels, mesp/ops/quant.py; needs an int4 base, and the training methods list INT8_KERNELS)
     compute: Literal["fp32", "fp16", "int8"] = "fp32"
     # also the XNNPACK generation variant (int4 programs with an int4 head, ExecuTorch only): per layer a
     # block_prefill and a block_decode holding that layer's weights as constants, and a head_logits holding the
@@ -275,10 +277,10 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     lora = tuple(layer_state_inputs(spec, ["param"]))
     state = tuple(layer_state_inputs(spec, state_roles(spec.optimizer)))
     new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
-    # --compute int8: the methods that multiply by frozen int4 weights call the native kernels (a runtime has all
-    # of them or none, as for the fused generation methods); they have no stock twin: the program is ExecuTorch-only
-    # and a runtime without the kernels refuses it (runtime/runners.py)
-    k = FUSED_KERNELS if spec.compute == "int8" else ()
+    # --compute int8: the methods that multiply by frozen int4 weights call the native kernels (INT8_KERNELS); they
+    # have no stock twin: the program is ExecuTorch-only and a runtime without the kernels refuses it
+    # (runtime/runners.py)
+    k = INT8_KERNELS if spec.compute == "int8" else ()
     methods = [
         MethodSpec("embed", "embed", (ids,) + embed, (act("x"),)),
         MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),), k),

@@ -51,7 +51,7 @@ from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
            "dense_rows", "dense_cols", "quant_rows", "quant_cols", "embedding_rows", "int4_linear_a8_reference",
-           "quantize_activations"]
+           "int4_dyw_a8_reference", "quantize_activations"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -226,6 +226,32 @@ def int4_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: 
         isum = torch.einsum("tgk,ogk->tog", a.double(), n).float()                      # exact integers
         rows.append((isum * (scales[r0:r0 + 4096][None] * sa[:, None, :])).sum(-1))     # [T, o']
     return torch.cat(rows, dim=1).reshape(*lead, o).to(x.dtype)
+
+
+def int4_dyw_a8_reference(dy: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:
+    """dX = dy W for int4 W (qweight [o, i/2], scales [o, ng] as `int4_linear_a8_reference`) and dy [..., o]:
+    the gradient of x W^T with int8 products. W's scale varies along the reduction axis (o), so per input-column
+    group g (columns k of [g * group, min((g + 1) * group, i))) it is folded into dy first,
+    u_g[t, n] = dy[t, n] * scales[n, g] (float32), and u_g is quantized per row t and block b of `group`
+    consecutive n (`quantize_activations`: the last block may be partial); then the exact integer sum
+    isum[t, b, k] = sum_{n in b} a_g[t, n] (nib[n, k] - 8) and dX[t, k] = sum_b isum[t, b, k] * sa_g[t, b] in
+    float32: `int4_linear_a8` of u_g with W^T's rows of group g and unit weight scales. Returns [..., i].
+    One k-group at a time (never a [ng, T, o] tensor). The native kernel computes the same integer sums and adds
+    the blocks in its own fixed order."""
+    o, half = qweight.shape
+    i, ng = 2 * half, scales.shape[1]
+    lead = dy.shape[:-1]
+    d = dy.reshape(-1, o).float()
+    nb = -(-o // group)                                                                 # blocks along o
+    cols = []
+    for g in range(ng):
+        k0, k1 = g * group, min(i, (g + 1) * group)
+        a, sa = quantize_activations(d * scales[:, g].float()[None, :], group)         # [T, nb, G], [T, nb]
+        n = _unpack_int4(qweight[:, k0 // 2:k1 // 2], torch.float64) - 8               # [o, nk]
+        n = F.pad(n, (0, 0, 0, nb * group - o)).reshape(nb, group, k1 - k0)            # [nb, G, nk]
+        isum = torch.einsum("tbn,bnk->tbk", a.double(), n).float()                      # exact integers
+        cols.append((isum * sa[..., None]).sum(1))                                      # [T, nk]
+    return torch.cat(cols, dim=1).reshape(*lead, i).to(dy.dtype)
 
 
 def _unpack_int4(q: Tensor, dtype: torch.dtype) -> Tensor:

@@ -1,0 +1,178 @@
+"""The transposed W4A8 kernel dX = dY W (`toolchain::int4_dyw_a8`, toolchain/native/kernels.cpp, "dX for
+training"): its PyTorch reference (quant.int4_dyw_a8_reference) against an independent float64 formula, the C
+entry against both, every x86 kernel path this CPU has bit-equal to the generic path, 1 and 2 threads bit-equal,
+and the ExecuTorch op (a program calling it, run on the ExecuTorch runtime) equal to the C entry.
+
+The definition, per input-column group g of W (columns k of [g G, min((g + 1) G, i)), G = group):
+u[t, n] = dy[t, n] * scales[n, g] (float32), quantized per row t and block b of G consecutive n
+(sa = max |u| / 127 in float32, a = round-half-even(u / sa) in [-127, 127], 0 where sa is 0 or u / sa is not a
+number), isum[t, b, k] = sum_{n in b} a[t, n] (nib[n, k] - 8) exactly, dX[t, k] = sum_b isum[t, b, k] sa[t, b] in
+float32. The exact value is computed here with numpy: float32 quantization written out element by element, the
+integer sums as int64 matrix products of the unpacked nibbles (no dequantized weight, no einsum), the block sum in
+float64. The kernel rounds only in that block sum (one fused multiply-add per block, the 16-lane tree), bounded as
+the forward kernel's (tests/native/test_kernels.py): |err| <= gamma_(nb+6) sum_b |isum sa|, gamma_k = k u / (1 - k u),
+u = 2^-24, nb = ceil(o / G). With one block (o <= G) there is no sum: kernel, reference and exact value are equal.
+A wrong nibble, column, block or scale moves isum by a whole integer times sa, far outside the bound."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+from toolchain.mesp.kernels import load_native_kernels
+from toolchain.mesp.ops.quant import int4_dyw_a8_reference
+
+U = 2.0 ** -24
+X86_PATHS = ("avx2", "avx_vnni", "avx512_vnni")
+_ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _has(path: str) -> bool:
+    """Read from /proc/cpuinfo, independently of the library (as tests/native/test_kernel_paths.py)."""
+    f = _cpu_flags()
+    avx2 = {"avx", "avx2", "fma"} <= f
+    return {"generic": True, "avx2": avx2, "avx_vnni": avx2 and "avx_vnni" in f,
+            "avx512_vnni": avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= f}.get(path, False)
+
+
+@pytest.fixture
+def lib():
+    """The loaded library; the path it had is restored afterwards."""
+    lib = load_native_kernels()
+    before = lib.toolchain_kernel_path()
+    yield lib
+    assert lib.toolchain_select_kernel_path(before) == 0
+
+
+def _weights(o: int, i: int, group: int, gen: torch.Generator, zero_scales: bool = False):
+    """Random int4 bytes [o, i / 2] (every nibble) and scales [o, ceil(i / group)] of mixed magnitude and sign."""
+    ng = -(-i // group)
+    q = torch.randint(0, 256, (o, i // 2), generator=gen, dtype=torch.uint8)
+    s = torch.randn(o, ng, generator=gen) * torch.exp2(torch.randint(-8, 4, (o, ng), generator=gen).float())
+    if zero_scales:
+        s[:, 0] = 0.0                                 # a whole k-group of zero scales: dX = 0 there
+        s[o // 2, :] = 0.0                            # one output row n of W with zero scales
+    return q, s
+
+
+def _dy(t: int, o: int, gen: torch.Generator, special: bool) -> torch.Tensor:
+    dy = torch.randn(t, o, generator=gen) * torch.exp2(torch.randint(-6, 7, (1, o), generator=gen).float())
+    if special and t >= 4:
+        dy[0, o // 3] = float("nan")                  # a NaN in a row: that row of dX is NaN
+        dy[1, -1] = float("inf")                      # an infinity: inf / inf and 0 * inf make the row NaN
+        dy[2] = 0.0                                   # a zero row: dX = 0
+    return dy
+
+
+def _call(lib, dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
+    t, o = dy.shape
+    i = 2 * q.shape[1]
+    dx = torch.full((t, i), 7.0)
+    assert lib.toolchain_int4_dyw_a8(_ptr(dy), t, o, _ptr(q), _ptr(s), i, s.shape[1], group, _ptr(dx)) == 0
+    return dx
+
+
+def _exact(dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int):
+    """(dX in float64 from the exact integer sums, sum_b |isum sa| per output, nb), written from the definition."""
+    dyn, qn, sn = dy.numpy(), q.numpy(), s.numpy()
+    t, o = dyn.shape
+    i, ng = 2 * qn.shape[1], sn.shape[1]
+    nib = np.empty((o, i), dtype=np.int64)
+    nib[:, 0::2] = qn >> 4
+    nib[:, 1::2] = qn & 15
+    w = nib - 8                                                               # W's integers [o, i]
+    nb = -(-o // group)
+    exact = np.zeros((t, i))
+    mag = np.zeros((t, i))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for g in range(ng):
+            k0, k1 = g * group, min(i, (g + 1) * group)
+            u = dyn * sn[:, g][None, :]                                       # float32 products [T, o]
+            for b in range(nb):
+                n0, n1 = b * group, min(o, (b + 1) * group)
+                ub = u[:, n0:n1]
+                sa = np.max(np.abs(ub), axis=1) / np.float32(127)             # float32 [T] (NaN propagates)
+                sa = np.where(np.isnan(ub).any(axis=1), np.float32(np.nan), sa).astype(np.float32)
+                r = np.rint(ub / sa[:, None])                                 # float32 division, ties to even
+                a = np.where((sa[:, None] > 0) & ~np.isnan(r), np.clip(r, -127, 127), 0).astype(np.int64)
+                isum = a @ w[n0:n1, k0:k1]                                    # exact int64 [T, nk]
+                term = isum.astype(np.float64) * sa.astype(np.float64)[:, None]
+                exact[:, k0:k1] += term
+                mag[:, k0:k1] += np.abs(term)
+    return torch.from_numpy(exact), torch.from_numpy(mag), nb
+
+
+def _within_bound(got: torch.Tensor, exact: torch.Tensor, mag: torch.Tensor, nb: int) -> None:
+    gamma = (nb + 6) * U / (1 - (nb + 6) * U)
+    finite = exact.isfinite()
+    assert torch.equal(got.isnan(), ~finite), "NaN exactly where the definition has one"
+    err = (got.double() - exact).abs()[finite]
+    bound = (gamma * mag)[finite]
+    assert bool((err <= bound).all()), f"max err {float((err - bound).max()):.3g} over the bound"
+
+
+# (T, o, i, group): one block (o <= group), odd o, partial last k-groups and blocks, groups of 32 / 64 / 128 and
+# others, T = 1, 2..9, >= 10.
+SHAPES = [(1, 8, 16, 16), (3, 64, 64, 64), (4, 33, 70, 64), (2, 30, 100, 32), (5, 130, 96, 32), (7, 33, 70, 64),
+          (1, 200, 256, 128), (12, 77, 130, 32), (17, 300, 192, 64), (9, 45, 34, 6), (6, 129, 258, 128),
+          (10, 7, 12, 2), (11, 500, 200, 64)]
+
+
+@pytest.mark.parametrize("t,o,i,group", SHAPES, ids=[f"T{t}-o{o}-i{i}-g{g}" for t, o, i, g in SHAPES])
+def test_the_reference_and_the_kernel_equal_the_definition(t, o, i, group):
+    gen = torch.Generator().manual_seed(31 * o + i + t)
+    q, s = _weights(o, i, group, gen, zero_scales=o > 4)
+    dy = _dy(t, o, gen, special=True)
+    exact, mag, nb = _exact(dy, q, s, group)
+    ref = int4_dyw_a8_reference(dy, q, s, group)
+    got = _call(load_native_kernels(), dy, q, s, group)
+    _within_bound(ref, exact, mag, nb)
+    _within_bound(got, exact, mag, nb)
+    if t >= 4:
+        assert got[:2].isnan().all() and (got[2] == 0).all()
+    if o > 4:
+        assert (got[2:, :group] == 0).all()           # the k-group of zero scales (rows without NaN / inf)
+    if nb == 1:                                       # no float sum: every result is one rounded product
+        assert torch.equal(got.view(torch.int32)[2:], ref.view(torch.int32)[2:])
+        assert torch.equal(got[2:].double(), exact[2:].float().double())
+
+
+def test_the_reference_is_the_forward_reference_of_the_folded_transpose():
+    """Per k-group, dX is int4_linear_a8 of u = dy * scales[:, g] with W^T's columns of the group as weight rows
+    and unit scales (the kernel's structure, checked here on the references)."""
+    from toolchain.mesp.ops.quant import _unpack_int4, int4_linear_a8_reference
+
+    gen = torch.Generator().manual_seed(2)
+    t, o, i, group = 5, 96, 128, 32
+    q, s = _weights(o, i, group, gen)
+    dy = _dy(t, o, gen, special=False)
+    ref = int4_dyw_a8_reference(dy, q, s, group)
+    nib = _unpack_int4(q, torch.int64)                                          # [o, i]
+    for g in range(i // group):
+        wt = nib[:, g * group:(g + 1) * group].T.contiguous()                   # [group, o]: W^T's rows
+        packed = (16 * wt[:, 0::2] + wt[:, 1::2]).to(torch.uint8)
+        fwd = int4_linear_a8_reference(dy * s[:, g][None], packed, torch.ones(group, -(-o // group)), group)
+        assert torch.allclose(fwd, ref[:, g * group:(g + 1) * group], rtol=1e-5, atol=1e-4)
+
+
+def test_bad_arguments_are_refused(lib):
+    dy, q, s, dx = torch.zeros(2, 4), torch.zeros(4, 8, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(2, 16)
+    for i, ng, group in [(15, 1, 16), (16, 2, 16), (16, 1, 15), (16, 16, 1), (0, 0, 16)]:
+        assert lib.toolchain_int4_dyw_a8(_ptr(dy), 2, 4, _ptr(q), _ptr(s), i, ng, group, _ptr(dx)) == -1
+    assert lib.toolchain_int4_dyw_a8(_ptr(dy), -1, 4, _ptr(q), _ptr(s), 16, 1, 16, _ptr(dx)) == -1
+    assert lib.toolchain_int4_dyw_a8(_ptr(dy), 2, 0, _ptr(q), _ptr(s), 16, 1, 16, _ptr(dx)) == 0
+    assert (dx == 0).all()                            # an empty reduction (o = 0)
