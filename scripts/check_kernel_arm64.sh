@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The arm64 paths of the int4 generation kernel (toolchain/native/kernels.cpp + kernels_arm64.h: neon, dotprod,
-# i8mm, and the generic path), checked on this x86-64 host under qemu-aarch64:
+# The arm64 paths of the int4 kernels (toolchain/native/kernels.cpp + kernels_arm64.h: neon, dotprod, i8mm, and the
+# generic path): toolchain_int4_linear_a8 (generation) and toolchain_int4_dyw_a8 (dX = dY W for training), checked
+# on this x86-64 host under qemu-aarch64:
 #   - built at the apps' baseline (-march=armv8-a) by GCC (aarch64-linux-gnu-g++) and by clang
 #     (clang++-19 --target=aarch64-linux-gnu with the GCC cross sysroot, linked by lld), each linked statically
 #     with tests/native/arm64_driver.cpp;
@@ -11,7 +12,9 @@
 #     cases of tests/native/make_arm64_cases.py (random shapes, odd sizes, partial last groups, T = 1, 2..9,
 #     >= 10, groups of 32 / 64 / 96 / 128 / 256 and any even width, rows of x with NaN / inf, rounding ties).
 #     Each run: the float32 bound against a float64 reference on every case, every output equal to the x86
-#     kernel's bit for bit (NaN = NaN), and the hash of all outputs equal to the generic path's (GCC, -cpu max):
+#     kernel's bit for bit (NaN = NaN), and the hash of all outputs equal to the generic path's (GCC, -cpu max);
+#     the same three for int4_dyw_a8 on its own cases (make_arm64_cases.py --dyw: T = 1, 2..9, >= 10, groups of
+#     32 / 64 / 96 / 128 and others, odd o, partial blocks and k-groups, NaN / inf rows, ties, zero scales):
 #     every path, CPU and compiler gives the same bits. A third build (GCC, -DTOOLCHAIN_THREADPOOL with the
 #     stand-in pool of tests/native/arm64_pool.cpp: 3 threads) runs every path at -cpu max with the weight rows of
 #     large calls split into chunks over the pool: the same checks, and chunks were run. The default choice at each CPU level is the expected path (i8mm, dotprod,
@@ -24,8 +27,8 @@
 # apt-get needed; the apt lists are refreshed only if an install from the present ones fails). Exit 77 when the
 # tools are missing and cannot be installed (tests/native/test_kernel_arm64.py then skips), or when they are
 # missing and TOOLCHAIN_ARM64_NO_INSTALL=1. Options via the environment: ARM64_CASES (random cases, default
-# 300), ARM64_SEED, PYTHON (default .venv/bin/python), CLANGXX (another clang++ to use; clang 19 is what was
-# checked: NDK r28's major).
+# 300), ARM64_DYW_CASES (random int4_dyw_a8 cases, default 60), ARM64_SEED, PYTHON (default .venv/bin/python),
+# CLANGXX (another clang++ to use; clang 19 is what was checked: NDK r28's major).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-$root/.venv/bin/python}"   # needs torch and the repo (tests/native/make_arm64_cases.py)
@@ -90,7 +93,7 @@ trap '[ -z "$cases_pid" ] || kill "$cases_pid" 2>/dev/null || true; rm -rf "$tmp
 (
   t0="$(now)"
   "$py" "$root/tests/native/make_arm64_cases.py" "$tmp/cases.bin" --cases "${ARM64_CASES:-300}" \
-    ${ARM64_SEED:+--seed "$ARM64_SEED"} >"$tmp/cases.log" 2>&1
+    --dyw "$tmp/dyw.bin" --dyw-cases "${ARM64_DYW_CASES:-60}" ${ARM64_SEED:+--seed "$ARM64_SEED"} >"$tmp/cases.log" 2>&1
   since "$t0" >"$tmp/cases.time"
 ) &
 cases_pid=$!
@@ -159,10 +162,13 @@ if [ "$cases_rc" -ne 0 ]; then
   cat "$tmp/cases.log" >&2
   exit 2
 fi
-echo "arm64: $(cat "$tmp/cases.log") [made in $(cat "$tmp/cases.time") s]"
+echo "arm64: $(grep -v '^dyw cases:' "$tmp/cases.log") [made in $(cat "$tmp/cases.time") s]"
+echo "arm64: $(grep '^dyw cases:' "$tmp/cases.log")"
 ncases="$(sed -n 's/^cases: \([0-9]*\) .*/\1/p' "$tmp/cases.log")"
+ndcases="$(sed -n 's/^dyw cases: \([0-9]*\) .*/\1/p' "$tmp/cases.log")"
 
 ref_hash=
+ref_dhash=
 t2="$(now)"
 # run CC CPU PATH ("" = the default choice) EXPECT (the path the run must report, or "refused") [REASON: what the
 # refusal's Error: line must say]
@@ -171,7 +177,8 @@ run() {
   label="$cc -cpu $cpu ${path:+TOOLCHAIN_KERNEL_PATH=$path}"
   label="${label% }"
   [ -n "$path" ] || label="$label (default)"
-  out="$(TOOLCHAIN_KERNEL_PATH="$path" "$qemu" -cpu "$cpu" "$tmp/check-$cc" "$tmp/cases.bin" "$label" 2>"$tmp/err")" || rc=$?
+  out="$(TOOLCHAIN_KERNEL_PATH="$path" "$qemu" -cpu "$cpu" "$tmp/check-$cc" "$tmp/cases.bin" "$label" "$tmp/dyw.bin" \
+    2>"$tmp/err")" || rc=$?
   if [ "$expect" = refused ]; then
     echo "arm64: $label: $(grep -m1 '^Error:' "$tmp/err" || echo '(no Error line)')"
     check "$label is refused (exit 3, one Error: line naming $reason, a valid call returns -2)" \
@@ -179,8 +186,10 @@ run() {
         -a "$(grep -c 'kernel path refused (the kernel returns -2 for a valid call)' <<<"$out")" -eq 1
     return
   fi
-  local summary got hash
+  local summary got hash dsummary dhash
   summary="$(grep -F "path): float32 bound" <<<"$out" || true)"
+  dsummary="$(grep -F "path) dyw: float32 bound" <<<"$out" || true)"
+  dhash="$(sed -n 's/.*outputs hash \([0-9a-f]*\)$/\1/p' <<<"$dsummary")"
   got="$(sed -n 's/.*: kernel path \([a-z0-9_]*\)$/\1/p' <<<"$out" | head -n 1)"
   hash="$(sed -n 's/.*outputs hash \([0-9a-f]*\)$/\1/p' <<<"$summary")"
   echo "arm64: ${summary:-$label: no result (exit $rc): $(tail -n 3 "$tmp/err" | tr '\n' ' ')}"
@@ -190,6 +199,13 @@ run() {
     test "$rc" -eq 0 -a "$(grep -c "bound held on $ncases/$ncases cases" <<<"$summary")" -eq 1
   check "$label: every output equal to x86's" test "$(grep -c "bitwise equal to x86 on $ncases/$ncases cases" <<<"$summary")" -eq 1
   check "$label: outputs hash = the generic path's ($ref_hash)" test -n "$hash" -a "$hash" = "$ref_hash"
+  echo "arm64: ${dsummary:-$label: no dyw result}"
+  [ -n "$ref_dhash" ] || ref_dhash="$dhash"
+  check "$label: dyw: float32 bound on every case" \
+    test "$rc" -eq 0 -a "$(grep -c "bound held on $ndcases/$ndcases cases" <<<"$dsummary")" -eq 1
+  check "$label: dyw: every output equal to x86's" \
+    test "$(grep -c "bitwise equal to x86 on $ndcases/$ndcases cases" <<<"$dsummary")" -eq 1
+  check "$label: dyw: outputs hash = the generic path's ($ref_dhash)" test -n "$dhash" -a "$dhash" = "$ref_dhash"
   if [ "$cc" = gcc-pool ]; then
     local chunks
     chunks="$(sed -n 's/.*: rows split over the thread pool in \([0-9]*\) chunks$/\1/p' <<<"$out")"

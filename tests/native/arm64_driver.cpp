@@ -2,7 +2,7 @@
 // cases of tests/native/make_arm64_cases.py; run by scripts/check_kernel_arm64.sh under qemu-aarch64, once per
 // kernel path (TOOLCHAIN_KERNEL_PATH) and CPU model.
 //
-//   arm64_driver CASES [LABEL]
+//   arm64_driver CASES [LABEL [DYW_CASES]]
 //
 // First line: "LABEL: kernel path NAME" (toolchain_kernel_path()), or, when the path forced by
 // TOOLCHAIN_KERNEL_PATH is refused (kernels.cpp's convention: the kernel returns -2 for a valid call and
@@ -17,7 +17,12 @@
 // y stored in the file, bit for bit (NaN counted equal to NaN: x86 and arm64 generate different default NaNs
 // for 0 * inf), and the largest difference in ulps where not; (c) a 64-bit FNV-1a hash of every output's bits
 // in order ("outputs hash"), which scripts/check_kernel_arm64.sh compares across paths, CPU models and
-// compilers; in the pooled build (linked with arm64_pool.cpp), the count of row chunks the pool ran. Exit 0 if (a) held everywhere, 1 if not, 2 for a bad file or a refused valid call.
+// compilers; in the pooled build (linked with arm64_pool.cpp), the count of row chunks the pool ran.
+// DYW_CASES (tests/native/make_arm64_cases.py --dyw): the same three checks of toolchain_int4_dyw_a8 (dx = dy W,
+// kernels.cpp's "dX for training"), on a line of their own ("LABEL (PATH path) dyw: ..."): u = dy * sw[:, g]
+// in float32, quantized per row and block of `group` n as above, the exact integer sums, dx = sum_b isum sa in
+// double, within gamma_(nb+6) * sum_b |isum sa| (nb = ceil(o / group)); a row of dy with a NaN or an infinity gives
+// NaN in every output. Exit 0 if (a) held everywhere, 1 if not, 2 for a bad file or a refused valid call.
 //
 // Build this file with -ffp-contract=off: the reference's double sums are then plain products and sums.
 
@@ -32,6 +37,8 @@
 
 extern "C" int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
                                         int64_t o, int64_t ng, int64_t group, float* y);
+extern "C" int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales,
+                                     int64_t in, int64_t ng, int64_t group, float* dx);
 extern "C" const char* toolchain_kernel_path();
 extern "C" const char* toolchain_kernel_path_error();
 // Linked in from tests/native/arm64_pool.cpp in the pooled build only: the chunks the stand-in thread pool ran.
@@ -51,11 +58,131 @@ int64_t ulps(float a, float b) {
   return oa > ob ? oa - ob : ob - oa;
 }
 
+// The DYW_CASES file: magic "TCDYCAS1", int64 count, per case int64 T, o, i, group, ng, then dy f32 [T, o],
+// q u8 [o, i/2], scales f32 [o, ng], dx f32 [T, i] (the x86 kernel's). Returns the exit code's part: 0, 1, 2.
+int check_dyw(const char* file, const char* label, const char* path) {
+  std::FILE* f = std::fopen(file, "rb");
+  char magic[8];
+  int64_t count = 0;
+  if (!f || !read_all(f, magic, 8) || std::memcmp(magic, "TCDYCAS1", 8) || !read_all(f, &count, 8) || count < 0) {
+    std::fprintf(stderr, "%s: %s is not a dyw case file\n", label, file);
+    return 2;
+  }
+  const double u = std::ldexp(1.0, -24);
+  int64_t bound_ok = 0, bit_equal = 0, elems = 0, elems_equal = 0, worst_ulps = 0, shown = 0, nan_rows = 0;
+  uint64_t hash = 1469598103934665603ull;
+  double worst_ratio = 0;
+  for (int64_t c = 0; c < count; ++c) {
+    int64_t h[5];
+    if (!read_all(f, h, sizeof h)) {
+      std::fprintf(stderr, "%s: dyw case %" PRId64 ": truncated header\n", label, c);
+      return 2;
+    }
+    const int64_t T = h[0], o = h[1], in = h[2], group = h[3], ng = h[4];
+    if (T < 0 || o <= 0 || in <= 0 || in % 2 || group < 2 || T > (1 << 20) || o > (1 << 20) || in > (1 << 24) ||
+        ng != (in + group - 1) / group) {
+      std::fprintf(stderr, "%s: dyw case %" PRId64 ": bad shape\n", label, c);
+      return 2;
+    }
+    std::vector<float> dy(T * o), s(o * ng), dx86(T * in), dx(T * in, std::nanf(""));
+    std::vector<uint8_t> q(o * in / 2);
+    if (!read_all(f, dy.data(), dy.size() * 4) || !read_all(f, q.data(), q.size()) ||
+        !read_all(f, s.data(), s.size() * 4) || !read_all(f, dx86.data(), dx86.size() * 4)) {
+      std::fprintf(stderr, "%s: dyw case %" PRId64 ": truncated data\n", label, c);
+      return 2;
+    }
+    if (toolchain_int4_dyw_a8(dy.data(), T, o, q.data(), s.data(), in, ng, group, dx.data()) != 0) {
+      std::fprintf(stderr, "%s: dyw case %" PRId64 ": the kernel refused valid arguments\n", label, c);
+      return 2;
+    }
+    for (float v : dx) {
+      uint32_t b;
+      std::memcpy(&b, &v, 4);
+      for (int k = 0; k < 4; ++k) hash = (hash ^ ((b >> (8 * k)) & 0xff)) * 1099511628211ull;
+    }
+    const int64_t nb = (o + group - 1) / group;
+    const double gamma = (nb + 6) * u / (1 - (nb + 6) * u);
+    std::vector<int> w(o * in);   // n - 8
+    for (int64_t n = 0; n < o; ++n)
+      for (int64_t k = 0; k < in; ++k)
+        w[n * in + k] = ((k % 2 == 0) ? (q[n * (in / 2) + k / 2] >> 4) : (q[n * (in / 2) + k / 2] & 15)) - 8;
+    bool ok = true, equal = true;
+    std::vector<double> a(o), sa(nb), exact(in), mag(in);
+    for (int64_t t = 0; t < T; ++t) {
+      bool finite = true;
+      for (int64_t n = 0; n < o; ++n) finite = finite && std::isfinite(dy[t * o + n]);
+      if (!finite) ++nan_rows;
+      std::fill(exact.begin(), exact.end(), 0.0);
+      std::fill(mag.begin(), mag.end(), 0.0);
+      for (int64_t g = 0; g < ng && finite; ++g) {
+        for (int64_t b = 0; b < nb; ++b) {   // u = dy * sw[n, g] (float32), quantized per block of `group` n
+          const int64_t n0 = b * group, n1 = std::min(o, n0 + group);
+          float amax = 0;
+          for (int64_t n = n0; n < n1; ++n) amax = std::max(amax, std::fabs(dy[t * o + n] * s[n * ng + g]));
+          const float sg = amax / 127.0f;
+          sa[b] = sg;
+          for (int64_t n = n0; n < n1; ++n) {
+            const float un = dy[t * o + n] * s[n * ng + g];
+            a[n] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(un / sg)))) : 0.0;
+          }
+        }
+        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k)
+          for (int64_t b = 0; b < nb; ++b) {
+            double isum = 0;   // an integer, exact in double
+            for (int64_t n = b * group; n < std::min(o, (b + 1) * group); ++n) isum += a[n] * w[n * in + k];
+            exact[k] += isum * sa[b];
+            mag[k] += std::fabs(isum * sa[b]);
+          }
+      }
+      for (int64_t k = 0; k < in; ++k) {
+        const float got = dx[t * in + k], ref86 = dx86[t * in + k];
+        ++elems;
+        if (!finite) {
+          if (!std::isnan(got)) {
+            ok = false;
+            if (shown++ < 10)
+              std::fprintf(stderr, "%s: dyw case %" PRId64 " row %" PRId64 " has a NaN / inf but dx[%" PRId64
+                           "] = %.9g\n", label, c, t, k, got);
+          }
+          if (std::isnan(got) && std::isnan(ref86)) ++elems_equal;
+          else equal = false, worst_ulps = INT64_MAX;
+          continue;
+        }
+        const double err = std::fabs(static_cast<double>(got) - exact[k]), bound = gamma * mag[k];
+        if (!(err <= bound)) {
+          ok = false;
+          if (shown++ < 10)
+            std::fprintf(stderr, "%s: dyw case %" PRId64 " (T %" PRId64 " o %" PRId64 " i %" PRId64 " group %" PRId64
+                         ") dx[%" PRId64 ", %" PRId64 "] = %.9g, exact %.17g: err %.3g > bound %.3g\n",
+                         label, c, T, o, in, group, t, k, got, exact[k], err, bound);
+        }
+        if (bound > 0 && err / bound > worst_ratio) worst_ratio = err / bound;
+        if (std::memcmp(&got, &ref86, 4) == 0) {
+          ++elems_equal;
+        } else {
+          equal = false;
+          const int64_t d = std::isfinite(got) && std::isfinite(ref86) ? ulps(got, ref86) : INT64_MAX;
+          if (d > worst_ulps) worst_ulps = d;
+        }
+      }
+    }
+    bound_ok += ok;
+    bit_equal += equal;
+  }
+  std::fclose(f);
+  std::printf("%s (%s path) dyw: float32 bound held on %" PRId64 "/%" PRId64 " cases (max err/bound %.3f; %" PRId64
+              " rows with NaN / inf all NaN); bitwise equal to x86 on %" PRId64 "/%" PRId64 " cases, %" PRId64 "/%" PRId64
+              " outputs; max difference %" PRId64 " ulp; outputs hash %016" PRIx64 "\n",
+              label, path, bound_ok, count, worst_ratio, nan_rows, bit_equal, count, elems_equal, elems, worst_ulps,
+              hash);
+  return bound_ok == count ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CASES [LABEL]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CASES [LABEL [DYW_CASES]]\n", argv[0]);
     return 2;
   }
   const char* label = argc > 2 ? argv[2] : "arm64";
@@ -197,7 +324,12 @@ int main(int argc, char** argv) {
               " outputs; max difference %" PRId64 " ulp; outputs hash %016" PRIx64 "\n",
               label, path, bound_ok, count, worst_ratio, nan_rows, bit_equal, count, elems_equal, elems, worst_ulps,
               hash);
+  int dyw = 0;
+  if (argc > 3) {
+    dyw = check_dyw(argv[3], label, path);
+    if (dyw == 2) return 2;
+  }
   if (toolchain_test_pool_chunks != nullptr)
     std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_test_pool_chunks());
-  return bound_ok == count ? 0 : 1;
+  return bound_ok == count && dyw == 0 ? 0 : 1;
 }

@@ -75,6 +75,8 @@ def _dy(t: int, o: int, gen: torch.Generator, special: bool) -> torch.Tensor:
         dy[0, o // 3] = float("nan")                  # a NaN in a row: that row of dX is NaN
         dy[1, -1] = float("inf")                      # an infinity: inf / inf and 0 * inf make the row NaN
         dy[2] = 0.0                                   # a zero row: dX = 0
+    if special and t >= 5:
+        dy[4, 0], dy[4, -1] = -float("inf"), float("nan")   # both in one row: still one NaN (the same bits)
     return dy
 
 
@@ -144,11 +146,14 @@ def test_the_reference_and_the_kernel_equal_the_definition(t, o, i, group):
     _within_bound(got, exact, mag, nb)
     if t >= 4:
         assert got[:2].isnan().all() and (got[2] == 0).all()
+    if t >= 5:
+        assert got[4].isnan().all()
+    finite = [r for r in range(t) if dy[r].isfinite().all()]
     if o > 4:
-        assert (got[2:, :group] == 0).all()           # the k-group of zero scales (rows without NaN / inf)
+        assert (got[finite, :group] == 0).all()       # the k-group of zero scales (rows without NaN / inf)
     if nb == 1:                                       # no float sum: every result is one rounded product
-        assert torch.equal(got.view(torch.int32)[2:], ref.view(torch.int32)[2:])
-        assert torch.equal(got[2:].double(), exact[2:].float().double())
+        assert torch.equal(got.view(torch.int32)[finite], ref.view(torch.int32)[finite])
+        assert torch.equal(got[finite].double(), exact[finite].float().double())
 
 
 def test_the_reference_is_the_forward_reference_of_the_folded_transpose():
@@ -176,3 +181,108 @@ def test_bad_arguments_are_refused(lib):
     assert lib.toolchain_int4_dyw_a8(_ptr(dy), -1, 4, _ptr(q), _ptr(s), 16, 1, 16, _ptr(dx)) == -1
     assert lib.toolchain_int4_dyw_a8(_ptr(dy), 2, 0, _ptr(q), _ptr(s), 16, 1, 16, _ptr(dx)) == 0
     assert (dx == 0).all()                            # an empty reduction (o = 0)
+
+
+# (T, o, i, group) for the kernel paths: T = 1, 2..9 (the row tiles), >= 10 and 256 (the broadcast kernels, row
+# tiles of dy); groups of 32 / 64 / 128 (the vector paths' fused rounding and row kernels) and others (the generic
+# rows); odd o (a padded last n), partial last blocks (o % group) and k-groups (i % group), i / 2 odd; large enough
+# calls to split over threads.
+PATH_SHAPES = [(1, 65, 896, 64), (1, 7, 130, 32), (1, 300, 70, 128), (2, 33, 128, 64), (3, 64, 64, 64),
+               (4, 17, 96, 32), (5, 129, 258, 128), (6, 97, 1000, 64), (7, 31, 130, 32), (8, 200, 192, 128),
+               (9, 45, 66, 64), (10, 19, 100, 32), (11, 130, 70, 64), (12, 256, 384, 128), (16, 896, 128, 64),
+               (17, 77, 30, 6), (23, 33, 34, 2), (33, 500, 200, 64), (64, 128, 896, 64), (256, 160, 192, 64),
+               (256, 33, 258, 32), (40, 1000, 130, 128), (5, 9, 12, 10)]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 paths (arm64: check_kernel_arm64.sh)")
+@pytest.mark.parametrize("path", X86_PATHS)
+def test_every_x86_path_gives_the_generic_bits(lib, path):
+    """int4_dyw_a8 through `path` equals the generic path bit for bit on every shape above, with NaN / inf / zero
+    rows of dy and zero scales; a path this CPU lacks is refused (-2) instead."""
+    if not _has(path):
+        assert lib.toolchain_select_kernel_path(path.encode()) == -2
+        assert path in lib.toolchain_kernel_path_error().decode()
+        return
+    for n, (t, o, i, group) in enumerate(PATH_SHAPES):
+        gen = torch.Generator().manual_seed(100 * n + t)
+        q, s = _weights(o, i, group, gen, zero_scales=n % 3 == 0 and o > 4)
+        dy = _dy(t, o, gen, special=n % 2 == 0)
+        if n % 4 == 1:                                # a row of exact ties: |u| / sa = k + 1/2 (scales of 1)
+            s = torch.ones_like(s)
+            dy[0] = torch.randint(-253, 254, (o,), generator=gen).float() / 2
+            dy[0, ::group] = 127.0
+        got = {}
+        for p in ("generic", path):
+            assert lib.toolchain_select_kernel_path(p.encode()) == 0 and lib.toolchain_kernel_path().decode() == p
+            got[p] = _call(lib, dy, q, s, group)
+        assert torch.equal(got[path].view(torch.int32), got["generic"].view(torch.int32)), (path, t, o, i, group)
+        if n % 2 == 0 and t >= 4:
+            nan_rows = [0, 1, 4] if t >= 5 else [0, 1]
+            assert got[path].isnan().all(1).nonzero().flatten().tolist() == nan_rows
+            assert not got[path][[r for r in range(t) if r not in nan_rows]].isnan().any()
+
+
+@pytest.mark.parametrize("path", ("generic", *X86_PATHS))
+def test_threads_and_row_tiles_do_not_change_the_bits(lib, path):
+    """With ExecuTorch's thread pool at 2 threads the (row tile, k-groups) tasks are split over it; the bits equal
+    the 1-thread run's; and a row of dy gives the same bits alone as inside a call of 256 rows."""
+    from executorch.extension.pybindings import portable_lib
+
+    if not _has(path):
+        assert lib.toolchain_select_kernel_path(path.encode()) == -2
+        return
+    assert lib.toolchain_select_kernel_path(path.encode()) == 0
+    before = lib.toolchain_kernel_threads()
+    gen = torch.Generator().manual_seed(9)
+    try:
+        for t, o, i, group in [(256, 896, 256, 64), (12, 1000, 640, 32), (3, 300, 2048, 128), (64, 77, 896, 64),
+                               (2, 4864, 128, 64), (100, 128, 896, 64)]:
+            q, s = _weights(o, i, group, gen)
+            dy = _dy(t, o, gen, special=True)
+            got = []
+            for n in (1, 2):
+                portable_lib._unsafe_reset_threadpool(n)
+                assert lib.toolchain_kernel_threads() == n
+                got.append(_call(lib, dy, q, s, group))
+            assert torch.equal(got[0].view(torch.int32), got[1].view(torch.int32)), (path, t, o, i, group)
+            for r in (0, t // 2, t - 1):
+                alone = _call(lib, dy[r:r + 1].clone(), q, s, group)
+                assert torch.equal(alone.view(torch.int32)[0], got[0].view(torch.int32)[r]), (path, t, o, i, r)
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_the_executorch_op_equals_the_c_entry(tmp_path):
+    """A program calling `toolchain::int4_dyw_a8` (torch.export -> to_edge -> to_executorch), run on the ExecuTorch
+    runtime with the native kernels registered, gives the C entry's bits (dy of 3 dims: leading dims flattened)."""
+    from executorch.exir import to_edge
+    from executorch.runtime import Runtime
+
+    import toolchain.mesp  # noqa: F401  (registers the toolchain ops with PyTorch)
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(4)
+    o, i, group = 200, 130, 64
+    q, s = _weights(o, i, group, gen, zero_scales=True)
+    dy = _dy(12, o, gen, special=True).reshape(3, 4, o)
+
+    class Dyw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("q", q)
+            self.register_buffer("s", s)
+
+        def forward(self, d):
+            return torch.ops.toolchain.int4_dyw_a8(d, self.q, self.s, group)
+
+    program = to_edge(torch.export.export(Dyw(), (dy,))).to_executorch()
+    pte = tmp_path / "dyw.pte"
+    pte.write_bytes(program.buffer)
+    method = Runtime.get().load_program(pte).load_method("forward")
+    got = method.execute([dy])[0]
+    want = _call(lib, dy.reshape(12, o), q, s, group).reshape(3, 4, i)
+    assert got.shape == (3, 4, i)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    # and eager (the reference, what the op runs in PyTorch) is within the bound of the same values
+    exact, mag, nb = _exact(dy.reshape(12, o), q, s, group)
+    _within_bound(torch.ops.toolchain.int4_dyw_a8(dy, q, s, group).reshape(12, i), exact, mag, nb)

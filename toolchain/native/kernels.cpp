@@ -164,6 +164,7 @@ typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector e
 // sa and 8 * sum_k a per group (padded with zeros to `gstride` groups).
 struct QuantizedX {
   int64_t stride = 0, gstride = 0;
+  int64_t rows = -1, cols = -1, groups = -1;   // the shape of the last resize()
   std::vector<int8_t> even, odd;
   std::vector<int8_t> teven, todd;   // the same bytes per block of 16 groups of gb bytes, dword k of group y at
                                      // (k * 16 + y) * 4: what rows_vnni_tiles multiplies (transposed())
@@ -178,21 +179,26 @@ struct QuantizedX {
     for (int64_t t = 0; t < T; ++t) quantize_row(x + t * in, t, in, group, ng, group16);
   }
 
-  // Zeroed buffers for T rows of `in` columns (in even) in ng groups, rows padded to pad_bytes bytes.
-  void resize(int64_t T, int64_t in, int64_t ng, int64_t pad_bytes) {
+  // Zeroed buffers for T rows of `in` columns (in even) in ng groups, rows padded to pad_bytes bytes. keep: when
+  // the shape is the one of the last resize, only the padding is known zero (a caller that overwrites every
+  // row's in / 2 bytes and ng groups: toolchain_int4_dyw_a8's blocks).
+  void resize(int64_t T, int64_t in, int64_t ng, int64_t pad_bytes, bool keep = false) {
     const int64_t half = in / 2;
-    stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes;
-    gstride = (ng + L - 1) / L * L;
+    const int64_t new_stride = (half + pad_bytes - 1) / pad_bytes * pad_bytes, new_gstride = (ng + L - 1) / L * L;
+    if (keep && new_stride == stride && new_gstride == gstride && rows == T && cols == in && groups == ng) return;
+    stride = new_stride;
+    gstride = new_gstride;
+    rows = T, cols = in, groups = ng;
     even.assign(static_cast<size_t>(T * stride), 0);
     odd.assign(static_cast<size_t>(T * stride), 0);
     sa.assign(static_cast<size_t>(T * gstride), 0.0f);
     corr.assign(static_cast<size_t>(T * gstride), 0);
   }
 
-  // Row t: xt [in] quantized per group into the buffers (after resize()).
+  // Row t: xt [in] quantized per group into the buffers (after resize()), groups g0 .. ng - 1.
   void quantize_row(const float* xt, int64_t t, int64_t in, int64_t group, int64_t ng,
-                    void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t)) {
-    for (int64_t g = 0; g < ng; ++g) {
+                    void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t), int64_t g0 = 0) {
+    for (int64_t g = g0; g < ng; ++g) {
       const int64_t k0 = g * group, k1 = std::min(in, k0 + group);
       if (group16 != nullptr && (k1 - k0) % 16 == 0) {   // whole vectors of 16 columns
         group16(*this, xt, k0, k1, t, g);
@@ -349,6 +355,38 @@ Group16 group16_of(KernelPath path) {
   }
 }
 
+#if defined(__aarch64__)
+// The arm64 paths' fold + rounding of row t for toolchain_int4_dyw_a8 (NEON; the scalar loop's values): the whole
+// blocks of a group of a multiple of 16 n, up to 256.
+int64_t arm64_fold_row(QuantizedX& a, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
+  if (group % 16 != 0 || group > 256) return 0;
+  const int64_t nb = o / group;
+  for (int64_t b = 0; b < nb; ++b) {
+    const size_t at = static_cast<size_t>(t * a.stride + b * group / 2), gi = static_cast<size_t>(t * a.gstride + b);
+    arm64::fold_block(dy + b * group, s + b * group, group, &a.even[at], &a.odd[at], &a.sa[gi], &a.corr[gi]);
+  }
+  return nb;
+}
+#endif
+
+// The path's fused fold + rounding of a row for toolchain_int4_dyw_a8 (returns the whole blocks it did), or nullptr.
+using FoldRow = int64_t (*)(QuantizedX&, const float*, const float*, int64_t, int64_t, int64_t);
+FoldRow fold_row_of(KernelPath path) {
+  switch (path) {
+#ifdef TOOLCHAIN_X86
+    case KernelPath::avx512_vnni: return x86_avx512::fold_row;
+    case KernelPath::avx_vnni: return x86_avx_vnni::fold_row;
+    case KernelPath::avx2: return x86_avx2::fold_row;
+#endif
+#if defined(__aarch64__)
+    case KernelPath::neon:
+    case KernelPath::dotprod:
+    case KernelPath::i8mm: return arm64_fold_row;
+#endif
+    default: return nullptr;
+  }
+}
+
 // One toolchain_int4_linear_a8 call after x is quantized: weight rows are split over threads in chunks.
 struct RowsTask {
   KernelPath path;
@@ -435,70 +473,122 @@ void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
 }
 #endif
 
-// toolchain_int4_dyw_a8 (dX = dY W): one task per k-group g (W's input-column group), each computed whole by one
-// thread, so the bits do not depend on the thread count.
+// toolchain_int4_dyw_a8 (dX = dY W): tasks of (a tile of up to `tile` rows of dy, a range of k-groups), each
+// computed whole by one thread. Rows are independent and each (row, k-group) is computed the same way in any task,
+// so the bits depend on neither the tiling nor the thread count.
 struct DywTask {
   KernelPath path;
   const float* dy;       // [T, o]
   int64_t T, o, in;
-  const uint8_t* q;      // [o, in / 2]
+  const uint8_t* wt;     // W^T packed: [in, op / 2] bytes (transpose_columns), op = o rounded up to even
   const float* st;       // the scales transposed, [ng, o]: row g is the scale column of k-group g
   int64_t ng, group;
   float* dx;             // [T, in]
+  int64_t tile, tiles, gchunk;   // rows per tile, tiles, k-groups per task
 };
 
-// Columns k0 .. k0 + nk - 1 of W (nk even, k0 even) as nk rows of op / 2 bytes in W's own packed layout (byte j of
-// row kk: n = 2j in its high nibble, 2j + 1 in its low one), op = o rounded up to even (a last odd row padded with
-// nibble 8, the value 0): W^T's rows of the group, what the int4 kernels take as weight rows.
-void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t k0, int64_t nk,
-                       uint8_t* __restrict wt) {
-  const int64_t half = in / 2, ohalf = (o + 1) / 2, b0 = k0 / 2, nbytes = nk / 2;
-  constexpr int64_t J = 64;   // output bytes per block: 2 J rows of W read, nk rows of J bytes written
+// toolchain_int4_dyw_a8's layout of a block of `group` consecutive n (the last, of Lb = min(group, op - n0) n, may be
+// partial; op = o rounded up to even): its first Lb / 2 values are the block's bytes n0 / 2 .. of `even` (the
+// high nibbles of W^T's bytes), the other Lb / 2 of `odd` (the low nibbles). Any pairing gives the same exact
+// integer sums; this one lets the vector paths store their rounded u in order (no even / odd shuffle).
+// W^T packed in that layout: row k (of in) has op / 2 bytes, byte j = b * group / 2 + m of block b holding
+// n = b * group + m (high nibble) and n + Lb / 2 (low), nibble 8 (the value 0) for the padding n = o of an odd o.
+void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t group, uint8_t* __restrict wt) {
+  const int64_t half = in / 2, op = o + (o & 1), ohalf = op / 2;
+  constexpr int64_t J = 64;   // output bytes per pass: 2 J rows of W read, in rows of J bytes written
+  std::vector<int64_t> hi_row(J), lo_row(J);
   for (int64_t j0 = 0; j0 < ohalf; j0 += J) {
     const int64_t j1 = std::min(ohalf, j0 + J);
-    for (int64_t b = 0; b < nbytes; ++b) {
-      uint8_t* __restrict hi = wt + (2 * b) * ohalf;       // column k0 + 2b: the high nibbles
-      uint8_t* __restrict lo = wt + (2 * b + 1) * ohalf;   // column k0 + 2b + 1: the low nibbles
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t b = j / (group / 2), m = j % (group / 2), n0 = b * group, h = std::min(group, op - n0) / 2;
+      hi_row[static_cast<size_t>(j - j0)] = n0 + m;
+      lo_row[static_cast<size_t>(j - j0)] = n0 + h + m;   // == o: the padding
+    }
+    for (int64_t c = 0; c < half; ++c) {   // byte c of W's rows: columns 2c (high nibble), 2c + 1 (low)
+      uint8_t* __restrict even_col = wt + (2 * c) * ohalf;
+      uint8_t* __restrict odd_col = wt + (2 * c + 1) * ohalf;
       for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t q0 = q[(2 * j) * half + b0 + b];
-        const uint8_t q1 = 2 * j + 1 < o ? q[(2 * j + 1) * half + b0 + b] : uint8_t{0x88};
-        hi[j] = static_cast<uint8_t>((q0 & 0xF0) | (q1 >> 4));
-        lo[j] = static_cast<uint8_t>((q0 << 4) | (q1 & 0x0F));
+        const uint8_t q0 = q[hi_row[static_cast<size_t>(j - j0)] * half + c];
+        const int64_t nl = lo_row[static_cast<size_t>(j - j0)];
+        const uint8_t q1 = nl < o ? q[nl * half + c] : uint8_t{0x88};
+        even_col[j] = static_cast<uint8_t>((q0 & 0xF0) | (q1 >> 4));
+        odd_col[j] = static_cast<uint8_t>((q0 << 4) | (q1 & 0x0F));
       }
     }
   }
 }
 
-// k-group g of toolchain_int4_dyw_a8: u = dy * (the scale column of g), quantized per row and block of `group` n
-// (QuantizedX, the path's vector quantization), times W^T's rows of the group with unit scales: the int4 W4A8
-// kernels of the path (linear_rows), written to dx's columns k0 .. k0 + nk - 1 (row stride in).
-void dyw_group(const DywTask& k, int64_t g) {
+// A block of u with an infinity (dy infinite, or dy * sw overflowing) has sa = NaN, as one with a NaN, where
+// QuantizedX's loop would have sa = inf: its dx is NaN either way (its a are 0, and 0 * inf is NaN), but every NaN
+// of toolchain_int4_dyw_a8 is then the one NAN constant propagated (0 * inf would make x86's negative default NaN,
+// and which of two different NaNs a sum keeps depends on its operand order: the paths' bits would differ).
+// Row t of u = dy_t * s (blocks b0 .. nb - 1), quantized as QuantizedX's scalar loop into the halves layout above.
+void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o,
+                        int64_t group, int64_t nb, int64_t t, int64_t b0) {
+  const int64_t op = o + (o & 1);
+  thread_local std::vector<float> ub;
+  ub.resize(static_cast<size_t>(group));
+  float* u = ub.data();
+  for (int64_t b = b0; b < nb; ++b) {
+    const int64_t n0 = b * group, lb = std::min(group, op - n0), h = lb / 2;
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t m = 0; m < lb; ++m) {
+      const float v = n0 + m < o ? dy[n0 + m] * s[n0 + m] : 0.0f;
+      u[m] = v;
+      const float av = std::fabs(v);
+      nan = nan || av != av;
+      amax = av > amax ? av : amax;
+    }
+    const float sa = nan || amax == INFINITY ? NAN : amax / 127.0f;   // NaN for an infinity too (above)
+    int32_t sum = 0;
+    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
+    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
+    for (int64_t m = 0; m < lb; ++m) {
+      float r = sa > 0.0f ? std::nearbyint(u[m] / sa) : 0.0f;   // ties to even (the default rounding mode)
+      r = r != r ? 0.0f : std::min(127.0f, std::max(-127.0f, r));
+      const int8_t a = static_cast<int8_t>(r);
+      (m < h ? even[m] : odd[m - h]) = a;
+      sum += a;
+    }
+    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
+    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * sum;
+  }
+}
+
+// Rows t0 .. t0 + nt - 1 of dy, k-group g: u = dy * (the scale column of g), quantized per row and block of `group`
+// n (QuantizedX, the path's vector quantization), times W^T's rows of the group with unit scales (the path's int4
+// W4A8 row kernels, linear_rows), written to dx's columns k0 .. k0 + nk - 1 of those rows (row stride in).
+void dyw_block(const DywTask& k, int64_t t0, int64_t nt, int64_t g) {
   thread_local QuantizedX a;
-  thread_local std::vector<float> u;
-  thread_local std::vector<uint8_t> wt;
   thread_local std::vector<float> ones;
   const int64_t op = k.o + (k.o & 1), nb = (k.o + k.group - 1) / k.group;   // = ceil(op / group): group is even
   const int64_t k0 = g * k.group, nk = std::min(k.in, k0 + k.group) - k0, gb = k.group / 2;
   const float* s = k.st + g * k.o;
-  a.resize(k.T, op, nb, 16 * 64);
-  u.assign(static_cast<size_t>(op), 0.0f);
-  const Group16 group16 = group16_of(k.path);
-  for (int64_t t = 0; t < k.T; ++t) {
-    const float* dyt = k.dy + t * k.o;
-    for (int64_t n = 0; n < k.o; ++n) u[static_cast<size_t>(n)] = dyt[n] * s[n];
-    a.quantize_row(u.data(), t, op, k.group, nb, group16);
+  a.resize(nt, op, nb, 16 * 64, true);   // every byte and block of the nt rows is written below
+  const FoldRow fold_row = fold_row_of(k.path);
+  for (int64_t t = 0; t < nt; ++t) {
+    const float* dyt = k.dy + (t0 + t) * k.o;
+    // the path's vector fold + rounding of the whole blocks, the scalar loop for the rest
+    const int64_t done = fold_row != nullptr ? fold_row(a, dyt, s, k.o, k.group, t) : 0;
+    fold_blocks_scalar(a, dyt, s, k.o, k.group, nb, t, done);
   }
 #ifdef TOOLCHAIN_X86
-  if (k.path == KernelPath::avx512_vnni) x86_avx512::prepare(a, k.T, gb);
+  if (k.path == KernelPath::avx512_vnni) x86_avx512::prepare(a, nt, gb);
 #endif
-  wt.resize(static_cast<size_t>(nk * (op / 2)));
-  transpose_columns(k.q, k.o, k.in, k0, nk, wt.data());
-  ones.assign(static_cast<size_t>(nk * nb), 1.0f);
-  RowsTask rows_task{k.path, &a, k.T, wt.data(), ones.data(), op / 2, gb, nb, nk, k.dx + k0, nk, k.in};
+  if (ones.size() < static_cast<size_t>(k.group * nb)) ones.assign(static_cast<size_t>(k.group * nb), 1.0f);
+  RowsTask rows_task{k.path, &a, nt, k.wt + k0 * (op / 2), ones.data(), op / 2, gb, nb, nk, k.dx + t0 * k.in + k0,
+                     nk, k.in};
   linear_rows(rows_task, 0, nk);
 }
 
-void dyw_chunk(void* task, size_t i) { dyw_group(*static_cast<const DywTask*>(task), static_cast<int64_t>(i)); }
+// Task i: tile i % tiles, k-groups [(i / tiles) * gchunk, + gchunk).
+void dyw_chunk(void* task, size_t i) {
+  const DywTask& k = *static_cast<const DywTask*>(task);
+  const int64_t tile = static_cast<int64_t>(i) % k.tiles, g0 = static_cast<int64_t>(i) / k.tiles * k.gchunk;
+  const int64_t t0 = tile * k.tile, nt = std::min(k.T, t0 + k.tile) - t0;
+  for (int64_t g = g0; g < std::min(k.ng, g0 + k.gchunk); ++g) dyw_block(k, t0, nt, g);
+}
 }  // namespace
 
 extern "C" {
@@ -571,15 +661,25 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
     return 0;
   }
   thread_local std::vector<float> st;   // the scales transposed: [ng, o]
+  thread_local std::vector<uint8_t> wt;  // W^T packed: [in, op / 2]
   st.resize(static_cast<size_t>(ng * o));
   for (int64_t n = 0; n < o; ++n)
     for (int64_t g = 0; g < ng; ++g) st[static_cast<size_t>(g * o + n)] = scales[n * ng + g];
-  DywTask task{path, dy, T, o, in, q, st.data(), ng, group, dx};
+  const int64_t op = o + (o & 1);
+  wt.resize(static_cast<size_t>(in * (op / 2)));
+  transpose_columns(q, o, in, group, wt.data());
+  // Tiles of rows whose dy (float32) fits in about 1 MiB, so a tile stays in cache across its k-groups.
+  const int64_t most = std::max<int64_t>(16, std::min<int64_t>(64, (int64_t{1} << 20) / (4 * op)));
+  const int64_t tiles = (T + most - 1) / most, tile = (T + tiles - 1) / tiles;   // balanced
+  DywTask task{path, dy, T, o, in, wt.data(), st.data(), ng, group, dx, tile, tiles, ng};
   const int64_t threads = pool_threads();
-  if (threads > 1 && ng > 1 && T * o * in >= (int64_t{1} << 18)) {   // k-groups are independent: the same bits
-    run_in_pool(dyw_chunk, &task, ng);
+  if (threads > 1 && T * o * in >= (int64_t{1} << 18) && tiles * ng > 1) {
+    // at least 2 tasks per thread where the k-groups allow: split the k-groups when there are few tiles
+    const int64_t splits = std::min(ng, (2 * threads + tiles - 1) / tiles);
+    task.gchunk = (ng + splits - 1) / splits;
+    run_in_pool(dyw_chunk, &task, tiles * ((ng + task.gchunk - 1) / task.gchunk));
   } else {
-    for (int64_t g = 0; g < ng; ++g) dyw_group(task, g);
+    for (int64_t i = 0; i < tiles; ++i) dyw_chunk(&task, static_cast<size_t>(i));
   }
   return 0;
 }

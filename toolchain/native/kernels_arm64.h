@@ -173,6 +173,46 @@ inline bool quantize_group(const float* xt, int64_t k0, int64_t k1, int8_t* even
   return true;
 }
 
+// toolchain_int4_dyw_a8's rounding of one block of G consecutive n (G a multiple of 16) of a row: u = dy * s
+// (float32 products, dy and s from the block's first n), quantized as quantize_group does, stored in kernels.cpp's
+// halves layout (the first G / 2 values to even[0..], the others to odd[0..]); its scale to *sa and 8 times the
+// sum of its values to *corr.
+inline void fold_block(const float* __restrict dy, const float* __restrict s, int64_t G, int8_t* even, int8_t* odd,
+                       float* sa, int32_t* corr) {
+  float u[256];   // G <= 256 (kernels.cpp's arm64_fold_row)
+  float32x4_t amax = vdupq_n_f32(0.0f);
+  uint32x4_t ordered = vdupq_n_u32(~0u);
+  for (int64_t m = 0; m < G; m += 4) {
+    const float32x4_t v = vmulq_f32(vld1q_f32(dy + m), vld1q_f32(s + m));
+    vst1q_f32(u + m, v);
+    const float32x4_t av = vabsq_f32(v);
+    ordered = vandq_u32(ordered, vceqq_f32(av, av));
+    amax = vmaxq_f32(amax, av);
+  }
+  const float mx = vmaxvq_f32(amax);
+  const float sc = vminvq_u32(ordered) == 0 || mx == INFINITY ? NAN : mx / 127.0f;   // an infinity too (kernels.cpp)
+  int32x4_t sum = vdupq_n_s32(0);
+  if (sc > 0.0f) {
+    const float32x4_t lim = vdupq_n_f32(127.0f), nlim = vdupq_n_f32(-127.0f), sv = vdupq_n_f32(sc);
+    for (int64_t m = 0; m < G; m += 8) {
+      int32x4_t a[2];
+      for (int h = 0; h < 2; ++h) {
+        const float32x4_t q = vdivq_f32(vld1q_f32(u + m + 4 * h), sv);
+        const float32x4_t r = vminq_f32(lim, vmaxq_f32(nlim, vrndnq_f32(q)));
+        a[h] = vandq_s32(vcvtq_s32_f32(r), vreinterpretq_s32_u32(vceqq_f32(q, q)));   // NaN -> 0
+        sum = vaddq_s32(sum, a[h]);
+      }
+      const int8x8_t bytes = vmovn_s16(vcombine_s16(vmovn_s32(a[0]), vmovn_s32(a[1])));
+      vst1_s8(m < G / 2 ? even + m : odd + (m - G / 2), bytes);
+    }
+  } else {
+    std::memset(even, 0, static_cast<size_t>(G / 2));
+    std::memset(odd, 0, static_cast<size_t>(G / 2));
+  }
+  *sa = sc;
+  *corr = 8 * vaddvq_s32(sum);
+}
+
 // lane_sum's tree on 16 lanes held as a0 (lanes 0..3), a1 (4..7), a2 (8..11), a3 (12..15): (l, l + 8), then
 // (l, l + 4), then (0 + 2) + (1 + 3).
 inline float lane_sum4(float32x4_t a0, float32x4_t a1, float32x4_t a2, float32x4_t a3) {

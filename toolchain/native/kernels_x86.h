@@ -127,6 +127,62 @@ void group16(QuantizedX& x, const float* xt, int64_t k0, int64_t k1, int64_t t, 
   x.sa[static_cast<size_t>(t * x.gstride + g)] = s;
   x.corr[static_cast<size_t>(t * x.gstride + g)] = 8 * _mm512_reduce_add_epi32(sum);
 }
+
+// toolchain_int4_dyw_a8's rounding of row t: u = dy * s (the scale column of a k-group) quantized per block of G
+// consecutive n, the blocks wholly inside [0, o) (the rest: kernels.cpp's fold_blocks_scalar), computed in registers
+// without storing u, in the block's halves layout (the first G / 2 values are the block's `even` bytes, the others
+// its `odd` ones: kernels.cpp's dyw_block). The same values as the scalar loop: the same float32 products, max,
+// IEEE division, round-to-nearest-even, NaN to 0 and clamp. Returns the blocks done.
+template <int G>
+int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o, int64_t t) {
+  constexpr int V = G / 16;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const int64_t nb = o / G;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t n0 = b * G;
+    __m512 v[V];
+    __m512 amax = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int j = 0; j < V; ++j) {
+      v[j] = _mm512_mul_ps(_mm512_loadu_ps(dy + n0 + 16 * j), _mm512_loadu_ps(s + n0 + 16 * j));
+      const __m512 av = _mm512_and_ps(v[j], absmask);
+      nan |= _mm512_cmp_ps_mask(av, av, _CMP_UNORD_Q);
+      amax = _mm512_max_ps(amax, av);
+    }
+    const float m = _mm512_reduce_max_ps(amax);
+    const float sa = nan || m == INFINITY ? NAN : m / 127.0f;   // an infinity too (kernels.cpp: fold_blocks_scalar)
+    __m512i sum = _mm512_setzero_si512();
+    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
+    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
+    if (sa > 0.0f) {
+      const __m512 sv = _mm512_set1_ps(sa);
+      for (int j = 0; j < V; ++j) {
+        const __m512 q = _mm512_div_ps(v[j], sv);
+        __m512 r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), r));
+        const __m512i a = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(q, q, _CMP_ORD_Q), r);
+        sum = _mm512_add_epi32(sum, a);
+        int8_t* dst = j < V / 2 ? even + 16 * j : odd + 16 * (j - V / 2);   // the block's halves
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(a));
+      }
+    } else {
+      std::memset(even, 0, G / 2);
+      std::memset(odd, 0, G / 2);
+    }
+    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
+    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * _mm512_reduce_add_epi32(sum);
+  }
+  return nb;
+}
+
+int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
+  switch (group) {
+    case 32: return fold_blocks<32>(x, dy, s, o, t);
+    case 64: return fold_blocks<64>(x, dy, s, o, t);
+    case 128: return fold_blocks<128>(x, dy, s, o, t);
+    default: return 0;
+  }
+}
 // [a0 + a1, a2 + a3, ..., a14 + a15, b0 + b1, ..., b14 + b15]
 inline __m512i hadd_pairs(__m512i a, __m512i b, __m512i even, __m512i odd) {
   return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
@@ -581,6 +637,69 @@ void group16(QuantizedX& x, const float* xt, int64_t k0, int64_t k1, int64_t t, 
   s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
   x.sa[static_cast<size_t>(t * x.gstride + g)] = s;
   x.corr[static_cast<size_t>(t * x.gstride + g)] = 8 * _mm_cvtsi128_si32(s4);
+}
+
+// toolchain_int4_dyw_a8's rounding of row t, the blocks of G n wholly inside [0, o): as the AVX-512 fold_blocks
+// (u = dy * s in registers, group16's values, the halves layout). Returns the blocks done.
+template <int G>
+int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o, int64_t t) {
+  constexpr int V = G / 8;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const int64_t nb = o / G;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t n0 = b * G;
+    __m256 v[V];
+    __m256 amax = _mm256_setzero_ps(), nanv = _mm256_setzero_ps();
+    for (int j = 0; j < V; ++j) {
+      v[j] = _mm256_mul_ps(_mm256_loadu_ps(dy + n0 + 8 * j), _mm256_loadu_ps(s + n0 + 8 * j));
+      const __m256 av = _mm256_and_ps(v[j], absmask);
+      nanv = _mm256_or_ps(nanv, _mm256_cmp_ps(av, av, _CMP_UNORD_Q));
+      amax = _mm256_max_ps(amax, av);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float mx = _mm_cvtss_f32(m);
+    const float sa = _mm256_movemask_ps(nanv) || mx == INFINITY ? NAN : mx / 127.0f;   // an infinity too
+    __m256i sum = _mm256_setzero_si256();
+    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
+    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
+    if (sa > 0.0f) {
+      const __m256 sv = _mm256_set1_ps(sa);
+      for (int j = 0; j < V; j += 2) {
+        __m256i a[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256 q = _mm256_div_ps(v[j + h], sv);
+          __m256 r = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          r = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), r));
+          a[h] = _mm256_and_si256(_mm256_cvtps_epi32(r), _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_ORD_Q)));
+        }
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(a[0], a[1]));
+        const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a[0], a[1]), 0xD8);   // 16 int16, in order
+        const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        int8_t* dst = j < V / 2 ? even + 8 * j : odd + 8 * (j - V / 2);   // the block's halves
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bytes);
+      }
+    } else {
+      std::memset(even, 0, G / 2);
+      std::memset(odd, 0, G / 2);
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
+    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * _mm_cvtsi128_si32(s4);
+  }
+  return nb;
+}
+
+int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
+  switch (group) {
+    case 32: return fold_blocks<32>(x, dy, s, o, t);
+    case 64: return fold_blocks<64>(x, dy, s, o, t);
+    case 128: return fold_blocks<128>(x, dy, s, o, t);
+    default: return 0;
+  }
 }
 
 // 32 bytes of a weight row from byte j: zeros past the row's end (half bytes).
