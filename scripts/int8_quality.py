@@ -12,6 +12,11 @@
       program with the native kernels), each trained --steps steps from the same initial state on the same rows
       (cycled in order); the final-loss gap = mean of the last 10 losses, int8 relative to fp32; with an SGD
       program also the gradient of the first step (state change / lr) compared.
+
+  PYTHONPATH=. .venv/bin/python scripts/int8_quality.py speed --programs FP32_DIR,INT8_DIR --data ROWS.jsonl
+      [--steps 2] [--threads 1] [--json OUT]
+      The two programs' step on ExecuTorch, interleaved after a warm-up step each: wall and process CPU seconds
+      (min over --steps) and their ratio to the first; `TOOLCHAIN_KERNEL_PATH=avx2` forces the kernels' AVX2 path.
 """
 
 from __future__ import annotations
@@ -111,6 +116,44 @@ def _train(a) -> dict:
     return out
 
 
+def _speed(a) -> dict:
+    """Step time of the two programs, interleaved (fp32, int8, int8, fp32, ...) after a warm-up step each, on the
+    ExecuTorch runtime with --threads; wall and process CPU seconds (CPU: all threads' time summed)."""
+    import os
+
+    from toolchain.native import kernel_path
+    from toolchain.program import ProgramDir
+    from toolchain.runtime.runners import open_runtime
+    from toolchain.text.dataset import load_examples
+    from toolchain.training import TrainRun, run_program
+
+    pdirs = [ProgramDir(Path(d)) for d in a.programs.split(",")]
+    rows = load_examples(a.data, pdirs[0].arch)[:1]
+    runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
+    names = [p.spec.compute for p in pdirs]
+    times: dict = {n: {"wall_s": [], "cpu_s": []} for n in names}
+    for k in range(a.steps + 1):
+        order = list(zip(names, pdirs, runners))
+        for n, p, r in (order if k % 2 else order[::-1]):
+            w0, c0 = time.perf_counter(), time.process_time()
+            run_program(p, r, rows, TrainRun(steps=1, lr=1e-4))
+            if k:
+                times[n]["wall_s"].append(time.perf_counter() - w0)
+                times[n]["cpu_s"].append(time.process_time() - c0)
+    out = {"programs": a.programs.split(","), "threads": a.threads, "steps": a.steps,
+           "kernel_path": kernel_path(),
+           "TOOLCHAIN_KERNEL_PATH": os.environ.get("TOOLCHAIN_KERNEL_PATH"), "times": times,
+           "min": {n: {k: min(v) for k, v in t.items()} for n, t in times.items()}}
+    base = names[0]
+    out["ratio_to_" + base] = {n: {k: out["min"][n][k] / out["min"][base][k] for k in ("wall_s", "cpu_s")}
+                               for n in names}
+    for n in names:
+        print(f"{n}: step wall {out['min'][n]['wall_s']:.2f} s, cpu {out['min'][n]['cpu_s']:.2f} s (min of {a.steps}); "
+              f"/ {base}: wall {out['ratio_to_' + base][n]['wall_s']:.3f}, cpu {out['ratio_to_' + base][n]['cpu_s']:.3f}",
+              flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -122,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--lr", type=float, default=None)
     t.add_argument("--threads", type=int, default=1)
-    for sp in (g, t):
+    sp_ = sub.add_parser("speed")
+    sp_.add_argument("--programs", required=True)
+    sp_.add_argument("--data", type=Path, required=True)
+    sp_.add_argument("--steps", type=int, default=2)
+    sp_.add_argument("--threads", type=int, default=1)
+    for sp in (g, t, sp_):
         sp.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(getattr(a, "threads", 1))
-    out = _grads(a) if a.command == "grads" else _train(a)
+    out = {"grads": _grads, "train": _train, "speed": _speed}[a.command](a)
     import platform
 
     out["host"] = {"platform": platform.platform(), "torch": torch.__version__,
