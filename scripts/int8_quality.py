@@ -17,6 +17,9 @@
       [--steps 2] [--threads 1] [--json OUT]
       The two programs' step on ExecuTorch, interleaved after a warm-up step each: wall and process CPU seconds
       (min over --steps) and their ratio to the first; `TOOLCHAIN_KERNEL_PATH=avx2` forces the kernels' AVX2 path.
+
+  PYTHONPATH=. .venv/bin/python scripts/int8_quality.py ops [--steps 3] [--json OUT]
+      The two kernels alone at the step's shapes beside torch's float32 product (CPU ms, GMAC/s).
 """
 
 from __future__ import annotations
@@ -154,6 +157,41 @@ def _speed(a) -> dict:
     return out
 
 
+def _ops(a) -> dict:
+    """The two W4A8 kernels (C entry points of the loaded native library, its chosen path) beside torch's float32
+    product with the weight already dequantized, at the 0.5B step's shapes (T 256): process CPU seconds per call
+    (min of --steps after a warm-up call) and GMAC/s."""
+    import torch.nn.functional as F
+
+    from toolchain.mesp.kernels import load_native_kernels
+    from toolchain.mesp.ops.quant import dequantize, quantize
+
+    lib = load_native_kernels()
+    rows = []
+    for t, i, o in ((256, 896, 4864), (256, 4864, 896), (256, 896, 896), (256, 896, 1024)):
+        qw = quantize(torch.randn(o, i), "int4", 64)
+        x, dy, y, dx = torch.randn(t, i), torch.randn(t, o), torch.empty(t, o), torch.empty(t, i)
+        ng, wd = qw.scale.shape[1], dequantize(qw)
+        cases = {
+            "int4_linear_a8": lambda: lib.toolchain_int4_linear_a8(x.data_ptr(), t, i, qw.q.data_ptr(),
+                                                                   qw.scale.data_ptr(), o, ng, 64, y.data_ptr()),
+            "int4_dyw_a8": lambda: lib.toolchain_int4_dyw_a8(dy.data_ptr(), t, o, qw.q.data_ptr(), qw.scale.data_ptr(),
+                                                             i, ng, 64, dx.data_ptr()),
+            "fp32 x W^T": lambda: F.linear(x, wd), "fp32 dy W": lambda: dy @ wd}
+        for name, fn in cases.items():
+            fn()
+            best = min(_cpu(fn) for _ in range(a.steps))
+            rows.append({"shape": [t, i, o], "op": name, "cpu_ms": best * 1e3, "gmac_per_s": t * i * o / best / 1e9})
+            print(f"T {t} i {i} o {o} {name:<15} {best * 1e3:7.1f} ms CPU {t * i * o / best / 1e9:7.1f} GMAC/s", flush=True)
+    return {"kernel_path": lib.toolchain_kernel_path().decode(), "threads": a.threads, "rows": rows}
+
+
+def _cpu(fn) -> float:
+    c = time.process_time()
+    fn()
+    return time.process_time() - c
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -170,11 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     sp_.add_argument("--data", type=Path, required=True)
     sp_.add_argument("--steps", type=int, default=2)
     sp_.add_argument("--threads", type=int, default=1)
-    for sp in (g, t, sp_):
+    o_ = sub.add_parser("ops")
+    o_.add_argument("--steps", type=int, default=3)
+    o_.add_argument("--threads", type=int, default=1)
+    for sp in (g, t, sp_, o_):
         sp.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(getattr(a, "threads", 1))
-    out = {"grads": _grads, "train": _train, "speed": _speed}[a.command](a)
+    out = {"grads": _grads, "train": _train, "speed": _speed, "ops": _ops}[a.command](a)
     import platform
 
     out["host"] = {"platform": platform.platform(), "torch": torch.__version__,
