@@ -181,6 +181,34 @@ def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, t
     assert rows["executorch_groups"]["step_gflop"] > rows["executorch"]["step_gflop"]
 
 
+def test_an_int8_program_runs_beside_the_fp32_one_in_the_same_run(tiny_int4_program, tmp_path):
+    """`--program P32 --program P8`: every program mode once per program, rows told apart by `program` and
+    `compute`; the int8 program trains on the same weights and adapter (its loss within the int8 rounding)."""
+    from toolchain.native import KernelUnavailable, load_kernels
+
+    try:
+        load_kernels()
+    except KernelUnavailable as e:
+        pytest.skip(f"native kernels unavailable here: {e}")
+    p8 = tmp_path / "tiny-int8"
+    result = CliRunner().invoke(cli, ["export", "--model", "tiny", "--init", "random", "--seq-len", "32",
+                                      "--quant", "int4", "--compute", "int8", "--no-generate", "--out", str(p8)])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, [*BASE, "--modes", "mesp,executorch", "--program", str(tiny_int4_program),
+                                      "--program", str(p8), "--cache-dir", str(tmp_path / "cache"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert validation_errors("bench_memory", doc) == []
+    rows = [(r["mode"], r.get("compute"), r.get("program")) for r in doc["results"]]
+    assert rows == [("mesp", None, None), ("executorch", "fp32", str(tiny_int4_program)), ("executorch", "int8", str(p8))]
+    mesp, p32_row, p8_row = doc["results"]
+    assert p32_row["loss"] == pytest.approx(mesp["loss"], rel=1e-5)
+    assert p8_row["loss"] == pytest.approx(mesp["loss"], rel=1e-2) and p8_row["loss"] != p32_row["loss"]
+    assert p8_row["step_s"] > 0 and p8_row["peak_mb"] > 0 and p8_row["step_gflop"] == p32_row["step_gflop"]
+    assert "executorch[int8]" in result.output and "executorch[fp32]" in result.output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--seq-len", "48"], "seq_len 32 (bench: 48)"),
     (["--quant", "int8"], "quant int4 (bench: int8)"),

@@ -1,5 +1,5 @@
 """The manifest's `compute` field (`export --compute`): absent means fp32 and stays absent through a read and
-a write; fp16 reads and writes back; any other value is one schema error naming the field."""
+a write; fp16 and int8 read and write back; any other value is one schema error naming the field."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_absent_compute_is_fp32_and_stays_absent(tmp_path):
     assert json.loads((tmp_path / MANIFEST_NAME).read_text()) == doc
 
 
-@pytest.mark.parametrize("value", ["fp16", "fp32"])
+@pytest.mark.parametrize("value", ["fp16", "int8", "fp32"])
 def test_a_stated_compute_round_trips(tmp_path, value):
     doc = json.loads(EXAMPLE.read_text()) | {"compute": value}
     m = read_manifest(_write(tmp_path, doc))

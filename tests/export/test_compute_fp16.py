@@ -125,7 +125,7 @@ BASE = ["export", "--model", "tiny", "--init", "random", "--seq-len", "16", "--r
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--compute", "bf16"], "'bf16' is not one of 'fp32', 'fp16'"),
+    (["--compute", "bf16"], "'bf16' is not one of 'fp32', 'fp16', 'int8'"),
     (["--compute", "fp16", "--quant", "none"], "needs a quantized base"),
     (["--compute", "fp16", "--target", "executorch,onnx"], "--target executorch with XNNPACK only"),
     (["--compute", "fp16", "--no-xnnpack"], "--target executorch with XNNPACK only"),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolchain.atomic import discarded_on_stop
-from toolchain.bench.steps import program_target, uses_groups
+from toolchain.bench.steps import base_mode, program_target, uses_groups
 from toolchain.bench.weights_cache import ARCH_FILE, default_cache_dir, weights_cache_dir
 from toolchain.errors import BadInput
 from toolchain.lora import ALL_TARGETS, LoraConfig
@@ -124,6 +124,8 @@ class MemoryBenchConfig(BenchWorkload):
         lr: SGD learning rate of the steps. Default: 1e-4 (the MeSP paper's).
         loss_chunk, vocab_chunk, mlp_chunk: MeSP's `StepOptions`.
         program_dir: exported program for the executorch and onnx modes.
+        more_programs: further programs of the same workload (e.g. its `--compute int8` export): each program mode
+            also runs on each of them, as the row keys `mode#2`, `mode#3`, ... (rows: `mode` and `program`).
         check_grads: compare the exact modes' gradients at the initial adapter. Default: True.
         quant / quant_group / quant_chunk_elems: frozen projection weights of the eager modes: "none"
             (float32), or the program's int8/int4 format, memory-mapped and dequantized per row chunk
@@ -138,6 +140,7 @@ class MemoryBenchConfig(BenchWorkload):
     vocab_chunk: int | None = StepOptions().vocab_chunk
     mlp_chunk: int | None = StepOptions().mlp_chunk
     program_dir: Path | None = None
+    more_programs: tuple[Path, ...] = ()
     check_grads: bool = True
     quant: str = "none"
     quant_group: int = 64
@@ -160,12 +163,28 @@ class MemoryBenchConfig(BenchWorkload):
 
         QuantSpec(self.quant, self.quant_group, self.quant_chunk_elems, head=self.quant_head)
 
+    def programs(self) -> tuple[Path, ...]:
+        """Every --program, in order (the first is `program_dir`)."""
+        return (() if self.program_dir is None else (self.program_dir,)) + tuple(self.more_programs)
+
+    def row_keys(self) -> dict[str, Path | None]:
+        """Row key -> its program: each mode once; a program mode once per program (`mode`, `mode#2`, ...)."""
+        out: dict[str, Path | None] = {}
+        for mode in self.modes:
+            if not program_target(mode):
+                out[mode] = None
+                continue
+            for k, p in enumerate(self.programs() or (None,)):
+                out[mode if k == 0 else f"{mode}#{k + 1}"] = p
+        return out
+
     def step_options(self) -> StepOptions:
         return StepOptions(loss_chunk=self.loss_chunk, vocab_chunk=self.vocab_chunk, mlp_chunk=self.mlp_chunk)
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(cache_dir=str(self.cache_dir), program_dir=str(self.program_dir) if self.program_dir else None,
+                 more_programs=[str(p) for p in self.more_programs],
                  targets=list(self.targets), modes=list(self.modes), alpha=self.lora_config().alpha, dtype="float32",
                  lora_init="A and B uniform(+-1/sqrt(in)) from the seed (B != 0, so every gradient is checked)",
                  data="seq_len random token ids from the seed, labels = input_ids", optimizer="SGD")
@@ -204,8 +223,11 @@ def check_config(config: MemoryBenchConfig) -> ModelArch | None:
         if program_target(mode) and config.program_dir is None:
             raise BadInput(f"--modes {mode} needs --program DIR, a program directory written by "
                            f"`toolchain export --target {program_target(mode)}`")
+    if config.more_programs and config.program_dir is None:
+        raise BadInput("more programs given without a first --program")
     if config.program_dir is not None and any(program_target(m) for m in config.modes):
-        check_program(config, arch)
+        for p in config.programs():
+            check_program(config, arch, p)
     return arch
 
 
@@ -220,14 +242,16 @@ def program_settings(program_dir: Path) -> dict[str, Any]:
             "mlp_chunk": spec.options.mlp_chunk}
 
 
-def check_program(config: MemoryBenchConfig, arch: ModelArch | None) -> None:
-    """The program must be the benchmarked workload: same widths, sequence length, LoRA and weight format."""
+def check_program(config: MemoryBenchConfig, arch: ModelArch | None, program_dir: Path | None = None) -> None:
+    """The program (`program_dir`, default the first) must be the benchmarked workload: same widths, sequence
+    length, LoRA and weight format (its `compute` may differ: that is what several programs compare)."""
     from toolchain.program import ProgramDir
 
-    pdir = ProgramDir(config.program_dir, verify=False)
+    program_dir = program_dir or config.program_dir
+    pdir = ProgramDir(program_dir, verify=False)
     for target in {program_target(m) for m in config.modes} - {None}:
         if target not in pdir.targets:
-            raise BadInput(f"{config.program_dir} has no {target} program (it has {', '.join(pdir.targets)}); "
+            raise BadInput(f"{program_dir} has no {target} program (it has {', '.join(pdir.targets)}); "
                            f"export it with --target {target}")
     q = pdir.spec.quant
     o = pdir.spec.options
@@ -246,7 +270,7 @@ def check_program(config: MemoryBenchConfig, arch: ModelArch | None) -> None:
     if arch is not None and pdir.arch != arch:
         diff.append(f"model {pdir.model.source} (bench: {config.model})")
     if diff:
-        raise BadInput(f"{config.program_dir} was exported with {', '.join(diff)}; pass the same settings "
+        raise BadInput(f"{program_dir} was exported with {', '.join(diff)}; pass the same settings "
                        f"(--seq-len, --rank, --alpha, --targets, --quant, ...) or export a matching program")
 
 
@@ -263,6 +287,7 @@ def worker_spec(config: MemoryBenchConfig, weights_dir: Path, layers: int) -> di
             "mlp_chunk": config.mlp_chunk, "check_grads": config.check_grads, "quant": config.quant,
             "quant_group": config.quant_group, "quant_chunk_elems": config.quant_chunk_elems,
             "quant_head": config.quant_head, "program_dir": str(config.program_dir) if config.program_dir else None,
+            "program_dirs": {k: str(p) for k, p in config.row_keys().items() if p is not None},
             "layers_per_checkpoint": groups_of(config, layers)}
 
 
@@ -293,13 +318,18 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
         arch = arch or ModelArch.from_dict(json.loads((weights_dir / ARCH_FILE).read_text()))
         spec = worker_spec(config, weights_dir, arch.layers)
         rows = []
-        for mode in config.modes:
-            notify(mode)
-            rows.append(call_worker(tmp, "memory", dict(spec, mode=mode), config.threads, env))
+        keys = config.row_keys()
+        for key in keys:
+            notify(key)
+            rows.append(call_worker(tmp, "memory", dict(spec, mode=key), config.threads, env))
         notify("timing")
-        timing = call_worker(tmp, "timing", dict(spec, modes=list(config.modes)), config.threads)
+        timing = call_worker(tmp, "timing", dict(spec, modes=list(keys)), config.threads)
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
+        if keys[row["mode"]] is not None:
+            row["program"] = str(keys[row["mode"]])
+            row["compute"] = _program_compute(keys[row["mode"]])
+        row["mode"] = base_mode(row["mode"])
         mark_file_drift(row)
         if uses_groups(row["mode"]):
             row["layers_per_checkpoint"] = spec["layers_per_checkpoint"]
@@ -310,6 +340,12 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     return {"schema_version": 1, "config": config.as_json(), "results": rows,
             "counted": COUNTED + _ALLOCATOR_NOTE[config.allocator], "reference_mode": timing["reference_mode"],
             "host": host_info()}
+
+
+def _program_compute(program_dir: Path) -> str:
+    from toolchain.program import ProgramDir
+
+    return ProgramDir(program_dir, verify=False).spec.compute
 
 
 def mark_file_drift(row: dict[str, Any]) -> None:
@@ -341,7 +377,9 @@ def format_table(doc: dict[str, Any]) -> str:
     head = (f"{'mode':<18}{'peak MB':>10}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}{'time/MeBP':>11}"
             f"{'GFLOP':>9}{'GFLOP/s':>9}{'util':>7}{'cpu util':>9}{'grad rel diff':>15}  largest transient")
     lines = [head, "-" * len(head)]
+    several = len({r.get("program") for r in rows if r.get("program")}) > 1
     for r in rows:
+        label = f"{r['mode']}[{r['compute']}]" if several and r.get("program") else r["mode"]
         peak_ratio = f"{r['peak_mb'] / base['peak_mb']:.3f}" if base and base["peak_mb"] > 0 else "-"
         time_ratio = f"{r['step_s'] / base['step_s']:.3f}" if base and base["step_s"] > 0 else "-"
         diff = f"{r['grad_max_rel_diff']:.2e}" if r.get("grad_max_rel_diff") is not None else "-"
@@ -349,7 +387,7 @@ def format_table(doc: dict[str, Any]) -> str:
         what = f"{b['largest_transient_what']} {b['largest_transient_mb']:.1f} MB" if b else "-"
         gflop, rate, util, util_cpu = ((f"{r['step_gflop']:.2f}", f"{r['gflop_per_s']:.1f}", f"{r['utilisation']:.2f}",
                                         f"{r['utilisation_cpu']:.2f}") if "step_gflop" in r else ("-",) * 4)
-        lines.append(f"{r['mode']:<18}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
+        lines.append(f"{label:<18}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
                      f"{time_ratio:>11}{gflop:>9}{rate:>9}{util:>7}{util_cpu:>9}{diff:>15}  {what}")
-    lines += [f"! {r['mode']}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
+    lines += [f"! {r['mode']}{' ' + r['program'] if several and r.get('program') else ''}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from toolchain.mesp import StepOptions, block_forward, block_params, mesp_step
 from toolchain.mesp.block import block_rope
 from toolchain.models import ModelWeights, ModelArch
 
-__all__ = ["TrainMode", "TRAIN_MODES", "EXACT_MODES", "PROGRAM_MODES", "program_target", "uses_groups", "GradsHook", "prepare_lora", "sgd_hook", "collect_hook",
+__all__ = ["TrainMode", "TRAIN_MODES", "EXACT_MODES", "PROGRAM_MODES", "base_mode", "program_target", "uses_groups", "GradsHook", "prepare_lora", "sgd_hook", "collect_hook",
            "train_step"]
 
 TrainMode = Literal["autograd", "mebp", "mesp", "mezo"]
@@ -41,14 +41,20 @@ EXACT_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups")  # mo
 GradsHook = Callable[[int, dict[str, LoraPair]], None]
 
 
+def base_mode(key: str) -> str:
+    """The mode of a bench row key: the mode itself, or `mode#k` for a program mode run on the k-th --program."""
+    return key.split("#", 1)[0]
+
+
 def program_target(mode: str) -> str | None:
-    """The runtime of a program mode (executorch, onnx); None for the eager modes."""
+    """The runtime of a program mode (executorch, onnx; or its `#k` row key); None for the eager modes."""
+    mode = base_mode(mode)
     return mode.removesuffix("_groups") if mode in PROGRAM_MODES else None
 
 
 def uses_groups(mode: str) -> bool:
-    """Whether `mode` runs with checkpoint groups (`layers_per_checkpoint` of the bench)."""
-    return mode.endswith("_groups")
+    """Whether `mode` (or its row key) runs with checkpoint groups (`layers_per_checkpoint` of the bench)."""
+    return base_mode(mode).endswith("_groups")
 
 
 def prepare_lora(mode: str, lora: LoraWeights) -> LoraWeights:

@@ -97,12 +97,25 @@ def _step_fn(spec: dict, s: _Setup, mode: str, pdir=None) -> Callable[[int], flo
     from toolchain.lora import init_lora
 
     if program_target(mode):
+        # the row's own program (`bench memory --program A --program B`: row keys mode, mode#2, ...)
+        spec = dict(spec, program_dir=spec.get("program_dirs", {}).get(mode, spec.get("program_dir")))
         return _program_step(spec, s, program_target(mode), pdir, groups=uses_groups(mode))
     lora = prepare_lora(mode, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     hook = sgd_hook(lora, spec["lr"])
     return lambda k: train_step(s.arch, s.weights, s.cfg, lora, s.input_ids, s.labels, mode=mode, hook=hook,
                                 options=s.options, seed=spec["seed"] + 1 + k, lr=spec["lr"],
                                 layers_per_checkpoint=spec.get("layers_per_checkpoint", 1))
+
+
+def _load_native_kernels() -> None:
+    """The native kernel library (toolchain/native), loaded before the baseline like the runtime itself, for every
+    ExecuTorch mode alike; where it cannot load, an int8 program's runtime refuses it later with the reason."""
+    from toolchain.native import KernelUnavailable, load_kernels
+
+    try:
+        load_kernels()
+    except KernelUnavailable:
+        pass
 
 
 def run_memory(spec: dict) -> dict:
@@ -126,10 +139,12 @@ def run_memory(spec: dict) -> dict:
 
         Runtime.get()
         load_quantized_kernels()   # the int4 methods' kernel library, as an app links it
+        _load_native_kernels()     # and the native kernels (--compute int8 and fused programs call them)
     if target == "onnx":
         # Likewise the onnxruntime Python module (its sessions, arenas and state are counted).
         import onnxruntime  # noqa: F401
     pdir = None
+    spec = dict(spec, program_dir=spec.get("program_dirs", {}).get(spec["mode"], spec.get("program_dir")))
     if target and spec.get("program_dir"):
         # Likewise the manifest as Python objects and its schema validator (~3 MB; an app's parsed
         # manifest is a few KB). Everything the program loads and allocates comes after the baseline.

@@ -131,8 +131,9 @@ def _progress():
               help="Comma-separated among autograd,mebp,mesp,mesp_groups,mezo,executorch,executorch_groups,onnx,"
                    "onnx_groups (one process each for memory; *_groups: with --layers-per-checkpoint).")
 @layers_per_checkpoint_option(None, default_help="round(sqrt(L)); the *_groups modes only")
-@click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Exported program directory (for --modes executorch or onnx).")
+@click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,
+              help="Exported program directory (for --modes executorch or onnx); repeatable: each program mode runs "
+                   "on every program of the same workload (e.g. its --compute fp32 and int8 exports), side by side.")
 @click.option("--lr", type=FiniteFloat(min=0), default=1e-4, show_default=True, help="SGD learning rate.")
 @click.option("--no-grad-check", is_flag=True, help="Skip the comparison of the exact modes' gradients.")
 @click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default=None,
@@ -160,6 +161,7 @@ def memory(*, model, init, seed, rank, alpha, targets, seq_len, modes, layers_pe
 
     if json_out is not None:
         check_output_file(json_out, option="--json")
+    programs, program = tuple(program), (program[0] if program else None)
     settings = {**(program_settings(program) if program is not None else {}),
                 **_given(seq_len=seq_len, quant=quant, quant_group=quant_group,
                          quant_chunk_elems=None if dequant_chunk_mb is None else chunk_elems_from_mib(dequant_chunk_mb)),
@@ -167,10 +169,10 @@ def memory(*, model, init, seed, rank, alpha, targets, seq_len, modes, layers_pe
                 **_given(repeat=repeat, threads=threads, cache_dir=cache_dir, allocator=allocator)}
     config = MemoryBenchConfig(model=model, init=init, seed=seed, rank=rank, alpha=alpha, targets=parse_targets(targets),
                                modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-                               lr=lr, program_dir=program, check_grads=not no_grad_check,
+                               lr=lr, program_dir=program, more_programs=programs[1:], check_grads=not no_grad_check,
                                layers_per_checkpoint=layers_per_checkpoint, **settings)
     with _progress() as progress:
-        task = progress.add_task("bench memory", total=len(config.modes) + 1)
+        task = progress.add_task("bench memory", total=len(config.row_keys()) + 1)
 
         def on_stage(stage: str) -> None:
             progress.update(task, advance=0 if stage == "weights" else 1, description=f"bench memory: {stage}")

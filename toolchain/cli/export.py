@@ -48,10 +48,13 @@ from toolchain.validate import FiniteFloat
 @click.option("--float-head", is_flag=True,
               help="int4 programs: keep the embedding and LM head float32 (default: int4 like the layers; the head "
                    "is most of the bytes generation reads per token).")
-@click.option("--compute", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="Training methods' frozen-weight matmuls: fp32 (exact), or fp16 (float16 weight chunks and "
+@click.option("--compute", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="Training methods' frozen-weight matmuls: fp32 (exact), fp16 (float16 weight chunks and "
                    "products, float32 LoRA, optimizer and loss; needs --quant int4/int8 and a runtime with float16 "
-                   "kernels: phones' ARMv8.2 FP16; on x86 hosts without AVX512-FP16 it is slower, docs/benchmarks.md).")
+                   "kernels: phones' ARMv8.2 FP16; on x86 hosts without AVX512-FP16 it is slower, docs/benchmarks.md), "
+                   "or int8 (int4 weights x int8 activations, exact integer sums, in the forward, recompute, dX and "
+                   "LM head; needs --quant int4, --target executorch and a runtime with the native kernels: "
+                   "docs/export.md).")
 @click.option("--xnnpack-generation", is_flag=True,
               help="int4 programs: also the XNNPACK generation variant, for runtimes without the native kernels (the "
                    "published Android AAR): per layer a prefill and a decode method holding that layer's weights, "

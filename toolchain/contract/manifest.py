@@ -373,9 +373,10 @@ class Manifest:
     tokenizer: TokenizerSection
     adapter: AdapterSection
     files: dict[str, str]                      # relative path -> sha256 of every file of the directory
-    # the frozen-weight matmuls' precision (`export --compute`): "fp32" (exact), or "fp16" (float16 operands and
-    # products; the program needs a runtime with float16 kernels). Absent (older exports, and every fp32 export:
-    # their manifests are unchanged by the option) means "fp32".
+    # the frozen-weight matmuls' precision (`export --compute`): "fp32" (exact), "fp16" (float16 operands and
+    # products; the program needs a runtime with float16 kernels) or "int8" (int4 x int8 products through the native
+    # kernels, which the training methods list). Absent (older exports, and every fp32 export: their manifests are
+    # unchanged by the option) means "fp32".
     compute: Literal["fp32", "fp16", "int8"] = "fp32"
     # the apps' run defaults (lr, steps), written by `toolchain export`; None (absent): a program exported before them
     # or through the library without them (the readers fall back to optimizer.default_lr and 100 steps)

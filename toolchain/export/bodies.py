@@ -141,10 +141,12 @@ _Body = Callable[[ProgramSpec, dict[str, Tensor], bool, Compute], tuple[Tensor, 
 
 
 def method_compute(spec: ProgramSpec, method: MethodSpec) -> Compute:
-    """How `method` computes: --compute fp16 in the training methods' frozen-weight matmuls (mesp/ops/half.py;
-    generation stays float32), and the native kernels' ops in the methods that list kernels (the `_fused` ones)."""
-    half = spec.compute == "fp16" and method.role not in GENERATION_ROLES
-    return Compute(precision="fp16" if half else "fp32", fused=bool(method.kernels))
+    """How `method` computes: --compute fp16 / int8 in the training methods' frozen-weight matmuls
+    (mesp/ops/half.py, mesp/ops/quant.py; generation is not changed by it), and the native kernels' ops in the
+    generation methods that list kernels (the `_fused` ones)."""
+    training = method.role not in GENERATION_ROLES
+    precision = spec.compute if training else "fp32"
+    return Compute(precision=precision, fused=bool(method.kernels) and not training)
 
 
 _BODIES: dict[str, _Body] = {

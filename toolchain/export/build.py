@@ -62,7 +62,7 @@ class ExportSpec:
             directory as `tokenizer.json`, checksummed in `files`; None: no file).
         generation: also the generation methods (chunked prefill, KV-cache decode, one-position head).
         prefill_chunk: tokens per prefill call (at most seq_len).
-        compute: the training methods' frozen-weight matmuls, "fp32" or "fp16" (`ProgramSpec.compute`).
+        compute: the training methods' frozen-weight matmuls, "fp32", "fp16" or "int8" (`ProgramSpec.compute`).
     """
 
     source: str
@@ -83,7 +83,7 @@ class ExportSpec:
     tokenizer_json: str | None = field(default=None, repr=False)
     generation: bool = False  # also export the generation methods (program.GENERATION_ROLES; the CLI's default)
     prefill_chunk: int = 32
-    compute: Literal["fp32", "fp16"] = "fp32"
+    compute: Literal["fp32", "fp16", "int8"] = "fp32"
     xnnpack_generation: bool = False   # also the XNNPACK generation variant (export/xnnpack_generation.py)
     preference: bool = False           # also block_backward_pair (DPO steps: `train --program --objective dpo`)
 
@@ -104,6 +104,13 @@ class ExportSpec:
         if self.compute == "fp16" and (set(self.targets) != {"executorch"} or not self.xnnpack):
             raise BadInput("--compute fp16 is exported for --target executorch with XNNPACK only (its float16 GEMMs "
                            "are XNNPACK's; ExecuTorch's own kernels, ONNX and Core ML programs stay fp32)")
+        if self.compute == "int8" and self.quant.kind != "int4":
+            raise BadInput(f"--compute int8 needs an int4 base (--quant int4): its products are the native W4A8 "
+                           f"kernels' int4 weights x int8 activations, got --quant {self.quant.kind}")
+        if self.compute == "int8" and set(self.targets) != {"executorch"}:
+            others = ", ".join(sorted(set(self.targets) - {"executorch"}))
+            raise BadInput(f"--compute int8 is exported for --target executorch only (its training methods call the "
+                           f"native kernels, toolchain/native/kernels.cpp, which {others} cannot run)")
         if self.xnnpack_generation and "executorch" not in self.targets:
             raise BadInput("--xnnpack-generation is an ExecuTorch program's variant: export with --target executorch")
 

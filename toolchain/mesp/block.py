@@ -38,7 +38,8 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 swiglu_forward)
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
-from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
+from toolchain.mesp.ops.quant import (QuantWeight, dense_cols, dense_rows, matmul_dyw, matmul_xwt, quant_cols,
+                                      quant_rows)
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
 
@@ -47,7 +48,7 @@ __all__ = ["BlockParams", "block_forward", "block_backward", "block_rope", "atte
 
 class BlockParams(NamedTuple):
     """Everything a block needs besides its input: frozen weights, its LoRA pairs, static config, and how its
-    frozen-weight matmuls compute (ops/compute.py: fp16, or the fused generation ops)."""
+    frozen-weight matmuls compute (ops/compute.py: fp16, int8, or the fused generation ops)."""
 
     weights: LayerWeights
     lora: dict[str, LoraPair]   # target -> pair; absent targets are not adapted
@@ -150,6 +151,14 @@ def _f_chunks(p: BlockParams, mlp_chunk: int | None) -> list[tuple[int, int]]:
     return [(a, min(a + step, f)) for a in range(0, f, step)]
 
 
+def _int8(p: BlockParams) -> bool:
+    """--compute int8 with an int4 MLP: its chunks multiply through the W4A8 ops (ops/quant.py), never dequantized
+    (dY W too unless `int8_dx` is off: then `matmul_dyw` dequantizes the chunk)."""
+    w = p.weights
+    return p.compute.int8 and all(isinstance(m, QuantWeight) and m.bits == 4
+                                  for m in (w.gate_proj, w.up_proj, w.down_proj))
+
+
 def _lora_h(x: Tensor, pair) -> Tensor | None:
     return None if pair is None else F.linear(x, pair.a)             # [T, r] h = x A^T
 
@@ -162,19 +171,26 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
     # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
     c = p.compute
+    int8 = _int8(p)
     n2c = to_compute(n2, c)
     wg, wu, wd = compute_weight(w.gate_proj, c), compute_weight(w.up_proj, c), compute_weight(w.down_proj, c)
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
-        g = from_compute(F.linear(n2c, dense_rows(wg, a, b)), c)     # [T, C]
-        u = from_compute(F.linear(n2c, dense_rows(wu, a, b)), c)     # [T, C]
+        if int8:                                                     # --compute int8: the int4 chunks in place
+            g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
+        else:
+            g = from_compute(F.linear(n2c, dense_rows(wg, a, b)), c)     # [T, C]
+            u = from_compute(F.linear(n2c, dense_rows(wu, a, b)), c)     # [T, C]
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
         act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
         del g, u
-        part = from_compute(F.linear(to_compute(act, c), dense_cols(wd, a, b)), c)  # [T, d]
+        if int8:
+            part = matmul_xwt(act, quant_cols(wd, a, b), c)          # [T, d]
+        else:
+            part = from_compute(F.linear(to_compute(act, c), dense_cols(wd, a, b)), c)  # [T, d]
         out = part if out is None else out + part
         del part
         if ld is not None:
@@ -216,15 +232,23 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     dbg, dbu, dad = [], [], []
     # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
     cp = p.compute
+    int8 = _int8(p)
     n2c, doutc = to_compute(n2, cp), to_compute(dout, cp)
     wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
     for a, b in _f_chunks(p, mlp_chunk):
-        da = from_compute(doutc @ dense_cols(wdq, a, b), cp)         # [T, C]: Wd's chunk dies before Wg's, Wu's
+        if int8:                                                     # --compute int8: the int4 chunks in place
+            da = matmul_dyw(dout, quant_cols(wdq, a, b), cp)         # [T, C]
+        else:
+            da = from_compute(doutc @ dense_cols(wdq, a, b), cp)     # [T, C]: Wd's chunk dies before Wg's, Wu's
         if ld is not None:
             ad = ld.a[:, a:b]                                        # [r, C]
             da = da + dhd @ ad
-        wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)        # [C, d], read once for both uses
-        g, u = from_compute(F.linear(n2c, wg), cp), from_compute(F.linear(n2c, wu), cp)  # [T, C] recomputed
+        if int8:
+            wg, wu = quant_rows(wgq, a, b), quant_rows(wuq, a, b)    # [C, d] int4 (views)
+            g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)    # [T, C] recomputed
+        else:
+            wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)    # [C, d], read once for both uses
+            g, u = from_compute(F.linear(n2c, wg), cp), from_compute(F.linear(n2c, wu), cp)  # [T, C] recomputed
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
@@ -237,7 +261,10 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         del act
         sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
-        part = from_compute(to_compute(sw.dg, cp) @ wg, cp) + from_compute(to_compute(sw.du, cp) @ wu, cp)  # [T, d]
+        if int8:
+            part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
+        else:
+            part = from_compute(to_compute(sw.dg, cp) @ wg, cp) + from_compute(to_compute(sw.du, cp) @ wu, cp)  # [T, d]
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu

@@ -50,7 +50,7 @@ def _generate_section(pspec: ProgramSpec, methods: dict[str, MethodSpec], artifa
                       arenas: dict[str, dict[str, int]], state_bytes: int) -> GenerateSection:
     arch = pspec.arch
     stock = [n for n, m in methods.items() if m.role in GENERATION_ROLES and not m.executorch_only]
-    fused = {n.removesuffix("_fused"): n for n, m in methods.items() if m.kernels}
+    fused = {n.removesuffix("_fused"): n for n, m in methods.items() if m.kernels and m.role in GENERATION_ROLES}
     cache_bytes = 2 * 4 * arch.layers * arch.kv_heads * pspec.seq_len * arch.head_dim
     return GenerateSection(
         methods=tuple(stock + list(fused.values())), max_tokens=pspec.seq_len, cache_bytes=cache_bytes,

@@ -55,14 +55,14 @@ from toolchain.lora.config import LoraConfig
 from toolchain.lora.peft_io import peft_key
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
-from toolchain.mesp.kernels import generation_ops
+from toolchain.mesp.kernels import KERNELS, generation_ops
 from toolchain.mesp.ops.half import COMPUTE_CHOICES
 from toolchain.models.presets import ModelArch
 from toolchain.optim import OptimizerConfig
 
 __all__ = ["QuantSpec", "chunk_elems_from_mib", "ProgramSpec", "state_layout", "state_roles", "flat_state",
            "unflatten_state", "method_specs", "matrix_inputs", "layer_weight_inputs", "layer_state_inputs",
-           "QUANTIZED_FIELDS", "FUSED_KERNELS", "XNNPACK_VARIANT", "xnnpack_name",
+           "QUANTIZED_FIELDS", "FUSED_KERNELS", "INT8_KERNELS", "XNNPACK_VARIANT", "xnnpack_name",
            "xnnpack_generation_specs"]
 
 # The projection matrices; the embedding and LM head too in int4 programs (`QuantSpec.head`); norms and
@@ -77,6 +77,8 @@ QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # Every fused method lists all the generation kernels of the library (head_logits_fused calls two of them: the
 # table's `methods`): a runtime has all of them or none. (Training-only kernels, int4_dyw_a8, are not listed.)
 FUSED_KERNELS = generation_ops()   # the native kernels' table, mesp/kernels.py
+# The kernels the training methods of a `--compute int8` program call (x W^T and dy W of an int4 W, mesp/ops/quant.py)
+INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4_dyw_a8"))
 
 
 @dataclass(frozen=True)
@@ -141,9 +143,10 @@ class ProgramSpec:
     generation: bool = False  # also the generation methods (GENERATION_ROLES); the manifest's `generate` says so
     # tokens per prefill call (block_prefill): a prompt of n tokens costs ceil(n / prefill_chunk) calls per layer
     prefill_chunk: int = 32
-    # the training methods' frozen-weight matmuls: "fp32" (exact), or "fp16" (mesp/ops/half.py; needs a
-    # quantized base, whose chunks dequantize straight to float16)
-    compute: Literal["fp32", "fp16"] = "fp32"
+    # the training methods' frozen-weight matmuls: "fp32" (exact), "fp16" (mesp/ops/half.py; needs a
+    # quantized base, whose chunks dequantize straight to float16), or "int8" (int4 x int8 products through the
+    # native kernels, mesp/ops/quant.py; needs an int4 base, and the training methods list INT8_KERNELS)
+    compute: Literal["fp32", "fp16", "int8"] = "fp32"
     # also the XNNPACK generation variant (int4 programs with an int4 head, ExecuTorch only): per layer a
     # block_prefill and a block_decode holding that layer's weights as constants, and a head_logits holding the
     # head, for runtimes without the native kernels (`xnnpack_generation_specs`)
@@ -164,6 +167,12 @@ class ProgramSpec:
         if self.compute == "fp16" and self.quant.kind == "none":
             raise BadInput("--compute fp16 needs a quantized base (--quant int4 or int8): a float32 weight would be "
                            "converted whole to float16 in every call")
+        if self.compute == "int8" and self.quant.kind != "int4":
+            raise BadInput(f"--compute int8 needs an int4 base (--quant int4): its products are the native W4A8 "
+                           f"kernels' int4 weights x int8 activations, got --quant {self.quant.kind}")
+        if self.compute == "int8" and not self.options.vocab_chunk:
+            raise BadInput("--compute int8 needs vocabulary chunks for the LM head (--vocab-chunk > 0): its int8 "
+                           "products are per head chunk")
         if self.xnnpack_generation and not (self.generation and self.quant.head_quantized):
             raise BadInput("--xnnpack-generation needs the generation methods and an int4 base with an int4 head "
                            "(--quant int4, without --no-generate or --float-head)")
@@ -278,15 +287,19 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     lora = tuple(layer_state_inputs(spec, ["param"]))
     state = tuple(layer_state_inputs(spec, state_roles(spec.optimizer)))
     new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
+    # --compute int8: the methods that multiply by frozen int4 weights call the native kernels (INT8_KERNELS); they
+    # have no stock twin: the program is ExecuTorch-only and a runtime without the kernels refuses it
+    # (runtime/runners.py)
+    k = INT8_KERNELS if spec.compute == "int8" else ()
     methods = [
         MethodSpec("embed", "embed", (ids,) + embed, (act("x"),)),
-        MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),)),
+        MethodSpec("block_forward", "block_forward", (act("x"),) + weights + lora, (act("x_out", "x"),), k),
         MethodSpec("head_loss", "head_loss",
                    (act("x"), labels, IoSpec("final_norm", "float32", (d,), "weight", "final_norm")) + head + chunks,
-                   (IoSpec("loss", "float32", (1,), "result", "loss"), act("dx", "d"))),
+                   (IoSpec("loss", "float32", (1,), "result", "loss"), act("dx", "d")), k),
         MethodSpec("block_backward", "block_backward",
                    (act("dout", "d"), act("x", "checkpoint")) + (lr,) + tuple(step) + weights + state,
-                   (act("dx", "d"),) + new_state),
+                   (act("dx", "d"),) + new_state, k),
     ]
     if spec.optimizer.moves_unselected:
         methods.append(MethodSpec("block_skip_update", "block_skip_update", (lr,) + tuple(step) + state, new_state))

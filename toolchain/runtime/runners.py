@@ -93,13 +93,13 @@ def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, x
     roles = {"train": TRAINING_ROLES + PREFERENCE_ROLES, "eval": ("embed", "block_forward", "head_loss"),
              "generate": GENERATION_ROLES, "all": ALL_ROLES}[use]
     methods = pdir.methods
-    fused_roles = {m.role for m in methods.values() if m.kernels} if fused else set()
+    fused_roles = {m.role for m in methods.values() if _fused_variant(m)} if fused else set()
     xnn_roles = {m.role for m in methods.values() if m.variant == XNNPACK_VARIANT} if xnnpack else set()
 
     def wanted(m) -> bool:
         if m.variant is not None:
             return m.variant == XNNPACK_VARIANT and m.role in xnn_roles
-        if m.kernels:
+        if _fused_variant(m):
             return m.role in fused_roles
         return m.role not in fused_roles | xnn_roles
 
@@ -107,6 +107,30 @@ def role_methods(pdir: ProgramDir, use: str = "train", *, fused: bool = False, x
     if use == "generate" and not any(methods[n].role == "block_decode" for n in names):
         raise BadInput(f"{pdir.path} was exported without the generation methods; re-export it without --no-generate")
     return names
+
+
+def _fused_variant(m) -> bool:
+    """A generation method's fused variant (it has a stock twin); the training methods of a `--compute int8`
+    program list kernels too, and have none."""
+    return bool(m.kernels) and m.role in GENERATION_ROLES
+
+
+def _check_int8_kernels(pdir: ProgramDir, methods: list[str]) -> None:
+    """A `--compute int8` program's training methods call the native kernels and have no float32 twin: without
+    the kernels registered here (or with $TOOLCHAIN_NATIVE_KERNELS=0) it is one BadInput naming what is missing."""
+    needs = [n for n in methods if pdir.methods[n].kernels and pdir.methods[n].role not in GENERATION_ROLES]
+    if not needs:
+        return
+    kernels = sorted({k for n in needs for k in pdir.methods[n].kernels})
+    if os.environ.get("TOOLCHAIN_NATIVE_KERNELS", "1") == "0":
+        why = "$TOOLCHAIN_NATIVE_KERNELS is 0"
+    else:
+        why = _native_kernels()
+    if why is not None:
+        raise BadInput(f"{pdir.path} computes its frozen-weight matmuls in int8 (exported with --compute int8): its "
+                       f"methods {', '.join(needs)} call the native kernels {', '.join(kernels)}, which this runtime "
+                       f"does not have ({why}); run it where toolchain/native/kernels.cpp builds, or re-export the "
+                       f"program with --compute fp32")
 
 
 def _native_kernels() -> str | None:
@@ -160,13 +184,15 @@ def open_runtime(pdir: ProgramDir, target: str | None = None, *, threads: int | 
         raise BadInput(f"{target} programs cannot run on this host (Core ML predicts only on macOS)")
     allowed = fused is not False and os.environ.get("TOOLCHAIN_NATIVE_KERNELS", "1") != "0"
     wants_fused = (allowed and use in ("generate", "all") and target == "executorch"
-                   and any(m.kernels for m in pdir.methods.values()))
+                   and any(_fused_variant(m) for m in pdir.methods.values()))
     why_not = _native_kernels() if wants_fused else None
     use_fused = wants_fused and why_not is None
     use_xnnpack = (not use_fused and xnnpack is not False and use in ("generate", "all") and target == "executorch"
                    and os.environ.get("TOOLCHAIN_XNNPACK_GENERATION", "1") != "0"
                    and any(m.variant == XNNPACK_VARIANT for m in pdir.methods.values()))
     methods = role_methods(pdir, use, fused=use_fused, xnnpack=use_xnnpack)
+    if target == "executorch":
+        _check_int8_kernels(pdir, methods)
     variant = "fused" if use_fused else "xnnpack" if use_xnnpack else "stock"
     return _loaded(_RUNTIMES[target](pdir, threads, methods, verbose), methods, why_not, variant)
 

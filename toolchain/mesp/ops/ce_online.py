@@ -24,7 +24,7 @@ from torch import Tensor
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
-from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, quant_rows
+from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, matmul_dyw, matmul_xwt, quant_rows
 
 __all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks"]
 
@@ -41,7 +41,8 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
           with_grad: bool, compute: Compute) -> tuple[Tensor, Tensor, Tensor | None]:
     """For rows h [C, d]: (lse [C], z[y] [C], A / S - E[y] [C, d] or None). A quantized head is dequantized
     one vocabulary chunk at a time ([Vc, d], shared by the chunk's two matmuls) and at the target rows; the
-    head's two matmuls compute as `compute` says (fp16: float16 operands and products, ops/half.py)."""
+    head's two matmuls compute as `compute` says (fp16: float16 operands and products, ops/half.py; int8: an int4
+    chunk is multiplied in place by the W4A8 ops, ops/quant.py; z[y] stays the float32 dot with the looked-up row)."""
     valid = targets != IGNORE_INDEX                                  # [C]
     tgt = torch.where(valid, targets, torch.zeros_like(targets))    # [C] safe gather index
     e_y = embedding_rows(head, tgt)                                  # [C, d] E[y]
@@ -51,8 +52,13 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
     acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
     hc = to_compute(h, compute)                                      # --compute fp16: float16 (ops/half.py)
     for chunk in chunks:
-        e_j = dense(compute_weight(chunk, compute))                  # [Vc, d] (the stored rows, or dequantized)
-        z = from_compute(F.linear(hc, e_j), compute)                 # [C, Vc] = h E_j^T; E_j read in place
+        int8 = compute.int8 and isinstance(chunk, QuantWeight) and chunk.bits == 4
+        if int8:   # --compute int8 (ops/quant.py): both matmuls on the int4 chunk in place, int8 activations
+            e_j = chunk
+            z = matmul_xwt(h, chunk, compute)                        # [C, Vc] = h E_j^T (toolchain::int4_linear_a8)
+        else:
+            e_j = dense(compute_weight(chunk, compute))              # [Vc, d] (the stored rows, or dequantized)
+            z = from_compute(F.linear(hc, e_j), compute)             # [C, Vc] = h E_j^T; E_j read in place
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
         p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer
@@ -60,7 +66,9 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
         if acc is not None:
             # A <- a A + p E_j. Not `acc.mul_(a).addmm_(p, e_j)`: ExecuTorch runs addmm with its portable
             # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
-            acc = acc * a + from_compute(to_compute(p, compute) @ e_j, compute)
+            pe = matmul_dyw(p, e_j, compute) if int8 else from_compute(to_compute(p, compute) @ e_j, compute)
+            acc = acc * a + pe                                       # p E_j: toolchain::int4_dyw_a8 under int8
+            del pe
         m = m_new
         del z, p, e_j
     lse = (m + s.log()).squeeze(1)                                   # [C]

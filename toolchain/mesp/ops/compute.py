@@ -1,14 +1,18 @@
 """How a method computes the same math: `Compute`, a description passed with the block's parameters
 (`BlockParams.compute`) and to the functions that multiply by frozen weights, never a module-level switch.
 
-  precision  "fp32" (the default, exact) or "fp16": the frozen-weight matmuls in float16 (`--compute fp16`,
-             the training methods; what that means is ops/half.py)
+  precision  "fp32" (the default, exact), "fp16": the frozen-weight matmuls in float16 (`--compute fp16`,
+             the training methods; what that means is ops/half.py), or "int8": every int4 frozen-weight
+             matmul of the step on int8 activations with exact integer sums (`--compute int8`; ops/quant.py):
+             x W^T through `toolchain::int4_linear_a8`, dy W through `toolchain::int4_dyw_a8`
+  int8_dx    with "int8": dX = dy W through `toolchain::int4_dyw_a8` too (the default); False keeps dX
+             float32 over dequantized chunks (the forward, the recompute and the head's logits stay int8)
   fused      the fused generation methods: an int4 `x W^T` is one `toolchain::int4_linear_a8` call
              (ops/quant.py), the decode block and the head's norm call the native kernels' custom ops
              (mesp/decode.py; the ops are mesp/kernels.py's table)
 
-The exporter (export/bodies.py) builds one per method: fp16 for the training methods of a `--compute fp16`
-program, fused for the methods whose spec lists kernels.
+The exporter (export/bodies.py) builds one per method: fp16 / int8 for the training methods of a `--compute fp16`
+/ `--compute int8` program, fused for the generation methods whose spec lists kernels.
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ from typing import Literal
 
 __all__ = ["COMPUTE_CHOICES", "Compute", "FP32"]
 
-COMPUTE_CHOICES = ("fp32", "fp16")   # `--compute`, the manifest's `compute`
+COMPUTE_CHOICES = ("fp32", "fp16", "int8")   # `--compute`, the manifest's `compute`
 
 
 @dataclass(frozen=True)
 class Compute:
     """The frozen-weight matmuls' precision and whether the native kernels' custom ops replace stock graphs."""
 
-    precision: Literal["fp32", "fp16"] = "fp32"
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
     fused: bool = False
+    int8_dx: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in COMPUTE_CHOICES:
@@ -35,6 +40,16 @@ class Compute:
     @property
     def half(self) -> bool:
         return self.precision == "fp16"
+
+    @property
+    def int8(self) -> bool:
+        """int4 x W^T products on int8 activations (`toolchain::int4_linear_a8`)."""
+        return self.precision == "int8"
+
+    @property
+    def int8_dyw(self) -> bool:
+        """int4 dy W products on int8-rounded dy (`toolchain::int4_dyw_a8`)."""
+        return self.precision == "int8" and self.int8_dx
 
 
 FP32 = Compute()   # the stock float32 computation (every function's default)

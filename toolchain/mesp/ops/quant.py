@@ -23,9 +23,18 @@ quantized to int8 per row and group (W4A8: what ExecuTorch's own 8da4w LLM progr
 products, 64 per instruction on AVX-512 VNNI): its ExecuTorch kernel is toolchain/native/kernels.cpp;
 its PyTorch implementation here (`int4_linear_a8_reference`) defines it, is what eager generation runs, and
 is the reference the kernel is tested against. The stock generation methods (a runtime without the kernel)
-and the training step keep float32 activations (`dequantize` + `linear`); the activations' int8 rounding
+and the training step (but under `--compute int8`) keep float32 activations (`dequantize` + `linear`); the activations' int8 rounding
 costs the demo model +0.0004 nats per byte of held-out loss (docs/benchmarks.md). The op is registered with
 PyTorch by the native kernels' table, mesp/kernels.py, when `toolchain.mesp` is imported.
+
+Training on the same arithmetic (`--compute int8`, a `Compute` of precision "int8"): every x W^T by an int4 W
+of the step (the projections, the MLP's chunks, the LM head's vocabulary chunks; forward and recompute) is that
+op, and every dY W (dX of the projections, the MLP's chunks and the head) is `toolchain::int4_dyw_a8(dy, qweight,
+scales, group)`: the reduction runs over W's output rows n while its scales vary along its input columns, so per
+input-column group g, u_g = dy * scales[:, g] is rounded to int8 per row t and block of `group` consecutive n
+(`quantize_activations`), the integer sums of a * (nibble - 8) per block are exact, and the blocks' sums are
+added in float32 (isum * sa). Its reference `int4_dyw_a8_reference` is here too. Embedding lookups, LoRA, norms,
+attention, the loss and the optimizer stay float32; `Compute(int8_dx=False)` keeps dY W float32 too.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
 from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
-           "dense_rows", "dense_cols", "quant_rows", "embedding_rows", "int4_linear_a8_reference",
+           "dense_rows", "dense_cols", "quant_rows", "quant_cols", "embedding_rows", "int4_linear_a8_reference",
            "int4_dyw_a8_reference", "quantize_activations"]
 
 QuantKind = Literal["int8", "int4"]
@@ -85,6 +94,11 @@ def with_chunk_rows(qw: QuantWeight, max_elems: int) -> QuantWeight:
     return qw._replace(chunk_rows=-(-o // n))
 
 
+def _group(qw: QuantWeight) -> int:
+    """The quantization group of an int4 W (its input width over its scales' columns)."""
+    return 2 * qw.q.shape[1] // qw.scale.shape[1]
+
+
 def _rows(qw: QuantWeight, start: int, stop: int) -> QuantWeight:
     return QuantWeight(qw.q[start:stop], qw.scale[start:stop], qw.bits, executorch=qw.executorch)
 
@@ -92,6 +106,21 @@ def _rows(qw: QuantWeight, start: int, stop: int) -> QuantWeight:
 def quant_rows(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor | QuantWeight:
     """Rows [start, stop) of W, still quantized (views; the LM head's vocabulary chunks)."""
     return _rows(w, start, stop) if isinstance(w, QuantWeight) else w[start:stop]
+
+
+def quant_cols(w: Tensor | QuantWeight, start: int, stop: int) -> Tensor | QuantWeight:
+    """Columns [start, stop) of W, still quantized (the MLP's down-projection chunks under int8 compute: views
+    here, a copy of [o, (stop - start) / 2] bytes in an ExecuTorch program, whose slices are copies). Quantized:
+    start and stop on group boundaries."""
+    if not isinstance(w, QuantWeight):
+        return w[:, start:stop]
+    i = w.q.shape[1] * (2 if w.bits == 4 else 1)
+    g = i // w.scale.shape[1]
+    if start % g or (stop % g and stop != i):
+        raise ValueError(f"column chunk [{start}, {stop}) does not align with the quantization group {g}")
+    per = 2 if w.bits == 4 else 1
+    return QuantWeight(w.q[:, start // per:stop // per], w.scale[:, start // g:-(-stop // g)], w.bits,
+                       executorch=w.executorch)
 
 
 def embedding_rows(w: Tensor | QuantWeight, ids: Tensor) -> Tensor:
@@ -129,14 +158,17 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
         return linear_8da4w(x, w)                                                      # [T, o]
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
-    if compute.fused and w.bits == 4:
-        group = 2 * w.q.shape[1] // w.scale.shape[1]
-        return torch.ops.toolchain.int4_linear_a8(x, w.q, w.scale, group)             # [T, o], W read in place
+    if (compute.fused or compute.int8) and w.bits == 4:
+        return torch.ops.toolchain.int4_linear_a8(x, w.q, w.scale, _group(w))         # [T, o], W read in place
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
-    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16, summed in float32."""
+    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16, summed in float32;
+    with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded to int8 per
+    block of `group` output rows after the weight scales are folded in, exact integer sums; W read in place)."""
+    if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
+        return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
     if not isinstance(w, QuantWeight):
         return from_compute(dy @ w, compute)

@@ -1,0 +1,141 @@
+"""`toolchain export --compute int8`: the training methods multiply the int4 frozen weights with int8 activations
+through the native kernels (`toolchain::int4_linear_a8`, `toolchain::int4_dyw_a8`) on the real ExecuTorch runtime,
+and equal the same methods run eagerly on the kernels' PyTorch references; the manifest says `compute: int8` and
+the training methods list the kernels they call; bad input and a runtime without the kernels are refused with one
+clear message. A small program (3 layers, T=16, int4 group 16). The gradient bound against fp32 is the eager
+step's (tests/mesp/ops/test_int8.py), since the program is the eager step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from toolchain.cli import cli
+from toolchain.errors import BadInput
+from toolchain.export.build import ExportSpec, export_program
+from toolchain.lora import LoraConfig, init_lora
+from toolchain.models import ModelArch, random_weights
+from toolchain.program import ProgramDir
+from toolchain.program.spec import INT8_KERNELS, QuantSpec
+from toolchain.runtime import EagerRuntime
+from toolchain.runtime.runners import open_runtime
+from toolchain.text.dataset import DataRow
+from toolchain.training import TrainRun, run_program
+
+ARCH = ModelArch(hidden=64, layers=3, heads=4, kv_heads=2, intermediate=96, vocab=96, max_positions=64)
+T = 16
+CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
+
+
+def _examples(n: int, seed: int) -> list[DataRow]:
+    g = torch.Generator().manual_seed(seed)
+    return [DataRow(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
+
+
+def _export(out, compute: str):
+    spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16), pad_token_id=0,
+                      compute=compute, options=_options())
+    export_program(ARCH, random_weights(ARCH, seed=3), CFG, init_lora(ARCH, CFG, seed=4, zero_b=False), spec, out)
+    return out
+
+
+def _options():
+    from toolchain.mesp import StepOptions
+
+    return StepOptions(loss_chunk=T, vocab_chunk=32, mlp_chunk=32)
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    from toolchain.native import KernelUnavailable, load_kernels
+
+    try:
+        load_kernels()
+    except KernelUnavailable as e:
+        pytest.skip(f"native kernels unavailable here: {e}")
+    root = tmp_path_factory.mktemp("compute_int8")
+    return {c: _export(root / c, c) for c in ("fp32", "int8")}
+
+
+def _run(prog, runner_of, examples, steps=2, lr=1e-2):
+    pdir = ProgramDir(prog)
+    return run_program(pdir, runner_of(pdir), examples, TrainRun(steps=steps, lr=lr))
+
+
+def _executorch(pdir):
+    return open_runtime(pdir, "executorch", threads=1)
+
+
+def _eager(pdir):
+    return EagerRuntime(pdir.spec)
+
+
+def test_manifest_states_int8_and_the_training_methods_list_their_kernels(programs):
+    m = json.loads((programs["int8"] / "manifest.json").read_text())
+    assert m["compute"] == "int8" and ProgramDir(programs["int8"]).spec.compute == "int8"
+    assert set(INT8_KERNELS) == {"toolchain::int4_linear_a8.out", "toolchain::int4_dyw_a8.out"}
+    methods = {x["name"]: x for x in m["methods"]}
+    for name in ("block_forward", "head_loss", "block_backward"):
+        assert methods[name]["kernels"] == list(INT8_KERNELS)
+    assert "kernels" not in methods["embed"]                              # a lookup: no product
+    # generation is not changed by --compute (here: exported without it in both)
+    m32 = json.loads((programs["fp32"] / "manifest.json").read_text())
+    assert m["generate"] == m32["generate"]
+    assert [p["target"] for p in m["programs"]] == ["executorch"]
+
+
+def test_int8_program_on_the_runtime_equals_the_eager_methods(programs):
+    """The runtime (native kernels) computes what the eager methods compute (the kernels' PyTorch references):
+    the integer sums are exact in both; only float32 summation orders differ (the blocks' and groups' partial
+    sums, XNNPACK's float GEMMs of the LoRA terms and attention); and it is not the float32 program."""
+    examples = _examples(3, seed=5)
+    res = _run(programs["int8"], _executorch, examples)
+    ref = _run(programs["int8"], _eager, examples)
+    res32 = _run(programs["fp32"], _executorch, examples)
+    print(f"int8 runtime vs eager: losses {res.losses} vs {ref.losses}; state max rel "
+          f"{float((res.state - ref.state).abs().max() / ref.state.abs().max()):.1e}")
+    assert res.losses == pytest.approx(ref.losses, rel=1e-5)
+    assert float((res.state - ref.state).abs().max() / ref.state.abs().max()) <= 1e-4
+    assert res.losses != res32.losses
+
+
+def test_a_runtime_without_the_native_kernels_refuses_the_int8_program(programs, monkeypatch, tmp_path):
+    monkeypatch.setenv("TOOLCHAIN_NATIVE_KERNELS", "0")
+    with pytest.raises(BadInput, match=r"int8 .*block_forward.*toolchain::int4_dyw_a8\.out.*NATIVE_KERNELS is 0"):
+        open_runtime(ProgramDir(programs["int8"]), "executorch")
+    open_runtime(ProgramDir(programs["fp32"]), "executorch")              # an fp32 program does not need them
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"input_ids": list(range(1, T + 1)), "labels": list(range(1, T + 1))}) + "\n")
+    res = CliRunner().invoke(cli, ["train", "--program", str(programs["int8"]), "--steps", "1", "--data", str(data)])
+    assert res.exit_code != 0 and res.output.count("Error:") == 1 and "--compute int8" in res.output, res.output
+
+
+def test_a_kernel_library_that_cannot_load_refuses_it_naming_why(programs, monkeypatch):
+    import toolchain.runtime.runners as runners
+
+    monkeypatch.setattr(runners, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
+    with pytest.raises(BadInput, match=r"does not have \(no C\+\+ compiler found"):
+        open_runtime(ProgramDir(programs["int8"]), "executorch", use="eval")
+
+
+BASE = ["export", "--model", "tiny", "--init", "random", "--seq-len", "16", "--rank", "2", "--no-generate"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--compute", "int8", "--quant", "none"], "--compute int8 needs an int4 base (--quant int4)"),
+    (["--compute", "int8", "--quant", "int8"], "--compute int8 needs an int4 base (--quant int4)"),
+    (["--compute", "int8", "--target", "onnx"], "--target executorch only"),
+    (["--compute", "int8", "--target", "coreml"], "--target executorch only"),
+    (["--compute", "int8", "--target", "executorch,onnx"], "which onnx cannot run"),
+    (["--compute", "int8", "--vocab-chunk", "0"], "needs vocabulary chunks"),
+])
+def test_bad_int8_compute_exits_2_with_one_error_line_and_writes_nothing(tmp_path, extra, message):
+    out = tmp_path / "prog"
+    result = CliRunner().invoke(cli, BASE + extra + ["--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert result.output.count("Error:") == 1
+    assert not out.exists() and not any(p.name.startswith(".prog.") for p in tmp_path.iterdir())
