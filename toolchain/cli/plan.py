@@ -31,7 +31,24 @@ def _fit_text(preamble: str, r) -> list[str]:
     rank = "none" if r.largest_rank is None else f"{r.largest_rank}" + (
         " (the largest meaningful rank)" if r.largest_rank == r.max_rank else "")
     lines += [f"largest seq len that fits at this rank: {seq}", f"largest rank that fits at this seq len: {rank}"]
+    lines.append(_fallback_text(r.fallback))
     return lines + [f"note: {n}" for n in r.notes]
+
+
+def _fallback_text(fb: dict | None) -> str:
+    """The `fallback` line: what a run under memory pressure would lower its working set to (docs/training.md)."""
+    if fb is None:
+        return "fallback under memory pressure: -"
+    settings = f"layers_per_checkpoint {fb['layers_per_checkpoint']}, lcsb_k {fb['lcsb_k'] or 'all'}" + (
+        "" if fb["seq_len"] is None else f", seq_len {fb['seq_len']}")
+    peak = "-" if fb["predicted_peak_mb"] is None else f"{fb['predicted_peak_mb']:.1f} MB"
+    if not fb["notches"]:
+        return f"fallback under memory pressure: none needed ({settings} fits)"
+    verdict = "fits" if fb["fits"] else "still DOES NOT FIT: nothing smaller"
+    from collections import Counter
+
+    lowered = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in Counter(fb["notches"]).items())
+    return f"fallback under memory pressure: {settings} -> {peak} ({verdict}; lowered {lowered})"
 
 
 @plan.command()

@@ -37,6 +37,7 @@ from toolchain.contract import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION, Manifest,
 from toolchain.errors import BadInput
 from toolchain.lora.config import parse_targets
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
+from toolchain.memory.fallback import WorkingSet, fallback_ladder
 from toolchain.memory.profiles import DeviceProfile
 from toolchain.mesp.step import inputs_alive_bound
 from toolchain.models.presets import ModelArch, get_preset
@@ -44,7 +45,7 @@ from toolchain.validate import check_rank, check_seq_len
 
 __all__ = ["HOST_OVERHEAD_MB", "EXECUTORCH_OVERHEAD_MB", "ACTIVATION_COPIES", "FitReport",
            "ProgramPeak", "plan_fit", "program_peak", "program_shape",
-           "fit_shape"]
+           "fit_shape", "analytic_peak", "fallback_of"]
 
 TARGET = "executorch"
 # [T, d] float32 activations the app holds besides the checkpoints: the running x or d. The forward's last output
@@ -81,6 +82,10 @@ class FitReport:
     host_peak_mb: float | None = None   # a program on this host (one shared arena): `bench memory` checks it
     host_parts_mb: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
+    # what a run under memory pressure would fall back to (memory/fallback.py: the knobs' ladder walked until the
+    # predicted peak fits the budget): {"layers_per_checkpoint", "lcsb_k", "seq_len" (null: fixed by the program),
+    # "predicted_peak_mb", "fits", "notches": [knob, ...]}; no notch when the requested settings fit
+    fallback: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -121,13 +126,14 @@ def _selected_layers(manifest: Manifest, lcsb_k: int | None) -> tuple[int, str]:
 
 
 def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
-                 overhead_mb: float = EXECUTORCH_OVERHEAD_MB) -> ProgramPeak:
+                 overhead_mb: float = EXECUTORCH_OVERHEAD_MB, layers_per_checkpoint: int = 1) -> ProgramPeak:
     """Peak MB of an app running an exported program's layer loop (see the module docstring).
 
     Args:
         lcsb_k: layers backpropagated per step (their checkpoints are kept); None: the program's default
             LCSB plan (its largest phase), or every layer when it has none.
         overhead_mb: the runtime's own memory, added to both figures as `runtime_overhead`.
+        layers_per_checkpoint: checkpoint groups (`LayerLoop.train_step`): fewer checkpoints alive.
 
     Raises:
         BadInput: no manifest, not JSON, not schema_version 3, no ExecuTorch memory plan for a method,
@@ -135,7 +141,7 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
         SchemaError: the manifest violates its schema.
     """
     path = Path(program_dir) / MANIFEST_NAME
-    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb)
+    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb, layers_per_checkpoint)
 
 
 def _program_peak(manifest: Manifest, path: Path, lcsb_k: int | None, overhead_mb: float,
@@ -298,9 +304,34 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
                      f"docs/planner.md)")
     budget = device.budget_mb
     max_rank = _max_rank(shape)
+    if source == "program":
+        def predict(ws):
+            return _program_peak(manifest, path, ws.lcsb_k, EXECUTORCH_OVERHEAD_MB if overhead_mb is None
+                                 else overhead_mb, ws.layers_per_checkpoint).peak_mb
+    else:
+        def predict(ws):
+            return analytic_peak(shape, ws, overhead_mb=host)
+    fallback = fallback_of(WorkingSet(shape.layers_per_checkpoint, shape.lcsb_k,
+                                      shape.seq_len if source == "analytic" else None),
+                           shape.arch.layers, predict, budget)
     return FitReport(
         device=device.name, budget_mb=budget, predicted_peak_mb=peak, source=source, fits=peak <= budget,
         margin_mb=budget - peak, parts_mb=parts, phase=phase, analytic_peak_mb=analytic.peak_mb,
         largest_seq_len=largest_fitting(shape, budget, "seq_len", shape.arch.max_positions, overhead_mb=host),
         largest_rank=largest_fitting(replace(shape), budget, "rank", max_rank, overhead_mb=host),
-        max_rank=max_rank, overhead_mb=used, host_peak_mb=host_peak, host_parts_mb=host_parts, notes=notes)
+        max_rank=max_rank, overhead_mb=used, host_peak_mb=host_peak, host_parts_mb=host_parts, notes=notes,
+        fallback=fallback)
+
+
+def analytic_peak(shape: StepShape, ws: WorkingSet, *, overhead_mb: float) -> float:
+    """The analytic peak (MB) of `shape` run with the working set `ws` (its seq_len, when set, replaces the shape's)."""
+    return estimate_peak(replace(shape, lcsb_k=ws.lcsb_k, layers_per_checkpoint=ws.layers_per_checkpoint,
+                                 seq_len=ws.seq_len or shape.seq_len, backward_layers=None),
+                         overhead_mb=overhead_mb).peak_mb
+
+
+def fallback_of(ws: WorkingSet, layers: int, predict, budget_mb: float) -> dict:
+    """`FitReport.fallback`: the fallback ladder (memory/fallback.py) walked from `ws` against `budget_mb`."""
+    end, peak, taken = fallback_ladder(ws, layers, predict, budget_mb)
+    return {**end.to_json(), "seq_len": end.seq_len, "predicted_peak_mb": peak,
+            "fits": peak is not None and peak <= budget_mb, "notches": [n.knob for n in taken]}
