@@ -164,6 +164,7 @@ class TrainingService : Service() {
     override fun onTrimMemory(level: Int) {
         super.onTrimMemory(level)
         TrainingStatus.onTrim(level, SystemClock.elapsedRealtime())
+        AppPressure.trimmed(level)  // one notch down at the next step boundary (trainer-core PressurePolicy)
     }
 
     /** The "trainer" thread: the charging-window decision for this start, then the session ([SessionRunner]). */

@@ -81,7 +81,9 @@ sealed class GuardDecision {
  */
 class MemoryGuard(val budgetBytes: Long, private val predictedStepBytes: Long) {
     private var lastAnon: Long? = null
-    private var maxGrowth = 0L
+    /** The largest growth of the footprint one step has shown (since [resetGrowth]). */
+    var maxGrowth = 0L
+        private set
     var peakAnon = 0L
         private set
 
@@ -93,6 +95,9 @@ class MemoryGuard(val budgetBytes: Long, private val predictedStepBytes: Long) {
 
         fun anonOf(samples: List<MemorySample>): Long? = samples.firstOrNull { it.anonBytes != null }?.anonBytes
     }
+
+    /** The working set changed (memory pressure): the next steps' growth is learned again. */
+    fun resetGrowth() { maxGrowth = 0L }
 
     fun preflight(samples: List<MemorySample>): GuardDecision {
         val anon = anonOf(samples) ?: 0L
