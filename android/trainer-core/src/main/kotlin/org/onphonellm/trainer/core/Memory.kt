@@ -66,7 +66,9 @@ sealed class GuardDecision {
 }
 
 /**
- * Keeps a run inside its memory budget.
+ * Keeps a run inside its memory budget: the measurements (peak, growth per step) and the checks before the first
+ * step. At the step boundaries the session's [PressurePolicy] decides from them (a smaller working set first; the
+ * decisions below are what remains when nothing smaller fits).
  *
  * - Before the first step: resident anon after loading + the program's predicted step peak
  *   ([Manifest.predictedPeakBytes], the exporter's memory_plan estimate; conservative, since it also
