@@ -23,7 +23,8 @@
 # (PhoneTest), buffer reuse with a counting fake runtime (ReplayTest); issue 42's first-run fixes: the capped and
 # cancellable held-out pass, per-step checkpoints in charging windows (SessionTest, ChargingTest), generation beside
 # training at >= 40% of the idle decode rate with timed fake calls (GenerationTest), Start / Stop states and the
-# crash-replay guard (RunStartTest), checkpoints through direct buffers (CheckpointTest). The Qwen2.5 tokenizer.json is written
+# crash-replay guard (RunStartTest), checkpoints through direct buffers (CheckpointTest); issue 43's feedback records
+# (FeedbackTest, then validated with the schema by scripts/apps/check_feedback.py). The Qwen2.5 tokenizer.json is written
 # into the cache by the repository's .venv; the tests needing it are skipped, and counted as such, without it.
 # Env: TOOLCHAIN_ANDROID_CACHE (default ~/.cache/toolchain-android), KEEP_BUILD=1 keeps android/build/host.
 set -euo pipefail
@@ -228,6 +229,14 @@ if [ -f "$BUILD/interop/checkpoint.safetensors" ] && [ -x "$REPO/.venv/bin/pytho
     check host-interop "$REPO/.venv/bin/python" "$HERE/interop_check.py" "$BUILD/interop" "$MANIFEST_EXAMPLE" || true
 else
     log "host-interop skipped (needs the JUnit run, $REPO/.venv and $MANIFEST_EXAMPLE)"
+fi
+
+# The feedback records trainer-core wrote (FeedbackTest: keep, edit, discard) against shared_schemas/feedback.schema.json
+# with the host's validator (jsonschema; scripts/apps/check_feedback.py), this checkout's toolchain first on the path.
+if [ -f "$BUILD/interop/feedback.jsonl" ] && [ -x "$REPO/.venv/bin/python" ]; then
+    check feedback-schema env PYTHONPATH="$REPO" "$REPO/.venv/bin/python" "$REPO/scripts/apps/check_feedback.py" android "$BUILD/interop/feedback.jsonl" 4 || true
+else
+    log "feedback-schema skipped (needs the JUnit run and $REPO/.venv)"
 fi
 
 [ "${KEEP_BUILD:-0}" = 1 ] || { rm -rf "$BUILD"; rmdir "$HERE/build" 2>/dev/null || true; }

@@ -2,7 +2,8 @@
 # iOS checks that run on Linux (CI and developers' machines):
 #   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot), including
 #      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups, v3_tiny_qwen3) through the Swift layer loop
-#      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first);
+#      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first); the feedback
+#      records FeedbackTests wrote, validated with shared_schemas/feedback.schema.json (scripts/apps/check_feedback.py);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
 #      ExecuTorch and Core ML runtimes and its TrainingController type-checked against stand-ins (the
 #      ExecuTorch runtime also without the native kernel: the app's build without the kernel headers), the
@@ -50,6 +51,10 @@ else
     echo "ios: no .venv (make test sets it up); the tokenizer tests will fail"
 fi
 
+# FeedbackTests leaves the records it wrote in the chroot's /tmp/trainercore-feedback (checked after the suite).
+FEEDBACK_OUT="$SWIFT_CHROOT/tmp/trainercore-feedback"
+rm -rf "$FEEDBACK_OUT" && mkdir -p "$FEEDBACK_OUT"
+
 # --- 1. TrainerCore: build (cached in the chroot), then run the XCTest suite (with the v3 trace replay
 # of shared_schemas/traces/v3_tiny and the tokenizer corpus comparison).
 # The build directory lives in the chroot, keyed by nothing but /repo, so re-runs are incremental.
@@ -66,6 +71,15 @@ grep -E "error:|^Test Case '.*' failed" "$LOG_DIR/swift-test.log" | head -40
 echo "TrainerCore: $tests_passed passed, $tests_failed failed (swift test; log $LOG_DIR/swift-test.log)"
 passed=$((passed + tests_passed))
 failed=$((failed + tests_failed))
+
+# --- 1b. The feedback records TrainerCore wrote (FeedbackTests: keep, edit, discard) against
+# shared_schemas/feedback.schema.json with the host's validator (jsonschema; scripts/apps/check_feedback.py).
+if [ -x "$REPO/.venv/bin/python" ] && (cd "$REPO" && PYTHONPATH="$REPO" .venv/bin/python scripts/apps/check_feedback.py ios \
+        "$FEEDBACK_OUT/feedback.jsonl" 4) >"$LOG_DIR/feedback.log" 2>&1; then
+    echo "Feedback records vs schema: 1 passed, 0 failed ($(tail -1 "$LOG_DIR/feedback.log"))"; passed=$((passed + 1))
+else
+    echo "Feedback records vs schema: 0 passed, 1 failed (needs .venv; log $LOG_DIR/feedback.log)"; cat "$LOG_DIR/feedback.log"; failed=$((failed + 1))
+fi
 
 # --- 2. Syntax of every Swift file (app sources cannot be type-checked without Apple's SDKs).
 syntax_passed=0
@@ -109,7 +123,7 @@ swift_chroot_run "$REPO" sh -c "set -e; rm -rf $TC_OUT; mkdir -p $TC_OUT
     if out=\$(swiftc -typecheck $BRIDGE -D IOS26_SDK -I $TC_OUT -I \$MODS ios/App/Sources/Runtime/CoreMLRuntime.swift 2>&1); then echo \"TYPECHECK-OK CoreMLRuntime-iOS26-SDK\"
     else echo \"TYPECHECK-FAIL CoreMLRuntime-iOS26-SDK\"; echo \"\$out\" | head -30; fi
     if out=\$(swiftc -typecheck $BRIDGE -D TOOLCHAIN_NATIVE_KERNELS -I $TC_OUT -I \$MODS ios/App/Sources/TrainingController.swift ios/App/Sources/Runtime/ExecuTorchRuntime.swift \
-            ios/App/Sources/Runtime/CoreMLRuntime.swift ios/typecheck/AppPlatform.swift 2>&1); then echo \"TYPECHECK-OK TrainingController\"
+            ios/App/Sources/Runtime/CoreMLRuntime.swift ios/App/Sources/FeedbackController.swift ios/typecheck/AppPlatform.swift 2>&1); then echo \"TYPECHECK-OK TrainingController\"
     else echo \"TYPECHECK-FAIL TrainingController\"; echo \"\$out\" | head -30; fi" >"$LOG_DIR/typecheck.log" 2>&1
 tc_passed=$(grep -c "^TYPECHECK-OK " "$LOG_DIR/typecheck.log")
 tc_failed=$((5 - tc_passed))

@@ -66,6 +66,8 @@ final class TrainingController: ObservableObject {
     @Published private(set) var kernelLine = "native kernels: - (no program loaded)"
 
     nonisolated let paths: AppPaths
+    /// Keep / edit / discard under the generation (FeedbackController.swift).
+    let feedback: FeedbackController
     private let model = TrainingViewModel()
     private let work = DispatchQueue(label: "org.onphonellm.trainer.work", qos: .userInitiated)
     private let monitor = MemoryPressureMonitor()
@@ -98,6 +100,7 @@ final class TrainingController: ObservableObject {
     init() {
         let docs = FileManager.default.urls(for: .documentDirectory, in: .userDomainMask)[0]
         paths = AppPaths(documents: docs)
+        feedback = FeedbackController(paths: paths)
         // programs, checkpoints and adapters out of iCloud / Finder backups (GBs), at every launch
         let notExcluded = paths.prepareDirectories(exclude: BackupExclusion.exclude)
         if !notExcluded.isEmpty { NSLog("not excluded from backup: \(notExcluded.map(\.lastPathComponent))") }
@@ -408,6 +411,8 @@ final class TrainingController: ObservableObject {
             opened = session
             // A background window (BGProcessingTask) may end at any time: a checkpoint after every step.
             session.checkpointEachStep = { background || gate != nil }
+            // the gate's held-out loss at each checkpoint: skipped when a stop or the window's end comes during it
+            session.evalCancelled = { controller?.stopPending() == true || gate?.interrupt() != nil }
             session.onEvent = { event in DispatchQueue.main.async { model.handle(event) } }
             session.onStartPhase = { phase($0) }
             session.runtimeLog = ExecuTorchLog.shared.ring
@@ -523,7 +528,7 @@ final class TrainingController: ObservableObject {
     /// progress keeps coming); `cancelGeneration()` stops it before its next decode step.
     func generate(prompt: String, settings: RunSettings, chat: Bool) {
         guard view.canGenerate, !prompt.isEmpty else { return }
-        let paths = self.paths, model = self.model
+        let paths = self.paths, model = self.model, feedback = self.feedback
         let run = savedRun ?? SavedRun.load(from: paths.latestRun)
         let program = run?.program ?? settings.program
         let shown = self.data
@@ -531,6 +536,7 @@ final class TrainingController: ObservableObject {
         let cancel = GenerationCancel()
         generationCancel = cancel
         model.generationRequested()
+        feedback.cleared()
         generation.async { [weak self] in
             var message: String
             do {
@@ -558,11 +564,14 @@ final class TrainingController: ObservableObject {
                 // tokens reach the view through session.onEvent (.token), hopped to the main actor
                 let before = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: true, chat: chat, cancel: cancel)
                 message = Self.describe(before, side: "before")
+                var answered = before  // the feedback buttons answer the trained adapter's response, else the initial one's
                 if before.stop != .cancelled, session.state != nil {
                     let after = try session.generate(prompt: prompt, maxNewTokens: settings.maxNewTokens, initial: false, chat: chat, cancel: cancel)
                     message = Self.describe(after, side: "after")
                     if after.stop != .cancelled { message = "Generated" + (after.adapterStep.map { " (trained adapter at step \($0))" } ?? "") }
+                    answered = after
                 }
+                feedback.generated(prompt: prompt, chat: chat, answered)
                 // int4 programs: the fused methods ran on the app's native kernel (ExecuTorchRuntime.registeredKernels)
                 if session.loop.generationIsFused, before.stop != .cancelled { message += "; native int4 kernel" }
             } catch {

@@ -211,6 +211,7 @@ struct ContentView: View {
             if let d = state.evalDelta {
                 LabeledContent("Change", value: String(format: "%+.4f", d)).foregroundStyle(d < 0 ? Color.green : Color.red)
             }
+            if let gate = state.gateReason { Text(gate).font(.caption) }  // the evaluation gate's decision
         }
     }
 
@@ -234,6 +235,7 @@ struct ContentView: View {
                 Divider()
                 GenerationColumn(title: state.streamAfter?.adapterStep.map { "After (step \($0))" } ?? "After", stream: state.streamAfter)
             }
+            FeedbackSection(feedback: controller.feedback)
         }
     }
 

@@ -59,7 +59,7 @@ public enum GuardDecision: Equatable {
 /// - otherwise lets the step run.
 public final class MemoryGuard {
     public let budgetBytes: UInt64
-    public let plannedPeakBytes: UInt64
+    public private(set) var plannedPeakBytes: UInt64
     public let availableMarginBytes: UInt64
     public let pauseOnWarning: Bool
     /// Largest footprint growth measured during one step (nil until a step was measured).
@@ -71,6 +71,12 @@ public final class MemoryGuard {
                 pauseOnWarning: Bool = false) {
         (self.budgetBytes, self.plannedPeakBytes) = (budgetBytes, plannedPeakBytes)
         (self.availableMarginBytes, self.pauseOnWarning) = (availableMarginBytes, pauseOnWarning)
+    }
+
+    /// The working set changed (memory pressure): plan with `plannedPeakBytes` and learn the growth per step again.
+    public func replan(plannedPeakBytes p: UInt64) {
+        plannedPeakBytes = p
+        stepGrowthBytes = nil
     }
 
     /// The footprint the next step is expected to reach, from the footprint before it.

@@ -9,6 +9,9 @@ public enum TelemetrySchema {
         case choice([String])
         case pattern(String)            // only the two patterns the schema uses, see `matches`
         case integer(min: Int64?)
+        case integerOrNull(min: Int64?)
+        /// A `working_set` object: layers_per_checkpoint (>= 1), lcsb_k (>= 1 or null), seq_len (>= 1), no other keys.
+        case workingSet
         case number(min: Double?, max: Double?)
         case numberOrNull
         case bool
@@ -73,6 +76,18 @@ public enum TelemetrySchema {
             "message": .string(minLength: 1, maxLength: 4096), "fatal": .bool, "code": .pattern("code"),
             "step": .integer(min: 0), "log": .lines(maxItems: ErrorReport.maxLogLines, maxLength: ErrorReport.maxLogLineLength),
         ]),
+        "gate": (["decision", "start_loss", "end_loss", "best_loss", "best_step", "reason"], [
+            "decision": .choice(["kept", "kept_best", "rolled_back"]), "start_loss": .numberOrNull, "end_loss": .numberOrNull,
+            "best_loss": .numberOrNull, "best_step": .integerOrNull(min: 0), "kept_step": .integer(min: 0),
+            "reason": .string(minLength: 1, maxLength: 512), "probe": .choice(["measured", "no_probe"]),
+            "probe_start_loss": .numberOrNull, "probe_end_loss": .numberOrNull, "probe_rise": .numberOrNull,
+            "probe_threshold": .number(min: 0, max: nil), "forgetting": .bool,
+        ]),
+        "memory_adapted": (["step", "knob", "from", "to", "measured_bytes", "budget_bytes", "trigger"], [
+            "step": .integer(min: 0), "knob": .choice(["layers_per_checkpoint", "lcsb_k", "seq_len"]), "from": .workingSet,
+            "to": .workingSet, "measured_bytes": .bytes, "budget_bytes": .bytes, "predicted_bytes": .bytes,
+            "trigger": .choice(["measured", "predicted", "os_signal"]),
+        ]),
         "eval": (["step", "loss", "rows", "tokens"], [
             "step": .integer(min: 0), "loss": .numberOrNull, "rows": .integer(min: 1), "tokens": .integer(min: 1),
             "eval_time_s": .number(min: 0, max: nil),
@@ -130,6 +145,17 @@ public enum TelemetrySchema {
             guard let d = v.doubleValue else { return "must be a number" }
             if let minimum, d < minimum { return "must be >= \(minimum)" }
             if let maximum, d > maximum { return "must be <= \(maximum)" }
+        case .integerOrNull(let minimum):
+            if v == .null { return nil }
+            guard let i = v.intValue, i <= maxSafeInt else { return "must be an integer or null" }
+            if let minimum, i < minimum { return "must be >= \(minimum)" }
+        case .workingSet:
+            guard let o = v.objectValue else { return "must be an object" }
+            if o.keys.contains(where: { !["layers_per_checkpoint", "lcsb_k", "seq_len"].contains($0) }) { return "has an unknown key" }
+            for (k, x) in o {
+                if k == "lcsb_k", x == .null { continue }
+                guard let i = x.intValue, i >= 1 else { return "\(k) must be an integer >= 1" }
+            }
         case .numberOrNull:
             if v != .null && v.doubleValue == nil { return "must be a number or null" }
         case .bool:

@@ -220,6 +220,10 @@ public enum SessionEvent: Equatable {
     case generated(Generation)
     case checkpointed(step: Int)
     case ended(status: RunStatus, message: String?)
+    /// The evaluation gate decided after the held-out loss after the last step (`GateDecision.reason`: the screen's line).
+    case gate(GateDecision)
+    /// The working set was lowered under memory pressure (a `memory_adapted` event; its first step `step`).
+    case memoryAdapted(step: Int, knob: String, from: WorkingSet, to: WorkingSet, trigger: String)
 }
 
 /// Held-out loss of one adapter: `initial` is state_init.bin's (before training), else the live state's.
@@ -282,6 +286,16 @@ public final class TrainingSession {
     public var runtimeLog: LogRing?
     /// Where `start()` is (verifying, loading methods, preparing the state), for the screen.
     public var onStartPhase: ((String) -> Void)?
+    /// The step's run-time knobs, lowered under memory pressure (`PressurePolicy`); the run's own at each session start.
+    public private(set) var working: WorkingSet
+    /// The layers of each step: the run's plan, a cyclic one of the lowered k after a memory_adapted on lcsb_k.
+    private var livePlan: StepPlan?
+    private let pressure: PressurePolicy
+    /// The evaluation gate's record of this run (beside the checkpoint; `GateRecord`) and its decision once made.
+    public let gateRecord: GateRecord
+    public private(set) var gateDecision: GateDecision?
+    /// Asked before each row of the gate's evaluations at the checkpoints (true: that evaluation is skipped).
+    public var evalCancelled: () -> Bool = { false }
 
     private let programDirectory: URL
     private let order: DataOrder
@@ -338,6 +352,11 @@ public final class TrainingSession {
         (self.device, self.checkpoint, self.sinks, self.usedSeq) = (device, checkpoint, sinks, usedSeq)
         (self.probes, self.budget, self.clock, self.monotonic) = (probes, budget, clock, monotonic)
         order = DataOrder(rowCount: data.train.count, seed: config.shuffleSeed)
+        working = WorkingSet(layersPerCheckpoint: config.layersPerCheckpoint, lcsbK: plan.flatMap { $0.policy == "full" ? nil : $0.k })
+        livePlan = plan
+        let target = loop.runtime.backendName
+        pressure = PressurePolicy(layers: m.loop.layers) { ws in PressurePolicy.plannerPeak(ws, manifest: m, target: target) }
+        gateRecord = GateRecord(checkpoint: checkpoint?.url)
     }
 
     public var padTokenId: Int64 { Int64(manifest.tokenizer?.padTokenId ?? 0) }
@@ -374,6 +393,7 @@ public final class TrainingSession {
         try loop.loadTraining()
         seq = max(seq, usedSeq?(runId) ?? 0)
         recorder = try TelemetryRecorder(runId: runId, startSeq: seq, sinks: sinks, clock: clock, monotonic: monotonic)
+        gateRecord.begin(runId: runId)
         if !resumed { try emit("run_start", runStartFields()) }
         onEvent?(.started(resumed: resumed, step: step, losses: losses))
         return resumed
@@ -452,17 +472,38 @@ public final class TrainingSession {
             let decision = budget.decide(footprint: before.first { $0.probe == "ios_phys_footprint" }?.anonBytes,
                                          available: before.first { $0.probe == "ios_os_proc_available" }?.availableBytes,
                                          pressure: probes.pressure())
-            switch decision {
+            var current = decision
+            // Memory pressure lowers the working set (PressurePolicy: checkpoint groups, then LCSB k) before it pauses
+            // or stops: a budget the plan is over walks the ladder now; an OS signal takes one notch, then the next
+            // steps are measured (within the policy's cooldown a signal does not pause the run).
+            let fp = before.first { $0.probe == "ios_phys_footprint" }?.anonBytes
+            while case .stop = current, let n = pressure.next(working) {
+                let predicted = budget.predictedPeak(footprint: fp ?? 0)
+                try adapt(n, trigger: (fp ?? 0) > budget.budgetBytes ? "measured" : "predicted", measured: predicted)
+                current = budget.decide(footprint: fp, available: before.first { $0.probe == "ios_os_proc_available" }?.availableBytes,
+                                        pressure: probes.pressure())
+            }
+            if case .pause = current {
+                if pressure.inCooldown(atStep: step) {
+                    current = .proceed
+                } else if let n = pressure.next(working) {
+                    pressure.osAdapted(atStep: step)
+                    try adapt(n, trigger: "os_signal", measured: fp ?? 0)
+                    current = .proceed
+                }
+            }
+            switch current {
             case .proceed: break
             case .pause(let reason):
                 try emitMemory(before, step: nil)
                 try saveCheckpoint()
                 return .paused(reason: reason)
             case .stop(let reason):
-                try emit("error", ["message": .string(reason), "fatal": .bool(true), "code": .string("budget_exceeded"),
+                let why = "\(reason) with the smallest settings (\(working.description))"
+                try emit("error", ["message": .string(why), "fatal": .bool(true), "code": .string("budget_exceeded"),
                                    "step": .int(Int64(step))])
                 try saveCheckpoint()
-                return .stopped(reason: reason)
+                return .stopped(reason: why)
             }
         }
         let s = step
@@ -474,8 +515,8 @@ public final class TrainingSession {
             stateLock.lock()
             defer { stateLock.unlock() }
             loss = try loop.trainStep(inputIds: row.inputIds, labels: labels, lr: config.lr, state: state,
-                                      selected: plan?.selected(forStep: s), padTokenId: padTokenId,
-                                      layersPerCheckpoint: config.layersPerCheckpoint)
+                                      selected: livePlan?.selected(forStep: s), padTokenId: padTokenId,
+                                      layersPerCheckpoint: working.layersPerCheckpoint)
             stepsInState = s + 1
         } catch {
             // The step's first call refused: a generation beside training saw the weights file change between
@@ -496,7 +537,7 @@ public final class TrainingSession {
             "step": .int(Int64(s)), "loss": .number(Double(loss)), "step_time_s": .double(dt), "tokens": .int(Int64(tokens)),
             "tokens_per_s": .double(dt > 0 ? Double(tokens) / dt : 0), "lr": .double(Double(config.lr)),
         ]
-        if let phase = plan?.phase(forStep: s) { fields["lcsb_phase"] = .int(Int64(phase)) }  // none on warm-up steps
+        if let phase = livePlan?.phase(forStep: s) { fields["lcsb_phase"] = .int(Int64(phase)) }  // none on warm-up steps
         try emit("step", fields)
         let after = [probes.footprint?.sample(), probes.available?.sample()].compactMap { $0 }
         try emitMemory(after, step: s)
@@ -507,7 +548,62 @@ public final class TrainingSession {
         onEvent?(.memory(footprintBytes: fp?.anonBytes, peakBytes: fp?.peakBytes,
                          availableBytes: after.first { $0.probe == "ios_os_proc_available" }?.availableBytes, pressure: probes.pressure()))
         if step % config.checkpointEvery == 0 || step == config.steps || checkpointEachStep() { try saveCheckpoint() }
+        if step % config.checkpointEvery == 0, step < config.steps { try gateEvaluate() }
         return .trained(step: s, loss: loss)
+    }
+
+    /// Run the next steps with `n`'s working set: a `memory_adapted` event (its first step: the next one).
+    private func adapt(_ n: Notch, trigger: String, measured: UInt64) throws {
+        working = n.after
+        if n.knob == "lcsb_k" { livePlan = try StepPlan.make(layers: manifest.loop.layers, k: n.after.lcsbK, policy: "cyclic") }
+        let target = loop.runtime.backendName
+        budget?.replan(plannedPeakBytes: (budget?.plannedPeakBytes ?? 0) - min(budget?.plannedPeakBytes ?? 0, PressurePolicy.plannerPeak(n.before, manifest: manifest, target: target))
+                       + PressurePolicy.plannerPeak(n.after, manifest: manifest, target: target))
+        var f: [String: JSONValue] = ["step": .int(Int64(step)), "knob": .string(n.knob), "from": n.before.json, "to": n.after.json,
+                                      "measured_bytes": .int(Int64(measured)), "budget_bytes": .int(Int64(device.budgetBytes)),
+                                      "trigger": .string(trigger)]
+        if let p = n.predictedBytes { f["predicted_bytes"] = .int(Int64(p)) }
+        try emit("memory_adapted", f)
+        onEvent?(.memoryAdapted(step: step, knob: n.knob, from: n.before, to: n.after, trigger: trigger))
+    }
+
+    /// The gate's evaluation at a checkpoint during the run: an `eval` event; the state saved as the best so far
+    /// (beside the checkpoint) before the point is recorded, when it is. A cancelled one is left out.
+    private func gateEvaluate() throws {
+        guard !data.heldOut.isEmpty, gateRecord.startLoss != nil, let state else { return }
+        let r: EvalResult
+        do {
+            guard let e = try evaluate(initial: false, cancelled: evalCancelled) else { return }
+            r = e
+        } catch is EvalCancelled { return }
+        if r.loss.isFinite, r.loss <= gateRecord.bestLoss, let recorder {
+            try gateRecord.best.save(state: state.values, meta: CheckpointMeta(step: step, runId: recorder.runId, seq: recorder.nextSeq, losses: losses,
+                                                                             stateNumel: manifest.state.numel, program: programName, programSha256: programSha256))
+        }
+        gateRecord.add(step: step, loss: r.loss)
+    }
+
+    /// After the held-out loss after the last step: the decision, the kept state made live (rolled back:
+    /// state_init.bin's; kept best: the saved best) and checkpointed, a `gate` event, `.gate` to the screen.
+    private func decideGate(endLoss: Double) throws {
+        guard let start = gateRecord.startLoss, let state else { return }
+        gateRecord.add(step: step, loss: endLoss)
+        let d = GateDecision.decide(startStep: 0, startLoss: start, later: gateRecord.points)
+        switch d.decision {
+        case .kept: break
+        case .rolledBack:
+            let initial = try initialAdapterState().values
+            try stateLock.withLock { try state.overwrite(with: initial) }
+            try saveCheckpoint()
+        case .keptBest:
+            let (values, _) = try gateRecord.best.load(expectedNumel: manifest.state.numel, programSha256: programSha256)
+            try stateLock.withLock { try state.overwrite(with: values) }
+            try saveCheckpoint()
+        }
+        try emit("gate", d.eventFields)
+        gateRecord.finished()
+        gateDecision = d
+        onEvent?(.gate(d))
     }
 
     private func emitMemory(_ samples: [MemorySample], step: Int?) throws {
@@ -617,6 +713,9 @@ public final class TrainingSession {
         try emit("eval", ["step": .int(Int64(r.step)), "loss": .number(loss), "rows": .int(Int64(r.rows)),
                           "tokens": .int(Int64(tokens)), "eval_time_s": .double(r.seconds)])
         onEvent?(.eval(r))
+        // The gate: the start's loss is the initial adapter's before the first step; after the last step it decides.
+        if initial, step == 0 { gateRecord.started(loss: loss) }
+        if !initial, step >= config.steps { try decideGate(endLoss: loss) }
         return r
     }
 

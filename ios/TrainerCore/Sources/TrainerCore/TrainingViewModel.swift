@@ -36,6 +36,8 @@ public struct TrainingViewState: Equatable {
     public var pressure: MemoryPressure = .normal
     public var evalBefore: EvalResult?
     public var evalAfter: EvalResult?
+    /// The evaluation gate's line ("rolled back: held-out 2.3100 -> 2.4000"; nil until the run decides).
+    public var gateReason: String?
     /// The finished generations (nil while one streams or after a new prompt).
     public var generationBefore: Generation?
     public var generationAfter: Generation?
@@ -230,6 +232,10 @@ public final class TrainingViewModel {
             if g.initial { s.streamBefore = stream } else { s.streamAfter = stream }
         case .checkpointed:
             break
+        case .gate(let d):
+            s.gateReason = d.reason
+        case .memoryAdapted(let step, let knob, let from, let to, let trigger):
+            s.message = "Memory (\(trigger)): \(knob) lowered from step \(step + 1): \(from.description) -> \(to.description)"
         case .ended(let status, let message):
             switch status {
             case .completed: s.phase = .completed; s.canResume = false

@@ -70,9 +70,11 @@ final class SessionTests: XCTestCase {
         XCTAssertEqual(Array(bb.prefix(8)), [1, 0, 4, 3, 2, 7, 6, 5])
         // Rows in the host's seeded order (permutation(rows, 7 + epoch)).
         let order = DataOrder(rowCount: data.train.count, seed: 7)
-        // (the embeds of the eval before come first; generation embeds with embed_prefill / embed_token)
+        // (the embeds of the eval before come first, those of the gate's evals after steps 2 and 4 between the steps'
+        // pairs; generation embeds with embed_prefill / embed_token)
         let embeds = rt.calls.filter { $0.method == "embed" }.map { $0.inputs[0].sha }
-        let trainEmbeds = embeds[data.heldOut.count..<(data.heldOut.count + 6)]
+        let h = data.heldOut.count
+        let trainEmbeds = [h, h + 1, 2 * h + 2, 2 * h + 3, 3 * h + 4, 3 * h + 5].map { embeds[$0] }
         XCTAssertEqual(rt.calls.filter { $0.method == "embed_prefill" }.count, 2, "one chunk per generation (a short prompt, C = 16)")
         let want = (0..<6).map { step -> String in
             let ids = data.train[order.row(forStep: step)].inputIds
@@ -81,12 +83,13 @@ final class SessionTests: XCTestCase {
         }
         XCTAssertEqual(Array(trainEmbeds), want, "rows in DataOrder's seeded order")
         XCTAssertNotEqual((0..<6).map(order.row(forStep:)), Array(0..<6), "seed 7 shuffles")
-        // Telemetry: run_start, eval (before), 6 x step, eval (after), run_end; all schema-valid.
+        // Telemetry: run_start, eval (before), 6 x step with the gate's eval at the checkpoints of steps 2 and 4,
+        // run_end, eval (after), gate; all schema-valid.
         let types = sink.events.map { $0.fields["type"]!.stringValue! }
         XCTAssertEqual(types.filter { $0 == "step" }.count, 6)
         XCTAssertEqual(types.first, "run_start")
-        XCTAssertEqual(types.filter { $0 == "eval" }.count, 2)
-        XCTAssertEqual(Array(types.suffix(2)), ["run_end", "eval"])
+        XCTAssertEqual(types.filter { $0 == "eval" }.count, 4)
+        XCTAssertEqual(Array(types.suffix(3)), ["run_end", "eval", "gate"])
         for e in sink.events { XCTAssertEqual(TelemetrySchema.errors(in: e.fields), [], "\(e.fields)") }
         XCTAssertEqual(sink.events.map { $0.fields["seq"]!.intValue! }, (0..<Int64(sink.events.count)).map { $0 })
         let start = sink.events[0].fields

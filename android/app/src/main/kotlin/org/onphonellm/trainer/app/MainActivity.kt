@@ -89,6 +89,8 @@ class MainActivity : Activity() {
     private lateinit var resumeButton: Button
     private lateinit var generateButton: Button
     private lateinit var cancelButton: Button
+    /** Keep / edit / discard under the generation, and the feedback file's export (FeedbackUi.kt). */
+    private lateinit var feedback: FeedbackBar
     /** A generation update is posted to the main thread and not shown yet (coalesces a burst of tokens into one). */
     private val generationPosted = java.util.concurrent.atomic.AtomicBoolean(false)
     private lateinit var importButton: Button
@@ -157,6 +159,8 @@ class MainActivity : Activity() {
         before = TextView(this).apply { text = "before:" }
         after = TextView(this).apply { text = "after:" }
         row(before, after)
+        feedback = FeedbackBar(this, io)
+        col.addView(feedback.view)
         col.addView(button("Export adapter (PEFT) ...") { exportAdapter() })
         setContentView(ScrollView(this).apply { fitsSystemWindows = true; addView(col) })  // targetSdk 35 draws edge to edge
 
@@ -429,6 +433,7 @@ class MainActivity : Activity() {
         generationNote.text = g.note ?: ""
         generateButton.isEnabled = !g.running
         cancelButton.isEnabled = g.running
+        feedback.show(g.running)
     }
 
     /** Start and Resume only when idle; Stop while starting or running ([RunStart]). */
@@ -454,6 +459,7 @@ class MainActivity : Activity() {
             PICK_TEXT -> readPicked(uri)
             EXPORT_TREE -> export(uri)
             IMPORT_TREE -> importFrom(uri)
+            FeedbackBar.REQUEST -> feedback.exported(uri)
         }
     }
 
@@ -516,7 +522,8 @@ class MainActivity : Activity() {
             s.kernels?.let { kernels.text = it }
             val e = if (s.running || s.evalBefore != null) EvalPair(s.evalBefore, s.evalAfter, null) else o.evals
             fun f(x: Double?) = x?.let { "%.4f".format(it) } ?: "-"
-            evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}"
+            evals.text = "held-out loss: before ${f(e.before)}, after ${f(e.after)}" +
+                ((GateStatus.reason ?: o.evals.gate?.reason)?.let { "\n$it" } ?: "")  // the evaluation gate's decision
             showButtons()
             showImport()
             showGeneration()  // also streamed by onGeneration as the tokens come; this catches up after a pause

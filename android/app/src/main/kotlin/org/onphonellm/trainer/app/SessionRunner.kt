@@ -15,6 +15,7 @@ import org.onphonellm.trainer.core.FileIdentity
 import org.onphonellm.trainer.core.FileIdentitySource
 import org.onphonellm.trainer.core.EventLog
 import org.onphonellm.trainer.core.GenerateTarget
+import org.onphonellm.trainer.core.GateDecision
 import org.onphonellm.trainer.core.GeneratedText
 import org.onphonellm.trainer.core.GenerationSource
 import org.onphonellm.trainer.core.GenerationJob
@@ -71,6 +72,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
         var failedRun: RunDir? = null
         currentPhase = null
         TrainingStatus.lastError = null
+        AppFeedback.init(base)  // the generations of this session offer their responses to the feedback buttons
         if (!req.generateOnly) TrainingStatus.start.beginExternal()  // the screen's Start began it already; adb, a restart, a window: now
         val pm = ctx.getSystemService(Context.POWER_SERVICE) as PowerManager
         val wakeLock = pm.newWakeLock(PowerManager.PARTIAL_WAKE_LOCK, "trainer:run").apply { acquire() }
@@ -120,7 +122,9 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
             ExecuTorchRuntime(File(programDir, program.programFile), program).use { runtime ->
                 TrainingStatus.kernels = runtime.kernelLine
                 phase(StartPhase.PREPARING)
-                val session = TrainingSession(program, weights, runtime, runDir, probe, Clock.System, Progress())
+                AppPressure.reset()
+                GateStatus.reason = null
+                val session = TrainingSession(program, weights, runtime, runDir, probe, Clock.System, Progress(), AppPressure)
                 session.nativeLog = { ExecuTorchRuntime.readLog() }
                 val tok = try { TextTokenizer.forProgram(program) } catch (e: Exception) { null }
                 val chat = spec.source == "chat"
@@ -203,15 +207,17 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
         return null
     }
 
-    /** Polls the footprint between the session's own checks; over budget -> stop at the next step (checkpointed). */
+    /**
+     * Polls the footprint between the session's own checks: the largest one since the last step boundary goes to the
+     * session's pressure policy (over budget: a smaller working set from the next step, a stop only when none is left).
+     */
     private fun watch(probe: AndroidMemoryProbe, budget: Long) {
         try {
             while (!Thread.currentThread().isInterrupted) {
                 Thread.sleep(2000)
                 val anon = probe.anonBytes()
                 TrainingStatus.anonBytes = anon
-                if (anon > budget && !TrainingStatus.stopRequested())
-                    TrainingStatus.requestStop("anonymous memory ${anon shr 20} MB is over the ${budget shr 20} MB budget")
+                AppPressure.watched(anon)
             }
         } catch (e: InterruptedException) {
             // the session ended
@@ -268,6 +274,10 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
 
         override fun onStatus(message: String) {
             TrainingStatus.message = message
+        }
+
+        override fun onGate(decision: GateDecision) {
+            GateStatus.reason = decision.reason
         }
     }
 
@@ -340,10 +350,14 @@ object LiveSessions {
         try {
             val (ids, stop) = Prompts.encode(tok, prompt, l.chat)
             val e = status.requested()  // this request's updates only: a superseded one's late callbacks are dropped
+            AppFeedback.cleared()
             job = l.session.startComparison(ids, l.maxNewTokens, stop, tok, object : GenerationListener {
                 override fun onStart(which: String, stateStep: Long) = status.started(e, which, stateStep)
                 override fun onToken(which: String, token: StreamedToken) = status.token(e, which, token.text)
-                override fun onDone(which: String, result: GeneratedText) = status.done(e, which, result)
+                override fun onDone(which: String, result: GeneratedText) {
+                    status.done(e, which, result)
+                    if (which == "after" && e == status.epoch) AppFeedback.generated(prompt, l.chat, result)  // the feedback buttons' response
+                }
                 override fun onSkipped(which: String, reason: String) = status.skipped(e, which, reason)
                 override fun onError(error: Exception) {
                     Log.e(TAG, "generation failed", error)

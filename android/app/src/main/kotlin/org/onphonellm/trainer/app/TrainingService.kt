@@ -39,9 +39,10 @@ import java.io.File
  * One session per process ([RunSlot]): while a charging worker trains, a Start is refused with a message and
  * a Generate goes to the worker's session ([LiveSessions]).
  * Memory: the session checks the footprint after every step; a watchdog thread samples /proc/self/status
- * and ActivityManager.MemoryInfo.lowMemory every 2 s during a step and asks the session to stop at the next
- * step boundary when the footprint is over budget (onTrimMemory's RUNNING_* levels are not delivered on API
- * 34+, only UI_HIDDEN / BACKGROUND, which are not pressure on a foreground service).
+ * every 2 s during a step and hands its largest figure (and onTrimMemory RUNNING_LOW+) to the session's pressure
+ * policy at the next step boundary ([AppPressure]): a smaller working set from the next step, a stop or pause only
+ * at the smallest settings (onTrimMemory's RUNNING_* levels are not delivered on API 34+, only UI_HIDDEN /
+ * BACKGROUND, which are not pressure on a foreground service).
  *
  * Generation (ACTION_GENERATE, ACTION_CANCEL_GENERATION): never on the training thread. While a session is
  * open, a prompt goes to its own generation thread ([TrainingSession.startComparison]): training goes on (the
@@ -164,6 +165,7 @@ class TrainingService : Service() {
     override fun onTrimMemory(level: Int) {
         super.onTrimMemory(level)
         TrainingStatus.onTrim(level, SystemClock.elapsedRealtime())
+        AppPressure.trimmed(level)  // one notch down at the next step boundary (trainer-core PressurePolicy)
     }
 
     /** The "trainer" thread: the charging-window decision for this start, then the session ([SessionRunner]). */

@@ -118,6 +118,8 @@ class Manifest(
     val tokenizerKind: String = "none",
     /** memory_plan.peak_estimate_bytes.executorch: the exporter's estimate of a step's peak (0: none). */
     val predictedPeakBytes: Long = 0,
+    /** memory_plan.checkpoint_bytes: every layer's kept input ([T, d] each) in [predictedPeakBytes] (0: none); the memory-pressure ladder's planner figure. */
+    val checkpointBytes: Long = 0,
     /** The PEFT adapter of the initial state (manifest adapter.init_dir), if exported. */
     val adapterInitDir: String? = null,
     val rank: Int = 0,
@@ -290,6 +292,7 @@ class Manifest(
                 tokenizerKind = tok.optString("kind") ?: "none",
                 predictedPeakBytes = if (m.has("memory_plan") && m.obj("memory_plan").has("peak_estimate_bytes"))
                     m.obj("memory_plan").obj("peak_estimate_bytes").optLong("executorch") ?: 0L else 0L,
+                checkpointBytes = if (m.has("memory_plan")) m.obj("memory_plan").optLong("checkpoint_bytes") ?: 0L else 0L,
                 adapterInitDir = if (m.has("adapter")) m.obj("adapter").optString("init_dir") else null,
                 rank = if (m.has("lora")) m.obj("lora").optInt("rank") ?: 0 else 0,
                 targets = if (m.has("lora") && m.obj("lora").has("targets")) m.obj("lora").strings("targets") else emptyList(),

@@ -66,7 +66,9 @@ sealed class GuardDecision {
 }
 
 /**
- * Keeps a run inside its memory budget.
+ * Keeps a run inside its memory budget: the measurements (peak, growth per step) and the checks before the first
+ * step. At the step boundaries the session's [PressurePolicy] decides from them (a smaller working set first; the
+ * decisions below are what remains when nothing smaller fits).
  *
  * - Before the first step: resident anon after loading + the program's predicted step peak
  *   ([Manifest.predictedPeakBytes], the exporter's memory_plan estimate; conservative, since it also
@@ -81,7 +83,9 @@ sealed class GuardDecision {
  */
 class MemoryGuard(val budgetBytes: Long, private val predictedStepBytes: Long) {
     private var lastAnon: Long? = null
-    private var maxGrowth = 0L
+    /** The largest growth of the footprint one step has shown (since [resetGrowth]). */
+    var maxGrowth = 0L
+        private set
     var peakAnon = 0L
         private set
 
@@ -93,6 +97,9 @@ class MemoryGuard(val budgetBytes: Long, private val predictedStepBytes: Long) {
 
         fun anonOf(samples: List<MemorySample>): Long? = samples.firstOrNull { it.anonBytes != null }?.anonBytes
     }
+
+    /** The working set changed (memory pressure): the next steps' growth is learned again. */
+    fun resetGrowth() { maxGrowth = 0L }
 
     fun preflight(samples: List<MemorySample>): GuardDecision {
         val anon = anonOf(samples) ?: 0L

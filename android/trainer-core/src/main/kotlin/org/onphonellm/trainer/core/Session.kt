@@ -159,17 +159,38 @@ interface SessionListener {
     /** Before held-out row [row] (0-based) of [rows] of the [which] pass: "row i of N" progress. */
     fun onEvalRow(which: String, row: Int, rows: Int) {}
     fun onStatus(message: String) {}
+    /** The evaluation gate decided after the last step ([GateDecision.reason]: the result screen's line). */
+    fun onGate(decision: GateDecision) {}
+    /** The working set was lowered under memory pressure (a `memory_adapted` event). */
+    fun onMemoryAdapted(notch: Notch, trigger: String) {}
 }
 
+/**
+ * Memory signals between two step boundaries that the boundary's own sample does not see: the app's watchdog's
+ * largest footprint during the step, and an OS pressure event (Android onTrimMemory). Read and reset once per step.
+ */
+fun interface MemorySignals {
+    fun sinceLastStep(): PressureSignal
+
+    companion object {
+        val NONE = MemorySignals { PressureSignal(null, false) }
+    }
+}
+
+/** [peakAnonBytes]: the largest footprint seen during the step (null: none); [osSignal]: the OS reported pressure. */
+data class PressureSignal(val peakAnonBytes: Long?, val osSignal: Boolean)
+
 /** Held-out loss of the initial state and of the trained one (results.json). */
-class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?) {
-    fun toJson(): Json = Json.of(linkedMapOf("eval_before" to before, "eval_after" to after, "eval_after_step" to afterStep))
+class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?, val gate: GateDecision? = null) {
+    fun toJson(): Json = Json.of(linkedMapOf<String, Any?>("eval_before" to before, "eval_after" to after, "eval_after_step" to afterStep)
+        .also { m -> gate?.let { m["gate"] = it.toJson() } })
 
     companion object {
         fun read(file: File): EvalPair {
             if (!file.isFile) return EvalPair(null, null, null)
             val f = Fields.of(Json.parse(file.readText()), file.name)
-            return EvalPair(f.optDouble("eval_before"), f.optDouble("eval_after"), f.optLong("eval_after_step"))
+            return EvalPair(f.optDouble("eval_before"), f.optDouble("eval_after"), f.optLong("eval_after_step"),
+                if (f.has("gate")) GateDecision.parse(f.raw("gate"), "${file.name} gate") else null)
         }
     }
 }
@@ -208,6 +229,7 @@ class TrainingSession(
     private val probe: MemoryProbe,
     private val clock: Clock = Clock.System,
     private val listener: SessionListener = object : SessionListener {},
+    private val signals: MemorySignals = MemorySignals.NONE,
 ) : GenerationSource {
     val spec: RunSpec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
     val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
@@ -240,7 +262,15 @@ class TrainingSession(
     private var stateLoaded = false
     private val log = EventLog(runDir.telemetry)
     private val store = CheckpointStore(runDir.checkpoint)
-    private val guard = MemoryGuard(spec.budgetBytes, program.predictedPeakBytes)
+    /** The step's run-time knobs, lowered under memory pressure ([PressurePolicy]); the run's own at each session start. */
+    var working = WorkingSet(spec.layersPerCheckpoint, plan?.takeIf { it.policy != "full" }?.k)
+        private set
+    /** The layers of each step: the run's plan, a cyclic one of the lowered k after a memory_adapted on lcsb_k. */
+    private var livePlan: StepPlan? = plan
+    private val pressure = PressurePolicy(program.layers, spec.budgetBytes, { ws -> plannerPeak(ws) })
+    private val guard = MemoryGuard(spec.budgetBytes, if (program.predictedPeakBytes > 0) plannerPeak(working) else 0L)
+    /** The evaluation gate's record of this run (gate.json, gate_best.safetensors; [GateRecord]). */
+    val gateRecord = GateRecord(runDir.dir, spec.checkpointEvery.toLong())  // at each checkpoint, as docs/training.md says of the apps
     private val losses = ArrayList<Double?>()
     private lateinit var rec: TelemetryRecorder
     private var sessionStart = 0L
@@ -300,7 +330,7 @@ class TrainingSession(
                 saveEvals(EvalPair(ev.loss, evals.after, evals.afterStep))
             }
             if (start >= spec.steps) return finish(start, control)
-            decide(guard.preflight(sampleMemory(null)), start) ?: loop(start, control, betweenSteps)
+            decide(preflight(start), start) ?: loop(start, control, betweenSteps)
         } catch (e: Exception) {  // a runtime or I/O failure: report it, keep the last checkpoint
             // A program call refused because a generation beside training saw the weights file change (at a
             // boundary of this thread's steps: the state holds `completed` whole steps): the same clean stop.
@@ -312,7 +342,57 @@ class TrainingSession(
         }
     }
 
+    /** The planner's step peak for [ws] ([PressurePolicy.plannerPeak] with the manifest's memory_plan). */
+    private fun plannerPeak(ws: WorkingSet): Long =
+        PressurePolicy.plannerPeak(ws, program.layers, program.predictedPeakBytes, program.checkpointBytes)
+
+    /** Run the next steps with [n]'s working set: a `memory_adapted` event (its first step [next]). */
+    private fun adapt(n: Notch, trigger: String, measured: Long, next: Long) {
+        working = n.after
+        if (n.knob == PressurePolicy.KNOB_LCSB) livePlan = StepPlan.make(program.layers, n.after.lcsbK, "cyclic")
+        guard.resetGrowth()
+        rec.emit("memory_adapted", linkedMapOf("step" to next, "knob" to n.knob, "from" to n.before.toJson(), "to" to n.after.toJson(),
+            "measured_bytes" to maxOf(0L, measured), "budget_bytes" to spec.budgetBytes,
+            "predicted_bytes" to n.predictedBytes?.takeIf { program.predictedPeakBytes > 0 }, "trigger" to trigger))
+        listener.onMemoryAdapted(n, trigger)
+        listener.onStatus("memory ($trigger): ${n.before.describe()} -> ${n.after.describe()}")
+    }
+
+    /** The step boundary after [done] steps: the pressure policy on the sample, the watchdog's peak and the OS's signals. */
+    private fun pressureDecision(samples: List<MemorySample>, done: Long): GuardDecision {
+        val sig = signals.sinceLastStep()
+        val anon = listOfNotNull(MemoryGuard.anonOf(samples), sig.peakAnonBytes).maxOrNull()
+        val os = sig.osSignal || samples.any { it.lowMemory == true || it.trimLevel in PressurePolicy.TRIM_PRESSURE_LEVELS }
+        return when (val a = pressure.decide(working, done, anon, guard.maxGrowth, os)) {
+            PressureAction.Continue -> GuardDecision.Continue
+            is PressureAction.Adapt -> { adapt(a.notch, a.trigger, a.measuredBytes, done); GuardDecision.Continue }
+            is PressureAction.Exhausted ->
+                if (a.trigger == PressurePolicy.TRIGGER_OS) GuardDecision.Pause("memory_pressure", a.message)
+                else GuardDecision.Stop("budget_exceeded", a.message)
+        }
+    }
+
+    /**
+     * Before the first step: a start the planner says is over the budget walks the ladder first (trigger "predicted");
+     * the OS's pressure takes one notch (else the run pauses, as at a step boundary).
+     */
+    private fun preflight(start: Long): GuardDecision {
+        val samples = sampleMemory(null)
+        val pre = guard.preflight(samples)
+        if (pre is GuardDecision.Pause) {  // the OS's pressure before the first step: one notch, else pause as before
+            val a = pressure.decide(working, start, MemoryGuard.anonOf(samples), 0L, osSignal = true)
+            if (a is PressureAction.Adapt) { adapt(a.notch, a.trigger, a.measuredBytes, start); return GuardDecision.Continue }
+            return pre
+        }
+        if (pre !is GuardDecision.Stop || program.predictedPeakBytes <= 0) return pre
+        val resident = MemoryGuard.anonOf(samples) ?: 0L
+        val notches = pressure.fit(working, resident) ?: return pre
+        notches.forEach { adapt(it, PressurePolicy.TRIGGER_PREDICTED, resident + plannerPeak(it.before), start) }
+        return guard.pressure(samples)
+    }
+
     private fun loop(start: Long, control: RunControl, betweenSteps: () -> Unit): RunOutcome {
+        if (gateRecord.decision != null && start < spec.steps) gateRecord.reset()  // training goes on after a decision: a new gate
         val order = DataOrder(train.size, spec.shuffleSeed)
         val all = (0 until program.layers).toSet()
         for (step in start until spec.steps) {
@@ -323,29 +403,37 @@ class TrainingSession(
                 return end(step, "paused", "stopped at step $step; resume continues from there")
             }
             val row = train[order.rowForStep(step)]
-            val selected = plan?.layersAt(step) ?: all
+            val selected = livePlan?.layersAt(step) ?: all
             val (ids, labels) = loop.pad(row.inputIds, row.labels)
             val t0 = clock.monoNanos()
             val loss = stateLock.withLock {
-                loop.trainStep(ids, labels, spec.lr.toFloat(), selected, spec.layersPerCheckpoint).also { stateStep = step + 1 }
+                loop.trainStep(ids, labels, spec.lr.toFloat(), selected, working.layersPerCheckpoint).also { stateStep = step + 1 }
             }.toDouble()
             val dt = (clock.monoNanos() - t0) / 1e9
             val finite = loss.isFinite()
             losses.add(if (finite) loss else null)
-            val phase = plan?.phaseAt(step)  // null (no lcsb_phase): full backprop, or a warm-up step
+            val phase = livePlan?.phaseAt(step)  // null (no lcsb_phase): full backprop, or a warm-up step
             rec.emit("step", mapOf("step" to step, "loss" to (if (finite) loss else Json.Null), "step_time_s" to dt,
                 "tokens_per_s" to if (dt > 0) row.tokens / dt else 0.0, "tokens" to row.tokens, "lcsb_phase" to phase, "lr" to spec.lr))
             if (!finite) {  // the state moved with a non-finite loss: the last checkpoint is kept, this state is not saved
                 rec.emit("error", mapOf("message" to "loss is not finite at step $step; stopping (the checkpoint of step $completed is kept)",
                     "fatal" to true, "code" to "non_finite_loss", "step" to step))
-                return end(completed, "failed", "stopped: non-finite loss at step $step")
+                val stopped = "stopped: non-finite loss at step $step"
+                // The gate: the diverged state is not kept; the best evaluated adapter below the start, else the start's.
+                gateDecide(step + 1, Double.NaN)?.let { d ->
+                    StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
+                    return end(step + 1, "failed", "$stopped; ${d.reason}")
+                }
+                return end(completed, "failed", stopped)
             }
             completed = step + 1
             val samples = sampleMemory(step)
             listener.onStep(step, spec.steps, loss, MemoryGuard.anonOf(samples), spec.budgetBytes)
-            val decision = guard.afterStep(samples)
+            guard.afterStep(samples)  // the peak and the growth per step; the pressure policy decides
             val done = step + 1
+            val decision = if (done < spec.steps) pressureDecision(samples, done) else GuardDecision.Continue
             if (done % spec.checkpointEvery == 0L || done == spec.steps || decision != GuardDecision.Continue || control.checkpointEachStep()) checkpoint(done)
+            if (done < spec.steps && held.isNotEmpty() && evals.before != null && gateRecord.due(done, spec.steps)) gateEvaluate(done, control)
             if (done < spec.steps) decide(decision, done)?.let { return it }
             betweenSteps()
         }
@@ -375,10 +463,49 @@ class TrainingSession(
                 StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
                 return end(done, "paused", "stopped during the held-out loss after the last step; resume computes it")
             }
-            saveEvals(EvalPair(evals.before, ev.loss, done))
+            saveEvals(EvalPair(evals.before, ev.loss, done, evals.gate))
+            gateDecide(done, ev.loss)?.let { d ->
+                StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
+                return end(done, "completed", d.reason)
+            }
         }
         StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
         return end(done, "completed", "completed")
+    }
+
+    /**
+     * A held-out evaluation of the live state during the run (the gate's, after [done] steps): an `eval` event; the
+     * state saved as the best so far (gate_best.safetensors) before the point is recorded, when it is. A stop during
+     * it leaves the point out (the loop stops at its next check).
+     */
+    private fun gateEvaluate(done: Long, control: RunControl) {
+        val ev = evaluate("during", loop, done, control) ?: return
+        if (ev.loss.isFinite() && ev.loss <= gateRecord.bestLoss)
+            StateCheckpoints.save(gateRecord.bestStore, loop.state, done, spec.runId, rec.nextSeq, losses.toList())
+        gateRecord.add(done, ev.loss)
+    }
+
+    /**
+     * The gate's decision after the last step ([done] steps, held-out loss [endLoss]; NaN for a diverged state): the
+     * kept state made live ([GateDecision.ROLLED_BACK]: state_init.bin; [GateDecision.KEPT_BEST]: gate_best) and
+     * checkpointed, a `gate` event, results.json's `gate`. Null without a start loss (no held-out rows: no gate).
+     */
+    private fun gateDecide(done: Long, endLoss: Double): GateDecision? {
+        val start = evals.before ?: return null
+        gateRecord.decision?.let { return it }  // decided before a kill: the checkpoint holds the kept state
+        gateRecord.add(done, endLoss)
+        val d = GateDecision.decide(0, start, gateRecord.points)
+        if (d.decision != GateDecision.KEPT) {
+            stateLock.withLock {
+                if (d.decision == GateDecision.ROLLED_BACK) loop.state.loadInit() else StateCheckpoints.restore(gateRecord.bestStore, loop.state)
+            }
+            checkpoint(done)  // the kept state is what the run leaves (its step count unchanged)
+        }
+        rec.emit("gate", d.eventFields())
+        gateRecord.decided(d)
+        saveEvals(EvalPair(evals.before, evals.after, evals.afterStep, d))
+        listener.onGate(d)
+        return d
     }
 
     /**

@@ -12,7 +12,7 @@ import java.io.RandomAccessFile
  */
 object EventSchema {
     sealed class Field {
-        data class Int(val min: Long? = null, val max: Long? = null) : Field()
+        data class Int(val min: Long? = null, val max: Long? = null, val nullable: Boolean = false) : Field()
         data class Num(val min: Double? = null, val max: Double? = null, val nullable: Boolean = false) : Field()
         data class Str(val minLength: kotlin.Int = 0, val maxLength: kotlin.Int = kotlin.Int.MAX_VALUE, val pattern: Regex? = null) : Field()
         data class Enum(val values: List<String>) : Field()
@@ -21,6 +21,8 @@ object EventSchema {
         /** An array of at most [maxItems] strings of at most [maxLength] characters each. */
         data class StrList(val maxItems: kotlin.Int, val maxLength: kotlin.Int) : Field()
         object Obj : Field()
+        /** A `working_set` object: layers_per_checkpoint (>= 1), lcsb_k (>= 1 or null), seq_len (>= 1), no other keys. */
+        object WorkingSet : Field()
     }
 
     class Type(val required: List<String>, val fields: Map<String, Field>)
@@ -85,6 +87,20 @@ object EventSchema {
             mapOf("message" to Field.Str(1, 4096), "fatal" to Field.Bool, "code" to Field.Str(pattern = Regex("^[a-z][a-z0-9_]*$")), "step" to COUNT,
                 "log" to Field.StrList(MAX_LOG_LINES, MAX_LOG_LINE)),
         ),
+        "gate" to Type(
+            listOf("decision", "start_loss", "end_loss", "best_loss", "best_step", "reason"),
+            mapOf("decision" to Field.Enum(listOf("kept", "kept_best", "rolled_back")), "start_loss" to Field.Num(nullable = true),
+                "end_loss" to Field.Num(nullable = true), "best_loss" to Field.Num(nullable = true), "best_step" to Field.Int(0, nullable = true),
+                "kept_step" to COUNT, "reason" to Field.Str(1, 512), "probe" to Field.Enum(listOf("measured", "no_probe")),
+                "probe_start_loss" to Field.Num(nullable = true), "probe_end_loss" to Field.Num(nullable = true), "probe_rise" to Field.Num(nullable = true),
+                "probe_threshold" to NONNEG, "forgetting" to Field.Bool),
+        ),
+        "memory_adapted" to Type(
+            listOf("step", "knob", "from", "to", "measured_bytes", "budget_bytes", "trigger"),
+            mapOf("step" to COUNT, "knob" to Field.Enum(listOf("layers_per_checkpoint", "lcsb_k", "seq_len")), "from" to Field.WorkingSet,
+                "to" to Field.WorkingSet, "measured_bytes" to BYTES, "budget_bytes" to BYTES, "predicted_bytes" to BYTES,
+                "trigger" to Field.Enum(listOf("measured", "predicted", "os_signal"))),
+        ),
         "eval" to Type(
             listOf("step", "loss", "rows", "tokens"),
             mapOf("step" to COUNT, "loss" to Field.Num(nullable = true), "rows" to Field.Int(1), "tokens" to Field.Int(1),
@@ -114,7 +130,8 @@ object EventSchema {
         is Field.Int -> {
             val n = (v as? Json.Num)?.asLongOrNull
             when {
-                n == null -> "must be an integer, got $v"
+                v == Json.Null && f.nullable -> null
+                n == null -> "must be an integer${if (f.nullable) " or null" else ""}, got $v"
                 f.min != null && n < f.min -> "must be >= ${f.min}"
                 f.max != null && n > f.max -> "must be <= ${f.max}"
                 else -> null
@@ -143,6 +160,17 @@ object EventSchema {
         Field.Bool -> if (v is Json.Bool) null else "must be true or false, got $v"
         Field.StrArray -> if (v is Json.Arr && v.items.all { it is Json.Str }) null else "must be an array of strings"
         Field.Obj -> if (v is Json.Obj) null else "must be an object"
+        Field.WorkingSet -> {
+            val o = v as? Json.Obj
+            fun positive(key: String, nullable: Boolean): Boolean = o!![key].let { x ->
+                x == null || (nullable && x == Json.Null) || ((x as? Json.Num)?.asLongOrNull ?: 0L) >= 1 }
+            when {
+                o == null -> "must be an object"
+                o.fields.keys.any { it !in setOf("layers_per_checkpoint", "lcsb_k", "seq_len") } -> "has an unknown key (layers_per_checkpoint, lcsb_k, seq_len)"
+                !positive("layers_per_checkpoint", false) || !positive("lcsb_k", true) || !positive("seq_len", false) -> "values must be integers >= 1 (lcsb_k may be null)"
+                else -> null
+            }
+        }
         is Field.StrList -> when {
             v !is Json.Arr || !v.items.all { it is Json.Str } -> "must be an array of strings"
             v.items.size > f.maxItems -> "must have at most ${f.maxItems} items"

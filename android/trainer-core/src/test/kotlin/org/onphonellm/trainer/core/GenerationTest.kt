@@ -315,11 +315,12 @@ class GenerationTest {
         assertEquals(setOf("trainer"), stepThreads)
         assertEquals(setOf("generate"), genThreads)
         assertEquals(expected(null), c.before.ids, "before: the initial adapter, whatever training did meanwhile")
-        // after: the state of a whole step k (a run of k steps ends in it), not a mix of two.
+        // after: the state of a whole step k (a run stopped after k steps holds it; a completed run may end in the
+        // evaluation gate's kept state instead), not a mix of two.
         val k = c.after.stateStep!!
         assertTrue(k in 4..8, "after ran on step $k (after before's hold, before the trainer's wait at step 8)")
-        val shorter = session(newRun("live", k))
-        assertEquals("completed", shorter.run().status)
+        val shorter = session(newRun("live", k + 1))
+        assertEquals("paused", shorter.run(RunControl { shorter.completed >= k }).status)
         assertEquals(expected(shorter.loop.state), c.after.ids, "after: the state of step $k")
         assertEquals(StopReason.MAX_NEW_TOKENS, c.after.stopReason)
         assertTrue(s.closeGeneration(drainMs = 60_000))

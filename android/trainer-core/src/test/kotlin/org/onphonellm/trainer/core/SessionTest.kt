@@ -81,7 +81,7 @@ class SessionTest {
         assertEquals("run_end", t.last())
         assertEquals(6, t.count { it == "step" })
         val evals = events.filter { (it["type"] as Json.Str).value == "eval" }.map { Fields(it, "eval") }
-        assertEquals(listOf(0L, 6L), evals.map { it.long("step") })
+        assertEquals(listOf(0L, 2L, 4L, 6L), evals.map { it.long("step") }, "before, at each checkpoint (the gate's), after")
         assertTrue(t.indexOf("eval") < t.indexOf("step"), "the initial adapter is evaluated before the first step")
         // The plan (cyclic, k = 1 of 3 layers) drives the phases, step by step.
         val phases = events.filter { (it["type"] as Json.Str).value == "step" }.map { Fields(it, "step").long("lcsb_phase") }
@@ -120,7 +120,7 @@ class SessionTest {
         // 6 steps in windows of 2; the third window ends with its last step, so the held-out pass after it stops before its
         // first row (a stop is honoured between rows) and a fourth window computes it and completes the run.
         assertEquals(4, windows, "6 steps in windows of 2, then the held-out loss after")
-        assertEquals(2, types(b).count { it == "eval" }, "before once, after once")
+        assertEquals(4, types(b).count { it == "eval" }, "before once, at the checkpoints of steps 2 and 4 once, after once")
         val sa = session(a).also { it.loadState() }.loop.state.sha256()
         val sb = session(b).also { it.loadState() }.loop.state.sha256()
         assertEquals(sa, sb, "the windows end in the state of one uninterrupted run")
@@ -189,7 +189,7 @@ class SessionTest {
         val events = EventLog(b.telemetry).events()
         assertTrue(events.any { (it["code"] as? Json.Str)?.value == "resumed_after_kill" })
         assertEquals(1, types(b).count { it == "run_start" })
-        assertEquals(2, types(b).count { it == "eval" })  // "before" once (kept in results.json), "after" once
+        assertEquals(types(a).count { it == "eval" }, types(b).count { it == "eval" })  // "before" once (kept in results.json), the gate's, "after" once
         val seqs = events.map { Fields(it, "e").long("seq") }
         assertEquals(seqs.sorted().distinct(), seqs)
     }
@@ -415,7 +415,7 @@ class SessionTest {
         assertEquals("failed", end.string("status"))
         assertEquals(3L, end.long("steps_completed"))
         assertEquals("run_end", types(dir).last())
-        assertEquals(listOf(0L), events(dir, "eval").map { it.long("step") }, "the held-out loss after never ran (only the one before)")
+        assertEquals(listOf(0L, 2L), events(dir, "eval").map { it.long("step") }, "the held-out loss after never ran (the one before, the gate's at step 2)")
         // The mapping is stale for good: a generation is refused without a program call, and so is any loop over it.
         assertEquals(w.stale, w.checkChanged())
         ids.current = mapped  // even if the file looks as it did
@@ -478,7 +478,7 @@ class SessionTest {
             .run { if (++k == 6) lids.current = mapped.copy(mtimeMs = 0) }
         assertEquals(Pair("failed", 6L), Pair(lout.status, lout.stepsCompleted))
         assertTrue("after the last step" in lout.message, lout.message)
-        assertEquals(1, events(late, "eval").size, "only the eval before")
+        assertEquals(listOf(0L, 2L, 4L), events(late, "eval").map { it.long("step") }, "no eval after: before and the gate's at the checkpoints")
         assertEquals(null, EvalPair.read(late.results).after)
         assertEquals("completed", session(late).run().status)
         assertNotNull(EvalPair.read(late.results).after)
