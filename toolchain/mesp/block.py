@@ -37,7 +37,7 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
+from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense_cols, dense_rows
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
@@ -166,15 +166,15 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     wg, wu, wd = compute_weight(w.gate_proj, c), compute_weight(w.up_proj, c), compute_weight(w.down_proj, c)
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
-        g = from_compute(F.linear(n2c, dense_rows(wg, a, b)), c)     # [T, C]
-        u = from_compute(F.linear(n2c, dense_rows(wu, a, b)), c)     # [T, C]
+        g = linear(n2c, dense_rows(wg, a, b), c)                     # [T, C]
+        u = linear(n2c, dense_rows(wu, a, b), c)                     # [T, C]
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
         act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
         del g, u
-        part = from_compute(F.linear(to_compute(act, c), dense_cols(wd, a, b)), c)  # [T, d]
+        part = linear(to_compute(act, c), dense_cols(wd, a, b), c)   # [T, d]
         out = part if out is None else out + part
         del part
         if ld is not None:
@@ -219,12 +219,12 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     n2c, doutc = to_compute(n2, cp), to_compute(dout, cp)
     wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
     for a, b in _f_chunks(p, mlp_chunk):
-        da = from_compute(doutc @ dense_cols(wdq, a, b), cp)         # [T, C]: Wd's chunk dies before Wg's, Wu's
+        da = matmul(doutc, dense_cols(wdq, a, b), cp)                # [T, C]: Wd's chunk dies before Wg's, Wu's
         if ld is not None:
             ad = ld.a[:, a:b]                                        # [r, C]
             da = da + dhd @ ad
         wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)        # [C, d], read once for both uses
-        g, u = from_compute(F.linear(n2c, wg), cp), from_compute(F.linear(n2c, wu), cp)  # [T, C] recomputed
+        g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)              # [T, C] recomputed
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
@@ -237,7 +237,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         del act
         sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
-        part = from_compute(to_compute(sw.dg, cp) @ wg, cp) + from_compute(to_compute(sw.du, cp) @ wu, cp)  # [T, d]
+        part = matmul(to_compute(sw.dg, cp), wg, cp) + matmul(to_compute(sw.du, cp), wu, cp)  # [T, d]
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
+from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, quant_rows
 
 __all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks"]
@@ -49,10 +49,10 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
     m = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype, device=h.device)
     s = torch.zeros_like(m)                                          # [C, 1]
     acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
-    hc = to_compute(h, compute)                                      # --compute fp16: float16 (ops/half.py)
+    hc = to_compute(h, compute)                                      # --compute fp16: scaled float16 (ops/half.py)
     for chunk in chunks:
         e_j = dense(compute_weight(chunk, compute))                  # [Vc, d] (the stored rows, or dequantized)
-        z = from_compute(F.linear(hc, e_j), compute)                 # [C, Vc] = h E_j^T; E_j read in place
+        z = linear(hc, e_j, compute)                                 # [C, Vc] = h E_j^T; E_j read in place
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
         p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer
@@ -60,7 +60,7 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
         if acc is not None:
             # A <- a A + p E_j. Not `acc.mul_(a).addmm_(p, e_j)`: ExecuTorch runs addmm with its portable
             # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
-            acc = acc * a + from_compute(to_compute(p, compute) @ e_j, compute)
+            acc = acc * a + matmul(to_compute(p, compute), e_j, compute)
         m = m_new
         del z, p, e_j
     lse = (m + s.log()).squeeze(1)                                   # [C]
