@@ -18,7 +18,6 @@ rounding. Targets follow Hugging Face (`shift_labels`); IGNORE_INDEX rows give 0
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
