@@ -18,8 +18,9 @@ Why the scale and the slices (measured under qemu-aarch64, docs/kernels.md "fp16
 GEMM, which runs these products, accumulates in float16 (NEON FP16 arithmetic on ARMv8.2 phones; on x86 its F16C
 and AVX512-FP16 kernels round the accumulator to float16 after every multiply-add, the same arithmetic), and on
 FEAT_FP16 CPUs it flushes float16 subnormals (below 2^-14 = 6.1e-5) to zero. The backward's gradients are small
-(1e-7 to 1e-3 per element): unscaled, their products' running sums are subnormal and vanish, and the fp16 step's
-LoRA gradient missed the bound below by 10x-30x on `-cpu cortex-a76` / `max` (cosine 0.956, relative L2 0.33).
+(most elements far below their row's maximum, itself often < 1e-3): unscaled, their products with weights of a
+few hundredths and the running sums fall below 2^-14 and vanish, and the fp16 step's LoRA gradient missed the bound
+below by 6x-33x on `-cpu max` / `cortex-a76` (relative L2 6.1e-2 / 0.33).
 Scaled, a row's accumulator holds values near the row's output magnitude; only elements below 2^-14 of their
 row's maximum are lost, a relative 2^-14 per element at most. Float16 accumulation over K terms errs by up to
 K 2^-11 (worst case; the typical error grows as sqrt(K): measured 1.2e-3, 4.5e-3, 1.1e-2 of the product's norm at
