@@ -354,8 +354,8 @@ def test_lora_linear_rows_of_x_do_not_interact():
 def test_the_block_kernels_split_over_threads_without_changing_the_bits():
     """Attention (its heads), RMSNorm and the LoRA epilogue (rows of x) and SwiGLU (blocks of 1024 elements) run
     on ExecuTorch's thread pool when it has 2 threads (portable_lib._unsafe_reset_threadpool, what --threads
-    sets) and the call is large enough: a 0.5B prefill chunk's shapes, and small ones that stay on the calling
-    thread; the bits equal the 1-thread run's."""
+    sets) and the call is large enough (2^20 multiply-adds or elements): a 0.5B prefill chunk's shapes, and
+    decode / small ones that stay on the calling thread; the bits equal the 1-thread run's."""
     from executorch.extension.pybindings import portable_lib
 
     lib = load_kernels()
@@ -408,10 +408,10 @@ def test_the_block_kernels_split_over_threads_without_changing_the_bits():
         return run
 
     cases = {"attention prefill": attention(14, 2, 32, 256, 64, 32), "attention decode": attention(14, 2, 1, 256, 64, 200),
-             "attention small": attention(3, 1, 3, 24, 12, 20), "rms_norm prefill": rms(32, 896),
+             "attention small": attention(3, 1, 3, 24, 12, 20), "rms_norm large": rms(1200, 896),
              "rms_norm small": rms(5, 37), "swiglu prefill": swiglu(32 * 4864 + 5), "swiglu small": swiglu(300),
              "lora prefill": lora(32, 4864, 896, 8, False, False), "lora q": lora(32, 896, 896, 8, True, False),
-             "lora down": lora(9, 896, 4864, 16, False, True), "lora decode": lora(1, 4864, 896, 8, False, True)}
+             "lora down": lora(32, 896, 4864, 16, False, True), "lora decode": lora(1, 4864, 896, 8, False, True)}
     try:
         for name, run in cases.items():
             got = []

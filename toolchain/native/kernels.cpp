@@ -407,11 +407,12 @@ void run_in_pool(RowsTask* task, int64_t chunks) {
 #endif
 
 // fn(ctx, i) for i < n: on the runtime's thread pool when it has more than one thread and the call is worth a
-// dispatch (`work`: about the call's multiply-adds or elements; waking the pool costs a few microseconds), else in
-// order on this thread. The kernels that use it (attention's heads, RMSNorm's and the LoRA epilogue's rows of x,
+// dispatch (`work`: about the call's multiply-adds or elements, at least 2^20: a prefill chunk's attention, SwiGLU
+// and large LoRA epilogues; a decode step's calls stay on this thread, where waking the pool would cost about what
+// it saves, and more when the other core is busy), else in order on this thread. The kernels that use it (attention's heads, RMSNorm's and the LoRA epilogue's rows of x,
 // SwiGLU's blocks of elements) compute every output element the same way whichever thread runs it, so the bits do
 // not depend on the thread count.
-constexpr int64_t kPoolWork = int64_t{1} << 16;
+constexpr int64_t kPoolWork = int64_t{1} << 20;
 void parallel_for(void (*fn)(void*, size_t), void* ctx, int64_t n, int64_t work) {
 #ifdef TOOLCHAIN_THREADPOOL
   if (n > 1 && work >= kPoolWork && pool_threads() > 1) {
