@@ -27,16 +27,16 @@
 #            its own bound (int8 activations make the free run discontinuous);
 #   fp16:    with --fp32-twin, on each CPU, the fp16 program's LoRA gradient vs its fp32 twin's, both on
 #            aarch64: cosine >= 0.9999, relative L2 <= 1e-2 (docs/benchmarks.md, tests/export/test_compute_fp16.py);
-#            on FEAT_FP16 CPUs (float16 accumulation: no usable summation bound) only the exact checks vs x86.
-# Prints one line per case and `arm64: N passed, N failed, N known defects` (a known defect: the fp16
-# gradient bound on FEAT_FP16 CPUs, docs/kernels.md; reported, never counted as a pass); exit 1 on any
-# failure, 2 on bad input, 77
+#            on FEAT_FP16 CPUs (XNNPACK's f16 GEMMs accumulate in float16: no usable summation bound) the fp16
+#            program's floats are not compared with x86, only the exact checks and this gradient bound.
+# Prints one line per case and `arm64: N passed, N failed`; exit 1 on any failure, 2 on bad input, 77
 # ("skipped") only when the tools or the wheel cannot be installed (or TOOLCHAIN_ARM64_NO_INSTALL=1 and they
 # are missing). Environment: PYTHON (default .venv/bin/python), ARM64_JOBS (CPU levels at once, default cores).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-$root/.venv/bin/python}"
 SKIP=77
+source "$root/scripts/arm64_tools.sh"
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -61,7 +61,7 @@ done
 
 t_start="$(now)"
 
-# ---- 1. tools: the same install logic as check_kernel_arm64.sh
+# ---- 1. tools (the install is scripts/arm64_tools.sh, shared with check_kernel_arm64.sh)
 find_tools() {
   cxx="$(command -v aarch64-linux-gnu-g++ || true)"
   qemu="$(command -v qemu-aarch64 || command -v qemu-aarch64-static || true)"
@@ -71,30 +71,11 @@ if [ -z "$cxx" ] || [ -z "$qemu" ]; then
   pkgs=()
   [ -n "$cxx" ] || pkgs+=(g++-aarch64-linux-gnu)
   [ -n "$qemu" ] || pkgs+=(qemu-user)
-  if [ "${TOOLCHAIN_ARM64_NO_INSTALL:-0}" = 1 ]; then
-    echo "arm64: skipped: ${pkgs[*]} not installed (TOOLCHAIN_ARM64_NO_INSTALL=1)"; exit $SKIP
-  fi
-  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-    echo "arm64: skipped: ${pkgs[*]} not installed, and installing them needs root and apt-get"; exit $SKIP
-  fi
-  log="$(mktemp)"
-  apt_install() {
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      -o DPkg::Lock::Timeout=300 -o Dpkg::Use-Pty=0 "${pkgs[@]}" >>"$log" 2>&1
-  }
-  echo "arm64: installing ${pkgs[*]} (Debian packages)"
-  if ! apt_install; then
-    if ! { apt-get update -q -o DPkg::Lock::Timeout=300 >>"$log" 2>&1 && apt_install; }; then
-      echo "arm64: skipped: could not install ${pkgs[*]}; apt-get said:"; tail -n 5 "$log" | sed 's/^/  /'
-      rm -f "$log"; exit $SKIP
-    fi
-  fi
-  rm -f "$log"
+  arm64_install "${pkgs[@]}"   # scripts/arm64_tools.sh (exits 77 when it cannot)
   find_tools
   if [ -z "$cxx" ] || [ -z "$qemu" ]; then
     echo "arm64: skipped: ${pkgs[*]} installed but aarch64-linux-gnu-g++ / qemu-aarch64 are not on PATH"; exit $SKIP
   fi
-  echo "arm64: install took $(since "$t_start") s"
 fi
 # qemu's -L: where the aarch64 loader and libc/libstdc++ are (Debian's cross packages put them here)
 sysroot=/usr/aarch64-linux-gnu
@@ -192,10 +173,10 @@ build_driver arm64 "$cxx" "$wheel_dir/executorch" -march=armv8-a
 build_driver x86 "${CXX:-g++}" "$x86_et" -march=native
 echo "arm64: built the drivers (aarch64 and x86, stock and fused) in $(since "$t1") s"
 
-passed=0 failed=0 known=0
-count() {  # rc of a case runner, counts file ("passed failed [known defects]")
+passed=0 failed=0
+count() {  # rc of a case runner, counts file ("passed failed")
   if [ -f "$2" ]; then
-    read -r p f k <"$2"; passed=$((passed + p)); failed=$((failed + f)); known=$((known + ${k:-0}))
+    read -r p f <"$2"; passed=$((passed + p)); failed=$((failed + f))
   fi
   if [ "$1" -ne 0 ] && [ "$1" -ne 1 ]; then failed=$((failed + 1)); fi
 }
@@ -250,5 +231,5 @@ else
   bg=()
 fi
 echo "arm64: total $(since "$t_start") s"
-echo "arm64: $passed passed, $failed failed, $known known defects (KNOWN-DEFECT lines; docs/kernels.md)"
+echo "arm64: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -33,6 +33,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-$root/.venv/bin/python}"   # needs torch and the repo (tests/native/make_arm64_cases.py)
 SKIP=77
+source "$root/scripts/arm64_tools.sh"
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -53,35 +54,12 @@ if [ -z "$cxx" ] || [ -z "$objdump" ] || [ -z "$qemu" ] || [ -z "$clangxx" ] || 
   [ -n "$qemu" ] || pkgs+=(qemu-user)
   [ -n "$clangxx" ] || pkgs+=(clang-19)
   [ -n "$lld" ] || pkgs+=(lld-19)
-  if [ "${TOOLCHAIN_ARM64_NO_INSTALL:-0}" = 1 ]; then
-    echo "arm64: skipped: ${pkgs[*]} not installed (TOOLCHAIN_ARM64_NO_INSTALL=1)"
-    exit $SKIP
-  fi
-  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-    echo "arm64: skipped: ${pkgs[*]} not installed, and installing them needs root and apt-get"
-    exit $SKIP
-  fi
-  log="$(mktemp)"
-  apt_install() {
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      -o DPkg::Lock::Timeout=300 -o Dpkg::Use-Pty=0 "${pkgs[@]}" >>"$log" 2>&1
-  }
-  echo "arm64: installing ${pkgs[*]} (Debian packages)"
-  if ! apt_install; then
-    if ! { apt-get update -q -o DPkg::Lock::Timeout=300 >>"$log" 2>&1 && apt_install; }; then
-      echo "arm64: skipped: could not install ${pkgs[*]}; apt-get said:"
-      tail -n 5 "$log" | sed 's/^/  /'
-      rm -f "$log"
-      exit $SKIP
-    fi
-  fi
-  rm -f "$log"
+  arm64_install "${pkgs[@]}"   # scripts/arm64_tools.sh (exits 77 when it cannot)
   find_tools
   if [ -z "$cxx" ] || [ -z "$objdump" ] || [ -z "$qemu" ] || [ -z "$clangxx" ] || [ -z "$lld" ]; then
     echo "arm64: skipped: ${pkgs[*]} installed but the cross tools are not all on PATH"
     exit $SKIP
   fi
-  echo "arm64: install took $(since "$t_start") s"
 fi
 echo "arm64: $("$cxx" --version | head -n 1); $("$clangxx" --version | head -n 1); $("$qemu" --version | head -n 1)"
 

@@ -349,3 +349,76 @@ def test_lora_linear_rows_of_x_do_not_interact():
     whole = call(x)
     for t in range(5):
         assert torch.equal(whole[t], call(x[t:t + 1].clone())[0])
+
+
+def test_the_block_kernels_split_over_threads_without_changing_the_bits():
+    """Attention (its heads), RMSNorm and the LoRA epilogue (rows of x) and SwiGLU (blocks of 1024 elements) run
+    on ExecuTorch's thread pool when it has 2 threads (portable_lib._unsafe_reset_threadpool, what --threads
+    sets) and the call is large enough (2^20 multiply-adds or elements): a 0.5B prefill chunk's shapes, and
+    decode / small ones that stay on the calling thread; the bits equal the 1-thread run's."""
+    from executorch.extension.pybindings import portable_lib
+
+    lib = load_kernels()
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    gen = torch.Generator().manual_seed(11)
+    bits = lambda t: t.view(torch.int32).clone()  # noqa: E731
+
+    def attention(h, hk, c, s, d, pos):
+        q, k, v = torch.randn(h, c, d, generator=gen), torch.randn(hk, c, d, generator=gen), torch.randn(hk, c, d, generator=gen)
+        kc, vc = torch.randn(hk, s, d, generator=gen), torch.randn(hk, s, d, generator=gen)
+        out = torch.empty(c, h * d)
+
+        def run():
+            assert lib.toolchain_attention_decode(_ptr(q), _ptr(k), _ptr(v), _ptr(kc), _ptr(vc), h, hk, c, s, d, pos,
+                                                  ctypes.c_float(d ** -0.5), _ptr(out)) == 0
+            return bits(out)
+        return run
+
+    def rms(t, d):
+        x, w, y = torch.randn(t, d, generator=gen), torch.randn(d, generator=gen), torch.empty(t, d)
+
+        def run():
+            assert lib.toolchain_rms_norm(_ptr(x), t, d, _ptr(w), ctypes.c_float(1e-6), _ptr(y)) == 0
+            return bits(y)
+        return run
+
+    def swiglu(n):
+        g, u, out = torch.randn(n, generator=gen) * 4, torch.randn(n, generator=gen), torch.empty(n)
+        g[7] = float("nan")
+
+        def run():
+            assert lib.toolchain_swiglu(_ptr(g), _ptr(u), n, _ptr(out)) == 0
+            return bits(out)
+        return run
+
+    def lora(t, o, i, r, bias, residual):
+        q, scales = _quantize_partial(torch.randn(o, i, generator=gen), 64)
+        x, a, b = torch.randn(t, i, generator=gen), torch.randn(r, i, generator=gen) / i ** 0.5, torch.randn(o, r, generator=gen)
+        bb = torch.randn(o, generator=gen) if bias else None
+        res = torch.randn(t, o, generator=gen) if residual else None
+        y = torch.empty(t, o)
+        opt = lambda v: None if v is None else _ptr(v)  # noqa: E731
+
+        def run():
+            assert lib.toolchain_lora_linear_a8(_ptr(x), t, i, _ptr(q), _ptr(scales), o, scales.shape[1], 64, opt(bb),
+                                                _ptr(a), _ptr(b), r, ctypes.c_float(2.0), opt(res), _ptr(y)) == 0
+            return bits(y)
+        return run
+
+    cases = {"attention prefill": attention(14, 2, 32, 256, 64, 32), "attention decode": attention(14, 2, 1, 256, 64, 200),
+             "attention small": attention(3, 1, 3, 24, 12, 20), "rms_norm large": rms(1200, 896),
+             "rms_norm small": rms(5, 37), "swiglu prefill": swiglu(32 * 4864 + 5), "swiglu small": swiglu(300),
+             "lora prefill": lora(32, 4864, 896, 8, False, False), "lora q": lora(32, 896, 896, 8, True, False),
+             "lora down": lora(32, 896, 4864, 16, False, True), "lora decode": lora(1, 4864, 896, 8, False, True)}
+    try:
+        for name, run in cases.items():
+            got = []
+            for n in (1, 2, 1):
+                portable_lib._unsafe_reset_threadpool(n)
+                assert lib.toolchain_kernel_threads() == n
+                got.append(run())
+            assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2]), name
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)

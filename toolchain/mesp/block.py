@@ -37,7 +37,7 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
+from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
 from toolchain.mesp.ops.quant import (QuantWeight, dense_cols, dense_rows, matmul_dyw, matmul_xwt, quant_cols,
                                       quant_rows)
 from toolchain.models.presets import ModelArch
@@ -179,8 +179,8 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
         if int8:                                                     # --compute int8: the int4 chunks in place
             g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
         else:
-            g = from_compute(F.linear(n2c, dense_rows(wg, a, b)), c)     # [T, C]
-            u = from_compute(F.linear(n2c, dense_rows(wu, a, b)), c)     # [T, C]
+            g = linear(n2c, dense_rows(wg, a, b), c)                 # [T, C]
+            u = linear(n2c, dense_rows(wu, a, b), c)                 # [T, C]
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
@@ -190,7 +190,7 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
         if int8:
             part = matmul_xwt(act, quant_cols(wd, a, b), c)          # [T, d]
         else:
-            part = from_compute(F.linear(to_compute(act, c), dense_cols(wd, a, b)), c)  # [T, d]
+            part = linear(to_compute(act, c), dense_cols(wd, a, b), c)  # [T, d]
         out = part if out is None else out + part
         del part
         if ld is not None:
@@ -239,7 +239,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         if int8:                                                     # --compute int8: the int4 chunks in place
             da = matmul_dyw(dout, quant_cols(wdq, a, b), cp)         # [T, C]
         else:
-            da = from_compute(doutc @ dense_cols(wdq, a, b), cp)     # [T, C]: Wd's chunk dies before Wg's, Wu's
+            da = matmul(doutc, dense_cols(wdq, a, b), cp)            # [T, C]: Wd's chunk dies before Wg's, Wu's
         if ld is not None:
             ad = ld.a[:, a:b]                                        # [r, C]
             da = da + dhd @ ad
@@ -248,7 +248,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
             g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)    # [T, C] recomputed
         else:
             wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)    # [C, d], read once for both uses
-            g, u = from_compute(F.linear(n2c, wg), cp), from_compute(F.linear(n2c, wu), cp)  # [T, C] recomputed
+            g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)          # [T, C] recomputed
         if lg is not None:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
@@ -264,7 +264,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         if int8:
             part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
         else:
-            part = from_compute(to_compute(sw.dg, cp) @ wg, cp) + from_compute(to_compute(sw.du, cp) @ wu, cp)  # [T, d]
+            part = matmul(to_compute(sw.dg, cp), wg, cp) + matmul(to_compute(sw.du, cp), wu, cp)  # [T, d]
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu

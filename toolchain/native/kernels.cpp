@@ -709,6 +709,24 @@ void dyw_chunk(void* task, size_t i) {
   const int64_t t0 = tile * k.tile, nt = std::min(k.T, t0 + k.tile) - t0;
   for (int64_t g = g0; g < std::min(k.ng, g0 + k.gchunk); ++g) dyw_block(k, t0, nt, g);
 }
+
+// fn(ctx, i) for i < n: on the runtime's thread pool when it has more than one thread and the call is worth a
+// dispatch (`work`: about the call's multiply-adds or elements, at least 2^20: a prefill chunk's attention, SwiGLU
+// and large LoRA epilogues; a decode step's calls stay on this thread, where waking the pool would cost about what
+// it saves, and more when the other core is busy), else in order on this thread. The kernels that use it (attention's heads, RMSNorm's and the LoRA epilogue's rows of x,
+// SwiGLU's blocks of elements) compute every output element the same way whichever thread runs it, so the bits do
+// not depend on the thread count.
+constexpr int64_t kPoolWork = int64_t{1} << 20;
+void parallel_for(void (*fn)(void*, size_t), void* ctx, int64_t n, int64_t work) {
+#ifdef TOOLCHAIN_THREADPOOL
+  if (n > 1 && work >= kPoolWork && pool_threads() > 1) {
+    pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), fn, ctx, static_cast<size_t>(n),
+                               0);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) fn(ctx, static_cast<size_t>(i));
+}
 }  // namespace
 
 extern "C" {
@@ -807,57 +825,71 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
 }
 
 
+struct AttentionTask {
+  const float *q, *k, *v, *k_cache, *v_cache;
+  int64_t H, Hk, C, S, D, pos;
+  float scale;
+  float* out;
+};
+
+// Query head h of toolchain_attention_decode, all C tokens (the pool's unit of work).
+static void attention_head(void* task, size_t head) {
+  const AttentionTask& a = *static_cast<const AttentionTask*>(task);
+  const int64_t h = static_cast<int64_t>(head), D = a.D, S = a.S, C = a.C, H = a.H;
+  const int64_t G = H / a.Hk, n = std::min(a.pos, S);
+  thread_local std::vector<float> p, o;
+  p.resize(static_cast<size_t>(n + C));
+  o.resize(static_cast<size_t>(D));
+  const int64_t j = h / G;
+  const float* kc = a.k_cache + j * S * D;
+  const float* vc = a.v_cache + j * S * D;
+  const float* kn = a.k + j * C * D;
+  const float* vn = a.v + j * C * D;
+  for (int64_t c = 0; c < C; ++c) {
+    const float* qv = a.q + (h * C + c) * D;
+    float m = -INFINITY;
+    for (int64_t s = 0; s < n + c + 1; ++s) {
+      const float* kr = s < n ? kc + s * D : kn + (s - n) * D;
+      f32x16 acc = f32x16{};
+      float tail = 0.0f;
+      int64_t d = 0;
+      for (; d + L <= D; d += L) {
+        f32x16 x, y;
+        std::memcpy(&x, qv + d, sizeof x);
+        std::memcpy(&y, kr + d, sizeof y);
+        acc = acc + x * y;
+      }
+      for (; d < D; ++d) tail += qv[d] * kr[d];
+      float lanes[L];
+      std::memcpy(lanes, &acc, sizeof lanes);
+      const float sc = (lane_sum(lanes) + tail) * a.scale;
+      p[static_cast<size_t>(s)] = sc;
+      m = sc > m ? sc : m;
+    }
+    std::fill(o.begin(), o.end(), 0.0f);
+    float denom = 0.0f;
+    for (int64_t s = 0; s < n + c + 1; ++s) {
+      const float e = std::exp(p[static_cast<size_t>(s)] - m);
+      denom += e;
+      const float* vr = s < n ? vc + s * D : vn + (s - n) * D;
+      for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += e * vr[d];
+    }
+    float* dst = a.out + c * H * D + h * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = o[static_cast<size_t>(d)] / denom;
+  }
+}
+
 // out [C, H*D] = softmax attention of C query tokens (q [H, C, D], after RoPE) at positions pos .. pos + C - 1
 // over the cache rows [0, min(pos, S)) of k_cache / v_cache [Hk, S, D] and, causally, the chunk's own k / v
 // [Hk, C, D] (query head h reads kv head h / (H / Hk)); scores scaled by `scale`. Per query: the scores,
-// their max m, then sum_s exp(s - m) v_s / sum_s exp(s - m). Returns 0, or -1 for bad arguments.
+// their max m, then sum_s exp(s - m) v_s / sum_s exp(s - m). The query heads are split over the thread pool.
+// Returns 0, or -1 for bad arguments.
 int toolchain_attention_decode(const float* q, const float* k, const float* v, const float* k_cache,
                                const float* v_cache, int64_t H, int64_t Hk, int64_t C, int64_t S, int64_t D,
                                int64_t pos, float scale, float* out) {
   if (H <= 0 || Hk <= 0 || H % Hk || C <= 0 || S < 0 || D <= 0 || pos < 0) return -1;
-  const int64_t G = H / Hk, n = std::min(pos, S);
-  thread_local std::vector<float> p, o;
-  p.resize(static_cast<size_t>(n + C));
-  o.resize(static_cast<size_t>(D));
-  for (int64_t h = 0; h < H; ++h) {
-    const int64_t j = h / G;
-    const float* kc = k_cache + j * S * D;
-    const float* vc = v_cache + j * S * D;
-    const float* kn = k + j * C * D;
-    const float* vn = v + j * C * D;
-    for (int64_t c = 0; c < C; ++c) {
-      const float* qv = q + (h * C + c) * D;
-      float m = -INFINITY;
-      for (int64_t s = 0; s < n + c + 1; ++s) {
-        const float* kr = s < n ? kc + s * D : kn + (s - n) * D;
-        f32x16 acc = f32x16{};
-        float tail = 0.0f;
-        int64_t d = 0;
-        for (; d + L <= D; d += L) {
-          f32x16 a, b;
-          std::memcpy(&a, qv + d, sizeof a);
-          std::memcpy(&b, kr + d, sizeof b);
-          acc = acc + a * b;
-        }
-        for (; d < D; ++d) tail += qv[d] * kr[d];
-        float lanes[L];
-        std::memcpy(lanes, &acc, sizeof lanes);
-        const float sc = (lane_sum(lanes) + tail) * scale;
-        p[static_cast<size_t>(s)] = sc;
-        m = sc > m ? sc : m;
-      }
-      std::fill(o.begin(), o.end(), 0.0f);
-      float denom = 0.0f;
-      for (int64_t s = 0; s < n + c + 1; ++s) {
-        const float e = std::exp(p[static_cast<size_t>(s)] - m);
-        denom += e;
-        const float* vr = s < n ? vc + s * D : vn + (s - n) * D;
-        for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += e * vr[d];
-      }
-      float* dst = out + c * H * D + h * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = o[static_cast<size_t>(d)] / denom;
-    }
-  }
+  AttentionTask task{q, k, v, k_cache, v_cache, H, Hk, C, S, D, pos, scale, out};
+  parallel_for(attention_head, &task, H, 2 * H * C * (std::min(pos, S) + C) * D);   // the heads over the pool
   return 0;
 }
 
@@ -865,26 +897,40 @@ int toolchain_attention_decode(const float* q, const float* k, const float* v, c
 // The small ops around them, one call each instead of ExecuTorch's portable graphs (references in
 // toolchain/mesp/decode_ops.py):
 
-// y [T, d] = w * (x * r), r = 1 / sqrt(mean_k x[t, k]^2 + eps) per row (RMSNorm).
+struct RmsNormTask {
+  const float* x;
+  int64_t d;
+  const float* w;
+  float eps;
+  float* y;
+};
+
+// Row t of toolchain_rms_norm (the pool's unit of work).
+static void rms_norm_row(void* task, size_t row) {
+  const RmsNormTask& rn = *static_cast<const RmsNormTask*>(task);
+  const int64_t t = static_cast<int64_t>(row), d = rn.d;
+  const float* xt = rn.x + t * d;
+  f32x16 acc = f32x16{};
+  float tail = 0.0f;
+  int64_t k = 0;
+  for (; k + L <= d; k += L) {
+    f32x16 a;
+    std::memcpy(&a, xt + k, sizeof a);
+    acc = acc + a * a;
+  }
+  for (; k < d; ++k) tail += xt[k] * xt[k];
+  float lanes[L];
+  std::memcpy(lanes, &acc, sizeof lanes);
+  const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + rn.eps);
+  float* yt = rn.y + t * d;
+  for (k = 0; k < d; ++k) yt[k] = rn.w[k] * (xt[k] * r);
+}
+
+// y [T, d] = w * (x * r), r = 1 / sqrt(mean_k x[t, k]^2 + eps) per row (RMSNorm; rows split over the thread pool).
 int toolchain_rms_norm(const float* x, int64_t T, int64_t d, const float* w, float eps, float* y) {
   if (T < 0 || d <= 0) return -1;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xt = x + t * d;
-    f32x16 acc = f32x16{};
-    float tail = 0.0f;
-    int64_t k = 0;
-    for (; k + L <= d; k += L) {
-      f32x16 a;
-      std::memcpy(&a, xt + k, sizeof a);
-      acc = acc + a * a;
-    }
-    for (; k < d; ++k) tail += xt[k] * xt[k];
-    float lanes[L];
-    std::memcpy(lanes, &acc, sizeof lanes);
-    const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + eps);
-    float* yt = y + t * d;
-    for (k = 0; k < d; ++k) yt[k] = w[k] * (xt[k] * r);
-  }
+  RmsNormTask task{x, d, w, eps, y};
+  parallel_for(rms_norm_row, &task, T, T * d);
   return 0;
 }
 
@@ -906,12 +952,57 @@ inline float dot(const float* __restrict x, const float* __restrict y, int64_t n
   return lane_sum(lanes) + tail;
 }
 
+struct LoraTask {
+  const float* x;
+  int64_t in, o;
+  const float *bias, *a, *b, *bt;
+  int64_t r;
+  float s;
+  const float* residual;
+  float* y;
+  float* h;          // [T, r]: x A^T, row t written by row t's task
+  bool in_place;
+};
+
+// Row t of toolchain_lora_linear_a8 after the int4 product (the pool's unit of work): h[t] = x[t] A^T, then the
+// epilogue over the row's o outputs.
+static void lora_row(void* task, size_t row) {
+  const LoraTask& k = *static_cast<const LoraTask*>(task);
+  const int64_t t = static_cast<int64_t>(row), in = k.in, o = k.o, r = k.r;
+  const float *bias = k.bias, *b = k.b;
+  const float s = k.s;
+  float* ht = nullptr;
+  if (k.a != nullptr) {
+    ht = k.h + t * r;
+    for (int64_t j = 0; j < r; ++j) ht[j] = dot(k.x + t * in, k.a + j * in, in);
+  }
+  const float* rt = k.residual != nullptr ? k.residual + t * o : nullptr;
+  float* yt = k.y + t * o;
+  int64_t n0 = 0;
+  if (k.in_place) {
+    for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
+      lora_epilogue<LORA_BLOCK, 8>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, b + n0 * r, 1, r, s,
+                                   rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
+    for (; n0 < o; n0 += L)
+      lora_epilogue<L, 8>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, b + n0 * r, 1, r, s,
+                          rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
+    return;
+  }
+  for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
+    lora_epilogue<LORA_BLOCK, 1>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, k.bt + n0, o, r, s,
+                                 rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
+  for (; n0 < o; n0 += L)
+    lora_epilogue<L, 1>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, k.bt + n0, o, r, s,
+                        rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
+}
+
 // y [T, o] = residual + ((x W^T + bias) + s (x A^T) B^T): the int4 W4A8 product (toolchain_int4_linear_a8)
 // with the projection's bias, its LoRA pair a [r, in], b [o, r] (scale s) and a residual [T, o] added;
 // bias, a / b and residual may each be null (absent). h = x A^T per row is `dot`; (h B^T)[n] = sum_j h[j]
 // b[n, j] as fused multiply-adds in increasing j (explicit std::fma, not left to the compiler's contraction),
 // from b transposed once per call, 64 outputs at a time in registers together with the bias and residual adds
-// (lora_epilogue: one pass over y instead of r + 1). Returns 0, or -1 for bad arguments.
+// (lora_epilogue: one pass over y instead of r + 1); after the int4 product the rows of x are split over the
+// thread pool (`lora_row`). Returns 0, or -1 for bad arguments.
 int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
                              int64_t ng, int64_t group, const float* bias, const float* a, const float* b, int64_t r,
                              float s, const float* residual, float* y) {
@@ -924,35 +1015,14 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   const bool in_place = T == 1 && r == 8;
   if (a != nullptr) {
     h.resize(static_cast<size_t>(T * r));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < r; ++j) h[static_cast<size_t>(t * r + j)] = dot(x + t * in, a + j * in, in);
     if (!in_place) {
       bt.resize(static_cast<size_t>(r * o));
       for (int64_t n = 0; n < o; ++n)
         for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
     }
   }
-  for (int64_t t = 0; t < T; ++t) {
-    const float* ht = a != nullptr ? h.data() + t * r : nullptr;
-    const float* rt = residual != nullptr ? residual + t * o : nullptr;
-    float* yt = y + t * o;
-    int64_t n0 = 0;
-    if (in_place) {
-      for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
-        lora_epilogue<LORA_BLOCK, 8>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, b + n0 * r, 1, r, s,
-                                     rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
-      for (; n0 < o; n0 += L)
-        lora_epilogue<L, 8>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, b + n0 * r, 1, r, s,
-                            rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
-      continue;
-    }
-    for (; n0 + LORA_BLOCK <= o; n0 += LORA_BLOCK)
-      lora_epilogue<LORA_BLOCK, 1>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
-                                   rt != nullptr ? rt + n0 : nullptr, LORA_BLOCK);
-    for (; n0 < o; n0 += L)
-      lora_epilogue<L, 1>(yt + n0, bias != nullptr ? bias + n0 : nullptr, ht, bt.data() + n0, o, r, s,
-                          rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
-  }
+  LoraTask task{x, in, o, bias, a, b, bt.data(), r, s, residual, y, h.data(), in_place};
+  parallel_for(lora_row, &task, T, T * (r * in + (r + 2) * o));   // the rows of x over the pool
   return 0;
 }
 
@@ -1010,8 +1080,21 @@ inline f32x16 exp16(f32x16 x) {
 // out [N] = silu(g) * u = g / (1 + exp(-g)) * u (SwiGLU), exp by exp16 (the tail in a zero-padded vector).
 inline f32x16 swiglu16(f32x16 g, f32x16 u) { return g / (1.0f + exp16(-g)) * u; }
 
-int toolchain_swiglu(const float* g, const float* u, int64_t N, float* out) {
-  if (N < 0) return -1;
+struct SwigluTask {
+  const float *g, *u;
+  int64_t N;
+  float* out;
+};
+constexpr int64_t kSwigluBlock = 64 * L;   // elements per unit of work (a multiple of the 16 lanes)
+
+// Elements [i kSwigluBlock, (i + 1) kSwigluBlock) of toolchain_swiglu (the pool's unit of work): whole vectors of
+// 16, the tail (in the last block only) in a zero-padded one; element-wise, so the blocks do not change the bits.
+static void swiglu_block(void* task, size_t i) {
+  const SwigluTask& a = *static_cast<const SwigluTask*>(task);
+  const int64_t k0 = static_cast<int64_t>(i) * kSwigluBlock;
+  const int64_t N = std::min(a.N, k0 + kSwigluBlock) - k0;
+  const float *g = a.g + k0, *u = a.u + k0;
+  float* out = a.out + k0;
   int64_t k = 0;
   for (; k + L <= N; k += L) {
     f32x16 gv, uv;
@@ -1031,6 +1114,12 @@ int toolchain_swiglu(const float* g, const float* u, int64_t N, float* out) {
     std::memcpy(ot, &ov, sizeof ov);
     std::memcpy(out + k, ot, static_cast<size_t>(N - k) * sizeof(float));
   }
+}
+
+int toolchain_swiglu(const float* g, const float* u, int64_t N, float* out) {
+  if (N < 0) return -1;
+  SwigluTask task{g, u, N, out};
+  parallel_for(swiglu_block, &task, (N + kSwigluBlock - 1) / kSwigluBlock, 16 * N);   // blocks over the pool
   return 0;
 }
 }  // extern "C"

@@ -18,12 +18,11 @@ rounding. Targets follow Hugging Face (`shift_labels`); IGNORE_INDEX rows give 0
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.ce_chunked import IGNORE_INDEX, CeResult
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
+from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, matmul_dyw, matmul_xwt, quant_rows
 
 __all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks"]
@@ -50,7 +49,7 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
     m = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype, device=h.device)
     s = torch.zeros_like(m)                                          # [C, 1]
     acc = torch.zeros_like(h) if with_grad else None                 # [C, d]
-    hc = to_compute(h, compute)                                      # --compute fp16: float16 (ops/half.py)
+    hc = to_compute(h, compute)                                      # --compute fp16: scaled float16 (ops/half.py)
     for chunk in chunks:
         int8 = compute.int8 and isinstance(chunk, QuantWeight) and chunk.bits == 4
         if int8:   # --compute int8 (ops/quant.py): both matmuls on the int4 chunk in place, int8 activations
@@ -58,7 +57,7 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
             z = matmul_xwt(h, chunk, compute)                        # [C, Vc] = h E_j^T (toolchain::int4_linear_a8)
         else:
             e_j = dense(compute_weight(chunk, compute))              # [Vc, d] (the stored rows, or dequantized)
-            z = from_compute(F.linear(hc, e_j), compute)             # [C, Vc] = h E_j^T; E_j read in place
+            z = linear(hc, e_j, compute)                             # [C, Vc] = h E_j^T; E_j read in place
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
         p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer
@@ -66,7 +65,7 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
         if acc is not None:
             # A <- a A + p E_j. Not `acc.mul_(a).addmm_(p, e_j)`: ExecuTorch runs addmm with its portable
             # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
-            pe = matmul_dyw(p, e_j, compute) if int8 else from_compute(to_compute(p, compute) @ e_j, compute)
+            pe = matmul_dyw(p, e_j, compute) if int8 else matmul(to_compute(p, compute), e_j, compute)
             acc = acc * a + pe                                       # p E_j: toolchain::int4_dyw_a8 under int8
             del pe
         m = m_new

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.half import compute_weight, from_compute, to_compute
+from toolchain.mesp.ops.half import cols, compute_weight, linear, matmul, to_compute
 from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
@@ -148,12 +148,11 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
     would be materialized (`permute_copy`: ExecuTorch tensors have no strides), a copy of the frozen
     weight (17 MB for a [4864, 896] matrix, 545 MB for the LM head).
     """
-    if compute.half:                   # --compute fp16 (ops/half.py): float16 operands and product
+    if compute.half:                   # --compute fp16 (ops/half.py): float16 operands and products
         w, xh = compute_weight(w, compute), to_compute(x, compute)
         if not isinstance(w, QuantWeight):
-            return from_compute(F.linear(xh, w), compute)                              # [T, o]
-        return from_compute(torch.cat([F.linear(xh, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1),
-                            compute)
+            return linear(xh, w, compute)                                              # [T, o]
+        return torch.cat([linear(xh, dequantize(_rows(w, a, b)), compute) for a, b in _chunks(w)], dim=1)
     if isinstance(w, Int4Constant):    # the XNNPACK generation variant (ops/int8da_int4w.py)
         return linear_8da4w(x, w)                                                      # [T, o]
     if not isinstance(w, QuantWeight):
@@ -164,17 +163,18 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
 
 
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
-    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16, summed in float32;
-    with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded to int8 per
-    block of `group` output rows after the weight scales are folded in, exact integer sums; W read in place)."""
+    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16 (ops/half.py), summed
+    in float32; with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded
+    to int8 per block of `group` output rows after the weight scales are folded in, exact integer sums; W read in
+    place)."""
     if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
         return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
     if not isinstance(w, QuantWeight):
-        return from_compute(dy @ w, compute)
+        return matmul(dy, w, compute)
     out = None
     for a, b in _chunks(w):
-        part = from_compute(dy[:, a:b] @ dequantize(_rows(w, a, b)), compute)          # [T, i]
+        part = matmul(cols(dy, a, b), dequantize(_rows(w, a, b)), compute)            # [T, i]
         out = part if out is None else out + part
     return out
 
