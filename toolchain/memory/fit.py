@@ -120,14 +120,16 @@ def _selected_layers(manifest: Manifest, lcsb_k: int | None) -> tuple[int, str]:
     return max(len(phase) for phase in plan.phases), "the program's default LCSB plan (largest phase)"
 
 
-def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
-                 overhead_mb: float = EXECUTORCH_OVERHEAD_MB) -> ProgramPeak:
+def program_peak(program_dir: Path, *, lcsb_k: int | None = None, overhead_mb: float = EXECUTORCH_OVERHEAD_MB,
+                 layers_per_checkpoint: int = 1) -> ProgramPeak:
     """Peak MB of an app running an exported program's layer loop (see the module docstring).
 
     Args:
         lcsb_k: layers backpropagated per step (their checkpoints are kept); None: the program's default
             LCSB plan (its largest phase), or every layer when it has none.
         overhead_mb: the runtime's own memory, added to both figures as `runtime_overhead`.
+        layers_per_checkpoint: checkpoint groups of the loop (`LayerLoop.train_step`). Default: 1 (every
+            backpropagated layer's input kept).
 
     Raises:
         BadInput: no manifest, not JSON, not schema_version 3, no ExecuTorch memory plan for a method,
@@ -135,7 +137,7 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
         SchemaError: the manifest violates its schema.
     """
     path = Path(program_dir) / MANIFEST_NAME
-    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb)
+    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb, layers_per_checkpoint)
 
 
 def _program_peak(manifest: Manifest, path: Path, lcsb_k: int | None, overhead_mb: float,
