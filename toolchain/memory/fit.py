@@ -288,6 +288,12 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
         host_peak, host_parts = prog.host_peak_mb, prog.host_parts_mb
         used = parts.get("runtime_overhead", 0.0)
         notes.append("largest seq len / rank below come from the analytic model")
+        weights_mb = manifest.memory_plan.weights_bytes / BYTES_PER_MB
+        if weights_mb + peak > device.budget_mb:
+            notes.append(f"the weights file ({weights_mb:.0f} MB, memory-mapped) and the step ({peak:.0f} MB) exceed "
+                         f"the {device.budget_mb:.0f} MB budget together: the page cache will not keep the weights "
+                         f"resident, so steps re-read them from storage (about twice the file per step: forward and "
+                         f"backward; docs/benchmarks.md, \"When the weights do not stay in memory\")")
     else:
         peak, parts, source, phase, used = analytic.peak_mb, analytic.parts_mb, "analytic", analytic.phase, host
         if phase == "backward (saved only)":
