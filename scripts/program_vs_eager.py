@@ -22,7 +22,8 @@ from pathlib import Path
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--program", required=True, type=Path)
-    ap.add_argument("--lr", type=float, default=1.0, help="large, so that the update is far above the adapter's float32 rounding")
+    ap.add_argument("--lr", type=float, default=1.0,
+                    help="large, so that the update is far above the adapter's float32 rounding")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
@@ -44,7 +45,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     pdir = ProgramDir(args.program)
     if pdir.optimizer.kind != "sgd":
-        print(f"Error: {args.program} was exported with {pdir.optimizer.kind}; this compares SGD steps", file=sys.stderr)
+        print(f"Error: {args.program} was exported with {pdir.optimizer.kind}; this compares SGD steps",
+              file=sys.stderr)
         return 2
     arch, cfg, spec = pdir.arch, pdir.lora_config, pdir.spec
     gen = torch.Generator().manual_seed(args.seed)

@@ -113,7 +113,8 @@ def test_preset_sizes():
         return sum(torch.Size(tensor_shape(a, t)).numel() for t in model_tensor_names(a))
 
     assert [get_preset(n).tie_embeddings for n in BIG] == [False, True, False, False]
-    assert get_preset("llama3.1-8b").rope_scaling.factor == 8.0 and get_preset("llama3.2-1b").rope_scaling.factor == 32.0
+    assert get_preset("llama3.1-8b").rope_scaling.factor == 8.0
+    assert get_preset("llama3.2-1b").rope_scaling.factor == 32.0
     assert [round(params(n) / 1e9, 1) for n in BIG] == [7.6, 4.0, 8.2, 8.0]
 
 

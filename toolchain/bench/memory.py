@@ -31,8 +31,8 @@ from toolchain.models import PRESETS, ModelArch
 from toolchain.validate import check_rank
 
 __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
-           "planner_estimate", "program_settings", "check_program", "mark_file_drift", "unreliable_rows", "format_table", "call_worker",
-           "check_config", "host_info", "worker_spec"]
+           "planner_estimate", "program_settings", "check_program", "mark_file_drift", "unreliable_rows",
+           "format_table", "call_worker", "check_config", "host_info", "worker_spec"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo", "executorch", "executorch_groups",
                                 "onnx", "onnx_groups")
@@ -367,8 +367,8 @@ def format_table(doc: dict[str, Any]) -> str:
     """Plain-text table of a `bench_memory` document (ratios against MeBP when it was run)."""
     rows = doc["results"]
     base = next((r for r in rows if r["mode"] == "mebp"), None)
-    head = (f"{'mode':<18}{'peak MB':>10}{'plan MB':>9}{'plan err':>9}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}{'time/MeBP':>11}"
-            f"{'GFLOP':>9}{'GFLOP/s':>9}{'util':>7}{'cpu util':>9}{'grad rel diff':>15}  largest transient")
+    head = (f"{'mode':<18}{'peak MB':>10}{'plan MB':>9}{'plan err':>9}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}"
+            f"{'time/MeBP':>11}{'GFLOP':>9}{'GFLOP/s':>9}{'util':>7}{'cpu util':>9}{'grad rel diff':>15}  largest transient")
     lines = [head, "-" * len(head)]
     for r in rows:
         peak_ratio = f"{r['peak_mb'] / base['peak_mb']:.3f}" if base and base["peak_mb"] > 0 else "-"
@@ -380,7 +380,7 @@ def format_table(doc: dict[str, Any]) -> str:
                                         f"{r['utilisation_cpu']:.2f}") if "step_gflop" in r else ("-",) * 4)
         plan, err = ((f"{r['planner_estimate_mb']:.1f}", f"{r['planner_estimate_mb'] / r['peak_mb'] - 1:+.1%}")
                      if r.get("planner_estimate_mb") is not None and r["peak_mb"] > 0 else ("-", "-"))
-        lines.append(f"{r['mode']:<18}{r['peak_mb']:>10.1f}{plan:>9}{err:>9}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
-                     f"{time_ratio:>11}{gflop:>9}{rate:>9}{util:>7}{util_cpu:>9}{diff:>15}  {what}")
+        lines.append(f"{r['mode']:<18}{r['peak_mb']:>10.1f}{plan:>9}{err:>9}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}"
+                     f"{peak_ratio:>11}{time_ratio:>11}{gflop:>9}{rate:>9}{util:>7}{util_cpu:>9}{diff:>15}  {what}")
     lines += [f"! {r['mode']}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
     return "\n".join(lines)

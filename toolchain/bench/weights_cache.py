@@ -27,7 +27,8 @@ from toolchain.atomic import atomic_dir
 from toolchain.models import PRESETS, ModelWeights, ModelArch, load_model, state_dict_from_weights
 from toolchain.models import weights_from_state_dict
 
-__all__ = ["ARCH_FILE", "QUANT_ARCH_FILE", "cache_arch", "default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
+__all__ = ["ARCH_FILE", "QUANT_ARCH_FILE", "cache_arch", "default_cache_dir",
+           "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
            "load_mmap_weights", "quantized_file", "ensure_quantized", "load_quantized"]
 
 ARCH_FILE = "arch.json"  # written last: its presence marks a complete cache entry
