@@ -71,6 +71,29 @@ def test_each_mode_reports_its_counted_flops_and_utilisation(report):
     assert "FlopCounterMode" in doc["counted"]
 
 
+def _plan_fit(*args: str) -> dict:
+    result = CliRunner().invoke(cli, ["plan", "fit", "--device", "android-8gb", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_planner_estimate_beside_the_measured_peak(report):
+    """Each mode the planner models carries `toolchain plan fit`'s answer for the same step (SGD, every layer,
+    the bench's chunk sizes) beside its measured peak; MeZO, which the planner does not model, carries none."""
+    result, doc = report
+    rows = {r["mode"]: r for r in doc["results"]}
+    for mode in ("mebp", "mesp"):
+        fit = _plan_fit("--model", "tiny", "--seq-len", "32", "--method", mode)
+        assert rows[mode]["planner_estimate_mb"] == round(fit["predicted_peak_mb"], 2)
+        assert rows[mode]["planner_source"] == "analytic"
+    assert "planner_estimate_mb" not in rows["mezo"] and "planner_source" not in rows["mezo"]
+    header = result.stdout.splitlines()[1]
+    assert "plan MB" in header and "plan err" in header
+    mesp_line = next(ln for ln in result.stdout.splitlines() if ln.startswith("mesp "))
+    err = rows["mesp"]["planner_estimate_mb"] / rows["mesp"]["peak_mb"] - 1
+    assert f"{rows['mesp']['planner_estimate_mb']:.1f}" in mesp_line and f"{err:+.1%}" in mesp_line
+
+
 def test_table_is_printed(report):
     result, _ = report
     lines = result.stdout.splitlines()
@@ -179,6 +202,13 @@ def test_program_runs_beside_eager_on_the_same_int4_weights(tiny_int4_program, t
     assert (rows["executorch"]["step_gflop"] == rows["mesp"]["step_gflop"]
             == round(mesp_step_flops(a, tuple(doc["config"]["targets"]), 8, 32, selected=a.layers) / 1e9, 4))
     assert rows["executorch_groups"]["step_gflop"] > rows["executorch"]["step_gflop"]
+    # the planner's host figure of the program (one arena shared by the bindings), every layer backpropagated
+    fit = _plan_fit("--program", str(tiny_int4_program))
+    assert rows["executorch"]["planner_estimate_mb"] == round(fit["host_peak_mb"], 2)
+    fit3 = _plan_fit("--program", str(tiny_int4_program), "--layers-per-checkpoint", "3")
+    assert rows["executorch_groups"]["planner_estimate_mb"] == round(fit3["host_peak_mb"], 2)
+    assert fit3["host_peak_mb"] < fit["host_peak_mb"]
+    assert rows["executorch"]["planner_source"] == "program" and rows["mesp"]["planner_source"] == "analytic"
 
 
 def test_an_int8_program_runs_beside_the_fp32_one_in_the_same_run(tiny_int4_program, tmp_path):

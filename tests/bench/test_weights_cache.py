@@ -66,3 +66,24 @@ def test_loaded_weights_are_file_backed(tmp_path):
         float(weights.embed.sum())                                   # touch every page of the embedding
     assert m.file_drift_bytes / MIB > embed_mb - 1                   # RssFile grew by the embedding...
     assert (m.peak_anon_bytes - m.anon_before_bytes) / MIB < embed_mb / 4  # ...RssAnon did not
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quantized_entry_streams_without_float32_shards_and_equals_the_cached_path(tmp_path, kind):
+    """`bench memory --quant` on a model without a float32 entry (a 7B model: 30 GB of float32) writes only the
+    quantized file, streamed from the source: the same bytes as quantizing the float32 entry, no float32 shard
+    written, and the entry's architecture readable by the workers (load_quantized)."""
+    from toolchain.bench.weights_cache import QUANT_ARCH_FILE, cache_arch, load_quantized, quantized_file
+
+    streamed_dir = weights_cache_dir(tmp_path / "a", "tiny", "random", 3)
+    streamed = ensure_quantized(streamed_dir, kind, 16, model="tiny", init="random", seed=3)
+    assert sorted(p.name for p in streamed_dir.iterdir()) == sorted([QUANT_ARCH_FILE, streamed.name])
+    assert streamed == quantized_file(streamed_dir, kind, 16)
+    cached = ensure_quantized(ensure_weights_cache(tmp_path / "b", "tiny", "random", 3), kind, 16)
+    assert streamed.read_bytes() == cached.read_bytes()
+    assert cache_arch(streamed_dir) == get_preset("tiny")
+    arch, weights = load_quantized(streamed_dir, kind, 16, 1 << 10)
+    assert arch == get_preset("tiny") and len(weights.layers) == arch.layers
+    other = ensure_quantized(weights_cache_dir(tmp_path / "a", "tiny", "random", 4), kind, 16, model="tiny",
+                             init="random", seed=4)
+    assert other.read_bytes() != streamed.read_bytes()          # the seed reaches the weights

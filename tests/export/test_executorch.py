@@ -421,3 +421,30 @@ def test_checkpoint_groups_in_the_loop_equal_the_plain_loop_on_the_runtime(int4_
     per_step = 2 + 2 * ARCH.layers
     assert calls.count("block_forward") == 2 * (2 * ARCH.layers) + 2 * reruns
     assert len(calls) == 4 * per_step + 2 * reruns
+
+
+def test_prefetching_the_next_layers_weights_changes_nothing_but_the_page_cache(int4_adamw):
+    """`LayerLoop(prefetch=True)` (madvise(MADV_WILLNEED) one layer ahead, runtime/prefetch.py): the same loss and
+    state bit for bit; one advice per layer ahead of its call (forward: layers 1..L-1 and the head's globals before
+    the last layer, layer 0 before embed; backward: layers L-2..0), each over exactly that layer's tensors."""
+    from toolchain.runtime.prefetch import layer_ranges
+
+    prog, _, _ = int4_adamw
+    pdir, runner = _runtime(prog)
+    ids, labels = pad_row(_examples(1, seed=13)[0], T, 0, "row")
+    plain, ahead = pdir.state_init(), pdir.state_init()
+    loss = LayerLoop(pdir, runner).train_step(ids, labels, 0.1, plain)
+    loop = LayerLoop(pdir, runner, prefetch=True)
+    assert loop.train_step(ids, labels, 0.1, ahead) == loss
+    assert torch.equal(plain, ahead)
+    L = ARCH.layers
+    assert loop.prefetcher.calls == 1 + L + (L - 1)
+    ranges = layer_ranges(pdir.weights(), L)
+    assert set(ranges) == set(range(L)) | {"globals"}
+    page = __import__("mmap").PAGESIZE
+    for key, t in pdir.weights().items():
+        start, length = ranges[int(key.split(".")[1]) if key.startswith("layers.") else "globals"]
+        assert start % page == 0 and start <= t.data_ptr()
+        assert t.data_ptr() + t.numel() * t.element_size() <= start + length, key
+    ends = sorted((s, s + n) for s, n in ranges.values())
+    assert all(a[1] <= b[0] + page for a, b in zip(ends, ends[1:]))   # layers apart (a shared page at most)

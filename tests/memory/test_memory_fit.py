@@ -165,3 +165,19 @@ def test_program_dir_without_manifest_or_json(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(BadInput, match="not valid JSON"):
         plan_fit(SMALL, load_profile("android-8gb"), program_dir=tmp_path)
+
+
+def test_weights_that_cannot_stay_in_the_page_cache_are_noted(tmp_path):
+    """A program whose weights file and step exceed the budget together (a 7B int4 file is ~4.1 GiB): the answer
+    says the page cache will not keep the weights; one that fits with room says nothing of it."""
+    doc = example()
+    budget = load_profile("android-8gb").budget_mb
+    (tmp_path / "small").mkdir()
+    r = plan_fit(TINY, load_profile("android-8gb"), program_dir=_program(tmp_path / "small", doc))
+    assert not any("page cache" in n for n in r.notes)
+    doc["memory_plan"]["weights_bytes"] = int((budget - r.predicted_peak_mb + 1) * MB)
+    (tmp_path / "big").mkdir()
+    r = plan_fit(TINY, load_profile("android-8gb"), program_dir=_program(tmp_path / "big", doc))
+    assert r.fits
+    (note,) = [n for n in r.notes if "page cache" in n]
+    assert f"exceed the {budget:.0f} MB budget together" in note and "re-read them from storage" in note

@@ -1,4 +1,4 @@
-"""Device profiles: the six shipped ones load, their budgets add up, every headroom item cites a
+"""Device profiles: the seven shipped ones load, their budgets add up, every headroom item cites a
 source, and broken profiles are refused."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from toolchain.errors import BadInput, SchemaError
 from toolchain.memory.profiles import PROFILE_DIR, load_profile, profile_names
 
 
-def test_the_six_classes_are_shipped():
-    assert profile_names() == ["android-12gb", "android-6gb", "android-8gb", "ios-12gb", "ios-6gb", "ios-8gb"]
+def test_the_seven_classes_are_shipped():
+    assert profile_names() == ["android-12gb", "android-16gb", "android-6gb", "android-8gb", "ios-12gb", "ios-6gb",
+                               "ios-8gb"]
 
 
-@pytest.mark.parametrize("name", ["android-6gb", "android-8gb", "android-12gb", "ios-6gb", "ios-8gb", "ios-12gb"])
+@pytest.mark.parametrize("name", ["android-6gb", "android-8gb", "android-12gb", "android-16gb", "ios-6gb", "ios-8gb",
+                                  "ios-12gb"])
 def test_profile_budget_adds_up(name):
     p = load_profile(name)
     platform, gb = name.split("-")

@@ -72,8 +72,8 @@ def test_random_init_is_seeded_and_shaped():
 
 
 def test_unknown_preset():
-    with pytest.raises(BadInput, match="unknown preset 'qwen2.5-7b'.*tiny"):
-        load_model("qwen2.5-7b", init="random")
+    with pytest.raises(BadInput, match="unknown preset 'qwen2.5-72b'.*tiny"):
+        load_model("qwen2.5-72b", init="random")
 
 
 def test_missing_checkpoint_directory(tmp_path):

@@ -20,7 +20,7 @@ from typing import Any
 
 from toolchain.atomic import discarded_on_stop
 from toolchain.bench.steps import base_mode, program_target, uses_groups
-from toolchain.bench.weights_cache import ARCH_FILE, default_cache_dir, weights_cache_dir
+from toolchain.bench.weights_cache import ARCH_FILE, cache_arch, default_cache_dir, weights_cache_dir
 from toolchain.errors import BadInput
 from toolchain.lora import ALL_TARGETS, LoraConfig
 from toolchain.memory.breakdown import step_breakdown
@@ -31,8 +31,8 @@ from toolchain.models import PRESETS, ModelArch
 from toolchain.validate import check_rank
 
 __all__ = ["BENCH_MODES", "COUNTED", "FILE_DRIFT_LIMIT_MB", "BenchWorkload", "MemoryBenchConfig", "run_memory_bench",
-           "program_settings", "check_program", "mark_file_drift", "unreliable_rows", "format_table", "call_worker",
-           "check_config", "host_info", "worker_spec"]
+           "planner_estimate", "program_settings", "check_program", "mark_file_drift", "unreliable_rows",
+           "format_table", "call_worker", "check_config", "host_info", "worker_spec"]
 
 BENCH_MODES: tuple[str, ...] = ("autograd", "mebp", "mesp", "mesp_groups", "mezo", "executorch", "executorch_groups",
                                 "onnx", "onnx_groups")
@@ -306,16 +306,12 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
     env = PHONE_LIKE_MALLOC_ENV if config.allocator == "phone-like" else None
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp_name, discarded_on_stop(Path(tmp_name)) as tmp:
         notify("weights")
-        if not (weights_dir / ARCH_FILE).is_file():
+        if config.quant != "none" or not (weights_dir / ARCH_FILE).is_file():
             call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model,
                                          "init": config.init, "seed": config.seed, "quant": config.quant,
                                          "quant_group": config.quant_group, "quant_head": config.quant_head},
                         config.threads)
-        elif config.quant != "none":
-            call_worker(tmp, "prepare", {"cache_dir": str(config.cache_dir), "model": config.model, "init": config.init,
-                                         "seed": config.seed, "quant": config.quant, "quant_group": config.quant_group,
-                                         "quant_head": config.quant_head}, config.threads)
-        arch = arch or ModelArch.from_dict(json.loads((weights_dir / ARCH_FILE).read_text()))
+        arch = arch or cache_arch(weights_dir)
         spec = worker_spec(config, weights_dir, arch.layers)
         rows = []
         keys = config.row_keys()
@@ -326,13 +322,16 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
         timing = call_worker(tmp, "timing", dict(spec, modes=list(keys)), config.threads)
     for row in rows:
         row.update(timing["modes"][row["mode"]], threads=config.threads)
-        if keys[row["mode"]] is not None:
-            row["program"] = str(keys[row["mode"]])
-            row["compute"] = _program_compute(keys[row["mode"]])
+        program = keys[row["mode"]]
+        if program is not None:
+            row["program"] = str(program)
+            row["compute"] = _program_compute(program)
         row["mode"] = base_mode(row["mode"])
         mark_file_drift(row)
         if uses_groups(row["mode"]):
             row["layers_per_checkpoint"] = spec["layers_per_checkpoint"]
+        row.update(planner_estimate(row["mode"], arch, config, spec["layers_per_checkpoint"],
+                                    program or config.program_dir))
         if not program_target(row["mode"]):
             row["breakdown"] = step_breakdown(row["mode"], arch, config.lora_config(), config.seq_len,
                                               config.step_options(),
@@ -346,6 +345,38 @@ def _program_compute(program_dir: Path) -> str:
     from toolchain.program import ProgramDir
 
     return ProgramDir(program_dir, verify=False).spec.compute
+
+
+# The planner's answer for the quantity a mode's `peak_mb` measures (`planner_estimate`); modes without one
+# (mezo, onnx, onnx_groups) get none.
+_PLANNED_EAGER = {"autograd": "autograd", "mebp": "mebp", "mesp": "mesp", "mesp_groups": "mesp"}
+_PLANNED_PROGRAM = ("executorch", "executorch_groups")
+
+
+def planner_estimate(mode: str, arch: ModelArch, config: MemoryBenchConfig, layers_per_checkpoint: int,
+                     program_dir: Path | None = None) -> dict[str, Any]:
+    """What `toolchain plan fit` predicts for the peak `mode` measures, beside it in the report: the analytic
+    model with its calibrated host overhead for the eager modes (`estimate_peak`, SGD, every layer, the bench's
+    chunk sizes), the program's host figure for the ExecuTorch modes (`program_peak`: its largest arena, one
+    shared by the Python bindings, plus state, checkpoints, activations and runtime overhead; every layer
+    backpropagated, as the bench steps) of `program_dir` (the row's --program). Empty for modes the planner does not model (mezo, onnx)."""
+    from toolchain.memory.estimate import StepShape, estimate_peak
+    from toolchain.memory.fit import EXECUTORCH_OVERHEAD_MB, HOST_OVERHEAD_MB, program_peak
+
+    groups = layers_per_checkpoint if uses_groups(mode) else 1
+    if mode in _PLANNED_EAGER:
+        method = _PLANNED_EAGER[mode]
+        shape = StepShape(arch, config.seq_len, config.rank, targets=config.lora_config().targets, method=method,
+                          loss_chunk=config.loss_chunk, vocab_chunk=config.vocab_chunk, mlp_chunk=config.mlp_chunk,
+                          optimizer="sgd", layers_per_checkpoint=groups)
+        mb, source = estimate_peak(shape, overhead_mb=HOST_OVERHEAD_MB[method]).peak_mb, "analytic"
+    elif mode in _PLANNED_PROGRAM and program_dir is not None:
+        mb = program_peak(program_dir, lcsb_k=arch.layers, overhead_mb=EXECUTORCH_OVERHEAD_MB,
+                          layers_per_checkpoint=groups).host_peak_mb
+        source = "program"
+    else:
+        return {}
+    return {"planner_estimate_mb": round(mb, 2), "planner_source": source}
 
 
 def mark_file_drift(row: dict[str, Any]) -> None:
@@ -374,8 +405,8 @@ def format_table(doc: dict[str, Any]) -> str:
     """Plain-text table of a `bench_memory` document (ratios against MeBP when it was run)."""
     rows = doc["results"]
     base = next((r for r in rows if r["mode"] == "mebp"), None)
-    head = (f"{'mode':<18}{'peak MB':>10}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}{'time/MeBP':>11}"
-            f"{'GFLOP':>9}{'GFLOP/s':>9}{'util':>7}{'cpu util':>9}{'grad rel diff':>15}  largest transient")
+    head = (f"{'mode':<18}{'peak MB':>10}{'plan MB':>9}{'plan err':>9}{'step s':>9}{'cpu s':>9}{'peak/MeBP':>11}"
+            f"{'time/MeBP':>11}{'GFLOP':>9}{'GFLOP/s':>9}{'util':>7}{'cpu util':>9}{'grad rel diff':>15}  largest transient")
     lines = [head, "-" * len(head)]
     several = len({r.get("program") for r in rows if r.get("program")}) > 1
     for r in rows:
@@ -387,7 +418,9 @@ def format_table(doc: dict[str, Any]) -> str:
         what = f"{b['largest_transient_what']} {b['largest_transient_mb']:.1f} MB" if b else "-"
         gflop, rate, util, util_cpu = ((f"{r['step_gflop']:.2f}", f"{r['gflop_per_s']:.1f}", f"{r['utilisation']:.2f}",
                                         f"{r['utilisation_cpu']:.2f}") if "step_gflop" in r else ("-",) * 4)
-        lines.append(f"{label:<18}{r['peak_mb']:>10.1f}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}{peak_ratio:>11}"
-                     f"{time_ratio:>11}{gflop:>9}{rate:>9}{util:>7}{util_cpu:>9}{diff:>15}  {what}")
+        plan, err = ((f"{r['planner_estimate_mb']:.1f}", f"{r['planner_estimate_mb'] / r['peak_mb'] - 1:+.1%}")
+                     if r.get("planner_estimate_mb") is not None and r["peak_mb"] > 0 else ("-", "-"))
+        lines.append(f"{label:<18}{r['peak_mb']:>10.1f}{plan:>9}{err:>9}{r['step_s']:>9.3f}{r['step_cpu_s']:>9.3f}"
+                     f"{peak_ratio:>11}{time_ratio:>11}{gflop:>9}{rate:>9}{util:>7}{util_cpu:>9}{diff:>15}  {what}")
     lines += [f"! {r['mode']}{' ' + r['program'] if several and r.get('program') else ''}: unreliable peak: {r['unreliable']}" for r in unreliable_rows(doc)]
     return "\n".join(lines)

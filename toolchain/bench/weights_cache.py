@@ -6,6 +6,11 @@ are saved once (random init or a converted checkpoint) and each benchmark proces
 safetensors (`safe_open(...).get_tensor` returns tensors over a private file mapping: their
 pages show up in RssFile, not RssAnon). One shard per layer keeps the writer's transient copy to
 one layer (safetensors serializes a whole file in memory).
+
+With `--quant int8|int4` every mode runs on the program's weights file (`quantized_file`), never on the float32
+shards: when the float32 shards are absent, that file is written straight from the model's source one block of
+rows at a time (`toolchain export`'s `write_weights_streamed`: the same bytes), so a 7B model is benchmarked
+without its 30 GB of float32 on disk nor in memory; the entry's architecture is then in `QUANT_ARCH_FILE`.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from toolchain.atomic import atomic_dir
 from toolchain.models import PRESETS, ModelWeights, ModelArch, load_model, state_dict_from_weights
 from toolchain.models import weights_from_state_dict
 
-__all__ = ["ARCH_FILE", "default_cache_dir", "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
+__all__ = ["ARCH_FILE", "QUANT_ARCH_FILE", "cache_arch", "default_cache_dir",
+           "weights_cache_dir", "ensure_weights_cache", "write_weights_cache",
            "load_mmap_weights", "quantized_file", "ensure_quantized", "load_quantized"]
 
 ARCH_FILE = "arch.json"  # written last: its presence marks a complete cache entry
+# An entry holding only quantized weights files (no float32 shards): the architecture, written after the first one.
+QUANT_ARCH_FILE = "arch-quantized.json"
 
 
 def default_cache_dir() -> Path:
@@ -98,17 +106,41 @@ def quantized_file(path: Path, kind: str, group: int, head: bool = True) -> Path
     return Path(path) / f"program-weights-{kind}-g{group}{packing}{head_part}.safetensors"
 
 
-def ensure_quantized(path: Path, kind: str, group: int, head: bool = True) -> Path:
-    """Write the quantized weights file of a cache entry once (the same bytes `toolchain export` writes)."""
-    from toolchain.program.spec import QuantSpec
-    from toolchain.program.weights_file import weight_tensors, write_weights
+def cache_arch(path: Path) -> ModelArch:
+    """The architecture of a cache entry (float32 shards' `ARCH_FILE`, else a quantized-only entry's)."""
+    path = Path(path)
+    arch_file = path / ARCH_FILE if (path / ARCH_FILE).is_file() else path / QUANT_ARCH_FILE
+    return ModelArch.from_dict(json.loads(arch_file.read_text()))
 
+
+def ensure_quantized(path: Path, kind: str, group: int, head: bool = True, *, model: str | None = None,
+                     init: str = "random", seed: int = 0) -> Path:
+    """Write the quantized weights file of a cache entry once (the same bytes `toolchain export` writes): from
+    the entry's float32 shards when they exist, else (`model` given) streamed from the model's source without
+    holding the model (`write_weights_streamed`; peak ~10 x `models.source.CHUNK_BYTES`)."""
+    from toolchain.program.spec import QuantSpec
+    from toolchain.program.weights_file import weight_tensors, write_weights, write_weights_streamed
+
+    path = Path(path)
     out = quantized_file(path, kind, group, head)
-    if not out.is_file():
+    if out.is_file():
+        return out
+    tmp = out.with_suffix(".tmp")
+    if (path / ARCH_FILE).is_file() or model is None:
         _, weights = load_mmap_weights(path)
-        tmp = out.with_suffix(".tmp")
         write_weights(tmp, weight_tensors(weights, QuantSpec(kind, group, head=head)))
-        os.replace(tmp, out)
+    else:
+        from toolchain.models.load import model_source
+
+        arch, source = model_source(model, init=init, seed=seed)
+        path.mkdir(parents=True, exist_ok=True)
+        write_weights_streamed(tmp, source, QuantSpec(kind, group, head=head))
+        source.check_unchanged()
+        if not (path / QUANT_ARCH_FILE).is_file():
+            arch_tmp = path / (QUANT_ARCH_FILE + ".tmp")
+            arch_tmp.write_text(json.dumps(dataclasses.asdict(arch), indent=2, sort_keys=True))
+            os.replace(arch_tmp, path / QUANT_ARCH_FILE)
+    os.replace(tmp, out)
     return out
 
 
@@ -119,6 +151,6 @@ def load_quantized(path: Path, kind: str, group: int, chunk_elems: int, head: bo
     from toolchain.program.spec import QuantSpec
     from toolchain.program.weights_file import map_weights, model_weights
 
-    arch = ModelArch.from_dict(json.loads((Path(path) / ARCH_FILE).read_text()))
+    arch = cache_arch(path)
     tensors = map_weights(ensure_quantized(path, kind, group, head))
     return arch, model_weights(tensors, arch, QuantSpec(kind, group, chunk_elems, head=head))

@@ -11,7 +11,8 @@
   The same process computes each exact mode's gradients at the initial adapter and compares them,
   then counts each mode's FLOPs from one more step and times the host's matmuls at that step's
   shapes (`bench.flops`).
-- `prepare`: builds the weights cache (memory-hungry, so in its own process too).
+- `prepare`: builds the weights cache (memory-hungry, so in its own process too); with --quant only the
+  quantized weights file, streamed from the model's source when no float32 cache exists.
 Exit code 2 with one stderr line on a ToolchainError.
 """
 
@@ -236,9 +237,16 @@ def _flops(spec: dict, s: _Setup, steps: dict[str, Callable[[int], float]],
 def _prepare(spec: dict) -> None:
     from toolchain.bench.weights_cache import ensure_quantized, ensure_weights_cache
 
-    path = ensure_weights_cache(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
+    from toolchain.bench.weights_cache import weights_cache_dir
+
     if spec.get("quant", "none") != "none":
-        ensure_quantized(path, spec["quant"], spec["quant_group"], head=spec.get("quant_head", True))
+        # every mode runs on the quantized file: written from the float32 shards if cached, else streamed from
+        # the model's source (no float32 copy of the model at all)
+        path = weights_cache_dir(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
+        ensure_quantized(path, spec["quant"], spec["quant_group"], head=spec.get("quant_head", True),
+                         model=spec["model"], init=spec["init"], seed=spec["seed"])
+    else:
+        ensure_weights_cache(Path(spec["cache_dir"]), spec["model"], spec["init"], spec["seed"])
 
 
 def _die_with_parent() -> None:

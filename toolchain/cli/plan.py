@@ -53,14 +53,16 @@ def _fallback_text(fb: dict | None) -> str:
 
 @plan.command()
 @click.option("--model", default=None,
-              help="Preset: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or tiny.  [default: --program's; else required]")
+              help="Preset (qwen2.5-0.5b ... qwen2.5-7b, qwen3-*, llama3.*, tiny; `toolchain export --help` lists "
+                   "them).  [default: --program's; else required]")
 @click.option("--seq-len", type=click.IntRange(min=1), default=None,
               help="Tokens per training step.  [default: --program's; else required]")
 @rank_option(None, default_help="--program's, else 8")
 @targets_option(None, default_help="--program's, else all")
 @lcsb_k_option("every layer; with --program, its default plan")
 @click.option("--device", required=True,
-              help="Device profile: android-6gb, android-8gb, android-12gb, ios-6gb, ios-8gb, ios-12gb or a JSON file.")
+              help="Device profile: android-6gb, android-8gb, android-12gb, android-16gb, ios-6gb, ios-8gb, ios-12gb or a "
+                   "JSON file.")
 @click.option("--program", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Exported program directory: predict from its ExecuTorch memory plan (phone: every "
                    "method's arena; the host figure is printed too) instead of the analytic model; the model, "

@@ -125,15 +125,16 @@ def _selected_layers(manifest: Manifest, lcsb_k: int | None) -> tuple[int, str]:
     return max(len(phase) for phase in plan.phases), "the program's default LCSB plan (largest phase)"
 
 
-def program_peak(program_dir: Path, *, lcsb_k: int | None = None,
-                 overhead_mb: float = EXECUTORCH_OVERHEAD_MB, layers_per_checkpoint: int = 1) -> ProgramPeak:
+def program_peak(program_dir: Path, *, lcsb_k: int | None = None, overhead_mb: float = EXECUTORCH_OVERHEAD_MB,
+                 layers_per_checkpoint: int = 1) -> ProgramPeak:
     """Peak MB of an app running an exported program's layer loop (see the module docstring).
 
     Args:
         lcsb_k: layers backpropagated per step (their checkpoints are kept); None: the program's default
             LCSB plan (its largest phase), or every layer when it has none.
         overhead_mb: the runtime's own memory, added to both figures as `runtime_overhead`.
-        layers_per_checkpoint: checkpoint groups (`LayerLoop.train_step`): fewer checkpoints alive.
+        layers_per_checkpoint: checkpoint groups of the loop (`LayerLoop.train_step`). Default: 1 (every
+            backpropagated layer's input kept).
 
     Raises:
         BadInput: no manifest, not JSON, not schema_version 3, no ExecuTorch memory plan for a method,
@@ -292,6 +293,12 @@ def plan_fit(shape: StepShape, device: DeviceProfile, *, program_dir: Path | Non
         host_peak, host_parts = prog.host_peak_mb, prog.host_parts_mb
         used = parts.get("runtime_overhead", 0.0)
         notes.append("largest seq len / rank below come from the analytic model")
+        weights_mb = manifest.memory_plan.weights_bytes / BYTES_PER_MB
+        if weights_mb + peak > device.budget_mb:
+            notes.append(f"the weights file ({weights_mb:.0f} MB, memory-mapped) and the step ({peak:.0f} MB) exceed "
+                         f"the {device.budget_mb:.0f} MB budget together: the page cache will not keep the weights "
+                         f"resident, so steps re-read them from storage (about twice the file per step: forward and "
+                         f"backward; docs/benchmarks.md, \"When the weights do not stay in memory\")")
     else:
         peak, parts, source, phase, used = analytic.peak_mb, analytic.parts_mb, "analytic", analytic.phase, host
         if phase == "backward (saved only)":

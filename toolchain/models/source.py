@@ -115,13 +115,33 @@ def check_checkpoint_keys(arch: ModelArch, shapes: dict[str, tuple[int, ...]]) -
         if key not in shapes:
             raise MissingWeights(f"checkpoint lacks {key!r}")
         if tuple(shapes[key]) != want:
-            raise ShapeMismatch(f"{key!r} has shape {list(shapes[key])}, the config implies {list(want)}")
+            raise ShapeMismatch(f"{key!r} has shape {list(shapes[key])}, the config implies {list(want)}"
+                                f"{_sizes_note(arch, shapes)}")
     unused = sorted(k for k in set(shapes) - used
                     if not k.endswith("rotary_emb.inv_freq") and not (arch.tie_embeddings and k == GLOBAL_KEYS["lm_head"]))
     if unused:
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
         raise ShapeMismatch(f"checkpoint has tensors the {arch.family} config does not use: "
                             f"{', '.join(map(repr, unused[:3]))}{more}")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _sizes_note(arch: ModelArch, shapes: dict[str, tuple[int, ...]]) -> str:
+    """When the shards hold another number of parameters than config.json describes (a config of one model
+    size beside another size's shards): both counts, so the message says what is wrong with the directory."""
+    want = sum(_numel(tensor_shape(arch, name)) for name in model_tensor_names(arch))
+    have = sum(_numel(shape) for key, shape in shapes.items() if not key.endswith("rotary_emb.inv_freq")
+               and not (arch.tie_embeddings and key == GLOBAL_KEYS["lm_head"]))
+    if have == want:
+        return ""
+    return (f" (config.json describes {want / 1e9:.2f}B parameters, the shards hold {have / 1e9:.2f}B: they are "
+            f"not the same model; put the config.json that came with these shards beside them)")
 
 
 class CheckpointSource(WeightSource):

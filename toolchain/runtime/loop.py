@@ -33,7 +33,9 @@ class _MethodPlan(NamedTuple):
 class LayerLoop:
     """One program directory's methods bound to a runtime, driving full or LCSB steps."""
 
-    def __init__(self, pdir: ProgramDir, runner) -> None:
+    def __init__(self, pdir: ProgramDir, runner, *, prefetch: bool = False) -> None:
+        """`prefetch`: madvise(MADV_WILLNEED) the next layer's weight pages before each layer's call
+        (runtime/prefetch.py), for weights the page cache cannot keep resident. Default: off."""
         self.pdir, self.runner = pdir, runner
         self.methods: dict[str, MethodSpec] = pdir.methods
         self.weights = pdir.weights()
@@ -41,6 +43,11 @@ class LayerLoop:
         self.moves_unselected = pdir.moves_unselected
         self.step_entry = pdir.step_entry
         self._plans: dict[tuple[str, int | None], _MethodPlan] = {}
+        self.prefetcher = None
+        if prefetch:
+            from toolchain.runtime.prefetch import LayerPrefetcher
+
+            self.prefetcher = LayerPrefetcher(self.weights, self.layers)
         missing = {io.ref.replace(LAYER, "0") for m in self.methods.values() for io in m.inputs
                    if io.bind == "weight"} - set(self.weights)
         if missing:
@@ -148,9 +155,11 @@ class LayerLoop:
         """embed + every block_forward; returns the last hidden state and the checkpoints of `keep`. A layer's
         output goes into its input's tensor unless that input is kept: one [T, d] besides the checkpoints."""
         keep = set(keep)
+        self._prefetch(0)
         x = self.call_method("embed", None, {"input_ids": input_ids}, views)["x"]
         checkpoints = {}
         for i in range(self.layers):
+            self._prefetch(i + 1 if i + 1 < self.layers else "globals")   # the next layer's, or the LM head's
             if i in keep:
                 checkpoints[i] = x
             x = self._block_forward(i, x, views, keep_input=i in keep)
@@ -190,6 +199,8 @@ class LayerLoop:
         del x
         values = {"d": d, "lr": torch.tensor([lr], dtype=torch.float32)}
         for i in reversed(range(self.layers)):
+            if i > 0:
+                self._prefetch(i - 1)
             if i in top_of:
                 checkpoints.update(self._rerun(top_of[i], checkpoints.pop(top_of[i][0]), views))
             if i in selected:
@@ -250,6 +261,10 @@ class LayerLoop:
             elif self.moves_unselected:
                 self.call_method("block_skip_update", i, values, views)
         return losses[0], losses[1]
+
+    def _prefetch(self, what: int | str) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher(what)
 
     def _rerun(self, group: list[int], x: Tensor, views: dict[str, Tensor]) -> dict[int, Tensor]:
         """The inputs of `group`'s layers, rebuilt from the first one's input `x`."""

@@ -1,6 +1,7 @@
 """Qwen3 dense (`model_type: qwen3`): per-head RMSNorm on q and k (weights [head_dim], after the projection and
 before RoPE), an explicit head_dim (128 for every size, not hidden / heads), no q/k/v biases, plain RoPE,
-Qwen2.5's vocabulary. Presets: numbers from the HF config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B."""
+Qwen2.5's vocabulary. Presets: numbers from the HF config.json of Qwen/Qwen3-0.6B, -1.7B, -4B (tied embeddings up to 4B) and -8B
+(its own lm_head)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ PRESETS: dict[str, ModelArch] = {
                             intermediate=3072, max_positions=40960),
     "qwen3-1.7b": ModelArch(family="qwen3", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128,
                             intermediate=6144, max_positions=40960),
+    "qwen3-4b": ModelArch(family="qwen3", hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
+                          intermediate=9728, max_positions=40960),
+    "qwen3-8b": ModelArch(family="qwen3", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128,
+                          intermediate=12288, max_positions=40960, tie_embeddings=False),
 }
 
-HF_REPO_IDS: dict[str, str] = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B"}
+HF_REPO_IDS: dict[str, str] = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B",
+                               "qwen3-4b": "Qwen/Qwen3-4B", "qwen3-8b": "Qwen/Qwen3-8B"}
