@@ -123,6 +123,13 @@ class PreferenceTrainer(EagerTrainer):
         self.margins.append(margin)
         return loss, int((pair.chosen.labels != -100).sum() + (pair.rejected.labels != -100).sum())
 
+    def row_tokens(self, row: int) -> int:
+        """Tokens of step `row`'s longest sequence (a pair's chosen or rejected one, or an SFT row)."""
+        if row >= len(self.pairs):
+            return int(self.sft_rows[row - len(self.pairs)].input_ids.shape[0])
+        pair = self.pairs[row]
+        return int(max(pair.chosen.input_ids.shape[0], pair.rejected.input_ids.shape[0]))
+
     def settings(self) -> dict[str, Any]:
         if self._settings is None:
             base = super().settings()
