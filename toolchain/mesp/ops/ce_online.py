@@ -65,9 +65,9 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
         if acc is not None:
             # A <- a A + p E_j. Not `acc.mul_(a).addmm_(p, e_j)`: ExecuTorch runs addmm with its portable
             # naive loop (~1 GFLOP/s, 89% of a v2 step); mm has an optimized kernel (~25 GFLOP/s).
-            pe = matmul_dyw(p, e_j, compute) if int8 else matmul(to_compute(p, compute), e_j, compute)
-            acc = acc * a + pe                                       # p E_j: toolchain::int4_dyw_a8 under int8
-            del pe
+            # p E_j (toolchain::int4_dyw_a8 under int8), computed after acc * a: the graph's order (and so the
+            # program's memory plan) of the fp32 and fp16 steps stays what it was before int8
+            acc = acc * a + (matmul_dyw(p, e_j, compute) if int8 else matmul(to_compute(p, compute), e_j, compute))
         m = m_new
         del z, p, e_j
     lse = (m + s.log()).squeeze(1)                                   # [C]
