@@ -25,37 +25,10 @@ import torch
 
 from toolchain.mesp.kernels import load_native_kernels
 from toolchain.mesp.ops.quant import int4_dyw_a8_reference
+from x86_cpu import X86_PATHS, has_path
 
 U = 2.0 ** -24
-X86_PATHS = ("avx2", "avx_vnni", "avx512_vnni")
 _ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _has(path: str) -> bool:
-    """Read from /proc/cpuinfo, independently of the library (as tests/native/test_kernel_paths.py)."""
-    f = _cpu_flags()
-    avx2 = {"avx", "avx2", "fma"} <= f
-    return {"generic": True, "avx2": avx2, "avx_vnni": avx2 and "avx_vnni" in f,
-            "avx512_vnni": avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= f}.get(path, False)
-
-
-@pytest.fixture
-def lib():
-    """The loaded library; the path it had is restored afterwards."""
-    lib = load_native_kernels()
-    before = lib.toolchain_kernel_path()
-    yield lib
-    assert lib.toolchain_select_kernel_path(before) == 0
 
 
 def _weights(o: int, i: int, group: int, gen: torch.Generator, zero_scales: bool = False):
@@ -203,7 +176,7 @@ PATH_SHAPES = [(1, 65, 896, 64), (1, 7, 130, 32), (1, 300, 70, 128), (2, 33, 128
 def test_every_x86_path_gives_the_generic_bits(lib, path):
     """int4_dyw_a8 through `path` equals the generic path bit for bit on every shape above, with NaN / inf / zero
     rows of dy and zero scales; a path this CPU lacks is refused (-2) instead."""
-    if not _has(path):
+    if not has_path(path):
         assert lib.toolchain_select_kernel_path(path.encode()) == -2
         assert path in lib.toolchain_kernel_path_error().decode()
         return
@@ -234,7 +207,7 @@ def test_threads_and_row_tiles_do_not_change_the_bits(lib, path):
     the 1-thread run's; and a row of dy gives the same bits alone as inside a call of 256 rows."""
     from executorch.extension.pybindings import portable_lib
 
-    if not _has(path):
+    if not has_path(path):
         assert lib.toolchain_select_kernel_path(path.encode()) == -2
         return
     assert lib.toolchain_select_kernel_path(path.encode()) == 0

@@ -19,45 +19,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolchain.mesp.kernels import load_native_kernels as load_kernels
-from toolchain.native import KernelUnavailable
 from toolchain.native.build import kernel_library
+from x86_cpu import X86_PATHS, has_path
 
 REPO = Path(__file__).resolve().parents[2]
-X86_PATHS = ("avx2", "avx_vnni", "avx512_vnni")
 ALL_PATHS = ("generic", *X86_PATHS, "neon", "dotprod", "i8mm")
 _ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
 
 
-def _cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def _has(path: str) -> bool:
-    f = _cpu_flags()
-    avx2 = {"avx", "avx2", "fma"} <= f
-    return {"generic": True, "avx2": avx2, "avx_vnni": avx2 and "avx_vnni" in f,
-            "avx512_vnni": avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= f}.get(path, False)
-
-
 def _best() -> str:
-    return next(p for p in ("avx512_vnni", "avx_vnni", "avx2", "generic") if _has(p))
+    return next(p for p in ("avx512_vnni", "avx_vnni", "avx2", "generic") if has_path(p))
 
 
 pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the x86 paths (arm64: "
                                 "tests/native/test_kernel_arm64.py)")
-
-
-@pytest.fixture
-def lib():
-    """The loaded library; the path it had is restored afterwards."""
-    lib = load_kernels()
-    before = lib.toolchain_kernel_path()
-    yield lib
-    assert lib.toolchain_select_kernel_path(before) == 0
 
 
 def _quantized(o: int, i: int, group: int, gen: torch.Generator):
@@ -114,7 +89,7 @@ SHAPES = [(1, 65, 896, 64), (1, 7, 130, 32), (1, 50, 2080, 32), (1, 3, 70, 64), 
 def test_every_x86_path_gives_the_generic_bits_for_int4_and_lora_linear(lib, path):
     """int4_linear_a8 and lora_linear_a8 through `path` equal the generic path bit for bit (NaN rows included) on
     every shape above; a path this CPU lacks is refused (-2) instead."""
-    if not _has(path):
+    if not has_path(path):
         assert lib.toolchain_select_kernel_path(path.encode()) == -2
         assert path in lib.toolchain_kernel_path_error().decode()
         return
@@ -139,7 +114,7 @@ def test_every_x86_path_gives_the_generic_bits_for_int4_and_lora_linear(lib, pat
 @pytest.mark.parametrize("path", X86_PATHS)
 def test_rows_of_x_do_not_interact_in_any_path(lib, path):
     """A row of x gives the same bits alone (decode) as inside a prefill chunk (tiles, broadcast)."""
-    if not _has(path):
+    if not has_path(path):
         assert lib.toolchain_select_kernel_path(path.encode()) == -2
         return
     assert lib.toolchain_select_kernel_path(path.encode()) == 0
@@ -161,7 +136,7 @@ def test_threads_split_the_rows_without_changing_the_bits(lib, path):
     equal the 1-thread run's (the runtime's pool: portable_lib._unsafe_reset_threadpool, what --threads sets)."""
     from executorch.extension.pybindings import portable_lib
 
-    if not _has(path):
+    if not has_path(path):
         assert lib.toolchain_select_kernel_path(path.encode()) == -2
         return
     assert lib.toolchain_select_kernel_path(path.encode()) == 0
@@ -220,7 +195,7 @@ def test_the_default_is_the_best_path_this_cpu_has_and_the_variable_forces_each(
     assert name == _best()
     for path in ("generic", *X86_PATHS):
         forced = _child(path)
-        if _has(path):
+        if has_path(path):
             assert forced.returncode == 0, forced.stderr[-2000:]
             assert forced.stdout.split() == [path, digest]
         else:
@@ -263,7 +238,7 @@ def test_select_refuses_unknown_and_lacking_paths_and_keeps_the_current_one(lib)
     assert lib.toolchain_kernel_path() == current
     for path in ALL_PATHS:
         rc = lib.toolchain_select_kernel_path(path.encode())
-        assert rc == (0 if _has(path) else -2), path
+        assert rc == (0 if has_path(path) else -2), path
         if rc == 0:
             assert lib.toolchain_kernel_path().decode() == path and lib.toolchain_kernel_path_error() is None
 
