@@ -55,10 +55,25 @@ counts the param values past the normwise bound that this allowance accepted.
 The fused generation (int8 activations: discontinuous in its input) is compared in lockstep, call by call on the
 same inputs (`LockstepRunner`), besides the free run's exact checks.
 
-For fp16 programs with `--fp32-twin DIR` (the same export with --compute fp32, SGD), the documented fp16
-gradient bound (docs/benchmarks.md "fp16 compute", tests/mesp/ops/test_half.py, tests/export/test_compute_fp16.py:
-LoRA gradient cosine >= 0.9999 and relative L2 error <= 1e-2 against the float32 step on the same quantized
-weights) is checked on aarch64: one SGD step from the same state, gradient = state change / lr.
+An int8 program (`compute: int8`: every frozen-weight product through the toolchain's int4 x int8 kernels,
+activations and dY rounded to int8 per row and block) needs the kernels: the stock driver must refuse it at load
+(`Missing operator: toolchain::...`, on x86 and on every CPU level: that is the case's pass). The fused driver runs
+it; its kernels give the same bits on every ISA, but their int8 inputs come from XNNPACK / portable float ops that
+sum in another order on aarch64, and one ulp there can move an activation across a rounding boundary: a jump of one
+quantum (1/127 of its block's max) that no summation-order bound covers. So, as for fp16 on FEAT_FP16, an int8
+program gets the exact checks against x86 (calls, probe, eval tokens, the fused generation in lockstep), and its
+accuracy check is the gradient check below.
+
+With `--fp32-twin DIR` (the same export with --compute fp32, SGD, the same seed), the documented gradient bound of
+the program's compute is checked on aarch64: one SGD step from the same state on the same row, gradient = state
+change / lr, LoRA gradient cosine and relative L2 error against the twin's:
+  fp16: cosine >= 0.9999, rel L2 <= 1e-2 (docs/benchmarks.md "fp16 compute", tests/mesp/ops/test_half.py,
+        tests/export/test_compute_fp16.py);
+  int8: cosine >= 0.999, rel L2 <= 5e-2 (docs/benchmarks.md "Compute int8", tests/mesp/ops/test_int8.py), and the
+        aarch64 int8 gradient against x86's int8 gradient (same program, same step): each lies within the angle
+        arccos(0.999) of the float32 gradient (the twins' float32 gradients on the two ISAs differ by a float32
+        summation bound, ~1e-5 relative here), so the two are within twice that angle of each other:
+        cosine >= cos(2 arccos 0.999) = 2 * 0.999^2 - 1 = 0.996002.
 
     python scripts/arm64_runtime.py trace DIR --drivers DIR --qemu Q --sysroot S [--cpus max,cortex-a76,cortex-a53]
     python scripts/arm64_runtime.py program DIR --drivers DIR --qemu Q --sysroot S [--steps 5] [--fp32-twin DIR]
@@ -406,8 +421,8 @@ class Verdict:
 def compare(pdir, ref: Result, got: Result, plan: Plan, fused: bool, lr: float,
             floats: bool = True) -> tuple[Verdict, dict]:
     """aarch64 `got` against x86 `ref`. `floats` False: only the exact checks (an fp16 program on a CPU with
-    FEAT_FP16, whose float16-accumulating GEMMs have no usable summation-order bound: fp16_gradient_check is
-    its accuracy check)."""
+    FEAT_FP16, whose float16-accumulating GEMMs have no usable summation-order bound, or an int8 program, whose
+    int8 roundings are discontinuous in their float inputs: twin_gradient_check is their accuracy check)."""
     v = Verdict()
     ch = Chains.of(pdir)
     v.exact("kernel probe", got.probe == ("registered" if fused else "missing"), got.probe)
@@ -488,26 +503,66 @@ def _lockstep(v: Verdict, got: Result, ref: Result, stats: dict) -> None:
     stats["ids_equal"] = got.ids == ref.ids
 
 
-def fp16_gradient_check(pdir16, pdir32, prefix, drivers: Path, lr: float = 1e-3) -> tuple[bool, str]:
-    """One SGD step of the fp16 program and of its fp32 twin from the same state on the same row, both on
-    aarch64: gradient = (state_init - state) / lr; cosine >= 0.9999 and rel L2 <= 1e-2 (docs/benchmarks.md)."""
-    for p in (pdir16, pdir32):
+# the documented gradient bound of each reduced-precision compute against its float32 twin: (cosine min, rel L2 max)
+TWIN_BOUNDS = {"fp16": (0.9999, 1e-2), "int8": (0.999, 5e-2)}
+
+
+def _compute(pdir) -> str:
+    return getattr(pdir.spec, "compute", "fp32")
+
+
+def _sgd_gradient(pdir, prefix, binary: Path, fused: bool, plan: "Plan", init: torch.Tensor) -> torch.Tensor:
+    r = run_session(pdir, prefix, binary, fused, plan)
+    return (init.double() - r.states[0].double()) / plan.lr
+
+
+def _cosine_rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """cosine of b against a and b's relative L2 error against a"""
+    return float(a @ b / (a.norm() * b.norm())), float((b - a).norm() / a.norm())
+
+
+def twin_gradient_check(pdir, pdir32, prefix, drivers: Path, lr: float = 1e-3,
+                        x86_gradient: torch.Tensor | None = None) -> tuple[bool, str]:
+    """One SGD step of the fp16 / int8 program and of its fp32 twin from the same state on the same row, both on
+    aarch64 (`prefix`): gradient = (state_init - state) / lr against TWIN_BOUNDS; for int8 also against the x86
+    int8 gradient `x86_gradient` (cosine >= 2 c^2 - 1, module docstring)."""
+    compute = _compute(pdir)
+    if compute not in TWIN_BOUNDS:
+        return False, f"{pdir.path} computes in {compute}; --fp32-twin checks an fp16 or int8 program"
+    for p in (pdir, pdir32):
         if p.optimizer.kind != "sgd":
             return False, f"{p.path} uses {p.optimizer.kind}; the gradient check needs SGD (state change = -lr g)"
-    plan = plan_for_program(pdir16, 1)
-    plan.lr, plan.eval_rows, plan.new_tokens = lr, [], 0
+    if _compute(pdir32) != "fp32":
+        return False, f"{pdir32.path} computes in {_compute(pdir32)}; the twin must be an fp32 program"
+    plan = twin_plan(pdir, lr)
     init = pdir32.state_init()
-    if not torch.equal(init, pdir16.state_init()):
+    if not torch.equal(init, pdir.state_init()):
         return False, "the two programs' initial states differ (export both with the same --seed)"
-    g = {}
-    for name, p in (("fp16", pdir16), ("fp32", pdir32)):
-        r = run_session(p, prefix, drivers / "module_check-arm64-stock", False, plan)
-        g[name] = (init.double() - r.states[0].double()) / lr
-    a, b = g["fp32"], g["fp16"]
-    cos = float(a @ b / (a.norm() * b.norm()))
-    rel = float((b - a).norm() / a.norm())
-    return cos >= 0.9999 and rel <= 1e-2, f"fp16 vs fp32 gradient on aarch64: cosine {cos:.7f} (>= 0.9999), " \
-                                          f"rel L2 {rel:.2e} (<= 1e-2)"
+    fused = compute == "int8"       # the int8 products are the toolchain's kernels: the fused driver has them
+    g = _sgd_gradient(pdir, prefix, drivers / f"module_check-arm64-{'fused' if fused else 'stock'}", fused, plan, init)
+    g32 = _sgd_gradient(pdir32, prefix, drivers / "module_check-arm64-stock", False, plan, init)
+    cos_min, rel_max = TWIN_BOUNDS[compute]
+    cos, rel = _cosine_rel(g32, g)
+    ok = cos >= cos_min and rel <= rel_max
+    msg = (f"{compute} vs fp32 gradient on aarch64: cosine {cos:.7f} (>= {cos_min}), rel L2 {rel:.2e} "
+           f"(<= {rel_max:g})")
+    if x86_gradient is not None:
+        pair_min = 2 * cos_min ** 2 - 1
+        cos_x, rel_x = _cosine_rel(x86_gradient, g)
+        ok &= cos_x >= pair_min
+        msg += f"; vs the x86 {compute} gradient: cosine {cos_x:.7f} (>= {pair_min:.6f}), rel L2 {rel_x:.2e}"
+    return ok, msg
+
+
+def twin_plan(pdir, lr: float) -> "Plan":
+    plan = plan_for_program(pdir, 1)
+    plan.lr, plan.eval_rows, plan.new_tokens = lr, [], 0
+    return plan
+
+
+def x86_int8_gradient(pdir, drivers: Path, lr: float = 1e-3) -> torch.Tensor:
+    """The int8 program's gradient of twin_gradient_check's step, on the native x86 fused driver."""
+    return _sgd_gradient(pdir, [], drivers / "module_check-x86-fused", True, twin_plan(pdir, lr), pdir.state_init())
 
 
 # ---------------------------------------------------------------- cases
@@ -545,12 +600,38 @@ def trace_reference_check(trace: dict, pdir, ref: Result, fused: bool) -> Verdic
     return v
 
 
+def _stock_refusals(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus) -> tuple[int, int]:
+    """An int8 program on the stock drivers (no toolchain kernels): x86 and every CPU level must refuse it at load,
+    naming the missing toolchain operator, before any step runs."""
+    passed = failed = 0
+    for label, prefix in [("x86", []), *((f"-cpu {c}", [*qemu_prefix, "-cpu", c]) for c in cpus)]:
+        isa = "x86" if not prefix else "arm64"
+        try:
+            res = run_session(pdir, prefix, drivers / f"module_check-{isa}-stock", False, plan)
+        except RuntimeError as e:
+            ok = "Missing operator" in str(e) and "toolchain::" in str(e)
+            what = ("refused the int8 program at load as the apps expect (no toolchain kernels): "
+                    if ok else "failed otherwise than by the missing toolchain kernels: ")
+            print(f"arm64: {'PASS' if ok else 'FAIL'} {name} stock {label}: {what}{e}", flush=True)
+        else:
+            ok = False
+            print(f"arm64: FAIL {name} stock {label}: the int8 program ran {len(res.called)} calls without the "
+                  f"toolchain kernels", flush=True)
+        passed, failed = passed + ok, failed + (not ok)
+    return passed, failed
+
+
 def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, modes, trace=None,
               verbose=False, jobs=2) -> tuple[int, int]:
     passed = failed = 0
-    half = getattr(pdir.spec, "compute", "fp32") == "fp16"
+    half = _compute(pdir) == "fp16"
+    int8 = _compute(pdir) == "int8"
     for mode in modes:
         fused = mode == "fused"
+        if int8 and not fused:      # the int8 products are the toolchain's kernels: a stock runtime must refuse
+            p, f = _stock_refusals(name, pdir, plan, drivers, qemu_prefix, cpus)
+            passed, failed = passed + p, failed + f
+            continue
         try:
             ref = run_session(pdir, [], drivers / f"module_check-x86-{mode}", fused, plan)
         except RuntimeError as e:
@@ -584,7 +665,7 @@ def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, mod
                         if ok else "")
                 print(f"arm64: {'PASS' if ok else 'FAIL'} {name} {mode} -cpu {cpu}: {what}{e}", flush=True)
                 continue
-            floats = not (half and cpu in FP16_CPUS)
+            floats = not (half and cpu in FP16_CPUS) and not int8
             v, stats = compare(pdir, ref, got, plan, fused, plan.lr, floats=floats)
             ok = v.ok and base.ok
             passed += ok
@@ -598,7 +679,9 @@ def run_cases(name: str, pdir, plan: Plan, drivers: Path, qemu_prefix, cpus, mod
                      if stats["adam_fallback_entries"] else "")
                   + (", ran without FEAT_FP16 (float32 accumulation)" if fp16_refusal else "")
                   + ("; floats not bounded: float16 accumulation on FEAT_FP16, see the fp16 gradient check"
-                     if not floats else "")
+                     if not floats and half else "")
+                  + ("; floats not bounded: int8 roundings of float inputs, see the int8 gradient check"
+                     if int8 else "")
                   + note + f" [{got.seconds:.1f} s under qemu, x86 {ref.seconds:.1f} s]", flush=True)
             for line in (base.lines + v.lines) if (verbose or not ok) else []:
                 print(f"         {line}")
@@ -649,22 +732,31 @@ def main(argv=None) -> int:
         print(f"Error: {e}")
         return 2
     gen = pdir.generate
-    has_fused = gen is not None and gen.fused is not None
+    # an int8 program's training methods call the toolchain's kernels: fused (and the stock refusal) either way
+    has_fused = (gen is not None and gen.fused is not None) or _compute(pdir) == "int8"
     modes = a.modes.split(",") if a.modes else (["stock", "fused"] if has_fused else ["stock"])
     if "fused" in modes and not has_fused:
         print(f"Error: {pdir.path} has no fused generation methods (generate.fused); drop fused from --modes")
         return 2
     passed, failed = run_cases(name, pdir, plan, a.drivers, qemu_prefix, cpus, modes, trace, a.verbose, a.jobs)
     if twin is not None:
+        compute = _compute(pdir)
+        x86_g = None
+        if compute == "int8":
+            try:
+                x86_g = x86_int8_gradient(pdir, a.drivers)
+            except RuntimeError as e:
+                print(f"arm64: FAIL {name} int8 gradient bound: the x86 int8 step failed: {e}", flush=True)
+                failed += 1
         for cpu in cpus:
             try:
-                ok, msg = fp16_gradient_check(pdir, twin, [*qemu_prefix, "-cpu", cpu], a.drivers)
+                ok, msg = twin_gradient_check(pdir, twin, [*qemu_prefix, "-cpu", cpu], a.drivers, x86_gradient=x86_g)
             except RuntimeError as e:
-                ok = cpu not in FP16_CPUS and "failed: 0x1" in str(e)
+                ok = compute == "fp16" and cpu not in FP16_CPUS and "failed: 0x1" in str(e)
                 msg = f"refused at load (no FEAT_FP16): {e}" if ok else str(e)
             passed += ok
             failed += not ok
-            print(f"arm64: {'PASS' if ok else 'FAIL'} {name} fp16 gradient bound -cpu {cpu}: {msg}", flush=True)
+            print(f"arm64: {'PASS' if ok else 'FAIL'} {name} {compute} gradient bound -cpu {cpu}: {msg}", flush=True)
     if a.counts:
         a.counts.write_text(f"{passed} {failed}\n")
     return 0 if failed == 0 else 1

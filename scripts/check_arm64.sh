@@ -12,7 +12,8 @@
 # 3. Under qemu-aarch64 at -cpu max (dotprod, i8mm, fp16), cortex-a76 (dotprod), cortex-a53 (neither) runs
 #    every shared trace (shared_schemas/traces/*/), stock and fused, and the programs: with --program, DIR;
 #    without, the CI set exported here (the tiny preset int4; a Qwen3 and a Llama program of the tiny preset's
-#    size, scripts/arm64_checkpoint.py; a --compute fp16 program with its fp32 twin). Each session: training
+#    size, scripts/arm64_checkpoint.py; a --compute fp16 and a --compute int8 program with their fp32 twin). Each
+#    session: training
 #    steps (full backprop, then LCSB phases chosen at run time), an eval pass, a greedy generation; the x86
 #    side is the same driver built natively (scripts/arm64_runtime.py says why).
 # Bounds (derived in scripts/arm64_runtime.py's docstring and docs/kernels.md "Programs on aarch64 (qemu)"):
@@ -29,6 +30,11 @@
 #            aarch64: cosine >= 0.9999, relative L2 <= 1e-2 (docs/benchmarks.md, tests/export/test_compute_fp16.py);
 #            on FEAT_FP16 CPUs (XNNPACK's f16 GEMMs accumulate in float16: no usable summation bound) the fp16
 #            program's floats are not compared with x86, only the exact checks and this gradient bound.
+#   int8:    the stock drivers (x86 and each CPU) must refuse the program at load (missing toolchain kernels);
+#            fused, its floats are not compared with x86 (an int8 rounding is discontinuous in its float input),
+#            only the exact checks; with --fp32-twin, on each CPU, its LoRA gradient vs the twin's on aarch64:
+#            cosine >= 0.999, relative L2 <= 5e-2 (tests/mesp/ops/test_int8.py), and vs x86's int8 gradient:
+#            cosine >= 2 * 0.999^2 - 1 = 0.996002 (scripts/arm64_runtime.py derives it).
 # Prints one line per case and `arm64: N passed, N failed`; exit 1 on any failure, 2 on bad input, 77
 # ("skipped") only when the tools or the wheel cannot be installed (or TOOLCHAIN_ARM64_NO_INSTALL=1 and they
 # are missing). Environment: PYTHON (default .venv/bin/python), ARM64_JOBS (CPU levels at once, default cores).
@@ -145,6 +151,7 @@ if [ -z "$program" ]; then
     export_program qwen3 --model "$tmp/checkpoints/qwen3" --optimizer adamw "${small[@]}"
     export_program llama --model "$tmp/checkpoints/llama" --optimizer adamw "${small[@]}"
     export_program tiny-fp16 --model tiny --init random --compute fp16 "${small[@]}"
+    export_program tiny-int8 --model tiny --init random --compute int8 "${small[@]}"
     export_program tiny-fp32 --model tiny --init random --no-generate "${small[@]}"
   ) &
   bg+=($!)
@@ -205,21 +212,23 @@ else
   done
   # ---- the CI programs, each as soon as its export is done
   exported() { [ -f "$tmp/programs/$1.ok" ] || [ -f "$tmp/programs/$1.failed" ]; }
-  for name in tiny qwen3 llama tiny-fp16; do
+  for name in tiny qwen3 llama tiny-fp16 tiny-int8; do
     while ! exported "$name" && kill -0 "${bg[0]}" 2>/dev/null; do sleep 1; done
-    [ "$name" != tiny-fp16 ] || while ! exported tiny-fp32 && kill -0 "${bg[0]}" 2>/dev/null; do sleep 1; done
+    case "$name" in tiny-fp16|tiny-int8)
+      while ! exported tiny-fp32 && kill -0 "${bg[0]}" 2>/dev/null; do sleep 1; done ;;
+    esac
     if [ ! -f "$tmp/programs/$name.ok" ]; then
       failed=$((failed + 1))
       echo "arm64: FAIL program $name: the export failed:"; tail -n 5 "$tmp/programs/$name.log" | sed 's/^/         /'
       continue
     fi
     echo "arm64: exported $name in $(cat "$tmp/programs/$name.ok") s"
-    if [ "$name" = tiny-fp16 ]; then
+    if [ "$name" = tiny-fp16 ] || [ "$name" = tiny-int8 ]; then
       if [ -f "$tmp/programs/tiny-fp32.ok" ]; then
         runtime program "$tmp/programs/$name" --steps 3 --fp32-twin "$tmp/programs/tiny-fp32"
       else
         failed=$((failed + 1))
-        echo "arm64: FAIL program tiny-fp32 (the fp16 program's twin): the export failed:"
+        echo "arm64: FAIL program tiny-fp32 (the $name program's twin): the export failed:"
         tail -n 5 "$tmp/programs/tiny-fp32.log" | sed 's/^/         /'
         runtime program "$tmp/programs/$name" --steps 3
       fi

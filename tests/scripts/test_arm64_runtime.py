@@ -132,3 +132,92 @@ def test_program_plan_starts_full_then_lcsb_phases_cover_every_layer(layers, ste
     assert all(len(s) == k and set(s) <= set(range(layers)) for s in sel[1:])
     if steps - 1 >= -(-layers // k):
         assert set().union(*sel[1:]) == set(range(layers))
+
+
+# ---------------------------------------------------------------- fp16 / int8 programs against their fp32 twin
+
+def _program(compute: str, optimizer: str = "sgd", init=None):
+    from types import SimpleNamespace
+
+    init = torch.zeros(64, dtype=torch.float32) if init is None else init
+    return SimpleNamespace(spec=SimpleNamespace(compute=compute), optimizer=SimpleNamespace(kind=optimizer),
+                           state_init=lambda: init.clone(), path=Path(f"/programs/{compute}"))
+
+
+def _twin_check(monkeypatch, compute, g_q, g32, x86=None):
+    """twin_gradient_check with the two aarch64 steps' gradients given (no qemu): g_q for the fp16 / int8
+    program, g32 for its twin; the driver each runs on is recorded."""
+    drivers = []
+
+    def fake(pdir, prefix, binary, fused, plan, init):
+        drivers.append((pdir.spec.compute, binary.name, fused))
+        return g_q if pdir.spec.compute == compute else g32
+
+    monkeypatch.setattr(ar, "_sgd_gradient", fake)
+    monkeypatch.setattr(ar, "twin_plan", lambda pdir, lr: None)
+    ok, msg = ar.twin_gradient_check(_program(compute), _program("fp32"), ["qemu"], Path("/d"), x86_gradient=x86)
+    return ok, msg, drivers
+
+
+def _near(g: torch.Tensor, cosine: float, seed: int = 1) -> torch.Tensor:
+    """a vector of g's norm at the given cosine to g"""
+    g = g.double()
+    r = torch.randn(g.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    r -= (r @ g) / (g @ g) * g
+    r *= g.norm() / r.norm()
+    return cosine * g + (1 - cosine ** 2) ** 0.5 * r
+
+
+def test_int8_twin_check_holds_the_documented_bound_and_runs_the_fused_driver(monkeypatch):
+    g32 = torch.randn(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ok, msg, drivers = _twin_check(monkeypatch, "int8", _near(g32, 0.9995), g32, x86=_near(g32, 0.9995))
+    assert ok, msg
+    assert ("int8", "module_check-arm64-fused", True) in drivers and ("fp32", "module_check-arm64-stock", False) in drivers
+    ok, msg, _ = _twin_check(monkeypatch, "int8", _near(g32, 0.998), g32)     # below cosine 0.999: fails
+    assert not ok and "cosine 0.998" in msg
+
+
+def test_int8_twin_check_fails_when_aarch64_and_x86_int8_gradients_part(monkeypatch):
+    g32 = torch.randn(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    arm = _near(g32, 0.9995, seed=1)
+    # the x86 int8 gradient at cosine 0.995 from aarch64's: beyond 2 * 0.999^2 - 1 = 0.996002
+    ok, msg, _ = _twin_check(monkeypatch, "int8", arm, g32, x86=_near(arm, 0.995, seed=2))
+    assert not ok and "0.996002" in msg
+    ok, msg, _ = _twin_check(monkeypatch, "int8", arm, g32, x86=_near(arm, 0.9965, seed=2))
+    assert ok, msg
+
+
+def test_fp16_twin_check_keeps_its_tighter_bound_on_the_stock_driver(monkeypatch):
+    g32 = torch.randn(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ok, msg, drivers = _twin_check(monkeypatch, "fp16", _near(g32, 0.9995), g32)   # int8 would pass; fp16 must not
+    assert not ok and "(>= 0.9999)" in msg
+    assert ("fp16", "module_check-arm64-stock", False) in drivers
+
+
+def test_twin_check_refuses_what_it_cannot_check(monkeypatch):
+    monkeypatch.setattr(ar, "twin_plan", lambda pdir, lr: None)
+    ok, msg = ar.twin_gradient_check(_program("fp32"), _program("fp32"), [], Path("/d"))
+    assert not ok and "fp16 or int8" in msg
+    ok, msg = ar.twin_gradient_check(_program("int8"), _program("fp16"), [], Path("/d"))
+    assert not ok and "must be an fp32 program" in msg
+    ok, msg = ar.twin_gradient_check(_program("int8", "adamw"), _program("fp32"), [], Path("/d"))
+    assert not ok and "needs SGD" in msg
+    ok, msg = ar.twin_gradient_check(_program("int8"), _program("fp32", init=torch.ones(64)), [], Path("/d"))
+    assert not ok and "initial states differ" in msg
+
+
+def test_an_int8_program_passes_on_stock_drivers_only_when_refused_for_the_missing_kernels(monkeypatch, capsys):
+    def refuse(pdir, prefix, binary, fused, plan):
+        raise RuntimeError("embed: ...; the runtime said: Missing operator: [17] toolchain::int4_linear_a8.out")
+
+    monkeypatch.setattr(ar, "run_session", refuse)
+    assert ar._stock_refusals("p", None, None, Path("/d"), ["qemu"], ["max", "cortex-a53"]) == (3, 0)
+
+    def other(pdir, prefix, binary, fused, plan):
+        raise RuntimeError("head_loss: the pipe closed")
+
+    monkeypatch.setattr(ar, "run_session", other)
+    assert ar._stock_refusals("p", None, None, Path("/d"), ["qemu"], ["max"]) == (0, 2)
+    monkeypatch.setattr(ar, "run_session", lambda *a: ar.Result(called=["embed"]))
+    assert ar._stock_refusals("p", None, None, Path("/d"), ["qemu"], ["max"]) == (0, 2)
+    assert "without the toolchain kernels" in capsys.readouterr().out
