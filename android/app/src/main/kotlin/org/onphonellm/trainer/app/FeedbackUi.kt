@@ -11,7 +11,7 @@ import android.widget.LinearLayout
 import android.widget.TextView
 import org.onphonellm.trainer.core.FeedbackAction
 import org.onphonellm.trainer.core.FeedbackLog
-import org.onphonellm.trainer.core.GeneratedText
+import org.onphonellm.trainer.core.Generation
 import org.onphonellm.trainer.core.GenerationFeedback
 import org.onphonellm.trainer.core.StopReason
 import java.io.File
@@ -37,7 +37,7 @@ object AppFeedback {
     fun cleared() = feedback?.cleared()
 
     /** The "after" side (the live or trained adapter's) of a comparison ended: the response the buttons answer. */
-    fun generated(prompt: String, chat: Boolean, r: GeneratedText) =
+    fun generated(prompt: String, chat: Boolean, r: Generation) =
         feedback?.generated(prompt, chat, r.text ?: "", complete = r.stopReason != StopReason.CANCELLED)
 }
 

@@ -16,7 +16,7 @@ import org.onphonellm.trainer.core.FileIdentitySource
 import org.onphonellm.trainer.core.EventLog
 import org.onphonellm.trainer.core.GenerateTarget
 import org.onphonellm.trainer.core.GateDecision
-import org.onphonellm.trainer.core.GeneratedText
+import org.onphonellm.trainer.core.Generation
 import org.onphonellm.trainer.core.GenerationSource
 import org.onphonellm.trainer.core.GenerationJob
 import org.onphonellm.trainer.core.GenerationListener
@@ -29,11 +29,12 @@ import org.onphonellm.trainer.core.Prompts
 import org.onphonellm.trainer.core.RunControl
 import org.onphonellm.trainer.core.RunDir
 import org.onphonellm.trainer.core.RunOutcome
+import org.onphonellm.trainer.core.RunStatus
 import org.onphonellm.trainer.core.RunSpec
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.SessionListener
 import org.onphonellm.trainer.core.StartPhase
-import org.onphonellm.trainer.core.StreamedToken
+import org.onphonellm.trainer.core.GeneratedToken
 import org.onphonellm.trainer.core.TelemetryEndpoint
 import org.onphonellm.trainer.core.TextTokenizer
 import org.onphonellm.trainer.core.TrainingSession
@@ -65,7 +66,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
     private fun startCancelled(): RunOutcome? {
         if (TrainingStatus.start.shouldContinue()) return null
         TrainingStatus.message = "start cancelled" + (currentPhase?.let { " (while ${it.label.lowercase()})" } ?: "")
-        return RunOutcome("cancelled", 0, null, TrainingStatus.message)
+        return RunOutcome(RunStatus.CANCELLED, 0, null, TrainingStatus.message)
     }
 
     fun run(req: RunRequest, base: File, control: RunControl, decide: (RunDir) -> String? = { null }): RunOutcome? {
@@ -147,10 +148,10 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                     if (!TrainingStatus.start.running()) return startCancelled()
                     val outcome = session.run(control)
                     TrainingStatus.running = false  // training is over; a generation may still be running (drained below)
-                    TrainingStatus.message = if (outcome.status == "failed") ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
+                    TrainingStatus.message = if (outcome.status == RunStatus.FAILED) ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
                         else "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
                     TrainingStatus.evalAfter = session.evals.after
-                    if (outcome.status == "paused") AppState.setPaused(ctx, outcome.message)
+                    if (outcome.status == RunStatus.PAUSED) AppState.setPaused(ctx, outcome.message)
                     return outcome
                 } finally {
                     // No new generation on this session; let the one running end (cancelled after the drain) before the runtime closes.
@@ -353,8 +354,8 @@ object LiveSessions {
             AppFeedback.cleared()
             job = l.session.startComparison(ids, l.maxNewTokens, stop, tok, object : GenerationListener {
                 override fun onStart(which: String, stateStep: Long) = status.started(e, which, stateStep)
-                override fun onToken(which: String, token: StreamedToken) = status.token(e, which, token.text)
-                override fun onDone(which: String, result: GeneratedText) {
+                override fun onToken(which: String, token: GeneratedToken) = status.token(e, which, token.text)
+                override fun onDone(which: String, result: Generation) {
                     status.done(e, which, result)
                     if (which == "after" && e == status.epoch) AppFeedback.generated(prompt, l.chat, result)  // the feedback buttons' response
                 }

@@ -1,6 +1,6 @@
 package org.onphonellm.trainer.app
 
-import org.onphonellm.trainer.core.GeneratedText
+import org.onphonellm.trainer.core.Generation
 import org.onphonellm.trainer.core.StopReason
 
 /** What the service is doing, shared with the Activity and the stop receiver (one process). */
@@ -109,7 +109,7 @@ class GenerationStatus {
         if (piece.isNotEmpty()) update(e) { text[at(which)].append(piece) }
     }
 
-    fun done(e: Long, which: String, r: GeneratedText) = update(e) {
+    fun done(e: Long, which: String, r: Generation) = update(e) {
         val i = at(which)
         r.text?.let { text[i].setLength(0); text[i].append(it) }  // the whole decode (the pieces add up to it)
         val how = when (r.stopReason) { StopReason.EOS -> "end of text"; StopReason.MAX_NEW_TOKENS -> "${r.ids.size} tokens"; StopReason.CANCELLED -> "cancelled" }

@@ -57,7 +57,7 @@ sealed class Json {
 }
 
 /** Raised for any input that breaks the contract: bad JSON, a missing field, an inconsistent manifest. */
-class ContractError(message: String) : Exception(message)
+class BadInput(message: String) : Exception(message)
 
 private class JsonParser(private val s: String) {
     private var i = 0
@@ -71,7 +71,7 @@ private class JsonParser(private val s: String) {
         return v
     }
 
-    private fun fail(why: String): Nothing = throw ContractError("invalid JSON at offset $i: $why")
+    private fun fail(why: String): Nothing = throw BadInput("invalid JSON at offset $i: $why")
 
     private fun skipWs() {
         while (i < s.length && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++
@@ -246,20 +246,20 @@ object JsonWriter {
 
 /**
  * Typed, path-aware access to a JSON object: `Fields(obj, "manifest.json").int("seq_len")` either
- * returns the value or throws a [ContractError] naming the file, the field and what was found.
+ * returns the value or throws a [BadInput] naming the file, the field and what was found.
  */
 class Fields(val obj: Json.Obj, val where: String) {
     companion object {
         fun of(v: Json, where: String): Fields =
-            Fields(v as? Json.Obj ?: throw ContractError("$where must be a JSON object"), where)
+            Fields(v as? Json.Obj ?: throw BadInput("$where must be a JSON object"), where)
     }
 
     fun has(key: String): Boolean = key in obj.fields && obj.fields[key] != Json.Null
     private fun bad(key: String, want: String): Nothing =
-        throw ContractError("$where: '$key' must be $want, got ${obj.fields[key]?.let { short(it) } ?: "nothing"}")
+        throw BadInput("$where: '$key' must be $want, got ${obj.fields[key]?.let { short(it) } ?: "nothing"}")
     private fun short(v: Json): String = v.toString().let { if (it.length > 60) it.take(60) + "..." else it }
 
-    fun raw(key: String): Json = obj.fields[key] ?: throw ContractError("$where: missing required field '$key'")
+    fun raw(key: String): Json = obj.fields[key] ?: throw BadInput("$where: missing required field '$key'")
     fun long(key: String): Long = ((raw(key) as? Json.Num)?.asLongOrNull) ?: bad(key, "an integer")
     fun int(key: String): Int = long(key).let { if (it in Int.MIN_VALUE..Int.MAX_VALUE) it.toInt() else bad(key, "a 32-bit integer") }
     fun double(key: String): Double = (raw(key) as? Json.Num)?.asDouble ?: bad(key, "a number")

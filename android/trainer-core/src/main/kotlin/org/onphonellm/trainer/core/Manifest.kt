@@ -14,9 +14,9 @@ enum class ElemType(val manifestName: String, val safetensorsName: String, val s
 
     companion object {
         fun of(name: String, where: String): ElemType =
-            values().firstOrNull { it.manifestName == name } ?: throw ContractError("$where: dtype '$name' is not one of ${values().map { it.manifestName }}")
+            values().firstOrNull { it.manifestName == name } ?: throw BadInput("$where: dtype '$name' is not one of ${values().map { it.manifestName }}")
         fun ofSafetensors(name: String, where: String): ElemType =
-            values().firstOrNull { it.safetensorsName == name } ?: throw ContractError("$where: safetensors dtype '$name' is not supported")
+            values().firstOrNull { it.safetensorsName == name } ?: throw BadInput("$where: safetensors dtype '$name' is not supported")
     }
 }
 
@@ -32,7 +32,7 @@ class TensorBuffer(val name: String, val dtype: ElemType, val shape: List<Int>, 
 
     init {
         if (data.position() != 0 || data.remaining() != nbytes)
-            throw ContractError("$name: ${data.remaining()} bytes from position ${data.position()} for $dtype$shape ($nbytes bytes)")
+            throw BadInput("$name: ${data.remaining()} bytes from position ${data.position()} for $dtype$shape ($nbytes bytes)")
     }
 
     fun float(i: Int): Float = data.getFloat(4 * i)
@@ -152,15 +152,15 @@ class Manifest(
         for ((name, sha) in files) {
             if (skip(name)) continue
             val f = File(dir, name)
-            if (!f.isFile) throw ContractError("$f is missing; push the program directory again")
+            if (!f.isFile) throw BadInput("$f is missing; push the program directory again")
             val md = MessageDigest.getInstance("SHA-256")
             f.inputStream().use { ins -> val buf = ByteArray(1 shl 16); while (true) { val n = ins.read(buf); if (n < 0) break; md.update(buf, 0, n) } }
             val got = md.digest().joinToString("") { "%02x".format(it) }
-            if (got != sha) throw ContractError("$f does not match the manifest's sha256 (a partial copy?); push the program directory again")
+            if (got != sha) throw BadInput("$f does not match the manifest's sha256 (a partial copy?); push the program directory again")
         }
     }
 
-    fun method(name: String): MethodSpec = methods[name] ?: throw ContractError("the program has no method '$name'; re-export the program")
+    fun method(name: String): MethodSpec = methods[name] ?: throw BadInput("the program has no method '$name'; re-export the program")
     /** The program has the stock generation methods ([Contract.GENERATION_ROLES]; checked by [parse] when it has `generate`). */
     val hasGeneration: Boolean get() = prefillChunk > 0 && Contract.GENERATION_ROLES.all { it in methods }
 
@@ -169,19 +169,19 @@ class Manifest(
 
         fun read(dir: File): Manifest {
             val f = File(dir, Contract.MANIFEST_NAME)
-            if (!f.isFile) throw ContractError("$dir is not an exported program (no ${Contract.MANIFEST_NAME})")
+            if (!f.isFile) throw BadInput("$dir is not an exported program (no ${Contract.MANIFEST_NAME})")
             return parse(dir, Json.parse(f.readText(Charsets.UTF_8)), f.path)
         }
 
         fun parse(dir: File, doc: Json, where: String): Manifest {
             val m = Fields.of(doc, where)
             val version = m.int("schema_version")
-            if (version < Contract.MANIFEST_SCHEMA_VERSION) throw ContractError("$where: schema_version $version; re-export the program with this toolchain")
-            if (version > Contract.MANIFEST_SCHEMA_VERSION) throw ContractError("$where: schema_version $version is newer than this app (${Contract.MANIFEST_SCHEMA_VERSION}); update the app")
+            if (version < Contract.MANIFEST_SCHEMA_VERSION) throw BadInput("$where: schema_version $version; re-export the program with this toolchain")
+            if (version > Contract.MANIFEST_SCHEMA_VERSION) throw BadInput("$where: schema_version $version is newer than this app (${Contract.MANIFEST_SCHEMA_VERSION}); update the app")
             val arch = m.obj("model").obj("arch")
             val layers = arch.int("layers")
             val loop = m.obj("loop")
-            if (loop.int("layers") != layers) throw ContractError("$where: loop.layers ${loop.int("layers")} is not the model's $layers")
+            if (loop.int("layers") != layers) throw BadInput("$where: loop.layers ${loop.int("layers")} is not the model's $layers")
             val tok = m.obj("tokenizer")
             val state = m.obj("state")
             val numel = state.int("numel")
@@ -190,10 +190,10 @@ class Manifest(
                 StateEntry(ef.string("name"), ef.optString("key") ?: "", ef.string("role"), ef.ints("shape"), ef.int("offset"), ef.optInt("layer"))
             }
             for (e in entries) if (e.offset < 0 || e.offset + e.numel > numel)
-                throw ContractError("$where: state entry ${e.name} [${e.offset}, ${e.offset + e.numel}) lies outside the $numel state values")
+                throw BadInput("$where: state entry ${e.name} [${e.offset}, ${e.offset + e.numel}) lies outside the $numel state values")
             val byName = entries.associateBy { it.name }
             val stepEntry = state.optString("step_entry")
-            if (stepEntry != null && stepEntry !in byName) throw ContractError("$where: state.step_entry '$stepEntry' is not an entry")
+            if (stepEntry != null && stepEntry !in byName) throw BadInput("$where: state.step_entry '$stepEntry' is not an entry")
             val methods = LinkedHashMap<String, MethodSpec>()
             m.arr("methods").forEachIndexed { i, mj ->
                 val mf = Fields.of(mj, "$where.methods[$i]")
@@ -201,9 +201,9 @@ class Manifest(
                 fun ios(key: String) = mf.arr(key).mapIndexed { j, io ->
                     val f = Fields.of(io, "$where.methods[$name].$key[$j]")
                     val bind = f.string("bind")
-                    if (bind !in BINDS) throw ContractError("${f.where}: bind '$bind' is not one of $BINDS")
+                    if (bind !in BINDS) throw BadInput("${f.where}: bind '$bind' is not one of $BINDS")
                     val rows = if (f.has("rows")) f.ints("rows").let { r ->
-                        if (r.size != 2 || r[0] < 0 || r[1] <= r[0]) throw ContractError("${f.where}: rows $r is not [start, stop)")
+                        if (r.size != 2 || r[0] < 0 || r[1] <= r[0]) throw BadInput("${f.where}: rows $r is not [start, stop)")
                         Pair(r[0], r[1])
                     } else null
                     IoSpec(f.string("name"), ElemType.of(f.string("dtype"), f.where), f.ints("shape"), bind, f.string("ref"), rows)
@@ -211,20 +211,20 @@ class Manifest(
                 val kernels = if (mf.has("kernels")) mf.strings("kernels") else emptyList()
                 val method = MethodSpec(name, mf.optString("role") ?: name, ios("inputs"), ios("outputs"), kernels)
                 for (io in method.inputs + method.outputs) if (io.bind == "state") {
-                    val e = byName[io.refAt(0)] ?: byName[io.ref] ?: throw ContractError("$where: $name ${io.name} refers to no state entry '${io.ref}'")
-                    if (e.numel != io.numel) throw ContractError("$where: $name ${io.name} has shape ${io.shape}, its entry ${e.name} ${e.shape}")
+                    val e = byName[io.refAt(0)] ?: byName[io.ref] ?: throw BadInput("$where: $name ${io.name} refers to no state entry '${io.ref}'")
+                    if (e.numel != io.numel) throw BadInput("$where: $name ${io.name} has shape ${io.shape}, its entry ${e.name} ${e.shape}")
                 }
                 methods[name] = method
             }
             for (need in Contract.TRAINING_ROLES - "block_skip_update")  // block_skip_update: only when the loop moves unselected layers
-                if (need !in methods) throw ContractError("$where: no '$need' method; re-export the program")
+                if (need !in methods) throw BadInput("$where: no '$need' method; re-export the program")
             val moves = loop.bool("moves_unselected")
-            if (moves && "block_skip_update" !in methods) throw ContractError("$where: loop.moves_unselected without a block_skip_update method")
+            if (moves && "block_skip_update" !in methods) throw BadInput("$where: loop.moves_unselected without a block_skip_update method")
             val quantObj = if (m.has("quant")) m.obj("quant") else null
             val quantKind = quantObj?.optString("kind") ?: "none"
             // Same schema_version 3, older export (toolchain/contract/read.py _refuse_before_fused_generation).
             if (quantKind == "int4" && quantObj?.obj?.fields?.containsKey("head") != true)
-                throw ContractError("$where: an int4 program exported before the int4 embedding and LM head (no quant.head); re-export the program with this toolchain")
+                throw BadInput("$where: an int4 program exported before the int4 embedding and LM head (no quant.head); re-export the program with this toolchain")
             val compute = Compute.parse(m.optString("compute"), where)
             val quantHead = quantObj?.let { if (it.has("head")) it.bool("head") else false } ?: false
             var prefillChunk = 0
@@ -233,45 +233,45 @@ class Manifest(
             if (m.has("generate")) {
                 val g = m.obj("generate")
                 if (!g.has("prefill_chunk"))
-                    throw ContractError("$where: the generation methods were exported before chunked prefill (no generate.prefill_chunk, block_kv over the whole seq_len); re-export the program with this toolchain")
+                    throw BadInput("$where: the generation methods were exported before chunked prefill (no generate.prefill_chunk, block_kv over the whole seq_len); re-export the program with this toolchain")
                 prefillChunk = g.int("prefill_chunk")
-                if (prefillChunk < 1) throw ContractError("${g.where}: prefill_chunk $prefillChunk is not >= 1")
+                if (prefillChunk < 1) throw BadInput("${g.where}: prefill_chunk $prefillChunk is not >= 1")
                 for (need in Contract.GENERATION_ROLES)
-                    if (need !in methods) throw ContractError("$where: generate is set but there is no '$need' method; re-export the program")
+                    if (need !in methods) throw BadInput("$where: generate is set but there is no '$need' method; re-export the program")
                 if (g.has("fused")) {
                     val f = g.obj("fused")
-                    val map = f.obj("methods").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("${f.where}.methods.$k is not a string") }
+                    val map = f.obj("methods").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw BadInput("${f.where}.methods.$k is not a string") }
                     for ((stock, name) in map) {
-                        if (stock !in methods || name !in methods) throw ContractError("${f.where}: $stock -> $name names a method the program lacks; re-export the program")
+                        if (stock !in methods || name !in methods) throw BadInput("${f.where}: $stock -> $name names a method the program lacks; re-export the program")
                         if (methods.getValue(name).outputs.map { Triple(it.name, it.shape, it.bind) } != methods.getValue(stock).outputs.map { Triple(it.name, it.shape, it.bind) })
-                            throw ContractError("${f.where}: $name does not return what $stock returns; re-export the program")
+                            throw BadInput("${f.where}: $name does not return what $stock returns; re-export the program")
                     }
                     fused = FusedSection(f.strings("kernels"), f.string("source"), map)
                 }
                 if (g.has("xnnpack")) {
                     val x = g.obj("xnnpack")
-                    val map = x.obj("methods").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("${x.where}.methods.$k is not a string") }
+                    val map = x.obj("methods").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw BadInput("${x.where}.methods.$k is not a string") }
                     for ((role, pattern) in map) {
-                        if (role !in Contract.GENERATION_ROLES) throw ContractError("${x.where}: $role is not a generation role; re-export the program")
+                        if (role !in Contract.GENERATION_ROLES) throw BadInput("${x.where}: $role is not a generation role; re-export the program")
                         val perLayer = Contract.LAYER in pattern
                         for (i in (if (perLayer) 0 until layers else 0 until 1)) {
                             val name = if (perLayer) pattern.replace(Contract.LAYER, i.toString()) else pattern
-                            val method = methods[name] ?: throw ContractError("${x.where}: $role -> $name names a method the program lacks; re-export the program")
+                            val method = methods[name] ?: throw BadInput("${x.where}: $role -> $name names a method the program lacks; re-export the program")
                             if (method.outputs.map { Triple(it.name, it.shape, it.bind) } != methods.getValue(role).outputs.map { Triple(it.name, it.shape, it.bind) })
-                                throw ContractError("${x.where}: $name does not return what $role returns; re-export the program")
+                                throw BadInput("${x.where}: $name does not return what $role returns; re-export the program")
                         }
                     }
                     xnnpack = XnnpackSection(map, x.long("weight_bytes"))
                 }
             }
-            val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw ContractError("$where: files.$k is not a string") }
+            val filesObj = m.obj("files").obj.fields.mapValues { (k, v) -> (v as? Json.Str)?.value ?: throw BadInput("$where: files.$k is not a string") }
             val opt = m.obj("optimizer")
             // defaults (toolchain export: the measured run defaults, one source for the host and both apps); absent: older
             val defaults = if (m.has("defaults")) m.obj("defaults") else null
             val dLr = defaults?.double("lr")
             val dSteps = defaults?.long("steps")
-            if (dLr != null && !(dLr > 0.0 && dLr.isFinite())) throw ContractError("$where: defaults.lr must be > 0, got $dLr")
-            if (dSteps != null && dSteps < 1) throw ContractError("$where: defaults.steps must be >= 1, got $dSteps")
+            if (dLr != null && !(dLr > 0.0 && dLr.isFinite())) throw BadInput("$where: defaults.lr must be > 0, got $dLr")
+            if (dSteps != null && dSteps < 1) throw BadInput("$where: defaults.steps must be >= 1, got $dSteps")
             return Manifest(
                 dir = dir, layers = layers, seqLen = m.int("seq_len"), vocab = arch.int("vocab"),
                 padTokenId = tok.int("pad_token_id"), eosTokenId = tok.optInt("eos_token_id"),
@@ -281,12 +281,12 @@ class Manifest(
                 optimizer = opt.string("kind"), files = filesObj,
                 adapterConfig = if (m.has("adapter")) m.obj("adapter").let { a -> if (a.has("config")) a.obj("config").obj else null } else null,
                 defaultPlan = if (m.has("lcsb")) m.obj("lcsb").let { l ->
-                    val phases = l.arr("phases").map { p -> (p as? Json.Arr)?.items?.map { (it as Json.Num).asLongOrNull!!.toInt() } ?: throw ContractError("${l.where}: bad phases") }
+                    val phases = l.arr("phases").map { p -> (p as? Json.Arr)?.items?.map { (it as Json.Num).asLongOrNull!!.toInt() } ?: throw BadInput("${l.where}: bad phases") }
                     val schedule = l.ints("schedule")
                     if (phases.isEmpty() || schedule.any { it !in phases.indices } || phases.any { p -> p.isEmpty() || p.any { it !in 0 until layers } })
-                        throw ContractError("${l.where}: phases/schedule do not fit $layers layers")
+                        throw BadInput("${l.where}: phases/schedule do not fit $layers layers")
                     val warmup = l.optLong("warmup") ?: 0L
-                    if (warmup < 0) throw ContractError("${l.where}: warmup must be >= 0, got $warmup")
+                    if (warmup < 0) throw BadInput("${l.where}: warmup must be >= 0, got $warmup")
                     StepPlan(layers, l.string("policy"), l.optInt("k") ?: layers, l.optLong("seed"), phases, schedule, warmup)
                 } else null,
                 tokenizerKind = tok.optString("kind") ?: "none",
@@ -347,7 +347,7 @@ fun interface FileIdentitySource {
  */
 class MappedWeights private constructor(val file: File, val tensors: Map<String, TensorBuffer>, val identity: FileIdentity,
                                         private val identities: FileIdentitySource) {
-    operator fun get(key: String): TensorBuffer = tensors[key] ?: throw ContractError("$file has no tensor '$key'; re-export the program")
+    operator fun get(key: String): TensorBuffer = tensors[key] ?: throw BadInput("$file has no tensor '$key'; re-export the program")
 
     /** Why the mapping is no longer trusted (the first change [checkChanged] saw), or null. */
     @Volatile var stale: String? = null
@@ -368,7 +368,7 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
     /** Rows [a, b) of [key] (a view of the mapped rows, no copy). */
     fun rows(key: String, a: Int, b: Int): TensorBuffer {
         val t = get(key)
-        if (t.shape.isEmpty() || b > t.shape[0]) throw ContractError("$file: rows [$a, $b) of $key ${t.shape}")
+        if (t.shape.isEmpty() || b > t.shape[0]) throw BadInput("$file: rows [$a, $b) of $key ${t.shape}")
         val rowBytes = t.nbytes / t.shape[0]
         return TensorBuffer(key, t.dtype, listOf(b - a) + t.shape.drop(1), t.data.window(a * rowBytes, (b - a) * rowBytes))
     }
@@ -377,17 +377,17 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
         /** Map [file]; its identity is read by [identities] first (a change between the two is seen at the first check). */
         fun map(file: File, identities: FileIdentitySource = FileIdentitySource.JAVA): MappedWeights {
             val identity = try { identities.identity(file) } catch (e: Exception) { null }
-                ?: throw ContractError("cannot read the size and time of $file; re-import the program")
+                ?: throw BadInput("cannot read the size and time of $file; re-import the program")
             return mapFile(file, identity, identities)
         }
 
         private fun mapFile(file: File, identity: FileIdentity, identities: FileIdentitySource): MappedWeights = RandomAccessFile(file, "r").use { raf ->
             val size = raf.length()
-            if (size < 8) throw ContractError("$file is not a safetensors file (${size} bytes)")
+            if (size < 8) throw BadInput("$file is not a safetensors file (${size} bytes)")
             val head = ByteBuffer.allocate(8).order(ByteOrder.LITTLE_ENDIAN)
             raf.channel.read(head, 0)
             val n = head.getLong(0)
-            if (n <= 0 || 8 + n > size || n > 100_000_000) throw ContractError("$file: bad safetensors header length $n")
+            if (n <= 0 || 8 + n > size || n > 100_000_000) throw BadInput("$file: bad safetensors header length $n")
             val hb = ByteArray(n.toInt())
             raf.seek(8)
             raf.readFully(hb)
@@ -398,10 +398,10 @@ class MappedWeights private constructor(val file: File, val tensors: Map<String,
                 if (key == "__metadata__" || key.startsWith("__pad_")) continue
                 val f = Fields.of(v, "$file $key")
                 val dtype = ElemType.ofSafetensors(f.string("dtype"), f.where)
-                val off = f.arr("data_offsets").map { (it as Json.Num).asLongOrNull ?: throw ContractError("${f.where}: bad data_offsets") }
+                val off = f.arr("data_offsets").map { (it as Json.Num).asLongOrNull ?: throw BadInput("${f.where}: bad data_offsets") }
                 val begin = start + off[0]
                 val len = off[1] - off[0]
-                if (off[0] < 0 || len < 0 || start + off[1] > size) throw ContractError("${f.where}: data_offsets $off outside the file")
+                if (off[0] < 0 || len < 0 || start + off[1] > size) throw BadInput("${f.where}: data_offsets $off outside the file")
                 val buf = if (len == 0L) ByteBuffer.allocateDirect(0) else raf.channel.map(FileChannel.MapMode.READ_ONLY, begin, len)
                 out[key] = TensorBuffer(key, dtype, f.ints("shape"), buf)
             }
@@ -422,7 +422,7 @@ class StateBuffer(val program: Manifest, only: Collection<String>? = null) {
     val entries: List<StateEntry> = if (only == null) program.stateEntries else {
         val names = only.toSet()
         val unknown = names - program.stateEntries.map { it.name }.toSet()
-        if (unknown.isNotEmpty()) throw ContractError("the state has no entry ${unknown.sorted().take(3).joinToString()}; re-export the program")
+        if (unknown.isNotEmpty()) throw BadInput("the state has no entry ${unknown.sorted().take(3).joinToString()}; re-export the program")
         program.stateEntries.filter { it.name in names }
     }
     val isSnapshot: Boolean = only != null
@@ -437,7 +437,7 @@ class StateBuffer(val program: Manifest, only: Collection<String>? = null) {
         }
     }
 
-    fun view(name: String): TensorBuffer = views[name] ?: throw ContractError(
+    fun view(name: String): TensorBuffer = views[name] ?: throw BadInput(
         if (isSnapshot) "state entry '$name' is not in this snapshot of ${entries.size} entries (the generation methods read it?)"
         else "the state has no entry '$name'; re-export the program")
     fun sha256(): String = sha256Hex(buffer)
@@ -453,7 +453,7 @@ class StateBuffer(val program: Manifest, only: Collection<String>? = null) {
     /** [file]: a whole state (numel values); a snapshot reads only its entries' ranges of it. */
     fun load(file: File) {
         if (file.length() != 4L * program.stateNumel)
-            throw ContractError("$file holds ${file.length() / 4} values, the manifest says ${program.stateNumel}; re-export the program")
+            throw BadInput("$file holds ${file.length() / 4} values, the manifest says ${program.stateNumel}; re-export the program")
         if (!isSnapshot) {
             // Straight from the file into the state buffer (no heap copy: the state is held once).
             RandomAccessFile(file, "r").use { raf ->
@@ -462,7 +462,7 @@ class StateBuffer(val program: Manifest, only: Collection<String>? = null) {
                 var at = 0L
                 while (d.hasRemaining()) {
                     val n = raf.channel.read(d, at)
-                    if (n < 0) throw ContractError("$file ends after $at bytes of the state")
+                    if (n < 0) throw BadInput("$file ends after $at bytes of the state")
                     at += n
                 }
             }
@@ -475,7 +475,7 @@ class StateBuffer(val program: Manifest, only: Collection<String>? = null) {
                 var at = 4L * e.offset
                 while (dst.hasRemaining()) {
                     val n = raf.channel.read(dst, at)
-                    if (n < 0) throw ContractError("$file ends inside state entry ${e.name}")
+                    if (n < 0) throw BadInput("$file ends inside state entry ${e.name}")
                     at += n
                 }
             }

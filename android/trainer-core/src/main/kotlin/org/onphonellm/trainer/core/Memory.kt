@@ -50,7 +50,7 @@ object ProcStatus {
     fun sample(text: String): MemorySample {
         val kb = parseKb(text)
         fun bytes(key: String) = kb[key]?.let { it * 1024 }
-        if (kb["RssAnon"] == null && kb["VmRSS"] == null) throw ContractError("no RssAnon or VmRSS in /proc status text")
+        if (kb["RssAnon"] == null && kb["VmRSS"] == null) throw BadInput("no RssAnon or VmRSS in /proc status text")
         return MemorySample("android_proc_status", anonBytes = bytes("RssAnon"), rssBytes = bytes("VmRSS"),
             peakBytes = bytes("VmHWM"), swapBytes = bytes("VmSwap"))
     }

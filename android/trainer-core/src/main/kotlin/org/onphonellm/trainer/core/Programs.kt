@@ -20,7 +20,7 @@ class VerifyCache(val dir: File) {
     fun isVerified(program: Manifest, skip: (String) -> Boolean = { false }): Boolean {
         val f = recordFile(program.dir)
         if (!f.isFile) return false
-        val doc = try { Fields.of(Json.parse(f.readText(Charsets.UTF_8)), f.path) } catch (e: ContractError) { return false }
+        val doc = try { Fields.of(Json.parse(f.readText(Charsets.UTF_8)), f.path) } catch (e: BadInput) { return false }
         if (doc.optString("key") != key(program)) return false
         val files = if (doc.has("files")) doc.obj("files") else return false
         for (name in program.files.keys) {
@@ -35,7 +35,7 @@ class VerifyCache(val dir: File) {
 
     /**
      * Check [program]'s files against its manifest unless [isVerified]; true: they were hashed now (and a
-     * record written), false: the record said they match. Throws [ContractError] on a mismatch.
+     * record written), false: the record said they match. Throws [BadInput] on a mismatch.
      */
     fun verifyOnce(program: Manifest, skip: (String) -> Boolean = { false }): Boolean {
         if (isVerified(program, skip)) return false
@@ -113,11 +113,11 @@ object ProgramImport {
      */
     fun import(source: ImportSource, programsDir: File, name: String, cache: VerifyCache?, freeBytes: Long? = null,
                progress: Progress = Progress { _, _ -> }, cancelled: () -> Boolean = { false }): Manifest {
-        if (!NAME.matches(name)) throw ContractError("'$name' is not a program name (letters, digits, '.', '_', '-')")
+        if (!NAME.matches(name)) throw BadInput("'$name' is not a program name (letters, digits, '.', '_', '-')")
         val entries = source.list().associateBy { it.path }
         if (Contract.MANIFEST_NAME !in entries) {
             val hint = entries.keys.filter { it.endsWith("/manifest.json") }.minByOrNull { it.length }
-            throw ContractError("the folder has no manifest.json" + (hint?.let { "; pick its folder ${it.removeSuffix("/manifest.json")} instead" }
+            throw BadInput("the folder has no manifest.json" + (hint?.let { "; pick its folder ${it.removeSuffix("/manifest.json")} instead" }
                 ?: ": pick the folder `toolchain export --out` wrote"))
         }
         if (!programsDir.isDirectory && !programsDir.mkdirs()) throw IOException("cannot create $programsDir")
@@ -129,8 +129,8 @@ object ProgramImport {
             File(tmp, Contract.MANIFEST_NAME).writeBytes(manifestBytes)
             val program = Manifest.read(tmp)  // a bad or foreign manifest is refused here, before the big files
             for (f in program.files.keys) {
-                if (f.startsWith("/") || f.split('/').any { it == ".." || it.isEmpty() }) throw ContractError("manifest.json lists a file outside the program: '$f'")
-                if (f !in entries) throw ContractError("the folder lacks $f (listed in manifest.json): copy the whole exported folder")
+                if (f.startsWith("/") || f.split('/').any { it == ".." || it.isEmpty() }) throw BadInput("manifest.json lists a file outside the program: '$f'")
+                if (f !in entries) throw BadInput("the folder lacks $f (listed in manifest.json): copy the whole exported folder")
             }
             val total = program.files.keys.sumOf { maxOf(0L, entries.getValue(it).size) }
             if (freeBytes != null && total > freeBytes)
@@ -157,7 +157,7 @@ object ProgramImport {
                     }
                 }
                 val got = md.digest().joinToString("") { "%02x".format(it) }
-                if (got != sha) throw ContractError("$f does not match the manifest's sha256 (a partial or changed copy?): export or copy the program again")
+                if (got != sha) throw BadInput("$f does not match the manifest's sha256 (a partial or changed copy?): export or copy the program again")
             }
             progress.onProgress(copied, maxOf(total, copied))
             val dest = File(programsDir, name)

@@ -17,7 +17,7 @@ data class StepPlan(
     val warmup: Long = 0,
 ) {
     init {
-        if (warmup < 0) throw ContractError("an LCSB warm-up must be >= 0 steps, got $warmup")
+        if (warmup < 0) throw BadInput("an LCSB warm-up must be >= 0 steps, got $warmup")
     }
 
     /** Most layers one step backpropagates: every layer with a warm-up, else the largest phase (memory, checkpoints). */
@@ -33,28 +33,28 @@ data class StepPlan(
         /** Parse and check a plan as its schema does, plus: every layer < layers, every schedule entry names a phase. */
         fun parse(text: String, where: String = "step plan"): StepPlan {
             val f = Fields.of(Json.parse(text), where)
-            (f.obj.fields.keys - KEYS).firstOrNull()?.let { throw ContractError("$where: unknown field '$it'") }
-            if (f.int("schema_version") != 1) throw ContractError("$where: schema_version must be 1")
+            (f.obj.fields.keys - KEYS).firstOrNull()?.let { throw BadInput("$where: unknown field '$it'") }
+            if (f.int("schema_version") != 1) throw BadInput("$where: schema_version must be 1")
             val layers = f.int("layers")
             val policy = f.string("policy")
-            if (policy !in POLICIES) throw ContractError("$where: unknown policy '$policy'; one of ${POLICIES.sorted()}")
+            if (policy !in POLICIES) throw BadInput("$where: unknown policy '$policy'; one of ${POLICIES.sorted()}")
             val k = f.int("k")
-            if (layers < 1 || k < 1) throw ContractError("$where: layers and k must be >= 1")
+            if (layers < 1 || k < 1) throw BadInput("$where: layers and k must be >= 1")
             val phases = f.arr("phases").mapIndexed { i, p ->
-                val items = (p as? Json.Arr)?.items ?: throw ContractError("$where: phases[$i] must be an array")
-                items.map { (it as? Json.Num)?.asLongOrNull?.toInt() ?: throw ContractError("$where: phases[$i] must hold integers") }
+                val items = (p as? Json.Arr)?.items ?: throw BadInput("$where: phases[$i] must be an array")
+                items.map { (it as? Json.Num)?.asLongOrNull?.toInt() ?: throw BadInput("$where: phases[$i] must hold integers") }
             }
-            if (phases.isEmpty()) throw ContractError("$where: phases is empty")
+            if (phases.isEmpty()) throw BadInput("$where: phases is empty")
             phases.forEachIndexed { i, p ->
-                if (p.isEmpty()) throw ContractError("$where: phases[$i] is empty")
-                if (p.toSet().size != p.size) throw ContractError("$where: phases[$i] repeats a layer")
-                p.forEach { if (it !in 0 until layers) throw ContractError("$where: phases[$i] names layer $it of $layers") }
+                if (p.isEmpty()) throw BadInput("$where: phases[$i] is empty")
+                if (p.toSet().size != p.size) throw BadInput("$where: phases[$i] repeats a layer")
+                p.forEach { if (it !in 0 until layers) throw BadInput("$where: phases[$i] names layer $it of $layers") }
             }
             val schedule = f.ints("schedule")
-            if (schedule.isEmpty()) throw ContractError("$where: schedule is empty")
-            schedule.forEach { if (it !in phases.indices) throw ContractError("$where: schedule names phase $it of ${phases.size}") }
+            if (schedule.isEmpty()) throw BadInput("$where: schedule is empty")
+            schedule.forEach { if (it !in phases.indices) throw BadInput("$where: schedule names phase $it of ${phases.size}") }
             val warmup = f.optLong("warmup") ?: 0L
-            if (warmup < 0) throw ContractError("$where: warmup must be >= 0, got $warmup")
+            if (warmup < 0) throw BadInput("$where: warmup must be >= 0, got $warmup")
             return StepPlan(layers, policy, k, f.optLong("seed"), phases, schedule, warmup)
         }
     }

@@ -37,7 +37,7 @@ object StateCheckpoints {
     fun writeAdapter(dir: File, state: StateBuffer) {
         state.requireWhole("an adapter")
         val p = state.program
-        val config = p.adapterConfig ?: throw ContractError("the manifest has no adapter.config; re-export the program")
+        val config = p.adapterConfig ?: throw BadInput("the manifest has no adapter.config; re-export the program")
         val flat = state.toFloatArray()
         val slices = p.stateEntries.filter { it.role == "param" }.sortedBy { it.key }.map { Safetensors.Slice(it.key, it.shape, flat, it.offset) }
         AtomicFiles.replaceDir(dir) { tmp ->
@@ -58,12 +58,12 @@ object StateCheckpoints {
  * [warmup]: full-backprop steps before the plan (steps < warmup use every layer); default 0.
  */
 fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = null, period: Int? = null, warmup: Long = 0): StepPlan {
-    if (warmup < 0) throw ContractError("an LCSB warm-up must be >= 0 steps, got $warmup")
-    if (policy !in POLICIES) throw ContractError("unknown LCSB policy '$policy'; choose ${POLICIES.joinToString()}")
-    if (layers < 1) throw ContractError("layers must be >= 1, got $layers")
-    val kk = if (policy == "full") layers else k ?: throw ContractError("the $policy policy needs k (layers per step)")
-    if (kk !in 1..layers) throw ContractError("k = $kk is outside 1..$layers (the model's layers); choose k <= $layers")
-    if (policy != "random" && (seed != null || period != null)) throw ContractError("seed and period only apply to the random policy, not '$policy'")
+    if (warmup < 0) throw BadInput("an LCSB warm-up must be >= 0 steps, got $warmup")
+    if (policy !in POLICIES) throw BadInput("unknown LCSB policy '$policy'; choose ${POLICIES.joinToString()}")
+    if (layers < 1) throw BadInput("layers must be >= 1, got $layers")
+    val kk = if (policy == "full") layers else k ?: throw BadInput("the $policy policy needs k (layers per step)")
+    if (kk !in 1..layers) throw BadInput("k = $kk is outside 1..$layers (the model's layers); choose k <= $layers")
+    if (policy != "random" && (seed != null || period != null)) throw BadInput("seed and period only apply to the random policy, not '$policy'")
     val groups = (layers + kk - 1) / kk
     val phases = when (policy) {
         "cyclic" -> (0 until groups).map { i -> (layers * i / groups until layers * (i + 1) / groups).toList() }
@@ -77,7 +77,7 @@ fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = 
 }
 
 private fun randomPlan(layers: Int, k: Int, seed: Long, period: Int): StepPlan {
-    if (period < 1) throw ContractError("period must be >= 1, got $period")
+    if (period < 1) throw BadInput("period must be >= 1, got $period")
     val phases = ArrayList<List<Int>>()
     val schedule = ArrayList<Int>(period)
     for (step in 0 until period) {

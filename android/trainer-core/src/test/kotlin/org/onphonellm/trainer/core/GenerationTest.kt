@@ -14,7 +14,7 @@ import java.util.concurrent.atomic.AtomicReference
 import kotlin.random.Random
 
 /**
- * Streaming generation: the text of the ids as they come ([TextStream]: never a character half decoded, the
+ * Streaming generation: the text of the ids as they come ([IncrementalTextDecoder]: never a character half decoded, the
  * pieces add up to the whole decode), and the session's before / after comparison streamed, cancelled, and
  * run on its own thread while the session trains (progress keeps coming; "after" runs on the state of a whole
  * step). The program is the v3 trace's, with SessionTest's runtime (outputs a pure function of the inputs'
@@ -44,7 +44,7 @@ class GenerationTest {
 
     /** The pieces of [ids] (one per id, then finish's) and the stream's text. */
     private fun stream(tok: TextTokenizer, ids: List<Int>, skip: Set<Int> = emptySet()): Pair<List<String>, String> {
-        val s = TextStream(tok, skip)
+        val s = IncrementalTextDecoder(tok, skip)
         val pieces = ids.map { s.push(it) } + s.finish()
         return Pair(pieces, s.textSoFar)
     }
@@ -177,10 +177,10 @@ class GenerationTest {
     /** Every listener call, in order. */
     private class Recorder : GenerationListener {
         val events: MutableList<String> = Collections.synchronizedList(ArrayList())
-        val tokens: MutableList<Pair<String, StreamedToken>> = Collections.synchronizedList(ArrayList())
+        val tokens: MutableList<Pair<String, GeneratedToken>> = Collections.synchronizedList(ArrayList())
         override fun onStart(which: String, stateStep: Long) { events.add("start $which $stateStep") }
-        override fun onToken(which: String, token: StreamedToken) { events.add("token $which ${token.index}"); tokens.add(Pair(which, token)) }
-        override fun onDone(which: String, result: GeneratedText) { events.add("done $which ${result.stopReason}") }
+        override fun onToken(which: String, token: GeneratedToken) { events.add("token $which ${token.index}"); tokens.add(Pair(which, token)) }
+        override fun onDone(which: String, result: Generation) { events.add("done $which ${result.stopReason}") }
         override fun onError(error: Exception) { events.add("error $error") }
         fun ids(which: String) = tokens.filter { it.first == which }.map { it.second.id }
         fun text(which: String) = tokens.filter { it.first == which }.joinToString("") { it.second.text }
@@ -188,7 +188,7 @@ class GenerationTest {
 
     @Test fun `a comparison streams before then after, token by token, text as it comes`() {
         val s = session(newRun("cmp", 6))
-        assertEquals("completed", s.run().status)
+        assertEquals(RunStatus.COMPLETED, s.run().status)
         val rec = Recorder()
         val tok = ByteTokenizer()
         val c = s.compare(prompt, 4, emptySet(), tok, listener = rec)
@@ -216,11 +216,11 @@ class GenerationTest {
     @Test fun `cancel - before stops with the tokens so far, after makes no call, cancelled before the start nothing runs`() {
         val runtime = SessionTest.HashRuntime(program)
         val s = session(newRun("cancel", 2), runtime)
-        assertEquals("completed", s.run().status)
+        assertEquals(RunStatus.COMPLETED, s.run().status)
         val control = GenerationControl()
         val rec = object : GenerationListener {
             val seen = ArrayList<Int>()
-            override fun onToken(which: String, token: StreamedToken) { seen.add(token.id); if (which == "before" && token.index == 1) control.cancel() }
+            override fun onToken(which: String, token: GeneratedToken) { seen.add(token.id); if (which == "before" && token.index == 1) control.cancel() }
         }
         val calls0 = runtime.calls
         val c = s.compare(prompt, 4, emptySet(), ByteTokenizer(), control, rec)
@@ -241,7 +241,7 @@ class GenerationTest {
         val job = AtomicReference<GenerationJob>()
         val started = CountDownLatch(1)
         val j = s.startComparison(prompt, 4, emptySet(), ByteTokenizer(), object : GenerationListener {
-            override fun onToken(which: String, token: StreamedToken) {
+            override fun onToken(which: String, token: GeneratedToken) {
                 started.await(10, TimeUnit.SECONDS)
                 if (which == "after" && token.index == 0) job.get().cancel()
             }
@@ -258,8 +258,8 @@ class GenerationTest {
         val bad = s.startComparison(List(program.seqLen) { 1 }, 4, emptySet(), null, object : GenerationListener {
             override fun onError(error: Exception) { errors.add(error.javaClass.simpleName) }
         })
-        assertTrue(assertThrows<ContractError> { bad.await(60_000) }.message!!.contains("no room"))
-        assertEquals(listOf("ContractError"), errors)
+        assertTrue(assertThrows<BadInput> { bad.await(60_000) }.message!!.contains("no room"))
+        assertEquals(listOf("BadInput"), errors)
         assertTrue(s.closeGeneration())
     }
 
@@ -295,7 +295,7 @@ class GenerationTest {
         val stepsWhileHeld = Collections.synchronizedMap(HashMap<String, Int>())
         val genThreads = Collections.synchronizedSet(HashSet<String>())
         val job = s.startComparison(prompt, 4, emptySet(), ByteTokenizer(), object : GenerationListener {
-            override fun onToken(which: String, token: StreamedToken) {
+            override fun onToken(which: String, token: GeneratedToken) {
                 genThreads.add(Thread.currentThread().name)
                 if (token.index == 0) {
                     val at = progress.get()
@@ -309,7 +309,7 @@ class GenerationTest {
         val c = job.await(120_000)
         trainer.join(120_000)
         failure.get()?.let { throw it }
-        assertEquals("completed", outcome.get().status, outcome.get().message)
+        assertEquals(RunStatus.COMPLETED, outcome.get().status, outcome.get().message)
         for (which in listOf("before", "after"))
             assertTrue((stepsWhileHeld[which] ?: 0) >= 3, "steps reported while $which held its first token: $stepsWhileHeld")
         assertEquals(setOf("trainer"), stepThreads)
@@ -320,7 +320,7 @@ class GenerationTest {
         val k = c.after.stateStep!!
         assertTrue(k in 4..8, "after ran on step $k (after before's hold, before the trainer's wait at step 8)")
         val shorter = session(newRun("live", k + 1))
-        assertEquals("paused", shorter.run(RunControl { shorter.completed >= k }).status)
+        assertEquals(RunStatus.PAUSED, shorter.run(RunControl { shorter.completed >= k }).status)
         assertEquals(expected(shorter.loop.state), c.after.ids, "after: the state of step $k")
         assertEquals(StopReason.MAX_NEW_TOKENS, c.after.stopReason)
         assertTrue(s.closeGeneration(drainMs = 60_000))
@@ -340,7 +340,7 @@ class GenerationTest {
         val times = Collections.synchronizedMap(HashMap<String, MutableList<Long>>())
         val c = s.compare(prompt, n, emptySet(), null, GenerationControl(), object : GenerationListener {
             override fun onStart(which: String, stateStep: Long) { times[which] = arrayListOf(System.nanoTime()) }
-            override fun onToken(which: String, token: StreamedToken) { times.getValue(which).add(System.nanoTime()) }
+            override fun onToken(which: String, token: GeneratedToken) { times.getValue(which).add(System.nanoTime()) }
         })
         assertEquals(n, c.before.ids.size)
         assertEquals(n, c.after.ids.size)
@@ -377,7 +377,7 @@ class GenerationTest {
         while (progress.get() < atEnd + 2 && System.nanoTime() < deadline) Thread.sleep(1)
         stop.set(true)
         trainer.join(120_000)
-        assertEquals("paused", outcome.get().status, outcome.get().message)
+        assertEquals(RunStatus.PAUSED, outcome.get().status, outcome.get().message)
         assertTrue(progress.get() >= atEnd + 2, "training goes on after the generation")
         assertTrue(s.gate.trainingWaits >= 1, "training gave way to the generation")
         for (which in listOf("before", "after")) {
