@@ -3,7 +3,7 @@ package org.onphonellm.trainer.core
 import java.io.File
 
 /**
- * Where a run stands: the app's flat state array (contract v3: [StateBuffer]) plus the position in the run.
+ * Where a run stands: the app's flat state array ([StateBuffer]) plus the position in the run.
  * Same file as the host runner's (toolchain/training/checkpoint.py): safetensors with one F32 tensor
  * "state" [N] and `__metadata__.meta` = JSON {"step", "run_id", "seq", "losses"}, so either side can
  * resume the other's run.

@@ -5,7 +5,7 @@ import java.util.concurrent.locks.ReentrantLock
 import kotlin.concurrent.withLock
 
 /**
- * A contract-v3 training run on the phone, what the app's service drives (the host's program trainer,
+ * A training run on the phone, what the app's service drives (the host's program trainer,
  * toolchain/training/program.py, does the same): the run's rows (made on the phone from the user's text,
  * [PreparedData]), state from the run's checkpoint or state_init.bin, the held-out loss of the initial
  * adapter, then per step the row of DataOrder (shuffled per epoch as the host does), the layers of the
@@ -39,6 +39,8 @@ class TrainingSession(
     private val clock: Clock = Clock.System,
     private val listener: SessionListener = object : SessionListener {},
     private val signals: MemorySignals = MemorySignals.NONE,
+    /** A generation beside training goes first: training's calls wait while one is in progress ([RuntimeGate]; a test's own clock). */
+    val gate: RuntimeGate = RuntimeGate(),
 ) : GenerationSource {
     val spec: RunSpec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
     val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
@@ -48,8 +50,6 @@ class TrainingSession(
     val plan: StepPlan? = spec.plan(program)
     /** Every program call of this session's loops holds it. */
     private val runtimeLock = ReentrantLock(true)
-    /** A generation beside training goes first: training's calls wait while one is in progress ([RuntimeGate]). */
-    val gate = RuntimeGate()
     /** Held while the live state is written (a step, a restore) and while a generation copies it: snapshots are of whole steps. */
     private val stateLock = ReentrantLock(true)
     /** The live state (trained in place). */

@@ -11,7 +11,7 @@ import java.nio.ByteOrder
 
 /**
  * The evaluation gate and the memory-pressure policy: the pure decisions against the host's definitions
- * (docs/training.md, toolchain/training/gate.py, toolchain/memory/fallback.py), then sessions on the v3 trace
+ * (docs/training.md, toolchain/training/gate.py, toolchain/memory/fallback.py), then sessions on the trace
  * program made to diverge (losses that grow, NaN), to improve, and to meet memory pressure.
  */
 class GateTest {

@@ -10,7 +10,7 @@ import java.nio.ByteBuffer
 import java.nio.channels.FileChannel
 
 /**
- * The v3 layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
+ * The layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
  * host ran shared_schemas/traces/v3_tiny/program on ExecuTorch through its own loop
  * (scripts/record_trace.py) and recorded every call. The Kotlin LayerLoop runs the same steps (full
  * backprop, LCSB with layers chosen at run time, eval, greedy generation) on that program's manifest,
@@ -558,7 +558,7 @@ class ReplayTest {
         val train = rows(trace, "rows")
         val steps = trace.doc.arr("steps").map { Fields.of(it, "step") }.filter { it.string("kind") == "train" }
         val lr = trace.doc.double("lr").toFloat()
-        val dir = kotlin.io.path.createTempDirectory("v3resume").toFile()
+        val dir = kotlin.io.path.createTempDirectory("resume").toFile()
         try {
             val store = CheckpointStore(File(dir, "checkpoint.safetensors"))
             fun run(loop: LayerLoop, from: Int, to: Int) {

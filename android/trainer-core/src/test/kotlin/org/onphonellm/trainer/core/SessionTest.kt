@@ -13,7 +13,7 @@ import java.nio.ByteOrder
 import java.security.MessageDigest
 
 /**
- * The v3 training session (what the app's service runs) on the trace's real program (manifest, mapped
+ * The training session (what the app's service runs) on the trace's real program (manifest, mapped
  * weights, state_init.bin, adapter_init/) with a runtime whose outputs are a pure function of the inputs'
  * bytes: any change in what the session feeds a method (row, layers, lr, state) changes every later
  * output, so "a resumed run ends in the same state as an uninterrupted one" is a real check. The loop's
@@ -532,7 +532,7 @@ class SessionTest {
     }
 
     /**
-     * Files for the host to read (android/test.sh -Dinterop.dir, then android/interop_check.py with the v3
+     * Files for the host to read (android/test.sh -Dinterop.dir, then android/interop_check.py with the
      * trace manifest): a checkpoint (state[i] = i / 1024, exact in float32) and the adapter of that state.
      */
     @Test fun `checkpoint and adapter files for the host runner`() {

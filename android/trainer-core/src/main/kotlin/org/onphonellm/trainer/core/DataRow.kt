@@ -36,12 +36,18 @@ class DataRow(val inputIds: IntArray, val labels: IntArray) {
     }
 
     /** input_ids padded with [padId] and labels with -100 to [seqLen], as the program's int64[T] inputs. */
-    fun padded(seqLen: Int, padId: Int): Pair<LongArray, LongArray> {
+    fun padded(seqLen: Int, padId: Int): PaddedRow {
         require(inputIds.size <= seqLen) { "row of ${inputIds.size} tokens does not fit seq_len $seqLen" }
         val ids = LongArray(seqLen) { if (it < inputIds.size) inputIds[it].toLong() else padId.toLong() }
         val lab = LongArray(seqLen) { if (it < labels.size) labels[it].toLong() else IGNORE.toLong() }
-        return ids to lab
+        return PaddedRow(ids, lab)
     }
+}
+
+/** A [DataRow] padded to seq_len ([DataRow.padded]): input_ids with the pad id, labels with -100, the program's int64[T] inputs. */
+class PaddedRow(val inputIds: LongArray, val labels: LongArray) {
+    operator fun component1(): LongArray = inputIds
+    operator fun component2(): LongArray = labels
 }
 
 /** All rows of a JSONL file, every line checked before training starts (blank lines are skipped). */
@@ -54,29 +60,4 @@ fun readDataset(reader: BufferedReader, name: String, vocab: Int, seqLen: Int): 
     }
     if (rows.isEmpty()) throw BadInput("$name has no rows")
     return rows
-}
-
-/**
- * Row index of each step (toolchain/training/order.py): file order, cycling; with a seed, the rows of
- * epoch e are permutation(rows, seed + e) (SplitMix64 + Fisher-Yates, [permutation]), the host's rule,
- * so a seeded run visits the same rows on the host and on the phone. A function of the step, so a
- * resumed run sees the same rows as an uninterrupted one.
- */
-class DataOrder(private val nRows: Int, private val seed: Long?) {
-    private var epoch = -1L
-    private var perm = IntArray(0)
-
-    init { if (nRows < 1) throw BadInput("no training rows: the data has no example to train on") }
-
-    fun rowForStep(step: Long): Int {
-        require(step >= 0) { "step $step" }
-        val e = step / nRows
-        val i = (step % nRows).toInt()
-        if (seed == null) return i
-        if (e != epoch) {  // one permutation alive at a time
-            perm = permutation(nRows, seed + e)
-            epoch = e
-        }
-        return perm[i]
-    }
 }

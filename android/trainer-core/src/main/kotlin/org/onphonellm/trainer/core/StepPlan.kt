@@ -4,7 +4,7 @@ package org.onphonellm.trainer.core
  * An LCSB step plan (shared_schemas/step_plan.schema.json): step s backpropagates through
  * phases[schedule[s % len(schedule)]] ([layersAt]), except that a step s < [warmup] (a full-backprop warm-up)
  * backpropagates through every layer (the global step index: the schedule does not restart); the others run forward only (and `block_skip_update`
- * when the optimizer moves unselected layers). Contract v3 chooses the layers at run time: any plan
+ * when the optimizer moves unselected layers). The app chooses the layers at run time: any plan
  * fits any program with as many layers.
  */
 data class StepPlan(
@@ -58,4 +58,50 @@ data class StepPlan(
             return StepPlan(layers, policy, k, f.optLong("seed"), phases, schedule, warmup)
         }
     }
+}
+
+/**
+ * The layers a step backpropagates under a plan (toolchain StepPlan.layers_at): every layer while step < warmup,
+ * else phases[schedule[step % len]].
+ */
+fun StepPlan.layersAt(step: Long): Set<Int> =
+    if (step < warmup) (0 until layers).toSet() else phases[schedule[(step % schedule.size).toInt()]].toSet()
+
+/**
+ * StepPlan of a policy, as toolchain/lcsb/plan.py `make_plan` builds it: cyclic, strided, last, anchored (the last k - 1
+ * layers plus one of 0..L-k, ascending), full, and random
+ * (step t < [period] selects the first k of `permutation(layers, seed + t)`, sorted; equal draws share one phase;
+ * [seed] default 0, [period] default 4 * ceil(layers / k); the seed sum wraps modulo 2^64 as SplitMix64 takes it).
+ * [warmup]: full-backprop steps before the plan (steps < warmup use every layer); default 0.
+ */
+fun StepPlan.Companion.make(layers: Int, k: Int?, policy: String, seed: Long? = null, period: Int? = null, warmup: Long = 0): StepPlan {
+    if (warmup < 0) throw BadInput("an LCSB warm-up must be >= 0 steps, got $warmup")
+    if (policy !in POLICIES) throw BadInput("unknown LCSB policy '$policy'; choose ${POLICIES.joinToString()}")
+    if (layers < 1) throw BadInput("layers must be >= 1, got $layers")
+    val kk = if (policy == "full") layers else k ?: throw BadInput("the $policy policy needs k (layers per step)")
+    if (kk !in 1..layers) throw BadInput("k = $kk is outside 1..$layers (the model's layers); choose k <= $layers")
+    if (policy != "random" && (seed != null || period != null)) throw BadInput("seed and period only apply to the random policy, not '$policy'")
+    val groups = (layers + kk - 1) / kk
+    val phases = when (policy) {
+        "cyclic" -> (0 until groups).map { i -> (layers * i / groups until layers * (i + 1) / groups).toList() }
+        "strided" -> (0 until groups).map { i -> (i until layers step groups).toList() }
+        "last" -> listOf((layers - kk until layers).toList())
+        "anchored" -> (0..layers - kk).map { j -> listOf(j) + (layers - kk + 1 until layers).toList() }
+        "full" -> listOf((0 until layers).toList())
+        else -> return randomPlan(layers, kk, seed ?: 0L, period ?: (4 * groups)).copy(warmup = warmup)
+    }
+    return StepPlan(layers, policy, kk, null, phases, phases.indices.toList(), warmup)
+}
+
+private fun randomPlan(layers: Int, k: Int, seed: Long, period: Int): StepPlan {
+    if (period < 1) throw BadInput("period must be >= 1, got $period")
+    val phases = ArrayList<List<Int>>()
+    val schedule = ArrayList<Int>(period)
+    for (step in 0 until period) {
+        val draw = permutation(layers, seed + step).take(k).sorted()
+        var at = phases.indexOf(draw)
+        if (at < 0) { phases.add(draw); at = phases.size - 1 }
+        schedule.add(at)
+    }
+    return StepPlan(layers, "random", k, seed, phases, schedule)
 }
