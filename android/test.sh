@@ -22,7 +22,8 @@
 # issue 25: program import and verify-once, saved screen state, capped reads, error events, charging runs
 # (PhoneTest), buffer reuse with a counting fake runtime (ReplayTest); issue 42's first-run fixes: the capped and
 # cancellable held-out pass, per-step checkpoints in charging windows (SessionTest, ChargingTest), generation beside
-# training at >= 40% of the idle decode rate with timed fake calls (GenerationTest), Start / Stop states and the
+# training: no training call while a generation's consumer is within the gate's grace, on the gate's own clock, and
+# the decode rate with timed fake calls printed (GenerationTest), Start / Stop states and the
 # crash-replay guard (RunStartTest), checkpoints through direct buffers (CheckpointTest); issue 43's feedback records
 # (FeedbackTest, then validated with the schema by scripts/apps/check_feedback.py). The Qwen2.5 tokenizer.json is written
 # into the cache by the repository's .venv; the tests needing it are skipped, and counted as such, without it.

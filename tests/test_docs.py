@@ -78,3 +78,16 @@ def test_glossary_table_equals_json() -> None:
             name = entry[lang]
             assert (name is None and "none" in cell) or (name is not None and cell.startswith(f"`{name}`")), \
                 (concept, lang, cell)
+
+
+def test_glossary_kotlin_names_are_the_codes() -> None:
+    """Every Kotlin name of the glossary (the target and its related names) is a type the Android code declares:
+    the Kotlin renames are done, and a later rename that forgets the glossary fails here."""
+    import json
+
+    glossary = json.loads((ROOT / "docs" / "glossary.json").read_text(encoding="utf-8"))
+    source = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "android").rglob("*.kt"))
+                       if "host-stubs" not in p.parts)
+    declared = set(re.findall(r"^(?:[a-z]+ )*(?:class|interface|object) (\w+)", source, re.MULTILINE))
+    names = [n for entry in glossary.values() for n in [entry["kotlin"], *entry.get("related", {}).get("kotlin", [])] if n]
+    assert names and [n for n in names if n not in declared] == []

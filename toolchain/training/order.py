@@ -4,7 +4,7 @@ File order, cycling; with a seed, a fresh permutation per pass over the data ("e
 `toolchain.text.shuffle.permutation(rows, seed + epoch)` (SplitMix64 + Fisher-Yates). The row of a step is
 a function of the step alone, so a resumed run sees the rows an uninterrupted one would, `--steps` can
 be extended on resume (the order of the first steps does not depend on the total), and nothing is
-allocated per step in advance. The apps' trainer cores (android/trainer-core Data.kt, ios/TrainerCore Data.swift)
+allocated per step in advance. The apps' trainer cores (android/trainer-core DataOrder.kt, ios/TrainerCore Data.swift)
 compute the same permutations, so a seeded run visits the same rows on the host and on a phone.
 """
 

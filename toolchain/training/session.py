@@ -1,5 +1,5 @@
 """The host session: one exported program directory loaded once, trained, evaluated and generated from on
-that one program and state, the host twin of the apps' `TrainingSession` (android/trainer-core Session.kt,
+that one program and state, the host twin of the apps' `TrainingSession` (android/trainer-core TrainingSession.kt,
 ios/TrainerCore TrainingSession.swift). `toolchain eval`, `generate`, `train --program` and `demo` run it.
 
     session = TrainingSession(program_dir)            # the program directory, checked (`ProgramDir`)

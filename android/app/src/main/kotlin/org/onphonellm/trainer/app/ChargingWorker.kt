@@ -8,10 +8,7 @@ import android.content.pm.ServiceInfo
 import android.os.Build
 import android.os.SystemClock
 import android.util.Log
-import androidx.work.Constraints
-import androidx.work.ExistingPeriodicWorkPolicy
 import androidx.work.ForegroundInfo
-import androidx.work.PeriodicWorkRequest
 import androidx.work.WorkManager
 import androidx.work.Worker
 import androidx.work.WorkerParameters
@@ -19,7 +16,6 @@ import org.onphonellm.trainer.core.ChargingRuns
 import org.onphonellm.trainer.core.RunSlot
 import org.onphonellm.trainer.core.Runs
 import java.io.File
-import java.util.concurrent.TimeUnit
 
 /**
  * "Train while charging": WorkManager periodic work (every 15 min, the shortest period it allows) with the
@@ -100,25 +96,5 @@ class ChargingWorker(context: Context, params: WorkerParameters) : Worker(contex
         private const val TAG = "ChargingWorker"
         private const val CHANNEL = "charging"
         private const val NOTIFICATION_ID = 2
-    }
-}
-
-/** The switch: stored in preferences, and the periodic work enqueued (KEEP) or cancelled with it. */
-object ChargingSchedule {
-    private const val PREFS = "trainer"
-    private const val KEY = "train_while_charging"
-
-    fun enabled(context: Context): Boolean = context.getSharedPreferences(PREFS, Context.MODE_PRIVATE).getBoolean(KEY, false)
-
-    fun set(context: Context, on: Boolean) {
-        context.getSharedPreferences(PREFS, Context.MODE_PRIVATE).edit().putBoolean(KEY, on).apply()
-        val wm = WorkManager.getInstance(context)
-        if (!on) { wm.cancelUniqueWork(ChargingRuns.WORK_NAME); return }
-        val constraints = Constraints.Builder()
-            .setRequiresCharging(ChargingRuns.REQUIRES_CHARGING)
-            .setRequiresDeviceIdle(ChargingRuns.REQUIRES_IDLE)
-            .build()
-        val work = PeriodicWorkRequest.Builder(ChargingWorker::class.java, 15, TimeUnit.MINUTES).setConstraints(constraints).build()
-        wm.enqueueUniquePeriodicWork(ChargingRuns.WORK_NAME, ExistingPeriodicWorkPolicy.KEEP, work)
     }
 }

@@ -6,10 +6,10 @@ import org.onphonellm.trainer.core.Compute
 import org.onphonellm.trainer.core.ElemType
 import org.onphonellm.trainer.core.KernelPath
 import org.onphonellm.trainer.core.LayerLoop
-import org.onphonellm.trainer.core.TensorBuffer
+import org.onphonellm.trainer.core.Manifest
 import org.onphonellm.trainer.core.OutputBuffers
 import org.onphonellm.trainer.core.ProgramRuntime
-import org.onphonellm.trainer.core.Manifest
+import org.onphonellm.trainer.core.TensorBuffer
 import org.pytorch.executorch.EValue
 import org.pytorch.executorch.ExecutorchRuntimeException
 import org.pytorch.executorch.Module
@@ -20,7 +20,7 @@ import java.nio.FloatBuffer
 import org.pytorch.executorch.DType as EtDType
 
 /**
- * A contract-v3 program on the stock ExecuTorch Android runtime (`org.pytorch:executorch-android`), for
+ * A program on the stock ExecuTorch Android runtime (`org.pytorch:executorch-android`), for
  * trainer-core's [org.onphonellm.trainer.core.LayerLoop] (driven by [org.onphonellm.trainer.core.TrainingSession]
  * in [TrainingService]); compiled against the API stubs in android/host-stubs, not run here.
  *

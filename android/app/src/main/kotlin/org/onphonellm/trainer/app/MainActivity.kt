@@ -21,16 +21,16 @@ import android.widget.ScrollView
 import android.widget.Spinner
 import android.widget.TextView
 import org.onphonellm.trainer.core.EvalPair
+import org.onphonellm.trainer.core.Manifest
 import org.onphonellm.trainer.core.PreparedData
 import org.onphonellm.trainer.core.ProgramImport
-import org.onphonellm.trainer.core.Manifest
-import org.onphonellm.trainer.core.ScreenState
-import org.onphonellm.trainer.core.TextImport
-import org.onphonellm.trainer.core.VerifyCache
 import org.onphonellm.trainer.core.RunOverview
 import org.onphonellm.trainer.core.Runs
-import org.onphonellm.trainer.core.TextTokenizer
+import org.onphonellm.trainer.core.ScreenState
 import org.onphonellm.trainer.core.StateCheckpoints
+import org.onphonellm.trainer.core.TextImport
+import org.onphonellm.trainer.core.TextTokenizer
+import org.onphonellm.trainer.core.VerifyCache
 import java.io.File
 
 /**
@@ -89,7 +89,7 @@ class MainActivity : Activity() {
     private lateinit var resumeButton: Button
     private lateinit var generateButton: Button
     private lateinit var cancelButton: Button
-    /** Keep / edit / discard under the generation, and the feedback file's export (FeedbackUi.kt). */
+    /** Keep / edit / discard under the generation, and the feedback file's export (FeedbackBar.kt). */
     private lateinit var feedback: FeedbackBar
     /** A generation update is posted to the main thread and not shown yet (coalesces a burst of tokens into one). */
     private val generationPosted = java.util.concurrent.atomic.AtomicBoolean(false)
@@ -537,18 +537,4 @@ class MainActivity : Activity() {
         private const val IMPORT_TREE = 3
         private val LCSB_POLICIES = listOf("cyclic", "strided", "last", "anchored", "random")
     }
-}
-
-/** The program import in progress (process-wide: it outlives a rotation of the Activity that started it). */
-object ImportStatus {
-    @Volatile var running = false
-    @Volatile var cancel = false
-    @Volatile var name: String? = null
-    @Volatile var copied = 0L
-    @Volatile var total = 0L
-    /** The outcome, until a screen has shown it. */
-    @Volatile var message: String? = null
-    @Volatile var imported: String? = null
-
-    fun begin() { running = true; cancel = false; name = null; copied = 0; total = 0; message = null; imported = null }
 }

@@ -1,39 +1,28 @@
 package org.onphonellm.trainer.app
 
 import android.content.Context
-import android.content.Intent
-import android.content.IntentFilter
-import android.os.BatteryManager
-import android.os.Build
 import android.os.PowerManager
 import android.util.Log
-import org.onphonellm.trainer.core.ChargingRuns
 import org.onphonellm.trainer.core.CheckpointStore
 import org.onphonellm.trainer.core.Clock
 import org.onphonellm.trainer.core.ErrorReport
-import org.onphonellm.trainer.core.FileIdentity
-import org.onphonellm.trainer.core.FileIdentitySource
 import org.onphonellm.trainer.core.EventLog
-import org.onphonellm.trainer.core.GenerateTarget
 import org.onphonellm.trainer.core.GateDecision
-import org.onphonellm.trainer.core.GeneratedText
-import org.onphonellm.trainer.core.GenerationSource
-import org.onphonellm.trainer.core.GenerationJob
-import org.onphonellm.trainer.core.GenerationListener
+import org.onphonellm.trainer.core.GenerateTarget
+import org.onphonellm.trainer.core.Generation
 import org.onphonellm.trainer.core.Json
 import org.onphonellm.trainer.core.LayerLoop
-import org.onphonellm.trainer.core.MappedWeights
 import org.onphonellm.trainer.core.Manifest
+import org.onphonellm.trainer.core.MappedWeights
 import org.onphonellm.trainer.core.ProgramGeneration
-import org.onphonellm.trainer.core.Prompts
 import org.onphonellm.trainer.core.RunControl
 import org.onphonellm.trainer.core.RunDir
 import org.onphonellm.trainer.core.RunOutcome
 import org.onphonellm.trainer.core.RunSpec
+import org.onphonellm.trainer.core.RunStatus
 import org.onphonellm.trainer.core.Runs
 import org.onphonellm.trainer.core.SessionListener
 import org.onphonellm.trainer.core.StartPhase
-import org.onphonellm.trainer.core.StreamedToken
 import org.onphonellm.trainer.core.TelemetryEndpoint
 import org.onphonellm.trainer.core.TextTokenizer
 import org.onphonellm.trainer.core.TrainingSession
@@ -65,7 +54,7 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
     private fun startCancelled(): RunOutcome? {
         if (TrainingStatus.start.shouldContinue()) return null
         TrainingStatus.message = "start cancelled" + (currentPhase?.let { " (while ${it.label.lowercase()})" } ?: "")
-        return RunOutcome("cancelled", 0, null, TrainingStatus.message)
+        return RunOutcome(RunStatus.CANCELLED, 0, null, TrainingStatus.message)
     }
 
     fun run(req: RunRequest, base: File, control: RunControl, decide: (RunDir) -> String? = { null }): RunOutcome? {
@@ -147,10 +136,10 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
                     if (!TrainingStatus.start.running()) return startCancelled()
                     val outcome = session.run(control)
                     TrainingStatus.running = false  // training is over; a generation may still be running (drained below)
-                    TrainingStatus.message = if (outcome.status == "failed") ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
+                    TrainingStatus.message = if (outcome.status == RunStatus.FAILED) ErrorReport(outcome.message, ExecuTorchRuntime.readLog()).display()
                         else "${outcome.status}: ${TrainingStatus.stopReason ?: outcome.message}"
                     TrainingStatus.evalAfter = session.evals.after
-                    if (outcome.status == "paused") AppState.setPaused(ctx, outcome.message)
+                    if (outcome.status == RunStatus.PAUSED) AppState.setPaused(ctx, outcome.message)
                     return outcome
                 } finally {
                     // No new generation on this session; let the one running end (cancelled after the drain) before the runtime closes.
@@ -285,107 +274,5 @@ class SessionRunner(private val ctx: Context, private val notify: (String, Int, 
         private const val TAG = "Trainer"
         /** How long a session's end waits for its generation to finish by itself (then it is cancelled). */
         const val GENERATION_DRAIN_MS = 10 * 60_000L
-    }
-}
-
-/** The phone's charging state and battery level (the sticky ACTION_BATTERY_CHANGED broadcast: no receiver kept). */
-object Battery {
-    fun charging(ctx: Context): Boolean {
-        if (Build.VERSION.SDK_INT >= 23) return (ctx.getSystemService(Context.BATTERY_SERVICE) as BatteryManager).isCharging
-        val i: Intent = ctx.registerReceiver(null, IntentFilter(Intent.ACTION_BATTERY_CHANGED)) ?: return false
-        val s = i.getIntExtra(BatteryManager.EXTRA_STATUS, -1)
-        return s == BatteryManager.BATTERY_STATUS_CHARGING || s == BatteryManager.BATTERY_STATUS_FULL
-    }
-
-    fun percent(ctx: Context): Double? =
-        (ctx.getSystemService(Context.BATTERY_SERVICE) as BatteryManager).getIntProperty(BatteryManager.BATTERY_PROPERTY_CAPACITY)
-            .takeIf { it in 0..100 }?.toDouble()
-}
-
-/**
- * The open session generation requests go to, whoever runs it (the service's worker thread, or a charging
- * window's worker): a prompt that comes before a session is open waits in [TrainingStatus.pendingPrompt].
- */
-object LiveSessions {
-    /** [session]: a training session, or a program without a run ([ProgramGeneration]). */
-    class Live(val session: GenerationSource, val tok: TextTokenizer?, val chat: Boolean, val maxNewTokens: Int)
-
-    private const val TAG = "Trainer"
-    private val lock = Any()
-    private var live: Live? = null
-    private var job: GenerationJob? = null
-
-    val isLive: Boolean get() = synchronized(lock) { live != null }
-
-    /** A prompt to generate: to the open session's generation thread, else kept until a session is open. */
-    fun offerPrompt(prompt: String) = synchronized(lock) {
-        val l = live
-        if (l == null) TrainingStatus.pendingPrompt = prompt else startGeneration(l, prompt)
-    }
-
-    /** A session is open: generation requests go to it from now on (and a pending one starts). */
-    fun goLive(l: Live) = synchronized(lock) {
-        live = l
-        TrainingStatus.pendingPrompt?.let { startGeneration(l, it) }
-    }
-
-    /** The session ends: no new generation; the running one may finish within [drainMs], then it is cancelled. */
-    fun close(session: GenerationSource, drainMs: Long) {
-        synchronized(lock) { if (live?.session === session) live = null }
-        if (!session.closeGeneration(drainMs = drainMs)) Log.w(TAG, "the generation did not end; closing the runtime anyway")
-        synchronized(lock) { job = null }
-    }
-
-    /** A start failed before its session was open: a generation waiting for it is told so. */
-    fun failedBeforeLive(e: Throwable) {
-        if (TrainingStatus.generation.running && synchronized(lock) { job == null }) TrainingStatus.generation.failed("failed: ${e.message}")
-    }
-
-    /** Under [lock]: encode [prompt] and start the comparison on the session's generation thread (cancelling the one running). */
-    private fun startGeneration(l: Live, prompt: String) {
-        TrainingStatus.pendingPrompt = null
-        job?.cancel()
-        val status = TrainingStatus.generation
-        val tok = l.tok ?: run { status.failed("the program has no tokenizer: no generation"); return }
-        try {
-            val (ids, stop) = Prompts.encode(tok, prompt, l.chat)
-            val e = status.requested()  // this request's updates only: a superseded one's late callbacks are dropped
-            AppFeedback.cleared()
-            job = l.session.startComparison(ids, l.maxNewTokens, stop, tok, object : GenerationListener {
-                override fun onStart(which: String, stateStep: Long) = status.started(e, which, stateStep)
-                override fun onToken(which: String, token: StreamedToken) = status.token(e, which, token.text)
-                override fun onDone(which: String, result: GeneratedText) {
-                    status.done(e, which, result)
-                    if (which == "after" && e == status.epoch) AppFeedback.generated(prompt, l.chat, result)  // the feedback buttons' response
-                }
-                override fun onSkipped(which: String, reason: String) = status.skipped(e, which, reason)
-                override fun onError(error: Exception) {
-                    Log.e(TAG, "generation failed", error)
-                    status.failed("generation failed: ${error.message}", e)
-                }
-            })
-        } catch (e: Exception) {
-            status.failed("cannot generate: ${e.message}")
-        }
-    }
-
-    fun cancelGeneration() = synchronized(lock) {
-        TrainingStatus.pendingPrompt = null
-        val j = job
-        if (j != null && !j.isDone) j.cancel() else if (TrainingStatus.generation.running) TrainingStatus.generation.failed("cancelled")
-    }
-}
-
-/**
- * A file's identity with its inode ([FileIdentity.key] = "device:inode", android.system.Os.stat, API 21) and
- * its modification time in ms (java.io.File: Os.stat's st_mtime has whole seconds below API 27): a file
- * replaced by another (a re-import, a push) is seen even with the same size and time. Null when it is gone.
- */
-object OsFileIdentity : FileIdentitySource {
-    override fun identity(file: File): FileIdentity? = try {
-        val st = android.system.Os.stat(file.path)
-        FileIdentity(st.st_size, file.lastModified(), "${st.st_dev}:${st.st_ino}")
-    } catch (e: android.system.ErrnoException) {
-        null
     }
 }

@@ -233,14 +233,3 @@ fun runInfo(context: Context, totalRam: Long): Map<String, Any?> = linkedMapOf(
     "platform" to "android", "device_model" to Build.MODEL, "os" to "Android ${Build.VERSION.RELEASE} (API ${Build.VERSION.SDK_INT})",
     "total_ram_bytes" to totalRam, "app_version" to context.packageManager.getPackageInfo(context.packageName, 0).versionName,
 )
-
-/** What must survive the process: a run paused by the system (the Activity offers Resume). */
-object AppState {
-    private const val PREFS = "trainer"
-
-    fun setPaused(context: Context, message: String?) {
-        context.getSharedPreferences(PREFS, Context.MODE_PRIVATE).edit().putString("paused", message).apply()
-    }
-
-    fun paused(context: Context): String? = context.getSharedPreferences(PREFS, Context.MODE_PRIVATE).getString("paused", null)
-}

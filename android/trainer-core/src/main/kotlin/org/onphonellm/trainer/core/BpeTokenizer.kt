@@ -63,7 +63,7 @@ class BpeTokenizer private constructor(
     fun decodeBytes(ids: List<Int>): ByteArray {
         val bytes = java.io.ByteArrayOutputStream()
         for (id in ids) {
-            val tok = addedById[id] ?: idToToken.getOrNull(id) ?: throw ContractError("token id $id is outside the vocabulary")
+            val tok = addedById[id] ?: idToToken.getOrNull(id) ?: throw BadInput("token id $id is outside the vocabulary")
             val mapped = ByteArray(tok.length)
             var ok = true
             var n = 0
@@ -118,7 +118,7 @@ class BpeTokenizer private constructor(
             parts[best] = parts[best] + parts[best + 1]
             parts.removeAt(best + 1)
         }
-        return IntArray(parts.size) { vocab[parts[it]] ?: throw ContractError("token '${parts[it]}' is not in the vocabulary (a merge without its token)") }
+        return IntArray(parts.size) { vocab[parts[it]] ?: throw BadInput("token '${parts[it]}' is not in the vocabulary (a merge without its token)") }
     }
 
     companion object {
@@ -152,7 +152,7 @@ class BpeTokenizer private constructor(
                     when {
                         n == 's' -> sb.append(if (inClass) WS else "[$WS]")
                         n == 'S' && !inClass -> sb.append("[^$WS]")
-                        n == 'S' -> throw ContractError("tokenizer regex: \\S inside a class is not supported")
+                        n == 'S' -> throw BadInput("tokenizer regex: \\S inside a class is not supported")
                         else -> sb.append(c).append(n)
                     }
                     i += 2
@@ -186,15 +186,15 @@ class BpeTokenizer private constructor(
         fun parse(doc: Json, where: String): BpeTokenizer {
             val root = Fields.of(doc, where)
             val model = root.obj("model")
-            if (model.string("type") != "BPE") throw ContractError("$where: model.type ${model.string("type")} is not BPE")
+            if (model.string("type") != "BPE") throw BadInput("$where: model.type ${model.string("type")} is not BPE")
             val vocab = HashMap<String, Int>(model.obj("vocab").obj.fields.size * 2)
-            for ((k, v) in model.obj("vocab").obj.fields) vocab[k] = (v as? Json.Num)?.asLongOrNull?.toInt() ?: throw ContractError("$where: vocab[$k]")
+            for ((k, v) in model.obj("vocab").obj.fields) vocab[k] = (v as? Json.Num)?.asLongOrNull?.toInt() ?: throw BadInput("$where: vocab[$k]")
             val merges = HashMap<String, Int>(model.arr("merges").size * 2)
             for ((rank, mj) in model.arr("merges").withIndex()) {
                 val (a, b) = when (mj) {
                     is Json.Arr -> Pair((mj.items[0] as Json.Str).value, (mj.items[1] as Json.Str).value)
                     is Json.Str -> mj.value.split(' ', limit = 2).let { Pair(it[0], it[1]) }
-                    else -> throw ContractError("$where: merges[$rank] is neither a pair nor a string")
+                    else -> throw BadInput("$where: merges[$rank] is neither a pair nor a string")
                 }
                 val key = a + SEP + b
                 if (key !in merges) merges[key] = rank  // the first merge of a pair wins (Map.putIfAbsent is API 24)
@@ -206,7 +206,7 @@ class BpeTokenizer private constructor(
             val nfc = root.has("normalizer") && Fields.of(root.raw("normalizer"), "$where.normalizer").let { n ->
                 when (n.string("type")) {
                     "NFC" -> true
-                    else -> throw ContractError("$where: normalizer ${n.string("type")} is not supported (NFC or none)")
+                    else -> throw BadInput("$where: normalizer ${n.string("type")} is not supported (NFC or none)")
                 }
             }
             val pre = root.obj("pre_tokenizer")
@@ -214,13 +214,13 @@ class BpeTokenizer private constructor(
             var regex: String? = null
             for (s in steps) when (s.string("type")) {
                 "Split" -> {
-                    if (s.string("behavior") != "Isolated" || s.bool("invert")) throw ContractError("${s.where}: only Split Isolated is supported")
+                    if (s.string("behavior") != "Isolated" || s.bool("invert")) throw BadInput("${s.where}: only Split Isolated is supported")
                     regex = s.obj("pattern").string("Regex")
                 }
-                "ByteLevel" -> if (s.has("use_regex") && s.bool("use_regex")) throw ContractError("${s.where}: ByteLevel with its own regex is not supported")
-                else -> throw ContractError("${s.where}: pre-tokenizer ${s.string("type")} is not supported")
+                "ByteLevel" -> if (s.has("use_regex") && s.bool("use_regex")) throw BadInput("${s.where}: ByteLevel with its own regex is not supported")
+                else -> throw BadInput("${s.where}: pre-tokenizer ${s.string("type")} is not supported")
             }
-            val pattern = Pattern.compile(portableRegex(regex ?: throw ContractError("$where: no Split pre-tokenizer")))
+            val pattern = Pattern.compile(portableRegex(regex ?: throw BadInput("$where: no Split pre-tokenizer")))
             val ignore = model.has("ignore_merges") && model.bool("ignore_merges")
             return BpeTokenizer(vocab, merges, added, pattern, nfc, ignore)
         }

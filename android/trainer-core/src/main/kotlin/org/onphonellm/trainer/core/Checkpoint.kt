@@ -3,7 +3,7 @@ package org.onphonellm.trainer.core
 import java.io.File
 
 /**
- * Where a run stands: the app's flat state array (contract v3: [StateBuffer]) plus the position in the run.
+ * Where a run stands: the app's flat state array ([StateBuffer]) plus the position in the run.
  * Same file as the host runner's (toolchain/training/checkpoint.py): safetensors with one F32 tensor
  * "state" [N] and `__metadata__.meta` = JSON {"step", "run_id", "seq", "losses"}, so either side can
  * resume the other's run.
@@ -37,15 +37,15 @@ class CheckpointStore(val file: File) {
     fun loadInto(buffer: java.nio.ByteBuffer, expectedNumel: Int): Checkpoint {
         val parsed = try {
             Safetensors.readHeader(file)
-        } catch (e: ContractError) {
-            throw ContractError("checkpoint ${file.path} is unreadable (${e.message}); delete it to start the run over")
+        } catch (e: BadInput) {
+            throw BadInput("checkpoint ${file.path} is unreadable (${e.message}); delete it to start the run over")
         }
-        val e = parsed.entries["state"] ?: throw ContractError("checkpoint ${file.path} has no tensor 'state'")
+        val e = parsed.entries["state"] ?: throw BadInput("checkpoint ${file.path} has no tensor 'state'")
         val numel = (e.end - e.begin) / 4
         if (numel != expectedNumel.toLong()) {
-            throw ContractError("checkpoint ${file.path} has $numel state values, the program $expectedNumel; it belongs to another program")
+            throw BadInput("checkpoint ${file.path} has $numel state values, the program $expectedNumel; it belongs to another program")
         }
-        val meta = Fields.of(Json.parse(parsed.metadata["meta"] ?: throw ContractError("checkpoint ${file.path} has no run metadata")), "checkpoint meta")
+        val meta = Fields.of(Json.parse(parsed.metadata["meta"] ?: throw BadInput("checkpoint ${file.path} has no run metadata")), "checkpoint meta")
         val losses = meta.arr("losses").map { (it as? Json.Num)?.asDouble }
         val c = Checkpoint(FloatArray(0), meta.long("step"), meta.string("run_id"), meta.long("seq"), losses)
         Safetensors.readInto(file, parsed, "state", buffer)
@@ -56,14 +56,14 @@ class CheckpointStore(val file: File) {
     fun load(expectedNumel: Int): Checkpoint {
         val parsed = try {
             Safetensors.readHeader(file)
-        } catch (e: ContractError) {
-            throw ContractError("checkpoint ${file.path} is unreadable (${e.message}); delete it to start the run over")
+        } catch (e: BadInput) {
+            throw BadInput("checkpoint ${file.path} is unreadable (${e.message}); delete it to start the run over")
         }
         val state = Safetensors.readFloats(file, parsed, "state")
         if (state.size != expectedNumel) {
-            throw ContractError("checkpoint ${file.path} has ${state.size} state values, the program $expectedNumel; it belongs to another program")
+            throw BadInput("checkpoint ${file.path} has ${state.size} state values, the program $expectedNumel; it belongs to another program")
         }
-        val meta = Fields.of(Json.parse(parsed.metadata["meta"] ?: throw ContractError("checkpoint ${file.path} has no run metadata")), "checkpoint meta")
+        val meta = Fields.of(Json.parse(parsed.metadata["meta"] ?: throw BadInput("checkpoint ${file.path} has no run metadata")), "checkpoint meta")
         val losses = meta.arr("losses").map { (it as? Json.Num)?.asDouble }
         return Checkpoint(state, meta.long("step"), meta.string("run_id"), meta.long("seq"), losses)
     }

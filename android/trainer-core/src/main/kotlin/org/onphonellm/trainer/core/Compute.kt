@@ -40,7 +40,7 @@ object Compute {
     /** The manifest's `compute` ([raw]: the field's value, null when absent) checked: absent is fp32. */
     fun parse(raw: String?, where: String): String {
         val c = raw ?: FP32
-        if (c !in CHOICES) throw ContractError("$where: compute '$c' is not one of $CHOICES; re-export the program with this toolchain")
+        if (c !in CHOICES) throw BadInput("$where: compute '$c' is not one of $CHOICES; re-export the program with this toolchain")
         return c
     }
 
@@ -64,12 +64,12 @@ object Compute {
      * Refuse an fp16 program before loading it on a runtime that has no float16 GEMMs: [runtime] "coreml" never has
      * them (fp16 programs are ExecuTorch-only), "executorch" when [support] is [Fp16Support.NO]. Null: go on.
      */
-    fun refusal(program: Manifest, runtime: String, support: Fp16Support): ContractError? {
+    fun refusal(program: Manifest, runtime: String, support: Fp16Support): BadInput? {
         if (program.compute != FP16) return null
         return when {
-            runtime != "executorch" -> ContractError("${advice(program)}, which only the ExecuTorch runtime runs, not $runtime; " +
+            runtime != "executorch" -> BadInput("${advice(program)}, which only the ExecuTorch runtime runs, not $runtime; " +
                 "re-export the program with --compute fp32")
-            support == Fp16Support.NO -> ContractError("${advice(program)} and this phone's CPU has no float16 arithmetic " +
+            support == Fp16Support.NO -> BadInput("${advice(program)} and this phone's CPU has no float16 arithmetic " +
                 "(ARMv8.2 FP16), so ExecuTorch's XNNPACK has no float16 kernels for them; re-export the program with --compute fp32")
             else -> null
         }
@@ -81,10 +81,10 @@ object Compute {
      * (what a runtime without float16 kernels does); null: keep the original error (an fp32 program, a missing
      * operator, an allocation failure, ...).
      */
-    fun loadFailure(program: Manifest, method: String, errorCode: Int?, detail: String): ContractError? {
+    fun loadFailure(program: Manifest, method: String, errorCode: Int?, detail: String): BadInput? {
         if (program.compute != FP16) return null
         if (errorCode != null && errorCode !in DELEGATE_LOAD_ERRORS) return null
-        return ContractError("${advice(program)} and this ExecuTorch runtime has no float16 kernels for them (method $method " +
+        return BadInput("${advice(program)} and this ExecuTorch runtime has no float16 kernels for them (method $method " +
             "did not load: $detail); re-export the program with --compute fp32")
     }
 
@@ -117,14 +117,14 @@ object Compute {
      * the app's kernel probe found registered (null: the probe cannot tell, the methods' load then decides,
      * [kernelLoadFailure]). [advice]: how this platform gets a runtime with the kernels. Null: go on.
      */
-    fun kernelRefusal(program: Manifest, runtime: String, registered: Set<String>?, advice: String): ContractError? {
+    fun kernelRefusal(program: Manifest, runtime: String, registered: Set<String>?, advice: String): BadInput? {
         val needed = requiredKernels(program)
         if (needed.isEmpty()) return null
-        if (runtime != "executorch") return ContractError("${needs(program, needed)}, which only the ExecuTorch runtime has, not $runtime; " +
+        if (runtime != "executorch") return BadInput("${needs(program, needed)}, which only the ExecuTorch runtime has, not $runtime; " +
             "re-export the program with --compute fp32")
         val missing = needed - (registered ?: return null)
         if (missing.isEmpty()) return null
-        return ContractError("${needs(program, missing)}, which this app's ExecuTorch runtime does not have; $advice, " +
+        return BadInput("${needs(program, missing)}, which this app's ExecuTorch runtime does not have; $advice, " +
             "or re-export the program with --compute fp32")
     }
 
@@ -132,10 +132,10 @@ object Compute {
      * A method's load failure as [kernelRefusal]'s message when the method calls native kernels ([MethodSpec.kernels]) and
      * the runtime says an operator is missing ([errorCode] [ERROR_OPERATOR_MISSING]); null: keep the original error.
      */
-    fun kernelLoadFailure(program: Manifest, method: String, errorCode: Int?, detail: String, advice: String): ContractError? {
+    fun kernelLoadFailure(program: Manifest, method: String, errorCode: Int?, detail: String, advice: String): BadInput? {
         val kernels = program.methods[method]?.kernels ?: return null
         if (kernels.isEmpty() || errorCode != ERROR_OPERATOR_MISSING) return null
-        return ContractError("${needs(program, kernels)}, which this app's ExecuTorch runtime does not have (method $method did not load: " +
+        return BadInput("${needs(program, kernels)}, which this app's ExecuTorch runtime does not have (method $method did not load: " +
             "$detail); $advice, or re-export the program with --compute fp32")
     }
 

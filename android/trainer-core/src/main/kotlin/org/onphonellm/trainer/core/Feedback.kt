@@ -35,7 +35,7 @@ data class FeedbackRecord(
 ) {
     init {
         val p = FeedbackSchema.problems(toJson())
-        if (p.isNotEmpty()) throw ContractError("feedback record: ${p.joinToString("; ")}")
+        if (p.isNotEmpty()) throw BadInput("feedback record: ${p.joinToString("; ")}")
     }
 
     fun toJson(): Json = Json.of(linkedMapOf<String, Any?>().apply {
@@ -51,9 +51,9 @@ data class FeedbackRecord(
     companion object {
         /** One line of a feedback file; [where] names it in the error (file and line). */
         fun parse(line: String, where: String): FeedbackRecord {
-            val doc = try { Json.parse(line) } catch (e: ContractError) { throw ContractError("$where: ${e.message}") }
+            val doc = try { Json.parse(line) } catch (e: BadInput) { throw BadInput("$where: ${e.message}") }
             val p = FeedbackSchema.problems(doc)
-            if (p.isNotEmpty()) throw ContractError("$where: ${p.joinToString("; ")}")
+            if (p.isNotEmpty()) throw BadInput("$where: ${p.joinToString("; ")}")
             val f = Fields.of(doc, where)
             val messages = if (f.has("messages")) f.arr("messages").map { m ->
                 val mf = Fields.of(m, "$where.messages")
@@ -173,7 +173,7 @@ class FeedbackLog(val file: File) {
         }
     }
 
-    /** Every record (an invalid line: ContractError naming the line). */
+    /** Every record (an invalid line: BadInput naming the line). */
     fun records(): List<FeedbackRecord> = if (!file.isFile) emptyList() else
         file.readLines(Charsets.UTF_8).withIndex().filter { it.value.isNotBlank() }
             .map { (i, line) -> FeedbackRecord.parse(line, "${file.name} line ${i + 1}") }
@@ -220,14 +220,14 @@ class GenerationFeedback(val log: FeedbackLog, private val nowMs: () -> Long = {
 
     /**
      * The person tapped [action] ([edited]: the editor's text, for EDIT). Appends one record and returns it; refuses
-     * (ContractError) with nothing written when there is no generation to answer, it was answered already, or the
+     * (BadInput) with nothing written when there is no generation to answer, it was answered already, or the
      * edited text is empty.
      */
     @Synchronized
     fun record(action: FeedbackAction, edited: String? = null): FeedbackRecord {
-        val o = offer ?: throw ContractError("no finished generation to give feedback on")
-        answered?.let { throw ContractError("this generation has its feedback already (${it.wire})") }
-        if (action == FeedbackAction.EDIT && edited.isNullOrEmpty()) throw ContractError("the edited text is empty; discard the response instead")
+        val o = offer ?: throw BadInput("no finished generation to give feedback on")
+        answered?.let { throw BadInput("this generation has its feedback already (${it.wire})") }
+        if (action == FeedbackAction.EDIT && edited.isNullOrEmpty()) throw BadInput("the edited text is empty; discard the response instead")
         val a = if (action == FeedbackAction.EDIT && edited == o.response) FeedbackAction.ACCEPT else action
         val r = FeedbackRecord(
             prompt = if (o.chat) null else o.prompt,

@@ -7,47 +7,6 @@ import java.util.concurrent.locks.ReentrantLock
 import kotlin.concurrent.withLock
 
 /**
- * The runtime of a contract-v3 program: layer-generic methods, each a pure function of its inputs. The app
- * implements it with ExecuTorch (`Module.load(path, LOAD_MODE_MMAP)`, `Tensor.fromBlob` over the direct
- * buffers given here, `execute`); tests with a fake that replays a recorded trace. Inputs come in the
- * manifest's order and are views (the mapped weights, the state array, the app's activations): the
- * runtime reads them in place. Outputs, in the manifest's order, may live in the runtime's memory until
- * its next call: the loop copies what it keeps before calling again.
- *
- * Every implementation writes its outputs only after the method has run (it has read all of its inputs):
- * a destination the loop offers may be one of the same call's inputs ([executeInto]: a state entry the method
- * updates, the KV cache a block reads, and in a training step the activation buffer of head_loss's `x` or of
- * block_backward's incoming `d`, which [LayerLoop.trainStep] reuses for the new `d`). A runtime that wrote an
- * output while inputs are still to be read would hand the method a half-overwritten input.
- */
-interface ProgramRuntime {
-    fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer>
-
-    /**
-     * Whether every one of [kernels] (manifest names, e.g. `toolchain::int4_linear_a8.out`) is registered with
-     * this runtime, so methods listing them in `methods[].kernels` can run. The generation driver calls the
-     * fused methods (manifest generate.fused) only when this says yes ([LayerLoop.generationNames]). Default:
-     * no (stock ExecuTorch has none of them).
-     */
-    fun hasKernels(kernels: Collection<String>): Boolean = false
-
-    /**
-     * [execute], with a destination offered for each output: [into][i] (null: none) is a buffer of exactly
-     * output i's bytes (its state slice, or a pooled activation buffer of the loop's), [cacheInto][i] (null:
-     * none) the rows of the layer's KV cache a cache output goes to ([CacheRows]); nothing else reads either
-     * during the call. A runtime that writes output i into [into][i] returns [into][i] itself (the same object)
-     * in its place; one that writes its rows with [CacheRows.write] returns [cacheInto][i]'s [CacheRows.cache]:
-     * the loop then copies nothing. Any other output it returns the loop copies once, as after [execute]. A
-     * destination may be an input of the same call (a state entry the method updates, the cache a block reads,
-     * the activation buffer of head_loss's `x` or of block_backward's incoming `d` that a training step gives
-     * the new `d`: [LayerLoop.call]'s `into`): write outputs only after the method has run, never while an
-     * input may still be read. Default: [execute] (no output written in place; the loop copies after it returns).
-     */
-    fun executeInto(method: String, inputs: List<TensorBuffer>, into: List<TensorBuffer?>, cacheInto: List<CacheRows?>): List<TensorBuffer> =
-        execute(method, inputs)
-}
-
-/**
  * Where a KV-cache output goes (toolchain/runtime/loop.py `call_method`; Swift's `LoopOutput.CacheRows`): the
  * output [Hk, C, D] float32 of a prefill chunk (C rows) or of a decode step (1 row) is stored at rows
  * [pos] .. pos + [kept] - 1 of each kv head of the layer's [cache] [Hk, S, D]; rows at or past S (the padding of
@@ -61,8 +20,8 @@ class CacheRows(val cache: TensorBuffer, val heads: Int, val rows: Int, val dim:
 
     init {
         if (cache.shape.size != 3 || cache.dtype != ElemType.FLOAT32 || cache.shape[0] != heads || cache.shape[2] != dim || heads < 1 || dim < 1)
-            throw ContractError("$what [$heads, $rows, $dim] does not fit the KV cache ${cache.dtype}${cache.shape}; re-export the program")
-        if (pos < 0 || kept < 1) throw ContractError("$what: rows from $pos lie outside the KV cache of $cacheRows rows")
+            throw BadInput("$what [$heads, $rows, $dim] does not fit the KV cache ${cache.dtype}${cache.shape}; re-export the program")
+        if (pos < 0 || kept < 1) throw BadInput("$what: rows from $pos lie outside the KV cache of $cacheRows rows")
     }
 
     /** The output's bytes: [heads, rows, dim] float32. */
@@ -70,7 +29,7 @@ class CacheRows(val cache: TensorBuffer, val heads: Int, val rows: Int, val dim:
 
     /** The one copy: [source] (the output, little-endian [heads, rows, dim] float32 from position 0) into the cache rows. */
     fun write(source: ByteBuffer) {
-        if (source.capacity() != nbytes) throw ContractError("${cache.name}: an output of ${source.capacity()} bytes for rows [$heads, $rows, $dim]")
+        if (source.capacity() != nbytes) throw BadInput("${cache.name}: an output of ${source.capacity()} bytes for rows [$heads, $rows, $dim]")
         for (h in 0 until heads) copyBytes(source.window(4 * h * rows * dim, 4 * kept * dim), cache.data, 4 * (h * cacheRows + pos) * dim)
     }
 
@@ -79,7 +38,7 @@ class CacheRows(val cache: TensorBuffer, val heads: Int, val rows: Int, val dim:
      * `Tensor.getRawDataBuffer()`, in native order): one bulk put per kv head, no intermediate buffer.
      */
     fun write(source: FloatBuffer) {
-        if (source.capacity() != nbytes / 4) throw ContractError("${cache.name}: an output of ${source.capacity()} floats for rows [$heads, $rows, $dim]")
+        if (source.capacity() != nbytes / 4) throw BadInput("${cache.name}: an output of ${source.capacity()} floats for rows [$heads, $rows, $dim]")
         val dst = cache.data.duplicate().order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer()
         val src = source.duplicate()
         for (h in 0 until heads) {
@@ -113,7 +72,7 @@ class OutputBuffers(private val program: Manifest) {
 }
 
 /**
- * The v3 layer loop, exactly as toolchain/runtime/loop.py `LayerLoop` (and runtime/evaluate.py,
+ * The layer loop, exactly as toolchain/runtime/loop.py `LayerLoop` (and runtime/evaluate.py,
  * runtime/generate.py) run it: every input bound from the manifest (app inputs, activations, views of the
  * mapped weights with `{layer}` refs and `rows` slices, views of the one state buffer), outputs bound to
  * state entries copied into their slices, checkpoints kept only for the selected layers (or, with checkpoint
@@ -175,7 +134,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
     init {
         val missing = program.methods.values.flatMap { m -> m.inputs.filter { it.bind == "weight" }.map { it.refAt(0) } }
             .filter { it !in weights.tensors }.distinct()
-        if (missing.isNotEmpty()) throw ContractError("${weights.file}: lacks ${missing.take(3).joinToString()}; re-export the program")
+        if (missing.isNotEmpty()) throw BadInput("${weights.file}: lacks ${missing.take(3).joinToString()}; re-export the program")
     }
 
     private fun inputs(method: MethodSpec, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?): List<TensorBuffer> =
@@ -184,11 +143,11 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             val t = when (io.bind) {
                 "weight" -> io.rows?.let { (a, b) -> ioCache.getOrPut("$ref[$a:$b]") { weights.rows(ref, a, b) } } ?: weights[ref]
                 "state" -> state.view(ref)
-                "cache" -> cache?.get(ref) ?: throw ContractError("${method.name}: no KV cache '$ref' (generation only)")
-                else -> values[ref] ?: throw ContractError("${method.name}: no value for input ${io.name} ($ref)")
+                "cache" -> cache?.get(ref) ?: throw BadInput("${method.name}: no KV cache '$ref' (generation only)")
+                else -> values[ref] ?: throw BadInput("${method.name}: no value for input ${io.name} ($ref)")
             }
             if (t.shape != io.shape || t.dtype != io.dtype)
-                throw ContractError("${method.name} input ${io.name} ($ref) is ${t.dtype}${t.shape}, the manifest says ${io.dtype}${io.shape}; re-export the program")
+                throw BadInput("${method.name} input ${io.name} ($ref) is ${t.dtype}${t.shape}, the manifest says ${io.dtype}${io.shape}; re-export the program")
             t
         }
 
@@ -200,7 +159,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      * [into]: destinations for activation outputs, by the output's ref (e.g. "d"): the output is written into
      * that buffer's memory (the returned value is a view of it, with the output's name and shape) instead of a
      * pooled one (the host's `into=` of `_outputs` / `call_bound`). It must have the output's dtype and element
-     * count ([ContractError] otherwise), and may be one of this call's inputs: runtimes write outputs only after
+     * count ([BadInput] otherwise), and may be one of this call's inputs: runtimes write outputs only after
      * the method has run ([ProgramRuntime.executeInto]). The caller keeps owning it: this call never recycles it,
      * and the caller must not recycle it as the input it was either (it now holds the output).
      */
@@ -214,28 +173,28 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
     private fun callLocked(name: String, layer: Int?, values: Map<String, TensorBuffer>, cache: Map<String, TensorBuffer>?, pos: Int,
                            dests: Map<String, TensorBuffer>): Map<String, TensorBuffer> {
         // The weights file changed under its mapping (MappedWeights.checkChanged): never read it again.
-        weights.stale?.let { throw ContractError("$it while it was memory-mapped; the program is not run again: ${WEIGHTS_CHANGED_ADVICE}") }
+        weights.stale?.let { throw BadInput("$it while it was memory-mapped; the program is not run again: ${WEIGHTS_CHANGED_ADVICE}") }
         val method = program.method(name)
         val ins = inputs(method, layer, values, cache)
         for (ref in dests.keys) if (method.outputs.none { it.bind != "state" && it.bind != "cache" && it.ref == ref })
-            throw ContractError("$name has no activation output '$ref' to write into the buffer given for it")
+            throw BadInput("$name has no activation output '$ref' to write into the buffer given for it")
         // Where each output goes: state outputs into their slice, kept ones into the caller's destination for them
         // or a pooled buffer, cache rows into the layer's cache.
         val into = method.outputs.map { io ->
             when (io.bind) {
-                "state" -> state.view(io.refAt(layer)).also { if (it.numel != io.numel) throw ContractError("$name: ${io.name} ${io.shape} does not fit state entry ${it.name} ${it.shape}") }
+                "state" -> state.view(io.refAt(layer)).also { if (it.numel != io.numel) throw BadInput("$name: ${io.name} ${io.shape} does not fit state entry ${it.name} ${it.shape}") }
                 "cache" -> null
                 else -> dests[io.ref]?.let { d ->
                     if (d.dtype != io.dtype || d.numel != io.numel)
-                        throw ContractError("$name: the buffer given for ${io.name} (${io.ref}) is ${d.dtype}${d.shape}, the manifest says ${io.dtype}${io.shape}")
+                        throw BadInput("$name: the buffer given for ${io.name} (${io.ref}) is ${d.dtype}${d.shape}, the manifest says ${io.dtype}${io.shape}")
                     TensorBuffer(io.name, io.dtype, io.shape, d.data)
                 } ?: TensorBuffer(io.name, io.dtype, io.shape, take(io.numel * io.dtype.size))
             }
         }
         val cacheInto = method.outputs.map { io ->
             if (io.bind != "cache") null else {
-                val target = cache?.get(io.refAt(layer)) ?: throw ContractError("$name: no KV cache '${io.refAt(layer)}'")
-                if (io.shape.size != 3 || io.dtype != ElemType.FLOAT32) throw ContractError("$name: ${io.name} is ${io.dtype}${io.shape}, not float32 [Hk, C, D]; re-export the program")
+                val target = cache?.get(io.refAt(layer)) ?: throw BadInput("$name: no KV cache '${io.refAt(layer)}'")
+                if (io.shape.size != 3 || io.dtype != ElemType.FLOAT32) throw BadInput("$name: ${io.name} is ${io.dtype}${io.shape}, not float32 [Hk, C, D]; re-export the program")
                 CacheRows(target, io.shape[0], io.shape[1], io.shape[2], pos, "$name ${io.name}")
             }
         }
@@ -247,7 +206,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             throw e
         }
         if (outputs.size != method.outputs.size)
-            throw ContractError("$name returned ${outputs.size} outputs, the manifest lists ${method.outputs.size}; re-export the program")
+            throw BadInput("$name returned ${outputs.size} outputs, the manifest lists ${method.outputs.size}; re-export the program")
         val kept = HashMap<String, TensorBuffer>()
         for ((i, io) in method.outputs.withIndex()) {
             val value = outputs[i]
@@ -255,7 +214,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             val rows = cacheInto[i]
             if (rows != null && value === rows.cache) continue  // the runtime wrote the rows into the cache itself
             if (value.numel != io.numel || value.dtype != io.dtype)
-                throw ContractError("$name returned ${value.dtype}${value.shape} for ${io.name}, the manifest says ${io.dtype}${io.shape}; re-export the program")
+                throw BadInput("$name returned ${value.dtype}${value.shape} for ${io.name}, the manifest says ${io.dtype}${io.shape}; re-export the program")
             val inPlace = dest != null && value === dest
             when (io.bind) {
                 "state" -> if (!inPlace) { copyBytes(value.data, dest!!.data, 0); outputCopies++ }
@@ -296,7 +255,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      */
     fun pad(ids: IntArray, labels: IntArray): Pair<TensorBuffer, TensorBuffer> {
         val t = program.seqLen
-        if (ids.size > t || labels.size != ids.size) throw ContractError("a row of ${ids.size} tokens (${labels.size} labels) does not fit seq_len $t")
+        if (ids.size > t || labels.size != ids.size) throw BadInput("a row of ${ids.size} tokens (${labels.size} labels) does not fit seq_len $t")
         for (j in 0 until t) {
             idsBuf.data.putLong(8 * j, if (j < ids.size) ids[j].toLong() else program.padTokenId.toLong())
             labelsBuf.data.putLong(8 * j, if (j < labels.size) labels[j].toLong() else -100L)
@@ -306,7 +265,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
 
     /** [pad] of ids and labels given as longs. */
     fun pad(ids: List<Long>, labels: List<Long>): Pair<TensorBuffer, TensorBuffer> {
-        fun int(v: Long): Int = if (v in Int.MIN_VALUE..Int.MAX_VALUE) v.toInt() else throw ContractError("token id $v is outside the vocabulary")
+        fun int(v: Long): Int = if (v in Int.MIN_VALUE..Int.MAX_VALUE) v.toInt() else throw BadInput("token id $v is outside the vocabulary")
         return pad(IntArray(ids.size) { int(ids[it]) }, IntArray(labels.size) { int(labels[it]) })
     }
 
@@ -328,7 +287,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      */
     fun trainStep(inputIds: TensorBuffer, labels: TensorBuffer, lr: Float, selected: Set<Int>? = null, layersPerCheckpoint: Int = 1): Float {
         val sel = selected ?: (0 until layers).toSet()
-        if (sel.isEmpty() || sel.any { it !in 0 until layers }) throw ContractError("selected layers must be a non-empty subset of 0..${layers - 1}, got ${sel.sorted()}")
+        if (sel.isEmpty() || sel.any { it !in 0 until layers }) throw BadInput("selected layers must be a non-empty subset of 0..${layers - 1}, got ${sel.sorted()}")
         val groups = checkpointGroups(sel.sorted(), layersPerCheckpoint)
         val groupOfTop = groups.associateBy { it.last() }
         program.stepEntry?.let { val v = state.view(it); v.data.putFloat(0, v.float(0) + 1.0f) }
@@ -421,7 +380,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             n++
             rowSum += loss
         }
-        if (n == 0) throw ContractError("no eval row has a target token")
+        if (n == 0) throw BadInput("no eval row has a target token")
         return EvalResult(total / tokens, n, tokens, rowSum / n, skipped)
     }
 
@@ -433,10 +392,10 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
     fun newCache(): Map<String, TensorBuffer> {
         val kv = program.method("block_decode").inputs.filter { it.bind == "cache" }
         if (kv.size != 2 || kv.any { it.shape.size != 3 || it.shape[1] != program.seqLen || it.dtype != ElemType.FLOAT32 })
-            throw ContractError("block_decode's KV cache inputs ${kv.map { "${it.name} ${it.dtype}${it.shape}" }} are not two float32 [kv_heads, seq_len ${program.seqLen}, head_dim]; re-export the program")
+            throw BadInput("block_decode's KV cache inputs ${kv.map { "${it.name} ${it.dtype}${it.shape}" }} are not two float32 [kv_heads, seq_len ${program.seqLen}, head_dim]; re-export the program")
         for (m in program.methods.values) for (io in m.inputs) if (io.bind == "cache") {
-            val like = kv.firstOrNull { it.ref == io.ref } ?: throw ContractError("${m.name}: cache input ${io.name} (${io.ref}) is not block_decode's")
-            if (like.shape != io.shape) throw ContractError("${m.name}: cache input ${io.name} ${io.shape}, block_decode's ${like.shape}; re-export the program")
+            val like = kv.firstOrNull { it.ref == io.ref } ?: throw BadInput("${m.name}: cache input ${io.name} (${io.ref}) is not block_decode's")
+            if (like.shape != io.shape) throw BadInput("${m.name}: cache input ${io.name} ${io.shape}, block_decode's ${like.shape}; re-export the program")
         }
         val out = HashMap<String, TensorBuffer>()
         for (i in 0 until layers) for (io in kv) {
@@ -479,35 +438,35 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
      * call and returns no token.
      */
     fun generateStream(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int> = emptySet(), control: GenerationControl? = null,
-                       onToken: ((Int) -> Unit)? = null): Generation =
+                       onToken: ((Int) -> Unit)? = null): GenerationResult =
         gate.let { g ->
             if (g == null) generateStreamGated(prompt, maxNewTokens, stopIds, control, onToken)
             else g.generation { generateStreamGated(prompt, maxNewTokens, stopIds, control, onToken) }
         }
 
     private fun generateStreamGated(prompt: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, control: GenerationControl?,
-                                    onToken: ((Int) -> Unit)?): Generation {
+                                    onToken: ((Int) -> Unit)?): GenerationResult {
         val n = prompt.size
         val s = program.seqLen
-        if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
-        if (n == 0 || maxNewTokens < 1 || n + maxNewTokens > s) throw ContractError("prompt $n + $maxNewTokens new tokens must fit in seq_len $s")
-        prompt.firstOrNull { it < 0 || it >= program.vocab }?.let { throw ContractError("prompt token id $it is outside the vocabulary of ${program.vocab}") }
+        if (!program.hasGeneration) throw BadInput("the program was exported without the generation methods; re-export it")
+        if (n == 0 || maxNewTokens < 1 || n + maxNewTokens > s) throw BadInput("prompt $n + $maxNewTokens new tokens must fit in seq_len $s")
+        prompt.firstOrNull { it < 0 || it >= program.vocab }?.let { throw BadInput("prompt token id $it is outside the vocabulary of ${program.vocab}") }
         val names = generationNames(program, runtime)
         val c = program.prefillChunk
         val out = ArrayList<Int>()
         fun cancelled() = control?.isCancelled == true
-        if (cancelled()) return Generation(out, StopReason.CANCELLED)
+        if (cancelled()) return GenerationResult(out, StopReason.CANCELLED)
         val cache = zeroedCache()
         var x: TensorBuffer? = null
         for (start in 0 until n step c) {
-            if (cancelled()) { x?.let { recycle(it) }; return Generation(out, StopReason.CANCELLED) }
+            if (cancelled()) { x?.let { recycle(it) }; return GenerationResult(out, StopReason.CANCELLED) }
             for (j in 0 until c) tokensBuf.data.putLong(8 * j, if (start + j < n) prompt[start + j].toLong() else program.padTokenId.toLong())
             x?.let { recycle(it) }
             var h = call("embed_prefill", null, mapOf("tokens" to tokensBuf)).getValue("x")
             posBuf.data.putLong(0, start.toLong())
             val p = posBuf
             for (i in 0 until layers) {
-                if (cancelled()) { recycle(h); return Generation(out, StopReason.CANCELLED) }
+                if (cancelled()) { recycle(h); return GenerationResult(out, StopReason.CANCELLED) }
                 val next = call(atLayer(names.getValue("block_prefill"), i), i, mapOf("x" to h, "pos" to p), cache, start).getValue("x")
                 recycle(h)
                 h = next
@@ -515,7 +474,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             x = h
         }
         val xs = x!!
-        if (cancelled()) { recycle(xs); return Generation(out, StopReason.CANCELLED) }
+        if (cancelled()) { recycle(xs); return GenerationResult(out, StopReason.CANCELLED) }
         val d = xs.shape[1]
         val last = (n - 1) % c  // the prompt's last row in the last chunk
         val row = TensorBuffer("x", ElemType.FLOAT32, listOf(1, d), xs.data.window(4 * last * d, 4 * d))
@@ -527,9 +486,9 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
             recycle(logits)
             out.add(token)
             if (onToken != null) { val g = gate; if (g != null) g.consumer { onToken(token) } else onToken(token) }
-            if (token in stopIds) return Generation(out, StopReason.EOS)
-            if (out.size == maxNewTokens) return Generation(out, StopReason.MAX_NEW_TOKENS)
-            if (cancelled()) return Generation(out, StopReason.CANCELLED)
+            if (token in stopIds) return GenerationResult(out, StopReason.EOS)
+            if (out.size == maxNewTokens) return GenerationResult(out, StopReason.MAX_NEW_TOKENS)
+            if (cancelled()) return GenerationResult(out, StopReason.CANCELLED)
             tokenBuf.data.putLong(0, token.toLong())
             var h = call("embed_token", null, mapOf("token" to tokenBuf)).getValue("x")
             posBuf.data.putLong(0, pos.toLong())
@@ -611,7 +570,7 @@ class LayerLoop(val program: Manifest, val weights: MappedWeights, val runtime: 
          * group's first layer is the one whose input the forward keeps.
          */
         fun checkpointGroups(selected: List<Int>, every: Int): List<List<Int>> {
-            if (every < 1) throw ContractError("layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got $every")
+            if (every < 1) throw BadInput("layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got $every")
             return selected.chunked(every)
         }
 

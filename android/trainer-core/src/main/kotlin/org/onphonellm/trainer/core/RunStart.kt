@@ -92,3 +92,13 @@ class RestartGuard(private val file: File, private val maxUnended: Int = 2) {
         file.delete()
     }
 }
+
+/** The phases a start goes through before the first step, shown one by one (not "idle" while the phone works). */
+enum class StartPhase(val label: String) {
+    VERIFYING("verifying the program files (once per import)"),
+    MAPPING("mapping the weights"),
+    LOADING("loading the methods"),
+    PREPARING("preparing the rows and the state"),
+    EVALUATING("held-out loss before training"),
+    TRAINING("training");
+}

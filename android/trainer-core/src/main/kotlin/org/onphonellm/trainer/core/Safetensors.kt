@@ -69,9 +69,9 @@ object Safetensors {
 
     /** Tensor [name]'s bytes read straight into [dest] (from byte 0; a direct buffer: no heap copy of the whole tensor). */
     fun readInto(file: File, parsed: Parsed, name: String, dest: ByteBuffer) {
-        val e = parsed.entries[name] ?: throw ContractError("${file.name} has no tensor '$name'")
+        val e = parsed.entries[name] ?: throw BadInput("${file.name} has no tensor '$name'")
         val n = e.end - e.begin
-        if (n > dest.capacity()) throw ContractError("${file.name}: $name is $n bytes, the buffer ${dest.capacity()}")
+        if (n > dest.capacity()) throw BadInput("${file.name}: $name is $n bytes, the buffer ${dest.capacity()}")
         val d = dest.duplicate()
         d.position(0)
         d.limit(n.toInt())
@@ -80,7 +80,7 @@ object Safetensors {
             var at = parsed.dataStart + e.begin
             while (d.hasRemaining()) {
                 val r = ch.read(d, at)
-                if (r < 0) throw ContractError("${file.name}: $name is truncated")
+                if (r < 0) throw BadInput("${file.name}: $name is truncated")
                 at += r
             }
         }
@@ -92,33 +92,33 @@ object Safetensors {
     /** Header of a safetensors file, checked: every tensor F32, offsets contiguous and inside the file. */
     fun readHeader(file: File): Parsed = RandomAccessFile(file, "r").use { raf ->
         val where = file.name
-        if (raf.length() < 8) throw ContractError("$where is not a safetensors file (shorter than 8 bytes)")
+        if (raf.length() < 8) throw BadInput("$where is not a safetensors file (shorter than 8 bytes)")
         val lenBytes = ByteArray(8).also { raf.readFully(it) }
         val n = ByteBuffer.wrap(lenBytes).order(ByteOrder.LITTLE_ENDIAN).long
-        if (n <= 0 || n > 100_000_000 || 8 + n > raf.length()) throw ContractError("$where: bad header length $n (truncated file?)")
+        if (n <= 0 || n > 100_000_000 || 8 + n > raf.length()) throw BadInput("$where: bad header length $n (truncated file?)")
         val head = ByteArray(n.toInt()).also { raf.readFully(it) }
         val f = Fields.of(Json.parse(String(head, Charsets.UTF_8).trimEnd()), where)
         val meta = if (f.has("__metadata__")) f.obj("__metadata__").let { m -> m.obj.fields.keys.associateWith { m.string(it) } } else emptyMap()
         val entries = LinkedHashMap<String, Entry>()
         for (key in f.obj.fields.keys - "__metadata__") {
             val e = f.obj(key)
-            val offs = e.arr("data_offsets").map { (it as? Json.Num)?.asLongOrNull ?: throw ContractError("$where: $key has bad data_offsets") }
+            val offs = e.arr("data_offsets").map { (it as? Json.Num)?.asLongOrNull ?: throw BadInput("$where: $key has bad data_offsets") }
             entries[key] = Entry(e.string("dtype"), e.ints("shape"), offs[0], offs[1])
         }
         val dataLen = raf.length() - 8 - n
         var expect = 0L
         for ((key, e) in entries.entries.sortedBy { it.value.begin }) {
-            if (e.dtype != "F32") throw ContractError("$where: $key is ${e.dtype}, only F32 is read here")
+            if (e.dtype != "F32") throw BadInput("$where: $key is ${e.dtype}, only F32 is read here")
             val numel = e.shape.fold(1L) { a, b -> a * b }
-            if (e.begin != expect || e.end - e.begin != 4 * numel) throw ContractError("$where: $key has inconsistent data_offsets")
+            if (e.begin != expect || e.end - e.begin != 4 * numel) throw BadInput("$where: $key has inconsistent data_offsets")
             expect = e.end
         }
-        if (expect != dataLen) throw ContractError("$where: data is $dataLen bytes, the header describes $expect (truncated file?)")
+        if (expect != dataLen) throw BadInput("$where: data is $dataLen bytes, the header describes $expect (truncated file?)")
         Parsed(entries, meta, 8 + n)
     }
 
     fun readFloats(file: File, parsed: Parsed, name: String): FloatArray {
-        val e = parsed.entries[name] ?: throw ContractError("${file.name} has no tensor '$name'")
+        val e = parsed.entries[name] ?: throw BadInput("${file.name} has no tensor '$name'")
         val bytes = ByteArray((e.end - e.begin).toInt())
         RandomAccessFile(file, "r").use { it.seek(parsed.dataStart + e.begin); it.readFully(bytes) }
         val fb = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer()

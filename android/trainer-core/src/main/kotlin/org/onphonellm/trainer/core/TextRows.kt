@@ -1,122 +1,5 @@
 package org.onphonellm.trainer.core
 
-import java.io.File
-
-/**
- * SplitMix64 (Steele, Lea and Flood, OOPSLA 2014), all arithmetic modulo 2^64 (Kotlin's Long wraps):
- * exactly toolchain/shuffle.py, so the host and the phone draw the same numbers. [seed] is taken modulo
- * 2^64 (a Long's two's complement bits: -1 is 2^64 - 1).
- */
-class SplitMix64(seed: Long) {
-    var state: Long = seed
-        private set
-
-    fun next(): Long {
-        state += -0x61c8864680b583ebL  // 0x9E3779B97F4A7C15
-        var z = state
-        z = (z xor (z ushr 30)) * -0x40a7b892e31b1a47L  // 0xBF58476D1CE4E5B9
-        z = (z xor (z ushr 27)) * -0x6b2fb644ecceee15L  // 0x94D049BB133111EB
-        return z xor (z ushr 31)
-    }
-
-    companion object {
-        /**
-         * [z] read as an unsigned 64-bit number, modulo [d] > 0 (= java.lang.Long.remainderUnsigned, which
-         * Android has only from API 24; trainer-core is checked against API 23).
-         */
-        fun unsignedRem(z: Long, d: Int): Int {
-            require(d > 0)
-            if (z >= 0) return (z % d).toInt()
-            val half = (z ushr 1) % d  // z = 2 * (z >>> 1) + (z & 1)
-            return ((2 * half + (z and 1L)) % d).toInt()
-        }
-    }
-}
-
-/** toolchain.shuffle.permutation: Fisher-Yates from the top, j = next() mod (i + 1) (unsigned). */
-fun permutation(n: Int, seed: Long): IntArray {
-    val p = IntArray(n) { it }
-    val rng = SplitMix64(seed)
-    for (i in n - 1 downTo 1) {
-        val j = SplitMix64.unsignedRem(rng.next(), i + 1)
-        val t = p[i]; p[i] = p[j]; p[j] = t
-    }
-    return p
-}
-
-/**
- * A tokenizer as data preparation and generation need it (toolchain/text/tokenizer.py `Tokenizer`): `encode`
- * never adds BOS/EOS; with allowSpecial = false the added tokens' texts are ordinary text.
- */
-interface TextTokenizer {
-    val kind: String
-    val bosId: Int?
-    val eosId: Int
-    val padId: Int
-    fun encode(text: String, allowSpecial: Boolean = true): List<Int>
-    fun decode(ids: List<Int>): String
-    /**
-     * The UTF-8 bytes [decode] makes text of (`decode(ids) == String(decodeBytes(ids), UTF_8)`): a token may hold
-     * part of a character, which [TextStream] keeps until the rest arrives. Default: [decode]'s text encoded
-     * (a tokenizer that cannot split characters).
-     */
-    fun decodeBytes(ids: List<Int>): ByteArray = decode(ids).toByteArray(Charsets.UTF_8)
-    /** The id of a single added token ("<|im_start|>"), or null. */
-    fun tokenId(token: String): Int?
-
-    companion object {
-        /**
-         * The tokenizer of a program (manifest `tokenizer`): kind "byte" -> [ByteTokenizer]; "qwen2.5" /
-         * "huggingface" -> [BpeTokenizer] from the program's tokenizer.json (no BOS, EOS = eos_token_id);
-         * "none" (or no file) -> an error: the program cannot take text.
-         */
-        fun forProgram(p: Manifest): TextTokenizer = when (p.tokenizerKind) {
-            "byte" -> ByteTokenizer()
-            "qwen2.5", "huggingface" -> {
-                val file = p.tokenizerFile ?: throw ContractError("the program's tokenizer (${p.tokenizerKind}) has no file; re-export the program")
-                val f = File(p.dir, file)
-                if (!f.isFile) throw ContractError("$f is missing from the program directory; push the program again")
-                BpeTextTokenizer(BpeTokenizer.load(f), p.tokenizerKind,
-                    p.eosTokenId ?: throw ContractError("the manifest's tokenizer has no eos_token_id; re-export the program"), p.padTokenId)
-            }
-            else -> throw ContractError("the program was exported without a tokenizer (kind ${p.tokenizerKind}); it cannot take text. " +
-                "Re-export it with a tokenizer, or train on pre-tokenized rows")
-        }
-    }
-}
-
-/** The byte tokenizer of the tiny/demo presets: UTF-8 bytes 0..255, BOS 256, EOS 257, PAD 258 (no text encodes to those). */
-class ByteTokenizer : TextTokenizer {
-    override val kind = "byte"
-    override val bosId: Int = BOS
-    override val eosId: Int = EOS
-    override val padId: Int = PAD
-
-    override fun encode(text: String, allowSpecial: Boolean): List<Int> =
-        BpeTokenizer.sanitize(text).toByteArray(Charsets.UTF_8).map { it.toInt() and 0xff }
-
-    override fun decode(ids: List<Int>): String = String(decodeBytes(ids), Charsets.UTF_8)
-
-    override fun decodeBytes(ids: List<Int>): ByteArray = ids.filter { it in 0..255 }.map { it.toByte() }.toByteArray()
-
-    override fun tokenId(token: String): Int? = null
-
-    companion object {
-        const val BOS = 256
-        const val EOS = 257
-        const val PAD = 258
-    }
-}
-
-/** A Hugging Face byte-level BPE (Qwen2.5's or a checkpoint's own tokenizer.json) with the manifest's EOS/PAD; no BOS. */
-class BpeTextTokenizer(val bpe: BpeTokenizer, override val kind: String, override val eosId: Int, override val padId: Int) : TextTokenizer {
-    override val bosId: Int? = null
-    override fun encode(text: String, allowSpecial: Boolean): List<Int> = bpe.encode(text, allowSpecial)
-    override fun decode(ids: List<Int>): String = bpe.decode(ids)
-    override fun decodeBytes(ids: List<Int>): ByteArray = bpe.decodeBytes(ids)
-    override fun tokenId(token: String): Int? = bpe.encode(token, allowSpecial = true).singleOrNull()
-}
-
 /** One chat message ({"role", "content"}). */
 data class ChatMessage(val role: String, val content: String)
 
@@ -132,7 +15,7 @@ object TextRows {
 
     /** [ids] cut into windows of at most [seqLen], stride seqLen - 1 (text_data.windows); a 1-token remainder is dropped. */
     fun windows(ids: List<Int>, seqLen: Int): List<List<Int>> {
-        if (seqLen < 2) throw ContractError("seq_len must be at least 2, got $seqLen")
+        if (seqLen < 2) throw BadInput("seq_len must be at least 2, got $seqLen")
         val out = ArrayList<List<Int>>()
         var start = 0
         while (start < maxOf(ids.size - 1, 0)) {
@@ -149,7 +32,7 @@ object TextRows {
         stream.addAll(tok.encode(text, allowSpecial = false))
         stream.add(tok.eosId)
         val rows = windows(stream, seqLen).map { w -> DataRow(w.toIntArray(), w.toIntArray()) }
-        if (rows.isEmpty()) throw ContractError("the text has no token to train on")
+        if (rows.isEmpty()) throw BadInput("the text has no token to train on")
         return rows
     }
 
@@ -159,14 +42,14 @@ object TextRows {
      * (true on each assistant content and its <|im_end|>).
      */
     fun chatTemplate(tok: TextTokenizer, messages: List<ChatMessage>): Pair<List<Int>, List<Boolean>> {
-        val imStart = tok.tokenId(Contract.IM_START) ?: throw ContractError("the ${tok.kind} tokenizer has no ${Contract.IM_START} token, so no chat template; use plain text")
-        val imEnd = tok.tokenId(Contract.IM_END) ?: throw ContractError("the ${tok.kind} tokenizer has no ${Contract.IM_END} token, so no chat template; use plain text")
-        if (messages.isEmpty()) throw ContractError("messages must be a non-empty list of {\"role\", \"content\"} objects")
+        val imStart = tok.tokenId(Contract.IM_START) ?: throw BadInput("the ${tok.kind} tokenizer has no ${Contract.IM_START} token, so no chat template; use plain text")
+        val imEnd = tok.tokenId(Contract.IM_END) ?: throw BadInput("the ${tok.kind} tokenizer has no ${Contract.IM_END} token, so no chat template; use plain text")
+        if (messages.isEmpty()) throw BadInput("messages must be a non-empty list of {\"role\", \"content\"} objects")
         val newline = tok.encode("\n", allowSpecial = false)
         val ids = ArrayList<Int>()
         val mask = ArrayList<Boolean>()
         for ((i, m) in messages.withIndex()) {
-            if (m.role !in CHAT_ROLES) throw ContractError("message ${i + 1}: role must be one of ${CHAT_ROLES.joinToString()} and content a string, got role '${m.role}'")
+            if (m.role !in CHAT_ROLES) throw BadInput("message ${i + 1}: role must be one of ${CHAT_ROLES.joinToString()} and content a string, got role '${m.role}'")
             val header = listOf(imStart) + tok.encode("${m.role}\n", allowSpecial = false)
             val body = tok.encode(m.content, allowSpecial = false) + imEnd
             ids += header; ids += body; ids += newline
@@ -180,25 +63,25 @@ object TextRows {
     /** One JSONL line's messages ({"messages": [{"role", "content"}, ...]}, exactly those keys). */
     fun parseMessages(doc: Json, where: String): List<ChatMessage> {
         val o = doc as? Json.Obj
-        if (o == null || o.fields.keys != setOf("messages")) throw ContractError("$where: expected {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}")
+        if (o == null || o.fields.keys != setOf("messages")) throw BadInput("$where: expected {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}")
         val items = (o["messages"] as? Json.Arr)?.items
-        if (items == null || items.isEmpty()) throw ContractError("$where: messages must be a non-empty list of {\"role\", \"content\"} objects")
+        if (items == null || items.isEmpty()) throw BadInput("$where: messages must be a non-empty list of {\"role\", \"content\"} objects")
         return items.mapIndexed { i, m ->
             val mo = m as? Json.Obj
-            if (mo == null || mo.fields.keys != setOf("role", "content")) throw ContractError("$where: message ${i + 1} must be an object with exactly the keys role and content")
+            if (mo == null || mo.fields.keys != setOf("role", "content")) throw BadInput("$where: message ${i + 1} must be an object with exactly the keys role and content")
             val role = (mo["role"] as? Json.Str)?.value
             val content = (mo["content"] as? Json.Str)?.value
             if (role == null || role !in CHAT_ROLES || content == null)
-                throw ContractError("$where: message ${i + 1}: role must be one of ${CHAT_ROLES.joinToString()} and content a string, got role ${mo["role"]}")
+                throw BadInput("$where: message ${i + 1}: role must be one of ${CHAT_ROLES.joinToString()} and content a string, got role ${mo["role"]}")
             ChatMessage(role, content)
         }
     }
 
     /** A chat row: labels = ids on the assistant's tokens, -100 elsewhere; an error naming [where] if longer than [seqLen]. */
     fun chatRow(tok: TextTokenizer, messages: List<ChatMessage>, seqLen: Int, where: String): DataRow {
-        val (ids, mask) = try { chatTemplate(tok, messages) } catch (e: ContractError) { throw ContractError("$where: ${e.message}") }
-        if (mask.none { it }) throw ContractError("$where: the conversation has no assistant message with a token to learn")
-        if (ids.size > seqLen) throw ContractError("$where: the conversation is ${ids.size} tokens, longer than the program's seq_len $seqLen; " +
+        val (ids, mask) = try { chatTemplate(tok, messages) } catch (e: BadInput) { throw BadInput("$where: ${e.message}") }
+        if (mask.none { it }) throw BadInput("$where: the conversation has no assistant message with a token to learn")
+        if (ids.size > seqLen) throw BadInput("$where: the conversation is ${ids.size} tokens, longer than the program's seq_len $seqLen; " +
             "shorten or split it, or export with a larger --seq-len")
         return DataRow(ids.toIntArray(), IntArray(ids.size) { if (mask[it]) ids[it] else DataRow.IGNORE })
     }
@@ -209,25 +92,25 @@ object TextRows {
         for ((i, line) in stripBom(text).lines().withIndex()) {
             if (line.isBlank()) continue
             val where = "$name:${i + 1}"
-            val doc = try { Json.parse(line) } catch (e: ContractError) { throw ContractError("$where: ${e.message}") }
+            val doc = try { Json.parse(line) } catch (e: BadInput) { throw BadInput("$where: ${e.message}") }
             rows.add(chatRow(tok, parseMessages(doc, where), seqLen, where))
         }
-        if (rows.isEmpty()) throw ContractError("$name has no conversation")
+        if (rows.isEmpty()) throw BadInput("$name has no conversation")
         return rows
     }
 
     /** Every token id < [vocab] (a tokenizer larger than the model's embedding is refused before training). */
     fun checkRows(rows: List<DataRow>, vocab: Int, where: String) {
         for ((i, r) in rows.withIndex()) r.inputIds.firstOrNull { it !in 0 until vocab }?.let {
-            throw ContractError("$where: row ${i + 1}: token id $it is outside the model's vocabulary of $vocab")
+            throw BadInput("$where: row ${i + 1}: token id $it is outside the model's vocabulary of $vocab")
         }
     }
 
     /** Indices held out: the first floor(fraction * n + 0.5) entries of permutation(n, seed), sorted (file order). */
     fun heldOutIndices(n: Int, fraction: Double, seed: Long): List<Int> {
-        if (!(fraction > 0 && fraction < 1)) throw ContractError("the held-out fraction must be strictly between 0 and 1, got $fraction")
+        if (!(fraction > 0 && fraction < 1)) throw BadInput("the held-out fraction must be strictly between 0 and 1, got $fraction")
         val nHeld = Math.floor(fraction * n + 0.5).toInt()
-        if (nHeld < 1 || nHeld >= n) throw ContractError("a held-out fraction of $fraction of $n rows holds out $nHeld; need at least one row on " +
+        if (nHeld < 1 || nHeld >= n) throw BadInput("a held-out fraction of $fraction of $n rows holds out $nHeld; need at least one row on " +
             "each side (more text, or another fraction)")
         return permutation(n, seed).take(nHeld).sorted()
     }
@@ -241,7 +124,7 @@ object TextRows {
     /** Looks like chat JSONL: the first non-blank line parses as {"messages": [...]}. */
     fun looksLikeChat(text: String): Boolean {
         val first = stripBom(text).lineSequence().firstOrNull { it.isNotBlank() } ?: return false
-        return try { (Json.parse(first) as? Json.Obj)?.fields?.containsKey("messages") == true } catch (e: ContractError) { false }
+        return try { (Json.parse(first) as? Json.Obj)?.fields?.containsKey("messages") == true } catch (e: BadInput) { false }
     }
 }
 

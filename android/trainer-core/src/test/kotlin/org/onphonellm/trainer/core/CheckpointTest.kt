@@ -27,9 +27,9 @@ class CheckpointTest {
         assertEquals(listOf(37), header.obj("state").ints("shape"))
         assertEquals(12L, Fields.of(Json.parse(header.obj("__metadata__").string("meta")), "m").long("step"))
         assertEquals(listOf<File>(), f.parentFile.listFiles()!!.filter { it.name.endsWith(".tmp") }) // no temp file left
-        assertThrows<ContractError> { store.load(36) }
+        assertThrows<BadInput> { store.load(36) }
         RandomAccessFile(f, "rw").use { it.setLength(it.length() - 4) } // torn copy
-        val e = assertThrows<ContractError> { store.load(37) }
+        val e = assertThrows<BadInput> { store.load(37) }
         assertTrue(e.message!!.contains("delete it"), e.message)
     }
 
@@ -63,7 +63,7 @@ class CheckpointTest {
         assertArrayEquals(values, FloatArray(values.size) { into.getFloat(4 * it) })
         // A checkpoint of another size is refused and the buffer is not written.
         val other = ByteBuffer.allocateDirect(4 * 1000).order(ByteOrder.LITTLE_ENDIAN)
-        assertThrows<ContractError> { a.loadInto(other, 1000) }
+        assertThrows<BadInput> { a.loadInto(other, 1000) }
         assertEquals(0f, other.getFloat(0))
     }
 }

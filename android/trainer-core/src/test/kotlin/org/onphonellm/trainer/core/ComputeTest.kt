@@ -23,11 +23,11 @@ class ComputeTest {
         assertEquals("fp32", parse("\"fp32\"").compute)
         assertEquals("fp16", parse("\"fp16\"").compute)
         for (bad in listOf("\"bf16\"", "\"FP16\"", "\"\"", "16", "[\"fp16\"]")) {
-            val e = assertThrows<ContractError>(bad) { parse(bad) }
+            val e = assertThrows<BadInput>(bad) { parse(bad) }
             assertTrue(e.message!!.startsWith("manifest.json") && "compute" in e.message!!, e.message)
         }
         assertEquals("int8", parse("\"int8\"").compute)
-        val e = assertThrows<ContractError> { parse("\"bf16\"") }
+        val e = assertThrows<BadInput> { parse("\"bf16\"") }
         assertEquals("manifest.json: compute 'bf16' is not one of [fp32, fp16, int8]; re-export the program with this toolchain", e.message)
     }
 
@@ -121,7 +121,7 @@ class ComputeTest {
         val advice = "build the app with the kernels"
         // The probe says no kernel at all (Maven Central's AAR): refused before a single method loads.
         val loads = ArrayList<String>()
-        val e = assertThrows<ContractError> { Compute.loadKernelMethods(p, emptySet(), advice, { loads.add(it) }, { null }) }
+        val e = assertThrows<BadInput> { Compute.loadKernelMethods(p, emptySet(), advice, { loads.add(it) }, { null }) }
         assertEquals("tiny8 computes its training matmuls in int8 (exported with --compute int8) and needs the toolchain's native " +
             "kernels [toolchain::int4_dyw_a8.out, toolchain::int4_linear_a8.out], which this app's ExecuTorch runtime does not have; " +
             "build the app with the kernels, or re-export the program with --compute fp32", e.message)
@@ -134,7 +134,7 @@ class ComputeTest {
         // The probe cannot tell: the kernel methods load first, and a missing operator is the same message.
         class Missing(val code: Int) : RuntimeException("Operator missing")
         val tried = ArrayList<String>()
-        val e2 = assertThrows<ContractError> {
+        val e2 = assertThrows<BadInput> {
             Compute.loadKernelMethods(p, null, advice, { tried.add(it); throw Missing(Compute.ERROR_OPERATOR_MISSING) }, { (it as? Missing)?.code })
         }
         assertEquals(1, tried.size, "refused at the first kernel method")

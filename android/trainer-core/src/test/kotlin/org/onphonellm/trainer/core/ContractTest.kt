@@ -13,7 +13,7 @@ class ContractTest {
         val text = """{"a":[1,-2.5e-3,true,null,"q\"\\\n\u00e9"],"b":{"c":12345678901234567890}}"""
         assertEquals(text.replace("\\u00e9", "\u00e9"), JsonWriter.write(Json.parse(text)))
         for (bad in listOf("""{"a":NaN}""", "[1,]", """{"a":1,"a":2}""", "[Infinity]", "01", "{\"a\":1} x", "[" .repeat(70))) {
-            assertThrows<ContractError>(bad) { Json.parse(bad) }
+            assertThrows<BadInput>(bad) { Json.parse(bad) }
         }
         assertEquals(1L, (Json.parse("1.0") as Json.Num).asLongOrNull) // JSON Schema counts 1.0 as an integer
         assertNull((Json.parse("1.5") as Json.Num).asLongOrNull)
@@ -30,7 +30,7 @@ class ContractTest {
         }
         val bad = Fixtures.invalid("step_plan_")
         assertTrue(bad.size >= 5)
-        for (f in bad) assertThrows<ContractError>(f.name) { StepPlan.parse(f.readText(), f.name) }
+        for (f in bad) assertThrows<BadInput>(f.name) { StepPlan.parse(f.readText(), f.name) }
     }
 
     @Test
@@ -38,16 +38,16 @@ class ContractTest {
         val ex = Fixtures.examples("data_row")
         assertTrue(ex.isNotEmpty())
         for (f in ex) DataRow.parse(f.readText().trim(), f.name, vocab = 264, seqLen = 8)
-        for (f in Fixtures.invalid("data_row_")) assertThrows<ContractError>(f.name) { DataRow.parse(f.readText().trim(), f.name, 264, 8) }
+        for (f in Fixtures.invalid("data_row_")) assertThrows<BadInput>(f.name) { DataRow.parse(f.readText().trim(), f.name, 264, 8) }
         val row = DataRow.parse("""{"input_ids":[72,101,108],"labels":[-100,101,108]}""", "row", 264, 5)
         val (ids, labels) = row.padded(5, 258)
         assertEquals(listOf(72L, 101L, 108L, 258L, 258L), ids.toList())
         assertEquals(listOf(-100L, 101L, 108L, -100L, -100L), labels.toList())
         assertEquals(2, row.tokens)
-        val e = assertThrows<ContractError> { DataRow.parse("""{"input_ids":[1,2,3,4,5,6]}""", "line 3", 264, 5) }
+        val e = assertThrows<BadInput> { DataRow.parse("""{"input_ids":[1,2,3,4,5,6]}""", "line 3", 264, 5) }
         assertTrue(e.message!!.contains("--seq-len"), e.message)
-        assertThrows<ContractError> { DataRow.parse("""{"input_ids":[1,300]}""", "row", 264, 5) }
-        assertThrows<ContractError> { DataRow.parse("""{"input_ids":[1,2],"labels":[1]}""", "row", 264, 5) }
+        assertThrows<BadInput> { DataRow.parse("""{"input_ids":[1,300]}""", "row", 264, 5) }
+        assertThrows<BadInput> { DataRow.parse("""{"input_ids":[1,2],"labels":[1]}""", "row", 264, 5) }
     }
 
     @Test

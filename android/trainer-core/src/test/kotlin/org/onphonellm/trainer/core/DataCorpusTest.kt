@@ -101,20 +101,20 @@ class DataCorpusTest {
         val q = qwen()
         assumeTrue(q != null, "no Qwen2.5 tokenizer.json")
         val line = """{"messages": [{"role": "user", "content": "${"word ".repeat(40)}"}, {"role": "assistant", "content": "ok"}]}"""
-        val e = assertThrows<ContractError> { TextRows.chatRows("\n$line\n", q!!, 16, "mine.jsonl") }
+        val e = assertThrows<BadInput> { TextRows.chatRows("\n$line\n", q!!, 16, "mine.jsonl") }
         assertTrue("mine.jsonl:2" in e.message!! && "seq_len 16" in e.message!!, e.message)
-        val bad = assertThrows<ContractError> { TextRows.chatRows("""{"msgs": []}""", q!!, 64, "x.jsonl") }
+        val bad = assertThrows<BadInput> { TextRows.chatRows("""{"msgs": []}""", q!!, 64, "x.jsonl") }
         assertTrue("x.jsonl:1" in bad.message!!, bad.message)
-        val noAssistant = assertThrows<ContractError> { TextRows.chatRows("""{"messages": [{"role": "user", "content": "hi"}]}""", q!!, 64, "y.jsonl") }
+        val noAssistant = assertThrows<BadInput> { TextRows.chatRows("""{"messages": [{"role": "user", "content": "hi"}]}""", q!!, 64, "y.jsonl") }
         assertTrue("assistant" in noAssistant.message!!, noAssistant.message)
         assertTrue(TextRows.looksLikeChat(line))
         assertTrue(!TextRows.looksLikeChat("just text {\"messages\"}"))
     }
 
     @Test fun `held-out split errors and file order`() {
-        assertThrows<ContractError> { TextRows.heldOutIndices(3, 0.1, 0) }   // holds out 0
-        assertThrows<ContractError> { TextRows.heldOutIndices(2, 0.9, 0) }   // holds out every row
-        assertThrows<ContractError> { TextRows.heldOutIndices(10, 1.0, 0) }
+        assertThrows<BadInput> { TextRows.heldOutIndices(3, 0.1, 0) }   // holds out 0
+        assertThrows<BadInput> { TextRows.heldOutIndices(2, 0.9, 0) }   // holds out every row
+        assertThrows<BadInput> { TextRows.heldOutIndices(10, 1.0, 0) }
         val (train, held) = TextRows.splitHeldOut((0 until 10).toList(), 0.3, 5)
         assertEquals(10, train.size + held.size)
         assertEquals(train.sorted(), train)
@@ -132,13 +132,13 @@ class DataCorpusTest {
         assertEquals(p.rows, p.train.size + p.held.size)
         assertTrue(p.held.isNotEmpty() && !p.chat)
         assertEquals(TextRows.textRows("hello world, a few more words here", tok, 8).size, p.rows)  // the BOM is dropped
-        val vocab = assertThrows<ContractError> { PreparedData.prepare("hi", tok, 8, 96, 0.0, 0) }
+        val vocab = assertThrows<BadInput> { PreparedData.prepare("hi", tok, 8, 96, 0.0, 0) }
         assertTrue("vocabulary of 96" in vocab.message!!, vocab.message)
     }
 
     @Test fun `the program's tokenizer is chosen by the manifest's kind`() {
         val trace = Manifest.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
-        val e = assertThrows<ContractError> { TextTokenizer.forProgram(trace) }
+        val e = assertThrows<BadInput> { TextTokenizer.forProgram(trace) }
         assertTrue("without a tokenizer" in e.message!!, e.message)
         val doc = File(trace.dir, "manifest.json").readText().replace("\"kind\": \"none\"", "\"kind\": \"byte\"")
         val byte = Manifest.parse(trace.dir, Json.parse(doc), "byte manifest")

@@ -35,13 +35,13 @@ class FeedbackTest {
         val bad = Fixtures.invalid("feedback_")
         assertTrue(bad.size >= 8, "${bad.size} invalid examples")
         for (f in bad) {
-            val e = assertThrows<ContractError>(f.name) { FeedbackRecord.parse(f.readText().trim(), f.name) }
+            val e = assertThrows<BadInput>(f.name) { FeedbackRecord.parse(f.readText().trim(), f.name) }
             assertTrue(e.message!!.startsWith(f.name), e.message)
         }
         // The two rules the schema states in words (toolchain data --feedback checks them too).
-        assertThrows<ContractError> { FeedbackRecord.parse("""{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"response":"c","action":"accept","time":"2026-12-07T09:30:00Z"}""", "x") }
-        assertThrows<ContractError> { FeedbackRecord.parse("""{"prompt":"a","response":"b","action":"edit","edited":"b","time":"2026-12-07T09:30:00Z"}""", "x") }
-        assertThrows<ContractError> { FeedbackRecord.parse("""{"prompt":"","response":"b","action":"accept","time":"2026-12-07T09:30:00Z"}""", "x") }
+        assertThrows<BadInput> { FeedbackRecord.parse("""{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"response":"c","action":"accept","time":"2026-12-07T09:30:00Z"}""", "x") }
+        assertThrows<BadInput> { FeedbackRecord.parse("""{"prompt":"a","response":"b","action":"edit","edited":"b","time":"2026-12-07T09:30:00Z"}""", "x") }
+        assertThrows<BadInput> { FeedbackRecord.parse("""{"prompt":"","response":"b","action":"accept","time":"2026-12-07T09:30:00Z"}""", "x") }
     }
 
     @Test
@@ -72,18 +72,18 @@ class FeedbackTest {
         var now = 1_796_636_400_250L  // 2026-12-07T09:40:00.250Z
         val fb = GenerationFeedback(FeedbackLog(file)) { now }
         assertNull(fb.pending)
-        assertThrows<ContractError>("no generation yet") { fb.record(FeedbackAction.ACCEPT) }
+        assertThrows<BadInput>("no generation yet") { fb.record(FeedbackAction.ACCEPT) }
 
         fb.generated("Dear Sam, thanks for", chat = false, response = " the quick reply.", complete = true)
         assertEquals(" the quick reply.", fb.pending!!.response)
         val keep = fb.record(FeedbackAction.ACCEPT)
         assertNull(fb.pending, "answered: the buttons go away")
-        assertThrows<ContractError>("a second tap") { fb.record(FeedbackAction.REJECT) }
+        assertThrows<BadInput>("a second tap") { fb.record(FeedbackAction.REJECT) }
         assertEquals(1, file.readLines().size)
 
         now += 60_000
         fb.generated("Can we meet on Friday?", chat = true, response = "Yes, Friday works for me.", complete = true)
-        assertThrows<ContractError>("an empty edit") { fb.record(FeedbackAction.EDIT, "") }
+        assertThrows<BadInput>("an empty edit") { fb.record(FeedbackAction.EDIT, "") }
         assertEquals(1, file.readLines().size, "nothing written for a refused edit")
         val edit = fb.record(FeedbackAction.EDIT, "Friday works, see you at ten.")
 
@@ -128,7 +128,7 @@ class FeedbackTest {
         fb2.record(FeedbackAction.REJECT)
         assertEquals(listOf(FeedbackAction.ACCEPT, FeedbackAction.REJECT), FeedbackLog(file).records().map { it.action })
         file.appendText("not json\n")
-        val e = assertThrows<ContractError> { FeedbackLog(file).records() }
+        val e = assertThrows<BadInput> { FeedbackLog(file).records() }
         assertTrue(e.message!!.startsWith("feedback.jsonl line 3"), e.message)
     }
 }

@@ -11,7 +11,7 @@ import java.nio.ByteOrder
 
 /**
  * The evaluation gate and the memory-pressure policy: the pure decisions against the host's definitions
- * (docs/training.md, toolchain/training/gate.py, toolchain/memory/fallback.py), then sessions on the v3 trace
+ * (docs/training.md, toolchain/training/gate.py, toolchain/memory/fallback.py), then sessions on the trace
  * program made to diverge (losses that grow, NaN), to improve, and to meet memory pressure.
  */
 class GateTest {
@@ -147,7 +147,7 @@ class GateTest {
         val dir = newRun(spec("diverge", 6))
         val gates = Gates()
         val (s, out) = runWith(dir, { steps -> 2.0f + 0.5f * steps }, gates)
-        assertEquals("completed", out.status)
+        assertEquals(RunStatus.COMPLETED, out.status)
         assertEquals("rolled back: held-out 2.0000 -> 5.0000", out.message)
         assertEquals(listOf(0L, 2L, 4L, 6L), events(dir, "eval").map { it.long("step") }, "the start, each checkpoint, the end")
         val g = events(dir, "gate").single()
@@ -168,7 +168,7 @@ class GateTest {
     @Test fun `a run that goes NaN keeps the best evaluated adapter below the start, or rolls back when there is none`() {
         val dir = newRun(spec("nan", 6))
         val (s, out) = runWith(dir, { steps -> if (steps >= 3) Float.NaN else 2.0f - 0.1f * steps })
-        assertEquals("failed", out.status)
+        assertEquals(RunStatus.FAILED, out.status)
         assertEquals("stopped: non-finite loss at step 3; kept best: held-out 2.0000 -> 1.8000 at step 2 (last nan)", out.message)
         val g = events(dir, "gate").single()
         assertEquals("kept_best", g.string("decision"))
@@ -192,7 +192,7 @@ class GateTest {
     @Test fun `a run that improves is kept`() {
         val dir = newRun(spec("good", 6))
         val (s, out) = runWith(dir, { steps -> 2.0f - 0.1f * steps })
-        assertEquals("completed", out.status)
+        assertEquals(RunStatus.COMPLETED, out.status)
         assertEquals("kept: held-out 2.0000 -> 1.4000", out.message)
         assertEquals("kept", events(dir, "gate").single().string("decision"))
         assertNotEquals(initSha, s.loop.state.sha256())
@@ -207,7 +207,7 @@ class GateTest {
         val paused = TrainingSession(program, weights, ScriptedLoss(program, loss), dir, ScriptedProbe(listOf(50_000_000L)), FakeClock(),
             object : SessionListener { override fun onEval(which: String, result: LayerLoop.EvalResult) { if (which == "during") stop = true } })
             .run(RunControl { stop })
-        assertEquals("paused", paused.status, paused.message)
+        assertEquals(RunStatus.PAUSED, paused.status, paused.message)
         assertEquals(2L, paused.stepsCompleted)
         // The resumed session's runtime counts steps from the checkpoint's.
         val resumed = ScriptedLoss(program) { steps -> loss(steps + 2) }
@@ -234,7 +234,7 @@ class GateTest {
         val probe = ScriptedProbe(listOf(10_000_000L, 10_000_000L, 250_000_000L, 120_000_000L))
         val s = TrainingSession(program, weights, SessionTest.HashRuntime(program), dir, probe, FakeClock())
         val out = s.run()
-        assertEquals("completed", out.status, out.message)
+        assertEquals(RunStatus.COMPLETED, out.status, out.message)
         val a = events(dir, "memory_adapted").single()
         assertEquals(2L, a.long("step"))
         assertEquals("lcsb_k", a.string("knob"))
@@ -252,7 +252,7 @@ class GateTest {
         val dir2 = newRun(spec("press2", 6, budget = 200_000_000, policy = "full", k = null))
         val out2 = TrainingSession(program, weights, SessionTest.HashRuntime(program), dir2,
             ScriptedProbe(listOf(10_000_000L, 10_000_000L, 250_000_000L, 120_000_000L, 260_000_000L)), FakeClock()).run()
-        assertEquals("failed", out2.status)
+        assertEquals(RunStatus.FAILED, out2.status)
         assertTrue("smallest settings" in out2.message, out2.message)
         assertEquals("budget_exceeded", events(dir2, "error").last().string("code"))
         assertTrue(dir2.checkpoint.isFile)
@@ -262,12 +262,12 @@ class GateTest {
         val sig = Signals(mutableListOf(PressureSignal(null, false), PressureSignal(230_000_000L, false)))
         val s3 = TrainingSession(program, weights, SessionTest.HashRuntime(program), dir3, ScriptedProbe(listOf(10_000_000L)), FakeClock(),
             object : SessionListener {}, sig)
-        assertEquals("completed", s3.run().status)
+        assertEquals(RunStatus.COMPLETED, s3.run().status)
         assertEquals(listOf(2L to 230_000_000L), events(dir3, "memory_adapted").map { it.long("step") to it.long("measured_bytes") })
         val dir4 = newRun(spec("press4", 6, budget = 200_000_000, policy = "full", k = null))
         val s4 = TrainingSession(program, weights, SessionTest.HashRuntime(program), dir4, ScriptedProbe(listOf(10_000_000L)), FakeClock(),
             object : SessionListener {}, Signals(mutableListOf(PressureSignal(null, true))))
-        assertEquals("completed", s4.run().status)
+        assertEquals(RunStatus.COMPLETED, s4.run().status)
         assertEquals(listOf("os_signal"), events(dir4, "memory_adapted").map { it.string("trigger") })
         checkTelemetry(dir4)
     }

@@ -9,15 +9,17 @@ import java.io.File
 import java.util.Collections
 import java.util.concurrent.CountDownLatch
 import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicBoolean
 import java.util.concurrent.atomic.AtomicInteger
+import java.util.concurrent.atomic.AtomicLong
 import java.util.concurrent.atomic.AtomicReference
 import kotlin.random.Random
 
 /**
- * Streaming generation: the text of the ids as they come ([TextStream]: never a character half decoded, the
+ * Streaming generation: the text of the ids as they come ([IncrementalTextDecoder]: never a character half decoded, the
  * pieces add up to the whole decode), and the session's before / after comparison streamed, cancelled, and
  * run on its own thread while the session trains (progress keeps coming; "after" runs on the state of a whole
- * step). The program is the v3 trace's, with SessionTest's runtime (outputs a pure function of the inputs'
+ * step). The program is the trace's, with SessionTest's runtime (outputs a pure function of the inputs'
  * bytes), so a generation's ids say exactly which state it read. The loop's own streaming and cancel against
  * the host's recorded ExecuTorch calls are ReplayTest's.
  */
@@ -44,7 +46,7 @@ class GenerationTest {
 
     /** The pieces of [ids] (one per id, then finish's) and the stream's text. */
     private fun stream(tok: TextTokenizer, ids: List<Int>, skip: Set<Int> = emptySet()): Pair<List<String>, String> {
-        val s = TextStream(tok, skip)
+        val s = IncrementalTextDecoder(tok, skip)
         val pieces = ids.map { s.push(it) } + s.finish()
         return Pair(pieces, s.textSoFar)
     }
@@ -177,10 +179,10 @@ class GenerationTest {
     /** Every listener call, in order. */
     private class Recorder : GenerationListener {
         val events: MutableList<String> = Collections.synchronizedList(ArrayList())
-        val tokens: MutableList<Pair<String, StreamedToken>> = Collections.synchronizedList(ArrayList())
+        val tokens: MutableList<Pair<String, GeneratedToken>> = Collections.synchronizedList(ArrayList())
         override fun onStart(which: String, stateStep: Long) { events.add("start $which $stateStep") }
-        override fun onToken(which: String, token: StreamedToken) { events.add("token $which ${token.index}"); tokens.add(Pair(which, token)) }
-        override fun onDone(which: String, result: GeneratedText) { events.add("done $which ${result.stopReason}") }
+        override fun onToken(which: String, token: GeneratedToken) { events.add("token $which ${token.index}"); tokens.add(Pair(which, token)) }
+        override fun onDone(which: String, result: Generation) { events.add("done $which ${result.stopReason}") }
         override fun onError(error: Exception) { events.add("error $error") }
         fun ids(which: String) = tokens.filter { it.first == which }.map { it.second.id }
         fun text(which: String) = tokens.filter { it.first == which }.joinToString("") { it.second.text }
@@ -188,7 +190,7 @@ class GenerationTest {
 
     @Test fun `a comparison streams before then after, token by token, text as it comes`() {
         val s = session(newRun("cmp", 6))
-        assertEquals("completed", s.run().status)
+        assertEquals(RunStatus.COMPLETED, s.run().status)
         val rec = Recorder()
         val tok = ByteTokenizer()
         val c = s.compare(prompt, 4, emptySet(), tok, listener = rec)
@@ -216,11 +218,11 @@ class GenerationTest {
     @Test fun `cancel - before stops with the tokens so far, after makes no call, cancelled before the start nothing runs`() {
         val runtime = SessionTest.HashRuntime(program)
         val s = session(newRun("cancel", 2), runtime)
-        assertEquals("completed", s.run().status)
+        assertEquals(RunStatus.COMPLETED, s.run().status)
         val control = GenerationControl()
         val rec = object : GenerationListener {
             val seen = ArrayList<Int>()
-            override fun onToken(which: String, token: StreamedToken) { seen.add(token.id); if (which == "before" && token.index == 1) control.cancel() }
+            override fun onToken(which: String, token: GeneratedToken) { seen.add(token.id); if (which == "before" && token.index == 1) control.cancel() }
         }
         val calls0 = runtime.calls
         val c = s.compare(prompt, 4, emptySet(), ByteTokenizer(), control, rec)
@@ -241,7 +243,7 @@ class GenerationTest {
         val job = AtomicReference<GenerationJob>()
         val started = CountDownLatch(1)
         val j = s.startComparison(prompt, 4, emptySet(), ByteTokenizer(), object : GenerationListener {
-            override fun onToken(which: String, token: StreamedToken) {
+            override fun onToken(which: String, token: GeneratedToken) {
                 started.await(10, TimeUnit.SECONDS)
                 if (which == "after" && token.index == 0) job.get().cancel()
             }
@@ -258,8 +260,8 @@ class GenerationTest {
         val bad = s.startComparison(List(program.seqLen) { 1 }, 4, emptySet(), null, object : GenerationListener {
             override fun onError(error: Exception) { errors.add(error.javaClass.simpleName) }
         })
-        assertTrue(assertThrows<ContractError> { bad.await(60_000) }.message!!.contains("no room"))
-        assertEquals(listOf("ContractError"), errors)
+        assertTrue(assertThrows<BadInput> { bad.await(60_000) }.message!!.contains("no room"))
+        assertEquals(listOf("BadInput"), errors)
         assertTrue(s.closeGeneration())
     }
 
@@ -295,7 +297,7 @@ class GenerationTest {
         val stepsWhileHeld = Collections.synchronizedMap(HashMap<String, Int>())
         val genThreads = Collections.synchronizedSet(HashSet<String>())
         val job = s.startComparison(prompt, 4, emptySet(), ByteTokenizer(), object : GenerationListener {
-            override fun onToken(which: String, token: StreamedToken) {
+            override fun onToken(which: String, token: GeneratedToken) {
                 genThreads.add(Thread.currentThread().name)
                 if (token.index == 0) {
                     val at = progress.get()
@@ -309,7 +311,7 @@ class GenerationTest {
         val c = job.await(120_000)
         trainer.join(120_000)
         failure.get()?.let { throw it }
-        assertEquals("completed", outcome.get().status, outcome.get().message)
+        assertEquals(RunStatus.COMPLETED, outcome.get().status, outcome.get().message)
         for (which in listOf("before", "after"))
             assertTrue((stepsWhileHeld[which] ?: 0) >= 3, "steps reported while $which held its first token: $stepsWhileHeld")
         assertEquals(setOf("trainer"), stepThreads)
@@ -320,7 +322,7 @@ class GenerationTest {
         val k = c.after.stateStep!!
         assertTrue(k in 4..8, "after ran on step $k (after before's hold, before the trainer's wait at step 8)")
         val shorter = session(newRun("live", k + 1))
-        assertEquals("paused", shorter.run(RunControl { shorter.completed >= k }).status)
+        assertEquals(RunStatus.PAUSED, shorter.run(RunControl { shorter.completed >= k }).status)
         assertEquals(expected(shorter.loop.state), c.after.ids, "after: the state of step $k")
         assertEquals(StopReason.MAX_NEW_TOKENS, c.after.stopReason)
         assertTrue(s.closeGeneration(drainMs = 60_000))
@@ -340,7 +342,7 @@ class GenerationTest {
         val times = Collections.synchronizedMap(HashMap<String, MutableList<Long>>())
         val c = s.compare(prompt, n, emptySet(), null, GenerationControl(), object : GenerationListener {
             override fun onStart(which: String, stateStep: Long) { times[which] = arrayListOf(System.nanoTime()) }
-            override fun onToken(which: String, token: StreamedToken) { times.getValue(which).add(System.nanoTime()) }
+            override fun onToken(which: String, token: GeneratedToken) { times.getValue(which).add(System.nanoTime()) }
         })
         assertEquals(n, c.before.ids.size)
         assertEquals(n, c.after.ids.size)
@@ -354,13 +356,15 @@ class GenerationTest {
      * The host's replay of generation beside training with the phone's call times in proportion (a training
      * call 30x a generation call; on a phone ~0.3 s and ~1 ms): idle, then while the session trains. With the
      * calls alternating one by one a token waited L + 2 training calls (here ~150 ms for a 5 ms token); with
-     * the generation first ([RuntimeGate]) the decode rate during training is >= 40% of idle (issue 42: it is
-     * ~the same), the first token waits at most the one training call in flight, and training goes on after.
+     * the generation first ([RuntimeGate]) the decode rate during training is about the idle one. A measurement,
+     * printed (tokens/s and the first token's time, idle and during training): wall-clock rates depend on the
+     * machine's load, so what is asserted is the scheduling property, with the gate's clock in the test's hands
+     * (the next test); here only that training gave way and goes on after the generation.
      */
-    @Test fun `generation beside training decodes at least 40 percent of the idle speed`() {
+    @Test fun `generation beside training - the decode rate idle and during training, printed`() {
         val steps = 100_000L
         val progress = AtomicInteger(0)
-        val stop = java.util.concurrent.atomic.AtomicBoolean(false)
+        val stop = AtomicBoolean(false)
         val s = session(newRun("speed", steps), TimedRuntime(SessionTest.HashRuntime(program), trainMs = 30, genMs = 1), object : SessionListener {
             override fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) { progress.incrementAndGet() }
         })
@@ -377,7 +381,7 @@ class GenerationTest {
         while (progress.get() < atEnd + 2 && System.nanoTime() < deadline) Thread.sleep(1)
         stop.set(true)
         trainer.join(120_000)
-        assertEquals("paused", outcome.get().status, outcome.get().message)
+        assertEquals(RunStatus.PAUSED, outcome.get().status, outcome.get().message)
         assertTrue(progress.get() >= atEnd + 2, "training goes on after the generation")
         assertTrue(s.gate.trainingWaits >= 1, "training gave way to the generation")
         for (which in listOf("before", "after")) {
@@ -385,10 +389,79 @@ class GenerationTest {
             val (busyRate, busyFirst) = rates(busy.getValue(which))
             println("generation beside training ($which): idle ${"%.1f".format(idleRate)} tokens/s, first token ${"%.3f".format(idleFirst)} s; " +
                 "during training ${"%.1f".format(busyRate)} tokens/s (${"%.0f".format(100 * busyRate / idleRate)}%), first token ${"%.3f".format(busyFirst)} s")
-            assertTrue(busyRate >= 0.4 * idleRate, "$which: $busyRate tokens/s during training, $idleRate idle")
-            // The first token: the prefill plus at most the training call in flight (30 ms) and scheduling slack.
-            assertTrue(busyFirst <= idleFirst + 0.030 + 0.25, "$which: first token after $busyFirst s (idle $idleFirst s)")
         }
+        assertTrue(s.closeGeneration(drainMs = 60_000))
+    }
+
+    /**
+     * Issue 42's scheduling property, with the gate's clock in the test's hands ([RuntimeGate]'s `now`; nothing here
+     * depends on how fast the machine is): while a generation's consumer (its token callback) holds it within the
+     * grace period, no training call starts (the trainer waits at the gate); once the grace has passed on the gate's
+     * clock, training goes on, call by call, while the consumer still holds it. Without the gate the trainer never
+     * waits and its calls start during the hold: this test fails.
+     */
+    @Test fun `no training call starts while a generation's consumer is within the grace period, training goes on after it`() {
+        val clock = AtomicLong(0)
+        val grace = TimeUnit.MILLISECONDS.toNanos(50)
+        val gate = RuntimeGate(grace) { clock.get() }
+        val trainer = AtomicReference<Thread>()
+        val watching = AtomicBoolean(false)  // the hold, the trainer parked, the gate's clock within the grace
+        val graceOver = AtomicBoolean(false)
+        val startedInGrace = AtomicInteger(0)
+        val resumed = CountDownLatch(1)
+        val inner = SessionTest.HashRuntime(program)
+        val runtime = object : ProgramRuntime {
+            override fun execute(method: String, inputs: List<TensorBuffer>): List<TensorBuffer> {
+                if (Thread.currentThread() === trainer.get()) {
+                    if (watching.get()) startedInGrace.incrementAndGet()
+                    if (graceOver.get()) resumed.countDown()
+                }
+                return inner.execute(method, inputs)
+            }
+        }
+        val progress = AtomicInteger(0)
+        val stop = AtomicBoolean(false)
+        val s = TrainingSession(program, weights, runtime, newRun("grace", 100_000L), ScriptedProbe(listOf(50_000_000L)), FakeClock(),
+            object : SessionListener {
+                override fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) { progress.incrementAndGet() }
+            }, gate = gate)
+        val outcome = AtomicReference<RunOutcome>()
+        val t = Thread({ outcome.set(s.run(RunControl { stop.get() })) }, "trainer")
+        trainer.set(t)
+        t.start()
+        val deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60)
+        while (progress.get() < 1 && System.nanoTime() < deadline) Thread.sleep(1)
+        assertTrue(progress.get() >= 1, "training runs")
+        var parked = false
+        var afterGrace = false
+        val c = s.compare(prompt, 4, emptySet(), null, GenerationControl(), object : GenerationListener {
+            override fun onToken(which: String, token: GeneratedToken) {
+                if (which != "before" || token.index != 1) return
+                // The consumer holds the generation (the gate's clock stands still: within the grace). The trainer,
+                // wanting its next call, waits at the gate: parked, not running calls.
+                val until = System.nanoTime() + TimeUnit.SECONDS.toNanos(10)
+                while (System.nanoTime() < until && !parked) {
+                    parked = t.state == Thread.State.WAITING || t.state == Thread.State.TIMED_WAITING
+                    if (!parked) Thread.sleep(1)
+                }
+                watching.set(true)
+                Thread.sleep(200)  // real time in which an ungated trainer would start many calls
+                clock.addAndGet(grace - 1)  // the last nanosecond of the grace
+                Thread.sleep(100)
+                watching.set(false)
+                graceOver.set(true)
+                clock.addAndGet(1)  // the grace has passed: training may go on while the consumer still holds it
+                afterGrace = resumed.await(60, TimeUnit.SECONDS)
+            }
+        })
+        stop.set(true)
+        t.join(120_000)
+        assertEquals(RunStatus.PAUSED, outcome.get().status, outcome.get().message)
+        assertEquals(0, startedInGrace.get(), "training calls started while the consumer was within the grace period")
+        assertTrue(parked, "the trainer waited at the gate while the consumer held the generation within the grace")
+        assertTrue(afterGrace, "training went on once the grace had passed")
+        assertTrue(gate.trainingWaits >= 1, "training gave way to the generation")
+        assertEquals(expected(null), c.before.ids, "before: the initial adapter, whatever training did meanwhile")
         assertTrue(s.closeGeneration(drainMs = 60_000))
     }
 }

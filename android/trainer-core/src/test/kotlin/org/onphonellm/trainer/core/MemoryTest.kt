@@ -26,7 +26,7 @@ class MemoryTest {
         assertEquals(16060L * 1024, px.swapBytes)
         val kb = ProcStatus.parseKb(File(Fixtures.androidSamples, "proc-pid-status-android14plus-pixel7a-footos.txt").readText())
         assertEquals(kb["VmRSS"], kb["RssAnon"]!! + kb["RssFile"]!! + kb["RssShmem"]!!)
-        assertThrows<ContractError> { ProcStatus.sample("Name:\tfoo\nThreads:\t4\n") }
+        assertThrows<BadInput> { ProcStatus.sample("Name:\tfoo\nThreads:\t4\n") }
     }
 
     @Test

@@ -58,15 +58,15 @@ class PhoneTest {
         val cache = VerifyCache(File(programs.parentFile, "verified"))
         // Not a program: the folder above it is named.
         val parent = programSrc.parentFile
-        val e0 = assertThrows<ContractError> { ProgramImport.import(ImportSource.Directory(parent), programs, "x", cache) }
+        val e0 = assertThrows<BadInput> { ProgramImport.import(ImportSource.Directory(parent), programs, "x", cache) }
         assertTrue("pick its folder program" in e0.message!!, e0.message)
         // A file missing.
         val missing = copyOf(programSrc).also { File(it, "model.pte").delete() }
-        val e1 = assertThrows<ContractError> { ProgramImport.import(ImportSource.Directory(missing), programs, "x", cache) }
+        val e1 = assertThrows<BadInput> { ProgramImport.import(ImportSource.Directory(missing), programs, "x", cache) }
         assertTrue("lacks model.pte" in e1.message!!, e1.message)
         // A file changed (a partial copy): refused after hashing it, no program and no temporary directory left.
         val changed = copyOf(programSrc).also { f -> File(f, "state_init.bin").let { it.writeBytes(it.readBytes().also { b -> b[0] = (b[0] + 1).toByte() }) } }
-        val e2 = assertThrows<ContractError> { ProgramImport.import(ImportSource.Directory(changed), programs, "x", cache) }
+        val e2 = assertThrows<BadInput> { ProgramImport.import(ImportSource.Directory(changed), programs, "x", cache) }
         assertTrue("state_init.bin does not match" in e2.message!!, e2.message)
         assertEquals(emptyList<String>(), programs.list()!!.toList())
         // Too little space: refused before copying.
@@ -76,7 +76,7 @@ class PhoneTest {
         assertThrows<ProgramImport.Cancelled> { ProgramImport.import(ImportSource.Directory(programSrc), programs, "x", cache, cancelled = { true }) }
         assertEquals(emptyList<String>(), programs.list()!!.toList())
         // A bad name.
-        assertThrows<ContractError> { ProgramImport.import(ImportSource.Directory(programSrc), programs, "../x", cache) }
+        assertThrows<BadInput> { ProgramImport.import(ImportSource.Directory(programSrc), programs, "../x", cache) }
         assertEquals("my_program_2", ProgramImport.safeName("my program 2"))
     }
 
@@ -85,7 +85,7 @@ class PhoneTest {
         val cache = VerifyCache(File(programs.parentFile, "verified"))
         ProgramImport.import(ImportSource.Directory(programSrc), programs, "tiny", cache)
         val broken = copyOf(programSrc).also { File(it, "weights.safetensors").appendBytes(byteArrayOf(1)) }
-        assertThrows<ContractError> { ProgramImport.import(ImportSource.Directory(broken), programs, "tiny", cache) }
+        assertThrows<BadInput> { ProgramImport.import(ImportSource.Directory(broken), programs, "tiny", cache) }
         assertTrue(cache.isVerified(Manifest.read(File(programs, "tiny"))), "the old copy and its record stand")
         ProgramImport.import(ImportSource.Directory(programSrc), programs, "tiny", cache)
         assertEquals(listOf("tiny"), ProgramImport.list(programs))
@@ -102,7 +102,7 @@ class PhoneTest {
         val st = File(dir, "state_init.bin")
         st.writeBytes(st.readBytes().also { it[0] = (it[0] + 1).toByte() })
         st.setLastModified(st.lastModified() + 5000)
-        assertThrows<ContractError> { cache.verifyOnce(Manifest.read(dir)) }
+        assertThrows<BadInput> { cache.verifyOnce(Manifest.read(dir)) }
         assertFalse(cache.recordFile(dir).exists())
         File(programSrc, "state_init.bin").copyTo(st, overwrite = true)
         assertTrue(cache.verifyOnce(Manifest.read(dir)))
@@ -111,7 +111,7 @@ class PhoneTest {
         val sha = p.files.getValue("model.pte")
         m.writeText(m.readText().replace(sha, "0".repeat(64)))
         assertFalse(cache.isVerified(Manifest.read(dir)))
-        assertThrows<ContractError> { cache.verifyOnce(Manifest.read(dir)) }
+        assertThrows<BadInput> { cache.verifyOnce(Manifest.read(dir)) }
         assertTrue(VerifyCache.key(p) != VerifyCache.key(Manifest.read(dir)))
     }
 

@@ -34,7 +34,7 @@ class ProgramGenerationTest {
         assertEquals("progB", (GenerateTarget.resolve(a, "progA", "progB") as GenerateTarget.Program).name, "the latest run is of another program")
         assertEquals("progB", (GenerateTarget.resolve(null, null, "progB") as GenerateTarget.Program).name, "no run at all")
         assertTrue(GenerateTarget.resolve(a, "progA", null) is GenerateTarget.Run, "adb without a program: the latest run")
-        val e = assertThrows<ContractError> { GenerateTarget.resolve(null, null, null) }
+        val e = assertThrows<BadInput> { GenerateTarget.resolve(null, null, null) }
         assertTrue("import a program" in e.message!!, e.message)
     }
 
@@ -42,8 +42,8 @@ class ProgramGenerationTest {
     private class Recorder : GenerationListener {
         val events: MutableList<String> = Collections.synchronizedList(ArrayList())
         override fun onStart(which: String, stateStep: Long) { events.add("start $which $stateStep") }
-        override fun onToken(which: String, token: StreamedToken) { events.add("token $which ${token.index} ${token.id}") }
-        override fun onDone(which: String, result: GeneratedText) { events.add("done $which ${result.stopReason}") }
+        override fun onToken(which: String, token: GeneratedToken) { events.add("token $which ${token.index} ${token.id}") }
+        override fun onDone(which: String, result: Generation) { events.add("done $which ${result.stopReason}") }
         override fun onSkipped(which: String, reason: String) { events.add("skipped $which") }
         override fun onError(error: Exception) { events.add("error $error") }
     }
@@ -79,7 +79,7 @@ class ProgramGenerationTest {
         val seen = Collections.synchronizedList(ArrayList<Int>())
         val started = java.util.concurrent.CountDownLatch(1)
         job = g.startComparison(prompt, 4, emptySet(), null, object : GenerationListener {
-            override fun onToken(which: String, token: StreamedToken) {
+            override fun onToken(which: String, token: GeneratedToken) {
                 started.await()
                 threads.add(Thread.currentThread().name)
                 seen.add(token.id)
@@ -103,8 +103,8 @@ class ProgramGenerationTest {
         val bad = g.startComparison(List(program.seqLen) { 1 }, 4, emptySet(), null, object : GenerationListener {
             override fun onError(error: Exception) { errors.add(error.javaClass.simpleName) }
         })
-        assertTrue(assertThrows<ContractError> { bad.await(60_000) }.message!!.contains("no room"))
-        assertEquals(listOf("ContractError"), errors)
+        assertTrue(assertThrows<BadInput> { bad.await(60_000) }.message!!.contains("no room"))
+        assertEquals(listOf("BadInput"), errors)
         assertTrue(g.closeGeneration())
     }
 }

@@ -10,7 +10,7 @@ import java.nio.ByteBuffer
 import java.nio.channels.FileChannel
 
 /**
- * The v3 layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
+ * The layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
  * host ran shared_schemas/traces/v3_tiny/program on ExecuTorch through its own loop
  * (scripts/record_trace.py) and recorded every call. The Kotlin LayerLoop runs the same steps (full
  * backprop, LCSB with layers chosen at run time, eval, greedy generation) on that program's manifest,
@@ -334,7 +334,7 @@ class ReplayTest {
             // Cancelled before it starts: no program call, no token.
             runtime.next = start
             val none = loop.generateStream(prompt, max, emptySet(), GenerationControl().also { it.cancel() }) { error("no token expected") }
-            assertEquals(Generation(emptyList(), StopReason.CANCELLED).toString(), none.toString())
+            assertEquals(GenerationResult(emptyList(), StopReason.CANCELLED).toString(), none.toString())
             assertEquals(start, runtime.next, "calls made by a generation cancelled before its start")
             // Cancelled while token k is reported: exactly k tokens (the host's first k), and no call after the k-th token's logits.
             for (k in 1 until max) {
@@ -357,7 +357,7 @@ class ReplayTest {
             // A stop id ends it, included (the host's "eos").
             runtime.next = start
             val eos = loop.generateStream(prompt, max, setOf(want[1]))
-            assertEquals(Generation(want.take(want.indexOf(want[1]) + 1), StopReason.EOS).toString(), eos.toString())
+            assertEquals(GenerationResult(want.take(want.indexOf(want[1]) + 1), StopReason.EOS).toString(), eos.toString())
             // A cancel from another thread during the prefill: seen before the next layer's call, or the next
             // chunk's, or the prompt's head_logits.
             for (at in 1..prefill - 1) {
@@ -394,7 +394,7 @@ class ReplayTest {
             file.writeBytes(ByteArray(4 * p.stateNumel).also { loop.state.buffer.duplicate().apply { position(0) }.get(it) })
             val fromFile = StateBuffer(p, entries).also { it.load(file) }
             assertEquals(snap.sha256(), fromFile.sha256())
-            assertThrows(ContractError::class.java) { snap.view(p.stateEntries.first { it.role != "param" }.name) }
+            assertThrows(BadInput::class.java) { snap.view(p.stateEntries.first { it.role != "param" }.name) }
             assertThrows(IllegalStateException::class.java) { StateCheckpoints.writeAdapter(Fixtures.tempDir(), snap) }
             checked++
         })
@@ -513,15 +513,15 @@ class ReplayTest {
         val short = TensorBuffer.floats("d", listOf(xSpec.shape[0] - 1, xSpec.shape[1]), FloatArray(xSpec.numel - xSpec.shape[1]))
         val ints = TensorBuffer("d", ElemType.INT32, xSpec.shape, ByteBuffer.allocateDirect(4 * xSpec.numel))
         for (bad in listOf(short, ints)) {
-            val e = assertThrows<ContractError> { loop.call("head_loss", null, values, into = mapOf("d" to bad)) }
+            val e = assertThrows<BadInput> { loop.call("head_loss", null, values, into = mapOf("d" to bad)) }
             assertTrue("head_loss" in e.message!! && "dx" in e.message!!, e.message)
         }
-        val none = assertThrows<ContractError> { loop.call("head_loss", null, values, into = mapOf("dx" to x.copy())) }
+        val none = assertThrows<BadInput> { loop.call("head_loss", null, values, into = mapOf("dx" to x.copy())) }
         assertTrue("no activation output 'dx'" in none.message!!, none.message)  // keyed by the output's ref (d), not its name
         // A state output cannot be redirected: block_backward's d is its one activation output, its state outputs go to their slices.
         val entry = program.method("block_backward").outputs.first { it.bind == "state" }
         val lr = TensorBuffer.floats("lr", listOf(1), floatArrayOf(0.01f))
-        val st = assertThrows<ContractError> {
+        val st = assertThrows<BadInput> {
             loop.call("block_backward", 0, mapOf("d" to x.copy(), "checkpoint" to x.copy(), "lr" to lr),
                 into = mapOf(entry.ref to TensorBuffer.floats("s", entry.shape, FloatArray(entry.numel))))
         }
@@ -558,7 +558,7 @@ class ReplayTest {
         val train = rows(trace, "rows")
         val steps = trace.doc.arr("steps").map { Fields.of(it, "step") }.filter { it.string("kind") == "train" }
         val lr = trace.doc.double("lr").toFloat()
-        val dir = kotlin.io.path.createTempDirectory("v3resume").toFile()
+        val dir = kotlin.io.path.createTempDirectory("resume").toFile()
         try {
             val store = CheckpointStore(File(dir, "checkpoint.safetensors"))
             fun run(loop: LayerLoop, from: Int, to: Int) {
@@ -635,7 +635,7 @@ class ReplayTest {
             val want = ByteArray(3 * rowBytes).also { t.data.duplicate().apply { position(2 * rowBytes) }.get(it) }
             assertEquals(want.toList(), ByteArray(rows.nbytes).also { rows.data.duplicate().apply { position(0) }.get(it) }.toList())
         }
-        assertThrows<ContractError> { w.rows("embed.qweight", 90, program.vocab + 1) }
+        assertThrows<BadInput> { w.rows("embed.qweight", 90, program.vocab + 1) }
         // The head's chunks are such views: head_0_q / head_0_scale of head_logits, rows [0, V).
         val head = program.method("head_logits").inputs.filter { it.bind == "weight" && it.rows != null }
         assertEquals(listOf("head_0_q" to "embed.qweight", "head_0_scale" to "embed.scales"), head.map { it.name to it.ref })
@@ -702,9 +702,9 @@ class ReplayTest {
         assertTrue("\"prefill_chunk\": 2," in text && "\"head\": true," in text)
         val ok = Manifest.parse(File("."), Json.parse(text), "v3_tiny")
         assertEquals(Triple(2, true, true), Triple(ok.prefillChunk, ok.quantHead, ok.hasGeneration))
-        val noChunk = assertThrows<ContractError> { Manifest.parse(File("."), Json.parse(text.replace("\"prefill_chunk\": 2,", "")), "old") }
+        val noChunk = assertThrows<BadInput> { Manifest.parse(File("."), Json.parse(text.replace("\"prefill_chunk\": 2,", "")), "old") }
         assertTrue("re-export" in noChunk.message!! && "prefill_chunk" in noChunk.message!!, noChunk.message)
-        val noHead = assertThrows<ContractError> { Manifest.parse(File("."), Json.parse(text.replace("\"head\": true,", "")), "old") }
+        val noHead = assertThrows<BadInput> { Manifest.parse(File("."), Json.parse(text.replace("\"head\": true,", "")), "old") }
         assertTrue("re-export" in noHead.message!! && "quant.head" in noHead.message!!, noHead.message)
         // Without generation at all (generate null) the program trains and cannot generate.
         val doc = Json.parse(text) as Json.Obj
@@ -719,10 +719,10 @@ class ReplayTest {
         assertTrue("\"schema_version\": 3" in text)
         Manifest.parse(File("."), Json.parse(text), "v3")  // the example itself parses
         val v2 = text.replace("\"schema_version\": 3", "\"schema_version\": 2")
-        val e = assertThrows(ContractError::class.java) { Manifest.parse(File("."), Json.parse(v2), "v2") }
+        val e = assertThrows(BadInput::class.java) { Manifest.parse(File("."), Json.parse(v2), "v2") }
         assertTrue("schema_version 2" in e.message!! && "re-export" in e.message!!, e.message)
         val v4 = text.replace("\"schema_version\": 3", "\"schema_version\": 4")
-        val e4 = assertThrows(ContractError::class.java) { Manifest.parse(File("."), Json.parse(v4), "v4") }
+        val e4 = assertThrows(BadInput::class.java) { Manifest.parse(File("."), Json.parse(v4), "v4") }
         assertTrue("update the app" in e4.message!!, e4.message)
     }
 }

@@ -40,7 +40,7 @@ class RunDefaultsTest {
 
     @Test fun `bad defaults are a manifest error`() {
         for (bad in listOf("{\"lr\": 0, \"steps\": 10}", "{\"lr\": 0.1, \"steps\": 0}", "{\"lr\": 0.1}", "{\"steps\": 3}", "{\"lr\": \"x\", \"steps\": 3}")) {
-            val e = assertThrows<ContractError>(bad) { parse(bad) }
+            val e = assertThrows<BadInput>(bad) { parse(bad) }
             assertTrue(e.message!!.startsWith("manifest.json") && "defaults" in e.message!! || "lr" in e.message!! || "steps" in e.message!!, e.message)
         }
     }

@@ -13,7 +13,7 @@ import java.nio.ByteOrder
 import java.security.MessageDigest
 
 /**
- * The v3 training session (what the app's service runs) on the trace's real program (manifest, mapped
+ * The training session (what the app's service runs) on the trace's real program (manifest, mapped
  * weights, state_init.bin, adapter_init/) with a runtime whose outputs are a pure function of the inputs'
  * bytes: any change in what the session feeds a method (row, layers, lr, state) changes every later
  * output, so "a resumed run ends in the same state as an uninterrupted one" is a real check. The loop's
@@ -72,7 +72,7 @@ class SessionTest {
         assertEquals(6, s.train.size)
         assertEquals(2, s.held.size)
         val out = s.run()
-        assertEquals("completed", out.status, out.message)
+        assertEquals(RunStatus.COMPLETED, out.status, out.message)
         assertEquals(6L, out.stepsCompleted)
         val events = EventLog(dir.telemetry).events()
         events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
@@ -99,7 +99,7 @@ class SessionTest {
 
     @Test fun `train while charging - a window's end pauses at a step boundary, the next window resumes, same state as one go`() {
         val a = newRun(Fixtures.tempDir(), "one-go")
-        assertEquals("completed", session(a).run().status)
+        assertEquals(RunStatus.COMPLETED, session(a).run().status)
         val base = Fixtures.tempDir()
         val b = newRun(base, "windows")
         val runs = Runs(base)
@@ -114,8 +114,8 @@ class SessionTest {
             var steps = 0
             val s = session(runs.get("windows")!!)
             val out = s.run(ChargingRuns.control({ steps >= 2 }, { false })) { steps++ }
-            assertTrue(out.status == "paused" || out.status == "completed", out.status)
-            if (out.status == "paused") assertEquals(0L, out.stepsCompleted % 2, "paused at a step boundary after whole windows")
+            assertTrue(out.status == RunStatus.PAUSED || out.status == RunStatus.COMPLETED, "${out.status}")
+            if (out.status == RunStatus.PAUSED) assertEquals(0L, out.stepsCompleted % 2, "paused at a step boundary after whole windows")
         }
         // 6 steps in windows of 2; the third window ends with its last step, so the held-out pass after it stops before its
         // first row (a stop is honoured between rows) and a fourth window computes it and completes the run.
@@ -129,7 +129,7 @@ class SessionTest {
 
     @Test fun `train while charging in the worker - a refused foreground stops at its deadline, a restart off the charger trains nothing, unplugging pauses, same state as one go`() {
         val a = newRun(Fixtures.tempDir(), "one-go")
-        assertEquals("completed", session(a).run().status)
+        assertEquals(RunStatus.COMPLETED, session(a).run().status)
         val base = Fixtures.tempDir()
         val b = newRun(base, "charged")
         val runs = Runs(base)
@@ -140,7 +140,7 @@ class SessionTest {
         ChargingRuns.mark(runs.get("charged")!!, true)
         var nowMs = 0L
         val w1 = session(runs.get("charged")!!).run(ChargingRuns.control({ false }, { false }, plan.deadlineMs, { nowMs })) { nowMs += 4 * 60_000 }
-        assertEquals("paused", w1.status)
+        assertEquals(RunStatus.PAUSED, w1.status)
         assertEquals(3L, w1.stepsCompleted)
         // The process is killed; Android restarts the service (START_STICKY / redelivery) off the charger: the flag,
         // read from the run directory, defers it: nothing trains, the log is untouched.
@@ -155,14 +155,14 @@ class SessionTest {
         assertEquals(ChargingRuns.ServiceStart.Train(chargingOnly = true, setMark = true), restartOn)
         var charging = true
         val w2 = session(runs.latest()!!).run(RunControl { !charging }) { charging = false }
-        assertEquals("paused", w2.status)
+        assertEquals(RunStatus.PAUSED, w2.status)
         assertEquals(4L, w2.stepsCompleted)
         assertTrue(ChargingRuns.isMarked(runs.latest()!!), "still a charging-window run")
         // The user's Resume: trains now, clears the flag, completes.
         val user = ChargingRuns.onServiceStart(restart = false, chargingRequested = false, marked = true, enabled = true, charging = false, batteryPct = 90.0)
         assertEquals(ChargingRuns.ServiceStart.Train(chargingOnly = false, setMark = false), user)
         ChargingRuns.mark(runs.latest()!!, false)
-        assertEquals("completed", session(runs.latest()!!).run().status)
+        assertEquals(RunStatus.COMPLETED, session(runs.latest()!!).run().status)
         assertFalse(ChargingRuns.isMarked(runs.latest()!!))
         val sa = session(a).also { it.loadState() }.loop.state.sha256()
         val sb = session(b).also { it.loadState() }.loop.state.sha256()
@@ -174,7 +174,7 @@ class SessionTest {
 
     @Test fun `killed mid-step, resumed without a run id, ends in the uninterrupted state`() {
         val a = newRun(Fixtures.tempDir(), "same")
-        assertEquals("completed", session(a).run().status)
+        assertEquals(RunStatus.COMPLETED, session(a).run().status)
         val baseB = Fixtures.tempDir()
         val b = newRun(baseB, "same")
         // Kill during step 3 (after the checkpoint of step 2): each step makes ~11 calls, eval before ~8.
@@ -183,7 +183,7 @@ class SessionTest {
         val latest = Runs(baseB).latest()!!
         assertEquals("same", latest.runId)
         val out = session(latest).run()
-        assertEquals("completed", out.status, out.message)
+        assertEquals(RunStatus.COMPLETED, out.status, out.message)
         assertArrayEquals(File(a.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(b.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes())
         assertEquals(EvalPair.read(a.results).after, EvalPair.read(b.results).after)
         val events = EventLog(b.telemetry).events()
@@ -199,11 +199,11 @@ class SessionTest {
         val dir = newRun(base, "stopme")
         var steps = 0
         val out = session(dir).run(RunControl { steps >= 3 }) { steps++ }
-        assertEquals("paused", out.status)
+        assertEquals(RunStatus.PAUSED, out.status)
         assertEquals(3L, out.stepsCompleted)
         assertEquals(3L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step)
         val again = session(Runs(base).latest()!!).run()
-        assertEquals("completed", again.status)
+        assertEquals(RunStatus.COMPLETED, again.status)
         assertEquals(6L, again.stepsCompleted)
         assertTrue(EventLog(dir.telemetry).events().none { (it["code"] as? Json.Str)?.value == "resumed_after_kill" })
     }
@@ -211,18 +211,18 @@ class SessionTest {
     @Test fun `the memory budget stops the run, checkpointed, OS low memory pauses it`() {
         val dir = newRun(Fixtures.tempDir(), "budget", budget = 200_000_000)
         val out = session(dir, probe = ScriptedProbe(listOf(10_000_000L, 10_000_000L, 150_000_000L, 250_000_000L))).run()
-        assertEquals("failed", out.status)
+        assertEquals(RunStatus.FAILED, out.status)
         assertTrue("budget" in out.message, out.message)
         assertTrue(dir.checkpoint.isFile)
         val low = newRun(Fixtures.tempDir(), "low")
         val p = session(low, probe = ScriptedProbe(listOf(10_000_000L), lowMemory = true)).run()
-        assertEquals("paused", p.status)
+        assertEquals(RunStatus.PAUSED, p.status)
     }
 
     @Test fun `generation before uses the initial adapter, after the live state`() {
         val dir = newRun(Fixtures.tempDir(), "gen")
         val s = session(dir)
-        assertEquals("completed", s.run().status)
+        assertEquals(RunStatus.COMPLETED, s.run().status)
         val (before, after) = s.generateBoth(listOf(5, 7, 9), 4, emptySet())
         assertEquals(4, before.size)
         assertEquals(4, after.size)
@@ -260,10 +260,10 @@ class SessionTest {
         assertEquals(0L, StepPlan.make(4, 2, "random").seed)
         // seed + t wraps modulo 2^64, as the host's SplitMix64 takes (seed + t) mod 2^64
         assertEquals(permutation(4, Long.MIN_VALUE + 1).take(2).sorted().toSet(), StepPlan.make(4, 2, "random", seed = Long.MAX_VALUE, period = 3).layersAt(2))
-        assertThrows<ContractError> { StepPlan.make(4, 2, "random", period = 0) }
-        assertThrows<ContractError> { StepPlan.make(4, 2, "cyclic", seed = 1) }
-        assertThrows<ContractError> { StepPlan.make(4, 5, "random") }
-        assertThrows<ContractError> { StepPlan.make(4, 2, "lisa") }
+        assertThrows<BadInput> { StepPlan.make(4, 2, "random", period = 0) }
+        assertThrows<BadInput> { StepPlan.make(4, 2, "cyclic", seed = 1) }
+        assertThrows<BadInput> { StepPlan.make(4, 5, "random") }
+        assertThrows<BadInput> { StepPlan.make(4, 2, "lisa") }
     }
 
     @Test fun `a warm-up backpropagates every layer, then the plan on the global step index`() {
@@ -277,15 +277,15 @@ class SessionTest {
         assertEquals(10, p.maxLayers); assertEquals(4, StepPlan.make(10, 4, "anchored").maxLayers)
         assertEquals(0L, StepPlan.make(10, 4, "anchored").warmup)
         assertEquals(5L, StepPlan.make(8, 2, "random", seed = 3, period = 5, warmup = 5).warmup)
-        assertThrows<ContractError> { StepPlan.make(10, 4, "anchored", warmup = -1) }
-        assertThrows<ContractError> { p.copy(warmup = -1) }
+        assertThrows<BadInput> { StepPlan.make(10, 4, "anchored", warmup = -1) }
+        assertThrows<BadInput> { p.copy(warmup = -1) }
         // parse: absent = 0, a value is kept, a negative one refused
         val text = """{"schema_version": 1, "layers": 3, "policy": "cyclic", "k": 1, "seed": null, "phases": [[0], [1], [2]], "schedule": [0, 1, 2]"""
         assertEquals(0L, StepPlan.parse("$text}").warmup)
         val warm = StepPlan.parse("""$text, "warmup": 2}""")
         assertEquals(2L, warm.warmup)
         assertEquals(listOf(setOf(0, 1, 2), setOf(0, 1, 2), setOf(2), setOf(0)), (0L..3L).map { warm.layersAt(it) })
-        assertThrows<ContractError> { StepPlan.parse("""$text, "warmup": -1}""") }
+        assertThrows<BadInput> { StepPlan.parse("""$text, "warmup": -1}""") }
     }
 
     /** The loop with checkpoint groups makes the same update calls on the same inputs (any change would change every later output). */
@@ -310,7 +310,7 @@ class SessionTest {
             selections.zip(peaks).forEach { (sel, p) -> assertTrue(p <= (sel.size + s - 1) / s + s - 1 && p <= sel.size, "$sel, s = $s: $p alive") }
         }
         assertEquals(2, train(2).third[0])  // all 3 layers selected: [0, 1] [2] keeps 2 inputs, not 3
-        assertThrows<ContractError> { train(0) }
+        assertThrows<BadInput> { train(0) }
         assertEquals(listOf(listOf(0, 2), listOf(5, 7), listOf(9)), LayerLoop.checkpointGroups(listOf(0, 2, 5, 7, 9), 2))
         assertEquals(listOf(1, 1, 2, 2, 2, 3, 5), listOf(1, 2, 3, 5, 6, 7, 24).map { LayerLoop.sqrtLayersPerCheckpoint(it) })
     }
@@ -319,7 +319,7 @@ class SessionTest {
         fun runWith(s: Int): RunDir {
             val id = "rand$s"
             val dir = newRun(Fixtures.tempDir(), id, spec = spec(id).copy(lcsbPolicy = "random", lcsbK = 2, lcsbSeed = 5, layersPerCheckpoint = s))
-            assertEquals("completed", session(dir).run().status)
+            assertEquals(RunStatus.COMPLETED, session(dir).run().status)
             return dir
         }
         val a = runWith(1)
@@ -344,14 +344,14 @@ class SessionTest {
         val parsed = RunSpec.parse(old, "old run.json")
         assertEquals(1, parsed.layersPerCheckpoint)
         assertEquals(null, parsed.lcsbSeed)
-        assertThrows<ContractError> { spec("x").copy(lcsbSeed = 3).plan(program) }  // a seed without the random policy
-        assertThrows<ContractError> { spec("y").copy(layersPerCheckpoint = 0) }
+        assertThrows<BadInput> { spec("x").copy(lcsbSeed = 3).plan(program) }  // a seed without the random policy
+        assertThrows<BadInput> { spec("y").copy(layersPerCheckpoint = 0) }
     }
 
     @Test fun `a session with a warm-up - full backprop steps without lcsb_phase, then the plan`() {
         val id = "warm"
         val dir = newRun(Fixtures.tempDir(), id, spec = spec(id).copy(lcsbWarmup = 2))
-        assertEquals("completed", session(dir).run().status)
+        assertEquals(RunStatus.COMPLETED, session(dir).run().status)
         val events = EventLog(dir.telemetry).events()
         events.forEach { assertEquals(emptyList<String>(), EventSchema.problems(it)) }
         val steps = events.filter { (it["type"] as Json.Str).value == "step" }.map { Fields(it, "step") }
@@ -362,8 +362,8 @@ class SessionTest {
         assertEquals(2L, start.obj("config").long("lcsb_warmup"))
         assertEquals(2L, RunSpec.parse(Json.parse(dir.spec.readText()), "run.json").lcsbWarmup)
         assertEquals(null, RunSpec.parse(spec("old").toJson(), "run.json").lcsbWarmup)  // absent: none
-        assertThrows<ContractError> { spec("n").copy(lcsbWarmup = -1) }
-        assertThrows<ContractError> { spec("f").copy(lcsbPolicy = "full", lcsbWarmup = 2).plan(program) }
+        assertThrows<BadInput> { spec("n").copy(lcsbWarmup = -1) }
+        assertThrows<BadInput> { spec("f").copy(lcsbPolicy = "full", lcsbWarmup = 2).plan(program) }
     }
 
     /** A weights file identity the test changes between steps (the mapped file itself is left alone). */
@@ -380,10 +380,10 @@ class SessionTest {
 
     @Test fun `the weights file changes between steps - the next step never runs, the checkpoint is the last completed step, one error, a resume after re-import ends as one go`() {
         val oneGo = newRun(Fixtures.tempDir(), "one-go")
-        assertEquals("completed", session(oneGo).run().status)
+        assertEquals(RunStatus.COMPLETED, session(oneGo).run().status)
         val ref = newRun(Fixtures.tempDir(), "ref")  // stopped by the user after 3 steps
         var n = 0
-        assertEquals("paused", session(ref).run(RunControl { n >= 3 }) { n++ }.status)
+        assertEquals(RunStatus.PAUSED, session(ref).run(RunControl { n >= 3 }) { n++ }.status)
 
         val base = Fixtures.tempDir()
         val dir = newRun(base, "changed")
@@ -395,7 +395,7 @@ class SessionTest {
         var steps = 0
         var callsAtChange = -1
         val out = s.run { steps++; if (steps == 3) { ids.current = mapped.copy(size = 2048); callsAtChange = rt.calls } }
-        assertEquals("failed", out.status, out.message)
+        assertEquals(RunStatus.FAILED, out.status, out.message)
         assertEquals(3L, out.stepsCompleted)
         assertEquals(3, steps, "the step after the change never ran")
         assertEquals(callsAtChange, rt.calls, "no program call after the change (the mapping is not read again)")
@@ -420,14 +420,14 @@ class SessionTest {
         assertEquals(w.stale, w.checkChanged())
         ids.current = mapped  // even if the file looks as it did
         assertNotNull(w.checkChanged())
-        val g = assertThrows<ContractError> { s.compare(listOf(5, 7, 9), 4, emptySet()) }
+        val g = assertThrows<BadInput> { s.compare(listOf(5, 7, 9), 4, emptySet()) }
         assertTrue("re-import the program" in g.message!!, g.message)
-        assertThrows<ContractError> { LayerLoop(program, w, rt).also { it.state.loadInit() }.generate(listOf(5, 7), 2) }
+        assertThrows<BadInput> { LayerLoop(program, w, rt).also { it.state.loadInit() }.generate(listOf(5, 7), 2) }
         assertEquals(callsAtChange, rt.calls)
         assertEquals(1, events(dir, "error").size, "the error event is sent once")
         // Re-imported (a new mapping of an unchanged file): the next session resumes at step 3 and ends as one uninterrupted run.
         val again = session(Runs(base).latest()!!).run()
-        assertEquals("completed", again.status, again.message)
+        assertEquals(RunStatus.COMPLETED, again.status, again.message)
         assertEquals(6L, again.stepsCompleted)
         assertEquals(stateAt(oneGo), stateAt(dir))
         assertArrayEquals(File(oneGo.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes(), File(dir.adapter, StateCheckpoints.ADAPTER_WEIGHTS).readBytes())
@@ -445,7 +445,7 @@ class SessionTest {
             var steps = 0
             var calls = -1
             val out = s.run { if (++steps == 1) { ids.current = change; calls = rt.calls } }
-            assertEquals(Pair("failed", 1L), Pair(out.status, out.stepsCompleted), label)
+            assertEquals(Pair(RunStatus.FAILED, 1L), Pair(out.status, out.stepsCompleted), label)
             assertTrue(label in out.message, "$label: ${out.message}")
             assertEquals(calls, rt.calls, label)
             assertEquals(1L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step, label)
@@ -463,7 +463,7 @@ class SessionTest {
         val s = TrainingSession(program, MappedWeights.map(File(programDir, program.weightsFile), ids), rt, early, ScriptedProbe(listOf(50_000_000L)), FakeClock())
         ids.current = mapped.copy(size = 0)
         val out = s.run()
-        assertEquals(Pair("failed", 0L), Pair(out.status, out.stepsCompleted))
+        assertEquals(Pair(RunStatus.FAILED, 0L), Pair(out.status, out.stepsCompleted))
         assertEquals(0, rt.calls)
         assertEquals(0L, CheckpointStore(early.checkpoint).load(program.stateNumel).step)
         assertEquals(listOf(0L), events(early, "error").map { it.long("step") })
@@ -476,11 +476,11 @@ class SessionTest {
         var k = 0
         val lout = TrainingSession(program, MappedWeights.map(File(programDir, program.weightsFile), lids), lrt, late, ScriptedProbe(listOf(50_000_000L)), FakeClock())
             .run { if (++k == 6) lids.current = mapped.copy(mtimeMs = 0) }
-        assertEquals(Pair("failed", 6L), Pair(lout.status, lout.stepsCompleted))
+        assertEquals(Pair(RunStatus.FAILED, 6L), Pair(lout.status, lout.stepsCompleted))
         assertTrue("after the last step" in lout.message, lout.message)
         assertEquals(listOf(0L, 2L, 4L), events(late, "eval").map { it.long("step") }, "no eval after: before and the gate's at the checkpoints")
         assertEquals(null, EvalPair.read(late.results).after)
-        assertEquals("completed", session(late).run().status)
+        assertEquals(RunStatus.COMPLETED, session(late).run().status)
         assertNotNull(EvalPair.read(late.results).after)
 
         // Seen first by a generation beside training (its check between two steps, here just after the session's own):
@@ -495,7 +495,7 @@ class SessionTest {
             if (done == 2 && gcalls < 0) { gids.current = mapped.copy(size = 1); assertNotNull(gw.checkChanged()); gcalls = grt.calls }
             false
         }) { done++ }
-        assertEquals(Pair("failed", 2L), Pair(gout.status, gout.stepsCompleted), gout.message)
+        assertEquals(Pair(RunStatus.FAILED, 2L), Pair(gout.status, gout.stepsCompleted), gout.message)
         assertEquals(gcalls, grt.calls, "the refused call never reached the runtime")
         assertEquals(2L, CheckpointStore(gen.checkpoint).load(program.stateNumel).step)
         assertEquals(listOf("weights_changed"), events(gen, "error").map { it.string("code") })
@@ -514,11 +514,11 @@ class SessionTest {
         var steps = 0
         var calls = -1
         val out = s.run { if (++steps == 2) { RandomAccessFile(copy, "rw").use { it.setLength(it.length() / 3) }; calls = rt.calls } }
-        assertEquals(Pair("failed", 2L), Pair(out.status, out.stepsCompleted), out.message)
+        assertEquals(Pair(RunStatus.FAILED, 2L), Pair(out.status, out.stepsCompleted), out.message)
         assertTrue("changed size from" in out.message, out.message)
         assertEquals(calls, rt.calls)
         assertEquals(2L, CheckpointStore(dir.checkpoint).load(program.stateNumel).step)
-        assertThrows<ContractError> { s.compare(listOf(5, 7, 9), 4, emptySet()) }
+        assertThrows<BadInput> { s.compare(listOf(5, 7, 9), 4, emptySet()) }
         // java.io.File's identity of a file: size, time; gone.
         val f = File(Fixtures.tempDir(), "f").apply { writeText("abc") }
         val id = FileIdentitySource.JAVA.identity(f)!!
@@ -532,7 +532,7 @@ class SessionTest {
     }
 
     /**
-     * Files for the host to read (android/test.sh -Dinterop.dir, then android/interop_check.py with the v3
+     * Files for the host to read (android/test.sh -Dinterop.dir, then android/interop_check.py with the
      * trace manifest): a checkpoint (state[i] = i / 1024, exact in float32) and the adapter of that state.
      */
     @Test fun `checkpoint and adapter files for the host runner`() {
@@ -566,7 +566,7 @@ class SessionTest {
         assertEquals(40, s.held.size)
         val cap = Contract.HELD_OUT_EVAL_ROWS
         assertTrue(cap < s.held.size)
-        assertEquals("completed", s.run().status)
+        assertEquals(RunStatus.COMPLETED, s.run().status)
         val evals = EventLog(dir.telemetry).events().filter { (it["type"] as Json.Str).value == "eval" }
         assertEquals(listOf(cap.toLong(), cap.toLong()), evals.map { Fields(it, "eval").long("rows") })
         assertEquals((0 until cap).map { "before $it/$cap" } + (0 until cap).map { "after $it/$cap" }, rec.rows)
@@ -583,7 +583,7 @@ class SessionTest {
         val rt = HashRuntime(program)
         val s = TrainingSession(program, weights, rt, dir, ScriptedProbe(listOf(50_000_000L)), FakeClock(), rec)
         val out = s.run(RunControl { rec.rows.size >= 5 })
-        assertEquals("paused", out.status, out.message)
+        assertEquals(RunStatus.PAUSED, out.status, out.message)
         assertEquals(0L, out.stepsCompleted)
         assertEquals((0 until 5).map { "before $it/${Contract.HELD_OUT_EVAL_ROWS}" }, rec.rows)
         val t = types(dir)
@@ -592,7 +592,7 @@ class SessionTest {
         // Each of the 5 rows evaluated: embed, the layers' block_forward, head_loss; nothing after the stop.
         assertEquals(5 * (program.layers + 2), rt.calls)
         val again = session(dir).run()
-        assertEquals("completed", again.status, again.message)
+        assertEquals(RunStatus.COMPLETED, again.status, again.message)
         assertEquals(2, types(dir).count { it == "eval" })
         assertNotNull(EvalPair.read(dir.results).before)
         // A stop during the pass after the last step: paused at the end, the resume only evaluates.
@@ -600,10 +600,10 @@ class SessionTest {
         val rec2 = EvalRows()
         val s2 = TrainingSession(program, weights, HashRuntime(program), d2, ScriptedProbe(listOf(50_000_000L)), FakeClock(), rec2)
         val o2 = s2.run(RunControl { rec2.rows.any { it.startsWith("after 3/") } })
-        assertEquals("paused", o2.status, o2.message)
+        assertEquals(RunStatus.PAUSED, o2.status, o2.message)
         assertEquals(2L, o2.stepsCompleted)
         assertEquals(null, EvalPair.read(d2.results).after)
-        assertEquals("completed", session(d2).run().status)
+        assertEquals(RunStatus.COMPLETED, session(d2).run().status)
         assertEquals(listOf("eval", "step", "step", "run_end", "eval", "run_end"), types(d2).filter { it in setOf("eval", "step", "run_end") })
     }
 

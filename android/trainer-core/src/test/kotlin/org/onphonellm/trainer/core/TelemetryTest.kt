@@ -20,7 +20,7 @@ class TelemetryTest {
         for (f in bad) {
             val problems = try {
                 EventSchema.batchProblems(Json.parse(f.readText()))
-            } catch (e: ContractError) {
+            } catch (e: BadInput) {
                 mapOf(0 to listOf(e.message!!)) // not JSON at all (NaN)
             }
             assertTrue(problems.isNotEmpty(), "${f.name} was accepted")
@@ -184,7 +184,7 @@ class TelemetryTest {
         assertEquals(TelemetryEndpoint("http://host:1/v1/events", ""), TelemetryEndpoint.load(run))
         assertTrue("secret" !in first.toString(), "the token is never printed")
         TelemetryEndpoint.file(run).writeText("[1]")
-        val e = assertThrows<ContractError> { TelemetryEndpoint.load(run) }
+        val e = assertThrows<BadInput> { TelemetryEndpoint.load(run) }
         assertTrue(e.message!!.contains("telemetry_endpoint.json"), e.message)
     }
 }

@@ -50,6 +50,6 @@ class XnnpackVariantTest {
 
     @Test fun `a variant naming a method the program lacks is refused`() {
         val text = Fixtures.exampleManifest("manifest_tiny_xnnpack.json").replace("\"block_decode_xnnpack_{layer}\"", "\"block_decode_xnnpack_x{layer}\"")
-        assertThrows(ContractError::class.java) { Manifest.parse(File("."), Json.parse(text), "example") }
+        assertThrows(BadInput::class.java) { Manifest.parse(File("."), Json.parse(text), "example") }
     }
 }

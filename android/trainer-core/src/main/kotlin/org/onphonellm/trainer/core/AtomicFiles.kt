@@ -5,21 +5,6 @@ import java.io.FileOutputStream
 import java.io.IOException
 import java.io.OutputStream
 
-/** Time as the trainer needs it, injectable so tests run without waiting. */
-interface Clock {
-    /** Unix time in seconds (telemetry timestamps). */
-    fun wallSeconds(): Double
-    /** Monotonic nanoseconds (durations). */
-    fun monoNanos(): Long
-    fun sleepMs(ms: Long)
-
-    object System : Clock {
-        override fun wallSeconds(): Double = java.lang.System.currentTimeMillis() / 1000.0
-        override fun monoNanos(): Long = java.lang.System.nanoTime()
-        override fun sleepMs(ms: Long) = Thread.sleep(ms)
-    }
-}
-
 /** Outputs written atomically: a temp file in the same directory, fsync, then rename over the target. */
 object AtomicFiles {
     fun write(target: File, writer: (OutputStream) -> Unit) {

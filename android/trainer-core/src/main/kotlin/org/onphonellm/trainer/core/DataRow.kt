@@ -19,29 +19,35 @@ class DataRow(val inputIds: IntArray, val labels: IntArray) {
         /** One row, checked against its schema and against the program (token ids < vocab, length <= seqLen). */
         fun parse(line: String, where: String, vocab: Int, seqLen: Int): DataRow {
             val f = Fields.of(Json.parse(line), where)
-            (f.obj.fields.keys - KEYS).firstOrNull()?.let { throw ContractError("$where: unknown field '$it'") }
-            if (f.has("schema_version") && f.int("schema_version") != 1) throw ContractError("$where: schema_version must be 1")
+            (f.obj.fields.keys - KEYS).firstOrNull()?.let { throw BadInput("$where: unknown field '$it'") }
+            if (f.has("schema_version") && f.int("schema_version") != 1) throw BadInput("$where: schema_version must be 1")
             val ids = f.ints("input_ids").toIntArray()
-            if (ids.size < 2) throw ContractError("$where: input_ids needs at least 2 tokens")
-            ids.forEach { if (it !in 0 until vocab) throw ContractError("$where: token id $it is outside the vocabulary of $vocab") }
+            if (ids.size < 2) throw BadInput("$where: input_ids needs at least 2 tokens")
+            ids.forEach { if (it !in 0 until vocab) throw BadInput("$where: token id $it is outside the vocabulary of $vocab") }
             if (ids.size > seqLen) {
-                throw ContractError("$where has ${ids.size} tokens; this program was exported for seq_len $seqLen " +
+                throw BadInput("$where has ${ids.size} tokens; this program was exported for seq_len $seqLen " +
                     "(re-export with a longer --seq-len or shorten the rows)")
             }
             val labels = if (f.has("labels")) f.ints("labels").toIntArray() else ids.copyOf()
-            if (labels.size != ids.size) throw ContractError("$where: labels has ${labels.size} entries, input_ids ${ids.size}")
-            labels.forEach { if (it != IGNORE && it !in 0 until vocab) throw ContractError("$where: label $it is neither -100 nor a token id < $vocab") }
+            if (labels.size != ids.size) throw BadInput("$where: labels has ${labels.size} entries, input_ids ${ids.size}")
+            labels.forEach { if (it != IGNORE && it !in 0 until vocab) throw BadInput("$where: label $it is neither -100 nor a token id < $vocab") }
             return DataRow(ids, labels)
         }
     }
 
     /** input_ids padded with [padId] and labels with -100 to [seqLen], as the program's int64[T] inputs. */
-    fun padded(seqLen: Int, padId: Int): Pair<LongArray, LongArray> {
+    fun padded(seqLen: Int, padId: Int): PaddedRow {
         require(inputIds.size <= seqLen) { "row of ${inputIds.size} tokens does not fit seq_len $seqLen" }
         val ids = LongArray(seqLen) { if (it < inputIds.size) inputIds[it].toLong() else padId.toLong() }
         val lab = LongArray(seqLen) { if (it < labels.size) labels[it].toLong() else IGNORE.toLong() }
-        return ids to lab
+        return PaddedRow(ids, lab)
     }
+}
+
+/** A [DataRow] padded to seq_len ([DataRow.padded]): input_ids with the pad id, labels with -100, the program's int64[T] inputs. */
+class PaddedRow(val inputIds: LongArray, val labels: LongArray) {
+    operator fun component1(): LongArray = inputIds
+    operator fun component2(): LongArray = labels
 }
 
 /** All rows of a JSONL file, every line checked before training starts (blank lines are skipped). */
@@ -52,31 +58,6 @@ fun readDataset(reader: BufferedReader, name: String, vocab: Int, seqLen: Int): 
     reader.lineSequence().forEachIndexed { i, line ->
         if (line.isNotBlank()) rows.add(DataRow.parse(line, "$name line ${i + 1}", vocab, seqLen))
     }
-    if (rows.isEmpty()) throw ContractError("$name has no rows")
+    if (rows.isEmpty()) throw BadInput("$name has no rows")
     return rows
-}
-
-/**
- * Row index of each step (toolchain/training/order.py): file order, cycling; with a seed, the rows of
- * epoch e are permutation(rows, seed + e) (SplitMix64 + Fisher-Yates, [permutation]), the host's rule,
- * so a seeded run visits the same rows on the host and on the phone. A function of the step, so a
- * resumed run sees the same rows as an uninterrupted one.
- */
-class DataOrder(private val nRows: Int, private val seed: Long?) {
-    private var epoch = -1L
-    private var perm = IntArray(0)
-
-    init { if (nRows < 1) throw ContractError("no training rows: the data has no example to train on") }
-
-    fun rowForStep(step: Long): Int {
-        require(step >= 0) { "step $step" }
-        val e = step / nRows
-        val i = (step % nRows).toInt()
-        if (seed == null) return i
-        if (e != epoch) {  // one permutation alive at a time
-            perm = permutation(nRows, seed + e)
-            epoch = e
-        }
-        return perm[i]
-    }
 }

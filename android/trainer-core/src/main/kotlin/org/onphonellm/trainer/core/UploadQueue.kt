@@ -160,7 +160,7 @@ data class TelemetryEndpoint(val url: String, val token: String) {
     companion object {
         fun file(run: RunDir) = File(run.dir, "telemetry_endpoint.json")
 
-        /** The stored endpoint, or null when there is none. A file that is not one is a [ContractError] naming it. */
+        /** The stored endpoint, or null when there is none. A file that is not one is a [BadInput] naming it. */
         fun load(run: RunDir): TelemetryEndpoint? {
             val f = file(run)
             if (!f.isFile) return null

@@ -32,8 +32,3 @@ object AppPressure : MemorySignals {
 
     override fun sinceLastStep(): PressureSignal = PressureSignal(peak.getAndSet(-1).takeIf { it >= 0 }, trimmed.getAndSet(false))
 }
-
-/** The evaluation gate's line for the result screen ("rolled back: held-out 2.3100 -> 2.4000"), set when the session decides. */
-object GateStatus {
-    @Volatile var reason: String? = null
-}

@@ -1,202 +1,11 @@
 package org.onphonellm.trainer.core
 
 import java.io.File
-import java.util.concurrent.Callable
-import java.util.concurrent.ExecutionException
-import java.util.concurrent.ExecutorService
-import java.util.concurrent.Executors
-import java.util.concurrent.Future
-import java.util.concurrent.TimeUnit
 import java.util.concurrent.locks.ReentrantLock
 import kotlin.concurrent.withLock
 
-/** One run's files: what it trains on, where it stands, what it reports and produces. */
-class RunDir(val dir: File) {
-    val spec = File(dir, "run.json")
-    val train = File(dir, "train.jsonl")
-    val held = File(dir, "held_out.jsonl")
-    val results = File(dir, "results.json")
-    val checkpoint = File(dir, "checkpoint.safetensors")
-    val telemetry = File(dir, "telemetry.jsonl")
-    val uploadCursor = File(dir, "upload.cursor")
-    val rejected = File(dir, "rejected.jsonl")
-    val adapter = File(dir, "adapter")
-    val runId: String get() = dir.name
-}
-
 /**
- * What a run is, fixed when it is created and kept in its run.json (so a resume needs nothing but the run
- * directory). [lcsbPolicy]/[lcsbK]: the layers each step backpropagates, chosen at run time ("full", or
- * cyclic / strided / last / random with k layers; null: the manifest's default plan, else full);
- * [lcsbSeed]/[lcsbPeriod]: the random policy's (null: 0 and 4 * ceil(L / k), as the host's make_plan).
- * [layersPerCheckpoint]: the loop's checkpoint groups ([LayerLoop.trainStep]; 1: every selected layer's input
- * kept; more: less memory, one more forward through the layers per step, the same result bit for bit).
- */
-data class RunSpec(
-    val runId: String,
-    val program: String,
-    val steps: Long,
-    val lr: Double,
-    val budgetBytes: Long,
-    val checkpointEvery: Int = 10,
-    val shuffleSeed: Long? = 0,
-    val lcsbPolicy: String? = null,
-    val lcsbK: Int? = null,
-    val heldOut: Double = 0.0,
-    val heldOutSeed: Long = 0,
-    val source: String = "text",
-    val runInfo: Map<String, Any?> = emptyMap(),
-    val lcsbSeed: Long? = null,
-    val lcsbPeriod: Int? = null,
-    val layersPerCheckpoint: Int = 1,
-    val lcsbWarmup: Long? = null,
-) {
-    init {
-        if (lcsbWarmup != null && lcsbWarmup < 0) throw ContractError("an LCSB warm-up must be >= 0 steps, got $lcsbWarmup")
-        require(EventSchema.RUN_ID.matches(runId)) { "run id '$runId' must match ${EventSchema.RUN_ID}" }
-        require(steps >= 0 && checkpointEvery >= 1 && lr > 0 && budgetBytes > 0) { "bad run spec $this" }
-        if (layersPerCheckpoint < 1) throw ContractError("layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got $layersPerCheckpoint")
-    }
-
-    fun toJson(): Json = Json.of(linkedMapOf(
-        "schema_version" to 1, "run_id" to runId, "program" to program, "steps" to steps, "lr" to lr, "budget_bytes" to budgetBytes,
-        "checkpoint_every" to checkpointEvery, "shuffle_seed" to shuffleSeed, "lcsb_policy" to lcsbPolicy, "lcsb_k" to lcsbK,
-        "held_out" to heldOut, "held_out_seed" to heldOutSeed, "source" to source, "run_info" to runInfo,
-        "lcsb_seed" to lcsbSeed, "lcsb_period" to lcsbPeriod, "layers_per_checkpoint" to layersPerCheckpoint,
-    ) + (if (lcsbWarmup != null) mapOf("lcsb_warmup" to lcsbWarmup) else emptyMap()))  // absent: older run.json stays the same
-
-    /** The layer plan over [layers] (null: full backprop every step). */
-    fun plan(p: Manifest): StepPlan? {
-        if (lcsbPolicy != "random" && (lcsbSeed != null || lcsbPeriod != null))
-            throw ContractError("an LCSB seed and period only apply to the random policy, not ${lcsbPolicy ?: "the default plan"}")
-        if (lcsbWarmup != null && (lcsbPolicy == "full" || (lcsbPolicy == null && p.defaultPlan == null)))
-            throw ContractError("an LCSB warm-up applies to an LCSB plan; full backprop has none")
-        return when (lcsbPolicy) {
-            null -> p.defaultPlan?.let { if (lcsbWarmup != null) it.copy(warmup = lcsbWarmup) else it }
-            "full" -> null
-            else -> StepPlan.make(p.layers, lcsbK, lcsbPolicy, lcsbSeed, lcsbPeriod, lcsbWarmup ?: 0L)
-        }
-    }
-
-    companion object {
-        fun parse(doc: Json, where: String): RunSpec {
-            val f = Fields.of(doc, where)
-            val info = if (f.has("run_info")) f.obj("run_info").obj.fields.mapValues { (_, v) -> plain(v) } else emptyMap()
-            return RunSpec(f.string("run_id"), f.string("program"), f.long("steps"), f.double("lr"), f.long("budget_bytes"),
-                f.int("checkpoint_every"), f.optLong("shuffle_seed"), f.optString("lcsb_policy"), f.optInt("lcsb_k"),
-                f.double("held_out"), f.long("held_out_seed"), f.optString("source") ?: "text", info,
-                f.optLong("lcsb_seed"), f.optInt("lcsb_period"), f.optInt("layers_per_checkpoint") ?: 1,  // older run.json: none
-                f.optLong("lcsb_warmup"))
-        }
-
-        private fun plain(v: Json): Any? = when (v) {
-            Json.Null -> null
-            is Json.Bool -> v.value
-            is Json.Num -> v.asLongOrNull ?: v.asDouble
-            is Json.Str -> v.value
-            is Json.Arr -> v.items.map { plain(it) }
-            is Json.Obj -> v.fields.mapValues { (_, x) -> plain(x) }
-        }
-    }
-}
-
-/** Rows as JSONL (data_row.schema.json), one object per line. */
-object RowFiles {
-    fun write(file: File, rows: List<DataRow>) = AtomicFiles.writeText(file, rows.joinToString("") {
-        JsonWriter.write(Json.of(linkedMapOf("schema_version" to 1, "input_ids" to it.inputIds.toList(), "labels" to it.labels.toList()))) + "\n"
-    })
-
-    fun read(file: File, vocab: Int, seqLen: Int): List<DataRow> = if (!file.isFile || file.length() == 0L) emptyList() else
-        file.readLines(Charsets.UTF_8).withIndex().filter { it.value.isNotBlank() }.map { (i, line) -> DataRow.parse(line, "${file.name} line ${i + 1}", vocab, seqLen) }
-}
-
-/**
- * The runs of an app, one directory each under [base]; `latest` names the most recent one, so the app
- * resumes "the run" without being told a run id (after a process kill, from the notification, from adb).
- */
-class Runs(val base: File) {
-    private val latestFile = File(base, "latest")
-
-    /** Create [spec]'s run directory with its rows, and make it the latest run. */
-    fun create(spec: RunSpec, data: PreparedData): RunDir {
-        val d = RunDir(File(base, spec.runId))
-        if (d.spec.exists()) throw ContractError("run ${spec.runId} exists already; resume it or choose another id")
-        d.dir.mkdirs()
-        RowFiles.write(d.train, data.train)
-        RowFiles.write(d.held, data.held)
-        AtomicFiles.writeText(d.spec, JsonWriter.write(spec.toJson()) + "\n")  // last: a run exists once its spec does
-        AtomicFiles.writeText(latestFile, spec.runId + "\n")
-        return d
-    }
-
-    fun get(runId: String): RunDir? = RunDir(File(base, runId)).takeIf { it.spec.isFile }
-
-    /** The latest run (the `latest` pointer, else the newest run.json), or null. */
-    fun latest(): RunDir? {
-        if (latestFile.isFile) get(latestFile.readText().trim())?.let { return it }
-        return base.listFiles()?.mapNotNull { f -> RunDir(f).takeIf { it.spec.isFile } }?.maxByOrNull { it.spec.lastModified() }
-    }
-}
-
-/** How a session ended (status as in the run_end event). */
-data class RunOutcome(val status: String, val stepsCompleted: Long, val finalLoss: Double?, val message: String)
-
-fun interface RunControl {
-    fun stopRequested(): Boolean
-
-    /**
-     * Checkpoint after every step (not only every `checkpoint_every`): the app says yes while it runs in a
-     * background window the OS may end at any time (a charging run, an app in the background), so an ending
-     * window loses at most the step in flight. Asked after each step.
-     */
-    fun checkpointEachStep(): Boolean = false
-}
-
-interface SessionListener {
-    fun onStep(step: Long, steps: Long, loss: Double, anonBytes: Long?, budgetBytes: Long) {}
-    /** [which]: "before" (initial adapter) or "after" (trained state). */
-    fun onEval(which: String, result: LayerLoop.EvalResult) {}
-    /** Before held-out row [row] (0-based) of [rows] of the [which] pass: "row i of N" progress. */
-    fun onEvalRow(which: String, row: Int, rows: Int) {}
-    fun onStatus(message: String) {}
-    /** The evaluation gate decided after the last step ([GateDecision.reason]: the result screen's line). */
-    fun onGate(decision: GateDecision) {}
-    /** The working set was lowered under memory pressure (a `memory_adapted` event). */
-    fun onMemoryAdapted(notch: Notch, trigger: String) {}
-}
-
-/**
- * Memory signals between two step boundaries that the boundary's own sample does not see: the app's watchdog's
- * largest footprint during the step, and an OS pressure event (Android onTrimMemory). Read and reset once per step.
- */
-fun interface MemorySignals {
-    fun sinceLastStep(): PressureSignal
-
-    companion object {
-        val NONE = MemorySignals { PressureSignal(null, false) }
-    }
-}
-
-/** [peakAnonBytes]: the largest footprint seen during the step (null: none); [osSignal]: the OS reported pressure. */
-data class PressureSignal(val peakAnonBytes: Long?, val osSignal: Boolean)
-
-/** Held-out loss of the initial state and of the trained one (results.json). */
-class EvalPair(val before: Double?, val after: Double?, val afterStep: Long?, val gate: GateDecision? = null) {
-    fun toJson(): Json = Json.of(linkedMapOf<String, Any?>("eval_before" to before, "eval_after" to after, "eval_after_step" to afterStep)
-        .also { m -> gate?.let { m["gate"] = it.toJson() } })
-
-    companion object {
-        fun read(file: File): EvalPair {
-            if (!file.isFile) return EvalPair(null, null, null)
-            val f = Fields.of(Json.parse(file.readText()), file.name)
-            return EvalPair(f.optDouble("eval_before"), f.optDouble("eval_after"), f.optLong("eval_after_step"),
-                if (f.has("gate")) GateDecision.parse(f.raw("gate"), "${file.name} gate") else null)
-        }
-    }
-}
-
-/**
- * A contract-v3 training run on the phone, what the app's service drives (the host's program trainer,
+ * A training run on the phone, what the app's service drives (the host's program trainer,
  * toolchain/training/program.py, does the same): the run's rows (made on the phone from the user's text,
  * [PreparedData]), state from the run's checkpoint or state_init.bin, the held-out loss of the initial
  * adapter, then per step the row of DataOrder (shuffled per epoch as the host does), the layers of the
@@ -230,6 +39,8 @@ class TrainingSession(
     private val clock: Clock = Clock.System,
     private val listener: SessionListener = object : SessionListener {},
     private val signals: MemorySignals = MemorySignals.NONE,
+    /** A generation beside training goes first: training's calls wait while one is in progress ([RuntimeGate]; a test's own clock). */
+    val gate: RuntimeGate = RuntimeGate(),
 ) : GenerationSource {
     val spec: RunSpec = RunSpec.parse(Json.parse(runDir.spec.readText()), runDir.spec.path)
     val train: List<DataRow> = RowFiles.read(runDir.train, program.vocab, program.seqLen)
@@ -239,8 +50,6 @@ class TrainingSession(
     val plan: StepPlan? = spec.plan(program)
     /** Every program call of this session's loops holds it. */
     private val runtimeLock = ReentrantLock(true)
-    /** A generation beside training goes first: training's calls wait while one is in progress ([RuntimeGate]). */
-    val gate = RuntimeGate()
     /** Held while the live state is written (a step, a restore) and while a generation copies it: snapshots are of whole steps. */
     private val stateLock = ReentrantLock(true)
     /** The live state (trained in place). */
@@ -253,9 +62,8 @@ class TrainingSession(
     }
     /** One comparison at a time (they share [genLoop]). */
     private val genLock = ReentrantLock()
-    private var genExecutor: ExecutorService? = null
-    /** The controls of the comparisons started and not ended (guards [genExecutor] too). */
-    private val jobs = ArrayList<GenerationControl>()
+    /** The comparisons of [startComparison], one at a time ([GenerationThread]). */
+    private val genThread = GenerationThread()
     /** The step the live state is at (written with it, under [stateLock]). */
     @Volatile private var stateStep = 0L
     /** The live state was loaded (by [run], [loadState] or a comparison before them; under [stateLock]). */
@@ -282,8 +90,8 @@ class TrainingSession(
     @Volatile var nativeLog: () -> List<String> = { emptyList() }
 
     init {
-        if (train.isEmpty()) throw ContractError("${runDir.train} has no rows")
-        if (plan != null && plan.layers != program.layers) throw ContractError("the plan is for ${plan.layers} layers, the program has ${program.layers}")
+        if (train.isEmpty()) throw BadInput("${runDir.train} has no rows")
+        if (plan != null && plan.layers != program.layers) throw BadInput("the plan is for ${plan.layers} layers, the program has ${program.layers}")
     }
 
     /** The state: the checkpoint's (same run) or state_init.bin; returns the step to start at and the next event seq. */
@@ -297,7 +105,7 @@ class TrainingSession(
     /** Under [stateLock]: the live state from the run's checkpoint (returned), else state_init.bin (null). */
     private fun loadLiveState(): Checkpoint? {
         val c = if (store.exists()) StateCheckpoints.restore(store, loop.state) else { loop.state.loadInit(); null }
-        if (c != null && c.runId != spec.runId) throw ContractError("${store.file} belongs to run ${c.runId}, not ${spec.runId}; use another run directory")
+        if (c != null && c.runId != spec.runId) throw BadInput("${store.file} belongs to run ${c.runId}, not ${spec.runId}; use another run directory")
         stateStep = c?.step ?: 0L
         stateLoaded = true
         return c
@@ -321,12 +129,12 @@ class TrainingSession(
                 "stopped without a run_end (killed?); steps after that checkpoint run again", "fatal" to false, "code" to "resumed_after_kill", "step" to start))
         }
         completed = start
-        if (start >= spec.steps && lastType == "run_end" && lastStatus == "completed") return RunOutcome("completed", start, losses.lastOrNull(), "already complete")
+        if (start >= spec.steps && lastType == "run_end" && lastStatus == RunStatus.COMPLETED.wire) return RunOutcome(RunStatus.COMPLETED, start, losses.lastOrNull(), "already complete")
         return try {
             weightsChanged(start)?.let { return it }
             if (held.isNotEmpty() && evals.before == null) {
                 val ev = evaluate("before", initLoop, 0, control)
-                    ?: return end(start, "paused", "stopped during the held-out loss before training; resume starts it again")
+                    ?: return end(start, RunStatus.PAUSED, "stopped during the held-out loss before training; resume starts it again")
                 saveEvals(EvalPair(ev.loss, evals.after, evals.afterStep))
             }
             if (start >= spec.steps) return finish(start, control)
@@ -338,7 +146,7 @@ class TrainingSession(
             val message = "${e.javaClass.simpleName}: ${e.message}".take(4000)
             val lines = try { nativeLog() } catch (t: Exception) { emptyList() }
             rec.emit("error", ErrorReport(message, lines).eventFields(true, "runtime_error", completed))
-            end(completed, "failed", message)
+            end(completed, RunStatus.FAILED, message)
         }
     }
 
@@ -400,7 +208,7 @@ class TrainingSession(
             if (control.stopRequested()) {
                 checkpoint(step)
                 StateCheckpoints.writeAdapter(runDir.adapter, loop.state)  // the adapter so far, for export
-                return end(step, "paused", "stopped at step $step; resume continues from there")
+                return end(step, RunStatus.PAUSED, "stopped at step $step; resume continues from there")
             }
             val row = train[order.rowForStep(step)]
             val selected = livePlan?.layersAt(step) ?: all
@@ -422,9 +230,9 @@ class TrainingSession(
                 // The gate: the diverged state is not kept; the best evaluated adapter below the start, else the start's.
                 gateDecide(step + 1, Double.NaN)?.let { d ->
                     StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
-                    return end(step + 1, "failed", "$stopped; ${d.reason}")
+                    return end(step + 1, RunStatus.FAILED, "$stopped; ${d.reason}")
                 }
-                return end(completed, "failed", stopped)
+                return end(completed, RunStatus.FAILED, stopped)
             }
             completed = step + 1
             val samples = sampleMemory(step)
@@ -446,12 +254,12 @@ class TrainingSession(
         is GuardDecision.Stop -> {
             rec.emit("error", mapOf("message" to d.message, "fatal" to true, "code" to d.code, "step" to next))
             listener.onStatus(d.message)
-            end(next, "failed", "stopped: ${d.message}")
+            end(next, RunStatus.FAILED, "stopped: ${d.message}")
         }
         is GuardDecision.Pause -> {
             // Checkpointed already; the app resumes when the pressure is gone (the next session continues here).
             rec.emit("error", mapOf("message" to "paused: ${d.message}", "fatal" to false, "code" to d.code, "step" to next))
-            end(next, "paused", "paused: ${d.message}; resume to continue from step $next")
+            end(next, RunStatus.PAUSED, "paused: ${d.message}; resume to continue from step $next")
         }
     }
 
@@ -461,16 +269,16 @@ class TrainingSession(
             val ev = evaluate("after", loop, done, control)
             if (ev == null) {
                 StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
-                return end(done, "paused", "stopped during the held-out loss after the last step; resume computes it")
+                return end(done, RunStatus.PAUSED, "stopped during the held-out loss after the last step; resume computes it")
             }
             saveEvals(EvalPair(evals.before, ev.loss, done, evals.gate))
             gateDecide(done, ev.loss)?.let { d ->
                 StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
-                return end(done, "completed", d.reason)
+                return end(done, RunStatus.COMPLETED, d.reason)
             }
         }
         StateCheckpoints.writeAdapter(runDir.adapter, loop.state)
-        return end(done, "completed", "completed")
+        return end(done, RunStatus.COMPLETED, "completed")
     }
 
     /**
@@ -546,14 +354,14 @@ class TrainingSession(
         val where = if (next < spec.steps) "before step ${next + 1}" else "after the last step, before the held-out loss"
         val message = "the weights file changed under the run ($why); stopped $where, the checkpoint of step $next is kept: $WEIGHTS_CHANGED_ADVICE".take(4000)
         rec.emit("error", mapOf("message" to message, "fatal" to true, "code" to "weights_changed", "step" to next))
-        return end(next, "failed", message)
+        return end(next, RunStatus.FAILED, message)
     }
 
     private fun checkpoint(done: Long) = StateCheckpoints.save(store, loop.state, done, spec.runId, rec.nextSeq, losses.toList())
 
-    private fun end(done: Long, status: String, message: String): RunOutcome {
+    private fun end(done: Long, status: RunStatus, message: String): RunOutcome {
         val finalLoss = losses.lastOrNull()
-        rec.emit("run_end", mapOf("status" to status, "steps_completed" to done, "duration_s" to (clock.monoNanos() - sessionStart) / 1e9,
+        rec.emit("run_end", mapOf("status" to status.wire, "steps_completed" to done, "duration_s" to (clock.monoNanos() - sessionStart) / 1e9,
             "peak_bytes" to guard.peakAnon.takeIf { it > 0 }, "final_loss" to (finalLoss ?: Json.Null), "message" to message))
         listener.onStatus("$status: $message")
         return RunOutcome(status, done, finalLoss, message)
@@ -584,7 +392,7 @@ class TrainingSession(
     /**
      * The same prompt generated greedily with the initial adapter ("before", state_init.bin) and then with the
      * live state ("after", a snapshot taken when it starts: the state of the last whole step), streamed to
-     * [listener] token by token, text decoded incrementally with [tok] when given ([TextStream]; a trailing
+     * [listener] token by token, text decoded incrementally with [tok] when given ([IncrementalTextDecoder]; a trailing
      * stop id adds no text). Safe from any thread while [run] trains on another (see the class comment); the
      * calling thread does the work. [control] cancels it: the side running stops within one decode step
      * ([StopReason.CANCELLED]), and "after" does not start after a cancelled "before". [maxNewTokens] is cut
@@ -593,16 +401,14 @@ class TrainingSession(
     fun compare(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, tok: TextTokenizer? = null,
                 control: GenerationControl = GenerationControl(), listener: GenerationListener = object : GenerationListener {}): Comparison {
         try {
-            val n = minOf(maxNewTokens, program.seqLen - promptIds.size)
-            if (promptIds.isEmpty() || n < 1) throw ContractError("the prompt (${promptIds.size} tokens) leaves no room in seq_len ${program.seqLen}")
-            if (!program.hasGeneration) throw ContractError("the program was exported without the generation methods; re-export it")
+            val n = Comparisons.newTokens(program, promptIds, maxNewTokens)
             // The weights file checked as at a step boundary: now if no step is in progress (idle, or between two
             // steps); else the training thread checks it after its step, and every program call after a change refuses.
             val stale = if (stateLock.tryLock()) try { weights.checkChanged() } finally { stateLock.unlock() } else weights.stale
-            stale?.let { throw ContractError("$it while it was memory-mapped; the program is not run again: $WEIGHTS_CHANGED_ADVICE") }
+            stale?.let { throw BadInput("$it while it was memory-mapped; the program is not run again: $WEIGHTS_CHANGED_ADVICE") }
             return genLock.withLock {
-                val before = side("before", promptIds, n, stopIds, tok, control, listener) { genLoop.state.loadInit(); 0L }
-                val after = side("after", promptIds, n, stopIds, tok, control, listener) {
+                val before = Comparisons.side(genLoop, "before", promptIds, n, stopIds, tok, control, listener) { genLoop.state.loadInit(); 0L }
+                val after = Comparisons.side(genLoop, "after", promptIds, n, stopIds, tok, control, listener) {
                     stateLock.withLock {
                         if (!stateLoaded) loadLiveState()  // asked before run() / loadState() loaded it
                         genLoop.state.copyFrom(loop.state)
@@ -617,40 +423,13 @@ class TrainingSession(
         }
     }
 
-    private fun side(which: String, promptIds: List<Int>, n: Int, stopIds: Set<Int>, tok: TextTokenizer?, control: GenerationControl,
-                     listener: GenerationListener, snapshot: () -> Long): GeneratedText {
-        if (control.isCancelled) {
-            return GeneratedText(which, emptyList(), tok?.let { "" }, StopReason.CANCELLED, null).also { listener.onDone(which, it) }
-        }
-        val step = snapshot()
-        listener.onStart(which, step)
-        val stream = tok?.let { TextStream(it, stopIds) }
-        var index = 0
-        val g = genLoop.generateStream(promptIds, n, stopIds, control) { id ->
-            val piece = stream?.push(id) ?: ""
-            listener.onToken(which, StreamedToken(index++, id, piece, stream?.textSoFar ?: ""))
-        }
-        stream?.finish()
-        return GeneratedText(which, g.ids, stream?.textSoFar, g.stopReason, step).also { listener.onDone(which, it) }
-    }
-
     /**
      * [compare] on the session's generation thread ("generate", one at a time, in order): returns at once with
      * a handle to cancel or wait for it. The thread is made when first needed and ends with [closeGeneration].
      */
     override fun startComparison(promptIds: List<Int>, maxNewTokens: Int, stopIds: Set<Int>, tok: TextTokenizer?,
-                                 listener: GenerationListener): GenerationJob {
-        val control = GenerationControl()
-        val future = synchronized(jobs) {
-            val executor = genExecutor ?: Executors.newSingleThreadExecutor { r -> Thread(r, "generate").also { it.isDaemon = true } }
-                .also { genExecutor = it }
-            jobs.add(control)
-            executor.submit(Callable {
-                try { compare(promptIds, maxNewTokens, stopIds, tok, control, listener) } finally { synchronized(jobs) { jobs.remove(control) } }
-            })
-        }
-        return GenerationJob(control, future)
-    }
+                                 listener: GenerationListener): GenerationJob =
+        genThread.start { control -> compare(promptIds, maxNewTokens, stopIds, tok, control, listener) }
 
     /**
      * End the generation thread (before the runtime is closed): waits up to [drainMs] for the comparisons
@@ -658,43 +437,8 @@ class TrainingSession(
      * queued ones end without a program call) and waits up to [cancelMs]. True if the thread ended (or there
      * was none). A comparison started after this makes a new thread.
      */
-    override fun closeGeneration(drainMs: Long, cancelMs: Long): Boolean {
-        val e = synchronized(jobs) { genExecutor.also { genExecutor = null } } ?: return true
-        e.shutdown()
-        if (drainMs > 0 && e.awaitTermination(drainMs, TimeUnit.MILLISECONDS)) return true
-        synchronized(jobs) { jobs.forEach { it.cancel() } }
-        return e.awaitTermination(cancelMs, TimeUnit.MILLISECONDS)
-    }
+    override fun closeGeneration(drainMs: Long, cancelMs: Long): Boolean = genThread.close(drainMs, cancelMs)
 
     /** The adapter of the live state (PEFT files), e.g. to export a run stopped before the end. */
     fun writeAdapter(dir: File) = StateCheckpoints.writeAdapter(dir, loop.state)
-}
-
-/** Prompts for generation, as the host builds them (toolchain/demo.py, toolchain/cli/generate.py --chat). */
-object Prompts {
-    /** Plain: [BOS if any] + encode(prompt, no special tokens), stop at EOS. Chat: the user turn + `<|im_start|>assistant\n`, stop at <|im_end|> or EOS. */
-    fun encode(tok: TextTokenizer, prompt: String, chat: Boolean): Pair<List<Int>, Set<Int>> {
-        if (!chat) return Pair((listOfNotNull(tok.bosId) + tok.encode(prompt, allowSpecial = false)), setOf(tok.eosId))
-        val (ids, _) = TextRows.chatTemplate(tok, listOf(ChatMessage("user", prompt)))
-        val imEnd = tok.tokenId(Contract.IM_END)!!
-        return Pair(ids + tok.encode(Contract.ASSISTANT_HEADER, allowSpecial = true), setOf(imEnd, tok.eosId))
-    }
-
-    /** Generated ids as text, without a trailing stop token. */
-    fun decode(tok: TextTokenizer, ids: List<Int>, stop: Set<Int>): String = tok.decode(if (ids.isNotEmpty() && ids.last() in stop) ids.dropLast(1) else ids)
-}
-
-/** A comparison running on the session's generation thread ([TrainingSession.startComparison]). */
-class GenerationJob internal constructor(val control: GenerationControl, private val future: Future<Comparison>) {
-    /** Stop it within one decode step (the result says [StopReason.CANCELLED]); safe from any thread. */
-    fun cancel() = control.cancel()
-
-    val isDone: Boolean get() = future.isDone
-
-    /** Wait for the result; the comparison's own exception if it failed. */
-    fun await(timeoutMs: Long = Long.MAX_VALUE): Comparison = try {
-        future.get(timeoutMs, TimeUnit.MILLISECONDS)
-    } catch (e: ExecutionException) {
-        throw e.cause ?: e
-    }
 }

@@ -5,69 +5,6 @@ import java.io.IOException
 import java.io.InputStream
 import java.security.MessageDigest
 
-/**
- * Verify a program once, not once per start: a record per program (in the app's own files, [dir]) of the
- * key of its manifest's checksums ([key]: the sha256 of the sorted `name sha256` lines of manifest `files`)
- * and each file's size and modification time when it was last found to match. [verifyOnce] hashes the
- * files only when there is no record, the manifest's checksums changed (a re-export pushed over it), or a
- * file's size or time changed (a partial or new `adb push`); a failed check leaves no record.
- */
-class VerifyCache(val dir: File) {
-    /** The record of the program in [programDir] (by its directory name). */
-    fun recordFile(programDir: File): File = File(dir, programDir.name + ".verified.json")
-
-    /** Whether [program]'s files are known to match its manifest (a record with this key, every file unchanged). */
-    fun isVerified(program: Manifest, skip: (String) -> Boolean = { false }): Boolean {
-        val f = recordFile(program.dir)
-        if (!f.isFile) return false
-        val doc = try { Fields.of(Json.parse(f.readText(Charsets.UTF_8)), f.path) } catch (e: ContractError) { return false }
-        if (doc.optString("key") != key(program)) return false
-        val files = if (doc.has("files")) doc.obj("files") else return false
-        for (name in program.files.keys) {
-            if (skip(name)) continue
-            val got = File(program.dir, name)
-            if (!files.has(name)) return false
-            val e = files.obj(name)
-            if (!got.isFile || e.optLong("size") != got.length() || e.optLong("mtime_ms") != got.lastModified()) return false
-        }
-        return true
-    }
-
-    /**
-     * Check [program]'s files against its manifest unless [isVerified]; true: they were hashed now (and a
-     * record written), false: the record said they match. Throws [ContractError] on a mismatch.
-     */
-    fun verifyOnce(program: Manifest, skip: (String) -> Boolean = { false }): Boolean {
-        if (isVerified(program, skip)) return false
-        recordFile(program.dir).delete()
-        program.verifyFiles(skip)
-        record(program)
-        return true
-    }
-
-    /** Record that [program]'s files match (after [Manifest.verifyFiles], or an import that hashed them as it copied). */
-    fun record(program: Manifest) {
-        val files = LinkedHashMap<String, Any?>()
-        for (name in program.files.keys.sorted()) {
-            val f = File(program.dir, name)
-            if (f.isFile) files[name] = linkedMapOf("size" to f.length(), "mtime_ms" to f.lastModified())
-        }
-        val doc = Json.of(linkedMapOf("key" to key(program), "files" to files))
-        AtomicFiles.writeText(recordFile(program.dir), JsonWriter.write(doc) + "\n")
-    }
-
-    fun forget(programDir: File) { recordFile(programDir).delete() }
-
-    companion object {
-        /** The key of a program's checksums: sha256 of its `files` as sorted `name sha256\n` lines. */
-        fun key(program: Manifest): String {
-            val md = MessageDigest.getInstance("SHA-256")
-            for ((name, sha) in program.files.toSortedMap()) md.update("$name $sha\n".toByteArray(Charsets.UTF_8))
-            return md.digest().joinToString("") { "%02x".format(it) }
-        }
-    }
-}
-
 /** What a program import reads from: a folder the user picked (the app: the Storage Access Framework; tests: a directory). */
 interface ImportSource {
     /** A file of the folder: its path relative to the folder ('/'-separated) and its size (-1: unknown). */
@@ -87,7 +24,7 @@ interface ImportSource {
 
 /**
  * A program folder copied into the app's programs directory, checked as it is copied: manifest.json parsed
- * as contract v3 first (a folder that is not an exported program, or of another version, is refused before
+ * first, against the schema version this app reads (a folder that is not an exported program, or of another version, is refused before
  * anything is copied), then every file it lists copied and hashed on the way (sha256 against the manifest),
  * with progress in bytes; into a temporary directory renamed into place only when every file matched, so a
  * failed or cancelled import leaves nothing behind, and a program with the same name is replaced only then.
@@ -113,11 +50,11 @@ object ProgramImport {
      */
     fun import(source: ImportSource, programsDir: File, name: String, cache: VerifyCache?, freeBytes: Long? = null,
                progress: Progress = Progress { _, _ -> }, cancelled: () -> Boolean = { false }): Manifest {
-        if (!NAME.matches(name)) throw ContractError("'$name' is not a program name (letters, digits, '.', '_', '-')")
+        if (!NAME.matches(name)) throw BadInput("'$name' is not a program name (letters, digits, '.', '_', '-')")
         val entries = source.list().associateBy { it.path }
         if (Contract.MANIFEST_NAME !in entries) {
             val hint = entries.keys.filter { it.endsWith("/manifest.json") }.minByOrNull { it.length }
-            throw ContractError("the folder has no manifest.json" + (hint?.let { "; pick its folder ${it.removeSuffix("/manifest.json")} instead" }
+            throw BadInput("the folder has no manifest.json" + (hint?.let { "; pick its folder ${it.removeSuffix("/manifest.json")} instead" }
                 ?: ": pick the folder `toolchain export --out` wrote"))
         }
         if (!programsDir.isDirectory && !programsDir.mkdirs()) throw IOException("cannot create $programsDir")
@@ -129,8 +66,8 @@ object ProgramImport {
             File(tmp, Contract.MANIFEST_NAME).writeBytes(manifestBytes)
             val program = Manifest.read(tmp)  // a bad or foreign manifest is refused here, before the big files
             for (f in program.files.keys) {
-                if (f.startsWith("/") || f.split('/').any { it == ".." || it.isEmpty() }) throw ContractError("manifest.json lists a file outside the program: '$f'")
-                if (f !in entries) throw ContractError("the folder lacks $f (listed in manifest.json): copy the whole exported folder")
+                if (f.startsWith("/") || f.split('/').any { it == ".." || it.isEmpty() }) throw BadInput("manifest.json lists a file outside the program: '$f'")
+                if (f !in entries) throw BadInput("the folder lacks $f (listed in manifest.json): copy the whole exported folder")
             }
             val total = program.files.keys.sumOf { maxOf(0L, entries.getValue(it).size) }
             if (freeBytes != null && total > freeBytes)
@@ -157,7 +94,7 @@ object ProgramImport {
                     }
                 }
                 val got = md.digest().joinToString("") { "%02x".format(it) }
-                if (got != sha) throw ContractError("$f does not match the manifest's sha256 (a partial or changed copy?): export or copy the program again")
+                if (got != sha) throw BadInput("$f does not match the manifest's sha256 (a partial or changed copy?): export or copy the program again")
             }
             progress.onProgress(copied, maxOf(total, copied))
             val dest = File(programsDir, name)
