@@ -1,6 +1,6 @@
 import Foundation
 
-/// The v3 layer loop, exactly as `toolchain/runtime/loop.py` `LayerLoop` runs it: binds every method
+/// The layer loop, exactly as `toolchain/runtime/loop.py` `LayerLoop` runs it: binds every method
 /// input from the manifest (app inputs, activations, views of the memory-mapped weights, views of the
 /// state), calls the runtime, copies state outputs into their slices and keeps the checkpoints of the
 /// selected layers only (with checkpoint groups, of each group's first layer). Train steps, held-out loss (`runtime/evaluate.py`) and generation with the
@@ -19,14 +19,15 @@ public final class LayerLoop {
     let gate = FairLock()
     /// A generation goes first: while one is in progress (`generate`) the other calls wait before they
     /// queue for `gate`, so its tokens come at the idle speed (`RuntimeGate`).
-    public let priority = RuntimeGate()
+    public let priority: RuntimeGate
     var generationLoaded = false
     /// Every output buffer and per-call input the loop makes (`BufferPool`): allocated in the first
     /// step, reused by every later one.
     public let buffers = BufferPool()
 
-    public init(manifest: Manifest, weights: MappedWeights, runtime: ProgramRuntime) throws {
-        (self.manifest, self.weights, self.runtime) = (manifest, weights, runtime)
+    /// `priority`: the gate that gives a generation the runtime first (a test passes one with its own clock).
+    public init(manifest: Manifest, weights: MappedWeights, runtime: ProgramRuntime, priority: RuntimeGate = RuntimeGate()) throws {
+        (self.manifest, self.weights, self.runtime, self.priority) = (manifest, weights, runtime, priority)
         generationMethods = manifest.generationMethods(registeredKernels: runtime.registeredKernels)
         for m in manifest.methods where methodsByRole[m.role] == nil { methodsByRole[m.role] = m }
         // Every weight binding of every layer exists with the manifest's shape and dtype.
@@ -46,10 +47,11 @@ public final class LayerLoop {
     }
 
     /// Open a program directory: manifest, memory-mapped weights (`identitySource`: see `MappedWeights`).
-    public convenience init(programDirectory: URL, runtime: ProgramRuntime, identitySource: FileIdentitySource? = nil) throws {
+    public convenience init(programDirectory: URL, runtime: ProgramRuntime, identitySource: FileIdentitySource? = nil,
+                            priority: RuntimeGate = RuntimeGate()) throws {
         let m = try Manifest.load(directory: programDirectory)
         try self.init(manifest: m, weights: try MappedWeights(url: programDirectory.appendingPathComponent(m.weights.file), identitySource: identitySource),
-                      runtime: runtime)
+                      runtime: runtime, priority: priority)
     }
 
     public func method(role: String) throws -> MethodSpec {

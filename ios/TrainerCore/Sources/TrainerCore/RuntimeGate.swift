@@ -7,18 +7,28 @@ import Foundation
 /// queues for the runtime, so the generation waits at most for the training call already running.
 /// A generation whose consumer (its token callback) holds it for `grace` seconds or more lets training
 /// go on meanwhile (re-checked call by call).
+///
+/// The grace is measured on `now` (seconds; the uptime clock unless given: tests pass a clock they move
+/// by hand, so the property holds whatever the machine's load). A training call waiting inside a consumer's
+/// grace re-reads `now` at least every `grace` seconds of real time.
 public final class RuntimeGate: @unchecked Sendable {
     private let condition = NSCondition()
     private var generating = 0
     private var inConsumer = false
     private var consumerSince = 0.0
+    private var waiting = 0
+    private let now: () -> Double
     public let grace: Double
     /// Training-side calls that waited for a generation.
     public private(set) var trainingWaits = 0
 
-    public init(grace: Double = 0.05) { self.grace = grace }
+    public init(grace: Double = 0.05, now: @escaping () -> Double = RuntimeGate.uptime) { (self.grace, self.now) = (grace, now) }
 
-    private static func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+    /// Seconds since boot (`DispatchTime`): the default clock of the grace.
+    public static func uptime() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+
+    /// Training-side calls waiting in `awaitTrainingTurn` now.
+    public var trainingCallsWaiting: Int { condition.lock(); defer { condition.unlock() }; return waiting }
 
     public func beginGeneration() {
         condition.lock(); generating += 1; condition.unlock()
@@ -30,7 +40,7 @@ public final class RuntimeGate: @unchecked Sendable {
 
     /// The generation's consumer (its token callback) runs `body`: after `grace` of it, training may go on.
     public func consumer<T>(_ body: () throws -> T) rethrows -> T {
-        condition.lock(); inConsumer = true; consumerSince = Self.now(); condition.broadcast(); condition.unlock()
+        condition.lock(); inConsumer = true; consumerSince = now(); condition.broadcast(); condition.unlock()
         defer { condition.lock(); inConsumer = false; condition.unlock() }
         return try body()
     }
@@ -42,16 +52,16 @@ public final class RuntimeGate: @unchecked Sendable {
         defer { condition.unlock() }
         var waited = false
         while generating > 0 {
-            waited = true
+            if !waited { (waited, waiting) = (true, waiting + 1) }
             if inConsumer {
-                let held = Self.now() - consumerSince
+                let held = now() - consumerSince
                 if held >= grace { break }
                 _ = condition.wait(until: Date().addingTimeInterval(grace - held))
             } else {
                 condition.wait()  // broadcast when a consumer starts and when the generation ends
             }
         }
-        if waited { trainingWaits += 1 }
+        if waited { (trainingWaits, waiting) = (trainingWaits + 1, waiting - 1) }
     }
 }
 

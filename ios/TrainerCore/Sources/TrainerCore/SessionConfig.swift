@@ -1,6 +1,6 @@
 import Foundation
 
-/// Which layers get `block_backward` at each step, chosen when the run starts (contract v3: LCSB is a
+/// Which layers get `block_backward` at each step, chosen when the run starts (LCSB is a
 /// run-time choice, not an export-time one).
 public enum LayerSelection: Equatable, Codable {
     /// Every layer every step.

@@ -1,6 +1,6 @@
 import Foundation
 
-/// A contract-v3 training run as the app runs it: the layer loop (`LayerLoop`) over the program's
+/// A training run as the app runs it: the layer loop (`LayerLoop`) over the program's
 /// memory-mapped weights and the app-owned state, rows in `DataOrder`, LCSB chosen at run time,
 /// the memory budget guard before each step, telemetry (run_start, step, memory, eval, error,
 /// run_end; every event checked against the schema), checkpoints in the host's layout and resume
@@ -68,18 +68,19 @@ public final class TrainingSession {
     ///   - budget: nil: no guard. The app builds it with `config.plannedPeakBytes(manifest:target:)`.
     ///   - weightsIdentity: how the weights file's identity is read at each step boundary (nil: `stat`, the
     ///     app's; see `MappedWeights`); tests pass a fake.
+    ///   - priority: the loop's `RuntimeGate` (a generation beside training goes first); tests pass one with their own clock.
     public init(programDirectory: URL, programName: String, runtime: ProgramRuntime, data: TrainingData, config: SessionConfig,
                 device: DeviceInfo, checkpoint: CheckpointStore? = nil, telemetry sinks: [TelemetrySink] = [],
                 usedSeq: ((String) -> Int)? = nil, probes: MemoryProbes = MemoryProbes(), budget: MemoryGuard? = nil,
                 clock: @escaping () -> Double = { Date().timeIntervalSince1970 },
                 monotonic: @escaping () -> Double = { ProcessInfo.processInfo.systemUptime },
-                weightsIdentity: FileIdentitySource? = nil) throws {
+                weightsIdentity: FileIdentitySource? = nil, priority: RuntimeGate = RuntimeGate()) throws {
         guard !data.train.isEmpty else { throw TrainerError.badInput("no training rows; give a longer text or more conversations") }
         guard config.steps >= 1, config.lr >= 0, config.lr.isFinite else { throw TrainerError.badInput("steps must be >= 1 and lr a finite number >= 0") }
         guard config.layersPerCheckpoint >= 1 else {
             throw TrainerError.badInput("layers per checkpoint must be >= 1 (1 keeps every selected layer's input), got \(config.layersPerCheckpoint)")
         }
-        let loop = try LayerLoop(programDirectory: programDirectory, runtime: runtime, identitySource: weightsIdentity)
+        let loop = try LayerLoop(programDirectory: programDirectory, runtime: runtime, identitySource: weightsIdentity, priority: priority)
         let m = loop.manifest
         (self.loop, manifest) = (loop, m)
         if let t = m.tokenizer, t.kind != "none" {
@@ -384,12 +385,12 @@ public final class TrainingSession {
 
     /// Step until done, paused, stopped, or `interrupt` returns a status (`.paused` when the app goes
     /// to the background or iOS ends a background task, `.cancelled` when the user stops); checked at
-    /// step boundaries only. Ends the session with `run_end`.
-    public func run(interrupt: () -> RunStatus? = { nil }) throws -> RunStatus {
+    /// step boundaries only. Ends the session with `run_end`; returns what that event says (`RunOutcome`).
+    public func run(interrupt: () -> RunStatus? = { nil }) throws -> RunOutcome {
         while true {
             if let status = interrupt() {
                 try finish(status: status)
-                return status
+                return outcome(status)
             }
             let outcome: StepOutcome
             do {
@@ -402,15 +403,20 @@ public final class TrainingSession {
             case .trained: continue
             case .finished:
                 try finish(status: .completed)
-                return .completed
+                return self.outcome(.completed)
             case .paused(let reason):
                 try finish(status: .paused, message: reason)
-                return .paused
+                return self.outcome(.paused, message: reason)
             case .stopped(let reason):
                 try finish(status: .failed, message: reason)
-                return .failed
+                return self.outcome(.failed, message: reason)
             }
         }
+    }
+
+    /// The run's outcome as `finish` reported it in `run_end`: the status, the steps done, the last step's loss.
+    private func outcome(_ status: RunStatus, message: String? = nil) -> RunOutcome {
+        RunOutcome(status: status, stepsCompleted: step, finalLoss: losses.last.flatMap { $0 }, message: message)
     }
 
     /// Checkpoint after every step, not only every `checkpointEvery`: the app says yes while it runs in a
