@@ -167,7 +167,7 @@ final class FirstRunTests: XCTestCase {
     }
 
     /// Polls `condition` every millisecond for up to `timeout` seconds: whether it came true.
-    func waitUntil(_ timeout: Double = 20, _ condition: () -> Bool) -> Bool {
+    func waitUntil(_ timeout: Double = 60, _ condition: () -> Bool) -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
         while !condition() {
             if Date() > deadline { return false }
