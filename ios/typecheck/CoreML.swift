@@ -2,7 +2,7 @@
 // them: MLModel, MLModelConfiguration, MLModelDescription, MLFeatureDescription,
 // MLMultiArrayConstraint, MLFeatureValue, MLFeatureProvider, MLDictionaryFeatureProvider,
 // MLMultiArray, MLMultiArrayDataType incl. the iOS 26 `int8`, MLComputeUnits). Written from Apple's documentation, not
-// from the SDK: only for type-checking ios/App/Sources/Runtime/CoreMLRuntime.swift (contract v3) on Linux
+// from the SDK: only for type-checking ios/App/Sources/Runtime/CoreMLRuntime.swift on Linux
 // (ios/test.sh). Bodies are placeholders.
 import Foundation
 

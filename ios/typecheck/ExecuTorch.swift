@@ -2,7 +2,7 @@
 // executorch 1.4.1 / 1.5 (pytorch/executorch extension/apple/ExecuTorch/Exported/: ExecuTorchModule.h
 // and ExecuTorch+Module.swift, ExecuTorch+Tensor.swift, ExecuTorch+Value.swift; the Objective-C
 // methods as Swift imports them, e.g. `loadMethod:error:` NS_SWIFT_NAME(load(_:)) -> `load(_:) throws`).
-// Only for type-checking ios/App/Sources/Runtime/ExecuTorchRuntime.swift (the v3 loop runtime) on Linux (ios/test.sh); the
+// Only for type-checking ios/App/Sources/Runtime/ExecuTorchRuntime.swift (the layer loop's runtime) on Linux (ios/test.sh); the
 // app links the real package. Bodies are placeholders.
 
 import Foundation

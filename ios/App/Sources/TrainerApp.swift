@@ -1,7 +1,7 @@
 import SwiftUI
 
 /// The app: one screen to pick a program and data, train within a memory budget, and watch
-/// loss and memory; the training itself is TrainerCore's `TrainingSession` (contract v3).
+/// loss and memory; the training itself is TrainerCore's `TrainingSession`.
 @main
 struct TrainerApp: App {
     @StateObject private var controller: TrainingController

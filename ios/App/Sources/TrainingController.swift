@@ -33,7 +33,7 @@ struct RunSettings: Equatable {
 }
 
 /// The screen's controller: turns the user's text into rows (`TrainingData`), runs TrainerCore's
-/// `TrainingSession` (contract v3: the layer loop on `ExecuTorchRuntime` or `CoreMLRuntime`) on a
+/// `TrainingSession` (the layer loop on `ExecuTorchRuntime` or `CoreMLRuntime`) on a
 /// serial background queue, and republishes `TrainingViewModel`'s state on the main thread. Training,
 /// data preparation and the telemetry queue are used on `work`, one at a time.
 ///
@@ -364,7 +364,7 @@ final class TrainingController: ObservableObject {
         let dir = paths.programs.appendingPathComponent(run.program)
         let runId = StartFailure.runId(saved: run.runId)
         // The sinks first: a failure from here to the session's start is sent as an `error` event of `runId`.
-        let log = TelemetryLog(url: paths.telemetryLog)
+        let log = EventLog(url: paths.eventLog)
         let endpoint = settings.telemetryURL.isEmpty ? nil : URL(string: settings.telemetryURL)
         let queue = endpoint.flatMap { _ in try? TelemetryQueue(directory: paths.telemetryQueue) }
         var sinks: [TelemetrySink] = [log]
@@ -441,7 +441,7 @@ final class TrainingController: ObservableObject {
             if session.step % 10 == 0, let battery = DeviceFacts.batteryFields() { _ = try? session.recorder?.emit("battery", battery) }
             if session.step % 10 == 9 { _ = try? uploader?.flush() }
             return controller?.takeStopRequest() ?? gate?.interrupt()
-        })
+        }).status
         var record = run
         record.status = status
         record.runId = session.recorder?.runId

@@ -216,7 +216,7 @@ test_scripts_use_the_app_paths() {
     local paths="$SCRIPTS/../../ios/TrainerCore/Sources/TrainerCore/AppPaths.swift"
     grep -q 'programsDir = "Programs"' "$paths"
     grep -q 'dataDir = "Data"' "$paths"
-    grep -q 'telemetryLog = "Telemetry/events.jsonl"' "$paths"
+    grep -q 'eventLog = "Telemetry/events.jsonl"' "$paths"
     grep -q 'adaptersDir = "Adapters"' "$paths"
     grep -q 'IOS_BUNDLE_ID_DEFAULT="org.onphonellm.trainer"' "$SCRIPTS/common.sh"
     grep -q 'PRODUCT_BUNDLE_IDENTIFIER: org.onphonellm.trainer$' "$SCRIPTS/../../ios/App/project.yml"

@@ -3,7 +3,7 @@ import CoreML
 import Foundation
 import TrainerCore
 
-/// Runs a contract-v3 Core ML export (`toolchain export --target coreml`, toolchain/export/coreml.py)
+/// Runs a Core ML export (`toolchain export --target coreml`, toolchain/export/coreml.py)
 /// for TrainerCore's `LayerLoop`: one ML program per method, `coreml/<method>.mlpackage`, listed in
 /// the `coreml` program entry's `methods`. No package holds a weight: the frozen weights, the LoRA
 /// state and the activations are inputs named as the manifest's method inputs, outputs likewise

@@ -2,7 +2,7 @@ import ExecuTorch
 import Foundation
 import TrainerCore
 
-/// Runs the layer-generic methods of a contract-v3 `model.pte` for TrainerCore's `LayerLoop` with the
+/// Runs the layer-generic methods of a program's `model.pte` for TrainerCore's `LayerLoop` with the
 /// stock ExecuTorch Swift `Module` (executorch 1.5.x, the exporter's version) (`Module(filePath:loadMode: .mmap)`, `load(_:)` per method,
 /// `execute(_:_:)`; the call pattern ios/hostcheck runs in C++ against the recorded trace).
 ///

@@ -5,7 +5,7 @@ import Foundation
 public struct AppPaths: Equatable {
     public static let programsDir = "Programs"
     public static let dataDir = "Data"
-    public static let telemetryLog = "Telemetry/events.jsonl"
+    public static let eventLog = "Telemetry/events.jsonl"
     public static let telemetryQueueDir = "Telemetry/queue"
     public static let checkpointsDir = "Checkpoints"
     public static let adaptersDir = "Adapters"
@@ -19,7 +19,7 @@ public struct AppPaths: Equatable {
     /// Documents/Data: JSONL training files.
     public var data: URL { documents.appendingPathComponent(Self.dataDir) }
     /// Documents/Telemetry/events.jsonl: every event of every run, append-only.
-    public var telemetryLog: URL { documents.appendingPathComponent(Self.telemetryLog) }
+    public var eventLog: URL { documents.appendingPathComponent(Self.eventLog) }
     public var telemetryQueue: URL { documents.appendingPathComponent(Self.telemetryQueueDir) }
     /// One checkpoint per program: a new run of the same program resumes it until it is deleted.
     public func checkpoint(program: String) -> URL {

@@ -61,7 +61,7 @@ public struct DataRow: Equatable {
 }
 
 /// A row padded to the program's sequence length (what `LayerLoop.trainStep` pads to).
-public struct PaddedExample: Equatable {
+public struct PaddedRow: Equatable {
     public var inputIds: [Int64]   // [seq_len], padded with the tokenizer's pad id
     public var labels: [Int64]     // [seq_len], padded with -100
     /// Labels that are not -100 (what the host runner reports as `tokens`).
@@ -86,7 +86,7 @@ public struct Batcher {
         (self.seqLen, self.padTokenId, self.vocab) = (seqLen, padTokenId, vocab)
     }
 
-    public func pad(_ row: DataRow, where place: String) throws -> PaddedExample {
+    public func pad(_ row: DataRow, where place: String) throws -> PaddedRow {
         func fail(_ why: String) -> TrainerError { .badInput("\(place): \(why)") }
         let ids = row.inputIds
         let labels = row.labels ?? ids
@@ -104,11 +104,11 @@ public struct Batcher {
             throw fail("row has no token to predict (every label after the first is -100)")
         }
         let pad = seqLen - ids.count
-        return PaddedExample(inputIds: ids + Array(repeating: padTokenId, count: pad),
+        return PaddedRow(inputIds: ids + Array(repeating: padTokenId, count: pad),
                              labels: labels + Array(repeating: DataRow.ignoreIndex, count: pad))
     }
 
-    public func padAll(_ rows: [DataRow], source: String = "data") throws -> [PaddedExample] {
+    public func padAll(_ rows: [DataRow], source: String = "data") throws -> [PaddedRow] {
         try rows.enumerated().map { try pad($1, where: "\(source): row \($0 + 1)") }
     }
 }

@@ -1,6 +1,6 @@
 import Foundation
 
-/// `manifest.json` of a contract-v3 program (`shared_schemas/manifest.schema.json`, schema_version 3):
+/// `manifest.json` of a program (`shared_schemas/manifest.schema.json`, schema_version 3):
 /// the typed manifest of `toolchain/contract/manifest.py` (`Manifest`, its sections under the same
 /// names: `ModelSection`, `GenerateSection`, `MethodSpec`, `IoSpec`, `StateEntry`, ...), written by
 /// `toolchain export` through `contract/read.py`'s `write_manifest`: layer-generic methods whose every input
@@ -58,13 +58,13 @@ public struct Manifest: Decodable, Equatable {
         let version = (try? JSONDecoder().decode(VersionOnly.self, from: data))?.schemaVersion
         guard version == Contract.manifestSchemaVersion else {
             let what = version.map { "schema_version \($0)" } ?? "no schema_version"
-            throw TrainerError.badInput("\(source) has \(what); this app runs contract v3 (schema_version 3) only; re-export the program")
+            throw TrainerError.badInput("\(source) has \(what); this app runs schema_version 3 only; re-export the program")
         }
         let m: Manifest
         do {
             m = try JSONDecoder().decode(Manifest.self, from: data)
         } catch {
-            throw TrainerError.badInput("\(source) is not a valid v3 manifest (\(describe(error))); re-export the program")
+            throw TrainerError.badInput("\(source) is not a valid manifest (\(describe(error))); re-export the program")
         }
         if let gen = m.generate, gen.prefillChunk == nil {
             throw TrainerError.badInput("\(source) was exported before chunked prefill (its generation methods prefill the whole " +

@@ -120,7 +120,7 @@ public enum ProgramImport {
     }
 
     /// What would be copied: manifest.json and every file the manifest lists, with their sizes;
-    /// refuses a folder that is not a contract-v3 program or lacks a listed file.
+    /// refuses a folder that is not a program of this contract (manifest schema_version 3) or lacks a listed file.
     public static func check(source: URL) throws -> (manifest: Manifest, files: [(name: String, size: Int)]) {
         guard FileManager.default.fileExists(atPath: source.appendingPathComponent(Contract.manifestName).path) else {
             throw TrainerError.badInput("\(source.lastPathComponent) has no manifest.json: pick the folder `toolchain export --out` wrote")

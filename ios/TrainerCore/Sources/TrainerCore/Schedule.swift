@@ -143,3 +143,8 @@ extension StepPlan {
         return try StepPlan(layers: layers, policy: policy, k: kk, phases: phases, schedule: Array(0..<phases.count), warmup: warmup)
     }
 }
+
+extension StepPlan {
+    /// The layers to backpropagate at `step` as a set (LCSB chosen at run time).
+    public func selected(forStep step: Int) -> Set<Int> { Set(layers(forStep: step)) }
+}

@@ -78,7 +78,7 @@ public final class TelemetryRecorder {
 
 /// Append-only JSONL file of every event (pulled with `scripts/ios/pull_telemetry.sh`, read by
 /// `toolchain telemetry import`).
-public final class TelemetryLog: TelemetrySink {
+public final class EventLog: TelemetrySink {
     public let url: URL
     public init(url: URL) { self.url = url }
 

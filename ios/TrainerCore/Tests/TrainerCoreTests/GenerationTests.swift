@@ -515,7 +515,7 @@ final class GenerationTests: XCTestCase {
             if case .token = e { texts.append(vm.state.streamAfter?.text ?? "?") }
         }
         try s.start(runId: "ios-stream")
-        XCTAssertEqual(try s.run(), .completed)
+        XCTAssertEqual(try s.run().status, .completed)
         vm.generationRequested()
         XCTAssertTrue(vm.state.generating)
         XCTAssertFalse(vm.state.canGenerate)
@@ -595,7 +595,7 @@ final class GenerationTests: XCTestCase {
         let stopTraining = GenerationCancel()
         let trained = DispatchSemaphore(value: 0)
         DispatchQueue(label: "test.work").async {
-            seen.status = try? s.run(interrupt: { stopTraining.isCancelled ? .cancelled : nil })
+            seen.status = try? s.run(interrupt: { stopTraining.isCancelled ? .cancelled : nil }).status
             trained.signal()
         }
         XCTAssertTrue(progress.wait(atLeast: 1, timeout: 60), "training runs")
@@ -631,7 +631,7 @@ final class GenerationTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(at, 1)
         let ref = try session(p, m, runtime: HashRuntime(manifest: m), steps: at)
         try ref.start(runId: "ios-reference")
-        XCTAssertEqual(try ref.run(), .completed)
+        XCTAssertEqual(try ref.run().status, .completed)
         XCTAssertEqual(try ref.generate(prompt: "The lamp", maxNewTokens: 10, initial: false).ids, g.ids)
     }
 

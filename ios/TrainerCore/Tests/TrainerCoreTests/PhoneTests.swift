@@ -211,7 +211,7 @@ final class PhoneTests: XCTestCase {
         XCTAssertEqual(StartFailure.runId(saved: "ios-kept-1"), "ios-kept-1", "a resume keeps its id")
         XCTAssertNotEqual(StartFailure.runId(saved: "not/an id"), "not/an id")
         let logURL = dir.appendingPathComponent("Telemetry/events.jsonl")
-        let log = TelemetryLog(url: logURL)
+        let log = EventLog(url: logURL)
         let q = try TelemetryQueue(directory: dir.appendingPathComponent("queue"))
         let usedSeq: (String) -> Int = { max(log.nextSeq(runId: $0), q.nextSeq(runId: $0)) }
         let prog = dir.appendingPathComponent("prog")
@@ -328,7 +328,7 @@ final class PhoneTests: XCTestCase {
         let gate = BackgroundRunGate(onPower: { power })
         var steps = 0
         s.onEvent = { if case .step = $0 { steps += 1; if steps == 2 { power = false } } }
-        XCTAssertEqual(try s.run(interrupt: gate.interrupt), .paused)
+        XCTAssertEqual(try s.run(interrupt: gate.interrupt).status, .paused)
         XCTAssertEqual(s.step, 2, "stopped at the boundary after the step that saw the charger go")
         XCTAssertEqual(gate.reason, "the phone left the charger")
         XCTAssertEqual(sink.events.last?.fields["status"], .string("paused"))
@@ -340,13 +340,13 @@ final class PhoneTests: XCTestCase {
         XCTAssertTrue(try s2.start())
         let gate2 = BackgroundRunGate(onPower: { power })
         s2.onEvent = { if case .step = $0 { gate2.expire() } }
-        XCTAssertEqual(try s2.run(interrupt: gate2.interrupt), .paused)
+        XCTAssertEqual(try s2.run(interrupt: gate2.interrupt).status, .paused)
         XCTAssertEqual(s2.step, 3)
         XCTAssertEqual(gate2.reason, "background time ended")
         // and the last one runs to the end, same run id
         let s3 = try session(MemorySink())
         XCTAssertTrue(try s3.start())
-        XCTAssertEqual(try s3.run(interrupt: BackgroundRunGate(onPower: { true }).interrupt), .completed)
+        XCTAssertEqual(try s3.run(interrupt: BackgroundRunGate(onPower: { true }).interrupt).status, .completed)
         XCTAssertEqual(s3.recorder?.runId, "ios-bg-1")
         XCTAssertEqual(BackgroundRunGate(onPower: { true }, enabled: { false }).interrupt(), .paused, "the switch turned off")
     }

@@ -5,7 +5,7 @@ import Glibc
 import XCTest
 @testable import TrainerCore
 
-/// The app's v3 session (`TrainingSession`) and the screen's state (`TrainingViewModel`).
+/// The app's session (`TrainingSession`) and the screen's state (`TrainingViewModel`).
 final class SessionTests: XCTestCase {
     var dir: URL!
 
@@ -55,7 +55,7 @@ final class SessionTests: XCTestCase {
         XCTAssertFalse(try s.start(runId: "ios-session-1"))
         let before = try XCTUnwrap(try s.evaluate(initial: true))
         let genBefore = try s.generate(prompt: "The lamp", maxNewTokens: 5, initial: true)
-        XCTAssertEqual(try s.run(), .completed)
+        XCTAssertEqual(try s.run().status, .completed)
         let after = try XCTUnwrap(try s.evaluate(initial: false))
         let genAfter = try s.generate(prompt: "The lamp", maxNewTokens: 5, initial: false)
         XCTAssertEqual(before.step, 0)
@@ -131,7 +131,7 @@ final class SessionTests: XCTestCase {
         let full = CheckpointStore(url: dir.appendingPathComponent("full.safetensors"))
         let (a, _) = try session(p, m, data: data, checkpoint: full)
         try a.start(runId: "ios-full")
-        XCTAssertEqual(try a.run(), .completed)
+        XCTAssertEqual(try a.run().status, .completed)
 
         let saved = SavedRun(program: "tiny", backend: "executorch", config: a.config, budgetMB: 1024, source: "pasted text",
                              heldOutFraction: 0.25, splitSeed: 1, rowsFile: SavedRun.newRowsFile(), trainRows: data.train.count,
@@ -157,7 +157,7 @@ final class SessionTests: XCTestCase {
         XCTAssertTrue(try c.start())
         XCTAssertEqual(c.step, 2)
         XCTAssertEqual(c.recorder?.runId, "ios-cut")
-        XCTAssertEqual(try c.run(), .completed)
+        XCTAssertEqual(try c.run().status, .completed)
         XCTAssertEqual(c.state!.sha256, a.state!.sha256)
         XCTAssertEqual(c.losses, a.losses)
         let seqB = sinkB.events.map { $0.fields["seq"]!.intValue! }, seqC = sinkC.events.map { $0.fields["seq"]!.intValue! }
@@ -185,9 +185,16 @@ final class SessionTests: XCTestCase {
         try s.start(runId: "ios-pause")
         XCTAssertNil(try s.evaluate(initial: true), "no held-out rows: no eval")
         var n = 0
-        XCTAssertEqual(try s.run(interrupt: { n += 1; return n > 2 ? .paused : nil }), .paused)
+        let paused = try s.run(interrupt: { n += 1; return n > 2 ? .paused : nil })
+        XCTAssertEqual(paused.status, .paused)
         XCTAssertEqual(try ck.load(expectedNumel: m.state.numel).meta.step, 2)
         XCTAssertEqual(sink.events.last?.fields["status"], .string("paused"))
+        // The outcome is what run_end says: the steps done, the last step's loss.
+        XCTAssertEqual(sink.events.last?.fields["steps_completed"], .int(Int64(paused.stepsCompleted)))
+        XCTAssertEqual(paused.stepsCompleted, 2)
+        XCTAssertEqual(sink.events.last?.fields["final_loss"], .double(Double(try XCTUnwrap(paused.finalLoss))))
+        XCTAssertEqual(paused.finalLoss, s.losses.last!)
+        XCTAssertNil(paused.message)
 
         let fp = ScriptedProbe([MemorySample(probe: "ios_phys_footprint", anonBytes: 900 << 20, peakBytes: 900 << 20)])
         let sink2 = MemorySink()
@@ -195,8 +202,12 @@ final class SessionTests: XCTestCase {
                                  budget: MemoryGuard(budgetBytes: 512 << 20, plannedPeakBytes: m.plannedPeakBytes()),
                                  probes: MemoryProbes(footprint: fp))
         try t.start(runId: "ios-budget")
-        XCTAssertEqual(try t.run(), .failed)
+        let stopped = try t.run()
+        XCTAssertEqual(stopped.status, .failed)
         XCTAssertTrue(sink2.events.contains { $0.fields["code"] == .string("budget_exceeded") })
+        XCTAssertEqual(sink2.events.last?.fields["message"], .string(try XCTUnwrap(stopped.message)), "the stop's reason, as run_end says it")
+        XCTAssertEqual(sink2.events.last?.fields["steps_completed"], .int(Int64(stopped.stepsCompleted)))
+        XCTAssertEqual(stopped.finalLoss, t.losses.last ?? nil)
         XCTAssertGreaterThan(m.plannedPeakBytes(), 0)
     }
 
@@ -231,12 +242,12 @@ final class SessionTests: XCTestCase {
         let data = try TrainingData.prepare(.text(Self.text), tokenizer: tok, manifest: m, heldOutFraction: 0.25, seed: 1)
         let (a, _) = try session(p, m, data: data, checkpoint: CheckpointStore(url: dir.appendingPathComponent("one-go.safetensors")))
         try a.start(runId: "ios-one-go")
-        XCTAssertEqual(try a.run(), .completed)
+        XCTAssertEqual(try a.run().status, .completed)
         let refStore = CheckpointStore(url: dir.appendingPathComponent("ref.safetensors"))
         let (ref, _) = try session(p, m, data: data, checkpoint: refStore)
         try ref.start(runId: "ios-ref")
         var r = 0
-        XCTAssertEqual(try ref.run(interrupt: { r += 1; return r > 3 ? .paused : nil }), .paused)
+        XCTAssertEqual(try ref.run(interrupt: { r += 1; return r > 3 ? .paused : nil }).status, .paused)
 
         let ids = ScriptedIdentity(Self.mapped)
         let sink = MemorySink()
@@ -251,7 +262,7 @@ final class SessionTests: XCTestCase {
             n += 1
             if n == 4 { ids.current = FileIdentity(size: 2048, mtimeNanos: Self.mapped.mtimeNanos, device: 64769, inode: 1042); callsAtChange = rt.calls.count }
             return nil
-        })
+        }).status
         XCTAssertEqual(status, .failed)
         XCTAssertEqual(s.step, 3)
         XCTAssertEqual(rt.calls.count, callsAtChange, "no program call after the change: the 4th step never ran")
@@ -289,7 +300,7 @@ final class SessionTests: XCTestCase {
         let (c, _) = try session(p, m, data: data, checkpoint: store)
         XCTAssertTrue(try c.start())
         XCTAssertEqual(c.step, 3)
-        XCTAssertEqual(try c.run(), .completed)
+        XCTAssertEqual(try c.run().status, .completed)
         XCTAssertEqual(c.state!.sha256, a.state!.sha256)
         XCTAssertEqual(c.losses, a.losses)
     }
@@ -314,7 +325,7 @@ final class SessionTests: XCTestCase {
             let (s, rt) = try session(p, m, data: data, checkpoint: store, sink: sink, identity: ids)
             try s.start(runId: "ios-\(label)")
             var n = 0, calls = -1
-            XCTAssertEqual(try s.run(interrupt: { n += 1; if n == 2 { ids.current = change; calls = rt.calls.count }; return nil }), .failed, label)
+            XCTAssertEqual(try s.run(interrupt: { n += 1; if n == 2 { ids.current = change; calls = rt.calls.count }; return nil }).status, .failed, label)
             XCTAssertEqual(s.step, 1, label)
             XCTAssertEqual(rt.calls.count, calls, label)
             XCTAssertEqual(try store.load(expectedNumel: m.state.numel).meta.step, 1, label)
@@ -336,7 +347,7 @@ final class SessionTests: XCTestCase {
                 XCTAssertEqual(ErrorReport.parts(of: error).code, "weights_changed")
                 s.reportError(error, fatal: true)
             }
-            XCTAssertEqual(try s.run(), .failed)
+            XCTAssertEqual(try s.run().status, .failed)
             XCTAssertEqual(rt.calls.count, 0)
             XCTAssertEqual(s.step, 0)
             XCTAssertEqual(errors(sink).map { $0["step"] }, [.int(0)])
@@ -359,7 +370,7 @@ final class SessionTests: XCTestCase {
                     do { _ = try s.generate(prompt: "The lamp", maxNewTokens: 3, initial: false) } catch { generationError = error }
                 }
                 return nil
-            })
+            }).status
             XCTAssertEqual(generationError.map { ErrorReport.parts(of: $0).code }, "weights_changed")
             XCTAssertEqual(status, .failed)
             XCTAssertEqual(s.step, 2)
@@ -383,7 +394,7 @@ final class SessionTests: XCTestCase {
                 calls = rt.calls.count
             }
             try s.start(runId: "ios-refused")
-            XCTAssertEqual(try s.run(), .failed)
+            XCTAssertEqual(try s.run().status, .failed)
             XCTAssertEqual(s.step, 2)
             XCTAssertEqual(rt.calls.count, calls, "the refused call never reached the runtime")
             XCTAssertEqual(try store.load(expectedNumel: m.state.numel).meta.step, 2)
@@ -415,7 +426,7 @@ final class SessionTests: XCTestCase {
                 calls = rt.calls.count
             }
             return nil
-        })
+        }).status
         XCTAssertEqual(status, .failed)
         XCTAssertEqual(s.step, 2)
         XCTAssertEqual(rt.calls.count, calls)
@@ -458,7 +469,7 @@ final class SessionTests: XCTestCase {
         let plan = try StepPlan.make(layers: m.loop.layers, k: 3, policy: "cyclic", warmup: 2)
         let (s, rt) = try session(p, m, data: data, steps: 4, selection: .plan(plan), sink: sink)
         XCTAssertFalse(try s.start(runId: "ios-warmup-1"))
-        XCTAssertEqual(try s.run(), .completed)
+        XCTAssertEqual(try s.run().status, .completed)
         let bb = rt.calls.filter { $0.method == "block_backward" }.map(\.layer!)
         let all = Array((0..<m.loop.layers).reversed())
         XCTAssertEqual(bb, all + all + [7, 6, 5] + [1, 0])
@@ -588,7 +599,7 @@ final class SessionTests: XCTestCase {
                                     device: testDevice, checkpoint: CheckpointStore(url: dir.appendingPathComponent("t.safetensors")), telemetry: [sink])
         XCTAssertNil(s.tokenizer, "v3_tiny has no tokenizer")
         try s.start(runId: "ios-replay")
-        XCTAssertEqual(try s.run(), .completed)
+        XCTAssertEqual(try s.run().status, .completed)
         XCTAssertEqual(s.losses.map { $0! }, (trace["losses"] as! [Double]).map(Float.init))
         XCTAssertEqual(s.state!.sha256, trace["final_state_sha256"] as? String)
         let r = try XCTUnwrap(try s.evaluate(initial: false))

@@ -37,11 +37,11 @@ final class TelemetrySchemaTests: XCTestCase {
     }
 }
 
-final class TelemetryLogTests: XCTestCase {
+final class EventLogTests: XCTestCase {
     /// Without an upload queue, the JSONL log is what tells a resumed run its next seq.
     func testLogRemembersTheNextSeqPerRun() throws {
         let dir = try tempDir()
-        let log = TelemetryLog(url: dir.appendingPathComponent("Telemetry/events.jsonl"))
+        let log = EventLog(url: dir.appendingPathComponent("Telemetry/events.jsonl"))
         XCTAssertEqual(log.nextSeq(runId: "ios-a"), 0)
         let a = try TelemetryRecorder(runId: "ios-a", sinks: [log])
         let b = try TelemetryRecorder(runId: "ios-a-2", startSeq: 40, sinks: [log])
