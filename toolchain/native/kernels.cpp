@@ -732,11 +732,27 @@ void dyw_chunk(void* task, size_t i) {
 // depend on the thread count.
 constexpr int64_t kPoolWork = int64_t{1} << 20;
 constexpr int64_t kPoolRowWork = int64_t{1} << 14;
+// Units [i per, (i + 1) per) of a parallel_for's n (one pool task: a run of consecutive units, in order).
+struct UnitRun {
+  void (*fn)(void*, size_t);
+  void* ctx;
+  int64_t n, per;
+};
+void unit_run(void* task, size_t i) {
+  const UnitRun& u = *static_cast<const UnitRun*>(task);
+  const int64_t k0 = static_cast<int64_t>(i) * u.per;
+  for (int64_t k = k0; k < std::min(u.n, k0 + u.per); ++k) u.fn(u.ctx, static_cast<size_t>(k));
+}
+
 void parallel_for(void (*fn)(void*, size_t), void* ctx, int64_t n, int64_t work, int64_t least = kPoolWork) {
 #ifdef TOOLCHAIN_THREADPOOL
-  if (n > 1 && work >= least && pool_threads() > 1) {
-    pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), fn, ctx, static_cast<size_t>(n),
-                               0);
+  const int64_t threads = n > 1 && work >= least ? pool_threads() : 1;
+  if (threads > 1) {
+    // more than 8 units per thread (a chunk's 32 rows, SwiGLU's blocks): about 4 tasks per thread, each a run of
+    // units (the pool's per-task cost paid 8 times instead of n); else a task per unit (attention's 14 heads)
+    UnitRun run{fn, ctx, n, n > 8 * threads ? (n + 4 * threads - 1) / (4 * threads) : 1};
+    pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), unit_run, &run,
+                               static_cast<size_t>((n + run.per - 1) / run.per), 0);
     return;
   }
 #endif
