@@ -1,4 +1,4 @@
-"""What a prefill leaves on one thread, from CPU-time counters (docs/kernels.md "Threads"): a loaded host still gives it.
+"""What a prefill leaves on one thread, from CPU-time counters (docs/kernels.md "Threads"; a loaded host too).
 
   .venv/bin/python scripts/bench_prefill_threads.py --program DIR [--paths avx512_vnni,avx2] [--threads 2]
       [--prompt-len 64] [--reps 7] [--json OUT]
@@ -155,8 +155,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lib = Path(tmp) / "libpool_shim.so"
         (Path(tmp) / "shim.c").write_text(SHIM)
-        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", str(lib), str(Path(tmp) / "shim.c"),
-                        "-ldl"], check=True)
+        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", str(lib),
+                        str(Path(tmp) / "shim.c"), "-ldl"], check=True)
         for path in a.paths.split(","):
             env = dict(os.environ, LD_PRELOAD=str(lib), TOOLCHAIN_POOL_SHIM=str(lib), TOOLCHAIN_KERNEL_PATH=path,
                        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))

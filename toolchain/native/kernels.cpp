@@ -460,7 +460,8 @@ struct QuantizeTask {
 void quantize_rows(void* task, size_t i) {
   const QuantizeTask& k = *static_cast<const QuantizeTask*>(task);
   const int64_t t0 = static_cast<int64_t>(i) * k.rows;
-  for (int64_t t = t0; t < std::min(k.T, t0 + k.rows); ++t) k.a->quantize_row(k.x + t * k.in, t, k.in, k.group, k.ng, k.group16);
+  for (int64_t t = t0; t < std::min(k.T, t0 + k.rows); ++t)
+    k.a->quantize_row(k.x + t * k.in, t, k.in, k.group, k.ng, k.group16);
 }
 
 // The runtime's thread pool (ExecuTorch's, the one XNNPACK uses: its size is the runtime's thread count, e.g.
