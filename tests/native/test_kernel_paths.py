@@ -132,8 +132,9 @@ def test_rows_of_x_do_not_interact_in_any_path(lib, path):
 
 @pytest.mark.parametrize("path", ("generic", *X86_PATHS))
 def test_threads_split_the_rows_without_changing_the_bits(lib, path):
-    """With ExecuTorch's thread pool at 2 threads the rows are split in chunks of 16 (a short last one); the bits
-    equal the 1-thread run's (the runtime's pool: portable_lib._unsafe_reset_threadpool, what --threads sets)."""
+    """With ExecuTorch's thread pool at 2 threads the rows are split in chunks of 16 (a short last one), and where
+    x has at least 2^14 elements its rows' quantization too (T = 64 and 32 below); the bits equal the 1-thread
+    run's (the runtime's pool: portable_lib._unsafe_reset_threadpool, what --threads sets)."""
     from executorch.extension.pybindings import portable_lib
 
     if not has_path(path):
@@ -144,7 +145,7 @@ def test_threads_split_the_rows_without_changing_the_bits(lib, path):
     gen = torch.Generator().manual_seed(9)
     try:
         for t, o, i, group in [(1, 520, 896, 64), (12, 100, 1000, 32), (3, 300, 2048, 128), (64, 77, 896, 64),
-                               (2, 1000, 640, 64)]:
+                               (2, 1000, 640, 64), (32, 128, 4864, 64)]:
             q, s = _quantized(o, i, group, gen)
             x = _x(t, i, gen, special=True)
             got = []

@@ -352,10 +352,11 @@ def test_lora_linear_rows_of_x_do_not_interact():
 
 
 def test_the_block_kernels_split_over_threads_without_changing_the_bits():
-    """Attention (its heads), RMSNorm and the LoRA epilogue (rows of x) and SwiGLU (blocks of 1024 elements) run
-    on ExecuTorch's thread pool when it has 2 threads (portable_lib._unsafe_reset_threadpool, what --threads
-    sets) and the call is large enough (2^20 multiply-adds or elements): a 0.5B prefill chunk's shapes, and
-    decode / small ones that stay on the calling thread; the bits equal the 1-thread run's."""
+    """Attention (its heads) and SwiGLU (blocks of 1024 elements) run on ExecuTorch's thread pool when it has 2
+    threads (portable_lib._unsafe_reset_threadpool, what --threads sets) and the call is large enough (2^20
+    multiply-adds or elements); RMSNorm and the LoRA epilogue (rows of x), RoPE (tokens) and the LoRA's transposed
+    copy of B (blocks of outputs) from 2^14 when the call has more than one row (a prefill chunk): a 0.5B prefill
+    chunk's shapes, and decode / small ones that stay on the calling thread; the bits equal the 1-thread run's."""
     from executorch.extension.pybindings import portable_lib
 
     lib = load_kernels()
@@ -407,11 +408,23 @@ def test_the_block_kernels_split_over_threads_without_changing_the_bits():
             return bits(y)
         return run
 
+    def rope(c, n, d, pos):
+        x, out = torch.randn(c, n * d, generator=gen), torch.empty(n, c, d)
+
+        def run():
+            assert lib.toolchain_rope_heads(_ptr(x), c, n, d, pos, ctypes.c_float(1e6), _ptr(out)) == 0
+            return bits(out)
+        return run
+
     cases = {"attention prefill": attention(14, 2, 32, 256, 64, 32), "attention decode": attention(14, 2, 1, 256, 64, 200),
              "attention small": attention(3, 1, 3, 24, 12, 20), "rms_norm large": rms(1200, 896),
-             "rms_norm small": rms(5, 37), "swiglu prefill": swiglu(32 * 4864 + 5), "swiglu small": swiglu(300),
+             "rms_norm prefill": rms(32, 896), "rms_norm small": rms(5, 37), "swiglu prefill": swiglu(32 * 4864 + 5),
+             "swiglu small": swiglu(300), "rope q prefill": rope(32, 14, 64, 32), "rope k prefill": rope(32, 2, 64, 32),
+             "rope odd": rope(37, 3, 128, 100), "rope decode": rope(1, 14, 64, 200),
              "lora prefill": lora(32, 4864, 896, 8, False, False), "lora q": lora(32, 896, 896, 8, True, False),
-             "lora down": lora(32, 896, 4864, 16, False, True), "lora decode": lora(1, 4864, 896, 8, False, True)}
+             "lora k": lora(32, 128, 896, 8, True, False), "lora 4 rows": lora(4, 896, 896, 8, True, True),
+             "lora down": lora(32, 896, 4864, 16, False, True), "lora decode": lora(1, 4864, 896, 8, False, True),
+             "lora decode rank 16": lora(1, 4864, 896, 16, True, True)}
     try:
         for name, run in cases.items():
             got = []

@@ -181,14 +181,6 @@ struct QuantizedX {
   std::vector<float> sa;
   std::vector<int32_t> corr;
 
-  // group16: the path's vector quantization of a group of a multiple of 16 columns (the same values as the
-  // scalar loop below), or nullptr.
-  void build(const float* x, int64_t T, int64_t in, int64_t group, int64_t ng, int64_t pad_bytes,
-             void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t)) {
-    resize(T, in, ng, pad_bytes);
-    for (int64_t t = 0; t < T; ++t) quantize_row(x + t * in, t, in, group, ng, group16);
-  }
-
   // Zeroed buffers for T rows of `in` columns (in even) in ng groups, rows padded to pad_bytes bytes. keep: when
   // the shape is the one of the last resize, only the padding is known zero (a caller that overwrites every
   // row's in / 2 bytes and ng groups: toolchain_int4_dyw_a8's blocks).
@@ -205,7 +197,10 @@ struct QuantizedX {
     corr.assign(static_cast<size_t>(T * gstride), 0);
   }
 
-  // Row t: xt [in] quantized per group into the buffers (after resize()), groups g0 .. ng - 1.
+  // Row t: xt [in] quantized per group into the buffers (after resize()), groups g0 .. ng - 1: every byte of the
+  // row's in / 2 and every group's sa and corr written (so a resize(..., keep = true) before it is enough). group16:
+  // the path's vector quantization of a group of a multiple of 16 columns (the same values as the scalar loop below),
+  // or nullptr.
   void quantize_row(const float* xt, int64_t t, int64_t in, int64_t group, int64_t ng,
                     void (*group16)(QuantizedX&, const float*, int64_t, int64_t, int64_t, int64_t), int64_t g0 = 0) {
     for (int64_t g = g0; g < ng; ++g) {
@@ -451,6 +446,22 @@ void rows_chunk(void* task, size_t i) {
   const RowsTask& k = *static_cast<const RowsTask*>(task);
   const int64_t r0 = static_cast<int64_t>(i) * k.chunk;
   linear_rows(k, r0, std::min(k.o, r0 + k.chunk));
+}
+
+// toolchain_int4_linear_a8's quantization of x: rows [i * rows, (i + 1) * rows) of T (the pool's unit of work).
+struct QuantizeTask {
+  QuantizedX* a;   // resize()d for the T rows
+  const float* x;
+  int64_t in, group, ng;
+  Group16 group16;
+  int64_t T, rows;
+};
+
+void quantize_rows(void* task, size_t i) {
+  const QuantizeTask& k = *static_cast<const QuantizeTask*>(task);
+  const int64_t t0 = static_cast<int64_t>(i) * k.rows;
+  for (int64_t t = t0; t < std::min(k.T, t0 + k.rows); ++t)
+    k.a->quantize_row(k.x + t * k.in, t, k.in, k.group, k.ng, k.group16);
 }
 
 // The runtime's thread pool (ExecuTorch's, the one XNNPACK uses: its size is the runtime's thread count, e.g.
@@ -711,17 +722,38 @@ void dyw_chunk(void* task, size_t i) {
 }
 
 // fn(ctx, i) for i < n: on the runtime's thread pool when it has more than one thread and the call is worth a
-// dispatch (`work`: about the call's multiply-adds or elements, at least 2^20: a prefill chunk's attention, SwiGLU
-// and large LoRA epilogues; a decode step's calls stay on this thread, where waking the pool would cost about what
-// it saves, and more when the other core is busy), else in order on this thread. The kernels that use it (attention's heads, RMSNorm's and the LoRA epilogue's rows of x,
-// SwiGLU's blocks of elements) compute every output element the same way whichever thread runs it, so the bits do
-// not depend on the thread count.
+// dispatch (`work`: about the call's multiply-adds or elements, at least `least`), else in order on this thread.
+// kPoolWork (2^20) for calls whose units exist in a decode step too (attention's heads, SwiGLU's blocks): a decode
+// step's calls stay on this thread, where waking the pool would cost about what it saves, and more when the other
+// core is busy. kPoolRowWork (2^14) for calls split by rows of x or tokens of a chunk (RMSNorm, RoPE, the LoRA
+// epilogue, the quantization of x): a decode step has one row, so they never reach the pool there, and in a prefill
+// chunk a dispatch to the pool's spinning workers costs 0.1-0.4 us (an empty pthreadpool_parallelize_1d of 2-14
+// tasks, this host) against 10-60 us of work (a [32, 896] RMSNorm, the quantization of a [32, 4864] x).
+// Every kernel that uses it computes each output element the same way whichever thread runs it, so the bits do not
+// depend on the thread count.
 constexpr int64_t kPoolWork = int64_t{1} << 20;
-void parallel_for(void (*fn)(void*, size_t), void* ctx, int64_t n, int64_t work) {
+constexpr int64_t kPoolRowWork = int64_t{1} << 14;
+// Units [i per, (i + 1) per) of a parallel_for's n (one pool task: a run of consecutive units, in order).
+struct UnitRun {
+  void (*fn)(void*, size_t);
+  void* ctx;
+  int64_t n, per;
+};
+void unit_run(void* task, size_t i) {
+  const UnitRun& u = *static_cast<const UnitRun*>(task);
+  const int64_t k0 = static_cast<int64_t>(i) * u.per;
+  for (int64_t k = k0; k < std::min(u.n, k0 + u.per); ++k) u.fn(u.ctx, static_cast<size_t>(k));
+}
+
+void parallel_for(void (*fn)(void*, size_t), void* ctx, int64_t n, int64_t work, int64_t least = kPoolWork) {
 #ifdef TOOLCHAIN_THREADPOOL
-  if (n > 1 && work >= kPoolWork && pool_threads() > 1) {
-    pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), fn, ctx, static_cast<size_t>(n),
-                               0);
+  const int64_t threads = n > 1 && work >= least ? pool_threads() : 1;
+  if (threads > 1) {
+    // more than 8 units per thread (a chunk's 32 rows, SwiGLU's blocks): about 4 tasks per thread, each a run of
+    // units (the pool's per-task cost paid 8 times instead of n); else a task per unit (attention's 14 heads)
+    UnitRun run{fn, ctx, n, n > 8 * threads ? (n + 4 * threads - 1) / (4 * threads) : 1};
+    pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), unit_run, &run,
+                               static_cast<size_t>((n + run.per - 1) / run.per), 0);
     return;
   }
 #endif
@@ -769,13 +801,18 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   const KernelPath path = kernel_path_state().path;
   if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
   thread_local QuantizedX a;
-  a.build(x, T, in, group, ng, 16 * 64, group16_of(path));   // padded to whole blocks (16 groups of <= 64 bytes)
+  a.resize(T, in, ng, 16 * 64, true);   // padded to whole blocks (16 groups of <= 64 bytes); every row rewritten below
+  const int64_t threads = pool_threads();
+  const bool split = threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18);
+  // x's rows (independent: the same bits) over the pool too when W's rows are split, in about 4 chunks per thread
+  const int64_t rows = std::max<int64_t>(1, split ? (T + 4 * threads - 1) / (4 * threads) : T);
+  QuantizeTask quantize{&a, x, in, group, ng, group16_of(path), T, rows};
+  parallel_for(quantize_rows, &quantize, (T + rows - 1) / rows, T * in, kPoolRowWork);
 #ifdef TOOLCHAIN_X86
   if (path == KernelPath::avx512_vnni) x86_avx512::prepare(a, T, gb);
 #endif
   RowsTask task{path, &a, T, q, scales, half, gb, ng, o, y, o, o};
-  const int64_t threads = pool_threads();
-  if (threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18)) {   // split the rows (independent: the same bits)
+  if (split) {   // split the rows (independent: the same bits)
     task.chunk = std::max<int64_t>(16, (o + 4 * threads - 1) / (4 * threads) + 15) / 16 * 16;
     run_in_pool(rows_chunk, &task, (o + task.chunk - 1) / task.chunk);
   } else {
@@ -930,7 +967,7 @@ static void rms_norm_row(void* task, size_t row) {
 int toolchain_rms_norm(const float* x, int64_t T, int64_t d, const float* w, float eps, float* y) {
   if (T < 0 || d <= 0) return -1;
   RmsNormTask task{x, d, w, eps, y};
-  parallel_for(rms_norm_row, &task, T, T * d);
+  parallel_for(rms_norm_row, &task, T, T * d, kPoolRowWork);   // the rows of x over the pool (a prefill chunk)
   return 0;
 }
 
@@ -996,6 +1033,20 @@ static void lora_row(void* task, size_t row) {
                         rt != nullptr ? rt + n0 : nullptr, std::min<int64_t>(L, o - n0));
 }
 
+// b [o, r] transposed into bt [r, o], outputs [i kBTransposeBlock, (i + 1) kBTransposeBlock) (the pool's unit of work).
+struct BTransposeTask {
+  const float* b;
+  int64_t o, r;
+  float* bt;
+};
+constexpr int64_t kBTransposeBlock = 512;
+static void b_transpose_block(void* task, size_t i) {
+  const BTransposeTask& k = *static_cast<const BTransposeTask*>(task);
+  const int64_t n0 = static_cast<int64_t>(i) * kBTransposeBlock, n1 = std::min(k.o, n0 + kBTransposeBlock);
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t j = 0; j < k.r; ++j) k.bt[j * k.o + n] = k.b[n * k.r + j];
+}
+
 // y [T, o] = residual + ((x W^T + bias) + s (x A^T) B^T): the int4 W4A8 product (toolchain_int4_linear_a8)
 // with the projection's bias, its LoRA pair a [r, in], b [o, r] (scale s) and a residual [T, o] added;
 // bias, a / b and residual may each be null (absent). h = x A^T per row is `dot`; (h B^T)[n] = sum_j h[j]
@@ -1011,19 +1062,49 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   if (rc != 0) return rc;
   thread_local std::vector<float> h, bt;
   // b is read in place for one row of x when r is a small constant (decode, rank 8: the epilogue's loads of b
-  // are strided, no transposed copy per call), else transposed once per call for all rows.
+  // are strided, no transposed copy per call), else transposed once per call for all rows (blocks of outputs
+  // over the pool for a prefill chunk: a copy, the same bits).
   const bool in_place = T == 1 && r == 8;
   if (a != nullptr) {
     h.resize(static_cast<size_t>(T * r));
     if (!in_place) {
       bt.resize(static_cast<size_t>(r * o));
-      for (int64_t n = 0; n < o; ++n)
-        for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
+      BTransposeTask tr{b, o, r, bt.data()};
+      parallel_for(b_transpose_block, &tr, (o + kBTransposeBlock - 1) / kBTransposeBlock, T > 1 ? r * o : 0,
+                   kPoolRowWork);
     }
   }
   LoraTask task{x, in, o, bias, a, b, bt.data(), r, s, residual, y, h.data(), in_place};
-  parallel_for(lora_row, &task, T, T * (r * in + (r + 2) * o));   // the rows of x over the pool
+  parallel_for(lora_row, &task, T, T * (r * in + (r + 2) * o), kPoolRowWork);   // the rows of x over the pool
   return 0;
+}
+
+struct RopeTask {
+  const float* x;
+  int64_t C, n, D, pos;
+  float inv_freq[512];
+  float* out;
+};
+
+// Token c of toolchain_rope_heads, all n heads (the pool's unit of work).
+static void rope_token(void* task, size_t token) {
+  const RopeTask& k = *static_cast<const RopeTask*>(task);
+  const int64_t c = static_cast<int64_t>(token), C = k.C, n = k.n, D = k.D, half = D / 2;
+  float cs[512], sn[512];
+  const float p = static_cast<float>(k.pos + c);
+  for (int64_t i = 0; i < half; ++i) {
+    const float f = p * k.inv_freq[i];
+    cs[i] = std::cos(f);
+    sn[i] = std::sin(f);
+  }
+  for (int64_t h = 0; h < n; ++h) {
+    const float* xh = k.x + c * n * D + h * D;
+    float* oh = k.out + (h * C + c) * D;
+    for (int64_t i = 0; i < half; ++i) {
+      oh[i] = xh[i] * cs[i] + (-xh[i + half]) * sn[i];
+      oh[i + half] = xh[i + half] * cs[i] + xh[i] * sn[i];
+    }
+  }
 }
 
 // out [n, C, D] = RoPE of x [C, n * D] split into n heads, the C tokens at positions pos .. pos + C - 1:
@@ -1031,26 +1112,10 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
 // as transformers computes them. Returns 0, or -1 for bad arguments (D odd).
 int toolchain_rope_heads(const float* x, int64_t C, int64_t n, int64_t D, int64_t pos, float theta, float* out) {
   if (C < 0 || n <= 0 || D <= 0 || D % 2 || D > 1024 || pos < 0) return -1;
-  const int64_t half = D / 2;
-  float inv_freq[512], cs[512], sn[512];
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
-  for (int64_t c = 0; c < C; ++c) {
-    const float p = static_cast<float>(pos + c);
-    for (int64_t i = 0; i < half; ++i) {
-      const float f = p * inv_freq[i];
-      cs[i] = std::cos(f);
-      sn[i] = std::sin(f);
-    }
-    for (int64_t h = 0; h < n; ++h) {
-      const float* xh = x + c * n * D + h * D;
-      float* oh = out + (h * C + c) * D;
-      for (int64_t i = 0; i < half; ++i) {
-        oh[i] = xh[i] * cs[i] + (-xh[i + half]) * sn[i];
-        oh[i + half] = xh[i + half] * cs[i] + xh[i] * sn[i];
-      }
-    }
-  }
+  RopeTask task{x, C, n, D, pos, {}, out};
+  for (int64_t i = 0; i < D / 2; ++i)
+    task.inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
+  parallel_for(rope_token, &task, C, C * n * D, kPoolRowWork);   // the tokens of a prefill chunk over the pool
   return 0;
 }
 

@@ -10,10 +10,14 @@
 // into lane g mod 16 by a fused multiply-add, groups in increasing order, then lane_sum's tree; in 256 bits the
 // 16 lanes are two registers, lanes 0..7 and 8..15): the same bits as row_generic.
 //
-// The 256-bit paths are one source compiled twice: this file includes itself with TOOLCHAIN_YMM_PASS 1 (avx2)
-// and 2 (avx_vnni).
+// What the paths share is one template each, instantiated per path: fold_blocks (toolchain_int4_dyw_a8's rounding)
+// over a Lanes16 vector-traits struct (16 lanes: one 512-bit register, or two 256-bit ones), and the 256-bit row
+// kernels (rows, rows_broadcast) over a PairDot struct, the one step where avx2 and avx_vnni differ (vpmaddubsw +
+// vpmaddwd against vpdpbusd). A template takes its instruction set from the target region it is defined in (GCC and
+// clang alike), so the templates are written once at the end of this file, which includes itself once per path
+// (TOOLCHAIN_X86_PASS 1 avx512_vnni, 2 avx2, 3 avx_vnni) inside that path's region and namespace.
 
-#ifndef TOOLCHAIN_YMM_PASS
+#ifndef TOOLCHAIN_X86_PASS
 #ifndef TOOLCHAIN_KERNELS_X86_H
 #define TOOLCHAIN_KERNELS_X86_H
 
@@ -128,68 +132,6 @@ void group16(QuantizedX& x, const float* xt, int64_t k0, int64_t k1, int64_t t, 
   x.corr[static_cast<size_t>(t * x.gstride + g)] = 8 * _mm512_reduce_add_epi32(sum);
 }
 
-// toolchain_int4_dyw_a8's rounding of row t: u = dy * s (the scale column of a k-group) quantized per block of G
-// consecutive n, the blocks wholly inside [0, o) (the rest: kernels.cpp's fold_blocks_scalar), computed in registers
-// without storing u, in the block's halves layout (the first G / 2 values are the block's `even` bytes, the others
-// its `odd` ones: kernels.cpp's dyw_block). The same values as the scalar loop: the same float32 products, max,
-// IEEE division, round-to-nearest-even, NaN to 0 and clamp. Returns the blocks done.
-template <int G>
-int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o, int64_t t) {
-  constexpr int V = G / 16;
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  const int64_t nb = o / G;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t n0 = b * G;
-    __m512 v[V];
-    __m512 amax = _mm512_setzero_ps(), z = _mm512_setzero_ps();   // z: NaN iff some u is not finite (u * 0)
-    for (int j = 0; j < V; ++j) {
-      v[j] = _mm512_mul_ps(_mm512_loadu_ps(dy + n0 + 16 * j), _mm512_loadu_ps(s + n0 + 16 * j));
-      amax = _mm512_max_ps(amax, _mm512_and_ps(v[j], absmask));
-      z = _mm512_fmadd_ps(v[j], _mm512_setzero_ps(), z);
-    }
-    // a NaN or an infinity: sa = NaN (kernels.cpp: fold_blocks_scalar)
-    const float sa = _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) ? NAN : _mm512_reduce_max_ps(amax) / 127.0f;
-    __m512i sum = _mm512_setzero_si512();
-    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
-    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
-    if (sa >= 0x1p-126f) {   // sa normal: |u / sa| < 127 + 2^-17, so round(u / sa) is in [-127, 127] (no clamp)
-      const __m512 sv = _mm512_set1_ps(sa);   // and u is finite (no NaN to zero)
-      for (int j = 0; j < V; ++j) {
-        const __m512i a = _mm512_cvtps_epi32(
-            _mm512_roundscale_ps(_mm512_div_ps(v[j], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        sum = _mm512_add_epi32(sum, a);
-        int8_t* dst = j < V / 2 ? even + 16 * j : odd + 16 * (j - V / 2);   // the block's halves
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(a));
-      }
-    } else if (sa > 0.0f) {   // subnormal: the scalar loop's clamp
-      const __m512 sv = _mm512_set1_ps(sa);
-      for (int j = 0; j < V; ++j) {
-        const __m512 q = _mm512_div_ps(v[j], sv);
-        __m512 r = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), r));
-        const __m512i a = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(q, q, _CMP_ORD_Q), r);
-        sum = _mm512_add_epi32(sum, a);
-        int8_t* dst = j < V / 2 ? even + 16 * j : odd + 16 * (j - V / 2);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(a));
-      }
-    } else {
-      std::memset(even, 0, G / 2);
-      std::memset(odd, 0, G / 2);
-    }
-    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
-    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * _mm512_reduce_add_epi32(sum);
-  }
-  return nb;
-}
-
-int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
-  switch (group) {
-    case 32: return fold_blocks<32>(x, dy, s, o, t);
-    case 64: return fold_blocks<64>(x, dy, s, o, t);
-    case 128: return fold_blocks<128>(x, dy, s, o, t);
-    default: return 0;
-  }
-}
 // [a0 + a1, a2 + a3, ..., a14 + a15, b0 + b1, ..., b14 + b15]
 inline __m512i hadd_pairs(__m512i a, __m512i b, __m512i even, __m512i odd) {
   return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
@@ -567,35 +509,124 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
 TOOLCHAIN_TARGET_POP
 
 // ---------------------------------------------------------------------------------------------------------------
-// avx2 and avx_vnni: the 256-bit kernels below, compiled once for each
-#define TOOLCHAIN_YMM_PASS 1
+// The templates every x86 path instantiates (below), each compiled in its path's target region: pass 1 avx512_vnni
+// (fold_blocks over 512-bit Lanes16), pass 2 avx2 and pass 3 avx_vnni (fold_blocks over 256-bit Lanes16, the
+// 256-bit row kernels over their PairDot).
+#define TOOLCHAIN_X86_PASS 1
 #include "kernels_x86.h"
-#undef TOOLCHAIN_YMM_PASS
-#define TOOLCHAIN_YMM_PASS 2
+#undef TOOLCHAIN_X86_PASS
+#define TOOLCHAIN_X86_PASS 2
 #include "kernels_x86.h"
-#undef TOOLCHAIN_YMM_PASS
+#undef TOOLCHAIN_X86_PASS
+#define TOOLCHAIN_X86_PASS 3
+#include "kernels_x86.h"
+#undef TOOLCHAIN_X86_PASS
 
 #endif  // TOOLCHAIN_KERNELS_X86_H
-#else   // TOOLCHAIN_YMM_PASS: the 256-bit kernels
+#else   // TOOLCHAIN_X86_PASS: the templates, instantiated for one path
 
-#if TOOLCHAIN_YMM_PASS == 1
+#if TOOLCHAIN_X86_PASS == 1
+TOOLCHAIN_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+namespace x86_avx512 {
+// 16 float32 (F) or int32 (I) lanes in one 512-bit register: the vector operations fold_blocks needs.
+struct Lanes16 {
+  using F = __m512;
+  using I = __m512i;
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F splat(float v) { return _mm512_set1_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F abs(F a) { return _mm512_and_ps(a, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF))); }
+  static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static bool any_nan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
+  static float max_lane(F a) { return _mm512_reduce_max_ps(a); }
+  static I to_int(F r) { return _mm512_cvtps_epi32(r); }
+  static I to_int_or_zero(F q, F r) { return _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(q, q, _CMP_ORD_Q), r); }
+  static I izero() { return _mm512_setzero_si512(); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static int32_t sum(I a) { return _mm512_reduce_add_epi32(a); }
+  static void store_bytes(int8_t* dst, I a) {   // the 16 lanes (each in [-127, 127]) as 16 bytes
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(a));
+  }
+};
+#elif TOOLCHAIN_X86_PASS == 2
 TOOLCHAIN_TARGET_PUSH("avx2,fma")
 namespace x86_avx2 {
 // acc + the products of 4-byte groups: unsigned nibbles hi, lo (0..15) times int8 xe, xo. Kept as int16 pair sums
 // (at most 3810 per vpmaddubsw lane: up to 4 calls, 8 products of 2, stay below 32767); dwords() adds the pairs.
-inline __m256i pair_dot(__m256i acc, __m256i hi, __m256i xe, __m256i lo, __m256i xo) {
-  return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(hi, xe), _mm256_maddubs_epi16(lo, xo)));
-}
-inline __m256i dwords(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+struct PairDot {
+  static __m256i pair(__m256i acc, __m256i hi, __m256i xe, __m256i lo, __m256i xo) {
+    return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(hi, xe), _mm256_maddubs_epi16(lo, xo)));
+  }
+  static __m256i dwords(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+};
 #else
 TOOLCHAIN_TARGET_PUSH("avx2,fma,avxvnni")
 namespace x86_avx_vnni {
 // acc + the products of 4-byte groups, as int32 dwords (vpdpbusd: unsigned bytes times signed bytes).
-inline __m256i pair_dot(__m256i acc, __m256i hi, __m256i xe, __m256i lo, __m256i xo) {
-  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, hi, xe), lo, xo);
-}
-inline __m256i dwords(__m256i acc) { return acc; }
+struct PairDot {
+  static __m256i pair(__m256i acc, __m256i hi, __m256i xe, __m256i lo, __m256i xo) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, hi, xe), lo, xo);
+  }
+  static __m256i dwords(__m256i acc) { return acc; }
+};
 #endif
+
+#if TOOLCHAIN_X86_PASS >= 2
+// 16 float32 (F) or int32 (I) lanes in two 256-bit registers (lanes 0..7, 8..15): x86_avx512's Lanes16 in 256 bits.
+struct Lanes16 {
+  struct F {
+    __m256 lo, hi;
+  };
+  struct I {
+    __m256i lo, hi;
+  };
+  static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static F splat(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+  static F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static F div(F a, F b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+  static F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+  static F max(F a, F b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static F min(F a, F b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  static F abs(F a) {
+    const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    return {_mm256_and_ps(a.lo, m), _mm256_and_ps(a.hi, m)};
+  }
+  static F round(F a) {
+    return {_mm256_round_ps(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+            _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  }
+  static bool any_nan(F a) {
+    return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q))) != 0;
+  }
+  static float max_lane(F a) {
+    const __m256 m8 = _mm256_max_ps(a.lo, a.hi);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  static I to_int(F r) { return {_mm256_cvtps_epi32(r.lo), _mm256_cvtps_epi32(r.hi)}; }
+  static I to_int_or_zero(F q, F r) {
+    return {_mm256_and_si256(_mm256_cvtps_epi32(r.lo), _mm256_castps_si256(_mm256_cmp_ps(q.lo, q.lo, _CMP_ORD_Q))),
+            _mm256_and_si256(_mm256_cvtps_epi32(r.hi), _mm256_castps_si256(_mm256_cmp_ps(q.hi, q.hi, _CMP_ORD_Q)))};
+  }
+  static I izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  static I add(I a, I b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+  static int32_t sum(I a) {
+    const __m256i s8 = _mm256_add_epi32(a.lo, a.hi);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1)));
+  }
+  static void store_bytes(int8_t* dst, I a) {   // the 16 lanes (each in [-127, 127]) as 16 bytes, in order
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);   // 16 int16, in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+  }
+};
 
 // lane_sum's tree on 16 lanes held as lanes 0..7 (lo) and 8..15 (hi): (l, l + 8), (l, l + 4), (0 + 2) + (1 + 3).
 inline float lane_sum(__m256 lo, __m256 hi) {
@@ -646,73 +677,6 @@ void group16(QuantizedX& x, const float* xt, int64_t k0, int64_t k1, int64_t t, 
   x.corr[static_cast<size_t>(t * x.gstride + g)] = 8 * _mm_cvtsi128_si32(s4);
 }
 
-// toolchain_int4_dyw_a8's rounding of row t, the blocks of G n wholly inside [0, o): as the AVX-512 fold_blocks
-// (u = dy * s in registers, group16's values, the halves layout). Returns the blocks done.
-template <int G>
-int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o, int64_t t) {
-  constexpr int V = G / 8;
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const int64_t nb = o / G;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t n0 = b * G;
-    __m256 v[V];
-    __m256 amax = _mm256_setzero_ps(), z = _mm256_setzero_ps();   // z: NaN iff some u is not finite (u * 0)
-    for (int j = 0; j < V; ++j) {
-      v[j] = _mm256_mul_ps(_mm256_loadu_ps(dy + n0 + 8 * j), _mm256_loadu_ps(s + n0 + 8 * j));
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], absmask));
-      z = _mm256_fmadd_ps(v[j], _mm256_setzero_ps(), z);
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    // a NaN or an infinity: sa = NaN (kernels.cpp: fold_blocks_scalar)
-    const float sa = _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q)) ? NAN : _mm_cvtss_f32(m) / 127.0f;
-    __m256i sum = _mm256_setzero_si256();
-    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
-    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
-    if (sa > 0.0f) {
-      const __m256 sv = _mm256_set1_ps(sa);
-      const bool normal = sa >= 0x1p-126f;   // then |u / sa| < 127 + 2^-17 and u finite: no clamp, no NaN
-      for (int j = 0; j < V; j += 2) {
-        __m256i a[2];
-        for (int h = 0; h < 2; ++h) {
-          const __m256 q = _mm256_div_ps(v[j + h], sv);
-          __m256 r = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          if (normal) {
-            a[h] = _mm256_cvtps_epi32(r);
-            continue;
-          }
-          r = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), r));
-          a[h] = _mm256_and_si256(_mm256_cvtps_epi32(r), _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_ORD_Q)));
-        }
-        sum = _mm256_add_epi32(sum, _mm256_add_epi32(a[0], a[1]));
-        const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a[0], a[1]), 0xD8);   // 16 int16, in order
-        const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-        int8_t* dst = j < V / 2 ? even + 8 * j : odd + 8 * (j - V / 2);   // the block's halves
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bytes);
-      }
-    } else {
-      std::memset(even, 0, G / 2);
-      std::memset(odd, 0, G / 2);
-    }
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
-    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
-    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * _mm_cvtsi128_si32(s4);
-  }
-  return nb;
-}
-
-int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
-  switch (group) {
-    case 32: return fold_blocks<32>(x, dy, s, o, t);
-    case 64: return fold_blocks<64>(x, dy, s, o, t);
-    case 128: return fold_blocks<128>(x, dy, s, o, t);
-    default: return 0;
-  }
-}
-
 // 32 bytes of a weight row from byte j: zeros past the row's end (half bytes).
 inline __m256i row_chunk(const uint8_t* qr, int64_t j, int64_t half) {
   if (j + 32 <= half) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + j));
@@ -743,10 +707,10 @@ inline __m256i lane_mask(int64_t n) {
 
 // All o output rows for rows t0 .. t0 + NT - 1 of x (decode: NT = 1; prefill tiles: 2..4), groups of GB = 16, 32
 // or 64 bytes. Per weight row and block of 16 groups, in two halves of 8 groups: the half's 32-byte chunks are
-// split into nibbles once and multiplied by every row of x (pair_dot), the dwords of each group folded into its
+// split into nibbles once and multiplied by every row of x (Dot::pair), the dwords of each group folded into its
 // sum (hsum8 / hsum8_pairs), the nibble correction subtracted, and float(isum) * (sw * sa) added to lanes g mod 16
 // by fma: row_generic's integer sums and float order.
-template <int NT, int GB>
+template <class Dot, int NT, int GB>
 void rows(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const float* __restrict scales, int64_t half,
           int64_t ng, int64_t o, float* y, int64_t ystride) {
   constexpr int NG = GB == 16 ? 4 : 8;                           // dword vectors per half block (hsum8_pairs / hsum8)
@@ -782,10 +746,10 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const fl
           const __m256i w = row_chunk(qr, j, half);
           const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
           for (int t = 0; t < NT; ++t)
-            s[t] = pair_dot(s[t], hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xe[t] + j)), lo,
+            s[t] = Dot::pair(s[t], hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xe[t] + j)), lo,
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xo[t] + j)));
         }
-        for (int t = 0; t < NT; ++t) v[t][i] = dwords(s[t]);
+        for (int t = 0; t < NT; ++t) v[t][i] = Dot::dwords(s[t]);
       }
       const int64_t left = ng - g0;
       const __m256 sw = left >= 8 ? _mm256_loadu_ps(sr + g0) : _mm256_maskload_ps(sr + g0, lane_mask(left));
@@ -807,7 +771,7 @@ void rows(const QuantizedX& a, int64_t t0, const uint8_t* __restrict q, const fl
 // dwords broadcast. The group's exact integer sum per (t, row) goes into accumulator g mod 16 of (t, row) with
 // the same fma (float(isum) times sw[r, g] sa[t, g], groups in increasing order), and the 16 accumulators are
 // added in lane_sum's tree: row_generic's bits.
-template <int GB>
+template <class Dot, int GB>
 void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q, const float* __restrict scales,
                     int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
   constexpr int D = GB / 4;                                      // dwords of a group's bytes
@@ -860,9 +824,9 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
               int32_t de, dd;
               std::memcpy(&de, xe + 4 * k, 4);
               std::memcpy(&dd, xo + 4 * k, 4);
-              s2[k & 1] = pair_dot(s2[k & 1], hi[k], _mm256_set1_epi32(de), lo[k], _mm256_set1_epi32(dd));
+              s2[k & 1] = Dot::pair(s2[k & 1], hi[k], _mm256_set1_epi32(de), lo[k], _mm256_set1_epi32(dd));
             }
-            __m256i sum = _mm256_add_epi32(dwords(s2[0]), dwords(s2[1]));
+            __m256i sum = _mm256_add_epi32(Dot::dwords(s2[0]), Dot::dwords(s2[1]));
             if constexpr (DC < D) {                               // the group's integer sum over D / DC passes
               int32_t* held = isums + t * 8;
               if (k0 > 0) sum = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(held)), sum);
@@ -900,9 +864,9 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
   if (gb != 16 && gb != 32 && gb != 64) return false;
   if (T >= YMM_BROADCAST_T) {
     switch (gb) {
-      case 16: rows_broadcast<16>(a, T, q, scales, half, ng, o, y, ldy); return true;
-      case 32: rows_broadcast<32>(a, T, q, scales, half, ng, o, y, ldy); return true;
-      default: rows_broadcast<64>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      case 16: rows_broadcast<PairDot, 16>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      case 32: rows_broadcast<PairDot, 32>(a, T, q, scales, half, ng, o, y, ldy); return true;
+      default: rows_broadcast<PairDot, 64>(a, T, q, scales, half, ng, o, y, ldy); return true;
     }
   }
   for (int64_t t0 = 0; t0 < T; t0 += TT) {
@@ -910,9 +874,9 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
     const int64_t nt = std::min(TT, T - t0);
 #define TOOLCHAIN_YMM_ROWS(NT)                                                              \
     switch (gb) {                                                                           \
-      case 16: rows<NT, 16>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
-      case 32: rows<NT, 32>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
-      default: rows<NT, 64>(a, t0, q, scales, half, ng, o, yt, ldy); break;                   \
+      case 16: rows<PairDot, NT, 16>(a, t0, q, scales, half, ng, o, yt, ldy); break;             \
+      case 32: rows<PairDot, NT, 32>(a, t0, q, scales, half, ng, o, yt, ldy); break;             \
+      default: rows<PairDot, NT, 64>(a, t0, q, scales, half, ng, o, yt, ldy); break;             \
     }
     if (nt == 4) { TOOLCHAIN_YMM_ROWS(4) }
     else if (nt == 3) { TOOLCHAIN_YMM_ROWS(3) }
@@ -922,7 +886,68 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
   }
   return true;
 }
+#endif  // TOOLCHAIN_X86_PASS >= 2
 
-}  // namespace x86_avx2 / x86_avx_vnni
+// toolchain_int4_dyw_a8's rounding of row t: u = dy * s (the scale column of a k-group) quantized per block of G
+// consecutive n, the blocks wholly inside [0, o) (the rest: kernels.cpp's fold_blocks_scalar), computed in registers
+// without storing u, in the block's halves layout (the first G / 2 values are the block's `even` bytes, the others
+// its `odd` ones: kernels.cpp's dyw_block), 16 lanes at a time (the path's Lanes16: one 512-bit or two 256-bit
+// registers). The same values as the scalar loop: the same float32 products, max, IEEE division,
+// round-to-nearest-even, NaN to 0 and clamp. Returns the blocks done.
+template <int G>
+int64_t fold_blocks(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o, int64_t t) {
+  using V = Lanes16;
+  constexpr int U = G / 16;                                      // units of 16 lanes per block
+  const int64_t nb = o / G;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t n0 = b * G;
+    typename V::F v[U];
+    typename V::F amax = V::splat(0.0f), z = V::splat(0.0f);     // z: NaN iff some u is not finite (u * 0)
+    for (int j = 0; j < U; ++j) {
+      v[j] = V::mul(V::load(dy + n0 + 16 * j), V::load(s + n0 + 16 * j));
+      amax = V::max(amax, V::abs(v[j]));
+      z = V::fma(v[j], V::splat(0.0f), z);
+    }
+    // a NaN or an infinity: sa = NaN (kernels.cpp: fold_blocks_scalar)
+    const float sa = V::any_nan(z) ? NAN : V::max_lane(amax) / 127.0f;
+    typename V::I sum = V::izero();
+    int8_t* even = &x.even[static_cast<size_t>(t * x.stride + n0 / 2)];
+    int8_t* odd = &x.odd[static_cast<size_t>(t * x.stride + n0 / 2)];
+    if (sa >= 0x1p-126f) {   // sa normal: |u / sa| < 127 + 2^-17, so round(u / sa) is in [-127, 127] (no clamp)
+      const typename V::F sv = V::splat(sa);   // and u is finite (no NaN to zero)
+      for (int j = 0; j < U; ++j) {
+        const typename V::I a = V::to_int(V::round(V::div(v[j], sv)));
+        sum = V::add(sum, a);
+        V::store_bytes(j < U / 2 ? even + 16 * j : odd + 16 * (j - U / 2), a);   // the block's halves
+      }
+    } else if (sa > 0.0f) {   // subnormal: the scalar loop's clamp
+      const typename V::F sv = V::splat(sa);
+      for (int j = 0; j < U; ++j) {
+        const typename V::F q = V::div(v[j], sv);
+        const typename V::F r = V::min(V::splat(127.0f), V::max(V::splat(-127.0f), V::round(q)));
+        const typename V::I a = V::to_int_or_zero(q, r);
+        sum = V::add(sum, a);
+        V::store_bytes(j < U / 2 ? even + 16 * j : odd + 16 * (j - U / 2), a);
+      }
+    } else {
+      std::memset(even, 0, G / 2);
+      std::memset(odd, 0, G / 2);
+    }
+    x.sa[static_cast<size_t>(t * x.gstride + b)] = sa;
+    x.corr[static_cast<size_t>(t * x.gstride + b)] = 8 * V::sum(sum);
+  }
+  return nb;
+}
+
+int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int64_t group, int64_t t) {
+  switch (group) {
+    case 32: return fold_blocks<32>(x, dy, s, o, t);
+    case 64: return fold_blocks<64>(x, dy, s, o, t);
+    case 128: return fold_blocks<128>(x, dy, s, o, t);
+    default: return 0;
+  }
+}
+
+}  // namespace x86_avx512 / x86_avx2 / x86_avx_vnni
 TOOLCHAIN_TARGET_POP
-#endif  // TOOLCHAIN_YMM_PASS
+#endif  // TOOLCHAIN_X86_PASS
