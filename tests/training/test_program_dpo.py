@@ -78,6 +78,28 @@ def test_program_dpo_equals_eager_dpo(preference_program, run):
     _compare(trainer, _eager(weights, lora, pairs, rows, steps=6, **run))
 
 
+def test_pair_step_graded_groups_equal_every_input_kept(preference_program):
+    """`LayerLoop.pair_step`'s default (the second sequence's inputs in graded groups, rebuilt by block_forward at
+    backward) leaves the losses and the updated state as keeping every input of both does."""
+    from toolchain.runtime.loop import LayerLoop
+
+    prog, _, _ = preference_program
+    pdir = ProgramDir(prog)
+    loop = LayerLoop(pdir, EagerRuntime(pdir.spec))
+    pair = _pairs(7, n=1)[0]
+    padded = [(torch.nn.functional.pad(r.input_ids, (0, SEQ_LEN - len(r.input_ids))),
+               torch.nn.functional.pad(r.labels, (0, SEQ_LEN - len(r.labels)), value=-100))
+              for r in (pair.chosen, pair.rejected)]
+    states, losses = [], []
+    for second in ("graded", "same"):
+        state = pdir.state_init()
+        losses.append(loop.pair_step(tuple(padded), lambda a, b: (0.7, -0.3), 1e-2, state, second_groups=second))
+        states.append(state)
+    assert losses[0] == losses[1]
+    assert not torch.equal(states[0], pdir.state_init())
+    torch.testing.assert_close(states[0], states[1], rtol=0, atol=0)
+
+
 def test_a_program_without_the_pair_method_is_refused(program):
     prog, _, _ = program
     pdir = ProgramDir(prog)
