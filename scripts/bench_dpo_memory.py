@@ -49,8 +49,6 @@ def _layout(mode: str) -> tuple[int, str]:
 
 
 def worker(program: Path, mode: str, threads: int, prompt_frac: float) -> dict:
-    import torch
-
     from toolchain.memory.measure import measure_peak
     from toolchain.program import ProgramDir
     from toolchain.runtime.loop import LayerLoop
