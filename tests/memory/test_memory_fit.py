@@ -181,3 +181,17 @@ def test_weights_that_cannot_stay_in_the_page_cache_are_noted(tmp_path):
     assert r.fits
     (note,) = [n for n in r.notes if "page cache" in n]
     assert f"exceed the {budget:.0f} MB budget together" in note and "re-read them from storage" in note
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_program_pair_figure_counts_both_sequences_inputs(tmp_path, k):
+    """The DPO step (`pair=True`): n + G inputs alive (the second sequence's graded groups, G of them) and one more
+    [T, d] (the second `d`) than the SFT step, by hand; the arenas and the state are the SFT figure's."""
+    prog = _program(tmp_path, example())
+    sft = program_peak(prog, lcsb_k=k, overhead_mb=0.0)
+    dpo = program_peak(prog, lcsb_k=k, overhead_mb=0.0, pair=True)
+    row = EXAMPLE["seq_len"] * EXAMPLE["model"]["arch"]["hidden"] * 4 / MB
+    groups = {1: 1, 4: 2, 8: 3}[k]                      # 1: [1]; 4: [1, 3]; 8: [1, 3, 4] from the top
+    assert dpo.host_peak_mb - sft.host_peak_mb == pytest.approx((groups + 1) * row)
+    assert dpo.peak_mb - sft.peak_mb == pytest.approx((groups + 1) * row)
+    assert any("the DPO step" in n for n in dpo.notes)

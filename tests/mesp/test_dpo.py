@@ -6,6 +6,7 @@ PEFT's `disable_adapter()` for the reference (lp0), `-logsigmoid(beta * ...)`, a
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -137,3 +138,69 @@ def test_dpo_gradient_is_the_weighted_difference_of_two_sft_gradients():
 def test_beta_must_be_finite_and_positive(beta):
     with pytest.raises(BadInput, match="--beta must be a finite number > 0"):
         check_beta(beta)
+
+
+def _alive_counts(n: int, every: int) -> list[int]:
+    """Both sequences' layer inputs alive at each point of a DPO step over n selected layers, simulated from the
+    groups exactly as `dpo_step` / `LayerLoop.pair_step` keep, rebuild and pop them: after the second forward,
+    then at each layer's backward (rebuilt inputs added at a group's top, one input of each popped after)."""
+    from toolchain.mesp.step import checkpoint_groups, second_sequence_groups
+
+    groups = (checkpoint_groups(list(range(n)), every), second_sequence_groups(list(range(n)), every))
+    alive = [{g[0] for g in gs} for gs in groups]
+    counts = [len(alive[0]) + len(alive[1])]
+    for i in reversed(range(n)):
+        for k in range(2):
+            top = next((g for g in groups[k] if g[-1] == i), None)
+            if top is not None:
+                alive[k] |= set(top)
+        counts.append(len(alive[0]) + len(alive[1]))
+        alive[0].discard(i)
+        alive[1].discard(i)
+    return counts
+
+
+@pytest.mark.parametrize("n", [*range(1, 41), 64])
+def test_second_sequence_groups_partition_and_bound(n):
+    """The graded groups cover the selected layers once, in order, each contiguous among them; both sequences
+    together never hold more than n + G inputs (G: the second's groups, the fewest for which 1, 3, 7, ... from the
+    top covers n), which is `pair_inputs_alive_bound`; with groups (every > 1) both sequences use the same ones."""
+    from toolchain.mesp.step import checkpoint_groups, pair_inputs_alive_bound, second_sequence_groups
+
+    sel = sorted(random.Random(n).sample(range(2 * n), n))            # an LCSB-like subset of layers
+    groups = second_sequence_groups(sel, 1)
+    assert [layer for g in groups for layer in g] == sel
+    g_count = len(groups)
+    assert 2 ** (g_count + 1) - g_count - 2 >= n and (g_count == 1 or 2 ** g_count - g_count - 1 < n)
+    assert max(_alive_counts(n, 1)) == n + g_count == pair_inputs_alive_bound(n, 1)
+    assert max(_alive_counts(n, 1)) <= 2 * n
+    for every in (2, 5):
+        assert second_sequence_groups(sel, every) == checkpoint_groups(sel, every)
+        assert max(_alive_counts(n, every)) <= pair_inputs_alive_bound(n, every)
+    if n == 24:      # Qwen2.5-0.5B: 28 inputs instead of 48
+        assert [len(g) for g in groups] == [13, 7, 3, 1] and pair_inputs_alive_bound(24, 1) == 28
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_graded_groups_on_a_deeper_model_match_hf_peft_float64(family):
+    """Seven layers (the rejected sequence's groups 3, 3, 1 from the bottom, so two of them are rebuilt): the
+    default step equals the HF + PEFT oracle, and bit for bit the step that keeps every input of both."""
+    import dataclasses
+
+    base = random_case(3, family)
+    case = dataclasses.replace(base, arch=dataclasses.replace(base.arch, layers=7))
+    gen = torch.Generator().manual_seed(7)
+    hf = random_hf_model(case.arch, gen)
+    weights = our_weights(case.arch, hf, torch.float64)
+    lora = lora_for(case.arch, case.lora, seed=3)
+    peft_model = peft_wrap(hf, case.lora, lora)
+    prompt, chosen, rejected = _pair(case, gen)
+    loss, ref, lps, grads = _oracle(peft_model, case.arch, case.lora, prompt, chosen, rejected, 0.5)
+    c, r = pair_rows(prompt, chosen, rejected)
+    graded = dpo_step(case.arch, weights, case.lora, lora, c, r, ref, beta=0.5)
+    same = dpo_step(case.arch, weights, case.lora, lora, c, r, ref, beta=0.5, second_groups="same")
+    torch.testing.assert_close(graded.loss, loss)
+    assert_rel_close(graded.grads, grads, max_rel=1e-5)
+    for a, b in zip(graded.grads, same.grads):
+        for t in a:
+            assert torch.equal(a[t].a, b[t].a) and torch.equal(a[t].b, b[t].b)

@@ -142,3 +142,22 @@ def test_cli_bad_pair_names_its_line(tmp_path):
                                       "--adapter-out", str(out)])
     assert result.exit_code == 2 and "pairs.jsonl:2" in result.output and "chosen_ids equal" in result.output
     assert not out.exists()
+
+
+def test_cli_dpo_eval_data_and_memory_budget(tmp_path, pairs_file):
+    """--eval-data (held-out pairs: the gate on their DPO loss) and --memory-budget run with --objective dpo."""
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps(PAIRS[1]) + "\n")
+    result = CliRunner().invoke(cli, [*BASE, "--objective", "dpo", "--data", str(pairs_file), "--eval-data", str(held),
+                                      "--eval-every", "1", "--steps", "2", "--memory-budget", "100000", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{"):])
+    assert [p["step"] for p in doc["evals"]] == [0, 1, 2] and doc["evals"][0]["rows"] == 1
+    assert doc["gate"]["decision"] in ("kept", "kept_best", "rolled_back") and doc["memory_adapted"] == []
+    rows = tmp_path / "rows.jsonl"            # SFT rows are not held-out pairs: one error naming the line
+    rows.write_text(json.dumps({"input_ids": [256, 1, 2, 3]}) + "\n")
+    out = tmp_path / "adapter"
+    bad = CliRunner().invoke(cli, [*BASE, "--objective", "dpo", "--data", str(pairs_file), "--eval-data", str(rows),
+                                   "--steps", "1", "--adapter-out", str(out)])
+    assert bad.exit_code == 2 and bad.output.count("Error:") == 1 and "rows.jsonl:1:" in bad.output, bad.output
+    assert not out.exists()

@@ -52,7 +52,8 @@ def _given(ctx: click.Context, names) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--objective", type=click.Choice(["sft", "dpo"]), default="sft", show_default=True,
               help="sft: --data holds rows (next-token cross-entropy); dpo: --data holds preference pairs (schema "
-                   "preference_pair, e.g. from `data --feedback --pairs-out`), DPO loss against the base model.")
+                   "preference_pair, e.g. from `data --feedback --pairs-out`), DPO loss against the base model; "
+                   "--eval-data then holds held-out pairs, and the gate compares their DPO loss.")
 @click.option("--beta", type=FiniteFloat(min=0, min_open=True), default=None,
               help="DPO temperature (> 0; --objective dpo).  [default: 0.1]")
 @click.option("--sft-data", "sft_data", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -108,9 +109,6 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
         raise BadInput("--eval-every needs --eval-data (the held-out rows it evaluates)")
     if no_gate and eval_data is None:
         raise BadInput("--no-gate needs --eval-data (without held-out rows there is no gate to turn off)")
-    if dpo is not None and (eval_data is not None or memory_budget is not None):
-        raise BadInput("--eval-data / --memory-budget are not yet run with --objective dpo; evaluate the adapter "
-                       "afterwards (`toolchain eval`)")
     if program is not None:
         ignored = _given(ctx, EAGER_ONLY)
         if ignored:
@@ -118,7 +116,7 @@ def _train(ctx, *, model, init, seed, adapter, rank, alpha, targets, data, steps
                            f"drop {', '.join(ignored)}")
         if dpo is not None:
             train_program_dpo(program, data, dpo=dpo, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json,
-                              force=force, **run)
+                              force=force, eval_data=eval_data, eval_every=eval_every, no_gate=no_gate, **run)
             return
         train_with_program(program, data, plan=plan, lr=lr, adapter_out=adapter_out, as_json=as_json, force=force,
                            eval_data=eval_data, eval_every=eval_every, no_gate=no_gate, **run)
@@ -159,7 +157,14 @@ def _train_eager(data: Path, *, load: dict, optimizer, plan, adapter_out: Path |
     name = load["model"]
     arch, weights, cfg, lora = load_model_and_adapter(**load)
     step_plan = plan.resolve(arch.layers)
-    held = None if eval_data is None else load_examples(eval_data, arch)[:HELD_OUT_EVAL_ROWS]
+    if eval_data is None:
+        held = None
+    elif dpo is None:
+        held = load_examples(eval_data, arch)[:HELD_OUT_EVAL_ROWS]
+    else:                     # held-out pairs: the gate's loss is their DPO loss (training/preference.py)
+        from toolchain.training.preference import load_pairs
+
+        held = load_pairs(eval_data, arch, weights, cfg, lora)[:HELD_OUT_EVAL_ROWS]
     config = TrainRun(steps=steps, optimizer=optimizer, plan=step_plan, shuffle_seed=shuffle_seed,
                       checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry,
                       layers_per_checkpoint=layers_per_checkpoint, memory_budget_bytes=budget_bytes(memory_budget))

@@ -32,7 +32,8 @@ def program_options(f):
                      help="With --eval-data: evaluate every N steps (default: 10% of --steps), before the "
                           "first and after the last.")(f)
     f = click.option("--eval-data", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                     help="Held-out rows (JSONL, the first 32 used); their loss (the live adapter, forward only; "
+                     help="Held-out rows (JSONL, the first 32 used; --objective dpo: held-out preference pairs, "
+                          "their mean DPO loss); their loss (the live adapter, forward only; "
                           "--program: on the program's methods) is printed and logged as `eval` telemetry events, and "
                           "the evaluation gate decides which adapter the run keeps.")(f)
     f = click.option("--checkpoint-every", type=click.IntRange(min=1), default=10, show_default=True,
@@ -199,17 +200,25 @@ def train_with_program(program: Path, data: Path, *, plan, lr: float | None, ada
 def train_program_dpo(program: Path, data: Path, *, dpo: dict, plan, lr: float | None, adapter_out: Path | None,
                       as_json: bool, force: bool, steps: int | None, shuffle_seed: int | None, checkpoint_every: int,
                       resume: bool, telemetry: Path | None, layers_per_checkpoint: int = 1,
-                      memory_budget: float | None = None) -> None:
+                      memory_budget: float | None = None, eval_data: Path | None = None, eval_every: int | None = None,
+                      no_gate: bool = False) -> None:
     """`toolchain train --program --objective dpo`: preference pairs (and `--sft-data` rows) on a program exported
-    with --preference (training/preference.py); `dpo` holds beta, sft_data and dpo_weight."""
+    with --preference (training/preference.py); `dpo` holds beta, sft_data and dpo_weight. `eval_data`: held-out
+    pairs, the gate's loss their DPO loss (with the program's forgetting probe, if it has one)."""
     import dataclasses
 
     from toolchain.errors import BadInput
     from toolchain.lora import save_adapter
     from toolchain.training import TrainRun, checkpoint_path
+    from toolchain.contract import HELD_OUT_EVAL_ROWS
+    from toolchain.training.gate import Evaluation
     from toolchain.training.preference import program_preference_trainer, read_pair_items
     from toolchain.training.session import TrainingSession
 
+    if eval_every is not None and eval_data is None:
+        raise BadInput("--eval-every needs --eval-data (the held-out pairs it evaluates)")
+    if no_gate and eval_data is None:
+        raise BadInput("--no-gate needs --eval-data (without held-out pairs there is no gate to turn off)")
     check_outputs(adapter_out, telemetry, force=force, resume=resume)
     session = TrainingSession(program, use="train", verbose=verbose_requested())
     pdir = session.pdir
@@ -217,6 +226,7 @@ def train_program_dpo(program: Path, data: Path, *, dpo: dict, plan, lr: float |
         raise BadInput(f"{program} was exported without block_backward_pair; re-export it with --preference for "
                        f"--objective dpo")
     pairs = read_pair_items(data, pdir.arch.vocab, pdir.seq_len)
+    held = None if eval_data is None else read_pair_items(eval_data, pdir.arch.vocab, pdir.seq_len)[:HELD_OUT_EVAL_ROWS]
     rows = [] if dpo["sft_data"] is None else session.examples(dpo["sft_data"])
     lr = lr if lr is not None else pdir.default_lr
     steps = steps if steps is not None else (pdir.default_steps or DEFAULT_TRAIN_STEPS)
@@ -228,15 +238,21 @@ def train_program_dpo(program: Path, data: Path, *, dpo: dict, plan, lr: float |
         raise BadInput(f"--resume: no checkpoint at {checkpoint}")
     run = TrainRun(steps=steps, lr=lr, shuffle_seed=shuffle_seed, checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, resume=resume, telemetry=telemetry, plan=step_plan,
-                   layers_per_checkpoint=layers_per_checkpoint)
+                   layers_per_checkpoint=layers_per_checkpoint, memory_budget_bytes=budget_bytes(memory_budget))
     trainer = program_preference_trainer(pdir, session.open_runtime(), pairs, rows, run, beta=dpo["beta"],
                                          dpo_weight=dpo["dpo_weight"])
+    if held is not None:
+        trainer.evaluation = Evaluation(trainer.with_reference(held), every=eval_every or max(1, steps // 10),
+                                        gate=not no_gate, probe=pdir.probe_rows() if not no_gate else None,
+                                        on_eval=echo_eval)
     result = progress_run(trainer, f"train dpo ({trainer.backend})", steps)
     if adapter_out is not None:
         save_adapter(adapter_out, pdir.lora_config, result.lora, base_model=pdir.model.source,
                      replace=force or resume)
     report(result, as_json, plan=step_plan, optimizer=dataclasses.replace(pdir.optimizer, lr=lr),
-           adapter_out=adapter_out, program=str(program), margins=trainer.margins)
+           adapter_out=adapter_out, program=str(program), margins=trainer.margins,
+           gate_off=gate_off(eval_data, no_gate),
+           **({} if held is None else {"evals": trainer.evaluation.points}))
 
 
 def echo_eval(point) -> None:

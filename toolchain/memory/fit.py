@@ -39,7 +39,7 @@ from toolchain.lora.config import parse_targets
 from toolchain.memory.estimate import BYTES_PER_MB, StepShape, estimate_peak, largest_fitting
 from toolchain.memory.fallback import KNOBS, WorkingSet, fallback_ladder
 from toolchain.memory.profiles import DeviceProfile
-from toolchain.mesp.step import inputs_alive_bound
+from toolchain.mesp.step import inputs_alive_bound, pair_inputs_alive_bound
 from toolchain.models.presets import ModelArch, get_preset
 from toolchain.validate import check_rank, check_seq_len
 
@@ -126,7 +126,7 @@ def _selected_layers(manifest: Manifest, lcsb_k: int | None) -> tuple[int, str]:
 
 
 def program_peak(program_dir: Path, *, lcsb_k: int | None = None, overhead_mb: float = EXECUTORCH_OVERHEAD_MB,
-                 layers_per_checkpoint: int = 1) -> ProgramPeak:
+                 layers_per_checkpoint: int = 1, pair: bool = False) -> ProgramPeak:
     """Peak MB of an app running an exported program's layer loop (see the module docstring).
 
     Args:
@@ -135,6 +135,9 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None, overhead_mb: f
         overhead_mb: the runtime's own memory, added to both figures as `runtime_overhead`.
         layers_per_checkpoint: checkpoint groups of the loop (`LayerLoop.train_step`). Default: 1 (every
             backpropagated layer's input kept).
+        pair: the DPO step (`LayerLoop.pair_step`, a program exported with --preference): both sequences'
+            inputs alive at once (`mesp.step.pair_inputs_alive_bound`: the second's in graded groups) and the
+            second sequence's [T, d] gradient besides the activations. Default: the SFT step.
 
     Raises:
         BadInput: no manifest, not JSON, not schema_version 3, no ExecuTorch memory plan for a method,
@@ -142,11 +145,11 @@ def program_peak(program_dir: Path, *, lcsb_k: int | None = None, overhead_mb: f
         SchemaError: the manifest violates its schema.
     """
     path = Path(program_dir) / MANIFEST_NAME
-    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb, layers_per_checkpoint)
+    return _program_peak(_read_manifest(path), path, lcsb_k, overhead_mb, layers_per_checkpoint, pair)
 
 
 def _program_peak(manifest: Manifest, path: Path, lcsb_k: int | None, overhead_mb: float,
-                  layers_per_checkpoint: int = 1) -> ProgramPeak:
+                  layers_per_checkpoint: int = 1, pair: bool = False) -> ProgramPeak:
     plan = manifest.memory_plan
     # the training methods: the generation ones are loaded only to generate; their own figure is the
     # manifest's generate.peak_estimate_bytes
@@ -166,11 +169,14 @@ def _program_peak(manifest: Manifest, path: Path, lcsb_k: int | None, overhead_m
     kept = inputs_alive_bound(k, layers_per_checkpoint)
     if kept < k:
         why += f"; {kept} alive at once with --layers-per-checkpoint {layers_per_checkpoint}"
+    if pair:
+        kept = pair_inputs_alive_bound(k, layers_per_checkpoint)
+        why += f"; the DPO step: {kept} of both sequences' inputs alive at once"
     row = manifest.seq_len * arch["hidden"] * 4                    # one [T, d] float32
     largest = max(methods, key=lambda name: arenas[name])
     common = {"lora_state": plan.lora_state_bytes / BYTES_PER_MB,
               "checkpoints": plan.checkpoint_bytes * kept / arch["layers"] / BYTES_PER_MB,
-              "activations": ACTIVATION_COPIES * row / BYTES_PER_MB}
+              "activations": (ACTIVATION_COPIES + pair) * row / BYTES_PER_MB}
     if overhead_mb:
         common["runtime_overhead"] = overhead_mb
     parts = {"planned_arenas": sum(arenas[name] for name in methods) / BYTES_PER_MB, **common}

@@ -18,14 +18,16 @@ upstream gradient, so each sequence's head gradient dx is scaled by its weight a
 summed layer by layer: the gradients are exact, and each layer's optimizer update (`on_layer_grads`) sees the
 sum of both sequences' gradients, as the math requires (running the sequences one after the other with an
 update after each would not be the DPO step). Both sequences' layer checkpoints are alive together (the
-forward of both precedes the backward of either: the weights need both lp).
+forward of both precedes the backward of either: the weights need both lp), so by default the rejected sequence
+keeps its layer inputs in graded checkpoint groups (`mesp.step.second_sequence_groups`: Qwen2.5-0.5B's 24 layers
+hold 24 + 4 inputs at most instead of 48) and reruns each group's forward when the backward reaches it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +41,7 @@ from toolchain.mesp.ops import shift_labels
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.quant import embedding_rows
 from toolchain.mesp.step import (LayerGradsHook, StepOptions, block_params, checkpoint_groups, head_loss_and_grad,
-                                 model_loss)
+                                 model_loss, second_sequence_groups)
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.text.dataset import DataRow
@@ -109,7 +111,7 @@ def dpo_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lora
              rejected: DataRow, ref: tuple[float, float], *, beta: float, scale: float = 1.0,
              options: StepOptions = StepOptions(), backward_layers: Iterable[int] | None = None,
              on_layer_grads: LayerGradsHook | None = None, keep_grads: bool = True, layers_per_checkpoint: int = 1,
-             compute: Compute = FP32) -> DpoResult:
+             compute: Compute = FP32, second_groups: Literal["graded", "same"] = "graded") -> DpoResult:
     """DPO loss and its exact LoRA gradients for one pair (module docstring).
 
     Args:
@@ -118,7 +120,12 @@ def dpo_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lora
         beta: the DPO temperature (> 0).
         scale: the step's loss weight (mixed runs: `--dpo-weight`); gradients scale with it. Default: 1.0.
         backward_layers, on_layer_grads, keep_grads, layers_per_checkpoint, compute: as `mesp_step`; the hook of
-            layer i gets the sum of both sequences' weighted gradients of layer i.
+            layer i gets the sum of both sequences' weighted gradients of layer i. `layers_per_checkpoint` is
+            the chosen sequence's; the rejected one's groups are `second_groups`.
+        second_groups: "graded" (default): `mesp.step.second_sequence_groups`, i.e. with every input of the
+            chosen sequence kept, the rejected one's in graded groups (n + G inputs alive instead of 2n, one more
+            forward of the rejected sequence); "same": the chosen sequence's groups (every input of both kept at
+            layers_per_checkpoint 1). The gradients are the same either way.
 
     Returns:
         The loss, the margin, lp(c) and lp(r), and (with keep_grads) the gradients.
@@ -126,18 +133,21 @@ def dpo_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lora
     beta = check_beta(beta)
     seqs = (chosen, rejected)
     selected = sorted(set(range(arch.layers)) if backward_layers is None else set(backward_layers))
-    groups = checkpoint_groups(selected, layers_per_checkpoint)
-    keep = {g[0] for g in groups}
+    groups = (checkpoint_groups(selected, layers_per_checkpoint),
+              checkpoint_groups(selected, layers_per_checkpoint) if second_groups == "same"
+              else second_sequence_groups(selected, layers_per_checkpoint))
     dtype = weights.final_norm.dtype
     ropes = [block_rope(arch, torch.arange(s.input_ids.shape[0]), dtype) for s in seqs]
-    checkpoints: list[list[Tensor | None]] = []
+    checkpoints: list[dict[int, Tensor]] = []
     dxs: list[Tensor] = []
     logps: list[Tensor] = []
-    for seq, rope in zip(seqs, ropes):
+    for seq, rope, seq_groups in zip(seqs, ropes, groups):
+        keep = {g[0] for g in seq_groups}
         x = embedding_rows(weights.embed, seq.input_ids)                              # [T, d]
-        kept: list[Tensor | None] = []
+        kept: dict[int, Tensor] = {}
         for i in range(arch.layers):
-            kept.append(x if i in keep else None)
+            if i in keep:
+                kept[i] = x
             x = block_forward(x, block_params(arch, weights, cfg, lora, i, compute), rope, options.mlp_chunk)
         ce, dx = head_loss_and_grad(x, weights.final_norm, weights.lm_head, seq.labels, arch.rms_eps, options,
                                     compute=compute)
@@ -148,29 +158,28 @@ def dpo_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: Lora
     loss, margin, w_c, w_r = dpo_margin_and_weights(logps[0], logps[1], ref, beta,
                                                     (_targets(chosen), _targets(rejected)), scale)
     dxs = [dxs[0] * w_c, dxs[1] * w_r]
+    tops = [{g[-1]: g for g in seq_groups} for seq_groups in groups]
     grads: list[dict[str, LoraPair]] = [{} for _ in range(arch.layers)]
-    for group in reversed(groups):
-        inputs = []
-        for k, rope in enumerate(ropes):     # each sequence's inputs of the group, rerun from its kept one
-            got = {group[0]: checkpoints[k][group[0]]}
-            checkpoints[k][group[0]] = None
-            x = got[group[0]]
+    for i in reversed(selected):
+        for k, rope in enumerate(ropes):     # a sequence's inputs of the group i tops, rerun from its kept one
+            group = tops[k].get(i)
+            if group is None:
+                continue
+            x = checkpoints[k][group[0]]
             for j in range(group[0], group[-1]):
                 x = block_forward(x, block_params(arch, weights, cfg, lora, j, compute), rope, options.mlp_chunk)
                 if j + 1 in group:
-                    got[j + 1] = x
+                    checkpoints[k][j + 1] = x
             del x
-            inputs.append(got)
-        for i in reversed(group):
-            params = block_params(arch, weights, cfg, lora, i, compute)
-            total: dict[str, LoraPair] = {}
-            for k, rope in enumerate(ropes):
-                dxs[k], g = block_backward(dxs[k], inputs[k].pop(i), params, rope, options.mlp_chunk)
-                total = g if not total else {t: LoraPair(total[t].a + g[t].a, total[t].b + g[t].b) for t in g}
-                del g
-            if on_layer_grads is not None:
-                on_layer_grads(i, total)
-            if keep_grads:
-                grads[i] = total
-            del total
+        params = block_params(arch, weights, cfg, lora, i, compute)
+        total: dict[str, LoraPair] = {}
+        for k, rope in enumerate(ropes):
+            dxs[k], g = block_backward(dxs[k], checkpoints[k].pop(i), params, rope, options.mlp_chunk)
+            total = g if not total else {t: LoraPair(total[t].a + g[t].a, total[t].b + g[t].b) for t in g}
+            del g
+        if on_layer_grads is not None:
+            on_layer_grads(i, total)
+        if keep_grads:
+            grads[i] = total
+        del total
     return DpoResult(loss, margin, (logps[0], logps[1]), tuple(grads))

@@ -39,7 +39,8 @@ from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 
 __all__ = ["StepOptions", "chunk_overrides", "StepResult", "mesp_step", "checkpoint_groups",
-           "sqrt_layers_per_checkpoint", "inputs_alive_bound", "model_loss", "block_params", "head_loss_and_grad"]
+           "sqrt_layers_per_checkpoint", "inputs_alive_bound", "second_sequence_groups",
+           "pair_inputs_alive_bound", "model_loss", "block_params", "head_loss_and_grad"]
 
 LayerGradsHook = Callable[[int, dict[str, LoraPair]], None]
 
@@ -215,6 +216,50 @@ def checkpoint_groups(selected: list[int], every: int) -> list[list[int]]:
     if every < 1:
         raise BadInput(f"layers_per_checkpoint must be >= 1 (1 keeps every selected layer's input), got {every}")
     return [selected[a:a + every] for a in range(0, len(selected), every)]
+
+
+def second_sequence_groups(selected: list[int], every: int) -> list[list[int]]:
+    """The checkpoint groups of the second sequence of a two-sequence step (a DPO pair: `mesp.dpo.dpo_step`,
+    `LayerLoop.pair_step`), whose first sequence has `checkpoint_groups(selected, every)`.
+
+    With groups (`every` > 1) both sequences get the same ones. With every selected input of the first sequence
+    kept (`every` == 1), the second's groups are graded, small at the top and growing downwards: going down, the
+    first sequence frees one input per layer, which makes room for the larger group the second rebuilds lower
+    down. With G groups of sizes m_1 (the top one) .. m_G, and S_j = m_1 + .. + m_j, at the top layer of group j
+    the first sequence holds n - S_{j-1} inputs (n: selected layers) and the second its G - j kept inputs below
+    plus the group's m_j rebuilt ones; both together stay at most n + G (the end of the forward's count: n of
+    the first, G of the second) when m_j <= j + S_{j-1}. So m = 1, 3, 7, 15, ... from the top, and the fewest
+    groups covering n is the least G with 2^(G+1) - G - 2 >= n (24 layers: 4 groups, 1, 3, 7, 13 from the top,
+    n + 4 inputs instead of 2n). Gradients are unchanged (a group's inputs are rebuilt before any of its layers
+    is updated); the cost is one more block forward of the second sequence for each selected layer outside the
+    G kept ones.
+    """
+    if every > 1:
+        return checkpoint_groups(selected, every)
+    n = len(selected)
+    if n == 0:
+        return []
+    g = 1
+    while 2 ** (g + 1) - g - 2 < n:
+        g += 1
+    sizes, done = [], 0                      # from the top group down
+    for j in range(1, g + 1):
+        m = min(j + done, n - done - (g - j))
+        sizes.append(m)
+        done += m
+    groups, hi = [], n
+    for m in sizes:
+        groups.append(selected[hi - m:hi])
+        hi -= m
+    return groups[::-1]
+
+
+def pair_inputs_alive_bound(selected: int, every: int) -> int:
+    """The most layer inputs of both sequences of a two-sequence step alive at once (`second_sequence_groups`):
+    n + G with every input of the first kept (G: the second's group count), else twice `inputs_alive_bound`."""
+    if every > 1:
+        return 2 * inputs_alive_bound(selected, every)
+    return selected + len(second_sequence_groups(list(range(selected)), 1))
 
 
 def model_loss(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, lora: LoraWeights, input_ids: Tensor,

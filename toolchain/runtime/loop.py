@@ -10,14 +10,14 @@ may live in the runtime's arena (ExecuTorch), so everything kept across calls is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from toolchain.contract import LAYER, IoSpec, MethodSpec
 from toolchain.errors import BadInput
-from toolchain.mesp.step import checkpoint_groups
+from toolchain.mesp.step import checkpoint_groups, second_sequence_groups
 from toolchain.program.directory import ProgramDir
 
 __all__ = ["LayerLoop"]
@@ -212,16 +212,22 @@ class LayerLoop:
 
     def pair_step(self, seqs: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]],
                   weigh: Callable[[float, float], tuple[float, float]], lr: float, state: Tensor,
-                  selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1) -> tuple[float, float]:
+                  selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1,
+                  second_groups: Literal["graded", "same"] = "graded") -> tuple[float, float]:
         """One optimizer step on two sequences (a DPO pair): the forward and head_loss of each, their head
         gradients d scaled by `weigh(loss_0, loss_1)` (the step's loss is a function of the two mean losses whose
         gradient is w_0 dloss_0 + w_1 dloss_1), then per layer top-down `block_backward_pair`, which backpropagates
-        both and applies one update on the summed gradient. Both sequences' checkpoints are alive together.
+        both and applies one update on the summed gradient. Both sequences' checkpoints are alive together, so the
+        second sequence's are in graded groups by default (`mesp.step.second_sequence_groups`: at most n + G layer
+        inputs alive, n the selected layers, G = 4 at 24, instead of 2n), rebuilt by `block_forward` when the
+        backward reaches a group's top, before any of its layers is updated (the method contract is unchanged).
 
         Args:
             seqs: ((input_ids, labels), (input_ids, labels)), padded to seq_len.
             weigh: the weights of the two sequences' mean-CE gradients, from their mean losses.
-            lr, state, selected, layers_per_checkpoint: as `train_step`.
+            lr, state, selected, layers_per_checkpoint: as `train_step` (layers_per_checkpoint: the first
+                sequence's groups).
+            second_groups: "graded" (default) or "same" (the first sequence's groups), as `mesp.dpo.dpo_step`.
 
         Returns:
             The two mean losses (before the update).
@@ -235,14 +241,16 @@ class LayerLoop:
         selected = set(range(self.layers)) if selected is None else set(selected)
         if not selected or not selected <= set(range(self.layers)):
             raise BadInput(f"selected layers must be a non-empty subset of 0..{self.layers - 1}, got {sorted(selected)}")
-        groups = checkpoint_groups(sorted(selected), layers_per_checkpoint)
-        top_of = {g[-1]: g for g in groups}
+        groups = (checkpoint_groups(sorted(selected), layers_per_checkpoint),
+                  checkpoint_groups(sorted(selected), layers_per_checkpoint) if second_groups == "same"
+                  else second_sequence_groups(sorted(selected), layers_per_checkpoint))
+        tops = [{g[-1]: g for g in seq_groups} for seq_groups in groups]
         views = self.pdir.state_views(state)
         if self.step_entry is not None:
             views[self.step_entry] += 1.0
         ds, checkpoints, losses = [], [], []
-        for ids, labels in seqs:
-            x, kept = self.forward(ids, [g[0] for g in groups], views)
+        for (ids, labels), seq_groups in zip(seqs, groups):
+            x, kept = self.forward(ids, [g[0] for g in seq_groups], views)
             out = self.call_method("head_loss", None, {"x": x, "labels": labels}, views, into={"d": x})
             ds.append(x)
             checkpoints.append(kept)
@@ -252,8 +260,8 @@ class LayerLoop:
             d.mul_(w)
         values = {"d": ds[0], "d_pair": ds[1], "lr": torch.tensor([lr], dtype=torch.float32)}
         for i in reversed(range(self.layers)):
-            if i in top_of:
-                for kept in checkpoints:
+            for kept, top_of in zip(checkpoints, tops):
+                if i in top_of:
                     kept.update(self._rerun(top_of[i], kept.pop(top_of[i][0]), views))
             if i in selected:
                 values["checkpoint"], values["checkpoint_pair"] = checkpoints[0].pop(i), checkpoints[1].pop(i)

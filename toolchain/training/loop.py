@@ -26,7 +26,7 @@ from toolchain.lcsb.plan import StepPlan
 from toolchain.lora.weights import LoraWeights
 from toolchain.mesp import StepOptions
 from toolchain.optim import OptimizerConfig
-from toolchain.memory.fallback import WorkingSet
+from toolchain.memory.fallback import KNOBS, WorkingSet
 from toolchain.training.checkpoint import check_settings, finite_or_none, load_checkpoint, save_checkpoint
 from toolchain.training.order import DataOrder
 from toolchain.training.result import StepLog, RunOutcome
@@ -165,6 +165,7 @@ class Trainer:
     memory_peak: bool = False
     evaluation = None             # gate.Evaluation: held-out losses and the gate (set by the front end)
     working: WorkingSet | None = None   # the step's run-time knobs (set by `start`; lowered under memory pressure)
+    pressure_knobs: tuple = KNOBS       # the knobs of `working` the steps apply (memory.fallback's ladder)
 
     # -- hooks -------------------------------------------------------------------------------------
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
@@ -295,7 +296,7 @@ class Trainer:
         t_run = time.perf_counter()
         saved = start
         guard = None if run.memory_budget_bytes is None else MemoryGuard(run.memory_budget_bytes, self.layers,
-                                                                          self.predict_peak_mb)
+                                                                          self.predict_peak_mb, self.pressure_knobs)
         if guard is not None:
             self.memory_peak = True       # each step's memory event carries that step's peak (VmHWM reset before it)
             self.predict_peak_mb(self.working)   # whatever the planner loads, before the first measured step

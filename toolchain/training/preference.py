@@ -10,11 +10,19 @@ SGD it is a learning-rate factor); with rows mixed in, it is the weight of a DPO
 The reference log-probabilities lp0 of a pair are the pair's own (`ref_chosen_logp`, `ref_rejected_logp`, e.g.
 computed at data preparation) or, when absent, computed once at the start of the run with the adapter disabled
 (every B zero), whatever adapter the run starts from: the base model is the reference.
+
+The evaluation gate of a DPO run (`--eval-data` held-out pairs) measures the held-out DPO loss: the mean over the
+held-out pairs of -log sigmoid(beta ((lp(c) - lp0(c)) - (lp(r) - lp0(r)))) with the live adapter (forward only,
+`dpo_weight` not applied; lp0 computed once with the adapter disabled, as for the training pairs): the objective
+the run optimizes, on pairs it does not train on. Under memory pressure (`--memory-budget`) a DPO run lowers its
+checkpoint groups, then LCSB's layers per step (`PAIR_KNOBS`); not the sequence length, since a pair's sequences
+cut short would no longer be the ones its reference log-probs are of.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,7 +31,7 @@ import torch
 from toolchain.errors import BadInput
 from toolchain.lora.config import LoraConfig
 from toolchain.lora.weights import LoraPair, LoraWeights
-from toolchain.mesp.dpo import check_beta, dpo_step, pair_rows, reference_logps
+from toolchain.mesp.dpo import check_beta, dpo_step, pair_rows, reference_logps, sequence_logp
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import ModelWeights
 from toolchain.optim import OptState, update_layer
@@ -32,8 +40,11 @@ from toolchain.training.checkpoint import rows_sha256
 from toolchain.training.eager import EagerTrainer, RunState, assign_update, run_optimizer, run_step_options, train_step
 from toolchain.training.loop import TrainRun
 
-__all__ = ["PairItem", "load_pairs", "read_pair_items", "train_pair_step", "PreferenceTrainer",
-           "program_pair_logps", "program_reference_logps", "program_preference_trainer"]
+__all__ = ["PAIR_KNOBS", "PairItem", "load_pairs", "read_pair_items", "train_pair_step", "PreferenceTrainer",
+           "held_out_pairs", "program_pair_logps", "program_reference_logps", "program_preference_trainer"]
+
+# The working-set knobs a DPO run lowers under memory pressure (memory.fallback; not seq_len: module docstring).
+PAIR_KNOBS = ("layers_per_checkpoint", "lcsb_k")
 
 
 class PairItem(NamedTuple):
@@ -73,6 +84,30 @@ def read_pair_items(path: Path, vocab: int, max_len: int) -> list[PairItem]:
     return items
 
 
+def held_out_pairs(items: Sequence[PairItem], logps: Sequence[tuple[float, float]], beta: float) -> dict[str, Any]:
+    """{"loss", "rows", "tokens"} of held-out pairs (the gate's figure, module docstring) from their log-probs
+    under the live adapter: loss the mean DPO loss over the pairs (nan when any log-prob is), rows the pairs,
+    tokens both sequences' targets.
+
+    Raises:
+        BadInput: no pair, or a pair without its reference log-probs.
+    """
+    if not items:
+        raise BadInput("evaluation data has no preference pair")
+    losses, tokens = [], 0
+    for p, (lp_c, lp_r) in zip(items, logps, strict=True):
+        if p.ref is None:
+            raise BadInput("a held-out pair has no reference log-probs")
+        margin = beta * ((lp_c - p.ref[0]) - (lp_r - p.ref[1]))
+        losses.append(float(torch.nn.functional.softplus(-torch.tensor(margin, dtype=torch.float64))))
+        tokens += int((p.chosen.labels[1:] != -100).sum() + (p.rejected.labels[1:] != -100).sum())
+    return {"loss": sum(losses) / len(losses), "rows": len(items), "tokens": tokens}
+
+
+def _is_pairs(items) -> bool:
+    return bool(items) and isinstance(items[0], PairItem)
+
+
 def train_pair_step(arch: ModelArch, weights: ModelWeights, cfg: LoraConfig, state: RunState, pair: PairItem, *,
                     beta: float, scale: float, layers: Sequence[int] | None, config: TrainRun) -> tuple[RunState, float,
                                                                                                          float]:
@@ -110,16 +145,22 @@ class PreferenceTrainer(EagerTrainer):
         self.rows = len(self.pairs) + len(self.sft_rows)
         self.margins: list[float] = []
 
+    pressure_knobs = PAIR_KNOBS
+
     def step(self, step: int, row: int, layers: tuple[int, ...] | None) -> tuple[float, int]:
+        config = self.config
+        ws = self.working
+        if ws is not None and ws.layers_per_checkpoint != config.layers_per_checkpoint:   # lowered under pressure
+            config = replace(config, layers_per_checkpoint=ws.layers_per_checkpoint)
         if row >= len(self.pairs):
             ex = self.sft_rows[row - len(self.pairs)]
             self._state, loss = train_step(self.arch, self.weights, self.cfg, self._state, ex, layers=layers,
-                                           config=self.config)
+                                           config=config)
             return loss, int((ex.labels != -100).sum())
         pair = self.pairs[row]
         self._state, loss, margin = train_pair_step(self.arch, self.weights, self.cfg, self._state, pair,
                                                     beta=self.beta, scale=self.dpo_weight, layers=layers,
-                                                    config=self.config)
+                                                    config=config)
         self.margins.append(margin)
         return loss, int((pair.chosen.labels != -100).sum() + (pair.rejected.labels != -100).sum())
 
@@ -129,6 +170,26 @@ class PreferenceTrainer(EagerTrainer):
             return int(self.sft_rows[row - len(self.pairs)].input_ids.shape[0])
         pair = self.pairs[row]
         return int(max(pair.chosen.input_ids.shape[0], pair.rejected.input_ids.shape[0]))
+
+    def held_out(self, rows) -> dict[str, Any]:
+        """Held-out pairs: their DPO loss (`held_out_pairs`); rows: the mean next-token loss (`EagerTrainer`)."""
+        if not _is_pairs(rows):
+            return super().held_out(rows)
+        opts = run_step_options(self.config)
+        with torch.no_grad():
+            lps = [(float(sequence_logp(self.arch, self.weights, self.cfg, self.lora, p.chosen, options=opts)),
+                    float(sequence_logp(self.arch, self.weights, self.cfg, self.lora, p.rejected, options=opts)))
+                   for p in rows]
+        return held_out_pairs(rows, lps, self.beta)
+
+    def predict_peak_mb(self, ws) -> float | None:
+        """`EagerTrainer.predict_peak_mb` for the DPO step: both sequences' layer inputs alive at once
+        (`mesp.step.pair_inputs_alive_bound`), at the longest sequence of the run."""
+        from toolchain.mesp.step import pair_inputs_alive_bound
+
+        tokens = ws.seq_len or max(self.row_tokens(r) for r in range(self.rows))
+        alive = pair_inputs_alive_bound(ws.selected(self.arch.layers), ws.layers_per_checkpoint)
+        return alive * tokens * self.arch.hidden * self.weights.final_norm.element_size() / 2**20
 
     def settings(self) -> dict[str, Any]:
         if self._settings is None:
@@ -212,11 +273,14 @@ def program_preference_trainer(pdir, runner, pairs: Sequence[PairItem], rows: Se
             self._padded = [tuple(pad_row(r, pdir.seq_len, pdir.pad_token_id, f"pair {i + 1}")
                                   for r in (p.chosen, p.rejected)) for i, p in enumerate(self.pairs)]
 
+        pressure_knobs = PAIR_KNOBS
+
         def step(self, step: int, row: int, layers):
+            every = (self.run_options.layers_per_checkpoint if self.working is None
+                     else self.working.layers_per_checkpoint)
             if row >= len(self.pairs):
                 ids, labels = self._rows[row - len(self.pairs)]
-                loss = self.loop.train_step(ids, labels, self.lr, self._state, layers,
-                                            layers_per_checkpoint=self.run_options.layers_per_checkpoint)
+                loss = self.loop.train_step(ids, labels, self.lr, self._state, layers, layers_per_checkpoint=every)
                 return loss, int((labels != -100).sum())
             pair, padded = self.pairs[row], self._padded[row]
             n = tuple(int((lab[1:] != -100).sum()) for _, lab in padded)
@@ -228,10 +292,40 @@ def program_preference_trainer(pdir, runner, pairs: Sequence[PairItem], rows: Se
                 got.update(loss=float(loss), margin=float(margin))
                 return w_c, w_r
 
-            self.loop.pair_step(padded, weigh, self.lr, self._state, layers,
-                                layers_per_checkpoint=self.run_options.layers_per_checkpoint)
+            self.loop.pair_step(padded, weigh, self.lr, self._state, layers, layers_per_checkpoint=every)
             self.margins.append(got["margin"])
             return got["loss"], n[0] + n[1]
+
+        def with_reference(self, items: Sequence[PairItem]) -> list[PairItem]:
+            """`items` with their reference log-probs (computed on the program where missing)."""
+            items = list(items)
+            missing = [i for i, p in enumerate(items) if p.ref is None]
+            if missing:
+                refs = program_reference_logps(pdir, self.loop, [items[i] for i in missing], self._state)
+                for i, ref in zip(missing, refs):
+                    items[i] = items[i]._replace(ref=ref)
+            return items
+
+        def held_out(self, rows):
+            """Held-out pairs (with their reference): their DPO loss on the program (`held_out_pairs`); rows
+            (the forgetting probe): the mean next-token loss."""
+            if not _is_pairs(rows):
+                return super().held_out(rows)
+            return held_out_pairs(rows, program_pair_logps(pdir, self.loop, rows, self._state), beta)
+
+        def predict_peak_mb(self, ws):
+            """The planner's host figure of the DPO step (`memory.fit.program_peak(..., pair=True)`)."""
+            from toolchain.errors import ToolchainError
+            from toolchain.memory.fit import program_peak
+
+            key = ("pair", ws.lcsb_k, ws.layers_per_checkpoint)
+            if key not in self._predicted:
+                try:
+                    self._predicted[key] = program_peak(pdir.path, lcsb_k=ws.lcsb_k, pair=True,
+                                                        layers_per_checkpoint=ws.layers_per_checkpoint).host_peak_mb
+                except ToolchainError:
+                    self._predicted[key] = None
+            return self._predicted[key]
 
         def settings(self):
             if self._settings is None:

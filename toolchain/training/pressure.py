@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from toolchain.errors import BadInput
 from toolchain.lcsb.plan import make_plan
-from toolchain.memory.fallback import Notch, WorkingSet, next_notch
+from toolchain.memory.fallback import KNOBS, Knob, Notch, WorkingSet, next_notch
 from toolchain.memory.measure import MIB, read_status, release_free_memory, reset_peak
 
 __all__ = ["MemoryGuard", "check_budget", "stop_budget"]
@@ -24,10 +24,12 @@ class MemoryGuard:
         budget_bytes: the anonymous-memory budget (`train --memory-budget`).
         layers: the model's decoder layers (the LCSB knob's range).
         predict_mb: the planner's peak (MB) of a working set, to order and skip notches (None: no figure).
+        knobs: the knobs the trainer's steps can lower (a DPO run's pairs keep their length: not seq_len).
     """
 
-    def __init__(self, budget_bytes: int, layers: int, predict_mb: Callable[[WorkingSet], float | None]) -> None:
-        self.budget_bytes, self.layers, self.predict_mb = budget_bytes, layers, predict_mb
+    def __init__(self, budget_bytes: int, layers: int, predict_mb: Callable[[WorkingSet], float | None],
+                 knobs: tuple[Knob, ...] = KNOBS) -> None:
+        self.budget_bytes, self.layers, self.predict_mb, self.knobs = budget_bytes, layers, predict_mb, knobs
         self.last_peak_bytes: int | None = None
 
     def before_step(self) -> None:
@@ -44,7 +46,7 @@ class MemoryGuard:
 
     def notch(self, ws: WorkingSet) -> Notch | None:
         """The next smaller working set the planner says helps (None: nothing smaller)."""
-        return next_notch(ws, self.layers, self.predict_mb)
+        return next_notch(ws, self.layers, self.predict_mb, knobs=self.knobs)
 
 
 def check_budget(trainer, guard: MemoryGuard, measured: int, s: int, next_row: int, saved: int,
