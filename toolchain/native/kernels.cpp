@@ -496,7 +496,12 @@ struct DywTask {
   const uint8_t* q;      // W: [o, in / 2]
   const float* scales;   // [o, ng]
   const float* swt;      // [ng, nb]: the int8 W^T's scale per (k-group, block)
-  QuantizedX* a;         // dy quantized per row and block
+  QuantizedX* a;         // dy quantized per row and block (QuantizedX's halves layout, rows of op / 2 bytes)
+  int8_t* ab;            // the same bytes block-major: [nb, T, gp] (row t of block b: its even half padded to dh
+                         // dwords, then its odd half), so a panel's loop over the rows of a block reads them in order
+  float* sab;            // [nb, T] the blocks' sa
+  int32_t* corrb;        // [nb, T] 8 sum_n a of the block (QuantizedX's corr)
+  int64_t gp;            // 8 dh bytes per (block, row)
   int8_t* luts;          // [ng, o, 16]
   uint8_t flip;          // xor of the packed bytes: 0x80 where the path's kernel takes them unsigned (vpdpbusd)
   bool vector_panel;     // the path has a panel kernel for this group
@@ -531,23 +536,18 @@ void dyw_pack_scalar(const DywTask& k, int64_t k0, uint8_t* wp) {
 // acc[lane] = fma(float(isum), sa[t, b] * swt[b, lane], acc[lane]), blocks in increasing order from acc = 0.
 // swp: [nb, 16] the lanes' swt (0 past `in`). wp packed with flip 0.
 void dyw_panel_generic(const DywTask& k, const uint8_t* wp, const float* swp, float* dx, int64_t nk) {
-  const QuantizedX& a = *k.a;
-  const int64_t G = k.group;
   for (int64_t t = 0; t < k.T; ++t) {
     float acc[DYW_LANES] = {};
     for (int64_t b = 0; b < k.nb; ++b) {
       int32_t isum[DYW_LANES] = {};
-      const int64_t n0 = b * G, h = std::min(G, k.op - n0) / 2;
-      for (int hf = 0; hf < 2; ++hf) {
-        const int8_t* x = (hf ? a.odd : a.even).data() + t * a.stride + n0 / 2;
-        const uint8_t* w = wp + (b * 2 + hf) * k.dh * 64;
-        for (int64_t j = 0; j < h; ++j) {
-          const int32_t av = x[j];
-          const uint8_t* wj = w + (j / 4) * 64 + j % 4;
-          for (int r = 0; r < DYW_LANES; ++r) isum[r] += av * static_cast<int32_t>(static_cast<int8_t>(wj[4 * r]));
-        }
+      const int8_t* x = k.ab + (b * k.T + t) * k.gp;   // 4 dh bytes of each half (zero past the half's end)
+      const uint8_t* w = wp + b * k.gp * 16;
+      for (int64_t j = 0; j < k.gp; ++j) {
+        const int32_t av = x[j];
+        const uint8_t* wj = w + (j / 4) * 64 + j % 4;
+        for (int r = 0; r < DYW_LANES; ++r) isum[r] += av * static_cast<int32_t>(static_cast<int8_t>(wj[4 * r]));
       }
-      const float sa = a.sa[static_cast<size_t>(t * a.gstride + b)];
+      const float sa = k.sab[b * k.T + t];
       for (int r = 0; r < DYW_LANES; ++r) acc[r] = std::fma(static_cast<float>(isum[r]), sa * swp[b * DYW_LANES + r], acc[r]);
     }
     for (int64_t r = 0; r < nk; ++r) dx[t * k.in + r] = acc[r];
@@ -608,6 +608,19 @@ void dyw_prepare_chunk(void* task, size_t i) {
       // the path's vector rounding of the whole blocks (u = dy * 1 = dy), the scalar loop for the rest
       const int64_t done = fold_row != nullptr ? fold_row(*k.a, dyt, ones.data(), k.o, k.group, t) : 0;
       fold_blocks_scalar(*k.a, dyt, ones.data(), k.o, k.group, k.nb, t, done);
+      const QuantizedX& a = *k.a;
+      const int64_t hb = k.group / 2;
+      for (int64_t b = 0; b < k.nb; ++b) {   // block-major, each half padded to 4 dh bytes
+        int8_t* dst = k.ab + (b * k.T + t) * k.gp;
+        std::memcpy(dst, &a.even[static_cast<size_t>(t * a.stride + b * hb)], static_cast<size_t>(hb));
+        std::memcpy(dst + k.gp / 2, &a.odd[static_cast<size_t>(t * a.stride + b * hb)], static_cast<size_t>(hb));
+        if (k.gp / 2 > hb) {
+          std::memset(dst + hb, 0, static_cast<size_t>(k.gp / 2 - hb));
+          std::memset(dst + k.gp / 2 + hb, 0, static_cast<size_t>(k.gp / 2 - hb));
+        }
+        k.sab[b * k.T + t] = a.sa[static_cast<size_t>(t * a.gstride + b)];
+        k.corrb[b * k.T + t] = a.corr[static_cast<size_t>(t * a.gstride + b)];
+      }
     }
     return;
   }
@@ -666,9 +679,9 @@ void dyw_panel_chunk(void* task, size_t i) {
     if (k.vector_panel) {
       switch (k.path) {
 #ifdef TOOLCHAIN_X86
-        case KernelPath::avx512_vnni: done = x86_avx512::dyw_panel_of(G, *k.a, k.T, k.nb, wp, swp, dx, k.in, nk); break;
-        case KernelPath::avx_vnni: done = x86_avx_vnni::dyw_panel_of(G, *k.a, k.T, k.nb, wp, swp, dx, k.in, nk); break;
-        case KernelPath::avx2: done = x86_avx2::dyw_panel_of(G, *k.a, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+        case KernelPath::avx512_vnni: done = x86_avx512::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+        case KernelPath::avx_vnni: done = x86_avx_vnni::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+        case KernelPath::avx2: done = x86_avx2::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
 #endif
         default: break;
       }
@@ -768,6 +781,13 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
   thread_local std::vector<float> swt;       // [ng, nb]: max_n |sw[n, g]| over the block / 15.875 (= 127 / 8)
   thread_local std::vector<int8_t> luts;     // [ng, o, 16]
   thread_local QuantizedX a;
+  thread_local std::vector<int8_t> ab;      // dy's bytes block-major [nb, T, gp]
+  thread_local std::vector<float> sab;      // [nb, T]
+  thread_local std::vector<int32_t> corrb;  // [nb, T]
+  const int64_t dh = (group / 2 + 3) / 4;
+  ab.resize(static_cast<size_t>(nb * T * 8 * dh));
+  sab.resize(static_cast<size_t>(nb * T));
+  corrb.resize(static_cast<size_t>(nb * T));
   swt.resize(static_cast<size_t>(ng * nb));
   for (int64_t g = 0; g < ng; ++g)
     for (int64_t b = 0; b < nb; ++b) {
@@ -784,7 +804,8 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
   const bool vector_panel = (vnni || path == KernelPath::avx2) &&
                             (group == 32 || group == 64 || group == 128);
   const int64_t panels = (in + DYW_LANES - 1) / DYW_LANES;
-  DywTask task{path, dy, T, o, op, in, ng, group, nb, (group / 2 + 3) / 4, q, scales, swt.data(), &a, luts.data(),
+  DywTask task{path, dy, T, o, op, in, ng, group, nb, dh, q, scales, swt.data(), &a, ab.data(), sab.data(),
+               corrb.data(), 8 * dh, luts.data(),
                static_cast<uint8_t>(vnni && vector_panel ? 0x80 : 0), vector_panel, dx, T, 1, ng, panels, panels};
   const int64_t threads = pool_threads();
   if (threads > 1 && T * o * in >= (int64_t{1} << 18)) {

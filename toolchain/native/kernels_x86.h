@@ -571,9 +571,10 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
 // is float(isum) times (sa[t, b] swt[b, lane]) added to lane's accumulator by a fused multiply-add, blocks in
 // increasing order: the generic path's integer sums, products and order, so its bits.
 template <int G>
-void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp,
-               float* __restrict dx, int64_t ldx, int64_t nk) {
-  constexpr int D = G / 4, DH = D / 2;                           // dwords per block, per half
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
+               int64_t nk) {
+  constexpr int D = G / 4;                                       // dwords per block (and bytes of a block's row / 4)
   constexpr int DC = D < 16 ? D : 16;                            // dwords per pass
   thread_local std::vector<float> acc_buffer;
   thread_local std::vector<int32_t> held_buffer;
@@ -581,24 +582,17 @@ void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __rest
   held_buffer.resize(static_cast<size_t>(T * L));
   float* __restrict acc = acc_buffer.data();
   int32_t* __restrict held = held_buffer.data();
-  const int8_t* __restrict even = a.even.data();
-  const int8_t* __restrict odd = a.odd.data();
-  const int32_t* __restrict corr = a.corr.data();
-  const float* __restrict sa = a.sa.data();
-  const int64_t stride = a.stride, gstride = a.gstride;
   for (int64_t b = 0; b < nb; ++b) {
     const __m512 sw = _mm512_loadu_ps(swp + b * L);
     for (int d0 = 0; d0 < D; d0 += DC) {
       __m512i w[DC];
       for (int d = 0; d < DC; ++d) w[d] = _mm512_loadu_si512(wp + (b * D + d0 + d) * 64);
       for (int64_t t = 0; t < T; ++t) {
-        const int8_t* xe = even + t * stride + b * (G / 2);
-        const int8_t* xo = odd + t * stride + b * (G / 2);
+        const int8_t* x = ab + (b * T + t) * G;                   // the rows of block b, in order
         __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
         for (int d = 0; d < DC; ++d) {                            // four chains: the integer sum is exact in any order
-          const int dd = d0 + d;
           int32_t v;
-          std::memcpy(&v, dd < DH ? xe + 4 * dd : xo + 4 * (dd - DH), 4);
+          std::memcpy(&v, x + 4 * (d0 + d), 4);
           s[d & 3] = _mm512_dpbusd_epi32(s[d & 3], w[d], _mm512_set1_epi32(v));
         }
         __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
@@ -609,8 +603,8 @@ void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __rest
             continue;
           }
         }
-        const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(16 * corr[t * gstride + b]));
-        const __m512 c = _mm512_mul_ps(_mm512_set1_ps(sa[t * gstride + b]), sw);
+        const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(16 * corr[b * T + t]));
+        const __m512 c = _mm512_mul_ps(_mm512_set1_ps(sa[b * T + t]), sw);
         float* dst = acc + t * L;
         _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
       }
@@ -621,12 +615,12 @@ void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __rest
 }
 
 // The AVX-512 VNNI panel product for groups of 32, 64 or 128 (false: the generic one).
-bool dyw_panel_of(int64_t group, const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* wp, const float* swp,
-                  float* dx, int64_t ldx, int64_t nk) {
+bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
+                  const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
   switch (group) {
-    case 32: dyw_panel<32>(a, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 64: dyw_panel<64>(a, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 128: dyw_panel<128>(a, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
     default: return false;
   }
 }
@@ -1027,17 +1021,13 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
 // operand; minus 128 sum a = 16 corr), the AVX2 one signed: |w| times sign(w) a by vpmaddubsw (a pair is at most
 // 2 * 127 * 127 = 32258: no saturation), the pairs added to dwords at once. The generic path's bits.
 template <int G>
-void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp,
-               float* __restrict dx, int64_t ldx, int64_t nk) {
-  constexpr int D = G / 4, DH = D / 2;
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
+               int64_t nk) {
+  constexpr int D = G / 4;
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
   float* __restrict acc = acc_buffer.data();
-  const int8_t* __restrict even = a.even.data();
-  const int8_t* __restrict odd = a.odd.data();
-  const int32_t* __restrict corr = a.corr.data();
-  const float* __restrict sa = a.sa.data();
-  const int64_t stride = a.stride, gstride = a.gstride;
 #if TOOLCHAIN_YMM_PASS == 1
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
@@ -1045,20 +1035,19 @@ void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __rest
     const __m256 sw0 = _mm256_loadu_ps(swp + b * L), sw1 = _mm256_loadu_ps(swp + b * L + 8);
     const uint8_t* wb = wp + b * D * 64;
     for (int64_t t = 0; t < T; ++t) {
-      const int8_t* xe = even + t * stride + b * (G / 2);
-      const int8_t* xo = odd + t * stride + b * (G / 2);
+      const int8_t* x = ab + (b * T + t) * G;                     // the rows of block b, in order
       __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int d = 0; d < D; ++d) {
         int32_t v;
-        std::memcpy(&v, d < DH ? xe + 4 * d : xo + 4 * (d - DH), 4);
+        std::memcpy(&v, x + 4 * d, 4);
         const __m256i av = _mm256_set1_epi32(v);
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64 + 32));
 #if TOOLCHAIN_YMM_PASS == 1
-        s[d & 1] = _mm256_add_epi32(s[d & 1], _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(av, w0)), ones));
-        s[2 + (d & 1)] = _mm256_add_epi32(s[2 + (d & 1)], _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(av, w1)), ones));
+        const __m256i aa = _mm256_abs_epi8(av);                   // |a| (unsigned) times sign(a) w: a w
+        s[d & 1] = _mm256_add_epi32(s[d & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w0, av)), ones));
+        s[2 + (d & 1)] = _mm256_add_epi32(s[2 + (d & 1)],
+                                          _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w1, av)), ones));
 #else
         s[d & 1] = _mm256_dpbusd_avx_epi32(s[d & 1], w0, av);
         s[2 + (d & 1)] = _mm256_dpbusd_avx_epi32(s[2 + (d & 1)], w1, av);
@@ -1066,13 +1055,13 @@ void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __rest
       }
       __m256i lo = _mm256_add_epi32(s[0], s[1]), hi = _mm256_add_epi32(s[2], s[3]);
 #if TOOLCHAIN_YMM_PASS == 2
-      const __m256i c16 = _mm256_set1_epi32(16 * corr[t * gstride + b]);
+      const __m256i c16 = _mm256_set1_epi32(16 * corr[b * T + t]);
       lo = _mm256_sub_epi32(lo, c16);
       hi = _mm256_sub_epi32(hi, c16);
 #else
       (void)corr;
 #endif
-      const __m256 sv = _mm256_set1_ps(sa[t * gstride + b]);
+      const __m256 sv = _mm256_set1_ps(sa[b * T + t]);
       float* dst = acc + t * L;
       _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sv, sw0), _mm256_loadu_ps(dst)));
       _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sv, sw1), _mm256_loadu_ps(dst + 8)));
@@ -1082,12 +1071,12 @@ void dyw_panel(const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* __rest
     for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * L + r];
 }
 
-bool dyw_panel_of(int64_t group, const QuantizedX& a, int64_t T, int64_t nb, const uint8_t* wp, const float* swp,
-                  float* dx, int64_t ldx, int64_t nk) {
+bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
+                  const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
   switch (group) {
-    case 32: dyw_panel<32>(a, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 64: dyw_panel<64>(a, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 128: dyw_panel<128>(a, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
     default: return false;
   }
 }
