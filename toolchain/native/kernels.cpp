@@ -26,27 +26,29 @@
 // host's x86 output: scripts/check_kernel_arm64.sh); docs/kernels.md says which path runs where.
 //
 // dX for training, toolchain::int4_dyw_a8: dx [T, i] = dy [T, o] W, the same W and layout (the reference is
-// `int4_dyw_a8_reference` in quant.py). W's scale varies along the reduction axis (o), so it is folded into dy
-// before the rounding; per input-column group g (columns k of [g * group, min((g + 1) * group, i))):
-//   u[t, n] = dy[t, n] * sw[n, g]                                          (float32)
-//   per row t and block b of `group` consecutive n (the last may be partial), as x above:
-//     sa[t, b] = max_n |u[t, n]| / 127,  a[t, n] = round_half_even(u[t, n] / sa[t, b]) in [-127, 127] (0 where
-//     sa is 0 or u / sa is not a number)
-//   isum[t, b, k] = sum_{n in b} a[t, n] * (n[n, k] - 8)                   (exact, in int32)
-//   dx[t, k] = sum_b float(isum[t, b, k]) * sa[t, b]: block b into lane b mod 16 by fused multiply-add (blocks in
-//   increasing order), the 16 lanes by the tree above.
-// That is toolchain::int4_linear_a8 of x = u with W^T's rows k of the group as the weight rows and unit weight
-// scales (1 * sa = sa exactly), and the kernel computes it so, with the int4 row kernels of every path: W^T is
-// packed once per call (`group` rows of o / 2 bytes per k-group, o odd: one more n of nibble 8, whose a is 0), then
-// per tile of rows of dy (dy of about 1 MiB, so it stays in cache across the k-groups) and k-group, the rows of u
-// are folded and rounded in registers (the path's fold_row; the scalar loop elsewhere) and multiplied by the
-// group's rows of W^T (linear_rows). The pairing of n in the packed bytes differs from W's (a block's first half
-// of n in the high nibbles, its second half in the low ones: the vector rounding stores its bytes in order); the
-// integer sums are exact in any pairing. One difference from x above: a block of u with an infinity gets sa = NaN
-// (as one with a NaN), not inf; dx is NaN there either way, but then every NaN is the same NaN, whatever order a
-// path adds them in (fold_blocks_scalar). Threads: the (row tile, k-group range) tasks are split over the pool;
-// every (row, k-group) is computed the same way in any task, so the bits do not depend on the thread count.
-// tests/native/test_kernel_dyw.py (x86 paths, threads, the ExecuTorch op), scripts/check_kernel_arm64.sh (arm64).
+// `int4_dyw_a8_reference` in quant.py). The reduction runs over W's rows n, along which W's scales vary, so W^T is
+// requantized to int8 once per call with one scale per (k-group g, block b of `group` consecutive n), and dy is
+// rounded once per (row, block), as x above:
+//   swt[g, b] = max_{n in b} |sw[n, g]| / 15.875 (float32; 15.875 = 127 / 8, so the largest int4 value 8 of the
+//               block's largest scale maps to 127)
+//   e[n, g]   = sw[n, g] / swt[g, b] (float32; 0 where swt is 0)
+//   Wt8[n, k] = round_half_even(e[n, g] * (n[n, k] - 8)) in [-127, 127] (the product exact)
+//   per row t and block b:  sa[t, b] = max_n |dy[t, n]| / 127, a[t, n] = round_half_even(dy / sa) in [-127, 127]
+//                           (0 where sa is 0 or dy / sa is not a number; sa = NaN where the block holds a NaN or
+//                           an infinity)
+//   isum[t, b, k] = sum_{n in b} a[t, n] * Wt8[n, k]                        (exact, in int32)
+//   dx[t, k] = sum_b float(isum[t, b, k]) * c, c = sa[t, b] * swt[g, b]: blocks in increasing order by fused
+//   multiply-adds from 0 (one chain per output).
+// Computed so (toolchain_int4_dyw_a8 below): dy is rounded per (row, block) (the path's fold_row with unit scales,
+// the scalar loop for the rest) and laid out block-major; per (k-group, n) a table of the 16 int8 values its
+// nibbles map to; then per panel of 16 columns k the panel's Wt8 is packed (table lookups: pshufb on x86) in
+// dwords of 16 lanes (o * 16 bytes: L2) and multiplied with every row of dy by the path's panel kernel (64-byte
+// vpdpbusd with broadcast dwords of dy on AVX-512 VNNI, 2 x 256-bit on AVX-VNNI / AVX2, the generic loop
+// elsewhere). The integer sums are exact, c is one float32 product and the block sum has one order on every path,
+// so every path gives the generic bits. With one NaN constant (sa) every NaN of dx is the same NaN, whatever
+// order a path adds in. Threads: the panels are split over the pool; each is computed the same way by any thread.
+// W's scales must be finite (the weights file's are). tests/native/test_kernel_dyw.py (x86 paths, threads, the
+// ExecuTorch op), scripts/check_kernel_arm64.sh (arm64).
 //
 // Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
 // $TOOLCHAIN_KERNEL_PATH names (for testing):
@@ -558,7 +560,8 @@ void dyw_panel_generic(const DywTask& k, const uint8_t* wp, const float* swp, fl
 // QuantizedX's loop would have sa = inf: its dx is NaN either way (its a are 0, and 0 * inf is NaN), but every NaN
 // of toolchain_int4_dyw_a8 is then the one NAN constant propagated (0 * inf would make x86's negative default NaN,
 // and which of two different NaNs a sum keeps depends on its operand order: the paths' bits would differ).
-// Row t of u = dy_t * s (blocks b0 .. nb - 1), quantized as QuantizedX's scalar loop into the halves layout above.
+// Row t of u = dy_t * s (blocks b0 .. nb - 1; toolchain_int4_dyw_a8 passes s = 1, so u = dy), quantized as
+// QuantizedX's scalar loop into the halves layout (a block's first lb / 2 values in `even`, the rest in `odd`).
 void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o,
                         int64_t group, int64_t nb, int64_t t, int64_t b0) {
   const int64_t op = o + (o & 1);

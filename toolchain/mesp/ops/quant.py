@@ -30,10 +30,11 @@ PyTorch by the native kernels' table, mesp/kernels.py, when `toolchain.mesp` is 
 Training on the same arithmetic (`--compute int8`, a `Compute` of precision "int8"): every x W^T by an int4 W
 of the step (the projections, the MLP's chunks, the LM head's vocabulary chunks; forward and recompute) is that
 op, and every dY W (dX of the projections, the MLP's chunks and the head) is `toolchain::int4_dyw_a8(dy, qweight,
-scales, group)`: the reduction runs over W's output rows n while its scales vary along its input columns, so per
-input-column group g, u_g = dy * scales[:, g] is rounded to int8 per row t and block of `group` consecutive n
-(`quantize_activations`), the integer sums of a * (nibble - 8) per block are exact, and the blocks' sums are
-added in float32 (isum * sa). Its reference `int4_dyw_a8_reference` is here too. Embedding lookups, LoRA, norms,
+scales, group)`: the reduction runs over W's output rows n while its scales vary along its input columns, so W^T
+is requantized per call to int8 with one scale per (k-group, block of `group` consecutive n) (swt = the block's
+largest |scale| * 8 / 127), dy is rounded to int8 once per row and block (`quantize_activations`), the integer
+sums per block are exact, and the blocks' sums are added in float32 (isum * sa * swt). Its reference
+`int4_dyw_a8_reference` is here too. Embedding lookups, LoRA, norms,
 attention, the loss and the optimizer stay float32; `Compute(int8_dx=False)` keeps dY W float32 too.
 """
 
