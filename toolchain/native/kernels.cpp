@@ -375,6 +375,102 @@ int64_t arm64_fold_row(QuantizedX& a, const float* dy, const float* s, int64_t o
   }
   return nb;
 }
+
+// toolchain_int4_dyw_a8 on the arm64 paths (kernels.cpp's dyw_panel_generic has the definition, the layouts and
+// the order; the same integer sums, products and fused multiply-adds, so its bits): whole blocks of a panel packed
+// with NEON (tbl through the row's table, as x86_ssse3::dyw_pack_block), and the panel product with the block's
+// bytes in L1 and the rows of dy in order: neon by widening multiplies (smull / smull2, a product of two int8 is
+// at most 127 * 127 in 16 bits) and sadalp into 32-bit pairs, dotprod (and i8mm's CPUs) by sdot with the row's
+// dword broadcast. Any group (a block's halves are whole dwords, zero-padded).
+void arm64_dyw_pack_block(const uint8_t* __restrict q, int64_t half, int64_t k0, int64_t n0, int64_t G,
+                          const int8_t* __restrict lut, uint8_t /*flip: 0 here*/, uint8_t* __restrict dst) {
+  for (int64_t m = 0; m < G; m += 4) {
+    int8x16_t v[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t n = n0 + m + i;
+      const uint8x8_t x = vld1_u8(q + n * half + k0 / 2);
+      const uint8x8x2_t z = vzip_u8(vshr_n_u8(x, 4), vand_u8(x, vdup_n_u8(15)));   // nibbles in column order
+      v[i] = vqtbl1q_s8(vld1q_s8(lut + n * 16), vcombine_u8(z.val[0], z.val[1]));
+    }
+    const int16x8_t a = vreinterpretq_s16_s8(vzip1q_s8(v[0], v[1])), b = vreinterpretq_s16_s8(vzip2q_s8(v[0], v[1]));
+    const int16x8_t c = vreinterpretq_s16_s8(vzip1q_s8(v[2], v[3])), d = vreinterpretq_s16_s8(vzip2q_s8(v[2], v[3]));
+    int8_t* out = reinterpret_cast<int8_t*>(dst + (m / 4) * 64);
+    vst1q_s8(out, vreinterpretq_s8_s16(vzip1q_s16(a, c)));        // lanes 0..3
+    vst1q_s8(out + 16, vreinterpretq_s8_s16(vzip2q_s16(a, c)));   // lanes 4..7
+    vst1q_s8(out + 32, vreinterpretq_s8_s16(vzip1q_s16(b, d)));   // lanes 8..11
+    vst1q_s8(out + 48, vreinterpretq_s8_s16(vzip2q_s16(b, d)));   // lanes 12..15
+  }
+}
+
+// acc[t] (16 floats per row of dy) += float(isum) * (sa * swt) of block b, lanes 4q .. 4q + 3 from isum[q].
+inline void arm64_dyw_accumulate(float* acc, const int32x4_t* isum, float sa, const float* sw) {
+  const float32x4_t sv = vdupq_n_f32(sa);
+  for (int q = 0; q < 4; ++q)
+    vst1q_f32(acc + 4 * q, vfmaq_f32(vld1q_f32(acc + 4 * q), vcvtq_f32_s32(isum[q]), vmulq_f32(sv, vld1q_f32(sw + 4 * q))));
+}
+
+inline void arm64_dyw_store(const float* acc, int64_t T, float* dx, int64_t ldx, int64_t nk) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * 16 + r];
+}
+
+void arm64_dyw_panel_neon(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb, int64_t gp,
+                          const uint8_t* __restrict wp, const float* __restrict swp, float* dx, int64_t ldx, int64_t nk) {
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * 16), 0.0f);
+  float* acc = acc_buffer.data();
+  const int64_t D = gp / 4;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* wb = reinterpret_cast<const int8_t*>(wp) + b * D * 64;
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* x = ab + (b * T + t) * gp;
+      int32x4_t lo[4], hi[4];
+      for (int q = 0; q < 4; ++q) lo[q] = hi[q] = vdupq_n_s32(0);
+      for (int64_t d = 0; d < D; ++d) {
+        int32_t v;
+        std::memcpy(&v, x + 4 * d, 4);
+        const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(v));
+        for (int q = 0; q < 4; ++q) {
+          const int8x16_t w = vld1q_s8(wb + d * 64 + 16 * q);
+          lo[q] = vpadalq_s16(lo[q], vmull_s8(vget_low_s8(w), vget_low_s8(av)));   // lanes 4q, 4q + 1: 2 pairs each
+          hi[q] = vpadalq_s16(hi[q], vmull_high_s8(w, av));                         // lanes 4q + 2, 4q + 3
+        }
+      }
+      int32x4_t isum[4];
+      for (int q = 0; q < 4; ++q) isum[q] = vpaddq_s32(lo[q], hi[q]);
+      arm64_dyw_accumulate(acc + t * 16, isum, sa[b * T + t], swp + b * 16);
+    }
+  }
+  arm64_dyw_store(acc, T, dx, ldx, nk);
+}
+
+#if TOOLCHAIN_ARM64_EXTENSIONS
+TOOLCHAIN_ARM64_DOTPROD
+void arm64_dyw_panel_dotprod(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb,
+                             int64_t gp, const uint8_t* __restrict wp, const float* __restrict swp, float* dx,
+                             int64_t ldx, int64_t nk) {
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * 16), 0.0f);
+  float* acc = acc_buffer.data();
+  const int64_t D = gp / 4;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* wb = reinterpret_cast<const int8_t*>(wp) + b * D * 64;
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* x = ab + (b * T + t) * gp;
+      int32x4_t isum[4];
+      for (int q = 0; q < 4; ++q) isum[q] = vdupq_n_s32(0);
+      for (int64_t d = 0; d < D; ++d) {
+        int32_t v;
+        std::memcpy(&v, x + 4 * d, 4);
+        const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(v));
+        for (int q = 0; q < 4; ++q) isum[q] = vdotq_s32(isum[q], vld1q_s8(wb + d * 64 + 16 * q), av);
+      }
+      arm64_dyw_accumulate(acc + t * 16, isum, sa[b * T + t], swp + b * 16);
+    }
+  }
+  arm64_dyw_store(acc, T, dx, ldx, nk);
+}
+#endif
 #endif
 
 // The path's fused fold + rounding of a row for toolchain_int4_dyw_a8 (returns the whole blocks it did), or nullptr.
@@ -659,13 +755,21 @@ void dyw_panel_chunk(void* task, size_t i) {
     const int64_t k0 = p * DYW_LANES, nk = std::min(DYW_LANES, k.in - k0), G = k.group;
     for (int64_t b = 0; b < k.nb; ++b)
       for (int64_t r = 0; r < DYW_LANES; ++r) swp[b * DYW_LANES + r] = r < nk ? k.swt[((k0 + r) / G) * k.nb + b] : 0.0f;
-    bool packed = false;
+    // the path's vector packing of whole blocks (pshufb / tbl table lookups), the scalar loop for the rest
+    using PackBlock = void (*)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, uint8_t, uint8_t*);
+    PackBlock pack_block = nullptr;
 #ifdef TOOLCHAIN_X86
-    if (k.path != KernelPath::generic && G % 16 == 0 && nk == DYW_LANES) {   // whole blocks in vectors (pshufb)
-      const int64_t whole = k.o / G;                                          // blocks wholly inside [0, o)
+    if (k.path != KernelPath::generic) pack_block = x86_ssse3::dyw_pack_block;
+#endif
+#if defined(__aarch64__)
+    if (k.path == KernelPath::neon || k.path == KernelPath::dotprod || k.path == KernelPath::i8mm)
+      pack_block = arm64_dyw_pack_block;
+#endif
+    bool packed = false;
+    if (pack_block != nullptr && G % 16 == 0 && nk == DYW_LANES) {   // the panel inside one k-group
+      const int64_t whole = k.o / G;                                  // blocks wholly inside [0, o)
       const int8_t* lut = k.luts + (k0 / G) * k.o * 16;
-      for (int64_t b = 0; b < whole; ++b)
-        x86_ssse3::dyw_pack_block(k.q, k.in / 2, k0, b * G, G, lut, k.flip, wp + b * 2 * k.dh * 64);
+      for (int64_t b = 0; b < whole; ++b) pack_block(k.q, k.in / 2, k0, b * G, G, lut, k.flip, wp + b * 2 * k.dh * 64);
       if (whole < k.nb) {   // the last, partial block: the scalar loop into a scratch panel, its block copied
         thread_local std::vector<uint8_t> tail;
         tail.resize(static_cast<size_t>(bytes));
@@ -675,7 +779,6 @@ void dyw_panel_chunk(void* task, size_t i) {
       }
       packed = true;
     }
-#endif
     if (!packed) dyw_pack_scalar(k, k0, wp);
     float* dx = k.dx + k0;
     bool done = false;
@@ -685,6 +788,19 @@ void dyw_panel_chunk(void* task, size_t i) {
         case KernelPath::avx512_vnni: done = x86_avx512::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
         case KernelPath::avx_vnni: done = x86_avx_vnni::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
         case KernelPath::avx2: done = x86_avx2::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+#endif
+#if defined(__aarch64__)
+        case KernelPath::neon:
+          arm64_dyw_panel_neon(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          done = true;
+          break;
+#if TOOLCHAIN_ARM64_EXTENSIONS
+        case KernelPath::dotprod:
+        case KernelPath::i8mm:
+          arm64_dyw_panel_dotprod(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          done = true;
+          break;
+#endif
 #endif
         default: break;
       }
@@ -804,8 +920,8 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
   luts.resize(static_cast<size_t>(ng * o * 16));
   a.resize(T, op, nb, 16 * 64, true);   // every byte and block of the T rows is written (dyw_prepare_chunk)
   const bool vnni = path == KernelPath::avx512_vnni || path == KernelPath::avx_vnni;
-  const bool vector_panel = (vnni || path == KernelPath::avx2) &&
-                            (group == 32 || group == 64 || group == 128);
+  const bool arm64 = path == KernelPath::neon || path == KernelPath::dotprod || path == KernelPath::i8mm;
+  const bool vector_panel = arm64 || ((vnni || path == KernelPath::avx2) && (group == 32 || group == 64 || group == 128));
   const int64_t panels = (in + DYW_LANES - 1) / DYW_LANES;
   DywTask task{path, dy, T, o, op, in, ng, group, nb, dh, q, scales, swt.data(), &a, ab.data(), sab.data(),
                corrb.data(), 8 * dh, luts.data(),
