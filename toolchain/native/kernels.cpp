@@ -445,8 +445,10 @@ void arm64_dyw_panel_neon(const int8_t* __restrict ab, const float* __restrict s
 }
 
 #if TOOLCHAIN_ARM64_EXTENSIONS
+namespace arm64 {
+namespace dotprod {   // (the sdot functions' namespace: scripts/check_kernel_arm64.sh checks where sdot is)
 TOOLCHAIN_ARM64_DOTPROD
-void arm64_dyw_panel_dotprod(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb,
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb,
                              int64_t gp, const uint8_t* __restrict wp, const float* __restrict swp, float* dx,
                              int64_t ldx, int64_t nk) {
   thread_local std::vector<float> acc_buffer;
@@ -470,6 +472,8 @@ void arm64_dyw_panel_dotprod(const int8_t* __restrict ab, const float* __restric
   }
   arm64_dyw_store(acc, T, dx, ldx, nk);
 }
+}  // namespace dotprod
+}  // namespace arm64
 #endif
 #endif
 
@@ -797,7 +801,7 @@ void dyw_panel_chunk(void* task, size_t i) {
 #if TOOLCHAIN_ARM64_EXTENSIONS
         case KernelPath::dotprod:
         case KernelPath::i8mm:
-          arm64_dyw_panel_dotprod(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          arm64::dotprod::dyw_panel(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
           done = true;
           break;
 #endif
