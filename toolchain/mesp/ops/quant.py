@@ -166,8 +166,8 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
     """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16 (ops/half.py), summed
     in float32; with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded
-    to int8 per block of `group` output rows after the weight scales are folded in, exact integer sums; W read in
-    place)."""
+    to int8 once per block of `group` output rows, W^T requantized per call to int8 per (k-group, block), exact
+    integer sums; the int4 W read in place)."""
     if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
         return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
