@@ -1018,7 +1018,7 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
 // toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx: the AVX-512 dyw_panel in 256 bits (lanes
 // 0..7 and 8..15 in two registers). Per row t and block, the block's dwords of the panel (1 KiB for G = 64: L1)
 // are multiplied by t's dwords broadcast; the VNNI path packs the bytes flipped (w + 128, vpdpbusd's unsigned
-// operand; minus 128 sum a = 16 corr), the AVX2 one signed: |w| times sign(w) a by vpmaddubsw (a pair is at most
+// operand; minus 128 sum a = 16 corr), the AVX2 one signed: |a| (unsigned) times sign(a) w by vpmaddubsw (a pair is at most
 // 2 * 127 * 127 = 32258: no saturation), the pairs added to dwords at once. The generic path's bits.
 template <int G>
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
