@@ -19,10 +19,11 @@
 // in order ("outputs hash"), which scripts/check_kernel_arm64.sh compares across paths, CPU models and
 // compilers; in the pooled build (linked with arm64_pool.cpp), the count of row chunks the pool ran.
 // DYW_CASES (tests/native/make_arm64_cases.py --dyw): the same three checks of toolchain_int4_dyw_a8 (dx = dy W,
-// kernels.cpp's "dX for training"), on a line of their own ("LABEL (PATH path) dyw: ..."): u = dy * sw[:, g]
-// in float32, quantized per row and block of `group` n as above, the exact integer sums, dx = sum_b isum sa in
-// double, within gamma_(nb+6) * sum_b |isum sa| (nb = ceil(o / group)); a row of dy with a NaN or an infinity gives
-// NaN in every output. Exit 0 if (a) held everywhere, 1 if not, 2 for a bad file or a refused valid call.
+// kernels.cpp's "dX for training"), on a line of their own ("LABEL (PATH path) dyw: ..."): dy quantized per row
+// and block of `group` n as above, W^T requantized to int8 per (k-group g, block b) (swt = max_n |sw[n, g]| / 15.875,
+// e = sw / swt in float32, Wt8 = round-half-even(e (n - 8)) in [-127, 127]), the exact integer sums, dx = sum_b
+// isum * float32(sa swt) in double, within gamma_(nb+6) * sum_b |isum sa swt| (nb = ceil(o / group)); a row of dy
+// with a NaN or an infinity gives NaN in every output. Exit 0 if (a) held everywhere, 1 if not, 2 for a bad file or a refused valid call.
 //
 // Build this file with -ffp-contract=off: the reference's double sums are then plain products and sums.
 
@@ -114,25 +115,30 @@ int check_dyw(const char* file, const char* label, const char* path) {
       if (!finite) ++nan_rows;
       std::fill(exact.begin(), exact.end(), 0.0);
       std::fill(mag.begin(), mag.end(), 0.0);
-      for (int64_t g = 0; g < ng && finite; ++g) {
-        for (int64_t b = 0; b < nb; ++b) {   // u = dy * sw[n, g] (float32), quantized per block of `group` n
-          const int64_t n0 = b * group, n1 = std::min(o, n0 + group);
-          float amax = 0;
-          for (int64_t n = n0; n < n1; ++n) amax = std::max(amax, std::fabs(dy[t * o + n] * s[n * ng + g]));
-          const float sg = amax / 127.0f;
-          sa[b] = sg;
-          for (int64_t n = n0; n < n1; ++n) {
-            const float un = dy[t * o + n] * s[n * ng + g];
-            a[n] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(un / sg)))) : 0.0;
+      for (int64_t b = 0; b < nb && finite; ++b) {   // dy quantized per block of `group` n (float32)
+        const int64_t n0 = b * group, n1 = std::min(o, n0 + group);
+        float amax = 0;
+        for (int64_t n = n0; n < n1; ++n) amax = std::max(amax, std::fabs(dy[t * o + n]));
+        const float sg = amax / 127.0f;
+        sa[b] = sg;
+        for (int64_t n = n0; n < n1; ++n)
+          a[n] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(dy[t * o + n] / sg)))) : 0.0;
+        for (int64_t g = 0; g < ng; ++g) {   // W^T requantized: swt = max |sw| / 15.875, Wt8 = round(e (n - 8))
+          float m = 0;
+          for (int64_t n = n0; n < n1; ++n) m = std::max(m, std::fabs(s[n * ng + g]));
+          const float swt = m / 15.875f;
+          const double c = static_cast<double>(sg * swt);   // a float32 product
+          for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) {
+            double isum = 0;   // an integer, exact in double
+            for (int64_t n = n0; n < n1; ++n) {
+              const float e = swt > 0 ? s[n * ng + g] / swt : 0.0f;
+              const double wt8 = std::min(127.0, std::max(-127.0, std::nearbyint(static_cast<double>(e) * w[n * in + k])));
+              isum += a[n] * wt8;
+            }
+            exact[k] += isum * c;
+            mag[k] += std::fabs(isum * c);
           }
         }
-        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k)
-          for (int64_t b = 0; b < nb; ++b) {
-            double isum = 0;   // an integer, exact in double
-            for (int64_t n = b * group; n < std::min(o, (b + 1) * group); ++n) isum += a[n] * w[n * in + k];
-            exact[k] += isum * sa[b];
-            mag[k] += std::fabs(isum * sa[b]);
-          }
       }
       for (int64_t k = 0; k < in; ++k) {
         const float got = dx[t * in + k], ref86 = dx86[t * in + k];

@@ -3,16 +3,18 @@ training"): its PyTorch reference (quant.int4_dyw_a8_reference) against an indep
 entry against both, every x86 kernel path this CPU has bit-equal to the generic path, 1 and 2 threads bit-equal,
 and the ExecuTorch op (a program calling it, run on the ExecuTorch runtime) equal to the C entry.
 
-The definition, per input-column group g of W (columns k of [g G, min((g + 1) G, i)), G = group):
-u[t, n] = dy[t, n] * scales[n, g] (float32), quantized per row t and block b of G consecutive n
-(sa = max |u| / 127 in float32, a = round-half-even(u / sa) in [-127, 127], 0 where sa is 0 or u / sa is not a
-number), isum[t, b, k] = sum_{n in b} a[t, n] (nib[n, k] - 8) exactly, dX[t, k] = sum_b isum[t, b, k] sa[t, b] in
-float32. The exact value is computed here with numpy: float32 quantization written out element by element, the
-integer sums as int64 matrix products of the unpacked nibbles (no dequantized weight, no einsum), the block sum in
-float64. The kernel rounds only in that block sum (one fused multiply-add per block, the 16-lane tree), bounded as
-the forward kernel's (tests/native/test_kernels.py): |err| <= gamma_(nb+6) sum_b |isum sa|, gamma_k = k u / (1 - k u),
-u = 2^-24, nb = ceil(o / G) (plus (nb + 6) 2^-150 for subnormal results: tiny rows of dy). With one block (o <= G) there is no sum: kernel, reference and exact value are equal.
-A wrong nibble, column, block or scale moves isum by a whole integer times sa, far outside the bound."""
+The definition (G = group; k-group g of column k: k // G; block b of n: n // G, nb = ceil(o / G)): W^T is
+requantized to int8 with one scale per (k-group, block), swt[g, b] = max_{n in b} |scales[n, g]| / 15.875 (float32),
+e[n, g] = scales[n, g] / swt[g, b] (float32; 0 where swt is 0), Wt8[n, k] = round-half-even(e[n, g] (nib[n, k] - 8))
+in [-127, 127] (the product exact); dy is rounded once per row t and block b (sa = max |dy| / 127 in float32, NaN
+where the block holds a NaN or an infinity, a = round-half-even(dy / sa) in [-127, 127], 0 where sa is 0 or dy / sa
+is not a number); isum[t, b, k] = sum_{n in b} a[t, n] Wt8[n, k] exactly, c = sa[t, b] swt[g, b] (float32),
+dX[t, k] = sum_b isum[t, b, k] c. The exact value is computed here with numpy: float32 quantization written out
+element by element, the integer sums as int64 matrix products (no dequantized weight, no einsum), the block sum
+in float64. The kernel rounds only in that block sum (one fused multiply-add per block, blocks in increasing
+order): |err| <= gamma_(nb+6) sum_b |isum c|, gamma_k = k u / (1 - k u), u = 2^-24 (plus (nb + 6) 2^-150 for
+subnormal results: tiny rows of dy). With one block (o <= G) there is no sum: kernel, reference and exact value
+are equal. A wrong nibble, column, block or scale moves isum by a whole integer times sa, far outside the bound."""
 
 from __future__ import annotations
 
@@ -62,32 +64,36 @@ def _call(lib, dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int) -
 
 
 def _exact(dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int):
-    """(dX in float64 from the exact integer sums, sum_b |isum sa| per output, nb), written from the definition."""
+    """(dX in float64 from the exact integer sums, sum_b |isum c| per output, nb), written from the definition."""
     dyn, qn, sn = dy.numpy(), q.numpy(), s.numpy()
     t, o = dyn.shape
-    i, ng = 2 * qn.shape[1], sn.shape[1]
+    i = 2 * qn.shape[1]
     nib = np.empty((o, i), dtype=np.int64)
     nib[:, 0::2] = qn >> 4
     nib[:, 1::2] = qn & 15
     w = nib - 8                                                               # W's integers [o, i]
+    kg = np.arange(i) // group                                                # the k-group of each column
     nb = -(-o // group)
     exact = np.zeros((t, i))
     mag = np.zeros((t, i))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        for g in range(ng):
-            k0, k1 = g * group, min(i, (g + 1) * group)
-            u = dyn * sn[:, g][None, :]                                       # float32 products [T, o]
-            for b in range(nb):
-                n0, n1 = b * group, min(o, (b + 1) * group)
-                ub = u[:, n0:n1]
-                sa = np.max(np.abs(ub), axis=1) / np.float32(127)             # float32 [T] (NaN propagates)
-                sa = np.where(np.isnan(ub).any(axis=1), np.float32(np.nan), sa).astype(np.float32)
-                r = np.rint(ub / sa[:, None])                                 # float32 division, ties to even
-                a = np.where((sa[:, None] > 0) & ~np.isnan(r), np.clip(r, -127, 127), 0).astype(np.int64)
-                isum = a @ w[n0:n1, k0:k1]                                    # exact int64 [T, nk]
-                term = isum.astype(np.float64) * sa.astype(np.float64)[:, None]
-                exact[:, k0:k1] += term
-                mag[:, k0:k1] += np.abs(term)
+        for b in range(nb):
+            n0, n1 = b * group, min(o, (b + 1) * group)
+            swt = (np.max(np.abs(sn[n0:n1]), axis=0) / np.float32(15.875)).astype(np.float32)     # [ng]
+            e = np.where(swt > 0, sn[n0:n1] / np.where(swt > 0, swt, np.float32(1)), np.float32(0))
+            assert e.dtype == np.float32
+            wt8 = np.clip(np.rint(e[:, kg].astype(np.float64) * w[n0:n1]), -127, 127).astype(np.int64)  # [nb', i]
+            ub = dyn[:, n0:n1]
+            sa = np.max(np.abs(ub), axis=1) / np.float32(127)                 # float32 [T]
+            sa = np.where((~np.isfinite(ub)).any(axis=1), np.float32(np.nan), sa).astype(np.float32)
+            r = np.rint(ub / sa[:, None])                                     # float32 division, ties to even
+            a = np.where((sa[:, None] > 0) & ~np.isnan(r), np.clip(r, -127, 127), 0).astype(np.int64)
+            isum = a @ wt8                                                    # exact int64 [T, i]
+            c = (sa[:, None] * swt[kg][None, :]).astype(np.float32)           # float32 products
+            assert c.dtype == np.float32
+            term = isum.astype(np.float64) * c.astype(np.float64)
+            exact += term
+            mag += np.abs(term)
     return torch.from_numpy(exact), torch.from_numpy(mag), nb
 
 
@@ -133,22 +139,30 @@ def test_the_reference_and_the_kernel_equal_the_definition(t, o, i, group):
         assert torch.equal(got[finite].double(), exact[finite].float().double())
 
 
-def test_the_reference_is_the_forward_reference_of_the_folded_transpose():
-    """Per k-group, dX is int4_linear_a8 of u = dy * scales[:, g] with W^T's columns of the group as weight rows
-    and unit scales (the kernel's structure, checked here on the references)."""
-    from toolchain.mesp.ops.quant import _unpack_int4, int4_linear_a8_reference
+@pytest.mark.parametrize("o,i,group", [(96, 128, 32), (77, 130, 64), (130, 96, 128), (45, 34, 6)])
+def test_a_one_hot_row_gives_w_within_half_a_step_of_its_requantization(lib, o, i, group):
+    """dy = the identity (row n: 1 at n) gives row n of dX = W's row n requantized (Wt8 swt): within half an int8
+    step swt[g, b] / 2 of the dequantized int4 W (plus float32 rounding), on every path this CPU has; a wrong
+    nibble, column, scale, block or table is a whole int4 step off."""
+    from toolchain.mesp.ops.quant import QuantWeight, dequantize
 
-    gen = torch.Generator().manual_seed(2)
-    t, o, i, group = 5, 96, 128, 32
+    gen = torch.Generator().manual_seed(o + i)
     q, s = _weights(o, i, group, gen)
-    dy = _dy(t, o, gen, special=False)
-    ref = int4_dyw_a8_reference(dy, q, s, group)
-    nib = _unpack_int4(q, torch.int64)                                          # [o, i]
-    for g in range(i // group):
-        wt = nib[:, g * group:(g + 1) * group].T.contiguous()                   # [group, o]: W^T's rows
-        packed = (16 * wt[:, 0::2] + wt[:, 1::2]).to(torch.uint8)
-        fwd = int4_linear_a8_reference(dy * s[:, g][None], packed, torch.ones(group, -(-o // group)), group)
-        assert torch.allclose(fwd, ref[:, g * group:(g + 1) * group], rtol=1e-5, atol=1e-4)
+    w = dequantize(QuantWeight(q, s, 4)) if i % group == 0 else None
+    if w is None:                                     # a partial last k-group: dequantized by hand
+        from toolchain.mesp.ops.quant import _unpack_int4
+        w = (_unpack_int4(q, torch.float32) - 8) * s.repeat_interleave(group, 1)[:, :i]
+    nb = -(-o // group)
+    swt = torch.nn.functional.pad(s.abs(), (0, 0, 0, nb * group - o)).reshape(nb, group, -1).amax(1) / 15.875
+    step = swt.repeat_interleave(group, 0)[:o].repeat_interleave(group, 1)[:, :i]       # [o, i]: swt of (n, k)
+    for path in ("generic", *X86_PATHS):
+        if not has_path(path):
+            continue
+        assert lib.toolchain_select_kernel_path(path.encode()) == 0
+        got = _call(lib, torch.eye(o), q, s, group)
+        assert bool(((got - w).abs() <= step * (0.5 + 1e-5) + 1e-30).all()), path
+        assert float((got - w).abs().max()) > 0 or o < 8   # the requantization is not the identity
+    lib.toolchain_select_kernel_path(b"generic")
 
 
 def test_bad_arguments_are_refused(lib):

@@ -26,27 +26,29 @@
 // host's x86 output: scripts/check_kernel_arm64.sh); docs/kernels.md says which path runs where.
 //
 // dX for training, toolchain::int4_dyw_a8: dx [T, i] = dy [T, o] W, the same W and layout (the reference is
-// `int4_dyw_a8_reference` in quant.py). W's scale varies along the reduction axis (o), so it is folded into dy
-// before the rounding; per input-column group g (columns k of [g * group, min((g + 1) * group, i))):
-//   u[t, n] = dy[t, n] * sw[n, g]                                          (float32)
-//   per row t and block b of `group` consecutive n (the last may be partial), as x above:
-//     sa[t, b] = max_n |u[t, n]| / 127,  a[t, n] = round_half_even(u[t, n] / sa[t, b]) in [-127, 127] (0 where
-//     sa is 0 or u / sa is not a number)
-//   isum[t, b, k] = sum_{n in b} a[t, n] * (n[n, k] - 8)                   (exact, in int32)
-//   dx[t, k] = sum_b float(isum[t, b, k]) * sa[t, b]: block b into lane b mod 16 by fused multiply-add (blocks in
-//   increasing order), the 16 lanes by the tree above.
-// That is toolchain::int4_linear_a8 of x = u with W^T's rows k of the group as the weight rows and unit weight
-// scales (1 * sa = sa exactly), and the kernel computes it so, with the int4 row kernels of every path: W^T is
-// packed once per call (`group` rows of o / 2 bytes per k-group, o odd: one more n of nibble 8, whose a is 0), then
-// per tile of rows of dy (dy of about 1 MiB, so it stays in cache across the k-groups) and k-group, the rows of u
-// are folded and rounded in registers (the path's fold_row; the scalar loop elsewhere) and multiplied by the
-// group's rows of W^T (linear_rows). The pairing of n in the packed bytes differs from W's (a block's first half
-// of n in the high nibbles, its second half in the low ones: the vector rounding stores its bytes in order); the
-// integer sums are exact in any pairing. One difference from x above: a block of u with an infinity gets sa = NaN
-// (as one with a NaN), not inf; dx is NaN there either way, but then every NaN is the same NaN, whatever order a
-// path adds them in (fold_blocks_scalar). Threads: the (row tile, k-group range) tasks are split over the pool;
-// every (row, k-group) is computed the same way in any task, so the bits do not depend on the thread count.
-// tests/native/test_kernel_dyw.py (x86 paths, threads, the ExecuTorch op), scripts/check_kernel_arm64.sh (arm64).
+// `int4_dyw_a8_reference` in quant.py). The reduction runs over W's rows n, along which W's scales vary, so W^T is
+// requantized to int8 once per call with one scale per (k-group g, block b of `group` consecutive n), and dy is
+// rounded once per (row, block), as x above:
+//   swt[g, b] = max_{n in b} |sw[n, g]| / 15.875 (float32; 15.875 = 127 / 8, so the largest int4 value 8 of the
+//               block's largest scale maps to 127)
+//   e[n, g]   = sw[n, g] / swt[g, b] (float32; 0 where swt is 0)
+//   Wt8[n, k] = round_half_even(e[n, g] * (n[n, k] - 8)) in [-127, 127] (the product exact)
+//   per row t and block b:  sa[t, b] = max_n |dy[t, n]| / 127, a[t, n] = round_half_even(dy / sa) in [-127, 127]
+//                           (0 where sa is 0 or dy / sa is not a number; sa = NaN where the block holds a NaN or
+//                           an infinity)
+//   isum[t, b, k] = sum_{n in b} a[t, n] * Wt8[n, k]                        (exact, in int32)
+//   dx[t, k] = sum_b float(isum[t, b, k]) * c, c = sa[t, b] * swt[g, b]: blocks in increasing order by fused
+//   multiply-adds from 0 (one chain per output).
+// Computed so (toolchain_int4_dyw_a8 below): dy is rounded per (row, block) (the path's fold_row with unit scales,
+// the scalar loop for the rest) and laid out block-major; per (k-group, n) a table of the 16 int8 values its
+// nibbles map to; then per panel of 16 columns k the panel's Wt8 is packed (table lookups: pshufb on x86) in
+// dwords of 16 lanes (o * 16 bytes: L2) and multiplied with every row of dy by the path's panel kernel (64-byte
+// vpdpbusd with broadcast dwords of dy on AVX-512 VNNI, 2 x 256-bit on AVX-VNNI / AVX2, the generic loop
+// elsewhere). The integer sums are exact, c is one float32 product and the block sum has one order on every path,
+// so every path gives the generic bits. With one NaN constant (sa) every NaN of dx is the same NaN, whatever
+// order a path adds in. Threads: the panels are split over the pool; each is computed the same way by any thread.
+// W's scales must be finite (the weights file's are). tests/native/test_kernel_dyw.py (x86 paths, threads, the
+// ExecuTorch op), scripts/check_kernel_arm64.sh (arm64).
 //
 // Kernel paths, chosen once at load (KernelPath below; docs/kernels.md): the best the CPU has, or the one
 // $TOOLCHAIN_KERNEL_PATH names (for testing):
@@ -92,10 +94,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#if defined(__SSE2__)
-#include <emmintrin.h>   // toolchain_int4_dyw_a8's transposition of W (baseline x86-64)
-#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TOOLCHAIN_X86 1   // kernels_x86.h: the avx2, avx_vnni and avx512_vnni paths, chosen at run time
@@ -372,6 +370,106 @@ int64_t arm64_fold_row(QuantizedX& a, const float* dy, const float* s, int64_t o
   }
   return nb;
 }
+
+// toolchain_int4_dyw_a8 on the arm64 paths (kernels.cpp's dyw_panel_generic has the definition, the layouts and
+// the order; the same integer sums, products and fused multiply-adds, so its bits): whole blocks of a panel packed
+// with NEON (tbl through the row's table, as x86_ssse3::dyw_pack_block), and the panel product with the block's
+// bytes in L1 and the rows of dy in order: neon by widening multiplies (smull / smull2, a product of two int8 is
+// at most 127 * 127 in 16 bits) and sadalp into 32-bit pairs, dotprod (and i8mm's CPUs) by sdot with the row's
+// dword broadcast. Any group (a block's halves are whole dwords, zero-padded).
+void arm64_dyw_pack_block(const uint8_t* __restrict q, int64_t half, int64_t k0, int64_t n0, int64_t G,
+                          const int8_t* __restrict lut, uint8_t /*flip: 0 here*/, uint8_t* __restrict dst) {
+  for (int64_t m = 0; m < G; m += 4) {
+    int8x16_t v[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t n = n0 + m + i;
+      const uint8x8_t x = vld1_u8(q + n * half + k0 / 2);
+      const uint8x8x2_t z = vzip_u8(vshr_n_u8(x, 4), vand_u8(x, vdup_n_u8(15)));   // nibbles in column order
+      v[i] = vqtbl1q_s8(vld1q_s8(lut + n * 16), vcombine_u8(z.val[0], z.val[1]));
+    }
+    const int16x8_t a = vreinterpretq_s16_s8(vzip1q_s8(v[0], v[1])), b = vreinterpretq_s16_s8(vzip2q_s8(v[0], v[1]));
+    const int16x8_t c = vreinterpretq_s16_s8(vzip1q_s8(v[2], v[3])), d = vreinterpretq_s16_s8(vzip2q_s8(v[2], v[3]));
+    int8_t* out = reinterpret_cast<int8_t*>(dst + (m / 4) * 64);
+    vst1q_s8(out, vreinterpretq_s8_s16(vzip1q_s16(a, c)));        // lanes 0..3
+    vst1q_s8(out + 16, vreinterpretq_s8_s16(vzip2q_s16(a, c)));   // lanes 4..7
+    vst1q_s8(out + 32, vreinterpretq_s8_s16(vzip1q_s16(b, d)));   // lanes 8..11
+    vst1q_s8(out + 48, vreinterpretq_s8_s16(vzip2q_s16(b, d)));   // lanes 12..15
+  }
+}
+
+// acc[t] (16 floats per row of dy) += float(isum) * (sa * swt) of block b, lanes 4q .. 4q + 3 from isum[q].
+inline void arm64_dyw_accumulate(float* acc, const int32x4_t* isum, float sa, const float* sw) {
+  const float32x4_t sv = vdupq_n_f32(sa);
+  for (int q = 0; q < 4; ++q)
+    vst1q_f32(acc + 4 * q, vfmaq_f32(vld1q_f32(acc + 4 * q), vcvtq_f32_s32(isum[q]), vmulq_f32(sv, vld1q_f32(sw + 4 * q))));
+}
+
+inline void arm64_dyw_store(const float* acc, int64_t T, float* dx, int64_t ldx, int64_t nk) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * 16 + r];
+}
+
+void arm64_dyw_panel_neon(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb, int64_t gp,
+                          const uint8_t* __restrict wp, const float* __restrict swp, float* dx, int64_t ldx, int64_t nk) {
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * 16), 0.0f);
+  float* acc = acc_buffer.data();
+  const int64_t D = gp / 4;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* wb = reinterpret_cast<const int8_t*>(wp) + b * D * 64;
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* x = ab + (b * T + t) * gp;
+      int32x4_t lo[4], hi[4];
+      for (int q = 0; q < 4; ++q) lo[q] = hi[q] = vdupq_n_s32(0);
+      for (int64_t d = 0; d < D; ++d) {
+        int32_t v;
+        std::memcpy(&v, x + 4 * d, 4);
+        const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(v));
+        for (int q = 0; q < 4; ++q) {
+          const int8x16_t w = vld1q_s8(wb + d * 64 + 16 * q);
+          lo[q] = vpadalq_s16(lo[q], vmull_s8(vget_low_s8(w), vget_low_s8(av)));   // lanes 4q, 4q + 1: 2 pairs each
+          hi[q] = vpadalq_s16(hi[q], vmull_high_s8(w, av));                         // lanes 4q + 2, 4q + 3
+        }
+      }
+      int32x4_t isum[4];
+      for (int q = 0; q < 4; ++q) isum[q] = vpaddq_s32(lo[q], hi[q]);
+      arm64_dyw_accumulate(acc + t * 16, isum, sa[b * T + t], swp + b * 16);
+    }
+  }
+  arm64_dyw_store(acc, T, dx, ldx, nk);
+}
+
+#if TOOLCHAIN_ARM64_EXTENSIONS
+namespace arm64 {
+namespace dotprod {   // (the sdot functions' namespace: scripts/check_kernel_arm64.sh checks where sdot is)
+TOOLCHAIN_ARM64_DOTPROD
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb,
+                             int64_t gp, const uint8_t* __restrict wp, const float* __restrict swp, float* dx,
+                             int64_t ldx, int64_t nk) {
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * 16), 0.0f);
+  float* acc = acc_buffer.data();
+  const int64_t D = gp / 4;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* wb = reinterpret_cast<const int8_t*>(wp) + b * D * 64;
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* x = ab + (b * T + t) * gp;
+      int32x4_t isum[4];
+      for (int q = 0; q < 4; ++q) isum[q] = vdupq_n_s32(0);
+      for (int64_t d = 0; d < D; ++d) {
+        int32_t v;
+        std::memcpy(&v, x + 4 * d, 4);
+        const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(v));
+        for (int q = 0; q < 4; ++q) isum[q] = vdotq_s32(isum[q], vld1q_s8(wb + d * 64 + 16 * q), av);
+      }
+      arm64_dyw_accumulate(acc + t * 16, isum, sa[b * T + t], swp + b * 16);
+    }
+  }
+  arm64_dyw_store(acc, T, dx, ldx, nk);
+}
+}  // namespace dotprod
+}  // namespace arm64
+#endif
 #endif
 
 // The path's fused fold + rounding of a row for toolchain_int4_dyw_a8 (returns the whole blocks it did), or nullptr.
@@ -494,151 +592,78 @@ void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
 }
 #endif
 
-// toolchain_int4_dyw_a8 (dX = dY W): tasks of (a tile of up to `tile` rows of dy, a range of k-groups), each
-// computed whole by one thread. Rows are independent and each (row, k-group) is computed the same way in any task,
-// so the bits depend on neither the tiling nor the thread count.
+// toolchain_int4_dyw_a8 (dX = dY W; the definition: the top of the file). The call quantizes dy per row and block
+// of `group` n once (QuantizedX in the halves layout below: the path's fold_row with unit scales, the scalar loop
+// for the rest), makes the table of each (k-group g, n): lut[v] = W's int4 value v - 8 times e[n, g] = sw[n, g] /
+// swt[b, g] rounded, the int8 W^T values a row of nibbles maps to, and then, per panel of 16 columns k of dx (the
+// vector kernels' lanes), packs the panel's int8 W^T (o * 16 bytes, about 78 KiB at o = 4864: it stays in L2
+// across all rows of dy; no W^T is kept beyond the panel) and multiplies it with every row of dy. Panels are
+// independent and each is computed the same way by any thread, so the bits depend on neither the thread count nor
+// which task runs a panel.
+constexpr int64_t DYW_LANES = 16;   // columns of dx per panel
+
 struct DywTask {
   KernelPath path;
   const float* dy;       // [T, o]
-  int64_t T, o, in;
+  int64_t T, o, op, in, ng, group, nb, dh;   // op = o rounded up to even; nb blocks of n; dh dwords per half block
   const uint8_t* q;      // W: [o, in / 2]
-  uint8_t* wt;           // W^T packed: [in, op / 2] bytes (transpose_columns), op = o rounded up to even
-  const float* st;       // the scales transposed, [ng, o]: row g is the scale column of k-group g
-  int64_t ng, group;
+  const float* scales;   // [o, ng]
+  const float* swt;      // [ng, nb]: the int8 W^T's scale per (k-group, block)
+  QuantizedX* a;         // dy quantized per row and block (QuantizedX's halves layout, rows of op / 2 bytes)
+  int8_t* ab;            // the same bytes block-major: [nb, T, gp] (row t of block b: its even half padded to dh
+                         // dwords, then its odd half), so a panel's loop over the rows of a block reads them in order
+  float* sab;            // [nb, T] the blocks' sa
+  int32_t* corrb;        // [nb, T] 8 sum_n a of the block (QuantizedX's corr)
+  int64_t gp;            // 8 dh bytes per (block, row)
+  int8_t* luts;          // [ng, o, 16]
+  uint8_t flip;          // xor of the packed bytes: 0x80 where the path's kernel takes them unsigned (vpdpbusd)
+  bool vector_panel;     // the path has a panel kernel for this group
   float* dx;             // [T, in]
-  int64_t tile, tiles, gchunk;   // rows per tile, tiles, k-groups per task
+  int64_t rows_chunk, row_chunks, gchunk, panels, pchunk;
 };
 
-// toolchain_int4_dyw_a8's layout of a block of `group` consecutive n (the last, of Lb = min(group, op - n0) n, may be
-// partial; op = o rounded up to even): its first Lb / 2 values are the block's bytes n0 / 2 .. of `even` (the
-// high nibbles of W^T's bytes), the other Lb / 2 of `odd` (the low nibbles). Any pairing gives the same exact
-// integer sums; this one lets the vector paths store their rounded u in order (no even / odd shuffle).
-// W^T packed in that layout: row k (of in) has op / 2 bytes, byte j = b * group / 2 + m of block b holding
-// n = b * group + m (high nibble) and n + Lb / 2 (low), nibble 8 (the value 0) for the padding n = o of an odd o.
-#if defined(__SSE2__)
-// r[0..15] (16 bytes each) transposed: r[c] holds byte c of every input vector, in order (4 unpack stages).
-inline void transpose16x16(__m128i* r) {
-  __m128i b[16], c[16], d[16];
-  for (int i = 0; i < 8; ++i) {
-    b[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);        // columns 0..7 of rows 2i, 2i + 1
-    b[8 + i] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);    // columns 8..15
-  }
-  for (int h = 0; h < 16; h += 8)
-    for (int i = 0; i < 4; ++i) {
-      c[h + i] = _mm_unpacklo_epi16(b[h + 2 * i], b[h + 2 * i + 1]);       // 4 columns of rows 4i .. 4i + 3
-      c[h + 4 + i] = _mm_unpackhi_epi16(b[h + 2 * i], b[h + 2 * i + 1]);
-    }
-  for (int q = 0; q < 16; q += 4)
-    for (int i = 0; i < 2; ++i) {
-      d[q + i] = _mm_unpacklo_epi32(c[q + 2 * i], c[q + 2 * i + 1]);       // 2 columns of rows 8i .. 8i + 7
-      d[q + 2 + i] = _mm_unpackhi_epi32(c[q + 2 * i], c[q + 2 * i + 1]);
-    }
-  for (int q = 0; q < 16; q += 2) {
-    r[q] = _mm_unpacklo_epi64(d[q], d[q + 1]);                             // column q of all 16 rows
-    r[q + 1] = _mm_unpackhi_epi64(d[q], d[q + 1]);
-  }
-}
-
-// 16 pairs of W's rows (hi[j], lo[j]) at byte columns c .. c + 15: W^T's bytes j .. j + 15 of rows 2 (c + cc) and
-// 2 (c + cc) + 1 (out: row 2c's byte j, rows `stride` apart), what the scalar loop of transpose_columns writes.
-inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo, int64_t c, uint8_t* out,
-                             int64_t stride) {
-  const __m128i mhi = _mm_set1_epi8(static_cast<char>(0xF0)), mlo = _mm_set1_epi8(0x0F);
-  __m128i e[16], o[16];
-  for (int j = 0; j < 16; ++j) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi[j] + c));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo[j] + c));
-    e[j] = _mm_or_si128(_mm_and_si128(a, mhi), _mm_and_si128(_mm_srli_epi16(b, 4), mlo));   // (a & F0) | (b >> 4)
-    o[j] = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(a, 4), mhi), _mm_and_si128(b, mlo));  // (a << 4) | (b & 0F)
-  }
-  transpose16x16(e);
-  transpose16x16(o);
-  for (int cc = 0; cc < 16; ++cc) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * cc) * stride), e[cc]);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * cc + 1) * stride), o[cc]);
-  }
-}
-#endif
-
-#if defined(__aarch64__)
-// r[0..15] transposed (AArch64 NEON): trn1 / trn2 at 1, 2, 4 and 8 bytes, each swapping one bit of the row and
-// column indices.
-inline void transpose16x16(uint8x16_t* r) {
-  for (int i = 0; i < 16; i += 2) {
-    const uint8x16_t a = r[i], b = r[i + 1];
-    r[i] = vtrn1q_u8(a, b);
-    r[i + 1] = vtrn2q_u8(a, b);
-  }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 2)) {
-      const uint16x8_t a = vreinterpretq_u16_u8(r[i]), b = vreinterpretq_u16_u8(r[i + 2]);
-      r[i] = vreinterpretq_u8_u16(vtrn1q_u16(a, b));
-      r[i + 2] = vreinterpretq_u8_u16(vtrn2q_u16(a, b));
-    }
-  for (int i = 0; i < 16; ++i)
-    if (!(i & 4)) {
-      const uint32x4_t a = vreinterpretq_u32_u8(r[i]), b = vreinterpretq_u32_u8(r[i + 4]);
-      r[i] = vreinterpretq_u8_u32(vtrn1q_u32(a, b));
-      r[i + 4] = vreinterpretq_u8_u32(vtrn2q_u32(a, b));
-    }
-  for (int i = 0; i < 8; ++i) {
-    const uint64x2_t a = vreinterpretq_u64_u8(r[i]), b = vreinterpretq_u64_u8(r[i + 8]);
-    r[i] = vreinterpretq_u8_u64(vtrn1q_u64(a, b));
-    r[i + 8] = vreinterpretq_u8_u64(vtrn2q_u64(a, b));
-  }
-}
-
-// The SSE2 transpose_tile16's bytes, in NEON.
-inline void transpose_tile16(const uint8_t* const* hi, const uint8_t* const* lo, int64_t c, uint8_t* out,
-                             int64_t stride) {
-  const uint8x16_t mhi = vdupq_n_u8(0xF0), mlo = vdupq_n_u8(0x0F);
-  uint8x16_t e[16], o[16];
-  for (int j = 0; j < 16; ++j) {
-    const uint8x16_t a = vld1q_u8(hi[j] + c), b = vld1q_u8(lo[j] + c);
-    e[j] = vorrq_u8(vandq_u8(a, mhi), vshrq_n_u8(b, 4));   // (a & F0) | (b >> 4)
-    o[j] = vorrq_u8(vshlq_n_u8(a, 4), vandq_u8(b, mlo));   // (a << 4) | (b & 0F)
-  }
-  transpose16x16(e);
-  transpose16x16(o);
-  for (int cc = 0; cc < 16; ++cc) {
-    vst1q_u8(out + (2 * cc) * stride, e[cc]);
-    vst1q_u8(out + (2 * cc + 1) * stride, o[cc]);
-  }
-}
-#endif
-
-// Rows 2 c0 .. 2 c1 - 1 of it (W's byte columns c0 .. c1 - 1); wt is row 0.
-void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64_t group, int64_t c0, int64_t c1,
-                       uint8_t* __restrict wt) {
-  const int64_t half = in / 2, op = o + (o & 1), ohalf = op / 2;
-  constexpr int64_t J = 64;   // output bytes per pass: 2 J rows of W read, 2 (c1 - c0) rows of J bytes written
-  thread_local std::vector<uint8_t> pad;   // the padding row n = o of an odd o: nibbles 8
-  if (pad.size() < static_cast<size_t>(half)) pad.assign(static_cast<size_t>(half), 0x88);
-  const uint8_t* hi_row[J];
-  const uint8_t* lo_row[J];
-  for (int64_t j0 = 0; j0 < ohalf; j0 += J) {
-    const int64_t nj = std::min(ohalf - j0, J);
-    for (int64_t j = 0; j < nj; ++j) {
-      const int64_t b = (j0 + j) / (group / 2), m = (j0 + j) % (group / 2), n0 = b * group;
-      const int64_t h = std::min(group, op - n0) / 2, nl = n0 + h + m;
-      hi_row[j] = q + (n0 + m) * half;
-      lo_row[j] = nl < o ? q + nl * half : pad.data();
-    }
-    int64_t c = c0;
-#if defined(__SSE2__) || defined(__aarch64__)
-    if (nj == J)   // 16 x 16 tiles: the pairs' bytes in vectors along c, transposed to vectors along j
-      for (; c + 16 <= c1; c += 16)
-        for (int64_t j = 0; j < J; j += 16) transpose_tile16(hi_row + j, lo_row + j, c, wt + 2 * c * ohalf + j0 + j, ohalf);
-#endif
-    for (; c < c1; ++c) {   // byte c of W's rows: columns 2c (high nibble), 2c + 1 (low)
-      uint8_t* __restrict even_col = wt + (2 * c) * ohalf + j0;
-      uint8_t* __restrict odd_col = wt + (2 * c + 1) * ohalf + j0;
-      for (int64_t j = 0; j < nj; ++j) {
-        const uint8_t q0 = hi_row[j][c], q1 = lo_row[j][c];
-        even_col[j] = static_cast<uint8_t>((q0 & 0xF0) | (q1 >> 4));
-        odd_col[j] = static_cast<uint8_t>((q0 << 4) | (q1 & 0x0F));
+// The packed panel p (columns k0 = 16 p .. k0 + 15 of dx; lanes past `in` are zero weights): per block b of n, its
+// two halves (the block's first lb / 2 n, then the rest: QuantizedX's even / odd bytes of that block), per half dh
+// dwords, per dword 16 lanes of 4 bytes: lane r's 4 bytes are Wt8[k0 + r, n] for the half's 4 consecutive n of
+// the dword (zero past the half's end: a partial last block, group % 8 != 0, the padding n = o of an odd o), each
+// byte xor `flip`. So a 64-byte load is one dword of 16 columns (vpdpbusd's and sdot's operand).
+void dyw_pack_scalar(const DywTask& k, int64_t k0, uint8_t* wp) {
+  const int64_t half = k.in / 2, G = k.group;
+  std::memset(wp, k.flip, static_cast<size_t>(k.nb * 2 * k.dh * 64));
+  for (int64_t b = 0; b < k.nb; ++b) {
+    const int64_t n0 = b * G, lb = std::min(G, k.op - n0), h = lb / 2;
+    for (int64_t m = 0; m < lb && n0 + m < k.o; ++m) {
+      const int64_t n = n0 + m, hf = m >= h ? 1 : 0, j = m - hf * h;
+      uint8_t* dst = wp + ((b * 2 + hf) * k.dh + j / 4) * 64 + j % 4;
+      const uint8_t* qr = k.q + n * half;
+      for (int64_t r = 0; r < DYW_LANES && k0 + r < k.in; ++r) {
+        const int64_t c = k0 + r;
+        const int nib = c & 1 ? qr[c / 2] & 15 : qr[c / 2] >> 4;
+        dst[4 * r] = static_cast<uint8_t>(k.luts[((c / G) * k.o + n) * 16 + nib]) ^ k.flip;
       }
     }
+  }
+}
+
+// The generic panel product (the definition's order): per row t and block b, the exact isum of each lane, then
+// acc[lane] = fma(float(isum), sa[t, b] * swt[b, lane], acc[lane]), blocks in increasing order from acc = 0.
+// swp: [nb, 16] the lanes' swt (0 past `in`). wp packed with flip 0.
+void dyw_panel_generic(const DywTask& k, const uint8_t* wp, const float* swp, float* dx, int64_t nk) {
+  for (int64_t t = 0; t < k.T; ++t) {
+    float acc[DYW_LANES] = {};
+    for (int64_t b = 0; b < k.nb; ++b) {
+      int32_t isum[DYW_LANES] = {};
+      const int8_t* x = k.ab + (b * k.T + t) * k.gp;   // 4 dh bytes of each half (zero past the half's end)
+      const uint8_t* w = wp + b * k.gp * 16;
+      for (int64_t j = 0; j < k.gp; ++j) {
+        const int32_t av = x[j];
+        const uint8_t* wj = w + (j / 4) * 64 + j % 4;
+        for (int r = 0; r < DYW_LANES; ++r) isum[r] += av * static_cast<int32_t>(static_cast<int8_t>(wj[4 * r]));
+      }
+      const float sa = k.sab[b * k.T + t];
+      for (int r = 0; r < DYW_LANES; ++r) acc[r] = std::fma(static_cast<float>(isum[r]), sa * swp[b * DYW_LANES + r], acc[r]);
+    }
+    for (int64_t r = 0; r < nk; ++r) dx[t * k.in + r] = acc[r];
   }
 }
 
@@ -646,7 +671,8 @@ void transpose_columns(const uint8_t* __restrict q, int64_t o, int64_t in, int64
 // QuantizedX's loop would have sa = inf: its dx is NaN either way (its a are 0, and 0 * inf is NaN), but every NaN
 // of toolchain_int4_dyw_a8 is then the one NAN constant propagated (0 * inf would make x86's negative default NaN,
 // and which of two different NaNs a sum keeps depends on its operand order: the paths' bits would differ).
-// Row t of u = dy_t * s (blocks b0 .. nb - 1), quantized as QuantizedX's scalar loop into the halves layout above.
+// Row t of u = dy_t * s (blocks b0 .. nb - 1; toolchain_int4_dyw_a8 passes s = 1, so u = dy), quantized as
+// QuantizedX's scalar loop into the halves layout (a block's first lb / 2 values in `even`, the rest in `odd`).
 void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* __restrict s, int64_t o,
                         int64_t group, int64_t nb, int64_t t, int64_t b0) {
   const int64_t op = o + (o & 1);
@@ -680,47 +706,123 @@ void fold_blocks_scalar(QuantizedX& x, const float* __restrict dy, const float* 
   }
 }
 
-// Rows t0 .. t0 + nt - 1 of dy, k-group g: u = dy * (the scale column of g), quantized per row and block of `group`
-// n (QuantizedX, the path's vector quantization), times W^T's rows of the group with unit scales (the path's int4
-// W4A8 row kernels, linear_rows), written to dx's columns k0 .. k0 + nk - 1 of those rows (row stride in).
-void dyw_block(const DywTask& k, int64_t t0, int64_t nt, int64_t g) {
-  thread_local QuantizedX a;
-  thread_local std::vector<float> ones;
-  const int64_t op = k.o + (k.o & 1), nb = (k.o + k.group - 1) / k.group;   // = ceil(op / group): group is even
-  const int64_t k0 = g * k.group, nk = std::min(k.in, k0 + k.group) - k0, gb = k.group / 2;
-  const float* s = k.st + g * k.o;
-  a.resize(nt, op, nb, 16 * 64, true);   // every byte and block of the nt rows is written below
-  const FoldRow fold_row = fold_row_of(k.path);
-  for (int64_t t = 0; t < nt; ++t) {
-    const float* dyt = k.dy + (t0 + t) * k.o;
-    // the path's vector fold + rounding of the whole blocks, the scalar loop for the rest
-    const int64_t done = fold_row != nullptr ? fold_row(a, dyt, s, k.o, k.group, t) : 0;
-    fold_blocks_scalar(a, dyt, s, k.o, k.group, nb, t, done);
+// Preparation task i: rows [i * rows_chunk, + rows_chunk) of dy quantized (i < row_chunks), else the tables of
+// k-groups [(i - row_chunks) * gchunk, + gchunk): lut[v] = clamp(round_half_even(e * (v - 8)), -127, 127),
+// e = sw[n, g] / swt[b, g] (0 where swt is 0), the product exact (one fused multiply-add into 1.5 * 2^23, whose
+// ulp is 1: |e (v - 8)| <= 8 * 32 here, far below 2^22).
+void dyw_prepare_chunk(void* task, size_t i) {
+  const DywTask& k = *static_cast<const DywTask*>(task);
+  const int64_t c = static_cast<int64_t>(i);
+  if (c < k.row_chunks) {
+    thread_local std::vector<float> ones;
+    if (ones.size() < static_cast<size_t>(k.op)) ones.assign(static_cast<size_t>(k.op), 1.0f);
+    const FoldRow fold_row = fold_row_of(k.path);
+    for (int64_t t = c * k.rows_chunk; t < std::min(k.T, (c + 1) * k.rows_chunk); ++t) {
+      const float* dyt = k.dy + t * k.o;
+      // the path's vector rounding of the whole blocks (u = dy * 1 = dy), the scalar loop for the rest
+      const int64_t done = fold_row != nullptr ? fold_row(*k.a, dyt, ones.data(), k.o, k.group, t) : 0;
+      fold_blocks_scalar(*k.a, dyt, ones.data(), k.o, k.group, k.nb, t, done);
+      const QuantizedX& a = *k.a;
+      const int64_t hb = k.group / 2;
+      for (int64_t b = 0; b < k.nb; ++b) {   // block-major, each half padded to 4 dh bytes
+        int8_t* dst = k.ab + (b * k.T + t) * k.gp;
+        std::memcpy(dst, &a.even[static_cast<size_t>(t * a.stride + b * hb)], static_cast<size_t>(hb));
+        std::memcpy(dst + k.gp / 2, &a.odd[static_cast<size_t>(t * a.stride + b * hb)], static_cast<size_t>(hb));
+        if (k.gp / 2 > hb) {
+          std::memset(dst + hb, 0, static_cast<size_t>(k.gp / 2 - hb));
+          std::memset(dst + k.gp / 2 + hb, 0, static_cast<size_t>(k.gp / 2 - hb));
+        }
+        k.sab[b * k.T + t] = a.sa[static_cast<size_t>(t * a.gstride + b)];
+        k.corrb[b * k.T + t] = a.corr[static_cast<size_t>(t * a.gstride + b)];
+      }
+    }
+    return;
   }
+  constexpr float M = 0x1.8p23f;
+  const int64_t g0 = (c - k.row_chunks) * k.gchunk;
+  for (int64_t g = g0; g < std::min(k.ng, g0 + k.gchunk); ++g) {
+    const float* swt = k.swt + g * k.nb;
+    int8_t* lut = k.luts + g * k.o * 16;
+    for (int64_t n = 0; n < k.o; ++n) {
+      const float s = swt[n / k.group];
+      const float e = s > 0.0f ? k.scales[n * k.ng + g] / s : 0.0f;
+      for (int v = 0; v < 16; ++v) {
+        const float r = std::fma(e, static_cast<float>(v - 8), M) - M;
+        lut[n * 16 + v] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
+      }
+    }
+  }
+}
+
+// Panel task i: panels [i * pchunk, + pchunk), each packed (the path's vector packing of whole blocks, else the
+// scalar loop) and multiplied by every row of dy (the path's panel kernel, else the generic one).
+void dyw_panel_chunk(void* task, size_t i) {
+  const DywTask& k = *static_cast<const DywTask*>(task);
+  thread_local std::vector<uint8_t> wpb;
+  thread_local std::vector<float> swpb;
+  const int64_t bytes = k.nb * 2 * k.dh * 64;
+  wpb.resize(static_cast<size_t>(bytes));
+  swpb.resize(static_cast<size_t>(k.nb * DYW_LANES));
+  uint8_t* wp = wpb.data();
+  float* swp = swpb.data();
+  const int64_t p0 = static_cast<int64_t>(i) * k.pchunk;
+  for (int64_t p = p0; p < std::min(k.panels, p0 + k.pchunk); ++p) {
+    const int64_t k0 = p * DYW_LANES, nk = std::min(DYW_LANES, k.in - k0), G = k.group;
+    for (int64_t b = 0; b < k.nb; ++b)
+      for (int64_t r = 0; r < DYW_LANES; ++r) swp[b * DYW_LANES + r] = r < nk ? k.swt[((k0 + r) / G) * k.nb + b] : 0.0f;
+    // the path's vector packing of whole blocks (pshufb / tbl table lookups), the scalar loop for the rest
+    using PackBlock = void (*)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, uint8_t, uint8_t*);
+    PackBlock pack_block = nullptr;
 #ifdef TOOLCHAIN_X86
-  if (k.path == KernelPath::avx512_vnni) x86_avx512::prepare(a, nt, gb);
+    if (k.path != KernelPath::generic) pack_block = x86_ssse3::dyw_pack_block;
 #endif
-  if (ones.size() < static_cast<size_t>(k.group * nb)) ones.assign(static_cast<size_t>(k.group * nb), 1.0f);
-  RowsTask rows_task{k.path, &a, nt, k.wt + k0 * (op / 2), ones.data(), op / 2, gb, nb, nk, k.dx + t0 * k.in + k0,
-                     nk, k.in};
-  linear_rows(rows_task, 0, nk);
+#if defined(__aarch64__)
+    if (k.path == KernelPath::neon || k.path == KernelPath::dotprod || k.path == KernelPath::i8mm)
+      pack_block = arm64_dyw_pack_block;
+#endif
+    bool packed = false;
+    if (pack_block != nullptr && G % 16 == 0 && nk == DYW_LANES) {   // the panel inside one k-group
+      const int64_t whole = k.o / G;                                  // blocks wholly inside [0, o)
+      const int8_t* lut = k.luts + (k0 / G) * k.o * 16;
+      for (int64_t b = 0; b < whole; ++b) pack_block(k.q, k.in / 2, k0, b * G, G, lut, k.flip, wp + b * 2 * k.dh * 64);
+      if (whole < k.nb) {   // the last, partial block: the scalar loop into a scratch panel, its block copied
+        thread_local std::vector<uint8_t> tail;
+        tail.resize(static_cast<size_t>(bytes));
+        dyw_pack_scalar(k, k0, tail.data());
+        const int64_t at = whole * 2 * k.dh * 64;
+        std::memcpy(wp + at, tail.data() + at, static_cast<size_t>(bytes - at));
+      }
+      packed = true;
+    }
+    if (!packed) dyw_pack_scalar(k, k0, wp);
+    float* dx = k.dx + k0;
+    bool done = false;
+    if (k.vector_panel) {
+      switch (k.path) {
+#ifdef TOOLCHAIN_X86
+        case KernelPath::avx512_vnni: done = x86_avx512::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+        case KernelPath::avx_vnni: done = x86_avx_vnni::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+        case KernelPath::avx2: done = x86_avx2::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+#endif
+#if defined(__aarch64__)
+        case KernelPath::neon:
+          arm64_dyw_panel_neon(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          done = true;
+          break;
+#if TOOLCHAIN_ARM64_EXTENSIONS
+        case KernelPath::dotprod:
+        case KernelPath::i8mm:
+          arm64::dotprod::dyw_panel(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          done = true;
+          break;
+#endif
+#endif
+        default: break;
+      }
+    }
+    if (!done) dyw_panel_generic(k, wp, swp, dx, nk);
+  }
 }
-
-// Transpose task i: W^T's rows of k-groups [i * gchunk, + gchunk).
-void dyw_transpose_chunk(void* task, size_t i) {
-  const DywTask& k = *static_cast<const DywTask*>(task);
-  const int64_t g0 = static_cast<int64_t>(i) * k.gchunk, g1 = std::min(k.ng, g0 + k.gchunk);
-  transpose_columns(k.q, k.o, k.in, k.group, g0 * k.group / 2, std::min(k.in / 2, g1 * k.group / 2), k.wt);
-}
-
-// Task i: tile i % tiles, k-groups [(i / tiles) * gchunk, + gchunk).
-void dyw_chunk(void* task, size_t i) {
-  const DywTask& k = *static_cast<const DywTask*>(task);
-  const int64_t tile = static_cast<int64_t>(i) % k.tiles, g0 = static_cast<int64_t>(i) / k.tiles * k.gchunk;
-  const int64_t t0 = tile * k.tile, nt = std::min(k.T, t0 + k.tile) - t0;
-  for (int64_t g = g0; g < std::min(k.ng, g0 + k.gchunk); ++g) dyw_block(k, t0, nt, g);
-}
-
 // fn(ctx, i) for i < n: on the runtime's thread pool when it has more than one thread and the call is worth a
 // dispatch (`work`: about the call's multiply-adds or elements, at least `least`), else in order on this thread.
 // kPoolWork (2^20) for calls whose units exist in a decode step too (attention's heads, SwiGLU's blocks): a decode
@@ -835,33 +937,52 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
     std::fill(dx, dx + T * in, 0.0f);
     return 0;
   }
-  thread_local std::vector<float> st;   // the scales transposed: [ng, o]
-  thread_local std::vector<uint8_t> wt;  // W^T packed: [in, op / 2]
-  st.resize(static_cast<size_t>(ng * o));
-  for (int64_t n = 0; n < o; ++n)
-    for (int64_t g = 0; g < ng; ++g) st[static_cast<size_t>(g * o + n)] = scales[n * ng + g];
-  const int64_t op = o + (o & 1);
-  wt.resize(static_cast<size_t>(in * (op / 2)));
-  // Tiles of rows whose dy (float32) fits in about 1 MiB, so a tile stays in cache across its k-groups.
-  const int64_t most = std::max<int64_t>(16, std::min<int64_t>(64, (int64_t{1} << 20) / (4 * op)));
-  const int64_t tiles = (T + most - 1) / most, tile = (T + tiles - 1) / tiles;   // balanced
-  DywTask task{path, dy, T, o, in, q, wt.data(), st.data(), ng, group, dx, tile, tiles, ng};
+  const int64_t op = o + (o & 1), nb = (o + group - 1) / group;   // = ceil(op / group): group is even
+  thread_local std::vector<float> swt;       // [ng, nb]: max_n |sw[n, g]| over the block / 15.875 (= 127 / 8)
+  thread_local std::vector<int8_t> luts;     // [ng, o, 16]
+  thread_local QuantizedX a;
+  thread_local std::vector<int8_t> ab;      // dy's bytes block-major [nb, T, gp]
+  thread_local std::vector<float> sab;      // [nb, T]
+  thread_local std::vector<int32_t> corrb;  // [nb, T]
+  const int64_t dh = (group / 2 + 3) / 4;
+  ab.resize(static_cast<size_t>(nb * T * 8 * dh));
+  sab.resize(static_cast<size_t>(nb * T));
+  corrb.resize(static_cast<size_t>(nb * T));
+  swt.resize(static_cast<size_t>(ng * nb));
+  for (int64_t g = 0; g < ng; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      float m = 0.0f;
+      for (int64_t n = b * group; n < std::min(o, (b + 1) * group); ++n) {
+        const float v = std::fabs(scales[n * ng + g]);
+        m = v > m ? v : m;
+      }
+      swt[static_cast<size_t>(g * nb + b)] = m / 15.875f;
+    }
+  luts.resize(static_cast<size_t>(ng * o * 16));
+  a.resize(T, op, nb, 16 * 64, true);   // every byte and block of the T rows is written (dyw_prepare_chunk)
+  const bool vnni = path == KernelPath::avx512_vnni || path == KernelPath::avx_vnni;
+  const bool arm64 = path == KernelPath::neon || path == KernelPath::dotprod || path == KernelPath::i8mm;
+  const bool vector_panel = arm64 || ((vnni || path == KernelPath::avx2) && (group == 32 || group == 64 || group == 128));
+  const int64_t panels = (in + DYW_LANES - 1) / DYW_LANES;
+  DywTask task{path, dy, T, o, op, in, ng, group, nb, dh, q, scales, swt.data(), &a, ab.data(), sab.data(),
+               corrb.data(), 8 * dh, luts.data(),
+               static_cast<uint8_t>(vnni && vector_panel ? 0x80 : 0), vector_panel, dx, T, 1, ng, panels, panels};
   const int64_t threads = pool_threads();
-  if (threads > 1 && T * o * in >= (int64_t{1} << 18) && ng > 1) {
-    task.gchunk = (ng + 2 * threads - 1) / (2 * threads);   // W^T's k-groups in about 2 chunks per thread
-    run_in_pool(dyw_transpose_chunk, &task, (ng + task.gchunk - 1) / task.gchunk);
-    // at least 2 tasks per thread where the k-groups allow: split the k-groups when there are few tiles
-    const int64_t splits = std::min(ng, (2 * threads + tiles - 1) / tiles);
-    task.gchunk = (ng + splits - 1) / splits;
-    run_in_pool(dyw_chunk, &task, tiles * ((ng + task.gchunk - 1) / task.gchunk));
+  if (threads > 1 && T * o * in >= (int64_t{1} << 18)) {
+    task.row_chunks = std::min<int64_t>(T, 2 * threads);
+    task.rows_chunk = (T + task.row_chunks - 1) / task.row_chunks;
+    task.row_chunks = (T + task.rows_chunk - 1) / task.rows_chunk;
+    task.gchunk = (ng + 2 * threads - 1) / (2 * threads);
+    run_in_pool(dyw_prepare_chunk, &task, task.row_chunks + (ng + task.gchunk - 1) / task.gchunk);
+    task.pchunk = (panels + 4 * threads - 1) / (4 * threads);   // about 4 tasks per thread
+    run_in_pool(dyw_panel_chunk, &task, (panels + task.pchunk - 1) / task.pchunk);
   } else {
-    dyw_transpose_chunk(&task, 0);   // gchunk = ng: all of W^T
-    for (int64_t i = 0; i < tiles; ++i) dyw_chunk(&task, static_cast<size_t>(i));
+    dyw_prepare_chunk(&task, 0);   // rows_chunk = T: every row
+    dyw_prepare_chunk(&task, 1);   // gchunk = ng: every table
+    dyw_panel_chunk(&task, 0);     // pchunk = panels: every panel
   }
   return 0;
 }
-
-
 struct AttentionTask {
   const float *q, *k, *v, *k_cache, *v_cache;
   int64_t H, Hk, C, S, D, pos;

@@ -505,8 +505,101 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
   return true;
 }
 
+// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx (kernels.cpp: dyw_panel_generic has the
+// definition and the layout): the panel's int8 W^T bytes, packed flipped (w + 128: vpdpbusd's unsigned operand),
+// are loaded into registers once per block of G n (in passes of up to 16 dwords: G = 128 takes two, the first
+// pass's sums held in int32), and every row t of dy multiplies them with its 4-byte dwords broadcast (no per-row
+// folding, lanes = the panel's 16 columns). Per (t, block) the exact sum of (w + 128) a minus 128 sum a (16 corr)
+// is float(isum) times (sa[t, b] swt[b, lane]) added to lane's accumulator by a fused multiply-add, blocks in
+// increasing order: the generic path's integer sums, products and order, so its bits.
+template <int G>
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
+               int64_t nk) {
+  constexpr int D = G / 4;                                       // dwords per block (and bytes of a block's row / 4)
+  constexpr int DC = D < 16 ? D : 16;                            // dwords per pass
+  thread_local std::vector<float> acc_buffer;
+  thread_local std::vector<int32_t> held_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
+  held_buffer.resize(static_cast<size_t>(T * L));
+  float* __restrict acc = acc_buffer.data();
+  int32_t* __restrict held = held_buffer.data();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 sw = _mm512_loadu_ps(swp + b * L);
+    for (int d0 = 0; d0 < D; d0 += DC) {
+      __m512i w[DC];
+      for (int d = 0; d < DC; ++d) w[d] = _mm512_loadu_si512(wp + (b * D + d0 + d) * 64);
+      for (int64_t t = 0; t < T; ++t) {
+        const int8_t* x = ab + (b * T + t) * G;                   // the rows of block b, in order
+        __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int d = 0; d < DC; ++d) {                            // four chains: the integer sum is exact in any order
+          int32_t v;
+          std::memcpy(&v, x + 4 * (d0 + d), 4);
+          s[d & 3] = _mm512_dpbusd_epi32(s[d & 3], w[d], _mm512_set1_epi32(v));
+        }
+        __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
+        if constexpr (DC < D) {        // G = 128: the block's integer sum in two passes, exact in int32
+          if (d0 > 0) sum = _mm512_add_epi32(_mm512_loadu_si512(held + t * L), sum);
+          if (d0 + DC < D) {
+            _mm512_storeu_si512(held + t * L, sum);
+            continue;
+          }
+        }
+        const __m512i isum = _mm512_sub_epi32(sum, _mm512_set1_epi32(16 * corr[b * T + t]));
+        const __m512 c = _mm512_mul_ps(_mm512_set1_ps(sa[b * T + t]), sw);
+        float* dst = acc + t * L;
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), c, _mm512_loadu_ps(dst)));
+      }
+    }
+  }
+  const __mmask16 km = nk >= L ? __mmask16(0xFFFF) : __mmask16((1u << nk) - 1);
+  for (int64_t t = 0; t < T; ++t) _mm512_mask_storeu_ps(dx + t * ldx, km, _mm512_loadu_ps(acc + t * L));
+}
+
+// The AVX-512 VNNI panel product for groups of 32, 64 or 128 (false: the generic one).
+bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
+                  const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
+  switch (group) {
+    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    default: return false;
+  }
+}
+
 }  // namespace x86_avx512
 TOOLCHAIN_TARGET_POP
+
+// ---------------------------------------------------------------------------------------------------------------
+// toolchain_int4_dyw_a8's packing of W^T in int8 (kernels.cpp: dyw_pack_scalar has the layout) for a block of G n
+// wholly inside [0, o) and a panel of 16 columns k0 .. k0 + 15 inside one k-group (G a multiple of 16): per n,
+// W's 8 bytes of the panel split into 16 nibbles (in column order) and looked up in the row's table of 16 int8
+// values (pshufb), then 4 consecutive n interleaved into the 16 lanes' dwords. The scalar loop's bytes.
+TOOLCHAIN_TARGET_PUSH("ssse3")
+namespace x86_ssse3 {
+void dyw_pack_block(const uint8_t* __restrict q, int64_t half, int64_t k0, int64_t n0, int64_t G,
+                    const int8_t* __restrict lut, uint8_t flip, uint8_t* __restrict dst) {
+  const __m128i m4 = _mm_set1_epi8(0x0F), fl = _mm_set1_epi8(static_cast<char>(flip));
+  for (int64_t m = 0; m < G; m += 4) {   // 4 consecutive n: one dword of the 16 lanes (the halves' dwords in order)
+    __m128i v[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t n = n0 + m + i;
+      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + n * half + k0 / 2));
+      const __m128i idx = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), _mm_and_si128(x, m4));
+      v[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut + n * 16)), idx);
+    }
+    const __m128i a = _mm_unpacklo_epi8(v[0], v[1]), b = _mm_unpackhi_epi8(v[0], v[1]);
+    const __m128i c = _mm_unpacklo_epi8(v[2], v[3]), d = _mm_unpackhi_epi8(v[2], v[3]);
+    __m128i* out = reinterpret_cast<__m128i*>(dst + (m / 4) * 64);
+    _mm_storeu_si128(out, _mm_xor_si128(_mm_unpacklo_epi16(a, c), fl));       // lanes 0..3
+    _mm_storeu_si128(out + 1, _mm_xor_si128(_mm_unpackhi_epi16(a, c), fl));   // lanes 4..7
+    _mm_storeu_si128(out + 2, _mm_xor_si128(_mm_unpacklo_epi16(b, d), fl));   // lanes 8..11
+    _mm_storeu_si128(out + 3, _mm_xor_si128(_mm_unpackhi_epi16(b, d), fl));   // lanes 12..15
+  }
+}
+}  // namespace x86_ssse3
+TOOLCHAIN_TARGET_POP
+
 
 // ---------------------------------------------------------------------------------------------------------------
 // The templates every x86 path instantiates (below), each compiled in its path's target region: pass 1 avx512_vnni
@@ -947,6 +1040,75 @@ int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int6
     default: return 0;
   }
 }
+
+
+#if TOOLCHAIN_X86_PASS >= 2
+// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx: the AVX-512 dyw_panel in 256 bits (lanes
+// 0..7 and 8..15 in two registers). Per row t and block, the block's dwords of the panel (1 KiB for G = 64: L1)
+// are multiplied by t's dwords broadcast; the VNNI path packs the bytes flipped (w + 128, vpdpbusd's unsigned
+// operand; minus 128 sum a = 16 corr), the AVX2 one signed: |a| (unsigned) times sign(a) w by vpmaddubsw (a pair is at most
+// 2 * 127 * 127 = 32258: no saturation), the pairs added to dwords at once. The generic path's bits.
+template <int G>
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
+               int64_t nk) {
+  constexpr int D = G / 4;
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
+  float* __restrict acc = acc_buffer.data();
+#if TOOLCHAIN_X86_PASS == 2
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 sw0 = _mm256_loadu_ps(swp + b * L), sw1 = _mm256_loadu_ps(swp + b * L + 8);
+    const uint8_t* wb = wp + b * D * 64;
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* x = ab + (b * T + t) * G;                     // the rows of block b, in order
+      __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int d = 0; d < D; ++d) {
+        int32_t v;
+        std::memcpy(&v, x + 4 * d, 4);
+        const __m256i av = _mm256_set1_epi32(v);
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64 + 32));
+#if TOOLCHAIN_X86_PASS == 2
+        const __m256i aa = _mm256_abs_epi8(av);                   // |a| (unsigned) times sign(a) w: a w
+        s[d & 1] = _mm256_add_epi32(s[d & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w0, av)), ones));
+        s[2 + (d & 1)] = _mm256_add_epi32(s[2 + (d & 1)],
+                                          _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w1, av)), ones));
+#else
+        s[d & 1] = _mm256_dpbusd_avx_epi32(s[d & 1], w0, av);
+        s[2 + (d & 1)] = _mm256_dpbusd_avx_epi32(s[2 + (d & 1)], w1, av);
+#endif
+      }
+      __m256i lo = _mm256_add_epi32(s[0], s[1]), hi = _mm256_add_epi32(s[2], s[3]);
+#if TOOLCHAIN_X86_PASS == 3
+      const __m256i c16 = _mm256_set1_epi32(16 * corr[b * T + t]);
+      lo = _mm256_sub_epi32(lo, c16);
+      hi = _mm256_sub_epi32(hi, c16);
+#else
+      (void)corr;
+#endif
+      const __m256 sv = _mm256_set1_ps(sa[b * T + t]);
+      float* dst = acc + t * L;
+      _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sv, sw0), _mm256_loadu_ps(dst)));
+      _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sv, sw1), _mm256_loadu_ps(dst + 8)));
+    }
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * L + r];
+}
+
+bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
+                  const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
+  switch (group) {
+    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    default: return false;
+  }
+}
+#endif  // TOOLCHAIN_X86_PASS >= 2
 
 }  // namespace x86_avx512 / x86_avx2 / x86_avx_vnni
 TOOLCHAIN_TARGET_POP

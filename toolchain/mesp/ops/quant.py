@@ -30,10 +30,11 @@ PyTorch by the native kernels' table, mesp/kernels.py, when `toolchain.mesp` is 
 Training on the same arithmetic (`--compute int8`, a `Compute` of precision "int8"): every x W^T by an int4 W
 of the step (the projections, the MLP's chunks, the LM head's vocabulary chunks; forward and recompute) is that
 op, and every dY W (dX of the projections, the MLP's chunks and the head) is `toolchain::int4_dyw_a8(dy, qweight,
-scales, group)`: the reduction runs over W's output rows n while its scales vary along its input columns, so per
-input-column group g, u_g = dy * scales[:, g] is rounded to int8 per row t and block of `group` consecutive n
-(`quantize_activations`), the integer sums of a * (nibble - 8) per block are exact, and the blocks' sums are
-added in float32 (isum * sa). Its reference `int4_dyw_a8_reference` is here too. Embedding lookups, LoRA, norms,
+scales, group)`: the reduction runs over W's output rows n while its scales vary along its input columns, so W^T
+is requantized per call to int8 with one scale per (k-group, block of `group` consecutive n) (swt = the block's
+largest |scale| * 8 / 127), dy is rounded to int8 once per row and block (`quantize_activations`), the integer
+sums per block are exact, and the blocks' sums are added in float32 (isum * sa * swt). Its reference
+`int4_dyw_a8_reference` is here too. Embedding lookups, LoRA, norms,
 attention, the loss and the optimizer stay float32; `Compute(int8_dx=False)` keeps dY W float32 too.
 """
 
@@ -165,8 +166,8 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
 def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
     """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16 (ops/half.py), summed
     in float32; with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded
-    to int8 per block of `group` output rows after the weight scales are folded in, exact integer sums; W read in
-    place)."""
+    to int8 once per block of `group` output rows, W^T requantized per call to int8 per (k-group, block), exact
+    integer sums; the int4 W read in place)."""
     if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
         return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
@@ -230,28 +231,39 @@ def int4_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: 
 
 def int4_dyw_a8_reference(dy: Tensor, qweight: Tensor, scales: Tensor, group: int) -> Tensor:
     """dX = dy W for int4 W (qweight [o, i/2], scales [o, ng] as `int4_linear_a8_reference`) and dy [..., o]:
-    the gradient of x W^T with int8 products. W's scale varies along the reduction axis (o), so per input-column
-    group g (columns k of [g * group, min((g + 1) * group, i))) it is folded into dy first,
-    u_g[t, n] = dy[t, n] * scales[n, g] (float32), and u_g is quantized per row t and block b of `group`
-    consecutive n (`quantize_activations`: the last block may be partial); then the exact integer sum
-    isum[t, b, k] = sum_{n in b} a_g[t, n] (nib[n, k] - 8) and dX[t, k] = sum_b isum[t, b, k] * sa_g[t, b] in
-    float32: `int4_linear_a8` of u_g with W^T's rows of group g and unit weight scales. Returns [..., i].
-    One k-group at a time (never a [ng, T, o] tensor). The native kernel computes the same integer sums and adds
-    the blocks in its own fixed order."""
+    the gradient of x W^T with int8 products. The reduction runs over W's output rows n, along which W's scales
+    vary, so W^T is requantized to int8 with one scale per (k-group g, block b of `group` consecutive n):
+    swt[g, b] = max_{n in b} |scales[n, g]| / 15.875 (= 8 / 127 of it, float32), e[n, g] = scales[n, g] / swt[g, b]
+    (float32; 0 where swt is 0) and Wt8[n, k] = round_half_even(e[n, g] (nib[n, k] - 8)) in [-127, 127] (the
+    product exact). dy is quantized once per row t and block b (`quantize_activations` with `group`: sa[t, b],
+    a[t, n]; a block holding an infinity gets sa = NaN, as one holding a NaN), the integer sums
+    isum[t, b, k] = sum_{n in b} a[t, n] Wt8[n, k] are exact, and dX[t, k] = sum_b isum[t, b, k] c[t, b, g] with
+    c = sa[t, b] swt[g, b] (float32). Returns [..., i]. One block at a time (never a [T, nb, i] tensor). The
+    native kernel computes the same integer sums and c and adds the blocks in increasing order by fused
+    multiply-adds."""
     o, half = qweight.shape
     i, ng = 2 * half, scales.shape[1]
     lead = dy.shape[:-1]
     d = dy.reshape(-1, o).float()
     nb = -(-o // group)                                                                 # blocks along o
-    cols = []
-    for g in range(ng):
-        k0, k1 = g * group, min(i, (g + 1) * group)
-        a, sa = quantize_activations(d * scales[:, g].float()[None, :], group)         # [T, nb, G], [T, nb]
-        n = _unpack_int4(qweight[:, k0 // 2:k1 // 2], torch.float64) - 8               # [o, nk]
-        n = F.pad(n, (0, 0, 0, nb * group - o)).reshape(nb, group, k1 - k0)            # [nb, G, nk]
-        isum = torch.einsum("tbn,bnk->tbk", a.double(), n).float()                      # exact integers
-        cols.append((isum * sa[..., None]).sum(1))                                      # [T, nk]
-    return torch.cat(cols, dim=1).reshape(*lead, i).to(dy.dtype)
+    sw = scales.float()
+    m = F.pad(sw.abs(), (0, 0, 0, nb * group - o)).reshape(nb, group, ng).amax(1)      # [nb, ng]
+    swt = m / 15.875                                                                    # [nb, ng]
+    swt_n = swt.repeat_interleave(group, 0)[:o]                                         # [o, ng]
+    e = torch.where(swt_n > 0, sw / swt_n, torch.zeros_like(sw))                        # [o, ng] float32
+    a, sa = quantize_activations(d, group)                                              # [T, nb, G], [T, nb]
+    inf = F.pad(d.isinf(), (0, nb * group - o)).reshape(-1, nb, group).any(-1)
+    sa = torch.where(inf, torch.full_like(sa, float("nan")), sa)                        # an infinity: NaN (kernel)
+    a = torch.where(inf[..., None], torch.zeros_like(a), a)
+    kg = torch.arange(i) // group                                                       # k -> its k-group
+    out = torch.zeros(d.shape[0], i, dtype=torch.float32)
+    for b in range(nb):
+        n0, n1 = b * group, min(o, (b + 1) * group)
+        nib = _unpack_int4(qweight[n0:n1], torch.float64) - 8                           # [nb', i]
+        wt8 = (e[n0:n1, kg].double() * nib).round().clamp(-127, 127)                    # exact products, ties to even
+        isum = (a[:, b, :n1 - n0].double() @ wt8).float()                               # exact integers [T, i]
+        out = out + isum * (sa[:, b, None] * swt[b, kg][None, :])                       # [T, i]
+    return out.reshape(*lead, i).to(dy.dtype)
 
 
 def _unpack_int4(q: Tensor, dtype: torch.dtype) -> Tensor:
