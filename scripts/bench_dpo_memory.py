@@ -33,11 +33,11 @@ def worker(program: Path, mode: str, threads: int) -> dict:
     from toolchain.memory.measure import measure_peak
     from toolchain.program import ProgramDir
     from toolchain.runtime.loop import LayerLoop
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     pdir = ProgramDir(program)
-    runner = open_runtime(pdir, "executorch", threads=threads, use="train")
-    loop = LayerLoop(pdir, runner)
+    runtime = open_runtime(pdir, "executorch", threads=threads, use="train")
+    loop = LayerLoop(pdir, runtime)
     state = pdir.state_init()
     t, v = pdir.seq_len, pdir.arch.vocab
     g = torch.Generator().manual_seed(0)

@@ -22,8 +22,8 @@ from toolchain.models import ModelArch, random_weights
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRuntime
-from toolchain.runtime.executorch_runner import ExecuTorchRuntime
-from toolchain.runtime.runners import open_runtime
+from toolchain.runtime.executorch_runtime import ExecuTorchRuntime
+from toolchain.runtime.program_runtime import open_runtime
 from toolchain.training import TrainRun, run_program
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -55,9 +55,9 @@ def programs(tmp_path_factory):
         et.XNNPACK_MIN_FLOPS = saved
 
 
-def _run(prog, runner_of, examples, steps=2, lr=1e-2):
+def _run(prog, runtime_of, examples, steps=2, lr=1e-2):
     pdir = ProgramDir(prog)
-    return run_program(pdir, runner_of(pdir), examples, TrainRun(steps=steps, lr=lr))
+    return run_program(pdir, runtime_of(pdir), examples, TrainRun(steps=steps, lr=lr))
 
 
 def _executorch(pdir):

@@ -21,7 +21,7 @@ from toolchain.models import ModelArch, random_weights
 from toolchain.program import ProgramDir
 from toolchain.program.spec import INT8_KERNELS, QuantSpec
 from toolchain.runtime import EagerRuntime
-from toolchain.runtime.runners import open_runtime
+from toolchain.runtime.program_runtime import open_runtime
 from toolchain.text.dataset import DataRow
 from toolchain.training import TrainRun, run_program
 
@@ -60,9 +60,9 @@ def programs(tmp_path_factory):
     return {c: _export(root / c, c) for c in ("fp32", "int8")}
 
 
-def _run(prog, runner_of, examples, steps=2, lr=1e-2):
+def _run(prog, runtime_of, examples, steps=2, lr=1e-2):
     pdir = ProgramDir(prog)
-    return run_program(pdir, runner_of(pdir), examples, TrainRun(steps=steps, lr=lr))
+    return run_program(pdir, runtime_of(pdir), examples, TrainRun(steps=steps, lr=lr))
 
 
 def _executorch(pdir):
@@ -114,9 +114,9 @@ def test_a_runtime_without_the_native_kernels_refuses_the_int8_program(programs,
 
 
 def test_a_kernel_library_that_cannot_load_refuses_it_naming_why(programs, monkeypatch):
-    import toolchain.runtime.runners as runners
+    import toolchain.runtime.program_runtime as program_runtime
 
-    monkeypatch.setattr(runners, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
+    monkeypatch.setattr(program_runtime, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
     with pytest.raises(BadInput, match=r"does not have \(no C\+\+ compiler found"):
         open_runtime(ProgramDir(programs["int8"]), "executorch", use="eval")
 
