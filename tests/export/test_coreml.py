@@ -474,9 +474,9 @@ def _eager_loop(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig, we
     spec = ProgramSpec(arch, cfg, 64, optimizer=optimizer)
     layout = state_layout(arch, cfg, optimizer)
     tensors = {k: v.to(dtype) for k, v in weight_tensors(weights, QuantSpec()).items()}
-    info = types.SimpleNamespace(methods=method_specs(spec), moves_unselected=optimizer.moves_unselected,
-                                 step_entry="adam_step" if optimizer.kind == "adamw" else None)
-    pdir = types.SimpleNamespace(info=info, weights=lambda: tensors, arch=arch, path="(eager)",
+    pdir = types.SimpleNamespace(methods=method_specs(spec), moves_unselected=optimizer.moves_unselected,
+                                 step_entry="adam_step" if optimizer.kind == "adamw" else None,
+                                 weights=lambda: tensors, arch=arch, path="(eager)",
                                  state_views=lambda flat: unflatten_state(layout, flat))
     return LayerLoop(pdir, EagerRuntime(spec)), layout
 
