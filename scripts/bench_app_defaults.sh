@@ -44,7 +44,7 @@ if [ -n "${TRAIN_ROWS:-}" ]; then
     head -n "$TRAIN_ROWS" "$W/train.jsonl" > "$W/train.capped" && mv "$W/train.capped" "$W/train.jsonl"
 fi
 echo "rows: $(wc -l < "$W/train.jsonl") train, $(wc -l < "$W/held.jsonl") held out"
-gen() { tc generate --program "$1" ${2:+--adapter "$2"} --prompt "$PROMPT" --max-new-tokens 60 2>/dev/null | tail -1; }
+gen() { tc generate --program "$1" ${2:+--adapter "$2"} --prompt "$PROMPT" --max-new-tokens 60 2>/dev/null; }   # the whole text (it may hold newlines)
 echo "before (state_init): $(gen "$P")"
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) MODEL=$MODEL RUNS=$RUNS TRAIN_ROWS=${TRAIN_ROWS:-all}" >> "$W/summary.txt"   # appended: runs of several calls stay
 for run in $RUNS; do
