@@ -1,4 +1,4 @@
-"""Read what trainer-core wrote (SessionTest, -Dinterop.dir, for the v3 trace program) with the host's own code: the host runner's
+"""Read what trainer-core wrote (SessionTest, -Dinterop.dir, for the trace program) with the host's own code: the host runtime's
 checkpoint reader and the PEFT adapter loader. Run by android/test.sh with the repository's venv.
 
 Usage: python interop_check.py DIR MANIFEST.json

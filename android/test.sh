@@ -13,8 +13,8 @@
 #   5. the API checks: the ExecuTorch stubs equal the listing recorded from ExecuTorch's sources
 #      (android/api/executorch-android.json), and every ExecuTorch member the compiled app glue calls is in it.
 # Prints "N passed, N failed" (JUnit tests + the compile checks) and exits non-zero on any failure.
-# JUnit includes, by default: the v3 layer loop replaying the host's ExecuTorch trace of a real exported
-# program (shared_schemas/traces/v3_tiny, v3_tiny_groups with checkpoint groups, and v3_tiny_qwen3, the
+# JUnit includes, by default: the layer loop replaying the host's ExecuTorch trace of a real exported
+# program (shared_schemas/traces/tiny, tiny_groups with checkpoint groups, and tiny_qwen3, the
 # same recording on a Qwen3-shaped program: ReplayTest), the
 # training session on that program (SessionTest),
 # the byte-level BPE against the shared tokenizer corpus (TokenizerTest) and on-device data preparation
@@ -223,9 +223,9 @@ if [ $jvm_ok = 1 ]; then
     [ "$tests_passed" -gt 0 ] || { log "no JUnit test ran"; tests_failed=$((tests_failed + 1)); }
 fi
 
-# The host reads the checkpoint and adapter Kotlin wrote (SessionTest, for the v3 trace program; needs the
+# The host reads the checkpoint and adapter Kotlin wrote (SessionTest, for the trace program; needs the
 # repository's venv: `make` creates it).
-MANIFEST_EXAMPLE="$REPO/shared_schemas/traces/v3_tiny/program/manifest.json"
+MANIFEST_EXAMPLE="$REPO/shared_schemas/traces/tiny/program/manifest.json"
 if [ -f "$BUILD/interop/checkpoint.safetensors" ] && [ -x "$REPO/.venv/bin/python" ] && [ -f "$MANIFEST_EXAMPLE" ]; then
     check host-interop "$REPO/.venv/bin/python" "$HERE/interop_check.py" "$BUILD/interop" "$MANIFEST_EXAMPLE" || true
 else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # iOS checks that run on Linux (CI and developers' machines):
 #   1. `swift test` for ios/TrainerCore (Swift 6.0.3 from Debian trixie, in a cached chroot), including
-#      the replay of the recorded v3 traces (shared_schemas/traces/v3_tiny, v3_tiny_groups, v3_tiny_qwen3) through the Swift layer loop
+#      the replay of the recorded traces (shared_schemas/traces/tiny, tiny_groups, tiny_qwen3) through the Swift layer loop
 #      and the Swift BPE against the tokenizer corpus (reference made by .venv/bin/python first); the feedback
 #      records FeedbackTests wrote, validated with shared_schemas/feedback.schema.json (scripts/apps/check_feedback.py);
 #   2. every Swift file of the app (and of TrainerCore) syntax-checked with `swiftc -parse`, the app's
@@ -10,8 +10,8 @@
 #      kernel build setting (App/Config/App.xcconfig), and the ExecuTorch stand-in checked against the API
 #      listing recorded from ExecuTorch's sources (swift_api.py);
 #   3. the scripts/ios tests (a fake xcrun on PATH);
-#   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the v3 loop, against the traces
-#      (v3_tiny, v3_tiny_groups and v3_tiny_qwen3 with the stock methods; v3_tiny and v3_tiny_qwen3 again
+#   4. ios/hostcheck: the app's C++ ExecuTorch Module path driving the layer loop, against the traces
+#      (tiny, tiny_groups and tiny_qwen3 with the stock methods; tiny and tiny_qwen3 again
 #      with the native int4 kernel linked in and the fused generation methods).
 # Prints one line per part and ends with the plain line `N passed, N failed`; exits non-zero on any
 # failure. Needs root the first time (debootstrap + mount + chroot; ~3 minutes, 3.2 GB under
@@ -55,8 +55,8 @@ fi
 FEEDBACK_OUT="$SWIFT_CHROOT/tmp/trainercore-feedback"
 rm -rf "$FEEDBACK_OUT" && mkdir -p "$FEEDBACK_OUT"
 
-# --- 1. TrainerCore: build (cached in the chroot), then run the XCTest suite (with the v3 trace replay
-# of shared_schemas/traces/v3_tiny and the tokenizer corpus comparison).
+# --- 1. TrainerCore: build (cached in the chroot), then run the XCTest suite (with the trace replay
+# of shared_schemas/traces/tiny and the tokenizer corpus comparison).
 # The build directory lives in the chroot, keyed by nothing but /repo, so re-runs are incremental.
 SCRATCH=/var/cache/trainercore-build
 swift_chroot_run "$REPO" sh -c "cd ios/TrainerCore && swift build --build-tests -j $JOBS --scratch-path $SCRATCH \
@@ -98,7 +98,7 @@ echo "Swift syntax: $syntax_passed passed, $syntax_failed failed (swiftc -parse,
 passed=$((passed + syntax_passed))
 failed=$((failed + syntax_failed))
 
-# --- 2b. Type-check the app's two runtimes (v3 loop runtimes) against TrainerCore (just built) and
+# --- 2b. Type-check the app's two runtimes (layer loop runtimes) against TrainerCore (just built) and
 # stand-ins with the declarations of the ExecuTorch Swift API and of Core ML (ios/typecheck/; the real
 # frameworks need Apple's SDKs), one check per runtime file, and CoreMLRuntime once more with -D IOS26_SDK
 # (its iOS 26 SDK branch: `MLMultiArrayDataType.int8`); then TrainingController.swift with both
@@ -172,16 +172,16 @@ passed=$((passed + s_passed))
 failed=$((failed + s_failed))
 
 # --- 4. The app's ExecuTorch call pattern (the stock C++ Module, per-method arenas, set_input/execute)
-# as the runtime of the v3 layer loop, against the recorded trace (ios/hostcheck; ~10 s, needs g++ and
+# as the runtime of the layer loop, against the recorded trace (ios/hostcheck; ~10 s, needs g++ and
 # the .venv's executorch wheel).
-# The traces with the app's stock kernel set (v3_tiny, v3_tiny_groups: the same program with checkpoint
-# groups, ~4 s more, and v3_tiny_qwen3: the Qwen3-shaped program), the stock generation methods only; then
-# v3_tiny and v3_tiny_qwen3 with the native int4 kernel linked in as the app target compiles it (--fused:
+# The traces with the app's stock kernel set (tiny, tiny_groups: the same program with checkpoint
+# groups, ~4 s more, and tiny_qwen3: the Qwen3-shaped program), the stock generation methods only; then
+# tiny and tiny_qwen3 with the native int4 kernel linked in as the app target compiles it (--fused:
 # the fused generation methods, the same ids).
 h_passed=0
 h_failed=0
 if [ -x "$REPO/.venv/bin/python" ] && command -v g++ >/dev/null 2>&1; then
-    for run in v3_tiny v3_tiny_groups v3_tiny_qwen3 v3_tiny:--fused v3_tiny_qwen3:--fused; do
+    for run in tiny tiny_groups tiny_qwen3 tiny:--fused tiny_qwen3:--fused; do
         t=${run%%:*}
         mode=${run#"$t"}
         mode=${mode#:}

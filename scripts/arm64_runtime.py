@@ -6,7 +6,7 @@ plus the app's kernel probe, built stock and fused (with toolchain/native/kernel
 aarch64 wheel, run under `qemu-aarch64 -cpu C -L SYSROOT`; for x86 natively against the venv's executorch wheel
 (the same C++ Module code, the same layer loop, only the ISA differs; the Python bindings would add a second code
 path, one shared arena, that the comparison does not need). Both are driven by the host's layer loop
-(toolchain/runtime/loop.py, evaluate.py, generate.py) through `AppModuleRunner` (ios/hostcheck/check.py).
+(toolchain/runtime/loop.py, evaluate.py, generate.py) through `AppModuleRuntime` (ios/hostcheck/check.py).
 
 A session is: training steps (a full-backprop step, then LCSB steps whose layers are chosen at run time), an eval
 pass and a greedy generation. `trace DIR` runs the steps of a recorded trace (shared_schemas/traces/*/trace.json);
@@ -53,7 +53,7 @@ the steps of lr min(2 c_t, c_t (dm / |m| + dv / (2 v))) (`adam_allowance`): noth
 gradient's sign is decided, up to 2 c_t lr where the first moment is within its own bound of zero. The case line
 counts the param values past the normwise bound that this allowance accepted.
 The fused generation (int8 activations: discontinuous in its input) is compared in lockstep, call by call on the
-same inputs (`LockstepRunner`), besides the free run's exact checks.
+same inputs (`LockstepRuntime`), besides the free run's exact checks.
 
 An int8 program (`compute: int8`: every frozen-weight product through the toolchain's int4 x int8 kernels,
 activations and dY rounded to int8 per row and block) needs the kernels: the stock driver must refuse it at load
@@ -197,15 +197,15 @@ class Result:
     lockstep: list = field(default_factory=list)    # [(method, diff / bound, x86 margin or None, argmax equal)]
 
 
-class QemuModuleRunner:
-    """check.py's AppModuleRunner (the app's C++ Module over a pipe), started under a command prefix
+class QemuModuleRuntime:
+    """check.py's AppModuleRuntime (the app's C++ Module over a pipe), started under a command prefix
     (`qemu-aarch64 -cpu C -L SYSROOT`, or none for the native x86 build); records the calls and the
     generation's logits."""
 
     def __init__(self, prefix: list[str], binary: Path, pte: Path, methods: list[str]) -> None:
-        from check import AppModuleRunner
+        from check import AppModuleRuntime
 
-        self.inner = AppModuleRunner.__new__(AppModuleRunner)
+        self.inner = AppModuleRuntime.__new__(AppModuleRuntime)
         self.log = tempfile.TemporaryFile()      # the runtime's log lines; shown when a call fails
         self.inner.proc = subprocess.Popen([*prefix, str(binary), str(pte), *methods], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=self.log)
@@ -238,13 +238,13 @@ class QemuModuleRunner:
             self.log.close()
 
 
-class LockstepRunner:
+class LockstepRuntime:
     """The fused generation on aarch64 and x86 on the same inputs, call by call: each call goes to both drivers,
     the loop goes on with x86's outputs, and each float output of aarch64 is compared with x86's under the bound
     of that one call, 2 u N(method) max|out|: N = n_f for a layer's prefill/decode, 2 d for head_logits, 0 for the
     embeddings (a row lookup and one multiply: exact)."""
 
-    def __init__(self, x86: "QemuModuleRunner", arm: "QemuModuleRunner", pdir, ch: "Chains") -> None:
+    def __init__(self, x86: "QemuModuleRuntime", arm: "QemuModuleRuntime", pdir, ch: "Chains") -> None:
         self.x86, self.arm, self.pdir, self.ch = x86, arm, pdir, ch
         self.methods_loaded = x86.methods_loaded
         self.records: list = []
@@ -283,7 +283,7 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
     from toolchain.runtime.loop import LayerLoop
-    from toolchain.runtime.runners import role_methods
+    from toolchain.runtime.program_runtime import role_methods
 
     res = Result()
     t0 = time.perf_counter()
@@ -293,9 +293,9 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
                            f"{(probe.stderr.strip().splitlines() or ['(no output)'])[-1]}")
     res.probe = probe.stdout.strip()
     methods = role_methods(pdir, "all", fused=fused)
-    runner = QemuModuleRunner(prefix, binary, pdir.path / pdir.programs[pdir.targets[0]].file, methods)
+    runtime = QemuModuleRuntime(prefix, binary, pdir.path / pdir.programs[pdir.targets[0]].file, methods)
     try:
-        loop = LayerLoop(pdir, runner)
+        loop = LayerLoop(pdir, runtime)
         state = pdir.state_init()
         for row, selected in plan.train:
             ids, labels = plan.rows[row]
@@ -303,23 +303,23 @@ def run_session(pdir, prefix: list[str], binary: Path, fused: bool, plan: Plan,
                                               layers_per_checkpoint=plan.layers_per_checkpoint))
             res.states.append(state.clone())
         if plan.eval_rows:
-            ev = evaluate_program(pdir, runner, state, [DataRow(*r) for r in plan.eval_rows], loop=loop)
+            ev = evaluate_program(pdir, runtime, state, [DataRow(*r) for r in plan.eval_rows], loop=loop)
             res.eval_loss, res.eval_tokens = ev["loss"], ev["tokens"]
         if plan.new_tokens > 0 and pdir.generate is not None:
-            res.ids = generate(pdir, runner, state, plan.prompt, plan.new_tokens, loop=loop).output_ids
-        res.logits = runner.logits
-        res.called = list(runner.called)
+            res.ids = generate(pdir, runtime, state, plan.prompt, plan.new_tokens, loop=loop).output_ids
+        res.logits = runtime.logits
+        res.called = list(runtime.called)
         if lockstep is not None and res.ids:
             x86_binary, x86_state = lockstep
-            x86 = QemuModuleRunner([], x86_binary, pdir.path / pdir.programs[pdir.targets[0]].file, methods)
+            x86 = QemuModuleRuntime([], x86_binary, pdir.path / pdir.programs[pdir.targets[0]].file, methods)
             try:
-                pair = LockstepRunner(x86, runner, pdir, Chains.of(pdir))
+                pair = LockstepRuntime(x86, runtime, pdir, Chains.of(pdir))
                 generate(pdir, pair, x86_state.clone(), plan.prompt, plan.new_tokens, loop=LayerLoop(pdir, pair))
                 res.lockstep = pair.records
             finally:
                 x86.close()
     finally:
-        runner.close()
+        runtime.close()
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -472,7 +472,7 @@ def compare(pdir, ref: Result, got: Result, plan: Plan, fused: bool, lr: float,
     if fused:
         # int8 activations (A8) make the fused generation discontinuous in its input: in the free run an upstream
         # difference of one ulp can move an activation across a rounding boundary. The fused generation is
-        # therefore compared in lockstep (same inputs on both sides, LockstepRunner), call by call.
+        # therefore compared in lockstep (same inputs on both sides, LockstepRuntime), call by call.
         _lockstep(v, got, ref, stats)
         return v, stats
     for i, (lg_ref, lg_got) in enumerate(zip(ref.logits, got.logits)):
@@ -713,6 +713,9 @@ def main(argv=None) -> int:
     try:
         if a.kind == "trace":
             trace = json.loads((a.dir / "trace.json").read_text())
+            if trace.get("format") != "toolchain-trace":
+                raise ToolchainError(f"{a.dir / 'trace.json'} is not a toolchain trace (format {trace.get('format')!r}, "
+                                     "expected 'toolchain-trace'): re-record it with scripts/record_trace.py")
             pdir = ProgramDir(a.dir / trace["program"])
             plan = plan_from_trace(trace)
             name = f"trace {a.dir.name}"

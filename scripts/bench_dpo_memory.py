@@ -52,11 +52,11 @@ def worker(program: Path, mode: str, threads: int, prompt_frac: float) -> dict:
     from toolchain.memory.measure import measure_peak
     from toolchain.program import ProgramDir
     from toolchain.runtime.loop import LayerLoop
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     pdir = ProgramDir(program)
-    runner = open_runtime(pdir, "executorch", threads=threads, use="train")
-    loop = LayerLoop(pdir, runner)
+    runtime = open_runtime(pdir, "executorch", threads=threads, use="train")
+    loop = LayerLoop(pdir, runtime)
     state = pdir.state_init()
     ids, labels = _rows(pdir.seq_len, min(pdir.arch.vocab, 32000), prompt_frac)
     groups, second = _layout(mode)

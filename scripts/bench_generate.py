@@ -11,7 +11,7 @@ generation with the native int4 kernel (int4 programs), `stock` the methods any 
 (`TOOLCHAIN_NATIVE_KERNELS=0`, `TOOLCHAIN_XNNPACK_GENERATION=0`), `xnnpack` the XNNPACK generation variant
 (programs exported with --xnnpack-generation: what a runtime without the native kernels runs); with --target
 onnx / eager, one mode of that runtime. In each child: the
-training runtime is loaded first (what an app holds while it personalizes), then the generation runner,
+training runtime is loaded first (what an app holds while it personalizes), then the generation runtime,
 a warm-up generation (every weight page mapped in, every method loaded) and the measured one, which
 reports what `toolchain generate --json` reports: load_s, prefill_s, ttft_s, decode_tokens_per_s and the
 counts behind them, plus the peak anonymous memory of generation above the loaded training runtime
@@ -52,7 +52,7 @@ def _ours(a) -> dict:
     from toolchain.memory.measure import MIB, measure_peak
     from toolchain.program import ProgramDir
     from toolchain.runtime.generate import generate
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     torch.set_num_threads(a.threads)
     pdir = ProgramDir(a.program, verify=False)
@@ -61,12 +61,12 @@ def _ours(a) -> dict:
     prompt = _prompt(pdir.arch.vocab, a.prompt_len)
     with measure_peak() as m:
         t0 = time.perf_counter()
-        runner = open_runtime(pdir, a.target, threads=a.threads, use="generate")
+        runtime = open_runtime(pdir, a.target, threads=a.threads, use="generate")
         load_s = time.perf_counter() - t0
-        generate(pdir, runner, state, prompt, a.new)                       # warm-up
+        generate(pdir, runtime, state, prompt, a.new)                       # warm-up
         first: list[float] = []
         c0 = time.process_time()
-        res = generate(pdir, runner, state, prompt, a.new,
+        res = generate(pdir, runtime, state, prompt, a.new,
                        on_token=lambda _: first.append(time.process_time()) if not first else None)
         c1 = time.process_time()
     del train
@@ -81,17 +81,17 @@ def _ours(a) -> dict:
         kernels = f" + kernels {kernel_path()}"
     elif res.variant == "xnnpack":
         kernels = " XNNPACK variant"
-    return {"system": f"toolchain {runner.backend}" + kernels,
-            "backend": runner.backend, "load_s": round(load_s, 3), **res.timings(), **cpu,
+    return {"system": f"toolchain {runtime.backend}" + kernels,
+            "backend": runtime.backend, "load_s": round(load_s, 3), **res.timings(), **cpu,
             "generation_anon_mib": round((m.peak_anon_bytes - m.anon_before_bytes) / MIB, 1),
             "anon_before_mib": round(m.anon_before_bytes / MIB, 1),
             "kv_cache_mib": round(pdir.generate.cache_bytes / MIB, 2),
             "file_drift_mib": round(m.file_drift_bytes / MIB, 1),
-            "fused_unavailable": getattr(runner, "fused_unavailable", None)}
+            "fused_unavailable": getattr(runtime, "fused_unavailable", None)}
 
 
 def _anchor(a) -> dict:
-    """ExecuTorch's llama runner protocol on the export_llama program: forward(tokens [1, n], input_pos [1])."""
+    """ExecuTorch's llama runtime protocol on the export_llama program: forward(tokens [1, n], input_pos [1])."""
     import torch
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (sdpa_with_kv_cache kernels)
     from executorch.extension.pybindings import portable_lib

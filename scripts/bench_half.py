@@ -108,7 +108,7 @@ def _executorch_case(a: torch.Tensor, w: torch.Tensor, kind: str, threads: int, 
     et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
     pte = tmp / f"{kind}_{a.dtype}_{a.shape[0]}x{a.shape[1]}_{w.shape[0]}x{w.shape[1]}.pte"
     pte.write_bytes(et.buffer)
-    from toolchain.runtime.executorch_runner import native_log_redirected
+    from toolchain.runtime.executorch_runtime import native_log_redirected
 
     with native_log_redirected():
         portable_lib._unsafe_reset_threadpool(threads)
@@ -133,7 +133,7 @@ def _programs(a) -> dict:
     """The --programs comparison (module docstring)."""
     from toolchain.text.dataset import load_examples
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
     from toolchain.training import TrainRun, run_program
 
     dirs = [Path(d) for d in a.programs.split(",")]
@@ -141,7 +141,7 @@ def _programs(a) -> dict:
     computes = [p.spec.compute for p in pdirs]
     if len(dirs) != 2 or computes != ["fp32", "fp16"]:
         raise SystemExit(f"Error: --programs takes FP32_DIR,FP16_DIR (got computes {', '.join(computes)})")
-    runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
+    runtimes = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     g = torch.Generator().manual_seed(0)
     vocab, t = pdirs[0].arch.vocab, pdirs[0].seq_len
     from toolchain.text.dataset import DataRow
@@ -151,7 +151,7 @@ def _programs(a) -> dict:
     lr = a.lr if a.lr is not None else pdirs[0].default_lr
     times = {c: {"wall_s": [], "cpu_s": []} for c in computes}
     for i in range(a.steps + 1):                         # step 0: warm-up (every method loaded, pages mapped)
-        for c, p, r in zip(computes, pdirs, runners):
+        for c, p, r in zip(computes, pdirs, runtimes):
             w0, c0 = time.perf_counter(), time.process_time()
             run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr))
             if i:
@@ -163,7 +163,7 @@ def _programs(a) -> dict:
     if pdirs[0].optimizer.kind == "sgd":
         init = pdirs[0].state_init()
         g = [((init - run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr)).state) / lr).double()
-             for p, r in zip(pdirs, runners)]
+             for p, r in zip(pdirs, runtimes)]
         grad = {"cosine": float(g[0] @ g[1] / (g[0].norm() * g[1].norm())),
                 "rel_l2": float((g[1] - g[0]).norm() / g[0].norm()), "nonzero": int((g[0] != 0).sum())}
         print(f"gradient of one step (state change / lr), fp16 vs fp32: cosine {grad['cosine']:.7f}, "
@@ -181,7 +181,7 @@ def _programs(a) -> dict:
     print(f"  fp16 / fp32: wall {out['step_ratio_fp16_fp32']['wall_s']:.3f}, cpu {out['step_ratio_fp16_fp32']['cpu_s']:.3f}")
     if a.data:
         losses = {c: run_program(p, r, rows, TrainRun(steps=a.train_steps, lr=lr)).losses
-                  for c, p, r in zip(computes, pdirs, runners)}
+                  for c, p, r in zip(computes, pdirs, runtimes)}
         final = {c: statistics.mean(v[-10:]) for c, v in losses.items()}
         first = {c: statistics.mean(v[:10]) for c, v in losses.items()}
         gap = (final["fp16"] - final["fp32"]) / final["fp32"]

@@ -85,8 +85,8 @@ def main() -> None:
     n1 = rms(x)
     qh, kh, vh = proj("q", n1), proj("k", n1), proj("v", n1)
     qr, kr = rope(qh, HEADS), rope(kh, KV_HEADS)
-    v3 = vh.reshape(C, KV_HEADS, HEAD_DIM).permute(1, 0, 2).contiguous()          # [Hk, C, D]
-    ao = attention(qr, kr, v3)
+    v_heads = vh.reshape(C, KV_HEADS, HEAD_DIM).permute(1, 0, 2).contiguous()          # [Hk, C, D]
+    ao = attention(qr, kr, v_heads)
     x1 = proj("o", ao, x)
     n2 = rms(x1)
     gate, up = proj("gate", n2), proj("up", n2)
@@ -96,7 +96,7 @@ def main() -> None:
         "q/k/v int4 only": lambda: [proj(n, n1, int4_only=True) for n in ("q", "k", "v")],
         "q/k/v lora_linear": lambda: [proj(n, n1) for n in ("q", "k", "v")],
         "rope q,k": lambda: (rope(qh, HEADS), rope(kh, KV_HEADS)),
-        "attention": lambda: attention(qr, kr, v3),
+        "attention": lambda: attention(qr, kr, v_heads),
         "o int4 only": lambda: proj("o", ao, int4_only=True),
         "o lora_linear": lambda: proj("o", ao, x),
         "gate/up int4 only": lambda: [proj(n, n2, int4_only=True) for n in ("gate", "up")],

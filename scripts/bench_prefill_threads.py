@@ -86,7 +86,7 @@ def _child(a) -> dict:
     from toolchain.native import kernel_path
     from toolchain.program import ProgramDir
     from toolchain.runtime.generate import generate
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     shim = ctypes.CDLL(os.environ["TOOLCHAIN_POOL_SHIM"])
 
@@ -98,19 +98,19 @@ def _child(a) -> dict:
     assert shim.shim_caller_slot() == 0                      # this (the calling) thread is slot 0
     torch.set_num_threads(1)
     pdir = ProgramDir(a.program, verify=False)
-    runner = open_runtime(pdir, "executorch", threads=a.threads, use="generate")
+    runtime = open_runtime(pdir, "executorch", threads=a.threads, use="generate")
     state = pdir.state_init()
     prompt = [(7 * i + 3) % min(pdir.arch.vocab, 1000) for i in range(a.prompt_len)]
 
     def run(threads: int) -> dict:
         portable_lib._unsafe_reset_threadpool(threads)
-        generate(pdir, runner, state, prompt, 1)             # warm-up
+        generate(pdir, runtime, state, prompt, 1)             # warm-up
         best: dict = {}
         for _ in range(a.reps):
             shim.shim_reset()
             shim.shim_enable(1)
             w0, c0 = time.perf_counter(), time.thread_time()
-            res = generate(pdir, runner, state, prompt, 1)
+            res = generate(pdir, runtime, state, prompt, 1)
             cpu = time.thread_time() - c0
             shim.shim_enable(0)
             n = shim.shim_count()

@@ -90,18 +90,18 @@ def main() -> None:
                   "--pairs-out", held_pairs, "--force"))
 
     session = TrainingSession(prog, use="train", threads=1)
-    pdir, runner, loop = session.pdir, session.open_runtime(), session.loop
-    assert runner.backend == "executorch", runner.backend
+    pdir, runtime, loop = session.pdir, session.open_runtime(), session.loop
+    assert runtime.backend == "executorch", runtime.backend
     held = read_pair_items(held_pairs, pdir.arch.vocab, pdir.seq_len)
     examples = session.examples(rows)
     start = pdir.state_init()
     before = margin(pdir, loop, held, start)
-    print(f"runtime {runner.backend}; held-out: {len(held)} edits; margin = mean lp(edited) - lp(original), nats")
+    print(f"runtime {runtime.backend}; held-out: {len(held)} edits; margin = mean lp(edited) - lp(original), nats")
     print(f"BEFORE            held-out margin {before:+.3f}")
 
     results = {"before": before, "steps": args.steps, "lr": args.lr, "beta": args.beta}
     t = time.perf_counter()
-    sft = ProgramTrainer(pdir, runner, examples, TrainRun(steps=args.steps, lr=args.lr, shuffle_seed=0),
+    sft = ProgramTrainer(pdir, runtime, examples, TrainRun(steps=args.steps, lr=args.lr, shuffle_seed=0),
                          loop=loop, state=start.clone())
     sft.run()
     results["sft"] = margin(pdir, loop, held, sft.state)
@@ -109,7 +109,7 @@ def main() -> None:
           f"{len(examples)} rows, {time.perf_counter() - t:.0f} s)")
     t = time.perf_counter()
     pairs = read_pair_items(pairs_path, pdir.arch.vocab, pdir.seq_len)
-    dpo = program_preference_trainer(pdir, runner, pairs, examples,
+    dpo = program_preference_trainer(pdir, runtime, pairs, examples,
                                      TrainRun(steps=args.steps, lr=args.lr, shuffle_seed=0), beta=args.beta)
     dpo._state = start.clone()
     dpo.run()

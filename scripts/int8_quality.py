@@ -78,7 +78,7 @@ def _grads(a) -> dict:
 
 def _train(a) -> dict:
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
     from toolchain.text.dataset import load_examples
     from toolchain.training import TrainRun, run_program
 
@@ -89,7 +89,7 @@ def _train(a) -> dict:
         raise SystemExit(f"Error: --programs takes FP32_DIR,INT8_DIR (got computes {', '.join(computes)})")
     if not torch.equal(pdirs[0].state_init(), pdirs[1].state_init()):
         raise SystemExit("Error: the two programs do not start from the same state (export both with the same seed)")
-    runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
+    runtimes = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     rows = load_examples(a.data, pdirs[0].arch)
     lr = a.lr if a.lr is not None else pdirs[0].default_lr
     out: dict = {"programs": [str(d) for d in dirs], "data": str(a.data), "rows": len(rows), "steps": a.steps, "lr": lr,
@@ -97,13 +97,13 @@ def _train(a) -> dict:
     if pdirs[0].optimizer.kind == "sgd":
         init = pdirs[0].state_init()
         g = [((init - run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr)).state) / lr).double()
-             for p, r in zip(pdirs, runners)]
+             for p, r in zip(pdirs, runtimes)]
         out["gradient"] = {"cosine": float(g[0] @ g[1] / (g[0].norm() * g[1].norm())),
                            "rel_l2": float((g[1] - g[0]).norm() / g[0].norm())}
         print(f"first-step gradient, int8 vs fp32 program: cosine {out['gradient']['cosine']:.6f}, "
               f"rel L2 {out['gradient']['rel_l2']:.2e}", flush=True)
     losses, seconds = {}, {}
-    for c, p, r in zip(computes, pdirs, runners):
+    for c, p, r in zip(computes, pdirs, runtimes):
         w0, c0 = time.perf_counter(), time.process_time()
         losses[c] = run_program(p, r, rows, TrainRun(steps=a.steps, lr=lr)).losses
         seconds[c] = {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0}
@@ -126,17 +126,17 @@ def _speed(a) -> dict:
 
     from toolchain.native import kernel_path
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
     from toolchain.text.dataset import load_examples
     from toolchain.training import TrainRun, run_program
 
     pdirs = [ProgramDir(Path(d)) for d in a.programs.split(",")]
     rows = load_examples(a.data, pdirs[0].arch)[:1]
-    runners = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
+    runtimes = [open_runtime(p, "executorch", threads=a.threads) for p in pdirs]
     names = [p.spec.compute for p in pdirs]
     times: dict = {n: {"wall_s": [], "cpu_s": []} for n in names}
     for k in range(a.steps + 1):
-        order = list(zip(names, pdirs, runners))
+        order = list(zip(names, pdirs, runtimes))
         for n, p, r in (order if k % 2 else order[::-1]):
             w0, c0 = time.perf_counter(), time.process_time()
             run_program(p, r, rows, TrainRun(steps=1, lr=1e-4))

@@ -65,7 +65,7 @@ def _child(args) -> dict:
     from toolchain.program import ProgramDir
     from toolchain.program.spec import flat_state, state_layout
     from toolchain.runtime import LayerLoop
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     torch.set_num_threads(args.threads)
     pdir = ProgramDir(Path(args.program))

@@ -9,7 +9,7 @@ adapter, batch, program settings and threads). Two parts, in one process:
 1. Stage times, unprofiled: `repeat` rounds of one eager MeSP step and one program step, interleaved (the
    order reversed every other round). The eager step's stages are timed by wrapping the functions
    `mesp_step` calls (embed, block_forward, head_loss_and_grad, block_backward, and the SGD hook); the
-   program's by wrapping the runner's `execute` per method; what is left of each step is the driver (the
+   program's by wrapping the runtime's `execute` per method; what is left of each step is the driver (the
    layer loop's binding and copies; the eager step's Python between stages). Per stage: the median over
    rounds of its total seconds per step (wall and process CPU), its calls, the ratio program / eager.
 2. Op breakdown (unless --no-ops), one more step each: the eager step under torch.profiler (self CPU time
@@ -61,8 +61,8 @@ class _Clock:
         return timed
 
 
-class _TimedRunner:
-    """The loop's runner with every `execute` timed per method role (the step's stage)."""
+class _TimedRuntime:
+    """The loop's runtime with every `execute` timed per method role (the step's stage)."""
 
     def __init__(self, inner, roles: dict[str, str], clock: _Clock) -> None:
         self.inner, self.roles, self.clock = inner, roles, clock
@@ -71,14 +71,14 @@ class _TimedRunner:
         return self.clock.wrap(self.roles[method], self.inner.execute)(method, inputs)
 
 
-class _EtdumpRunner:
+class _EtdumpRuntime:
     """The program loaded with ETDump (the pybindings' Module): `execute` as ExecuTorchRuntime's, and the name
     of every method called, in order (ETDump's event blocks are the calls, in the same order)."""
 
     def __init__(self, pte: Path) -> None:
         from executorch.extension.pybindings import portable_lib
 
-        from toolchain.runtime.executorch_runner import load_quantized_kernels
+        from toolchain.runtime.executorch_runtime import load_quantized_kernels
 
         load_quantized_kernels()
         self.module = portable_lib._load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
@@ -113,12 +113,12 @@ def _eager_step(spec: dict, s, clock: _Clock):
     return run
 
 
-def _program_step(spec: dict, s, pdir: ProgramDir, runner):
-    """One program step on `runner` through the host's layer loop, from the eager step's adapter."""
+def _program_step(spec: dict, s, pdir: ProgramDir, runtime):
+    """One program step on `runtime` through the host's layer loop, from the eager step's adapter."""
     from toolchain.lora import init_lora
     from toolchain.program.spec import flat_state, state_layout
 
-    loop = LayerLoop(pdir, runner)
+    loop = LayerLoop(pdir, runtime)
     layout = state_layout(pdir.arch, pdir.lora_config, pdir.optimizer)
     state = flat_state(layout, init_lora(s.arch, s.cfg, seed=spec["seed"], zero_b=False))
     return lambda: loop.train_step(s.input_ids, s.labels, spec["lr"], state)
@@ -204,18 +204,18 @@ def program_ops(spec: dict, s, pdir: ProgramDir) -> dict:
     step's."""
     from executorch.devtools import Inspector
 
-    from toolchain.runtime.executorch_runner import native_log_redirected
+    from toolchain.runtime.executorch_runtime import native_log_redirected
 
-    runner = _EtdumpRunner(pdir.program_file("executorch"))
-    step = _program_step(spec, s, pdir, runner)
+    runtime = _EtdumpRuntime(pdir.program_file("executorch"))
+    step = _program_step(spec, s, pdir, runtime)
     step()
     step()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "step.etdp"
-        runner.module.write_etdump_result_to_file(str(path))
+        runtime.module.write_etdump_result_to_file(str(path))
         with native_log_redirected():
             blocks = [b for b in Inspector(etdump_path=str(path)).event_blocks if b.name == "Execute"]
-    first_called = list(dict.fromkeys(runner.called))
+    first_called = list(dict.fromkeys(runtime.called))
     if len(blocks) != len(first_called):
         raise RuntimeError(f"ETDump has {len(blocks)} method blocks for {len(first_called)} methods called")
     roles = {n: m.role for n, m in pdir.methods.items()}
@@ -280,12 +280,12 @@ def main(argv: list[str]) -> int:
     ensure_quantized(cache, config.quant, config.quant_group, head=config.quant_head)
     spec = worker_spec(config, cache, pdir.arch.layers)
     s = worker_setup(spec)
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     roles = {n: m.role for n, m in pdir.methods.items()}
-    runner = _TimedRunner(open_runtime(pdir, "executorch", threads=args.threads), roles, _Clock())
+    runtime = _TimedRuntime(open_runtime(pdir, "executorch", threads=args.threads), roles, _Clock())
     doc = {"program": str(args.program), "model": args.model, "threads": args.threads, "repeat": args.repeat,
-           "host": host_info(), "stages": stage_times(spec, s, pdir, runner, args.repeat)}
+           "host": host_info(), "stages": stage_times(spec, s, pdir, runtime, args.repeat)}
     if not args.no_ops:
         e_ops, p_ops = eager_ops(spec, s), program_ops(spec, s, pdir)
         doc["buckets"] = {"mesp": buckets(e_ops), "executorch": buckets(p_ops)}
@@ -296,10 +296,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def stage_times(spec: dict, s, pdir: ProgramDir, runner: _TimedRunner, repeat: int) -> dict:
-    """Part 1 of the module docstring (`runner`'s clock is swapped per round)."""
+def stage_times(spec: dict, s, pdir: ProgramDir, runtime: _TimedRuntime, repeat: int) -> dict:
+    """Part 1 of the module docstring (`runtime`'s clock is swapped per round)."""
     clocks: dict[str, _Clock] = {}
-    program = _program_step(spec, s, pdir, runner)
+    program = _program_step(spec, s, pdir, runtime)
     eager_warm = _eager_step(spec, s, _Clock())
     eager_warm()
     program()
@@ -308,7 +308,7 @@ def stage_times(spec: dict, s, pdir: ProgramDir, runner: _TimedRunner, repeat: i
     for k in range(repeat):
         for mode in (("mesp", "executorch") if k % 2 == 0 else ("executorch", "mesp")):
             clock = clocks[mode] = _Clock()
-            runner.clock = clock
+            runtime.clock = clock
             step = _eager_step(spec, s, clock) if mode == "mesp" else program
             t0, c0 = time.perf_counter(), time.process_time()
             losses[mode] = step()

@@ -40,7 +40,7 @@ def main() -> int:
     from toolchain.program.spec import flat_state, state_layout
     from toolchain.program.weights_file import model_weights
     from toolchain.runtime import LayerLoop
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     torch.set_num_threads(args.threads)
     pdir = ProgramDir(args.program)

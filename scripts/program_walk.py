@@ -3,7 +3,7 @@
 Runs `toolchain generate` in this process on a tiny exported program under `sys.setprofile` and records every call
 of a function in toolchain/ that takes or returns the program directory: its path (str or Path), or an object whose
 class is `ProgramDir`, `ProgramManifest` or the contract's `Manifest` (class names, so that the same script counts
-an older tree: run it with PYTHONPATH at that tree). The walk ends at the first `execute` of a runner (the kernel
+an older tree: run it with PYTHONPATH at that tree). The walk ends at the first `execute` of a runtime (the kernel
 call). A stop is a call in another file than the previous recorded call's; a return is a stop in a file already
 visited.
 
@@ -65,7 +65,7 @@ def _walk(program: Path) -> list[tuple[str, str]]:
         if rel is None:
             return
         name = frame.f_code.co_name
-        if event == "call" and name == "execute" and rel.startswith("runtime/") and rel.endswith("runner.py"):
+        if event == "call" and name == "execute" and rel.startswith("runtime/") and rel.endswith("runtime.py"):
             calls.append((rel, name))
             done.append(True)
             return

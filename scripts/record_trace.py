@@ -1,16 +1,16 @@
 """Record a replay trace of a tiny exported program on the real ExecuTorch runtime
 (format: shared_schemas/traces/README.md).
 
-    .venv/bin/python scripts/record_trace.py [OUT_DIR]                # default shared_schemas/traces/v3_tiny
-    .venv/bin/python scripts/record_trace.py --groups [OUT]            # default shared_schemas/traces/v3_tiny_groups
-    .venv/bin/python scripts/record_trace.py --family qwen3 [OUT_DIR]  # default shared_schemas/traces/v3_tiny_qwen3
+    .venv/bin/python scripts/record_trace.py [OUT_DIR]                # default shared_schemas/traces/tiny
+    .venv/bin/python scripts/record_trace.py --groups [OUT]            # default shared_schemas/traces/tiny_groups
+    .venv/bin/python scripts/record_trace.py --family qwen3 [OUT_DIR]  # default shared_schemas/traces/tiny_qwen3
 
 Exports a 3-layer Qwen2.5-shaped program (int4 group 16, AdamW with weight decay, LoRA on a subset of
 targets, the generation methods), or with `--family qwen3` a Qwen3-shaped one (per-head q/k RMSNorm, an
 explicit head_dim of 16 != hidden / heads = 8, no q/k/v biases, GQA; otherwise the same), then runs the host's own drivers on it: the program trainer
 (`toolchain/training/program.py`, i.e. `runtime/loop.py` LayerLoop) for a full-backprop step and LCSB
 steps whose layers are chosen at run time, an eval pass (`runtime/evaluate.py`) and a greedy generation
-(`runtime/generate.py`). A wrapper around the runner's `execute` records every call: method, layer,
+(`runtime/generate.py`). A wrapper around the runtime's `execute` records every call: method, layer,
 each input's dtype/shape/sha256, each output's bytes (into outputs.bin). Deterministic: the same script
 gives the same trace.json and outputs.bin.
 """
@@ -40,7 +40,7 @@ from toolchain.program.spec import QuantSpec  # noqa: E402
 from toolchain.runtime import LayerLoop  # noqa: E402
 from toolchain.runtime.evaluate import evaluate_program  # noqa: E402
 from toolchain.runtime.generate import generate  # noqa: E402
-from toolchain.runtime.runners import open_runtime  # noqa: E402
+from toolchain.runtime.program_runtime import open_runtime  # noqa: E402
 from toolchain.training import ProgramTrainer, TrainRun  # noqa: E402
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -52,8 +52,7 @@ ARCH_QWEN3 = ModelArch(family="qwen3", hidden=32, layers=3, heads=4, kv_heads=2,
                        vocab=96, max_positions=64)
 CFG_QWEN3 = LoraConfig(rank=4, alpha=8, targets=("q_proj", "k_proj", "o_proj", "up_proj"))
 # --family NAME -> (arch, LoRA config, default output directory under shared_schemas/traces/)
-# The fixture folders keep their v3_ names until the apps' replay tests move with them (issue 40).
-FAMILY_RECORDINGS = {"qwen2": (ARCH, CFG, "v3_tiny"), "qwen3": (ARCH_QWEN3, CFG_QWEN3, "v3_tiny_qwen3")}
+FAMILY_RECORDINGS = {"qwen2": (ARCH, CFG, "tiny"), "qwen3": (ARCH_QWEN3, CFG_QWEN3, "tiny_qwen3")}
 LR = 0.05
 # Step 0: full backprop; then LCSB (k < L) with the layers chosen at run time: a top layer alone (the
 # layers below get block_skip_update), the two outer layers (the middle one skipped), full again.
@@ -78,11 +77,11 @@ def sha(b: bytes) -> str:
 
 
 class Recorder:
-    """Wraps a runner: every execute() is recorded; `layer` is set by the loop wrapper before each call."""
+    """Wraps a runtime: every execute() is recorded; `layer` is set by the loop wrapper before each call."""
 
-    def __init__(self, runner, methods) -> None:
-        self.runner, self.methods = runner, methods
-        self.backend = getattr(runner, "backend", "executorch")
+    def __init__(self, runtime, methods) -> None:
+        self.runtime, self.methods = runtime, methods
+        self.backend = getattr(runtime, "backend", "executorch")
         self.calls: list[dict] = []
         self.blob = bytearray()
         self.layer: int | None = None
@@ -91,7 +90,7 @@ class Recorder:
         spec = self.methods[method]
         ins = [{"name": io.name, "dtype": DTYPES[t.dtype], "shape": list(t.shape), "sha256": sha(tensor_bytes(t))}
                for io, t in zip(spec.inputs, inputs)]
-        outputs = self.runner.execute(method, inputs)
+        outputs = self.runtime.execute(method, inputs)
         outs = []
         for io, t in zip(spec.outputs, outputs):
             b = tensor_bytes(t)
@@ -103,7 +102,7 @@ class Recorder:
 
 
 def _install_layer_hook(rec: Recorder) -> None:
-    """LayerLoop.call_method knows the layer a call is for; the runner does not: tell the recorder."""
+    """LayerLoop.call_method knows the layer a call is for; the runtime does not: tell the recorder."""
     original = LayerLoop.call_method
 
     def call_method(self, name, layer, *args, **kw):
@@ -147,8 +146,8 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
     `layers_per_checkpoint` > 1: the train steps use checkpoint groups (`LayerLoop.train_step`), and the
     trace says so (key `layers_per_checkpoint`)."""
     pdir = ProgramDir(prog)
-    runner = open_runtime(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
-    rec = Recorder(runner, pdir.methods)
+    runtime = open_runtime(pdir, "executorch", threads=1, use="all", fused=False)  # the stock methods: what apps replay
+    rec = Recorder(runtime, pdir.methods)
     _install_layer_hook(rec)
     arch = pdir.arch
     rows, eval_rows = _rows(4, seed=11, vocab=arch.vocab), _rows(2, seed=12, vocab=arch.vocab)
@@ -185,7 +184,7 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
                   "stop_ids": [], "output_ids": gen.output_ids, "calls": [first, len(rec.calls)]})
     assert sha(tensor_bytes(state)) == final, "eval/generate wrote the state"
     trace = {
-        "format": "toolchain-v3-trace", "format_version": 1, "program": "program/", "outputs_file": "outputs.bin",
+        "format": "toolchain-trace", "format_version": 1, "program": "program/", "outputs_file": "outputs.bin",
         "runtime": rec.backend, "seq_len": pdir.seq_len, "pad_token_id": pdir.pad_token_id, "lr": LR,
         "rows": [_row_json(e) for e in rows], "eval_rows": [_row_json(e) for e in eval_rows],
         "initial_state_sha256": initial, "steps": steps, "losses": [float(v) for v in result.losses],
@@ -198,11 +197,11 @@ def record(prog: Path, layers_per_checkpoint: int = 1) -> tuple[dict, bytes]:
 
 
 def record_groups(out: Path, layers_per_checkpoint: int = 2) -> int:
-    """The same runs on the committed v3_tiny program with checkpoint groups: v3_tiny_groups/ holds only
-    trace.json and outputs.bin; its program is ../v3_tiny/program/."""
-    base = REPO / "shared_schemas" / "traces" / "v3_tiny"
+    """The same runs on the committed tiny program with checkpoint groups: tiny_groups/ holds only
+    trace.json and outputs.bin; its program is ../tiny/program/."""
+    base = REPO / "shared_schemas" / "traces" / "tiny"
     trace, blob = record(base / "program", layers_per_checkpoint)
-    trace["program"] = "../v3_tiny/program/"
+    trace["program"] = "../tiny/program/"
     out.mkdir(parents=True, exist_ok=True)
     (out / "outputs.bin").write_bytes(blob)
     (out / "trace.json").write_text(json.dumps(trace, indent=1) + "\n")
@@ -213,7 +212,7 @@ def record_groups(out: Path, layers_per_checkpoint: int = 2) -> int:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--groups"]:
-        return record_groups(Path(argv[1]) if len(argv) > 1 else REPO / "shared_schemas" / "traces" / "v3_tiny_groups")
+        return record_groups(Path(argv[1]) if len(argv) > 1 else REPO / "shared_schemas" / "traces" / "tiny_groups")
     family = "qwen2"
     if argv[:1] == ["--family"]:
         if len(argv) < 2 or argv[1] not in FAMILY_RECORDINGS:

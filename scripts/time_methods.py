@@ -10,7 +10,7 @@ import sys, time, statistics
 from pathlib import Path
 import torch
 from toolchain.program import ProgramDir
-from toolchain.runtime.executorch_runner import load_quantized_kernels
+from toolchain.runtime.executorch_runtime import load_quantized_kernels
 from executorch.extension.pybindings import portable_lib
 from executorch.runtime import Runtime
 load_quantized_kernels(); portable_lib._unsafe_reset_threadpool(1); torch.set_num_threads(1)

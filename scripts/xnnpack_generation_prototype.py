@@ -161,7 +161,7 @@ def do_run(a):
     from executorch.runtime import Runtime, Verification
     from toolchain.runtime.generate import new_cache
     from toolchain.runtime.loop import LayerLoop
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     torch.set_num_threads(1)
     pdir = ProgramDir(a.program, verify=False)
@@ -184,7 +184,7 @@ def do_run(a):
     head = prog.load_method("head_logits_xnnpack")
     load_s = time.perf_counter() - t0
     anon_loaded, _ = anon_mib()
-    print(f"load {load_s:.2f} s; anon after load {anon_loaded - base_anon:.1f} MiB above the stock runner", flush=True)
+    print(f"load {load_s:.2f} s; anon after load {anon_loaded - base_anon:.1f} MiB above the stock runtime", flush=True)
 
     def lora(m, i):
         return [views[io.ref.replace("{layer}", str(i))] for io in m.inputs if io.bind == "state"]
@@ -246,7 +246,7 @@ def do_run(a):
     d = dts[2:]
     print(f"decode {len(dts)} tokens: {len(d)/sum(d):.1f} tokens/s wall, {len(d)/sum(cpus[2:]):.1f} per cpu-s "
           f"(median {1/sorted(d)[len(d)//2]:.1f})")
-    print(f"anon: loaded {anon_loaded - base_anon:.1f} MiB over the stock generation runner; now {anon_now:.1f} MiB total")
+    print(f"anon: loaded {anon_loaded - base_anon:.1f} MiB over the stock generation runtime; now {anon_now:.1f} MiB total")
     print("ids", out)
 
 

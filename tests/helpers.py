@@ -409,7 +409,7 @@ def lora_for(arch: ModelArch, cfg: LoraConfig, seed: int, dtype: torch.dtype = t
 
 
 def eager_program_run(pdir, program, lora: LoraWeights, examples, steps: int, lr: float) -> tuple[list[float], Tensor]:
-    """The exported program's reference: the same `StepProgram` run by PyTorch, driven as the host runner
+    """The exported program's reference: the same `StepProgram` run by PyTorch, driven as the host runtime
     drives a runtime (phase schedule from the manifest, rows padded to seq_len, the flat state held as
     the app holds it). Returns (losses, final flat state)."""
     from toolchain.program.spec import flat_state

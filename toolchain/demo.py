@@ -15,7 +15,7 @@
    of the program's memory above it (run_start `planner_estimate_bytes`), which the report compares.
 4. AFTER: the held-out loss and the same greedy generation with the trained state.
 
-Everything runs in one `TrainingSession` (training/session.py): one runner (ExecuTorch unless `target` says
+Everything runs in one `TrainingSession` (training/session.py): one runtime (ExecuTorch unless `target` says
 otherwise), one layer loop, one state; nothing is re-exported and no adapter file is written between training,
 eval and generation.
 """

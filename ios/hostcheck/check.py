@@ -1,8 +1,8 @@
-"""Run the iOS app's ExecuTorch path on this host (contract v3) and compare it with the recorded trace.
+"""Run the iOS app's ExecuTorch path on this host and compare it with the recorded trace.
 
 module_check.cpp is the stock C++ `Module` as the Swift `Module` builds and calls it (LoadMode::Mmap,
 so one arena per loaded method; set_input per index, then execute(method)); this script makes it the
-runtime of the v3 layer loop (toolchain/runtime/loop.py, the loop TrainerCore's LayerLoop replays bit
+runtime of the layer loop (toolchain/runtime/loop.py, the loop TrainerCore's LayerLoop replays bit
 for bit in ios/test.sh) and runs what the trace's steps did: the train steps (full and LCSB chosen at
 run time, AdamW with skip updates), the eval pass and greedy generation with the chunked prefill and the
 KV cache (toolchain/runtime/generate.py, the manifest's generate.steps). Checks: every step's loss and
@@ -17,8 +17,8 @@ Two builds of module_check, both with the app's kernel probe (ios/App/Sources/Ke
     methods (generate.fused) are loaded instead of
     their stock ones and called by generate(); the greedy ids must still be the trace's.
 
-    .venv/bin/python ios/hostcheck/check.py [TRACE_DIR] [--fused]   # default shared_schemas/traces/v3_tiny
-                                                                     # (v3_tiny_groups: its layers_per_checkpoint)
+    .venv/bin/python ios/hostcheck/check.py [TRACE_DIR] [--fused]   # default shared_schemas/traces/tiny
+                                                                     # (tiny_groups: its layers_per_checkpoint)
 
 Needs g++ and the venv (the executorch wheel's headers and libexecutorch.so). Exit 0 when all hold.
 """
@@ -78,7 +78,7 @@ def probe(binary: Path, kernel: str) -> bool:
     return out == "registered"
 
 
-class AppModuleRunner:
+class AppModuleRuntime:
     """`execute(method, inputs) -> outputs` over the module_check process (the app's C++ Module)."""
 
     def __init__(self, binary: Path, pte: Path, methods: list[str]) -> None:
@@ -124,12 +124,16 @@ def main() -> int:
     from toolchain.runtime.evaluate import evaluate_program
     from toolchain.runtime.generate import generate
     from toolchain.runtime.loop import LayerLoop
-    from toolchain.runtime.runners import role_methods
+    from toolchain.runtime.program_runtime import role_methods
 
     args = [a for a in sys.argv[1:] if a != "--fused"]
     fused = "--fused" in sys.argv[1:]
-    trace_dir = Path(args[0]) if args else ROOT / "shared_schemas/traces/v3_tiny"
+    trace_dir = Path(args[0]) if args else ROOT / "shared_schemas/traces/tiny"
     trace = json.loads((trace_dir / "trace.json").read_text())
+    if trace.get("format") != "toolchain-trace":
+        print(f"Error: {trace_dir / 'trace.json'} is not a toolchain trace (format {trace.get('format')!r}, "
+              "expected 'toolchain-trace'): re-record it with scripts/record_trace.py", file=sys.stderr)
+        return 2
     pdir = ProgramDir(trace_dir / trace["program"])
     pte = pdir.program_file(pdir.targets[0])
     if not pte.exists():
@@ -167,9 +171,9 @@ def main() -> int:
         methods = role_methods(pdir, "all", fused=fused)
         ok &= bool(fused_methods & set(methods)) == fused
         report["methods_loaded"] = methods
-        runner = AppModuleRunner(binary, pte, methods)
+        runtime = AppModuleRuntime(binary, pte, methods)
         try:
-            loop = LayerLoop(pdir, runner)
+            loop = LayerLoop(pdir, runtime)
             state = pdir.state_init()
             ok &= sha(state) == trace["initial_state_sha256"]
             lr = float(trace["lr"])
@@ -184,28 +188,28 @@ def main() -> int:
                     ok &= all(same)
                 elif step["kind"] == "eval":
                     rows = [DataRow(*padded(trace["eval_rows"][i])) for i in step["rows"]]
-                    ev = evaluate_program(pdir, runner, state, rows, loop=loop)
+                    ev = evaluate_program(pdir, runtime, state, rows, loop=loop)
                     same = abs(ev["loss"] - step["loss"]) <= 1e-12 * abs(step["loss"]) and ev["tokens"] == step["tokens"]
                     report["steps"].append({"eval": ev["loss"], "equal": same})
                     ok &= same
                 else:
-                    gen = generate(pdir, runner, state, step["prompt_ids"], step["max_new_tokens"], loop=loop)
+                    gen = generate(pdir, runtime, state, step["prompt_ids"], step["max_new_tokens"], loop=loop)
                     same = gen.output_ids == step["output_ids"]
                     report["steps"].append({"generate": gen.output_ids, "equal": same})
                     ok &= same
             final = sha(state) == trace["final_state_sha256"]
             ok &= final
-            called_fused = sorted(set(runner.called) & fused_methods)
-            report.update(calls=runner.calls, recorded_calls=len(trace["calls"]), final_state_equal=final,
+            called_fused = sorted(set(runtime.called) & fused_methods)
+            report.update(calls=runtime.calls, recorded_calls=len(trace["calls"]), final_state_equal=final,
                           fused_methods_called=called_fused)
-            ok &= runner.calls == len(trace["calls"])
+            ok &= runtime.calls == len(trace["calls"])
             ok &= bool(called_fused) == fused          # the fused run really called them; the stock run never
             if fused:
                 # call for call the trace's methods, the stock names replaced by their fused ones
                 to_fused = pdir.generate.fused.methods
-                ok &= runner.called == [to_fused.get(c["method"], c["method"]) for c in trace["calls"]]
+                ok &= runtime.called == [to_fused.get(c["method"], c["method"]) for c in trace["calls"]]
         finally:
-            runner.close()
+            runtime.close()
     print(json.dumps(report, indent=2))
     print("hostcheck:", "ok" if ok else "FAILED")
     return 0 if ok else 1

@@ -1,11 +1,11 @@
-// The iOS app's ExecuTorch path (contract v3), in C++ on Linux against the executorch wheel's
+// The iOS app's ExecuTorch path, in C++ on Linux against the executorch wheel's
 // libexecutorch.so: the stock extension `Module`, constructed as the Swift
 // `Module(filePath:loadMode: .mmap)` builds it (ExecuTorchModule.mm: Module(path, data_files = {},
 // LoadMode::Mmap), so one memory arena per loaded method, as on the phone), every method loaded up
 // front, and each call made as its `execute(_:_:)` makes it: `set_input` per index, then
 // `execute(method)`. Inputs are wrapped without copying (`from_blob`, what `Tensor(bytesNoCopy:)`
 // does): the weights file's bytes, the state's slices, the loop's activations, as TrainerCore's
-// LayerLoop hands them over. check.py drives the v3 layer loop (toolchain/runtime/loop.py) with this
+// LayerLoop hands them over. check.py drives the layer loop (toolchain/runtime/loop.py) with this
 // process as the runtime and compares with the Python bindings' runtime and the recorded trace.
 //
 //   module_check MODEL.pte METHOD...

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Push an exported contract-v3 program directory, the user's text (plain text, or chat JSONL) and the APK.
+# Push an exported program directory, the user's text (plain text, or chat JSONL) and the APK.
 #   scripts/android/deploy.sh PROGRAM_DIR TEXT_FILE [--apk app.apk]
 # Files land in /sdcard/Android/data/<package>/files/{programs/<dir name>,data}/ (the app's own external
 # directory): the whole program directory (manifest.json, model.pte, weights.safetensors, which the app

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copy an exported contract-v3 program directory (and optionally a text or chat file) into the iOS app.
+# Copy an exported program directory (and optionally a text or chat file) into the iOS app.
 #
 #   scripts/ios/push_program.sh PROGRAM_DIR [--name NAME] [--data FILE.txt|FILE.jsonl] [--device ID] [--bundle-id ID]
 #
@@ -40,7 +40,7 @@ name="${name:-$(basename "$program")}"
 case "$name" in */*|.*|"") die "program name '$name' must be a plain directory name" ;; esac
 [ -z "$data" ] || [ -f "$data" ] || die "data file $data does not exist"
 
-# The app runs contract v3 (manifest schema_version 3) only; the program file(s), the per-method Core ML
+# The app runs manifest schema_version 3 only; the program file(s), the per-method Core ML
 # packages, the weights file, the initial state, the tokenizer, the initial adapter and every
 # checksummed file the manifest lists must be there before copying.
 python3 - "$program/manifest.json" <<'PY' || exit 2
@@ -52,7 +52,7 @@ try:
 except ValueError as e:
     sys.exit(f"Error: {path} is not JSON ({e}); re-export the program")
 if m.get("schema_version") != 3:
-    sys.exit(f"Error: {path} has schema_version {m.get('schema_version')}; the app runs contract v3 (schema_version 3: "
+    sys.exit(f"Error: {path} has schema_version {m.get('schema_version')}; the app runs schema_version 3 ("
              "layer-generic methods, weights.safetensors): re-export the program with the current toolchain")
 tok = m.get("tokenizer") or {}
 if tok.get("kind") in (None, "none"):

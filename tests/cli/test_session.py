@@ -101,7 +101,7 @@ def test_one_session_trains_evaluates_and_generates_as_the_separate_commands(pro
 
 
 def test_a_session_refuses_train_before_start_and_a_baseline_after_the_runtime(program):
-    from toolchain.runtime.runners import ProgramRuntime
+    from toolchain.runtime.program_runtime import ProgramRuntime
 
     session = TrainingSession(program)
     with pytest.raises(RuntimeError, match="before start_training"):

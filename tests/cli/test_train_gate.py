@@ -103,14 +103,14 @@ def test_an_exported_program_ships_the_probe_and_the_gate_measures_it(tmp_path):
     assert len(probe) == PROBE_MAX_ROWS and all(r.input_ids.shape[0] == 32 for r in probe)
     assert tok.decode(probe[0].input_ids.tolist()) == probe_text()[:31]        # BOS, then the text's first bytes
     rows = text_examples(probe_text(), tok, seq_len=32)[10:14]
-    runner = EagerRuntime(pdir.spec)
-    trainer = ProgramTrainer(pdir, runner, rows, TrainRun(steps=3))
+    runtime = EagerRuntime(pdir.spec)
+    trainer = ProgramTrainer(pdir, runtime, rows, TrainRun(steps=3))
     trainer.evaluation = Evaluation(rows, probe=probe)
-    start = evaluate_program(pdir, runner, pdir.state_init(), probe)["loss"]
+    start = evaluate_program(pdir, runtime, pdir.state_init(), probe)["loss"]
     result = trainer.run()
     gate = result.gate.event_fields()
     assert gate["probe"] == "measured" and gate["probe_start_loss"] == start
-    assert gate["probe_end_loss"] == evaluate_program(pdir, runner, trainer.state, probe)["loss"]
+    assert gate["probe_end_loss"] == evaluate_program(pdir, runtime, trainer.state, probe)["loss"]
     assert gate["forgetting"] is (gate["probe_rise"] > 0.05)
 
 

@@ -142,7 +142,7 @@ def test_run_defaults_round_trip_and_old_manifests_fall_back(tmp_path):
     for bad in ({"lr": 0, "steps": 200}, {"lr": 0.03, "steps": 0}, {"lr": 0.03}, {"lr": 0.03, "steps": 2, "x": 1}):
         assert validation_errors("manifest", {**doc, "defaults": bad}) != [], bad
     # The host reads them as the apps do: defaults first, else optimizer.default_lr and no steps.
-    trace = REPO / "shared_schemas" / "traces" / "v3_tiny" / "program"
+    trace = REPO / "shared_schemas" / "traces" / "tiny" / "program"
     old = ProgramDir(trace)
     assert old.default_steps is None and old.default_lr == _doc(trace / MANIFEST_NAME)["optimizer"]["default_lr"]
     new = tmp_path / "program"

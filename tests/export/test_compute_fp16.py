@@ -13,51 +13,27 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from compute_programs import compute_arch
+
 from toolchain.cli import cli
-from toolchain.text.dataset import DataRow
 from toolchain.errors import BadInput
-from toolchain.export.build import ExportSpec, export_program
-from toolchain.lora import LoraConfig, init_lora
-from toolchain.models import ModelArch, random_weights
 from toolchain.program import ProgramDir
-from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRuntime
-from toolchain.runtime.executorch_runner import ExecuTorchRuntime
-from toolchain.runtime.runners import open_runtime
-from toolchain.training import TrainRun, run_program
+from toolchain.runtime.executorch_runtime import ExecuTorchRuntime
+from toolchain.runtime.program_runtime import open_runtime
 
-ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
-T = 16
-CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
-
-
-def _examples(n: int, seed: int) -> list[DataRow]:
-    g = torch.Generator().manual_seed(seed)
-    return [DataRow(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
-
-
-def _export(out, compute: str):
-    spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16), pad_token_id=0,
-                      compute=compute)
-    export_program(ARCH, random_weights(ARCH, seed=3), CFG, init_lora(ARCH, CFG, seed=4, zero_b=False), spec, out)
-    return out
+ARCH = compute_arch(hidden=32, intermediate=64)
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory):
+def programs(export_computes):
     import toolchain.export.executorch as et
 
     saved, et.XNNPACK_MIN_FLOPS = et.XNNPACK_MIN_FLOPS, 0.0
     try:
-        root = tmp_path_factory.mktemp("compute")
-        return {c: _export(root / c, c) for c in ("fp32", "fp16")}
+        return export_computes(ARCH, ("fp32", "fp16"))
     finally:
         et.XNNPACK_MIN_FLOPS = saved
-
-
-def _run(prog, runner_of, examples, steps=2, lr=1e-2):
-    pdir = ProgramDir(prog)
-    return run_program(pdir, runner_of(pdir), examples, TrainRun(steps=steps, lr=lr))
 
 
 def _executorch(pdir):
@@ -80,10 +56,10 @@ def test_manifest_states_compute_only_when_fp16(programs):
 def test_fp16_program_runs_float16_gemms_on_the_runtime_and_equals_eager(programs):
     """The runtime computes what the eager methods compute (both: float16 operands and products, float32
     elsewhere), and it is not the float32 program: its rounding shows."""
-    examples = _examples(3, seed=5)
-    res = _run(programs["fp16"], _executorch, examples)
-    ref = _run(programs["fp16"], _eager, examples)
-    res32 = _run(programs["fp32"], _executorch, examples)
+    examples = programs.rows(3, seed=5)
+    res = programs.train("fp16", _executorch, examples)
+    ref = programs.train("fp16", _eager, examples)
+    res32 = programs.train("fp32", _executorch, examples)
     assert res.losses == pytest.approx(ref.losses, rel=1e-5)
     assert float((res.state - ref.state).abs().max() / ref.state.abs().max()) <= 1e-4
     assert res.losses != res32.losses
@@ -92,10 +68,10 @@ def test_fp16_program_runs_float16_gemms_on_the_runtime_and_equals_eager(program
 def test_fp16_program_gradients_are_within_the_stated_bound_of_fp32(programs):
     """One SGD step from the same state: the state change is -lr * grad, so the two programs' gradients are
     compared on the runtime: cosine >= 0.9999 and relative L2 error <= 1e-2 (the bound of mesp/ops/half.py)."""
-    examples, lr = _examples(1, seed=7), 1e-3
+    examples, lr = programs.rows(1, seed=7), 1e-3
     init = ProgramDir(programs["fp32"]).state_init()
     assert torch.equal(init, ProgramDir(programs["fp16"]).state_init())
-    g = {c: (init - _run(programs[c], _executorch, examples, steps=1, lr=lr).state).double() / lr
+    g = {c: (init - programs.train(c, _executorch, examples, steps=1, lr=lr).state).double() / lr
          for c in ("fp32", "fp16")}
     a, b = g["fp32"], g["fp16"]
     cos = float(a @ b / (a.norm() * b.norm()))

@@ -10,59 +10,31 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
+
+from compute_programs import COMPUTE_T as T
+from compute_programs import compute_arch
 
 from toolchain.cli import cli
 from toolchain.errors import BadInput
-from toolchain.export.build import ExportSpec, export_program
-from toolchain.lora import LoraConfig, init_lora
-from toolchain.models import ModelArch, random_weights
 from toolchain.program import ProgramDir
-from toolchain.program.spec import INT8_KERNELS, QuantSpec
+from toolchain.program.spec import INT8_KERNELS
 from toolchain.runtime import EagerRuntime
-from toolchain.runtime.runners import open_runtime
-from toolchain.text.dataset import DataRow
-from toolchain.training import TrainRun, run_program
+from toolchain.runtime.program_runtime import open_runtime
 
-ARCH = ModelArch(hidden=64, layers=3, heads=4, kv_heads=2, intermediate=96, vocab=96, max_positions=64)
-T = 16
-CFG = LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"))
-
-
-def _examples(n: int, seed: int) -> list[DataRow]:
-    g = torch.Generator().manual_seed(seed)
-    return [DataRow(ids, ids.clone()) for ids in (torch.randint(0, ARCH.vocab, (T,), generator=g) for _ in range(n))]
-
-
-def _export(out, compute: str):
-    spec = ExportSpec(source="test", init="random", seed=3, seq_len=T, quant=QuantSpec("int4", 16), pad_token_id=0,
-                      compute=compute, options=_options())
-    export_program(ARCH, random_weights(ARCH, seed=3), CFG, init_lora(ARCH, CFG, seed=4, zero_b=False), spec, out)
-    return out
-
-
-def _options():
-    from toolchain.mesp import StepOptions
-
-    return StepOptions(loss_chunk=T, vocab_chunk=32, mlp_chunk=32)
+ARCH = compute_arch(hidden=64, intermediate=96)
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory):
+def programs(export_computes):
+    from toolchain.mesp import StepOptions
     from toolchain.native import KernelUnavailable, load_kernels
 
     try:
         load_kernels()
     except KernelUnavailable as e:
         pytest.skip(f"native kernels unavailable here: {e}")
-    root = tmp_path_factory.mktemp("compute_int8")
-    return {c: _export(root / c, c) for c in ("fp32", "int8")}
-
-
-def _run(prog, runner_of, examples, steps=2, lr=1e-2):
-    pdir = ProgramDir(prog)
-    return run_program(pdir, runner_of(pdir), examples, TrainRun(steps=steps, lr=lr))
+    return export_computes(ARCH, ("fp32", "int8"), options=StepOptions(loss_chunk=T, vocab_chunk=32, mlp_chunk=32))
 
 
 def _executorch(pdir):
@@ -91,10 +63,10 @@ def test_int8_program_on_the_runtime_equals_the_eager_methods(programs):
     """The runtime (native kernels) computes what the eager methods compute (the kernels' PyTorch references):
     the integer sums are exact in both; only float32 summation orders differ (the blocks' and groups' partial
     sums, XNNPACK's float GEMMs of the LoRA terms and attention); and it is not the float32 program."""
-    examples = _examples(3, seed=5)
-    res = _run(programs["int8"], _executorch, examples)
-    ref = _run(programs["int8"], _eager, examples)
-    res32 = _run(programs["fp32"], _executorch, examples)
+    examples = programs.rows(3, seed=5)
+    res = programs.train("int8", _executorch, examples)
+    ref = programs.train("int8", _eager, examples)
+    res32 = programs.train("fp32", _executorch, examples)
     print(f"int8 runtime vs eager: losses {res.losses} vs {ref.losses}; state max rel "
           f"{float((res.state - ref.state).abs().max() / ref.state.abs().max()):.1e}")
     assert res.losses == pytest.approx(ref.losses, rel=1e-5)
@@ -114,9 +86,9 @@ def test_a_runtime_without_the_native_kernels_refuses_the_int8_program(programs,
 
 
 def test_a_kernel_library_that_cannot_load_refuses_it_naming_why(programs, monkeypatch):
-    import toolchain.runtime.runners as runners
+    import toolchain.runtime.program_runtime as program_runtime
 
-    monkeypatch.setattr(runners, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
+    monkeypatch.setattr(program_runtime, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
     with pytest.raises(BadInput, match=r"does not have \(no C\+\+ compiler found"):
         open_runtime(ProgramDir(programs["int8"]), "executorch", use="eval")
 

@@ -225,7 +225,7 @@ def _feeds(method: MethodSpec, inputs) -> dict[str, np.ndarray]:
     return out
 
 
-class MilRunner:
+class MilRuntime:
     """Runs the packages' MIL programs op by op behind `execute(method, inputs)`, for LayerLoop."""
 
     backend = "coreml-mil"
@@ -342,8 +342,8 @@ def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     from toolchain.text.dataset import DataRow
 
     pdir = exported
-    mil_runner = MilRunner(pdir)
-    mil, eager = LayerLoop(pdir, mil_runner), LayerLoop(pdir, EagerRuntime(pdir.spec))
+    mil_runtime = MilRuntime(pdir)
+    mil, eager = LayerLoop(pdir, mil_runtime), LayerLoop(pdir, EagerRuntime(pdir.spec))
     state = _state_views_init(pdir, seed=20)
     ref = state.clone()
     g = torch.Generator().manual_seed(21)
@@ -358,7 +358,7 @@ def test_layer_loop_on_the_mil_programs_trains_like_eager(exported, selected):
     assert rel <= 1e-6  # measured <= 1e-7
     assert not torch.equal(state, _state_views_init(pdir, seed=20))  # the step moved the state
     if selected is not None and pdir.moves_unselected:
-        assert "block_skip_update" in mil_runner.calls
+        assert "block_skip_update" in mil_runtime.calls
 
 
 # -- the conversion fixes, on small programs (every host) -------------------------------------------------------
@@ -404,7 +404,7 @@ def test_mask_as_remainder():
 
 # -- the Core ML runtime (macOS) -------------------------------------------------------------------------
 
-class CoreMLRunner:
+class CoreMLRuntime:
     """The packages on the Core ML runtime (CPU, float32) behind `execute(method, inputs)`."""
 
     backend = "coreml"
@@ -429,7 +429,7 @@ def test_coreml_predictions_train_like_eager(exported):
     from toolchain.text.dataset import DataRow
 
     pdir = exported
-    loop, eager = LayerLoop(pdir, CoreMLRunner(pdir)), LayerLoop(pdir, EagerRuntime(pdir.spec))
+    loop, eager = LayerLoop(pdir, CoreMLRuntime(pdir)), LayerLoop(pdir, EagerRuntime(pdir.spec))
     state = _state_views_init(pdir, seed=30)
     ref = state.clone()
     g = torch.Generator().manual_seed(31)
@@ -474,9 +474,9 @@ def _eager_loop(arch: ModelArch, cfg: LoraConfig, optimizer: OptimizerConfig, we
     spec = ProgramSpec(arch, cfg, 64, optimizer=optimizer)
     layout = state_layout(arch, cfg, optimizer)
     tensors = {k: v.to(dtype) for k, v in weight_tensors(weights, QuantSpec()).items()}
-    info = types.SimpleNamespace(methods=method_specs(spec), moves_unselected=optimizer.moves_unselected,
-                                 step_entry="adam_step" if optimizer.kind == "adamw" else None)
-    pdir = types.SimpleNamespace(info=info, weights=lambda: tensors, arch=arch, path="(eager)",
+    pdir = types.SimpleNamespace(methods=method_specs(spec), moves_unselected=optimizer.moves_unselected,
+                                 step_entry="adam_step" if optimizer.kind == "adamw" else None,
+                                 weights=lambda: tensors, arch=arch, path="(eager)",
                                  state_views=lambda flat: unflatten_state(layout, flat))
     return LayerLoop(pdir, EagerRuntime(spec)), layout
 

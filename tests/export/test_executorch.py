@@ -23,7 +23,7 @@ from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRuntime, LayerLoop
-from toolchain.runtime.executorch_runner import ExecuTorchRuntime
+from toolchain.runtime.executorch_runtime import ExecuTorchRuntime
 from toolchain.training import TrainRun, pad_row, run_program
 
 ARCH = ModelArch(hidden=32, layers=3, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
@@ -70,8 +70,8 @@ def _runtime(prog):
 
 def _run_both(prog, examples, steps, lr, **kw):
     """(pdir, result on ExecuTorch, result with the same methods run eagerly), driven alike."""
-    pdir, runner = _runtime(prog)
-    res = run_program(pdir, runner, examples, TrainRun(steps=steps, lr=lr, **kw))
+    pdir, runtime = _runtime(prog)
+    res = run_program(pdir, runtime, examples, TrainRun(steps=steps, lr=lr, **kw))
     ref = run_program(pdir, EagerRuntime(pdir.spec), examples, TrainRun(steps=steps, lr=lr, **kw))
     return pdir, res, ref
 
@@ -165,10 +165,10 @@ def test_int4_adamw_lcsb_at_run_time_matches_eager(int4_adamw):
 
 def test_sgd_lcsb_leaves_unselected_layers_untouched(fp32_sgd):
     prog, _, _ = fp32_sgd
-    pdir, runner = _runtime(prog)
+    pdir, runtime = _runtime(prog)
     state = pdir.state_init()
     ids, labels = pad_row(_examples(1, seed=12)[0], T, 0, "row")
-    LayerLoop(pdir, runner).train_step(ids, labels, 0.1, state, {2})
+    LayerLoop(pdir, runtime).train_step(ids, labels, 0.1, state, {2})
     after, init = pdir.state_views(state), pdir.state_views(pdir.state_init())
     for name in after:
         moved = not torch.equal(after[name], init[name])
@@ -181,8 +181,8 @@ def test_methods_are_pure_functions_of_their_inputs(fp32_sgd):
     from executorch.runtime import Runtime
 
     prog, _, _ = fp32_sgd
-    pdir, runner = _runtime(prog)
-    loop = LayerLoop(pdir, runner)
+    pdir, runtime = _runtime(prog)
+    loop = LayerLoop(pdir, runtime)
     state = pdir.state_init()
     views = pdir.state_views(state)
     x = torch.randn(T, ARCH.hidden, generator=torch.Generator().manual_seed(0))
@@ -190,8 +190,8 @@ def test_methods_are_pure_functions_of_their_inputs(fp32_sgd):
     values = {"x": x, "d": d, "checkpoint": x.clone(), "lr": torch.tensor([0.1])}
     inputs = loop._inputs(pdir.methods["block_backward"], 1, values, views)
     before = [t.clone() for t in inputs]
-    first = [t.clone() for t in runner.execute("block_backward", inputs)]
-    second = [t.clone() for t in runner.execute("block_backward", inputs)]
+    first = [t.clone() for t in runtime.execute("block_backward", inputs)]
+    second = [t.clone() for t in runtime.execute("block_backward", inputs)]
     fresh = Runtime.get().load_program(pdir.program_file("executorch")).load_method("block_backward").execute(inputs)
     spec = pdir.methods["block_backward"].outputs
     assert [tuple(t.shape) for t in first] == [o.shape for o in spec]
@@ -208,8 +208,8 @@ def test_weights_are_passed_without_copying(tmp_path_factory):
 
     arch = ModelArch(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=65536, max_positions=64)
     prog, _, _ = _export(tmp_path_factory, "big-embed", arch=arch)
-    pdir, runner = _runtime(prog)
-    loop = LayerLoop(pdir, runner)
+    pdir, runtime = _runtime(prog)
+    loop = LayerLoop(pdir, runtime)
     state = pdir.state_init()
     ids = torch.randint(0, arch.vocab, (T,), generator=torch.Generator().manual_seed(0))
     weights_bytes = pdir.weights_bytes
@@ -401,11 +401,11 @@ def test_checkpoint_groups_in_the_loop_equal_the_plain_loop_on_the_runtime(int4_
     """LayerLoop.train_step(layers_per_checkpoint=2) keeps fewer layer inputs and reruns block_forward
     before the group's first update (AdamW moves unselected layers too): same loss, same state, bit for bit."""
     prog, _, _ = int4_adamw
-    pdir, runner = _runtime(prog)
-    loop = LayerLoop(pdir, runner)
+    pdir, runtime = _runtime(prog)
+    loop = LayerLoop(pdir, runtime)
     calls = []
-    execute = runner.execute
-    runner.execute = lambda name, inputs: calls.append(name) or execute(name, inputs)
+    execute = runtime.execute
+    runtime.execute = lambda name, inputs: calls.append(name) or execute(name, inputs)
     states = []
     for every in (1, 2):
         state = pdir.state_init()
@@ -430,11 +430,11 @@ def test_prefetching_the_next_layers_weights_changes_nothing_but_the_page_cache(
     from toolchain.runtime.prefetch import layer_ranges
 
     prog, _, _ = int4_adamw
-    pdir, runner = _runtime(prog)
+    pdir, runtime = _runtime(prog)
     ids, labels = pad_row(_examples(1, seed=13)[0], T, 0, "row")
     plain, ahead = pdir.state_init(), pdir.state_init()
-    loss = LayerLoop(pdir, runner).train_step(ids, labels, 0.1, plain)
-    loop = LayerLoop(pdir, runner, prefetch=True)
+    loss = LayerLoop(pdir, runtime).train_step(ids, labels, 0.1, plain)
+    loop = LayerLoop(pdir, runtime, prefetch=True)
     assert loop.train_step(ids, labels, 0.1, ahead) == loss
     assert torch.equal(plain, ahead)
     L = ARCH.layers

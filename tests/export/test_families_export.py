@@ -72,7 +72,7 @@ def _check_training(case: Case) -> None:
     for a, c in zip(eager.losses, hf_losses):
         assert math.isclose(a, c, rel_tol=1e-5), (eager.losses, hf_losses)
     for target in ("executorch", "onnx"):
-        res = run_program(pdir, case.runner(target, "train"), examples, TrainRun(steps=steps, lr=lr))
+        res = run_program(pdir, case.runtime(target, "train"), examples, TrainRun(steps=steps, lr=lr))
         trained = lora_state_dict(pdir.lora_from_state(res.state))
         assert max_rel_diff(trained, eager_sd) <= 1e-5, target
         for a, b in zip(res.losses, eager.losses):

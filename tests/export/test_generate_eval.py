@@ -31,7 +31,7 @@ from toolchain.program.spec import QuantSpec
 from toolchain.runtime import LayerLoop
 from toolchain.runtime.evaluate import evaluate_program
 from toolchain.runtime.generate import generate, new_cache
-from toolchain.runtime.runners import open_runtime
+from toolchain.runtime.program_runtime import open_runtime
 from toolchain.training.session import state_from_adapter
 from helpers import our_weights
 
@@ -74,12 +74,12 @@ class Case:
                 mod = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
                 sd[f"model.layers.{i}.{mod}.{name}.weight"] = deq.double()
             self.hf.load_state_dict(sd)
-        self.runners = {}
+        self.runtimes = {}
 
-    def runner(self, target: str, use: str, fused: bool | None = None):
-        if (target, use, fused) not in self.runners:
-            self.runners[target, use, fused] = open_runtime(self.pdir, target, threads=1, use=use, fused=fused)
-        return self.runners[target, use, fused]
+    def runtime(self, target: str, use: str, fused: bool | None = None):
+        if (target, use, fused) not in self.runtimes:
+            self.runtimes[target, use, fused] = open_runtime(self.pdir, target, threads=1, use=use, fused=fused)
+        return self.runtimes[target, use, fused]
 
     def hf_peft(self, lora):
         import copy
@@ -153,13 +153,13 @@ def _check_case(case: Case, runtimes=RUNTIMES) -> None:
     ref_ids = _hf_greedy(hf, prompt, T - len(prompt))
     assert len(set(ref_ids)) > 3, ref_ids                                  # not a degenerate repetition
     # the fused methods' reference: the same methods in eager PyTorch (the W4A8 op's reference implementation)
-    fused_ids = generate(pdir, case.runner("eager", "generate", fused=True), state, prompt, T - len(prompt))
+    fused_ids = generate(pdir, case.runtime("eager", "generate", fused=True), state, prompt, T - len(prompt))
     assert fused_ids.fused == int4
     for target in runtimes:
-        ev = evaluate_program(pdir, case.runner(target, "eval"), state, rows)
+        ev = evaluate_program(pdir, case.runtime(target, "eval"), state, rows)
         assert (ev["rows"], ev["tokens"], ev["skipped_rows"]) == (4, ref_tokens, 1)
         assert math.isclose(ev["loss"], ref_loss, rel_tol=1e-4), (target, ev["loss"], ref_loss)
-        got = generate(pdir, case.runner(target, "generate"), state, prompt, T - len(prompt))
+        got = generate(pdir, case.runtime(target, "generate"), state, prompt, T - len(prompt))
         assert got.fused == (int4 and target == "executorch"), target         # the native kernel on ExecuTorch
         want = fused_ids.output_ids if got.fused else ref_ids
         assert got.output_ids == want, (target, got.output_ids, want)
@@ -181,24 +181,24 @@ def test_stock_generation_methods_equal_hf_and_the_fused_ones_their_reference_on
     """The stock int4 methods (embedding_4bit + linear: what a runtime without the kernel runs) give HF's
     greedy ids; the fused ones (W4A8) give the eager fused methods' head logits to float32 rounding, and
     the stock ones' within the activations' int8 rounding (tests/mesp/ops/test_quant.py bounds it)."""
-    from toolchain.runtime.executorch_runner import ExecuTorchRuntime
+    from toolchain.runtime.executorch_runtime import ExecuTorchRuntime
     from toolchain.runtime.generate import generation_names
-    from toolchain.runtime.runners import role_methods
+    from toolchain.runtime.program_runtime import role_methods
 
     pdir, state = tied_int4.pdir, tied_int4.pdir.state_init()
     stock_names = role_methods(pdir, "generate", fused=False)
     stock = ExecuTorchRuntime(pdir.program_file("executorch"), stock_names, threads=1)
     stock.methods_loaded = tuple(stock_names)
     assert generation_names(pdir, stock_names)["block_decode"] == "block_decode"
-    fused = tied_int4.runner("executorch", "generate")
+    fused = tied_int4.runtime("executorch", "generate")
     prompt = [4, 9, 2, 33, 1, 8]
     a = generate(pdir, stock, state, prompt, 12)
     b = generate(pdir, fused, state, prompt, 12)
-    c = generate(pdir, tied_int4.runner("eager", "generate", fused=True), state, prompt, 12)
+    c = generate(pdir, tied_int4.runtime("eager", "generate", fused=True), state, prompt, 12)
     assert (a.fused, b.fused, c.fused) == (False, True, True)
     assert a.output_ids == _hf_greedy(tied_int4.hf_peft(tied_int4.lora), prompt, 12) and b.output_ids == c.output_ids
     loop_a, loop_b = LayerLoop(pdir, stock), LayerLoop(pdir, fused)
-    loop_c = LayerLoop(pdir, tied_int4.runner("eager", "generate", fused=True))
+    loop_c = LayerLoop(pdir, tied_int4.runtime("eager", "generate", fused=True))
     views = pdir.state_views(state)
     x = torch.randn(1, TIED.hidden, generator=torch.Generator().manual_seed(1))
     la = loop_a.call_method("head_logits", None, {"x": x}, views)["logits"]
@@ -214,11 +214,11 @@ def test_bound_decode_equals_binding_the_inputs_every_call_bit_for_bit(tied_int4
     layer, inputs set once, the hidden state and position rewritten in place): every step's logits equal
     those of binding the inputs on every call (LayerLoop.bind unavailable, as on the other runtimes)."""
     pdir, state = tied_int4.pdir, tied_int4.pdir.state_init()
-    runner = tied_int4.runner("executorch", "generate")
+    runtime = tied_int4.runtime("executorch", "generate")
     prompt = [4, 9, 2, 33, 1, 8]
 
     def run(bind: bool):
-        loop = LayerLoop(pdir, runner)
+        loop = LayerLoop(pdir, runtime)
         logits, bound_calls = [], []
         call, call_bound = loop.call_method, loop.call_bound
 
@@ -232,7 +232,7 @@ def test_bound_decode_equals_binding_the_inputs_every_call_bit_for_bit(tied_int4
         loop.call_bound = lambda *args, **kwargs: (bound_calls.append(1), call_bound(*args, **kwargs))[1]
         if not bind:
             loop.bind = lambda *args, **kwargs: None
-        return generate(pdir, runner, state, prompt, 12, loop=loop).output_ids, logits, len(bound_calls)
+        return generate(pdir, runtime, state, prompt, 12, loop=loop).output_ids, logits, len(bound_calls)
 
     ids_bound, logits_bound, n_bound = run(True)
     ids_each, logits_each, n_each = run(False)
@@ -240,7 +240,7 @@ def test_bound_decode_equals_binding_the_inputs_every_call_bit_for_bit(tied_int4
     assert ids_bound == ids_each and len(logits_bound) == len(logits_each) == 12
     assert all(torch.equal(a, b) for a, b in zip(logits_bound, logits_each))
     views, cache = pdir.state_views(state), new_cache(pdir)
-    loop = LayerLoop(pdir, runner)
+    loop = LayerLoop(pdir, runtime)
     first = loop.bind("block_decode_fused", 0, {"x": torch.zeros(1, TIED.hidden), "pos": torch.zeros(1, dtype=torch.int64)},
                       views, cache)
     loop.bind("block_decode_fused", 0, {"x": torch.zeros(1, TIED.hidden), "pos": torch.zeros(1, dtype=torch.int64)},
@@ -258,7 +258,7 @@ def test_generation_mid_training_uses_the_live_state_and_stops_at_eos(tied):
     """Train two steps on the ExecuTorch runtime, then generate with the very same state array."""
     pdir, case = tied.pdir, tied
     state = pdir.state_init()
-    loop = LayerLoop(pdir, case.runner("executorch", "train"))
+    loop = LayerLoop(pdir, case.runtime("executorch", "train"))
     for ex in _rows(case.arch, 4)[:2]:
         ids = torch.zeros(T, dtype=torch.int64)
         labels = torch.full((T,), -100, dtype=torch.int64)
@@ -273,25 +273,25 @@ def test_generation_mid_training_uses_the_live_state_and_stops_at_eos(tied):
     expected = _hf_greedy(hf, prompt, 12, eos=eos)
     assert expected == free[:free.index(eos) + 1]
     for target in ("executorch", "onnx"):
-        got = generate(pdir, case.runner(target, "generate"), state, prompt, 12, stop_ids=[eos])
+        got = generate(pdir, case.runtime(target, "generate"), state, prompt, 12, stop_ids=[eos])
         assert got.output_ids == expected and got.stopped == "eos"
-        assert got.output_ids == generate(pdir, case.runner(target, "generate"), state, prompt, 12).output_ids[:len(expected)]
+        assert got.output_ids == generate(pdir, case.runtime(target, "generate"), state, prompt, 12).output_ids[:len(expected)]
 
 
 def test_sampling_is_seeded_and_in_vocabulary(tied):
     pdir, state = tied.pdir, tied.pdir.state_init()
-    r = tied.runner("executorch", "generate")
+    r = tied.runtime("executorch", "generate")
     a = generate(pdir, r, state, [1, 2], 10, temperature=1.0, seed=3).output_ids
     b = generate(pdir, r, state, [1, 2], 10, temperature=1.0, seed=3).output_ids
     c = generate(pdir, r, state, [1, 2], 10, temperature=1.0, seed=4).output_ids
     assert a == b and a != c and all(0 <= t < tied.arch.vocab for t in a)
-    e = generate(pdir, tied.runner("eager", "generate"), state, [1, 2], 10, temperature=1.0, seed=3).output_ids
+    e = generate(pdir, tied.runtime("eager", "generate"), state, [1, 2], 10, temperature=1.0, seed=3).output_ids
     assert e == a  # same logits (to float rounding), same draws
 
 
 def test_limits_are_clear_errors(tied):
     pdir, state = tied.pdir, tied.pdir.state_init()
-    r = tied.runner("eager", "generate")
+    r = tied.runtime("eager", "generate")
     with pytest.raises(BadInput, match="exceeds the program's seq_len 24"):
         generate(pdir, r, state, list(range(20)), 5)
     with pytest.raises(BadInput, match="outside the vocabulary"):
@@ -331,7 +331,7 @@ def test_cli_eval_and_generate_with_an_adapter(tied, tmp_path):
     assert res.exit_code == 2 and "exceeds the program's seq_len" in res.output
 
 
-def test_training_runner_does_not_load_the_generation_methods(tied):
+def test_training_runtime_does_not_load_the_generation_methods(tied):
     r = open_runtime(tied.pdir, "executorch", use="train")
     assert set(r.methods) == {"embed", "block_forward", "head_loss", "block_backward"}
     arenas = tied.pdir.memory_plan.planned_arena_bytes["executorch"]
@@ -363,7 +363,7 @@ def test_train_program_logs_eval_events_beside_the_loss(tied, tmp_path):
         validate("telemetry_event", e)
     evals = [e for e in events if e["type"] == "eval"]
     assert [e["step"] for e in evals] == [0, 2, 4, 5]
-    before = evaluate_program(tied.pdir, tied.runner("eager", "eval"), tied.pdir.state_init(), rows)
+    before = evaluate_program(tied.pdir, tied.runtime("eager", "eval"), tied.pdir.state_init(), rows)
     assert math.isclose(evals[0]["loss"], before["loss"], rel_tol=1e-5) and evals[0]["tokens"] == before["tokens"]
     assert evals[-1]["loss"] < evals[0]["loss"]                                  # training on the same rows
     out = json.loads(res.output[res.output.index("{"):])
@@ -455,9 +455,9 @@ def test_a_program_whose_fused_methods_call_the_float_activation_kernel_is_refus
 
 
 def test_a_kernel_that_cannot_be_built_falls_back_to_the_stock_methods_with_a_note(tied_int4, monkeypatch, tmp_path):
-    import toolchain.runtime.runners as runners
+    import toolchain.runtime.program_runtime as program_runtime
 
-    monkeypatch.setattr(runners, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
+    monkeypatch.setattr(program_runtime, "_native_kernels", lambda: "no C++ compiler found (g++ or $CXX)")
     r = open_runtime(tied_int4.pdir, "executorch", threads=1, use="generate")
     assert r.fused_unavailable.startswith("no C++ compiler") and not any(n.endswith("_fused") for n in r.methods_loaded)
     res = CliRunner().invoke(cli, ["generate", "--program", str(tied_int4.prog), "--prompt-ids", "1,2",

@@ -25,8 +25,8 @@ from toolchain.optim import OptimizerConfig
 from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec
 from toolchain.runtime import EagerRuntime, LayerLoop
-from toolchain.runtime.onnx_runner import OnnxRuntime
-from toolchain.runtime.runners import open_runtime
+from toolchain.runtime.onnx_runtime import OnnxRuntime
+from toolchain.runtime.program_runtime import open_runtime
 from toolchain.training import TrainRun, run_program
 
 ARCH = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64,
@@ -186,13 +186,13 @@ def test_the_session_io_check_refuses_a_mismatching_program(fp32_sgd, tmp_path):
         OnnxRuntime(ProgramDir(other))
 
 
-def test_open_runner_picks_onnx_and_its_loop_trains_one_state_in_place(fp32_sgd):
+def test_open_runtime_picks_onnx_and_its_loop_trains_one_state_in_place(fp32_sgd):
     """What `toolchain train --program` and `bench memory --modes onnx` run: open_runtime + LayerLoop."""
     prog = fp32_sgd[0]
     pdir = ProgramDir(prog)
-    runner = open_runtime(pdir, threads=1)
-    assert pdir.targets == ["onnx"] and runner.backend == "onnx"
-    loop, state = LayerLoop(pdir, runner), pdir.state_init()
+    runtime = open_runtime(pdir, threads=1)
+    assert pdir.targets == ["onnx"] and runtime.backend == "onnx"
+    loop, state = LayerLoop(pdir, runtime), pdir.state_init()
     ex = _examples(1, seed=7)[0]
     first = loop.train_step(ex.input_ids, ex.labels, 0.05, state)
     second = loop.train_step(ex.input_ids, ex.labels, 0.05, state)

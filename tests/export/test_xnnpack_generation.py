@@ -27,7 +27,7 @@ from toolchain.program import ProgramDir
 from toolchain.program.spec import QuantSpec, method_specs
 from toolchain.runtime import LayerLoop
 from toolchain.runtime.generate import generate, generation_names
-from toolchain.runtime.runners import open_runtime
+from toolchain.runtime.program_runtime import open_runtime
 
 T = 24
 CFG = LoraConfig(rank=4, alpha=8.0)
@@ -37,14 +37,14 @@ GROUP = 32
 
 
 class EagerVariant:
-    """The variant's methods run in PyTorch (the reference): `execute(name, inputs)` like the host runners."""
+    """The variant's methods run in PyTorch (the reference): `execute(name, inputs)` like the host runtimes."""
 
     backend = "eager"
 
     def __init__(self, pdir: ProgramDir, names: list[str]) -> None:
         spec = pdir.spec
         methods = method_specs(spec)
-        from toolchain.runtime.eager_runner import EagerRuntime
+        from toolchain.runtime.eager_runtime import EagerRuntime
 
         self.stock = EagerRuntime(spec, [n for n in names if methods[n].variant is None])
         self.mods = {n: xnnpack_method_module(spec, methods[n], pdir.weights()) for n in names

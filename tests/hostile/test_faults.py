@@ -71,7 +71,7 @@ def test_a_changed_weights_file_stops_at_the_step_boundary_with_a_checkpoint(tin
     from toolchain.text.dataset import load_examples
     from toolchain.errors import BadInput
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
     from toolchain.training import ProgramTrainer, TrainRun
     from toolchain.training.checkpoint import load_checkpoint
 
@@ -183,16 +183,16 @@ def test_a_pte_whose_methods_differ_from_the_manifest_is_refused(tiny_program: P
     program (same method names, other signatures)."""
     from toolchain.errors import BadInput
     from toolchain.program import ProgramDir
-    from toolchain.runtime.runners import check_signatures, open_runtime, role_methods
+    from toolchain.runtime.program_runtime import check_signatures, open_runtime, role_methods
 
     pdir = ProgramDir(tiny_program)
-    runner = open_runtime(pdir, "executorch", use="eval")
+    runtime = open_runtime(pdir, "executorch", use="eval")
     methods = role_methods(pdir, "eval")
-    check_signatures(pdir, runner.program, methods)          # its own .pte: accepted
+    check_signatures(pdir, runtime.program, methods)          # its own .pte: accepted
 
     class Other:
         def metadata(self, name: str):
-            return runner.program.metadata(methods[(methods.index(name) + 1) % len(methods)])
+            return runtime.program.metadata(methods[(methods.index(name) + 1) % len(methods)])
 
     with pytest.raises(BadInput, match="is not this program's"):
         check_signatures(pdir, Other(), methods)

@@ -126,7 +126,7 @@ def program(tmp_path):
     plain-text file for the app to make rows from."""
     d = tmp_path / "tiny-prog"
     d.mkdir()
-    manifest = json.loads((REPO / "shared_schemas" / "traces" / "v3_tiny" / "program" / "manifest.json").read_text())
+    manifest = json.loads((REPO / "shared_schemas" / "traces" / "tiny" / "program" / "manifest.json").read_text())
     (d / "manifest.json").write_text(json.dumps(manifest))
     for rel in list(manifest["files"]) + [manifest["weights"]["file"]]:
         (d / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The shared replay traces (shared_schemas/traces/v3_tiny and v3_tiny_qwen3, format in
+"""The shared replay traces (shared_schemas/traces/tiny and tiny_qwen3, format in
 shared_schemas/traces/README.md): each is self-consistent, small, covers every method kind, and re-recording
 it (scripts/record_trace.py: export + the host's loop on ExecuTorch) gives the same trace, so the traces the
 Kotlin and Swift replays check against are what the current toolchain does."""
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# The fixture folders keep their v3_ names until the apps' replay tests move with them (issue 40).
-TRACE = REPO / "shared_schemas" / "traces" / "v3_tiny"
-QWEN3 = REPO / "shared_schemas" / "traces" / "v3_tiny_qwen3"
+TRACE = REPO / "shared_schemas" / "traces" / "tiny"
+QWEN3 = REPO / "shared_schemas" / "traces" / "tiny_qwen3"
 SCRIPT = REPO / "scripts" / "record_trace.py"
 
 
@@ -27,7 +26,7 @@ def _load(d: Path) -> tuple[dict, bytes]:
 @pytest.mark.parametrize("trace_dir", [TRACE, QWEN3], ids=lambda d: d.name)
 def test_committed_trace_is_consistent_and_small(trace_dir):
     trace, blob = _load(trace_dir)
-    assert trace["format"] == "toolchain-v3-trace" and trace["format_version"] == 1
+    assert trace["format"] == "toolchain-trace" and trace["format_version"] == 1
     size = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file())
     assert size < 3 * 1024 * 1024
     end = 0
@@ -66,7 +65,7 @@ def test_committed_trace_is_consistent_and_small(trace_dir):
         assert [o["name"] for o in c["outputs"]] == [o["name"] for o in methods[c["method"]]["outputs"]]
 
 
-@pytest.mark.parametrize("trace_dir, family", [(TRACE, []), (QWEN3, ["--family", "qwen3"])], ids=["v3_tiny", "v3_tiny_qwen3"])
+@pytest.mark.parametrize("trace_dir, family", [(TRACE, []), (QWEN3, ["--family", "qwen3"])], ids=["tiny", "tiny_qwen3"])
 def test_rerecording_gives_the_same_trace(tmp_path, trace_dir, family):
     out = tmp_path / "trace"
     subprocess.run([sys.executable, str(SCRIPT), *family, str(out)], check=True, capture_output=True, cwd=REPO, timeout=900)
@@ -87,9 +86,9 @@ def test_rerecording_gives_the_same_trace(tmp_path, trace_dir, family):
 
 
 def test_qwen3_trace_is_of_a_qwen3_shaped_program_with_the_same_steps():
-    """v3_tiny_qwen3 is a Qwen3-shaped program (q/k norms, head_dim != hidden / heads, no q/k/v biases, GQA),
-    its blocks bind exactly those weights, and the recording made the same calls (method, layer) as v3_tiny's:
-    the same steps on another architecture, so a replayer that passes v3_tiny and fails this one assumed a shape."""
+    """tiny_qwen3 is a Qwen3-shaped program (q/k norms, head_dim != hidden / heads, no q/k/v biases, GQA),
+    its blocks bind exactly those weights, and the recording made the same calls (method, layer) as tiny's:
+    the same steps on another architecture, so a replayer that passes tiny and fails this one assumed a shape."""
     trace, _ = _load(QWEN3)
     manifest = json.loads((QWEN3 / trace["program"] / "manifest.json").read_text())
     arch = manifest["model"]["arch"]
@@ -118,16 +117,16 @@ def test_an_unknown_family_is_one_error_line(args):
     assert not (REPO / "shared_schemas" / "traces" / "llama").exists()
 
 
-GROUPS = REPO / "shared_schemas" / "traces" / "v3_tiny_groups"
+GROUPS = REPO / "shared_schemas" / "traces" / "tiny_groups"
 
 
 def test_groups_trace_trains_the_same_with_the_block_forward_reruns(tmp_path):
-    """v3_tiny_groups: the same steps with layers_per_checkpoint 2 reach the same losses and states; the
-    calls are v3_tiny's plus, per step, the block_forward reruns of its groups, placed before the group's
+    """tiny_groups: the same steps with layers_per_checkpoint 2 reach the same losses and states; the
+    calls are tiny's plus, per step, the block_forward reruns of its groups, placed before the group's
     first backward. Re-recording gives the same files."""
     old, _ = _load(TRACE)
     new, _ = _load(GROUPS)
-    assert new["program"] == "../v3_tiny/program/" and new["layers_per_checkpoint"] == 2
+    assert new["program"] == "../tiny/program/" and new["layers_per_checkpoint"] == 2
     assert new["losses"] == old["losses"] and new["final_state_sha256"] == old["final_state_sha256"]
     train = lambda t: [s for s in t["steps"] if s["kind"] == "train"]  # noqa: E731
     for a, b in zip(train(new), train(old)):

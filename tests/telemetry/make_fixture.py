@@ -6,7 +6,7 @@ Trains the tiny preset (random init, seed 0) for 24 MeSP steps with SGD applied 
 LCSB-style: odd steps backpropagate layers 4-7, even steps layers 0-3 (`lcsb_k` 4, two phases).
 After every step it samples this process's /proc/self/status (probe `linux_proc_status`: anon =
 RssAnon, peak = VmHWM - RssFile - RssShmem, rss = VmRSS) and writes the events exactly as the
-host runner and the apps do (`TelemetryRecorder`). Linux only.
+host runtime and the apps do (`TelemetryRecorder`). Linux only.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_executorch_program_dpo_equals_eager(tmp_path):
     """The real ExecuTorch runtime (XNNPACK) runs block_backward_pair: the same DPO steps as eager."""
     from toolchain.lora import init_lora
     from toolchain.models import random_weights
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     weights = random_weights(ARCH, seed=0)
     lora = init_lora(ARCH, CFG, seed=1, zero_b=False)
@@ -121,10 +121,10 @@ def test_executorch_program_dpo_equals_eager(tmp_path):
                       targets=("executorch",), default_lr=OPTIMIZER.lr, preference=True)
     export_program(ARCH, weights, CFG, lora, spec, out)
     pdir = ProgramDir(out)
-    runner = open_runtime(pdir, "executorch", use="train")
-    assert runner.backend == "executorch"
+    runtime = open_runtime(pdir, "executorch", use="train")
+    assert runtime.backend == "executorch"
     pairs = _pairs(4)
-    trainer = program_preference_trainer(pdir, runner, pairs, [], TrainRun(steps=4, lr=OPTIMIZER.lr), beta=0.4,
+    trainer = program_preference_trainer(pdir, runtime, pairs, [], TrainRun(steps=4, lr=OPTIMIZER.lr), beta=0.4,
                                          dpo_weight=1.5)
     _compare(trainer, _eager(weights, lora, pairs, [], steps=4))
 

@@ -79,7 +79,7 @@ def _program_step(spec: dict, s: _Setup, target: str, pdir=None, *, groups: bool
     from toolchain.program import ProgramDir
     from toolchain.program.spec import flat_state, state_layout
     from toolchain.runtime import LayerLoop
-    from toolchain.runtime.runners import open_runtime
+    from toolchain.runtime.program_runtime import open_runtime
 
     if not spec.get("program_dir"):
         raise BadInput(f"{target} mode needs --program DIR, a program directory exported with --target {target}")
@@ -136,7 +136,7 @@ def run_memory(spec: dict) -> dict:
         # the baseline and counted.
         from executorch.runtime import Runtime
 
-        from toolchain.runtime.executorch_runner import load_quantized_kernels
+        from toolchain.runtime.executorch_runtime import load_quantized_kernels
 
         Runtime.get()
         load_quantized_kernels()   # the int4 methods' kernel library, as an app links it

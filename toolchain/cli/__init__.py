@@ -62,7 +62,7 @@ _NOISY_LOGGERS = ("torch", "torchao", "executorch", "coremltools", "onnxscript",
 def _quiet_third_party() -> None:
     """Silence other libraries' warnings and log lines at the command boundary, so that an answer, or an
     error, is what a command prints first. torch's loggers are reset when torch is imported, hence
-    TORCH_LOGS; ExecuTorch's native cpuinfo lines are routed in runtime/executorch_runner.py."""
+    TORCH_LOGS; ExecuTorch's native cpuinfo lines are routed in runtime/executorch_runtime.py."""
     import logging
     import sys
     import warnings

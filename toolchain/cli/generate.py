@@ -36,44 +36,42 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     int4 programs on ExecuTorch run the fused methods (the native int4 kernel, built on first use with g++)
     when it builds here, else the stock ones. Streams the text (or, without a tokenizer, the ids) to stdout
     as tokens come; stops at eos or --max-new-tokens. One line of timings goes to stderr: load (program
-    directory, state, runner), prefill, time to first token, decode tokens/s."""
+    directory, state, runtime), prefill, time to first token, decode tokens/s."""
     import sys
     import time
 
     from toolchain.atomic import atomic_write_text
     from toolchain.schemas import dumps
+    from toolchain.text.decode_stream import IncrementalTextDecoder
     from toolchain.training.session import TrainingSession
 
     t_load = time.perf_counter()
     session = TrainingSession(program, target=target, threads=threads, use="generate", verbose=verbose_requested())
     tok, ids, stop = session.prompt(text=prompt, ids=prompt_ids, chat=chat)
     session.load_state(adapter=adapter, resume_from=resume_from)
-    runner = session.open_runtime()
+    runtime = session.open_runtime()
     load_s = time.perf_counter() - t_load
-    if getattr(runner, "fused_unavailable", None):
-        click.echo(f"note: the int4 generation kernel is unavailable ({runner.fused_unavailable.splitlines()[0]}); "
+    if getattr(runtime, "fused_unavailable", None):
+        click.echo(f"note: the int4 generation kernel is unavailable ({runtime.fused_unavailable.splitlines()[0]}); "
                    f"using the stock methods (slower)", err=True)
-    printed = [""]
+    decoder = IncrementalTextDecoder(tok) if tok is not None else None
     out_ids: list[int] = []
 
     def on_token(token: int) -> None:
         out_ids.append(token)
-        if tok is None:
+        if decoder is None:
             sys.stdout.write(("" if len(out_ids) == 1 else " ") + str(token))
         else:
-            text = tok.decode(out_ids)
-            if text.endswith("\ufffd"):
-                return  # an incomplete UTF-8 sequence: wait for its next byte
-            sys.stdout.write(text[len(printed[0]):] if text.startswith(printed[0]) else text)
-            printed[0] = text
+            sys.stdout.write(decoder.push(token).text)
         sys.stdout.flush()
 
     t0 = time.perf_counter()
     res = session.generate(ids, max_new_tokens, temperature=temperature, seed=seed, stop_ids=stop, on_token=on_token)
     seconds = time.perf_counter() - t0
-    text = tok.decode(res.output_ids) if tok is not None else None
-    if tok is not None and text != printed[0]:
-        sys.stdout.write(text[len(printed[0]):] if text.startswith(printed[0]) else "")
+    text = None
+    if decoder is not None:
+        sys.stdout.write(decoder.finish())
+        text = tok.decode(res.output_ids)
     sys.stdout.write("\n")
     sys.stdout.flush()
     decode_tps = res.decode_tokens_per_s
@@ -85,9 +83,9 @@ def generate_command(*, program, adapter, resume_from, prompt, prompt_ids, chat,
     kernel = f", kernels: {kernel_path}" if kernel_path else ", XNNPACK variant" if res.variant == "xnnpack" else ""
     click.echo(f"{len(res.output_ids)} tokens ({res.stopped}) | load {load_s:.2f} s | prefill {res.prefill_s:.3f} s "
                f"({len(ids)} tokens) | first token {res.ttft_s:.3f} s | decode "
-               + (f"{decode_tps:.1f} tokens/s" if decode_tps else "-") + f" ({runner.backend}{kernel})", err=True)
+               + (f"{decode_tps:.1f} tokens/s" if decode_tps else "-") + f" ({runtime.backend}{kernel})", err=True)
     if json_out is not None:
         atomic_write_text(json_out, dumps({
             "prompt_ids": res.prompt_ids, "output_ids": res.output_ids, "text": text, "stopped": res.stopped,
-            "backend": runner.backend, "kernel_path": kernel_path, "temperature": temperature, "seed": seed if temperature > 0 else None,
+            "backend": runtime.backend, "kernel_path": kernel_path, "temperature": temperature, "seed": seed if temperature > 0 else None,
             "load_s": round(load_s, 6), **res.timings(), "seconds": round(seconds, 6)}))

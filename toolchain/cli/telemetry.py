@@ -46,7 +46,7 @@ _existing_db_option = click.option("--db", type=_Db(), default=DEFAULT_DB, show_
 
 @click.group()
 def telemetry() -> None:
-    """Receive training telemetry from phones (or the host runner) and report on a run."""
+    """Receive training telemetry from phones (or the host runtime) and report on a run."""
 
 
 @telemetry.command()

@@ -1,6 +1,6 @@
 """The names of a program directory's files, and the checksum that lists them in the manifest's `files`.
 
-A program directory (what `toolchain export` writes, what the apps and the host runners read):
+A program directory (what `toolchain export` writes, what the apps and the host runtimes read):
 
   manifest.json          the typed contract (contract/manifest.py; shared_schemas/manifest.schema.json)
   weights.safetensors    the frozen weights, shared by every target (program/weights_file.py)

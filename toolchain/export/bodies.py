@@ -160,7 +160,7 @@ _BODIES: dict[str, _Body] = {
 
 class _Method(nn.Module):
     """One method as a plain `forward(*inputs) -> tuple(outputs)`, in its MethodSpec's order, for the
-    exporters (which trace a module's forward) and the eager reference runner."""
+    exporters (which trace a module's forward) and the eager reference runtime."""
 
     def __init__(self, spec: ProgramSpec, method: MethodSpec, executorch: bool) -> None:
         super().__init__()
@@ -178,7 +178,7 @@ def method_module(spec: ProgramSpec, name: str, *, executorch: bool = False) -> 
     Args:
         executorch: trace int4 dequantization as ExecuTorch's `quantized_decomposed::embedding_4bit` (the
             ExecuTorch export, which imports the op's definition; the same values as the unpacking every
-            other target and the eager runner use: mesp/ops/quant.py).
+            other target and the eager runtime use: mesp/ops/quant.py).
     """
     methods = method_specs(spec)
     if name not in methods:

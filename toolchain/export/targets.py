@@ -1,6 +1,6 @@
 """The one table of export targets: what each exports, whether it plans memory, whether this host can
-run it. Exporters are imported lazily (each pulls in its own heavy library). Host runners live in
-runtime/runners.py, keyed by the names of the host-runnable targets here."""
+run it. Exporters are imported lazily (each pulls in its own heavy library). Host runtimes live in
+runtime/program_runtime.py, keyed by the names of the host-runnable targets here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Reading an exported program directory: `ProgramDir`, the one typed view of a program the host has (the
 contract's manifest checked against the program's config, checksums, the memory-mapped weights, the
-state <-> adapter mapping). Everything an app does with the manifest, done once for the host runners.
+state <-> adapter mapping). Everything an app does with the manifest, done once for the host runtimes.
 Its writers are manifest.py (`build_manifest`) and weights_file.py, which export/build.py drives."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ProgramDir:
     Attributes:
         path: the directory.
         arch, lora_config, optimizer: the model, LoRA and optimizer configs the manifest describes.
-        spec: the `ProgramSpec` the host runners rebuild the methods from.
+        spec: the `ProgramSpec` the host runtimes rebuild the methods from.
         seq_len, methods, state_entries, state_numel: as the manifest lists them (methods checked against
             `method_specs(spec)`, the state layout against `state_layout`).
         model, tokenizer, pad_token_id, generate, memory_plan, lcsb, files, moves_unselected, step_entry,

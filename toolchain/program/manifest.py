@@ -20,7 +20,7 @@ from toolchain.program.spec import (FUSED_KERNELS, QUANTIZED_FIELDS, ProgramSpec
 
 __all__ = ["build_manifest", "LOOP", "GENERATE_LOOP"]
 
-# The loop every app runs (spec.py's docstring, in words; the host runner is its reference).
+# The loop every app runs (spec.py's docstring, in words; the host runtime is its reference).
 LOOP = [
     "if state.step_entry: state[step_entry] += 1",
     "x = embed(input_ids)",

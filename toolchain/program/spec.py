@@ -1,6 +1,6 @@
 """The program contract, target-neutral: the MeSP training step as small layer-generic methods the app chains.
 
-The app (or the host runner, which plays it) drives the layer loop; every method is exported once,
+The app (or the host runtime, which plays it) drives the layer loop; every method is exported once,
 whatever the layer count, and no method holds a weight:
 
   embed(input_ids [T], embed [V, d]) -> x [T, d]
@@ -289,7 +289,7 @@ def method_specs(spec: ProgramSpec) -> dict[str, MethodSpec]:
     new_state = tuple(IoSpec(s.name + "_out", s.dtype, s.shape, "state", s.ref) for s in state)
     # --compute int8: the methods that multiply by frozen int4 weights call the native kernels (INT8_KERNELS); they
     # have no stock twin: the program is ExecuTorch-only and a runtime without the kernels refuses it
-    # (runtime/runners.py)
+    # (runtime/program_runtime.py)
     k = INT8_KERNELS if spec.compute == "int8" else ()
     methods = [
         MethodSpec("embed", "embed", (ids,) + embed, (act("x"),)),

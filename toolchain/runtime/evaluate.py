@@ -29,14 +29,14 @@ from toolchain.runtime.loop import LayerLoop
 __all__ = ["evaluate_program"]
 
 
-def evaluate_program(pdir: ProgramDir, runner, state: Tensor, examples: Sequence[DataRow], *,
+def evaluate_program(pdir: ProgramDir, runtime, state: Tensor, examples: Sequence[DataRow], *,
                      loop: LayerLoop | None = None) -> dict:
     """{"loss": mean over all target tokens, "rows": rows evaluated, "tokens": target tokens,
     "row_mean_loss": mean of the rows' losses, "skipped_rows": rows without a target}.
 
-    `runner` needs embed, block_forward and head_loss (`open_runtime(pdir, use="eval")`); `state` (the
+    `runtime` needs embed, block_forward and head_loss (`open_runtime(pdir, use="eval")`); `state` (the
     flat float32 state) is read, never written."""
-    loop = loop or LayerLoop(pdir, runner)
+    loop = loop or LayerLoop(pdir, runtime)
     views = pdir.state_views(state)
     pad_id = pdir.pad_token_id
     total, tokens, rows, row_losses, skipped = 0.0, 0, 0, [], 0

@@ -1,4 +1,4 @@
-"""Generation with the live adapter on an exported program's generation methods, through any runner
+"""Generation with the live adapter on an exported program's generation methods, through any runtime
 (ExecuTorch, ONNX Runtime, eager): the reference driver of the manifest's `generate.steps`.
 
 The LoRA inputs are slices of the flat state the caller passes: the trainer's own array mid-run (no
@@ -9,7 +9,7 @@ cache (per layer k, v [Hk, S, D] float32, S = seq_len) is allocated here, once p
   layer (each writes its chunk's rows of the layer's cache); logits = head_logits(the prompt's last row)
   then per new token t at position pos = n, n+1, ...:
   t = pick(logits) -> embed_token(t) -> block_decode(pos) per layer (writes cache row pos) -> head_logits
-Where the runner loaded the fused methods (`generate.fused`: int4 programs on a runtime with the native
+Where the runtime loaded the fused methods (`generate.fused`: int4 programs on a runtime with the native
 kernel), block_prefill / block_decode / head_logits are called under their fused names; where it loaded the
 XNNPACK variant (`generate.xnnpack`: no native kernels), under its names, layer i's block methods being
 `block_decode_xnnpack_i` and `block_prefill_xnnpack_i` (their weights inside).
@@ -117,21 +117,21 @@ def _check(pdir: ProgramDir, prompt: list[int], max_new_tokens: int, temperature
         raise FieldError("temperature", f"must be >= 0, got {temperature}")
 
 
-def generate(pdir: ProgramDir, runner, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
+def generate(pdir: ProgramDir, runtime, state: Tensor, prompt_ids: Sequence[int], max_new_tokens: int, *,
              temperature: float = 0.0, seed: int | None = None, stop_ids: Sequence[int] = (),
              on_token: Callable[[int], None] | None = None, should_stop: Callable[[], bool] | None = None,
              loop: LayerLoop | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt_ids` with the adapter in `state` (read, never written).
 
-    `runner` needs the generation methods (`open_runtime(pdir, use="generate")`); `on_token` is called with
+    `runtime` needs the generation methods (`open_runtime(pdir, use="generate")`); `on_token` is called with
     each new token as soon as it is chosen (streaming); `should_stop` before each further token (cancel)."""
     prompt = [int(t) for t in prompt_ids]
     _check(pdir, prompt, max_new_tokens, temperature)
     n, c = len(prompt), pdir.spec.prefill_chunk
     stop = {int(t) for t in stop_ids}
     gen = torch.Generator().manual_seed(seed if seed is not None else 0) if temperature > 0 else None
-    loop = loop or LayerLoop(pdir, runner)
-    names = generation_names(pdir, getattr(runner, "methods_loaded", None))
+    loop = loop or LayerLoop(pdir, runtime)
+    names = generation_names(pdir, getattr(runtime, "methods_loaded", None))
     views = pdir.state_views(state)
     cache = new_cache(pdir)
     decode = _bound_decode(pdir, loop, names["block_decode"], views, cache)
@@ -194,7 +194,7 @@ def _bound_decode(pdir: ProgramDir, loop: LayerLoop, name: str, views: dict[str,
                   cache: dict[str, Tensor]) -> tuple[Tensor, Tensor, list] | None:
     """Every layer's decode method with its inputs set once for this generation (`LayerLoop.bind`): the
     hidden state and position go through two tensors the loop rewrites in place per token, the weights, the
-    adapter's views and the layer's cache stay bound. None where the runner cannot bind (then each call
+    adapter's views and the layer's cache stay bound. None where the runtime cannot bind (then each call
     binds its inputs)."""
     spec = {io.ref: io for io in pdir.methods[layer_method(name, 0)].inputs
             if io.bind not in ("weight", "state", "cache")}

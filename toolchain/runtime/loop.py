@@ -33,10 +33,10 @@ class _MethodPlan(NamedTuple):
 class LayerLoop:
     """One program directory's methods bound to a runtime, driving full or LCSB steps."""
 
-    def __init__(self, pdir: ProgramDir, runner, *, prefetch: bool = False) -> None:
+    def __init__(self, pdir: ProgramDir, runtime, *, prefetch: bool = False) -> None:
         """`prefetch`: madvise(MADV_WILLNEED) the next layer's weight pages before each layer's call
         (runtime/prefetch.py), for weights the page cache cannot keep resident. Default: off."""
-        self.pdir, self.runner = pdir, runner
+        self.pdir, self.runtime = pdir, runtime
         self.methods: dict[str, MethodSpec] = pdir.methods
         self.weights = pdir.weights()
         self.layers = pdir.arch.layers
@@ -103,16 +103,16 @@ class LayerLoop:
         `into` tensor may be one of the call's inputs. Also the binding of runtime/evaluate.py and
         runtime/generate.py."""
         method = self.methods[name]
-        outputs = self.runner.execute(name, self._inputs(method, layer, values, views, cache))
+        outputs = self.runtime.execute(name, self._inputs(method, layer, values, views, cache))
         return self._outputs(method, layer, outputs, views, cache, pos, into)
 
     def bind(self, name: str, layer: int | None, values: dict[str, Tensor], views: dict[str, Tensor],
              cache: dict[str, Tensor] | None = None):
-        """`name` for `layer` with every input set once (the runner's `bind`), or None where the runner cannot
+        """`name` for `layer` with every input set once (the runtime's `bind`), or None where the runtime cannot
         (ONNX Runtime, eager). `values` are the caller's tensors, changed in place between `call_bound`s."""
-        if not hasattr(self.runner, "bind"):
+        if not hasattr(self.runtime, "bind"):
             return None
-        return self.runner.bind(name, layer, self._inputs(self.methods[name], layer, values, views, cache))
+        return self.runtime.bind(name, layer, self._inputs(self.methods[name], layer, values, views, cache))
 
     def call_bound(self, bound, name: str, layer: int | None, views: dict[str, Tensor],
                    cache: dict[str, Tensor] | None = None, pos: int | None = None,

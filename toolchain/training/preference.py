@@ -225,7 +225,7 @@ def program_pair_logps(pdir, loop, pairs: Sequence[PairItem], state, *, disable_
     for p in pairs:
         lps = []
         for row in (p.chosen, p.rejected):
-            got = evaluate_program(pdir, loop.runner, state, [row], loop=loop)
+            got = evaluate_program(pdir, loop.runtime, state, [row], loop=loop)
             lps.append(-got["tokens"] * got["loss"])
         out.append((lps[0], lps[1]))
     return out
@@ -236,7 +236,7 @@ def program_reference_logps(pdir, loop, pairs: Sequence[PairItem], state) -> lis
     return program_pair_logps(pdir, loop, pairs, state, disable_adapter=True)
 
 
-def program_preference_trainer(pdir, runner, pairs: Sequence[PairItem], rows: Sequence[DataRow], run: TrainRun, *,
+def program_preference_trainer(pdir, runtime, pairs: Sequence[PairItem], rows: Sequence[DataRow], run: TrainRun, *,
                                beta: float, dpo_weight: float = 1.0):
     """A program trainer whose items are `pairs` then `rows` (module docstring). Pairs without their own reference
     log-probs (ref None) get them from the program with the adapter disabled, once, here.
@@ -261,7 +261,7 @@ def program_preference_trainer(pdir, runner, pairs: Sequence[PairItem], rows: Se
     class _Trainer(ProgramTrainer):
         def __init__(self) -> None:
             seqs = [r for p in pairs for r in (p.chosen, p.rejected)]
-            super().__init__(pdir, runner, list(rows) + seqs, run)
+            super().__init__(pdir, runtime, list(rows) + seqs, run)
             self.pairs, self.sft_rows = list(pairs), list(rows)
             self.rows = len(self.pairs) + len(self.sft_rows)
             self.margins: list[float] = []

@@ -39,10 +39,10 @@ def host_run_info(pdir: ProgramDir, backend: str, lr: float) -> dict:
 
 class ProgramTrainer(Trainer):
     """`run_program` as an object; `state` is the flat state, `loop` the layer loop on the runtime.
-    `loop` / `state`: a loop on `runner` and a flat state to train in place (`TrainingSession` passes its
+    `loop` / `state`: a loop on `runtime` and a flat state to train in place (`TrainingSession` passes its
     own); default: a new loop and the program's initial state."""
 
-    def __init__(self, pdir: ProgramDir, runner, examples: Sequence[DataRow], run: TrainRun, *,
+    def __init__(self, pdir: ProgramDir, runtime, examples: Sequence[DataRow], run: TrainRun, *,
                  run_info: dict | None = None, loop: LayerLoop | None = None, state: Tensor | None = None) -> None:
         if run.optimizer is not None or run.options is not None:
             raise BadInput("a program's optimizer and step options are fixed at export (only its lr is a step input); "
@@ -50,14 +50,14 @@ class ProgramTrainer(Trainer):
         self.pdir, self.run_options, self.examples = pdir, run, examples
         self.lr = pdir.default_lr if run.lr is None else run.lr
         self.layers, self.rows = pdir.arch.layers, len(examples)
-        self.backend = getattr(runner, "backend", "executorch")
+        self.backend = getattr(runtime, "backend", "executorch")
         pad_id = pdir.pad_token_id
         self._rows = [pad_row(ex, pdir.seq_len, pad_id, f"data row {i + 1}") for i, ex in enumerate(examples)]
         self._state = pdir.state_init() if state is None else state
-        self.loop = LayerLoop(pdir, runner) if loop is None else loop
+        self.loop = LayerLoop(pdir, runtime) if loop is None else loop
         self._run_info = run_info
         self._settings: dict[str, Any] | None = None
-        self.runner = runner
+        self.runtime = runtime
         self._predicted: dict[tuple, float | None] = {}
 
     @property
@@ -77,7 +77,7 @@ class ProgramTrainer(Trainer):
     def held_out(self, rows) -> dict[str, Any]:
         from toolchain.runtime.evaluate import evaluate_program
 
-        return evaluate_program(self.pdir, self.runner, self._state, rows, loop=self.loop)
+        return evaluate_program(self.pdir, self.runtime, self._state, rows, loop=self.loop)
 
     def snapshot(self) -> Tensor:
         return self._state.clone()
@@ -155,10 +155,10 @@ class ProgramTrainer(Trainer):
                                  f"layers, runtime overhead)"}
 
 
-def run_program(pdir: ProgramDir, runner, examples: Sequence[DataRow], run: TrainRun, *,
+def run_program(pdir: ProgramDir, runtime, examples: Sequence[DataRow], run: TrainRun, *,
                 on_step: OnStep | None = None, run_info: dict | None = None) -> RunOutcome:
-    """Drive `runner` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
-    return ProgramTrainer(pdir, runner, examples, run, run_info=run_info).run(on_step=on_step)
+    """Drive `runtime` (any object with `execute(method, inputs) -> outputs` and `backend`) for a run."""
+    return ProgramTrainer(pdir, runtime, examples, run, run_info=run_info).run(on_step=on_step)
 
 
 def runtime_baseline(pdir, target: str | None) -> dict | None:
@@ -167,14 +167,14 @@ def runtime_baseline(pdir, target: str | None) -> dict | None:
     arenas and state exist. None off Linux or for another runtime (the report then makes no comparison)."""
     from toolchain.errors import BadInput
     from toolchain.memory.measure import read_status, release_free_memory
-    from toolchain.runtime.runners import HOST_RUNNABLE
+    from toolchain.runtime.program_runtime import HOST_RUNNABLE
 
     if (target or next((t for t in pdir.targets if t in HOST_RUNNABLE), None)) != "executorch":
         return None
     try:
         from executorch.runtime import Runtime
 
-        from toolchain.runtime.executorch_runner import load_quantized_kernels
+        from toolchain.runtime.executorch_runtime import load_quantized_kernels
 
         Runtime.get()
         load_quantized_kernels()

@@ -9,7 +9,7 @@ ios/TrainerCore TrainingSession.swift). `toolchain eval`, `generate`, `train --p
     session.start_training(examples, run, held=..., eval_every=N)   # resume check, telemetry
     session.train(on_step=...)                       # eval at the start, every N steps and after the last; the gate
 
-What is loaded once: the program directory (manifest, checksums, SIGBUS guard), the runtime (one runner
+What is loaded once: the program directory (manifest, checksums, SIGBUS guard), the runtime (one `ProgramRuntime`
 with the methods of `use`, opened on first need or by `open_runtime`), one `LayerLoop` on it and the flat
 state. Training runs on that loop and trains that state in place (`ProgramTrainer`), so evaluation and
 generation after or during training read the live state; nothing is re-exported and no adapter file is
@@ -51,7 +51,7 @@ class TrainingSession:
         program: an exported program directory (`toolchain export`).
         target: the runtime (default: the program's first host-runnable target; "eager": PyTorch).
         threads: the runtime's threads.
-        use: the methods the runtime loads (`runners.role_methods`: "train", "eval", "generate", "all").
+        use: the methods the runtime loads (`program_runtime.role_methods`: "train", "eval", "generate", "all").
         verbose: the runtime's native log lines are shown (`toolchain --verbose`).
 
     Raises:
@@ -67,7 +67,7 @@ class TrainingSession:
         self.target, self.threads, self.use, self.verbose = target, threads, use, verbose
         self.baseline: dict | None = None     # the loaded-runtime baseline (`measure_baseline`)
         self.trainer: ProgramTrainer | None = None
-        self._runner = None
+        self._runtime = None
         self._loop: LayerLoop | None = None
         self._state: Tensor | None = None
 
@@ -97,39 +97,39 @@ class TrainingSession:
     def measure_baseline(self) -> dict | None:
         """The loaded-runtime baseline (`training.program.runtime_baseline`: the runtime loaded, the program
         not yet), logged as the training run's baseline `memory` event; before the runtime is opened."""
-        if self._runner is not None:
+        if self._runtime is not None:
             raise RuntimeError("measure_baseline() after the runtime was opened: it would count the program")
         self.baseline = runtime_baseline(self.pdir, self.target)
         return self.baseline
 
     def open_runtime(self):
-        """The runner (opened once: `runners.open_runtime` with this session's target, threads and use)."""
-        if self._runner is None:
-            from toolchain.runtime.runners import open_runtime
+        """The runtime (opened once: `program_runtime.open_runtime` with this session's target, threads and use)."""
+        if self._runtime is None:
+            from toolchain.runtime.program_runtime import open_runtime
 
-            self._runner = open_runtime(self.pdir, self.target, threads=self.threads, use=self.use,
-                                       verbose=self.verbose)
-        return self._runner
+            self._runtime = open_runtime(self.pdir, self.target, threads=self.threads, use=self.use,
+                                         verbose=self.verbose)
+        return self._runtime
 
     @property
-    def runner(self):
+    def runtime(self):
         return self.open_runtime()
 
     @property
     def backend(self) -> str:
-        return self.runner.backend
+        return self.runtime.backend
 
     @property
     def loop(self) -> LayerLoop:
-        """The one layer loop on the runner (its weight bindings are made once and shared by every call)."""
+        """The one layer loop on the runtime (its weight bindings are made once and shared by every call)."""
         if self._loop is None:
-            self._loop = LayerLoop(self.pdir, self.runner)
+            self._loop = LayerLoop(self.pdir, self.runtime)
         return self._loop
 
     # -- evaluate and generate -----------------------------------------------------------------------
     def evaluate(self, examples: Sequence[DataRow], *, state: Tensor | None = None) -> dict:
         """Held-out loss of `state` (default: the session's) on `examples` (`evaluate.evaluate_program`)."""
-        return evaluate_program(self.pdir, self.runner, self.state if state is None else state, examples,
+        return evaluate_program(self.pdir, self.runtime, self.state if state is None else state, examples,
                                 loop=self.loop)
 
     def prompt(self, *, text: str | None = None, ids: str | None = None, chat: bool = False) -> Prompt:
@@ -142,7 +142,7 @@ class TrainingSession:
                  should_stop: Callable[[], bool] | None = None) -> GenerationResult:
         """New tokens after `prompt_ids` with the adapter in `state` (default: the session's; read, never
         written) on the generation methods (`generate.generate`)."""
-        return generate(self.pdir, self.runner, self.state if state is None else state, prompt_ids,
+        return generate(self.pdir, self.runtime, self.state if state is None else state, prompt_ids,
                         max_new_tokens, temperature=temperature, seed=seed, stop_ids=stop_ids, on_token=on_token,
                         should_stop=should_stop, loop=self.loop)
 
@@ -169,7 +169,7 @@ class TrainingSession:
         from toolchain.contract import HELD_OUT_EVAL_ROWS
         from toolchain.training.gate import Evaluation
 
-        trainer = ProgramTrainer(self.pdir, self.runner, examples, run, loop=self.loop, state=self.state)
+        trainer = ProgramTrainer(self.pdir, self.runtime, examples, run, loop=self.loop, state=self.state)
         trainer.baseline = self.baseline      # logged after run_start: the report's like-for-like planner check
         trainer.memory_peak = self.baseline is not None if memory_peak is None else memory_peak
         if held is not None:

@@ -46,7 +46,7 @@ one_device() {
 JSON
 }
 
-make_program() {   # a v3 program directory as `toolchain export` writes it (contents are placeholders)
+make_program() {   # a program directory as `toolchain export` writes it (contents are placeholders)
     mkdir -p "$WORK/program/adapter_init"
     printf 'PTE' >"$WORK/program/model.pte"
     printf 'STATE' >"$WORK/program/state_init.bin"
@@ -126,11 +126,11 @@ test_push_refuses_a_program_missing_a_listed_file() {
 test_push_refuses_a_version_2_manifest() {
     make_program
     sed -i 's/"schema_version": 3/"schema_version": 2/' "$WORK/program/manifest.json"
-    expect_fail "schema_version 2; the app runs contract v3" "$SCRIPTS/push_program.sh" "$WORK/program"
+    expect_fail "schema_version 2; the app runs schema_version 3" "$SCRIPTS/push_program.sh" "$WORK/program"
     [ ! -e "$FAKE_XCRUN_LOG" ]
 }
 
-test_push_refuses_v3_without_weights_tokenizer_or_adapter() {
+test_push_refuses_a_program_without_weights_tokenizer_or_adapter() {
     make_program
     rm "$WORK/program/weights.safetensors"
     expect_fail "lacks weights.safetensors" "$SCRIPTS/push_program.sh" "$WORK/program"

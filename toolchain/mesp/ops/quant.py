@@ -65,7 +65,7 @@ class QuantWeight(NamedTuple):
     # int4 dequantized by ExecuTorch's `quantized_decomposed::embedding_4bit` (static; True only where the
     # ExecuTorch methods are traced: the caller imports `executorch.exir.passes._quant_patterns_and_replacements`,
     # which defines the op; its kernel is ExecuTorch's quantized kernel library, `kernels_quantized` in the
-    # apps, `runtime/executorch_runner.load_quantized_kernels` here). The values are the same bits either way.
+    # apps, `runtime/executorch_runtime.load_quantized_kernels` here). The values are the same bits either way.
     executorch: bool = False
 
 

@@ -8,7 +8,7 @@ import Foundation
 /// float16 arithmetic (ARMv8.2 FP16, `hw.optional.arm.FEAT_FP16`; XNNPACK's `use_arm_neon_fp16_arith`); without
 /// them the method's XNNPACK delegate fails to build and the method does not load. The app refuses such a
 /// program before loading when it can tell (`refusal`) and turns the method's load error into the same
-/// message when it cannot (`loadFailure`), as the host does (toolchain/runtime/runners.py) and the Android
+/// message when it cannot (`loadFailure`), as the host does (toolchain/runtime/program_runtime.py) and the Android
 /// app (trainer-core Compute.kt).
 public enum Compute {
     public static let fp32 = "fp32"

@@ -83,7 +83,7 @@ final class ProgressLog {
     }
 }
 
-/// Streaming, cancellable generation: `LayerLoop.generate` on the replay of the host's v3_tiny trace
+/// Streaming, cancellable generation: `LayerLoop.generate` on the replay of the host's tiny trace
 /// (real ExecuTorch outputs), incremental text with the byte and the Qwen2.5 tokenizers, the session's
 /// token events and view state, and a generation beside a training run.
 final class GenerationTests: XCTestCase {
@@ -94,7 +94,7 @@ final class GenerationTests: XCTestCase {
 
     // MARK: the trace
 
-    /// The v3_tiny trace with the state its train steps leave (what its generate step starts from).
+    /// The tiny trace with the state its train steps leave (what its generate step starts from).
     struct TraceAtGeneration {
         let trace: [String: Any]
         let outputs: Data

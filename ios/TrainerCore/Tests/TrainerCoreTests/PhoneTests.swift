@@ -11,7 +11,7 @@ final class PhoneTests: XCTestCase {
     override func tearDownWithError() throws { try? FileManager.default.removeItem(at: dir) }
 
     /// The recorded trace's program (a real export: every file's sha256 in its manifest).
-    var traceProgram: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny/program") }
+    var traceProgram: URL { Repo.root.appendingPathComponent("shared_schemas/traces/tiny/program") }
 
     func copyOfTraceProgram(_ name: String = "source") throws -> URL {
         let to = dir.appendingPathComponent(name)
@@ -25,11 +25,11 @@ final class PhoneTests: XCTestCase {
     /// verified, and appears in the program list only once complete; the copy is the source byte for
     /// byte, with the verification stamp, and the staging directory is gone.
     func testImportCopiesChecksAndReportsProgress() throws {
-        let source = try copyOfTraceProgram("v3 tiny (copy)")
+        let source = try copyOfTraceProgram("tiny (copy)")
         let paths = AppPaths(documents: dir.appendingPathComponent("Documents"))
         var seen: [ProgramImport.Progress] = []
         let name = try ProgramImport.run(source: source, into: paths.programs, chunkBytes: 64 << 10) { seen.append($0) }
-        XCTAssertEqual(name, "v3_tiny__copy_")
+        XCTAssertEqual(name, "tiny__copy_")
         XCTAssertEqual(paths.programNames(), [name])
         let m = try Manifest.load(directory: source)
         let total = try ([Contract.manifestName] + m.files.keys).map { try XCTUnwrap(ProgramVerification.facts(source.appendingPathComponent($0))).size }.reduce(0, +)

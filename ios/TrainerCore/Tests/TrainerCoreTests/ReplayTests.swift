@@ -49,11 +49,11 @@ final class ReplayRuntime: ProgramRuntime {
 }
 
 final class ReplayTests: XCTestCase {
-    static var traceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny") }
-    static var groupsTraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_groups") }
-    static var qwen3TraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_qwen3") }
+    static var traceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/tiny") }
+    static var groupsTraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/tiny_groups") }
+    static var qwen3TraceDir: URL { Repo.root.appendingPathComponent("shared_schemas/traces/tiny_qwen3") }
 
-    /// The Swift loop replays the host's recorded v3_tiny trace (real ExecuTorch outputs): every train
+    /// The Swift loop replays the host's recorded tiny trace (real ExecuTorch outputs): every train
     /// step (full and LCSB chosen at run time, AdamW with skip updates), the eval pass and greedy
     /// generation (the prompt in two prefill chunks, the last padded, then the KV-cache decode) with
     /// the stock methods (the replay runtime has no native kernel); every input bit for bit, the
@@ -67,7 +67,7 @@ final class ReplayTests: XCTestCase {
     /// The same program and steps with checkpoint groups (`layers_per_checkpoint: 2`): the forward
     /// keeps the inputs of l_0, l_2, ... of each step's selected layers and the backward reruns
     /// block_forward at each group's top; every call (the 4 reruns included) bit for bit, and the same
-    /// losses, per-step states and final state as v3_tiny.
+    /// losses, per-step states and final state as tiny.
     func testReplayTinyGroups() throws {
         let (trace, calls) = try replay(Self.groupsTraceDir)
         XCTAssertEqual(trace["layers_per_checkpoint"] as? Int, 2)
@@ -118,7 +118,7 @@ final class ReplayTests: XCTestCase {
             return ([:], 0)
         }
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceURL)) as! [String: Any]
-        XCTAssertEqual(trace["format"] as? String, "toolchain-v3-trace")
+        XCTAssertEqual(trace["format"] as? String, "toolchain-trace")
         XCTAssertEqual(trace["format_version"] as? Int, 1)
         let groups = trace["layers_per_checkpoint"] as? Int ?? 1
         let program = traceDir.appendingPathComponent(trace["program"] as! String)

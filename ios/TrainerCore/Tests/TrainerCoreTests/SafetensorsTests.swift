@@ -30,17 +30,17 @@ final class SafetensorsTests: XCTestCase {
         XCTAssertThrowsError(try Safetensors.decode(Data([255, 0, 0, 0, 0, 0, 0, 0, 123])), "header longer than the file")
     }
 
-    /// The adapter export of the v3_tiny program's initial state is its `adapter_init/` (what
+    /// The adapter export of the tiny program's initial state is its `adapter_init/` (what
     /// `toolchain export` wrote with PEFT's key names, `toolchain/lora/peft_io.py`): same keys, shapes and
     /// tensor bytes; only "param" entries (no AdamW moments, no step counter); the config is the
     /// manifest's `adapter.config`.
     func testAdapterExportOfTheInitialStateIsAdapterInit() throws {
-        try adapterExportIsAdapterInit(Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny/program"))
+        try adapterExportIsAdapterInit(Repo.root.appendingPathComponent("shared_schemas/traces/tiny/program"))
     }
 
     /// ... and for the Qwen3-shaped trace program (LoRA on q, k, o and up: other PEFT keys and shapes).
     func testAdapterExportOfTheInitialStateIsAdapterInitQwen3() throws {
-        try adapterExportIsAdapterInit(Repo.root.appendingPathComponent("shared_schemas/traces/v3_tiny_qwen3/program"))
+        try adapterExportIsAdapterInit(Repo.root.appendingPathComponent("shared_schemas/traces/tiny_qwen3/program"))
     }
 
     func adapterExportIsAdapterInit(_ program: URL) throws {

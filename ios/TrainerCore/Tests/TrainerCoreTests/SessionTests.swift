@@ -555,19 +555,20 @@ final class SessionTests: XCTestCase {
         XCTAssertEqual(vm.state.layersPerCheckpoint, 1)
     }
 
-    /// The session replays the host's v3_tiny trace: its 5 train steps (LCSB chosen per step through a
+    /// The session replays the host's tiny trace: its 5 train steps (LCSB chosen per step through a
     /// plan), the eval pass and the generation are exactly the recorded calls, bit for bit.
     func testSessionReplaysTheTrace() throws { try sessionReplay(ReplayTests.traceDir) }
 
-    /// ... and v3_tiny_groups (checkpoint groups, layers per checkpoint 2) with the setting taken from
+    /// ... and tiny_groups (checkpoint groups, layers per checkpoint 2) with the setting taken from
     /// the saved run (`SavedRun` written and read back, as a resume does) and sent in run_start.
     func testSessionReplaysTheGroupsTrace() throws { try sessionReplay(ReplayTests.groupsTraceDir) }
 
-    /// ... and v3_tiny_qwen3 (the same recording on a Qwen3-shaped program: q/k norms, head_dim != hidden / heads).
+    /// ... and tiny_qwen3 (the same recording on a Qwen3-shaped program: q/k norms, head_dim != hidden / heads).
     func testSessionReplaysTheQwen3Trace() throws { try sessionReplay(ReplayTests.qwen3TraceDir) }
 
     func sessionReplay(_ traceDir: URL) throws {
         let trace = try JSONSerialization.jsonObject(with: try Data(contentsOf: traceDir.appendingPathComponent("trace.json"))) as! [String: Any]
+        XCTAssertEqual(trace["format"] as? String, "toolchain-trace")
         let outputs = try Data(contentsOf: traceDir.appendingPathComponent(trace["outputs_file"] as! String), options: .alwaysMapped)
         let program = traceDir.appendingPathComponent(trace["program"] as! String)
         func rows(_ key: String) -> [DataRow] {
@@ -586,7 +587,7 @@ final class SessionTests: XCTestCase {
         let rt = ReplayRuntime(trace: trace, outputs: outputs)
         let sink = MemorySink()
         let groups = trace["layers_per_checkpoint"] as? Int ?? 1
-        let saved = SavedRun(program: "v3_tiny", backend: "executorch",
+        let saved = SavedRun(program: "tiny", backend: "executorch",
                              config: SessionConfig(steps: train.count, lr: Float(trace["lr"] as! Double), checkpointEvery: 2, selection: .plan(plan),
                                                    layersPerCheckpoint: groups),
                              budgetMB: 64, source: "trace", heldOutFraction: 0, splitSeed: 0, rowsFile: "rows.bin",
@@ -595,9 +596,9 @@ final class SessionTests: XCTestCase {
         try saved.save(to: runFile)
         let config = try XCTUnwrap(SavedRun.load(from: runFile)).config
         XCTAssertEqual(config.layersPerCheckpoint, groups)
-        let s = try TrainingSession(programDirectory: program, programName: "v3_tiny", runtime: rt, data: data, config: config,
+        let s = try TrainingSession(programDirectory: program, programName: "tiny", runtime: rt, data: data, config: config,
                                     device: testDevice, checkpoint: CheckpointStore(url: dir.appendingPathComponent("t.safetensors")), telemetry: [sink])
-        XCTAssertNil(s.tokenizer, "v3_tiny has no tokenizer")
+        XCTAssertNil(s.tokenizer, "tiny has no tokenizer")
         try s.start(runId: "ios-replay")
         XCTAssertEqual(try s.run().status, .completed)
         XCTAssertEqual(s.losses.map { $0! }, (trace["losses"] as! [Double]).map(Float.init))

@@ -9,7 +9,7 @@ package org.onphonellm.trainer.core
  * XNNPACK's `use_arm_neon_fp16_arith`); without them the method's XNNPACK delegate fails to build and the
  * method does not load. The app refuses such a program before loading when it can tell ([Fp16Support.NO]),
  * and turns the method's load error into the same message when it cannot ([loadFailure]); the host does the
- * same (toolchain/runtime/runners.py).
+ * same (toolchain/runtime/program_runtime.py).
  */
 object Compute {
     const val FP32 = "fp32"

@@ -137,7 +137,7 @@ class DataCorpusTest {
     }
 
     @Test fun `the program's tokenizer is chosen by the manifest's kind`() {
-        val trace = Manifest.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
+        val trace = Manifest.read(File(Fixtures.schemas, "traces/tiny/program"))
         val e = assertThrows<BadInput> { TextTokenizer.forProgram(trace) }
         assertTrue("without a tokenizer" in e.message!!, e.message)
         val doc = File(trace.dir, "manifest.json").readText().replace("\"kind\": \"none\"", "\"kind\": \"byte\"")

@@ -15,7 +15,7 @@ import java.nio.ByteOrder
  * program made to diverge (losses that grow, NaN), to improve, and to meet memory pressure.
  */
 class GateTest {
-    private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
+    private val programDir = File(Fixtures.schemas, "traces/tiny/program")
     private val program = Manifest.read(programDir)
     private val weights = MappedWeights.map(File(programDir, program.weightsFile))
 
@@ -118,7 +118,7 @@ class GateTest {
     }
 
     private fun spec(runId: String, steps: Long, budget: Long = 1L shl 30, policy: String? = "cyclic", k: Int? = 1) =
-        RunSpec(runId, "v3_tiny", steps, 0.05, budget, checkpointEvery = 2, shuffleSeed = 7, lcsbPolicy = policy, lcsbK = k,
+        RunSpec(runId, "tiny", steps, 0.05, budget, checkpointEvery = 2, shuffleSeed = 7, lcsbPolicy = policy, lcsbK = k,
             heldOut = 0.25, heldOutSeed = 3, runInfo = mapOf("platform" to "android", "device_model" to "test", "os" to "Android 15 (API 35)",
                 "total_ram_bytes" to 8_000_000_000L))
 

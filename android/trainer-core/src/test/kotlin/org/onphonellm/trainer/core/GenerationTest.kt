@@ -24,7 +24,7 @@ import kotlin.random.Random
  * the host's recorded ExecuTorch calls are ReplayTest's.
  */
 class GenerationTest {
-    private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
+    private val programDir = File(Fixtures.schemas, "traces/tiny/program")
     private val program = Manifest.read(programDir)
     private val weights = MappedWeights.map(File(programDir, program.weightsFile))
     private val prompt = listOf(5, 7, 9)
@@ -162,7 +162,7 @@ class GenerationTest {
     }
 
     private fun newRun(runId: String, steps: Long): RunDir {
-        val spec = RunSpec(runId, "v3_tiny", steps, 0.05, 1L shl 30, checkpointEvery = 2, shuffleSeed = 7, lcsbPolicy = "cyclic", lcsbK = 1,
+        val spec = RunSpec(runId, "tiny", steps, 0.05, 1L shl 30, checkpointEvery = 2, shuffleSeed = 7, lcsbPolicy = "cyclic", lcsbK = 1,
             heldOut = 0.25, heldOutSeed = 3, runInfo = mapOf("platform" to "android", "device_model" to "test", "os" to "Android 15 (API 35)",
                 "total_ram_bytes" to 8_000_000_000L))
         val (train, held) = TextRows.splitHeldOut(rows(8, 1), 0.25, 3)

@@ -31,7 +31,7 @@ class MemoryTest {
 
     @Test
     fun `budget guard refuses to start when resident plus the predicted step exceeds the budget`() {
-        val program = Manifest.read(File(Fixtures.schemas, "traces/v3_tiny/program"))
+        val program = Manifest.read(File(Fixtures.schemas, "traces/tiny/program"))
         val predicted = program.predictedPeakBytes  // memory_plan.peak_estimate_bytes.executorch
         assertEquals(175556L, predicted)
         val s = listOf(MemorySample("android_proc_status", anonBytes = 100_000L))

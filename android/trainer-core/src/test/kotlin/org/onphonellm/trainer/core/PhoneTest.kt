@@ -12,7 +12,7 @@ import java.io.InputStream
 
 /** Issue 25, the app as a person meets it: import, verify once, saved screen state, capped reads, errors, charging runs. */
 class PhoneTest {
-    private val programSrc = File(Fixtures.schemas, "traces/v3_tiny/program")
+    private val programSrc = File(Fixtures.schemas, "traces/tiny/program")
 
     /** The trace program as a picked folder that counts the bytes read (the import hashes as it copies: one read per file). */
     private class CountingSource(root: File) : ImportSource {

@@ -13,7 +13,7 @@ import java.util.Collections
  * same program (SessionTest's runtime: outputs a pure function of the inputs' bytes, so equal ids mean equal state).
  */
 class ProgramGenerationTest {
-    private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
+    private val programDir = File(Fixtures.schemas, "traces/tiny/program")
     private val program = Manifest.read(programDir)
     private val weights = MappedWeights.map(File(programDir, program.weightsFile))
     private val prompt = listOf(5, 7, 9)
@@ -54,7 +54,7 @@ class ProgramGenerationTest {
         val tok = ByteTokenizer()
         val c = g.compare(prompt, 4, emptySet(), tok, listener = rec)
         // The reference: a training session of a new run on the same program (its before is state_init.bin too).
-        val s = TrainingSession(program, weights, SessionTest.HashRuntime(program), run(Fixtures.tempDir(), "ref", "v3_tiny"),
+        val s = TrainingSession(program, weights, SessionTest.HashRuntime(program), run(Fixtures.tempDir(), "ref", "tiny"),
             ScriptedProbe(listOf(50_000_000L)), FakeClock())
         val ref = s.compare(prompt, 4, emptySet(), tok)
         assertEquals(ref.before.ids, c.before.ids)

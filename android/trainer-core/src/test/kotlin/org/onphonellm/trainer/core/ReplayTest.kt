@@ -11,24 +11,28 @@ import java.nio.channels.FileChannel
 
 /**
  * The layer loop against a real exported program, replayed (shared_schemas/traces/README.md): the
- * host ran shared_schemas/traces/v3_tiny/program on ExecuTorch through its own loop
+ * host ran shared_schemas/traces/tiny/program on ExecuTorch through its own loop
  * (scripts/record_trace.py) and recorded every call. The Kotlin LayerLoop runs the same steps (full
  * backprop, LCSB with layers chosen at run time, eval, greedy generation) on that program's manifest,
  * mapped weights and state_init.bin, against a runtime that checks each call's method and the sha256 of
  * every input it receives, in order, then answers with the recorded outputs. Every input must be built
- * bit for bit and the final state must equal the host's. traces/v3_tiny_groups is the same program and steps
+ * bit for bit and the final state must equal the host's. traces/tiny_groups is the same program and steps
  * with checkpoint groups (`layers_per_checkpoint` 2: the forward keeps fewer layer inputs, the backward
- * reruns block_forward to rebuild the others), replayed by the same harness. traces/v3_tiny_qwen3 is the same
+ * reruns block_forward to rebuild the others), replayed by the same harness. traces/tiny_qwen3 is the same
  * recording on a Qwen3-shaped program (per-head q/k norms, head_dim 16 where hidden / heads is 8, no q/k/v
  * biases): the loop reads all of it from the manifest's method specs, so the same harness replays it.
  */
 class ReplayTest {
-    private val traceDir = File(Fixtures.schemas, "traces/v3_tiny")
-    private val groupsDir = File(Fixtures.schemas, "traces/v3_tiny_groups")
-    private val qwen3Dir = File(Fixtures.schemas, "traces/v3_tiny_qwen3")
+    private val traceDir = File(Fixtures.schemas, "traces/tiny")
+    private val groupsDir = File(Fixtures.schemas, "traces/tiny_groups")
+    private val qwen3Dir = File(Fixtures.schemas, "traces/tiny_qwen3")
 
     private class Trace(dir: File) {
         val doc = Fields.of(Json.parse(File(dir, "trace.json").readText()), "trace.json")
+        init {
+            val format = doc.string("format")
+            require(format == "toolchain-trace") { "$dir/trace.json: format '$format', expected 'toolchain-trace' (scripts/record_trace.py)" }
+        }
         val calls = doc.arr("calls").map { Fields.of(it, "call") }
         val blob: ByteBuffer = RandomAccessFile(File(dir, doc.string("outputs_file")), "r").use {
             it.channel.map(FileChannel.MapMode.READ_ONLY, 0, it.length())
@@ -99,9 +103,9 @@ class ReplayTest {
      * buffer and d, 3 (4 when block_forward's output had a buffer of its own).
      */
     private val rowBuffersAfterStep = mapOf(
-        "v3_tiny" to listOf(4, 4, 4, 4, 4),
-        "v3_tiny_groups" to listOf(3, 3, 3, 3, 3),
-        "v3_tiny_qwen3" to listOf(4, 4, 4, 4, 4))
+        "tiny" to listOf(4, 4, 4, 4, 4),
+        "tiny_groups" to listOf(3, 3, 3, 3, 3),
+        "tiny_qwen3" to listOf(4, 4, 4, 4, 4))
 
     /** Replays [dir]'s trace with its layers_per_checkpoint (or [groupsOverride]); returns the activation buffers allocated. */
     private fun replay(lrOverride: Float? = null, selectOverride: ((List<Int>) -> Set<Int>)? = null, dir: File = traceDir,
@@ -175,7 +179,7 @@ class ReplayTest {
     @Test fun `replays the host's train, LCSB, eval and generate calls bit for bit`() { replay() }
 
     /**
-     * The Qwen3-shaped program (the same recording as v3_tiny, scripts/record_trace.py --family qwen3): the
+     * The Qwen3-shaped program (the same recording as tiny, scripts/record_trace.py --family qwen3): the
      * blocks bind q_norm / k_norm weights and no q/k/v biases, q_proj is [heads * head_dim = 64, 32] and the KV
      * cache rows are head_dim 16 wide (not hidden / heads = 8). The test reads `model.arch` to know the program
      * is of that shape; the loop never does (it reads the method specs), and replays every call bit for bit.
@@ -405,7 +409,7 @@ class ReplayTest {
         val groups = Trace(groupsDir)
         assertEquals(2, groups.doc.int("layers_per_checkpoint"))
         val plain = Trace(traceDir)
-        // The same steps as v3_tiny: the same losses and states, with the reruns' block_forward calls in between.
+        // The same steps as tiny: the same losses and states, with the reruns' block_forward calls in between.
         assertEquals(plain.doc.arr("losses").map { (it as Json.Num).asDouble }, groups.doc.arr("losses").map { (it as Json.Num).asDouble })
         assertEquals(plain.doc.string("final_state_sha256"), groups.doc.string("final_state_sha256"))
         assertTrue(groups.calls.size > plain.calls.size)
@@ -700,7 +704,7 @@ class ReplayTest {
     @Test fun `programs exported before chunked prefill or the int4 embedding and head are refused with re-export`() {
         val text = File(Trace(traceDir).program, "manifest.json").readText()
         assertTrue("\"prefill_chunk\": 2," in text && "\"head\": true," in text)
-        val ok = Manifest.parse(File("."), Json.parse(text), "v3_tiny")
+        val ok = Manifest.parse(File("."), Json.parse(text), "tiny")
         assertEquals(Triple(2, true, true), Triple(ok.prefillChunk, ok.quantHead, ok.hasGeneration))
         val noChunk = assertThrows<BadInput> { Manifest.parse(File("."), Json.parse(text.replace("\"prefill_chunk\": 2,", "")), "old") }
         assertTrue("re-export" in noChunk.message!! && "prefill_chunk" in noChunk.message!!, noChunk.message)

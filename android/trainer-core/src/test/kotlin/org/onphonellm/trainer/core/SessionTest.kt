@@ -20,7 +20,7 @@ import java.security.MessageDigest
  * own bit-exactness against ExecuTorch is ReplayTest's.
  */
 class SessionTest {
-    private val programDir = File(Fixtures.schemas, "traces/v3_tiny/program")
+    private val programDir = File(Fixtures.schemas, "traces/tiny/program")
     private val program = Manifest.read(programDir)
     private val weights = MappedWeights.map(File(programDir, program.weightsFile))
 
@@ -50,7 +50,7 @@ class SessionTest {
         DataRow(ids, ids.copyOf())
     }
 
-    private fun spec(runId: String, steps: Long = 6, budget: Long = 1L shl 30) = RunSpec(runId, "v3_tiny", steps, 0.05, budget, checkpointEvery = 2,
+    private fun spec(runId: String, steps: Long = 6, budget: Long = 1L shl 30) = RunSpec(runId, "tiny", steps, 0.05, budget, checkpointEvery = 2,
         shuffleSeed = 7, lcsbPolicy = "cyclic", lcsbK = 1, heldOut = 0.25, heldOutSeed = 3,
         runInfo = mapOf("platform" to "android", "device_model" to "test", "os" to "Android 15 (API 35)", "total_ram_bytes" to 8_000_000_000L))
 
@@ -234,7 +234,7 @@ class SessionTest {
 
     /** ... and for the Qwen3-shaped trace program (LoRA on q, k, o and up: other PEFT keys and shapes, q_proj's B [64, r]). */
     @Test fun `the adapter of the initial state is adapter_init - the Qwen3-shaped program`() =
-        adapterIsInit(File(Fixtures.schemas, "traces/v3_tiny_qwen3/program"))
+        adapterIsInit(File(Fixtures.schemas, "traces/tiny_qwen3/program"))
 
     private fun adapterIsInit(programDir: File) {
         val program = Manifest.read(programDir)

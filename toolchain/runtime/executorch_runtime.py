@@ -1,10 +1,10 @@
-"""Host runner for the ExecuTorch program: the same C++ runtime the apps link, through its Python
+"""Host runtime for the ExecuTorch program: the same C++ runtime the apps link, through its Python
 bindings. Inputs are passed as they are (the program does not plan them): weights are views of the
 memory-mapped weights file, state inputs views of the app's state array; nothing is copied in.
 
 The runtime's native log lines (its cpuinfo probe prints five when the thread pool starts) are written by
 C++ straight to file descriptor 2: the pool is started here with fd 2 pointed at /dev/null (or at
-$TOOLCHAIN_NATIVE_LOG), unless the runner is opened with `verbose=True` (`toolchain --verbose`). A .pte is
+$TOOLCHAIN_NATIVE_LOG), unless the runtime is opened with `verbose=True` (`toolchain --verbose`). A .pte is
 checked for the flatbuffer identifier and sizes of an ExecuTorch program before the runtime sees it: the
 bindings abort the process (SIGABRT) on some garbage instead of raising."""
 

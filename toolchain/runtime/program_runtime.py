@@ -30,10 +30,10 @@ class ProgramRuntime(Protocol):
 
 
 def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
-    from toolchain.runtime.executorch_runner import ExecuTorchRuntime
+    from toolchain.runtime.executorch_runtime import ExecuTorchRuntime
 
     try:
-        runner = ExecuTorchRuntime(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
+        runtime = ExecuTorchRuntime(pdir.program_file("executorch"), methods, threads=threads, verbose=verbose)
     except BadInput as e:
         if pdir.spec.compute != "fp16" or "cannot be loaded" not in str(e):
             raise
@@ -42,8 +42,8 @@ def _executorch(pdir: ProgramDir, threads: int | None, methods: list[str], verbo
         raise BadInput(f"{pdir.path} computes its frozen-weight matmuls in float16 (exported with --compute fp16) "
                        f"and this ExecuTorch runtime has no float16 kernels for them (its XNNPACK delegate did not "
                        f"load: {e}); re-export the program with --compute fp32") from None
-    check_signatures(pdir, runner.program, methods)
-    return runner
+    check_signatures(pdir, runtime.program, methods)
+    return runtime
 
 
 # ExecuTorch's ScalarType codes of the manifest's dtypes (executorch/runtime/core/portable_type/scalar_type.h).
@@ -72,13 +72,13 @@ def check_signatures(pdir: ProgramDir, program, methods: list[str]) -> None:
 
 
 def _onnx(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
-    from toolchain.runtime.onnx_runner import OnnxRuntime
+    from toolchain.runtime.onnx_runtime import OnnxRuntime
 
     return OnnxRuntime(pdir, threads=threads, methods=methods)
 
 
 def _eager(pdir: ProgramDir, threads: int | None, methods: list[str], verbose: bool):
-    from toolchain.runtime.eager_runner import EagerRuntime
+    from toolchain.runtime.eager_runtime import EagerRuntime
 
     return EagerRuntime(pdir.spec, methods)
 
@@ -159,14 +159,14 @@ def open_runtime(pdir: ProgramDir, target: str | None = None, *, threads: int | 
     a training run does not load the generation methods, whose arenas it would otherwise pay for).
 
     Generation on ExecuTorch loads the fused methods (`generate.fused`) when the native kernel builds and
-    loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock ones, and the runner's `fused_unavailable` says why
-    they were wanted but not loaded. The eager runner runs the stock methods unless `fused` is True (then
+    loads here (`fused` None), unless `fused` is False or $TOOLCHAIN_NATIVE_KERNELS is 0; otherwise the stock ones, and the runtime's `fused_unavailable` says why
+    they were wanted but not loaded. The eager runtime runs the stock methods unless `fused` is True (then
     the fused ones, on the PyTorch reference of their kernel). `verbose`: the runtime's native log lines are
-    shown (`toolchain --verbose`; ExecuTorch's runner hides them otherwise).
+    shown (`toolchain --verbose`; ExecuTorch's runtime hides them otherwise).
 
     Where the fused methods are not loaded and the program has the XNNPACK generation variant
     (`export --xnnpack-generation`), ExecuTorch generation loads it instead of the stock methods, unless
-    `xnnpack` is False or $TOOLCHAIN_XNNPACK_GENERATION is 0: fused > xnnpack > stock. The runner's
+    `xnnpack` is False or $TOOLCHAIN_XNNPACK_GENERATION is 0: fused > xnnpack > stock. The runtime's
     `generation_variant` says which ("fused", "xnnpack" or "stock")."""
     if target == "eager":
         methods = role_methods(pdir, use, fused=fused is True and use in ("generate", "all"))
@@ -197,9 +197,9 @@ def open_runtime(pdir: ProgramDir, target: str | None = None, *, threads: int | 
     return _loaded(_RUNTIMES[target](pdir, threads, methods, verbose), methods, why_not, variant)
 
 
-def _loaded(runner: ProgramRuntime, methods: list[str], fused_unavailable: str | None,
+def _loaded(runtime: ProgramRuntime, methods: list[str], fused_unavailable: str | None,
             variant: str = "stock") -> ProgramRuntime:
-    runner.methods_loaded = tuple(methods)          # runtime/generate.py picks the fused names from these
-    runner.fused_unavailable = fused_unavailable
-    runner.generation_variant = variant
-    return runner
+    runtime.methods_loaded = tuple(methods)          # runtime/generate.py picks the fused names from these
+    runtime.fused_unavailable = fused_unavailable
+    runtime.generation_variant = variant
+    return runtime

@@ -1,4 +1,4 @@
-"""Host runner for ONNX programs: ONNX Runtime's CPU execution provider, one
+"""Host runtime for ONNX programs: ONNX Runtime's CPU execution provider, one
 `InferenceSession` per method (created once, then called by name), behind the `execute(method, inputs)`
 that runtime/loop.py's `LayerLoop` drives, exactly as an app drives it.
 
