@@ -721,7 +721,7 @@ class ReplayTest {
     @Test fun `an older manifest version is refused with re-export, a newer one with update the app`() {
         val text = Fixtures.exampleManifest("manifest_tiny.json")
         assertTrue("\"schema_version\": 3" in text)
-        Manifest.parse(File("."), Json.parse(text), "v3")  // the example itself parses
+        Manifest.parse(File("."), Json.parse(text), "example")  // the example itself parses
         val v2 = text.replace("\"schema_version\": 3", "\"schema_version\": 2")
         val e = assertThrows(BadInput::class.java) { Manifest.parse(File("."), Json.parse(v2), "v2") }
         assertTrue("schema_version 2" in e.message!! && "re-export" in e.message!!, e.message)
