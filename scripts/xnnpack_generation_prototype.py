@@ -20,7 +20,7 @@ import time
 import torch
 from torch import nn
 
-from toolchain.export.bodies import _BODIES, example_inputs
+from toolchain.export.bodies import example_inputs, method_body
 from toolchain.program.spec import method_specs
 from toolchain.mesp.ops import quant as Q
 from toolchain.mesp.ops.compute import FP32
@@ -104,7 +104,7 @@ class ConstMethod(nn.Module):
             if n.endswith("_scale"):
                 ZEROS[id(ins[n])] = getattr(self, "z_" + n)
         with xnn_8da4w():
-            return _BODIES[self.method.role](self.spec, ins, False, FP32)
+            return method_body(self.spec, self.method.role, ins, executorch=False, compute=FP32)
 
 
 def do_export(a):

@@ -158,6 +158,13 @@ _BODIES: dict[str, _Body] = {
 }
 
 
+def method_body(spec: ProgramSpec, role: str, inputs: dict[str, Tensor], *, executorch: bool,
+                compute: Compute) -> tuple[Tensor, ...]:
+    """The body of a method of `role` on named inputs: what `method_module`'s forward computes, for callers that
+    trace a variant of it (scripts/xnnpack_generation_prototype.py)."""
+    return _BODIES[role](spec, inputs, executorch, compute)
+
+
 class _Method(nn.Module):
     """One method as a plain `forward(*inputs) -> tuple(outputs)`, in its MethodSpec's order, for the
     exporters (which trace a module's forward) and the eager reference runtime."""
