@@ -452,7 +452,7 @@ def test_prefetching_the_next_layers_weights_changes_nothing_but_the_page_cache(
 
 def test_traced_methods_do_not_keep_their_tracing_inputs(monkeypatch):
     """`exported_methods` returns every method's ExportedProgram with no reference left to its tracing inputs
-    (zeros of every input at full size, the frozen weights' included: 2.8 GiB over Qwen2.5-7B's 12 methods if
+    (zeros of every input at full size, the frozen weights' included: 2.77 GiB over Qwen2.5-7B's 12 methods if
     kept until the .pte is written), so the export's memory holds at most one method's inputs at a time."""
     import gc
     import weakref
