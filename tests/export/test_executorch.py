@@ -448,3 +448,30 @@ def test_prefetching_the_next_layers_weights_changes_nothing_but_the_page_cache(
         assert t.data_ptr() + t.numel() * t.element_size() <= start + length, key
     ends = sorted((s, s + n) for s, n in ranges.values())
     assert all(a[1] <= b[0] + page for a, b in zip(ends, ends[1:]))   # layers apart (a shared page at most)
+
+
+def test_traced_methods_do_not_keep_their_tracing_inputs(monkeypatch):
+    """`exported_methods` returns every method's ExportedProgram with no reference left to its tracing inputs
+    (zeros of every input at full size, the frozen weights' included: 2.77 GiB over Qwen2.5-7B's 12 methods if
+    kept until the .pte is written), so the export's memory holds at most one method's inputs at a time."""
+    import gc
+    import weakref
+
+    import toolchain.export.executorch as et
+    from toolchain.program.spec import ProgramSpec
+
+    made = []
+
+    def tracked(method):
+        xs = et.example_inputs.__wrapped__(method)
+        made.extend(weakref.ref(x) for x in xs)
+        return xs
+
+    tracked.__wrapped__ = et.example_inputs
+    monkeypatch.setattr(et, "example_inputs", tracked)
+    eps = et.exported_methods(ProgramSpec(ARCH, CFG, T, quant=QuantSpec("int4", 16), generation=True))
+    gc.collect()
+    assert len(eps) >= 4 and len(made) > len(eps)
+    assert all(ep.example_inputs is None for ep in eps.values())
+    alive = [r() for r in made if r() is not None]
+    assert not alive, f"{len(alive)} of {len(made)} tracing inputs still referenced"

@@ -183,3 +183,15 @@ def test_a_7b_config_over_shards_of_another_size_is_one_error_line(command, tmp_
     assert "model.embed_tokens.weight" in lines[0] and "[152064, 3584]" in lines[0]
     assert "7.62B parameters" in lines[0] and "not the same model" in lines[0]
     assert not out.exists()
+
+
+def test_model_option_help_names_every_preset():
+    """`--model`'s help lists the names it takes: every preset of every family (the help is a fixed string)."""
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    for command in (["export"], ["bench", "memory"]):
+        out = CliRunner().invoke(cli, [*command, "--help"]).output
+        listed = "".join(out.split()).split("Preset(", 1)[1].split(")", 1)[0].split(",")
+        assert sorted(listed) == sorted(PRESETS), command

@@ -49,8 +49,8 @@ def model_options(default_model: str | None = "tiny", *, required: bool | None =
         click.option("--model", "model", default=default_model,
                      required=(default_model is None) if required is None else required,
                      show_default=default_model is not None,
-                     help="Preset (tiny, demo, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen3-0.6b, qwen3-1.7b, "
-                          "llama3.2-1b, llama3.2-3b) or a Hugging Face checkpoint directory (model_type qwen2, qwen3 or llama; config.json "
+                     help="Preset (tiny, demo, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen3-0.6b, "
+                          "qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3.2-3b, llama3.1-8b) or a Hugging Face checkpoint directory (model_type qwen2, qwen3 or llama; config.json "
                           "fields the step does not compute are refused)."),
         click.option("--init", "init", type=click.Choice(["pretrained", "random"]), default="pretrained",
                      show_default=True, help="'random' builds the preset with seeded random weights (no download)."),
