@@ -47,12 +47,18 @@ def test_sigterm_mid_export_leaves_nothing(tmp_path):
     out = tmp_path / "prog"
     proc = subprocess.Popen([sys.executable, "-m", "toolchain", *BASE, "--target", "onnx", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(p.name.startswith(".prog.") for p in tmp_path.iterdir()):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the export ended before its temporary directory was seen"
+    # the signal must arrive while the temporary directory exists: wait for it (a loaded CI host can take minutes
+    # to import torch and build the model), never signal at an unknown moment of start-up
+    deadline = time.monotonic() + 600
+    seen = False
+    while time.monotonic() < deadline and proc.poll() is None and not seen:
+        seen = any(p.name.startswith(".prog.") for p in tmp_path.iterdir())
+        if not seen:
+            time.sleep(0.05)
+    if not seen:
+        proc.kill()
+    assert seen, "the export's temporary directory was not seen (it ended first, or took over 600 s to start)"
+    assert proc.poll() is None, "the export ended before it could be signalled"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
