@@ -107,6 +107,45 @@ def test_files_are_replaced_whole(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_sigterm_as_the_temporary_is_created_still_deletes_it(tmp_path, kind):
+    """A SIGTERM that arrives just after the temporary is created, before it is registered, is delivered once
+    it is registered: the stopping process deletes it (seen under load: an export stopped right after its
+    temporary directory appeared left it behind)."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys, tempfile
+        from pathlib import Path
+        from toolchain import atomic
+        from toolchain.atomic import atomic_dir, atomic_write_bytes, discard_pending
+
+        def stop(signum, frame):
+            discard_pending()
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        for name in ("mkdtemp", "mkstemp"):
+            real = getattr(tempfile, name)
+
+            def created_then_signal(*a, _real=real, **k):
+                made = _real(*a, **k)
+                os.kill(os.getpid(), signal.SIGTERM)   # the stop lands before the caller's next line
+                return made
+
+            setattr(atomic.tempfile, name, created_then_signal)
+        out = Path({str(tmp_path / "out")!r})
+        if {kind!r} == "dir":
+            with atomic_dir(out) as tmp:
+                (tmp / "a").write_text("x")
+        else:
+            atomic_write_bytes(out, b"x")
+        sys.exit(3)                                    # not reached
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
 def test_sigterm_during_the_rename_waits_for_it(tmp_path):
     """A SIGTERM that arrives while the output is being swapped in is delivered after the swap:
     the process stops with the new output complete, the old one gone, no temporaries."""

@@ -191,9 +191,10 @@ def _check_writable(path: Path, option: str, expected_bytes: int | None) -> None
     if not where.is_dir():
         raise OutputNotWritable(f"{option} {path}: {where} is a file, so no directory can be created there")
     try:
-        fd, probe = tempfile.mkstemp(dir=where, prefix=".toolchain-probe-", suffix=".tmp")
-        os.close(fd)
-        os.unlink(probe)
+        with _sigterm_blocked():     # created and deleted with no stop in between: never left behind
+            fd, probe = tempfile.mkstemp(dir=where, prefix=".toolchain-probe-", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         raise OutputNotWritable(f"{option} {path}: cannot write in {where} ({e.strerror}); choose another "
                                 f"location") from None
@@ -316,8 +317,9 @@ def atomic_write_chunks(path: Path, chunks: Iterable[str | bytes]) -> None:
     path = output_target(path)         # a symbolic link is written through and kept (toolchain/outputs.py)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
-    _PENDING.add(Path(tmp))
+    with _sigterm_blocked():     # a stop between the creation and the registration would leave tmp behind
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp")
+        _PENDING.add(Path(tmp))
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb", buffering=1 << 20) as f:
@@ -354,8 +356,9 @@ def atomic_dir(path: Path, *, replace: bool = False) -> Iterator[Path]:
     _refuse_occupied(shown, replace)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp"))
-    _PENDING.add(tmp)
+    with _sigterm_blocked():     # a stop between the creation and the registration would leave tmp behind
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_prefix(path), suffix=".tmp"))
+        _PENDING.add(tmp)
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
