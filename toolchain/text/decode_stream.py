@@ -1,5 +1,5 @@
-"""Generated ids to text as they arrive (the glossary's "text decoding stream"; the apps' `IncrementalTextDecoder`,
-Kotlin `TextStream` until its rename): each id gives the text it completed, never half a UTF-8 character.
+"""Generated ids to text as they arrive (the glossary's "text decoding stream"; the apps' Kotlin and Swift
+`IncrementalTextDecoder`): each id gives the text it completed, never half a UTF-8 character.
 
 A byte-level BPE (Qwen) or the byte tokenizer may end a token inside a character (an emoji's first bytes); its
 decode then ends in U+FFFD. The decoder decodes every id so far with the program's tokenizer and shows the part
