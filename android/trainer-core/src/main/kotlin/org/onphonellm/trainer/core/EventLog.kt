@@ -1,7 +1,6 @@
 package org.onphonellm.trainer.core
 
 import java.io.File
-import java.io.FileOutputStream
 import java.io.RandomAccessFile
 
 /**
@@ -11,28 +10,12 @@ import java.io.RandomAccessFile
 class EventLog(val file: File) {
     init {
         file.absoluteFile.parentFile?.mkdirs()
-        repairTail()
-    }
-
-    private fun repairTail() {
-        if (!file.isFile) return
-        RandomAccessFile(file, "rw").use { raf ->
-            var end = raf.length()
-            while (end > 0) {
-                raf.seek(end - 1)
-                if (raf.read() == '\n'.code) break
-                end--
-            }
-            if (end != raf.length()) raf.setLength(end)
-        }
+        JsonlFiles.cutTornLine(file)
     }
 
     fun append(lines: List<String>) {
         if (lines.isEmpty()) return
-        FileOutputStream(file, true).use { out ->
-            out.write(lines.joinToString("") { it + "\n" }.toByteArray(Charsets.UTF_8))
-            out.fd.sync()
-        }
+        JsonlFiles.appendSynced(file, lines.joinToString("") { it + "\n" })
     }
 
     fun length(): Long = if (file.isFile) file.length() else 0L

@@ -1,8 +1,6 @@
 package org.onphonellm.trainer.core
 
 import java.io.File
-import java.io.FileOutputStream
-import java.io.RandomAccessFile
 
 /** What the person did with a generation (shared_schemas/feedback.schema.json, `action`). */
 enum class FeedbackAction(val wire: String) {
@@ -154,23 +152,12 @@ object Rfc3339 {
 class FeedbackLog(val file: File) {
     init {
         file.absoluteFile.parentFile?.mkdirs()
-        if (file.isFile) RandomAccessFile(file, "rw").use { raf ->
-            var end = raf.length()
-            while (end > 0) {
-                raf.seek(end - 1)
-                if (raf.read() == '\n'.code) break
-                end--
-            }
-            if (end != raf.length()) raf.setLength(end)
-        }
+        JsonlFiles.cutTornLine(file)
     }
 
     @Synchronized
     fun append(r: FeedbackRecord) {
-        FileOutputStream(file, true).use { out ->
-            out.write((JsonWriter.write(r.toJson()) + "\n").toByteArray(Charsets.UTF_8))
-            out.fd.sync()
-        }
+        JsonlFiles.appendSynced(file, JsonWriter.write(r.toJson()) + "\n")
     }
 
     /** Every record (an invalid line: BadInput naming the line). */
