@@ -34,6 +34,7 @@ import torch
 from toolchain.mesp.decode import attention_with_cache
 from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_reference, rope_heads_reference,
                                        swiglu_reference)
+from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
 from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
 from toolchain.native import load_kernels
 
@@ -114,6 +115,16 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor dy, Tensor qweight, Tensor scales, int group",              # group, dx
            reference=int4_dyw_a8_reference,
            meta=lambda dy, qweight, scales, group: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
+    # causal attention of a whole training sequence and its gradients (`--compute int8` programs' training methods:
+    # the float32 attention on the thread pool; mesp/block.py)
+    Kernel("attention_train", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),   # q, k, v, H, Hk, T, D, scale,
+           schema="Tensor q, Tensor k, Tensor v, float scale",                            # out
+           reference=attention_train_reference,
+           meta=lambda q, k, v, scale: q.new_empty((q.shape[1], q.shape[0] * q.shape[2]))),
+    Kernel("attention_train_backward", (_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),
+           schema="Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, float scale",
+           reference=attention_train_backward_reference,
+           meta=lambda dout, q, k, v, o, scale: q.new_empty((q.shape[0] + 2 * k.shape[0], q.shape[1], q.shape[2]))),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL

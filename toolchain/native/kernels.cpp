@@ -7,6 +7,8 @@
 // (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops);
 // and for training (`--compute int8`):
 //   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
+//   toolchain::attention_train, toolchain::attention_train_backward   causal attention of the whole sequence
+//                                and its gradients (float32, over the thread pool: the step's float32 rest)
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -1310,6 +1312,256 @@ int toolchain_swiglu(const float* g, const float* u, int64_t N, float* out) {
 }
 }  // extern "C"
 
+
+// Causal attention of a whole training sequence, forward and backward (`--compute int8` programs' training
+// methods; references `attention_train_reference` / `attention_train_backward_reference` in
+// toolchain/mesp/ops/attention.py). q [H, T, D], k, v [Hk, T, D] (post-RoPE; query head h reads kv head h / (H / Hk)),
+// c = `scale`:
+//   S = c Q K^T (j <= i),  P = softmax over j <= i (m = max, e = exp(s - m) by exp16, P = e / sum e),  O = P V
+//   backward: dP = dO V^T,  rows_i = dO_i . O_i,  dS = P (dP - rows),  dQ = c dS K,  dK = c dS^T Q,  dV = P^T dO
+// Per query head (the pool's unit of work), with its operands copied to row-major panels padded with zeros to a
+// multiple of 16 columns (Dp) and rows (Tp): the score-like products (S, dP) are 4 query rows x 16 keys per
+// register with k / v transposed ([Dp, Tp]); P V, dS K, P^T dO and dS^T Q are 4 rows x 64 columns of D per pass,
+// summed in increasing key (or query) order with fused multiply-adds. The same sums in the same order on every
+// CPU and whichever thread runs a head: the bits depend on neither (one generic body; the compiler picks the vector
+// width). A shared kv head's dK, dV are summed over its query heads in increasing h after the heads' tasks.
+namespace {
+
+constexpr int64_t kAttnRows = 4;    // query (or key) rows per register block
+constexpr int64_t kAttnCols = 4;    // vectors of 16 per register block (64 keys, or 64 columns of D)
+
+inline int64_t round16(int64_t n) { return (n + L - 1) / L * L; }
+
+// rows [0, n) of a [n, D] matrix with row stride ld -> a zero-padded [np, Dp] panel; transposed: [Dp, np].
+void attn_panel(const float* src, int64_t n, int64_t D, int64_t ld, int64_t np, int64_t Dp, float* dst,
+                bool transposed) {
+  std::fill(dst, dst + np * Dp, 0.0f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < D; ++d) {
+      if (transposed) dst[d * np + i] = src[i * ld + d];
+      else dst[i * Dp + d] = src[i * ld + d];
+    }
+}
+
+// out[i][j] = scale * sum_d a[i][d] bt[d][j] for the row blocks of 4 covering [0, T) and j < round16(i + 1) (the
+// causal part of each row, in whole vectors; some more of a block's first rows): a [Tp, Dp], bt [Dp, Tp],
+// out [Tp, Tp].
+void attn_scores(const float* a, const float* bt, int64_t T, int64_t Tp, int64_t Dp, float scale, float* out) {
+  for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {
+    const int64_t jend = round16(std::min(Tp, i0 + kAttnRows));
+    for (int64_t j0 = 0; j0 < jend; j0 += kAttnCols * L) {
+      const int64_t nb = std::min(kAttnCols, (jend - j0) / L);
+      f32x16 acc[kAttnRows][kAttnCols] = {};
+      for (int64_t d = 0; d < Dp; ++d) {
+        f32x16 b[kAttnCols];
+        for (int64_t c = 0; c < nb; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * L, sizeof(f32x16));
+        for (int64_t r = 0; r < kAttnRows; ++r) {
+          const float x = a[(i0 + r) * Dp + d];
+          for (int64_t c = 0; c < nb; ++c) acc[r][c] += x * b[c];
+        }
+      }
+      for (int64_t r = 0; r < kAttnRows; ++r)
+        for (int64_t c = 0; c < nb; ++c) {
+          const f32x16 v = acc[r][c] * scale;
+          std::memcpy(out + (i0 + r) * Tp + j0 + c * L, &v, sizeof v);
+        }
+    }
+  }
+}
+
+// Row i of the scores -> the probabilities P[i][j] for j <= i, 0 for i < j < round16(i + 1).
+void attn_softmax_row(float* s, int64_t i) {
+  const int64_t n = i + 1, nv = round16(n);
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  f32x16 sum = f32x16{};
+  for (int64_t j = 0; j < nv; j += L) {
+    f32x16 v;
+    std::memcpy(&v, s + j, sizeof v);
+    f32x16 e = exp16(v - m);
+    for (int64_t l = 0; l < L; ++l)
+      if (j + l >= n) e[l] = 0.0f;
+    sum += e;
+    std::memcpy(s + j, &e, sizeof e);
+  }
+  float lanes[L];
+  std::memcpy(lanes, &sum, sizeof lanes);
+  const float denom = lane_sum(lanes);
+  for (int64_t j = 0; j < nv; j += L) {
+    f32x16 v;
+    std::memcpy(&v, s + j, sizeof v);
+    v = v / denom;
+    std::memcpy(s + j, &v, sizeof v);
+  }
+}
+
+// out[r][:] = sum_{j < round16(i0 + r + 1)} p[i0 + r][j] b[j][:] for r < 4 (p's entries past the causal part are
+// 0), rows of b [Tp, Dp]; sums over j in increasing order. out: row stride ldo, Dp columns.
+void attn_rows_by_rows(const float* p, int64_t Tp, int64_t i0, const float* b, int64_t Dp, float* out, int64_t ldo) {
+  const int64_t jend = round16(std::min(Tp, i0 + kAttnRows));
+  for (int64_t d0 = 0; d0 < Dp; d0 += kAttnCols * L) {
+    const int64_t nb = std::min(kAttnCols, (Dp - d0) / L);
+    f32x16 acc[kAttnRows][kAttnCols] = {};
+    for (int64_t j = 0; j < jend; ++j) {
+      f32x16 v[kAttnCols];
+      for (int64_t c = 0; c < nb; ++c) std::memcpy(&v[c], b + j * Dp + d0 + c * L, sizeof(f32x16));
+      for (int64_t r = 0; r < kAttnRows; ++r) {
+        const float x = j < round16(i0 + r + 1) ? p[(i0 + r) * Tp + j] : 0.0f;
+        for (int64_t c = 0; c < nb; ++c) acc[r][c] += x * v[c];
+      }
+    }
+    for (int64_t r = 0; r < kAttnRows; ++r)
+      for (int64_t c = 0; c < nb; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
+  }
+}
+
+// out[r][:] = sum_{j0 <= i < T} p[i][j0 + r] b[i][:] for r < kAttnRows (p[i][j] is 0 for i < j < round16(i + 1),
+// and read only there); sums over i in increasing order.
+void attn_cols_by_rows(const float* p, int64_t T, int64_t Tp, int64_t j0, const float* b, int64_t Dp, float* out,
+                       int64_t ldo) {
+  for (int64_t d0 = 0; d0 < Dp; d0 += kAttnCols * L) {
+    const int64_t nb = std::min(kAttnCols, (Dp - d0) / L);
+    f32x16 acc[kAttnRows][kAttnCols] = {};
+    for (int64_t i = j0; i < T; ++i) {
+      f32x16 v[kAttnCols];
+      for (int64_t c = 0; c < nb; ++c) std::memcpy(&v[c], b + i * Dp + d0 + c * L, sizeof(f32x16));
+      for (int64_t r = 0; r < kAttnRows; ++r) {
+        const float x = j0 + r < round16(i + 1) ? p[i * Tp + j0 + r] : 0.0f;
+        for (int64_t c = 0; c < nb; ++c) acc[r][c] += x * v[c];
+      }
+    }
+    for (int64_t r = 0; r < kAttnRows; ++r)
+      for (int64_t c = 0; c < nb; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
+  }
+}
+
+struct AttnTrainTask {
+  const float *q, *k, *v, *dout, *o;   // dout, o: [T, H D] (backward only)
+  int64_t H, Hk, T, D;
+  float scale;
+  float* out;        // forward: o [T, H D]; backward: [H + 2 Hk, T, D] (dq, dk, dv)
+  float* partial;    // backward: per query head its dK, dV [H, 2, T, D]
+};
+
+// The per-thread buffers of a head (kept across calls: reused, not reallocated, at one shape).
+struct AttnScratch {
+  std::vector<float> qp, kp, kt, vp, vt, dop, p, ds, acc;
+  void resize(int64_t Tp, int64_t Dp, bool backward) {
+    for (auto* b : {&qp, &kt, &vp}) b->resize(static_cast<size_t>(Tp * Dp));
+    p.resize(static_cast<size_t>(Tp * Tp));
+    acc.resize(static_cast<size_t>(kAttnRows * Dp));
+    if (backward) {
+      for (auto* b : {&kp, &vt, &dop}) b->resize(static_cast<size_t>(Tp * Dp));
+      ds.resize(static_cast<size_t>(Tp * Tp));
+    }
+  }
+};
+
+// Query head h: the panels and P (probabilities, row by row).
+void attn_head_probs(const AttnTrainTask& a, int64_t h, AttnScratch& s, int64_t Tp, int64_t Dp) {
+  const int64_t T = a.T, D = a.D, j = h / (a.H / a.Hk);
+  attn_panel(a.q + h * T * D, T, D, D, Tp, Dp, s.qp.data(), false);
+  attn_panel(a.k + j * T * D, T, D, D, Tp, Dp, s.kt.data(), true);
+  attn_panel(a.v + j * T * D, T, D, D, Tp, Dp, s.vp.data(), false);
+  attn_scores(s.qp.data(), s.kt.data(), T, Tp, Dp, a.scale, s.p.data());
+  for (int64_t i = 0; i < T; ++i) attn_softmax_row(s.p.data() + i * Tp, i);
+}
+
+void attention_train_head(void* task, size_t head) {
+  const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
+  const int64_t h = static_cast<int64_t>(head), T = a.T, D = a.D, Tp = round16(T), Dp = round16(D);
+  thread_local AttnScratch s;
+  s.resize(Tp, Dp, false);
+  attn_head_probs(a, h, s, Tp, Dp);
+  for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {   // O = P V, rows i0 .. i0 + 3
+    attn_rows_by_rows(s.p.data(), Tp, i0, s.vp.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - i0); ++r)
+      std::memcpy(a.out + (i0 + r) * a.H * D + h * D, s.acc.data() + r * Dp, static_cast<size_t>(D) * sizeof(float));
+  }
+}
+
+void attention_train_backward_head(void* task, size_t head) {
+  const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
+  const int64_t h = static_cast<int64_t>(head), T = a.T, D = a.D, H = a.H, Tp = round16(T), Dp = round16(D);
+  const int64_t j = h / (H / a.Hk);
+  thread_local AttnScratch s;
+  s.resize(Tp, Dp, true);
+  attn_head_probs(a, h, s, Tp, Dp);
+  attn_panel(a.k + j * T * D, T, D, D, Tp, Dp, s.kp.data(), false);
+  attn_panel(a.v + j * T * D, T, D, D, Tp, Dp, s.vt.data(), true);
+  attn_panel(a.dout + h * D, T, D, H * D, Tp, Dp, s.dop.data(), false);
+  attn_scores(s.dop.data(), s.vt.data(), T, Tp, Dp, 1.0f, s.ds.data());           // dP = dO V^T
+  for (int64_t i = 0; i < T; ++i) {                                              // dS = P (dP - rows_i)
+    const float* doi = a.dout + i * H * D + h * D;
+    const float* oi = a.o + i * H * D + h * D;
+    const float rows = dot(doi, oi, D);
+    float* dsi = s.ds.data() + i * Tp;
+    const float* pi = s.p.data() + i * Tp;
+    for (int64_t jj = 0; jj < round16(i + 1); ++jj) dsi[jj] = jj <= i ? pi[jj] * (dsi[jj] - rows) : 0.0f;
+  }
+  float* dq = a.out + h * T * D;
+  float* dk = a.partial + (2 * h) * T * D;
+  float* dv = a.partial + (2 * h + 1) * T * D;
+  for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {                               // dQ = c dS K
+    attn_rows_by_rows(s.ds.data(), Tp, i0, s.kp.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - i0); ++r)
+      for (int64_t d = 0; d < D; ++d) dq[(i0 + r) * D + d] = s.acc[static_cast<size_t>(r * Dp + d)] * a.scale;
+  }
+  for (int64_t j0 = 0; j0 < T; j0 += kAttnRows) {                               // dK = c dS^T Q, dV = P^T dO
+    attn_cols_by_rows(s.ds.data(), T, Tp, j0, s.qp.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - j0); ++r)
+      for (int64_t d = 0; d < D; ++d) dk[(j0 + r) * D + d] = s.acc[static_cast<size_t>(r * Dp + d)] * a.scale;
+    attn_cols_by_rows(s.p.data(), T, Tp, j0, s.dop.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - j0); ++r)
+      std::memcpy(dv + (j0 + r) * D, s.acc.data() + r * Dp, static_cast<size_t>(D) * sizeof(float));
+  }
+}
+
+// kv head j's dK, dV: the partials of its query heads summed in increasing h.
+void attention_train_kv_sum(void* task, size_t head) {
+  const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
+  const int64_t j = static_cast<int64_t>(head), G = a.H / a.Hk, n = a.T * a.D;
+  float* dk = a.out + (a.H + j) * n;
+  float* dv = a.out + (a.H + a.Hk + j) * n;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* pk = a.partial + 2 * (j * G + g) * n;
+    const float* pv = pk + n;
+    for (int64_t e = 0; e < n; ++e) {
+      dk[e] = g == 0 ? pk[e] : dk[e] + pk[e];
+      dv[e] = g == 0 ? pv[e] : dv[e] + pv[e];
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// o [T, H*D] = causal softmax attention of q [H, T, D] over k, v [Hk, T, D] (the block above). Returns 0, or -1
+// for bad arguments.
+int toolchain_attention_train(const float* q, const float* k, const float* v, int64_t H, int64_t Hk, int64_t T,
+                              int64_t D, float scale, float* out) {
+  if (H <= 0 || Hk <= 0 || H % Hk || T < 0 || D <= 0) return -1;
+  AttnTrainTask task{q, k, v, nullptr, nullptr, H, Hk, T, D, scale, out, nullptr};
+  parallel_for(attention_train_head, &task, H, H * T * T * D, kPoolRowWork);   // the query heads over the pool
+  return 0;
+}
+
+// [H + 2 Hk, T, D] = dq, dk, dv of toolchain_attention_train for dout [T, H*D] (the gradient of its output), with
+// o [T, H*D] its output. Returns 0, or -1 for bad arguments.
+int toolchain_attention_train_backward(const float* dout, const float* q, const float* k, const float* v,
+                                       const float* o, int64_t H, int64_t Hk, int64_t T, int64_t D, float scale,
+                                       float* out) {
+  if (H <= 0 || Hk <= 0 || H % Hk || T < 0 || D <= 0) return -1;
+  std::vector<float> partial(static_cast<size_t>(2 * H * T * D));
+  AttnTrainTask task{q, k, v, dout, o, H, Hk, T, D, scale, out, partial.data()};
+  parallel_for(attention_train_backward_head, &task, H, 3 * H * T * T * D, kPoolRowWork);
+  parallel_for(attention_train_kv_sum, &task, Hk, 2 * H * T * D, kPoolRowWork);
+  return 0;
+}
+
+}  // extern "C"
+
 #ifndef TOOLCHAIN_NO_EXECUTORCH
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -1474,6 +1726,50 @@ Tensor& swiglu_out(KernelRuntimeContext& ctx, const Tensor& g, const Tensor& u, 
   return out;
 }
 
+// q [H, T, D], k and v [Hk, T, D] float (T = q's, H a multiple of Hk): the shapes toolchain::attention_train* take.
+bool attention_train_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.scalar_type() == ScalarType::Float && k.scalar_type() == ScalarType::Float &&
+         v.scalar_type() == ScalarType::Float && q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.size(0) > 0 &&
+         q.size(0) % k.size(0) == 0 && k.size(1) == q.size(1) && k.size(2) == q.size(2) &&
+         v.size(0) == k.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2);
+}
+
+// toolchain::attention_train.out(Tensor q, Tensor k, Tensor v, float scale, *, Tensor(a!) out)
+Tensor& attention_train_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                            double scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, attention_train_shapes(q, k, v) && out.scalar_type() == ScalarType::Float, InvalidArgument,
+                  out);
+  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), Hk = k.size(0);
+  const SizesType sizes[2] = {static_cast<SizesType>(T), static_cast<SizesType>(H * D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_attention_train(q.const_data_ptr<float>(), k.const_data_ptr<float>(),
+                                           v.const_data_ptr<float>(), H, Hk, T, D, static_cast<float>(scale),
+                                           out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::attention_train_backward.out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, float scale, *,
+//                                         Tensor(a!) out)
+Tensor& attention_train_backward_out(KernelRuntimeContext& ctx, const Tensor& dout, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& o, double scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, attention_train_shapes(q, k, v) && out.scalar_type() == ScalarType::Float, InvalidArgument,
+                  out);
+  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), Hk = k.size(0);
+  ET_KERNEL_CHECK(ctx, dout.scalar_type() == ScalarType::Float && o.scalar_type() == ScalarType::Float &&
+                  dout.dim() == 2 && o.dim() == 2 && dout.size(0) == T && dout.size(1) == H * D && o.size(0) == T &&
+                  o.size(1) == H * D, InvalidArgument, out);
+  const SizesType sizes[3] = {static_cast<SizesType>(H + 2 * Hk), static_cast<SizesType>(T),
+                              static_cast<SizesType>(D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 3}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_attention_train_backward(dout.const_data_ptr<float>(), q.const_data_ptr<float>(),
+                                                    k.const_data_ptr<float>(), v.const_data_ptr<float>(),
+                                                    o.const_data_ptr<float>(), H, Hk, T, D,
+                                                    static_cast<float>(scale), out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -1483,4 +1779,6 @@ EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
 EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "attention_train.out", attention_train_out);
+EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_backward_out);
 #endif

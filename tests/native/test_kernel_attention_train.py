@@ -1,0 +1,116 @@
+"""The training attention kernels (toolchain/native/kernels.cpp `toolchain_attention_train`, `..._backward`: the
+`--compute int8` programs' causal attention of the whole sequence, forward and gradients) against their references
+(mesp/ops/attention.py) evaluated in float64, and against autograd through the reference: random odd shapes (T not a
+multiple of 4 or 16, D not a multiple of 16, grouped and ungrouped heads), the block's shapes; the same bits at 1 and
+2 threads and on every kernel path (one generic body); bad arguments refused; the ExecuTorch ops in a program.
+
+Tolerance: the kernel's only differences from the float64 value are float32 roundings (scores, exp16 within 2 ulp,
+the softmax's sum, products summed over T or D terms), a few 1e-7 relative to the outputs' scale; checked at
+2e-5 x the output's largest magnitude, and the float32 PyTorch reference (what the eager step runs) must hold the
+same bound, so the bound is not looser than PyTorch's own rounding needs."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from toolchain.mesp.kernels import load_native_kernels
+from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
+
+_ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+TOL = 2e-5
+
+
+def _inputs(h, hk, t, d, seed, scale_qk=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(h, t, d, generator=gen) * scale_qk
+    k = torch.randn(hk, t, d, generator=gen) * scale_qk
+    v = torch.randn(hk, t, d, generator=gen)
+    dout = torch.randn(t, h * d, generator=gen)
+    return q, k, v, dout
+
+
+def _forward(lib, q, k, v, scale):
+    h, t, d = q.shape
+    out = torch.full((t, h * d), float("nan"))
+    assert lib.toolchain_attention_train(_ptr(q), _ptr(k), _ptr(v), h, k.shape[0], t, d, ctypes.c_float(scale),
+                                         _ptr(out)) == 0
+    return out
+
+
+def _backward(lib, dout, q, k, v, o, scale):
+    h, t, d = q.shape
+    hk = k.shape[0]
+    out = torch.full((h + 2 * hk, t, d), float("nan"))
+    assert lib.toolchain_attention_train_backward(_ptr(dout), _ptr(q), _ptr(k), _ptr(v), _ptr(o), h, hk, t, d,
+                                                  ctypes.c_float(scale), _ptr(out)) == 0
+    return out
+
+
+def _close(got, exact, ref):
+    bound = TOL * float(exact.abs().max())
+    assert not got.isnan().any()
+    assert float((got.double() - exact).abs().max()) <= bound
+    assert float((ref.double() - exact).abs().max()) <= bound
+
+
+SHAPES = [(14, 2, 256, 64), (3, 1, 37, 24), (4, 4, 5, 16), (2, 1, 1, 8), (6, 3, 19, 33), (16, 2, 70, 128)]
+
+
+@pytest.mark.parametrize("h,hk,t,d", SHAPES)
+def test_attention_train_equals_the_reference_in_float64(h, hk, t, d):
+    lib = load_native_kernels()
+    q, k, v, dout = _inputs(h, hk, t, d, seed=h * 1000 + t * 10 + d, scale_qk=2.0)
+    scale = d ** -0.5
+    o = _forward(lib, q, k, v, scale)
+    exact = attention_train_reference(q.double(), k.double(), v.double(), scale)
+    _close(o, exact, attention_train_reference(q, k, v, scale))
+    g = _backward(lib, dout, q, k, v, o, scale)
+    exact_g = attention_train_backward_reference(dout.double(), q.double(), k.double(), v.double(), exact, scale)
+    ref_g = attention_train_backward_reference(dout, q, k, v, attention_train_reference(q, k, v, scale), scale)
+    _close(g, exact_g, ref_g)   # dq, dk, dv at the gradient's scale (at T = 1, dq is 0 by cancellation: dP = rows)
+
+
+@pytest.mark.parametrize("h,hk,t,d", [(4, 2, 13, 20), (3, 3, 33, 16)])
+def test_the_backward_reference_is_autograd_of_the_forward(h, hk, t, d):
+    """The backward's definition is the gradient of the forward's (float64 autograd through the reference)."""
+    q, k, v, dout = (x.double() for x in _inputs(h, hk, t, d, seed=7 + t))
+    scale = 0.3
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = attention_train_reference(*leaves, scale)
+    o.backward(dout)
+    g = attention_train_backward_reference(dout, q, k, v, o.detach(), scale)
+    torch.testing.assert_close(g, torch.cat([x.grad for x in leaves]), rtol=1e-10, atol=1e-10)
+
+
+def test_the_bits_do_not_depend_on_threads_or_the_kernel_path(lib):
+    from executorch.extension.pybindings import portable_lib
+
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    cases = [(14, 2, 256, 64), (6, 3, 19, 33)]
+    paths = [p for p in ("generic", "avx2", "avx_vnni", "avx512_vnni") if lib.toolchain_select_kernel_path(p.encode()) == 0]
+    try:
+        for shape in cases:
+            q, k, v, dout = _inputs(*shape, seed=3)
+            seen = []
+            for n, path in [(1, p) for p in paths] + [(2, paths[0]), (2, paths[-1])]:
+                portable_lib._unsafe_reset_threadpool(n)
+                assert lib.toolchain_select_kernel_path(path.encode()) == 0
+                o = _forward(lib, q, k, v, 0.125)
+                seen.append(torch.cat([o.flatten(), _backward(lib, dout, q, k, v, o, 0.125).flatten()]))
+            assert all(torch.equal(seen[0].view(torch.int32), s.view(torch.int32)) for s in seen[1:]), shape
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_bad_arguments_are_refused():
+    lib = load_native_kernels()
+    x = torch.zeros(64)
+    for h, hk, t, d in [(3, 2, 4, 4), (0, 1, 4, 4), (2, 0, 4, 4), (2, 1, -1, 4), (2, 1, 4, 0)]:
+        assert lib.toolchain_attention_train(_ptr(x), _ptr(x), _ptr(x), h, hk, t, d, ctypes.c_float(1.0), _ptr(x)) == -1
+        assert lib.toolchain_attention_train_backward(_ptr(x), _ptr(x), _ptr(x), _ptr(x), _ptr(x), h, hk, t, d,
+                                                      ctypes.c_float(1.0), _ptr(x)) == -1
