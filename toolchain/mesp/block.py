@@ -9,7 +9,7 @@ Forward (x [T, d]):
 Backward chains the primitives' backwards in reverse (the MLP first, then the attention half, whose input
 norm is recomputed after the MLP rather than held through it). Nothing of the forward is kept between the
 forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one query head at a
-time ([T, T] scores). With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
+time ([T, T] scores), or (`--compute int8`: `Compute.train_attention`) as one native op each way. With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
@@ -123,7 +123,10 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
     q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
     k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
     v = _heads(v, arch.kv_heads)
-    o = _unheads(_attention_by_head(q, k, v, mask))
+    if p.compute.train_attention:                                   # one native op (ops/compute.py)
+        o = torch.ops.toolchain.attention_train(q, k, v, arch.head_dim ** -0.5)
+    else:
+        o = _unheads(_attention_by_head(q, k, v, mask))
     ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute)[0]
     return x + ao, _AttentionKept(q, k, v, o, mask, sq, sk)
 
@@ -305,7 +308,11 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     del x1
     go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale), p.compute)
     _add_grad(grads, "o_proj", go.lora)
-    ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
+    if p.compute.train_attention:                                   # dq, dk, dv stacked [H + 2 Hk, T, D]
+        g = torch.ops.toolchain.attention_train_backward(go.dx, kept.q, kept.k, kept.v, kept.o, arch.head_dim ** -0.5)
+        ga = AttentionGrads(g[:arch.heads], g[arch.heads:arch.heads + arch.kv_heads], g[arch.heads + arch.kv_heads:])
+    else:
+        ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
     norms = {"q": kept.q_norm, "k": kept.k_norm}                                  # None without q/k norms
     del go, kept
     n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)       # recomputed: not held through the MLP

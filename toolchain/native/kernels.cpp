@@ -95,6 +95,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -1343,29 +1344,36 @@ void attn_panel(const float* src, int64_t n, int64_t D, int64_t ld, int64_t np, 
     }
 }
 
+// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + 16 NB - 1: a [., Dp], bt [Dp, Tp], out [., Tp].
+template <int NB>
+inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
+                              int64_t i0, int64_t j0) {
+  f32x16 acc[kAttnRows][NB] = {};
+  for (int64_t d = 0; d < Dp; ++d) {
+    f32x16 b[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * L, sizeof(f32x16));
+    for (int64_t r = 0; r < kAttnRows; ++r) {
+      const float x = a[(i0 + r) * Dp + d];
+      for (int c = 0; c < NB; ++c) acc[r][c] += x * b[c];
+    }
+  }
+  for (int64_t r = 0; r < kAttnRows; ++r)
+    for (int c = 0; c < NB; ++c) {
+      const f32x16 v = acc[r][c] * scale;
+      std::memcpy(out + (i0 + r) * Tp + j0 + c * L, &v, sizeof v);
+    }
+}
+
 // out[i][j] = scale * sum_d a[i][d] bt[d][j] for the row blocks of 4 covering [0, T) and j < round16(i + 1) (the
-// causal part of each row, in whole vectors; some more of a block's first rows): a [Tp, Dp], bt [Dp, Tp],
-// out [Tp, Tp].
+// causal part of each row in whole vectors: the same for the 4 rows of a block, as i0 is a multiple of 4):
+// a [Tp, Dp], bt [Dp, Tp], out [Tp, Tp].
 void attn_scores(const float* a, const float* bt, int64_t T, int64_t Tp, int64_t Dp, float scale, float* out) {
   for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {
-    const int64_t jend = round16(std::min(Tp, i0 + kAttnRows));
-    for (int64_t j0 = 0; j0 < jend; j0 += kAttnCols * L) {
-      const int64_t nb = std::min(kAttnCols, (jend - j0) / L);
-      f32x16 acc[kAttnRows][kAttnCols] = {};
-      for (int64_t d = 0; d < Dp; ++d) {
-        f32x16 b[kAttnCols];
-        for (int64_t c = 0; c < nb; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * L, sizeof(f32x16));
-        for (int64_t r = 0; r < kAttnRows; ++r) {
-          const float x = a[(i0 + r) * Dp + d];
-          for (int64_t c = 0; c < nb; ++c) acc[r][c] += x * b[c];
-        }
-      }
-      for (int64_t r = 0; r < kAttnRows; ++r)
-        for (int64_t c = 0; c < nb; ++c) {
-          const f32x16 v = acc[r][c] * scale;
-          std::memcpy(out + (i0 + r) * Tp + j0 + c * L, &v, sizeof v);
-        }
-    }
+    const int64_t jend = round16(i0 + kAttnRows);
+    int64_t j0 = 0;
+    for (; j0 + kAttnCols * L <= jend; j0 += kAttnCols * L)
+      attn_scores_block<kAttnCols>(a, bt, Tp, Dp, scale, out, i0, j0);
+    for (; j0 < jend; j0 += L) attn_scores_block<1>(a, bt, Tp, Dp, scale, out, i0, j0);
   }
 }
 
@@ -1379,8 +1387,8 @@ void attn_softmax_row(float* s, int64_t i) {
     f32x16 v;
     std::memcpy(&v, s + j, sizeof v);
     f32x16 e = exp16(v - m);
-    for (int64_t l = 0; l < L; ++l)
-      if (j + l >= n) e[l] = 0.0f;
+    if (j + L > n)
+      for (int64_t l = n - j; l < L; ++l) e[l] = 0.0f;
     sum += e;
     std::memcpy(s + j, &e, sizeof e);
   }
@@ -1395,44 +1403,48 @@ void attn_softmax_row(float* s, int64_t i) {
   }
 }
 
-// out[r][:] = sum_{j < round16(i0 + r + 1)} p[i0 + r][j] b[j][:] for r < 4 (p's entries past the causal part are
-// 0), rows of b [Tp, Dp]; sums over j in increasing order. out: row stride ldo, Dp columns.
-void attn_rows_by_rows(const float* p, int64_t Tp, int64_t i0, const float* b, int64_t Dp, float* out, int64_t ldo) {
-  const int64_t jend = round16(std::min(Tp, i0 + kAttnRows));
-  for (int64_t d0 = 0; d0 < Dp; d0 += kAttnCols * L) {
-    const int64_t nb = std::min(kAttnCols, (Dp - d0) / L);
-    f32x16 acc[kAttnRows][kAttnCols] = {};
-    for (int64_t j = 0; j < jend; ++j) {
-      f32x16 v[kAttnCols];
-      for (int64_t c = 0; c < nb; ++c) std::memcpy(&v[c], b + j * Dp + d0 + c * L, sizeof(f32x16));
-      for (int64_t r = 0; r < kAttnRows; ++r) {
-        const float x = j < round16(i0 + r + 1) ? p[(i0 + r) * Tp + j] : 0.0f;
-        for (int64_t c = 0; c < nb; ++c) acc[r][c] += x * v[c];
-      }
+// out[r][d0 ..] += sum over the rows t of `b` in [t0, t1) of p[t * sp + r * sr] b[t][d0 .. d0 + 16 NB - 1], r < 4,
+// in increasing t (fused multiply-adds from 0): the P V-like products (sp = 1: rows of p; sr = Tp) and the
+// P^T dO-like ones (sp = Tp, sr = 1: columns of p).
+template <int NB>
+inline void attn_weighted_rows(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
+                               int64_t Dp, int64_t d0, float* out, int64_t ldo) {
+  f32x16 acc[kAttnRows][NB] = {};
+  for (int64_t t = t0; t < t1; ++t) {
+    f32x16 v[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&v[c], b + t * Dp + d0 + c * L, sizeof(f32x16));
+    for (int64_t r = 0; r < kAttnRows; ++r) {
+      const float x = p[t * sp + r * sr];
+      for (int c = 0; c < NB; ++c) acc[r][c] += x * v[c];
     }
-    for (int64_t r = 0; r < kAttnRows; ++r)
-      for (int64_t c = 0; c < nb; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
   }
+  for (int64_t r = 0; r < kAttnRows; ++r)
+    for (int c = 0; c < NB; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
 }
 
-// out[r][:] = sum_{j0 <= i < T} p[i][j0 + r] b[i][:] for r < kAttnRows (p[i][j] is 0 for i < j < round16(i + 1),
-// and read only there); sums over i in increasing order.
+template <typename F>
+inline void attn_by_column_blocks(int64_t Dp, F&& f) {
+  int64_t d0 = 0;
+  for (; d0 + kAttnCols * L <= Dp; d0 += kAttnCols * L) f(std::integral_constant<int, kAttnCols>{}, d0);
+  for (; d0 < Dp; d0 += L) f(std::integral_constant<int, 1>{}, d0);
+}
+
+// out[r][:] = sum_{j < round16(i0 + 4)} p[i0 + r][j] b[j][:] for r < 4 (p's entries past the causal part are 0),
+// rows of b [Tp, Dp]; sums over j in increasing order. out: row stride ldo, Dp columns.
+void attn_rows_by_rows(const float* p, int64_t Tp, int64_t i0, const float* b, int64_t Dp, float* out, int64_t ldo) {
+  const int64_t jend = round16(i0 + kAttnRows);
+  attn_by_column_blocks(Dp, [&](auto nb, int64_t d0) {
+    attn_weighted_rows<decltype(nb)::value>(p + i0 * Tp, 1, Tp, 0, jend, b, Dp, d0, out, ldo);
+  });
+}
+
+// out[r][:] = sum_{j0 <= i < T} p[i][j0 + r] b[i][:] for r < 4 (p[i][j] is 0 for i < j < round16(i + 1), written
+// there: round16(i + 1) >= round16(j0 + 4) for i >= j0); sums over i in increasing order.
 void attn_cols_by_rows(const float* p, int64_t T, int64_t Tp, int64_t j0, const float* b, int64_t Dp, float* out,
                        int64_t ldo) {
-  for (int64_t d0 = 0; d0 < Dp; d0 += kAttnCols * L) {
-    const int64_t nb = std::min(kAttnCols, (Dp - d0) / L);
-    f32x16 acc[kAttnRows][kAttnCols] = {};
-    for (int64_t i = j0; i < T; ++i) {
-      f32x16 v[kAttnCols];
-      for (int64_t c = 0; c < nb; ++c) std::memcpy(&v[c], b + i * Dp + d0 + c * L, sizeof(f32x16));
-      for (int64_t r = 0; r < kAttnRows; ++r) {
-        const float x = j0 + r < round16(i + 1) ? p[i * Tp + j0 + r] : 0.0f;
-        for (int64_t c = 0; c < nb; ++c) acc[r][c] += x * v[c];
-      }
-    }
-    for (int64_t r = 0; r < kAttnRows; ++r)
-      for (int64_t c = 0; c < nb; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
-  }
+  attn_by_column_blocks(Dp, [&](auto nb, int64_t d0) {
+    attn_weighted_rows<decltype(nb)::value>(p + j0, Tp, 1, j0, T, b, Dp, d0, out, ldo);
+  });
 }
 
 struct AttnTrainTask {
