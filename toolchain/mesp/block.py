@@ -9,7 +9,7 @@ Forward (x [T, d]):
 Backward chains the primitives' backwards in reverse (the MLP first, then the attention half, whose input
 norm is recomputed after the MLP rather than held through it). Nothing of the forward is kept between the
 forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one query head at a
-time ([T, T] scores), or (`--compute int8`: `Compute.train_attention`) as one native op each way. With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
+time ([T, T] scores), or (`--compute int8`: `Compute.train_kernels`) as one native op each way. With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
@@ -31,8 +31,8 @@ from torch import Tensor
 from toolchain.lora.weights import LoraPair
 import torch.nn.functional as F
 
-from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RmsNormSaved, RopeTables, SwigluSaved,
-                                attention_backward, attention_forward, causal_mask, head_norm_backward,
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RmsNormSaved, RopeTables, SwigluGrads,
+                                SwigluSaved, attention_backward, attention_forward, causal_mask, head_norm_backward,
                                 head_norm_forward, linear_backward, linear_forward, rmsnorm_backward,
                                 rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
@@ -123,7 +123,7 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
     q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
     k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
     v = _heads(v, arch.kv_heads)
-    if p.compute.train_attention:                                   # one native op (ops/compute.py)
+    if p.compute.train_kernels:                                   # one native op (ops/compute.py)
         o = torch.ops.toolchain.attention_train(q, k, v, arch.head_dim ** -0.5)
     else:
         o = _unheads(_attention_by_head(q, k, v, mask))
@@ -188,7 +188,10 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
-        act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
+        if c.train_kernels:                                          # one native op (ops/compute.py)
+            act = torch.ops.toolchain.swiglu(g, u)
+        else:
+            act = swiglu_forward(g, u)[0]                            # [T, C] (its saved g, u not kept)
         del g, u
         if int8:
             part = matmul_xwt(act, quant_cols(wd, a, b), c)          # [T, d]
@@ -256,13 +259,16 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
             g = g + s * F.linear(hg, lg.b[a:b])
         if lu is not None:
             u = u + s * F.linear(hu, lu.b[a:b])
-        act = swiglu_forward(g, u)[0]
+        if cp.train_kernels:                                         # a, dg, du in one native op (ops/compute.py)
+            fused = torch.ops.toolchain.swiglu_train(g, u, da)
+            act, sw = fused[0], SwigluGrads(fused[1], fused[2])
+        else:
+            act, sw = swiglu_forward(g, u)[0], swiglu_backward(da, SwigluSaved(g, u))
         if ld is not None:
             dad.append(dhd.T @ act)                                  # [r, C]
             h_c = F.linear(act, ad)
             hd = h_c if hd is None else hd + h_c
         del act
-        sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
         if int8:
             part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
@@ -308,7 +314,7 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     del x1
     go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale), p.compute)
     _add_grad(grads, "o_proj", go.lora)
-    if p.compute.train_attention:                                   # dq, dk, dv stacked [H + 2 Hk, T, D]
+    if p.compute.train_kernels:                                   # dq, dk, dv stacked [H + 2 Hk, T, D]
         g = torch.ops.toolchain.attention_train_backward(go.dx, kept.q, kept.k, kept.v, kept.o, arch.head_dim ** -0.5)
         ga = AttentionGrads(g[:arch.heads], g[arch.heads:arch.heads + arch.kv_heads], g[arch.heads + arch.kv_heads:])
     else:

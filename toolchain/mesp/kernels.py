@@ -36,6 +36,7 @@ from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_refere
                                        swiglu_reference)
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
 from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
+from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
 
 __all__ = ["Kernel", "KERNELS", "executorch_ops", "generation_ops", "c_signatures", "load_native_kernels"]
@@ -125,6 +126,10 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, float scale",
            reference=attention_train_backward_reference,
            meta=lambda dout, q, k, v, o, scale: q.new_empty((q.shape[0] + 2 * k.shape[0], q.shape[1], q.shape[2]))),
+    Kernel("swiglu_train", (_PTR, _PTR, _PTR, _I64, _PTR),                      # g, u, da, N, out [3, N]
+           schema="Tensor g, Tensor u, Tensor da",
+           reference=swiglu_train_reference,
+           meta=lambda g, u, da: g.new_empty((3, *g.shape))),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL
@@ -141,7 +146,7 @@ def executorch_ops() -> tuple[str, ...]:
 
 def generation_ops() -> tuple[str, ...]:
     """The ops the fused generation methods call (rows with `methods`), in table order: what each fused
-    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8) is not among
+    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8, the *_train ones) is not among
     them, so generation programs and the runtimes that check their kernels do not depend on it."""
     return tuple(k.op for k in KERNELS if k.op is not None and k.methods)
 

@@ -9,6 +9,7 @@
 //   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
 //   toolchain::attention_train, toolchain::attention_train_backward   causal attention of the whole sequence
 //                                and its gradients (float32, over the thread pool: the step's float32 rest)
+//   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -1574,6 +1575,61 @@ int toolchain_attention_train_backward(const float* dout, const float* q, const 
 
 }  // extern "C"
 
+// SwiGLU of an MLP chunk recomputed in the training backward, with its gradients, in one pass (`--compute int8`
+// programs; reference `swiglu_train_reference` in toolchain/mesp/ops/swiglu.py): for g, u, da [N],
+//   e = exp16(-g), act = g / (1 + e) * u (toolchain_swiglu's value), sg = 1 / (1 + e),
+//   du = da * (g * sg), dg = da * u * sg * (1 + g * (1 - sg))
+// out [3, N] = act, dg, du. Element-wise: blocks of 1024 over the pool, the bits independent of both.
+struct SwigluTrainTask {
+  const float *g, *u, *da;
+  int64_t N;
+  float* out;
+};
+
+inline void swiglu_train16(const float* g, const float* u, const float* da, float* act, float* dg, float* du) {
+  f32x16 gv, uv, dv;
+  std::memcpy(&gv, g, sizeof gv);
+  std::memcpy(&uv, u, sizeof uv);
+  std::memcpy(&dv, da, sizeof dv);
+  const f32x16 e = exp16(-gv);
+  const f32x16 av = gv / (1.0f + e) * uv;
+  const f32x16 sg = 1.0f / (1.0f + e);
+  const f32x16 duv = dv * (gv * sg);
+  const f32x16 dgv = dv * uv * sg * (1.0f + gv * (1.0f - sg));
+  std::memcpy(act, &av, sizeof av);
+  std::memcpy(dg, &dgv, sizeof dgv);
+  std::memcpy(du, &duv, sizeof duv);
+}
+
+static void swiglu_train_block(void* task, size_t i) {
+  const SwigluTrainTask& a = *static_cast<const SwigluTrainTask*>(task);
+  const int64_t k0 = static_cast<int64_t>(i) * kSwigluBlock, N = a.N;
+  const int64_t n = std::min(N, k0 + kSwigluBlock) - k0;
+  float *act = a.out + k0, *dg = a.out + N + k0, *du = a.out + 2 * N + k0;
+  int64_t k = 0;
+  for (; k + L <= n; k += L) swiglu_train16(a.g + k0 + k, a.u + k0 + k, a.da + k0 + k, act + k, dg + k, du + k);
+  if (k < n) {   // the tail in zero-padded vectors
+    float gt[L] = {}, ut[L] = {}, dt[L] = {}, at[L], gg[L], uu[L];
+    const size_t bytes = static_cast<size_t>(n - k) * sizeof(float);
+    std::memcpy(gt, a.g + k0 + k, bytes);
+    std::memcpy(ut, a.u + k0 + k, bytes);
+    std::memcpy(dt, a.da + k0 + k, bytes);
+    swiglu_train16(gt, ut, dt, at, gg, uu);
+    std::memcpy(act + k, at, bytes);
+    std::memcpy(dg + k, gg, bytes);
+    std::memcpy(du + k, uu, bytes);
+  }
+}
+
+extern "C" {
+int toolchain_swiglu_train(const float* g, const float* u, const float* da, int64_t N, float* out) {
+  if (N < 0) return -1;
+  SwigluTrainTask task{g, u, da, N, out};
+  parallel_for(swiglu_train_block, &task, (N + kSwigluBlock - 1) / kSwigluBlock, 16 * N, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
 #ifndef TOOLCHAIN_NO_EXECUTORCH
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -1782,6 +1838,23 @@ Tensor& attention_train_backward_out(KernelRuntimeContext& ctx, const Tensor& do
   return out;
 }
 
+// toolchain::swiglu_train.out(Tensor g, Tensor u, Tensor da, *, Tensor(a!) out)
+Tensor& swiglu_train_out(KernelRuntimeContext& ctx, const Tensor& g, const Tensor& u, const Tensor& da, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, g.scalar_type() == ScalarType::Float && u.scalar_type() == ScalarType::Float &&
+                  da.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float &&
+                  g.numel() == u.numel() && g.numel() == da.numel() && g.dim() == u.dim() && g.dim() == da.dim() &&
+                  g.dim() < 8, InvalidArgument, out);
+  SizesType sizes[8];
+  sizes[0] = 3;
+  for (int64_t d = 0; d < g.dim(); ++d) sizes[d + 1] = g.size(d);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(g.dim() + 1)}) == Error::Ok,
+                  InvalidArgument, out);
+  const int rc = toolchain_swiglu_train(g.const_data_ptr<float>(), u.const_data_ptr<float>(),
+                                        da.const_data_ptr<float>(), g.numel(), out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -1793,4 +1866,5 @@ EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
 EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_train.out", attention_train_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_backward_out);
+EXECUTORCH_LIBRARY(toolchain, "swiglu_train.out", swiglu_train_out);
 #endif

@@ -1,5 +1,6 @@
-"""The training attention kernels (toolchain/native/kernels.cpp `toolchain_attention_train`, `..._backward`: the
-`--compute int8` programs' causal attention of the whole sequence, forward and gradients) against their references
+"""The training blocks' float32 kernels (toolchain/native/kernels.cpp: `toolchain_attention_train`, `..._backward`,
+the `--compute int8` programs' causal attention of the whole sequence, forward and gradients; `toolchain_swiglu_train`,
+an MLP chunk's SwiGLU recomputed with its gradients) against their references
 (mesp/ops/attention.py) evaluated in float64, and against autograd through the reference: random odd shapes (T not a
 multiple of 4 or 16, D not a multiple of 16, grouped and ungrouped heads), the block's shapes; the same bits at 1 and
 2 threads and on every kernel path (one generic body); bad arguments refused; the ExecuTorch ops in a program.
@@ -18,6 +19,7 @@ import torch
 
 from toolchain.mesp.kernels import load_native_kernels
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
+from toolchain.mesp.ops.swiglu import swiglu_train_reference
 
 _ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
 TOL = 2e-5
@@ -114,3 +116,52 @@ def test_bad_arguments_are_refused():
         assert lib.toolchain_attention_train(_ptr(x), _ptr(x), _ptr(x), h, hk, t, d, ctypes.c_float(1.0), _ptr(x)) == -1
         assert lib.toolchain_attention_train_backward(_ptr(x), _ptr(x), _ptr(x), _ptr(x), _ptr(x), h, hk, t, d,
                                                       ctypes.c_float(1.0), _ptr(x)) == -1
+
+
+def _swiglu_train(lib, g, u, da):
+    out = torch.full((3, *g.shape), float("nan"))
+    assert lib.toolchain_swiglu_train(_ptr(g), _ptr(u), _ptr(da), g.numel(), _ptr(out)) == 0
+    return out
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (7, 13), (1, 1), (3, 1029)])
+def test_swiglu_train_equals_the_reference_in_float64(shape):
+    """a, dg, du within float32 rounding of the float64 values (exp16: 2 ulp; a handful of products), each at its
+    own elements' scale: relative 2e-6 plus 2e-6 x the output's largest magnitude; the float32 reference too; a
+    equals toolchain_swiglu's bits (the forward's op: the recompute sees the forward's a)."""
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(shape[1])
+    g, u, da = (torch.randn(*shape, generator=gen) * 4 for _ in range(3))
+    got = _swiglu_train(lib, g, u, da)
+    exact = swiglu_train_reference(g.double(), u.double(), da.double())
+    ref = swiglu_train_reference(g, u, da)
+    for i in range(3):
+        tol = 2e-6 * float(exact[i].abs().max())
+        torch.testing.assert_close(got[i].double(), exact[i], rtol=2e-6, atol=tol)
+        torch.testing.assert_close(ref[i].double(), exact[i], rtol=2e-6, atol=tol)
+    a = torch.empty_like(g)
+    assert lib.toolchain_swiglu(_ptr(g), _ptr(u), g.numel(), _ptr(a)) == 0
+    assert torch.equal(got[0], a)
+
+
+def test_swiglu_train_bits_do_not_depend_on_threads_and_nan_stays_in_its_element(lib):
+    from executorch.extension.pybindings import portable_lib
+
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    gen = torch.Generator().manual_seed(5)
+    n = 256 * 256 + 5
+    g, u, da = (torch.randn(n, generator=gen) * 4 for _ in range(3))
+    g[7] = float("nan")
+    try:
+        seen = []
+        for k in (1, 2, 1):
+            portable_lib._unsafe_reset_threadpool(k)
+            seen.append(_swiglu_train(lib, g, u, da).view(torch.int32).clone())
+        assert torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+    out = _swiglu_train(lib, g, u, da)
+    assert out[:, 7].isnan().all() and not out[:, :7].isnan().any() and not out[:, 8:].isnan().any()
+    assert lib.toolchain_swiglu_train(_ptr(g), _ptr(u), _ptr(da), -1, _ptr(out)) == -1
