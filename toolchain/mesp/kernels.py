@@ -146,8 +146,8 @@ def executorch_ops() -> tuple[str, ...]:
 
 def generation_ops() -> tuple[str, ...]:
     """The ops the fused generation methods call (rows with `methods`), in table order: what each fused
-    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8, the *_train ones) is not among
-    them, so generation programs and the runtimes that check their kernels do not depend on it."""
+    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8, the *_train ones)
+    is not among them, so generation programs and the runtimes that check their kernels do not depend on it."""
     return tuple(k.op for k in KERNELS if k.op is not None and k.methods)
 
 
