@@ -127,8 +127,8 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
         o = torch.ops.toolchain.attention_train(q, k, v, arch.head_dim ** -0.5)
     else:
         o = _unheads(_attention_by_head(q, k, v, mask))
-    ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute)[0]
-    return x + ao, _AttentionKept(q, k, v, o, mask, sq, sk)
+    x1 = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute, residual=x)[0]  # x + o_proj(o)
+    return x1, _AttentionKept(q, k, v, o, mask, sq, sk)
 
 
 def _qk_heads(x: Tensor, n: int, norm: Tensor | None, eps: float, rope: RopeTables
@@ -166,39 +166,55 @@ def _lora_h(x: Tensor, pair) -> Tensor | None:
     return None if pair is None else F.linear(x, pair.a)             # [T, r] h = x A^T
 
 
+def _gate_up_fused(n2: Tensor, wg: QuantWeight, wu: QuantWeight, lg, lu, a: int, b: int, p: BlockParams
+                   ) -> tuple[Tensor, Tensor]:
+    """--compute int8 with the training kernels: the MLP chunk's g, u [T, C] = n2 W^T + s (n2 A^T) B[a:b]^T (wg, wu
+    the chunk's int4 rows [C, d]), each one `toolchain::lora_linear_a8` call (which recomputes its [T, r] n2 A^T;
+    linear_forward)."""
+    return tuple(linear_forward(n2, w, None, None if pair is None else LoraPair(pair.a, pair.b[a:b]), p.scale,
+                                p.compute)[0] for w, pair in ((wg, lg), (wu, lu)))
+
+
 def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     """lin_down(silu(lin_gate(n2)) * lin_up(n2)) for n2 = rmsnorm(x1), chunk by chunk over f."""
     w, s = p.weights, p.scale
     lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
     n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
-    hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
-    # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
     c = p.compute
     int8 = _int8(p)
+    # [T, r] n2 A^T (the fused gate / up calls compute their own)
+    hg, hu = (None, None) if int8 and c.train_kernels else (_lora_h(n2, lg), _lora_h(n2, lu))
+    # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
     n2c = to_compute(n2, c)
     wg, wu, wd = compute_weight(w.gate_proj, c), compute_weight(w.up_proj, c), compute_weight(w.down_proj, c)
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
-        if int8:                                                     # --compute int8: the int4 chunks in place
-            g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
+        if int8 and c.train_kernels:                                 # one native call each (ops/compute.py)
+            g, u = _gate_up_fused(n2, quant_rows(wg, a, b), quant_rows(wu, a, b), lg, lu, a, b, p)
         else:
-            g = linear(n2c, dense_rows(wg, a, b), c)                 # [T, C]
-            u = linear(n2c, dense_rows(wu, a, b), c)                 # [T, C]
-        if lg is not None:
-            g = g + s * F.linear(hg, lg.b[a:b])
-        if lu is not None:
-            u = u + s * F.linear(hu, lu.b[a:b])
+            if int8:                                                 # --compute int8: the int4 chunks in place
+                g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
+            else:
+                g = linear(n2c, dense_rows(wg, a, b), c)             # [T, C]
+                u = linear(n2c, dense_rows(wu, a, b), c)             # [T, C]
+            if lg is not None:
+                g = g + s * F.linear(hg, lg.b[a:b])
+            if lu is not None:
+                u = u + s * F.linear(hu, lu.b[a:b])
         if c.train_kernels:                                          # one native op (ops/compute.py)
             act = torch.ops.toolchain.swiglu(g, u)
         else:
             act = swiglu_forward(g, u)[0]                            # [T, C] (its saved g, u not kept)
         del g, u
-        if int8:
-            part = matmul_xwt(act, quant_cols(wd, a, b), c)          # [T, d]
+        if int8 and c.train_kernels:                                 # out + act Wd[:, c]^T in one native call
+            out = linear_forward(act, quant_cols(wd, a, b), None, None, s, c, residual=out)[0]
         else:
-            part = linear(to_compute(act, c), dense_cols(wd, a, b), c)  # [T, d]
-        out = part if out is None else out + part
-        del part
+            if int8:
+                part = matmul_xwt(act, quant_cols(wd, a, b), c)      # [T, d]
+            else:
+                part = linear(to_compute(act, c), dense_cols(wd, a, b), c)  # [T, d]
+            out = part if out is None else out + part
+            del part
         if ld is not None:
             h_c = F.linear(act, ld.a[:, a:b])                        # [T, r]
             hd = h_c if hd is None else hd + h_c
@@ -251,14 +267,19 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
             da = da + dhd @ ad
         if int8:
             wg, wu = quant_rows(wgq, a, b), quant_rows(wuq, a, b)    # [C, d] int4 (views)
-            g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)    # [T, C] recomputed
         else:
             wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)    # [C, d], read once for both uses
-            g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)          # [T, C] recomputed
-        if lg is not None:
-            g = g + s * F.linear(hg, lg.b[a:b])
-        if lu is not None:
-            u = u + s * F.linear(hu, lu.b[a:b])
+        if int8 and cp.train_kernels:
+            g, u = _gate_up_fused(n2, wg, wu, lg, lu, a, b, p)       # [T, C] recomputed
+        else:
+            if int8:
+                g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)  # [T, C] recomputed
+            else:
+                g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)      # [T, C] recomputed
+            if lg is not None:
+                g = g + s * F.linear(hg, lg.b[a:b])
+            if lu is not None:
+                u = u + s * F.linear(hu, lu.b[a:b])
         if cp.train_kernels:                                         # a, dg, du in one native op (ops/compute.py)
             fused = torch.ops.toolchain.swiglu_train(g, u, da)
             act, sw = fused[0], SwigluGrads(fused[1], fused[2])
