@@ -165,3 +165,40 @@ def test_swiglu_train_bits_do_not_depend_on_threads_and_nan_stays_in_its_element
     out = _swiglu_train(lib, g, u, da)
     assert out[:, 7].isnan().all() and not out[:, :7].isnan().any() and not out[:, 8:].isnan().any()
     assert lib.toolchain_swiglu_train(_ptr(g), _ptr(u), _ptr(da), -1, _ptr(out)) == -1
+
+
+@pytest.mark.parametrize("c,v,first", [(256, 1024, False), (5, 37, True), (3, 16, False), (1, 1, True)])
+def test_online_softmax_kernels_equal_the_references_in_float64(c, v, first):
+    """The head chunk's online softmax: m' exact (a max), a and s' and exp(z - m') within float32 rounding: the
+    float32 difference z - m' is off by up to |z - m'| u (u = 2^-24), which exp turns into a relative error of as
+    much, plus exp16's 2 ulp: |err| <= (|z - m'| + 3) 2u exp(z - m') per element (the float32 PyTorch reference
+    holds the same bound); s' sums V such terms (relative 1e-5 at these shapes); a = 0 on the first chunk
+    (m = -inf)."""
+    from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(c * 7 + v)
+    z = torch.randn(c, v, generator=gen) * 5
+    m = torch.full((c, 1), float("-inf")) if first else torch.randn(c, 1, generator=gen) * 5
+    s = torch.zeros(c, 1) if first else torch.rand(c, 1, generator=gen) * 100
+    st = torch.full((c, 3), float("nan"))
+    assert lib.toolchain_online_softmax_stats(_ptr(z), _ptr(m), _ptr(s), c, v, _ptr(st)) == 0
+    exact = online_softmax_stats_reference(z.double(), m.double(), s.double())
+    ref = online_softmax_stats_reference(z, m, s)
+    assert torch.equal(st[:, 0], ref[:, 0])
+    for got_, r in ((st, exact), (ref, exact)):
+        torch.testing.assert_close(got_.double(), r, rtol=1e-5, atol=0.0)
+    if first:
+        assert (st[:, 2] == 0).all()
+    p = torch.full((c, v), float("nan"))
+    mn = st[:, 0:1].contiguous()
+    assert lib.toolchain_exp_sub_rows(_ptr(z), _ptr(mn), c, v, _ptr(p)) == 0
+    exact_p = exp_sub_rows_reference(z.double(), mn.double())
+    bound = ((z.double() - mn.double()).abs() + 3) * 2.0 ** -23 * exact_p
+    assert ((p.double() - exact_p).abs() <= bound).all()
+    assert ((exp_sub_rows_reference(z, mn).double() - exact_p).abs() <= bound).all()
+    # the stats' sum is the sum of exactly these exp values (the same exp16), in float64 within the V-term bound
+    torch.testing.assert_close(st[:, 1].double() - st[:, 2].double() * s[:, 0].double(),
+                               p.double().sum(-1), rtol=1e-5, atol=0.0)
+    assert lib.toolchain_exp_sub_rows(_ptr(z), _ptr(mn), c, 0, _ptr(p)) == -1
+    assert lib.toolchain_online_softmax_stats(_ptr(z), _ptr(m), _ptr(s), -1, v, _ptr(st)) == -1

@@ -35,6 +35,7 @@ from toolchain.mesp.decode import attention_with_cache
 from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_reference, rope_heads_reference,
                                        swiglu_reference)
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
+from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
 from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
 from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
@@ -130,6 +131,15 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor g, Tensor u, Tensor da",
            reference=swiglu_train_reference,
            meta=lambda g, u, da: g.new_empty((3, *g.shape))),
+    # the LM head chunk's online softmax (`--compute int8` head_loss; mesp/ops/ce_online.py)
+    Kernel("online_softmax_stats", (_PTR, _PTR, _PTR, _I64, _I64, _PTR),         # z, m, s, C, V, out [C, 3]
+           schema="Tensor z, Tensor m, Tensor s",
+           reference=online_softmax_stats_reference,
+           meta=lambda z, m, s: z.new_empty((z.shape[0], 3))),
+    Kernel("exp_sub_rows", (_PTR, _PTR, _I64, _I64, _PTR),                       # z, m, C, V, out [C, V]
+           schema="Tensor z, Tensor m",
+           reference=exp_sub_rows_reference,
+           meta=lambda z, m: torch.empty_like(z)),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL

@@ -10,6 +10,7 @@
 //   toolchain::attention_train, toolchain::attention_train_backward   causal attention of the whole sequence
 //                                and its gradients (float32, over the thread pool: the step's float32 rest)
 //   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
+//   toolchain::online_softmax_stats, toolchain::exp_sub_rows   the LM head chunk's online softmax
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -1470,6 +1471,9 @@ struct AttnScratch {
   }
 };
 
+// One per thread, shared by the forward and backward heads (about 0.9 MiB at T = 256, D = 64).
+thread_local AttnScratch attn_scratch;
+
 // Query head h: the panels and P (probabilities, row by row).
 void attn_head_probs(const AttnTrainTask& a, int64_t h, AttnScratch& s, int64_t Tp, int64_t Dp) {
   const int64_t T = a.T, D = a.D, j = h / (a.H / a.Hk);
@@ -1483,7 +1487,7 @@ void attn_head_probs(const AttnTrainTask& a, int64_t h, AttnScratch& s, int64_t 
 void attention_train_head(void* task, size_t head) {
   const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
   const int64_t h = static_cast<int64_t>(head), T = a.T, D = a.D, Tp = round16(T), Dp = round16(D);
-  thread_local AttnScratch s;
+  AttnScratch& s = attn_scratch;
   s.resize(Tp, Dp, false);
   attn_head_probs(a, h, s, Tp, Dp);
   for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {   // O = P V, rows i0 .. i0 + 3
@@ -1497,7 +1501,7 @@ void attention_train_backward_head(void* task, size_t head) {
   const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
   const int64_t h = static_cast<int64_t>(head), T = a.T, D = a.D, H = a.H, Tp = round16(T), Dp = round16(D);
   const int64_t j = h / (H / a.Hk);
-  thread_local AttnScratch s;
+  AttnScratch& s = attn_scratch;
   s.resize(Tp, Dp, true);
   attn_head_probs(a, h, s, Tp, Dp);
   attn_panel(a.k + j * T * D, T, D, D, Tp, Dp, s.kp.data(), false);
@@ -1626,6 +1630,85 @@ int toolchain_swiglu_train(const float* g, const float* u, const float* da, int6
   if (N < 0) return -1;
   SwigluTrainTask task{g, u, da, N, out};
   parallel_for(swiglu_train_block, &task, (N + kSwigluBlock - 1) / kSwigluBlock, 16 * N, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
+
+// The LM head's online softmax over one vocabulary chunk (`--compute int8` head_loss; references in
+// toolchain/mesp/ops/ce_online.py): for logits z [C, V] and the running row max m [C] and sum s [C],
+//   online_softmax_stats: out [C, 3] = (m' = max(m, max_j z_j), s' = a s + sum_j exp16(z_j - m'), a = exp16(m - m'))
+//                         (a = 0 where m is -inf: the first chunk), the sum in 16 lanes (j mod 16) + lane_sum's tree
+//   exp_sub_rows:         out [C, V] = exp16(z - m[row])   (the same exp16 values the sum added)
+// Rows over the pool; element-wise within a row, so the bits depend on neither the threads nor the vector width.
+struct SoftmaxRowsTask {
+  const float *z, *m, *s;
+  int64_t C, V;
+  float* out;
+};
+
+// exp16(z[k] - m) for k < V into out (when out is not null), and their sum (16 lanes, the tail zero-padded).
+inline float exp_row(const float* z, int64_t V, float m, float* out) {
+  f32x16 sum = f32x16{};
+  int64_t k = 0;
+  for (; k + L <= V; k += L) {
+    f32x16 v;
+    std::memcpy(&v, z + k, sizeof v);
+    const f32x16 e = exp16(v - m);
+    sum += e;
+    if (out != nullptr) std::memcpy(out + k, &e, sizeof e);
+  }
+  if (k < V) {
+    float t[L] = {}, et[L];
+    std::memcpy(t, z + k, static_cast<size_t>(V - k) * sizeof(float));
+    f32x16 v;
+    std::memcpy(&v, t, sizeof v);
+    f32x16 e = exp16(v - m);
+    for (int64_t l = V - k; l < L; ++l) e[l] = 0.0f;
+    sum += e;
+    std::memcpy(et, &e, sizeof e);
+    if (out != nullptr) std::memcpy(out + k, et, static_cast<size_t>(V - k) * sizeof(float));
+  }
+  float lanes[L];
+  std::memcpy(lanes, &sum, sizeof lanes);
+  return lane_sum(lanes);
+}
+
+static void softmax_stats_row(void* task, size_t row) {
+  const SoftmaxRowsTask& a = *static_cast<const SoftmaxRowsTask*>(task);
+  const int64_t t = static_cast<int64_t>(row);
+  const float* z = a.z + t * a.V;
+  float mx = a.m[t];
+  for (int64_t k = 0; k < a.V; ++k) mx = z[k] > mx ? z[k] : mx;
+  float scale = 0.0f;
+  if (a.m[t] != -INFINITY) {
+    const f32x16 d = exp16(f32x16{} + (a.m[t] - mx));
+    scale = d[0];
+  }
+  float* o = a.out + 3 * t;
+  o[0] = mx;
+  o[1] = scale * a.s[t] + exp_row(z, a.V, mx, nullptr);
+  o[2] = scale;
+}
+
+static void exp_sub_row(void* task, size_t row) {
+  const SoftmaxRowsTask& a = *static_cast<const SoftmaxRowsTask*>(task);
+  const int64_t t = static_cast<int64_t>(row);
+  exp_row(a.z + t * a.V, a.V, a.m[t], a.out + t * a.V);
+}
+
+extern "C" {
+int toolchain_online_softmax_stats(const float* z, const float* m, const float* s, int64_t C, int64_t V, float* out) {
+  if (C < 0 || V <= 0) return -1;
+  SoftmaxRowsTask task{z, m, s, C, V, out};
+  parallel_for(softmax_stats_row, &task, C, C * V, kPoolRowWork);
+  return 0;
+}
+
+int toolchain_exp_sub_rows(const float* z, const float* m, int64_t C, int64_t V, float* out) {
+  if (C < 0 || V <= 0) return -1;
+  SoftmaxRowsTask task{z, m, nullptr, C, V, out};
+  parallel_for(exp_sub_row, &task, C, C * V, kPoolRowWork);
   return 0;
 }
 }  // extern "C"
@@ -1855,6 +1938,36 @@ Tensor& swiglu_train_out(KernelRuntimeContext& ctx, const Tensor& g, const Tenso
   return out;
 }
 
+// z [C, V], m (and s) [C, 1] float: toolchain::online_softmax_stats / exp_sub_rows's operands.
+bool softmax_rows_shapes(const Tensor& z, const Tensor& m) {
+  return z.scalar_type() == ScalarType::Float && m.scalar_type() == ScalarType::Float && z.dim() == 2 &&
+         m.dim() == 2 && m.size(0) == z.size(0) && m.size(1) == 1 && z.size(1) > 0;
+}
+
+// toolchain::online_softmax_stats.out(Tensor z, Tensor m, Tensor s, *, Tensor(a!) out)
+Tensor& online_softmax_stats_out(KernelRuntimeContext& ctx, const Tensor& z, const Tensor& m, const Tensor& s,
+                                 Tensor& out) {
+  ET_KERNEL_CHECK(ctx, softmax_rows_shapes(z, m) && softmax_rows_shapes(z, s) && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(z.size(0)), 3};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_online_softmax_stats(z.const_data_ptr<float>(), m.const_data_ptr<float>(),
+                                                s.const_data_ptr<float>(), z.size(0), z.size(1),
+                                                out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::exp_sub_rows.out(Tensor z, Tensor m, *, Tensor(a!) out)
+Tensor& exp_sub_rows_out(KernelRuntimeContext& ctx, const Tensor& z, const Tensor& m, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, softmax_rows_shapes(z, m) && out.scalar_type() == ScalarType::Float, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, z.sizes()) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_exp_sub_rows(z.const_data_ptr<float>(), m.const_data_ptr<float>(), z.size(0), z.size(1),
+                                        out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -1867,4 +1980,6 @@ EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_train.out", attention_train_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_backward_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu_train.out", swiglu_train_out);
+EXECUTORCH_LIBRARY(toolchain, "online_softmax_stats.out", online_softmax_stats_out);
+EXECUTORCH_LIBRARY(toolchain, "exp_sub_rows.out", exp_sub_rows_out);
 #endif
