@@ -284,12 +284,14 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
             fused = torch.ops.toolchain.swiglu_train(g, u, da)
             act, sw = fused[0], SwigluGrads(fused[1], fused[2])
         else:
-            act, sw = swiglu_forward(g, u)[0], swiglu_backward(da, SwigluSaved(g, u))
+            act, sw = swiglu_forward(g, u)[0], None
         if ld is not None:
             dad.append(dhd.T @ act)                                  # [r, C]
             h_c = F.linear(act, ad)
             hd = h_c if hd is None else hd + h_c
         del act
+        if sw is None:
+            sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
         if int8:
             part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
