@@ -9,8 +9,11 @@ Forward (x [T, d]):
 Backward chains the primitives' backwards in reverse (the MLP first, then the attention half, whose input
 norm is recomputed after the MLP rather than held through it). Nothing of the forward is kept between the
 forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one query head at a
-time ([T, T] scores), or (`--compute int8`: `Compute.train_kernels`) as one native op each way. With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
+time ([T, T] scores). With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
+`--compute int8` (`Compute.train_kernels`) runs the same math through native ops on the thread pool: attention
+as one call each way, SwiGLU (with its backward in one pass), each int4 projection with its bias, LoRA and
+residual (ops/compute.py).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
