@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from toolchain.bench.memory import MemoryBenchConfig, worker_spec, host_info, program_settings
-from toolchain.bench.weights_cache import default_cache_dir, ensure_quantized, ensure_weights_cache
+from toolchain.bench.weights_cache import (default_cache_dir, ensure_quantized, ensure_weights_cache,
+                                           weights_cache_dir)
 from toolchain.bench.worker import worker_setup
 from toolchain.program import ProgramDir
 from toolchain.runtime import LayerLoop
@@ -276,8 +277,14 @@ def main(argv: list[str]) -> int:
                                modes=("mesp", "executorch"), program_dir=args.program, rank=pdir.lora_config.rank,
                                alpha=pdir.lora_config.alpha, targets=pdir.lora_config.targets,
                                **program_settings(args.program))
-    cache = ensure_weights_cache(default_cache_dir(), args.model, args.init, args.seed)
-    ensure_quantized(cache, config.quant, config.quant_group, head=config.quant_head)
+    if config.quant != "none":
+        # as bench memory's `prepare`: the quantized file from the float32 shards if cached, else streamed (an
+        # entry holding only the quantized file is enough)
+        cache = weights_cache_dir(default_cache_dir(), args.model, args.init, args.seed)
+        ensure_quantized(cache, config.quant, config.quant_group, head=config.quant_head, model=args.model,
+                         init=args.init, seed=args.seed)
+    else:
+        cache = ensure_weights_cache(default_cache_dir(), args.model, args.init, args.seed)
     spec = worker_spec(config, cache, pdir.arch.layers)
     s = worker_setup(spec)
     from toolchain.runtime.program_runtime import open_runtime

@@ -48,7 +48,10 @@ def _eager(pdir):
 def test_manifest_states_int8_and_the_training_methods_list_their_kernels(programs):
     m = json.loads((programs["int8"] / "manifest.json").read_text())
     assert m["compute"] == "int8" and ProgramDir(programs["int8"]).spec.compute == "int8"
-    assert set(INT8_KERNELS) == {"toolchain::int4_linear_a8.out", "toolchain::int4_dyw_a8.out"}
+    assert set(INT8_KERNELS) == {"toolchain::int4_linear_a8.out", "toolchain::int4_dyw_a8.out",
+                                 "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
+                                 "toolchain::swiglu.out", "toolchain::swiglu_train.out",
+                                 "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out"}
     methods = {x["name"]: x for x in m["methods"]}
     for name in ("block_forward", "head_loss", "block_backward"):
         assert methods[name]["kernels"] == list(INT8_KERNELS)

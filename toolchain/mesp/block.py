@@ -11,6 +11,9 @@ norm is recomputed after the MLP rather than held through it). Nothing of the fo
 forward pass and the backward pass but x (the per-layer checkpoint). Attention runs one query head at a
 time ([T, T] scores). With q/k norms the backward chains rope_backward, head_norm_backward, linear_backward;
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
+`--compute int8` (`Compute.train_kernels`) runs the same math through native ops on the thread pool: attention
+as one call each way, SwiGLU (with its backward in one pass), each int4 projection with its bias, LoRA and
+residual (ops/compute.py).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
@@ -31,8 +34,8 @@ from torch import Tensor
 from toolchain.lora.weights import LoraPair
 import torch.nn.functional as F
 
-from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RmsNormSaved, RopeTables, SwigluSaved,
-                                attention_backward, attention_forward, causal_mask, head_norm_backward,
+from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, RmsNormSaved, RopeTables, SwigluGrads,
+                                SwigluSaved, attention_backward, attention_forward, causal_mask, head_norm_backward,
                                 head_norm_forward, linear_backward, linear_forward, rmsnorm_backward,
                                 rmsnorm_forward, rope_backward, rope_forward, rope_tables, swiglu_backward,
                                 swiglu_forward)
@@ -123,9 +126,12 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
     q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
     k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
     v = _heads(v, arch.kv_heads)
-    o = _unheads(_attention_by_head(q, k, v, mask))
-    ao = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute)[0]
-    return x + ao, _AttentionKept(q, k, v, o, mask, sq, sk)
+    if p.compute.train_kernels:                                   # one native op (ops/compute.py)
+        o = torch.ops.toolchain.attention_train(q, k, v, arch.head_dim ** -0.5)
+    else:
+        o = _unheads(_attention_by_head(q, k, v, mask))
+    x1 = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute, residual=x)[0]  # x + o_proj(o)
+    return x1, _AttentionKept(q, k, v, o, mask, sq, sk)
 
 
 def _qk_heads(x: Tensor, n: int, norm: Tensor | None, eps: float, rope: RopeTables
@@ -163,36 +169,55 @@ def _lora_h(x: Tensor, pair) -> Tensor | None:
     return None if pair is None else F.linear(x, pair.a)             # [T, r] h = x A^T
 
 
+def _gate_up_fused(n2: Tensor, wg: QuantWeight, wu: QuantWeight, lg, lu, a: int, b: int, p: BlockParams
+                   ) -> tuple[Tensor, Tensor]:
+    """--compute int8 with the training kernels: the MLP chunk's g, u [T, C] = n2 W^T + s (n2 A^T) B[a:b]^T (wg, wu
+    the chunk's int4 rows [C, d]), each one `toolchain::lora_linear_a8` call (which recomputes its [T, r] n2 A^T;
+    linear_forward)."""
+    return tuple(linear_forward(n2, w, None, None if pair is None else LoraPair(pair.a, pair.b[a:b]), p.scale,
+                                p.compute)[0] for w, pair in ((wg, lg), (wu, lu)))
+
+
 def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     """lin_down(silu(lin_gate(n2)) * lin_up(n2)) for n2 = rmsnorm(x1), chunk by chunk over f."""
     w, s = p.weights, p.scale
     lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
     n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
-    hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
-    # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
     c = p.compute
     int8 = _int8(p)
+    # [T, r] n2 A^T (the fused gate / up calls compute their own)
+    hg, hu = (None, None) if int8 and c.train_kernels else (_lora_h(n2, lg), _lora_h(n2, lu))
+    # --compute fp16 (ops/half.py): float16 weight chunks and matmul operands; identities otherwise
     n2c = to_compute(n2, c)
     wg, wu, wd = compute_weight(w.gate_proj, c), compute_weight(w.up_proj, c), compute_weight(w.down_proj, c)
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
-        if int8:                                                     # --compute int8: the int4 chunks in place
-            g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
+        if int8 and c.train_kernels:                                 # one native call each (ops/compute.py)
+            g, u = _gate_up_fused(n2, quant_rows(wg, a, b), quant_rows(wu, a, b), lg, lu, a, b, p)
         else:
-            g = linear(n2c, dense_rows(wg, a, b), c)                 # [T, C]
-            u = linear(n2c, dense_rows(wu, a, b), c)                 # [T, C]
-        if lg is not None:
-            g = g + s * F.linear(hg, lg.b[a:b])
-        if lu is not None:
-            u = u + s * F.linear(hu, lu.b[a:b])
-        act = swiglu_forward(g, u)[0]                                # [T, C] (its saved g, u not kept)
+            if int8:                                                 # --compute int8: the int4 chunks in place
+                g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
+            else:
+                g = linear(n2c, dense_rows(wg, a, b), c)             # [T, C]
+                u = linear(n2c, dense_rows(wu, a, b), c)             # [T, C]
+            if lg is not None:
+                g = g + s * F.linear(hg, lg.b[a:b])
+            if lu is not None:
+                u = u + s * F.linear(hu, lu.b[a:b])
+        if c.train_kernels:                                          # one native op (ops/compute.py)
+            act = torch.ops.toolchain.swiglu(g, u)
+        else:
+            act = swiglu_forward(g, u)[0]                            # [T, C] (its saved g, u not kept)
         del g, u
-        if int8:
-            part = matmul_xwt(act, quant_cols(wd, a, b), c)          # [T, d]
+        if int8 and c.train_kernels:                                 # out + act Wd[:, c]^T in one native call
+            out = linear_forward(act, quant_cols(wd, a, b), None, None, s, c, residual=out)[0]
         else:
-            part = linear(to_compute(act, c), dense_cols(wd, a, b), c)  # [T, d]
-        out = part if out is None else out + part
-        del part
+            if int8:
+                part = matmul_xwt(act, quant_cols(wd, a, b), c)      # [T, d]
+            else:
+                part = linear(to_compute(act, c), dense_cols(wd, a, b), c)  # [T, d]
+            out = part if out is None else out + part
+            del part
         if ld is not None:
             h_c = F.linear(act, ld.a[:, a:b])                        # [T, r]
             hd = h_c if hd is None else hd + h_c
@@ -245,21 +270,31 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
             da = da + dhd @ ad
         if int8:
             wg, wu = quant_rows(wgq, a, b), quant_rows(wuq, a, b)    # [C, d] int4 (views)
-            g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)    # [T, C] recomputed
         else:
             wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)    # [C, d], read once for both uses
-            g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)          # [T, C] recomputed
-        if lg is not None:
-            g = g + s * F.linear(hg, lg.b[a:b])
-        if lu is not None:
-            u = u + s * F.linear(hu, lu.b[a:b])
-        act = swiglu_forward(g, u)[0]
+        if int8 and cp.train_kernels:
+            g, u = _gate_up_fused(n2, wg, wu, lg, lu, a, b, p)       # [T, C] recomputed
+        else:
+            if int8:
+                g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)  # [T, C] recomputed
+            else:
+                g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)      # [T, C] recomputed
+            if lg is not None:
+                g = g + s * F.linear(hg, lg.b[a:b])
+            if lu is not None:
+                u = u + s * F.linear(hu, lu.b[a:b])
+        if cp.train_kernels:                                         # a, dg, du in one native op (ops/compute.py)
+            fused = torch.ops.toolchain.swiglu_train(g, u, da)
+            act, sw = fused[0], SwigluGrads(fused[1], fused[2])
+        else:
+            act, sw = swiglu_forward(g, u)[0], None
         if ld is not None:
             dad.append(dhd.T @ act)                                  # [r, C]
             h_c = F.linear(act, ad)
             hd = h_c if hd is None else hd + h_c
         del act
-        sw = swiglu_backward(da, SwigluSaved(g, u))
+        if sw is None:
+            sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
         if int8:
             part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
@@ -305,7 +340,11 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     del x1
     go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale), p.compute)
     _add_grad(grads, "o_proj", go.lora)
-    ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
+    if p.compute.train_kernels:                                   # dq, dk, dv stacked [H + 2 Hk, T, D]
+        g = torch.ops.toolchain.attention_train_backward(go.dx, kept.q, kept.k, kept.v, kept.o, arch.head_dim ** -0.5)
+        ga = AttentionGrads(g[:arch.heads], g[arch.heads:arch.heads + arch.kv_heads], g[arch.heads + arch.kv_heads:])
+    else:
+        ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
     norms = {"q": kept.q_norm, "k": kept.k_norm}                                  # None without q/k norms
     del go, kept
     n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)       # recomputed: not held through the MLP

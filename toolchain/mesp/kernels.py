@@ -34,7 +34,10 @@ import torch
 from toolchain.mesp.decode import attention_with_cache
 from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_reference, rope_heads_reference,
                                        swiglu_reference)
+from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
+from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
 from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
+from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
 
 __all__ = ["Kernel", "KERNELS", "executorch_ops", "generation_ops", "c_signatures", "load_native_kernels"]
@@ -114,6 +117,29 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor dy, Tensor qweight, Tensor scales, int group",              # group, dx
            reference=int4_dyw_a8_reference,
            meta=lambda dy, qweight, scales, group: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
+    # causal attention of a whole training sequence and its gradients (`--compute int8` programs' training methods:
+    # the float32 attention on the thread pool; mesp/block.py)
+    Kernel("attention_train", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),   # q, k, v, H, Hk, T, D, scale,
+           schema="Tensor q, Tensor k, Tensor v, float scale",                            # out
+           reference=attention_train_reference,
+           meta=lambda q, k, v, scale: q.new_empty((q.shape[1], q.shape[0] * q.shape[2]))),
+    Kernel("attention_train_backward", (_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),
+           schema="Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, float scale",
+           reference=attention_train_backward_reference,
+           meta=lambda dout, q, k, v, o, scale: q.new_empty((q.shape[0] + 2 * k.shape[0], q.shape[1], q.shape[2]))),
+    Kernel("swiglu_train", (_PTR, _PTR, _PTR, _I64, _PTR),                      # g, u, da, N, out [3, N]
+           schema="Tensor g, Tensor u, Tensor da",
+           reference=swiglu_train_reference,
+           meta=lambda g, u, da: g.new_empty((3, *g.shape))),
+    # the LM head chunk's online softmax (`--compute int8` head_loss; mesp/ops/ce_online.py)
+    Kernel("online_softmax_stats", (_PTR, _PTR, _PTR, _I64, _I64, _PTR),         # z, m, s, C, V, out [C, 3]
+           schema="Tensor z, Tensor m, Tensor s",
+           reference=online_softmax_stats_reference,
+           meta=lambda z, m, s: z.new_empty((z.shape[0], 3))),
+    Kernel("exp_sub_rows", (_PTR, _PTR, _I64, _I64, _PTR),                       # z, m, C, V, out [C, V]
+           schema="Tensor z, Tensor m",
+           reference=exp_sub_rows_reference,
+           meta=lambda z, m: torch.empty_like(z)),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL
@@ -130,8 +156,8 @@ def executorch_ops() -> tuple[str, ...]:
 
 def generation_ops() -> tuple[str, ...]:
     """The ops the fused generation methods call (rows with `methods`), in table order: what each fused
-    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8) is not among
-    them, so generation programs and the runtimes that check their kernels do not depend on it."""
+    generation method lists (program/spec.py `FUSED_KERNELS`). A training-only op (int4_dyw_a8, the *_train ones)
+    is not among them, so generation programs and the runtimes that check their kernels do not depend on it."""
     return tuple(k.op for k in KERNELS if k.op is not None and k.methods)
 
 

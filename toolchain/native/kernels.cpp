@@ -7,6 +7,10 @@
 // (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops);
 // and for training (`--compute int8`):
 //   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
+//   toolchain::attention_train, toolchain::attention_train_backward   causal attention of the whole sequence
+//                                and its gradients (float32, over the thread pool: the step's float32 rest)
+//   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
+//   toolchain::online_softmax_stats, toolchain::exp_sub_rows   the LM head chunk's online softmax
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -93,6 +97,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -1310,6 +1315,404 @@ int toolchain_swiglu(const float* g, const float* u, int64_t N, float* out) {
 }
 }  // extern "C"
 
+
+// Causal attention of a whole training sequence, forward and backward (`--compute int8` programs' training
+// methods; references `attention_train_reference` / `attention_train_backward_reference` in
+// toolchain/mesp/ops/attention.py). q [H, T, D], k, v [Hk, T, D] (post-RoPE; query head h reads kv head h / (H / Hk)),
+// c = `scale`:
+//   S = c Q K^T (j <= i),  P = softmax over j <= i (m = max, e = exp(s - m) by exp16, P = e / sum e),  O = P V
+//   backward: dP = dO V^T,  rows_i = dO_i . O_i,  dS = P (dP - rows),  dQ = c dS K,  dK = c dS^T Q,  dV = P^T dO
+// Per query head (the pool's unit of work), with its operands copied to row-major panels padded with zeros to a
+// multiple of 16 columns (Dp) and rows (Tp): the score-like products (S, dP) are 4 query rows x 16 keys per
+// register with k / v transposed ([Dp, Tp]); P V, dS K, P^T dO and dS^T Q are 4 rows x 64 columns of D per pass,
+// summed in increasing key (or query) order with fused multiply-adds. The same sums in the same order on every
+// CPU and whichever thread runs a head: the bits depend on neither (one generic body; the compiler picks the vector
+// width). A shared kv head's dK, dV are summed over its query heads in increasing h after the heads' tasks.
+namespace {
+
+constexpr int64_t kAttnRows = 4;    // query (or key) rows per register block
+constexpr int64_t kAttnCols = 4;    // vectors of 16 per register block (64 keys, or 64 columns of D)
+
+inline int64_t round16(int64_t n) { return (n + L - 1) / L * L; }
+
+// rows [0, n) of a [n, D] matrix with row stride ld -> a zero-padded [np, Dp] panel; transposed: [Dp, np].
+void attn_panel(const float* src, int64_t n, int64_t D, int64_t ld, int64_t np, int64_t Dp, float* dst,
+                bool transposed) {
+  std::fill(dst, dst + np * Dp, 0.0f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < D; ++d) {
+      if (transposed) dst[d * np + i] = src[i * ld + d];
+      else dst[i * Dp + d] = src[i * ld + d];
+    }
+}
+
+// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + 16 NB - 1: a [., Dp], bt [Dp, Tp], out [., Tp].
+template <int NB>
+inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
+                              int64_t i0, int64_t j0) {
+  f32x16 acc[kAttnRows][NB] = {};
+  for (int64_t d = 0; d < Dp; ++d) {
+    f32x16 b[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * L, sizeof(f32x16));
+    for (int64_t r = 0; r < kAttnRows; ++r) {
+      const float x = a[(i0 + r) * Dp + d];
+      for (int c = 0; c < NB; ++c) acc[r][c] += x * b[c];
+    }
+  }
+  for (int64_t r = 0; r < kAttnRows; ++r)
+    for (int c = 0; c < NB; ++c) {
+      const f32x16 v = acc[r][c] * scale;
+      std::memcpy(out + (i0 + r) * Tp + j0 + c * L, &v, sizeof v);
+    }
+}
+
+// out[i][j] = scale * sum_d a[i][d] bt[d][j] for the row blocks of 4 covering [0, T) and j < round16(i + 1) (the
+// causal part of each row in whole vectors: the same for the 4 rows of a block, as i0 is a multiple of 4):
+// a [Tp, Dp], bt [Dp, Tp], out [Tp, Tp].
+void attn_scores(const float* a, const float* bt, int64_t T, int64_t Tp, int64_t Dp, float scale, float* out) {
+  for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {
+    const int64_t jend = round16(i0 + kAttnRows);
+    int64_t j0 = 0;
+    for (; j0 + kAttnCols * L <= jend; j0 += kAttnCols * L)
+      attn_scores_block<kAttnCols>(a, bt, Tp, Dp, scale, out, i0, j0);
+    for (; j0 < jend; j0 += L) attn_scores_block<1>(a, bt, Tp, Dp, scale, out, i0, j0);
+  }
+}
+
+// Row i of the scores -> the probabilities P[i][j] for j <= i, 0 for i < j < round16(i + 1).
+void attn_softmax_row(float* s, int64_t i) {
+  const int64_t n = i + 1, nv = round16(n);
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  f32x16 sum = f32x16{};
+  for (int64_t j = 0; j < nv; j += L) {
+    f32x16 v;
+    std::memcpy(&v, s + j, sizeof v);
+    f32x16 e = exp16(v - m);
+    if (j + L > n)
+      for (int64_t l = n - j; l < L; ++l) e[l] = 0.0f;
+    sum += e;
+    std::memcpy(s + j, &e, sizeof e);
+  }
+  float lanes[L];
+  std::memcpy(lanes, &sum, sizeof lanes);
+  const float denom = lane_sum(lanes);
+  for (int64_t j = 0; j < nv; j += L) {
+    f32x16 v;
+    std::memcpy(&v, s + j, sizeof v);
+    v = v / denom;
+    std::memcpy(s + j, &v, sizeof v);
+  }
+}
+
+// out[r][d0 ..] += sum over the rows t of `b` in [t0, t1) of p[t * sp + r * sr] b[t][d0 .. d0 + 16 NB - 1], r < 4,
+// in increasing t (fused multiply-adds from 0): the P V-like products (sp = 1: rows of p; sr = Tp) and the
+// P^T dO-like ones (sp = Tp, sr = 1: columns of p).
+template <int NB>
+inline void attn_weighted_rows(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
+                               int64_t Dp, int64_t d0, float* out, int64_t ldo) {
+  f32x16 acc[kAttnRows][NB] = {};
+  for (int64_t t = t0; t < t1; ++t) {
+    f32x16 v[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&v[c], b + t * Dp + d0 + c * L, sizeof(f32x16));
+    for (int64_t r = 0; r < kAttnRows; ++r) {
+      const float x = p[t * sp + r * sr];
+      for (int c = 0; c < NB; ++c) acc[r][c] += x * v[c];
+    }
+  }
+  for (int64_t r = 0; r < kAttnRows; ++r)
+    for (int c = 0; c < NB; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
+}
+
+template <typename F>
+inline void attn_by_column_blocks(int64_t Dp, F&& f) {
+  int64_t d0 = 0;
+  for (; d0 + kAttnCols * L <= Dp; d0 += kAttnCols * L) f(std::integral_constant<int, kAttnCols>{}, d0);
+  for (; d0 < Dp; d0 += L) f(std::integral_constant<int, 1>{}, d0);
+}
+
+// out[r][:] = sum_{j < round16(i0 + 4)} p[i0 + r][j] b[j][:] for r < 4 (p's entries past the causal part are 0),
+// rows of b [Tp, Dp]; sums over j in increasing order. out: row stride ldo, Dp columns.
+void attn_rows_by_rows(const float* p, int64_t Tp, int64_t i0, const float* b, int64_t Dp, float* out, int64_t ldo) {
+  const int64_t jend = round16(i0 + kAttnRows);
+  attn_by_column_blocks(Dp, [&](auto nb, int64_t d0) {
+    attn_weighted_rows<decltype(nb)::value>(p + i0 * Tp, 1, Tp, 0, jend, b, Dp, d0, out, ldo);
+  });
+}
+
+// out[r][:] = sum_{j0 <= i < T} p[i][j0 + r] b[i][:] for r < 4 (p[i][j] is 0 for i < j < round16(i + 1), written
+// there: round16(i + 1) >= round16(j0 + 4) for i >= j0); sums over i in increasing order.
+void attn_cols_by_rows(const float* p, int64_t T, int64_t Tp, int64_t j0, const float* b, int64_t Dp, float* out,
+                       int64_t ldo) {
+  attn_by_column_blocks(Dp, [&](auto nb, int64_t d0) {
+    attn_weighted_rows<decltype(nb)::value>(p + j0, Tp, 1, j0, T, b, Dp, d0, out, ldo);
+  });
+}
+
+struct AttnTrainTask {
+  const float *q, *k, *v, *dout, *o;   // dout, o: [T, H D] (backward only)
+  int64_t H, Hk, T, D;
+  float scale;
+  float* out;        // forward: o [T, H D]; backward: [H + 2 Hk, T, D] (dq, dk, dv)
+  float* partial;    // backward: per query head its dK, dV [H, 2, T, D]
+};
+
+// The per-thread buffers of a head (kept across calls: reused, not reallocated, at one shape).
+struct AttnScratch {
+  std::vector<float> qp, kp, kt, vp, vt, dop, p, ds, acc;
+  void resize(int64_t Tp, int64_t Dp, bool backward) {
+    for (auto* b : {&qp, &kt, &vp}) b->resize(static_cast<size_t>(Tp * Dp));
+    p.resize(static_cast<size_t>(Tp * Tp));
+    acc.resize(static_cast<size_t>(kAttnRows * Dp));
+    if (backward) {
+      for (auto* b : {&kp, &vt, &dop}) b->resize(static_cast<size_t>(Tp * Dp));
+      ds.resize(static_cast<size_t>(Tp * Tp));
+    }
+  }
+};
+
+// One per thread, shared by the forward and backward heads (about 0.9 MiB at T = 256, D = 64).
+thread_local AttnScratch attn_scratch;
+
+// Query head h: the panels and P (probabilities, row by row).
+void attn_head_probs(const AttnTrainTask& a, int64_t h, AttnScratch& s, int64_t Tp, int64_t Dp) {
+  const int64_t T = a.T, D = a.D, j = h / (a.H / a.Hk);
+  attn_panel(a.q + h * T * D, T, D, D, Tp, Dp, s.qp.data(), false);
+  attn_panel(a.k + j * T * D, T, D, D, Tp, Dp, s.kt.data(), true);
+  attn_panel(a.v + j * T * D, T, D, D, Tp, Dp, s.vp.data(), false);
+  attn_scores(s.qp.data(), s.kt.data(), T, Tp, Dp, a.scale, s.p.data());
+  for (int64_t i = 0; i < T; ++i) attn_softmax_row(s.p.data() + i * Tp, i);
+}
+
+void attention_train_head(void* task, size_t head) {
+  const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
+  const int64_t h = static_cast<int64_t>(head), T = a.T, D = a.D, Tp = round16(T), Dp = round16(D);
+  AttnScratch& s = attn_scratch;
+  s.resize(Tp, Dp, false);
+  attn_head_probs(a, h, s, Tp, Dp);
+  for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {   // O = P V, rows i0 .. i0 + 3
+    attn_rows_by_rows(s.p.data(), Tp, i0, s.vp.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - i0); ++r)
+      std::memcpy(a.out + (i0 + r) * a.H * D + h * D, s.acc.data() + r * Dp, static_cast<size_t>(D) * sizeof(float));
+  }
+}
+
+void attention_train_backward_head(void* task, size_t head) {
+  const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
+  const int64_t h = static_cast<int64_t>(head), T = a.T, D = a.D, H = a.H, Tp = round16(T), Dp = round16(D);
+  const int64_t j = h / (H / a.Hk);
+  AttnScratch& s = attn_scratch;
+  s.resize(Tp, Dp, true);
+  attn_head_probs(a, h, s, Tp, Dp);
+  attn_panel(a.k + j * T * D, T, D, D, Tp, Dp, s.kp.data(), false);
+  attn_panel(a.v + j * T * D, T, D, D, Tp, Dp, s.vt.data(), true);
+  attn_panel(a.dout + h * D, T, D, H * D, Tp, Dp, s.dop.data(), false);
+  attn_scores(s.dop.data(), s.vt.data(), T, Tp, Dp, 1.0f, s.ds.data());           // dP = dO V^T
+  for (int64_t i = 0; i < T; ++i) {                                              // dS = P (dP - rows_i)
+    const float* doi = a.dout + i * H * D + h * D;
+    const float* oi = a.o + i * H * D + h * D;
+    const float rows = dot(doi, oi, D);
+    float* dsi = s.ds.data() + i * Tp;
+    const float* pi = s.p.data() + i * Tp;
+    for (int64_t jj = 0; jj < round16(i + 1); ++jj) dsi[jj] = jj <= i ? pi[jj] * (dsi[jj] - rows) : 0.0f;
+  }
+  float* dq = a.out + h * T * D;
+  float* dk = a.partial + (2 * h) * T * D;
+  float* dv = a.partial + (2 * h + 1) * T * D;
+  for (int64_t i0 = 0; i0 < T; i0 += kAttnRows) {                               // dQ = c dS K
+    attn_rows_by_rows(s.ds.data(), Tp, i0, s.kp.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - i0); ++r)
+      for (int64_t d = 0; d < D; ++d) dq[(i0 + r) * D + d] = s.acc[static_cast<size_t>(r * Dp + d)] * a.scale;
+  }
+  for (int64_t j0 = 0; j0 < T; j0 += kAttnRows) {                               // dK = c dS^T Q, dV = P^T dO
+    attn_cols_by_rows(s.ds.data(), T, Tp, j0, s.qp.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - j0); ++r)
+      for (int64_t d = 0; d < D; ++d) dk[(j0 + r) * D + d] = s.acc[static_cast<size_t>(r * Dp + d)] * a.scale;
+    attn_cols_by_rows(s.p.data(), T, Tp, j0, s.dop.data(), Dp, s.acc.data(), Dp);
+    for (int64_t r = 0; r < std::min(kAttnRows, T - j0); ++r)
+      std::memcpy(dv + (j0 + r) * D, s.acc.data() + r * Dp, static_cast<size_t>(D) * sizeof(float));
+  }
+}
+
+// kv head j's dK, dV: the partials of its query heads summed in increasing h.
+void attention_train_kv_sum(void* task, size_t head) {
+  const AttnTrainTask& a = *static_cast<const AttnTrainTask*>(task);
+  const int64_t j = static_cast<int64_t>(head), G = a.H / a.Hk, n = a.T * a.D;
+  float* dk = a.out + (a.H + j) * n;
+  float* dv = a.out + (a.H + a.Hk + j) * n;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* pk = a.partial + 2 * (j * G + g) * n;
+    const float* pv = pk + n;
+    for (int64_t e = 0; e < n; ++e) {
+      dk[e] = g == 0 ? pk[e] : dk[e] + pk[e];
+      dv[e] = g == 0 ? pv[e] : dv[e] + pv[e];
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// o [T, H*D] = causal softmax attention of q [H, T, D] over k, v [Hk, T, D] (the block above). Returns 0, or -1
+// for bad arguments.
+int toolchain_attention_train(const float* q, const float* k, const float* v, int64_t H, int64_t Hk, int64_t T,
+                              int64_t D, float scale, float* out) {
+  if (H <= 0 || Hk <= 0 || H % Hk || T < 0 || D <= 0) return -1;
+  AttnTrainTask task{q, k, v, nullptr, nullptr, H, Hk, T, D, scale, out, nullptr};
+  parallel_for(attention_train_head, &task, H, H * T * T * D, kPoolRowWork);   // the query heads over the pool
+  return 0;
+}
+
+// [H + 2 Hk, T, D] = dq, dk, dv of toolchain_attention_train for dout [T, H*D] (the gradient of its output), with
+// o [T, H*D] its output. Returns 0, or -1 for bad arguments.
+int toolchain_attention_train_backward(const float* dout, const float* q, const float* k, const float* v,
+                                       const float* o, int64_t H, int64_t Hk, int64_t T, int64_t D, float scale,
+                                       float* out) {
+  if (H <= 0 || Hk <= 0 || H % Hk || T < 0 || D <= 0) return -1;
+  std::vector<float> partial(static_cast<size_t>(2 * H * T * D));
+  AttnTrainTask task{q, k, v, dout, o, H, Hk, T, D, scale, out, partial.data()};
+  parallel_for(attention_train_backward_head, &task, H, 3 * H * T * T * D, kPoolRowWork);
+  parallel_for(attention_train_kv_sum, &task, Hk, 2 * H * T * D, kPoolRowWork);
+  return 0;
+}
+
+}  // extern "C"
+
+// SwiGLU of an MLP chunk recomputed in the training backward, with its gradients, in one pass (`--compute int8`
+// programs; reference `swiglu_train_reference` in toolchain/mesp/ops/swiglu.py): for g, u, da [N],
+//   e = exp16(-g), act = g / (1 + e) * u (toolchain_swiglu's value), sg = 1 / (1 + e),
+//   du = da * (g * sg), dg = da * u * sg * (1 + g * (1 - sg))
+// out [3, N] = act, dg, du. Element-wise: blocks of 1024 over the pool, the bits independent of both.
+struct SwigluTrainTask {
+  const float *g, *u, *da;
+  int64_t N;
+  float* out;
+};
+
+inline void swiglu_train16(const float* g, const float* u, const float* da, float* act, float* dg, float* du) {
+  f32x16 gv, uv, dv;
+  std::memcpy(&gv, g, sizeof gv);
+  std::memcpy(&uv, u, sizeof uv);
+  std::memcpy(&dv, da, sizeof dv);
+  const f32x16 e = exp16(-gv);
+  const f32x16 av = gv / (1.0f + e) * uv;
+  const f32x16 sg = 1.0f / (1.0f + e);
+  const f32x16 duv = dv * (gv * sg);
+  const f32x16 dgv = dv * uv * sg * (1.0f + gv * (1.0f - sg));
+  std::memcpy(act, &av, sizeof av);
+  std::memcpy(dg, &dgv, sizeof dgv);
+  std::memcpy(du, &duv, sizeof duv);
+}
+
+static void swiglu_train_block(void* task, size_t i) {
+  const SwigluTrainTask& a = *static_cast<const SwigluTrainTask*>(task);
+  const int64_t k0 = static_cast<int64_t>(i) * kSwigluBlock, N = a.N;
+  const int64_t n = std::min(N, k0 + kSwigluBlock) - k0;
+  float *act = a.out + k0, *dg = a.out + N + k0, *du = a.out + 2 * N + k0;
+  int64_t k = 0;
+  for (; k + L <= n; k += L) swiglu_train16(a.g + k0 + k, a.u + k0 + k, a.da + k0 + k, act + k, dg + k, du + k);
+  if (k < n) {   // the tail in zero-padded vectors
+    float gt[L] = {}, ut[L] = {}, dt[L] = {}, at[L], gg[L], uu[L];
+    const size_t bytes = static_cast<size_t>(n - k) * sizeof(float);
+    std::memcpy(gt, a.g + k0 + k, bytes);
+    std::memcpy(ut, a.u + k0 + k, bytes);
+    std::memcpy(dt, a.da + k0 + k, bytes);
+    swiglu_train16(gt, ut, dt, at, gg, uu);
+    std::memcpy(act + k, at, bytes);
+    std::memcpy(dg + k, gg, bytes);
+    std::memcpy(du + k, uu, bytes);
+  }
+}
+
+extern "C" {
+int toolchain_swiglu_train(const float* g, const float* u, const float* da, int64_t N, float* out) {
+  if (N < 0) return -1;
+  SwigluTrainTask task{g, u, da, N, out};
+  parallel_for(swiglu_train_block, &task, (N + kSwigluBlock - 1) / kSwigluBlock, 16 * N, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
+
+// The LM head's online softmax over one vocabulary chunk (`--compute int8` head_loss; references in
+// toolchain/mesp/ops/ce_online.py): for logits z [C, V] and the running row max m [C] and sum s [C],
+//   online_softmax_stats: out [C, 3] = (m' = max(m, max_j z_j), s' = a s + sum_j exp16(z_j - m'), a = exp16(m - m'))
+//                         (a = 0 where m is -inf: the first chunk), the sum in 16 lanes (j mod 16) + lane_sum's tree
+//   exp_sub_rows:         out [C, V] = exp16(z - m[row])   (the same exp16 values the sum added)
+// Rows over the pool; element-wise within a row, so the bits depend on neither the threads nor the vector width.
+struct SoftmaxRowsTask {
+  const float *z, *m, *s;
+  int64_t C, V;
+  float* out;
+};
+
+// exp16(z[k] - m) for k < V into out (when out is not null), and their sum (16 lanes, the tail zero-padded).
+inline float exp_row(const float* z, int64_t V, float m, float* out) {
+  f32x16 sum = f32x16{};
+  int64_t k = 0;
+  for (; k + L <= V; k += L) {
+    f32x16 v;
+    std::memcpy(&v, z + k, sizeof v);
+    const f32x16 e = exp16(v - m);
+    sum += e;
+    if (out != nullptr) std::memcpy(out + k, &e, sizeof e);
+  }
+  if (k < V) {
+    float t[L] = {}, et[L];
+    std::memcpy(t, z + k, static_cast<size_t>(V - k) * sizeof(float));
+    f32x16 v;
+    std::memcpy(&v, t, sizeof v);
+    f32x16 e = exp16(v - m);
+    for (int64_t l = V - k; l < L; ++l) e[l] = 0.0f;
+    sum += e;
+    std::memcpy(et, &e, sizeof e);
+    if (out != nullptr) std::memcpy(out + k, et, static_cast<size_t>(V - k) * sizeof(float));
+  }
+  float lanes[L];
+  std::memcpy(lanes, &sum, sizeof lanes);
+  return lane_sum(lanes);
+}
+
+static void softmax_stats_row(void* task, size_t row) {
+  const SoftmaxRowsTask& a = *static_cast<const SoftmaxRowsTask*>(task);
+  const int64_t t = static_cast<int64_t>(row);
+  const float* z = a.z + t * a.V;
+  float mx = a.m[t];
+  for (int64_t k = 0; k < a.V; ++k) mx = z[k] > mx ? z[k] : mx;
+  float scale = 0.0f;
+  if (a.m[t] != -INFINITY) {
+    const f32x16 d = exp16(f32x16{} + (a.m[t] - mx));
+    scale = d[0];
+  }
+  float* o = a.out + 3 * t;
+  o[0] = mx;
+  o[1] = scale * a.s[t] + exp_row(z, a.V, mx, nullptr);
+  o[2] = scale;
+}
+
+static void exp_sub_row(void* task, size_t row) {
+  const SoftmaxRowsTask& a = *static_cast<const SoftmaxRowsTask*>(task);
+  const int64_t t = static_cast<int64_t>(row);
+  exp_row(a.z + t * a.V, a.V, a.m[t], a.out + t * a.V);
+}
+
+extern "C" {
+int toolchain_online_softmax_stats(const float* z, const float* m, const float* s, int64_t C, int64_t V, float* out) {
+  if (C < 0 || V <= 0) return -1;
+  SoftmaxRowsTask task{z, m, s, C, V, out};
+  parallel_for(softmax_stats_row, &task, C, C * V, kPoolRowWork);
+  return 0;
+}
+
+int toolchain_exp_sub_rows(const float* z, const float* m, int64_t C, int64_t V, float* out) {
+  if (C < 0 || V <= 0) return -1;
+  SoftmaxRowsTask task{z, m, nullptr, C, V, out};
+  parallel_for(exp_sub_row, &task, C, C * V, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
 #ifndef TOOLCHAIN_NO_EXECUTORCH
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -1474,6 +1877,97 @@ Tensor& swiglu_out(KernelRuntimeContext& ctx, const Tensor& g, const Tensor& u, 
   return out;
 }
 
+// q [H, T, D], k and v [Hk, T, D] float (T = q's, H a multiple of Hk): the shapes toolchain::attention_train* take.
+bool attention_train_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.scalar_type() == ScalarType::Float && k.scalar_type() == ScalarType::Float &&
+         v.scalar_type() == ScalarType::Float && q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.size(0) > 0 &&
+         q.size(0) % k.size(0) == 0 && k.size(1) == q.size(1) && k.size(2) == q.size(2) &&
+         v.size(0) == k.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2);
+}
+
+// toolchain::attention_train.out(Tensor q, Tensor k, Tensor v, float scale, *, Tensor(a!) out)
+Tensor& attention_train_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                            double scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, attention_train_shapes(q, k, v) && out.scalar_type() == ScalarType::Float, InvalidArgument,
+                  out);
+  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), Hk = k.size(0);
+  const SizesType sizes[2] = {static_cast<SizesType>(T), static_cast<SizesType>(H * D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_attention_train(q.const_data_ptr<float>(), k.const_data_ptr<float>(),
+                                           v.const_data_ptr<float>(), H, Hk, T, D, static_cast<float>(scale),
+                                           out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::attention_train_backward.out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, float scale, *,
+//                                         Tensor(a!) out)
+Tensor& attention_train_backward_out(KernelRuntimeContext& ctx, const Tensor& dout, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& o, double scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, attention_train_shapes(q, k, v) && out.scalar_type() == ScalarType::Float, InvalidArgument,
+                  out);
+  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), Hk = k.size(0);
+  ET_KERNEL_CHECK(ctx, dout.scalar_type() == ScalarType::Float && o.scalar_type() == ScalarType::Float &&
+                  dout.dim() == 2 && o.dim() == 2 && dout.size(0) == T && dout.size(1) == H * D && o.size(0) == T &&
+                  o.size(1) == H * D, InvalidArgument, out);
+  const SizesType sizes[3] = {static_cast<SizesType>(H + 2 * Hk), static_cast<SizesType>(T),
+                              static_cast<SizesType>(D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 3}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_attention_train_backward(dout.const_data_ptr<float>(), q.const_data_ptr<float>(),
+                                                    k.const_data_ptr<float>(), v.const_data_ptr<float>(),
+                                                    o.const_data_ptr<float>(), H, Hk, T, D,
+                                                    static_cast<float>(scale), out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::swiglu_train.out(Tensor g, Tensor u, Tensor da, *, Tensor(a!) out)
+Tensor& swiglu_train_out(KernelRuntimeContext& ctx, const Tensor& g, const Tensor& u, const Tensor& da, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, g.scalar_type() == ScalarType::Float && u.scalar_type() == ScalarType::Float &&
+                  da.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float &&
+                  g.numel() == u.numel() && g.numel() == da.numel() && g.dim() == u.dim() && g.dim() == da.dim() &&
+                  g.dim() < 8, InvalidArgument, out);
+  SizesType sizes[8];
+  sizes[0] = 3;
+  for (int64_t d = 0; d < g.dim(); ++d) sizes[d + 1] = g.size(d);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(g.dim() + 1)}) == Error::Ok,
+                  InvalidArgument, out);
+  const int rc = toolchain_swiglu_train(g.const_data_ptr<float>(), u.const_data_ptr<float>(),
+                                        da.const_data_ptr<float>(), g.numel(), out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// z [C, V], m (and s) [C, 1] float: toolchain::online_softmax_stats / exp_sub_rows's operands.
+bool softmax_rows_shapes(const Tensor& z, const Tensor& m) {
+  return z.scalar_type() == ScalarType::Float && m.scalar_type() == ScalarType::Float && z.dim() == 2 &&
+         m.dim() == 2 && m.size(0) == z.size(0) && m.size(1) == 1 && z.size(1) > 0;
+}
+
+// toolchain::online_softmax_stats.out(Tensor z, Tensor m, Tensor s, *, Tensor(a!) out)
+Tensor& online_softmax_stats_out(KernelRuntimeContext& ctx, const Tensor& z, const Tensor& m, const Tensor& s,
+                                 Tensor& out) {
+  ET_KERNEL_CHECK(ctx, softmax_rows_shapes(z, m) && softmax_rows_shapes(z, s) && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(z.size(0)), 3};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_online_softmax_stats(z.const_data_ptr<float>(), m.const_data_ptr<float>(),
+                                                s.const_data_ptr<float>(), z.size(0), z.size(1),
+                                                out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::exp_sub_rows.out(Tensor z, Tensor m, *, Tensor(a!) out)
+Tensor& exp_sub_rows_out(KernelRuntimeContext& ctx, const Tensor& z, const Tensor& m, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, softmax_rows_shapes(z, m) && out.scalar_type() == ScalarType::Float, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, z.sizes()) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_exp_sub_rows(z.const_data_ptr<float>(), m.const_data_ptr<float>(), z.size(0), z.size(1),
+                                        out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -1483,4 +1977,9 @@ EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
 EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "attention_train.out", attention_train_out);
+EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_backward_out);
+EXECUTORCH_LIBRARY(toolchain, "swiglu_train.out", swiglu_train_out);
+EXECUTORCH_LIBRARY(toolchain, "online_softmax_stats.out", online_softmax_stats_out);
+EXECUTORCH_LIBRARY(toolchain, "exp_sub_rows.out", exp_sub_rows_out);
 #endif

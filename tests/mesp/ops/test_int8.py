@@ -149,7 +149,9 @@ def test_int8_chunks_still_bound_the_transients():
     opts = StepOptions(vocab_chunk=16, mlp_chunk=GROUP)
     largest, shapes, _ = max_op_output_numel(mesp_step, arch, w32, case.lora, lora32, ids, ids, options=opts,
                                              compute=Compute("int8"))
-    assert largest <= max(t * arch.hidden, t * t, t * arch.q_dim), sorted(shapes, key=lambda s: -s[1][0])[:3]
+    # the attention's gradients come out of `toolchain::attention_train_backward` stacked: dq, dk, dv [H + 2 Hk, T, D]
+    assert largest <= max(t * arch.hidden, t * t, t * (arch.q_dim + 2 * arch.kv_dim)), \
+        sorted(((op, s) for op, s in shapes if s), key=lambda s: -s[1][0])[:3]
     unpacked = [s for op, s in shapes if "bitwise_and" in op]
     assert unpacked and all(s[0] == t for s in unpacked), unpacked
     assert any("int4_dyw_a8" in op for op, _ in shapes) and any("int4_linear_a8" in op for op, _ in shapes)

@@ -75,3 +75,50 @@ def attention_backward(do: Tensor, saved: AttentionSaved, mask: Tensor | None = 
     dq = (ds @ k.unsqueeze(1)) * c                                   # [Hk, G, T, D]
     dk = (qc.transpose(-1, -2) @ ds).transpose(-1, -2).sum(1)        # [Hk, T, D]: c dS^T Q = dS^T (c Q)
     return AttentionGrads(dq.reshape(h, t, d), dk, dv)
+
+
+def _unheads(x: Tensor) -> Tensor:
+    n, t, dh = x.shape
+    return x.transpose(0, 1).reshape(t, n * dh)                      # [n, T, D] -> [T, n*D]
+
+
+def attention_train_reference(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """The definition of `toolchain::attention_train` (mesp/kernels.py; the native kernel in
+    toolchain/native/kernels.cpp): causal attention of the whole sequence, q [H, T, D], k and v [Hk, T, D], scores
+    scaled by `scale`; returns o [T, H*D] (the o projection's input). `attention_forward` with c = `scale`, one query
+    head at a time as the block computes it (mesp/block.py)."""
+    h, t, d = q.shape
+    g = h // k.shape[0]
+    mask = causal_mask(t, q.device)
+    out = []
+    for i in range(h):
+        s = (q[i] * scale) @ k[i // g].T
+        s = s.masked_fill(mask, float("-inf"))
+        out.append(torch.softmax(s, dim=-1) @ v[i // g])
+    return _unheads(torch.stack(out))
+
+
+def attention_train_backward_reference(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
+                                       scale: float) -> Tensor:
+    """The definition of `toolchain::attention_train_backward`: the gradients of `attention_train_reference` for
+    dout [T, H*D] (o [T, H*D]: its output), as `attention_backward` computes them with c = `scale`, one query head
+    at a time (a shared kv head's dK, dV summed over its query heads in increasing order). Returns
+    [H + 2 Hk, T, D]: dq, dk, dv stacked."""
+    h, t, d = q.shape
+    hk = k.shape[0]
+    g = h // hk
+    mask = causal_mask(t, q.device)
+    do = dout.reshape(t, h, d).transpose(0, 1)                       # [H, T, D]
+    oh = o.reshape(t, h, d).transpose(0, 1)
+    dq, dk, dv = [], [None] * hk, [None] * hk
+    for i in range(h):
+        j = i // g
+        s = ((q[i] * scale) @ k[j].T).masked_fill(mask, float("-inf"))
+        p = torch.softmax(s, dim=-1)                                 # [T, T]
+        rows = (do[i] * oh[i]).sum(-1, keepdim=True)                 # [T, 1]
+        ds = (do[i] @ v[j].T - rows) * p
+        dq.append((ds @ k[j]) * scale)
+        dki, dvi = (ds.T @ q[i]) * scale, p.T @ do[i]
+        dk[j] = dki if dk[j] is None else dk[j] + dki
+        dv[j] = dvi if dv[j] is None else dv[j] + dvi
+    return torch.cat([torch.stack(dq), torch.stack(dk), torch.stack(dv)])

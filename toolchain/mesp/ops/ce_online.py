@@ -25,7 +25,22 @@ from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
 from toolchain.mesp.ops.quant import QuantWeight, dense, embedding_rows, matmul_dyw, matmul_xwt, quant_rows
 
-__all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks"]
+__all__ = ["ce_online_forward_backward", "ce_online_loss", "head_chunks", "online_softmax_stats_reference",
+           "exp_sub_rows_reference"]
+
+
+def online_softmax_stats_reference(z: Tensor, m: Tensor, s: Tensor) -> Tensor:
+    """The definition of `toolchain::online_softmax_stats` (mesp/kernels.py; the `--compute int8` head_loss): for
+    logits z [C, V] and the running max m and sum s [C, 1], [C, 3] = (m' = max(m, rowmax z), s' = a s +
+    rowsum exp(z - m'), a = exp(m - m')) (a = 0 where m is -inf)."""
+    m_new = torch.maximum(m, z.amax(dim=-1, keepdim=True))
+    a = torch.exp(m - m_new)
+    return torch.cat([m_new, a * s + torch.exp(z - m_new).sum(dim=-1, keepdim=True), a], dim=1)
+
+
+def exp_sub_rows_reference(z: Tensor, m: Tensor) -> Tensor:
+    """The definition of `toolchain::exp_sub_rows`: exp(z - m) for z [C, V], m [C, 1]."""
+    return torch.exp(z - m)
 
 
 def head_chunks(head: Tensor | QuantWeight, vocab_chunk: int) -> list[Tensor | QuantWeight]:
@@ -58,6 +73,14 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
         else:
             e_j = dense(compute_weight(chunk, compute))              # [Vc, d] (the stored rows, or dequantized)
             z = linear(hc, e_j, compute)                             # [C, Vc] = h E_j^T; E_j read in place
+        if int8 and compute.train_kernels and acc is not None:     # --compute int8: the softmax's steps as 2 native ops
+            st = torch.ops.toolchain.online_softmax_stats(z, m, s)   # [C, 3]: m', s', a
+            m_new, s, a = st[:, 0:1], st[:, 1:2], st[:, 2:3]
+            p = torch.ops.toolchain.exp_sub_rows(z, m_new)           # exp(z_j - m')
+            acc = acc * a + matmul_dyw(p, e_j, compute)
+            m = m_new
+            del z, p, e_j
+            continue
         m_new = torch.maximum(m, z.detach().amax(dim=-1, keepdim=True))  # [C, 1] (a constant: lse does not depend on m)
         a = torch.exp(m - m_new)                                     # [C, 1] (0 on the first chunk)
         p = z.sub_(m_new).exp_()                                     # exp(z_j - m'), in z's buffer

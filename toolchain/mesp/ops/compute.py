@@ -7,6 +7,10 @@
              x W^T through `toolchain::int4_linear_a8`, dy W through `toolchain::int4_dyw_a8`
   int8_dx    with "int8": dX = dy W through `toolchain::int4_dyw_a8` too (the default); False keeps dX
              float32 over dequantized chunks (the forward, the recompute and the head's logits stay int8)
+             With "int8" the block's causal attention (forward, recompute, gradients) is one float32 native op
+             each, `toolchain::attention_train` / `attention_train_backward`, and the MLP chunks' SwiGLU
+             `toolchain::swiglu` (forward) / `toolchain::swiglu_train` (recompute + gradients) (`train_kernels`;
+             mesp/block.py): an int8 program needs the native kernels anyway, and they run on the thread pool
   fused      the fused generation methods: an int4 `x W^T` is one `toolchain::int4_linear_a8` call
              (ops/quant.py), the decode block and the head's norm call the native kernels' custom ops
              (mesp/decode.py; the ops are mesp/kernels.py's table)
@@ -44,6 +48,13 @@ class Compute:
     @property
     def int8(self) -> bool:
         """int4 x W^T products on int8 activations (`toolchain::int4_linear_a8`)."""
+        return self.precision == "int8"
+
+    @property
+    def train_kernels(self) -> bool:
+        """The training block's attention and SwiGLU through the native float32 ops (`toolchain::attention_train`,
+        `attention_train_backward`, `swiglu`, `swiglu_train`: the math of ops/attention.py, ops/swiglu.py; an int8
+        program needs the native kernels anyway)."""
         return self.precision == "int8"
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -36,13 +37,22 @@ class LinearGrads(NamedTuple):
 
 
 def linear_forward(x: Tensor, w: Tensor | QuantWeight, bias: Tensor | None, lora: LoraPair | None,
-                   scale: float, compute: Compute = FP32) -> tuple[Tensor, LinearSaved]:
+                   scale: float, compute: Compute = FP32, residual: Tensor | None = None
+                   ) -> tuple[Tensor, LinearSaved]:
+    """y [T, o] (plus `residual` [T, o] when given: residual + y). With `compute.train_kernels` (--compute int8) and
+    an int4 W, the whole projection is one `toolchain::lora_linear_a8` call (its W4A8 product, bias, LoRA and
+    residual on the thread pool; the reference `decode_ops.lora_linear_a8_reference` adds in this order)."""
+    if compute.train_kernels and isinstance(w, QuantWeight) and w.bits == 4 and x.dim() == 2:
+        a, b = (None, None) if lora is None else lora
+        y = torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, 2 * w.q.shape[1] // w.scale.shape[1], bias, a, b,
+                                               scale, residual)
+        return y, LinearSaved(x, w, lora, scale)
     y = matmul_xwt(x, w, compute)                                    # [T, o]
     if bias is not None:
         y = y + bias
     if lora is not None:
         y = y + scale * F.linear(F.linear(x, lora.a), lora.b)        # h = x A^T is a transient
-    return y, LinearSaved(x, w, lora, scale)
+    return (y if residual is None else residual + y), LinearSaved(x, w, lora, scale)
 
 
 def linear_backward(dy: Tensor, saved: LinearSaved, compute: Compute = FP32) -> LinearGrads:

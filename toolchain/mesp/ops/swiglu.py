@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["SwigluSaved", "SwigluGrads", "swiglu_forward", "swiglu_backward"]
+__all__ = ["SwigluSaved", "SwigluGrads", "swiglu_forward", "swiglu_backward", "swiglu_train_reference"]
 
 
 class SwigluSaved(NamedTuple):
@@ -35,3 +35,11 @@ def swiglu_backward(da: Tensor, saved: SwigluSaved) -> SwigluGrads:
     du = da * (g * sg)
     dg = da * u * sg * (1 + g * (1 - sg))
     return SwigluGrads(dg, du)
+
+
+def swiglu_train_reference(g: Tensor, u: Tensor, da: Tensor) -> Tensor:
+    """The definition of `toolchain::swiglu_train` (mesp/kernels.py; the native kernel in toolchain/native/
+    kernels.cpp), what the `--compute int8` block's MLP backward calls per chunk: the recomputed a = silu(g) * u and
+    the gradients for da, in one pass. Returns [3, *g.shape]: a, dg, du."""
+    sw = swiglu_backward(da, SwigluSaved(g, u))
+    return torch.stack([swiglu_forward(g, u)[0], sw.dg, sw.du])

@@ -1,0 +1,204 @@
+"""The training blocks' float32 kernels (toolchain/native/kernels.cpp: `toolchain_attention_train`, `..._backward`,
+the `--compute int8` programs' causal attention of the whole sequence, forward and gradients; `toolchain_swiglu_train`,
+an MLP chunk's SwiGLU recomputed with its gradients) against their references
+(mesp/ops/attention.py) evaluated in float64, and against autograd through the reference: random odd shapes (T not a
+multiple of 4 or 16, D not a multiple of 16, grouped and ungrouped heads), the block's shapes; the same bits at 1 and
+2 threads and on every kernel path (one generic body); bad arguments refused; the ExecuTorch ops in a program.
+
+Tolerance: the kernel's only differences from the float64 value are float32 roundings (scores, exp16 within 2 ulp,
+the softmax's sum, products summed over T or D terms), a few 1e-7 relative to the outputs' scale; checked at
+2e-5 x the output's largest magnitude, and the float32 PyTorch reference (what the eager step runs) must hold the
+same bound, so the bound is not looser than PyTorch's own rounding needs."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from toolchain.mesp.kernels import load_native_kernels
+from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
+from toolchain.mesp.ops.swiglu import swiglu_train_reference
+
+_ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+TOL = 2e-5
+
+
+def _inputs(h, hk, t, d, seed, scale_qk=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(h, t, d, generator=gen) * scale_qk
+    k = torch.randn(hk, t, d, generator=gen) * scale_qk
+    v = torch.randn(hk, t, d, generator=gen)
+    dout = torch.randn(t, h * d, generator=gen)
+    return q, k, v, dout
+
+
+def _forward(lib, q, k, v, scale):
+    h, t, d = q.shape
+    out = torch.full((t, h * d), float("nan"))
+    assert lib.toolchain_attention_train(_ptr(q), _ptr(k), _ptr(v), h, k.shape[0], t, d, ctypes.c_float(scale),
+                                         _ptr(out)) == 0
+    return out
+
+
+def _backward(lib, dout, q, k, v, o, scale):
+    h, t, d = q.shape
+    hk = k.shape[0]
+    out = torch.full((h + 2 * hk, t, d), float("nan"))
+    assert lib.toolchain_attention_train_backward(_ptr(dout), _ptr(q), _ptr(k), _ptr(v), _ptr(o), h, hk, t, d,
+                                                  ctypes.c_float(scale), _ptr(out)) == 0
+    return out
+
+
+def _close(got, exact, ref):
+    bound = TOL * float(exact.abs().max())
+    assert not got.isnan().any()
+    assert float((got.double() - exact).abs().max()) <= bound
+    assert float((ref.double() - exact).abs().max()) <= bound
+
+
+SHAPES = [(14, 2, 256, 64), (3, 1, 37, 24), (4, 4, 5, 16), (2, 1, 1, 8), (6, 3, 19, 33), (16, 2, 70, 128)]
+
+
+@pytest.mark.parametrize("h,hk,t,d", SHAPES)
+def test_attention_train_equals_the_reference_in_float64(h, hk, t, d):
+    lib = load_native_kernels()
+    q, k, v, dout = _inputs(h, hk, t, d, seed=h * 1000 + t * 10 + d, scale_qk=2.0)
+    scale = d ** -0.5
+    o = _forward(lib, q, k, v, scale)
+    exact = attention_train_reference(q.double(), k.double(), v.double(), scale)
+    _close(o, exact, attention_train_reference(q, k, v, scale))
+    g = _backward(lib, dout, q, k, v, o, scale)
+    exact_g = attention_train_backward_reference(dout.double(), q.double(), k.double(), v.double(), exact, scale)
+    ref_g = attention_train_backward_reference(dout, q, k, v, attention_train_reference(q, k, v, scale), scale)
+    _close(g, exact_g, ref_g)   # dq, dk, dv at the gradient's scale (at T = 1, dq is 0 by cancellation: dP = rows)
+
+
+@pytest.mark.parametrize("h,hk,t,d", [(4, 2, 13, 20), (3, 3, 33, 16)])
+def test_the_backward_reference_is_autograd_of_the_forward(h, hk, t, d):
+    """The backward's definition is the gradient of the forward's (float64 autograd through the reference)."""
+    q, k, v, dout = (x.double() for x in _inputs(h, hk, t, d, seed=7 + t))
+    scale = 0.3
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = attention_train_reference(*leaves, scale)
+    o.backward(dout)
+    g = attention_train_backward_reference(dout, q, k, v, o.detach(), scale)
+    torch.testing.assert_close(g, torch.cat([x.grad for x in leaves]), rtol=1e-10, atol=1e-10)
+
+
+def test_the_bits_do_not_depend_on_threads_or_the_kernel_path(lib):
+    from executorch.extension.pybindings import portable_lib
+
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    cases = [(14, 2, 256, 64), (6, 3, 19, 33)]
+    paths = [p for p in ("generic", "avx2", "avx_vnni", "avx512_vnni") if lib.toolchain_select_kernel_path(p.encode()) == 0]
+    try:
+        for shape in cases:
+            q, k, v, dout = _inputs(*shape, seed=3)
+            seen = []
+            for n, path in [(1, p) for p in paths] + [(2, paths[0]), (2, paths[-1])]:
+                portable_lib._unsafe_reset_threadpool(n)
+                assert lib.toolchain_select_kernel_path(path.encode()) == 0
+                o = _forward(lib, q, k, v, 0.125)
+                seen.append(torch.cat([o.flatten(), _backward(lib, dout, q, k, v, o, 0.125).flatten()]))
+            assert all(torch.equal(seen[0].view(torch.int32), s.view(torch.int32)) for s in seen[1:]), shape
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_bad_arguments_are_refused():
+    lib = load_native_kernels()
+    x = torch.zeros(64)
+    for h, hk, t, d in [(3, 2, 4, 4), (0, 1, 4, 4), (2, 0, 4, 4), (2, 1, -1, 4), (2, 1, 4, 0)]:
+        assert lib.toolchain_attention_train(_ptr(x), _ptr(x), _ptr(x), h, hk, t, d, ctypes.c_float(1.0), _ptr(x)) == -1
+        assert lib.toolchain_attention_train_backward(_ptr(x), _ptr(x), _ptr(x), _ptr(x), _ptr(x), h, hk, t, d,
+                                                      ctypes.c_float(1.0), _ptr(x)) == -1
+
+
+def _swiglu_train(lib, g, u, da):
+    out = torch.full((3, *g.shape), float("nan"))
+    assert lib.toolchain_swiglu_train(_ptr(g), _ptr(u), _ptr(da), g.numel(), _ptr(out)) == 0
+    return out
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (7, 13), (1, 1), (3, 1029)])
+def test_swiglu_train_equals_the_reference_in_float64(shape):
+    """a, dg, du within float32 rounding of the float64 values (exp16: 2 ulp; a handful of products), each at its
+    own elements' scale: relative 2e-6 plus 2e-6 x the output's largest magnitude; the float32 reference too; a
+    equals toolchain_swiglu's bits (the forward's op: the recompute sees the forward's a)."""
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(shape[1])
+    g, u, da = (torch.randn(*shape, generator=gen) * 4 for _ in range(3))
+    got = _swiglu_train(lib, g, u, da)
+    exact = swiglu_train_reference(g.double(), u.double(), da.double())
+    ref = swiglu_train_reference(g, u, da)
+    for i in range(3):
+        tol = 2e-6 * float(exact[i].abs().max())
+        torch.testing.assert_close(got[i].double(), exact[i], rtol=2e-6, atol=tol)
+        torch.testing.assert_close(ref[i].double(), exact[i], rtol=2e-6, atol=tol)
+    a = torch.empty_like(g)
+    assert lib.toolchain_swiglu(_ptr(g), _ptr(u), g.numel(), _ptr(a)) == 0
+    assert torch.equal(got[0], a)
+
+
+def test_swiglu_train_bits_do_not_depend_on_threads_and_nan_stays_in_its_element(lib):
+    from executorch.extension.pybindings import portable_lib
+
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    gen = torch.Generator().manual_seed(5)
+    n = 256 * 256 + 5
+    g, u, da = (torch.randn(n, generator=gen) * 4 for _ in range(3))
+    g[7] = float("nan")
+    try:
+        seen = []
+        for k in (1, 2, 1):
+            portable_lib._unsafe_reset_threadpool(k)
+            seen.append(_swiglu_train(lib, g, u, da).view(torch.int32).clone())
+        assert torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+    out = _swiglu_train(lib, g, u, da)
+    assert out[:, 7].isnan().all() and not out[:, :7].isnan().any() and not out[:, 8:].isnan().any()
+    assert lib.toolchain_swiglu_train(_ptr(g), _ptr(u), _ptr(da), -1, _ptr(out)) == -1
+
+
+@pytest.mark.parametrize("c,v,first", [(256, 1024, False), (5, 37, True), (3, 16, False), (1, 1, True)])
+def test_online_softmax_kernels_equal_the_references_in_float64(c, v, first):
+    """The head chunk's online softmax: m' exact (a max), a and s' and exp(z - m') within float32 rounding: the
+    float32 difference z - m' is off by up to |z - m'| u (u = 2^-24), which exp turns into a relative error of as
+    much, plus exp16's 2 ulp: |err| <= (|z - m'| + 3) 2u exp(z - m') per element (the float32 PyTorch reference
+    holds the same bound); s' sums V such terms (relative 1e-5 at these shapes); a = 0 on the first chunk
+    (m = -inf)."""
+    from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(c * 7 + v)
+    z = torch.randn(c, v, generator=gen) * 5
+    m = torch.full((c, 1), float("-inf")) if first else torch.randn(c, 1, generator=gen) * 5
+    s = torch.zeros(c, 1) if first else torch.rand(c, 1, generator=gen) * 100
+    st = torch.full((c, 3), float("nan"))
+    assert lib.toolchain_online_softmax_stats(_ptr(z), _ptr(m), _ptr(s), c, v, _ptr(st)) == 0
+    exact = online_softmax_stats_reference(z.double(), m.double(), s.double())
+    ref = online_softmax_stats_reference(z, m, s)
+    assert torch.equal(st[:, 0], ref[:, 0])
+    for got_, r in ((st, exact), (ref, exact)):
+        torch.testing.assert_close(got_.double(), r, rtol=1e-5, atol=0.0)
+    if first:
+        assert (st[:, 2] == 0).all()
+    p = torch.full((c, v), float("nan"))
+    mn = st[:, 0:1].contiguous()
+    assert lib.toolchain_exp_sub_rows(_ptr(z), _ptr(mn), c, v, _ptr(p)) == 0
+    exact_p = exp_sub_rows_reference(z.double(), mn.double())
+    bound = ((z.double() - mn.double()).abs() + 3) * 2.0 ** -23 * exact_p
+    assert ((p.double() - exact_p).abs() <= bound).all()
+    assert ((exp_sub_rows_reference(z, mn).double() - exact_p).abs() <= bound).all()
+    # the stats' sum is the sum of exactly these exp values (the same exp16), in float64 within the V-term bound
+    torch.testing.assert_close(st[:, 1].double() - st[:, 2].double() * s[:, 0].double(),
+                               p.double().sum(-1), rtol=1e-5, atol=0.0)
+    assert lib.toolchain_exp_sub_rows(_ptr(z), _ptr(mn), c, 0, _ptr(p)) == -1
+    assert lib.toolchain_online_softmax_stats(_ptr(z), _ptr(m), _ptr(s), -1, v, _ptr(st)) == -1
