@@ -35,9 +35,13 @@ static bool kernel_path_ok() { return true; }
 #endif
 
 int main(int argc, char** argv) {
-  // every kernel a fused method lists (manifest generate.fused.kernels); the first is also run below
+  // every kernel a fused method lists (manifest generate.fused.kernels), then the ones only an int8 program's
+  // training methods list (their kernels, program/spec.py INT8_KERNELS); the first is also run below
   const char* ops[] = {"toolchain::int4_linear_a8.out", "toolchain::attention_decode.out", "toolchain::rms_norm.out",
-                       "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out"};
+                       "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out",
+                       "toolchain::int4_dyw_a8.out", "toolchain::attention_train.out",
+                       "toolchain::attention_train_backward.out", "toolchain::swiglu_train.out",
+                       "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out"};
   const char* op = ops[0];
   const bool want = argc > 1 && std::strcmp(argv[1], "present") == 0;
   bool has = true;

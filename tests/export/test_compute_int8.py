@@ -49,6 +49,7 @@ def test_manifest_states_int8_and_the_training_methods_list_their_kernels(progra
     m = json.loads((programs["int8"] / "manifest.json").read_text())
     assert m["compute"] == "int8" and ProgramDir(programs["int8"]).spec.compute == "int8"
     assert set(INT8_KERNELS) == {"toolchain::int4_linear_a8.out", "toolchain::int4_dyw_a8.out",
+                                 "toolchain::lora_linear_a8.out",
                                  "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
                                  "toolchain::swiglu.out", "toolchain::swiglu_train.out",
                                  "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out"}
@@ -60,6 +61,22 @@ def test_manifest_states_int8_and_the_training_methods_list_their_kernels(progra
     m32 = json.loads((programs["fp32"] / "manifest.json").read_text())
     assert m["generate"] == m32["generate"]
     assert [p["target"] for p in m["programs"]] == ["executorch"]
+
+
+def test_the_listed_kernels_are_the_native_operators_the_program_calls(programs):
+    """What a runtime is asked to have (the manifest's `kernels`) is read from the program itself: every
+    `toolchain::` operator in a training method's execution plan is listed for it, and every listed kernel is called
+    by some method, so an app's kernel probe refuses exactly the programs its runtime cannot run."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte = deserialize_pte_binary((programs["int8"] / "model.pte").read_bytes())
+    plans = getattr(pte, "program", pte).execution_plan
+    called = {plan.name: {f"{op.name}.{op.overload}" for op in plan.operators if op.name.startswith("toolchain::")}
+              for plan in plans}
+    methods = {x["name"]: x for x in json.loads((programs["int8"] / "manifest.json").read_text())["methods"]}
+    for name, ops in called.items():
+        assert ops <= set(methods[name].get("kernels", ())), (name, sorted(ops))
+    assert set().union(*called.values()) == set(INT8_KERNELS)
 
 
 def test_int8_program_on_the_runtime_equals_the_eager_methods(programs):
