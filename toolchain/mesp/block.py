@@ -260,6 +260,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     int8 = _int8(p)
     n2c, doutc = to_compute(n2, cp), to_compute(dout, cp)
     wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
+    adt = None if ld is None or not cp.train_kernels else ld.a.T.contiguous()   # [f, r]: Ad's columns as rows
     for a, b in _f_chunks(p, mlp_chunk):
         if int8:                                                     # --compute int8: the int4 chunks in place
             da = matmul_dyw(dout, quant_cols(wdq, a, b), cp)         # [T, C]
@@ -289,8 +290,13 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         else:
             act, sw = swiglu_forward(g, u)[0], None
         if ld is not None:
-            dad.append(dhd.T @ act)                                  # [r, C]
-            h_c = F.linear(act, ad)
+            if cp.train_kernels:                                     # (act^T dhd, act Ad[:, c]^T): one native op
+                rows = torch.ops.toolchain.lora_rows_backward(act, dhd, adt[a:b], 1.0)
+                dad.append(rows[:b - a])                             # [C, r]: dAd's columns, transposed
+                h_c = rows[b - a:]
+            else:
+                dad.append(dhd.T @ act)                              # [r, C]
+                h_c = F.linear(act, ad)
             hd = h_c if hd is None else hd + h_c
         del act
         if sw is None:
@@ -303,17 +309,29 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu
-        if lg is not None:
-            dbg.append(s * (sw.dg.T @ hg))                           # [C, r]
-            c = s * (sw.dg @ lg.b[a:b])
-            dhg = c if dhg is None else dhg + c
-        if lu is not None:
-            dbu.append(s * (sw.du.T @ hu))
-            c = s * (sw.du @ lu.b[a:b])
-            dhu = c if dhu is None else dhu + c
+        if cp.train_kernels:                                         # (s dg^T hg, s dg Bg[c]): one native op each
+            for pair, dyc, h, db, dh in ((lg, sw.dg, hg, dbg, "g"), (lu, sw.du, hu, dbu, "u")):
+                if pair is not None:
+                    rows = torch.ops.toolchain.lora_rows_backward(dyc, h, pair.b[a:b], s)
+                    db.append(rows[:b - a])                          # [C, r]
+                    c = rows[b - a:]                                 # [T, r]
+                    if dh == "g":
+                        dhg = c if dhg is None else dhg + c
+                    else:
+                        dhu = c if dhu is None else dhu + c
+        else:
+            if lg is not None:
+                dbg.append(s * (sw.dg.T @ hg))                       # [C, r]
+                c = s * (sw.dg @ lg.b[a:b])
+                dhg = c if dhg is None else dhg + c
+            if lu is not None:
+                dbu.append(s * (sw.du.T @ hu))
+                c = s * (sw.du @ lu.b[a:b])
+                dhu = c if dhu is None else dhu + c
         del sw
     if ld is not None:
-        _add_grad(grads, "down_proj", LoraPair(torch.cat(dad, dim=1), s * (dout.T @ hd)))
+        dad_all = torch.cat(dad, dim=0).T if cp.train_kernels else torch.cat(dad, dim=1)   # [r, f]
+        _add_grad(grads, "down_proj", LoraPair(dad_all, s * (dout.T @ hd)))
     for name, pair, dh, db in (("gate_proj", lg, dhg, dbg), ("up_proj", lu, dhu, dbu)):
         if pair is not None:
             dn2 = dn2 + dh @ pair.a

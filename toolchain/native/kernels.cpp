@@ -11,6 +11,8 @@
 //                                and its gradients (float32, over the thread pool: the step's float32 rest)
 //   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
 //   toolchain::online_softmax_stats, toolchain::exp_sub_rows   the LM head chunk's online softmax
+//   toolchain::lora_backward, toolchain::lora_rows_backward   a projection's LoRA gradients and dx + dh A; an
+//                                MLP chunk's LoRA rows
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -1713,6 +1715,134 @@ int toolchain_exp_sub_rows(const float* z, const float* m, int64_t C, int64_t V,
 }
 }  // extern "C"
 
+// A projection's LoRA backward (`--compute int8` training methods; references `lora_backward_reference`,
+// `lora_rows_backward_reference` in toolchain/mesp/ops/lora_linear.py). For dy [T, o], x [T, i], a [r, i], b [o, r],
+// the scale s and dx [T, i] (the frozen product's dX), toolchain::lora_backward's out, flat [(T + r) i + o r], is
+//   out[0, T i)             dx + dh A          h = x A^T (dot's order over i), dh = s (dy B) (fused multiply-adds
+//                                              over o in increasing n, then times s); dh A: over j in increasing
+//                                              order from 0, then added to dx
+//   out[T i, (T + r) i)     dA = dh^T x        [r, i]: fused multiply-adds over t in increasing order from 0
+//   out[(T + r) i, ...)     dB = s (dy^T h)    [o, r]: the same over t, then times s
+// and toolchain::lora_rows_backward (an MLP chunk's LoRA rows: dy [T, C], h [T, r], b [C, r]) out [C + T, r] =
+// (s (dy^T h), s (dy b)), the same two sums. The rows of x over the pool for h, dh and dx; then dA's column blocks and
+// dB's row blocks (each element sums its T terms in order whichever thread runs it: the bits depend neither on the
+// thread count nor on the kernel path, one generic body).
+struct LoraBackTask {
+  const float *dy, *x, *a, *b, *dx;
+  int64_t T, in, o, r;
+  float s;
+  float *h, *dh, *out;   // h, dh [T, r] scratch (lora_rows_backward: h is the input and dh its out's rows C..)
+};
+constexpr int64_t kLoraBackBlock = 64;
+
+// dh[t] = s (dy[t] b): o terms per output in increasing n.
+inline void lora_dh_row(const float* dyt, const float* b, int64_t o, int64_t r, float s, float* dht) {
+  for (int64_t j = 0; j < r; ++j) dht[j] = 0.0f;
+  for (int64_t n = 0; n < o; ++n) {
+    const float d = dyt[n];
+    const float* bn = b + n * r;
+    for (int64_t j = 0; j < r; ++j) dht[j] = std::fma(d, bn[j], dht[j]);
+  }
+  for (int64_t j = 0; j < r; ++j) dht[j] *= s;
+}
+
+// Rows [n0, n1) of s (dy^T h) into db [o, r]: T terms per element in increasing t.
+inline void lora_db_block(const float* dy, const float* h, int64_t T, int64_t o, int64_t r, float s, int64_t n0,
+                          int64_t n1, float* db) {
+  thread_local std::vector<float> acc;
+  acc.assign(static_cast<size_t>((n1 - n0) * r), 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    const float *dyt = dy + t * o, *ht = h + t * r;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float d = dyt[n];
+      float* an = acc.data() + (n - n0) * r;
+      for (int64_t j = 0; j < r; ++j) an[j] = std::fma(d, ht[j], an[j]);
+    }
+  }
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t j = 0; j < r; ++j) db[n * r + j] = s * acc[static_cast<size_t>((n - n0) * r + j)];
+}
+
+static void lora_back_row(void* task, size_t row) {
+  const LoraBackTask& k = *static_cast<const LoraBackTask*>(task);
+  const int64_t t = static_cast<int64_t>(row), in = k.in, r = k.r;
+  const float* xt = k.x + t * in;
+  float *ht = k.h + t * r, *dht = k.dh + t * r;
+  for (int64_t j = 0; j < r; ++j) ht[j] = dot(xt, k.a + j * in, in);
+  lora_dh_row(k.dy + t * k.o, k.b, k.o, r, k.s, dht);
+  const float* dxt = k.dx + t * in;
+  float* y = k.out + t * in;
+  for (int64_t k0 = 0; k0 < in; k0 += kLoraBackBlock) {
+    const int64_t nb = std::min(kLoraBackBlock, in - k0);
+    float acc[kLoraBackBlock] = {};
+    for (int64_t j = 0; j < r; ++j) {
+      const float c = dht[j];
+      const float* aj = k.a + j * in + k0;
+      for (int64_t q = 0; q < nb; ++q) acc[q] = std::fma(c, aj[q], acc[q]);
+    }
+    for (int64_t q = 0; q < nb; ++q) y[k0 + q] = dxt[k0 + q] + acc[q];
+  }
+}
+
+// Units [0, nbi): dA's column blocks; then dB's row blocks.
+static void lora_back_grad(void* task, size_t unit) {
+  const LoraBackTask& k = *static_cast<const LoraBackTask*>(task);
+  const int64_t T = k.T, in = k.in, r = k.r, nbi = (in + kLoraBackBlock - 1) / kLoraBackBlock;
+  const int64_t u = static_cast<int64_t>(unit);
+  if (u >= nbi) {
+    const int64_t n0 = (u - nbi) * kLoraBackBlock;
+    lora_db_block(k.dy, k.h, T, k.o, r, k.s, n0, std::min(k.o, n0 + kLoraBackBlock), k.out + (T + r) * in);
+    return;
+  }
+  const int64_t k0 = u * kLoraBackBlock, nb = std::min(kLoraBackBlock, in - k0);
+  float* da = k.out + T * in;
+  for (int64_t j = 0; j < r; ++j) {
+    float acc[kLoraBackBlock] = {};
+    for (int64_t t = 0; t < T; ++t) {
+      const float c = k.dh[t * r + j];
+      const float* xt = k.x + t * in + k0;
+      for (int64_t q = 0; q < nb; ++q) acc[q] = std::fma(c, xt[q], acc[q]);
+    }
+    for (int64_t q = 0; q < nb; ++q) da[j * in + k0 + q] = acc[q];
+  }
+}
+
+// Units [0, nbo): s (dy^T h)'s row blocks; then the rows t of s (dy b).
+static void lora_rows_unit(void* task, size_t unit) {
+  const LoraBackTask& k = *static_cast<const LoraBackTask*>(task);
+  const int64_t nbo = (k.o + kLoraBackBlock - 1) / kLoraBackBlock, u = static_cast<int64_t>(unit);
+  if (u < nbo) {
+    const int64_t n0 = u * kLoraBackBlock;
+    lora_db_block(k.dy, k.h, k.T, k.o, k.r, k.s, n0, std::min(k.o, n0 + kLoraBackBlock), k.out);
+    return;
+  }
+  const int64_t t = u - nbo;
+  lora_dh_row(k.dy + t * k.o, k.b, k.o, k.r, k.s, k.out + (k.o + t) * k.r);
+}
+
+extern "C" {
+int toolchain_lora_backward(const float* dy, const float* x, const float* a, const float* b, const float* dx,
+                            int64_t T, int64_t in, int64_t o, int64_t r, float s, float* out) {
+  if (T < 1 || in < 1 || o < 1 || r < 1) return -1;
+  thread_local std::vector<float> h, dh;
+  h.resize(static_cast<size_t>(T * r));
+  dh.resize(static_cast<size_t>(T * r));
+  LoraBackTask task{dy, x, a, b, dx, T, in, o, r, s, h.data(), dh.data(), out};
+  parallel_for(lora_back_row, &task, T, T * r * (2 * in + o), kPoolRowWork);   // h, dh, dx + dh A: rows
+  const int64_t units = (in + kLoraBackBlock - 1) / kLoraBackBlock + (o + kLoraBackBlock - 1) / kLoraBackBlock;
+  parallel_for(lora_back_grad, &task, units, T * r * (in + o), kPoolRowWork);   // dA columns, dB rows
+  return 0;
+}
+
+int toolchain_lora_rows_backward(const float* dy, const float* h, const float* b, int64_t T, int64_t C, int64_t r,
+                                 float s, float* out) {
+  if (T < 1 || C < 1 || r < 1) return -1;
+  LoraBackTask task{dy, nullptr, nullptr, b, nullptr, T, 0, C, r, s, const_cast<float*>(h), nullptr, out};
+  parallel_for(lora_rows_unit, &task, (C + kLoraBackBlock - 1) / kLoraBackBlock + T, 2 * T * C * r, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
 #ifndef TOOLCHAIN_NO_EXECUTORCH
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -1968,6 +2098,43 @@ Tensor& exp_sub_rows_out(KernelRuntimeContext& ctx, const Tensor& z, const Tenso
   return out;
 }
 
+// toolchain::lora_backward.out(Tensor dy, Tensor x, Tensor a, Tensor b, float scale, Tensor dx, *, Tensor(a!) out)
+Tensor& lora_backward_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& x, const Tensor& a,
+                          const Tensor& b, double scale, const Tensor& dx, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && x.scalar_type() == ScalarType::Float &&
+                  a.scalar_type() == ScalarType::Float && b.scalar_type() == ScalarType::Float &&
+                  dx.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float && dy.dim() == 2 &&
+                  x.dim() == 2 && a.dim() == 2 && b.dim() == 2 && dx.dim() == 2 && x.size(0) == dy.size(0) &&
+                  a.size(1) == x.size(1) && b.size(0) == dy.size(1) && b.size(1) == a.size(0) &&
+                  dx.size(0) == x.size(0) && dx.size(1) == x.size(1), InvalidArgument, out);
+  const int64_t T = x.size(0), in = x.size(1), o = dy.size(1), r = a.size(0);
+  const SizesType sizes[1] = {static_cast<SizesType>((T + r) * in + o * r)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 1}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_backward(dy.const_data_ptr<float>(), x.const_data_ptr<float>(),
+                                         a.const_data_ptr<float>(), b.const_data_ptr<float>(),
+                                         dx.const_data_ptr<float>(), T, in, o, r, static_cast<float>(scale),
+                                         out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::lora_rows_backward.out(Tensor dy, Tensor h, Tensor b, float scale, *, Tensor(a!) out)
+Tensor& lora_rows_backward_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& h, const Tensor& b,
+                               double scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && h.scalar_type() == ScalarType::Float &&
+                  b.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float && dy.dim() == 2 &&
+                  h.dim() == 2 && b.dim() == 2 && h.size(0) == dy.size(0) && b.size(0) == dy.size(1) &&
+                  b.size(1) == h.size(1), InvalidArgument, out);
+  const int64_t T = dy.size(0), C = dy.size(1), r = h.size(1);
+  const SizesType sizes[2] = {static_cast<SizesType>(C + T), static_cast<SizesType>(r)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_rows_backward(dy.const_data_ptr<float>(), h.const_data_ptr<float>(),
+                                              b.const_data_ptr<float>(), T, C, r, static_cast<float>(scale),
+                                              out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -1982,4 +2149,6 @@ EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_ba
 EXECUTORCH_LIBRARY(toolchain, "swiglu_train.out", swiglu_train_out);
 EXECUTORCH_LIBRARY(toolchain, "online_softmax_stats.out", online_softmax_stats_out);
 EXECUTORCH_LIBRARY(toolchain, "exp_sub_rows.out", exp_sub_rows_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_backward.out", lora_backward_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_rows_backward.out", lora_rows_backward_out);
 #endif
