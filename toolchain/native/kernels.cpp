@@ -1718,9 +1718,9 @@ int toolchain_exp_sub_rows(const float* z, const float* m, int64_t C, int64_t V,
 // A projection's LoRA backward (`--compute int8` training methods; references `lora_backward_reference`,
 // `lora_rows_backward_reference` in toolchain/mesp/ops/lora_linear.py). For dy [T, o], x [T, i], a [r, i], b [o, r],
 // the scale s and dx [T, i] (the frozen product's dX), toolchain::lora_backward's out, flat [(T + r) i + o r], is
-//   out[0, T i)             dx + dh A          h = x A^T (dot's order over i), dh = s (dy B) (fused multiply-adds
-//                                              over o in increasing n, then times s); dh A: over j in increasing
-//                                              order from 0, then added to dx
+//   out[0, T i)             dx + dh A          h = x A^T, dh = s (dy B) (each `dot`'s order, over i / o; dh then
+//                                              times s); dh A: fused multiply-adds over j in increasing order from
+//                                              0, then added to dx
 //   out[T i, (T + r) i)     dA = dh^T x        [r, i]: fused multiply-adds over t in increasing order from 0
 //   out[(T + r) i, ...)     dB = s (dy^T h)    [o, r]: the same over t, then times s
 // and toolchain::lora_rows_backward (an MLP chunk's LoRA rows: dy [T, C], h [T, r], b [C, r]) out [C + T, r] =
@@ -1728,39 +1728,59 @@ int toolchain_exp_sub_rows(const float* z, const float* m, int64_t C, int64_t V,
 // dB's row blocks (each element sums its T terms in order whichever thread runs it: the bits depend neither on the
 // thread count nor on the kernel path, one generic body).
 struct LoraBackTask {
-  const float *dy, *x, *a, *b, *dx;
+  const float *dy, *x, *a, *bt, *dx;   // bt: B^T [r, o], transposed once per call
   int64_t T, in, o, r;
   float s;
   float *h, *dh, *out;   // h, dh [T, r] scratch (lora_rows_backward: h is the input and dh its out's rows C..)
 };
 constexpr int64_t kLoraBackBlock = 64;
 
-// dh[t] = s (dy[t] b): o terms per output in increasing n.
-inline void lora_dh_row(const float* dyt, const float* b, int64_t o, int64_t r, float s, float* dht) {
-  for (int64_t j = 0; j < r; ++j) dht[j] = 0.0f;
-  for (int64_t n = 0; n < o; ++n) {
-    const float d = dyt[n];
-    const float* bn = b + n * r;
-    for (int64_t j = 0; j < r; ++j) dht[j] = std::fma(d, bn[j], dht[j]);
+// out[q] = sum_m c[m cs] p[m ps + q] for q < nb <= kLoraBackBlock: fused multiply-adds in increasing m from 0 (16-lane
+// vectors for a whole block, std::fma for a partial one: the same operations per element).
+inline void lora_colsum(const float* c, int64_t cs, const float* p, int64_t ps, int64_t m, int64_t nb, float* out) {
+  if (nb == kLoraBackBlock) {
+    f32x16 a0 = f32x16{}, a1 = f32x16{}, a2 = f32x16{}, a3 = f32x16{};
+    for (int64_t k = 0; k < m; ++k) {
+      const float w = c[k * cs];
+      const float* pk = p + k * ps;
+      f32x16 v0, v1, v2, v3;
+      std::memcpy(&v0, pk, sizeof v0);
+      std::memcpy(&v1, pk + 16, sizeof v1);
+      std::memcpy(&v2, pk + 32, sizeof v2);
+      std::memcpy(&v3, pk + 48, sizeof v3);
+      a0 = a0 + w * v0;
+      a1 = a1 + w * v1;
+      a2 = a2 + w * v2;
+      a3 = a3 + w * v3;
+    }
+    std::memcpy(out, &a0, sizeof a0);
+    std::memcpy(out + 16, &a1, sizeof a1);
+    std::memcpy(out + 32, &a2, sizeof a2);
+    std::memcpy(out + 48, &a3, sizeof a3);
+    return;
   }
-  for (int64_t j = 0; j < r; ++j) dht[j] *= s;
+  float acc[kLoraBackBlock] = {};
+  for (int64_t k = 0; k < m; ++k) {
+    const float w = c[k * cs];
+    const float* pk = p + k * ps;
+    for (int64_t q = 0; q < nb; ++q) acc[q] = std::fma(w, pk[q], acc[q]);
+  }
+  for (int64_t q = 0; q < nb; ++q) out[q] = acc[q];
 }
 
-// Rows [n0, n1) of s (dy^T h) into db [o, r]: T terms per element in increasing t.
+// dh[t] = s (dy[t] b): per output j, dot(dy[t], B^T[j]) (dot's order over o), then times s.
+inline void lora_dh_row(const float* dyt, const float* bt, int64_t o, int64_t r, float s, float* dht) {
+  for (int64_t j = 0; j < r; ++j) dht[j] = s * dot(dyt, bt + j * o, o);
+}
+
+// Rows [n0, n0 + nb) of s (dy^T h) into db [o, r]: per j the T terms of each element in increasing t, then times s.
 inline void lora_db_block(const float* dy, const float* h, int64_t T, int64_t o, int64_t r, float s, int64_t n0,
-                          int64_t n1, float* db) {
-  thread_local std::vector<float> acc;
-  acc.assign(static_cast<size_t>((n1 - n0) * r), 0.0f);
-  for (int64_t t = 0; t < T; ++t) {
-    const float *dyt = dy + t * o, *ht = h + t * r;
-    for (int64_t n = n0; n < n1; ++n) {
-      const float d = dyt[n];
-      float* an = acc.data() + (n - n0) * r;
-      for (int64_t j = 0; j < r; ++j) an[j] = std::fma(d, ht[j], an[j]);
-    }
+                          int64_t nb, float* db) {
+  float col[kLoraBackBlock];
+  for (int64_t j = 0; j < r; ++j) {
+    lora_colsum(h + j, r, dy + n0, o, T, nb, col);
+    for (int64_t n = 0; n < nb; ++n) db[(n0 + n) * r + j] = s * col[n];
   }
-  for (int64_t n = n0; n < n1; ++n)
-    for (int64_t j = 0; j < r; ++j) db[n * r + j] = s * acc[static_cast<size_t>((n - n0) * r + j)];
 }
 
 static void lora_back_row(void* task, size_t row) {
@@ -1769,18 +1789,14 @@ static void lora_back_row(void* task, size_t row) {
   const float* xt = k.x + t * in;
   float *ht = k.h + t * r, *dht = k.dh + t * r;
   for (int64_t j = 0; j < r; ++j) ht[j] = dot(xt, k.a + j * in, in);
-  lora_dh_row(k.dy + t * k.o, k.b, k.o, r, k.s, dht);
+  lora_dh_row(k.dy + t * k.o, k.bt, k.o, r, k.s, dht);
   const float* dxt = k.dx + t * in;
   float* y = k.out + t * in;
-  for (int64_t k0 = 0; k0 < in; k0 += kLoraBackBlock) {
+  float col[kLoraBackBlock];
+  for (int64_t k0 = 0; k0 < in; k0 += kLoraBackBlock) {   // dx + dh A, 64 columns at a time
     const int64_t nb = std::min(kLoraBackBlock, in - k0);
-    float acc[kLoraBackBlock] = {};
-    for (int64_t j = 0; j < r; ++j) {
-      const float c = dht[j];
-      const float* aj = k.a + j * in + k0;
-      for (int64_t q = 0; q < nb; ++q) acc[q] = std::fma(c, aj[q], acc[q]);
-    }
-    for (int64_t q = 0; q < nb; ++q) y[k0 + q] = dxt[k0 + q] + acc[q];
+    lora_colsum(dht, 1, k.a + k0, in, r, nb, col);
+    for (int64_t q = 0; q < nb; ++q) y[k0 + q] = dxt[k0 + q] + col[q];
   }
 }
 
@@ -1791,20 +1807,12 @@ static void lora_back_grad(void* task, size_t unit) {
   const int64_t u = static_cast<int64_t>(unit);
   if (u >= nbi) {
     const int64_t n0 = (u - nbi) * kLoraBackBlock;
-    lora_db_block(k.dy, k.h, T, k.o, r, k.s, n0, std::min(k.o, n0 + kLoraBackBlock), k.out + (T + r) * in);
+    lora_db_block(k.dy, k.h, T, k.o, r, k.s, n0, std::min(kLoraBackBlock, k.o - n0), k.out + (T + r) * in);
     return;
   }
   const int64_t k0 = u * kLoraBackBlock, nb = std::min(kLoraBackBlock, in - k0);
   float* da = k.out + T * in;
-  for (int64_t j = 0; j < r; ++j) {
-    float acc[kLoraBackBlock] = {};
-    for (int64_t t = 0; t < T; ++t) {
-      const float c = k.dh[t * r + j];
-      const float* xt = k.x + t * in + k0;
-      for (int64_t q = 0; q < nb; ++q) acc[q] = std::fma(c, xt[q], acc[q]);
-    }
-    for (int64_t q = 0; q < nb; ++q) da[j * in + k0 + q] = acc[q];
-  }
+  for (int64_t j = 0; j < r; ++j) lora_colsum(k.dh + j, r, k.x + k0, in, T, nb, da + j * in + k0);
 }
 
 // Units [0, nbo): s (dy^T h)'s row blocks; then the rows t of s (dy b).
@@ -1813,11 +1821,20 @@ static void lora_rows_unit(void* task, size_t unit) {
   const int64_t nbo = (k.o + kLoraBackBlock - 1) / kLoraBackBlock, u = static_cast<int64_t>(unit);
   if (u < nbo) {
     const int64_t n0 = u * kLoraBackBlock;
-    lora_db_block(k.dy, k.h, k.T, k.o, k.r, k.s, n0, std::min(k.o, n0 + kLoraBackBlock), k.out);
+    lora_db_block(k.dy, k.h, k.T, k.o, k.r, k.s, n0, std::min(kLoraBackBlock, k.o - n0), k.out);
     return;
   }
   const int64_t t = u - nbo;
-  lora_dh_row(k.dy + t * k.o, k.b, k.o, k.r, k.s, k.out + (k.o + t) * k.r);
+  lora_dh_row(k.dy + t * k.o, k.bt, k.o, k.r, k.s, k.out + (k.o + t) * k.r);
+}
+
+// B [o, r] -> B^T [r, o] (serial: o r elements, a few KB).
+inline const float* lora_transpose_b(const float* b, int64_t o, int64_t r) {
+  thread_local std::vector<float> bt;
+  bt.resize(static_cast<size_t>(o * r));
+  for (int64_t n = 0; n < o; ++n)
+    for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
+  return bt.data();
 }
 
 extern "C" {
@@ -1827,7 +1844,7 @@ int toolchain_lora_backward(const float* dy, const float* x, const float* a, con
   thread_local std::vector<float> h, dh;
   h.resize(static_cast<size_t>(T * r));
   dh.resize(static_cast<size_t>(T * r));
-  LoraBackTask task{dy, x, a, b, dx, T, in, o, r, s, h.data(), dh.data(), out};
+  LoraBackTask task{dy, x, a, lora_transpose_b(b, o, r), dx, T, in, o, r, s, h.data(), dh.data(), out};
   parallel_for(lora_back_row, &task, T, T * r * (2 * in + o), kPoolRowWork);   // h, dh, dx + dh A: rows
   const int64_t units = (in + kLoraBackBlock - 1) / kLoraBackBlock + (o + kLoraBackBlock - 1) / kLoraBackBlock;
   parallel_for(lora_back_grad, &task, units, T * r * (in + o), kPoolRowWork);   // dA columns, dB rows
@@ -1837,7 +1854,8 @@ int toolchain_lora_backward(const float* dy, const float* x, const float* a, con
 int toolchain_lora_rows_backward(const float* dy, const float* h, const float* b, int64_t T, int64_t C, int64_t r,
                                  float s, float* out) {
   if (T < 1 || C < 1 || r < 1) return -1;
-  LoraBackTask task{dy, nullptr, nullptr, b, nullptr, T, 0, C, r, s, const_cast<float*>(h), nullptr, out};
+  LoraBackTask task{dy, nullptr, nullptr, lora_transpose_b(b, C, r), nullptr, T, 0, C, r, s, const_cast<float*>(h),
+                    nullptr, out};
   parallel_for(lora_rows_unit, &task, (C + kLoraBackBlock - 1) / kLoraBackBlock + T, 2 * T * C * r, kPoolRowWork);
   return 0;
 }
