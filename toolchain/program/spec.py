@@ -82,7 +82,7 @@ FUSED_KERNELS = generation_ops()   # the native kernels' table, mesp/kernels.py
 INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4_dyw_a8", "attention_train",
                                                          "attention_train_backward", "swiglu", "swiglu_train",
                                                          "online_softmax_stats", "exp_sub_rows", "lora_backward",
-                                                         "lora_rows_backward"))
+                                                         "lora_rows_backward", "rms_norm"))
 
 
 @dataclass(frozen=True)
