@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
                        "toolchain::lora_linear_a8.out", "toolchain::rope_heads.out", "toolchain::swiglu.out",
                        "toolchain::int4_dyw_a8.out", "toolchain::attention_train.out",
                        "toolchain::attention_train_backward.out", "toolchain::swiglu_train.out",
-                       "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out"};
+                       "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",
+                       "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out"};
   const char* op = ops[0];
   const bool want = argc > 1 && std::strcmp(argv[1], "present") == 0;
   bool has = true;

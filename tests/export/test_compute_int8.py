@@ -52,7 +52,9 @@ def test_manifest_states_int8_and_the_training_methods_list_their_kernels(progra
                                  "toolchain::lora_linear_a8.out",
                                  "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
                                  "toolchain::swiglu.out", "toolchain::swiglu_train.out",
-                                 "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out"}
+                                 "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",
+                                 "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out",
+                                 "toolchain::rms_norm.out"}
     methods = {x["name"]: x for x in m["methods"]}
     for name in ("block_forward", "head_loss", "block_backward"):
         assert methods[name]["kernels"] == list(INT8_KERNELS)

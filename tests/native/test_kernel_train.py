@@ -19,6 +19,7 @@ import torch
 
 from toolchain.mesp.kernels import load_native_kernels
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
+from toolchain.mesp.ops.lora_linear import lora_backward_reference, lora_rows_backward_reference
 from toolchain.mesp.ops.swiglu import swiglu_train_reference
 
 _ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
@@ -202,3 +203,96 @@ def test_online_softmax_kernels_equal_the_references_in_float64(c, v, first):
                                p.double().sum(-1), rtol=1e-5, atol=0.0)
     assert lib.toolchain_exp_sub_rows(_ptr(z), _ptr(mn), c, 0, _ptr(p)) == -1
     assert lib.toolchain_online_softmax_stats(_ptr(z), _ptr(m), _ptr(s), -1, v, _ptr(st)) == -1
+
+
+def _lora_inputs(t, i, o, r, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(t, o, generator=gen), torch.randn(t, i, generator=gen), torch.randn(r, i, generator=gen),
+            torch.randn(o, r, generator=gen), torch.randn(t, i, generator=gen))
+
+
+def _lora_backward(lib, dy, x, a, b, s, dx):
+    (t, i), o, r = x.shape, dy.shape[1], a.shape[0]
+    out = torch.full(((t + r) * i + o * r,), float("nan"))
+    assert lib.toolchain_lora_backward(_ptr(dy), _ptr(x), _ptr(a), _ptr(b), _ptr(dx), t, i, o, r, ctypes.c_float(s),
+                                       _ptr(out)) == 0
+    return out
+
+
+def _lora_rows(lib, dy, h, b, s):
+    (t, c), r = dy.shape, h.shape[1]
+    out = torch.full((c + t, r), float("nan"))
+    assert lib.toolchain_lora_rows_backward(_ptr(dy), _ptr(h), _ptr(b), t, c, r, ctypes.c_float(s), _ptr(out)) == 0
+    return out
+
+
+def _close_parts(got, exact, ref, sizes):
+    """Each part (dx, dA, dB) at its own scale: the parts' magnitudes differ by sqrt(T) and more."""
+    for g_, e_, r_ in zip(got.split(sizes), exact.split(sizes), ref.split(sizes)):
+        _close(g_, e_, r_)
+
+
+LORA_SHAPES = [(256, 896, 896, 8), (256, 896, 128, 8), (37, 33, 19, 3), (1, 5, 7, 1), (70, 130, 65, 16)]
+
+
+@pytest.mark.parametrize("t,i,o,r", LORA_SHAPES)
+def test_lora_backward_equals_the_reference_in_float64(t, i, o, r):
+    lib = load_native_kernels()
+    dy, x, a, b, dx = _lora_inputs(t, i, o, r, seed=t + i + o + r)
+    s = 2.0 / r
+    got = _lora_backward(lib, dy, x, a, b, s, dx)
+    exact = lora_backward_reference(dy.double(), x.double(), a.double(), b.double(), s, dx.double())
+    _close_parts(got, exact, lora_backward_reference(dy, x, a, b, s, dx), [t * i, r * i, o * r])
+    rows = _lora_rows(lib, dy, x[:, :r].contiguous(), b, s)      # dy [T, o], h [T, r], b [o, r]
+    exact_rows = lora_rows_backward_reference(dy.double(), x[:, :r].double(), b.double(), s)
+    _close_parts(rows.flatten(), exact_rows.flatten(), lora_rows_backward_reference(dy, x[:, :r], b, s).flatten(),
+                 [o * r, t * r])
+
+
+@pytest.mark.parametrize("t,i,o,r", [(13, 20, 9, 4), (33, 16, 40, 8)])
+def test_the_lora_backward_reference_is_autograd_of_the_projection(t, i, o, r):
+    """dx + dh A, dA, dB of y = s (x A^T) B^T (float64 autograd); the rows op is its dB and dh."""
+    dy, x, a, b, dx = (v.double() for v in _lora_inputs(t, i, o, r, seed=5 + t))
+    s = 0.7
+    leaves = [v.clone().requires_grad_() for v in (x, a, b)]
+    (s * (leaves[0] @ leaves[1].T) @ leaves[2].T).backward(dy)
+    want = torch.cat([(dx + leaves[0].grad).flatten(), leaves[1].grad.flatten(), leaves[2].grad.flatten()])
+    torch.testing.assert_close(lora_backward_reference(dy, x, a, b, s, dx), want, rtol=1e-10, atol=1e-10)
+    h = (x @ a.T).requires_grad_()
+    bb = b.clone().requires_grad_()
+    (s * h @ bb.T).backward(dy)
+    torch.testing.assert_close(lora_rows_backward_reference(dy, h.detach(), b, s), torch.cat([bb.grad, h.grad]),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_lora_backward_bits_do_not_depend_on_threads_or_the_kernel_path(lib):
+    from executorch.extension.pybindings import portable_lib
+
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    paths = [p for p in ("generic", "avx2", "avx_vnni", "avx512_vnni") if lib.toolchain_select_kernel_path(p.encode()) == 0]
+    try:
+        for shape in [(256, 896, 128, 8), (37, 200, 70, 3)]:
+            dy, x, a, b, dx = _lora_inputs(*shape, seed=11)
+            seen = []
+            for n, path in [(1, p) for p in paths] + [(2, paths[0]), (2, paths[-1])]:
+                portable_lib._unsafe_reset_threadpool(n)
+                assert lib.toolchain_select_kernel_path(path.encode()) == 0
+                got = torch.cat([_lora_backward(lib, dy, x, a, b, 0.25, dx),
+                                 _lora_rows(lib, dy, dx[:, :shape[3]].contiguous(), b, 0.25).flatten()])
+                seen.append(got.view(torch.int32).clone())
+            assert all(torch.equal(seen[0], s_) for s_ in seen[1:]), shape
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_lora_backward_bad_arguments_are_refused():
+    lib = load_native_kernels()
+    z = torch.zeros(64)
+    for t, i, o, r in [(0, 4, 4, 2), (4, 0, 4, 2), (4, 4, 0, 2), (4, 4, 4, 0), (-1, 4, 4, 2)]:
+        assert lib.toolchain_lora_backward(_ptr(z), _ptr(z), _ptr(z), _ptr(z), _ptr(z), t, i, o, r,
+                                           ctypes.c_float(1.0), _ptr(z)) == -1
+        if i > 0:                                                # the rows op has no i
+            assert lib.toolchain_lora_rows_backward(_ptr(z), _ptr(z), _ptr(z), t, o, r, ctypes.c_float(1.0),
+                                                    _ptr(z)) == -1

@@ -13,7 +13,7 @@ time ([T, T] scores). With q/k norms the backward chains rope_backward, head_nor
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 `--compute int8` (`Compute.train_kernels`) runs the same math through native ops on the thread pool: attention
 as one call each way, SwiGLU (with its backward in one pass), each int4 projection with its bias, LoRA and
-residual (ops/compute.py).
+residual, each projection's LoRA backward, the MLP chunks' LoRA rows and the two RMSNorms (ops/compute.py).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
@@ -63,6 +63,14 @@ class BlockParams(NamedTuple):
 def block_rope(arch: ModelArch, positions: Tensor, dtype: torch.dtype) -> RopeTables:
     """The rotary tables of `arch` at `positions` [T] (scaled frequencies when the arch has rope scaling)."""
     return rope_tables(positions, arch.head_dim, arch.rope_theta, dtype, inv_freq=arch.rope_inv_freq())
+
+
+def _rmsnorm(x: Tensor, w: Tensor, eps: float, compute: Compute) -> tuple[Tensor, RmsNormSaved]:
+    """rmsnorm_forward; with `compute.train_kernels` the norm is `toolchain::rms_norm` (its reference is
+    rmsnorm_forward's value; rows on the pool). Its backward recomputes from the saved input either way."""
+    if compute.train_kernels:
+        return torch.ops.toolchain.rms_norm(x, w, eps), RmsNormSaved(x, w, eps)
+    return rmsnorm_forward(x, w, eps)
 
 
 def _heads(x: Tensor, n: int) -> Tensor:
@@ -118,7 +126,7 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
     """x -> x1 = x + attn(x), and what its backward needs."""
     w, arch = p.weights, p.arch
     mask = causal_mask(x.shape[0], x.device)
-    n1, _ = rmsnorm_forward(x, w.input_norm, arch.rms_eps)
+    n1, _ = _rmsnorm(x, w.input_norm, arch.rms_eps, p.compute)
     q = linear_forward(n1, w.q_proj, w.q_bias, p.lora.get("q_proj"), p.scale, p.compute)[0]
     k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale, p.compute)[0]
     v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale, p.compute)[0]
@@ -182,7 +190,7 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     """lin_down(silu(lin_gate(n2)) * lin_up(n2)) for n2 = rmsnorm(x1), chunk by chunk over f."""
     w, s = p.weights, p.scale
     lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
-    n2, _ = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
+    n2, _ = _rmsnorm(x1, w.post_norm, p.arch.rms_eps, p.compute)
     c = p.compute
     int8 = _int8(p)
     # [T, r] n2 A^T (the fused gate / up calls compute their own)
@@ -250,7 +258,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     """
     w, s = p.weights, p.scale
     lg, lu, ld = p.lora.get("gate_proj"), p.lora.get("up_proj"), p.lora.get("down_proj")
-    n2, s_n2 = rmsnorm_forward(x1, w.post_norm, p.arch.rms_eps)
+    n2, s_n2 = _rmsnorm(x1, w.post_norm, p.arch.rms_eps, p.compute)
     hg, hu = _lora_h(n2, lg), _lora_h(n2, lu)                        # [T, r]
     dhd = None if ld is None else s * (dout @ ld.b)                  # [T, r]
     dn2, hd, dhg, dhu = None, None, None, None
@@ -260,6 +268,7 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     int8 = _int8(p)
     n2c, doutc = to_compute(n2, cp), to_compute(dout, cp)
     wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
+    adt = None if ld is None or not cp.train_kernels else ld.a.T.contiguous()   # [f, r]: Ad's columns as rows
     for a, b in _f_chunks(p, mlp_chunk):
         if int8:                                                     # --compute int8: the int4 chunks in place
             da = matmul_dyw(dout, quant_cols(wdq, a, b), cp)         # [T, C]
@@ -289,8 +298,13 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         else:
             act, sw = swiglu_forward(g, u)[0], None
         if ld is not None:
-            dad.append(dhd.T @ act)                                  # [r, C]
-            h_c = F.linear(act, ad)
+            if cp.train_kernels:                                     # (act^T dhd, act Ad[:, c]^T): one native op
+                rows = torch.ops.toolchain.lora_rows_backward(act, dhd, adt[a:b], 1.0)
+                dad.append(rows[:b - a])                             # [C, r]: dAd's columns, transposed
+                h_c = rows[b - a:]
+            else:
+                dad.append(dhd.T @ act)                              # [r, C]
+                h_c = F.linear(act, ad)
             hd = h_c if hd is None else hd + h_c
         del act
         if sw is None:
@@ -303,17 +317,29 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         dn2 = part if dn2 is None else dn2 + part
         del part
         del wg, wu
-        if lg is not None:
-            dbg.append(s * (sw.dg.T @ hg))                           # [C, r]
-            c = s * (sw.dg @ lg.b[a:b])
-            dhg = c if dhg is None else dhg + c
-        if lu is not None:
-            dbu.append(s * (sw.du.T @ hu))
-            c = s * (sw.du @ lu.b[a:b])
-            dhu = c if dhu is None else dhu + c
+        if cp.train_kernels:                                         # (s dg^T hg, s dg Bg[c]): one native op each
+            for pair, dyc, h, db, dh in ((lg, sw.dg, hg, dbg, "g"), (lu, sw.du, hu, dbu, "u")):
+                if pair is not None:
+                    rows = torch.ops.toolchain.lora_rows_backward(dyc, h, pair.b[a:b], s)
+                    db.append(rows[:b - a])                          # [C, r]
+                    c = rows[b - a:]                                 # [T, r]
+                    if dh == "g":
+                        dhg = c if dhg is None else dhg + c
+                    else:
+                        dhu = c if dhu is None else dhu + c
+        else:
+            if lg is not None:
+                dbg.append(s * (sw.dg.T @ hg))                       # [C, r]
+                c = s * (sw.dg @ lg.b[a:b])
+                dhg = c if dhg is None else dhg + c
+            if lu is not None:
+                dbu.append(s * (sw.du.T @ hu))
+                c = s * (sw.du @ lu.b[a:b])
+                dhu = c if dhu is None else dhu + c
         del sw
     if ld is not None:
-        _add_grad(grads, "down_proj", LoraPair(torch.cat(dad, dim=1), s * (dout.T @ hd)))
+        dad_all = torch.cat(dad, dim=0).T if cp.train_kernels else torch.cat(dad, dim=1)   # [r, f]
+        _add_grad(grads, "down_proj", LoraPair(dad_all, s * (dout.T @ hd)))
     for name, pair, dh, db in (("gate_proj", lg, dhg, dbg), ("up_proj", lu, dhu, dbu)):
         if pair is not None:
             dn2 = dn2 + dh @ pair.a
@@ -347,7 +373,7 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
         ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
     norms = {"q": kept.q_norm, "k": kept.k_norm}                                  # None without q/k norms
     del go, kept
-    n1, s_n1 = rmsnorm_forward(x, w.input_norm, arch.rms_eps)       # recomputed: not held through the MLP
+    n1, s_n1 = _rmsnorm(x, w.input_norm, arch.rms_eps, p.compute)   # recomputed: not held through the MLP
     def saved(name: str, weight) -> LinearSaved:
         return LinearSaved(n1, weight, p.lora.get(name), p.scale)
 

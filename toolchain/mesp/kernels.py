@@ -36,6 +36,7 @@ from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_refere
                                        swiglu_reference)
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
 from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
+from toolchain.mesp.ops.lora_linear import lora_backward_reference, lora_rows_backward_reference
 from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
 from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
@@ -140,6 +141,17 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor z, Tensor m",
            reference=exp_sub_rows_reference,
            meta=lambda z, m: torch.empty_like(z)),
+    # a projection's LoRA backward and an MLP chunk's LoRA rows (`--compute int8` training methods;
+    # mesp/ops/lora_linear.py, mesp/block.py)
+    Kernel("lora_backward", (_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),  # dy, x, a, b, dx,
+           schema="Tensor dy, Tensor x, Tensor a, Tensor b, float scale, Tensor dx",           # T, i, o, r, s, out
+           reference=lora_backward_reference,
+           meta=lambda dy, x, a, b, scale, dx: x.new_empty(((x.shape[0] + a.shape[0]) * x.shape[1]
+                                                             + dy.shape[1] * a.shape[0],))),
+    Kernel("lora_rows_backward", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _PTR),   # dy, h, b, T, C, r, s, out
+           schema="Tensor dy, Tensor h, Tensor b, float scale",
+           reference=lora_rows_backward_reference,
+           meta=lambda dy, h, b, scale: dy.new_empty((dy.shape[1] + dy.shape[0], h.shape[1]))),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL

@@ -11,6 +11,8 @@
 //                                and its gradients (float32, over the thread pool: the step's float32 rest)
 //   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
 //   toolchain::online_softmax_stats, toolchain::exp_sub_rows   the LM head chunk's online softmax
+//   toolchain::lora_backward, toolchain::lora_rows_backward   a projection's LoRA gradients and dx + dh A; an
+//                                MLP chunk's LoRA rows
 //
 // toolchain::int4_linear_a8: y = x W^T for group-wise int4 W, read in place (no float copy of W), with x
 // quantized to int8 per row and group on the fly (W4A8, as ExecuTorch's own 8da4w LLM programs compute).
@@ -1713,6 +1715,152 @@ int toolchain_exp_sub_rows(const float* z, const float* m, int64_t C, int64_t V,
 }
 }  // extern "C"
 
+// A projection's LoRA backward (`--compute int8` training methods; references `lora_backward_reference`,
+// `lora_rows_backward_reference` in toolchain/mesp/ops/lora_linear.py). For dy [T, o], x [T, i], a [r, i], b [o, r],
+// the scale s and dx [T, i] (the frozen product's dX), toolchain::lora_backward's out, flat [(T + r) i + o r], is
+//   out[0, T i)             dx + dh A          h = x A^T, dh = s (dy B) (each `dot`'s order, over i / o; dh then
+//                                              times s); dh A: fused multiply-adds over j in increasing order from
+//                                              0, then added to dx
+//   out[T i, (T + r) i)     dA = dh^T x        [r, i]: fused multiply-adds over t in increasing order from 0
+//   out[(T + r) i, ...)     dB = s (dy^T h)    [o, r]: the same over t, then times s
+// and toolchain::lora_rows_backward (an MLP chunk's LoRA rows: dy [T, C], h [T, r], b [C, r]) out [C + T, r] =
+// (s (dy^T h), s (dy b)), the same two sums. The rows of x over the pool for h, dh and dx; then dA's column blocks and
+// dB's row blocks (each element sums its T terms in order whichever thread runs it: the bits depend neither on the
+// thread count nor on the kernel path, one generic body).
+struct LoraBackTask {
+  const float *dy, *x, *a, *bt, *dx;   // bt: B^T [r, o], transposed once per call
+  int64_t T, in, o, r;
+  float s;
+  float *h, *dh, *out;   // h, dh [T, r] scratch (lora_rows_backward: h is the input and dh its out's rows C..)
+};
+constexpr int64_t kLoraBackBlock = 64;
+
+// out[q] = sum_m c[m cs] p[m ps + q] for q < nb <= kLoraBackBlock: fused multiply-adds in increasing m from 0 (16-lane
+// vectors for a whole block, std::fma for a partial one: the same operations per element).
+inline void lora_colsum(const float* c, int64_t cs, const float* p, int64_t ps, int64_t m, int64_t nb, float* out) {
+  if (nb == kLoraBackBlock) {
+    f32x16 a0 = f32x16{}, a1 = f32x16{}, a2 = f32x16{}, a3 = f32x16{};
+    for (int64_t k = 0; k < m; ++k) {
+      const float w = c[k * cs];
+      const float* pk = p + k * ps;
+      f32x16 v0, v1, v2, v3;
+      std::memcpy(&v0, pk, sizeof v0);
+      std::memcpy(&v1, pk + 16, sizeof v1);
+      std::memcpy(&v2, pk + 32, sizeof v2);
+      std::memcpy(&v3, pk + 48, sizeof v3);
+      a0 = a0 + w * v0;
+      a1 = a1 + w * v1;
+      a2 = a2 + w * v2;
+      a3 = a3 + w * v3;
+    }
+    std::memcpy(out, &a0, sizeof a0);
+    std::memcpy(out + 16, &a1, sizeof a1);
+    std::memcpy(out + 32, &a2, sizeof a2);
+    std::memcpy(out + 48, &a3, sizeof a3);
+    return;
+  }
+  float acc[kLoraBackBlock] = {};
+  for (int64_t k = 0; k < m; ++k) {
+    const float w = c[k * cs];
+    const float* pk = p + k * ps;
+    for (int64_t q = 0; q < nb; ++q) acc[q] = std::fma(w, pk[q], acc[q]);
+  }
+  for (int64_t q = 0; q < nb; ++q) out[q] = acc[q];
+}
+
+// dh[t] = s (dy[t] b): per output j, dot(dy[t], B^T[j]) (dot's order over o), then times s.
+inline void lora_dh_row(const float* dyt, const float* bt, int64_t o, int64_t r, float s, float* dht) {
+  for (int64_t j = 0; j < r; ++j) dht[j] = s * dot(dyt, bt + j * o, o);
+}
+
+// Rows [n0, n0 + nb) of s (dy^T h) into db [o, r]: per j the T terms of each element in increasing t, then times s.
+inline void lora_db_block(const float* dy, const float* h, int64_t T, int64_t o, int64_t r, float s, int64_t n0,
+                          int64_t nb, float* db) {
+  float col[kLoraBackBlock];
+  for (int64_t j = 0; j < r; ++j) {
+    lora_colsum(h + j, r, dy + n0, o, T, nb, col);
+    for (int64_t n = 0; n < nb; ++n) db[(n0 + n) * r + j] = s * col[n];
+  }
+}
+
+static void lora_back_row(void* task, size_t row) {
+  const LoraBackTask& k = *static_cast<const LoraBackTask*>(task);
+  const int64_t t = static_cast<int64_t>(row), in = k.in, r = k.r;
+  const float* xt = k.x + t * in;
+  float *ht = k.h + t * r, *dht = k.dh + t * r;
+  for (int64_t j = 0; j < r; ++j) ht[j] = dot(xt, k.a + j * in, in);
+  lora_dh_row(k.dy + t * k.o, k.bt, k.o, r, k.s, dht);
+  const float* dxt = k.dx + t * in;
+  float* y = k.out + t * in;
+  float col[kLoraBackBlock];
+  for (int64_t k0 = 0; k0 < in; k0 += kLoraBackBlock) {   // dx + dh A, 64 columns at a time
+    const int64_t nb = std::min(kLoraBackBlock, in - k0);
+    lora_colsum(dht, 1, k.a + k0, in, r, nb, col);
+    for (int64_t q = 0; q < nb; ++q) y[k0 + q] = dxt[k0 + q] + col[q];
+  }
+}
+
+// Units [0, nbi): dA's column blocks; then dB's row blocks.
+static void lora_back_grad(void* task, size_t unit) {
+  const LoraBackTask& k = *static_cast<const LoraBackTask*>(task);
+  const int64_t T = k.T, in = k.in, r = k.r, nbi = (in + kLoraBackBlock - 1) / kLoraBackBlock;
+  const int64_t u = static_cast<int64_t>(unit);
+  if (u >= nbi) {
+    const int64_t n0 = (u - nbi) * kLoraBackBlock;
+    lora_db_block(k.dy, k.h, T, k.o, r, k.s, n0, std::min(kLoraBackBlock, k.o - n0), k.out + (T + r) * in);
+    return;
+  }
+  const int64_t k0 = u * kLoraBackBlock, nb = std::min(kLoraBackBlock, in - k0);
+  float* da = k.out + T * in;
+  for (int64_t j = 0; j < r; ++j) lora_colsum(k.dh + j, r, k.x + k0, in, T, nb, da + j * in + k0);
+}
+
+// Units [0, nbo): s (dy^T h)'s row blocks; then the rows t of s (dy b).
+static void lora_rows_unit(void* task, size_t unit) {
+  const LoraBackTask& k = *static_cast<const LoraBackTask*>(task);
+  const int64_t nbo = (k.o + kLoraBackBlock - 1) / kLoraBackBlock, u = static_cast<int64_t>(unit);
+  if (u < nbo) {
+    const int64_t n0 = u * kLoraBackBlock;
+    lora_db_block(k.dy, k.h, k.T, k.o, k.r, k.s, n0, std::min(kLoraBackBlock, k.o - n0), k.out);
+    return;
+  }
+  const int64_t t = u - nbo;
+  lora_dh_row(k.dy + t * k.o, k.bt, k.o, k.r, k.s, k.out + (k.o + t) * k.r);
+}
+
+// B [o, r] -> B^T [r, o] (serial: o r elements, a few KB).
+inline const float* lora_transpose_b(const float* b, int64_t o, int64_t r) {
+  thread_local std::vector<float> bt;
+  bt.resize(static_cast<size_t>(o * r));
+  for (int64_t n = 0; n < o; ++n)
+    for (int64_t j = 0; j < r; ++j) bt[static_cast<size_t>(j * o + n)] = b[n * r + j];
+  return bt.data();
+}
+
+extern "C" {
+int toolchain_lora_backward(const float* dy, const float* x, const float* a, const float* b, const float* dx,
+                            int64_t T, int64_t in, int64_t o, int64_t r, float s, float* out) {
+  if (T < 1 || in < 1 || o < 1 || r < 1) return -1;
+  thread_local std::vector<float> h, dh;
+  h.resize(static_cast<size_t>(T * r));
+  dh.resize(static_cast<size_t>(T * r));
+  LoraBackTask task{dy, x, a, lora_transpose_b(b, o, r), dx, T, in, o, r, s, h.data(), dh.data(), out};
+  parallel_for(lora_back_row, &task, T, T * r * (2 * in + o), kPoolRowWork);   // h, dh, dx + dh A: rows
+  const int64_t units = (in + kLoraBackBlock - 1) / kLoraBackBlock + (o + kLoraBackBlock - 1) / kLoraBackBlock;
+  parallel_for(lora_back_grad, &task, units, T * r * (in + o), kPoolRowWork);   // dA columns, dB rows
+  return 0;
+}
+
+int toolchain_lora_rows_backward(const float* dy, const float* h, const float* b, int64_t T, int64_t C, int64_t r,
+                                 float s, float* out) {
+  if (T < 1 || C < 1 || r < 1) return -1;
+  LoraBackTask task{dy, nullptr, nullptr, lora_transpose_b(b, C, r), nullptr, T, 0, C, r, s, const_cast<float*>(h),
+                    nullptr, out};
+  parallel_for(lora_rows_unit, &task, (C + kLoraBackBlock - 1) / kLoraBackBlock + T, 2 * T * C * r, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
 #ifndef TOOLCHAIN_NO_EXECUTORCH
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -1968,6 +2116,43 @@ Tensor& exp_sub_rows_out(KernelRuntimeContext& ctx, const Tensor& z, const Tenso
   return out;
 }
 
+// toolchain::lora_backward.out(Tensor dy, Tensor x, Tensor a, Tensor b, float scale, Tensor dx, *, Tensor(a!) out)
+Tensor& lora_backward_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& x, const Tensor& a,
+                          const Tensor& b, double scale, const Tensor& dx, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && x.scalar_type() == ScalarType::Float &&
+                  a.scalar_type() == ScalarType::Float && b.scalar_type() == ScalarType::Float &&
+                  dx.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float && dy.dim() == 2 &&
+                  x.dim() == 2 && a.dim() == 2 && b.dim() == 2 && dx.dim() == 2 && x.size(0) == dy.size(0) &&
+                  a.size(1) == x.size(1) && b.size(0) == dy.size(1) && b.size(1) == a.size(0) &&
+                  dx.size(0) == x.size(0) && dx.size(1) == x.size(1), InvalidArgument, out);
+  const int64_t T = x.size(0), in = x.size(1), o = dy.size(1), r = a.size(0);
+  const SizesType sizes[1] = {static_cast<SizesType>((T + r) * in + o * r)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 1}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_backward(dy.const_data_ptr<float>(), x.const_data_ptr<float>(),
+                                         a.const_data_ptr<float>(), b.const_data_ptr<float>(),
+                                         dx.const_data_ptr<float>(), T, in, o, r, static_cast<float>(scale),
+                                         out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::lora_rows_backward.out(Tensor dy, Tensor h, Tensor b, float scale, *, Tensor(a!) out)
+Tensor& lora_rows_backward_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& h, const Tensor& b,
+                               double scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && h.scalar_type() == ScalarType::Float &&
+                  b.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float && dy.dim() == 2 &&
+                  h.dim() == 2 && b.dim() == 2 && h.size(0) == dy.size(0) && b.size(0) == dy.size(1) &&
+                  b.size(1) == h.size(1), InvalidArgument, out);
+  const int64_t T = dy.size(0), C = dy.size(1), r = h.size(1);
+  const SizesType sizes[2] = {static_cast<SizesType>(C + T), static_cast<SizesType>(r)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_rows_backward(dy.const_data_ptr<float>(), h.const_data_ptr<float>(),
+                                              b.const_data_ptr<float>(), T, C, r, static_cast<float>(scale),
+                                              out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -1982,4 +2167,6 @@ EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_ba
 EXECUTORCH_LIBRARY(toolchain, "swiglu_train.out", swiglu_train_out);
 EXECUTORCH_LIBRARY(toolchain, "online_softmax_stats.out", online_softmax_stats_out);
 EXECUTORCH_LIBRARY(toolchain, "exp_sub_rows.out", exp_sub_rows_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_backward.out", lora_backward_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_rows_backward.out", lora_rows_backward_out);
 #endif

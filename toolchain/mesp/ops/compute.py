@@ -9,8 +9,10 @@
              float32 over dequantized chunks (the forward, the recompute and the head's logits stay int8)
              With "int8" the block's causal attention (forward, recompute, gradients) is one float32 native op
              each, `toolchain::attention_train` / `attention_train_backward`, and the MLP chunks' SwiGLU
-             `toolchain::swiglu` (forward) / `toolchain::swiglu_train` (recompute + gradients) (`train_kernels`;
-             mesp/block.py): an int8 program needs the native kernels anyway, and they run on the thread pool
+             `toolchain::swiglu` (forward) / `toolchain::swiglu_train` (recompute + gradients), the LoRA backward
+             `toolchain::lora_backward` (per projection) / `lora_rows_backward` (per MLP chunk) and the RMSNorms
+             `toolchain::rms_norm` (`train_kernels`; mesp/block.py, ops/lora_linear.py): an int8 program needs the
+             native kernels anyway, and they run on the thread pool
   fused      the fused generation methods: an int4 `x W^T` is one `toolchain::int4_linear_a8` call
              (ops/quant.py), the decode block and the head's norm call the native kernels' custom ops
              (mesp/decode.py; the ops are mesp/kernels.py's table)
@@ -52,9 +54,10 @@ class Compute:
 
     @property
     def train_kernels(self) -> bool:
-        """The training block's attention and SwiGLU through the native float32 ops (`toolchain::attention_train`,
-        `attention_train_backward`, `swiglu`, `swiglu_train`: the math of ops/attention.py, ops/swiglu.py; an int8
-        program needs the native kernels anyway)."""
+        """The training block's attention, SwiGLU, LoRA backward and RMSNorms through the native float32 ops
+        (`toolchain::attention_train`, `attention_train_backward`, `swiglu`, `swiglu_train`, `lora_backward`,
+        `lora_rows_backward`, `rms_norm`: the math of ops/attention.py, ops/swiglu.py, ops/lora_linear.py,
+        ops/rmsnorm.py; an int8 program needs the native kernels anyway)."""
         return self.precision == "int8"
 
     @property

@@ -21,7 +21,8 @@ from toolchain.lora.weights import LoraPair
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.quant import QuantWeight, matmul_dyw, matmul_xwt
 
-__all__ = ["LinearSaved", "LinearGrads", "linear_forward", "linear_backward"]
+__all__ = ["LinearSaved", "LinearGrads", "linear_forward", "linear_backward", "lora_backward_reference",
+           "lora_rows_backward_reference"]
 
 
 class LinearSaved(NamedTuple):
@@ -62,6 +63,27 @@ def linear_backward(dy: Tensor, saved: LinearSaved, compute: Compute = FP32) -> 
     if lora is None:
         return LinearGrads(dx, None)
     a, b = lora
+    if compute.train_kernels and x.dim() == 2:                       # one native op (toolchain::lora_backward)
+        t, i, o, r = x.shape[0], x.shape[1], dy.shape[1], a.shape[0]
+        f = torch.ops.toolchain.lora_backward(dy, x, a, b, s, dx)
+        dx_a = f[:(t + r) * i].view(t + r, i)
+        return LinearGrads(dx_a[:t], LoraPair(dx_a[t:], f[(t + r) * i:].view(o, r)))
     h = x @ a.T                                                      # [T, r] recomputed
     dh = s * (dy @ b)                                                # [T, r]
     return LinearGrads(dx + dh @ a, LoraPair(dh.T @ x, s * (dy.T @ h)))
+
+
+def lora_backward_reference(dy: Tensor, x: Tensor, a: Tensor, b: Tensor, scale: float, dx: Tensor) -> Tensor:
+    """The definition of `toolchain::lora_backward` (mesp/kernels.py; the native kernel in toolchain/native/
+    kernels.cpp), what a `--compute int8` projection's backward calls (linear_backward's formulas): for dy [T, o],
+    x [T, i], A [r, i], B [o, r] and the frozen product's dx [T, i], the flat [(T + r) i + o r] of
+    dx + dh A, dA = dh^T x and dB = s dy^T h (h = x A^T, dh = s dy B)."""
+    h = x @ a.T
+    dh = scale * (dy @ b)
+    return torch.cat([(dx + dh @ a).flatten(), (dh.T @ x).flatten(), (scale * (dy.T @ h)).flatten()])
+
+
+def lora_rows_backward_reference(dy: Tensor, h: Tensor, b: Tensor, scale: float) -> Tensor:
+    """The definition of `toolchain::lora_rows_backward`: an MLP chunk's LoRA rows (mesp/block.py) for dy [T, C],
+    h [T, r], b [C, r]: [C + T, r] = (s dy^T h, s dy b)."""
+    return torch.cat([scale * (dy.T @ h), scale * (dy @ b)])
