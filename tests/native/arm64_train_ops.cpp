@@ -120,9 +120,10 @@ void within(Op& op, const float* got, const std::vector<double>& exact, const ch
   op.parts_ok += ok;
 }
 
-// The float64 references of the ops whose bits may differ from x86's (dot's tail: docs/kernels.md, "arm64"):
-// attention (the definition above toolchain_attention_train in kernels.cpp, o = the exact forward), the LoRA
-// backward ops (above toolchain_lora_backward). Sums in plain order, exp from libm in double.
+// The float64 references of the ops whose bits may differ from x86's (they call kernels.cpp's `dot`, whose scalar
+// tail the compilers round differently: docs/kernels.md, "arm64"): attention (the definition above
+// toolchain_attention_train in kernels.cpp, o = the exact forward), the LoRA backward ops (above
+// toolchain_lora_backward), and lora_linear_a8 (in lora_linear below). Sums in plain order, exp from libm in double.
 void attention_reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                          const std::vector<float>& dout, int64_t H, int64_t Hk, int64_t T, int64_t D, float scale,
                          std::vector<double>& o, std::vector<double>& g) {
@@ -416,6 +417,45 @@ bool lora_linear(Op& op, const char* label, Rng& rng) {
                                          y.data()), "lora_linear_a8", label))
       return false;
     op.chunks += chunks_now() - c0;
+    // float64: the W4A8 product as its definition (x rounded per row and group in float32, exact integer sums,
+    // sum_g isum sw sa), + bias + s (x A^T) B^T + residual; a row of x with a NaN or an infinity: NaN throughout.
+    std::vector<double> exact(static_cast<size_t>(T * o));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = &x[t * in];
+      bool finite = true;
+      for (int64_t k = 0; k < in; ++k) finite = finite && std::isfinite(xt[k]);
+      std::vector<double> aq(static_cast<size_t>(in)), sa(static_cast<size_t>(ng)), h(static_cast<size_t>(r), 0.0);
+      for (int64_t g = 0; g < ng && finite; ++g) {
+        float amax = 0;
+        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) amax = std::max(amax, std::fabs(xt[k]));
+        const float sg = amax / 127.0f;
+        sa[g] = sg;
+        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k)
+          aq[k] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(xt[k] / sg)))) : 0.0;
+      }
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t k = 0; k < in; ++k) h[j] += static_cast<double>(xt[k]) * a[j * in + k];
+      for (int64_t n = 0; n < o; ++n) {
+        if (!finite) {
+          exact[t * o + n] = NAN;
+          continue;
+        }
+        double acc = 0;
+        for (int64_t g = 0; g < ng; ++g) {
+          double isum = 0;   // an integer, exact in double
+          for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) {
+            const uint8_t byte = q[n * (in / 2) + k / 2];
+            isum += aq[k] * (((k % 2 == 0) ? (byte >> 4) : (byte & 15)) - 8);
+          }
+          acc += isum * scales[n * ng + g] * sa[g];
+        }
+        if (extras) acc += bias[n] + residual[t * o + n];
+        double lo = 0;
+        for (int64_t j = 0; j < r; ++j) lo += h[j] * b[n * r + j];
+        exact[t * o + n] = acc + 0.5 * lo;
+      }
+    }
+    within(op, y.data(), exact, label);
     append(op, y);
     ++op.cases;
   }
