@@ -15,8 +15,8 @@ GCC's aarch64 build rounds differently), within the float32 bound of a float64 r
 every path, CPU model and thread count; the pooled build at 1 and 2 threads (every op split over the pool at 2).
 
 The script installs g++-aarch64-linux-gnu, qemu-user, clang-19 and lld-19 from Debian's packages when they
-are missing (a minute or two once); skipped when they are missing and cannot be installed. About 9 minutes
-with them (2-core host under load); ARM64_CASES=2000 runs more random cases (slower)."""
+are missing (a minute or two once); skipped when they are missing and cannot be installed. About 7 minutes
+with them (416 s on the 2-core host at load 8-9); ARM64_CASES=2000 runs more random cases (slower)."""
 
 from __future__ import annotations
 
