@@ -2,16 +2,20 @@
 // toolchain/mesp/kernels.py's table) called on deterministic inputs, for scripts/check_kernel_arm64.sh: linked into
 // tests/native/arm64_driver.cpp's binary, built for aarch64 (run under qemu-aarch64, every kernel path and CPU model,
 // and in the pooled build at 1 and 2 threads) and for this x86-64 host (-march=native, the flags of
-// toolchain/native/build.py), whose outputs the aarch64 runs compare with bit for bit.
+// toolchain/native/build.py), whose outputs the aarch64 runs compare with bit for bit. The ops that call
+// kernels.cpp's `dot` (attention_train, attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8)
+// also have float64 references here, and every build must hold their bound (`within`): where a compiler rounds
+// dot's scalar tail differently from the x86 build (docs/kernels.md, "On arm64" under the training step's float32
+// ops), that bound, not bit equality, is what such an op is held to.
 //
 // Ops (C entries) and their cases: odd shapes (T not a multiple of 4 or 16, D, i, o, C, V, N not multiples of 16,
 // grouped and ungrouped heads, T = 1), int4 groups with a partial last group, calls large enough that the pooled
 // build splits them over 2 threads (kernels.cpp's parallel_for thresholds; the driver counts each op's chunks),
 // and NaN / inf where the op defines what they do: element-wise (swiglu, swiglu_train), per row (rms_norm,
 // online_softmax_stats, exp_sub_rows, lora_linear_a8's rows of x, lora_backward's dx), per query row
-// (attention_train: a NaN in one query row of one head).
+// (attention_train: a sixth forward call, the first case with a NaN in one query row of one head).
 //   attention_train, attention_train_backward   (H, Hk, T, D) = (4, 2, 37, 24) (3, 3, 19, 33) (2, 1, 1, 8)
-//                                               (6, 2, 70, 64) (2, 1, 45, 80) (NaN in a query row)
+//                                               (6, 2, 70, 64) (2, 1, 45, 80)
 //   swiglu_train                                N = 7, 1029, 5003 (NaN, +inf, -inf, |g| past exp16's clamp)
 //   swiglu                                      N = 13, 65541 (the same kinds)
 //   rms_norm                                    (T, d) = (37, 896) (5, 13) (64, 300) (a NaN row, an inf row, a zero row)
@@ -29,8 +33,9 @@
 // Per op: the count of outputs, of NaNs, a 64-bit FNV-1a hash of the outputs' bits in order with every NaN counted
 // as the one NaN 0x7fc00000 ("outputs hash": x86 and arm64 make different default NaNs, and which of two NaN
 // operands an instruction keeps is the ISA's rule, so NaN payloads are not compared; where each NaN is, is), the
-// pool's chunks during the op's calls (the pooled build); against a file of the x86 build's outputs: how many are
-// equal bit for bit (NaN = NaN) and the largest difference in ulps and relative to the op's largest |output|.
+// pool's chunks during the op's calls (the pooled build), the float64 bound (the ops that have one); against a file
+// of the x86 build's outputs: how many are equal bit for bit (NaN = NaN) and the largest difference in ulps and
+// relative to the op's largest |output|.
 
 #include <algorithm>
 #include <cinttypes>
@@ -575,8 +580,11 @@ int check_train_ops(const char* label, const char* path, const char* write, cons
                   "), max difference %" PRId64 " ulp, %.3g of max |output| %.3g; ", equal, op.out.size(),
                   nan_bits_equal, ref_nans, worst_ulps, amax > 0 ? worst_abs / amax : 0.0, amax);
     std::printf("pool chunks %" PRId64 "; hash %016" PRIx64 "\n", op.chunks, hash);
-    if (!ref_ok || (compare != nullptr && !all_equal && op.parts == 0))
-      failed += " " + op.name;
+    if (!ref_ok)
+      failed += " " + op.name + " (float64 bound held on " + std::to_string(op.parts_ok) + "/" +
+                std::to_string(op.parts) + " parts: stderr)";
+    else if (compare != nullptr && !all_equal && op.parts == 0)
+      failed += " " + op.name + " (not equal to x86, no float64 reference)";
     else if (compare != nullptr && !all_equal)
       bounded += " " + op.name;
     ops_equal += compare != nullptr && all_equal;
@@ -587,7 +595,7 @@ int check_train_ops(const char* label, const char* path, const char* write, cons
                 "within the float64 bound:%s", total_equal, total, ops_equal, ops.size(), bounded.empty() ? " none" : bounded.c_str());
   std::printf("; outputs hash %016" PRIx64 "\n", all);
   if (!failed.empty())
-    std::printf("%s (%s path) train ops FAILED:%s (see stderr)\n", label, path, failed.c_str());
+    std::printf("%s (%s path) train ops FAILED:%s\n", label, path, failed.c_str());
   else
     std::printf("%s (%s path) train ops passed\n", label, path);
 
