@@ -3,8 +3,9 @@
 // tests/native/arm64_driver.cpp's binary, built for aarch64 (run under qemu-aarch64, every kernel path and CPU model,
 // and in the pooled build at 1 and 2 threads) and for this x86-64 host (-march=native, the flags of
 // toolchain/native/build.py), whose outputs the aarch64 runs compare with bit for bit. The ops that call
-// kernels.cpp's `dot` (attention_train, attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8)
-// also have float64 references here, and every build must hold their bound (`within`): where a compiler rounds
+// kernels.cpp's `dot` (attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8) and
+// attention_train (whose reference the backward's needs) also have float64 references here, and every build must
+// hold their bound (`within`): where a compiler rounds
 // dot's scalar tail differently from the x86 build (docs/kernels.md, "On arm64" under the training step's float32
 // ops), that bound, not bit equality, is what such an op is held to.
 //
