@@ -5,9 +5,9 @@
 // toolchain/native/build.py), whose outputs the aarch64 runs compare with bit for bit. The ops that call
 // kernels.cpp's `dot` (attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8) and
 // attention_train (whose reference the backward's needs) also have float64 references here, and every build must
-// hold their bound (`within`): where a compiler rounds
-// dot's scalar tail differently from the x86 build (docs/kernels.md, "On arm64" under the training step's float32
-// ops), that bound, not bit equality, is what such an op is held to.
+// hold their bound (`within`): where a compiler rounds dot's scalar tail differently from the x86 build
+// (docs/kernels.md, "On arm64" under the training step's float32 ops), that bound, not bit equality, is what such
+// an op is held to.
 //
 // Ops (C entries) and their cases: odd shapes (T not a multiple of 4 or 16, D, i, o, C, V, N not multiples of 16,
 // grouped and ungrouped heads, T = 1), int4 groups with a partial last group, calls large enough that the pooled
