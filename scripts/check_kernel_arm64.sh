@@ -7,6 +7,18 @@
 #     with tests/native/arm64_driver.cpp;
 #   - objdump: the dotprod functions (namespace arm64::dotprod) contain sdot, the i8mm ones (arm64::i8mm) smmla,
 #     and no other function of the library has either (the rest stays armv8-a);
+#   - the training step's float32 ops (attention_train, attention_train_backward, swiglu_train, swiglu, rms_norm,
+#     online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward, lora_linear_a8: the `--compute int8`
+#     step's native ops) on the deterministic cases of tests/native/arm64_train_ops.cpp (odd shapes, partial
+#     groups, NaN / inf rows), linked into the same driver, also built natively for this x86-64 host (the flags of
+#     toolchain/native/build.py, -march=native): every arm64 run's outputs against x86's, bit for bit (NaN = NaN),
+#     except in the ops that call kernels.cpp's `dot` (attention_train_backward, lora_backward, lora_rows_backward,
+#     lora_linear_a8), whose scalar tail the compilers round differently (GCC's aarch64 build fuses it into fmadd;
+#     GCC's x86 build and clang's aarch64 one vectorize part of it as products, then in-order adds, how much
+#     depending on -march), where each output must hold the float32 bound of a float64 reference (2e-5 x max |exact|
+#     per part, the bound tests/native/test_kernel_train.py holds x86 to; the x86 build is held to it too); the hash
+#     of all train outputs equal across every path, CPU model and thread count of one compiler; the pooled build at
+#     1 and 2 threads ($TOOLCHAIN_TEST_POOL_THREADS): the same hash, every op split over the pool at 2;
 #   - run under qemu-aarch64 -cpu max (dotprod + i8mm), -cpu cortex-a76 (dotprod, no i8mm) and -cpu cortex-a53
 #     (neither): every path that CPU has, forced in turn with TOOLCHAIN_KERNEL_PATH, and the default choice, on the
 #     cases of tests/native/make_arm64_cases.py (random shapes, odd sizes, partial last groups, T = 1, 2..9,
@@ -81,18 +93,31 @@ cases_pid=$!
 kflags=(-std=c++17 -O3 -ffp-contract=fast -DTOOLCHAIN_NO_EXECUTORCH -Wall -Wno-psabi -march=armv8-a)
 dflags=(-std=c++17 -O2 -ffp-contract=off -Wall -Wextra -march=armv8-a)
 clang_target=(--target=aarch64-linux-gnu)
+driver=("$root/tests/native/arm64_driver.cpp" "$root/tests/native/arm64_train_ops.cpp")
 t1="$(now)"
 "$cxx" "${kflags[@]}" -c "$root/toolchain/native/kernels.cpp" -o "$tmp/kernel-gcc.o"
-"$cxx" "${dflags[@]}" -c "$root/tests/native/arm64_driver.cpp" -o "$tmp/driver-gcc.o"
-"$cxx" -static "$tmp/kernel-gcc.o" "$tmp/driver-gcc.o" -o "$tmp/check-gcc"
+for src in "${driver[@]}"; do "$cxx" "${dflags[@]}" -c "$src" -o "$tmp/$(basename "$src" .cpp)-gcc.o"; done
+"$cxx" -static "$tmp/kernel-gcc.o" "$tmp/arm64_driver-gcc.o" "$tmp/arm64_train_ops-gcc.o" -o "$tmp/check-gcc"
 "$clangxx" "${clang_target[@]}" "${kflags[@]}" -c "$root/toolchain/native/kernels.cpp" -o "$tmp/kernel-clang.o"
-"$clangxx" "${clang_target[@]}" "${dflags[@]}" -c "$root/tests/native/arm64_driver.cpp" -o "$tmp/driver-clang.o"
-"$clangxx" "${clang_target[@]}" --ld-path="$lld" -static "$tmp/kernel-clang.o" "$tmp/driver-clang.o" -o "$tmp/check-clang"
+for src in "${driver[@]}"; do
+  "$clangxx" "${clang_target[@]}" "${dflags[@]}" -c "$src" -o "$tmp/$(basename "$src" .cpp)-clang.o"
+done
+"$clangxx" "${clang_target[@]}" --ld-path="$lld" -static "$tmp/kernel-clang.o" "$tmp/arm64_driver-clang.o" \
+  "$tmp/arm64_train_ops-clang.o" -o "$tmp/check-clang"
 # The pooled build: kernels.cpp's thread-pool code (TOOLCHAIN_THREADPOOL) against the stand-in pool.
 "$cxx" "${kflags[@]}" -DTOOLCHAIN_THREADPOOL -c "$root/toolchain/native/kernels.cpp" -o "$tmp/kernel-gcc-pool.o"
 "$cxx" -std=c++17 -O2 -Wall -Wextra -march=armv8-a -c "$root/tests/native/arm64_pool.cpp" -o "$tmp/pool-gcc.o"
-"$cxx" -static -pthread "$tmp/kernel-gcc-pool.o" "$tmp/driver-gcc.o" "$tmp/pool-gcc.o" -o "$tmp/check-gcc-pool"
-echo "arm64: compiled the GCC, clang and pooled GCC builds in $(since "$t1") s (beside the making of the cases)"
+"$cxx" -static -pthread "$tmp/kernel-gcc-pool.o" "$tmp/arm64_driver-gcc.o" "$tmp/arm64_train_ops-gcc.o" "$tmp/pool-gcc.o" \
+  -o "$tmp/check-gcc-pool"
+# The same driver for this x86-64 host: the kernel with toolchain/native/build.py's flags (-march=native).
+hostcxx="${HOSTCXX:-g++}"
+"$hostcxx" -std=c++17 -O3 -march=native -ffp-contract=fast -DTOOLCHAIN_NO_EXECUTORCH -w \
+  -c "$root/toolchain/native/kernels.cpp" -o "$tmp/kernel-x86.o"
+for src in "${driver[@]}"; do
+  "$hostcxx" -std=c++17 -O2 -ffp-contract=off -Wall -Wextra -c "$src" -o "$tmp/$(basename "$src" .cpp)-x86.o"
+done
+"$hostcxx" "$tmp/kernel-x86.o" "$tmp/arm64_driver-x86.o" "$tmp/arm64_train_ops-x86.o" -o "$tmp/check-x86"
+echo "arm64: compiled the GCC, clang, pooled GCC and x86-64 builds in $(since "$t1") s (beside the making of the cases)"
 
 passed=0
 failed=0
@@ -107,6 +132,16 @@ check() {   # check DESCRIPTION COMMAND...: counts and prints one line
     echo "  FAIL $what"
   fi
 }
+
+# The train ops on x86-64: the outputs every arm64 run is compared with (the float64 references' bound must hold
+# here too), and the generic x86 path's bits equal to the default one's.
+x86_out="$("$tmp/check-x86" --train x86 --write "$tmp/train-x86.bin" 2>"$tmp/err")" || true
+x86_hash="$(sed -n 's/.* train ops: .*outputs hash \([0-9a-f]*\)$/\1/p' <<<"$x86_out")"
+echo "arm64: $(grep -m1 ': kernel path' <<<"$x86_out"): train ops outputs hash ${x86_hash:-none}"
+check "x86-64: the train ops hold their float64 bounds" test "$(grep -c '^x86 (.*) train ops passed$' <<<"$x86_out")" -eq 1
+x86g_out="$(TOOLCHAIN_KERNEL_PATH=generic "$tmp/check-x86" --train x86-generic --compare "$tmp/train-x86.bin" 2>&1)" || true
+check "x86-64 generic path: the train ops' outputs equal the default path's" \
+  test "$(grep -c 'train ops: 10 ops, .*, 10/10 ops; differing from x86 within the float64 bound: none;' <<<"$x86g_out")" -eq 1
 
 # objdump: per function (demangled), the count of sdot and smmla.
 for cc in gcc clang; do
@@ -156,7 +191,7 @@ run() {
   label="${label% }"
   [ -n "$path" ] || label="$label (default)"
   out="$(TOOLCHAIN_KERNEL_PATH="$path" "$qemu" -cpu "$cpu" "$tmp/check-$cc" "$tmp/cases.bin" "$label" "$tmp/dyw.bin" \
-    2>"$tmp/err")" || rc=$?
+    "$tmp/train-x86.bin" 2>"$tmp/err")" || rc=$?
   if [ "$expect" = refused ]; then
     echo "arm64: $label: $(grep -m1 '^Error:' "$tmp/err" || echo '(no Error line)')"
     check "$label is refused (exit 3, one Error: line naming $reason, a valid call returns -2)" \
@@ -184,11 +219,43 @@ run() {
   check "$label: dyw: every output equal to x86's" \
     test "$(grep -c "bitwise equal to x86 on $ndcases/$ndcases cases" <<<"$dsummary")" -eq 1
   check "$label: dyw: outputs hash = the generic path's ($ref_dhash)" test -n "$dhash" -a "$dhash" = "$ref_dhash"
+  train_checks "$cc" "$label" "$out"
   if [ "$cc" = gcc-pool ]; then
     local chunks
     chunks="$(sed -n 's/.*: rows split over the thread pool in \([0-9]*\) chunks$/\1/p' <<<"$out")"
     echo "arm64: $label: rows split over the thread pool in ${chunks:-no} chunks"
     check "$label: the weight rows were split over the pool" test "${chunks:-0}" -gt 0
+  fi
+}
+
+# train_checks CC LABEL OUTPUT: the train ops of one run (the driver's "train" lines): every op equal to x86's
+# outputs or (the ops with a float64 reference) within its bound, and the hash of all train outputs equal to the
+# first run of the same compiler (the pooled build: GCC's).
+declare -A ref_thash=()
+train_checks() {
+  local cc="${1%-pool}" label="$2" out="$3" summary thash
+  summary="$(grep -F "path) train ops: " <<<"$out" || true)"
+  thash="$(sed -n 's/.*outputs hash \([0-9a-f]*\)$/\1/p' <<<"$summary")"
+  echo "arm64: ${summary:-$label: no train ops result}"
+  [ -n "${ref_thash[$cc]:-}" ] || ref_thash[$cc]="$thash"
+  check "$label: train ops: every op equal to x86 or within its float64 bound" \
+    test "$(grep -c "path) train ops passed$" <<<"$out")" -eq 1
+  check "$label: train ops hash = $cc's first run's (${ref_thash[$cc]})" test -n "$thash" -a "$thash" = "${ref_thash[$cc]}"
+}
+
+# train_threads N: the pooled build's train ops alone at N pool threads (-cpu max, the default path): the same
+# hash as GCC's other runs; at 2 threads every op's calls were split over the pool, at 1 none.
+train_threads() {
+  local n="$1" label="gcc-pool -cpu max TOOLCHAIN_TEST_POOL_THREADS=$1" out rc=0 split
+  out="$(TOOLCHAIN_TEST_POOL_THREADS="$n" "$qemu" -cpu max "$tmp/check-gcc-pool" --train "$label" --compare \
+    "$tmp/train-x86.bin" 2>"$tmp/err")" || rc=$?
+  train_checks gcc "$label" "$out"
+  split="$(grep -c "path) train [a-z0-9_]*: .*pool chunks [1-9][0-9]*; hash" <<<"$out" || true)"
+  echo "arm64: $label: $split of 10 train ops split over the pool (exit $rc)"
+  if [ "$n" -gt 1 ]; then
+    check "$label: every train op was split over the pool" test "$rc" -eq 0 -a "$split" -eq 10
+  else
+    check "$label: no train op used the pool" test "$rc" -eq 0 -a "$split" -eq 0
   fi
 }
 
@@ -212,6 +279,8 @@ done
 for p in generic neon dotprod i8mm; do
   run gcc-pool max "$p" "$p"
 done
+train_threads 1
+train_threads 2
 run gcc max avx512_vnni refused 'it lacks an x86-64 CPU'   # an x86 path on arm64
 run gcc max sve refused "unknown kernel path 'sve'"           # not a path name
 echo "arm64: ran the qemu checks in $(since "$t2") s; total $(since "$t_start") s"

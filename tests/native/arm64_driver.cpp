@@ -2,7 +2,8 @@
 // cases of tests/native/make_arm64_cases.py; run by scripts/check_kernel_arm64.sh under qemu-aarch64, once per
 // kernel path (TOOLCHAIN_KERNEL_PATH) and CPU model.
 //
-//   arm64_driver CASES [LABEL [DYW_CASES]]
+//   arm64_driver CASES [LABEL [DYW_CASES [TRAIN_X86]]]
+//   arm64_driver --train LABEL (--write FILE | --compare FILE)
 //
 // First line: "LABEL: kernel path NAME" (toolchain_kernel_path()), or, when the path forced by
 // TOOLCHAIN_KERNEL_PATH is refused (kernels.cpp's convention: the kernel returns -2 for a valid call and
@@ -23,7 +24,14 @@
 // and block of `group` n as above, W^T requantized to int8 per (k-group g, block b) (swt = max_n |sw[n, g]| / 15.875,
 // e = sw / swt in float32, Wt8 = round-half-even(e (n - 8)) in [-127, 127]), the exact integer sums, dx = sum_b
 // isum * float32(sa swt) in double, within gamma_(nb+6) * sum_b |isum sa swt| (nb = ceil(o / group)); a row of dy
-// with a NaN or an infinity gives NaN in every output. Exit 0 if (a) held everywhere, 1 if not, 2 for a bad file or a refused valid call.
+// with a NaN or an infinity gives NaN in every output.
+// TRAIN_X86, and the --train form: the training step's float32 ops (attention_train, attention_train_backward,
+// swiglu_train, swiglu, rms_norm, online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward,
+// lora_linear_a8) on the deterministic cases of tests/native/arm64_train_ops.cpp, one line per op ("LABEL (PATH
+// path) train OP: ...") and a summary ("... train ops: ..."): outputs hash (NaN counted as one NaN), the pool's
+// chunks per op, and against the x86 build's outputs (the file --write made there) the count equal bit for bit.
+// Exit 0 if (a) held everywhere (and every train output equals x86's), 1 if not, 2 for a bad file or a refused
+// valid call.
 //
 // Build this file with -ffp-contract=off: the reference's double sums are then plain products and sums.
 
@@ -42,6 +50,8 @@ extern "C" int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, cons
                                      int64_t in, int64_t ng, int64_t group, float* dx);
 extern "C" const char* toolchain_kernel_path();
 extern "C" const char* toolchain_kernel_path_error();
+// tests/native/arm64_train_ops.cpp: the train ops' check (its top comment); 0, 1 or 2 as this driver's exit.
+int check_train_ops(const char* label, const char* path, const char* write, const char* compare);
 // Linked in from tests/native/arm64_pool.cpp in the pooled build only: the chunks the stand-in thread pool ran.
 extern "C" int64_t toolchain_test_pool_chunks() __attribute__((weak));
 
@@ -187,8 +197,10 @@ int check_dyw(const char* file, const char* label, const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CASES [LABEL [DYW_CASES]]\n", argv[0]);
+  const bool train_only = argc > 1 && std::strcmp(argv[1], "--train") == 0;
+  if (argc < 2 || (train_only && (argc != 5 || (std::strcmp(argv[3], "--write") && std::strcmp(argv[3], "--compare"))))) {
+    std::fprintf(stderr, "usage: %s CASES [LABEL [DYW_CASES [TRAIN_X86]]]\n       %s --train LABEL (--write FILE | --compare FILE)\n",
+                 argv[0], argv[0]);
     return 2;
   }
   const char* label = argc > 2 ? argv[2] : "arm64";
@@ -214,6 +226,13 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("%s: kernel path %s\n", label, path);
+  if (train_only) {
+    const bool write = std::strcmp(argv[3], "--write") == 0;
+    const int rc = check_train_ops(label, path, write ? argv[4] : nullptr, write ? nullptr : argv[4]);
+    if (toolchain_test_pool_chunks != nullptr)
+      std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_test_pool_chunks());
+    return rc;
+  }
   std::FILE* f = std::fopen(argv[1], "rb");
   char magic[8];
   int64_t count = 0;
@@ -335,7 +354,12 @@ int main(int argc, char** argv) {
     dyw = check_dyw(argv[3], label, path);
     if (dyw == 2) return 2;
   }
+  int train = 0;
+  if (argc > 4) {
+    train = check_train_ops(label, path, nullptr, argv[4]);
+    if (train == 2) return 2;
+  }
   if (toolchain_test_pool_chunks != nullptr)
     std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_test_pool_chunks());
-  return bound_ok == count && dyw == 0 ? 0 : 1;
+  return bound_ok == count && dyw == 0 && train == 0 ? 0 : 1;
 }

@@ -7,11 +7,16 @@ host's x86 kernel bit for bit, within the float32 bound of a float64 reference; 
 (max: i8mm, cortex-a76: dotprod, cortex-a53: neon); a forced path the CPU lacks refused (-2 from a valid call, one
 Error: line with the library's reason); sdot / smmla in the dotprod / i8mm functions (objdump) and nowhere else;
 and, in a build with kernels.cpp's thread-pool code against a stand-in pool (tests/native/arm64_pool.cpp), every
-path with the weight rows of large calls split into chunks over 3 threads, to the same bits.
+path with the weight rows of large calls split into chunks over 3 threads, to the same bits. The training step's
+float32 ops (tests/native/arm64_train_ops.cpp: attention_train and its backward, swiglu_train, swiglu, rms_norm,
+online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward, lora_linear_a8) in every run against the same
+driver built for this x86-64 host: equal bit for bit, or, for the four ops that call kernels.cpp's `dot` (whose tail
+GCC's aarch64 build rounds differently), within the float32 bound of a float64 reference; one hash per compiler over
+every path, CPU model and thread count; the pooled build at 1 and 2 threads (every op split over the pool at 2).
 
 The script installs g++-aarch64-linux-gnu, qemu-user, clang-19 and lld-19 from Debian's packages when they
-are missing (a minute or two once); skipped when they are missing and cannot be installed. About 9 minutes
-with them (2-core host under load); ARM64_CASES=2000 runs more random cases (slower)."""
+are missing (a minute or two once); skipped when they are missing and cannot be installed. About 7 minutes
+with them (416 s on the 2-core host at load 8-9); ARM64_CASES=2000 runs more random cases (slower)."""
 
 from __future__ import annotations
 
@@ -64,4 +69,20 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
         for cpu, (paths, _, _) in EXPECTED.items():
             for p in paths:
                 assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw: outputs hash = the generic path's" in out
-    assert int(tally[-1][0]) == 214, tally
+    # the train ops: x86's own run, then every arm64 run and the pooled build at 1 and 2 threads
+    assert "ok   x86-64: the train ops hold their float64 bounds" in out
+    assert "ok   x86-64 generic path: the train ops' outputs equal the default path's" in out
+    for cc in ("gcc", "clang"):
+        for cpu, (paths, _, _) in EXPECTED.items():
+            for p in paths:
+                label = f"{cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}"
+                assert f"ok   {label}: train ops: every op equal to x86 or within its float64 bound" in out, label
+                assert f"ok   {label}: train ops hash = {cc}'s first run's" in out, label
+    for n, what in ((1, "no train op used the pool"), (2, "every train op was split over the pool")):
+        label = f"gcc-pool -cpu max TOOLCHAIN_TEST_POOL_THREADS={n}"
+        assert f"ok   {label}: train ops hash = gcc's first run's" in out and f"ok   {label}: {what}" in out, n
+    train = re.findall(r"^arm64: (gcc|clang)\S* .*path\) train ops: 10 ops, .* outputs hash ([0-9a-f]{16})$", out, re.M)
+    assert len(train) == 30, len(train)       # 12 runs per compiler, 4 pooled at 3 threads, 2 at 1 and 2 threads
+    for cc in ("gcc", "clang"):
+        assert len({h for c, h in train if c == cc}) == 1, (cc, train)
+    assert int(tally[-1][0]) == 278, tally
