@@ -1024,7 +1024,7 @@ static void attention_head(void* task, size_t head) {
         std::memcpy(&y, kr + d, sizeof y);
         acc = acc + x * y;
       }
-      for (; d < D; ++d) tail += qv[d] * kr[d];
+      for (; d < D; ++d) tail = std::fma(qv[d], kr[d], tail);
       float lanes[L];
       std::memcpy(lanes, &acc, sizeof lanes);
       const float sc = (lane_sum(lanes) + tail) * a.scale;
@@ -1083,7 +1083,7 @@ static void rms_norm_row(void* task, size_t row) {
     std::memcpy(&a, xt + k, sizeof a);
     acc = acc + a * a;
   }
-  for (; k < d; ++k) tail += xt[k] * xt[k];
+  for (; k < d; ++k) tail = std::fma(xt[k], xt[k], tail);
   float lanes[L];
   std::memcpy(lanes, &acc, sizeof lanes);
   const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + rn.eps);
@@ -1100,7 +1100,8 @@ int toolchain_rms_norm(const float* x, int64_t T, int64_t d, const float* w, flo
 }
 
 // Sum of x[k] y[k] over k < n: 16 lanes (k mod 16, fused multiply-adds in increasing k), lane_sum's tree,
-// then the tail in order.
+// then the tail in order by std::fma (written out: left to `-ffp-contract=fast`, GCC fuses a scalar tail on aarch64
+// while x86 builds and clang vectorize part of it unfused, so the bits would differ by compiler and -march).
 inline float dot(const float* __restrict x, const float* __restrict y, int64_t n) {
   f32x16 acc = f32x16{};
   int64_t k = 0;
@@ -1113,7 +1114,7 @@ inline float dot(const float* __restrict x, const float* __restrict y, int64_t n
   float lanes[L];
   std::memcpy(lanes, &acc, sizeof lanes);
   float tail = 0.0f;
-  for (; k < n; ++k) tail += x[k] * y[k];
+  for (; k < n; ++k) tail = std::fma(x[k], y[k], tail);
   return lane_sum(lanes) + tail;
 }
 
