@@ -1043,11 +1043,11 @@ int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int6
 
 
 #if TOOLCHAIN_X86_PASS >= 2
-// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx: the AVX-512 dyw_panel in 256 bits (lanes
-// 0..7 and 8..15 in two registers). Per row t and block, the block's dwords of the panel (1 KiB for G = 64: L1)
-// are multiplied by t's dwords broadcast; the VNNI path packs the bytes flipped (w + 128, vpdpbusd's unsigned
-// operand; minus 128 sum a = 16 corr), the AVX2 one signed: |a| (unsigned) times sign(a) w by vpmaddubsw (a pair is at most
-// 2 * 127 * 127 = 32258: no saturation), the pairs added to dwords at once. The generic path's bits.
+#if TOOLCHAIN_X86_PASS == 3
+// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx (avx_vnni): the AVX-512 dyw_panel in 256 bits
+// (lanes 0..7 and 8..15 in two registers). Per row t and block, the block's dwords of the panel (1 KiB for G = 64:
+// L1) are multiplied by t's dwords broadcast by vpdpbusd, the bytes packed flipped (w + 128, its unsigned operand;
+// minus 128 sum a = 16 corr). The generic path's bits.
 template <int G>
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
                int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
@@ -1056,9 +1056,6 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
   float* __restrict acc = acc_buffer.data();
-#if TOOLCHAIN_X86_PASS == 2
-  const __m256i ones = _mm256_set1_epi16(1);
-#endif
   for (int64_t b = 0; b < nb; ++b) {
     const __m256 sw0 = _mm256_loadu_ps(swp + b * L), sw1 = _mm256_loadu_ps(swp + b * L + 8);
     const uint8_t* wb = wp + b * D * 64;
@@ -1071,24 +1068,13 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
         const __m256i av = _mm256_set1_epi32(v);
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64 + 32));
-#if TOOLCHAIN_X86_PASS == 2
-        const __m256i aa = _mm256_abs_epi8(av);                   // |a| (unsigned) times sign(a) w: a w
-        s[d & 1] = _mm256_add_epi32(s[d & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w0, av)), ones));
-        s[2 + (d & 1)] = _mm256_add_epi32(s[2 + (d & 1)],
-                                          _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w1, av)), ones));
-#else
         s[d & 1] = _mm256_dpbusd_avx_epi32(s[d & 1], w0, av);
         s[2 + (d & 1)] = _mm256_dpbusd_avx_epi32(s[2 + (d & 1)], w1, av);
-#endif
       }
       __m256i lo = _mm256_add_epi32(s[0], s[1]), hi = _mm256_add_epi32(s[2], s[3]);
-#if TOOLCHAIN_X86_PASS == 3
       const __m256i c16 = _mm256_set1_epi32(16 * corr[b * T + t]);
       lo = _mm256_sub_epi32(lo, c16);
       hi = _mm256_sub_epi32(hi, c16);
-#else
-      (void)corr;
-#endif
       const __m256 sv = _mm256_set1_ps(sa[b * T + t]);
       float* dst = acc + t * L;
       _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sv, sw0), _mm256_loadu_ps(dst)));
@@ -1098,6 +1084,90 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
   for (int64_t t = 0; t < T; ++t)
     for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * L + r];
 }
+
+#else
+// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx (avx2). int8 x int8 has no unsigned operand
+// for vpmaddubsw (its sign trick, |a| times sign(a) w, took abs + 2 sign + 2 vpmaddubsw + 2 vpmaddwd per 64
+// products: 36 GMAC/s), so the products are int16 ones: per block, the panel's packed bytes (signed, flip 0) are
+// widened once to int16 pairs (w16: per pair p of the block's reduction index, 16 lanes of 2 int16, the lanes in
+// the register order below), and per NR rows of dy at a time each row's block bytes are widened to int16
+// and its pairs broadcast: vpmaddwd (two exact products of at most 127 * 127 added in int32) + vpaddd per 16
+// products, each weight load shared by the NR rows. The integer sums are exact, so isum is the generic one; then
+// float(isum) times (sa[t, b] swt[b, lane]) into the lane's accumulator by one fused multiply-add per block, blocks
+// in increasing order: the generic path's bits (the lanes only sit in another register order until the store:
+// position i of a register holds lane perm[i] = (0, 1, 4, 5, 2, 3, 6, 7)[i] of its 8, what cvtepi8_epi16,
+// shuffle_epi32 and unpack*_epi64 leave; the permutation is its own inverse, so one permute restores the order).
+template <int G, int NR>
+inline void dyw_rows_i16(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t b, int64_t t,
+                         const int16_t* __restrict w16, __m256 sw0, __m256 sw1, float* __restrict acc) {
+  constexpr int P = G / 2;                                       // int16 pairs per block row
+  alignas(32) int16_t a16[NR][G];
+  for (int r = 0; r < NR; ++r) {
+    const int8_t* x = ab + (b * T + t + r) * G;                  // the rows of block b, in order
+    for (int u = 0; u < G / 16; ++u)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(a16[r] + 16 * u),
+                         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16 * u))));
+  }
+  __m256i s0[NR], s1[NR];
+  for (int r = 0; r < NR; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
+  for (int p = 0; p < P; ++p) {
+    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16 + 32 * p));
+    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16 + 32 * p + 16));
+    for (int r = 0; r < NR; ++r) {
+      int32_t v;
+      std::memcpy(&v, a16[r] + 2 * p, 4);
+      const __m256i av = _mm256_set1_epi32(v);
+      s0[r] = _mm256_add_epi32(s0[r], _mm256_madd_epi16(w0, av));
+      s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(w1, av));
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const __m256 sv = _mm256_set1_ps(sa[b * T + t + r]);
+    float* dst = acc + (t + r) * L;
+    _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[r]), _mm256_mul_ps(sv, sw0), _mm256_loadu_ps(dst)));
+    _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[r]), _mm256_mul_ps(sv, sw1), _mm256_loadu_ps(dst + 8)));
+  }
+}
+
+template <int G>
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
+               int64_t nk) {
+  (void)corr;                                                    // signed products: no correction
+  constexpr int D = G / 4, NR = 2;                               // dwords per block; rows of dy per pass
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
+  float* __restrict acc = acc_buffer.data();
+  alignas(32) int16_t w16[G * L];                                // the block's panel: G / 2 pairs x 16 lanes x 2
+  const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = wp + b * D * 64;
+    for (int d = 0; d < D; ++d)                                  // dword d = pairs 2d, 2d + 1 of every lane
+      for (int h = 0; h < 2; ++h) {                              // lanes 8h .. 8h + 7: bytes 32h .. 32h + 31
+        const uint8_t* src = wb + d * 64 + 32 * h;
+        // [l0 p0, l0 p1, l1 p0, l1 p1 | l2 p0, l2 p1, l3 p0, l3 p1] -> [l0 p0, l1 p0, l0 p1, l1 p1 | l2 p0, ...]
+        const __m256i x = _mm256_shuffle_epi32(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))),
+                                               _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256i y = _mm256_shuffle_epi32(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))),
+                                               _MM_SHUFFLE(3, 1, 2, 0));
+        // pair 2d of lanes (0, 1, 4, 5 | 2, 3, 6, 7) + 8h, then pair 2d + 1 of the same lanes
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + 32 * (2 * d) + 16 * h), _mm256_unpacklo_epi64(x, y));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + 32 * (2 * d + 1) + 16 * h), _mm256_unpackhi_epi64(x, y));
+      }
+    const __m256 sw0 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(swp + b * L), perm);
+    const __m256 sw1 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(swp + b * L + 8), perm);
+    int64_t t = 0;
+    for (; t + NR <= T; t += NR) dyw_rows_i16<G, NR>(ab, sa, T, b, t, w16, sw0, sw1, acc);
+    for (; t < T; ++t) dyw_rows_i16<G, 1>(ab, sa, T, b, t, w16, sw0, sw1, acc);
+  }
+  alignas(32) float out[L];
+  for (int64_t t = 0; t < T; ++t) {
+    _mm256_store_ps(out, _mm256_permutevar8x32_ps(_mm256_loadu_ps(acc + t * L), perm));
+    _mm256_store_ps(out + 8, _mm256_permutevar8x32_ps(_mm256_loadu_ps(acc + t * L + 8), perm));
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = out[r];
+  }
+}
+#endif  // TOOLCHAIN_X86_PASS == 3 / 2
 
 bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
                   const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
