@@ -1110,6 +1110,7 @@ inline void dyw_rows_i16(const int8_t* __restrict ab, const float* __restrict sa
   }
   __m256i s0[NR], s1[NR];
   for (int r = 0; r < NR; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
   for (int p = 0; p < P; ++p) {
     const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16 + 32 * p));
     const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16 + 32 * p + 16));
@@ -1117,8 +1118,8 @@ inline void dyw_rows_i16(const int8_t* __restrict ab, const float* __restrict sa
       int32_t v;
       std::memcpy(&v, a16[r] + 2 * p, 4);
       const __m256i av = _mm256_set1_epi32(v);
-      s0[r] = _mm256_add_epi32(s0[r], _mm256_madd_epi16(w0, av));
-      s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(w1, av));
+      s0[r] = _mm256_add_epi32(_mm256_madd_epi16(w0, av), s0[r]);
+      s1[r] = _mm256_add_epi32(_mm256_madd_epi16(w1, av), s1[r]);
     }
   }
   for (int r = 0; r < NR; ++r) {
@@ -1134,7 +1135,7 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
                int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
                int64_t nk) {
   (void)corr;                                                    // signed products: no correction
-  constexpr int D = G / 4, NR = 2;                               // dwords per block; rows of dy per pass
+  constexpr int D = G / 4, NR = 4;                               // dwords per block; rows of dy per pass
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
   float* __restrict acc = acc_buffer.data();
