@@ -869,17 +869,31 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
                     int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
   constexpr int D = GB / 4;                                      // dwords of a group's bytes
   constexpr int DC = 4;                                          // dwords per pass (8 vpmaddubsw into int16 at most)
-  thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
+  thread_local std::vector<float> acc_buffer;                    // [16 accumulators][T][16 rows]
   thread_local std::vector<int32_t> isum_buffer;                 // [T][8 rows] (GB > 16: a group's earlier passes)
+  thread_local std::vector<int8_t> xg_buffer;                    // [ng][T][2 GB]: x's bytes group-major
+  thread_local std::vector<int32_t> cg_buffer;                   // [ng][T]: corr
+  thread_local std::vector<float> sg_buffer;                     // [ng][T]: sa
   acc_buffer.resize(static_cast<size_t>(T * L * L));
   isum_buffer.resize(static_cast<size_t>(T * 8));
+  xg_buffer.resize(static_cast<size_t>(ng * T * 2 * GB));
+  cg_buffer.resize(static_cast<size_t>(ng * T));
+  sg_buffer.resize(static_cast<size_t>(ng * T));
   float* __restrict acc = acc_buffer.data();
   int32_t* __restrict isums = isum_buffer.data();
-  const int8_t* __restrict even = a.even.data();
-  const int8_t* __restrict odd = a.odd.data();
-  const int32_t* __restrict corr = a.corr.data();
-  const float* __restrict sa = a.sa.data();
-  const int64_t stride = a.stride, gstride = a.gstride;
+  int8_t* __restrict xg = xg_buffer.data();
+  int32_t* __restrict corr = cg_buffer.data();
+  float* __restrict sa = sg_buffer.data();
+  // x's rows are a.stride bytes apart (whole blocks of 1 KiB: 1024 or 3072 bytes at 0.5B), so the loop over t below,
+  // reading a few bytes of each row, would hit 4 of L1's 64 sets; group-major, a group's bytes of every row are
+  // consecutive (row t's even then odd bytes), read in order, and the accumulators likewise ([16][T][16]).
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < ng; ++g) {   // the padded rows hold whole groups (zeros past the row's end)
+      std::memcpy(xg + (g * T + t) * 2 * GB, a.even.data() + t * a.stride + g * GB, GB);
+      std::memcpy(xg + (g * T + t) * 2 * GB + GB, a.odd.data() + t * a.stride + g * GB, GB);
+      corr[g * T + t] = a.corr[static_cast<size_t>(t * a.gstride + g)];
+      sa[g * T + t] = a.sa[static_cast<size_t>(t * a.gstride + g)];
+    }
   alignas(32) uint8_t rowbytes[L * GB];                          // the 16 rows' bytes of one group, zero-padded
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -910,8 +924,8 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
             lo[k] = _mm256_and_si256(w, nib);
           }
           for (int64_t t = 0; t < T; ++t) {
-            const int8_t* xe = even + t * stride + j0 + 4 * k0;
-            const int8_t* xo = odd + t * stride + j0 + 4 * k0;
+            const int8_t* xe = xg + (g * T + t) * 2 * GB + 4 * k0;
+            const int8_t* xo = xe + GB;
             __m256i s2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};   // two chains (exact in any order)
             for (int k = 0; k < DC; ++k) {
               int32_t de, dd;
@@ -928,9 +942,9 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
                 continue;
               }
             }
-            const __m256i isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(corr[t * gstride + g]));
-            const __m256 c = _mm256_mul_ps(sw, _mm256_set1_ps(sa[t * gstride + g]));
-            float* dst = acc + (t * L + g % L) * L + 8 * h;
+            const __m256i isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(corr[g * T + t]));
+            const __m256 c = _mm256_mul_ps(sw, _mm256_set1_ps(sa[g * T + t]));
+            float* dst = acc + ((g % L) * T + t) * L + 8 * h;
             _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), c, _mm256_loadu_ps(dst)));
           }
         }
@@ -938,9 +952,9 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
     }
     for (int64_t t = 0; t < T; ++t) {
       for (int h = 0; h < 2 && 8 * h < nr; ++h) {
-        const float* v = acc + t * L * L + 8 * h;
+        const float* v = acc + t * L + 8 * h;                     // accumulator l at v + l T L
         __m256 s8[8], s4[4];
-        for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(_mm256_loadu_ps(v + l * L), _mm256_loadu_ps(v + (l + 8) * L));
+        for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(_mm256_loadu_ps(v + l * T * L), _mm256_loadu_ps(v + (l + 8) * T * L));
         for (int l = 0; l < 4; ++l) s4[l] = _mm256_add_ps(s8[l], s8[l + 4]);
         const __m256 out = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
         _mm256_maskstore_ps(y + t * ldy + r0 + 8 * h, lane_mask(nr - 8 * h), out);
