@@ -655,6 +655,8 @@ struct PairDot {
     return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(hi, xe), _mm256_maddubs_epi16(lo, xo)));
   }
   static __m256i dwords(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+  // two such sums of at most 4 pair() calls in all (8 vpmaddubsw lanes: at most 30480), still in int16
+  static __m256i add(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
 };
 #else
 TOOLCHAIN_TARGET_PUSH("avx2,fma,avxvnni")
@@ -665,6 +667,7 @@ struct PairDot {
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, hi, xe), lo, xo);
   }
   static __m256i dwords(__m256i acc) { return acc; }
+  static __m256i add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 };
 #endif
 
@@ -933,7 +936,7 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
               std::memcpy(&dd, xo + 4 * k, 4);
               s2[k & 1] = Dot::pair(s2[k & 1], hi[k], _mm256_set1_epi32(de), lo[k], _mm256_set1_epi32(dd));
             }
-            __m256i sum = _mm256_add_epi32(Dot::dwords(s2[0]), Dot::dwords(s2[1]));
+            __m256i sum = Dot::dwords(Dot::add(s2[0], s2[1]));   // the DC dwords' sums: one widening
             if constexpr (DC < D) {                               // the group's integer sum over D / DC passes
               int32_t* held = isums + t * 8;
               if (k0 > 0) sum = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(held)), sum);
