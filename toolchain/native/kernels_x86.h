@@ -6,6 +6,8 @@
 //   x86_avx2    (avx2)         256-bit vpmaddubsw + vpmaddwd (nibble 0..15 unsigned times int8 x: a pair sum
 //                              is at most 2 * 15 * 127 = 3810, so up to 8 of them add in int16 without saturating)
 //   x86_avx_vnni (avx_vnni)    the same kernels with 256-bit vpdpbusd (AVX-VNNI, VEX-encoded)
+// (toolchain_int4_dyw_a8's panel differs more: int8 x int8 has no unsigned operand, so avx2 multiplies int16 pairs by
+// vpmaddwd, avx_vnni the flipped bytes by vpdpbusd; dyw_panel below.)
 // Every path computes the exact integer group sums and adds the float terms in the generic path's order (group g
 // into lane g mod 16 by a fused multiply-add, groups in increasing order, then lane_sum's tree; in 256 bits the
 // 16 lanes are two registers, lanes 0..7 and 8..15): the same bits as row_generic.
