@@ -6,6 +6,8 @@
 //   x86_avx2    (avx2)         256-bit vpmaddubsw + vpmaddwd (nibble 0..15 unsigned times int8 x: a pair sum
 //                              is at most 2 * 15 * 127 = 3810, so up to 8 of them add in int16 without saturating)
 //   x86_avx_vnni (avx_vnni)    the same kernels with 256-bit vpdpbusd (AVX-VNNI, VEX-encoded)
+// (toolchain_int4_dyw_a8's panel differs more: int8 x int8 has no unsigned operand, so avx2 multiplies int16 pairs by
+// vpmaddwd, avx_vnni the flipped bytes by vpdpbusd; dyw_panel below.)
 // Every path computes the exact integer group sums and adds the float terms in the generic path's order (group g
 // into lane g mod 16 by a fused multiply-add, groups in increasing order, then lane_sum's tree; in 256 bits the
 // 16 lanes are two registers, lanes 0..7 and 8..15): the same bits as row_generic.
@@ -655,6 +657,8 @@ struct PairDot {
     return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(hi, xe), _mm256_maddubs_epi16(lo, xo)));
   }
   static __m256i dwords(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+  // two such sums of at most 4 pair() calls in all (8 vpmaddubsw lanes: at most 30480), still in int16
+  static __m256i add(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
 };
 #else
 TOOLCHAIN_TARGET_PUSH("avx2,fma,avxvnni")
@@ -665,6 +669,7 @@ struct PairDot {
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, hi, xe), lo, xo);
   }
   static __m256i dwords(__m256i acc) { return acc; }
+  static __m256i add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 };
 #endif
 
@@ -869,17 +874,31 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
                     int64_t half, int64_t ng, int64_t o, float* __restrict y, int64_t ldy) {
   constexpr int D = GB / 4;                                      // dwords of a group's bytes
   constexpr int DC = 4;                                          // dwords per pass (8 vpmaddubsw into int16 at most)
-  thread_local std::vector<float> acc_buffer;                    // [T][16 accumulators][16 rows]
+  thread_local std::vector<float> acc_buffer;                    // [16 accumulators][T][16 rows]
   thread_local std::vector<int32_t> isum_buffer;                 // [T][8 rows] (GB > 16: a group's earlier passes)
+  thread_local std::vector<int8_t> xg_buffer;                    // [ng][T][2 GB]: x's bytes group-major
+  thread_local std::vector<int32_t> cg_buffer;                   // [ng][T]: corr
+  thread_local std::vector<float> sg_buffer;                     // [ng][T]: sa
   acc_buffer.resize(static_cast<size_t>(T * L * L));
   isum_buffer.resize(static_cast<size_t>(T * 8));
+  xg_buffer.resize(static_cast<size_t>(ng * T * 2 * GB));
+  cg_buffer.resize(static_cast<size_t>(ng * T));
+  sg_buffer.resize(static_cast<size_t>(ng * T));
   float* __restrict acc = acc_buffer.data();
   int32_t* __restrict isums = isum_buffer.data();
-  const int8_t* __restrict even = a.even.data();
-  const int8_t* __restrict odd = a.odd.data();
-  const int32_t* __restrict corr = a.corr.data();
-  const float* __restrict sa = a.sa.data();
-  const int64_t stride = a.stride, gstride = a.gstride;
+  int8_t* __restrict xg = xg_buffer.data();
+  int32_t* __restrict corr = cg_buffer.data();
+  float* __restrict sa = sg_buffer.data();
+  // x's rows are a.stride bytes apart (whole blocks of 1 KiB: 1024 or 3072 bytes at 0.5B), so the loop over t below,
+  // reading a few bytes of each row, would hit 4 of L1's 64 sets; group-major, a group's bytes of every row are
+  // consecutive (row t's even then odd bytes), read in order, and the accumulators likewise ([16][T][16]).
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < ng; ++g) {   // the padded rows hold whole groups (zeros past the row's end)
+      std::memcpy(xg + (g * T + t) * 2 * GB, a.even.data() + t * a.stride + g * GB, GB);
+      std::memcpy(xg + (g * T + t) * 2 * GB + GB, a.odd.data() + t * a.stride + g * GB, GB);
+      corr[g * T + t] = a.corr[static_cast<size_t>(t * a.gstride + g)];
+      sa[g * T + t] = a.sa[static_cast<size_t>(t * a.gstride + g)];
+    }
   alignas(32) uint8_t rowbytes[L * GB];                          // the 16 rows' bytes of one group, zero-padded
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -910,8 +929,8 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
             lo[k] = _mm256_and_si256(w, nib);
           }
           for (int64_t t = 0; t < T; ++t) {
-            const int8_t* xe = even + t * stride + j0 + 4 * k0;
-            const int8_t* xo = odd + t * stride + j0 + 4 * k0;
+            const int8_t* xe = xg + (g * T + t) * 2 * GB + 4 * k0;
+            const int8_t* xo = xe + GB;
             __m256i s2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};   // two chains (exact in any order)
             for (int k = 0; k < DC; ++k) {
               int32_t de, dd;
@@ -919,7 +938,7 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
               std::memcpy(&dd, xo + 4 * k, 4);
               s2[k & 1] = Dot::pair(s2[k & 1], hi[k], _mm256_set1_epi32(de), lo[k], _mm256_set1_epi32(dd));
             }
-            __m256i sum = _mm256_add_epi32(Dot::dwords(s2[0]), Dot::dwords(s2[1]));
+            __m256i sum = Dot::dwords(Dot::add(s2[0], s2[1]));   // the DC dwords' sums: one widening
             if constexpr (DC < D) {                               // the group's integer sum over D / DC passes
               int32_t* held = isums + t * 8;
               if (k0 > 0) sum = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(held)), sum);
@@ -928,9 +947,9 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
                 continue;
               }
             }
-            const __m256i isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(corr[t * gstride + g]));
-            const __m256 c = _mm256_mul_ps(sw, _mm256_set1_ps(sa[t * gstride + g]));
-            float* dst = acc + (t * L + g % L) * L + 8 * h;
+            const __m256i isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(corr[g * T + t]));
+            const __m256 c = _mm256_mul_ps(sw, _mm256_set1_ps(sa[g * T + t]));
+            float* dst = acc + ((g % L) * T + t) * L + 8 * h;
             _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), c, _mm256_loadu_ps(dst)));
           }
         }
@@ -938,9 +957,9 @@ void rows_broadcast(const QuantizedX& a, int64_t T, const uint8_t* __restrict q,
     }
     for (int64_t t = 0; t < T; ++t) {
       for (int h = 0; h < 2 && 8 * h < nr; ++h) {
-        const float* v = acc + t * L * L + 8 * h;
+        const float* v = acc + t * L + 8 * h;                     // accumulator l at v + l T L
         __m256 s8[8], s4[4];
-        for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(_mm256_loadu_ps(v + l * L), _mm256_loadu_ps(v + (l + 8) * L));
+        for (int l = 0; l < 8; ++l) s8[l] = _mm256_add_ps(_mm256_loadu_ps(v + l * T * L), _mm256_loadu_ps(v + (l + 8) * T * L));
         for (int l = 0; l < 4; ++l) s4[l] = _mm256_add_ps(s8[l], s8[l + 4]);
         const __m256 out = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
         _mm256_maskstore_ps(y + t * ldy + r0 + 8 * h, lane_mask(nr - 8 * h), out);
@@ -1043,11 +1062,11 @@ int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int6
 
 
 #if TOOLCHAIN_X86_PASS >= 2
-// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx: the AVX-512 dyw_panel in 256 bits (lanes
-// 0..7 and 8..15 in two registers). Per row t and block, the block's dwords of the panel (1 KiB for G = 64: L1)
-// are multiplied by t's dwords broadcast; the VNNI path packs the bytes flipped (w + 128, vpdpbusd's unsigned
-// operand; minus 128 sum a = 16 corr), the AVX2 one signed: |a| (unsigned) times sign(a) w by vpmaddubsw (a pair is at most
-// 2 * 127 * 127 = 32258: no saturation), the pairs added to dwords at once. The generic path's bits.
+#if TOOLCHAIN_X86_PASS == 3
+// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx (avx_vnni): the AVX-512 dyw_panel in 256 bits
+// (lanes 0..7 and 8..15 in two registers). Per row t and block, the block's dwords of the panel (1 KiB for G = 64:
+// L1) are multiplied by t's dwords broadcast by vpdpbusd, the bytes packed flipped (w + 128, its unsigned operand;
+// minus 128 sum a = 16 corr). The generic path's bits.
 template <int G>
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
                int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
@@ -1056,9 +1075,6 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
   float* __restrict acc = acc_buffer.data();
-#if TOOLCHAIN_X86_PASS == 2
-  const __m256i ones = _mm256_set1_epi16(1);
-#endif
   for (int64_t b = 0; b < nb; ++b) {
     const __m256 sw0 = _mm256_loadu_ps(swp + b * L), sw1 = _mm256_loadu_ps(swp + b * L + 8);
     const uint8_t* wb = wp + b * D * 64;
@@ -1071,24 +1087,13 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
         const __m256i av = _mm256_set1_epi32(v);
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + d * 64 + 32));
-#if TOOLCHAIN_X86_PASS == 2
-        const __m256i aa = _mm256_abs_epi8(av);                   // |a| (unsigned) times sign(a) w: a w
-        s[d & 1] = _mm256_add_epi32(s[d & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w0, av)), ones));
-        s[2 + (d & 1)] = _mm256_add_epi32(s[2 + (d & 1)],
-                                          _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(w1, av)), ones));
-#else
         s[d & 1] = _mm256_dpbusd_avx_epi32(s[d & 1], w0, av);
         s[2 + (d & 1)] = _mm256_dpbusd_avx_epi32(s[2 + (d & 1)], w1, av);
-#endif
       }
       __m256i lo = _mm256_add_epi32(s[0], s[1]), hi = _mm256_add_epi32(s[2], s[3]);
-#if TOOLCHAIN_X86_PASS == 3
       const __m256i c16 = _mm256_set1_epi32(16 * corr[b * T + t]);
       lo = _mm256_sub_epi32(lo, c16);
       hi = _mm256_sub_epi32(hi, c16);
-#else
-      (void)corr;
-#endif
       const __m256 sv = _mm256_set1_ps(sa[b * T + t]);
       float* dst = acc + t * L;
       _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(sv, sw0), _mm256_loadu_ps(dst)));
@@ -1098,6 +1103,91 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
   for (int64_t t = 0; t < T; ++t)
     for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * L + r];
 }
+
+#else
+// toolchain_int4_dyw_a8's product for one panel of 16 columns k of dx (avx2). int8 x int8 has no unsigned operand
+// for vpmaddubsw (its sign trick, |a| times sign(a) w, took abs + 2 sign + 2 vpmaddubsw + 2 vpmaddwd per 64
+// products: 36 GMAC/s), so the products are int16 ones: per block, the panel's packed bytes (signed, flip 0) are
+// widened once to int16 pairs (w16: per pair p of the block's reduction index, 16 lanes of 2 int16, the lanes in
+// the register order below), and per NR rows of dy at a time each row's block bytes are widened to int16
+// and its pairs broadcast: vpmaddwd (two exact products of at most 127 * 127 added in int32) + vpaddd per 16
+// products, each weight load shared by the NR rows. The integer sums are exact, so isum is the generic one; then
+// float(isum) times (sa[t, b] swt[b, lane]) into the lane's accumulator by one fused multiply-add per block, blocks
+// in increasing order: the generic path's bits (the lanes only sit in another register order until the store:
+// position i of a register holds lane perm[i] = (0, 1, 4, 5, 2, 3, 6, 7)[i] of its 8, what cvtepi8_epi16,
+// shuffle_epi32 and unpack*_epi64 leave; the permutation is its own inverse, so one permute restores the order).
+template <int G, int NR>
+inline void dyw_rows_i16(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t b, int64_t t,
+                         const int16_t* __restrict w16, __m256 sw0, __m256 sw1, float* __restrict acc) {
+  constexpr int P = G / 2;                                       // int16 pairs per block row
+  alignas(32) int16_t a16[NR][G];
+  for (int r = 0; r < NR; ++r) {
+    const int8_t* x = ab + (b * T + t + r) * G;                  // the rows of block b, in order
+    for (int u = 0; u < G / 16; ++u)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(a16[r] + 16 * u),
+                         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16 * u))));
+  }
+  __m256i s0[NR], s1[NR];
+  for (int r = 0; r < NR; ++r) s0[r] = s1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+  for (int p = 0; p < P; ++p) {
+    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16 + 32 * p));
+    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w16 + 32 * p + 16));
+    for (int r = 0; r < NR; ++r) {
+      int32_t v;
+      std::memcpy(&v, a16[r] + 2 * p, 4);
+      const __m256i av = _mm256_set1_epi32(v);
+      s0[r] = _mm256_add_epi32(_mm256_madd_epi16(w0, av), s0[r]);
+      s1[r] = _mm256_add_epi32(_mm256_madd_epi16(w1, av), s1[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const __m256 sv = _mm256_set1_ps(sa[b * T + t + r]);
+    float* dst = acc + (t + r) * L;
+    _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[r]), _mm256_mul_ps(sv, sw0), _mm256_loadu_ps(dst)));
+    _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[r]), _mm256_mul_ps(sv, sw1), _mm256_loadu_ps(dst + 8)));
+  }
+}
+
+template <int G>
+void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
+               int64_t nk) {
+  (void)corr;                                                    // signed products: no correction
+  constexpr int D = G / 4, NR = 4;                               // dwords per block; rows of dy per pass
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
+  float* __restrict acc = acc_buffer.data();
+  alignas(32) int16_t w16[G * L];                                // the block's panel: G / 2 pairs x 16 lanes x 2
+  const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = wp + b * D * 64;
+    for (int d = 0; d < D; ++d)                                  // dword d = pairs 2d, 2d + 1 of every lane
+      for (int h = 0; h < 2; ++h) {                              // lanes 8h .. 8h + 7: bytes 32h .. 32h + 31
+        const uint8_t* src = wb + d * 64 + 32 * h;
+        // [l0 p0, l0 p1, l1 p0, l1 p1 | l2 p0, l2 p1, l3 p0, l3 p1] -> [l0 p0, l1 p0, l0 p1, l1 p1 | l2 p0, ...]
+        const __m256i x = _mm256_shuffle_epi32(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))),
+                                               _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256i y = _mm256_shuffle_epi32(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))),
+                                               _MM_SHUFFLE(3, 1, 2, 0));
+        // pair 2d of lanes (0, 1, 4, 5 | 2, 3, 6, 7) + 8h, then pair 2d + 1 of the same lanes
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + 32 * (2 * d) + 16 * h), _mm256_unpacklo_epi64(x, y));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + 32 * (2 * d + 1) + 16 * h), _mm256_unpackhi_epi64(x, y));
+      }
+    const __m256 sw0 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(swp + b * L), perm);
+    const __m256 sw1 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(swp + b * L + 8), perm);
+    int64_t t = 0;
+    for (; t + NR <= T; t += NR) dyw_rows_i16<G, NR>(ab, sa, T, b, t, w16, sw0, sw1, acc);
+    for (; t < T; ++t) dyw_rows_i16<G, 1>(ab, sa, T, b, t, w16, sw0, sw1, acc);
+  }
+  alignas(32) float out[L];
+  for (int64_t t = 0; t < T; ++t) {
+    _mm256_store_ps(out, _mm256_permutevar8x32_ps(_mm256_loadu_ps(acc + t * L), perm));
+    _mm256_store_ps(out + 8, _mm256_permutevar8x32_ps(_mm256_loadu_ps(acc + t * L + 8), perm));
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = out[r];
+  }
+}
+#endif  // TOOLCHAIN_X86_PASS == 3 / 2
 
 bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
                   const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
