@@ -270,13 +270,15 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
     adt = None if ld is None or not cp.train_kernels else ld.a.T.contiguous()   # [f, r]: Ad's columns as rows
     for a, b in _f_chunks(p, mlp_chunk):
-        if int8:                                                     # --compute int8: the int4 chunks in place
-            da = matmul_dyw(dout, quant_cols(wdq, a, b), cp)         # [T, C]
+        if int8:                                                     # --compute int8: the int4 chunks in place,
+            ad = None if ld is None else ld.a[:, a:b]                # [r, C]; dhd Ad[:, c] + dout Wd[:, c] in one
+            da = matmul_dyw(dout, quant_cols(wdq, a, b), cp,         # toolchain::int4_dyw_a8_acc call (no add)
+                            acc=None if ad is None else dhd @ ad)    # [T, C]
         else:
             da = matmul(doutc, dense_cols(wdq, a, b), cp)            # [T, C]: Wd's chunk dies before Wg's, Wu's
-        if ld is not None:
-            ad = ld.a[:, a:b]                                        # [r, C]
-            da = da + dhd @ ad
+            if ld is not None:
+                ad = ld.a[:, a:b]                                    # [r, C]
+                da = da + dhd @ ad
         if int8:
             wg, wu = quant_rows(wgq, a, b), quant_rows(wuq, a, b)    # [C, d] int4 (views)
         else:
@@ -310,12 +312,12 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         if sw is None:
             sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
-        if int8:
-            part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
+        if int8:   # dn2 chained through both products (toolchain::int4_dyw_a8_acc: the kernel adds as it stores)
+            dn2 = matmul_dyw(sw.du, wu, cp, acc=matmul_dyw(sw.dg, wg, cp, acc=dn2))   # [T, d]
         else:
             part = matmul(to_compute(sw.dg, cp), wg, cp) + matmul(to_compute(sw.du, cp), wu, cp)  # [T, d]
-        dn2 = part if dn2 is None else dn2 + part
-        del part
+            dn2 = part if dn2 is None else dn2 + part
+            del part
         del wg, wu
         if cp.train_kernels:                                         # (s dg^T hg, s dg Bg[c]): one native op each
             for pair, dyc, h, db, dh in ((lg, sw.dg, hg, dbg, "g"), (lu, sw.du, hu, dbu, "u")):

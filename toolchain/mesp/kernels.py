@@ -37,7 +37,7 @@ from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_refere
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
 from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
 from toolchain.mesp.ops.lora_linear import lora_backward_reference, lora_rows_backward_reference
-from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
+from toolchain.mesp.ops.quant import int4_dyw_a8_acc_reference, int4_dyw_a8_reference, int4_linear_a8_reference
 from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
 
@@ -118,6 +118,11 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor dy, Tensor qweight, Tensor scales, int group",              # group, dx
            reference=int4_dyw_a8_reference,
            meta=lambda dy, qweight, scales, group: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
+    # acc + dy W in one call (the kernel adds acc as it stores dX: the MLP chunks' dn2 and da, the head's running sum)
+    Kernel("int4_dyw_a8_acc", (_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR),   # ..., group, acc, dx
+           schema="Tensor dy, Tensor qweight, Tensor scales, int group, Tensor acc",
+           reference=int4_dyw_a8_acc_reference,
+           meta=lambda dy, qweight, scales, group, acc: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
     # causal attention of a whole training sequence and its gradients (`--compute int8` programs' training methods:
     # the float32 attention on the thread pool; mesp/block.py)
     Kernel("attention_train", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),   # q, k, v, H, Hk, T, D, scale,

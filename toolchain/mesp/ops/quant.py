@@ -52,7 +52,7 @@ from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
            "dense_rows", "dense_cols", "quant_rows", "quant_cols", "embedding_rows", "int4_linear_a8_reference",
-           "int4_dyw_a8_reference", "quantize_activations"]
+           "int4_dyw_a8_reference", "int4_dyw_a8_acc_reference", "quantize_activations"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -163,13 +163,18 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
-def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
-    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16 (ops/half.py), summed
-    in float32; with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded
-    to int8 once per block of `group` output rows, W^T requantized per call to int8 per (k-group, block), exact
-    integer sums; the int4 W read in place)."""
+def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32, acc: Tensor | None = None) -> Tensor:
+    """dy W for dy [T, o], W [o, i] (plus `acc` [T, i] when given: acc + dy W). With fp16 `compute` each chunk's
+    product is float16 (ops/half.py), summed in float32; with int8 `compute` (`int8_dx`) an int4 W is one
+    `toolchain::int4_dyw_a8` call (dy's rows rounded to int8 once per block of `group` output rows, W^T requantized
+    per call to int8 per (k-group, block), exact integer sums; the int4 W read in place), and with `acc` one
+    `toolchain::int4_dyw_a8_acc` call (the kernel adds acc as it stores: no separate `add` in the program)."""
     if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
+        if acc is not None:
+            return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, _group(w), acc)  # [T, i]
         return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
+    if acc is not None:
+        return acc + matmul_dyw(dy, w, compute)
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
     if not isinstance(w, QuantWeight):
         return matmul(dy, w, compute)
@@ -264,6 +269,13 @@ def int4_dyw_a8_reference(dy: Tensor, qweight: Tensor, scales: Tensor, group: in
         isum = (a[:, b, :n1 - n0].double() @ wt8).float()                               # exact integers [T, i]
         out = out + isum * (sa[:, b, None] * swt[b, kg][None, :])                       # [T, i]
     return out.reshape(*lead, i).to(dy.dtype)
+
+
+def int4_dyw_a8_acc_reference(dy: Tensor, qweight: Tensor, scales: Tensor, group: int, acc: Tensor) -> Tensor:
+    """The definition of `toolchain::int4_dyw_a8_acc`: acc + `int4_dyw_a8_reference`(dy, ...), one float32 addition
+    per element with acc its first operand (acc [..., i], the shape of dy W). The kernel adds the same way as it
+    stores its dX: its result is the bits of acc + its `int4_dyw_a8` result."""
+    return acc + int4_dyw_a8_reference(dy, qweight, scales, group)
 
 
 def _unpack_int4(q: Tensor, dtype: torch.dtype) -> Tensor:
