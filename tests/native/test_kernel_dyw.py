@@ -284,13 +284,15 @@ def test_the_executorch_op_equals_the_c_entry(tmp_path):
 # toolchain::int4_dyw_a8_acc (out = acc + dy W, one float32 addition per element after the block chain, acc the first
 # operand): the bits of acc + int4_dyw_a8's result, the addition written here as torch's float32 add.
 
-def _call_acc(lib, dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int, acc: torch.Tensor,
-              in_place: bool = False) -> torch.Tensor:
+def _call_acc(lib, dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int, acc: torch.Tensor | None,
+              in_place: bool = False, row0: int = 0) -> torch.Tensor:
+    """toolchain_int4_dyw_a8_acc on rows row0 .. row0 + o - 1 of (q, s) (o = dy's width), in place: acc is dx."""
     t, o = dy.shape
     i = 2 * q.shape[1]
+    assert row0 + o <= q.shape[0]
     dx = acc.clone() if in_place else torch.full((t, i), 7.0)
-    add = dx if in_place else acc
-    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), t, o, _ptr(q), _ptr(s), i, s.shape[1], group, _ptr(add),
+    add = None if acc is None else _ptr(dx if in_place else acc)
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), t, o, _ptr(q), _ptr(s), i, s.shape[1], group, row0, add,
                                          _ptr(dx)) == 0
     return dx
 
@@ -326,7 +328,7 @@ def test_the_acc_variant_and_its_reference_equal_acc_plus_the_definition(t, o, i
     want = acc.double() + exact
     gamma = (nb + 6) * U / (1 - (nb + 6) * U)
     bound = gamma * mag + (nb + 6) * 2.0 ** -150 + 2 * U * want.abs()
-    for got in (_call_acc(lib, dy, q, s, group, acc), int4_dyw_a8_acc_reference(dy, q, s, group, acc)):
+    for got in (_call_acc(lib, dy, q, s, group, acc), int4_dyw_a8_acc_reference(dy, q, s, group, 0, acc)):
         assert torch.equal(got.isnan(), want.isnan())
         finite = want.isfinite()
         assert torch.equal(got[~finite & ~want.isnan()], want[~finite & ~want.isnan()].float())   # inf + finite
@@ -362,6 +364,12 @@ def test_the_acc_variant_is_acc_plus_the_plain_bits_on_every_path_and_thread_cou
                 got.append(_call_acc(lib, dy, q, s, group, acc))
                 assert _bits_equal(got[-1], acc + plain), (path, threads, t, o, i, group)
                 assert _bits_equal(_call_acc(lib, dy, q, s, group, acc, in_place=True), got[-1])
+                # rows read in place: W's rows [row0, row0 + o) inside a taller W give the bits of a copy of them
+                qe, se = _weights(5, i, group, gen)                  # 3 rows above W's, 2 below
+                qt, st = torch.cat([qe[:3], q, qe[3:]]), torch.cat([se[:3] * 9, s, se[3:]])
+                assert _bits_equal(_call_acc(lib, dy, qt, st, group, acc, row0=3), got[-1])
+                assert torch.equal(_call_acc(lib, dy, qt, st, group, None, row0=3).view(torch.int32),
+                                   plain.view(torch.int32))
             assert torch.equal(got[0].view(torch.int32), got[1].view(torch.int32)), (path, t, o, i, group)
     finally:
         portable_lib._unsafe_reset_threadpool(before)
@@ -370,15 +378,15 @@ def test_the_acc_variant_is_acc_plus_the_plain_bits_on_every_path_and_thread_cou
 def test_the_acc_variant_refuses_bad_arguments(lib):
     dy, q, s, dx = torch.zeros(2, 4), torch.zeros(4, 8, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(2, 16)
     acc = torch.full((2, 16), -3.0)
-    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 4, _ptr(q), _ptr(s), 16, 1, 16, None, _ptr(dx)) == -1
-    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 4, _ptr(q), _ptr(s), 15, 1, 16, _ptr(acc), _ptr(dx)) == -1
-    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 0, _ptr(q), _ptr(s), 16, 1, 16, _ptr(acc), _ptr(dx)) == 0
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 4, _ptr(q), _ptr(s), 16, 1, 16, -1, _ptr(acc), _ptr(dx)) == -1
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 4, _ptr(q), _ptr(s), 15, 1, 16, 0, _ptr(acc), _ptr(dx)) == -1
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 0, _ptr(q), _ptr(s), 16, 1, 16, 0, _ptr(acc), _ptr(dx)) == 0
     assert (dx == -3.0).all()                         # an empty reduction (o = 0): acc + 0
 
 
 def test_the_executorch_acc_op_equals_the_c_entry(tmp_path):
     """A program calling `toolchain::int4_dyw_a8_acc` (dy of 3 dims, acc of dy W's shape), run on the ExecuTorch
-    runtime, gives the C entry's bits; a program whose acc has the wrong shape fails at its call."""
+    runtime, gives the C entry's bits, W's rows read at an offset (row0) and without acc too."""
     from executorch.exir import to_edge
     from executorch.runtime import Runtime
 
@@ -388,28 +396,37 @@ def test_the_executorch_acc_op_equals_the_c_entry(tmp_path):
     gen = torch.Generator().manual_seed(5)
     o, i, group = 200, 130, 64
     q, s = _weights(o, i, group, gen, zero_scales=True)
+    qe, se = _weights(5, i, group, gen)
+    qt, st = torch.cat([qe[:3], q, qe[3:]]), torch.cat([se[:3], s, se[3:]])
     dy = _dy(12, o, gen, special=True).reshape(3, 4, o)
     acc = _acc(12, i, gen, special=True).reshape(3, 4, i)
 
     class Dyw(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("q", q)
-            self.register_buffer("s", s)
+            self.register_buffer("q", qt)
+            self.register_buffer("s", st)
 
-        def forward(self, d, a):
-            return torch.ops.toolchain.int4_dyw_a8_acc(d, self.q, self.s, group, a)
+        def forward(self, d, a):   # rows 3 .. 3 + o - 1 of a taller W: in place; with acc and without
+            return (torch.ops.toolchain.int4_dyw_a8_acc(d, self.q, self.s, group, 3, a),
+                    torch.ops.toolchain.int4_dyw_a8_acc(d, self.q, self.s, group, 3, None))
 
     program = to_edge(torch.export.export(Dyw(), (dy, acc))).to_executorch()
     pte = tmp_path / "dyw_acc.pte"
     pte.write_bytes(program.buffer)
     method = Runtime.get().load_program(pte).load_method("forward")
-    got = method.execute([dy, acc])[0]
+    got, got_plain = method.execute([dy, acc])
     want = _call_acc(lib, dy.reshape(12, o), q, s, group, acc.reshape(12, i)).reshape(3, 4, i)
     assert got.shape == (3, 4, i)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-    # eager (the reference) agrees within the bound of the product plus the addition's rounding
-    ref = torch.ops.toolchain.int4_dyw_a8_acc(dy, q, s, group, acc)
-    assert torch.equal(ref.isnan(), got.isnan())
-    fin = got.isfinite()
-    assert bool(((ref - got).abs()[fin] <= 1e-5 * (got.abs()[fin] + acc.abs()[fin]) + 1e-30).all())
+    assert torch.equal(got_plain.view(torch.int32), _call(lib, dy.reshape(12, o), q, s, group).reshape(3, 4, i)
+                       .view(torch.int32))
+    # eager (the reference, what the op runs in PyTorch) is within the bound of acc + the exact value, as the kernel
+    ref = torch.ops.toolchain.int4_dyw_a8_acc(dy, qt, st, group, 3, acc).reshape(12, i)
+    exact, mag, nb = _exact(dy.reshape(12, o), q, s, group)
+    want = acc.reshape(12, i).double() + exact
+    bound = (nb + 6) * U / (1 - (nb + 6) * U) * mag + (nb + 6) * 2.0 ** -150 + 2 * U * want.abs()
+    for r in (ref, got.reshape(12, i)):
+        assert torch.equal(r.isnan(), want.isnan())
+        fin = want.isfinite()
+        assert bool(((r.double() - want).abs()[fin] <= bound[fin]).all())

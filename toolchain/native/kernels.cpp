@@ -7,8 +7,10 @@
 // (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops);
 // and for training (`--compute int8`):
 //   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
-//   toolchain::int4_dyw_a8_acc   acc + dY W: the same product added to a gradient already held (one addition, as
-//                                the panels store: the MLP chunks' dn2 and da, the head's running sum)
+//   toolchain::int4_dyw_a8_acc   acc + dY W[row0 : row0 + o]: the same product on rows of W read in place, added to
+//                                a gradient already held (one addition, as the panels store: the MLP chunks' dn2
+//                                and da, the head's running sum)
+//   toolchain::lora_linear_a8_rows   lora_linear_a8 on rows of W and B read in place (an MLP chunk's gate / up)
 //   toolchain::attention_train, toolchain::attention_train_backward   causal attention of the whole sequence
 //                                and its gradients (float32, over the thread pool: the step's float32 rest)
 //   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
@@ -1005,16 +1007,18 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
   return dyw_a8(dy, T, o, q, scales, in, ng, group, nullptr, dx);
 }
 
-// dx [T, i] = add [T, i] + dy [T, o] W for the same int4 W as toolchain_int4_linear_a8 (q [o, i/2], scales [o, ng],
-// ng = ceil(i / group)): the gradient of x W^T (the definition: the top of the file, "dX for training") added to a
-// gradient `add` already held (the MLP chunks' dn2, the head's running sum), one float32 addition per element after
-// the block chain, `add` its first operand: the bits of add + toolchain_int4_dyw_a8's dx, without a pass of its own
-// (the panel kernels add it as they store). add may be dx itself. Returns 0, or -1 for bad arguments (as
-// toolchain_int4_linear_a8; add nullptr), -2 for a forced path this CPU lacks.
+// dx [T, i] = add [T, i] + dy [T, o] W[row0 : row0 + o] for the same int4 layout as toolchain_int4_linear_a8 (q, scales
+// W's whole [O, i/2] bytes and [O, ng] scales, ng = ceil(i / group); rows row0 .. row0 + o - 1 read in place, the
+// caller checks that they exist: an MLP chunk's gate / up rows without a copy of them): the gradient of x W^T (the
+// definition: the top of the file, "dX for training") added to a gradient `add` already held (the MLP chunks' dn2
+// and da, the head's running sum), one float32 addition per element after the block chain, `add` its first
+// operand: the bits of add + toolchain_int4_dyw_a8's dx for those rows, without a pass of its own (the panel kernels
+// add it as they store). add may be dx itself; nullptr: toolchain_int4_dyw_a8's dx. Returns 0, or -1 for bad
+// arguments (as toolchain_int4_linear_a8; row0 < 0), -2 for a forced path this CPU lacks.
 int toolchain_int4_dyw_a8_acc(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in,
-                              int64_t ng, int64_t group, const float* add, float* dx) {
-  if (add == nullptr) return -1;
-  return dyw_a8(dy, T, o, q, scales, in, ng, group, add, dx);
+                              int64_t ng, int64_t group, int64_t row0, const float* add, float* dx) {
+  if (row0 < 0 || in <= 0 || in % 2) return -1;
+  return dyw_a8(dy, T, o, q + row0 * (in / 2), scales + row0 * ng, in, ng, group, add, dx);
 }
 struct AttentionTask {
   const float *q, *k, *v, *k_cache, *v_cache;
@@ -1231,6 +1235,18 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   LoraTask task{x, in, o, bias, a, b, bt.data(), r, s, residual, y, h.data(), in_place};
   parallel_for(lora_row, &task, T, T * (r * in + (r + 2) * o), kPoolRowWork);   // the rows of x over the pool
   return 0;
+}
+
+// y [T, rows] = x W[row0 : row0 + rows]^T + s (x A^T) B[row0 : row0 + rows]^T: toolchain_lora_linear_a8 (no bias, no
+// residual) on rows row0 .. row0 + rows - 1 of W [o, i] (q, scales) and of B [o, r], read in place (an MLP chunk's
+// gate / up product in the training step without copies of the chunk's weight rows): the bits of
+// toolchain_lora_linear_a8 on copies of those rows. Returns 0, or -1 for bad arguments (the rows outside [0, o)).
+int toolchain_lora_linear_a8_rows(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
+                                  int64_t o, int64_t ng, int64_t group, int64_t row0, int64_t rows, const float* a,
+                                  const float* b, int64_t r, float s, float* y) {
+  if (row0 < 0 || rows < 0 || row0 + rows > o || in <= 0 || in % 2 || r < 0) return -1;
+  return toolchain_lora_linear_a8(x, T, in, q + row0 * (in / 2), scales + row0 * ng, rows, ng, group, nullptr, a,
+                                  b == nullptr ? nullptr : b + row0 * r, r, s, nullptr, y);
 }
 
 struct RopeTask {
@@ -1949,21 +1965,22 @@ Tensor& int4_dyw_a8_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tenso
 }
 
 
-// toolchain::int4_dyw_a8_acc.out(Tensor dy, Tensor qweight, Tensor scales, int group, Tensor acc, *,
-//                                 Tensor(a!) out): out = acc + dy W (acc of out's shape [..., i])
+// toolchain::int4_dyw_a8_acc.out(Tensor dy, Tensor qweight, Tensor scales, int group, int row0, Tensor? acc, *,
+//                                 Tensor(a!) out): out = acc + dy W[row0 : row0 + o] (o = dy's last size; acc of out's
+//                                 shape [..., i]; without acc dy W[row0 : row0 + o])
 Tensor& int4_dyw_a8_acc_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& qweight, const Tensor& scales,
-                            int64_t group, const Tensor& acc, Tensor& out) {
+                            int64_t group, int64_t row0, const std::optional<Tensor>& acc, Tensor& out) {
   ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
                   qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float &&
-                  acc.scalar_type() == ScalarType::Float, InvalidArgument, out);
+                  (!acc.has_value() || acc->scalar_type() == ScalarType::Float), InvalidArgument, out);
   ET_KERNEL_CHECK(ctx, dy.dim() >= 1 && dy.dim() <= 8 && qweight.dim() == 2 && scales.dim() == 2 &&
-                  acc.dim() == dy.dim(), InvalidArgument, out);
+                  (!acc.has_value() || acc->dim() == dy.dim()), InvalidArgument, out);
   const int64_t o = dy.size(dy.dim() - 1), in = 2 * qweight.size(1);
-  ET_KERNEL_CHECK(ctx, qweight.size(0) == o && scales.size(0) == o && acc.size(acc.dim() - 1) == in, InvalidArgument,
-                  out);
+  ET_KERNEL_CHECK(ctx, row0 >= 0 && row0 + o <= qweight.size(0) && scales.size(0) == qweight.size(0) &&
+                  (!acc.has_value() || acc->size(acc->dim() - 1) == in), InvalidArgument, out);
   SizesType sizes[8];
   for (int64_t d = 0; d + 1 < dy.dim(); ++d) {
-    ET_KERNEL_CHECK(ctx, acc.size(d) == dy.size(d), InvalidArgument, out);
+    ET_KERNEL_CHECK(ctx, !acc.has_value() || acc->size(d) == dy.size(d), InvalidArgument, out);
     sizes[d] = dy.size(d);
   }
   sizes[dy.dim() - 1] = static_cast<SizesType>(in);
@@ -1972,8 +1989,9 @@ Tensor& int4_dyw_a8_acc_out(KernelRuntimeContext& ctx, const Tensor& dy, const T
   int64_t T = 1;
   for (int64_t d = 0; d + 1 < dy.dim(); ++d) T *= dy.size(d);
   const int rc = toolchain_int4_dyw_a8_acc(dy.const_data_ptr<float>(), T, o, qweight.const_data_ptr<uint8_t>(),
-                                           scales.const_data_ptr<float>(), in, scales.size(1), group,
-                                           acc.const_data_ptr<float>(), out.mutable_data_ptr<float>());
+                                           scales.const_data_ptr<float>(), in, scales.size(1), group, row0,
+                                           acc.has_value() ? acc->const_data_ptr<float>() : nullptr,
+                                           out.mutable_data_ptr<float>());
   ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
   return out;
 }
@@ -2050,6 +2068,30 @@ Tensor& lora_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Ten
                                           optional_floats(bias), optional_floats(lora_a), optional_floats(lora_b), r,
                                           static_cast<float>(lora_scale), optional_floats(residual),
                                           out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::lora_linear_a8_rows.out(Tensor x, Tensor qweight, Tensor scales, int group, int row0, int rows,
+//     Tensor? lora_a, Tensor? lora_b, float lora_scale, *, Tensor(a!) out): [T, rows]
+Tensor& lora_linear_a8_rows_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& qweight, const Tensor& scales,
+                                int64_t group, int64_t row0, int64_t rows, const std::optional<Tensor>& lora_a,
+                                const std::optional<Tensor>& lora_b, double lora_scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
+                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, x.dim() == 2 && qweight.dim() == 2 && scales.dim() == 2, InvalidArgument, out);
+  const int64_t T = x.size(0), in = x.size(1), o = qweight.size(0);
+  const int64_t r = lora_a.has_value() ? lora_a->size(0) : 0;
+  ET_KERNEL_CHECK(ctx, qweight.size(1) * 2 == in && scales.size(0) == o && lora_a.has_value() == lora_b.has_value() &&
+                  row0 >= 0 && rows >= 0 && row0 + rows <= o, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, optional_float_shape(lora_a, r, in) && optional_float_shape(lora_b, o, r), InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(T), static_cast<SizesType>(rows)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_linear_a8_rows(x.const_data_ptr<float>(), T, in, qweight.const_data_ptr<uint8_t>(),
+                                               scales.const_data_ptr<float>(), o, scales.size(1), group, row0, rows,
+                                               optional_floats(lora_a), optional_floats(lora_b), r,
+                                               static_cast<float>(lora_scale), out.mutable_data_ptr<float>());
   ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
   return out;
 }
@@ -2215,6 +2257,7 @@ EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_decode.out", attention_decode_out);
 EXECUTORCH_LIBRARY(toolchain, "rms_norm.out", rms_norm_out);
 EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8_rows.out", lora_linear_a8_rows_out);
 EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
 EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);

@@ -83,7 +83,8 @@ INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4
                                                          "attention_train",
                                                          "attention_train_backward", "swiglu", "swiglu_train",
                                                          "online_softmax_stats", "exp_sub_rows", "lora_backward",
-                                                         "lora_rows_backward", "rms_norm", "lora_linear_a8"))
+                                                         "lora_rows_backward", "rms_norm", "lora_linear_a8",
+                                                         "lora_linear_a8_rows"))
 
 
 @dataclass(frozen=True)
