@@ -64,4 +64,6 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
         for cpu, (paths, _, _) in EXPECTED.items():
             for p in paths:
                 assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw: outputs hash = the generic path's" in out
-    assert int(tally[-1][0]) == 214, tally
+                assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw_acc: acc + dy W = acc + dx" in out
+    assert len(re.findall(r"^ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28
+    assert int(tally[-1][0]) == 242, tally            # 214 + the 28 runs' int4_dyw_a8_acc checks
