@@ -13,7 +13,9 @@ time ([T, T] scores). With q/k norms the backward chains rope_backward, head_nor
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 `--compute int8` (`Compute.train_kernels`) runs the same math through native ops on the thread pool: attention
 as one call each way, SwiGLU (with its backward in one pass), each int4 projection with its bias, LoRA and
-residual, each projection's LoRA backward, the MLP chunks' LoRA rows and the two RMSNorms (ops/compute.py).
+residual, each projection's LoRA backward, the MLP chunks' LoRA rows and the two RMSNorms (ops/compute.py); the MLP
+chunks' gate / up rows are read in place (`toolchain::lora_linear_a8_rows`, `int4_dyw_a8_acc`'s row0) and dn2, da
+accumulate in the dX kernel (`toolchain::int4_dyw_a8_acc`: acc + dy W, no separate add).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
