@@ -409,6 +409,7 @@ def test_the_executorch_rows_op_equals_the_c_entry(tmp_path):
     pte = tmp_path / "rows.pte"
     pte.write_bytes(program.buffer)
     got = Runtime.get().load_program(pte).load_method("forward").execute([x])
-    assert torch.equal(got[0].view(torch.int32), _lora_linear_rows(lib, x, q, s, group, 13, 30, a, b, 0.25).view(torch.int32))
+    assert torch.equal(got[0].view(torch.int32),
+                       _lora_linear_rows(lib, x, q, s, group, 13, 30, a, b, 0.25).view(torch.int32))
     assert torch.equal(got[1].view(torch.int32),
                        _lora_linear_rows(lib, x, q, s, group, 64, 6, None, None, 0.25).view(torch.int32))
