@@ -26,7 +26,8 @@
 #     kernel's bit for bit (NaN = NaN), and the hash of all outputs equal to the generic path's (GCC, -cpu max);
 #     the same three for int4_dyw_a8 on its own cases (make_arm64_cases.py --dyw: T = 1, 2..9, >= 10, groups of
 #     32 / 64 / 96 / 128 and others, odd o, partial blocks and k-groups, NaN / inf rows, ties, zero scales):
-#     every path, CPU and compiler gives the same bits. A third build (GCC, -DTOOLCHAIN_THREADPOOL with the
+#     every path, CPU and compiler gives the same bits; and on the same cases toolchain_int4_dyw_a8_acc (acc + dy W,
+#     the addition in the paths' stores) is acc + dx bit for bit, into another buffer and in place. A third build (GCC, -DTOOLCHAIN_THREADPOOL with the
 #     stand-in pool of tests/native/arm64_pool.cpp: 3 threads) runs every path at -cpu max with the weight rows of
 #     large calls split into chunks over the pool: the same checks, and chunks were run. The default choice at each CPU level is the expected path (i8mm, dotprod,
 #     neon); a forced path the CPU lacks (and an unknown name) is refused as kernels.cpp's header says: a valid
@@ -218,6 +219,8 @@ run() {
   check "$label: dyw: every output equal to x86's" \
     test "$(grep -c "bitwise equal to x86 on $ndcases/$ndcases cases" <<<"$dsummary")" -eq 1
   check "$label: dyw: outputs hash = the generic path's ($ref_dhash)" test -n "$dhash" -a "$dhash" = "$ref_dhash"
+  check "$label: dyw_acc: acc + dy W = acc + dx bit for bit on every case (into another buffer and in place)" \
+    test "$(grep -c "dyw_acc: acc + dy W equal to acc + dx on $ndcases/$ndcases cases" <<<"$out")" -eq 1
   train_checks "$cc" "$label" "$out"
   if [ "$cc" = gcc-pool ]; then
     local chunks

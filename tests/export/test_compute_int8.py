@@ -49,7 +49,8 @@ def test_manifest_states_int8_and_the_training_methods_list_their_kernels(progra
     m = json.loads((programs["int8"] / "manifest.json").read_text())
     assert m["compute"] == "int8" and ProgramDir(programs["int8"]).spec.compute == "int8"
     assert set(INT8_KERNELS) == {"toolchain::int4_linear_a8.out", "toolchain::int4_dyw_a8.out",
-                                 "toolchain::lora_linear_a8.out",
+                                 "toolchain::int4_dyw_a8_acc.out", "toolchain::lora_linear_a8.out",
+                                 "toolchain::lora_linear_a8_rows.out",
                                  "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
                                  "toolchain::swiglu.out", "toolchain::swiglu_train.out",
                                  "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",

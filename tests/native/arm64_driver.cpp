@@ -48,6 +48,9 @@ extern "C" int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, c
                                         int64_t o, int64_t ng, int64_t group, float* y);
 extern "C" int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales,
                                      int64_t in, int64_t ng, int64_t group, float* dx);
+extern "C" int toolchain_int4_dyw_a8_acc(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales,
+                                         int64_t in, int64_t ng, int64_t group, int64_t row0, const float* add,
+                                         float* dx);
 extern "C" const char* toolchain_kernel_path();
 extern "C" const char* toolchain_kernel_path_error();
 // tests/native/arm64_train_ops.cpp: the train ops' check (its top comment); 0, 1 or 2 as this driver's exit.
@@ -83,6 +86,7 @@ int check_dyw(const char* file, const char* label, const char* path) {
   int64_t bound_ok = 0, bit_equal = 0, elems = 0, elems_equal = 0, worst_ulps = 0, shown = 0, nan_rows = 0;
   uint64_t hash = 1469598103934665603ull;
   double worst_ratio = 0;
+  int64_t acc_equal = 0;   // cases whose toolchain_int4_dyw_a8_acc is add + dx bit for bit
   for (int64_t c = 0; c < count; ++c) {
     int64_t h[5];
     if (!read_all(f, h, sizeof h)) {
@@ -105,6 +109,24 @@ int check_dyw(const char* file, const char* label, const char* path) {
     if (toolchain_int4_dyw_a8(dy.data(), T, o, q.data(), s.data(), in, ng, group, dx.data()) != 0) {
       std::fprintf(stderr, "%s: dyw case %" PRId64 ": the kernel refused valid arguments\n", label, c);
       return 2;
+    }
+    {   // toolchain_int4_dyw_a8_acc: add + dy W is add + dx bit for bit (NaN = NaN), into another buffer and in place
+      std::vector<float> add(T * in), acc(T * in, std::nanf("")), inplace(T * in);
+      for (int64_t j = 0; j < T * in; ++j)
+        add[j] = std::ldexp(static_cast<float>(static_cast<int64_t>((j * 2654435761u) % 2001u) - 1000), -8 - (j % 5));
+      if (T * in > 2) add[1] = std::nanf(""), add[2] = -INFINITY;
+      inplace = add;
+      bool same = toolchain_int4_dyw_a8_acc(dy.data(), T, o, q.data(), s.data(), in, ng, group, 0, add.data(),
+                                            acc.data()) == 0 &&
+                  toolchain_int4_dyw_a8_acc(dy.data(), T, o, q.data(), s.data(), in, ng, group, 0, inplace.data(),
+                                            inplace.data()) == 0;
+      for (int64_t j = 0; j < T * in && same; ++j) {
+        const float want = add[j] + dx[j];
+        same = (std::isnan(want) && std::isnan(acc[j]) && std::isnan(inplace[j])) ||
+               (std::memcmp(&want, &acc[j], 4) == 0 && std::memcmp(&want, &inplace[j], 4) == 0);
+      }
+      acc_equal += same;
+      if (!same && shown++ < 10) std::fprintf(stderr, "%s: dyw case %" PRId64 ": acc + dy W is not acc + dx\n", label, c);
     }
     for (float v : dx) {
       uint32_t b;
@@ -191,7 +213,9 @@ int check_dyw(const char* file, const char* label, const char* path) {
               " outputs; max difference %" PRId64 " ulp; outputs hash %016" PRIx64 "\n",
               label, path, bound_ok, count, worst_ratio, nan_rows, bit_equal, count, elems_equal, elems, worst_ulps,
               hash);
-  return bound_ok == count ? 0 : 1;
+  std::printf("%s (%s path) dyw_acc: acc + dy W equal to acc + dx on %" PRId64 "/%" PRId64 " cases\n", label, path,
+              acc_equal, count);
+  return bound_ok == count && acc_equal == count ? 0 : 1;
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
         for cpu, (paths, _, _) in EXPECTED.items():
             for p in paths:
                 assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw: outputs hash = the generic path's" in out
+                assert f"ok   {cc} -cpu {cpu} TOOLCHAIN_KERNEL_PATH={p}: dyw_acc: acc + dy W = acc + dx" in out
     # the train ops: x86's own run, then every arm64 run and the pooled build at 1 and 2 threads
     assert "ok   x86-64: the train ops hold their float64 bounds" in out
     assert "ok   x86-64 generic path: the train ops' outputs equal the default path's" in out
@@ -87,4 +88,5 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
     train = re.findall(r"^arm64: (gcc|clang)\S* .*path\) train ops: 10 ops, .* outputs hash ([0-9a-f]{16})$", out, re.M)
     assert len(train) == 30, len(train)       # 12 runs per compiler, 4 pooled at 3 threads, 2 at 1 and 2 threads
     assert len(x86) == 1 and {h for _, h in train} == set(x86), (x86, train)   # one hash: x86, GCC and clang
-    assert int(tally[-1][0]) == 308, tally
+    assert int(tally[-1][0]) == 336, tally   # + the 28 runs' int4_dyw_a8_acc checks
+    assert len(re.findall(r"^ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28

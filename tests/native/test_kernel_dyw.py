@@ -279,3 +279,154 @@ def test_the_executorch_op_equals_the_c_entry(tmp_path):
     # and eager (the reference, what the op runs in PyTorch) is within the bound of the same values
     exact, mag, nb = _exact(dy.reshape(12, o), q, s, group)
     _within_bound(torch.ops.toolchain.int4_dyw_a8(dy, q, s, group).reshape(12, i), exact, mag, nb)
+
+
+# toolchain::int4_dyw_a8_acc (out = acc + dy W, one float32 addition per element after the block chain, acc the first
+# operand): the bits of acc + int4_dyw_a8's result, the addition written here as torch's float32 add.
+
+def _call_acc(lib, dy: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int, acc: torch.Tensor | None,
+              in_place: bool = False, row0: int = 0) -> torch.Tensor:
+    """toolchain_int4_dyw_a8_acc on rows row0 .. row0 + o - 1 of (q, s) (o = dy's width), in place: acc is dx."""
+    t, o = dy.shape
+    i = 2 * q.shape[1]
+    assert row0 + o <= q.shape[0]
+    dx = acc.clone() if in_place else torch.full((t, i), 7.0)
+    add = None if acc is None else _ptr(dx if in_place else acc)
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), t, o, _ptr(q), _ptr(s), i, s.shape[1], group, row0, add,
+                                         _ptr(dx)) == 0
+    return dx
+
+
+def _acc(t: int, i: int, gen: torch.Generator, special: bool) -> torch.Tensor:
+    """A gradient already held [T, i] of mixed magnitudes (with a NaN, an infinity and a negative zero: their sums
+    with dy W are what IEEE addition makes of them)."""
+    acc = torch.randn(t, i, generator=gen) * torch.exp2(torch.randint(-10, 8, (t, i), generator=gen).float())
+    if special and t >= 3:
+        acc[t - 1, 0], acc[t - 1, i // 2], acc[t - 2, -1] = float("nan"), float("inf"), -0.0
+    return acc
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bits, any NaN counted equal to any NaN (which of two NaN operands an addition keeps is the
+    compiler's choice; NaN positions still have to agree)."""
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(a.view(torch.int32)[~nan], b.view(torch.int32)[~nan])
+
+
+@pytest.mark.parametrize("t,o,i,group", SHAPES, ids=[f"T{t}-o{o}-i{i}-g{g}" for t, o, i, g in SHAPES])
+def test_the_acc_variant_and_its_reference_equal_acc_plus_the_definition(t, o, i, group):
+    """int4_dyw_a8_acc = acc + dy W within the product's bound plus one rounding of the addition (against the float64
+    exact value), its reference too; and the kernel's bits are acc + int4_dyw_a8's, in place (acc = dx) too."""
+    from toolchain.mesp.ops.quant import int4_dyw_a8_acc_reference
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(7 * o + i + t)
+    q, s = _weights(o, i, group, gen, zero_scales=o > 4)
+    dy = _dy(t, o, gen, special=True)
+    acc = _acc(t, i, gen, special=True)
+    exact, mag, nb = _exact(dy, q, s, group)
+    want = acc.double() + exact
+    gamma = (nb + 6) * U / (1 - (nb + 6) * U)
+    bound = gamma * mag + (nb + 6) * 2.0 ** -150 + 2 * U * want.abs()
+    for got in (_call_acc(lib, dy, q, s, group, acc), int4_dyw_a8_acc_reference(dy, q, s, group, 0, acc)):
+        assert torch.equal(got.isnan(), want.isnan())
+        finite = want.isfinite()
+        assert torch.equal(got[~finite & ~want.isnan()], want[~finite & ~want.isnan()].float())   # inf + finite
+        assert bool(((got.double() - want).abs()[finite] <= bound[finite]).all())
+    plain = _call(lib, dy, q, s, group)
+    assert _bits_equal(_call_acc(lib, dy, q, s, group, acc), acc + plain)
+    assert _bits_equal(_call_acc(lib, dy, q, s, group, acc, in_place=True), acc + plain)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 paths (arm64: check_kernel_arm64.sh)")
+@pytest.mark.parametrize("path", ("generic", *X86_PATHS))
+def test_the_acc_variant_is_acc_plus_the_plain_bits_on_every_path_and_thread_count(lib, path):
+    """On every x86 path this CPU has and at 1 and 2 threads, int4_dyw_a8_acc's bits are acc + int4_dyw_a8's (the
+    path's own, which test_every_x86_path_gives_the_generic_bits ties to the generic ones), on every shape of
+    PATH_SHAPES (partial panels nk < 16 included) with NaN / inf / zero rows of dy and of acc."""
+    from executorch.extension.pybindings import portable_lib
+
+    if not has_path(path):
+        assert lib.toolchain_select_kernel_path(path.encode()) == -2
+        return
+    assert lib.toolchain_select_kernel_path(path.encode()) == 0
+    before = lib.toolchain_kernel_threads()
+    try:
+        for n, (t, o, i, group) in enumerate(PATH_SHAPES + [(256, 896, 256, 64), (2, 4864, 128, 64)]):
+            gen = torch.Generator().manual_seed(300 + n)
+            q, s = _weights(o, i, group, gen, zero_scales=n % 3 == 0 and o > 4)
+            dy = _dy(t, o, gen, special=n % 2 == 0)
+            acc = _acc(t, i, gen, special=n % 2 == 1)
+            got = []
+            for threads in (1, 2):
+                portable_lib._unsafe_reset_threadpool(threads)
+                plain = _call(lib, dy, q, s, group)
+                got.append(_call_acc(lib, dy, q, s, group, acc))
+                assert _bits_equal(got[-1], acc + plain), (path, threads, t, o, i, group)
+                assert _bits_equal(_call_acc(lib, dy, q, s, group, acc, in_place=True), got[-1])
+                # rows read in place: W's rows [row0, row0 + o) inside a taller W give the bits of a copy of them
+                qe, se = _weights(5, i, group, gen)                  # 3 rows above W's, 2 below
+                qt, st = torch.cat([qe[:3], q, qe[3:]]), torch.cat([se[:3] * 9, s, se[3:]])
+                assert _bits_equal(_call_acc(lib, dy, qt, st, group, acc, row0=3), got[-1])
+                assert torch.equal(_call_acc(lib, dy, qt, st, group, None, row0=3).view(torch.int32),
+                                   plain.view(torch.int32))
+            assert torch.equal(got[0].view(torch.int32), got[1].view(torch.int32)), (path, t, o, i, group)
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_the_acc_variant_refuses_bad_arguments(lib):
+    dy, q, s, dx = torch.zeros(2, 4), torch.zeros(4, 8, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(2, 16)
+    acc = torch.full((2, 16), -3.0)
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 4, _ptr(q), _ptr(s), 16, 1, 16, -1, _ptr(acc), _ptr(dx)) == -1
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 4, _ptr(q), _ptr(s), 15, 1, 16, 0, _ptr(acc), _ptr(dx)) == -1
+    assert lib.toolchain_int4_dyw_a8_acc(_ptr(dy), 2, 0, _ptr(q), _ptr(s), 16, 1, 16, 0, _ptr(acc), _ptr(dx)) == 0
+    assert (dx == -3.0).all()                         # an empty reduction (o = 0): acc + 0
+
+
+def test_the_executorch_acc_op_equals_the_c_entry(tmp_path):
+    """A program calling `toolchain::int4_dyw_a8_acc` (dy of 3 dims, acc of dy W's shape), run on the ExecuTorch
+    runtime, gives the C entry's bits, W's rows read at an offset (row0) and without acc too."""
+    from executorch.exir import to_edge
+    from executorch.runtime import Runtime
+
+    import toolchain.mesp  # noqa: F401  (registers the toolchain ops with PyTorch)
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(5)
+    o, i, group = 200, 130, 64
+    q, s = _weights(o, i, group, gen, zero_scales=True)
+    qe, se = _weights(5, i, group, gen)
+    qt, st = torch.cat([qe[:3], q, qe[3:]]), torch.cat([se[:3], s, se[3:]])
+    dy = _dy(12, o, gen, special=True).reshape(3, 4, o)
+    acc = _acc(12, i, gen, special=True).reshape(3, 4, i)
+
+    class Dyw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("q", qt)
+            self.register_buffer("s", st)
+
+        def forward(self, d, a):   # rows 3 .. 3 + o - 1 of a taller W: in place; with acc and without
+            return (torch.ops.toolchain.int4_dyw_a8_acc(d, self.q, self.s, group, 3, a),
+                    torch.ops.toolchain.int4_dyw_a8_acc(d, self.q, self.s, group, 3, None))
+
+    program = to_edge(torch.export.export(Dyw(), (dy, acc))).to_executorch()
+    pte = tmp_path / "dyw_acc.pte"
+    pte.write_bytes(program.buffer)
+    method = Runtime.get().load_program(pte).load_method("forward")
+    got, got_plain = method.execute([dy, acc])
+    want = _call_acc(lib, dy.reshape(12, o), q, s, group, acc.reshape(12, i)).reshape(3, 4, i)
+    assert got.shape == (3, 4, i)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(got_plain.view(torch.int32), _call(lib, dy.reshape(12, o), q, s, group).reshape(3, 4, i)
+                       .view(torch.int32))
+    # eager (the reference, what the op runs in PyTorch) is within the bound of acc + the exact value, as the kernel
+    ref = torch.ops.toolchain.int4_dyw_a8_acc(dy, qt, st, group, 3, acc).reshape(12, i)
+    exact, mag, nb = _exact(dy.reshape(12, o), q, s, group)
+    want = acc.reshape(12, i).double() + exact
+    bound = (nb + 6) * U / (1 - (nb + 6) * U) * mag + (nb + 6) * 2.0 ** -150 + 2 * U * want.abs()
+    for r in (ref, got.reshape(12, i)):
+        assert torch.equal(r.isnan(), want.isnan())
+        fin = want.isfinite()
+        assert bool(((r.double() - want).abs()[fin] <= bound[fin]).all())

@@ -221,7 +221,8 @@ def test_the_fused_methods_call_the_ops_the_table_says():
 
     assert FUSED_KERNELS == generation_ops()
     assert set(executorch_ops()) - set(generation_ops()) == {                                # training only
-        "toolchain::int4_dyw_a8.out", "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
+        "toolchain::int4_dyw_a8.out", "toolchain::int4_dyw_a8_acc.out", "toolchain::lora_linear_a8_rows.out",
+        "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
         "toolchain::swiglu_train.out", "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",
         "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out"}
     arch = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)

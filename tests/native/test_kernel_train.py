@@ -296,3 +296,120 @@ def test_lora_backward_bad_arguments_are_refused():
         if i > 0:                                                # the rows op has no i
             assert lib.toolchain_lora_rows_backward(_ptr(z), _ptr(z), _ptr(z), t, o, r, ctypes.c_float(1.0),
                                                     _ptr(z)) == -1
+
+
+# toolchain::lora_linear_a8_rows: an MLP chunk's gate / up product (--compute int8 training), rows [row0, row0 + rows)
+# of W (int4 q, scales) and of B read in place: the bits of toolchain::lora_linear_a8 on copies of those rows.
+
+def _int4(o, i, group, gen):
+    q = torch.randint(0, 256, (o, i // 2), generator=gen, dtype=torch.uint8)
+    s = torch.rand(o, -(-i // group), generator=gen) * 0.02 + 1e-3
+    return q, s
+
+
+def _lora_linear(lib, x, q, s, group, a, b, scale):
+    (t, i), o = x.shape, q.shape[0]
+    y = torch.full((t, o), float("nan"))
+    r = 0 if a is None else a.shape[0]
+    p = (lambda v: None if v is None else _ptr(v))
+    assert lib.toolchain_lora_linear_a8(_ptr(x), t, i, _ptr(q), _ptr(s), o, s.shape[1], group, None, p(a), p(b), r,
+                                        ctypes.c_float(scale), None, _ptr(y)) == 0
+    return y
+
+
+def _lora_linear_rows(lib, x, q, s, group, row0, rows, a, b, scale):
+    (t, i), o = x.shape, q.shape[0]
+    y = torch.full((t, rows), float("nan"))
+    r = 0 if a is None else a.shape[0]
+    p = (lambda v: None if v is None else _ptr(v))
+    assert lib.toolchain_lora_linear_a8_rows(_ptr(x), t, i, _ptr(q), _ptr(s), o, s.shape[1], group, row0, rows, p(a),
+                                             p(b), r, ctypes.c_float(scale), _ptr(y)) == 0
+    return y
+
+
+# (T, i, o, group, row0, rows, r): a decode-sized row with rank 8 (B read in place), prefill / training sizes, odd row
+# counts and offsets, the last rows of W, no LoRA (r = 0)
+ROWS_SHAPES = [(1, 128, 300, 64, 37, 100, 8), (256, 896, 1024, 64, 256, 256, 8), (37, 130, 77, 32, 5, 71, 3),
+               (9, 64, 40, 64, 0, 40, 0), (70, 96, 50, 32, 49, 1, 16), (3, 200, 129, 128, 64, 65, 8)]
+
+
+def test_lora_linear_a8_rows_is_lora_linear_a8_on_the_rows_on_every_path_and_thread_count(lib):
+    """Bits equal to toolchain_lora_linear_a8 on copies of the rows (W's and B's), on every x86 path this CPU has at 1
+    thread and on the first and last at 2 threads; and within float32 rounding of the reference (decode_ops)."""
+    from executorch.extension.pybindings import portable_lib
+
+    from toolchain.mesp.decode_ops import lora_linear_a8_rows_reference
+
+    before = lib.toolchain_kernel_threads()
+    paths = [p for p in ("generic", "avx2", "avx_vnni", "avx512_vnni") if lib.toolchain_select_kernel_path(p.encode()) == 0]
+    try:
+        for n, (t, i, o, group, row0, rows, r) in enumerate(ROWS_SHAPES):
+            gen = torch.Generator().manual_seed(40 + n)
+            x = torch.randn(t, i, generator=gen)
+            if t > 2:
+                x[1] = 0.0                                   # a zero row: y = 0
+            q, s = _int4(o, i, group, gen)
+            a = None if r == 0 else torch.randn(r, i, generator=gen) * 0.1
+            b = None if r == 0 else torch.randn(o, r, generator=gen) * 0.1
+            sl = slice(row0, row0 + rows)
+            bs = None if b is None else b[sl].contiguous()
+            seen = []
+            for threads, path in [(1, p) for p in paths] + [(2, paths[0]), (2, paths[-1])]:
+                portable_lib._unsafe_reset_threadpool(threads)
+                assert lib.toolchain_select_kernel_path(path.encode()) == 0
+                got = _lora_linear_rows(lib, x, q, s, group, row0, rows, a, b, 0.5)
+                want = _lora_linear(lib, x, q[sl].contiguous(), s[sl].contiguous(), group, a, bs, 0.5)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (path, threads, t, i, o, row0)
+                seen.append(got)
+            assert all(torch.equal(seen[0].view(torch.int32), g.view(torch.int32)) for g in seen[1:])
+            ref = lora_linear_a8_rows_reference(x, q, s, group, row0, rows, a, b, 0.5)
+            torch.testing.assert_close(seen[0], ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+            if t > 2:
+                assert (seen[0][1] == 0).all()
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_lora_linear_a8_rows_refuses_rows_outside_w():
+    lib = load_native_kernels()
+    x, q, s, y = torch.zeros(2, 8), torch.zeros(6, 4, dtype=torch.uint8), torch.ones(6, 1), torch.zeros(64)
+    for row0, rows in [(-1, 2), (5, 2), (0, 7), (2, -1)]:
+        assert lib.toolchain_lora_linear_a8_rows(_ptr(x), 2, 8, _ptr(q), _ptr(s), 6, 1, 8, row0, rows, None, None, 0,
+                                                 ctypes.c_float(1.0), _ptr(y)) == -1
+    with pytest.raises(ValueError, match="outside"):
+        from toolchain.mesp.decode_ops import lora_linear_a8_rows_reference
+        lora_linear_a8_rows_reference(x, q, s, 8, 5, 2, None, None, 1.0)
+
+
+def test_the_executorch_rows_op_equals_the_c_entry(tmp_path):
+    """A program calling `toolchain::lora_linear_a8_rows` on the ExecuTorch runtime gives the C entry's bits."""
+    from executorch.exir import to_edge
+    from executorch.runtime import Runtime
+
+    import toolchain.mesp  # noqa: F401  (registers the toolchain ops with PyTorch)
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(8)
+    t, i, o, group, r = 20, 96, 70, 32, 4
+    x = torch.randn(t, i, generator=gen)
+    q, s = _int4(o, i, group, gen)
+    a, b = torch.randn(r, i, generator=gen), torch.randn(o, r, generator=gen)
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for name, v in (("q", q), ("s", s), ("a", a), ("b", b)):
+                self.register_buffer(name, v)
+
+        def forward(self, x_):
+            return (torch.ops.toolchain.lora_linear_a8_rows(x_, self.q, self.s, group, 13, 30, self.a, self.b, 0.25),
+                    torch.ops.toolchain.lora_linear_a8_rows(x_, self.q, self.s, group, 64, 6, None, None, 0.25))
+
+    program = to_edge(torch.export.export(Rows(), (x,))).to_executorch()
+    pte = tmp_path / "rows.pte"
+    pte.write_bytes(program.buffer)
+    got = Runtime.get().load_program(pte).load_method("forward").execute([x])
+    assert torch.equal(got[0].view(torch.int32),
+                       _lora_linear_rows(lib, x, q, s, group, 13, 30, a, b, 0.25).view(torch.int32))
+    assert torch.equal(got[1].view(torch.int32),
+                       _lora_linear_rows(lib, x, q, s, group, 64, 6, None, None, 0.25).view(torch.int32))

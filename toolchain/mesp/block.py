@@ -13,7 +13,9 @@ time ([T, T] scores). With q/k norms the backward chains rope_backward, head_nor
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 `--compute int8` (`Compute.train_kernels`) runs the same math through native ops on the thread pool: attention
 as one call each way, SwiGLU (with its backward in one pass), each int4 projection with its bias, LoRA and
-residual, each projection's LoRA backward, the MLP chunks' LoRA rows and the two RMSNorms (ops/compute.py).
+residual, each projection's LoRA backward, the MLP chunks' LoRA rows and the two RMSNorms (ops/compute.py); the MLP
+chunks' gate / up rows are read in place (`toolchain::lora_linear_a8_rows`, `int4_dyw_a8_acc`'s row0) and dn2, da
+accumulate in the dX kernel (`toolchain::int4_dyw_a8_acc`: acc + dy W, no separate add).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
@@ -41,8 +43,8 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 swiglu_forward)
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
-from toolchain.mesp.ops.quant import (QuantWeight, dense_cols, dense_rows, matmul_dyw, matmul_xwt, quant_cols,
-                                      quant_rows)
+from toolchain.mesp.ops.quant import (QuantWeight, dense_cols, dense_rows, matmul_dyw, matmul_dyw_rows, matmul_xwt,
+                                      quant_cols, quant_rows)
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
 
@@ -177,13 +179,15 @@ def _lora_h(x: Tensor, pair) -> Tensor | None:
     return None if pair is None else F.linear(x, pair.a)             # [T, r] h = x A^T
 
 
-def _gate_up_fused(n2: Tensor, wg: QuantWeight, wu: QuantWeight, lg, lu, a: int, b: int, p: BlockParams
-                   ) -> tuple[Tensor, Tensor]:
-    """--compute int8 with the training kernels: the MLP chunk's g, u [T, C] = n2 W^T + s (n2 A^T) B[a:b]^T (wg, wu
-    the chunk's int4 rows [C, d]), each one `toolchain::lora_linear_a8` call (which recomputes its [T, r] n2 A^T;
-    linear_forward)."""
-    return tuple(linear_forward(n2, w, None, None if pair is None else LoraPair(pair.a, pair.b[a:b]), p.scale,
-                                p.compute)[0] for w, pair in ((wg, lg), (wu, lu)))
+def _gate_up_rows(n2: Tensor, wg: QuantWeight, wu: QuantWeight, lg, lu, a: int, b: int, p: BlockParams
+                  ) -> tuple[Tensor, Tensor]:
+    """--compute int8 with the training kernels: the MLP chunk's g, u [T, C] = n2 W[a:b]^T + s (n2 A^T) B[a:b]^T (wg,
+    wu the whole int4 gate / up weights), each one `toolchain::lora_linear_a8_rows` call: W's and B's rows [a, b)
+    read in place (no copy of the chunk's rows in the program; it recomputes its [T, r] n2 A^T)."""
+    return tuple(torch.ops.toolchain.lora_linear_a8_rows(n2, w.q, w.scale, 2 * w.q.shape[1] // w.scale.shape[1], a,
+                                                         b - a, None if pair is None else pair.a,
+                                                         None if pair is None else pair.b, p.scale)
+                 for w, pair in ((wg, lg), (wu, lu)))
 
 
 def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
@@ -201,7 +205,7 @@ def _mlp(x1: Tensor, p: BlockParams, mlp_chunk: int | None) -> Tensor:
     out, hd = None, None
     for a, b in _f_chunks(p, mlp_chunk):
         if int8 and c.train_kernels:                                 # one native call each (ops/compute.py)
-            g, u = _gate_up_fused(n2, quant_rows(wg, a, b), quant_rows(wu, a, b), lg, lu, a, b, p)
+            g, u = _gate_up_rows(n2, wg, wu, lg, lu, a, b, p)
         else:
             if int8:                                                 # --compute int8: the int4 chunks in place
                 g, u = matmul_xwt(n2, quant_rows(wg, a, b), c), matmul_xwt(n2, quant_rows(wu, a, b), c)
@@ -270,22 +274,24 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
     wgq, wuq, wdq = compute_weight(w.gate_proj, cp), compute_weight(w.up_proj, cp), compute_weight(w.down_proj, cp)
     adt = None if ld is None or not cp.train_kernels else ld.a.T.contiguous()   # [f, r]: Ad's columns as rows
     for a, b in _f_chunks(p, mlp_chunk):
-        if int8:                                                     # --compute int8: the int4 chunks in place
-            da = matmul_dyw(dout, quant_cols(wdq, a, b), cp)         # [T, C]
+        if int8:                                                     # --compute int8: the int4 chunks in place,
+            ad = None if ld is None else ld.a[:, a:b]                # [r, C]; dhd Ad[:, c] + dout Wd[:, c] in one
+            da = matmul_dyw(dout, quant_cols(wdq, a, b), cp,         # toolchain::int4_dyw_a8_acc call (no add)
+                            acc=None if ad is None else dhd @ ad)    # [T, C]
         else:
             da = matmul(doutc, dense_cols(wdq, a, b), cp)            # [T, C]: Wd's chunk dies before Wg's, Wu's
-        if ld is not None:
-            ad = ld.a[:, a:b]                                        # [r, C]
-            da = da + dhd @ ad
-        if int8:
-            wg, wu = quant_rows(wgq, a, b), quant_rows(wuq, a, b)    # [C, d] int4 (views)
+            if ld is not None:
+                ad = ld.a[:, a:b]                                    # [r, C]
+                da = da + dhd @ ad
+        if int8:                                                     # the chunk's int4 rows read in place
+            wg, wu = None, None
         else:
             wg, wu = dense_rows(wgq, a, b), dense_rows(wuq, a, b)    # [C, d], read once for both uses
         if int8 and cp.train_kernels:
-            g, u = _gate_up_fused(n2, wg, wu, lg, lu, a, b, p)       # [T, C] recomputed
+            g, u = _gate_up_rows(n2, wgq, wuq, lg, lu, a, b, p)      # [T, C] recomputed
         else:
             if int8:
-                g, u = matmul_xwt(n2, wg, cp), matmul_xwt(n2, wu, cp)  # [T, C] recomputed
+                g, u = matmul_xwt(n2, quant_rows(wgq, a, b), cp), matmul_xwt(n2, quant_rows(wuq, a, b), cp)
             else:
                 g, u = linear(n2c, wg, cp), linear(n2c, wu, cp)      # [T, C] recomputed
             if lg is not None:
@@ -310,12 +316,13 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         if sw is None:
             sw = swiglu_backward(da, SwigluSaved(g, u))
         del g, u, da
-        if int8:
-            part = matmul_dyw(sw.dg, wg, cp) + matmul_dyw(sw.du, wu, cp)  # [T, d]
+        if int8:   # dn2 chained through both products, the rows in place (toolchain::int4_dyw_a8_acc: the kernel
+            #        adds as it stores)
+            dn2 = matmul_dyw_rows(sw.du, wuq, a, cp, acc=matmul_dyw_rows(sw.dg, wgq, a, cp, acc=dn2))   # [T, d]
         else:
             part = matmul(to_compute(sw.dg, cp), wg, cp) + matmul(to_compute(sw.du, cp), wu, cp)  # [T, d]
-        dn2 = part if dn2 is None else dn2 + part
-        del part
+            dn2 = part if dn2 is None else dn2 + part
+            del part
         del wg, wu
         if cp.train_kernels:                                         # (s dg^T hg, s dg Bg[c]): one native op each
             for pair, dyc, h, db, dh in ((lg, sw.dg, hg, dbg, "g"), (lu, sw.du, hu, dbu, "u")):

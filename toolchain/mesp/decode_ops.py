@@ -45,6 +45,18 @@ def lora_linear_a8_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: 
     return y if residual is None else residual + y
 
 
+def lora_linear_a8_rows_reference(x: Tensor, qweight: Tensor, scales: Tensor, group: int, row0: int, rows: int,
+                                  lora_a: Tensor | None, lora_b: Tensor | None, lora_scale: float) -> Tensor:
+    """x [T, i] -> [T, rows]: `lora_linear_a8_reference` (no bias, no residual) on rows row0 .. row0 + rows - 1 of W
+    (qweight, scales) and of B (`toolchain::lora_linear_a8_rows`: an MLP chunk's gate / up in the `--compute int8`
+    training step, the rows read in place by the kernel)."""
+    if row0 < 0 or rows < 0 or row0 + rows > qweight.shape[0]:
+        raise ValueError(f"rows [{row0}, {row0 + rows}) outside W's {qweight.shape[0]}")
+    sl = slice(row0, row0 + rows)
+    return lora_linear_a8_reference(x, qweight[sl], scales[sl], group, None, lora_a,
+                                    None if lora_b is None else lora_b[sl], lora_scale, None)
+
+
 def rope_heads_reference(x: Tensor, pos: Tensor, heads: int, theta: float) -> Tensor:
     """x [C, n D] -> [n, C, D] after RoPE at positions pos .. pos + C - 1 (`pos` [1] int64)."""
     c = x.shape[0]

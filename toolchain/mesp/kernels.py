@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 
 from toolchain.mesp.decode import attention_with_cache
-from toolchain.mesp.decode_ops import (lora_linear_a8_reference, rms_norm_reference, rope_heads_reference,
-                                       swiglu_reference)
+from toolchain.mesp.decode_ops import (lora_linear_a8_reference, lora_linear_a8_rows_reference, rms_norm_reference,
+                                       rope_heads_reference, swiglu_reference)
 from toolchain.mesp.ops.attention import attention_train_backward_reference, attention_train_reference
 from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
 from toolchain.mesp.ops.lora_linear import lora_backward_reference, lora_rows_backward_reference
-from toolchain.mesp.ops.quant import int4_dyw_a8_reference, int4_linear_a8_reference
+from toolchain.mesp.ops.quant import int4_dyw_a8_acc_reference, int4_dyw_a8_reference, int4_linear_a8_reference
 from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
 
@@ -118,6 +118,19 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor dy, Tensor qweight, Tensor scales, int group",              # group, dx
            reference=int4_dyw_a8_reference,
            meta=lambda dy, qweight, scales, group: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
+    # acc + dy W[row0 : row0 + o] in one call (W's rows read in place; the kernel adds acc as it stores dX: the MLP
+    # chunks' dn2 and da, the head's running sum)
+    Kernel("int4_dyw_a8_acc", (_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR),   # ..., group,
+           schema="Tensor dy, Tensor qweight, Tensor scales, int group, int row0, Tensor? acc",    # row0, acc, dx
+           reference=int4_dyw_a8_acc_reference,
+           meta=lambda dy, qweight, scales, group, row0, acc: dy.new_empty((*dy.shape[:-1], 2 * qweight.shape[1]))),
+    # an MLP chunk's gate / up product with its LoRA rows, W's and B's rows read in place (`--compute int8` training)
+    Kernel("lora_linear_a8_rows", (_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _F32,
+                                   _PTR),   # x, T, i, q, scales, o, ng, group, row0, rows, a, b, r, s, y
+           schema="Tensor x, Tensor qweight, Tensor scales, int group, int row0, int rows, Tensor? lora_a, "
+                  "Tensor? lora_b, float lora_scale",
+           reference=lora_linear_a8_rows_reference,
+           meta=lambda x, qweight, scales, group, row0, rows, *rest: x.new_empty((x.shape[0], rows))),
     # causal attention of a whole training sequence and its gradients (`--compute int8` programs' training methods:
     # the float32 attention on the thread pool; mesp/block.py)
     Kernel("attention_train", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _F32, _PTR),   # q, k, v, H, Hk, T, D, scale,

@@ -7,6 +7,10 @@
 // (a decode layer is 13 calls of these and one permute_copy; the stock graph of the same layer is 173 portable ops);
 // and for training (`--compute int8`):
 //   toolchain::int4_dyw_a8       dX = dY W for the same int4 W: the gradient of x W^T with int8 products
+//   toolchain::int4_dyw_a8_acc   acc + dY W[row0 : row0 + o]: the same product on rows of W read in place, added to
+//                                a gradient already held (one addition, as the panels store: the MLP chunks' dn2
+//                                and da, the head's running sum)
+//   toolchain::lora_linear_a8_rows   lora_linear_a8 on rows of W and B read in place (an MLP chunk's gate / up)
 //   toolchain::attention_train, toolchain::attention_train_backward   causal attention of the whole sequence
 //                                and its gradients (float32, over the thread pool: the step's float32 rest)
 //   toolchain::swiglu_train      an MLP chunk's SwiGLU recomputed with its gradients, one pass
@@ -411,13 +415,15 @@ inline void arm64_dyw_accumulate(float* acc, const int32x4_t* isum, float sa, co
     vst1q_f32(acc + 4 * q, vfmaq_f32(vld1q_f32(acc + 4 * q), vcvtq_f32_s32(isum[q]), vmulq_f32(sv, vld1q_f32(sw + 4 * q))));
 }
 
-inline void arm64_dyw_store(const float* acc, int64_t T, float* dx, int64_t ldx, int64_t nk) {
+// dx = the chains, or add + the chains (toolchain_int4_dyw_a8_acc; add the first operand: one rounding).
+inline void arm64_dyw_store(const float* acc, int64_t T, const float* add, float* dx, int64_t ldx, int64_t nk) {
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * 16 + r];
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = add == nullptr ? acc[t * 16 + r] : add[t * ldx + r] + acc[t * 16 + r];
 }
 
 void arm64_dyw_panel_neon(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb, int64_t gp,
-                          const uint8_t* __restrict wp, const float* __restrict swp, float* dx, int64_t ldx, int64_t nk) {
+                          const uint8_t* __restrict wp, const float* __restrict swp, const float* add, float* dx,
+                          int64_t ldx, int64_t nk) {
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * 16), 0.0f);
   float* acc = acc_buffer.data();
@@ -443,7 +449,7 @@ void arm64_dyw_panel_neon(const int8_t* __restrict ab, const float* __restrict s
       arm64_dyw_accumulate(acc + t * 16, isum, sa[b * T + t], swp + b * 16);
     }
   }
-  arm64_dyw_store(acc, T, dx, ldx, nk);
+  arm64_dyw_store(acc, T, add, dx, ldx, nk);
 }
 
 #if TOOLCHAIN_ARM64_EXTENSIONS
@@ -451,8 +457,8 @@ namespace arm64 {
 namespace dotprod {   // (the sdot functions' namespace: scripts/check_kernel_arm64.sh checks where sdot is)
 TOOLCHAIN_ARM64_DOTPROD
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, int64_t T, int64_t nb,
-                             int64_t gp, const uint8_t* __restrict wp, const float* __restrict swp, float* dx,
-                             int64_t ldx, int64_t nk) {
+                             int64_t gp, const uint8_t* __restrict wp, const float* __restrict swp, const float* add,
+                             float* dx, int64_t ldx, int64_t nk) {
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * 16), 0.0f);
   float* acc = acc_buffer.data();
@@ -472,7 +478,7 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, int64_t 
       arm64_dyw_accumulate(acc + t * 16, isum, sa[b * T + t], swp + b * 16);
     }
   }
-  arm64_dyw_store(acc, T, dx, ldx, nk);
+  arm64_dyw_store(acc, T, add, dx, ldx, nk);
 }
 }  // namespace dotprod
 }  // namespace arm64
@@ -625,6 +631,7 @@ struct DywTask {
   int8_t* luts;          // [ng, o, 16]
   uint8_t flip;          // xor of the packed bytes: 0x80 where the path's kernel takes them unsigned (vpdpbusd)
   bool vector_panel;     // the path has a panel kernel for this group
+  const float* add;      // [T, in] or nullptr: dx = add + dy W (toolchain_int4_dyw_a8_acc)
   float* dx;             // [T, in]
   int64_t rows_chunk, row_chunks, gchunk, panels, pchunk;
 };
@@ -653,9 +660,11 @@ void dyw_pack_scalar(const DywTask& k, int64_t k0, uint8_t* wp) {
 }
 
 // The generic panel product (the definition's order): per row t and block b, the exact isum of each lane, then
-// acc[lane] = fma(float(isum), sa[t, b] * swt[b, lane], acc[lane]), blocks in increasing order from acc = 0.
-// swp: [nb, 16] the lanes' swt (0 past `in`). wp packed with flip 0.
-void dyw_panel_generic(const DywTask& k, const uint8_t* wp, const float* swp, float* dx, int64_t nk) {
+// acc[lane] = fma(float(isum), sa[t, b] * swt[b, lane], acc[lane]), blocks in increasing order from acc = 0; stored
+// as it is, or (toolchain_int4_dyw_a8_acc) as add + acc, one float32 addition with `add` the first operand.
+// swp: [nb, 16] the lanes' swt (0 past `in`). wp packed with flip 0. add: the panel's columns of k.add, or nullptr.
+void dyw_panel_generic(const DywTask& k, const uint8_t* wp, const float* swp, const float* add, float* dx,
+                       int64_t nk) {
   for (int64_t t = 0; t < k.T; ++t) {
     float acc[DYW_LANES] = {};
     for (int64_t b = 0; b < k.nb; ++b) {
@@ -670,7 +679,7 @@ void dyw_panel_generic(const DywTask& k, const uint8_t* wp, const float* swp, fl
       const float sa = k.sab[b * k.T + t];
       for (int r = 0; r < DYW_LANES; ++r) acc[r] = std::fma(static_cast<float>(isum[r]), sa * swp[b * DYW_LANES + r], acc[r]);
     }
-    for (int64_t r = 0; r < nk; ++r) dx[t * k.in + r] = acc[r];
+    for (int64_t r = 0; r < nk; ++r) dx[t * k.in + r] = add == nullptr ? acc[r] : add[t * k.in + r] + acc[r];
   }
 }
 
@@ -803,23 +812,24 @@ void dyw_panel_chunk(void* task, size_t i) {
     }
     if (!packed) dyw_pack_scalar(k, k0, wp);
     float* dx = k.dx + k0;
+    const float* add = k.add == nullptr ? nullptr : k.add + k0;
     bool done = false;
     if (k.vector_panel) {
       switch (k.path) {
 #ifdef TOOLCHAIN_X86
-        case KernelPath::avx512_vnni: done = x86_avx512::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
-        case KernelPath::avx_vnni: done = x86_avx_vnni::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
-        case KernelPath::avx2: done = x86_avx2::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, dx, k.in, nk); break;
+        case KernelPath::avx512_vnni: done = x86_avx512::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, add, dx, k.in, nk); break;
+        case KernelPath::avx_vnni: done = x86_avx_vnni::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, add, dx, k.in, nk); break;
+        case KernelPath::avx2: done = x86_avx2::dyw_panel_of(G, k.ab, k.sab, k.corrb, k.T, k.nb, wp, swp, add, dx, k.in, nk); break;
 #endif
 #if defined(__aarch64__)
         case KernelPath::neon:
-          arm64_dyw_panel_neon(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          arm64_dyw_panel_neon(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, add, dx, k.in, nk);
           done = true;
           break;
 #if TOOLCHAIN_ARM64_EXTENSIONS
         case KernelPath::dotprod:
         case KernelPath::i8mm:
-          arm64::dotprod::dyw_panel(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, dx, k.in, nk);
+          arm64::dotprod::dyw_panel(k.ab, k.sab, k.T, k.nb, k.gp, wp, swp, add, dx, k.in, nk);
           done = true;
           break;
 #endif
@@ -827,7 +837,7 @@ void dyw_panel_chunk(void* task, size_t i) {
         default: break;
       }
     }
-    if (!done) dyw_panel_generic(k, wp, swp, dx, nk);
+    if (!done) dyw_panel_generic(k, wp, swp, add, dx, nk);
   }
 }
 // fn(ctx, i) for i < n: on the runtime's thread pool when it has more than one thread and the call is worth a
@@ -931,17 +941,15 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
 }
 
 
-// dx [T, i] = dy [T, o] W for the same int4 W as toolchain_int4_linear_a8 (q [o, i/2], scales [o, ng],
-// ng = ceil(i / group)), the gradient of x W^T (the definition: the top of the file, "dX for training").
-// Returns 0, or -1 for bad arguments (as toolchain_int4_linear_a8), -2 for a forced path this CPU lacks.
-int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in,
-                          int64_t ng, int64_t group, float* dx) {
+// toolchain_int4_dyw_a8 (add nullptr) and toolchain_int4_dyw_a8_acc.
+static int dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in, int64_t ng,
+           int64_t group, const float* add, float* dx) {
   if (in <= 0 || in % 2 || group < 2 || group % 2 || ng != (in + group - 1) / group || T < 0 || o < 0) return -1;
   const KernelPath path = kernel_path_state().path;
   if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
   if (T == 0) return 0;
-  if (o == 0) {   // an empty reduction
-    std::fill(dx, dx + T * in, 0.0f);
+  if (o == 0) {   // an empty reduction: dx = 0, or add + 0
+    for (int64_t j = 0; j < T * in; ++j) dx[j] = add == nullptr ? 0.0f : add[j] + 0.0f;
     return 0;
   }
   const int64_t op = o + (o & 1), nb = (o + group - 1) / group;   // = ceil(op / group): group is even
@@ -973,7 +981,7 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
   const int64_t panels = (in + DYW_LANES - 1) / DYW_LANES;
   DywTask task{path, dy, T, o, op, in, ng, group, nb, dh, q, scales, swt.data(), &a, ab.data(), sab.data(),
                corrb.data(), 8 * dh, luts.data(),
-               static_cast<uint8_t>(vnni && vector_panel ? 0x80 : 0), vector_panel, dx, T, 1, ng, panels, panels};
+               static_cast<uint8_t>(vnni && vector_panel ? 0x80 : 0), vector_panel, add, dx, T, 1, ng, panels, panels};
   const int64_t threads = pool_threads();
   if (threads > 1 && T * o * in >= (int64_t{1} << 18)) {
     task.row_chunks = std::min<int64_t>(T, 2 * threads);
@@ -989,6 +997,28 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
     dyw_panel_chunk(&task, 0);     // pchunk = panels: every panel
   }
   return 0;
+}
+
+// dx [T, i] = dy [T, o] W for the same int4 W as toolchain_int4_linear_a8 (q [o, i/2], scales [o, ng],
+// ng = ceil(i / group)), the gradient of x W^T (the definition: the top of the file, "dX for training").
+// Returns 0, or -1 for bad arguments (as toolchain_int4_linear_a8), -2 for a forced path this CPU lacks.
+int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in,
+                          int64_t ng, int64_t group, float* dx) {
+  return dyw_a8(dy, T, o, q, scales, in, ng, group, nullptr, dx);
+}
+
+// dx [T, i] = add [T, i] + dy [T, o] W[row0 : row0 + o] for the same int4 layout as toolchain_int4_linear_a8 (q, scales
+// W's whole [O, i/2] bytes and [O, ng] scales, ng = ceil(i / group); rows row0 .. row0 + o - 1 read in place, the
+// caller checks that they exist: an MLP chunk's gate / up rows without a copy of them): the gradient of x W^T (the
+// definition: the top of the file, "dX for training") added to a gradient `add` already held (the MLP chunks' dn2
+// and da, the head's running sum), one float32 addition per element after the block chain, `add` its first
+// operand: the bits of add + toolchain_int4_dyw_a8's dx for those rows, without a pass of its own (the panel kernels
+// add it as they store). add may be dx itself; nullptr: toolchain_int4_dyw_a8's dx. Returns 0, or -1 for bad
+// arguments (as toolchain_int4_linear_a8; row0 < 0), -2 for a forced path this CPU lacks.
+int toolchain_int4_dyw_a8_acc(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales, int64_t in,
+                              int64_t ng, int64_t group, int64_t row0, const float* add, float* dx) {
+  if (row0 < 0 || in <= 0 || in % 2) return -1;
+  return dyw_a8(dy, T, o, q + row0 * (in / 2), scales + row0 * ng, in, ng, group, add, dx);
 }
 struct AttentionTask {
   const float *q, *k, *v, *k_cache, *v_cache;
@@ -1206,6 +1236,18 @@ int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   LoraTask task{x, in, o, bias, a, b, bt.data(), r, s, residual, y, h.data(), in_place};
   parallel_for(lora_row, &task, T, T * (r * in + (r + 2) * o), kPoolRowWork);   // the rows of x over the pool
   return 0;
+}
+
+// y [T, rows] = x W[row0 : row0 + rows]^T + s (x A^T) B[row0 : row0 + rows]^T: toolchain_lora_linear_a8 (no bias, no
+// residual) on rows row0 .. row0 + rows - 1 of W [o, i] (q, scales) and of B [o, r], read in place (an MLP chunk's
+// gate / up product in the training step without copies of the chunk's weight rows): the bits of
+// toolchain_lora_linear_a8 on copies of those rows. Returns 0, or -1 for bad arguments (the rows outside [0, o)).
+int toolchain_lora_linear_a8_rows(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
+                                  int64_t o, int64_t ng, int64_t group, int64_t row0, int64_t rows, const float* a,
+                                  const float* b, int64_t r, float s, float* y) {
+  if (row0 < 0 || rows < 0 || row0 + rows > o || in <= 0 || in % 2 || r < 0) return -1;
+  return toolchain_lora_linear_a8(x, T, in, q + row0 * (in / 2), scales + row0 * ng, rows, ng, group, nullptr, a,
+                                  b == nullptr ? nullptr : b + row0 * r, r, s, nullptr, y);
 }
 
 struct RopeTask {
@@ -1931,6 +1973,38 @@ Tensor& int4_dyw_a8_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tenso
 }
 
 
+// toolchain::int4_dyw_a8_acc.out(Tensor dy, Tensor qweight, Tensor scales, int group, int row0, Tensor? acc, *,
+//                                 Tensor(a!) out): out = acc + dy W[row0 : row0 + o] (o = dy's last size; acc of out's
+//                                 shape [..., i]; without acc dy W[row0 : row0 + o])
+Tensor& int4_dyw_a8_acc_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& qweight, const Tensor& scales,
+                            int64_t group, int64_t row0, const std::optional<Tensor>& acc, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
+                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float &&
+                  (!acc.has_value() || acc->scalar_type() == ScalarType::Float), InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, dy.dim() >= 1 && dy.dim() <= 8 && qweight.dim() == 2 && scales.dim() == 2 &&
+                  (!acc.has_value() || acc->dim() == dy.dim()), InvalidArgument, out);
+  const int64_t o = dy.size(dy.dim() - 1), in = 2 * qweight.size(1);
+  ET_KERNEL_CHECK(ctx, row0 >= 0 && row0 + o <= qweight.size(0) && scales.size(0) == qweight.size(0) &&
+                  (!acc.has_value() || acc->size(acc->dim() - 1) == in), InvalidArgument, out);
+  SizesType sizes[8];
+  for (int64_t d = 0; d + 1 < dy.dim(); ++d) {
+    ET_KERNEL_CHECK(ctx, !acc.has_value() || acc->size(d) == dy.size(d), InvalidArgument, out);
+    sizes[d] = dy.size(d);
+  }
+  sizes[dy.dim() - 1] = static_cast<SizesType>(in);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(dy.dim())}) == Error::Ok,
+                  InvalidArgument, out);
+  int64_t T = 1;
+  for (int64_t d = 0; d + 1 < dy.dim(); ++d) T *= dy.size(d);
+  const int rc = toolchain_int4_dyw_a8_acc(dy.const_data_ptr<float>(), T, o, qweight.const_data_ptr<uint8_t>(),
+                                           scales.const_data_ptr<float>(), in, scales.size(1), group, row0,
+                                           acc.has_value() ? acc->const_data_ptr<float>() : nullptr,
+                                           out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+
 // toolchain::attention_decode.out(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor pos,
 //                                 float scale, *, Tensor(a!) out)
 Tensor& attention_decode_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -2002,6 +2076,30 @@ Tensor& lora_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Ten
                                           optional_floats(bias), optional_floats(lora_a), optional_floats(lora_b), r,
                                           static_cast<float>(lora_scale), optional_floats(residual),
                                           out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::lora_linear_a8_rows.out(Tensor x, Tensor qweight, Tensor scales, int group, int row0, int rows,
+//     Tensor? lora_a, Tensor? lora_b, float lora_scale, *, Tensor(a!) out): [T, rows]
+Tensor& lora_linear_a8_rows_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& qweight, const Tensor& scales,
+                                int64_t group, int64_t row0, int64_t rows, const std::optional<Tensor>& lora_a,
+                                const std::optional<Tensor>& lora_b, double lora_scale, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
+                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
+                  InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, x.dim() == 2 && qweight.dim() == 2 && scales.dim() == 2, InvalidArgument, out);
+  const int64_t T = x.size(0), in = x.size(1), o = qweight.size(0);
+  const int64_t r = lora_a.has_value() ? lora_a->size(0) : 0;
+  ET_KERNEL_CHECK(ctx, qweight.size(1) * 2 == in && scales.size(0) == o && lora_a.has_value() == lora_b.has_value() &&
+                  row0 >= 0 && rows >= 0 && row0 + rows <= o, InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, optional_float_shape(lora_a, r, in) && optional_float_shape(lora_b, o, r), InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(T), static_cast<SizesType>(rows)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_lora_linear_a8_rows(x.const_data_ptr<float>(), T, in, qweight.const_data_ptr<uint8_t>(),
+                                               scales.const_data_ptr<float>(), o, scales.size(1), group, row0, rows,
+                                               optional_floats(lora_a), optional_floats(lora_b), r,
+                                               static_cast<float>(lora_scale), out.mutable_data_ptr<float>());
   ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
   return out;
 }
@@ -2167,9 +2265,11 @@ EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_decode.out", attention_decode_out);
 EXECUTORCH_LIBRARY(toolchain, "rms_norm.out", rms_norm_out);
 EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8.out", lora_linear_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "lora_linear_a8_rows.out", lora_linear_a8_rows_out);
 EXECUTORCH_LIBRARY(toolchain, "rope_heads.out", rope_heads_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu.out", swiglu_out);
 EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8.out", int4_dyw_a8_out);
+EXECUTORCH_LIBRARY(toolchain, "int4_dyw_a8_acc.out", int4_dyw_a8_acc_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_train.out", attention_train_out);
 EXECUTORCH_LIBRARY(toolchain, "attention_train_backward.out", attention_train_backward_out);
 EXECUTORCH_LIBRARY(toolchain, "swiglu_train.out", swiglu_train_out);

@@ -516,8 +516,8 @@ bool linear(const QuantizedX& a, int64_t T, const uint8_t* q, const float* scale
 // increasing order: the generic path's integer sums, products and order, so its bits.
 template <int G>
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
-               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
-               int64_t nk) {
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, const float* add, float* dx,
+               int64_t ldx, int64_t nk) {
   constexpr int D = G / 4;                                       // dwords per block (and bytes of a block's row / 4)
   constexpr int DC = D < 16 ? D : 16;                            // dwords per pass
   thread_local std::vector<float> acc_buffer;
@@ -555,16 +555,22 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
     }
   }
   const __mmask16 km = nk >= L ? __mmask16(0xFFFF) : __mmask16((1u << nk) - 1);
-  for (int64_t t = 0; t < T; ++t) _mm512_mask_storeu_ps(dx + t * ldx, km, _mm512_loadu_ps(acc + t * L));
+  if (add == nullptr) {
+    for (int64_t t = 0; t < T; ++t) _mm512_mask_storeu_ps(dx + t * ldx, km, _mm512_loadu_ps(acc + t * L));
+  } else {   // toolchain_int4_dyw_a8_acc: dx = add + the chain (add the first operand: one rounding)
+    for (int64_t t = 0; t < T; ++t)
+      _mm512_mask_storeu_ps(dx + t * ldx, km, _mm512_add_ps(_mm512_maskz_loadu_ps(km, add + t * ldx),
+                                                            _mm512_loadu_ps(acc + t * L)));
+  }
 }
 
 // The AVX-512 VNNI panel product for groups of 32, 64 or 128 (false: the generic one).
 bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
-                  const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
+                  const uint8_t* wp, const float* swp, const float* add, float* dx, int64_t ldx, int64_t nk) {
   switch (group) {
-    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, add, dx, ldx, nk); return true;
+    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, add, dx, ldx, nk); return true;
+    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, add, dx, ldx, nk); return true;
     default: return false;
   }
 }
@@ -1069,8 +1075,8 @@ int64_t fold_row(QuantizedX& x, const float* dy, const float* s, int64_t o, int6
 // minus 128 sum a = 16 corr). The generic path's bits.
 template <int G>
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
-               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
-               int64_t nk) {
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, const float* add, float* dx,
+               int64_t ldx, int64_t nk) {
   constexpr int D = G / 4;
   thread_local std::vector<float> acc_buffer;
   acc_buffer.assign(static_cast<size_t>(T * L), 0.0f);
@@ -1100,8 +1106,8 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
       _mm256_storeu_ps(dst + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(sv, sw1), _mm256_loadu_ps(dst + 8)));
     }
   }
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = acc[t * L + r];
+  for (int64_t t = 0; t < T; ++t)   // toolchain_int4_dyw_a8_acc: dx = add + the chain (one rounding)
+    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = add == nullptr ? acc[t * L + r] : add[t * ldx + r] + acc[t * L + r];
 }
 
 #else
@@ -1151,8 +1157,8 @@ inline void dyw_rows_i16(const int8_t* __restrict ab, const float* __restrict sa
 
 template <int G>
 void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const int32_t* __restrict corr, int64_t T,
-               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, float* __restrict dx, int64_t ldx,
-               int64_t nk) {
+               int64_t nb, const uint8_t* __restrict wp, const float* __restrict swp, const float* add, float* dx,
+               int64_t ldx, int64_t nk) {
   (void)corr;                                                    // signed products: no correction
   constexpr int D = G / 4, NR = 4;                               // dwords per block; rows of dy per pass
   thread_local std::vector<float> acc_buffer;
@@ -1184,17 +1190,18 @@ void dyw_panel(const int8_t* __restrict ab, const float* __restrict sa, const in
   for (int64_t t = 0; t < T; ++t) {
     _mm256_store_ps(out, _mm256_permutevar8x32_ps(_mm256_loadu_ps(acc + t * L), perm));
     _mm256_store_ps(out + 8, _mm256_permutevar8x32_ps(_mm256_loadu_ps(acc + t * L + 8), perm));
-    for (int64_t r = 0; r < nk; ++r) dx[t * ldx + r] = out[r];
+    for (int64_t r = 0; r < nk; ++r)   // toolchain_int4_dyw_a8_acc: dx = add + the chain (one rounding)
+      dx[t * ldx + r] = add == nullptr ? out[r] : add[t * ldx + r] + out[r];
   }
 }
 #endif  // TOOLCHAIN_X86_PASS == 3 / 2
 
 bool dyw_panel_of(int64_t group, const int8_t* ab, const float* sa, const int32_t* corr, int64_t T, int64_t nb,
-                  const uint8_t* wp, const float* swp, float* dx, int64_t ldx, int64_t nk) {
+                  const uint8_t* wp, const float* swp, const float* add, float* dx, int64_t ldx, int64_t nk) {
   switch (group) {
-    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
-    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, dx, ldx, nk); return true;
+    case 32: dyw_panel<32>(ab, sa, corr, T, nb, wp, swp, add, dx, ldx, nk); return true;
+    case 64: dyw_panel<64>(ab, sa, corr, T, nb, wp, swp, add, dx, ldx, nk); return true;
+    case 128: dyw_panel<128>(ab, sa, corr, T, nb, wp, swp, add, dx, ldx, nk); return true;
     default: return false;
   }
 }

@@ -79,10 +79,12 @@ QUANTIZED_FIELDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 FUSED_KERNELS = generation_ops()   # the native kernels' table, mesp/kernels.py
 # The kernels the training methods of a `--compute int8` program call (x W^T and dy W of an int4 W, mesp/ops/quant.py)
 # and the training blocks' float32 attention, SwiGLU, LoRA backward (thread pool: mesp/block.py, ops/compute.py)
-INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4_dyw_a8", "attention_train",
+INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4_dyw_a8", "int4_dyw_a8_acc",
+                                                         "attention_train",
                                                          "attention_train_backward", "swiglu", "swiglu_train",
                                                          "online_softmax_stats", "exp_sub_rows", "lora_backward",
-                                                         "lora_rows_backward", "rms_norm", "lora_linear_a8"))
+                                                         "lora_rows_backward", "rms_norm", "lora_linear_a8",
+                                                         "lora_linear_a8_rows"))
 
 
 @dataclass(frozen=True)

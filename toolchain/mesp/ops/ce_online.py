@@ -77,7 +77,7 @@ def _rows(h: Tensor, head: Tensor | QuantWeight, targets: Tensor, chunks: list[T
             st = torch.ops.toolchain.online_softmax_stats(z, m, s)   # [C, 3]: m', s', a
             m_new, s, a = st[:, 0:1], st[:, 1:2], st[:, 2:3]
             p = torch.ops.toolchain.exp_sub_rows(z, m_new)           # exp(z_j - m')
-            acc = acc * a + matmul_dyw(p, e_j, compute)
+            acc = matmul_dyw(p, e_j, compute, acc=acc * a)           # a A + p E_j (toolchain::int4_dyw_a8_acc)
             m = m_new
             del z, p, e_j
             continue

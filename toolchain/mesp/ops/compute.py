@@ -11,8 +11,10 @@
              each, `toolchain::attention_train` / `attention_train_backward`, and the MLP chunks' SwiGLU
              `toolchain::swiglu` (forward) / `toolchain::swiglu_train` (recompute + gradients), the LoRA backward
              `toolchain::lora_backward` (per projection) / `lora_rows_backward` (per MLP chunk) and the RMSNorms
-             `toolchain::rms_norm` (`train_kernels`; mesp/block.py, ops/lora_linear.py): an int8 program needs the
-             native kernels anyway, and they run on the thread pool
+             `toolchain::rms_norm` (`train_kernels`; mesp/block.py, ops/lora_linear.py), the MLP chunks' gate / up
+             rows in place (`toolchain::lora_linear_a8_rows`) and their dX sums accumulated by
+             `toolchain::int4_dyw_a8_acc`: an int8 program needs the native kernels anyway, and they run on the
+             thread pool
   fused      the fused generation methods: an int4 `x W^T` is one `toolchain::int4_linear_a8` call
              (ops/quant.py), the decode block and the head's norm call the native kernels' custom ops
              (mesp/decode.py; the ops are mesp/kernels.py's table)

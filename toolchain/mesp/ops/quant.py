@@ -52,7 +52,7 @@ from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
            "dense_rows", "dense_cols", "quant_rows", "quant_cols", "embedding_rows", "int4_linear_a8_reference",
-           "int4_dyw_a8_reference", "quantize_activations"]
+           "int4_dyw_a8_reference", "int4_dyw_a8_acc_reference", "quantize_activations", "matmul_dyw_rows"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -163,13 +163,18 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
-def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> Tensor:
-    """dy W for dy [T, o], W [o, i]. With fp16 `compute` each chunk's product is float16 (ops/half.py), summed
-    in float32; with int8 `compute` (`int8_dx`) an int4 W is one `toolchain::int4_dyw_a8` call (dy's rows rounded
-    to int8 once per block of `group` output rows, W^T requantized per call to int8 per (k-group, block), exact
-    integer sums; the int4 W read in place)."""
+def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32, acc: Tensor | None = None) -> Tensor:
+    """dy W for dy [T, o], W [o, i] (plus `acc` [T, i] when given: acc + dy W). With fp16 `compute` each chunk's
+    product is float16 (ops/half.py), summed in float32; with int8 `compute` (`int8_dx`) an int4 W is one
+    `toolchain::int4_dyw_a8` call (dy's rows rounded to int8 once per block of `group` output rows, W^T requantized
+    per call to int8 per (k-group, block), exact integer sums; the int4 W read in place), and with `acc` one
+    `toolchain::int4_dyw_a8_acc` call (the kernel adds acc as it stores: no separate `add` in the program)."""
     if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
+        if acc is not None:
+            return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, _group(w), 0, acc)  # [T, i]
         return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
+    if acc is not None:
+        return acc + matmul_dyw(dy, w, compute)
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
     if not isinstance(w, QuantWeight):
         return matmul(dy, w, compute)
@@ -178,6 +183,16 @@ def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> 
         part = matmul(cols(dy, a, b), dequantize(_rows(w, a, b)), compute)            # [T, i]
         out = part if out is None else out + part
     return out
+
+
+def matmul_dyw_rows(dy: Tensor, w: QuantWeight, start: int, compute: Compute = FP32,
+                    acc: Tensor | None = None) -> Tensor:
+    """dy W[start : start + o] for dy [T, o] (plus `acc` [T, i] when given): `matmul_dyw` on rows of W; with int8
+    `compute` and an int4 W one `toolchain::int4_dyw_a8_acc` call that reads those rows in place (an MLP chunk's
+    gate / up rows: no copy of them in the program)."""
+    if compute.int8_dyw and w.bits == 4:
+        return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, _group(w), start, acc)   # [T, i]
+    return matmul_dyw(dy, _rows(w, start, start + dy.shape[-1]), compute, acc)
 
 
 def dequantize(qw: QuantWeight) -> Tensor:
@@ -264,6 +279,19 @@ def int4_dyw_a8_reference(dy: Tensor, qweight: Tensor, scales: Tensor, group: in
         isum = (a[:, b, :n1 - n0].double() @ wt8).float()                               # exact integers [T, i]
         out = out + isum * (sa[:, b, None] * swt[b, kg][None, :])                       # [T, i]
     return out.reshape(*lead, i).to(dy.dtype)
+
+
+def int4_dyw_a8_acc_reference(dy: Tensor, qweight: Tensor, scales: Tensor, group: int, row0: int,
+                              acc: Tensor | None) -> Tensor:
+    """The definition of `toolchain::int4_dyw_a8_acc`: acc + `int4_dyw_a8_reference`(dy, rows row0 .. row0 + o - 1 of
+    W) for dy [..., o], one float32 addition per element with acc its first operand (acc [..., i], the shape of
+    dy W; None: no addition). The kernel reads those rows in place and adds as it stores its dX: its result is the
+    bits of acc + its `int4_dyw_a8` result on a copy of the rows."""
+    o = dy.shape[-1]
+    if row0 < 0 or row0 + o > qweight.shape[0]:
+        raise ValueError(f"rows [{row0}, {row0 + o}) outside W's {qweight.shape[0]}")
+    dx = int4_dyw_a8_reference(dy, qweight[row0:row0 + o], scales[row0:row0 + o], group)
+    return dx if acc is None else acc + dx
 
 
 def _unpack_int4(q: Tensor, dtype: torch.dtype) -> Tensor:
