@@ -236,3 +236,19 @@ def test_the_fused_methods_call_the_ops_the_table_says():
         with torch.no_grad(), mode:
             method_module(spec, name)(*example_inputs(m))
         assert mode.called == {k.op for k in KERNELS if m.role in k.methods}, name
+
+
+def test_android_registration_check_lists_every_kernel_of_the_table():
+    """android/native/registration_check.cpp asks the app's ExecuTorch registry for each op a fused generation
+    method or a `--compute int8` training method calls: its list must be the table's (an op left out would let an
+    app load a program its runtime cannot run; android/test.sh builds and runs the check)."""
+    from pathlib import Path
+
+    from toolchain.program.spec import FUSED_KERNELS, INT8_KERNELS
+
+    src = (Path(__file__).resolve().parents[2] / "android" / "native" / "registration_check.cpp").read_text()
+    body = _without_comments(src)
+    listed = re.findall(r'"(toolchain::[a-z0-9_]+\.out)"', body[body.index("ops[]"):])
+    assert len(listed) == len(set(listed)), listed
+    wanted = set(FUSED_KERNELS) | set(INT8_KERNELS)
+    assert set(listed) == wanted, (sorted(wanted - set(listed)), sorted(set(listed) - wanted))
