@@ -82,7 +82,8 @@ FUSED_KERNELS = generation_ops()   # the native kernels' table, mesp/kernels.py
 INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4_dyw_a8", "attention_train",
                                                          "attention_train_backward", "swiglu", "swiglu_train",
                                                          "online_softmax_stats", "exp_sub_rows", "lora_backward",
-                                                         "lora_rows_backward", "rms_norm", "lora_linear_a8"))
+                                                         "lora_rows_backward", "rms_norm", "lora_linear_a8",
+                                                         "rope_train", "rope_train_backward", "rms_norm_backward"))
 
 
 @dataclass(frozen=True)
