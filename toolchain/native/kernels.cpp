@@ -97,6 +97,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -498,10 +499,11 @@ FoldRow fold_row_of(KernelPath path) {
 }
 
 // The calling thread's QuantizedX for T rows of `in` columns in ng groups, resize()d (keep): each of the last
-// kXSlots shapes keeps its own buffers, so calls that alternate shapes (an MLP chunk's gate / up products on n2 and
-// its down product on the chunk's activations, 19 chunks a layer at T = 256) re-zero none of them. One buffer for
-// all shapes re-zeroed ~0.5 MiB (T = 256) per change of shape, serially on the calling thread while the pool waits.
-constexpr int64_t kXSlots = 4;
+// kXSlots shapes keeps its own buffers, so calls that alternate two shapes (an MLP chunk's gate / up products on n2
+// and its down product on the chunk's activations; in the backward its down and gate / up dX, 19 chunks a layer at
+// T = 256) re-zero none of them. One buffer for all shapes re-zeroed ~0.5 MiB (T = 256) per change of shape, serially
+// on the calling thread while the pool waits. Two, not more: each slot stays allocated (~0.5 MiB at T = 256).
+constexpr int64_t kXSlots = 2;
 struct XSlots {
   QuantizedX x[kXSlots];
   int64_t next = 0;   // the slot a new shape replaces (round robin)
@@ -1595,9 +1597,10 @@ int toolchain_attention_train_backward(const float* dout, const float* q, const 
                                        const float* o, int64_t H, int64_t Hk, int64_t T, int64_t D, float scale,
                                        float* out) {
   if (H <= 0 || Hk <= 0 || H % Hk || T < 0 || D <= 0) return -1;
-  thread_local std::vector<float> partial;   // every element written by the heads' tasks: kept, not re-zeroed
-  partial.resize(static_cast<size_t>(2 * H * T * D));
-  AttnTrainTask task{q, k, v, dout, o, H, Hk, T, D, scale, out, partial.data()};
+  // every element is written by the heads' tasks (on the pool): not zeroed here, on the calling thread; freed after
+  // the call (kept, it would add 2 H T D floats to the step's peak outside the attention backward)
+  std::unique_ptr<float[]> partial(new float[static_cast<size_t>(2 * H * T * D)]);
+  AttnTrainTask task{q, k, v, dout, o, H, Hk, T, D, scale, out, partial.get()};
   parallel_for(attention_train_backward_head, &task, H, 3 * H * T * T * D, kPoolRowWork);
   parallel_for(attention_train_kv_sum, &task, Hk, 2 * H * T * D, kPoolRowWork);
   return 0;
