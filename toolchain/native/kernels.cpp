@@ -498,28 +498,6 @@ FoldRow fold_row_of(KernelPath path) {
   }
 }
 
-// The calling thread's QuantizedX for T rows of `in` columns in ng groups, resize()d (keep): each of the last
-// kXSlots shapes keeps its own buffers, so calls that alternate two shapes (an MLP chunk's gate / up products on n2
-// and its down product on the chunk's activations; in the backward its down and gate / up dX, 19 chunks a layer at
-// T = 256) re-zero none of them. One buffer for all shapes re-zeroed ~0.5 MiB (T = 256) per change of shape, serially
-// on the calling thread while the pool waits. Two, not more: each slot stays allocated (~0.5 MiB at T = 256).
-constexpr int64_t kXSlots = 2;
-struct XSlots {
-  QuantizedX x[kXSlots];
-  int64_t next = 0;   // the slot a new shape replaces (round robin)
-};
-QuantizedX& quantized_x_for(XSlots& slots, int64_t T, int64_t in, int64_t ng, int64_t pad_bytes) {
-  for (QuantizedX& a : slots.x)
-    if (a.rows == T && a.cols == in && a.groups == ng) {
-      a.resize(T, in, ng, pad_bytes, true);   // the same shape: nothing to do (the padding is still zero)
-      return a;
-    }
-  QuantizedX& a = slots.x[slots.next];
-  slots.next = (slots.next + 1) % kXSlots;
-  a.resize(T, in, ng, pad_bytes, true);
-  return a;
-}
-
 // One toolchain_int4_linear_a8 call after x is quantized: weight rows are split over threads in chunks.
 struct RowsTask {
   KernelPath path;
@@ -932,9 +910,8 @@ int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_
   const int64_t half = in / 2, gb = group / 2;
   const KernelPath path = kernel_path_state().path;
   if (!kernel_path_state().error.empty()) return -2;   // a forced path this CPU lacks: no silent fallback
-  thread_local XSlots slots;
-  // padded to whole blocks (16 groups of <= 64 bytes); every row rewritten below
-  QuantizedX& a = quantized_x_for(slots, T, in, ng, 16 * 64);
+  thread_local QuantizedX a;
+  a.resize(T, in, ng, 16 * 64, true);   // padded to whole blocks (16 groups of <= 64 bytes); every row rewritten below
   const int64_t threads = pool_threads();
   const bool split = threads > 1 && o >= 32 && T * o * in >= (int64_t{1} << 18);
   // x's rows (independent: the same bits) over the pool too when W's rows are split, in about 4 chunks per thread
@@ -971,7 +948,7 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
   const int64_t op = o + (o & 1), nb = (o + group - 1) / group;   // = ceil(op / group): group is even
   thread_local std::vector<float> swt;       // [ng, nb]: max_n |sw[n, g]| over the block / 15.875 (= 127 / 8)
   thread_local std::vector<int8_t> luts;     // [ng, o, 16]
-  thread_local XSlots slots;
+  thread_local QuantizedX a;
   thread_local std::vector<int8_t> ab;      // dy's bytes block-major [nb, T, gp]
   thread_local std::vector<float> sab;      // [nb, T]
   thread_local std::vector<int32_t> corrb;  // [nb, T]
@@ -990,8 +967,7 @@ int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* 
       swt[static_cast<size_t>(g * nb + b)] = m / 15.875f;
     }
   luts.resize(static_cast<size_t>(ng * o * 16));
-  QuantizedX& a = quantized_x_for(slots, T, op, nb, 16 * 64);   // every byte and block of the T rows is written
-                                                                 // (dyw_prepare_chunk)
+  a.resize(T, op, nb, 16 * 64, true);   // every byte and block of the T rows is written (dyw_prepare_chunk)
   const bool vnni = path == KernelPath::avx512_vnni || path == KernelPath::avx_vnni;
   const bool arm64 = path == KernelPath::neon || path == KernelPath::dotprod || path == KernelPath::i8mm;
   const bool vector_panel = arm64 || ((vnni || path == KernelPath::avx2) && (group == 32 || group == 64 || group == 128));
