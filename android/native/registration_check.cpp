@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
                        "toolchain::attention_train_backward.out", "toolchain::swiglu_train.out",
                        "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",
                        "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out",
-                       "toolchain::int4_dyw_a8_acc.out", "toolchain::lora_linear_a8_rows.out"};
+                       "toolchain::int4_dyw_a8_acc.out", "toolchain::lora_linear_a8_rows.out",
+                       "toolchain::rope_train.out", "toolchain::rope_train_backward.out",
+                       "toolchain::rms_norm_backward.out"};
   const char* op = ops[0];
   const bool want = argc > 1 && std::strcmp(argv[1], "present") == 0;
   bool has = true;

@@ -55,7 +55,8 @@ def test_manifest_states_int8_and_the_training_methods_list_their_kernels(progra
                                  "toolchain::swiglu.out", "toolchain::swiglu_train.out",
                                  "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",
                                  "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out",
-                                 "toolchain::rms_norm.out"}
+                                 "toolchain::rms_norm.out", "toolchain::rope_train.out",
+                                 "toolchain::rope_train_backward.out", "toolchain::rms_norm_backward.out"}
     methods = {x["name"]: x for x in m["methods"]}
     for name in ("block_forward", "head_loss", "block_backward"):
         assert methods[name]["kernels"] == list(INT8_KERNELS)

@@ -224,7 +224,8 @@ def test_the_fused_methods_call_the_ops_the_table_says():
         "toolchain::int4_dyw_a8.out", "toolchain::int4_dyw_a8_acc.out", "toolchain::lora_linear_a8_rows.out",
         "toolchain::attention_train.out", "toolchain::attention_train_backward.out",
         "toolchain::swiglu_train.out", "toolchain::online_softmax_stats.out", "toolchain::exp_sub_rows.out",
-        "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out"}
+        "toolchain::lora_backward.out", "toolchain::lora_rows_backward.out", "toolchain::rope_train.out",
+        "toolchain::rope_train_backward.out", "toolchain::rms_norm_backward.out"}
     arch = ModelArch(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96, max_positions=64)
     spec = ProgramSpec(arch, LoraConfig(rank=4, alpha=8, targets=("q_proj", "v_proj", "down_proj")), 16,
                        quant=QuantSpec("int4", 16), generation=True, prefill_chunk=4)

@@ -52,8 +52,9 @@ def _backward(lib, dout, q, k, v, o, scale):
     return out
 
 
-def _close(got, exact, ref):
-    bound = TOL * float(exact.abs().max())
+def _close(got, exact, ref, scale=None):
+    """Within TOL x the output's largest magnitude (or `scale`: the magnitude of the terms it is a difference of)."""
+    bound = TOL * float(exact.abs().max() if scale is None else scale)
     assert not got.isnan().any()
     assert float((got.double() - exact).abs().max()) <= bound
     assert float((ref.double() - exact).abs().max()) <= bound
@@ -413,3 +414,174 @@ def test_the_executorch_rows_op_equals_the_c_entry(tmp_path):
                        _lora_linear_rows(lib, x, q, s, group, 13, 30, a, b, 0.25).view(torch.int32))
     assert torch.equal(got[1].view(torch.int32),
                        _lora_linear_rows(lib, x, q, s, group, 64, 6, None, None, 0.25).view(torch.int32))
+
+
+# The attention half's RoPE and RMSNorm backward (`toolchain_rope_train`, `..._backward`, `toolchain_rms_norm_backward`).
+
+def _tables(t, d, seed):
+    from toolchain.mesp.ops.rope import rope_tables
+
+    pos = torch.randperm(4 * t + 3, generator=torch.Generator().manual_seed(seed))[:t]   # any positions, any order
+    return rope_tables(pos, d, 1e6, torch.float32)
+
+
+def _rope(lib, x, cos, sin, n):
+    t, d = x.shape[0], x.shape[1] // n
+    out = torch.full((n, t, d), float("nan"))
+    assert lib.toolchain_rope_train(_ptr(x), _ptr(cos), _ptr(sin), t, n, d, _ptr(out)) == 0
+    return out
+
+
+def _rope_back(lib, dy, cos, sin, start, n):
+    big_n, t, d = dy.shape
+    out = torch.full((t, n * d), float("nan"))
+    assert lib.toolchain_rope_train_backward(_ptr(dy), _ptr(cos), _ptr(sin), big_n, start, t, n, d, _ptr(out)) == 0
+    return out
+
+
+def _rms_back(lib, x, w, eps, dy, dy2=None, dy3=None, residual=None):
+    out = torch.full_like(x, float("nan"))
+    opt = lambda v: None if v is None else _ptr(v)  # noqa: E731
+    assert lib.toolchain_rms_norm_backward(_ptr(x), _ptr(w), _ptr(dy), opt(dy2), opt(dy3), opt(residual), x.shape[0],
+                                           x.shape[1], ctypes.c_float(eps), _ptr(out)) == 0
+    return out
+
+
+ROPE_SHAPES = [(256, 14, 64), (256, 2, 64), (37, 3, 24), (1, 1, 2), (19, 5, 130), (70, 4, 128)]
+
+
+@pytest.mark.parametrize("t,n,d", ROPE_SHAPES)
+def test_rope_train_equals_the_reference_in_float64(t, n, d):
+    from toolchain.mesp.ops.rope import rope_train_backward_reference, rope_train_reference
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(t * 31 + n * 7 + d)
+    x = torch.randn(t, n * d, generator=gen) * 3
+    cos, sin = _tables(t, d, seed=t + d)
+    got = _rope(lib, x, cos, sin, n)
+    exact = rope_train_reference(x.double(), cos.double(), sin.double(), n)
+    _close(got, exact, rope_train_reference(x, cos, sin, n))
+    big = torch.randn(n + 3, t, d, generator=gen)               # the stacked gradients: heads 2 .. 2 + n - 1 of n + 3
+    got_b = _rope_back(lib, big, cos, sin, 2, n)
+    exact_b = rope_train_backward_reference(big.double(), cos.double(), sin.double(), 2, n)
+    _close(got_b, exact_b, rope_train_backward_reference(big, cos, sin, 2, n))
+
+
+@pytest.mark.parametrize("t,n,d", [(13, 3, 20), (5, 2, 8)])
+def test_the_rope_backward_reference_is_autograd_of_the_forward(t, n, d):
+    """rope_train_backward of the stacked gradients is the vector-Jacobian product of rope_train (float64)."""
+    from toolchain.mesp.ops.rope import rope_train_backward_reference, rope_train_reference
+
+    gen = torch.Generator().manual_seed(t)
+    cos, sin = (v.double() for v in _tables(t, d, seed=1))
+    x = torch.randn(t, n * d, generator=gen, dtype=torch.float64, requires_grad=True)
+    big = torch.randn(n + 2, t, d, generator=gen, dtype=torch.float64)
+    rope_train_reference(x, cos, sin, n).backward(big[1:1 + n])
+    torch.testing.assert_close(rope_train_backward_reference(big, cos, sin, 1, n), x.grad, rtol=1e-12, atol=1e-12)
+
+
+RMS_SHAPES = [(256, 896), (37, 33), (1, 1), (5, 16), (70, 130)]
+
+
+@pytest.mark.parametrize("t,d", RMS_SHAPES)
+@pytest.mark.parametrize("parts", ["dy", "dy+dy2+dy3+residual", "dy+residual", "dy+dy2"])
+def test_rms_norm_backward_equals_the_reference_in_float64(t, d, parts):
+    from toolchain.mesp.ops.rmsnorm import rms_norm_backward_reference
+
+    lib = load_native_kernels()
+    gen = torch.Generator().manual_seed(t * 3 + d)
+    x = torch.randn(t, d, generator=gen) * 2
+    w = torch.randn(d, generator=gen)
+    dy, dy2, dy3, res = (torch.randn(t, d, generator=gen) for _ in range(4))
+    dy2, dy3 = (dy2 if "dy2" in parts else None), (dy3 if "dy3" in parts else None)
+    res = res if "residual" in parts else None
+    dbl = lambda v: None if v is None else v.double()  # noqa: E731
+    got = _rms_back(lib, x, w, 1e-6, dy, dy2, dy3, res)
+    exact = rms_norm_backward_reference(x.double(), w.double(), 1e-6, dy.double(), dbl(dy2), dbl(dy3), dbl(res))
+    # dx = r (g - xhat mean(g xhat)) cancels (exactly at d = 1): the bound is at the scale of its terms r g
+    g = sum(v.double() for v in (dy, dy2, dy3) if v is not None) * w.double()
+    r = torch.rsqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-6)
+    scale = float((r * g).abs().max()) + (0.0 if res is None else float(res.abs().max()))
+    _close(got, exact, rms_norm_backward_reference(x, w, 1e-6, dy, dy2, dy3, res), scale)
+
+
+def test_the_rms_norm_backward_reference_is_autograd_of_the_norm():
+    """residual + d rmsnorm(x) / dx applied to dy + dy2 + dy3 (float64 autograd through rmsnorm_forward)."""
+    from toolchain.mesp.ops.rmsnorm import rms_norm_backward_reference, rmsnorm_forward
+
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(11, 24, generator=gen, dtype=torch.float64, requires_grad=True)
+    w, dy, dy2, dy3, res = (torch.randn(*s, generator=gen, dtype=torch.float64)
+                            for s in [(24,), (11, 24), (11, 24), (11, 24), (11, 24)])
+    rmsnorm_forward(x, w, 1e-6)[0].backward(dy + dy2 + dy3)
+    torch.testing.assert_close(rms_norm_backward_reference(x.detach(), w, 1e-6, dy, dy2, dy3, res), res + x.grad,
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_rope_and_rms_norm_backward_nan_and_inf_stay_in_their_rows():
+    """A NaN / inf of token t reaches token t's outputs only (RoPE: its head's pair (i, i + D/2); the norm's backward:
+    its row, through the row's sums); every other output is finite."""
+    lib = load_native_kernels()
+    t, n, d = 9, 3, 16
+    gen = torch.Generator().manual_seed(2)
+    cos, sin = _tables(t, d, seed=4)
+    x = torch.randn(t, n * d, generator=gen)
+    x[4, d + 3] = float("nan")                                 # token 4, head 1, i = 3
+    got = _rope(lib, x, cos, sin, n)
+    bad = torch.zeros_like(got, dtype=torch.bool)
+    bad[1, 4, 3] = bad[1, 4, 3 + d // 2] = True
+    assert torch.equal(got.isnan(), bad)
+    dy = torch.randn(n, t, d, generator=gen)
+    dy[2, 6, 10] = float("inf")                                # head 2, token 6, i = 10 = 2 + D/2
+    gb = _rope_back(lib, dy, cos, sin, 1, 2)
+    assert gb[:6].isfinite().all() and gb[7:].isfinite().all()
+    assert (~gb[6].isfinite()).nonzero().flatten().tolist() == [d + 2, d + 10]
+    xr = torch.randn(t, 33, generator=gen)
+    w = torch.randn(33, generator=gen)
+    dyr = torch.randn(t, 33, generator=gen)
+    for row, col, v in ((2, 5, float("nan")), (7, 32, float("inf"))):
+        xx = xr.clone()
+        xx[row, col] = v
+        out = _rms_back(lib, xx, w, 1e-6, dyr, residual=dyr)
+        finite = out.isfinite()
+        assert not finite[row].any() and finite[:row].all() and finite[row + 1:].all()
+
+
+def test_rope_and_rms_norm_backward_bits_do_not_depend_on_threads_or_the_kernel_path(lib):
+    from executorch.extension.pybindings import portable_lib
+
+    before = lib.toolchain_kernel_threads()
+    if before < 1:
+        pytest.skip("no thread pool in this build")
+    paths = [p for p in ("generic", "avx2", "avx_vnni", "avx512_vnni") if lib.toolchain_select_kernel_path(p.encode()) == 0]
+    gen = torch.Generator().manual_seed(13)
+    try:
+        for t, n, d in [(256, 14, 64), (37, 3, 24)]:
+            x = torch.randn(t, n * d, generator=gen)
+            cos, sin = _tables(t, d, seed=t)
+            dy = torch.randn(n + 2, t, d, generator=gen)
+            xr, dyr, dy2, dy3, res = (torch.randn(t, 896, generator=gen) for _ in range(5))
+            w = torch.randn(896, generator=gen)
+            seen = []
+            for k, path in [(1, p) for p in paths] + [(2, paths[0]), (2, paths[-1])]:
+                portable_lib._unsafe_reset_threadpool(k)
+                assert lib.toolchain_select_kernel_path(path.encode()) == 0
+                got = torch.cat([_rope(lib, x, cos, sin, n).flatten(), _rope_back(lib, dy, cos, sin, 2, n).flatten(),
+                                 _rms_back(lib, xr, w, 1e-6, dyr, dy2, dy3, res).flatten()])
+                seen.append(got.view(torch.int32).clone())
+            assert all(torch.equal(seen[0], s_) for s_ in seen[1:]), (t, n, d)
+    finally:
+        portable_lib._unsafe_reset_threadpool(before)
+
+
+def test_rope_and_rms_norm_backward_bad_arguments_are_refused():
+    lib = load_native_kernels()
+    z = torch.zeros(256)
+    for t, n, d in [(0, 2, 4), (4, 0, 4), (4, 2, 3), (4, 2, 0)]:
+        assert lib.toolchain_rope_train(_ptr(z), _ptr(z), _ptr(z), t, n, d, _ptr(z)) == -1
+        assert lib.toolchain_rope_train_backward(_ptr(z), _ptr(z), _ptr(z), 4, 0, t, n, d, _ptr(z)) == -1
+    for big_n, start, n in [(3, 2, 2), (3, -1, 2)]:                # the heads not within dy's N
+        assert lib.toolchain_rope_train_backward(_ptr(z), _ptr(z), _ptr(z), big_n, start, 4, n, 4, _ptr(z)) == -1
+    for t, d in [(0, 4), (4, 0), (-1, 4)]:
+        assert lib.toolchain_rms_norm_backward(_ptr(z), _ptr(z), _ptr(z), None, None, None, t, d, ctypes.c_float(1e-6),
+                                               _ptr(z)) == -1

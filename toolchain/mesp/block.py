@@ -13,9 +13,10 @@ time ([T, T] scores). With q/k norms the backward chains rope_backward, head_nor
 the pre-norm q, k heads are held from the recompute to the norms' backward (with the post-rope ones).
 `--compute int8` (`Compute.train_kernels`) runs the same math through native ops on the thread pool: attention
 as one call each way, SwiGLU (with its backward in one pass), each int4 projection with its bias, LoRA and
-residual, each projection's LoRA backward, the MLP chunks' LoRA rows and the two RMSNorms (ops/compute.py); the MLP
-chunks' gate / up rows are read in place (`toolchain::lora_linear_a8_rows`, `int4_dyw_a8_acc`'s row0) and dn2, da
-accumulate in the dX kernel (`toolchain::int4_dyw_a8_acc`: acc + dy W, no separate add).
+residual, each projection's LoRA backward, the MLP chunks' LoRA rows, the two RMSNorms and their backwards (with the
+residual and the q, k, v gradients' sums), and RoPE without q/k norms (forward and backward; ops/compute.py); the
+MLP chunks' gate / up rows are read in place (`toolchain::lora_linear_a8_rows`, `int4_dyw_a8_acc`'s row0) and dn2,
+da accumulate in the dX kernel (`toolchain::int4_dyw_a8_acc`: acc + dy W, no separate add).
 
 The MLP is cut along its intermediate dimension f (it is a sum over f: lin_down(a) = sum_c a_c Wd[:, c]^T
 with a_c = silu(n2 Wg[c]^T) * (n2 Wu[c]^T) for column chunks c of size C): its [T, C] tensors replace
@@ -133,8 +134,13 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
     k = linear_forward(n1, w.k_proj, w.k_bias, p.lora.get("k_proj"), p.scale, p.compute)[0]
     v = linear_forward(n1, w.v_proj, w.v_bias, p.lora.get("v_proj"), p.scale, p.compute)[0]
     del n1
-    q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
-    k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
+    if _native_rope(p):                                           # split into heads and rotated: one native op each
+        q = torch.ops.toolchain.rope_train(q, rope.cos, rope.sin, arch.heads)
+        k = torch.ops.toolchain.rope_train(k, rope.cos, rope.sin, arch.kv_heads)
+        sq = sk = None
+    else:
+        q, sq = _qk_heads(q, arch.heads, w.q_norm, arch.rms_eps, rope)  # [H, T, D] post-rope; the norm's saved
+        k, sk = _qk_heads(k, arch.kv_heads, w.k_norm, arch.rms_eps, rope)  # [Hk, T, D]
     v = _heads(v, arch.kv_heads)
     if p.compute.train_kernels:                                   # one native op (ops/compute.py)
         o = torch.ops.toolchain.attention_train(q, k, v, arch.head_dim ** -0.5)
@@ -142,6 +148,13 @@ def attention_half(x: Tensor, p: BlockParams, rope: RopeTables) -> tuple[Tensor,
         o = _unheads(_attention_by_head(q, k, v, mask))
     x1 = linear_forward(o, w.o_proj, None, p.lora.get("o_proj"), p.scale, p.compute, residual=x)[0]  # x + o_proj(o)
     return x1, _AttentionKept(q, k, v, o, mask, sq, sk)
+
+
+def _native_rope(p: BlockParams) -> bool:
+    """`compute.train_kernels` without q/k norms: RoPE (forward, and backward from the attention backward's stacked
+    gradients) through `toolchain::rope_train` / `rope_train_backward` (ops/rope.py's references); with q/k norms the
+    per-head norms sit between the heads and the rotation, and RoPE stays the stock graph."""
+    return p.compute.train_kernels and p.weights.q_norm is None and p.weights.k_norm is None
 
 
 def _qk_heads(x: Tensor, n: int, norm: Tensor | None, eps: float, rope: RopeTables
@@ -351,6 +364,8 @@ def _mlp_backward(dout: Tensor, x1: Tensor, p: BlockParams, mlp_chunk: int | Non
         if pair is not None:
             dn2 = dn2 + dh @ pair.a
             _add_grad(grads, name, LoraPair(dh.T @ n2, torch.cat(db, dim=0)))
+    if cp.train_kernels:                                             # dout + the norm's backward: one native op
+        return torch.ops.toolchain.rms_norm_backward(x1, w.post_norm, p.arch.rms_eps, dn2, None, None, dout)
     return dout + rmsnorm_backward(dn2, s_n2)
 
 
@@ -373,26 +388,34 @@ def block_backward(dout: Tensor, x: Tensor, p: BlockParams, rope: RopeTables,
     del x1
     go = linear_backward(dx1, LinearSaved(kept.o, w.o_proj, p.lora.get("o_proj"), p.scale), p.compute)
     _add_grad(grads, "o_proj", go.lora)
+    h_, hk_ = arch.heads, arch.kv_heads
     if p.compute.train_kernels:                                   # dq, dk, dv stacked [H + 2 Hk, T, D]
-        g = torch.ops.toolchain.attention_train_backward(go.dx, kept.q, kept.k, kept.v, kept.o, arch.head_dim ** -0.5)
-        ga = AttentionGrads(g[:arch.heads], g[arch.heads:arch.heads + arch.kv_heads], g[arch.heads + arch.kv_heads:])
+        stacked = torch.ops.toolchain.attention_train_backward(go.dx, kept.q, kept.k, kept.v, kept.o,
+                                                               arch.head_dim ** -0.5)
+        ga = AttentionGrads(stacked[:h_], stacked[h_:h_ + hk_], stacked[h_ + hk_:])
     else:
-        ga = _attention_backward_by_head(_heads(go.dx, arch.heads), kept.q, kept.k, kept.v, kept.o, kept.mask)
+        ga = _attention_backward_by_head(_heads(go.dx, h_), kept.q, kept.k, kept.v, kept.o, kept.mask)
     norms = {"q": kept.q_norm, "k": kept.k_norm}                                  # None without q/k norms
     del go, kept
     n1, s_n1 = _rmsnorm(x, w.input_norm, arch.rms_eps, p.compute)   # recomputed: not held through the MLP
     def saved(name: str, weight) -> LinearSaved:
         return LinearSaved(n1, weight, p.lora.get(name), p.scale)
 
-    def dproj(dy: Tensor, which: str) -> Tensor:                    # d(projection output) [T, n*D]
-        dy = rope_backward(dy, rope)                                 # [n, T, D]
+    def dproj(which: str) -> Tensor:                                # d(projection output) [T, n*D]
+        if _native_rope(p):                                         # from the stacked gradients: one native op
+            start, n = (0, h_) if which == "q" else (h_, hk_)
+            return torch.ops.toolchain.rope_train_backward(stacked, rope.cos, rope.sin, start, n)
+        dy = rope_backward(ga.dq if which == "q" else ga.dk, rope)  # [n, T, D]
         return _unheads(dy if norms[which] is None else head_norm_backward(dy, norms[which]))
 
-    gq = linear_backward(dproj(ga.dq, "q"), saved("q_proj", w.q_proj), p.compute)
-    gk = linear_backward(dproj(ga.dk, "k"), saved("k_proj", w.k_proj), p.compute)
+    gq = linear_backward(dproj("q"), saved("q_proj", w.q_proj), p.compute)
+    gk = linear_backward(dproj("k"), saved("k_proj", w.k_proj), p.compute)
     gv = linear_backward(_unheads(ga.dv), saved("v_proj", w.v_proj), p.compute)
     del ga
     for name, g in (("q_proj", gq), ("k_proj", gk), ("v_proj", gv)):
         _add_grad(grads, name, g.lora)
-    dx = dx1 + rmsnorm_backward(gq.dx + gk.dx + gv.dx, s_n1)
+    if p.compute.train_kernels:                                     # dx1 + the norm's backward of the sum: one op
+        dx = torch.ops.toolchain.rms_norm_backward(x, w.input_norm, arch.rms_eps, gq.dx, gk.dx, gv.dx, dx1)
+    else:
+        dx = dx1 + rmsnorm_backward(gq.dx + gk.dx + gv.dx, s_n1)
     return dx, {t_: grads[t_] for t_ in p.lora}

@@ -38,6 +38,8 @@ from toolchain.mesp.ops.attention import attention_train_backward_reference, att
 from toolchain.mesp.ops.ce_online import exp_sub_rows_reference, online_softmax_stats_reference
 from toolchain.mesp.ops.lora_linear import lora_backward_reference, lora_rows_backward_reference
 from toolchain.mesp.ops.quant import int4_dyw_a8_acc_reference, int4_dyw_a8_reference, int4_linear_a8_reference
+from toolchain.mesp.ops.rmsnorm import rms_norm_backward_reference
+from toolchain.mesp.ops.rope import rope_train_backward_reference, rope_train_reference
 from toolchain.mesp.ops.swiglu import swiglu_train_reference
 from toolchain.native import load_kernels
 
@@ -165,6 +167,20 @@ KERNELS: tuple[Kernel, ...] = (
            schema="Tensor dy, Tensor h, Tensor b, float scale",
            reference=lora_rows_backward_reference,
            meta=lambda dy, h, b, scale: dy.new_empty((dy.shape[1] + dy.shape[0], h.shape[1]))),
+    # the attention half's RoPE (forward; backward from the attention backward's stacked gradients) and the RMSNorm
+    # backward with the sums around it (`--compute int8` training methods; mesp/block.py)
+    Kernel("rope_train", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR),                # x, cos, sin, T, n, D, out
+           schema="Tensor x, Tensor cos, Tensor sin, int heads",
+           reference=rope_train_reference,
+           meta=lambda x, cos, sin, heads: x.new_empty((heads, x.shape[0], x.shape[1] // heads))),
+    Kernel("rope_train_backward", (_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR),  # dy, cos, sin, N, start,
+           schema="Tensor dy, Tensor cos, Tensor sin, int start, int heads",          # T, n, D, out
+           reference=rope_train_backward_reference,
+           meta=lambda dy, cos, sin, start, heads: dy.new_empty((dy.shape[1], heads * dy.shape[2]))),
+    Kernel("rms_norm_backward", (_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _PTR),  # x, w, dy, dy2, dy3,
+           schema="Tensor x, Tensor w, float eps, Tensor dy, Tensor? dy2, Tensor? dy3, Tensor? residual",  # residual,
+           reference=rms_norm_backward_reference,                                                    # T, d, eps, out
+           meta=lambda x, w, eps, dy, dy2, dy3, residual: torch.empty_like(x)),
     # C-only entries: the kernel path chosen at load (docs/kernels.md), for tests, the timing line and the apps.
     Kernel("kernel_path", (), ctypes.c_char_p),            # generic, avx2, avx_vnni, avx512_vnni, neon, dotprod, i8mm
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL

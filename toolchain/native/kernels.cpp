@@ -101,6 +101,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -1622,8 +1623,10 @@ int toolchain_attention_train_backward(const float* dout, const float* q, const 
                                        const float* o, int64_t H, int64_t Hk, int64_t T, int64_t D, float scale,
                                        float* out) {
   if (H <= 0 || Hk <= 0 || H % Hk || T < 0 || D <= 0) return -1;
-  std::vector<float> partial(static_cast<size_t>(2 * H * T * D));
-  AttnTrainTask task{q, k, v, dout, o, H, Hk, T, D, scale, out, partial.data()};
+  // every element is written by the heads' tasks (on the pool): not zeroed here, on the calling thread; freed after
+  // the call (kept, it would add 2 H T D floats to the step's peak outside the attention backward)
+  std::unique_ptr<float[]> partial(new float[static_cast<size_t>(2 * H * T * D)]);
+  AttnTrainTask task{q, k, v, dout, o, H, Hk, T, D, scale, out, partial.get()};
   parallel_for(attention_train_backward_head, &task, H, 3 * H * T * T * D, kPoolRowWork);
   parallel_for(attention_train_kv_sum, &task, Hk, 2 * H * T * D, kPoolRowWork);
   return 0;
@@ -1907,6 +1910,138 @@ int toolchain_lora_rows_backward(const float* dy, const float* h, const float* b
   LoraBackTask task{dy, nullptr, nullptr, lora_transpose_b(b, C, r), nullptr, T, 0, C, r, s, const_cast<float*>(h),
                     nullptr, out};
   parallel_for(lora_rows_unit, &task, (C + kLoraBackBlock - 1) / kLoraBackBlock + T, 2 * T * C * r, kPoolRowWork);
+  return 0;
+}
+}  // extern "C"
+
+// The attention half's element-wise rest (`--compute int8` training methods; references `rope_train_reference`,
+// `rope_train_backward_reference` in toolchain/mesp/ops/rope.py, `rms_norm_backward_reference` in
+// toolchain/mesp/ops/rmsnorm.py), rows over the pool instead of ExecuTorch's portable mul / add / mean / cat on the
+// calling thread:
+//   toolchain::rope_train           out [n, T, D]: x [T, n D] split into n heads and rotated by the step's tables
+//                                   cos, sin [T, D] (h = D / 2):  out[i] = x[i] cos[i] + (-(x[i + h] sin[i])),
+//                                   out[i + h] = x[i + h] cos[i + h] + x[i] sin[i + h]   (i < h; rope_forward)
+//   toolchain::rope_train_backward  out [T, n D]: heads start .. start + n - 1 of dy [N, T, D] rotated back:
+//                                   out[i] = dy[i] cos[i] + dy[i + h] sin[i + h],
+//                                   out[i + h] = dy[i + h] cos[i + h] + (-(dy[i] sin[i]))   (rope_backward)
+//   toolchain::rms_norm_backward    out [T, d] = residual + dx, dx = r (g - xhat mean_k(g_k xhat_k)) for
+//                                   g = ((dy + dy2) + dy3) w, r = 1 / sqrt(mean_k x_k^2 + eps), xhat = x r
+//                                   (dy2, dy3, residual optional; rmsnorm_backward)
+// The token (row) t is the pool's unit of work; each output element is computed the same way whichever thread runs
+// it (the row's two sums: 16 lanes k mod 16 in increasing k, lane_sum's tree, then the tail in order), so the bits
+// depend neither on the thread count nor on the kernel path (one generic body). Products and sums may be fused by
+// the compiler (-ffp-contract=fast): within float32 rounding of the references, not their bits.
+namespace {
+
+struct RopeTrainTask {
+  const float *x, *cos, *sin;
+  int64_t T, n, D, N, start;   // backward: x is dy [N, T, D], heads start .. start + n - 1
+  float* out;
+};
+
+static void rope_train_token(void* task, size_t token) {
+  const RopeTrainTask& k = *static_cast<const RopeTrainTask*>(task);
+  const int64_t t = static_cast<int64_t>(token), T = k.T, D = k.D, h = D / 2;
+  const float *c = k.cos + t * D, *s = k.sin + t * D;
+  for (int64_t j = 0; j < k.n; ++j) {
+    const float* x = k.x + t * k.n * D + j * D;
+    float* o = k.out + (j * T + t) * D;
+    for (int64_t i = 0; i < h; ++i) {
+      o[i] = x[i] * c[i] + (-(x[i + h] * s[i]));
+      o[i + h] = x[i + h] * c[i + h] + x[i] * s[i + h];
+    }
+  }
+}
+
+static void rope_train_backward_token(void* task, size_t token) {
+  const RopeTrainTask& k = *static_cast<const RopeTrainTask*>(task);
+  const int64_t t = static_cast<int64_t>(token), T = k.T, D = k.D, h = D / 2;
+  const float *c = k.cos + t * D, *s = k.sin + t * D;
+  for (int64_t j = 0; j < k.n; ++j) {
+    const float* dy = k.x + ((k.start + j) * T + t) * D;
+    float* o = k.out + t * k.n * D + j * D;
+    for (int64_t i = 0; i < h; ++i) {
+      o[i] = dy[i] * c[i] + dy[i + h] * s[i + h];
+      o[i + h] = dy[i + h] * c[i + h] + (-(dy[i] * s[i]));
+    }
+  }
+}
+
+struct RmsNormBackTask {
+  const float *x, *w, *dy, *dy2, *dy3, *residual;
+  int64_t d;
+  float eps;
+  float* out;
+};
+
+// g[k] of row t: ((dy + dy2) + dy3) w, the absent terms skipped.
+inline float rms_back_g(const RmsNormBackTask& b, int64_t i, int64_t k) {
+  float g = b.dy[i];
+  if (b.dy2) g = g + b.dy2[i];
+  if (b.dy3) g = g + b.dy3[i];
+  return g * b.w[k];
+}
+
+static void rms_norm_backward_row(void* task, size_t row) {
+  const RmsNormBackTask& b = *static_cast<const RmsNormBackTask*>(task);
+  const int64_t t = static_cast<int64_t>(row), d = b.d, o = t * d;
+  const float* xt = b.x + o;
+  float lanes[L];
+  f32x16 acc = f32x16{};
+  float tail = 0.0f;
+  int64_t k = 0;
+  for (; k + L <= d; k += L) {
+    f32x16 a;
+    std::memcpy(&a, xt + k, sizeof a);
+    acc = acc + a * a;
+  }
+  for (; k < d; ++k) tail += xt[k] * xt[k];
+  std::memcpy(lanes, &acc, sizeof lanes);
+  const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + b.eps);
+  float gx[L];                                       // sum_k g_k xhat_k: lanes k mod 16, then the tail
+  for (int64_t l = 0; l < L; ++l) gx[l] = 0.0f;
+  tail = 0.0f;
+  for (k = 0; k + L <= d; k += L)
+    for (int64_t l = 0; l < L; ++l) gx[l] += rms_back_g(b, o + k + l, k + l) * (xt[k + l] * r);
+  for (; k < d; ++k) tail += rms_back_g(b, o + k, k) * (xt[k] * r);
+  const float mean = (lane_sum(gx) + tail) / static_cast<float>(d);
+  float* y = b.out + o;
+  for (k = 0; k < d; ++k) {
+    const float v = r * (rms_back_g(b, o + k, k) - (xt[k] * r) * mean);
+    y[k] = b.residual ? b.residual[o + k] + v : v;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+// out [n, T, D] = the heads of x [T, n D] rotated (toolchain::rope_train). Returns 0, or -1 for bad arguments
+// (D odd or < 2, n or T < 1).
+int toolchain_rope_train(const float* x, const float* cos, const float* sin, int64_t T, int64_t n, int64_t D,
+                         float* out) {
+  if (T < 1 || n < 1 || D < 2 || D % 2) return -1;
+  RopeTrainTask task{x, cos, sin, T, n, D, n, 0, out};
+  parallel_for(rope_train_token, &task, T, T * n * D, kPoolRowWork);
+  return 0;
+}
+
+// out [T, n D] = heads start .. start + n - 1 of dy [N, T, D] rotated back (toolchain::rope_train_backward).
+// Returns 0, or -1 for bad arguments (as toolchain_rope_train, or the heads not within dy's N).
+int toolchain_rope_train_backward(const float* dy, const float* cos, const float* sin, int64_t N, int64_t start,
+                                  int64_t T, int64_t n, int64_t D, float* out) {
+  if (T < 1 || n < 1 || D < 2 || D % 2 || start < 0 || start + n > N) return -1;
+  RopeTrainTask task{dy, cos, sin, T, n, D, N, start, out};
+  parallel_for(rope_train_backward_token, &task, T, T * n * D, kPoolRowWork);
+  return 0;
+}
+
+// out [T, d] = residual + the RMSNorm backward of x [T, d] (weight w [d]) for the gradient (dy + dy2) + dy3
+// (toolchain::rms_norm_backward; dy2, dy3, residual may be null: absent). Returns 0, or -1 for bad arguments.
+int toolchain_rms_norm_backward(const float* x, const float* w, const float* dy, const float* dy2, const float* dy3,
+                                const float* residual, int64_t T, int64_t d, float eps, float* out) {
+  if (T < 1 || d < 1) return -1;
+  RmsNormBackTask task{x, w, dy, dy2, dy3, residual, d, eps, out};
+  parallel_for(rms_norm_backward_row, &task, T, 4 * T * d, kPoolRowWork);
   return 0;
 }
 }  // extern "C"
@@ -2259,6 +2394,65 @@ Tensor& lora_rows_backward_out(KernelRuntimeContext& ctx, const Tensor& dy, cons
   return out;
 }
 
+
+// x [T, n D] (n = heads), cos and sin [T, D] float: toolchain::rope_train's operands.
+bool rope_tables_shape(const Tensor& cos, const Tensor& sin, int64_t T, int64_t D) {
+  return cos.scalar_type() == ScalarType::Float && sin.scalar_type() == ScalarType::Float && cos.dim() == 2 &&
+         sin.dim() == 2 && cos.size(0) == T && cos.size(1) == D && sin.size(0) == T && sin.size(1) == D;
+}
+
+// toolchain::rope_train.out(Tensor x, Tensor cos, Tensor sin, int heads, *, Tensor(a!) out)
+Tensor& rope_train_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                       int64_t heads, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float &&
+                  x.dim() == 2 && heads > 0 && x.size(1) % heads == 0, InvalidArgument, out);
+  const int64_t T = x.size(0), D = x.size(1) / heads;
+  ET_KERNEL_CHECK(ctx, rope_tables_shape(cos, sin, T, D), InvalidArgument, out);
+  const SizesType sizes[3] = {static_cast<SizesType>(heads), static_cast<SizesType>(T), static_cast<SizesType>(D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 3}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_rope_train(x.const_data_ptr<float>(), cos.const_data_ptr<float>(),
+                                      sin.const_data_ptr<float>(), T, heads, D, out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::rope_train_backward.out(Tensor dy, Tensor cos, Tensor sin, int start, int heads, *, Tensor(a!) out)
+Tensor& rope_train_backward_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& cos, const Tensor& sin,
+                                int64_t start, int64_t heads, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float &&
+                  dy.dim() == 3 && heads > 0 && start >= 0 && start + heads <= dy.size(0), InvalidArgument, out);
+  const int64_t T = dy.size(1), D = dy.size(2);
+  ET_KERNEL_CHECK(ctx, rope_tables_shape(cos, sin, T, D), InvalidArgument, out);
+  const SizesType sizes[2] = {static_cast<SizesType>(T), static_cast<SizesType>(heads * D)};
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, 2}) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_rope_train_backward(dy.const_data_ptr<float>(), cos.const_data_ptr<float>(),
+                                               sin.const_data_ptr<float>(), dy.size(0), start, T, heads, D,
+                                               out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
+// toolchain::rms_norm_backward.out(Tensor x, Tensor w, float eps, Tensor dy, Tensor? dy2, Tensor? dy3,
+//                                  Tensor? residual, *, Tensor(a!) out)
+Tensor& rms_norm_backward_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& w, double eps,
+                              const Tensor& dy, const std::optional<Tensor>& dy2, const std::optional<Tensor>& dy3,
+                              const std::optional<Tensor>& residual, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, x.scalar_type() == ScalarType::Float && w.scalar_type() == ScalarType::Float &&
+                  dy.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float &&
+                  x.dim() == 2 && dy.dim() == 2 && w.dim() == 1 && w.size(0) == x.size(1) &&
+                  dy.size(0) == x.size(0) && dy.size(1) == x.size(1), InvalidArgument, out);
+  const int64_t T = x.size(0), d = x.size(1);
+  ET_KERNEL_CHECK(ctx, optional_float_shape(dy2, T, d) && optional_float_shape(dy3, T, d) &&
+                  optional_float_shape(residual, T, d), InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, x.sizes()) == Error::Ok, InvalidArgument, out);
+  const int rc = toolchain_rms_norm_backward(x.const_data_ptr<float>(), w.const_data_ptr<float>(),
+                                             dy.const_data_ptr<float>(), optional_floats(dy2), optional_floats(dy3),
+                                             optional_floats(residual), T, d, static_cast<float>(eps),
+                                             out.mutable_data_ptr<float>());
+  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
+  return out;
+}
+
 }  // namespace
 
 EXECUTORCH_LIBRARY(toolchain, "int4_linear_a8.out", int4_linear_a8_out);
@@ -2277,4 +2471,7 @@ EXECUTORCH_LIBRARY(toolchain, "online_softmax_stats.out", online_softmax_stats_o
 EXECUTORCH_LIBRARY(toolchain, "exp_sub_rows.out", exp_sub_rows_out);
 EXECUTORCH_LIBRARY(toolchain, "lora_backward.out", lora_backward_out);
 EXECUTORCH_LIBRARY(toolchain, "lora_rows_backward.out", lora_rows_backward_out);
+EXECUTORCH_LIBRARY(toolchain, "rope_train.out", rope_train_out);
+EXECUTORCH_LIBRARY(toolchain, "rope_train_backward.out", rope_train_backward_out);
+EXECUTORCH_LIBRARY(toolchain, "rms_norm_backward.out", rms_norm_backward_out);
 #endif

@@ -84,7 +84,8 @@ INT8_KERNELS = tuple(k.op for k in KERNELS if k.name in ("int4_linear_a8", "int4
                                                          "attention_train_backward", "swiglu", "swiglu_train",
                                                          "online_softmax_stats", "exp_sub_rows", "lora_backward",
                                                          "lora_rows_backward", "rms_norm", "lora_linear_a8",
-                                                         "lora_linear_a8_rows"))
+                                                         "lora_linear_a8_rows", "rope_train", "rope_train_backward",
+                                                         "rms_norm_backward"))
 
 
 @dataclass(frozen=True)

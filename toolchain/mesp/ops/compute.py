@@ -10,11 +10,12 @@
              With "int8" the block's causal attention (forward, recompute, gradients) is one float32 native op
              each, `toolchain::attention_train` / `attention_train_backward`, and the MLP chunks' SwiGLU
              `toolchain::swiglu` (forward) / `toolchain::swiglu_train` (recompute + gradients), the LoRA backward
-             `toolchain::lora_backward` (per projection) / `lora_rows_backward` (per MLP chunk) and the RMSNorms
-             `toolchain::rms_norm` (`train_kernels`; mesp/block.py, ops/lora_linear.py), the MLP chunks' gate / up
-             rows in place (`toolchain::lora_linear_a8_rows`) and their dX sums accumulated by
-             `toolchain::int4_dyw_a8_acc`: an int8 program needs the native kernels anyway, and they run on the
-             thread pool
+             `toolchain::lora_backward` (per projection) / `lora_rows_backward` (per MLP chunk), the RMSNorms
+             `toolchain::rms_norm` and their backwards `toolchain::rms_norm_backward`, and RoPE (without q/k norms)
+             `toolchain::rope_train` / `rope_train_backward` (`train_kernels`; mesp/block.py, ops/lora_linear.py),
+             the MLP chunks' gate / up rows in place (`toolchain::lora_linear_a8_rows`) and their dX sums
+             accumulated by `toolchain::int4_dyw_a8_acc`: an int8 program needs the native kernels anyway, and
+             they run on the thread pool
   fused      the fused generation methods: an int4 `x W^T` is one `toolchain::int4_linear_a8` call
              (ops/quant.py), the decode block and the head's norm call the native kernels' custom ops
              (mesp/decode.py; the ops are mesp/kernels.py's table)
@@ -56,10 +57,11 @@ class Compute:
 
     @property
     def train_kernels(self) -> bool:
-        """The training block's attention, SwiGLU, LoRA backward and RMSNorms through the native float32 ops
+        """The training block's attention, SwiGLU, LoRA backward, RMSNorms and RoPE through the native float32 ops
         (`toolchain::attention_train`, `attention_train_backward`, `swiglu`, `swiglu_train`, `lora_backward`,
-        `lora_rows_backward`, `rms_norm`: the math of ops/attention.py, ops/swiglu.py, ops/lora_linear.py,
-        ops/rmsnorm.py; an int8 program needs the native kernels anyway)."""
+        `lora_rows_backward`, `rms_norm`, `rms_norm_backward`, `rope_train`, `rope_train_backward`: the math of
+        ops/attention.py, ops/swiglu.py, ops/lora_linear.py, ops/rmsnorm.py, ops/rope.py; an int8 program needs the
+        native kernels anyway)."""
         return self.precision == "int8"
 
     @property

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["RmsNormSaved", "rmsnorm_forward", "rmsnorm_backward"]
+__all__ = ["RmsNormSaved", "rmsnorm_forward", "rmsnorm_backward", "rms_norm_backward_reference"]
 
 
 class RmsNormSaved(NamedTuple):
@@ -40,3 +40,15 @@ def rmsnorm_backward(dy: Tensor, saved: RmsNormSaved) -> Tensor:
     xhat = x * r                                        # [T, d]
     g = dy * w                                          # [T, d]
     return r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+
+
+def rms_norm_backward_reference(x: Tensor, w: Tensor, eps: float, dy: Tensor, dy2: Tensor | None = None,
+                                dy3: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    """The definition of `toolchain::rms_norm_backward` (mesp/kernels.py; the native kernel in
+    toolchain/native/kernels.cpp), a `--compute int8` block's norm backward with the sums around it: for x [T, d],
+    the gradient (dy + dy2) + dy3 of the norm's output (the absent ones skipped; the attention half's q, k, v
+    projections' dx), residual + rmsnorm_backward(that) (the residual absent: the norm's dx alone)."""
+    g = dy if dy2 is None else dy + dy2
+    g = g if dy3 is None else g + dy3
+    dx = rmsnorm_backward(g, RmsNormSaved(x, w, eps))
+    return dx if residual is None else residual + dx

@@ -17,7 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["RopeTables", "rope_tables", "rope_forward", "rope_backward"]
+__all__ = ["RopeTables", "rope_tables", "rope_forward", "rope_backward", "rope_train_reference",
+           "rope_train_backward_reference"]
 
 
 class RopeTables(NamedTuple):
@@ -58,3 +59,19 @@ def rope_forward(x: Tensor, tables: RopeTables) -> Tensor:
 def rope_backward(dy: Tensor, tables: RopeTables) -> Tensor:
     """dx [H, T, D] for dy [H, T, D]."""
     return dy * tables.cos + _rot_t(dy * tables.sin)
+
+
+def rope_train_reference(x: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:
+    """The definition of `toolchain::rope_train` (mesp/kernels.py; the native kernel in toolchain/native/kernels.cpp),
+    a `--compute int8` block's q or k projection [T, n D] split into `heads` heads [n, T, D] and rotated by the
+    step's tables cos / sin [T, D] (rope_forward of the heads: the block's `_qk_heads` without q/k norms)."""
+    t = x.shape[0]
+    return rope_forward(x.reshape(t, heads, -1).transpose(0, 1), RopeTables(cos, sin))
+
+
+def rope_train_backward_reference(dy: Tensor, cos: Tensor, sin: Tensor, start: int, heads: int) -> Tensor:
+    """The definition of `toolchain::rope_train_backward`: for the gradients dy [N, T, D] of post-RoPE heads (the
+    attention backward's stacked dq, dk, dv), heads start .. start + heads - 1 rotated back (rope_backward) and laid
+    out token-major, [T, heads D]: the gradient of the projection output whose rope_train they were."""
+    g = rope_backward(dy[start:start + heads], RopeTables(cos, sin))
+    return g.transpose(0, 1).reshape(dy.shape[1], heads * dy.shape[2])
