@@ -173,7 +173,39 @@ inline float lane_sum(const float* a) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX512F__)
+// GCC on x86 without AVX-512 (an AVX2 machine's -march=native): GCC 12 lowers a 64-byte vector type it has no
+// register for through the stack and general registers (attention_train ~8x slower than clang's build of the same
+// code), so there f32x16 is two 8-lane halves (lanes 0..7, 8..15: the same 64 bytes in the same order) with the
+// operators the code uses, each lane-wise on both halves: every lane runs the same IEEE operations (and GCC fuses
+// the same multiply-adds, -ffp-contract=fast acting after inlining), so the bits are the vector type's.
+// scripts/check_kernel_arm64.sh builds this case (-march=x86-64-v3) and requires the native build's bits.
+#define TOOLCHAIN_F32X16_HALVES 1
+typedef float f32x8 __attribute__((vector_size(32)));
+struct f32x16 {
+  f32x8 lo, hi;
+  float& operator[](int64_t l) { return l < 8 ? lo[l] : hi[l - 8]; }   // lane l (GCC: a vector's lane is an lvalue)
+  float operator[](int64_t l) const { return l < 8 ? lo[l] : hi[l - 8]; }
+  f32x16 operator-() const { return {-lo, -hi}; }
+  f32x16& operator+=(const f32x16& b) {
+    lo += b.lo;
+    hi += b.hi;
+    return *this;
+  }
+};
+static_assert(sizeof(f32x16) == 64, "f32x16: 16 floats, no padding");
+#define TOOLCHAIN_F32X16_OP(op)                                                                                 \
+  inline f32x16 operator op(const f32x16& a, const f32x16& b) { return {a.lo op b.lo, a.hi op b.hi}; }       \
+  inline f32x16 operator op(const f32x16& a, float b) { return {a.lo op b, a.hi op b}; }                     \
+  inline f32x16 operator op(float a, const f32x16& b) { return {a op b.lo, a op b.hi}; }
+TOOLCHAIN_F32X16_OP(+)
+TOOLCHAIN_F32X16_OP(-)
+TOOLCHAIN_F32X16_OP(*)
+TOOLCHAIN_F32X16_OP(/)
+#undef TOOLCHAIN_F32X16_OP
+#else
 typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector extensions: 16 lanes
+#endif
 
 // x quantized per row and group: int8 even / odd columns (each row padded with zeros to `stride` bytes),
 // sa and 8 * sum_k a per group (padded with zeros to `gstride` groups).
@@ -1251,25 +1283,39 @@ int toolchain_rope_heads(const float* x, int64_t C, int64_t n, int64_t D, int64_
 // exp(x) per lane, Cephes' expf: x = n ln2 + f (n rounded to nearest, ln2 in two parts), exp(f) a degree-6
 // polynomial, times 2^n from the exponent bits; x clamped to [-87.34, 88.38] (normal results). Within 2 ulp
 // of the correctly rounded value; element-wise, so any vector width gives the same bits.
-inline f32x16 exp16(f32x16 x) {
-  typedef int32_t i32x16 __attribute__((vector_size(64)));
-  x = x > 88.3762626647949f ? f32x16{} + 88.3762626647949f : x;
-  x = x < -87.3365478515625f ? f32x16{} - 87.3365478515625f : x;
-  const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest (|n| < 2^22)
-  f32x16 f = x - n * 0.693359375f;
+extern "C++" {   // (a template, within the extern "C" block)
+template <typename F, typename I>
+inline F exp_lanes(F x) {
+  x = x > 88.3762626647949f ? F{} + 88.3762626647949f : x;
+  x = x < -87.3365478515625f ? F{} - 87.3365478515625f : x;
+  const F n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest (|n| < 2^22)
+  F f = x - n * 0.693359375f;
   f = f - n * -2.12194440e-4f;
-  f32x16 p = f32x16{} + 1.9875691500e-4f;
+  F p = F{} + 1.9875691500e-4f;
   p = p * f + 1.3981999507e-3f;
   p = p * f + 8.3334519073e-3f;
   p = p * f + 4.1665795894e-2f;
   p = p * f + 1.6666665459e-1f;
   p = p * f + 5.0000001201e-1f;
   p = p * (f * f) + f + 1.0f;
-  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  f32x16 scale;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  F scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+}  // extern "C++"
+
+#ifdef TOOLCHAIN_F32X16_HALVES
+inline f32x16 exp16(f32x16 x) {   // each half by the same body
+  typedef int32_t i32x8 __attribute__((vector_size(32)));
+  return {exp_lanes<f32x8, i32x8>(x.lo), exp_lanes<f32x8, i32x8>(x.hi)};
+}
+#else
+inline f32x16 exp16(f32x16 x) {
+  typedef int32_t i32x16 __attribute__((vector_size(64)));
+  return exp_lanes<f32x16, i32x16>(x);
+}
+#endif
 
 // out [N] = silu(g) * u = g / (1 + exp(-g)) * u (SwiGLU), exp by exp16 (the tail in a zero-padded vector).
 inline f32x16 swiglu16(f32x16 g, f32x16 u) { return g / (1.0f + exp16(-g)) * u; }
