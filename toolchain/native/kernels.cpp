@@ -1395,14 +1395,16 @@ void attn_panel(const float* src, int64_t n, int64_t D, int64_t ld, int64_t np, 
     }
 }
 
-// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + 16 NB - 1: a [., Dp], bt [Dp, Tp], out [., Tp].
-template <int NB>
-inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
-                              int64_t i0, int64_t j0) {
-  f32x16 acc[kAttnRows][NB] = {};
+// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + W NB - 1 (W: V's lanes, 16 for f32x16): a [., Dp],
+// bt [Dp, Tp], out [., Tp].
+template <typename V, int NB>
+inline void attn_scores_vec(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
+                            int64_t i0, int64_t j0) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  V acc[kAttnRows][NB] = {};
   for (int64_t d = 0; d < Dp; ++d) {
-    f32x16 b[NB];
-    for (int c = 0; c < NB; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * L, sizeof(f32x16));
+    V b[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * W, sizeof(V));
     for (int64_t r = 0; r < kAttnRows; ++r) {
       const float x = a[(i0 + r) * Dp + d];
       for (int c = 0; c < NB; ++c) acc[r][c] += x * b[c];
@@ -1410,9 +1412,35 @@ inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64
   }
   for (int64_t r = 0; r < kAttnRows; ++r)
     for (int c = 0; c < NB; ++c) {
-      const f32x16 v = acc[r][c] * scale;
-      std::memcpy(out + (i0 + r) * Tp + j0 + c * L, &v, sizeof v);
+      const V v = acc[r][c] * scale;
+      std::memcpy(out + (i0 + r) * Tp + j0 + c * W, &v, sizeof v);
     }
+}
+
+#ifdef TOOLCHAIN_F32X16_HALVES
+// f32x16 as halves: GCC keeps an array of them in memory, so the attention blocks run on 8-lane vectors, N of them
+// across (N = 2 NB) in passes of kAttnEights (2: 4 rows x 2 accumulators; 3 and 4 were slower, 1 too). Each
+// output element is still the sum over d (or t) in increasing order by fused multiply-adds: the same bits.
+constexpr int kAttnEights = 2;
+template <int N, typename F>
+inline void attn_by_eights(F&& f) {
+  int c = 0;
+  for (; c + kAttnEights <= N; c += kAttnEights) f(std::integral_constant<int, kAttnEights>{}, c * 8);
+  if constexpr (N % kAttnEights != 0) f(std::integral_constant<int, N % kAttnEights>{}, c * 8);
+}
+#endif
+
+// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + 16 NB - 1.
+template <int NB>
+inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
+                              int64_t i0, int64_t j0) {
+#ifdef TOOLCHAIN_F32X16_HALVES
+  attn_by_eights<2 * NB>([&](auto nv, int64_t c) {
+    attn_scores_vec<f32x8, decltype(nv)::value>(a, bt, Tp, Dp, scale, out, i0, j0 + c);
+  });
+#else
+  attn_scores_vec<f32x16, NB>(a, bt, Tp, Dp, scale, out, i0, j0);
+#endif
 }
 
 // out[i][j] = scale * sum_d a[i][d] bt[d][j] for the row blocks of 4 covering [0, T) and j < round16(i + 1) (the
@@ -1454,23 +1482,37 @@ void attn_softmax_row(float* s, int64_t i) {
   }
 }
 
-// out[r][d0 ..] += sum over the rows t of `b` in [t0, t1) of p[t * sp + r * sr] b[t][d0 .. d0 + 16 NB - 1], r < 4,
+// out[r][d0 ..] += sum over the rows t of `b` in [t0, t1) of p[t * sp + r * sr] b[t][d0 .. d0 + W NB - 1], r < 4,
 // in increasing t (fused multiply-adds from 0): the P V-like products (sp = 1: rows of p; sr = Tp) and the
-// P^T dO-like ones (sp = Tp, sr = 1: columns of p).
-template <int NB>
-inline void attn_weighted_rows(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
-                               int64_t Dp, int64_t d0, float* out, int64_t ldo) {
-  f32x16 acc[kAttnRows][NB] = {};
+// P^T dO-like ones (sp = Tp, sr = 1: columns of p). W: V's lanes.
+template <typename V, int NB>
+inline void attn_weighted_vec(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
+                              int64_t Dp, int64_t d0, float* out, int64_t ldo) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  V acc[kAttnRows][NB] = {};
   for (int64_t t = t0; t < t1; ++t) {
-    f32x16 v[NB];
-    for (int c = 0; c < NB; ++c) std::memcpy(&v[c], b + t * Dp + d0 + c * L, sizeof(f32x16));
+    V v[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&v[c], b + t * Dp + d0 + c * W, sizeof(V));
     for (int64_t r = 0; r < kAttnRows; ++r) {
       const float x = p[t * sp + r * sr];
       for (int c = 0; c < NB; ++c) acc[r][c] += x * v[c];
     }
   }
   for (int64_t r = 0; r < kAttnRows; ++r)
-    for (int c = 0; c < NB; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
+    for (int c = 0; c < NB; ++c) std::memcpy(out + r * ldo + d0 + c * W, &acc[r][c], sizeof(V));
+}
+
+// The same for columns d0 .. d0 + 16 NB - 1.
+template <int NB>
+inline void attn_weighted_rows(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
+                               int64_t Dp, int64_t d0, float* out, int64_t ldo) {
+#ifdef TOOLCHAIN_F32X16_HALVES
+  attn_by_eights<2 * NB>([&](auto nv, int64_t c) {
+    attn_weighted_vec<f32x8, decltype(nv)::value>(p, sp, sr, t0, t1, b, Dp, d0 + c, out, ldo);
+  });
+#else
+  attn_weighted_vec<f32x16, NB>(p, sp, sr, t0, t1, b, Dp, d0, out, ldo);
+#endif
 }
 
 template <typename F>
