@@ -194,6 +194,17 @@ struct f32x16 {
   }
 };
 static_assert(sizeof(f32x16) == 64, "f32x16: 16 floats, no padding");
+// 16 floats from / to memory by halves (a memcpy of the whole struct goes through the stack in 16-byte pieces).
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v.lo, p, sizeof v.lo);
+  std::memcpy(&v.hi, p + 8, sizeof v.hi);
+  return v;
+}
+inline void store16(float* p, const f32x16& v) {
+  std::memcpy(p, &v.lo, sizeof v.lo);
+  std::memcpy(p + 8, &v.hi, sizeof v.hi);
+}
 #define TOOLCHAIN_F32X16_OP(op)                                                                                 \
   inline f32x16 operator op(const f32x16& a, const f32x16& b) { return {a.lo op b.lo, a.hi op b.hi}; }       \
   inline f32x16 operator op(const f32x16& a, float b) { return {a.lo op b, a.hi op b}; }                     \
@@ -205,6 +216,12 @@ TOOLCHAIN_F32X16_OP(/)
 #undef TOOLCHAIN_F32X16_OP
 #else
 typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector extensions: 16 lanes
+inline f32x16 load16(const float* p) {   // 16 floats from / to memory
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, const f32x16& v) { std::memcpy(p, &v, sizeof v); }
 #endif
 
 // x quantized per row and group: int8 even / odd columns (each row padded with zeros to `stride` bytes),
@@ -1052,13 +1069,13 @@ static void attention_head(void* task, size_t head) {
       int64_t d = 0;
       for (; d + L <= D; d += L) {
         f32x16 x, y;
-        std::memcpy(&x, qv + d, sizeof x);
-        std::memcpy(&y, kr + d, sizeof y);
+        x = load16(qv + d);
+        y = load16(kr + d);
         acc = acc + x * y;
       }
       for (; d < D; ++d) tail = std::fma(qv[d], kr[d], tail);
       float lanes[L];
-      std::memcpy(lanes, &acc, sizeof lanes);
+      store16(lanes, acc);
       const float sc = (lane_sum(lanes) + tail) * a.scale;
       p[static_cast<size_t>(s)] = sc;
       m = sc > m ? sc : m;
@@ -1112,12 +1129,12 @@ static void rms_norm_row(void* task, size_t row) {
   int64_t k = 0;
   for (; k + L <= d; k += L) {
     f32x16 a;
-    std::memcpy(&a, xt + k, sizeof a);
+    a = load16(xt + k);
     acc = acc + a * a;
   }
   for (; k < d; ++k) tail = std::fma(xt[k], xt[k], tail);
   float lanes[L];
-  std::memcpy(lanes, &acc, sizeof lanes);
+  store16(lanes, acc);
   const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + rn.eps);
   float* yt = rn.y + t * d;
   for (k = 0; k < d; ++k) yt[k] = rn.w[k] * (xt[k] * r);
@@ -1139,12 +1156,12 @@ inline float dot(const float* __restrict x, const float* __restrict y, int64_t n
   int64_t k = 0;
   for (; k + L <= n; k += L) {
     f32x16 a, b;
-    std::memcpy(&a, x + k, sizeof a);
-    std::memcpy(&b, y + k, sizeof b);
+    a = load16(x + k);
+    b = load16(y + k);
     acc = acc + a * b;
   }
   float lanes[L];
-  std::memcpy(lanes, &acc, sizeof lanes);
+  store16(lanes, acc);
   float tail = 0.0f;
   for (; k < n; ++k) tail = std::fma(x[k], y[k], tail);
   return lane_sum(lanes) + tail;
@@ -1338,20 +1355,20 @@ static void swiglu_block(void* task, size_t i) {
   int64_t k = 0;
   for (; k + L <= N; k += L) {
     f32x16 gv, uv;
-    std::memcpy(&gv, g + k, sizeof gv);
-    std::memcpy(&uv, u + k, sizeof uv);
+    gv = load16(g + k);
+    uv = load16(u + k);
     const f32x16 ov = swiglu16(gv, uv);
-    std::memcpy(out + k, &ov, sizeof ov);
+    store16(out + k, ov);
   }
   if (k < N) {
     float gt[L] = {}, ut[L] = {}, ot[L];
     std::memcpy(gt, g + k, static_cast<size_t>(N - k) * sizeof(float));
     std::memcpy(ut, u + k, static_cast<size_t>(N - k) * sizeof(float));
     f32x16 gv, uv;
-    std::memcpy(&gv, gt, sizeof gv);
-    std::memcpy(&uv, ut, sizeof uv);
+    gv = load16(gt);
+    uv = load16(ut);
     const f32x16 ov = swiglu16(gv, uv);
-    std::memcpy(ot, &ov, sizeof ov);
+    store16(ot, ov);
     std::memcpy(out + k, ot, static_cast<size_t>(N - k) * sizeof(float));
   }
 }
@@ -1464,21 +1481,21 @@ void attn_softmax_row(float* s, int64_t i) {
   f32x16 sum = f32x16{};
   for (int64_t j = 0; j < nv; j += L) {
     f32x16 v;
-    std::memcpy(&v, s + j, sizeof v);
+    v = load16(s + j);
     f32x16 e = exp16(v - m);
     if (j + L > n)
       for (int64_t l = n - j; l < L; ++l) e[l] = 0.0f;
     sum += e;
-    std::memcpy(s + j, &e, sizeof e);
+    store16(s + j, e);
   }
   float lanes[L];
-  std::memcpy(lanes, &sum, sizeof lanes);
+  store16(lanes, sum);
   const float denom = lane_sum(lanes);
   for (int64_t j = 0; j < nv; j += L) {
     f32x16 v;
-    std::memcpy(&v, s + j, sizeof v);
+    v = load16(s + j);
     v = v / denom;
-    std::memcpy(s + j, &v, sizeof v);
+    store16(s + j, v);
   }
 }
 
@@ -1683,17 +1700,17 @@ struct SwigluTrainTask {
 
 inline void swiglu_train16(const float* g, const float* u, const float* da, float* act, float* dg, float* du) {
   f32x16 gv, uv, dv;
-  std::memcpy(&gv, g, sizeof gv);
-  std::memcpy(&uv, u, sizeof uv);
-  std::memcpy(&dv, da, sizeof dv);
+  gv = load16(g);
+  uv = load16(u);
+  dv = load16(da);
   const f32x16 e = exp16(-gv);
   const f32x16 av = gv / (1.0f + e) * uv;
   const f32x16 sg = 1.0f / (1.0f + e);
   const f32x16 duv = dv * (gv * sg);
   const f32x16 dgv = dv * uv * sg * (1.0f + gv * (1.0f - sg));
-  std::memcpy(act, &av, sizeof av);
-  std::memcpy(dg, &dgv, sizeof dgv);
-  std::memcpy(du, &duv, sizeof duv);
+  store16(act, av);
+  store16(dg, dgv);
+  store16(du, duv);
 }
 
 static void swiglu_train_block(void* task, size_t i) {
@@ -1744,24 +1761,24 @@ inline float exp_row(const float* z, int64_t V, float m, float* out) {
   int64_t k = 0;
   for (; k + L <= V; k += L) {
     f32x16 v;
-    std::memcpy(&v, z + k, sizeof v);
+    v = load16(z + k);
     const f32x16 e = exp16(v - m);
     sum += e;
-    if (out != nullptr) std::memcpy(out + k, &e, sizeof e);
+    if (out != nullptr) store16(out + k, e);
   }
   if (k < V) {
     float t[L] = {}, et[L];
     std::memcpy(t, z + k, static_cast<size_t>(V - k) * sizeof(float));
     f32x16 v;
-    std::memcpy(&v, t, sizeof v);
+    v = load16(t);
     f32x16 e = exp16(v - m);
     for (int64_t l = V - k; l < L; ++l) e[l] = 0.0f;
     sum += e;
-    std::memcpy(et, &e, sizeof e);
+    store16(et, e);
     if (out != nullptr) std::memcpy(out + k, et, static_cast<size_t>(V - k) * sizeof(float));
   }
   float lanes[L];
-  std::memcpy(lanes, &sum, sizeof lanes);
+  store16(lanes, sum);
   return lane_sum(lanes);
 }
 
@@ -1833,19 +1850,19 @@ inline void lora_colsum(const float* c, int64_t cs, const float* p, int64_t ps, 
       const float w = c[k * cs];
       const float* pk = p + k * ps;
       f32x16 v0, v1, v2, v3;
-      std::memcpy(&v0, pk, sizeof v0);
-      std::memcpy(&v1, pk + 16, sizeof v1);
-      std::memcpy(&v2, pk + 32, sizeof v2);
-      std::memcpy(&v3, pk + 48, sizeof v3);
+      v0 = load16(pk);
+      v1 = load16(pk + 16);
+      v2 = load16(pk + 32);
+      v3 = load16(pk + 48);
       a0 = a0 + w * v0;
       a1 = a1 + w * v1;
       a2 = a2 + w * v2;
       a3 = a3 + w * v3;
     }
-    std::memcpy(out, &a0, sizeof a0);
-    std::memcpy(out + 16, &a1, sizeof a1);
-    std::memcpy(out + 32, &a2, sizeof a2);
-    std::memcpy(out + 48, &a3, sizeof a3);
+    store16(out, a0);
+    store16(out + 16, a1);
+    store16(out + 32, a2);
+    store16(out + 48, a3);
     return;
   }
   float acc[kLoraBackBlock] = {};
