@@ -175,11 +175,12 @@ inline float lane_sum(const float* a) {
 
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX512F__)
 // GCC on x86 without AVX-512 (an AVX2 machine's -march=native): GCC 12 lowers a 64-byte vector type it has no
-// register for through the stack and general registers (attention_train ~8x slower than clang's build of the same
-// code), so there f32x16 is two 8-lane halves (lanes 0..7, 8..15: the same 64 bytes in the same order) with the
-// operators the code uses, each lane-wise on both halves: every lane runs the same IEEE operations (and GCC fuses
-// the same multiply-adds, -ffp-contract=fast acting after inlining), so the bits are the vector type's.
-// scripts/check_kernel_arm64.sh builds this case (-march=x86-64-v3) and requires the native build's bits.
+// register for through the stack and general registers (attention_train took 10x the AVX-512 build's CPU time), so
+// there f32x16 is two 8-lane halves (lanes 0..7, 8..15: the same 64 bytes in the same order) with the operators the
+// code uses, each lane-wise on both halves, moved by load16 / store16: every lane runs the same IEEE operations (and
+// GCC fuses the same multiply-adds, -ffp-contract=fast acting after inlining), so the bits are the vector type's.
+// scripts/check_kernel_arm64.sh builds this case (-march=x86-64-v3) and requires the native build's bits
+// (docs/kernels.md#train-ops-avx2). Elsewhere (clang, AVX-512, arm64) the vector type, as before.
 #define TOOLCHAIN_F32X16_HALVES 1
 typedef float f32x8 __attribute__((vector_size(32)));
 struct f32x16 {
