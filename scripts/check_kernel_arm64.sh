@@ -13,7 +13,8 @@
 #     groups, NaN / inf rows), linked into the same driver, also built natively for this x86-64 host (the flags of
 #     toolchain/native/build.py, -march=native): every arm64 run's outputs equal to x86's bit for bit (NaN = NaN;
 #     kernels.cpp writes the scalar tails of its float32 sums as std::fma, so no compiler or -march rounds them its
-#     own way), and the ops that call kernels.cpp's `dot` (attention_train, attention_train_backward, lora_backward,
+#     own way; also built at -march=x86-64-v3, an AVX2-only machine's -march=native, where GCC gets kernels.cpp's
+#     f32x16 as two 8-lane halves: the same bits, NaN = NaN, required when this host has AVX2 and FMA), and the ops that call kernels.cpp's `dot` (attention_train, attention_train_backward, lora_backward,
 #     lora_rows_backward, lora_linear_a8) within the float32 bound of a float64 reference too (2e-5 x max |exact|
 #     per part, the bound tests/native/test_kernel_train.py holds x86 to; the x86 build is held to it too); the hash
 #     of all train outputs equal to the x86 build's on every compiler, path, CPU model and thread count; the pooled build at
@@ -117,6 +118,11 @@ for src in "${driver[@]}"; do
   "$hostcxx" -std=c++17 -O2 -ffp-contract=off -Wall -Wextra -c "$src" -o "$tmp/$(basename "$src" .cpp)-x86.o"
 done
 "$hostcxx" "$tmp/kernel-x86.o" "$tmp/arm64_driver-x86.o" "$tmp/arm64_train_ops-x86.o" -o "$tmp/check-x86"
+# And for an AVX2-only x86-64 machine (-march=x86-64-v3, what -march=native gives there; under GCC kernels.cpp's
+# f32x16 is then two 8-lane halves): its train ops must give the native build's bits.
+"$hostcxx" -std=c++17 -O3 -march=x86-64-v3 -ffp-contract=fast -DTOOLCHAIN_NO_EXECUTORCH -w \
+  -c "$root/toolchain/native/kernels.cpp" -o "$tmp/kernel-x86v3.o"
+"$hostcxx" "$tmp/kernel-x86v3.o" "$tmp/arm64_driver-x86.o" "$tmp/arm64_train_ops-x86.o" -o "$tmp/check-x86v3"
 echo "arm64: compiled the GCC, clang, pooled GCC and x86-64 builds in $(since "$t1") s (beside the making of the cases)"
 
 passed=0
@@ -142,6 +148,14 @@ check "x86-64: the train ops hold their float64 bounds" test "$(grep -c '^x86 (.
 x86g_out="$(TOOLCHAIN_KERNEL_PATH=generic "$tmp/check-x86" --train x86-generic --compare "$tmp/train-x86.bin" 2>&1)" || true
 check "x86-64 generic path: the train ops' outputs equal the default path's" \
   test "$(grep -c 'train ops: 10 ops, .*, 10/10 ops; differing from x86 within the float64 bound: none;' <<<"$x86g_out")" -eq 1
+x86v3_out="$("$tmp/check-x86v3" --train x86-64-v3 --compare "$tmp/train-x86.bin" 2>&1)" || true
+x86v3_hash="$(sed -n 's/.* train ops: .*outputs hash \([0-9a-f]*\)$/\1/p' <<<"$x86v3_out")"
+echo "arm64: x86-64-v3 build ($hostcxx -march=x86-64-v3) train ops outputs hash ${x86v3_hash:-none}"
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  check "x86-64-v3 build (AVX2, no AVX-512): the train ops' outputs equal the -march=native build's" \
+    test "$(grep -c 'train ops: 10 ops, .*, 10/10 ops; differing from x86 within the float64 bound: none;' <<<"$x86v3_out")" -eq 1 \
+      -a -n "$x86v3_hash" -a "$x86v3_hash" = "$x86_hash"
+fi
 
 # objdump: per function (demangled), the count of sdot and smmla.
 for cc in gcc clang; do

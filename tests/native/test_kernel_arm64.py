@@ -74,6 +74,8 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
     # the train ops: x86's own run, then every arm64 run and the pooled build at 1 and 2 threads
     assert "ok   x86-64: the train ops hold their float64 bounds" in out
     assert "ok   x86-64 generic path: the train ops' outputs equal the default path's" in out
+    # the AVX2-only build (-march=x86-64-v3: GCC's f32x16 as two 8-lane halves): the native build's bits
+    assert "ok   x86-64-v3 build (AVX2, no AVX-512): the train ops' outputs equal the -march=native build's" in out
     for cc in ("gcc", "clang"):
         for cpu, (paths, _, _) in EXPECTED.items():
             for p in paths:
@@ -88,5 +90,6 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
     train = re.findall(r"^arm64: (gcc|clang)\S* .*path\) train ops: 10 ops, .* outputs hash ([0-9a-f]{16})$", out, re.M)
     assert len(train) == 30, len(train)       # 12 runs per compiler, 4 pooled at 3 threads, 2 at 1 and 2 threads
     assert len(x86) == 1 and {h for _, h in train} == set(x86), (x86, train)   # one hash: x86, GCC and clang
-    assert int(tally[-1][0]) == 336, tally   # + the 28 runs' int4_dyw_a8_acc checks
+    assert re.findall(r"^arm64: x86-64-v3 build \(.*\) train ops outputs hash ([0-9a-f]{16})$", out, re.M) == x86
+    assert int(tally[-1][0]) == 337, tally   # + the 28 runs' int4_dyw_a8_acc checks, the x86-64-v3 build's
     assert len(re.findall(r"^ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28

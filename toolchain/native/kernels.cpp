@@ -178,7 +178,57 @@ inline float lane_sum(const float* a) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX512F__)
+// GCC on x86 without AVX-512 (an AVX2 machine's -march=native): GCC 12 lowers a 64-byte vector type it has no
+// register for through the stack and general registers (attention_train took 10x the AVX-512 build's CPU time), so
+// there f32x16 is two 8-lane halves (lanes 0..7, 8..15: the same 64 bytes in the same order) with the operators the
+// code uses, each lane-wise on both halves, moved by load16 / store16: every lane runs the same IEEE operations (and
+// GCC fuses the same multiply-adds, -ffp-contract=fast acting after inlining), so the bits are the vector type's.
+// scripts/check_kernel_arm64.sh builds this case (-march=x86-64-v3) and requires the native build's bits
+// (docs/kernels.md#train-ops-avx2). Elsewhere (clang, AVX-512, arm64) the vector type, as before.
+#define TOOLCHAIN_F32X16_HALVES 1
+typedef float f32x8 __attribute__((vector_size(32)));
+struct f32x16 {
+  f32x8 lo, hi;
+  float& operator[](int64_t l) { return l < 8 ? lo[l] : hi[l - 8]; }   // lane l (GCC: a vector's lane is an lvalue)
+  float operator[](int64_t l) const { return l < 8 ? lo[l] : hi[l - 8]; }
+  f32x16 operator-() const { return {-lo, -hi}; }
+  f32x16& operator+=(const f32x16& b) {
+    lo += b.lo;
+    hi += b.hi;
+    return *this;
+  }
+};
+static_assert(sizeof(f32x16) == 64, "f32x16: 16 floats, no padding");
+// 16 floats from / to memory by halves (a memcpy of the whole struct goes through the stack in 16-byte pieces).
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v.lo, p, sizeof v.lo);
+  std::memcpy(&v.hi, p + 8, sizeof v.hi);
+  return v;
+}
+inline void store16(float* p, const f32x16& v) {
+  std::memcpy(p, &v.lo, sizeof v.lo);
+  std::memcpy(p + 8, &v.hi, sizeof v.hi);
+}
+#define TOOLCHAIN_F32X16_OP(op)                                                                                 \
+  inline f32x16 operator op(const f32x16& a, const f32x16& b) { return {a.lo op b.lo, a.hi op b.hi}; }       \
+  inline f32x16 operator op(const f32x16& a, float b) { return {a.lo op b, a.hi op b}; }                     \
+  inline f32x16 operator op(float a, const f32x16& b) { return {a op b.lo, a op b.hi}; }
+TOOLCHAIN_F32X16_OP(+)
+TOOLCHAIN_F32X16_OP(-)
+TOOLCHAIN_F32X16_OP(*)
+TOOLCHAIN_F32X16_OP(/)
+#undef TOOLCHAIN_F32X16_OP
+#else
 typedef float f32x16 __attribute__((vector_size(64)));   // GCC / Clang vector extensions: 16 lanes
+inline f32x16 load16(const float* p) {   // 16 floats from / to memory
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, const f32x16& v) { std::memcpy(p, &v, sizeof v); }
+#endif
 
 // x quantized per row and group: int8 even / odd columns (each row padded with zeros to `stride` bytes),
 // sa and 8 * sum_k a per group (padded with zeros to `gstride` groups).
@@ -1051,13 +1101,13 @@ static void attention_head(void* task, size_t head) {
       int64_t d = 0;
       for (; d + L <= D; d += L) {
         f32x16 x, y;
-        std::memcpy(&x, qv + d, sizeof x);
-        std::memcpy(&y, kr + d, sizeof y);
+        x = load16(qv + d);
+        y = load16(kr + d);
         acc = acc + x * y;
       }
       for (; d < D; ++d) tail = std::fma(qv[d], kr[d], tail);
       float lanes[L];
-      std::memcpy(lanes, &acc, sizeof lanes);
+      store16(lanes, acc);
       const float sc = (lane_sum(lanes) + tail) * a.scale;
       p[static_cast<size_t>(s)] = sc;
       m = sc > m ? sc : m;
@@ -1111,12 +1161,12 @@ static void rms_norm_row(void* task, size_t row) {
   int64_t k = 0;
   for (; k + L <= d; k += L) {
     f32x16 a;
-    std::memcpy(&a, xt + k, sizeof a);
+    a = load16(xt + k);
     acc = acc + a * a;
   }
   for (; k < d; ++k) tail = std::fma(xt[k], xt[k], tail);
   float lanes[L];
-  std::memcpy(lanes, &acc, sizeof lanes);
+  store16(lanes, acc);
   const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + rn.eps);
   float* yt = rn.y + t * d;
   for (k = 0; k < d; ++k) yt[k] = rn.w[k] * (xt[k] * r);
@@ -1138,12 +1188,12 @@ inline float dot(const float* __restrict x, const float* __restrict y, int64_t n
   int64_t k = 0;
   for (; k + L <= n; k += L) {
     f32x16 a, b;
-    std::memcpy(&a, x + k, sizeof a);
-    std::memcpy(&b, y + k, sizeof b);
+    a = load16(x + k);
+    b = load16(y + k);
     acc = acc + a * b;
   }
   float lanes[L];
-  std::memcpy(lanes, &acc, sizeof lanes);
+  store16(lanes, acc);
   float tail = 0.0f;
   for (; k < n; ++k) tail = std::fma(x[k], y[k], tail);
   return lane_sum(lanes) + tail;
@@ -1294,25 +1344,39 @@ int toolchain_rope_heads(const float* x, int64_t C, int64_t n, int64_t D, int64_
 // exp(x) per lane, Cephes' expf: x = n ln2 + f (n rounded to nearest, ln2 in two parts), exp(f) a degree-6
 // polynomial, times 2^n from the exponent bits; x clamped to [-87.34, 88.38] (normal results). Within 2 ulp
 // of the correctly rounded value; element-wise, so any vector width gives the same bits.
-inline f32x16 exp16(f32x16 x) {
-  typedef int32_t i32x16 __attribute__((vector_size(64)));
-  x = x > 88.3762626647949f ? f32x16{} + 88.3762626647949f : x;
-  x = x < -87.3365478515625f ? f32x16{} - 87.3365478515625f : x;
-  const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest (|n| < 2^22)
-  f32x16 f = x - n * 0.693359375f;
+extern "C++" {   // (a template, within the extern "C" block)
+template <typename F, typename I>
+inline F exp_lanes(F x) {
+  x = x > 88.3762626647949f ? F{} + 88.3762626647949f : x;
+  x = x < -87.3365478515625f ? F{} - 87.3365478515625f : x;
+  const F n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest (|n| < 2^22)
+  F f = x - n * 0.693359375f;
   f = f - n * -2.12194440e-4f;
-  f32x16 p = f32x16{} + 1.9875691500e-4f;
+  F p = F{} + 1.9875691500e-4f;
   p = p * f + 1.3981999507e-3f;
   p = p * f + 8.3334519073e-3f;
   p = p * f + 4.1665795894e-2f;
   p = p * f + 1.6666665459e-1f;
   p = p * f + 5.0000001201e-1f;
   p = p * (f * f) + f + 1.0f;
-  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  f32x16 scale;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  F scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+}  // extern "C++"
+
+#ifdef TOOLCHAIN_F32X16_HALVES
+inline f32x16 exp16(f32x16 x) {   // each half by the same body
+  typedef int32_t i32x8 __attribute__((vector_size(32)));
+  return {exp_lanes<f32x8, i32x8>(x.lo), exp_lanes<f32x8, i32x8>(x.hi)};
+}
+#else
+inline f32x16 exp16(f32x16 x) {
+  typedef int32_t i32x16 __attribute__((vector_size(64)));
+  return exp_lanes<f32x16, i32x16>(x);
+}
+#endif
 
 // out [N] = silu(g) * u = g / (1 + exp(-g)) * u (SwiGLU), exp by exp16 (the tail in a zero-padded vector).
 inline f32x16 swiglu16(f32x16 g, f32x16 u) { return g / (1.0f + exp16(-g)) * u; }
@@ -1335,20 +1399,20 @@ static void swiglu_block(void* task, size_t i) {
   int64_t k = 0;
   for (; k + L <= N; k += L) {
     f32x16 gv, uv;
-    std::memcpy(&gv, g + k, sizeof gv);
-    std::memcpy(&uv, u + k, sizeof uv);
+    gv = load16(g + k);
+    uv = load16(u + k);
     const f32x16 ov = swiglu16(gv, uv);
-    std::memcpy(out + k, &ov, sizeof ov);
+    store16(out + k, ov);
   }
   if (k < N) {
     float gt[L] = {}, ut[L] = {}, ot[L];
     std::memcpy(gt, g + k, static_cast<size_t>(N - k) * sizeof(float));
     std::memcpy(ut, u + k, static_cast<size_t>(N - k) * sizeof(float));
     f32x16 gv, uv;
-    std::memcpy(&gv, gt, sizeof gv);
-    std::memcpy(&uv, ut, sizeof uv);
+    gv = load16(gt);
+    uv = load16(ut);
     const f32x16 ov = swiglu16(gv, uv);
-    std::memcpy(ot, &ov, sizeof ov);
+    store16(ot, ov);
     std::memcpy(out + k, ot, static_cast<size_t>(N - k) * sizeof(float));
   }
 }
@@ -1399,14 +1463,16 @@ void attn_panel(const float* src, int64_t n, int64_t D, int64_t ld, int64_t np, 
     }
 }
 
-// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + 16 NB - 1: a [., Dp], bt [Dp, Tp], out [., Tp].
-template <int NB>
-inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
-                              int64_t i0, int64_t j0) {
-  f32x16 acc[kAttnRows][NB] = {};
+// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + W NB - 1 (W: V's lanes, 16 for f32x16): a [., Dp],
+// bt [Dp, Tp], out [., Tp].
+template <typename V, int NB>
+inline void attn_scores_vec(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
+                            int64_t i0, int64_t j0) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  V acc[kAttnRows][NB] = {};
   for (int64_t d = 0; d < Dp; ++d) {
-    f32x16 b[NB];
-    for (int c = 0; c < NB; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * L, sizeof(f32x16));
+    V b[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&b[c], bt + d * Tp + j0 + c * W, sizeof(V));
     for (int64_t r = 0; r < kAttnRows; ++r) {
       const float x = a[(i0 + r) * Dp + d];
       for (int c = 0; c < NB; ++c) acc[r][c] += x * b[c];
@@ -1414,9 +1480,35 @@ inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64
   }
   for (int64_t r = 0; r < kAttnRows; ++r)
     for (int c = 0; c < NB; ++c) {
-      const f32x16 v = acc[r][c] * scale;
-      std::memcpy(out + (i0 + r) * Tp + j0 + c * L, &v, sizeof v);
+      const V v = acc[r][c] * scale;
+      std::memcpy(out + (i0 + r) * Tp + j0 + c * W, &v, sizeof v);
     }
+}
+
+#ifdef TOOLCHAIN_F32X16_HALVES
+// f32x16 as halves: GCC keeps an array of them in memory, so the attention blocks run on 8-lane vectors, N of them
+// across (N = 2 NB) in passes of kAttnEights (2: 4 rows x 2 accumulators; 3 and 4 were slower, 1 too). Each
+// output element is still the sum over d (or t) in increasing order by fused multiply-adds: the same bits.
+constexpr int kAttnEights = 2;
+template <int N, typename F>
+inline void attn_by_eights(F&& f) {
+  int c = 0;
+  for (; c + kAttnEights <= N; c += kAttnEights) f(std::integral_constant<int, kAttnEights>{}, c * 8);
+  if constexpr (N % kAttnEights != 0) f(std::integral_constant<int, N % kAttnEights>{}, c * 8);
+}
+#endif
+
+// Rows i0 .. i0 + 3 of out = scale * a bt, columns j0 .. j0 + 16 NB - 1.
+template <int NB>
+inline void attn_scores_block(const float* a, const float* bt, int64_t Tp, int64_t Dp, float scale, float* out,
+                              int64_t i0, int64_t j0) {
+#ifdef TOOLCHAIN_F32X16_HALVES
+  attn_by_eights<2 * NB>([&](auto nv, int64_t c) {
+    attn_scores_vec<f32x8, decltype(nv)::value>(a, bt, Tp, Dp, scale, out, i0, j0 + c);
+  });
+#else
+  attn_scores_vec<f32x16, NB>(a, bt, Tp, Dp, scale, out, i0, j0);
+#endif
 }
 
 // out[i][j] = scale * sum_d a[i][d] bt[d][j] for the row blocks of 4 covering [0, T) and j < round16(i + 1) (the
@@ -1440,41 +1532,55 @@ void attn_softmax_row(float* s, int64_t i) {
   f32x16 sum = f32x16{};
   for (int64_t j = 0; j < nv; j += L) {
     f32x16 v;
-    std::memcpy(&v, s + j, sizeof v);
+    v = load16(s + j);
     f32x16 e = exp16(v - m);
     if (j + L > n)
       for (int64_t l = n - j; l < L; ++l) e[l] = 0.0f;
     sum += e;
-    std::memcpy(s + j, &e, sizeof e);
+    store16(s + j, e);
   }
   float lanes[L];
-  std::memcpy(lanes, &sum, sizeof lanes);
+  store16(lanes, sum);
   const float denom = lane_sum(lanes);
   for (int64_t j = 0; j < nv; j += L) {
     f32x16 v;
-    std::memcpy(&v, s + j, sizeof v);
+    v = load16(s + j);
     v = v / denom;
-    std::memcpy(s + j, &v, sizeof v);
+    store16(s + j, v);
   }
 }
 
-// out[r][d0 ..] += sum over the rows t of `b` in [t0, t1) of p[t * sp + r * sr] b[t][d0 .. d0 + 16 NB - 1], r < 4,
+// out[r][d0 ..] += sum over the rows t of `b` in [t0, t1) of p[t * sp + r * sr] b[t][d0 .. d0 + W NB - 1], r < 4,
 // in increasing t (fused multiply-adds from 0): the P V-like products (sp = 1: rows of p; sr = Tp) and the
-// P^T dO-like ones (sp = Tp, sr = 1: columns of p).
-template <int NB>
-inline void attn_weighted_rows(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
-                               int64_t Dp, int64_t d0, float* out, int64_t ldo) {
-  f32x16 acc[kAttnRows][NB] = {};
+// P^T dO-like ones (sp = Tp, sr = 1: columns of p). W: V's lanes.
+template <typename V, int NB>
+inline void attn_weighted_vec(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
+                              int64_t Dp, int64_t d0, float* out, int64_t ldo) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  V acc[kAttnRows][NB] = {};
   for (int64_t t = t0; t < t1; ++t) {
-    f32x16 v[NB];
-    for (int c = 0; c < NB; ++c) std::memcpy(&v[c], b + t * Dp + d0 + c * L, sizeof(f32x16));
+    V v[NB];
+    for (int c = 0; c < NB; ++c) std::memcpy(&v[c], b + t * Dp + d0 + c * W, sizeof(V));
     for (int64_t r = 0; r < kAttnRows; ++r) {
       const float x = p[t * sp + r * sr];
       for (int c = 0; c < NB; ++c) acc[r][c] += x * v[c];
     }
   }
   for (int64_t r = 0; r < kAttnRows; ++r)
-    for (int c = 0; c < NB; ++c) std::memcpy(out + r * ldo + d0 + c * L, &acc[r][c], sizeof(f32x16));
+    for (int c = 0; c < NB; ++c) std::memcpy(out + r * ldo + d0 + c * W, &acc[r][c], sizeof(V));
+}
+
+// The same for columns d0 .. d0 + 16 NB - 1.
+template <int NB>
+inline void attn_weighted_rows(const float* p, int64_t sp, int64_t sr, int64_t t0, int64_t t1, const float* b,
+                               int64_t Dp, int64_t d0, float* out, int64_t ldo) {
+#ifdef TOOLCHAIN_F32X16_HALVES
+  attn_by_eights<2 * NB>([&](auto nv, int64_t c) {
+    attn_weighted_vec<f32x8, decltype(nv)::value>(p, sp, sr, t0, t1, b, Dp, d0 + c, out, ldo);
+  });
+#else
+  attn_weighted_vec<f32x16, NB>(p, sp, sr, t0, t1, b, Dp, d0, out, ldo);
+#endif
 }
 
 template <typename F>
@@ -1647,17 +1753,17 @@ struct SwigluTrainTask {
 
 inline void swiglu_train16(const float* g, const float* u, const float* da, float* act, float* dg, float* du) {
   f32x16 gv, uv, dv;
-  std::memcpy(&gv, g, sizeof gv);
-  std::memcpy(&uv, u, sizeof uv);
-  std::memcpy(&dv, da, sizeof dv);
+  gv = load16(g);
+  uv = load16(u);
+  dv = load16(da);
   const f32x16 e = exp16(-gv);
   const f32x16 av = gv / (1.0f + e) * uv;
   const f32x16 sg = 1.0f / (1.0f + e);
   const f32x16 duv = dv * (gv * sg);
   const f32x16 dgv = dv * uv * sg * (1.0f + gv * (1.0f - sg));
-  std::memcpy(act, &av, sizeof av);
-  std::memcpy(dg, &dgv, sizeof dgv);
-  std::memcpy(du, &duv, sizeof duv);
+  store16(act, av);
+  store16(dg, dgv);
+  store16(du, duv);
 }
 
 static void swiglu_train_block(void* task, size_t i) {
@@ -1708,24 +1814,24 @@ inline float exp_row(const float* z, int64_t V, float m, float* out) {
   int64_t k = 0;
   for (; k + L <= V; k += L) {
     f32x16 v;
-    std::memcpy(&v, z + k, sizeof v);
+    v = load16(z + k);
     const f32x16 e = exp16(v - m);
     sum += e;
-    if (out != nullptr) std::memcpy(out + k, &e, sizeof e);
+    if (out != nullptr) store16(out + k, e);
   }
   if (k < V) {
     float t[L] = {}, et[L];
     std::memcpy(t, z + k, static_cast<size_t>(V - k) * sizeof(float));
     f32x16 v;
-    std::memcpy(&v, t, sizeof v);
+    v = load16(t);
     f32x16 e = exp16(v - m);
     for (int64_t l = V - k; l < L; ++l) e[l] = 0.0f;
     sum += e;
-    std::memcpy(et, &e, sizeof e);
+    store16(et, e);
     if (out != nullptr) std::memcpy(out + k, et, static_cast<size_t>(V - k) * sizeof(float));
   }
   float lanes[L];
-  std::memcpy(lanes, &sum, sizeof lanes);
+  store16(lanes, sum);
   return lane_sum(lanes);
 }
 
@@ -1797,19 +1903,19 @@ inline void lora_colsum(const float* c, int64_t cs, const float* p, int64_t ps, 
       const float w = c[k * cs];
       const float* pk = p + k * ps;
       f32x16 v0, v1, v2, v3;
-      std::memcpy(&v0, pk, sizeof v0);
-      std::memcpy(&v1, pk + 16, sizeof v1);
-      std::memcpy(&v2, pk + 32, sizeof v2);
-      std::memcpy(&v3, pk + 48, sizeof v3);
+      v0 = load16(pk);
+      v1 = load16(pk + 16);
+      v2 = load16(pk + 32);
+      v3 = load16(pk + 48);
       a0 = a0 + w * v0;
       a1 = a1 + w * v1;
       a2 = a2 + w * v2;
       a3 = a3 + w * v3;
     }
-    std::memcpy(out, &a0, sizeof a0);
-    std::memcpy(out + 16, &a1, sizeof a1);
-    std::memcpy(out + 32, &a2, sizeof a2);
-    std::memcpy(out + 48, &a3, sizeof a3);
+    store16(out, a0);
+    store16(out + 16, a1);
+    store16(out + 32, a2);
+    store16(out + 48, a3);
     return;
   }
   float acc[kLoraBackBlock] = {};
