@@ -90,4 +90,4 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
     assert len(train) == 30, len(train)       # 12 runs per compiler, 4 pooled at 3 threads, 2 at 1 and 2 threads
     assert len(x86) == 1 and {h for _, h in train} == set(x86), (x86, train)   # one hash: x86, GCC and clang
     assert int(tally[-1][0]) == 336, tally   # + the 28 runs' int4_dyw_a8_acc checks
-    assert len(re.findall(r"^ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28
+    assert len(re.findall(r"^  ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28
