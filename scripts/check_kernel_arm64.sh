@@ -8,16 +8,20 @@
 #   - objdump: the dotprod functions (namespace arm64::dotprod) contain sdot, the i8mm ones (arm64::i8mm) smmla,
 #     and no other function of the library has either (the rest stays armv8-a);
 #   - the training step's float32 ops (attention_train, attention_train_backward, swiglu_train, swiglu, rms_norm,
-#     online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward, lora_linear_a8: the `--compute int8`
-#     step's native ops) on the deterministic cases of tests/native/arm64_train_ops.cpp (odd shapes, partial
-#     groups, NaN / inf rows), linked into the same driver, also built natively for this x86-64 host (the flags of
+#     online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward, lora_linear_a8, lora_linear_a8_rows,
+#     rope_train, rope_train_backward, rms_norm_backward: the `--compute int8` step's 14 native ops) on the
+#     deterministic cases of tests/native/arm64_train_ops.cpp (odd shapes, partial groups, NaN / inf rows), linked
+#     into the same driver, also built natively for this x86-64 host (the flags of
 #     toolchain/native/build.py, -march=native): every arm64 run's outputs equal to x86's bit for bit (NaN = NaN;
-#     kernels.cpp writes the scalar tails of its float32 sums as std::fma, so no compiler or -march rounds them its
-#     own way; also built at -march=x86-64-v3, an AVX2-only machine's -march=native, where GCC gets kernels.cpp's
-#     f32x16 as two 8-lane halves: the same bits, NaN = NaN, required when this host has AVX2 and FMA), and the ops that call kernels.cpp's `dot` (attention_train, attention_train_backward, lora_backward,
-#     lora_rows_backward, lora_linear_a8) within the float32 bound of a float64 reference too (2e-5 x max |exact|
-#     per part, the bound tests/native/test_kernel_train.py holds x86 to; the x86 build is held to it too); the hash
-#     of all train outputs equal to the x86 build's on every compiler, path, CPU model and thread count; the pooled build at
+#     kernels.cpp writes the scalar tails of its float32 sums, and the products RoPE and the RMSNorm backward add, as
+#     std::fma, so no compiler or -march rounds them its own way; also built at -march=x86-64-v3, an AVX2-only
+#     machine's -march=native, where GCC gets kernels.cpp's f32x16 as two 8-lane halves: the same bits, NaN = NaN,
+#     required when this host has AVX2 and FMA), and the ops that call kernels.cpp's `dot`
+#     (attention_train, attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8,
+#     lora_linear_a8_rows) and rms_norm_backward (its row sums) within the float32 bound of a float64 reference too
+#     (2e-5 x max |exact| per part, the bound tests/native/test_kernel_train.py holds x86 to; the x86 build is held to
+#     it too); the hash of all train outputs equal to the x86 build's on every compiler, path, CPU model and
+#     thread count; the pooled build at
 #     1 and 2 threads ($TOOLCHAIN_TEST_POOL_THREADS): the same hash, every op split over the pool at 2;
 #   - run under qemu-aarch64 -cpu max (dotprod + i8mm), -cpu cortex-a76 (dotprod, no i8mm) and -cpu cortex-a53
 #     (neither): every path that CPU has, forced in turn with TOOLCHAIN_KERNEL_PATH, and the default choice, on the
@@ -147,13 +151,13 @@ echo "arm64: $(grep -m1 ': kernel path' <<<"$x86_out"): train ops outputs hash $
 check "x86-64: the train ops hold their float64 bounds" test "$(grep -c '^x86 (.*) train ops passed$' <<<"$x86_out")" -eq 1
 x86g_out="$(TOOLCHAIN_KERNEL_PATH=generic "$tmp/check-x86" --train x86-generic --compare "$tmp/train-x86.bin" 2>&1)" || true
 check "x86-64 generic path: the train ops' outputs equal the default path's" \
-  test "$(grep -c 'train ops: 10 ops, .*, 10/10 ops; differing from x86 within the float64 bound: none;' <<<"$x86g_out")" -eq 1
+  test "$(grep -c 'train ops: 14 ops, .*, 14/14 ops; differing from x86 within the float64 bound: none;' <<<"$x86g_out")" -eq 1
 x86v3_out="$("$tmp/check-x86v3" --train x86-64-v3 --compare "$tmp/train-x86.bin" 2>&1)" || true
 x86v3_hash="$(sed -n 's/.* train ops: .*outputs hash \([0-9a-f]*\)$/\1/p' <<<"$x86v3_out")"
 echo "arm64: x86-64-v3 build ($hostcxx -march=x86-64-v3) train ops outputs hash ${x86v3_hash:-none}"
 if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
   check "x86-64-v3 build (AVX2, no AVX-512): the train ops' outputs equal the -march=native build's" \
-    test "$(grep -c 'train ops: 10 ops, .*, 10/10 ops; differing from x86 within the float64 bound: none;' <<<"$x86v3_out")" -eq 1 \
+    test "$(grep -c 'train ops: 14 ops, .*, 14/14 ops; differing from x86 within the float64 bound: none;' <<<"$x86v3_out")" -eq 1 \
       -a -n "$x86v3_hash" -a "$x86v3_hash" = "$x86_hash"
 fi
 
@@ -255,7 +259,7 @@ train_checks() {
   check "$label: train ops: every op passed (bits equal to x86, float64 bounds)" \
     test "$(grep -c "path) train ops passed$" <<<"$out")" -eq 1
   check "$label: train ops: every output equal to x86's bit for bit" \
-    test "$(grep -c "10/10 ops; differing from x86 within the float64 bound: none;" <<<"$summary")" -eq 1
+    test "$(grep -c "14/14 ops; differing from x86 within the float64 bound: none;" <<<"$summary")" -eq 1
   check "$label: train ops hash = the x86 build's (${x86_hash:-none})" test -n "$thash" -a "$thash" = "$x86_hash"
 }
 
@@ -267,9 +271,9 @@ train_threads() {
     "$tmp/train-x86.bin" 2>"$tmp/err")" || rc=$?
   train_checks gcc "$label" "$out"
   split="$(grep -c "path) train [a-z0-9_]*: .*pool chunks [1-9][0-9]*; hash" <<<"$out" || true)"
-  echo "arm64: $label: $split of 10 train ops split over the pool (exit $rc)"
+  echo "arm64: $label: $split of 14 train ops split over the pool (exit $rc)"
   if [ "$n" -gt 1 ]; then
-    check "$label: every train op was split over the pool" test "$rc" -eq 0 -a "$split" -eq 10
+    check "$label: every train op was split over the pool" test "$rc" -eq 0 -a "$split" -eq 14
   else
     check "$label: no train op used the pool" test "$rc" -eq 0 -a "$split" -eq 0
   fi

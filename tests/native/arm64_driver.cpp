@@ -27,9 +27,10 @@
 // with a NaN or an infinity gives NaN in every output.
 // TRAIN_X86, and the --train form: the training step's float32 ops (attention_train, attention_train_backward,
 // swiglu_train, swiglu, rms_norm, online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward,
-// lora_linear_a8) on the deterministic cases of tests/native/arm64_train_ops.cpp, one line per op ("LABEL (PATH
-// path) train OP: ...") and a summary ("... train ops: ..."): outputs hash (NaN counted as one NaN), the pool's
-// chunks per op, and against the x86 build's outputs (the file --write made there) the count equal bit for bit.
+// lora_linear_a8, lora_linear_a8_rows, rope_train, rope_train_backward, rms_norm_backward) on the deterministic
+// cases of tests/native/arm64_train_ops.cpp, one line per op ("LABEL (PATH path) train OP: ...") and a summary
+// ("... train ops: ..."): outputs hash (NaN counted as one NaN), the pool's chunks per op, and against the x86
+// build's outputs (the file --write made there) the count equal bit for bit.
 // Exit 0 if (a) held everywhere (and every train output equals x86's), 1 if not, 2 for a bad file or a refused
 // valid call.
 //

@@ -3,8 +3,9 @@
 // tests/native/arm64_driver.cpp's binary, built for aarch64 (run under qemu-aarch64, every kernel path and CPU model,
 // and in the pooled build at 1 and 2 threads) and for this x86-64 host (-march=native, the flags of
 // toolchain/native/build.py), whose outputs the aarch64 runs compare with bit for bit. The ops that call
-// kernels.cpp's `dot` (attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8) and
-// attention_train (whose reference the backward's needs) also have float64 references here, and every build must
+// kernels.cpp's `dot` (attention_train_backward, lora_backward, lora_rows_backward, lora_linear_a8,
+// lora_linear_a8_rows), attention_train (whose reference the backward's needs) and rms_norm_backward (two row sums)
+// also have float64 references here, and every build must
 // hold their bound (`within`): where a compiler rounds dot's scalar tail differently from the x86 build
 // (docs/kernels.md, "On arm64" under the training step's float32 ops), that bound, not bit equality, is what such
 // an op is held to.
@@ -12,9 +13,10 @@
 // Ops (C entries) and their cases: odd shapes (T not a multiple of 4 or 16, D, i, o, C, V, N not multiples of 16,
 // grouped and ungrouped heads, T = 1), int4 groups with a partial last group, calls large enough that the pooled
 // build splits them over 2 threads (kernels.cpp's parallel_for thresholds; the driver counts each op's chunks),
-// and NaN / inf where the op defines what they do: element-wise (swiglu, swiglu_train), per row (rms_norm,
-// online_softmax_stats, exp_sub_rows, lora_linear_a8's rows of x, lora_backward's dx), per query row
-// (attention_train: a sixth forward call, the first case with a NaN in one query row of one head).
+// and NaN / inf where the op defines what they do: element-wise (swiglu, swiglu_train; rope_train and its backward:
+// the pair i, i + D/2 of a head and token, also from the tables), per row (rms_norm, rms_norm_backward,
+// online_softmax_stats, exp_sub_rows, lora_linear_a8's and lora_linear_a8_rows' rows of x, lora_backward's dx), per
+// query row (attention_train: a sixth forward call, the first case with a NaN in one query row of one head).
 //   attention_train, attention_train_backward   (H, Hk, T, D) = (4, 2, 37, 24) (3, 3, 19, 33) (2, 1, 1, 8)
 //                                               (6, 2, 70, 64) (2, 1, 45, 80)
 //   swiglu_train                                N = 7, 1029, 5003 (NaN, +inf, -inf, |g| past exp16's clamp)
@@ -29,6 +31,15 @@
 //                                               (9, 896, 45, 32, 8) (37, 130, 33, 128, 3) (3, 96, 17, 96, no LoRA)
 //                                               (13, 70, 40, 10, 4: the generic rows) (40, 2080, 48, 96, 8)
 //                                               (bias, residual, NaN / inf rows of x)
+//   lora_linear_a8_rows                         (T, i, o, group, row0, rows, r) = (1, 200, 70, 64, 13, 40, 8: decode)
+//                                               (37, 130, 77, 32, 5, 71, 3) (9, 96, 40, 96, 0, 40, 0: no LoRA)
+//                                               (13, 70, 50, 10, 49, 1, 4: the last row) (40, 2080, 96, 96, 48, 48, 8)
+//                                               (NaN / inf rows of x)
+//   rope_train, rope_train_backward             (N, start, T, n, D) = (3, 0, 37, 3, 24) (1, 0, 1, 1, 2)
+//                                               (7, 2, 19, 5, 130) (12, 8, 70, 4, 128) (NaN / inf in x, dy, cos, sin)
+//   rms_norm_backward                           (T, d) = (37, 896: dy2, dy3, residual) (5, 13) (64, 300: dy2) (1, 17:
+//                                               dy3, residual) (9, 40: dy3) (rows: NaN in x, inf in x, zero, NaN in
+//                                               dy, -inf in dy3)
 // Inputs: integers from splitmix64 times powers of two (exact in float32 and the same on every machine: no libm).
 //
 // Per op: the count of outputs, of NaNs, a 64-bit FNV-1a hash of the outputs' bits in order with every NaN counted
@@ -66,6 +77,15 @@ int toolchain_lora_rows_backward(const float* dy, const float* h, const float* b
 int toolchain_lora_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales, int64_t o,
                              int64_t ng, int64_t group, const float* bias, const float* a, const float* b, int64_t r,
                              float s, const float* residual, float* y);
+int toolchain_lora_linear_a8_rows(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
+                                  int64_t o, int64_t ng, int64_t group, int64_t row0, int64_t rows, const float* a,
+                                  const float* b, int64_t r, float s, float* y);
+int toolchain_rope_train(const float* x, const float* cos, const float* sin, int64_t T, int64_t n, int64_t D,
+                         float* out);
+int toolchain_rope_train_backward(const float* dy, const float* cos, const float* sin, int64_t N, int64_t start,
+                                  int64_t T, int64_t n, int64_t D, float* out);
+int toolchain_rms_norm_backward(const float* x, const float* w, const float* dy, const float* dy2, const float* dy3,
+                                const float* residual, int64_t T, int64_t d, float eps, float* out);
 int64_t toolchain_test_pool_chunks() __attribute__((weak));
 }
 
@@ -126,10 +146,11 @@ void within(Op& op, const float* got, const std::vector<double>& exact, const ch
   op.parts_ok += ok;
 }
 
-// The float64 references of the ops whose bits may differ from x86's (they call kernels.cpp's `dot`, whose scalar
-// tail the compilers round differently: docs/kernels.md, "arm64"): attention (the definition above
-// toolchain_attention_train in kernels.cpp, o = the exact forward), the LoRA backward ops (above
-// toolchain_lora_backward), and lora_linear_a8 (in lora_linear below). Sums in plain order, exp from libm in double.
+// The float64 references of the ops with sums (most call kernels.cpp's `dot`, whose scalar tail the compilers once
+// rounded differently: docs/kernels.md, "arm64"): attention (the definition above toolchain_attention_train in
+// kernels.cpp, o = the exact forward), the LoRA backward ops (above toolchain_lora_backward), lora_linear_a8 and
+// lora_linear_a8_rows (lora_linear_reference below), rms_norm_backward (in rms_norm_backward below). Sums in plain
+// order, exp from libm in double.
 void attention_reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                          const std::vector<float>& dout, int64_t H, int64_t Hk, int64_t T, int64_t D, float scale,
                          std::vector<double>& o, std::vector<double>& g) {
@@ -206,6 +227,53 @@ std::vector<double> lora_backward_reference(const std::vector<float>& dy, const 
       out[(T + r) * in + n * r + j] = s * acc;
     }
   return out;
+}
+
+// lora_linear_a8's float64 value: the W4A8 product as its definition (x rounded per row and group in float32, exact
+// integer sums, sum_g isum sw sa), + bias + s (x A^T) B^T + residual (bias, a / b, residual: null when absent); a row
+// of x with a NaN or an infinity: NaN throughout. y [T, o]; q, scales, b: o rows from where they point.
+std::vector<double> lora_linear_reference(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
+                                          int64_t o, int64_t ng, int64_t group, const float* bias, const float* a,
+                                          const float* b, int64_t r, double s, const float* residual) {
+  std::vector<double> exact(static_cast<size_t>(T * o));
+  if (a == nullptr) r = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = &x[t * in];
+    bool finite = true;
+    for (int64_t k = 0; k < in; ++k) finite = finite && std::isfinite(xt[k]);
+    std::vector<double> aq(static_cast<size_t>(in)), sa(static_cast<size_t>(ng)), h(static_cast<size_t>(r), 0.0);
+    for (int64_t g = 0; g < ng && finite; ++g) {
+      float amax = 0;
+      for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) amax = std::max(amax, std::fabs(xt[k]));
+      const float sg = amax / 127.0f;
+      sa[g] = sg;
+      for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k)
+        aq[k] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(xt[k] / sg)))) : 0.0;
+    }
+    for (int64_t j = 0; j < r; ++j)
+      for (int64_t k = 0; k < in; ++k) h[j] += static_cast<double>(xt[k]) * a[j * in + k];
+    for (int64_t n = 0; n < o; ++n) {
+      if (!finite) {
+        exact[t * o + n] = NAN;
+        continue;
+      }
+      double acc = 0;
+      for (int64_t g = 0; g < ng; ++g) {
+        double isum = 0;   // an integer, exact in double
+        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) {
+          const uint8_t byte = q[n * (in / 2) + k / 2];
+          isum += aq[k] * (((k % 2 == 0) ? (byte >> 4) : (byte & 15)) - 8);
+        }
+        acc += isum * scales[n * ng + g] * sa[g];
+      }
+      if (bias != nullptr) acc += static_cast<double>(bias[n]);
+      if (residual != nullptr) acc += static_cast<double>(residual[t * o + n]);
+      double lo = 0;
+      for (int64_t j = 0; j < r; ++j) lo += h[j] * b[n * r + j];
+      exact[t * o + n] = acc + s * lo;
+    }
+  }
+  return exact;
 }
 
 // Parts [begin, end) of a flat output, as a vector (for `within`).
@@ -423,46 +491,124 @@ bool lora_linear(Op& op, const char* label, Rng& rng) {
                                          y.data()), "lora_linear_a8", label))
       return false;
     op.chunks += chunks_now() - c0;
-    // float64: the W4A8 product as its definition (x rounded per row and group in float32, exact integer sums,
-    // sum_g isum sw sa), + bias + s (x A^T) B^T + residual; a row of x with a NaN or an infinity: NaN throughout.
-    std::vector<double> exact(static_cast<size_t>(T * o));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xt = &x[t * in];
-      bool finite = true;
-      for (int64_t k = 0; k < in; ++k) finite = finite && std::isfinite(xt[k]);
-      std::vector<double> aq(static_cast<size_t>(in)), sa(static_cast<size_t>(ng)), h(static_cast<size_t>(r), 0.0);
-      for (int64_t g = 0; g < ng && finite; ++g) {
-        float amax = 0;
-        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) amax = std::max(amax, std::fabs(xt[k]));
-        const float sg = amax / 127.0f;
-        sa[g] = sg;
-        for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k)
-          aq[k] = sg > 0 ? std::min(127.0, std::max(-127.0, static_cast<double>(std::nearbyint(xt[k] / sg)))) : 0.0;
-      }
-      for (int64_t j = 0; j < r; ++j)
-        for (int64_t k = 0; k < in; ++k) h[j] += static_cast<double>(xt[k]) * a[j * in + k];
-      for (int64_t n = 0; n < o; ++n) {
-        if (!finite) {
-          exact[t * o + n] = NAN;
-          continue;
-        }
-        double acc = 0;
-        for (int64_t g = 0; g < ng; ++g) {
-          double isum = 0;   // an integer, exact in double
-          for (int64_t k = g * group; k < std::min(in, (g + 1) * group); ++k) {
-            const uint8_t byte = q[n * (in / 2) + k / 2];
-            isum += aq[k] * (((k % 2 == 0) ? (byte >> 4) : (byte & 15)) - 8);
-          }
-          acc += isum * scales[n * ng + g] * sa[g];
-        }
-        if (extras) acc += bias[n] + residual[t * o + n];
-        double lo = 0;
-        for (int64_t j = 0; j < r; ++j) lo += h[j] * b[n * r + j];
-        exact[t * o + n] = acc + 0.5 * lo;
-      }
-    }
-    within(op, y.data(), exact, label);
+    within(op, y.data(), lora_linear_reference(x.data(), T, in, q.data(), scales.data(), o, ng, group,
+                                               extras ? bias.data() : nullptr, r > 0 ? a.data() : nullptr,
+                                               r > 0 ? b.data() : nullptr, r, 0.5, extras ? residual.data() : nullptr),
+           label);
     append(op, y);
+    ++op.cases;
+  }
+  return true;
+}
+
+// lora_linear_a8_rows: rows [row0, row0 + rows) of W (q, scales) and of B in place, no bias or residual; its float64
+// value is lora_linear_reference on those rows. (T, in, o, group, row0, rows, r): a decode row of rank 8 (B read in
+// place), odd row counts and offsets, the last rows of W, no LoRA (r = 0), the generic rows (group 10), a call the
+// pooled build splits; NaN / inf rows of x.
+bool lora_linear_rows(Op& op, const char* label, Rng& rng) {
+  const int64_t cases[][7] = {{1, 200, 70, 64, 13, 40, 8}, {37, 130, 77, 32, 5, 71, 3}, {9, 96, 40, 96, 0, 40, 0},
+                              {13, 70, 50, 10, 49, 1, 4},  {40, 2080, 96, 96, 48, 48, 8}};
+  for (const auto& c : cases) {
+    const int64_t T = c[0], in = c[1], o = c[2], group = c[3], row0 = c[4], rows = c[5], r = c[6];
+    const int64_t ng = (in + group - 1) / group;
+    auto x = rng.normals(T * in, 2.0f);
+    std::vector<uint8_t> q(static_cast<size_t>(o * in / 2));
+    for (uint8_t& byte : q) byte = static_cast<uint8_t>(rng.next() >> 56);
+    std::vector<float> scales(static_cast<size_t>(o * ng));
+    for (float& sc : scales) sc = static_cast<float>(rng.integer(12)) * 0x1p-16f;   // both signs, some 0
+    auto a = rng.normals(r * in, 0.0625f), b = rng.normals(o * r, 0.25f);
+    if (T > 2) x[1 * in + 3] = -INFINITY, x[2 * in + in / 2] = NAN;   // rows 1, 2: NaN in every output of the row
+    std::vector<float> y(static_cast<size_t>(T * rows));
+    const float* pa = r > 0 ? a.data() : nullptr;
+    const float* pb = r > 0 ? b.data() : nullptr;
+    const int64_t c0 = chunks_now();
+    if (!called(toolchain_lora_linear_a8_rows(x.data(), T, in, q.data(), scales.data(), o, ng, group, row0, rows, pa,
+                                              pb, r, 0.5f, y.data()), "lora_linear_a8_rows", label))
+      return false;
+    op.chunks += chunks_now() - c0;
+    within(op, y.data(), lora_linear_reference(x.data(), T, in, q.data() + row0 * (in / 2), scales.data() + row0 * ng,
+                                               rows, ng, group, nullptr, pa, pb ? pb + row0 * r : nullptr, r, 0.5,
+                                               nullptr), label);
+    append(op, y);
+    ++op.cases;
+  }
+  return true;
+}
+
+// rope_train (T, n, D) and rope_train_backward (N, start, T, n, D): element-wise (no sum, no float64 reference);
+// tables cos / sin as deterministic values in (-1, 1) (not libm's: the op reads them as given); NaN / inf in x / dy
+// (the pair i, i + D/2 of that head and token: NaN or inf there, the rest finite) and in the tables.
+bool rope(Op& fwd, Op& bwd, const char* label, Rng& rng) {
+  const int64_t cases[][5] = {{3, 0, 37, 3, 24}, {1, 0, 1, 1, 2}, {7, 2, 19, 5, 130}, {12, 8, 70, 4, 128}};
+  for (const auto& c : cases) {
+    const int64_t N = c[0], start = c[1], T = c[2], n = c[3], D = c[4];
+    auto x = rng.normals(T * n * D, 4.0f), dy = rng.normals(N * T * D, 4.0f);
+    auto cs = rng.normals(T * D, 0.5f), sn = rng.normals(T * D, 0.5f);
+    if (T > 2) {
+      x[1 * n * D + D / 2 - 1] = NAN, x[2 * n * D + D - 1] = INFINITY;
+      dy[(start * T + 1) * D] = -INFINITY, dy[((start + n - 1) * T + 2) * D + D / 2] = NAN;
+      cs[3 * D + 1] = NAN, sn[4 * D + D - 2] = INFINITY;
+    }
+    std::vector<float> o(static_cast<size_t>(n * T * D)), g(static_cast<size_t>(T * n * D));
+    int64_t c0 = chunks_now();
+    if (!called(toolchain_rope_train(x.data(), cs.data(), sn.data(), T, n, D, o.data()), "rope_train", label))
+      return false;
+    fwd.chunks += chunks_now() - c0;
+    c0 = chunks_now();
+    if (!called(toolchain_rope_train_backward(dy.data(), cs.data(), sn.data(), N, start, T, n, D, g.data()),
+                "rope_train_backward", label))
+      return false;
+    bwd.chunks += chunks_now() - c0;
+    append(fwd, o);
+    append(bwd, g);
+    ++fwd.cases, ++bwd.cases;
+  }
+  return true;
+}
+
+// rms_norm_backward (T, d, which of dy2 / dy3 / residual): out = residual + r (g - xhat mean_k(g_k xhat_k)),
+// g = ((dy + dy2) + dy3) w, r = 1 / sqrt(mean_k x_k^2 + eps), xhat = x r; float64 reference of that definition.
+// Rows: a NaN in x, an inf in x (r = 0: xhat NaN at the inf, so the whole row NaN), a zero row, a NaN in dy (its row
+// NaN), an inf in dy3.
+bool rms_norm_backward(Op& op, const char* label, Rng& rng) {
+  const int64_t cases[][3] = {{37, 896, 7}, {5, 13, 0}, {64, 300, 1}, {1, 17, 6}, {9, 40, 2}};   // bits: dy2 dy3 res
+  const float eps = 1e-6f;
+  for (const auto& c : cases) {
+    const int64_t T = c[0], d = c[1];
+    const bool has2 = c[2] & 1, has3 = c[2] & 2, hasr = c[2] & 4;
+    auto x = rng.normals(T * d, 8.0f), w = rng.normals(d, 1.0f), dy = rng.normals(T * d, 1.0f);
+    auto dy2 = rng.normals(T * d, 1.0f), dy3 = rng.normals(T * d, 1.0f), res = rng.normals(T * d, 4.0f);
+    if (T > 5) {
+      x[1 * d + d / 2] = NAN;
+      x[2 * d + 1] = INFINITY;
+      for (int64_t k = 0; k < d; ++k) x[3 * d + k] = 0.0f;
+      dy[4 * d + d - 1] = NAN;
+      dy3[5 * d + 2] = -INFINITY;
+    }
+    std::vector<float> out(static_cast<size_t>(T * d));
+    const int64_t c0 = chunks_now();
+    if (!called(toolchain_rms_norm_backward(x.data(), w.data(), dy.data(), has2 ? dy2.data() : nullptr,
+                                            has3 ? dy3.data() : nullptr, hasr ? res.data() : nullptr, T, d, eps,
+                                            out.data()), "rms_norm_backward", label))
+      return false;
+    op.chunks += chunks_now() - c0;
+    std::vector<double> exact(static_cast<size_t>(T * d)), g(static_cast<size_t>(d)), xh(static_cast<size_t>(d));
+    for (int64_t t = 0; t < T; ++t) {
+      double ss = 0, gx = 0;
+      for (int64_t k = 0; k < d; ++k) ss += static_cast<double>(x[t * d + k]) * x[t * d + k];
+      const double r = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+      for (int64_t k = 0; k < d; ++k) {
+        const size_t i = static_cast<size_t>(t * d + k);
+        g[k] = (static_cast<double>(dy[i]) + (has2 ? dy2[i] : 0.0) + (has3 ? dy3[i] : 0.0)) * w[k];
+        xh[k] = x[i] * r;
+        gx += g[k] * xh[k];
+      }
+      const double mean = gx / static_cast<double>(d);
+      for (int64_t k = 0; k < d; ++k)
+        exact[t * d + k] = (hasr ? res[t * d + k] : 0.0) + r * (g[k] - xh[k] * mean);
+    }
+    within(op, out.data(), exact, label);
+    append(op, out);
     ++op.cases;
   }
   return true;
@@ -495,14 +641,16 @@ bool read_all(std::FILE* f, void* p, size_t n) { return n == 0 || std::fread(p, 
 // within that bound. Returns 0 when every op passed, 1 when one did not, 2 when a call or the file failed.
 int check_train_ops(const char* label, const char* path, const char* write, const char* compare) {
   Rng rng{20261207};
-  std::vector<Op> ops(10);
+  std::vector<Op> ops(14);
   const char* names[] = {"attention_train", "attention_train_backward", "swiglu_train", "swiglu", "rms_norm",
                          "online_softmax_stats", "exp_sub_rows", "lora_backward", "lora_rows_backward",
-                         "lora_linear_a8"};
+                         "lora_linear_a8", "lora_linear_a8_rows", "rope_train", "rope_train_backward",
+                         "rms_norm_backward"};
   for (size_t i = 0; i < ops.size(); ++i) ops[i].name = names[i];
   if (!attention(ops[0], ops[1], label, rng) || !swiglu_ops(ops[2], ops[3], label, rng) ||
       !rms_norm(ops[4], label, rng) || !softmax(ops[5], ops[6], label, rng) || !lora(ops[7], ops[8], label, rng) ||
-      !lora_linear(ops[9], label, rng))
+      !lora_linear(ops[9], label, rng) || !lora_linear_rows(ops[10], label, rng) ||
+      !rope(ops[11], ops[12], label, rng) || !rms_norm_backward(ops[13], label, rng))
     return 2;
 
   std::vector<std::vector<float>> ref;   // the x86 outputs, per op

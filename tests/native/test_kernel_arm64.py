@@ -8,12 +8,13 @@ host's x86 kernel bit for bit, within the float32 bound of a float64 reference; 
 Error: line with the library's reason); sdot / smmla in the dotprod / i8mm functions (objdump) and nowhere else;
 and, in a build with kernels.cpp's thread-pool code against a stand-in pool (tests/native/arm64_pool.cpp), every
 path with the weight rows of large calls split into chunks over 3 threads, to the same bits. The training step's
-float32 ops (tests/native/arm64_train_ops.cpp: attention_train and its backward, swiglu_train, swiglu, rms_norm,
-online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward, lora_linear_a8) in every run against the same
-driver built for this x86-64 host: equal bit for bit (kernels.cpp writes its float32 sums' scalar tails as std::fma,
-so GCC, clang and -march agree), and, for the ops that call kernels.cpp's `dot`, within the float32 bound of a
-float64 reference; one hash over x86, both compilers, every path, CPU model and thread count; the pooled build at 1
-and 2 threads (every op split over the pool at 2).
+float32 ops (tests/native/arm64_train_ops.cpp, all 14: attention_train and its backward, swiglu_train, swiglu,
+rms_norm, online_softmax_stats, exp_sub_rows, lora_backward, lora_rows_backward, lora_linear_a8, lora_linear_a8_rows,
+rope_train and its backward, rms_norm_backward) in every run against the same driver built for this x86-64 host: equal
+bit for bit (kernels.cpp writes its float32 sums' scalar tails, and the products RoPE and the RMSNorm backward add, as
+std::fma, so GCC, clang and -march agree), and, for the ops that call kernels.cpp's `dot` and rms_norm_backward,
+within the float32 bound of a float64 reference; one hash over x86, both compilers, every path, CPU model and
+thread count; the pooled build at 1 and 2 threads (every op split over the pool at 2).
 
 The script installs g++-aarch64-linux-gnu, qemu-user, clang-19 and lld-19 from Debian's packages when they
 are missing (a minute or two once); skipped when they are missing and cannot be installed. About 7 minutes
@@ -87,9 +88,9 @@ def test_arm64_paths_equal_the_generic_path_under_qemu():
         label = f"gcc-pool -cpu max TOOLCHAIN_TEST_POOL_THREADS={n}"
         assert f"ok   {label}: train ops hash = the x86 build's (" in out and f"ok   {label}: {what}" in out, n
     x86 = re.findall(r"^arm64: .*: train ops outputs hash ([0-9a-f]{16})$", out, re.M)
-    train = re.findall(r"^arm64: (gcc|clang)\S* .*path\) train ops: 10 ops, .* outputs hash ([0-9a-f]{16})$", out, re.M)
+    train = re.findall(r"^arm64: (gcc|clang)\S* .*path\) train ops: 14 ops, .* outputs hash ([0-9a-f]{16})$", out, re.M)
     assert len(train) == 30, len(train)       # 12 runs per compiler, 4 pooled at 3 threads, 2 at 1 and 2 threads
     assert len(x86) == 1 and {h for _, h in train} == set(x86), (x86, train)   # one hash: x86, GCC and clang
     assert re.findall(r"^arm64: x86-64-v3 build \(.*\) train ops outputs hash ([0-9a-f]{16})$", out, re.M) == x86
     assert int(tally[-1][0]) == 337, tally   # + the 28 runs' int4_dyw_a8_acc checks, the x86-64-v3 build's
-    assert len(re.findall(r"^ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28
+    assert len(re.findall(r"^  ok   .*: dyw_acc: acc \+ dy W = acc \+ dx bit for bit", out, re.M)) == 28

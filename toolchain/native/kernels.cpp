@@ -2035,8 +2035,11 @@ int toolchain_lora_rows_backward(const float* dy, const float* h, const float* b
 //                                   (dy2, dy3, residual optional; rmsnorm_backward)
 // The token (row) t is the pool's unit of work; each output element is computed the same way whichever thread runs
 // it (the row's two sums: 16 lanes k mod 16 in increasing k, lane_sum's tree, then the tail in order), so the bits
-// depend neither on the thread count nor on the kernel path (one generic body). Products and sums may be fused by
-// the compiler (-ffp-contract=fast): within float32 rounding of the references, not their bits.
+// depend neither on the thread count nor on the kernel path (one generic body). Every product that meets an add is
+// an explicit std::fma (which product: as written; the residual add too: residual + r (...) is one fma), the rest
+// unfused products: left to -ffp-contract=fast, GCC and clang, x86 and aarch64 fused different products of
+// a b + c d and of the row's sums, so the bits differed by compiler (scripts/check_kernel_arm64.sh). Within float32
+// rounding of the references, not their bits.
 namespace {
 
 struct RopeTrainTask {
@@ -2053,8 +2056,8 @@ static void rope_train_token(void* task, size_t token) {
     const float* x = k.x + t * k.n * D + j * D;
     float* o = k.out + (j * T + t) * D;
     for (int64_t i = 0; i < h; ++i) {
-      o[i] = x[i] * c[i] + (-(x[i + h] * s[i]));
-      o[i + h] = x[i + h] * c[i + h] + x[i] * s[i + h];
+      o[i] = std::fma(x[i], c[i], -(x[i + h] * s[i]));   // explicit: see above
+      o[i + h] = std::fma(x[i + h], c[i + h], x[i] * s[i + h]);
     }
   }
 }
@@ -2067,8 +2070,8 @@ static void rope_train_backward_token(void* task, size_t token) {
     const float* dy = k.x + ((k.start + j) * T + t) * D;
     float* o = k.out + t * k.n * D + j * D;
     for (int64_t i = 0; i < h; ++i) {
-      o[i] = dy[i] * c[i] + dy[i + h] * s[i + h];
-      o[i + h] = dy[i + h] * c[i + h] + (-(dy[i] * s[i]));
+      o[i] = std::fma(dy[i], c[i], dy[i + h] * s[i + h]);
+      o[i + h] = std::fma(dy[i + h], c[i + h], -(dy[i] * s[i]));
     }
   }
 }
@@ -2101,20 +2104,20 @@ static void rms_norm_backward_row(void* task, size_t row) {
     std::memcpy(&a, xt + k, sizeof a);
     acc = acc + a * a;
   }
-  for (; k < d; ++k) tail += xt[k] * xt[k];
+  for (; k < d; ++k) tail = std::fma(xt[k], xt[k], tail);
   std::memcpy(lanes, &acc, sizeof lanes);
   const float r = 1.0f / std::sqrt((lane_sum(lanes) + tail) / static_cast<float>(d) + b.eps);
   float gx[L];                                       // sum_k g_k xhat_k: lanes k mod 16, then the tail
   for (int64_t l = 0; l < L; ++l) gx[l] = 0.0f;
   tail = 0.0f;
   for (k = 0; k + L <= d; k += L)
-    for (int64_t l = 0; l < L; ++l) gx[l] += rms_back_g(b, o + k + l, k + l) * (xt[k + l] * r);
-  for (; k < d; ++k) tail += rms_back_g(b, o + k, k) * (xt[k] * r);
+    for (int64_t l = 0; l < L; ++l) gx[l] = std::fma(rms_back_g(b, o + k + l, k + l), xt[k + l] * r, gx[l]);
+  for (; k < d; ++k) tail = std::fma(rms_back_g(b, o + k, k), xt[k] * r, tail);
   const float mean = (lane_sum(gx) + tail) / static_cast<float>(d);
   float* y = b.out + o;
   for (k = 0; k < d; ++k) {
-    const float v = r * (rms_back_g(b, o + k, k) - (xt[k] * r) * mean);
-    y[k] = b.residual ? b.residual[o + k] + v : v;
+    const float inner = std::fma(-(xt[k] * r), mean, rms_back_g(b, o + k, k));   // g - xhat mean
+    y[k] = b.residual ? std::fma(r, inner, b.residual[o + k]) : r * inner;
   }
 }
 
