@@ -13,12 +13,15 @@ SESSION = re.compile(r"session [0-9]", re.IGNORECASE)
 
 
 def _anchors(page: Path) -> set[str]:
-    """GitHub's heading ids: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    """GitHub's heading ids (lower case, punctuation but '-' and '_' dropped, spaces to '-') and the explicit
+    `<a id="..."></a>` anchors outside code blocks."""
     out = set()
     in_code = False
     for line in page.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             in_code = not in_code
+        if not in_code:
+            out.update(re.findall(r'<a id="([\w\-]+)"></a>', line))
         if in_code or not line.startswith("#"):
             continue
         title = line.lstrip("#").strip().lower()
