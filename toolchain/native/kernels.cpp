@@ -2192,31 +2192,6 @@ Tensor& int4_linear_a8_out(KernelRuntimeContext& ctx, const Tensor& x, const Ten
 }
 
 
-// toolchain::int4_dyw_a8.out(Tensor dy, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out)
-Tensor& int4_dyw_a8_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& qweight, const Tensor& scales,
-                        int64_t group, Tensor& out) {
-  ET_KERNEL_CHECK(ctx, dy.scalar_type() == ScalarType::Float && scales.scalar_type() == ScalarType::Float &&
-                  qweight.scalar_type() == ScalarType::Byte && out.scalar_type() == ScalarType::Float,
-                  InvalidArgument, out);
-  ET_KERNEL_CHECK(ctx, dy.dim() >= 1 && dy.dim() <= 8 && qweight.dim() == 2 && scales.dim() == 2, InvalidArgument,
-                  out);
-  const int64_t o = dy.size(dy.dim() - 1), in = 2 * qweight.size(1);
-  ET_KERNEL_CHECK(ctx, qweight.size(0) == o && scales.size(0) == o, InvalidArgument, out);
-  SizesType sizes[8];
-  for (int64_t d = 0; d + 1 < dy.dim(); ++d) sizes[d] = dy.size(d);
-  sizes[dy.dim() - 1] = static_cast<SizesType>(in);
-  ET_KERNEL_CHECK(ctx, executorch::runtime::resize_tensor(out, {sizes, static_cast<size_t>(dy.dim())}) == Error::Ok,
-                  InvalidArgument, out);
-  int64_t T = 1;
-  for (int64_t d = 0; d + 1 < dy.dim(); ++d) T *= dy.size(d);
-  const int rc = toolchain_int4_dyw_a8(dy.const_data_ptr<float>(), T, o, qweight.const_data_ptr<uint8_t>(),
-                                       scales.const_data_ptr<float>(), in, scales.size(1), group,
-                                       out.mutable_data_ptr<float>());
-  ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
-  return out;
-}
-
-
 // toolchain::int4_dyw_a8_acc.out(Tensor dy, Tensor qweight, Tensor scales, int group, int row0, Tensor? acc, *,
 //                                 Tensor(a!) out): out = acc + dy W[row0 : row0 + o] (o = dy's last size; acc of out's
 //                                 shape [..., i]; without acc dy W[row0 : row0 + o])
@@ -2246,6 +2221,15 @@ Tensor& int4_dyw_a8_acc_out(KernelRuntimeContext& ctx, const Tensor& dy, const T
                                            out.mutable_data_ptr<float>());
   ET_KERNEL_CHECK(ctx, rc == 0, InvalidArgument, out);
   return out;
+}
+
+// toolchain::int4_dyw_a8.out(Tensor dy, Tensor qweight, Tensor scales, int group, *, Tensor(a!) out): the acc op's
+// wrapper at row0 0 without acc, W exactly dy's o rows tall (toolchain_int4_dyw_a8 is the acc entry's dx there).
+Tensor& int4_dyw_a8_out(KernelRuntimeContext& ctx, const Tensor& dy, const Tensor& qweight, const Tensor& scales,
+                        int64_t group, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, dy.dim() >= 1 && qweight.dim() == 2 && qweight.size(0) == dy.size(dy.dim() - 1),
+                  InvalidArgument, out);
+  return int4_dyw_a8_acc_out(ctx, dy, qweight, scales, group, 0, std::nullopt, out);
 }
 
 
