@@ -45,6 +45,8 @@
 #include <cstring>
 #include <vector>
 
+#include "arm64_check_util.h"
+
 extern "C" int toolchain_int4_linear_a8(const float* x, int64_t T, int64_t in, const uint8_t* q, const float* scales,
                                         int64_t o, int64_t ng, int64_t group, float* y);
 extern "C" int toolchain_int4_dyw_a8(const float* dy, int64_t T, int64_t o, const uint8_t* q, const float* scales,
@@ -61,17 +63,8 @@ extern "C" int64_t toolchain_test_pool_chunks() __attribute__((weak));
 
 namespace {
 
-bool read_all(std::FILE* f, void* p, size_t n) { return n == 0 || std::fread(p, 1, n, f) == n; }
-
-// Distance in ulps between two finite floats (the count of floats between them, across zero too).
-int64_t ulps(float a, float b) {
-  int32_t ia, ib;
-  std::memcpy(&ia, &a, 4);
-  std::memcpy(&ib, &b, 4);
-  const int64_t oa = ia < 0 ? -static_cast<int64_t>(ia & 0x7fffffff) : ia;
-  const int64_t ob = ib < 0 ? -static_cast<int64_t>(ib & 0x7fffffff) : ib;
-  return oa > ob ? oa - ob : ob - oa;
-}
+using arm64_check::read_all;
+using arm64_check::ulps;
 
 // The DYW_CASES file: magic "TCDYCAS1", int64 count, per case int64 T, o, i, group, ng, then dy f32 [T, o],
 // q u8 [o, i/2], scales f32 [o, ng], dx f32 [T, i] (the x86 kernel's). Returns the exit code's part: 0, 1, 2.

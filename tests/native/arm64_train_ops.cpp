@@ -59,6 +59,8 @@
 #include <string>
 #include <vector>
 
+#include "arm64_check_util.h"
+
 extern "C" {
 int toolchain_attention_train(const float* q, const float* k, const float* v, int64_t H, int64_t Hk, int64_t T,
                               int64_t D, float scale, float* out);
@@ -621,16 +623,8 @@ uint32_t bits(float v) {
   return b;
 }
 
-int64_t ulp_distance(float a, float b) {
-  int32_t ia, ib;
-  std::memcpy(&ia, &a, 4);
-  std::memcpy(&ib, &b, 4);
-  const int64_t oa = ia < 0 ? -static_cast<int64_t>(ia & 0x7fffffff) : ia;
-  const int64_t ob = ib < 0 ? -static_cast<int64_t>(ib & 0x7fffffff) : ib;
-  return oa > ob ? oa - ob : ob - oa;
-}
-
-bool read_all(std::FILE* f, void* p, size_t n) { return n == 0 || std::fread(p, 1, n, f) == n; }
+using arm64_check::read_all;
+using arm64_check::ulps;
 
 }  // namespace
 
@@ -710,7 +704,7 @@ int check_train_ops(const char* label, const char* path, const char* write, cons
         ++equal;
         if (std::isnan(w)) ++ref_nans, nan_bits_equal += std::memcmp(&v, &w, 4) == 0;
       } else if (std::isfinite(v) && std::isfinite(w)) {
-        worst_ulps = std::max(worst_ulps, ulp_distance(v, w));
+        worst_ulps = std::max(worst_ulps, ulps(v, w));
         worst_abs = std::max(worst_abs, std::fabs(static_cast<double>(v) - w));
       } else {
         worst_ulps = INT64_MAX;   // a NaN or an infinity where x86 has another value
