@@ -239,7 +239,7 @@ def program_ops(spec: dict, s, pdir: ProgramDir) -> dict:
                 per["(method)"] += t
             else:
                 per[e.name.removeprefix("native_call_")] += t
-                kernels += t if e.name.startswith("native_call_") else 0.0
+                kernels += t if e.name.startswith(("native_call_", "toolchain::")) else 0.0
         per["(dispatch)"] += calls - kernels
     return {k: dict(v) for k, v in out.items()}
 

@@ -47,7 +47,8 @@ class KernelUnavailable(ToolchainError):
 
 def compile_flags() -> list[str]:
     return ["-std=c++17", "-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared",
-            "-Wno-deprecated-declarations", "-DC10_USING_CUSTOM_GENERATED_MACROS"]
+            "-Wno-deprecated-declarations", "-DC10_USING_CUSTOM_GENERATED_MACROS",
+            "-DET_EVENT_TRACER_ENABLED"]   # each toolchain op is an ETDump event of its own name (a null check without one)
 
 
 def _executorch_dir() -> Path:
