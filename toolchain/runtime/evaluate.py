@@ -40,7 +40,7 @@ def evaluate_program(pdir: ProgramDir, runtime, state: Tensor, examples: Sequenc
     views = pdir.state_views(state)
     pad_id = pdir.pad_token_id
     total, tokens, rows, row_losses, skipped = 0.0, 0, 0, [], 0
-    with torch.no_grad():
+    with torch.no_grad(), loop.driver():
         for i, ex in enumerate(examples):
             ids, labels = pad_row(ex, pdir.seq_len, pad_id, f"eval row {i + 1}")
             n = int((labels[1:] != -100).sum())

@@ -139,7 +139,7 @@ def generate(pdir: ProgramDir, runtime, state: Tensor, prompt_ids: Sequence[int]
     variant = pdir.methods[layer_method(names["block_decode"], 0)]
     result = GenerationResult(prompt, out, "max_new_tokens", fused=bool(variant.kernels),
                             variant="fused" if variant.kernels else variant.variant or "stock")
-    with torch.no_grad():
+    with torch.no_grad(), loop.driver():
         t0 = time.perf_counter()
         for start in range(0, n, c):
             ids = torch.full((c,), pdir.pad_token_id, dtype=torch.int64)

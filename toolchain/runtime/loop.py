@@ -9,7 +9,9 @@ may live in the runtime's arena (ExecuTorch), so everything kept across calls is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Literal, NamedTuple
 
 import torch
@@ -20,7 +22,33 @@ from toolchain.errors import BadInput
 from toolchain.mesp.step import checkpoint_groups, second_sequence_groups
 from toolchain.program.directory import ProgramDir
 
-__all__ = ["LayerLoop"]
+__all__ = ["LayerLoop", "driver_on_one_thread"]
+
+
+@contextmanager
+def driver_on_one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1 inside (restored after): the layer loop's own torch work (binding, the
+    copies of outputs and checkpoints) runs on the calling thread, as the apps' Kotlin / Swift drivers do.
+    With N threads, torch runs a [T, d] copy on its OpenMP workers, which then spin-wait for the next parallel
+    region and hold a core the runtime's thread pool needs: on the 2-core host at `--threads 2`, the first
+    toolchain ops of every method (RMSNorm, the q / k / v projections) ran at 1-thread speed (the q projection
+    of the int8 0.5B program 1.66 ms a call with torch at 2 threads, 1.09 ms with this; docs/benchmarks.md).
+    Not for the eager runtime, whose methods are torch ops themselves (`LayerLoop.driver`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _in_driver(fn):
+    """A LayerLoop entry point run inside `self.driver()`."""
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        with self.driver():
+            return fn(self, *args, **kwargs)
+    return run
 
 
 class _MethodPlan(NamedTuple):
@@ -52,6 +80,11 @@ class LayerLoop:
                    if io.bind == "weight"} - set(self.weights)
         if missing:
             raise BadInput(f"{pdir.path}: the weights file lacks {', '.join(sorted(missing)[:3])}; re-export the program")
+
+    def driver(self) -> AbstractContextManager:
+        """The context every entry point runs in: `driver_on_one_thread`, except on the eager runtime (its
+        methods are torch ops and keep torch's threads)."""
+        return nullcontext() if getattr(self.runtime, "backend", None) == "eager" else driver_on_one_thread()
 
     def _plan(self, method: MethodSpec, layer: int | None) -> _MethodPlan:
         """The method's inputs and outputs for `layer`, resolved once per (method, layer), not per call: a
@@ -151,6 +184,7 @@ class LayerLoop:
                 kept[ref] = value.clone()
         return kept
 
+    @_in_driver
     def forward(self, input_ids: Tensor, keep: Iterable[int], views: dict[str, Tensor]) -> tuple[Tensor, dict[int, Tensor]]:
         """embed + every block_forward; returns the last hidden state and the checkpoints of `keep`. A layer's
         output goes into its input's tensor unless that input is kept: one [T, d] besides the checkpoints."""
@@ -172,6 +206,7 @@ class LayerLoop:
         self.call_method("block_forward", i, {"x": x}, views, into={"x": x})
         return x
 
+    @_in_driver
     def train_step(self, input_ids: Tensor, labels: Tensor, lr: float, state: Tensor,
                    selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1) -> float:
         """One training step on `state` (the flat float32 state, updated in place); returns the loss.
@@ -210,6 +245,7 @@ class LayerLoop:
                 self.call_method("block_skip_update", i, values, views)
         return float(out["loss"].reshape(-1)[0])
 
+    @_in_driver
     def pair_step(self, seqs: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]],
                   weigh: Callable[[float, float], tuple[float, float]], lr: float, state: Tensor,
                   selected: Iterable[int] | None = None, *, layers_per_checkpoint: int = 1,
