@@ -237,6 +237,8 @@ def test_an_int8_program_runs_beside_the_fp32_one_in_the_same_run(tiny_int4_prog
     assert p8_row["loss"] == pytest.approx(mesp["loss"], rel=1e-2) and p8_row["loss"] != p32_row["loss"]
     assert p8_row["step_s"] > 0 and p8_row["peak_mb"] > 0 and p8_row["step_gflop"] == p32_row["step_gflop"]
     assert "executorch[int8]" in result.output and "executorch[fp32]" in result.output
+    # --compute int8's default MLP chunk (512) differs from the first program's (256): allowed for a further program
+    assert p32_row["mlp_chunk"] == doc["config"]["mlp_chunk"] == 256 and p8_row["mlp_chunk"] == 512
 
 
 @pytest.mark.parametrize("args, message", [

@@ -58,8 +58,8 @@ extern "C" const char* toolchain_kernel_path();
 extern "C" const char* toolchain_kernel_path_error();
 // tests/native/arm64_train_ops.cpp: the train ops' check (its top comment); 0, 1 or 2 as this driver's exit.
 int check_train_ops(const char* label, const char* path, const char* write, const char* compare);
-// Linked in from tests/native/arm64_pool.cpp in the pooled build only: the chunks the stand-in thread pool ran.
-extern "C" int64_t toolchain_test_pool_chunks() __attribute__((weak));
+// kernels.cpp: the units it ran over more than one thread (0 in a build without TOOLCHAIN_THREADPOOL).
+extern "C" int64_t toolchain_pool_units() __attribute__((weak));
 
 namespace {
 
@@ -247,8 +247,8 @@ int main(int argc, char** argv) {
   if (train_only) {
     const bool write = std::strcmp(argv[3], "--write") == 0;
     const int rc = check_train_ops(label, path, write ? argv[4] : nullptr, write ? nullptr : argv[4]);
-    if (toolchain_test_pool_chunks != nullptr)
-      std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_test_pool_chunks());
+    if (toolchain_pool_units != nullptr)
+      std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_pool_units());
     return rc;
   }
   std::FILE* f = std::fopen(argv[1], "rb");
@@ -377,7 +377,7 @@ int main(int argc, char** argv) {
     train = check_train_ops(label, path, nullptr, argv[4]);
     if (train == 2) return 2;
   }
-  if (toolchain_test_pool_chunks != nullptr)
-    std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_test_pool_chunks());
+  if (toolchain_pool_units != nullptr)
+    std::printf("%s: rows split over the thread pool in %" PRId64 " chunks\n", label, toolchain_pool_units());
   return bound_ok == count && dyw == 0 && train == 0 ? 0 : 1;
 }

@@ -88,7 +88,7 @@ int toolchain_rope_train_backward(const float* dy, const float* cos, const float
                                   int64_t T, int64_t n, int64_t D, float* out);
 int toolchain_rms_norm_backward(const float* x, const float* w, const float* dy, const float* dy2, const float* dy3,
                                 const float* residual, int64_t T, int64_t d, float eps, float* out);
-int64_t toolchain_test_pool_chunks() __attribute__((weak));
+int64_t toolchain_pool_units() __attribute__((weak));
 }
 
 namespace {
@@ -116,7 +116,7 @@ struct Rng {
   }
 };
 
-int64_t chunks_now() { return toolchain_test_pool_chunks != nullptr ? toolchain_test_pool_chunks() : 0; }
+int64_t chunks_now() { return toolchain_pool_units != nullptr ? toolchain_pool_units() : 0; }
 
 struct Op {
   std::string name;

@@ -244,7 +244,8 @@ def program_settings(program_dir: Path) -> dict[str, Any]:
 
 def check_program(config: MemoryBenchConfig, arch: ModelArch | None, program_dir: Path | None = None) -> None:
     """The program (`program_dir`, default the first) must be the benchmarked workload: same widths, sequence
-    length, LoRA and weight format (its `compute` may differ: that is what several programs compare)."""
+    length, LoRA and weight format (its `compute` may differ: that is what several programs compare; so may a
+    further program's MLP chunk, which follows its compute's default: `export --mlp-chunk`, 512 for int8)."""
     from toolchain.program import ProgramDir
 
     program_dir = program_dir or config.program_dir
@@ -266,6 +267,8 @@ def check_program(config: MemoryBenchConfig, arch: ModelArch | None, program_dir
     if config.quant == "none":
         got = {k: v for k, v in got.items() if k not in ("quant_group", "quant_chunk_elems")}
         want = {k: v for k, v in want.items() if k not in ("quant_group", "quant_chunk_elems")}
+    if program_dir != config.program_dir:                 # a further program: the eager modes follow the first
+        del got["mlp_chunk"], want["mlp_chunk"]
     diff = [f"{k} {got[k]} (bench: {want[k]})" for k in want if got[k] != want[k]]
     if arch is not None and pdir.arch != arch:
         diff.append(f"model {pdir.model.source} (bench: {config.model})")
@@ -325,7 +328,7 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
         program = keys[row["mode"]]
         if program is not None:
             row["program"] = str(program)
-            row["compute"] = _program_compute(program)
+            row["compute"], row["mlp_chunk"] = _program_compute(program)
         row["mode"] = base_mode(row["mode"])
         mark_file_drift(row)
         if uses_groups(row["mode"]):
@@ -341,10 +344,12 @@ def run_memory_bench(config: MemoryBenchConfig, *, on_mode: Callable[[str], None
             "host": host_info()}
 
 
-def _program_compute(program_dir: Path) -> str:
+def _program_compute(program_dir: Path) -> tuple[str, int | None]:
+    """The program's compute and MLP chunk (a program row's `compute`, `mlp_chunk`)."""
     from toolchain.program import ProgramDir
 
-    return ProgramDir(program_dir, verify=False).spec.compute
+    spec = ProgramDir(program_dir, verify=False).spec
+    return spec.compute, spec.options.mlp_chunk
 
 
 # The planner's answer for the quantity a mode's `peak_mb` measures (`planner_estimate`); modes without one

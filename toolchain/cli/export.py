@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from toolchain.cli.options import (chunk_options, force_option, lora_options, model_options, optimizer_options,
-                                   plan_options, plan_request)
+from toolchain.cli.options import (INT8_MLP_CHUNK, chunk_options, force_option, lora_options, model_options,
+                                   optimizer_options, plan_options, plan_request)
 from toolchain.validate import FiniteFloat
 
 
@@ -37,7 +37,9 @@ from toolchain.validate import FiniteFloat
               help="ExecuTorch: delegate the matmuls to XNNPACK (weights stay memory-mapped inputs; packed per call "
                    "into one shared workspace). --no-xnnpack: ExecuTorch's own kernels (slower, no workspace).")
 @chunk_options(loss_chunk_default="--seq-len, one chunk: the head's graph, hence the export time, does not grow "
-                                  "with the sequence length")
+                                  "with the sequence length",
+               mlp_chunk_default=f"256; {INT8_MLP_CHUNK} with --compute int8, whose kernels run fewer, larger calls "
+                                 "at the same peak memory")
 @click.option("--generate/--no-generate", "generation", default=True, show_default=True,
               help="Also export the generation methods (chunked prefill, KV-cache decode, one-position LM head) "
                    "that `toolchain generate` and apps run with the live adapter; int4 programs also get their "
@@ -92,6 +94,8 @@ def export(*, model, init, seed, adapter, rank, alpha, targets, seq_len, quant, 
 
     plan = plan_request(plan_path, lcsb_k, lcsb_policy, lcsb_seed, lcsb_warmup)
     opt = optimizer_config(optimizer, weight_decay=weight_decay, frozen_unselected=frozen_unselected)  # lr: a step input
+    if mlp_chunk is None and compute == "int8":
+        mlp_chunk = INT8_MLP_CHUNK
     options = StepOptions(**{"loss_chunk": seq_len, **chunk_overrides(loss_chunk=loss_chunk, vocab_chunk=vocab_chunk,
                                                                       mlp_chunk=mlp_chunk)})
     if prefill_chunk is None:

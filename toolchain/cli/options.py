@@ -24,6 +24,8 @@ TARGETS_HELP = "comma-separated LoRA targets among q_proj,k_proj,v_proj,o_proj,g
 POLICY_CHOICE = click.Choice(["cyclic", "strided", "last", "anchored", "random", "full"])
 # StepOptions' defaults (toolchain/mesp/step.py, which imports torch; tests/cli/test_options.py checks them).
 _CHUNK_DEFAULTS = {"loss_chunk": 256, "vocab_chunk": 1024, "mlp_chunk": 256}
+# `export --compute int8`'s MLP chunk: its int8 kernels run fewer, larger calls at the same peak (docs/export.md)
+INT8_MLP_CHUNK = 512
 
 
 def verbose_requested() -> bool:
@@ -129,7 +131,8 @@ def plan_request(plan_path: Path | None, lcsb_k: int | None, lcsb_policy: str | 
 
 
 # -- step memory knobs ---------------------------------------------------------------------------------
-def chunk_options(loss_chunk_default: str = str(_CHUNK_DEFAULTS["loss_chunk"])):
+def chunk_options(loss_chunk_default: str = str(_CHUNK_DEFAULTS["loss_chunk"]),
+                  mlp_chunk_default: str = str(_CHUNK_DEFAULTS["mlp_chunk"])):
     """--loss-chunk, --vocab-chunk, --mlp-chunk: MeSP's `StepOptions` (`toolchain.mesp.chunk_overrides`).
     Memory/speed trade-offs only: they never change the result."""
     big = 2**31 - 1
@@ -141,7 +144,7 @@ def chunk_options(loss_chunk_default: str = str(_CHUNK_DEFAULTS["loss_chunk"])):
                           f"[default: {_CHUNK_DEFAULTS['vocab_chunk']}]"),
         click.option("--mlp-chunk", type=click.IntRange(0, big), default=None,
                      help="Intermediate columns per MLP chunk, forward and backward (0: all at once).  "
-                          f"[default: {_CHUNK_DEFAULTS['mlp_chunk']}]"))
+                          f"[default: {mlp_chunk_default}]"))
 
 
 def layers_per_checkpoint_option(default: int | None = 1, *, default_help: str = "1: every layer's input kept"):

@@ -186,6 +186,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("kernel_path_error", (), ctypes.c_char_p),      # why $TOOLCHAIN_KERNEL_PATH was refused, or NULL
     Kernel("select_kernel_path", (ctypes.c_char_p,)),      # force a path by name (tests): 0, or -2 if unavailable
     Kernel("kernel_threads", (), ctypes.c_int64),          # the thread pool's size the kernels split rows over
+    Kernel("pool_units", (), ctypes.c_int64),              # units run over more than one thread since load
 )
 
 

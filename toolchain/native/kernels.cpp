@@ -97,13 +97,18 @@
 // toolchain_kernel_path() / toolchain_select_kernel_path() / toolchain_kernel_threads() beside them.
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -626,15 +631,20 @@ void quantize_rows(void* task, size_t i) {
     k.a->quantize_row(k.x + t * k.in, t, k.in, k.group, k.ng, k.group16);
 }
 
-// The runtime's thread pool (ExecuTorch's, the one XNNPACK uses: its size is the runtime's thread count, e.g.
-// `toolchain generate --threads N`), when the library is built with TOOLCHAIN_THREADPOOL (build.py, against the
-// wheel's libexecutorch_threadpool; the wheel ships no threadpool.h, so its pthreadpool C API is declared here).
+// The threads: as many as the runtime's thread pool has (ExecuTorch's, the one XNNPACK uses: its size is the
+// runtime's thread count, e.g. `toolchain train --threads N`), when the library is built with TOOLCHAIN_THREADPOOL
+// (build.py, against the wheel's libexecutorch_threadpool; the wheel ships no threadpool.h, so the pthreadpool C
+// API it needs is declared here). The kernels' units run on workers of their own (SpinPool, below) rather than on
+// that pool's: pthreadpool's workers sleep (futex) after ~1000 pauses without work off Android, a few microseconds,
+// so a training step's ~3,400 pool calls, each after a stretch of single-threaded ops, paid a worker's wake-up
+// each (~20 us on this host, far more when the idle core's vCPU had halted: the first calls of a method ran at one
+// thread's speed). SpinPool's workers spin for kSpinMicros after their last unit before sleeping, as pthreadpool's
+// do on Android (100,000 pauses). Measured on the int8 0.5B step at 2 threads (docs/benchmarks.md): 2.01 -> 1.92 s.
 #ifdef TOOLCHAIN_THREADPOOL
 }  // namespace
 extern "C" {
 typedef struct pthreadpool* pthreadpool_t;
 size_t pthreadpool_get_threads_count(pthreadpool_t);
-void pthreadpool_parallelize_1d(pthreadpool_t, void (*)(void*, size_t), void*, size_t, uint32_t);
 }
 namespace executorch::extension::threadpool {
 pthreadpool_t get_pthreadpool();
@@ -644,13 +654,113 @@ int64_t pool_threads() {
   pthreadpool_t pool = executorch::extension::threadpool::get_pthreadpool();
   return pool != nullptr ? static_cast<int64_t>(pthreadpool_get_threads_count(pool)) : 1;
 }
-// fn(task, i) for i in [0, chunks), over the pool.
+
+constexpr int64_t kSpinMicros = 200;   // a worker's spin after its last unit, before it sleeps
+thread_local bool tl_pool_worker = false;   // this thread is a SpinPool worker (a nested call runs in place)
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Fork-join workers: run(fn, ctx, n) calls fn(ctx, i) for every i < n on the calling thread and the workers, each
+// unit taken from a shared counter, and returns when all are done and every worker has seen the call. Units are
+// computed the same way by any thread, so the bits depend on neither the thread count nor the schedule. One call at
+// a time: a second caller (another thread) while one runs, or a unit calling run, runs its units in place.
+class SpinPool {
+ public:
+  explicit SpinPool(int64_t workers) : workers_(workers) {
+    for (int64_t w = 0; w < workers; ++w) std::thread([this] { work(); }).detach();   // never joined: leaked
+  }
+  void run(void (*fn)(void*, size_t), void* ctx, int64_t n) {
+    std::unique_lock<std::mutex> one(running_, std::try_to_lock);
+    if (!one.owns_lock() || tl_pool_worker) {
+      for (int64_t i = 0; i < n; ++i) fn(ctx, static_cast<size_t>(i));
+      return;
+    }
+    fn_ = fn;
+    ctx_ = ctx;
+    n_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    seen_.store(0, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_seq_cst);           // publishes the call to the workers
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      { std::lock_guard<std::mutex> lock(sleep_); }                 // a worker between its check and its wait
+      wake_.notify_all();
+    }
+    units();
+    while (seen_.load(std::memory_order_acquire) < workers_) cpu_relax();
+  }
+
+ private:
+  void units() {
+    for (int64_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;) fn_(ctx_, static_cast<size_t>(i));
+  }
+  void work() {
+    tl_pool_worker = true;
+    uint64_t seen = 0;
+    for (;;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {
+        cpu_relax();
+        if (spins % 64 == 63 &&
+            std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros)) {
+          std::unique_lock<std::mutex> lock(sleep_);
+          sleeping_.fetch_add(1, std::memory_order_seq_cst);
+          wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
+          sleeping_.fetch_sub(1, std::memory_order_relaxed);
+          break;
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      units();
+      seen_.fetch_add(1, std::memory_order_release);
+    }
+  }
+  const int64_t workers_;
+  std::mutex running_, sleep_;
+  std::condition_variable wake_;
+  void (*fn_)(void*, size_t) = nullptr;
+  void* ctx_ = nullptr;
+  int64_t n_ = 0;
+  alignas(64) std::atomic<uint64_t> generation_{0};
+  alignas(64) std::atomic<int64_t> next_{0};
+  alignas(64) std::atomic<int64_t> seen_{0};
+  alignas(64) std::atomic<int> sleeping_{0};
+};
+
+// The SpinPool of `threads` threads (the caller and threads - 1 workers); a new one when the runtime's thread count
+// changes (the old one's workers sleep for good).
+SpinPool& spin_pool(int64_t threads) {
+  static std::mutex m;
+  static SpinPool* pool = nullptr;
+  static int64_t size = 0;
+  std::lock_guard<std::mutex> lock(m);
+  if (pool == nullptr || size != threads) {
+    pool = new SpinPool(threads - 1);
+    size = threads;
+  }
+  return *pool;
+}
+
+std::atomic<int64_t> pool_units{0};   // units run over more than one thread (toolchain_pool_units)
+
+// fn(task, i) for i in [0, chunks), over the threads.
 void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
-  pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), fn, task,
-                             static_cast<size_t>(chunks), 0);
+  const int64_t threads = pool_threads();
+  if (threads <= 1 || chunks <= 1) {
+    for (int64_t i = 0; i < chunks; ++i) fn(task, static_cast<size_t>(i));
+    return;
+  }
+  pool_units.fetch_add(chunks, std::memory_order_relaxed);
+  spin_pool(threads).run(fn, task, chunks);
 }
 #else
 int64_t pool_threads() { return 1; }
+std::atomic<int64_t> pool_units{0};   // stays 0: no threads
 void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
   for (int64_t i = 0; i < chunks; ++i) fn(task, static_cast<size_t>(i));
 }
@@ -922,8 +1032,7 @@ void parallel_for(void (*fn)(void*, size_t), void* ctx, int64_t n, int64_t work,
     // more than 8 units per thread (a chunk's 32 rows, SwiGLU's blocks): about 4 tasks per thread, each a run of
     // units (the pool's per-task cost paid 8 times instead of n); else a task per unit (attention's 14 heads)
     UnitRun run{fn, ctx, n, n > 8 * threads ? (n + 4 * threads - 1) / (4 * threads) : 1};
-    pthreadpool_parallelize_1d(executorch::extension::threadpool::get_pthreadpool(), unit_run, &run,
-                               static_cast<size_t>((n + run.per - 1) / run.per), 0);
+    run_in_pool(unit_run, &run, (n + run.per - 1) / run.per);
     return;
   }
 #endif
@@ -939,6 +1048,10 @@ const char* toolchain_kernel_path() { return kKernelPathNames[static_cast<int>(k
 
 // The threads the int4 kernels split rows over (the runtime's thread pool; 1 without it).
 int64_t toolchain_kernel_threads() { return pool_threads(); }
+
+// The units of work the kernels have run over more than one thread since load (0 without the thread pool): the
+// arm64 check's proof that a pooled build split its calls.
+int64_t toolchain_pool_units() { return pool_units.load(std::memory_order_relaxed); }
 
 // nullptr, or why the forced path cannot run here (then every kernel call returns -2).
 const char* toolchain_kernel_path_error() {
