@@ -638,7 +638,7 @@ void quantize_rows(void* task, size_t i) {
 // that pool's: pthreadpool's workers sleep (futex) after ~1000 pauses without work off Android, a few microseconds,
 // so a training step's ~3,400 pool calls, each after a stretch of single-threaded ops, paid a worker's wake-up
 // each (~20 us on this host, far more when the idle core's vCPU had halted: the first calls of a method ran at one
-// thread's speed). SpinPool's workers spin for kSpinMicros after their last unit before sleeping, as pthreadpool's
+// thread's speed). SpinPool's workers spin for 200 us after their last unit before sleeping, as pthreadpool's
 // do on Android (100,000 pauses). Measured on the int8 0.5B step at 2 threads (docs/benchmarks.md): 2.01 -> 1.92 s.
 #ifdef TOOLCHAIN_THREADPOOL
 }  // namespace
@@ -655,7 +655,13 @@ int64_t pool_threads() {
   return pool != nullptr ? static_cast<int64_t>(pthreadpool_get_threads_count(pool)) : 1;
 }
 
-constexpr int64_t kSpinMicros = 200;   // a worker's spin after its last unit, before it sleeps
+// A worker's spin after its last unit, before it sleeps: 200 us, or $TOOLCHAIN_POOL_SPIN_US (0 .. 100000; 0 sleeps
+// at once), read when the workers start.
+int64_t spin_micros() {
+  const char* v = std::getenv("TOOLCHAIN_POOL_SPIN_US");
+  const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 200;
+  return n >= 0 && n <= 100000 ? n : 200;
+}
 thread_local bool tl_pool_worker = false;   // this thread is a SpinPool worker (a nested call runs in place)
 
 inline void cpu_relax() {
@@ -672,7 +678,7 @@ inline void cpu_relax() {
 // a time: a second caller (another thread) while one runs, or a unit calling run, runs its units in place.
 class SpinPool {
  public:
-  explicit SpinPool(int64_t workers) : workers_(workers) {
+  explicit SpinPool(int64_t workers) : workers_(workers), spin_(spin_micros()) {
     for (int64_t w = 0; w < workers; ++w) std::thread([this] { work(); }).detach();   // never joined: leaked
   }
   void run(void (*fn)(void*, size_t), void* ctx, int64_t n) {
@@ -707,7 +713,7 @@ class SpinPool {
       for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {
         cpu_relax();
         if (spins % 64 == 63 &&
-            std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(kSpinMicros)) {
+            std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_)) {
           std::unique_lock<std::mutex> lock(sleep_);
           sleeping_.fetch_add(1, std::memory_order_seq_cst);
           wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
@@ -720,7 +726,7 @@ class SpinPool {
       seen_.fetch_add(1, std::memory_order_release);
     }
   }
-  const int64_t workers_;
+  const int64_t workers_, spin_;
   std::mutex running_, sleep_;
   std::condition_variable wake_;
   void (*fn_)(void*, size_t) = nullptr;
