@@ -164,7 +164,7 @@ if command -v cmake >/dev/null && command -v c++ >/dev/null && [ -n "$ET_PKG" ] 
             && grep -q ' T Java_org_onphonellm_trainer_app_NativeKernels_kernelPath\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' W toolchain_kernel_path\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::runtime::register_kernels' '$BUILD/kernels-arm64/nm.txt' \
-            && grep -q ' U pthreadpool_parallelize_1d\$' '$BUILD/kernels-arm64/nm.txt' \
+            && grep -q ' U pthreadpool_get_threads_count\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q ' U executorch::extension::threadpool::get_pthreadpool()\$' '$BUILD/kernels-arm64/nm.txt' \
             && grep -q '_GLOBAL__sub_I_kernels' '$BUILD/kernels-arm64/nm.txt'" || true
     else

@@ -5,7 +5,7 @@
 
 Per kernel path, in a child process: the prompt's prefill (`toolchain.runtime.generate`, one new token) through the
 fused methods, first with the thread pool at 1 thread (its CPU time: what one idle core needs), then at --threads
-with pthreadpool_parallelize_1d (the kernels' only entry to ExecuTorch's pool) interposed by a small C shim (built
+with kernels_pool_run (kernels.cpp: the kernels' only entry to their threads) interposed by a small C shim (built
 with cc into a temporary directory, LD_PRELOADed into the child) that records per pool call each thread's CPU time
 in the call's tasks. The calling thread's CPU time then splits into `serial` (outside pool calls: Python, the
 runtime, what the kernels do on one thread), its own tasks, and `wait` (inside a pool call, not in a task: waiting
@@ -37,7 +37,7 @@ SHIM = r"""
 #include <stdint.h>
 #include <time.h>
 typedef void (*task_fn)(void*, size_t);
-typedef void (*par_fn)(void*, task_fn, void*, size_t, uint32_t);
+typedef void (*par_fn)(task_fn, void*, int64_t);
 #define SLOTS 8
 #define MAXREC 200000
 typedef struct { int64_t range, wall_ns, caller_cpu_ns, cpu_ns[SLOTS]; } rec_t;
@@ -56,16 +56,16 @@ static void wrapper(void* p, size_t i) {
   w->fn(w->ctx, i);
   __atomic_fetch_add(&w->r->cpu_ns[s], now(CLOCK_THREAD_CPUTIME_ID) - t0, __ATOMIC_RELAXED);
 }
-void pthreadpool_parallelize_1d(void* pool, task_fn fn, void* ctx, size_t range, uint32_t flags) {
+void kernels_pool_run(task_fn fn, void* ctx, int64_t range) {
   static par_fn real = 0;
-  if (!real) real = (par_fn)dlsym(RTLD_NEXT, "pthreadpool_parallelize_1d");
-  if (!enabled || nrec >= MAXREC) { real(pool, fn, ctx, range, flags); return; }
+  if (!real) real = (par_fn)dlsym(RTLD_NEXT, "kernels_pool_run");
+  if (!enabled || nrec >= MAXREC) { real(fn, ctx, range); return; }
   rec_t* r = &recs[nrec++];
   for (int s = 0; s < SLOTS; ++s) r->cpu_ns[s] = 0;
   r->range = (int64_t)range;
   wrap_t w = {fn, ctx, r};
   int64_t t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_THREAD_CPUTIME_ID);
-  real(pool, wrapper, &w, range, flags);
+  real(wrapper, &w, range);
   r->caller_cpu_ns = now(CLOCK_THREAD_CPUTIME_ID) - c0;
   r->wall_ns = now(CLOCK_MONOTONIC) - t0;
 }

@@ -753,16 +753,23 @@ SpinPool& spin_pool(int64_t threads) {
 }
 
 std::atomic<int64_t> pool_units{0};   // units run over more than one thread (toolchain_pool_units)
+}  // namespace
 
+// The kernels' one entry to their threads (fn(ctx, i) for i < n over pool_threads() threads), a global symbol so a
+// diagnostic shim can interpose it: scripts/bench_prefill_threads.py records each call's per-thread task CPU.
+extern "C" void kernels_pool_run(void (*fn)(void*, size_t), void* ctx, int64_t n) {
+  pool_units.fetch_add(n, std::memory_order_relaxed);
+  spin_pool(pool_threads()).run(fn, ctx, n);
+}
+
+namespace {
 // fn(task, i) for i in [0, chunks), over the threads.
 void run_in_pool(void (*fn)(void*, size_t), void* task, int64_t chunks) {
-  const int64_t threads = pool_threads();
-  if (threads <= 1 || chunks <= 1) {
+  if (pool_threads() <= 1 || chunks <= 1) {
     for (int64_t i = 0; i < chunks; ++i) fn(task, static_cast<size_t>(i));
     return;
   }
-  pool_units.fetch_add(chunks, std::memory_order_relaxed);
-  spin_pool(threads).run(fn, task, chunks);
+  kernels_pool_run(fn, task, chunks);
 }
 #else
 int64_t pool_threads() { return 1; }
