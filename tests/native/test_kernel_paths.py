@@ -256,3 +256,47 @@ def test_the_cache_key_covers_the_headers(tmp_path, monkeypatch):
     changed.write_bytes(Path(build.KERNEL_SOURCE.parent / "kernels_x86.h").read_bytes() + b"\n")
     monkeypatch.setattr(build, "KERNEL_HEADERS", (changed,))
     assert build._key(cxx) != key
+
+
+_SPIN_CHILD = r"""
+import torch
+from executorch.extension.pybindings import portable_lib
+from toolchain.mesp.kernels import load_native_kernels
+from toolchain.mesp.ops.quant import quantize
+lib = load_native_kernels()
+gen = torch.Generator().manual_seed(3)
+q = quantize(torch.randn(896, 896, generator=gen), "int4", 64)
+x = torch.randn(64, 896, generator=gen)
+out = []
+for n in (1, 2, 2, 1, 2):
+    portable_lib._unsafe_reset_threadpool(n)
+    units = lib.toolchain_pool_units()
+    y = torch.empty(64, 896)
+    assert lib.toolchain_int4_linear_a8(x.data_ptr(), 64, 896, q.q.data_ptr(), q.scale.data_ptr(), 896, 14, 64,
+                                        y.data_ptr()) == 0
+    assert (lib.toolchain_pool_units() > units) == (n == 2), (n, units)
+    out.append(y)
+assert all(torch.equal(out[0].view(torch.int32), y.view(torch.int32)) for y in out[1:])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("spin", ["0", "5000"])
+def test_the_kernels_workers_give_the_same_bits_whether_they_sleep_at_once_or_spin(spin):
+    """$TOOLCHAIN_POOL_SPIN_US=0: every call wakes a sleeping worker (the futex path); 5000: they spin through
+    the calls. Either way the calls at 2 threads run units on the workers and give the 1-thread bits."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOOLCHAIN_POOL_SPIN_US": spin}
+    done = subprocess.run([sys.executable, "-c", _SPIN_CHILD], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value", ["-1", "100001", "fast", "2.5", ""])
+def test_a_bad_pool_spin_is_refused_when_the_kernels_load(value):
+    code = ("from toolchain.native import KernelUnavailable, load_kernels\n"
+            "try:\n    load_kernels()\nexcept KernelUnavailable as e:\n    print(e)\nelse:\n    print('loaded')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOOLCHAIN_POOL_SPIN_US": value}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == (f"$TOOLCHAIN_POOL_SPIN_US: {value!r} is not an integer from 0 to 100000 "
+                                   "(microseconds the kernels' workers spin before sleeping; unset: 200)")

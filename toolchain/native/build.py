@@ -234,6 +234,15 @@ _LOADED_PATH: Path | None = None
 Signatures = Mapping[str, tuple[type, Sequence[type]]]   # C entry point -> (restype, argtypes)
 
 
+def _check_pool_spin() -> None:
+    """$TOOLCHAIN_POOL_SPIN_US, when set, is what kernels.cpp's workers accept (an integer 0 .. 100000: their spin in
+    microseconds before sleeping, docs/kernels.md); the library would otherwise ignore it for its default."""
+    value = os.environ.get("TOOLCHAIN_POOL_SPIN_US")
+    if value is not None and not (value.strip().isdigit() and int(value) <= 100_000):
+        raise KernelUnavailable(f"$TOOLCHAIN_POOL_SPIN_US: {value!r} is not an integer from 0 to 100000 "
+                                f"(microseconds the kernels' workers spin before sleeping; unset: 200)")
+
+
 def load_kernels(signatures: Signatures | None = None) -> ctypes.CDLL:
     """Load (building if needed) the kernel library into this process, once; its ExecuTorch kernels are
     registered from then on. Returns the library; `signatures` (toolchain/mesp/kernels.py `c_signatures`) set
@@ -244,6 +253,7 @@ def load_kernels(signatures: Signatures | None = None) -> ctypes.CDLL:
     """
     global _LOADED, _LOADED_PATH
     if _LOADED is None:
+        _check_pool_spin()
         path = kernel_library()
         try:
             lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
