@@ -87,8 +87,9 @@
 // are folded into 16 group sums per block of 16 groups with permutes, and the correction for the nibble
 // offset (- 8 sum_k a[t, k] per group) is subtracted once per group.
 //
-// Threads: the weight rows of a call are split in chunks of 16 over the runtime's thread pool (ExecuTorch's,
-// the one XNNPACK uses, when built with TOOLCHAIN_THREADPOOL); rows are independent, so the bits are the same.
+// Threads: the weight rows of a call are split in chunks of 16 over as many threads as the runtime's thread pool has
+// (ExecuTorch's, the one XNNPACK uses, when built with TOOLCHAIN_THREADPOOL; the units run on this library's own
+// workers, SpinPool below); rows are independent, so the bits are the same.
 //
 // Built by toolchain/native/build.py (g++ -O3 -march=native, against the executorch wheel's headers,
 // libexecutorch and libexecutorch_threadpool) for the host, and by the apps' native builds (android/, ios/)
@@ -1020,8 +1021,8 @@ void dyw_panel_chunk(void* task, size_t i) {
 // step's calls stay on this thread, where waking the pool would cost about what it saves, and more when the other
 // core is busy. kPoolRowWork (2^14) for calls split by rows of x or tokens of a chunk (RMSNorm, RoPE, the LoRA
 // epilogue, the quantization of x): a decode step has one row, so they never reach the pool there, and in a prefill
-// chunk a dispatch to the pool's spinning workers costs 0.1-0.4 us (an empty pthreadpool_parallelize_1d of 2-14
-// tasks, this host) against 10-60 us of work (a [32, 896] RMSNorm, the quantization of a [32, 4864] x).
+// chunk a dispatch to spinning workers costs 0.1-0.4 us (an empty pthreadpool_parallelize_1d of 2-14 tasks, this
+// host; SpinPool's workers spin the same way between a step's calls) against 10-60 us of work (a [32, 896] RMSNorm, the quantization of a [32, 4864] x).
 // Every kernel that uses it computes each output element the same way whichever thread runs it, so the bits do not
 // depend on the thread count.
 constexpr int64_t kPoolWork = int64_t{1} << 20;
