@@ -163,6 +163,35 @@ def test_int4_adamw_lcsb_at_run_time_matches_eager(int4_adamw):
     assert all(not torch.equal(views[f"{p}_2_q_proj_a"], init[f"{p}_2_q_proj_a"]) for p in ("lora", "adam_m", "adam_v"))
 
 
+class _ThreadsSeen:
+    """A runtime that runs the eager methods and records torch's intra-op thread count at every call."""
+
+    def __init__(self, inner, backend: str) -> None:
+        self.inner, self.backend, self.seen = inner, backend, []
+
+    def execute(self, method, inputs):
+        self.seen.append(torch.get_num_threads())
+        return self.inner.execute(method, inputs)
+
+
+@pytest.mark.parametrize("backend, inside", [("executorch", 1), ("onnx", 1), ("eager", 2)])
+def test_the_loop_does_its_torch_work_on_one_thread_except_on_the_eager_runtime(fp32_sgd, backend, inside):
+    """LayerLoop.driver: torch's threads are 1 through a step on a native runtime (its OpenMP workers would spin on
+    the cores the runtime's pool needs) and restored after; the eager runtime's methods keep torch's threads."""
+    prog, _, _ = fp32_sgd
+    pdir = ProgramDir(prog)
+    runtime = _ThreadsSeen(EagerRuntime(pdir.spec), backend)
+    ids, labels = pad_row(_examples(1, seed=11)[0], T, 0, "row")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        LayerLoop(pdir, runtime).train_step(ids, labels, 0.1, pdir.state_init())
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert runtime.seen and set(runtime.seen) == {inside}
+
+
 def test_sgd_lcsb_leaves_unselected_layers_untouched(fp32_sgd):
     prog, _, _ = fp32_sgd
     pdir, runtime = _runtime(prog)

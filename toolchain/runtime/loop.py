@@ -32,7 +32,7 @@ def driver_on_one_thread() -> Iterator[None]:
     With N threads, torch runs a [T, d] copy on its OpenMP workers, which then spin-wait for the next parallel
     region and hold a core the runtime's thread pool needs: on the 2-core host at `--threads 2`, the first
     toolchain ops of every method (RMSNorm, the q / k / v projections) ran at 1-thread speed (the q projection
-    of the int8 0.5B program 1.66 ms a call with torch at 2 threads, 1.09 ms with this; docs/benchmarks.md).
+    of the int8 0.5B program 1.66 ms a call with torch at 2 threads, 1.09 ms with this; docs/kernels.md).
     Not for the eager runtime, whose methods are torch ops themselves (`LayerLoop.driver`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
