@@ -300,3 +300,39 @@ def test_a_bad_pool_spin_is_refused_when_the_kernels_load(value):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == (f"$TOOLCHAIN_POOL_SPIN_US: {value!r} is not an integer from 0 to 100000 "
                                    "(microseconds the kernels' workers spin before sleeping; unset: 200)")
+
+
+_FORK_CHILD = r"""
+import os, signal, torch
+from executorch.extension.pybindings import portable_lib
+from toolchain.mesp.kernels import load_native_kernels
+from toolchain.mesp.ops.quant import quantize
+lib = load_native_kernels()
+portable_lib._unsafe_reset_threadpool(2)
+q = quantize(torch.randn(896, 896, generator=torch.Generator().manual_seed(4)), "int4", 64)
+x, y = torch.randn(64, 896), torch.empty(64, 896)
+def call():
+    units = lib.toolchain_pool_units()
+    assert lib.toolchain_int4_linear_a8(x.data_ptr(), 64, 896, q.q.data_ptr(), q.scale.data_ptr(), 896, 14, 64,
+                                        y.data_ptr()) == 0
+    assert lib.toolchain_pool_units() > units
+call()                                   # the parent's workers exist now
+pid = os.fork()
+if pid == 0:
+    signal.alarm(120)                    # a child waiting on the parent's workers would hang: fail instead
+    call()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+call()
+print("ok")
+"""
+
+
+def test_a_forked_child_runs_the_kernels_on_workers_of_its_own():
+    """The workers are threads of the process that started them; a fork's child (one thread) starts its own
+    instead of waiting for the parent's."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", _FORK_CHILD], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -113,6 +113,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>   // getpid (the kernels' workers: a forked child starts its own)
+
 #if defined(__x86_64__) || defined(__i386__)
 #define TOOLCHAIN_X86 1   // kernels_x86.h: the avx2, avx_vnni and avx512_vnni paths, chosen at run time
 #endif
@@ -739,17 +741,21 @@ class SpinPool {
   alignas(64) std::atomic<int> sleeping_{0};
 };
 
-// The SpinPool of `threads` threads (the caller and threads - 1 workers); a new one when the runtime's thread count
-// changes (the old one's workers sleep for good).
+// The SpinPool of `threads` threads (the caller and threads - 1 workers), one per thread count the runtime's pool has
+// had in this process (kept: a test alternating 1 and 2 threads reuses them). A forked child starts its own: the
+// parent's workers do not exist in it.
 SpinPool& spin_pool(int64_t threads) {
   static std::mutex m;
-  static SpinPool* pool = nullptr;
-  static int64_t size = 0;
+  static std::vector<SpinPool*> pools;   // by thread count; never freed (their workers sleep)
+  static pid_t owner = 0;
   std::lock_guard<std::mutex> lock(m);
-  if (pool == nullptr || size != threads) {
-    pool = new SpinPool(threads - 1);
-    size = threads;
+  if (owner != getpid()) {
+    pools.clear();
+    owner = getpid();
   }
+  if (static_cast<int64_t>(pools.size()) <= threads) pools.resize(static_cast<size_t>(threads) + 1, nullptr);
+  SpinPool*& pool = pools[static_cast<size_t>(threads)];
+  if (pool == nullptr) pool = new SpinPool(threads - 1);
   return *pool;
 }
 
