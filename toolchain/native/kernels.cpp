@@ -701,7 +701,11 @@ class SpinPool {
       wake_.notify_all();
     }
     units();
-    while (seen_.load(std::memory_order_acquire) < workers_) cpu_relax();
+    // the workers' last units; yield now and then, so a worker sharing this core (a loaded or smaller machine) runs
+    for (int spins = 1; seen_.load(std::memory_order_acquire) < workers_; ++spins) {
+      cpu_relax();
+      if (spins % 64 == 0) std::this_thread::yield();
+    }
   }
 
  private:
@@ -715,8 +719,9 @@ class SpinPool {
       const auto t0 = std::chrono::steady_clock::now();
       for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {
         cpu_relax();
-        if (spins % 64 == 63 &&
-            std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_)) {
+        if (spins % 64 != 63) continue;
+        std::this_thread::yield();   // another thread waiting for this core gets it (the spin is only a wait)
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_)) {
           std::unique_lock<std::mutex> lock(sleep_);
           sleeping_.fetch_add(1, std::memory_order_seq_cst);
           wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
