@@ -13,6 +13,16 @@
       (cycled in order); the final-loss gap = mean of the last 10 losses, int8 relative to fp32; with an SGD
       program also the gradient of the first step (state change / lr) compared.
 
+  PYTHONPATH=. .venv/bin/python scripts/int8_quality.py noise --program FP32_DIR --data ROWS.jsonl --rel R
+      [--steps 200] [--lr LR] [--shuffle 1] [--seed 0] [--eval-every 50] [--threads 1] [--json OUT]
+      The int8 run's control: an SGD program trained as `toolchain train --program DIR --shuffle S --eval-data ROWS
+      --eval-every E` trains it, but after every step its update (the state's change: lr times the gradient)
+      multiplied elementwise by 1 + R z, z ~ N(0, 1) (seeded): an unbiased gradient error of relative L2 R in a
+      random direction (cosine about 1 / sqrt(1 + R^2) against the exact gradient), the size of int8's rounding
+      (the `train` command's first-step comparison). The step losses and the loss of all rows at every E steps.
+      --compare INT8_DIR [--compare-every 25]: also, every N steps, the int8 program's step from the same state and
+      row: its update against the fp32 one (cosine, relative L2), int8's error along the trajectory.
+
   PYTHONPATH=. .venv/bin/python scripts/int8_quality.py speed --programs FP32_DIR,INT8_DIR --data ROWS.jsonl
       [--steps 2] [--threads 1] [--json OUT]
       The two programs' step on ExecuTorch, interleaved after a warm-up step each: wall and process CPU seconds
@@ -119,6 +129,70 @@ def _train(a) -> dict:
     return out
 
 
+def _noise(a) -> dict:
+    from toolchain.program import ProgramDir
+    from toolchain.runtime.program_runtime import open_runtime
+    from toolchain.text.dataset import load_examples
+    from toolchain.training import TrainRun
+    from toolchain.training.order import DataOrder
+    from toolchain.training.program import ProgramTrainer
+
+    pdir = ProgramDir(a.program)
+    if pdir.optimizer.kind != "sgd":
+        raise SystemExit(f"Error: --program's optimizer is {pdir.optimizer.kind}: the update noise needs SGD (the "
+                         "state is then the adapter, and its change lr times the gradient)")
+    if a.rel < 0 or a.eval_every < 1:
+        raise SystemExit("Error: --rel must be >= 0 and --eval-every >= 1")
+    runtime = open_runtime(pdir, "executorch", threads=a.threads)
+    rows = load_examples(a.data, pdir.arch)
+    lr = a.lr if a.lr is not None else pdir.default_lr
+    trainer = ProgramTrainer(pdir, runtime, rows, TrainRun(steps=a.steps, lr=lr, shuffle_seed=a.shuffle))
+    order = DataOrder(len(rows), a.shuffle)
+    gen = torch.Generator().manual_seed(a.seed)
+    state = trainer.state
+
+    def evaluate(step: int) -> dict:
+        e = trainer.held_out(rows)
+        print(f"step {step}: loss of all {e['rows']} rows {e['loss']:.6f}", flush=True)
+        return {"step": step, "loss": e["loss"], "rows": e["rows"], "tokens": e["tokens"]}
+
+    other = None
+    if a.compare is not None:
+        cdir = ProgramDir(a.compare)
+        if not torch.equal(cdir.state_init(), pdir.state_init()):
+            raise SystemExit("Error: --compare's program does not start from --program's state (export both with "
+                             "the same seed)")
+        other = (cdir, open_runtime(cdir, "executorch", threads=a.threads))
+    losses, evals, rel_seen, compared = [], [evaluate(0)], [], []
+    w0 = time.perf_counter()
+    for step in range(a.steps):
+        before = state.clone()
+        loss, _ = trainer.step(step, order[step], None)
+        delta = state - before
+        if other is not None and step % a.compare_every == 0:
+            twin = ProgramTrainer(other[0], other[1], rows, TrainRun(steps=1, lr=lr), state=before.clone())
+            d8 = (twin.step(step, order[step], None)[0], twin.state - before)
+            cos = float(d8[1].double() @ delta.double() / (d8[1].double().norm() * delta.double().norm()))
+            rel = float((d8[1] - delta).double().norm() / delta.double().norm())
+            compared.append({"step": step, "cosine": cos, "rel_l2": rel, "loss": loss, "compare_loss": d8[0]})
+            print(f"step {step}: {a.compare.name}'s update against this one: cosine {cos:.6f}, rel L2 {rel:.3e}",
+                  flush=True)
+        noise = delta * torch.randn(delta.shape, generator=gen, dtype=delta.dtype) * a.rel
+        state.add_(noise)                       # in place: the trainer and its loop hold this tensor
+        if delta.norm() > 0:
+            rel_seen.append(float(noise.norm() / delta.norm()))
+        losses.append(loss)
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            evals.append(evaluate(step + 1))
+    out = {"program": str(a.program), "data": str(a.data), "rows": len(rows), "steps": a.steps, "lr": lr,
+           "shuffle_seed": a.shuffle, "noise_rel": a.rel, "noise_seed": a.seed, "threads": a.threads,
+           "noise_rel_seen_median": statistics.median(rel_seen) if rel_seen else 0.0,
+           "losses": losses, "evals": evals, "compared": compared, "wall_s": time.perf_counter() - w0}
+    print(f"{a.steps} steps, lr {lr}, update noise {a.rel} (median seen {out['noise_rel_seen_median']:.4f}): "
+          f"all rows' loss {evals[0]['loss']:.4f} -> {evals[-1]['loss']:.4f}")
+    return out
+
+
 def _speed(a) -> dict:
     """Step time of the two programs, interleaved (fp32, int8, int8, fp32, ...) after a warm-up step each, on the
     ExecuTorch runtime with --threads; wall and process CPU seconds (CPU: all threads' time summed)."""
@@ -208,14 +282,26 @@ def main(argv: list[str] | None = None) -> int:
     sp_.add_argument("--data", type=Path, required=True)
     sp_.add_argument("--steps", type=int, default=2)
     sp_.add_argument("--threads", type=int, default=1)
+    n_ = sub.add_parser("noise")
+    n_.add_argument("--program", type=Path, required=True)
+    n_.add_argument("--data", type=Path, required=True)
+    n_.add_argument("--rel", type=float, required=True)
+    n_.add_argument("--steps", type=int, default=200)
+    n_.add_argument("--lr", type=float, default=None)
+    n_.add_argument("--shuffle", type=int, default=1)
+    n_.add_argument("--seed", type=int, default=0)
+    n_.add_argument("--eval-every", type=int, default=50)
+    n_.add_argument("--threads", type=int, default=1)
+    n_.add_argument("--compare", type=Path, default=None)
+    n_.add_argument("--compare-every", type=int, default=25)
     o_ = sub.add_parser("ops")
     o_.add_argument("--steps", type=int, default=3)
     o_.add_argument("--threads", type=int, default=1)
-    for sp in (g, t, sp_, o_):
+    for sp in (g, t, n_, sp_, o_):
         sp.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(getattr(a, "threads", 1))
-    out = {"grads": _grads, "train": _train, "speed": _speed, "ops": _ops}[a.command](a)
+    out = {"grads": _grads, "train": _train, "noise": _noise, "speed": _speed, "ops": _ops}[a.command](a)
     import platform
 
     out["host"] = {"platform": platform.platform(), "torch": torch.__version__,

@@ -44,8 +44,8 @@ from toolchain.mesp.ops import (AttentionGrads, AttentionSaved, LinearSaved, Rms
                                 swiglu_forward)
 from toolchain.mesp.ops.compute import FP32, Compute
 from toolchain.mesp.ops.half import compute_weight, linear, matmul, to_compute
-from toolchain.mesp.ops.quant import (QuantWeight, dense_cols, dense_rows, matmul_dyw, matmul_dyw_rows, matmul_xwt,
-                                      quant_cols, quant_rows)
+from toolchain.mesp.ops.quant import (QuantWeight, dense_cols, dense_rows, int4_group, matmul_dyw, matmul_dyw_rows,
+                                      matmul_xwt, quant_cols, quant_rows)
 from toolchain.models.presets import ModelArch
 from toolchain.models.weights import LayerWeights
 
@@ -197,8 +197,8 @@ def _gate_up_rows(n2: Tensor, wg: QuantWeight, wu: QuantWeight, lg, lu, a: int, 
     """--compute int8 with the training kernels: the MLP chunk's g, u [T, C] = n2 W[a:b]^T + s (n2 A^T) B[a:b]^T (wg,
     wu the whole int4 gate / up weights), each one `toolchain::lora_linear_a8_rows` call: W's and B's rows [a, b)
     read in place (no copy of the chunk's rows in the program; it recomputes its [T, r] n2 A^T)."""
-    return tuple(torch.ops.toolchain.lora_linear_a8_rows(n2, w.q, w.scale, 2 * w.q.shape[1] // w.scale.shape[1], a,
-                                                         b - a, None if pair is None else pair.a,
+    return tuple(torch.ops.toolchain.lora_linear_a8_rows(n2, w.q, w.scale, int4_group(w), a, b - a,
+                                                         None if pair is None else pair.a,
                                                          None if pair is None else pair.b, p.scale)
                  for w, pair in ((wg, lg), (wu, lu)))
 

@@ -45,7 +45,7 @@ from toolchain.lora.weights import LoraPair
 from toolchain.mesp.block import BlockParams
 from toolchain.mesp.ops import RopeTables, linear_forward, rmsnorm_forward, rope_forward, rope_tables, swiglu_forward
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.quant import QuantWeight, matmul_xwt
+from toolchain.mesp.ops.quant import QuantWeight, int4_group, matmul_xwt
 
 __all__ = ["block_decode", "head_logits", "decode_rope", "attention_with_cache"]
 
@@ -82,9 +82,8 @@ def _mlp(x1: Tensor, p: BlockParams) -> Tensor:
 def _proj(x: Tensor, w: QuantWeight, bias: Tensor | None, lora: LoraPair | None, scale: float,
           residual: Tensor | None = None) -> Tensor:
     """residual + `linear_forward(x, w, bias, lora, scale)` as one `toolchain::lora_linear_a8` call."""
-    group = 2 * w.q.shape[1] // w.scale.shape[1]
     a, b = (None, None) if lora is None else lora
-    return torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, group, bias, a, b, scale, residual)
+    return torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, int4_group(w), bias, a, b, scale, residual)
 
 
 def _fused_qk_heads(x: Tensor, n: int, norm: Tensor | None, pos: Tensor, p: BlockParams, rope: RopeTables

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from toolchain.lora.weights import LoraPair
 from toolchain.mesp.ops.compute import FP32, Compute
-from toolchain.mesp.ops.quant import QuantWeight, matmul_dyw, matmul_xwt
+from toolchain.mesp.ops.quant import QuantWeight, int4_group, matmul_dyw, matmul_xwt
 
 __all__ = ["LinearSaved", "LinearGrads", "linear_forward", "linear_backward", "lora_backward_reference",
            "lora_rows_backward_reference"]
@@ -45,8 +45,7 @@ def linear_forward(x: Tensor, w: Tensor | QuantWeight, bias: Tensor | None, lora
     residual on the thread pool; the reference `decode_ops.lora_linear_a8_reference` adds in this order)."""
     if compute.train_kernels and isinstance(w, QuantWeight) and w.bits == 4 and x.dim() == 2:
         a, b = (None, None) if lora is None else lora
-        y = torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, 2 * w.q.shape[1] // w.scale.shape[1], bias, a, b,
-                                               scale, residual)
+        y = torch.ops.toolchain.lora_linear_a8(x, w.q, w.scale, int4_group(w), bias, a, b, scale, residual)
         return y, LinearSaved(x, w, lora, scale)
     y = matmul_xwt(x, w, compute)                                    # [T, o]
     if bias is not None:

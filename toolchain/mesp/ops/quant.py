@@ -52,7 +52,8 @@ from toolchain.mesp.ops.int8da_int4w import Int4Constant, linear_8da4w
 
 __all__ = ["QuantWeight", "quantize", "dequantize", "dense", "matmul_xwt", "matmul_dyw", "with_chunk_rows",
            "dense_rows", "dense_cols", "quant_rows", "quant_cols", "embedding_rows", "int4_linear_a8_reference",
-           "int4_dyw_a8_reference", "int4_dyw_a8_acc_reference", "quantize_activations", "matmul_dyw_rows"]
+           "int4_dyw_a8_reference", "int4_dyw_a8_acc_reference", "quantize_activations", "matmul_dyw_rows",
+           "int4_group"]
 
 QuantKind = Literal["int8", "int4"]
 
@@ -95,7 +96,7 @@ def with_chunk_rows(qw: QuantWeight, max_elems: int) -> QuantWeight:
     return qw._replace(chunk_rows=-(-o // n))
 
 
-def _group(qw: QuantWeight) -> int:
+def int4_group(qw: QuantWeight) -> int:
     """The quantization group of an int4 W (its input width over its scales' columns)."""
     return 2 * qw.q.shape[1] // qw.scale.shape[1]
 
@@ -159,7 +160,7 @@ def matmul_xwt(x: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32) -> T
     if not isinstance(w, QuantWeight):
         return F.linear(x, w)                                                          # [T, o]
     if (compute.fused or compute.int8) and w.bits == 4:
-        return torch.ops.toolchain.int4_linear_a8(x, w.q, w.scale, _group(w))         # [T, o], W read in place
+        return torch.ops.toolchain.int4_linear_a8(x, w.q, w.scale, int4_group(w))         # [T, o], W read in place
     return torch.cat([F.linear(x, dequantize(_rows(w, a, b))) for a, b in _chunks(w)], dim=1)  # [T, o]
 
 
@@ -171,8 +172,8 @@ def matmul_dyw(dy: Tensor, w: Tensor | QuantWeight, compute: Compute = FP32, acc
     `toolchain::int4_dyw_a8_acc` call (the kernel adds acc as it stores: no separate `add` in the program)."""
     if compute.int8_dyw and isinstance(w, QuantWeight) and w.bits == 4:
         if acc is not None:
-            return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, _group(w), 0, acc)  # [T, i]
-        return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, _group(w))            # [T, i]
+            return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, int4_group(w), 0, acc)  # [T, i]
+        return torch.ops.toolchain.int4_dyw_a8(dy, w.q, w.scale, int4_group(w))            # [T, i]
     if acc is not None:
         return acc + matmul_dyw(dy, w, compute)
     w, dy = compute_weight(w, compute), to_compute(dy, compute)
@@ -191,7 +192,7 @@ def matmul_dyw_rows(dy: Tensor, w: QuantWeight, start: int, compute: Compute = F
     `compute` and an int4 W one `toolchain::int4_dyw_a8_acc` call that reads those rows in place (an MLP chunk's
     gate / up rows: no copy of them in the program)."""
     if compute.int8_dyw and w.bits == 4:
-        return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, _group(w), start, acc)   # [T, i]
+        return torch.ops.toolchain.int4_dyw_a8_acc(dy, w.q, w.scale, int4_group(w), start, acc)   # [T, i]
     return matmul_dyw(dy, _rows(w, start, start + dy.shape[-1]), compute, acc)
 
 
