@@ -129,6 +129,12 @@ def _train(a) -> dict:
     return out
 
 
+def update_noise(delta: torch.Tensor, rel: float, gen: torch.Generator) -> torch.Tensor:
+    """The noise added to a step's update `delta`: delta * rel * z elementwise, z ~ N(0, 1) from `gen` (the update
+    becomes delta (1 + rel z): unbiased, relative L2 about rel, zero where the update is zero)."""
+    return delta * torch.randn(delta.shape, generator=gen, dtype=delta.dtype) * rel
+
+
 def _noise(a) -> dict:
     from toolchain.program import ProgramDir
     from toolchain.runtime.program_runtime import open_runtime
@@ -177,7 +183,7 @@ def _noise(a) -> dict:
             compared.append({"step": step, "cosine": cos, "rel_l2": rel, "loss": loss, "compare_loss": d8[0]})
             print(f"step {step}: {a.compare.name}'s update against this one: cosine {cos:.6f}, rel L2 {rel:.3e}",
                   flush=True)
-        noise = delta * torch.randn(delta.shape, generator=gen, dtype=delta.dtype) * a.rel
+        noise = update_noise(delta, a.rel, gen)
         state.add_(noise)                       # in place: the trainer and its loop hold this tensor
         if delta.norm() > 0:
             rel_seen.append(float(noise.norm() / delta.norm()))
