@@ -86,6 +86,13 @@ def _grads(a) -> dict:
     return {"what": "int8 eager step vs the float64 step on the same int4 weights", "rows": rows, "summary": summary}
 
 
+def agreement(ref: torch.Tensor, other: torch.Tensor) -> dict:
+    """{"cosine", "rel_l2"} of `other` against `ref` (same shape), in float64."""
+    ref, other = ref.double(), other.double()
+    return {"cosine": float(ref @ other / (ref.norm() * other.norm())),
+            "rel_l2": float((other - ref).norm() / ref.norm())}
+
+
 def _train(a) -> dict:
     from toolchain.program import ProgramDir
     from toolchain.runtime.program_runtime import open_runtime
@@ -108,8 +115,7 @@ def _train(a) -> dict:
         init = pdirs[0].state_init()
         g = [((init - run_program(p, r, rows[:1], TrainRun(steps=1, lr=lr)).state) / lr).double()
              for p, r in zip(pdirs, runtimes)]
-        out["gradient"] = {"cosine": float(g[0] @ g[1] / (g[0].norm() * g[1].norm())),
-                           "rel_l2": float((g[1] - g[0]).norm() / g[0].norm())}
+        out["gradient"] = agreement(g[0], g[1])
         print(f"first-step gradient, int8 vs fp32 program: cosine {out['gradient']['cosine']:.6f}, "
               f"rel L2 {out['gradient']['rel_l2']:.2e}", flush=True)
     losses, seconds = {}, {}
@@ -178,11 +184,10 @@ def _noise(a) -> dict:
         if other is not None and step % a.compare_every == 0:
             twin = ProgramTrainer(other[0], other[1], rows, TrainRun(steps=1, lr=lr), state=before.clone())
             d8 = (twin.step(step, order[step], None)[0], twin.state - before)
-            cos = float(d8[1].double() @ delta.double() / (d8[1].double().norm() * delta.double().norm()))
-            rel = float((d8[1] - delta).double().norm() / delta.double().norm())
-            compared.append({"step": step, "cosine": cos, "rel_l2": rel, "loss": loss, "compare_loss": d8[0]})
-            print(f"step {step}: {a.compare.name}'s update against this one: cosine {cos:.6f}, rel L2 {rel:.3e}",
-                  flush=True)
+            agree = agreement(delta, d8[1])
+            compared.append({"step": step, **agree, "loss": loss, "compare_loss": d8[0]})
+            print(f"step {step}: {a.compare.name}'s update against this one: cosine {agree['cosine']:.6f}, "
+                  f"rel L2 {agree['rel_l2']:.3e}", flush=True)
         noise = update_noise(delta, a.rel, gen)
         state.add_(noise)                       # in place: the trainer and its loop hold this tensor
         if delta.norm() > 0:

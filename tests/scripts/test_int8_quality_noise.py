@@ -32,3 +32,12 @@ def test_the_update_noise_is_unbiased_of_the_relative_size_asked_and_seeded():
     cos = float((delta + noise) @ delta / ((delta + noise).norm() * delta.norm()))
     assert abs(cos - (1 + 0.04 ** 2) ** -0.5) < 1e-4       # the docs' cosine of a noisy update
     assert torch.equal(noise_of(delta, 0.0, torch.Generator().manual_seed(0)), torch.zeros_like(delta))
+
+
+def test_agreement_is_the_cosine_and_the_relative_error_against_the_reference():
+    agreement = _script().agreement
+    ref = torch.tensor([3.0, 4.0])
+    assert agreement(ref, ref) == {"cosine": 1.0, "rel_l2": 0.0}
+    got = agreement(ref, torch.tensor([4.0, 3.0]))
+    assert abs(got["cosine"] - 24 / 25) < 1e-12 and abs(got["rel_l2"] - 2 ** 0.5 / 5) < 1e-12
+    assert agreement(ref, -ref)["cosine"] == -1.0
