@@ -675,6 +675,15 @@ inline void cpu_relax() {
 #endif
 }
 
+// Pause `spins` (counted from 0) of a spin-wait: every 64th also yields the core, so a thread waiting for it (a loaded
+// or smaller machine) runs; returns whether it did (the workers check their spin's time there).
+inline bool spin_pause(int spins) {
+  cpu_relax();
+  if (spins % 64 != 63) return false;
+  std::this_thread::yield();
+  return true;
+}
+
 // Fork-join workers: run(fn, ctx, n) calls fn(ctx, i) for every i < n on the calling thread and the workers, each
 // unit taken from a shared counter, and returns when all are done and every worker has seen the call. Units are
 // computed the same way by any thread, so the bits depend on neither the thread count nor the schedule. One call at
@@ -701,11 +710,7 @@ class SpinPool {
       wake_.notify_all();
     }
     units();
-    // the workers' last units; yield now and then, so a worker sharing this core (a loaded or smaller machine) runs
-    for (int spins = 1; seen_.load(std::memory_order_acquire) < workers_; ++spins) {
-      cpu_relax();
-      if (spins % 64 == 0) std::this_thread::yield();
-    }
+    for (int spins = 0; seen_.load(std::memory_order_acquire) < workers_; ++spins) spin_pause(spins);   // last units
   }
 
  private:
@@ -718,9 +723,7 @@ class SpinPool {
     for (;;) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {
-        cpu_relax();
-        if (spins % 64 != 63) continue;
-        std::this_thread::yield();   // another thread waiting for this core gets it (the spin is only a wait)
+        if (!spin_pause(spins)) continue;
         if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_)) {
           std::unique_lock<std::mutex> lock(sleep_);
           sleeping_.fetch_add(1, std::memory_order_seq_cst);
